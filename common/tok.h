@@ -1,0 +1,69 @@
+/* tok.h - tokenizer from GGUF metadata: SPM and byte-level BPE, chat templates. */
+#ifndef RKV_TOK_H
+#define RKV_TOK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/gguf.h"
+
+struct tok;
+
+/* builds the tokenizer from tokenizer.ggml.* keys. errors name the key. */
+int tok_load_gguf(const struct gguf_ctx *g, struct tok **out, char *errbuf, size_t errlen);
+void tok_free(struct tok *t);
+
+int32_t tok_n_vocab(const struct tok *t);
+int32_t tok_bos(const struct tok *t);     /* -1 when the model has none */
+int32_t tok_eos(const struct tok *t);
+int tok_add_bos(const struct tok *t);      /* tokenizer.ggml.add_bos_token */
+/* end of generation: EOS, EOT (<|eot_id|>, <|im_end|>, ...) */
+int tok_is_eog(const struct tok *t, int32_t id);
+int tok_is_control(const struct tok *t, int32_t id);
+
+/* text -> ids. add_bos: prepend BOS if the model wants one. parse_special:
+ * "<|eot_id|>" in text becomes the control token (chat templates need it;
+ * user text does not). writes up to cap ids; *n gets the full count, and
+ * RKV_ETOOBIG is returned when cap was too small. */
+int tok_encode(const struct tok *t, const char *text, size_t len, int add_bos, int parse_special,
+               int32_t *ids, size_t cap, size_t *n);
+
+/* bytes a token stands for (byte-fallback and byte-level tokens decoded;
+ * control tokens give their text only when render_special). returns the
+ * byte count (may exceed cap: then nothing useful is written) or <0. */
+int tok_token_bytes(const struct tok *t, int32_t id, int render_special, char *buf, size_t cap);
+
+/* incremental detokenizer: never emits a partial UTF-8 sequence; invalid
+ * sequences come out as U+FFFD once they can no longer complete. */
+struct tok_detok {
+    const struct tok *t;
+    char pending[8];
+    size_t n_pending;
+    int first;             /* SPM: strip the leading space of the first piece */
+};
+void tok_detok_init(struct tok_detok *d, const struct tok *t);
+/* appends complete text for `id` to out (cap bytes); *n = bytes written.
+ * RKV_ETOOBIG when cap < 64 would not fit (callers give >= 64). */
+int tok_detok_push(struct tok_detok *d, int32_t id, char *out, size_t cap, size_t *n);
+/* flushes what is pending (as U+FFFD if incomplete) */
+int tok_detok_flush(struct tok_detok *d, char *out, size_t cap, size_t *n);
+
+/* chat templates */
+enum tok_chat_kind {
+    TOK_CHAT_LLAMA3 = 0,
+    TOK_CHAT_CHATML,      /* qwen2 and others */
+    TOK_CHAT_LLAMA2,      /* [INST] ... [/INST], mistral */
+    TOK_CHAT_FALLBACK,    /* documented plain "role: content" fallback */
+};
+struct tok_chat_msg {
+    const char *role;     /* system | user | assistant */
+    const char *content;
+};
+enum tok_chat_kind tok_chat_kind(const struct tok *t);
+const char *tok_chat_kind_name(enum tok_chat_kind k);
+/* renders msgs (+ the assistant prefix when add_generation_prompt) into a
+ * malloc'd NUL-terminated string for tok_encode(parse_special=1). */
+int tok_chat_apply(const struct tok *t, const struct tok_chat_msg *msgs, size_t n_msgs,
+                   int add_generation_prompt, char **out);
+
+#endif

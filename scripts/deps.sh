@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# installs what rkv needs to build and test: debian packages (as root) and a
+# python venv under build/ for the test-only pypi packages.
+#   scripts/deps.sh            check debian packages, install missing ones
+#   scripts/deps.sh --venv     also make build/venv with the test packages
+set -euo pipefail
+
+DEBS=(build-essential pkg-config clang libclang-rt-14-dev
+      libuv1-dev libnng-dev libcjson-dev libsqlite3-dev libsystemd-dev
+      libcmocka-dev libpcre2-dev libhttp-parser-dev
+      python3 python3-venv valgrind)
+PYPKGS=(numpy openai gguf tokenizers pytest prometheus_client)
+
+top=$(cd "$(dirname "$0")/.." && pwd)
+missing=()
+for p in "${DEBS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "rkv: missing Debian packages: ${missing[*]}" >&2
+    echo "rkv: install them with:" >&2
+    echo "  sudo apt-get install -y ${missing[*]}" >&2
+    exit 1
+  fi
+  echo "rkv: installing Debian packages: ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq || true
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+fi
+
+if [ "${1:-}" = "--venv" ]; then
+  venv="$top/build/venv"
+  stamp="$venv/.rkv-$(echo "${PYPKGS[*]}" | md5sum | cut -c1-8)"
+  if [ ! -f "$stamp" ]; then
+    # prefer the debian python so the venv works on a bare machine
+    py=/usr/bin/python3; [ -x "$py" ] || py=python3
+    "$py" -m venv "$venv" >&2 || { rm -rf "$venv"; "$py" -m venv --without-pip "$venv"; }
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check "${PYPKGS[@]}" >&2
+    touch "$stamp"
+  fi
+fi
