@@ -1,0 +1,105 @@
+/* util_test.c - clocks, spawn, growable array and u64 map. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "common/err.h"
+#include "common/util.h"
+
+static void test_clock(void **state)
+{
+    (void)state;
+    uint64_t a = rkv_now_ns();
+    rkv_sleep_ms(2);
+    assert_true(rkv_now_ns() - a >= 2000000);
+    assert_true(rkv_wall_ms() > 1600000000000ull);
+}
+
+static void test_spawn(void **state)
+{
+    (void)state;
+    pid_t pid;
+    char *argv[] = {"/bin/sh", "-c", "exit 7", NULL};
+    assert_int_equal(rkv_spawn("/bin/sh", argv, NULL, &pid), 0);
+    int st;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 7);
+    char *bad[] = {"/nonexistent/rkv", NULL};
+    assert_true(rkv_spawn("/nonexistent/rkv", bad, NULL, &pid) < 0);
+    char dir[4096];
+    assert_int_equal(rkv_exe_dir(dir, sizeof dir), 0);
+    assert_true(dir[0] == '/');
+    assert_int_equal(access(dir, X_OK), 0);
+}
+
+static void test_vec(void **state)
+{
+    (void)state;
+    struct rkv_vec v;
+    rkv_vec_init(&v, sizeof(int));
+    for (int i = 0; i < 1000; i++)
+        assert_non_null(rkv_vec_push(&v, &i));
+    assert_int_equal(v.len, 1000);
+    for (int i = 0; i < 1000; i++)
+        assert_int_equal(*rkv_vec_at(&v, int, i), i);
+    rkv_vec_fini(&v);
+}
+
+static void test_map_against_array(void **state)
+{
+    (void)state;
+    /* random puts/deletes mirrored in a plain array */
+    enum { N = 4096 };
+    static void *mirror[N];
+    memset(mirror, 0, sizeof mirror);
+    struct rkv_map m;
+    rkv_map_init(&m);
+    uint64_t x = 12345;
+    for (int step = 0; step < 200000; step++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        uint64_t k = 1 + (x >> 33) % (N - 1);
+        if ((x >> 20) & 1) {
+            void *val = (void *)(uintptr_t)(step + 1);
+            assert_int_equal(rkv_map_put(&m, k, val), 0);
+            mirror[k] = val;
+        } else {
+            assert_ptr_equal(rkv_map_del(&m, k), mirror[k]);
+            mirror[k] = NULL;
+        }
+    }
+    size_t count = 0;
+    for (uint64_t k = 1; k < N; k++) {
+        assert_ptr_equal(rkv_map_get(&m, k), mirror[k]);
+        count += mirror[k] != NULL;
+    }
+    assert_int_equal(m.len, count);
+    size_t it = 0, seen = 0;
+    uint64_t key;
+    void *val;
+    while (rkv_map_next(&m, &it, &key, &val)) {
+        assert_ptr_equal(mirror[key], val);
+        seen++;
+    }
+    assert_int_equal(seen, count);
+    assert_int_equal(rkv_map_put(&m, 0, NULL), RKV_EINVAL);
+    rkv_map_fini(&m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_clock),
+        cmocka_unit_test(test_spawn),
+        cmocka_unit_test(test_vec),
+        cmocka_unit_test(test_map_against_array),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
