@@ -36,7 +36,7 @@ WARN       := -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializer
 CPPFLAGS   += -I. -D_GNU_SOURCE -MMD -MP
 CFLAGS     ?= $(OPT) -g
 CFLAGS     += -std=c11 -pthread $(WARN) $(ARCHFLAGS) -fno-strict-aliasing
-LDLIBS     := -lnng -luv -lcjson -lsqlite3 -lsystemd -lpcre2-8 -lhttp_parser -lm -lpthread -ldl -lrt
+LDLIBS     := -lnng -luv -lcjson -lsqlite3 -lsystemd -lpcre2-8 -lhttp_parser -lcrypto -lm -lpthread -ldl -lrt
 
 ifeq ($(SAN),1)
   CFLAGS   += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
