@@ -1,0 +1,279 @@
+/* metrics.c - a small Prometheus registry and its text rendering. */
+#include "daemon/metrics.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+
+struct series {
+    char *labels[METRIC_MAX_LABELS];
+    double value;    /* counter, gauge; histogram sum */
+    double count;    /* histogram */
+    double *buckets; /* histogram: cumulative counts per bound */
+    struct series *next;
+};
+
+struct metric {
+    enum metric_type type;
+    char *name;
+    char *help;
+    char *label_names[METRIC_MAX_LABELS];
+    size_t n_labels;
+    double *bounds;
+    size_t n_bounds;
+    struct series *series;
+    struct metric *next;
+};
+
+struct metrics {
+    struct metric *head, *tail;
+};
+
+int metrics_init(struct metrics **out)
+{
+    *out = calloc(1, sizeof **out);
+    return *out ? 0 : RKV_ENOMEM;
+}
+
+static void series_free(struct series *s, size_t n_labels)
+{
+    for (size_t i = 0; i < n_labels; i++)
+        free(s->labels[i]);
+    free(s->buckets);
+    free(s);
+}
+
+void metrics_free(struct metrics *m)
+{
+    if (!m)
+        return;
+    for (struct metric *f = m->head, *nf; f; f = nf) {
+        nf = f->next;
+        for (struct series *s = f->series, *ns; s; s = ns) {
+            ns = s->next;
+            series_free(s, f->n_labels);
+        }
+        for (size_t i = 0; i < f->n_labels; i++)
+            free(f->label_names[i]);
+        free(f->name);
+        free(f->help);
+        free(f->bounds);
+        free(f);
+    }
+    free(m);
+}
+
+struct metric *metrics_add(struct metrics *m, enum metric_type type, const char *name,
+                           const char *help, const char *const *label_names,
+                           const double *buckets, size_t n_buckets)
+{
+    struct metric *f = calloc(1, sizeof *f);
+    if (!f)
+        return NULL;
+    f->type = type;
+    f->name = strdup(name);
+    f->help = strdup(help);
+    for (size_t i = 0; label_names && label_names[i] && i < METRIC_MAX_LABELS; i++)
+        f->label_names[f->n_labels++] = strdup(label_names[i]);
+    if (type == METRIC_HISTOGRAM && n_buckets) {
+        f->bounds = malloc(n_buckets * sizeof *f->bounds);
+        if (f->bounds) {
+            memcpy(f->bounds, buckets, n_buckets * sizeof *f->bounds);
+            f->n_bounds = n_buckets;
+        }
+    }
+    if (m->tail)
+        m->tail->next = f;
+    else
+        m->head = f;
+    m->tail = f;
+    return f;
+}
+
+static struct series *series_get(struct metric *f, const char *const *labels)
+{
+    for (struct series *s = f->series; s; s = s->next) {
+        size_t i = 0;
+        while (i < f->n_labels && strcmp(s->labels[i], labels[i]) == 0)
+            i++;
+        if (i == f->n_labels)
+            return s;
+    }
+    struct series *s = calloc(1, sizeof *s);
+    if (!s)
+        return NULL;
+    for (size_t i = 0; i < f->n_labels; i++)
+        s->labels[i] = strdup(labels[i] ? labels[i] : "");
+    if (f->type == METRIC_HISTOGRAM && f->n_bounds)
+        s->buckets = calloc(f->n_bounds, sizeof *s->buckets);
+    /* append: series render in creation order */
+    struct series **pp = &f->series;
+    while (*pp)
+        pp = &(*pp)->next;
+    *pp = s;
+    return s;
+}
+
+void metric_inc(struct metric *f, const char *const *labels, double by)
+{
+    struct series *s = f ? series_get(f, labels) : NULL;
+    if (s)
+        s->value += by;
+}
+
+void metric_set(struct metric *f, const char *const *labels, double value)
+{
+    struct series *s = f ? series_get(f, labels) : NULL;
+    if (s)
+        s->value = value;
+}
+
+void metric_observe(struct metric *f, const char *const *labels, double value)
+{
+    struct series *s = f ? series_get(f, labels) : NULL;
+    if (!s)
+        return;
+    s->value += value;
+    s->count += 1;
+    for (size_t i = 0; i < f->n_bounds && s->buckets; i++)
+        if (value <= f->bounds[i])
+            s->buckets[i] += 1;
+}
+
+double metric_get(struct metric *f, const char *const *labels)
+{
+    struct series *s = f ? series_get(f, labels) : NULL;
+    return s ? s->value : 0;
+}
+
+double metric_count(struct metric *f, const char *const *labels)
+{
+    struct series *s = f ? series_get(f, labels) : NULL;
+    return s ? s->count : 0;
+}
+
+struct buf {
+    char *p;
+    size_t len, cap;
+    int err;
+};
+
+static void bprintf(struct buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void bprintf(struct buf *b, const char *fmt, ...)
+{
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->err = 1;
+            return;
+        }
+        if ((size_t)n < b->cap - b->len) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t ncap = (b->cap + (size_t)n + 1) * 2;
+        char *np = realloc(b->p, ncap);
+        if (!np) {
+            b->err = 1;
+            return;
+        }
+        b->p = np;
+        b->cap = ncap;
+    }
+}
+
+/* label values escaped per the text format: backslash, quote, newline */
+static void put_escaped(struct buf *b, const char *s)
+{
+    for (; *s; s++) {
+        if (*s == '\\')
+            bprintf(b, "\\\\");
+        else if (*s == '"')
+            bprintf(b, "\\\"");
+        else if (*s == '\n')
+            bprintf(b, "\\n");
+        else
+            bprintf(b, "%c", *s);
+    }
+}
+
+static void put_labels(struct buf *b, const struct metric *f, const struct series *s,
+                       const char *le)
+{
+    if (!f->n_labels && !le)
+        return;
+    bprintf(b, "{");
+    for (size_t i = 0; i < f->n_labels; i++) {
+        bprintf(b, "%s%s=\"", i ? "," : "", f->label_names[i]);
+        put_escaped(b, s->labels[i]);
+        bprintf(b, "\"");
+    }
+    if (le)
+        bprintf(b, "%sle=\"%s\"", f->n_labels ? "," : "", le);
+    bprintf(b, "}");
+}
+
+static void put_value(struct buf *b, double v)
+{
+    if (isinf(v))
+        bprintf(b, " %s\n", v > 0 ? "+Inf" : "-Inf");
+    else if (isnan(v))
+        bprintf(b, " NaN\n");
+    else if (v == floor(v) && fabs(v) < 1e15)
+        bprintf(b, " %.0f\n", v);
+    else
+        bprintf(b, " %.9g\n", v);
+}
+
+int metrics_render(struct metrics *m, char **out, size_t *len)
+{
+    static const char *type_names[] = {"counter", "gauge", "histogram"};
+    struct buf b = {0};
+    b.cap = 4096;
+    b.p = malloc(b.cap);
+    if (!b.p)
+        return RKV_ENOMEM;
+    b.p[0] = '\0';
+    for (struct metric *f = m->head; f; f = f->next) {
+        bprintf(&b, "# HELP %s %s\n# TYPE %s %s\n", f->name, f->help, f->name,
+                type_names[f->type]);
+        for (struct series *s = f->series; s; s = s->next) {
+            if (f->type != METRIC_HISTOGRAM) {
+                bprintf(&b, "%s", f->name);
+                put_labels(&b, f, s, NULL);
+                put_value(&b, s->value);
+                continue;
+            }
+            for (size_t i = 0; i < f->n_bounds; i++) {
+                char le[32];
+                snprintf(le, sizeof le, "%g", f->bounds[i]);
+                bprintf(&b, "%s_bucket", f->name);
+                put_labels(&b, f, s, le);
+                put_value(&b, s->buckets ? s->buckets[i] : 0);
+            }
+            bprintf(&b, "%s_bucket", f->name);
+            put_labels(&b, f, s, "+Inf");
+            put_value(&b, s->count);
+            bprintf(&b, "%s_sum", f->name);
+            put_labels(&b, f, s, NULL);
+            put_value(&b, s->value);
+            bprintf(&b, "%s_count", f->name);
+            put_labels(&b, f, s, NULL);
+            put_value(&b, s->count);
+        }
+    }
+    if (b.err) {
+        free(b.p);
+        return RKV_ENOMEM;
+    }
+    *out = b.p;
+    *len = b.len;
+    return 0;
+}
