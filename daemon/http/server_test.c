@@ -1,0 +1,805 @@
+/* server_test.c - http server tests: a real server on an ephemeral port, a blocking client thread.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <http_parser.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "daemon/http/server.h"
+
+/* --- a blocking client (runs on its own thread) --------------------------------- */
+
+struct client {
+    int fd;
+    http_parser p;
+    char buf[1 << 16];
+    size_t off, len; /* unparsed bytes in buf */
+};
+
+struct resp {
+    int status;
+    int complete;
+    char ctype[64];
+    char te[64];
+    char conn[32];
+    char last_field[64];
+    char *body;
+    size_t body_len;
+};
+
+static int client_connect(struct client *c, int port, int ipv6)
+{
+    memset(c, 0, sizeof(*c));
+    c->fd = socket(ipv6 ? AF_INET6 : AF_INET, SOCK_STREAM, 0);
+    if (c->fd < 0)
+        return -1;
+    struct timeval tv = {20, 0}; /* a broken server fails the test instead of hanging it */
+    setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    int rc;
+    if (ipv6) {
+        struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_port = htons((uint16_t)port)};
+        inet_pton(AF_INET6, "::1", &a.sin6_addr);
+        rc = connect(c->fd, (struct sockaddr *)&a, sizeof(a));
+    } else {
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+        inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+        rc = connect(c->fd, (struct sockaddr *)&a, sizeof(a));
+    }
+    http_parser_init(&c->p, HTTP_RESPONSE);
+    return rc;
+}
+
+static void client_send(struct client *c, const char *s, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = send(c->fd, s, n, MSG_NOSIGNAL);
+        if (w <= 0)
+            return;
+        s += w;
+        n -= (size_t)w;
+    }
+}
+#define SEND(c, s) client_send((c), (s), strlen(s))
+
+static int cb_field(http_parser *p, const char *at, size_t n)
+{
+    struct resp *r = p->data;
+    snprintf(r->last_field, sizeof(r->last_field), "%.*s", (int)n, at);
+    return 0;
+}
+
+static int cb_value(http_parser *p, const char *at, size_t n)
+{
+    struct resp *r = p->data;
+    char *dst = NULL;
+    size_t cap = 0;
+    if (!strcasecmp(r->last_field, "Content-Type"))
+        dst = r->ctype, cap = sizeof(r->ctype);
+    else if (!strcasecmp(r->last_field, "Transfer-Encoding"))
+        dst = r->te, cap = sizeof(r->te);
+    else if (!strcasecmp(r->last_field, "Connection"))
+        dst = r->conn, cap = sizeof(r->conn);
+    if (dst)
+        snprintf(dst, cap, "%.*s", (int)n, at);
+    return 0;
+}
+
+static int cb_body(http_parser *p, const char *at, size_t n)
+{
+    struct resp *r = p->data;
+    r->body = realloc(r->body, r->body_len + n + 1);
+    memcpy(r->body + r->body_len, at, n);
+    r->body_len += n;
+    r->body[r->body_len] = '\0';
+    return 0;
+}
+
+static int cb_headers(http_parser *p)
+{
+    struct resp *r = p->data;
+    r->status = (int)p->status_code;
+    /* a 100 Continue interim response has no body */
+    return r->status == 100 ? 1 : 0;
+}
+
+static int cb_complete(http_parser *p)
+{
+    struct resp *r = p->data;
+    if (r->status == 100) {
+        r->status = 0;
+        return 0;
+    }
+    r->complete = 1;
+    http_parser_pause(p, 1);
+    return 0;
+}
+
+static const http_parser_settings resp_settings = {
+    .on_header_field = cb_field,
+    .on_header_value = cb_value,
+    .on_headers_complete = cb_headers,
+    .on_body = cb_body,
+    .on_message_complete = cb_complete,
+};
+
+/* reads one response; 0 when complete */
+static int client_read(struct client *c, struct resp *r)
+{
+    memset(r, 0, sizeof(*r));
+    r->body = calloc(1, 1);
+    c->p.data = r;
+    for (;;) {
+        if (c->len > 0) {
+            size_t n = http_parser_execute(&c->p, &resp_settings, c->buf + c->off, c->len);
+            c->off += n;
+            c->len -= n;
+            if (HTTP_PARSER_ERRNO(&c->p) == HPE_PAUSED) {
+                http_parser_pause(&c->p, 0);
+                return 0;
+            }
+            if (HTTP_PARSER_ERRNO(&c->p) != HPE_OK)
+                return -1;
+        }
+        if (c->off > 0) {
+            memmove(c->buf, c->buf + c->off, c->len);
+            c->off = 0;
+        }
+        ssize_t n = recv(c->fd, c->buf + c->len, sizeof(c->buf) - c->len, 0);
+        if (n <= 0) {
+            http_parser_execute(&c->p, &resp_settings, NULL, 0);
+            return r->complete ? 0 : -1;
+        }
+        c->len += (size_t)n;
+    }
+}
+
+/* 1 when the server closed the connection (EOF) */
+static int client_eof(struct client *c)
+{
+    char b[256];
+    if (c->len > 0)
+        return 0;
+    ssize_t n = recv(c->fd, b, sizeof(b), 0);
+    return n == 0;
+}
+
+/* reads raw bytes until needle shows up; returns what was read */
+static char *client_read_until(struct client *c, const char *needle)
+{
+    size_t cap = 1 << 16, len = 0;
+    char *out = calloc(1, cap + 1);
+    while (!strstr(out, needle) && len < cap) {
+        ssize_t n = recv(c->fd, out + len, cap - len, 0);
+        if (n <= 0)
+            break;
+        len += (size_t)n;
+        out[len] = '\0';
+    }
+    return out;
+}
+
+static void client_close(struct client *c)
+{
+    close(c->fd);
+}
+
+/* --- the server side ------------------------------------------------------------ */
+
+struct ctx {
+    uv_loop_t loop;
+    uv_async_t client_done;
+    struct http_server *srv;
+    int port;
+    pthread_t thread;
+    void (*client)(struct ctx *);
+    int shutdown_called;
+    int done_called;
+    int closes;          /* on_close callbacks seen */
+    int stream_ends;     /* streams the handler ended */
+    int shutdown_in_sse; /* /sse starts a graceful shutdown after its first event */
+    uint64_t shutdown_deadline_ms;
+    /* results the client thread records for the main thread to assert */
+    struct resp r[8];
+    int rc[8];
+    int eof[8];
+    char *raw[4];
+};
+
+static struct ctx *g;
+
+static void on_shutdown_done(void *arg)
+{
+    struct ctx *x = arg;
+    x->done_called++;
+}
+
+static void start_shutdown(struct ctx *x, uint64_t deadline_ms)
+{
+    if (x->shutdown_called)
+        return;
+    x->shutdown_called = 1;
+    http_server_shutdown(x->srv, deadline_ms, on_shutdown_done, x);
+}
+
+/* a streaming handler: n events, one per timer tick, or forever */
+struct stream {
+    struct http_req *req;
+    uv_timer_t timer;
+    int left; /* -1: until the client leaves */
+    int i;
+};
+
+static void stream_timer_closed(uv_handle_t *h)
+{
+    free(h->data);
+}
+
+static void stream_finish(struct stream *st)
+{
+    http_resp_end(st->req);
+    g->stream_ends++;
+    uv_close((uv_handle_t *)&st->timer, stream_timer_closed);
+}
+
+static void stream_on_close(struct http_req *req, void *arg)
+{
+    struct stream *st = arg;
+    g->closes++;
+    uv_timer_stop(&st->timer);
+    stream_finish(st);
+}
+
+static void stream_tick(uv_timer_t *t)
+{
+    struct stream *st = t->data;
+    char ev[64];
+    int n = snprintf(ev, sizeof(ev), "data: {\"i\":%d}\n\n", st->i++);
+    if (http_resp_write(st->req, ev, (size_t)n) < 0)
+        return;
+    if (st->i == 1 && g->shutdown_in_sse)
+        start_shutdown(g, g->shutdown_deadline_ms);
+    if (st->left > 0 && --st->left == 0) {
+        uv_timer_stop(t);
+        stream_finish(st);
+    }
+}
+
+static void start_stream(struct http_req *req, int n)
+{
+    struct stream *st = calloc(1, sizeof(*st));
+    st->req = req;
+    st->left = n;
+    uv_timer_init(&g->loop, &st->timer);
+    st->timer.data = st;
+    http_req_set_callbacks(req, stream_on_close, NULL, st);
+    http_resp_start(req, 200, "text/event-stream");
+    uv_timer_start(&st->timer, stream_tick, 1, 2);
+}
+
+struct later {
+    uv_timer_t timer;
+    struct http_req *req;
+};
+
+static void later_closed(uv_handle_t *h)
+{
+    free(h->data);
+}
+
+static void later_fire(uv_timer_t *t)
+{
+    struct later *l = t->data;
+    http_respond(l->req, 200, "text/plain", "late", 4);
+    uv_close((uv_handle_t *)&l->timer, later_closed);
+}
+
+static void handler(struct http_req *req, void *arg)
+{
+    const char *path = http_req_path(req);
+    if (strcmp(path, "/echo") == 0) {
+        size_t len;
+        const char *body = http_req_body(req, &len);
+        const char *xt = http_req_header(req, "x-TEST");
+        char out[4096];
+        int n = snprintf(out, sizeof(out), "%s %s ?%s x=%s len=%zu body=%.2000s",
+                         http_req_method(req), path, http_req_query(req), xt ? xt : "-", len, body);
+        http_resp_header(req, "X-Rkv", "1");
+        http_respond(req, 200, "text/plain", out, (size_t)n);
+    } else if (strcmp(path, "/sse") == 0) {
+        int n = atoi(http_req_query(req) + 2); /* "n=5" */
+        start_stream(req, n);
+    } else if (strcmp(path, "/forever") == 0) {
+        start_stream(req, -1);
+    } else if (strcmp(path, "/async") == 0) {
+        struct later *l = calloc(1, sizeof(*l));
+        l->req = req;
+        uv_timer_init(&g->loop, &l->timer);
+        l->timer.data = l;
+        uv_timer_start(&l->timer, later_fire, 5, 0);
+    } else {
+        http_respond(req, 404, "text/plain", "no", 2);
+    }
+}
+
+static void on_client_done(uv_async_t *a)
+{
+    struct ctx *x = a->data;
+    start_shutdown(x, 2000);
+    uv_close((uv_handle_t *)a, NULL);
+}
+
+static void *client_main(void *arg)
+{
+    struct ctx *x = arg;
+    x->client(x);
+    uv_async_send(&x->client_done);
+    return NULL;
+}
+
+/* runs one scenario: the server in this thread's loop, the client on a thread */
+static void run_scenario(struct ctx *x, const struct http_limits *lim, const char *host,
+                         void (*client)(struct ctx *))
+{
+    g = x;
+    assert_int_equal(uv_loop_init(&x->loop), 0);
+    struct http_server_config cfg = {.host = host, .port = 0, .on_request = handler};
+    if (lim)
+        cfg.limits = *lim;
+    else
+        http_limits_default(&cfg.limits);
+    assert_int_equal(http_server_start(&x->loop, &cfg, &x->srv), 0);
+    x->port = http_server_port(x->srv);
+    assert_true(x->port > 0);
+    uv_async_init(&x->loop, &x->client_done, on_client_done);
+    x->client_done.data = x;
+    x->client = client;
+    pthread_create(&x->thread, NULL, client_main, x);
+    assert_int_equal(uv_run(&x->loop, UV_RUN_DEFAULT), 0);
+    pthread_join(x->thread, NULL);
+    assert_int_equal(x->done_called, 1);
+    assert_int_equal(uv_loop_close(&x->loop), 0);
+}
+
+static void ctx_free(struct ctx *x)
+{
+    for (size_t i = 0; i < 8; i++)
+        free(x->r[i].body);
+    for (size_t i = 0; i < 4; i++)
+        free(x->raw[i]);
+}
+
+/* --- scenarios --------------------------------------------------------------------- */
+
+static void cl_keepalive(struct ctx *x)
+{
+    struct client c;
+    client_connect(&c, x->port, 0);
+    SEND(&c, "GET /echo?a=1 HTTP/1.1\r\nHost: x\r\nX-Test: hello\r\n\r\n");
+    x->rc[0] = client_read(&c, &x->r[0]);
+    SEND(&c, "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nabcde");
+    x->rc[1] = client_read(&c, &x->r[1]);
+    SEND(&c, "GET /missing HTTP/1.1\r\nHost: x\r\n\r\n");
+    x->rc[2] = client_read(&c, &x->r[2]);
+    SEND(&c, "GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    x->rc[3] = client_read(&c, &x->r[3]);
+    x->eof[3] = client_eof(&c);
+    client_close(&c);
+}
+
+static void test_keepalive(void **state)
+{
+    struct ctx x = {0};
+    run_scenario(&x, NULL, "127.0.0.1", cl_keepalive);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(x.rc[i], 0);
+    assert_int_equal(x.r[0].status, 200);
+    assert_string_equal(x.r[0].body, "GET /echo ?a=1 x=hello len=0 body=");
+    assert_string_equal(x.r[0].conn, "keep-alive");
+    assert_string_equal(x.r[1].body, "POST /echo ? x=- len=5 body=abcde");
+    assert_int_equal(x.r[2].status, 404);
+    assert_string_equal(x.r[3].conn, "close");
+    assert_int_equal(x.eof[3], 1);
+    ctx_free(&x);
+}
+
+static void cl_pipeline(struct ctx *x)
+{
+    struct client c;
+    client_connect(&c, x->port, 1);
+    /* all three in one write: the slow /async one must still answer first */
+    SEND(&c, "GET /async HTTP/1.1\r\nHost: x\r\n\r\n"
+             "POST /echo?n=2 HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nxyz"
+             "GET /echo?n=3 HTTP/1.1\r\nHost: x\r\n\r\n");
+    for (int i = 0; i < 3; i++)
+        x->rc[i] = client_read(&c, &x->r[i]);
+    client_close(&c);
+}
+
+static void test_pipelining_ipv6(void **state)
+{
+    struct ctx x = {0};
+    run_scenario(&x, NULL, "::1", cl_pipeline);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(x.rc[i], 0);
+    assert_string_equal(x.r[0].body, "late");
+    assert_string_equal(x.r[1].body, "POST /echo ?n=2 x=- len=3 body=xyz");
+    assert_string_equal(x.r[2].body, "GET /echo ?n=3 x=- len=0 body=");
+    ctx_free(&x);
+}
+
+static void cl_chunked_body(struct ctx *x)
+{
+    struct client c;
+    client_connect(&c, x->port, 0);
+    SEND(&c, "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+             "4\r\nWiki\r\n5\r\npedia\r\n");
+    SEND(&c, "E\r\n in\r\n\r\nchunks.\r\n0\r\n\r\n");
+    x->rc[0] = client_read(&c, &x->r[0]);
+    /* Expect: 100-continue gets the interim response, then the real one */
+    SEND(&c, "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+             "Expect: 100-continue\r\n\r\n");
+    x->raw[0] = client_read_until(&c, "\r\n\r\n");
+    SEND(&c, "ok");
+    x->rc[1] = client_read(&c, &x->r[1]);
+    client_close(&c);
+}
+
+static void test_chunked_request_body(void **state)
+{
+    struct ctx x = {0};
+    run_scenario(&x, NULL, "127.0.0.1", cl_chunked_body);
+    assert_int_equal(x.rc[0], 0);
+    assert_string_equal(x.r[0].body, "POST /echo ? x=- len=23 body=Wikipedia in\r\n\r\nchunks.");
+    assert_string_equal(x.raw[0], "HTTP/1.1 100 Continue\r\n\r\n");
+    assert_int_equal(x.rc[1], 0);
+    assert_string_equal(x.r[1].body, "POST /echo ? x=- len=2 body=ok");
+    ctx_free(&x);
+}
+
+static void cl_sse(struct ctx *x)
+{
+    struct client c;
+    client_connect(&c, x->port, 0);
+    SEND(&c, "GET /sse?n=3 HTTP/1.1\r\nHost: x\r\n\r\n");
+    x->raw[0] = client_read_until(&c, "0\r\n\r\n");
+    client_close(&c);
+    client_connect(&c, x->port, 0);
+    SEND(&c, "GET /sse?n=4 HTTP/1.1\r\nHost: x\r\n\r\n");
+    x->rc[0] = client_read(&c, &x->r[0]);
+    client_close(&c);
+}
+
+static void test_sse_chunked(void **state)
+{
+    struct ctx x = {0};
+    run_scenario(&x, NULL, "127.0.0.1", cl_sse);
+    /* the exact bytes: head, one chunk per event, the last chunk */
+    const char *body = strstr(x.raw[0], "\r\n\r\n");
+    assert_non_null(body);
+    assert_non_null(strstr(x.raw[0], "Transfer-Encoding: chunked\r\n"));
+    assert_non_null(strstr(x.raw[0], "Content-Type: text/event-stream\r\n"));
+    assert_non_null(strstr(x.raw[0], "Cache-Control: no-cache\r\n"));
+    assert_string_equal(body + 4, "f\r\ndata: {\"i\":0}\n\n\r\n"
+                                  "f\r\ndata: {\"i\":1}\n\n\r\n"
+                                  "f\r\ndata: {\"i\":2}\n\n\r\n"
+                                  "0\r\n\r\n");
+    assert_int_equal(x.rc[0], 0);
+    assert_string_equal(x.r[0].te, "chunked");
+    assert_string_equal(x.r[0].body, "data: {\"i\":0}\n\ndata: {\"i\":1}\n\n"
+                                     "data: {\"i\":2}\n\ndata: {\"i\":3}\n\n");
+    assert_int_equal(x.stream_ends, 2);
+    assert_int_equal(x.closes, 0);
+    ctx_free(&x);
+}
+
+static void cl_disconnect(struct ctx *x)
+{
+    struct client c;
+    client_connect(&c, x->port, 0);
+    SEND(&c, "GET /forever HTTP/1.1\r\nHost: x\r\n\r\n");
+    x->raw[0] = client_read_until(&c, "{\"i\":2}");
+    client_close(&c);
+    /* a second connection proves the server lives on */
+    client_connect(&c, x->port, 0);
+    SEND(&c, "GET /echo HTTP/1.1\r\nHost: x\r\n\r\n");
+    x->rc[0] = client_read(&c, &x->r[0]);
+    client_close(&c);
+}
+
+static void test_disconnect_mid_stream(void **state)
+{
+    struct ctx x = {0};
+    run_scenario(&x, NULL, "127.0.0.1", cl_disconnect);
+    assert_non_null(strstr(x.raw[0], "{\"i\":2}"));
+    assert_int_equal(x.closes, 1);
+    assert_int_equal(x.stream_ends, 1);
+    assert_int_equal(x.rc[0], 0);
+    assert_int_equal(x.r[0].status, 200);
+    ctx_free(&x);
+}
+
+static void cl_header_too_large(struct ctx *x)
+{
+    struct client c;
+    client_connect(&c, x->port, 0);
+    char *big = malloc(10000);
+    memset(big, 'a', 9999);
+    big[9999] = '\0';
+    SEND(&c, "GET /echo HTTP/1.1\r\nX-Big: ");
+    SEND(&c, big);
+    SEND(&c, "\r\n\r\n");
+    free(big);
+    x->rc[0] = client_read(&c, &x->r[0]);
+    x->eof[0] = client_eof(&c);
+    client_close(&c);
+}
+
+static void test_header_too_large_431(void **state)
+{
+    struct ctx x = {0};
+    run_scenario(&x, NULL, "127.0.0.1", cl_header_too_large);
+    assert_int_equal(x.rc[0], 0);
+    assert_int_equal(x.r[0].status, 431);
+    assert_string_equal(x.r[0].conn, "close");
+    assert_non_null(strstr(x.r[0].body, "\"message\":\"request headers are too large\""));
+    assert_int_equal(x.eof[0], 1);
+    ctx_free(&x);
+}
+
+static void cl_body_too_large(struct ctx *x)
+{
+    struct client c;
+    client_connect(&c, x->port, 0);
+    /* declared too large: refused before a byte of body is sent */
+    SEND(&c, "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1001\r\n\r\n");
+    x->rc[0] = client_read(&c, &x->r[0]);
+    client_close(&c);
+    /* chunked: refused once the decoded body passes the limit */
+    client_connect(&c, x->port, 0);
+    SEND(&c, "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n");
+    char chunk[600];
+    memset(chunk, 'z', sizeof(chunk));
+    for (int i = 0; i < 2; i++) {
+        SEND(&c, "258\r\n");
+        client_send(&c, chunk, sizeof(chunk));
+        SEND(&c, "\r\n");
+    }
+    x->rc[1] = client_read(&c, &x->r[1]);
+    client_close(&c);
+    /* exactly at the limit is fine */
+    client_connect(&c, x->port, 0);
+    SEND(&c, "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n");
+    char full[1000];
+    memset(full, 'q', sizeof(full));
+    client_send(&c, full, sizeof(full));
+    x->rc[2] = client_read(&c, &x->r[2]);
+    client_close(&c);
+}
+
+static void test_body_too_large_413(void **state)
+{
+    struct ctx x = {0};
+    struct http_limits lim;
+    http_limits_default(&lim);
+    lim.max_body_bytes = 1000;
+    run_scenario(&x, &lim, "127.0.0.1", cl_body_too_large);
+    assert_int_equal(x.rc[0], 0);
+    assert_int_equal(x.r[0].status, 413);
+    assert_int_equal(x.rc[1], 0);
+    assert_int_equal(x.r[1].status, 413);
+    assert_int_equal(x.rc[2], 0);
+    assert_int_equal(x.r[2].status, 200);
+    assert_non_null(strstr(x.r[2].body, "len=1000 "));
+    ctx_free(&x);
+}
+
+static void cl_slow(struct ctx *x)
+{
+    struct client c;
+    client_connect(&c, x->port, 0);
+    SEND(&c, "GET /echo HTTP/1.1\r\nHost: x\r\nX-Slo");
+    x->rc[0] = client_read(&c, &x->r[0]);
+    x->eof[0] = client_eof(&c);
+    client_close(&c);
+    client_connect(&c, x->port, 0);
+    SEND(&c, "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc");
+    x->rc[1] = client_read(&c, &x->r[1]);
+    client_close(&c);
+    /* an idle keep-alive connection is closed quietly */
+    client_connect(&c, x->port, 0);
+    SEND(&c, "GET /echo HTTP/1.1\r\nHost: x\r\n\r\n");
+    x->rc[2] = client_read(&c, &x->r[2]);
+    x->eof[2] = client_eof(&c);
+    client_close(&c);
+}
+
+static void test_slow_client_408(void **state)
+{
+    struct ctx x = {0};
+    struct http_limits lim;
+    http_limits_default(&lim);
+    lim.header_timeout_ms = 30;
+    lim.body_timeout_ms = 30;
+    lim.idle_timeout_ms = 30;
+    run_scenario(&x, &lim, "127.0.0.1", cl_slow);
+    assert_int_equal(x.rc[0], 0);
+    assert_int_equal(x.r[0].status, 408);
+    assert_int_equal(x.eof[0], 1);
+    assert_int_equal(x.rc[1], 0);
+    assert_int_equal(x.r[1].status, 408);
+    assert_non_null(strstr(x.r[1].body, "body not received in time"));
+    assert_int_equal(x.rc[2], 0);
+    assert_int_equal(x.r[2].status, 200);
+    assert_int_equal(x.eof[2], 1);
+    ctx_free(&x);
+}
+
+static void cl_too_many(struct ctx *x)
+{
+    struct client c[3];
+    for (int i = 0; i < 2; i++) {
+        client_connect(&c[i], x->port, 0);
+        SEND(&c[i], "GET /echo HTTP/1.1\r\nHost: x\r\n\r\n");
+        x->rc[i] = client_read(&c[i], &x->r[i]);
+    }
+    client_connect(&c[2], x->port, 0);
+    x->rc[2] = client_read(&c[2], &x->r[2]);
+    x->eof[2] = client_eof(&c[2]);
+    client_close(&c[2]);
+    /* a freed slot is usable again */
+    client_close(&c[0]);
+    SEND(&c[1], "GET /echo HTTP/1.1\r\nHost: x\r\n\r\n");
+    x->rc[3] = client_read(&c[1], &x->r[3]);
+    client_close(&c[1]);
+}
+
+static void test_too_many_connections_503(void **state)
+{
+    struct ctx x = {0};
+    struct http_limits lim;
+    http_limits_default(&lim);
+    lim.max_connections = 2;
+    run_scenario(&x, &lim, "127.0.0.1", cl_too_many);
+    assert_int_equal(x.r[0].status, 200);
+    assert_int_equal(x.r[1].status, 200);
+    assert_int_equal(x.rc[2], 0);
+    assert_int_equal(x.r[2].status, 503);
+    assert_non_null(strstr(x.r[2].body, "max_connections"));
+    assert_int_equal(x.eof[2], 1);
+    assert_int_equal(x.r[3].status, 200);
+    ctx_free(&x);
+}
+
+static void cl_bad_request(struct ctx *x)
+{
+    struct client c;
+    client_connect(&c, x->port, 0);
+    /* the good request is answered, then the garbage gets a 400 and a close */
+    SEND(&c, "GET /echo HTTP/1.1\r\nHost: x\r\n\r\nBLAH\x01 / HTTP/1.1\r\n\r\n");
+    x->rc[0] = client_read(&c, &x->r[0]);
+    x->rc[1] = client_read(&c, &x->r[1]);
+    x->eof[1] = client_eof(&c);
+    client_close(&c);
+    /* smuggling attempt: Content-Length together with chunked */
+    client_connect(&c, x->port, 0);
+    SEND(&c, "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n"
+             "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n");
+    x->rc[2] = client_read(&c, &x->r[2]);
+    client_close(&c);
+}
+
+static void test_bad_request_400(void **state)
+{
+    struct ctx x = {0};
+    run_scenario(&x, NULL, "127.0.0.1", cl_bad_request);
+    assert_int_equal(x.rc[0], 0);
+    assert_int_equal(x.r[0].status, 200);
+    assert_int_equal(x.rc[1], 0);
+    assert_int_equal(x.r[1].status, 400);
+    assert_int_equal(x.eof[1], 1);
+    assert_int_equal(x.rc[2], 0);
+    assert_int_equal(x.r[2].status, 400);
+    ctx_free(&x);
+}
+
+static void cl_shutdown_stream(struct ctx *x)
+{
+    struct client c;
+    client_connect(&c, x->port, 0);
+    SEND(&c, "GET /sse?n=5 HTTP/1.1\r\nHost: x\r\n\r\n");
+    x->rc[0] = client_read(&c, &x->r[0]);
+    x->eof[0] = client_eof(&c);
+    client_close(&c);
+}
+
+static void test_shutdown_finishes_stream(void **state)
+{
+    struct ctx x = {0};
+    x.shutdown_in_sse = 1;
+    x.shutdown_deadline_ms = 10000;
+    run_scenario(&x, NULL, "127.0.0.1", cl_shutdown_stream);
+    assert_int_equal(x.rc[0], 0);
+    assert_int_equal(x.r[0].status, 200);
+    assert_string_equal(x.r[0].body, "data: {\"i\":0}\n\ndata: {\"i\":1}\n\ndata: {\"i\":2}\n\n"
+                                     "data: {\"i\":3}\n\ndata: {\"i\":4}\n\n");
+    assert_int_equal(x.eof[0], 1);
+    assert_int_equal(x.closes, 0);
+    assert_int_equal(x.stream_ends, 1);
+    ctx_free(&x);
+}
+
+static void cl_shutdown_deadline(struct ctx *x)
+{
+    struct client c;
+    client_connect(&c, x->port, 0);
+    SEND(&c, "GET /forever HTTP/1.1\r\nHost: x\r\n\r\n");
+    /* the stream never ends by itself: the deadline cuts it */
+    x->raw[0] = client_read_until(&c, "no such text");
+    client_close(&c);
+}
+
+static void test_shutdown_deadline_cuts_stream(void **state)
+{
+    struct ctx x = {0};
+    x.shutdown_in_sse = 1;
+    x.shutdown_deadline_ms = 20;
+    run_scenario(&x, NULL, "127.0.0.1", cl_shutdown_deadline);
+    assert_non_null(strstr(x.raw[0], "{\"i\":0}"));
+    /* cut: no last chunk */
+    assert_null(strstr(x.raw[0], "\r\n0\r\n\r\n"));
+    assert_int_equal(x.closes, 1);
+    assert_int_equal(x.stream_ends, 1);
+    ctx_free(&x);
+}
+
+static void test_listen_errors(void **state)
+{
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    struct http_server *a, *b;
+    struct http_server_config cfg = {.host = "127.0.0.1", .port = 0, .on_request = handler};
+    http_limits_default(&cfg.limits);
+    assert_int_equal(http_server_start(&loop, &cfg, &a), 0);
+    cfg.port = http_server_port(a);
+    assert_int_equal(http_server_start(&loop, &cfg, &b), UV_EADDRINUSE);
+    cfg.host = "not-an-address";
+    assert_true(http_server_start(&loop, &cfg, &b) < 0);
+    struct ctx x = {0};
+    http_server_shutdown(a, 100, on_shutdown_done, &x);
+    assert_int_equal(uv_run(&loop, UV_RUN_DEFAULT), 0);
+    assert_int_equal(x.done_called, 1);
+    assert_int_equal(uv_loop_close(&loop), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_keepalive),
+        cmocka_unit_test(test_pipelining_ipv6),
+        cmocka_unit_test(test_chunked_request_body),
+        cmocka_unit_test(test_sse_chunked),
+        cmocka_unit_test(test_disconnect_mid_stream),
+        cmocka_unit_test(test_header_too_large_431),
+        cmocka_unit_test(test_body_too_large_413),
+        cmocka_unit_test(test_slow_client_408),
+        cmocka_unit_test(test_too_many_connections_503),
+        cmocka_unit_test(test_bad_request_400),
+        cmocka_unit_test(test_shutdown_finishes_stream),
+        cmocka_unit_test(test_shutdown_deadline_cuts_stream),
+        cmocka_unit_test(test_listen_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
