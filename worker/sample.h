@@ -1,4 +1,19 @@
-/* sample.h - token sampling: greedy, temperature, top-k/p, min-p, penalties, seeded. */
+/* sample.h - token sampling: greedy, temperature, top-k/p, min-p, penalties, seeded.
+ *
+ * order (llama.cpp's sampler chain):
+ *   1. penalties over the history window (penalty_last_n tokens), per id seen
+ *      c times: repetition (logit > 0 ? logit / r : logit * r), then
+ *      logit -= frequency * c + presence
+ *   2. temperature 0 (or top_k 1): argmax of the penalized logits, lowest id
+ *      on ties; nothing below runs and no random number is drawn
+ *   3. top-k: the k highest logits (ties: lowest id)
+ *   4. top-p: the smallest best-first set whose probability reaches top_p
+ *   5. min-p: tokens with prob >= min_p * the highest prob
+ *      (3-5 judge probabilities at temperature 1, as llama.cpp does)
+ *   6. temperature: softmax(logit / T) over what is left, one uniform draw
+ *      from xoshiro256** seeded by splitmix64(seed)
+ * one sampler serves one sequence; it is not thread-safe and uses no threads,
+ * so results do not depend on the thread count. */
 #ifndef RKV_SAMPLE_H
 #define RKV_SAMPLE_H
 
@@ -13,7 +28,7 @@ struct sample_params {
     float repetition_penalty; /* 1 = off; llama.cpp/HF style divide/multiply */
     float presence_penalty;   /* 0 = off; OpenAI semantics */
     float frequency_penalty;  /* 0 = off; OpenAI semantics */
-    int32_t penalty_last_n;   /* tokens of history the penalties see; -1 = all */
+    int32_t penalty_last_n;   /* tokens of history the penalties see; -1 = all, 0 = none */
     uint64_t seed;            /* same seed + same logits -> same tokens */
     int32_t n_top_logprobs;   /* 0..20 alternatives reported per token */
 };
@@ -34,6 +49,9 @@ int sampler_init(struct sampler **out, const struct sample_params *p, int32_t n_
 void sampler_free(struct sampler *s);
 /* history for penalties: prompt tokens and each sampled token */
 void sampler_accept(struct sampler *s, int32_t id);
+/* applies the penalties (step 1) for the current history to logits
+ * (n_vocab floats) in place; what sampler_sample does first */
+void sampler_penalize(struct sampler *s, float *logits);
 /* picks a token from raw logits (n_vocab floats, not modified).
  * logprob: log-softmax of the chosen token under the unfiltered, unpenalized
  * distribution (what OpenAI's logprobs report); top: n_top_logprobs best

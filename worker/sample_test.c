@@ -1,0 +1,580 @@
+/* sample_test.c - sampler: determinism, greedy, filters by statistics, penalties, logprobs. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/err.h"
+#include "worker/sample.h"
+
+#define BIG_VOCAB 152064
+#define N_DRAWS   200000L
+
+/* deterministic test logits: splitmix64 -> roughly uniform in [-scale, scale) */
+static void fill_logits(float *v, int32_t n, uint64_t seed, float scale)
+{
+    uint64_t x = seed;
+    for (int32_t i = 0; i < n; i++) {
+        uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+        z ^= z >> 31;
+        v[i] = (float)((double)(z >> 11) / 9007199254740992.0 * 2.0 - 1.0) * scale;
+    }
+}
+
+static struct sampler *make(const struct sample_params *p, int32_t n_vocab)
+{
+    struct sampler *s = NULL;
+    assert_int_equal(sampler_init(&s, p, n_vocab), 0);
+    assert_non_null(s);
+    return s;
+}
+
+/* draws n tokens into counts (n_vocab entries) */
+static void draw_counts(const struct sample_params *p, const float *logits, int32_t n_vocab, long n,
+                        long *counts)
+{
+    struct sampler *s = make(p, n_vocab);
+    memset(counts, 0, (size_t)n_vocab * sizeof(*counts));
+    for (long i = 0; i < n; i++) {
+        int32_t id = sampler_sample(s, logits, NULL, NULL);
+        assert_true(id >= 0 && id < n_vocab);
+        counts[id]++;
+    }
+    sampler_free(s);
+}
+
+/* every count within 5 binomial standard deviations of n*prob; tokens with
+ * prob 0 never drawn */
+static void check_freq(const long *counts, const double *prob, int32_t n_vocab, long n)
+{
+    double chi2 = 0.0;
+    int dof = -1;
+    for (int32_t i = 0; i < n_vocab; i++) {
+        double mean = (double)n * prob[i];
+        if (prob[i] == 0.0) {
+            if (counts[i] != 0)
+                fail_msg("token %d has probability 0 but was drawn %ld times", i, counts[i]);
+            continue;
+        }
+        double sd = sqrt((double)n * prob[i] * (1.0 - prob[i]));
+        if (fabs((double)counts[i] - mean) > 5.0 * sd + 1.0)
+            fail_msg("token %d: %ld draws, expected %.1f +- %.1f (5 sd)", i, counts[i], mean,
+                     5.0 * sd);
+        chi2 += ((double)counts[i] - mean) * ((double)counts[i] - mean) / mean;
+        dof++;
+    }
+    /* chi-square, dof <= 8: 30 is far beyond the 0.999 quantile (26.1) */
+    if (dof > 0 && chi2 > 30.0)
+        fail_msg("chi-square %.2f with %d degrees of freedom", chi2, dof);
+}
+
+/* softmax(v / t) over the tokens with keep[i] set */
+static void softmax_kept(const float *v, const int *keep, int32_t n, double t, double *prob)
+{
+    double mx = -INFINITY, sum = 0.0;
+    for (int32_t i = 0; i < n; i++)
+        if (keep[i] && v[i] > mx)
+            mx = v[i];
+    for (int32_t i = 0; i < n; i++) {
+        prob[i] = keep[i] ? exp(((double)v[i] - mx) / t) : 0.0;
+        sum += prob[i];
+    }
+    for (int32_t i = 0; i < n; i++)
+        prob[i] /= sum;
+}
+
+/* N_DRAWS draws over 8 tokens match softmax(v / temperature) over `keep` */
+static void check_draws(const struct sample_params *p, const float *v, const int *keep)
+{
+    long counts[8];
+    double prob[8];
+    draw_counts(p, v, 8, N_DRAWS, counts);
+    softmax_kept(v, keep, 8, p->temperature, prob);
+    check_freq(counts, prob, 8, N_DRAWS);
+}
+
+static const float small_logits[8] = {1.0f, 0.5f, 0.0f, -0.5f, 2.0f, -1.0f, 1.5f, 0.25f};
+
+static void test_params_check(void **state)
+{
+    (void)state;
+    struct sample_params p;
+    char err[200];
+    sample_params_default(&p);
+    assert_int_equal(sample_params_check(&p, err, sizeof(err)), 0);
+    assert_true(p.temperature == 0.0f && p.top_p == 1.0f && p.repetition_penalty == 1.0f);
+
+    /* one field at a time, each message names its field */
+    struct sample_params q;
+#define CHECK_BAD(field_name, stmt)                                                                \
+    do {                                                                                           \
+        sample_params_default(&q);                                                                 \
+        stmt;                                                                                      \
+        err[0] = 0;                                                                                \
+        assert_int_equal(sample_params_check(&q, err, sizeof(err)), RKV_ERANGE);                   \
+        if (!strstr(err, field_name))                                                              \
+            fail_msg("message \"%s\" does not name %s", err, field_name);                          \
+    } while (0)
+    CHECK_BAD("temperature", q.temperature = -0.1f);
+    CHECK_BAD("temperature", q.temperature = 100.5f);
+    CHECK_BAD("temperature", q.temperature = NAN);
+    CHECK_BAD("top_k", q.top_k = -1);
+    CHECK_BAD("top_p", q.top_p = 0.0f);
+    CHECK_BAD("top_p", q.top_p = 1.01f);
+    CHECK_BAD("min_p", q.min_p = -0.01f);
+    CHECK_BAD("min_p", q.min_p = 1.5f);
+    CHECK_BAD("repetition_penalty", q.repetition_penalty = 0.0f);
+    CHECK_BAD("repetition_penalty", q.repetition_penalty = 10.5f);
+    CHECK_BAD("presence_penalty", q.presence_penalty = -2.5f);
+    CHECK_BAD("frequency_penalty", q.frequency_penalty = 2.01f);
+    CHECK_BAD("penalty_last_n", q.penalty_last_n = -2);
+    CHECK_BAD("n_top_logprobs", q.n_top_logprobs = 21);
+    CHECK_BAD("n_top_logprobs", q.n_top_logprobs = -1);
+    assert_non_null(strstr(err, "[0, 20]"));
+
+    /* edges are allowed */
+    sample_params_default(&q);
+    q.temperature = 100.0f;
+    q.top_p = 1.0f;
+    q.min_p = 1.0f;
+    q.repetition_penalty = 10.0f;
+    q.presence_penalty = -2.0f;
+    q.frequency_penalty = 2.0f;
+    q.n_top_logprobs = 20;
+    assert_int_equal(sample_params_check(&q, NULL, 0), 0);
+
+    struct sampler *s = NULL;
+    q.top_k = -3;
+    assert_int_equal(sampler_init(&s, &q, 10), RKV_EINVAL);
+    assert_null(s);
+    sample_params_default(&q);
+    assert_int_equal(sampler_init(&s, &q, 0), RKV_EINVAL);
+}
+
+static void test_greedy_is_argmax(void **state)
+{
+    (void)state;
+    float *v = malloc(BIG_VOCAB * sizeof(*v));
+    assert_non_null(v);
+    struct sample_params p;
+    sample_params_default(&p);
+    struct sampler *s = make(&p, BIG_VOCAB);
+    for (uint64_t seed = 1; seed <= 5; seed++) {
+        fill_logits(v, BIG_VOCAB, seed, 10.0f);
+        int32_t best = 0;
+        for (int32_t i = 1; i < BIG_VOCAB; i++)
+            if (v[i] > v[best])
+                best = i;
+        assert_int_equal(sampler_sample(s, v, NULL, NULL), best);
+    }
+    /* ties go to the lowest id */
+    for (int32_t i = 0; i < BIG_VOCAB; i++)
+        v[i] = 0.0f;
+    v[70000] = 3.0f;
+    v[1234] = 3.0f;
+    v[150000] = 3.0f;
+    assert_int_equal(sampler_sample(s, v, NULL, NULL), 1234);
+    sampler_free(s);
+    free(v);
+}
+
+static void test_top_k1_is_greedy(void **state)
+{
+    (void)state;
+    float v[1000];
+    struct sample_params p;
+    sample_params_default(&p);
+    p.temperature = 1.5f;
+    p.top_k = 1;
+    p.seed = 99;
+    struct sampler *s = make(&p, 1000);
+    for (uint64_t seed = 1; seed <= 50; seed++) {
+        fill_logits(v, 1000, seed, 1.0f);
+        int32_t best = 0;
+        for (int32_t i = 1; i < 1000; i++)
+            if (v[i] > v[best])
+                best = i;
+        assert_int_equal(sampler_sample(s, v, NULL, NULL), best);
+    }
+    sampler_free(s);
+}
+
+static void test_seeded_determinism(void **state)
+{
+    (void)state;
+    enum { NV = 5000, STEPS = 300 };
+    float *v = malloc(NV * sizeof(*v));
+    int32_t a[STEPS], b[STEPS], c[STEPS];
+    assert_non_null(v);
+    struct sample_params p;
+    sample_params_default(&p);
+    p.temperature = 0.9f;
+    p.top_k = 50;
+    p.top_p = 0.95f;
+    p.min_p = 0.01f;
+    p.repetition_penalty = 1.1f;
+    p.frequency_penalty = 0.3f;
+    p.seed = 1234;
+    int32_t *out[3] = {a, b, c};
+    for (int run = 0; run < 3; run++) {
+        p.seed = run < 2 ? 1234 : 4321;
+        struct sampler *s = make(&p, NV);
+        for (int t = 0; t < STEPS; t++) {
+            fill_logits(v, NV, (uint64_t)t, 4.0f);
+            out[run][t] = sampler_sample(s, v, NULL, NULL);
+            sampler_accept(s, out[run][t]);
+        }
+        sampler_free(s);
+    }
+    assert_memory_equal(a, b, sizeof(a));
+    int same = 0;
+    for (int t = 0; t < STEPS; t++)
+        same += a[t] == c[t];
+    assert_true(same < STEPS / 2);
+    free(v);
+}
+
+static void test_temperature_distribution(void **state)
+{
+    (void)state;
+    const float temps[] = {1.0f, 0.5f, 2.5f};
+    int keep[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    for (size_t k = 0; k < sizeof(temps) / sizeof(temps[0]); k++) {
+        struct sample_params p;
+        sample_params_default(&p);
+        p.temperature = temps[k];
+        p.seed = 7 + k;
+        check_draws(&p, small_logits, keep);
+    }
+}
+
+static void test_top_k_distribution(void **state)
+{
+    (void)state;
+    /* k = 3 keeps ids 4 (2.0), 6 (1.5), 0 (1.0) */
+    int keep[8] = {1, 0, 0, 0, 1, 0, 1, 0};
+    struct sample_params p;
+    sample_params_default(&p);
+    p.temperature = 0.8f;
+    p.top_k = 3;
+    p.seed = 11;
+    check_draws(&p, small_logits, keep);
+}
+
+/* the nucleus at temperature 1, computed independently by a full sort */
+static void nucleus(const float *v, int32_t n, double top_p, int *keep)
+{
+    int32_t *order = malloc((size_t)n * sizeof(*order));
+    assert_non_null(order);
+    double mx = -INFINITY, sum = 0.0;
+    for (int32_t i = 0; i < n; i++) {
+        order[i] = i;
+        if (v[i] > mx)
+            mx = v[i];
+    }
+    for (int32_t i = 0; i < n; i++)
+        sum += exp(v[i] - mx);
+    /* selection sort is fine for the small case; big case uses few steps */
+    memset(keep, 0, (size_t)n * sizeof(*keep));
+    double acc = 0.0;
+    for (int32_t r = 0; r < n; r++) {
+        int32_t b = r;
+        for (int32_t j = r + 1; j < n; j++)
+            if (v[order[j]] > v[order[b]] || (v[order[j]] == v[order[b]] && order[j] < order[b]))
+                b = j;
+        int32_t t = order[r];
+        order[r] = order[b];
+        order[b] = t;
+        keep[order[r]] = 1;
+        acc += exp(v[order[r]] - mx) / sum;
+        if (acc >= top_p)
+            break;
+    }
+    free(order);
+}
+
+static void test_top_p_distribution(void **state)
+{
+    (void)state;
+    int keep[8];
+    const float ps[] = {0.5f, 0.8f, 0.97f};
+    for (size_t k = 0; k < 3; k++) {
+        struct sample_params p;
+        sample_params_default(&p);
+        p.temperature = 1.3f;
+        p.top_p = ps[k];
+        p.seed = 21 + k;
+        nucleus(small_logits, 8, ps[k], keep);
+        check_draws(&p, small_logits, keep);
+    }
+    /* p = 0.5: probs at t=1 are .34 (id 4), .21 (id 6), .13 (id 0): two tokens */
+    nucleus(small_logits, 8, 0.5, keep);
+    assert_int_equal(keep[4] + keep[6] + keep[0], 2);
+}
+
+static void test_min_p_distribution(void **state)
+{
+    (void)state;
+    /* min_p 0.3: keep logits >= 2.0 + ln 0.3 = 0.796: ids 4, 6, 0 */
+    int keep[8] = {1, 0, 0, 0, 1, 0, 1, 0};
+    struct sample_params p;
+    sample_params_default(&p);
+    p.temperature = 2.0f;
+    p.min_p = 0.3f;
+    p.seed = 31;
+    check_draws(&p, small_logits, keep);
+}
+
+static void test_chain_order(void **state)
+{
+    (void)state;
+    /* top-k 5 then top-p 0.75 over those five (renormalized), then min-p */
+    float v5[8];
+    int keep[8] = {0};
+    struct sample_params p;
+    sample_params_default(&p);
+    p.temperature = 0.7f;
+    p.top_k = 5;
+    p.top_p = 0.75f;
+    p.min_p = 0.35f;
+    p.seed = 41;
+    /* the five best: 4 (2.0), 6 (1.5), 0 (1.0), 1 (0.5), 7 (0.25) */
+    for (int i = 0; i < 8; i++)
+        v5[i] = small_logits[i];
+    int top5[8] = {1, 1, 0, 0, 1, 0, 1, 1};
+    /* nucleus over the five: probs .415 .252 .153 .093 .072 -> 4, 6, 0 */
+    double mx = 2.0, sum = 0.0;
+    for (int i = 0; i < 8; i++)
+        sum += top5[i] ? exp(v5[i] - mx) : 0.0;
+    double acc = 0.0;
+    const int by_rank[5] = {4, 6, 0, 1, 7};
+    for (int r = 0; r < 5; r++) {
+        keep[by_rank[r]] = 1;
+        acc += exp(v5[by_rank[r]] - mx) / sum;
+        if (acc >= 0.75)
+            break;
+    }
+    assert_int_equal(keep[4] + keep[6] + keep[0] + keep[1] + keep[7], 3);
+    /* min-p 0.35 of the max: 2.0 + ln .35 = .95 keeps 0 (1.0) too */
+    check_draws(&p, v5, keep);
+}
+
+static int cmp_desc(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return x > y ? -1 : x < y ? 1 : 0;
+}
+
+static void test_big_vocab_filters(void **state)
+{
+    (void)state;
+    float *v = malloc(BIG_VOCAB * sizeof(*v));
+    float *sorted = malloc(BIG_VOCAB * sizeof(*sorted));
+    assert_non_null(v);
+    assert_non_null(sorted);
+    fill_logits(v, BIG_VOCAB, 5, 8.0f);
+    memcpy(sorted, v, BIG_VOCAB * sizeof(*v));
+    qsort(sorted, BIG_VOCAB, sizeof(*sorted), cmp_desc);
+
+    /* top-k 40: every draw is at least the 40th best logit */
+    struct sample_params p;
+    sample_params_default(&p);
+    p.temperature = 5.0f;
+    p.top_k = 40;
+    p.seed = 3;
+    struct sampler *s = make(&p, BIG_VOCAB);
+    int distinct = 0;
+    char *seen = calloc(BIG_VOCAB, 1);
+    assert_non_null(seen);
+    for (int i = 0; i < 400; i++) {
+        int32_t id = sampler_sample(s, v, NULL, NULL);
+        assert_true(v[id] >= sorted[39]);
+        distinct += !seen[id];
+        seen[id] = 1;
+    }
+    assert_int_equal(distinct, 40); /* t = 5 flattens: all 40 show up */
+    sampler_free(s);
+
+    /* top-p 0.9 without top-k: the nucleus spans thousands of tokens, which
+     * forces the widening path; every draw is inside it */
+    double mx = sorted[0], sum = 0.0, acc = 0.0;
+    for (int32_t i = 0; i < BIG_VOCAB; i++)
+        sum += exp((double)v[i] - mx);
+    int32_t m = 0;
+    while (acc < 0.9 * sum)
+        acc += exp((double)sorted[m++] - mx);
+    assert_true(m > 1024);
+    p.top_k = 0;
+    p.top_p = 0.9f;
+    p.temperature = 1.0f;
+    s = make(&p, BIG_VOCAB);
+    for (int i = 0; i < 400; i++) {
+        int32_t id = sampler_sample(s, v, NULL, NULL);
+        assert_true(v[id] >= sorted[m - 1]);
+    }
+    sampler_free(s);
+    free(seen);
+    free(sorted);
+    free(v);
+}
+
+static void test_penalties_exact(void **state)
+{
+    (void)state;
+    struct sample_params p;
+    sample_params_default(&p);
+    p.repetition_penalty = 1.25f;
+    p.presence_penalty = 0.5f;
+    p.frequency_penalty = 0.25f;
+    p.penalty_last_n = 4;
+    struct sampler *s = make(&p, 6);
+    const float raw[6] = {2.0f, -1.0f, 0.0f, 3.0f, 1.0f, -2.0f};
+    /* history 3 3 1 5 0 3: the window of 4 sees 1 5 0 3 */
+    const int32_t hist[] = {3, 3, 1, 5, 0, 3};
+    for (size_t i = 0; i < 6; i++)
+        sampler_accept(s, hist[i]);
+    float got[6];
+    memcpy(got, raw, sizeof(got));
+    sampler_penalize(s, got);
+    float want[6];
+    memcpy(want, raw, sizeof(want));
+    const int32_t count[6] = {1, 1, 0, 1, 0, 1};
+    for (int i = 0; i < 6; i++) {
+        if (!count[i])
+            continue;
+        float l = raw[i] <= 0.0f ? raw[i] * 1.25f : raw[i] / 1.25f;
+        want[i] = l - ((float)count[i] * 0.25f + 0.5f);
+    }
+    for (int i = 0; i < 6; i++)
+        if (got[i] != want[i])
+            fail_msg("id %d: got %.9g want %.9g", i, (double)got[i], (double)want[i]);
+    sampler_free(s);
+
+    /* unbounded history: counts accumulate, frequency scales with count */
+    p.penalty_last_n = -1;
+    p.repetition_penalty = 1.0f;
+    p.presence_penalty = 0.0f;
+    p.frequency_penalty = 1.5f;
+    s = make(&p, 6);
+    for (int i = 0; i < 100; i++)
+        sampler_accept(s, 2);
+    sampler_accept(s, 4);
+    memcpy(got, raw, sizeof(got));
+    sampler_penalize(s, got);
+    assert_true(got[2] == 0.0f - 150.0f);
+    assert_true(got[4] == 1.0f - 1.5f);
+    assert_true(got[0] == 2.0f && got[3] == 3.0f);
+    /* greedy sees penalized logits and never modifies the caller's */
+    float before[6];
+    memcpy(before, raw, sizeof(before));
+    assert_int_equal(sampler_sample(s, raw, NULL, NULL), 3);
+    sampler_accept(s, 3);
+    sampler_accept(s, 3);
+    /* id 3: 3 - 2*1.5 = 0 < id 0's 2.0 */
+    assert_int_equal(sampler_sample(s, raw, NULL, NULL), 0);
+    assert_memory_equal(before, raw, sizeof(raw));
+    sampler_free(s);
+
+    /* penalty_last_n 0 turns penalties off */
+    p.penalty_last_n = 0;
+    s = make(&p, 6);
+    sampler_accept(s, 3);
+    memcpy(got, raw, sizeof(got));
+    sampler_penalize(s, got);
+    assert_memory_equal(got, raw, sizeof(raw));
+    sampler_free(s);
+}
+
+static void test_logprobs(void **state)
+{
+    (void)state;
+    enum { NV = 3000 };
+    float v[NV];
+    fill_logits(v, NV, 77, 6.0f);
+    struct sample_params p;
+    sample_params_default(&p);
+    p.temperature = 0.8f;
+    p.top_k = 10;
+    p.repetition_penalty = 2.0f; /* must not change the reported logprobs */
+    p.n_top_logprobs = 20;
+    p.seed = 5;
+    struct sampler *s = make(&p, NV);
+    for (int i = 0; i < 50; i++)
+        sampler_accept(s, i * 7);
+    double mx = -INFINITY, sum = 0.0;
+    for (int i = 0; i < NV; i++)
+        mx = v[i] > mx ? v[i] : mx;
+    for (int i = 0; i < NV; i++)
+        sum += exp((double)v[i] - mx);
+    double lse = mx + log(sum);
+    for (int step = 0; step < 20; step++) {
+        float lp = 1.0f;
+        struct sample_top top[20];
+        int32_t id = sampler_sample(s, v, &lp, top);
+        assert_true(fabs((double)lp - ((double)v[id] - lse)) < 1e-5);
+        for (int j = 0; j < 20; j++) {
+            assert_true(fabs((double)top[j].logprob - ((double)v[top[j].id] - lse)) < 1e-5);
+            if (j > 0)
+                assert_true(top[j].logprob <= top[j - 1].logprob);
+        }
+        /* top[0] is the raw argmax, and nothing outside top beats top[19] */
+        int32_t best = 0;
+        for (int i = 1; i < NV; i++)
+            if (v[i] > v[best])
+                best = i;
+        assert_int_equal(top[0].id, best);
+        int beat = 0;
+        for (int i = 0; i < NV; i++)
+            beat += v[i] > v[top[19].id];
+        assert_int_equal(beat, 19);
+        /* NULL outputs are allowed */
+        sampler_sample(s, v, NULL, NULL);
+    }
+    sampler_free(s);
+}
+
+static void test_masked_logits(void **state)
+{
+    (void)state;
+    float v[5] = {-INFINITY, -INFINITY, 1.0f, NAN, -INFINITY};
+    struct sample_params p;
+    sample_params_default(&p);
+    p.temperature = 1.0f;
+    p.top_p = 0.5f;
+    struct sampler *s = make(&p, 5);
+    for (int i = 0; i < 100; i++)
+        assert_int_equal(sampler_sample(s, v, NULL, NULL), 2);
+    float all[3] = {-INFINITY, -INFINITY, -INFINITY};
+    sampler_free(s);
+    s = make(&p, 3);
+    assert_int_equal(sampler_sample(s, all, NULL, NULL), 0);
+    sampler_free(s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_params_check),
+        cmocka_unit_test(test_greedy_is_argmax),
+        cmocka_unit_test(test_top_k1_is_greedy),
+        cmocka_unit_test(test_seeded_determinism),
+        cmocka_unit_test(test_temperature_distribution),
+        cmocka_unit_test(test_top_k_distribution),
+        cmocka_unit_test(test_top_p_distribution),
+        cmocka_unit_test(test_min_p_distribution),
+        cmocka_unit_test(test_chain_order),
+        cmocka_unit_test(test_big_vocab_filters),
+        cmocka_unit_test(test_penalties_exact),
+        cmocka_unit_test(test_logprobs),
+        cmocka_unit_test(test_masked_logits),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
