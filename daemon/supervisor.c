@@ -17,6 +17,8 @@ struct sup_child {
     uv_process_t proc;
     uv_timer_t timer;
     int proc_live;   /* proc handle open (not yet closed) */
+    int n_handles;   /* open uv handles; the child is freed when none remain */
+    int closing;     /* sup_close called */
     pid_t pid;
     enum sup_state state;
     uint64_t window_start;
@@ -66,11 +68,23 @@ static void check_all_stopped(struct sup *s)
     }
 }
 
+static void child_release(struct sup_child *c)
+{
+    if (--c->n_handles > 0 || !c->closing)
+        return;
+    for (char **a = c->argv; *a; a++)
+        free(*a);
+    free(c->argv);
+    free(c);
+}
+
 static void proc_closed(uv_handle_t *h)
 {
     struct sup_child *c = h->data;
     c->proc_live = 0;
-    check_all_stopped(c->sup);
+    if (!c->closing)
+        check_all_stopped(c->sup);
+    child_release(c);
 }
 
 static void restart_timer(uv_timer_t *t)
@@ -150,9 +164,12 @@ static int child_start(struct sup_child *c)
     int rc = uv_spawn(c->sup->loop, &c->proc, &o);
     if (rc) {
         log_error("cannot start %s (%s): %s", c->name, c->argv[0], uv_strerror(rc));
-        uv_close((uv_handle_t *)&c->proc, NULL);
+        /* a failed uv_spawn still leaves an initialized handle to close */
+        c->n_handles++;
+        uv_close((uv_handle_t *)&c->proc, proc_closed);
         return rc;
     }
+    c->n_handles++;
     c->proc_live = 1;
     c->pid = c->proc.pid;
     c->state = SUP_RUNNING;
@@ -183,6 +200,7 @@ int sup_add(struct sup *s, const struct sup_child_spec *spec, struct sup_child *
     c->window_start = rkv_now_ms();
     uv_timer_init(s->loop, &c->timer);
     c->timer.data = c;
+    c->n_handles = 1;
     c->next = s->children;
     s->children = c;
     int rc = child_start(c);
@@ -233,14 +251,7 @@ void sup_stop_all(struct sup *s, uint64_t deadline_ms, void (*done_cb)(void *ud)
     check_all_stopped(s);
 }
 
-static void child_timer_closed(uv_handle_t *h)
-{
-    struct sup_child *c = h->data;
-    for (char **a = c->argv; *a; a++)
-        free(*a);
-    free(c->argv);
-    free(c);
-}
+static void child_timer_closed(uv_handle_t *h) { child_release(h->data); }
 
 static void sup_timer_closed(uv_handle_t *h) { free(h->data); }
 
@@ -250,6 +261,7 @@ void sup_close(struct sup *s)
         return;
     for (struct sup_child *c = s->children, *n; c; c = n) {
         n = c->next;
+        c->closing = 1;
         uv_close((uv_handle_t *)&c->timer, child_timer_closed);
     }
     s->kill_timer.data = s;
