@@ -1,0 +1,260 @@
+/* tok_chat.c - chat templates: family detection and rendering of llama3, chatml, llama2, fallback.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "common/log.h"
+#include "common/tok_int.h"
+
+static const char *const kind_names[] = {"llama3", "chatml", "llama2", "fallback"};
+
+const char *tok_chat_kind_name(enum tok_chat_kind k)
+{
+    return (unsigned)k < sizeof kind_names / sizeof *kind_names ? kind_names[k] : "unknown";
+}
+
+enum tok_chat_kind tok_chat_kind(const struct tok *t)
+{
+    return t->chat;
+}
+
+static int has(const char *s, size_t n, const char *needle)
+{
+    return s && memmem(s, n, needle, strlen(needle)) != NULL;
+}
+
+/* qwen-style chatml templates insert a default system message when the
+ * conversation has none: find the literal '<|im_start|>system\n...<|im_end|>' */
+static int chatml_default_system(struct tok *t, const char *s, size_t n)
+{
+    static const char open[] = "<|im_start|>system";
+    const char *end = s + n, *p = s;
+    while ((p = memmem(p, (size_t)(end - p), open, sizeof open - 1)) != NULL) {
+        p += sizeof open - 1;
+        const char *body = NULL;
+        if (p < end && *p == '\n')
+            body = p + 1;
+        else if (end - p >= 2 && p[0] == '\\' && p[1] == 'n')
+            body = p + 2;
+        if (!body)
+            continue;
+        const char *close = memmem(body, (size_t)(end - body), "<|im_end|>", 10);
+        if (!close)
+            return 0;
+        size_t len = (size_t)(close - body);
+        /* only a plain literal: no jinja expression or string quote inside */
+        if (!len || memchr(body, '\'', len) || memchr(body, '"', len) || memchr(body, '{', len))
+            continue;
+        char *d = malloc(len + 1);
+        if (!d)
+            return RKV_ENOMEM;
+        size_t k = 0;
+        for (size_t i = 0; i < len; i++) {
+            if (body[i] == '\\' && i + 1 < len && body[i + 1] == 'n') {
+                d[k++] = '\n';
+                i++;
+            } else {
+                d[k++] = body[i];
+            }
+        }
+        d[k] = 0;
+        t->chat_default_system = d;
+        return 0;
+    }
+    return 0;
+}
+
+int tok_chat_detect(struct tok *t, const char *tmpl, size_t n)
+{
+    const char *why;
+    const char *arch = t->arch ? t->arch : "";
+    if (has(tmpl, n, "<|start_header_id|>")) {
+        t->chat = TOK_CHAT_LLAMA3;
+        why = "tokenizer.chat_template uses <|start_header_id|>";
+    } else if (has(tmpl, n, "<|im_start|>")) {
+        t->chat = TOK_CHAT_CHATML;
+        why = "tokenizer.chat_template uses <|im_start|>";
+        int rc = chatml_default_system(t, tmpl, n);
+        if (rc < 0)
+            return rc;
+    } else if (has(tmpl, n, "[INST]")) {
+        t->chat = TOK_CHAT_LLAMA2;
+        why = "tokenizer.chat_template uses [INST]";
+    } else if (!strcmp(arch, "llama") && tok_find(t, "<|eot_id|>", 10) >= 0) {
+        t->chat = TOK_CHAT_LLAMA3;
+        why = tmpl ? "template not recognised; architecture llama with an <|eot_id|> token"
+                   : "no tokenizer.chat_template; architecture llama with an <|eot_id|> token";
+    } else if (!strcmp(arch, "qwen2")) {
+        t->chat = TOK_CHAT_CHATML;
+        why = tmpl ? "template not recognised; architecture qwen2"
+                   : "no tokenizer.chat_template; architecture qwen2";
+    } else {
+        t->chat = TOK_CHAT_FALLBACK;
+        why = tmpl ? "tokenizer.chat_template is not a family rkv renders (llama3, chatml, "
+                     "llama2) and the architecture names none"
+                   : "no tokenizer.chat_template and the architecture names no template";
+    }
+    log_info("chat template: %s (%s)", tok_chat_kind_name(t->chat), why);
+    return 0;
+}
+
+/* --- rendering ----------------------------------------------------------------- */
+
+struct sb {
+    char *p;
+    size_t n, cap;
+    int err;
+};
+
+static void sb_add(struct sb *b, const char *s, size_t n)
+{
+    if (b->err)
+        return;
+    if (b->n + n + 1 > b->cap) {
+        size_t c = b->cap ? b->cap : 256;
+        while (c < b->n + n + 1)
+            c *= 2;
+        char *q = realloc(b->p, c);
+        if (!q) {
+            b->err = RKV_ENOMEM;
+            return;
+        }
+        b->p = q;
+        b->cap = c;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+}
+
+static void sb_str(struct sb *b, const char *s)
+{
+    sb_add(b, s, strlen(s));
+}
+
+/* python's str.strip() for ascii whitespace, as the jinja templates apply */
+static void sb_trimmed(struct sb *b, const char *s)
+{
+    size_t n = strlen(s);
+    while (n && strchr(" \t\n\r\v\f", s[0])) {
+        s++;
+        n--;
+    }
+    while (n && strchr(" \t\n\r\v\f", s[n - 1]))
+        n--;
+    sb_add(b, s, n);
+}
+
+static const char *str_or_empty(const char *s)
+{
+    return s ? s : "";
+}
+
+static void render_llama3(struct sb *b, const struct tok_chat_msg *m, size_t n, int gen)
+{
+    for (size_t i = 0; i < n; i++) {
+        sb_str(b, "<|start_header_id|>");
+        sb_str(b, str_or_empty(m[i].role));
+        sb_str(b, "<|end_header_id|>\n\n");
+        sb_trimmed(b, str_or_empty(m[i].content));
+        sb_str(b, "<|eot_id|>");
+    }
+    if (gen)
+        sb_str(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+static void render_chatml(const struct tok *t, struct sb *b, const struct tok_chat_msg *m, size_t n,
+                          int gen)
+{
+    int has_system = n > 0 && m[0].role && !strcmp(m[0].role, "system");
+    if (t->chat_default_system && !has_system) {
+        sb_str(b, "<|im_start|>system\n");
+        sb_str(b, t->chat_default_system);
+        sb_str(b, "<|im_end|>\n");
+    }
+    for (size_t i = 0; i < n; i++) {
+        sb_str(b, "<|im_start|>");
+        sb_str(b, str_or_empty(m[i].role));
+        sb_str(b, "\n");
+        sb_str(b, str_or_empty(m[i].content));
+        sb_str(b, "<|im_end|>\n");
+    }
+    if (gen)
+        sb_str(b, "<|im_start|>assistant\n");
+}
+
+static void render_llama2(const struct tok *t, struct sb *b, const struct tok_chat_msg *m, size_t n)
+{
+    const char *sys = NULL;
+    if (n > 0 && m[0].role && !strcmp(m[0].role, "system")) {
+        sys = str_or_empty(m[0].content);
+        m++;
+        n--;
+    }
+    const char *bos = t->bos >= 0 ? tok_text(t, t->bos) : "";
+    const char *eos = t->eos >= 0 ? tok_text(t, t->eos) : "";
+    for (size_t i = 0; i < n; i++) {
+        const char *content = str_or_empty(m[i].content);
+        if (m[i].role && !strcmp(m[i].role, "assistant")) {
+            sb_str(b, " ");
+            sb_trimmed(b, content);
+            sb_str(b, " ");
+            sb_str(b, eos);
+            continue;
+        }
+        /* the first bos comes from tok_encode(add_bos), later ones are text */
+        if (i > 0)
+            sb_str(b, bos);
+        sb_str(b, "[INST] ");
+        if (i == 0 && sys) {
+            struct sb c = {0};
+            sb_str(&c, "<<SYS>>\n");
+            sb_str(&c, sys);
+            sb_str(&c, "\n<</SYS>>\n\n");
+            sb_str(&c, content);
+            if (c.err)
+                b->err = c.err;
+            else
+                sb_trimmed(b, c.p);
+            free(c.p);
+        } else {
+            sb_trimmed(b, content);
+        }
+        sb_str(b, " [/INST]");
+    }
+}
+
+static void render_fallback(struct sb *b, const struct tok_chat_msg *m, size_t n, int gen)
+{
+    for (size_t i = 0; i < n; i++) {
+        sb_str(b, str_or_empty(m[i].role));
+        sb_str(b, ": ");
+        sb_str(b, str_or_empty(m[i].content));
+        sb_str(b, "\n\n");
+    }
+    if (gen)
+        sb_str(b, "assistant:");
+}
+
+int tok_chat_apply(const struct tok *t, const struct tok_chat_msg *msgs, size_t n_msgs,
+                   int add_generation_prompt, char **out)
+{
+    if (!t || !out || (!msgs && n_msgs))
+        return RKV_EINVAL;
+    *out = NULL;
+    struct sb b = {0};
+    sb_add(&b, "", 0);
+    switch (t->chat) {
+    case TOK_CHAT_LLAMA3: render_llama3(&b, msgs, n_msgs, add_generation_prompt); break;
+    case TOK_CHAT_CHATML: render_chatml(t, &b, msgs, n_msgs, add_generation_prompt); break;
+    case TOK_CHAT_LLAMA2: render_llama2(t, &b, msgs, n_msgs); break;
+    default: render_fallback(&b, msgs, n_msgs, add_generation_prompt); break;
+    }
+    if (b.err) {
+        free(b.p);
+        return b.err;
+    }
+    *out = b.p;
+    return 0;
+}
