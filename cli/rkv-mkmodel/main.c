@@ -1,0 +1,562 @@
+/* main.c - rkv-mkmodel: writes a deterministic random-weight GGUF v3 model with a working BPE
+ * tokenizer. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/rkv-mkmodel/bpe.h"
+#include "cli/rkv-mkmodel/corpus.h"
+#include "cli/rkv-mkmodel/gguf_write.h"
+#include "cli/rkv-mkmodel/weights.h"
+#include "common/err.h"
+#include "common/gguf.h"
+#include "common/util.h"
+
+#define PROG      "rkv-mkmodel"
+#define ALIGNMENT 32
+/* learned merges stop here (or where the built-in text runs out) */
+#define MAX_MERGES 4000
+/* elements generated per batch, split across threads */
+#define BATCH_ELEMS (16u << 20)
+
+enum arch { ARCH_LLAMA, ARCH_QWEN2 };
+
+struct preset {
+    const char *name;
+    enum arch arch;
+    uint32_t dim, n_layer, n_head, n_head_kv, ffn, vocab, ctx;
+};
+
+/* docs/model-format.md lists these */
+static const struct preset presets[] = {
+    {"tiny", ARCH_LLAMA, 64, 2, 4, 2, 160, 512, 2048},
+    {"tiny-qwen2", ARCH_QWEN2, 64, 2, 4, 2, 160, 512, 2048},
+    {"small", ARCH_LLAMA, 768, 12, 12, 4, 2048, 8192, 8192},
+    {"llama3-8b", ARCH_LLAMA, 4096, 32, 32, 8, 14336, 128256, 131072},
+    {"qwen2.5-7b", ARCH_QWEN2, 3584, 28, 28, 4, 18944, 152064, 131072},
+};
+
+struct dtype {
+    const char *name;
+    uint32_t type;      /* ggml type of the matrices */
+    uint32_t file_type; /* llama.cpp's general.file_type */
+};
+
+static const struct dtype dtypes[] = {
+    {"f32", GGUF_TYPE_F32, 0},
+    {"f16", GGUF_TYPE_F16, 1},
+    {"bf16", GGUF_TYPE_BF16, 32},
+    {"q8_0", GGUF_TYPE_Q8_0, 7},
+};
+
+struct opts {
+    const struct preset *preset;
+    enum arch arch;
+    const struct dtype *dtype;
+    uint64_t seed;
+    const char *out;
+};
+
+struct tensor {
+    char name[64];
+    uint32_t type;
+    uint32_t n_dims;
+    uint64_t ne[2];
+    uint64_t n_el, n_bytes, offset;
+    struct wt_dist dist;
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: " PROG " --out FILE [--preset NAME] [--arch llama|qwen2]\n"
+               "                   [--dtype f32|f16|bf16|q8_0] [--seed N]\n"
+               "writes a GGUF v3 model with seeded random weights and a byte-level BPE\n"
+               "tokenizer; the same arguments give the same bytes.\n"
+               "  --preset NAME   tiny (default), tiny-qwen2, small, llama3-8b, qwen2.5-7b\n"
+               "  --arch A        override the preset's architecture\n"
+               "  --dtype T       matrix type (norms and biases stay f32); default f32\n"
+               "  --seed N        weight seed, default 1\n"
+               "  --out FILE      output path (written to FILE.tmp, then renamed)\n");
+}
+
+static int bad_flag(const char *fmt, const char *arg)
+{
+    fprintf(stderr, PROG ": ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n(see " PROG " --help)\n");
+    return 1;
+}
+
+static int parse_args(int argc, char **argv, struct opts *o)
+{
+    o->preset = &presets[0];
+    o->dtype = &dtypes[0];
+    o->seed = 1;
+    o->arch = ARCH_LLAMA;
+    o->out = NULL;
+    int arch_set = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            exit(0);
+        }
+        if (strncmp(a, "--", 2) != 0)
+            return bad_flag("unexpected argument '%s'", a);
+        if (strcmp(a, "--preset") && strcmp(a, "--arch") && strcmp(a, "--dtype") &&
+            strcmp(a, "--seed") && strcmp(a, "--out"))
+            return bad_flag("unknown flag '%s'", a);
+        if (i + 1 >= argc)
+            return bad_flag("%s needs a value", a);
+        const char *v = argv[++i];
+        if (!strcmp(a, "--preset")) {
+            o->preset = NULL;
+            for (size_t k = 0; k < RKV_ARRAY_LEN(presets); k++)
+                if (!strcmp(v, presets[k].name))
+                    o->preset = &presets[k];
+            if (!o->preset)
+                return bad_flag("unknown preset '%s' (tiny, tiny-qwen2, small, llama3-8b, "
+                                "qwen2.5-7b)",
+                                v);
+        } else if (!strcmp(a, "--arch")) {
+            if (!strcmp(v, "llama"))
+                o->arch = ARCH_LLAMA;
+            else if (!strcmp(v, "qwen2"))
+                o->arch = ARCH_QWEN2;
+            else
+                return bad_flag("unknown --arch '%s' (llama, qwen2)", v);
+            arch_set = 1;
+        } else if (!strcmp(a, "--dtype")) {
+            o->dtype = NULL;
+            for (size_t k = 0; k < RKV_ARRAY_LEN(dtypes); k++)
+                if (!strcmp(v, dtypes[k].name))
+                    o->dtype = &dtypes[k];
+            if (!o->dtype)
+                return bad_flag("unknown --dtype '%s' (f32, f16, bf16, q8_0)", v);
+        } else if (!strcmp(a, "--seed")) {
+            char *end;
+            errno = 0;
+            unsigned long long s = strtoull(v, &end, 0);
+            if (errno || end == v || *end || v[0] == '-')
+                return bad_flag("--seed '%s' is not an unsigned integer", v);
+            o->seed = s;
+        } else {
+            o->out = v;
+        }
+    }
+    if (!arch_set)
+        o->arch = o->preset->arch;
+    if (!o->out)
+        return bad_flag("%s", "--out FILE is required");
+    return 0;
+}
+
+/* --- tokenizer -------------------------------------------------------------- */
+
+static const char *const llama_specials[] = {"<|begin_of_text|>", "<|end_of_text|>",
+                                             "<|start_header_id|>", "<|end_header_id|>",
+                                             "<|eot_id|>"};
+static const char *const qwen2_specials[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
+
+/* llama 3 instruct's template */
+static const char llama3_template[] =
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
+    "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | "
+    "trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% "
+    "endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ "
+    "'<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}";
+
+/* qwen2 instruct's chatml template */
+static const char chatml_template[] =
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ "
+    "'<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif "
+    "%}{{'<|im_start|>' "
+    "+ message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if "
+    "add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+struct vocab {
+    struct bpe_vocab bpe;
+    const char **tokens; /* (n) bpe tokens, specials, reserved */
+    int32_t *types;      /* (n) */
+    char **reserved;     /* (n_reserved) */
+    uint32_t n, n_reserved;
+    int32_t first_special;
+};
+
+static void vocab_free(struct vocab *v)
+{
+    bpe_vocab_free(&v->bpe);
+    for (uint32_t i = 0; v->reserved && i < v->n_reserved; i++)
+        free(v->reserved[i]);
+    free(v->reserved);
+    free(v->tokens);
+    free(v->types);
+}
+
+static int vocab_build(const struct opts *o, struct vocab *v)
+{
+    memset(v, 0, sizeof *v);
+    const char *const *specials = o->arch == ARCH_LLAMA ? llama_specials : qwen2_specials;
+    uint32_t n_special =
+        o->arch == ARCH_LLAMA ? RKV_ARRAY_LEN(llama_specials) : RKV_ARRAY_LEN(qwen2_specials);
+    uint32_t n_vocab = o->preset->vocab;
+    if (n_vocab < 256 + n_special) {
+        fprintf(stderr, PROG ": vocab %u is below 256 bytes + %u special tokens\n", n_vocab,
+                n_special);
+        return RKV_EINVAL;
+    }
+    size_t len;
+    const char *text = mk_corpus(&len);
+    uint32_t max_tokens = RKV_MIN(n_vocab - n_special, 256 + MAX_MERGES);
+    int rc = bpe_train(text, len, max_tokens, &v->bpe);
+    if (rc)
+        return rc;
+    v->n = n_vocab;
+    v->n_reserved = n_vocab - n_special - v->bpe.n_tokens;
+    v->tokens = calloc(n_vocab, sizeof *v->tokens);
+    v->types = calloc(n_vocab, sizeof *v->types);
+    v->reserved = calloc(v->n_reserved ? v->n_reserved : 1, sizeof *v->reserved);
+    if (!v->tokens || !v->types || !v->reserved)
+        return RKV_ENOMEM;
+    uint32_t t = 0;
+    for (uint32_t i = 0; i < v->bpe.n_tokens; i++, t++) {
+        v->tokens[t] = v->bpe.tokens[i];
+        v->types[t] = 1; /* normal */
+    }
+    v->first_special = (int32_t)t;
+    for (uint32_t i = 0; i < n_special; i++, t++) {
+        v->tokens[t] = specials[i];
+        v->types[t] = 3; /* control */
+    }
+    for (uint32_t i = 0; i < v->n_reserved; i++, t++) {
+        char name[32];
+        snprintf(name, sizeof name, "<|reserved_%u|>", i);
+        if (!(v->reserved[i] = strdup(name)))
+            return RKV_ENOMEM;
+        v->tokens[t] = v->reserved[i];
+        v->types[t] = 3;
+    }
+    return 0;
+}
+
+static void put_tokenizer(struct gw *w, const struct opts *o, const struct vocab *v)
+{
+    int32_t s = v->first_special;
+    gw_kv_str(w, "tokenizer.ggml.model", "gpt2");
+    gw_kv_str(w, "tokenizer.ggml.pre", o->arch == ARCH_LLAMA ? "llama-bpe" : "qwen2");
+    gw_kv_arr_str(w, "tokenizer.ggml.tokens", v->tokens, v->n);
+    gw_kv_arr_i32(w, "tokenizer.ggml.token_type", v->types, v->n);
+    gw_kv_arr_str(w, "tokenizer.ggml.merges", (const char *const *)v->bpe.merges, v->bpe.n_merges);
+    if (o->arch == ARCH_LLAMA) {
+        gw_kv_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)s);
+        gw_kv_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)s + 1);
+        gw_kv_u32(w, "tokenizer.ggml.eot_token_id", (uint32_t)s + 4);
+        gw_kv_bool(w, "tokenizer.ggml.add_bos_token", 1);
+        gw_kv_str(w, "tokenizer.chat_template", llama3_template);
+    } else {
+        gw_kv_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)s);
+        gw_kv_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)s + 2);
+        gw_kv_u32(w, "tokenizer.ggml.eot_token_id", (uint32_t)s + 2);
+        gw_kv_u32(w, "tokenizer.ggml.padding_token_id", (uint32_t)s);
+        gw_kv_bool(w, "tokenizer.ggml.add_bos_token", 0);
+        gw_kv_str(w, "tokenizer.chat_template", chatml_template);
+    }
+}
+
+/* --- tensors ---------------------------------------------------------------- */
+
+static void add_tensor(struct tensor *t, uint32_t *n, uint64_t seed, const char *name,
+                       uint32_t type, uint64_t ne0, uint64_t ne1, float center, float half)
+{
+    struct tensor *x = &t[(*n)++];
+    snprintf(x->name, sizeof x->name, "%s", name);
+    x->type = type;
+    x->n_dims = ne1 ? 2 : 1;
+    x->ne[0] = ne0;
+    x->ne[1] = ne1 ? ne1 : 1;
+    x->n_el = x->ne[0] * x->ne[1];
+    x->n_bytes = gguf_type_size(type, x->n_el);
+    x->dist.key = wt_tensor_key(seed, name);
+    x->dist.center = center;
+    x->dist.half = half;
+}
+
+/* uniform on [-h, h] has std h/sqrt(3): matrices get std 1/sqrt(n_in) so
+ * activations stay O(1) */
+static float mat_half(uint64_t n_in)
+{
+    return sqrtf(3.0f / (float)n_in);
+}
+
+static uint32_t plan_tensors(const struct opts *o, struct tensor *t)
+{
+    const struct preset *p = o->preset;
+    uint32_t mt = o->dtype->type, n = 0;
+    uint64_t head_dim = p->dim / p->n_head;
+    uint64_t q_dim = head_dim * p->n_head, kv_dim = head_dim * p->n_head_kv;
+    uint64_t s = o->seed;
+    char name[64];
+    /* embeddings std 1: rmsnorm comes next, and the residual keeps the token */
+    add_tensor(t, &n, s, "token_embd.weight", mt, p->dim, p->vocab, 0.0f, sqrtf(3.0f));
+    for (uint32_t l = 0; l < p->n_layer; l++) {
+#define BLK(suffix) (snprintf(name, sizeof name, "blk.%u." suffix, l), name)
+        add_tensor(t, &n, s, BLK("attn_norm.weight"), GGUF_TYPE_F32, p->dim, 0, 1.0f, 0.1f);
+        add_tensor(t, &n, s, BLK("attn_q.weight"), mt, p->dim, q_dim, 0.0f, mat_half(p->dim));
+        add_tensor(t, &n, s, BLK("attn_k.weight"), mt, p->dim, kv_dim, 0.0f, mat_half(p->dim));
+        add_tensor(t, &n, s, BLK("attn_v.weight"), mt, p->dim, kv_dim, 0.0f, mat_half(p->dim));
+        if (o->arch == ARCH_QWEN2) {
+            add_tensor(t, &n, s, BLK("attn_q.bias"), GGUF_TYPE_F32, q_dim, 0, 0.0f, 0.1f);
+            add_tensor(t, &n, s, BLK("attn_k.bias"), GGUF_TYPE_F32, kv_dim, 0, 0.0f, 0.1f);
+            add_tensor(t, &n, s, BLK("attn_v.bias"), GGUF_TYPE_F32, kv_dim, 0, 0.0f, 0.1f);
+        }
+        add_tensor(t, &n, s, BLK("attn_output.weight"), mt, q_dim, p->dim, 0.0f, mat_half(q_dim));
+        add_tensor(t, &n, s, BLK("ffn_norm.weight"), GGUF_TYPE_F32, p->dim, 0, 1.0f, 0.1f);
+        add_tensor(t, &n, s, BLK("ffn_gate.weight"), mt, p->dim, p->ffn, 0.0f, mat_half(p->dim));
+        add_tensor(t, &n, s, BLK("ffn_up.weight"), mt, p->dim, p->ffn, 0.0f, mat_half(p->dim));
+        add_tensor(t, &n, s, BLK("ffn_down.weight"), mt, p->ffn, p->dim, 0.0f, mat_half(p->ffn));
+#undef BLK
+    }
+    add_tensor(t, &n, s, "output_norm.weight", GGUF_TYPE_F32, p->dim, 0, 1.0f, 0.1f);
+    /* twice the matrix std: logits of std ~2 are peaked enough to sample from */
+    add_tensor(t, &n, s, "output.weight", mt, p->dim, p->vocab, 0.0f, 2.0f * mat_half(p->dim));
+    return n;
+}
+
+static void put_hparams(struct gw *w, const struct opts *o)
+{
+    const struct preset *p = o->preset;
+    const char *a = o->arch == ARCH_LLAMA ? "llama" : "qwen2";
+    char key[96];
+#define K(suffix) (snprintf(key, sizeof key, "%s." suffix, a), key)
+    gw_kv_str(w, "general.architecture", a);
+    gw_kv_str(w, "general.name", p->name);
+    gw_kv_u32(w, "general.alignment", ALIGNMENT);
+    gw_kv_u32(w, "general.file_type", o->dtype->file_type);
+    gw_kv_u32(w, "general.quantization_version", 2);
+    gw_kv_u32(w, K("vocab_size"), p->vocab);
+    gw_kv_u32(w, K("context_length"), p->ctx);
+    gw_kv_u32(w, K("embedding_length"), p->dim);
+    gw_kv_u32(w, K("block_count"), p->n_layer);
+    gw_kv_u32(w, K("feed_forward_length"), p->ffn);
+    gw_kv_u32(w, K("attention.head_count"), p->n_head);
+    gw_kv_u32(w, K("attention.head_count_kv"), p->n_head_kv);
+    gw_kv_u32(w, K("rope.dimension_count"), p->dim / p->n_head);
+    gw_kv_f32(w, K("rope.freq_base"), o->arch == ARCH_LLAMA ? 500000.0f : 1000000.0f);
+    gw_kv_f32(w, K("attention.layer_norm_rms_epsilon"), o->arch == ARCH_LLAMA ? 1e-5f : 1e-6f);
+#undef K
+}
+
+/* --- streaming the data ------------------------------------------------------- */
+
+struct fill_job {
+    const struct tensor *t;
+    uint64_t first, n;
+    uint8_t *out;
+};
+
+static void *fill_thread(void *arg)
+{
+    struct fill_job *j = arg;
+    wt_fill(&j->t->dist, j->t->type, j->first, j->n, j->out);
+    return NULL;
+}
+
+/* two buffers: threads fill one while the main thread writes the other */
+struct writer {
+    int fd;
+    const char *path;
+    uint64_t done, total;
+    uint64_t t0_ms, last_ms;
+    int progress;
+    int n_threads;
+    uint8_t *buf[2];
+    int cur;
+    size_t pending; /* bytes of buf[cur ^ 1] still to write */
+    pthread_t th[64];
+    struct fill_job jobs[64];
+    int started[64];
+};
+
+static int write_all(struct writer *wr, const void *buf, size_t len)
+{
+    const uint8_t *p = buf;
+    while (len) {
+        ssize_t n = write(wr->fd, p, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            int e = errno;
+            fprintf(stderr, PROG ": writing %s: %s\n", wr->path, strerror(e));
+            return -e;
+        }
+        p += n;
+        len -= (size_t)n;
+        wr->done += (uint64_t)n;
+    }
+    uint64_t now = rkv_now_ms();
+    if (wr->progress && now - wr->last_ms >= 1000) {
+        double s = (double)(now - wr->t0_ms) / 1e3;
+        fprintf(stderr, PROG ": %.2f / %.2f GB (%.0f%%), %.0f MB/s\n", wr->done / 1e9,
+                wr->total / 1e9, 100.0 * wr->done / wr->total, wr->done / 1e6 / (s > 0 ? s : 1));
+        wr->last_ms = now;
+    }
+    return 0;
+}
+
+static int flush_pending(struct writer *wr)
+{
+    size_t n = wr->pending;
+    wr->pending = 0;
+    return n ? write_all(wr, wr->buf[wr->cur ^ 1], n) : 0;
+}
+
+/* elements [first, first + n) of t into buf[cur] on worker threads; returns the byte count */
+static size_t fill_start(struct writer *wr, const struct tensor *t, uint64_t first, uint64_t n)
+{
+    uint64_t per_block = t->type == GGUF_TYPE_Q8_0 ? 32 : 1;
+    uint64_t blocks = n / per_block;
+    /* threads take whole blocks; small tensors stay on one thread */
+    int k = n < 65536 ? 1 : wr->n_threads;
+    size_t off = 0;
+    for (int i = 0; i < k; i++) {
+        uint64_t nb = blocks / k + ((uint64_t)i < blocks % k);
+        wr->jobs[i] = (struct fill_job){t, first, nb * per_block, wr->buf[wr->cur] + off};
+        off += gguf_type_size(t->type, nb * per_block);
+        first += nb * per_block;
+        wr->started[i] = pthread_create(&wr->th[i], NULL, fill_thread, &wr->jobs[i]) == 0;
+    }
+    for (int i = k; i < 64; i++)
+        wr->started[i] = -1;
+    return off;
+}
+
+static void fill_finish(struct writer *wr)
+{
+    for (int i = 0; i < 64 && wr->started[i] >= 0; i++) {
+        if (wr->started[i])
+            pthread_join(wr->th[i], NULL);
+        else
+            fill_thread(&wr->jobs[i]); /* no thread: do it here */
+    }
+}
+
+/* the padding before t, then t's data, one batch behind the generators */
+static int write_tensor(struct writer *wr, const struct tensor *t, uint64_t pad)
+{
+    static const uint8_t zeros[ALIGNMENT];
+    for (uint64_t first = 0; first < t->n_el; first += BATCH_ELEMS) {
+        uint64_t n = RKV_MIN((uint64_t)BATCH_ELEMS, t->n_el - first);
+        size_t len = fill_start(wr, t, first, n);
+        int rc = flush_pending(wr);
+        if (!rc && pad)
+            rc = write_all(wr, zeros, pad);
+        pad = 0;
+        fill_finish(wr);
+        if (rc)
+            return rc;
+        wr->pending = len;
+        wr->cur ^= 1;
+    }
+    return 0;
+}
+
+static int write_model(struct gw *w, const struct tensor *t, uint32_t n_t, const char *tmp)
+{
+    const uint8_t *hdr;
+    size_t hdr_len;
+    uint64_t data_len;
+    int rc = gw_header(w, &hdr, &hdr_len, &data_len);
+    if (rc)
+        return rc;
+    struct writer wr = {.path = tmp, .total = hdr_len + data_len, .t0_ms = rkv_now_ms()};
+    wr.last_ms = wr.t0_ms;
+    wr.progress = wr.total > (256u << 20);
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    wr.n_threads = (int)RKV_MAX(1, RKV_MIN(ncpu, 64));
+    wr.fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (wr.fd < 0) {
+        rc = -errno;
+        fprintf(stderr, PROG ": cannot create %s: %s\n", tmp, strerror(-rc));
+        return rc;
+    }
+    wr.buf[0] = malloc((size_t)BATCH_ELEMS * 4);
+    wr.buf[1] = malloc((size_t)BATCH_ELEMS * 4);
+    rc = wr.buf[0] && wr.buf[1] ? write_all(&wr, hdr, hdr_len) : RKV_ENOMEM;
+    uint64_t pos = 0; /* within the data section */
+    for (uint32_t i = 0; i < n_t && !rc; i++) {
+        rc = write_tensor(&wr, &t[i], t[i].offset - pos);
+        pos = t[i].offset + t[i].n_bytes;
+    }
+    if (!rc)
+        rc = flush_pending(&wr);
+    static const uint8_t zeros[ALIGNMENT];
+    if (!rc && data_len > pos)
+        rc = write_all(&wr, zeros, data_len - pos);
+    free(wr.buf[0]);
+    free(wr.buf[1]);
+    if (close(wr.fd) != 0 && !rc) {
+        rc = -errno;
+        fprintf(stderr, PROG ": closing %s: %s\n", tmp, strerror(-rc));
+    }
+    if (!rc && wr.progress) {
+        double s = (double)(rkv_now_ms() - wr.t0_ms) / 1e3;
+        fprintf(stderr, PROG ": wrote %.2f GB in %.1f s (%.0f MB/s)\n", wr.done / 1e9, s,
+                wr.done / 1e6 / (s > 0 ? s : 1));
+    }
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    struct opts o;
+    if (parse_args(argc, argv, &o))
+        return 1;
+
+    struct vocab v;
+    struct gw *w = NULL;
+    struct tensor *t = NULL;
+    char *tmp = NULL;
+    int rc = vocab_build(&o, &v);
+    if (!rc)
+        rc = gw_init(&w, ALIGNMENT);
+    if (rc)
+        goto out;
+    put_hparams(w, &o);
+    put_tokenizer(w, &o, &v);
+
+    /* 9 matrices/vectors per layer plus 3 biases for qwen2, and 3 more */
+    t = calloc(12u * o.preset->n_layer + 3, sizeof *t);
+    rc = RKV_ENOMEM;
+    if (!t)
+        goto out;
+    uint32_t n_t = plan_tensors(&o, t);
+    for (uint32_t i = 0; i < n_t; i++)
+        t[i].offset = gw_tensor(w, t[i].name, t[i].type, t[i].n_dims, t[i].ne, t[i].n_bytes);
+
+    size_t plen = strlen(o.out) + 8;
+    if (!(tmp = malloc(plen)))
+        goto out;
+    snprintf(tmp, plen, "%s.tmp", o.out);
+    rc = write_model(w, t, n_t, tmp);
+    if (!rc && rename(tmp, o.out) != 0) {
+        rc = -errno;
+        fprintf(stderr, PROG ": renaming %s to %s: %s\n", tmp, o.out, strerror(-rc));
+    }
+    if (rc)
+        unlink(tmp);
+out:
+    /* errno failures were reported where they happened */
+    if (rc && rc <= RKV_EINVAL)
+        fprintf(stderr, PROG ": %s: %s\n", o.out, rkv_strerror(rc));
+    free(tmp);
+    free(t);
+    gw_free(w);
+    vocab_free(&v);
+    return rc ? 1 : 0;
+}

@@ -1,0 +1,145 @@
+/* weights.c - counter-based PRNG, f16/bf16 rounding and Q8_0 blocks (ggml's reference rule). */
+#include "cli/rkv-mkmodel/weights.h"
+
+#include <math.h>
+#include <string.h>
+#ifdef __F16C__
+#include <immintrin.h>
+#endif
+
+#include "common/gguf.h"
+
+#define GOLDEN 0x9e3779b97f4a7c15ull
+
+uint64_t wt_splitmix64(uint64_t x)
+{
+    x += GOLDEN;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+uint64_t wt_tensor_key(uint64_t seed, const char *name)
+{
+    uint64_t h = 1469598103934665603ull; /* fnv-1a */
+    for (const char *p = name; *p; p++)
+        h = (h ^ (uint8_t)*p) * 1099511628211ull;
+    return wt_splitmix64(wt_splitmix64(seed) ^ h);
+}
+
+uint16_t wt_f32_to_bf16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffff) > 0x7f800000)
+        return (uint16_t)(x >> 16 | 0x40); /* quiet nan */
+    x += 0x7fff + ((x >> 16) & 1);         /* round to nearest even */
+    return (uint16_t)(x >> 16);
+}
+
+uint16_t wt_f32_to_f16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint16_t sign = (uint16_t)(x >> 16 & 0x8000);
+    uint32_t abs = x & 0x7fffffff;
+    if (abs > 0x7f800000)
+        return sign | 0x7e00;
+    if (abs >= 0x477ff000) /* rounds to >= 65520: inf */
+        return sign | 0x7c00;
+    if (abs < 0x38800000) { /* below 2^-14: subnormal half */
+        /* value / 2^-24, rounded to nearest even, via the fpu */
+        float v;
+        memcpy(&v, &abs, 4);
+        float q = v * 16777216.0f; /* exact: power of two */
+        return sign | (uint16_t)lrintf(q);
+    }
+    uint32_t mant = abs & 0x7fffff;
+    uint32_t exp = (abs >> 23) - 127 + 15;
+    uint32_t h = exp << 10 | mant >> 13;
+    uint32_t rest = mant & 0x1fff;
+    if (rest > 0x1000 || (rest == 0x1000 && (h & 1)))
+        h++; /* carries into the exponent correctly */
+    return sign | (uint16_t)h;
+}
+
+/* 32 values starting at element first (even) */
+static void gen32(const struct wt_dist *d, uint64_t first, float *v)
+{
+    /* one 64-bit draw gives two 24-bit uniforms */
+    uint64_t ctr = d->key + (first / 2) * GOLDEN;
+    const float scale = 2.0f / 16777216.0f;
+    for (int i = 0; i < 32; i += 2) {
+        ctr += GOLDEN;
+        uint64_t z = ctr;
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        z ^= z >> 31;
+        float u0 = (float)(uint32_t)(z >> 40) * scale - 1.0f;
+        float u1 = (float)(uint32_t)(z & 0xffffff) * scale - 1.0f;
+        v[i] = d->center + d->half * u0;
+        v[i + 1] = d->center + d->half * u1;
+    }
+}
+
+static void q8_0_block(const float *v, uint8_t *out)
+{
+    float amax = 0.0f;
+    for (int i = 0; i < 32; i++)
+        amax = fmaxf(amax, fabsf(v[i]));
+    float dq = amax / 127.0f;
+    float id = dq != 0.0f ? 1.0f / dq : 0.0f;
+    uint16_t dh = wt_f32_to_f16(dq);
+    memcpy(out, &dh, 2);
+    for (int i = 0; i < 32; i++)
+        out[2 + i] = (uint8_t)(int8_t)nearbyintf(v[i] * id); /* ties to even, as ggml's avx path */
+}
+
+void wt_fill(const struct wt_dist *d, uint32_t type, uint64_t first, uint64_t n, void *out)
+{
+    uint8_t *o = out;
+    float v[32];
+    /* an odd start or a tail shorter than 32 takes the slow path by element */
+    uint64_t e = first;
+    uint64_t end = first + n;
+    while (e < end) {
+        uint64_t base = e & ~(uint64_t)31;
+        gen32(d, base, v);
+        uint64_t lo = e - base;
+        uint64_t hi = end - base < 32 ? end - base : 32;
+        switch (type) {
+        case GGUF_TYPE_F32:
+            memcpy(o, v + lo, (hi - lo) * 4);
+            o += (hi - lo) * 4;
+            break;
+#ifdef __F16C__
+        case GGUF_TYPE_F16:
+            if (lo == 0 && hi == 32) {
+                /* same rounding (nearest even) as wt_f32_to_f16, 8 at a time */
+                for (int i = 0; i < 32; i += 8) {
+                    __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(v + i), _MM_FROUND_TO_NEAREST_INT);
+                    _mm_storeu_si128((__m128i *)(o + 2 * i), h);
+                }
+                o += 64;
+                break;
+            }
+            __attribute__((fallthrough)); /* partial block: scalar */
+#else
+        case GGUF_TYPE_F16:
+#endif
+        case GGUF_TYPE_BF16:
+            for (uint64_t i = lo; i < hi; i++) {
+                uint16_t h = type == GGUF_TYPE_F16 ? wt_f32_to_f16(v[i]) : wt_f32_to_bf16(v[i]);
+                memcpy(o, &h, 2);
+                o += 2;
+            }
+            break;
+        case GGUF_TYPE_Q8_0:
+            q8_0_block(v, o);
+            o += 34;
+            break;
+        default: return;
+        }
+        e = base + hi;
+    }
+}
