@@ -1,0 +1,157 @@
+/* msg.h - the control messages between rkv processes as C structs (JSON on the wire). */
+#ifndef RKV_PROTO_MSG_H
+#define RKV_PROTO_MSG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "proto/json.h"
+#include "proto/proto.h"
+
+/* limits a decoder enforces (see the field tables in msg.c) */
+#define PROTO_MAX_PID     4194303u /* linux pid_max ceiling */
+#define PROTO_MAX_GPU     1023     /* gpu index; -1 = cpu */
+#define PROTO_MAX_WORKERS 64
+#define PROTO_N_TACTICS   4
+
+/* enums travel as their names; *_names are NULL-terminated, indexed by value */
+enum proto_role { PROTO_ROLE_WORKER, PROTO_ROLE_RKVD, PROTO_ROLE_RKVCTL };
+enum proto_mode { PROTO_MODE_AUTO, PROTO_MODE_RESIDENT, PROTO_MODE_WINDOW, PROTO_MODE_CPU_TAIL };
+enum proto_tactic {
+    PROTO_TACTIC_RESIDENT,
+    PROTO_TACTIC_WINDOW,
+    PROTO_TACTIC_CPU_TAIL,
+    PROTO_TACTIC_PARKED,
+};
+extern const char *const proto_role_names[];   /* worker rkvd rkvctl */
+extern const char *const proto_mode_names[];   /* auto resident window cpu_tail */
+extern const char *const proto_tactic_names[]; /* resident window cpu_tail parked */
+
+/* OK, MODE_GET, STATUS_GET: no fields ("{}") */
+struct proto_empty {
+    int unused_;
+};
+
+/* ERROR: the answer to any request that failed; code is an RKV_E* value */
+struct proto_error {
+    int64_t code;
+    char message[512];
+};
+
+/* HELLO: the first request of a worker/rkvd/rkvctl to kvmgr or rkvd */
+struct proto_hello {
+    int role; /* enum proto_role */
+    uint32_t pid;
+    uint32_t worker_id;
+    int64_t gpu; /* -1 = cpu */
+    uint32_t proto_version;
+    char build[64];
+};
+
+struct proto_hello_ack {
+    bool accepted;
+    uint32_t kvmgr_pid;
+    char device_pool_url[256];
+    char host_pool_name[256];
+    uint32_t block_size;  /* tokens per block */
+    uint64_t block_bytes; /* bytes per block, all layers, K and V */
+    uint64_t n_device_blocks;
+    uint64_t n_host_blocks;
+};
+
+/* WORKER_REPORT: what a worker measured at start-up (rates in GB/s) */
+struct proto_worker_report {
+    uint32_t worker_id;
+    uint64_t weights_bytes;
+    uint64_t compute_reserve_bytes;
+    double pcie_h2d_gbps;
+    double attn_device_gbps;
+    double attn_host_gbps;
+    double attn_cpu_gbps;
+};
+
+struct proto_budget_get {
+    int64_t gpu;
+};
+
+/* BUDGET (reply) and BUDGET_SET (request, answered with BUDGET) */
+struct proto_budget {
+    uint64_t vram_target_bytes;
+    uint64_t host_budget_bytes;
+    uint64_t compute_reserve_bytes;
+    int64_t gpu;
+};
+
+/* MODE (reply) and MODE_SET (request, answered with MODE) */
+struct proto_mode_msg {
+    int mode; /* enum proto_mode */
+};
+
+struct proto_session_open {
+    uint64_t session_id;
+    uint32_t worker_id;
+    uint64_t n_tokens;
+    bool pinned;
+};
+
+struct proto_session_close {
+    uint64_t session_id;
+};
+
+struct proto_session_active {
+    uint64_t session_id;
+    bool active;
+};
+
+/* TACTIC_EVENT: kvmgr publishes one per tactic transition */
+struct proto_tactic_event {
+    uint64_t session_id;
+    int from; /* enum proto_tactic */
+    int to;   /* enum proto_tactic */
+    char reason[128];
+    uint64_t tail_blocks;
+    uint64_t bytes_moved;
+    uint64_t elapsed_us;
+    uint64_t ts_ms; /* unix time */
+    int64_t gpu;
+};
+
+/* HISTOGRAM: sessions and KV bytes per tactic on one gpu, indexed by enum proto_tactic */
+struct proto_histogram {
+    int64_t gpu;
+    uint64_t sessions[PROTO_N_TACTICS];
+    uint64_t bytes[PROTO_N_TACTICS];
+    uint64_t device_used;
+    uint64_t device_total;
+    uint64_t host_used;
+    uint64_t host_total;
+};
+
+/* STATUS: kvmgr's overview for rkvd and rkvctl */
+struct proto_status {
+    uint32_t kvmgr_pid;
+    uint64_t uptime_ms;
+    uint64_t n_sessions;
+    int mode; /* enum proto_mode */
+    uint32_t proto_version;
+    char build[64];
+    uint64_t device_used;
+    uint64_t device_total;
+    uint64_t host_used;
+    uint64_t host_total;
+    uint32_t n_worker_pids;
+    uint32_t worker_pids[PROTO_MAX_WORKERS];
+    uint32_t n_worker_step_ms;
+    double worker_step_ms[PROTO_MAX_WORKERS]; /* last decode step per worker */
+};
+
+/* EPOCH_ACK: a worker has applied block tables up to epoch */
+struct proto_epoch_ack {
+    uint32_t worker_id;
+    uint64_t epoch;
+};
+
+/* the schema of a control message type, NULL for any other type */
+const struct proto_schema *proto_msg_schema(int type);
+
+#endif
