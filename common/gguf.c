@@ -539,15 +539,16 @@ static int parse_alignment(struct gguf_parser *p, struct gguf_ctx *ctx)
     int64_t i = gguf_find_key(ctx, "general.alignment");
     if (i < 0)
         return 0;
+    where_kv(p, (uint64_t)i, &ctx->kv[i].key);
     if (!is_int_type(ctx->kv[i].type))
-        return perr(p, "general.alignment must be an unsigned integer (it is a %s)",
-                    val_type_name(ctx->kv[i].type));
+        return perr(p, "must be an unsigned integer (it is a %s)", val_type_name(ctx->kv[i].type));
     struct num n;
     read_num(ctx->kv[i].type, ctx->kv[i].val, &n);
     uint64_t a = n.neg ? 0 : n.u;
     ctx->alignment = a;
     if (a == 0 || (a & (a - 1)) != 0 || a > (1u << 30))
-        return perr(p, "general.alignment is %" PRIu64 "; it must be a power of two", a);
+        return perr(p, "value %" PRIu64 " must be a power of two (32 is the default)", a);
+    p->where[0] = 0;
     return 0;
 }
 
