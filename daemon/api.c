@@ -1,0 +1,462 @@
+/* api.c - the OpenAI endpoints on the HTTP server, and the calls they hand to the scheduler. */
+#include "daemon/api.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "common/err.h"
+#include "common/log.h"
+#include "daemon/http/server.h"
+
+struct api {
+    char **models;
+    size_t n_models;
+    int max_model_len;
+    struct api_limits limits;
+    struct api_sched sched;
+    uint64_t created; /* reported as the models' creation time */
+    size_t n_calls;
+};
+
+struct api_call {
+    struct api *api;
+    struct http_req *http;
+    struct api_request req;
+    char id[64];
+    const char *model; /* the served name reported back */
+    uint64_t created;
+    void *data;
+    int closed;  /* the client is gone */
+    int in_api;  /* inside an api_call_* function: cancel is not called then */
+    int started; /* SSE head sent */
+    struct api_stream stream;
+    /* non-stream: what is returned at the end */
+    char *text;
+    size_t len, cap;
+    struct api_token_logprob *lp;
+    size_t n_lp, cap_lp;
+};
+
+int api_new(const struct api_config *cfg, const struct api_sched *sched, struct api **out)
+{
+    if (!cfg->n_models || !sched->submit)
+        return RKV_EINVAL;
+    struct api *a = calloc(1, sizeof(*a));
+    if (!a)
+        return RKV_ENOMEM;
+    a->models = calloc(cfg->n_models, sizeof(char *));
+    if (!a->models) {
+        free(a);
+        return RKV_ENOMEM;
+    }
+    for (size_t i = 0; i < cfg->n_models; i++) {
+        a->models[i] = strdup(cfg->models[i]);
+        a->n_models++;
+        if (!a->models[i]) {
+            api_free(a);
+            return RKV_ENOMEM;
+        }
+    }
+    a->max_model_len = cfg->max_model_len;
+    a->limits = cfg->limits;
+    if (!a->limits.max_tokens)
+        api_limits_default(&a->limits);
+    a->sched = *sched;
+    a->created = (uint64_t)time(NULL);
+    *out = a;
+    return 0;
+}
+
+void api_free(struct api *api)
+{
+    if (!api)
+        return;
+    if (api->n_calls)
+        log_warn("api: freed with %zu calls in flight", api->n_calls);
+    for (size_t i = 0; i < api->n_models; i++)
+        free(api->models[i]);
+    free(api->models);
+    free(api);
+}
+
+size_t api_calls(const struct api *api)
+{
+    return api->n_calls;
+}
+
+/* --- answers that need no scheduler --------------------------------------------------------- */
+
+static void send_error(struct http_req *req, const struct api_error *e)
+{
+    char *j = api_error_json(e);
+    if (e->status == 405)
+        http_resp_header(req, "Allow", strcmp(http_req_path(req), "/v1/models") ? "POST" : "GET");
+    if (e->status == 401)
+        http_resp_header(req, "WWW-Authenticate", "Bearer");
+    static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
+                              "\"param\":null,\"code\":null}}";
+    http_respond(req, e->status, "application/json", j ? j : oom, strlen(j ? j : oom));
+    free(j);
+}
+
+static int respond_error(struct http_req *req, int status, const char *param, const char *code,
+                         const char *fmt, const char *arg)
+{
+    struct api_error e;
+    api_error_set(&e, status, param, fmt, arg);
+    e.code = code;
+    send_error(req, &e);
+    return 1;
+}
+
+/* the key after "Bearer ", NULL when absent */
+static const char *bearer_of(struct http_req *req)
+{
+    const char *h = http_req_header(req, "Authorization");
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0)
+        return NULL;
+    h += 7;
+    while (*h == ' ')
+        h++;
+    return *h ? h : NULL;
+}
+
+static const char *served_model(struct api *api, const char *name)
+{
+    if (!name)
+        return api->models[0];
+    for (size_t i = 0; i < api->n_models; i++)
+        if (strcmp(api->models[i], name) == 0)
+            return api->models[i];
+    return NULL;
+}
+
+/* --- calls ----------------------------------------------------------------------------------- */
+
+static void lp_free(struct api_token_logprob *lp)
+{
+    free((char *)lp->token);
+    for (size_t k = 0; k < lp->n_top; k++)
+        free((char *)lp->top[k].token);
+    free((void *)lp->top);
+}
+
+static void call_free(struct api_call *c)
+{
+    c->api->n_calls--;
+    api_request_fini(&c->req);
+    for (size_t i = 0; i < c->n_lp; i++)
+        lp_free(&c->lp[i]);
+    free(c->lp);
+    free(c->text);
+    free(c);
+}
+
+static void call_on_close(struct http_req *req, void *arg)
+{
+    struct api_call *c = arg;
+    c->closed = 1;
+    /* inside an api_call_* function the caller learns it from RKV_ECLOSED */
+    if (!c->in_api && c->api->sched.cancel)
+        c->api->sched.cancel(c->api->sched.ctx, c);
+}
+
+static int submit_status(int rc, const char **msg)
+{
+    switch (rc) {
+    case RKV_EBUSY: *msg = "the server is at capacity; retry later"; return 429;
+    case RKV_ESTATE:
+    case RKV_ENODEV:
+    case RKV_ECLOSED:
+        *msg = "no worker is ready to serve the model; retry later (see GET /health)";
+        return 503;
+    case RKV_ETOOBIG:
+        *msg = "the prompt is longer than the model's context; shorten it";
+        return 400;
+    default: *msg = "internal error while queueing the request"; return 500;
+    }
+}
+
+static int handle_generate(struct api *api, struct http_req *hreq, enum api_endpoint ep)
+{
+    const char *ct = http_req_header(hreq, "Content-Type");
+    if (ct && strncasecmp(ct, "application/json", 16) != 0 && !strstr(ct, "+json"))
+        return respond_error(hreq, 415, NULL, NULL,
+                             "Content-Type must be application/json, got '%.60s'", ct);
+    struct api_call *c = calloc(1, sizeof(*c));
+    if (!c)
+        return respond_error(hreq, 500, NULL, NULL, "%s", "out of memory");
+    c->api = api;
+    api->n_calls++;
+    size_t len;
+    const char *body = http_req_body(hreq, &len);
+    struct api_error e;
+    int rc = ep == API_CHAT ? api_parse_chat(body, len, &api->limits, &c->req, &e)
+                            : api_parse_completions(body, len, &api->limits, &c->req, &e);
+    if (rc) {
+        send_error(hreq, &e);
+        call_free(c);
+        return 1;
+    }
+    c->model = served_model(api, c->req.model);
+    if (!c->model) {
+        api_error_set(&e, 404, "model",
+                      "the model '%.100s' does not exist; GET /v1/models lists what this server "
+                      "serves (e.g. '%.100s')",
+                      c->req.model, api->models[0]);
+        e.code = "model_not_found";
+        send_error(hreq, &e);
+        call_free(c);
+        return 1;
+    }
+    const char *sid = http_req_header(hreq, "X-Session-Id");
+    if (!c->req.session_id && sid) {
+        size_t n = strlen(sid);
+        if (n == 0 || n > API_MAX_SESSION_ID) {
+            api_error_set(&e, 400, "X-Session-Id", "X-Session-Id must be 1 to 128 bytes, got %zu",
+                          n);
+            send_error(hreq, &e);
+            call_free(c);
+            return 1;
+        }
+        c->req.session_id = strdup(sid);
+    }
+    c->http = hreq;
+    c->created = (uint64_t)time(NULL);
+    api_make_id(ep, c->id, sizeof(c->id));
+    api_stream_init(&c->stream, &c->req, c->id, c->model, c->created);
+    http_req_set_callbacks(hreq, call_on_close, NULL, c);
+    /* submit may finish the call itself (api_call_fail): c is not touched
+     * after it unless it refused */
+    rc = api->sched.submit(api->sched.ctx, c, &c->req);
+    if (rc < 0) {
+        const char *msg;
+        int status = submit_status(rc, &msg);
+        api_error_set(&e, status, NULL, "%s", msg);
+        send_error(hreq, &e);
+        call_free(c);
+    }
+    return 1;
+}
+
+int api_handle(struct api *api, struct http_req *req)
+{
+    const char *path = http_req_path(req);
+    const char *method = http_req_method(req);
+    if (strncmp(path, "/v1/", 4) != 0)
+        return 0;
+    int is_models = strcmp(path, "/v1/models") == 0;
+    int is_compl = strcmp(path, "/v1/completions") == 0;
+    int is_chat = strcmp(path, "/v1/chat/completions") == 0;
+    if (!is_models && !is_compl && !is_chat)
+        return respond_error(req, 404, NULL, NULL,
+                             "no route %.100s; rkv serves POST /v1/completions, POST "
+                             "/v1/chat/completions and GET /v1/models",
+                             path);
+    if (api->sched.authorize && api->sched.authorize(api->sched.ctx, bearer_of(req)) != 0)
+        return respond_error(req, 401, NULL, "invalid_api_key", "%s",
+                             "missing or invalid API key; send Authorization: Bearer <key> "
+                             "(keys are managed with rkvctl)");
+    if (is_models) {
+        if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
+            return respond_error(req, 405, NULL, NULL, "%s %s is not allowed; use GET", method);
+        char *j = api_render_models((const char *const *)api->models, api->n_models, api->created,
+                                    api->max_model_len);
+        if (!j)
+            return respond_error(req, 500, NULL, NULL, "%s", "out of memory");
+        http_respond(req, 200, "application/json", j, strlen(j));
+        free(j);
+        return 1;
+    }
+    if (strcmp(method, "POST") != 0)
+        return respond_error(req, 405, NULL, NULL, "%s is not allowed here; use POST", method);
+    return handle_generate(api, req, is_chat ? API_CHAT : API_COMPLETIONS);
+}
+
+/* --- the scheduler's side -----------------------------------------------------------------------
+ */
+
+const struct api_request *api_call_request(const struct api_call *call)
+{
+    return &call->req;
+}
+void api_call_set_data(struct api_call *call, void *data)
+{
+    call->data = data;
+}
+void *api_call_data(const struct api_call *call)
+{
+    return call->data;
+}
+
+/* SSE head, and the chat role chunk, before the first event */
+static int stream_start(struct api_call *c)
+{
+    if (c->started)
+        return 0;
+    c->started = 1;
+    int rc = http_resp_start(c->http, 200, "text/event-stream");
+    if (rc < 0)
+        return rc;
+    size_t n;
+    char *ev = api_stream_begin(&c->stream, &n);
+    if (ev) {
+        rc = http_resp_write(c->http, ev, n);
+        free(ev);
+    }
+    return rc;
+}
+
+static int stream_send(struct api_call *c, char *ev, size_t n)
+{
+    if (!ev)
+        return RKV_ENOMEM;
+    int rc = http_resp_write(c->http, ev, n);
+    free(ev);
+    return rc;
+}
+
+static int keep_logprobs(struct api_call *c, const struct api_token_logprob *lp, size_t n)
+{
+    if (c->n_lp + n > c->cap_lp) {
+        size_t cap = c->cap_lp ? c->cap_lp * 2 : 64;
+        while (cap < c->n_lp + n)
+            cap *= 2;
+        struct api_token_logprob *p = realloc(c->lp, cap * sizeof(*p));
+        if (!p)
+            return RKV_ENOMEM;
+        c->lp = p;
+        c->cap_lp = cap;
+    }
+    for (size_t i = 0; i < n; i++) {
+        struct api_token_logprob *d = &c->lp[c->n_lp];
+        memset(d, 0, sizeof(*d));
+        d->token = strndup(lp[i].token ? lp[i].token : "", lp[i].len);
+        d->len = lp[i].len;
+        d->logprob = lp[i].logprob;
+        struct api_top_logprob *top = calloc(lp[i].n_top ? lp[i].n_top : 1, sizeof(*top));
+        d->top = top;
+        c->n_lp++;
+        if (!d->token || !top)
+            return RKV_ENOMEM;
+        for (size_t k = 0; k < lp[i].n_top; k++) {
+            top[k].token = strndup(lp[i].top[k].token ? lp[i].top[k].token : "", lp[i].top[k].len);
+            top[k].len = lp[i].top[k].len;
+            top[k].logprob = lp[i].top[k].logprob;
+            d->n_top = k + 1;
+            if (!top[k].token)
+                return RKV_ENOMEM;
+        }
+    }
+    return 0;
+}
+
+int api_call_token(struct api_call *c, const char *text, size_t len,
+                   const struct api_token_logprob *lp, size_t n_lp)
+{
+    if (c->closed)
+        return RKV_ECLOSED;
+    if (!c->req.logprobs)
+        n_lp = 0;
+    int rc;
+    c->in_api = 1;
+    if (c->req.stream) {
+        rc = stream_start(c);
+        if (rc >= 0) {
+            size_t n = 0;
+            char *ev = api_stream_delta(&c->stream, text, len, lp, n_lp, &n);
+            rc = stream_send(c, ev, n);
+        }
+    } else {
+        rc = 0;
+        if (c->len + len + 1 > c->cap) {
+            size_t cap = c->cap ? c->cap * 2 : 256;
+            while (cap < c->len + len + 1)
+                cap *= 2;
+            char *t = realloc(c->text, cap);
+            if (!t)
+                rc = RKV_ENOMEM;
+            else {
+                c->text = t;
+                c->cap = cap;
+            }
+        }
+        if (rc == 0) {
+            memcpy(c->text + c->len, text, len);
+            c->len += len;
+            c->text[c->len] = '\0';
+            rc = keep_logprobs(c, lp, n_lp);
+        }
+    }
+    c->in_api = 0;
+    if (c->closed)
+        return RKV_ECLOSED;
+    return rc;
+}
+
+void api_call_finish(struct api_call *c, enum api_finish finish, const struct api_usage *usage)
+{
+    static const struct api_usage none;
+    if (!usage)
+        usage = &none;
+    c->in_api = 1;
+    if (c->closed) {
+        /* the client is gone; this only releases the http request */
+        if (c->started)
+            http_resp_end(c->http);
+        else
+            http_respond(c->http, 499, NULL, NULL, 0);
+    } else if (c->req.stream) {
+        size_t n = 0;
+        int rc = stream_start(c);
+        if (rc >= 0)
+            rc = stream_send(c, api_stream_finish(&c->stream, finish, &n), n);
+        if (rc >= 0 && c->req.include_usage)
+            rc = stream_send(c, api_stream_usage(&c->stream, usage, &n), n);
+        if (rc >= 0)
+            http_resp_write(c->http, API_SSE_DONE, strlen(API_SSE_DONE));
+        http_resp_end(c->http);
+    } else {
+        struct api_result res = {c->text ? c->text : "", c->len, c->lp, c->n_lp, finish, *usage};
+        char *j = api_render_response(&c->req, c->id, c->model, c->created, &res);
+        if (j) {
+            http_respond(c->http, 200, "application/json", j, strlen(j));
+            free(j);
+        } else {
+            struct api_error e;
+            api_error_set(&e, 500, NULL, "out of memory rendering the response");
+            send_error(c->http, &e);
+        }
+    }
+    call_free(c);
+}
+
+void api_call_fail(struct api_call *c, int status, const char *message)
+{
+    struct api_error e;
+    api_error_set(&e, status, NULL, "%s", message ? message : "internal error");
+    c->in_api = 1;
+    if (c->closed) {
+        if (c->started)
+            http_resp_end(c->http);
+        else
+            http_respond(c->http, 499, NULL, NULL, 0);
+    } else if (c->started) {
+        /* the status line is gone: the error travels as an event, as vLLM sends it */
+        char *j = api_error_json(&e);
+        size_t n = 0;
+        char *ev = j ? api_sse_event(j, &n) : NULL;
+        if (ev)
+            http_resp_write(c->http, ev, n);
+        free(ev);
+        free(j);
+        http_resp_write(c->http, API_SSE_DONE, strlen(API_SSE_DONE));
+        http_resp_end(c->http);
+    } else {
+        send_error(c->http, &e);
+    }
+    call_free(c);
+}

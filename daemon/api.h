@@ -1,0 +1,258 @@
+/* api.h - the OpenAI-compatible JSON layer: request parsing/validation, response and SSE rendering,
+ * and the interface between the HTTP endpoints and the scheduler. */
+#ifndef RKV_API_H
+#define RKV_API_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct http_req;
+
+/* --- parsed requests ----------------------------------------------------------------
+ *
+ * Field policy (strict, so a typo never silently changes what a user gets):
+ *  - implemented: model, prompt (completions), messages (chat), max_tokens,
+ *    max_completion_tokens (chat), temperature, top_p, top_k, min_p, seed,
+ *    stop, presence_penalty, frequency_penalty, repetition_penalty, logprobs,
+ *    top_logprobs (chat), n (=1), stream, stream_options.include_usage, user,
+ *    session_id, ignore_eos.
+ *  - accepted and ignored, because they do not change the tokens produced:
+ *    metadata, store, service_tier, parallel_tool_calls, prompt_cache_key,
+ *    safety_identifier, reasoning_effort, and each "off" value of the
+ *    unsupported ones below (logit_bias {}, best_of 1, echo false, suffix "",
+ *    tools [], tool_choice "none"/"auto" without tools, response_format
+ *    {"type":"text"}, modalities ["text"]).
+ *  - unsupported, 400 naming the field: anything that would change the output
+ *    rkv cannot honour: n > 1, best_of > 1, echo true, suffix, non-empty
+ *    logit_bias, tools/functions, tool_choice forcing a tool, response_format
+ *    other than text, audio, prediction, web_search_options.
+ *  - any other field: 400 "unknown field 'x'", listing what rkv accepts.
+ */
+
+#define API_MAX_STOP       8   /* stop sequences (OpenAI allows 4; vLLM more) */
+#define API_MAX_STOP_BYTES 256 /* bytes in one stop sequence */
+#define API_MAX_LOGPROBS   20  /* completions logprobs, chat top_logprobs */
+#define API_MAX_MESSAGES   4096
+#define API_MAX_SESSION_ID 128
+
+enum api_endpoint { API_COMPLETIONS, API_CHAT };
+
+enum api_role { API_ROLE_SYSTEM, API_ROLE_USER, API_ROLE_ASSISTANT, API_ROLE_TOOL };
+
+struct api_message {
+    enum api_role role;    /* "developer" arrives as SYSTEM */
+    const char *role_name; /* "system" | "user" | "assistant" | "tool" (static) */
+    char *content;         /* parts of an array content joined; "" when null */
+};
+
+struct api_request {
+    enum api_endpoint endpoint;
+    char *model; /* NULL when the client sent none */
+    /* completions: exactly one of prompt / prompt_tokens */
+    char *prompt;
+    int32_t *prompt_tokens;
+    size_t n_prompt_tokens;
+    /* chat */
+    struct api_message *messages;
+    size_t n_messages;
+    /* sampling */
+    int max_tokens;    /* [1, limits.max_tokens]; limits.default_max_tokens when absent */
+    float temperature; /* [0, 2], default 1; 0 = greedy */
+    float top_p;       /* (0, 1], default 1 */
+    int top_k;         /* -1 or 0 = off, default -1 */
+    float min_p;       /* [0, 1], default 0 */
+    bool has_seed;
+    int64_t seed;
+    char *stop[API_MAX_STOP];
+    size_t n_stop;
+    float presence_penalty;   /* [-2, 2], default 0 */
+    float frequency_penalty;  /* [-2, 2], default 0 */
+    float repetition_penalty; /* (0, 10], default 1 */
+    /* logprobs: completions "logprobs": N -> logprobs=true, top_logprobs=N;
+     * chat "logprobs": true + "top_logprobs": N */
+    bool logprobs;
+    int top_logprobs; /* [0, 20] alternatives per token */
+    bool stream;
+    bool include_usage; /* stream_options.include_usage */
+    bool ignore_eos;
+    char *user;
+    char *session_id; /* body field, else the X-Session-Id header (set by api_handle) */
+};
+
+struct api_limits {
+    int max_tokens;           /* the largest max_tokens accepted (32768) */
+    int default_max_tokens;   /* completions without max_tokens get this (16, as OpenAI);
+                               * chat without one gets max_tokens (the scheduler caps
+                               * it by what is left of the context) */
+    size_t max_prompt_tokens; /* length of a token-id prompt (32768) */
+    int32_t vocab_size;       /* token ids must be below it; 0 = unchecked */
+};
+void api_limits_default(struct api_limits *l);
+
+/* an error in the OpenAI shape:
+ * {"error":{"message":..., "type":..., "param":..., "code":...}} */
+struct api_error {
+    int status;       /* HTTP status */
+    const char *type; /* "invalid_request_error", "server_error", ... (static) */
+    const char *code; /* static, or NULL for null */
+    char param[96];   /* "" for null */
+    char message[512];
+};
+void api_error_set(struct api_error *e, int status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* malloc'd JSON; NULL only when out of memory */
+char *api_error_json(const struct api_error *e);
+
+/* parse and validate a body. 0, or RKV_EINVAL with err filled (status 400,
+ * message naming the field, the value and what is allowed). On error the
+ * request holds nothing to free; on success free it with api_request_fini. */
+int api_parse_completions(const char *body, size_t len, const struct api_limits *lim,
+                          struct api_request *out, struct api_error *err);
+int api_parse_chat(const char *body, size_t len, const struct api_limits *lim,
+                   struct api_request *out, struct api_error *err);
+void api_request_fini(struct api_request *r);
+
+/* 1 when s[0..len) is valid UTF-8 (no overlongs, no surrogates, <= U+10FFFF);
+ * *bad_at: offset of the first bad byte */
+int api_utf8_valid(const char *s, size_t len, size_t *bad_at);
+
+/* --- rendering ------------------------------------------------------------------------- */
+
+enum api_finish {
+    API_FINISH_NONE = 0, /* still running */
+    API_FINISH_STOP,     /* EOS or a stop sequence */
+    API_FINISH_LENGTH,   /* max_tokens or the context ran out */
+    API_FINISH_ABORT,    /* cancelled (client gone, shutdown) */
+};
+const char *api_finish_name(enum api_finish f); /* "stop", "length", "abort", NULL */
+
+/* one alternative at a token position */
+struct api_top_logprob {
+    const char *token; /* the token's bytes (may be part of a UTF-8 character) */
+    size_t len;
+    float logprob;
+};
+/* the sampled token at one position and its alternatives */
+struct api_token_logprob {
+    const char *token;
+    size_t len;
+    float logprob;
+    const struct api_top_logprob *top;
+    size_t n_top;
+};
+
+struct api_usage {
+    uint32_t prompt_tokens;
+    uint32_t completion_tokens;
+    uint32_t cached_tokens; /* prompt tokens served from a reused KV prefix */
+};
+
+/* a finished non-stream generation */
+struct api_result {
+    const char *text;
+    size_t len;
+    const struct api_token_logprob *lp; /* one per generated token when logprobs */
+    size_t n_lp;
+    enum api_finish finish;
+    struct api_usage usage;
+};
+
+/* "cmpl-<32 hex>" / "chatcmpl-<32 hex>" into buf (>= 48 bytes) */
+void api_make_id(enum api_endpoint ep, char *buf, size_t cap);
+
+/* the whole response body (malloc'd JSON); model: the name to report */
+char *api_render_response(const struct api_request *req, const char *id, const char *model,
+                          uint64_t created, const struct api_result *res);
+
+/* streaming: one api_stream per request renders each SSE event,
+ * "data: {json}\n\n" (malloc'd; *len set), in the order OpenAI/vLLM send:
+ *   chat:  role chunk (begin), content chunks, finish chunk, [usage chunk], [DONE]
+ *   compl: text chunks, finish chunk, [usage chunk], [DONE] */
+struct api_stream {
+    const struct api_request *req;
+    char id[64];
+    char model[256];
+    uint64_t created;
+    size_t text_offset; /* characters sent so far (completions text_offset) */
+};
+void api_stream_init(struct api_stream *s, const struct api_request *req, const char *id,
+                     const char *model, uint64_t created);
+/* chat: {"delta":{"role":"assistant","content":""}}; completions: NULL */
+char *api_stream_begin(struct api_stream *s, size_t *len);
+char *api_stream_delta(struct api_stream *s, const char *text, size_t text_len,
+                       const struct api_token_logprob *lp, size_t n_lp, size_t *len);
+char *api_stream_finish(struct api_stream *s, enum api_finish finish, size_t *len);
+/* only when req->include_usage */
+char *api_stream_usage(struct api_stream *s, const struct api_usage *u, size_t *len);
+#define API_SSE_DONE "data: [DONE]\n\n"
+/* "data: <json>\n\n" (malloc'd) */
+char *api_sse_event(const char *json, size_t *len);
+
+/* GET /v1/models */
+char *api_render_models(const char *const *names, size_t n, uint64_t created, int max_model_len);
+
+/* --- the endpoints and the scheduler ---------------------------------------------------
+ *
+ * api_handle() serves POST /v1/completions, POST /v1/chat/completions and
+ * GET /v1/models on the HTTP server: auth, content type, parsing, then the
+ * scheduler's submit(). The scheduler answers through the api_call:
+ *
+ *   submit(ctx, call, req)       -> 0: accepted; negative: refused (see below)
+ *   api_call_token(call, ...)    -> text of newly final tokens (0..n times)
+ *   api_call_finish(call, ...)   -> exactly once, or api_call_fail() instead
+ *   cancel(ctx, call)            <- the client left: stop, then still finish
+ *
+ * All on the loop thread. The request given to submit stays valid until the
+ * call finishes. The scheduler owns detokenization (text it sends is whole
+ * UTF-8 characters) and stop sequences (it holds back text that could be the
+ * start of a stop string and never sends the stop string itself), because it
+ * must stop generating when one matches.
+ */
+struct api_call;
+
+struct api_sched {
+    /* a validated request. 0 when accepted; refusals: RKV_EBUSY -> 429
+     * (queue full), RKV_ESTATE/RKV_ENODEV -> 503 (no worker / model not
+     * loaded), RKV_ETOOBIG -> 400 (prompt longer than the context), other -> 500.
+     * submit may also call api_call_fail() itself (then return 0). */
+    int (*submit)(void *ctx, struct api_call *call, const struct api_request *req);
+    /* the client is gone (disconnect, shutdown): stop generating and finish */
+    void (*cancel)(void *ctx, struct api_call *call);
+    /* optional: 0 when bearer (NULL when absent) may use the API, else
+     * RKV_EAUTH -> 401 */
+    int (*authorize)(void *ctx, const char *bearer);
+    void *ctx;
+};
+
+struct api_config {
+    const char *const *models; /* served names; the first is the default */
+    size_t n_models;
+    int max_model_len; /* context size, reported by /v1/models */
+    struct api_limits limits;
+};
+
+struct api;
+int api_new(const struct api_config *cfg, const struct api_sched *sched, struct api **out);
+void api_free(struct api *api);
+/* 1 when path is an API route (answered or handed to the scheduler), 0 when
+ * the caller should route it elsewhere */
+int api_handle(struct api *api, struct http_req *req);
+/* calls in flight */
+size_t api_calls(const struct api *api);
+
+const struct api_request *api_call_request(const struct api_call *call);
+void api_call_set_data(struct api_call *call, void *data);
+void *api_call_data(const struct api_call *call);
+/* newly final text and, when the request asked for logprobs, one entry per
+ * token it covers (copied). 0: sent; 1: sent but the client reads slowly;
+ * RKV_ECLOSED: the client is gone (cancel has been or will be called) */
+int api_call_token(struct api_call *call, const char *text, size_t len,
+                   const struct api_token_logprob *lp, size_t n_lp);
+/* the end: renders the response (or the last SSE events) and frees the call */
+void api_call_finish(struct api_call *call, enum api_finish finish, const struct api_usage *usage);
+/* the end with an error: status and a message naming the cause and the fix;
+ * mid-stream it is sent as an SSE error event. frees the call */
+void api_call_fail(struct api_call *call, int status, const char *message);
+
+#endif

@@ -1,0 +1,799 @@
+/* api_parse.c - OpenAI request bodies (completions, chat) into struct api_request, strictly
+ * validated. */
+#include "daemon/api.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "common/util.h"
+
+void api_limits_default(struct api_limits *l)
+{
+    l->max_tokens = 32768;
+    l->default_max_tokens = 16;
+    l->max_prompt_tokens = 32768;
+    l->vocab_size = 0;
+}
+
+void api_error_set(struct api_error *e, int status, const char *param, const char *fmt, ...)
+{
+    e->status = status;
+    e->type = status >= 500 ? "server_error" : "invalid_request_error";
+    e->code = NULL;
+    snprintf(e->param, sizeof(e->param), "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof(e->message), fmt, ap);
+    va_end(ap);
+}
+
+char *api_error_json(const struct api_error *e)
+{
+    cJSON *root = cJSON_CreateObject();
+    cJSON *err = cJSON_AddObjectToObject(root, "error");
+    if (!err) {
+        cJSON_Delete(root);
+        return NULL;
+    }
+    cJSON_AddStringToObject(err, "message", e->message);
+    cJSON_AddStringToObject(err, "type", e->type ? e->type : "invalid_request_error");
+    if (e->param[0])
+        cJSON_AddStringToObject(err, "param", e->param);
+    else
+        cJSON_AddNullToObject(err, "param");
+    if (e->code)
+        cJSON_AddStringToObject(err, "code", e->code);
+    else
+        cJSON_AddNullToObject(err, "code");
+    char *s = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return s;
+}
+
+int api_utf8_valid(const char *s, size_t len, size_t *bad_at)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < len) {
+        unsigned c = p[i];
+        size_t n;
+        uint32_t cp, min;
+        if (c < 0x80) {
+            i++;
+            continue;
+        } else if ((c & 0xe0) == 0xc0) {
+            n = 1, cp = c & 0x1f, min = 0x80;
+        } else if ((c & 0xf0) == 0xe0) {
+            n = 2, cp = c & 0x0f, min = 0x800;
+        } else if ((c & 0xf8) == 0xf0) {
+            n = 3, cp = c & 0x07, min = 0x10000;
+        } else {
+            goto bad;
+        }
+        if (len - i <= n)
+            goto bad;
+        for (size_t k = 1; k <= n; k++) {
+            if ((p[i + k] & 0xc0) != 0x80)
+                goto bad;
+            cp = (cp << 6) | (p[i + k] & 0x3f);
+        }
+        if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+            goto bad;
+        i += n + 1;
+    }
+    return 1;
+bad:
+    if (bad_at)
+        *bad_at = i;
+    return 0;
+}
+
+/* --- validation helpers ---------------------------------------------------------------- */
+
+struct parse {
+    const struct api_limits *lim;
+    struct api_error *err;
+    enum api_endpoint ep;
+};
+
+/* the offending value, short, for "got ..." */
+static void describe(const cJSON *v, char *buf, size_t cap)
+{
+    if (!v) {
+        snprintf(buf, cap, "nothing");
+        return;
+    }
+    if (cJSON_IsNumber(v)) {
+        snprintf(buf, cap, "%.17g", v->valuedouble);
+        return;
+    }
+    char *s = cJSON_PrintUnformatted(v);
+    if (!s) {
+        snprintf(buf, cap, "?");
+        return;
+    }
+    if (strlen(s) > 60)
+        snprintf(buf, cap, "%.57s...", s);
+    else
+        snprintf(buf, cap, "%s", s);
+    free(s);
+}
+
+static int bad(struct parse *p, const char *param, const cJSON *v, const char *what)
+{
+    char got[80];
+    describe(v, got, sizeof(got));
+    api_error_set(p->err, 400, param, "%s must be %s, got %s", param, what, got);
+    return RKV_EINVAL;
+}
+
+static int unsupported(struct parse *p, const char *param, const char *how)
+{
+    api_error_set(p->err, 400, param, "%s is not supported by rkv; %s", param, how);
+    p->err->code = "unsupported_parameter";
+    return RKV_EINVAL;
+}
+
+static const cJSON *field(const cJSON *obj, const char *name)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
+    return v && !cJSON_IsNull(v) ? v : NULL;
+}
+
+static int is_int(const cJSON *v, double lo, double hi)
+{
+    return cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble) && v->valuedouble >= lo &&
+           v->valuedouble <= hi;
+}
+
+static int get_int(struct parse *p, const cJSON *obj, const char *name, long lo, long hi, int *out)
+{
+    const cJSON *v = field(obj, name);
+    if (!v)
+        return 0;
+    if (!is_int(v, (double)lo, (double)hi)) {
+        char what[64];
+        snprintf(what, sizeof(what), "an integer in [%ld, %ld]", lo, hi);
+        return bad(p, name, v, what);
+    }
+    *out = (int)v->valuedouble;
+    return 0;
+}
+
+/* a number in [lo, hi], or (lo, hi] when lo_open */
+static int get_num(struct parse *p, const cJSON *obj, const char *name, double lo, int lo_open,
+                   double hi, float *out)
+{
+    const cJSON *v = field(obj, name);
+    if (!v)
+        return 0;
+    double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+    if (!(d <= hi && (lo_open ? d > lo : d >= lo))) {
+        char what[64];
+        snprintf(what, sizeof(what), "a number in %c%g, %g]", lo_open ? '(' : '[', lo, hi);
+        return bad(p, name, v, what);
+    }
+    *out = (float)d;
+    return 0;
+}
+
+static int get_bool(struct parse *p, const cJSON *obj, const char *name, bool *out)
+{
+    const cJSON *v = field(obj, name);
+    if (!v)
+        return 0;
+    if (!cJSON_IsBool(v))
+        return bad(p, name, v, "true or false");
+    *out = cJSON_IsTrue(v);
+    return 0;
+}
+
+static int get_str(struct parse *p, const cJSON *obj, const char *name, char **out)
+{
+    const cJSON *v = field(obj, name);
+    if (!v)
+        return 0;
+    if (!cJSON_IsString(v))
+        return bad(p, name, v, "a string");
+    *out = strdup(v->valuestring);
+    if (!*out) {
+        api_error_set(p->err, 500, NULL, "out of memory");
+        return RKV_ENOMEM;
+    }
+    return 0;
+}
+
+/* --- which fields exist ---------------------------------------------------------------- */
+
+#define EP_C   (1u << API_COMPLETIONS)
+#define EP_CH  (1u << API_CHAT)
+#define EP_ALL (EP_C | EP_CH)
+
+static const struct {
+    const char *name;
+    unsigned eps;
+} known_fields[] = {
+    /* implemented */
+    {"model", EP_ALL},
+    {"prompt", EP_C},
+    {"messages", EP_CH},
+    {"max_tokens", EP_ALL},
+    {"max_completion_tokens", EP_CH},
+    {"temperature", EP_ALL},
+    {"top_p", EP_ALL},
+    {"top_k", EP_ALL},
+    {"min_p", EP_ALL},
+    {"seed", EP_ALL},
+    {"stop", EP_ALL},
+    {"presence_penalty", EP_ALL},
+    {"frequency_penalty", EP_ALL},
+    {"repetition_penalty", EP_ALL},
+    {"logprobs", EP_ALL},
+    {"top_logprobs", EP_CH},
+    {"n", EP_ALL},
+    {"stream", EP_ALL},
+    {"stream_options", EP_ALL},
+    {"user", EP_ALL},
+    {"session_id", EP_ALL},
+    {"ignore_eos", EP_ALL},
+    /* ignored: they do not change the tokens */
+    {"metadata", EP_ALL},
+    {"store", EP_ALL},
+    {"service_tier", EP_ALL},
+    {"parallel_tool_calls", EP_CH},
+    {"prompt_cache_key", EP_ALL},
+    {"safety_identifier", EP_ALL},
+    {"reasoning_effort", EP_CH},
+    /* unsupported unless "off" (checked in check_unsupported) */
+    {"best_of", EP_C},
+    {"echo", EP_C},
+    {"suffix", EP_C},
+    {"logit_bias", EP_ALL},
+    {"tools", EP_CH},
+    {"tool_choice", EP_CH},
+    {"functions", EP_CH},
+    {"function_call", EP_CH},
+    {"response_format", EP_CH},
+    {"modalities", EP_CH},
+    {"audio", EP_CH},
+    {"prediction", EP_CH},
+    {"web_search_options", EP_CH},
+};
+
+static int check_known(struct parse *p, const cJSON *root)
+{
+    for (const cJSON *c = root->child; c; c = c->next) {
+        int ok = 0;
+        for (size_t i = 0; i < sizeof(known_fields) / sizeof(known_fields[0]); i++)
+            if ((known_fields[i].eps & (1u << p->ep)) &&
+                strcmp(c->string, known_fields[i].name) == 0)
+                ok = 1;
+        if (!ok) {
+            char param[64];
+            snprintf(param, sizeof(param), "%.63s", c->string);
+            api_error_set(p->err, 400, param,
+                          "unknown field '%.80s' for %s; rkv rejects fields it does not know so "
+                          "that a typo cannot pass silently (see docs/api.md for the list)",
+                          c->string,
+                          p->ep == API_CHAT ? "/v1/chat/completions" : "/v1/completions");
+            return RKV_EINVAL;
+        }
+    }
+    return 0;
+}
+
+static int is_empty_container(const cJSON *v)
+{
+    return (cJSON_IsArray(v) || cJSON_IsObject(v)) && v->child == NULL;
+}
+
+static int is_str(const cJSON *v, const char *s)
+{
+    return cJSON_IsString(v) && strcmp(v->valuestring, s) == 0;
+}
+
+/* fields rkv knows but cannot honour: fine when "off", 400 otherwise */
+static int check_unsupported(struct parse *p, const cJSON *root)
+{
+    const cJSON *v;
+    if ((v = field(root, "n")) && !is_int(v, 1, 1)) {
+        char got[80];
+        describe(v, got, sizeof(got));
+        api_error_set(p->err, 400, "n",
+                      "n must be 1 (rkv returns one choice per request; send several requests "
+                      "instead), got %s",
+                      got);
+        p->err->code = "unsupported_parameter";
+        return RKV_EINVAL;
+    }
+    if ((v = field(root, "best_of")) && !is_int(v, 1, 1))
+        return unsupported(p, "best_of", "leave it out or send 1");
+    if ((v = field(root, "echo")) && !cJSON_IsFalse(v))
+        return unsupported(p, "echo", "leave it out or send false");
+    if ((v = field(root, "suffix")) && !is_str(v, ""))
+        return unsupported(p, "suffix", "leave it out");
+    if ((v = field(root, "logit_bias")) && !is_empty_container(v))
+        return unsupported(p, "logit_bias", "leave it out or send {}");
+    if ((v = field(root, "tools")) && !is_empty_container(v))
+        return unsupported(p, "tools", "tool calling is not implemented; leave it out");
+    if ((v = field(root, "functions")) && !is_empty_container(v))
+        return unsupported(p, "functions", "function calling is not implemented; leave it out");
+    if ((v = field(root, "tool_choice")) && !is_str(v, "none") && !is_str(v, "auto"))
+        return unsupported(p, "tool_choice", "send \"none\" or \"auto\", or leave it out");
+    if ((v = field(root, "function_call")) && !is_str(v, "none") && !is_str(v, "auto"))
+        return unsupported(p, "function_call", "send \"none\" or leave it out");
+    if ((v = field(root, "response_format"))) {
+        const cJSON *t = cJSON_IsObject(v) ? cJSON_GetObjectItemCaseSensitive(v, "type") : NULL;
+        if (!is_str(t, "text"))
+            return unsupported(p, "response_format",
+                               "only {\"type\": \"text\"} (no JSON mode or schemas)");
+    }
+    if ((v = field(root, "modalities")) &&
+        !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 1 && is_str(v->child, "text")))
+        return unsupported(p, "modalities", "rkv serves text only; send [\"text\"]");
+    if (field(root, "audio"))
+        return unsupported(p, "audio", "rkv serves text only; leave it out");
+    if (field(root, "prediction"))
+        return unsupported(p, "prediction", "leave it out");
+    if (field(root, "web_search_options"))
+        return unsupported(p, "web_search_options", "leave it out");
+    return 0;
+}
+
+/* --- the fields both endpoints share ---------------------------------------------------- */
+
+static int add_stop(struct parse *p, struct api_request *r, const char *s)
+{
+    r->stop[r->n_stop] = strdup(s);
+    if (!r->stop[r->n_stop]) {
+        api_error_set(p->err, 500, NULL, "out of memory");
+        return RKV_ENOMEM;
+    }
+    r->n_stop++;
+    return 0;
+}
+
+static int parse_stop(struct parse *p, const cJSON *root, struct api_request *r)
+{
+    const cJSON *v = field(root, "stop");
+    if (!v)
+        return 0;
+    static const char what[] = "a string or an array of at most 8 non-empty strings "
+                               "of at most 256 bytes";
+    if (cJSON_IsString(v)) {
+        if (!v->valuestring[0] || strlen(v->valuestring) > API_MAX_STOP_BYTES)
+            return bad(p, "stop", v, what);
+        return add_stop(p, r, v->valuestring);
+    }
+    if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) > API_MAX_STOP)
+        return bad(p, "stop", v, what);
+    for (const cJSON *s = v->child; s; s = s->next) {
+        if (!cJSON_IsString(s) || !s->valuestring[0] || strlen(s->valuestring) > API_MAX_STOP_BYTES)
+            return bad(p, "stop", v, what);
+        if (add_stop(p, r, s->valuestring))
+            return RKV_ENOMEM;
+    }
+    return 0;
+}
+
+static int parse_stream(struct parse *p, const cJSON *root, struct api_request *r)
+{
+    int rc = get_bool(p, root, "stream", &r->stream);
+    if (rc)
+        return rc;
+    const cJSON *so = field(root, "stream_options");
+    if (!so)
+        return 0;
+    if (!r->stream) {
+        api_error_set(p->err, 400, "stream_options",
+                      "stream_options is only allowed when stream is true");
+        return RKV_EINVAL;
+    }
+    if (!cJSON_IsObject(so))
+        return bad(p, "stream_options", so, "an object like {\"include_usage\": true}");
+    for (const cJSON *c = so->child; c; c = c->next) {
+        if (strcmp(c->string, "include_usage") != 0) {
+            api_error_set(p->err, 400, "stream_options",
+                          "unknown field 'stream_options.%.60s'; rkv knows include_usage",
+                          c->string);
+            return RKV_EINVAL;
+        }
+    }
+    const cJSON *iu = field(so, "include_usage");
+    if (iu && !cJSON_IsBool(iu))
+        return bad(p, "stream_options.include_usage", iu, "true or false");
+    r->include_usage = cJSON_IsTrue(iu);
+    return 0;
+}
+
+static int parse_common(struct parse *p, const cJSON *root, struct api_request *r)
+{
+    const struct api_limits *lim = p->lim;
+    int rc;
+    const cJSON *v;
+    r->temperature = 1.0f;
+    r->top_p = 1.0f;
+    r->top_k = -1;
+    r->repetition_penalty = 1.0f;
+    if ((rc = get_str(p, root, "model", &r->model)))
+        return rc;
+    if (r->model && !r->model[0])
+        return bad(p, "model", field(root, "model"), "a model name from GET /v1/models");
+    /* chat: max_completion_tokens is the current name, max_tokens the old one */
+    const char *mt = p->ep == API_CHAT && field(root, "max_completion_tokens")
+                         ? "max_completion_tokens"
+                         : "max_tokens";
+    r->max_tokens = p->ep == API_CHAT || lim->default_max_tokens <= 0
+                        ? lim->max_tokens
+                        : RKV_MIN(lim->default_max_tokens, lim->max_tokens);
+    if ((rc = get_int(p, root, mt, 1, lim->max_tokens, &r->max_tokens)))
+        return rc;
+    if ((rc = get_num(p, root, "temperature", 0, 0, 2, &r->temperature)) ||
+        (rc = get_num(p, root, "top_p", 0, 1, 1, &r->top_p)) ||
+        (rc = get_int(p, root, "top_k", -1, 1000000, &r->top_k)) ||
+        (rc = get_num(p, root, "min_p", 0, 0, 1, &r->min_p)) ||
+        (rc = get_num(p, root, "presence_penalty", -2, 0, 2, &r->presence_penalty)) ||
+        (rc = get_num(p, root, "frequency_penalty", -2, 0, 2, &r->frequency_penalty)) ||
+        (rc = get_num(p, root, "repetition_penalty", 0, 1, 10, &r->repetition_penalty)))
+        return rc;
+    if ((v = field(root, "seed"))) {
+        /* doubles hold integers exactly up to 2^53 */
+        if (!is_int(v, -9007199254740992.0, 9007199254740992.0))
+            return bad(p, "seed", v, "an integer in [-2^53, 2^53]");
+        r->has_seed = true;
+        r->seed = (int64_t)v->valuedouble;
+    }
+    if ((rc = parse_stop(p, root, r)) || (rc = parse_stream(p, root, r)) ||
+        (rc = get_bool(p, root, "ignore_eos", &r->ignore_eos)) ||
+        (rc = get_str(p, root, "user", &r->user)) ||
+        (rc = get_str(p, root, "session_id", &r->session_id)))
+        return rc;
+    if (r->session_id) {
+        size_t n = strlen(r->session_id);
+        int ctl = 0;
+        for (size_t i = 0; i < n; i++)
+            ctl |= (unsigned char)r->session_id[i] < 0x20 || r->session_id[i] == 0x7f;
+        if (n == 0 || n > API_MAX_SESSION_ID || ctl)
+            return bad(p, "session_id", field(root, "session_id"),
+                       "a string of 1 to 128 bytes without control characters");
+    }
+    /* logprobs: an integer for completions, a boolean (+ top_logprobs) for chat */
+    if (p->ep == API_COMPLETIONS) {
+        if ((v = field(root, "logprobs"))) {
+            if ((rc = get_int(p, root, "logprobs", 0, API_MAX_LOGPROBS, &r->top_logprobs)))
+                return rc;
+            r->logprobs = true;
+        }
+    } else {
+        if ((rc = get_bool(p, root, "logprobs", &r->logprobs)) ||
+            (rc = get_int(p, root, "top_logprobs", 0, API_MAX_LOGPROBS, &r->top_logprobs)))
+            return rc;
+        if (field(root, "top_logprobs") && !r->logprobs) {
+            api_error_set(p->err, 400, "top_logprobs",
+                          "top_logprobs needs logprobs: true in the same request");
+            return RKV_EINVAL;
+        }
+    }
+    return 0;
+}
+
+/* --- completions: the prompt ------------------------------------------------------------ */
+
+static int parse_token_ids(struct parse *p, const cJSON *arr, struct api_request *r)
+{
+    size_t n = (size_t)cJSON_GetArraySize(arr);
+    if (n > p->lim->max_prompt_tokens) {
+        api_error_set(p->err, 400, "prompt", "prompt has %zu token ids; the limit is %zu", n,
+                      p->lim->max_prompt_tokens);
+        return RKV_EINVAL;
+    }
+    r->prompt_tokens = malloc(n * sizeof(int32_t));
+    if (!r->prompt_tokens) {
+        api_error_set(p->err, 500, NULL, "out of memory");
+        return RKV_ENOMEM;
+    }
+    double hi = p->lim->vocab_size > 0 ? p->lim->vocab_size - 1 : 2147483647.0;
+    size_t i = 0;
+    for (const cJSON *t = arr->child; t; t = t->next, i++) {
+        if (!is_int(t, 0, hi)) {
+            char what[96], param[32];
+            snprintf(param, sizeof(param), "prompt[%zu]", i);
+            snprintf(what, sizeof(what), "a token id in [0, %.0f]", hi);
+            return bad(p, param, t, what);
+        }
+        r->prompt_tokens[i] = (int32_t)t->valuedouble;
+    }
+    r->n_prompt_tokens = n;
+    return 0;
+}
+
+static int parse_prompt(struct parse *p, const cJSON *root, struct api_request *r)
+{
+    static const char what[] = "a non-empty string, an array of one string, or an array of "
+                               "token ids";
+    const cJSON *v = field(root, "prompt");
+    if (!v) {
+        api_error_set(p->err, 400, "prompt", "prompt is required");
+        return RKV_EINVAL;
+    }
+    if (cJSON_IsArray(v) && cJSON_GetArraySize(v) == 1 &&
+        (cJSON_IsString(v->child) || cJSON_IsArray(v->child))) {
+        v = v->child; /* a batch of one */
+    } else if (cJSON_IsArray(v) && cJSON_GetArraySize(v) > 1 && !cJSON_IsNumber(v->child)) {
+        api_error_set(p->err, 400, "prompt",
+                      "prompt holds %d prompts; rkv takes one prompt per request (send "
+                      "several requests)",
+                      cJSON_GetArraySize(v));
+        p->err->code = "unsupported_parameter";
+        return RKV_EINVAL;
+    }
+    if (cJSON_IsString(v) && v->valuestring[0]) {
+        r->prompt = strdup(v->valuestring);
+        return r->prompt ? 0 : RKV_ENOMEM;
+    }
+    if (cJSON_IsArray(v) && v->child && cJSON_IsNumber(v->child))
+        return parse_token_ids(p, v, r);
+    return bad(p, "prompt", v, what);
+}
+
+/* --- chat: the messages ----------------------------------------------------------------- */
+
+static int parse_content(struct parse *p, const cJSON *c, const char *param, struct api_message *m)
+{
+    if (cJSON_IsString(c)) {
+        m->content = strdup(c->valuestring);
+        return m->content ? 0 : RKV_ENOMEM;
+    }
+    if (!c || cJSON_IsNull(c)) {
+        /* an assistant turn may carry no text (it called a tool, or refused) */
+        if (m->role == API_ROLE_ASSISTANT) {
+            m->content = strdup("");
+            return m->content ? 0 : RKV_ENOMEM;
+        }
+        api_error_set(p->err, 400, param, "%s is required for role '%s'", param, m->role_name);
+        return RKV_EINVAL;
+    }
+    if (!cJSON_IsArray(c))
+        return bad(p, param, c, "a string or an array of {\"type\": \"text\", \"text\": ...}");
+    /* text parts joined by newlines, as vLLM does */
+    size_t total = 1, i = 0;
+    for (const cJSON *part = c->child; part; part = part->next, i++) {
+        char pp[136];
+        snprintf(pp, sizeof(pp), "%s[%zu]", param, i);
+        const cJSON *type =
+            cJSON_IsObject(part) ? cJSON_GetObjectItemCaseSensitive(part, "type") : NULL;
+        const cJSON *text =
+            cJSON_IsObject(part) ? cJSON_GetObjectItemCaseSensitive(part, "text") : NULL;
+        if (cJSON_IsString(type) && !is_str(type, "text")) {
+            char tp[144];
+            snprintf(tp, sizeof(tp), "%s.type", pp);
+            api_error_set(p->err, 400, tp,
+                          "%s '%.40s' is not supported; rkv serves text models (use type "
+                          "'text')",
+                          tp, type->valuestring);
+            p->err->code = "unsupported_parameter";
+            return RKV_EINVAL;
+        }
+        if (!is_str(type, "text") || !cJSON_IsString(text))
+            return bad(p, pp, part, "{\"type\": \"text\", \"text\": \"...\"}");
+        total += strlen(text->valuestring) + 1;
+    }
+    m->content = malloc(total);
+    if (!m->content)
+        return RKV_ENOMEM;
+    size_t off = 0;
+    for (const cJSON *part = c->child; part; part = part->next) {
+        const char *t = cJSON_GetObjectItemCaseSensitive(part, "text")->valuestring;
+        if (off)
+            m->content[off++] = '\n';
+        size_t n = strlen(t);
+        memcpy(m->content + off, t, n);
+        off += n;
+    }
+    m->content[off] = '\0';
+    return 0;
+}
+
+static const struct {
+    const char *name;
+    const char *canon;
+    enum api_role role;
+} roles[] = {
+    {"system", "system", API_ROLE_SYSTEM}, {"developer", "system", API_ROLE_SYSTEM},
+    {"user", "user", API_ROLE_USER},       {"assistant", "assistant", API_ROLE_ASSISTANT},
+    {"tool", "tool", API_ROLE_TOOL},
+};
+
+static int parse_message(struct parse *p, const cJSON *mo, size_t i, struct api_message *m)
+{
+    char param[96];
+    snprintf(param, sizeof(param), "messages[%zu]", i);
+    if (!cJSON_IsObject(mo))
+        return bad(p, param, mo, "an object with role and content");
+    for (const cJSON *c = mo->child; c; c = c->next) {
+        static const char *const ok[] = {"role",       "content", "name",         "tool_call_id",
+                                         "tool_calls", "refusal", "function_call"};
+        int known = 0;
+        for (size_t k = 0; k < sizeof(ok) / sizeof(ok[0]); k++)
+            known |= strcmp(c->string, ok[k]) == 0;
+        if (!known) {
+            char fp[160];
+            snprintf(fp, sizeof(fp), "%s.%.60s", param, c->string);
+            api_error_set(p->err, 400, fp,
+                          "unknown field '%s' in a message; rkv knows role, "
+                          "content, name, tool_call_id",
+                          fp);
+            return RKV_EINVAL;
+        }
+    }
+    char rp[112];
+    snprintf(rp, sizeof(rp), "%s.role", param);
+    const cJSON *role = cJSON_GetObjectItemCaseSensitive(mo, "role");
+    if (!role) {
+        api_error_set(p->err, 400, rp, "%s is required", rp);
+        return RKV_EINVAL;
+    }
+    m->role_name = NULL;
+    for (size_t k = 0; k < sizeof(roles) / sizeof(roles[0]); k++) {
+        if (is_str(role, roles[k].name)) {
+            m->role = roles[k].role;
+            m->role_name = roles[k].canon;
+        }
+    }
+    if (!m->role_name)
+        return bad(p, rp, role, "one of system, developer, user, assistant, tool");
+    const cJSON *tc = field(mo, "tool_calls");
+    if (tc && !is_empty_container(tc)) {
+        char tp[112];
+        snprintf(tp, sizeof(tp), "%s.tool_calls", param);
+        return unsupported(p, tp, "tool calling is not implemented; leave it out");
+    }
+    const cJSON *fc = field(mo, "function_call");
+    if (fc) {
+        char tp[112];
+        snprintf(tp, sizeof(tp), "%s.function_call", param);
+        return unsupported(p, tp, "function calling is not implemented; leave it out");
+    }
+    const cJSON *name = field(mo, "name");
+    if (name && !cJSON_IsString(name)) {
+        char np[112];
+        snprintf(np, sizeof(np), "%s.name", param);
+        return bad(p, np, name, "a string");
+    }
+    char cp[112];
+    snprintf(cp, sizeof(cp), "%s.content", param);
+    int rc = parse_content(p, cJSON_GetObjectItemCaseSensitive(mo, "content"), cp, m);
+    if (rc == RKV_ENOMEM)
+        api_error_set(p->err, 500, NULL, "out of memory");
+    return rc;
+}
+
+static int parse_messages(struct parse *p, const cJSON *root, struct api_request *r)
+{
+    const cJSON *v = field(root, "messages");
+    if (!v) {
+        api_error_set(p->err, 400, "messages", "messages is required");
+        return RKV_EINVAL;
+    }
+    int n = cJSON_IsArray(v) ? cJSON_GetArraySize(v) : -1;
+    if (n < 1 || n > API_MAX_MESSAGES)
+        return bad(p, "messages", v, "an array of 1 to 4096 messages");
+    r->messages = calloc((size_t)n, sizeof(*r->messages));
+    if (!r->messages) {
+        api_error_set(p->err, 500, NULL, "out of memory");
+        return RKV_ENOMEM;
+    }
+    size_t i = 0;
+    for (const cJSON *m = v->child; m; m = m->next, i++) {
+        r->n_messages = i + 1;
+        int rc = parse_message(p, m, i, &r->messages[i]);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* --- entry points ------------------------------------------------------------------------- */
+
+/* a "\u0000" escape would cut the C string short: refuse it */
+static int has_nul_escape(const char *s, size_t len)
+{
+    for (size_t i = 0; i + 6 <= len; i++) {
+        if (s[i] != '\\')
+            continue;
+        if (s[i + 1] == 'u' && memcmp(s + i + 2, "0000", 4) == 0)
+            return 1;
+        i++; /* skip the escaped character */
+    }
+    return 0;
+}
+
+void api_request_fini(struct api_request *r)
+{
+    free(r->model);
+    free(r->prompt);
+    free(r->prompt_tokens);
+    for (size_t i = 0; i < r->n_messages; i++)
+        free(r->messages[i].content);
+    free(r->messages);
+    for (size_t i = 0; i < r->n_stop; i++)
+        free(r->stop[i]);
+    free(r->user);
+    free(r->session_id);
+    memset(r, 0, sizeof(*r));
+}
+
+static int parse_body(enum api_endpoint ep, const char *body, size_t len,
+                      const struct api_limits *lim, struct api_request *r, struct api_error *err)
+{
+    struct parse p = {lim, err, ep};
+    memset(r, 0, sizeof(*r));
+    r->endpoint = ep;
+    size_t bad_at = 0;
+    if (!api_utf8_valid(body, len, &bad_at)) {
+        api_error_set(err, 400, NULL,
+                      "request body is not valid UTF-8 (byte 0x%02x at offset %zu); send "
+                      "UTF-8 JSON",
+                      (unsigned char)body[bad_at], bad_at);
+        return RKV_EINVAL;
+    }
+    if (has_nul_escape(body, len)) {
+        api_error_set(err, 400, NULL, "strings must not contain \\u0000");
+        return RKV_EINVAL;
+    }
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
+    if (root && end) {
+        /* cJSON stops after the value; anything but blanks after it is junk */
+        while (end < body + len && (*end == ' ' || *end == '\t' || *end == '\r' || *end == '\n'))
+            end++;
+        if (end < body + len) {
+            cJSON_Delete(root);
+            root = NULL;
+        }
+    }
+    if (!root) {
+        const char *at = cJSON_GetErrorPtr();
+        size_t off = at && at >= body && at <= body + len ? (size_t)(at - body) : len;
+        if (len == 0)
+            api_error_set(err, 400, NULL, "request body is empty; send a JSON object");
+        else
+            api_error_set(err, 400, NULL, "request body is not valid JSON (near byte %zu: '%.20s')",
+                          off, off < len ? body + off : "");
+        return RKV_EINVAL;
+    }
+    int rc;
+    if (!cJSON_IsObject(root)) {
+        rc = bad(&p, "body", root, "a JSON object");
+        goto out;
+    }
+    if ((rc = check_known(&p, root)) || (rc = check_unsupported(&p, root)) ||
+        (rc = parse_common(&p, root, r)))
+        goto out;
+    rc = ep == API_CHAT ? parse_messages(&p, root, r) : parse_prompt(&p, root, r);
+    if (rc == RKV_ENOMEM)
+        api_error_set(err, 500, NULL, "out of memory");
+out:
+    cJSON_Delete(root);
+    if (rc)
+        api_request_fini(r);
+    r->endpoint = ep;
+    return rc ? (rc == RKV_ENOMEM ? RKV_ENOMEM : RKV_EINVAL) : 0;
+}
+
+int api_parse_completions(const char *body, size_t len, const struct api_limits *lim,
+                          struct api_request *out, struct api_error *err)
+{
+    return parse_body(API_COMPLETIONS, body, len, lim, out, err);
+}
+
+int api_parse_chat(const char *body, size_t len, const struct api_limits *lim,
+                   struct api_request *out, struct api_error *err)
+{
+    return parse_body(API_CHAT, body, len, lim, out, err);
+}

@@ -1,0 +1,341 @@
+/* api_render.c - OpenAI response JSON and SSE chunks (completions, chat, models), as vLLM sends
+ * them. */
+#include "daemon/api.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+const char *api_finish_name(enum api_finish f)
+{
+    switch (f) {
+    case API_FINISH_STOP: return "stop";
+    case API_FINISH_LENGTH: return "length";
+    case API_FINISH_ABORT: return "abort";
+    default: return NULL;
+    }
+}
+
+void api_make_id(enum api_endpoint ep, char *buf, size_t cap)
+{
+    static uint64_t counter;
+    unsigned char rnd[16];
+    if (getrandom(rnd, sizeof(rnd), GRND_NONBLOCK) != (ssize_t)sizeof(rnd)) {
+        /* no entropy yet (early boot): unique within this process is enough */
+        uint64_t c = ++counter;
+        memset(rnd, 0, sizeof(rnd));
+        memcpy(rnd, &c, sizeof(c));
+    }
+    int n = snprintf(buf, cap, "%s", ep == API_CHAT ? "chatcmpl-" : "cmpl-");
+    for (size_t i = 0; i < sizeof(rnd) && (size_t)n + 2 < cap; i++)
+        n += snprintf(buf + n, cap - (size_t)n, "%02x", rnd[i]);
+}
+
+/* characters (code points) in s, as Python's len() counts them: text_offset
+ * must match what a Python client sees */
+static size_t utf8_chars(const char *s, size_t len)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < len; i++)
+        n += ((unsigned char)s[i] & 0xc0) != 0x80;
+    return n;
+}
+
+/* a NUL-terminated copy with invalid UTF-8 replaced by U+FFFD, so the JSON
+ * stays valid when a token is part of a multi-byte character */
+static char *utf8_sanitize(const char *s, size_t len)
+{
+    char *out = malloc(len * 3 + 1);
+    if (!out)
+        return NULL;
+    size_t o = 0, i = 0;
+    while (i < len) {
+        size_t bad_at = 0;
+        if (api_utf8_valid(s + i, len - i, &bad_at))
+            bad_at = len - i;
+        memcpy(out + o, s + i, bad_at);
+        o += bad_at;
+        i += bad_at;
+        if (i < len) {
+            memcpy(out + o, "\xef\xbf\xbd", 3);
+            o += 3;
+            i++;
+        }
+    }
+    out[o] = '\0';
+    return out;
+}
+
+static cJSON *add_text(cJSON *obj, const char *name, const char *s, size_t len)
+{
+    char *t = utf8_sanitize(s ? s : "", s ? len : 0);
+    cJSON *v = t ? cJSON_AddStringToObject(obj, name, t) : NULL;
+    free(t);
+    return v;
+}
+
+/* logprobs as short decimals (float precision), and -inf as vLLM's -9999 */
+static double lp_value(float lp)
+{
+    if (!(lp > -9999.0f))
+        return -9999.0;
+    char b[32];
+    snprintf(b, sizeof(b), "%.7g", (double)lp);
+    return strtod(b, NULL);
+}
+
+static cJSON *bytes_array(const char *s, size_t len)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; a && i < len; i++)
+        cJSON_AddItemToArray(a, cJSON_CreateNumber((unsigned char)s[i]));
+    return a;
+}
+
+/* chat: {"content":[{"token","logprob","bytes","top_logprobs":[...]}],"refusal":null} */
+static cJSON *chat_logprobs(const struct api_token_logprob *lp, size_t n)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON *content = cJSON_AddArrayToObject(o, "content");
+    for (size_t i = 0; content && i < n; i++) {
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddItemToArray(content, e);
+        add_text(e, "token", lp[i].token, lp[i].len);
+        cJSON_AddNumberToObject(e, "logprob", lp_value(lp[i].logprob));
+        cJSON_AddItemToObject(e, "bytes", bytes_array(lp[i].token, lp[i].len));
+        cJSON *top = cJSON_AddArrayToObject(e, "top_logprobs");
+        for (size_t k = 0; top && k < lp[i].n_top; k++) {
+            const struct api_top_logprob *t = &lp[i].top[k];
+            cJSON *te = cJSON_CreateObject();
+            cJSON_AddItemToArray(top, te);
+            add_text(te, "token", t->token, t->len);
+            cJSON_AddNumberToObject(te, "logprob", lp_value(t->logprob));
+            cJSON_AddItemToObject(te, "bytes", bytes_array(t->token, t->len));
+        }
+    }
+    cJSON_AddNullToObject(o, "refusal");
+    return o;
+}
+
+/* completions: {"tokens","token_logprobs","top_logprobs":[{tok: lp}],"text_offset"} */
+static cJSON *completion_logprobs(const struct api_token_logprob *lp, size_t n, size_t offset)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON *tokens = cJSON_AddArrayToObject(o, "tokens");
+    cJSON *lps = cJSON_AddArrayToObject(o, "token_logprobs");
+    cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs");
+    cJSON *offs = cJSON_AddArrayToObject(o, "text_offset");
+    if (!tokens || !lps || !tops || !offs)
+        return o;
+    for (size_t i = 0; i < n; i++) {
+        char *t = utf8_sanitize(lp[i].token, lp[i].len);
+        cJSON_AddItemToArray(tokens, cJSON_CreateString(t ? t : ""));
+        free(t);
+        cJSON_AddItemToArray(lps, cJSON_CreateNumber(lp_value(lp[i].logprob)));
+        cJSON *d = cJSON_CreateObject();
+        for (size_t k = 0; d && k < lp[i].n_top; k++) {
+            char *tt = utf8_sanitize(lp[i].top[k].token, lp[i].top[k].len);
+            /* two alternatives that decode alike keep the first, as a dict must */
+            if (tt && !cJSON_GetObjectItemCaseSensitive(d, tt))
+                cJSON_AddNumberToObject(d, tt, lp_value(lp[i].top[k].logprob));
+            free(tt);
+        }
+        cJSON_AddItemToArray(tops, d);
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)offset));
+        offset += utf8_chars(lp[i].token, lp[i].len);
+    }
+    return o;
+}
+
+static cJSON *usage_json(const struct api_usage *u)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "prompt_tokens", u->prompt_tokens);
+    cJSON_AddNumberToObject(o, "completion_tokens", u->completion_tokens);
+    cJSON_AddNumberToObject(o, "total_tokens",
+                            (double)u->prompt_tokens + (double)u->completion_tokens);
+    if (u->cached_tokens) {
+        cJSON *d = cJSON_AddObjectToObject(o, "prompt_tokens_details");
+        cJSON_AddNumberToObject(d, "cached_tokens", u->cached_tokens);
+    }
+    return o;
+}
+
+static cJSON *envelope(const char *id, const char *object, uint64_t created, const char *model)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", id);
+    cJSON_AddStringToObject(o, "object", object);
+    cJSON_AddNumberToObject(o, "created", (double)created);
+    cJSON_AddStringToObject(o, "model", model ? model : "");
+    return o;
+}
+
+static void add_finish(cJSON *choice, enum api_finish f)
+{
+    const char *name = api_finish_name(f);
+    if (name)
+        cJSON_AddStringToObject(choice, "finish_reason", name);
+    else
+        cJSON_AddNullToObject(choice, "finish_reason");
+}
+
+static char *print_free(cJSON *o)
+{
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return s;
+}
+
+char *api_render_response(const struct api_request *req, const char *id, const char *model,
+                          uint64_t created, const struct api_result *res)
+{
+    int chat = req->endpoint == API_CHAT;
+    cJSON *o = envelope(id, chat ? "chat.completion" : "text_completion", created, model);
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddItemToArray(choices, c);
+    cJSON_AddNumberToObject(c, "index", 0);
+    if (chat) {
+        cJSON *m = cJSON_AddObjectToObject(c, "message");
+        cJSON_AddStringToObject(m, "role", "assistant");
+        add_text(m, "content", res->text, res->len);
+    } else {
+        add_text(c, "text", res->text, res->len);
+    }
+    if (req->logprobs)
+        cJSON_AddItemToObject(c, "logprobs",
+                              chat ? chat_logprobs(res->lp, res->n_lp)
+                                   : completion_logprobs(res->lp, res->n_lp, 0));
+    else
+        cJSON_AddNullToObject(c, "logprobs");
+    add_finish(c, res->finish);
+    cJSON_AddItemToObject(o, "usage", usage_json(&res->usage));
+    return print_free(o);
+}
+
+/* --- streaming ----------------------------------------------------------------------------- */
+
+void api_stream_init(struct api_stream *s, const struct api_request *req, const char *id,
+                     const char *model, uint64_t created)
+{
+    memset(s, 0, sizeof(*s));
+    s->req = req;
+    snprintf(s->id, sizeof(s->id), "%s", id);
+    snprintf(s->model, sizeof(s->model), "%s", model ? model : "");
+    s->created = created;
+}
+
+char *api_sse_event(const char *json, size_t *len)
+{
+    size_t n = strlen(json);
+    char *out = malloc(n + 9);
+    if (out) {
+        memcpy(out, "data: ", 6);
+        memcpy(out + 6, json, n);
+        memcpy(out + 6 + n, "\n\n", 3);
+        *len = n + 8;
+    }
+    return out;
+}
+
+static char *sse(cJSON *o, size_t *len)
+{
+    char *j = print_free(o);
+    char *out = j ? api_sse_event(j, len) : NULL;
+    free(j);
+    return out;
+}
+
+static cJSON *chunk(struct api_stream *s, cJSON **choice)
+{
+    int chat = s->req->endpoint == API_CHAT;
+    cJSON *o =
+        envelope(s->id, chat ? "chat.completion.chunk" : "text_completion", s->created, s->model);
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+    *choice = cJSON_CreateObject();
+    cJSON_AddItemToArray(choices, *choice);
+    cJSON_AddNumberToObject(*choice, "index", 0);
+    return o;
+}
+
+char *api_stream_begin(struct api_stream *s, size_t *len)
+{
+    if (s->req->endpoint != API_CHAT)
+        return NULL;
+    cJSON *c;
+    cJSON *o = chunk(s, &c);
+    cJSON *d = cJSON_AddObjectToObject(c, "delta");
+    cJSON_AddStringToObject(d, "role", "assistant");
+    cJSON_AddStringToObject(d, "content", "");
+    cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddNullToObject(c, "finish_reason");
+    return sse(o, len);
+}
+
+char *api_stream_delta(struct api_stream *s, const char *text, size_t text_len,
+                       const struct api_token_logprob *lp, size_t n_lp, size_t *len)
+{
+    int chat = s->req->endpoint == API_CHAT;
+    cJSON *c;
+    cJSON *o = chunk(s, &c);
+    if (chat) {
+        cJSON *d = cJSON_AddObjectToObject(c, "delta");
+        add_text(d, "content", text, text_len);
+    } else {
+        add_text(c, "text", text, text_len);
+    }
+    if (s->req->logprobs && n_lp)
+        cJSON_AddItemToObject(c, "logprobs",
+                              chat ? chat_logprobs(lp, n_lp)
+                                   : completion_logprobs(lp, n_lp, s->text_offset));
+    else
+        cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddNullToObject(c, "finish_reason");
+    s->text_offset += utf8_chars(text, text_len);
+    return sse(o, len);
+}
+
+char *api_stream_finish(struct api_stream *s, enum api_finish finish, size_t *len)
+{
+    cJSON *c;
+    cJSON *o = chunk(s, &c);
+    if (s->req->endpoint == API_CHAT)
+        cJSON_AddObjectToObject(c, "delta");
+    else
+        cJSON_AddStringToObject(c, "text", "");
+    cJSON_AddNullToObject(c, "logprobs");
+    add_finish(c, finish);
+    return sse(o, len);
+}
+
+char *api_stream_usage(struct api_stream *s, const struct api_usage *u, size_t *len)
+{
+    int chat = s->req->endpoint == API_CHAT;
+    cJSON *o =
+        envelope(s->id, chat ? "chat.completion.chunk" : "text_completion", s->created, s->model);
+    cJSON_AddArrayToObject(o, "choices");
+    cJSON_AddItemToObject(o, "usage", usage_json(u));
+    return sse(o, len);
+}
+
+char *api_render_models(const char *const *names, size_t n, uint64_t created, int max_model_len)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON *data = cJSON_AddArrayToObject(o, "data");
+    for (size_t i = 0; data && i < n; i++) {
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddItemToArray(data, m);
+        cJSON_AddStringToObject(m, "id", names[i]);
+        cJSON_AddStringToObject(m, "object", "model");
+        cJSON_AddNumberToObject(m, "created", (double)created);
+        cJSON_AddStringToObject(m, "owned_by", "rkv");
+        cJSON_AddStringToObject(m, "root", names[i]);
+        if (max_model_len > 0)
+            cJSON_AddNumberToObject(m, "max_model_len", max_model_len);
+    }
+    return print_free(o);
+}
