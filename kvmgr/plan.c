@@ -1,0 +1,739 @@
+/* plan.c - the tactic planner (see plan.h for the algorithm). */
+#include "kvmgr/plan.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "common/log.h"
+
+struct plan {
+    size_t n;
+    struct plan_assign *assign; /* [n], input order */
+    uint32_t *by_id;            /* [n] indices sorted by id, for plan_find */
+    enum plan_mode mode;
+    struct plan_summary sum;
+    struct plan_gpu_summary *gsum; /* [n_gpus] */
+};
+
+/* a session's role while planning */
+enum role {
+    ROLE_IDLE = 0, /* unpinned, idle: stored on device or parked */
+    ROLE_RUN,      /* admitted: pinned or active */
+    ROLE_WAIT,     /* wanted to run, not admitted; held blocks on the host */
+    ROLE_DROP,     /* kv dropped */
+};
+
+/* sort record: keys compared in order, then idx */
+struct key {
+    uint64_t k[3];
+    uint32_t idx;
+};
+
+static int key_cmp(const void *a, const void *b)
+{
+    const struct key *x = a, *y = b;
+    for (int i = 0; i < 3; i++)
+        if (x->k[i] != y->k[i])
+            return x->k[i] < y->k[i] ? -1 : 1;
+    return x->idx < y->idx ? -1 : x->idx > y->idx;
+}
+
+/* scratch shared by the steps of one plan_compute call */
+struct work {
+    const struct plan_input *in;
+    struct plan *out;
+    uint8_t *role;     /* [n] enum role */
+    uint32_t *need;    /* [n] blocks */
+    uint32_t *held;    /* [n] blocks held now */
+    uint32_t *dev_cap; /* [n_gpus] D */
+    uint32_t host_cap; /* H */
+    struct key *keys;  /* [n] scratch */
+    uint32_t *list;    /* [n] scratch */
+    uint64_t *prefix;  /* [n+1] scratch */
+    uint32_t *prio;    /* [n] candidates in priority order */
+    uint32_t *rank;    /* [n] position in prio (UINT32_MAX for idle) */
+    uint8_t *running;  /* [n] admitted before: ranks above new work */
+    size_t n_prio;
+};
+
+uint32_t plan_dev_cap(const struct plan_gpu *g, uint64_t block_bytes)
+{
+    uint64_t used = g->weights_bytes + g->compute_reserve_bytes;
+    if (block_bytes == 0 || g->vram_target <= used)
+        return 0;
+    uint64_t b = (g->vram_target - used) / block_bytes;
+    return b >= PLAN_NO_CAP ? PLAN_NO_CAP - 1 : (uint32_t)b;
+}
+
+uint32_t plan_host_cap(uint64_t host_budget, uint64_t block_bytes)
+{
+    if (block_bytes == 0)
+        return 0;
+    uint64_t b = host_budget / block_bytes;
+    return b >= PLAN_NO_CAP ? PLAN_NO_CAP - 1 : (uint32_t)b;
+}
+
+void plan_input_init(struct plan_input *in)
+{
+    memset(in, 0, sizeof(*in));
+    in->mode = PLAN_MODE_AUTO;
+    in->margin_pct = 5;
+}
+
+static int is_running_tactic(enum plan_tactic t)
+{
+    return t == PLAN_RESIDENT || t == PLAN_WINDOW || t == PLAN_CPU_TAIL;
+}
+
+static int validate(const struct plan_input *in)
+{
+    if (in->block_bytes == 0) {
+        log_error("plan: block_bytes is 0; set the kv block size");
+        return RKV_EINVAL;
+    }
+    if (in->n_gpus == 0 || !in->gpus) {
+        log_error("plan: no gpus given; pass at least one budget");
+        return RKV_EINVAL;
+    }
+    if (in->n_sessions && !in->sessions)
+        return RKV_EINVAL;
+    if (in->mode > PLAN_MODE_CPU_TAIL) {
+        log_error("plan: mode %d unknown; use auto|resident|window|cpu_tail", (int)in->mode);
+        return RKV_EINVAL;
+    }
+    if (in->n_sessions >= UINT32_MAX)
+        return RKV_ETOOBIG;
+    for (size_t i = 0; i < in->n_sessions; i++) {
+        const struct plan_session *s = &in->sessions[i];
+        if (s->gpu >= in->n_gpus) {
+            log_error("plan: session %llu is on gpu %u but only %u gpus have budgets",
+                      (unsigned long long)s->id, s->gpu, in->n_gpus);
+            return RKV_EINVAL;
+        }
+        if (s->cur_tactic >= PLAN_N_TACTICS)
+            return RKV_EINVAL;
+    }
+    return 0;
+}
+
+/* largest cap W >= 1 with sum(min(need, W)) <= room over the sorted needs
+ * (ascending, prefix sums in pre); PLAN_NO_CAP when all fit, 0 when even
+ * W = 1 does not fit. */
+static uint32_t max_cap(const uint32_t *needs_sorted, const uint64_t *pre, size_t n, int64_t room)
+{
+    if (n == 0 || (room >= 0 && pre[n] <= (uint64_t)room))
+        return PLAN_NO_CAP;
+    if (room < (int64_t)n)
+        return 0;
+    for (size_t k = 0; k < n; k++) {
+        if (pre[k] > (uint64_t)room)
+            break;
+        uint64_t w = ((uint64_t)room - pre[k]) / (n - k);
+        if (w < needs_sorted[k])
+            return (uint32_t)w;
+    }
+    return PLAN_NO_CAP; /* not reached: pre[n] > room */
+}
+
+static uint64_t cap_usage(const uint32_t *needs, size_t n, uint32_t w)
+{
+    uint64_t u = 0;
+    for (size_t i = 0; i < n; i++)
+        u += needs[i] < w ? needs[i] : w;
+    return u;
+}
+
+/* host blocks the tails take under cap w once the spare blocks are handed out */
+static int64_t tails_at(const uint32_t *needs, size_t n, int64_t r_act, int64_t active, uint32_t w)
+{
+    int64_t dev = (int64_t)cap_usage(needs, n, w == PLAN_NO_CAP ? w : w + 1);
+    return active - (dev < r_act ? dev : r_act);
+}
+
+/* --- step 1: admission ------------------------------------------------------- */
+
+struct admit_state {
+    int64_t *fixed;     /* [n_gpus] blocks that must be on the device */
+    int64_t *tot;       /* [n_gpus] device demand if nothing spilled */
+    int64_t spill;      /* sum over gpus of max(0, tot - D) */
+    int64_t host_fixed; /* parked idle + waiting sessions' held blocks */
+};
+
+static int64_t over(int64_t tot, uint32_t cap)
+{
+    return tot > (int64_t)cap ? tot - (int64_t)cap : 0;
+}
+
+static void order_candidates(struct work *w)
+{
+    const struct plan_input *in = w->in;
+    size_t nk = 0;
+    for (size_t i = 0; i < in->n_sessions; i++) {
+        const struct plan_session *s = &in->sessions[i];
+        w->rank[i] = UINT32_MAX;
+        if (!s->active && !s->pinned)
+            continue;
+        uint64_t cls = s->pinned ? 0 : w->running[i] ? 1 : 2;
+        w->keys[nk++] = (struct key){{cls, s->last_use, s->id}, (uint32_t)i};
+    }
+    qsort(w->keys, nk, sizeof(*w->keys), key_cmp);
+    for (size_t k = 0; k < nk; k++) {
+        w->prio[k] = w->keys[k].idx;
+        w->rank[w->keys[k].idx] = (uint32_t)k;
+    }
+    w->n_prio = nk;
+}
+
+/* blocks session i must have on the device when admitted */
+static int64_t fixed_blocks(const struct work *w, uint32_t i, int resident_mode)
+{
+    return (w->in->sessions[i].pinned || resident_mode) ? w->need[i] : 1;
+}
+
+static void admit_one(struct work *w, struct admit_state *st, uint32_t i, int resident_mode)
+{
+    uint32_t g = w->in->sessions[i].gpu;
+    int64_t tot2 = st->tot[g] + w->need[i];
+    st->spill += over(tot2, w->dev_cap[g]) - over(st->tot[g], w->dev_cap[g]);
+    st->tot[g] = tot2;
+    st->fixed[g] += fixed_blocks(w, i, resident_mode);
+    st->host_fixed -= w->held[i];
+    w->role[i] = ROLE_RUN;
+}
+
+static int admit(struct work *w)
+{
+    const struct plan_input *in = w->in;
+    struct admit_state st = {0};
+    uint8_t *blocked = calloc(in->n_gpus, 1);
+    st.fixed = calloc(in->n_gpus, sizeof(int64_t));
+    st.tot = calloc(in->n_gpus, sizeof(int64_t));
+    if (!blocked || !st.fixed || !st.tot) {
+        free(blocked), free(st.fixed), free(st.tot);
+        return RKV_ENOMEM;
+    }
+    /* start: nobody runs; idle kv where it is, candidates' kv on the host */
+    for (size_t i = 0; i < in->n_sessions; i++) {
+        const struct plan_session *s = &in->sessions[i];
+        if (w->rank[i] != UINT32_MAX) {
+            w->role[i] = ROLE_WAIT;
+            st.host_fixed += w->held[i];
+        } else {
+            w->role[i] = ROLE_IDLE;
+            if (s->cur_dev > 0)
+                st.tot[s->gpu] += w->need[i];
+            else
+                st.host_fixed += w->need[i];
+        }
+    }
+    for (uint32_t g = 0; g < in->n_gpus; g++)
+        st.spill += over(st.tot[g], w->dev_cap[g]);
+
+    /* pinned and running sessions first, in priority order, as long as their
+     * gpu has the blocks they must hold on the device; the host is not
+     * checked here: moving their kv to the host would not free host blocks */
+    int resident_mode = in->mode == PLAN_MODE_RESIDENT;
+    size_t n_first = 0;
+    while (n_first < w->n_prio &&
+           (in->sessions[w->prio[n_first]].pinned || w->running[w->prio[n_first]]))
+        n_first++;
+    for (size_t k = 0; k < n_first; k++) {
+        uint32_t i = w->prio[k];
+        uint32_t g = in->sessions[i].gpu;
+        if (st.fixed[g] + fixed_blocks(w, i, resident_mode) <= (int64_t)w->dev_cap[g])
+            admit_one(w, &st, i, resident_mode);
+    }
+    /* new work in fifo order; a refusal blocks later new work on that gpu */
+    for (size_t k = n_first; k < w->n_prio; k++) {
+        uint32_t i = w->prio[k];
+        uint32_t g = in->sessions[i].gpu;
+        if (blocked[g])
+            continue;
+        int64_t tot2 = st.tot[g] + w->need[i];
+        int64_t spill2 = st.spill - over(st.tot[g], w->dev_cap[g]) + over(tot2, w->dev_cap[g]);
+        int64_t host_before = st.host_fixed + st.spill;
+        int64_t host_after = st.host_fixed - w->held[i] + spill2;
+        int ok = st.fixed[g] + fixed_blocks(w, i, resident_mode) <= (int64_t)w->dev_cap[g] &&
+                 (host_after <= (int64_t)w->host_cap || host_after <= host_before);
+        if (!ok) {
+            blocked[g] = 1;
+            continue;
+        }
+        admit_one(w, &st, i, resident_mode);
+    }
+
+    /* existing kv that does not fit even on the host: drop the waiting
+     * sessions' kv lowest priority first, then parked idle sessions, lru first */
+    for (size_t k = w->n_prio; k-- > 0 && st.host_fixed + st.spill > (int64_t)w->host_cap;) {
+        uint32_t i = w->prio[k];
+        if (w->role[i] == ROLE_WAIT && w->held[i] > 0) {
+            st.host_fixed -= w->held[i];
+            w->role[i] = ROLE_DROP;
+        }
+    }
+    if (st.host_fixed + st.spill > (int64_t)w->host_cap) {
+        size_t nk = 0;
+        for (size_t i = 0; i < in->n_sessions; i++)
+            if (w->role[i] == ROLE_IDLE && in->sessions[i].cur_dev == 0 && w->need[i] > 0)
+                w->keys[nk++] =
+                    (struct key){{in->sessions[i].last_use, in->sessions[i].id, 0}, (uint32_t)i};
+        qsort(w->keys, nk, sizeof(*w->keys), key_cmp);
+        for (size_t k = 0; k < nk && st.host_fixed + st.spill > (int64_t)w->host_cap; k++) {
+            st.host_fixed -= w->need[w->keys[k].idx];
+            w->role[w->keys[k].idx] = ROLE_DROP;
+        }
+    }
+    free(blocked), free(st.fixed), free(st.tot);
+    return 0;
+}
+
+/* --- step 2: placement per gpu ------------------------------------------------ */
+
+static enum plan_tactic spill_tactic(const struct plan_input *in, const struct plan_gpu *g)
+{
+    if (in->mode == PLAN_MODE_CPU_TAIL)
+        return PLAN_CPU_TAIL;
+    if (in->mode == PLAN_MODE_WINDOW)
+        return PLAN_WINDOW;
+    double streamed = g->pcie_h2d_gbps;
+    if (g->host_stream_gbps > 0 && g->host_stream_gbps < streamed)
+        streamed = g->host_stream_gbps;
+    return g->cpu_attn_gbps > 0 && streamed > 0 && g->cpu_attn_gbps > streamed ? PLAN_CPU_TAIL
+                                                                               : PLAN_WINDOW;
+}
+
+static void set_assign(struct work *w, uint32_t i, enum plan_tactic t, uint32_t dev, uint32_t host)
+{
+    struct plan_assign *a = &w->out->assign[i];
+    a->tactic = t;
+    a->n_dev = dev;
+    a->n_host = host;
+}
+
+/* parks idle sessions of the list (lru order) while `want` says so; returns the
+ * device blocks still held by idle sessions */
+static int64_t park_idle(struct work *w, const uint32_t *idle, size_t n_idle, int64_t room,
+                         int64_t active, int park_all, int64_t *host_avail)
+{
+    int64_t idev = 0;
+    for (size_t k = 0; k < n_idle; k++)
+        if (w->out->assign[idle[k]].tactic == PLAN_RESIDENT)
+            idev += w->need[idle[k]];
+    for (size_t k = 0; k < n_idle && idev > 0; k++) {
+        uint32_t i = idle[k];
+        if (!park_all && active + idev <= room)
+            break;
+        if (w->out->assign[i].tactic != PLAN_RESIDENT || w->need[i] > *host_avail)
+            continue;
+        set_assign(w, i, PLAN_PARKED, 0, w->need[i]);
+        *host_avail -= w->need[i];
+        idev -= w->need[i];
+    }
+    return idev;
+}
+
+/* places the sessions of gpu g; RKV_ENOSPACE when the admitted set cannot be
+ * placed within host_avail (the caller then un-admits one and retries). */
+static int place_gpu(struct work *w, uint32_t g, uint32_t w_prev, int64_t *host_avail,
+                     uint32_t *cap_out)
+{
+    const struct plan_input *in = w->in;
+    const struct plan_gpu *gb = &in->gpus[g];
+    int resident_mode = in->mode == PLAN_MODE_RESIDENT;
+    int64_t room = w->dev_cap[g];
+    size_t n_idle = 0, n_act = 0;
+    uint32_t *idle = w->list;
+    uint32_t *act = w->list + in->n_sessions; /* second half: list has 2n */
+    int64_t active = 0;
+
+    *cap_out = PLAN_NO_CAP;
+    /* pinned and (resident mode) active sessions first; idle on device by lru */
+    for (size_t i = 0; i < in->n_sessions; i++) {
+        const struct plan_session *s = &in->sessions[i];
+        if (s->gpu != g)
+            continue;
+        if (w->role[i] == ROLE_RUN && (s->pinned || resident_mode)) {
+            set_assign(w, (uint32_t)i, PLAN_RESIDENT, w->need[i], 0);
+            room -= w->need[i];
+        } else if (w->role[i] == ROLE_RUN) {
+            act[n_act++] = (uint32_t)i;
+            active += w->need[i];
+        } else if (w->role[i] == ROLE_IDLE && s->cur_dev > 0) {
+            w->keys[n_idle++] = (struct key){{s->last_use, s->id, 0}, (uint32_t)i};
+            set_assign(w, (uint32_t)i, PLAN_RESIDENT, w->need[i], 0);
+        }
+    }
+    if (room < 0)
+        return RKV_EINTERNAL; /* admission guarantees the fixed part fits */
+    qsort(w->keys, n_idle, sizeof(*w->keys), key_cmp);
+    for (size_t k = 0; k < n_idle; k++)
+        idle[k] = w->keys[k].idx;
+
+    int64_t idev = park_idle(w, idle, n_idle, room, active, 0, host_avail);
+    /* idle kv that fits neither the device nor the host is dropped, lru first */
+    for (size_t k = 0; k < n_idle && idev > room - (int64_t)n_act; k++) {
+        uint32_t i = idle[k];
+        if (w->out->assign[i].tactic != PLAN_RESIDENT)
+            continue;
+        set_assign(w, i, PLAN_PARKED, 0, 0);
+        w->out->assign[i].dropped = w->held[i] > 0;
+        idev -= w->need[i];
+    }
+    if (n_act == 0)
+        return 0;
+
+    /* needs sorted ascending for the water-filling cap */
+    uint32_t *sorted = malloc(n_act * sizeof(*sorted));
+    if (!sorted)
+        return RKV_ENOMEM;
+    for (size_t k = 0; k < n_act; k++)
+        sorted[k] = w->need[act[k]];
+    for (int pass = 0; pass < 2; pass++) {
+        int64_t r_act = room - idev;
+        for (size_t k = 0; k < n_act; k++)
+            w->keys[k] = (struct key){{sorted[k], 0, 0}, 0};
+        qsort(w->keys, n_act, sizeof(*w->keys), key_cmp);
+        w->prefix[0] = 0;
+        for (size_t k = 0; k < n_act; k++) {
+            sorted[k] = (uint32_t)w->keys[k].k[0];
+            w->prefix[k + 1] = w->prefix[k] + sorted[k];
+        }
+        uint32_t w_hi = max_cap(sorted, w->prefix, n_act, r_act);
+        if (w_hi == 0) {
+            free(sorted);
+            return RKV_ENOSPACE;
+        }
+        int64_t margin = (int64_t)w->dev_cap[g] * in->margin_pct / 100;
+        uint32_t w_lo = max_cap(sorted, w->prefix, n_act, r_act - margin);
+        if (w_lo == 0)
+            w_lo = 1;
+        uint32_t cap = w_prev < w_lo ? w_lo : w_prev > w_hi ? w_hi : w_prev;
+        /* spilling while idle kv sits on the device breaks the relief order:
+         * park all idle sessions and size the windows again */
+        if (cap != PLAN_NO_CAP && cap < sorted[n_act - 1] && idev > 0 && pass == 0) {
+            idev = park_idle(w, idle, n_idle, room, active, 1, host_avail);
+            continue;
+        }
+        /* the tails must fit the host: the smallest cap in [cap, w_hi] whose
+         * tails fit; with the spare blocks a cap W places min(r_act,
+         * usage(W + 1)) on the device, which grows with W */
+        if (cap != PLAN_NO_CAP && tails_at(sorted, n_act, r_act, active, cap) > *host_avail) {
+            uint32_t lo = cap, hi = w_hi == PLAN_NO_CAP ? sorted[n_act - 1] : w_hi;
+            if (tails_at(sorted, n_act, r_act, active, hi) > *host_avail) {
+                free(sorted);
+                return RKV_ENOSPACE;
+            }
+            while (lo < hi) {
+                uint32_t mid = lo + (hi - lo) / 2;
+                if (tails_at(sorted, n_act, r_act, active, mid) > *host_avail)
+                    lo = mid + 1;
+                else
+                    hi = mid;
+            }
+            cap = lo >= sorted[n_act - 1] ? PLAN_NO_CAP : lo;
+        }
+        *cap_out = cap;
+        /* spare device blocks: +1 to spilled sessions, those holding more first */
+        int64_t spare = cap == PLAN_NO_CAP ? 0 : r_act - (int64_t)cap_usage(sorted, n_act, cap);
+        size_t n_sp = 0;
+        enum plan_tactic st = spill_tactic(in, gb);
+        for (size_t k = 0; k < n_act; k++) {
+            uint32_t i = act[k];
+            uint32_t dev = w->need[i] < cap ? w->need[i] : cap;
+            set_assign(w, i, PLAN_RESIDENT, dev, w->need[i] - dev);
+            if (dev < w->need[i])
+                w->keys[n_sp++] =
+                    (struct key){{UINT64_MAX - in->sessions[i].cur_dev, in->sessions[i].id, 0}, i};
+        }
+        qsort(w->keys, n_sp, sizeof(*w->keys), key_cmp);
+        for (size_t k = 0; k < n_sp && spare > 0; k++, spare--) {
+            struct plan_assign *a = &w->out->assign[w->keys[k].idx];
+            a->n_dev++;
+            a->n_host--;
+        }
+        for (size_t k = 0; k < n_act; k++) {
+            struct plan_assign *a = &w->out->assign[act[k]];
+            if (a->n_host > 0)
+                a->tactic = st;
+            *host_avail -= a->n_host;
+        }
+        break;
+    }
+    free(sorted);
+    return 0;
+}
+
+/* the lowest-priority admitted unpinned session on gpu g, or UINT32_MAX */
+static uint32_t last_admitted(const struct work *w, uint32_t g)
+{
+    for (size_t k = w->n_prio; k-- > 0;) {
+        uint32_t i = w->prio[k];
+        const struct plan_session *s = &w->in->sessions[i];
+        if (s->gpu == g && w->role[i] == ROLE_RUN && !s->pinned)
+            return i;
+    }
+    return UINT32_MAX;
+}
+
+static int place_all(struct work *w, const struct plan *prev)
+{
+    const struct plan_input *in = w->in;
+    int64_t host_avail = w->host_cap;
+    /* waiting and parked kv is on the host before any gpu places */
+    for (size_t i = 0; i < in->n_sessions; i++) {
+        const struct plan_session *s = &in->sessions[i];
+        set_assign(w, (uint32_t)i, PLAN_WAIT, 0, 0);
+        if (w->role[i] == ROLE_WAIT) {
+            set_assign(w, (uint32_t)i, PLAN_WAIT, 0, w->held[i]);
+            host_avail -= w->held[i];
+        } else if (w->role[i] == ROLE_IDLE && s->cur_dev == 0) {
+            set_assign(w, (uint32_t)i, PLAN_PARKED, 0, w->need[i]);
+            host_avail -= w->need[i];
+        } else if (w->role[i] == ROLE_DROP) {
+            /* dropped idle sessions stay parked with no kv */
+            if (w->rank[i] == UINT32_MAX)
+                set_assign(w, (uint32_t)i, PLAN_PARKED, 0, 0);
+            w->out->assign[i].dropped = w->held[i] > 0;
+        }
+    }
+    if (host_avail < 0)
+        return RKV_EINTERNAL;
+    int same = prev && prev->sum.n_gpus == in->n_gpus && prev->mode == in->mode;
+    for (uint32_t g = 0; g < in->n_gpus; g++) {
+        uint32_t w_prev = same ? prev->gsum[g].window_cap : PLAN_NO_CAP;
+        for (;;) {
+            int64_t avail = host_avail;
+            uint32_t cap;
+            int rc = place_gpu(w, g, w_prev, &avail, &cap);
+            if (rc == 0) {
+                host_avail = avail;
+                w->out->gsum[g].window_cap = cap;
+                break;
+            }
+            if (rc != RKV_ENOSPACE)
+                return rc;
+            /* host too small for what was admitted: un-admit the last one;
+             * its kv is dropped since the host has no room for it */
+            uint32_t i = last_admitted(w, g);
+            if (i == UINT32_MAX)
+                return RKV_EINTERNAL;
+            w->role[i] = ROLE_DROP;
+            set_assign(w, i, PLAN_WAIT, 0, 0);
+            w->out->assign[i].dropped = w->held[i] > 0;
+            /* idle sessions parked or dropped by the failed attempt go back */
+            for (size_t j = 0; j < in->n_sessions; j++)
+                if (in->sessions[j].gpu == g && w->role[j] == ROLE_IDLE &&
+                    in->sessions[j].cur_dev > 0) {
+                    set_assign(w, (uint32_t)j, PLAN_RESIDENT, w->need[j], 0);
+                    w->out->assign[j].dropped = 0;
+                }
+        }
+    }
+    return 0;
+}
+
+/* --- step 3: moves and summary ------------------------------------------------ */
+
+static int summarize(struct work *w)
+{
+    const struct plan_input *in = w->in;
+    struct plan *p = w->out;
+    struct plan_summary *sum = &p->sum;
+    uint64_t host_used = 0;
+    for (uint32_t g = 0; g < in->n_gpus; g++)
+        p->gsum[g].dev_cap = w->dev_cap[g];
+    for (size_t i = 0; i < in->n_sessions; i++) {
+        const struct plan_session *s = &in->sessions[i];
+        struct plan_assign *a = &p->assign[i];
+        struct plan_gpu_summary *gs = &p->gsum[s->gpu];
+        a->id = s->id;
+        if (!a->dropped) {
+            a->demote = s->cur_dev > a->n_dev ? s->cur_dev - a->n_dev : 0;
+            a->promote = s->cur_host > a->n_host ? s->cur_host - a->n_host : 0;
+        }
+        gs->dev_used += a->n_dev;
+        gs->sessions[a->tactic]++;
+        gs->bytes[a->tactic] += (uint64_t)(a->n_dev + a->n_host) * in->block_bytes;
+        host_used += a->n_host;
+        sum->n_wait += a->tactic == PLAN_WAIT;
+        sum->n_dropped += a->dropped;
+        sum->n_moves += a->demote > 0 || a->promote > 0;
+        sum->blocks_demoted += a->demote;
+        sum->blocks_promoted += a->promote;
+    }
+    sum->n_gpus = in->n_gpus;
+    sum->host_cap = w->host_cap;
+    sum->host_used = (uint32_t)host_used;
+    sum->gpu = p->gsum;
+    /* the budgets are the contract: check them before anyone acts on it */
+    if (host_used > w->host_cap)
+        return RKV_EINTERNAL;
+    for (uint32_t g = 0; g < in->n_gpus; g++)
+        if (p->gsum[g].dev_used > w->dev_cap[g])
+            return RKV_EINTERNAL;
+    return 0;
+}
+
+static int build_index(struct work *w)
+{
+    struct plan *p = w->out;
+    for (size_t i = 0; i < p->n; i++)
+        w->keys[i] = (struct key){{p->assign[i].id, 0, 0}, (uint32_t)i};
+    qsort(w->keys, p->n, sizeof(*w->keys), key_cmp);
+    for (size_t i = 0; i < p->n; i++) {
+        p->by_id[i] = w->keys[i].idx;
+        if (i > 0 && w->keys[i].k[0] == w->keys[i - 1].k[0]) {
+            log_error("plan: session id %llu appears twice; ids must be unique",
+                      (unsigned long long)w->keys[i].k[0]);
+            return RKV_EINVAL;
+        }
+    }
+    return 0;
+}
+
+int plan_compute(const struct plan_input *in, const struct plan *prev, struct plan **out)
+{
+    *out = NULL;
+    int rc = validate(in);
+    if (rc)
+        return rc;
+    size_t n = in->n_sessions;
+    struct plan *p = calloc(1, sizeof(*p));
+    struct work w = {.in = in, .out = p};
+    if (!p)
+        return RKV_ENOMEM;
+    p->n = n;
+    p->mode = in->mode;
+    p->assign = calloc(n ? n : 1, sizeof(*p->assign));
+    p->by_id = calloc(n ? n : 1, sizeof(*p->by_id));
+    p->gsum = calloc(in->n_gpus, sizeof(*p->gsum));
+    w.role = calloc(n ? n : 1, 1);
+    w.need = calloc(n ? n : 1, sizeof(uint32_t));
+    w.held = calloc(n ? n : 1, sizeof(uint32_t));
+    w.dev_cap = calloc(in->n_gpus, sizeof(uint32_t));
+    w.keys = calloc(n ? n : 1, sizeof(struct key));
+    w.list = calloc(2 * n + 1, sizeof(uint32_t));
+    w.prefix = calloc(n + 1, sizeof(uint64_t));
+    w.prio = calloc(n ? n : 1, sizeof(uint32_t));
+    w.rank = calloc(n ? n : 1, sizeof(uint32_t));
+    w.running = calloc(n ? n : 1, 1);
+    rc = RKV_ENOMEM;
+    if (!p->assign || !p->by_id || !p->gsum || !w.role || !w.need || !w.held || !w.dev_cap ||
+        !w.keys || !w.list || !w.prefix || !w.prio || !w.rank || !w.running)
+        goto done;
+
+    for (uint32_t g = 0; g < in->n_gpus; g++)
+        w.dev_cap[g] = plan_dev_cap(&in->gpus[g], in->block_bytes);
+    w.host_cap = plan_host_cap(in->host_budget, in->block_bytes);
+    for (size_t i = 0; i < n; i++) {
+        const struct plan_session *s = &in->sessions[i];
+        p->assign[i].id = s->id;
+        /* an active session writes at least one block; an idle one needs only
+         * the kv it holds (none after a drop) */
+        w.need[i] = s->active && s->n_blocks == 0 ? 1 : s->n_blocks;
+        uint64_t held = (uint64_t)s->cur_dev + s->cur_host;
+        w.held[i] = held < w.need[i] ? (uint32_t)held : w.need[i];
+        if (!s->active && !s->pinned)
+            w.need[i] = w.held[i];
+    }
+    if ((rc = build_index(&w)))
+        goto done;
+    for (size_t i = 0; i < n; i++)
+        w.running[i] = in->sessions[i].active && is_running_tactic(in->sessions[i].cur_tactic);
+    /* admission repeats with the admitted set counted as running until it
+     * stops growing (it only grows): then planning again, once they run,
+     * admits exactly the same sessions */
+    for (int round = 0; round < 16; round++) {
+        order_candidates(&w);
+        if ((rc = admit(&w)))
+            goto done;
+        int grew = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (w.role[i] == ROLE_RUN && !in->sessions[i].pinned && !w.running[i]) {
+                w.running[i] = 1;
+                grew = 1;
+            }
+        }
+        if (!grew)
+            break;
+    }
+    if ((rc = place_all(&w, prev)))
+        goto done;
+    rc = summarize(&w);
+done:
+    free(w.role), free(w.need), free(w.held), free(w.dev_cap), free(w.keys);
+    free(w.list), free(w.prefix), free(w.prio), free(w.rank), free(w.running);
+    if (rc) {
+        if (rc == RKV_EINTERNAL)
+            log_error("plan: internal error: budgets would be exceeded (a planner bug)");
+        plan_free(p);
+        return rc;
+    }
+    *out = p;
+    return 0;
+}
+
+void plan_free(struct plan *p)
+{
+    if (!p)
+        return;
+    free(p->assign);
+    free(p->by_id);
+    free(p->gsum);
+    free(p);
+}
+
+size_t plan_n_assign(const struct plan *p)
+{
+    return p->n;
+}
+
+const struct plan_assign *plan_assign_at(const struct plan *p, size_t i)
+{
+    return i < p->n ? &p->assign[i] : NULL;
+}
+
+const struct plan_assign *plan_find(const struct plan *p, uint64_t id)
+{
+    size_t lo = 0, hi = p->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        uint64_t mid_id = p->assign[p->by_id[mid]].id;
+        if (mid_id == id)
+            return &p->assign[p->by_id[mid]];
+        if (mid_id < id)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}
+
+const struct plan_summary *plan_get_summary(const struct plan *p)
+{
+    return &p->sum;
+}
+
+const char *plan_tactic_name(enum plan_tactic t)
+{
+    static const char *const names[] = {"resident", "window", "cpu_tail", "parked", "wait"};
+    return (unsigned)t < PLAN_N_TACTICS ? names[t] : "unknown";
+}
+
+static const char *const mode_names[] = {"auto", "resident", "window", "cpu_tail"};
+
+const char *plan_mode_name(enum plan_mode m)
+{
+    return (unsigned)m < 4 ? mode_names[m] : "unknown";
+}
+
+int plan_mode_parse(const char *s, enum plan_mode *out)
+{
+    for (int m = 0; m < 4; m++)
+        if (s && strcmp(s, mode_names[m]) == 0) {
+            *out = (enum plan_mode)m;
+            return 0;
+        }
+    return RKV_EINVAL;
+}

@@ -1,0 +1,150 @@
+/* plan.h - the tactic planner: a pure function from budgets, sessions and rates to
+ * per-session KV residency (RESIDENT / WINDOW / CPU_TAIL / PARKED / WAIT). */
+#ifndef RKV_KVMGR_PLAN_H
+#define RKV_KVMGR_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/*
+ * Algorithm (plan_compute). Units are blocks; per GPU the device capacity is
+ * D = (vram_target - weights - compute_reserve) / block_bytes, the host pool
+ * (shared by all GPUs) holds H = host_budget / block_bytes.
+ *
+ * 1. admission: sessions that want to run (active or pinned) are taken in
+ *    priority order: pinned, then already running, then the rest oldest
+ *    last_use first (fifo). One is admitted when, with it, every GPU still has
+ *    D >= pinned blocks + one block per active session (all its blocks in
+ *    `resident` mode) and the blocks that overflow D still fit the host. Once
+ *    a new session is refused, every later new session waits too (no
+ *    starvation of large requests). A waiting session keeps the blocks it
+ *    holds, on the host; when the host cannot hold even the existing KV, the
+ *    lowest-priority waiting/parked sessions are dropped (re-prefilled later).
+ * 2. relief, per GPU, in order, only as far as needed:
+ *    a. pinned sessions stay RESIDENT; idle sessions already off the device
+ *       stay PARKED (an idle session is promoted only when it becomes active);
+ *    b. park idle sessions, least recently used first, until the rest fits;
+ *    c. window the active sessions: one cap W for all (water-filling, so the
+ *       tails grow fairly), each keeps min(n_blocks, W) >= 1 newest blocks on
+ *       the device, spare blocks go +1 to sessions that already hold more;
+ *    d. a spilled session is CPU_TAIL when the measured cpu attention rate
+ *       beats the streamed rate min(pcie, host-stream), else WINDOW;
+ *    e. whoever was not admitted in step 1 is WAIT (admission control).
+ * 3. hysteresis: W is the previous plan's cap clamped to [W_lo, W_hi], where
+ *    W_hi is the largest cap that fits D and W_lo the largest that fits D minus
+ *    a margin (margin_pct of D). Demotion is immediate, promotion needs the
+ *    margin, and planning again with unchanged inputs yields no moves.
+ * Budgets are hard: device blocks <= D per GPU and host blocks <= H always.
+ * Prefix-shared blocks are counted once per session (conservative).
+ */
+
+enum plan_tactic {
+    PLAN_RESIDENT = 0, /* every block on the device */
+    PLAN_WINDOW,       /* newest blocks on the device, tail streamed by the gpu */
+    PLAN_CPU_TAIL,     /* newest blocks on the device, tail attended by the cpu */
+    PLAN_PARKED,       /* idle, every block on the host */
+    PLAN_WAIT,         /* not admitted: queued, holds only the blocks it had, on the host */
+    PLAN_N_TACTICS,
+};
+
+enum plan_mode {
+    PLAN_MODE_AUTO = 0,
+    PLAN_MODE_RESIDENT, /* never spill an active session: queue instead */
+    PLAN_MODE_WINDOW,   /* spill as WINDOW */
+    PLAN_MODE_CPU_TAIL, /* spill as CPU_TAIL */
+};
+
+/* no window cap: every admitted session fits entirely */
+#define PLAN_NO_CAP UINT32_MAX
+
+struct plan_gpu {
+    uint64_t vram_target;           /* bytes: cap for weights + kv + compute reserve */
+    uint64_t weights_bytes;         /* reported by the worker */
+    uint64_t compute_reserve_bytes; /* reported by the worker */
+    /* measured at start-up, GB/s; 0 = unknown (never chosen) */
+    double pcie_h2d_gbps;    /* pinned host -> device copy */
+    double dev_attn_gbps;    /* attention over device kv (informational) */
+    double host_stream_gbps; /* gpu attention reading host kv (zero-copy); 0 = use pcie */
+    double cpu_attn_gbps;    /* cpu attention over host kv */
+};
+
+struct plan_session {
+    uint64_t id;
+    uint32_t gpu;
+    uint32_t n_blocks;           /* blocks needed now (including the one being written) */
+    uint8_t active;              /* has work queued or running */
+    uint8_t pinned;              /* operator: keep RESIDENT, never park, never window */
+    enum plan_tactic cur_tactic; /* PLAN_WAIT for a new session */
+    uint32_t cur_dev;            /* blocks on the device now */
+    uint32_t cur_host;           /* host-only blocks now */
+    uint64_t last_use;           /* any monotonic time unit; larger = more recent */
+};
+
+struct plan_input {
+    enum plan_mode mode;
+    uint64_t block_bytes;
+    uint64_t host_budget; /* bytes */
+    uint32_t margin_pct;  /* hysteresis margin, percent of device blocks (e.g. 5) */
+    uint32_t n_gpus;
+    const struct plan_gpu *gpus; /* [n_gpus] */
+    size_t n_sessions;
+    const struct plan_session *sessions; /* [n_sessions], ids unique */
+};
+
+struct plan_assign {
+    uint64_t id;
+    enum plan_tactic tactic;
+    uint32_t n_dev;   /* device blocks (the window for WINDOW/CPU_TAIL) */
+    uint32_t n_host;  /* host blocks (the tail for WINDOW/CPU_TAIL) */
+    uint32_t demote;  /* blocks to copy device -> host */
+    uint32_t promote; /* blocks to copy host -> device */
+    uint8_t dropped;  /* its kv is freed; rebuild from token history */
+};
+
+struct plan_gpu_summary {
+    uint32_t dev_cap;    /* D, blocks */
+    uint32_t dev_used;   /* blocks */
+    uint32_t window_cap; /* W, or PLAN_NO_CAP */
+    uint32_t sessions[PLAN_N_TACTICS];
+    uint64_t bytes[PLAN_N_TACTICS]; /* kv bytes of those sessions (device + host) */
+};
+
+struct plan_summary {
+    uint32_t n_gpus;
+    uint32_t host_cap;  /* H, blocks */
+    uint32_t host_used; /* blocks */
+    uint32_t n_wait;    /* sessions not admitted */
+    uint32_t n_dropped; /* sessions whose kv must be rebuilt */
+    uint32_t n_moves;   /* sessions with demote or promote > 0 */
+    uint64_t blocks_demoted;
+    uint64_t blocks_promoted;
+    const struct plan_gpu_summary *gpu; /* [n_gpus] */
+};
+
+struct plan;
+
+/* an input with every field zero except margin_pct = 5 and mode auto */
+void plan_input_init(struct plan_input *in);
+
+/* computes a plan. prev: the previous plan (hysteresis) or NULL. *out is a new
+ * plan to free with plan_free. RKV_EINVAL names the bad field in the log. */
+int plan_compute(const struct plan_input *in, const struct plan *prev, struct plan **out);
+void plan_free(struct plan *p);
+
+/* assignments in input order, one per session */
+size_t plan_n_assign(const struct plan *p);
+const struct plan_assign *plan_assign_at(const struct plan *p, size_t i);
+/* the assignment of session id, or NULL */
+const struct plan_assign *plan_find(const struct plan *p, uint64_t id);
+const struct plan_summary *plan_get_summary(const struct plan *p);
+
+/* device / host capacity in blocks for one gpu / the host */
+uint32_t plan_dev_cap(const struct plan_gpu *g, uint64_t block_bytes);
+uint32_t plan_host_cap(uint64_t host_budget, uint64_t block_bytes);
+
+const char *plan_tactic_name(enum plan_tactic t);
+const char *plan_mode_name(enum plan_mode m);
+/* "auto|resident|window|cpu_tail" -> mode; 0 or RKV_EINVAL */
+int plan_mode_parse(const char *s, enum plan_mode *out);
+
+#endif

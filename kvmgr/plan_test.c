@@ -1,0 +1,614 @@
+/* plan_test.c - the tactic planner: exact small cases and properties over
+ * thousands of random event sequences (fixed seeds). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/err.h"
+#include "kvmgr/plan.h"
+
+#define MIB (1024ull * 1024)
+
+static uint64_t rng_next(uint64_t *s)
+{
+    /* xorshift64*: deterministic across platforms */
+    *s ^= *s >> 12;
+    *s ^= *s << 25;
+    *s ^= *s >> 27;
+    return *s * 2685821657736338717ull;
+}
+
+static uint32_t rng_below(uint64_t *s, uint32_t n)
+{
+    return n ? (uint32_t)(rng_next(s) % n) : 0;
+}
+
+/* a gpu whose kv capacity is exactly dev_blocks blocks of 1 MiB */
+static struct plan_gpu gpu_with(uint32_t dev_blocks)
+{
+    struct plan_gpu g = {0};
+    g.weights_bytes = 100 * MIB;
+    g.compute_reserve_bytes = 20 * MIB;
+    g.vram_target = g.weights_bytes + g.compute_reserve_bytes + dev_blocks * MIB + MIB / 2;
+    g.pcie_h2d_gbps = 50;
+    g.host_stream_gbps = 0;
+    g.cpu_attn_gbps = 20;
+    g.dev_attn_gbps = 4000;
+    return g;
+}
+
+static struct plan_session sess(uint64_t id, uint32_t need, int active, uint32_t cur_dev,
+                                uint32_t cur_host, enum plan_tactic t, uint64_t last_use)
+{
+    struct plan_session s = {0};
+    s.id = id;
+    s.n_blocks = need;
+    s.active = (uint8_t)active;
+    s.cur_dev = cur_dev;
+    s.cur_host = cur_host;
+    s.cur_tactic = t;
+    s.last_use = last_use;
+    return s;
+}
+
+static struct plan *run_plan(const struct plan_gpu *gpus, uint32_t n_gpus, uint32_t host_blocks,
+                             const struct plan_session *ss, size_t n, enum plan_mode mode,
+                             const struct plan *prev)
+{
+    struct plan_input in;
+    plan_input_init(&in);
+    in.mode = mode;
+    in.block_bytes = MIB;
+    in.host_budget = host_blocks * MIB;
+    in.n_gpus = n_gpus;
+    in.gpus = gpus;
+    in.n_sessions = n;
+    in.sessions = ss;
+    struct plan *p = NULL;
+    assert_int_equal(plan_compute(&in, prev, &p), 0);
+    assert_non_null(p);
+    return p;
+}
+
+static void test_caps(void **state)
+{
+    (void)state;
+    struct plan_gpu g = gpu_with(10);
+    assert_int_equal(plan_dev_cap(&g, MIB), 10);
+    g.vram_target = 50 * MIB; /* below weights: no room for kv */
+    assert_int_equal(plan_dev_cap(&g, MIB), 0);
+    assert_int_equal(plan_host_cap(7 * MIB + 3, MIB), 7);
+    enum plan_mode m;
+    assert_int_equal(plan_mode_parse("cpu_tail", &m), 0);
+    assert_int_equal(m, PLAN_MODE_CPU_TAIL);
+    assert_int_equal(plan_mode_parse("fast", &m), RKV_EINVAL);
+    assert_string_equal(plan_tactic_name(PLAN_PARKED), "parked");
+}
+
+static void test_bad_input(void **state)
+{
+    (void)state;
+    struct plan_gpu g = gpu_with(10);
+    struct plan_session s[2] = {sess(1, 2, 1, 0, 0, PLAN_WAIT, 1),
+                                sess(1, 2, 1, 0, 0, PLAN_WAIT, 2)};
+    struct plan_input in;
+    plan_input_init(&in);
+    in.block_bytes = MIB;
+    in.n_gpus = 1;
+    in.gpus = &g;
+    in.n_sessions = 2;
+    in.sessions = s;
+    struct plan *p = NULL;
+    assert_int_equal(plan_compute(&in, NULL, &p), RKV_EINVAL); /* duplicate id */
+    assert_null(p);
+    s[1].id = 2;
+    s[1].gpu = 1;
+    assert_int_equal(plan_compute(&in, NULL, &p), RKV_EINVAL); /* gpu out of range */
+    in.block_bytes = 0;
+    assert_int_equal(plan_compute(&in, NULL, &p), RKV_EINVAL);
+}
+
+static void test_fits_resident(void **state)
+{
+    (void)state;
+    struct plan_gpu g = gpu_with(10);
+    struct plan_session s[2] = {sess(1, 4, 1, 0, 0, PLAN_WAIT, 1),
+                                sess(2, 4, 1, 3, 0, PLAN_RESIDENT, 2)};
+    struct plan *p = run_plan(&g, 1, 100, s, 2, PLAN_MODE_AUTO, NULL);
+    for (size_t i = 0; i < 2; i++) {
+        assert_int_equal(plan_assign_at(p, i)->tactic, PLAN_RESIDENT);
+        assert_int_equal(plan_assign_at(p, i)->n_dev, 4);
+        assert_int_equal(plan_assign_at(p, i)->n_host, 0);
+    }
+    const struct plan_summary *sum = plan_get_summary(p);
+    assert_int_equal(sum->gpu[0].dev_used, 8);
+    assert_int_equal(sum->gpu[0].dev_cap, 10);
+    assert_int_equal(sum->gpu[0].window_cap, PLAN_NO_CAP);
+    assert_int_equal(sum->gpu[0].sessions[PLAN_RESIDENT], 2);
+    assert_int_equal(sum->gpu[0].bytes[PLAN_RESIDENT], 8 * MIB);
+    assert_int_equal(sum->n_moves, 0);
+    assert_ptr_equal(plan_find(p, 2), plan_assign_at(p, 1));
+    assert_null(plan_find(p, 3));
+    plan_free(p);
+}
+
+static void test_park_lru_first(void **state)
+{
+    (void)state;
+    struct plan_gpu g = gpu_with(10);
+    struct plan_session s[4] = {
+        sess(1, 4, 1, 4, 0, PLAN_RESIDENT, 50), sess(2, 3, 0, 3, 0, PLAN_RESIDENT, 10),
+        sess(3, 3, 0, 3, 0, PLAN_RESIDENT, 20), sess(4, 3, 1, 0, 0, PLAN_WAIT, 60)};
+    /* 13 blocks wanted, 10 fit: the least recently used idle session parks */
+    struct plan *p = run_plan(&g, 1, 100, s, 4, PLAN_MODE_AUTO, NULL);
+    assert_int_equal(plan_find(p, 2)->tactic, PLAN_PARKED);
+    assert_int_equal(plan_find(p, 2)->n_host, 3);
+    assert_int_equal(plan_find(p, 2)->demote, 3);
+    assert_int_equal(plan_find(p, 3)->tactic, PLAN_RESIDENT);
+    assert_int_equal(plan_find(p, 4)->tactic, PLAN_RESIDENT);
+    assert_int_equal(plan_get_summary(p)->gpu[0].dev_used, 10);
+    plan_free(p);
+}
+
+static void test_window_water_fill(void **state)
+{
+    (void)state;
+    struct plan_gpu g = gpu_with(10);
+    struct plan_session s[4] = {
+        sess(1, 6, 1, 6, 0, PLAN_RESIDENT, 1), sess(2, 6, 1, 2, 0, PLAN_RESIDENT, 2),
+        sess(3, 6, 1, 0, 0, PLAN_WAIT, 3), sess(4, 2, 0, 2, 0, PLAN_RESIDENT, 0)};
+    struct plan *p = run_plan(&g, 1, 100, s, 4, PLAN_MODE_AUTO, NULL);
+    /* idle parks first; then cap W = 10/3 = 3, the spare block to the session
+     * holding the most (id 1) */
+    assert_int_equal(plan_find(p, 4)->tactic, PLAN_PARKED);
+    assert_int_equal(plan_get_summary(p)->gpu[0].window_cap, 3);
+    assert_int_equal(plan_find(p, 1)->n_dev, 4);
+    assert_int_equal(plan_find(p, 1)->n_host, 2);
+    assert_int_equal(plan_find(p, 1)->demote, 2);
+    assert_int_equal(plan_find(p, 2)->n_dev, 3);
+    assert_int_equal(plan_find(p, 3)->n_dev, 3);
+    assert_int_equal(plan_find(p, 3)->n_host, 3);
+    /* cpu 20 GB/s < pcie 50 GB/s: the gpu streams the tail */
+    for (uint64_t id = 1; id <= 3; id++)
+        assert_int_equal(plan_find(p, id)->tactic, PLAN_WINDOW);
+    plan_free(p);
+
+    /* a cpu faster than the link takes the tail */
+    g.cpu_attn_gbps = 80;
+    p = run_plan(&g, 1, 100, s, 4, PLAN_MODE_AUTO, NULL);
+    assert_int_equal(plan_find(p, 3)->tactic, PLAN_CPU_TAIL);
+    plan_free(p);
+    /* zero-copy reads slower than the cpu count too */
+    g.cpu_attn_gbps = 30;
+    g.host_stream_gbps = 25;
+    p = run_plan(&g, 1, 100, s, 4, PLAN_MODE_AUTO, NULL);
+    assert_int_equal(plan_find(p, 3)->tactic, PLAN_CPU_TAIL);
+    plan_free(p);
+    p = run_plan(&g, 1, 100, s, 4, PLAN_MODE_WINDOW, NULL);
+    assert_int_equal(plan_find(p, 3)->tactic, PLAN_WINDOW);
+    plan_free(p);
+}
+
+static void test_admission(void **state)
+{
+    (void)state;
+    struct plan_gpu g = gpu_with(2);
+    struct plan_session s[3] = {sess(1, 5, 1, 0, 0, PLAN_WAIT, 3),
+                                sess(2, 5, 1, 0, 0, PLAN_WAIT, 1),
+                                sess(3, 5, 1, 0, 0, PLAN_WAIT, 2)};
+    /* two device blocks: two sessions can run (one block each), the newest waits */
+    struct plan *p = run_plan(&g, 1, 100, s, 3, PLAN_MODE_AUTO, NULL);
+    assert_int_equal(plan_find(p, 1)->tactic, PLAN_WAIT);
+    assert_int_equal(plan_find(p, 1)->n_dev + plan_find(p, 1)->n_host, 0);
+    assert_int_equal(plan_find(p, 2)->n_dev, 1);
+    assert_int_equal(plan_find(p, 3)->n_host, 4);
+    assert_int_equal(plan_get_summary(p)->n_wait, 1);
+    plan_free(p);
+
+    /* resident mode: never spill, so only one 2-block session fits */
+    g = gpu_with(4);
+    s[1].n_blocks = 3;
+    s[2].n_blocks = 3;
+    p = run_plan(&g, 1, 100, s, 3, PLAN_MODE_RESIDENT, NULL);
+    assert_int_equal(plan_find(p, 2)->tactic, PLAN_RESIDENT);
+    assert_int_equal(plan_find(p, 3)->tactic, PLAN_WAIT);
+    assert_int_equal(plan_find(p, 1)->tactic, PLAN_WAIT);
+    plan_free(p);
+
+    /* host too small for the tails: the later session waits */
+    g = gpu_with(2);
+    p = run_plan(&g, 1, 2, s, 3, PLAN_MODE_AUTO, NULL);
+    assert_int_equal(plan_find(p, 2)->tactic, PLAN_WINDOW);
+    assert_int_equal(plan_find(p, 2)->n_dev, 2);
+    assert_int_equal(plan_find(p, 2)->n_host, 1);
+    assert_int_equal(plan_find(p, 3)->tactic, PLAN_WAIT);
+    assert_true(plan_get_summary(p)->host_used <= 2);
+    plan_free(p);
+}
+
+static void test_pinned(void **state)
+{
+    (void)state;
+    struct plan_gpu g = gpu_with(6);
+    struct plan_session s[3] = {sess(1, 3, 0, 3, 0, PLAN_RESIDENT, 0),
+                                sess(2, 5, 1, 3, 0, PLAN_RESIDENT, 5),
+                                sess(3, 2, 1, 0, 0, PLAN_WAIT, 6)};
+    s[0].pinned = 1;
+    struct plan *p = run_plan(&g, 1, 100, s, 3, PLAN_MODE_AUTO, NULL);
+    /* the pinned idle session is neither parked nor windowed */
+    assert_int_equal(plan_find(p, 1)->tactic, PLAN_RESIDENT);
+    assert_int_equal(plan_find(p, 1)->n_dev, 3);
+    assert_int_equal(plan_find(p, 2)->n_dev + plan_find(p, 3)->n_dev, 3);
+    plan_free(p);
+}
+
+static void test_hysteresis(void **state)
+{
+    (void)state;
+    struct plan_gpu g = gpu_with(100);
+    struct plan_session s[3] = {sess(1, 40, 1, 40, 0, PLAN_RESIDENT, 1),
+                                sess(2, 40, 1, 40, 0, PLAN_RESIDENT, 2),
+                                sess(3, 40, 1, 20, 0, PLAN_RESIDENT, 3)};
+    struct plan *p1 = run_plan(&g, 1, 1000, s, 3, PLAN_MODE_AUTO, NULL);
+    assert_int_equal(plan_get_summary(p1)->gpu[0].window_cap, 33);
+    /* load drains to 99 blocks: fits, but not with the 5-block margin */
+    s[0] = sess(1, 32, 1, 32, 0, PLAN_RESIDENT, 1);
+    s[1] = sess(2, 32, 1, 32, 0, PLAN_RESIDENT, 2);
+    s[2] = sess(3, 35, 1, 34, 1, PLAN_WINDOW, 3);
+    struct plan *p2 = run_plan(&g, 1, 1000, s, 3, PLAN_MODE_AUTO, p1);
+    assert_int_equal(plan_get_summary(p2)->gpu[0].window_cap, 33);
+    assert_int_equal(plan_find(p2, 3)->tactic, PLAN_WINDOW);
+    assert_int_equal(plan_find(p2, 3)->n_dev, 34); /* 33 + one spare block */
+    assert_int_equal(plan_get_summary(p2)->n_moves, 0);
+    /* without history the same load is all resident */
+    struct plan *p3 = run_plan(&g, 1, 1000, s, 3, PLAN_MODE_AUTO, NULL);
+    assert_int_equal(plan_find(p3, 3)->tactic, PLAN_RESIDENT);
+    /* drained below the margin: promoted */
+    s[2].n_blocks = 30;
+    s[2].cur_dev = 29;
+    struct plan *p4 = run_plan(&g, 1, 1000, s, 3, PLAN_MODE_AUTO, p2);
+    assert_int_equal(plan_find(p4, 3)->tactic, PLAN_RESIDENT);
+    assert_int_equal(plan_find(p4, 3)->promote, 1);
+    assert_int_equal(plan_get_summary(p4)->gpu[0].window_cap, PLAN_NO_CAP);
+    plan_free(p1), plan_free(p2), plan_free(p3), plan_free(p4);
+}
+
+/* --- properties over random event sequences ------------------------------------ */
+
+#define SIM_MAX 64
+
+struct sim {
+    struct plan_session s[SIM_MAX];
+    size_t n;
+    struct plan_gpu gpu[2];
+    uint32_t n_gpus;
+    uint32_t host_blocks;
+    enum plan_mode mode;
+    uint64_t now;
+    uint64_t next_id;
+};
+
+static struct plan *sim_plan(struct sim *m, const struct plan *prev)
+{
+    return run_plan(m->gpu, m->n_gpus, m->host_blocks, m->s, m->n, m->mode, prev);
+}
+
+/* what the kvmgr does with a plan: moves blocks, frees dropped kv */
+static void sim_apply(struct sim *m, const struct plan *p)
+{
+    for (size_t i = 0; i < m->n; i++) {
+        const struct plan_assign *a = plan_assign_at(p, i);
+        m->s[i].cur_tactic = a->tactic;
+        m->s[i].cur_dev = a->n_dev;
+        m->s[i].cur_host = a->n_host;
+    }
+}
+
+static int same_assign(const struct plan *a, const struct plan *b)
+{
+    if (plan_n_assign(a) != plan_n_assign(b))
+        return 0;
+    for (size_t i = 0; i < plan_n_assign(a); i++) {
+        const struct plan_assign *x = plan_assign_at(a, i), *y = plan_assign_at(b, i);
+        if (x->id != y->id || x->tactic != y->tactic || x->n_dev != y->n_dev ||
+            x->n_host != y->n_host)
+            return 0;
+    }
+    return 1;
+}
+
+/* how often each tactic was planned: the random runs must reach every one */
+static uint64_t seen[PLAN_N_TACTICS], seen_dropped;
+
+static void check_plan(const struct sim *m, const struct plan *p, int host_ample)
+{
+    const struct plan_summary *sum = plan_get_summary(p);
+    uint64_t host = 0, dev[2] = {0, 0};
+    for (size_t i = 0; i < m->n; i++) {
+        const struct plan_session *s = &m->s[i];
+        const struct plan_assign *a = plan_assign_at(p, i);
+        uint32_t need = s->active && s->n_blocks == 0 ? 1 : s->n_blocks;
+        uint32_t held = s->cur_dev + s->cur_host;
+        held = held < need ? held : need;
+        if (!s->active && !s->pinned)
+            need = held; /* idle kv does not grow */
+        assert_int_equal(a->id, s->id);
+        host += a->n_host;
+        dev[s->gpu] += a->n_dev;
+        seen[a->tactic]++;
+        seen_dropped += a->dropped;
+        /* every block accounted once */
+        switch (a->tactic) {
+        case PLAN_RESIDENT:
+            assert_int_equal(a->n_dev, need);
+            assert_int_equal(a->n_host, 0);
+            break;
+        case PLAN_WINDOW:
+        case PLAN_CPU_TAIL:
+            assert_true(s->active);
+            assert_false(s->pinned);
+            assert_true(a->n_dev >= 1); /* the newest block stays on the device */
+            assert_true(a->n_host >= 1);
+            assert_int_equal(a->n_dev + a->n_host, need);
+            assert_int_not_equal(m->mode, PLAN_MODE_RESIDENT);
+            if (a->tactic == PLAN_CPU_TAIL)
+                assert_true(m->mode == PLAN_MODE_CPU_TAIL ||
+                            (m->mode == PLAN_MODE_AUTO &&
+                             m->gpu[s->gpu].cpu_attn_gbps > m->gpu[s->gpu].pcie_h2d_gbps));
+            else
+                assert_true(m->mode != PLAN_MODE_CPU_TAIL &&
+                            (m->mode == PLAN_MODE_WINDOW ||
+                             m->gpu[s->gpu].cpu_attn_gbps <= m->gpu[s->gpu].pcie_h2d_gbps));
+            break;
+        case PLAN_PARKED:
+            assert_false(s->active);
+            assert_false(s->pinned);
+            assert_int_equal(a->n_dev, 0);
+            assert_int_equal(a->n_host, a->dropped ? 0 : need);
+            break;
+        case PLAN_WAIT:
+            assert_true(s->active || s->pinned);
+            assert_int_equal(a->n_dev, 0);
+            assert_int_equal(a->n_host, a->dropped ? 0 : held);
+            break;
+        default: fail();
+        }
+        if (a->dropped) {
+            assert_true(held > 0);
+            assert_true(a->tactic == PLAN_WAIT || a->tactic == PLAN_PARKED);
+        }
+    }
+    /* budgets are never exceeded */
+    assert_true(host <= plan_host_cap(m->host_blocks * MIB, MIB));
+    assert_int_equal(host, sum->host_used);
+    for (uint32_t g = 0; g < m->n_gpus; g++) {
+        assert_true(dev[g] <= plan_dev_cap(&m->gpu[g], MIB));
+        assert_int_equal(dev[g], sum->gpu[g].dev_used);
+    }
+    if (!host_ample)
+        return;
+    /* relief order: nobody active spills while an unpinned idle session is on
+     * the device; spilled windows are fair (within one block) */
+    for (uint32_t g = 0; g < m->n_gpus; g++) {
+        int spilled = 0, idle_dev = 0;
+        uint32_t wmin = UINT32_MAX, wmax = 0, res_max = 0;
+        for (size_t i = 0; i < m->n; i++) {
+            const struct plan_assign *a = plan_assign_at(p, i);
+            if (m->s[i].gpu != g)
+                continue;
+            if (a->tactic == PLAN_WINDOW || a->tactic == PLAN_CPU_TAIL) {
+                spilled = 1;
+                wmin = a->n_dev < wmin ? a->n_dev : wmin;
+                wmax = a->n_dev > wmax ? a->n_dev : wmax;
+            } else if (a->tactic == PLAN_RESIDENT && !m->s[i].active && !m->s[i].pinned) {
+                idle_dev = 1;
+            } else if (a->tactic == PLAN_RESIDENT && !m->s[i].pinned) {
+                res_max = a->n_dev > res_max ? a->n_dev : res_max;
+            }
+            assert_false(a->dropped);
+        }
+        if (spilled) {
+            assert_false(idle_dev);
+            assert_true(wmax - wmin <= 1);
+            assert_true(res_max <= wmax + 1); /* the spare block can complete one */
+        }
+    }
+}
+
+static void sim_event(struct sim *m, uint64_t *rng)
+{
+    uint32_t ev = rng_below(rng, 100);
+    m->now++;
+    if (ev < 25 && m->n < SIM_MAX) { /* a session arrives */
+        struct plan_session s = {0};
+        s.id = ++m->next_id;
+        s.gpu = rng_below(rng, m->n_gpus);
+        s.n_blocks = 1 + rng_below(rng, 12);
+        s.active = 1;
+        s.pinned = rng_below(rng, 40) == 0;
+        s.cur_tactic = PLAN_WAIT;
+        s.last_use = m->now;
+        m->s[m->n++] = s;
+    } else if (ev < 55 && m->n) { /* a running session grows past a block */
+        struct plan_session *s = &m->s[rng_below(rng, (uint32_t)m->n)];
+        if (s->active && s->cur_tactic != PLAN_WAIT) {
+            s->n_blocks += 1 + rng_below(rng, 3);
+            s->last_use = m->now;
+        }
+    } else if (ev < 70 && m->n) { /* goes idle or comes back */
+        struct plan_session *s = &m->s[rng_below(rng, (uint32_t)m->n)];
+        if (s->cur_tactic != PLAN_WAIT || !s->active) {
+            s->active = !s->active;
+            s->last_use = m->now;
+        }
+    } else if (ev < 88 && m->n) { /* drains: the session ends */
+        size_t i = rng_below(rng, (uint32_t)m->n);
+        m->s[i] = m->s[--m->n];
+    } else if (ev < 93) { /* an operator changes a budget */
+        struct plan_gpu *g = &m->gpu[rng_below(rng, m->n_gpus)];
+        uint32_t blocks = 8 + rng_below(rng, 40);
+        g->vram_target = g->weights_bytes + g->compute_reserve_bytes + blocks * MIB;
+    } else if (m->n) { /* pin or unpin */
+        struct plan_session *s = &m->s[rng_below(rng, (uint32_t)m->n)];
+        s->pinned = !s->pinned;
+    }
+}
+
+static void sim_init(struct sim *m, uint64_t *rng, enum plan_mode mode)
+{
+    memset(m, 0, sizeof(*m));
+    m->n_gpus = 1 + rng_below(rng, 2);
+    for (uint32_t g = 0; g < m->n_gpus; g++) {
+        m->gpu[g] = gpu_with(8 + rng_below(rng, 40));
+        m->gpu[g].cpu_attn_gbps = rng_below(rng, 2) ? 20 : 80;
+    }
+    m->host_blocks = 4000;
+    m->mode = mode;
+}
+
+static void dump(const struct sim *m, const struct plan *p, const struct plan *q)
+{
+    print_message("host %u gpus %u mode %d\n", m->host_blocks, m->n_gpus, m->mode);
+    for (uint32_t g = 0; g < m->n_gpus; g++)
+        print_message("gpu %u cap %u  W %u -> %u\n", g, plan_dev_cap(&m->gpu[g], MIB),
+                      plan_get_summary(p)->gpu[g].window_cap,
+                      plan_get_summary(q)->gpu[g].window_cap);
+    for (size_t i = 0; i < m->n; i++) {
+        const struct plan_session *s = &m->s[i];
+        const struct plan_assign *a = plan_assign_at(p, i), *b = plan_assign_at(q, i);
+        print_message(
+            "id %llu gpu %u need %u act %d pin %d lu %llu %s %u/%u| %s %u/%u d%d | %s %u/%u "
+            "d%d\n",
+            (unsigned long long)s->id, s->gpu, s->n_blocks, s->active, s->pinned,
+            (unsigned long long)s->last_use, plan_tactic_name(s->cur_tactic), s->cur_dev,
+            s->cur_host, plan_tactic_name(a->tactic), a->n_dev, a->n_host, a->dropped,
+            plan_tactic_name(b->tactic), b->n_dev, b->n_host, b->dropped);
+    }
+}
+
+/* plans until the state is a fixed point: then planning again moves nothing */
+static struct plan *settle(struct sim *m, struct plan *prev, int host_ample)
+{
+    static struct sim before;
+    before = *m;
+    struct plan *p = sim_plan(m, prev);
+    check_plan(m, p, host_ample);
+    plan_free(prev);
+    for (int round = 0;; round++) {
+        sim_apply(m, p);
+        struct plan *q = sim_plan(m, p);
+        check_plan(m, q, host_ample);
+        int fixed = same_assign(p, q) && plan_get_summary(q)->n_moves == 0;
+        if (!fixed && !(round < 2 && plan_get_summary(p)->n_dropped > 0))
+            dump(&before, p, q);
+        /* a drop frees kv, which may admit a waiting session once more */
+        assert_true(fixed || (round < 2 && plan_get_summary(p)->n_dropped > 0));
+        plan_free(p);
+        p = q;
+        if (fixed)
+            return p;
+    }
+}
+
+static void run_sequences(enum plan_mode mode, int n_seq, int n_events, uint64_t seed)
+{
+    uint64_t rng = seed;
+    struct sim m;
+    for (int seq = 0; seq < n_seq; seq++) {
+        sim_init(&m, &rng, mode);
+        struct plan *p = NULL;
+        for (int e = 0; e < n_events; e++) {
+            sim_event(&m, &rng);
+            p = settle(&m, p, 1);
+        }
+        /* drain: idle and pinned sessions end, active ones shrink to what fits
+         * with the margin; every active session returns to RESIDENT */
+        size_t k = 0;
+        for (size_t i = 0; i < m.n; i++)
+            if (m.s[i].active && !m.s[i].pinned)
+                m.s[k++] = m.s[i];
+        m.n = k;
+        for (uint32_t g = 0; g < m.n_gpus; g++) {
+            uint32_t cap = plan_dev_cap(&m.gpu[g], MIB);
+            uint32_t budget = cap - cap * 5 / 100, used = 0;
+            for (size_t i = 0; i < m.n; i++) {
+                if (m.s[i].gpu != g)
+                    continue;
+                if (used + 1 > budget) {
+                    m.s[i--] = m.s[--m.n];
+                    continue;
+                }
+                if (m.s[i].n_blocks > budget - used)
+                    m.s[i].n_blocks = budget - used;
+                used += m.s[i].n_blocks;
+            }
+        }
+        p = settle(&m, p, 1);
+        for (size_t i = 0; i < m.n; i++)
+            assert_int_equal(plan_assign_at(p, i)->tactic, PLAN_RESIDENT);
+        plan_free(p);
+    }
+}
+
+static void test_random_auto(void **state)
+{
+    (void)state;
+    memset(seen, 0, sizeof(seen));
+    run_sequences(PLAN_MODE_AUTO, 1500, 60, 0x9e3779b97f4a7c15ull);
+    for (int t = 0; t < PLAN_N_TACTICS; t++)
+        assert_true(seen[t] > 1000);
+}
+
+static void test_random_forced(void **state)
+{
+    (void)state;
+    run_sequences(PLAN_MODE_RESIDENT, 400, 60, 7);
+    run_sequences(PLAN_MODE_WINDOW, 400, 60, 8);
+    run_sequences(PLAN_MODE_CPU_TAIL, 400, 60, 9);
+}
+
+/* a small host: budgets still hold, drops happen only when kv cannot fit */
+static void test_random_tight_host(void **state)
+{
+    (void)state;
+    uint64_t rng = 12345;
+    struct sim m;
+    seen_dropped = 0;
+    for (int seq = 0; seq < 800; seq++) {
+        sim_init(&m, &rng, PLAN_MODE_AUTO);
+        m.host_blocks = rng_below(&rng, 30);
+        struct plan *p = NULL;
+        for (int e = 0; e < 60; e++) {
+            sim_event(&m, &rng);
+            if (rng_below(&rng, 20) == 0)
+                m.host_blocks = rng_below(&rng, 30);
+            p = settle(&m, p, 0);
+        }
+        plan_free(p);
+    }
+    assert_true(seen_dropped > 10);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_caps),
+        cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_fits_resident),
+        cmocka_unit_test(test_park_lru_first),
+        cmocka_unit_test(test_window_water_fill),
+        cmocka_unit_test(test_admission),
+        cmocka_unit_test(test_pinned),
+        cmocka_unit_test(test_hysteresis),
+        cmocka_unit_test(test_random_auto),
+        cmocka_unit_test(test_random_forced),
+        cmocka_unit_test(test_random_tight_host),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
