@@ -1,0 +1,76 @@
+/* kvwire.h - rkvd <-> kvmgr hot-path messages: KV_PREP (what the next step needs) and KV_TABLES. */
+#ifndef RKV_PROTO_KVWIRE_H
+#define RKV_PROTO_KVWIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proto/wire.h"
+
+/*
+ * Before each step rkvd tells kvmgr, for one worker, how many positions each
+ * sequence of the step will occupy afterwards; kvmgr allocates or trims
+ * blocks, re-plans (which may move blocks between device and host), and
+ * answers with every sequence's block table and the table epoch. rkvd puts
+ * the tables into the worker's STEP_REQ and acknowledges the epoch in its
+ * next KV_PREP once the step has finished: only then does kvmgr reuse
+ * memory that older tables pointed at (the lease: no worker ever reads a
+ * block mid-move or after reuse).
+ *
+ * KV_PREP wire: u32 worker_id, u64 ack_epoch (0 = none yet), u32 n_close,
+ * u64 close[n_close], u32 n_idle, u64 idle[n_idle], u32 n_seqs, then per
+ * seq: u64 session_id, u32 n_pos, u8 flags.
+ *
+ * KV_TABLES wire: u64 epoch, u32 n_seqs, then per seq: u64 session_id,
+ * i32 status, u8 tactic (enum proto_tactic), u32 n_blocks, n_blocks x
+ * (u32 index, u8 residency).
+ */
+
+#define PROTO_KV_ACTIVE 1u /* the session has a request running */
+#define PROTO_KV_PINNED 2u /* operator pinned: keep resident */
+
+struct proto_kv_prep_seq {
+    uint64_t session_id;
+    uint32_t n_pos; /* positions the session holds after this step */
+    uint8_t flags;  /* PROTO_KV_* */
+};
+
+struct proto_kv_prep {
+    uint32_t worker_id;
+    uint64_t ack_epoch;
+    uint32_t n_close;
+    uint64_t *close; /* (n_close) sessions to free */
+    uint32_t n_idle;
+    uint64_t *idle;  /* (n_idle) sessions that went idle (parkable) */
+    uint32_t n_seqs;
+    struct proto_kv_prep_seq *seqs; /* (n_seqs) */
+};
+
+struct proto_kv_table {
+    uint64_t session_id;
+    int32_t status; /* 0, or RKV_ENOSPACE: not admitted yet (retry) */
+    uint8_t tactic; /* enum proto_tactic */
+    uint32_t n_blocks;
+    struct proto_block_ref *blocks; /* (n_blocks) position order */
+};
+
+struct proto_kv_tables {
+    uint64_t epoch;
+    uint32_t n_seqs;
+    struct proto_kv_table *seqs; /* (n_seqs) */
+};
+
+int proto_kv_prep_encode(const struct proto_kv_prep *m, struct proto_wbuf *w, char *err,
+                         size_t errlen);
+int proto_kv_tables_encode(const struct proto_kv_tables *m, struct proto_wbuf *w, char *err,
+                           size_t errlen);
+/* decode exactly len bytes into one allocation; RKV_EFORMAT with text in
+ * err for anything truncated, over a limit or with trailing bytes */
+int proto_kv_prep_decode(const void *buf, size_t len, struct proto_kv_prep **out, char *err,
+                         size_t errlen);
+int proto_kv_tables_decode(const void *buf, size_t len, struct proto_kv_tables **out, char *err,
+                           size_t errlen);
+void proto_kv_prep_free(struct proto_kv_prep *m);
+void proto_kv_tables_free(struct proto_kv_tables *m);
+
+#endif
