@@ -1,0 +1,308 @@
+"""The engine's logits against the independent NumPy reference (ref_model.py).
+
+1. the reference itself: batched vs one-token-at-a-time paths, dequantization vs
+   gguf.quants, llama vs NeoX RoPE equivalence under the converter's row
+   permutation, tied embeddings, linear rope scaling, on GGUFs written here;
+2. rkv-gen on rkv-mkmodel's tiny models, every arch x dtype, all-resident and
+   with half the KV on the host in small blocks: every step's logits equal the
+   reference for prompt + generated[:i] within 1e-4 relative.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ref_model import TOP, RefModel, dequantize, rkv_bin  # noqa: E402
+
+ARCHS = ["llama", "qwen2"]
+DTYPES = ["f32", "f16", "bf16", "q8_0"]
+PRESET = {"llama": "tiny", "qwen2": "tiny-qwen2"}
+QTYPE = {"f32": QT.F32, "f16": QT.F16, "bf16": QT.BF16, "q8_0": QT.Q8_0}
+
+RTOL = 1e-4  # of max|ref| per step
+ATOL = 1e-5
+
+
+# --- GGUFs written here (the layout of docs/model-format.md) ----------------------------
+
+
+def _store(w, name, arr, dtype):
+    """matrix arr (n_out, n_in) float32 stored as dtype"""
+    arr = np.ascontiguousarray(arr, dtype=np.float32)
+    if dtype == "f32":
+        w.add_tensor(name, arr)
+    elif dtype == "f16":
+        w.add_tensor(name, arr.astype(np.float16))
+    else:
+        q = gguf.quants.quantize(arr, QTYPE[dtype])
+        w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=QTYPE[dtype])
+
+
+def write_model(path, arch="llama", dtype="f32", seed=0, dim=64, n_layer=2, n_head=4,
+                n_head_kv=2, ffn=96, n_vocab=128, tied=False, rope_dim=None, rope_scale=None,
+                rope_base=10000.0, weights=None):
+    """a small random model; weights (name -> float32 array) overrides what is drawn"""
+    rng = np.random.default_rng(seed)
+    hd = dim // n_head
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_context_length(256)
+    w.add_embedding_length(dim)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(rope_base)
+    if rope_dim is not None:
+        w.add_rope_dimension_count(rope_dim)
+    if rope_scale is not None:
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(rope_scale)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([f"t{i}" for i in range(n_vocab)])
+
+    def mat(n_out, n_in):
+        return rng.normal(0.0, 1.0 / np.sqrt(n_in), (n_out, n_in)).astype(np.float32)
+
+    t = {"token_embd.weight": rng.normal(0.0, 1.0, (n_vocab, dim)).astype(np.float32),
+         "output_norm.weight": (1.0 + 0.1 * rng.normal(size=dim)).astype(np.float32)}
+    if not tied:
+        t["output.weight"] = mat(n_vocab, dim)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        t[p + "attn_norm.weight"] = (1.0 + 0.1 * rng.normal(size=dim)).astype(np.float32)
+        t[p + "attn_q.weight"] = mat(n_head * hd, dim)
+        t[p + "attn_k.weight"] = mat(n_head_kv * hd, dim)
+        t[p + "attn_v.weight"] = mat(n_head_kv * hd, dim)
+        if arch == "qwen2":
+            t[p + "attn_q.bias"] = (0.1 * rng.normal(size=n_head * hd)).astype(np.float32)
+            t[p + "attn_k.bias"] = (0.1 * rng.normal(size=n_head_kv * hd)).astype(np.float32)
+            t[p + "attn_v.bias"] = (0.1 * rng.normal(size=n_head_kv * hd)).astype(np.float32)
+        t[p + "attn_output.weight"] = mat(dim, n_head * hd)
+        t[p + "ffn_norm.weight"] = (1.0 + 0.1 * rng.normal(size=dim)).astype(np.float32)
+        t[p + "ffn_gate.weight"] = mat(ffn, dim)
+        t[p + "ffn_up.weight"] = mat(ffn, dim)
+        t[p + "ffn_down.weight"] = mat(dim, ffn)
+    t.update(weights or {})
+    for name, arr in t.items():
+        # norms and biases stay f32 (model-format.md)
+        _store(w, name, arr, dtype if arr.ndim == 2 else "f32")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return t
+
+
+TOKENS = [3, 17, 99, 5, 64, 127, 0, 42, 8, 77, 3, 3]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_reference_paths_agree(tmp_path, arch, dtype):
+    path = tmp_path / "m.gguf"
+    write_model(path, arch, dtype, seed=1)
+    m = RefModel(str(path))
+    assert (m.arch, m.neox, m.n_head_kv) == (arch, arch == "qwen2", 2)
+    a, b = m.logits(TOKENS), m.logits_naive(TOKENS)
+    assert a.shape == (len(TOKENS), 128)
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-10)
+    # a prefix sees nothing of what follows it (causal)
+    np.testing.assert_allclose(m.logits(TOKENS[:5]), a[:5], rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dequantize_matches_gguf_quants(tmp_path, dtype):
+    path = tmp_path / "m.gguf"
+    src = write_model(path, "qwen2", dtype, seed=2)
+    for t in gguf.GGUFReader(str(path)).tensors:
+        mine = dequantize(t)
+        ref = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float64)
+        np.testing.assert_array_equal(mine, ref.reshape(mine.shape), err_msg=t.name)
+        # and close to what was written: q8_0 keeps about 2 digits
+        tol = {"f32": 0, "f16": 1e-3, "bf16": 8e-3, "q8_0": 1e-2}[dtype if mine.ndim == 2 else "f32"]
+        np.testing.assert_allclose(mine, src[t.name], rtol=0, atol=tol * np.abs(src[t.name]).max())
+
+
+def _neox_to_normal_rows(w, n_heads, hd):
+    """rows of a q/k projection reordered per head so that pairs (i, i+hd/2) become (2i, 2i+1):
+    what llama.cpp's converter does to HF weights"""
+    w = w.reshape(n_heads, hd, -1)
+    half = hd // 2
+    order = np.empty(hd, dtype=np.int64)
+    order[0::2] = np.arange(half)
+    order[1::2] = np.arange(half) + half
+    return w[:, order, :].reshape(n_heads * hd, -1)
+
+
+@pytest.mark.parametrize("rope_scale", [None, 4.0])
+def test_rope_conventions_equivalent(tmp_path, rope_scale):
+    # a qwen2 model with zero biases rotates (i, i+d/2); the same model as llama with the
+    # q/k rows permuted rotates (2i, 2i+1): the logits are the same
+    src = write_model(tmp_path / "neox.gguf", "qwen2", "f32", seed=3, rope_scale=rope_scale,
+                      weights={f"blk.{i}.attn_{x}.bias": np.zeros(64 if x == "q" else 32,
+                                                                   np.float32)
+                               for i in range(2) for x in "qkv"})
+    perm = {}
+    for i in range(2):
+        perm[f"blk.{i}.attn_q.weight"] = _neox_to_normal_rows(src[f"blk.{i}.attn_q.weight"], 4, 16)
+        perm[f"blk.{i}.attn_k.weight"] = _neox_to_normal_rows(src[f"blk.{i}.attn_k.weight"], 2, 16)
+    keep = {k: v for k, v in src.items() if "bias" not in k}
+    keep.update(perm)
+    write_model(tmp_path / "normal.gguf", "llama", "f32", seed=99, rope_scale=rope_scale,
+                weights=keep)
+    a = RefModel(str(tmp_path / "neox.gguf")).logits(TOKENS)
+    b = RefModel(str(tmp_path / "normal.gguf")).logits(TOKENS)
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-10)
+    # and the position matters: the unpermuted llama model differs
+    keep.update({k: src[k] for k in perm})
+    write_model(tmp_path / "wrong.gguf", "llama", "f32", seed=99, rope_scale=rope_scale,
+                weights=keep)
+    c = RefModel(str(tmp_path / "wrong.gguf")).logits(TOKENS)
+    assert np.abs(a - c).max() > 1e-3
+
+
+def test_linear_scaling(tmp_path):
+    src = write_model(tmp_path / "s.gguf", "llama", "f32", seed=4, rope_scale=2.0)
+    m = RefModel(str(tmp_path / "s.gguf"))
+    assert m.rope_factor == 2.0
+    write_model(tmp_path / "p.gguf", "llama", "f32", seed=4, weights=src)
+    a = m.logits(TOKENS)
+    assert np.abs(a - RefModel(str(tmp_path / "p.gguf")).logits(TOKENS)).max() > 1e-3
+    np.testing.assert_allclose(a, m.logits_naive(TOKENS), rtol=0, atol=1e-10)
+    # position p with factor f rotates pair i by (p / f) * base^(-2i/d)
+    x = np.zeros((1, 1, 16))
+    x[0, 0, 0] = 1.0
+    y = m._rope_batched(x, np.array([3.0]))
+    theta = 3.0 / 2.0
+    assert np.allclose(y[0, 0, :2], [np.cos(theta), np.sin(theta)], atol=1e-15)
+    x[0, 0, :2] = [0.0, 0.0]
+    x[0, 0, 2] = 1.0
+    theta = 1.5 * 10000.0 ** (-2.0 / 16)
+    assert np.allclose(m._rope_batched(x, np.array([3.0]))[0, 0, 2:4],
+                       [np.cos(theta), np.sin(theta)], atol=1e-15)
+
+
+def test_tied_embeddings(tmp_path):
+    # no output.weight: the logits use token_embd
+    src = write_model(tmp_path / "t.gguf", "qwen2", "f16", seed=5, tied=True)
+    mt = RefModel(str(tmp_path / "t.gguf"))
+    assert mt.output is mt.tok_embd
+    untied = dict(src)
+    untied["output.weight"] = src["token_embd.weight"]
+    write_model(tmp_path / "u.gguf", "qwen2", "f16", seed=5, weights=untied)
+    np.testing.assert_allclose(mt.logits(TOKENS), RefModel(str(tmp_path / "u.gguf")).logits(TOKENS),
+                               rtol=0, atol=1e-10)
+
+
+def test_partial_rope(tmp_path):
+    # rope_dim < head_dim rotates only the first rope_dim dims of each head
+    write_model(tmp_path / "r.gguf", "qwen2", "f32", seed=6, rope_dim=8)
+    m = RefModel(str(tmp_path / "r.gguf"))
+    assert (m.rope_dim, m.head_dim) == (8, 16)
+    np.testing.assert_allclose(m.logits(TOKENS), m.logits_naive(TOKENS), rtol=0, atol=1e-10)
+
+
+# --- rkv-gen against the reference --------------------------------------------------------
+
+
+def _need(name):
+    path = rkv_bin(name)
+    if path is None:
+        pytest.skip(f"{name} is not built yet (make build/bin/{name}); "
+                    "the engine comparison needs it")
+    return str(path)
+
+
+def _run(args, timeout=300):
+    r = subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=str(TOP))
+    assert r.returncode == 0, f"{' '.join(args)} exited {r.returncode}:\n{r.stderr[-3000:]}"
+    return r
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """rkv-mkmodel's tiny models, made once: (arch, dtype) -> path"""
+    mk = _need("rkv-mkmodel")
+    d = tmp_path_factory.mktemp("models")
+    out = {}
+    for arch in ARCHS:
+        for dtype in DTYPES:
+            path = d / f"{arch}-{dtype}.gguf"
+            _run([mk, "--preset", PRESET[arch], "--dtype", dtype, "--seed", "7", "--out",
+                  str(path)])
+            out[arch, dtype] = path
+    return out
+
+
+@pytest.fixture(scope="module")
+def refs(models):
+    cache = {}
+
+    def get(arch, dtype):
+        if (arch, dtype) not in cache:
+            cache[arch, dtype] = RefModel(str(models[arch, dtype]))
+        return cache[arch, dtype]
+
+    return get
+
+
+PROMPT = [1, 2, 3, 100, 200, 300, 42, 7, 500, 11]
+N_GEN = 8
+
+
+def run_gen(model, tmp_path, extra=(), prompt=PROMPT, n=N_GEN):
+    """rkv-gen greedy; returns (generated ids, logits (steps, n_vocab) float32)"""
+    gen = _need("rkv-gen")
+    dump = tmp_path / "logits.bin"
+    r = _run([gen, "--model", str(model), "--prompt-ids", ",".join(map(str, prompt)), "-n",
+              str(n), "--temp", "0", "--ignore-eos", "--dump-logits", str(dump), "--json",
+              "--backend", "cpu", *extra])
+    info = json.loads(r.stdout)
+    n_vocab = info["n_vocab"]
+    assert info["prompt_ids"] == list(prompt)
+    ids = info["sessions"][0]["ids"]
+    raw = np.fromfile(dump, dtype="<f4")
+    assert raw.size % n_vocab == 0, f"{dump}: {raw.size} floats is not a whole number of steps"
+    return ids, raw.reshape(-1, n_vocab)
+
+
+def compare_steps(ref, prompt, ids, got):
+    """every dumped step equals the reference at the position that produced it"""
+    assert len(ids) == N_GEN, f"rkv-gen made {len(ids)} tokens, asked for {N_GEN}"
+    assert got.shape[0] == len(ids), f"{got.shape[0]} logit steps for {len(ids)} tokens"
+    want = ref.logits(list(prompt) + list(ids[:-1]))[len(prompt) - 1 :]  # (steps, n_vocab)
+    bad = []
+    for i in range(len(ids)):
+        diff = np.abs(got[i].astype(np.float64) - want[i])
+        limit = RTOL * np.abs(want[i]).max() + ATOL
+        if diff.max() > limit:
+            worst = np.argsort(-diff)[:5]
+            bad.append(f"step {i}: max|diff| {diff.max():.3g} > {limit:.3g}; worst ids " +
+                       ", ".join(f"{int(j)} (rkv {got[i][j]:.6f}, ref {want[i][j]:.6f})"
+                                 for j in worst))
+        # greedy picks the argmax of what it dumped, lowest id on ties
+        assert ids[i] == int(np.argmax(got[i])), f"step {i}: token {ids[i]} is not the argmax"
+    assert not bad, "rkv-gen logits differ from the NumPy reference:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rkv_gen_matches_reference(models, refs, tmp_path, arch, dtype):
+    ids, got = run_gen(models[arch, dtype], tmp_path)
+    compare_steps(refs(arch, dtype), PROMPT, ids, got)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rkv_gen_host_split_matches_reference(models, refs, tmp_path, arch, dtype):
+    # half the KV blocks on the host, 4 positions per block: 18 positions span 5 blocks
+    ids, got = run_gen(models[arch, dtype], tmp_path, ["--host-frac", "0.5", "--block-size", "4"])
+    compare_steps(refs(arch, dtype), PROMPT, ids, got)
