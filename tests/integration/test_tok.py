@@ -1,0 +1,186 @@
+"""rkv's tokenizer against HF tokenizers: byte-level BPE trained here, exported to GGUF,
+token ids compared line by line (llama3, qwen2 and gpt2 pre-tokenizer regexes); round trips
+through rkv-mkmodel's tiny models."""
+import json
+import os
+import random
+import subprocess
+from pathlib import Path
+
+import gguf
+import pytest
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+TOP = Path(os.environ.get("RKV_TOP", Path(__file__).resolve().parents[2]))
+BUILD = TOP / os.environ.get("RKV_BUILD", "build")
+
+RE_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+             r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+RE_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+            r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+RE_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+
+SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"]
+
+
+def tool(name):
+    path = BUILD / "bin" / name
+    if not path.exists():
+        pytest.skip(f"{path} is not built (make {path.relative_to(TOP)})")
+    return str(path)
+
+
+def rkv_tok(model, *args, data=None):
+    r = subprocess.run([tool("rkv-tok"), "--model", str(model), *args], input=data,
+                       capture_output=True, timeout=120)
+    assert r.returncode == 0, r.stderr.decode(errors="replace")
+    return r.stdout
+
+
+# --- corpus ----------------------------------------------------------------------
+
+WORDS = ("the quick brown fox jumps over a lazy dog while we're reading code and "
+         "numbers in many languages; it's what tokenizers see every day").split()
+PIECES = [
+    "don't", "I'M", "we'll", "they've", "She'd", "it's", "YOU'RE", "o'clock", "rock'n'roll",
+    "café", "naïve", "résumé", "Ærøskøbing", "Straße", "ﬁnance", "Ελληνικά", "русский",
+    "中文分词测试", "日本語のテキスト", "한국어 문장", "😀", "👍🏽", "🇺🇸", "👨‍👩‍👧", "∑x²",
+    "12345678901234567890", "3.14159", "1,000,000", "2024-01-31", "0x7fff", "1e-9", "٣٤٥",
+    "def f(x):", "    return x**2", "if (a && b) { c++; }", "#include <stdio.h>",
+    "print(\"hi\")", "<div class='x'>", "a    b", "\t\tindent", "   lead", "trail   ",
+    "!!!???", "...", "—", "--", "$$$", "@user", "#tag", "http://example.com/a?b=c",
+    "x\ty", "CamelCaseWord", "snake_case_word", "ALLCAPS", " \u00a0 nbsp", "\r",
+]
+
+
+def make_lines(rng, n):
+    lines = []
+    for _ in range(n):
+        parts = []
+        for _ in range(rng.randint(1, 12)):
+            r = rng.random()
+            if r < 0.5:
+                parts.append(rng.choice(WORDS))
+            elif r < 0.9:
+                parts.append(rng.choice(PIECES))
+            else:
+                parts.append("".join(rng.choice("0123456789") for _ in range(rng.randint(1, 25))))
+        sep = rng.choice([" ", " ", " ", "  ", "\t", "", "   "])
+        lines.append(sep.join(parts))
+    lines += ["", " ", "  ", "\t", "don't stop", "   leading spaces", "trailing spaces   ",
+              "12345678901234567890123", "a\r\rb", "I'LL WE'VE", "ǅemal"]
+    return lines
+
+
+def train(pattern, ignore_merges, lines):
+    tk = Tokenizer(models.BPE(ignore_merges=ignore_merges))
+    tk.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=1000, special_tokens=SPECIALS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tk.train_from_iterator(lines, trainer)
+    return tk
+
+
+def export_gguf(tk, path, pre, arch="llama"):
+    vocab = tk.get_vocab()
+    tokens = [None] * len(vocab)
+    for text, i in vocab.items():
+        tokens[i] = text
+    merges = json.loads(tk.to_str())["model"]["merges"]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in merges]
+    types = [gguf.TokenType.CONTROL if t in SPECIALS else gguf.TokenType.NORMAL for t in tokens]
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(vocab["<|begin_of_text|>"])
+    w.add_eos_token_id(vocab["<|end_of_text|>"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.fixture(scope="module")
+def corpora():
+    rng = random.Random(1234)
+    return make_lines(rng, 3000), make_lines(random.Random(99), 400)
+
+
+@pytest.mark.parametrize("pre,pattern,ignore_merges", [
+    ("llama-bpe", RE_LLAMA3, True),
+    ("qwen2", RE_QWEN2, False),
+    ("gpt2", RE_GPT2, False),
+])
+def test_bpe_ids_match_hf(tmp_path, corpora, pre, pattern, ignore_merges):
+    train_lines, test_lines = corpora
+    tk = train(pattern, ignore_merges, train_lines)
+    assert tk.get_vocab_size() >= 900
+    model = tmp_path / f"{pre}.gguf"
+    export_gguf(tk, model, pre)
+
+    text = tmp_path / "lines.txt"
+    text.write_bytes("\n".join(test_lines).encode())
+    got = [json.loads(line) for line in rkv_tok(model, "--file", str(text), "--lines").splitlines()]
+    assert len(got) == len(test_lines)
+    bad = [(line, ids, tk.encode(line).ids) for line, ids in zip(test_lines, got)
+           if ids != tk.encode(line).ids]
+    assert not bad, f"{len(bad)} of {len(test_lines)} lines differ, first: {bad[0]!r}"
+
+    # the whole text at once: newlines inside words and runs
+    whole = "\n".join(test_lines)
+    ids = json.loads(rkv_tok(model, "--file", str(text)))
+    assert ids == tk.encode(whole).ids
+
+    # decode gives the text back
+    out = rkv_tok(model, "--decode", ",".join(map(str, ids)))
+    assert out.decode() == whole == tk.decode(ids)
+
+    # special tokens: parsed only with --special
+    s = "hi<|eot_id|>there"
+    eot = tk.get_vocab()["<|eot_id|>"]
+    assert json.loads(rkv_tok(model, "--special", s)) == tk.encode(s).ids
+    assert eot in json.loads(rkv_tok(model, "--special", s))
+    assert eot not in json.loads(rkv_tok(model, s))
+    info = json.loads(rkv_tok(model, "--info"))
+    assert info["n_vocab"] == tk.get_vocab_size()
+    assert info["add_bos"] == (pre == "llama-bpe")
+    assert eot in info["eog"] and tk.get_vocab()["<|end_of_text|>"] in info["eog"]
+
+
+def random_text(rng, n):
+    alphabet = (list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
+                + list(" \t\n\r.,;:!?'\"()[]{}<>|-_=+*/\\@#$%^&~`") +
+                ["é", "ß", "中", "文", "😀", "👍🏽", "\u00a0", "\u2581", "\u200d"])
+    return "".join(rng.choice(alphabet) for _ in range(n))
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-qwen2"])
+def test_mkmodel_roundtrip(tmp_path, preset):
+    model = tmp_path / f"{preset}.gguf"
+    r = subprocess.run([tool("rkv-mkmodel"), "--preset", preset, "--dtype", "f32", "--seed", "3",
+                        "--out", str(model)], capture_output=True, timeout=300)
+    if r.returncode != 0 and b"preset" in r.stderr:
+        pytest.skip(f"rkv-mkmodel has no preset {preset}: {r.stderr.decode()[:200]}")
+    assert r.returncode == 0, r.stderr.decode(errors="replace")
+    n_vocab = json.loads(rkv_tok(model, "--info"))["n_vocab"]
+    rng = random.Random(7)
+    for i in range(20):
+        text = random_text(rng, rng.randint(0, 400))
+        f = tmp_path / f"t{i}.txt"
+        f.write_bytes(text.encode())
+        ids = json.loads(rkv_tok(model, "--file", str(f)))
+        assert all(0 <= t < n_vocab for t in ids)
+        assert rkv_tok(model, "--decode", ",".join(map(str, ids)) or "[]").decode() == text
+    # invalid utf-8 survives the byte-level mapping exactly
+    raw = bytes(range(256)) * 2
+    f = tmp_path / "raw.bin"
+    f.write_bytes(raw)
+    ids = json.loads(rkv_tok(model, "--file", str(f)))
+    assert rkv_tok(model, "--special", "--decode", ",".join(map(str, ids))) == raw
