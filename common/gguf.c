@@ -4,7 +4,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -858,8 +860,8 @@ static int num_to_i64(const struct num *n, int64_t *out)
 
 static float num_to_f32(const struct num *n)
 {
-    if (n->is_float)
-        return (float)n->f;
+    if (n->is_float) /* out-of-range doubles saturate (the cast would be undefined) */
+        return n->f > FLT_MAX ? INFINITY : n->f < -FLT_MAX ? -INFINITY : (float)n->f;
     return n->neg ? (float)n->i : (float)n->u;
 }
 
