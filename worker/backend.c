@@ -1,0 +1,132 @@
+/* backend.c - backend selection (auto|cpu|cuda) and the op entry points over the vtable. */
+#include "worker/backend.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "common/log.h"
+#include "worker/backend_impl.h"
+#include "worker/cpu/cpu_backend.h"
+#ifdef RKV_CUDA
+#include "worker/cuda/cuda_backend.h"
+#endif
+
+int backend_new(const char *name, const struct backend_i *iface, void *ctx, struct backend **out)
+{
+    struct backend *be = calloc(1, sizeof(*be));
+    if (!be)
+        return RKV_ENOMEM;
+    snprintf(be->name, sizeof(be->name), "%s", name);
+    be->iface = iface;
+    be->ctx = ctx;
+    *out = be;
+    return 0;
+}
+
+void backend_free(struct backend *be)
+{
+    if (!be)
+        return;
+    be->iface->free(be->ctx);
+    free(be);
+}
+
+const char *backend_name(const struct backend *be)
+{
+    return be->name;
+}
+
+/* cuda when asked for (forced) or allowed (auto); 1 = started, 0 = not
+ * available and auto may fall back, <0 = error for a forced cuda */
+static int start_cuda(const struct backend_opts *o, int forced, struct backend **out, char *errbuf,
+                      size_t errlen)
+{
+#ifdef RKV_CUDA
+    int n = rkv_cuda_backend_probe();
+    if (n <= 0) {
+        if (forced) {
+            snprintf(errbuf, errlen,
+                     "backend cuda: no CUDA device found (driver missing or no GPU); "
+                     "use --backend cpu or auto");
+            return RKV_ENODEV;
+        }
+        log_info("backend: no CUDA device found, using the cpu backend");
+        return 0;
+    }
+    int rc = rkv_cuda_backend_init(o, out);
+    if (rc < 0) {
+        if (forced) {
+            snprintf(errbuf, errlen, "backend cuda: cannot start on gpu %d: %s", o->gpu,
+                     rkv_strerror(rc));
+            return rc;
+        }
+        log_warn("backend: cuda backend unavailable (%s), using the cpu backend", rkv_strerror(rc));
+        return 0;
+    }
+    return 1;
+#else
+    (void)o;
+    (void)out;
+    if (forced) {
+        snprintf(errbuf, errlen,
+                 "backend cuda: this build has no CUDA support (built with CUDA=0); "
+                 "use --backend cpu or auto");
+        return RKV_EUNSUPPORTED;
+    }
+    log_info("backend: built without CUDA, using the cpu backend");
+    return 0;
+#endif
+}
+
+int backend_init(const struct backend_opts *o, struct backend **out, char *errbuf, size_t errlen)
+{
+    static const struct backend_opts defaults = {"auto", 0, 0};
+    char dummy[8];
+    if (!o)
+        o = &defaults;
+    if (!errbuf) {
+        errbuf = dummy;
+        errlen = sizeof(dummy);
+    }
+    errbuf[0] = '\0';
+    const char *kind = o->kind ? o->kind : "auto";
+    int want_cpu = !strcmp(kind, "cpu");
+    int want_cuda = !strcmp(kind, "cuda");
+    if (!want_cpu && !want_cuda && strcmp(kind, "auto")) {
+        snprintf(errbuf, errlen, "backend: unknown backend '%s' (auto, cpu, cuda)", kind);
+        return RKV_EINVAL;
+    }
+    if (!want_cpu) {
+        int rc = start_cuda(o, want_cuda, out, errbuf, errlen);
+        if (rc != 0)
+            return rc < 0 ? rc : 0;
+    }
+    int rc = cpu_backend_init(o->n_threads, out);
+    if (rc < 0)
+        snprintf(errbuf, errlen, "backend cpu: cannot start: %s", rkv_strerror(rc));
+    return rc;
+}
+
+size_t be_type_size(enum be_type t, size_t n)
+{
+    switch (t) {
+    case BE_F32: return 4 * n;
+    case BE_F16:
+    case BE_BF16: return 2 * n;
+    case BE_Q8_0: return n % BE_Q8_0_BLOCK ? 0 : n / BE_Q8_0_BLOCK * (2 + BE_Q8_0_BLOCK);
+    }
+    return 0;
+}
+
+const char *be_type_name(enum be_type t)
+{
+    switch (t) {
+    case BE_F32: return "F32";
+    case BE_F16: return "F16";
+    case BE_BF16: return "BF16";
+    case BE_Q8_0: return "Q8_0";
+    }
+    return "unknown";
+}

@@ -1,0 +1,173 @@
+/* backend.h - the compute backend vtable (cpu, cuda) the forward pass calls through. */
+#ifndef RKV_BACKEND_H
+#define RKV_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "worker/kv.h"
+
+/* element types of backend tensors; the ids are ggml's (as in GGUF) so model
+ * weights keep their file type. activations are always BE_F32. */
+enum be_type {
+    BE_F32 = 0,
+    BE_F16 = 1,
+    BE_Q8_0 = 8, /* blocks of 32: f16 scale d, 32 int8 q; value = d*q */
+    BE_BF16 = 30,
+};
+#define BE_Q8_0_BLOCK 32
+
+/* a 2-d row-major array (rows, cols) in backend memory (device memory for
+ * cuda). opaque: only the backend that allocated it reads it. */
+struct be_tensor;
+struct backend;
+
+/* one sequence of a batched step. its tokens are rows tok_off..tok_off+n_tokens-1
+ * of every activation; token i sits at absolute position n_past + i. */
+struct be_seq {
+    uint32_t tok_off;
+    uint32_t n_tokens;
+    uint32_t n_past;
+    const struct kv_block_ref *blocks; /* block table, position order */
+    uint32_t n_blocks;                 /* covers n_past + n_tokens positions */
+};
+
+/* a step's sequences (host memory; a device backend stages what it needs) */
+struct be_batch {
+    const struct be_seq *seqs;
+    uint32_t n_seqs;
+    uint32_t n_tokens;      /* sum of seqs[i].n_tokens */
+    const int32_t *pos;     /* (n_tokens) absolute position of each token */
+    const uint32_t *seq_of; /* (n_tokens) sequence index of each token */
+};
+
+struct be_rope {
+    uint32_t n_rot;   /* rotated dims per head (even, <= head_dim) */
+    float freq_base;  /* theta_i = pos * freq_scale * base^(-2i/n_rot) */
+    float freq_scale; /* 1/factor for linear scaling */
+    int neox;         /* 0: pairs (2i, 2i+1); 1: pairs (i, i + n_rot/2) */
+};
+
+/* attention geometry; a query head hq reads kv head hq / (n_head/n_kv_head) */
+struct be_attn {
+    uint32_t n_head;
+    uint32_t n_kv_head;
+    uint32_t head_dim;
+    float scale; /* 1/sqrt(head_dim) */
+};
+
+/* a partial attention result over some set of kv blocks, per (token, head):
+ * o normalized by l, m the max scaled score, l = sum exp(score - m).
+ * an empty set has o = 0, m = -inf, l = 0. */
+struct be_partial {
+    struct be_tensor *o; /* (n_tokens, n_head*head_dim) */
+    struct be_tensor *m; /* (n_tokens, n_head) */
+    struct be_tensor *l; /* (n_tokens, n_head) */
+};
+
+/* the vtable a backend fills. ops work on the first n rows of their tensors;
+ * they return 0 or a negative RKV_E* code. */
+struct backend_i {
+    void (*free)(void *ctx);
+
+    int (*tensor_alloc)(void *ctx, enum be_type type, uint32_t rows, uint32_t cols,
+                        struct be_tensor **out);
+    void (*tensor_free)(void *ctx, struct be_tensor *t);
+    /* bytes [off, off+n) of the tensor's storage (in its own type) */
+    int (*tensor_set)(void *ctx, struct be_tensor *t, const void *src, size_t off, size_t n);
+    int (*tensor_get)(void *ctx, const struct be_tensor *t, void *dst, size_t off, size_t n);
+
+    /* the kv pools kv_write/attn_partial address; set before the first step */
+    int (*set_kv)(void *ctx, const struct kv_layout *l, const struct kv_pools *p);
+
+    /* out (n, cols) = rows ids[i] of w (n_vocab, cols), dequantized */
+    int (*embed)(void *ctx, struct be_tensor *out, const struct be_tensor *w, const int32_t *ids,
+                 uint32_t n);
+    /* out = in / sqrt(mean(in^2) + eps) * w, row-wise; in, out (n, dim), w (1, dim) */
+    int (*rmsnorm)(void *ctx, struct be_tensor *out, const struct be_tensor *in,
+                   const struct be_tensor *w, uint32_t n, float eps);
+    /* out (n, n_out) = in (n, n_in) . w^T + bias; w (n_out, n_in) any type,
+     * bias (1, n_out) f32 or NULL */
+    int (*matmul)(void *ctx, struct be_tensor *out, const struct be_tensor *in,
+                  const struct be_tensor *w, const struct be_tensor *bias, uint32_t n);
+    /* rotates x (n_tokens, n_heads*head_dim) in place at the batch positions */
+    int (*rope)(void *ctx, struct be_tensor *x, const struct be_batch *b, uint32_t n_heads,
+                uint32_t head_dim, const struct be_rope *r);
+    /* writes k, v (n_tokens, n_kv_head*head_dim) into the blocks of each
+     * token's position for one layer */
+    int (*kv_write)(void *ctx, const struct be_batch *b, uint32_t layer, const struct be_tensor *k,
+                    const struct be_tensor *v);
+    /* attention of q (n_tokens, n_head*head_dim) over the blocks tagged
+     * `residency` only, causal by absolute position -> one partial set */
+    int (*attn_partial)(void *ctx, const struct be_batch *b, uint32_t layer,
+                        enum kv_residency residency, const struct be_tensor *q,
+                        const struct be_attn *a, const struct be_partial *out);
+    /* a = lse-merge(a, b) exactly, per (token, head) */
+    int (*attn_merge)(void *ctx, const struct be_partial *a, const struct be_partial *b, uint32_t n,
+                      const struct be_attn *at);
+    /* out = silu(gate) * up, (n, cols) */
+    int (*silu_mul)(void *ctx, struct be_tensor *out, const struct be_tensor *gate,
+                    const struct be_tensor *up, uint32_t n);
+    /* out = a + b, (n, cols) */
+    int (*add)(void *ctx, struct be_tensor *out, const struct be_tensor *a,
+               const struct be_tensor *b, uint32_t n);
+    /* out row i = in row rows[i], f32 (the rows whose logits are wanted) */
+    int (*get_rows)(void *ctx, struct be_tensor *out, const struct be_tensor *in,
+                    const uint32_t *rows, uint32_t n);
+    /* waits for queued work (no-op for cpu) */
+    int (*sync)(void *ctx);
+};
+
+struct backend_opts {
+    const char *kind;   /* "auto" | "cpu" | "cuda"; NULL = auto */
+    uint32_t n_threads; /* cpu threads; 0 = online cpus */
+    int gpu;            /* cuda device ordinal */
+};
+
+/* picks and starts a backend. auto: cuda when built with RKV_CUDA and a gpu
+ * answers, else cpu (with a log line). cuda forced without a gpu: an error
+ * in errbuf saying so. */
+int backend_init(const struct backend_opts *o, struct backend **out, char *errbuf, size_t errlen);
+void backend_free(struct backend *be);
+/* wraps a filled vtable (for backend implementations) */
+int backend_new(const char *name, const struct backend_i *iface, void *ctx, struct backend **out);
+const char *backend_name(const struct backend *be);
+
+/* bytes of n elements of type (n a multiple of 32 for Q8_0); 0 if unknown */
+size_t be_type_size(enum be_type t, size_t n);
+const char *be_type_name(enum be_type t);
+
+int backend_tensor_alloc(struct backend *be, enum be_type type, uint32_t rows, uint32_t cols,
+                         struct be_tensor **out);
+void backend_tensor_free(struct backend *be, struct be_tensor *t);
+int backend_tensor_set(struct backend *be, struct be_tensor *t, const void *src, size_t off,
+                       size_t n);
+int backend_tensor_get(struct backend *be, const struct be_tensor *t, void *dst, size_t off,
+                       size_t n);
+int backend_set_kv(struct backend *be, const struct kv_layout *l, const struct kv_pools *p);
+
+/* the ops, named as the forward pass reads them */
+int embed_forward(struct backend *be, struct be_tensor *out, const struct be_tensor *w,
+                  const int32_t *ids, uint32_t n);
+int rmsnorm_forward(struct backend *be, struct be_tensor *out, const struct be_tensor *in,
+                    const struct be_tensor *w, uint32_t n, float eps);
+int matmul_forward(struct backend *be, struct be_tensor *out, const struct be_tensor *in,
+                   const struct be_tensor *w, const struct be_tensor *bias, uint32_t n);
+int rope_forward(struct backend *be, struct be_tensor *x, const struct be_batch *b,
+                 uint32_t n_heads, uint32_t head_dim, const struct be_rope *r);
+int kv_write_forward(struct backend *be, const struct be_batch *b, uint32_t layer,
+                     const struct be_tensor *k, const struct be_tensor *v);
+int attn_partial_forward(struct backend *be, const struct be_batch *b, uint32_t layer,
+                         enum kv_residency residency, const struct be_tensor *q,
+                         const struct be_attn *a, const struct be_partial *out);
+int attn_merge_forward(struct backend *be, const struct be_partial *a, const struct be_partial *b,
+                       uint32_t n, const struct be_attn *at);
+int silu_mul_forward(struct backend *be, struct be_tensor *out, const struct be_tensor *gate,
+                     const struct be_tensor *up, uint32_t n);
+int add_forward(struct backend *be, struct be_tensor *out, const struct be_tensor *a,
+                const struct be_tensor *b, uint32_t n);
+int get_rows_forward(struct backend *be, struct be_tensor *out, const struct be_tensor *in,
+                     const uint32_t *rows, uint32_t n);
+int backend_sync(struct backend *be);
+
+#endif

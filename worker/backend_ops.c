@@ -1,0 +1,160 @@
+/* backend_ops.c - tensor and op entry points: shape checks, then the backend's vtable. */
+#include <stdlib.h>
+
+#include "common/err.h"
+#include "worker/backend.h"
+#include "worker/backend_impl.h"
+
+int backend_tensor_alloc(struct backend *be, enum be_type type, uint32_t rows, uint32_t cols,
+                         struct be_tensor **out)
+{
+    if (rows == 0 || cols == 0 || be_type_size(type, cols) == 0)
+        return RKV_EINVAL;
+    return be->iface->tensor_alloc(be->ctx, type, rows, cols, out);
+}
+
+void backend_tensor_free(struct backend *be, struct be_tensor *t)
+{
+    if (t)
+        be->iface->tensor_free(be->ctx, t);
+}
+
+int backend_tensor_set(struct backend *be, struct be_tensor *t, const void *src, size_t off,
+                       size_t n)
+{
+    if (off > t->nbytes || n > t->nbytes - off)
+        return RKV_ERANGE;
+    return be->iface->tensor_set(be->ctx, t, src, off, n);
+}
+
+int backend_tensor_get(struct backend *be, const struct be_tensor *t, void *dst, size_t off,
+                       size_t n)
+{
+    if (off > t->nbytes || n > t->nbytes - off)
+        return RKV_ERANGE;
+    return be->iface->tensor_get(be->ctx, t, dst, off, n);
+}
+
+int backend_set_kv(struct backend *be, const struct kv_layout *l, const struct kv_pools *p)
+{
+    return be->iface->set_kv(be->ctx, l, p);
+}
+
+/* shape checks shared by every backend, so a bad call fails the same way
+ * everywhere */
+static int rows_ok(const struct be_tensor *t, uint32_t n, uint32_t cols)
+{
+    return t && t->type == BE_F32 && n <= t->rows && t->cols == cols;
+}
+
+int embed_forward(struct backend *be, struct be_tensor *out, const struct be_tensor *w,
+                  const int32_t *ids, uint32_t n)
+{
+    if (!rows_ok(out, n, w->cols))
+        return RKV_EINVAL;
+    for (uint32_t i = 0; i < n; i++)
+        if (ids[i] < 0 || (uint32_t)ids[i] >= w->rows)
+            return RKV_ERANGE;
+    return be->iface->embed(be->ctx, out, w, ids, n);
+}
+
+int rmsnorm_forward(struct backend *be, struct be_tensor *out, const struct be_tensor *in,
+                    const struct be_tensor *w, uint32_t n, float eps)
+{
+    if (!rows_ok(out, n, in->cols) || !rows_ok(in, n, in->cols) || !rows_ok(w, 1, in->cols))
+        return RKV_EINVAL;
+    return be->iface->rmsnorm(be->ctx, out, in, w, n, eps);
+}
+
+int matmul_forward(struct backend *be, struct be_tensor *out, const struct be_tensor *in,
+                   const struct be_tensor *w, const struct be_tensor *bias, uint32_t n)
+{
+    if (!rows_ok(in, n, w->cols) || !rows_ok(out, n, w->rows) ||
+        (bias && !rows_ok(bias, 1, w->rows)))
+        return RKV_EINVAL;
+    return be->iface->matmul(be->ctx, out, in, w, bias, n);
+}
+
+int rope_forward(struct backend *be, struct be_tensor *x, const struct be_batch *b,
+                 uint32_t n_heads, uint32_t head_dim, const struct be_rope *r)
+{
+    if (!rows_ok(x, b->n_tokens, n_heads * head_dim) || r->n_rot % 2 || r->n_rot > head_dim)
+        return RKV_EINVAL;
+    return be->iface->rope(be->ctx, x, b, n_heads, head_dim, r);
+}
+
+/* every token's position must fall inside its sequence's block table */
+static int batch_ok(const struct be_batch *b)
+{
+    for (uint32_t s = 0; s < b->n_seqs; s++) {
+        const struct be_seq *q = &b->seqs[s];
+        if ((uint64_t)q->tok_off + q->n_tokens > b->n_tokens || !q->blocks)
+            return 0;
+    }
+    return 1;
+}
+
+int kv_write_forward(struct backend *be, const struct be_batch *b, uint32_t layer,
+                     const struct be_tensor *k, const struct be_tensor *v)
+{
+    if (!batch_ok(b) || !rows_ok(k, b->n_tokens, k->cols) || !rows_ok(v, b->n_tokens, k->cols))
+        return RKV_EINVAL;
+    return be->iface->kv_write(be->ctx, b, layer, k, v);
+}
+
+static int partial_ok(const struct be_partial *p, uint32_t n, const struct be_attn *a)
+{
+    return rows_ok(p->o, n, a->n_head * a->head_dim) && rows_ok(p->m, n, a->n_head) &&
+           rows_ok(p->l, n, a->n_head);
+}
+
+int attn_partial_forward(struct backend *be, const struct be_batch *b, uint32_t layer,
+                         enum kv_residency residency, const struct be_tensor *q,
+                         const struct be_attn *a, const struct be_partial *out)
+{
+    if (!batch_ok(b) || a->n_kv_head == 0 || a->n_head % a->n_kv_head ||
+        !rows_ok(q, b->n_tokens, a->n_head * a->head_dim) || !partial_ok(out, b->n_tokens, a))
+        return RKV_EINVAL;
+    return be->iface->attn_partial(be->ctx, b, layer, residency, q, a, out);
+}
+
+int attn_merge_forward(struct backend *be, const struct be_partial *a, const struct be_partial *b,
+                       uint32_t n, const struct be_attn *at)
+{
+    if (!partial_ok(a, n, at) || !partial_ok(b, n, at))
+        return RKV_EINVAL;
+    return be->iface->attn_merge(be->ctx, a, b, n, at);
+}
+
+int silu_mul_forward(struct backend *be, struct be_tensor *out, const struct be_tensor *gate,
+                     const struct be_tensor *up, uint32_t n)
+{
+    if (!rows_ok(out, n, gate->cols) || !rows_ok(gate, n, gate->cols) ||
+        !rows_ok(up, n, gate->cols))
+        return RKV_EINVAL;
+    return be->iface->silu_mul(be->ctx, out, gate, up, n);
+}
+
+int add_forward(struct backend *be, struct be_tensor *out, const struct be_tensor *a,
+                const struct be_tensor *b, uint32_t n)
+{
+    if (!rows_ok(out, n, a->cols) || !rows_ok(a, n, a->cols) || !rows_ok(b, n, a->cols))
+        return RKV_EINVAL;
+    return be->iface->add(be->ctx, out, a, b, n);
+}
+
+int get_rows_forward(struct backend *be, struct be_tensor *out, const struct be_tensor *in,
+                     const uint32_t *rows, uint32_t n)
+{
+    if (!rows_ok(out, n, in->cols) || in->type != BE_F32)
+        return RKV_EINVAL;
+    for (uint32_t i = 0; i < n; i++)
+        if (rows[i] >= in->rows)
+            return RKV_ERANGE;
+    return be->iface->get_rows(be->ctx, out, in, rows, n);
+}
+
+int backend_sync(struct backend *be)
+{
+    return be->iface->sync(be->ctx);
+}

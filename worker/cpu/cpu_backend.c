@@ -1,0 +1,394 @@
+/* cpu_backend.c - the backend vtable on the cpu: plain memory tensors, ops split over a pool. */
+#include "worker/cpu/cpu_backend.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "common/log.h"
+#include "worker/backend_impl.h"
+#include "worker/cpu/cpu_ops.h"
+#include "worker/cpu/pool.h"
+
+struct cpu_ctx {
+    struct pool *pool;
+    float **scratch;       /* (n_threads) per-thread work areas */
+    size_t scratch_floats; /* size of each */
+    struct kv_layout layout;
+    struct kv_pools pools;
+    int have_kv;
+};
+
+/* every thread gets at least n floats of scratch; grown on the caller's
+ * thread before a job starts */
+static int ensure_scratch(struct cpu_ctx *c, size_t n)
+{
+    if (n <= c->scratch_floats)
+        return 0;
+    n = (n + 15) & ~(size_t)15;
+    for (uint32_t i = 0; i < pool_n_threads(c->pool); i++) {
+        free(c->scratch[i]);
+        c->scratch[i] = aligned_alloc(64, n * sizeof(float));
+        if (!c->scratch[i]) {
+            c->scratch_floats = 0;
+            return RKV_ENOMEM;
+        }
+    }
+    c->scratch_floats = n;
+    return 0;
+}
+
+static void cpu_free(void *ctx)
+{
+    struct cpu_ctx *c = ctx;
+    if (!c)
+        return;
+    if (c->scratch)
+        for (uint32_t i = 0; i < pool_n_threads(c->pool); i++)
+            free(c->scratch[i]);
+    free(c->scratch);
+    pool_free(c->pool);
+    free(c);
+}
+
+static int cpu_tensor_alloc(void *ctx, enum be_type type, uint32_t rows, uint32_t cols,
+                            struct be_tensor **out)
+{
+    struct be_tensor *t = calloc(1, sizeof(*t));
+    if (!t)
+        return RKV_ENOMEM;
+    t->type = type;
+    t->rows = rows;
+    t->cols = cols;
+    t->row_bytes = be_type_size(type, cols);
+    t->nbytes = t->row_bytes * rows;
+    t->data = aligned_alloc(64, (t->nbytes + 63) & ~(size_t)63);
+    if (!t->data) {
+        free(t);
+        return RKV_ENOMEM;
+    }
+    memset(t->data, 0, t->nbytes);
+    *out = t;
+    return 0;
+}
+
+static void cpu_tensor_free(void *ctx, struct be_tensor *t)
+{
+    free(t->data);
+    free(t);
+}
+
+static int cpu_tensor_set(void *ctx, struct be_tensor *t, const void *src, size_t off, size_t n)
+{
+    memcpy((char *)t->data + off, src, n);
+    return 0;
+}
+
+static int cpu_tensor_get(void *ctx, const struct be_tensor *t, void *dst, size_t off, size_t n)
+{
+    memcpy(dst, (const char *)t->data + off, n);
+    return 0;
+}
+
+static int cpu_set_kv(void *ctx, const struct kv_layout *l, const struct kv_pools *p)
+{
+    struct cpu_ctx *c = ctx;
+    c->layout = *l;
+    c->pools = *p;
+    c->have_kv = 1;
+    return 0;
+}
+
+static int cpu_embed(void *ctx, struct be_tensor *out, const struct be_tensor *w,
+                     const int32_t *ids, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        cpu_dequant_row(w->type, (const char *)w->data + (size_t)ids[i] * w->row_bytes,
+                        (float *)out->data + (size_t)i * out->cols, w->cols);
+    return 0;
+}
+
+static int cpu_rmsnorm(void *ctx, struct be_tensor *out, const struct be_tensor *in,
+                       const struct be_tensor *w, uint32_t n, float eps)
+{
+    const uint32_t d = in->cols;
+    const float *wv = w->data;
+    for (uint32_t i = 0; i < n; i++) {
+        const float *x = (const float *)in->data + (size_t)i * d;
+        float *y = (float *)out->data + (size_t)i * d;
+        float ss = cpu_dot(x, x, d) / (float)d;
+        float sc = 1.0f / sqrtf(ss + eps);
+        for (uint32_t j = 0; j < d; j++)
+            y[j] = x[j] * sc * wv[j];
+    }
+    return 0;
+}
+
+struct matmul_arg {
+    struct cpu_ctx *c;
+    float *y;
+    const float *x;
+    const struct be_tensor *w;
+    const float *bias;
+    uint32_t n_tok;
+};
+
+static void matmul_chunk(void *v, uint32_t b, uint32_t e, uint32_t thread)
+{
+    struct matmul_arg *a = v;
+    /* items are groups of 4 output rows */
+    uint32_t r0 = b * 4, r1 = e * 4 < a->w->rows ? e * 4 : a->w->rows;
+    cpu_matmul_rows(a->y, a->x, a->w->data, a->w->type, a->w->row_bytes, a->bias, a->n_tok,
+                    a->w->cols, a->w->rows, r0, r1, a->c->scratch[thread]);
+}
+
+static int cpu_matmul(void *ctx, struct be_tensor *out, const struct be_tensor *in,
+                      const struct be_tensor *w, const struct be_tensor *bias, uint32_t n)
+{
+    struct cpu_ctx *c = ctx;
+    int rc = ensure_scratch(c, 4 * (size_t)w->cols);
+    if (rc < 0)
+        return rc;
+    struct matmul_arg a = {c, out->data, in->data, w, bias ? bias->data : NULL, n};
+    uint32_t groups = (w->rows + 3) / 4;
+    /* enough work per chunk to beat the hand-off: ~64k multiply-adds */
+    uint64_t per_group = 4ull * w->cols * (n ? n : 1);
+    uint32_t grain = (uint32_t)(65536 / per_group) + 1;
+    pool_run(c->pool, matmul_chunk, &a, groups, grain);
+    return 0;
+}
+
+struct rope_arg {
+    struct be_tensor *x;
+    const struct be_batch *b;
+    uint32_t n_heads, head_dim;
+    const struct be_rope *r;
+    struct cpu_ctx *c;
+};
+
+static void rope_chunk(void *v, uint32_t b, uint32_t e, uint32_t thread)
+{
+    struct rope_arg *a = v;
+    const uint32_t half = a->r->n_rot / 2, hd = a->head_dim;
+    float *cs = a->c->scratch[thread]; /* (half) cos then (half) sin */
+    float *sn = cs + half;
+    for (uint32_t t = b; t < e; t++) {
+        double p = (double)a->b->pos[t] * a->r->freq_scale;
+        for (uint32_t i = 0; i < half; i++) {
+            double th = p * pow(a->r->freq_base, -2.0 * i / a->r->n_rot);
+            cs[i] = (float)cos(th);
+            sn[i] = (float)sin(th);
+        }
+        float *row = (float *)a->x->data + (size_t)t * a->x->cols;
+        for (uint32_t h = 0; h < a->n_heads; h++) {
+            float *x = row + (size_t)h * hd;
+            for (uint32_t i = 0; i < half; i++) {
+                /* normal rotates adjacent pairs, neox the two halves */
+                uint32_t i0 = a->r->neox ? i : 2 * i, i1 = a->r->neox ? i + half : 2 * i + 1;
+                float x0 = x[i0], x1 = x[i1];
+                x[i0] = x0 * cs[i] - x1 * sn[i];
+                x[i1] = x0 * sn[i] + x1 * cs[i];
+            }
+        }
+    }
+}
+
+static int cpu_rope(void *ctx, struct be_tensor *x, const struct be_batch *b, uint32_t n_heads,
+                    uint32_t head_dim, const struct be_rope *r)
+{
+    struct cpu_ctx *c = ctx;
+    int rc = ensure_scratch(c, r->n_rot);
+    if (rc < 0)
+        return rc;
+    struct rope_arg a = {x, b, n_heads, head_dim, r, c};
+    pool_run(c->pool, rope_chunk, &a, b->n_tokens, 16);
+    return 0;
+}
+
+/* every token's position lies in its sequence's table and every block it
+ * may read is inside its pool */
+static int check_batch(const struct cpu_ctx *c, const struct be_batch *b, uint32_t layer)
+{
+    if (!c->have_kv || layer >= c->layout.n_layer)
+        return RKV_ESTATE;
+    for (uint32_t t = 0; t < b->n_tokens; t++) {
+        if (b->seq_of[t] >= b->n_seqs || b->pos[t] < 0)
+            return RKV_EINVAL;
+        const struct be_seq *s = &b->seqs[b->seq_of[t]];
+        if ((uint64_t)b->pos[t] >= (uint64_t)s->n_blocks * c->layout.block_size)
+            return RKV_ERANGE;
+    }
+    for (uint32_t i = 0; i < b->n_seqs; i++) {
+        const struct be_seq *s = &b->seqs[i];
+        for (uint32_t j = 0; j < s->n_blocks; j++)
+            if (!kv_slice_ptr(&c->layout, &c->pools, s->blocks[j], layer, 0))
+                return RKV_ERANGE;
+    }
+    return 0;
+}
+
+static int cpu_kv_write(void *ctx, const struct be_batch *b, uint32_t layer,
+                        const struct be_tensor *k, const struct be_tensor *v)
+{
+    struct cpu_ctx *c = ctx;
+    const struct kv_layout *l = &c->layout;
+    if (k->cols != l->n_kv_head * l->head_dim)
+        return RKV_EINVAL;
+    int rc = check_batch(c, b, layer);
+    if (rc < 0)
+        return rc;
+    const size_t es = kv_dtype_size(l->dtype), hd = l->head_dim;
+    for (uint32_t t = 0; t < b->n_tokens; t++) {
+        const struct be_seq *s = &b->seqs[b->seq_of[t]];
+        uint32_t pos = (uint32_t)b->pos[t];
+        struct kv_block_ref ref = s->blocks[pos / l->block_size];
+        uint32_t off = pos % l->block_size;
+        char *K = kv_slice_ptr(l, &c->pools, ref, layer, 0);
+        char *V = kv_slice_ptr(l, &c->pools, ref, layer, 1);
+        for (uint32_t h = 0; h < l->n_kv_head; h++) {
+            size_t dst = ((size_t)h * l->block_size + off) * hd * es;
+            const float *kr = (const float *)k->data + (size_t)t * k->cols + h * hd;
+            const float *vr = (const float *)v->data + (size_t)t * v->cols + h * hd;
+            cpu_store_kv(l->dtype, K + dst, kr, hd);
+            cpu_store_kv(l->dtype, V + dst, vr, hd);
+        }
+    }
+    return 0;
+}
+
+struct attn_arg {
+    struct cpu_ctx *c;
+    struct cpu_attn_job job;
+    const struct be_batch *b;
+    const struct be_tensor *q;
+    const struct be_partial *out;
+};
+
+static void attn_chunk(void *v, uint32_t b, uint32_t e, uint32_t thread)
+{
+    struct attn_arg *a = v;
+    const uint32_t nkv = a->job.a->n_kv_head;
+    for (uint32_t i = b; i < e; i++) {
+        /* one task = (token, kv head): the kv head's group of query heads
+         * shares each key and value row it loads */
+        uint32_t t = i / nkv, kvh = i % nkv;
+        const struct be_seq *s = &a->b->seqs[a->b->seq_of[t]];
+        cpu_attn_task(&a->job, s->blocks, s->n_blocks, (uint32_t)a->b->pos[t], kvh,
+                      (const float *)a->q->data + (size_t)t * a->q->cols,
+                      (float *)a->out->o->data + (size_t)t * a->out->o->cols,
+                      (float *)a->out->m->data + (size_t)t * a->out->m->cols,
+                      (float *)a->out->l->data + (size_t)t * a->out->l->cols,
+                      a->c->scratch[thread]);
+    }
+}
+
+static int cpu_attn_partial(void *ctx, const struct be_batch *b, uint32_t layer,
+                            enum kv_residency residency, const struct be_tensor *q,
+                            const struct be_attn *at, const struct be_partial *out)
+{
+    struct cpu_ctx *c = ctx;
+    if (at->n_kv_head != c->layout.n_kv_head || at->head_dim != c->layout.head_dim)
+        return RKV_EINVAL;
+    int rc = check_batch(c, b, layer);
+    if (rc == 0)
+        rc = ensure_scratch(c, cpu_attn_scratch_floats(&c->layout, at));
+    if (rc < 0)
+        return rc;
+    struct attn_arg a = {c, {&c->layout, &c->pools, at, layer, residency}, b, q, out};
+    pool_run(c->pool, attn_chunk, &a, b->n_tokens * at->n_kv_head, 1);
+    return 0;
+}
+
+static int cpu_attn_merge(void *ctx, const struct be_partial *a, const struct be_partial *b,
+                          uint32_t n, const struct be_attn *at)
+{
+    for (uint32_t t = 0; t < n; t++)
+        for (uint32_t h = 0; h < at->n_head; h++) {
+            size_t mi = (size_t)t * at->n_head + h;
+            size_t oi = mi * at->head_dim;
+            cpu_lse_merge((float *)a->o->data + oi, (float *)a->m->data + mi,
+                          (float *)a->l->data + mi, (const float *)b->o->data + oi,
+                          ((const float *)b->m->data)[mi], ((const float *)b->l->data)[mi],
+                          at->head_dim);
+        }
+    return 0;
+}
+
+static int cpu_silu_mul(void *ctx, struct be_tensor *out, const struct be_tensor *gate,
+                        const struct be_tensor *up, uint32_t n)
+{
+    const size_t len = (size_t)n * gate->cols;
+    const float *g = gate->data, *u = up->data;
+    float *y = out->data;
+    for (size_t i = 0; i < len; i++)
+        y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    return 0;
+}
+
+static int cpu_add(void *ctx, struct be_tensor *out, const struct be_tensor *a,
+                   const struct be_tensor *b, uint32_t n)
+{
+    const size_t len = (size_t)n * a->cols;
+    const float *x = a->data, *y = b->data;
+    float *z = out->data;
+    for (size_t i = 0; i < len; i++)
+        z[i] = x[i] + y[i];
+    return 0;
+}
+
+static int cpu_get_rows(void *ctx, struct be_tensor *out, const struct be_tensor *in,
+                        const uint32_t *rows, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        memmove((char *)out->data + (size_t)i * out->row_bytes,
+                (const char *)in->data + (size_t)rows[i] * in->row_bytes, in->row_bytes);
+    return 0;
+}
+
+static int cpu_sync(void *ctx)
+{
+    return 0;
+}
+
+static const struct backend_i cpu_iface = {
+    .free = cpu_free,
+    .tensor_alloc = cpu_tensor_alloc,
+    .tensor_free = cpu_tensor_free,
+    .tensor_set = cpu_tensor_set,
+    .tensor_get = cpu_tensor_get,
+    .set_kv = cpu_set_kv,
+    .embed = cpu_embed,
+    .rmsnorm = cpu_rmsnorm,
+    .matmul = cpu_matmul,
+    .rope = cpu_rope,
+    .kv_write = cpu_kv_write,
+    .attn_partial = cpu_attn_partial,
+    .attn_merge = cpu_attn_merge,
+    .silu_mul = cpu_silu_mul,
+    .add = cpu_add,
+    .get_rows = cpu_get_rows,
+    .sync = cpu_sync,
+};
+
+int cpu_backend_init(uint32_t n_threads, struct backend **out)
+{
+    struct cpu_ctx *c = calloc(1, sizeof(*c));
+    if (!c)
+        return RKV_ENOMEM;
+    int rc = pool_init(&c->pool, n_threads);
+    if (rc < 0)
+        goto fail;
+    rc = RKV_ENOMEM;
+    c->scratch = calloc(pool_n_threads(c->pool), sizeof(float *));
+    if (!c->scratch)
+        goto fail;
+    rc = backend_new("cpu", &cpu_iface, c, out);
+    if (rc < 0)
+        goto fail;
+    log_debug("backend: cpu with %u threads", pool_n_threads(c->pool));
+    return 0;
+fail:
+    cpu_free(c);
+    return rc;
+}

@@ -1,0 +1,12 @@
+/* cpu_backend.h - the cpu backend (f32 math, weights dequantized on the fly, threaded). */
+#ifndef RKV_CPU_BACKEND_H
+#define RKV_CPU_BACKEND_H
+
+#include <stdint.h>
+
+struct backend;
+
+/* n_threads: worker threads including the caller; 0 = online cpus */
+int cpu_backend_init(uint32_t n_threads, struct backend **out);
+
+#endif

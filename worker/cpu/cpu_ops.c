@@ -1,0 +1,352 @@
+/* cpu_ops.c - cpu kernels: f16/bf16/q8_0 dequant, fma dot products, matmul rows, attention. */
+#include "worker/cpu/cpu_ops.h"
+
+#include <math.h>
+#include <string.h>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define CPU_AVX2 1
+#endif
+
+float cpu_f16_to_f32(uint16_t h)
+{
+#ifdef CPU_AVX2
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal: renormalize */
+            exp = 127 - 15 + 1;
+            while (!(man & 0x400)) {
+                man <<= 1;
+                exp--;
+            }
+            bits = sign | (exp << 23) | ((man & 0x3ff) << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000 | (man << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+#endif
+}
+
+uint16_t cpu_f32_to_f16(float f)
+{
+#ifdef CPU_AVX2
+    return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+#else
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000;
+    int32_t exp = (int32_t)((x >> 23) & 0xff) - 127 + 15;
+    uint32_t man = x & 0x7fffff;
+    if (((x >> 23) & 0xff) == 0xff) /* inf / nan */
+        return (uint16_t)(sign | 0x7c00 | (man ? 0x200 : 0));
+    if (exp >= 31)
+        return (uint16_t)(sign | 0x7c00);
+    if (exp <= 0) {
+        if (exp < -10)
+            return (uint16_t)sign;
+        man |= 0x800000;
+        uint32_t shift = (uint32_t)(14 - exp);
+        uint32_t h = man >> shift, rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (h & 1)))
+            h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((uint32_t)exp << 10) | (man >> 13), rem = man & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (h & 1)))
+        h++; /* may carry into the exponent, which is right */
+    return (uint16_t)(sign | h);
+#endif
+}
+
+float cpu_bf16_to_f32(uint16_t h)
+{
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static void f16_row(const uint16_t *src, float *dst, size_t n)
+{
+    size_t i = 0;
+#ifdef CPU_AVX2
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+#endif
+    for (; i < n; i++)
+        dst[i] = cpu_f16_to_f32(src[i]);
+}
+
+void cpu_dequant_row(enum be_type t, const void *src, float *dst, size_t n)
+{
+    switch (t) {
+    case BE_F32: memcpy(dst, src, n * sizeof(float)); break;
+    case BE_F16: f16_row(src, dst, n); break;
+    case BE_BF16: {
+        const uint16_t *s = src;
+        for (size_t i = 0; i < n; i++) /* plain loop: vectorizes to shifts */
+            dst[i] = cpu_bf16_to_f32(s[i]);
+        break;
+    }
+    case BE_Q8_0: {
+        const uint8_t *b = src;
+        for (size_t i = 0; i < n; i += BE_Q8_0_BLOCK, b += 2 + BE_Q8_0_BLOCK) {
+            uint16_t dh;
+            memcpy(&dh, b, 2);
+            float d = cpu_f16_to_f32(dh);
+            const int8_t *q = (const int8_t *)(b + 2);
+            for (int j = 0; j < BE_Q8_0_BLOCK; j++)
+                dst[i + j] = d * (float)q[j];
+        }
+        break;
+    }
+    }
+}
+
+void cpu_store_kv(enum kv_dtype t, void *dst, const float *src, size_t n)
+{
+    if (t == KV_F32) {
+        memcpy(dst, src, n * sizeof(float));
+        return;
+    }
+    uint16_t *d = dst;
+    size_t i = 0;
+#ifdef CPU_AVX2
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(d + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+    for (; i < n; i++)
+        d[i] = cpu_f32_to_f16(src[i]);
+}
+
+void cpu_load_kv(enum kv_dtype t, const void *src, float *dst, size_t n)
+{
+    if (t == KV_F32)
+        memcpy(dst, src, n * sizeof(float));
+    else
+        f16_row(src, dst, n);
+}
+
+#ifdef CPU_AVX2
+static inline float hsum8(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#endif
+
+float cpu_dot(const float *a, const float *b, size_t n)
+{
+    size_t i = 0;
+    float sum = 0.0f;
+#ifdef CPU_AVX2
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+    }
+    for (; i + 8 <= n; i += 8)
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    sum = hsum8(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+#endif
+    for (; i < n; i++)
+        sum += a[i] * b[i];
+    return sum;
+}
+
+void cpu_dot4(const float *x, const float *w0, const float *w1, const float *w2, const float *w3,
+              size_t n, float out[4])
+{
+    size_t i = 0;
+    float s[4] = {0, 0, 0, 0};
+#ifdef CPU_AVX2
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 xv = _mm256_loadu_ps(x + i);
+        a0 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w0 + i), a0);
+        a1 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w1 + i), a1);
+        a2 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w2 + i), a2);
+        a3 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w3 + i), a3);
+    }
+    s[0] = hsum8(a0);
+    s[1] = hsum8(a1);
+    s[2] = hsum8(a2);
+    s[3] = hsum8(a3);
+#endif
+    for (; i < n; i++) {
+        s[0] += x[i] * w0[i];
+        s[1] += x[i] * w1[i];
+        s[2] += x[i] * w2[i];
+        s[3] += x[i] * w3[i];
+    }
+    memcpy(out, s, sizeof(s));
+}
+
+void cpu_axpy(float *y, float a, const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) /* no reduction: vectorizes at -O2 */
+        y[i] += a * x[i];
+}
+
+void cpu_scale(float *y, float a, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        y[i] *= a;
+}
+
+void cpu_matmul_rows(float *y, const float *x, const void *w, enum be_type t, size_t row_bytes,
+                     const float *bias, uint32_t n_tok, uint32_t n_in, uint32_t n_out, uint32_t r0,
+                     uint32_t r1, float *scratch)
+{
+    /* token tiles small enough that x stays in L2 while 4 weight rows are
+     * reused across the tile: prefill reads each weight row n_tok/tile times */
+    uint32_t tile = 65536 / (n_in ? n_in : 1);
+    tile = tile < 1 ? 1 : tile > 64 ? 64 : tile;
+    for (uint32_t t0 = 0; t0 < n_tok; t0 += tile) {
+        uint32_t t1 = t0 + tile < n_tok ? t0 + tile : n_tok;
+        for (uint32_t r = r0; r < r1; r += 4) {
+            uint32_t nr = r1 - r < 4 ? r1 - r : 4;
+            const float *wr[4];
+            for (uint32_t j = 0; j < 4; j++) {
+                /* a short group repeats its first row; the extra sums are dropped */
+                uint32_t row = r + (j < nr ? j : 0);
+                const char *src = (const char *)w + (size_t)row * row_bytes;
+                if (t == BE_F32) {
+                    wr[j] = (const float *)src;
+                } else if (j < nr) {
+                    cpu_dequant_row(t, src, scratch + (size_t)j * n_in, n_in);
+                    wr[j] = scratch + (size_t)j * n_in;
+                } else {
+                    wr[j] = wr[0];
+                }
+            }
+            for (uint32_t tk = t0; tk < t1; tk++) {
+                float s[4];
+                cpu_dot4(x + (size_t)tk * n_in, wr[0], wr[1], wr[2], wr[3], n_in, s);
+                float *yo = y + (size_t)tk * n_out + r;
+                for (uint32_t j = 0; j < nr; j++)
+                    yo[j] = s[j] + (bias ? bias[r + j] : 0.0f);
+            }
+        }
+    }
+}
+
+/* keys scored per online-softmax update */
+#define ATTN_CHUNK 64
+
+size_t cpu_attn_scratch_floats(const struct kv_layout *l, const struct be_attn *a)
+{
+    uint32_t g = a->n_head / a->n_kv_head;
+    /* scores (g, CHUNK) + k and v rows (CHUNK, head_dim) each + m, l (g) */
+    return (size_t)g * ATTN_CHUNK + 2 * (size_t)ATTN_CHUNK * l->head_dim + 2 * (size_t)g;
+}
+
+void cpu_attn_task(const struct cpu_attn_job *j, const struct kv_block_ref *blocks,
+                   uint32_t n_blocks, uint32_t pos, uint32_t kvh, const float *q, float *o,
+                   float *m, float *l, float *scratch)
+{
+    const struct kv_layout *ly = j->layout;
+    const uint32_t g = j->a->n_head / j->a->n_kv_head, hd = ly->head_dim, B = ly->block_size;
+    const size_t es = kv_dtype_size(ly->dtype);
+    float *s = scratch;                         /* (g, CHUNK) scaled scores */
+    float *kb = s + (size_t)g * ATTN_CHUNK;     /* (CHUNK, hd) f32 keys when cache is f16 */
+    float *vb = kb + (size_t)ATTN_CHUNK * hd;   /* (CHUNK, hd) f32 values */
+    float *mr = vb + (size_t)ATTN_CHUNK * hd;   /* (g) running max */
+    float *lr = mr + g;                         /* (g) running sum */
+    const float *qg = q + (size_t)kvh * g * hd; /* (g, hd) this group's queries */
+    float *og = o + (size_t)kvh * g * hd;       /* (g, hd) unnormalized until the end */
+
+    memset(og, 0, sizeof(float) * g * hd);
+    for (uint32_t h = 0; h < g; h++) {
+        mr[h] = -INFINITY;
+        lr[h] = 0.0f;
+    }
+    for (uint32_t bj = 0; bj < n_blocks; bj++) {
+        uint64_t start = (uint64_t)bj * B;
+        if (start > pos)
+            break;
+        if (blocks[bj].residency != j->residency)
+            continue;
+        uint32_t n_valid = pos - start + 1 < B ? (uint32_t)(pos - start + 1) : B;
+        const char *K = (const char *)kv_slice_ptr(ly, j->pools, blocks[bj], j->layer, 0) +
+                        (size_t)kvh * B * hd * es;
+        const char *V = (const char *)kv_slice_ptr(ly, j->pools, blocks[bj], j->layer, 1) +
+                        (size_t)kvh * B * hd * es;
+        for (uint32_t c0 = 0; c0 < n_valid; c0 += ATTN_CHUNK) {
+            uint32_t nc = n_valid - c0 < ATTN_CHUNK ? n_valid - c0 : ATTN_CHUNK;
+            const float *kr, *vr;
+            if (ly->dtype == KV_F32) {
+                kr = (const float *)K + (size_t)c0 * hd;
+                vr = (const float *)V + (size_t)c0 * hd;
+            } else {
+                cpu_load_kv(ly->dtype, K + (size_t)c0 * hd * es, kb, (size_t)nc * hd);
+                cpu_load_kv(ly->dtype, V + (size_t)c0 * hd * es, vb, (size_t)nc * hd);
+                kr = kb;
+                vr = vb;
+            }
+            for (uint32_t h = 0; h < g; h++) {
+                float *sh = s + (size_t)h * ATTN_CHUNK;
+                float cmax = -INFINITY;
+                for (uint32_t c = 0; c < nc; c++) {
+                    sh[c] = cpu_dot(qg + (size_t)h * hd, kr + (size_t)c * hd, hd) * j->a->scale;
+                    cmax = sh[c] > cmax ? sh[c] : cmax;
+                }
+                float mnew = cmax > mr[h] ? cmax : mr[h];
+                float corr = mr[h] == -INFINITY ? 0.0f : expf(mr[h] - mnew);
+                float *oh = og + (size_t)h * hd;
+                if (corr != 1.0f)
+                    cpu_scale(oh, corr, hd);
+                float lsum = lr[h] * corr;
+                for (uint32_t c = 0; c < nc; c++) {
+                    float p = expf(sh[c] - mnew);
+                    lsum += p;
+                    cpu_axpy(oh, p, vr + (size_t)c * hd, hd);
+                }
+                lr[h] = lsum;
+                mr[h] = mnew;
+            }
+        }
+    }
+    for (uint32_t h = 0; h < g; h++) {
+        if (lr[h] > 0.0f)
+            cpu_scale(og + (size_t)h * hd, 1.0f / lr[h], hd);
+        m[kvh * g + h] = mr[h];
+        l[kvh * g + h] = lr[h];
+    }
+}
+
+void cpu_lse_merge(float *o_a, float *m_a, float *l_a, const float *o_b, float m_b, float l_b,
+                   uint32_t head_dim)
+{
+    if (m_b == -INFINITY || l_b == 0.0f)
+        return;
+    if (*m_a == -INFINITY || *l_a == 0.0f) {
+        memcpy(o_a, o_b, sizeof(float) * head_dim);
+        *m_a = m_b;
+        *l_a = l_b;
+        return;
+    }
+    float mx = *m_a > m_b ? *m_a : m_b;
+    float wa = *l_a * expf(*m_a - mx), wb = l_b * expf(m_b - mx);
+    float lsum = wa + wb, ca = wa / lsum, cb = wb / lsum;
+    for (uint32_t d = 0; d < head_dim; d++)
+        o_a[d] = o_a[d] * ca + o_b[d] * cb;
+    *m_a = mx;
+    *l_a = lsum;
+}

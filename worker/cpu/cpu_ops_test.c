@@ -1,0 +1,590 @@
+/* cpu_ops_test.c - every cpu op through the backend against a naive scalar reference. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/err.h"
+#include "worker/backend.h"
+#include "worker/cpu/cpu_backend.h"
+#include "worker/cpu/cpu_ops.h"
+#include "worker/cpu/pool.h"
+#include "worker/kv.h"
+
+static uint64_t rng_state = 88172645463325252ull;
+static float frand(void) /* uniform in [-1, 1) */
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)((rng_state >> 40) / (double)(1 << 24)) * 2.0f - 1.0f;
+}
+static void fill(float *x, size_t n, float scale)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = frand() * scale;
+}
+
+/* the reference f16 decode, written from the IEEE definition */
+static double ref_f16(uint16_t h)
+{
+    int e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    double s = (h & 0x8000) ? -1.0 : 1.0;
+    if (e == 0)
+        return s * ldexp(m, -24);
+    if (e == 31)
+        return m ? NAN : s * INFINITY;
+    return s * ldexp(1024 + m, e - 25);
+}
+
+/* atol + rtol*|ref|, printing the first mismatches */
+static int check_close(const char *what, const float *got, const double *ref, size_t n, double atol,
+                       double rtol)
+{
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - ref[i]);
+        if (!(d <= atol + rtol * fabs(ref[i]))) {
+            if (bad < 5)
+                fprintf(stderr, "%s[%zu]: got %.9g want %.9g (diff %.3g)\n", what, i, got[i],
+                        ref[i], d);
+            bad++;
+        }
+    }
+    return bad;
+}
+
+static struct backend *be;
+
+static int setup(void **state)
+{
+    (void)state;
+    return cpu_backend_init(3, &be);
+}
+static int teardown(void **state)
+{
+    (void)state;
+    backend_free(be);
+    return 0;
+}
+
+static struct be_tensor *tensor_f32(uint32_t rows, uint32_t cols, const float *data)
+{
+    struct be_tensor *t;
+    assert_int_equal(backend_tensor_alloc(be, BE_F32, rows, cols, &t), 0);
+    if (data)
+        assert_int_equal(backend_tensor_set(be, t, data, 0, sizeof(float) * rows * cols), 0);
+    return t;
+}
+static void get_f32(struct be_tensor *t, float *dst, size_t n)
+{
+    assert_int_equal(backend_tensor_get(be, t, dst, 0, n * sizeof(float)), 0);
+}
+
+static void test_f16_conversions(void **state)
+{
+    (void)state;
+    for (uint32_t h = 0; h < 65536; h++) {
+        double r = ref_f16((uint16_t)h);
+        float g = cpu_f16_to_f32((uint16_t)h);
+        if (isnan(r)) {
+            assert_true(isnan(g));
+            continue;
+        }
+        assert_true((double)g == r);
+        /* every finite f16 survives the trip back */
+        assert_int_equal(cpu_f32_to_f16(g), h);
+    }
+    /* round to nearest even between 1 and the next f16 (1 + 2^-10) */
+    assert_int_equal(cpu_f32_to_f16(1.0f + 0x1p-11f), 0x3c00);
+    assert_int_equal(cpu_f32_to_f16(1.0f + 0x1p-11f + 0x1p-20f), 0x3c01);
+    assert_int_equal(cpu_f32_to_f16(65520.0f), 0x7c00);
+    assert_true(cpu_bf16_to_f32(0x3f80) == 1.0f);
+    assert_true(cpu_bf16_to_f32(0xc040) == -3.0f);
+}
+
+/* a weight matrix (rows, cols) encoded in type t, plus its exact decoded values */
+static void *encode(enum be_type t, const float *w, size_t rows, size_t cols, double *dec)
+{
+    size_t rb = be_type_size(t, cols);
+    uint8_t *buf = malloc(rb * rows);
+    for (size_t r = 0; r < rows; r++) {
+        const float *src = w + r * cols;
+        uint8_t *dst = buf + r * rb;
+        double *dd = dec + r * cols;
+        for (size_t i = 0; i < cols; i++) {
+            if (t == BE_F32) {
+                memcpy(dst + 4 * i, &src[i], 4);
+                dd[i] = src[i];
+            } else if (t == BE_F16) {
+                uint16_t h = cpu_f32_to_f16(src[i]);
+                memcpy(dst + 2 * i, &h, 2);
+                dd[i] = ref_f16(h);
+            } else if (t == BE_BF16) {
+                uint32_t bits;
+                memcpy(&bits, &src[i], 4);
+                uint16_t h = (uint16_t)(bits >> 16);
+                memcpy(dst + 2 * i, &h, 2);
+                bits = (uint32_t)h << 16;
+                float f;
+                memcpy(&f, &bits, 4);
+                dd[i] = f;
+            }
+        }
+        if (t == BE_Q8_0) {
+            for (size_t b = 0; b < cols / 32; b++) {
+                float amax = 0;
+                for (int j = 0; j < 32; j++)
+                    amax = fmaxf(amax, fabsf(src[b * 32 + j]));
+                uint16_t dh = cpu_f32_to_f16(amax / 127.0f);
+                double d = ref_f16(dh);
+                uint8_t *blk = dst + b * 34;
+                memcpy(blk, &dh, 2);
+                for (int j = 0; j < 32; j++) {
+                    int q = d > 0 ? (int)lround(src[b * 32 + j] / d) : 0;
+                    q = q > 127 ? 127 : q < -127 ? -127 : q;
+                    blk[2 + j] = (uint8_t)(int8_t)q;
+                    dd[b * 32 + j] = d * q;
+                }
+            }
+        }
+    }
+    return buf;
+}
+
+static void run_matmul(enum be_type t, uint32_t n_tok, uint32_t n_in, uint32_t n_out, int bias)
+{
+    float *w = malloc(sizeof(float) * n_in * n_out), *x = malloc(sizeof(float) * n_tok * n_in);
+    float *b = malloc(sizeof(float) * n_out), *y = malloc(sizeof(float) * n_tok * n_out);
+    double *wd = malloc(sizeof(double) * n_in * n_out),
+           *ref = malloc(sizeof(double) * n_tok * n_out);
+    fill(w, (size_t)n_in * n_out, 1.0f);
+    fill(x, (size_t)n_tok * n_in, 1.0f);
+    fill(b, n_out, 1.0f);
+    void *enc = encode(t, w, n_out, n_in, wd);
+    struct be_tensor *tw, *tx = tensor_f32(n_tok, n_in, x), *ty = tensor_f32(n_tok, n_out, NULL);
+    struct be_tensor *tb = bias ? tensor_f32(1, n_out, b) : NULL;
+    assert_int_equal(backend_tensor_alloc(be, t, n_out, n_in, &tw), 0);
+    assert_int_equal(backend_tensor_set(be, tw, enc, 0, be_type_size(t, n_in) * n_out), 0);
+    assert_int_equal(matmul_forward(be, ty, tx, tw, tb, n_tok), 0);
+    get_f32(ty, y, (size_t)n_tok * n_out);
+    for (uint32_t i = 0; i < n_tok; i++)
+        for (uint32_t o = 0; o < n_out; o++) {
+            double s = bias ? b[o] : 0.0;
+            for (uint32_t k = 0; k < n_in; k++)
+                s += wd[(size_t)o * n_in + k] * x[(size_t)i * n_in + k];
+            ref[(size_t)i * n_out + o] = s;
+        }
+    char what[64];
+    snprintf(what, sizeof(what), "matmul %s %ux%ux%u", be_type_name(t), n_tok, n_in, n_out);
+    assert_int_equal(check_close(what, y, ref, (size_t)n_tok * n_out, 1e-4, 1e-4), 0);
+    backend_tensor_free(be, tw);
+    backend_tensor_free(be, tx);
+    backend_tensor_free(be, ty);
+    backend_tensor_free(be, tb);
+    free(w), free(x), free(b), free(y), free(wd), free(ref), free(enc);
+}
+
+static void test_matmul(void **state)
+{
+    (void)state;
+    enum be_type types[] = {BE_F32, BE_F16, BE_BF16, BE_Q8_0};
+    for (size_t i = 0; i < 4; i++) {
+        run_matmul(types[i], 1, 64, 37, 0);
+        run_matmul(types[i], 3, 96, 5, 1);
+        run_matmul(types[i], 70, 160, 64, 1);
+        run_matmul(types[i], 2, 2048, 9, 0); /* token tile smaller than the batch */
+        run_matmul(types[i], 200, 1024, 3, 0);
+    }
+    /* a shape mismatch is refused, not computed */
+    struct be_tensor *w = tensor_f32(4, 8, NULL), *x = tensor_f32(2, 7, NULL),
+                     *y = tensor_f32(2, 4, NULL);
+    assert_int_equal(matmul_forward(be, y, x, w, NULL, 2), RKV_EINVAL);
+    backend_tensor_free(be, w);
+    backend_tensor_free(be, x);
+    backend_tensor_free(be, y);
+}
+
+static void test_embed_rmsnorm_silu_add_rows(void **state)
+{
+    (void)state;
+    const uint32_t V = 11, D = 40, N = 5;
+    enum be_type types[] = {BE_F32, BE_F16, BE_BF16, BE_Q8_0};
+    float *w = malloc(sizeof(float) * V * 64);
+    double *wd = malloc(sizeof(double) * V * 64), ref[5 * 64];
+    float got[5 * 64];
+    int32_t ids[5] = {3, 0, 10, 3, 7};
+    for (size_t ti = 0; ti < 4; ti++) {
+        uint32_t d = types[ti] == BE_Q8_0 ? 64 : D;
+        fill(w, (size_t)V * d, 2.0f);
+        void *enc = encode(types[ti], w, V, d, wd);
+        struct be_tensor *tw, *out = tensor_f32(N, d, NULL);
+        assert_int_equal(backend_tensor_alloc(be, types[ti], V, d, &tw), 0);
+        assert_int_equal(backend_tensor_set(be, tw, enc, 0, be_type_size(types[ti], d) * V), 0);
+        assert_int_equal(embed_forward(be, out, tw, ids, N), 0);
+        get_f32(out, got, (size_t)N * d);
+        for (uint32_t i = 0; i < N; i++)
+            for (uint32_t j = 0; j < d; j++)
+                ref[i * d + j] = wd[(size_t)ids[i] * d + j];
+        assert_int_equal(check_close("embed", got, ref, (size_t)N * d, 0, 0), 0);
+        int32_t bad_id = (int32_t)V;
+        assert_int_equal(embed_forward(be, out, tw, &bad_id, 1), RKV_ERANGE);
+        backend_tensor_free(be, tw);
+        backend_tensor_free(be, out);
+        free(enc);
+    }
+
+    float x[5 * 40], g[5 * 40], nw[40];
+    fill(x, N * D, 3.0f);
+    fill(g, N * D, 4.0f);
+    fill(nw, D, 1.0f);
+    struct be_tensor *tx = tensor_f32(N, D, x), *tg = tensor_f32(N, D, g),
+                     *tn = tensor_f32(1, D, nw), *ty = tensor_f32(N, D, NULL);
+    assert_int_equal(rmsnorm_forward(be, ty, tx, tn, N, 1e-5f), 0);
+    get_f32(ty, got, N * D);
+    for (uint32_t i = 0; i < N; i++) {
+        double ss = 0;
+        for (uint32_t j = 0; j < D; j++)
+            ss += (double)x[i * D + j] * x[i * D + j];
+        double sc = 1.0 / sqrt(ss / D + 1e-5);
+        for (uint32_t j = 0; j < D; j++)
+            ref[i * D + j] = x[i * D + j] * sc * nw[j];
+    }
+    assert_int_equal(check_close("rmsnorm", got, ref, N * D, 1e-6, 1e-5), 0);
+
+    assert_int_equal(silu_mul_forward(be, ty, tx, tg, N), 0);
+    get_f32(ty, got, N * D);
+    for (uint32_t i = 0; i < N * D; i++)
+        ref[i] = x[i] / (1.0 + exp(-(double)x[i])) * g[i];
+    assert_int_equal(check_close("silu_mul", got, ref, N * D, 1e-6, 1e-5), 0);
+
+    assert_int_equal(add_forward(be, ty, tx, tg, N), 0);
+    get_f32(ty, got, N * D);
+    for (uint32_t i = 0; i < N * D; i++)
+        ref[i] = (double)(x[i] + g[i]);
+    assert_int_equal(check_close("add", got, ref, N * D, 0, 0), 0);
+
+    uint32_t rows[3] = {4, 0, 4};
+    assert_int_equal(get_rows_forward(be, ty, tx, rows, 3), 0);
+    get_f32(ty, got, 3 * D);
+    for (uint32_t i = 0; i < 3; i++)
+        for (uint32_t j = 0; j < D; j++)
+            ref[i * D + j] = x[rows[i] * D + j];
+    assert_int_equal(check_close("get_rows", got, ref, 3 * D, 0, 0), 0);
+
+    backend_tensor_free(be, tx);
+    backend_tensor_free(be, tg);
+    backend_tensor_free(be, tn);
+    backend_tensor_free(be, ty);
+    free(w);
+    free(wd);
+}
+
+static void test_rope(void **state)
+{
+    (void)state;
+    const uint32_t T = 6, H = 3, HD = 16;
+    float x[6 * 48], got[6 * 48];
+    double ref[6 * 48];
+    int32_t pos[6] = {0, 1, 2, 17, 300, 4095};
+    uint32_t seq_of[6] = {0};
+    struct kv_block_ref blk = {0, KV_DEVICE};
+    struct be_seq seq = {0, T, 0, &blk, 1};
+    struct be_batch b = {&seq, 1, T, pos, seq_of};
+    for (int neox = 0; neox < 2; neox++)
+        for (uint32_t n_rot = 8; n_rot <= HD; n_rot += 8) {
+            struct be_rope r = {n_rot, 10000.0f, neox ? 0.25f : 1.0f, neox};
+            fill(x, T * H * HD, 1.0f);
+            struct be_tensor *tx = tensor_f32(T, H * HD, x);
+            assert_int_equal(rope_forward(be, tx, &b, H, HD, &r), 0);
+            get_f32(tx, got, T * H * HD);
+            for (uint32_t t = 0; t < T; t++)
+                for (uint32_t h = 0; h < H; h++) {
+                    const float *xi = x + (t * H + h) * HD;
+                    double *ro = ref + (t * H + h) * HD;
+                    for (uint32_t d = 0; d < HD; d++)
+                        ro[d] = xi[d];
+                    for (uint32_t i = 0; i < n_rot / 2; i++) {
+                        double th = pos[t] * r.freq_scale * pow(10000.0, -2.0 * i / n_rot);
+                        uint32_t a = neox ? i : 2 * i, c = neox ? i + n_rot / 2 : 2 * i + 1;
+                        ro[a] = xi[a] * cos(th) - xi[c] * sin(th);
+                        ro[c] = xi[a] * sin(th) + xi[c] * cos(th);
+                    }
+                }
+            assert_int_equal(check_close("rope", got, ref, T * H * HD, 1e-6, 1e-5), 0);
+            backend_tensor_free(be, tx);
+        }
+}
+
+/* attention fixture: one or two sequences over a local kv pool */
+struct attn_fx {
+    struct kv_layout l;
+    struct kv_local *kv;
+    struct be_attn a;
+    uint32_t n_tok;
+    float *q, *k, *v; /* (n_tok, ...) all positions 0..n_tok-1 of one sequence */
+    struct kv_block_ref blocks[128];
+    uint32_t n_blocks;
+    int32_t pos[512];
+    uint32_t seq_of[512];
+    struct be_seq seq;
+    struct be_batch b;
+};
+
+static void attn_fx_init(struct attn_fx *f, uint32_t B, uint32_t n_tok, enum kv_dtype dt,
+                         uint32_t n_head, uint32_t n_kv, uint32_t hd)
+{
+    memset(f, 0, sizeof(*f));
+    assert_int_equal(kv_layout_init(&f->l, B, 2, n_kv, hd, dt), 0);
+    f->n_blocks = kv_blocks_for(&f->l, n_tok);
+    assert_true(f->n_blocks <= 128 && n_tok <= 512);
+    assert_int_equal(kv_local_init(&f->kv, &f->l, 128, 128), 0);
+    f->a = (struct be_attn){n_head, n_kv, hd, 1.0f / sqrtf((float)hd)};
+    f->n_tok = n_tok;
+    f->q = malloc(sizeof(float) * n_tok * n_head * hd);
+    f->k = malloc(sizeof(float) * n_tok * n_kv * hd);
+    f->v = malloc(sizeof(float) * n_tok * n_kv * hd);
+    fill(f->q, (size_t)n_tok * n_head * hd, 2.0f);
+    fill(f->k, (size_t)n_tok * n_kv * hd, 2.0f);
+    fill(f->v, (size_t)n_tok * n_kv * hd, 1.0f);
+    /* a shuffled block order: the engine must not assume index order */
+    for (uint32_t j = 0; j < f->n_blocks; j++)
+        assert_int_equal(kv_local_alloc(f->kv, KV_DEVICE, &f->blocks[j]), 0);
+    for (uint32_t j = f->n_blocks; j > 1; j--) {
+        uint32_t r = (uint32_t)((frand() + 1.0f) * 0.5f * j) % j;
+        struct kv_block_ref t = f->blocks[j - 1];
+        f->blocks[j - 1] = f->blocks[r];
+        f->blocks[r] = t;
+    }
+    for (uint32_t t = 0; t < n_tok; t++)
+        f->pos[t] = (int32_t)t;
+    f->seq = (struct be_seq){0, n_tok, 0, f->blocks, f->n_blocks};
+    f->b = (struct be_batch){&f->seq, 1, n_tok, f->pos, f->seq_of};
+    assert_int_equal(backend_set_kv(be, &f->l, kv_local_pools(f->kv)), 0);
+    struct be_tensor *tk = tensor_f32(n_tok, n_kv * hd, f->k),
+                     *tv = tensor_f32(n_tok, n_kv * hd, f->v);
+    assert_int_equal(kv_write_forward(be, &f->b, 1, tk, tv), 0);
+    backend_tensor_free(be, tk);
+    backend_tensor_free(be, tv);
+}
+
+static void attn_fx_fini(struct attn_fx *f)
+{
+    kv_local_free(f->kv);
+    free(f->q), free(f->k), free(f->v);
+}
+
+static void partial_alloc(struct be_partial *p, uint32_t n, const struct be_attn *a)
+{
+    p->o = tensor_f32(n, a->n_head * a->head_dim, NULL);
+    p->m = tensor_f32(n, a->n_head, NULL);
+    p->l = tensor_f32(n, a->n_head, NULL);
+}
+static void partial_free(struct be_partial *p)
+{
+    backend_tensor_free(be, p->o);
+    backend_tensor_free(be, p->m);
+    backend_tensor_free(be, p->l);
+}
+
+/* naive causal softmax attention over every position, in double; the kv
+ * values are the ones the cache holds (f16-rounded when the cache is f16) */
+static void ref_attention(const struct attn_fx *f, double *out)
+{
+    const uint32_t H = f->a.n_head, hd = f->a.head_dim, g = H / f->a.n_kv_head;
+    const uint32_t kvd = f->a.n_kv_head * hd;
+    double *s = malloc(sizeof(double) * f->n_tok);
+    for (uint32_t t = 0; t < f->n_tok; t++)
+        for (uint32_t h = 0; h < H; h++) {
+            uint32_t kvh = h / g;
+            double mx = -INFINITY, sum = 0;
+            for (uint32_t p = 0; p <= t; p++) {
+                double d = 0;
+                for (uint32_t i = 0; i < hd; i++) {
+                    float kf = f->k[p * kvd + kvh * hd + i];
+                    double kk = f->l.dtype == KV_F16 ? ref_f16(cpu_f32_to_f16(kf)) : kf;
+                    d += (double)f->q[(t * H + h) * hd + i] * kk;
+                }
+                s[p] = d * f->a.scale;
+                mx = fmax(mx, s[p]);
+            }
+            double *o = out + (t * H + h) * hd;
+            memset(o, 0, sizeof(double) * hd);
+            for (uint32_t p = 0; p <= t; p++) {
+                double e = exp(s[p] - mx);
+                sum += e;
+                for (uint32_t i = 0; i < hd; i++) {
+                    float vf = f->v[p * kvd + kvh * hd + i];
+                    o[i] += e * (f->l.dtype == KV_F16 ? ref_f16(cpu_f32_to_f16(vf)) : vf);
+                }
+            }
+            for (uint32_t i = 0; i < hd; i++)
+                o[i] /= sum;
+        }
+    free(s);
+}
+
+static void run_attention(uint32_t B, uint32_t n_tok, enum kv_dtype dt, uint32_t H, uint32_t KVH,
+                          uint32_t hd)
+{
+    struct attn_fx f;
+    attn_fx_init(&f, B, n_tok, dt, H, KVH, hd);
+    struct be_partial p;
+    partial_alloc(&p, n_tok, &f.a);
+    struct be_tensor *tq = tensor_f32(n_tok, H * hd, f.q);
+    assert_int_equal(attn_partial_forward(be, &f.b, 1, KV_DEVICE, tq, &f.a, &p), 0);
+    size_t n = (size_t)n_tok * H * hd;
+    float *got = malloc(sizeof(float) * n);
+    double *ref = malloc(sizeof(double) * n);
+    get_f32(p.o, got, n);
+    ref_attention(&f, ref);
+    assert_int_equal(check_close("attention", got, ref, n, 1e-5, 1e-4), 0);
+    /* nothing is host-tagged: the host partial is the empty set */
+    assert_int_equal(attn_partial_forward(be, &f.b, 1, KV_HOST, tq, &f.a, &p), 0);
+    float m[8], l[8];
+    get_f32(p.m, m, H);
+    get_f32(p.l, l, H);
+    for (uint32_t h = 0; h < H; h++) {
+        assert_true(isinf(m[h]) && m[h] < 0);
+        assert_true(l[h] == 0.0f);
+    }
+    free(got), free(ref);
+    backend_tensor_free(be, tq);
+    partial_free(&p);
+    attn_fx_fini(&f);
+}
+
+static void test_attention(void **state)
+{
+    (void)state;
+    run_attention(4, 19, KV_F32, 4, 2, 8);
+    run_attention(1, 7, KV_F32, 2, 2, 16);
+    run_attention(16, 130, KV_F32, 8, 2, 32);
+    run_attention(256, 300, KV_F32, 4, 1, 16); /* chunks of 64 inside a block */
+    run_attention(3, 40, KV_F16, 6, 3, 8);
+}
+
+/* random device/host splits merged by lse equal the one-pass softmax */
+static void test_lse_merge_splits(void **state)
+{
+    (void)state;
+    const uint32_t n_tok = 90, H = 4, KVH = 2, hd = 16;
+    uint32_t Bs[] = {1, 3, 16};
+    for (size_t bi = 0; bi < 3; bi++)
+        for (int trial = 0; trial < 6; trial++) {
+            struct attn_fx f;
+            attn_fx_init(&f, Bs[bi], n_tok, KV_F32, H, KVH, hd);
+            struct be_partial one, dev, host;
+            partial_alloc(&one, n_tok, &f.a);
+            partial_alloc(&dev, n_tok, &f.a);
+            partial_alloc(&host, n_tok, &f.a);
+            struct be_tensor *tq = tensor_f32(n_tok, H * hd, f.q);
+            assert_int_equal(attn_partial_forward(be, &f.b, 1, KV_DEVICE, tq, &f.a, &one), 0);
+            for (uint32_t j = 0; j < f.n_blocks; j++) {
+                int to_host = trial == 0   ? 1                     /* all host */
+                              : trial == 1 ? (j % 2)               /* alternating */
+                              : trial == 2 ? (j == f.n_blocks / 2) /* one block */
+                                           : frand() > 0.0f;       /* random */
+                if (to_host)
+                    assert_int_equal(kv_local_migrate(f.kv, &f.blocks[j], KV_HOST), 0);
+            }
+            assert_int_equal(attn_partial_forward(be, &f.b, 1, KV_DEVICE, tq, &f.a, &dev), 0);
+            assert_int_equal(attn_partial_forward(be, &f.b, 1, KV_HOST, tq, &f.a, &host), 0);
+            /* merge order must not matter either */
+            struct be_partial *a = trial % 2 ? &host : &dev, *b = trial % 2 ? &dev : &host;
+            assert_int_equal(attn_merge_forward(be, a, b, n_tok, &f.a), 0);
+            size_t n = (size_t)n_tok * H * hd;
+            float *got = malloc(sizeof(float) * n), *want = malloc(sizeof(float) * n);
+            double *ref = malloc(sizeof(double) * n);
+            get_f32(a->o, got, n);
+            get_f32(one.o, want, n);
+            for (size_t i = 0; i < n; i++)
+                ref[i] = want[i];
+            assert_int_equal(check_close("lse merge", got, ref, n, 1e-6, 1e-5), 0);
+            float m1[90 * 4], m2[90 * 4], l1[90 * 4], l2[90 * 4];
+            get_f32(one.m, m1, n_tok * H);
+            get_f32(a->m, m2, n_tok * H);
+            get_f32(one.l, l1, n_tok * H);
+            get_f32(a->l, l2, n_tok * H);
+            for (uint32_t i = 0; i < n_tok * H; i++) {
+                assert_true(m1[i] == m2[i]);
+                assert_true(fabsf(l1[i] - l2[i]) <= 1e-5f * l1[i]);
+            }
+            free(got), free(want), free(ref);
+            backend_tensor_free(be, tq);
+            partial_free(&one);
+            partial_free(&dev);
+            partial_free(&host);
+            attn_fx_fini(&f);
+        }
+}
+
+static void test_kv_write_layout(void **state)
+{
+    (void)state;
+    /* f16 cache: K of position p, head h lands at [h][p % B][:] of block p / B */
+    struct attn_fx f;
+    attn_fx_init(&f, 3, 10, KV_F16, 2, 2, 8);
+    for (uint32_t p = 0; p < 10; p++)
+        for (uint32_t h = 0; h < 2; h++) {
+            const uint16_t *K = kv_slice_ptr(&f.l, kv_local_pools(f.kv), f.blocks[p / 3], 1, 0);
+            const uint16_t *V = kv_slice_ptr(&f.l, kv_local_pools(f.kv), f.blocks[p / 3], 1, 1);
+            for (uint32_t i = 0; i < 8; i++) {
+                size_t at = ((size_t)h * 3 + p % 3) * 8 + i;
+                assert_int_equal(K[at], cpu_f32_to_f16(f.k[(p * 2 + h) * 8 + i]));
+                assert_int_equal(V[at], cpu_f32_to_f16(f.v[(p * 2 + h) * 8 + i]));
+            }
+        }
+    /* layer 0 was never written */
+    const uint16_t *K0 = kv_slice_ptr(&f.l, kv_local_pools(f.kv), f.blocks[0], 0, 0);
+    assert_int_equal(K0[0], 0);
+    attn_fx_fini(&f);
+}
+
+struct sum_arg {
+    uint64_t *hits;
+};
+static void count_chunk(void *v, uint32_t b, uint32_t e, uint32_t thread)
+{
+    struct sum_arg *a = v;
+    (void)thread;
+    for (uint32_t i = b; i < e; i++)
+        a->hits[i]++;
+}
+
+static void test_pool(void **state)
+{
+    (void)state;
+    struct pool *p;
+    assert_int_equal(pool_init(&p, 4), 0);
+    assert_int_equal(pool_n_threads(p), 4);
+    uint64_t *hits = calloc(10007, sizeof(uint64_t));
+    struct sum_arg a = {hits};
+    for (int r = 0; r < 200; r++)
+        pool_run(p, count_chunk, &a, 10007, 1 + r % 7);
+    for (uint32_t i = 0; i < 10007; i++)
+        assert_int_equal(hits[i], 200);
+    free(hits);
+    pool_free(p);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_f16_conversions),
+        cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_embed_rmsnorm_silu_add_rows),
+        cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_lse_merge_splits),
+        cmocka_unit_test(test_kv_write_layout),
+        cmocka_unit_test(test_pool),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,240 @@
+/* forward.c - the llama/qwen2 forward pass as a flat list of backend ops. */
+#include "worker/forward.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "common/log.h"
+
+struct fwd {
+    struct model *m;
+    struct backend *be;
+    struct kv_layout layout;
+    uint32_t max_tokens, max_seqs;
+    /* activations, T = max_tokens */
+    struct be_tensor *x;     /* (T, dim) residual stream */
+    struct be_tensor *h;     /* (T, dim) normed input of a sub-block */
+    struct be_tensor *q;     /* (T, n_head*head_dim) */
+    struct be_tensor *k;     /* (T, n_kv_head*head_dim) */
+    struct be_tensor *v;     /* (T, n_kv_head*head_dim) */
+    struct be_partial dev;   /* o (T, n_head*head_dim), m, l (T, n_head): device blocks */
+    struct be_partial host;  /* same shapes: host blocks */
+    struct be_tensor *proj;  /* (T, dim) output of wo / w_down */
+    struct be_tensor *gate;  /* (T, ffn) */
+    struct be_tensor *up;    /* (T, ffn) */
+    struct be_tensor *xo;    /* (S, dim) rows whose logits are wanted, S = max_seqs */
+    struct be_tensor *logit; /* (S, n_vocab) */
+    /* host-side batch description, sized T and S */
+    int32_t *ids, *pos;
+    uint32_t *seq_of, *rows;
+    struct be_seq *seqs;
+};
+
+int fwd_kv_layout(const struct model *m, uint32_t block_size, enum kv_dtype dtype,
+                  struct kv_layout *out)
+{
+    return kv_layout_init(out, block_size, m->hp.n_layer, m->hp.n_kv_head, m->hp.head_dim, dtype);
+}
+
+void fwd_free(struct fwd *f)
+{
+    if (!f)
+        return;
+    struct be_tensor *ts[] = {f->x,     f->h,     f->q,      f->k,      f->v,      f->dev.o,
+                              f->dev.m, f->dev.l, f->host.o, f->host.m, f->host.l, f->proj,
+                              f->gate,  f->up,    f->xo,     f->logit};
+    for (size_t i = 0; i < sizeof(ts) / sizeof(ts[0]); i++)
+        backend_tensor_free(f->be, ts[i]);
+    free(f->ids);
+    free(f->pos);
+    free(f->seq_of);
+    free(f->rows);
+    free(f->seqs);
+    free(f);
+}
+
+int fwd_init(struct fwd **out, struct model *m, const struct kv_layout *l,
+             const struct kv_pools *pools, uint32_t max_tokens, uint32_t max_seqs)
+{
+    const struct model_hparams *hp = &m->hp;
+    if (max_tokens == 0 || max_seqs == 0 || max_seqs > max_tokens || l->n_layer != hp->n_layer ||
+        l->n_kv_head != hp->n_kv_head || l->head_dim != hp->head_dim)
+        return RKV_EINVAL;
+    struct fwd *f = calloc(1, sizeof(*f));
+    if (!f)
+        return RKV_ENOMEM;
+    f->m = m;
+    f->be = m->be;
+    f->layout = *l;
+    f->max_tokens = max_tokens;
+    f->max_seqs = max_seqs;
+    const uint32_t T = max_tokens, S = max_seqs, qd = hp->n_head * hp->head_dim,
+                   kvd = hp->n_kv_head * hp->head_dim;
+    struct {
+        struct be_tensor **t;
+        uint32_t rows, cols;
+    } a[] = {
+        {&f->x, T, hp->dim},
+        {&f->h, T, hp->dim},
+        {&f->q, T, qd},
+        {&f->k, T, kvd},
+        {&f->v, T, kvd},
+        {&f->dev.o, T, qd},
+        {&f->dev.m, T, hp->n_head},
+        {&f->dev.l, T, hp->n_head},
+        {&f->host.o, T, qd},
+        {&f->host.m, T, hp->n_head},
+        {&f->host.l, T, hp->n_head},
+        {&f->proj, T, hp->dim},
+        {&f->gate, T, hp->ffn},
+        {&f->up, T, hp->ffn},
+        {&f->xo, S, hp->dim},
+        {&f->logit, S, hp->n_vocab},
+    };
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < sizeof(a) / sizeof(a[0]); i++)
+        rc = backend_tensor_alloc(f->be, BE_F32, a[i].rows, a[i].cols, a[i].t);
+    f->ids = calloc(T, sizeof(int32_t));
+    f->pos = calloc(T, sizeof(int32_t));
+    f->seq_of = calloc(T, sizeof(uint32_t));
+    f->rows = calloc(T, sizeof(uint32_t));
+    f->seqs = calloc(S, sizeof(struct be_seq));
+    if (rc == 0 && (!f->ids || !f->pos || !f->seq_of || !f->rows || !f->seqs))
+        rc = RKV_ENOMEM;
+    if (rc == 0)
+        rc = backend_set_kv(f->be, l, pools);
+    if (rc < 0) {
+        fwd_free(f);
+        return rc;
+    }
+    *out = f;
+    return 0;
+}
+
+/* fills the host batch description; 1 when some block of the batch is on
+ * the host (else the host pass is skipped: it would be empty) */
+static int build_batch(struct fwd *f, const struct fwd_seq *seqs, uint32_t n_seqs,
+                       struct be_batch *b)
+{
+    uint32_t t = 0;
+    int any_host = 0;
+    for (uint32_t s = 0; s < n_seqs; s++) {
+        const struct fwd_seq *q = &seqs[s];
+        if (q->n_tokens == 0 || q->n_tokens > f->max_tokens - t || !q->tokens || !q->blocks ||
+            (uint64_t)q->n_blocks * f->layout.block_size < (uint64_t)q->n_past + q->n_tokens ||
+            (uint64_t)q->n_past + q->n_tokens > INT32_MAX)
+            return RKV_EINVAL;
+        f->seqs[s] = (struct be_seq){t, q->n_tokens, q->n_past, q->blocks, q->n_blocks};
+        for (uint32_t i = 0; i < q->n_blocks; i++)
+            any_host |= q->blocks[i].residency == KV_HOST;
+        for (uint32_t i = 0; i < q->n_tokens; i++, t++) {
+            f->ids[t] = q->tokens[i];
+            f->pos[t] = (int32_t)(q->n_past + i);
+            f->seq_of[t] = s;
+        }
+    }
+    *b = (struct be_batch){f->seqs, n_seqs, t, f->pos, f->seq_of};
+    return any_host;
+}
+
+/* logits of `n` rows of the residual stream: final norm then the lm head */
+static int logits_forward(struct fwd *f, const uint32_t *rows, uint32_t n, float *logits)
+{
+    const struct model *m = f->m;
+    struct backend *be = f->be;
+    int rc;
+    if ((rc = get_rows_forward(be, f->xo, f->x, rows, n)) < 0 || /* (n, dim) */
+        (rc = rmsnorm_forward(be, f->xo, f->xo, m->output_norm, n, m->hp.norm_eps)) < 0 ||
+        (rc = matmul_forward(be, f->logit, f->xo, m->output, NULL, n)) < 0 || /* (n, n_vocab) */
+        (rc = backend_sync(be)) < 0)
+        return rc;
+    return backend_tensor_get(be, f->logit, logits, 0, (size_t)n * m->hp.n_vocab * sizeof(float));
+}
+
+int fwd_step(struct fwd *f, const struct fwd_seq *seqs, uint32_t n_seqs, int all_logits,
+             float *logits)
+{
+    if (n_seqs == 0 || n_seqs > f->max_seqs)
+        return RKV_EINVAL;
+    struct be_batch b;
+    int any_host = build_batch(f, seqs, n_seqs, &b);
+    if (any_host < 0)
+        return any_host;
+    const struct model *m = f->m;
+    const struct model_hparams *hp = &m->hp;
+    struct backend *be = f->be;
+    const uint32_t T = b.n_tokens;
+    const struct be_rope rope = {hp->n_rot, hp->rope_base, 1.0f / hp->rope_scale, hp->rope_neox};
+    const struct be_attn at = {hp->n_head, hp->n_kv_head, hp->head_dim,
+                               1.0f / sqrtf((float)hp->head_dim)};
+    int rc;
+#define RUN(call)                                                                                  \
+    if ((rc = (call)) < 0)                                                                         \
+        goto fail;
+
+    RUN(embed_forward(be, f->x, m->tok_embd, f->ids, T)); /* x (T, dim) */
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        const struct model_layer *L = &m->layers[l];
+        /* attention */
+        RUN(rmsnorm_forward(be, f->h, f->x, L->attn_norm, T, hp->norm_eps)); /* h (T, dim) */
+        RUN(matmul_forward(be, f->q, f->h, L->wq, L->bq, T));                /* q (T, n_head*hd) */
+        RUN(matmul_forward(be, f->k, f->h, L->wk, L->bk, T));                /* k (T, n_kv*hd) */
+        RUN(matmul_forward(be, f->v, f->h, L->wv, L->bv, T));                /* v (T, n_kv*hd) */
+        RUN(rope_forward(be, f->q, &b, hp->n_head, hp->head_dim, &rope));
+        RUN(rope_forward(be, f->k, &b, hp->n_kv_head, hp->head_dim, &rope));
+        RUN(kv_write_forward(be, &b, l, f->k, f->v));
+        /* device blocks and host blocks attend separately, merged by lse */
+        RUN(attn_partial_forward(be, &b, l, KV_DEVICE, f->q, &at, &f->dev)); /* o (T, n_head*hd) */
+        if (any_host) {
+            RUN(attn_partial_forward(be, &b, l, KV_HOST, f->q, &at, &f->host));
+            RUN(attn_merge_forward(be, &f->dev, &f->host, T, &at));
+        }
+        RUN(matmul_forward(be, f->proj, f->dev.o, L->wo, NULL, T)); /* proj (T, dim) */
+        RUN(add_forward(be, f->x, f->x, f->proj, T));
+        /* feed-forward */
+        RUN(rmsnorm_forward(be, f->h, f->x, L->ffn_norm, T, hp->norm_eps)); /* h (T, dim) */
+        RUN(matmul_forward(be, f->gate, f->h, L->w_gate, NULL, T));         /* gate (T, ffn) */
+        RUN(matmul_forward(be, f->up, f->h, L->w_up, NULL, T));             /* up (T, ffn) */
+        RUN(silu_mul_forward(be, f->gate, f->gate, f->up, T));
+        RUN(matmul_forward(be, f->proj, f->gate, L->w_down, NULL, T)); /* proj (T, dim) */
+        RUN(add_forward(be, f->x, f->x, f->proj, T));
+    }
+    if (all_logits) {
+        /* every token, max_seqs rows at a time */
+        for (uint32_t t0 = 0; t0 < T; t0 += f->max_seqs) {
+            uint32_t n = T - t0 < f->max_seqs ? T - t0 : f->max_seqs;
+            for (uint32_t i = 0; i < n; i++)
+                f->rows[i] = t0 + i;
+            RUN(logits_forward(f, f->rows, n, logits + (size_t)t0 * hp->n_vocab));
+        }
+    } else {
+        for (uint32_t s = 0; s < n_seqs; s++)
+            f->rows[s] = f->seqs[s].tok_off + f->seqs[s].n_tokens - 1;
+        RUN(logits_forward(f, f->rows, n_seqs, logits));
+    }
+#undef RUN
+    return 0;
+fail:
+    log_ratelimited(RKV_LOG_ERROR, 1000, 5, "forward: step of %u tokens failed: %s", T,
+                    rkv_strerror(rc));
+    return rc;
+}
+
+int fwd_prefill(struct fwd *f, const int32_t *tokens, uint32_t n_tokens, uint32_t n_past,
+                const struct kv_block_ref *blocks, uint32_t n_blocks, uint32_t chunk, float *logits)
+{
+    if (n_tokens == 0 || chunk == 0)
+        return RKV_EINVAL;
+    if (chunk > f->max_tokens)
+        chunk = f->max_tokens;
+    for (uint32_t i = 0; i < n_tokens; i += chunk) {
+        uint32_t n = n_tokens - i < chunk ? n_tokens - i : chunk;
+        struct fwd_seq s = {tokens + i, n, n_past + i, blocks, n_blocks};
+        int rc = fwd_step(f, &s, 1, 0, logits);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}

@@ -1,0 +1,45 @@
+/* forward.h - batched forward steps (decode tokens and prefill chunks) over paged KV. */
+#ifndef RKV_FORWARD_H
+#define RKV_FORWARD_H
+
+#include <stdint.h>
+
+#include "worker/kv.h"
+#include "worker/model.h"
+
+/* one sequence's share of a step: n_tokens new tokens at positions
+ * n_past.. (1 for decode, a chunk for prefill); its block table must cover
+ * n_past + n_tokens positions, and KV of positions < n_past must already be
+ * in it. the block of the tokens being written should be device-resident. */
+struct fwd_seq {
+    const int32_t *tokens;
+    uint32_t n_tokens;
+    uint32_t n_past;
+    const struct kv_block_ref *blocks;
+    uint32_t n_blocks;
+};
+
+struct fwd;
+
+/* activations for up to max_tokens tokens from up to max_seqs sequences per
+ * step; the kv layout must match the model (n_layer, n_kv_head, head_dim) */
+int fwd_init(struct fwd **out, struct model *m, const struct kv_layout *l,
+             const struct kv_pools *pools, uint32_t max_tokens, uint32_t max_seqs);
+void fwd_free(struct fwd *f);
+/* the kv layout a model needs, with the given block size and cache dtype */
+int fwd_kv_layout(const struct model *m, uint32_t block_size, enum kv_dtype dtype,
+                  struct kv_layout *out);
+
+/* runs one step. logits gets n_seqs rows of n_vocab floats (the last token
+ * of each sequence, batch order), or with all_logits one row per token of
+ * the step in batch order. */
+int fwd_step(struct fwd *f, const struct fwd_seq *seqs, uint32_t n_seqs, int all_logits,
+             float *logits);
+
+/* prefills one sequence in chunks of at most `chunk` tokens (chunk <=
+ * max_tokens); logits: the last prompt token's row */
+int fwd_prefill(struct fwd *f, const int32_t *tokens, uint32_t n_tokens, uint32_t n_past,
+                const struct kv_block_ref *blocks, uint32_t n_blocks, uint32_t chunk,
+                float *logits);
+
+#endif

@@ -1,0 +1,142 @@
+/* kv.c - paged KV geometry and a small local block allocator over plain memory. */
+#include "worker/kv.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+
+int kv_layout_init(struct kv_layout *l, uint32_t block_size, uint32_t n_layer, uint32_t n_kv_head,
+                   uint32_t head_dim, enum kv_dtype dtype)
+{
+    if (block_size == 0 || block_size > 65536 || n_layer == 0 || n_kv_head == 0 || head_dim == 0 ||
+        (dtype != KV_F32 && dtype != KV_F16))
+        return RKV_EINVAL;
+    l->block_size = block_size;
+    l->n_layer = n_layer;
+    l->n_kv_head = n_kv_head;
+    l->head_dim = head_dim;
+    l->dtype = dtype;
+    return 0;
+}
+
+size_t kv_dtype_size(enum kv_dtype t)
+{
+    return t == KV_F16 ? 2 : 4;
+}
+
+size_t kv_slice_bytes(const struct kv_layout *l)
+{
+    return (size_t)l->n_kv_head * l->block_size * l->head_dim * kv_dtype_size(l->dtype);
+}
+
+size_t kv_block_bytes(const struct kv_layout *l)
+{
+    return 2 * (size_t)l->n_layer * kv_slice_bytes(l);
+}
+
+size_t kv_slice_offset(const struct kv_layout *l, uint32_t layer, int is_v)
+{
+    return (2 * (size_t)layer + (is_v ? 1 : 0)) * kv_slice_bytes(l);
+}
+
+uint32_t kv_blocks_for(const struct kv_layout *l, uint32_t n_pos)
+{
+    return (n_pos + l->block_size - 1) / l->block_size;
+}
+
+void *kv_slice_ptr(const struct kv_layout *l, const struct kv_pools *p, struct kv_block_ref ref,
+                   uint32_t layer, int is_v)
+{
+    if (ref.residency >= KV_N_POOLS || ref.index >= p->n_blocks[ref.residency] ||
+        layer >= l->n_layer || !p->base[ref.residency])
+        return NULL;
+    return (char *)p->base[ref.residency] + (size_t)ref.index * kv_block_bytes(l) +
+           kv_slice_offset(l, layer, is_v);
+}
+
+struct kv_local {
+    struct kv_layout layout;
+    struct kv_pools pools;
+    uint32_t *free_list[KV_N_POOLS]; /* stack of free indexes */
+    uint32_t n_free[KV_N_POOLS];
+};
+
+int kv_local_init(struct kv_local **out, const struct kv_layout *l, uint32_t n_device,
+                  uint32_t n_host)
+{
+    struct kv_local *k = calloc(1, sizeof(*k));
+    if (!k)
+        return RKV_ENOMEM;
+    k->layout = *l;
+    uint32_t n[KV_N_POOLS] = {n_device, n_host};
+    for (int r = 0; r < KV_N_POOLS; r++) {
+        size_t bytes = (size_t)n[r] * kv_block_bytes(l);
+        /* 64-byte alignment keeps every slice on a cache line for the cpu loops */
+        k->pools.base[r] = bytes ? aligned_alloc(64, (bytes + 63) & ~(size_t)63) : NULL;
+        k->free_list[r] = malloc(sizeof(uint32_t) * (n[r] ? n[r] : 1));
+        if ((bytes && !k->pools.base[r]) || !k->free_list[r]) {
+            kv_local_free(k);
+            return RKV_ENOMEM;
+        }
+        if (bytes)
+            memset(k->pools.base[r], 0, bytes);
+        k->pools.n_blocks[r] = n[r];
+        /* hand blocks out in index order from the top of the stack */
+        for (uint32_t i = 0; i < n[r]; i++)
+            k->free_list[r][i] = n[r] - 1 - i;
+        k->n_free[r] = n[r];
+    }
+    *out = k;
+    return 0;
+}
+
+void kv_local_free(struct kv_local *k)
+{
+    if (!k)
+        return;
+    for (int r = 0; r < KV_N_POOLS; r++) {
+        free(k->pools.base[r]);
+        free(k->free_list[r]);
+    }
+    free(k);
+}
+
+const struct kv_pools *kv_local_pools(const struct kv_local *k)
+{
+    return &k->pools;
+}
+
+int kv_local_alloc(struct kv_local *k, enum kv_residency r, struct kv_block_ref *out)
+{
+    if ((unsigned)r >= KV_N_POOLS)
+        return RKV_EINVAL;
+    if (k->n_free[r] == 0)
+        return RKV_ENOSPACE;
+    out->index = k->free_list[r][--k->n_free[r]];
+    out->residency = (uint8_t)r;
+    return 0;
+}
+
+void kv_local_release(struct kv_local *k, struct kv_block_ref ref)
+{
+    if (ref.residency >= KV_N_POOLS || ref.index >= k->pools.n_blocks[ref.residency])
+        return;
+    k->free_list[ref.residency][k->n_free[ref.residency]++] = ref.index;
+}
+
+int kv_local_migrate(struct kv_local *k, struct kv_block_ref *ref, enum kv_residency to)
+{
+    if (ref->residency == to)
+        return 0;
+    struct kv_block_ref dst;
+    int rc = kv_local_alloc(k, to, &dst);
+    if (rc < 0)
+        return rc;
+    size_t bb = kv_block_bytes(&k->layout);
+    memcpy((char *)k->pools.base[dst.residency] + (size_t)dst.index * bb,
+           (char *)k->pools.base[ref->residency] + (size_t)ref->index * bb, bb);
+    kv_local_release(k, *ref);
+    *ref = dst;
+    return 0;
+}

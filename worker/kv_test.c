@@ -1,0 +1,88 @@
+/* kv_test.c - kv block geometry and the local block allocator. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/err.h"
+#include "worker/kv.h"
+
+static void test_geometry(void **state)
+{
+    (void)state;
+    struct kv_layout l;
+    assert_int_equal(kv_layout_init(&l, 0, 2, 2, 16, KV_F32), RKV_EINVAL);
+    assert_int_equal(kv_layout_init(&l, 256, 2, 2, 16, (enum kv_dtype)7), RKV_EINVAL);
+    assert_int_equal(kv_layout_init(&l, 256, 3, 2, 16, KV_F16), 0);
+    /* one slice: (n_kv_head, B, head_dim) halves */
+    assert_int_equal(kv_slice_bytes(&l), 2 * 256 * 16 * 2);
+    assert_int_equal(kv_block_bytes(&l), 3 * 2 * kv_slice_bytes(&l));
+    /* layer l's K then V */
+    assert_int_equal(kv_slice_offset(&l, 0, 0), 0);
+    assert_int_equal(kv_slice_offset(&l, 0, 1), kv_slice_bytes(&l));
+    assert_int_equal(kv_slice_offset(&l, 2, 1), 5 * kv_slice_bytes(&l));
+    assert_int_equal(kv_blocks_for(&l, 0), 0);
+    assert_int_equal(kv_blocks_for(&l, 256), 1);
+    assert_int_equal(kv_blocks_for(&l, 257), 2);
+
+    static char dev[8192], host[8192];
+    assert_int_equal(kv_layout_init(&l, 4, 2, 1, 8, KV_F32), 0); /* slice 128 bytes, block 512 */
+    struct kv_pools p = {{dev, host}, {16, 16}};
+    struct kv_block_ref r = {3, KV_HOST};
+    assert_ptr_equal(kv_slice_ptr(&l, &p, r, 1, 1), host + 3 * 512 + 3 * 128);
+    r.index = 16;
+    assert_null(kv_slice_ptr(&l, &p, r, 0, 0));
+    r.index = 0;
+    assert_null(kv_slice_ptr(&l, &p, r, 2, 0));
+    r.residency = 2;
+    assert_null(kv_slice_ptr(&l, &p, r, 0, 0));
+}
+
+static void test_local_alloc_migrate(void **state)
+{
+    (void)state;
+    struct kv_layout l;
+    struct kv_local *k;
+    assert_int_equal(kv_layout_init(&l, 8, 2, 2, 4, KV_F32), 0);
+    assert_int_equal(kv_local_init(&k, &l, 2, 1), 0);
+    struct kv_block_ref a, b, c;
+    assert_int_equal(kv_local_alloc(k, KV_DEVICE, &a), 0);
+    assert_int_equal(kv_local_alloc(k, KV_DEVICE, &b), 0);
+    assert_int_equal(a.index, 0);
+    assert_int_equal(b.index, 1);
+    assert_int_equal(kv_local_alloc(k, KV_DEVICE, &c), RKV_ENOSPACE);
+    /* a block's bytes move with it */
+    const struct kv_pools *p = kv_local_pools(k);
+    float *s = kv_slice_ptr(&l, p, b, 1, 1);
+    for (int i = 0; i < 64; i++)
+        s[i] = (float)i;
+    assert_int_equal(kv_local_migrate(k, &b, KV_HOST), 0);
+    assert_int_equal(b.residency, KV_HOST);
+    float *t = kv_slice_ptr(&l, p, b, 1, 1);
+    for (int i = 0; i < 64; i++)
+        assert_true(t[i] == (float)i);
+    /* the host pool is full now; the freed device block is reusable */
+    assert_int_equal(kv_local_migrate(k, &a, KV_HOST), RKV_ENOSPACE);
+    assert_int_equal(a.residency, KV_DEVICE);
+    assert_int_equal(kv_local_alloc(k, KV_DEVICE, &c), 0);
+    assert_int_equal(c.index, 1);
+    assert_int_equal(kv_local_migrate(k, &b, KV_DEVICE), RKV_ENOSPACE);
+    kv_local_release(k, a);
+    assert_int_equal(kv_local_migrate(k, &b, KV_DEVICE), 0);
+    assert_int_equal(b.index, 0);
+    t = kv_slice_ptr(&l, p, b, 1, 1);
+    assert_true(t[63] == 63.0f);
+    kv_local_free(k);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_geometry),
+        cmocka_unit_test(test_local_alloc_migrate),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,173 @@
+/* model.c - checks hyper-parameters and weight shapes, uploads weights to the backend. */
+#include "worker/model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+
+int model_hparams_check(struct model_hparams *hp, char *errbuf, size_t errlen)
+{
+    const char *bad = NULL;
+    if (hp->n_layer == 0 || hp->n_layer > 4096)
+        bad = "block_count";
+    else if (hp->dim == 0 || hp->dim > 65536)
+        bad = "embedding_length";
+    else if (hp->ffn == 0 || hp->ffn > 262144)
+        bad = "feed_forward_length";
+    else if (hp->n_head == 0 || hp->n_head > 1024)
+        bad = "attention.head_count";
+    else if (hp->n_kv_head == 0 || hp->n_head % hp->n_kv_head)
+        bad = "attention.head_count_kv (must divide head_count)";
+    else if (hp->head_dim == 0 || hp->head_dim > 1024)
+        bad = "attention.key_length";
+    else if (hp->n_rot == 0 || hp->n_rot % 2 || hp->n_rot > hp->head_dim)
+        bad = "rope.dimension_count (even, at most the head size)";
+    else if (hp->n_vocab == 0 || hp->n_vocab > (1u << 24))
+        bad = "vocabulary size";
+    else if (!(hp->norm_eps > 0.0f))
+        bad = "attention.layer_norm_rms_epsilon";
+    else if (!(hp->rope_base > 0.0f))
+        bad = "rope.freq_base";
+    else if (!(hp->rope_scale > 0.0f))
+        bad = "rope.scaling.factor";
+    if (bad) {
+        snprintf(errbuf, errlen, "model: hyper-parameter %s has an invalid value", bad);
+        return RKV_EFORMAT;
+    }
+    return 0;
+}
+
+void model_free(struct model *m)
+{
+    if (!m)
+        return;
+    struct backend *be = m->be;
+    if (m->layers) {
+        for (uint32_t i = 0; i < m->hp.n_layer; i++) {
+            struct model_layer *L = &m->layers[i];
+            struct be_tensor *ts[] = {L->attn_norm, L->wq,     L->wk,   L->wv,
+                                      L->bq,        L->bk,     L->bv,   L->wo,
+                                      L->ffn_norm,  L->w_gate, L->w_up, L->w_down};
+            for (size_t j = 0; j < sizeof(ts) / sizeof(ts[0]); j++)
+                backend_tensor_free(be, ts[j]);
+        }
+        free(m->layers);
+    }
+    if (m->output != m->tok_embd)
+        backend_tensor_free(be, m->output);
+    backend_tensor_free(be, m->tok_embd);
+    backend_tensor_free(be, m->output_norm);
+    free(m);
+}
+
+/* checks one source tensor and uploads it. optional: absent is fine (*dst = NULL) */
+static int upload(struct model *m, const char *name, const struct model_tensor_src *s,
+                  uint32_t rows, uint32_t cols, int f32_only, int optional, struct be_tensor **dst,
+                  char *errbuf, size_t errlen)
+{
+    *dst = NULL;
+    if (!s->data) {
+        if (optional)
+            return 0;
+        snprintf(errbuf, errlen, "model: tensor %s is missing", name);
+        return RKV_ENOTFOUND;
+    }
+    int ok_type = s->type == BE_F32 ||
+                  (!f32_only && (s->type == BE_F16 || s->type == BE_BF16 || s->type == BE_Q8_0));
+    if (!ok_type) {
+        snprintf(errbuf, errlen,
+                 "model: tensor %s has type %s, which rkv does not support here (%s)", name,
+                 be_type_name(s->type), f32_only ? "F32" : "F32, F16, BF16, Q8_0");
+        return RKV_EUNSUPPORTED;
+    }
+    if (s->rows != rows || s->cols != cols) {
+        snprintf(errbuf, errlen,
+                 "model: tensor %s has shape [%u, %u], expected [%u, %u] (ne0, ne1)", name, s->cols,
+                 s->rows, cols, rows);
+        return RKV_EFORMAT;
+    }
+    if (s->type == BE_Q8_0 && cols % BE_Q8_0_BLOCK) {
+        snprintf(errbuf, errlen,
+                 "model: tensor %s is Q8_0 with a row of %u values, not a "
+                 "multiple of 32",
+                 name, cols);
+        return RKV_EFORMAT;
+    }
+    int rc = backend_tensor_alloc(m->be, s->type, rows, cols, dst);
+    if (rc == 0)
+        rc = backend_tensor_set(m->be, *dst, s->data, 0, be_type_size(s->type, cols) * rows);
+    if (rc < 0) {
+        snprintf(errbuf, errlen, "model: cannot upload tensor %s: %s", name, rkv_strerror(rc));
+        return rc;
+    }
+    m->weight_bytes += be_type_size(s->type, cols) * rows;
+    return 0;
+}
+
+int model_create(struct backend *be, const struct model_hparams *hp, const struct model_src *src,
+                 struct model **out, char *errbuf, size_t errlen)
+{
+    struct model_hparams h = *hp;
+    int rc = model_hparams_check(&h, errbuf, errlen);
+    if (rc < 0)
+        return rc;
+    struct model *m = calloc(1, sizeof(*m));
+    if (!m)
+        return RKV_ENOMEM;
+    m->hp = h;
+    m->be = be;
+    m->layers = calloc(h.n_layer, sizeof(*m->layers));
+    if (!m->layers) {
+        free(m);
+        return RKV_ENOMEM;
+    }
+    const uint32_t qd = h.n_head * h.head_dim, kvd = h.n_kv_head * h.head_dim;
+    rc = upload(m, "token_embd.weight", &src->tok_embd, h.n_vocab, h.dim, 0, 0, &m->tok_embd,
+                errbuf, errlen);
+    if (rc == 0)
+        rc = upload(m, "output_norm.weight", &src->output_norm, 1, h.dim, 1, 0, &m->output_norm,
+                    errbuf, errlen);
+    if (rc == 0)
+        rc = upload(m, "output.weight", &src->output, h.n_vocab, h.dim, 0, 1, &m->output, errbuf,
+                    errlen);
+    if (rc == 0 && !m->output)
+        m->output = m->tok_embd; /* tied embeddings */
+    for (uint32_t i = 0; rc == 0 && i < h.n_layer; i++) {
+        const struct model_layer_src *s = &src->layers[i];
+        struct model_layer *L = &m->layers[i];
+        struct {
+            const char *name;
+            const struct model_tensor_src *src;
+            uint32_t rows, cols;
+            int f32_only, optional;
+            struct be_tensor **dst;
+        } t[] = {
+            {"attn_norm.weight", &s->attn_norm, 1, h.dim, 1, 0, &L->attn_norm},
+            {"attn_q.weight", &s->wq, qd, h.dim, 0, 0, &L->wq},
+            {"attn_k.weight", &s->wk, kvd, h.dim, 0, 0, &L->wk},
+            {"attn_v.weight", &s->wv, kvd, h.dim, 0, 0, &L->wv},
+            {"attn_q.bias", &s->bq, 1, qd, 1, 1, &L->bq},
+            {"attn_k.bias", &s->bk, 1, kvd, 1, 1, &L->bk},
+            {"attn_v.bias", &s->bv, 1, kvd, 1, 1, &L->bv},
+            {"attn_output.weight", &s->wo, h.dim, qd, 0, 0, &L->wo},
+            {"ffn_norm.weight", &s->ffn_norm, 1, h.dim, 1, 0, &L->ffn_norm},
+            {"ffn_gate.weight", &s->w_gate, h.ffn, h.dim, 0, 0, &L->w_gate},
+            {"ffn_up.weight", &s->w_up, h.ffn, h.dim, 0, 0, &L->w_up},
+            {"ffn_down.weight", &s->w_down, h.dim, h.ffn, 0, 0, &L->w_down},
+        };
+        for (size_t j = 0; rc == 0 && j < sizeof(t) / sizeof(t[0]); j++) {
+            char name[64];
+            snprintf(name, sizeof(name), "blk.%u.%s", i, t[j].name);
+            rc = upload(m, name, t[j].src, t[j].rows, t[j].cols, t[j].f32_only, t[j].optional,
+                        t[j].dst, errbuf, errlen);
+        }
+    }
+    if (rc < 0) {
+        model_free(m);
+        return rc;
+    }
+    *out = m;
+    return 0;
+}

@@ -1,0 +1,197 @@
+/* model_load.c - model_load_gguf: hyper-parameters and tensors from a GGUF file's metadata. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "worker/model.h"
+
+struct loader {
+    const struct gguf_ctx *g;
+    const char *file;
+    char arch[16];
+    char *errbuf;
+    size_t errlen;
+};
+
+/* <arch>.<key> as u32: required keys fail when absent */
+static int get_u32(struct loader *ld, const char *key, int required, uint32_t def, uint32_t *out)
+{
+    char full[128];
+    snprintf(full, sizeof(full), "%s.%s", ld->arch, key);
+    int rc = gguf_get_u32(ld->g, full, out);
+    if (rc == RKV_ENOTFOUND && !required) {
+        *out = def;
+        return 0;
+    }
+    if (rc == RKV_ENOTFOUND)
+        snprintf(ld->errbuf, ld->errlen, "%s: metadata key %s is missing", ld->file, full);
+    else if (rc < 0)
+        snprintf(ld->errbuf, ld->errlen, "%s: metadata key %s is not an unsigned integer", ld->file,
+                 full);
+    return rc;
+}
+
+static int get_f32(struct loader *ld, const char *key, float def, float *out)
+{
+    char full[128];
+    snprintf(full, sizeof(full), "%s.%s", ld->arch, key);
+    int rc = gguf_get_f32(ld->g, full, out);
+    if (rc == RKV_ENOTFOUND) {
+        *out = def;
+        return 0;
+    }
+    if (rc < 0)
+        snprintf(ld->errbuf, ld->errlen, "%s: metadata key %s is not a float", ld->file, full);
+    return rc;
+}
+
+static int read_hparams(struct loader *ld, struct model_hparams *hp)
+{
+    struct gguf_str s;
+    int rc = gguf_get_str(ld->g, "general.architecture", &s);
+    if (rc < 0) {
+        snprintf(ld->errbuf, ld->errlen, "%s: metadata key general.architecture is missing",
+                 ld->file);
+        return RKV_EFORMAT;
+    }
+    if (s.len == 5 && !memcmp(s.ptr, "llama", 5)) {
+        hp->arch = MODEL_LLAMA;
+    } else if (s.len == 5 && !memcmp(s.ptr, "qwen2", 5)) {
+        hp->arch = MODEL_QWEN2;
+    } else {
+        snprintf(ld->errbuf, ld->errlen,
+                 "%s: general.architecture '%.*s' is not supported by rkv (llama, qwen2)", ld->file,
+                 (int)(s.len > 64 ? 64 : s.len), s.ptr);
+        return RKV_EUNSUPPORTED;
+    }
+    snprintf(ld->arch, sizeof(ld->arch), "%.*s", (int)s.len, s.ptr);
+    hp->rope_neox = hp->arch == MODEL_QWEN2;
+
+    if ((rc = get_u32(ld, "block_count", 1, 0, &hp->n_layer)) < 0 ||
+        (rc = get_u32(ld, "embedding_length", 1, 0, &hp->dim)) < 0 ||
+        (rc = get_u32(ld, "feed_forward_length", 1, 0, &hp->ffn)) < 0 ||
+        (rc = get_u32(ld, "attention.head_count", 1, 0, &hp->n_head)) < 0)
+        return rc;
+    if (hp->n_head == 0 || hp->dim % hp->n_head) {
+        snprintf(ld->errbuf, ld->errlen,
+                 "%s: %s.attention.head_count %u does not divide embedding_length %u", ld->file,
+                 ld->arch, hp->n_head, hp->dim);
+        return RKV_EFORMAT;
+    }
+    uint32_t hd = hp->dim / hp->n_head, vl;
+    if ((rc = get_u32(ld, "attention.head_count_kv", 0, hp->n_head, &hp->n_kv_head)) < 0 ||
+        (rc = get_u32(ld, "attention.key_length", 0, hd, &hp->head_dim)) < 0 ||
+        (rc = get_u32(ld, "attention.value_length", 0, hp->head_dim, &vl)) < 0 ||
+        (rc = get_u32(ld, "rope.dimension_count", 0, hp->head_dim, &hp->n_rot)) < 0 ||
+        (rc = get_u32(ld, "context_length", 0, 4096, &hp->n_ctx)) < 0 ||
+        (rc = get_f32(ld, "attention.layer_norm_rms_epsilon", 1e-5f, &hp->norm_eps)) < 0 ||
+        (rc = get_f32(ld, "rope.freq_base", 10000.0f, &hp->rope_base)) < 0)
+        return rc;
+    if (vl != hp->head_dim) {
+        snprintf(ld->errbuf, ld->errlen,
+                 "%s: %s.attention.value_length %u differs from key_length %u, which rkv does "
+                 "not support",
+                 ld->file, ld->arch, vl, hp->head_dim);
+        return RKV_EUNSUPPORTED;
+    }
+    hp->rope_scale = 1.0f;
+    char key[128];
+    snprintf(key, sizeof(key), "%s.rope.scaling.type", ld->arch);
+    if (gguf_get_str(ld->g, key, &s) == 0 && !(s.len == 4 && !memcmp(s.ptr, "none", 4))) {
+        if (!(s.len == 6 && !memcmp(s.ptr, "linear", 6))) {
+            snprintf(ld->errbuf, ld->errlen, "%s: %s '%.*s' is not supported by rkv (none, linear)",
+                     ld->file, key, (int)(s.len > 64 ? 64 : s.len), s.ptr);
+            return RKV_EUNSUPPORTED;
+        }
+        if ((rc = get_f32(ld, "rope.scaling.factor", 1.0f, &hp->rope_scale)) < 0)
+            return rc;
+    }
+    enum gguf_value_type et;
+    uint64_t n_tok = 0;
+    if (gguf_get_arr_info(ld->g, "tokenizer.ggml.tokens", &et, &n_tok) == 0 && n_tok > 0) {
+        hp->n_vocab = (uint32_t)n_tok;
+    } else {
+        /* no tokenizer: the embedding's row count is the vocabulary */
+        const struct gguf_tensor *t = gguf_find_tensor(ld->g, "token_embd.weight");
+        hp->n_vocab = t ? (uint32_t)t->ne[1] : 0;
+    }
+    return model_hparams_check(hp, ld->errbuf, ld->errlen);
+}
+
+/* a gguf tensor as a model source; absent tensors stay empty (the caller
+ * decides whether that is an error) */
+static int find(struct loader *ld, const char *name, struct model_tensor_src *dst)
+{
+    memset(dst, 0, sizeof(*dst));
+    const struct gguf_tensor *t = gguf_find_tensor(ld->g, name);
+    if (!t)
+        return 0;
+    if (t->type != GGUF_TYPE_F32 && t->type != GGUF_TYPE_F16 && t->type != GGUF_TYPE_BF16 &&
+        t->type != GGUF_TYPE_Q8_0) {
+        snprintf(ld->errbuf, ld->errlen,
+                 "%s: tensor %s has type %s, which rkv does not support (F32, F16, BF16, Q8_0)",
+                 ld->file, name, gguf_type_name(t->type));
+        return RKV_EUNSUPPORTED;
+    }
+    if (t->n_dims > 2 || t->ne[0] > UINT32_MAX || t->ne[1] > UINT32_MAX) {
+        snprintf(ld->errbuf, ld->errlen, "%s: tensor %s has %u dimensions, expected at most 2",
+                 ld->file, name, t->n_dims);
+        return RKV_EFORMAT;
+    }
+    dst->type = (enum be_type)t->type;
+    dst->cols = (uint32_t)t->ne[0];
+    dst->rows = (uint32_t)t->ne[1];
+    dst->data = t->data;
+    return 0;
+}
+
+int model_load_gguf(struct backend *be, const struct gguf_ctx *g, const char *file,
+                    struct model **out, char *errbuf, size_t errlen)
+{
+    struct loader ld = {g, file ? file : "model", "", errbuf, errlen};
+    struct model_hparams hp;
+    memset(&hp, 0, sizeof(hp));
+    int rc = read_hparams(&ld, &hp);
+    if (rc < 0)
+        return rc;
+    struct model_src src;
+    memset(&src, 0, sizeof(src));
+    struct model_layer_src *layers = calloc(hp.n_layer, sizeof(*layers));
+    if (!layers)
+        return RKV_ENOMEM;
+    src.layers = layers;
+    rc = find(&ld, "token_embd.weight", &src.tok_embd);
+    if (rc == 0)
+        rc = find(&ld, "output_norm.weight", &src.output_norm);
+    if (rc == 0)
+        rc = find(&ld, "output.weight", &src.output);
+    static const char *const names[] = {
+        "attn_norm.weight", "attn_q.weight",   "attn_k.weight", "attn_v.weight",
+        "attn_q.bias",      "attn_k.bias",     "attn_v.bias",   "attn_output.weight",
+        "ffn_norm.weight",  "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight",
+    };
+    for (uint32_t i = 0; rc == 0 && i < hp.n_layer; i++) {
+        struct model_tensor_src *dst[] = {
+            &layers[i].attn_norm, &layers[i].wq,     &layers[i].wk,   &layers[i].wv,
+            &layers[i].bq,        &layers[i].bk,     &layers[i].bv,   &layers[i].wo,
+            &layers[i].ffn_norm,  &layers[i].w_gate, &layers[i].w_up, &layers[i].w_down,
+        };
+        for (size_t j = 0; rc == 0 && j < sizeof(names) / sizeof(names[0]); j++) {
+            char name[64];
+            snprintf(name, sizeof(name), "blk.%u.%s", i, names[j]);
+            rc = find(&ld, name, dst[j]);
+        }
+    }
+    if (rc == 0) {
+        rc = model_create(be, &hp, &src, out, errbuf, errlen);
+        /* model_create names tensors without the file: put it in front */
+        if (rc < 0 && errbuf && !strncmp(errbuf, "model: ", 7)) {
+            char tmp[512];
+            snprintf(tmp, sizeof(tmp), "%s: %s", ld.file, errbuf + 7);
+            snprintf(errbuf, errlen, "%s", tmp);
+        }
+    }
+    free(layers);
+    return rc;
+}
