@@ -411,11 +411,16 @@ void api_call_finish(struct api_call *c, enum api_finish finish, const struct ap
             http_respond(c->http, 499, NULL, NULL, 0);
     } else if (c->req.stream) {
         size_t n = 0;
+        char *ev;
         int rc = stream_start(c);
-        if (rc >= 0)
-            rc = stream_send(c, api_stream_finish(&c->stream, finish, &n), n);
-        if (rc >= 0 && c->req.include_usage)
-            rc = stream_send(c, api_stream_usage(&c->stream, usage, &n), n);
+        if (rc >= 0) {
+            ev = api_stream_finish(&c->stream, finish, &n);
+            rc = stream_send(c, ev, n);
+        }
+        if (rc >= 0 && c->req.include_usage) {
+            ev = api_stream_usage(&c->stream, usage, &n);
+            rc = stream_send(c, ev, n);
+        }
         if (rc >= 0)
             http_resp_write(c->http, API_SSE_DONE, strlen(API_SSE_DONE));
         http_resp_end(c->http);

@@ -746,7 +746,7 @@ static int parse_body(enum api_endpoint ep, const char *body, size_t len,
         api_error_set(err, 400, NULL, "strings must not contain \\u0000");
         return RKV_EINVAL;
     }
-    const char *end = NULL;
+    const char *end = NULL, *junk = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
     if (root && end) {
         /* cJSON stops after the value; anything but blanks after it is junk */
@@ -755,10 +755,11 @@ static int parse_body(enum api_endpoint ep, const char *body, size_t len,
         if (end < body + len) {
             cJSON_Delete(root);
             root = NULL;
+            junk = end;
         }
     }
     if (!root) {
-        const char *at = cJSON_GetErrorPtr();
+        const char *at = junk ? junk : cJSON_GetErrorPtr();
         size_t off = at && at >= body && at <= body + len ? (size_t)(at - body) : len;
         if (len == 0)
             api_error_set(err, 400, NULL, "request body is empty; send a JSON object");

@@ -34,7 +34,7 @@ struct resp {
     size_t body_len;
 };
 
-static int client_connect(struct client *c, int port, int ipv6)
+static inline int client_connect(struct client *c, int port, int ipv6)
 {
     memset(c, 0, sizeof(*c));
     c->fd = socket(ipv6 ? AF_INET6 : AF_INET, SOCK_STREAM, 0);
@@ -56,7 +56,7 @@ static int client_connect(struct client *c, int port, int ipv6)
     return rc;
 }
 
-static void client_send(struct client *c, const char *s, size_t n)
+static inline void client_send(struct client *c, const char *s, size_t n)
 {
     while (n > 0) {
         ssize_t w = send(c->fd, s, n, MSG_NOSIGNAL);
@@ -68,14 +68,14 @@ static void client_send(struct client *c, const char *s, size_t n)
 }
 #define SEND(c, s) client_send((c), (s), strlen(s))
 
-static int cb_field(http_parser *p, const char *at, size_t n)
+static inline int cb_field(http_parser *p, const char *at, size_t n)
 {
     struct resp *r = p->data;
     snprintf(r->last_field, sizeof(r->last_field), "%.*s", (int)n, at);
     return 0;
 }
 
-static int cb_value(http_parser *p, const char *at, size_t n)
+static inline int cb_value(http_parser *p, const char *at, size_t n)
 {
     struct resp *r = p->data;
     char *dst = NULL;
@@ -91,7 +91,7 @@ static int cb_value(http_parser *p, const char *at, size_t n)
     return 0;
 }
 
-static int cb_body(http_parser *p, const char *at, size_t n)
+static inline int cb_body(http_parser *p, const char *at, size_t n)
 {
     struct resp *r = p->data;
     r->body = realloc(r->body, r->body_len + n + 1);
@@ -101,7 +101,7 @@ static int cb_body(http_parser *p, const char *at, size_t n)
     return 0;
 }
 
-static int cb_headers(http_parser *p)
+static inline int cb_headers(http_parser *p)
 {
     struct resp *r = p->data;
     r->status = (int)p->status_code;
@@ -109,7 +109,7 @@ static int cb_headers(http_parser *p)
     return r->status == 100 ? 1 : 0;
 }
 
-static int cb_complete(http_parser *p)
+static inline int cb_complete(http_parser *p)
 {
     struct resp *r = p->data;
     if (r->status == 100) {
@@ -130,7 +130,7 @@ static const http_parser_settings resp_settings = {
 };
 
 /* reads one response; 0 when complete */
-static int client_read(struct client *c, struct resp *r)
+static inline int client_read(struct client *c, struct resp *r)
 {
     memset(r, 0, sizeof(*r));
     r->body = calloc(1, 1);
@@ -161,7 +161,7 @@ static int client_read(struct client *c, struct resp *r)
 }
 
 /* 1 when the server closed the connection (EOF) */
-static int client_eof(struct client *c)
+static inline int client_eof(struct client *c)
 {
     char b[256];
     if (c->len > 0)
@@ -185,7 +185,7 @@ static char *client_read_until(struct client *c, const char *needle)
     return out;
 }
 
-static void client_close(struct client *c)
+static inline void client_close(struct client *c)
 {
     close(c->fd);
 }
