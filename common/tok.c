@@ -159,16 +159,27 @@ static int get_opt_id(const struct gguf_ctx *g, const char *key, int32_t n_vocab
     return 0;
 }
 
+/* a required array of strings: its length, or an error naming the key */
+static int str_array(const struct gguf_ctx *g, const char *key, const char *why_needed, uint64_t *n,
+                     char *errbuf, size_t errlen)
+{
+    enum gguf_value_type et;
+    int rc = gguf_get_arr_info(g, key, &et, n);
+    if (rc == RKV_ENOTFOUND)
+        return fail(errbuf, errlen, rc, "%s is missing: %s", key, why_needed);
+    if (rc < 0 || et != GGUF_VAL_STRING)
+        return fail(errbuf, errlen, RKV_EFORMAT, "%s: expected an array of strings", key);
+    return 0;
+}
+
 static int load_tokens(struct tok *t, const struct gguf_ctx *g, char *errbuf, size_t errlen)
 {
     const char *key = "tokenizer.ggml.tokens";
     enum gguf_value_type et;
     uint64_t n;
-    int rc = gguf_get_arr_info(g, key, &et, &n);
-    if (rc == RKV_ENOTFOUND)
-        return fail(errbuf, errlen, rc, "%s is missing: the model has no vocabulary", key);
-    if (rc < 0 || et != GGUF_VAL_STRING)
-        return fail(errbuf, errlen, RKV_EFORMAT, "%s: expected an array of strings", key);
+    int rc = str_array(g, key, "the model has no vocabulary", &n, errbuf, errlen);
+    if (rc < 0)
+        return rc;
     if (n == 0 || n > (1u << 24))
         return fail(errbuf, errlen, RKV_ERANGE, "%s: %llu tokens (rkv takes 1 to 16M)", key,
                     (unsigned long long)n);
@@ -232,14 +243,11 @@ static int load_tokens(struct tok *t, const struct gguf_ctx *g, char *errbuf, si
 static int load_merges(struct tok *t, const struct gguf_ctx *g, char *errbuf, size_t errlen)
 {
     const char *key = "tokenizer.ggml.merges";
-    enum gguf_value_type et;
     uint64_t n;
-    int rc = gguf_get_arr_info(g, key, &et, &n);
-    if (rc == RKV_ENOTFOUND)
-        return fail(errbuf, errlen, rc,
-                    "%s is missing: byte-level BPE (tokenizer.ggml.model = gpt2) needs it", key);
-    if (rc < 0 || et != GGUF_VAL_STRING)
-        return fail(errbuf, errlen, RKV_EFORMAT, "%s: expected an array of strings", key);
+    int rc = str_array(g, key, "byte-level BPE (tokenizer.ggml.model = gpt2) needs it", &n, errbuf,
+                       errlen);
+    if (rc < 0)
+        return rc;
     if (n > (1u << 26))
         return fail(errbuf, errlen, RKV_ERANGE, "%s: too many merges (%llu)", key,
                     (unsigned long long)n);

@@ -24,7 +24,13 @@ int tok_is_control(const struct tok *t, int32_t id);
 /* text -> ids. add_bos: prepend BOS if the model wants one. parse_special:
  * "<|eot_id|>" in text becomes the control token (chat templates need it;
  * user text does not). writes up to cap ids; *n gets the full count, and
- * RKV_ETOOBIG is returned when cap was too small. */
+ * RKV_ETOOBIG is returned when cap was too small.
+ * as llama.cpp: special texts match leftmost-longest; user-defined tokens
+ * (token_type 4) match even without parse_special; the text between special
+ * tokens is tokenized on its own (SPM: each piece gets the space prefix).
+ * any bytes are accepted: invalid utf-8 goes through the byte-level mapping
+ * (BPE) or byte fallback (SPM), so decoding gives the bytes back. thread-safe
+ * (t is read-only). */
 int tok_encode(const struct tok *t, const char *text, size_t len, int add_bos, int parse_special,
                int32_t *ids, size_t cap, size_t *n);
 
@@ -34,21 +40,44 @@ int tok_encode(const struct tok *t, const char *text, size_t len, int add_bos, i
 int tok_token_bytes(const struct tok *t, int32_t id, int render_special, char *buf, size_t cap);
 
 /* incremental detokenizer: never emits a partial UTF-8 sequence; invalid
- * sequences come out as U+FFFD once they can no longer complete. */
+ * sequences come out as U+FFFD (one per maximal invalid subpart) once they
+ * can no longer complete. control tokens render as nothing; SPM's unknown
+ * token renders as U+FFFD. */
 struct tok_detok {
     const struct tok *t;
     char pending[8];
     size_t n_pending;
     int first;             /* SPM: strip the leading space of the first piece */
 };
+/* first is set for SPM models (decoding a whole text, as sentencepiece
+ * does); clear d->first when the tokens continue a prompt, so a completion's
+ * "▁Paris" keeps its space. */
 void tok_detok_init(struct tok_detok *d, const struct tok *t);
-/* appends complete text for `id` to out (cap bytes); *n = bytes written.
- * RKV_ETOOBIG when cap < 64 would not fit (callers give >= 64). */
+/* writes the complete text `id` adds to out (cap bytes); *n = bytes written.
+ * RKV_ETOOBIG when the text does not fit in cap (callers give >= 64; a few
+ * long pieces need 3x their length): nothing is consumed then, so the call
+ * can be repeated with a larger buffer. */
 int tok_detok_push(struct tok_detok *d, int32_t id, char *out, size_t cap, size_t *n);
 /* flushes what is pending (as U+FFFD if incomplete) */
 int tok_detok_flush(struct tok_detok *d, char *out, size_t cap, size_t *n);
 
 /* chat templates */
+/* the family comes from tokenizer.chat_template (<|start_header_id|> ->
+ * llama3, <|im_start|> -> chatml, [INST] -> llama2), else from
+ * general.architecture (llama with an <|eot_id|> token -> llama3, qwen2 ->
+ * chatml), else FALLBACK; tok_load_gguf logs the choice and why.
+ * rendering follows the real templates; BOS is never part of the text: pass
+ * add_bos=1 to tok_encode (llama3 and llama2 models set add_bos_token).
+ *   LLAMA3:   "<|start_header_id|>ROLE<|end_header_id|>\n\n" + trim(CONTENT) +
+ *             "<|eot_id|>" per message; the prompt is the assistant header
+ *   CHATML:   "<|im_start|>ROLE\nCONTENT<|im_end|>\n"; prompt
+ *             "<|im_start|>assistant\n". a template that inserts a literal
+ *             default system message (qwen's) has it inserted here too when
+ *             the conversation starts without one.
+ *   LLAMA2:   "[INST] " + strip("<<SYS>>\nSYSTEM\n<</SYS>>\n\n" + USER) + " [/INST]"
+ *             then " " + strip(ASSISTANT) + " </s>"; later user turns start
+ *             with "<s>" (the bos text); no generation prefix.
+ *   FALLBACK: "ROLE: CONTENT\n\n" per message; prompt "assistant:". */
 enum tok_chat_kind {
     TOK_CHAT_LLAMA3 = 0,
     TOK_CHAT_CHATML,      /* qwen2 and others */
