@@ -903,17 +903,32 @@ int gguf_get_i64(const struct gguf_ctx *ctx, const char *key, int64_t *out)
     return num_to_i64(&n, out);
 }
 
-int gguf_get_f32(const struct gguf_ctx *ctx, const char *key, float *out)
+static int get_num(const struct gguf_ctx *ctx, const char *key, struct num *n)
 {
     const struct gguf_kv *kv = find_kv(ctx, key);
     if (!kv)
         return RKV_ENOTFOUND;
     if (!is_float_type(kv->type) && !is_int_type(kv->type))
         return RKV_EFORMAT;
+    return read_num(kv->type, kv->val, n);
+}
+
+int gguf_get_f32(const struct gguf_ctx *ctx, const char *key, float *out)
+{
     struct num n;
-    read_num(kv->type, kv->val, &n);
-    *out = num_to_f32(&n);
-    return 0;
+    int rc = get_num(ctx, key, &n);
+    if (!rc)
+        *out = num_to_f32(&n);
+    return rc;
+}
+
+int gguf_get_f64(const struct gguf_ctx *ctx, const char *key, double *out)
+{
+    struct num n;
+    int rc = get_num(ctx, key, &n);
+    if (!rc)
+        *out = n.is_float ? n.f : n.neg ? (double)n.i : (double)n.u;
+    return rc;
 }
 
 int gguf_get_bool(const struct gguf_ctx *ctx, const char *key, int *out)

@@ -79,7 +79,8 @@ enum gguf_value_type gguf_kv_type(const struct gguf_ctx *ctx, uint64_t i);
 int gguf_get_u32(const struct gguf_ctx *ctx, const char *key, uint32_t *out);
 int gguf_get_u64(const struct gguf_ctx *ctx, const char *key, uint64_t *out);
 int gguf_get_i64(const struct gguf_ctx *ctx, const char *key, int64_t *out);
-int gguf_get_f32(const struct gguf_ctx *ctx, const char *key, float *out); /* f32 or f64 */
+int gguf_get_f32(const struct gguf_ctx *ctx, const char *key, float *out);  /* f32 or f64 */
+int gguf_get_f64(const struct gguf_ctx *ctx, const char *key, double *out); /* f64 kept exact */
 int gguf_get_bool(const struct gguf_ctx *ctx, const char *key, int *out);
 int gguf_get_str(const struct gguf_ctx *ctx, const char *key, struct gguf_str *out);
 

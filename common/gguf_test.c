@@ -303,6 +303,13 @@ static void check_valid(const struct gguf_ctx *g, const struct layout *L, const 
     assert_true(f == -70000.0f);
     assert_int_equal(gguf_get_f32(g, "k.str", &f), RKV_EFORMAT);
     assert_int_equal(gguf_get_f32(g, "nope", &f), RKV_ENOTFOUND);
+    double d;
+    assert_int_equal(gguf_get_f64(g, "k.f64", &d), 0);
+    assert_true(d == -2.25);
+    assert_int_equal(gguf_get_f64(g, "k.i64", &d), 0);
+    assert_true(d == -9e18);
+    assert_int_equal(gguf_get_f64(g, "k.str", &d), RKV_EFORMAT);
+    assert_int_equal(gguf_get_f64(g, "nope", &d), RKV_ENOTFOUND);
     assert_int_equal(gguf_get_bool(g, "k.bool", &bl), 0);
     assert_int_equal(bl, 1);
     assert_int_equal(gguf_get_bool(g, "k.u8", &bl), RKV_EFORMAT);
