@@ -184,3 +184,61 @@ def test_mkmodel_roundtrip(tmp_path, preset):
     f.write_bytes(raw)
     ids = json.loads(rkv_tok(model, "--file", str(f)))
     assert rkv_tok(model, "--special", "--decode", ",".join(map(str, ids))) == raw
+
+
+def test_spm_ids_match_sentencepiece(tmp_path, corpora):
+    """llama/mistral-style sentencepiece BPE with byte fallback, as llama.cpp converts it."""
+    spm = pytest.importorskip("sentencepiece")
+    import io
+    train_lines, test_lines = corpora
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(train_lines), model_writer=buf, vocab_size=1000, model_type="bpe",
+        byte_fallback=True, character_coverage=0.9995, split_digits=True,
+        allow_whitespace_only_pieces=True, remove_extra_whitespaces=False,
+        normalization_rule_name="identity", add_dummy_prefix=True, minloglevel=2,
+        unk_id=0, bos_id=1, eos_id=2, pad_id=-1)
+    sp = spm.SentencePieceProcessor(model_proto=buf.getvalue())
+    n = sp.get_piece_size()
+    types = []
+    for i in range(n):
+        if sp.is_unknown(i):
+            types.append(gguf.TokenType.UNKNOWN)
+        elif sp.is_control(i):
+            types.append(gguf.TokenType.CONTROL)
+        elif sp.is_byte(i):
+            types.append(gguf.TokenType.BYTE)
+        elif sp.is_unused(i):
+            types.append(gguf.TokenType.UNUSED)
+        else:
+            types.append(gguf.TokenType.NORMAL)
+    model = tmp_path / "spm.gguf"
+    w = gguf.GGUFWriter(str(model), "llama")
+    w.add_tokenizer_model("llama")
+    w.add_token_list([sp.id_to_piece(i) for i in range(n)])
+    w.add_token_scores([sp.get_score(i) for i in range(n)])
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    # characters the training never saw go through byte fallback
+    lines = test_lines + ["Ω☃ 𝔘nicode", "snow☃man 42", "\u2603\u2603"]
+    text = tmp_path / "lines.txt"
+    text.write_bytes("\n".join(lines).encode())
+    got = [json.loads(line) for line in rkv_tok(model, "--file", str(text), "--lines").splitlines()]
+    assert len(got) == len(lines)
+    bad = [(line, ids, sp.encode(line)) for line, ids in zip(lines, got) if ids != sp.encode(line)]
+    assert not bad, f"{len(bad)} of {len(lines)} lines differ, first: {bad[0]!r}"
+    byte_ids = {i for i in range(n) if sp.is_byte(i)}
+    assert any(set(ids) & byte_ids for ids in got)
+
+    for line, ids in zip(lines, got):
+        assert rkv_tok(model, "--decode", ",".join(map(str, ids)) or "[]").decode() == \
+            sp.decode(ids), line
+    assert json.loads(rkv_tok(model, "--bos", "hello"))[0] == 1
+    assert json.loads(rkv_tok(model, "--special", "a</s>b"))[1:2] == [2]
