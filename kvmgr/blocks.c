@@ -1,0 +1,867 @@
+/* blocks.c - the kv block allocator, session tables, prefix index and
+ * epoch-acked releases (see blocks.h). */
+#include "kvmgr/blocks.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "common/log.h"
+#include "common/util.h"
+
+/* a pool of fixed-size blocks: reference counts, a free stack, the index */
+struct pool {
+    uint32_t n;
+    uint32_t *ref;  /* [n] */
+    uint64_t *hash; /* [n] hash the block is indexed under, 0 = none */
+    uint32_t *free; /* [n] stack of free indices */
+    uint32_t n_free;
+    struct rkv_map index; /* chain hash -> block index + 1 */
+};
+
+/* a table entry with its chain hash (0 until the block is full and written) */
+struct ent {
+    uint32_t dev;
+    uint32_t host;
+    uint64_t hash;
+};
+
+/* a reference a table gave up at `epoch`, dropped once leases acked it */
+struct drop {
+    uint64_t epoch;
+    uint32_t pool;
+    uint32_t idx;
+};
+
+struct lease {
+    uint32_t worker;
+    uint64_t acked;
+};
+
+/* an open move: entry `entry` gets block idx (KVB_NONE: nothing to copy) */
+struct mv {
+    uint32_t entry;
+    uint32_t idx;
+};
+
+enum mv_kind { MV_NONE = 0, MV_DEMOTE, MV_PROMOTE };
+
+struct sess {
+    uint64_t id;
+    uint32_t gpu;
+    uint8_t closed;
+    uint64_t epoch;
+    struct rkv_vec ents;   /* struct ent, position order */
+    struct rkv_vec tokens; /* uint32_t */
+    size_t n_written;      /* positions whose kv the worker wrote */
+    size_t n_published;    /* leading full blocks offered to the index */
+    struct rkv_vec drops;  /* struct drop */
+    struct rkv_vec leases; /* struct lease */
+    enum mv_kind mv_kind;
+    struct rkv_vec mv; /* struct mv */
+};
+
+struct kvb {
+    uint32_t n_gpus;
+    uint32_t block_tokens;
+    struct pool *pools;     /* [n_gpus + 1]: device pools, then the host pool */
+    struct rkv_map live;    /* sid -> struct sess * */
+    struct rkv_vec closing; /* struct sess *: closed, releases still pending */
+};
+
+#define ENT(s, i) rkv_vec_at(&(s)->ents, struct ent, i)
+
+static uint32_t host_pool(const struct kvb *kvb)
+{
+    return kvb->n_gpus;
+}
+
+/* --- pools ------------------------------------------------------------------- */
+
+static int pool_init(struct pool *p, uint32_t n)
+{
+    p->n = n;
+    p->ref = calloc(n ? n : 1, sizeof(*p->ref));
+    p->hash = calloc(n ? n : 1, sizeof(*p->hash));
+    p->free = calloc(n ? n : 1, sizeof(*p->free));
+    rkv_map_init(&p->index);
+    if (!p->ref || !p->hash || !p->free)
+        return RKV_ENOMEM;
+    /* lowest index on top: allocation order is deterministic */
+    for (uint32_t k = 0; k < n; k++)
+        p->free[k] = n - 1 - k;
+    p->n_free = n;
+    return 0;
+}
+
+static void pool_fini(struct pool *p)
+{
+    free(p->ref);
+    free(p->hash);
+    free(p->free);
+    rkv_map_fini(&p->index);
+}
+
+static uint32_t pool_alloc(struct pool *p)
+{
+    if (p->n_free == 0)
+        return KVB_NONE;
+    uint32_t idx = p->free[--p->n_free];
+    p->ref[idx] = 1;
+    return idx;
+}
+
+static void pool_unref(struct pool *p, uint32_t idx)
+{
+    if (--p->ref[idx] > 0)
+        return;
+    if (p->hash[idx]) {
+        rkv_map_del(&p->index, p->hash[idx]);
+        p->hash[idx] = 0;
+    }
+    p->free[p->n_free++] = idx;
+}
+
+/* the block indexed under hash, referenced, or KVB_NONE */
+static uint32_t pool_lookup_ref(struct pool *p, uint64_t hash)
+{
+    if (!hash)
+        return KVB_NONE;
+    void *v = rkv_map_get(&p->index, hash);
+    if (!v)
+        return KVB_NONE;
+    uint32_t idx = (uint32_t)((uintptr_t)v - 1);
+    p->ref[idx]++;
+    return idx;
+}
+
+/* offers block idx under hash; the first block with a hash keeps the slot */
+static void pool_publish(struct pool *p, uint32_t idx, uint64_t hash)
+{
+    if (!hash || p->hash[idx] || rkv_map_get(&p->index, hash))
+        return;
+    if (rkv_map_put(&p->index, hash, (void *)(uintptr_t)(idx + 1)) == 0)
+        p->hash[idx] = hash;
+}
+
+/* hash of every token up to the end of this block, chained over blocks */
+static uint64_t chain_hash(uint64_t prev, const uint32_t *tok, uint32_t n)
+{
+    uint64_t h = prev ^ 0x243f6a8885a308d3ull;
+    for (uint32_t i = 0; i < n; i++) {
+        h += tok[i] + 0x9e3779b97f4a7c15ull;
+        h ^= h >> 30;
+        h *= 0xbf58476d1ce4e5b9ull;
+        h ^= h >> 27;
+        h *= 0x94d049bb133111ebull;
+        h ^= h >> 31;
+    }
+    return h ? h : 1; /* 0 means "no hash" */
+}
+
+/* --- sessions ---------------------------------------------------------------- */
+
+static struct sess *sess_new(uint64_t sid, uint32_t gpu)
+{
+    struct sess *s = calloc(1, sizeof(*s));
+    if (!s)
+        return NULL;
+    s->id = sid;
+    s->gpu = gpu;
+    s->epoch = 1;
+    rkv_vec_init(&s->ents, sizeof(struct ent));
+    rkv_vec_init(&s->tokens, sizeof(uint32_t));
+    rkv_vec_init(&s->drops, sizeof(struct drop));
+    rkv_vec_init(&s->leases, sizeof(struct lease));
+    rkv_vec_init(&s->mv, sizeof(struct mv));
+    return s;
+}
+
+static void sess_free(struct sess *s)
+{
+    rkv_vec_fini(&s->ents);
+    rkv_vec_fini(&s->tokens);
+    rkv_vec_fini(&s->drops);
+    rkv_vec_fini(&s->leases);
+    rkv_vec_fini(&s->mv);
+    free(s);
+}
+
+static struct sess *sess_get(const struct kvb *kvb, uint64_t sid)
+{
+    return sid ? rkv_map_get(&kvb->live, sid) : NULL;
+}
+
+/* live or closing: what acks and leases may name */
+static struct sess *sess_any(const struct kvb *kvb, uint64_t sid)
+{
+    struct sess *s = sess_get(kvb, sid);
+    for (size_t i = 0; !s && i < kvb->closing.len; i++) {
+        struct sess *c = *rkv_vec_at(&kvb->closing, struct sess *, i);
+        if (c->id == sid)
+            s = c;
+    }
+    return s;
+}
+
+/* drops every reference the leases acked; frees a drained closed session */
+static void sess_release(struct kvb *kvb, struct sess *s)
+{
+    uint64_t min_acked = UINT64_MAX;
+    for (size_t i = 0; i < s->leases.len; i++) {
+        struct lease *l = rkv_vec_at(&s->leases, struct lease, i);
+        min_acked = l->acked < min_acked ? l->acked : min_acked;
+    }
+    size_t keep = 0;
+    for (size_t i = 0; i < s->drops.len; i++) {
+        struct drop d = *rkv_vec_at(&s->drops, struct drop, i);
+        if (d.epoch <= min_acked)
+            pool_unref(&kvb->pools[d.pool], d.idx);
+        else
+            *rkv_vec_at(&s->drops, struct drop, keep++) = d;
+    }
+    s->drops.len = keep;
+    if (s->closed && keep == 0) {
+        for (size_t i = 0; i < kvb->closing.len; i++) {
+            if (*rkv_vec_at(&kvb->closing, struct sess *, i) == s) {
+                *rkv_vec_at(&kvb->closing, struct sess *, i) =
+                    *rkv_vec_at(&kvb->closing, struct sess *, kvb->closing.len - 1);
+                kvb->closing.len--;
+                break;
+            }
+        }
+        sess_free(s);
+    }
+}
+
+/* the table stops naming (pool, idx) as of the current epoch */
+static int sess_drop(struct sess *s, uint32_t pool, uint32_t idx)
+{
+    struct drop d = {s->epoch, pool, idx};
+    return rkv_vec_push(&s->drops, &d) ? 0 : RKV_ENOMEM;
+}
+
+/* allocates n device blocks at the end of the table, or none */
+static int sess_grow(struct kvb *kvb, struct sess *s, size_t n)
+{
+    struct pool *p = &kvb->pools[s->gpu];
+    if (n > p->n_free)
+        return RKV_ENOSPACE;
+    if (rkv_vec_reserve(&s->ents, s->ents.len + n))
+        return RKV_ENOMEM;
+    for (size_t k = 0; k < n; k++) {
+        struct ent e = {pool_alloc(p), KVB_NONE, 0};
+        rkv_vec_push(&s->ents, &e);
+    }
+    return 0;
+}
+
+static size_t blocks_for(const struct kvb *kvb, size_t n_tokens)
+{
+    return RKV_DIV_UP(n_tokens, kvb->block_tokens);
+}
+
+int kvb_create(const struct kvb_config *cfg, struct kvb **out)
+{
+    *out = NULL;
+    if (cfg->n_gpus == 0 || cfg->n_gpus > KVB_MAX_GPUS || cfg->block_tokens == 0) {
+        log_error("kvb: need 1..%d gpus and a block size > 0 (got %u gpus, %u tokens)",
+                  KVB_MAX_GPUS, cfg->n_gpus, cfg->block_tokens);
+        return RKV_EINVAL;
+    }
+    struct kvb *kvb = calloc(1, sizeof(*kvb));
+    if (!kvb)
+        return RKV_ENOMEM;
+    kvb->n_gpus = cfg->n_gpus;
+    kvb->block_tokens = cfg->block_tokens;
+    rkv_map_init(&kvb->live);
+    rkv_vec_init(&kvb->closing, sizeof(struct sess *));
+    kvb->pools = calloc(cfg->n_gpus + 1, sizeof(*kvb->pools));
+    int rc = kvb->pools ? 0 : RKV_ENOMEM;
+    for (uint32_t g = 0; rc == 0 && g <= cfg->n_gpus; g++)
+        rc = pool_init(&kvb->pools[g], g < cfg->n_gpus ? cfg->dev_blocks[g] : cfg->host_blocks);
+    if (rc) {
+        kvb_destroy(kvb);
+        return rc;
+    }
+    *out = kvb;
+    return 0;
+}
+
+void kvb_destroy(struct kvb *kvb)
+{
+    if (!kvb)
+        return;
+    size_t it = 0;
+    void *v;
+    while (rkv_map_next(&kvb->live, &it, NULL, &v))
+        sess_free(v);
+    rkv_map_fini(&kvb->live);
+    for (size_t i = 0; i < kvb->closing.len; i++)
+        sess_free(*rkv_vec_at(&kvb->closing, struct sess *, i));
+    rkv_vec_fini(&kvb->closing);
+    for (uint32_t g = 0; kvb->pools && g <= kvb->n_gpus; g++)
+        pool_fini(&kvb->pools[g]);
+    free(kvb->pools);
+    free(kvb);
+}
+
+enum kvb_residency kvb_entry_residency(struct kvb_entry e)
+{
+    return (e.dev != KVB_NONE ? KVB_DEVICE : 0) | (e.host != KVB_NONE ? KVB_HOST : 0);
+}
+
+/* undoes references taken for a table never shown to a worker */
+static void ents_unref_now(struct kvb *kvb, struct sess *s)
+{
+    for (size_t i = 0; i < s->ents.len; i++) {
+        struct ent *e = ENT(s, i);
+        if (e->dev != KVB_NONE)
+            pool_unref(&kvb->pools[s->gpu], e->dev);
+        if (e->host != KVB_NONE)
+            pool_unref(&kvb->pools[host_pool(kvb)], e->host);
+    }
+    s->ents.len = 0;
+}
+
+int kvb_session_open(struct kvb *kvb, uint64_t sid, uint32_t gpu, const uint32_t *tokens,
+                     size_t n_tokens, size_t *n_reused)
+{
+    uint32_t B = kvb->block_tokens;
+    *n_reused = 0;
+    if (sid == 0 || gpu >= kvb->n_gpus || (n_tokens && !tokens))
+        return RKV_EINVAL;
+    if (sess_get(kvb, sid))
+        return RKV_EBUSY;
+    struct sess *s = sess_new(sid, gpu);
+    if (!s || rkv_vec_reserve(&s->tokens, n_tokens ? n_tokens : 1)) {
+        if (s)
+            sess_free(s);
+        return RKV_ENOMEM;
+    }
+    memcpy(s->tokens.data, tokens, n_tokens * sizeof(uint32_t));
+    s->tokens.len = n_tokens;
+    /* share full blocks while the prefix matches; at least one position is
+     * left to compute so the worker gets logits for the last token */
+    uint64_t h = 0;
+    struct pool *dp = &kvb->pools[gpu], *hp = &kvb->pools[host_pool(kvb)];
+    int rc = 0;
+    for (size_t b = 0; (b + 1) * B < n_tokens; b++) {
+        h = chain_hash(h, tokens + b * B, B);
+        struct ent e = {pool_lookup_ref(dp, h), pool_lookup_ref(hp, h), h};
+        if (e.dev == KVB_NONE && e.host == KVB_NONE)
+            break;
+        if (!rkv_vec_push(&s->ents, &e)) {
+            rc = RKV_ENOMEM;
+            break;
+        }
+    }
+    size_t reused = s->ents.len * B;
+    if (rc == 0)
+        rc = sess_grow(kvb, s, blocks_for(kvb, n_tokens) - s->ents.len);
+    if (rc == 0)
+        rc = rkv_map_put(&kvb->live, s->id, s);
+    if (rc) {
+        ents_unref_now(kvb, s);
+        sess_free(s);
+        return rc;
+    }
+    s->n_written = reused;
+    s->n_published = reused / B; /* the shared blocks are indexed already */
+    *n_reused = reused;
+    return 0;
+}
+
+int kvb_session_fork(struct kvb *kvb, uint64_t parent, uint64_t child, size_t n_tokens,
+                     struct kvb_copy *cow, size_t *n_cow)
+{
+    uint32_t B = kvb->block_tokens;
+    struct sess *p = sess_get(kvb, parent);
+    *n_cow = 0;
+    if (!p)
+        return RKV_ENOTFOUND;
+    if (child == 0 || n_tokens > p->n_written)
+        return RKV_EINVAL; /* only written kv can be shared */
+    if (sess_get(kvb, child))
+        return RKV_EBUSY;
+    size_t full = n_tokens / B, part = n_tokens % B;
+    if (part && kvb->pools[p->gpu].n_free == 0)
+        return RKV_ENOSPACE;
+    struct sess *s = sess_new(child, p->gpu);
+    if (!s || rkv_vec_reserve(&s->tokens, n_tokens ? n_tokens : 1) ||
+        rkv_vec_reserve(&s->ents, full + 1)) {
+        if (s)
+            sess_free(s);
+        return RKV_ENOMEM;
+    }
+    memcpy(s->tokens.data, p->tokens.data, n_tokens * sizeof(uint32_t));
+    s->tokens.len = n_tokens;
+    for (size_t b = 0; b < full; b++) {
+        struct ent e = *ENT(p, b);
+        if (e.dev != KVB_NONE)
+            kvb->pools[p->gpu].ref[e.dev]++;
+        if (e.host != KVB_NONE)
+            kvb->pools[host_pool(kvb)].ref[e.host]++;
+        rkv_vec_push(&s->ents, &e);
+    }
+    if (part) {
+        /* copy-on-write: the split block's first positions into a private block */
+        struct ent *src = ENT(p, full);
+        struct ent e = {pool_alloc(&kvb->pools[p->gpu]), KVB_NONE, 0};
+        rkv_vec_push(&s->ents, &e);
+        cow[0] =
+            (struct kvb_copy){src->dev != KVB_NONE ? KVB_COPY_D2D : KVB_COPY_H2D, p->gpu,
+                              src->dev != KVB_NONE ? src->dev : src->host, e.dev, (uint32_t)part};
+        *n_cow = 1;
+    }
+    int rc = rkv_map_put(&kvb->live, s->id, s);
+    if (rc) {
+        ents_unref_now(kvb, s);
+        sess_free(s);
+        *n_cow = 0;
+        return rc;
+    }
+    s->n_written = n_tokens;
+    s->n_published = full < p->n_published ? full : p->n_published;
+    return 0;
+}
+
+int kvb_session_append(struct kvb *kvb, uint64_t sid, const uint32_t *tokens, size_t n)
+{
+    struct sess *s = sess_get(kvb, sid);
+    if (!s)
+        return RKV_ENOTFOUND;
+    if (n && !tokens)
+        return RKV_EINVAL;
+    size_t grow = blocks_for(kvb, s->tokens.len + n) - s->ents.len;
+    if (rkv_vec_reserve(&s->tokens, s->tokens.len + n))
+        return RKV_ENOMEM;
+    int rc = sess_grow(kvb, s, grow);
+    if (rc)
+        return rc;
+    memcpy((uint32_t *)s->tokens.data + s->tokens.len, tokens, n * sizeof(uint32_t));
+    s->tokens.len += n;
+    if (grow)
+        s->epoch++;
+    return 0;
+}
+
+int kvb_session_written(struct kvb *kvb, uint64_t sid, size_t n_tokens)
+{
+    uint32_t B = kvb->block_tokens;
+    struct sess *s = sess_get(kvb, sid);
+    if (!s)
+        return RKV_ENOTFOUND;
+    if (n_tokens > s->tokens.len)
+        return RKV_ERANGE;
+    if (n_tokens > s->n_written)
+        s->n_written = n_tokens;
+    const uint32_t *tok = s->tokens.data;
+    for (size_t b = s->n_published; (b + 1) * B <= s->n_written; b++) {
+        struct ent *e = ENT(s, b);
+        e->hash = chain_hash(b ? ENT(s, b - 1)->hash : 0, tok + b * B, B);
+        if (e->dev != KVB_NONE)
+            pool_publish(&kvb->pools[s->gpu], e->dev, e->hash);
+        if (e->host != KVB_NONE)
+            pool_publish(&kvb->pools[host_pool(kvb)], e->host, e->hash);
+        s->n_published = b + 1;
+    }
+    return 0;
+}
+
+int kvb_session_close(struct kvb *kvb, uint64_t sid)
+{
+    struct sess *s = sess_get(kvb, sid);
+    if (!s)
+        return RKV_ENOTFOUND;
+    if (s->mv_kind != MV_NONE)
+        kvb_abort(kvb, sid);
+    if (!rkv_vec_push(&kvb->closing, &s))
+        return RKV_ENOMEM;
+    if (rkv_vec_reserve(&s->drops, s->drops.len + 2 * s->ents.len)) {
+        kvb->closing.len--;
+        return RKV_ENOMEM;
+    }
+    rkv_map_del(&kvb->live, sid);
+    s->epoch++;
+    for (size_t i = 0; i < s->ents.len; i++) {
+        struct ent *e = ENT(s, i);
+        if (e->dev != KVB_NONE)
+            sess_drop(s, s->gpu, e->dev);
+        if (e->host != KVB_NONE)
+            sess_drop(s, host_pool(kvb), e->host);
+    }
+    s->ents.len = 0;
+    s->closed = 1;
+    sess_release(kvb, s);
+    return 0;
+}
+
+int kvb_session_table(const struct kvb *kvb, uint64_t sid, struct kvb_entry *out, size_t cap,
+                      size_t *n, uint64_t *epoch)
+{
+    const struct sess *s = sess_get(kvb, sid);
+    if (!s)
+        return RKV_ENOTFOUND;
+    for (size_t i = 0; out && i < s->ents.len && i < cap; i++)
+        out[i] = (struct kvb_entry){ENT(s, i)->dev, ENT(s, i)->host};
+    if (n)
+        *n = s->ents.len;
+    if (epoch)
+        *epoch = s->epoch;
+    return 0;
+}
+
+int kvb_session_counts(const struct kvb *kvb, uint64_t sid, uint32_t *n_dev, uint32_t *n_host)
+{
+    const struct sess *s = sess_get(kvb, sid);
+    if (!s)
+        return RKV_ENOTFOUND;
+    uint32_t d = 0;
+    for (size_t i = 0; i < s->ents.len; i++)
+        d += ENT(s, i)->dev != KVB_NONE;
+    *n_dev = d;
+    *n_host = (uint32_t)s->ents.len - d;
+    return 0;
+}
+
+size_t kvb_session_tokens(const struct kvb *kvb, uint64_t sid)
+{
+    const struct sess *s = sess_get(kvb, sid);
+    return s ? s->tokens.len : 0;
+}
+
+/* --- moves ------------------------------------------------------------------- */
+
+static void mv_release(struct kvb *kvb, struct sess *s, uint32_t pool)
+{
+    for (size_t i = 0; i < s->mv.len; i++) {
+        struct mv *m = rkv_vec_at(&s->mv, struct mv, i);
+        if (m->idx != KVB_NONE)
+            pool_unref(&kvb->pools[pool], m->idx);
+    }
+    s->mv.len = 0;
+    s->mv_kind = MV_NONE;
+}
+
+/* shared by demote and promote: picks n entries, finds or allocates their
+ * destination blocks in pool `to` */
+static int move_open(struct kvb *kvb, uint64_t sid, uint32_t n, struct kvb_copy *ops, size_t cap,
+                     size_t *n_ops, enum mv_kind kind)
+{
+    struct sess *s = sess_get(kvb, sid);
+    *n_ops = 0;
+    if (!s)
+        return RKV_ENOTFOUND;
+    if (s->mv_kind != MV_NONE)
+        return RKV_EBUSY;
+    if (cap < n)
+        return RKV_EINVAL;
+    int demote = kind == MV_DEMOTE;
+    uint32_t to = demote ? host_pool(kvb) : s->gpu;
+    struct pool *dst = &kvb->pools[to];
+    if (rkv_vec_reserve(&s->mv, n))
+        return RKV_ENOMEM;
+    s->mv_kind = kind;
+    /* demote: oldest device blocks, never the newest; promote: newest host-only */
+    size_t len = s->ents.len;
+    for (size_t k = 0; k < len && s->mv.len < n; k++) {
+        uint32_t i = demote ? (uint32_t)k : (uint32_t)(len - 1 - k);
+        struct ent *e = ENT(s, i);
+        if (demote ? (e->dev == KVB_NONE || i == len - 1) : e->dev != KVB_NONE)
+            continue;
+        struct mv m = {i, KVB_NONE};
+        if (!demote || e->host == KVB_NONE) {
+            m.idx = pool_lookup_ref(dst, e->hash);
+            if (m.idx == KVB_NONE) {
+                m.idx = pool_alloc(dst);
+                if (m.idx == KVB_NONE) {
+                    mv_release(kvb, s, to);
+                    *n_ops = 0;
+                    return RKV_ENOSPACE;
+                }
+                ops[(*n_ops)++] =
+                    (struct kvb_copy){demote ? KVB_COPY_D2H : KVB_COPY_H2D, s->gpu,
+                                      demote ? e->dev : e->host, m.idx, kvb->block_tokens};
+            }
+        }
+        rkv_vec_push(&s->mv, &m);
+    }
+    if (s->mv.len < n) {
+        mv_release(kvb, s, to);
+        *n_ops = 0;
+        return RKV_ERANGE; /* fewer movable blocks than asked */
+    }
+    return 0;
+}
+
+int kvb_demote(struct kvb *kvb, uint64_t sid, uint32_t n, struct kvb_copy *ops, size_t cap,
+               size_t *n_ops)
+{
+    return move_open(kvb, sid, n, ops, cap, n_ops, MV_DEMOTE);
+}
+
+int kvb_promote(struct kvb *kvb, uint64_t sid, uint32_t n, struct kvb_copy *ops, size_t cap,
+                size_t *n_ops)
+{
+    return move_open(kvb, sid, n, ops, cap, n_ops, MV_PROMOTE);
+}
+
+int kvb_commit(struct kvb *kvb, uint64_t sid, uint64_t *epoch)
+{
+    struct sess *s = sess_get(kvb, sid);
+    if (!s)
+        return RKV_ENOTFOUND;
+    if (s->mv_kind == MV_NONE)
+        return RKV_ESTATE;
+    if (rkv_vec_reserve(&s->drops, s->drops.len + s->mv.len))
+        return RKV_ENOMEM;
+    s->epoch++;
+    struct pool *dp = &kvb->pools[s->gpu], *hp = &kvb->pools[host_pool(kvb)];
+    for (size_t k = 0; k < s->mv.len; k++) {
+        struct mv *m = rkv_vec_at(&s->mv, struct mv, k);
+        struct ent *e = ENT(s, m->entry);
+        if (s->mv_kind == MV_DEMOTE) {
+            if (m->idx != KVB_NONE) {
+                e->host = m->idx;
+                pool_publish(hp, e->host, e->hash);
+            }
+            sess_drop(s, s->gpu, e->dev);
+            e->dev = KVB_NONE;
+        } else {
+            e->dev = m->idx;
+            pool_publish(dp, e->dev, e->hash);
+        }
+    }
+    s->mv.len = 0;
+    s->mv_kind = MV_NONE;
+    if (epoch)
+        *epoch = s->epoch;
+    sess_release(kvb, s);
+    return 0;
+}
+
+int kvb_abort(struct kvb *kvb, uint64_t sid)
+{
+    struct sess *s = sess_get(kvb, sid);
+    if (!s)
+        return RKV_ENOTFOUND;
+    if (s->mv_kind == MV_NONE)
+        return RKV_ESTATE;
+    mv_release(kvb, s, s->mv_kind == MV_DEMOTE ? host_pool(kvb) : s->gpu);
+    return 0;
+}
+
+/* --- workers ----------------------------------------------------------------- */
+
+static struct lease *lease_find(struct sess *s, uint32_t worker)
+{
+    for (size_t i = 0; i < s->leases.len; i++) {
+        struct lease *l = rkv_vec_at(&s->leases, struct lease, i);
+        if (l->worker == worker)
+            return l;
+    }
+    return NULL;
+}
+
+static void lease_remove(struct sess *s, struct lease *l)
+{
+    *l = *rkv_vec_at(&s->leases, struct lease, s->leases.len - 1);
+    s->leases.len--;
+}
+
+int kvb_lease(struct kvb *kvb, uint32_t worker, uint64_t sid, uint64_t epoch)
+{
+    struct sess *s = sess_get(kvb, sid);
+    if (!s)
+        return RKV_ENOTFOUND;
+    /* only the current table: an older one may name blocks already reused */
+    if (epoch != s->epoch)
+        return RKV_ESTATE;
+    if (lease_find(s, worker))
+        return RKV_EBUSY;
+    struct lease nl = {worker, epoch};
+    return rkv_vec_push(&s->leases, &nl) ? 0 : RKV_ENOMEM;
+}
+
+int kvb_unlease(struct kvb *kvb, uint32_t worker, uint64_t sid)
+{
+    struct sess *s = sess_any(kvb, sid);
+    struct lease *l = s ? lease_find(s, worker) : NULL;
+    if (!l)
+        return RKV_ENOTFOUND;
+    lease_remove(s, l);
+    sess_release(kvb, s);
+    return 0;
+}
+
+int kvb_ack(struct kvb *kvb, uint32_t worker, uint64_t sid, uint64_t epoch)
+{
+    struct sess *s = sess_any(kvb, sid);
+    struct lease *l = s ? lease_find(s, worker) : NULL;
+    if (!l)
+        return RKV_ENOTFOUND;
+    if (epoch > s->epoch)
+        return RKV_EINVAL;
+    if (epoch > l->acked)
+        l->acked = epoch;
+    sess_release(kvb, s);
+    return 0;
+}
+
+int kvb_worker_lost(struct kvb *kvb, uint32_t worker)
+{
+    /* collect first: releasing can free closing sessions */
+    struct rkv_vec all;
+    rkv_vec_init(&all, sizeof(struct sess *));
+    size_t it = 0;
+    void *v;
+    while (rkv_map_next(&kvb->live, &it, NULL, &v))
+        if (!rkv_vec_push(&all, &v))
+            goto nomem;
+    for (size_t i = 0; i < kvb->closing.len; i++)
+        if (!rkv_vec_push(&all, rkv_vec_at(&kvb->closing, struct sess *, i)))
+            goto nomem;
+    for (size_t i = 0; i < all.len; i++) {
+        struct sess *s = *rkv_vec_at(&all, struct sess *, i);
+        struct lease *l = lease_find(s, worker);
+        if (l) {
+            lease_remove(s, l);
+            sess_release(kvb, s);
+        }
+    }
+    rkv_vec_fini(&all);
+    return 0;
+nomem:
+    rkv_vec_fini(&all);
+    return RKV_ENOMEM;
+}
+
+/* --- accounting -------------------------------------------------------------- */
+
+uint32_t kvb_free_dev(const struct kvb *kvb, uint32_t gpu)
+{
+    return gpu < kvb->n_gpus ? kvb->pools[gpu].n_free : 0;
+}
+
+uint32_t kvb_free_host(const struct kvb *kvb)
+{
+    return kvb->pools[host_pool(kvb)].n_free;
+}
+
+static void sess_count_refs(const struct kvb *kvb, const struct sess *s, uint32_t **want)
+{
+    for (size_t i = 0; i < s->ents.len; i++) {
+        const struct ent *e = ENT(s, i);
+        if (e->dev != KVB_NONE)
+            want[s->gpu][e->dev]++;
+        if (e->host != KVB_NONE)
+            want[host_pool(kvb)][e->host]++;
+    }
+    for (size_t i = 0; i < s->drops.len; i++) {
+        const struct drop *d = rkv_vec_at(&s->drops, struct drop, i);
+        want[d->pool][d->idx]++;
+    }
+    uint32_t to = s->mv_kind == MV_DEMOTE ? host_pool(kvb) : s->gpu;
+    for (size_t i = 0; i < s->mv.len; i++) {
+        const struct mv *m = rkv_vec_at(&s->mv, struct mv, i);
+        if (m->idx != KVB_NONE)
+            want[to][m->idx]++;
+    }
+}
+
+size_t kvb_pending(const struct kvb *kvb)
+{
+    size_t n = 0, it = 0;
+    void *v;
+    while (rkv_map_next(&kvb->live, &it, NULL, &v))
+        n += ((struct sess *)v)->drops.len;
+    for (size_t i = 0; i < kvb->closing.len; i++)
+        n += (*rkv_vec_at(&kvb->closing, struct sess *, i))->drops.len;
+    return n;
+}
+
+size_t kvb_n_sessions(const struct kvb *kvb)
+{
+    return kvb->live.len;
+}
+
+static int check_session_shape(const struct kvb *kvb, const struct sess *s)
+{
+    if (s->ents.len != blocks_for(kvb, s->tokens.len)) {
+        log_error("kvb_check: session %llu has %zu blocks for %zu tokens",
+                  (unsigned long long)s->id, s->ents.len, s->tokens.len);
+        return RKV_EINTERNAL;
+    }
+    /* the block being written (a partial last block) is on the device; a
+     * full last block (after a fork on a boundary) is read-only */
+    if (s->tokens.len % kvb->block_tokens && ENT(s, s->ents.len - 1)->dev == KVB_NONE) {
+        log_error("kvb_check: session %llu: the block being written is not on the device",
+                  (unsigned long long)s->id);
+        return RKV_EINTERNAL;
+    }
+    return 0;
+}
+
+static int check_pool(const struct pool *p, uint32_t pid, const uint32_t *want)
+{
+    uint8_t *on_free = calloc(p->n ? p->n : 1, 1);
+    int rc = on_free ? 0 : RKV_ENOMEM;
+    for (uint32_t k = 0; rc == 0 && k < p->n_free; k++) {
+        uint32_t idx = p->free[k];
+        if (idx >= p->n || on_free[idx] || p->ref[idx] != 0) {
+            log_error("kvb_check: pool %u: block %u on the free list twice or in use", pid, idx);
+            rc = RKV_EINTERNAL;
+        } else {
+            on_free[idx] = 1;
+        }
+    }
+    for (uint32_t idx = 0; rc == 0 && idx < p->n; idx++) {
+        if (p->ref[idx] != want[idx] || (p->ref[idx] == 0) != on_free[idx]) {
+            log_error("kvb_check: pool %u: block %u has %u references, tables hold %u%s", pid, idx,
+                      p->ref[idx], want[idx], on_free[idx] ? " (on the free list)" : "");
+            rc = RKV_EINTERNAL;
+        } else if (p->hash[idx] &&
+                   rkv_map_get(&p->index, p->hash[idx]) != (void *)(uintptr_t)(idx + 1)) {
+            log_error("kvb_check: pool %u: block %u indexed but not in the index", pid, idx);
+            rc = RKV_EINTERNAL;
+        }
+    }
+    size_t it = 0;
+    uint64_t key;
+    void *v;
+    while (rc == 0 && rkv_map_next(&p->index, &it, &key, &v)) {
+        uint32_t idx = (uint32_t)((uintptr_t)v - 1);
+        if (idx >= p->n || p->hash[idx] != key || p->ref[idx] == 0) {
+            log_error("kvb_check: pool %u: index names block %u which is free or rehashed", pid,
+                      idx);
+            rc = RKV_EINTERNAL;
+        }
+    }
+    free(on_free);
+    return rc;
+}
+
+int kvb_check(const struct kvb *kvb)
+{
+    uint32_t np = kvb->n_gpus + 1;
+    uint32_t **want = calloc(np, sizeof(*want));
+    int rc = want ? 0 : RKV_ENOMEM;
+    for (uint32_t p = 0; rc == 0 && p < np; p++)
+        if (!(want[p] = calloc(kvb->pools[p].n ? kvb->pools[p].n : 1, sizeof(uint32_t))))
+            rc = RKV_ENOMEM;
+    size_t it = 0;
+    void *v;
+    while (rc == 0 && rkv_map_next(&kvb->live, &it, NULL, &v)) {
+        sess_count_refs(kvb, v, want);
+        rc = check_session_shape(kvb, v);
+    }
+    for (size_t i = 0; rc == 0 && i < kvb->closing.len; i++)
+        sess_count_refs(kvb, *rkv_vec_at(&kvb->closing, struct sess *, i), want);
+    for (uint32_t p = 0; rc == 0 && p < np; p++)
+        rc = check_pool(&kvb->pools[p], p, want[p]);
+    for (uint32_t p = 0; want && p < np; p++)
+        free(want[p]);
+    free(want);
+    return rc;
+}

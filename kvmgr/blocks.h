@@ -1,0 +1,148 @@
+/* blocks.h - the kv block allocator: device and host block pools, per-session
+ * block tables with residency, prefix sharing, and epoch-acked moves. */
+#ifndef RKV_KVMGR_BLOCKS_H
+#define RKV_KVMGR_BLOCKS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/*
+ * Model. Each gpu has a pool of device blocks, the host has one pool of host
+ * blocks; a block holds block_tokens positions of one session for all layers.
+ * A session's table lists its blocks in position order; an entry names a
+ * device block, a host block, or both (a device block with a clean host copy,
+ * so demoting it copies nothing). Physical blocks are reference counted:
+ * sessions share read-only full blocks with identical token prefixes (the
+ * prefix index maps a chain hash of all tokens up to a block's end to the
+ * block). Only full blocks are shared, so the block being written is always
+ * private (copy-on-write happens once, when a fork splits inside a block).
+ *
+ * Epochs and leases. Every change to a session's table bumps its epoch. A
+ * worker that reads a session holds a lease on it and acks the epoch it
+ * adopted at a step boundary. A block a table stops naming is not reused at
+ * once: its reference is dropped only when every worker holding a lease on
+ * that session has acked an epoch >= the change. kvb_worker_lost drops a dead
+ * worker's leases so nothing waits for it.
+ *
+ * Moves are two-phase: kvb_demote / kvb_promote pick blocks, allocate their
+ * destinations and return the copies to do; the table changes only at
+ * kvb_commit (after the copies are done); kvb_abort frees the destinations.
+ *
+ * Hash collisions of the 64-bit chain hash are not checked (as vLLM's
+ * default hash); new blocks come from the device pool only: a caller spills
+ * older blocks with kvb_demote between prefill chunks.
+ */
+
+#define KVB_MAX_GPUS 16
+#define KVB_NONE     UINT32_MAX
+
+struct kvb;
+
+struct kvb_config {
+    uint32_t n_gpus;
+    uint32_t dev_blocks[KVB_MAX_GPUS]; /* device pool size per gpu */
+    uint32_t host_blocks;              /* host pool size */
+    uint32_t block_tokens;             /* positions per block (B) */
+};
+
+enum kvb_residency {
+    KVB_DEVICE = 1,
+    KVB_HOST = 2,
+    KVB_BOTH = 3, /* device block with a clean host copy */
+};
+
+/* one table entry: block indices in their pools, KVB_NONE when absent */
+struct kvb_entry {
+    uint32_t dev;
+    uint32_t host;
+};
+
+enum kvb_copy_kind {
+    KVB_COPY_D2H = 0, /* device pool of `gpu` -> host pool */
+    KVB_COPY_H2D,     /* host pool -> device pool of `gpu` */
+    KVB_COPY_D2D,     /* device -> device on `gpu` (copy-on-write) */
+};
+
+struct kvb_copy {
+    enum kvb_copy_kind kind;
+    uint32_t gpu;
+    uint32_t src;      /* block index in the source pool */
+    uint32_t dst;      /* block index in the destination pool */
+    uint32_t n_tokens; /* positions to copy from the block start (B = whole block) */
+};
+
+int kvb_create(const struct kvb_config *cfg, struct kvb **out);
+void kvb_destroy(struct kvb *kvb);
+
+enum kvb_residency kvb_entry_residency(struct kvb_entry e);
+
+/* --- sessions --------------------------------------------------------------- */
+
+/* opens session sid (nonzero, unused) on gpu with its prompt tokens: full
+ * blocks whose prefix is already in the index are shared (*n_reused tokens,
+ * a multiple of B, need no prefill); device blocks are allocated for the rest.
+ * RKV_ENOSPACE when the device pool is short (nothing changes). */
+int kvb_session_open(struct kvb *kvb, uint64_t sid, uint32_t gpu, const uint32_t *tokens,
+                     size_t n_tokens, size_t *n_reused);
+/* opens child sharing parent's first n_tokens positions: full blocks are
+ * shared; a partial last block is copied into a new private device block,
+ * returned in *cow (*n_cow = 0 or 1) for the caller to execute. */
+int kvb_session_fork(struct kvb *kvb, uint64_t parent, uint64_t child, size_t n_tokens,
+                     struct kvb_copy *cow, size_t *n_cow);
+/* records n more tokens; allocates device blocks for new positions */
+int kvb_session_append(struct kvb *kvb, uint64_t sid, const uint32_t *tokens, size_t n);
+/* the worker wrote kv for the first n_tokens positions: their full blocks
+ * become shareable through the prefix index */
+int kvb_session_written(struct kvb *kvb, uint64_t sid, size_t n_tokens);
+/* ends the session; its blocks are released as workers ack (or at once) */
+int kvb_session_close(struct kvb *kvb, uint64_t sid);
+
+/* the table: *n entries (at most cap copied into out, out may be NULL) */
+int kvb_session_table(const struct kvb *kvb, uint64_t sid, struct kvb_entry *out, size_t cap,
+                      size_t *n, uint64_t *epoch);
+/* device-readable blocks (DEVICE or BOTH) and host-only blocks: the planner's
+ * cur_dev / cur_host */
+int kvb_session_counts(const struct kvb *kvb, uint64_t sid, uint32_t *n_dev, uint32_t *n_host);
+size_t kvb_session_tokens(const struct kvb *kvb, uint64_t sid);
+
+/* --- moves ------------------------------------------------------------------ */
+
+/* demotes the n oldest device-resident blocks (never the newest block).
+ * ops (cap >= n) receives the copies; *n_ops may be < n when a block has a
+ * host copy already. RKV_EBUSY while another move of the session is open,
+ * RKV_ENOSPACE when the host pool is short (nothing changes). */
+int kvb_demote(struct kvb *kvb, uint64_t sid, uint32_t n, struct kvb_copy *ops, size_t cap,
+               size_t *n_ops);
+/* promotes the n newest host-only blocks; the host copy is kept (BOTH) */
+int kvb_promote(struct kvb *kvb, uint64_t sid, uint32_t n, struct kvb_copy *ops, size_t cap,
+                size_t *n_ops);
+/* the copies are done: install the new table (epoch + 1) */
+int kvb_commit(struct kvb *kvb, uint64_t sid, uint64_t *epoch);
+/* forget the open move, freeing its destinations */
+int kvb_abort(struct kvb *kvb, uint64_t sid);
+
+/* --- workers ---------------------------------------------------------------- */
+
+/* worker reads sid from the table of `epoch` on */
+int kvb_lease(struct kvb *kvb, uint32_t worker, uint64_t sid, uint64_t epoch);
+int kvb_unlease(struct kvb *kvb, uint32_t worker, uint64_t sid);
+/* worker adopted sid's table of `epoch` (at a step boundary) */
+int kvb_ack(struct kvb *kvb, uint32_t worker, uint64_t sid, uint64_t epoch);
+/* worker died: its leases go, blocks waiting only for it are released */
+int kvb_worker_lost(struct kvb *kvb, uint32_t worker);
+
+/* --- accounting ------------------------------------------------------------- */
+
+uint32_t kvb_free_dev(const struct kvb *kvb, uint32_t gpu);
+uint32_t kvb_free_host(const struct kvb *kvb);
+/* blocks whose release waits for acks, over all sessions */
+size_t kvb_pending(const struct kvb *kvb);
+size_t kvb_n_sessions(const struct kvb *kvb);
+
+/* recomputes every reference count from the tables, pending releases and open
+ * moves, and checks that each block is free exactly once or owned with the
+ * right count, and that the index names live blocks. 0 or RKV_EINTERNAL
+ * (the first violation is logged). */
+int kvb_check(const struct kvb *kvb);
+
+#endif

@@ -1,0 +1,460 @@
+/* blocks_test.c - block allocator: alloc/free, prefix sharing and copy-on-write,
+ * demote/promote released only after acks, worker loss, random sequences
+ * checked with kvb_check. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/err.h"
+#include "kvmgr/blocks.h"
+
+#define B 4 /* positions per block: small so tests cross blocks often */
+
+static struct kvb *make(uint32_t dev, uint32_t host)
+{
+    struct kvb_config cfg = {0};
+    cfg.n_gpus = 2;
+    cfg.dev_blocks[0] = dev;
+    cfg.dev_blocks[1] = dev;
+    cfg.host_blocks = host;
+    cfg.block_tokens = B;
+    struct kvb *kvb = NULL;
+    assert_int_equal(kvb_create(&cfg, &kvb), 0);
+    return kvb;
+}
+
+static void seq(uint32_t *t, size_t n, uint32_t start)
+{
+    for (size_t i = 0; i < n; i++)
+        t[i] = start + (uint32_t)i;
+}
+
+static void table(struct kvb *kvb, uint64_t sid, struct kvb_entry *e, size_t want_n)
+{
+    size_t n = 0;
+    assert_int_equal(kvb_session_table(kvb, sid, e, 64, &n, NULL), 0);
+    assert_int_equal(n, want_n);
+}
+
+static void test_alloc_free(void **state)
+{
+    (void)state;
+    struct kvb *kvb = make(8, 8);
+    uint32_t t[10];
+    size_t reused;
+    seq(t, 10, 100);
+    assert_int_equal(kvb_session_open(kvb, 1, 0, t, 10, &reused), 0);
+    assert_int_equal(reused, 0);
+    assert_int_equal(kvb_free_dev(kvb, 0), 5); /* 10 tokens = 3 blocks */
+    assert_int_equal(kvb_free_dev(kvb, 1), 8);
+    struct kvb_entry e[64];
+    table(kvb, 1, e, 3);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(e[i].dev, (uint32_t)i);
+        assert_int_equal(kvb_entry_residency(e[i]), KVB_DEVICE);
+    }
+    /* 2 more tokens fit the third block; 1 more needs a fourth */
+    assert_int_equal(kvb_session_append(kvb, 1, t, 2), 0);
+    assert_int_equal(kvb_free_dev(kvb, 0), 5);
+    assert_int_equal(kvb_session_append(kvb, 1, t, 1), 0);
+    assert_int_equal(kvb_free_dev(kvb, 0), 4);
+    assert_int_equal(kvb_session_tokens(kvb, 1), 13);
+    assert_int_equal(kvb_check(kvb), 0);
+    /* errors: used id, unknown gpu, no room */
+    assert_int_equal(kvb_session_open(kvb, 1, 0, t, 1, &reused), RKV_EBUSY);
+    assert_int_equal(kvb_session_open(kvb, 2, 5, t, 1, &reused), RKV_EINVAL);
+    uint32_t big[40];
+    seq(big, 40, 0);
+    assert_int_equal(kvb_session_open(kvb, 2, 0, big, 40, &reused), RKV_ENOSPACE);
+    assert_int_equal(kvb_free_dev(kvb, 0), 4);
+    assert_int_equal(kvb_session_close(kvb, 1), 0);
+    assert_int_equal(kvb_free_dev(kvb, 0), 8); /* no leases: released at once */
+    assert_int_equal(kvb_session_close(kvb, 1), RKV_ENOTFOUND);
+    assert_int_equal(kvb_n_sessions(kvb), 0);
+    assert_int_equal(kvb_check(kvb), 0);
+    kvb_destroy(kvb);
+}
+
+static void test_prefix_sharing(void **state)
+{
+    (void)state;
+    struct kvb *kvb = make(16, 16);
+    uint32_t a[14], b[11];
+    size_t reused;
+    seq(a, 14, 1);
+    assert_int_equal(kvb_session_open(kvb, 1, 0, a, 14, &reused), 0);
+    assert_int_equal(kvb_free_dev(kvb, 0), 12);
+    /* nothing shared before the kv is written */
+    seq(b, 11, 1);
+    b[9] = 999;
+    assert_int_equal(kvb_session_open(kvb, 2, 0, b, 11, &reused), 0);
+    assert_int_equal(reused, 0);
+    assert_int_equal(kvb_session_close(kvb, 2), 0);
+    assert_int_equal(kvb_session_written(kvb, 1, 14), 0);
+    /* b matches a's blocks 0 and 1 (tokens 0..7); block 2 differs at 9 */
+    assert_int_equal(kvb_session_open(kvb, 2, 0, b, 11, &reused), 0);
+    assert_int_equal(reused, 8);
+    struct kvb_entry ea[64], eb[64];
+    table(kvb, 1, ea, 4);
+    table(kvb, 2, eb, 3);
+    assert_int_equal(eb[0].dev, ea[0].dev);
+    assert_int_equal(eb[1].dev, ea[1].dev);
+    assert_int_not_equal(eb[2].dev, ea[2].dev);
+    assert_int_equal(kvb_free_dev(kvb, 0), 11); /* one new block */
+    /* another gpu shares nothing */
+    assert_int_equal(kvb_session_open(kvb, 3, 1, b, 11, &reused), 0);
+    assert_int_equal(reused, 0);
+    /* a prompt equal to a's 12 written tokens reuses 2 blocks, not 3: the last
+     * position must be computed */
+    assert_int_equal(kvb_session_open(kvb, 4, 0, a, 12, &reused), 0);
+    assert_int_equal(reused, 8);
+    assert_int_equal(kvb_check(kvb), 0);
+    /* the shared blocks outlive their first owner */
+    assert_int_equal(kvb_session_close(kvb, 1), 0);
+    table(kvb, 2, eb, 3);
+    assert_int_equal(kvb_check(kvb), 0);
+    uint32_t c[9];
+    seq(c, 9, 1);
+    assert_int_equal(kvb_session_open(kvb, 5, 0, c, 9, &reused), 0);
+    assert_int_equal(reused, 8);
+    for (uint64_t s = 2; s <= 5; s++)
+        assert_int_equal(kvb_session_close(kvb, s), 0);
+    assert_int_equal(kvb_free_dev(kvb, 0), 16);
+    assert_int_equal(kvb_free_dev(kvb, 1), 16);
+    assert_int_equal(kvb_check(kvb), 0);
+    kvb_destroy(kvb);
+}
+
+static void test_fork_cow(void **state)
+{
+    (void)state;
+    struct kvb *kvb = make(16, 16);
+    uint32_t a[10];
+    size_t reused, n_cow;
+    struct kvb_copy cow[1];
+    seq(a, 10, 7);
+    assert_int_equal(kvb_session_open(kvb, 1, 1, a, 10, &reused), 0);
+    /* only written kv can be shared */
+    assert_int_equal(kvb_session_fork(kvb, 1, 2, 6, cow, &n_cow), RKV_EINVAL);
+    assert_int_equal(kvb_session_written(kvb, 1, 10), 0);
+    assert_int_equal(kvb_session_fork(kvb, 1, 2, 6, cow, &n_cow), 0);
+    struct kvb_entry ea[64], eb[64];
+    table(kvb, 1, ea, 3);
+    table(kvb, 2, eb, 2);
+    assert_int_equal(eb[0].dev, ea[0].dev);
+    /* the split block: 2 positions copied into a private block */
+    assert_int_equal(n_cow, 1);
+    assert_int_equal(cow[0].kind, KVB_COPY_D2D);
+    assert_int_equal(cow[0].gpu, 1);
+    assert_int_equal(cow[0].src, ea[1].dev);
+    assert_int_equal(cow[0].dst, eb[1].dev);
+    assert_int_equal(cow[0].n_tokens, 2);
+    assert_int_not_equal(eb[1].dev, ea[1].dev);
+    assert_int_equal(kvb_session_tokens(kvb, 2), 6);
+    /* the child diverges; the parent is untouched */
+    uint32_t x[3] = {50, 51, 52};
+    assert_int_equal(kvb_session_append(kvb, 2, x, 3), 0);
+    table(kvb, 1, ea, 3);
+    table(kvb, 2, eb, 3);
+    /* a fork on a block boundary copies nothing */
+    assert_int_equal(kvb_session_fork(kvb, 1, 3, 8, cow, &n_cow), 0);
+    assert_int_equal(n_cow, 0);
+    assert_int_equal(kvb_check(kvb), 0);
+    assert_int_equal(kvb_session_close(kvb, 1), 0);
+    assert_int_equal(kvb_session_close(kvb, 3), 0);
+    assert_int_equal(kvb_session_close(kvb, 2), 0);
+    assert_int_equal(kvb_free_dev(kvb, 1), 16);
+    assert_int_equal(kvb_check(kvb), 0);
+    kvb_destroy(kvb);
+}
+
+static void test_demote_promote_acks(void **state)
+{
+    (void)state;
+    struct kvb *kvb = make(8, 8);
+    uint32_t t[20];
+    size_t reused, n_ops;
+    uint64_t epoch, e2;
+    struct kvb_copy ops[8];
+    struct kvb_entry e[64];
+    seq(t, 20, 1);
+    assert_int_equal(kvb_session_open(kvb, 9, 0, t, 20, &reused), 0);
+    assert_int_equal(kvb_session_table(kvb, 9, e, 64, NULL, &epoch), 0);
+    assert_int_equal(kvb_lease(kvb, 1, 9, epoch), 0);
+    assert_int_equal(kvb_lease(kvb, 1, 9, epoch), RKV_EBUSY);
+    assert_int_equal(kvb_free_dev(kvb, 0), 3);
+
+    /* demote 2: the two oldest blocks, copied to host blocks 0 and 1 */
+    assert_int_equal(kvb_demote(kvb, 9, 2, ops, 8, &n_ops), 0);
+    assert_int_equal(n_ops, 2);
+    assert_int_equal(ops[0].kind, KVB_COPY_D2H);
+    assert_int_equal(ops[0].src, e[0].dev);
+    assert_int_equal(ops[0].dst, 0);
+    assert_int_equal(ops[1].src, e[1].dev);
+    assert_int_equal(ops[1].dst, 1);
+    assert_int_equal(kvb_demote(kvb, 9, 1, ops, 8, &n_ops), RKV_EBUSY);
+    /* before the commit the table is unchanged */
+    struct kvb_entry now[64];
+    uint64_t ep_now;
+    assert_int_equal(kvb_session_table(kvb, 9, now, 64, NULL, &ep_now), 0);
+    assert_int_equal(ep_now, epoch);
+    assert_int_equal(kvb_entry_residency(now[0]), KVB_DEVICE);
+    assert_int_equal(kvb_free_host(kvb), 6);
+    assert_int_equal(kvb_check(kvb), 0);
+
+    assert_int_equal(kvb_commit(kvb, 9, &e2), 0);
+    assert_int_equal(e2, epoch + 1);
+    assert_int_equal(kvb_session_table(kvb, 9, now, 64, NULL, NULL), 0);
+    assert_int_equal(kvb_entry_residency(now[0]), KVB_HOST);
+    assert_int_equal(now[0].host, 0);
+    uint32_t nd, nh;
+    assert_int_equal(kvb_session_counts(kvb, 9, &nd, &nh), 0);
+    assert_int_equal(nd, 3);
+    assert_int_equal(nh, 2);
+    /* the worker still reads the old table: device blocks not reused yet */
+    assert_int_equal(kvb_free_dev(kvb, 0), 3);
+    assert_int_equal(kvb_pending(kvb), 2);
+    assert_int_equal(kvb_check(kvb), 0);
+    assert_int_equal(kvb_ack(kvb, 1, 9, epoch), 0);
+    assert_int_equal(kvb_free_dev(kvb, 0), 3);
+    assert_int_equal(kvb_ack(kvb, 1, 9, e2 + 1), RKV_EINVAL);
+    assert_int_equal(kvb_ack(kvb, 1, 9, e2), 0);
+    assert_int_equal(kvb_free_dev(kvb, 0), 5);
+    assert_int_equal(kvb_pending(kvb), 0);
+
+    /* promote 1: the newest host-only block, its host copy kept */
+    assert_int_equal(kvb_promote(kvb, 9, 1, ops, 8, &n_ops), 0);
+    assert_int_equal(n_ops, 1);
+    assert_int_equal(ops[0].kind, KVB_COPY_H2D);
+    assert_int_equal(ops[0].src, 1);
+    assert_int_equal(kvb_commit(kvb, 9, &e2), 0);
+    assert_int_equal(kvb_session_table(kvb, 9, now, 64, NULL, NULL), 0);
+    assert_int_equal(kvb_entry_residency(now[1]), KVB_BOTH);
+    assert_int_equal(kvb_free_host(kvb), 6);
+    /* demoting a block with a clean host copy copies nothing */
+    assert_int_equal(kvb_demote(kvb, 9, 1, ops, 8, &n_ops), 0);
+    assert_int_equal(n_ops, 0);
+    assert_int_equal(kvb_commit(kvb, 9, &e2), 0);
+    assert_int_equal(kvb_session_table(kvb, 9, now, 64, NULL, NULL), 0);
+    assert_int_equal(kvb_entry_residency(now[1]), KVB_HOST);
+    /* abort frees the destinations and leaves the table */
+    assert_int_equal(kvb_demote(kvb, 9, 2, ops, 8, &n_ops), 0);
+    assert_int_equal(kvb_free_host(kvb), 4);
+    assert_int_equal(kvb_abort(kvb, 9), 0);
+    assert_int_equal(kvb_free_host(kvb), 6);
+    assert_int_equal(kvb_abort(kvb, 9), RKV_ESTATE);
+    /* the newest block never leaves the device */
+    assert_int_equal(kvb_demote(kvb, 9, 3, ops, 8, &n_ops), RKV_ERANGE);
+    assert_int_equal(kvb_check(kvb), 0);
+    assert_int_equal(kvb_session_close(kvb, 9), 0);
+    /* the closed session's blocks wait for the lease holder */
+    assert_int_equal(kvb_free_host(kvb), 6);
+    assert_int_equal(kvb_unlease(kvb, 1, 9), 0);
+    assert_int_equal(kvb_free_host(kvb), 8);
+    assert_int_equal(kvb_free_dev(kvb, 0), 8);
+    assert_int_equal(kvb_check(kvb), 0);
+    kvb_destroy(kvb);
+}
+
+static void test_host_full(void **state)
+{
+    (void)state;
+    struct kvb *kvb = make(8, 1);
+    uint32_t t[16];
+    size_t reused, n_ops;
+    struct kvb_copy ops[8];
+    seq(t, 16, 1);
+    assert_int_equal(kvb_session_open(kvb, 1, 0, t, 16, &reused), 0);
+    assert_int_equal(kvb_demote(kvb, 1, 2, ops, 8, &n_ops), RKV_ENOSPACE);
+    assert_int_equal(n_ops, 0);
+    assert_int_equal(kvb_free_host(kvb), 1);
+    assert_int_equal(kvb_demote(kvb, 1, 2, ops, 1, &n_ops), RKV_EINVAL); /* ops too small */
+    assert_int_equal(kvb_check(kvb), 0);
+    kvb_destroy(kvb);
+}
+
+static void test_worker_lost(void **state)
+{
+    (void)state;
+    struct kvb *kvb = make(8, 8);
+    uint32_t t[12];
+    size_t reused, n_ops;
+    uint64_t epoch, e2;
+    struct kvb_copy ops[8];
+    seq(t, 12, 1);
+    assert_int_equal(kvb_session_open(kvb, 5, 0, t, 12, &reused), 0);
+    assert_int_equal(kvb_session_table(kvb, 5, NULL, 0, NULL, &epoch), 0);
+    assert_int_equal(kvb_lease(kvb, 1, 5, epoch), 0);
+    assert_int_equal(kvb_lease(kvb, 2, 5, epoch), 0);
+    assert_int_equal(kvb_demote(kvb, 5, 1, ops, 8, &n_ops), 0);
+    assert_int_equal(kvb_commit(kvb, 5, &e2), 0);
+    /* an old table can no longer be leased */
+    assert_int_equal(kvb_lease(kvb, 3, 5, epoch), RKV_ESTATE);
+    assert_int_equal(kvb_ack(kvb, 1, 5, e2), 0);
+    assert_int_equal(kvb_pending(kvb), 1); /* worker 2 may still read it */
+    assert_int_equal(kvb_free_dev(kvb, 0), 5);
+    assert_int_equal(kvb_worker_lost(kvb, 2), 0);
+    assert_int_equal(kvb_pending(kvb), 0);
+    assert_int_equal(kvb_free_dev(kvb, 0), 6);
+    assert_int_equal(kvb_ack(kvb, 2, 5, e2), RKV_ENOTFOUND);
+    /* a restarted worker leases the current table again */
+    assert_int_equal(kvb_lease(kvb, 2, 5, e2), 0);
+    assert_int_equal(kvb_session_close(kvb, 5), 0);
+    assert_int_equal(kvb_pending(kvb), 3);
+    assert_int_equal(kvb_worker_lost(kvb, 1), 0);
+    assert_int_equal(kvb_worker_lost(kvb, 2), 0);
+    assert_int_equal(kvb_pending(kvb), 0);
+    assert_int_equal(kvb_free_dev(kvb, 0), 8);
+    assert_int_equal(kvb_free_host(kvb), 8);
+    assert_int_equal(kvb_check(kvb), 0);
+    kvb_destroy(kvb);
+}
+
+/* --- random operation sequences ------------------------------------------------ */
+
+static uint64_t rng_next(uint64_t *s)
+{
+    *s ^= *s >> 12;
+    *s ^= *s << 25;
+    *s ^= *s >> 27;
+    return *s * 2685821657736338717ull;
+}
+
+static uint32_t below(uint64_t *s, uint32_t n)
+{
+    return (uint32_t)(rng_next(s) % n);
+}
+
+/* successes of the interesting operations: the random runs must reach them */
+static uint64_t n_shared, n_cow, n_moved, n_released;
+
+static void random_op(struct kvb *kvb, uint64_t *rng, uint64_t *next_sid)
+{
+    uint32_t t[32];
+    struct kvb_copy ops[16];
+    size_t reused, n_ops;
+    /* mostly recent sessions, which are likely still open */
+    uint64_t back = below(rng, 8);
+    uint64_t sid = *next_sid > back + 1 ? *next_sid - 1 - back : 1;
+    uint32_t worker = below(rng, 3);
+    uint64_t epoch;
+    /* prompts from a small alphabet of prefixes so sharing happens */
+    uint32_t base = below(rng, 3) * 1000;
+    switch (below(rng, 13)) {
+    case 0:
+    case 1: {
+        size_t n = 1 + below(rng, 24);
+        seq(t, n, base);
+        if (below(rng, 2))
+            t[below(rng, (uint32_t)n)] = 7;
+        int rc = kvb_session_open(kvb, (*next_sid)++, below(rng, 2), t, n, &reused);
+        assert_true(rc == 0 || rc == RKV_ENOSPACE);
+        n_shared += rc == 0 && reused > 0;
+        break;
+    }
+    case 2: {
+        size_t n = 1 + below(rng, 6);
+        seq(t, n, base);
+        int rc = kvb_session_append(kvb, sid, t, n);
+        assert_true(rc == 0 || rc == RKV_ENOSPACE || rc == RKV_ENOTFOUND);
+        if (rc == 0 && below(rng, 2))
+            kvb_session_written(kvb, sid, kvb_session_tokens(kvb, sid));
+        break;
+    }
+    case 3:
+        if (kvb_session_tokens(kvb, sid))
+            assert_int_equal(kvb_session_written(kvb, sid, kvb_session_tokens(kvb, sid)), 0);
+        break;
+    case 4: {
+        size_t nc;
+        size_t n = below(rng, (uint32_t)kvb_session_tokens(kvb, sid) + 1);
+        int rc = kvb_session_fork(kvb, sid, (*next_sid)++, n, ops, &nc);
+        assert_true(rc == 0 || rc == RKV_ENOSPACE || rc == RKV_ENOTFOUND || rc == RKV_EINVAL);
+        n_cow += rc == 0 && nc == 1;
+        break;
+    }
+    case 5:
+    case 6: {
+        uint32_t n = 1 + below(rng, 4);
+        int rc = below(rng, 2) ? kvb_demote(kvb, sid, n, ops, 16, &n_ops)
+                               : kvb_promote(kvb, sid, n, ops, 16, &n_ops);
+        assert_true(rc == 0 || rc == RKV_ENOSPACE || rc == RKV_ENOTFOUND || rc == RKV_EBUSY ||
+                    rc == RKV_ERANGE);
+        if (rc == 0 && below(rng, 3))
+            n_moved += kvb_commit(kvb, sid, NULL) == 0;
+        break;
+    }
+    case 7:
+        if (below(rng, 3))
+            n_moved += kvb_commit(kvb, sid, NULL) == 0;
+        else
+            kvb_abort(kvb, sid);
+        break;
+    case 8: kvb_session_close(kvb, sid); break;
+    case 9:
+    case 12:
+        if (kvb_session_table(kvb, sid, NULL, 0, NULL, &epoch) == 0)
+            kvb_lease(kvb, worker, sid, epoch);
+        break;
+    case 10:
+        if (kvb_session_table(kvb, sid, NULL, 0, NULL, &epoch) == 0) {
+            size_t before = kvb_pending(kvb);
+            kvb_ack(kvb, worker, sid, epoch - below(rng, 2));
+            n_released += kvb_pending(kvb) < before;
+        } else
+            kvb_unlease(kvb, worker, sid);
+        break;
+    case 11: {
+        size_t before = kvb_pending(kvb);
+        if (below(rng, 4) == 0)
+            kvb_worker_lost(kvb, worker);
+        else
+            kvb_unlease(kvb, worker, sid);
+        n_released += kvb_pending(kvb) < before;
+        break;
+    }
+    }
+}
+
+static void test_random_sequences(void **state)
+{
+    (void)state;
+    uint64_t rng = 0x5eed;
+    for (int run = 0; run < 300; run++) {
+        struct kvb *kvb = make(6 + below(&rng, 20), 4 + below(&rng, 20));
+        uint64_t next_sid = 1;
+        for (int op = 0; op < 200; op++) {
+            random_op(kvb, &rng, &next_sid);
+            assert_int_equal(kvb_check(kvb), 0);
+        }
+        /* everything closed and every worker gone: every block is free */
+        for (uint64_t s = 1; s < next_sid; s++)
+            kvb_session_close(kvb, s);
+        for (uint32_t w = 0; w < 3; w++)
+            kvb_worker_lost(kvb, w);
+        assert_int_equal(kvb_pending(kvb), 0);
+        assert_int_equal(kvb_n_sessions(kvb), 0);
+        assert_int_equal(kvb_check(kvb), 0);
+        kvb_destroy(kvb);
+    }
+    print_message("shared %llu cow %llu moved %llu released-on-ack %llu\n",
+                  (unsigned long long)n_shared, (unsigned long long)n_cow,
+                  (unsigned long long)n_moved, (unsigned long long)n_released);
+    assert_true(n_shared > 100 && n_cow > 100 && n_moved > 300 && n_released > 100);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_alloc_free),       cmocka_unit_test(test_prefix_sharing),
+        cmocka_unit_test(test_fork_cow),         cmocka_unit_test(test_demote_promote_acks),
+        cmocka_unit_test(test_host_full),        cmocka_unit_test(test_worker_lost),
+        cmocka_unit_test(test_random_sequences),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
