@@ -61,11 +61,12 @@ int tok_bpe_init(struct tok *t, const char *pre, char *errbuf, size_t errlen)
 {
     const char *pattern = re_gpt2;
     t->pre_name = "gpt2";
-    if (!strcmp(pre, "llama-bpe") || !strcmp(pre, "llama3") || !strcmp(pre, "smaug-bpe")) {
+    if (!strcmp(pre, "llama-bpe") || !strcmp(pre, "llama3") || !strcmp(pre, "llama-v3") ||
+        !strcmp(pre, "smaug-bpe") || !strcmp(pre, "falcon3")) {
         pattern = re_llama3;
         t->pre_name = "llama3";
         t->ignore_merges = 1; /* llama 3's tokenizer.json sets ignore_merges */
-    } else if (!strcmp(pre, "qwen2")) {
+    } else if (!strcmp(pre, "qwen2") || !strcmp(pre, "deepseek-r1-qwen")) {
         pattern = re_qwen2;
         t->pre_name = "qwen2";
     } else if (pre[0] && strcmp(pre, "default") && strcmp(pre, "gpt2")) {

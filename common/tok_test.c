@@ -161,12 +161,15 @@ static void test_bpe_words(void **state)
     size_t n = 99;
     assert_int_equal(tok_encode(t, "", 0, 0, 0, NULL, 0, &n), 0);
     assert_int_equal(n, 0);
+    /* llama 3 ignores merges for a word that is a token */
+    EXPECT(t, "xyz xyz", 0, 0, TBPE_XYZ, ' ', 'x', 'y', 'z');
     tok_free(t);
 
-    /* gpt-2 style pre-tokenizer: no bos by default */
+    /* gpt-2 style pre-tokenizer: no bos by default, merges always */
     t = bpe(NULL, NULL, NULL);
     assert_int_equal(tok_add_bos(t), 0);
     EXPECT(t, "hello world", 1, 0, TBPE_HELLO, TBPE_GWORLD);
+    EXPECT(t, "xyz", 0, 0, 'x', 'y', 'z');
     tok_free(t);
     /* an unknown pre value falls back to gpt-2's regex (with a warning) */
     t = bpe("no-such-pre", NULL, NULL);

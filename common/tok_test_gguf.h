@@ -176,6 +176,7 @@ enum {
     TBPE_EHI,  /* <|end_header_id|> */
     TBPE_IMS,  /* <|im_start|> */
     TBPE_IME,  /* <|im_end|> */
+    TBPE_XYZ,  /* "xyz": a token no merge makes */
     TBPE_N,
 };
 
@@ -210,6 +211,8 @@ static inline void tgg_bpe(struct tgg *b, const char *pre, const char *arch, con
         types[toks.n] = toks.n == TBPE_TOOL ? 4 : 3;
         tgg_list_add(&toks, specials[i]);
     }
+    types[toks.n] = 1;
+    tgg_list_add(&toks, "xyz");
     tgg_init(b);
     if (arch)
         tgg_str(b, "general.architecture", arch);
