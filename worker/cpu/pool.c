@@ -1,4 +1,6 @@
-/* pool.c - persistent worker threads woken per job; chunks handed out by an atomic counter. */
+/* pool.c - persistent worker threads woken per job; chunks handed out by an atomic counter.
+ * the caller works too and never waits for a thread that has not joined the job yet: a
+ * late (descheduled) thread finds the job closed and goes back to sleep. */
 #include "worker/cpu/pool.h"
 
 #include <pthread.h>
@@ -13,9 +15,10 @@ struct pool {
     pthread_t *threads;
     pthread_mutex_t mu;
     pthread_cond_t wake; /* workers wait here for a new generation */
-    pthread_cond_t done; /* the caller waits here for busy == 0 */
+    pthread_cond_t done; /* the caller waits here for joined == 0 */
     uint64_t generation;
-    uint32_t busy; /* workers still inside the current job */
+    int open;        /* the current job still takes new threads */
+    uint32_t joined; /* threads working on the current job */
     int stop;
     /* the current job */
     pool_fn fn;
@@ -55,10 +58,13 @@ static void *worker_main(void *v)
         if (p->stop)
             break;
         seen = p->generation;
+        if (!p->open)
+            continue;
+        p->joined++;
         pthread_mutex_unlock(&p->mu);
         take_chunks(p, id);
         pthread_mutex_lock(&p->mu);
-        if (--p->busy == 0)
+        if (--p->joined == 0)
             pthread_cond_signal(&p->done);
     }
     pthread_mutex_unlock(&p->mu);
@@ -145,15 +151,17 @@ void pool_run(struct pool *p, pool_fn fn, void *arg, uint32_t n_items, uint32_t 
     p->n_items = n_items;
     p->chunk = chunk;
     atomic_store(&p->next, 0);
-    p->busy = p->n_threads - 1;
+    p->open = 1;
     p->generation++;
     pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->mu);
 
     take_chunks(p, 0);
 
+    /* every chunk is claimed; wait only for threads still running theirs */
     pthread_mutex_lock(&p->mu);
-    while (p->busy > 0)
+    p->open = 0;
+    while (p->joined > 0)
         pthread_cond_wait(&p->done, &p->mu);
     pthread_mutex_unlock(&p->mu);
 }
