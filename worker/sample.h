@@ -33,7 +33,7 @@ struct sample_params {
     int32_t n_top_logprobs;   /* 0..20 alternatives reported per token */
 };
 
-/* defaults: greedy, every filter off, seed 0 */
+/* defaults: greedy, every filter off, penalty_last_n -1 (all), seed 0 */
 void sample_params_default(struct sample_params *p);
 /* range check; on error writes a message naming the field and the range */
 int sample_params_check(const struct sample_params *p, char *errbuf, size_t errlen);
