@@ -1,0 +1,245 @@
+/* pool.c - kv block pools in shared memory or behind the gpu hooks, and
+ * batched copies between them. */
+#include "kvmgr/pool.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "common/log.h"
+#include "common/shm.h"
+
+struct kvpool {
+    struct kvpool_desc desc;
+    struct rkv_shm shm;        /* shared memory pools */
+    uint8_t *base;             /* block 0: shm mapping or device pointer */
+    int owner;                 /* created here */
+    int registered;            /* host pool pinned through gpu_ops */
+    struct kvpool_gpu_ops ops; /* zero when none */
+};
+
+int kvpool_make_name(char *buf, size_t len, int pid, enum kvpool_kind kind, uint32_t gpu)
+{
+    int n = kind == KVPOOL_HOST ? snprintf(buf, len, "/rkv-%d-host", pid)
+                                : snprintf(buf, len, "/rkv-%d-dev%u", pid, gpu);
+    return n > 0 && (size_t)n < len ? 0 : RKV_ERANGE;
+}
+
+static size_t pool_bytes(const struct kvpool_desc *d)
+{
+    return (size_t)d->block_bytes * d->n_blocks;
+}
+
+static int check_layout(const struct kvpool_desc *d)
+{
+    uint64_t unit = (uint64_t)d->n_slices * d->block_tokens;
+    if (d->kind > KVPOOL_DEVICE_CUDA || d->block_bytes == 0 || unit == 0 || d->block_bytes % unit) {
+        log_error("kv pool: block of %llu bytes does not split into %u slices of %u positions;"
+                  " check the model's kv sizes and --block-size",
+                  (unsigned long long)d->block_bytes, d->n_slices, d->block_tokens);
+        return RKV_EINVAL;
+    }
+    if (d->n_blocks && pool_bytes(d) / d->n_blocks != d->block_bytes)
+        return RKV_ETOOBIG;
+    return 0;
+}
+
+int kvpool_create(const struct kvpool_config *cfg, struct kvpool **out)
+{
+    *out = NULL;
+    struct kvpool *p = calloc(1, sizeof(*p));
+    if (!p)
+        return RKV_ENOMEM;
+    p->desc = (struct kvpool_desc){.kind = cfg->kind,
+                                   .gpu = cfg->gpu,
+                                   .block_bytes = cfg->block_bytes,
+                                   .n_blocks = cfg->n_blocks,
+                                   .block_tokens = cfg->block_tokens,
+                                   .n_slices = cfg->n_slices};
+    p->owner = 1;
+    if (cfg->gpu_ops)
+        p->ops = *cfg->gpu_ops;
+    int rc = check_layout(&p->desc);
+    size_t bytes = pool_bytes(&p->desc);
+    if (rc == 0 && cfg->kind == KVPOOL_DEVICE_CUDA) {
+        /* the hook point: cudaMalloc + cudaIpcGetMemHandle live with the gpu code */
+        if (!p->ops.device_alloc) {
+            log_error("kv pool: gpu %u needs the cuda backend; run with --backend cpu or a "
+                      "build with CUDA=1",
+                      cfg->gpu);
+            rc = RKV_ENODEV;
+        } else if (bytes) {
+            void *dptr = NULL;
+            rc = p->ops.device_alloc(p->ops.ctx, cfg->gpu, bytes, &dptr, p->desc.ipc_handle);
+            p->base = dptr;
+        }
+    } else if (rc == 0 && bytes) {
+        if (!cfg->name || snprintf(p->desc.name, sizeof(p->desc.name), "%s", cfg->name) >=
+                              (int)sizeof(p->desc.name))
+            rc = RKV_EINVAL;
+        if (rc == 0)
+            rc = rkv_shm_create(&p->shm, p->desc.name, bytes);
+        if (rc == RKV_EINVAL)
+            log_error("kv pool: name %s is not a shared memory name; use \"/rkv-...\" "
+                      "(kvpool_make_name)",
+                      cfg->name ? cfg->name : "(none)");
+        else if (rc)
+            log_error("kv pool %s: cannot create %zu bytes of shared memory: %s; check the "
+                      "free space of /dev/shm and the host budget",
+                      cfg->name, bytes, rkv_strerror(rc));
+        p->base = p->shm.base;
+        if (rc == 0 && cfg->kind == KVPOOL_HOST && p->ops.host_register) {
+            rc = p->ops.host_register(p->ops.ctx, p->base, bytes);
+            p->registered = rc == 0;
+        }
+    }
+    if (rc) {
+        kvpool_free(p);
+        return rc;
+    }
+    *out = p;
+    return 0;
+}
+
+int kvpool_open(const struct kvpool_desc *desc, struct kvpool **out)
+{
+    *out = NULL;
+    if (desc->kind == KVPOOL_DEVICE_CUDA)
+        return RKV_EUNSUPPORTED; /* peers open ipc handles in the worker's cuda code */
+    struct kvpool *p = calloc(1, sizeof(*p));
+    if (!p)
+        return RKV_ENOMEM;
+    p->desc = *desc;
+    p->desc.name[sizeof(p->desc.name) - 1] = 0;
+    int rc = check_layout(&p->desc);
+    if (rc == 0 && p->desc.n_blocks)
+        rc = rkv_shm_open(&p->shm, p->desc.name, pool_bytes(&p->desc));
+    if (rc) {
+        free(p);
+        return rc;
+    }
+    p->base = p->shm.base;
+    *out = p;
+    return 0;
+}
+
+void kvpool_free(struct kvpool *p)
+{
+    if (!p)
+        return;
+    if (p->registered && p->ops.host_unregister)
+        p->ops.host_unregister(p->ops.ctx, p->base);
+    if (p->desc.kind == KVPOOL_DEVICE_CUDA && p->owner && p->base && p->ops.device_free)
+        p->ops.device_free(p->ops.ctx, p->desc.gpu, p->base);
+    if (p->shm.base)
+        rkv_shm_close(&p->shm);
+    free(p);
+}
+
+const struct kvpool_desc *kvpool_get_desc(const struct kvpool *p)
+{
+    return &p->desc;
+}
+
+void *kvpool_block(const struct kvpool *p, uint32_t idx)
+{
+    if (p->desc.kind == KVPOOL_DEVICE_CUDA || idx >= p->desc.n_blocks)
+        return NULL;
+    return p->base + (size_t)idx * p->desc.block_bytes;
+}
+
+static int op_cmp(const void *a, const void *b)
+{
+    const struct kvpool_op *x = a, *y = b;
+    if (x->src != y->src)
+        return x->src < y->src ? -1 : 1;
+    return x->dst < y->dst ? -1 : x->dst > y->dst;
+}
+
+static int run_copy(struct kvpool *dst, const struct kvpool *src, size_t dst_off, size_t src_off,
+                    size_t bytes)
+{
+    int cuda = dst->desc.kind == KVPOOL_DEVICE_CUDA || src->desc.kind == KVPOOL_DEVICE_CUDA;
+    if (!cuda) {
+        memmove(dst->base + dst_off, src->base + src_off, bytes); /* d2d may overlap */
+        return 0;
+    }
+    const struct kvpool_gpu_ops *ops = dst->ops.copy ? &dst->ops : &src->ops;
+    uint32_t gpu = dst->desc.kind == KVPOOL_DEVICE_CUDA ? dst->desc.gpu : src->desc.gpu;
+    if (!ops->copy)
+        return RKV_ENODEV;
+    return ops->copy(ops->ctx, gpu, dst->base + dst_off, src->base + src_off, bytes);
+}
+
+int kvpool_copy(struct kvpool *dst, const struct kvpool *src, const struct kvpool_op *ops, size_t n)
+{
+    const struct kvpool_desc *d = &dst->desc, *s = &src->desc;
+    if (d->block_bytes != s->block_bytes || d->block_tokens != s->block_tokens ||
+        d->n_slices != s->n_slices)
+        return RKV_EINVAL;
+    for (size_t k = 0; k < n; k++)
+        if (ops[k].src >= s->n_blocks || ops[k].dst >= d->n_blocks ||
+            ops[k].n_tokens > s->block_tokens)
+            return RKV_ERANGE;
+    struct kvpool_op *sorted = malloc((n ? n : 1) * sizeof(*sorted));
+    if (!sorted)
+        return RKV_ENOMEM;
+    memcpy(sorted, ops, n * sizeof(*ops));
+    qsort(sorted, n, sizeof(*sorted), op_cmp);
+    size_t bb = d->block_bytes, slice = bb / d->n_slices, tok = slice / d->block_tokens;
+    int rc = 0;
+    for (size_t k = 0; k < n && rc == 0;) {
+        const struct kvpool_op *o = &sorted[k];
+        if (o->n_tokens < s->block_tokens) {
+            /* part of a block: the first positions of every slice */
+            for (uint32_t sl = 0; sl < d->n_slices && rc == 0; sl++)
+                rc = run_copy(dst, src, o->dst * bb + sl * slice, o->src * bb + sl * slice,
+                              o->n_tokens * tok);
+            k++;
+            continue;
+        }
+        /* whole blocks: extend the run while both sides stay consecutive */
+        size_t run = 1;
+        while (k + run < n && sorted[k + run].n_tokens == s->block_tokens &&
+               sorted[k + run].src == o->src + run && sorted[k + run].dst == o->dst + run)
+            run++;
+        rc = run_copy(dst, src, (size_t)o->dst * bb, (size_t)o->src * bb, run * bb);
+        k += run;
+    }
+    free(sorted);
+    return rc;
+}
+
+int kvpool_run_copies(struct kvpool *const *dev, uint32_t n_gpus, struct kvpool *host,
+                      const struct kvb_copy *ops, size_t n)
+{
+    /* group by (kind, gpu) so each group is one batched kvpool_copy */
+    struct kvpool_op *batch = malloc((n ? n : 1) * sizeof(*batch));
+    uint8_t *done = calloc(n ? n : 1, 1);
+    int rc = batch && done ? 0 : RKV_ENOMEM;
+    for (size_t k = 0; k < n && rc == 0; k++) {
+        if (done[k])
+            continue;
+        if (ops[k].gpu >= n_gpus || ops[k].kind > KVB_COPY_D2D) {
+            rc = RKV_EINVAL;
+            break;
+        }
+        size_t nb = 0;
+        for (size_t j = k; j < n; j++) {
+            if (done[j] || ops[j].kind != ops[k].kind || ops[j].gpu != ops[k].gpu)
+                continue;
+            batch[nb++] = (struct kvpool_op){ops[j].src, ops[j].dst, ops[j].n_tokens};
+            done[j] = 1;
+        }
+        struct kvpool *g = dev[ops[k].gpu];
+        switch (ops[k].kind) {
+        case KVB_COPY_D2H: rc = kvpool_copy(host, g, batch, nb); break;
+        case KVB_COPY_H2D: rc = kvpool_copy(g, host, batch, nb); break;
+        case KVB_COPY_D2D: rc = kvpool_copy(g, g, batch, nb); break;
+        }
+    }
+    free(batch);
+    free(done);
+    return rc;
+}

@@ -1,0 +1,102 @@
+/* pool.h - kv memory: fixed-size block pools in named shared memory that
+ * workers map, a cuda hook point for device pools, batched block copies. */
+#ifndef RKV_KVMGR_POOL_H
+#define RKV_KVMGR_POOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvmgr/blocks.h"
+
+/*
+ * A pool is n_blocks blocks of block_bytes. The host pool (and, on the cpu
+ * backend, each "device" pool) is POSIX shared memory named "/rkv-...": the
+ * kvmgr creates it, a worker maps the same bytes by name (common/shm.h,
+ * rkv_shm_open) and a restarted worker maps it again. On a gpu the device
+ * pool is allocated through struct kvpool_gpu_ops (cudaMalloc +
+ * cudaIpcGetMemHandle), and the host pool is registered for dma through it;
+ * this module calls those hooks and contains no cuda code.
+ *
+ * Block layout: a block holds block_tokens positions in n_slices contiguous
+ * slices (one per layer and K/V), so one layer's K of a block is one run.
+ * Copying the first n positions of a block copies the first n/block_tokens
+ * of every slice (copy-on-write of a split block).
+ */
+
+enum kvpool_kind {
+    KVPOOL_HOST = 0,    /* shared memory, pinned through gpu_ops when given */
+    KVPOOL_DEVICE_SHM,  /* cpu backend: the device pool is shared memory too */
+    KVPOOL_DEVICE_CUDA, /* device memory through gpu_ops */
+};
+
+#define KVPOOL_IPC_BYTES 64 /* sizeof(cudaIpcMemHandle_t) */
+
+/* the gpu issue's functions; ctx is passed back unchanged. Return 0 or a
+ * negative rkv code (RKV_ECUDA). */
+struct kvpool_gpu_ops {
+    void *ctx;
+    int (*device_alloc)(void *ctx, uint32_t gpu, size_t bytes, void **dptr,
+                        uint8_t ipc_handle[KVPOOL_IPC_BYTES]);
+    void (*device_free)(void *ctx, uint32_t gpu, void *dptr);
+    int (*host_register)(void *ctx, void *base, size_t bytes);
+    void (*host_unregister)(void *ctx, void *base);
+    /* one contiguous run; either side may be device memory of gpu */
+    int (*copy)(void *ctx, uint32_t gpu, void *dst, const void *src, size_t bytes);
+};
+
+struct kvpool_config {
+    enum kvpool_kind kind;
+    uint32_t gpu;         /* device pools */
+    const char *name;     /* "/rkv-..." for shared memory pools (kvpool_make_name) */
+    uint64_t block_bytes; /* a multiple of n_slices * block_tokens */
+    uint32_t n_blocks;    /* 0: an empty pool, nothing mapped */
+    uint32_t block_tokens;
+    uint32_t n_slices;                    /* 2 * n_layer; 1 = one opaque run */
+    const struct kvpool_gpu_ops *gpu_ops; /* NULL on the cpu backend */
+};
+
+/* what a peer needs to map the pool; crosses processes as plain bytes */
+struct kvpool_desc {
+    uint32_t kind; /* enum kvpool_kind */
+    uint32_t gpu;
+    char name[64]; /* shared memory name, "" for cuda device pools */
+    uint64_t block_bytes;
+    uint32_t n_blocks;
+    uint32_t block_tokens;
+    uint32_t n_slices;
+    uint8_t ipc_handle[KVPOOL_IPC_BYTES]; /* cuda device pools */
+};
+
+/* one block copy: the first n_tokens positions (block_tokens = whole) */
+struct kvpool_op {
+    uint32_t src;
+    uint32_t dst;
+    uint32_t n_tokens;
+};
+
+struct kvpool;
+
+/* "/rkv-<pid>-host" or "/rkv-<pid>-dev<gpu>"; 0 or RKV_ERANGE */
+int kvpool_make_name(char *buf, size_t len, int pid, enum kvpool_kind kind, uint32_t gpu);
+
+/* creates the pool (the name is replaced if a dead kvmgr left it) */
+int kvpool_create(const struct kvpool_config *cfg, struct kvpool **out);
+/* maps a pool another process created (what a worker does; used by tests) */
+int kvpool_open(const struct kvpool_desc *desc, struct kvpool **out);
+/* unmaps; the creator also removes the name and frees device memory */
+void kvpool_free(struct kvpool *p);
+
+const struct kvpool_desc *kvpool_get_desc(const struct kvpool *p);
+/* address of block idx in this process; NULL for cuda device pools or idx out of range */
+void *kvpool_block(const struct kvpool *p, uint32_t idx);
+
+/* copies blocks src -> dst (same block size and layout), batched: runs of
+ * consecutive source and destination blocks move in one copy. */
+int kvpool_copy(struct kvpool *dst, const struct kvpool *src, const struct kvpool_op *ops,
+                size_t n);
+/* executes copies returned by kvb_demote / kvb_promote / kvb_session_fork;
+ * dev[gpu] are the device pools, host the host pool */
+int kvpool_run_copies(struct kvpool *const *dev, uint32_t n_gpus, struct kvpool *host,
+                      const struct kvb_copy *ops, size_t n);
+
+#endif

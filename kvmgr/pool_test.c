@@ -1,0 +1,252 @@
+/* pool_test.c - kv pools: two mappings share bytes, names are cleaned up,
+ * batched and partial copies are exact, the gpu hooks are called as documented. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "common/err.h"
+#include "kvmgr/pool.h"
+
+#define BT     4  /* positions per block */
+#define SLICES 2  /* e.g. one layer's K and V */
+#define BB     64 /* block bytes: 2 slices x 4 positions x 8 bytes */
+
+static void name_for(char *buf, const char *tag)
+{
+    snprintf(buf, 64, "/rkv-test-%d-%s", (int)getpid(), tag);
+}
+
+static int shm_exists(const char *name)
+{
+    char path[128];
+    snprintf(path, sizeof(path), "/dev/shm%s", name);
+    return access(path, F_OK) == 0;
+}
+
+static struct kvpool *make(enum kvpool_kind kind, const char *tag, uint32_t n,
+                           const struct kvpool_gpu_ops *ops)
+{
+    char name[64];
+    name_for(name, tag);
+    struct kvpool_config cfg = {kind, 0, name, BB, n, BT, SLICES, ops};
+    struct kvpool *p = NULL;
+    assert_int_equal(kvpool_create(&cfg, &p), 0);
+    return p;
+}
+
+static void fill(struct kvpool *p, uint32_t n)
+{
+    for (uint32_t b = 0; b < n; b++)
+        for (uint32_t i = 0; i < BB; i++)
+            ((uint8_t *)kvpool_block(p, b))[i] = (uint8_t)(b * 16 + i);
+}
+
+static void test_make_name(void **state)
+{
+    (void)state;
+    char buf[64];
+    assert_int_equal(kvpool_make_name(buf, sizeof(buf), 42, KVPOOL_HOST, 0), 0);
+    assert_string_equal(buf, "/rkv-42-host");
+    assert_int_equal(kvpool_make_name(buf, sizeof(buf), 42, KVPOOL_DEVICE_SHM, 3), 0);
+    assert_string_equal(buf, "/rkv-42-dev3");
+    assert_int_equal(kvpool_make_name(buf, 6, 42, KVPOOL_HOST, 0), RKV_ERANGE);
+}
+
+static void test_two_mappings(void **state)
+{
+    (void)state;
+    struct kvpool *owner = make(KVPOOL_HOST, "h", 8, NULL);
+    const struct kvpool_desc *d = kvpool_get_desc(owner);
+    assert_true(shm_exists(d->name));
+    struct kvpool *peer = NULL;
+    assert_int_equal(kvpool_open(d, &peer), 0);
+    /* a different mapping of the same bytes, both ways */
+    assert_ptr_not_equal(kvpool_block(owner, 0), kvpool_block(peer, 0));
+    memset(kvpool_block(owner, 3), 0xab, BB);
+    assert_int_equal(((uint8_t *)kvpool_block(peer, 3))[BB - 1], 0xab);
+    ((uint8_t *)kvpool_block(peer, 7))[5] = 0x5c;
+    assert_int_equal(((uint8_t *)kvpool_block(owner, 7))[5], 0x5c);
+    assert_null(kvpool_block(owner, 8));
+    /* the peer leaving keeps the name; the owner leaving removes it */
+    kvpool_free(peer);
+    assert_true(shm_exists(d->name));
+    char name[64];
+    snprintf(name, sizeof(name), "%s", d->name);
+    kvpool_free(owner);
+    assert_false(shm_exists(name));
+    /* a desc claiming more blocks than exist is refused */
+    struct kvpool *p = make(KVPOOL_HOST, "small", 2, NULL);
+    struct kvpool_desc big = *kvpool_get_desc(p);
+    big.n_blocks = 1000;
+    assert_int_equal(kvpool_open(&big, &peer), RKV_EFORMAT);
+    kvpool_free(p);
+}
+
+static void test_bad_config(void **state)
+{
+    (void)state;
+    char name[64];
+    name_for(name, "bad");
+    struct kvpool *p = NULL;
+    struct kvpool_config cfg = {KVPOOL_HOST, 0, name, 60, 4, BT, SLICES, NULL};
+    assert_int_equal(kvpool_create(&cfg, &p), RKV_EINVAL); /* 60 bytes do not split */
+    cfg.block_bytes = BB;
+    cfg.name = "no-slash";
+    assert_int_equal(kvpool_create(&cfg, &p), RKV_EINVAL);
+    cfg.kind = KVPOOL_DEVICE_CUDA;
+    assert_int_equal(kvpool_create(&cfg, &p), RKV_ENODEV); /* no gpu hooks */
+    assert_null(p);
+    /* an empty pool maps nothing */
+    cfg = (struct kvpool_config){KVPOOL_HOST, 0, name, BB, 0, BT, SLICES, NULL};
+    assert_int_equal(kvpool_create(&cfg, &p), 0);
+    assert_null(kvpool_block(p, 0));
+    assert_false(shm_exists(name));
+    kvpool_free(p);
+}
+
+static void test_copy_batched_exact(void **state)
+{
+    (void)state;
+    struct kvpool *dev = make(KVPOOL_DEVICE_SHM, "d", 8, NULL);
+    struct kvpool *host = make(KVPOOL_HOST, "h2", 8, NULL);
+    fill(dev, 8);
+    memset(kvpool_block(host, 0), 0, 8 * BB);
+    /* out of order; 1..3 -> 4..6 is one run */
+    struct kvpool_op ops[4] = {{3, 6, BT}, {1, 4, BT}, {2, 5, BT}, {7, 0, BT}};
+    assert_int_equal(kvpool_copy(host, dev, ops, 4), 0);
+    for (int k = 0; k < 4; k++)
+        assert_memory_equal(kvpool_block(host, ops[k].dst), kvpool_block(dev, ops[k].src), BB);
+    uint8_t zero[BB] = {0};
+    assert_memory_equal(kvpool_block(host, 1), zero, BB);
+    /* the first 3 positions of a block: 3 x 8 bytes of each slice */
+    memset(kvpool_block(host, 2), 0xee, BB);
+    struct kvpool_op part = {5, 2, 3};
+    assert_int_equal(kvpool_copy(host, dev, &part, 1), 0);
+    const uint8_t *h = kvpool_block(host, 2), *d = kvpool_block(dev, 5);
+    assert_memory_equal(h, d, 24);
+    assert_int_equal(h[24], 0xee);
+    assert_memory_equal(h + 32, d + 32, 24);
+    assert_int_equal(h[56], 0xee);
+    /* bad indices change nothing */
+    struct kvpool_op bad = {9, 0, BT};
+    assert_int_equal(kvpool_copy(host, dev, &bad, 1), RKV_ERANGE);
+    kvpool_free(dev);
+    kvpool_free(host);
+}
+
+static void test_run_copies(void **state)
+{
+    (void)state;
+    struct kvpool *dev[2] = {make(KVPOOL_DEVICE_SHM, "r0", 6, NULL),
+                             make(KVPOOL_DEVICE_SHM, "r1", 6, NULL)};
+    struct kvpool *host = make(KVPOOL_HOST, "rh", 6, NULL);
+    fill(dev[0], 6);
+    fill(dev[1], 6);
+    fill(host, 6);
+    uint8_t want_h0[BB], want_d1_4[BB], want_d0_5[BB];
+    memcpy(want_h0, kvpool_block(dev[1], 2), BB);
+    memcpy(want_d1_4, kvpool_block(host, 3), BB);
+    memcpy(want_d0_5, kvpool_block(dev[0], 1), BB);
+    struct kvb_copy ops[3] = {
+        {KVB_COPY_D2H, 1, 2, 0, BT}, {KVB_COPY_H2D, 1, 3, 4, BT}, {KVB_COPY_D2D, 0, 1, 5, BT}};
+    assert_int_equal(kvpool_run_copies(dev, 2, host, ops, 3), 0);
+    assert_memory_equal(kvpool_block(host, 0), want_h0, BB);
+    assert_memory_equal(kvpool_block(dev[1], 4), want_d1_4, BB);
+    assert_memory_equal(kvpool_block(dev[0], 5), want_d0_5, BB);
+    ops[0].gpu = 2;
+    assert_int_equal(kvpool_run_copies(dev, 2, host, ops, 1), RKV_EINVAL);
+    kvpool_free(dev[0]);
+    kvpool_free(dev[1]);
+    kvpool_free(host);
+}
+
+/* a stand-in for the cuda code: "device" memory from malloc, calls counted */
+struct fake_gpu {
+    int allocs, frees, registers, unregisters, copies;
+    size_t copied;
+};
+
+static int fake_alloc(void *ctx, uint32_t gpu, size_t bytes, void **dptr, uint8_t *ipc)
+{
+    struct fake_gpu *f = ctx;
+    f->allocs++;
+    *dptr = calloc(1, bytes);
+    memset(ipc, 0x77, KVPOOL_IPC_BYTES);
+    return *dptr ? 0 : RKV_ENOMEM;
+}
+
+static void fake_free(void *ctx, uint32_t gpu, void *dptr)
+{
+    ((struct fake_gpu *)ctx)->frees++;
+    free(dptr);
+}
+
+static int fake_register(void *ctx, void *base, size_t bytes)
+{
+    ((struct fake_gpu *)ctx)->registers++;
+    return 0;
+}
+
+static void fake_unregister(void *ctx, void *base)
+{
+    ((struct fake_gpu *)ctx)->unregisters++;
+}
+
+static int fake_copy(void *ctx, uint32_t gpu, void *dst, const void *src, size_t bytes)
+{
+    struct fake_gpu *f = ctx;
+    f->copies++;
+    f->copied += bytes;
+    memcpy(dst, src, bytes);
+    return 0;
+}
+
+static void test_gpu_hooks(void **state)
+{
+    (void)state;
+    struct fake_gpu f = {0};
+    struct kvpool_gpu_ops ops = {&f,       fake_alloc, fake_free, fake_register, fake_unregister,
+                                 fake_copy};
+    struct kvpool_config cfg = {KVPOOL_DEVICE_CUDA, 0, NULL, BB, 8, BT, SLICES, &ops};
+    struct kvpool *dev = NULL;
+    assert_int_equal(kvpool_create(&cfg, &dev), 0);
+    assert_int_equal(f.allocs, 1);
+    assert_int_equal(kvpool_get_desc(dev)->ipc_handle[0], 0x77);
+    assert_null(kvpool_block(dev, 0)); /* device memory is not addressable here */
+    struct kvpool *peer = NULL;
+    assert_int_equal(kvpool_open(kvpool_get_desc(dev), &peer), RKV_EUNSUPPORTED);
+    struct kvpool *host = make(KVPOOL_HOST, "gh", 8, &ops);
+    assert_int_equal(f.registers, 1);
+    fill(host, 8);
+    /* 4 blocks in 2 runs: two copies through the hook */
+    struct kvpool_op h2d[4] = {{0, 0, BT}, {1, 1, BT}, {5, 6, BT}, {6, 7, BT}};
+    assert_int_equal(kvpool_copy(dev, host, h2d, 4), 0);
+    assert_int_equal(f.copies, 2);
+    assert_int_equal(f.copied, 4 * BB);
+    /* and back: the bytes went through the device */
+    memset(kvpool_block(host, 2), 0, BB);
+    struct kvpool_op d2h = {6, 2, BT};
+    assert_int_equal(kvpool_copy(host, dev, &d2h, 1), 0);
+    assert_memory_equal(kvpool_block(host, 2), kvpool_block(host, 5), BB);
+    kvpool_free(host);
+    kvpool_free(dev);
+    assert_int_equal(f.unregisters, 1);
+    assert_int_equal(f.frees, 1);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_make_name),  cmocka_unit_test(test_two_mappings),
+        cmocka_unit_test(test_bad_config), cmocka_unit_test(test_copy_batched_exact),
+        cmocka_unit_test(test_run_copies), cmocka_unit_test(test_gpu_hooks),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
