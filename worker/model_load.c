@@ -32,16 +32,18 @@ static int get_u32(struct loader *ld, const char *key, int required, uint32_t de
     return rc;
 }
 
-static int get_f32(struct loader *ld, const char *key, float def, float *out)
+static int get_f32(struct loader *ld, const char *key, int required, float def, float *out)
 {
     char full[128];
     snprintf(full, sizeof(full), "%s.%s", ld->arch, key);
     int rc = gguf_get_f32(ld->g, full, out);
-    if (rc == RKV_ENOTFOUND) {
+    if (rc == RKV_ENOTFOUND && !required) {
         *out = def;
         return 0;
     }
-    if (rc < 0)
+    if (rc == RKV_ENOTFOUND)
+        snprintf(ld->errbuf, ld->errlen, "%s: metadata key %s is missing", ld->file, full);
+    else if (rc < 0)
         snprintf(ld->errbuf, ld->errlen, "%s: metadata key %s is not a float", ld->file, full);
     return rc;
 }
@@ -85,8 +87,8 @@ static int read_hparams(struct loader *ld, struct model_hparams *hp)
         (rc = get_u32(ld, "attention.value_length", 0, hp->head_dim, &vl)) < 0 ||
         (rc = get_u32(ld, "rope.dimension_count", 0, hp->head_dim, &hp->n_rot)) < 0 ||
         (rc = get_u32(ld, "context_length", 0, 4096, &hp->n_ctx)) < 0 ||
-        (rc = get_f32(ld, "attention.layer_norm_rms_epsilon", 1e-5f, &hp->norm_eps)) < 0 ||
-        (rc = get_f32(ld, "rope.freq_base", 10000.0f, &hp->rope_base)) < 0)
+        (rc = get_f32(ld, "attention.layer_norm_rms_epsilon", 1, 0.0f, &hp->norm_eps)) < 0 ||
+        (rc = get_f32(ld, "rope.freq_base", 0, 10000.0f, &hp->rope_base)) < 0)
         return rc;
     if (vl != hp->head_dim) {
         snprintf(ld->errbuf, ld->errlen,
@@ -104,7 +106,7 @@ static int read_hparams(struct loader *ld, struct model_hparams *hp)
                      ld->file, key, (int)(s.len > 64 ? 64 : s.len), s.ptr);
             return RKV_EUNSUPPORTED;
         }
-        if ((rc = get_f32(ld, "rope.scaling.factor", 1.0f, &hp->rope_scale)) < 0)
+        if ((rc = get_f32(ld, "rope.scaling.factor", 0, 1.0f, &hp->rope_scale)) < 0)
             return rc;
     }
     enum gguf_value_type et;

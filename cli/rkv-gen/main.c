@@ -15,6 +15,7 @@
 #include "common/tok.h"
 #include "common/util.h"
 #include "worker/backend.h"
+#include "worker/engine.h"
 #include "worker/forward.h"
 #include "worker/kv.h"
 #include "worker/model.h"
@@ -368,24 +369,18 @@ int main(int argc, char **argv)
     parse_args(argc, argv, &o);
     char err[512] = "";
 
-    struct gguf_ctx *g;
-    int rc = gguf_open(o.model, &g, err, sizeof(err));
-    if (rc < 0)
-        die("%s", err[0] ? err : rkv_strerror(rc));
     struct backend_opts bo = {o.backend, o.threads, 0};
-    struct backend *be;
-    if ((rc = backend_init(&bo, &be, err, sizeof(err))) < 0)
+    struct engine eng;
+    int rc = engine_open(&eng, o.model, &bo, err, sizeof(err));
+    if (rc < 0)
         die("%s", err);
-    struct model *m;
-    if ((rc = model_load_gguf(be, g, o.model, &m, err, sizeof(err))) < 0)
-        die("%s", err);
+    struct model *m = eng.m;
+    struct tok *tk = eng.tok;
     const uint32_t V = m->hp.n_vocab;
-    struct tok *tk = NULL;
-    if (tok_load_gguf(g, &tk, err, sizeof(err)) < 0) {
+    if (!tk) {
         if (!o.prompt_ids)
-            die("%s (use --prompt-ids to run without a tokenizer)", err);
-        log_warn("no tokenizer (%s): output text stays empty", err);
-        tk = NULL;
+            die("%s (use --prompt-ids to run without a tokenizer)", eng.tok_err);
+        log_warn("no tokenizer (%s): output text stays empty", eng.tok_err);
     }
 
     /* the prompt */
@@ -515,7 +510,7 @@ int main(int argc, char **argv)
     if (o.json) {
         cJSON *root = cJSON_CreateObject();
         cJSON_AddStringToObject(root, "model", o.model);
-        cJSON_AddStringToObject(root, "backend", backend_name(be));
+        cJSON_AddStringToObject(root, "backend", backend_name(eng.be));
         cJSON_AddNumberToObject(root, "n_vocab", V);
         cJSON *pi = cJSON_AddArrayToObject(root, "prompt_ids");
         for (uint32_t j = 0; j < n_prompt; j++)
@@ -548,7 +543,7 @@ int main(int argc, char **argv)
     log_info("prompt %u tokens x %u: prefill %.1f ms (%.1f tok/s), decode %llu tokens %.1f ms "
              "(%.1f tok/s), backend %s",
              n_prompt, o.batch, t_prefill, prefill_tok_s, (unsigned long long)n_decoded, t_decode,
-             decode_tok_s, backend_name(be));
+             decode_tok_s, backend_name(eng.be));
 
     for (uint32_t i = 0; i < o.batch; i++) {
         free(ss[i].blocks);
@@ -564,9 +559,6 @@ int main(int argc, char **argv)
     free(prompt);
     fwd_free(f);
     kv_local_free(kv);
-    tok_free(tk);
-    model_free(m);
-    backend_free(be);
-    gguf_close(g);
+    engine_close(&eng);
     return 0;
 }

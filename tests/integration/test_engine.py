@@ -162,3 +162,87 @@ def test_missing_model_names_file(tmp_path):
     r = run([binary("rkv-gen"), "--model", str(tmp_path / "nope.gguf"), "--prompt-ids", "1",
              "-n", "1"], check=False)
     assert r.returncode == 1 and "nope.gguf" in r.stderr
+
+
+# --- model files the engine refuses, with a message naming the key or tensor ------------
+
+
+def write_gguf(path, arch="llama", drop=(), q4k=None, extra_kv=None):
+    """a small llama-shaped model; q4k names a matrix stored as Q4_K (random bytes)"""
+    gguf = pytest.importorskip("gguf")
+    rng = np.random.default_rng(0)
+    dim, ffn, n_vocab, n_head = 256, 256, 32, 4
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_context_length(64)
+    w.add_embedding_length(dim)
+    w.add_block_count(1)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head)
+    if "eps" not in drop:
+        w.add_layer_norm_rms_eps(1e-5)
+    for k, v in (extra_kv or {}).items():
+        w.add_string(k, v)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([f"t{i}" for i in range(n_vocab)])
+    shapes = {"token_embd.weight": (n_vocab, dim), "output_norm.weight": (dim,),
+              "blk.0.attn_norm.weight": (dim,), "blk.0.attn_q.weight": (dim, dim),
+              "blk.0.attn_k.weight": (dim, dim), "blk.0.attn_v.weight": (dim, dim),
+              "blk.0.attn_output.weight": (dim, dim), "blk.0.ffn_norm.weight": (dim,),
+              "blk.0.ffn_gate.weight": (ffn, dim), "blk.0.ffn_up.weight": (ffn, dim),
+              "blk.0.ffn_down.weight": (dim, ffn)}
+    for name, shape in shapes.items():
+        if name in drop:
+            continue
+        if name == q4k:
+            raw = rng.integers(0, 255, (shape[0], shape[1] // 256 * 144), dtype=np.uint8)
+            w.add_tensor(name, raw, raw_shape=raw.shape,
+                         raw_dtype=gguf.GGMLQuantizationType.Q4_K)
+        else:
+            w.add_tensor(name, rng.normal(0, 0.1, shape).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def gen_error(path):
+    r = run([binary("rkv-gen"), "--model", str(path), "--prompt-ids", "1,2", "-n", "1",
+             "--backend", "cpu"], check=False)
+    assert r.returncode == 1
+    return r.stderr
+
+
+def test_good_handmade_model_runs(tmp_path):
+    write_gguf(tmp_path / "ok.gguf")
+    run([binary("rkv-gen"), "--model", str(tmp_path / "ok.gguf"), "--prompt-ids", "1,2",
+         "-n", "3", "--backend", "cpu"])
+
+
+def test_unsupported_tensor_type_named(tmp_path):
+    p = tmp_path / "model.gguf"
+    write_gguf(p, q4k="blk.0.attn_q.weight")
+    err = gen_error(p)
+    assert (f"{p}: tensor blk.0.attn_q.weight has type Q4_K, which rkv does not support "
+            "(F32, F16, BF16, Q8_0)") in err, err
+
+
+def test_missing_tensor_named(tmp_path):
+    p = tmp_path / "model.gguf"
+    write_gguf(p, drop=("blk.0.ffn_up.weight",))
+    assert "tensor blk.0.ffn_up.weight is missing" in gen_error(p)
+
+
+def test_missing_eps_key_named(tmp_path):
+    p = tmp_path / "model.gguf"
+    write_gguf(p, drop=("eps",))
+    assert "llama.attention.layer_norm_rms_epsilon is missing" in gen_error(p)
+
+
+def test_unknown_arch_and_rope_scaling_named(tmp_path):
+    p = tmp_path / "a.gguf"
+    write_gguf(p, arch="gptneox")
+    assert "general.architecture 'gptneox' is not supported" in gen_error(p)
+    p = tmp_path / "b.gguf"
+    write_gguf(p, extra_kv={"llama.rope.scaling.type": "yarn"})
+    assert "llama.rope.scaling.type 'yarn' is not supported by rkv (none, linear)" in gen_error(p)
