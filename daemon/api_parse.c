@@ -32,6 +32,19 @@ void api_error_set(struct api_error *e, int status, const char *param, const cha
     va_end(ap);
 }
 
+/* messages quote client bytes cut to a length, which can split a
+ * character: the copy has '?' for bytes that are not valid UTF-8 */
+static const char *utf8_copy(char *dst, const char *src, size_t cap)
+{
+    snprintf(dst, cap, "%s", src);
+    size_t len = strlen(dst), at = 0, off = 0;
+    while (!api_utf8_valid(dst + off, len - off, &at)) {
+        dst[off + at] = '?';
+        off += at + 1;
+    }
+    return dst;
+}
+
 char *api_error_json(const struct api_error *e)
 {
     cJSON *root = cJSON_CreateObject();
@@ -40,10 +53,11 @@ char *api_error_json(const struct api_error *e)
         cJSON_Delete(root);
         return NULL;
     }
-    cJSON_AddStringToObject(err, "message", e->message);
+    char msg[sizeof(e->message)], param[sizeof(e->param)];
+    cJSON_AddStringToObject(err, "message", utf8_copy(msg, e->message, sizeof(msg)));
     cJSON_AddStringToObject(err, "type", e->type ? e->type : "invalid_request_error");
     if (e->param[0])
-        cJSON_AddStringToObject(err, "param", e->param);
+        cJSON_AddStringToObject(err, "param", utf8_copy(param, e->param, sizeof(param)));
     else
         cJSON_AddNullToObject(err, "param");
     if (e->code)
@@ -764,8 +778,8 @@ static int parse_body(enum api_endpoint ep, const char *body, size_t len,
         if (len == 0)
             api_error_set(err, 400, NULL, "request body is empty; send a JSON object");
         else
-            api_error_set(err, 400, NULL, "request body is not valid JSON (near byte %zu: '%.20s')",
-                          off, off < len ? body + off : "");
+            api_error_set(err, 400, NULL, "request body is not valid JSON (near byte %zu: '%.*s')",
+                          off, (int)RKV_MIN(len - off, (size_t)20), body + off);
         return RKV_EINVAL;
     }
     int rc;

@@ -1,0 +1,81 @@
+/* fuzz_api.c - arbitrary bodies through both OpenAI request parsers; accepted ones render back. */
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+/* the fuzz link has no daemon library: compile the api parser and renderer in */
+#include "daemon/api_parse.c"
+#include "daemon/api_render.c"
+
+static void check_json(char *s)
+{
+    if (s && !api_utf8_valid(s, strlen(s), NULL))
+        __builtin_trap();
+    /* what we render must be valid JSON */
+    if (!s)
+        return;
+    cJSON *o = cJSON_Parse(s);
+    if (!o)
+        __builtin_trap();
+    cJSON_Delete(o);
+    free(s);
+}
+
+static void render(const struct api_request *r, const uint8_t *data, size_t size)
+{
+    /* the input bytes as generated text and tokens: arbitrary, often not UTF-8 */
+    size_t half = size / 2;
+    struct api_top_logprob top[2] = {{(const char *)data, half, -1.0f},
+                                     {(const char *)data + half, size - half, -2.0f}};
+    struct api_token_logprob lp[2] = {{(const char *)data, half, -0.5f, top, 2},
+                                      {(const char *)data + half, size - half, -1e30f, top, 1}};
+    struct api_result res = {(const char *)data, size, lp, 2, API_FINISH_STOP, {1, 2, 0}};
+    check_json(api_render_response(r, "cmpl-x", "m", 1, &res));
+    struct api_stream s;
+    api_stream_init(&s, r, "cmpl-x", "m", 1);
+    size_t n;
+    char *ev = api_stream_begin(&s, &n);
+    free(ev);
+    ev = api_stream_delta(&s, (const char *)data, size, lp, 2, &n);
+    if (!ev || n < 8 || memcmp(ev, "data: ", 6) != 0 || memcmp(ev + n - 2, "\n\n", 2) != 0)
+        __builtin_trap();
+    ev[n - 2] = '\0';
+    cJSON *o = cJSON_Parse(ev + 6);
+    if (!o)
+        __builtin_trap();
+    cJSON_Delete(o);
+    free(ev);
+    free(api_stream_finish(&s, API_FINISH_LENGTH, &n));
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    struct api_limits lim;
+    api_limits_default(&lim);
+    lim.vocab_size = 1000;
+    for (int ep = 0; ep < 2; ep++) {
+        struct api_request r;
+        struct api_error e;
+        memset(&e, 0, sizeof(e));
+        int rc = ep ? api_parse_chat((const char *)data, size, &lim, &r, &e)
+                    : api_parse_completions((const char *)data, size, &lim, &r, &e);
+        if (rc == 0) {
+            if (r.max_tokens < 1 || r.max_tokens > lim.max_tokens || r.n_stop > API_MAX_STOP)
+                __builtin_trap();
+            render(&r, data, size);
+            api_request_fini(&r);
+        } else {
+            if (e.status < 400 || !e.message[0])
+                __builtin_trap();
+            char *j = api_error_json(&e);
+            /* the error a client sees is valid UTF-8 whatever it sent */
+            if (!j || !api_utf8_valid(j, strlen(j), NULL))
+                __builtin_trap();
+            check_json(j);
+        }
+    }
+    return 0;
+}
