@@ -9,7 +9,7 @@ DEBS=(build-essential pkg-config clang libclang-rt-14-dev
       libuv1-dev libnng-dev libcjson-dev libsqlite3-dev libsystemd-dev
       libcmocka-dev libpcre2-dev libhttp-parser-dev libssl-dev
       python3 python3-venv valgrind)
-PYPKGS=(numpy openai gguf tokenizers pytest prometheus_client)
+PYPKGS=(numpy openai gguf tokenizers sentencepiece pytest prometheus_client)
 
 top=$(cd "$(dirname "$0")/.." && pwd)
 missing=()
