@@ -1,0 +1,23 @@
+/* bench.h - rkv-bench's suites and what they share (options, clock, models on disk). */
+#ifndef RKV_BENCH_H
+#define RKV_BENCH_H
+
+#include <cjson/cJSON.h>
+#include <stdint.h>
+
+struct bench_opts {
+    uint32_t threads;       /* 0 = online cpus */
+    int quick;              /* small sizes: a smoke run for tests */
+    const char *models_dir; /* where generated models live */
+    const char *exe_dir;    /* this binary's folder (sibling tools) */
+};
+
+/* a suite fills `out` (its JSON result) and prints a table to stdout */
+int bench_cpu(const struct bench_opts *o, cJSON *out);
+
+double bench_now_s(void);
+/* models_dir/<preset>-<dtype>.gguf, made with rkv-mkmodel when absent */
+int bench_model(const struct bench_opts *o, const char *preset, const char *dtype, char *path,
+                size_t len);
+
+#endif

@@ -1,0 +1,281 @@
+/* cpu.c - the cpu suite: prefill and decode tok/s per model, attention cost of a host split. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/rkv-bench/bench.h"
+#include "common/err.h"
+#include "worker/backend.h"
+#include "worker/engine.h"
+#include "worker/forward.h"
+#include "worker/kv.h"
+
+#define BATCH 8
+
+struct run_result {
+    double prefill_tok_s, decode_tok_s, decode_b8_tok_s;
+};
+
+/* blocks for n positions of one session, all on the device */
+static int take_blocks(struct kv_local *kv, const struct kv_layout *l, uint32_t n_pos,
+                       struct kv_block_ref *out, uint32_t *n_blocks)
+{
+    *n_blocks = kv_blocks_for(l, n_pos);
+    for (uint32_t j = 0; j < *n_blocks; j++) {
+        int rc = kv_local_alloc(kv, KV_DEVICE, &out[j]);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+static void give_blocks(struct kv_local *kv, struct kv_block_ref *b, uint32_t n)
+{
+    for (uint32_t j = 0; j < n; j++)
+        kv_local_release(kv, b[j]);
+}
+
+/* prefill of n_prompt tokens (one chunk), n_dec decode steps of one
+ * session, then n_dec/4 steps of BATCH sessions */
+static int run_model(const struct bench_opts *o, const char *path, uint32_t n_prompt,
+                     uint32_t n_dec, struct run_result *r)
+{
+    char err[512] = "";
+    struct backend_opts bo = {"cpu", o->threads, 0};
+    struct engine e;
+    int rc = engine_open(&e, path, &bo, err, sizeof(err));
+    if (rc < 0) {
+        fprintf(stderr, "rkv-bench: %s\n", err);
+        return rc;
+    }
+    const uint32_t V = e.m->hp.n_vocab, n_pos = n_prompt + n_dec;
+    struct kv_layout l;
+    struct kv_local *kv = NULL;
+    struct fwd *f = NULL;
+    int32_t *toks = malloc(sizeof(int32_t) * n_pos * BATCH);
+    float *logits = malloc(sizeof(float) * V * BATCH);
+    uint32_t per = kv_blocks_for(&(struct kv_layout){256}, n_pos) + 1, nb[BATCH];
+    struct kv_block_ref *blocks = calloc((size_t)per * BATCH, sizeof(*blocks));
+    rc = fwd_kv_layout(e.m, 256, KV_F32, &l);
+    if (rc == 0)
+        rc = kv_local_init(&kv, &l, per * BATCH, 1);
+    if (rc == 0)
+        rc = fwd_init(&f, e.m, &l, kv_local_pools(kv), n_prompt, BATCH);
+    if (rc < 0 || !toks || !logits || !blocks)
+        goto out;
+    for (uint32_t i = 0; i < n_pos * BATCH; i++)
+        toks[i] = (int32_t)((i * 2654435761u) % V);
+
+    /* warm-up: first touch of activations and scratch */
+    if ((rc = take_blocks(kv, &l, 16, blocks, &nb[0])) < 0 ||
+        (rc = fwd_step(f, &(struct fwd_seq){toks, 16, 0, blocks, nb[0]}, 1, 0, logits)) < 0)
+        goto out;
+    give_blocks(kv, blocks, nb[0]);
+
+    if ((rc = take_blocks(kv, &l, n_pos, blocks, &nb[0])) < 0)
+        goto out;
+    double t0 = bench_now_s();
+    rc = fwd_step(f, &(struct fwd_seq){toks, n_prompt, 0, blocks, nb[0]}, 1, 0, logits);
+    double t1 = bench_now_s();
+    for (uint32_t k = 0; rc == 0 && k < n_dec; k++)
+        rc = fwd_step(f, &(struct fwd_seq){&toks[n_prompt + k], 1, n_prompt + k, blocks, nb[0]}, 1,
+                      0, logits);
+    double t2 = bench_now_s();
+    give_blocks(kv, blocks, nb[0]);
+    if (rc < 0)
+        goto out;
+    r->prefill_tok_s = n_prompt / (t1 - t0);
+    r->decode_tok_s = n_dec / (t2 - t1);
+
+    /* batched decode: BATCH sessions with a short context each */
+    const uint32_t ctx = n_prompt / BATCH, steps = n_dec / 4 ? n_dec / 4 : 1;
+    struct fwd_seq seqs[BATCH];
+    for (uint32_t s = 0; rc == 0 && s < BATCH; s++) {
+        struct kv_block_ref *b = blocks + (size_t)s * per;
+        rc = take_blocks(kv, &l, ctx + steps, b, &nb[s]);
+        seqs[s] = (struct fwd_seq){toks + (size_t)s * n_pos, ctx, 0, b, nb[s]};
+    }
+    if (rc == 0)
+        rc = fwd_step(f, seqs, BATCH, 0, logits);
+    double t3 = bench_now_s();
+    for (uint32_t k = 0; rc == 0 && k < steps; k++) {
+        for (uint32_t s = 0; s < BATCH; s++) {
+            seqs[s].n_past = ctx + k;
+            seqs[s].tokens = toks + (size_t)s * n_pos + ctx + k;
+            seqs[s].n_tokens = 1;
+        }
+        rc = fwd_step(f, seqs, BATCH, 0, logits);
+    }
+    r->decode_b8_tok_s = (double)steps * BATCH / (bench_now_s() - t3);
+out:
+    if (rc < 0)
+        fprintf(stderr, "rkv-bench: %s: %s\n", path, rkv_strerror(rc));
+    fwd_free(f);
+    kv_local_free(kv);
+    free(blocks);
+    free(toks);
+    free(logits);
+    engine_close(&e);
+    return rc;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+struct attn_result {
+    double resident_ms, split_ms, kv_mib;
+    uint32_t n_seq, ctx;
+};
+
+/* decode-shaped attention (BATCH sequences x 1 token at the end of ctx
+ * positions, small's heads): all blocks device vs every other block host
+ * (two partial passes and a merge). median of reps. */
+static int run_attention(const struct bench_opts *o, struct attn_result *r)
+{
+    const uint32_t ctx = o->quick ? 1024 : 4096, B = 256, n_head = 12, n_kv = 4, hd = 64;
+    const int reps = o->quick ? 5 : 21;
+    struct backend *be = NULL;
+    struct backend_opts bo = {"cpu", o->threads, 0};
+    char err[256];
+    struct kv_layout l;
+    struct kv_local *kv = NULL;
+    const uint32_t nb = ctx / B;
+    struct kv_block_ref *blocks = calloc((size_t)nb * BATCH, sizeof(*blocks));
+    struct be_seq seqs[BATCH];
+    int32_t pos[BATCH];
+    uint32_t seq_of[BATCH];
+    const struct be_attn at = {n_head, n_kv, hd, 1.0f / sqrtf((float)hd)};
+    struct be_tensor *q = NULL, *t[6] = {0};
+    double *times = calloc((size_t)reps * 2, sizeof(double));
+    int rc = backend_init(&bo, &be, err, sizeof(err));
+    if (rc == 0)
+        rc = kv_layout_init(&l, B, 1, n_kv, hd, KV_F32);
+    if (rc == 0)
+        rc = kv_local_init(&kv, &l, nb * BATCH, nb * BATCH);
+    if (rc < 0 || !blocks || !times)
+        goto out;
+    /* random keys and values in both pools */
+    const struct kv_pools *p = kv_local_pools(kv);
+    uint64_t x = 1;
+    for (int pool = 0; pool < KV_N_POOLS; pool++) {
+        float *v = p->base[pool];
+        size_t n = (size_t)p->n_blocks[pool] * kv_block_bytes(&l) / sizeof(float);
+        for (size_t i = 0; i < n; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            v[i] = (float)((x >> 40) / (double)(1 << 24)) - 0.5f;
+        }
+    }
+    for (uint32_t s = 0; s < BATCH; s++) {
+        for (uint32_t j = 0; j < nb; j++)
+            blocks[s * nb + j] = (struct kv_block_ref){s * nb + j, KV_DEVICE};
+        seqs[s] = (struct be_seq){s, 1, ctx - 1, blocks + (size_t)s * nb, nb};
+        pos[s] = (int32_t)(ctx - 1);
+        seq_of[s] = s;
+    }
+    struct be_batch b = {seqs, BATCH, BATCH, pos, seq_of};
+    const uint32_t qd = n_head * hd;
+    uint32_t shapes[6] = {qd, n_head, n_head, qd, n_head, n_head};
+    rc = backend_set_kv(be, &l, p);
+    if (rc == 0)
+        rc = backend_tensor_alloc(be, BE_F32, BATCH, qd, &q);
+    for (int i = 0; rc == 0 && i < 6; i++)
+        rc = backend_tensor_alloc(be, BE_F32, BATCH, shapes[i], &t[i]);
+    if (rc < 0)
+        goto out;
+    struct be_partial dev = {t[0], t[1], t[2]}, host = {t[3], t[4], t[5]};
+    float *qv = calloc((size_t)BATCH * qd, sizeof(float));
+    for (uint32_t i = 0; qv && i < BATCH * qd; i++)
+        qv[i] = (float)((i * 7919) % 1000) / 1000.0f - 0.5f;
+    rc = qv ? backend_tensor_set(be, q, qv, 0, sizeof(float) * BATCH * qd) : RKV_ENOMEM;
+    free(qv);
+    for (int split = 0; rc == 0 && split < 2; split++) {
+        /* the split case tags every other block host: the same bytes, now
+         * in the other pool (which holds the same random data) */
+        for (uint32_t s = 0; s < BATCH; s++)
+            for (uint32_t j = 0; j < nb; j++)
+                blocks[s * nb + j].residency = split && j % 2 ? KV_HOST : KV_DEVICE;
+        for (int i = 0; rc == 0 && i < reps + 1; i++) {
+            double t0 = bench_now_s();
+            rc = attn_partial_forward(be, &b, 0, KV_DEVICE, q, &at, &dev);
+            if (split && rc == 0)
+                rc = attn_partial_forward(be, &b, 0, KV_HOST, q, &at, &host);
+            if (split && rc == 0)
+                rc = attn_merge_forward(be, &dev, &host, BATCH, &at);
+            if (i > 0) /* the first is a warm-up */
+                times[split * reps + i - 1] = (bench_now_s() - t0) * 1e3;
+        }
+        qsort(times + split * reps, (size_t)reps, sizeof(double), cmp_double);
+    }
+    r->resident_ms = times[reps / 2];
+    r->split_ms = times[reps + reps / 2];
+    r->kv_mib = (double)BATCH * ctx * n_kv * hd * 2 * sizeof(float) / (1 << 20);
+    r->n_seq = BATCH;
+    r->ctx = ctx;
+out:
+    if (rc < 0)
+        fprintf(stderr, "rkv-bench: attention: %s\n", rkv_strerror(rc));
+    for (int i = 0; i < 6; i++)
+        if (t[i])
+            backend_tensor_free(be, t[i]);
+    if (q)
+        backend_tensor_free(be, q);
+    backend_free(be);
+    kv_local_free(kv);
+    free(blocks);
+    free(times);
+    return rc;
+}
+
+int bench_cpu(const struct bench_opts *o, cJSON *out)
+{
+    static const struct {
+        const char *preset, *dtype;
+    } models[] = {{"tiny", "f32"}, {"small", "f32"}, {"small", "f16"}, {"small", "q8_0"}};
+    const uint32_t n_prompt = o->quick ? 64 : 512, n_dec = o->quick ? 8 : 64;
+    cJSON_AddNumberToObject(out, "threads", o->threads);
+    cJSON_AddNumberToObject(out, "prompt_tokens", n_prompt);
+    cJSON_AddNumberToObject(out, "decode_steps", n_dec);
+    cJSON *arr = cJSON_AddArrayToObject(out, "models");
+    printf("%-8s %-6s %14s %14s %18s\n", "model", "dtype", "prefill tok/s", "decode tok/s",
+           "decode x8 tok/s");
+    for (size_t i = 0; i < sizeof(models) / sizeof(models[0]); i++) {
+        char path[4300];
+        int rc = bench_model(o, models[i].preset, models[i].dtype, path, sizeof(path));
+        struct run_result r = {0};
+        if (rc == 0)
+            rc = run_model(o, path, n_prompt, n_dec, &r);
+        if (rc < 0)
+            return rc;
+        printf("%-8s %-6s %14.1f %14.1f %18.1f\n", models[i].preset, models[i].dtype,
+               r.prefill_tok_s, r.decode_tok_s, r.decode_b8_tok_s);
+        fflush(stdout);
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "model", models[i].preset);
+        cJSON_AddStringToObject(m, "dtype", models[i].dtype);
+        cJSON_AddNumberToObject(m, "prefill_tok_s", r.prefill_tok_s);
+        cJSON_AddNumberToObject(m, "decode_tok_s", r.decode_tok_s);
+        cJSON_AddNumberToObject(m, "decode_batch8_tok_s", r.decode_b8_tok_s);
+        cJSON_AddItemToArray(arr, m);
+    }
+    struct attn_result a = {0};
+    int rc = run_attention(o, &a);
+    if (rc < 0)
+        return rc;
+    printf("attention, %u seqs x %u ctx (12/4 heads, hd 64, %.0f MiB kv): resident %.3f ms "
+           "(%.1f GB/s), 50%% host %.3f ms (x%.2f)\n",
+           a.n_seq, a.ctx, a.kv_mib, a.resident_ms,
+           a.kv_mib * 1048576.0 / (a.resident_ms * 1e-3) / 1e9, a.split_ms,
+           a.split_ms / a.resident_ms);
+    cJSON *at = cJSON_AddObjectToObject(out, "attention");
+    cJSON_AddNumberToObject(at, "n_seq", a.n_seq);
+    cJSON_AddNumberToObject(at, "ctx", a.ctx);
+    cJSON_AddNumberToObject(at, "kv_mib", a.kv_mib);
+    cJSON_AddNumberToObject(at, "resident_ms", a.resident_ms);
+    cJSON_AddNumberToObject(at, "host_half_ms", a.split_ms);
+    cJSON_AddNumberToObject(at, "host_half_over_resident", a.split_ms / a.resident_ms);
+    return 0;
+}
