@@ -591,6 +591,48 @@ static void test_shutdown_deadline_cuts_stream(void **state)
     ctx_free(&x);
 }
 
+static void cl_http10_head(struct ctx *x)
+{
+    struct client c;
+    /* HTTP/1.0: no chunked coding; the stream ends when the server closes */
+    client_connect(&c, x->port, 0);
+    SEND(&c, "GET /sse?n=2 HTTP/1.0\r\n\r\n");
+    x->raw[0] = client_read_until(&c, "no such text");
+    client_close(&c);
+    /* HEAD: the headers of a GET, no body */
+    client_connect(&c, x->port, 0);
+    SEND(&c, "HEAD /echo HTTP/1.1\r\nHost: x\r\n\r\nGET /echo HTTP/1.1\r\nHost: x\r\n"
+             "Connection: close\r\n\r\n");
+    x->raw[1] = client_read_until(&c, "no such text");
+    client_close(&c);
+    /* a transfer coding other than chunked is refused */
+    client_connect(&c, x->port, 0);
+    SEND(&c, "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\nxx");
+    x->rc[0] = client_read(&c, &x->r[0]);
+    client_close(&c);
+}
+
+static void test_http10_head_and_codings(void **state)
+{
+    struct ctx x = {0};
+    run_scenario(&x, NULL, "127.0.0.1", cl_http10_head);
+    assert_non_null(strstr(x.raw[0], "HTTP/1.1 200 OK\r\n"));
+    assert_non_null(strstr(x.raw[0], "Connection: close\r\n"));
+    assert_null(strstr(x.raw[0], "Transfer-Encoding"));
+    const char *body = strstr(x.raw[0], "\r\n\r\n");
+    assert_non_null(body);
+    assert_string_equal(body + 4, "data: {\"i\":0}\n\ndata: {\"i\":1}\n\n");
+    /* the HEAD answer has Content-Length but no body: the next response follows at once */
+    const char *second = strstr(x.raw[1] + 1, "HTTP/1.1 200 OK");
+    assert_non_null(second);
+    assert_non_null(strstr(x.raw[1], "Content-Length: 28\r\n"));
+    assert_true(strncmp(second - 4, "\r\n\r\n", 4) == 0);
+    assert_non_null(strstr(second, "GET /echo ? x=- len=0 body="));
+    assert_int_equal(x.rc[0], 0);
+    assert_true(x.r[0].status == 400 || x.r[0].status == 501);
+    ctx_free(&x);
+}
+
 static void test_listen_errors(void **state)
 {
     uv_loop_t loop;
@@ -625,6 +667,7 @@ int main(void)
         cmocka_unit_test(test_bad_request_400),
         cmocka_unit_test(test_shutdown_finishes_stream),
         cmocka_unit_test(test_shutdown_deadline_cuts_stream),
+        cmocka_unit_test(test_http10_head_and_codings),
         cmocka_unit_test(test_listen_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
