@@ -241,16 +241,19 @@ static int sess_drop(struct sess *s, uint32_t pool, uint32_t idx)
     return rkv_vec_push(&s->drops, &d) ? 0 : RKV_ENOMEM;
 }
 
-/* allocates n device blocks at the end of the table, or none */
-static int sess_grow(struct kvb *kvb, struct sess *s, size_t n)
+/* allocates n blocks at the end of the table, the newest max_dev on the
+ * device and the older ones on the host, or none */
+static int sess_grow(struct kvb *kvb, struct sess *s, size_t n, uint32_t max_dev)
 {
-    struct pool *p = &kvb->pools[s->gpu];
-    if (n > p->n_free)
+    struct pool *dp = &kvb->pools[s->gpu], *hp = &kvb->pools[host_pool(kvb)];
+    size_t n_dev = n < max_dev ? n : max_dev;
+    if (n_dev > dp->n_free || n - n_dev > hp->n_free)
         return RKV_ENOSPACE;
     if (rkv_vec_reserve(&s->ents, s->ents.len + n))
         return RKV_ENOMEM;
     for (size_t k = 0; k < n; k++) {
-        struct ent e = {pool_alloc(p), KVB_NONE, 0};
+        int on_dev = k >= n - n_dev;
+        struct ent e = {on_dev ? pool_alloc(dp) : KVB_NONE, on_dev ? KVB_NONE : pool_alloc(hp), 0};
         rkv_vec_push(&s->ents, &e);
     }
     return 0;
@@ -325,11 +328,11 @@ static void ents_unref_now(struct kvb *kvb, struct sess *s)
 }
 
 int kvb_session_open(struct kvb *kvb, uint64_t sid, uint32_t gpu, const uint32_t *tokens,
-                     size_t n_tokens, size_t *n_reused)
+                     size_t n_tokens, uint32_t max_dev, size_t *n_reused)
 {
     uint32_t B = kvb->block_tokens;
     *n_reused = 0;
-    if (sid == 0 || gpu >= kvb->n_gpus || (n_tokens && !tokens))
+    if (sid == 0 || gpu >= kvb->n_gpus || (n_tokens && !tokens) || max_dev == 0)
         return RKV_EINVAL;
     if (sess_get(kvb, sid))
         return RKV_EBUSY;
@@ -358,7 +361,7 @@ int kvb_session_open(struct kvb *kvb, uint64_t sid, uint32_t gpu, const uint32_t
     }
     size_t reused = s->ents.len * B;
     if (rc == 0)
-        rc = sess_grow(kvb, s, blocks_for(kvb, n_tokens) - s->ents.len);
+        rc = sess_grow(kvb, s, blocks_for(kvb, n_tokens) - s->ents.len, max_dev);
     if (rc == 0)
         rc = rkv_map_put(&kvb->live, s->id, s);
     if (rc) {
@@ -436,7 +439,7 @@ int kvb_session_append(struct kvb *kvb, uint64_t sid, const uint32_t *tokens, si
     size_t grow = blocks_for(kvb, s->tokens.len + n) - s->ents.len;
     if (rkv_vec_reserve(&s->tokens, s->tokens.len + n))
         return RKV_ENOMEM;
-    int rc = sess_grow(kvb, s, grow);
+    int rc = sess_grow(kvb, s, grow, KVB_NONE);
     if (rc)
         return rc;
     memcpy((uint32_t *)s->tokens.data + s->tokens.len, tokens, n * sizeof(uint32_t));

@@ -29,8 +29,8 @@
  * kvb_commit (after the copies are done); kvb_abort frees the destinations.
  *
  * Hash collisions of the 64-bit chain hash are not checked (as vLLM's
- * default hash); new blocks come from the device pool only: a caller spills
- * older blocks with kvb_demote between prefill chunks.
+ * default hash); appended blocks come from the device pool (the newest block is
+ * written on the device): a caller makes room with kvb_demote first.
  */
 
 #define KVB_MAX_GPUS 16
@@ -80,10 +80,12 @@ enum kvb_residency kvb_entry_residency(struct kvb_entry e);
 
 /* opens session sid (nonzero, unused) on gpu with its prompt tokens: full
  * blocks whose prefix is already in the index are shared (*n_reused tokens,
- * a multiple of B, need no prefill); device blocks are allocated for the rest.
- * RKV_ENOSPACE when the device pool is short (nothing changes). */
+ * a multiple of B, need no prefill); blocks are allocated for the rest, the
+ * newest max_dev (>= 1; KVB_NONE = all) on the device and older ones on the
+ * host (a long prompt of a WINDOW session prefills its tail into host
+ * memory). RKV_ENOSPACE when a pool is short (nothing changes). */
 int kvb_session_open(struct kvb *kvb, uint64_t sid, uint32_t gpu, const uint32_t *tokens,
-                     size_t n_tokens, size_t *n_reused);
+                     size_t n_tokens, uint32_t max_dev, size_t *n_reused);
 /* opens child sharing parent's first n_tokens positions: full blocks are
  * shared; a partial last block is copied into a new private device block,
  * returned in *cow (*n_cow = 0 or 1) for the caller to execute. */

@@ -48,7 +48,7 @@ static void test_alloc_free(void **state)
     uint32_t t[10];
     size_t reused;
     seq(t, 10, 100);
-    assert_int_equal(kvb_session_open(kvb, 1, 0, t, 10, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 1, 0, t, 10, KVB_NONE, &reused), 0);
     assert_int_equal(reused, 0);
     assert_int_equal(kvb_free_dev(kvb, 0), 5); /* 10 tokens = 3 blocks */
     assert_int_equal(kvb_free_dev(kvb, 1), 8);
@@ -66,14 +66,24 @@ static void test_alloc_free(void **state)
     assert_int_equal(kvb_session_tokens(kvb, 1), 13);
     assert_int_equal(kvb_check(kvb), 0);
     /* errors: used id, unknown gpu, no room */
-    assert_int_equal(kvb_session_open(kvb, 1, 0, t, 1, &reused), RKV_EBUSY);
-    assert_int_equal(kvb_session_open(kvb, 2, 5, t, 1, &reused), RKV_EINVAL);
+    assert_int_equal(kvb_session_open(kvb, 1, 0, t, 1, KVB_NONE, &reused), RKV_EBUSY);
+    assert_int_equal(kvb_session_open(kvb, 2, 5, t, 1, KVB_NONE, &reused), RKV_EINVAL);
     uint32_t big[40];
     seq(big, 40, 0);
-    assert_int_equal(kvb_session_open(kvb, 2, 0, big, 40, &reused), RKV_ENOSPACE);
+    assert_int_equal(kvb_session_open(kvb, 2, 0, big, 40, KVB_NONE, &reused), RKV_ENOSPACE);
     assert_int_equal(kvb_free_dev(kvb, 0), 4);
     assert_int_equal(kvb_session_close(kvb, 1), 0);
     assert_int_equal(kvb_free_dev(kvb, 0), 8); /* no leases: released at once */
+    /* a prompt split: the newest block on the device, the older two on the host */
+    assert_int_equal(kvb_session_open(kvb, 3, 0, t, 10, 1, &reused), 0);
+    table(kvb, 3, e, 3);
+    assert_int_equal(kvb_entry_residency(e[0]), KVB_HOST);
+    assert_int_equal(kvb_entry_residency(e[1]), KVB_HOST);
+    assert_int_equal(kvb_entry_residency(e[2]), KVB_DEVICE);
+    assert_int_equal(kvb_free_host(kvb), 6);
+    assert_int_equal(kvb_session_open(kvb, 4, 0, t, 10, 0, &reused), RKV_EINVAL);
+    assert_int_equal(kvb_session_close(kvb, 3), 0);
+    assert_int_equal(kvb_free_host(kvb), 8);
     assert_int_equal(kvb_session_close(kvb, 1), RKV_ENOTFOUND);
     assert_int_equal(kvb_n_sessions(kvb), 0);
     assert_int_equal(kvb_check(kvb), 0);
@@ -87,17 +97,17 @@ static void test_prefix_sharing(void **state)
     uint32_t a[14], b[11];
     size_t reused;
     seq(a, 14, 1);
-    assert_int_equal(kvb_session_open(kvb, 1, 0, a, 14, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 1, 0, a, 14, KVB_NONE, &reused), 0);
     assert_int_equal(kvb_free_dev(kvb, 0), 12);
     /* nothing shared before the kv is written */
     seq(b, 11, 1);
     b[9] = 999;
-    assert_int_equal(kvb_session_open(kvb, 2, 0, b, 11, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 2, 0, b, 11, KVB_NONE, &reused), 0);
     assert_int_equal(reused, 0);
     assert_int_equal(kvb_session_close(kvb, 2), 0);
     assert_int_equal(kvb_session_written(kvb, 1, 14), 0);
     /* b matches a's blocks 0 and 1 (tokens 0..7); block 2 differs at 9 */
-    assert_int_equal(kvb_session_open(kvb, 2, 0, b, 11, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 2, 0, b, 11, KVB_NONE, &reused), 0);
     assert_int_equal(reused, 8);
     struct kvb_entry ea[64], eb[64];
     table(kvb, 1, ea, 4);
@@ -107,11 +117,11 @@ static void test_prefix_sharing(void **state)
     assert_int_not_equal(eb[2].dev, ea[2].dev);
     assert_int_equal(kvb_free_dev(kvb, 0), 11); /* one new block */
     /* another gpu shares nothing */
-    assert_int_equal(kvb_session_open(kvb, 3, 1, b, 11, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 3, 1, b, 11, KVB_NONE, &reused), 0);
     assert_int_equal(reused, 0);
     /* a prompt equal to a's 12 written tokens reuses 2 blocks, not 3: the last
      * position must be computed */
-    assert_int_equal(kvb_session_open(kvb, 4, 0, a, 12, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 4, 0, a, 12, KVB_NONE, &reused), 0);
     assert_int_equal(reused, 8);
     assert_int_equal(kvb_check(kvb), 0);
     /* the shared blocks outlive their first owner */
@@ -120,7 +130,7 @@ static void test_prefix_sharing(void **state)
     assert_int_equal(kvb_check(kvb), 0);
     uint32_t c[9];
     seq(c, 9, 1);
-    assert_int_equal(kvb_session_open(kvb, 5, 0, c, 9, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 5, 0, c, 9, KVB_NONE, &reused), 0);
     assert_int_equal(reused, 8);
     for (uint64_t s = 2; s <= 5; s++)
         assert_int_equal(kvb_session_close(kvb, s), 0);
@@ -138,7 +148,7 @@ static void test_fork_cow(void **state)
     size_t reused, n_cow;
     struct kvb_copy cow[1];
     seq(a, 10, 7);
-    assert_int_equal(kvb_session_open(kvb, 1, 1, a, 10, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 1, 1, a, 10, KVB_NONE, &reused), 0);
     /* only written kv can be shared */
     assert_int_equal(kvb_session_fork(kvb, 1, 2, 6, cow, &n_cow), RKV_EINVAL);
     assert_int_equal(kvb_session_written(kvb, 1, 10), 0);
@@ -183,7 +193,7 @@ static void test_demote_promote_acks(void **state)
     struct kvb_copy ops[8];
     struct kvb_entry e[64];
     seq(t, 20, 1);
-    assert_int_equal(kvb_session_open(kvb, 9, 0, t, 20, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 9, 0, t, 20, KVB_NONE, &reused), 0);
     assert_int_equal(kvb_session_table(kvb, 9, e, 64, NULL, &epoch), 0);
     assert_int_equal(kvb_lease(kvb, 1, 9, epoch), 0);
     assert_int_equal(kvb_lease(kvb, 1, 9, epoch), RKV_EBUSY);
@@ -269,7 +279,7 @@ static void test_host_full(void **state)
     size_t reused, n_ops;
     struct kvb_copy ops[8];
     seq(t, 16, 1);
-    assert_int_equal(kvb_session_open(kvb, 1, 0, t, 16, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 1, 0, t, 16, KVB_NONE, &reused), 0);
     assert_int_equal(kvb_demote(kvb, 1, 2, ops, 8, &n_ops), RKV_ENOSPACE);
     assert_int_equal(n_ops, 0);
     assert_int_equal(kvb_free_host(kvb), 1);
@@ -287,7 +297,7 @@ static void test_worker_lost(void **state)
     uint64_t epoch, e2;
     struct kvb_copy ops[8];
     seq(t, 12, 1);
-    assert_int_equal(kvb_session_open(kvb, 5, 0, t, 12, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 5, 0, t, 12, KVB_NONE, &reused), 0);
     assert_int_equal(kvb_session_table(kvb, 5, NULL, 0, NULL, &epoch), 0);
     assert_int_equal(kvb_lease(kvb, 1, 5, epoch), 0);
     assert_int_equal(kvb_lease(kvb, 2, 5, epoch), 0);
@@ -352,7 +362,8 @@ static void random_op(struct kvb *kvb, uint64_t *rng, uint64_t *next_sid)
         seq(t, n, base);
         if (below(rng, 2))
             t[below(rng, (uint32_t)n)] = 7;
-        int rc = kvb_session_open(kvb, (*next_sid)++, below(rng, 2), t, n, &reused);
+        uint32_t max_dev = below(rng, 2) ? KVB_NONE : 1 + below(rng, 3);
+        int rc = kvb_session_open(kvb, (*next_sid)++, below(rng, 2), t, n, max_dev, &reused);
         assert_true(rc == 0 || rc == RKV_ENOSPACE);
         n_shared += rc == 0 && reused > 0;
         break;

@@ -1,0 +1,90 @@
+/* migrate.c - one reconcile pass from the allocator's state to a plan. */
+#include "kvmgr/migrate.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "common/log.h"
+#include "common/util.h"
+
+int mig_session_state(const struct kvb *kvb, uint64_t sid, struct plan_session *s)
+{
+    uint32_t d, h;
+    int rc = kvb_session_counts(kvb, sid, &d, &h);
+    if (rc)
+        return rc;
+    s->cur_dev = d;
+    s->cur_host = h;
+    return 0;
+}
+
+/* moves n blocks of sid one way, runs the copies, commits; RKV_ENOSPACE and
+ * RKV_EBUSY leave the session as it was */
+static int move(struct kvb *kvb, struct kvpool *const *dev, uint32_t n_gpus, struct kvpool *host,
+                uint64_t sid, uint32_t n, int demote, struct kvb_copy *ops, uint32_t *copies)
+{
+    size_t n_ops = 0;
+    int rc =
+        demote ? kvb_demote(kvb, sid, n, ops, n, &n_ops) : kvb_promote(kvb, sid, n, ops, n, &n_ops);
+    if (rc)
+        return rc;
+    rc = kvpool_run_copies(dev, n_gpus, host, ops, n_ops);
+    if (rc) {
+        log_error("kv migration of session %llu failed: %s", (unsigned long long)sid,
+                  rkv_strerror(rc));
+        kvb_abort(kvb, sid);
+        return rc;
+    }
+    *copies += (uint32_t)n_ops;
+    return kvb_commit(kvb, sid, NULL);
+}
+
+int mig_apply(struct kvb *kvb, struct kvpool *const *dev, uint32_t n_gpus, struct kvpool *host,
+              const struct plan *plan, struct mig_stats *st)
+{
+    memset(st, 0, sizeof(*st));
+    size_t n = plan_n_assign(plan);
+    uint32_t max_blocks = 0;
+    for (size_t i = 0; i < n; i++) {
+        const struct plan_assign *a = plan_assign_at(plan, i);
+        if (a->dropped && kvb_session_close(kvb, a->id) == 0)
+            st->closed++;
+        uint32_t d, h;
+        if (kvb_session_counts(kvb, a->id, &d, &h) == 0 && d + h > max_blocks)
+            max_blocks = d + h;
+    }
+    struct kvb_copy *ops = malloc((max_blocks ? max_blocks : 1) * sizeof(*ops));
+    if (!ops)
+        return RKV_ENOMEM;
+    int rc = 0;
+    /* demotions everywhere first: they make the room promotions need */
+    for (int demote = 1; demote >= 0 && rc == 0; demote--) {
+        for (size_t i = 0; i < n && rc == 0; i++) {
+            const struct plan_assign *a = plan_assign_at(plan, i);
+            uint32_t d, h;
+            if (kvb_session_counts(kvb, a->id, &d, &h))
+                continue;
+            /* blocks the session will append land on the device: the blocks it
+             * has now get what is left of n_dev */
+            uint32_t total = a->n_dev + a->n_host, held = d + h;
+            uint32_t grow = total > held ? total - held : 0;
+            uint32_t target = a->n_dev > grow ? a->n_dev - grow : 0;
+            uint32_t k = demote ? (d > target ? RKV_MIN(d - target, d - 1) : 0)
+                                : (d < target ? RKV_MIN(target - d, h) : 0);
+            if (k == 0)
+                continue;
+            int mrc = move(kvb, dev, n_gpus, host, a->id, k, demote, ops, &st->copies);
+            if (mrc == 0) {
+                st->sessions_moved++;
+                *(demote ? &st->blocks_demoted : &st->blocks_promoted) += k;
+            } else if (mrc == RKV_ENOSPACE || mrc == RKV_EBUSY || mrc == RKV_ERANGE) {
+                st->deferred++; /* no room until acks, a move already open, or shared blocks */
+            } else {
+                rc = mrc;
+            }
+        }
+    }
+    free(ops);
+    return rc;
+}

@@ -1,0 +1,44 @@
+/* migrate.h - carries out a plan: moves each session's blocks between the
+ * device and host pools until its device count matches the plan. */
+#ifndef RKV_KVMGR_MIGRATE_H
+#define RKV_KVMGR_MIGRATE_H
+
+#include <stdint.h>
+
+#include "kvmgr/blocks.h"
+#include "kvmgr/plan.h"
+#include "kvmgr/pool.h"
+
+/*
+ * mig_apply is one reconcile pass, meant for the kvmgr's periodic timer:
+ *  1. sessions the plan dropped are closed in the allocator (their kv is
+ *     rebuilt from token history when they are admitted again);
+ *  2. every session with more device blocks than the plan's n_dev demotes its
+ *     oldest ones (the newest block stays), copies run, the table commits;
+ *  3. every session with fewer promotes its newest host-only blocks.
+ * Counts come from the allocator, not from the plan's demote/promote fields:
+ * blocks appended since planning are accounted for, and blocks the session
+ * will still append (plan total - held) are kept room for on the device, since
+ * new blocks are written there (the newest block never leaves the device). Device blocks freed by
+ * a demotion return to the pool only when the workers ack the new table, so
+ * a promotion may find no room yet: it is counted as deferred and the next
+ * pass retries. Sessions in the plan but not in the allocator are skipped.
+ * Copies are synchronous (memcpy on the cpu backend, the gpu hook otherwise).
+ */
+
+struct mig_stats {
+    uint32_t sessions_moved;
+    uint32_t blocks_demoted;
+    uint32_t blocks_promoted;
+    uint32_t copies;   /* blocks copied (demoting a BOTH block copies nothing) */
+    uint32_t deferred; /* sessions whose move must wait for room or a free move slot */
+    uint32_t closed;   /* dropped sessions closed */
+};
+
+/* the allocator state the planner needs: cur_dev, cur_host of session sid */
+int mig_session_state(const struct kvb *kvb, uint64_t sid, struct plan_session *s);
+
+int mig_apply(struct kvb *kvb, struct kvpool *const *dev, uint32_t n_gpus, struct kvpool *host,
+              const struct plan *plan, struct mig_stats *st);
+
+#endif

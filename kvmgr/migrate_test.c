@@ -1,0 +1,233 @@
+/* migrate_test.c - plan -> allocator -> pools end to end: block contents
+ * survive demotion and promotion, acks gate reuse, drained load returns home. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "common/err.h"
+#include "kvmgr/migrate.h"
+
+#define BT   4  /* positions per block */
+#define BB   64 /* block bytes: 2 slices x 4 positions x 8 bytes */
+#define DEV  8  /* device blocks */
+#define HOST 32
+
+struct rig {
+    struct kvb *kvb;
+    struct kvpool *dev[1];
+    struct kvpool *host;
+    struct plan *prev;
+};
+
+static void rig_init(struct rig *r)
+{
+    memset(r, 0, sizeof(*r));
+    struct kvb_config kc = {1, {DEV}, HOST, BT};
+    assert_int_equal(kvb_create(&kc, &r->kvb), 0);
+    char name[64];
+    snprintf(name, sizeof(name), "/rkv-test-%d-mdev", (int)getpid());
+    struct kvpool_config pc = {KVPOOL_DEVICE_SHM, 0, name, BB, DEV, BT, 2, NULL};
+    assert_int_equal(kvpool_create(&pc, &r->dev[0]), 0);
+    snprintf(name, sizeof(name), "/rkv-test-%d-mhost", (int)getpid());
+    pc = (struct kvpool_config){KVPOOL_HOST, 0, name, BB, HOST, BT, 2, NULL};
+    assert_int_equal(kvpool_create(&pc, &r->host), 0);
+}
+
+static void rig_fini(struct rig *r)
+{
+    plan_free(r->prev);
+    kvpool_free(r->dev[0]);
+    kvpool_free(r->host);
+    kvb_destroy(r->kvb);
+}
+
+static uint8_t pattern(uint64_t sid, size_t block)
+{
+    return (uint8_t)(sid * 16 + block + 1);
+}
+
+/* what the worker does: writes each block's kv where the table says */
+static void write_kv(struct rig *r, uint64_t sid)
+{
+    struct kvb_entry e[32];
+    size_t n;
+    assert_int_equal(kvb_session_table(r->kvb, sid, e, 32, &n, NULL), 0);
+    for (size_t b = 0; b < n; b++) {
+        if (e[b].dev != KVB_NONE)
+            memset(kvpool_block(r->dev[0], e[b].dev), pattern(sid, b), BB);
+        if (e[b].host != KVB_NONE)
+            memset(kvpool_block(r->host, e[b].host), pattern(sid, b), BB);
+    }
+}
+
+/* every copy of every block still holds its pattern; returns device blocks */
+static uint32_t check_kv(struct rig *r, uint64_t sid)
+{
+    struct kvb_entry e[32];
+    size_t n;
+    uint32_t dev = 0;
+    assert_int_equal(kvb_session_table(r->kvb, sid, e, 32, &n, NULL), 0);
+    for (size_t b = 0; b < n; b++) {
+        uint8_t want[BB];
+        memset(want, pattern(sid, b), BB);
+        if (e[b].dev != KVB_NONE)
+            assert_memory_equal(kvpool_block(r->dev[0], e[b].dev), want, BB);
+        if (e[b].host != KVB_NONE)
+            assert_memory_equal(kvpool_block(r->host, e[b].host), want, BB);
+        dev += e[b].dev != KVB_NONE;
+    }
+    assert_int_equal(kvb_check(r->kvb), 0);
+    return dev;
+}
+
+static const struct plan *replan(struct rig *r, const uint64_t *ids, const uint32_t *need, size_t n)
+{
+    struct plan_gpu g = {0};
+    g.vram_target = DEV * BB;
+    g.pcie_h2d_gbps = 50;
+    struct plan_session ss[8];
+    for (size_t i = 0; i < n; i++) {
+        memset(&ss[i], 0, sizeof(ss[i]));
+        ss[i].id = ids[i];
+        ss[i].n_blocks = need[i];
+        ss[i].active = 1;
+        ss[i].last_use = i;
+        ss[i].cur_tactic = PLAN_WAIT;
+        if (mig_session_state(r->kvb, ids[i], &ss[i]) == 0)
+            ss[i].cur_tactic = ss[i].cur_host ? PLAN_WINDOW : PLAN_RESIDENT;
+    }
+    struct plan_input in;
+    plan_input_init(&in);
+    in.block_bytes = BB;
+    in.host_budget = HOST * BB;
+    in.n_gpus = 1;
+    in.gpus = &g;
+    in.n_sessions = n;
+    in.sessions = ss;
+    struct plan *p = NULL;
+    assert_int_equal(plan_compute(&in, r->prev, &p), 0);
+    plan_free(r->prev);
+    r->prev = p;
+    return p;
+}
+
+static void test_spill_and_return(void **state)
+{
+    (void)state;
+    struct rig r;
+    rig_init(&r);
+    uint32_t tok[16];
+    for (int i = 0; i < 16; i++)
+        tok[i] = (uint32_t)i;
+    size_t reused;
+    uint64_t ids[3] = {1, 2, 3};
+    uint32_t need[3] = {3, 3, 3};
+    assert_int_equal(kvb_session_open(r.kvb, 1, 0, tok, 10, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(r.kvb, 2, 0, tok + 1, 10, KVB_NONE, &reused), 0);
+    write_kv(&r, 1);
+    write_kv(&r, 2);
+    /* session 3 arrives: 9 blocks wanted, 8 on the device; cap 2, the two
+     * spare blocks stay with the sessions holding them */
+    const struct plan *p = replan(&r, ids, need, 3);
+    assert_int_equal(plan_get_summary(p)->gpu[0].window_cap, 2);
+    assert_int_equal(plan_find(p, 3)->n_dev, 2);
+    struct mig_stats st;
+    assert_int_equal(mig_apply(r.kvb, r.dev, 1, r.host, p, &st), 0);
+    assert_int_equal(st.sessions_moved, 0);
+    /* it prefills its oldest block straight into host memory */
+    assert_int_equal(kvb_session_open(r.kvb, 3, 0, tok + 2, 10, plan_find(p, 3)->n_dev, &reused),
+                     0);
+    write_kv(&r, 3);
+    assert_int_equal(check_kv(&r, 3), 2);
+    assert_int_equal(kvb_free_dev(r.kvb, 0), 0);
+
+    /* session 1 grows a block: one of its blocks moves to the host first */
+    need[0] = 4;
+    p = replan(&r, ids, need, 3);
+    assert_int_equal(plan_find(p, 1)->n_dev, 3);
+    assert_int_equal(mig_apply(r.kvb, r.dev, 1, r.host, p, &st), 0);
+    assert_int_equal(st.blocks_demoted, 1);
+    assert_int_equal(st.copies, 1);
+    assert_int_equal(check_kv(&r, 1), 2); /* the copy holds the same bytes */
+    assert_int_equal(kvb_session_append(r.kvb, 1, tok, 4), 0);
+    write_kv(&r, 1);
+    uint32_t dev_total = 0;
+    for (int i = 0; i < 3; i++) {
+        uint32_t d = check_kv(&r, ids[i]);
+        assert_int_equal(d, plan_find(p, ids[i])->n_dev);
+        dev_total += d;
+    }
+    assert_int_equal(dev_total, DEV);
+
+    /* load drains: session 3 ends, session 1 comes back to the device */
+    assert_int_equal(kvb_session_close(r.kvb, 3), 0);
+    p = replan(&r, ids, need, 2);
+    assert_int_equal(plan_find(p, 1)->tactic, PLAN_RESIDENT);
+    assert_int_equal(mig_apply(r.kvb, r.dev, 1, r.host, p, &st), 0);
+    assert_int_equal(st.blocks_promoted, 1);
+    assert_int_equal(check_kv(&r, 1), 4);
+    assert_int_equal(check_kv(&r, 2), 3);
+    /* a replan with nothing changed moves nothing */
+    p = replan(&r, ids, need, 2);
+    assert_int_equal(plan_get_summary(p)->n_moves, 0);
+    assert_int_equal(mig_apply(r.kvb, r.dev, 1, r.host, p, &st), 0);
+    assert_int_equal(st.sessions_moved, 0);
+    rig_fini(&r);
+}
+
+static void test_acks_gate_reuse(void **state)
+{
+    (void)state;
+    struct rig r;
+    rig_init(&r);
+    uint32_t tok[16];
+    for (int i = 0; i < 16; i++)
+        tok[i] = (uint32_t)(100 + i);
+    size_t reused;
+    uint64_t epoch;
+    assert_int_equal(kvb_session_open(r.kvb, 1, 0, tok, 16, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(r.kvb, 2, 0, tok, 13, KVB_NONE, &reused), 0);
+    write_kv(&r, 1);
+    write_kv(&r, 2);
+    assert_int_equal(kvb_session_table(r.kvb, 2, NULL, 0, NULL, &epoch), 0);
+    assert_int_equal(kvb_lease(r.kvb, 7, 2, epoch), 0);
+    /* session 2 will grow to 6 blocks: two of its 4 go to the host */
+    uint64_t ids[2] = {1, 2};
+    uint32_t need[2] = {4, 6};
+    const struct plan *p = replan(&r, ids, need, 2);
+    assert_int_equal(plan_find(p, 2)->n_dev, 4);
+    assert_int_equal(plan_find(p, 2)->n_host, 2);
+    struct mig_stats st;
+    assert_int_equal(mig_apply(r.kvb, r.dev, 1, r.host, p, &st), 0);
+    assert_int_equal(st.blocks_demoted, 2);
+    assert_int_equal(check_kv(&r, 2), 2);
+    /* worker 7 may still read the old table: the device blocks are not free */
+    uint32_t grow[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    assert_int_equal(kvb_free_dev(r.kvb, 0), 0);
+    assert_int_equal(kvb_session_append(r.kvb, 2, grow, 8), RKV_ENOSPACE);
+    assert_int_equal(kvb_session_table(r.kvb, 2, NULL, 0, NULL, &epoch), 0);
+    assert_int_equal(kvb_ack(r.kvb, 7, 2, epoch), 0);
+    assert_int_equal(kvb_free_dev(r.kvb, 0), 2);
+    assert_int_equal(kvb_session_append(r.kvb, 2, grow, 8), 0);
+    struct plan_session s = {0};
+    assert_int_equal(mig_session_state(r.kvb, 2, &s), 0);
+    assert_int_equal(s.cur_dev, 4);
+    assert_int_equal(s.cur_host, 2);
+    assert_int_equal(kvb_unlease(r.kvb, 7, 2), 0);
+    rig_fini(&r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_spill_and_return),
+        cmocka_unit_test(test_acks_gate_reuse),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
