@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -87,6 +88,37 @@ static void test_two_mappings(void **state)
     big.n_blocks = 1000;
     assert_int_equal(kvpool_open(&big, &peer), RKV_EFORMAT);
     kvpool_free(p);
+}
+
+/* another process maps the pool by its desc and writes; the owner sees it.
+ * fork is safe here: the test process has no threads, cuda or nng */
+static void test_other_process(void **state)
+{
+    (void)state;
+    struct kvpool *owner = make(KVPOOL_HOST, "proc", 4, NULL);
+    memset(kvpool_block(owner, 2), 0x11, BB);
+    struct kvpool_desc desc = *kvpool_get_desc(owner);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        struct kvpool *peer = NULL;
+        int ok =
+            kvpool_open(&desc, &peer) == 0 && ((uint8_t *)kvpool_block(peer, 2))[BB - 1] == 0x11;
+        if (ok)
+            memset(kvpool_block(peer, 3), 0x22, BB);
+        kvpool_free(peer);
+        _exit(ok ? 0 : 1);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    uint8_t want[BB];
+    memset(want, 0x22, BB);
+    assert_memory_equal(kvpool_block(owner, 3), want, BB);
+    assert_true(shm_exists(desc.name)); /* the peer leaving keeps it */
+    kvpool_free(owner);
+    assert_false(shm_exists(desc.name));
 }
 
 static void test_bad_config(void **state)
@@ -244,9 +276,10 @@ static void test_gpu_hooks(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_make_name),  cmocka_unit_test(test_two_mappings),
-        cmocka_unit_test(test_bad_config), cmocka_unit_test(test_copy_batched_exact),
-        cmocka_unit_test(test_run_copies), cmocka_unit_test(test_gpu_hooks),
+        cmocka_unit_test(test_make_name),          cmocka_unit_test(test_two_mappings),
+        cmocka_unit_test(test_other_process),      cmocka_unit_test(test_bad_config),
+        cmocka_unit_test(test_copy_batched_exact), cmocka_unit_test(test_run_copies),
+        cmocka_unit_test(test_gpu_hooks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
