@@ -1,6 +1,7 @@
 /* api.c - the OpenAI endpoints on the HTTP server, and the calls they hand to the scheduler. */
 #include "daemon/api.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,11 +103,16 @@ static void send_error(struct http_req *req, const struct api_error *e)
     free(j);
 }
 
-static int respond_error(struct http_req *req, int status, const char *param, const char *code,
-                         const char *fmt, const char *arg)
+__attribute__((format(printf, 5, 6))) static int respond_error(struct http_req *req, int status,
+                                                               const char *param, const char *code,
+                                                               const char *fmt, ...)
 {
     struct api_error e;
-    api_error_set(&e, status, param, fmt, arg);
+    api_error_set(&e, status, param, "%s", "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e.message, sizeof(e.message), fmt, ap);
+    va_end(ap);
     e.code = code;
     send_error(req, &e);
     return 1;
@@ -184,8 +190,11 @@ static int handle_generate(struct api *api, struct http_req *hreq, enum api_endp
 {
     const char *ct = http_req_header(hreq, "Content-Type");
     if (ct && strncasecmp(ct, "application/json", 16) != 0 && !strstr(ct, "+json"))
-        return respond_error(hreq, 415, NULL, NULL,
-                             "Content-Type must be application/json, got '%.60s'", ct);
+        return respond_error(
+            hreq, 415, NULL, NULL,
+            "Content-Type must be application/json, got '%.60s' (with curl, add -H "
+            "'Content-Type: application/json')",
+            ct);
     struct api_call *c = calloc(1, sizeof(*c));
     if (!c)
         return respond_error(hreq, 500, NULL, NULL, "%s", "out of memory");
@@ -262,7 +271,8 @@ int api_handle(struct api *api, struct http_req *req)
                              "(keys are managed with rkvctl)");
     if (is_models) {
         if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
-            return respond_error(req, 405, NULL, NULL, "%s %s is not allowed; use GET", method);
+            return respond_error(req, 405, NULL, NULL, "%s /v1/models is not allowed; use GET",
+                                 method);
         char *j = api_render_models((const char *const *)api->models, api->n_models, api->created,
                                     api->max_model_len);
         if (!j)
@@ -272,7 +282,7 @@ int api_handle(struct api *api, struct http_req *req)
         return 1;
     }
     if (strcmp(method, "POST") != 0)
-        return respond_error(req, 405, NULL, NULL, "%s is not allowed here; use POST", method);
+        return respond_error(req, 405, NULL, NULL, "%s %s is not allowed; use POST", method, path);
     return handle_generate(api, req, is_chat ? API_CHAT : API_COMPLETIONS);
 }
 

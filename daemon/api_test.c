@@ -730,6 +730,8 @@ static void cl_endpoints(struct e2e *x)
     x->rc[i] = client_read(&c, &x->r[i]), i++;
     SEND(&c, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
     x->rc[i] = client_read(&c, &x->r[i]), i++;
+    SEND(&c, "DELETE /v1/models HTTP/1.1\r\nHost: x\r\n\r\n");
+    x->rc[i] = client_read(&c, &x->r[i]), i++;
     client_close(&c);
 }
 
@@ -750,7 +752,7 @@ static void test_endpoints_end_to_end(void **state)
 {
     struct e2e x = {0};
     e2e_run(&x, cl_endpoints);
-    for (int i = 0; i < 12; i++)
+    for (int i = 0; i < 13; i++)
         assert_int_equal(x.rc[i], 0);
     /* non-stream completion */
     assert_int_equal(x.r[0].status, 200);
@@ -808,6 +810,13 @@ static void test_endpoints_end_to_end(void **state)
     assert_non_null(strstr(x.r[10].body, "data: {\"error\":{\"message\":\"worker 0 died; retry "
                                          "the request\",\"type\":\"server_error\""));
     assert_string_equal(x.r[11].body, "not api");
+    assert_int_equal(x.r[12].status, 405);
+    o = body_json(&x.r[12]);
+    assert_string_equal(error_field(o, "message"), "DELETE /v1/models is not allowed; use GET");
+    cJSON_Delete(o);
+    o = body_json(&x.r[5]);
+    assert_string_equal(error_field(o, "message"), "GET /v1/completions is not allowed; use POST");
+    cJSON_Delete(o);
     assert_int_equal(x.cancels, 0);
     e2e_free(&x);
 }
