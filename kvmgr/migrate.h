@@ -24,6 +24,17 @@
  * a promotion may find no room yet: it is counted as deferred and the next
  * pass retries. Sessions in the plan but not in the allocator are skipped.
  * Copies are synchronous (memcpy on the cpu backend, the gpu hook otherwise).
+ *
+ * A kvmgr tick, end to end:
+ *   for each session: plan_session{id, gpu, n_blocks = blocks for its tokens
+ *     plus the next step, active, pinned, last_use, cur_tactic = its tactic in
+ *     the previous plan (PLAN_WAIT if none)} and mig_session_state() for
+ *     cur_dev / cur_host;
+ *   plan_compute(&in, prev, &plan); mig_apply(...); plan_free(prev);
+ *   new sessions the plan admitted: kvb_session_open(..., max_dev = n_dev);
+ *   send each changed table (kvb_session_table + epoch) to its worker, which
+ *   adopts it at a step boundary and acks (kvb_ack); kvb_worker_lost when a
+ *   worker dies. PLAN_WAIT sessions are not scheduled this round.
  */
 
 struct mig_stats {

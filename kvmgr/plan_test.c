@@ -573,6 +573,61 @@ static void test_random_forced(void **state)
     run_sequences(PLAN_MODE_CPU_TAIL, 400, 60, 9);
 }
 
+/* the load ramp of the seeds' gate: 1 session, up to 30, back to 1. Relief
+ * engages only past the budget, fills the device exactly while spilling, and
+ * the drain returns every session to RESIDENT */
+static void test_load_ramp(void **state)
+{
+    (void)state;
+    struct sim m;
+    memset(&m, 0, sizeof(m));
+    m.n_gpus = 1;
+    m.gpu[0] = gpu_with(100);
+    m.gpu[0].cpu_attn_gbps = 20;
+    m.host_blocks = 1000;
+    struct plan *p = NULL;
+    uint32_t peak_window = 0;
+    for (int k = 1; k <= 30; k++) {
+        struct plan_session s = {0};
+        s.id = (uint64_t)k;
+        s.n_blocks = 10;
+        s.active = 1;
+        s.cur_tactic = PLAN_WAIT;
+        s.last_use = (uint64_t)k;
+        m.s[m.n++] = s;
+        p = settle(&m, p, 1);
+        const struct plan_gpu_summary *g = &plan_get_summary(p)->gpu[0];
+        uint32_t spilled = g->sessions[PLAN_WINDOW] + g->sessions[PLAN_CPU_TAIL];
+        if (k * 10 <= 100) {
+            assert_int_equal(g->sessions[PLAN_RESIDENT], k);
+            assert_int_equal(g->dev_used, k * 10);
+        } else {
+            assert_true(spilled > 0);
+            assert_int_equal(g->dev_used, 100); /* vram used to the cap */
+            assert_int_equal(g->sessions[PLAN_WAIT], 0);
+        }
+        peak_window = spilled > peak_window ? spilled : peak_window;
+    }
+    assert_int_equal(peak_window, 30);
+    /* the cpu is faster than this link: the spilled tails go to the cpu */
+    m.gpu[0].cpu_attn_gbps = 80;
+    p = settle(&m, p, 1);
+    assert_int_equal(plan_get_summary(p)->gpu[0].sessions[PLAN_CPU_TAIL], 30);
+    m.gpu[0].cpu_attn_gbps = 20;
+    /* drain: oldest sessions finish first */
+    while (m.n > 1) {
+        memmove(&m.s[0], &m.s[1], (m.n - 1) * sizeof(m.s[0]));
+        m.n--;
+        p = settle(&m, p, 1);
+        const struct plan_gpu_summary *g = &plan_get_summary(p)->gpu[0];
+        if (m.n * 10 <= 95) /* fits with the 5% margin */
+            assert_int_equal(g->sessions[PLAN_RESIDENT], m.n);
+        assert_true(g->dev_used <= 100);
+    }
+    assert_int_equal(plan_get_summary(p)->gpu[0].window_cap, PLAN_NO_CAP);
+    plan_free(p);
+}
+
 /* a small host: budgets still hold, drops happen only when kv cannot fit */
 static void test_random_tight_host(void **state)
 {
@@ -606,6 +661,7 @@ int main(void)
         cmocka_unit_test(test_admission),
         cmocka_unit_test(test_pinned),
         cmocka_unit_test(test_hysteresis),
+        cmocka_unit_test(test_load_ramp),
         cmocka_unit_test(test_random_auto),
         cmocka_unit_test(test_random_forced),
         cmocka_unit_test(test_random_tight_host),
