@@ -10,6 +10,7 @@
 #include <http_parser.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +38,9 @@ struct ctx {
     int stream_ends;     /* streams the handler ended */
     int shutdown_in_sse; /* /sse starts a graceful shutdown after its first event */
     uint64_t shutdown_deadline_ms;
+    sem_t backpressured; /* the /big handler saw http_resp_write return 1 */
+    int big_chunks;      /* chunks written before backpressure */
+    int drains;
     /* results the client thread records for the main thread to assert */
     struct resp r[8];
     int rc[8];
@@ -132,6 +136,30 @@ static void later_fire(uv_timer_t *t)
     uv_close((uv_handle_t *)&l->timer, later_closed);
 }
 
+/* writes 64 KiB chunks to a client that does not read until the queue
+ * passes the high-water mark, then finishes once it drained */
+static char big_chunk[65536];
+
+static void big_on_drain(struct http_req *req, void *arg)
+{
+    g->drains++;
+    http_resp_write(req, "end", 3);
+    http_resp_end(req);
+}
+
+static void start_big(struct http_req *req)
+{
+    memset(big_chunk, 'b', sizeof(big_chunk));
+    http_req_set_callbacks(req, NULL, big_on_drain, NULL);
+    http_resp_start(req, 200, "application/octet-stream");
+    int rc = 0;
+    while (rc == 0 && g->big_chunks < 4096) {
+        rc = http_resp_write(req, big_chunk, sizeof(big_chunk));
+        g->big_chunks++;
+    }
+    sem_post(&g->backpressured);
+}
+
 static void handler(struct http_req *req, void *arg)
 {
     const char *path = http_req_path(req);
@@ -147,6 +175,8 @@ static void handler(struct http_req *req, void *arg)
     } else if (strcmp(path, "/sse") == 0) {
         int n = atoi(http_req_query(req) + 2); /* "n=5" */
         start_stream(req, n);
+    } else if (strcmp(path, "/big") == 0) {
+        start_big(req);
     } else if (strcmp(path, "/forever") == 0) {
         start_stream(req, -1);
     } else if (strcmp(path, "/async") == 0) {
@@ -633,6 +663,34 @@ static void test_http10_head_and_codings(void **state)
     ctx_free(&x);
 }
 
+static void cl_backpressure(struct ctx *x)
+{
+    struct client c;
+    client_connect(&c, x->port, 0);
+    SEND(&c, "GET /big HTTP/1.1\r\nHost: x\r\n\r\n");
+    /* read nothing until the server reports backpressure */
+    sem_wait(&x->backpressured);
+    x->rc[0] = client_read(&c, &x->r[0]);
+    client_close(&c);
+}
+
+static void test_write_backpressure_and_drain(void **state)
+{
+    struct ctx x = {0};
+    sem_init(&x.backpressured, 0, 0);
+    struct http_limits lim;
+    http_limits_default(&lim);
+    lim.write_high_water = 256 * 1024;
+    run_scenario(&x, &lim, "127.0.0.1", cl_backpressure);
+    assert_true(x.big_chunks < 4096); /* backpressure was reported */
+    assert_int_equal(x.drains, 1);
+    assert_int_equal(x.rc[0], 0);
+    assert_int_equal(x.r[0].body_len, (size_t)x.big_chunks * 65536 + 3);
+    assert_string_equal(x.r[0].body + x.r[0].body_len - 3, "end");
+    sem_destroy(&x.backpressured);
+    ctx_free(&x);
+}
+
 static void test_listen_errors(void **state)
 {
     uv_loop_t loop;
@@ -668,6 +726,7 @@ int main(void)
         cmocka_unit_test(test_shutdown_finishes_stream),
         cmocka_unit_test(test_shutdown_deadline_cuts_stream),
         cmocka_unit_test(test_http10_head_and_codings),
+        cmocka_unit_test(test_write_backpressure_and_drain),
         cmocka_unit_test(test_listen_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
