@@ -275,6 +275,15 @@ def test_gguf_py_file_read_by_rkv(tmp_path, alignment):
     assert by["k.str"]["value"] == "héllo wörld 中文 😀"
     assert by["k.astr"]["value"] == ["a", "", "ü", "Ġhello", "<|eot_id|>"]
 
+    # v2 has the same layout (64-bit counts): only the version differs
+    raw = bytearray(path.read_bytes())
+    raw[4:8] = (2).to_bytes(4, "little")
+    v2 = tmp_path / "v2.gguf"
+    v2.write_bytes(bytes(raw))
+    d2 = dump(v2)
+    assert d2.pop("version") == 2 and d.pop("version") == 3
+    assert d2 == d
+
 
 def test_mkmodel_file_read_by_both(models):
     compare_with_gguf_py(models["tiny-qwen2", "q8_0"])
