@@ -655,6 +655,36 @@ int kvb_abort(struct kvb *kvb, uint64_t sid)
     return 0;
 }
 
+int kvb_trim_host_copies(struct kvb *kvb, uint32_t want, uint32_t *dropped)
+{
+    *dropped = 0;
+    size_t it = 0;
+    void *v;
+    while (*dropped < want && rkv_map_next(&kvb->live, &it, NULL, &v)) {
+        struct sess *s = v;
+        size_t n = 0;
+        /* a session with an open move keeps its table as the move saw it */
+        for (size_t i = 0; s->mv_kind == MV_NONE && i < s->ents.len && *dropped + n < want; i++)
+            n += ENT(s, i)->dev != KVB_NONE && ENT(s, i)->host != KVB_NONE;
+        if (n == 0)
+            continue;
+        if (rkv_vec_reserve(&s->drops, s->drops.len + n))
+            return RKV_ENOMEM;
+        s->epoch++;
+        for (size_t i = 0; i < s->ents.len && n > 0; i++) {
+            struct ent *e = ENT(s, i);
+            if (e->dev == KVB_NONE || e->host == KVB_NONE)
+                continue;
+            sess_drop(s, host_pool(kvb), e->host);
+            e->host = KVB_NONE;
+            n--;
+            (*dropped)++;
+        }
+        sess_release(kvb, s);
+    }
+    return 0;
+}
+
 /* --- workers ----------------------------------------------------------------- */
 
 static struct lease *lease_find(struct sess *s, uint32_t worker)

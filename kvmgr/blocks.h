@@ -123,6 +123,12 @@ int kvb_commit(struct kvb *kvb, uint64_t sid, uint64_t *epoch);
 /* forget the open move, freeing its destinations */
 int kvb_abort(struct kvb *kvb, uint64_t sid);
 
+/* drops clean host copies of device blocks (BOTH -> DEVICE) over all
+ * sessions until `want` copies are dropped; their host blocks return as the
+ * workers ack. For when the host pool fills with copies the planner does not
+ * count. *dropped: how many were dropped. */
+int kvb_trim_host_copies(struct kvb *kvb, uint32_t want, uint32_t *dropped);
+
 /* --- workers ---------------------------------------------------------------- */
 
 /* worker reads sid from the table of `epoch` on */

@@ -288,6 +288,46 @@ static void test_host_full(void **state)
     kvb_destroy(kvb);
 }
 
+static void test_trim_host_copies(void **state)
+{
+    (void)state;
+    struct kvb *kvb = make(8, 2);
+    uint32_t t[16], dropped;
+    size_t reused, n_ops;
+    uint64_t epoch;
+    struct kvb_copy ops[8];
+    seq(t, 16, 1);
+    assert_int_equal(kvb_session_open(kvb, 1, 0, t, 12, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_demote(kvb, 1, 2, ops, 8, &n_ops), 0);
+    assert_int_equal(kvb_commit(kvb, 1, NULL), 0);
+    assert_int_equal(kvb_promote(kvb, 1, 2, ops, 8, &n_ops), 0);
+    assert_int_equal(kvb_commit(kvb, 1, &epoch), 0);
+    /* two clean copies fill the host; a third block has nowhere to go */
+    assert_int_equal(kvb_free_host(kvb), 0);
+    assert_int_equal(kvb_session_append(kvb, 1, t, 4), 0);
+    assert_int_equal(kvb_demote(kvb, 1, 3, ops, 8, &n_ops), RKV_ENOSPACE);
+    assert_int_equal(kvb_session_table(kvb, 1, NULL, 0, NULL, &epoch), 0);
+    assert_int_equal(kvb_lease(kvb, 4, 1, epoch), 0);
+    assert_int_equal(kvb_trim_host_copies(kvb, 1, &dropped), 0);
+    assert_int_equal(dropped, 1);
+    struct kvb_entry e[8];
+    table(kvb, 1, e, 4);
+    assert_int_equal(kvb_entry_residency(e[0]), KVB_DEVICE);
+    assert_int_equal(kvb_entry_residency(e[1]), KVB_BOTH);
+    assert_int_equal(kvb_free_host(kvb), 0); /* worker 4 may still read it */
+    assert_int_equal(kvb_ack(kvb, 4, 1, epoch + 1), 0);
+    assert_int_equal(kvb_free_host(kvb), 1);
+    assert_int_equal(kvb_demote(kvb, 1, 2, ops, 8, &n_ops), 0);
+    assert_int_equal(n_ops, 1); /* block 0 only: block 1 kept its copy */
+    assert_int_equal(ops[0].src, e[0].dev);
+    assert_int_equal(kvb_free_host(kvb), 0);
+    assert_int_equal(kvb_commit(kvb, 1, NULL), 0);
+    assert_int_equal(kvb_check(kvb), 0);
+    assert_int_equal(kvb_trim_host_copies(kvb, 5, &dropped), 0);
+    assert_int_equal(dropped, 0);
+    kvb_destroy(kvb);
+}
+
 static void test_worker_lost(void **state)
 {
     (void)state;
@@ -422,8 +462,11 @@ static void random_op(struct kvb *kvb, uint64_t *rng, uint64_t *next_sid)
         break;
     case 11: {
         size_t before = kvb_pending(kvb);
+        uint32_t dropped;
         if (below(rng, 4) == 0)
             kvb_worker_lost(kvb, worker);
+        else if (below(rng, 3) == 0)
+            assert_int_equal(kvb_trim_host_copies(kvb, 1 + below(rng, 3), &dropped), 0);
         else
             kvb_unlease(kvb, worker, sid);
         n_released += kvb_pending(kvb) < before;
@@ -465,7 +508,7 @@ int main(void)
         cmocka_unit_test(test_alloc_free),       cmocka_unit_test(test_prefix_sharing),
         cmocka_unit_test(test_fork_cow),         cmocka_unit_test(test_demote_promote_acks),
         cmocka_unit_test(test_host_full),        cmocka_unit_test(test_worker_lost),
-        cmocka_unit_test(test_random_sequences),
+        cmocka_unit_test(test_trim_host_copies), cmocka_unit_test(test_random_sequences),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -79,7 +79,16 @@ int mig_apply(struct kvb *kvb, struct kvpool *const *dev, uint32_t n_gpus, struc
                 st->sessions_moved++;
                 *(demote ? &st->blocks_demoted : &st->blocks_promoted) += k;
             } else if (mrc == RKV_ENOSPACE || mrc == RKV_EBUSY || mrc == RKV_ERANGE) {
-                st->deferred++; /* no room until acks, a move already open, or shared blocks */
+                /* no room until acks, a move already open: the next pass retries.
+                 * a host pool full of clean copies (which the plan does not
+                 * count) gives some back for then */
+                if (mrc == RKV_ENOSPACE && demote) {
+                    uint32_t trimmed;
+                    if ((rc = kvb_trim_host_copies(kvb, k, &trimmed)))
+                        break;
+                    st->trimmed += trimmed;
+                }
+                st->deferred++;
             } else {
                 rc = mrc;
             }

@@ -44,6 +44,7 @@ struct mig_stats {
     uint32_t copies;   /* blocks copied (demoting a BOTH block copies nothing) */
     uint32_t deferred; /* sessions whose move must wait for room or a free move slot */
     uint32_t closed;   /* dropped sessions closed */
+    uint32_t trimmed;  /* clean host copies dropped to make host room */
 };
 
 /* the allocator state the planner needs: cur_dev, cur_host of session sid */

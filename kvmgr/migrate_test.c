@@ -19,23 +19,25 @@
 #define HOST 32
 
 struct rig {
+    uint32_t host_blocks;
     struct kvb *kvb;
     struct kvpool *dev[1];
     struct kvpool *host;
     struct plan *prev;
 };
 
-static void rig_init(struct rig *r)
+static void rig_init(struct rig *r, uint32_t host_blocks)
 {
     memset(r, 0, sizeof(*r));
-    struct kvb_config kc = {1, {DEV}, HOST, BT};
+    r->host_blocks = host_blocks;
+    struct kvb_config kc = {1, {DEV}, host_blocks, BT};
     assert_int_equal(kvb_create(&kc, &r->kvb), 0);
     char name[64];
     snprintf(name, sizeof(name), "/rkv-test-%d-mdev", (int)getpid());
     struct kvpool_config pc = {KVPOOL_DEVICE_SHM, 0, name, BB, DEV, BT, 2, NULL};
     assert_int_equal(kvpool_create(&pc, &r->dev[0]), 0);
     snprintf(name, sizeof(name), "/rkv-test-%d-mhost", (int)getpid());
-    pc = (struct kvpool_config){KVPOOL_HOST, 0, name, BB, HOST, BT, 2, NULL};
+    pc = (struct kvpool_config){KVPOOL_HOST, 0, name, BB, host_blocks, BT, 2, NULL};
     assert_int_equal(kvpool_create(&pc, &r->host), 0);
 }
 
@@ -105,7 +107,7 @@ static const struct plan *replan(struct rig *r, const uint64_t *ids, const uint3
     struct plan_input in;
     plan_input_init(&in);
     in.block_bytes = BB;
-    in.host_budget = HOST * BB;
+    in.host_budget = r->host_blocks * BB;
     in.n_gpus = 1;
     in.gpus = &g;
     in.n_sessions = n;
@@ -121,7 +123,7 @@ static void test_spill_and_return(void **state)
 {
     (void)state;
     struct rig r;
-    rig_init(&r);
+    rig_init(&r, HOST);
     uint32_t tok[16];
     for (int i = 0; i < 16; i++)
         tok[i] = (uint32_t)i;
@@ -185,7 +187,7 @@ static void test_acks_gate_reuse(void **state)
 {
     (void)state;
     struct rig r;
-    rig_init(&r);
+    rig_init(&r, HOST);
     uint32_t tok[16];
     for (int i = 0; i < 16; i++)
         tok[i] = (uint32_t)(100 + i);
@@ -223,11 +225,52 @@ static void test_acks_gate_reuse(void **state)
     rig_fini(&r);
 }
 
+/* the host pool full of clean copies the plan does not count: a pass trims
+ * them and the next pass demotes */
+static void test_trim_copies(void **state)
+{
+    (void)state;
+    struct rig r;
+    rig_init(&r, 2);
+    uint32_t tok[12];
+    for (int i = 0; i < 12; i++)
+        tok[i] = (uint32_t)(7 * i);
+    size_t reused, n_ops;
+    struct kvb_copy ops[4];
+    assert_int_equal(kvb_session_open(r.kvb, 1, 0, tok, 12, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(r.kvb, 2, 0, tok, 12, KVB_NONE, &reused), 0);
+    write_kv(&r, 1);
+    write_kv(&r, 2);
+    assert_int_equal(kvb_demote(r.kvb, 1, 2, ops, 4, &n_ops), 0);
+    assert_int_equal(kvpool_run_copies(r.dev, 1, r.host, ops, n_ops), 0);
+    assert_int_equal(kvb_commit(r.kvb, 1, NULL), 0);
+    assert_int_equal(kvb_promote(r.kvb, 1, 2, ops, 4, &n_ops), 0);
+    assert_int_equal(kvpool_run_copies(r.dev, 1, r.host, ops, n_ops), 0);
+    assert_int_equal(kvb_commit(r.kvb, 1, NULL), 0);
+    assert_int_equal(check_kv(&r, 1), 3);
+    assert_int_equal(kvb_free_host(r.kvb), 0);
+    /* session 2 will grow to 7 blocks: 5 on the device, 2 on the host */
+    uint64_t ids[2] = {1, 2};
+    uint32_t need[2] = {3, 7};
+    const struct plan *p = replan(&r, ids, need, 2);
+    assert_int_equal(plan_find(p, 2)->n_host, 2);
+    struct mig_stats st;
+    assert_int_equal(mig_apply(r.kvb, r.dev, 1, r.host, p, &st), 0);
+    assert_int_equal(st.trimmed, 2);
+    assert_int_equal(st.deferred, 1);
+    assert_int_equal(mig_apply(r.kvb, r.dev, 1, r.host, p, &st), 0);
+    assert_int_equal(st.blocks_demoted, 2);
+    assert_int_equal(check_kv(&r, 1), 3);
+    assert_int_equal(check_kv(&r, 2), 1);
+    rig_fini(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_spill_and_return),
         cmocka_unit_test(test_acks_gate_reuse),
+        cmocka_unit_test(test_trim_copies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
