@@ -13,13 +13,17 @@
  *
  * 1. admission: sessions that want to run (active or pinned) are taken in
  *    priority order: pinned, then already running, then the rest oldest
- *    last_use first (fifo). One is admitted when, with it, every GPU still has
- *    D >= pinned blocks + one block per active session (all its blocks in
- *    `resident` mode) and the blocks that overflow D still fit the host. Once
- *    a new session is refused, every later new session waits too (no
- *    starvation of large requests). A waiting session keeps the blocks it
- *    holds, on the host; when the host cannot hold even the existing KV, the
- *    lowest-priority waiting/parked sessions are dropped (re-prefilled later).
+ *    last_use first (fifo). Pinned and running ones are admitted while their
+ *    GPU has D >= pinned blocks + one block per active session (all of its
+ *    blocks in `resident` mode); new ones also need the blocks that overflow
+ *    D to fit the host, and once one is refused every later new session on
+ *    that GPU waits too (no starvation of large requests). Admission repeats
+ *    with the admitted counted as running until the set is stable, so a
+ *    replan admits the same sessions. A waiting session keeps the blocks it
+ *    holds, on the host; when the host cannot hold the existing kv, the
+ *    lowest-priority waiting, then least recently used parked sessions are
+ *    dropped (`dropped`: rebuilt from token history later). Idle sessions
+ *    need only the blocks they hold.
  * 2. relief, per GPU, in order, only as far as needed:
  *    a. pinned sessions stay RESIDENT; idle sessions already off the device
  *       stay PARKED (an idle session is promoted only when it becomes active);
@@ -34,8 +38,14 @@
  *    W_hi is the largest cap that fits D and W_lo the largest that fits D minus
  *    a margin (margin_pct of D). Demotion is immediate, promotion needs the
  *    margin, and planning again with unchanged inputs yields no moves.
- * Budgets are hard: device blocks <= D per GPU and host blocks <= H always.
- * Prefix-shared blocks are counted once per session (conservative).
+ *    Spare blocks are only handed out +1 each, so planning again with unchanged
+ *    inputs gives the same plan.
+ * Budgets are hard: device blocks <= D per GPU and host blocks <= H always
+ * (when the host cannot take the tails or parked sessions a GPU needs, its
+ * lowest-priority admitted session is dropped and the GPU planned again).
+ * Prefix-shared blocks are counted once per session (conservative). Cost:
+ * O(n log n) per plan; 10k sessions on 8 GPUs plan in about 10 ms
+ * (rkv-bench-plan).
  */
 
 enum plan_tactic {
