@@ -296,7 +296,13 @@ static int cpu_attn_partial(void *ctx, const struct be_batch *b, uint32_t layer,
     if (rc < 0)
         return rc;
     struct attn_arg a = {c, {&c->layout, &c->pools, at, layer, residency}, b, q, out};
-    pool_run(c->pool, attn_chunk, &a, b->n_tokens * at->n_kv_head, 1);
+    /* keys scored over the batch: short contexts are not worth waking threads */
+    uint64_t keys = 0;
+    for (uint32_t t = 0; t < b->n_tokens; t++)
+        keys += (uint64_t)b->pos[t] + 1;
+    uint32_t items = b->n_tokens * at->n_kv_head;
+    uint64_t work = keys * at->n_head * at->head_dim;
+    pool_run(c->pool, attn_chunk, &a, items, work < 65536 ? items : 1);
     return 0;
 }
 

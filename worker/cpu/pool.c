@@ -1,26 +1,29 @@
 /* pool.c - persistent worker threads woken per job; chunks handed out by an atomic counter.
- * the caller works too and never waits for a thread that has not joined the job yet: a
- * late (descheduled) thread finds the job closed and goes back to sleep. */
+ * only as many threads as there are chunks are woken, and the caller works too; it never
+ * waits for a thread that has not joined the job (a late, descheduled thread finds the
+ * job closed and goes back to sleep). */
 #include "worker/cpu/pool.h"
 
+#include <errno.h>
 #include <pthread.h>
+#include <sched.h>
+#include <semaphore.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #include "common/err.h"
 
+/* state: this bit while the job takes new threads, plus the count of threads in it */
+#define POOL_OPEN 0x80000000u
+
 struct pool {
     uint32_t n_threads;
     pthread_t *threads;
-    pthread_mutex_t mu;
-    pthread_cond_t wake; /* workers wait here for a new generation */
-    pthread_cond_t done; /* the caller waits here for joined == 0 */
-    uint64_t generation;
-    int open;        /* the current job still takes new threads */
-    uint32_t joined; /* threads working on the current job */
-    int stop;
-    /* the current job */
+    sem_t wake; /* one post per thread wanted */
+    atomic_int stop;
+    atomic_uint state;
+    /* the current job: written before the job opens */
     pool_fn fn;
     void *arg;
     uint32_t n_items;
@@ -50,24 +53,24 @@ static void *worker_main(void *v)
     struct pool *p = wa->p;
     uint32_t id = wa->id;
     free(wa);
-    uint64_t seen = 0;
-    pthread_mutex_lock(&p->mu);
     for (;;) {
-        while (!p->stop && p->generation == seen)
-            pthread_cond_wait(&p->wake, &p->mu);
-        if (p->stop)
+        while (sem_wait(&p->wake) < 0 && errno == EINTR)
+            ;
+        if (atomic_load(&p->stop))
             break;
-        seen = p->generation;
-        if (!p->open)
-            continue;
-        p->joined++;
-        pthread_mutex_unlock(&p->mu);
+        unsigned s = atomic_load(&p->state);
+        int joined = 0;
+        while (s & POOL_OPEN) {
+            if (atomic_compare_exchange_weak(&p->state, &s, s + 1)) {
+                joined = 1;
+                break;
+            }
+        }
+        if (!joined)
+            continue; /* woken for a job that is already done */
         take_chunks(p, id);
-        pthread_mutex_lock(&p->mu);
-        if (--p->joined == 0)
-            pthread_cond_signal(&p->done);
+        atomic_fetch_sub(&p->state, 1);
     }
-    pthread_mutex_unlock(&p->mu);
     return NULL;
 }
 
@@ -83,13 +86,11 @@ int pool_init(struct pool **out, uint32_t n_threads)
     if (!p)
         return RKV_ENOMEM;
     p->threads = calloc(n_threads, sizeof(pthread_t));
-    if (!p->threads) {
+    if (!p->threads || sem_init(&p->wake, 0, 0) < 0) {
+        free(p->threads);
         free(p);
         return RKV_ENOMEM;
     }
-    pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->wake, NULL);
-    pthread_cond_init(&p->done, NULL);
     p->n_threads = 1;
     for (uint32_t i = 1; i < n_threads; i++) {
         struct worker_arg *wa = malloc(sizeof(*wa));
@@ -112,15 +113,12 @@ void pool_free(struct pool *p)
 {
     if (!p)
         return;
-    pthread_mutex_lock(&p->mu);
-    p->stop = 1;
-    pthread_cond_broadcast(&p->wake);
-    pthread_mutex_unlock(&p->mu);
+    atomic_store(&p->stop, 1);
+    for (uint32_t i = 1; i < p->n_threads; i++)
+        sem_post(&p->wake);
     for (uint32_t i = 1; i < p->n_threads; i++)
         pthread_join(p->threads[i], NULL);
-    pthread_mutex_destroy(&p->mu);
-    pthread_cond_destroy(&p->wake);
-    pthread_cond_destroy(&p->done);
+    sem_destroy(&p->wake);
     free(p->threads);
     free(p);
 }
@@ -145,23 +143,23 @@ void pool_run(struct pool *p, pool_fn fn, void *arg, uint32_t n_items, uint32_t 
     uint32_t chunk = n_items / (p->n_threads * 4);
     if (chunk < grain)
         chunk = grain;
-    pthread_mutex_lock(&p->mu);
     p->fn = fn;
     p->arg = arg;
     p->n_items = n_items;
     p->chunk = chunk;
     atomic_store(&p->next, 0);
-    p->open = 1;
-    p->generation++;
-    pthread_cond_broadcast(&p->wake);
-    pthread_mutex_unlock(&p->mu);
+    atomic_store(&p->state, POOL_OPEN);
+    uint32_t n_chunks = (n_items + chunk - 1) / chunk;
+    uint32_t n_wake = n_chunks - 1 < p->n_threads - 1 ? n_chunks - 1 : p->n_threads - 1;
+    for (uint32_t i = 0; i < n_wake; i++)
+        sem_post(&p->wake);
 
     take_chunks(p, 0);
 
-    /* every chunk is claimed; wait only for threads still running theirs */
-    pthread_mutex_lock(&p->mu);
-    p->open = 0;
-    while (p->joined > 0)
-        pthread_cond_wait(&p->done, &p->mu);
-    pthread_mutex_unlock(&p->mu);
+    /* every chunk is claimed: close the job, then wait only for threads
+     * still running theirs (they are on a cpu, so spinning is short) */
+    atomic_fetch_and(&p->state, ~POOL_OPEN);
+    for (unsigned spins = 0; atomic_load(&p->state) != 0; spins++)
+        if (spins > 64)
+            sched_yield();
 }
