@@ -61,6 +61,9 @@ static void kv_all(const struct gguf_ctx *g)
         sink += (uint64_t)gguf_get_u32(g, key, &u32) + (uint64_t)gguf_get_u64(g, key, &u64) +
                 (uint64_t)gguf_get_i64(g, key, &i64) + (uint64_t)gguf_get_f32(g, key, &f) +
                 (uint64_t)gguf_get_bool(g, key, &b);
+        double d;
+        if (gguf_get_f64(g, key, &d) == 0)
+            sink += (uint64_t)(d == d);
         if (gguf_get_str(g, key, &s) == 0)
             touch(s.ptr, s.len);
         if (gguf_get_arr_info(g, key, &et, &n) == 0)
