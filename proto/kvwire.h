@@ -41,7 +41,7 @@ struct proto_kv_prep {
     uint32_t n_close;
     uint64_t *close; /* (n_close) sessions to free */
     uint32_t n_idle;
-    uint64_t *idle;  /* (n_idle) sessions that went idle (parkable) */
+    uint64_t *idle; /* (n_idle) sessions that went idle (parkable) */
     uint32_t n_seqs;
     struct proto_kv_prep_seq *seqs; /* (n_seqs) */
 };

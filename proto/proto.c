@@ -113,14 +113,14 @@ int proto_env_decode(const void *buf, size_t len, struct proto_hdr *h, const voi
     const uint8_t *p = buf;
     memset(h, 0, sizeof *h);
     *payload = NULL;
+    if (len >= 4 && memcmp(p, PROTO_MAGIC, 4) != 0)
+        return proto_seterr(err, errlen, RKV_EFORMAT,
+                            "not an rkv message: magic is %02x %02x %02x %02x, expected \"RKV1\"",
+                            p[0], p[1], p[2], p[3]);
     if (len < PROTO_HDR_SIZE)
         return proto_seterr(err, errlen, RKV_EFORMAT,
                             "truncated rkv message: %zu bytes, the header alone is %d", len,
                             PROTO_HDR_SIZE);
-    if (memcmp(p, PROTO_MAGIC, 4) != 0)
-        return proto_seterr(err, errlen, RKV_EFORMAT,
-                            "not an rkv message: magic is %02x %02x %02x %02x, expected \"RKV1\"",
-                            p[0], p[1], p[2], p[3]);
     h->version = proto_get_u16(p + 4);
     h->type = proto_get_u16(p + 6);
     h->req_id = proto_get_u64(p + 8);

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +17,7 @@
 #include <nng/protocol/reqrep0/req.h>
 
 #include "common/err.h"
+#include "common/log.h"
 #include "proto/json.h"
 #include "proto/msg.h"
 
@@ -24,6 +26,11 @@ struct proto_sock {
     enum proto_sock_kind kind;
     atomic_uint_fast64_t next_id;
     int recv_ms;
+    int listening, dialing;
+    nng_listener lst;
+    nng_dialer dlr;
+    pthread_mutex_t heal_mu; /* heal runs from any caller's thread */
+    uint64_t heal_ms;        /* when it last looked */
     char url[256];
 };
 
@@ -90,6 +97,7 @@ int proto_sock_open(struct proto_sock **out, enum proto_sock_kind kind, const ch
     s->kind = kind;
     s->recv_ms = PROTO_DEFAULT_TIMEOUT_MS;
     atomic_init(&s->next_id, 1);
+    pthread_mutex_init(&s->heal_mu, NULL);
     snprintf(s->url, sizeof s->url, "%s", url);
     int rv;
     switch (kind) {
@@ -99,6 +107,7 @@ int proto_sock_open(struct proto_sock **out, enum proto_sock_kind kind, const ch
     default: rv = nng_sub0_open(&s->sock); break;
     }
     if (rv) {
+        pthread_mutex_destroy(&s->heal_mu);
         free(s);
         int rc = proto_nng_err(rv);
         return proto_seterr(err, errlen, rc, "%s: cannot open a %s socket: %s", url,
@@ -116,11 +125,13 @@ int proto_sock_open(struct proto_sock **out, enum proto_sock_kind kind, const ch
     const char *verb = "configure";
     if (!rv && (kind == PROTO_SOCK_REP || kind == PROTO_SOCK_PUB)) {
         verb = "listen on";
-        rv = nng_listen(s->sock, url, NULL, 0);
+        rv = nng_listen(s->sock, url, &s->lst, 0);
+        s->listening = !rv;
     } else if (!rv) {
         /* in the background, retrying: the listener may come up later */
         verb = "dial";
-        rv = nng_dial(s->sock, url, NULL, NNG_FLAG_NONBLOCK);
+        rv = nng_dial(s->sock, url, &s->dlr, NNG_FLAG_NONBLOCK);
+        s->dialing = !rv;
     }
     if (rv) {
         int rc = proto_nng_err(rv);
@@ -128,6 +139,7 @@ int proto_sock_open(struct proto_sock **out, enum proto_sock_kind kind, const ch
                      kind_name(kind), nng_strerror(rv),
                      rv == NNG_EADDRINUSE ? "; is another rkv process running?" : "");
         nng_close(s->sock);
+        pthread_mutex_destroy(&s->heal_mu);
         free(s);
         return rc;
     }
@@ -140,6 +152,7 @@ void proto_sock_close(struct proto_sock *s)
     if (!s)
         return;
     nng_close(s->sock);
+    pthread_mutex_destroy(&s->heal_mu);
     free(s);
 }
 
@@ -153,6 +166,71 @@ int proto_sock_set_timeouts(struct proto_sock *s, int send_ms, int recv_ms)
     if (!rv)
         s->recv_ms = recv_ms;
     return proto_nng_err(rv);
+}
+
+/* nng 1.5 gives up for good when a peer hangs up in the middle of the
+ * connection handshake (nng issue #1518, fixed in 1.6): the listener stops
+ * accepting, the dialer stops redialing, because the core takes the peer's
+ * ECLOSED for its own close. Both count that error as "other" in their
+ * statistics; a listener with any, or a dialer with any and no connection,
+ * is replaced. */
+static uint64_t stat_of(nng_stat *ep, const char *name)
+{
+    nng_stat *st = ep ? nng_stat_find(ep, name) : NULL;
+    return st ? nng_stat_value(st) : 0;
+}
+
+static int heal_locked(struct proto_sock *s)
+{
+    nng_stat *root;
+    if ((!s->listening && !s->dialing) || nng_stats_get(&root) != 0)
+        return 0;
+    int stalled;
+    if (s->listening) {
+        stalled = stat_of(nng_stat_find_listener(root, s->lst), "other") > 0;
+    } else {
+        nng_stat *d = nng_stat_find_dialer(root, s->dlr);
+        stalled = stat_of(d, "other") > 0 && stat_of(d, "pipes") == 0;
+    }
+    nng_stats_free(root);
+    if (!stalled)
+        return 0;
+    int rv;
+    if (s->listening) {
+        /* closing the old listener unlinks an ipc path, so it goes first */
+        nng_listener_close(s->lst);
+        rv = nng_listen(s->sock, s->url, &s->lst, 0);
+        s->listening = !rv;
+    } else {
+        nng_dialer_close(s->dlr);
+        rv = nng_dial(s->sock, s->url, &s->dlr, NNG_FLAG_NONBLOCK);
+        s->dialing = !rv;
+    }
+    int listener = s->kind == PROTO_SOCK_REP || s->kind == PROTO_SOCK_PUB;
+    if (rv) {
+        log_error("%s: cannot %s again: %s", s->url, listener ? "listen" : "dial",
+                  nng_strerror(rv));
+        return proto_nng_err(rv);
+    }
+    if (listener)
+        log_warn("%s: a peer hung up during the connection handshake, which stops nng 1.5 "
+                 "from accepting; listening again",
+                 s->url);
+    return 1;
+}
+
+int proto_sock_heal(struct proto_sock *s)
+{
+    pthread_mutex_lock(&s->heal_mu);
+    uint64_t now = now_ms();
+    int rc = 0;
+    /* a stats snapshot is not free: look at most every 50 ms */
+    if (now - s->heal_ms >= 50) {
+        s->heal_ms = now;
+        rc = heal_locked(s);
+    }
+    pthread_mutex_unlock(&s->heal_mu);
+    return rc;
 }
 
 int proto_sock_recv_fd(struct proto_sock *s, int *fd)
@@ -292,6 +370,44 @@ static int check_reply(struct proto_sock *s, int type, uint64_t id, int rc, cons
     return proto_seterr(err, errlen, peer_code(e.code), "%s", e.message);
 }
 
+/* an aio's completion, waited for in slices so the socket can heal meanwhile */
+struct wait {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done;
+};
+
+static void wait_done(void *arg)
+{
+    struct wait *w = arg;
+    pthread_mutex_lock(&w->mu);
+    w->done = 1;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static void call_wait(struct proto_sock *s, struct wait *w)
+{
+    pthread_mutex_lock(&w->mu);
+    while (!w->done) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100 * 1000000;
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        if (pthread_cond_timedwait(&w->cv, &w->mu, &ts) != 0 && !w->done) {
+            /* the aio's own timeout still ends the wait */
+            pthread_mutex_unlock(&w->mu);
+            proto_sock_heal(s);
+            pthread_mutex_lock(&w->mu);
+        }
+    }
+    w->done = 0;
+    pthread_mutex_unlock(&w->mu);
+}
+
 int proto_call(struct proto_sock *s, int type, const void *payload, size_t len,
                struct proto_in *reply, int timeout_ms, char *err, size_t errlen)
 {
@@ -311,7 +427,10 @@ int proto_call(struct proto_sock *s, int type, const void *payload, size_t len,
     /* a context per call, so threads may share the socket */
     nng_aio *aio = NULL;
     nng_ctx ctx;
-    int rv = nng_aio_alloc(&aio, NULL, NULL);
+    struct wait w = {.done = 0};
+    pthread_mutex_init(&w.mu, NULL);
+    pthread_cond_init(&w.cv, NULL);
+    int rv = nng_aio_alloc(&aio, wait_done, &w);
     int have_ctx = 0;
     if (!rv) {
         rv = nng_ctx_open(&ctx, s->sock);
@@ -327,7 +446,7 @@ int proto_call(struct proto_sock *s, int type, const void *payload, size_t len,
     nng_aio_set_msg(aio, m);
     nng_aio_set_timeout(aio, timeout_ms);
     nng_ctx_send(ctx, aio);
-    nng_aio_wait(aio);
+    call_wait(s, &w);
     rv = nng_aio_result(aio);
     if (rv) {
         nng_msg_free(nng_aio_get_msg(aio));
@@ -339,7 +458,7 @@ int proto_call(struct proto_sock *s, int type, const void *payload, size_t len,
     uint64_t now = now_ms();
     nng_aio_set_timeout(aio, now < deadline ? (nng_duration)(deadline - now) : 1);
     nng_ctx_recv(ctx, aio);
-    nng_aio_wait(aio);
+    call_wait(s, &w);
     rv = nng_aio_result(aio);
     if (rv) {
         rc = proto_nng_err(rv);
@@ -363,7 +482,9 @@ int proto_call(struct proto_sock *s, int type, const void *payload, size_t len,
 out:
     if (have_ctx)
         nng_ctx_close(ctx);
-    nng_aio_free(aio);
+    nng_aio_free(aio); /* waits for a callback still running */
+    pthread_cond_destroy(&w.cv);
+    pthread_mutex_destroy(&w.mu);
     return rc;
 }
 
@@ -421,6 +542,8 @@ int proto_serve_one(struct proto_sock *s, proto_handler_fn fn, void *ctx, int ti
     }
     if (rc < 0)
         proto_seterr(err, errlen, rc, "%s", derr);
+    if (rc == RKV_ETIMEOUT)
+        proto_sock_heal(s);
     if (!got)
         return rc;
     if (rc < 0) {

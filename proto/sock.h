@@ -42,6 +42,11 @@ int proto_sock_set_timeouts(struct proto_sock *s, int send_ms, int recv_ms);
 /* an fd that polls readable when a message can be received (NNG_OPT_RECVFD);
  * do not read or close it */
 int proto_sock_recv_fd(struct proto_sock *s, int *fd);
+/* rep/pub only: listens again when nng stopped accepting because a peer hung
+ * up mid-handshake (a bug of nng 1.5, see sock.c); 1 when it did, 0 when all
+ * was well. cheap: call it from the process's periodic timer. existing
+ * peers reconnect by themselves. proto_serve_one calls it after a timeout. */
+int proto_sock_heal(struct proto_sock *s);
 /* sub only: receive messages of this type (0 = every type); call once per type */
 int proto_sock_subscribe(struct proto_sock *s, int type);
 
@@ -72,7 +77,9 @@ int proto_sock_recv(struct proto_sock *s, struct proto_in *in, int flags, char *
  *                         the peer's message in err
  *   other version      -> RKV_EVERSION, text naming both versions in err
  *   malformed reply    -> RKV_EPROTO
- *   no reply in time   -> RKV_ETIMEOUT; socket closed -> RKV_ECLOSED */
+ *   no reply in time   -> RKV_ETIMEOUT
+ *   connection dropped -> RKV_ECLOSED: the peer may or may not have handled
+ *                         the request; retry only what is idempotent */
 int proto_call(struct proto_sock *s, int type, const void *payload, size_t len,
                struct proto_in *reply, int timeout_ms, char *err, size_t errlen);
 /* proto_call for control messages: encodes msg, expects a reply of
