@@ -62,6 +62,7 @@ struct sess {
 };
 
 struct kvb {
+    uint64_t epoch; /* last table change, over all sessions */
     uint32_t n_gpus;
     uint32_t block_tokens;
     struct pool *pools;     /* [n_gpus + 1]: device pools, then the host pool */
@@ -161,14 +162,14 @@ static uint64_t chain_hash(uint64_t prev, const uint32_t *tok, uint32_t n)
 
 /* --- sessions ---------------------------------------------------------------- */
 
-static struct sess *sess_new(uint64_t sid, uint32_t gpu)
+static struct sess *sess_new(struct kvb *kvb, uint64_t sid, uint32_t gpu)
 {
     struct sess *s = calloc(1, sizeof(*s));
     if (!s)
         return NULL;
     s->id = sid;
     s->gpu = gpu;
-    s->epoch = 1;
+    s->epoch = ++kvb->epoch;
     rkv_vec_init(&s->ents, sizeof(struct ent));
     rkv_vec_init(&s->tokens, sizeof(uint32_t));
     rkv_vec_init(&s->drops, sizeof(struct drop));
@@ -336,7 +337,7 @@ int kvb_session_open(struct kvb *kvb, uint64_t sid, uint32_t gpu, const uint32_t
         return RKV_EINVAL;
     if (sess_get(kvb, sid))
         return RKV_EBUSY;
-    struct sess *s = sess_new(sid, gpu);
+    struct sess *s = sess_new(kvb, sid, gpu);
     if (!s || rkv_vec_reserve(&s->tokens, n_tokens ? n_tokens : 1)) {
         if (s)
             sess_free(s);
@@ -390,7 +391,7 @@ int kvb_session_fork(struct kvb *kvb, uint64_t parent, uint64_t child, size_t n_
     size_t full = n_tokens / B, part = n_tokens % B;
     if (part && kvb->pools[p->gpu].n_free == 0)
         return RKV_ENOSPACE;
-    struct sess *s = sess_new(child, p->gpu);
+    struct sess *s = sess_new(kvb, child, p->gpu);
     if (!s || rkv_vec_reserve(&s->tokens, n_tokens ? n_tokens : 1) ||
         rkv_vec_reserve(&s->ents, full + 1)) {
         if (s)
@@ -445,7 +446,7 @@ int kvb_session_append(struct kvb *kvb, uint64_t sid, const uint32_t *tokens, si
     memcpy((uint32_t *)s->tokens.data + s->tokens.len, tokens, n * sizeof(uint32_t));
     s->tokens.len += n;
     if (grow)
-        s->epoch++;
+        s->epoch = ++kvb->epoch;
     return 0;
 }
 
@@ -486,7 +487,7 @@ int kvb_session_close(struct kvb *kvb, uint64_t sid)
         return RKV_ENOMEM;
     }
     rkv_map_del(&kvb->live, sid);
-    s->epoch++;
+    s->epoch = ++kvb->epoch;
     for (size_t i = 0; i < s->ents.len; i++) {
         struct ent *e = ENT(s, i);
         if (e->dev != KVB_NONE)
@@ -619,7 +620,7 @@ int kvb_commit(struct kvb *kvb, uint64_t sid, uint64_t *epoch)
         return RKV_ESTATE;
     if (rkv_vec_reserve(&s->drops, s->drops.len + s->mv.len))
         return RKV_ENOMEM;
-    s->epoch++;
+    s->epoch = ++kvb->epoch;
     struct pool *dp = &kvb->pools[s->gpu], *hp = &kvb->pools[host_pool(kvb)];
     for (size_t k = 0; k < s->mv.len; k++) {
         struct mv *m = rkv_vec_at(&s->mv, struct mv, k);
@@ -670,7 +671,7 @@ int kvb_trim_host_copies(struct kvb *kvb, uint32_t want, uint32_t *dropped)
             continue;
         if (rkv_vec_reserve(&s->drops, s->drops.len + n))
             return RKV_ENOMEM;
-        s->epoch++;
+        s->epoch = ++kvb->epoch;
         for (size_t i = 0; i < s->ents.len && n > 0; i++) {
             struct ent *e = ENT(s, i);
             if (e->dev == KVB_NONE || e->host == KVB_NONE)
@@ -701,6 +702,21 @@ static void lease_remove(struct sess *s, struct lease *l)
 {
     *l = *rkv_vec_at(&s->leases, struct lease, s->leases.len - 1);
     s->leases.len--;
+}
+
+/* live and closing sessions, collected first: releasing can free closing ones */
+static int collect_sessions(const struct kvb *kvb, struct rkv_vec *all)
+{
+    rkv_vec_init(all, sizeof(struct sess *));
+    size_t it = 0;
+    void *v;
+    while (rkv_map_next(&kvb->live, &it, NULL, &v))
+        if (!rkv_vec_push(all, &v))
+            return RKV_ENOMEM;
+    for (size_t i = 0; i < kvb->closing.len; i++)
+        if (!rkv_vec_push(all, rkv_vec_at(&kvb->closing, struct sess *, i)))
+            return RKV_ENOMEM;
+    return 0;
 }
 
 int kvb_lease(struct kvb *kvb, uint32_t worker, uint64_t sid, uint64_t epoch)
@@ -734,7 +750,7 @@ int kvb_ack(struct kvb *kvb, uint32_t worker, uint64_t sid, uint64_t epoch)
     struct lease *l = s ? lease_find(s, worker) : NULL;
     if (!l)
         return RKV_ENOTFOUND;
-    if (epoch > s->epoch)
+    if (epoch > kvb->epoch)
         return RKV_EINVAL;
     if (epoch > l->acked)
         l->acked = epoch;
@@ -742,20 +758,29 @@ int kvb_ack(struct kvb *kvb, uint32_t worker, uint64_t sid, uint64_t epoch)
     return 0;
 }
 
+int kvb_ack_worker(struct kvb *kvb, uint32_t worker, uint64_t epoch)
+{
+    if (epoch > kvb->epoch)
+        return RKV_EINVAL;
+    struct rkv_vec all;
+    int rc = collect_sessions(kvb, &all);
+    for (size_t i = 0; rc == 0 && i < all.len; i++) {
+        struct sess *s = *rkv_vec_at(&all, struct sess *, i);
+        struct lease *l = lease_find(s, worker);
+        if (l && epoch > l->acked) {
+            l->acked = epoch;
+            sess_release(kvb, s);
+        }
+    }
+    rkv_vec_fini(&all);
+    return rc;
+}
+
 int kvb_worker_lost(struct kvb *kvb, uint32_t worker)
 {
-    /* collect first: releasing can free closing sessions */
     struct rkv_vec all;
-    rkv_vec_init(&all, sizeof(struct sess *));
-    size_t it = 0;
-    void *v;
-    while (rkv_map_next(&kvb->live, &it, NULL, &v))
-        if (!rkv_vec_push(&all, &v))
-            goto nomem;
-    for (size_t i = 0; i < kvb->closing.len; i++)
-        if (!rkv_vec_push(&all, rkv_vec_at(&kvb->closing, struct sess *, i)))
-            goto nomem;
-    for (size_t i = 0; i < all.len; i++) {
+    int rc = collect_sessions(kvb, &all);
+    for (size_t i = 0; rc == 0 && i < all.len; i++) {
         struct sess *s = *rkv_vec_at(&all, struct sess *, i);
         struct lease *l = lease_find(s, worker);
         if (l) {
@@ -764,10 +789,7 @@ int kvb_worker_lost(struct kvb *kvb, uint32_t worker)
         }
     }
     rkv_vec_fini(&all);
-    return 0;
-nomem:
-    rkv_vec_fini(&all);
-    return RKV_ENOMEM;
+    return rc;
 }
 
 /* --- accounting -------------------------------------------------------------- */

@@ -17,12 +17,14 @@
  * block). Only full blocks are shared, so the block being written is always
  * private (copy-on-write happens once, when a fork splits inside a block).
  *
- * Epochs and leases. Every change to a session's table bumps its epoch. A
- * worker that reads a session holds a lease on it and acks the epoch it
- * adopted at a step boundary. A block a table stops naming is not reused at
- * once: its reference is dropped only when every worker holding a lease on
- * that session has acked an epoch >= the change. kvb_worker_lost drops a dead
- * worker's leases so nothing waits for it.
+ * Epochs and leases. Epochs are one counter over all sessions: every change
+ * to a table gives it the next epoch (a session's epoch is its last change).
+ * A worker that reads a session holds a lease on it and acks, at a step
+ * boundary, the epoch it adopted: for one session (kvb_ack) or for all its
+ * sessions at once (kvb_ack_worker, the KV_PREP ack_epoch). A block a table stops naming is not
+ * reused at once: its reference is dropped only when every worker holding a lease on that session
+ * has acked an epoch >= the change. kvb_worker_lost drops a dead worker's leases so nothing waits
+ * for it.
  *
  * Moves are two-phase: kvb_demote / kvb_promote pick blocks, allocate their
  * destinations and return the copies to do; the table changes only at
@@ -134,8 +136,10 @@ int kvb_trim_host_copies(struct kvb *kvb, uint32_t want, uint32_t *dropped);
 /* worker reads sid from the table of `epoch` on */
 int kvb_lease(struct kvb *kvb, uint32_t worker, uint64_t sid, uint64_t epoch);
 int kvb_unlease(struct kvb *kvb, uint32_t worker, uint64_t sid);
-/* worker adopted sid's table of `epoch` (at a step boundary) */
+/* worker adopted sid's table as of `epoch` (at a step boundary) */
 int kvb_ack(struct kvb *kvb, uint32_t worker, uint64_t sid, uint64_t epoch);
+/* worker adopted every table it was sent up to `epoch` */
+int kvb_ack_worker(struct kvb *kvb, uint32_t worker, uint64_t epoch);
 /* worker died: its leases go, blocks waiting only for it are released */
 int kvb_worker_lost(struct kvb *kvb, uint32_t worker);
 

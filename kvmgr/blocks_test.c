@@ -232,7 +232,7 @@ static void test_demote_promote_acks(void **state)
     assert_int_equal(kvb_check(kvb), 0);
     assert_int_equal(kvb_ack(kvb, 1, 9, epoch), 0);
     assert_int_equal(kvb_free_dev(kvb, 0), 3);
-    assert_int_equal(kvb_ack(kvb, 1, 9, e2 + 1), RKV_EINVAL);
+    assert_int_equal(kvb_ack(kvb, 1, 9, e2 + 1000), RKV_EINVAL);
     assert_int_equal(kvb_ack(kvb, 1, 9, e2), 0);
     assert_int_equal(kvb_free_dev(kvb, 0), 5);
     assert_int_equal(kvb_pending(kvb), 0);
@@ -284,6 +284,38 @@ static void test_host_full(void **state)
     assert_int_equal(n_ops, 0);
     assert_int_equal(kvb_free_host(kvb), 1);
     assert_int_equal(kvb_demote(kvb, 1, 2, ops, 1, &n_ops), RKV_EINVAL); /* ops too small */
+    assert_int_equal(kvb_check(kvb), 0);
+    kvb_destroy(kvb);
+}
+
+/* the wire acks one epoch per worker: every table it was sent up to then */
+static void test_ack_worker(void **state)
+{
+    (void)state;
+    struct kvb *kvb = make(8, 8);
+    uint32_t t[12];
+    size_t reused, n_ops;
+    uint64_t e1, e2, last;
+    struct kvb_copy ops[4];
+    seq(t, 12, 1);
+    assert_int_equal(kvb_session_open(kvb, 1, 0, t, 12, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 2, 0, t, 8, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_table(kvb, 1, NULL, 0, NULL, &e1), 0);
+    assert_int_equal(kvb_session_table(kvb, 2, NULL, 0, NULL, &e2), 0);
+    assert_true(e2 > e1); /* one counter over all sessions */
+    assert_int_equal(kvb_lease(kvb, 3, 1, e1), 0);
+    assert_int_equal(kvb_lease(kvb, 3, 2, e2), 0);
+    assert_int_equal(kvb_demote(kvb, 1, 1, ops, 4, &n_ops), 0);
+    assert_int_equal(kvb_commit(kvb, 1, NULL), 0);
+    assert_int_equal(kvb_demote(kvb, 2, 1, ops, 4, &n_ops), 0);
+    assert_int_equal(kvb_commit(kvb, 2, &last), 0);
+    assert_int_equal(kvb_pending(kvb), 2);
+    assert_int_equal(kvb_ack_worker(kvb, 3, last + 1), RKV_EINVAL);
+    assert_int_equal(kvb_ack_worker(kvb, 3, last - 1), 0); /* session 1's change only */
+    assert_int_equal(kvb_pending(kvb), 1);
+    assert_int_equal(kvb_ack_worker(kvb, 3, last), 0);
+    assert_int_equal(kvb_pending(kvb), 0);
+    assert_int_equal(kvb_free_dev(kvb, 0), 5);
     assert_int_equal(kvb_check(kvb), 0);
     kvb_destroy(kvb);
 }
@@ -455,7 +487,10 @@ static void random_op(struct kvb *kvb, uint64_t *rng, uint64_t *next_sid)
     case 10:
         if (kvb_session_table(kvb, sid, NULL, 0, NULL, &epoch) == 0) {
             size_t before = kvb_pending(kvb);
-            kvb_ack(kvb, worker, sid, epoch - below(rng, 2));
+            if (below(rng, 2))
+                kvb_ack(kvb, worker, sid, epoch - below(rng, 2));
+            else
+                assert_int_equal(kvb_ack_worker(kvb, worker, epoch), 0);
             n_released += kvb_pending(kvb) < before;
         } else
             kvb_unlease(kvb, worker, sid);
@@ -508,7 +543,8 @@ int main(void)
         cmocka_unit_test(test_alloc_free),       cmocka_unit_test(test_prefix_sharing),
         cmocka_unit_test(test_fork_cow),         cmocka_unit_test(test_demote_promote_acks),
         cmocka_unit_test(test_host_full),        cmocka_unit_test(test_worker_lost),
-        cmocka_unit_test(test_trim_host_copies), cmocka_unit_test(test_random_sequences),
+        cmocka_unit_test(test_trim_host_copies), cmocka_unit_test(test_ack_worker),
+        cmocka_unit_test(test_random_sequences),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
