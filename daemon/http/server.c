@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 
 #include "common/err.h"
 #include "common/log.h"
@@ -771,8 +772,12 @@ static struct wbuf *resp_head(struct http_req *r, int status, const char *ctype,
     struct wbuf *b = wbuf_new(c, cap);
     if (!b)
         return NULL;
-    int n = snprintf(b->data, cap, "HTTP/1.1 %d %s\r\nServer: rkv\r\n", status,
-                     http_status_text(status));
+    char date[64];
+    time_t now = time(NULL);
+    struct tm tm;
+    strftime(date, sizeof(date), "%a, %d %b %Y %H:%M:%S GMT", gmtime_r(&now, &tm));
+    int n = snprintf(b->data, cap, "HTTP/1.1 %d %s\r\nServer: rkv\r\nDate: %s\r\n", status,
+                     http_status_text(status), date);
     if (ctype)
         n += snprintf(b->data + n, cap - (size_t)n, "Content-Type: %s\r\n", ctype);
     if (ctype && strncasecmp(ctype, "text/event-stream", 17) == 0)

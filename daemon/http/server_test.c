@@ -691,6 +691,40 @@ static void test_write_backpressure_and_drain(void **state)
     ctx_free(&x);
 }
 
+static void cl_pipeline_pause(struct ctx *x)
+{
+    struct client c;
+    client_connect(&c, x->port, 0);
+    /* more requests in one write than max_pipelined: reading pauses and
+     * resumes, every one is answered in order */
+    char all[2048] = "";
+    for (int i = 0; i < 6; i++) {
+        char one[128];
+        snprintf(one, sizeof(one), "GET /echo?i=%d HTTP/1.1\r\nHost: x\r\n\r\n", i);
+        strcat(all, one);
+    }
+    SEND(&c, all);
+    for (int i = 0; i < 6; i++)
+        x->rc[i] = client_read(&c, &x->r[i]);
+    client_close(&c);
+}
+
+static void test_pipeline_over_queue_limit(void **state)
+{
+    struct ctx x = {0};
+    struct http_limits lim;
+    http_limits_default(&lim);
+    lim.max_pipelined = 2;
+    run_scenario(&x, &lim, "127.0.0.1", cl_pipeline_pause);
+    for (int i = 0; i < 6; i++) {
+        char want[64];
+        snprintf(want, sizeof(want), "GET /echo ?i=%d x=- len=0 body=", i);
+        assert_int_equal(x.rc[i], 0);
+        assert_string_equal(x.r[i].body, want);
+    }
+    ctx_free(&x);
+}
+
 static void test_listen_errors(void **state)
 {
     uv_loop_t loop;
@@ -727,6 +761,7 @@ int main(void)
         cmocka_unit_test(test_shutdown_deadline_cuts_stream),
         cmocka_unit_test(test_http10_head_and_codings),
         cmocka_unit_test(test_write_backpressure_and_drain),
+        cmocka_unit_test(test_pipeline_over_queue_limit),
         cmocka_unit_test(test_listen_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
