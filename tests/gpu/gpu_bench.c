@@ -1,0 +1,388 @@
+/* gpu_bench.c - attention, decode and prefill benchmarks against ceilings measured in the same run (json out). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "common/log.h"
+#include "tests/gpu/gpu_model.h"
+#include "worker/backend.h"
+#include "worker/cuda/cuda_backend.h"
+#include "worker/forward.h"
+
+static struct rkv_cuda_ceilings ceil_;
+static FILE *js;
+static int js_first = 1;
+
+/* one json record per measurement, printed as a table row too */
+static void record(const char *suite, const char *name, double value, const char *unit,
+                   double bound, double ratio)
+{
+    printf("  %-8s %-44s %10.2f %-6s bound %10.2f ratio %.3f\n", suite, name, value, unit, bound,
+           ratio);
+    if (js) {
+        fprintf(js,
+                "%s\n  {\"suite\": \"%s\", \"name\": \"%s\", \"value\": %.4f, \"unit\": \"%s\", "
+                "\"bound\": %.4f, \"ratio\": %.4f}",
+                js_first ? "" : ",", suite, name, value, unit, bound, ratio);
+        js_first = 0;
+    }
+}
+
+/* f16 kv in host memory: valid, non-zero values without a slow generator */
+static void host_fill_f16(void *p, size_t bytes, uint64_t seed)
+{
+    uint16_t *h = p;
+    uint64_t s = seed | 1;
+    for (size_t i = 0; i < bytes / 2; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        h[i] = (uint16_t)((s >> 48) & 0xbbff); /* |x| < 1, either sign */
+    }
+}
+
+/* --- attention: one llama3-8b layer, resident vs host vs split ------------ */
+
+struct attn_bench {
+    struct backend *be;
+    struct kv_layout l;
+    struct kv_pools p;
+    struct be_tensor *q, *o[2], *m[2], *lse[2];
+    struct be_attn at;
+};
+
+static double time_attn(struct attn_bench *ab, const struct be_batch *b, int do_dev, int do_host,
+                        int reps)
+{
+    struct be_partial pd = {ab->o[0], ab->m[0], ab->lse[0]}, ph = {ab->o[1], ab->m[1], ab->lse[1]};
+    double best = 1e30;
+    for (int round = 0; round < 3; round++) {
+        backend_sync(ab->be);
+        double t0 = gu_now();
+        for (int r = 0; r < reps; r++) {
+            if (do_dev)
+                attn_partial_forward(ab->be, b, 0, KV_DEVICE, ab->q, &ab->at, &pd);
+            if (do_host)
+                attn_partial_forward(ab->be, b, 0, KV_HOST, ab->q, &ab->at, &ph);
+            if (do_dev && do_host)
+                attn_merge_forward(ab->be, &pd, &ph, b->n_tokens, &ab->at);
+        }
+        backend_sync(ab->be);
+        double t = (gu_now() - t0) / reps;
+        best = t < best ? t : best;
+    }
+    return best;
+}
+
+static int bench_attention(struct backend *be, int quick)
+{
+    struct attn_bench ab = {be};
+    const uint32_t B = 256, n_kv = 8, D = 128, H = 32;
+    kv_layout_init(&ab.l, B, 1, n_kv, D, KV_F16);
+    const uint32_t max_ctx = quick ? 32768 : 131072, n_seq_max = 64;
+    uint32_t nb = max_ctx / B > 16 * n_seq_max ? max_ctx / B : 16 * n_seq_max;
+    size_t bytes = (size_t)nb * kv_block_bytes(&ab.l);
+    void *dev = NULL, *host = aligned_alloc(4096, bytes);
+    if (!host || rkv_cuda_dev_alloc(0, bytes, &dev) < 0)
+        return -1;
+    rkv_cuda_fill_random(dev, BE_F16, bytes / 2, 3, 1.0f);
+    host_fill_f16(host, bytes, 5);
+    ab.p = (struct kv_pools){{dev, host}, {nb, nb}};
+    if (backend_set_kv(be, &ab.l, &ab.p) < 0)
+        return -1;
+    ab.at = (struct be_attn){H, n_kv, D, 1.0f / sqrtf((float)D)};
+    backend_tensor_alloc(be, BE_F32, n_seq_max, H * D, &ab.q);
+    for (int r = 0; r < 2; r++) {
+        backend_tensor_alloc(be, BE_F32, n_seq_max, H * D, &ab.o[r]);
+        backend_tensor_alloc(be, BE_F32, n_seq_max, H, &ab.m[r]);
+        backend_tensor_alloc(be, BE_F32, n_seq_max, H, &ab.lse[r]);
+    }
+    float *qh = malloc(sizeof(float) * n_seq_max * H * D);
+    struct gu_rng rng;
+    gu_seed(&rng, 9);
+    gu_fill(&rng, qh, (size_t)n_seq_max * H * D, 1.0f);
+    backend_tensor_set(be, ab.q, qh, 0, sizeof(float) * n_seq_max * H * D);
+    free(qh);
+    const double hbm = ceil_.hbm_read * 1e9, pcie = ceil_.zero_copy * 1e9;
+    struct kv_block_ref *tab = malloc(sizeof(*tab) * nb);
+    uint32_t ctxs[] = {4096, 32768, 131072};
+    for (int ci = 0; ci < 3; ci++) {
+        uint32_t ctx = ctxs[ci];
+        if (ctx > max_ctx)
+            continue;
+        uint32_t n = ctx / B;
+        double kv_bytes = (double)ctx * n_kv * D * 2 * 2; /* k and v, f16 */
+        int32_t pos = (int32_t)ctx - 1;
+        uint32_t seq_of = 0;
+        struct be_seq s = {0, 1, ctx - 1, tab, n};
+        struct be_batch b = {&s, 1, 1, &pos, &seq_of};
+        int reps = ctx >= 131072 ? 10 : 50;
+        char name[96];
+        /* resident */
+        for (uint32_t j = 0; j < n; j++)
+            tab[j] = (struct kv_block_ref){j, KV_DEVICE};
+        double t_res = time_attn(&ab, &b, 1, 0, reps);
+        snprintf(name, sizeof(name), "resident ctx=%u (GB/s vs hbm read)", ctx);
+        record("attn", name, kv_bytes / t_res / 1e9, "GB/s", hbm / 1e9, kv_bytes / t_res / hbm);
+        /* all host, zero-copy */
+        for (uint32_t j = 0; j < n; j++)
+            tab[j] = (struct kv_block_ref){j, KV_HOST};
+        double t_host = time_attn(&ab, &b, 0, 1, ctx >= 131072 ? 3 : 10);
+        snprintf(name, sizeof(name), "host ctx=%u (GB/s vs zero-copy read)", ctx);
+        record("attn", name, kv_bytes / t_host / 1e9, "GB/s", pcie / 1e9, kv_bytes / t_host / pcie);
+        snprintf(name, sizeof(name), "host ctx=%u (GB/s vs pinned h2d)", ctx);
+        record("attn", name, kv_bytes / t_host / 1e9, "GB/s", ceil_.h2d_pinned,
+               kv_bytes / t_host / (ceil_.h2d_pinned * 1e9));
+        /* split: the last 1/8 of the blocks on device, the rest on host; the
+         * overlapped step against max(resident part, host part) */
+        uint32_t n_dev = n / 8 ? n / 8 : 1;
+        for (uint32_t j = 0; j < n; j++)
+            tab[j] = (struct kv_block_ref){j, j >= n - n_dev ? KV_DEVICE : KV_HOST};
+        double t_d = time_attn(&ab, &b, 1, 0, reps), t_h = time_attn(&ab, &b, 0, 1, 3);
+        double t_both = time_attn(&ab, &b, 1, 1, 3);
+        double mx = t_d > t_h ? t_d : t_h;
+        snprintf(name, sizeof(name), "split 1/8 dev ctx=%u step ms (vs max parts)", ctx);
+        record("attn", name, t_both * 1e3, "ms", mx * 1e3, mx / t_both);
+        /* half and half: device time comparable to nothing, shows overlap sum */
+        for (uint32_t j = 0; j < n; j++)
+            tab[j] = (struct kv_block_ref){j, j % 2 ? KV_DEVICE : KV_HOST};
+        t_d = time_attn(&ab, &b, 1, 0, reps);
+        t_h = time_attn(&ab, &b, 0, 1, 3);
+        t_both = time_attn(&ab, &b, 1, 1, 3);
+        mx = t_d > t_h ? t_d : t_h;
+        snprintf(name, sizeof(name), "split 1/2 ctx=%u step ms (vs max parts)", ctx);
+        record("attn", name, t_both * 1e3, "ms", mx * 1e3, mx / t_both);
+    }
+    /* batch 64 x 4k, resident */
+    {
+        uint32_t S = n_seq_max, n = 4096 / B;
+        struct be_seq seqs[64];
+        int32_t pos[64];
+        uint32_t seq_of[64];
+        for (uint32_t s = 0; s < S; s++) {
+            for (uint32_t j = 0; j < n; j++)
+                tab[s * n + j] = (struct kv_block_ref){s * n + j, KV_DEVICE};
+            seqs[s] = (struct be_seq){s, 1, 4095, tab + s * n, n};
+            pos[s] = 4095;
+            seq_of[s] = s;
+        }
+        struct be_batch b = {seqs, S, S, pos, seq_of};
+        double t = time_attn(&ab, &b, 1, 0, 20);
+        double kv_bytes = (double)S * 4096 * n_kv * D * 4;
+        record("attn", "resident batch=64 ctx=4096 (GB/s vs hbm)", kv_bytes / t / 1e9, "GB/s",
+               hbm / 1e9, kv_bytes / t / hbm);
+    }
+    struct kv_pools none = {{NULL, NULL}, {0, 0}};
+    backend_set_kv(be, &ab.l, &none);
+    backend_tensor_free(be, ab.q);
+    for (int r = 0; r < 2; r++) {
+        backend_tensor_free(be, ab.o[r]);
+        backend_tensor_free(be, ab.m[r]);
+        backend_tensor_free(be, ab.lse[r]);
+    }
+    rkv_cuda_dev_free(dev);
+    free(host);
+    free(tab);
+    return 0;
+}
+
+/* --- decode and prefill on a llama3-8b-shaped model ----------------------- */
+
+static int bench_model(struct backend *be, int quick, const char *preset)
+{
+    struct model_hparams hp = {MODEL_LLAMA, 32, 4096, 14336, 32, 8, 128, 128, 128256, 131072,
+                               1e-5f, 500000.0f, 1.0f, 0};
+    if (!strcmp(preset, "small"))
+        hp = (struct model_hparams){MODEL_LLAMA, 8, 1024, 2816, 16, 4, 64, 64, 32000, 131072,
+                                    1e-5f, 10000.0f, 1.0f, 0};
+    double t0 = gu_now();
+    struct gm_src src;
+    /* one layer's bytes shared by all layers on the host; uploaded per layer */
+    if (gm_src_init(&src, &hp, BE_BF16, 11, 0) < 0)
+        return -1;
+    struct model *m = NULL;
+    char err[256];
+    if (model_create(be, &hp, &src.src, &m, err, sizeof(err)) < 0) {
+        fprintf(stderr, "bench: %s\n", err);
+        return -1;
+    }
+    gm_src_free(&src);
+    printf("  model %s bf16: %.2f GB of weights, built in %.1f s\n", preset, m->weight_bytes / 1e9,
+           gu_now() - t0);
+    struct kv_layout l;
+    fwd_kv_layout(m, 256, KV_F16, &l);
+    const size_t bb = kv_block_bytes(&l);
+    const uint32_t max_ctx = quick ? 32768 : 131072, S = 64;
+    uint32_t nb_dev = max_ctx / 256 > S * 16 ? max_ctx / 256 : S * 16, nb_host = max_ctx / 256;
+    void *dev = NULL, *host = aligned_alloc(4096, (size_t)nb_host * bb);
+    if (!host || rkv_cuda_dev_alloc(0, (size_t)nb_dev * bb, &dev) < 0) {
+        fprintf(stderr, "bench: cannot allocate the kv pools (%zu + %zu bytes)\n",
+                (size_t)nb_dev * bb, (size_t)nb_host * bb);
+        return -1;
+    }
+    rkv_cuda_fill_random(dev, BE_F16, (size_t)nb_dev * bb / 2, 3, 1.0f);
+    host_fill_f16(host, (size_t)nb_host * bb, 5);
+    struct kv_pools p = {{dev, host}, {nb_dev, nb_host}};
+    struct fwd *f = NULL;
+    int rc = fwd_init(&f, m, &l, &p, 512, S);
+    if (rc < 0) {
+        fprintf(stderr, "bench: fwd_init: %s\n", rkv_strerror(rc));
+        return rc;
+    }
+    float *logits = malloc(sizeof(float) * S * hp.n_vocab);
+    struct kv_block_ref *tab = malloc(sizeof(*tab) * (nb_dev + nb_host));
+    const double hbm = ceil_.hbm_read * 1e9, pcie = ceil_.zero_copy * 1e9;
+    const double wbytes = (double)m->weight_bytes, kv_per_tok = (double)bb / 256;
+    uint32_t ctxs[] = {4096, 32768, 131072};
+    int fracs[] = {0, 25, 50, 90, 100};
+    for (int ci = 0; ci < 3; ci++) {
+        uint32_t ctx = ctxs[ci];
+        if (ctx > max_ctx)
+            continue;
+        for (int fi = 0; fi < 5; fi++) {
+            if (ctx == 4096 && fracs[fi] && fracs[fi] != 100)
+                continue;
+            uint32_t n = ctx / 256, n_host = (uint32_t)((uint64_t)n * fracs[fi] / 100);
+            /* the host part is the oldest blocks (a window of recent ones stays) */
+            for (uint32_t j = 0; j < n; j++)
+                tab[j] = j < n_host ? (struct kv_block_ref){j, KV_HOST}
+                                    : (struct kv_block_ref){j, KV_DEVICE};
+            int32_t tok = 1;
+            struct fwd_seq s = {&tok, 1, ctx - 1, tab, n};
+            double host_b = (double)n_host * 256 * kv_per_tok,
+                   dev_b = (double)(n - n_host) * 256 * kv_per_tok;
+            double t_hbm = (wbytes + dev_b) / hbm, t_pcie = host_b / pcie;
+            double bound = t_hbm > t_pcie ? t_hbm : t_pcie;
+            int steps = (int)(2.0 / bound);
+            steps = steps < 3 ? 3 : steps > 50 ? 50 : steps;
+            rc = fwd_step(f, &s, 1, 0, logits); /* warm-up */
+            double t1 = gu_now();
+            for (int i = 0; i < steps && rc == 0; i++)
+                rc = fwd_step(f, &s, 1, 0, logits);
+            double t = (gu_now() - t1) / steps;
+            if (rc < 0) {
+                fprintf(stderr, "bench: decode step failed: %s\n", rkv_strerror(rc));
+                break;
+            }
+            char name[96];
+            snprintf(name, sizeof(name), "decode b=1 ctx=%u host=%d%% (tok/s)", ctx, fracs[fi]);
+            record("decode", name, 1.0 / t, "tok/s", 1.0 / bound, bound / t);
+        }
+    }
+    /* batch 64 at 4k, all resident */
+    if (rc == 0) {
+        struct fwd_seq ss[64];
+        int32_t toks[64];
+        for (uint32_t s = 0; s < S; s++) {
+            for (uint32_t j = 0; j < 16; j++)
+                tab[s * 16 + j] = (struct kv_block_ref){s * 16 + j, KV_DEVICE};
+            toks[s] = 1;
+            ss[s] = (struct fwd_seq){&toks[s], 1, 4095, tab + s * 16, 16};
+        }
+        rc = fwd_step(f, ss, S, 0, logits);
+        double t1 = gu_now();
+        for (int i = 0; i < 10 && rc == 0; i++)
+            rc = fwd_step(f, ss, S, 0, logits);
+        double t = (gu_now() - t1) / 10;
+        double bound = (wbytes + S * 4096.0 * kv_per_tok) / hbm;
+        record("decode", "decode b=64 ctx=4096 (tok/s)", S / t, "tok/s", S / bound, bound / t);
+    }
+    /* prefill: 4k resident, 4k with half the kv on host */
+    uint32_t plens[] = {4096, quick ? 0 : 16384};
+    for (int pi = 0; pi < 2 && rc == 0; pi++) {
+        uint32_t len = plens[pi];
+        if (!len)
+            continue;
+        int32_t *toks = malloc(sizeof(int32_t) * len);
+        for (uint32_t i = 0; i < len; i++)
+            toks[i] = (int32_t)(i * 7919 % hp.n_vocab);
+        uint32_t n = len / 256;
+        double t_res = 0;
+        for (int half = 0; half < 2 && rc == 0; half++) {
+            for (uint32_t j = 0; j < n; j++)
+                tab[j] = half && j % 2 == 0 && j / 2 < nb_host ? (struct kv_block_ref){j / 2, KV_HOST}
+                                                               : (struct kv_block_ref){j, KV_DEVICE};
+            double t1 = gu_now();
+            rc = fwd_prefill(f, toks, len, 0, tab, n, 512, logits);
+            double t = gu_now() - t1;
+            char name[96];
+            snprintf(name, sizeof(name), "prefill %u %s (tok/s)", len,
+                     half ? "half kv on host" : "resident");
+            if (!half)
+                t_res = t;
+            record("prefill", name, len / t, "tok/s", half ? len / t_res : 0,
+                   half ? t_res / t : 0);
+        }
+        free(toks);
+    }
+    fwd_free(f);
+    model_free(m);
+    struct kv_pools none = {{NULL, NULL}, {0, 0}};
+    backend_set_kv(be, &l, &none);
+    rkv_cuda_dev_free(dev);
+    free(host);
+    free(tab);
+    free(logits);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    rkv_log_init("gpu-bench", RKV_LOG_WARN);
+    const char *json = NULL, *suite = "all", *preset = "llama3-8b";
+    int quick = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--json") && i + 1 < argc)
+            json = argv[++i];
+        else if (!strcmp(argv[i], "--suite") && i + 1 < argc)
+            suite = argv[++i];
+        else if (!strcmp(argv[i], "--preset") && i + 1 < argc)
+            preset = argv[++i];
+        else if (!strcmp(argv[i], "--quick"))
+            quick = 1;
+        else {
+            fprintf(stderr,
+                    "usage: gpu_bench [--suite all|attn|decode] [--preset llama3-8b|small] "
+                    "[--quick] [--json FILE]\n");
+            return 2;
+        }
+    }
+    if (rkv_cuda_backend_probe() <= 0) {
+        printf("gpu-bench: no CUDA device; skipped\n");
+        return 77;
+    }
+    if (json && !(js = fopen(json, "w"))) {
+        perror(json);
+        return 1;
+    }
+    if (js)
+        fprintf(js, "{\"records\": [");
+    int rc = rkv_cuda_measure_ceilings(0, (size_t)4 << 30, (size_t)1 << 30, &ceil_);
+    if (rc < 0) {
+        fprintf(stderr, "gpu-bench: ceilings: %s\n", rkv_strerror(rc));
+        return 1;
+    }
+    printf("ceilings on %s (%d SMs):\n", ceil_.gpu_name, ceil_.n_sm);
+    record("ceiling", "hbm stream read", ceil_.hbm_read, "GB/s", 0, 0);
+    record("ceiling", "d2d copy (read+write)", ceil_.d2d_copy, "GB/s", 0, 0);
+    record("ceiling", "pinned h2d 64MiB copies", ceil_.h2d_pinned, "GB/s", 0, 0);
+    record("ceiling", "pinned h2d 1MiB copies", ceil_.h2d_pinned_1m, "GB/s", 0, 0);
+    record("ceiling", "zero-copy kernel read", ceil_.zero_copy, "GB/s", 0, 0);
+    char err[256];
+    struct backend_opts go = {"cuda", 0, 0};
+    struct backend *be = NULL;
+    if (backend_init(&go, &be, err, sizeof(err)) < 0) {
+        fprintf(stderr, "gpu-bench: %s\n", err);
+        return 1;
+    }
+    if (!strcmp(suite, "all") || !strcmp(suite, "attn"))
+        rc |= bench_attention(be, quick);
+    if (!strcmp(suite, "all") || !strcmp(suite, "decode"))
+        rc |= bench_model(be, quick, preset);
+    backend_free(be);
+    if (js) {
+        fprintf(js, "\n], \"gpu\": \"%s\"}\n", ceil_.gpu_name);
+        fclose(js);
+    }
+    return rc ? 1 : 0;
+}

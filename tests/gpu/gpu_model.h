@@ -1,0 +1,20 @@
+/* gpu_model.h - random-weight llama/qwen2 models built in memory for the gpu test and benchmark. */
+#ifndef RKV_GPU_MODEL_H
+#define RKV_GPU_MODEL_H
+
+#include "tests/gpu/gpu_util.h"
+#include "worker/model.h"
+
+/* host weights for hp in type t (norms and biases f32); layers_distinct = 0
+ * makes every layer share layer 0's bytes (big benchmark models) */
+struct gm_src {
+    struct model_src src;
+    struct model_layer_src *layers;
+    void **bufs;
+    size_t n_bufs;
+};
+int gm_src_init(struct gm_src *g, const struct model_hparams *hp, enum be_type t, uint64_t seed,
+                int layers_distinct);
+void gm_src_free(struct gm_src *g);
+
+#endif

@@ -1,0 +1,175 @@
+/* gpu_model_test.c - whole-model logits, cuda vs cpu backend, for device-only, host-only and split kv. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "tests/gpu/gpu_model.h"
+#include "worker/cuda/cuda_backend.h"
+#include "worker/forward.h"
+
+/* one backend's side of a run: model, kv pools, forward state */
+struct side {
+    struct backend *be;
+    struct model *m;
+    struct fwd *f;
+    struct kv_local *kl; /* cpu pools */
+    void *dev_pool, *host_pool;
+};
+
+static int side_init(struct side *s, struct backend *be, int is_gpu, const struct model_hparams *hp,
+                     const struct gm_src *src, const struct kv_layout *l, uint32_t n_blocks)
+{
+    memset(s, 0, sizeof(*s));
+    s->be = be;
+    char err[256];
+    if (model_create(be, hp, &src->src, &s->m, err, sizeof(err)) < 0) {
+        printf("    model_create: %s\n", err);
+        return -1;
+    }
+    struct kv_pools p;
+    if (is_gpu) {
+        size_t bytes = (size_t)n_blocks * kv_block_bytes(l);
+        if (rkv_cuda_dev_alloc(0, bytes, &s->dev_pool) < 0)
+            return -1;
+        s->host_pool = aligned_alloc(4096, (bytes + 4095) & ~(size_t)4095);
+        p = (struct kv_pools){{s->dev_pool, s->host_pool}, {n_blocks, n_blocks}};
+    } else {
+        if (kv_local_init(&s->kl, l, n_blocks, n_blocks) < 0)
+            return -1;
+        p = *kv_local_pools(s->kl);
+    }
+    return fwd_init(&s->f, s->m, l, &p, 64, 4);
+}
+
+static void side_free(struct side *s)
+{
+    fwd_free(s->f);
+    model_free(s->m);
+    if (s->dev_pool) {
+        /* detach before the pools go */
+        struct kv_layout l;
+        kv_layout_init(&l, 16, 1, 1, 32, KV_F32);
+        struct kv_pools none = {{NULL, NULL}, {0, 0}};
+        backend_set_kv(s->be, &l, &none);
+    }
+    rkv_cuda_dev_free(s->dev_pool);
+    free(s->host_pool);
+    kv_local_free(s->kl);
+}
+
+static uint32_t argmax(const float *x, uint32_t n)
+{
+    uint32_t b = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (x[i] > x[b])
+            b = i;
+    return b;
+}
+
+/* two sequences prefilled, then decoded together with the cpu's greedy
+ * tokens fed to both; returns the worst nmse seen, the argmax agreement */
+static int run_case(struct backend *cpu, struct backend *gpu, enum model_arch arch, enum be_type t,
+                    enum kv_dtype kvt, int placement, double *worst, double *agree)
+{
+    struct model_hparams hp = {arch, 2, 256, 512, 8, 2, 32, 32, 512, 1024, 1e-5f,
+                               arch == MODEL_QWEN2 ? 1000000.0f : 10000.0f, 1.0f,
+                               arch == MODEL_QWEN2};
+    struct gm_src src;
+    if (gm_src_init(&src, &hp, t, 42, 1) < 0)
+        return -1;
+    struct kv_layout l;
+    kv_layout_init(&l, 16, hp.n_layer, hp.n_kv_head, hp.head_dim, kvt);
+    const uint32_t NB = 5; /* blocks per sequence: 80 positions */
+    struct side c, g;
+    int rc = side_init(&c, cpu, 0, &hp, &src, &l, 2 * NB);
+    if (rc == 0)
+        rc = side_init(&g, gpu, 1, &hp, &src, &l, 2 * NB);
+    struct kv_block_ref tab[2][5];
+    struct gu_rng r;
+    gu_seed(&r, 7 + placement);
+    uint32_t next[2] = {0, 0};
+    for (int s = 0; s < 2; s++)
+        for (uint32_t j = 0; j < NB; j++) {
+            int res = placement == 2 ? (int)gu_below(&r, 2) : placement;
+            tab[s][j] = (struct kv_block_ref){next[res]++, (uint8_t)res};
+        }
+    const uint32_t V = hp.n_vocab, plen[2] = {40, 23};
+    int32_t prompt[2][40];
+    for (int s = 0; s < 2; s++)
+        for (uint32_t i = 0; i < plen[s]; i++)
+            prompt[s][i] = (int32_t)gu_below(&r, V);
+    float *lc = malloc(2 * V * sizeof(float)), *lg = malloc(2 * V * sizeof(float));
+    *worst = 0.0;
+    int n_same = 0, n_tok = 0;
+    for (int s = 0; s < 2 && rc == 0; s++) {
+        rc = fwd_prefill(c.f, prompt[s], plen[s], 0, tab[s], NB, 16, lc + s * V);
+        if (rc == 0)
+            rc = fwd_prefill(g.f, prompt[s], plen[s], 0, tab[s], NB, 16, lg + s * V);
+    }
+    uint32_t n_past[2] = {plen[0], plen[1]};
+    for (int step = 0; step < 24 && rc == 0; step++) {
+        double e = gu_nmse(lg, lc, 2 * (size_t)V);
+        *worst = e > *worst ? e : *worst;
+        int32_t tok[2];
+        for (int s = 0; s < 2; s++) {
+            tok[s] = (int32_t)argmax(lc + s * V, V);
+            n_same += argmax(lg + s * V, V) == (uint32_t)tok[s];
+            n_tok++;
+        }
+        struct fwd_seq fs[2];
+        for (int s = 0; s < 2; s++)
+            fs[s] = (struct fwd_seq){&tok[s], 1, n_past[s], tab[s], NB};
+        rc = fwd_step(c.f, fs, 2, 0, lc);
+        if (rc == 0)
+            rc = fwd_step(g.f, fs, 2, 0, lg);
+        n_past[0]++;
+        n_past[1]++;
+    }
+    *agree = n_tok ? (double)n_same / n_tok : 0.0;
+    free(lc);
+    free(lg);
+    side_free(&c);
+    side_free(&g);
+    gm_src_free(&src);
+    return rc;
+}
+
+int gpu_model_tests(struct backend *cpu_be, struct backend *gpu_be, struct backend *precise,
+                    int *pass, int *fail)
+{
+    static const char *pl_name[] = {"device", "host", "split"};
+    struct {
+        enum model_arch arch;
+        enum be_type t;
+        enum kv_dtype kv;
+    } cfg[] = {
+        {MODEL_LLAMA, BE_F32, KV_F32},  {MODEL_LLAMA, BE_BF16, KV_F16}, {MODEL_LLAMA, BE_F16, KV_F16},
+        {MODEL_LLAMA, BE_Q8_0, KV_F16}, {MODEL_QWEN2, BE_BF16, KV_F16},
+    };
+    printf("model: logits vs cpu (nmse worst over prefill + 24 batched decode steps)\n");
+    for (size_t i = 0; i < sizeof(cfg) / sizeof(cfg[0]); i++)
+        for (int pl = 0; pl < 3; pl++)
+            for (int pm = 0; pm < 2; pm++) {
+                struct backend *g = pm ? precise : gpu_be;
+                if (!g)
+                    continue;
+                double worst = 0, agree = 0;
+                int rc = run_case(cpu_be, g, cfg[i].arch, cfg[i].t, cfg[i].kv, pl, &worst, &agree);
+                /* bound: 1e-5 when prefill gemms keep f32 activations (precise);
+                 * the fast path rounds them to 16 bits */
+                double bound = pm || cfg[i].t == BE_F32 ? 1e-5 : 1e-3;
+                int ok = rc == 0 && worst <= bound && agree >= 0.99;
+                printf("  %s %-5s %-4s w=%-4s kv=%s %-6s nmse %.2e (<= %.0e) argmax agree %.1f%%%s\n",
+                       ok ? "ok  " : "FAIL", cfg[i].arch == MODEL_QWEN2 ? "qwen2" : "llama",
+                       pm ? "prec" : "fast", be_type_name(cfg[i].t),
+                       cfg[i].kv == KV_F16 ? "f16" : "f32", pl_name[pl], worst, bound,
+                       agree * 100.0, rc ? " (run failed)" : "");
+                if (ok)
+                    (*pass)++;
+                else
+                    (*fail)++;
+            }
+    return 0;
+}

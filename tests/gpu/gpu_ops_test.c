@@ -1,0 +1,397 @@
+/* gpu_ops_test.c - every cuda op against its cpu twin on random inputs (atol + rtol*|ref|), kv splits included. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "common/log.h"
+#include "tests/gpu/gpu_util.h"
+#include "worker/backend.h"
+#include "worker/backend_impl.h"
+#include "worker/cpu/cpu_ops.h"
+#include "worker/cuda/cuda_backend.h"
+
+static struct backend *cpu, *gpu;
+static struct gu_rng rng;
+static int n_fail, n_pass;
+
+#define CHECK(name, cond)                                                                          \
+    do {                                                                                           \
+        if (cond) {                                                                                \
+            n_pass++;                                                                              \
+        } else {                                                                                   \
+            n_fail++;                                                                              \
+            printf("  FAIL %s\n", name);                                                           \
+        }                                                                                          \
+    } while (0)
+
+/* the same host values on both backends */
+struct pair {
+    struct be_tensor *c, *g;
+    float *x; /* host values (n floats) */
+    size_t n;
+};
+
+static struct pair pair_new(enum be_type t, uint32_t rows, uint32_t cols, float scale)
+{
+    struct pair p = {0};
+    p.n = (size_t)rows * cols;
+    p.x = malloc(p.n * sizeof(float));
+    gu_fill(&rng, p.x, p.n, scale);
+    p.c = gu_tensor(cpu, t, rows, cols, p.x);
+    p.g = gu_tensor(gpu, t, rows, cols, p.x);
+    if (!p.c || !p.g) {
+        fprintf(stderr, "tensor allocation failed\n");
+        exit(1);
+    }
+    return p;
+}
+
+static void pair_free(struct pair *p)
+{
+    backend_tensor_free(cpu, p->c);
+    backend_tensor_free(gpu, p->g);
+    free(p->x);
+}
+
+/* compares the first n floats of an f32 pair */
+static size_t pair_cmp(const char *what, struct pair *p, size_t n, float atol, float rtol)
+{
+    float *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float));
+    size_t bad = n;
+    if (gu_read(cpu, p->c, a, n) == 0 && gu_read(gpu, p->g, b, n) == 0)
+        bad = gu_compare(what, a, b, n, atol, rtol);
+    free(a);
+    free(b);
+    return bad;
+}
+
+static const enum be_type all_types[] = {BE_F32, BE_F16, BE_BF16, BE_Q8_0};
+
+static void test_embed(void)
+{
+    for (int ti = 0; ti < 4; ti++) {
+        enum be_type t = all_types[ti];
+        struct pair w = pair_new(t, 50, 96, 1.0f), out = pair_new(BE_F32, 7, 96, 1.0f);
+        int32_t ids[7] = {0, 49, 3, 3, 17, 25, 8};
+        int rc = embed_forward(cpu, out.c, w.c, ids, 7) | embed_forward(gpu, out.g, w.g, ids, 7);
+        char name[64];
+        snprintf(name, sizeof(name), "embed %s", be_type_name(t));
+        CHECK(name, rc == 0 && pair_cmp(name, &out, 7 * 96, 0, 0) == 0);
+        pair_free(&w);
+        pair_free(&out);
+    }
+}
+
+static void test_rmsnorm(void)
+{
+    uint32_t dims[] = {96, 4096};
+    for (int i = 0; i < 2; i++) {
+        uint32_t d = dims[i];
+        struct pair in = pair_new(BE_F32, 5, d, 3.0f), w = pair_new(BE_F32, 1, d, 1.0f),
+                    out = pair_new(BE_F32, 5, d, 1.0f);
+        int rc = rmsnorm_forward(cpu, out.c, in.c, w.c, 5, 1e-5f) |
+                 rmsnorm_forward(gpu, out.g, in.g, w.g, 5, 1e-5f);
+        /* in place as the forward pass uses it */
+        rc |= rmsnorm_forward(cpu, in.c, in.c, w.c, 5, 1e-5f) |
+              rmsnorm_forward(gpu, in.g, in.g, w.g, 5, 1e-5f);
+        CHECK("rmsnorm", rc == 0 && pair_cmp("rmsnorm", &out, 5 * (size_t)d, 1e-6f, 1e-5f) == 0 &&
+                             pair_cmp("rmsnorm in place", &in, 5 * (size_t)d, 1e-6f, 1e-5f) == 0);
+        pair_free(&in);
+        pair_free(&w);
+        pair_free(&out);
+    }
+}
+
+/* matmul tolerance: gemv (n <= 8) is f32 math; gemms round activations to
+ * the weight's 16-bit type unless precise */
+static void matmul_case(struct backend *g, enum be_type t, uint32_t n, uint32_t n_in,
+                        uint32_t n_out, int bias, float rel_tol, const char *tag)
+{
+    struct backend *save = gpu;
+    gpu = g;
+    float ws = 1.0f / sqrtf((float)n_in);
+    struct pair w = pair_new(t, n_out, n_in, ws), x = pair_new(BE_F32, n, n_in, 1.0f),
+                out = pair_new(BE_F32, n, n_out, 1.0f), b = pair_new(BE_F32, 1, n_out, 1.0f);
+    int rc = matmul_forward(cpu, out.c, x.c, w.c, bias ? b.c : NULL, n) |
+             matmul_forward(gpu, out.g, x.g, w.g, bias ? b.g : NULL, n);
+    float *ref = malloc(out.n * 4), *got = malloc(out.n * 4);
+    size_t bad = out.n;
+    if (rc == 0 && gu_read(cpu, out.c, ref, out.n) == 0 && gu_read(gpu, out.g, got, out.n) == 0) {
+        float atol = (float)(rel_tol * gu_rms(ref, out.n));
+        char name[96];
+        snprintf(name, sizeof(name), "matmul%s %s n=%u %ux%u%s", tag, be_type_name(t), n, n_out,
+                 n_in, bias ? " +bias" : "");
+        bad = gu_compare(name, ref, got, out.n, atol, rel_tol);
+        CHECK(name, bad == 0);
+        if (bad == 0)
+            printf("  ok %-40s nmse %.2e\n", name, gu_nmse(got, ref, out.n));
+    } else {
+        CHECK("matmul run", 0);
+    }
+    free(ref);
+    free(got);
+    pair_free(&w);
+    pair_free(&x);
+    pair_free(&out);
+    pair_free(&b);
+    gpu = save;
+}
+
+static void test_matmul(struct backend *precise)
+{
+    uint32_t ns[] = {1, 3, 8, 9, 33};
+    for (int ti = 0; ti < 4; ti++)
+        for (int ni = 0; ni < 5; ni++) {
+            enum be_type t = all_types[ti];
+            uint32_t n = ns[ni];
+            float tol = n <= 8 ? 1e-4f : t == BE_F32 ? 1e-4f : t == BE_BF16 ? 3e-2f : 4e-3f;
+            matmul_case(gpu, t, n, 512, 256, ni & 1, tol, "");
+        }
+    /* odd widths take the generic kernel / cublas with odd leading dims */
+    matmul_case(gpu, BE_F32, 2, 100, 33, 1, 1e-4f, "");
+    matmul_case(gpu, BE_F16, 1, 100, 33, 0, 1e-4f, "");
+    matmul_case(gpu, BE_BF16, 4, 4096, 1024, 0, 1e-4f, "");
+    if (precise) {
+        matmul_case(precise, BE_BF16, 33, 512, 256, 1, 1e-4f, " precise");
+        matmul_case(precise, BE_F16, 40, 512, 256, 0, 1e-4f, " precise");
+    }
+}
+
+static void test_rope(void)
+{
+    for (int neox = 0; neox < 2; neox++)
+        for (int part = 0; part < 2; part++) {
+            const uint32_t T = 6, H = 4, hd = 64;
+            struct pair x = pair_new(BE_F32, T, H * hd, 2.0f);
+            int32_t pos[6] = {0, 1, 7, 255, 4096, 100000};
+            uint32_t seq_of[6] = {0};
+            struct kv_block_ref blk = {0, 0};
+            struct be_seq s = {0, T, 0, &blk, 1};
+            struct be_batch b = {&s, 1, T, pos, seq_of};
+            struct be_rope r = {part ? 32 : hd, 500000.0f, part ? 0.25f : 1.0f, neox};
+            int rc = rope_forward(cpu, x.c, &b, H, hd, &r) | rope_forward(gpu, x.g, &b, H, hd, &r);
+            char name[64];
+            snprintf(name, sizeof(name), "rope %s n_rot=%u", neox ? "neox" : "normal", r.n_rot);
+            CHECK(name, rc == 0 && pair_cmp(name, &x, x.n, 1e-5f, 1e-5f) == 0);
+            pair_free(&x);
+        }
+}
+
+static void test_elementwise(void)
+{
+    const uint32_t n = 9, cols = 1000;
+    struct pair a = pair_new(BE_F32, n, cols, 8.0f), b = pair_new(BE_F32, n, cols, 2.0f),
+                o = pair_new(BE_F32, n, cols, 1.0f);
+    int rc = silu_mul_forward(cpu, o.c, a.c, b.c, n) | silu_mul_forward(gpu, o.g, a.g, b.g, n);
+    CHECK("silu_mul", rc == 0 && pair_cmp("silu_mul", &o, o.n, 1e-6f, 1e-5f) == 0);
+    rc = add_forward(cpu, o.c, a.c, b.c, n) | add_forward(gpu, o.g, a.g, b.g, n);
+    CHECK("add", rc == 0 && pair_cmp("add", &o, o.n, 0, 0) == 0);
+    /* in place: x = x + y */
+    rc = add_forward(cpu, a.c, a.c, b.c, n) | add_forward(gpu, a.g, a.g, b.g, n);
+    CHECK("add in place", rc == 0 && pair_cmp("add in place", &a, a.n, 0, 0) == 0);
+    struct pair r = pair_new(BE_F32, 3, cols, 1.0f);
+    uint32_t rows[3] = {8, 0, 8};
+    rc = get_rows_forward(cpu, r.c, a.c, rows, 3) | get_rows_forward(gpu, r.g, a.g, rows, 3);
+    CHECK("get_rows", rc == 0 && pair_cmp("get_rows", &r, r.n, 0, 0) == 0);
+    pair_free(&a);
+    pair_free(&b);
+    pair_free(&o);
+    pair_free(&r);
+}
+
+/* --- kv_write + attention over random device/host splits ------------------ */
+
+struct attn_case {
+    uint32_t B, D, n_kv, g, n_layer;
+    enum kv_dtype dt;
+    uint32_t n_seqs;
+    uint32_t n_past[6], n_tok[6];
+    int placement; /* 0 all device, 1 all host, 2 random */
+};
+
+static int attn_run(const struct attn_case *ac, int idx)
+{
+    struct kv_layout l;
+    kv_layout_init(&l, ac->B, ac->n_layer, ac->n_kv, ac->D, ac->dt);
+    uint32_t n_blk_seq[6], total = 0, T = 0;
+    for (uint32_t s = 0; s < ac->n_seqs; s++) {
+        n_blk_seq[s] = kv_blocks_for(&l, ac->n_past[s] + ac->n_tok[s]);
+        total += n_blk_seq[s];
+        T += ac->n_tok[s];
+    }
+    /* cpu pools: plain memory; gpu: device pool in device memory, host pool
+     * a separate host copy the backend registers */
+    const size_t bb = kv_block_bytes(&l);
+    struct kv_local *kl = NULL;
+    if (kv_local_init(&kl, &l, total, total) < 0)
+        return -1;
+    const struct kv_pools *cp = kv_local_pools(kl);
+    struct kv_pools gp = {{NULL, NULL}, {total, total}};
+    if (rkv_cuda_dev_alloc(0, total * bb, &gp.base[KV_DEVICE]) < 0)
+        return -1;
+    gp.base[KV_HOST] = aligned_alloc(4096, (total * bb + 4095) & ~(size_t)4095);
+    /* random kv contents in the element type */
+    size_t n_el = total * bb / kv_dtype_size(ac->dt);
+    float *tmp = malloc(n_el * sizeof(float));
+    for (int r = 0; r < KV_N_POOLS; r++) {
+        gu_fill(&rng, tmp, n_el, 1.0f);
+        cpu_store_kv(ac->dt, cp->base[r], tmp, n_el);
+    }
+    free(tmp);
+    rkv_cuda_copy(gp.base[KV_DEVICE], cp->base[KV_DEVICE], total * bb);
+    memcpy(gp.base[KV_HOST], cp->base[KV_HOST], total * bb);
+    /* block tables: each table entry a distinct block of its residency */
+    struct kv_block_ref *tables = calloc(total, sizeof(*tables));
+    struct be_seq seqs[6];
+    int32_t *pos = calloc(T, sizeof(int32_t));
+    uint32_t *seq_of = calloc(T, sizeof(uint32_t));
+    uint32_t next[2] = {0, 0}, bi = 0, t = 0;
+    for (uint32_t s = 0; s < ac->n_seqs; s++) {
+        seqs[s] = (struct be_seq){t, ac->n_tok[s], ac->n_past[s], tables + bi, n_blk_seq[s]};
+        for (uint32_t j = 0; j < n_blk_seq[s]; j++, bi++) {
+            int r = ac->placement == 2 ? (int)gu_below(&rng, 2) : ac->placement;
+            tables[bi] = (struct kv_block_ref){next[r]++, (uint8_t)r};
+        }
+        for (uint32_t i = 0; i < ac->n_tok[s]; i++, t++) {
+            pos[t] = (int32_t)(ac->n_past[s] + i);
+            seq_of[t] = s;
+        }
+    }
+    struct be_batch b = {seqs, ac->n_seqs, T, pos, seq_of};
+    int rc = backend_set_kv(cpu, &l, cp) | backend_set_kv(gpu, &l, &gp);
+    const uint32_t H = ac->n_kv * ac->g, qd = H * ac->D, kvd = ac->n_kv * ac->D;
+    struct be_attn at = {H, ac->n_kv, ac->D, 1.0f / sqrtf((float)ac->D)};
+    struct pair q = pair_new(BE_F32, T, qd, 1.0f), k = pair_new(BE_F32, T, kvd, 1.0f),
+                v = pair_new(BE_F32, T, kvd, 1.0f);
+    struct pair po[2], pm[2], pl[2];
+    for (int r = 0; r < 2; r++) {
+        po[r] = pair_new(BE_F32, T, qd, 1.0f);
+        pm[r] = pair_new(BE_F32, T, H, 1.0f);
+        pl[r] = pair_new(BE_F32, T, H, 1.0f);
+    }
+    char name[160];
+    snprintf(name, sizeof(name), "attn case %d: B=%u D=%u kv=%u g=%u %s %s", idx, ac->B, ac->D,
+             ac->n_kv, ac->g, ac->dt == KV_F16 ? "f16" : "f32",
+             ac->placement == 0   ? "device"
+             : ac->placement == 1 ? "host"
+                                  : "split");
+    uint32_t layer = ac->n_layer - 1;
+    rc |= kv_write_forward(cpu, &b, layer, k.c, v.c) | kv_write_forward(gpu, &b, layer, k.g, v.g);
+    /* the pools after the write: byte for byte the same kv */
+    backend_sync(gpu);
+    uint8_t *dev_copy = malloc(total * bb);
+    rkv_cuda_copy(dev_copy, gp.base[KV_DEVICE], total * bb);
+    int same = !memcmp(dev_copy, cp->base[KV_DEVICE], total * bb) &&
+               !memcmp(gp.base[KV_HOST], cp->base[KV_HOST], total * bb);
+    free(dev_copy);
+    CHECK("kv_write pools equal", rc == 0 && same);
+    size_t bad = 0;
+    for (int r = 0; r < 2; r++) {
+        struct be_partial oc = {po[r].c, pm[r].c, pl[r].c}, og = {po[r].g, pm[r].g, pl[r].g};
+        rc |= attn_partial_forward(cpu, &b, layer, (enum kv_residency)r, q.c, &at, &oc) |
+              attn_partial_forward(gpu, &b, layer, (enum kv_residency)r, q.g, &at, &og);
+        bad += pair_cmp(r ? "o host" : "o device", &po[r], po[r].n, 2e-5f, 1e-4f);
+        bad += pair_cmp(r ? "m host" : "m device", &pm[r], pm[r].n, 2e-5f, 1e-5f);
+        bad += pair_cmp(r ? "l host" : "l device", &pl[r], pl[r].n, 1e-5f, 1e-4f);
+    }
+    struct be_partial ac_ = {po[0].c, pm[0].c, pl[0].c}, bc = {po[1].c, pm[1].c, pl[1].c};
+    struct be_partial ag = {po[0].g, pm[0].g, pl[0].g}, bg = {po[1].g, pm[1].g, pl[1].g};
+    rc |= attn_merge_forward(cpu, &ac_, &bc, T, &at) | attn_merge_forward(gpu, &ag, &bg, T, &at);
+    bad += pair_cmp("o merged", &po[0], po[0].n, 2e-5f, 1e-4f);
+    CHECK(name, rc == 0 && bad == 0);
+    if (rc == 0 && bad == 0)
+        printf("  ok %s (%u tokens, %u blocks)\n", name, T, total);
+    for (int r = 0; r < 2; r++) {
+        pair_free(&po[r]);
+        pair_free(&pm[r]);
+        pair_free(&pl[r]);
+    }
+    pair_free(&q);
+    pair_free(&k);
+    pair_free(&v);
+    /* detach the pools before freeing them */
+    struct kv_pools none = {{NULL, NULL}, {0, 0}};
+    backend_set_kv(gpu, &l, &none);
+    rkv_cuda_dev_free(gp.base[KV_DEVICE]);
+    free(gp.base[KV_HOST]);
+    kv_local_free(kl);
+    free(tables);
+    free(pos);
+    free(seq_of);
+    return 0;
+}
+
+static void test_attention(void)
+{
+    static const struct attn_case cases[] = {
+        /* decode batches (one token per sequence) */
+        {16, 64, 2, 4, 2, KV_F16, 6, {0, 1, 15, 16, 17, 200}, {1, 1, 1, 1, 1, 1}, 2},
+        {16, 64, 2, 4, 2, KV_F16, 6, {0, 1, 15, 16, 17, 200}, {1, 1, 1, 1, 1, 1}, 0},
+        {16, 64, 2, 4, 2, KV_F16, 6, {0, 1, 15, 16, 17, 200}, {1, 1, 1, 1, 1, 1}, 1},
+        {32, 128, 2, 2, 1, KV_F32, 3, {5, 100, 300}, {1, 1, 1}, 2},
+        {256, 128, 8, 4, 1, KV_F16, 2, {1000, 3000}, {1, 1}, 2},
+        {16, 32, 4, 1, 1, KV_F16, 2, {40, 70}, {1, 1}, 2},
+        /* prefill and mixed batches */
+        {16, 64, 2, 4, 2, KV_F16, 3, {0, 20, 100}, {37, 1, 70}, 2},
+        {32, 128, 2, 8, 1, KV_F32, 2, {0, 33}, {64, 20}, 2},
+        {256, 128, 8, 4, 1, KV_F16, 1, {0}, {300}, 0},
+        {64, 128, 8, 4, 1, KV_F16, 1, {100}, {200}, 1},
+        {16, 16, 1, 16, 1, KV_F16, 2, {3, 0}, {9, 5}, 2},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        if (attn_run(&cases[i], (int)i) < 0)
+            CHECK("attention setup", 0);
+}
+
+int gpu_model_tests(struct backend *cpu_be, struct backend *gpu_be, struct backend *precise,
+                    int *pass, int *fail);
+
+int main(int argc, char **argv)
+{
+    rkv_log_init("gpu-test", RKV_LOG_WARN);
+    uint64_t seed = 1;
+    int ops = 1, model = 1;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--seed") && i + 1 < argc)
+            seed = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--ops-only"))
+            model = 0;
+        else if (!strcmp(argv[i], "--model-only"))
+            ops = 0;
+    }
+    gu_seed(&rng, seed);
+    if (rkv_cuda_backend_probe() <= 0) {
+        printf("gpu-test: no CUDA device; skipped\n");
+        return 77;
+    }
+    char err[256];
+    struct backend_opts co = {"cpu", 0, 0}, go = {"cuda", 0, 0};
+    if (backend_init(&co, &cpu, err, sizeof(err)) < 0 ||
+        backend_init(&go, &gpu, err, sizeof(err)) < 0) {
+        fprintf(stderr, "gpu-test: %s\n", err);
+        return 1;
+    }
+    setenv("RKV_CUDA_PRECISE", "1", 1);
+    struct backend *precise = NULL;
+    if (backend_init(&go, &precise, err, sizeof(err)) < 0)
+        precise = NULL;
+    unsetenv("RKV_CUDA_PRECISE");
+    if (ops) {
+        printf("ops (seed %llu)\n", (unsigned long long)seed);
+        test_embed();
+        test_rmsnorm();
+        test_matmul(precise);
+        test_rope();
+        test_elementwise();
+        test_attention();
+    }
+    if (model)
+        gpu_model_tests(cpu, gpu, precise, &n_pass, &n_fail);
+    backend_free(precise);
+    backend_free(gpu);
+    backend_free(cpu);
+    printf("gpu-test: %d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}

@@ -1,0 +1,11 @@
+/* attn_decode.cu - paged decode attention: one token per sequence, the kv head's query group per
+ * thread block. */
+#include "worker/cuda/attn_kernel.cuh"
+
+int cuda_attn_decode_launch(struct cuda_ctx *c, const struct cuda_attn_args *a, uint32_t n_split,
+                            uint32_t units_per_split, float *part)
+{
+    struct attn_kargs k = attn_kargs_of(c, a, units_per_split, part);
+    /* up to 16 query rows (the gqa group of one token) per kv head */
+    return attn_launch<16, 16>(c, a, k, n_split);
+}

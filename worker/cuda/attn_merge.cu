@@ -1,0 +1,89 @@
+/* attn_merge.cu - log-sum-exp merges: the splits of one attention launch, and two partial sets. */
+#include <math.h>
+
+#include "worker/cuda/cuda_ops.cuh"
+
+// part (n_split, n_tokens, n_head, D + 2) -> o (n_tokens, n_head*D) normalized, m, l
+__global__ void merge_splits_kernel(const float *part, uint32_t n_split, uint32_t n_th, uint32_t D,
+                                    float *o, float *m, float *l)
+{
+    uint32_t th = blockIdx.x; /* (token, head) */
+    const uint32_t PD = D + 2;
+    float M = -INFINITY;
+    for (uint32_t s = 0; s < n_split; s++) {
+        const float *p = part + ((size_t)s * n_th + th) * PD;
+        if (p[D + 1] > 0.0f)
+            M = fmaxf(M, p[D]);
+    }
+    float L = 0.0f;
+    for (uint32_t s = 0; s < n_split; s++) {
+        const float *p = part + ((size_t)s * n_th + th) * PD;
+        if (p[D + 1] > 0.0f)
+            L += p[D + 1] * expf(p[D] - M);
+    }
+    for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) {
+        float acc = 0.0f;
+        for (uint32_t s = 0; s < n_split; s++) {
+            const float *p = part + ((size_t)s * n_th + th) * PD;
+            if (p[D + 1] > 0.0f)
+                acc += p[d] * expf(p[D] - M);
+        }
+        o[(size_t)th * D + d] = L > 0.0f ? acc / L : 0.0f;
+    }
+    if (threadIdx.x == 0) {
+        m[th] = L > 0.0f ? M : -INFINITY;
+        l[th] = L;
+    }
+}
+
+int cuda_attn_merge_splits(struct cuda_ctx *c, const float *part, uint32_t n_split,
+                           uint32_t n_tokens, uint32_t n_head, uint32_t head_dim, float *o,
+                           float *m, float *l, cudaStream_t s)
+{
+    uint32_t n_th = n_tokens * n_head;
+    if (n_th == 0)
+        return 0;
+    merge_splits_kernel<<<n_th, head_dim < 128 ? head_dim : 128, 0, s>>>(part, n_split, n_th,
+                                                                         head_dim, o, m, l);
+    CU_LAUNCHED();
+    return 0;
+}
+
+// a = lse-merge(a, b) per (token, head); o (n, n_head*D)
+__global__ void merge_kernel(float *oa, float *ma, float *la, const float *ob, const float *mb,
+                             const float *lb, uint32_t D)
+{
+    uint32_t th = blockIdx.x;
+    float m_a = ma[th], l_a = la[th], m_b = mb[th], l_b = lb[th];
+    if (m_b == -INFINITY || l_b == 0.0f)
+        return;
+    float ca = 0.0f, cb = 1.0f, mx = m_b, lsum = l_b;
+    if (m_a != -INFINITY && l_a != 0.0f) {
+        mx = fmaxf(m_a, m_b);
+        float wa = l_a * expf(m_a - mx), wb = l_b * expf(m_b - mx);
+        lsum = wa + wb;
+        ca = wa / lsum;
+        cb = wb / lsum;
+    }
+    for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) {
+        size_t i = (size_t)th * D + d;
+        oa[i] = ca == 0.0f ? ob[i] : oa[i] * ca + ob[i] * cb;
+    }
+    __syncthreads(); /* every thread read ma, la before they change */
+    if (threadIdx.x == 0) {
+        ma[th] = mx;
+        la[th] = lsum;
+    }
+}
+
+int cuda_attn_merge(struct cuda_ctx *c, float *oa, float *ma, float *la, const float *ob,
+                    const float *mb, const float *lb, uint32_t n, uint32_t n_head,
+                    uint32_t head_dim)
+{
+    if (n == 0)
+        return 0;
+    merge_kernel<<<n * n_head, head_dim < 128 ? head_dim : 128, 0, c->stream>>>(oa, ma, la, ob, mb,
+                                                                                lb, head_dim);
+    CU_LAUNCHED();
+    return 0;
+}

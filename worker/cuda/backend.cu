@@ -1,0 +1,600 @@
+/* backend.cu - the cuda backend: the vtable over the kernels, tensors, kv pools and the batch metadata on device. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "worker/cuda/cuda_backend.h"
+#include "worker/cuda/cuda_ops.cuh"
+
+int cuda_scratch(struct cuda_ctx *c, void **buf, size_t *cap, size_t need)
+{
+    if (need <= *cap)
+        return 0;
+    /* grow by half again so a slowly rising size does not reallocate every step.
+     * cudaFree waits for the device, so queued users of the old buffer finish */
+    size_t n = need + need / 2;
+    if (*buf)
+        CU_TRY(cudaFree(*buf));
+    *buf = NULL;
+    *cap = 0;
+    CU_TRY(cudaMalloc(buf, n));
+    *cap = n;
+    return 0;
+}
+
+/* the stream waits for host-block attention queued on the side stream */
+static void join_side(struct cuda_ctx *c)
+{
+    if (c->side_pending) {
+        cudaStreamWaitEvent(c->stream, c->ev_side_done, 0);
+        c->side_pending = 0;
+    }
+}
+
+/* every op but device attention starts here */
+static void op_begin(struct cuda_ctx *c)
+{
+    join_side(c);
+    c->last_was_dev_attn = 0;
+}
+
+/* --- batch metadata ------------------------------------------------------- */
+
+static size_t align16(size_t n)
+{
+    return (n + 15) & ~(size_t)15;
+}
+
+/* builds the device view of a batch (positions, write slots, per-residency
+ * block lists, query tiles) and uploads it when it differs from the last one */
+static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
+{
+    struct cuda_meta *m = &c->meta;
+    const uint32_t B = c->have_kv ? c->layout.block_size : 0;
+    /* decode batches (one token per sequence) use one-token tiles */
+    int decode = 1;
+    uint32_t n_blk_total = 0;
+    for (uint32_t s = 0; s < b->n_seqs; s++) {
+        decode &= b->seqs[s].n_tokens <= 1;
+        n_blk_total += b->seqs[s].n_blocks;
+    }
+    if (g == 0)
+        g = 1;
+    if (g > 64)
+        return RKV_EUNSUPPORTED;
+    uint32_t qt = decode && g <= 16 ? 1 : 64 / g;
+    uint32_t n_qtiles = 0;
+    for (uint32_t s = 0; s < b->n_seqs; s++)
+        n_qtiles += (b->seqs[s].n_tokens + qt - 1) / qt;
+
+    size_t o_pos = align16(4 * sizeof(uint32_t));
+    size_t o_slot = o_pos + align16((size_t)b->n_tokens * 4);
+    size_t o_seqs = o_slot + align16((size_t)b->n_tokens * 4);
+    size_t o_blks = o_seqs + align16((size_t)b->n_seqs * sizeof(struct cuda_seq_meta));
+    size_t o_qt = o_blks + align16((size_t)n_blk_total * sizeof(struct cuda_blk));
+    size_t len = o_qt + align16((size_t)n_qtiles * sizeof(struct cuda_qtile));
+
+    /* build into a fresh buffer, then compare with what the device holds */
+    char *h = (char *)calloc(1, len);
+    if (!h)
+        return RKV_ENOMEM;
+    uint32_t *hdr = (uint32_t *)h;
+    hdr[0] = b->n_tokens;
+    hdr[1] = b->n_seqs;
+    hdr[2] = n_qtiles;
+    hdr[3] = qt;
+    int32_t *pos = (int32_t *)(h + o_pos);
+    uint32_t *slot = (uint32_t *)(h + o_slot);
+    struct cuda_seq_meta *sm = (struct cuda_seq_meta *)(h + o_seqs);
+    struct cuda_blk *bl = (struct cuda_blk *)(h + o_blks);
+    struct cuda_qtile *qtl = (struct cuda_qtile *)(h + o_qt);
+    uint32_t max_units[KV_N_POOLS] = {0, 0};
+    int rc = 0;
+    uint32_t nb = 0, nq = 0;
+    for (uint32_t s = 0; s < b->n_seqs && rc == 0; s++) {
+        const struct be_seq *q = &b->seqs[s];
+        sm[s].tok_off = q->tok_off;
+        sm[s].n_tokens = q->n_tokens;
+        sm[s].n_past = q->n_past;
+        for (int r = 0; r < KV_N_POOLS; r++) {
+            sm[s].list_off[r] = nb;
+            for (uint32_t j = 0; j < q->n_blocks; j++) {
+                struct kv_block_ref ref = q->blocks[j];
+                if (ref.residency >= KV_N_POOLS ||
+                    (c->have_kv && ref.index >= c->n_blocks[ref.residency])) {
+                    rc = RKV_ERANGE;
+                    break;
+                }
+                if (ref.residency == r) {
+                    bl[nb].j = j;
+                    bl[nb].index = ref.index;
+                    nb++;
+                }
+            }
+            sm[s].list_len[r] = nb - sm[s].list_off[r];
+            if (sm[s].list_len[r] > max_units[r])
+                max_units[r] = sm[s].list_len[r];
+        }
+        for (uint32_t t0 = 0; t0 < q->n_tokens; t0 += qt) {
+            qtl[nq].seq = s;
+            qtl[nq].t0 = t0;
+            qtl[nq].nt = q->n_tokens - t0 < qt ? q->n_tokens - t0 : qt;
+            nq++;
+        }
+    }
+    for (uint32_t t = 0; t < b->n_tokens && rc == 0; t++) {
+        uint32_t s = b->seq_of[t];
+        if (s >= b->n_seqs || b->pos[t] < 0 || t < b->seqs[s].tok_off ||
+            t >= b->seqs[s].tok_off + b->seqs[s].n_tokens) {
+            rc = RKV_EINVAL;
+            break;
+        }
+        pos[t] = b->pos[t];
+        if (B) {
+            uint32_t j = (uint32_t)b->pos[t] / B;
+            if (j >= b->seqs[s].n_blocks) {
+                rc = RKV_ERANGE;
+                break;
+            }
+            struct kv_block_ref ref = b->seqs[s].blocks[j];
+            slot[t] = ref.index | ((uint32_t)ref.residency << 31);
+        }
+    }
+    if (rc < 0) {
+        free(h);
+        return rc;
+    }
+    if (m->valid && m->host_len == len && !memcmp(m->host, h, len)) {
+        free(h);
+        return 0;
+    }
+    /* the side stream may still read the old arrays */
+    join_side(c);
+    if (len > m->dev_cap) {
+        rc = cuda_scratch(c, &m->dev, &m->dev_cap, len);
+        if (rc < 0) {
+            free(h);
+            return rc;
+        }
+    }
+    /* pageable source: staged at once, so h may be reused after the call */
+    cudaError_t e = cudaMemcpyAsync(m->dev, h, len, cudaMemcpyHostToDevice, c->stream);
+    if (e != cudaSuccess) {
+        log_error("cuda: batch upload failed: %s", cudaGetErrorString(e));
+        free(h);
+        m->valid = 0;
+        return RKV_ECUDA;
+    }
+    free(m->host);
+    m->host = h;
+    m->host_len = len;
+    char *d = (char *)m->dev;
+    m->d_pos = (int32_t *)(d + o_pos);
+    m->d_slot = (uint32_t *)(d + o_slot);
+    m->d_seqs = (struct cuda_seq_meta *)(d + o_seqs);
+    m->d_blks = (struct cuda_blk *)(d + o_blks);
+    m->d_qtiles = (struct cuda_qtile *)(d + o_qt);
+    m->n_tokens = b->n_tokens;
+    m->n_seqs = b->n_seqs;
+    m->n_qtiles = n_qtiles;
+    m->qt = qt;
+    m->max_units[0] = max_units[0];
+    m->max_units[1] = max_units[1];
+    m->valid = 1;
+    return 0;
+}
+
+/* --- tensors -------------------------------------------------------------- */
+
+static int cu_tensor_alloc(void *ctx, enum be_type type, uint32_t rows, uint32_t cols,
+                           struct be_tensor **out)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    struct be_tensor *t = (struct be_tensor *)calloc(1, sizeof(*t));
+    if (!t)
+        return RKV_ENOMEM;
+    t->type = type;
+    t->rows = rows;
+    t->cols = cols;
+    t->row_bytes = be_type_size(type, cols);
+    t->nbytes = t->row_bytes * rows;
+    cudaError_t e = cudaMalloc(&t->data, t->nbytes);
+    if (e != cudaSuccess) {
+        log_error("cuda: cannot allocate %zu bytes on gpu %d for a (%u, %u) %s tensor: %s",
+                  t->nbytes, c->dev, rows, cols, be_type_name(type), cudaGetErrorString(e));
+        cudaGetLastError();
+        free(t);
+        return RKV_ENOMEM;
+    }
+    *out = t;
+    return 0;
+}
+
+static void cu_tensor_free(void *ctx, struct be_tensor *t)
+{
+    (void)ctx;
+    cudaFree(t->data);
+    free(t);
+}
+
+static int cu_tensor_set(void *ctx, struct be_tensor *t, const void *src, size_t off, size_t n)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    op_begin(c);
+    CU_TRY(cudaMemcpyAsync((char *)t->data + off, src, n, cudaMemcpyHostToDevice, c->stream));
+    /* the caller may free src on return */
+    CU_TRY(cudaStreamSynchronize(c->stream));
+    return 0;
+}
+
+static int cu_tensor_get(void *ctx, const struct be_tensor *t, void *dst, size_t off, size_t n)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    op_begin(c);
+    CU_TRY(cudaMemcpyAsync(dst, (const char *)t->data + off, n, cudaMemcpyDeviceToHost,
+                           c->stream));
+    CU_TRY(cudaStreamSynchronize(c->stream));
+    return 0;
+}
+
+/* --- kv pools ------------------------------------------------------------- */
+
+static void unregister_pools(struct cuda_ctx *c)
+{
+    for (int r = 0; r < KV_N_POOLS; r++) {
+        if (c->registered[r])
+            cudaHostUnregister(c->registered[r]);
+        c->registered[r] = NULL;
+        c->pool[r] = NULL;
+        c->n_blocks[r] = 0;
+    }
+}
+
+/* a device-visible address for a pool: device memory as is, host memory
+ * registered mapped (zero-copy reads by the attention kernel) */
+static int map_pool(struct cuda_ctx *c, int r, void *base, size_t bytes)
+{
+    cudaPointerAttributes at;
+    if (cudaPointerGetAttributes(&at, base) != cudaSuccess) {
+        cudaGetLastError();
+        at.type = cudaMemoryTypeUnregistered;
+    }
+    if (at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged) {
+        c->pool[r] = (char *)base;
+        return 0;
+    }
+    if (at.type == cudaMemoryTypeUnregistered) {
+        cudaError_t e = cudaHostRegister(base, bytes, cudaHostRegisterMapped |
+                                                          cudaHostRegisterPortable);
+        if (e != cudaSuccess) {
+            log_error("cuda: cannot register the %s kv pool (%zu bytes at %p) with the gpu: %s; "
+                      "check the memlock limit (ulimit -l)",
+                      r == KV_HOST ? "host" : "device", bytes, base, cudaGetErrorString(e));
+            cudaGetLastError();
+            return RKV_ECUDA;
+        }
+        c->registered[r] = base;
+    }
+    void *dptr = NULL;
+    CU_TRY(cudaHostGetDevicePointer(&dptr, base, 0));
+    c->pool[r] = (char *)dptr;
+    if (r == KV_DEVICE)
+        log_warn("cuda: the device kv pool is host memory; device blocks are read over PCIe");
+    return 0;
+}
+
+static int cu_set_kv(void *ctx, const struct kv_layout *l, const struct kv_pools *p)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    op_begin(c);
+    CU_TRY(cudaStreamSynchronize(c->stream));
+    CU_TRY(cudaStreamSynchronize(c->side));
+    uint32_t hd = l->head_dim;
+    if (hd < 8 || hd > 128 || (hd & (hd - 1))) {
+        log_error("cuda: head_dim %u is not supported by the cuda attention (8, 16, 32, 64, 128); "
+                  "use --backend cpu",
+                  hd);
+        return RKV_EUNSUPPORTED;
+    }
+    unregister_pools(c);
+    c->have_kv = 0;
+    c->meta.valid = 0;
+    c->layout = *l;
+    for (int r = 0; r < KV_N_POOLS; r++) {
+        if (!p->base[r] || p->n_blocks[r] == 0)
+            continue;
+        int rc = map_pool(c, r, p->base[r], (size_t)p->n_blocks[r] * kv_block_bytes(l));
+        if (rc < 0) {
+            unregister_pools(c);
+            return rc;
+        }
+        c->n_blocks[r] = p->n_blocks[r];
+    }
+    c->have_kv = 1;
+    return 0;
+}
+
+/* --- ops ------------------------------------------------------------------ */
+
+/* host array -> the small device scratch */
+static int upload_small(struct cuda_ctx *c, const void *src, size_t n)
+{
+    int rc = cuda_scratch(c, &c->small, &c->small_cap, n ? n : 4);
+    if (rc < 0)
+        return rc;
+    CU_TRY(cudaMemcpyAsync(c->small, src, n, cudaMemcpyHostToDevice, c->stream));
+    return 0;
+}
+
+static int cu_embed(void *ctx, struct be_tensor *out, const struct be_tensor *w,
+                    const int32_t *ids, uint32_t n)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    op_begin(c);
+    int rc = upload_small(c, ids, (size_t)n * sizeof(int32_t));
+    return rc < 0 ? rc : cuda_embed(c, (float *)out->data, w, (const int32_t *)c->small, n);
+}
+
+static int cu_rmsnorm(void *ctx, struct be_tensor *out, const struct be_tensor *in,
+                      const struct be_tensor *w, uint32_t n, float eps)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    op_begin(c);
+    return cuda_rmsnorm(c, (float *)out->data, (const float *)in->data, (const float *)w->data, n,
+                        in->cols, eps);
+}
+
+static int cu_matmul(void *ctx, struct be_tensor *out, const struct be_tensor *in,
+                     const struct be_tensor *w, const struct be_tensor *bias, uint32_t n)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    op_begin(c);
+    return cuda_matmul(c, (float *)out->data, (const float *)in->data, w,
+                       bias ? (const float *)bias->data : NULL, n);
+}
+
+/* the group size the last attention used, so rope and kv_write build tiles
+ * attention can reuse */
+static uint32_t last_g(const struct cuda_ctx *c)
+{
+    const uint32_t *hdr = (const uint32_t *)c->meta.host;
+    if (!c->meta.valid || !hdr || hdr[3] == 0)
+        return 1;
+    return hdr[3] == 1 ? 1 : 64 / hdr[3];
+}
+
+static int cu_rope(void *ctx, struct be_tensor *x, const struct be_batch *b, uint32_t n_heads,
+                   uint32_t head_dim, const struct be_rope *r)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    op_begin(c);
+    int rc = meta_ensure(c, b, last_g(c));
+    if (rc < 0)
+        return rc;
+    if (x->cols < n_heads * head_dim)
+        return RKV_EINVAL;
+    return cuda_rope(c, (float *)x->data, c->meta.d_pos, b->n_tokens, n_heads, head_dim, r);
+}
+
+static int cu_kv_write(void *ctx, const struct be_batch *b, uint32_t layer,
+                       const struct be_tensor *k, const struct be_tensor *v)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    op_begin(c);
+    if (!c->have_kv || layer >= c->layout.n_layer)
+        return RKV_ESTATE;
+    if (k->cols != c->layout.n_kv_head * c->layout.head_dim)
+        return RKV_EINVAL;
+    int rc = meta_ensure(c, b, last_g(c));
+    return rc < 0 ? rc
+                  : cuda_kv_write(c, &c->meta, layer, (const float *)k->data,
+                                  (const float *)v->data);
+}
+
+static int cu_attn_partial(void *ctx, const struct be_batch *b, uint32_t layer,
+                           enum kv_residency residency, const struct be_tensor *q,
+                           const struct be_attn *at, const struct be_partial *out)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (!c->have_kv || layer >= c->layout.n_layer || (unsigned)residency >= KV_N_POOLS)
+        return RKV_ESTATE;
+    if (at->n_kv_head != c->layout.n_kv_head || at->head_dim != c->layout.head_dim)
+        return RKV_EINVAL;
+    int rc = meta_ensure(c, b, at->n_head / at->n_kv_head);
+    if (rc < 0)
+        return rc;
+    struct cuda_attn_args a = {&c->meta,
+                               layer,
+                               (int)residency,
+                               (const float *)q->data,
+                               at,
+                               (float *)out->o->data,
+                               (float *)out->m->data,
+                               (float *)out->l->data,
+                               c->stream};
+    if (residency == KV_DEVICE) {
+        /* host-block attention of the same layer may run beside this one:
+         * it waits for what the stream held just before */
+        CU_TRY(cudaEventRecord(c->ev_pre_attn, c->stream));
+        rc = cuda_attn(c, &a);
+        c->last_was_dev_attn = 1;
+        return rc;
+    }
+    /* host blocks: zero-copy reads on the side stream, overlapping device
+     * attention; the stream joins at its next op */
+    if (!c->last_was_dev_attn) {
+        join_side(c);
+        CU_TRY(cudaEventRecord(c->ev_pre_attn, c->stream));
+    }
+    CU_TRY(cudaStreamWaitEvent(c->side, c->ev_pre_attn, 0));
+    a.s = c->side;
+    rc = cuda_attn(c, &a);
+    CU_TRY(cudaEventRecord(c->ev_side_done, c->side));
+    c->side_pending = 1;
+    c->last_was_dev_attn = 0;
+    return rc;
+}
+
+static int cu_attn_merge(void *ctx, const struct be_partial *a, const struct be_partial *b,
+                         uint32_t n, const struct be_attn *at)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    op_begin(c);
+    return cuda_attn_merge(c, (float *)a->o->data, (float *)a->m->data, (float *)a->l->data,
+                           (const float *)b->o->data, (const float *)b->m->data,
+                           (const float *)b->l->data, n, at->n_head, at->head_dim);
+}
+
+static int cu_silu_mul(void *ctx, struct be_tensor *out, const struct be_tensor *gate,
+                       const struct be_tensor *up, uint32_t n)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    op_begin(c);
+    return cuda_silu_mul(c, (float *)out->data, (const float *)gate->data,
+                         (const float *)up->data, (size_t)n * gate->cols);
+}
+
+static int cu_add(void *ctx, struct be_tensor *out, const struct be_tensor *a,
+                  const struct be_tensor *b, uint32_t n)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    op_begin(c);
+    return cuda_add(c, (float *)out->data, (const float *)a->data, (const float *)b->data,
+                    (size_t)n * a->cols);
+}
+
+static int cu_get_rows(void *ctx, struct be_tensor *out, const struct be_tensor *in,
+                       const uint32_t *rows, uint32_t n)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    op_begin(c);
+    int rc = upload_small(c, rows, (size_t)n * sizeof(uint32_t));
+    return rc < 0 ? rc
+                  : cuda_get_rows(c, (float *)out->data, (const float *)in->data,
+                                  (const uint32_t *)c->small, n, in->cols);
+}
+
+static int cu_sync(void *ctx)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    op_begin(c);
+    CU_TRY(cudaStreamSynchronize(c->stream));
+    return 0;
+}
+
+static void cu_free(void *ctx)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (!c)
+        return;
+    cudaSetDevice(c->dev);
+    if (c->stream)
+        cudaStreamSynchronize(c->stream);
+    if (c->side)
+        cudaStreamSynchronize(c->side);
+    unregister_pools(c);
+    cudaFree(c->meta.dev);
+    free(c->meta.host);
+    cudaFree(c->act16);
+    cudaFree(c->wdeq);
+    cudaFree(c->part[0]);
+    cudaFree(c->part[1]);
+    cudaFree(c->small);
+    if (c->blas)
+        cublasDestroy(c->blas);
+    if (c->ev_pre_attn)
+        cudaEventDestroy(c->ev_pre_attn);
+    if (c->ev_side_done)
+        cudaEventDestroy(c->ev_side_done);
+    if (c->side)
+        cudaStreamDestroy(c->side);
+    if (c->stream)
+        cudaStreamDestroy(c->stream);
+    free(c);
+}
+
+static const struct backend_i cuda_iface = {
+    cu_free,      cu_tensor_alloc, cu_tensor_free,  cu_tensor_set, cu_tensor_get,
+    cu_set_kv,    cu_embed,        cu_rmsnorm,      cu_matmul,     cu_rope,
+    cu_kv_write,  cu_attn_partial, cu_attn_merge,   cu_silu_mul,   cu_add,
+    cu_get_rows,  cu_sync,
+};
+
+extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backend **out)
+{
+    int gpu = o ? o->gpu : 0;
+    int n = rkv_cuda_backend_probe();
+    if (n < 0)
+        return n;
+    if (gpu < 0 || gpu >= n)
+        return RKV_ENODEV;
+    struct cuda_ctx *c = (struct cuda_ctx *)calloc(1, sizeof(*c));
+    if (!c)
+        return RKV_ENOMEM;
+    c->dev = gpu;
+    int rc = RKV_ECUDA;
+    cudaDeviceProp p;
+    if (cudaSetDevice(gpu) != cudaSuccess || cudaGetDeviceProperties(&p, gpu) != cudaSuccess)
+        goto fail;
+    c->n_sm = p.multiProcessorCount;
+    if (p.major < 8) {
+        log_error("cuda: gpu %d (%s) is compute capability %d.%d; rkv needs 8.0 or newer", gpu,
+                  p.name, p.major, p.minor);
+        rc = RKV_EUNSUPPORTED;
+        goto fail;
+    }
+    if (cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaEventCreateWithFlags(&c->ev_pre_attn, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&c->ev_side_done, cudaEventDisableTiming) != cudaSuccess)
+        goto fail;
+    if (cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS) {
+        c->blas = NULL;
+        goto fail;
+    }
+    if (cublasSetStream(c->blas, c->stream) != CUBLAS_STATUS_SUCCESS)
+        goto fail;
+    {
+        const char *pe = getenv("RKV_CUDA_PRECISE");
+        c->precise = pe && *pe == '1';
+    }
+    rc = backend_new("cuda", &cuda_iface, c, out);
+    if (rc < 0)
+        goto fail;
+    log_info("backend: cuda on gpu %d (%s, %d SMs, %.1f GiB)", gpu, p.name, c->n_sm,
+             p.totalGlobalMem / 1073741824.0);
+    return 0;
+fail:
+    cudaGetLastError();
+    cu_free(c);
+    return rc;
+}
+
+extern "C" int cuda_backend_create(const struct backend_opts *o, struct backend **out,
+                                   char *errbuf, size_t errlen)
+{
+    int rc = rkv_cuda_backend_init(o, out);
+    if (rc < 0 && errbuf)
+        snprintf(errbuf, errlen, "backend cuda: cannot start on gpu %d: %s%s", o ? o->gpu : 0,
+                 rkv_strerror(rc),
+                 rc == RKV_ENODEV ? " (no CUDA device; use --backend cpu or auto)" : "");
+    return rc;
+}
+
+extern "C" int rkv_cuda_dev_alloc(int gpu, size_t bytes, void **out)
+{
+    CU_TRY(cudaSetDevice(gpu));
+    CU_TRY(cudaMalloc(out, bytes));
+    return 0;
+}
+
+extern "C" void rkv_cuda_dev_free(void *p)
+{
+    cudaFree(p);
+}
+
+extern "C" int rkv_cuda_copy(void *dst, const void *src, size_t n)
+{
+    CU_TRY(cudaMemcpy(dst, src, n, cudaMemcpyDefault));
+    return 0;
+}

@@ -1,0 +1,142 @@
+/* cuda_ctx.cuh - the cuda backend's context, error checks and small device helpers. */
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+extern "C" {
+#include "common/err.h"
+#include "common/log.h"
+#include "worker/backend.h"
+#include "worker/backend_impl.h"
+#include "worker/kv.h"
+}
+
+/* returns RKV_ECUDA from the calling function, logging the call that failed */
+#define CU_TRY(call)                                                                               \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            log_error("cuda: %s failed: %s (%s:%d)", #call, cudaGetErrorString(e_), __FILE__,      \
+                      __LINE__);                                                                   \
+            return RKV_ECUDA;                                                                      \
+        }                                                                                          \
+    } while (0)
+
+#define CUBLAS_TRY(call)                                                                           \
+    do {                                                                                           \
+        cublasStatus_t s_ = (call);                                                                \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                         \
+            log_error("cuda: %s failed: cublas status %d (%s:%d)", #call, (int)s_, __FILE__,       \
+                      __LINE__);                                                                   \
+            return RKV_ECUDA;                                                                      \
+        }                                                                                          \
+    } while (0)
+
+/* checks the launch just queued */
+#define CU_LAUNCHED() CU_TRY(cudaGetLastError())
+
+/* device-side view of one step's batch, built on the host once per distinct
+ * batch and kept on the device (every layer of a step reuses it) */
+struct cuda_seq_meta {
+    uint32_t tok_off, n_tokens, n_past, pad;
+    uint32_t list_off[KV_N_POOLS]; /* into the block lists, per residency */
+    uint32_t list_len[KV_N_POOLS];
+};
+
+/* one query tile: up to qt tokens of one sequence */
+struct cuda_qtile {
+    uint32_t seq, t0, nt, pad; /* t0 relative to the sequence's first token */
+};
+
+/* block list entry: position-order index j in the table, index in its pool */
+struct cuda_blk {
+    uint32_t j, index;
+};
+
+struct cuda_meta {
+    /* device arrays (one allocation, dev points at its start) */
+    void *dev;
+    size_t dev_cap;
+    int32_t *d_pos;                /* (n_tokens) */
+    uint32_t *d_slot;              /* (n_tokens) pool index | residency << 31 */
+    struct cuda_seq_meta *d_seqs;  /* (n_seqs) */
+    struct cuda_blk *d_blks;       /* (sum of list lengths) */
+    struct cuda_qtile *d_qtiles;   /* (n_qtiles) */
+    /* host copy of what was uploaded, to see whether the next batch differs */
+    void *host;
+    size_t host_len, host_cap;
+    uint32_t n_tokens, n_seqs, n_qtiles, qt;
+    uint32_t max_units[KV_N_POOLS]; /* most blocks of one residency in one sequence */
+    int valid;
+};
+
+struct cuda_ctx {
+    int dev;
+    int n_sm;
+    cudaStream_t stream;      /* every op runs here, in call order */
+    cudaStream_t side;        /* host-block attention, overlapping device attention */
+    cudaEvent_t ev_pre_attn;  /* on stream, before the last device attention */
+    cudaEvent_t ev_side_done; /* on side, after host attention */
+    int side_pending;         /* stream must wait for ev_side_done before its next op */
+    int last_was_dev_attn;
+    cublasHandle_t blas;
+    int precise; /* prefill gemms carry the activations' 16-bit rounding error (2 gemms) */
+
+    struct kv_layout layout;
+    int have_kv;
+    char *pool[KV_N_POOLS];       /* device-visible base per residency */
+    uint32_t n_blocks[KV_N_POOLS];
+    void *registered[KV_N_POOLS]; /* host ranges this backend registered */
+
+    struct cuda_meta meta;
+
+    /* growable scratch (stream-ordered reuse) */
+    void *act16;  /* activations converted to f16/bf16 */
+    size_t act16_cap;
+    void *wdeq;   /* q8_0 weights dequantized to f16 for prefill */
+    size_t wdeq_cap;
+    void *part[KV_N_POOLS]; /* attention split partials, per residency (two streams) */
+    size_t part_cap[KV_N_POOLS];
+    void *small;  /* token ids, row indexes */
+    size_t small_cap;
+};
+
+/* grows a scratch buffer to at least `need` bytes */
+int cuda_scratch(struct cuda_ctx *c, void **buf, size_t *cap, size_t need);
+
+/* element loads of every weight type as f32 */
+__device__ __forceinline__ float cuda_ld(const float *p, size_t i)
+{
+    return p[i];
+}
+__device__ __forceinline__ float cuda_ld(const __half *p, size_t i)
+{
+    return __half2float(p[i]);
+}
+__device__ __forceinline__ float cuda_ld(const __nv_bfloat16 *p, size_t i)
+{
+    return __bfloat162float(p[i]);
+}
+
+/* one q8_0 value: row of 34-byte blocks (f16 scale, 32 int8) */
+__device__ __forceinline__ float cuda_q8_0(const uint8_t *row, uint32_t i)
+{
+    const uint8_t *b = row + (size_t)(i / 32) * 34;
+    __half d = __ushort_as_half((unsigned short)(b[0] | (b[1] << 8)));
+    return __half2float(d) * (float)(int8_t)b[2 + i % 32];
+}
+
+/* value i of a row of any be_type */
+__device__ __forceinline__ float cuda_row_value(int type, const void *row, uint32_t i)
+{
+    switch (type) {
+    case BE_F32: return ((const float *)row)[i];
+    case BE_F16: return __half2float(((const __half *)row)[i]);
+    case BE_BF16: return __bfloat162float(((const __nv_bfloat16 *)row)[i]);
+    default: return cuda_q8_0((const uint8_t *)row, i);
+    }
+}

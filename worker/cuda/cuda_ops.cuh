@@ -1,0 +1,69 @@
+/* cuda_ops.cuh - host launchers of the cuda kernels, one .cu file each; all queue on c->stream. */
+#pragma once
+
+#include "worker/cuda/cuda_ctx.cuh"
+
+/* out (n, cols) = rows ids[i] of w dequantized; d_ids on the device */
+int cuda_embed(struct cuda_ctx *c, float *out, const struct be_tensor *w, const int32_t *d_ids,
+               uint32_t n);
+/* out (n, dim) = in / sqrt(mean(in^2) + eps) * w */
+int cuda_rmsnorm(struct cuda_ctx *c, float *out, const float *in, const float *w, uint32_t n,
+                 uint32_t dim, float eps);
+/* x (n_tokens, n_heads*head_dim) rotated in place at d_pos */
+int cuda_rope(struct cuda_ctx *c, float *x, const int32_t *d_pos, uint32_t n_tokens,
+              uint32_t n_heads, uint32_t head_dim, const struct be_rope *r);
+/* out = silu(gate) * up over n elements */
+int cuda_silu_mul(struct cuda_ctx *c, float *out, const float *gate, const float *up, size_t n);
+/* out = a + b over n elements */
+int cuda_add(struct cuda_ctx *c, float *out, const float *a, const float *b, size_t n);
+/* out row i = in row d_rows[i], (n, cols) f32 */
+int cuda_get_rows(struct cuda_ctx *c, float *out, const float *in, const uint32_t *d_rows,
+                  uint32_t n, uint32_t cols);
+/* k, v (n_tokens, n_kv_head*head_dim) into each token's block slot (meta d_slot, d_pos) */
+int cuda_kv_write(struct cuda_ctx *c, const struct cuda_meta *m, uint32_t layer, const float *k,
+                  const float *v);
+
+/* matmul: out (n, n_out) = in (n, n_in) . w^T + bias */
+int cuda_matmul(struct cuda_ctx *c, float *out, const float *in, const struct be_tensor *w,
+                const float *bias, uint32_t n);
+/* the decode path of cuda_matmul: n <= CUDA_GEMV_MAX_N tokens, weights read once */
+#define CUDA_GEMV_MAX_N 8
+int cuda_gemv(struct cuda_ctx *c, float *out, const float *in, const struct be_tensor *w,
+              const float *bias, uint32_t n);
+/* dst (n) f16 or bf16 (type) from f32 src */
+int cuda_convert_f32(struct cuda_ctx *c, void *dst, enum be_type type, const float *src, size_t n);
+/* dst (n) = the rounding residual of that conversion (for precise gemms) */
+int cuda_convert_f32_lo(struct cuda_ctx *c, void *dst, enum be_type type, const float *src,
+                        size_t n);
+/* dst (rows, cols) f16 from q8_0 rows */
+int cuda_dequant_q8_0_f16(struct cuda_ctx *c, __half *dst, const void *src, uint32_t rows,
+                          uint32_t cols);
+/* out (n, cols) += bias (cols) per row */
+int cuda_add_bias(struct cuda_ctx *c, float *out, const float *bias, uint32_t n, uint32_t cols);
+
+/* attention of q over the blocks of one residency -> one partial set (o, m, l),
+ * on stream s. flash-decoding: keys split across thread blocks, merged by lse. */
+struct cuda_attn_args {
+    const struct cuda_meta *meta;
+    uint32_t layer;
+    int residency;
+    const float *q;          /* (n_tokens, n_head*head_dim) */
+    const struct be_attn *at;
+    float *o, *m, *l;        /* (n_tokens, n_head*head_dim), (n_tokens, n_head) x2 */
+    cudaStream_t s;
+};
+int cuda_attn(struct cuda_ctx *c, const struct cuda_attn_args *a);
+/* the two kernel shapes cuda_attn picks from: few query rows per kv head
+ * (decode) or tiles of tokens (prefill) */
+int cuda_attn_decode_launch(struct cuda_ctx *c, const struct cuda_attn_args *a, uint32_t n_split,
+                            uint32_t units_per_split, float *part);
+int cuda_attn_prefill_launch(struct cuda_ctx *c, const struct cuda_attn_args *a, uint32_t n_split,
+                             uint32_t units_per_split, float *part);
+/* out (o, m, l) = lse-merge of n_split partials part (n_split, n_tokens, n_head, head_dim + 2) */
+int cuda_attn_merge_splits(struct cuda_ctx *c, const float *part, uint32_t n_split,
+                           uint32_t n_tokens, uint32_t n_head, uint32_t head_dim, float *o,
+                           float *m, float *l, cudaStream_t s);
+/* a = lse-merge(a, b), n tokens */
+int cuda_attn_merge(struct cuda_ctx *c, float *oa, float *ma, float *la, const float *ob,
+                    const float *mb, const float *lb, uint32_t n, uint32_t n_head,
+                    uint32_t head_dim);

@@ -1,0 +1,67 @@
+/* matmul.cu - out = in . w^T + bias: gemv for decode, cublas gemms (f32 accumulate) for prefill. */
+#include "worker/cuda/cuda_ops.cuh"
+
+/* row-major out (n, n_out) = in (n, n_in) . w^T is, column-major,
+ * out (n_out, n) = w^T (n_out, n_in) . in (n_in, n) with w stored (n_in, n_out) */
+static int gemm_ex(struct cuda_ctx *c, float *out, const void *w, cudaDataType wt, const void *x,
+                   uint32_t n, uint32_t n_in, uint32_t n_out, float beta)
+{
+    const float one = 1.0f;
+    CUBLAS_TRY(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n_out, (int)n, (int)n_in, &one,
+                            w, wt, (int)n_in, x, wt, (int)n_in, &beta, out, CUDA_R_32F, (int)n_out,
+                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return 0;
+}
+
+/* activations rounded to the weight's 16-bit type; with precise, the
+ * rounding error is carried by a second gemm (x = hi + lo) */
+static int gemm_16(struct cuda_ctx *c, float *out, const float *in, const void *w, enum be_type t,
+                   uint32_t n, uint32_t n_in, uint32_t n_out)
+{
+    size_t elems = (size_t)n * n_in;
+    int rc = cuda_scratch(c, &c->act16, &c->act16_cap, elems * 2);
+    if (rc == 0)
+        rc = cuda_convert_f32(c, c->act16, t, in, elems);
+    cudaDataType wt = t == BE_F16 ? CUDA_R_16F : CUDA_R_16BF;
+    if (rc == 0)
+        rc = gemm_ex(c, out, w, wt, c->act16, n, n_in, n_out, 0.0f);
+    if (rc == 0 && c->precise) {
+        rc = cuda_convert_f32_lo(c, c->act16, t, in, elems);
+        if (rc == 0)
+            rc = gemm_ex(c, out, w, wt, c->act16, n, n_in, n_out, 1.0f);
+    }
+    return rc;
+}
+
+int cuda_matmul(struct cuda_ctx *c, float *out, const float *in, const struct be_tensor *w,
+                const float *bias, uint32_t n)
+{
+    if (n == 0)
+        return 0;
+    if (n <= CUDA_GEMV_MAX_N)
+        return cuda_gemv(c, out, in, w, bias, n);
+    const uint32_t n_in = w->cols, n_out = w->rows;
+    int rc = 0;
+    switch (w->type) {
+    case BE_F32: {
+        const float one = 1.0f, zero = 0.0f;
+        CUBLAS_TRY(cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n_out, (int)n, (int)n_in,
+                               &one, (const float *)w->data, (int)n_in, in, (int)n_in, &zero, out,
+                               (int)n_out));
+        break;
+    }
+    case BE_F16:
+    case BE_BF16: rc = gemm_16(c, out, in, w->data, w->type, n, n_in, n_out); break;
+    case BE_Q8_0:
+        rc = cuda_scratch(c, &c->wdeq, &c->wdeq_cap, (size_t)n_out * n_in * 2);
+        if (rc == 0)
+            rc = cuda_dequant_q8_0_f16(c, (__half *)c->wdeq, w->data, n_out, n_in);
+        if (rc == 0)
+            rc = gemm_16(c, out, in, c->wdeq, BE_F16, n, n_in, n_out);
+        break;
+    default: return RKV_EUNSUPPORTED;
+    }
+    if (rc == 0 && bias)
+        rc = cuda_add_bias(c, out, bias, n, n_out);
+    return rc;
+}

@@ -1,0 +1,110 @@
+/* membench.cu - the ceilings benchmarks report against: hbm stream read, pinned h2d, zero-copy reads. */
+#include <stdio.h>
+#include <string.h>
+
+#include "worker/cuda/cuda_backend.h"
+#include "worker/cuda/cuda_ctx.cuh"
+
+// sums 16-byte loads, 4 in flight per thread; the sum keeps the loads alive
+__global__ void read_kernel(const uint4 *p, size_t n, unsigned *sink)
+{
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    unsigned acc = 0;
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n; i += 4 * stride) {
+        uint4 a = __ldcs(p + i), b = __ldcs(p + i + stride), c = __ldcs(p + i + 2 * stride),
+              d = __ldcs(p + i + 3 * stride);
+        acc ^= a.x ^ a.y ^ b.z ^ b.w ^ c.x ^ c.w ^ d.y ^ d.z;
+    }
+    for (; i < n; i += stride)
+        acc ^= p[i].x;
+    if (acc == 0x12345678u)
+        *sink = acc;
+}
+
+/* median of reps timed runs, ms */
+template <typename F> static float time_ms(int reps, F fn)
+{
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    float t[32];
+    fn(); /* warm-up */
+    for (int r = 0; r < reps; r++) {
+        cudaEventRecord(a);
+        fn();
+        cudaEventRecord(b);
+        cudaEventSynchronize(b);
+        cudaEventElapsedTime(&t[r], a, b);
+    }
+    for (int i = 0; i < reps; i++)
+        for (int j = i + 1; j < reps; j++)
+            if (t[j] < t[i]) {
+                float x = t[i];
+                t[i] = t[j];
+                t[j] = x;
+            }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return t[reps / 2];
+}
+
+extern "C" int rkv_cuda_measure_ceilings(int gpu, size_t hbm_bytes, size_t host_bytes,
+                                         struct rkv_cuda_ceilings *out)
+{
+    memset(out, 0, sizeof(*out));
+    CU_TRY(cudaSetDevice(gpu));
+    cudaDeviceProp p;
+    CU_TRY(cudaGetDeviceProperties(&p, gpu));
+    snprintf(out->gpu_name, sizeof(out->gpu_name), "%s", p.name);
+    out->n_sm = p.multiProcessorCount;
+    hbm_bytes &= ~(size_t)15;
+    host_bytes &= ~(size_t)15;
+    char *d = NULL, *d2 = NULL, *h = NULL;
+    unsigned *sink = NULL;
+    int rc = RKV_ECUDA;
+    if (cudaMalloc(&d, hbm_bytes) != cudaSuccess || cudaMalloc(&d2, hbm_bytes) != cudaSuccess ||
+        cudaMalloc(&sink, 4) != cudaSuccess ||
+        cudaHostAlloc(&h, host_bytes, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess)
+        goto out;
+    cudaMemset(d, 1, hbm_bytes);
+    memset(h, 1, host_bytes);
+    {
+        size_t n16 = hbm_bytes / 16;
+        /* the grid that fills the chip: 4 blocks of 512 per SM */
+        unsigned grid = (unsigned)out->n_sm * 4;
+        float ms = time_ms(9, [&] { read_kernel<<<grid, 512>>>((const uint4 *)d, n16, sink); });
+        out->hbm_read = hbm_bytes / (ms * 1e6);
+        ms = time_ms(9, [&] { cudaMemcpy(d2, d, hbm_bytes, cudaMemcpyDeviceToDevice); });
+        out->d2d_copy = 2.0 * hbm_bytes / (ms * 1e6);
+        ms = time_ms(5, [&] {
+            for (size_t o = 0; o < host_bytes; o += 64 << 20) {
+                size_t n = host_bytes - o < (64 << 20) ? host_bytes - o : (64 << 20);
+                cudaMemcpyAsync(d + o, h + o, n, cudaMemcpyHostToDevice, 0);
+            }
+        });
+        out->h2d_pinned = host_bytes / (ms * 1e6);
+        ms = time_ms(5, [&] {
+            for (size_t o = 0; o < host_bytes; o += 1 << 20) {
+                size_t n = host_bytes - o < (1 << 20) ? host_bytes - o : (1 << 20);
+                cudaMemcpyAsync(d + o, h + o, n, cudaMemcpyHostToDevice, 0);
+            }
+        });
+        out->h2d_pinned_1m = host_bytes / (ms * 1e6);
+        void *hd = NULL;
+        if (cudaHostGetDevicePointer(&hd, h, 0) != cudaSuccess)
+            goto out;
+        ms = time_ms(5, [&] {
+            read_kernel<<<grid, 512>>>((const uint4 *)hd, host_bytes / 16, sink);
+        });
+        out->zero_copy = host_bytes / (ms * 1e6);
+    }
+    rc = cudaGetLastError() == cudaSuccess ? 0 : RKV_ECUDA;
+out:
+    cudaGetLastError();
+    cudaFree(d);
+    cudaFree(d2);
+    cudaFree(sink);
+    cudaFreeHost(h);
+    return rc;
+}

@@ -1,0 +1,35 @@
+/* rope.cu - rotary position embedding in place, normal (adjacent pairs) and neox (halves). */
+#include "worker/cuda/cuda_ops.cuh"
+
+// x (n_tokens, n_heads*head_dim); one thread per rotated pair
+__global__ void rope_kernel(float *x, const int32_t *pos, uint32_t n_heads, uint32_t head_dim,
+                            uint32_t n_rot, float base, float scale, int neox)
+{
+    uint32_t t = blockIdx.y;
+    uint32_t half = n_rot / 2;
+    uint32_t k = blockIdx.x * blockDim.x + threadIdx.x; /* (head, pair) */
+    if (k >= n_heads * half)
+        return;
+    uint32_t h = k / half, i = k % half;
+    /* theta_i = pos * scale * base^(-2i/n_rot), in double like a careful cpu twin */
+    double theta = (double)pos[t] * scale * pow((double)base, -2.0 * i / (double)n_rot);
+    float cs = (float)cos(theta), sn = (float)sin(theta);
+    float *hx = x + ((size_t)t * n_heads + h) * head_dim;
+    uint32_t i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+    float a = hx[i0], b = hx[i1];
+    hx[i0] = a * cs - b * sn;
+    hx[i1] = a * sn + b * cs;
+}
+
+int cuda_rope(struct cuda_ctx *c, float *x, const int32_t *d_pos, uint32_t n_tokens,
+              uint32_t n_heads, uint32_t head_dim, const struct be_rope *r)
+{
+    uint32_t pairs = n_heads * (r->n_rot / 2);
+    if (n_tokens == 0 || pairs == 0)
+        return 0;
+    dim3 grid((pairs + 127) / 128, n_tokens);
+    rope_kernel<<<grid, 128, 0, c->stream>>>(x, d_pos, n_heads, head_dim, r->n_rot, r->freq_base,
+                                             r->freq_scale, r->neox);
+    CU_LAUNCHED();
+    return 0;
+}
