@@ -23,6 +23,8 @@ static const struct proto_field f_hello[] = {
     PROTO_F_I64(struct proto_hello, gpu, 1, -1, PROTO_MAX_GPU),
     PROTO_F_U32(struct proto_hello, proto_version, 1, 1, 65535),
     PROTO_F_STR(struct proto_hello, build, 0),
+    PROTO_F_U64(struct proto_hello, block_bytes, 0, 0, 1ull << 40),
+    PROTO_F_U64(struct proto_hello, weights_bytes, 0, 0, 1ull << 50),
 };
 
 static const struct proto_field f_hello_ack[] = {

@@ -46,6 +46,10 @@ struct proto_hello {
     int64_t gpu; /* -1 = cpu */
     uint32_t proto_version;
     char build[64];
+    /* workers: the kv geometry their model needs and what it costs in VRAM,
+     * so kvmgr can size its pools before the first session */
+    uint64_t block_bytes;
+    uint64_t weights_bytes;
 };
 
 struct proto_hello_ack {

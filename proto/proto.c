@@ -31,6 +31,8 @@ static const char *const g_names[PROTO_MSG__MAX] = {
     [PROTO_MSG_STEP_REQ] = "step_req",
     [PROTO_MSG_STEP_RESP] = "step_resp",
     [PROTO_MSG_BLOCK_TABLE] = "block_table",
+    [PROTO_MSG_KV_PREP] = "kv_prep",
+    [PROTO_MSG_KV_TABLES] = "kv_tables",
 };
 
 int proto_msg_known(int type)

@@ -56,6 +56,8 @@ enum proto_msg {
     PROTO_MSG_STEP_REQ = 64,
     PROTO_MSG_STEP_RESP = 65,
     PROTO_MSG_BLOCK_TABLE = 66,
+    PROTO_MSG_KV_PREP = 67,   /* rkvd -> kvmgr before a step (proto/kvwire.h) */
+    PROTO_MSG_KV_TABLES = 68, /* kvmgr -> rkvd: the step's block tables */
     PROTO_MSG__MAX = 127, /* types are < this */
 };
 

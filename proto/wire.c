@@ -197,7 +197,7 @@ int proto_rbuf_get_bytes(struct proto_rbuf *r, void *dst, size_t n)
 /* --- shared checks ----------------------------------------------------------------- */
 
 #define SAMPLING_WIRE 38 /* 6 f32 + i32 + u64 + 2 u8 */
-#define SEQ_MIN_WIRE  (8 + 4 + 4 + 4 + SAMPLING_WIRE)
+#define SEQ_MIN_WIRE  (8 + 4 + 4 + 4 + SAMPLING_WIRE + 1 + 4)
 #define OUT_MIN_WIRE  (8 + 4 + 4 + 1 + 4)
 #define BLOCK_WIRE    5
 
@@ -319,6 +319,11 @@ int proto_step_req_encode(const struct proto_step_req *m, struct proto_wbuf *w, 
             rc = check_blocks(what, i, s->blocks, s->n_blocks, 0, err, errlen);
         if (rc == 0)
             rc = check_sampling(what, i, &s->sampling, err, errlen);
+        if (rc == 0)
+            rc = check_count(what, "n_history", i, s->n_history, PROTO_MAX_HISTORY, err, errlen);
+        if (rc == 0 && (s->flags & ~PROTO_STEP_FLAGS))
+            rc = proto_seterr(err, errlen, RKV_EFORMAT, "%s: seq %u: unknown flags 0x%x", what, i,
+                              s->flags);
     }
     if (rc < 0)
         return RKV_EINVAL;
@@ -344,6 +349,10 @@ int proto_step_req_encode(const struct proto_step_req *m, struct proto_wbuf *w, 
         proto_wbuf_put_u64(w, sp->seed);
         proto_wbuf_put_u8(w, sp->want_logits);
         proto_wbuf_put_u8(w, sp->n_top_logprobs);
+        proto_wbuf_put_u8(w, s->flags);
+        proto_wbuf_put_u32(w, s->n_history);
+        for (uint32_t t = 0; t < s->n_history; t++)
+            proto_wbuf_put_i32(w, s->history[t]);
     }
     return finish_encode(w, what, err, errlen);
 }
@@ -410,6 +419,24 @@ static int step_req_walk(struct proto_rbuf *r, struct proto_step_req *m, int32_t
         rc = check_sampling(what, i, sp, err, errlen);
         if (rc < 0)
             return rc;
+        if (proto_rbuf_get_u8(r, &s.flags) || proto_rbuf_get_u32(r, &s.n_history))
+            return truncated(what, r, err, errlen);
+        if (s.flags & ~PROTO_STEP_FLAGS)
+            return proto_seterr(err, errlen, RKV_EFORMAT, "%s: seq %u: unknown flags 0x%x", what,
+                                i, s.flags);
+        rc = check_count(what, "n_history", i, s.n_history, PROTO_MAX_HISTORY, err, errlen);
+        if (rc < 0)
+            return rc;
+        if ((uint64_t)s.n_history * 4 > proto_rbuf_left(r))
+            return truncated(what, r, err, errlen);
+        s.history = tok;
+        for (uint32_t t = 0; t < s.n_history; t++) {
+            int32_t v = 0;
+            proto_rbuf_get_i32(r, &v);
+            if (tok)
+                *tok++ = v;
+        }
+        *n_tok += s.n_history;
         if (m)
             m->seqs[i] = s;
     }
@@ -451,6 +478,8 @@ int proto_step_req_decode(const void *buf, size_t len, struct proto_step_req **o
             m->seqs[i].tokens = NULL;
         if (!m->seqs[i].n_blocks)
             m->seqs[i].blocks = NULL;
+        if (!m->seqs[i].n_history)
+            m->seqs[i].history = NULL;
     }
     *out = m;
     return 0;

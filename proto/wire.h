@@ -50,6 +50,12 @@ int proto_rbuf_get_bytes(struct proto_rbuf *r, void *dst, size_t n);
 #define PROTO_MAX_STEP_TOKENS  65536
 #define PROTO_MAX_BLOCKS       (1u << 20)
 #define PROTO_MAX_TOP_LOGPROBS 20
+#define PROTO_MAX_HISTORY (1u << 24)
+
+/* step_seq flags */
+#define PROTO_STEP_SAMPLE 1u /* sample a token from the last position */
+#define PROTO_STEP_RESET 2u  /* (re)build the session's sampler from history */
+#define PROTO_STEP_FLAGS (PROTO_STEP_SAMPLE | PROTO_STEP_RESET)
 
 enum proto_residency { PROTO_RES_DEVICE = 0, PROTO_RES_HOST = 1, PROTO_RES_BOTH = 2 };
 
@@ -72,7 +78,8 @@ struct proto_sampling {
 };
 
 /* one sequence of a step. wire: u64 session_id, u32 n_past, u32 n_tokens,
- * i32 tokens[n_tokens], u32 n_blocks, block refs, sampling */
+ * i32 tokens[n_tokens], u32 n_blocks, block refs, sampling, u8 flags,
+ * u32 n_history, i32 history[n_history] */
 struct proto_step_seq {
     uint64_t session_id;
     uint32_t n_past;                /* tokens already in the KV */
@@ -81,6 +88,9 @@ struct proto_step_seq {
     uint32_t n_blocks;              /* <= PROTO_MAX_BLOCKS */
     struct proto_block_ref *blocks; /* (n_blocks,) in position order */
     struct proto_sampling sampling;
+    uint8_t flags;       /* PROTO_STEP_* */
+    uint32_t n_history;  /* with PROTO_STEP_RESET: every token before this step's */
+    int32_t *history;    /* (n_history,) */
 };
 
 /* STEP_REQ: rkvd -> worker. wire: u64 epoch, u32 n_seqs, seqs */

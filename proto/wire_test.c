@@ -84,6 +84,8 @@ static struct proto_block_ref g_blk2[] = {{9, PROTO_RES_HOST}};
 static struct proto_step_seq g_seqs[3];
 static struct proto_step_req g_req;
 
+static int32_t g_hist0[2] = {-7, 65535};
+
 static void make_req(void)
 {
     memset(g_seqs, 0, sizeof g_seqs);
@@ -95,6 +97,9 @@ static void make_req(void)
         .n_blocks = 3,
         .blocks = g_blk0,
         .sampling = {0.7f, 0.9f, 0.05f, 0.1f, 0.2f, 1.1f, 40, 12345678901ull, 1, 5},
+        .flags = PROTO_STEP_SAMPLE | PROTO_STEP_RESET,
+        .n_history = 2,
+        .history = g_hist0,
     };
     g_seqs[1] = (struct proto_step_seq){.session_id = 2, .sampling = {.temperature = 0}};
     g_seqs[2] = (struct proto_step_seq){
@@ -130,6 +135,10 @@ static void assert_seq_equal(const struct proto_step_seq *a, const struct proto_
     assert_true(x->seed == y->seed);
     assert_int_equal(x->want_logits, y->want_logits);
     assert_int_equal(x->n_top_logprobs, y->n_top_logprobs);
+    assert_int_equal(a->flags, b->flags);
+    assert_int_equal(a->n_history, b->n_history);
+    if (a->n_history)
+        assert_memory_equal(a->history, b->history, a->n_history * sizeof(int32_t));
 }
 
 /* every prefix of a valid encoding, from an exact-size heap copy, is refused */
@@ -178,8 +187,8 @@ static void test_step_req(void **state)
     proto_wbuf_init(&w);
     char err[256];
     assert_int_equal(proto_step_req_encode(&g_req, &w, err, sizeof err), 0);
-    /* 12 + (20 + 16 + 15 + 38) + (20 + 38) + (20 + 4 + 5 + 38) */
-    assert_int_equal(w.len, 12 + 89 + 58 + 67);
+    /* 12 + (20 + 16 + 15 + 38 + 5 + 8) + (20 + 38 + 5) + (20 + 4 + 5 + 38 + 5) */
+    assert_int_equal(w.len, 12 + 102 + 63 + 72);
     struct proto_step_req *m;
     assert_int_equal(proto_step_req_decode(w.data, w.len, &m, err, sizeof err), 0);
     assert_true(m->epoch == 77);
@@ -188,6 +197,7 @@ static void test_step_req(void **state)
         assert_seq_equal(&m->seqs[i], &g_seqs[i]);
     assert_null(m->seqs[1].tokens);
     assert_null(m->seqs[1].blocks);
+    assert_null(m->seqs[1].history);
     proto_step_req_free(m);
     check_prefixes(dec_req, w.data, w.len);
 
