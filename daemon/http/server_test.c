@@ -474,7 +474,12 @@ static void cl_slow(struct ctx *x)
     SEND(&c, "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc");
     x->rc[1] = client_read(&c, &x->r[1]);
     client_close(&c);
+}
+
+static void cl_idle(struct ctx *x)
+{
     /* an idle keep-alive connection is closed quietly */
+    struct client c;
     client_connect(&c, x->port, 0);
     SEND(&c, "GET /echo HTTP/1.1\r\nHost: x\r\n\r\n");
     x->rc[2] = client_read(&c, &x->r[2]);
@@ -489,7 +494,6 @@ static void test_slow_client_408(void **state)
     http_limits_default(&lim);
     lim.header_timeout_ms = 30;
     lim.body_timeout_ms = 30;
-    lim.idle_timeout_ms = 30;
     run_scenario(&x, &lim, "127.0.0.1", cl_slow);
     assert_int_equal(x.rc[0], 0);
     assert_int_equal(x.r[0].status, 408);
@@ -497,6 +501,17 @@ static void test_slow_client_408(void **state)
     assert_int_equal(x.rc[1], 0);
     assert_int_equal(x.r[1].status, 408);
     assert_non_null(strstr(x.r[1].body, "body not received in time"));
+    ctx_free(&x);
+}
+
+static void test_idle_keepalive_closed(void **state)
+{
+    struct ctx x = {0};
+    struct http_limits lim;
+    http_limits_default(&lim);
+    /* long enough that the request itself always arrives first */
+    lim.idle_timeout_ms = 200;
+    run_scenario(&x, &lim, "127.0.0.1", cl_idle);
     assert_int_equal(x.rc[2], 0);
     assert_int_equal(x.r[2].status, 200);
     assert_int_equal(x.eof[2], 1);
@@ -755,6 +770,7 @@ int main(void)
         cmocka_unit_test(test_header_too_large_431),
         cmocka_unit_test(test_body_too_large_413),
         cmocka_unit_test(test_slow_client_408),
+        cmocka_unit_test(test_idle_keepalive_closed),
         cmocka_unit_test(test_too_many_connections_503),
         cmocka_unit_test(test_bad_request_400),
         cmocka_unit_test(test_shutdown_finishes_stream),
