@@ -11,6 +11,8 @@
 
 /* top-p histogram resolution (see filter_top_p) */
 #define TOP_P_BUCKETS 1024
+/* exp weights are summed in blocks of this many (see exp_weights) */
+#define EXP_BLOCK 64
 
 /* a candidate token: its (penalized) logit and id */
 struct cand {
@@ -32,7 +34,9 @@ struct sampler {
     float *work;         /* (n_vocab) penalized logits */
     struct cand *cand;   /* (n_vocab) candidates */
     double *bucket_mass; /* (TOP_P_BUCKETS) top-p scratch */
-    double *weight;      /* (n_vocab) exp(logit - max) scratch */
+    float *weight;       /* (n_vocab) exp weights scratch */
+    float *vals;         /* (n_vocab) candidate logits, contiguous */
+    double *block_sum;   /* (n_vocab / EXP_BLOCK + 1) weight sums per block */
 };
 
 void sample_params_default(struct sample_params *p)
@@ -157,7 +161,10 @@ int sampler_init(struct sampler **out, const struct sample_params *p, int32_t n_
     s->cand = malloc((size_t)n_vocab * sizeof(*s->cand));
     s->bucket_mass = malloc(TOP_P_BUCKETS * sizeof(*s->bucket_mass));
     s->weight = malloc((size_t)n_vocab * sizeof(*s->weight));
-    if (!s->hist || !s->counts || !s->work || !s->cand || !s->bucket_mass || !s->weight) {
+    s->vals = malloc((size_t)n_vocab * sizeof(*s->vals));
+    s->block_sum = malloc(((size_t)n_vocab / EXP_BLOCK + 1) * sizeof(*s->block_sum));
+    if (!s->hist || !s->counts || !s->work || !s->cand || !s->bucket_mass || !s->weight ||
+        !s->vals || !s->block_sum) {
         sampler_free(s);
         return RKV_ENOMEM;
     }
@@ -175,6 +182,8 @@ void sampler_free(struct sampler *s)
     free(s->cand);
     free(s->bucket_mass);
     free(s->weight);
+    free(s->vals);
+    free(s->block_sum);
     free(s);
 }
 
@@ -311,7 +320,7 @@ static int bucket_of(float v, float mx, double scale)
     return b < TOP_P_BUCKETS - 1 ? (int)b : TOP_P_BUCKETS - 1;
 }
 
-/* nan -> -inf and +inf -> FLT_MAX so exp() and comparisons stay defined */
+/* nan -> -inf and +inf -> FLT_MAX so comparisons stay defined */
 static float sanitize(float v)
 {
     if (isnan(v))
@@ -321,19 +330,131 @@ static float sanitize(float v)
     return v;
 }
 
-/* index of the max (ties: lowest id) */
+/* --- vector kernels: max, exp weights ------------------------------------ */
+
+/* exp(x) for x <= 0: exactly 0 below -87 (and for nan), else within 3e-7
+ * relative. the scalar and avx2 versions run the same operations, so a tail
+ * element gets the value a vector lane would. */
+#define EXP_LOG2E  1.44269504f
+#define EXP_LN2_HI 0.693145752f
+#define EXP_LN2_LO 1.42860677e-6f
+#define EXP_FLOOR  -87.0f
+
+static float exp_neg(float x)
+{
+    if (!(x >= EXP_FLOOR))
+        return 0.0f;
+    x = x < 0.0f ? x : 0.0f;
+    float n = rintf(x * EXP_LOG2E);
+    float r = fmaf(-n, EXP_LN2_LO, fmaf(-n, EXP_LN2_HI, x));
+    float q = fmaf(r, 1.0f / 720, 1.0f / 120);
+    q = fmaf(q, r, 1.0f / 24);
+    q = fmaf(q, r, 1.0f / 6);
+    q = fmaf(q, r, 0.5f);
+    q = fmaf(q, r, 1.0f);
+    q = fmaf(q, r, 1.0f);
+    uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof(scale));
+    return q * scale;
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define SAMPLE_AVX2 1
+
+static __m256 exp_neg8(__m256 x)
+{
+    __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_FLOOR), _CMP_GE_OQ); /* nan: 0 */
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(EXP_FLOOR)), _mm256_setzero_ps());
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(EXP_LOG2E)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_LN2_HI), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_LN2_LO), r);
+    __m256 q = _mm256_fmadd_ps(r, _mm256_set1_ps(1.0f / 720), _mm256_set1_ps(1.0f / 120));
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(1.0f / 24));
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(1.0f / 6));
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(0.5f));
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(1.0f));
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(1.0f));
+    __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(q, _mm256_castsi256_ps(e)), keep);
+}
+
+static float hsum8(__m256 v)
+{
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    a = _mm_add_ss(a, _mm_movehdup_ps(a));
+    return _mm_cvtss_f32(a);
+}
+#endif
+
+/* largest value, nan skipped; -inf when there is none */
+static float max_of(const float *x, size_t n)
+{
+    size_t i = 0;
+    float mx = -INFINITY;
+#ifdef SAMPLE_AVX2
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    for (; i + 8 <= n; i += 8)
+        m = _mm256_max_ps(_mm256_loadu_ps(x + i), m); /* nan in x: m is kept */
+    float lanes[8];
+    _mm256_storeu_ps(lanes, m);
+    for (int j = 0; j < 8; j++)
+        mx = lanes[j] > mx ? lanes[j] : mx;
+#endif
+    for (; i < n; i++)
+        mx = x[i] > mx ? x[i] : mx;
+    return mx;
+}
+
+/* w[i] = exp((x[i] - shift) * scale) (w may be NULL), bsum[b] = the sum of
+ * block b of EXP_BLOCK weights (bsum may be NULL); returns the total. float
+ * sums inside a block, double across blocks. */
+static double exp_weights(const float *x, size_t n, float shift, float scale, float *w,
+                          double *bsum)
+{
+    double total = 0.0;
+    for (size_t b = 0; b * EXP_BLOCK < n; b++) {
+        size_t i = b * EXP_BLOCK, end = i + EXP_BLOCK < n ? i + EXP_BLOCK : n;
+        float acc = 0.0f;
+#ifdef SAMPLE_AVX2
+        if (end - i == EXP_BLOCK) {
+            __m256 a = _mm256_setzero_ps();
+            for (; i < end; i += 8) {
+                __m256 e = exp_neg8(
+                    _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(shift)),
+                                  _mm256_set1_ps(scale)));
+                if (w)
+                    _mm256_storeu_ps(w + i, e);
+                a = _mm256_add_ps(a, e);
+            }
+            acc = hsum8(a);
+        }
+#endif
+        for (; i < end; i++) {
+            float e = exp_neg((x[i] - shift) * scale);
+            if (w)
+                w[i] = e;
+            acc += e;
+        }
+        if (bsum)
+            bsum[b] = acc;
+        total += acc;
+    }
+    return total;
+}
+
+/* index of the max (ties: lowest id; nan never wins) */
 static int32_t argmax(const float *v, int32_t n)
 {
-    int32_t best = 0;
-    float bv = sanitize(v[0]);
-    for (int32_t i = 1; i < n; i++) {
-        float x = sanitize(v[i]);
-        if (x > bv) {
-            bv = x;
-            best = i;
-        }
-    }
-    return best;
+    float mx = max_of(v, (size_t)n);
+    for (int32_t i = 0; i < n; i++)
+        if (v[i] == mx)
+            return i;
+    return 0; /* all nan */
 }
 
 /* log-softmax of the raw logits for `id` and the top alternatives */
@@ -341,11 +462,8 @@ static void raw_logprobs(const struct sampler *s, const float *logits, int32_t i
                          struct sample_top *top)
 {
     int32_t n = s->n_vocab;
-    double mx = sanitize(logits[argmax(logits, n)]);
-    double sum = 0.0;
-    for (int32_t i = 0; i < n; i++)
-        sum += expf(sanitize(logits[i]) - (float)mx);
-    double lse = mx + log(sum);
+    float mx = sanitize(max_of(logits, (size_t)n));
+    double lse = (double)mx + log(exp_weights(logits, (size_t)n, mx, 1.0f, NULL, NULL));
     if (logprob)
         *logprob = (float)((double)sanitize(logits[id]) - lse);
     int32_t k = s->p.n_top_logprobs;
@@ -373,72 +491,83 @@ static void raw_logprobs(const struct sampler *s, const float *logits, int32_t i
     }
 }
 
-/* draw from candidates c[0..n) by softmax(v / temperature) */
-static int32_t draw(struct sampler *s, const struct cand *c, size_t n)
+/* index drawn from x[0..n) with probability softmax(x / temperature) */
+static size_t draw_index(struct sampler *s, const float *x, size_t n)
 {
-    double inv_t = 1.0 / (double)s->p.temperature;
-    float mx = c[0].v;
-    for (size_t i = 1; i < n; i++)
-        if (c[i].v > mx)
-            mx = c[i].v;
+    float mx = max_of(x, n);
     if (mx == -INFINITY)
-        return c[0].id; /* every token masked: nothing to weigh */
-    double *wt = s->weight;
-    double sum = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        wt[i] = expf((c[i].v - mx) * (float)inv_t);
-        sum += wt[i];
+        return 0; /* every token masked: nothing to weigh */
+    if (mx == INFINITY) {
+        for (size_t i = 0;; i++)
+            if (x[i] == INFINITY)
+                return i; /* outweighs everything */
     }
-    double u = rng_uniform(s) * sum;
+    double *bsum = s->block_sum;
+    float *w = s->weight;
+    double total = exp_weights(x, n, mx, 1.0f / s->p.temperature, w, bsum);
+    double u = rng_uniform(s) * total;
+    /* find the block, then the token inside it; rounding that leaves u at
+     * the very top picks the last token with weight */
     double acc = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        acc += wt[i];
-        if (u < acc)
-            return c[i].id;
+    size_t n_blocks = (n + EXP_BLOCK - 1) / EXP_BLOCK, pick = 0;
+    for (size_t b = 0; b < n_blocks; b++) {
+        if (!(bsum[b] > 0.0))
+            continue;
+        pick = b;
+        if (u < acc + bsum[b])
+            break;
+        if (b + 1 < n_blocks)
+            acc += bsum[b];
+        else
+            break; /* ran off the end: stay in this block */
     }
-    return c[n - 1].id; /* rounding left u at the very top */
+    size_t i = pick * EXP_BLOCK, end = i + EXP_BLOCK < n ? i + EXP_BLOCK : n, last = i;
+    for (; i < end; i++) {
+        if (!(w[i] > 0.0f))
+            continue;
+        last = i;
+        acc += w[i];
+        if (u < acc)
+            return i;
+    }
+    return last;
 }
 
-/* top-p over c[0..n): keeps the smallest best-first set whose probability
- * (softmax at temperature 1 over c) reaches top_p and moves it to the front;
- * returns its size. when c is not sorted it avoids sorting the vocab: one
- * pass buckets the tokens by logit, the buckets are summed best first, and
- * only the bucket where the sum crosses top_p is sorted. */
-static size_t filter_top_p(struct sampler *s, struct cand *c, size_t n, int sorted)
+/* top-p over c[0..n), sorted best first (after top-k): the length of the
+ * smallest prefix whose probability (softmax at temperature 1 over c)
+ * reaches top_p */
+static size_t top_p_sorted(struct sampler *s, const struct cand *c, size_t n)
 {
-    float mx = c[0].v, mn = c[0].v;
-    for (size_t i = 1; i < n; i++) {
-        if (c[i].v > mx)
-            mx = c[i].v;
-        if (c[i].v < mn && c[i].v > -INFINITY)
-            mn = c[i].v;
-    }
-    if (mx == -INFINITY)
+    float *x = s->vals, *w = s->weight;
+    for (size_t i = 0; i < n; i++)
+        x[i] = c[i].v;
+    if (n == 0 || x[0] == -INFINITY)
         return n;
-    /* weights by token id: c gets reordered below */
-    double *wt = s->weight;
-    double total = 0.0;
+    double want = (double)s->p.top_p * exp_weights(x, n, x[0], 1.0f, w, NULL);
+    double acc = 0.0;
     for (size_t i = 0; i < n; i++) {
-        wt[c[i].id] = expf(c[i].v - mx);
-        total += wt[c[i].id];
+        acc += w[i];
+        if (acc >= want)
+            return i + 1;
     }
-    double want = (double)s->p.top_p * total;
-    if (sorted) {
-        double acc = 0.0;
-        for (size_t i = 0; i < n; i++) {
-            acc += wt[c[i].id];
-            if (acc >= want)
-                return i + 1;
-        }
-        return n; /* rounding: p of the whole */
-    }
-    /* bucket b holds logits in (mx - (b+1)/scale, mx - b/scale] */
-    double span = (double)mx - mn;
-    double scale = span > 0.0 ? (TOP_P_BUCKETS - 1) / span : 0.0;
+    return n; /* rounding: p of the whole */
+}
+
+/* top-p over the whole vocab v (max mx) without sorting it: one pass
+ * buckets the tokens by logit and sums their weights, the buckets are summed
+ * best first, and only the bucket where the sum crosses top_p is sorted.
+ * the kept tokens go to c; returns their count. */
+static size_t top_p_vocab(struct sampler *s, const float *v, size_t n, float mx, struct cand *c)
+{
+    float *w = s->weight; /* by id */
+    double want = (double)s->p.top_p * exp_weights(v, n, mx, 1.0f, w, NULL);
+    /* weights below exp(EXP_FLOOR) are 0 anyway: the buckets span that range */
+    const double scale = (TOP_P_BUCKETS - 1) / -(double)EXP_FLOOR;
     double *mass = s->bucket_mass;
     memset(mass, 0, TOP_P_BUCKETS * sizeof(*mass));
     for (size_t i = 0; i < n; i++)
-        mass[bucket_of(c[i].v, mx, scale)] += wt[c[i].id];
+        if (w[i] > 0.0f)
+            mass[bucket_of(v[i], mx, scale)] += w[i];
     double acc = 0.0;
     int cut = TOP_P_BUCKETS - 1;
     for (int b = 0; b < TOP_P_BUCKETS; b++) {
@@ -448,62 +577,120 @@ static size_t filter_top_p(struct sampler *s, struct cand *c, size_t n, int sort
         }
         acc += mass[b];
     }
-    /* buckets above the cut in front, then the cut bucket, sorted */
-    size_t front = 0;
+    /* buckets above the cut are kept whole; the cut bucket, sorted, gives
+     * the prefix that reaches top_p */
+    size_t front = 0, end;
     for (size_t i = 0; i < n; i++)
-        if (bucket_of(c[i].v, mx, scale) < cut)
-            cand_swap(&c[i], &c[front++]);
-    size_t end = front;
-    for (size_t i = front; i < n; i++)
-        if (bucket_of(c[i].v, mx, scale) == cut)
-            cand_swap(&c[i], &c[end++]);
+        if (w[i] > 0.0f && bucket_of(v[i], mx, scale) < cut)
+            c[front++] = (struct cand){v[i], (int32_t)i};
+    end = front;
+    for (size_t i = 0; i < n; i++)
+        if (w[i] > 0.0f && bucket_of(v[i], mx, scale) == cut)
+            c[end++] = (struct cand){v[i], (int32_t)i};
     qsort(c + front, end - front, sizeof(*c), cand_cmp);
     for (size_t i = front; i < end; i++) {
-        acc += wt[c[i].id];
+        acc += w[c[i].id];
         if (acc >= want)
             return i + 1;
     }
     return end;
 }
 
+/* the k best of v[0..n) into c[0..k), sorted best first. a heap of the k
+ * best so far, worst at the root: most tokens cost one comparison. */
+static void top_k_heap(const float *v, size_t n, size_t k, struct cand *c)
+{
+    size_t have = 0;
+    for (size_t i = 0; i < n; i++) {
+        struct cand x = {sanitize(v[i]), (int32_t)i};
+        size_t j;
+        if (have < k) {
+            /* sift up: parents are worse than children */
+            j = have++;
+            while (j > 0 && cand_before(c[(j - 1) / 2], x)) {
+                c[j] = c[(j - 1) / 2];
+                j = (j - 1) / 2;
+            }
+            c[j] = x;
+            continue;
+        }
+        if (!cand_before(x, c[0]))
+            continue;
+        /* replace the worst, sift down */
+        j = 0;
+        for (;;) {
+            size_t l = 2 * j + 1, r = l + 1, m = j;
+            struct cand worst = x;
+            if (l < k && cand_before(worst, c[l])) {
+                m = l;
+                worst = c[l];
+            }
+            if (r < k && cand_before(worst, c[r]))
+                m = r;
+            if (m == j)
+                break;
+            c[j] = c[m];
+            j = m;
+        }
+        c[j] = x;
+    }
+    qsort(c, have, sizeof(*c), cand_cmp);
+}
+
 int32_t sampler_sample(struct sampler *s, const float *logits, float *logprob,
                        struct sample_top *top)
 {
     const struct sample_params *p = &s->p;
-    int32_t n_vocab = s->n_vocab;
+    size_t n_vocab = (size_t)s->n_vocab;
     const float *v = logits;
     if (penalties_active(p)) {
-        memcpy(s->work, logits, (size_t)n_vocab * sizeof(*s->work));
+        memcpy(s->work, logits, n_vocab * sizeof(*s->work));
         sampler_penalize(s, s->work);
         v = s->work;
     }
 
     int32_t id;
+    int top_k = p->top_k > 0 && (size_t)p->top_k < n_vocab;
     if (p->temperature == 0.0f || p->top_k == 1) {
-        id = argmax(v, n_vocab);
+        id = argmax(v, (int32_t)n_vocab);
+    } else if (!top_k && p->top_p >= 1.0f && p->min_p <= 0.0f) {
+        id = (int32_t)draw_index(s, v, n_vocab); /* no filter: the whole vocab */
     } else {
         struct cand *c = s->cand;
-        size_t n = (size_t)n_vocab;
-        for (int32_t i = 0; i < n_vocab; i++) {
-            c[i].v = sanitize(v[i]);
-            c[i].id = i;
-        }
-        int sorted = 0;
-        if (p->top_k > 0 && (size_t)p->top_k < n) {
-            cand_top_sorted(c, n, (size_t)p->top_k);
+        size_t n;
+        float mx;
+        if (top_k) {
             n = (size_t)p->top_k;
-            sorted = 1;
-        }
-        if (p->top_p < 1.0f) {
-            n = filter_top_p(s, c, n, sorted); /* sorted only if it was */
+            if (n <= 4096) {
+                top_k_heap(v, n_vocab, n, c);
+            } else {
+                for (size_t i = 0; i < n_vocab; i++)
+                    c[i] = (struct cand){sanitize(v[i]), (int32_t)i};
+                cand_top_sorted(c, n_vocab, n);
+            }
+            if (p->top_p < 1.0f)
+                n = top_p_sorted(s, c, n);
+            mx = c[0].v;
+        } else {
+            mx = max_of(v, n_vocab);
+            if (mx == INFINITY || mx == -INFINITY) {
+                /* an infinite logit outweighs the rest; none finite: no weights */
+                id = argmax(v, (int32_t)n_vocab);
+                goto done;
+            }
+            if (p->top_p < 1.0f) {
+                n = top_p_vocab(s, v, n_vocab, mx, c);
+            } else {
+                /* min-p alone: only tokens at or above its floor are copied */
+                double floor_v = (double)mx + log((double)p->min_p);
+                n = 0;
+                for (size_t i = 0; i < n_vocab; i++)
+                    if ((double)v[i] >= floor_v)
+                        c[n++] = (struct cand){v[i], (int32_t)i};
+            }
         }
         if (p->min_p > 0.0f) {
             /* prob_i >= min_p * prob_max  <=>  v_i >= v_max + log(min_p) */
-            float mx = c[0].v;
-            if (!sorted)
-                for (size_t i = 1; i < n; i++)
-                    if (c[i].v > mx)
-                        mx = c[i].v;
             double floor_v = (double)mx + log((double)p->min_p);
             size_t kept = 0;
             for (size_t i = 0; i < n; i++)
@@ -511,8 +698,12 @@ int32_t sampler_sample(struct sampler *s, const float *logits, float *logprob,
                     c[kept++] = c[i];
             n = kept; /* the max always passes */
         }
-        id = draw(s, c, n);
+        float *x = s->vals;
+        for (size_t i = 0; i < n; i++)
+            x[i] = c[i].v;
+        id = c[draw_index(s, x, n)].id;
     }
+done:
     if (logprob || top)
         raw_logprobs(s, logits, id, logprob, top);
     return id;

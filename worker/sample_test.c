@@ -71,8 +71,9 @@ static void check_freq(const long *counts, const double *prob, int32_t n_vocab, 
         chi2 += ((double)counts[i] - mean) * ((double)counts[i] - mean) / mean;
         dof++;
     }
-    /* chi-square, dof <= 8: 30 is far beyond the 0.999 quantile (26.1) */
-    if (dof > 0 && chi2 > 30.0)
+    /* chi-square: mean dof, sd sqrt(2 dof); 8 sd + 10 is far beyond the
+     * 0.999 quantile (26.1 at 8 dof, 330 at 255) */
+    if (dof > 0 && chi2 > dof + 8.0 * sqrt(2.0 * dof) + 10.0)
         fail_msg("chi-square %.2f with %d degrees of freedom", chi2, dof);
 }
 
@@ -92,13 +93,23 @@ static void softmax_kept(const float *v, const int *keep, int32_t n, double t, d
 }
 
 /* N_DRAWS draws over 8 tokens match softmax(v / temperature) over `keep` */
+static void check_draws_n(const struct sample_params *p, const float *v, const int *keep,
+                          int32_t n_vocab)
+{
+    long *counts = malloc((size_t)n_vocab * sizeof(*counts));
+    double *prob = malloc((size_t)n_vocab * sizeof(*prob));
+    assert_non_null(counts);
+    assert_non_null(prob);
+    draw_counts(p, v, n_vocab, N_DRAWS, counts);
+    softmax_kept(v, keep, n_vocab, p->temperature, prob);
+    check_freq(counts, prob, n_vocab, N_DRAWS);
+    free(counts);
+    free(prob);
+}
+
 static void check_draws(const struct sample_params *p, const float *v, const int *keep)
 {
-    long counts[8];
-    double prob[8];
-    draw_counts(p, v, 8, N_DRAWS, counts);
-    softmax_kept(v, keep, 8, p->temperature, prob);
-    check_freq(counts, prob, 8, N_DRAWS);
+    check_draws_n(p, v, keep, 8);
 }
 
 static const float small_logits[8] = {1.0f, 0.5f, 0.0f, -0.5f, 2.0f, -1.0f, 1.5f, 0.25f};
@@ -367,6 +378,46 @@ static void test_chain_order(void **state)
     check_draws(&p, v5, keep);
 }
 
+/* 300 tokens: full 64-wide blocks (the vector path) plus a tail, through the
+ * whole-vocab paths: no filter, top-p alone, min-p alone */
+static void test_vocab_paths_distribution(void **state)
+{
+    (void)state;
+    enum { NV = 300 };
+    float v[NV];
+    int keep[NV];
+    fill_logits(v, NV, 17, 3.0f);
+    v[250] = -INFINITY; /* masked tokens are never drawn */
+    v[10] = NAN;
+    struct sample_params p;
+    sample_params_default(&p);
+    p.temperature = 0.6f;
+    p.seed = 51;
+    for (int i = 0; i < NV; i++)
+        keep[i] = i != 250 && i != 10;
+    float clean[NV];
+    for (int i = 0; i < NV; i++)
+        clean[i] = keep[i] ? v[i] : -INFINITY;
+    check_draws_n(&p, v, keep, NV);
+
+    p.top_p = 0.7f;
+    nucleus(clean, NV, 0.7, keep);
+    int kept = 0;
+    for (int i = 0; i < NV; i++)
+        kept += keep[i];
+    assert_true(kept > 20 && kept < 200);
+    check_draws_n(&p, v, keep, NV);
+
+    p.top_p = 1.0f;
+    p.min_p = 0.25f;
+    float mx = -INFINITY;
+    for (int i = 0; i < NV; i++)
+        mx = clean[i] > mx ? clean[i] : mx;
+    for (int i = 0; i < NV; i++)
+        keep[i] = (double)clean[i] >= (double)mx + log(0.25);
+    check_draws_n(&p, v, keep, NV);
+}
+
 static int cmp_desc(const void *a, const void *b)
 {
     float x = *(const float *)a, y = *(const float *)b;
@@ -571,6 +622,7 @@ int main(void)
         cmocka_unit_test(test_top_p_distribution),
         cmocka_unit_test(test_min_p_distribution),
         cmocka_unit_test(test_chain_order),
+        cmocka_unit_test(test_vocab_paths_distribution),
         cmocka_unit_test(test_big_vocab_filters),
         cmocka_unit_test(test_penalties_exact),
         cmocka_unit_test(test_logprobs),
