@@ -55,6 +55,7 @@ struct sess {
     struct rkv_vec tokens; /* uint32_t */
     size_t n_written;      /* positions whose kv the worker wrote */
     size_t n_published;    /* leading full blocks offered to the index */
+    size_t n_known;        /* leading positions whose token ids are known */
     struct rkv_vec drops;  /* struct drop */
     struct rkv_vec leases; /* struct lease */
     enum mv_kind mv_kind;
@@ -333,7 +334,7 @@ int kvb_session_open(struct kvb *kvb, uint64_t sid, uint32_t gpu, const uint32_t
 {
     uint32_t B = kvb->block_tokens;
     *n_reused = 0;
-    if (sid == 0 || gpu >= kvb->n_gpus || (n_tokens && !tokens) || max_dev == 0)
+    if (sid == 0 || gpu >= kvb->n_gpus || max_dev == 0)
         return RKV_EINVAL;
     if (sess_get(kvb, sid))
         return RKV_EBUSY;
@@ -343,14 +344,19 @@ int kvb_session_open(struct kvb *kvb, uint64_t sid, uint32_t gpu, const uint32_t
             sess_free(s);
         return RKV_ENOMEM;
     }
-    memcpy(s->tokens.data, tokens, n_tokens * sizeof(uint32_t));
+    /* without token ids (positions only) nothing can be shared */
+    if (tokens)
+        memcpy(s->tokens.data, tokens, n_tokens * sizeof(uint32_t));
+    else
+        memset(s->tokens.data, 0, n_tokens * sizeof(uint32_t));
     s->tokens.len = n_tokens;
+    s->n_known = tokens ? n_tokens : 0;
     /* share full blocks while the prefix matches; at least one position is
      * left to compute so the worker gets logits for the last token */
     uint64_t h = 0;
     struct pool *dp = &kvb->pools[gpu], *hp = &kvb->pools[host_pool(kvb)];
     int rc = 0;
-    for (size_t b = 0; (b + 1) * B < n_tokens; b++) {
+    for (size_t b = 0; tokens && (b + 1) * B < n_tokens; b++) {
         h = chain_hash(h, tokens + b * B, B);
         struct ent e = {pool_lookup_ref(dp, h), pool_lookup_ref(hp, h), h};
         if (e.dev == KVB_NONE && e.host == KVB_NONE)
@@ -427,6 +433,7 @@ int kvb_session_fork(struct kvb *kvb, uint64_t parent, uint64_t child, size_t n_
     }
     s->n_written = n_tokens;
     s->n_published = full < p->n_published ? full : p->n_published;
+    s->n_known = n_tokens < p->n_known ? n_tokens : p->n_known;
     return 0;
 }
 
@@ -435,18 +442,84 @@ int kvb_session_append(struct kvb *kvb, uint64_t sid, const uint32_t *tokens, si
     struct sess *s = sess_get(kvb, sid);
     if (!s)
         return RKV_ENOTFOUND;
-    if (n && !tokens)
-        return RKV_EINVAL;
     size_t grow = blocks_for(kvb, s->tokens.len + n) - s->ents.len;
     if (rkv_vec_reserve(&s->tokens, s->tokens.len + n))
         return RKV_ENOMEM;
     int rc = sess_grow(kvb, s, grow, KVB_NONE);
     if (rc)
         return rc;
-    memcpy((uint32_t *)s->tokens.data + s->tokens.len, tokens, n * sizeof(uint32_t));
+    uint32_t *dst = (uint32_t *)s->tokens.data + s->tokens.len;
+    if (tokens)
+        memcpy(dst, tokens, n * sizeof(uint32_t));
+    else
+        memset(dst, 0, n * sizeof(uint32_t));
+    if (tokens && s->n_known == s->tokens.len)
+        s->n_known += n;
     s->tokens.len += n;
     if (grow)
         s->epoch = ++kvb->epoch;
+    return 0;
+}
+
+int kvb_session_truncate(struct kvb *kvb, uint64_t sid, size_t n_tokens, struct kvb_copy *cow,
+                         size_t *n_cow)
+{
+    uint32_t B = kvb->block_tokens;
+    struct sess *s = sess_get(kvb, sid);
+    *n_cow = 0;
+    if (!s)
+        return RKV_ENOTFOUND;
+    if (n_tokens > s->tokens.len)
+        return RKV_ERANGE;
+    if (s->mv_kind != MV_NONE)
+        return RKV_EBUSY;
+    if (n_tokens == s->tokens.len)
+        return 0;
+    struct pool *dp = &kvb->pools[s->gpu];
+    size_t keep = blocks_for(kvb, n_tokens), part = n_tokens % B;
+    struct ent *last = keep ? ENT(s, keep - 1) : NULL;
+    /* the kept partial block will be written again: it must be a private
+     * device block, else copy its first positions into one */
+    int need_cow = part && (last->dev == KVB_NONE || dp->ref[last->dev] > 1);
+    if (need_cow && dp->n_free == 0)
+        return RKV_ENOSPACE;
+    if (rkv_vec_reserve(&s->drops, s->drops.len + 2 * (s->ents.len - keep) + 2))
+        return RKV_ENOMEM;
+    s->epoch = ++kvb->epoch;
+    for (size_t i = keep; i < s->ents.len; i++) {
+        struct ent *e = ENT(s, i);
+        if (e->dev != KVB_NONE)
+            sess_drop(s, s->gpu, e->dev);
+        if (e->host != KVB_NONE)
+            sess_drop(s, host_pool(kvb), e->host);
+    }
+    s->ents.len = keep;
+    if (part) {
+        if (need_cow) {
+            uint32_t d = pool_alloc(dp);
+            cow[0] = (struct kvb_copy){last->dev != KVB_NONE ? KVB_COPY_D2D : KVB_COPY_H2D, s->gpu,
+                                       last->dev != KVB_NONE ? last->dev : last->host, d,
+                                       (uint32_t)part};
+            *n_cow = 1;
+            if (last->dev != KVB_NONE)
+                sess_drop(s, s->gpu, last->dev);
+            last->dev = d;
+        } else if (dp->hash[last->dev]) {
+            /* private and about to change: no longer what its hash says */
+            rkv_map_del(&dp->index, dp->hash[last->dev]);
+            dp->hash[last->dev] = 0;
+        }
+        /* a host copy goes stale once the block is written again */
+        if (last->host != KVB_NONE)
+            sess_drop(s, host_pool(kvb), last->host);
+        last->host = KVB_NONE;
+        last->hash = 0;
+    }
+    s->tokens.len = n_tokens;
+    s->n_written = RKV_MIN(s->n_written, n_tokens);
+    s->n_known = RKV_MIN(s->n_known, n_tokens);
+    s->n_published = RKV_MIN(s->n_published, n_tokens / B);
+    sess_release(kvb, s);
     return 0;
 }
 
@@ -461,7 +534,8 @@ int kvb_session_written(struct kvb *kvb, uint64_t sid, size_t n_tokens)
     if (n_tokens > s->n_written)
         s->n_written = n_tokens;
     const uint32_t *tok = s->tokens.data;
-    for (size_t b = s->n_published; (b + 1) * B <= s->n_written; b++) {
+    size_t upto = RKV_MIN(s->n_written, s->n_known);
+    for (size_t b = s->n_published; (b + 1) * B <= upto; b++) {
         struct ent *e = ENT(s, b);
         e->hash = chain_hash(b ? ENT(s, b - 1)->hash : 0, tok + b * B, B);
         if (e->dev != KVB_NONE)

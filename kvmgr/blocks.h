@@ -80,7 +80,8 @@ enum kvb_residency kvb_entry_residency(struct kvb_entry e);
 
 /* --- sessions --------------------------------------------------------------- */
 
-/* opens session sid (nonzero, unused) on gpu with its prompt tokens: full
+/* opens session sid (nonzero, unused) on gpu with its prompt tokens (NULL:
+ * n_tokens positions of unknown tokens, nothing shared): full
  * blocks whose prefix is already in the index are shared (*n_reused tokens,
  * a multiple of B, need no prefill); blocks are allocated for the rest, the
  * newest max_dev (>= 1; KVB_NONE = all) on the device and older ones on the
@@ -93,8 +94,15 @@ int kvb_session_open(struct kvb *kvb, uint64_t sid, uint32_t gpu, const uint32_t
  * returned in *cow (*n_cow = 0 or 1) for the caller to execute. */
 int kvb_session_fork(struct kvb *kvb, uint64_t parent, uint64_t child, size_t n_tokens,
                      struct kvb_copy *cow, size_t *n_cow);
-/* records n more tokens; allocates device blocks for new positions */
+/* records n more positions (tokens may be NULL when only positions are
+ * known: such blocks are never shared); allocates device blocks for them */
 int kvb_session_append(struct kvb *kvb, uint64_t sid, const uint32_t *tokens, size_t n);
+/* keeps the first n_tokens positions; later blocks are released as workers
+ * ack. A kept partial block is written again, so when it is shared or not on
+ * the device its first positions are copied into a new private device block
+ * (*cow, *n_cow = 1), like a fork. */
+int kvb_session_truncate(struct kvb *kvb, uint64_t sid, size_t n_tokens, struct kvb_copy *cow,
+                         size_t *n_cow);
 /* the worker wrote kv for the first n_tokens positions: their full blocks
  * become shareable through the prefix index */
 int kvb_session_written(struct kvb *kvb, uint64_t sid, size_t n_tokens);

@@ -288,6 +288,69 @@ static void test_host_full(void **state)
     kvb_destroy(kvb);
 }
 
+static void test_truncate(void **state)
+{
+    (void)state;
+    struct kvb *kvb = make(16, 16);
+    uint32_t t[14];
+    size_t reused, n_cow, n_ops;
+    struct kvb_copy cow[1], ops[4];
+    struct kvb_entry e1[8], e2[8];
+    seq(t, 14, 1);
+    assert_int_equal(kvb_session_open(kvb, 1, 0, t, 14, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_written(kvb, 1, 14), 0);
+    assert_int_equal(kvb_session_open(kvb, 2, 0, t, 10, KVB_NONE, &reused), 0);
+    assert_int_equal(reused, 8);
+    assert_int_equal(kvb_free_dev(kvb, 0), 11);
+    /* into session 1's private, published third block: kept, unpublished */
+    assert_int_equal(kvb_session_truncate(kvb, 1, 9, cow, &n_cow), 0);
+    assert_int_equal(n_cow, 0);
+    table(kvb, 1, e1, 3);
+    assert_int_equal(kvb_free_dev(kvb, 0), 12);
+    assert_int_equal(kvb_session_tokens(kvb, 1), 9);
+    uint32_t u[12];
+    seq(u, 12, 1);
+    assert_int_equal(kvb_session_open(kvb, 3, 0, u, 12, KVB_NONE, &reused), 0);
+    assert_int_equal(reused, 8); /* block 2 is no longer offered */
+    assert_int_equal(kvb_session_close(kvb, 3), 0);
+    /* into session 2's shared second block: copied first */
+    assert_int_equal(kvb_session_truncate(kvb, 2, 6, cow, &n_cow), 0);
+    assert_int_equal(n_cow, 1);
+    table(kvb, 1, e1, 3);
+    table(kvb, 2, e2, 2);
+    assert_int_equal(cow[0].kind, KVB_COPY_D2D);
+    assert_int_equal(cow[0].src, e1[1].dev);
+    assert_int_equal(cow[0].dst, e2[1].dev);
+    assert_int_equal(cow[0].n_tokens, 2);
+    assert_int_equal(e2[0].dev, e1[0].dev);
+    /* into a host-only block: brought back to the device by the copy */
+    assert_int_equal(kvb_session_append(kvb, 1, t, 5), 0); /* 14 positions */
+    assert_int_equal(kvb_demote(kvb, 1, 2, ops, 4, &n_ops), 0);
+    assert_int_equal(kvb_commit(kvb, 1, NULL), 0);
+    table(kvb, 1, e1, 4);
+    assert_int_equal(kvb_session_truncate(kvb, 1, 7, cow, &n_cow), 0);
+    assert_int_equal(n_cow, 1);
+    assert_int_equal(cow[0].kind, KVB_COPY_H2D);
+    assert_int_equal(cow[0].src, e1[1].host);
+    assert_int_equal(cow[0].n_tokens, 3);
+    table(kvb, 1, e1, 2);
+    assert_int_equal(kvb_entry_residency(e1[1]), KVB_DEVICE);
+    assert_int_equal(kvb_session_truncate(kvb, 1, 8, cow, &n_cow), RKV_ERANGE);
+    assert_int_equal(kvb_check(kvb), 0);
+    /* positions without token ids are never shared */
+    assert_int_equal(kvb_session_open(kvb, 4, 0, NULL, 9, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_append(kvb, 4, NULL, 3), 0);
+    assert_int_equal(kvb_session_written(kvb, 4, 12), 0);
+    assert_int_equal(kvb_session_open(kvb, 5, 0, u, 12, KVB_NONE, &reused), 0);
+    assert_int_equal(reused, 4); /* session 1's first block only */
+    for (uint64_t sid = 1; sid <= 5; sid++)
+        kvb_session_close(kvb, sid);
+    assert_int_equal(kvb_free_dev(kvb, 0), 16);
+    assert_int_equal(kvb_free_host(kvb), 16);
+    assert_int_equal(kvb_check(kvb), 0);
+    kvb_destroy(kvb);
+}
+
 /* the wire acks one epoch per worker: every table it was sent up to then */
 static void test_ack_worker(void **state)
 {
@@ -450,8 +513,15 @@ static void random_op(struct kvb *kvb, uint64_t *rng, uint64_t *next_sid)
         break;
     }
     case 3:
-        if (kvb_session_tokens(kvb, sid))
+        if (kvb_session_tokens(kvb, sid) && below(rng, 2)) {
             assert_int_equal(kvb_session_written(kvb, sid, kvb_session_tokens(kvb, sid)), 0);
+        } else if (kvb_session_tokens(kvb, sid)) {
+            size_t nc;
+            int rc = kvb_session_truncate(
+                kvb, sid, below(rng, (uint32_t)kvb_session_tokens(kvb, sid) + 1), ops, &nc);
+            assert_true(rc == 0 || rc == RKV_ENOSPACE || rc == RKV_EBUSY);
+            n_cow += rc == 0 && nc == 1;
+        }
         break;
     case 4: {
         size_t nc;
@@ -544,7 +614,7 @@ int main(void)
         cmocka_unit_test(test_fork_cow),         cmocka_unit_test(test_demote_promote_acks),
         cmocka_unit_test(test_host_full),        cmocka_unit_test(test_worker_lost),
         cmocka_unit_test(test_trim_host_copies), cmocka_unit_test(test_ack_worker),
-        cmocka_unit_test(test_random_sequences),
+        cmocka_unit_test(test_truncate),         cmocka_unit_test(test_random_sequences),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
