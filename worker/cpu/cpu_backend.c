@@ -18,6 +18,8 @@ struct cpu_ctx {
     struct kv_layout layout;
     struct kv_pools pools;
     int have_kv;
+    float *seg_buf; /* attention segment partials, grown on demand */
+    size_t seg_floats;
 };
 
 /* every thread gets at least n floats of scratch; grown on the caller's
@@ -48,6 +50,7 @@ static void cpu_free(void *ctx)
         for (uint32_t i = 0; i < pool_n_threads(c->pool); i++)
             free(c->scratch[i]);
     free(c->scratch);
+    free(c->seg_buf);
     pool_free(c->pool);
     free(c);
 }
@@ -257,29 +260,80 @@ static int cpu_kv_write(void *ctx, const struct be_batch *b, uint32_t layer,
     return 0;
 }
 
+/* attention splits each token's context into segments of SEG_POS positions
+ * (whole blocks), attended as separate tasks and merged by lse: a long
+ * decode uses every thread. the split depends only on positions, never on
+ * the thread count or the batch, so results do not either. */
+#define SEG_POS 2048
+
 struct attn_arg {
     struct cpu_ctx *c;
     struct cpu_attn_job job;
     const struct be_batch *b;
     const struct be_tensor *q;
     const struct be_partial *out;
+    uint32_t seg_blocks; /* blocks per segment */
+    uint32_t max_seg;    /* segments of the longest token */
+    float *seg_o;        /* (n_tokens, max_seg, n_head*head_dim) when max_seg > 1 */
+    float *seg_m;        /* (n_tokens, max_seg, n_head) */
+    float *seg_l;        /* (n_tokens, max_seg, n_head) */
 };
+
+static uint32_t n_segments(const struct attn_arg *a, uint32_t t)
+{
+    uint32_t n_blk = (uint32_t)a->b->pos[t] / a->job.layout->block_size + 1;
+    return (n_blk + a->seg_blocks - 1) / a->seg_blocks;
+}
 
 static void attn_chunk(void *v, uint32_t b, uint32_t e, uint32_t thread)
 {
     struct attn_arg *a = v;
-    const uint32_t nkv = a->job.a->n_kv_head;
+    const uint32_t nkv = a->job.a->n_kv_head, H = a->job.a->n_head, qd = H * a->job.a->head_dim;
     for (uint32_t i = b; i < e; i++) {
-        /* one task = (token, kv head): the kv head's group of query heads
-         * shares each key and value row it loads */
-        uint32_t t = i / nkv, kvh = i % nkv;
+        /* one task = (token, segment, kv head): the kv head's group of query
+         * heads shares each key and value row it loads */
+        uint32_t kvh = i % nkv, seg = i / nkv % a->max_seg, t = i / nkv / a->max_seg;
+        if (seg >= n_segments(a, t))
+            continue;
         const struct be_seq *s = &a->b->seqs[a->b->seq_of[t]];
-        cpu_attn_task(&a->job, s->blocks, s->n_blocks, (uint32_t)a->b->pos[t], kvh,
-                      (const float *)a->q->data + (size_t)t * a->q->cols,
-                      (float *)a->out->o->data + (size_t)t * a->out->o->cols,
-                      (float *)a->out->m->data + (size_t)t * a->out->m->cols,
-                      (float *)a->out->l->data + (size_t)t * a->out->l->cols,
+        uint32_t first = seg * a->seg_blocks;
+        uint32_t n = s->n_blocks - first < a->seg_blocks ? s->n_blocks - first : a->seg_blocks;
+        float *o, *m, *l;
+        if (a->max_seg == 1) {
+            o = (float *)a->out->o->data + (size_t)t * a->out->o->cols;
+            m = (float *)a->out->m->data + (size_t)t * a->out->m->cols;
+            l = (float *)a->out->l->data + (size_t)t * a->out->l->cols;
+        } else {
+            size_t row = (size_t)t * a->max_seg + seg;
+            o = a->seg_o + row * qd;
+            m = a->seg_m + row * H;
+            l = a->seg_l + row * H;
+        }
+        cpu_attn_task(&a->job, s->blocks + first, first, n, (uint32_t)a->b->pos[t], kvh,
+                      (const float *)a->q->data + (size_t)t * a->q->cols, o, m, l,
                       a->c->scratch[thread]);
+    }
+}
+
+/* out = merge of a token's segments, in segment order */
+static void seg_merge_chunk(void *v, uint32_t b, uint32_t e, uint32_t thread)
+{
+    struct attn_arg *a = v;
+    const uint32_t H = a->job.a->n_head, hd = a->job.a->head_dim;
+    for (uint32_t t = b; t < e; t++) {
+        uint32_t ns = n_segments(a, t);
+        float *o = (float *)a->out->o->data + (size_t)t * a->out->o->cols;
+        float *m = (float *)a->out->m->data + (size_t)t * a->out->m->cols;
+        float *l = (float *)a->out->l->data + (size_t)t * a->out->l->cols;
+        size_t row = (size_t)t * a->max_seg;
+        memcpy(o, a->seg_o + row * H * hd, sizeof(float) * H * hd);
+        memcpy(m, a->seg_m + row * H, sizeof(float) * H);
+        memcpy(l, a->seg_l + row * H, sizeof(float) * H);
+        for (uint32_t sg = 1; sg < ns; sg++)
+            for (uint32_t h = 0; h < H; h++)
+                cpu_lse_merge(o + (size_t)h * hd, &m[h], &l[h],
+                              a->seg_o + ((row + sg) * H + h) * hd, a->seg_m[(row + sg) * H + h],
+                              a->seg_l[(row + sg) * H + h], hd);
     }
 }
 
@@ -296,13 +350,34 @@ static int cpu_attn_partial(void *ctx, const struct be_batch *b, uint32_t layer,
     if (rc < 0)
         return rc;
     struct attn_arg a = {c, {&c->layout, &c->pools, at, layer, residency}, b, q, out};
-    /* keys scored over the batch: short contexts are not worth waking threads */
+    a.seg_blocks = SEG_POS / c->layout.block_size ? SEG_POS / c->layout.block_size : 1;
+    a.max_seg = 1;
     uint64_t keys = 0;
-    for (uint32_t t = 0; t < b->n_tokens; t++)
+    for (uint32_t t = 0; t < b->n_tokens; t++) {
         keys += (uint64_t)b->pos[t] + 1;
-    uint32_t items = b->n_tokens * at->n_kv_head;
+        uint32_t ns = n_segments(&a, t);
+        a.max_seg = ns > a.max_seg ? ns : a.max_seg;
+    }
+    if (a.max_seg > 1) {
+        size_t rows = (size_t)b->n_tokens * a.max_seg;
+        size_t need = rows * at->n_head * (at->head_dim + 2);
+        if (need > c->seg_floats) {
+            free(c->seg_buf);
+            c->seg_buf = malloc(need * sizeof(float));
+            c->seg_floats = c->seg_buf ? need : 0;
+            if (!c->seg_buf)
+                return RKV_ENOMEM;
+        }
+        a.seg_o = c->seg_buf;
+        a.seg_m = a.seg_o + rows * at->n_head * at->head_dim;
+        a.seg_l = a.seg_m + rows * at->n_head;
+    }
+    /* short contexts are not worth waking threads */
+    uint32_t items = b->n_tokens * a.max_seg * at->n_kv_head;
     uint64_t work = keys * at->n_head * at->head_dim;
     pool_run(c->pool, attn_chunk, &a, items, work < 65536 ? items : 1);
+    if (a.max_seg > 1)
+        pool_run(c->pool, seg_merge_chunk, &a, b->n_tokens, 16);
     return 0;
 }
 

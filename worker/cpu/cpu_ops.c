@@ -332,8 +332,8 @@ size_t cpu_attn_scratch_floats(const struct kv_layout *l, const struct be_attn *
 }
 
 void cpu_attn_task(const struct cpu_attn_job *j, const struct kv_block_ref *blocks,
-                   uint32_t n_blocks, uint32_t pos, uint32_t kvh, const float *q, float *o,
-                   float *m, float *l, float *scratch)
+                   uint32_t first_block, uint32_t n_blocks, uint32_t pos, uint32_t kvh,
+                   const float *q, float *o, float *m, float *l, float *scratch)
 {
     const struct kv_layout *ly = j->layout;
     const uint32_t g = j->a->n_head / j->a->n_kv_head, hd = ly->head_dim, B = ly->block_size;
@@ -352,7 +352,7 @@ void cpu_attn_task(const struct cpu_attn_job *j, const struct kv_block_ref *bloc
         lr[h] = 0.0f;
     }
     for (uint32_t bj = 0; bj < n_blocks; bj++) {
-        uint64_t start = (uint64_t)bj * B;
+        uint64_t start = (uint64_t)(first_block + bj) * B;
         if (start > pos)
             break;
         if (blocks[bj].residency != j->residency)

@@ -32,7 +32,8 @@ void cpu_matmul_rows(float *y, const float *x, const void *w, enum be_type t, si
                      uint32_t r1, float *scratch);
 
 /* one attention task: token t (absolute position pos), kv head kvh, its
- * group of query heads, over the blocks of table tagged residency.
+ * group of query heads, over the blocks tagged residency among n_blocks
+ * table entries starting at entry first_block (blocks points at that entry).
  * q (n_head*head_dim) is the token's query row; writes the group's o, m, l. */
 struct cpu_attn_job {
     const struct kv_layout *layout;
@@ -44,8 +45,8 @@ struct cpu_attn_job {
 /* scratch: cpu_attn_scratch_floats() floats */
 size_t cpu_attn_scratch_floats(const struct kv_layout *l, const struct be_attn *a);
 void cpu_attn_task(const struct cpu_attn_job *j, const struct kv_block_ref *blocks,
-                   uint32_t n_blocks, uint32_t pos, uint32_t kvh, const float *q, float *o,
-                   float *m, float *l, float *scratch);
+                   uint32_t first_block, uint32_t n_blocks, uint32_t pos, uint32_t kvh,
+                   const float *q, float *o, float *m, float *l, float *scratch);
 /* a = lse-merge(a, b) for one (token, head): o (head_dim) */
 void cpu_lse_merge(float *o_a, float *m_a, float *l_a, const float *o_b, float m_b, float l_b,
                    uint32_t head_dim);

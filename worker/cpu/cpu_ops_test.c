@@ -329,10 +329,10 @@ struct attn_fx {
     struct be_attn a;
     uint32_t n_tok;
     float *q, *k, *v; /* (n_tok, ...) all positions 0..n_tok-1 of one sequence */
-    struct kv_block_ref blocks[128];
+    struct kv_block_ref blocks[512];
     uint32_t n_blocks;
-    int32_t pos[512];
-    uint32_t seq_of[512];
+    int32_t pos[6000];
+    uint32_t seq_of[6000];
     struct be_seq seq;
     struct be_batch b;
 };
@@ -343,8 +343,8 @@ static void attn_fx_init(struct attn_fx *f, uint32_t B, uint32_t n_tok, enum kv_
     memset(f, 0, sizeof(*f));
     assert_int_equal(kv_layout_init(&f->l, B, 2, n_kv, hd, dt), 0);
     f->n_blocks = kv_blocks_for(&f->l, n_tok);
-    assert_true(f->n_blocks <= 128 && n_tok <= 512);
-    assert_int_equal(kv_local_init(&f->kv, &f->l, 128, 128), 0);
+    assert_true(f->n_blocks <= 512 && n_tok <= 6000);
+    assert_int_equal(kv_local_init(&f->kv, &f->l, 512, 512), 0);
     f->a = (struct be_attn){n_head, n_kv, hd, 1.0f / sqrtf((float)hd)};
     f->n_tok = n_tok;
     f->q = malloc(sizeof(float) * n_tok * n_head * hd);
@@ -428,6 +428,85 @@ static void ref_attention(const struct attn_fx *f, double *out)
                 o[i] /= sum;
         }
     free(s);
+}
+
+/* naive attention of one query row q (n_head*hd) at position pos */
+static void ref_attention_one(const struct attn_fx *f, const float *q, uint32_t pos, double *out)
+{
+    const uint32_t H = f->a.n_head, hd = f->a.head_dim, g = H / f->a.n_kv_head;
+    const uint32_t kvd = f->a.n_kv_head * hd;
+    double *s = malloc(sizeof(double) * (pos + 1));
+    for (uint32_t h = 0; h < H; h++) {
+        uint32_t kvh = h / g;
+        double mx = -INFINITY, sum = 0;
+        for (uint32_t p = 0; p <= pos; p++) {
+            double d = 0;
+            for (uint32_t i = 0; i < hd; i++)
+                d += (double)q[h * hd + i] * f->k[(size_t)p * kvd + kvh * hd + i];
+            s[p] = d * f->a.scale;
+            mx = fmax(mx, s[p]);
+        }
+        double *o = out + h * hd;
+        memset(o, 0, sizeof(double) * hd);
+        for (uint32_t p = 0; p <= pos; p++) {
+            double e = exp(s[p] - mx);
+            sum += e;
+            for (uint32_t i = 0; i < hd; i++)
+                o[i] += e * f->v[(size_t)p * kvd + kvh * hd + i];
+        }
+        for (uint32_t i = 0; i < hd; i++)
+            o[i] /= sum;
+    }
+    free(s);
+}
+
+/* contexts longer than one attention segment (2048 positions): segments
+ * attended separately and merged, also with part of the blocks on the host */
+static void test_attention_long(void **state)
+{
+    (void)state;
+    const uint32_t n_pos = 5000, H = 4, KVH = 2, hd = 16, n_q = 5;
+    const uint32_t qpos[5] = {4999, 2047, 2048, 3001, 100};
+    uint32_t Bs[2] = {16, 256};
+    for (int bi = 0; bi < 2; bi++)
+        for (int split = 0; split < 2; split++) {
+            struct attn_fx f;
+            attn_fx_init(&f, Bs[bi], n_pos, KV_F32, H, KVH, hd);
+            if (split)
+                for (uint32_t j = 0; j < f.n_blocks; j++)
+                    if (frand() > 0.0f)
+                        assert_int_equal(kv_local_migrate(f.kv, &f.blocks[j], KV_HOST), 0);
+            /* one sequence per query, all reading the same table */
+            struct be_seq seqs[5];
+            int32_t pos[5];
+            uint32_t seq_of[5];
+            float *q = malloc(sizeof(float) * n_q * H * hd);
+            for (uint32_t i = 0; i < n_q; i++) {
+                seqs[i] = (struct be_seq){i, 1, qpos[i], f.blocks, f.n_blocks};
+                pos[i] = (int32_t)qpos[i];
+                seq_of[i] = i;
+                memcpy(q + i * H * hd, f.q + (size_t)qpos[i] * H * hd, sizeof(float) * H * hd);
+            }
+            struct be_batch b = {seqs, n_q, n_q, pos, seq_of};
+            struct be_partial dev, host;
+            partial_alloc(&dev, n_q, &f.a);
+            partial_alloc(&host, n_q, &f.a);
+            struct be_tensor *tq = tensor_f32(n_q, H * hd, q);
+            assert_int_equal(attn_partial_forward(be, &b, 1, KV_DEVICE, tq, &f.a, &dev), 0);
+            assert_int_equal(attn_partial_forward(be, &b, 1, KV_HOST, tq, &f.a, &host), 0);
+            assert_int_equal(attn_merge_forward(be, &dev, &host, n_q, &f.a), 0);
+            float got[5 * 64];
+            double ref[5 * 64];
+            get_f32(dev.o, got, n_q * H * hd);
+            for (uint32_t i = 0; i < n_q; i++)
+                ref_attention_one(&f, q + i * H * hd, qpos[i], ref + i * H * hd);
+            assert_int_equal(check_close("long attention", got, ref, n_q * H * hd, 1e-5, 1e-4), 0);
+            free(q);
+            backend_tensor_free(be, tq);
+            partial_free(&dev);
+            partial_free(&host);
+            attn_fx_fini(&f);
+        }
 }
 
 static void run_attention(uint32_t B, uint32_t n_tok, enum kv_dtype dt, uint32_t H, uint32_t KVH,
@@ -583,6 +662,7 @@ int main(void)
         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_lse_merge_splits),
+        cmocka_unit_test(test_attention_long),
         cmocka_unit_test(test_kv_write_layout),
         cmocka_unit_test(test_pool),
     };
