@@ -243,6 +243,20 @@ static int sess_drop(struct sess *s, uint32_t pool, uint32_t idx)
     return rkv_vec_push(&s->drops, &d) ? 0 : RKV_ENOMEM;
 }
 
+/* the table keeps its first `keep` entries; the rest are dropped (deferred;
+ * room in s->drops reserved by the caller) */
+static void sess_drop_tail(struct kvb *kvb, struct sess *s, size_t keep)
+{
+    for (size_t i = keep; i < s->ents.len; i++) {
+        struct ent *e = ENT(s, i);
+        if (e->dev != KVB_NONE)
+            sess_drop(s, s->gpu, e->dev);
+        if (e->host != KVB_NONE)
+            sess_drop(s, host_pool(kvb), e->host);
+    }
+    s->ents.len = keep;
+}
+
 /* allocates n blocks at the end of the table, the newest max_dev on the
  * device and the older ones on the host, or none */
 static int sess_grow(struct kvb *kvb, struct sess *s, size_t n, uint32_t max_dev)
@@ -486,14 +500,7 @@ int kvb_session_truncate(struct kvb *kvb, uint64_t sid, size_t n_tokens, struct 
     if (rkv_vec_reserve(&s->drops, s->drops.len + 2 * (s->ents.len - keep) + 2))
         return RKV_ENOMEM;
     s->epoch = ++kvb->epoch;
-    for (size_t i = keep; i < s->ents.len; i++) {
-        struct ent *e = ENT(s, i);
-        if (e->dev != KVB_NONE)
-            sess_drop(s, s->gpu, e->dev);
-        if (e->host != KVB_NONE)
-            sess_drop(s, host_pool(kvb), e->host);
-    }
-    s->ents.len = keep;
+    sess_drop_tail(kvb, s, keep);
     if (part) {
         if (need_cow) {
             uint32_t d = pool_alloc(dp);
@@ -562,14 +569,7 @@ int kvb_session_close(struct kvb *kvb, uint64_t sid)
     }
     rkv_map_del(&kvb->live, sid);
     s->epoch = ++kvb->epoch;
-    for (size_t i = 0; i < s->ents.len; i++) {
-        struct ent *e = ENT(s, i);
-        if (e->dev != KVB_NONE)
-            sess_drop(s, s->gpu, e->dev);
-        if (e->host != KVB_NONE)
-            sess_drop(s, host_pool(kvb), e->host);
-    }
-    s->ents.len = 0;
+    sess_drop_tail(kvb, s, 0);
     s->closed = 1;
     sess_release(kvb, s);
     return 0;
