@@ -51,7 +51,8 @@ struct gguf_ctx {
 
     struct gguf_tensor *tensors; /* (n_tensors) */
     uint64_t n_tensors;
-    char *names; /* every tensor name, NUL-terminated, back to back */
+    struct gguf_str *tnames; /* (n_tensors) each name inside the buffer */
+    char *names;             /* every tensor name, NUL-terminated, back to back */
     struct gguf_index tensor_index;
 };
 
@@ -368,8 +369,7 @@ static struct gguf_str kv_name_at(const struct gguf_ctx *ctx, uint64_t i)
 
 static struct gguf_str tensor_name_at(const struct gguf_ctx *ctx, uint64_t i)
 {
-    struct gguf_str s = {ctx->tensors[i].name, strlen(ctx->tensors[i].name)};
-    return s;
+    return ctx->tnames[i];
 }
 
 /* --- ggml tensor types ------------------------------------------------------- */
@@ -436,10 +436,11 @@ static void where_kv(struct gguf_parser *p, uint64_t i, const struct gguf_str *k
         snprintf(p->where, sizeof p->where, "key %" PRIu64, i);
 }
 
-static void where_tensor(struct gguf_parser *p, uint64_t i, const char *name)
+static void where_tensor(struct gguf_parser *p, uint64_t i, const struct gguf_str *name)
 {
     if (name)
-        snprintf(p->where, sizeof p->where, "tensor %" PRIu64 " \"%.64s\"", i, name);
+        snprintf(p->where, sizeof p->where, "tensor %" PRIu64 " \"%.*s\"", i,
+                 (int)(name->len > 64 ? 64 : name->len), name->ptr);
     else
         snprintf(p->where, sizeof p->where, "tensor %" PRIu64, i);
 }
@@ -560,12 +561,10 @@ static int parse_tensor_infos(struct gguf_parser *p, struct gguf_ctx *ctx)
                          &ctx->tensor_index);
     if (rc)
         return rc;
-    /* every name fits in what is left of the file plus one NUL each */
-    uint64_t names_cap = remaining(p) + ctx->n_tensors + 1;
-    ctx->names = malloc(names_cap);
-    if (!ctx->names)
+    ctx->tnames = calloc(ctx->n_tensors ? ctx->n_tensors : 1, sizeof *ctx->tnames);
+    if (!ctx->tnames)
         return RKV_ENOMEM;
-    uint64_t names_used = 0;
+    uint64_t names_len = 0;
 
     for (uint64_t i = 0; i < ctx->n_tensors; i++) {
         struct gguf_tensor *t = &ctx->tensors[i];
@@ -576,12 +575,9 @@ static int parse_tensor_infos(struct gguf_parser *p, struct gguf_ctx *ctx)
             return rc;
         if (memchr(name.ptr, 0, name.len))
             return perr(p, "tensor name contains a NUL byte");
-        char *copy = ctx->names + names_used;
-        memcpy(copy, name.ptr, name.len);
-        copy[name.len] = 0;
-        names_used += name.len + 1;
-        t->name = copy;
-        where_tensor(p, i, copy);
+        ctx->tnames[i] = name;
+        names_len += name.len + 1; /* no overflow: each len fits in the file */
+        where_tensor(p, i, &name);
         uint64_t *slot = index_slot(ctx, &ctx->tensor_index, tensor_name_at, name.ptr, name.len);
         if (*slot)
             return perr(p, "duplicate tensor name (also tensor %" PRIu64 ")", *slot - 1);
@@ -639,13 +635,25 @@ static int parse_tensor_infos(struct gguf_parser *p, struct gguf_ctx *ctx)
     }
     p->where[0] = 0;
 
+    /* NUL-terminated copies, sized now that every name is known */
+    ctx->names = malloc(names_len ? names_len : 1);
+    if (!ctx->names)
+        return RKV_ENOMEM;
+    char *copy = ctx->names;
+    for (uint64_t i = 0; i < ctx->n_tensors; i++) {
+        memcpy(copy, ctx->tnames[i].ptr, ctx->tnames[i].len);
+        copy[ctx->tnames[i].len] = 0;
+        ctx->tensors[i].name = copy;
+        copy += ctx->tnames[i].len + 1;
+    }
+
     /* data section starts at the next aligned byte */
     uint64_t a = ctx->alignment;
     uint64_t end = p->pos;
     ctx->data_offset = end + (a - end % a) % a; /* end < 2^63 and a <= 2^30: no overflow */
     for (uint64_t i = 0; i < ctx->n_tensors; i++) {
         struct gguf_tensor *t = &ctx->tensors[i];
-        where_tensor(p, i, t->name);
+        where_tensor(p, i, &ctx->tnames[i]);
         uint64_t rel = t->offset;
         if (rel > p->size || ctx->data_offset > p->size - rel)
             return perr(p,
@@ -679,6 +687,7 @@ static void ctx_free(struct gguf_ctx *ctx)
     free(ctx->kv_index.slots);
     free(ctx->tensors);
     free(ctx->names);
+    free(ctx->tnames);
     free(ctx->tensor_index.slots);
     if (ctx->mapped && ctx->base)
         munmap((void *)ctx->base, ctx->size);
