@@ -27,7 +27,10 @@ struct http_req;
  *    rkv cannot honour: n > 1, best_of > 1, echo true, suffix, non-empty
  *    logit_bias, tools/functions, tool_choice forcing a tool, response_format
  *    other than text, audio, prediction, web_search_options.
- *  - any other field: 400 "unknown field 'x'", listing what rkv accepts.
+ *  - vLLM extensions at their defaults only (skip_special_tokens true,
+ *    spaces_between_special_tokens true, add_generation_prompt true,
+ *    include_stop_str_in_output false, min_tokens 0, stop_token_ids []).
+ *  - any other field: 400 "unknown field 'x'" (docs/api.md lists them all).
  */
 
 #define API_MAX_STOP       8   /* stop sequences (OpenAI allows 4; vLLM more) */

@@ -277,6 +277,13 @@ static const struct {
     {"audio", EP_CH},
     {"prediction", EP_CH},
     {"web_search_options", EP_CH},
+    /* vLLM extensions, accepted at their default (vllm_defaults below) */
+    {"skip_special_tokens", EP_ALL},
+    {"spaces_between_special_tokens", EP_ALL},
+    {"include_stop_str_in_output", EP_ALL},
+    {"min_tokens", EP_ALL},
+    {"stop_token_ids", EP_ALL},
+    {"add_generation_prompt", EP_CH},
 };
 
 static int check_known(struct parse *p, const cJSON *root)
@@ -356,6 +363,33 @@ static int check_unsupported(struct parse *p, const cJSON *root)
         return unsupported(p, "prediction", "leave it out");
     if (field(root, "web_search_options"))
         return unsupported(p, "web_search_options", "leave it out");
+    /* clients written for vLLM often send its extensions at their defaults */
+    static const struct {
+        const char *name;
+        int want; /* 1: true, 0: false, 2: the number 0, 3: [] */
+    } vllm_defaults[] = {
+        {"skip_special_tokens", 1},
+        {"spaces_between_special_tokens", 1},
+        {"add_generation_prompt", 1},
+        {"include_stop_str_in_output", 0},
+        {"min_tokens", 2},
+        {"stop_token_ids", 3},
+    };
+    for (size_t i = 0; i < sizeof(vllm_defaults) / sizeof(vllm_defaults[0]); i++) {
+        if (!(v = field(root, vllm_defaults[i].name)))
+            continue;
+        int w = vllm_defaults[i].want;
+        int ok = w == 1   ? cJSON_IsTrue(v)
+                 : w == 0 ? cJSON_IsFalse(v)
+                 : w == 2 ? is_int(v, 0, 0)
+                          : cJSON_IsArray(v) && !v->child;
+        if (!ok) {
+            static const char *const dflt[] = {"false", "true", "0", "[]"};
+            char how[64];
+            snprintf(how, sizeof(how), "leave it out or send %s", dflt[w]);
+            return unsupported(p, vllm_defaults[i].name, how);
+        }
+    }
     return 0;
 }
 
@@ -487,7 +521,7 @@ static int parse_common(struct parse *p, const cJSON *root, struct api_request *
         if ((rc = get_bool(p, root, "logprobs", &r->logprobs)) ||
             (rc = get_int(p, root, "top_logprobs", 0, API_MAX_LOGPROBS, &r->top_logprobs)))
             return rc;
-        if (field(root, "top_logprobs") && !r->logprobs) {
+        if (r->top_logprobs > 0 && !r->logprobs) {
             api_error_set(p->err, 400, "top_logprobs",
                           "top_logprobs needs logprobs: true in the same request");
             return RKV_EINVAL;

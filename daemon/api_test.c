@@ -149,6 +149,11 @@ static const struct bad_case bad_cases[] = {
     {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":3}", "n", "got 3"},
     {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"echo\":false}", "echo",
      "unknown field 'echo'"},
+    {C, "{\"prompt\":\"hi\",\"skip_special_tokens\":false}", "skip_special_tokens",
+     "skip_special_tokens is not supported by rkv; leave it out or send true"},
+    {C, "{\"prompt\":\"hi\",\"min_tokens\":5}", "min_tokens", "send 0"},
+    {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop_token_ids\":[2]}",
+     "stop_token_ids", "send []"},
 };
 
 static void test_bad_bodies(void **state)
@@ -219,7 +224,9 @@ static void test_parse_completions_full(void **state)
         "\"presence_penalty\":0.5,\"frequency_penalty\":-0.5,\"repetition_penalty\":1.1,"
         "\"logprobs\":3,\"n\":1,\"stream\":true,\"stream_options\":{\"include_usage\":true},"
         "\"user\":\"u1\",\"session_id\":\"s1\",\"ignore_eos\":true,\"metadata\":{\"a\":\"b\"},"
-        "\"logit_bias\":{},\"echo\":false,\"best_of\":1,\"suffix\":null,\"store\":false}";
+        "\"logit_bias\":{},\"echo\":false,\"best_of\":1,\"suffix\":null,\"store\":false,"
+        "\"skip_special_tokens\":true,\"min_tokens\":0,\"stop_token_ids\":[],"
+        "\"include_stop_str_in_output\":false}";
     struct api_request r;
     struct api_error e;
     assert_int_equal(api_parse_completions(b, strlen(b), &lim, &r, &e), 0);

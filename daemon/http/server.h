@@ -40,7 +40,9 @@ struct http_server_config {
 };
 
 /* binds and listens; logs and returns a negative code (e.g. UV_EADDRINUSE)
- * naming host:port when it cannot */
+ * naming host:port when it cannot (its handle then closes on the next loop
+ * turn: run the loop once before uv_loop_close). The process ignores
+ * SIGPIPE from here on, so a client that leaves mid-write cannot kill it. */
 int http_server_start(uv_loop_t *loop, const struct http_server_config *cfg,
                       struct http_server **out);
 /* the bound port */
