@@ -16,6 +16,7 @@
 #include <nng/nng.h>
 
 #include "common/err.h"
+#include "common/log.h"
 #include "proto/msg.h"
 #include "proto/sock.h"
 
@@ -112,15 +113,67 @@ static void test_server_survives_early_hangups(void **state)
     proto_sock_close(srv.rep);
 }
 
+/* a plain unix listener that accepts one connection and hangs up on it */
+static void *hang_up_on_one(void *p)
+{
+    int lfd = *(int *)p;
+    int fd = accept(lfd, NULL, NULL);
+    if (fd >= 0)
+        close(fd);
+    return NULL;
+}
+
+static void test_client_survives_a_server_hanging_up(void **state)
+{
+    (void)state;
+    int lfd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", g_path);
+    unlink(g_path);
+    assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(lfd, 4), 0);
+    pthread_t th;
+    pthread_create(&th, NULL, hang_up_on_one, &lfd);
+    /* the client dials that listener first: nng 1.5 would never redial */
+    struct proto_sock *req;
+    char err[256];
+    assert_int_equal(proto_sock_open(&req, PROTO_SOCK_REQ, g_url, err, sizeof err), 0);
+    pthread_join(th, NULL);
+    close(lfd);
+    unlink(g_path);
+
+    struct server srv = {0};
+    assert_int_equal(proto_sock_open(&srv.rep, PROTO_SOCK_REP, g_url, err, sizeof err), 0);
+    pthread_create(&srv.th, NULL, serve, &srv);
+    struct proto_empty e = {0};
+    struct proto_status st;
+    int rc = RKV_ECLOSED;
+    for (int tries = 0; tries < 4 && rc == RKV_ECLOSED; tries++)
+        rc = proto_call_json(req, PROTO_MSG_STATUS_GET, &e, PROTO_MSG_STATUS, &st, 30000, err,
+                             sizeof err);
+    if (rc)
+        fail_msg("%s", err);
+    rc = proto_call_json(req, PROTO_MSG_STATUS_GET, &e, PROTO_MSG_STATUS, &st, 30000, err,
+                         sizeof err);
+    if (rc)
+        fail_msg("%s", err);
+    pthread_join(srv.th, NULL);
+    proto_sock_close(req);
+    proto_sock_close(srv.rep);
+}
+
 int main(void)
 {
     snprintf(g_dir, sizeof g_dir, "/tmp/rkv-proto-XXXXXX");
     if (!mkdtemp(g_dir))
         return 1;
+    if (getenv("RKV_TEST_DEBUG"))
+        rkv_log_init("sock_hangup_test", RKV_LOG_DEBUG);
     snprintf(g_path, sizeof g_path, "%s/s.sock", g_dir);
     snprintf(g_url, sizeof g_url, "ipc://%s", g_path);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_server_survives_early_hangups),
+        cmocka_unit_test(test_client_survives_a_server_hanging_up),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     unlink(g_path);
