@@ -31,6 +31,17 @@ const char *__lsan_default_suppressions(void)
 
 static char g_dir[32], g_path[64], g_url[80];
 
+/* valgrind has no in-binary suppressions: the tests skip themselves there */
+static void skip_under_valgrind(void)
+{
+    const char *pre = getenv("LD_PRELOAD");
+    if (pre && strstr(pre, "vgpreload")) {
+        print_message("skipped under valgrind: nng 1.5.2 leaks the endpoints these tests break "
+                      "on purpose (run them under ASan: make asan)\n");
+        skip();
+    }
+}
+
 static int status_handler(void *ctx, const struct proto_in *req, struct proto_wbuf *reply,
                           int *reply_type, char *err, size_t errlen)
 {
@@ -95,6 +106,7 @@ static int status_call(struct proto_status *st, char *err, size_t errlen)
 static void test_server_survives_early_hangups(void **state)
 {
     (void)state;
+    skip_under_valgrind();
     struct server srv = {0};
     char err[256];
     assert_int_equal(proto_sock_open(&srv.rep, PROTO_SOCK_REP, g_url, err, sizeof err), 0);
@@ -126,6 +138,7 @@ static void *hang_up_on_one(void *p)
 static void test_client_survives_a_server_hanging_up(void **state)
 {
     (void)state;
+    skip_under_valgrind();
     int lfd = socket(AF_UNIX, SOCK_STREAM, 0);
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     snprintf(sa.sun_path, sizeof sa.sun_path, "%s", g_path);
