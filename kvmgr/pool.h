@@ -17,10 +17,13 @@
  * cudaIpcGetMemHandle), and the host pool is registered for dma through it;
  * this module calls those hooks and contains no cuda code.
  *
- * Block layout: a block holds block_tokens positions in n_slices contiguous
- * slices (one per layer and K/V), so one layer's K of a block is one run.
- * Copying the first n positions of a block copies the first n/block_tokens
- * of every slice (copy-on-write of a split block).
+ * Block layout: a block holds block_tokens positions in n_slices equal runs,
+ * each position-major (position 0's bytes first). Copying the first n
+ * positions of a block copies the first n/block_tokens of every run
+ * (copy-on-write of a split block). For the worker's layout (worker/kv.h: per
+ * layer a K then a V slice, each (n_kv_head, block_size, head_dim)) the runs
+ * are the heads: n_slices = 2 * n_layer * n_kv_head. Whole-block copies do
+ * not depend on it.
  */
 
 enum kvpool_kind {
