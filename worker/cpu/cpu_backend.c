@@ -112,19 +112,60 @@ static int cpu_embed(void *ctx, struct be_tensor *out, const struct be_tensor *w
     return 0;
 }
 
-static int cpu_rmsnorm(void *ctx, struct be_tensor *out, const struct be_tensor *in,
-                       const struct be_tensor *w, uint32_t n, float eps)
+/* row-wise elementwise ops, split over rows when there is enough of them */
+struct rows_arg {
+    struct be_tensor *out;
+    const struct be_tensor *a, *b;
+    float eps;
+};
+
+static void rmsnorm_rows(void *v, uint32_t r0, uint32_t r1, uint32_t thread)
 {
-    const uint32_t d = in->cols;
-    const float *wv = w->data;
-    for (uint32_t i = 0; i < n; i++) {
-        const float *x = (const float *)in->data + (size_t)i * d;
-        float *y = (float *)out->data + (size_t)i * d;
+    struct rows_arg *ra = v;
+    const uint32_t d = ra->a->cols;
+    const float *wv = ra->b->data;
+    for (uint32_t i = r0; i < r1; i++) {
+        const float *x = (const float *)ra->a->data + (size_t)i * d;
+        float *y = (float *)ra->out->data + (size_t)i * d;
         float ss = cpu_dot(x, x, d) / (float)d;
-        float sc = 1.0f / sqrtf(ss + eps);
+        float sc = 1.0f / sqrtf(ss + ra->eps);
         for (uint32_t j = 0; j < d; j++)
             y[j] = x[j] * sc * wv[j];
     }
+}
+
+static void silu_mul_rows(void *v, uint32_t r0, uint32_t r1, uint32_t thread)
+{
+    struct rows_arg *ra = v;
+    const size_t c = ra->a->cols, b = r0 * c, e = r1 * c;
+    const float *g = ra->a->data, *u = ra->b->data;
+    float *y = ra->out->data;
+    for (size_t i = b; i < e; i++)
+        y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+static void add_rows(void *v, uint32_t r0, uint32_t r1, uint32_t thread)
+{
+    struct rows_arg *ra = v;
+    const size_t c = ra->a->cols, b = r0 * c, e = r1 * c;
+    const float *x = ra->a->data, *y = ra->b->data;
+    float *z = ra->out->data;
+    for (size_t i = b; i < e; i++)
+        z[i] = x[i] + y[i];
+}
+
+/* rows per chunk: ~32k elements, enough to pay for a hand-off */
+static uint32_t rows_grain(uint32_t cols)
+{
+    return 32768 / (cols ? cols : 1) + 1;
+}
+
+static int cpu_rmsnorm(void *ctx, struct be_tensor *out, const struct be_tensor *in,
+                       const struct be_tensor *w, uint32_t n, float eps)
+{
+    struct cpu_ctx *c = ctx;
+    struct rows_arg ra = {out, in, w, eps};
+    pool_run(c->pool, rmsnorm_rows, &ra, n, rows_grain(in->cols));
     return 0;
 }
 
@@ -399,22 +440,19 @@ static int cpu_attn_merge(void *ctx, const struct be_partial *a, const struct be
 static int cpu_silu_mul(void *ctx, struct be_tensor *out, const struct be_tensor *gate,
                         const struct be_tensor *up, uint32_t n)
 {
-    const size_t len = (size_t)n * gate->cols;
-    const float *g = gate->data, *u = up->data;
-    float *y = out->data;
-    for (size_t i = 0; i < len; i++)
-        y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    struct cpu_ctx *c = ctx;
+    struct rows_arg ra = {out, gate, up, 0};
+    /* expf dominates: a smaller grain */
+    pool_run(c->pool, silu_mul_rows, &ra, n, rows_grain(gate->cols) / 4 + 1);
     return 0;
 }
 
 static int cpu_add(void *ctx, struct be_tensor *out, const struct be_tensor *a,
                    const struct be_tensor *b, uint32_t n)
 {
-    const size_t len = (size_t)n * a->cols;
-    const float *x = a->data, *y = b->data;
-    float *z = out->data;
-    for (size_t i = 0; i < len; i++)
-        z[i] = x[i] + y[i];
+    struct cpu_ctx *c = ctx;
+    struct rows_arg ra = {out, a, b, 0};
+    pool_run(c->pool, add_rows, &ra, n, rows_grain(a->cols));
     return 0;
 }
 

@@ -286,6 +286,46 @@ static void test_embed_rmsnorm_silu_add_rows(void **state)
     free(wd);
 }
 
+/* enough rows that the elementwise ops split across threads */
+static void test_rows_parallel(void **state)
+{
+    (void)state;
+    const uint32_t N = 700, D = 256;
+    float *x = malloc(sizeof(float) * N * D), *g = malloc(sizeof(float) * N * D);
+    float *got = malloc(sizeof(float) * N * D), nw[256];
+    double *ref = malloc(sizeof(double) * N * D);
+    fill(x, (size_t)N * D, 3.0f);
+    fill(g, (size_t)N * D, 3.0f);
+    fill(nw, D, 1.0f);
+    struct be_tensor *tx = tensor_f32(N, D, x), *tg = tensor_f32(N, D, g),
+                     *tn = tensor_f32(1, D, nw), *ty = tensor_f32(N, D, NULL);
+    assert_int_equal(rmsnorm_forward(be, ty, tx, tn, N, 1e-6f), 0);
+    get_f32(ty, got, (size_t)N * D);
+    for (uint32_t i = 0; i < N; i++) {
+        double ss = 0;
+        for (uint32_t j = 0; j < D; j++)
+            ss += (double)x[i * D + j] * x[i * D + j];
+        for (uint32_t j = 0; j < D; j++)
+            ref[i * D + j] = x[i * D + j] / sqrt(ss / D + 1e-6) * nw[j];
+    }
+    assert_int_equal(check_close("rmsnorm rows", got, ref, (size_t)N * D, 1e-6, 1e-5), 0);
+    assert_int_equal(silu_mul_forward(be, ty, tx, tg, N), 0);
+    get_f32(ty, got, (size_t)N * D);
+    for (size_t i = 0; i < (size_t)N * D; i++)
+        ref[i] = x[i] / (1.0 + exp(-(double)x[i])) * g[i];
+    assert_int_equal(check_close("silu_mul rows", got, ref, (size_t)N * D, 1e-6, 1e-5), 0);
+    assert_int_equal(add_forward(be, ty, tx, tg, N), 0);
+    get_f32(ty, got, (size_t)N * D);
+    for (size_t i = 0; i < (size_t)N * D; i++)
+        ref[i] = (double)(x[i] + g[i]);
+    assert_int_equal(check_close("add rows", got, ref, (size_t)N * D, 0, 0), 0);
+    backend_tensor_free(be, tx);
+    backend_tensor_free(be, tg);
+    backend_tensor_free(be, tn);
+    backend_tensor_free(be, ty);
+    free(x), free(g), free(got), free(ref);
+}
+
 static void test_rope(void **state)
 {
     (void)state;
@@ -659,6 +699,7 @@ int main(void)
         cmocka_unit_test(test_f16_conversions),
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_embed_rmsnorm_silu_add_rows),
+        cmocka_unit_test(test_rows_parallel),
         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_lse_merge_splits),
