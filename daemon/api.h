@@ -205,6 +205,7 @@ char *api_render_models(const char *const *names, size_t n, uint64_t created, in
  *   api_call_token(call, ...)    -> text of newly final tokens (0..n times)
  *   api_call_finish(call, ...)   -> exactly once, or api_call_fail() instead
  *   cancel(ctx, call)            <- the client left: stop, then still finish
+ *                                   (from the loop, never inside api_call_*)
  *
  * All on the loop thread. The request given to submit stays valid until the
  * call finishes. The scheduler owns detokenization (text it sends is whole
@@ -249,7 +250,9 @@ void api_call_set_data(struct api_call *call, void *data);
 void *api_call_data(const struct api_call *call);
 /* newly final text and, when the request asked for logprobs, one entry per
  * token it covers (copied). 0: sent; 1: sent but the client reads slowly;
- * RKV_ECLOSED: the client is gone (cancel has been or will be called) */
+ * RKV_ECLOSED: the client is gone: finish with API_FINISH_ABORT. cancel()
+ * is never called from inside an api_call_* function, so a departure seen
+ * during this call is reported only by this return value. */
 int api_call_token(struct api_call *call, const char *text, size_t len,
                    const struct api_token_logprob *lp, size_t n_lp);
 /* the end: renders the response (or the last SSE events) and frees the call */
