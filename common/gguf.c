@@ -45,12 +45,14 @@ struct gguf_ctx {
     uint64_t alignment;
     uint64_t data_offset;
 
-    struct gguf_kv *kv; /* (n_kv) */
+    struct gguf_kv *kv; /* (n_kv) once parsed */
     uint64_t n_kv;
+    uint64_t kv_cap;
     struct gguf_index kv_index;
 
-    struct gguf_tensor *tensors; /* (n_tensors) */
+    struct gguf_tensor *tensors; /* (n_tensors) once parsed */
     uint64_t n_tensors;
+    uint64_t tensors_cap, tnames_cap;
     struct gguf_str *tnames; /* (n_tensors) each name inside the buffer */
     char *names;             /* every tensor name, NUL-terminated, back to back */
     struct gguf_index tensor_index;
@@ -323,25 +325,20 @@ static uint64_t name_hash(const char *s, uint64_t len)
     return h;
 }
 
-static int index_init(struct gguf_index *ix, uint64_t n)
+/* room for entry i of an array that grows as the file proves its counts
+ * (a hostile count must not reserve memory before the bytes are there) */
+static int grow(void **arr, uint64_t *cap, size_t entry, uint64_t i)
 {
-    uint64_t cap = 16;
-    while (cap < n * 2)
-        cap *= 2;
-    ix->slots = calloc(cap, sizeof *ix->slots);
-    if (!ix->slots)
+    if (i < *cap)
+        return 0;
+    uint64_t ncap = *cap ? *cap * 2 : 64;
+    void *p = realloc(*arr, ncap * entry);
+    if (!p)
         return RKV_ENOMEM;
-    ix->mask = cap - 1;
+    memset((char *)p + *cap * entry, 0, (ncap - *cap) * entry);
+    *arr = p;
+    *cap = ncap;
     return 0;
-}
-
-/* zeroed array of n entries plus its name index */
-static int table_alloc(void **arr, uint64_t n, size_t entry, struct gguf_index *ix)
-{
-    *arr = calloc(n ? n : 1, entry);
-    if (!*arr)
-        return RKV_ENOMEM;
-    return index_init(ix, n);
 }
 
 typedef struct gguf_str (*name_at_fn)(const struct gguf_ctx *ctx, uint64_t i);
@@ -360,6 +357,26 @@ static uint64_t *index_slot(const struct gguf_ctx *ctx, const struct gguf_index 
             return slot;
         h = (h + 1) & ix->mask;
     }
+}
+
+/* index ready for its n-th name (n - 1 are in): rebuilt twice as large when
+ * it would pass half full */
+static int index_reserve(const struct gguf_ctx *ctx, struct gguf_index *ix, name_at_fn name_at,
+                         uint64_t n)
+{
+    if (ix->slots && n * 2 <= ix->mask + 1)
+        return 0;
+    uint64_t cap = ix->slots ? (ix->mask + 1) * 2 : 64;
+    struct gguf_index nx = {calloc(cap, sizeof *nx.slots), cap - 1};
+    if (!nx.slots)
+        return RKV_ENOMEM;
+    for (uint64_t i = 0; i + 1 < n; i++) {
+        struct gguf_str s = name_at(ctx, i);
+        *index_slot(ctx, &nx, name_at, s.ptr, s.len) = i + 1;
+    }
+    free(ix->slots);
+    *ix = nx;
+    return 0;
 }
 
 static struct gguf_str kv_name_at(const struct gguf_ctx *ctx, uint64_t i)
@@ -487,10 +504,11 @@ static int parse_header(struct gguf_parser *p, struct gguf_ctx *ctx)
 
 static int parse_kv(struct gguf_parser *p, struct gguf_ctx *ctx)
 {
-    int rc = table_alloc((void **)&ctx->kv, ctx->n_kv, sizeof *ctx->kv, &ctx->kv_index);
-    if (rc)
-        return rc;
+    int rc;
     for (uint64_t i = 0; i < ctx->n_kv; i++) {
+        if ((rc = grow((void **)&ctx->kv, &ctx->kv_cap, sizeof *ctx->kv, i)) ||
+            (rc = index_reserve(ctx, &ctx->kv_index, kv_name_at, i + 1)))
+            return rc;
         struct gguf_kv *kv = &ctx->kv[i];
         where_kv(p, i, NULL);
         rc = rd_str(p, &kv->key, "key name");
@@ -557,16 +575,13 @@ static int parse_alignment(struct gguf_parser *p, struct gguf_ctx *ctx)
 
 static int parse_tensor_infos(struct gguf_parser *p, struct gguf_ctx *ctx)
 {
-    int rc = table_alloc((void **)&ctx->tensors, ctx->n_tensors, sizeof *ctx->tensors,
-                         &ctx->tensor_index);
-    if (rc)
-        return rc;
-    ctx->tnames = calloc(ctx->n_tensors ? ctx->n_tensors : 1, sizeof *ctx->tnames);
-    if (!ctx->tnames)
-        return RKV_ENOMEM;
+    int rc;
     uint64_t names_len = 0;
-
     for (uint64_t i = 0; i < ctx->n_tensors; i++) {
+        if ((rc = grow((void **)&ctx->tensors, &ctx->tensors_cap, sizeof *ctx->tensors, i)) ||
+            (rc = grow((void **)&ctx->tnames, &ctx->tnames_cap, sizeof *ctx->tnames, i)) ||
+            (rc = index_reserve(ctx, &ctx->tensor_index, tensor_name_at, i + 1)))
+            return rc;
         struct gguf_tensor *t = &ctx->tensors[i];
         where_tensor(p, i, NULL);
         struct gguf_str name;
@@ -680,9 +695,8 @@ static void ctx_free(struct gguf_ctx *ctx)
 {
     if (!ctx)
         return;
-    if (ctx->kv)
-        for (uint64_t i = 0; i < ctx->n_kv; i++)
-            free(ctx->kv[i].str_off);
+    for (uint64_t i = 0; i < ctx->kv_cap; i++) /* entries past the parsed ones are zero */
+        free(ctx->kv[i].str_off);
     free(ctx->kv);
     free(ctx->kv_index.slots);
     free(ctx->tensors);

@@ -625,6 +625,68 @@ static void test_minimal_and_nesting(void **state)
     free(b.p);
 }
 
+/* enough keys and tensors that the name indexes are rebuilt a few times */
+static void build_many(struct tb *b, int n_kv, int n_t, int dup_key, int dup_tensor)
+{
+    char name[32];
+    b->len = 0;
+    tb_put(b, "GGUF", 4);
+    tb_u32(b, 3);
+    tb_u64(b, (uint64_t)n_t);
+    tb_u64(b, (uint64_t)n_kv);
+    for (int i = 0; i < n_kv; i++) {
+        snprintf(name, sizeof name, "key.%d", i == dup_key ? 7 : i);
+        tb_key(b, name, GGUF_VAL_UINT32);
+        tb_u32(b, (uint32_t)i * 3);
+    }
+    for (int i = 0; i < n_t; i++) {
+        uint64_t ne = 8;
+        snprintf(name, sizeof name, "t.%d", i == dup_tensor ? 5 : i);
+        tensor_info(b, name, 1, &ne, GGUF_TYPE_F32, (uint64_t)i * 32);
+    }
+    tb_pad(b, 32);
+    for (int i = 0; i < n_t; i++)
+        for (int k = 0; k < 8; k++) {
+            float v = (float)(i * 8 + k);
+            tb_put(b, &v, 4);
+        }
+}
+
+static void test_many_names(void **state)
+{
+    (void)state;
+    struct tb b = {0};
+    struct gguf_ctx *g;
+    char err[256], name[32];
+    build_many(&b, 1000, 700, -1, -1);
+    assert_int_equal(gguf_open_mem(b.p, b.len, &g, err, sizeof err), 0);
+    for (int i = 0; i < 1000; i++) {
+        uint32_t v;
+        snprintf(name, sizeof name, "key.%d", i);
+        assert_int_equal(gguf_find_key(g, name), i);
+        assert_int_equal(gguf_get_u32(g, name, &v), 0);
+        assert_int_equal(v, i * 3);
+    }
+    for (int i = 0; i < 700; i++) {
+        snprintf(name, sizeof name, "t.%d", i);
+        const struct gguf_tensor *t = gguf_find_tensor(g, name);
+        assert_ptr_equal(t, gguf_tensor_at(g, (uint64_t)i));
+        assert_string_equal(t->name, name);
+        assert_true(((const float *)t->data)[7] == (float)(i * 8 + 7));
+    }
+    assert_int_equal(gguf_find_key(g, "key.1000"), -1);
+    assert_null(gguf_find_tensor(g, "t.700"));
+    gguf_close(g);
+
+    build_many(&b, 1000, 700, 900, -1);
+    assert_int_equal(gguf_open_mem(b.p, b.len, &g, err, sizeof err), RKV_EFORMAT);
+    assert_non_null(strstr(err, "key 900 \"key.7\": duplicate key (also key 7)"));
+    build_many(&b, 1000, 700, -1, 600);
+    assert_int_equal(gguf_open_mem(b.p, b.len, &g, err, sizeof err), RKV_EFORMAT);
+    assert_non_null(strstr(err, "tensor 600 \"t.5\": duplicate tensor name (also tensor 5)"));
+    free(b.p);
+}
+
 static void test_type_names(void **state)
 {
     (void)state;
@@ -654,6 +716,7 @@ int main(void)
         cmocka_unit_test(test_truncation),
         cmocka_unit_test(test_hostile),
         cmocka_unit_test(test_minimal_and_nesting),
+        cmocka_unit_test(test_many_names),
         cmocka_unit_test(test_type_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
