@@ -1,5 +1,4 @@
-/* gguf.c - GGUF v2/v3 reader: parse and validate a mapped file, typed metadata and tensor access.
- */
+/* gguf.c - GGUF v2/v3 reader: parse and validate a mapped file; typed metadata, tensors. */
 #include "common/gguf.h"
 
 #include <errno.h>
