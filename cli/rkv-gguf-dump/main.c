@@ -1,5 +1,4 @@
-/* main.c - rkv-gguf-dump: a GGUF file's metadata and tensor table as rkv's reader sees it (text or
- * JSON). */
+/* main.c - rkv-gguf-dump: a GGUF file's metadata and tensors as rkv's reader sees them. */
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>

@@ -1,5 +1,4 @@
-/* gguf_write.h - builds a GGUF v3 header (metadata + tensor infos) in memory; data is streamed
- * after. */
+/* gguf_write.h - GGUF v3 header (metadata, tensor infos) built in memory; data streamed after. */
 #ifndef RKV_MKMODEL_GGUF_WRITE_H
 #define RKV_MKMODEL_GGUF_WRITE_H
 

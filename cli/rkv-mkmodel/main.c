@@ -1,5 +1,4 @@
-/* main.c - rkv-mkmodel: writes a deterministic random-weight GGUF v3 model with a working BPE
- * tokenizer. */
+/* main.c - rkv-mkmodel: deterministic random-weight GGUF v3 models with a working BPE tokenizer. */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
