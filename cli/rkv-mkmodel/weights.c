@@ -1,4 +1,4 @@
-/* weights.c - counter-based PRNG, f16/bf16 rounding and Q8_0 blocks (ggml's reference rule). */
+/* weights.c - counter-based PRNG, f16/bf16 rounding (nearest even) and Q8_0 blocks. */
 #include "cli/rkv-mkmodel/weights.h"
 
 #include <math.h>

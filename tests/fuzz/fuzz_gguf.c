@@ -1,5 +1,4 @@
-/* fuzz_gguf.c - arbitrary bytes are opened or refused by the GGUF reader; every getter stays in
- * bounds. */
+/* fuzz_gguf.c - any bytes are opened or refused by the GGUF reader; getters stay in bounds. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
