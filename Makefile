@@ -30,7 +30,7 @@ CUDA_HOME  ?= $(if $(NVCC_FOUND),$(patsubst %/bin/nvcc,%,$(NVCC_FOUND)),/usr/loc
 # are written to vectorize
 ARCHFLAGS  ?= $(shell grep -qw avx2 /proc/cpuinfo 2>/dev/null && grep -qw fma /proc/cpuinfo && echo -march=x86-64-v3)
 OPT        ?= -O2
-WARN       := -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers \
+WARN       := -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -Wno-format-truncation \
               -Werror=implicit-function-declaration -Werror=incompatible-pointer-types \
               -Werror=int-conversion -Werror=return-type
 CPPFLAGS   += -I. -D_GNU_SOURCE -MMD -MP

@@ -1,0 +1,553 @@
+/* driver.c - worker step threads and the kvmgr monitor, talking to rkvd's loop by uv_async. */
+#include "daemon/driver.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/err.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "proto/kvwire.h"
+#include "proto/sock.h"
+#include "proto/wire.h"
+
+enum ev_kind { EV_JOB, EV_UP, EV_DOWN, EV_KV_CHANGED, EV_KV_DOWN, EV_STATUS, EV_TACTIC, EV_HIST,
+               EV_CALL };
+
+struct event {
+    enum ev_kind kind;
+    uint32_t worker;
+    struct step_job *job;
+    uint32_t old_pid, new_pid;
+    char why[256];
+    union {
+        struct proto_status status;
+        struct proto_tactic_event tactic;
+        struct proto_histogram hist;
+    } u;
+    /* EV_CALL */
+    driver_call_cb cb;
+    void *cb_ud;
+    int rc;
+    struct proto_in reply;
+    int has_reply;
+    struct event *next;
+};
+
+struct call {
+    int type;
+    void *payload;
+    size_t len;
+    driver_call_cb cb;
+    void *ud;
+    struct call *next;
+};
+
+struct wthread {
+    struct driver *d;
+    uint32_t idx;
+    pthread_t th;
+    struct step_job *job; /* guarded by d->mu */
+    struct proto_sock *kv, *wk;
+    uint64_t acked_epoch;
+    int up;
+    struct proto_wbuf buf;
+};
+
+struct driver {
+    uv_loop_t *loop;
+    struct driver_config cfg;
+    struct driver_cbs cbs;
+    uv_async_t async;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int stop;
+    struct event *ev_head, *ev_tail;
+    struct call *calls;
+    struct wthread *w;
+    pthread_t mon;
+    struct proto_sock *mon_kv, *mon_sub;
+    int started_threads;
+};
+
+static void post(struct driver *d, struct event *e)
+{
+    pthread_mutex_lock(&d->mu);
+    e->next = NULL;
+    if (d->ev_tail)
+        d->ev_tail->next = e;
+    else
+        d->ev_head = e;
+    d->ev_tail = e;
+    pthread_mutex_unlock(&d->mu);
+    uv_async_send(&d->async);
+}
+
+static struct event *ev_new(enum ev_kind k, uint32_t worker)
+{
+    struct event *e = calloc(1, sizeof *e);
+    if (e) {
+        e->kind = k;
+        e->worker = worker;
+    }
+    return e;
+}
+
+/* --- the loop side ------------------------------------------------------------ */
+
+static void on_async(uv_async_t *a)
+{
+    struct driver *d = a->data;
+    pthread_mutex_lock(&d->mu);
+    struct event *e = d->ev_head;
+    d->ev_head = d->ev_tail = NULL;
+    pthread_mutex_unlock(&d->mu);
+    const struct driver_cbs *c = &d->cbs;
+    while (e) {
+        struct event *n = e->next;
+        switch (e->kind) {
+        case EV_JOB: c->job_done(c->ud, e->job); break;
+        case EV_UP: if (c->worker_up) c->worker_up(c->ud, e->worker); break;
+        case EV_DOWN: if (c->worker_down) c->worker_down(c->ud, e->worker, e->why); break;
+        case EV_KV_CHANGED:
+            if (c->kvmgr_changed)
+                c->kvmgr_changed(c->ud, e->old_pid, e->new_pid);
+            break;
+        case EV_KV_DOWN: if (c->kvmgr_down) c->kvmgr_down(c->ud, e->why); break;
+        case EV_STATUS: if (c->kvmgr_status) c->kvmgr_status(c->ud, &e->u.status); break;
+        case EV_TACTIC: if (c->tactic_event) c->tactic_event(c->ud, &e->u.tactic); break;
+        case EV_HIST: if (c->histogram) c->histogram(c->ud, &e->u.hist); break;
+        case EV_CALL:
+            e->cb(e->cb_ud, e->rc, e->has_reply ? &e->reply : NULL, e->why);
+            if (e->has_reply)
+                proto_in_free(&e->reply);
+            break;
+        }
+        free(e);
+        e = n;
+    }
+}
+
+/* --- worker threads -------------------------------------------------------------- */
+
+static int kv_prep(struct wthread *t, struct step_job *job, struct proto_kv_tables **tables)
+{
+    struct driver *d = t->d;
+    struct proto_kv_prep_seq *ps = calloc(job->n_seqs ? job->n_seqs : 1, sizeof *ps);
+    if (!ps)
+        return RKV_ENOMEM;
+    for (uint32_t i = 0; i < job->n_seqs; i++) {
+        ps[i].session_id = job->seqs[i].sid;
+        ps[i].n_pos = job->seqs[i].n_past + job->seqs[i].n_tokens;
+        ps[i].flags = PROTO_KV_ACTIVE;
+    }
+    struct proto_kv_prep m = {t->idx, t->acked_epoch, job->n_closes, job->closes, job->n_idles,
+                              job->idles, job->n_seqs, ps};
+    proto_wbuf_reset(&t->buf);
+    int rc = proto_kv_prep_encode(&m, &t->buf, job->err, sizeof job->err);
+    free(ps);
+    if (rc)
+        return rc;
+    struct proto_in reply;
+    rc = proto_call(t->kv, PROTO_MSG_KV_PREP, t->buf.data, t->buf.len, &reply, 5000, job->err,
+                    sizeof job->err);
+    if (rc)
+        return rc;
+    if (reply.hdr.type != PROTO_MSG_KV_TABLES)
+        rc = proto_seterr(job->err, sizeof job->err, RKV_EPROTO, "kvmgr answered kv_prep with %s",
+                          proto_msg_name(reply.hdr.type));
+    else
+        rc = proto_kv_tables_decode(reply.payload, reply.len, tables, job->err, sizeof job->err);
+    proto_in_free(&reply);
+    if (!rc && (*tables)->n_seqs != job->n_seqs) {
+        rc = proto_seterr(job->err, sizeof job->err, RKV_EPROTO,
+                          "kvmgr answered %u tables for %u sequences", (*tables)->n_seqs,
+                          job->n_seqs);
+        proto_kv_tables_free(*tables);
+    }
+    (void)d;
+    return rc;
+}
+
+static int worker_step(struct wthread *t, struct step_job *job, const struct proto_kv_tables *tb)
+{
+    uint32_t n = 0;
+    struct proto_step_seq *seqs = calloc(job->n_seqs ? job->n_seqs : 1, sizeof *seqs);
+    uint32_t *which = calloc(job->n_seqs ? job->n_seqs : 1, sizeof *which);
+    if (!seqs || !which) {
+        free(seqs);
+        free(which);
+        return RKV_ENOMEM;
+    }
+    for (uint32_t i = 0; i < job->n_seqs; i++) {
+        struct job_seq *js = &job->seqs[i];
+        const struct proto_kv_table *kt = &tb->seqs[i];
+        js->status = kt->status;
+        if (kt->status != 0)
+            continue;
+        struct proto_step_seq *s = &seqs[n];
+        which[n++] = i;
+        s->session_id = js->sid;
+        s->n_past = js->n_past;
+        s->n_tokens = js->n_tokens;
+        s->tokens = js->tokens;
+        s->n_blocks = kt->n_blocks;
+        s->blocks = kt->blocks;
+        s->sampling = js->sp;
+        s->flags = (js->sample ? PROTO_STEP_SAMPLE : 0) | (js->reset ? PROTO_STEP_RESET : 0);
+        s->n_history = js->reset ? js->n_history : 0;
+        s->history = js->history;
+    }
+    int rc = 0;
+    if (n) {
+        struct proto_step_req req = {tb->epoch, n, seqs};
+        proto_wbuf_reset(&t->buf);
+        rc = proto_step_req_encode(&req, &t->buf, job->err, sizeof job->err);
+        struct proto_in reply;
+        if (!rc)
+            rc = proto_call(t->wk, PROTO_MSG_STEP_REQ, t->buf.data, t->buf.len, &reply,
+                            t->d->cfg.step_timeout_ms, job->err, sizeof job->err);
+        if (!rc) {
+            struct proto_step_resp *resp = NULL;
+            if (reply.hdr.type != PROTO_MSG_STEP_RESP)
+                rc = proto_seterr(job->err, sizeof job->err, RKV_EPROTO,
+                                  "worker answered step_req with %s",
+                                  proto_msg_name(reply.hdr.type));
+            else
+                rc = proto_step_resp_decode(reply.payload, reply.len, &resp, job->err,
+                                            sizeof job->err);
+            if (!rc && resp->n_seqs != n)
+                rc = proto_seterr(job->err, sizeof job->err, RKV_EPROTO,
+                                  "worker answered %u of %u sequences", resp->n_seqs, n);
+            for (uint32_t k = 0; !rc && k < n; k++) {
+                struct job_seq *js = &job->seqs[which[k]];
+                const struct proto_step_out *o = &resp->seqs[k];
+                js->status = o->status;
+                js->token = o->token;
+                js->logprob = o->logprob;
+                js->n_top = o->n_top;
+                memcpy(js->top, o->top, o->n_top * sizeof o->top[0]);
+            }
+            proto_step_resp_free(resp);
+            proto_in_free(&reply);
+        }
+    }
+    free(seqs);
+    free(which);
+    return rc;
+}
+
+static void run_job(struct wthread *t, struct step_job *job)
+{
+    uint64_t t0 = rkv_now_ns();
+    struct proto_kv_tables *tb = NULL;
+    int rc = kv_prep(t, job, &tb);
+    if (rc) {
+        job->rc = rc;
+        job->kvmgr_failed = 1;
+        return;
+    }
+    rc = worker_step(t, job, tb);
+    if (rc) {
+        job->rc = rc;
+    } else {
+        t->acked_epoch = tb->epoch;
+    }
+    proto_kv_tables_free(tb);
+    job->step_ms = (double)(rkv_now_ns() - t0) / 1e6;
+}
+
+static void *worker_thread(void *arg)
+{
+    struct wthread *t = arg;
+    struct driver *d = t->d;
+    uint64_t last_probe = 0;
+    for (;;) {
+        pthread_mutex_lock(&d->mu);
+        while (!d->stop && !t->job) {
+            if (!t->up)
+                break; /* probe readiness below */
+            pthread_cond_wait(&d->cv, &d->mu);
+        }
+        struct step_job *job = t->job;
+        int stop = d->stop;
+        pthread_mutex_unlock(&d->mu);
+        if (stop && !job)
+            break;
+        if (!job) {
+            /* not up yet: ask the worker whether it has its model and pools */
+            uint64_t now = rkv_now_ms();
+            if (now - last_probe < 100) {
+                rkv_sleep_ms(20);
+                continue;
+            }
+            last_probe = now;
+            struct proto_hello h = {PROTO_ROLE_RKVD, (uint32_t)getpid(), t->idx, -1,
+                                    PROTO_VERSION, "rkvd"};
+            struct proto_hello_ack ack;
+            char err[256];
+            if (proto_call_json(t->wk, PROTO_MSG_HELLO, &h, PROTO_MSG_HELLO_ACK, &ack, 500, err,
+                                sizeof err) == 0 &&
+                ack.accepted) {
+                t->up = 1;
+                post(d, ev_new(EV_UP, t->idx));
+            }
+            continue;
+        }
+        run_job(t, job);
+        int worker_failed = job->rc < 0 && !job->kvmgr_failed;
+        pthread_mutex_lock(&d->mu);
+        t->job = NULL;
+        pthread_mutex_unlock(&d->mu);
+        if (worker_failed) {
+            t->up = 0;
+            struct event *e = ev_new(EV_DOWN, t->idx);
+            if (e) {
+                snprintf(e->why, sizeof e->why, "%s", job->err);
+                post(d, e);
+            }
+        }
+        struct event *e = ev_new(EV_JOB, t->idx);
+        if (!e) {
+            log_error("driver: out of memory; a step result is lost");
+            continue;
+        }
+        e->job = job;
+        post(d, e);
+    }
+    return NULL;
+}
+
+/* --- monitor thread -------------------------------------------------------------- */
+
+static void run_calls(struct driver *d)
+{
+    pthread_mutex_lock(&d->mu);
+    struct call *c = d->calls;
+    d->calls = NULL;
+    pthread_mutex_unlock(&d->mu);
+    while (c) {
+        struct call *n = c->next;
+        struct event *e = ev_new(EV_CALL, 0);
+        if (e) {
+            e->cb = c->cb;
+            e->cb_ud = c->ud;
+            e->rc = proto_call(d->mon_kv, c->type, c->payload, c->len, &e->reply, 5000, e->why,
+                               sizeof e->why);
+            e->has_reply = e->rc == 0;
+            post(d, e);
+        }
+        free(c->payload);
+        free(c);
+        c = n;
+    }
+}
+
+static void *monitor_thread(void *arg)
+{
+    struct driver *d = arg;
+    uint32_t pid = 0;
+    int down_reported = 0;
+    uint64_t last_status = 0;
+    while (1) {
+        pthread_mutex_lock(&d->mu);
+        int stop = d->stop;
+        pthread_mutex_unlock(&d->mu);
+        if (stop)
+            break;
+        run_calls(d);
+        /* kvmgr's events */
+        for (int i = 0; i < 256; i++) {
+            struct proto_in in;
+            char err[256];
+            if (proto_sock_recv(d->mon_sub, &in, PROTO_NONBLOCK, err, sizeof err) != 0)
+                break;
+            struct event *e = NULL;
+            if (in.hdr.type == PROTO_MSG_TACTIC_EVENT && (e = ev_new(EV_TACTIC, 0)) &&
+                proto_json_decode(PROTO_MSG_TACTIC_EVENT, in.payload, in.len, &e->u.tactic, err,
+                                  sizeof err) == 0)
+                post(d, e);
+            else if (in.hdr.type == PROTO_MSG_HISTOGRAM && (e = ev_new(EV_HIST, 0)) &&
+                     proto_json_decode(PROTO_MSG_HISTOGRAM, in.payload, in.len, &e->u.hist, err,
+                                       sizeof err) == 0)
+                post(d, e);
+            else
+                free(e);
+            proto_in_free(&in);
+        }
+        uint64_t now = rkv_now_ms();
+        if (now - last_status >= 250) {
+            last_status = now;
+            struct proto_empty q = {0};
+            struct event *e = ev_new(EV_STATUS, 0);
+            char err[256];
+            int rc = e ? proto_call_json(d->mon_kv, PROTO_MSG_STATUS_GET, &q, PROTO_MSG_STATUS,
+                                         &e->u.status, 1000, err, sizeof err)
+                       : RKV_ENOMEM;
+            if (rc == 0) {
+                uint32_t np = e->u.status.kvmgr_pid;
+                down_reported = 0;
+                if (np != pid) {
+                    struct event *c = ev_new(EV_KV_CHANGED, 0);
+                    if (c) {
+                        c->old_pid = pid;
+                        c->new_pid = np;
+                        post(d, c);
+                    }
+                    pid = np;
+                }
+                post(d, e);
+            } else {
+                free(e);
+                if (!down_reported && pid) {
+                    struct event *c = ev_new(EV_KV_DOWN, 0);
+                    if (c) {
+                        snprintf(c->why, sizeof c->why, "%s", err);
+                        post(d, c);
+                    }
+                    down_reported = 1;
+                }
+            }
+        }
+        rkv_sleep_ms(20);
+    }
+    return NULL;
+}
+
+/* --- lifecycle ------------------------------------------------------------------- */
+
+int driver_start(uv_loop_t *loop, const struct driver_config *cfg, const struct driver_cbs *cbs,
+                 struct driver **out, char *errbuf, size_t errlen)
+{
+    struct driver *d = calloc(1, sizeof *d);
+    if (!d)
+        return RKV_ENOMEM;
+    d->loop = loop;
+    d->cfg = *cfg;
+    if (d->cfg.step_timeout_ms <= 0)
+        d->cfg.step_timeout_ms = 120000;
+    d->cbs = *cbs;
+    pthread_mutex_init(&d->mu, NULL);
+    pthread_cond_init(&d->cv, NULL);
+    uv_async_init(loop, &d->async, on_async);
+    d->async.data = d;
+    d->w = calloc(cfg->n_workers, sizeof *d->w);
+    int rc = d->w ? 0 : RKV_ENOMEM;
+    if (!rc)
+        rc = proto_sock_open(&d->mon_kv, PROTO_SOCK_REQ, cfg->kvmgr_url, errbuf, errlen);
+    if (!rc)
+        rc = proto_sock_open(&d->mon_sub, PROTO_SOCK_SUB, cfg->kvmgr_pub_url, errbuf, errlen);
+    if (!rc)
+        rc = proto_sock_subscribe(d->mon_sub, 0);
+    for (uint32_t i = 0; !rc && i < cfg->n_workers; i++) {
+        struct wthread *t = &d->w[i];
+        t->d = d;
+        t->idx = i;
+        proto_wbuf_init(&t->buf);
+        rc = proto_sock_open(&t->kv, PROTO_SOCK_REQ, cfg->kvmgr_url, errbuf, errlen);
+        if (!rc)
+            rc = proto_sock_open(&t->wk, PROTO_SOCK_REQ, cfg->worker_urls[i], errbuf, errlen);
+    }
+    if (rc) {
+        driver_stop(d);
+        return rc;
+    }
+    for (uint32_t i = 0; i < cfg->n_workers; i++)
+        pthread_create(&d->w[i].th, NULL, worker_thread, &d->w[i]);
+    pthread_create(&d->mon, NULL, monitor_thread, d);
+    d->started_threads = 1;
+    *out = d;
+    return 0;
+}
+
+int driver_submit(struct driver *d, struct step_job *job)
+{
+    if (job->worker >= d->cfg.n_workers)
+        return RKV_EINVAL;
+    struct wthread *t = &d->w[job->worker];
+    pthread_mutex_lock(&d->mu);
+    int rc = t->job ? RKV_EBUSY : 0;
+    if (!rc) {
+        t->job = job;
+        pthread_cond_broadcast(&d->cv);
+    }
+    pthread_mutex_unlock(&d->mu);
+    return rc;
+}
+
+int driver_kvmgr_call(struct driver *d, int type, const void *payload, size_t len,
+                      driver_call_cb cb, void *ud)
+{
+    struct call *c = calloc(1, sizeof *c);
+    if (!c)
+        return RKV_ENOMEM;
+    c->payload = malloc(len ? len : 1);
+    if (!c->payload) {
+        free(c);
+        return RKV_ENOMEM;
+    }
+    memcpy(c->payload, payload, len);
+    c->len = len;
+    c->type = type;
+    c->cb = cb;
+    c->ud = ud;
+    pthread_mutex_lock(&d->mu);
+    struct call **pp = &d->calls;
+    while (*pp)
+        pp = &(*pp)->next;
+    *pp = c;
+    pthread_mutex_unlock(&d->mu);
+    return 0;
+}
+
+static void async_closed(uv_handle_t *h) { free(h->data); }
+
+void driver_stop(struct driver *d)
+{
+    if (!d)
+        return;
+    pthread_mutex_lock(&d->mu);
+    d->stop = 1;
+    pthread_cond_broadcast(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+    if (d->started_threads) {
+        for (uint32_t i = 0; i < d->cfg.n_workers; i++)
+            pthread_join(d->w[i].th, NULL);
+        pthread_join(d->mon, NULL);
+    }
+    for (uint32_t i = 0; d->w && i < d->cfg.n_workers; i++) {
+        proto_sock_close(d->w[i].kv);
+        proto_sock_close(d->w[i].wk);
+        proto_wbuf_free(&d->w[i].buf);
+        /* a job still queued never ran: hand it back as failed */
+        if (d->w[i].job) {
+            d->w[i].job->rc = RKV_ECLOSED;
+            snprintf(d->w[i].job->err, sizeof d->w[i].job->err, "rkvd is stopping");
+            d->cbs.job_done(d->cbs.ud, d->w[i].job);
+        }
+    }
+    proto_sock_close(d->mon_kv);
+    proto_sock_close(d->mon_sub);
+    /* events not yet delivered */
+    for (struct event *e = d->ev_head, *n; e; e = n) {
+        n = e->next;
+        if (e->kind == EV_JOB)
+            d->cbs.job_done(d->cbs.ud, e->job);
+        if (e->kind == EV_CALL && e->has_reply)
+            proto_in_free(&e->reply);
+        free(e);
+    }
+    for (struct call *c = d->calls, *n; c; c = n) {
+        n = c->next;
+        free(c->payload);
+        free(c);
+    }
+    free(d->w);
+    pthread_mutex_destroy(&d->mu);
+    pthread_cond_destroy(&d->cv);
+    uv_close((uv_handle_t *)&d->async, async_closed);
+}

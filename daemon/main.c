@@ -1,0 +1,714 @@
+/* main.c - rkvd: OpenAI-compatible HTTP serving, scheduling, and supervision of kvmgr + workers. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <systemd/sd-daemon.h>
+#include <uv.h>
+
+#include "common/config.h"
+#include "common/err.h"
+#include "common/gguf.h"
+#include "common/log.h"
+#include "common/tok.h"
+#include "common/util.h"
+#include "daemon/api.h"
+#include "daemon/driver.h"
+#include "daemon/http/server.h"
+#include "daemon/metrics.h"
+#include "daemon/sched.h"
+#include "daemon/store.h"
+#include "daemon/supervisor.h"
+
+#define RKVD_MAX_WORKERS 64
+
+struct rkvd_conf {
+    char model[1024];
+    char listen[300];
+    int backend;
+    char state_dir[512];
+    char runtime_dir[512];
+    uint64_t vram_target;
+    uint64_t host_budget;
+    uint64_t compute_reserve;
+    int64_t block_size;
+    int64_t ctx_size;
+    int64_t max_sessions;
+    int64_t max_running;
+    int64_t max_waiting;
+    int64_t max_batch_tokens;
+    int64_t prefill_chunk;
+    int64_t workers;
+    int64_t threads;
+    int kv_dtype;
+    int mode;
+    char served_model_name[256];
+    int64_t max_body;
+    int64_t shutdown_timeout;
+    int64_t step_timeout;
+    int log_level;
+};
+
+static const char *const backends[] = {"auto", "cpu", "cuda", NULL};
+static const char *const kv_dtypes[] = {"f32", "f16", NULL};
+static const char *const modes[] = {"auto", "resident", "window", "cpu_tail", NULL};
+static const char *const levels[] = {"error", "warn", "info", "debug", NULL};
+
+#define K(n, t, f) n, t, offsetof(struct rkvd_conf, f)
+#define S(f) sizeof(((struct rkvd_conf *)0)->f)
+static const struct cfg_key keys[] = {
+    {K("model", CFG_STR, model), S(model), .help = "GGUF model file"},
+    {K("listen", CFG_STR, listen), S(listen), .def = "127.0.0.1:8080", .help = "HOST:PORT for HTTP"},
+    {K("backend", CFG_ENUM, backend), .names = backends, .def = "auto",
+     .help = "compute backend of the workers"},
+    {K("state_dir", CFG_STR, state_dir), S(state_dir), .def = "/var/lib/rkv",
+     .help = "sqlite state (budgets, keys, sessions, events)"},
+    {K("runtime_dir", CFG_STR, runtime_dir), S(runtime_dir), .def = "/run/rkv",
+     .help = "sockets between the processes and the admin socket"},
+    {K("vram_target", CFG_SIZE, vram_target), .min = 0, .max = 1ll << 50, .def = "0",
+     .help = "per-GPU cap for weights + KV + compute reserve (CPU mode: the device pool's "
+             "budget); 0 = 1GiB in CPU mode"},
+    {K("host_budget", CFG_SIZE, host_budget), .min = 0, .max = 1ll << 50, .def = "1GiB",
+     .help = "pinned host RAM for KV"},
+    {K("compute_reserve", CFG_SIZE, compute_reserve), .min = 0, .max = 1ll << 50, .def = "0",
+     .help = "VRAM kept for activations (0 = what the worker measures)"},
+    {K("block_size", CFG_INT, block_size), .min = 1, .max = 65536, .def = "256",
+     .help = "positions per KV block"},
+    {K("ctx_size", CFG_INT, ctx_size), .min = 0, .max = 1 << 24, .def = "0",
+     .help = "positions per sequence (0 = the model's context_length)"},
+    {K("max_sessions", CFG_INT, max_sessions), .min = 1, .max = 1 << 20, .def = "1024",
+     .help = "named sessions whose KV is kept between requests"},
+    {K("max_running", CFG_INT, max_running), .min = 1, .max = 4096, .def = "64",
+     .help = "sequences in one worker's batch"},
+    {K("max_waiting", CFG_INT, max_waiting), .min = 1, .max = 1 << 20, .def = "1024",
+     .help = "queued requests before 429"},
+    {K("max_batch_tokens", CFG_INT, max_batch_tokens), .min = 1, .max = 65536, .def = "512",
+     .help = "tokens in one step (decodes + prefill chunks)"},
+    {K("prefill_chunk", CFG_INT, prefill_chunk), .min = 1, .max = 65536, .def = "256",
+     .help = "prompt tokens of one sequence per step"},
+    {K("workers", CFG_INT, workers), .min = 0, .max = RKVD_MAX_WORKERS, .def = "0",
+     .help = "worker processes (0 = one per GPU, or 1 on CPU)"},
+    {K("threads", CFG_INT, threads), .min = 0, .max = 1024, .def = "0",
+     .help = "CPU threads per CPU worker (0 = all cores)"},
+    {K("kv_dtype", CFG_ENUM, kv_dtype), .names = kv_dtypes, .def = "f32",
+     .help = "KV cache element type"},
+    {K("mode", CFG_ENUM, mode), .names = modes, .def = "auto", .help = "tactic mode"},
+    {K("served_model_name", CFG_STR, served_model_name), S(served_model_name),
+     .help = "model name in the API (default: the file name without .gguf)"},
+    {K("max_body", CFG_SIZE, max_body), .min = 1024, .max = 1ll << 30, .def = "4MiB",
+     .help = "largest request body"},
+    {K("shutdown_timeout", CFG_INT, shutdown_timeout), .min = 0, .max = 3600, .def = "30",
+     .help = "seconds streams may run on after SIGTERM"},
+    {K("step_timeout", CFG_INT, step_timeout), .min = 1, .max = 3600, .def = "120",
+     .help = "seconds one step may take before the worker counts as hung"},
+    {K("log_level", CFG_ENUM, log_level), .names = levels, .def = "info", .help = "log level"},
+};
+#undef K
+#undef S
+
+struct rkvd {
+    struct rkvd_conf c;
+    uv_loop_t *loop;
+    uv_signal_t sigterm, sigint;
+    uv_timer_t cron;
+    struct gguf_ctx *g;
+    struct tok *tok;
+    struct store *store;
+    struct metrics *metrics;
+    struct sup *sup;
+    struct sup_child *kvmgr;
+    struct sup_child *workers[RKVD_MAX_WORKERS];
+    uint32_t n_workers;
+    int worker_up[RKVD_MAX_WORKERS];
+    struct driver *drv;
+    struct sched *sched;
+    struct api *api;
+    struct http_server *http;
+    char model_name[256];
+    char *worker_urls[RKVD_MAX_WORKERS];
+    int kvmgr_up;
+    uint32_t kvmgr_pid;
+    int ready_sent;
+    int stopping;
+    int exit_code;
+    uint64_t started_ms;
+    struct proto_status kv_status;
+    struct proto_histogram hist;
+    struct metric *m_kv_bytes, *m_tactic_sessions, *m_tactic_bytes, *m_transitions, *m_moved,
+        *m_health, *m_worker_restarts;
+};
+
+/* --- health and routes ------------------------------------------------------------ */
+
+static int healthy(const struct rkvd *d, char *why, size_t len)
+{
+    int any = 0;
+    for (uint32_t w = 0; w < d->n_workers; w++)
+        any |= d->worker_up[w];
+    if (!d->kvmgr_up)
+        snprintf(why, len, "kvmgr is not running");
+    else if (!any)
+        snprintf(why, len, "no worker has the model loaded yet");
+    else if (d->stopping)
+        snprintf(why, len, "shutting down");
+    else
+        return 1;
+    return 0;
+}
+
+static void on_request(struct http_req *req, void *arg)
+{
+    struct rkvd *d = arg;
+    const char *path = http_req_path(req), *method = http_req_method(req);
+    if (api_handle(d->api, req))
+        return;
+    if (strcmp(path, "/health") == 0) {
+        char why[128], body[256];
+        if (strcmp(method, "GET") && strcmp(method, "HEAD")) {
+            http_resp_header(req, "Allow", "GET, HEAD");
+            http_respond(req, 405, "application/json",
+                         "{\"error\":{\"message\":\"use GET /health\",\"type\":"
+                         "\"invalid_request_error\",\"param\":null,\"code\":null}}",
+                         strlen("{\"error\":{\"message\":\"use GET /health\",\"type\":"
+                                "\"invalid_request_error\",\"param\":null,\"code\":null}}"));
+            return;
+        }
+        int ok = healthy(d, why, sizeof why);
+        int n = ok ? snprintf(body, sizeof body, "{\"status\":\"ok\"}")
+                   : snprintf(body, sizeof body, "{\"status\":\"unavailable\",\"reason\":\"%s\"}",
+                              why);
+        http_respond(req, ok ? 200 : 503, "application/json", body, (size_t)n);
+        return;
+    }
+    if (strcmp(path, "/metrics") == 0) {
+        char *text;
+        size_t len;
+        struct sched_stats st;
+        sched_get_stats(d->sched, &st);
+        if (metrics_render(d->metrics, &text, &len) != 0) {
+            http_respond(req, 500, "text/plain", "out of memory\n", 14);
+            return;
+        }
+        http_respond(req, 200, "text/plain; version=0.0.4; charset=utf-8", text, len);
+        free(text);
+        return;
+    }
+    struct api_error e;
+    api_error_set(&e, 404, "", "no route for %s %s: rkv serves /v1/completions, "
+                               "/v1/chat/completions, /v1/models, /health and /metrics",
+                  method, path);
+    e.type = "not_found_error";
+    char *body = api_error_json(&e);
+    http_respond(req, 404, "application/json", body ? body : "", body ? strlen(body) : 0);
+    free(body);
+}
+
+/* --- children ----------------------------------------------------------------------- */
+
+static void begin_shutdown(struct rkvd *d);
+
+static void maybe_ready(struct rkvd *d)
+{
+    char why[128];
+    if (!d->ready_sent && healthy(d, why, sizeof why)) {
+        d->ready_sent = 1;
+        sd_notify(0, "READY=1\nSTATUS=serving");
+        log_info("ready: serving %s on http://%s", d->model_name, d->c.listen);
+    }
+}
+
+static void sup_event(void *ud, struct sup_child *c, enum sup_event ev, int status)
+{
+    struct rkvd *d = ud;
+    if (ev == SUP_GAVE_UP) {
+        log_error("%s keeps dying: rkvd exits so that systemd can restart the service",
+                  sup_child_name(c));
+        d->exit_code = 1;
+        sd_notifyf(0, "STATUS=failed: %s keeps dying", sup_child_name(c));
+        begin_shutdown(d);
+        return;
+    }
+    if (ev == SUP_EXITED) {
+        if (c == d->kvmgr) {
+            d->kvmgr_up = 0;
+        } else {
+            for (uint32_t w = 0; w < d->n_workers; w++) {
+                if (d->workers[w] == c) {
+                    d->worker_up[w] = 0;
+                    sched_worker_down(d->sched, w);
+                    metric_inc(d->m_worker_restarts, NULL, 1);
+                }
+            }
+        }
+    }
+}
+
+static void drv_job_done(void *ud, struct step_job *job)
+{
+    struct rkvd *d = ud;
+    sched_job_done(d->sched, job);
+}
+
+static void drv_worker_up(void *ud, uint32_t w)
+{
+    struct rkvd *d = ud;
+    log_info("worker %u is up", w);
+    d->worker_up[w] = 1;
+    sched_worker_up(d->sched, w);
+    maybe_ready(d);
+}
+
+static void drv_worker_down(void *ud, uint32_t w, const char *why)
+{
+    struct rkvd *d = ud;
+    log_warn("worker %u is down: %s", w, why);
+    d->worker_up[w] = 0;
+    sched_worker_down(d->sched, w);
+}
+
+static void drv_kvmgr_changed(void *ud, uint32_t old_pid, uint32_t new_pid)
+{
+    struct rkvd *d = ud;
+    d->kvmgr_up = 1;
+    d->kvmgr_pid = new_pid;
+    if (old_pid) {
+        log_warn("kvmgr restarted (pid %u -> %u): rebuilding every session's KV from its "
+                 "token history", old_pid, new_pid);
+        sched_kvmgr_restarted(d->sched);
+    }
+    maybe_ready(d);
+}
+
+static void drv_kvmgr_down(void *ud, const char *why)
+{
+    struct rkvd *d = ud;
+    log_warn("kvmgr is not answering: %s", why);
+    d->kvmgr_up = 0;
+}
+
+static void drv_kvmgr_status(void *ud, const struct proto_status *st)
+{
+    struct rkvd *d = ud;
+    d->kv_status = *st;
+    d->kvmgr_up = 1;
+    static const char *dev[] = {"device"}, *host[] = {"host"};
+    metric_set(d->m_kv_bytes, dev, (double)st->device_used);
+    metric_set(d->m_kv_bytes, host, (double)st->host_used);
+    maybe_ready(d);
+}
+
+static void drv_tactic_event(void *ud, const struct proto_tactic_event *ev)
+{
+    struct rkvd *d = ud;
+    const char *lv[2] = {proto_tactic_names[ev->from], proto_tactic_names[ev->to]};
+    metric_inc(d->m_transitions, lv, 1);
+    metric_inc(d->m_moved, NULL, (double)ev->bytes_moved);
+    struct store_event se = {.ts_ms = (int64_t)ev->ts_ms, .session_id = ev->session_id,
+                             .gpu = ev->gpu, .bytes_moved = ev->bytes_moved,
+                             .elapsed_us = ev->elapsed_us};
+    snprintf(se.from, sizeof se.from, "%s", proto_tactic_names[ev->from]);
+    snprintf(se.to, sizeof se.to, "%s", proto_tactic_names[ev->to]);
+    snprintf(se.reason, sizeof se.reason, "%s", ev->reason);
+    store_event_add(d->store, &se);
+}
+
+static void drv_histogram(void *ud, const struct proto_histogram *h)
+{
+    struct rkvd *d = ud;
+    d->hist = *h;
+    char gpu[16];
+    snprintf(gpu, sizeof gpu, "%lld", (long long)h->gpu);
+    for (int t = 0; t < PROTO_N_TACTICS; t++) {
+        const char *lv[2] = {gpu, proto_tactic_names[t]};
+        metric_set(d->m_tactic_sessions, lv, (double)h->sessions[t]);
+        metric_set(d->m_tactic_bytes, lv, (double)h->bytes[t]);
+    }
+}
+
+static int sched_submit(void *ctx, struct step_job *job)
+{
+    return driver_submit(ctx, job);
+}
+
+/* --- shutdown ---------------------------------------------------------------------- */
+
+static void close_walk(uv_handle_t *h, void *arg)
+{
+    (void)arg;
+    if (!uv_is_closing(h))
+        uv_close(h, NULL);
+}
+
+static void children_stopped(void *ud)
+{
+    struct rkvd *d = ud;
+    log_info("children stopped");
+    uv_stop(d->loop);
+}
+
+static void http_down(void *arg)
+{
+    struct rkvd *d = arg;
+    d->http = NULL;
+    /* the streams are done: stop the threads, then the children */
+    driver_stop(d->drv);
+    d->drv = NULL;
+    sched_free(d->sched);
+    d->sched = NULL;
+    sup_stop_all(d->sup, 5000, children_stopped, d);
+}
+
+static void begin_shutdown(struct rkvd *d)
+{
+    if (d->stopping)
+        return;
+    d->stopping = 1;
+    sd_notify(0, "STOPPING=1\nSTATUS=draining");
+    if (d->sched)
+        sched_drain(d->sched);
+    uv_timer_stop(&d->cron);
+    if (d->http)
+        http_server_shutdown(d->http, (uint64_t)d->c.shutdown_timeout * 1000, http_down, d);
+    else
+        http_down(d);
+}
+
+static void on_signal(uv_signal_t *s, int sig)
+{
+    struct rkvd *d = s->data;
+    if (d->stopping) {
+        log_warn("second signal: exiting now");
+        exit(d->exit_code ? d->exit_code : 1);
+    }
+    log_info("signal %d: draining (in-flight streams get up to %lld s)", sig,
+             (long long)d->c.shutdown_timeout);
+    begin_shutdown(d);
+}
+
+static void cron_cb(uv_timer_t *t)
+{
+    struct rkvd *d = t->data;
+    uint64_t wd;
+    if (sd_watchdog_enabled(0, &wd) > 0)
+        sd_notify(0, "WATCHDOG=1");
+    struct sched_stats st;
+    sched_get_stats(d->sched, &st);
+    sd_notifyf(0, "STATUS=%s: %u running, %u waiting, %u sessions", d->ready_sent ? "serving" : "starting",
+               st.running, st.waiting, st.sessions);
+    metric_set(d->m_health, NULL, healthy(d, (char[128]){0}, 128));
+}
+
+/* --- start-up ------------------------------------------------------------------------ */
+
+static int spawn_children(struct rkvd *d, char *err, size_t errlen)
+{
+    char exe_dir[4096], kv_path[4200], wk_path[4200];
+    int rc = rkv_exe_dir(exe_dir, sizeof exe_dir);
+    if (rc) {
+        snprintf(err, errlen, "cannot find rkvd's own directory: %s", rkv_strerror(rc));
+        return rc;
+    }
+    snprintf(kv_path, sizeof kv_path, "%s/rkv-kvmgr", exe_dir);
+    snprintf(wk_path, sizeof wk_path, "%s/rkv-worker", exe_dir);
+    if (access(kv_path, X_OK) || access(wk_path, X_OK)) {
+        snprintf(err, errlen, "rkv-kvmgr and rkv-worker must sit beside rkvd in %s", exe_dir);
+        return RKV_ENOTFOUND;
+    }
+    char vram[32], host[32], reserve[32], bs[32], rt[600], mode[32], nw[16];
+    snprintf(vram, sizeof vram, "%lluB", (unsigned long long)d->c.vram_target);
+    snprintf(host, sizeof host, "%lluB", (unsigned long long)d->c.host_budget);
+    snprintf(reserve, sizeof reserve, "%lluB", (unsigned long long)d->c.compute_reserve);
+    snprintf(bs, sizeof bs, "%lld", (long long)d->c.block_size);
+    snprintf(rt, sizeof rt, "%s", d->c.runtime_dir);
+    snprintf(mode, sizeof mode, "%s", modes[d->c.mode]);
+    snprintf(nw, sizeof nw, "%u", d->n_workers);
+    char *kargv[] = {kv_path, "--runtime-dir", rt, "--backend", (char *)backends[d->c.backend],
+                     "--vram-target", vram, "--host-budget", host, "--compute-reserve", reserve,
+                     "--block-size", bs, "--mode", mode, "--workers", nw, "--log-level",
+                     (char *)levels[d->c.log_level], NULL};
+    struct sup_child_spec ks = {"kvmgr", kargv, 5, 60000, 100, 5000};
+    if ((rc = sup_add(d->sup, &ks, &d->kvmgr))) {
+        snprintf(err, errlen, "cannot start %s: %s", kv_path, rkv_strerror(rc));
+        return rc;
+    }
+    for (uint32_t w = 0; w < d->n_workers; w++) {
+        char id[16], gpu[16], th[16], mbt[16], name[32];
+        snprintf(id, sizeof id, "%u", w);
+        snprintf(gpu, sizeof gpu, "%d", d->c.backend == 1 ? -1 : (int)w);
+        snprintf(th, sizeof th, "%lld", (long long)d->c.threads);
+        snprintf(mbt, sizeof mbt, "%lld", (long long)d->c.max_batch_tokens);
+        snprintf(name, sizeof name, "worker%u", w);
+        char ms[16];
+        snprintf(ms, sizeof ms, "%lld", (long long)d->c.max_running);
+        char *wargv[] = {wk_path, "--model", d->c.model, "--backend",
+                         (char *)backends[d->c.backend], "--worker-id", id, "--gpu", gpu,
+                         "--threads", th, "--runtime-dir", rt, "--max-batch-tokens", mbt,
+                         "--max-seqs", ms, "--kv-dtype", (char *)kv_dtypes[d->c.kv_dtype],
+                         "--log-level", (char *)levels[d->c.log_level], NULL};
+        struct sup_child_spec ws = {name, wargv, 5, 60000, 100, 5000};
+        if ((rc = sup_add(d->sup, &ws, &d->workers[w]))) {
+            snprintf(err, errlen, "cannot start %s: %s", wk_path, rkv_strerror(rc));
+            return rc;
+        }
+    }
+    return 0;
+}
+
+static int mkdir_p(const char *dir, char *err, size_t errlen)
+{
+    char tmp[600];
+    snprintf(tmp, sizeof tmp, "%s", dir);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p == '/') {
+            *p = 0;
+            mkdir(tmp, 0750);
+            *p = '/';
+        }
+    }
+    if (mkdir(tmp, 0750) && errno != EEXIST) {
+        snprintf(err, errlen, "cannot create %s: %s", dir, strerror(errno));
+        return -errno;
+    }
+    return 0;
+}
+
+static int parse_listen(const char *listen, char *host, size_t hlen, int *port)
+{
+    const char *colon = strrchr(listen, ':');
+    if (!colon || colon == listen)
+        return RKV_EINVAL;
+    char *end;
+    long p = strtol(colon + 1, &end, 10);
+    if (*end || p < 0 || p > 65535)
+        return RKV_EINVAL;
+    size_t n = (size_t)(colon - listen);
+    if (listen[0] == '[' && n >= 2 && listen[n - 1] == ']') {
+        listen++;
+        n -= 2;
+    }
+    if (n >= hlen)
+        return RKV_EINVAL;
+    memcpy(host, listen, n);
+    host[n] = 0;
+    *port = (int)p;
+    return 0;
+}
+
+static int load_model_meta(struct rkvd *d, char *err, size_t errlen)
+{
+    int rc = gguf_open(d->c.model, &d->g, err, errlen);
+    if (rc)
+        return rc;
+    if ((rc = tok_load_gguf(d->g, &d->tok, err, errlen)))
+        return rc;
+    struct gguf_str arch;
+    uint32_t ctx = 0;
+    char key[128];
+    if (gguf_get_str(d->g, "general.architecture", &arch) == 0) {
+        snprintf(key, sizeof key, "%.*s.context_length", (int)(arch.len > 64 ? 64 : arch.len),
+                 arch.ptr);
+        gguf_get_u32(d->g, key, &ctx);
+    }
+    if (d->c.ctx_size == 0)
+        d->c.ctx_size = ctx ? ctx : 4096;
+    if (d->c.served_model_name[0]) {
+        snprintf(d->model_name, sizeof d->model_name, "%s", d->c.served_model_name);
+    } else {
+        const char *base = strrchr(d->c.model, '/');
+        snprintf(d->model_name, sizeof d->model_name, "%s", base ? base + 1 : d->c.model);
+        size_t n = strlen(d->model_name);
+        if (n > 5 && strcmp(d->model_name + n - 5, ".gguf") == 0)
+            d->model_name[n - 5] = 0;
+    }
+    return 0;
+}
+
+static int apply_persisted(struct rkvd *d)
+{
+    /* budgets and mode set at runtime (rkvctl) win over the config */
+    char v[64];
+    uint64_t b;
+    if (store_setting_get(d->store, "vram_target", v, sizeof v) == 0 && cfg_parse_size(v, &b) == 0)
+        d->c.vram_target = b;
+    if (store_setting_get(d->store, "host_budget", v, sizeof v) == 0 && cfg_parse_size(v, &b) == 0)
+        d->c.host_budget = b;
+    if (store_setting_get(d->store, "mode", v, sizeof v) == 0) {
+        for (int i = 0; modes[i]; i++)
+            if (strcmp(v, modes[i]) == 0)
+                d->c.mode = i;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    static struct rkvd d;
+    char err[1024];
+    rkv_log_init("rkvd", RKV_LOG_INFO);
+    static const struct cfg_spec spec = {"rkvd", "--model FILE [options]", keys,
+                                         sizeof keys / sizeof keys[0], "/etc/rkv/rkvd.conf"};
+    int pos, rc = cfg_load(&spec, &d.c, argc, argv, &pos, err, sizeof err);
+    if (rc == 1)
+        return 0;
+    if (rc) {
+        fprintf(stderr, "rkvd: %s\n", err);
+        return 2;
+    }
+    if (pos < argc) {
+        fprintf(stderr, "rkvd: unexpected argument \"%s\" (see rkvd --help)\n", argv[pos]);
+        return 2;
+    }
+    static const enum rkv_log_level lv[] = {RKV_LOG_ERROR, RKV_LOG_WARN, RKV_LOG_INFO,
+                                            RKV_LOG_DEBUG};
+    rkv_log_set_level(lv[d.c.log_level]);
+    if (!d.c.model[0]) {
+        fprintf(stderr, "rkvd: no model: give --model FILE (a GGUF file) or set model in "
+                        "/etc/rkv/rkvd.conf\n");
+        return 2;
+    }
+    char host[256];
+    int port;
+    if (parse_listen(d.c.listen, host, sizeof host, &port)) {
+        fprintf(stderr, "rkvd: listen: expected HOST:PORT like 127.0.0.1:8080, got \"%s\"\n",
+                d.c.listen);
+        return 2;
+    }
+    if (d.c.prefill_chunk > d.c.max_batch_tokens)
+        d.c.prefill_chunk = d.c.max_batch_tokens;
+    signal(SIGPIPE, SIG_IGN);
+    d.started_ms = rkv_now_ms();
+
+    if ((rc = load_model_meta(&d, err, sizeof err))) {
+        log_error("%s", err);
+        return 1;
+    }
+    if (mkdir_p(d.c.state_dir, err, sizeof err) || mkdir_p(d.c.runtime_dir, err, sizeof err)) {
+        log_error("%s", err);
+        return 1;
+    }
+    if ((rc = store_open(d.c.state_dir, &d.store, err, sizeof err))) {
+        log_error("%s", err);
+        return 1;
+    }
+    apply_persisted(&d);
+    if (d.c.backend == 1 || d.c.backend == 0) {
+        /* cpu (and auto until the cuda backend reports gpus): one worker */
+        d.n_workers = d.c.workers ? (uint32_t)d.c.workers : 1;
+    } else {
+        d.n_workers = d.c.workers ? (uint32_t)d.c.workers : 1;
+    }
+    if (d.c.vram_target == 0)
+        d.c.vram_target = 1ull << 30;
+
+    d.loop = uv_default_loop();
+    metrics_init(&d.metrics);
+    static const char *const tier[] = {"tier", NULL}, *const gt[] = {"gpu", "tactic", NULL},
+                             *const ft[] = {"from", "to", NULL};
+    d.m_kv_bytes = metrics_add(d.metrics, METRIC_GAUGE, "rkv:kv_cache_bytes",
+                               "KV bytes in use per tier.", tier, NULL, 0);
+    d.m_tactic_sessions = metrics_add(d.metrics, METRIC_GAUGE, "rkv:tactic_sessions",
+                                      "Sessions per tactic per GPU.", gt, NULL, 0);
+    d.m_tactic_bytes = metrics_add(d.metrics, METRIC_GAUGE, "rkv:tactic_kv_bytes",
+                                   "KV bytes of the sessions per tactic per GPU.", gt, NULL, 0);
+    d.m_transitions = metrics_add(d.metrics, METRIC_COUNTER, "rkv:tactic_transitions_total",
+                                  "Tactic transitions.", ft, NULL, 0);
+    d.m_moved = metrics_add(d.metrics, METRIC_COUNTER, "rkv:kv_bytes_migrated_total",
+                            "KV bytes moved between device and host.", NULL, NULL, 0);
+    d.m_health = metrics_add(d.metrics, METRIC_GAUGE, "rkv:healthy",
+                             "1 when kvmgr and a worker are up.", NULL, NULL, 0);
+    d.m_worker_restarts = metrics_add(d.metrics, METRIC_COUNTER, "rkv:worker_restarts_total",
+                                      "Worker processes that died and were restarted.", NULL,
+                                      NULL, 0);
+
+    /* processes, then the driver that talks to them, then the scheduler, then HTTP */
+    if ((rc = sup_init(d.loop, sup_event, &d, &d.sup)) ||
+        (rc = spawn_children(&d, err, sizeof err))) {
+        log_error("%s", err);
+        return 1;
+    }
+    char kv_url[600], pub_url[600];
+    snprintf(kv_url, sizeof kv_url, "ipc://%s/kvmgr.sock", d.c.runtime_dir);
+    snprintf(pub_url, sizeof pub_url, "ipc://%s/kvmgr-events.sock", d.c.runtime_dir);
+    for (uint32_t w = 0; w < d.n_workers; w++) {
+        d.worker_urls[w] = malloc(600);
+        snprintf(d.worker_urls[w], 600, "ipc://%s/worker%u.sock", d.c.runtime_dir, w);
+    }
+    struct driver_config dc = {d.n_workers, kv_url, pub_url, (const char *const *)d.worker_urls,
+                               (int)d.c.step_timeout * 1000};
+    struct driver_cbs cbs = {drv_job_done, drv_worker_up, drv_worker_down, drv_kvmgr_changed,
+                             drv_kvmgr_down, drv_kvmgr_status, drv_tactic_event, drv_histogram,
+                             &d};
+    if ((rc = driver_start(d.loop, &dc, &cbs, &d.drv, err, sizeof err))) {
+        log_error("%s", err);
+        return 1;
+    }
+    struct sched_config sc = {d.n_workers,
+                              (uint32_t)d.c.ctx_size,
+                              (uint32_t)d.c.max_running,
+                              (uint32_t)d.c.max_waiting,
+                              (uint32_t)d.c.max_batch_tokens,
+                              (uint32_t)d.c.prefill_chunk,
+                              (uint32_t)d.c.max_sessions,
+                              5,
+                              d.model_name};
+    struct sched_driver sd = {sched_submit, d.drv};
+    if ((rc = sched_init(d.loop, &sc, d.tok, &sd, d.metrics, d.store, &d.sched, err,
+                         sizeof err))) {
+        log_error("%s", err);
+        return 1;
+    }
+    struct api_sched as;
+    sched_api(d.sched, &as);
+    const char *names[] = {d.model_name};
+    struct api_config ac = {names, 1, (int)d.c.ctx_size, {0}};
+    api_limits_default(&ac.limits);
+    ac.limits.vocab_size = tok_n_vocab(d.tok);
+    if (ac.limits.max_tokens > (int)d.c.ctx_size)
+        ac.limits.max_tokens = (int)d.c.ctx_size;
+    if ((rc = api_new(&ac, &as, &d.api))) {
+        log_error("cannot set up the API: %s", rkv_strerror(rc));
+        return 1;
+    }
+    struct http_server_config hc = {host, port, {0}, on_request, &d};
+    http_limits_default(&hc.limits);
+    hc.limits.max_body_bytes = (size_t)d.c.max_body;
+    if ((rc = http_server_start(d.loop, &hc, &d.http))) {
+        log_error("cannot listen on %s: %s (is another server on that port? set listen)",
+                  d.c.listen, uv_strerror(rc));
+        d.exit_code = 1;
+        d.http = NULL;
+        begin_shutdown(&d);
+    }
+    uv_signal_init(d.loop, &d.sigterm);
+    uv_signal_init(d.loop, &d.sigint);
+    d.sigterm.data = d.sigint.data = &d;
+    uv_signal_start(&d.sigterm, on_signal, SIGTERM);
+    uv_signal_start(&d.sigint, on_signal, SIGINT);
+    uv_timer_init(d.loop, &d.cron);
+    d.cron.data = &d;
+    uv_timer_start(&d.cron, cron_cb, 1000, 1000);
+    log_info("rkvd: model %s (%s), %u worker(s), ctx %lld, listening on %s:%d", d.model_name,
+             backends[d.c.backend], d.n_workers, (long long)d.c.ctx_size, host,
+             http_server_port(d.http));
+
+    uv_run(d.loop, UV_RUN_DEFAULT);
+
+    /* tidy up: every handle closed, the loop empty */
+    api_free(d.api);
+    sup_close(d.sup);
+    uv_walk(d.loop, close_walk, NULL);
+    uv_run(d.loop, UV_RUN_DEFAULT);
+    uv_loop_close(d.loop);
+    for (uint32_t w = 0; w < d.n_workers; w++)
+        free(d.worker_urls[w]);
+    metrics_free(d.metrics);
+    store_close(d.store);
+    tok_free(d.tok);
+    gguf_close(d.g);
+    log_info("stopped");
+    return d.exit_code;
+}

@@ -1,0 +1,1011 @@
+/* sched.c - sequences, sessions and continuous batching on rkvd's loop. */
+#include "daemon/sched.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "common/err.h"
+#include "common/log.h"
+#include "common/stop.h"
+#include "common/tok.h"
+#include "common/util.h"
+#include "daemon/metrics.h"
+#include "daemon/store.h"
+
+enum seq_state { SEQ_WAITING, SEQ_RUNNING };
+
+struct session;
+
+/* one request being served */
+struct seq {
+    struct sched *s;
+    struct api_call *call;
+    const struct api_request *req;
+    struct session *sess;
+    enum seq_state state;
+    uint32_t worker;
+    uint32_t n_prompt; /* session history length when generation starts */
+    uint32_t n_gen;
+    uint32_t max_tokens;
+    uint32_t cached; /* prompt tokens whose KV was reused */
+    struct proto_sampling sp;
+    struct tok_detok detok;
+    struct stop *stop;
+    int in_flight; /* part of the job now running */
+    int cancelled;
+    int stalled;   /* kvmgr had no room for it last step */
+    uint64_t t_arrival_ns, t_first_ns, t_last_ns;
+    struct seq *prev, *next; /* the waiting queue or a worker's running list */
+};
+
+/* a KV-holding conversation; private ones live for one request */
+struct session {
+    uint64_t sid;
+    char ext_id[API_MAX_SESSION_ID + 1]; /* "" for a private session */
+    int32_t *tokens; /* (n_tokens) prompt and generated tokens */
+    uint32_t n_tokens, cap;
+    uint32_t n_kv;          /* positions whose KV kvmgr holds */
+    uint32_t worker;        /* where its sampler state lives */
+    int worker_knows;       /* the worker has a sampler for it */
+    struct seq *busy;       /* the request using it, or NULL */
+    uint64_t last_use_ms;
+    struct session *lru_prev, *lru_next; /* named sessions, most recent first */
+};
+
+struct seq_list {
+    struct seq *head, *tail;
+    uint32_t n;
+};
+
+struct worker_slot {
+    int up;
+    int busy; /* a job is with the driver */
+    uint32_t failures; /* consecutive failed steps */
+    struct seq_list running;
+    struct rkv_vec closes; /* uint64_t sids to release before the next step */
+    struct rkv_vec idles;
+    uv_timer_t retry;
+};
+
+struct sched {
+    uv_loop_t *loop;
+    struct sched_config cfg;
+    const struct tok *tok;
+    struct sched_driver drv;
+    struct metrics *metrics;
+    struct store *store;
+    struct worker_slot *workers;
+    struct seq_list waiting;
+    struct rkv_map by_sid;   /* sid -> seq (running) */
+    struct rkv_map sessions; /* sid -> session */
+    struct session *lru_head, *lru_tail;
+    uint32_t n_named;
+    uint64_t next_sid;
+    int draining;
+    uint32_t n_closing;
+    struct sched_stats st;
+    /* metric families */
+    struct metric *m_running, *m_waiting, *m_prompt, *m_gen, *m_ttft, *m_itl, *m_e2e, *m_queue,
+        *m_hits, *m_queries, *m_prefill, *m_success, *m_sessions;
+};
+
+static void kick(struct sched *s, uint32_t w);
+static void finish_seq(struct seq *q, enum api_finish f);
+
+/* --- small helpers -------------------------------------------------------- */
+
+static void list_push(struct seq_list *l, struct seq *q)
+{
+    q->next = NULL;
+    q->prev = l->tail;
+    if (l->tail)
+        l->tail->next = q;
+    else
+        l->head = q;
+    l->tail = q;
+    l->n++;
+}
+
+static void list_remove(struct seq_list *l, struct seq *q)
+{
+    if (q->prev)
+        q->prev->next = q->next;
+    else
+        l->head = q->next;
+    if (q->next)
+        q->next->prev = q->prev;
+    else
+        l->tail = q->prev;
+    q->prev = q->next = NULL;
+    l->n--;
+}
+
+static const char *const *model_label(struct sched *s)
+{
+    static const char *lv[1];
+    lv[0] = s->cfg.model_name ? s->cfg.model_name : "rkv";
+    return lv;
+}
+
+static void update_gauges(struct sched *s)
+{
+    uint32_t running = 0;
+    for (uint32_t w = 0; w < s->cfg.n_workers; w++)
+        running += s->workers[w].running.n;
+    s->st.running = running;
+    s->st.waiting = s->waiting.n;
+    s->st.sessions = s->n_named;
+    metric_set(s->m_running, model_label(s), running);
+    metric_set(s->m_waiting, model_label(s), s->waiting.n);
+    metric_set(s->m_sessions, model_label(s), s->n_named);
+}
+
+static int session_append(struct session *se, const int32_t *t, uint32_t n)
+{
+    if (se->n_tokens + n > se->cap) {
+        uint32_t cap = se->cap ? se->cap : 64;
+        while (cap < se->n_tokens + n)
+            cap *= 2;
+        int32_t *nt = realloc(se->tokens, cap * sizeof *nt);
+        if (!nt)
+            return RKV_ENOMEM;
+        se->tokens = nt;
+        se->cap = cap;
+    }
+    memcpy(se->tokens + se->n_tokens, t, n * sizeof *t);
+    se->n_tokens += n;
+    return 0;
+}
+
+static void lru_unlink(struct sched *s, struct session *se)
+{
+    if (se->lru_prev)
+        se->lru_prev->lru_next = se->lru_next;
+    else if (s->lru_head == se)
+        s->lru_head = se->lru_next;
+    if (se->lru_next)
+        se->lru_next->lru_prev = se->lru_prev;
+    else if (s->lru_tail == se)
+        s->lru_tail = se->lru_prev;
+    se->lru_prev = se->lru_next = NULL;
+}
+
+static void lru_touch(struct sched *s, struct session *se)
+{
+    lru_unlink(s, se);
+    se->lru_next = s->lru_head;
+    if (s->lru_head)
+        s->lru_head->lru_prev = se;
+    s->lru_head = se;
+    if (!s->lru_tail)
+        s->lru_tail = se;
+    se->last_use_ms = rkv_now_ms();
+}
+
+static void queue_close(struct sched *s, struct session *se)
+{
+    rkv_vec_push(&s->workers[se->worker].closes, &se->sid);
+}
+
+static void session_free(struct sched *s, struct session *se, int release_kv)
+{
+    if (release_kv)
+        queue_close(s, se);
+    rkv_map_del(&s->sessions, se->sid);
+    if (se->ext_id[0]) {
+        lru_unlink(s, se);
+        s->n_named--;
+    }
+    free(se->tokens);
+    free(se);
+}
+
+static struct session *session_new(struct sched *s, const char *ext_id, uint32_t worker)
+{
+    struct session *se = calloc(1, sizeof *se);
+    if (!se)
+        return NULL;
+    se->sid = s->next_sid++;
+    se->worker = worker;
+    if (ext_id)
+        snprintf(se->ext_id, sizeof se->ext_id, "%s", ext_id);
+    if (rkv_map_put(&s->sessions, se->sid, se) != 0) {
+        free(se);
+        return NULL;
+    }
+    if (se->ext_id[0]) {
+        s->n_named++;
+        lru_touch(s, se);
+        /* forget the least recently used idle sessions beyond the limit */
+        for (struct session *v = s->lru_tail; v && s->n_named > s->cfg.max_sessions;) {
+            struct session *prev = v->lru_prev;
+            if (!v->busy && v != se)
+                session_free(s, v, 1);
+            v = prev;
+        }
+    }
+    return se;
+}
+
+static struct session *session_find(struct sched *s, const char *ext_id)
+{
+    for (struct session *se = s->lru_head; se; se = se->lru_next)
+        if (strcmp(se->ext_id, ext_id) == 0)
+            return se;
+    return NULL;
+}
+
+static uint32_t pick_worker(struct sched *s)
+{
+    uint32_t best = 0, best_n = UINT32_MAX;
+    for (uint32_t w = 0; w < s->cfg.n_workers; w++) {
+        uint32_t n = s->workers[w].running.n + (s->workers[w].up ? 0 : 1000000);
+        if (n < best_n) {
+            best_n = n;
+            best = w;
+        }
+    }
+    return best;
+}
+
+/* --- requests in -------------------------------------------------------------- */
+
+static int tokenize(struct sched *s, const struct api_request *r, struct rkv_vec *out,
+                    char *err, size_t errlen)
+{
+    if (r->prompt_tokens) {
+        for (size_t i = 0; i < r->n_prompt_tokens; i++)
+            if (!rkv_vec_push(out, &r->prompt_tokens[i]))
+                return RKV_ENOMEM;
+        return 0;
+    }
+    char *text = NULL;
+    int parse_special = 0, rc;
+    if (r->endpoint == API_CHAT) {
+        struct tok_chat_msg *m = calloc(r->n_messages ? r->n_messages : 1, sizeof *m);
+        if (!m)
+            return RKV_ENOMEM;
+        for (size_t i = 0; i < r->n_messages; i++) {
+            m[i].role = r->messages[i].role_name;
+            m[i].content = r->messages[i].content;
+        }
+        rc = tok_chat_apply(s->tok, m, r->n_messages, 1, &text);
+        free(m);
+        if (rc) {
+            snprintf(err, errlen, "cannot render the chat template: %s", rkv_strerror(rc));
+            return rc;
+        }
+        parse_special = 1;
+    }
+    const char *src = text ? text : (r->prompt ? r->prompt : "");
+    size_t len = strlen(src), cap = len + 16, n = 0;
+    /* never more tokens than bytes + bos */
+    if ((rc = rkv_vec_reserve(out, cap)) == 0)
+        rc = tok_encode(s->tok, src, len, 1, parse_special, out->data, cap, &n);
+    free(text);
+    if (rc) {
+        snprintf(err, errlen, "cannot tokenize the prompt: %s", rkv_strerror(rc));
+        return rc;
+    }
+    out->len = n;
+    return 0;
+}
+
+static void fill_sampling(const struct api_request *r, struct proto_sampling *sp)
+{
+    memset(sp, 0, sizeof *sp);
+    sp->temperature = r->temperature;
+    sp->top_p = r->top_p;
+    sp->min_p = r->min_p;
+    sp->presence_penalty = r->presence_penalty;
+    sp->frequency_penalty = r->frequency_penalty;
+    sp->repetition_penalty = r->repetition_penalty;
+    sp->top_k = r->top_k > 0 ? r->top_k : 0;
+    if (r->has_seed) {
+        sp->seed = (uint64_t)r->seed;
+    } else if (getrandom(&sp->seed, sizeof sp->seed, 0) != sizeof sp->seed) {
+        sp->seed = rkv_now_ns();
+    }
+    sp->want_logits = r->logprobs ? 1 : 0;
+    sp->n_top_logprobs = r->logprobs ? (uint8_t)r->top_logprobs : 0;
+}
+
+static int submit_cb(void *ctx, struct api_call *call, const struct api_request *r)
+{
+    struct sched *s = ctx;
+    char err[256] = "";
+    if (s->draining)
+        return RKV_ESTATE;
+    int any_up = 0;
+    for (uint32_t w = 0; w < s->cfg.n_workers; w++)
+        any_up |= s->workers[w].up;
+    if (!any_up)
+        return RKV_ENODEV;
+    if (s->waiting.n >= s->cfg.max_waiting)
+        return RKV_EBUSY;
+
+    struct rkv_vec toks;
+    rkv_vec_init(&toks, sizeof(int32_t));
+    int rc = tokenize(s, r, &toks, err, sizeof err);
+    if (rc) {
+        rkv_vec_fini(&toks);
+        api_call_fail(call, 500, err);
+        return 0;
+    }
+    if (toks.len == 0) {
+        rkv_vec_fini(&toks);
+        api_call_fail(call, 400, "the prompt is empty after tokenization: send some text");
+        return 0;
+    }
+    if (toks.len >= s->cfg.ctx_size) {
+        snprintf(err, sizeof err,
+                 "the prompt has %zu tokens but the context size is %u: shorten the prompt "
+                 "(at most %u tokens, leaving room for one generated token)",
+                 toks.len, s->cfg.ctx_size, s->cfg.ctx_size - 1);
+        rkv_vec_fini(&toks);
+        api_call_fail(call, 400, err);
+        return 0;
+    }
+
+    struct seq *q = calloc(1, sizeof *q);
+    if (!q) {
+        rkv_vec_fini(&toks);
+        return RKV_ENOMEM;
+    }
+    q->s = s;
+    q->call = call;
+    q->req = r;
+    q->t_arrival_ns = rkv_now_ns();
+    fill_sampling(r, &q->sp);
+    tok_detok_init(&q->detok, s->tok);
+    q->detok.first = 0; /* a continuation keeps its leading space */
+    if (r->n_stop && stop_init(&q->stop, (const char *const *)r->stop, r->n_stop) != 0) {
+        free(q);
+        rkv_vec_fini(&toks);
+        api_call_fail(call, 400, "invalid stop sequences");
+        return 0;
+    }
+
+    /* bind the session; reuse the KV of the common prefix */
+    struct session *se = NULL;
+    const int32_t *pt = toks.data;
+    uint32_t np = (uint32_t)toks.len;
+    if (r->session_id && r->session_id[0]) {
+        se = session_find(s, r->session_id);
+        if (se && se->busy) {
+            stop_free(q->stop);
+            free(q);
+            rkv_vec_fini(&toks);
+            snprintf(err, sizeof err,
+                     "session \"%s\" is busy with another request: wait for it to finish or "
+                     "use another session_id", r->session_id);
+            api_call_fail(call, 409, err);
+            return 0;
+        }
+        if (!se) {
+            se = session_new(s, r->session_id, pick_worker(s));
+            int32_t *hist = NULL;
+            size_t nh = 0;
+            /* a session from before a restart: its tokens are known, its KV is not */
+            if (se && s->store &&
+                store_session_load(s->store, r->session_id, 0, &hist, &nh) == 0) {
+                session_append(se, hist, (uint32_t)nh);
+                free(hist);
+            }
+        }
+    } else {
+        se = session_new(s, NULL, pick_worker(s));
+    }
+    if (!se) {
+        stop_free(q->stop);
+        free(q);
+        rkv_vec_fini(&toks);
+        return RKV_ENOMEM;
+    }
+    uint32_t lcp = 0;
+    while (lcp < np && lcp < se->n_kv && se->tokens[lcp] == pt[lcp])
+        lcp++;
+    if (lcp == np)
+        lcp = np - 1; /* the last prompt token must run to give logits */
+    /* the rest of the old history goes; the kv beyond lcp is overwritten */
+    se->n_tokens = lcp;
+    if (se->n_kv > lcp)
+        se->n_kv = lcp;
+    rc = session_append(se, pt + lcp, np - lcp);
+    rkv_vec_fini(&toks);
+    if (rc) {
+        stop_free(q->stop);
+        free(q);
+        if (!se->ext_id[0])
+            session_free(s, se, 0);
+        return RKV_ENOMEM;
+    }
+    q->cached = lcp;
+    q->sess = se;
+    se->busy = q;
+    q->n_prompt = np;
+    uint32_t room = s->cfg.ctx_size - np;
+    q->max_tokens = (uint32_t)r->max_tokens < room ? (uint32_t)r->max_tokens : room;
+    q->worker = se->worker;
+    q->state = SEQ_WAITING;
+    list_push(&s->waiting, q);
+    api_call_set_data(call, q);
+
+    s->st.prompt_tokens += np;
+    s->st.cached_tokens += lcp;
+    metric_inc(s->m_prompt, model_label(s), np);
+    metric_inc(s->m_queries, model_label(s), np);
+    metric_inc(s->m_hits, model_label(s), lcp);
+    update_gauges(s);
+    kick(s, q->worker);
+    return 0;
+}
+
+static void cancel_cb(void *ctx, struct api_call *call)
+{
+    (void)ctx;
+    struct seq *q = api_call_data(call);
+    if (!q)
+        return;
+    q->cancelled = 1;
+    if (!q->in_flight)
+        finish_seq(q, API_FINISH_ABORT);
+}
+
+void sched_api(struct sched *s, struct api_sched *out)
+{
+    memset(out, 0, sizeof *out);
+    out->submit = submit_cb;
+    out->cancel = cancel_cb;
+    out->ctx = s;
+}
+
+/* --- finishing ------------------------------------------------------------------- */
+
+static void emit_text(struct seq *q, const char *text, size_t len,
+                      const struct api_token_logprob *lp, size_t n_lp)
+{
+    if (len || n_lp)
+        api_call_token(q->call, text, len, lp, n_lp);
+}
+
+static void finish_seq(struct seq *q, enum api_finish f)
+{
+    struct sched *s = q->s;
+    struct session *se = q->sess;
+    if (f != API_FINISH_ABORT) {
+        /* what detok and the stop matcher still hold */
+        char tail[64];
+        size_t n = 0;
+        const char *emit;
+        size_t elen;
+        tok_detok_flush(&q->detok, tail, sizeof tail, &n);
+        if (q->stop) {
+            if (stop_matched(q->stop) < 0) {
+                if (n)
+                    stop_feed(q->stop, tail, n, &emit, &elen), emit_text(q, emit, elen, NULL, 0);
+                if (stop_matched(q->stop) < 0) {
+                    stop_flush(q->stop, &emit, &elen);
+                    emit_text(q, emit, elen, NULL, 0);
+                }
+            }
+        } else {
+            emit_text(q, tail, n, NULL, 0);
+        }
+    }
+    if (q->state == SEQ_WAITING)
+        list_remove(&s->waiting, q);
+    else {
+        list_remove(&s->workers[q->worker].running, q);
+        rkv_map_del(&s->by_sid, se->sid);
+    }
+
+    uint64_t now = rkv_now_ns();
+    struct api_usage u = {q->n_prompt, q->n_gen, q->cached};
+    if (f != API_FINISH_ABORT) {
+        metric_observe(s->m_e2e, model_label(s), (double)(now - q->t_arrival_ns) / 1e9);
+        static const char *lv[2];
+        lv[0] = model_label(s)[0];
+        lv[1] = api_finish_name(f);
+        metric_inc(s->m_success, lv, 1);
+    }
+    if (s->store) {
+        struct store_usage su = {.ts_ms = (int64_t)rkv_wall_ms(), .status = 200,
+                                 .prompt_tokens = q->n_prompt, .completion_tokens = q->n_gen,
+                                 .ttft_ms = q->t_first_ns ? (double)(q->t_first_ns - q->t_arrival_ns) / 1e6 : 0,
+                                 .e2e_ms = (double)(now - q->t_arrival_ns) / 1e6};
+        snprintf(su.endpoint, sizeof su.endpoint, "%s",
+                 q->req->endpoint == API_CHAT ? "chat/completions" : "completions");
+        store_usage_add(s->store, &su);
+    }
+    api_call_finish(q->call, f, &u);
+
+    se->busy = NULL;
+    if (se->ext_id[0]) {
+        lru_touch(s, se);
+        rkv_vec_push(&s->workers[se->worker].idles, &se->sid);
+        if (s->store)
+            store_session_save(s->store, se->ext_id, 0, se->tokens, se->n_tokens);
+    } else {
+        session_free(s, se, 1);
+    }
+    stop_free(q->stop);
+    free(q);
+    update_gauges(s);
+}
+
+/* a sampled token: history, detok, stop strings, limits */
+static void take_token(struct seq *q, const struct job_seq *js)
+{
+    struct sched *s = q->s;
+    const struct tok *t = s->tok;
+    uint64_t now = rkv_now_ns();
+    if (!q->t_first_ns) {
+        q->t_first_ns = now;
+        metric_observe(s->m_ttft, model_label(s), (double)(now - q->t_arrival_ns) / 1e9);
+    } else {
+        metric_observe(s->m_itl, model_label(s), (double)(now - q->t_last_ns) / 1e9);
+    }
+    q->t_last_ns = now;
+    session_append(q->sess, &js->token, 1);
+    q->n_gen++;
+    s->st.gen_tokens++;
+    metric_inc(s->m_gen, model_label(s), 1);
+
+    int eog = tok_is_eog(t, js->token) && !q->req->ignore_eos;
+    struct api_token_logprob lp = {0};
+    struct api_top_logprob top[PROTO_MAX_TOP_LOGPROBS];
+    char tbuf[128], topbuf[PROTO_MAX_TOP_LOGPROBS][128];
+    size_t n_lp = 0;
+    if (q->req->logprobs) {
+        int n = tok_token_bytes(t, js->token, 1, tbuf, sizeof tbuf);
+        lp.token = tbuf;
+        lp.len = n > 0 && (size_t)n <= sizeof tbuf ? (size_t)n : 0;
+        lp.logprob = js->logprob;
+        for (uint8_t i = 0; i < js->n_top; i++) {
+            int m = tok_token_bytes(t, js->top[i].id, 1, topbuf[i], sizeof topbuf[i]);
+            top[i].token = topbuf[i];
+            top[i].len = m > 0 && (size_t)m <= sizeof topbuf[i] ? (size_t)m : 0;
+            top[i].logprob = js->top[i].logprob;
+        }
+        lp.top = top;
+        lp.n_top = js->n_top;
+        n_lp = 1;
+    }
+    if (eog) {
+        emit_text(q, "", 0, &lp, n_lp);
+        finish_seq(q, API_FINISH_STOP);
+        return;
+    }
+    char piece[256];
+    size_t n = 0;
+    tok_detok_push(&q->detok, js->token, piece, sizeof piece, &n);
+    if (q->stop) {
+        const char *emit;
+        size_t elen;
+        int m = stop_feed(q->stop, piece, n, &emit, &elen);
+        emit_text(q, emit, elen, &lp, n_lp);
+        if (m == 1) {
+            finish_seq(q, API_FINISH_STOP);
+            return;
+        }
+    } else {
+        emit_text(q, piece, n, &lp, n_lp);
+    }
+    if (q->n_gen >= q->max_tokens) {
+        finish_seq(q, API_FINISH_LENGTH);
+        return;
+    }
+}
+
+/* --- steps ------------------------------------------------------------------------ */
+
+static void retry_timer_cb(uv_timer_t *t)
+{
+    struct sched *s = t->data;
+    uint32_t w;
+    for (w = 0; w < s->cfg.n_workers; w++)
+        if (&s->workers[w].retry == t)
+            break;
+    kick(s, w);
+}
+
+/* token arena: the job, its seqs and copies of their tokens in one block */
+static struct step_job *job_alloc(uint32_t n_seqs, size_t n_tokens, uint32_t n_closes,
+                                  uint32_t n_idles)
+{
+    size_t sz = sizeof(struct step_job) + n_seqs * sizeof(struct job_seq) +
+                (n_closes + n_idles) * sizeof(uint64_t) + n_tokens * sizeof(int32_t);
+    struct step_job *j = calloc(1, sz);
+    if (!j)
+        return NULL;
+    char *p = (char *)(j + 1);
+    j->seqs = (struct job_seq *)p;
+    p += n_seqs * sizeof(struct job_seq);
+    j->closes = (uint64_t *)p;
+    p += n_closes * sizeof(uint64_t);
+    j->idles = (uint64_t *)p;
+    return j;
+}
+
+static void kick(struct sched *s, uint32_t w)
+{
+    struct worker_slot *ws = &s->workers[w];
+    if (!ws->up || ws->busy)
+        return;
+    /* admit waiting requests bound to this worker */
+    for (struct seq *q = s->waiting.head, *nx; q && ws->running.n < s->cfg.max_running; q = nx) {
+        nx = q->next;
+        if (q->worker != w)
+            continue;
+        list_remove(&s->waiting, q);
+        q->state = SEQ_RUNNING;
+        list_push(&ws->running, q);
+        rkv_map_put(&s->by_sid, q->sess->sid, q);
+        metric_observe(s->m_queue, model_label(s), (double)(rkv_now_ns() - q->t_arrival_ns) / 1e9);
+    }
+    /* decodes first (one token each), then prompt chunks in arrival order */
+    uint32_t budget = s->cfg.max_batch_tokens, n_seqs = 0;
+    size_t n_tok = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        for (struct seq *q = ws->running.head; q; q = q->next) {
+            struct session *se = q->sess;
+            uint32_t pending = se->n_tokens - se->n_kv;
+            int decode = pending == 1;
+            if ((pass == 0) != decode || pending == 0 || budget == 0)
+                continue;
+            uint32_t take = pending;
+            if (take > s->cfg.prefill_chunk)
+                take = s->cfg.prefill_chunk;
+            if (take > budget)
+                take = budget;
+            budget -= take;
+            n_tok += take;
+            n_seqs++;
+            if (!se->worker_knows)
+                n_tok += se->n_kv; /* history for the sampler */
+        }
+    }
+    if (n_seqs == 0 && ws->closes.len == 0 && ws->idles.len == 0) {
+        update_gauges(s);
+        return;
+    }
+    struct step_job *j = job_alloc(n_seqs, n_tok, (uint32_t)ws->closes.len,
+                                   (uint32_t)ws->idles.len);
+    if (!j) {
+        log_error("scheduler: out of memory building a step; retrying");
+        uv_timer_start(&ws->retry, retry_timer_cb, 10, 0);
+        return;
+    }
+    j->worker = w;
+    j->n_closes = (uint32_t)ws->closes.len;
+    memcpy(j->closes, ws->closes.data, ws->closes.len * sizeof(uint64_t));
+    j->n_idles = (uint32_t)ws->idles.len;
+    memcpy(j->idles, ws->idles.data, ws->idles.len * sizeof(uint64_t));
+    ws->closes.len = 0;
+    ws->idles.len = 0;
+    int32_t *arena = (int32_t *)(j->idles + j->n_idles);
+    budget = s->cfg.max_batch_tokens;
+    for (int pass = 0; pass < 2; pass++) {
+        for (struct seq *q = ws->running.head; q && j->n_seqs < n_seqs; q = q->next) {
+            struct session *se = q->sess;
+            uint32_t pending = se->n_tokens - se->n_kv;
+            int decode = pending == 1;
+            if ((pass == 0) != decode || pending == 0 || budget == 0)
+                continue;
+            uint32_t take = pending;
+            if (take > s->cfg.prefill_chunk)
+                take = s->cfg.prefill_chunk;
+            if (take > budget)
+                take = budget;
+            budget -= take;
+            struct job_seq *js = &j->seqs[j->n_seqs++];
+            js->sid = se->sid;
+            js->n_past = se->n_kv;
+            js->n_tokens = take;
+            js->tokens = arena;
+            memcpy(arena, se->tokens + se->n_kv, take * sizeof(int32_t));
+            arena += take;
+            js->sample = se->n_kv + take == se->n_tokens;
+            js->sp = q->sp;
+            if (!se->worker_knows) {
+                js->reset = 1;
+                js->n_history = se->n_kv;
+                js->history = arena;
+                memcpy(arena, se->tokens, se->n_kv * sizeof(int32_t));
+                arena += se->n_kv;
+            }
+            q->in_flight = 1;
+        }
+    }
+    ws->busy = 1;
+    s->st.steps++;
+    int rc = s->drv.submit(s->drv.ctx, j);
+    if (rc) {
+        /* the driver could not even queue it: as a failed step */
+        j->rc = rc;
+        snprintf(j->err, sizeof j->err, "%s", rkv_strerror(rc));
+        sched_job_done(s, j);
+    }
+}
+
+static void fail_running(struct sched *s, uint32_t w, int status, const char *msg)
+{
+    struct worker_slot *ws = &s->workers[w];
+    while (ws->running.head) {
+        struct seq *q = ws->running.head;
+        q->in_flight = 0;
+        api_call_fail(q->call, status, msg);
+        q->call = NULL;
+        list_remove(&ws->running, q);
+        rkv_map_del(&s->by_sid, q->sess->sid);
+        struct session *se = q->sess;
+        se->busy = NULL;
+        if (!se->ext_id[0])
+            session_free(s, se, 1);
+        stop_free(q->stop);
+        free(q);
+    }
+    update_gauges(s);
+}
+
+void sched_job_done(struct sched *s, struct step_job *j)
+{
+    struct worker_slot *ws = &s->workers[j->worker];
+    ws->busy = 0;
+    if (j->rc < 0) {
+        /* nothing of the step counts: n_kv is unchanged, the same step runs
+         * again once the worker (or kvmgr) is back; the closes are resent */
+        for (uint32_t i = 0; i < j->n_closes; i++)
+            rkv_vec_push(&ws->closes, &j->closes[i]);
+        for (uint32_t i = 0; i < j->n_idles; i++)
+            rkv_vec_push(&ws->idles, &j->idles[i]);
+        for (uint32_t i = 0; i < j->n_seqs; i++) {
+            struct seq *q = rkv_map_get(&s->by_sid, j->seqs[i].sid);
+            if (!q)
+                continue;
+            q->in_flight = 0;
+            q->sess->worker_knows = 0;
+            if (q->cancelled)
+                finish_seq(q, API_FINISH_ABORT);
+        }
+        ws->failures++;
+        uint32_t w = j->worker;
+        log_ratelimited(RKV_LOG_WARN, 5000, 5, "step on worker %u failed (%s); attempt %u of %u",
+                        w, j->err, ws->failures, s->cfg.max_retries);
+        free(j);
+        if (ws->failures >= s->cfg.max_retries) {
+            char msg[400];
+            snprintf(msg, sizeof msg,
+                     "the model worker failed %u steps in a row: try again later; the "
+                     "operator can check `rkvctl status` and the server log",
+                     ws->failures);
+            ws->failures = 0;
+            fail_running(s, w, 503, msg);
+        } else if (ws->up) {
+            uv_timer_start(&ws->retry, retry_timer_cb, 50u << (ws->failures < 6 ? ws->failures : 6), 0);
+        }
+        return;
+    }
+    ws->failures = 0;
+    int progress = 0;
+    for (uint32_t i = 0; i < j->n_seqs; i++) {
+        struct job_seq *js = &j->seqs[i];
+        struct seq *q = rkv_map_get(&s->by_sid, js->sid);
+        if (!q)
+            continue;
+        q->in_flight = 0;
+        if (js->status == RKV_ENOSPACE) {
+            q->stalled = 1;
+            if (q->cancelled)
+                finish_seq(q, API_FINISH_ABORT);
+            continue;
+        }
+        if (js->status < 0) {
+            char msg[300];
+            snprintf(msg, sizeof msg, "the worker could not run this request: %s",
+                     rkv_strerror(js->status));
+            api_call_fail(q->call, 500, msg);
+            q->call = NULL;
+            q->cancelled = 1;
+            /* remove without rendering */
+            list_remove(&ws->running, q);
+            rkv_map_del(&s->by_sid, js->sid);
+            q->sess->busy = NULL;
+            if (!q->sess->ext_id[0])
+                session_free(s, q->sess, 1);
+            stop_free(q->stop);
+            free(q);
+            continue;
+        }
+        progress = 1;
+        q->stalled = 0;
+        q->sess->worker_knows = 1;
+        q->sess->n_kv = js->n_past + js->n_tokens;
+        s->st.prefill_tokens += js->sample && js->n_tokens == 1 ? 0 : js->n_tokens;
+        if (!(js->sample && js->n_tokens == 1))
+            metric_inc(s->m_prefill, model_label(s), js->n_tokens);
+        if (q->cancelled) {
+            finish_seq(q, API_FINISH_ABORT);
+            continue;
+        }
+        if (js->sample)
+            take_token(q, js);
+    }
+    free(j);
+    if (!progress && ws->running.n && !ws->closes.len) {
+        /* kvmgr had no room for anyone: wait for a drain instead of spinning */
+        uv_timer_start(&ws->retry, retry_timer_cb, 20, 0);
+        return;
+    }
+    kick(s, (uint32_t)(ws - s->workers));
+}
+
+/* --- lifecycle ------------------------------------------------------------------ */
+
+void sched_worker_down(struct sched *s, uint32_t w)
+{
+    if (w >= s->cfg.n_workers)
+        return;
+    s->workers[w].up = 0;
+    /* its sampler state is gone with it */
+    size_t it = 0;
+    void *v;
+    while (rkv_map_next(&s->sessions, &it, NULL, &v)) {
+        struct session *se = v;
+        if (se->worker == w)
+            se->worker_knows = 0;
+    }
+    update_gauges(s);
+}
+
+void sched_worker_up(struct sched *s, uint32_t w)
+{
+    if (w >= s->cfg.n_workers)
+        return;
+    s->workers[w].up = 1;
+    s->workers[w].failures = 0;
+    kick(s, w);
+}
+
+void sched_kvmgr_restarted(struct sched *s)
+{
+    /* every session's KV is gone: rebuild from token histories */
+    size_t it = 0;
+    void *v;
+    while (rkv_map_next(&s->sessions, &it, NULL, &v)) {
+        struct session *se = v;
+        se->n_kv = 0;
+        se->worker_knows = 0;
+    }
+    for (uint32_t w = 0; w < s->cfg.n_workers; w++) {
+        s->workers[w].closes.len = 0;
+        s->workers[w].idles.len = 0;
+        s->workers[w].failures = 0;
+        kick(s, w);
+    }
+}
+
+void sched_drain(struct sched *s) { s->draining = 1; }
+
+void sched_get_stats(const struct sched *s, struct sched_stats *out) { *out = s->st; }
+
+int sched_init(uv_loop_t *loop, const struct sched_config *cfg, const struct tok *tok,
+               const struct sched_driver *drv, struct metrics *metrics, struct store *store,
+               struct sched **out, char *errbuf, size_t errlen)
+{
+    if (!cfg->n_workers || !cfg->ctx_size || !cfg->max_running || !cfg->max_batch_tokens ||
+        !cfg->prefill_chunk) {
+        snprintf(errbuf, errlen, "scheduler: workers, ctx_size, max_running, max_batch_tokens "
+                                 "and prefill_chunk must be positive");
+        return RKV_EINVAL;
+    }
+    struct sched *s = calloc(1, sizeof *s);
+    if (!s)
+        return RKV_ENOMEM;
+    s->loop = loop;
+    s->cfg = *cfg;
+    if (!s->cfg.max_retries)
+        s->cfg.max_retries = 5;
+    if (!s->cfg.max_sessions)
+        s->cfg.max_sessions = 1024;
+    s->tok = tok;
+    s->drv = *drv;
+    s->metrics = metrics;
+    s->store = store;
+    s->next_sid = 1;
+    s->workers = calloc(cfg->n_workers, sizeof *s->workers);
+    if (!s->workers) {
+        free(s);
+        return RKV_ENOMEM;
+    }
+    for (uint32_t w = 0; w < cfg->n_workers; w++) {
+        rkv_vec_init(&s->workers[w].closes, sizeof(uint64_t));
+        rkv_vec_init(&s->workers[w].idles, sizeof(uint64_t));
+        uv_timer_init(loop, &s->workers[w].retry);
+        s->workers[w].retry.data = s;
+    }
+    rkv_map_init(&s->by_sid);
+    rkv_map_init(&s->sessions);
+    if (metrics) {
+        static const char *const ml[] = {"model_name", NULL};
+        static const char *const mf[] = {"model_name", "finished_reason", NULL};
+        static const double lat[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25,
+                                     0.5,   0.75,  1.0,  2.5,  5.0,  7.5,  10.0, 20.0, 40.0,
+                                     80.0, 160.0};
+        static const double itl[] = {0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
+                                     0.3,   0.4,   0.5,  0.75,  1.0,  2.5,   5.0, 7.5, 10.0};
+        size_t nl = sizeof lat / sizeof lat[0], ni = sizeof itl / sizeof itl[0];
+        s->m_running = metrics_add(metrics, METRIC_GAUGE, "rkv:num_requests_running",
+                                   "Requests in a running batch.", ml, NULL, 0);
+        s->m_waiting = metrics_add(metrics, METRIC_GAUGE, "rkv:num_requests_waiting",
+                                   "Requests waiting to be scheduled.", ml, NULL, 0);
+        s->m_sessions = metrics_add(metrics, METRIC_GAUGE, "rkv:num_sessions",
+                                    "Named sessions whose KV rkv keeps.", ml, NULL, 0);
+        s->m_prompt = metrics_add(metrics, METRIC_COUNTER, "rkv:prompt_tokens_total",
+                                  "Prompt tokens received.", ml, NULL, 0);
+        s->m_gen = metrics_add(metrics, METRIC_COUNTER, "rkv:generation_tokens_total",
+                               "Tokens generated.", ml, NULL, 0);
+        s->m_prefill = metrics_add(metrics, METRIC_COUNTER, "rkv:prefill_tokens_total",
+                                   "Prompt tokens computed (not served from a reused prefix).",
+                                   ml, NULL, 0);
+        s->m_hits = metrics_add(metrics, METRIC_COUNTER, "rkv:prefix_cache_hits_total",
+                                "Prompt tokens served from reused KV.", ml, NULL, 0);
+        s->m_queries = metrics_add(metrics, METRIC_COUNTER, "rkv:prefix_cache_queries_total",
+                                   "Prompt tokens looked up in reusable KV.", ml, NULL, 0);
+        s->m_ttft = metrics_add(metrics, METRIC_HISTOGRAM, "rkv:time_to_first_token_seconds",
+                                "Time to first token.", ml, lat, nl);
+        s->m_itl = metrics_add(metrics, METRIC_HISTOGRAM, "rkv:inter_token_latency_seconds",
+                               "Time between consecutive tokens of a request.", ml, itl, ni);
+        s->m_e2e = metrics_add(metrics, METRIC_HISTOGRAM, "rkv:e2e_request_latency_seconds",
+                               "End-to-end request latency.", ml, lat, nl);
+        s->m_queue = metrics_add(metrics, METRIC_HISTOGRAM, "rkv:request_queue_time_seconds",
+                                 "Time requests wait before they run.", ml, lat, nl);
+        s->m_success = metrics_add(metrics, METRIC_COUNTER, "rkv:request_success_total",
+                                   "Finished requests by finish reason.", mf, NULL, 0);
+    }
+    update_gauges(s);
+    *out = s;
+    return 0;
+}
+
+/* the retry timers close on a later loop turn; the last one frees */
+static void retry_closed(uv_handle_t *h)
+{
+    struct sched *s = h->data;
+    if (--s->n_closing > 0)
+        return;
+    free(s->workers);
+    free(s);
+}
+
+void sched_free(struct sched *s)
+{
+    if (!s)
+        return;
+    while (s->waiting.head) {
+        struct seq *q = s->waiting.head;
+        list_remove(&s->waiting, q);
+        api_call_fail(q->call, 503, "rkvd is shutting down");
+        stop_free(q->stop);
+        free(q);
+    }
+    for (uint32_t w = 0; w < s->cfg.n_workers; w++) {
+        fail_running(s, w, 503, "rkvd is shutting down");
+        rkv_vec_fini(&s->workers[w].closes);
+        rkv_vec_fini(&s->workers[w].idles);
+    }
+    s->n_closing = s->cfg.n_workers;
+    for (uint32_t w = 0; w < s->cfg.n_workers; w++)
+        uv_close((uv_handle_t *)&s->workers[w].retry, retry_closed);
+    size_t it = 0;
+    void *v;
+    while (rkv_map_next(&s->sessions, &it, NULL, &v)) {
+        struct session *se = v;
+        free(se->tokens);
+        free(se);
+    }
+    rkv_map_fini(&s->sessions);
+    rkv_map_fini(&s->by_sid);
+}

@@ -1,0 +1,118 @@
+/* sched.h - rkvd's scheduler: admission, continuous batching, sessions, token streaming. */
+#ifndef RKV_SCHED_H
+#define RKV_SCHED_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "daemon/api.h"
+#include "proto/wire.h"
+
+/*
+ * Everything here runs on rkvd's loop thread, except the driver (the code
+ * that talks to kvmgr and a worker), which gets one step_job at a time per
+ * worker and hands it back with sched_job_done() on the loop thread.
+ *
+ * A step for one worker batches every running sequence: decoding ones feed
+ * their last sampled token, prefilling ones a chunk of their prompt (at most
+ * prefill_chunk tokens each, at most max_batch_tokens in all), so new
+ * requests join between steps and long prompts never stall decodes. When a
+ * step returns, tokens are detokenized, checked against stop strings and
+ * streamed; then the next step is built at once.
+ *
+ * A session (session_id in the body or X-Session-Id) keeps its KV in kvmgr
+ * between requests: the next request's tokens are compared with the
+ * session's history and only the part after the common prefix is
+ * prefilled. Requests without a session use a private one, released when
+ * they finish.
+ */
+
+struct sched_config {
+    uint32_t n_workers;
+    uint32_t ctx_size;         /* positions per sequence (prompt + generated) */
+    uint32_t max_running;      /* sequences in one worker's batch */
+    uint32_t max_waiting;      /* queued requests before 429 */
+    uint32_t max_batch_tokens; /* tokens in one step */
+    uint32_t prefill_chunk;    /* prompt tokens of one sequence per step */
+    uint32_t max_sessions;     /* named sessions remembered */
+    uint32_t max_retries;      /* attempts of a failed step before its requests fail */
+    const char *model_name;    /* for metrics labels */
+};
+
+/* one sequence of a step: input filled by the scheduler, output by the driver */
+struct job_seq {
+    uint64_t sid;       /* kvmgr/worker session id */
+    uint32_t n_past;    /* positions already in the KV */
+    uint32_t n_tokens;  /* tokens fed this step */
+    int32_t *tokens;    /* (n_tokens) */
+    uint8_t sample;     /* sample a token from the last position */
+    uint8_t reset;      /* the worker must rebuild its sampler from history */
+    uint32_t n_history; /* with reset: every token before this step's */
+    int32_t *history;
+    struct proto_sampling sp;
+    /* out */
+    int32_t status; /* 0, or RKV_ENOSPACE: kvmgr could not place it yet (wait) */
+    int32_t token;
+    float logprob;
+    uint8_t n_top;
+    struct proto_logprob top[PROTO_MAX_TOP_LOGPROBS];
+};
+
+struct step_job {
+    uint32_t worker;
+    struct job_seq *seqs;
+    uint32_t n_seqs;
+    uint64_t *closes; /* sessions to release in kvmgr before the step */
+    uint32_t n_closes;
+    uint64_t *idles;  /* sessions that went idle (kept, parkable) */
+    uint32_t n_idles;
+    /* out: 0, or the whole step failed (worker or kvmgr unreachable) */
+    int rc;
+    int kvmgr_failed; /* the failure was kvmgr's (its KV is gone) */
+    char err[256];
+    double step_ms;
+};
+
+struct sched_driver {
+    /* runs job for its worker (one at a time per worker); must end with
+     * sched_job_done(job) on the loop thread, also on failure */
+    int (*submit)(void *ctx, struct step_job *job);
+    void *ctx;
+};
+
+struct sched;
+struct tok;
+struct metrics;
+struct store;
+
+int sched_init(uv_loop_t *loop, const struct sched_config *cfg, const struct tok *tok,
+               const struct sched_driver *drv, struct metrics *metrics, struct store *store,
+               struct sched **out, char *errbuf, size_t errlen);
+/* fails every request still queued or running (503) and frees */
+void sched_free(struct sched *s);
+/* the api_sched rkvd's API layer calls */
+void sched_api(struct sched *s, struct api_sched *out);
+void sched_job_done(struct sched *s, struct step_job *job);
+
+/* supervisor news: a worker went down / came back; kvmgr came back (its KV
+ * is gone: every sequence is re-prefilled from its token history) */
+void sched_worker_down(struct sched *s, uint32_t worker);
+void sched_worker_up(struct sched *s, uint32_t worker);
+void sched_kvmgr_restarted(struct sched *s);
+/* stop taking requests (SIGTERM); running ones go on */
+void sched_drain(struct sched *s);
+
+struct sched_stats {
+    uint32_t running;
+    uint32_t waiting;
+    uint32_t sessions;
+    uint64_t steps;
+    uint64_t prompt_tokens;
+    uint64_t cached_tokens;   /* prompt tokens served from a reused prefix */
+    uint64_t prefill_tokens;  /* prompt tokens actually computed */
+    uint64_t gen_tokens;
+};
+void sched_get_stats(const struct sched *s, struct sched_stats *out);
+
+#endif

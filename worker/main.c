@@ -1,0 +1,496 @@
+/* main.c - rkv-worker: loads the model, maps kvmgr's KV pools, serves batched steps for rkvd. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/config.h"
+#include "common/err.h"
+#include "common/gguf.h"
+#include "common/log.h"
+#include "common/shm.h"
+#include "common/util.h"
+#include "proto/msg.h"
+#include "proto/sock.h"
+#include "proto/wire.h"
+#include "worker/backend.h"
+#include "worker/forward.h"
+#include "worker/model.h"
+#include "worker/sample.h"
+
+/*
+ * Shape: one thread serves the rep socket rkvd dials (proto_serve_one with a
+ * short timeout so signals and the kvmgr check are noticed); a step runs on
+ * that thread and the backend spreads it over its own threads. Between
+ * steps the worker checks that the kvmgr it attached to is still the one
+ * running; when it is not, it stops serving, re-attaches (new pools) and
+ * continues. A restarted worker re-attaches the same way: the KV lives in
+ * kvmgr's pools, so sessions go on without re-prefill.
+ */
+
+struct worker_conf {
+    char model[1024];
+    int backend;
+    int64_t threads;
+    int64_t worker_id;
+    int64_t gpu;
+    char runtime_dir[512];
+    char kvmgr_url[600];
+    char listen[600];
+    int64_t max_batch_tokens;
+    int64_t max_seqs;
+    int64_t block_size;
+    int kv_dtype;
+    int log_level;
+};
+
+static const char *const backends[] = {"auto", "cpu", "cuda", NULL};
+static const char *const kv_dtypes[] = {"f32", "f16", NULL};
+static const char *const levels[] = {"error", "warn", "info", "debug", NULL};
+
+#define K(n, t, f) n, t, offsetof(struct worker_conf, f)
+static const struct cfg_key keys[] = {
+    {K("model", CFG_STR, model), sizeof(((struct worker_conf *)0)->model), .help = "GGUF model"},
+    {K("backend", CFG_ENUM, backend), .names = backends, .def = "auto", .help = "compute"},
+    {K("threads", CFG_INT, threads), .min = 0, .max = 1024, .def = "0",
+     .help = "cpu threads (0 = all cores)"},
+    {K("worker_id", CFG_INT, worker_id), .min = 0, .max = 63, .def = "0", .help = "worker index"},
+    {K("gpu", CFG_INT, gpu), .min = -1, .max = 1023, .def = "-1", .help = "gpu ordinal, -1 cpu"},
+    {K("runtime_dir", CFG_STR, runtime_dir), 512, .def = "/run/rkv", .help = "sockets"},
+    {K("kvmgr_url", CFG_STR, kvmgr_url), 600, .help = "default ipc://RUNTIME_DIR/kvmgr.sock"},
+    {K("listen", CFG_STR, listen), 600, .help = "default ipc://RUNTIME_DIR/worker<ID>.sock"},
+    {K("max_batch_tokens", CFG_INT, max_batch_tokens), .min = 1, .max = 65536, .def = "512",
+     .help = "tokens in one step"},
+    {K("max_seqs", CFG_INT, max_seqs), .min = 1, .max = 4096, .def = "256",
+     .help = "sequences in one step"},
+    {K("block_size", CFG_INT, block_size), .min = 1, .max = 65536, .def = "256",
+     .help = "positions per KV block (the same as kvmgr's)"},
+    {K("kv_dtype", CFG_ENUM, kv_dtype), .names = kv_dtypes, .def = "f32", .help = "kv cache type"},
+    {K("log_level", CFG_ENUM, log_level), .names = levels, .def = "info", .help = "log level"},
+};
+#undef K
+
+static volatile sig_atomic_t g_stop;
+static void on_signal(int sig)
+{
+    (void)sig;
+    g_stop = 1;
+}
+
+/* a session's sampler, kept between steps */
+struct samp {
+    struct sampler *s;
+    uint64_t last_step;
+};
+
+struct worker {
+    struct worker_conf c;
+    struct gguf_ctx *g;
+    struct backend *be;
+    struct model *m;
+    struct fwd *fwd;
+    struct kv_layout layout;
+    struct kv_pools pools;
+    struct rkv_shm shm[KV_N_POOLS];
+    struct proto_sock *kvmgr;
+    struct proto_sock *rep;
+    uint32_t kvmgr_pid;
+    uint64_t n_steps;
+    struct rkv_map samplers; /* session id -> struct samp */
+    /* per-step scratch */
+    struct fwd_seq *fseqs;
+    struct kv_block_ref *refs;
+    size_t refs_cap;
+    float *logits; /* (max_seqs, n_vocab) */
+    struct proto_wbuf out;
+};
+
+static void detach(struct worker *w)
+{
+    for (int i = 0; i < KV_N_POOLS; i++)
+        rkv_shm_close(&w->shm[i]);
+    fwd_free(w->fwd);
+    w->fwd = NULL;
+    memset(&w->pools, 0, sizeof w->pools);
+}
+
+/* "shm:/name" (cpu mode) -> "/name" */
+static const char *shm_name(const char *url)
+{
+    return strncmp(url, "shm:", 4) == 0 ? url + 4 : url;
+}
+
+/* HELLO to kvmgr, map its pools, build the forward state, report rates */
+static int attach(struct worker *w)
+{
+    char err[512];
+    int rc = fwd_kv_layout(w->m, (uint32_t)w->c.block_size, w->c.kv_dtype == 1 ? KV_F16 : KV_F32,
+                           &w->layout);
+    if (rc)
+        return rc;
+    struct proto_hello h = {PROTO_ROLE_WORKER, (uint32_t)getpid(), (uint32_t)w->c.worker_id,
+                            w->c.gpu, PROTO_VERSION, "rkv-worker", kv_block_bytes(&w->layout),
+                            w->m->weight_bytes};
+    struct proto_hello_ack ack;
+    rc = proto_call_json(w->kvmgr, PROTO_MSG_HELLO, &h, PROTO_MSG_HELLO_ACK, &ack, 2000, err,
+                         sizeof err);
+    if (rc)
+        return rc;
+    if (!ack.accepted) {
+        log_error("kvmgr refused this worker");
+        return RKV_EPROTO;
+    }
+    if (kv_block_bytes(&w->layout) != ack.block_bytes || ack.block_size != w->layout.block_size) {
+        log_error("kvmgr's blocks are %llu bytes but this model needs %zu per block of %u "
+                  "positions: kvmgr and the worker must be started for the same model and "
+                  "kv_dtype",
+                  (unsigned long long)ack.block_bytes, kv_block_bytes(&w->layout), ack.block_size);
+        return RKV_EFORMAT;
+    }
+    const char *names[KV_N_POOLS] = {shm_name(ack.device_pool_url), shm_name(ack.host_pool_name)};
+    uint64_t counts[KV_N_POOLS] = {ack.n_device_blocks, ack.n_host_blocks};
+    for (int i = 0; i < KV_N_POOLS; i++) {
+        if (counts[i] == 0 || counts[i] > UINT32_MAX)
+            continue;
+        rc = rkv_shm_open(&w->shm[i], names[i], counts[i] * ack.block_bytes);
+        if (rc) {
+            log_error("cannot map kvmgr's %s pool %s: %s", i == KV_DEVICE ? "device" : "host",
+                      names[i], rkv_strerror(rc));
+            detach(w);
+            return rc;
+        }
+        w->pools.base[i] = w->shm[i].base;
+        w->pools.n_blocks[i] = (uint32_t)counts[i];
+    }
+    rc = fwd_init(&w->fwd, w->m, &w->layout, &w->pools, (uint32_t)w->c.max_batch_tokens,
+                  (uint32_t)w->c.max_seqs);
+    if (rc) {
+        log_error("cannot set up the forward pass: %s", rkv_strerror(rc));
+        detach(w);
+        return rc;
+    }
+    w->kvmgr_pid = ack.kvmgr_pid;
+    struct proto_worker_report rep = {(uint32_t)w->c.worker_id, w->m->weight_bytes, 0, 0, 0, 0, 0};
+    struct proto_empty ok;
+    rc = proto_call_json(w->kvmgr, PROTO_MSG_WORKER_REPORT, &rep, PROTO_MSG_OK, &ok, 2000, err,
+                         sizeof err);
+    if (rc)
+        log_warn("kvmgr did not take the worker report: %s", err);
+    log_info("attached to kvmgr (pid %u): %llu device + %llu host blocks of %u positions", ack.kvmgr_pid,
+             (unsigned long long)ack.n_device_blocks, (unsigned long long)ack.n_host_blocks,
+             ack.block_size);
+    return 0;
+}
+
+/* is the kvmgr we attached to still the one answering? */
+static int kvmgr_same(struct worker *w)
+{
+    struct proto_empty q = {0};
+    struct proto_status st;
+    char err[256];
+    int rc = proto_call_json(w->kvmgr, PROTO_MSG_STATUS_GET, &q, PROTO_MSG_STATUS, &st, 1000, err,
+                             sizeof err);
+    return rc == 0 && st.kvmgr_pid == w->kvmgr_pid;
+}
+
+static struct samp *sampler_for(struct worker *w, const struct proto_step_seq *sq, int *rc)
+{
+    struct samp *sp = rkv_map_get(&w->samplers, sq->session_id);
+    *rc = 0;
+    if (sp && !(sq->flags & PROTO_STEP_RESET))
+        return sp;
+    if (!sp) {
+        sp = calloc(1, sizeof *sp);
+        if (!sp || rkv_map_put(&w->samplers, sq->session_id, sp)) {
+            free(sp);
+            *rc = RKV_ENOMEM;
+            return NULL;
+        }
+    }
+    sampler_free(sp->s);
+    sp->s = NULL;
+    struct sample_params p;
+    sample_params_default(&p);
+    p.temperature = sq->sampling.temperature;
+    p.top_k = sq->sampling.top_k;
+    p.top_p = sq->sampling.top_p;
+    p.min_p = sq->sampling.min_p;
+    p.repetition_penalty = sq->sampling.repetition_penalty;
+    p.presence_penalty = sq->sampling.presence_penalty;
+    p.frequency_penalty = sq->sampling.frequency_penalty;
+    p.seed = sq->sampling.seed;
+    p.n_top_logprobs = sq->sampling.n_top_logprobs;
+    char err[256];
+    if ((*rc = sample_params_check(&p, err, sizeof err)) != 0) {
+        log_warn("session %llu: %s", (unsigned long long)sq->session_id, err);
+        return NULL;
+    }
+    if ((*rc = sampler_init(&sp->s, &p, (int32_t)w->m->hp.n_vocab)) != 0)
+        return NULL;
+    for (uint32_t i = 0; i < sq->n_history; i++)
+        sampler_accept(sp->s, sq->history[i]);
+    return sp;
+}
+
+/* samplers of sessions not seen for a long while (closed or moved) */
+static void sweep_samplers(struct worker *w)
+{
+    size_t it = 0;
+    uint64_t key;
+    void *v;
+    while (rkv_map_next(&w->samplers, &it, &key, &v)) {
+        struct samp *sp = v;
+        if (w->n_steps - sp->last_step > 100000) {
+            sampler_free(sp->s);
+            free(sp);
+            rkv_map_del(&w->samplers, key);
+            it = 0;
+        }
+    }
+}
+
+static int do_step(struct worker *w, const struct proto_in *in, struct proto_wbuf *reply,
+                   int *reply_type, char *err, size_t errlen)
+{
+    struct proto_step_req *req;
+    int rc = proto_step_req_decode(in->payload, in->len, &req, err, errlen);
+    if (rc)
+        return rc;
+    uint32_t n = req->n_seqs, n_tok = 0;
+    size_t n_refs = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        n_tok += req->seqs[i].n_tokens;
+        n_refs += req->seqs[i].n_blocks;
+    }
+    if (!w->fwd) {
+        proto_step_req_free(req);
+        return proto_seterr(err, errlen, RKV_ESTATE, "the worker is not attached to kvmgr yet");
+    }
+    if (n > (uint32_t)w->c.max_seqs || n_tok > (uint32_t)w->c.max_batch_tokens) {
+        proto_step_req_free(req);
+        return proto_seterr(err, errlen, RKV_ETOOBIG,
+                            "step of %u sequences / %u tokens is over this worker's %lld / %lld",
+                            n, n_tok, (long long)w->c.max_seqs, (long long)w->c.max_batch_tokens);
+    }
+    if (n_refs > w->refs_cap) {
+        struct kv_block_ref *r = realloc(w->refs, n_refs * sizeof *r);
+        if (!r) {
+            proto_step_req_free(req);
+            return RKV_ENOMEM;
+        }
+        w->refs = r;
+        w->refs_cap = n_refs;
+    }
+    struct kv_block_ref *ref = w->refs;
+    for (uint32_t i = 0; i < n; i++) {
+        const struct proto_step_seq *sq = &req->seqs[i];
+        struct fwd_seq *fs = &w->fseqs[i];
+        for (uint32_t b = 0; b < sq->n_blocks; b++) {
+            ref[b].index = sq->blocks[b].index;
+            /* a block with a clean host copy is read from the device */
+            ref[b].residency = sq->blocks[b].residency == PROTO_RES_HOST ? KV_HOST : KV_DEVICE;
+            if (ref[b].index >= w->pools.n_blocks[ref[b].residency]) {
+                proto_step_req_free(req);
+                return proto_seterr(err, errlen, RKV_EPROTO,
+                                    "session %llu block %u: index %u is outside the %s pool",
+                                    (unsigned long long)sq->session_id, b, ref[b].index,
+                                    ref[b].residency == KV_HOST ? "host" : "device");
+            }
+        }
+        fs->tokens = sq->tokens;
+        fs->n_tokens = sq->n_tokens;
+        fs->n_past = sq->n_past;
+        fs->blocks = ref;
+        fs->n_blocks = sq->n_blocks;
+        ref += sq->n_blocks;
+    }
+    rc = fwd_step(w->fwd, w->fseqs, n, 0, w->logits);
+    if (rc) {
+        proto_step_req_free(req);
+        return proto_seterr(err, errlen, rc, "forward step failed: %s", rkv_strerror(rc));
+    }
+    w->n_steps++;
+
+    struct proto_step_out *outs = calloc(n ? n : 1, sizeof *outs);
+    if (!outs) {
+        proto_step_req_free(req);
+        return RKV_ENOMEM;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        const struct proto_step_seq *sq = &req->seqs[i];
+        struct proto_step_out *o = &outs[i];
+        o->session_id = sq->session_id;
+        o->token = -1;
+        int src;
+        struct samp *sp = sampler_for(w, sq, &src);
+        if (!sp) {
+            o->status = src;
+            continue;
+        }
+        sp->last_step = w->n_steps;
+        for (uint32_t t = 0; t < sq->n_tokens; t++)
+            sampler_accept(sp->s, sq->tokens[t]);
+        if (!(sq->flags & PROTO_STEP_SAMPLE))
+            continue;
+        struct sample_top top[PROTO_MAX_TOP_LOGPROBS];
+        const float *row = w->logits + (size_t)i * w->m->hp.n_vocab;
+        o->token = sampler_sample(sp->s, row, &o->logprob, top);
+        o->n_top = sq->sampling.n_top_logprobs;
+        for (uint8_t k = 0; k < o->n_top; k++) {
+            o->top[k].id = top[k].id;
+            o->top[k].logprob = top[k].logprob;
+        }
+    }
+    struct proto_step_resp resp = {req->epoch, n, outs};
+    rc = proto_step_resp_encode(&resp, reply, err, errlen);
+    free(outs);
+    proto_step_req_free(req);
+    *reply_type = PROTO_MSG_STEP_RESP;
+    if (w->n_steps % 4096 == 0)
+        sweep_samplers(w);
+    return rc;
+}
+
+static int handle(void *ctx, const struct proto_in *in, struct proto_wbuf *reply, int *reply_type,
+                  char *err, size_t errlen)
+{
+    struct worker *w = ctx;
+    switch (in->hdr.type) {
+    case PROTO_MSG_STEP_REQ:
+        return do_step(w, in, reply, reply_type, err, errlen);
+    case PROTO_MSG_HELLO: {
+        struct proto_hello_ack ack = {.accepted = w->fwd != NULL, .kvmgr_pid = w->kvmgr_pid,
+                                      .block_size = w->layout.block_size,
+                                      .block_bytes = kv_block_bytes(&w->layout),
+                                      .n_device_blocks = w->pools.n_blocks[KV_DEVICE],
+                                      .n_host_blocks = w->pools.n_blocks[KV_HOST]};
+        *reply_type = PROTO_MSG_HELLO_ACK;
+        return proto_put_json(reply, PROTO_MSG_HELLO_ACK, &ack, err, errlen);
+    }
+    default:
+        return proto_seterr(err, errlen, RKV_EPROTO, "rkv-worker does not serve %s messages",
+                            proto_msg_name(in->hdr.type));
+    }
+}
+
+static int load(struct worker *w)
+{
+    char err[512];
+    int rc = gguf_open(w->c.model, &w->g, err, sizeof err);
+    if (rc) {
+        log_error("%s", err);
+        return rc;
+    }
+    struct backend_opts bo = {backends[w->c.backend], (uint32_t)w->c.threads,
+                              w->c.gpu < 0 ? 0 : (int)w->c.gpu};
+    if ((rc = backend_init(&bo, &w->be, err, sizeof err))) {
+        log_error("%s", err);
+        return rc;
+    }
+    if ((rc = model_load_gguf(w->be, w->g, w->c.model, &w->m, err, sizeof err))) {
+        log_error("%s", err);
+        return rc;
+    }
+    w->fseqs = calloc((size_t)w->c.max_seqs, sizeof *w->fseqs);
+    w->logits = malloc((size_t)w->c.max_seqs * w->m->hp.n_vocab * sizeof(float));
+    if (!w->fseqs || !w->logits)
+        return RKV_ENOMEM;
+    log_info("loaded %s on %s: %u layers, %u wide, %u vocab, %.1f MiB of weights", w->c.model,
+             backend_name(w->be), w->m->hp.n_layer, w->m->hp.dim, w->m->hp.n_vocab,
+             (double)w->m->weight_bytes / (1 << 20));
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    static struct worker w;
+    char err[1024];
+    rkv_log_init("rkv-worker", RKV_LOG_INFO);
+    static const struct cfg_spec spec = {"rkv-worker", "--model FILE [options]", keys,
+                                         sizeof keys / sizeof keys[0], NULL};
+    int pos, rc = cfg_load(&spec, &w.c, argc, argv, &pos, err, sizeof err);
+    if (rc == 1)
+        return 0;
+    if (rc) {
+        fprintf(stderr, "rkv-worker: %s\n", err);
+        return 2;
+    }
+    if (pos < argc) {
+        fprintf(stderr, "rkv-worker: unexpected argument \"%s\" (see --help)\n", argv[pos]);
+        return 2;
+    }
+    if (!w.c.model[0]) {
+        fprintf(stderr, "rkv-worker: --model is required\n");
+        return 2;
+    }
+    static const enum rkv_log_level lv[] = {RKV_LOG_ERROR, RKV_LOG_WARN, RKV_LOG_INFO,
+                                            RKV_LOG_DEBUG};
+    rkv_log_set_level(lv[w.c.log_level]);
+    if (!w.c.kvmgr_url[0])
+        snprintf(w.c.kvmgr_url, sizeof w.c.kvmgr_url, "ipc://%s/kvmgr.sock", w.c.runtime_dir);
+    if (!w.c.listen[0])
+        snprintf(w.c.listen, sizeof w.c.listen, "ipc://%s/worker%lld.sock", w.c.runtime_dir,
+                 (long long)w.c.worker_id);
+
+    struct sigaction sa = {0};
+    sa.sa_handler = on_signal;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    rkv_map_init(&w.samplers);
+    proto_wbuf_init(&w.out);
+    if ((rc = load(&w)))
+        return 1;
+    if ((rc = proto_sock_open(&w.kvmgr, PROTO_SOCK_REQ, w.c.kvmgr_url, err, sizeof err)) ||
+        (rc = proto_sock_open(&w.rep, PROTO_SOCK_REP, w.c.listen, err, sizeof err))) {
+        log_error("%s", err);
+        return 1;
+    }
+    uint64_t last_check = 0;
+    while (!g_stop) {
+        if (!w.fwd) {
+            rc = attach(&w);
+            if (rc) {
+                log_ratelimited(RKV_LOG_WARN, 10000, 2, "waiting for kvmgr at %s: %s",
+                                w.c.kvmgr_url, rkv_strerror(rc));
+                rkv_sleep_ms(200);
+                continue;
+            }
+        }
+        rc = proto_serve_one(w.rep, handle, &w, 250, err, sizeof err);
+        if (rc && rc != RKV_ETIMEOUT && rc != -EAGAIN)
+            log_ratelimited(RKV_LOG_WARN, 5000, 5, "bad request: %s", err);
+        uint64_t now = rkv_now_ms();
+        if (now - last_check > 1000) {
+            last_check = now;
+            if (!kvmgr_same(&w)) {
+                log_warn("kvmgr (pid %u) is gone: detaching and waiting for a new one",
+                         w.kvmgr_pid);
+                detach(&w);
+            }
+        }
+    }
+    log_info("stopping");
+    detach(&w);
+    proto_sock_close(w.rep);
+    proto_sock_close(w.kvmgr);
+    size_t it = 0;
+    void *v;
+    while (rkv_map_next(&w.samplers, &it, NULL, &v)) {
+        struct samp *sp = v;
+        sampler_free(sp->s);
+        free(sp);
+    }
+    rkv_map_fini(&w.samplers);
+    free(w.fseqs);
+    free(w.logits);
+    free(w.refs);
+    proto_wbuf_free(&w.out);
+    model_free(w.m);
+    backend_free(w.be);
+    gguf_close(w.g);
+    return 0;
+}
