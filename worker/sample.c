@@ -457,40 +457,6 @@ static int32_t argmax(const float *v, int32_t n)
     return 0; /* all nan */
 }
 
-/* log-softmax of the raw logits for `id` and the top alternatives */
-static void raw_logprobs(const struct sampler *s, const float *logits, int32_t id, float *logprob,
-                         struct sample_top *top)
-{
-    int32_t n = s->n_vocab;
-    float mx = sanitize(max_of(logits, (size_t)n));
-    double lse = (double)mx + log(exp_weights(logits, (size_t)n, mx, 1.0f, NULL, NULL));
-    if (logprob)
-        *logprob = (float)((double)sanitize(logits[id]) - lse);
-    int32_t k = s->p.n_top_logprobs;
-    if (!top || k == 0)
-        return;
-    if (k > n)
-        k = n;
-    /* running insertion list of the k best, best first */
-    struct cand best[20];
-    int32_t have = 0;
-    for (int32_t i = 0; i < n; i++) {
-        struct cand c = {sanitize(logits[i]), i};
-        if (have == k && !cand_before(c, best[k - 1]))
-            continue;
-        int32_t j = have < k ? have++ : k - 1;
-        while (j > 0 && cand_before(c, best[j - 1])) {
-            best[j] = best[j - 1];
-            j--;
-        }
-        best[j] = c;
-    }
-    for (int32_t j = 0; j < k; j++) {
-        top[j].id = best[j].id;
-        top[j].logprob = (float)((double)best[j].v - lse);
-    }
-}
-
 /* index drawn from x[0..n) with probability softmax(x / temperature) */
 static size_t draw_index(struct sampler *s, const float *x, size_t n)
 {
@@ -635,6 +601,37 @@ static void top_k_heap(const float *v, size_t n, size_t k, struct cand *c)
         c[j] = x;
     }
     qsort(c, have, sizeof(*c), cand_cmp);
+}
+
+/* log-softmax of the raw logits for `id` and the top alternatives */
+static void raw_logprobs(const struct sampler *s, const float *logits, int32_t id, float *logprob,
+                         struct sample_top *top)
+{
+    int32_t n = s->n_vocab;
+    float mx = sanitize(max_of(logits, (size_t)n));
+    if (mx == -INFINITY) {
+        /* nothing finite: report the uniform distribution, not nan */
+        double lp = -log((double)n);
+        if (logprob)
+            *logprob = (float)lp;
+        for (int32_t j = 0; top && j < s->p.n_top_logprobs && j < n; j++)
+            top[j] = (struct sample_top){j, (float)lp};
+        return;
+    }
+    double lse = (double)mx + log(exp_weights(logits, (size_t)n, mx, 1.0f, NULL, NULL));
+    if (logprob)
+        *logprob = (float)((double)sanitize(logits[id]) - lse);
+    int32_t k = s->p.n_top_logprobs;
+    if (!top || k == 0)
+        return;
+    if (k > n)
+        k = n;
+    struct cand best[20];
+    top_k_heap(logits, (size_t)n, (size_t)k, best);
+    for (int32_t j = 0; j < k; j++) {
+        top[j].id = best[j].id;
+        top[j].logprob = (float)((double)best[j].v - lse);
+    }
 }
 
 int32_t sampler_sample(struct sampler *s, const float *logits, float *logprob,

@@ -603,10 +603,15 @@ static void test_masked_logits(void **state)
     struct sampler *s = make(&p, 5);
     for (int i = 0; i < 100; i++)
         assert_int_equal(sampler_sample(s, v, NULL, NULL), 2);
-    float all[3] = {-INFINITY, -INFINITY, -INFINITY};
+    float all[3] = {-INFINITY, -INFINITY, NAN};
     sampler_free(s);
+    p.n_top_logprobs = 2;
     s = make(&p, 3);
-    assert_int_equal(sampler_sample(s, all, NULL, NULL), 0);
+    float lp;
+    struct sample_top top[2];
+    assert_int_equal(sampler_sample(s, all, &lp, top), 0);
+    assert_true(fabsf(lp + logf(3.0f)) < 1e-6f); /* finite, not nan */
+    assert_true(top[0].id == 0 && top[1].id == 1);
     sampler_free(s);
 }
 
