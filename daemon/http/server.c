@@ -29,6 +29,8 @@ struct http_req {
     char *extra; /* extra response header lines, "Name: value\r\n"... */
     size_t extra_len;
     char peer[64];
+    uint64_t t_start;        /* loop time the request was complete, ms */
+    int status;              /* the response's status, for the access log */
     unsigned started : 1;    /* response head sent */
     unsigned closed : 1;     /* the client went away */
     unsigned want_drain : 1; /* a write reported backpressure */
@@ -73,6 +75,7 @@ struct http_server {
     unsigned n_conns;   /* counted against max_connections */
     unsigned n_handles; /* every connection not yet freed, rejected ones too */
     unsigned n_reqs;    /* request objects alive */
+    struct http_stats stats;
     unsigned shutting_down : 1;
     unsigned listener_open : 1;
     unsigned deadline_open : 1;
@@ -278,6 +281,7 @@ static struct wbuf *wbuf_new(struct http_conn *c, size_t cap)
 
 static int conn_write(struct http_conn *c, struct wbuf *b)
 {
+    c->srv->stats.bytes_out += b->len;
     uv_buf_t ub = uv_buf_init(b->data, (unsigned)b->len);
     int rc = uv_write(&b->w, (uv_stream_t *)&c->tcp, &ub, 1, write_done);
     if (rc < 0) {
@@ -334,10 +338,12 @@ static void on_msg(void *arg, struct http_msg *msg)
         return;
     }
     s->n_reqs++;
+    s->stats.requests++;
     r->srv = s;
     r->conn = c;
     r->msg = msg;
     memcpy(r->peer, c->peer, sizeof(r->peer));
+    r->t_start = uv_now(s->loop);
     r->chunked = msg->http_major > 1 || (msg->http_major == 1 && msg->http_minor >= 1);
     if (!msg->keep_alive || msg->upgrade) {
         r->last = 1;
@@ -386,6 +392,7 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
         /* bytes after a "Connection: close" request are not an error */
         if (rc < 0 && !c->no_more) {
             c->err_status = c->reader.err_status;
+            c->srv->stats.bad_requests++;
             c->err_text = c->reader.err_text;
             log_debug("http: %s: %d %s", c->peer, c->err_status, c->err_text);
         }
@@ -411,6 +418,7 @@ static void on_timer(uv_timer_t *t)
     switch (kind) {
     case TIMER_HEADERS:
     case TIMER_BODY:
+        c->srv->stats.timeouts++;
         /* slow client: answer 408 unless something else is in flight */
         c->reader.state = HTTP_READER_DONE;
         c->err_status = 408;
@@ -541,6 +549,9 @@ static void on_connection(uv_stream_t *ls, int status)
     c->rejected = s->n_conns >= s->lim.max_connections;
     if (!c->rejected)
         s->n_conns++;
+    else
+        s->stats.rejected++;
+    s->stats.connections++;
     if (uv_accept(ls, (uv_stream_t *)&c->tcp) < 0) {
         conn_close(c);
         return;
@@ -637,6 +648,13 @@ unsigned http_server_connections(const struct http_server *srv)
 {
     return srv->n_conns;
 }
+void http_server_get_stats(const struct http_server *srv, struct http_stats *out)
+{
+    *out = srv->stats;
+    out->open_connections = srv->n_conns;
+    out->open_requests = srv->n_reqs;
+}
+
 unsigned http_server_requests(const struct http_server *srv)
 {
     return srv->n_reqs;
@@ -727,6 +745,8 @@ static void req_finish(struct http_req *r)
 {
     struct http_conn *c = r->conn;
     struct http_server *s = r->srv;
+    log_debug("http: %s %s %s %d%s %" PRIu64 " ms", r->peer, r->msg->method, r->msg->path,
+              r->status, r->closed ? " (client gone)" : "", uv_now(s->loop) - r->t_start);
     if (c && c->active == r)
         c->active = NULL;
     req_free(r);
@@ -768,6 +788,7 @@ static struct wbuf *resp_head(struct http_req *r, int status, const char *ctype,
         r->last = 1;
     if (body_len < 0 && !r->chunked)
         r->last = 1; /* HTTP/1.0: the body ends when we close */
+    r->status = status;
     size_t cap = 512 + r->extra_len + (ctype ? strlen(ctype) : 0) + extra_cap;
     struct wbuf *b = wbuf_new(c, cap);
     if (!b)

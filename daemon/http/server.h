@@ -51,6 +51,19 @@ int http_server_port(const struct http_server *srv);
 unsigned http_server_connections(const struct http_server *srv);
 unsigned http_server_requests(const struct http_server *srv);
 
+/* counters since start, for /metrics */
+struct http_stats {
+    uint64_t connections;  /* accepted */
+    uint64_t rejected;     /* over max_connections (503) */
+    uint64_t requests;     /* parsed completely */
+    uint64_t bad_requests; /* malformed or over a size limit (400, 413, 431, ...) */
+    uint64_t timeouts;     /* slow headers or body (408) */
+    uint64_t bytes_out;    /* response bytes queued */
+    unsigned open_connections;
+    unsigned open_requests;
+};
+void http_server_get_stats(const struct http_server *srv, struct http_stats *out);
+
 typedef void (*http_shutdown_cb)(void *arg);
 /* stops accepting, closes idle connections, lets responses in flight finish
  * for up to deadline_ms, then closes the rest (their requests see on_close).

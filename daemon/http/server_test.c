@@ -41,6 +41,7 @@ struct ctx {
     sem_t backpressured; /* the /big handler saw http_resp_write return 1 */
     int big_chunks;      /* chunks written before backpressure */
     int drains;
+    struct http_stats stats; /* taken when the client finished */
     /* results the client thread records for the main thread to assert */
     struct resp r[8];
     int rc[8];
@@ -193,6 +194,8 @@ static void handler(struct http_req *req, void *arg)
 static void on_client_done(uv_async_t *a)
 {
     struct ctx *x = a->data;
+    if (!x->shutdown_called)
+        http_server_get_stats(x->srv, &x->stats);
     start_shutdown(x, 2000);
     uv_close((uv_handle_t *)a, NULL);
 }
@@ -501,6 +504,7 @@ static void test_slow_client_408(void **state)
     assert_int_equal(x.rc[1], 0);
     assert_int_equal(x.r[1].status, 408);
     assert_non_null(strstr(x.r[1].body, "body not received in time"));
+    assert_int_equal(x.stats.timeouts, 2);
     ctx_free(&x);
 }
 
@@ -551,6 +555,9 @@ static void test_too_many_connections_503(void **state)
     assert_non_null(strstr(x.r[2].body, "max_connections"));
     assert_int_equal(x.eof[2], 1);
     assert_int_equal(x.r[3].status, 200);
+    assert_int_equal(x.stats.connections, 3);
+    assert_int_equal(x.stats.rejected, 1);
+    assert_int_equal(x.stats.requests, 3);
     ctx_free(&x);
 }
 
