@@ -258,20 +258,23 @@ PROMPT = [1, 2, 3, 100, 200, 300, 42, 7, 500, 11]
 N_GEN = 8
 
 
-def run_gen(model, tmp_path, extra=(), prompt=PROMPT, n=N_GEN):
-    """rkv-gen greedy; returns (generated ids, logits (steps, n_vocab) float32)"""
+def run_gen(model, tmp_path, extra=(), prompt=PROMPT, n=N_GEN, batch=1):
+    """rkv-gen greedy; returns per session (generated ids, logits (steps, n_vocab) float32)"""
     gen = _need("rkv-gen")
     dump = tmp_path / "logits.bin"
     r = _run([gen, "--model", str(model), "--prompt-ids", ",".join(map(str, prompt)), "-n",
               str(n), "--temp", "0", "--ignore-eos", "--dump-logits", str(dump), "--json",
-              "--backend", "cpu", *extra])
+              "--backend", "cpu", "--batch", str(batch), *extra])
     info = json.loads(r.stdout)
     n_vocab = info["n_vocab"]
     assert info["prompt_ids"] == list(prompt)
-    ids = info["sessions"][0]["ids"]
+    assert len(info["sessions"]) == batch
     raw = np.fromfile(dump, dtype="<f4")
-    assert raw.size % n_vocab == 0, f"{dump}: {raw.size} floats is not a whole number of steps"
-    return ids, raw.reshape(-1, n_vocab)
+    assert raw.size % (n_vocab * batch) == 0, f"{dump}: {raw.size} floats is not whole steps"
+    # with --ignore-eos every session runs every step: (steps, batch, n_vocab)
+    steps = raw.reshape(-1, batch, n_vocab)
+    out = [(sess["ids"], steps[:, i, :]) for i, sess in enumerate(info["sessions"])]
+    return out if batch > 1 else out[0]
 
 
 def compare_steps(ref, prompt, ids, got):
@@ -306,3 +309,15 @@ def test_rkv_gen_host_split_matches_reference(models, refs, tmp_path, arch, dtyp
     # half the KV blocks on the host, 4 positions per block: 18 positions span 5 blocks
     ids, got = run_gen(models[arch, dtype], tmp_path, ["--host-frac", "0.5", "--block-size", "4"])
     compare_steps(refs(arch, dtype), PROMPT, ids, got)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", ["f32", "q8_0"])
+def test_rkv_gen_batch_and_chunked_prefill_match_reference(models, refs, tmp_path, arch, dtype):
+    # three sessions in one batch, each with its own random host/device split, and a
+    # prefill cut into chunks of 3 that straddle the 4-position blocks
+    out = run_gen(models[arch, dtype], tmp_path, ["--host-frac", "0.5", "--block-size", "4",
+                                                  "--chunk", "3", "--split-seed", "11"], batch=3)
+    for ids, got in out:
+        compare_steps(refs(arch, dtype), PROMPT, ids, got)
+    assert out[0][0] == out[1][0] == out[2][0]  # same prompt, greedy: same tokens
