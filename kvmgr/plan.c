@@ -191,6 +191,16 @@ static int64_t fixed_blocks(const struct work *w, uint32_t i, int resident_mode)
     return (w->in->sessions[i].pinned || resident_mode) ? w->need[i] : 1;
 }
 
+/* too large for its gpu even with nothing else planned: the caller should
+ * refuse the request instead of queueing it */
+static int never_fits(const struct work *w, uint32_t i, int resident_mode)
+{
+    uint64_t d = w->dev_cap[w->in->sessions[i].gpu];
+    if (w->in->sessions[i].pinned || resident_mode)
+        return w->need[i] > d;
+    return d == 0 || w->need[i] > d + w->host_cap;
+}
+
 static void admit_one(struct work *w, struct admit_state *st, uint32_t i, int resident_mode)
 {
     uint32_t g = w->in->sessions[i].gpu;
@@ -248,8 +258,8 @@ static int admit(struct work *w)
     for (size_t k = n_first; k < w->n_prio; k++) {
         uint32_t i = w->prio[k];
         uint32_t g = in->sessions[i].gpu;
-        if (blocked[g])
-            continue;
+        if (blocked[g] || never_fits(w, i, resident_mode))
+            continue; /* one that can never run must not hold up the queue */
         int64_t tot2 = st.tot[g] + w->need[i];
         int64_t spill2 = st.spill - over(st.tot[g], w->dev_cap[g]) + over(tot2, w->dev_cap[g]);
         int64_t host_before = st.host_fixed + st.spill;
@@ -548,6 +558,9 @@ static int summarize(struct work *w)
         struct plan_assign *a = &p->assign[i];
         struct plan_gpu_summary *gs = &p->gsum[s->gpu];
         a->id = s->id;
+        a->never_fits = a->tactic == PLAN_WAIT && w->rank[i] != UINT32_MAX &&
+                        never_fits(w, (uint32_t)i, in->mode == PLAN_MODE_RESIDENT);
+        sum->n_never_fits += a->never_fits;
         if (!a->dropped) {
             a->demote = s->cur_dev > a->n_dev ? s->cur_dev - a->n_dev : 0;
             a->promote = s->cur_host > a->n_host ? s->cur_host - a->n_host : 0;

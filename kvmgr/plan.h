@@ -17,9 +17,10 @@
  *    GPU has D >= pinned blocks + one block per active session (all of its
  *    blocks in `resident` mode); new ones also need the blocks that overflow
  *    D to fit the host, and once one is refused every later new session on
- *    that GPU waits too (no starvation of large requests). Admission repeats
- *    with the admitted counted as running until the set is stable, so a
- *    replan admits the same sessions. A waiting session keeps the blocks it
+ *    that GPU waits too (no starvation of large requests); a session that
+ *    could not run even alone is marked never_fits and holds no one up.
+ *    Admission repeats with the admitted counted as running until the set is
+ *    stable, so a replan admits the same sessions. A waiting session keeps the blocks it
  *    holds, on the host; when the host cannot hold the existing kv, the
  *    lowest-priority waiting, then least recently used parked sessions are
  *    dropped (`dropped`: rebuilt from token history later). Idle sessions
@@ -104,11 +105,13 @@ struct plan_input {
 struct plan_assign {
     uint64_t id;
     enum plan_tactic tactic;
-    uint32_t n_dev;   /* device blocks (the window for WINDOW/CPU_TAIL) */
-    uint32_t n_host;  /* host blocks (the tail for WINDOW/CPU_TAIL) */
-    uint32_t demote;  /* blocks to copy device -> host */
-    uint32_t promote; /* blocks to copy host -> device */
-    uint8_t dropped;  /* its kv is freed; rebuild from token history */
+    uint32_t n_dev;     /* device blocks (the window for WINDOW/CPU_TAIL) */
+    uint32_t n_host;    /* host blocks (the tail for WINDOW/CPU_TAIL) */
+    uint32_t demote;    /* blocks to copy device -> host */
+    uint32_t promote;   /* blocks to copy host -> device */
+    uint8_t dropped;    /* its kv is freed; rebuild from token history */
+    uint8_t never_fits; /* WAIT, and larger than its gpu and the host even when
+                         * alone: answer the request with an error */
 };
 
 struct plan_gpu_summary {
@@ -125,7 +128,8 @@ struct plan_summary {
     uint32_t host_used; /* blocks */
     uint32_t n_wait;    /* sessions not admitted */
     uint32_t n_dropped; /* sessions whose kv must be rebuilt */
-    uint32_t n_moves;   /* sessions with demote or promote > 0 */
+    uint32_t n_never_fits;
+    uint32_t n_moves; /* sessions with demote or promote > 0 */
     uint64_t blocks_demoted;
     uint64_t blocks_promoted;
     const struct plan_gpu_summary *gpu; /* [n_gpus] */

@@ -232,6 +232,30 @@ static void test_admission(void **state)
     plan_free(p);
 }
 
+static void test_never_fits(void **state)
+{
+    (void)state;
+    struct plan_gpu g = gpu_with(2);
+    struct plan_session s[3] = {sess(1, 100, 1, 0, 0, PLAN_WAIT, 1),
+                                sess(2, 3, 1, 0, 0, PLAN_WAIT, 2),
+                                sess(3, 3, 0, 0, 0, PLAN_WAIT, 0)};
+    s[2].pinned = 1;
+    /* 100 blocks never fit 2 device + 5 host blocks: refused, not queued in
+     * front of session 2; a pinned session must be resident, 3 > 2 */
+    struct plan *p = run_plan(&g, 1, 5, s, 3, PLAN_MODE_AUTO, NULL);
+    assert_int_equal(plan_find(p, 1)->tactic, PLAN_WAIT);
+    assert_true(plan_find(p, 1)->never_fits);
+    assert_int_equal(plan_find(p, 2)->tactic, PLAN_WINDOW);
+    assert_false(plan_find(p, 2)->never_fits);
+    assert_true(plan_find(p, 3)->never_fits);
+    assert_int_equal(plan_get_summary(p)->n_never_fits, 2);
+    plan_free(p);
+    /* resident mode: more than the device is never possible */
+    p = run_plan(&g, 1, 5, s + 1, 1, PLAN_MODE_RESIDENT, NULL);
+    assert_true(plan_find(p, 2)->never_fits);
+    plan_free(p);
+}
+
 static void test_pinned(void **state)
 {
     (void)state;
@@ -379,6 +403,8 @@ static void check_plan(const struct sim *m, const struct plan *p, int host_ample
             break;
         default: fail();
         }
+        if (a->never_fits)
+            assert_int_equal(a->tactic, PLAN_WAIT);
         if (a->dropped) {
             assert_true(held > 0);
             assert_true(a->tactic == PLAN_WAIT || a->tactic == PLAN_PARKED);
@@ -659,6 +685,7 @@ int main(void)
         cmocka_unit_test(test_park_lru_first),
         cmocka_unit_test(test_window_water_fill),
         cmocka_unit_test(test_admission),
+        cmocka_unit_test(test_never_fits),
         cmocka_unit_test(test_pinned),
         cmocka_unit_test(test_hysteresis),
         cmocka_unit_test(test_load_ramp),
