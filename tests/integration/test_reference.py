@@ -258,13 +258,26 @@ PROMPT = [1, 2, 3, 100, 200, 300, 42, 7, 500, 11]
 N_GEN = 8
 
 
-def run_gen(model, tmp_path, extra=(), prompt=PROMPT, n=N_GEN, batch=1):
+def _has_gpu():
+    try:
+        r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0 and "GPU" in r.stdout
+
+
+# the cpu backend always; the cuda backend where a GPU is present
+BACKENDS = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not _has_gpu(), reason="no NVIDIA GPU here (nvidia-smi -L); the cuda backend runs on a GPU host"))]
+
+
+def run_gen(model, tmp_path, extra=(), prompt=PROMPT, n=N_GEN, batch=1, backend="cpu"):
     """rkv-gen greedy; returns per session (generated ids, logits (steps, n_vocab) float32)"""
     gen = _need("rkv-gen")
     dump = tmp_path / "logits.bin"
     r = _run([gen, "--model", str(model), "--prompt-ids", ",".join(map(str, prompt)), "-n",
               str(n), "--temp", "0", "--ignore-eos", "--dump-logits", str(dump), "--json",
-              "--backend", "cpu", "--batch", str(batch), *extra])
+              "--backend", backend, "--batch", str(batch), *extra])
     info = json.loads(r.stdout)
     n_vocab = info["n_vocab"]
     assert info["prompt_ids"] == list(prompt)
@@ -296,28 +309,34 @@ def compare_steps(ref, prompt, ids, got):
     assert not bad, "rkv-gen logits differ from the NumPy reference:\n" + "\n".join(bad)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rkv_gen_matches_reference(models, refs, tmp_path, arch, dtype):
-    ids, got = run_gen(models[arch, dtype], tmp_path)
+def test_rkv_gen_matches_reference(models, refs, tmp_path, arch, dtype, backend):
+    ids, got = run_gen(models[arch, dtype], tmp_path, backend=backend)
     compare_steps(refs(arch, dtype), PROMPT, ids, got)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rkv_gen_host_split_matches_reference(models, refs, tmp_path, arch, dtype):
+def test_rkv_gen_host_split_matches_reference(models, refs, tmp_path, arch, dtype, backend):
     # half the KV blocks on the host, 4 positions per block: 18 positions span 5 blocks
-    ids, got = run_gen(models[arch, dtype], tmp_path, ["--host-frac", "0.5", "--block-size", "4"])
+    ids, got = run_gen(models[arch, dtype], tmp_path, ["--host-frac", "0.5", "--block-size", "4"],
+                       backend=backend)
     compare_steps(refs(arch, dtype), PROMPT, ids, got)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("dtype", ["f32", "q8_0"])
-def test_rkv_gen_batch_and_chunked_prefill_match_reference(models, refs, tmp_path, arch, dtype):
+def test_rkv_gen_batch_and_chunked_prefill_match_reference(models, refs, tmp_path, arch, dtype,
+                                                           backend):
     # three sessions in one batch, each with its own random host/device split, and a
     # prefill cut into chunks of 3 that straddle the 4-position blocks
     out = run_gen(models[arch, dtype], tmp_path, ["--host-frac", "0.5", "--block-size", "4",
-                                                  "--chunk", "3", "--split-seed", "11"], batch=3)
+                                                  "--chunk", "3", "--split-seed", "11"], batch=3,
+                  backend=backend)
     for ids, got in out:
         compare_steps(refs(arch, dtype), PROMPT, ids, got)
     assert out[0][0] == out[1][0] == out[2][0]  # same prompt, greedy: same tokens
