@@ -17,6 +17,7 @@ struct api {
     size_t n_models;
     int max_model_len;
     struct api_limits limits;
+    char *cors_origin; /* NULL: no CORS */
     struct api_sched sched;
     uint64_t created; /* reported as the models' creation time */
     size_t n_calls;
@@ -62,6 +63,10 @@ int api_new(const struct api_config *cfg, const struct api_sched *sched, struct 
         }
     }
     a->max_model_len = cfg->max_model_len;
+    if (cfg->cors_origin && !(a->cors_origin = strdup(cfg->cors_origin))) {
+        api_free(a);
+        return RKV_ENOMEM;
+    }
     a->limits = cfg->limits;
     if (!a->limits.max_tokens)
         api_limits_default(&a->limits);
@@ -80,6 +85,7 @@ void api_free(struct api *api)
     for (size_t i = 0; i < api->n_models; i++)
         free(api->models[i]);
     free(api->models);
+    free(api->cors_origin);
     free(api);
 }
 
@@ -260,6 +266,20 @@ int api_handle(struct api *api, struct http_req *req)
     int is_models = strcmp(path, "/v1/models") == 0;
     int is_compl = strcmp(path, "/v1/completions") == 0;
     int is_chat = strcmp(path, "/v1/chat/completions") == 0;
+    if (api->cors_origin) {
+        /* every answer below carries it, errors included, so a browser
+         * shows the error rather than a CORS failure */
+        http_resp_header(req, "Access-Control-Allow-Origin", api->cors_origin);
+        if (strcmp(method, "OPTIONS") == 0) {
+            /* a preflight: no auth (browsers send no credentials with it) */
+            http_resp_header(req, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+            http_resp_header(req, "Access-Control-Allow-Headers",
+                             "Authorization, Content-Type, X-Session-Id");
+            http_resp_header(req, "Access-Control-Max-Age", "600");
+            http_respond(req, 204, NULL, NULL, 0);
+            return 1;
+        }
+    }
     if (!is_models && !is_compl && !is_chat)
         return respond_error(req, 404, NULL, NULL,
                              "no route %.100s; rkv serves POST /v1/completions, POST "

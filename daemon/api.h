@@ -234,6 +234,9 @@ struct api_config {
     size_t n_models;
     int max_model_len; /* context size, reported by /v1/models */
     struct api_limits limits;
+    /* browsers: the Access-Control-Allow-Origin to send ("*" as vLLM does,
+     * or one origin); NULL sends no CORS headers and refuses preflights */
+    const char *cors_origin;
 };
 
 struct api;

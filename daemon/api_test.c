@@ -668,7 +668,7 @@ static void e2e_run(struct e2e *x, void (*client)(struct e2e *))
     ge = x;
     assert_int_equal(uv_loop_init(&x->loop), 0);
     const char *models[] = {"tiny"};
-    struct api_config acfg = {models, 1, 4096, {0}};
+    struct api_config acfg = {models, 1, 4096, {0}, "*"};
     api_limits_default(&acfg.limits);
     struct api_sched sched = {fake_submit, fake_cancel, fake_authorize, x};
     assert_int_equal(api_new(&acfg, &sched, &x->api), 0);
@@ -739,6 +739,9 @@ static void cl_endpoints(struct e2e *x)
     x->rc[i] = client_read(&c, &x->r[i]), i++;
     SEND(&c, "DELETE /v1/models HTTP/1.1\r\nHost: x\r\n\r\n");
     x->rc[i] = client_read(&c, &x->r[i]), i++;
+    SEND(&c, "OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: x\r\nOrigin: http://ui\r\n"
+             "Access-Control-Request-Method: POST\r\n\r\n");
+    x->raw = client_read_until(&c, "\r\n\r\n");
     client_close(&c);
 }
 
@@ -824,6 +827,11 @@ static void test_endpoints_end_to_end(void **state)
     o = body_json(&x.r[5]);
     assert_string_equal(error_field(o, "message"), "GET /v1/completions is not allowed; use POST");
     cJSON_Delete(o);
+    /* CORS: the preflight and the header on every answer */
+    assert_true(strncmp(x.raw, "HTTP/1.1 204 No Content\r\n", 25) == 0);
+    assert_non_null(strstr(x.raw, "Access-Control-Allow-Origin: *\r\n"));
+    assert_non_null(strstr(x.raw, "Access-Control-Allow-Headers: Authorization, Content-Type"));
+    assert_null(strstr(x.raw, "Content-Length"));
     assert_int_equal(x.cancels, 0);
     e2e_free(&x);
 }

@@ -804,7 +804,9 @@ static struct wbuf *resp_head(struct http_req *r, int status, const char *ctype,
     if (ctype && strncasecmp(ctype, "text/event-stream", 17) == 0)
         n += snprintf(b->data + n, cap - (size_t)n,
                       "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n");
-    if (body_len >= 0)
+    if (status == 204 || status == 304)
+        ; /* no body and no Content-Length (RFC 9110 8.6) */
+    else if (body_len >= 0)
         n += snprintf(b->data + n, cap - (size_t)n, "Content-Length: %lld\r\n", body_len);
     else if (r->chunked)
         n += snprintf(b->data + n, cap - (size_t)n, "Transfer-Encoding: chunked\r\n");
@@ -828,7 +830,7 @@ int http_respond(struct http_req *req, int status, const char *content_type, con
     struct http_conn *c = req->conn;
     int rc = c ? 0 : RKV_ECLOSED;
     if (c) {
-        int head_only = strcmp(req->msg->method, "HEAD") == 0;
+        int head_only = strcmp(req->msg->method, "HEAD") == 0 || status == 204 || status == 304;
         struct wbuf *b = resp_head(req, status, content_type, (long long)len, head_only ? 0 : len);
         if (!b) {
             conn_close(c);
