@@ -505,7 +505,12 @@ int cpu_backend_init(uint32_t n_threads, struct backend **out)
     rc = backend_new("cpu", &cpu_iface, c, out);
     if (rc < 0)
         goto fail;
-    log_debug("backend: cpu with %u threads", pool_n_threads(c->pool));
+    /* RKV_CPU_AVX512=0 keeps the avx2 kernels (comparisons, benchmarks) */
+    const char *isa = getenv("RKV_CPU_AVX512");
+    if (isa && (!strcmp(isa, "0") || !strcmp(isa, "1")))
+        cpu_ops_use_avx512(isa[0] - '0');
+    log_debug("backend: cpu with %u threads, %s kernels", pool_n_threads(c->pool),
+              cpu_ops_avx512() ? "avx-512" : "avx2");
     return 0;
 fail:
     cpu_free(c);

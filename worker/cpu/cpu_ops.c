@@ -4,8 +4,8 @@
 #include <math.h>
 #include <string.h>
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define CPU_AVX2 1
 #endif
 
@@ -274,16 +274,130 @@ void cpu_scale(float *y, float a, size_t n)
         y[i] *= a;
 }
 
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__AVX512F__)
+/* avx-512 kernels picked at run time: the build targets x86-64-v3, and the
+ * 32 zmm registers hold a 4 rows x 4 tokens block of sums */
+#define CPU_DISPATCH_512 1
+#endif
+#if defined(__AVX512F__)
+#define CPU_DISPATCH_512 1
+#endif
+
+static int avx512_mode = -1; /* -1: auto, 0: off, 1: on when the cpu has it */
+
+void cpu_ops_use_avx512(int mode)
+{
+    avx512_mode = mode;
+}
+
+int cpu_ops_avx512(void)
+{
+#ifdef CPU_DISPATCH_512
+    static int have = -1;
+    if (have < 0)
+        have = __builtin_cpu_supports("avx512f") ? 1 : 0;
+    return have && avx512_mode != 0;
+#else
+    return 0;
+#endif
+}
+
+#ifdef CPU_DISPATCH_512
+/* s (nt, 4) = x (nt, n) . w[0..3]; every sum in the same order whether its
+ * token ran in a block of 4 or alone, so batching never changes a result */
+__attribute__((target("avx512f,fma"))) static void
+rows4_avx512(const float *x, size_t n, uint32_t nt, const float *const w[4], float *s)
+{
+    const size_t n16 = n & ~(size_t)15;
+    uint32_t t = 0;
+    for (; t + 4 <= nt; t += 4) {
+        const float *xs[4] = {x + (size_t)t * n, x + (size_t)(t + 1) * n, x + (size_t)(t + 2) * n,
+                              x + (size_t)(t + 3) * n};
+        __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
+        __m512 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+        __m512 a20 = a00, a21 = a00, a22 = a00, a23 = a00;
+        __m512 a30 = a00, a31 = a00, a32 = a00, a33 = a00;
+        for (size_t i = 0; i < n16; i += 16) {
+            __m512 w0 = _mm512_loadu_ps(w[0] + i), w1 = _mm512_loadu_ps(w[1] + i);
+            __m512 w2 = _mm512_loadu_ps(w[2] + i), w3 = _mm512_loadu_ps(w[3] + i);
+            __m512 xv = _mm512_loadu_ps(xs[0] + i);
+            a00 = _mm512_fmadd_ps(xv, w0, a00);
+            a01 = _mm512_fmadd_ps(xv, w1, a01);
+            a02 = _mm512_fmadd_ps(xv, w2, a02);
+            a03 = _mm512_fmadd_ps(xv, w3, a03);
+            xv = _mm512_loadu_ps(xs[1] + i);
+            a10 = _mm512_fmadd_ps(xv, w0, a10);
+            a11 = _mm512_fmadd_ps(xv, w1, a11);
+            a12 = _mm512_fmadd_ps(xv, w2, a12);
+            a13 = _mm512_fmadd_ps(xv, w3, a13);
+            xv = _mm512_loadu_ps(xs[2] + i);
+            a20 = _mm512_fmadd_ps(xv, w0, a20);
+            a21 = _mm512_fmadd_ps(xv, w1, a21);
+            a22 = _mm512_fmadd_ps(xv, w2, a22);
+            a23 = _mm512_fmadd_ps(xv, w3, a23);
+            xv = _mm512_loadu_ps(xs[3] + i);
+            a30 = _mm512_fmadd_ps(xv, w0, a30);
+            a31 = _mm512_fmadd_ps(xv, w1, a31);
+            a32 = _mm512_fmadd_ps(xv, w2, a32);
+            a33 = _mm512_fmadd_ps(xv, w3, a33);
+        }
+        __m512 acc[4][4] = {
+            {a00, a01, a02, a03}, {a10, a11, a12, a13}, {a20, a21, a22, a23}, {a30, a31, a32, a33}};
+        for (int k = 0; k < 4; k++)
+            for (int j = 0; j < 4; j++) {
+                float v = _mm512_reduce_add_ps(acc[k][j]);
+                for (size_t i = n16; i < n; i++)
+                    v += xs[k][i] * w[j][i];
+                s[(size_t)(t + k) * 4 + j] = v;
+            }
+    }
+    for (; t < nt; t++) {
+        const float *xt = x + (size_t)t * n;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (size_t i = 0; i < n16; i += 16) {
+            __m512 xv = _mm512_loadu_ps(xt + i);
+            a0 = _mm512_fmadd_ps(xv, _mm512_loadu_ps(w[0] + i), a0);
+            a1 = _mm512_fmadd_ps(xv, _mm512_loadu_ps(w[1] + i), a1);
+            a2 = _mm512_fmadd_ps(xv, _mm512_loadu_ps(w[2] + i), a2);
+            a3 = _mm512_fmadd_ps(xv, _mm512_loadu_ps(w[3] + i), a3);
+        }
+        __m512 acc[4] = {a0, a1, a2, a3};
+        for (int j = 0; j < 4; j++) {
+            float v = _mm512_reduce_add_ps(acc[j]);
+            for (size_t i = n16; i < n; i++)
+                v += xt[i] * w[j][i];
+            s[(size_t)t * 4 + j] = v;
+        }
+    }
+}
+#endif
+
+/* s (nt, 4) = x (nt, n) . w[0..3] with the avx2 kernels */
+static void rows4_avx2(const float *x, size_t n, uint32_t nt, const float *const w[4], float *s)
+{
+    uint32_t t = 0;
+    for (; t + 2 <= nt; t += 2)
+        dot4x2(x + (size_t)t * n, x + (size_t)(t + 1) * n, w, n, s + (size_t)t * 4,
+               s + (size_t)(t + 1) * 4);
+    for (; t < nt; t++)
+        cpu_dot4(x + (size_t)t * n, w[0], w[1], w[2], w[3], n, s + (size_t)t * 4);
+}
+
+/* tokens per tile: x of a tile stays in L2 while 4 weight rows are reused
+ * across it, so prefill reads (and dequantizes) each row n_tok/tile times */
+#define MM_TILE_FLOATS 131072
+#define MM_TILE_MAX    128
+
 void cpu_matmul_rows(float *y, const float *x, const void *w, enum be_type t, size_t row_bytes,
                      const float *bias, uint32_t n_tok, uint32_t n_in, uint32_t n_out, uint32_t r0,
                      uint32_t r1, float *scratch)
 {
-    /* token tiles small enough that x stays in L2 while 4 weight rows are
-     * reused across the tile: prefill reads each weight row n_tok/tile times */
-    uint32_t tile = 65536 / (n_in ? n_in : 1);
-    tile = tile < 1 ? 1 : tile > 64 ? 64 : tile;
+    uint32_t tile = MM_TILE_FLOATS / (n_in ? n_in : 1);
+    tile = tile < 1 ? 1 : tile > MM_TILE_MAX ? MM_TILE_MAX : tile;
+    float s[MM_TILE_MAX * 4]; /* (tile, 4) sums of one row group */
+    const int use512 = cpu_ops_avx512();
     for (uint32_t t0 = 0; t0 < n_tok; t0 += tile) {
-        uint32_t t1 = t0 + tile < n_tok ? t0 + tile : n_tok;
+        uint32_t nt = n_tok - t0 < tile ? n_tok - t0 : tile;
         for (uint32_t r = r0; r < r1; r += 4) {
             uint32_t nr = r1 - r < 4 ? r1 - r : 4;
             const float *wr[4];
@@ -300,22 +414,18 @@ void cpu_matmul_rows(float *y, const float *x, const void *w, enum be_type t, si
                     wr[j] = wr[0];
                 }
             }
-            uint32_t tk = t0;
-            for (; tk + 2 <= t1; tk += 2) {
-                float s0[4], s1[4];
-                dot4x2(x + (size_t)tk * n_in, x + (size_t)(tk + 1) * n_in, wr, n_in, s0, s1);
-                float *y0 = y + (size_t)tk * n_out + r, *y1 = y0 + n_out;
-                for (uint32_t j = 0; j < nr; j++) {
-                    y0[j] = s0[j] + (bias ? bias[r + j] : 0.0f);
-                    y1[j] = s1[j] + (bias ? bias[r + j] : 0.0f);
-                }
-            }
-            for (; tk < t1; tk++) {
-                float s[4];
-                cpu_dot4(x + (size_t)tk * n_in, wr[0], wr[1], wr[2], wr[3], n_in, s);
-                float *yo = y + (size_t)tk * n_out + r;
+            const float *xt = x + (size_t)t0 * n_in;
+#ifdef CPU_DISPATCH_512
+            if (use512)
+                rows4_avx512(xt, n_in, nt, wr, s);
+            else
+#endif
+                rows4_avx2(xt, n_in, nt, wr, s);
+            (void)use512;
+            for (uint32_t k = 0; k < nt; k++) {
+                float *yo = y + (size_t)(t0 + k) * n_out + r;
                 for (uint32_t j = 0; j < nr; j++)
-                    yo[j] = s[j] + (bias ? bias[r + j] : 0.0f);
+                    yo[j] = s[k * 4 + j] + (bias ? bias[r + j] : 0.0f);
             }
         }
     }

@@ -25,6 +25,11 @@ void cpu_dot4(const float *x, const float *w0, const float *w1, const float *w2,
 void cpu_axpy(float *y, float a, const float *x, size_t n);
 void cpu_scale(float *y, float a, size_t n);
 
+/* matmul kernels: avx-512 when the cpu has it (mode -1, the default), or
+ * never (0) / whenever possible (1); for tests and benchmarks */
+void cpu_ops_use_avx512(int mode);
+int cpu_ops_avx512(void);
+
 /* out rows [r0, r1) of y (n_tok, n_out) = x (n_tok, n_in) . w^T + bias, w
  * n_out rows of row_bytes in type t; scratch holds 4*n_in floats */
 void cpu_matmul_rows(float *y, const float *x, const void *w, enum be_type t, size_t row_bytes,

@@ -191,17 +191,53 @@ static void run_matmul(enum be_type t, uint32_t n_tok, uint32_t n_in, uint32_t n
     free(w), free(x), free(b), free(y), free(wd), free(ref), free(enc);
 }
 
+/* a token's output row is bit-identical whether it ran alone or inside a
+ * batch (any position in the 4- and 2-token kernel blocks) */
+static void run_matmul_batch_invariant(uint32_t n_in, uint32_t n_out)
+{
+    const uint32_t T = 7;
+    float *w = malloc(sizeof(float) * n_in * n_out), *x = malloc(sizeof(float) * T * n_in);
+    float *yb = malloc(sizeof(float) * T * n_out), *y1 = malloc(sizeof(float) * n_out);
+    fill(w, (size_t)n_in * n_out, 1.0f);
+    fill(x, (size_t)T * n_in, 1.0f);
+    struct be_tensor *tw = tensor_f32(n_out, n_in, w), *tx = tensor_f32(T, n_in, x),
+                     *ty = tensor_f32(T, n_out, NULL), *t1 = tensor_f32(1, n_in, NULL);
+    assert_int_equal(matmul_forward(be, ty, tx, tw, NULL, T), 0);
+    get_f32(ty, yb, (size_t)T * n_out);
+    for (uint32_t t = 0; t < T; t++) {
+        assert_int_equal(backend_tensor_set(be, t1, x + (size_t)t * n_in, 0, sizeof(float) * n_in),
+                         0);
+        assert_int_equal(matmul_forward(be, ty, t1, tw, NULL, 1), 0);
+        get_f32(ty, y1, n_out);
+        assert_memory_equal(y1, yb + (size_t)t * n_out, sizeof(float) * n_out);
+    }
+    backend_tensor_free(be, tw);
+    backend_tensor_free(be, tx);
+    backend_tensor_free(be, ty);
+    backend_tensor_free(be, t1);
+    free(w), free(x), free(yb), free(y1);
+}
+
 static void test_matmul(void **state)
 {
     (void)state;
     enum be_type types[] = {BE_F32, BE_F16, BE_BF16, BE_Q8_0};
-    for (size_t i = 0; i < 4; i++) {
-        run_matmul(types[i], 1, 64, 37, 0);
-        run_matmul(types[i], 3, 96, 5, 1);
-        run_matmul(types[i], 70, 160, 64, 1);
-        run_matmul(types[i], 2, 2048, 9, 0); /* token tile smaller than the batch */
-        run_matmul(types[i], 200, 1024, 3, 0);
+    /* both kernel families: avx-512 (when this cpu has it) and avx2 */
+    for (int mode = -1; mode <= 0; mode++) {
+        cpu_ops_use_avx512(mode);
+        for (size_t i = 0; i < 4; i++) {
+            run_matmul(types[i], 1, 64, 37, 0);
+            run_matmul(types[i], 3, 96, 5, 1);
+            run_matmul(types[i], 70, 160, 64, 1);
+            run_matmul(types[i], 2, 2048, 9, 0); /* token tile smaller than the batch */
+            run_matmul(types[i], 200, 1024, 3, 0);
+            run_matmul(types[i], 9, 4128, 6, 0); /* tile of 31 tokens */
+        }
+        run_matmul(BE_F32, 5, 77, 6, 1); /* rows not a multiple of 8 or 16 */
+        run_matmul_batch_invariant(64, 9);
+        run_matmul_batch_invariant(100, 13);
     }
+    cpu_ops_use_avx512(-1);
     /* a shape mismatch is refused, not computed */
     struct be_tensor *w = tensor_f32(4, 8, NULL), *x = tensor_f32(2, 7, NULL),
                      *y = tensor_f32(2, 4, NULL);
