@@ -12,6 +12,7 @@
 
 #include "common/err.h"
 #include "kvmgr/plan.h"
+#include "kvmgr/plan_bench.h"
 
 #define MIB (1024ull * 1024)
 
@@ -676,6 +677,26 @@ static void test_random_tight_host(void **state)
     assert_true(seen_dropped > 10);
 }
 
+/* the benchmark's load runs (timing is the bench's business, not asserted) */
+static void test_bench_runs(void **state)
+{
+    (void)state;
+    struct plan_bench_config cfg;
+    struct plan_bench_result res;
+    plan_bench_config_default(&cfg);
+    cfg.n_sessions = 500;
+    cfg.rounds = 3;
+    assert_int_equal(plan_bench_run(&cfg, &res), 0);
+    assert_int_equal(res.steady_moves, 0);
+    uint32_t total = 0;
+    for (int t = 0; t < PLAN_N_TACTICS; t++)
+        total += res.tactic_sessions[t];
+    assert_int_equal(total, 500);
+    assert_true(res.last.host_used <= res.last.host_cap);
+    cfg.n_gpus = 0;
+    assert_int_equal(plan_bench_run(&cfg, &res), RKV_EINVAL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -692,6 +713,7 @@ int main(void)
         cmocka_unit_test(test_random_auto),
         cmocka_unit_test(test_random_forced),
         cmocka_unit_test(test_random_tight_host),
+        cmocka_unit_test(test_bench_runs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
