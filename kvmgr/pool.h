@@ -47,6 +47,14 @@ struct kvpool_gpu_ops {
     int (*copy)(void *ctx, uint32_t gpu, void *dst, const void *src, size_t bytes);
 };
 
+#ifdef RKV_CUDA
+/* the cuda hook point, defined by the gpu work (e.g. kvmgr/pool_cuda.c, the
+ * only cuda-aware file of kvmgr): device_alloc = cudaSetDevice + cudaMalloc +
+ * cudaIpcGetMemHandle, host_register = cudaHostRegister(portable), copy =
+ * cudaMemcpy on a copy stream. kvmgr/main.c passes it in kvpool_config. */
+const struct kvpool_gpu_ops *kvpool_cuda_ops(void);
+#endif
+
 struct kvpool_config {
     enum kvpool_kind kind;
     uint32_t gpu;         /* device pools */
