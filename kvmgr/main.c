@@ -1,0 +1,739 @@
+/* main.c - rkv-kvmgr: owns the KV pools, plans each session's tactic, leases block tables. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/config.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "kvmgr/blocks.h"
+#include "kvmgr/migrate.h"
+#include "kvmgr/plan.h"
+#include "kvmgr/pool.h"
+#include "proto/kvwire.h"
+#include "proto/msg.h"
+#include "proto/sock.h"
+#include "proto/wire.h"
+
+/*
+ * Shape: one thread serves the rep socket (rkvd's KV_PREP before every
+ * step, workers' HELLO, control messages) with a short timeout, and runs
+ * the periodic tick between requests: re-plan when something changed
+ * (budget, mode, sessions going idle), publish the histogram, heal the
+ * listeners. Nothing here blocks on a peer: replies go out at once.
+ *
+ * Pools are created when the first worker says how many bytes a block of
+ * its model takes: the device pool of each gpu (shared memory on the cpu
+ * backend) and one host pool, sized from the budgets. Workers map them by
+ * name; their memory outlives a worker that dies, so the KV survives it.
+ */
+
+#define KVMGR_MAX_GPUS KVB_MAX_GPUS
+
+struct kvmgr_conf {
+    char runtime_dir[512];
+    char listen[600];
+    char pub[600];
+    int backend;
+    uint64_t vram_target;
+    uint64_t host_budget;
+    uint64_t compute_reserve;
+    int64_t block_size;
+    int mode;
+    int64_t workers;
+    int64_t margin_pct;
+    int log_level;
+};
+
+static const char *const backends[] = {"auto", "cpu", "cuda", NULL};
+static const char *const modes[] = {"auto", "resident", "window", "cpu_tail", NULL};
+static const char *const levels[] = {"error", "warn", "info", "debug", NULL};
+
+#define K(n, t, f) n, t, offsetof(struct kvmgr_conf, f)
+static const struct cfg_key keys[] = {
+    {K("runtime_dir", CFG_STR, runtime_dir), 512, .def = "/run/rkv", .help = "sockets"},
+    {K("listen", CFG_STR, listen), 600, .help = "default ipc://RUNTIME_DIR/kvmgr.sock"},
+    {K("pub", CFG_STR, pub), 600, .help = "events; default ipc://RUNTIME_DIR/kvmgr-events.sock"},
+    {K("backend", CFG_ENUM, backend), .names = backends, .def = "auto", .help = "pool kind"},
+    {K("vram_target", CFG_SIZE, vram_target), .min = 1 << 20, .max = 1ll << 50, .def = "1GiB",
+     .help = "per-GPU cap for weights + KV + compute reserve"},
+    {K("host_budget", CFG_SIZE, host_budget), .min = 0, .max = 1ll << 50, .def = "1GiB",
+     .help = "host RAM for KV"},
+    {K("compute_reserve", CFG_SIZE, compute_reserve), .min = 0, .max = 1ll << 50, .def = "0",
+     .help = "VRAM kept for activations (0 = the worker's measurement)"},
+    {K("block_size", CFG_INT, block_size), .min = 1, .max = 65536, .def = "256",
+     .help = "positions per block"},
+    {K("mode", CFG_ENUM, mode), .names = modes, .def = "auto", .help = "tactic mode"},
+    {K("workers", CFG_INT, workers), .min = 1, .max = KVMGR_MAX_GPUS, .def = "1",
+     .help = "workers (one device pool each)"},
+    {K("margin_pct", CFG_INT, margin_pct), .min = 0, .max = 50, .def = "5",
+     .help = "promotion hysteresis, percent of the device pool"},
+    {K("log_level", CFG_ENUM, log_level), .names = levels, .def = "info", .help = "log level"},
+};
+#undef K
+
+static volatile sig_atomic_t g_stop;
+static void on_signal(int sig)
+{
+    (void)sig;
+    g_stop = 1;
+}
+
+/* what kvmgr knows of a session besides its blocks */
+struct sess {
+    uint64_t sid;
+    uint32_t gpu;
+    uint32_t want_pos; /* positions it will hold after its next step */
+    int active;
+    int pinned;
+    int open;          /* known to the allocator */
+    uint64_t last_use;
+    enum plan_tactic tactic;
+};
+
+struct gpu_state {
+    uint32_t worker_pid;
+    uint64_t weights_bytes;
+    uint64_t reserve_bytes;
+    double pcie_gbps, dev_attn_gbps, host_attn_gbps, cpu_attn_gbps;
+};
+
+struct kvmgr {
+    struct kvmgr_conf c;
+    uint64_t started_ms;
+    struct proto_sock *rep, *pub;
+    uint64_t block_bytes;
+    uint32_t n_gpus;
+    struct gpu_state gpu[KVMGR_MAX_GPUS];
+    struct kvpool *dev[KVMGR_MAX_GPUS];
+    struct kvpool *host;
+    struct kvb *kvb;
+    struct rkv_map sess; /* sid -> struct sess */
+    struct plan *plan;
+    int dirty;           /* something changed since the last plan */
+    uint64_t last_hist_ms;
+    uint64_t moved_bytes;
+    struct proto_wbuf buf;
+};
+
+static uint32_t blocks_for(const struct kvmgr *k, uint64_t n_pos)
+{
+    return (uint32_t)((n_pos + (uint64_t)k->c.block_size - 1) / (uint64_t)k->c.block_size);
+}
+
+/* --- pools ------------------------------------------------------------------------ */
+
+static uint32_t dev_blocks_for_budget(const struct kvmgr *k, uint32_t g)
+{
+    struct plan_gpu pg = {k->c.vram_target, k->gpu[g].weights_bytes,
+                          k->c.compute_reserve ? k->c.compute_reserve : k->gpu[g].reserve_bytes};
+    return plan_dev_cap(&pg, k->block_bytes);
+}
+
+static int create_pools(struct kvmgr *k, uint64_t block_bytes)
+{
+    k->block_bytes = block_bytes;
+    k->n_gpus = (uint32_t)k->c.workers;
+    struct kvb_config kc = {0};
+    kc.n_gpus = k->n_gpus;
+    kc.block_tokens = (uint32_t)k->c.block_size;
+    kc.host_blocks = plan_host_cap(k->c.host_budget, block_bytes);
+    char name[64];
+    int rc;
+    for (uint32_t g = 0; g < k->n_gpus; g++) {
+        kc.dev_blocks[g] = dev_blocks_for_budget(k, g);
+        kvpool_make_name(name, sizeof name, (int)getpid(), KVPOOL_DEVICE_SHM, g);
+        struct kvpool_config pc = {KVPOOL_DEVICE_SHM, g, name, block_bytes, kc.dev_blocks[g],
+                                   (uint32_t)k->c.block_size, 1, NULL};
+        if ((rc = kvpool_create(&pc, &k->dev[g]))) {
+            log_error("cannot create the device pool of gpu %u (%u blocks of %llu bytes): %s", g,
+                      kc.dev_blocks[g], (unsigned long long)block_bytes, rkv_strerror(rc));
+            return rc;
+        }
+    }
+    kvpool_make_name(name, sizeof name, (int)getpid(), KVPOOL_HOST, 0);
+    struct kvpool_config hc = {KVPOOL_HOST, 0, name, block_bytes, kc.host_blocks,
+                               (uint32_t)k->c.block_size, 1, NULL};
+    if ((rc = kvpool_create(&hc, &k->host))) {
+        log_error("cannot create the host pool (%u blocks of %llu bytes): %s", kc.host_blocks,
+                  (unsigned long long)block_bytes, rkv_strerror(rc));
+        return rc;
+    }
+    if ((rc = kvb_create(&kc, &k->kvb)))
+        return rc;
+    char dev[32], host[32];
+    cfg_format_size((uint64_t)kc.dev_blocks[0] * block_bytes, dev, sizeof dev);
+    cfg_format_size((uint64_t)kc.host_blocks * block_bytes, host, sizeof host);
+    log_info("pools: %u device block(s) per gpu (%s) and %u host block(s) (%s) of %llu bytes, "
+             "%lld positions each",
+             kc.dev_blocks[0], dev, kc.host_blocks, host, (unsigned long long)block_bytes,
+             (long long)k->c.block_size);
+    return 0;
+}
+
+/* --- planning --------------------------------------------------------------------- */
+
+static void publish_json(struct kvmgr *k, int type, const void *msg)
+{
+    char err[256];
+    proto_wbuf_reset(&k->buf);
+    if (proto_put_json(&k->buf, type, msg, err, sizeof err) == 0)
+        proto_sock_send(k->pub, type, 0, k->buf.data, k->buf.len);
+}
+
+static int tactic_to_proto(enum plan_tactic t)
+{
+    switch (t) {
+    case PLAN_RESIDENT: return PROTO_TACTIC_RESIDENT;
+    case PLAN_WINDOW: return PROTO_TACTIC_WINDOW;
+    case PLAN_CPU_TAIL: return PROTO_TACTIC_CPU_TAIL;
+    default: return PROTO_TACTIC_PARKED;
+    }
+}
+
+static const char *transition_reason(enum plan_tactic from, enum plan_tactic to, int active)
+{
+    if (to == PLAN_PARKED)
+        return active ? "vram pressure: parked" : "idle: parked to make room";
+    if (to == PLAN_WAIT)
+        return "not admitted: the budgets are full";
+    if (to == PLAN_WINDOW || to == PLAN_CPU_TAIL)
+        return from == PLAN_RESIDENT ? "vram pressure: tail moved to host"
+                                     : "tail resized";
+    if (to == PLAN_RESIDENT)
+        return from == PLAN_WAIT ? "admitted" : "room again: promoted back to vram";
+    return "re-planned";
+}
+
+/* plans every session, moves blocks to match, publishes transitions */
+static int replan(struct kvmgr *k, const char *why)
+{
+    if (!k->kvb)
+        return 0;
+    size_t n = k->sess.len, i = 0, it = 0;
+    struct plan_session *ps = calloc(n ? n : 1, sizeof *ps);
+    struct plan_gpu pg[KVMGR_MAX_GPUS];
+    if (!ps)
+        return RKV_ENOMEM;
+    void *v;
+    while (rkv_map_next(&k->sess, &it, NULL, &v)) {
+        struct sess *s = v;
+        struct plan_session *p = &ps[i++];
+        p->id = s->sid;
+        p->gpu = s->gpu;
+        size_t held = s->open ? kvb_session_tokens(k->kvb, s->sid) : 0;
+        p->n_blocks = blocks_for(k, held > s->want_pos ? held : s->want_pos);
+        if (p->n_blocks == 0)
+            p->n_blocks = 1;
+        p->active = (uint8_t)s->active;
+        p->pinned = (uint8_t)s->pinned;
+        p->last_use = s->last_use;
+        p->cur_tactic = s->open ? s->tactic : PLAN_WAIT;
+        if (s->open)
+            mig_session_state(k->kvb, s->sid, p);
+    }
+    for (uint32_t g = 0; g < k->n_gpus; g++) {
+        pg[g] = (struct plan_gpu){k->c.vram_target, k->gpu[g].weights_bytes,
+                                  k->c.compute_reserve ? k->c.compute_reserve
+                                                       : k->gpu[g].reserve_bytes,
+                                  k->gpu[g].pcie_gbps, k->gpu[g].dev_attn_gbps,
+                                  k->gpu[g].host_attn_gbps, k->gpu[g].cpu_attn_gbps};
+        /* the pool was sized at start: a larger budget cannot grow it */
+        uint32_t cap = kvpool_get_desc(k->dev[g])->n_blocks;
+        if (plan_dev_cap(&pg[g], k->block_bytes) > cap)
+            pg[g].vram_target = pg[g].weights_bytes + pg[g].compute_reserve_bytes +
+                                (uint64_t)cap * k->block_bytes;
+    }
+    struct plan_input in;
+    plan_input_init(&in);
+    in.mode = (enum plan_mode)k->c.mode;
+    in.block_bytes = k->block_bytes;
+    in.host_budget = k->c.host_budget;
+    in.margin_pct = (uint32_t)k->c.margin_pct;
+    in.n_gpus = k->n_gpus;
+    in.gpus = pg;
+    in.n_sessions = n;
+    in.sessions = ps;
+    struct plan *p;
+    int rc = plan_compute(&in, k->plan, &p);
+    if (rc) {
+        free(ps);
+        log_error("planning failed: %s", rkv_strerror(rc));
+        return rc;
+    }
+    struct mig_stats st = {0};
+    rc = mig_apply(k->kvb, k->dev, k->n_gpus, k->host, p, &st);
+    if (rc)
+        log_warn("moving blocks for the plan: %s", rkv_strerror(rc));
+    k->moved_bytes += (uint64_t)st.copies * k->block_bytes;
+    uint64_t now = rkv_wall_ms();
+    for (size_t j = 0; j < plan_n_assign(p); j++) {
+        const struct plan_assign *a = plan_assign_at(p, j);
+        struct sess *s = rkv_map_get(&k->sess, a->id);
+        if (!s)
+            continue;
+        if (a->dropped && s->open) {
+            s->open = 0; /* mig_apply closed it: rebuilt by re-prefill */
+        }
+        if (s->tactic != a->tactic && s->open) {
+            struct proto_tactic_event ev = {0};
+            ev.session_id = a->id;
+            ev.from = tactic_to_proto(s->tactic);
+            ev.to = tactic_to_proto(a->tactic);
+            snprintf(ev.reason, sizeof ev.reason, "%s (%s)",
+                     transition_reason(s->tactic, a->tactic, s->active), why);
+            ev.tail_blocks = a->n_host;
+            ev.bytes_moved = (uint64_t)(a->demote + a->promote) * k->block_bytes;
+            ev.ts_ms = now;
+            ev.gpu = s->gpu;
+            if (ev.from != ev.to)
+                publish_json(k, PROTO_MSG_TACTIC_EVENT, &ev);
+            log_debug("session %llu: %s -> %s (%s)", (unsigned long long)a->id,
+                      plan_tactic_name(s->tactic), plan_tactic_name(a->tactic), why);
+        }
+        s->tactic = a->tactic;
+    }
+    plan_free(k->plan);
+    k->plan = p;
+    k->dirty = 0;
+    free(ps);
+    return 0;
+}
+
+static void publish_histogram(struct kvmgr *k)
+{
+    if (!k->plan)
+        return;
+    const struct plan_summary *sum = plan_get_summary(k->plan);
+    for (uint32_t g = 0; g < sum->n_gpus; g++) {
+        struct proto_histogram h = {0};
+        h.gpu = g;
+        for (int t = 0; t < PLAN_N_TACTICS; t++) {
+            int pt = tactic_to_proto((enum plan_tactic)t);
+            h.sessions[pt] += sum->gpu[g].sessions[t];
+            h.bytes[pt] += sum->gpu[g].bytes[t];
+        }
+        h.device_total = (uint64_t)kvpool_get_desc(k->dev[g])->n_blocks * k->block_bytes;
+        h.device_used = h.device_total - (uint64_t)kvb_free_dev(k->kvb, g) * k->block_bytes;
+        h.host_total = (uint64_t)kvpool_get_desc(k->host)->n_blocks * k->block_bytes;
+        h.host_used = h.host_total - (uint64_t)kvb_free_host(k->kvb) * k->block_bytes;
+        publish_json(k, PROTO_MSG_HISTOGRAM, &h);
+    }
+}
+
+/* --- KV_PREP ---------------------------------------------------------------------- */
+
+static struct sess *sess_get(struct kvmgr *k, uint64_t sid, uint32_t gpu)
+{
+    struct sess *s = rkv_map_get(&k->sess, sid);
+    if (s)
+        return s;
+    s = calloc(1, sizeof *s);
+    if (!s || rkv_map_put(&k->sess, sid, s)) {
+        free(s);
+        return NULL;
+    }
+    s->sid = sid;
+    s->gpu = gpu;
+    s->tactic = PLAN_WAIT;
+    k->dirty = 1;
+    return s;
+}
+
+static void sess_drop(struct kvmgr *k, uint64_t sid)
+{
+    struct sess *s = rkv_map_del(&k->sess, sid);
+    if (!s)
+        return;
+    if (s->open)
+        kvb_session_close(k->kvb, sid);
+    free(s);
+    k->dirty = 1;
+}
+
+/* brings one session's blocks to want_pos positions within its plan */
+static int place(struct kvmgr *k, struct sess *s)
+{
+    const struct plan_assign *a = k->plan ? plan_find(k->plan, s->sid) : NULL;
+    if (!a || a->tactic == PLAN_WAIT || a->tactic == PLAN_PARKED)
+        return RKV_ENOSPACE;
+    int rc;
+    if (!s->open) {
+        size_t reused = 0;
+        uint32_t max_dev = a->tactic == PLAN_RESIDENT ? KVB_NONE : (a->n_dev ? a->n_dev : 1);
+        rc = kvb_session_open(k->kvb, s->sid, s->gpu, NULL, s->want_pos, max_dev, &reused);
+        if (rc)
+            return rc;
+        s->open = 1;
+        return 0;
+    }
+    size_t held = kvb_session_tokens(k->kvb, s->sid);
+    if (s->want_pos < held) {
+        struct kvb_copy cow[1];
+        size_t n_cow = 0;
+        if ((rc = kvb_session_truncate(k->kvb, s->sid, s->want_pos, cow, &n_cow)))
+            return rc;
+        if (n_cow && (rc = kvpool_run_copies(k->dev, k->n_gpus, k->host, cow, n_cow)))
+            return rc;
+    } else if (s->want_pos > held) {
+        rc = kvb_session_append(k->kvb, s->sid, NULL, s->want_pos - held);
+        if (rc == RKV_ENOSPACE) {
+            /* the device pool is short right now: re-plan (relief) and retry once */
+            k->dirty = 1;
+            replan(k, "session grew");
+            rc = kvb_session_append(k->kvb, s->sid, NULL, s->want_pos - held);
+        }
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static int do_prep(struct kvmgr *k, const struct proto_in *in, struct proto_wbuf *reply,
+                   int *reply_type, char *err, size_t errlen)
+{
+    if (!k->kvb)
+        return proto_seterr(err, errlen, RKV_ESTATE,
+                            "kvmgr has no pools yet: no worker has said hello");
+    struct proto_kv_prep *m;
+    int rc = proto_kv_prep_decode(in->payload, in->len, &m, err, errlen);
+    if (rc)
+        return rc;
+    if (m->worker_id >= k->n_gpus) {
+        proto_kv_prep_free(m);
+        return proto_seterr(err, errlen, RKV_EINVAL, "kv_prep: worker %u, kvmgr has %u",
+                            m->worker_id, k->n_gpus);
+    }
+    uint32_t w = m->worker_id;
+    if (m->ack_epoch)
+        kvb_ack_worker(k->kvb, w, m->ack_epoch);
+    for (uint32_t i = 0; i < m->n_close; i++)
+        sess_drop(k, m->close[i]);
+    uint64_t now = rkv_now_ms();
+    for (uint32_t i = 0; i < m->n_idle; i++) {
+        struct sess *s = rkv_map_get(&k->sess, m->idle[i]);
+        if (s && s->active) {
+            s->active = 0;
+            k->dirty = 1;
+        }
+    }
+    for (uint32_t i = 0; i < m->n_seqs; i++) {
+        struct sess *s = sess_get(k, m->seqs[i].session_id, w);
+        if (!s) {
+            proto_kv_prep_free(m);
+            return RKV_ENOMEM;
+        }
+        if (!s->active || s->want_pos != m->seqs[i].n_pos)
+            k->dirty |= blocks_for(k, s->want_pos) != blocks_for(k, m->seqs[i].n_pos) ||
+                        !s->active;
+        s->want_pos = m->seqs[i].n_pos;
+        s->active = 1;
+        s->pinned = (m->seqs[i].flags & PROTO_KV_PINNED) != 0;
+        s->last_use = now;
+    }
+    if (k->dirty)
+        replan(k, "sessions changed");
+
+    struct proto_kv_table *tabs = calloc(m->n_seqs ? m->n_seqs : 1, sizeof *tabs);
+    struct rkv_vec refs;
+    rkv_vec_init(&refs, sizeof(struct proto_block_ref));
+    struct rkv_vec ents;
+    rkv_vec_init(&ents, sizeof(struct kvb_entry));
+    size_t *offs = calloc(m->n_seqs ? m->n_seqs : 1, sizeof *offs);
+    if (!tabs || !offs) {
+        free(tabs);
+        free(offs);
+        proto_kv_prep_free(m);
+        return RKV_ENOMEM;
+    }
+    uint64_t epoch = 0;
+    for (uint32_t i = 0; i < m->n_seqs; i++) {
+        struct sess *s = rkv_map_get(&k->sess, m->seqs[i].session_id);
+        struct proto_kv_table *t = &tabs[i];
+        t->session_id = s->sid;
+        t->tactic = (uint8_t)tactic_to_proto(s->tactic);
+        offs[i] = refs.len;
+        rc = place(k, s);
+        if (rc) {
+            t->status = rc == RKV_ENOSPACE ? RKV_ENOSPACE : rc;
+            continue;
+        }
+        size_t n = 0;
+        uint64_t sepoch = 0;
+        kvb_session_table(k->kvb, s->sid, NULL, 0, &n, &sepoch);
+        if (rkv_vec_reserve(&ents, n) || rkv_vec_reserve(&refs, refs.len + n)) {
+            t->status = RKV_ENOMEM;
+            continue;
+        }
+        kvb_session_table(k->kvb, s->sid, ents.data, n, &n, &sepoch);
+        for (size_t b = 0; b < n; b++) {
+            struct kvb_entry e = ((struct kvb_entry *)ents.data)[b];
+            struct proto_block_ref r;
+            if (e.dev != KVB_NONE) {
+                r.index = e.dev;
+                r.residency = e.host != KVB_NONE ? PROTO_RES_BOTH : PROTO_RES_DEVICE;
+            } else {
+                r.index = e.host;
+                r.residency = PROTO_RES_HOST;
+            }
+            rkv_vec_push(&refs, &r);
+        }
+        t->n_blocks = (uint32_t)n;
+        kvb_lease(k->kvb, w, s->sid, sepoch);
+        if (sepoch > epoch)
+            epoch = sepoch;
+    }
+    for (uint32_t i = 0; i < m->n_seqs; i++)
+        tabs[i].blocks = (struct proto_block_ref *)refs.data + offs[i];
+    struct proto_kv_tables out = {epoch, m->n_seqs, tabs};
+    rc = proto_kv_tables_encode(&out, reply, err, errlen);
+    *reply_type = PROTO_MSG_KV_TABLES;
+    free(tabs);
+    free(offs);
+    rkv_vec_fini(&refs);
+    rkv_vec_fini(&ents);
+    proto_kv_prep_free(m);
+    return rc;
+}
+
+/* --- control messages ----------------------------------------------------------------- */
+
+static int do_hello(struct kvmgr *k, const struct proto_in *in, struct proto_wbuf *reply,
+                    int *reply_type, char *err, size_t errlen)
+{
+    struct proto_hello h;
+    int rc = proto_json_decode(PROTO_MSG_HELLO, in->payload, in->len, &h, err, errlen);
+    if (rc)
+        return rc;
+    struct proto_hello_ack ack = {0};
+    ack.accepted = true;
+    ack.kvmgr_pid = (uint32_t)getpid();
+    ack.block_size = (uint32_t)k->c.block_size;
+    if (h.role == PROTO_ROLE_WORKER) {
+        if (h.worker_id >= (uint32_t)k->c.workers)
+            return proto_seterr(err, errlen, RKV_EINVAL,
+                                "worker %u: kvmgr was started for %lld worker(s)", h.worker_id,
+                                (long long)k->c.workers);
+        if (!h.block_bytes)
+            return proto_seterr(err, errlen, RKV_EINVAL, "hello: a worker must send block_bytes");
+        if (!k->kvb) {
+            k->gpu[h.worker_id].weights_bytes = 0; /* cpu pools: RAM, not vram */
+            if ((rc = create_pools(k, h.block_bytes)))
+                return proto_seterr(err, errlen, rc, "kvmgr cannot create its pools: %s",
+                                    rkv_strerror(rc));
+        } else if (h.block_bytes != k->block_bytes) {
+            return proto_seterr(err, errlen, RKV_EINVAL,
+                                "worker %u needs %llu-byte blocks but kvmgr's pools hold %llu: "
+                                "every worker must run the same model and kv_dtype",
+                                h.worker_id, (unsigned long long)h.block_bytes,
+                                (unsigned long long)k->block_bytes);
+        }
+        struct gpu_state *g = &k->gpu[h.worker_id];
+        if (g->worker_pid && g->worker_pid != h.pid) {
+            /* a restarted worker: the old one's leases must not hold blocks */
+            kvb_worker_lost(k->kvb, h.worker_id);
+            log_info("worker %u is back (pid %u, was %u): its sessions keep their KV",
+                     h.worker_id, h.pid, g->worker_pid);
+        }
+        g->worker_pid = h.pid;
+        const struct kvpool_desc *dd = kvpool_get_desc(k->dev[h.worker_id]);
+        const struct kvpool_desc *hd = kvpool_get_desc(k->host);
+        snprintf(ack.device_pool_url, sizeof ack.device_pool_url, "shm:%s", dd->name);
+        snprintf(ack.host_pool_name, sizeof ack.host_pool_name, "%s", hd->name);
+        ack.n_device_blocks = dd->n_blocks;
+        ack.n_host_blocks = hd->n_blocks;
+    }
+    ack.block_bytes = k->block_bytes;
+    *reply_type = PROTO_MSG_HELLO_ACK;
+    return proto_put_json(reply, PROTO_MSG_HELLO_ACK, &ack, err, errlen);
+}
+
+static void fill_status(struct kvmgr *k, struct proto_status *st)
+{
+    memset(st, 0, sizeof *st);
+    st->kvmgr_pid = (uint32_t)getpid();
+    st->uptime_ms = rkv_now_ms() - k->started_ms;
+    st->n_sessions = k->sess.len;
+    st->mode = k->c.mode;
+    st->proto_version = PROTO_VERSION;
+    snprintf(st->build, sizeof st->build, "rkv-kvmgr");
+    if (k->kvb) {
+        for (uint32_t g = 0; g < k->n_gpus; g++) {
+            uint64_t tot = (uint64_t)kvpool_get_desc(k->dev[g])->n_blocks * k->block_bytes;
+            st->device_total += tot;
+            st->device_used += tot - (uint64_t)kvb_free_dev(k->kvb, g) * k->block_bytes;
+        }
+        st->host_total = (uint64_t)kvpool_get_desc(k->host)->n_blocks * k->block_bytes;
+        st->host_used = st->host_total - (uint64_t)kvb_free_host(k->kvb) * k->block_bytes;
+    }
+    for (uint32_t g = 0; g < (uint32_t)k->c.workers && g < PROTO_MAX_WORKERS; g++)
+        st->worker_pids[st->n_worker_pids++] = k->gpu[g].worker_pid;
+}
+
+static int handle(void *ctx, const struct proto_in *in, struct proto_wbuf *reply, int *reply_type,
+                  char *err, size_t errlen)
+{
+    struct kvmgr *k = ctx;
+    int rc;
+    switch (in->hdr.type) {
+    case PROTO_MSG_KV_PREP:
+        return do_prep(k, in, reply, reply_type, err, errlen);
+    case PROTO_MSG_HELLO:
+        return do_hello(k, in, reply, reply_type, err, errlen);
+    case PROTO_MSG_STATUS_GET: {
+        struct proto_status st;
+        fill_status(k, &st);
+        *reply_type = PROTO_MSG_STATUS;
+        return proto_put_json(reply, PROTO_MSG_STATUS, &st, err, errlen);
+    }
+    case PROTO_MSG_WORKER_REPORT: {
+        struct proto_worker_report r;
+        if ((rc = proto_json_decode(in->hdr.type, in->payload, in->len, &r, err, errlen)))
+            return rc;
+        if (r.worker_id >= (uint32_t)k->c.workers)
+            return proto_seterr(err, errlen, RKV_EINVAL, "worker_report: no worker %u",
+                                r.worker_id);
+        struct gpu_state *g = &k->gpu[r.worker_id];
+        g->reserve_bytes = r.compute_reserve_bytes;
+        g->pcie_gbps = r.pcie_h2d_gbps;
+        g->dev_attn_gbps = r.attn_device_gbps;
+        g->host_attn_gbps = r.attn_host_gbps;
+        g->cpu_attn_gbps = r.attn_cpu_gbps;
+        k->dirty = 1;
+        *reply_type = PROTO_MSG_OK;
+        struct proto_empty ok = {0};
+        return proto_put_json(reply, PROTO_MSG_OK, &ok, err, errlen);
+    }
+    case PROTO_MSG_BUDGET_SET:
+    case PROTO_MSG_BUDGET_GET: {
+        struct proto_budget b;
+        if (in->hdr.type == PROTO_MSG_BUDGET_SET) {
+            if ((rc = proto_json_decode(in->hdr.type, in->payload, in->len, &b, err, errlen)))
+                return rc;
+            if (b.vram_target_bytes)
+                k->c.vram_target = b.vram_target_bytes;
+            if (b.host_budget_bytes)
+                k->c.host_budget = b.host_budget_bytes;
+            k->c.compute_reserve = b.compute_reserve_bytes;
+            char v[32], h[32];
+            cfg_format_size(k->c.vram_target, v, sizeof v);
+            cfg_format_size(k->c.host_budget, h, sizeof h);
+            log_info("budget set: vram target %s, host %s", v, h);
+            k->dirty = 1;
+            replan(k, "budget changed");
+        }
+        b = (struct proto_budget){k->c.vram_target, k->c.host_budget, k->c.compute_reserve, -1};
+        *reply_type = PROTO_MSG_BUDGET;
+        return proto_put_json(reply, PROTO_MSG_BUDGET, &b, err, errlen);
+    }
+    case PROTO_MSG_MODE_SET:
+    case PROTO_MSG_MODE_GET: {
+        struct proto_mode_msg mm;
+        if (in->hdr.type == PROTO_MSG_MODE_SET) {
+            if ((rc = proto_json_decode(in->hdr.type, in->payload, in->len, &mm, err, errlen)))
+                return rc;
+            k->c.mode = mm.mode;
+            log_info("mode set: %s", modes[k->c.mode]);
+            k->dirty = 1;
+            replan(k, "mode changed");
+        }
+        mm.mode = k->c.mode;
+        *reply_type = PROTO_MSG_MODE;
+        return proto_put_json(reply, PROTO_MSG_MODE, &mm, err, errlen);
+    }
+    case PROTO_MSG_SESSION_CLOSE: {
+        struct proto_session_close c;
+        if ((rc = proto_json_decode(in->hdr.type, in->payload, in->len, &c, err, errlen)))
+            return rc;
+        sess_drop(k, c.session_id);
+        *reply_type = PROTO_MSG_OK;
+        struct proto_empty ok = {0};
+        return proto_put_json(reply, PROTO_MSG_OK, &ok, err, errlen);
+    }
+    default:
+        return proto_seterr(err, errlen, RKV_EPROTO, "rkv-kvmgr does not serve %s messages",
+                            proto_msg_name(in->hdr.type));
+    }
+}
+
+int main(int argc, char **argv)
+{
+    static struct kvmgr k;
+    char err[1024];
+    rkv_log_init("rkv-kvmgr", RKV_LOG_INFO);
+    static const struct cfg_spec spec = {"rkv-kvmgr", "[options]", keys,
+                                         sizeof keys / sizeof keys[0], NULL};
+    int pos, rc = cfg_load(&spec, &k.c, argc, argv, &pos, err, sizeof err);
+    if (rc == 1)
+        return 0;
+    if (rc) {
+        fprintf(stderr, "rkv-kvmgr: %s\n", err);
+        return 2;
+    }
+    if (pos < argc) {
+        fprintf(stderr, "rkv-kvmgr: unexpected argument \"%s\" (see --help)\n", argv[pos]);
+        return 2;
+    }
+    static const enum rkv_log_level lv[] = {RKV_LOG_ERROR, RKV_LOG_WARN, RKV_LOG_INFO,
+                                            RKV_LOG_DEBUG};
+    rkv_log_set_level(lv[k.c.log_level]);
+    if (k.c.backend == 2) {
+        fprintf(stderr, "rkv-kvmgr: the cuda pools are not built into this kvmgr yet: run with "
+                        "--backend cpu\n");
+        return 2;
+    }
+    if (!k.c.listen[0])
+        snprintf(k.c.listen, sizeof k.c.listen, "ipc://%s/kvmgr.sock", k.c.runtime_dir);
+    if (!k.c.pub[0])
+        snprintf(k.c.pub, sizeof k.c.pub, "ipc://%s/kvmgr-events.sock", k.c.runtime_dir);
+    struct sigaction sa = {0};
+    sa.sa_handler = on_signal;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    k.started_ms = rkv_now_ms();
+    rkv_map_init(&k.sess);
+    proto_wbuf_init(&k.buf);
+    if ((rc = proto_sock_open(&k.rep, PROTO_SOCK_REP, k.c.listen, err, sizeof err)) ||
+        (rc = proto_sock_open(&k.pub, PROTO_SOCK_PUB, k.c.pub, err, sizeof err))) {
+        log_error("%s", err);
+        return 1;
+    }
+    log_info("listening on %s, events on %s; waiting for workers", k.c.listen, k.c.pub);
+    uint64_t last_tick = 0;
+    while (!g_stop) {
+        rc = proto_serve_one(k.rep, handle, &k, 50, err, sizeof err);
+        if (rc && rc != RKV_ETIMEOUT && rc != -EAGAIN)
+            log_ratelimited(RKV_LOG_WARN, 5000, 5, "bad request: %s", err);
+        uint64_t now = rkv_now_ms();
+        if (now - last_tick >= 100) {
+            last_tick = now;
+            if (k.dirty)
+                replan(&k, "periodic");
+            if (now - k.last_hist_ms >= 1000) {
+                k.last_hist_ms = now;
+                publish_histogram(&k);
+            }
+            proto_sock_heal(k.pub);
+        }
+    }
+    log_info("stopping");
+    size_t it = 0;
+    void *v;
+    while (rkv_map_next(&k.sess, &it, NULL, &v))
+        free(v);
+    rkv_map_fini(&k.sess);
+    plan_free(k.plan);
+    kvb_destroy(k.kvb);
+    for (uint32_t g = 0; g < k.n_gpus; g++)
+        kvpool_free(k.dev[g]);
+    kvpool_free(k.host);
+    proto_wbuf_free(&k.buf);
+    proto_sock_close(k.pub);
+    proto_sock_close(k.rep);
+    return 0;
+}
