@@ -211,35 +211,41 @@ int kvpool_copy(struct kvpool *dst, const struct kvpool *src, const struct kvpoo
     return rc;
 }
 
+static int copy_group_cmp(const void *a, const void *b)
+{
+    const struct kvb_copy *x = a, *y = b;
+    if (x->kind != y->kind)
+        return x->kind < y->kind ? -1 : 1;
+    return x->gpu < y->gpu ? -1 : x->gpu > y->gpu;
+}
+
 int kvpool_run_copies(struct kvpool *const *dev, uint32_t n_gpus, struct kvpool *host,
                       const struct kvb_copy *ops, size_t n)
 {
-    /* group by (kind, gpu) so each group is one batched kvpool_copy */
+    for (size_t k = 0; k < n; k++)
+        if (ops[k].gpu >= n_gpus || ops[k].kind > KVB_COPY_D2D)
+            return RKV_EINVAL;
+    /* grouped by (kind, gpu): each group is one batched kvpool_copy */
+    struct kvb_copy *sorted = malloc((n ? n : 1) * sizeof(*sorted));
     struct kvpool_op *batch = malloc((n ? n : 1) * sizeof(*batch));
-    uint8_t *done = calloc(n ? n : 1, 1);
-    int rc = batch && done ? 0 : RKV_ENOMEM;
-    for (size_t k = 0; k < n && rc == 0; k++) {
-        if (done[k])
-            continue;
-        if (ops[k].gpu >= n_gpus || ops[k].kind > KVB_COPY_D2D) {
-            rc = RKV_EINVAL;
-            break;
-        }
+    int rc = sorted && batch ? 0 : RKV_ENOMEM;
+    if (rc == 0) {
+        memcpy(sorted, ops, n * sizeof(*ops));
+        qsort(sorted, n, sizeof(*sorted), copy_group_cmp);
+    }
+    for (size_t k = 0; k < n && rc == 0;) {
         size_t nb = 0;
-        for (size_t j = k; j < n; j++) {
-            if (done[j] || ops[j].kind != ops[k].kind || ops[j].gpu != ops[k].gpu)
-                continue;
-            batch[nb++] = (struct kvpool_op){ops[j].src, ops[j].dst, ops[j].n_tokens};
-            done[j] = 1;
-        }
-        struct kvpool *g = dev[ops[k].gpu];
-        switch (ops[k].kind) {
+        for (size_t j = k; j < n && copy_group_cmp(&sorted[j], &sorted[k]) == 0; j++, nb++)
+            batch[nb] = (struct kvpool_op){sorted[j].src, sorted[j].dst, sorted[j].n_tokens};
+        struct kvpool *g = dev[sorted[k].gpu];
+        switch (sorted[k].kind) {
         case KVB_COPY_D2H: rc = kvpool_copy(host, g, batch, nb); break;
         case KVB_COPY_H2D: rc = kvpool_copy(g, host, batch, nb); break;
         case KVB_COPY_D2D: rc = kvpool_copy(g, g, batch, nb); break;
         }
+        k += nb;
     }
+    free(sorted);
     free(batch);
-    free(done);
     return rc;
 }
