@@ -136,7 +136,7 @@ $(PROC_BINS):
 	$(CC) $(LDFLAGS) $(CFLAGS) $(filter %.o,$^) $(filter %.a,$^) $(LDLIBS) -o $@
 
 define cli_rule
-$(BUILD)/bin/$(1): $(call obj,$(wildcard cli/$(1)/*.c)) $(LIBS)
+$(BUILD)/bin/$(1): $(call obj,$(filter-out %_test.c,$(wildcard cli/$(1)/*.c))) $(LIBS)
 	@mkdir -p $$(@D)
 	$(CC) $(LDFLAGS) $(CFLAGS) $$(filter %.o,$$^) $(LIBS) $(LDLIBS) -o $$@
 endef
