@@ -54,6 +54,7 @@ struct work {
     uint32_t *prio;    /* [n] candidates in priority order */
     uint32_t *rank;    /* [n] position in prio (UINT32_MAX for idle) */
     uint8_t *running;  /* [n] admitted before: ranks above new work */
+    uint8_t *hyst;     /* [n_gpus] windows kept only by the promotion margin */
     size_t n_prio;
 };
 
@@ -444,6 +445,7 @@ static int place_gpu(struct work *w, uint32_t g, uint32_t w_prev, int64_t *host_
             cap = lo >= sorted[n_act - 1] ? PLAN_NO_CAP : lo;
         }
         *cap_out = cap;
+        w->hyst[g] = cap != PLAN_NO_CAP && w_hi == PLAN_NO_CAP;
         /* spare device blocks: +1 to spilled sessions, those holding more first */
         int64_t spare = cap == PLAN_NO_CAP ? 0 : r_act - (int64_t)cap_usage(sorted, n_act, cap);
         size_t n_sp = 0;
@@ -545,6 +547,26 @@ static int place_all(struct work *w, const struct plan *prev)
 
 /* --- step 3: moves and summary ------------------------------------------------ */
 
+static enum plan_reason reason_of(const struct work *w, uint32_t i)
+{
+    const struct plan_session *s = &w->in->sessions[i];
+    const struct plan_assign *a = &w->out->assign[i];
+    if (a->dropped)
+        return PLAN_WHY_HOST_FULL;
+    switch (a->tactic) {
+    case PLAN_RESIDENT: return s->pinned ? PLAN_WHY_PINNED : PLAN_WHY_FITS;
+    case PLAN_PARKED: return s->cur_dev > 0 ? PLAN_WHY_IDLE_LRU : PLAN_WHY_IDLE;
+    case PLAN_CPU_TAIL:
+    case PLAN_WINDOW:
+        if (w->in->mode == PLAN_MODE_WINDOW || w->in->mode == PLAN_MODE_CPU_TAIL)
+            return PLAN_WHY_FORCED;
+        if (a->tactic == PLAN_CPU_TAIL)
+            return PLAN_WHY_CPU_FASTER;
+        return w->hyst[s->gpu] ? PLAN_WHY_HYSTERESIS : PLAN_WHY_VRAM_FULL;
+    default: return PLAN_WHY_QUEUED;
+    }
+}
+
 static int summarize(struct work *w)
 {
     const struct plan_input *in = w->in;
@@ -558,9 +580,12 @@ static int summarize(struct work *w)
         struct plan_assign *a = &p->assign[i];
         struct plan_gpu_summary *gs = &p->gsum[s->gpu];
         a->id = s->id;
+        a->reason = reason_of(w, (uint32_t)i);
         a->never_fits = a->tactic == PLAN_WAIT && w->rank[i] != UINT32_MAX &&
                         never_fits(w, (uint32_t)i, in->mode == PLAN_MODE_RESIDENT);
         sum->n_never_fits += a->never_fits;
+        if (a->never_fits)
+            a->reason = PLAN_WHY_TOO_BIG;
         if (!a->dropped) {
             a->demote = s->cur_dev > a->n_dev ? s->cur_dev - a->n_dev : 0;
             a->promote = s->cur_host > a->n_host ? s->cur_host - a->n_host : 0;
@@ -631,9 +656,10 @@ int plan_compute(const struct plan_input *in, const struct plan *prev, struct pl
     w.prio = calloc(n ? n : 1, sizeof(uint32_t));
     w.rank = calloc(n ? n : 1, sizeof(uint32_t));
     w.running = calloc(n ? n : 1, 1);
+    w.hyst = calloc(in->n_gpus, 1);
     rc = RKV_ENOMEM;
     if (!p->assign || !p->by_id || !p->gsum || !w.role || !w.need || !w.held || !w.dev_cap ||
-        !w.keys || !w.list || !w.prefix || !w.prio || !w.rank || !w.running)
+        !w.keys || !w.list || !w.prefix || !w.prio || !w.rank || !w.running || !w.hyst)
         goto done;
 
     for (uint32_t g = 0; g < in->n_gpus; g++)
@@ -677,6 +703,7 @@ int plan_compute(const struct plan_input *in, const struct plan *prev, struct pl
 done:
     free(w.role), free(w.need), free(w.held), free(w.dev_cap), free(w.keys);
     free(w.list), free(w.prefix), free(w.prio), free(w.rank), free(w.running);
+    free(w.hyst);
     if (rc) {
         if (rc == RKV_EINTERNAL)
             log_error("plan: internal error: budgets would be exceeded (a planner bug)");
@@ -732,6 +759,14 @@ const char *plan_tactic_name(enum plan_tactic t)
 {
     static const char *const names[] = {"resident", "window", "cpu_tail", "parked", "wait"};
     return (unsigned)t < PLAN_N_TACTICS ? names[t] : "unknown";
+}
+
+const char *plan_reason_name(enum plan_reason r)
+{
+    static const char *const names[] = {"fits",      "pinned",     "idle",   "idle_lru",
+                                        "vram_full", "cpu_faster", "forced", "hysteresis",
+                                        "queued",    "host_full",  "too_big"};
+    return (unsigned)r < PLAN_N_REASONS ? names[r] : "unknown";
 }
 
 static const char *const mode_names[] = {"auto", "resident", "window", "cpu_tail"};

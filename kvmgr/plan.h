@@ -102,14 +102,31 @@ struct plan_input {
     const struct plan_session *sessions; /* [n_sessions], ids unique */
 };
 
+/* why a session got its tactic: the tactic-transition log's reason */
+enum plan_reason {
+    PLAN_WHY_FITS = 0,   /* resident: everything admitted fits */
+    PLAN_WHY_PINNED,     /* resident: operator pinned */
+    PLAN_WHY_IDLE,       /* parked: idle, its kv was already on the host */
+    PLAN_WHY_IDLE_LRU,   /* parked now: least recently used idle under vram pressure */
+    PLAN_WHY_VRAM_FULL,  /* window: vram cannot hold every admitted session */
+    PLAN_WHY_CPU_FASTER, /* cpu_tail: the cpu attends faster than the link streams */
+    PLAN_WHY_FORCED,     /* window / cpu_tail: the operator's mode */
+    PLAN_WHY_HYSTERESIS, /* window: would fit, but not with the promotion margin */
+    PLAN_WHY_QUEUED,     /* wait: no room for it now */
+    PLAN_WHY_HOST_FULL,  /* dropped: the host cannot hold its kv */
+    PLAN_WHY_TOO_BIG,    /* wait, never_fits */
+    PLAN_N_REASONS,
+};
+
 struct plan_assign {
     uint64_t id;
     enum plan_tactic tactic;
-    uint32_t n_dev;     /* device blocks (the window for WINDOW/CPU_TAIL) */
-    uint32_t n_host;    /* host blocks (the tail for WINDOW/CPU_TAIL) */
-    uint32_t demote;    /* blocks to copy device -> host */
-    uint32_t promote;   /* blocks to copy host -> device */
-    uint8_t dropped;    /* its kv is freed; rebuild from token history */
+    uint32_t n_dev;   /* device blocks (the window for WINDOW/CPU_TAIL) */
+    uint32_t n_host;  /* host blocks (the tail for WINDOW/CPU_TAIL) */
+    uint32_t demote;  /* blocks to copy device -> host */
+    uint32_t promote; /* blocks to copy host -> device */
+    uint8_t dropped;  /* its kv is freed; rebuild from token history */
+    enum plan_reason reason;
     uint8_t never_fits; /* WAIT, and larger than its gpu and the host even when
                          * alone: answer the request with an error */
 };
@@ -157,6 +174,7 @@ uint32_t plan_dev_cap(const struct plan_gpu *g, uint64_t block_bytes);
 uint32_t plan_host_cap(uint64_t host_budget, uint64_t block_bytes);
 
 const char *plan_tactic_name(enum plan_tactic t);
+const char *plan_reason_name(enum plan_reason r);
 const char *plan_mode_name(enum plan_mode m);
 /* "auto|resident|window|cpu_tail" -> mode; 0 or RKV_EINVAL */
 int plan_mode_parse(const char *s, enum plan_mode *out);

@@ -149,6 +149,8 @@ static void test_park_lru_first(void **state)
     /* 13 blocks wanted, 10 fit: the least recently used idle session parks */
     struct plan *p = run_plan(&g, 1, 100, s, 4, PLAN_MODE_AUTO, NULL);
     assert_int_equal(plan_find(p, 2)->tactic, PLAN_PARKED);
+    assert_int_equal(plan_find(p, 2)->reason, PLAN_WHY_IDLE_LRU);
+    assert_int_equal(plan_find(p, 3)->reason, PLAN_WHY_FITS);
     assert_int_equal(plan_find(p, 2)->n_host, 3);
     assert_int_equal(plan_find(p, 2)->demote, 3);
     assert_int_equal(plan_find(p, 3)->tactic, PLAN_RESIDENT);
@@ -176,14 +178,18 @@ static void test_window_water_fill(void **state)
     assert_int_equal(plan_find(p, 3)->n_dev, 3);
     assert_int_equal(plan_find(p, 3)->n_host, 3);
     /* cpu 20 GB/s < pcie 50 GB/s: the gpu streams the tail */
-    for (uint64_t id = 1; id <= 3; id++)
+    for (uint64_t id = 1; id <= 3; id++) {
         assert_int_equal(plan_find(p, id)->tactic, PLAN_WINDOW);
+        assert_int_equal(plan_find(p, id)->reason, PLAN_WHY_VRAM_FULL);
+    }
     plan_free(p);
 
     /* a cpu faster than the link takes the tail */
     g.cpu_attn_gbps = 80;
     p = run_plan(&g, 1, 100, s, 4, PLAN_MODE_AUTO, NULL);
     assert_int_equal(plan_find(p, 3)->tactic, PLAN_CPU_TAIL);
+    assert_int_equal(plan_find(p, 3)->reason, PLAN_WHY_CPU_FASTER);
+    assert_string_equal(plan_reason_name(plan_find(p, 3)->reason), "cpu_faster");
     plan_free(p);
     /* zero-copy reads slower than the cpu count too */
     g.cpu_attn_gbps = 30;
@@ -193,6 +199,7 @@ static void test_window_water_fill(void **state)
     plan_free(p);
     p = run_plan(&g, 1, 100, s, 4, PLAN_MODE_WINDOW, NULL);
     assert_int_equal(plan_find(p, 3)->tactic, PLAN_WINDOW);
+    assert_int_equal(plan_find(p, 3)->reason, PLAN_WHY_FORCED);
     plan_free(p);
 }
 
@@ -206,6 +213,7 @@ static void test_admission(void **state)
     /* two device blocks: two sessions can run (one block each), the newest waits */
     struct plan *p = run_plan(&g, 1, 100, s, 3, PLAN_MODE_AUTO, NULL);
     assert_int_equal(plan_find(p, 1)->tactic, PLAN_WAIT);
+    assert_int_equal(plan_find(p, 1)->reason, PLAN_WHY_QUEUED);
     assert_int_equal(plan_find(p, 1)->n_dev + plan_find(p, 1)->n_host, 0);
     assert_int_equal(plan_find(p, 2)->n_dev, 1);
     assert_int_equal(plan_find(p, 3)->n_host, 4);
@@ -246,6 +254,7 @@ static void test_never_fits(void **state)
     struct plan *p = run_plan(&g, 1, 5, s, 3, PLAN_MODE_AUTO, NULL);
     assert_int_equal(plan_find(p, 1)->tactic, PLAN_WAIT);
     assert_true(plan_find(p, 1)->never_fits);
+    assert_int_equal(plan_find(p, 1)->reason, PLAN_WHY_TOO_BIG);
     assert_int_equal(plan_find(p, 2)->tactic, PLAN_WINDOW);
     assert_false(plan_find(p, 2)->never_fits);
     assert_true(plan_find(p, 3)->never_fits);
@@ -268,6 +277,7 @@ static void test_pinned(void **state)
     struct plan *p = run_plan(&g, 1, 100, s, 3, PLAN_MODE_AUTO, NULL);
     /* the pinned idle session is neither parked nor windowed */
     assert_int_equal(plan_find(p, 1)->tactic, PLAN_RESIDENT);
+    assert_int_equal(plan_find(p, 1)->reason, PLAN_WHY_PINNED);
     assert_int_equal(plan_find(p, 1)->n_dev, 3);
     assert_int_equal(plan_find(p, 2)->n_dev + plan_find(p, 3)->n_dev, 3);
     plan_free(p);
@@ -289,6 +299,7 @@ static void test_hysteresis(void **state)
     struct plan *p2 = run_plan(&g, 1, 1000, s, 3, PLAN_MODE_AUTO, p1);
     assert_int_equal(plan_get_summary(p2)->gpu[0].window_cap, 33);
     assert_int_equal(plan_find(p2, 3)->tactic, PLAN_WINDOW);
+    assert_int_equal(plan_find(p2, 3)->reason, PLAN_WHY_HYSTERESIS);
     assert_int_equal(plan_find(p2, 3)->n_dev, 34); /* 33 + one spare block */
     assert_int_equal(plan_get_summary(p2)->n_moves, 0);
     /* without history the same load is all resident */
@@ -406,6 +417,11 @@ static void check_plan(const struct sim *m, const struct plan *p, int host_ample
         }
         if (a->never_fits)
             assert_int_equal(a->tactic, PLAN_WAIT);
+        assert_string_not_equal(plan_reason_name(a->reason), "unknown");
+        if (a->dropped) /* too_big says more when both hold */
+            assert_true(a->reason == PLAN_WHY_HOST_FULL || a->reason == PLAN_WHY_TOO_BIG);
+        else
+            assert_int_not_equal(a->reason, PLAN_WHY_HOST_FULL);
         if (a->dropped) {
             assert_true(held > 0);
             assert_true(a->tactic == PLAN_WAIT || a->tactic == PLAN_PARKED);
