@@ -322,8 +322,9 @@ static void set_assign(struct work *w, uint32_t i, enum plan_tactic t, uint32_t 
     a->n_host = host;
 }
 
-/* parks idle sessions of the list (lru order) while `want` says so; returns the
- * device blocks still held by idle sessions */
+/* parks idle sessions of the list (lru order) until the active and the idle
+ * device blocks fit room (all of them with park_all), skipping any the host
+ * cannot take; returns the device blocks idle sessions still hold */
 static int64_t park_idle(struct work *w, const uint32_t *idle, size_t n_idle, int64_t room,
                          int64_t active, int park_all, int64_t *host_avail)
 {
