@@ -556,7 +556,10 @@ static void on_connection(uv_stream_t *ls, int status)
         conn_close(c);
         return;
     }
+    /* tokens go out as soon as they exist; a peer that vanished without a
+     * FIN during a long non-stream generation is found by keepalive probes */
     uv_tcp_nodelay(&c->tcp, 1);
+    uv_tcp_keepalive(&c->tcp, 1, 60);
     peer_name(&c->tcp, c->peer, sizeof(c->peer));
     conn_resume(c);
     if (c->rejected) {
