@@ -150,7 +150,7 @@ endef
 $(foreach t,$(TEST_SRC),$(eval $(call test_rule,$(t))))
 
 define fuzz_rule
-$(BUILD)/fuzz-bin/$(notdir $(1:.c=)): $(call obj,$(1)) $(call libs_of,worker)
+$(BUILD)/fuzz-bin/$(notdir $(1:.c=)): $(call obj,$(1)) $(LIBS)
 	@mkdir -p $$(@D)
 	$(CC) $(CFLAGS) -fsanitize=fuzzer,address,undefined $$(filter %.o,$$^) $$(filter %.a,$$^) $(LDLIBS) -o $$@
 endef
