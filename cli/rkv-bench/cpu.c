@@ -3,10 +3,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/rkv-bench/bench.h"
 #include "common/err.h"
 #include "worker/backend.h"
+#include "worker/cpu/cpu_ops.h"
 #include "worker/engine.h"
 #include "worker/forward.h"
 #include "worker/kv.h"
@@ -232,17 +234,29 @@ out:
 
 int bench_cpu(const struct bench_opts *o, cJSON *out)
 {
-    static const struct {
+    static const struct bench_model {
         const char *preset, *dtype;
-    } models[] = {{"tiny", "f32"}, {"small", "f32"}, {"small", "f16"}, {"small", "q8_0"}};
+    } full[] = {{"tiny", "f32"}, {"small", "f32"}, {"small", "f16"}, {"small", "q8_0"}},
+      quick[] = {{"tiny", "f32"}, {"tiny-qwen2", "q8_0"}};
+    /* --quick: a smoke run on the tiny models */
+    const size_t n_models = o->quick ? 2 : 4;
+    const struct bench_model *models = o->quick ? quick : full;
     const uint32_t n_prompt = o->quick ? 64 : 512, n_dec = o->quick ? 8 : 64;
-    cJSON_AddNumberToObject(out, "threads", o->threads);
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    uint32_t threads = o->threads ? o->threads : (uint32_t)(online > 0 ? online : 1);
+    const char *kernels = getenv("RKV_CPU_AVX512") && !strcmp(getenv("RKV_CPU_AVX512"), "0")
+                              ? "avx2"
+                          : cpu_ops_avx512() ? "avx-512"
+                                             : "avx2";
+    cJSON_AddNumberToObject(out, "threads", threads);
+    cJSON_AddStringToObject(out, "kernels", kernels);
+    printf("cpu backend, %u threads, %s matmul kernels\n", threads, kernels);
     cJSON_AddNumberToObject(out, "prompt_tokens", n_prompt);
     cJSON_AddNumberToObject(out, "decode_steps", n_dec);
     cJSON *arr = cJSON_AddArrayToObject(out, "models");
-    printf("%-8s %-6s %14s %14s %18s\n", "model", "dtype", "prefill tok/s", "decode tok/s",
+    printf("%-10s %-6s %14s %14s %18s\n", "model", "dtype", "prefill tok/s", "decode tok/s",
            "decode x8 tok/s");
-    for (size_t i = 0; i < sizeof(models) / sizeof(models[0]); i++) {
+    for (size_t i = 0; i < n_models; i++) {
         char path[4300];
         int rc = bench_model(o, models[i].preset, models[i].dtype, path, sizeof(path));
         struct run_result r = {0};
@@ -250,7 +264,7 @@ int bench_cpu(const struct bench_opts *o, cJSON *out)
             rc = run_model(o, path, n_prompt, n_dec, &r);
         if (rc < 0)
             return rc;
-        printf("%-8s %-6s %14.1f %14.1f %18.1f\n", models[i].preset, models[i].dtype,
+        printf("%-10s %-6s %14.1f %14.1f %18.1f\n", models[i].preset, models[i].dtype,
                r.prefill_tok_s, r.decode_tok_s, r.decode_b8_tok_s);
         fflush(stdout);
         cJSON *m = cJSON_CreateObject();

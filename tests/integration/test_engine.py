@@ -246,3 +246,21 @@ def test_unknown_arch_and_rope_scaling_named(tmp_path):
     p = tmp_path / "b.gguf"
     write_gguf(p, extra_kv={"llama.rope.scaling.type": "yarn"})
     assert "llama.rope.scaling.type 'yarn' is not supported by rkv (none, linear)" in gen_error(p)
+
+
+def test_rkv_bench_cpu_quick(tmp_path):
+    """the cpu suite runs end to end (tiny models generated on demand) and writes its JSON"""
+    out = tmp_path / "bench.json"
+    r = run([binary("rkv-bench"), "cpu", "--quick", "--threads", "2", "--models-dir",
+             str(tmp_path / "models"), "--json", str(out)])
+    assert "prefill tok/s" in r.stdout and "attention" in r.stdout
+    res = json.loads(out.read_text())
+    assert res["suite"] == "cpu" and res["threads"] == 2
+    assert [(m["model"], m["dtype"]) for m in res["models"]] == [("tiny", "f32"),
+                                                                ("tiny-qwen2", "q8_0")]
+    for m in res["models"]:
+        assert m["prefill_tok_s"] > 0 and m["decode_tok_s"] > 0 and m["decode_batch8_tok_s"] > 0
+    a = res["attention"]
+    assert a["resident_ms"] > 0 and a["host_half_ms"] > 0
+    bad = run([binary("rkv-bench"), "nosuch"], check=False)
+    assert bad.returncode == 1 and "unknown suite 'nosuch'" in bad.stderr

@@ -431,6 +431,41 @@ void cpu_matmul_rows(float *y, const float *x, const void *w, enum be_type t, si
     }
 }
 
+/* o (hd) = o * corr + sum_c p[c] * v[c]; the sums of 32 columns stay in
+ * registers across the chunk's keys instead of a load and store per key */
+static void attn_accumulate(float *o, float corr, const float *p, const float *v, uint32_t nc,
+                            uint32_t hd)
+{
+    uint32_t d0 = 0;
+#ifdef CPU_AVX2
+    const __m256 cv = _mm256_set1_ps(corr);
+    for (; d0 + 32 <= hd; d0 += 32) {
+        __m256 a0 = _mm256_mul_ps(cv, _mm256_loadu_ps(o + d0));
+        __m256 a1 = _mm256_mul_ps(cv, _mm256_loadu_ps(o + d0 + 8));
+        __m256 a2 = _mm256_mul_ps(cv, _mm256_loadu_ps(o + d0 + 16));
+        __m256 a3 = _mm256_mul_ps(cv, _mm256_loadu_ps(o + d0 + 24));
+        for (uint32_t c = 0; c < nc; c++) {
+            const float *vr = v + (size_t)c * hd + d0;
+            __m256 pv = _mm256_set1_ps(p[c]);
+            a0 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vr), a0);
+            a1 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vr + 8), a1);
+            a2 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vr + 16), a2);
+            a3 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vr + 24), a3);
+        }
+        _mm256_storeu_ps(o + d0, a0);
+        _mm256_storeu_ps(o + d0 + 8, a1);
+        _mm256_storeu_ps(o + d0 + 16, a2);
+        _mm256_storeu_ps(o + d0 + 24, a3);
+    }
+#endif
+    for (uint32_t d = d0; d < hd; d++) {
+        float a = o[d] * corr;
+        for (uint32_t c = 0; c < nc; c++)
+            a += p[c] * v[(size_t)c * hd + d];
+        o[d] = a;
+    }
+}
+
 /* keys scored per online-softmax update */
 #define ATTN_CHUNK 64
 
@@ -486,22 +521,28 @@ void cpu_attn_task(const struct cpu_attn_job *j, const struct kv_block_ref *bloc
             }
             for (uint32_t h = 0; h < g; h++) {
                 float *sh = s + (size_t)h * ATTN_CHUNK;
+                const float *qh = qg + (size_t)h * hd;
                 float cmax = -INFINITY;
-                for (uint32_t c = 0; c < nc; c++) {
-                    sh[c] = cpu_dot(qg + (size_t)h * hd, kr + (size_t)c * hd, hd) * j->a->scale;
+                uint32_t c = 0;
+                /* four keys per pass share the loads of q */
+                for (; c + 4 <= nc; c += 4) {
+                    const float *k0 = kr + (size_t)c * hd;
+                    cpu_dot4(qh, k0, k0 + hd, k0 + 2 * hd, k0 + 3 * hd, hd, sh + c);
+                }
+                for (; c < nc; c++)
+                    sh[c] = cpu_dot(qh, kr + (size_t)c * hd, hd);
+                for (c = 0; c < nc; c++) {
+                    sh[c] *= j->a->scale;
                     cmax = sh[c] > cmax ? sh[c] : cmax;
                 }
                 float mnew = cmax > mr[h] ? cmax : mr[h];
                 float corr = mr[h] == -INFINITY ? 0.0f : expf(mr[h] - mnew);
-                float *oh = og + (size_t)h * hd;
-                if (corr != 1.0f)
-                    cpu_scale(oh, corr, hd);
                 float lsum = lr[h] * corr;
-                for (uint32_t c = 0; c < nc; c++) {
-                    float p = expf(sh[c] - mnew);
-                    lsum += p;
-                    cpu_axpy(oh, p, vr + (size_t)c * hd, hd);
+                for (c = 0; c < nc; c++) {
+                    sh[c] = expf(sh[c] - mnew); /* now the weights p */
+                    lsum += sh[c];
                 }
+                attn_accumulate(og + (size_t)h * hd, corr, sh, vr, nc, hd);
                 lr[h] = lsum;
                 mr[h] = mnew;
             }
