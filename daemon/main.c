@@ -50,6 +50,7 @@ struct rkvd_conf {
     int64_t max_body;
     int64_t shutdown_timeout;
     int64_t step_timeout;
+    int64_t http_header_timeout;
     int log_level;
 };
 
@@ -105,6 +106,8 @@ static const struct cfg_key keys[] = {
      .help = "seconds streams may run on after SIGTERM"},
     {K("step_timeout", CFG_INT, step_timeout), .min = 1, .max = 3600, .def = "120",
      .help = "seconds one step may take before the worker counts as hung"},
+    {K("http_header_timeout", CFG_INT, http_header_timeout), .min = 1, .max = 3600, .def = "10",
+     .help = "seconds a client may take to send its request headers (then 408)"},
     {K("log_level", CFG_ENUM, log_level), .names = levels, .def = "info", .help = "log level"},
 };
 #undef K
@@ -676,6 +679,7 @@ int main(int argc, char **argv)
     struct http_server_config hc = {host, port, {0}, on_request, &d};
     http_limits_default(&hc.limits);
     hc.limits.max_body_bytes = (size_t)d.c.max_body;
+    hc.limits.header_timeout_ms = (uint64_t)d.c.http_header_timeout * 1000;
     if ((rc = http_server_start(d.loop, &hc, &d.http))) {
         log_error("cannot listen on %s: %s (is another server on that port? set listen)",
                   d.c.listen, uv_strerror(rc));
