@@ -9,7 +9,7 @@
 
 #include "common/err.h"
 
-/* top-p histogram resolution (see filter_top_p) */
+/* top-p histogram resolution (see top_p_vocab) */
 #define TOP_P_BUCKETS 1024
 /* exp weights are summed in blocks of this many (see exp_weights) */
 #define EXP_BLOCK 64
@@ -339,6 +339,13 @@ static float sanitize(float v)
 #define EXP_LN2_HI 0.693145752f
 #define EXP_LN2_LO 1.42860677e-6f
 #define EXP_FLOOR  -87.0f
+/* fused where the cpu has it (then scalar = vector lane); a libm fmaf
+ * without hardware support would be slow */
+#ifdef __FMA__
+#define EXP_FMA(a, b, c) fmaf(a, b, c)
+#else
+#define EXP_FMA(a, b, c) ((a) * (b) + (c))
+#endif
 
 static float exp_neg(float x)
 {
@@ -346,13 +353,13 @@ static float exp_neg(float x)
         return 0.0f;
     x = x < 0.0f ? x : 0.0f;
     float n = rintf(x * EXP_LOG2E);
-    float r = fmaf(-n, EXP_LN2_LO, fmaf(-n, EXP_LN2_HI, x));
-    float q = fmaf(r, 1.0f / 720, 1.0f / 120);
-    q = fmaf(q, r, 1.0f / 24);
-    q = fmaf(q, r, 1.0f / 6);
-    q = fmaf(q, r, 0.5f);
-    q = fmaf(q, r, 1.0f);
-    q = fmaf(q, r, 1.0f);
+    float r = EXP_FMA(-n, EXP_LN2_LO, EXP_FMA(-n, EXP_LN2_HI, x));
+    float q = EXP_FMA(r, 1.0f / 720, 1.0f / 120);
+    q = EXP_FMA(q, r, 1.0f / 24);
+    q = EXP_FMA(q, r, 1.0f / 6);
+    q = EXP_FMA(q, r, 0.5f);
+    q = EXP_FMA(q, r, 1.0f);
+    q = EXP_FMA(q, r, 1.0f);
     uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
     float scale;
     memcpy(&scale, &bits, sizeof(scale));
