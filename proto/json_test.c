@@ -130,8 +130,9 @@ static void test_roundtrip_every_type(void **state)
     (void)state;
     fill_all();
     size_t n_json = 0;
+    /* the admin messages carry free-form JSON (no schema) */
     for (int t = 1; t < PROTO_MSG__MAX; t++)
-        n_json += proto_msg_is_json(t);
+        n_json += proto_msg_is_json(t) && t != PROTO_MSG_ADMIN_REQ && t != PROTO_MSG_ADMIN_RESP;
     assert_int_equal(n_json, sizeof g_msgs / sizeof g_msgs[0]);
     for (size_t i = 0; i < sizeof g_msgs / sizeof g_msgs[0]; i++) {
         const struct proto_schema *s = proto_msg_schema(g_msgs[i].type);

@@ -52,6 +52,10 @@ enum proto_msg {
     PROTO_MSG_STATUS_GET = 17,
     PROTO_MSG_STATUS = 18,
     PROTO_MSG_EPOCH_ACK = 19,
+    /* rkvctl <-> rkvd admin socket: free-form JSON, {"cmd","args"} and
+     * {"ok":true,"result":...} (daemon/admin.h); no fixed schema */
+    PROTO_MSG_ADMIN_REQ = 20,
+    PROTO_MSG_ADMIN_RESP = 21,
     /* hot-path messages, binary payload (proto/wire.h) */
     PROTO_MSG_STEP_REQ = 64,
     PROTO_MSG_STEP_RESP = 65,

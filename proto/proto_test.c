@@ -52,7 +52,8 @@ static void test_names(void **state)
     assert_string_equal(proto_msg_name(100000), "unknown");
     assert_true(proto_msg_is_json(PROTO_MSG_EPOCH_ACK));
     assert_false(proto_msg_is_json(PROTO_MSG_BLOCK_TABLE));
-    assert_false(proto_msg_is_json(20));
+    assert_true(proto_msg_is_json(PROTO_MSG_ADMIN_REQ));
+    assert_false(proto_msg_is_json(40));
     for (size_t i = 0; i < N_TYPES; i++)
         assert_true(proto_msg_known(g_types[i]));
 }
