@@ -5,9 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* the fuzz link has no daemon library (the makefile links worker, proto,
- * common): compile the reader into this target */
-#include "daemon/http/reader.c"
+#include "daemon/http/reader.h"
 
 static volatile size_t sink;
 
