@@ -177,12 +177,17 @@ fuzz:
 	@$(MAKE) --no-print-directory BUILD=build/fuzz FUZZ=1 CUDA=0 fuzz-build
 	@scripts/run-fuzz.sh build/fuzz/fuzz-bin $(FUZZ_SECONDS)
 
-# --- running -------------------------------------------------------------------
+# --- installing ----------------------------------------------------------------
 
-RUN_MODEL  := $(BUILD)/models/tiny.gguf
-$(RUN_MODEL): | $(BUILD)/bin/rkv-mkmodel
-	@mkdir -p $(@D)
-	$(BUILD)/bin/rkv-mkmodel --preset tiny --dtype f32 --seed 1 --out $@
+# make install [PREFIX=/usr/local] [DESTDIR=]; make deb -> $(BUILD)/rkv_VERSION_ARCH.deb
+.PHONY: install deb
+install: all
+	@scripts/install.sh --build $(BUILD) --prefix $(or $(PREFIX),/usr/local) --destdir "$(DESTDIR)"
+
+deb: all
+	@scripts/mkdeb.sh $(BUILD)
+
+# --- running -------------------------------------------------------------------
 
 run: all
 	@scripts/run.sh $(BUILD)

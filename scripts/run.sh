@@ -16,7 +16,7 @@ fi
 if [ ! -f "$model" ]; then
   mkdir -p "$(dirname "$model")"
   echo "rkv: generating $model (rkv-mkmodel --preset $preset)" >&2
-  "$build/bin/rkv-mkmodel" --preset "$preset" --dtype f32 --seed 1 --out "$model.tmp"
+  "$build/bin/rkv-mkmodel" --preset "$preset" --dtype f16 --seed 1 --out "$model.tmp"
   mv "$model.tmp" "$model"
 fi
 mkdir -p "$build/run/state" "$build/run/runtime"
