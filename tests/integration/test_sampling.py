@@ -96,7 +96,8 @@ def test_filters_hold_per_token(model, tmp_path, seed):
         top = row[order[:20]]
         p = np.exp(top - top.max())
         p /= p.sum()
-        m = int(np.searchsorted(np.cumsum(p), 0.6 - 1e-9) + 1)  # smallest set reaching 0.6
+        # smallest set reaching 0.6; the slack covers float rounding at the boundary
+        m = int(np.searchsorted(np.cumsum(p), 0.6 + 1e-5) + 1)
         assert tok in order[:m], f"step {i}: token {tok} is outside the top-p set {order[:m]}"
     assert len(set(ids)) > 1  # temperature 2 does draw
 
