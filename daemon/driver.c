@@ -143,7 +143,7 @@ static int kv_prep(struct wthread *t, struct step_job *job, struct proto_kv_tabl
     for (uint32_t i = 0; i < job->n_seqs; i++) {
         ps[i].session_id = job->seqs[i].sid;
         ps[i].n_pos = job->seqs[i].n_past + job->seqs[i].n_tokens;
-        ps[i].flags = PROTO_KV_ACTIVE;
+        ps[i].flags = PROTO_KV_ACTIVE | (job->seqs[i].pinned ? PROTO_KV_PINNED : 0);
     }
     struct proto_kv_prep m = {t->idx, t->acked_epoch, job->n_closes, job->closes, job->n_idles,
                               job->idles, job->n_seqs, ps};

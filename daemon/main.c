@@ -16,6 +16,7 @@
 #include "common/log.h"
 #include "common/tok.h"
 #include "common/util.h"
+#include "daemon/admin.h"
 #include "daemon/api.h"
 #include "daemon/driver.h"
 #include "daemon/http/server.h"
@@ -52,6 +53,8 @@ struct rkvd_conf {
     int64_t step_timeout;
     int64_t http_header_timeout;
     int log_level;
+    char admin_socket[512];
+    char admin_group[64];
 };
 
 static const char *const backends[] = {"auto", "cpu", "cuda", NULL};
@@ -109,6 +112,10 @@ static const struct cfg_key keys[] = {
     {K("http_header_timeout", CFG_INT, http_header_timeout), .min = 1, .max = 3600, .def = "10",
      .help = "seconds a client may take to send its request headers (then 408)"},
     {K("log_level", CFG_ENUM, log_level), .names = levels, .def = "info", .help = "log level"},
+    {K("admin_socket", CFG_STR, admin_socket), S(admin_socket),
+     .help = "admin socket for rkvctl (default RUNTIME_DIR/admin.sock; \"none\" = off)"},
+    {K("admin_group", CFG_STR, admin_group), S(admin_group),
+     .help = "group that owns the admin socket (mode 0660); default: rkvd's group"},
 };
 #undef K
 #undef S
@@ -130,6 +137,7 @@ struct rkvd {
     struct driver *drv;
     struct sched *sched;
     struct api *api;
+    struct admin *admin;
     struct http_server *http;
     char model_name[256];
     char *worker_urls[RKVD_MAX_WORKERS];
@@ -169,6 +177,8 @@ static void on_request(struct http_req *req, void *arg)
     const char *path = http_req_path(req), *method = http_req_method(req);
     if (api_handle(d->api, req))
         return;
+    if (admin_http(d->admin, req))
+        return;
     if (strcmp(path, "/health") == 0) {
         char why[128], body[256];
         if (strcmp(method, "GET") && strcmp(method, "HEAD")) {
@@ -202,7 +212,8 @@ static void on_request(struct http_req *req, void *arg)
     }
     struct api_error e;
     api_error_set(&e, 404, "", "no route for %s %s: rkv serves /v1/completions, "
-                               "/v1/chat/completions, /v1/models, /health and /metrics",
+                               "/v1/chat/completions, /v1/models, /health, /metrics, / (status) "
+                               "and /admin/v1/",
                   method, path);
     e.type = "not_found_error";
     char *body = api_error_json(&e);
@@ -283,6 +294,7 @@ static void drv_kvmgr_changed(void *ud, uint32_t old_pid, uint32_t new_pid)
                  "token history", old_pid, new_pid);
         sched_kvmgr_restarted(d->sched);
     }
+    admin_on_kvmgr_changed(d->admin, old_pid);
     maybe_ready(d);
 }
 
@@ -317,12 +329,14 @@ static void drv_tactic_event(void *ud, const struct proto_tactic_event *ev)
     snprintf(se.to, sizeof se.to, "%s", proto_tactic_names[ev->to]);
     snprintf(se.reason, sizeof se.reason, "%s", ev->reason);
     store_event_add(d->store, &se);
+    admin_on_tactic_event(d->admin, ev);
 }
 
 static void drv_histogram(void *ud, const struct proto_histogram *h)
 {
     struct rkvd *d = ud;
     d->hist = *h;
+    admin_on_histogram(d->admin, h);
     char gpu[16];
     snprintf(gpu, sizeof gpu, "%lld", (long long)h->gpu);
     for (int t = 0; t < PROTO_N_TACTICS; t++) {
@@ -371,6 +385,7 @@ static void begin_shutdown(struct rkvd *d)
         return;
     d->stopping = 1;
     sd_notify(0, "STOPPING=1\nSTATUS=draining");
+    admin_shutdown(d->admin);
     if (d->sched)
         sched_drain(d->sched);
     uv_timer_stop(&d->cron);
@@ -403,6 +418,116 @@ static void cron_cb(uv_timer_t *t)
     sd_notifyf(0, "STATUS=%s: %u running, %u waiting, %u sessions", d->ready_sent ? "serving" : "starting",
                st.running, st.waiting, st.sessions);
     metric_set(d->m_health, NULL, healthy(d, (char[128]){0}, 128));
+    admin_tick(d->admin);
+}
+
+/* --- admin (rkvctl, the status page) ------------------------------------------------ */
+
+static void adm_info(void *ctx, struct admin_info *o)
+{
+    struct rkvd *d = ctx;
+    static const char *const states[] = {"running", "backoff", "failed", "stopped"};
+    o->model = d->model_name;
+    o->model_path = d->c.model;
+    o->backend = backends[d->c.backend];
+    o->listen = d->c.listen;
+    o->uptime_ms = rkv_now_ms() - d->started_ms;
+    o->healthy = healthy(d, o->health_reason, sizeof o->health_reason);
+    o->kvmgr_up = d->kvmgr_up;
+    o->kvmgr_restarts = d->kvmgr ? sup_child_restarts(d->kvmgr) : 0;
+    o->kv = d->kv_status;
+    o->n_workers = d->n_workers;
+    for (uint32_t w = 0; w < d->n_workers && w < ADMIN_MAX_WORKERS; w++) {
+        struct admin_worker_info *wi = &o->workers[w];
+        wi->id = w;
+        wi->gpu = d->c.backend == 1 ? -1 : (int64_t)w;
+        wi->pid = d->workers[w] ? (uint32_t)sup_child_pid(d->workers[w]) : 0;
+        wi->up = d->worker_up[w];
+        wi->draining = d->sched ? sched_worker_draining(d->sched, w) : 0;
+        wi->restarts = d->workers[w] ? sup_child_restarts(d->workers[w]) : 0;
+        wi->state = d->workers[w] ? states[sup_child_state(d->workers[w]) & 3] : "stopped";
+    }
+    if (d->sched)
+        sched_get_stats(d->sched, &o->st);
+    o->block_size = (uint32_t)d->c.block_size;
+    o->ctx_size = (uint32_t)d->c.ctx_size;
+}
+
+static int adm_kvmgr_call(void *ctx, int type, const void *p, size_t len, driver_call_cb cb,
+                          void *ud)
+{
+    struct rkvd *d = ctx;
+    return d->drv ? driver_kvmgr_call(d->drv, type, p, len, cb, ud) : RKV_ESTATE;
+}
+
+static void adm_sessions(void *ctx, sched_session_fn fn, void *ud)
+{
+    struct rkvd *d = ctx;
+    if (d->sched)
+        sched_sessions_foreach(d->sched, fn, ud);
+}
+
+static int adm_evict(void *ctx, uint64_t sid)
+{
+    struct rkvd *d = ctx;
+    return d->sched ? sched_session_evict(d->sched, sid) : RKV_ESTATE;
+}
+
+static int adm_pin(void *ctx, uint64_t sid, int pinned)
+{
+    struct rkvd *d = ctx;
+    return d->sched ? sched_session_pin(d->sched, sid, pinned) : RKV_ESTATE;
+}
+
+static int adm_restart(void *ctx, uint32_t w, uint32_t *old_pid)
+{
+    struct rkvd *d = ctx;
+    if (w >= d->n_workers || !d->workers[w])
+        return RKV_EINVAL;
+    *old_pid = (uint32_t)sup_child_pid(d->workers[w]);
+    if (!*old_pid)
+        return RKV_ESTATE;
+    /* the supervisor starts it again; its sessions' KV stays in kvmgr */
+    return sup_child_kill(d->workers[w], SIGTERM);
+}
+
+static int adm_drain(void *ctx, uint32_t w, int drain)
+{
+    struct rkvd *d = ctx;
+    return d->sched ? sched_worker_drain(d->sched, w, drain) : RKV_ESTATE;
+}
+
+static void adm_budget(void *ctx, uint64_t vram, uint64_t host, uint64_t reserve)
+{
+    struct rkvd *d = ctx;
+    d->c.vram_target = vram;
+    d->c.host_budget = host;
+    d->c.compute_reserve = reserve;
+}
+
+static int adm_authorize(void *ud, const char *bearer)
+{
+    struct rkvd *d = ud;
+    return admin_authorize(d->admin, bearer);
+}
+
+static int start_admin(struct rkvd *d, char *err, size_t errlen)
+{
+    char path[600] = "";
+    if (strcmp(d->c.admin_socket, "none") == 0)
+        path[0] = 0;
+    else if (d->c.admin_socket[0])
+        snprintf(path, sizeof path, "%s", d->c.admin_socket);
+    else
+        snprintf(path, sizeof path, "%s/admin.sock", d->c.runtime_dir);
+    struct admin_ops ops = {adm_info,  adm_kvmgr_call, adm_sessions, adm_evict, adm_pin,
+                            adm_restart, adm_drain,     adm_budget,   d};
+    struct admin_config ac = {path, d->c.admin_group, d->c.vram_target, d->c.host_budget,
+                              d->c.compute_reserve, d->n_workers};
+    int rc = admin_new(d->loop, &ac, &ops, d->store, &d->admin, err, errlen);
+    if (rc == 0)
+        sched_set_authorize(d->sched, adm_authorize, d);
+    return rc;
 }
 
 /* --- start-up ------------------------------------------------------------------------ */
@@ -451,6 +576,7 @@ static int spawn_children(struct rkvd *d, char *err, size_t errlen)
                          (char *)backends[d->c.backend], "--worker-id", id, "--gpu", gpu,
                          "--threads", th, "--runtime-dir", rt, "--max-batch-tokens", mbt,
                          "--max-seqs", ms, "--kv-dtype", (char *)kv_dtypes[d->c.kv_dtype],
+                         "--block-size", bs,
                          "--log-level", (char *)levels[d->c.log_level], NULL};
         struct sup_child_spec ws = {name, wargv, 5, 60000, 100, 5000};
         if ((rc = sup_add(d->sup, &ws, &d->workers[w]))) {
@@ -539,6 +665,9 @@ static int apply_persisted(struct rkvd *d)
         d->c.vram_target = b;
     if (store_setting_get(d->store, "host_budget", v, sizeof v) == 0 && cfg_parse_size(v, &b) == 0)
         d->c.host_budget = b;
+    if (store_setting_get(d->store, "compute_reserve", v, sizeof v) == 0 &&
+        cfg_parse_size(v, &b) == 0)
+        d->c.compute_reserve = b;
     if (store_setting_get(d->store, "mode", v, sizeof v) == 0) {
         for (int i = 0; modes[i]; i++)
             if (strcmp(v, modes[i]) == 0)
@@ -666,6 +795,10 @@ int main(int argc, char **argv)
     }
     struct api_sched as;
     sched_api(d.sched, &as);
+    if ((rc = start_admin(&d, err, sizeof err))) {
+        log_error("%s", err);
+        return 1;
+    }
     const char *names[] = {d.model_name};
     struct api_config ac = {names, 1, (int)d.c.ctx_size, {0}};
     api_limits_default(&ac.limits);
@@ -707,6 +840,7 @@ int main(int argc, char **argv)
     uv_walk(d.loop, close_walk, NULL);
     uv_run(d.loop, UV_RUN_DEFAULT);
     uv_loop_close(d.loop);
+    admin_free(d.admin);
     for (uint32_t w = 0; w < d.n_workers; w++)
         free(d.worker_urls[w]);
     metrics_free(d.metrics);

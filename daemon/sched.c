@@ -48,6 +48,7 @@ struct session {
     uint32_t n_kv;          /* positions whose KV kvmgr holds */
     uint32_t worker;        /* where its sampler state lives */
     int worker_knows;       /* the worker has a sampler for it */
+    int pinned;             /* operator pinned: kvmgr keeps it resident */
     struct seq *busy;       /* the request using it, or NULL */
     uint64_t last_use_ms;
     struct session *lru_prev, *lru_next; /* named sessions, most recent first */
@@ -61,6 +62,7 @@ struct seq_list {
 struct worker_slot {
     int up;
     int busy; /* a job is with the driver */
+    int drained; /* operator drain: no new sessions */
     uint32_t failures; /* consecutive failed steps */
     struct seq_list running;
     struct rkv_vec closes; /* uint64_t sids to release before the next step */
@@ -85,6 +87,8 @@ struct sched {
     int draining;
     uint32_t n_closing;
     struct sched_stats st;
+    int (*authorize)(void *ud, const char *bearer);
+    void *authorize_ud;
     /* metric families */
     struct metric *m_running, *m_waiting, *m_prompt, *m_gen, *m_ttft, *m_itl, *m_e2e, *m_queue,
         *m_hits, *m_queries, *m_prefill, *m_success, *m_sessions;
@@ -240,7 +244,8 @@ static uint32_t pick_worker(struct sched *s)
 {
     uint32_t best = 0, best_n = UINT32_MAX;
     for (uint32_t w = 0; w < s->cfg.n_workers; w++) {
-        uint32_t n = s->workers[w].running.n + (s->workers[w].up ? 0 : 1000000);
+        uint32_t n = s->workers[w].running.n + (s->workers[w].up ? 0 : 1000000) +
+                     (s->workers[w].drained ? 2000000 : 0);
         if (n < best_n) {
             best_n = n;
             best = w;
@@ -442,6 +447,12 @@ static int submit_cb(void *ctx, struct api_call *call, const struct api_request 
     return 0;
 }
 
+static int authorize_cb(void *ctx, const char *bearer)
+{
+    struct sched *s = ctx;
+    return s->authorize ? s->authorize(s->authorize_ud, bearer) : 0;
+}
+
 static void cancel_cb(void *ctx, struct api_call *call)
 {
     (void)ctx;
@@ -458,6 +469,7 @@ void sched_api(struct sched *s, struct api_sched *out)
     memset(out, 0, sizeof *out);
     out->submit = submit_cb;
     out->cancel = cancel_cb;
+    out->authorize = authorize_cb;
     out->ctx = s;
 }
 
@@ -709,6 +721,7 @@ static void kick(struct sched *s, uint32_t w)
             arena += take;
             js->sample = se->n_kv + take == se->n_tokens;
             js->sp = q->sp;
+            js->pinned = (uint8_t)se->pinned;
             if (!se->worker_knows) {
                 js->reset = 1;
                 js->n_history = se->n_kv;
@@ -1008,4 +1021,61 @@ void sched_free(struct sched *s)
     }
     rkv_map_fini(&s->sessions);
     rkv_map_fini(&s->by_sid);
+}
+
+/* --- operator controls ------------------------------------------------------------ */
+
+void sched_sessions_foreach(struct sched *s, sched_session_fn fn, void *ud)
+{
+    size_t it = 0;
+    void *v;
+    while (rkv_map_next(&s->sessions, &it, NULL, &v)) {
+        const struct session *se = v;
+        struct sched_session_info si = {se->sid,    se->ext_id,        se->n_tokens,
+                                        se->n_kv,   se->worker,        se->busy != NULL,
+                                        se->pinned, se->ext_id[0] ? se->last_use_ms : 0};
+        fn(ud, &si);
+    }
+}
+
+int sched_session_evict(struct sched *s, uint64_t sid)
+{
+    struct session *se = rkv_map_get(&s->sessions, sid);
+    if (!se)
+        return RKV_ENOTFOUND;
+    if (se->busy)
+        return RKV_EBUSY;
+    uint32_t w = se->worker;
+    session_free(s, se, 1);
+    update_gauges(s);
+    kick(s, w); /* sends the close now when the worker is idle */
+    return 0;
+}
+
+int sched_session_pin(struct sched *s, uint64_t sid, int pinned)
+{
+    struct session *se = rkv_map_get(&s->sessions, sid);
+    if (!se)
+        return RKV_ENOTFOUND;
+    se->pinned = pinned != 0;
+    return 0;
+}
+
+int sched_worker_drain(struct sched *s, uint32_t worker, int drain)
+{
+    if (worker >= s->cfg.n_workers)
+        return RKV_EINVAL;
+    s->workers[worker].drained = drain != 0;
+    return 0;
+}
+
+int sched_worker_draining(const struct sched *s, uint32_t worker)
+{
+    return worker < s->cfg.n_workers && s->workers[worker].drained;
+}
+
+void sched_set_authorize(struct sched *s, int (*fn)(void *ud, const char *bearer), void *ud)
+{
+    s->authorize = fn;
+    s->authorize_ud = ud;
 }

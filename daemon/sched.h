@@ -48,6 +48,7 @@ struct job_seq {
     int32_t *tokens;    /* (n_tokens) */
     uint8_t sample;     /* sample a token from the last position */
     uint8_t reset;      /* the worker must rebuild its sampler from history */
+    uint8_t pinned;     /* operator pinned the session: kvmgr keeps it resident */
     uint32_t n_history; /* with reset: every token before this step's */
     int32_t *history;
     struct proto_sampling sp;
@@ -114,5 +115,33 @@ struct sched_stats {
     uint64_t gen_tokens;
 };
 void sched_get_stats(const struct sched *s, struct sched_stats *out);
+
+/* --- operator controls (rkvctl, through daemon/admin.c) --- */
+
+/* one session as the admin API shows it; ext_id is "" for a private one */
+struct sched_session_info {
+    uint64_t sid;
+    const char *ext_id;
+    uint32_t n_tokens; /* history: prompt + generated */
+    uint32_t n_kv;     /* positions whose KV kvmgr holds */
+    uint32_t worker;
+    int busy;          /* a request is running or queued on it */
+    int pinned;
+    uint64_t last_use_ms; /* rkv_now_ms clock; 0 for a private session */
+};
+typedef void (*sched_session_fn)(void *ud, const struct sched_session_info *si);
+void sched_sessions_foreach(struct sched *s, sched_session_fn fn, void *ud);
+/* frees the session's KV and forgets it: RKV_ENOTFOUND, RKV_EBUSY while a
+ * request uses it */
+int sched_session_evict(struct sched *s, uint64_t sid);
+/* pinned sessions ask kvmgr to keep their KV resident (PROTO_KV_PINNED)
+ * from their next step on; RKV_ENOTFOUND */
+int sched_session_pin(struct sched *s, uint64_t sid, int pinned);
+/* a drained worker gets no new sessions; its sessions finish there.
+ * RKV_EINVAL for a worker that does not exist */
+int sched_worker_drain(struct sched *s, uint32_t worker, int drain);
+int sched_worker_draining(const struct sched *s, uint32_t worker);
+/* the API's key check (api_sched.authorize) goes to fn; NULL lets everyone in */
+void sched_set_authorize(struct sched *s, int (*fn)(void *ud, const char *bearer), void *ud);
 
 #endif
