@@ -433,8 +433,11 @@ int cfg_load(const struct cfg_spec *spec, void *conf, int argc, char **argv, int
                 return fail(errbuf, errlen, RKV_EINVAL, "--%s needs a value", key);
             val = argv[++i];
         }
-        if ((rc = cfg_set(k, conf, val, sub, sizeof sub)))
-            return fail(errbuf, errlen, rc, "--%s", sub);
+        if ((rc = cfg_set(k, conf, val, sub, sizeof sub))) {
+            /* name the flag as it was typed, not the key */
+            const char *colon = strchr(sub, ':');
+            return fail(errbuf, errlen, rc, "--%s%s", key, colon ? colon : sub);
+        }
     }
     return 0;
 }

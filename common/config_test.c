@@ -69,7 +69,7 @@ static void test_bad_values_named(void **state)
     char err[512];
     char *a1[] = {"t", "--block-size", "0", NULL};
     assert_int_equal(load(&c, err, 3, a1), RKV_ERANGE);
-    assert_non_null(strstr(err, "block_size"));
+    assert_non_null(strstr(err, "--block-size"));
     assert_non_null(strstr(err, "1..4096"));
     char *a2[] = {"t", "--vram-target", "lots", NULL};
     assert_int_equal(load(&c, err, 3, a2), RKV_EINVAL);
