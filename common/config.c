@@ -232,6 +232,16 @@ static int unknown_key(const struct cfg_spec *spec, const char *where, const cha
         bare++;
     normalize(bare, strlen(bare), norm, sizeof norm);
     const char *s = suggest(spec, norm);
+    if (s && bare != name) {
+        /* a flag: suggest the flag */
+        char flag[128];
+        size_t o = 0;
+        for (; s[o] && o + 1 < sizeof flag; o++)
+            flag[o] = s[o] == '_' ? '-' : s[o];
+        flag[o] = 0;
+        return fail(errbuf, errlen, RKV_ENOTFOUND, "%s: unknown option \"%s\" (did you mean --%s?)",
+                    where, name, flag);
+    }
     if (s)
         return fail(errbuf, errlen, RKV_ENOTFOUND, "%s: unknown key \"%s\" (did you mean %s?)",
                     where, name, s);

@@ -73,10 +73,10 @@ static void test_bad_values_named(void **state)
     assert_non_null(strstr(err, "1..4096"));
     char *a2[] = {"t", "--vram-target", "lots", NULL};
     assert_int_equal(load(&c, err, 3, a2), RKV_EINVAL);
-    assert_non_null(strstr(err, "vram_target"));
+    assert_non_null(strstr(err, "--vram-target"));
     char *a3[] = {"t", "--backnd", "cpu", NULL};
     assert_int_equal(load(&c, err, 3, a3), RKV_ENOTFOUND);
-    assert_non_null(strstr(err, "did you mean backend"));
+    assert_non_null(strstr(err, "did you mean --backend"));
     char *a4[] = {"t", "--backend", "tpu", NULL};
     assert_int_equal(load(&c, err, 3, a4), RKV_EINVAL);
     assert_non_null(strstr(err, "auto|cpu|cuda"));
