@@ -8,10 +8,15 @@ builds a .deb whose files, control fields and conffiles are right, and whose
 maintainer scripts, run by `dpkg --root` on a throwaway root, create the rkv user and
 enable (not start) rkvd.service, and purge removes it all again.
 
-Slow (RKV_SLOW_TESTS=1): the .deb installed with apt in a debootstrap chroot of Debian
-12, then rkvd started from it as the rkv user on the CPU backend until /health is 200.
+Slow (RKV_SLOW_TESTS=1): the .deb installed with apt into a debootstrap'ed Debian 12
+(minbase + systemd); rkvd run from it by hand in a chroot as the rkv user until /health
+is 200; then that root booted with systemd-nspawn, where the packaged rkvd.service must
+start (notify, STATUS=), serve through its sandbox, restart after a SIGKILL with the dead
+kvmgr's /dev/shm pools removed, stay failed after a config error (exit 2) and stop
+cleanly. Each part skips, saying why, when its tool cannot run here.
 """
 
+import json
 import os
 import re
 import shutil
@@ -19,6 +24,7 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -314,9 +320,10 @@ def test_deb_installs_on_a_throwaway_root(deb, tmp_path):
     assert not (root / "var/lib/rkv").exists()
 
 
-# --- slow: a debootstrap chroot --------------------------------------------------------
+# --- slow: a debootstrap root, used with chroot and booted with systemd-nspawn ----------
 
 SLOW = os.environ.get("RKV_SLOW_TESTS") == "1"
+slow = pytest.mark.skipif(not SLOW, reason="slow (debootstrap + apt): set RKV_SLOW_TESTS=1")
 
 
 def free_port():
@@ -325,70 +332,103 @@ def free_port():
         return s.getsockname()[1]
 
 
-@pytest.mark.skipif(not SLOW, reason="slow (debootstrap + apt): set RKV_SLOW_TESTS=1")
-def test_deb_in_debootstrap_chroot(deb, tmp_path):
+def apt_install(pkg, tool):
+    if shutil.which(tool):
+        return None
+    r = run(["apt-get", "install", "-y", "-qq", pkg], check=False, timeout=600,
+            env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+    if r.returncode != 0 or not shutil.which(tool):
+        return f"{tool} is missing and apt-get could not install {pkg}:\n{r.stderr[-1500:]}"
+    return None
+
+
+def get(url, timeout=10):
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as h:
+            return h.status, h.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except OSError:
+        return None, b""
+
+
+def wait_for(pred, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def debroot(deb, tmp_path_factory):
+    """Debian 12 (minbase + systemd) with the .deb installed by apt and the tiny model in
+    /var/lib/rkv"""
     if os.geteuid() != 0:
         pytest.skip("debootstrap and chroot need root")
-    if not shutil.which("debootstrap"):
-        r = run(["apt-get", "install", "-y", "-qq", "debootstrap"], check=False, timeout=600,
-                env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
-        if r.returncode != 0:
-            pytest.skip(f"debootstrap is missing and apt-get could not install it:\n{r.stderr}")
-    root = tmp_path / "chroot"
+    why = apt_install("debootstrap", "debootstrap")
+    if why:
+        pytest.skip(why)
+    root = tmp_path_factory.mktemp("debroot") / "root"
     mirror = os.environ.get("RKV_DEBIAN_MIRROR", "http://deb.debian.org/debian")
-    r = run(["debootstrap", "--variant=minbase", "bookworm", str(root), mirror],
-            check=False, timeout=1200)
+    r = run(["debootstrap", "--variant=minbase", "--include=systemd,systemd-sysv,dbus",
+             "bookworm", str(root), mirror], check=False, timeout=1200)
     if r.returncode != 0:
         pytest.skip(f"debootstrap bookworm from {mirror} failed (no network?):\n"
                     f"{r.stderr[-1500:]}")
-    mounts = []
+    shutil.copy(deb, root / "tmp" / deb.name)
+    m = run(["mount", "-t", "proc", "proc", str(root / "proc")], check=False)
+    if m.returncode != 0:
+        pytest.skip(f"cannot mount /proc in the chroot: {m.stderr.strip()}")
     try:
-        for what, where, opts in (("proc", "proc", ["-t", "proc"]),
-                                  ("tmpfs", "dev/shm", ["-t", "tmpfs"])):
-            (root / where).mkdir(parents=True, exist_ok=True)
-            m = run(["mount", *opts, what, str(root / where)], check=False)
-            if m.returncode != 0:
-                pytest.skip(f"cannot mount {where} in the chroot: {m.stderr.strip()}")
-            mounts.append(root / where)
-        shutil.copy(deb, root / "tmp" / deb.name)
-        shutil.copy(TOP / "systemd" / "rkvd.conf", tmp_path / "rkvd.conf")
         env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        run(["chroot", str(root), "apt-get", "install", "-y", "-q", f"/tmp/{deb.name}"],
-            env=env, timeout=900)
+        r = run(["chroot", str(root), "apt-get", "install", "-y", "-q", f"/tmp/{deb.name}"],
+                env=env, timeout=900)
+        # no systemd runs in a chroot: enabled, not started, and said so? (no /run/systemd)
+        assert "Setting up rkv" in r.stdout
         run(["chroot", str(root), "getent", "passwd", "rkv"])
         assert (root / "etc/systemd/system/multi-user.target.wants/rkvd.service").is_symlink()
+        assert (root / "var/lib/rkv").stat().st_mode & 0o777 == 0o750
         run(["chroot", str(root), "systemd-analyze", "verify", "--man=no",
              "/lib/systemd/system/rkvd.service"])
-
-        # start the installed rkvd as rkv on the cpu backend
-        model = root / "var/lib/rkv/tiny.gguf"
         run([binary("rkv-mkmodel"), "--preset", "tiny", "--dtype", "f32", "--seed", "1",
-             "--out", str(model)])
-        port = free_port()
-        conf = root / "etc/rkv/rkvd.conf"
-        conf.write_text(conf.read_text() + f"model = /var/lib/rkv/tiny.gguf\n"
-                        f"listen = 127.0.0.1:{port}\nbackend = cpu\nthreads = 2\n"
-                        "vram_target = 64MiB\nhost_budget = 64MiB\n")
+             "--out", str(root / "var/lib/rkv/tiny.gguf")])
         run(["chroot", str(root), "chown", "rkv:rkv", "/var/lib/rkv/tiny.gguf"])
+    finally:
+        subprocess.run(["umount", "-l", str(root / "proc")], check=False)
+    return root
+
+
+def configure(root, port, *extra):
+    conf = root / "etc/rkv/rkvd.conf"
+    base = conf.read_text().split("# --- test ---\n")[0]
+    conf.write_text(base + "# --- test ---\nmodel = /var/lib/rkv/tiny.gguf\n"
+                    f"listen = 127.0.0.1:{port}\nbackend = cpu\nthreads = 2\n"
+                    "vram_target = 64MiB\nhost_budget = 64MiB\n" + "".join(extra))
+
+
+@slow
+def test_deb_in_debootstrap_chroot(debroot, tmp_path):
+    """the installed rkvd, run by hand as rkv in the chroot, serves"""
+    root = debroot
+    port = free_port()
+    configure(root, port)
+    mounts = []
+    try:
+        for what, where in (("proc", "proc"), ("tmpfs", "dev/shm")):
+            (root / where).mkdir(parents=True, exist_ok=True)
+            run(["mount", "-t", what, what, str(root / where)])
+            mounts.append(root / where)
         run(["chroot", str(root), "install", "-d", "-o", "rkv", "-g", "rkv", "/run/rkv"])
         p = subprocess.Popen(["chroot", "--userspec=rkv:rkv", str(root), "/usr/bin/rkvd",
                               "--config", "/etc/rkv/rkvd.conf"],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
-            deadline = time.monotonic() + 120
-            ok = False
-            while time.monotonic() < deadline and p.poll() is None:
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as h:
-                        ok = h.status == 200
-                except OSError:
-                    pass
-                if ok:
-                    break
-                time.sleep(0.5)
-            assert ok, f"rkvd in the chroot never became healthy (exit {p.poll()})"
-            assert (root / "var/lib/rkv").stat().st_uid == \
-                int(run(["chroot", str(root), "id", "-u", "rkv"]).stdout)
+            wait_for(lambda: p.poll() is not None or
+                     get(f"http://127.0.0.1:{port}/health")[0] == 200, 120, "/health")
+            assert p.poll() is None, f"rkvd in the chroot exited {p.returncode}"
         finally:
             p.send_signal(signal.SIGTERM)
             out, _ = p.communicate(timeout=60)
@@ -396,3 +436,117 @@ def test_deb_in_debootstrap_chroot(deb, tmp_path):
     finally:
         for m in reversed(mounts):
             subprocess.run(["umount", "-l", str(m)], check=False)
+
+
+class Container:
+    """the debootstrap root booted with systemd-nspawn (host network); commands run in it
+    through nsenter"""
+
+    def __init__(self, root, log):
+        self.log = log
+        self._log = open(log, "wb")
+        self.proc = subprocess.Popen(
+            ["systemd-nspawn", "--register=no", "--keep-unit", "--quiet", "-D", str(root),
+             "-b", "--console=pipe", "-M", "rkvtest"],
+            stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT)
+        self.init = wait_for(self._init_pid, 60, "the container's init")
+        wait_for(lambda: self.sh("systemctl is-system-running").stdout.strip()
+                 in ("running", "degraded"), 120, "the container to boot")
+
+    def _init_pid(self):
+        if self.proc.poll() is not None:
+            raise AssertionError(f"systemd-nspawn exited {self.proc.returncode}:\n"
+                                 f"{Path(self.log).read_text(errors='replace')[-3000:]}")
+        try:
+            kids = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
+        except OSError:
+            return None
+        return int(kids.split()[0]) if kids.split() else None
+
+    def sh(self, cmd, check=False, timeout=120):
+        return run(["nsenter", "-t", str(self.init), "-a", "/bin/sh", "-c", cmd], check=check,
+                   timeout=timeout)
+
+    def show(self, *props):
+        out = self.sh("systemctl show rkvd " + " ".join(f"-p {p}" for p in props),
+                      check=True).stdout
+        return dict(l.split("=", 1) for l in out.splitlines() if "=" in l)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.sh("systemctl poweroff")
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+@slow
+def test_deb_service_under_systemd(debroot, tmp_path):
+    """the packaged unit, booted by systemd in the debootstrap root: Type=notify start with
+    STATUS, serving through the whole hardening set (CPU backend), restart after a
+    SIGKILL with the dead kvmgr's /dev/shm pools collected, no restart on a config error
+    (exit 2), a clean stop that leaves no pool behind"""
+    why = apt_install("systemd-container", "systemd-nspawn")
+    if why:
+        pytest.skip(why)
+    root = debroot
+    port = free_port()
+    configure(root, port)
+    try:
+        c = Container(root, tmp_path / "nspawn.log")
+    except AssertionError as e:
+        pytest.skip(f"systemd-nspawn cannot boot the root here: {e}")
+    try:
+        # enabled by the package, so it started at boot
+        wait_for(lambda: c.show("ActiveState")["ActiveState"] in ("active", "failed"), 120,
+                 "rkvd.service to start")
+        st = c.show("ActiveState", "StatusText", "MainPID", "User", "WatchdogUSec",
+                    "NRestarts")
+        assert st["ActiveState"] == "active", c.sh("journalctl -u rkvd --no-pager").stdout
+        assert st["StatusText"].startswith("serving"), st
+        assert st["User"] == "rkv" and st["WatchdogUSec"] == "30s", st
+        assert get(f"http://127.0.0.1:{port}/health")[0] == 200
+        body = json.dumps({"model": "tiny", "prompt": "Hello", "max_tokens": 4,
+                           "temperature": 0}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as h:
+            assert json.loads(h.read())["usage"]["completion_tokens"] == 4
+        exposure = c.sh("systemd-analyze security rkvd.service --no-pager").stdout
+        m = re.search(r"Overall exposure level for rkvd.service: ([0-9.]+)", exposure)
+        assert m and float(m.group(1)) <= 3.0, exposure[-1500:]
+        ps = c.sh("ls /dev/shm").stdout.split()
+        assert ps and all(f.startswith("rkv-") for f in ps), ps
+
+        # SIGKILL the main process: systemd restarts the unit, the old pools go
+        main = int(st["MainPID"])
+        c.sh(f"kill -9 {main}", check=True)
+        wait_for(lambda: c.show("NRestarts")["NRestarts"] == "1" and
+                 c.show("ActiveState")["ActiveState"] == "active" and
+                 get(f"http://127.0.0.1:{port}/health")[0] == 200, 60, "the restart")
+        pools = c.sh("ls /dev/shm").stdout.split()
+        pids = {f.split("-")[1] for f in pools}
+        assert len(pids) == 1 and not (set(ps) & set(pools)), (ps, pools)
+
+        # a configuration error: exit 2, failed, not restarted
+        configure(root, port, "max_running = lots\n")
+        c.sh("systemctl restart rkvd")
+        wait_for(lambda: c.show("ActiveState")["ActiveState"] == "failed", 60, "failure")
+        time.sleep(6)  # past RestartSec: a restart would have happened by now
+        st = c.show("ActiveState", "ExecMainStatus", "NRestarts")
+        assert st == {"ActiveState": "failed", "ExecMainStatus": "2", "NRestarts": "0"}, st
+        assert "max_running" in c.sh("journalctl -u rkvd --no-pager -n 20").stdout
+
+        # fixed, started, stopped cleanly: exit 0 and /dev/shm empty
+        configure(root, port)
+        c.sh("systemctl start rkvd", check=True)
+        assert c.show("ActiveState")["ActiveState"] == "active"
+        c.sh("systemctl stop rkvd", check=True)
+        st = c.show("ActiveState", "ExecMainStatus", "Result")
+        assert st == {"ActiveState": "inactive", "ExecMainStatus": "0", "Result": "success"}, st
+        assert c.sh("ls /dev/shm").stdout.split() == []
+    finally:
+        c.stop()
