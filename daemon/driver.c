@@ -55,6 +55,7 @@ struct wthread {
     struct proto_sock *kv, *wk;
     uint64_t acked_epoch;
     int up;
+    int lost; /* guarded by d->mu: the process died; ask it for hello again */
     struct proto_wbuf buf;
 };
 
@@ -269,6 +270,10 @@ static void *worker_thread(void *arg)
     for (;;) {
         pthread_mutex_lock(&d->mu);
         while (!d->stop && !t->job) {
+            if (t->lost) {
+                t->lost = 0;
+                t->up = 0;
+            }
             if (!t->up)
                 break; /* probe readiness below */
             pthread_cond_wait(&d->cv, &d->mu);
@@ -550,4 +555,14 @@ void driver_stop(struct driver *d)
     pthread_mutex_destroy(&d->mu);
     pthread_cond_destroy(&d->cv);
     uv_close((uv_handle_t *)&d->async, async_closed);
+}
+
+void driver_worker_lost(struct driver *d, uint32_t worker)
+{
+    if (!d || worker >= d->cfg.n_workers)
+        return;
+    pthread_mutex_lock(&d->mu);
+    d->w[worker].lost = 1;
+    pthread_cond_broadcast(&d->cv);
+    pthread_mutex_unlock(&d->mu);
 }

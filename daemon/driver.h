@@ -51,6 +51,9 @@ int driver_submit(struct driver *d, struct step_job *job);
 typedef void (*driver_call_cb)(void *ud, int rc, const struct proto_in *reply, const char *err);
 int driver_kvmgr_call(struct driver *d, int type, const void *payload, size_t len,
                       driver_call_cb cb, void *ud);
+/* the supervisor saw worker's process die (an idle worker fails no step):
+ * its thread probes it with hello until the new process is ready */
+void driver_worker_lost(struct driver *d, uint32_t worker);
 /* stops the threads (waits for a step in flight up to its timeout) */
 void driver_stop(struct driver *d);
 

@@ -254,6 +254,7 @@ static void sup_event(void *ud, struct sup_child *c, enum sup_event ev, int stat
                 if (d->workers[w] == c) {
                     d->worker_up[w] = 0;
                     sched_worker_down(d->sched, w);
+                    driver_worker_lost(d->drv, w);
                     metric_inc(d->m_worker_restarts, NULL, 1);
                 }
             }
@@ -524,10 +525,7 @@ static int start_admin(struct rkvd *d, char *err, size_t errlen)
                             adm_restart, adm_drain,     adm_budget,   d};
     struct admin_config ac = {path, d->c.admin_group, d->c.vram_target, d->c.host_budget,
                               d->c.compute_reserve, d->n_workers};
-    int rc = admin_new(d->loop, &ac, &ops, d->store, &d->admin, err, errlen);
-    if (rc == 0)
-        sched_set_authorize(d->sched, adm_authorize, d);
-    return rc;
+    return admin_new(d->loop, &ac, &ops, d->store, &d->admin, err, errlen);
 }
 
 /* --- start-up ------------------------------------------------------------------------ */
@@ -756,6 +754,11 @@ int main(int argc, char **argv)
                                       "Worker processes that died and were restarted.", NULL,
                                       NULL, 0);
 
+    /* the admin socket first: a bad admin_group stops rkvd before it has children */
+    if ((rc = start_admin(&d, err, sizeof err))) {
+        log_error("%s", err);
+        return 1;
+    }
     /* processes, then the driver that talks to them, then the scheduler, then HTTP */
     if ((rc = sup_init(d.loop, sup_event, &d, &d.sup)) ||
         (rc = spawn_children(&d, err, sizeof err))) {
@@ -795,10 +798,7 @@ int main(int argc, char **argv)
     }
     struct api_sched as;
     sched_api(d.sched, &as);
-    if ((rc = start_admin(&d, err, sizeof err))) {
-        log_error("%s", err);
-        return 1;
-    }
+    sched_set_authorize(d.sched, adm_authorize, &d);
     const char *names[] = {d.model_name};
     struct api_config ac = {names, 1, (int)d.c.ctx_size, {0}};
     api_limits_default(&ac.limits);
