@@ -252,6 +252,19 @@ static void run_job(struct wthread *t, struct step_job *job)
         job->kvmgr_failed = 1;
         return;
     }
+    /* which kvmgr placed these tables: the scheduler drops the step if it is
+     * not the one the sessions' KV lives in (a restart it has not seen yet) */
+    struct proto_empty q = {0};
+    struct proto_status st;
+    rc = proto_call_json(t->kv, PROTO_MSG_STATUS_GET, &q, PROTO_MSG_STATUS, &st, 5000, job->err,
+                         sizeof job->err);
+    if (rc) {
+        proto_kv_tables_free(tb);
+        job->rc = rc;
+        job->kvmgr_failed = 1;
+        return;
+    }
+    job->kvmgr_pid = st.kvmgr_pid;
     rc = worker_step(t, job, tb);
     if (rc) {
         job->rc = rc;

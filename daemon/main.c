@@ -140,6 +140,7 @@ struct rkvd {
     struct admin *admin;
     struct http_server *http;
     char model_name[256];
+    char url[320]; /* http://host:port as bound (listen may ask for port 0) */
     char *worker_urls[RKVD_MAX_WORKERS];
     int kvmgr_up;
     uint32_t kvmgr_pid;
@@ -231,7 +232,7 @@ static void maybe_ready(struct rkvd *d)
     if (!d->ready_sent && healthy(d, why, sizeof why)) {
         d->ready_sent = 1;
         sd_notify(0, "READY=1\nSTATUS=serving");
-        log_info("ready: serving %s on http://%s", d->model_name, d->c.listen);
+        log_info("ready: serving %s on %s", d->model_name, d->url);
     }
 }
 
@@ -288,13 +289,10 @@ static void drv_worker_down(void *ud, uint32_t w, const char *why)
 static void drv_kvmgr_changed(void *ud, uint32_t old_pid, uint32_t new_pid)
 {
     struct rkvd *d = ud;
+    (void)old_pid;
     d->kvmgr_up = 1;
     d->kvmgr_pid = new_pid;
-    if (old_pid) {
-        log_warn("kvmgr restarted (pid %u -> %u): rebuilding every session's KV from its "
-                 "token history", old_pid, new_pid);
-        sched_kvmgr_restarted(d->sched);
-    }
+    sched_kvmgr_seen(d->sched, new_pid);
     admin_on_kvmgr_changed(d->admin, old_pid);
     maybe_ready(d);
 }
@@ -818,8 +816,8 @@ int main(int argc, char **argv)
                   d.c.listen, uv_strerror(rc));
         d.exit_code = 1;
         d.http = NULL;
-        begin_shutdown(&d);
     }
+    snprintf(d.url, sizeof d.url, "http://%s:%d", host, d.http ? http_server_port(d.http) : port);
     uv_signal_init(d.loop, &d.sigterm);
     uv_signal_init(d.loop, &d.sigint);
     d.sigterm.data = d.sigint.data = &d;
@@ -828,9 +826,13 @@ int main(int argc, char **argv)
     uv_timer_init(d.loop, &d.cron);
     d.cron.data = &d;
     uv_timer_start(&d.cron, cron_cb, 1000, 1000);
-    log_info("rkvd: model %s (%s), %u worker(s), ctx %lld, listening on %s:%d", d.model_name,
-             backends[d.c.backend], d.n_workers, (long long)d.c.ctx_size, host,
-             http_server_port(d.http));
+    /* after the timer exists: shutdown stops it (its callback needs the scheduler) */
+    if (!d.http)
+        begin_shutdown(&d);
+    if (d.http)
+        log_info("rkvd: model %s (%s), %u worker(s), ctx %lld, listening on %s:%d", d.model_name,
+                 backends[d.c.backend], d.n_workers, (long long)d.c.ctx_size, host,
+                 http_server_port(d.http));
 
     uv_run(d.loop, UV_RUN_DEFAULT);
 

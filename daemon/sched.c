@@ -64,6 +64,7 @@ struct worker_slot {
     int busy; /* a job is with the driver */
     int drained; /* operator drain: no new sessions */
     uint32_t failures; /* consecutive failed steps */
+    uint64_t first_failure_ms; /* when the run of failures began */
     struct seq_list running;
     struct rkv_vec closes; /* uint64_t sids to release before the next step */
     struct rkv_vec idles;
@@ -85,6 +86,8 @@ struct sched {
     uint32_t n_named;
     uint64_t next_sid;
     int draining;
+    uint32_t kvmgr_pid; /* the kvmgr holding the sessions' KV (0: not seen yet) */
+    uint32_t kv_gen;    /* bumped when kvmgr restarts: steps of older ones are stale */
     uint32_t n_closing;
     struct sched_stats st;
     int (*authorize)(void *ud, const char *bearer);
@@ -94,8 +97,12 @@ struct sched {
         *m_hits, *m_queries, *m_prefill, *m_success, *m_sessions;
 };
 
+/* failing steps go on being retried at least this long (a child's restart) */
+#define SCHED_GIVE_UP_MS 10000
+
 static void kick(struct sched *s, uint32_t w);
 static void finish_seq(struct seq *q, enum api_finish f);
+static int kvmgr_adopt(struct sched *s, uint32_t pid);
 
 /* --- small helpers -------------------------------------------------------- */
 
@@ -691,6 +698,7 @@ static void kick(struct sched *s, uint32_t w)
         return;
     }
     j->worker = w;
+    j->kv_gen = s->kv_gen;
     j->n_closes = (uint32_t)ws->closes.len;
     memcpy(j->closes, ws->closes.data, ws->closes.len * sizeof(uint64_t));
     j->n_idles = (uint32_t)ws->idles.len;
@@ -767,6 +775,26 @@ void sched_job_done(struct sched *s, struct step_job *j)
 {
     struct worker_slot *ws = &s->workers[j->worker];
     ws->busy = 0;
+    int restarted = j->rc == 0 && j->kv_gen == s->kv_gen && kvmgr_adopt(s, j->kvmgr_pid);
+    if (j->kv_gen != s->kv_gen) {
+        /* built before kvmgr restarted (or placed by the new one while the
+         * sessions still counted the old one's KV): its tokens came from KV
+         * that no longer exists, and its closes went to the wrong kvmgr */
+        for (uint32_t i = 0; i < j->n_seqs; i++) {
+            struct seq *q = rkv_map_get(&s->by_sid, j->seqs[i].sid);
+            if (!q)
+                continue;
+            q->in_flight = 0;
+            q->sess->worker_knows = 0;
+            if (q->cancelled)
+                finish_seq(q, API_FINISH_ABORT);
+        }
+        free(j);
+        for (uint32_t w = 0; w < s->cfg.n_workers; w++)
+            if (restarted || w == (uint32_t)(ws - s->workers))
+                kick(s, w);
+        return;
+    }
     if (j->rc < 0) {
         /* nothing of the step counts: n_kv is unchanged, the same step runs
          * again once the worker (or kvmgr) is back; the closes are resent */
@@ -783,12 +811,17 @@ void sched_job_done(struct sched *s, struct step_job *j)
             if (q->cancelled)
                 finish_seq(q, API_FINISH_ABORT);
         }
-        ws->failures++;
+        if (ws->failures++ == 0)
+            ws->first_failure_ms = rkv_now_ms();
         uint32_t w = j->worker;
         log_ratelimited(RKV_LOG_WARN, 5000, 5, "step on worker %u failed (%s); attempt %u of %u",
                         w, j->err, ws->failures, s->cfg.max_retries);
         free(j);
-        if (ws->failures >= s->cfg.max_retries) {
+        /* a restarting child (kvmgr: backoff, then pools once a worker says
+         * hello) fails steps for a second or more: give up only after a
+         * while, not after max_retries quick attempts */
+        if (ws->failures >= s->cfg.max_retries &&
+            rkv_now_ms() - ws->first_failure_ms >= SCHED_GIVE_UP_MS) {
             char msg[400];
             snprintf(msg, sizeof msg,
                      "the model worker failed %u steps in a row: try again later; the "
@@ -797,7 +830,8 @@ void sched_job_done(struct sched *s, struct step_job *j)
             ws->failures = 0;
             fail_running(s, w, 503, msg);
         } else if (ws->up) {
-            uv_timer_start(&ws->retry, retry_timer_cb, 50u << (ws->failures < 6 ? ws->failures : 6), 0);
+            uint64_t backoff = 50u << (ws->failures < 5 ? ws->failures : 5);
+            uv_timer_start(&ws->retry, retry_timer_cb, backoff < 1000 ? backoff : 1000, 0);
         }
         return;
     }
@@ -882,9 +916,19 @@ void sched_worker_up(struct sched *s, uint32_t w)
     kick(s, w);
 }
 
-void sched_kvmgr_restarted(struct sched *s)
+/* 1 when pid is a new kvmgr: every session's KV is gone, rebuilt from token
+ * histories; the caller kicks the workers */
+static int kvmgr_adopt(struct sched *s, uint32_t pid)
 {
-    /* every session's KV is gone: rebuild from token histories */
+    if (!pid || pid == s->kvmgr_pid)
+        return 0;
+    uint32_t old = s->kvmgr_pid;
+    s->kvmgr_pid = pid;
+    if (!old)
+        return 0; /* first contact */
+    s->kv_gen++;
+    log_warn("kvmgr restarted (pid %u -> %u): rebuilding every session's KV from its token "
+             "history", old, pid);
     size_t it = 0;
     void *v;
     while (rkv_map_next(&s->sessions, &it, NULL, &v)) {
@@ -896,8 +940,15 @@ void sched_kvmgr_restarted(struct sched *s)
         s->workers[w].closes.len = 0;
         s->workers[w].idles.len = 0;
         s->workers[w].failures = 0;
-        kick(s, w);
     }
+    return 1;
+}
+
+void sched_kvmgr_seen(struct sched *s, uint32_t pid)
+{
+    if (kvmgr_adopt(s, pid))
+        for (uint32_t w = 0; w < s->cfg.n_workers; w++)
+            kick(s, w);
 }
 
 void sched_drain(struct sched *s) { s->draining = 1; }

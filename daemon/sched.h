@@ -62,6 +62,7 @@ struct job_seq {
 
 struct step_job {
     uint32_t worker;
+    uint32_t kv_gen; /* the scheduler's kvmgr generation when built */
     struct job_seq *seqs;
     uint32_t n_seqs;
     uint64_t *closes; /* sessions to release in kvmgr before the step */
@@ -71,6 +72,7 @@ struct step_job {
     /* out: 0, or the whole step failed (worker or kvmgr unreachable) */
     int rc;
     int kvmgr_failed; /* the failure was kvmgr's (its KV is gone) */
+    uint32_t kvmgr_pid; /* the kvmgr that placed this step's KV (0: unknown) */
     char err[256];
     double step_ms;
 };
@@ -96,11 +98,13 @@ void sched_free(struct sched *s);
 void sched_api(struct sched *s, struct api_sched *out);
 void sched_job_done(struct sched *s, struct step_job *job);
 
-/* supervisor news: a worker went down / came back; kvmgr came back (its KV
- * is gone: every sequence is re-prefilled from its token history) */
+/* supervisor news: a worker went down / came back; kvmgr answers with pid.
+ * A pid other than the one the sessions' KV lives in means kvmgr restarted:
+ * its KV is gone, every sequence is re-prefilled from its token history and
+ * results of steps placed by the old one are dropped. */
 void sched_worker_down(struct sched *s, uint32_t worker);
 void sched_worker_up(struct sched *s, uint32_t worker);
-void sched_kvmgr_restarted(struct sched *s);
+void sched_kvmgr_seen(struct sched *s, uint32_t pid);
 /* stop taking requests (SIGTERM); running ones go on */
 void sched_drain(struct sched *s);
 

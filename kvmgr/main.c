@@ -570,8 +570,11 @@ static void fill_status(struct kvmgr *k, struct proto_status *st)
         st->host_total = (uint64_t)kvpool_get_desc(k->host)->n_blocks * k->block_bytes;
         st->host_used = st->host_total - (uint64_t)kvb_free_host(k->kvb) * k->block_bytes;
     }
+    /* only workers that said hello: a pid of 0 fails the STATUS schema, and
+     * rkvd would take kvmgr for dead until every worker is up */
     for (uint32_t g = 0; g < (uint32_t)k->c.workers && g < PROTO_MAX_WORKERS; g++)
-        st->worker_pids[st->n_worker_pids++] = k->gpu[g].worker_pid;
+        if (k->gpu[g].worker_pid)
+            st->worker_pids[st->n_worker_pids++] = k->gpu[g].worker_pid;
 }
 
 static int handle(void *ctx, const struct proto_in *in, struct proto_wbuf *reply, int *reply_type,

@@ -464,7 +464,8 @@ int main(int argc, char **argv)
         if (rc && rc != RKV_ETIMEOUT && rc != -EAGAIN)
             log_ratelimited(RKV_LOG_WARN, 5000, 5, "bad request: %s", err);
         uint64_t now = rkv_now_ms();
-        if (now - last_check > 1000) {
+        /* soon after a kvmgr restart: rkvd's steps wait on the re-attach */
+        if (now - last_check > 250) {
             last_check = now;
             if (!kvmgr_same(&w)) {
                 log_warn("kvmgr (pid %u) is gone: detaching and waiting for a new one",

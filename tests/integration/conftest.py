@@ -104,11 +104,12 @@ class Rkvd:
             self._check_alive(deadline)
             time.sleep(0.05)
 
-    def stop(self, timeout=60):
-        """SIGTERM, wait for exit; returns the exit code"""
+    def stop(self, timeout=60, signal_it=True):
+        """SIGTERM (unless the test sent it: a second one means "exit now, 1"), wait for the
+        exit; returns the exit code"""
         if self.proc is None:
             return self.exit_code
-        if self.proc.poll() is None:
+        if signal_it and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
             self.exit_code = self.proc.wait(timeout)
