@@ -58,6 +58,7 @@ void *kv_slice_ptr(const struct kv_layout *l, const struct kv_pools *p, struct k
 struct kv_local {
     struct kv_layout layout;
     struct kv_pools pools;
+    struct kv_mem mem;               /* alloc == NULL: plain memory */
     uint32_t *free_list[KV_N_POOLS]; /* stack of free indexes */
     uint32_t n_free[KV_N_POOLS];
 };
@@ -65,22 +66,37 @@ struct kv_local {
 int kv_local_init(struct kv_local **out, const struct kv_layout *l, uint32_t n_device,
                   uint32_t n_host)
 {
+    return kv_local_init_mem(out, l, n_device, n_host, NULL);
+}
+
+int kv_local_init_mem(struct kv_local **out, const struct kv_layout *l, uint32_t n_device,
+                      uint32_t n_host, const struct kv_mem *mem)
+{
     struct kv_local *k = calloc(1, sizeof(*k));
     if (!k)
         return RKV_ENOMEM;
     k->layout = *l;
+    if (mem)
+        k->mem = *mem;
     uint32_t n[KV_N_POOLS] = {n_device, n_host};
     for (int r = 0; r < KV_N_POOLS; r++) {
         size_t bytes = (size_t)n[r] * kv_block_bytes(l);
-        /* 64-byte alignment keeps every slice on a cache line for the cpu loops */
-        k->pools.base[r] = bytes ? aligned_alloc(64, (bytes + 63) & ~(size_t)63) : NULL;
+        int rc = 0;
         k->free_list[r] = malloc(sizeof(uint32_t) * (n[r] ? n[r] : 1));
-        if ((bytes && !k->pools.base[r]) || !k->free_list[r]) {
-            kv_local_free(k);
-            return RKV_ENOMEM;
+        if (bytes && k->mem.alloc) {
+            rc = k->mem.alloc(k->mem.u, (enum kv_residency)r, bytes, &k->pools.base[r]);
+        } else if (bytes) {
+            /* 64-byte alignment keeps every slice on a cache line for the cpu loops */
+            k->pools.base[r] = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+            if (k->pools.base[r])
+                memset(k->pools.base[r], 0, bytes);
         }
-        if (bytes)
-            memset(k->pools.base[r], 0, bytes);
+        if (rc == 0 && ((bytes && !k->pools.base[r]) || !k->free_list[r]))
+            rc = RKV_ENOMEM;
+        if (rc < 0) {
+            kv_local_free(k);
+            return rc;
+        }
         k->pools.n_blocks[r] = n[r];
         /* hand blocks out in index order from the top of the stack */
         for (uint32_t i = 0; i < n[r]; i++)
@@ -96,7 +112,10 @@ void kv_local_free(struct kv_local *k)
     if (!k)
         return;
     for (int r = 0; r < KV_N_POOLS; r++) {
-        free(k->pools.base[r]);
+        if (k->mem.alloc && k->pools.base[r])
+            k->mem.free(k->mem.u, (enum kv_residency)r, k->pools.base[r]);
+        else
+            free(k->pools.base[r]);
         free(k->free_list[r]);
     }
     free(k);
@@ -134,8 +153,17 @@ int kv_local_migrate(struct kv_local *k, struct kv_block_ref *ref, enum kv_resid
     if (rc < 0)
         return rc;
     size_t bb = kv_block_bytes(&k->layout);
-    memcpy((char *)k->pools.base[dst.residency] + (size_t)dst.index * bb,
-           (char *)k->pools.base[ref->residency] + (size_t)ref->index * bb, bb);
+    void *to_p = (char *)k->pools.base[dst.residency] + (size_t)dst.index * bb;
+    const void *from_p = (char *)k->pools.base[ref->residency] + (size_t)ref->index * bb;
+    if (k->mem.copy) {
+        rc = k->mem.copy(k->mem.u, to_p, from_p, bb);
+        if (rc < 0) {
+            kv_local_release(k, dst);
+            return rc;
+        }
+    } else {
+        memcpy(to_p, from_p, bb);
+    }
     kv_local_release(k, *ref);
     *ref = dst;
     return 0;

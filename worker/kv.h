@@ -66,6 +66,18 @@ void *kv_slice_ptr(const struct kv_layout *l, const struct kv_pools *p, struct k
 struct kv_local;
 int kv_local_init(struct kv_local **out, const struct kv_layout *l, uint32_t n_device,
                   uint32_t n_host);
+
+/* where a local pool's memory comes from when it is not plain memory (a gpu
+ * backend's device pool): alloc/free per residency, copy between any two
+ * pool addresses. pools from alloc are not zeroed. */
+struct kv_mem {
+    int (*alloc)(void *u, enum kv_residency r, size_t bytes, void **out);
+    void (*free)(void *u, enum kv_residency r, void *p);
+    int (*copy)(void *u, void *dst, const void *src, size_t n);
+    void *u;
+};
+int kv_local_init_mem(struct kv_local **out, const struct kv_layout *l, uint32_t n_device,
+                      uint32_t n_host, const struct kv_mem *mem);
 void kv_local_free(struct kv_local *k);
 const struct kv_pools *kv_local_pools(const struct kv_local *k);
 /* takes a free block of that residency: RKV_ENOSPACE when none is left */

@@ -3,6 +3,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -78,11 +79,65 @@ static void test_local_alloc_migrate(void **state)
     kv_local_free(k);
 }
 
+/* pool memory from outside: every alloc, free and copy goes through the ops */
+struct mem_log {
+    int allocs[KV_N_POOLS], frees[KV_N_POOLS], copies;
+};
+static int log_alloc(void *u, enum kv_residency r, size_t bytes, void **out)
+{
+    ((struct mem_log *)u)->allocs[r]++;
+    *out = calloc(1, bytes);
+    return *out ? 0 : RKV_ENOMEM;
+}
+static void log_free(void *u, enum kv_residency r, void *p)
+{
+    ((struct mem_log *)u)->frees[r]++;
+    free(p);
+}
+static int log_copy(void *u, void *dst, const void *src, size_t n)
+{
+    ((struct mem_log *)u)->copies++;
+    memcpy(dst, src, n);
+    return 0;
+}
+static int fail_alloc(void *u, enum kv_residency r, size_t bytes, void **out)
+{
+    return r == KV_HOST ? RKV_ECUDA : log_alloc(u, r, bytes, out);
+}
+
+static void test_local_mem_ops(void **state)
+{
+    (void)state;
+    struct kv_layout l;
+    struct kv_local *k;
+    struct mem_log ml = {{0}};
+    struct kv_mem mem = {log_alloc, log_free, log_copy, &ml};
+    assert_int_equal(kv_layout_init(&l, 4, 1, 1, 4, KV_F32), 0);
+    assert_int_equal(kv_local_init_mem(&k, &l, 3, 2, &mem), 0);
+    assert_int_equal(ml.allocs[KV_DEVICE], 1);
+    assert_int_equal(ml.allocs[KV_HOST], 1);
+    struct kv_block_ref b;
+    assert_int_equal(kv_local_alloc(k, KV_DEVICE, &b), 0);
+    float *s = kv_slice_ptr(&l, kv_local_pools(k), b, 0, 0);
+    s[5] = 42.0f;
+    assert_int_equal(kv_local_migrate(k, &b, KV_HOST), 0);
+    assert_int_equal(ml.copies, 1);
+    assert_true(((float *)kv_slice_ptr(&l, kv_local_pools(k), b, 0, 0))[5] == 42.0f);
+    kv_local_free(k);
+    assert_int_equal(ml.frees[KV_DEVICE], 1);
+    assert_int_equal(ml.frees[KV_HOST], 1);
+    /* a failing alloc unwinds what was allocated and reports its code */
+    mem.alloc = fail_alloc;
+    assert_int_equal(kv_local_init_mem(&k, &l, 3, 2, &mem), RKV_ECUDA);
+    assert_int_equal(ml.frees[KV_DEVICE], 2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_geometry),
         cmocka_unit_test(test_local_alloc_migrate),
+        cmocka_unit_test(test_local_mem_ops),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -20,6 +20,9 @@
 #include "worker/kv.h"
 #include "worker/model.h"
 #include "worker/sample.h"
+#ifdef RKV_CUDA
+#include "worker/cuda/cuda_backend.h"
+#endif
 
 #define PROG "rkv-gen"
 
@@ -252,6 +255,31 @@ static int32_t *parse_ids(const char *s, uint32_t n_vocab, uint32_t *n)
     return ids;
 }
 
+#ifdef RKV_CUDA
+/* on a gpu the device pool is device memory, as kvmgr hands it to a worker;
+ * the host pool is page-aligned host memory the backend registers */
+static int gpu_pool_alloc(void *u, enum kv_residency r, size_t bytes, void **out)
+{
+    if (r == KV_DEVICE)
+        return rkv_cuda_dev_alloc(*(const int *)u, bytes, out);
+    *out = aligned_alloc(4096, (bytes + 4095) & ~(size_t)4095);
+    return *out ? 0 : RKV_ENOMEM;
+}
+
+static void gpu_pool_free(void *u, enum kv_residency r, void *p)
+{
+    if (r == KV_DEVICE)
+        rkv_cuda_dev_free(p);
+    else
+        free(p);
+}
+
+static int gpu_pool_copy(void *u, void *dst, const void *src, size_t n)
+{
+    return rkv_cuda_copy(dst, src, n);
+}
+#endif
+
 /* one generating session: its blocks, sampler, output */
 struct session {
     struct kv_block_ref *blocks;
@@ -411,7 +439,13 @@ int main(int argc, char **argv)
         die("--block-size %u: %s", o.block_size, rkv_strerror(rc));
     const uint32_t max_blocks = kv_blocks_for(&l, (uint32_t)n_pos) + 1;
     struct kv_local *kv;
-    if ((rc = kv_local_init(&kv, &l, o.batch * max_blocks, o.batch * max_blocks)) < 0)
+    const struct kv_mem *mem = NULL;
+#ifdef RKV_CUDA
+    struct kv_mem gpu_mem = {gpu_pool_alloc, gpu_pool_free, gpu_pool_copy, &bo.gpu};
+    if (!strcmp(backend_name(eng.be), "cuda"))
+        mem = &gpu_mem;
+#endif
+    if ((rc = kv_local_init_mem(&kv, &l, o.batch * max_blocks, o.batch * max_blocks, mem)) < 0)
         die("cannot allocate the kv cache (%u blocks of %zu bytes): %s", 2 * o.batch * max_blocks,
             kv_block_bytes(&l), rkv_strerror(rc));
     uint32_t chunk = o.chunk < n_prompt ? o.chunk : n_prompt;
