@@ -1,4 +1,5 @@
-/* gpu_model_test.c - whole-model logits, cuda vs cpu backend, for device-only, host-only and split kv. */
+/* gpu_model_test.c - whole-model logits, cuda vs cpu backend, for device-only, host-only and split
+ * kv. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,9 +74,13 @@ static uint32_t argmax(const float *x, uint32_t n)
 static int run_case(struct backend *cpu, struct backend *gpu, enum model_arch arch, enum be_type t,
                     enum kv_dtype kvt, int placement, double *worst, double *agree)
 {
-    struct model_hparams hp = {arch, 2, 256, 512, 8, 2, 32, 32, 512, 1024, 1e-5f,
-                               arch == MODEL_QWEN2 ? 1000000.0f : 10000.0f, 1.0f,
-                               arch == MODEL_QWEN2};
+    struct model_hparams hp = {arch,  2,
+                               256,   512,
+                               8,     2,
+                               32,    32,
+                               512,   1024,
+                               1e-5f, arch == MODEL_QWEN2 ? 1000000.0f : 10000.0f,
+                               1.0f,  arch == MODEL_QWEN2};
     struct gm_src src;
     if (gm_src_init(&src, &hp, t, 42, 1) < 0)
         return -1;
@@ -92,7 +97,8 @@ static int run_case(struct backend *cpu, struct backend *gpu, enum model_arch ar
     uint32_t next[2] = {0, 0};
     for (int s = 0; s < 2; s++)
         for (uint32_t j = 0; j < NB; j++) {
-            int res = placement == 2 ? (int)gu_below(&r, 2) : placement;
+            /* 3: a window of recent blocks on device, the oldest on host */
+            int res = placement == 2 ? (int)gu_below(&r, 2) : placement == 3 ? (j == 0) : placement;
             tab[s][j] = (struct kv_block_ref){next[res]++, (uint8_t)res};
         }
     const uint32_t V = hp.n_vocab, plen[2] = {40, 23};
@@ -139,18 +145,19 @@ static int run_case(struct backend *cpu, struct backend *gpu, enum model_arch ar
 int gpu_model_tests(struct backend *cpu_be, struct backend *gpu_be, struct backend *precise,
                     int *pass, int *fail)
 {
-    static const char *pl_name[] = {"device", "host", "split"};
+    static const char *pl_name[] = {"device", "host", "split", "window"};
     struct {
         enum model_arch arch;
         enum be_type t;
         enum kv_dtype kv;
     } cfg[] = {
-        {MODEL_LLAMA, BE_F32, KV_F32},  {MODEL_LLAMA, BE_BF16, KV_F16}, {MODEL_LLAMA, BE_F16, KV_F16},
-        {MODEL_LLAMA, BE_Q8_0, KV_F16}, {MODEL_QWEN2, BE_BF16, KV_F16},
+        {MODEL_LLAMA, BE_F32, KV_F32},  {MODEL_LLAMA, BE_BF16, KV_F16},
+        {MODEL_LLAMA, BE_F16, KV_F16},  {MODEL_LLAMA, BE_Q8_0, KV_F16},
+        {MODEL_QWEN2, BE_BF16, KV_F16},
     };
     printf("model: logits vs cpu (nmse worst over prefill + 24 batched decode steps)\n");
     for (size_t i = 0; i < sizeof(cfg) / sizeof(cfg[0]); i++)
-        for (int pl = 0; pl < 3; pl++)
+        for (int pl = 0; pl < 4; pl++)
             for (int pm = 0; pm < 2; pm++) {
                 struct backend *g = pm ? precise : gpu_be;
                 if (!g)
@@ -161,11 +168,12 @@ int gpu_model_tests(struct backend *cpu_be, struct backend *gpu_be, struct backe
                  * the fast path rounds them to 16 bits */
                 double bound = pm || cfg[i].t == BE_F32 ? 1e-5 : 1e-3;
                 int ok = rc == 0 && worst <= bound && agree >= 0.99;
-                printf("  %s %-5s %-4s w=%-4s kv=%s %-6s nmse %.2e (<= %.0e) argmax agree %.1f%%%s\n",
-                       ok ? "ok  " : "FAIL", cfg[i].arch == MODEL_QWEN2 ? "qwen2" : "llama",
-                       pm ? "prec" : "fast", be_type_name(cfg[i].t),
-                       cfg[i].kv == KV_F16 ? "f16" : "f32", pl_name[pl], worst, bound,
-                       agree * 100.0, rc ? " (run failed)" : "");
+                printf(
+                    "  %s %-5s %-4s w=%-4s kv=%s %-6s nmse %.2e (<= %.0e) argmax agree %.1f%%%s\n",
+                    ok ? "ok  " : "FAIL", cfg[i].arch == MODEL_QWEN2 ? "qwen2" : "llama",
+                    pm ? "prec" : "fast", be_type_name(cfg[i].t),
+                    cfg[i].kv == KV_F16 ? "f16" : "f32", pl_name[pl], worst, bound, agree * 100.0,
+                    rc ? " (run failed)" : "");
                 if (ok)
                     (*pass)++;
                 else

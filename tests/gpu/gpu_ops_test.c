@@ -1,4 +1,5 @@
-/* gpu_ops_test.c - every cuda op against its cpu twin on random inputs (atol + rtol*|ref|), kv splits included. */
+/* gpu_ops_test.c - every cuda op against its cpu twin on random inputs (atol + rtol*|ref|), kv
+ * splits included. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -386,6 +387,20 @@ int main(int argc, char **argv)
         test_rope();
         test_elementwise();
         test_attention();
+        /* the other host-block path than the measured choice: both must agree */
+        static const char *paths[] = {"zerocopy", "copy"};
+        for (int i = 0; i < 2; i++) {
+            setenv("RKV_CUDA_HOST_READ", paths[i], 1);
+            struct backend *alt = NULL, *save = gpu;
+            if (backend_init(&go, &alt, err, sizeof(err)) == 0) {
+                printf("ops: attention with host blocks read by %s\n", paths[i]);
+                gpu = alt;
+                test_attention();
+                gpu = save;
+                backend_free(alt);
+            }
+            unsetenv("RKV_CUDA_HOST_READ");
+        }
     }
     if (model)
         gpu_model_tests(cpu, gpu, precise, &n_pass, &n_fail);

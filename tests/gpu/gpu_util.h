@@ -1,4 +1,5 @@
-/* gpu_util.h - what the gpu test and benchmark programs share: random data, type packing, comparisons. */
+/* gpu_util.h - what the gpu test and benchmark programs share: random data, type packing,
+ * comparisons. */
 #ifndef RKV_GPU_UTIL_H
 #define RKV_GPU_UTIL_H
 

@@ -15,11 +15,11 @@ int cuda_attn(struct cuda_ctx *c, const struct cuda_attn_args *a)
     const struct be_attn *at = a->at;
     if (m->n_tokens == 0)
         return 0;
-    uint32_t units = m->max_units[a->residency] * units_per_block(&c->layout);
-    /* enough thread blocks for ~4 per SM; at least 4 chunk units each so the
-     * split partials stay small next to the keys read */
+    uint32_t units = m->max_units[a->list] * units_per_block(&c->layout);
+    /* two waves of ~3 thread blocks per SM, at least 4 chunk units (64 KiB of
+     * keys and values) each so prologue and split merge stay small */
     uint32_t base = c->layout.n_kv_head * m->n_qtiles;
-    uint32_t target = 4 * (uint32_t)c->n_sm;
+    uint32_t target = 6 * (uint32_t)c->n_sm;
     uint32_t n_split = (target + base - 1) / base;
     uint32_t max_split = (units + 3) / 4;
     if (n_split > max_split)

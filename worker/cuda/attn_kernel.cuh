@@ -1,4 +1,4 @@
-/* attn_kernel.cuh - the paged attention kernel template behind attn_decode.cu and attn_prefill.cu. */
+/* attn_kernel.cuh - the paged attention kernels behind attn_decode.cu and attn_prefill.cu. */
 #pragma once
 
 #include <math.h>
@@ -9,8 +9,8 @@
 
 /* what one launch reads; passed by value */
 struct attn_kargs {
-    const float *q;       /* (n_tokens, n_head*D) */
-    const char *pool;     /* device-visible base of the residency's pool */
+    const float *q;   /* (n_tokens, n_head*D) */
+    const char *pool; /* device-visible base of the residency's pool */
     size_t block_bytes, k_off, v_off;
     uint32_t B, D, n_head, g, R; /* R: query rows per tile (tile tokens * g) */
     float scale;
@@ -19,9 +19,9 @@ struct attn_kargs {
     const struct cuda_blk *blks;
     const struct cuda_qtile *qtiles;
     int res;
-    uint32_t ups;      /* chunk units per split */
+    uint32_t ups; /* chunk units per split */
     uint32_t n_tokens;
-    float *part;       /* (n_split, n_tokens, n_head, D + 2): unnormalized o, then m, l */
+    float *part; /* (n_split, n_tokens, n_head, D + 2): unnormalized o, then m, l */
 };
 
 __device__ __forceinline__ void attn_cp16(void *smem, const void *gmem)
@@ -38,23 +38,6 @@ template <int N> __device__ __forceinline__ void attn_wait()
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-__device__ __forceinline__ void attn_unpack(const uint4 &u, const __half *, float *f)
-{
-    const __half2 *h = (const __half2 *)&u;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float2 x = __half22float2(h[i]);
-        f[2 * i] = x.x;
-        f[2 * i + 1] = x.y;
-    }
-}
-__device__ __forceinline__ void attn_unpack(const uint4 &u, const float *, float *f)
-{
-    f[0] = __uint_as_float(u.x);
-    f[1] = __uint_as_float(u.y);
-    f[2] = __uint_as_float(u.z);
-    f[3] = __uint_as_float(u.w);
-}
 __device__ __forceinline__ float attn_f(__half x)
 {
     return __half2float(x);
@@ -64,14 +47,148 @@ __device__ __forceinline__ float attn_f(float x)
     return x;
 }
 
+/* where a thread block's key chunks come from: unit u of its split is chunk
+ * u % cpb of block-list entry u / cpb (units are in position order) */
+template <typename T, int CH> struct attn_src {
+    const struct cuda_blk *list;
+    const char *pool;
+    size_t block_bytes, k_off, v_off, head_off;
+    uint32_t cpb, u0, u1, B, D, DP;
+    long long max_pos;
+
+    __device__ attn_src(const struct attn_kargs &a, const struct cuda_seq_meta &sq, uint32_t kvh,
+                        uint32_t split, int max_pos_, uint32_t dp)
+    {
+        cpb = (a.B + CH - 1) / CH;
+        list = a.blks + sq.list_off[a.res];
+        uint32_t n_units = sq.list_len[a.res] * cpb;
+        u0 = split * a.ups;
+        u1 = min(n_units, u0 + a.ups);
+        pool = a.pool;
+        block_bytes = a.block_bytes;
+        k_off = a.k_off;
+        v_off = a.v_off;
+        head_off = (size_t)kvh * a.B * a.D * sizeof(T);
+        B = a.B;
+        D = a.D;
+        DP = dp;
+        max_pos = max_pos_;
+    }
+    /* the unit's first key position, or -1 when it is past every query (and
+     * so is everything after it) */
+    __device__ long long start(uint32_t u) const
+    {
+        if (u >= u1)
+            return -1;
+        struct cuda_blk b = list[u / cpb];
+        long long kp0 = (long long)b.j * B + (u % cpb) * CH;
+        return kp0 > max_pos ? -1 : kp0;
+    }
+    /* keys of unit u (first key kp0) some query reads; later ones were never
+     * written */
+    __device__ uint32_t keys(uint32_t u, long long kp0) const
+    {
+        uint32_t c0 = (u % cpb) * CH;
+        return (uint32_t)min((long long)min((uint32_t)CH, B - c0), max_pos - kp0 + 1);
+    }
+    /* queues the unit's K and V rows into kd, vd (CH, DP) */
+    __device__ void load(uint32_t u, T *kd, T *vd) const
+    {
+        constexpr int VEC = 16 / sizeof(T);
+        struct cuda_blk b = list[u / cpb];
+        uint32_t c0 = (u % cpb) * CH;
+        uint32_t nk = keys(u, (long long)b.j * B + c0);
+        const char *blk =
+            pool + (size_t)b.index * block_bytes + head_off + (size_t)c0 * D * sizeof(T);
+        const char *K = blk + k_off, *V = blk + v_off;
+        const uint32_t row_vecs = D / VEC;
+        for (uint32_t i = threadIdx.x; i < nk * row_vecs; i += ATTN_THREADS) {
+            uint32_t c = i / row_vecs, x = (i % row_vecs) * VEC;
+            attn_cp16(kd + c * DP + x, K + ((size_t)c * D + x) * sizeof(T));
+            attn_cp16(vd + c * DP + x, V + ((size_t)c * D + x) * sizeof(T));
+        }
+    }
+    /* the pipeline's first stage: queues unit u0 into stage 0; its first key
+     * or -1 when the split has nothing to read */
+    __device__ long long first(T *ks, T *vs) const
+    {
+        long long kp = start(u0);
+        if (kp >= 0)
+            load(u0, ks, vs);
+        attn_commit();
+        return kp;
+    }
+    /* queues unit u + 1 into the other stage, then waits until unit u's stage
+     * has landed for the whole block; returns the next unit's first key */
+    __device__ long long next(uint32_t u, int stage, T *ks, T *vs) const
+    {
+        long long kp = start(u + 1);
+        if (kp >= 0)
+            load(u + 1, ks + (stage ^ 1) * CH * DP, vs + (stage ^ 1) * CH * DP);
+        attn_commit();
+        attn_wait<1>();
+        __syncthreads();
+        return kp;
+    }
+};
+
+/* one online-softmax step of a row (a warp, KPL scores per lane, -inf =
+ * masked): s becomes p, m and l move on; returns the rescale of the old o */
+template <int KPL>
+__device__ __forceinline__ float attn_softmax(float (&s)[KPL], float &m, float &l)
+{
+    float smax = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < KPL; j++)
+        smax = fmaxf(smax, s[j]);
+    for (int o = 16; o > 0; o >>= 1)
+        smax = fmaxf(smax, __shfl_xor_sync(0xffffffff, smax, o));
+    float mnew = fmaxf(m, smax), corr = 1.0f, psum = 0.0f;
+    if (mnew != -INFINITY) {
+        corr = m == -INFINITY ? 0.0f : expf(m - mnew);
+#pragma unroll
+        for (int j = 0; j < KPL; j++) {
+            s[j] = s[j] == -INFINITY ? 0.0f : expf(s[j] - mnew);
+            psum += s[j];
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < KPL; j++)
+            s[j] = 0.0f;
+    }
+    for (int o = 16; o > 0; o >>= 1)
+        psum += __shfl_xor_sync(0xffffffff, psum, o);
+    l = l * corr + psum;
+    m = mnew;
+    return corr;
+}
+
+/* m, l of this warp's rows (w, w+4, ...) into the split's partial row tails */
+template <int RPW>
+__device__ __forceinline__ void attn_store_ml(const struct attn_kargs &a, float *part,
+                                              const float *m_r, const float *l_r, uint32_t warp,
+                                              uint32_t rows, uint32_t tok0, uint32_t kvh)
+{
+#pragma unroll
+    for (int k = 0; k < RPW; k++) {
+        uint32_t r = warp + 4 * k;
+        if (r < rows) {
+            uint32_t t = tok0 + r / a.g, h = kvh * a.g + r % a.g;
+            float *p = part + ((size_t)t * a.n_head + h) * (a.D + 2) + a.D;
+            p[0] = m_r[k];
+            p[1] = l_r[k];
+        }
+    }
+}
+
 /* grid (n_kv_head, n_split, n_qtiles), ATTN_THREADS threads.
  * T: kv element type; CH: keys per chunk (32 per lane group); RMAX: query
  * rows per tile; RPT: accumulator rows per thread. D is a power of two in
  * 8..128 so thread (d = tid % D, rg = tid / D) owns rows rg, rg + 128/D, ...
  * smem: ks, vs (2 stages, CH, D + pad) of T; qs (R, D) f32; ps (R, CH) f32;
  * cs (R) f32; rp (R) int. */
-template <typename T, int CH, int RMAX, int RPT> __global__ void __launch_bounds__(ATTN_THREADS)
-attn_kernel(struct attn_kargs a)
+template <typename T, int CH, int RMAX, int RPT>
+__global__ void __launch_bounds__(ATTN_THREADS) attn_kernel(struct attn_kargs a)
 {
     constexpr int VEC = 16 / sizeof(T); /* elements per 16-byte copy */
     constexpr int KPL = CH / 32;        /* keys per lane in the score phase */
@@ -79,12 +196,12 @@ attn_kernel(struct attn_kargs a)
     extern __shared__ __align__(16) char smem[];
     const uint32_t D = a.D, DP = D + VEC, R = a.R, tid = threadIdx.x;
     const uint32_t lane = tid & 31, warp = tid >> 5;
-    T *ks = (T *)smem;                  /* (2, CH, DP) */
-    T *vs = ks + 2 * CH * DP;           /* (2, CH, DP) */
+    T *ks = (T *)smem;                       /* (2, CH, DP) */
+    T *vs = ks + 2 * CH * DP;                /* (2, CH, DP) */
     float *qs = (float *)(vs + 2 * CH * DP); /* (R, D) */
-    float *ps = qs + R * D;             /* (R, CH) */
-    float *cs = ps + R * CH;            /* (R) */
-    int *rp = (int *)(cs + R);          /* (R) row positions */
+    float *ps = qs + R * D;                  /* (R, CH) */
+    float *cs = ps + R * CH;                 /* (R) */
+    int *rp = (int *)(cs + R);               /* (R) row positions */
 
     const struct cuda_qtile qt = a.qtiles[blockIdx.z];
     const struct cuda_seq_meta sq = a.seqs[qt.seq];
@@ -104,38 +221,7 @@ attn_kernel(struct attn_kargs a)
     for (uint32_t i = 0; i < qt.nt; i++)
         max_pos = max(max_pos, a.pos[tok0 + i]);
 
-    const uint32_t cpb = (a.B + CH - 1) / CH; /* chunks per block */
-    const uint32_t n_units = sq.list_len[a.res] * cpb;
-    const struct cuda_blk *list = a.blks + sq.list_off[a.res];
-    uint32_t u0 = split * a.ups, u1 = min(n_units, u0 + a.ups);
-    const size_t head_off = (size_t)kvh * a.B * D * sizeof(T);
-    const uint32_t row_vecs = D / VEC;
-
-    /* the unit's first key position, or -1 when it is past every query (units
-     * are in position order, so nothing after it is wanted either) */
-    auto unit_start = [&](uint32_t u) -> long long {
-        if (u >= u1)
-            return -1;
-        struct cuda_blk b = list[u / cpb];
-        long long kp0 = (long long)b.j * a.B + (u % cpb) * CH;
-        return kp0 > max_pos ? -1 : kp0;
-    };
-    auto load_unit = [&](uint32_t u, int stage) {
-        struct cuda_blk b = list[u / cpb];
-        uint32_t c0 = (u % cpb) * CH;
-        /* keys past the tile's last position were never written: not loaded */
-        long long left = (long long)max_pos - ((long long)b.j * a.B + c0) + 1;
-        uint32_t nk = (uint32_t)min((long long)min((uint32_t)CH, a.B - c0), left);
-        const char *blk = a.pool + (size_t)b.index * a.block_bytes + head_off +
-                          (size_t)c0 * D * sizeof(T);
-        const char *K = blk + a.k_off, *V = blk + a.v_off;
-        T *kd = ks + stage * CH * DP, *vd = vs + stage * CH * DP;
-        for (uint32_t i = tid; i < nk * row_vecs; i += ATTN_THREADS) {
-            uint32_t c = i / row_vecs, x = (i % row_vecs) * VEC;
-            attn_cp16(kd + c * DP + x, K + ((size_t)c * D + x) * sizeof(T));
-            attn_cp16(vd + c * DP + x, V + ((size_t)c * D + x) * sizeof(T));
-        }
-    };
+    const attn_src<T, CH> src(a, sq, kvh, split, max_pos, DP);
 
     float m_r[RPW], l_r[RPW];
 #pragma unroll
@@ -149,23 +235,13 @@ attn_kernel(struct attn_kargs a)
     for (int k = 0; k < RPT; k++)
         acc[k] = 0.0f;
 
-    long long kp_cur = unit_start(u0);
-    if (kp_cur >= 0)
-        load_unit(u0, 0);
-    attn_commit();
+    long long kp_cur = src.first(ks, vs);
     __syncthreads(); /* qs, rp */
     int stage = 0;
-    for (uint32_t u = u0; kp_cur >= 0; u++) {
-        long long kp_next = unit_start(u + 1);
-        if (kp_next >= 0)
-            load_unit(u + 1, stage ^ 1);
-        attn_commit();
-        attn_wait<1>();
-        __syncthreads();
+    for (uint32_t u = src.u0; kp_cur >= 0; u++) {
+        long long kp_next = src.next(u, stage, ks, vs);
 
-        const uint32_t c0 = (u % cpb) * CH;
-        const uint32_t nk =
-            (uint32_t)min((long long)min((uint32_t)CH, a.B - c0), (long long)max_pos - kp_cur + 1);
+        const uint32_t nk = src.keys(u, kp_cur);
         const T *kd = ks + stage * CH * DP, *vd = vs + stage * CH * DP;
         /* scores: warp w takes rows w, w+4, ...; lane takes keys lane, lane+32.. */
 #pragma unroll
@@ -175,7 +251,6 @@ attn_kernel(struct attn_kargs a)
                 break;
             const float *qr = qs + r * D;
             float s[KPL];
-            float smax = -INFINITY;
 #pragma unroll
             for (int j = 0; j < KPL; j++) {
                 uint32_t c = lane + 32 * j;
@@ -185,34 +260,15 @@ attn_kernel(struct attn_kargs a)
                     float dot = 0.0f;
                     for (uint32_t x = 0; x < D; x += VEC) {
                         float kf[VEC];
-                        attn_unpack(*(const uint4 *)(kr + x), kr, kf);
+                        cuda_unpack16(*(const uint4 *)(kr + x), kr, kf);
 #pragma unroll
                         for (int v = 0; v < VEC; v++)
                             dot += qr[x + v] * kf[v];
                     }
                     s[j] = dot;
                 }
-                smax = fmaxf(smax, s[j]);
             }
-            for (int o = 16; o > 0; o >>= 1)
-                smax = fmaxf(smax, __shfl_xor_sync(0xffffffff, smax, o));
-            float mnew = fmaxf(m_r[k], smax), corr = 1.0f, psum = 0.0f;
-            if (mnew != -INFINITY) {
-                corr = m_r[k] == -INFINITY ? 0.0f : expf(m_r[k] - mnew);
-#pragma unroll
-                for (int j = 0; j < KPL; j++) {
-                    s[j] = s[j] == -INFINITY ? 0.0f : expf(s[j] - mnew);
-                    psum += s[j];
-                }
-            } else {
-#pragma unroll
-                for (int j = 0; j < KPL; j++)
-                    s[j] = 0.0f;
-            }
-            for (int o = 16; o > 0; o >>= 1)
-                psum += __shfl_xor_sync(0xffffffff, psum, o);
-            l_r[k] = l_r[k] * corr + psum;
-            m_r[k] = mnew;
+            float corr = attn_softmax<KPL>(s, m_r[k], l_r[k]);
 #pragma unroll
             for (int j = 0; j < KPL; j++)
                 ps[r * CH + lane + 32 * j] = s[j];
@@ -257,18 +313,282 @@ attn_kernel(struct attn_kargs a)
             }
         }
     }
-    if (lane == 0) {
+    if (lane == 0)
+        attn_store_ml<RPW>(a, part, m_r, l_r, warp, rows, tok0, kvh);
+}
+
+/* d += a . b on the tensor cores: m16n8k16, f16 in, f32 accumulate */
+__device__ __forceinline__ void attn_mma(float *d, uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t attn_pack(__half lo, __half hi)
+{
+    return (uint32_t)__half_as_ushort(lo) | ((uint32_t)__half_as_ushort(hi) << 16);
+}
+
+/* two f32 values as f16 pairs: hi = round(x), lo = round(x - hi), so hi + lo
+ * keeps ~22 bits and the tensor-core products stay near f32 accuracy */
+__device__ __forceinline__ void attn_split2(float x, float y, uint32_t &hi, uint32_t &lo)
+{
+    __half hx = __float2half_rn(x), hy = __float2half_rn(y);
+    hi = attn_pack(hx, hy);
+    lo = attn_pack(__float2half_rn(x - __half2float(hx)), __float2half_rn(y - __half2float(hy)));
+}
+
+/* the f16-kv kernel: the same tiles, pipeline and online softmax as
+ * attn_kernel, with q.k^T and p.v on the tensor cores (q and p split hi/lo).
+ * grid (n_kv_head, n_split, n_qtiles), ATTN_THREADS threads; MT 16-row tiles.
+ * smem: ks, vs (2, 64, D + 8) f16; qh, ql (16*MT, D + 8) f16 (MT > 1); ps
+ * (16*MT, 72) f32 scores, rewritten in place as p hi, lo (72 f16 each); cs,
+ * rp (16*MT). */
+template <int MT>
+__global__ void __launch_bounds__(ATTN_THREADS) attn_mma_kernel(struct attn_kargs a)
+{
+    constexpr int CH = 64, PS = CH + 8, RMAX = 16 * MT, RPW = RMAX / 4;
+    extern __shared__ __align__(16) char smem[];
+    const uint32_t D = a.D, DP = D + 8, tid = threadIdx.x;
+    const uint32_t lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
+    __half *ks = (__half *)smem;   /* (2, CH, DP) */
+    __half *vs = ks + 2 * CH * DP; /* (2, CH, DP) */
+    /* one m tile (decode) keeps q's fragments in registers; more stage q in smem */
+    constexpr int QS = MT == 1 ? 0 : RMAX;
+    __half *qh = vs + 2 * CH * DP;       /* (QS, DP) */
+    __half *ql = qh + QS * DP;           /* (QS, DP) */
+    float *ps = (float *)(ql + QS * DP); /* (RMAX, PS) */
+    float *cs = ps + RMAX * PS;          /* (RMAX) */
+    int *rp = (int *)(cs + RMAX);        /* (RMAX) */
+
+    const struct cuda_qtile qt = a.qtiles[blockIdx.z];
+    const struct cuda_seq_meta sq = a.seqs[qt.seq];
+    const uint32_t kvh = blockIdx.x, split = blockIdx.y, g = a.g;
+    const uint32_t tok0 = sq.tok_off + qt.t0;
+    const uint32_t rows = qt.nt * g;
+    const uint32_t n_mt = (rows + 15) / 16;
+
+    /* q fragments (MT == 1): [k step][a0..a3], hi and lo */
+    uint32_t fqh[MT == 1 ? 8 : 1][4], fql[MT == 1 ? 8 : 1][4];
+    if constexpr (MT == 1) {
+        auto qv = [&](uint32_t r, uint32_t d) -> float {
+            if (r >= rows)
+                return 0.0f;
+            uint32_t t = tok0 + r / g, h = kvh * g + r % g;
+            return a.q[((size_t)t * a.n_head + h) * D + d] * a.scale;
+        };
+#pragma unroll
+        for (int ks = 0; ks < 8; ks++) {
+            uint32_t k0 = ks * 16 + 2 * tq;
+            if ((uint32_t)ks * 16 < D) {
+                attn_split2(qv(gq, k0), qv(gq, k0 + 1), fqh[ks][0], fql[ks][0]);
+                attn_split2(qv(gq + 8, k0), qv(gq + 8, k0 + 1), fqh[ks][1], fql[ks][1]);
+                attn_split2(qv(gq, k0 + 8), qv(gq, k0 + 9), fqh[ks][2], fql[ks][2]);
+                attn_split2(qv(gq + 8, k0 + 8), qv(gq + 8, k0 + 9), fqh[ks][3], fql[ks][3]);
+            }
+        }
+    } else {
+        for (uint32_t e = tid; e < n_mt * 16 * D; e += ATTN_THREADS) {
+            uint32_t r = e / D, d = e % D;
+            float x = 0.0f;
+            if (r < rows) {
+                uint32_t t = tok0 + r / g, h = kvh * g + r % g;
+                x = a.q[((size_t)t * a.n_head + h) * D + d] * a.scale;
+            }
+            __half hx = __float2half_rn(x);
+            qh[r * DP + d] = hx;
+            ql[r * DP + d] = __float2half_rn(x - __half2float(hx));
+        }
+    }
+    for (uint32_t r = tid; r < RMAX; r += ATTN_THREADS) {
+        rp[r] = r < rows ? a.pos[tok0 + r / g] : -1;
+        cs[r] = 1.0f;
+    }
+    int max_pos = -1;
+    for (uint32_t i = 0; i < qt.nt; i++)
+        max_pos = max(max_pos, a.pos[tok0 + i]);
+
+    const attn_src<__half, CH> src(a, sq, kvh, split, max_pos, DP);
+
+    float m_r[RPW], l_r[RPW];
+#pragma unroll
+    for (int k = 0; k < RPW; k++) {
+        m_r[k] = -INFINITY;
+        l_r[k] = 0.0f;
+    }
+    /* o accumulators: (m tile, this warp's n tiles of 8 dims, c fragment) */
+    constexpr int NTW = 4; /* n tiles per warp at D = 128 */
+    float acc[MT][NTW][4];
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int j = 0; j < NTW; j++)
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                acc[i][j][k] = 0.0f;
+    const uint32_t n_nt = D / 8; /* n tiles of the output */
+
+    long long kp_cur = src.first(ks, vs);
+    __syncthreads();
+    int stage = 0;
+    for (uint32_t u = src.u0; kp_cur >= 0; u++) {
+        long long kp_next = src.next(u, stage, ks, vs);
+
+        const uint32_t nk = src.keys(u, kp_cur);
+        const __half *kd = ks + stage * CH * DP, *vd = vs + stage * CH * DP;
+        /* value rows past nk up to the 16-key step are read by the p.v mma:
+         * zeros (p is 0 there, and 0 * stale nan would not be) */
+        {
+            uint32_t nk16 = (nk + 15) & ~15u;
+            __half *vz = vs + stage * CH * DP;
+            for (uint32_t i = tid; i < (nk16 - nk) * D; i += ATTN_THREADS)
+                vz[(nk + i / D) * DP + i % D] = __float2half_rn(0.0f);
+        }
+        /* scores: warp w takes keys 16w..16w+15 (two n tiles) of every m tile */
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            if (mt >= (int)n_mt)
+                break;
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                const uint32_t key = warp * 16 + nt * 8 + gq; /* this lane's b column */
+                float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                if (warp * 16 + nt * 8 < nk) {
+                    if constexpr (MT == 1) {
+#pragma unroll
+                        for (int ks = 0; ks < 8; ks++) {
+                            if ((uint32_t)ks * 16 >= D)
+                                break;
+                            const __half *kb = kd + key * DP + ks * 16 + 2 * tq;
+                            uint32_t b0 = key < nk ? *(const uint32_t *)kb : 0u;
+                            uint32_t b1 = key < nk ? *(const uint32_t *)(kb + 8) : 0u;
+                            attn_mma(c, fqh[ks][0], fqh[ks][1], fqh[ks][2], fqh[ks][3], b0, b1);
+                            attn_mma(c, fql[ks][0], fql[ks][1], fql[ks][2], fql[ks][3], b0, b1);
+                        }
+                    } else {
+                        for (uint32_t k0 = 0; k0 < D; k0 += 16) {
+                            const __half *qa = qh + (mt * 16 + gq) * DP + k0 + 2 * tq;
+                            const __half *qb = ql + (mt * 16 + gq) * DP + k0 + 2 * tq;
+                            uint32_t ah0 = *(const uint32_t *)qa,
+                                     ah1 = *(const uint32_t *)(qa + 8 * DP),
+                                     ah2 = *(const uint32_t *)(qa + 8),
+                                     ah3 = *(const uint32_t *)(qa + 8 * DP + 8);
+                            uint32_t al0 = *(const uint32_t *)qb,
+                                     al1 = *(const uint32_t *)(qb + 8 * DP),
+                                     al2 = *(const uint32_t *)(qb + 8),
+                                     al3 = *(const uint32_t *)(qb + 8 * DP + 8);
+                            const __half *kb = kd + key * DP + k0 + 2 * tq;
+                            uint32_t b0 = key < nk ? *(const uint32_t *)kb : 0u;
+                            uint32_t b1 = key < nk ? *(const uint32_t *)(kb + 8) : 0u;
+                            attn_mma(c, ah0, ah1, ah2, ah3, b0, b1);
+                            attn_mma(c, al0, al1, al2, al3, b0, b1);
+                        }
+                    }
+                }
+                /* c: rows mt*16 + gq (+8), keys warp*16 + nt*8 + 2tq (+1) */
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    uint32_t r = mt * 16 + gq + (e >= 2 ? 8 : 0);
+                    uint32_t kc = warp * 16 + nt * 8 + 2 * tq + (e & 1);
+                    bool ok = r < rows && kc < nk && kp_cur + kc <= rp[r];
+                    ps[r * PS + kc] = ok ? c[e] : -INFINITY;
+                }
+            }
+        }
+        __syncthreads();
+        /* online softmax: warp w takes rows w, w+4, ... */
 #pragma unroll
         for (int k = 0; k < RPW; k++) {
             uint32_t r = warp + 4 * k;
-            if (r < rows) {
-                uint32_t t = tok0 + r / g, h = kvh * g + r % g;
-                float *p = part + ((size_t)t * a.n_head + h) * PD + D;
-                p[0] = m_r[k];
-                p[1] = l_r[k];
+            if (r >= rows)
+                break;
+            float sc[2] = {ps[r * PS + lane], ps[r * PS + lane + 32]};
+            float corr = attn_softmax<2>(sc, m_r[k], l_r[k]);
+            float s0 = sc[0], s1 = sc[1];
+            __syncwarp(); /* every lane read its scores before the row is rewritten */
+            __half *ph = (__half *)(ps + r * PS), *pl = ph + PS;
+            __half h0 = __float2half_rn(s0), h1 = __float2half_rn(s1);
+            ph[lane] = h0;
+            ph[lane + 32] = h1;
+            pl[lane] = __float2half_rn(s0 - __half2float(h0));
+            pl[lane + 32] = __float2half_rn(s1 - __half2float(h1));
+            if (lane == 0)
+                cs[r] = corr;
+        }
+        __syncthreads();
+        /* o = o * corr + p . v: warp w takes output n tiles w, w+4, ... */
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            if (mt >= (int)n_mt)
+                break;
+            float c_lo = cs[mt * 16 + gq], c_hi = cs[mt * 16 + gq + 8];
+#pragma unroll
+            for (int j = 0; j < NTW; j++) {
+                acc[mt][j][0] *= c_lo;
+                acc[mt][j][1] *= c_lo;
+                acc[mt][j][2] *= c_hi;
+                acc[mt][j][3] *= c_hi;
+            }
+            for (uint32_t k0 = 0; k0 < nk; k0 += 16) {
+                /* a fragments of p (hi, lo) for rows gq, gq + 8, keys k0.. */
+                const __half *r0 = (const __half *)(ps + (mt * 16 + gq) * PS) + k0 + 2 * tq;
+                const __half *r1 = r0 + 8 * 2 * PS;
+                uint32_t h0 = *(const uint32_t *)r0, h1 = *(const uint32_t *)r1,
+                         h2 = *(const uint32_t *)(r0 + 8), h3 = *(const uint32_t *)(r1 + 8);
+                uint32_t l0 = *(const uint32_t *)(r0 + PS), l1 = *(const uint32_t *)(r1 + PS),
+                         l2 = *(const uint32_t *)(r0 + PS + 8),
+                         l3 = *(const uint32_t *)(r1 + PS + 8);
+#pragma unroll
+                for (int j = 0; j < NTW; j++) {
+                    uint32_t nt = warp + 4 * j;
+                    if (nt >= n_nt)
+                        break;
+                    /* b fragments of v (keys k0..k0+15, dims nt*8..) transposed
+                     * out of the row-major tile */
+                    uint32_t b0, b1;
+                    unsigned addr =
+                        (unsigned)__cvta_generic_to_shared(vd + (k0 + (lane & 15)) * DP + nt * 8);
+                    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+                                 : "=r"(b0), "=r"(b1)
+                                 : "r"(addr));
+                    attn_mma(acc[mt][j], h0, h1, h2, h3, b0, b1);
+                    attn_mma(acc[mt][j], l0, l1, l2, l3, b0, b1);
+                }
+            }
+        }
+        __syncthreads();
+        stage ^= 1;
+        kp_cur = kp_next;
+    }
+    attn_wait<0>();
+
+    const uint32_t PD = D + 2;
+    float *part = a.part + (size_t)split * a.n_tokens * a.n_head * PD;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        if (mt >= (int)n_mt)
+            break;
+#pragma unroll
+        for (int j = 0; j < NTW; j++) {
+            uint32_t nt = warp + 4 * j;
+            if (nt >= n_nt)
+                break;
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                uint32_t r = mt * 16 + gq + (e >= 2 ? 8 : 0);
+                uint32_t d = nt * 8 + 2 * tq + (e & 1);
+                if (r < rows) {
+                    uint32_t t = tok0 + r / g, h = kvh * g + r % g;
+                    part[((size_t)t * a.n_head + h) * PD + d] = acc[mt][j][e];
+                }
             }
         }
     }
+    if (lane == 0)
+        attn_store_ml<RPW>(a, part, m_r, l_r, warp, rows, tok0, kvh);
 }
 
 /* dynamic shared memory of one launch */
@@ -278,21 +598,42 @@ static inline size_t attn_smem_bytes(size_t es, uint32_t ch, uint32_t D, uint32_
     return 4 * ch * dp * es + (size_t)R * D * 4 + (size_t)R * ch * 4 + (size_t)R * 8;
 }
 
-/* launches one instantiation for the kv dtype */
+/* launches one instantiation for the kv dtype: f16 on the tensor cores,
+ * f32 (the reference cache type) on the cuda cores */
 template <int RMAX, int RPT>
 static int attn_launch(struct cuda_ctx *c, const struct cuda_attn_args *a, struct attn_kargs k,
                        uint32_t n_split)
 {
     dim3 grid(c->layout.n_kv_head, n_split, a->meta->n_qtiles);
-    if (c->layout.dtype == KV_F16) {
+    if (c->layout.dtype == KV_F16 && !c->no_mma && k.D >= 16) {
+        constexpr int MT = RMAX / 16;
+        size_t dp = k.D + 8;
+        size_t sm = 4 * 64 * dp * 2 + (MT == 1 ? 0 : 2 * (size_t)RMAX * dp * 2) +
+                    (size_t)RMAX * 72 * 4 + (size_t)RMAX * 8;
+        auto fn = attn_mma_kernel<MT>;
+        static size_t sm_set; /* raise the limit once per instantiation */
+        if (sm > sm_set) {
+            CU_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+            sm_set = sm;
+        }
+        fn<<<grid, ATTN_THREADS, sm, a->s>>>(k);
+    } else if (c->layout.dtype == KV_F16) {
         size_t sm = attn_smem_bytes(2, 64, k.D, k.R);
         auto fn = attn_kernel<__half, 64, RMAX, RPT>;
-        CU_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+        static size_t sm_set; /* raise the limit once per instantiation */
+        if (sm > sm_set) {
+            CU_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+            sm_set = sm;
+        }
         fn<<<grid, ATTN_THREADS, sm, a->s>>>(k);
     } else {
         size_t sm = attn_smem_bytes(4, 32, k.D, k.R);
         auto fn = attn_kernel<float, 32, RMAX, RPT>;
-        CU_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+        static size_t sm_set; /* raise the limit once per instantiation */
+        if (sm > sm_set) {
+            CU_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+            sm_set = sm;
+        }
         fn<<<grid, ATTN_THREADS, sm, a->s>>>(k);
     }
     CU_LAUNCHED();
@@ -306,10 +647,10 @@ static inline struct attn_kargs attn_kargs_of(struct cuda_ctx *c, const struct c
     const struct kv_layout *l = &c->layout;
     struct attn_kargs k;
     k.q = a->q;
-    k.pool = c->pool[a->residency];
-    k.block_bytes = kv_block_bytes(l);
-    k.k_off = kv_slice_offset(l, a->layer, 0);
-    k.v_off = kv_slice_offset(l, a->layer, 1);
+    k.pool = a->pool;
+    k.block_bytes = a->block_bytes;
+    k.k_off = a->k_off;
+    k.v_off = a->v_off;
     k.B = l->block_size;
     k.D = l->head_dim;
     k.n_head = a->at->n_head;
@@ -320,7 +661,7 @@ static inline struct attn_kargs attn_kargs_of(struct cuda_ctx *c, const struct c
     k.seqs = a->meta->d_seqs;
     k.blks = a->meta->d_blks;
     k.qtiles = a->meta->d_qtiles;
-    k.res = a->residency;
+    k.res = a->list;
     k.ups = ups;
     k.n_tokens = a->meta->n_tokens;
     k.part = part;

@@ -43,8 +43,8 @@ int cuda_attn_merge_splits(struct cuda_ctx *c, const float *part, uint32_t n_spl
     uint32_t n_th = n_tokens * n_head;
     if (n_th == 0)
         return 0;
-    merge_splits_kernel<<<n_th, head_dim < 128 ? head_dim : 128, 0, s>>>(part, n_split, n_th,
-                                                                         head_dim, o, m, l);
+    unsigned threads = head_dim < 128 ? head_dim : 128;
+    merge_splits_kernel<<<n_th, threads, 0, s>>>(part, n_split, n_th, head_dim, o, m, l);
     CU_LAUNCHED();
     return 0;
 }
@@ -82,8 +82,8 @@ int cuda_attn_merge(struct cuda_ctx *c, float *oa, float *ma, float *la, const f
 {
     if (n == 0)
         return 0;
-    merge_kernel<<<n * n_head, head_dim < 128 ? head_dim : 128, 0, c->stream>>>(oa, ma, la, ob, mb,
-                                                                                lb, head_dim);
+    unsigned threads = head_dim < 128 ? head_dim : 128;
+    merge_kernel<<<n * n_head, threads, 0, c->stream>>>(oa, ma, la, ob, mb, lb, head_dim);
     CU_LAUNCHED();
     return 0;
 }

@@ -1,4 +1,5 @@
-/* backend.cu - the cuda backend: the vtable over the kernels, tensors, kv pools and the batch metadata on device. */
+/* backend.cu - the cuda backend: the vtable over the kernels, tensors, kv pools and the batch
+ * metadata on device. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,7 +72,7 @@ static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
     size_t o_slot = o_pos + align16((size_t)b->n_tokens * 4);
     size_t o_seqs = o_slot + align16((size_t)b->n_tokens * 4);
     size_t o_blks = o_seqs + align16((size_t)b->n_seqs * sizeof(struct cuda_seq_meta));
-    size_t o_qt = o_blks + align16((size_t)n_blk_total * sizeof(struct cuda_blk));
+    size_t o_qt = o_blks + align16((size_t)2 * n_blk_total * sizeof(struct cuda_blk));
     size_t len = o_qt + align16((size_t)n_qtiles * sizeof(struct cuda_qtile));
 
     /* build into a fresh buffer, then compare with what the device holds */
@@ -88,15 +89,32 @@ static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
     struct cuda_seq_meta *sm = (struct cuda_seq_meta *)(h + o_seqs);
     struct cuda_blk *bl = (struct cuda_blk *)(h + o_blks);
     struct cuda_qtile *qtl = (struct cuda_qtile *)(h + o_qt);
-    uint32_t max_units[KV_N_POOLS] = {0, 0};
+    uint32_t max_units[CUDA_N_LISTS] = {0, 0, 0};
     int rc = 0;
-    uint32_t nb = 0, nq = 0;
+    uint32_t nb = 0, nq = 0, n_slots = 0;
+    /* staging slots: at most one per host block of the batch */
+    uint32_t n_host_refs = 0;
+    for (uint32_t s = 0; s < b->n_seqs; s++)
+        for (uint32_t j = 0; j < b->seqs[s].n_blocks; j++)
+            n_host_refs += b->seqs[s].blocks[j].residency == KV_HOST;
+    if (n_host_refs > m->stage_cap) {
+        uint32_t *ns = (uint32_t *)realloc(m->stage_src, sizeof(uint32_t) * n_host_refs);
+        if (!ns) {
+            free(h);
+            return RKV_ENOMEM;
+        }
+        m->stage_src = ns;
+        m->stage_cap = n_host_refs;
+    }
     for (uint32_t s = 0; s < b->n_seqs && rc == 0; s++) {
         const struct be_seq *q = &b->seqs[s];
         sm[s].tok_off = q->tok_off;
         sm[s].n_tokens = q->n_tokens;
         sm[s].n_past = q->n_past;
-        for (int r = 0; r < KV_N_POOLS; r++) {
+        /* the last position any token of the sequence attends to */
+        uint64_t last = (uint64_t)q->n_past + (q->n_tokens ? q->n_tokens - 1 : 0);
+        for (int r = 0; r < CUDA_N_LISTS && rc == 0; r++) {
+            int res = r == CUDA_LIST_STAGED ? KV_HOST : r;
             sm[s].list_off[r] = nb;
             for (uint32_t j = 0; j < q->n_blocks; j++) {
                 struct kv_block_ref ref = q->blocks[j];
@@ -105,11 +123,17 @@ static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
                     rc = RKV_ERANGE;
                     break;
                 }
-                if (ref.residency == r) {
-                    bl[nb].j = j;
-                    bl[nb].index = ref.index;
-                    nb++;
+                if (ref.residency != res)
+                    continue;
+                bl[nb].j = j;
+                bl[nb].index = ref.index;
+                if (r == CUDA_LIST_STAGED) {
+                    if (B && (uint64_t)j * B > last)
+                        continue; /* never read: not copied */
+                    m->stage_src[n_slots] = ref.index;
+                    bl[nb].index = n_slots++;
                 }
+                nb++;
             }
             sm[s].list_len[r] = nb - sm[s].list_off[r];
             if (sm[s].list_len[r] > max_units[r])
@@ -122,6 +146,7 @@ static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
             nq++;
         }
     }
+    int host_writes = 0;
     for (uint32_t t = 0; t < b->n_tokens && rc == 0; t++) {
         uint32_t s = b->seq_of[t];
         if (s >= b->n_seqs || b->pos[t] < 0 || t < b->seqs[s].tok_off ||
@@ -138,6 +163,7 @@ static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
             }
             struct kv_block_ref ref = b->seqs[s].blocks[j];
             slot[t] = ref.index | ((uint32_t)ref.residency << 31);
+            host_writes |= ref.residency == KV_HOST;
         }
     }
     if (rc < 0) {
@@ -178,8 +204,11 @@ static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
     m->n_seqs = b->n_seqs;
     m->n_qtiles = n_qtiles;
     m->qt = qt;
-    m->max_units[0] = max_units[0];
-    m->max_units[1] = max_units[1];
+    for (int r = 0; r < CUDA_N_LISTS; r++)
+        m->max_units[r] = max_units[r];
+    m->n_slots = n_slots;
+    m->host_writes = host_writes;
+    m->gen++;
     m->valid = 1;
     return 0;
 }
@@ -231,8 +260,7 @@ static int cu_tensor_get(void *ctx, const struct be_tensor *t, void *dst, size_t
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     op_begin(c);
-    CU_TRY(cudaMemcpyAsync(dst, (const char *)t->data + off, n, cudaMemcpyDeviceToHost,
-                           c->stream));
+    CU_TRY(cudaMemcpyAsync(dst, (const char *)t->data + off, n, cudaMemcpyDeviceToHost, c->stream));
     CU_TRY(cudaStreamSynchronize(c->stream));
     return 0;
 }
@@ -264,8 +292,8 @@ static int map_pool(struct cuda_ctx *c, int r, void *base, size_t bytes)
         return 0;
     }
     if (at.type == cudaMemoryTypeUnregistered) {
-        cudaError_t e = cudaHostRegister(base, bytes, cudaHostRegisterMapped |
-                                                          cudaHostRegisterPortable);
+        cudaError_t e =
+            cudaHostRegister(base, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
         if (e != cudaSuccess) {
             log_error("cuda: cannot register the %s kv pool (%zu bytes at %p) with the gpu: %s; "
                       "check the memlock limit (ulimit -l)",
@@ -281,6 +309,30 @@ static int map_pool(struct cuda_ctx *c, int r, void *base, size_t bytes)
     if (r == KV_DEVICE)
         log_warn("cuda: the device kv pool is host memory; device blocks are read over PCIe");
     return 0;
+}
+
+/* copy engine or zero-copy for host blocks: whichever moves bytes faster
+ * here (env RKV_CUDA_HOST_READ=copy|zerocopy overrides) */
+static void choose_host_read(struct cuda_ctx *c)
+{
+    const char *e = getenv("RKV_CUDA_HOST_READ");
+    if (e && !strcmp(e, "copy")) {
+        c->host_read = CUDA_HOST_COPY;
+        return;
+    }
+    if (e && !strcmp(e, "zerocopy")) {
+        c->host_read = CUDA_HOST_ZEROCOPY;
+        return;
+    }
+    static double copy_gbps = -1, zc_gbps = -1; /* one measurement per process */
+    if (copy_gbps < 0 && cuda_measure_host_paths(&copy_gbps, &zc_gbps) < 0)
+        copy_gbps = zc_gbps = 0;
+    /* the attention kernel reaches ~0.55 of the stream-read rate over zero-copy
+     * (tests/gpu bench, H200 2026-11-29: 28.5 of 51.2 GB/s), and copies also
+     * overlap the layer before; compare what each path delivers */
+    c->host_read = copy_gbps > 0.55 * zc_gbps ? CUDA_HOST_COPY : CUDA_HOST_ZEROCOPY;
+    log_info("cuda: host kv blocks: copy engine %.1f GB/s, zero-copy reads %.1f GB/s: using %s",
+             copy_gbps, zc_gbps, c->host_read == CUDA_HOST_COPY ? "copies" : "zero-copy");
 }
 
 static int cu_set_kv(void *ctx, const struct kv_layout *l, const struct kv_pools *p)
@@ -310,6 +362,10 @@ static int cu_set_kv(void *ctx, const struct kv_layout *l, const struct kv_pools
         }
         c->n_blocks[r] = p->n_blocks[r];
     }
+    c->host_base = (char *)p->base[KV_HOST];
+    c->stg_valid[0] = c->stg_valid[1] = 0;
+    if (c->host_base && c->n_blocks[KV_HOST])
+        choose_host_read(c);
     c->have_kv = 1;
     return 0;
 }
@@ -326,8 +382,8 @@ static int upload_small(struct cuda_ctx *c, const void *src, size_t n)
     return 0;
 }
 
-static int cu_embed(void *ctx, struct be_tensor *out, const struct be_tensor *w,
-                    const int32_t *ids, uint32_t n)
+static int cu_embed(void *ctx, struct be_tensor *out, const struct be_tensor *w, const int32_t *ids,
+                    uint32_t n)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     op_begin(c);
@@ -386,9 +442,68 @@ static int cu_kv_write(void *ctx, const struct be_batch *b, uint32_t layer,
     if (k->cols != c->layout.n_kv_head * c->layout.head_dim)
         return RKV_EINVAL;
     int rc = meta_ensure(c, b, last_g(c));
-    return rc < 0 ? rc
-                  : cuda_kv_write(c, &c->meta, layer, (const float *)k->data,
-                                  (const float *)v->data);
+    return rc < 0
+               ? rc
+               : cuda_kv_write(c, &c->meta, layer, (const float *)k->data, (const float *)v->data);
+}
+
+/* queues the copies of one layer's host blocks into staging buffer buf on
+ * the copy stream: runs of consecutive pool indexes go as one strided copy.
+ * after_main: the copies also wait for the work queued on the stream so far
+ * (kv writes into host blocks) */
+static int stage_issue(struct cuda_ctx *c, uint32_t layer, int buf, int after_main)
+{
+    const struct kv_layout *l = &c->layout;
+    const struct cuda_meta *m = &c->meta;
+    size_t slice = kv_slice_bytes(l), bb = kv_block_bytes(l), need = (size_t)m->n_slots * 2 * slice;
+    if (need > c->stage_limit)
+        return 1; /* too big to stage: zero-copy */
+    if (need > c->stg_cap[buf]) {
+        /* the buffer may still be read by queued attention */
+        CU_TRY(cudaStreamSynchronize(c->side));
+        int rc = cuda_scratch(c, &c->stg[buf], &c->stg_cap[buf], need);
+        if (rc < 0)
+            return rc;
+    }
+    CU_TRY(cudaStreamWaitEvent(c->copy, c->ev_stage_free[buf], 0));
+    if (after_main) {
+        CU_TRY(cudaEventRecord(c->ev_main, c->stream));
+        CU_TRY(cudaStreamWaitEvent(c->copy, c->ev_main, 0));
+    }
+    const char *src0 = c->host_base + kv_slice_offset(l, layer, 0);
+    char *dst0 = (char *)c->stg[buf];
+    for (uint32_t i = 0; i < m->n_slots;) {
+        uint32_t n = 1;
+        while (i + n < m->n_slots && m->stage_src[i + n] == m->stage_src[i] + n)
+            n++;
+        /* K then V of a block's layer are contiguous: 2*slice bytes per block */
+        CU_TRY(cudaMemcpy2DAsync(dst0 + (size_t)i * 2 * slice, 2 * slice,
+                                 src0 + (size_t)m->stage_src[i] * bb, bb, 2 * slice, n,
+                                 cudaMemcpyHostToDevice, c->copy));
+        i += n;
+    }
+    CU_TRY(cudaEventRecord(c->ev_copy_done[buf], c->copy));
+    c->stg_valid[buf] = 1;
+    c->stg_layer[buf] = layer;
+    c->stg_gen[buf] = m->gen;
+    return 0;
+}
+
+/* the staging buffer holding this layer's host blocks (issuing the copies
+ * now unless the last layer prefetched them); *buf = -1 when not staged */
+static int stage_layer(struct cuda_ctx *c, uint32_t layer, int *buf)
+{
+    int b = (int)(layer % 2);
+    *buf = -1;
+    if (!(c->stg_valid[b] && c->stg_layer[b] == layer && c->stg_gen[b] == c->meta.gen &&
+          !c->meta.host_writes)) {
+        c->stg_valid[b] = 0;
+        int rc = stage_issue(c, layer, b, 1);
+        if (rc != 0)
+            return rc < 0 ? rc : 0;
+    }
+    *buf = b;
+    return 0;
 }
 
 static int cu_attn_partial(void *ctx, const struct be_batch *b, uint32_t layer,
@@ -403,9 +518,15 @@ static int cu_attn_partial(void *ctx, const struct be_batch *b, uint32_t layer,
     int rc = meta_ensure(c, b, at->n_head / at->n_kv_head);
     if (rc < 0)
         return rc;
+    const struct kv_layout *l = &c->layout;
     struct cuda_attn_args a = {&c->meta,
                                layer,
                                (int)residency,
+                               (int)residency,
+                               c->pool[residency],
+                               kv_block_bytes(l),
+                               kv_slice_offset(l, layer, 0),
+                               kv_slice_offset(l, layer, 1),
                                (const float *)q->data,
                                at,
                                (float *)out->o->data,
@@ -420,13 +541,39 @@ static int cu_attn_partial(void *ctx, const struct be_batch *b, uint32_t layer,
         c->last_was_dev_attn = 1;
         return rc;
     }
-    /* host blocks: zero-copy reads on the side stream, overlapping device
-     * attention; the stream joins at its next op */
+    /* host blocks on the side stream, overlapping device attention; the
+     * stream joins at its next op */
     if (!c->last_was_dev_attn) {
         join_side(c);
         CU_TRY(cudaEventRecord(c->ev_pre_attn, c->stream));
     }
     CU_TRY(cudaStreamWaitEvent(c->side, c->ev_pre_attn, 0));
+    if (c->host_read == CUDA_HOST_COPY && c->meta.n_slots) {
+        int buf = -1;
+        rc = stage_layer(c, layer, &buf);
+        if (rc < 0)
+            return rc;
+        if (buf >= 0) {
+            /* the staged copy: a pool of (K, V) slices, one per slot */
+            size_t slice = kv_slice_bytes(l);
+            a.list = CUDA_LIST_STAGED;
+            a.pool = (const char *)c->stg[buf];
+            a.block_bytes = 2 * slice;
+            a.k_off = 0;
+            a.v_off = slice;
+            CU_TRY(cudaStreamWaitEvent(c->side, c->ev_copy_done[buf], 0));
+            a.s = c->side;
+            rc = cuda_attn(c, &a);
+            CU_TRY(cudaEventRecord(c->ev_stage_free[buf], c->side));
+            c->stg_valid[buf] = 0; /* used once: the next call for this layer copies again */
+            CU_TRY(cudaEventRecord(c->ev_side_done, c->side));
+            c->side_pending = 1;
+            c->last_was_dev_attn = 0;
+            if (rc == 0 && layer + 1 < l->n_layer && !c->meta.host_writes)
+                rc = stage_issue(c, layer + 1, (layer + 1) % 2, 0);
+            return rc < 0 ? rc : 0;
+        }
+    }
     a.s = c->side;
     rc = cuda_attn(c, &a);
     CU_TRY(cudaEventRecord(c->ev_side_done, c->side));
@@ -450,8 +597,8 @@ static int cu_silu_mul(void *ctx, struct be_tensor *out, const struct be_tensor 
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     op_begin(c);
-    return cuda_silu_mul(c, (float *)out->data, (const float *)gate->data,
-                         (const float *)up->data, (size_t)n * gate->cols);
+    return cuda_silu_mul(c, (float *)out->data, (const float *)gate->data, (const float *)up->data,
+                         (size_t)n * gate->cols);
 }
 
 static int cu_add(void *ctx, struct be_tensor *out, const struct be_tensor *a,
@@ -500,6 +647,21 @@ static void cu_free(void *ctx)
     cudaFree(c->part[0]);
     cudaFree(c->part[1]);
     cudaFree(c->small);
+    if (c->copy)
+        cudaStreamSynchronize(c->copy);
+    cudaFree(c->stg[0]);
+    cudaFree(c->stg[1]);
+    for (int i = 0; i < 2; i++) {
+        if (c->ev_copy_done[i])
+            cudaEventDestroy(c->ev_copy_done[i]);
+        if (c->ev_stage_free[i])
+            cudaEventDestroy(c->ev_stage_free[i]);
+    }
+    if (c->ev_main)
+        cudaEventDestroy(c->ev_main);
+    if (c->copy)
+        cudaStreamDestroy(c->copy);
+    free(c->meta.stage_src);
     if (c->blas)
         cublasDestroy(c->blas);
     if (c->ev_pre_attn)
@@ -514,10 +676,9 @@ static void cu_free(void *ctx)
 }
 
 static const struct backend_i cuda_iface = {
-    cu_free,      cu_tensor_alloc, cu_tensor_free,  cu_tensor_set, cu_tensor_get,
-    cu_set_kv,    cu_embed,        cu_rmsnorm,      cu_matmul,     cu_rope,
-    cu_kv_write,  cu_attn_partial, cu_attn_merge,   cu_silu_mul,   cu_add,
-    cu_get_rows,  cu_sync,
+    cu_free,       cu_tensor_alloc, cu_tensor_free, cu_tensor_set, cu_tensor_get, cu_set_kv,
+    cu_embed,      cu_rmsnorm,      cu_matmul,      cu_rope,       cu_kv_write,   cu_attn_partial,
+    cu_attn_merge, cu_silu_mul,     cu_add,         cu_get_rows,   cu_sync,
 };
 
 extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backend **out)
@@ -546,8 +707,19 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
     if (cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking) != cudaSuccess ||
         cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking) != cudaSuccess ||
         cudaEventCreateWithFlags(&c->ev_pre_attn, cudaEventDisableTiming) != cudaSuccess ||
-        cudaEventCreateWithFlags(&c->ev_side_done, cudaEventDisableTiming) != cudaSuccess)
+        cudaEventCreateWithFlags(&c->ev_side_done, cudaEventDisableTiming) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&c->copy, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaEventCreateWithFlags(&c->ev_main, cudaEventDisableTiming) != cudaSuccess)
         goto fail;
+    for (int i = 0; i < 2; i++)
+        if (cudaEventCreateWithFlags(&c->ev_copy_done[i], cudaEventDisableTiming) != cudaSuccess ||
+            cudaEventCreateWithFlags(&c->ev_stage_free[i], cudaEventDisableTiming) != cudaSuccess)
+            goto fail;
+    {
+        /* staging per buffer: env RKV_CUDA_STAGE_MB, default 2 GiB */
+        const char *sl = getenv("RKV_CUDA_STAGE_MB");
+        c->stage_limit = (sl ? strtoull(sl, NULL, 10) : 2048) << 20;
+    }
     if (cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS) {
         c->blas = NULL;
         goto fail;
@@ -557,6 +729,8 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
     {
         const char *pe = getenv("RKV_CUDA_PRECISE");
         c->precise = pe && *pe == '1';
+        const char *nm = getenv("RKV_CUDA_NO_MMA");
+        c->no_mma = nm && *nm == '1';
     }
     rc = backend_new("cuda", &cuda_iface, c, out);
     if (rc < 0)
@@ -570,8 +744,8 @@ fail:
     return rc;
 }
 
-extern "C" int cuda_backend_create(const struct backend_opts *o, struct backend **out,
-                                   char *errbuf, size_t errlen)
+extern "C" int cuda_backend_create(const struct backend_opts *o, struct backend **out, char *errbuf,
+                                   size_t errlen)
 {
     int rc = rkv_cuda_backend_init(o, out);
     if (rc < 0 && errbuf)

@@ -1,5 +1,4 @@
-/* convert.cu - activations f32 -> f16/bf16 for cublas, and q8_0 weights -> f16 for prefill gemms.
- */
+/* convert.cu - activations f32 -> f16/bf16 for cublas; q8_0 weights -> f16 for prefill. */
 #include "worker/cuda/cuda_ops.cuh"
 
 __global__ void f32_to_f16_kernel(__half *dst, const float *src, size_t n)

@@ -41,10 +41,15 @@ extern "C" {
 
 /* device-side view of one step's batch, built on the host once per distinct
  * batch and kept on the device (every layer of a step reuses it) */
+/* block lists per sequence: device blocks, host blocks (zero-copy), and the
+ * host blocks renumbered by staging slot (copy path) */
+#define CUDA_LIST_STAGED 2
+#define CUDA_N_LISTS     3
 struct cuda_seq_meta {
     uint32_t tok_off, n_tokens, n_past, pad;
-    uint32_t list_off[KV_N_POOLS]; /* into the block lists, per residency */
-    uint32_t list_len[KV_N_POOLS];
+    uint32_t list_off[CUDA_N_LISTS]; /* into the block lists */
+    uint32_t list_len[CUDA_N_LISTS];
+    uint32_t pad2[2];
 };
 
 /* one query tile: up to qt tokens of one sequence */
@@ -61,17 +66,27 @@ struct cuda_meta {
     /* device arrays (one allocation, dev points at its start) */
     void *dev;
     size_t dev_cap;
-    int32_t *d_pos;                /* (n_tokens) */
-    uint32_t *d_slot;              /* (n_tokens) pool index | residency << 31 */
-    struct cuda_seq_meta *d_seqs;  /* (n_seqs) */
-    struct cuda_blk *d_blks;       /* (sum of list lengths) */
-    struct cuda_qtile *d_qtiles;   /* (n_qtiles) */
+    int32_t *d_pos;               /* (n_tokens) */
+    uint32_t *d_slot;             /* (n_tokens) pool index | residency << 31 */
+    struct cuda_seq_meta *d_seqs; /* (n_seqs) */
+    struct cuda_blk *d_blks;      /* (sum of list lengths) */
+    struct cuda_qtile *d_qtiles;  /* (n_qtiles) */
     /* host copy of what was uploaded, to see whether the next batch differs */
     void *host;
     size_t host_len, host_cap;
     uint32_t n_tokens, n_seqs, n_qtiles, qt;
-    uint32_t max_units[KV_N_POOLS]; /* most blocks of one residency in one sequence */
+    uint32_t max_units[CUDA_N_LISTS]; /* most blocks of one list in one sequence */
+    uint32_t *stage_src;              /* (n_slots) host pool index copied into each staging slot */
+    uint32_t n_slots, stage_cap;
+    int host_writes; /* some token of the batch writes a host block */
+    uint64_t gen;    /* bumped at every upload */
     int valid;
+};
+
+/* how host blocks reach the attention kernel */
+enum cuda_host_read {
+    CUDA_HOST_ZEROCOPY = 0, /* the kernel reads the mapped pool over pcie */
+    CUDA_HOST_COPY = 1,     /* copy engine into staging, one layer ahead */
 };
 
 struct cuda_ctx {
@@ -84,26 +99,44 @@ struct cuda_ctx {
     int side_pending;         /* stream must wait for ev_side_done before its next op */
     int last_was_dev_attn;
     cublasHandle_t blas;
+    int no_mma;  /* env RKV_CUDA_NO_MMA=1: f16-kv attention on the cuda cores (a/b check) */
     int precise; /* prefill gemms carry the activations' 16-bit rounding error (2 gemms) */
 
     struct kv_layout layout;
     int have_kv;
-    char *pool[KV_N_POOLS];       /* device-visible base per residency */
+    char *pool[KV_N_POOLS]; /* device-visible base per residency */
     uint32_t n_blocks[KV_N_POOLS];
     void *registered[KV_N_POOLS]; /* host ranges this backend registered */
 
     struct cuda_meta meta;
 
+    /* host-block staging (copy path): two buffers, layer parity */
+    int host_read;   /* enum cuda_host_read, measured at set_kv */
+    char *host_base; /* the host pool's host address */
+    cudaStream_t copy;
+    cudaEvent_t ev_copy_done[2];  /* on copy: staging buffer filled */
+    cudaEvent_t ev_stage_free[2]; /* on side: attention done with it */
+    cudaEvent_t ev_main;          /* on stream: what the copies must follow */
+    void *stg[2];
+    size_t stg_cap[2];
+    uint32_t stg_layer[2];
+    uint64_t stg_gen[2];
+    int stg_valid[2];
+    size_t stage_limit; /* bytes per staging buffer; larger tails read zero-copy */
+
     /* growable scratch (stream-ordered reuse) */
-    void *act16;  /* activations converted to f16/bf16 */
+    void *act16; /* activations converted to f16/bf16 */
     size_t act16_cap;
-    void *wdeq;   /* q8_0 weights dequantized to f16 for prefill */
+    void *wdeq; /* q8_0 weights dequantized to f16 for prefill */
     size_t wdeq_cap;
     void *part[KV_N_POOLS]; /* attention split partials, per residency (two streams) */
     size_t part_cap[KV_N_POOLS];
-    void *small;  /* token ids, row indexes */
+    void *small; /* token ids, row indexes */
     size_t small_cap;
 };
+
+/* host -> device rates over the two paths, GB/s (set_kv picks by these) */
+int cuda_measure_host_paths(double *copy_gbps, double *zerocopy_gbps);
 
 /* grows a scratch buffer to at least `need` bytes */
 int cuda_scratch(struct cuda_ctx *c, void **buf, size_t *cap, size_t need);
@@ -138,5 +171,33 @@ __device__ __forceinline__ float cuda_row_value(int type, const void *row, uint3
     case BE_F16: return __half2float(((const __half *)row)[i]);
     case BE_BF16: return __bfloat162float(((const __nv_bfloat16 *)row)[i]);
     default: return cuda_q8_0((const uint8_t *)row, i);
+    }
+}
+
+/* 16 bytes of a row -> 16/sizeof(T) floats (the pointer only picks the type) */
+__device__ __forceinline__ void cuda_unpack16(const uint4 &u, const float *, float *f)
+{
+    f[0] = __uint_as_float(u.x);
+    f[1] = __uint_as_float(u.y);
+    f[2] = __uint_as_float(u.z);
+    f[3] = __uint_as_float(u.w);
+}
+__device__ __forceinline__ void cuda_unpack16(const uint4 &u, const __half *, float *f)
+{
+    const __half2 *h = (const __half2 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 x = __half22float2(h[i]);
+        f[2 * i] = x.x;
+        f[2 * i + 1] = x.y;
+    }
+}
+__device__ __forceinline__ void cuda_unpack16(const uint4 &u, const __nv_bfloat16 *, float *f)
+{
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        f[2 * i] = __uint_as_float(w[i] << 16);
+        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
     }
 }

@@ -47,9 +47,12 @@ struct cuda_attn_args {
     const struct cuda_meta *meta;
     uint32_t layer;
     int residency;
-    const float *q;          /* (n_tokens, n_head*head_dim) */
+    int list;         /* which block list: residency or CUDA_LIST_STAGED */
+    const char *pool; /* device-visible blocks the list indexes */
+    size_t block_bytes, k_off, v_off;
+    const float *q; /* (n_tokens, n_head*head_dim) */
     const struct be_attn *at;
-    float *o, *m, *l;        /* (n_tokens, n_head*head_dim), (n_tokens, n_head) x2 */
+    float *o, *m, *l; /* (n_tokens, n_head*head_dim), (n_tokens, n_head) x2 */
     cudaStream_t s;
 };
 int cuda_attn(struct cuda_ctx *c, const struct cuda_attn_args *a);

@@ -1,4 +1,4 @@
-/* fill.cu - random tensor contents generated on the device (benchmark models without host uploads). */
+/* fill.cu - random tensor contents made on the device (benchmark models, no host upload). */
 #include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/cuda_ctx.cuh"
 

@@ -5,31 +5,22 @@
 #define GEMV_WARPS  8
 #define GEMV_UNROLL 4
 
-/* 16 bytes of weights -> VEC floats */
-__device__ __forceinline__ void gemv_unpack(const uint4 &u, const float *, float *f)
+/* acc[t] += the VEC weights f . x[t][i..i+VEC) for the first n tokens */
+template <int VEC, int NT>
+__device__ __forceinline__ void gemv_fma(float (&acc)[NT], const float *f, const float *x,
+                                         uint32_t n_in, uint32_t i, uint32_t n)
 {
-    f[0] = __uint_as_float(u.x);
-    f[1] = __uint_as_float(u.y);
-    f[2] = __uint_as_float(u.z);
-    f[3] = __uint_as_float(u.w);
-}
-__device__ __forceinline__ void gemv_unpack(const uint4 &u, const __half *, float *f)
-{
-    const __half2 *h = (const __half2 *)&u;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float2 x = __half22float2(h[i]);
-        f[2 * i] = x.x;
-        f[2 * i + 1] = x.y;
-    }
-}
-__device__ __forceinline__ void gemv_unpack(const uint4 &u, const __nv_bfloat16 *, float *f)
-{
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+    for (int t = 0; t < NT; t++) {
+        if (t < (int)n) {
+            const float4 *xv = (const float4 *)(x + (size_t)t * n_in + i);
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        f[2 * i] = __uint_as_float(w[i] << 16);
-        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+            for (int v = 0; v < VEC / 4; v++) {
+                float4 xx = xv[v];
+                acc[t] += f[4 * v] * xx.x + f[4 * v + 1] * xx.y + f[4 * v + 2] * xx.z +
+                          f[4 * v + 3] * xx.w;
+            }
+        }
     }
 }
 
@@ -66,36 +57,14 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 #pragma unroll
         for (int k = 0; k < GEMV_UNROLL; k++) {
             float f[VEC];
-            gemv_unpack(u[k], wr, f);
-#pragma unroll
-            for (int t = 0; t < NT; t++) {
-                if (t < (int)n) {
-                    const float4 *xv = (const float4 *)(x + (size_t)t * n_in + i + k * step);
-#pragma unroll
-                    for (int v = 0; v < VEC / 4; v++) {
-                        float4 xx = xv[v];
-                        acc[t] += f[4 * v] * xx.x + f[4 * v + 1] * xx.y + f[4 * v + 2] * xx.z +
-                                  f[4 * v + 3] * xx.w;
-                    }
-                }
-            }
+            cuda_unpack16(u[k], wr, f);
+            gemv_fma<VEC, NT>(acc, f, x, n_in, i + k * step, n);
         }
     }
     for (; i < n_in; i += step) {
         float f[VEC];
-        gemv_unpack(*(const uint4 *)(wr + i), wr, f);
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            if (t < (int)n) {
-                const float4 *xv = (const float4 *)(x + (size_t)t * n_in + i);
-#pragma unroll
-                for (int v = 0; v < VEC / 4; v++) {
-                    float4 xx = xv[v];
-                    acc[t] += f[4 * v] * xx.x + f[4 * v + 1] * xx.y + f[4 * v + 2] * xx.z +
-                              f[4 * v + 3] * xx.w;
-                }
-            }
-        }
+        cuda_unpack16(*(const uint4 *)(wr + i), wr, f);
+        gemv_fma<VEC, NT>(acc, f, x, n_in, i, n);
     }
 #pragma unroll
     for (int t = 0; t < NT; t++) {

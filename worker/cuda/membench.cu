@@ -1,4 +1,5 @@
-/* membench.cu - the ceilings benchmarks report against: hbm stream read, pinned h2d, zero-copy reads. */
+/* membench.cu - the ceilings benchmarks report against: hbm stream read, pinned h2d, zero-copy
+ * reads. */
 #include <stdio.h>
 #include <string.h>
 
@@ -94,9 +95,8 @@ extern "C" int rkv_cuda_measure_ceilings(int gpu, size_t hbm_bytes, size_t host_
         void *hd = NULL;
         if (cudaHostGetDevicePointer(&hd, h, 0) != cudaSuccess)
             goto out;
-        ms = time_ms(5, [&] {
-            read_kernel<<<grid, 512>>>((const uint4 *)hd, host_bytes / 16, sink);
-        });
+        ms = time_ms(5,
+                     [&] { read_kernel<<<grid, 512>>>((const uint4 *)hd, host_bytes / 16, sink); });
         out->zero_copy = host_bytes / (ms * 1e6);
     }
     rc = cudaGetLastError() == cudaSuccess ? 0 : RKV_ECUDA;
@@ -106,5 +106,41 @@ out:
     cudaFree(d2);
     cudaFree(sink);
     cudaFreeHost(h);
+    return rc;
+}
+
+int cuda_measure_host_paths(double *copy_gbps, double *zerocopy_gbps)
+{
+    const size_t bytes = (size_t)64 << 20, piece = (size_t)1 << 20;
+    char *h = NULL, *d = NULL;
+    unsigned *sink = NULL;
+    void *hd = NULL;
+    int rc = RKV_ECUDA;
+    cudaDeviceProp p;
+    int dev = 0;
+    cudaGetDevice(&dev);
+    if (cudaGetDeviceProperties(&p, dev) != cudaSuccess ||
+        cudaHostAlloc(&h, bytes, cudaHostAllocMapped) != cudaSuccess ||
+        cudaMalloc(&d, bytes) != cudaSuccess || cudaMalloc(&sink, 4) != cudaSuccess ||
+        cudaHostGetDevicePointer(&hd, h, 0) != cudaSuccess)
+        goto out;
+    memset(h, 1, bytes);
+    {
+        /* the copy path moves a layer's blocks in ~1 MiB pieces */
+        float ms = time_ms(3, [&] {
+            for (size_t o = 0; o < bytes; o += piece)
+                cudaMemcpyAsync(d + o, h + o, piece, cudaMemcpyHostToDevice, 0);
+        });
+        *copy_gbps = bytes / (ms * 1e6);
+        unsigned grid = (unsigned)p.multiProcessorCount * 4;
+        ms = time_ms(3, [&] { read_kernel<<<grid, 512>>>((const uint4 *)hd, bytes / 16, sink); });
+        *zerocopy_gbps = bytes / (ms * 1e6);
+    }
+    rc = cudaGetLastError() == cudaSuccess ? 0 : RKV_ECUDA;
+out:
+    cudaGetLastError();
+    cudaFreeHost(h);
+    cudaFree(d);
+    cudaFree(sink);
     return rc;
 }

@@ -15,7 +15,8 @@ int cuda_silu_mul(struct cuda_ctx *c, float *out, const float *gate, const float
     if (n == 0)
         return 0;
     size_t blocks = (n + 255) / 256;
-    silu_mul_kernel<<<blocks < 65535 ? blocks : 65535, 256, 0, c->stream>>>(out, gate, up, n);
+    unsigned grid = blocks < 65535 ? (unsigned)blocks : 65535;
+    silu_mul_kernel<<<grid, 256, 0, c->stream>>>(out, gate, up, n);
     CU_LAUNCHED();
     return 0;
 }

@@ -1,0 +1,19 @@
+#!/bin/sh
+# bench.sh - the gpu benchmarks (make bench): ceilings (hbm read, pinned h2d,
+# zero-copy), gemv, attention (resident, host tail, overlapped split), decode
+# and prefill on a llama3-8b-shaped bf16 model, each as a ratio to its bound.
+#   scripts/bench.sh [BUILD] [gpu_bench args: --quick --suite S --preset small]
+# writes BUILD/bench/bench.json
+set -u
+BUILD=${1:-build}
+[ $# -gt 0 ] && shift
+scripts/gpu-build.sh "$BUILD" || exit 1
+mkdir -p "$BUILD/bench"
+"$BUILD/gpu/gpu_bench" --json "$BUILD/bench/bench.json" "$@"
+rc=$?
+if [ $rc = 77 ]; then
+    echo "bench: no CUDA device here; skipped"
+    exit 0
+fi
+[ $rc = 0 ] && echo "bench: results in $BUILD/bench/bench.json"
+exit $rc
