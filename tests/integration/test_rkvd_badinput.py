@@ -1,0 +1,240 @@
+"""rkvd against malformed requests over real HTTP: each of a corpus of bad JSON, wrong types,
+out-of-range values, unknown fields, invalid UTF-8, oversized bodies and headers, slow
+headers, wrong methods and paths, bad auth and over-long prompts gets the right status and an
+OpenAI-shaped error body, and the server stays healthy."""
+import json
+import socket
+import subprocess
+import time
+
+import pytest
+
+C, CHAT = "/v1/completions", "/v1/chat/completions"
+OK_MSG = [{"role": "user", "content": "hi"}]
+
+
+def j(**kw):
+    return json.dumps(kw).encode()
+
+
+# (id, method, path, headers, body, status, words the message must contain)
+CASES = [
+    # JSON itself
+    ("truncated-json", "POST", C, {}, b'{"prompt": "x"', 400, []),
+    ("trailing-comma", "POST", C, {}, b'{"prompt": "x",}', 400, []),
+    ("empty-body", "POST", C, {}, b"", 400, []),
+    ("array-body", "POST", C, {}, b"[]", 400, []),
+    ("string-body", "POST", C, {}, b'"prompt"', 400, []),
+    ("null-body", "POST", C, {}, b"null", 400, []),
+    ("deep-nesting", "POST", C, {}, b'{"prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400, []),
+    ("nan-literal", "POST", C, {}, b'{"prompt": "x", "temperature": NaN}', 400, []),
+    # wrong types
+    ("prompt-number", "POST", C, {}, j(prompt=5), 400, ["prompt"]),
+    ("prompt-object", "POST", C, {}, j(prompt={"a": 1}), 400, ["prompt"]),
+    ("prompt-missing", "POST", C, {}, j(max_tokens=4), 400, ["prompt"]),
+    ("max-tokens-string", "POST", C, {}, j(prompt="x", max_tokens="10"), 400, ["max_tokens"]),
+    ("max-tokens-float", "POST", C, {}, j(prompt="x", max_tokens=1.5), 400, ["max_tokens"]),
+    ("temperature-string", "POST", C, {}, j(prompt="x", temperature="hot"), 400,
+     ["temperature"]),
+    ("stream-string", "POST", C, {}, j(prompt="x", stream="yes"), 400, ["stream"]),
+    ("stop-number", "POST", C, {}, j(prompt="x", stop=7), 400, ["stop"]),
+    ("seed-string", "POST", C, {}, j(prompt="x", seed="abc"), 400, ["seed"]),
+    ("session-id-number", "POST", C, {}, j(prompt="x", session_id=12), 400, ["session_id"]),
+    # out of range
+    ("max-tokens-negative", "POST", C, {}, j(prompt="x", max_tokens=-1), 400, ["max_tokens"]),
+    ("max-tokens-zero", "POST", C, {}, j(prompt="x", max_tokens=0), 400, ["max_tokens"]),
+    ("max-tokens-huge", "POST", C, {}, j(prompt="x", max_tokens=10**9), 400, ["max_tokens"]),
+    ("max-tokens-1e999", "POST", C, {}, b'{"prompt": "x", "max_tokens": 1e999}', 400,
+     ["max_tokens"]),
+    ("temperature-negative", "POST", C, {}, j(prompt="x", temperature=-1), 400,
+     ["temperature"]),
+    ("temperature-3", "POST", C, {}, j(prompt="x", temperature=3), 400, ["temperature"]),
+    ("top-p-zero", "POST", C, {}, j(prompt="x", top_p=0), 400, ["top_p"]),
+    ("top-p-1.5", "POST", C, {}, j(prompt="x", top_p=1.5), 400, ["top_p"]),
+    ("n-2", "POST", C, {}, j(prompt="x", n=2), 400, ["n"]),
+    ("logprobs-21", "POST", C, {}, j(prompt="x", logprobs=21), 400, ["logprobs"]),
+    ("stop-too-many", "POST", C, {}, j(prompt="x", stop=[str(i) for i in range(9)]), 400,
+     ["stop"]),
+    ("session-id-long", "POST", C, {}, j(prompt="x", session_id="s" * 200), 400,
+     ["session_id"]),
+    ("token-id-over-vocab", "POST", C, {}, j(prompt=[1, 99999]), 400, ["99999"]),
+    ("token-id-negative", "POST", C, {}, j(prompt=[1, -1]), 400, ["-1"]),
+    # unsupported and unknown fields
+    ("unknown-field", "POST", C, {}, j(prompt="x", frobnicate=1), 400, ["frobnicate"]),
+    ("echo-true", "POST", C, {}, j(prompt="x", echo=True), 400, ["echo"]),
+    ("logit-bias", "POST", C, {}, j(prompt="x", logit_bias={"5": 10}), 400, ["logit_bias"]),
+    ("messages-on-completions", "POST", C, {}, j(prompt="x", messages=OK_MSG), 400,
+     ["messages"]),
+    ("prompt-on-chat", "POST", CHAT, {}, j(messages=OK_MSG, prompt="x"), 400, ["prompt"]),
+    ("tools", "POST", CHAT, {}, j(messages=OK_MSG, tools=[{"type": "function", "function":
+                                                           {"name": "f"}}]), 400, ["tools"]),
+    # chat messages
+    ("messages-missing", "POST", CHAT, {}, j(max_tokens=3), 400, ["messages"]),
+    ("messages-empty", "POST", CHAT, {}, j(messages=[]), 400, ["messages"]),
+    ("messages-string", "POST", CHAT, {}, j(messages="hi"), 400, ["messages"]),
+    ("message-no-role", "POST", CHAT, {}, j(messages=[{"content": "hi"}]), 400, ["role"]),
+    ("message-bad-role", "POST", CHAT, {}, j(messages=[{"role": "wizard", "content": "hi"}]),
+     400, ["wizard"]),
+    ("message-content-number", "POST", CHAT, {}, j(messages=[{"role": "user", "content": 5}]),
+     400, ["content"]),
+    # bytes
+    ("invalid-utf8", "POST", C, {}, b'{"prompt": "caf\xc3"}', 400, []),
+    ("overlong-utf8", "POST", C, {}, b'{"prompt": "\xc0\xaf"}', 400, []),
+    ("invalid-utf8-chat", "POST", CHAT, {},
+     b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}', 400, []),
+    ("lone-surrogate", "POST", C, {}, b'{"prompt": "\\ud800"}', 400, []),
+    ("empty-prompt", "POST", C, {}, j(prompt=""), 400, ["prompt"]),
+    ("empty-token-list", "POST", C, {}, j(prompt=[]), 400, ["prompt"]),
+    ("two-prompts", "POST", C, {}, j(prompt=["a", "b"]), 400, ["prompt"]),
+    ("stream-options-without-stream", "POST", C, {},
+     j(prompt="x", stream_options={"include_usage": True}), 400, ["stream_options"]),
+    ("empty-session-id", "POST", C, {}, j(prompt="x", session_id=""), 400, ["session_id"]),
+    ("unknown-model", "POST", C, {}, j(prompt="x", model="nope"), 404, ["nope"]),
+    ("wrong-content-type", "POST", C, {"Content-Type": "text/plain"}, j(prompt="x"), 415, []),
+    # routes and methods
+    ("get-completions", "GET", C, {}, None, 405, []),
+    ("delete-chat", "DELETE", CHAT, {}, None, 405, []),
+    ("post-models", "POST", "/v1/models", {}, j(prompt="x"), 405, []),
+    ("post-health", "POST", "/health", {}, b"{}", 405, []),
+    ("no-route", "GET", "/v2/completions", {}, None, 404, []),
+    ("no-route-post", "POST", "/v1/embeddings", {}, j(input="x"), 404, []),
+]
+
+
+def check_error_body(status, headers, body, want_status, words):
+    assert status == want_status, body[:300]
+    assert headers.get("content-type", "").startswith("application/json"), headers
+    e = json.loads(body)["error"]
+    assert isinstance(e["message"], str) and e["message"], e
+    assert isinstance(e["type"], str) and e["type"], e
+    assert "param" in e and "code" in e, e
+    for w in words:
+        assert w in e["message"] or w == e.get("param"), (w, e)
+    return e
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_request(rkvd, case):
+    _, method, path, headers, body, status, words = case
+    h = dict(headers)
+    if body is not None and "Content-Type" not in h:
+        h["Content-Type"] = "application/json"
+    st, hd, data = rkvd.request(method, path, body=body, headers=h)
+    check_error_body(st, hd, data, status, words)
+    if status == 405:
+        assert "allow" in hd
+
+
+def test_prompt_longer_than_context(rkvd, ref):
+    # 2048 positions (the tiny model's context): the message names both numbers
+    ids = [int(t) % 500 + 1 for t in range(3000)]
+    st, hd, data = rkvd.request("POST", C, body={"prompt": ids, "max_tokens": 4})
+    e = check_error_body(st, hd, data, 400, ["3000", "2048"])
+    text = "fox " * 2500
+    n = len(ref.tokens(text))
+    assert n > 2048
+    st, hd, data = rkvd.request("POST", C, body={"prompt": text, "max_tokens": 4})
+    check_error_body(st, hd, data, 400, [str(n), "2048"])
+    msgs = [{"role": "user", "content": text}]
+    st, hd, data = rkvd.request("POST", CHAT, body={"messages": msgs, "max_tokens": 4})
+    check_error_body(st, hd, data, 400, ["2048"])
+    assert e["type"] == "invalid_request_error"
+
+
+# --- protocol level, on raw sockets -----------------------------------------------------
+
+
+def raw(srv, data, timeout=10, pause=None):
+    """send data (optionally in two parts with a pause), read to EOF: (status, headers, body)"""
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=timeout)
+    try:
+        if pause:
+            s.sendall(data[:pause[0]])
+            time.sleep(pause[1])
+            try:
+                s.sendall(data[pause[0]:])
+            except OSError:
+                pass
+        else:
+            s.sendall(data)
+        out = b""
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        s.close()
+    head, _, body = out.partition(b"\r\n\r\n")
+    lines = head.decode(errors="replace").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+    return status, headers, body
+
+
+POST = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+RAW_CASES = [
+    ("garbage-request-line", b"GARBAGE\r\n\r\n", 400),
+    ("bad-content-length", POST + b"Content-Length: abc\r\n\r\n{}", 400),
+    ("bad-chunk-size", POST + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n", 400),
+    ("header-too-large", POST + b"X-Big: " + b"a" * 20000 + b"\r\n\r\n", 431),
+    ("body-too-large", POST + b"Content-Length: 200000\r\n\r\n" + b"x" * 200000, 413),
+    ("chunked-too-large", POST + b"Transfer-Encoding: chunked\r\n\r\n" +
+     (b"8000\r\n" + b"x" * 0x8000 + b"\r\n") * 4 + b"0\r\n\r\n", 413),
+]
+
+
+@pytest.mark.parametrize("case", RAW_CASES, ids=[c[0] for c in RAW_CASES])
+def test_bad_http(rkvd, case):
+    _, data, status = case
+    st, hd, body = raw(rkvd, data)
+    check_error_body(st, hd, body, status, [])
+
+
+def test_slow_headers_get_408(rkvd):
+    # the shared server runs with http_header_timeout 1 s
+    t0 = time.monotonic()
+    st, hd, body = raw(rkvd, POST + b"Content-Length: 2\r\n\r\n{}", pause=(20, 3))
+    assert time.monotonic() - t0 < 3 + 2
+    check_error_body(st, hd, body, 408, [])
+
+
+def test_oversized_body_via_client(rkvd):
+    st, hd, data = rkvd.request("POST", C, body={"prompt": "x" * 100000})
+    check_error_body(st, hd, data, 413, [])
+
+
+def test_server_healthy_after_the_corpus(rkvd, ref):
+    """runs after the corpus above (file order): still healthy, still right"""
+    st, _, body = rkvd.request("GET", "/health")
+    assert st == 200, body
+    st, _, body = rkvd.request("POST", C, body={"prompt": "Hello", "max_tokens": 6,
+                                                "temperature": 0})
+    assert st == 200, body
+    assert json.loads(body)["choices"][0]["text"] == ref.gen("Hello", n=6)["text"]
+
+
+# --- auth -------------------------------------------------------------------------------
+
+
+def test_bad_auth_once_a_key_exists(rkvd_factory):
+    from conftest import rkv_bin
+    srv = rkvd_factory()
+    body = {"prompt": "x", "max_tokens": 2}
+    assert srv.request("POST", C, body=body)[0] == 200  # no key yet: open
+    r = subprocess.run([rkv_bin("rkvctl"), "--socket", str(srv.run_dir / "admin.sock"),
+                        "--json", "keys", "add", "tester"], capture_output=True, timeout=30)
+    assert r.returncode == 0, r.stderr.decode()
+    key = json.loads(r.stdout)["secret"]
+    for name, h in [("none", {}), ("wrong", {"Authorization": "Bearer sk-wrong"}),
+                    ("not-bearer", {"Authorization": "Basic " + key}),
+                    ("empty", {"Authorization": "Bearer "})]:
+        st, hd, data = srv.request("POST", C, body=body, headers=h)
+        check_error_body(st, hd, data, 401, [])
+        assert hd.get("www-authenticate", "").startswith("Bearer"), name
+    st, _, data = srv.request("POST", C, body=body, headers={"Authorization": "Bearer " + key})
+    assert st == 200, data
+    assert srv.request("GET", "/health")[0] == 200
