@@ -700,9 +700,12 @@ static void kick(struct sched *s, uint32_t w)
     j->worker = w;
     j->kv_gen = s->kv_gen;
     j->n_closes = (uint32_t)ws->closes.len;
-    memcpy(j->closes, ws->closes.data, ws->closes.len * sizeof(uint64_t));
+    /* an empty vector's data is NULL: memcpy must not see it */
+    if (ws->closes.len)
+        memcpy(j->closes, ws->closes.data, ws->closes.len * sizeof(uint64_t));
     j->n_idles = (uint32_t)ws->idles.len;
-    memcpy(j->idles, ws->idles.data, ws->idles.len * sizeof(uint64_t));
+    if (ws->idles.len)
+        memcpy(j->idles, ws->idles.data, ws->idles.len * sizeof(uint64_t));
     ws->closes.len = 0;
     ws->idles.len = 0;
     int32_t *arena = (int32_t *)(j->idles + j->n_idles);
