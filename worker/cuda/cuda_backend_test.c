@@ -1,0 +1,77 @@
+/* cuda_backend_test.c - cuda start-up anywhere: a gpu answers, or auto falls back to cpu. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/err.h"
+#include "worker/backend.h"
+#ifdef RKV_CUDA
+#include "worker/cuda/cuda_backend.h"
+#endif
+
+/* auto always gives a working backend: cuda where a gpu answers, else cpu */
+static void test_auto_starts(void **state)
+{
+    (void)state;
+    struct backend_opts o = {"auto", 1, 0};
+    struct backend *be = NULL;
+    char err[256];
+    assert_int_equal(backend_init(&o, &be, err, sizeof(err)), 0);
+    const char *name = backend_name(be);
+    assert_true(!strcmp(name, "cpu") || !strcmp(name, "cuda"));
+    backend_free(be);
+}
+
+#ifdef RKV_CUDA
+/* without a gpu (ci, this build machine) a forced cuda backend fails with
+ * RKV_ENODEV and a message naming the fix; with one it starts */
+static void test_forced_cuda(void **state)
+{
+    (void)state;
+    struct backend_opts o = {"cuda", 1, 0};
+    struct backend *be = NULL;
+    char err[256] = "";
+    int n = rkv_cuda_backend_probe();
+    int rc = backend_init(&o, &be, err, sizeof(err));
+    if (n > 0) {
+        assert_int_equal(rc, 0);
+        assert_string_equal(backend_name(be), "cuda");
+        backend_free(be);
+        return;
+    }
+    assert_int_equal(n, RKV_ENODEV);
+    assert_int_equal(rc, RKV_ENODEV);
+    assert_non_null(strstr(err, "--backend cpu"));
+    /* the direct hook says the same */
+    err[0] = '\0';
+    assert_int_equal(cuda_backend_create(&o, &be, err, sizeof(err)), RKV_ENODEV);
+    assert_non_null(strstr(err, "gpu 0"));
+    assert_non_null(strstr(err, "--backend cpu"));
+}
+
+/* a gpu ordinal past the last device is refused, never a crash */
+static void test_bad_ordinal(void **state)
+{
+    (void)state;
+    struct backend_opts o = {"cuda", 1, 1000};
+    struct backend *be = NULL;
+    assert_int_equal(rkv_cuda_backend_init(&o, &be), RKV_ENODEV);
+}
+#endif
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_auto_starts),
+#ifdef RKV_CUDA
+        cmocka_unit_test(test_forced_cuda),
+        cmocka_unit_test(test_bad_ordinal),
+#endif
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
