@@ -382,11 +382,11 @@ def test_budget_replans_live_and_persists(tiny_model, tmp_path_factory):
         assert res["after"][0]["sessions"]["resident"] == 4, res
         assert any(e["to"] == "resident" and "promoted" in e["reason"]
                    for e in ok(srv, "events", "--since", "1h")["events"])
-        res = ok(srv, "budget", "set", "--vram-target", "64KiB", "--compute-reserve", "0")
-        assert res["budget"] == {"vram_target": 65536, "host_budget": 512 << 20,
+        res = ok(srv, "budget", "set", "--vram-target", "3MiB", "--compute-reserve", "0")
+        assert res["budget"] == {"vram_target": 3 << 20, "host_budget": 512 << 20,
                                  "compute_reserve": 0}
         rc, text, _ = rkvctl(srv, "budget", "get", json_out=False)
-        assert "64.00 KiB" in text and "512.00 MiB" in text
+        assert "3.00 MiB" in text and "512.00 MiB" in text
     finally:
         conftest._stop_checked(srv)
     # a new rkvd on that state (the sqlite file) starts with the budgets set at runtime
@@ -395,9 +395,9 @@ def test_budget_replans_live_and_persists(tiny_model, tmp_path_factory):
     srv2 = conftest.Rkvd(tiny_model, root2, ["--block-size", "16"]).start()
     try:
         b = ok(srv2, "budget", "get")["budget"]
-        assert b["vram_target"] == 65536 and b["host_budget"] == 512 << 20
-        assert ok(srv2, "status")["budgets"]["vram_target"] == 65536
-        assert "--vram-target 65536B" in open(f"/proc/{srv2.child_pid('rkv-kvmgr')}/cmdline",
+        assert b["vram_target"] == 3 << 20 and b["host_budget"] == 512 << 20
+        assert ok(srv2, "status")["budgets"]["vram_target"] == 3 << 20
+        assert "--vram-target 3145728B" in open(f"/proc/{srv2.child_pid('rkv-kvmgr')}/cmdline",
                                                 "rb").read().replace(b"\0", b" ").decode()
     finally:
         conftest._stop_checked(srv2)
