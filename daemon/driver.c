@@ -54,6 +54,7 @@ struct wthread {
     struct step_job *job; /* guarded by d->mu */
     struct proto_sock *kv, *wk;
     uint64_t acked_epoch;
+    uint32_t worker_kvmgr_pid; /* the kvmgr whose pools the worker maps (its hello) */
     int up;
     int lost; /* guarded by d->mu: the process died; ask it for hello again */
     struct proto_wbuf buf;
@@ -265,6 +266,28 @@ static void run_job(struct wthread *t, struct step_job *job)
         return;
     }
     job->kvmgr_pid = st.kvmgr_pid;
+    if (st.kvmgr_pid != t->worker_kvmgr_pid) {
+        /* a new kvmgr: the worker must map its pools before it runs its
+         * tables (until it notices, it still maps the old ones) */
+        struct proto_hello h = {PROTO_ROLE_RKVD, (uint32_t)getpid(), t->idx, -1, PROTO_VERSION,
+                                "rkvd"};
+        struct proto_hello_ack ack;
+        rc = proto_call_json(t->wk, PROTO_MSG_HELLO, &h, PROTO_MSG_HELLO_ACK, &ack, 2000,
+                             job->err, sizeof job->err);
+        if (!rc && (!ack.accepted || ack.kvmgr_pid != st.kvmgr_pid)) {
+            /* as a kvmgr failure: the worker is fine, the step is retried */
+            rc = proto_seterr(job->err, sizeof job->err, RKV_ESTATE,
+                              "worker %u has not attached to kvmgr %u yet", t->idx,
+                              st.kvmgr_pid);
+            job->kvmgr_failed = 1;
+        }
+        if (rc) {
+            proto_kv_tables_free(tb);
+            job->rc = rc;
+            return;
+        }
+        t->worker_kvmgr_pid = st.kvmgr_pid;
+    }
     rc = worker_step(t, job, tb);
     if (rc) {
         job->rc = rc;
@@ -311,6 +334,7 @@ static void *worker_thread(void *arg)
             if (proto_call_json(t->wk, PROTO_MSG_HELLO, &h, PROTO_MSG_HELLO_ACK, &ack, 500, err,
                                 sizeof err) == 0 &&
                 ack.accepted) {
+                t->worker_kvmgr_pid = ack.kvmgr_pid;
                 t->up = 1;
                 post(d, ev_new(EV_UP, t->idx));
             }

@@ -774,6 +774,21 @@ static void fail_running(struct sched *s, uint32_t w, int status, const char *ms
     update_gauges(s);
 }
 
+/* a step whose work does not count: its sequences are free for the next one,
+ * the worker rebuilds their samplers */
+static void job_drop(struct sched *s, const struct step_job *j)
+{
+    for (uint32_t i = 0; i < j->n_seqs; i++) {
+        struct seq *q = rkv_map_get(&s->by_sid, j->seqs[i].sid);
+        if (!q)
+            continue;
+        q->in_flight = 0;
+        q->sess->worker_knows = 0;
+        if (q->cancelled)
+            finish_seq(q, API_FINISH_ABORT);
+    }
+}
+
 void sched_job_done(struct sched *s, struct step_job *j)
 {
     struct worker_slot *ws = &s->workers[j->worker];
@@ -783,15 +798,7 @@ void sched_job_done(struct sched *s, struct step_job *j)
         /* built before kvmgr restarted (or placed by the new one while the
          * sessions still counted the old one's KV): its tokens came from KV
          * that no longer exists, and its closes went to the wrong kvmgr */
-        for (uint32_t i = 0; i < j->n_seqs; i++) {
-            struct seq *q = rkv_map_get(&s->by_sid, j->seqs[i].sid);
-            if (!q)
-                continue;
-            q->in_flight = 0;
-            q->sess->worker_knows = 0;
-            if (q->cancelled)
-                finish_seq(q, API_FINISH_ABORT);
-        }
+        job_drop(s, j);
         free(j);
         for (uint32_t w = 0; w < s->cfg.n_workers; w++)
             if (restarted || w == (uint32_t)(ws - s->workers))
@@ -805,15 +812,7 @@ void sched_job_done(struct sched *s, struct step_job *j)
             rkv_vec_push(&ws->closes, &j->closes[i]);
         for (uint32_t i = 0; i < j->n_idles; i++)
             rkv_vec_push(&ws->idles, &j->idles[i]);
-        for (uint32_t i = 0; i < j->n_seqs; i++) {
-            struct seq *q = rkv_map_get(&s->by_sid, j->seqs[i].sid);
-            if (!q)
-                continue;
-            q->in_flight = 0;
-            q->sess->worker_knows = 0;
-            if (q->cancelled)
-                finish_seq(q, API_FINISH_ABORT);
-        }
+        job_drop(s, j);
         if (ws->failures++ == 0)
             ws->first_failure_ms = rkv_now_ms();
         uint32_t w = j->worker;

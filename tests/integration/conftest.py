@@ -104,6 +104,13 @@ class Rkvd:
             self._check_alive(deadline)
             time.sleep(0.05)
 
+    def wait_log(self, text, timeout=30):
+        """until rkvd's log holds text"""
+        deadline = time.monotonic() + timeout
+        while text not in self.log():
+            self._check_alive(deadline)
+            time.sleep(0.02)
+
     def stop(self, timeout=60, signal_it=True):
         """SIGTERM (unless the test sent it: a second one means "exit now, 1"), wait for the
         exit; returns the exit code"""

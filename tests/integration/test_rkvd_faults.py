@@ -90,9 +90,12 @@ def test_worker_sigkill_during_16_streams(rkvd_factory):
 
     s = Streams(srv, ps).start()
     running = s.wait_all_started()
+    prefill0 = srv.metric("rkv:prefill_tokens_total")
     os.kill(worker, signal.SIGKILL)
     s.join()
     assert running > 0, "every stream ended before the kill: make them longer"
+    # the KV stayed in kvmgr: nothing was computed again
+    assert srv.metric("rkv:prefill_tokens_total") == prefill0
     assert s.error == [None] * 16, s.error
     assert s.finish == ["length"] * 16
     for i in range(16):
@@ -102,8 +105,11 @@ def test_worker_sigkill_during_16_streams(rkvd_factory):
     srv.wait_healthy()
 
 
-def test_kvmgr_sigkill_during_streams(rkvd_factory, ref):
-    srv = rkvd_factory()
+@pytest.mark.parametrize("workers", [1, 2])
+def test_kvmgr_sigkill_during_streams(rkvd_factory, ref, workers):
+    srv = rkvd_factory("--workers", str(workers), "--threads", str(2 // workers))
+    for w in range(workers):
+        srv.wait_log(f"worker {w} is up")
     ps = prompts(8)
     want = baseline(srv, ps)
     kvmgr = srv.child_pid("rkv-kvmgr")
