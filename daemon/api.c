@@ -103,6 +103,8 @@ static void send_error(struct http_req *req, const struct api_error *e)
         http_resp_header(req, "Allow", strcmp(http_req_path(req), "/v1/models") ? "POST" : "GET");
     if (e->status == 401)
         http_resp_header(req, "WWW-Authenticate", "Bearer");
+    if (e->status == 429 || e->status == 503)
+        http_resp_header(req, "Retry-After", "1"); /* queue full / not ready: soon */
     static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
                               "\"param\":null,\"code\":null}}";
     http_respond(req, e->status, "application/json", j ? j : oom, strlen(j ? j : oom));

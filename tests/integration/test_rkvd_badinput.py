@@ -238,3 +238,41 @@ def test_bad_auth_once_a_key_exists(rkvd_factory):
     st, _, data = srv.request("POST", C, body=body, headers={"Authorization": "Bearer " + key})
     assert st == 200, data
     assert srv.request("GET", "/health")[0] == 200
+
+
+def test_full_queue_gets_429_with_retry_after(rkvd_factory):
+    import http.client
+    srv = rkvd_factory("--max-running", "1", "--max-waiting", "1")
+    body = json.dumps({"prompt": "a long one", "max_tokens": 2000, "temperature": 0,
+                       "ignore_eos": True, "stream": True})
+    conns = []
+
+    def open_stream():
+        c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
+        c.request("POST", C, body=body, headers={"Content-Type": "application/json"})
+        conns.append(c)
+        return c
+
+    try:
+        r0 = open_stream().getresponse()  # running
+        assert r0.status == 200
+        r0.fp.readline()
+        open_stream()  # queued behind it
+        deadline = time.monotonic() + 10
+        while srv.metric("rkv:num_requests_waiting") != 1:
+            assert time.monotonic() < deadline, "the second request never queued"
+            time.sleep(0.01)
+        st, hd, data = srv.request("POST", C, body={"prompt": "one more", "max_tokens": 2})
+        check_error_body(st, hd, data, 429, [])
+        assert hd.get("retry-after") == "1"
+    finally:
+        for c in conns:
+            c.close()
+    # the streams' clients left: their slots free up, the server serves again
+    deadline = time.monotonic() + 30
+    while True:
+        st, _, data = srv.request("POST", C, body={"prompt": "after", "max_tokens": 2})
+        if st == 200:
+            break
+        assert st == 429 and time.monotonic() < deadline, data
+        time.sleep(0.05)
