@@ -192,10 +192,10 @@ deb: all
 run: all
 	@scripts/run.sh $(BUILD)
 
-gpu-test: all
+gpu-test:
 	@scripts/gpu-test.sh $(BUILD)
 
-bench: all
+bench:
 	@scripts/bench.sh $(BUILD)
 
 format:
