@@ -113,9 +113,10 @@ static const struct cfg_key keys[] = {
      .help = "seconds a client may take to send its request headers (then 408)"},
     {K("log_level", CFG_ENUM, log_level), .names = levels, .def = "info", .help = "log level"},
     {K("admin_socket", CFG_STR, admin_socket), S(admin_socket),
-     .help = "admin socket for rkvctl (default RUNTIME_DIR/admin.sock; \"none\" = off)"},
+     .help = "admin socket for rkvctl, mode 0660; empty: RUNTIME_DIR/admin.sock, \"none\": no "
+             "socket"},
     {K("admin_group", CFG_STR, admin_group), S(admin_group),
-     .help = "group that owns the admin socket (mode 0660); default: rkvd's group"},
+     .help = "group that may use the admin socket; empty: rkvd's own group"},
 };
 #undef K
 #undef S
