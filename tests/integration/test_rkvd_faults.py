@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 
 import pytest
 
@@ -172,3 +173,54 @@ def test_busy_port_exits_1_and_stops_children(tiny_model, tmp_path_factory):
     assert r.returncode == 1, log
     assert f"127.0.0.1:{port}" in log and "address already in use" in log, log
     assert srv.stragglers() == []
+
+
+def test_named_session_after_kvmgr_restart(rkvd_factory, ref):
+    """the session's KV is gone with kvmgr: its next turn is computed from the token history"""
+    srv = rkvd_factory()
+    c = openai.OpenAI(base_url=srv.base_url, api_key="none", max_retries=0, timeout=60)
+    p1 = list(ref.tokens("A conversation that outlives its kvmgr"))
+    a1 = ref.gen(ids=tuple(p1), n=8)
+    c.completions.create(model="tiny", prompt=p1, max_tokens=8, temperature=0,
+                         extra_body={"session_id": "survivor"})
+    kvmgr = srv.child_pid("rkv-kvmgr")
+    os.kill(kvmgr, signal.SIGKILL)
+    srv.wait_log("kvmgr restarted")
+    srv.wait_healthy()
+    p2 = p1 + a1["ids"] + list(ref.tokens(" and then", bos=False))
+    hits0 = srv.metric("rkv:prefix_cache_hits_total")
+    pre0 = srv.metric("rkv:prefill_tokens_total")
+    r = c.completions.create(model="tiny", prompt=p2, max_tokens=8, temperature=0,
+                             extra_body={"session_id": "survivor"})
+    assert r.choices[0].text == ref.gen(ids=tuple(p2), n=8)["text"]
+    assert srv.metric("rkv:prefix_cache_hits_total") == hits0
+    assert srv.metric("rkv:prefill_tokens_total") - pre0 == len(p2)
+
+
+def test_worker_that_keeps_dying_stops_rkvd_nonzero(rkvd_factory):
+    srv = rkvd_factory()
+    pid = None
+    for _ in range(6):  # 5 restarts are allowed within the window
+        new = srv.child_pid("rkv-worker", timeout=30)
+        assert new != pid
+        pid = new
+        os.kill(pid, signal.SIGKILL)
+        if srv.proc.poll() is not None:
+            break
+        deadline = time.monotonic() + 30
+        while srv.proc.poll() is None and os.path.exists(f"/proc/{pid}") and \
+                _state(pid) != "Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    code = srv.stop(signal_it=False)
+    assert code == 1, srv.log()[-3000:]
+    assert "keeps dying" in srv.log()
+    assert srv.stragglers() == []
+
+
+def _state(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
