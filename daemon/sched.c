@@ -436,6 +436,9 @@ static int submit_cb(void *ctx, struct api_call *call, const struct api_request 
     q->cached = lcp;
     q->sess = se;
     se->busy = q;
+    /* the worker's sampler for this session holds the previous request's
+     * parameters and rng: rebuild it from this one's and the history */
+    se->worker_knows = 0;
     q->n_prompt = np;
     uint32_t room = s->cfg.ctx_size - np;
     q->max_tokens = (uint32_t)r->max_tokens < room ? (uint32_t)r->max_tokens : room;

@@ -283,9 +283,10 @@ class Ref:
         return self.tokens(r.stdout.decode(), True, True)
 
     @functools.lru_cache(maxsize=None)
-    def gen(self, prompt=None, ids=None, n=16):
-        """rkv-gen's greedy answer: {"ids": [...], "text": ..., "finish_reason": ...}"""
-        args = [rkv_bin("rkv-gen"), "--model", self.model, "-n", str(n), "--temp", "0",
+    def gen(self, prompt=None, ids=None, n=16, sampling=("--temp", "0")):
+        """rkv-gen's answer (greedy unless sampling holds other rkv-gen flags):
+        {"ids": [...], "text": ..., "finish_reason": ...}"""
+        args = [rkv_bin("rkv-gen"), "--model", self.model, "-n", str(n), *sampling,
                 "--backend", "cpu", "--threads", "2", "--json"]
         if ids is not None:
             args += ["--prompt-ids", ",".join(str(i) for i in ids)]

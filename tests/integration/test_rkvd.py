@@ -137,6 +137,51 @@ def test_logprobs_match_text(rkvd, ref):
         assert max(top.values()) == pytest.approx(l, abs=1e-5)
 
 
+SAMPLING = [
+    ({"temperature": 1.0, "seed": 42}, ("--temp", "1", "--seed", "42")),
+    ({"temperature": 0.8, "top_k": 20, "top_p": 0.9, "seed": 7},
+     ("--temp", "0.8", "--top-k", "20", "--top-p", "0.9", "--seed", "7")),
+    ({"temperature": 0.7, "min_p": 0.05, "seed": 3},
+     ("--temp", "0.7", "--min-p", "0.05", "--seed", "3")),
+    ({"temperature": 0, "presence_penalty": 1.0, "frequency_penalty": 0.5},
+     ("--temp", "0", "--presence-penalty", "1.0", "--frequency-penalty", "0.5")),
+    ({"temperature": 0, "repetition_penalty": 1.3}, ("--temp", "0", "--repeat-penalty", "1.3")),
+]
+
+
+@pytest.mark.parametrize("kw,flags", SAMPLING, ids=[str(k) for k, _ in SAMPLING])
+def test_sampling_equals_rkv_gen(rkvd, ref, kw, flags):
+    want = ref.gen(PROMPTS[0], n=20, sampling=flags)
+    c = client(rkvd)
+    for _ in range(2):  # seeded: the same every time
+        r = c.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=20,
+                                 extra_body={k: v for k, v in kw.items()
+                                             if k in ("top_k", "min_p", "repetition_penalty")},
+                                 **{k: v for k, v in kw.items()
+                                    if k not in ("top_k", "min_p", "repetition_penalty")})
+        assert r.choices[0].text == want["text"]
+
+
+def test_stop_strings_cut_like_rkv_gen(rkvd, ref):
+    full = ref.gen(PROMPTS[0], n=20)["text"]
+    c = client(rkvd)
+    # pieces of the greedy answer: inside a token, across tokens, a control byte
+    for stop in (full[1:3], full[4:7], full[-5:-3], "\x11", "never in the answer"):
+        r = c.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=20,
+                                 temperature=0, stop=[stop])
+        ch = r.choices[0]
+        if stop in full:
+            assert ch.text == full[:full.index(stop)], stop
+            assert ch.finish_reason == "stop"
+        else:
+            assert ch.text == full and ch.finish_reason == "length"
+        # streamed: the same text, never a piece of the stop string
+        text = "".join(k.choices[0].text for k in c.completions.create(
+            model="tiny", prompt=PROMPTS[0], max_tokens=20, temperature=0, stop=[stop],
+            stream=True))
+        assert text == ch.text
+
+
 # --- 2. concurrency -------------------------------------------------------------------
 
 WORDS = ("the quick brown fox jumps over a lazy dog while we are reading code and numbers "
@@ -212,6 +257,23 @@ def test_second_turn_prefills_only_new_tokens(rkvd, ref):
     assert r2.choices[0].text == want["text"]
     r3 = c.completions.create(model="tiny", prompt=p2, max_tokens=8, temperature=0)
     assert r3.choices[0].text == want["text"]
+
+
+def test_session_turn_uses_its_own_sampling(rkvd, ref):
+    """a session's next turn samples with that request's parameters, not the last one's"""
+    c = client(rkvd)
+    p1 = list(ref.tokens("A session that changes its sampling"))
+    a1 = ref.gen(ids=tuple(p1), n=8)
+    c.completions.create(model="tiny", prompt=p1, max_tokens=8, temperature=0,
+                         extra_body={"session_id": "resample"})
+    p2 = p1 + a1["ids"] + list(ref.tokens(" next", bos=False))
+    want = ref.gen(ids=tuple(p2), n=12, sampling=("--temp", "1", "--seed", "5"))
+    r = c.completions.create(model="tiny", prompt=p2, max_tokens=12, temperature=1.0, seed=5,
+                             extra_body={"session_id": "resample"})
+    assert r.choices[0].text == want["text"]
+    fresh = c.completions.create(model="tiny", prompt=p2, max_tokens=12, temperature=1.0,
+                                 seed=5)
+    assert fresh.choices[0].text == want["text"]
 
 
 def test_session_header_reuses_kv(rkvd, ref):
