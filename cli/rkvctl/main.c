@@ -410,11 +410,12 @@ static void print_bars(const cJSON *res)
         for (int t = 0; t < 4; t++) {
             double n = num(s, g_tactics[t]);
             int w = (int)(40 * n / max + 0.5);
-            char bar[200] = "";
+            /* a block is 3 bytes of UTF-8: pad by hand, printf counts bytes */
+            char bar[200];
             size_t len = 0;
-            for (int i = 0; i < w; i++)
-                len += (size_t)snprintf(bar + len, sizeof bar - len, "\u2588");
-            printf("  %-9s %-40s %5.0f session(s) %12s\n", g_tactics[t], bar, n,
+            for (int i = 0; i < 40; i++)
+                len += (size_t)snprintf(bar + len, sizeof bar - len, "%s", i < w ? "\u2588" : " ");
+            printf("  %-9s %s %5.0f session(s) %12s\n", g_tactics[t], bar, n,
                    sz(num(b, g_tactics[t])));
         }
     }
