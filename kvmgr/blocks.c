@@ -457,11 +457,24 @@ int kvb_session_append(struct kvb *kvb, uint64_t sid, const uint32_t *tokens, si
     if (!s)
         return RKV_ENOTFOUND;
     size_t grow = blocks_for(kvb, s->tokens.len + n) - s->ents.len;
-    if (rkv_vec_reserve(&s->tokens, s->tokens.len + n))
+    if (rkv_vec_reserve(&s->tokens, s->tokens.len + n) ||
+        rkv_vec_reserve(&s->drops, s->drops.len + 1))
         return RKV_ENOMEM;
     int rc = sess_grow(kvb, s, grow, KVB_NONE);
     if (rc)
         return rc;
+    /* the partly filled newest block is written again: a clean host copy of
+     * it goes stale (demoting it later must copy, not reuse the copy) */
+    int changed = grow != 0;
+    if (n && s->tokens.len % kvb->block_tokens) {
+        struct ent *last = ENT(s, s->tokens.len / kvb->block_tokens);
+        if (last->host != KVB_NONE && last->dev != KVB_NONE) {
+            s->epoch = ++kvb->epoch;
+            sess_drop(s, host_pool(kvb), last->host);
+            last->host = KVB_NONE;
+            changed = 0; /* the epoch is new already */
+        }
+    }
     uint32_t *dst = (uint32_t *)s->tokens.data + s->tokens.len;
     if (tokens)
         memcpy(dst, tokens, n * sizeof(uint32_t));
@@ -470,8 +483,9 @@ int kvb_session_append(struct kvb *kvb, uint64_t sid, const uint32_t *tokens, si
     if (tokens && s->n_known == s->tokens.len)
         s->n_known += n;
     s->tokens.len += n;
-    if (grow)
+    if (changed)
         s->epoch = ++kvb->epoch;
+    sess_release(kvb, s);
     return 0;
 }
 
@@ -625,7 +639,7 @@ static void mv_release(struct kvb *kvb, struct sess *s, uint32_t pool)
 /* shared by demote and promote: picks n entries, finds or allocates their
  * destination blocks in pool `to` */
 static int move_open(struct kvb *kvb, uint64_t sid, uint32_t n, struct kvb_copy *ops, size_t cap,
-                     size_t *n_ops, enum mv_kind kind)
+                     size_t *n_ops, enum mv_kind kind, int parking)
 {
     struct sess *s = sess_get(kvb, sid);
     *n_ops = 0;
@@ -646,7 +660,10 @@ static int move_open(struct kvb *kvb, uint64_t sid, uint32_t n, struct kvb_copy 
     for (size_t k = 0; k < len && s->mv.len < n; k++) {
         uint32_t i = demote ? (uint32_t)k : (uint32_t)(len - 1 - k);
         struct ent *e = ENT(s, i);
-        if (demote ? (e->dev == KVB_NONE || i == len - 1) : e->dev != KVB_NONE)
+        /* the newest block stays while it is being written; once it is full the
+         * next position starts a new block, so it may go too */
+        int writing = !parking && i == len - 1 && s->tokens.len % kvb->block_tokens != 0;
+        if (demote ? (e->dev == KVB_NONE || writing) : e->dev != KVB_NONE)
             continue;
         struct mv m = {i, KVB_NONE};
         if (!demote || e->host == KVB_NONE) {
@@ -676,13 +693,19 @@ static int move_open(struct kvb *kvb, uint64_t sid, uint32_t n, struct kvb_copy 
 int kvb_demote(struct kvb *kvb, uint64_t sid, uint32_t n, struct kvb_copy *ops, size_t cap,
                size_t *n_ops)
 {
-    return move_open(kvb, sid, n, ops, cap, n_ops, MV_DEMOTE);
+    return move_open(kvb, sid, n, ops, cap, n_ops, MV_DEMOTE, 0);
+}
+
+int kvb_park(struct kvb *kvb, uint64_t sid, uint32_t n, struct kvb_copy *ops, size_t cap,
+             size_t *n_ops)
+{
+    return move_open(kvb, sid, n, ops, cap, n_ops, MV_DEMOTE, 1);
 }
 
 int kvb_promote(struct kvb *kvb, uint64_t sid, uint32_t n, struct kvb_copy *ops, size_t cap,
                 size_t *n_ops)
 {
-    return move_open(kvb, sid, n, ops, cap, n_ops, MV_PROMOTE);
+    return move_open(kvb, sid, n, ops, cap, n_ops, MV_PROMOTE, 0);
 }
 
 int kvb_commit(struct kvb *kvb, uint64_t sid, uint64_t *epoch)
@@ -832,6 +855,9 @@ int kvb_ack(struct kvb *kvb, uint32_t worker, uint64_t sid, uint64_t epoch)
     return 0;
 }
 
+uint64_t kvb_epoch(const struct kvb *kvb) { return kvb->epoch; }
+uint32_t kvb_block_tokens(const struct kvb *kvb) { return kvb->block_tokens; }
+
 int kvb_ack_worker(struct kvb *kvb, uint32_t worker, uint64_t epoch)
 {
     if (epoch > kvb->epoch)
@@ -923,8 +949,13 @@ static int check_session_shape(const struct kvb *kvb, const struct sess *s)
         return RKV_EINTERNAL;
     }
     /* the block being written (a partial last block) is on the device; a
-     * full last block (after a fork on a boundary) is read-only */
-    if (s->tokens.len % kvb->block_tokens && ENT(s, s->ents.len - 1)->dev == KVB_NONE) {
+     * full last block (after a fork on a boundary) is read-only, and a parked
+     * session (nothing on the device) writes nothing until it is promoted */
+    int any_dev = 0;
+    for (size_t i = 0; i < s->ents.len; i++)
+        any_dev |= ENT(s, i)->dev != KVB_NONE;
+    if (s->tokens.len % kvb->block_tokens && any_dev &&
+        ENT(s, s->ents.len - 1)->dev == KVB_NONE) {
         log_error("kvb_check: session %llu: the block being written is not on the device",
                   (unsigned long long)s->id);
         return RKV_EINTERNAL;

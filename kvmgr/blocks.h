@@ -119,12 +119,17 @@ size_t kvb_session_tokens(const struct kvb *kvb, uint64_t sid);
 
 /* --- moves ------------------------------------------------------------------ */
 
-/* demotes the n oldest device-resident blocks (never the newest block).
+/* demotes the n oldest device-resident blocks (never the newest block while
+ * it is being written, i.e. partly filled).
  * ops (cap >= n) receives the copies; *n_ops may be < n when a block has a
  * host copy already. RKV_EBUSY while another move of the session is open,
  * RKV_ENOSPACE when the host pool is short (nothing changes). */
 int kvb_demote(struct kvb *kvb, uint64_t sid, uint32_t n, struct kvb_copy *ops, size_t cap,
                size_t *n_ops);
+/* kvb_demote for an idle session that nothing writes: the newest block may
+ * go too (PARKED keeps no block on the device) */
+int kvb_park(struct kvb *kvb, uint64_t sid, uint32_t n, struct kvb_copy *ops, size_t cap,
+             size_t *n_ops);
 /* promotes the n newest host-only blocks; the host copy is kept (BOTH) */
 int kvb_promote(struct kvb *kvb, uint64_t sid, uint32_t n, struct kvb_copy *ops, size_t cap,
                 size_t *n_ops);
@@ -146,6 +151,11 @@ int kvb_lease(struct kvb *kvb, uint32_t worker, uint64_t sid, uint64_t epoch);
 int kvb_unlease(struct kvb *kvb, uint32_t worker, uint64_t sid);
 /* worker adopted sid's table as of `epoch` (at a step boundary) */
 int kvb_ack(struct kvb *kvb, uint32_t worker, uint64_t sid, uint64_t epoch);
+/* the newest epoch of any table: a worker that finished a step with tables
+ * sent at this point may ack it, whichever sessions the step held */
+uint64_t kvb_epoch(const struct kvb *kvb);
+/* positions per block */
+uint32_t kvb_block_tokens(const struct kvb *kvb);
 /* worker adopted every table it was sent up to `epoch` */
 int kvb_ack_worker(struct kvb *kvb, uint32_t worker, uint64_t epoch);
 /* worker died: its leases go, blocks waiting only for it are released */

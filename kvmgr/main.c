@@ -59,7 +59,7 @@ static const struct cfg_key keys[] = {
     {K("listen", CFG_STR, listen), 600, .help = "default ipc://RUNTIME_DIR/kvmgr.sock"},
     {K("pub", CFG_STR, pub), 600, .help = "events; default ipc://RUNTIME_DIR/kvmgr-events.sock"},
     {K("backend", CFG_ENUM, backend), .names = backends, .def = "auto", .help = "pool kind"},
-    {K("vram_target", CFG_SIZE, vram_target), .min = 1 << 20, .max = 1ll << 50, .def = "1GiB",
+    {K("vram_target", CFG_SIZE, vram_target), .min = 4096, .max = 1ll << 50, .def = "1GiB",
      .help = "per-GPU cap for weights + KV + compute reserve"},
     {K("host_budget", CFG_SIZE, host_budget), .min = 0, .max = 1ll << 50, .def = "1GiB",
      .help = "host RAM for KV"},
@@ -377,6 +377,10 @@ static int place(struct kvmgr *k, struct sess *s)
         size_t n_cow = 0;
         if ((rc = kvb_session_truncate(k->kvb, s->sid, s->want_pos, cow, &n_cow)))
             return rc;
+        /* kvmgr does not know the worker's layout inside a block (positions
+         * are not outermost), so a copy-on-write moves the whole block */
+        for (size_t c = 0; c < n_cow; c++)
+            cow[c].n_tokens = (uint32_t)k->c.block_size;
         if (n_cow && (rc = kvpool_run_copies(k->dev, k->n_gpus, k->host, cow, n_cow)))
             return rc;
     } else if (s->want_pos > held) {
@@ -459,6 +463,12 @@ static int do_prep(struct kvmgr *k, const struct proto_in *in, struct proto_wbuf
         offs[i] = refs.len;
         rc = place(k, s);
         if (rc) {
+            const struct plan_assign *a = k->plan ? plan_find(k->plan, s->sid) : NULL;
+            log_debug("session %llu: cannot place %u positions (%s); plan %s dev %u host %u, "
+                      "free dev %u host %u",
+                      (unsigned long long)s->sid, s->want_pos, rkv_strerror(rc),
+                      a ? plan_tactic_name(a->tactic) : "none", a ? a->n_dev : 0,
+                      a ? a->n_host : 0, kvb_free_dev(k->kvb, s->gpu), kvb_free_host(k->kvb));
             t->status = rc == RKV_ENOSPACE ? RKV_ENOSPACE : rc;
             continue;
         }
@@ -484,9 +494,10 @@ static int do_prep(struct kvmgr *k, const struct proto_in *in, struct proto_wbuf
         }
         t->n_blocks = (uint32_t)n;
         kvb_lease(k->kvb, w, s->sid, sepoch);
-        if (sepoch > epoch)
-            epoch = sepoch;
     }
+    /* acking this epoch later releases everything older, also when no
+     * sequence of the step could be placed (or there were none) */
+    epoch = kvb_epoch(k->kvb);
     for (uint32_t i = 0; i < m->n_seqs; i++)
         tabs[i].blocks = (struct proto_block_ref *)refs.data + offs[i];
     struct proto_kv_tables out = {epoch, m->n_seqs, tabs};

@@ -22,11 +22,13 @@ int mig_session_state(const struct kvb *kvb, uint64_t sid, struct plan_session *
 /* moves n blocks of sid one way, runs the copies, commits; RKV_ENOSPACE and
  * RKV_EBUSY leave the session as it was */
 static int move(struct kvb *kvb, struct kvpool *const *dev, uint32_t n_gpus, struct kvpool *host,
-                uint64_t sid, uint32_t n, int demote, struct kvb_copy *ops, uint32_t *copies)
+                uint64_t sid, uint32_t n, int demote, int parking, struct kvb_copy *ops,
+                uint32_t *copies)
 {
     size_t n_ops = 0;
-    int rc =
-        demote ? kvb_demote(kvb, sid, n, ops, n, &n_ops) : kvb_promote(kvb, sid, n, ops, n, &n_ops);
+    int rc = !demote  ? kvb_promote(kvb, sid, n, ops, n, &n_ops)
+             : parking ? kvb_park(kvb, sid, n, ops, n, &n_ops)
+                       : kvb_demote(kvb, sid, n, ops, n, &n_ops);
     if (rc)
         return rc;
     rc = kvpool_run_copies(dev, n_gpus, host, ops, n_ops);
@@ -70,11 +72,16 @@ int mig_apply(struct kvb *kvb, struct kvpool *const *dev, uint32_t n_gpus, struc
             uint32_t total = a->n_dev + a->n_host, held = d + h;
             uint32_t grow = total > held ? total - held : 0;
             uint32_t target = a->n_dev > grow ? a->n_dev - grow : 0;
-            uint32_t k = demote ? (d > target ? RKV_MIN(d - target, d - 1) : 0)
+            /* the newest block stays while partly written; a full one may go
+             * when the session is about to start a new block */
+            size_t toks = kvb_session_tokens(kvb, a->id);
+            int parking = a->tactic == PLAN_PARKED;
+            int keep = !parking && !(grow > 0 && toks % kvb_block_tokens(kvb) == 0);
+            uint32_t k = demote ? (d > target ? RKV_MIN(d - target, d - keep) : 0)
                                 : (d < target ? RKV_MIN(target - d, h) : 0);
             if (k == 0)
                 continue;
-            int mrc = move(kvb, dev, n_gpus, host, a->id, k, demote, ops, &st->copies);
+            int mrc = move(kvb, dev, n_gpus, host, a->id, k, demote, parking, ops, &st->copies);
             if (mrc == 0) {
                 st->sessions_moved++;
                 *(demote ? &st->blocks_demoted : &st->blocks_promoted) += k;
