@@ -241,3 +241,19 @@ def _state(pid):
             return f.read().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "gone"
+
+
+def test_sigterm_deadline_cuts_long_streams_and_exits_0(rkvd_factory):
+    srv = rkvd_factory("--shutdown-timeout", "1")
+    s = Streams(srv, prompts(16), max_tokens=1900).start()
+    s.wait_all_started()
+    t0 = time.monotonic()
+    srv.proc.send_signal(signal.SIGTERM)
+    s.join()
+    assert srv.stop(signal_it=False) == 0
+    # 1 s for the streams, then the children's own shutdown
+    assert time.monotonic() - t0 < 15
+    assert srv.stragglers() == []
+    for i in range(16):
+        # cut at the deadline (the connection closes) or finished in time
+        assert s.error[i] is not None or s.finish[i] == "length"
