@@ -133,6 +133,21 @@ def test_example_config_is_accepted(tmp_path):
     assert r.returncode == 2 and "max_running" in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("prog", ["rkvd", "rkv-kvmgr", "rkv-worker"])
+def test_man_page_lists_every_option(prog):
+    out = run([binary(prog), "--help"]).stdout
+    flags = re.findall(r"^\s+(--[a-z0-9-]+)", out, re.M)
+    assert flags
+    page = (TOP / "docs" / "man" / f"{prog}.8").read_text().replace("\\-", "-")
+    missing = [f for f in flags if not re.search(rf"{f}\b(?!-)", page)]
+    assert not missing, f"docs/man/{prog}.8 does not document {missing}"
+    if not shutil.which("man"):
+        return  # the rendering check needs man-db
+    r = run(["man", "--warnings", "-l", str(TOP / "docs" / "man" / f"{prog}.8")], check=False,
+            env=dict(os.environ, MANWIDTH="80", LC_ALL="C.UTF-8"))
+    assert r.returncode == 0 and not r.stderr.strip(), r.stderr
+
+
 # --- the unit --------------------------------------------------------------------
 
 
@@ -378,13 +393,14 @@ def debroot(deb, tmp_path_factory):
     if r.returncode != 0:
         pytest.skip(f"debootstrap bookworm from {mirror} failed (no network?):\n"
                     f"{r.stderr[-1500:]}")
-    shutil.copy(deb, root / "tmp" / deb.name)
+    # /var/tmp: a booted container mounts a fresh /tmp
+    shutil.copy(deb, root / "var/tmp" / deb.name)
     m = run(["mount", "-t", "proc", "proc", str(root / "proc")], check=False)
     if m.returncode != 0:
         pytest.skip(f"cannot mount /proc in the chroot: {m.stderr.strip()}")
     try:
         env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        r = run(["chroot", str(root), "apt-get", "install", "-y", "-q", f"/tmp/{deb.name}"],
+        r = run(["chroot", str(root), "apt-get", "install", "-y", "-q", f"/var/tmp/{deb.name}"],
                 env=env, timeout=900)
         # no systemd runs in a chroot: enabled, not started, and said so? (no /run/systemd)
         assert "Setting up rkv" in r.stdout
@@ -449,9 +465,13 @@ class Container:
             ["systemd-nspawn", "--register=no", "--keep-unit", "--quiet", "-D", str(root),
              "-b", "--console=pipe", "-M", "rkvtest"],
             stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT)
-        self.init = wait_for(self._init_pid, 60, "the container's init")
-        wait_for(lambda: self.sh("systemctl is-system-running").stdout.strip()
-                 in ("running", "degraded"), 120, "the container to boot")
+        try:
+            self.init = wait_for(self._init_pid, 60, "the container's init")
+            wait_for(lambda: self.sh("systemctl is-system-running").stdout.strip()
+                     in ("running", "degraded"), 180, "the container to boot")
+        except BaseException:
+            self.stop()
+            raise
 
     def _init_pid(self):
         if self.proc.poll() is not None:
@@ -474,7 +494,10 @@ class Container:
 
     def stop(self):
         if self.proc.poll() is None:
-            self.sh("systemctl poweroff")
+            if getattr(self, "init", None):
+                self.sh("systemctl poweroff")
+            else:
+                self.proc.terminate()
             try:
                 self.proc.wait(60)
             except subprocess.TimeoutExpired:
@@ -498,7 +521,8 @@ def test_deb_service_under_systemd(debroot, tmp_path):
     try:
         c = Container(root, tmp_path / "nspawn.log")
     except AssertionError as e:
-        pytest.skip(f"systemd-nspawn cannot boot the root here: {e}")
+        pytest.skip(f"systemd-nspawn cannot boot the root here: {e}\n"
+                    f"{(tmp_path / 'nspawn.log').read_text(errors='replace')[-2000:]}")
     try:
         # enabled by the package, so it started at boot
         wait_for(lambda: c.show("ActiveState")["ActiveState"] in ("active", "failed"), 120,
@@ -548,5 +572,24 @@ def test_deb_service_under_systemd(debroot, tmp_path):
         st = c.show("ActiveState", "ExecMainStatus", "Result")
         assert st == {"ActiveState": "inactive", "ExecMainStatus": "0", "Result": "success"}, st
         assert c.sh("ls /dev/shm").stdout.split() == []
+
+        # the maintainer scripts under a running systemd: without a model the service
+        # stays stopped and the admin is told why; with one, a reinstall (an upgrade)
+        # starts it
+        conf = root / "etc/rkv/rkvd.conf"
+        conf.write_text(conf.read_text().split("# --- test ---\n")[0])
+        reinstall = (f"DEBIAN_FRONTEND=noninteractive apt-get install -y -q --reinstall "
+                     f"/var/tmp/{deb_name(root)} 2>&1")
+        out = c.sh(reinstall, check=True).stdout
+        assert "enabled but not started: no model is configured" in out, out
+        assert c.show("ActiveState")["ActiveState"] == "inactive"
+        configure(root, port)
+        c.sh(reinstall, check=True)
+        assert c.show("ActiveState")["ActiveState"] == "active"
+        assert get(f"http://127.0.0.1:{port}/health")[0] == 200
     finally:
         c.stop()
+
+
+def deb_name(root):
+    return next((root / "var/tmp").glob("rkv_*.deb")).name
