@@ -8,6 +8,7 @@
 
 #include "common/config.h"
 #include "common/err.h"
+#include "common/gpu.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "kvmgr/blocks.h"
@@ -30,7 +31,16 @@
  * its model takes: the device pool of each gpu (shared memory on the cpu
  * backend) and one host pool, sized from the budgets. Workers map them by
  * name; their memory outlives a worker that dies, so the KV survives it.
+ * On a gpu (--backend cuda, or auto when the worker runs on one) each device
+ * pool is one cudaMalloc slab of VRAM target - weights - compute reserve,
+ * capped by the free memory, exported by its IPC handle ("cudaipc:<hex>" in
+ * HELLO_ACK); the host pool stays shared memory, pinned with cudaHostRegister.
  */
+
+/* compute reserve when neither the config nor the worker gives one: two
+ * cuda contexts (kvmgr's, the worker's), cublas workspace, step activations
+ * and logits, host-block staging slots */
+#define KVMGR_CUDA_RESERVE (2ull << 30)
 
 #define KVMGR_MAX_GPUS KVB_MAX_GPUS
 
@@ -90,7 +100,7 @@ struct sess {
     uint32_t want_pos; /* positions it will hold after its next step */
     int active;
     int pinned;
-    int open;          /* known to the allocator */
+    int open; /* known to the allocator */
     uint64_t last_use;
     enum plan_tactic tactic;
 };
@@ -108,13 +118,14 @@ struct kvmgr {
     struct proto_sock *rep, *pub;
     uint64_t block_bytes;
     uint32_t n_gpus;
+    int cuda; /* device pools are cuda slabs */
     struct gpu_state gpu[KVMGR_MAX_GPUS];
     struct kvpool *dev[KVMGR_MAX_GPUS];
     struct kvpool *host;
     struct kvb *kvb;
     struct rkv_map sess; /* sid -> struct sess */
     struct plan *plan;
-    int dirty;           /* something changed since the last plan */
+    int dirty; /* something changed since the last plan */
     uint64_t last_hist_ms;
     uint64_t moved_bytes;
     struct proto_wbuf buf;
@@ -127,11 +138,34 @@ static uint32_t blocks_for(const struct kvmgr *k, uint64_t n_pos)
 
 /* --- pools ------------------------------------------------------------------------ */
 
+static uint64_t reserve_of(const struct kvmgr *k, uint32_t g)
+{
+    if (k->c.compute_reserve)
+        return k->c.compute_reserve;
+    if (k->gpu[g].reserve_bytes)
+        return k->gpu[g].reserve_bytes;
+    return k->cuda ? KVMGR_CUDA_RESERVE : 0;
+}
+
 static uint32_t dev_blocks_for_budget(const struct kvmgr *k, uint32_t g)
 {
-    struct plan_gpu pg = {k->c.vram_target, k->gpu[g].weights_bytes,
-                          k->c.compute_reserve ? k->c.compute_reserve : k->gpu[g].reserve_bytes};
-    return plan_dev_cap(&pg, k->block_bytes);
+    struct plan_gpu pg = {k->c.vram_target, k->gpu[g].weights_bytes, reserve_of(k, g)};
+    uint32_t n = plan_dev_cap(&pg, k->block_bytes);
+    size_t fr = 0, tot = 0;
+    if (k->cuda && rkv_gpu_mem_info(g, &fr, &tot) == 0) {
+        /* the worker has its weights loaded: what is free must still hold the reserve */
+        uint64_t room = fr > pg.compute_reserve_bytes ? fr - pg.compute_reserve_bytes : 0;
+        if ((uint64_t)n * k->block_bytes > room) {
+            char t[32], f[32];
+            cfg_format_size(k->c.vram_target, t, sizeof t);
+            cfg_format_size(fr, f, sizeof f);
+            log_warn("gpu %u: the vram target %s does not fit in the %s free; the device pool "
+                     "gets what is free minus the compute reserve",
+                     g, t, f);
+            n = (uint32_t)(room / k->block_bytes);
+        }
+    }
+    return n;
 }
 
 static int create_pools(struct kvmgr *k, uint64_t block_bytes)
@@ -144,11 +178,18 @@ static int create_pools(struct kvmgr *k, uint64_t block_bytes)
     kc.host_blocks = plan_host_cap(k->c.host_budget, block_bytes);
     char name[64];
     int rc;
+    const struct kvpool_gpu_ops *ops = k->cuda ? kvpool_cuda_ops() : NULL;
     for (uint32_t g = 0; g < k->n_gpus; g++) {
         kc.dev_blocks[g] = dev_blocks_for_budget(k, g);
         kvpool_make_name(name, sizeof name, (int)getpid(), KVPOOL_DEVICE_SHM, g);
-        struct kvpool_config pc = {KVPOOL_DEVICE_SHM, g, name, block_bytes, kc.dev_blocks[g],
-                                   (uint32_t)k->c.block_size, 1, NULL};
+        struct kvpool_config pc = {k->cuda ? KVPOOL_DEVICE_CUDA : KVPOOL_DEVICE_SHM,
+                                   g,
+                                   k->cuda ? NULL : name,
+                                   block_bytes,
+                                   kc.dev_blocks[g],
+                                   (uint32_t)k->c.block_size,
+                                   1,
+                                   ops};
         if ((rc = kvpool_create(&pc, &k->dev[g]))) {
             log_error("cannot create the device pool of gpu %u (%u blocks of %llu bytes): %s", g,
                       kc.dev_blocks[g], (unsigned long long)block_bytes, rkv_strerror(rc));
@@ -156,8 +197,8 @@ static int create_pools(struct kvmgr *k, uint64_t block_bytes)
         }
     }
     kvpool_make_name(name, sizeof name, (int)getpid(), KVPOOL_HOST, 0);
-    struct kvpool_config hc = {KVPOOL_HOST, 0, name, block_bytes, kc.host_blocks,
-                               (uint32_t)k->c.block_size, 1, NULL};
+    struct kvpool_config hc = {
+        KVPOOL_HOST, 0, name, block_bytes, kc.host_blocks, (uint32_t)k->c.block_size, 1, ops};
     if ((rc = kvpool_create(&hc, &k->host))) {
         log_error("cannot create the host pool (%u blocks of %llu bytes): %s", kc.host_blocks,
                   (unsigned long long)block_bytes, rkv_strerror(rc));
@@ -168,9 +209,10 @@ static int create_pools(struct kvmgr *k, uint64_t block_bytes)
     char dev[32], host[32];
     cfg_format_size((uint64_t)kc.dev_blocks[0] * block_bytes, dev, sizeof dev);
     cfg_format_size((uint64_t)kc.host_blocks * block_bytes, host, sizeof host);
-    log_info("pools: %u device block(s) per gpu (%s) and %u host block(s) (%s) of %llu bytes, "
-             "%lld positions each",
-             kc.dev_blocks[0], dev, kc.host_blocks, host, (unsigned long long)block_bytes,
+    log_info("pools: %u device block(s) per gpu (%s, %s) and %u host block(s) (%s%s) of %llu "
+             "bytes, %lld positions each",
+             kc.dev_blocks[0], dev, k->cuda ? "cuda ipc" : "shared memory", kc.host_blocks, host,
+             k->cuda ? ", pinned" : "", (unsigned long long)block_bytes,
              (long long)k->c.block_size);
     return 0;
 }
@@ -202,8 +244,7 @@ static const char *transition_reason(enum plan_tactic from, enum plan_tactic to,
     if (to == PLAN_WAIT)
         return "not admitted: the budgets are full";
     if (to == PLAN_WINDOW || to == PLAN_CPU_TAIL)
-        return from == PLAN_RESIDENT ? "vram pressure: tail moved to host"
-                                     : "tail resized";
+        return from == PLAN_RESIDENT ? "vram pressure: tail moved to host" : "tail resized";
     if (to == PLAN_RESIDENT)
         return from == PLAN_WAIT ? "admitted" : "room again: promoted back to vram";
     return "re-planned";
@@ -237,16 +278,15 @@ static int replan(struct kvmgr *k, const char *why)
             mig_session_state(k->kvb, s->sid, p);
     }
     for (uint32_t g = 0; g < k->n_gpus; g++) {
-        pg[g] = (struct plan_gpu){k->c.vram_target, k->gpu[g].weights_bytes,
-                                  k->c.compute_reserve ? k->c.compute_reserve
-                                                       : k->gpu[g].reserve_bytes,
-                                  k->gpu[g].pcie_gbps, k->gpu[g].dev_attn_gbps,
-                                  k->gpu[g].host_attn_gbps, k->gpu[g].cpu_attn_gbps};
+        pg[g] = (struct plan_gpu){k->c.vram_target,        k->gpu[g].weights_bytes,
+                                  reserve_of(k, g),        k->gpu[g].pcie_gbps,
+                                  k->gpu[g].dev_attn_gbps, k->gpu[g].host_attn_gbps,
+                                  k->gpu[g].cpu_attn_gbps};
         /* the pool was sized at start: a larger budget cannot grow it */
         uint32_t cap = kvpool_get_desc(k->dev[g])->n_blocks;
         if (plan_dev_cap(&pg[g], k->block_bytes) > cap)
-            pg[g].vram_target = pg[g].weights_bytes + pg[g].compute_reserve_bytes +
-                                (uint64_t)cap * k->block_bytes;
+            pg[g].vram_target =
+                pg[g].weights_bytes + pg[g].compute_reserve_bytes + (uint64_t)cap * k->block_bytes;
     }
     struct plan_input in;
     plan_input_init(&in);
@@ -432,8 +472,7 @@ static int do_prep(struct kvmgr *k, const struct proto_in *in, struct proto_wbuf
             return RKV_ENOMEM;
         }
         if (!s->active || s->want_pos != m->seqs[i].n_pos)
-            k->dirty |= blocks_for(k, s->want_pos) != blocks_for(k, m->seqs[i].n_pos) ||
-                        !s->active;
+            k->dirty |= blocks_for(k, s->want_pos) != blocks_for(k, m->seqs[i].n_pos) || !s->active;
         s->want_pos = m->seqs[i].n_pos;
         s->active = 1;
         s->pinned = (m->seqs[i].flags & PROTO_KV_PINNED) != 0;
@@ -467,8 +506,8 @@ static int do_prep(struct kvmgr *k, const struct proto_in *in, struct proto_wbuf
             log_debug("session %llu: cannot place %u positions (%s); plan %s dev %u host %u, "
                       "free dev %u host %u",
                       (unsigned long long)s->sid, s->want_pos, rkv_strerror(rc),
-                      a ? plan_tactic_name(a->tactic) : "none", a ? a->n_dev : 0,
-                      a ? a->n_host : 0, kvb_free_dev(k->kvb, s->gpu), kvb_free_host(k->kvb));
+                      a ? plan_tactic_name(a->tactic) : "none", a ? a->n_dev : 0, a ? a->n_host : 0,
+                      kvb_free_dev(k->kvb, s->gpu), kvb_free_host(k->kvb));
             t->status = rc == RKV_ENOSPACE ? RKV_ENOSPACE : rc;
             continue;
         }
@@ -532,7 +571,15 @@ static int do_hello(struct kvmgr *k, const struct proto_in *in, struct proto_wbu
         if (!h.block_bytes)
             return proto_seterr(err, errlen, RKV_EINVAL, "hello: a worker must send block_bytes");
         if (!k->kvb) {
-            k->gpu[h.worker_id].weights_bytes = 0; /* cpu pools: RAM, not vram */
+            /* cuda pools when asked, or on auto when the worker runs on a gpu */
+            k->cuda = k->c.backend == 2 || (k->c.backend == 0 && h.gpu >= 0 && rkv_gpu_count() > 0);
+            if (k->cuda && rkv_gpu_count() < 0)
+                return proto_seterr(err, errlen, RKV_ENODEV,
+                                    "kvmgr cannot create cuda pools: %s; or run with --backend cpu",
+                                    rkv_gpu_why());
+            /* every worker runs the same model; cpu pools are RAM, not vram */
+            for (uint32_t g = 0; g < (uint32_t)k->c.workers; g++)
+                k->gpu[g].weights_bytes = k->cuda ? h.weights_bytes : 0;
             if ((rc = create_pools(k, h.block_bytes)))
                 return proto_seterr(err, errlen, rc, "kvmgr cannot create its pools: %s",
                                     rkv_strerror(rc));
@@ -543,17 +590,29 @@ static int do_hello(struct kvmgr *k, const struct proto_in *in, struct proto_wbu
                                 h.worker_id, (unsigned long long)h.block_bytes,
                                 (unsigned long long)k->block_bytes);
         }
+        if (k->cuda && h.gpu != (int64_t)h.worker_id)
+            return proto_seterr(err, errlen, RKV_EINVAL,
+                                "worker %u runs on %s but kvmgr's device pool %u is on gpu %u: "
+                                "start worker N with --gpu N and the same --backend as kvmgr",
+                                h.worker_id, h.gpu < 0 ? "the cpu" : "another gpu", h.worker_id,
+                                h.worker_id);
         struct gpu_state *g = &k->gpu[h.worker_id];
         if (g->worker_pid && g->worker_pid != h.pid) {
             /* a restarted worker: the old one's leases must not hold blocks */
             kvb_worker_lost(k->kvb, h.worker_id);
-            log_info("worker %u is back (pid %u, was %u): its sessions keep their KV",
-                     h.worker_id, h.pid, g->worker_pid);
+            log_info("worker %u is back (pid %u, was %u): its sessions keep their KV", h.worker_id,
+                     h.pid, g->worker_pid);
         }
         g->worker_pid = h.pid;
         const struct kvpool_desc *dd = kvpool_get_desc(k->dev[h.worker_id]);
         const struct kvpool_desc *hd = kvpool_get_desc(k->host);
-        snprintf(ack.device_pool_url, sizeof ack.device_pool_url, "shm:%s", dd->name);
+        if (dd->kind == KVPOOL_DEVICE_CUDA) {
+            char hex[RKV_GPU_HEX_LEN + 1];
+            rkv_gpu_handle_hex(dd->ipc_handle, hex);
+            snprintf(ack.device_pool_url, sizeof ack.device_pool_url, "cudaipc:%s", hex);
+        } else {
+            snprintf(ack.device_pool_url, sizeof ack.device_pool_url, "shm:%s", dd->name);
+        }
         snprintf(ack.host_pool_name, sizeof ack.host_pool_name, "%s", hd->name);
         ack.n_device_blocks = dd->n_blocks;
         ack.n_host_blocks = hd->n_blocks;
@@ -594,10 +653,8 @@ static int handle(void *ctx, const struct proto_in *in, struct proto_wbuf *reply
     struct kvmgr *k = ctx;
     int rc;
     switch (in->hdr.type) {
-    case PROTO_MSG_KV_PREP:
-        return do_prep(k, in, reply, reply_type, err, errlen);
-    case PROTO_MSG_HELLO:
-        return do_hello(k, in, reply, reply_type, err, errlen);
+    case PROTO_MSG_KV_PREP: return do_prep(k, in, reply, reply_type, err, errlen);
+    case PROTO_MSG_HELLO: return do_hello(k, in, reply, reply_type, err, errlen);
     case PROTO_MSG_STATUS_GET: {
         struct proto_status st;
         fill_status(k, &st);
@@ -695,9 +752,9 @@ int main(int argc, char **argv)
     static const enum rkv_log_level lv[] = {RKV_LOG_ERROR, RKV_LOG_WARN, RKV_LOG_INFO,
                                             RKV_LOG_DEBUG};
     rkv_log_set_level(lv[k.c.log_level]);
-    if (k.c.backend == 2) {
-        fprintf(stderr, "rkv-kvmgr: the cuda pools are not built into this kvmgr yet: run with "
-                        "--backend cpu\n");
+    if (k.c.backend == 2 && rkv_gpu_count() < 0) {
+        fprintf(stderr, "rkv-kvmgr: --backend cuda, but %s; or run with --backend cpu\n",
+                rkv_gpu_why());
         return 2;
     }
     if (!k.c.listen[0])

@@ -47,13 +47,12 @@ struct kvpool_gpu_ops {
     int (*copy)(void *ctx, uint32_t gpu, void *dst, const void *src, size_t bytes);
 };
 
-#ifdef RKV_CUDA
-/* the cuda hook point, defined by the gpu work (e.g. kvmgr/pool_cuda.c, the
- * only cuda-aware file of kvmgr): device_alloc = cudaSetDevice + cudaMalloc +
- * cudaIpcGetMemHandle, host_register = cudaHostRegister(portable), copy =
- * cudaMemcpy on a copy stream. kvmgr/main.c passes it in kvpool_config. */
+/* the cuda hook point (kvmgr/pool_gpu.c over common/gpu.h, which loads the cuda
+ * runtime at run time): device_alloc = cudaSetDevice + cudaMalloc +
+ * cudaIpcGetMemHandle, host_register = cudaHostRegister(portable, mapped),
+ * copy = cudaMemcpy. kvmgr/main.c passes it in kvpool_config when the pools
+ * are cuda ones; the calls fail with RKV_ENODEV where there is no gpu. */
 const struct kvpool_gpu_ops *kvpool_cuda_ops(void);
-#endif
 
 struct kvpool_config {
     enum kvpool_kind kind;

@@ -9,6 +9,7 @@
 #include "common/config.h"
 #include "common/err.h"
 #include "common/gguf.h"
+#include "common/gpu.h"
 #include "common/log.h"
 #include "common/shm.h"
 #include "common/util.h"
@@ -27,7 +28,10 @@
  * steps the worker checks that the kvmgr it attached to is still the one
  * running; when it is not, it stops serving, re-attaches (new pools) and
  * continues. A restarted worker re-attaches the same way: the KV lives in
- * kvmgr's pools, so sessions go on without re-prefill.
+ * kvmgr's pools, so sessions go on without re-prefill. On the cuda backend
+ * the device pool is kvmgr's VRAM slab, opened from its IPC handle
+ * ("cudaipc:<hex>", common/gpu.h); the host pool is shared memory either
+ * way, and the cuda backend pins it (set_kv).
  */
 
 struct worker_conf {
@@ -94,6 +98,9 @@ struct worker {
     struct kv_layout layout;
     struct kv_pools pools;
     struct rkv_shm shm[KV_N_POOLS];
+    void *ipc_dev; /* kvmgr's device slab opened by its IPC handle, or NULL */
+    int on_gpu;    /* the backend is cuda */
+    uint32_t gpu;
     struct proto_sock *kvmgr;
     struct proto_sock *rep;
     uint32_t kvmgr_pid;
@@ -107,19 +114,44 @@ struct worker {
     struct proto_wbuf out;
 };
 
-static void detach(struct worker *w)
-{
-    for (int i = 0; i < KV_N_POOLS; i++)
-        rkv_shm_close(&w->shm[i]);
-    fwd_free(w->fwd);
-    w->fwd = NULL;
-    memset(&w->pools, 0, sizeof w->pools);
-}
-
 /* "shm:/name" (cpu mode) -> "/name" */
 static const char *shm_name(const char *url)
 {
     return strncmp(url, "shm:", 4) == 0 ? url + 4 : url;
+}
+
+static void detach(struct worker *w)
+{
+    fwd_free(w->fwd);
+    w->fwd = NULL;
+    for (int i = 0; i < KV_N_POOLS; i++)
+        rkv_shm_close(&w->shm[i]);
+    rkv_gpu_ipc_close(w->gpu, w->ipc_dev);
+    w->ipc_dev = NULL;
+    memset(&w->pools, 0, sizeof w->pools);
+}
+
+/* maps kvmgr's device pool: a VRAM slab by IPC handle, or shared memory */
+static int map_device_pool(struct worker *w, const char *url, size_t bytes)
+{
+    if (strncmp(url, "cudaipc:", 8) != 0) {
+        int rc = rkv_shm_open(&w->shm[KV_DEVICE], shm_name(url), bytes);
+        w->pools.base[KV_DEVICE] = w->shm[KV_DEVICE].base;
+        return rc;
+    }
+    uint8_t handle[RKV_GPU_IPC_BYTES];
+    if (!w->on_gpu) {
+        log_error("kvmgr's device pool is in VRAM but this worker runs on the cpu backend: "
+                  "start kvmgr and the workers with the same --backend");
+        return RKV_EUNSUPPORTED;
+    }
+    if (rkv_gpu_handle_parse(url + 8, handle)) {
+        log_error("kvmgr sent a malformed device pool handle \"%.40s...\"", url);
+        return RKV_EPROTO;
+    }
+    int rc = rkv_gpu_ipc_open(w->gpu, handle, &w->ipc_dev);
+    w->pools.base[KV_DEVICE] = w->ipc_dev;
+    return rc;
 }
 
 /* HELLO to kvmgr, map its pools, build the forward state, report rates */
@@ -130,8 +162,14 @@ static int attach(struct worker *w)
                            &w->layout);
     if (rc)
         return rc;
-    struct proto_hello h = {PROTO_ROLE_WORKER, (uint32_t)getpid(), (uint32_t)w->c.worker_id,
-                            w->c.gpu, PROTO_VERSION, "rkv-worker", kv_block_bytes(&w->layout),
+    /* gpu -1 tells kvmgr (on auto) that this worker needs shared memory pools */
+    struct proto_hello h = {PROTO_ROLE_WORKER,
+                            (uint32_t)getpid(),
+                            (uint32_t)w->c.worker_id,
+                            w->on_gpu ? (int64_t)w->gpu : -1,
+                            PROTO_VERSION,
+                            "rkv-worker",
+                            kv_block_bytes(&w->layout),
                             w->m->weight_bytes};
     struct proto_hello_ack ack;
     rc = proto_call_json(w->kvmgr, PROTO_MSG_HELLO, &h, PROTO_MSG_HELLO_ACK, &ack, 2000, err,
@@ -149,19 +187,24 @@ static int attach(struct worker *w)
                   (unsigned long long)ack.block_bytes, kv_block_bytes(&w->layout), ack.block_size);
         return RKV_EFORMAT;
     }
-    const char *names[KV_N_POOLS] = {shm_name(ack.device_pool_url), shm_name(ack.host_pool_name)};
+    const char *names[KV_N_POOLS] = {ack.device_pool_url, shm_name(ack.host_pool_name)};
     uint64_t counts[KV_N_POOLS] = {ack.n_device_blocks, ack.n_host_blocks};
     for (int i = 0; i < KV_N_POOLS; i++) {
         if (counts[i] == 0 || counts[i] > UINT32_MAX)
             continue;
-        rc = rkv_shm_open(&w->shm[i], names[i], counts[i] * ack.block_bytes);
+        size_t bytes = counts[i] * ack.block_bytes;
+        if (i == KV_DEVICE) {
+            rc = map_device_pool(w, names[i], bytes);
+        } else {
+            rc = rkv_shm_open(&w->shm[i], names[i], bytes);
+            w->pools.base[i] = w->shm[i].base;
+        }
         if (rc) {
-            log_error("cannot map kvmgr's %s pool %s: %s", i == KV_DEVICE ? "device" : "host",
+            log_error("cannot map kvmgr's %s pool %.60s: %s", i == KV_DEVICE ? "device" : "host",
                       names[i], rkv_strerror(rc));
             detach(w);
             return rc;
         }
-        w->pools.base[i] = w->shm[i].base;
         w->pools.n_blocks[i] = (uint32_t)counts[i];
     }
     rc = fwd_init(&w->fwd, w->m, &w->layout, &w->pools, (uint32_t)w->c.max_batch_tokens,
@@ -178,8 +221,9 @@ static int attach(struct worker *w)
                          sizeof err);
     if (rc)
         log_warn("kvmgr did not take the worker report: %s", err);
-    log_info("attached to kvmgr (pid %u): %llu device + %llu host blocks of %u positions", ack.kvmgr_pid,
-             (unsigned long long)ack.n_device_blocks, (unsigned long long)ack.n_host_blocks,
+    log_info("attached to kvmgr (pid %u): %llu device%s + %llu host blocks of %u positions",
+             ack.kvmgr_pid, (unsigned long long)ack.n_device_blocks,
+             w->ipc_dev ? " (cuda ipc)" : "", (unsigned long long)ack.n_host_blocks,
              ack.block_size);
     return 0;
 }
@@ -271,8 +315,8 @@ static int do_step(struct worker *w, const struct proto_in *in, struct proto_wbu
     if (n > (uint32_t)w->c.max_seqs || n_tok > (uint32_t)w->c.max_batch_tokens) {
         proto_step_req_free(req);
         return proto_seterr(err, errlen, RKV_ETOOBIG,
-                            "step of %u sequences / %u tokens is over this worker's %lld / %lld",
-                            n, n_tok, (long long)w->c.max_seqs, (long long)w->c.max_batch_tokens);
+                            "step of %u sequences / %u tokens is over this worker's %lld / %lld", n,
+                            n_tok, (long long)w->c.max_seqs, (long long)w->c.max_batch_tokens);
     }
     if (n_refs > w->refs_cap) {
         struct kv_block_ref *r = realloc(w->refs, n_refs * sizeof *r);
@@ -358,10 +402,10 @@ static int handle(void *ctx, const struct proto_in *in, struct proto_wbuf *reply
 {
     struct worker *w = ctx;
     switch (in->hdr.type) {
-    case PROTO_MSG_STEP_REQ:
-        return do_step(w, in, reply, reply_type, err, errlen);
+    case PROTO_MSG_STEP_REQ: return do_step(w, in, reply, reply_type, err, errlen);
     case PROTO_MSG_HELLO: {
-        struct proto_hello_ack ack = {.accepted = w->fwd != NULL, .kvmgr_pid = w->kvmgr_pid,
+        struct proto_hello_ack ack = {.accepted = w->fwd != NULL,
+                                      .kvmgr_pid = w->kvmgr_pid,
                                       .block_size = w->layout.block_size,
                                       .block_bytes = kv_block_bytes(&w->layout),
                                       .n_device_blocks = w->pools.n_blocks[KV_DEVICE],
@@ -393,6 +437,8 @@ static int load(struct worker *w)
         log_error("%s", err);
         return rc;
     }
+    w->on_gpu = strcmp(backend_name(w->be), "cuda") == 0;
+    w->gpu = w->c.gpu < 0 ? 0 : (uint32_t)w->c.gpu;
     w->fseqs = calloc((size_t)w->c.max_seqs, sizeof *w->fseqs);
     w->logits = malloc((size_t)w->c.max_seqs * w->m->hp.n_vocab * sizeof(float));
     if (!w->fseqs || !w->logits)
