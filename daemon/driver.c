@@ -54,6 +54,7 @@ struct wthread {
     struct step_job *job; /* guarded by d->mu */
     struct proto_sock *kv, *wk;
     uint64_t acked_epoch;
+    uint64_t sent_ack; /* the ack kvmgr has received */
     uint32_t worker_kvmgr_pid; /* the kvmgr whose pools the worker maps (its hello) */
     int up;
     int lost; /* guarded by d->mu: the process died; ask it for hello again */
@@ -159,6 +160,7 @@ static int kv_prep(struct wthread *t, struct step_job *job, struct proto_kv_tabl
                     sizeof job->err);
     if (rc)
         return rc;
+    t->sent_ack = m.ack_epoch;
     if (reply.hdr.type != PROTO_MSG_KV_TABLES)
         rc = proto_seterr(job->err, sizeof job->err, RKV_EPROTO, "kvmgr answered kv_prep with %s",
                           proto_msg_name(reply.hdr.type));
@@ -298,6 +300,24 @@ static void run_job(struct wthread *t, struct step_job *job)
     job->step_ms = (double)(rkv_now_ns() - t0) / 1e6;
 }
 
+/* after the last step of a burst, kvmgr still waits for its ack to free
+ * blocks that step no longer needs (closed sessions, demoted copies): send
+ * it on its own once the worker has been idle a moment */
+static void send_idle_ack(struct wthread *t)
+{
+    struct proto_kv_prep m = {t->idx, t->acked_epoch, 0, NULL, 0, NULL, 0, NULL};
+    char err[256];
+    proto_wbuf_reset(&t->buf);
+    if (proto_kv_prep_encode(&m, &t->buf, err, sizeof err) != 0)
+        return;
+    struct proto_in reply;
+    if (proto_call(t->kv, PROTO_MSG_KV_PREP, t->buf.data, t->buf.len, &reply, 2000, err,
+                   sizeof err) == 0) {
+        t->sent_ack = m.ack_epoch;
+        proto_in_free(&reply);
+    }
+}
+
 static void *worker_thread(void *arg)
 {
     struct wthread *t = arg;
@@ -312,6 +332,22 @@ static void *worker_thread(void *arg)
             }
             if (!t->up)
                 break; /* probe readiness below */
+            if (t->acked_epoch > t->sent_ack) {
+                struct timespec ts;
+                clock_gettime(CLOCK_REALTIME, &ts);
+                ts.tv_nsec += 50 * 1000000L;
+                if (ts.tv_nsec >= 1000000000L) {
+                    ts.tv_sec++;
+                    ts.tv_nsec -= 1000000000L;
+                }
+                if (pthread_cond_timedwait(&d->cv, &d->mu, &ts) == ETIMEDOUT && !t->job &&
+                    !d->stop) {
+                    pthread_mutex_unlock(&d->mu);
+                    send_idle_ack(t);
+                    pthread_mutex_lock(&d->mu);
+                }
+                continue;
+            }
             pthread_cond_wait(&d->cv, &d->mu);
         }
         struct step_job *job = t->job;
