@@ -4,7 +4,10 @@ spills their older blocks to the host pool (WINDOW / CPU_TAIL), the worker atten
 host blocks as two partial sets merged by log-sum-exp, and every token's log-probabilities equal
 those of an all-resident server. When the load drains, sessions come back to RESIDENT."""
 import concurrent.futures as cf
+import json
 import sqlite3
+import subprocess
+import time
 
 import pytest
 
@@ -92,13 +95,28 @@ def test_overflow_spills_exactly_and_drains_back(rkvd_factory, reference):
     assert "resident" in last.values(), f"no session came back to resident: {events(srv)}"
 
 
-def test_forced_cpu_tail_is_exact(rkvd_factory, reference):
+def pool_use(srv):
+    from conftest import rkv_bin
+    r = subprocess.run([rkv_bin("rkvctl"), "--socket", str(srv.run_dir / "admin.sock"), "--json",
+                        "status"], capture_output=True, timeout=30)
+    assert r.returncode == 0, r.stderr.decode(errors="replace")
+    pool = json.loads(r.stdout)["pool"]
+    return pool["device_used"], pool["host_used"]
+
+
+def test_forced_cpu_tail_is_exact_and_leaks_nothing(rkvd_factory, reference):
     srv = rkvd_factory(*TIGHT, "--mode", "cpu_tail")
     with cf.ThreadPoolExecutor(4) as ex:
         got = list(ex.map(lambda p: run_one(srv, p), PROMPTS[:4]))
     for p, g in zip(PROMPTS[:4], got):
         assert_same(g, reference[p], p[:10])
     assert any(e[2] == "cpu_tail" for e in events(srv)), events(srv)
+    # private sessions are closed when their request ends: every block goes back to the pools
+    # once the worker's last step is acknowledged
+    deadline = time.monotonic() + 10
+    while pool_use(srv) != (0, 0) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert pool_use(srv) == (0, 0)
 
 
 def test_resident_mode_queues_instead_of_spilling(rkvd_factory, reference):
