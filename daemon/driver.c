@@ -204,6 +204,7 @@ static int worker_step(struct wthread *t, struct step_job *job, const struct pro
         s->sampling = js->sp;
         s->flags = (js->sample ? PROTO_STEP_SAMPLE : 0) | (js->reset ? PROTO_STEP_RESET : 0);
         s->n_history = js->reset ? js->n_history : 0;
+        s->n_drawn = js->reset ? js->n_drawn : 0;
         s->history = js->history;
     }
     int rc = 0;

@@ -739,6 +739,7 @@ static void kick(struct sched *s, uint32_t w)
             if (!se->worker_knows) {
                 js->reset = 1;
                 js->n_history = se->n_kv;
+                js->n_drawn = q->n_gen;
                 js->history = arena;
                 memcpy(arena, se->tokens, se->n_kv * sizeof(int32_t));
                 arena += se->n_kv;

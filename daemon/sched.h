@@ -51,6 +51,7 @@ struct job_seq {
     uint8_t pinned;     /* operator pinned the session: kvmgr keeps it resident */
     uint32_t n_history; /* with reset: every token before this step's */
     int32_t *history;
+    uint32_t n_drawn;   /* with reset: tokens this request sampled already */
     struct proto_sampling sp;
     /* out */
     int32_t status; /* 0, or RKV_ENOSPACE: kvmgr could not place it yet (wait) */

@@ -197,7 +197,7 @@ int proto_rbuf_get_bytes(struct proto_rbuf *r, void *dst, size_t n)
 /* --- shared checks ----------------------------------------------------------------- */
 
 #define SAMPLING_WIRE 38 /* 6 f32 + i32 + u64 + 2 u8 */
-#define SEQ_MIN_WIRE  (8 + 4 + 4 + 4 + SAMPLING_WIRE + 1 + 4)
+#define SEQ_MIN_WIRE  (8 + 4 + 4 + 4 + SAMPLING_WIRE + 1 + 4 + 4)
 #define OUT_MIN_WIRE  (8 + 4 + 4 + 1 + 4)
 #define BLOCK_WIRE    5
 
@@ -353,6 +353,7 @@ int proto_step_req_encode(const struct proto_step_req *m, struct proto_wbuf *w, 
         proto_wbuf_put_u32(w, s->n_history);
         for (uint32_t t = 0; t < s->n_history; t++)
             proto_wbuf_put_i32(w, s->history[t]);
+        proto_wbuf_put_u32(w, s->n_drawn);
     }
     return finish_encode(w, what, err, errlen);
 }
@@ -437,6 +438,8 @@ static int step_req_walk(struct proto_rbuf *r, struct proto_step_req *m, int32_t
                 *tok++ = v;
         }
         *n_tok += s.n_history;
+        if (proto_rbuf_get_u32(r, &s.n_drawn))
+            return truncated(what, r, err, errlen);
         if (m)
             m->seqs[i] = s;
     }

@@ -79,7 +79,7 @@ struct proto_sampling {
 
 /* one sequence of a step. wire: u64 session_id, u32 n_past, u32 n_tokens,
  * i32 tokens[n_tokens], u32 n_blocks, block refs, sampling, u8 flags,
- * u32 n_history, i32 history[n_history] */
+ * u32 n_history, i32 history[n_history], u32 n_drawn */
 struct proto_step_seq {
     uint64_t session_id;
     uint32_t n_past;                /* tokens already in the KV */
@@ -91,6 +91,8 @@ struct proto_step_seq {
     uint8_t flags;       /* PROTO_STEP_* */
     uint32_t n_history;  /* with PROTO_STEP_RESET: every token before this step's */
     int32_t *history;    /* (n_history,) */
+    uint32_t n_drawn;    /* with PROTO_STEP_RESET: tokens this request sampled already
+                          * (the rebuilt sampler's rng skips their draws) */
 };
 
 /* STEP_REQ: rkvd -> worker. wire: u64 epoch, u32 n_seqs, seqs */

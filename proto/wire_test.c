@@ -100,6 +100,7 @@ static void make_req(void)
         .flags = PROTO_STEP_SAMPLE | PROTO_STEP_RESET,
         .n_history = 2,
         .history = g_hist0,
+        .n_drawn = 77,
     };
     g_seqs[1] = (struct proto_step_seq){.session_id = 2, .sampling = {.temperature = 0}};
     g_seqs[2] = (struct proto_step_seq){
@@ -137,6 +138,7 @@ static void assert_seq_equal(const struct proto_step_seq *a, const struct proto_
     assert_int_equal(x->n_top_logprobs, y->n_top_logprobs);
     assert_int_equal(a->flags, b->flags);
     assert_int_equal(a->n_history, b->n_history);
+    assert_int_equal(a->n_drawn, b->n_drawn);
     if (a->n_history)
         assert_memory_equal(a->history, b->history, a->n_history * sizeof(int32_t));
 }
@@ -187,8 +189,8 @@ static void test_step_req(void **state)
     proto_wbuf_init(&w);
     char err[256];
     assert_int_equal(proto_step_req_encode(&g_req, &w, err, sizeof err), 0);
-    /* 12 + (20 + 16 + 15 + 38 + 5 + 8) + (20 + 38 + 5) + (20 + 4 + 5 + 38 + 5) */
-    assert_int_equal(w.len, 12 + 102 + 63 + 72);
+    /* 12 + (20 + 16 + 15 + 38 + 9 + 8) + (20 + 38 + 9) + (20 + 4 + 5 + 38 + 9) */
+    assert_int_equal(w.len, 12 + 106 + 67 + 76);
     struct proto_step_req *m;
     assert_int_equal(proto_step_req_decode(w.data, w.len, &m, err, sizeof err), 0);
     assert_true(m->epoch == 77);

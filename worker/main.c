@@ -275,6 +275,7 @@ static struct samp *sampler_for(struct worker *w, const struct proto_step_seq *s
         return NULL;
     for (uint32_t i = 0; i < sq->n_history; i++)
         sampler_accept(sp->s, sq->history[i]);
+    sampler_skip_draws(sp->s, sq->n_drawn);
     return sp;
 }
 

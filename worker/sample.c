@@ -139,6 +139,15 @@ static double rng_uniform(struct sampler *s)
     return (double)(xoshiro_next(s->rng) >> 11) * (1.0 / 9007199254740992.0);
 }
 
+void sampler_skip_draws(struct sampler *s, uint64_t n)
+{
+    /* every non-greedy sample draws exactly one uniform (sampler_sample) */
+    if (s->p.temperature == 0.0f || s->p.top_k == 1)
+        return;
+    while (n--)
+        xoshiro_next(s->rng);
+}
+
 /* --- lifecycle ------------------------------------------------------------ */
 
 int sampler_init(struct sampler **out, const struct sample_params *p, int32_t n_vocab)

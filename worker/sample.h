@@ -52,6 +52,10 @@ void sampler_accept(struct sampler *s, int32_t id);
 /* applies the penalties (step 1) for the current history to logits
  * (n_vocab floats) in place; what sampler_sample does first */
 void sampler_penalize(struct sampler *s, float *logits);
+/* advances the rng past n samples (a sampler rebuilt mid-request, e.g. in
+ * a restarted worker, continues the stream the first one drew from); a
+ * greedy sampler draws nothing, so this does nothing for it */
+void sampler_skip_draws(struct sampler *s, uint64_t n);
 /* picks a token from raw logits (n_vocab floats, not modified).
  * logprob: log-softmax of the chosen token under the unfiltered, unpenalized
  * distribution (what OpenAI's logprobs report); top: n_top_logprobs best

@@ -107,10 +107,8 @@ def test_worker_sigkill_during_16_streams(rkvd_factory):
     srv.wait_healthy()
 
 
-@pytest.mark.xfail(strict=True, reason="a restarted worker rebuilds a sampler from the token "
-                   "history but its rng starts again at the seed: the step protocol does not "
-                   "say how many draws the request made (see the issue 5 test report)")
 def test_worker_sigkill_seeded_sampling_goes_on(rkvd_factory):
+    """the rebuilt sampler re-accepts the history and skips the rng draws the request made"""
     srv = rkvd_factory()
     ps = prompts(4)
     sampling = {"temperature": 1.0, "seed": 11}
