@@ -2,6 +2,11 @@
  * batched copies between them. */
 #include "kvmgr/pool.h"
 
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <sys/mman.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +29,35 @@ int kvpool_make_name(char *buf, size_t len, int pid, enum kvpool_kind kind, uint
     int n = kind == KVPOOL_HOST ? snprintf(buf, len, "/rkv-%d-host", pid)
                                 : snprintf(buf, len, "/rkv-%d-dev%u", pid, gpu);
     return n > 0 && (size_t)n < len ? 0 : RKV_ERANGE;
+}
+
+int kvpool_reap_stale(uint32_t *n_removed)
+{
+    uint32_t n = 0;
+    DIR *dir = opendir("/dev/shm");
+    if (!dir)
+        return -errno;
+    struct dirent *e;
+    while ((e = readdir(dir))) {
+        int pid = 0, end = 0;
+        unsigned gpu;
+        /* "rkv-<pid>-host" or "rkv-<pid>-dev<gpu>", nothing else */
+        if (!((sscanf(e->d_name, "rkv-%d-host%n", &pid, &end) == 1 && !e->d_name[end]) ||
+              (sscanf(e->d_name, "rkv-%d-dev%u%n", &pid, &gpu, &end) == 2 && !e->d_name[end])))
+            continue;
+        if (pid <= 0 || pid == getpid() || kill(pid, 0) == 0 || errno != ESRCH)
+            continue;
+        char name[300];
+        snprintf(name, sizeof name, "/%s", e->d_name);
+        if (shm_unlink(name) == 0) {
+            log_info("removed %s, left by a kvmgr (pid %d) that is gone", name, pid);
+            n++;
+        }
+    }
+    closedir(dir);
+    if (n_removed)
+        *n_removed = n;
+    return 0;
 }
 
 static size_t pool_bytes(const struct kvpool_desc *d)

@@ -89,6 +89,9 @@ struct kvpool;
 /* "/rkv-<pid>-host" or "/rkv-<pid>-dev<gpu>"; 0 or RKV_ERANGE */
 int kvpool_make_name(char *buf, size_t len, int pid, enum kvpool_kind kind, uint32_t gpu);
 
+/* removes pools in /dev/shm that a kvmgr which no longer runs left behind
+ * (killed before it could clean up); *n_removed may be NULL */
+int kvpool_reap_stale(uint32_t *n_removed);
 /* creates the pool (the name is replaced if a dead kvmgr left it) */
 int kvpool_create(const struct kvpool_config *cfg, struct kvpool **out);
 /* maps a pool another process created (what a worker does; used by tests) */

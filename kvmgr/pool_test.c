@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "common/err.h"
+#include "common/shm.h"
 #include "kvmgr/pool.h"
 
 #define BT     4  /* positions per block */
@@ -273,9 +274,37 @@ static void test_gpu_hooks(void **state)
     assert_int_equal(f.frees, 1);
 }
 
+/* pools of a kvmgr that died without cleaning up are removed; a live one's stay */
+static void test_reap_stale(void **state)
+{
+    (void)state;
+    pid_t dead = fork();
+    if (dead == 0)
+        _exit(0);
+    assert_true(dead > 0);
+    assert_int_equal(waitpid(dead, NULL, 0), dead);
+    char stale[64], live[64];
+    kvpool_make_name(stale, sizeof stale, (int)dead, KVPOOL_HOST, 0);
+    kvpool_make_name(live, sizeof live, (int)getppid(), KVPOOL_DEVICE_SHM, 7);
+    struct rkv_shm a, b;
+    assert_int_equal(rkv_shm_create(&a, stale, 4096), 0);
+    assert_int_equal(rkv_shm_create(&b, live, 4096), 0);
+    uint32_t n = 0;
+    assert_int_equal(kvpool_reap_stale(&n), 0);
+    assert_true(n >= 1);
+    struct rkv_shm c;
+    assert_true(rkv_shm_open(&c, stale, 4096) < 0);
+    assert_int_equal(rkv_shm_open(&c, live, 4096), 0);
+    rkv_shm_close(&c);
+    a.owner = 0; /* already gone */
+    rkv_shm_close(&a);
+    rkv_shm_close(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_reap_stale),
         cmocka_unit_test(test_make_name),          cmocka_unit_test(test_two_mappings),
         cmocka_unit_test(test_other_process),      cmocka_unit_test(test_bad_config),
         cmocka_unit_test(test_copy_batched_exact), cmocka_unit_test(test_run_copies),
