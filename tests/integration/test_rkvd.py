@@ -276,6 +276,53 @@ def test_session_turn_uses_its_own_sampling(rkvd, ref):
     assert fresh.choices[0].text == want["text"]
 
 
+def test_chat_second_turn_reuses_the_rendered_conversation(rkvd, ref):
+    c = client(rkvd)
+    m1 = [{"role": "user", "content": "Tell me about foxes."}]
+    ids1 = ref.chat_ids(json.dumps(m1))
+    a1 = ref.gen(ids=ids1, n=8)
+    r1 = c.chat.completions.create(model="tiny", messages=m1, max_tokens=8, temperature=0,
+                                   extra_body={"session_id": "chat-1"})
+    assert r1.choices[0].message.content == a1["text"]
+    m2 = m1 + [{"role": "assistant", "content": a1["text"]},
+               {"role": "user", "content": "And dogs?"}]
+    ids2 = ref.chat_ids(json.dumps(m2))
+    # what the session holds: the first prompt, the answer (KV for all but its last token)
+    held = list(ids1) + a1["ids"]
+    lcp = 0
+    while lcp < min(len(held) - 1, len(ids2)) and held[lcp] == ids2[lcp]:
+        lcp += 1
+    assert lcp >= len(ids1)  # at least the whole first prompt
+    hits0 = rkvd.metric("rkv:prefix_cache_hits_total")
+    r2 = c.chat.completions.create(model="tiny", messages=m2, max_tokens=8, temperature=0,
+                                   extra_body={"session_id": "chat-1"})
+    assert rkvd.metric("rkv:prefix_cache_hits_total") - hits0 == lcp
+    assert r2.usage.prompt_tokens == len(ids2)
+    assert r2.usage.prompt_tokens_details.cached_tokens == lcp
+    assert r2.choices[0].message.content == ref.gen(ids=ids2, n=8)["text"]
+
+
+def test_counters_add_up(rkvd, ref):
+    """prompt, generation and success counters move by exactly what the requests did"""
+    names = ("rkv:prompt_tokens_total", "rkv:generation_tokens_total")
+    before = [rkvd.metric(n) for n in names]
+    ok0 = rkvd.metric("rkv:request_success_total", finished_reason="length")
+    c = client(rkvd)
+    n_prompt = n_gen = 0
+    for p in PROMPTS[:3]:
+        r = c.completions.create(model="tiny", prompt=p, max_tokens=5, temperature=0,
+                                 extra_body={"ignore_eos": True})
+        n_prompt += r.usage.prompt_tokens
+        n_gen += r.usage.completion_tokens
+        assert r.usage.prompt_tokens == len(ref.tokens(p)) and r.usage.completion_tokens == 5
+    after = [rkvd.metric(n) for n in names]
+    assert after[0] - before[0] == n_prompt
+    assert after[1] - before[1] == n_gen
+    assert rkvd.metric("rkv:request_success_total", finished_reason="length") - ok0 == 3
+    assert rkvd.metric("rkv:num_requests_running") == 0
+    assert rkvd.metric("rkv:num_requests_waiting") == 0
+
+
 def test_session_header_reuses_kv(rkvd, ref):
     c = client(rkvd, default_headers={"X-Session-Id": "hdr-conv"})
     p1 = list(ref.tokens("A header session starts here"))
