@@ -198,6 +198,14 @@ gpu-test:
 bench:
 	@scripts/bench.sh $(BUILD)
 
+# the whole system on a gpu (tests/gpu/GPU_DEMO.md): rkvd --backend cuda over HTTP, the vram
+# budget, a worker SIGKILL mid-stream. Packs the binaries and their libraries first, so the
+# pack can also travel to a gpu machine without Debian packages (scripts/gpu-demo.sh DIR there)
+.PHONY: gpu-demo
+gpu-demo:
+	@scripts/gpu-demo.sh --pack $(BUILD)/gpu-demo-pack $(BUILD) && \
+	 scripts/gpu-demo.sh $(BUILD)/gpu-demo-pack $(BUILD)/gpu-demo
+
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h' '*.cu' '*.cuh')
 

@@ -172,7 +172,9 @@ static int attach(struct worker *w)
                             kv_block_bytes(&w->layout),
                             w->m->weight_bytes};
     struct proto_hello_ack ack;
-    rc = proto_call_json(w->kvmgr, PROTO_MSG_HELLO, &h, PROTO_MSG_HELLO_ACK, &ack, 2000, err,
+    /* the first hello makes kvmgr create its pools: on a gpu pinning the host pool takes
+     * about a second per 4 GiB (H200 machine, 2026-11-29) */
+    rc = proto_call_json(w->kvmgr, PROTO_MSG_HELLO, &h, PROTO_MSG_HELLO_ACK, &ack, 5000, err,
                          sizeof err);
     if (rc)
         return rc;
