@@ -255,3 +255,34 @@ def test_sigterm_deadline_cuts_long_streams_and_exits_0(rkvd_factory):
     for i in range(16):
         # cut at the deadline (the connection closes) or finished in time
         assert s.error[i] is not None or s.finish[i] == "length"
+
+
+def test_clients_leaving_mid_stream_do_not_disturb_the_rest(rkvd_factory):
+    import http.client
+    import json
+    srv = rkvd_factory()
+    ps = prompts(16)
+    want = baseline(srv, ps)
+    # 16 streams that stay, and 16 whose clients leave after their first chunk
+    conns = []
+    for i in range(16):
+        c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
+        c.request("POST", "/v1/completions", headers={"Content-Type": "application/json"},
+                  body=json.dumps({"prompt": f"leaving {i}", "max_tokens": 1500,
+                                   "stream": True, "ignore_eos": True}))
+        conns.append(c)
+    s = Streams(srv, ps).start()
+    for c in conns:
+        r = c.getresponse()
+        assert r.status == 200
+        r.fp.readline()
+        c.close()
+    s.join()
+    assert s.error == [None] * 16, s.error
+    assert s.text == want
+    # the cancelled ones are gone too
+    deadline = time.monotonic() + 30
+    while srv.metric("rkv:num_requests_running") != 0:
+        assert time.monotonic() < deadline, "cancelled requests still run"
+        time.sleep(0.05)
+    assert srv.request("GET", "/health")[0] == 200
