@@ -226,6 +226,29 @@ def test_64_concurrent_streams_equal_solo(rkvd, ref):
         assert g == s, f"stream {i} ({prompts[i]!r})"
 
 
+def test_64_streams_over_two_workers_equal_solo(rkvd, rkvd_factory):
+    prompts = many_prompts(64)
+    c = client(rkvd)
+    solo = [c.completions.create(model="tiny", prompt=p, max_tokens=N,
+                                 temperature=0).choices[0].text for p in prompts]
+    two = rkvd_factory("--workers", "2", "--threads", "1")
+    two.wait_log("worker 1 is up")
+
+    async def one(ac, p):
+        stream = await ac.completions.create(model="tiny", prompt=p, max_tokens=N,
+                                             temperature=0, stream=True)
+        return "".join([chunk.choices[0].text async for chunk in stream])
+
+    async def all_of_them():
+        ac = aclient(two)
+        try:
+            return await asyncio.gather(*(one(ac, p) for p in prompts))
+        finally:
+            await ac.close()
+
+    assert asyncio.run(all_of_them()) == solo
+
+
 # --- 3. multi-turn session reuse -------------------------------------------------------
 
 
