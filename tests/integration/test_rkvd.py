@@ -180,6 +180,17 @@ def test_stop_strings_cut_like_rkv_gen(rkvd, ref):
         assert text == ch.text
 
 
+@pytest.mark.parametrize("n_prompt", [2040, 2047])
+def test_generation_stops_at_the_context_end(rkvd, ref, n_prompt):
+    ids = [507] + [(i * 7) % 500 + 1 for i in range(n_prompt - 1)]
+    r = client(rkvd).completions.create(model="tiny", prompt=ids, max_tokens=100,
+                                        temperature=0, extra_body={"ignore_eos": True})
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 2048 - n_prompt
+    assert r.choices[0].text == ref.gen(ids=tuple(ids), n=2048 - n_prompt,
+                                        sampling=("--temp", "0", "--ignore-eos"))["text"]
+
+
 # --- 2. concurrency -------------------------------------------------------------------
 
 WORDS = ("the quick brown fox jumps over a lazy dog while we are reading code and numbers "
