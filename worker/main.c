@@ -1,5 +1,6 @@
 /* main.c - rkv-worker: loads the model, maps kvmgr's KV pools, serves batched steps for rkvd. */
 #include <errno.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +20,7 @@
 #include "worker/backend.h"
 #include "worker/forward.h"
 #include "worker/model.h"
+#include "worker/rates.h"
 #include "worker/sample.h"
 
 /*
@@ -47,6 +49,7 @@ struct worker_conf {
     int64_t max_seqs;
     int64_t block_size;
     int kv_dtype;
+    int measure_rates;
     int log_level;
 };
 
@@ -72,6 +75,8 @@ static const struct cfg_key keys[] = {
     {K("block_size", CFG_INT, block_size), .min = 1, .max = 65536, .def = "256",
      .help = "positions per KV block (the same as kvmgr's)"},
     {K("kv_dtype", CFG_ENUM, kv_dtype), .names = kv_dtypes, .def = "f32", .help = "kv cache type"},
+    {K("measure_rates", CFG_BOOL, measure_rates), .def = "true",
+     .help = "time kv attention and moves at start-up for the planner (false: report 0)"},
     {K("log_level", CFG_ENUM, log_level), .names = levels, .def = "info", .help = "log level"},
 };
 #undef K
@@ -105,6 +110,8 @@ struct worker {
     struct proto_sock *rep;
     uint32_t kvmgr_pid;
     uint64_t n_steps;
+    struct rates rates; /* measured at the first attach, reported at every attach */
+    int rates_done;
     struct rkv_map samplers; /* session id -> struct samp */
     /* per-step scratch */
     struct fwd_seq *fseqs;
@@ -217,7 +224,26 @@ static int attach(struct worker *w)
         return rc;
     }
     w->kvmgr_pid = ack.kvmgr_pid;
-    struct proto_worker_report rep = {(uint32_t)w->c.worker_id, w->m->weight_bytes, 0, 0, 0, 0, 0};
+    if (w->c.measure_rates && !w->rates_done) {
+        const struct model_hparams *hp = &w->m->hp;
+        struct rates_opts ro = {
+            &w->layout,
+            &w->pools,
+            {hp->n_head, hp->n_kv_head, hp->head_dim, 1.0f / sqrtf((float)hp->head_dim)},
+            w->on_gpu ? (int)w->gpu : -1,
+            (uint32_t)w->c.threads,
+            0};
+        if (rates_measure(w->be, &ro, &w->rates) == 0)
+            log_info("kv rates (%.0f ms): pcie h2d %.2f, attention device %.2f, host %.2f, "
+                     "cpu %.2f GB/s",
+                     w->rates.elapsed_ms, w->rates.pcie_h2d_gbps, w->rates.attn_device_gbps,
+                     w->rates.attn_host_gbps, w->rates.attn_cpu_gbps);
+        w->rates_done = 1;
+    }
+    struct proto_worker_report rep = {
+        (uint32_t)w->c.worker_id, w->m->weight_bytes,        0,
+        w->rates.pcie_h2d_gbps,   w->rates.attn_device_gbps, w->rates.attn_host_gbps,
+        w->rates.attn_cpu_gbps};
     struct proto_empty ok;
     rc = proto_call_json(w->kvmgr, PROTO_MSG_WORKER_REPORT, &rep, PROTO_MSG_OK, &ok, 2000, err,
                          sizeof err);

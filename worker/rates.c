@@ -1,0 +1,233 @@
+/* rates.c - times decode attention over the kv pools, the cpu attention and host->device moves. */
+#include "worker/rates.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/err.h"
+#include "common/log.h"
+#include "worker/cpu/cpu_backend.h"
+#if RKV_CUDA
+#include "worker/cuda/cuda_backend.h"
+#endif
+
+#define MAX_SEQS 16
+#define MAX_REPS 64
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* blocks of a pass: the pool's, capped at RATES_MAX_BYTES */
+static uint32_t pass_blocks(const struct kv_layout *l, uint32_t n_pool)
+{
+    uint64_t cap = RATES_MAX_BYTES / kv_block_bytes(l);
+    if (cap == 0)
+        cap = 1;
+    return n_pool < cap ? n_pool : (uint32_t)cap;
+}
+
+/* runs fn until budget_ms has passed (at least 3, at most MAX_REPS times after a
+ * warm-up) and returns bytes / the median time, GB/s */
+typedef int (*pass_fn)(void *u);
+static int time_passes(pass_fn fn, void *u, uint64_t bytes, double budget_ms, double *gbps)
+{
+    double t[MAX_REPS];
+    int n = 0, rc = fn(u);
+    if (rc)
+        return rc;
+    double start = now_ms();
+    while (n < MAX_REPS && (n < 3 || now_ms() - start < budget_ms)) {
+        double t0 = now_ms();
+        if ((rc = fn(u)))
+            return rc;
+        t[n++] = now_ms() - t0;
+    }
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+            double x = t[j];
+            t[j] = t[j - 1];
+            t[j - 1] = x;
+        }
+    double med = t[n / 2] > 1e-6 ? t[n / 2] : 1e-6;
+    *gbps = (double)bytes / (med * 1e6);
+    return 0;
+}
+
+/* one decode pass: every layer's attention of one token per sequence over its blocks */
+struct attn_pass {
+    struct backend *be;
+    const struct kv_layout *l;
+    const struct be_attn *at;
+    enum kv_residency res;
+    struct be_batch b;
+    struct be_tensor *q;
+    struct be_partial out;
+};
+
+static int attn_pass_run(void *u)
+{
+    struct attn_pass *p = u;
+    for (uint32_t layer = 0; layer < p->l->n_layer; layer++) {
+        int rc = attn_partial_forward(p->be, &p->b, layer, p->res, p->q, p->at, &p->out);
+        if (rc)
+            return rc;
+    }
+    return backend_sync(p->be);
+}
+
+/* attention rate of be over the first blocks of pool res (GB/s of kv read); 0 when empty */
+static int attn_rate(struct backend *be, const struct kv_layout *l, const struct be_attn *at,
+                     enum kv_residency res, uint32_t n_pool, double budget_ms, double *gbps)
+{
+    *gbps = 0;
+    uint32_t nb = pass_blocks(l, n_pool);
+    if (nb == 0)
+        return 0;
+    uint32_t ns = nb < MAX_SEQS ? nb : MAX_SEQS;
+    struct kv_block_ref *refs = calloc(nb, sizeof *refs);
+    struct be_seq seqs[MAX_SEQS];
+    int32_t pos[MAX_SEQS];
+    uint32_t seq_of[MAX_SEQS];
+    const uint32_t qcols = at->n_head * at->head_dim;
+    float *q0 = calloc(qcols, sizeof *q0);
+    struct attn_pass p = {be, l, at, res, {seqs, ns, ns, pos, seq_of}, NULL, {NULL, NULL, NULL}};
+    int rc = RKV_ENOMEM;
+    if (!refs || !q0)
+        goto out;
+    for (uint32_t i = 0; i < nb; i++)
+        refs[i] = (struct kv_block_ref){i, (uint8_t)res};
+    /* sequence s reads blocks [s*nb/ns, (s+1)*nb/ns); its token is the last position */
+    for (uint32_t s = 0; s < ns; s++) {
+        uint32_t b0 = (uint32_t)((uint64_t)s * nb / ns),
+                 b1 = (uint32_t)((uint64_t)(s + 1) * nb / ns);
+        uint32_t n_pos = (b1 - b0) * l->block_size;
+        seqs[s] = (struct be_seq){s, 1, n_pos - 1, refs + b0, b1 - b0};
+        pos[s] = (int32_t)(n_pos - 1);
+        seq_of[s] = s;
+    }
+    for (uint32_t i = 0; i < qcols; i++)
+        q0[i] = 0.01f * (float)((i % 7) + 1);
+    if ((rc = backend_tensor_alloc(be, BE_F32, ns, qcols, &p.q)) ||
+        (rc = backend_tensor_alloc(be, BE_F32, ns, qcols, &p.out.o)) ||
+        (rc = backend_tensor_alloc(be, BE_F32, ns, at->n_head, &p.out.m)) ||
+        (rc = backend_tensor_alloc(be, BE_F32, ns, at->n_head, &p.out.l)))
+        goto out;
+    for (uint32_t s = 0; s < ns && rc == 0; s++)
+        rc = backend_tensor_set(be, p.q, q0, (size_t)s * qcols * sizeof(float),
+                                qcols * sizeof(float));
+    if (rc == 0)
+        rc = time_passes(attn_pass_run, &p, (uint64_t)nb * kv_block_bytes(l), budget_ms, gbps);
+out:
+    backend_tensor_free(be, p.q);
+    backend_tensor_free(be, p.out.o);
+    backend_tensor_free(be, p.out.m);
+    backend_tensor_free(be, p.out.l);
+    free(refs);
+    free(q0);
+    return rc;
+}
+
+/* a bulk copy out of the host pool */
+struct copy_pass {
+    void *dst;
+    const void *src;
+    size_t n;
+    int gpu;
+};
+
+static int copy_pass_run(void *u)
+{
+    struct copy_pass *c = u;
+#if RKV_CUDA
+    if (c->gpu >= 0)
+        return rkv_cuda_copy(c->dst, c->src, c->n);
+#endif
+    memcpy(c->dst, c->src, c->n);
+    return 0;
+}
+
+/* host pool -> a private buffer (device memory on a gpu): GB/s moved */
+static int copy_rate(const struct rates_opts *o, double *gbps)
+{
+    *gbps = 0;
+    uint32_t nb = pass_blocks(o->layout, o->pools->n_blocks[KV_HOST]);
+    if (nb == 0 || !o->pools->base[KV_HOST])
+        return 0;
+    struct copy_pass c = {NULL, o->pools->base[KV_HOST], (size_t)nb * kv_block_bytes(o->layout),
+                          o->gpu};
+    int rc;
+#if RKV_CUDA
+    if (o->gpu >= 0) {
+        if ((rc = rkv_cuda_dev_alloc(o->gpu, c.n, &c.dst)))
+            return rc;
+        rc = time_passes(copy_pass_run, &c, c.n, o->budget_ms, gbps);
+        rkv_cuda_dev_free(c.dst);
+        return rc;
+    }
+#endif
+    if (!(c.dst = malloc(c.n)))
+        return RKV_ENOMEM;
+    rc = time_passes(copy_pass_run, &c, c.n, o->budget_ms, gbps);
+    free(c.dst);
+    return rc;
+}
+
+/* the cpu attention over the host pool, on its own cpu backend (a gpu worker) */
+static int cpu_attn_rate(const struct rates_opts *o, double *gbps)
+{
+    *gbps = 0;
+    struct backend *cpu;
+    int rc = cpu_backend_init(o->cpu_threads, &cpu);
+    if (rc)
+        return rc;
+    struct kv_pools host_only = {{NULL, o->pools->base[KV_HOST]}, {0, o->pools->n_blocks[KV_HOST]}};
+    rc = backend_set_kv(cpu, o->layout, &host_only);
+    if (rc == 0)
+        rc = attn_rate(cpu, o->layout, &o->attn, KV_HOST, host_only.n_blocks[KV_HOST], o->budget_ms,
+                       gbps);
+    backend_free(cpu);
+    return rc;
+}
+
+int rates_measure(struct backend *be, const struct rates_opts *o, struct rates *out)
+{
+    memset(out, 0, sizeof *out);
+    struct rates_opts op = *o;
+    if (op.budget_ms <= 0)
+        op.budget_ms = 25;
+    double t0 = now_ms();
+    const struct kv_pools *p = op.pools;
+    int rc = attn_rate(be, op.layout, &op.attn, KV_DEVICE,
+                       p->base[KV_DEVICE] ? p->n_blocks[KV_DEVICE] : 0, op.budget_ms,
+                       &out->attn_device_gbps);
+    if (rc == 0)
+        rc =
+            attn_rate(be, op.layout, &op.attn, KV_HOST, p->base[KV_HOST] ? p->n_blocks[KV_HOST] : 0,
+                      op.budget_ms, &out->attn_host_gbps);
+    if (rc == 0 && op.gpu >= 0) {
+        rc = copy_rate(&op, &out->pcie_h2d_gbps);
+        if (rc == 0)
+            rc = cpu_attn_rate(&op, &out->attn_cpu_gbps);
+    } else if (rc == 0) {
+        /* cpu backend: its host attention is the cpu rate; no link, so the
+         * host-stream rate is what a memcpy out of the host pool moves */
+        out->attn_cpu_gbps = out->attn_host_gbps;
+        rc = copy_rate(&op, &out->attn_host_gbps);
+    }
+    out->elapsed_ms = now_ms() - t0;
+    if (rc) {
+        log_warn("measuring kv rates failed: %s; the planner gets 0 (unknown) for the rest",
+                 rkv_strerror(rc));
+        return rc;
+    }
+    if (!isfinite(out->attn_device_gbps + out->attn_host_gbps + out->attn_cpu_gbps +
+                  out->pcie_h2d_gbps))
+        return RKV_EINVAL;
+    return 0;
+}

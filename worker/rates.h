@@ -1,0 +1,62 @@
+/* rates.h - start-up measurement of the rates the kvmgr planner compares (GB/s of kv moved). */
+#ifndef RKV_WORKER_RATES_H
+#define RKV_WORKER_RATES_H
+
+#include <stdint.h>
+
+#include "worker/backend.h"
+#include "worker/kv.h"
+
+/*
+ * What each rate means (GB/s = 1e9 bytes per second, of kv read or moved). The
+ * planner (kvmgr/plan.h) spills a session as CPU_TAIL only where attn_cpu_gbps
+ * beats the streamed rate min(pcie_h2d_gbps, attn_host_gbps).
+ *
+ *  cuda backend:
+ *   pcie_h2d_gbps     pinned host pool -> device copies (the copy engine)
+ *   attn_device_gbps  the backend's decode attention over device-tagged blocks
+ *   attn_host_gbps    the backend's attention over host-tagged blocks (the
+ *                     host-stream rate: copies or zero-copy reads, whichever
+ *                     the backend chose)
+ *   attn_cpu_gbps     the cpu backend's attention over host blocks, on
+ *                     cpu_threads threads (what a CPU_TAIL would run)
+ *  cpu backend (no gpu, no link):
+ *   pcie_h2d_gbps     0: there is no link between the pools
+ *   attn_device_gbps  cpu attention over device-tagged blocks
+ *   attn_host_gbps    the host-stream rate: memcpy bandwidth out of the host
+ *                     pool (what moving a tail to the "device" pool costs),
+ *                     so the planner's comparison stays meaningful
+ *   attn_cpu_gbps     cpu attention over host-tagged blocks
+ *
+ * Attention is timed on decode-shaped work: one query token per sequence,
+ * the pool's blocks split over up to 16 sequences, every layer, reading at
+ * most RATES_MAX_BYTES per pass. The blocks are only read (they may hold live
+ * sessions' kv after a restart); a pool with no blocks gives 0 (unknown, never
+ * chosen by the planner). Small pools fit in the cpu caches and read faster
+ * than a large one would.
+ */
+
+#define RATES_MAX_BYTES ((uint64_t)32 << 20)
+
+struct rates {
+    double pcie_h2d_gbps;
+    double attn_device_gbps;
+    double attn_host_gbps;
+    double attn_cpu_gbps;
+    double elapsed_ms; /* the whole measurement */
+};
+
+struct rates_opts {
+    const struct kv_layout *layout;
+    const struct kv_pools *pools; /* mapped; device pool in device memory on cuda */
+    struct be_attn attn;          /* the model's attention geometry */
+    int gpu;                      /* cuda device ordinal; -1: be is the cpu backend */
+    uint32_t cpu_threads;         /* threads of the cpu attention on a gpu worker; 0 = all */
+    double budget_ms;             /* time per rate (about); 0 = 25 ms */
+};
+
+/* measures every rate with be (the worker's backend, set_kv already done on
+ * o->pools). 0 or a negative RKV_E* code; rates it could not measure are 0. */
+int rates_measure(struct backend *be, const struct rates_opts *o, struct rates *out);
+
+#endif
