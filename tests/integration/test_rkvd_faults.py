@@ -286,3 +286,26 @@ def test_clients_leaving_mid_stream_do_not_disturb_the_rest(rkvd_factory):
         assert time.monotonic() < deadline, "cancelled requests still run"
         time.sleep(0.05)
     assert srv.request("GET", "/health")[0] == 200
+
+
+def test_worker_sigkill_during_chunked_prefill(rkvd_factory, ref):
+    """long prompts, prefilled 256 tokens a step: a worker killed part way re-runs no more
+    than the chunk it was computing, and every answer is the uninterrupted one"""
+    srv = rkvd_factory("--prefill-chunk", "256", "--max-batch-tokens", "512")
+    ps = [[507] + [(i * 13 + k * 7) % 500 + 1 for k in range(1800)] for i in range(4)]
+    wants = [ref.gen(ids=tuple(p), n=8, sampling=("--temp", "0", "--ignore-eos"))["text"]
+             for p in ps]
+    worker = srv.child_pid("rkv-worker")
+    pre0 = srv.metric("rkv:prefill_tokens_total")
+    s = Streams(srv, ps, max_tokens=8).start()
+    deadline = time.monotonic() + 30
+    while srv.metric("rkv:prefill_tokens_total") == pre0:  # part way into the prompts
+        assert time.monotonic() < deadline
+        time.sleep(0.002)
+    os.kill(worker, signal.SIGKILL)
+    s.join()
+    assert s.error == [None] * 4, s.error
+    assert s.text == wants
+    total = sum(len(p) for p in ps)
+    # at most one step (512 tokens) computed again
+    assert total <= srv.metric("rkv:prefill_tokens_total") - pre0 <= total + 512
