@@ -309,3 +309,19 @@ def test_worker_sigkill_during_chunked_prefill(rkvd_factory, ref):
     total = sum(len(p) for p in ps)
     # at most one step (512 tokens) computed again
     assert total <= srv.metric("rkv:prefill_tokens_total") - pre0 <= total + 512
+
+
+def test_sigterm_right_after_a_worker_sigkill(rkvd_factory):
+    """the worker is restarted while rkvd drains: the streams still finish, exit 0"""
+    srv = rkvd_factory()
+    ps = prompts(8)
+    want = baseline(srv, ps)
+    s = Streams(srv, ps).start()
+    s.wait_all_started()
+    os.kill(srv.child_pid("rkv-worker"), signal.SIGKILL)
+    srv.proc.send_signal(signal.SIGTERM)
+    s.join()
+    assert s.error == [None] * 8, s.error
+    assert s.text == want
+    assert srv.stop(signal_it=False) == 0
+    assert srv.stragglers() == []
