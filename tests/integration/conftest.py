@@ -73,17 +73,28 @@ class Rkvd:
                 "--backend", "cpu", "--state-dir", str(self.state_dir),
                 "--runtime-dir", str(self.run_dir), "--threads", "2", *self.extra]
         self._log = open(self.log_path, "ab")
+        since = self._log.tell()  # a restart in the same root appends to the log
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
-        while self.port is None:
-            m = re.search(r"listening on 127\.0\.0\.1:(\d+)", self.log())
-            if m:
-                self.port = int(m.group(1))
-                break
-            self._check_alive(deadline)
-            time.sleep(0.02)
-        self.wait_healthy(deadline - time.monotonic())
+        try:
+            while self.port is None:
+                m = re.search(r"listening on 127\.0\.0\.1:(\d+)", self.log()[since:])
+                if m:
+                    self.port = int(m.group(1))
+                    break
+                self._check_alive(deadline)
+                time.sleep(0.02)
+            self.wait_healthy(deadline - time.monotonic())
+        except BaseException:
+            # nothing of a server that did not come up outlives the test
+            self.proc.kill()
+            self.proc.wait()
+            self.exit_code = self.proc.returncode
+            for pid in self.stragglers():
+                os.kill(pid, signal.SIGKILL)
+            self._log.close()
+            raise
         return self
 
     def _check_alive(self, deadline):

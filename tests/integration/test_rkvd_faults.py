@@ -1,6 +1,8 @@
 """rkvd under faults, with streams in flight: a SIGKILLed worker is restarted and its requests
 go on with the same tokens (KV survives in kvmgr); a SIGKILLed kvmgr ends every request cleanly
-(completed, or a 5xx) and rkvd recovers; SIGTERM lets running streams finish and exits 0; a busy port is exit 1 with no children left."""
+(completed, or a 5xx) and rkvd recovers; SIGTERM lets running streams finish and exits 0;
+clients that leave, a worker that keeps dying, a busy port, a restart of rkvd itself."""
+import json
 import os
 import signal
 import socket
@@ -259,7 +261,6 @@ def test_sigterm_deadline_cuts_long_streams_and_exits_0(rkvd_factory):
 
 def test_clients_leaving_mid_stream_do_not_disturb_the_rest(rkvd_factory):
     import http.client
-    import json
     srv = rkvd_factory()
     ps = prompts(16)
     want = baseline(srv, ps)
@@ -325,3 +326,28 @@ def test_sigterm_right_after_a_worker_sigkill(rkvd_factory):
     assert s.text == want
     assert srv.stop(signal_it=False) == 0
     assert srv.stragglers() == []
+
+
+def test_named_session_across_an_rkvd_restart(tiny_model, tmp_path_factory, ref):
+    """the state dir keeps the session's tokens; the next rkvd recomputes its KV"""
+    from conftest import Rkvd, _stop_checked
+    root = tmp_path_factory.mktemp("again")
+    p1 = list(ref.tokens("Remember this across a restart"))
+    a1 = ref.gen(ids=tuple(p1), n=8)
+    p2 = p1 + a1["ids"] + list(ref.tokens(" and then", bos=False))
+    body = {"max_tokens": 8, "temperature": 0, "session_id": "durable"}
+    srv = Rkvd(tiny_model, root).start()
+    try:
+        st, _, data = srv.request("POST", "/v1/completions", body={"prompt": p1, **body})
+        assert st == 200 and json.loads(data)["choices"][0]["text"] == a1["text"]
+    finally:
+        _stop_checked(srv)
+    srv = Rkvd(tiny_model, root).start()
+    try:
+        st, _, data = srv.request("POST", "/v1/completions", body={"prompt": p2, **body})
+        assert st == 200, data
+        r = json.loads(data)
+        assert r["choices"][0]["text"] == ref.gen(ids=tuple(p2), n=8)["text"]
+        assert r["usage"]["prompt_tokens"] == len(p2)
+    finally:
+        _stop_checked(srv)
