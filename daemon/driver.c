@@ -147,6 +147,16 @@ static int kv_prep(struct wthread *t, struct step_job *job, struct proto_kv_tabl
         ps[i].session_id = job->seqs[i].sid;
         ps[i].n_pos = job->seqs[i].n_past + job->seqs[i].n_tokens;
         ps[i].flags = PROTO_KV_ACTIVE | (job->seqs[i].pinned ? PROTO_KV_PINNED : 0);
+        /* the step's n_past was written by earlier steps that finished */
+        ps[i].n_written = job->seqs[i].n_past;
+        if (job->seqs[i].is_new) {
+            ps[i].flags |= PROTO_KV_NEW;
+            ps[i].n_tokens = job->seqs[i].n_all;
+            ps[i].tokens = job->seqs[i].all;
+        } else {
+            ps[i].n_tokens = job->seqs[i].n_tokens;
+            ps[i].tokens = job->seqs[i].tokens;
+        }
     }
     struct proto_kv_prep m = {t->idx, t->acked_epoch, job->n_closes, job->closes, job->n_idles,
                               job->idles, job->n_seqs, ps};
@@ -193,6 +203,21 @@ static int worker_step(struct wthread *t, struct step_job *job, const struct pro
         js->status = kt->status;
         if (kt->status != 0)
             continue;
+        if (kt->n_cached > js->n_past && js->n_past == 0) {
+            /* kvmgr mapped this prefix to blocks another session wrote: skip
+             * computing it; the sampler still sees those tokens as history */
+            uint32_t skip = RKV_MIN(kt->n_cached, js->n_tokens - (js->sample ? 1 : 0));
+            if (js->reset) {
+                js->history = js->tokens;
+                js->n_history = skip;
+            }
+            js->tokens += skip;
+            js->n_tokens -= skip;
+            js->n_past += skip;
+            js->n_cached = skip;
+            if (js->n_tokens == 0)
+                continue; /* all of this chunk was there: nothing to run */
+        }
         struct proto_step_seq *s = &seqs[n];
         which[n++] = i;
         s->session_id = js->sid;

@@ -48,6 +48,7 @@ struct session {
     uint32_t n_kv;          /* positions whose KV kvmgr holds */
     uint32_t worker;        /* where its sampler state lives */
     int worker_knows;       /* the worker has a sampler for it */
+    int kvmgr_knows;        /* kvmgr has blocks for it (else the next prep says NEW) */
     int pinned;             /* operator pinned: kvmgr keeps it resident */
     struct seq *busy;       /* the request using it, or NULL */
     uint64_t last_use_ms;
@@ -68,7 +69,14 @@ struct worker_slot {
     struct seq_list running;
     struct rkv_vec closes; /* uint64_t sids to release before the next step */
     struct rkv_vec idles;
+    struct rkv_vec picks; /* struct pick: kick's scratch */
     uv_timer_t retry;
+};
+
+/* one sequence a step takes and how many of its tokens */
+struct pick {
+    struct seq *q;
+    uint32_t take;
 };
 
 struct sched {
@@ -667,28 +675,30 @@ static void kick(struct sched *s, uint32_t w)
         rkv_map_put(&s->by_sid, q->sess->sid, q);
         metric_observe(s->m_queue, model_label(s), (double)(rkv_now_ns() - q->t_arrival_ns) / 1e9);
     }
-    /* decodes first (one token each), then prompt chunks in arrival order */
-    uint32_t budget = s->cfg.max_batch_tokens, n_seqs = 0;
+    /* decodes first (one token each), then prompt chunks in arrival order;
+     * picked once, then sized and copied into the job */
+    ws->picks.len = 0;
+    uint32_t budget = s->cfg.max_batch_tokens;
     size_t n_tok = 0;
     for (int pass = 0; pass < 2; pass++) {
-        for (struct seq *q = ws->running.head; q; q = q->next) {
+        for (struct seq *q = ws->running.head; q && budget; q = q->next) {
             struct session *se = q->sess;
             uint32_t pending = se->n_tokens - se->n_kv;
-            int decode = pending == 1;
-            if ((pass == 0) != decode || pending == 0 || budget == 0)
+            if ((pass == 0) != (pending == 1) || pending == 0)
                 continue;
-            uint32_t take = pending;
-            if (take > s->cfg.prefill_chunk)
-                take = s->cfg.prefill_chunk;
-            if (take > budget)
-                take = budget;
+            uint32_t take = RKV_MIN(RKV_MIN(pending, s->cfg.prefill_chunk), budget);
             budget -= take;
+            struct pick pk = {q, take};
+            if (!rkv_vec_push(&ws->picks, &pk))
+                break;
             n_tok += take;
-            n_seqs++;
             if (!se->worker_knows)
                 n_tok += se->n_kv; /* history for the sampler */
+            if (!se->kvmgr_knows)
+                n_tok += se->n_tokens; /* every token: kvmgr looks for a shared prefix */
         }
     }
+    uint32_t n_seqs = (uint32_t)ws->picks.len;
     if (n_seqs == 0 && ws->closes.len == 0 && ws->idles.len == 0) {
         update_gauges(s);
         return;
@@ -712,40 +722,37 @@ static void kick(struct sched *s, uint32_t w)
     ws->closes.len = 0;
     ws->idles.len = 0;
     int32_t *arena = (int32_t *)(j->idles + j->n_idles);
-    budget = s->cfg.max_batch_tokens;
-    for (int pass = 0; pass < 2; pass++) {
-        for (struct seq *q = ws->running.head; q && j->n_seqs < n_seqs; q = q->next) {
-            struct session *se = q->sess;
-            uint32_t pending = se->n_tokens - se->n_kv;
-            int decode = pending == 1;
-            if ((pass == 0) != decode || pending == 0 || budget == 0)
-                continue;
-            uint32_t take = pending;
-            if (take > s->cfg.prefill_chunk)
-                take = s->cfg.prefill_chunk;
-            if (take > budget)
-                take = budget;
-            budget -= take;
-            struct job_seq *js = &j->seqs[j->n_seqs++];
-            js->sid = se->sid;
-            js->n_past = se->n_kv;
-            js->n_tokens = take;
-            js->tokens = arena;
-            memcpy(arena, se->tokens + se->n_kv, take * sizeof(int32_t));
-            arena += take;
-            js->sample = se->n_kv + take == se->n_tokens;
-            js->sp = q->sp;
-            js->pinned = (uint8_t)se->pinned;
-            if (!se->worker_knows) {
-                js->reset = 1;
-                js->n_history = se->n_kv;
-                js->n_drawn = q->n_gen;
-                js->history = arena;
+    for (uint32_t i = 0; i < n_seqs; i++) {
+        const struct pick *pk = rkv_vec_at(&ws->picks, struct pick, i);
+        struct seq *q = pk->q;
+        struct session *se = q->sess;
+        struct job_seq *js = &j->seqs[j->n_seqs++];
+        js->sid = se->sid;
+        js->n_past = se->n_kv;
+        js->n_tokens = pk->take;
+        js->tokens = arena;
+        memcpy(arena, se->tokens + se->n_kv, pk->take * sizeof(int32_t));
+        arena += pk->take;
+        js->sample = se->n_kv + pk->take == se->n_tokens;
+        js->sp = q->sp;
+        js->pinned = (uint8_t)se->pinned;
+        if (!se->worker_knows) {
+            js->reset = 1;
+            js->n_history = se->n_kv;
+            js->n_drawn = q->n_gen;
+            js->history = arena;
+            if (se->n_kv)
                 memcpy(arena, se->tokens, se->n_kv * sizeof(int32_t));
-                arena += se->n_kv;
-            }
-            q->in_flight = 1;
+            arena += se->n_kv;
         }
+        if (!se->kvmgr_knows) {
+            js->is_new = 1;
+            js->n_all = se->n_tokens;
+            js->all = arena;
+            memcpy(arena, se->tokens, se->n_tokens * sizeof(int32_t));
+            arena += se->n_tokens;
+        }
+        q->in_flight = 1;
     }
     ws->busy = 1;
     s->st.steps++;
@@ -874,8 +881,16 @@ void sched_job_done(struct sched *s, struct step_job *j)
         }
         progress = 1;
         q->stalled = 0;
-        q->sess->worker_knows = 1;
+        if (js->n_tokens)
+            q->sess->worker_knows = 1; /* it ran there (not all found shared) */
+        q->sess->kvmgr_knows = 1;
         q->sess->n_kv = js->n_past + js->n_tokens;
+        if (js->n_cached) {
+            /* kvmgr found these positions in blocks another session wrote */
+            q->cached += js->n_cached;
+            s->st.cached_tokens += js->n_cached;
+            metric_inc(s->m_hits, model_label(s), js->n_cached);
+        }
         s->st.prefill_tokens += js->sample && js->n_tokens == 1 ? 0 : js->n_tokens;
         if (!(js->sample && js->n_tokens == 1))
             metric_inc(s->m_prefill, model_label(s), js->n_tokens);
@@ -941,6 +956,7 @@ static int kvmgr_adopt(struct sched *s, uint32_t pid)
         struct session *se = v;
         se->n_kv = 0;
         se->worker_knows = 0;
+        se->kvmgr_knows = 0;
     }
     for (uint32_t w = 0; w < s->cfg.n_workers; w++) {
         s->workers[w].closes.len = 0;
@@ -992,6 +1008,7 @@ int sched_init(uv_loop_t *loop, const struct sched_config *cfg, const struct tok
     }
     for (uint32_t w = 0; w < cfg->n_workers; w++) {
         rkv_vec_init(&s->workers[w].closes, sizeof(uint64_t));
+        rkv_vec_init(&s->workers[w].picks, sizeof(struct pick));
         rkv_vec_init(&s->workers[w].idles, sizeof(uint64_t));
         uv_timer_init(loop, &s->workers[w].retry);
         s->workers[w].retry.data = s;
@@ -1064,6 +1081,7 @@ void sched_free(struct sched *s)
     for (uint32_t w = 0; w < s->cfg.n_workers; w++) {
         fail_running(s, w, 503, "rkvd is shutting down");
         rkv_vec_fini(&s->workers[w].closes);
+        rkv_vec_fini(&s->workers[w].picks);
         rkv_vec_fini(&s->workers[w].idles);
     }
     s->n_closing = s->cfg.n_workers;

@@ -52,6 +52,11 @@ struct job_seq {
     uint32_t n_history; /* with reset: every token before this step's */
     int32_t *history;
     uint32_t n_drawn;   /* with reset: tokens this request sampled already */
+    uint8_t is_new;     /* kvmgr has no blocks for it: it may map a shared prefix */
+    uint32_t n_all;     /* with is_new: every token the session has */
+    int32_t *all;
+    /* out (the driver moves n_past/tokens past what kvmgr found shared) */
+    uint32_t n_cached;
     struct proto_sampling sp;
     /* out */
     int32_t status; /* 0, or RKV_ENOSPACE: kvmgr could not place it yet (wait) */

@@ -14,8 +14,14 @@ struct pool {
     uint32_t n;
     uint32_t *ref;  /* [n] */
     uint64_t *hash; /* [n] hash the block is indexed under, 0 = none */
-    uint32_t *free; /* [n] stack of free indices */
+    uint32_t *free; /* [n] stack of free indices that hold nothing shareable */
     uint32_t n_free;
+    /* free blocks that still hold written, indexed KV (a finished session's
+     * prefix), least recently freed first: a later session with the same
+     * prefix revives them; allocation takes them only when the stack is
+     * empty, oldest first (the prefix cache) */
+    uint32_t *lru_prev, *lru_next; /* [n] */
+    uint32_t lru_head, lru_tail, n_cached;
     struct rkv_map index; /* chain hash -> block index + 1 */
 };
 
@@ -66,6 +72,7 @@ struct kvb {
     uint64_t epoch; /* last table change, over all sessions */
     uint32_t n_gpus;
     uint32_t block_tokens;
+    int moves_need_written;
     struct pool *pools;     /* [n_gpus + 1]: device pools, then the host pool */
     struct rkv_map live;    /* sid -> struct sess * */
     struct rkv_vec closing; /* struct sess *: closed, releases still pending */
@@ -86,8 +93,12 @@ static int pool_init(struct pool *p, uint32_t n)
     p->ref = calloc(n ? n : 1, sizeof(*p->ref));
     p->hash = calloc(n ? n : 1, sizeof(*p->hash));
     p->free = calloc(n ? n : 1, sizeof(*p->free));
+    p->lru_prev = calloc(n ? n : 1, sizeof(*p->lru_prev));
+    p->lru_next = calloc(n ? n : 1, sizeof(*p->lru_next));
+    p->lru_head = p->lru_tail = KVB_NONE;
+    p->n_cached = 0;
     rkv_map_init(&p->index);
-    if (!p->ref || !p->hash || !p->free)
+    if (!p->ref || !p->hash || !p->free || !p->lru_prev || !p->lru_next)
         return RKV_ENOMEM;
     /* lowest index on top: allocation order is deterministic */
     for (uint32_t k = 0; k < n; k++)
@@ -101,14 +112,57 @@ static void pool_fini(struct pool *p)
     free(p->ref);
     free(p->hash);
     free(p->free);
+    free(p->lru_prev);
+    free(p->lru_next);
     rkv_map_fini(&p->index);
+}
+
+/* blocks a new allocation can take: free, or cached (evictable) */
+static uint32_t pool_avail(const struct pool *p)
+{
+    return p->n_free + p->n_cached;
+}
+
+static void lru_remove(struct pool *p, uint32_t idx)
+{
+    uint32_t pr = p->lru_prev[idx], nx = p->lru_next[idx];
+    if (pr != KVB_NONE)
+        p->lru_next[pr] = nx;
+    else
+        p->lru_head = nx;
+    if (nx != KVB_NONE)
+        p->lru_prev[nx] = pr;
+    else
+        p->lru_tail = pr;
+    p->n_cached--;
+}
+
+static void lru_append(struct pool *p, uint32_t idx)
+{
+    p->lru_prev[idx] = p->lru_tail;
+    p->lru_next[idx] = KVB_NONE;
+    if (p->lru_tail != KVB_NONE)
+        p->lru_next[p->lru_tail] = idx;
+    else
+        p->lru_head = idx;
+    p->lru_tail = idx;
+    p->n_cached++;
 }
 
 static uint32_t pool_alloc(struct pool *p)
 {
-    if (p->n_free == 0)
+    uint32_t idx;
+    if (p->n_free) {
+        idx = p->free[--p->n_free];
+    } else if (p->n_cached) {
+        /* evict the least recently freed cached block */
+        idx = p->lru_head;
+        lru_remove(p, idx);
+        rkv_map_del(&p->index, p->hash[idx]);
+        p->hash[idx] = 0;
+    } else {
         return KVB_NONE;
-    uint32_t idx = p->free[--p->n_free];
+    }
     p->ref[idx] = 1;
     return idx;
 }
@@ -117,11 +171,10 @@ static void pool_unref(struct pool *p, uint32_t idx)
 {
     if (--p->ref[idx] > 0)
         return;
-    if (p->hash[idx]) {
-        rkv_map_del(&p->index, p->hash[idx]);
-        p->hash[idx] = 0;
-    }
-    p->free[p->n_free++] = idx;
+    if (p->hash[idx])
+        lru_append(p, idx); /* still indexed: a later identical prefix revives it */
+    else
+        p->free[p->n_free++] = idx;
 }
 
 /* the block indexed under hash, referenced, or KVB_NONE */
@@ -133,6 +186,8 @@ static uint32_t pool_lookup_ref(struct pool *p, uint64_t hash)
     if (!v)
         return KVB_NONE;
     uint32_t idx = (uint32_t)((uintptr_t)v - 1);
+    if (p->ref[idx] == 0)
+        lru_remove(p, idx); /* a cached block comes back into use */
     p->ref[idx]++;
     return idx;
 }
@@ -263,7 +318,7 @@ static int sess_grow(struct kvb *kvb, struct sess *s, size_t n, uint32_t max_dev
 {
     struct pool *dp = &kvb->pools[s->gpu], *hp = &kvb->pools[host_pool(kvb)];
     size_t n_dev = n < max_dev ? n : max_dev;
-    if (n_dev > dp->n_free || n - n_dev > hp->n_free)
+    if (n_dev > pool_avail(dp) || n - n_dev > pool_avail(hp))
         return RKV_ENOSPACE;
     if (rkv_vec_reserve(&s->ents, s->ents.len + n))
         return RKV_ENOMEM;
@@ -293,6 +348,7 @@ int kvb_create(const struct kvb_config *cfg, struct kvb **out)
         return RKV_ENOMEM;
     kvb->n_gpus = cfg->n_gpus;
     kvb->block_tokens = cfg->block_tokens;
+    kvb->moves_need_written = cfg->moves_need_written;
     rkv_map_init(&kvb->live);
     rkv_vec_init(&kvb->closing, sizeof(struct sess *));
     kvb->pools = calloc(cfg->n_gpus + 1, sizeof(*kvb->pools));
@@ -409,7 +465,7 @@ int kvb_session_fork(struct kvb *kvb, uint64_t parent, uint64_t child, size_t n_
     if (sess_get(kvb, child))
         return RKV_EBUSY;
     size_t full = n_tokens / B, part = n_tokens % B;
-    if (part && kvb->pools[p->gpu].n_free == 0)
+    if (part && pool_avail(&kvb->pools[p->gpu]) == 0)
         return RKV_ENOSPACE;
     struct sess *s = sess_new(kvb, child, p->gpu);
     if (!s || rkv_vec_reserve(&s->tokens, n_tokens ? n_tokens : 1) ||
@@ -509,7 +565,7 @@ int kvb_session_truncate(struct kvb *kvb, uint64_t sid, size_t n_tokens, struct 
     /* the kept partial block will be written again: it must be a private
      * device block, else copy its first positions into one */
     int need_cow = part && (last->dev == KVB_NONE || dp->ref[last->dev] > 1);
-    if (need_cow && dp->n_free == 0)
+    if (need_cow && pool_avail(dp) == 0)
         return RKV_ENOSPACE;
     if (rkv_vec_reserve(&s->drops, s->drops.len + 2 * (s->ents.len - keep) + 2))
         return RKV_ENOMEM;
@@ -660,9 +716,13 @@ static int move_open(struct kvb *kvb, uint64_t sid, uint32_t n, struct kvb_copy 
     for (size_t k = 0; k < len && s->mv.len < n; k++) {
         uint32_t i = demote ? (uint32_t)k : (uint32_t)(len - 1 - k);
         struct ent *e = ENT(s, i);
-        /* the newest block stays while it is being written; once it is full the
-         * next position starts a new block, so it may go too */
-        int writing = !parking && i == len - 1 && s->tokens.len % kvb->block_tokens != 0;
+        /* a block that a step in flight may still be writing stays on the device
+         * (copying it now would copy what is not there yet): every position it
+         * holds must be written. the newest, partly filled block is written next,
+         * unless the session is parked (idle: nothing writes it) */
+        size_t end = RKV_MIN((size_t)(i + 1) * kvb->block_tokens, s->tokens.len);
+        int writing = (kvb->moves_need_written && end > s->n_written) ||
+                      (!parking && i == len - 1 && s->tokens.len % kvb->block_tokens != 0);
         if (demote ? (e->dev == KVB_NONE || writing) : e->dev != KVB_NONE)
             continue;
         struct mv m = {i, KVB_NONE};
@@ -896,12 +956,12 @@ int kvb_worker_lost(struct kvb *kvb, uint32_t worker)
 
 uint32_t kvb_free_dev(const struct kvb *kvb, uint32_t gpu)
 {
-    return gpu < kvb->n_gpus ? kvb->pools[gpu].n_free : 0;
+    return gpu < kvb->n_gpus ? pool_avail(&kvb->pools[gpu]) : 0;
 }
 
 uint32_t kvb_free_host(const struct kvb *kvb)
 {
-    return kvb->pools[host_pool(kvb)].n_free;
+    return pool_avail(&kvb->pools[host_pool(kvb)]);
 }
 
 static void sess_count_refs(const struct kvb *kvb, const struct sess *s, uint32_t **want)
@@ -976,6 +1036,22 @@ static int check_pool(const struct pool *p, uint32_t pid, const uint32_t *want)
             on_free[idx] = 1;
         }
     }
+    uint32_t n_lru = 0;
+    for (uint32_t idx = p->lru_head; rc == 0 && idx != KVB_NONE; idx = p->lru_next[idx]) {
+        if (idx >= p->n || on_free[idx] || p->ref[idx] != 0 || !p->hash[idx] ||
+            ++n_lru > p->n_cached) {
+            log_error("kvb_check: pool %u: cached block %u is in use, unindexed or listed twice",
+                      pid, idx);
+            rc = RKV_EINTERNAL;
+        } else {
+            on_free[idx] = 1;
+        }
+    }
+    if (rc == 0 && n_lru != p->n_cached) {
+        log_error("kvb_check: pool %u: %u cached blocks listed, %u counted", pid, n_lru,
+                  p->n_cached);
+        rc = RKV_EINTERNAL;
+    }
     for (uint32_t idx = 0; rc == 0 && idx < p->n; idx++) {
         if (p->ref[idx] != want[idx] || (p->ref[idx] == 0) != on_free[idx]) {
             log_error("kvb_check: pool %u: block %u has %u references, tables hold %u%s", pid, idx,
@@ -992,7 +1068,7 @@ static int check_pool(const struct pool *p, uint32_t pid, const uint32_t *want)
     void *v;
     while (rc == 0 && rkv_map_next(&p->index, &it, &key, &v)) {
         uint32_t idx = (uint32_t)((uintptr_t)v - 1);
-        if (idx >= p->n || p->hash[idx] != key || p->ref[idx] == 0) {
+        if (idx >= p->n || p->hash[idx] != key) {
             log_error("kvb_check: pool %u: index names block %u which is free or rehashed", pid,
                       idx);
             rc = RKV_EINTERNAL;

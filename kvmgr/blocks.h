@@ -45,6 +45,11 @@ struct kvb_config {
     uint32_t dev_blocks[KVB_MAX_GPUS]; /* device pool size per gpu */
     uint32_t host_blocks;              /* host pool size */
     uint32_t block_tokens;             /* positions per block (B) */
+    /* move (demote, park) only blocks whose positions are all reported
+     * written (kvb_session_written): a step in flight may still be writing
+     * the others, and a copy taken now would miss what it writes. kvmgr sets
+     * it; without it any block but the partly filled newest may move. */
+    int moves_need_written;
 };
 
 enum kvb_residency {

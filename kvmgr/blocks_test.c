@@ -348,7 +348,9 @@ static void test_truncate(void **state)
     assert_int_equal(kvb_session_append(kvb, 4, NULL, 3), 0);
     assert_int_equal(kvb_session_written(kvb, 4, 12), 0);
     assert_int_equal(kvb_session_open(kvb, 5, 0, u, 12, KVB_NONE, &reused), 0);
-    assert_int_equal(reused, 4); /* session 1's first block only */
+    /* session 1's first block, and its old second block: no table names it
+     * any more, but it is cached with its written prefix and revived */
+    assert_int_equal(reused, 8);
     for (uint64_t sid = 1; sid <= 5; sid++)
         kvb_session_close(kvb, sid);
     assert_int_equal(kvb_free_dev(kvb, 0), 16);
@@ -623,6 +625,73 @@ static void test_written_block_loses_host_copy(void **state)
     kvb_destroy(kvb);
 }
 
+/* a finished session's written blocks stay cached: the next session with the
+ * same prefix maps them; allocation evicts cached blocks only when nothing
+ * else is free, oldest first */
+static void test_prefix_cache_survives_close(void **state)
+{
+    (void)state;
+    struct kvb *kvb = make(4, 4);
+    uint32_t t[16];
+    size_t reused;
+    seq(t, 16, 100);
+    assert_int_equal(kvb_session_open(kvb, 1, 0, t, 8, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_written(kvb, 1, 8), 0);
+    assert_int_equal(kvb_session_close(kvb, 1), 0);
+    assert_int_equal(kvb_free_dev(kvb, 0), 4); /* cached blocks count as free */
+    assert_int_equal(kvb_check(kvb), 0);
+    assert_int_equal(kvb_session_open(kvb, 2, 0, t, 12, KVB_NONE, &reused), 0);
+    assert_int_equal(reused, 8);
+    assert_int_equal(kvb_check(kvb), 0);
+    assert_int_equal(kvb_session_close(kvb, 2), 0);
+    /* a session that needs every block evicts the cache */
+    uint32_t other[16];
+    seq(other, 16, 900);
+    assert_int_equal(kvb_session_open(kvb, 3, 0, other, 16, KVB_NONE, &reused), 0);
+    assert_int_equal(reused, 0);
+    assert_int_equal(kvb_free_dev(kvb, 0), 0);
+    assert_int_equal(kvb_check(kvb), 0);
+    assert_int_equal(kvb_session_close(kvb, 3), 0);
+    assert_int_equal(kvb_session_open(kvb, 4, 0, t, 8, KVB_NONE, &reused), 0);
+    assert_int_equal(reused, 0); /* evicted */
+    assert_int_equal(kvb_session_close(kvb, 4), 0);
+    assert_int_equal(kvb_check(kvb), 0);
+    kvb_destroy(kvb);
+}
+
+/* with moves_need_written, a block a step may still be writing does not move:
+ * copying it before the step ends would lose what the step writes */
+static void test_unwritten_blocks_stay(void **state)
+{
+    (void)state;
+    struct kvb_config cfg = {0};
+    cfg.n_gpus = 1;
+    cfg.dev_blocks[0] = 8;
+    cfg.host_blocks = 8;
+    cfg.block_tokens = B;
+    cfg.moves_need_written = 1;
+    struct kvb *kvb;
+    assert_int_equal(kvb_create(&cfg, &kvb), 0);
+    size_t reused, n_ops;
+    struct kvb_copy ops[8];
+    /* a 3-block prefill in flight: nothing written yet */
+    assert_int_equal(kvb_session_open(kvb, 1, 0, NULL, 3 * B, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_demote(kvb, 1, 1, ops, 8, &n_ops), RKV_ERANGE);
+    /* the step finished: its blocks may go (the newest, full, too) */
+    assert_int_equal(kvb_session_written(kvb, 1, 3 * B), 0);
+    assert_int_equal(kvb_demote(kvb, 1, 3, ops, 8, &n_ops), 0);
+    assert_int_equal(kvb_commit(kvb, 1, NULL), 0);
+    /* two more positions being written: their block stays */
+    assert_int_equal(kvb_session_append(kvb, 1, NULL, 2), 0);
+    assert_int_equal(kvb_park(kvb, 1, 1, ops, 8, &n_ops), RKV_ERANGE);
+    assert_int_equal(kvb_session_written(kvb, 1, 3 * B + 2), 0);
+    assert_int_equal(kvb_park(kvb, 1, 1, ops, 8, &n_ops), 0);
+    assert_int_equal(kvb_commit(kvb, 1, NULL), 0);
+    assert_int_equal(kvb_check(kvb), 0);
+    assert_int_equal(kvb_session_close(kvb, 1), 0);
+    kvb_destroy(kvb);
+}
+
 static void test_random_sequences(void **state)
 {
     (void)state;
@@ -659,6 +728,8 @@ int main(void)
         cmocka_unit_test(test_trim_host_copies), cmocka_unit_test(test_ack_worker),
         cmocka_unit_test(test_truncate),         cmocka_unit_test(test_random_sequences),
         cmocka_unit_test(test_written_block_loses_host_copy),
+        cmocka_unit_test(test_prefix_cache_survives_close),
+        cmocka_unit_test(test_unwritten_blocks_stay),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

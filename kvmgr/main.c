@@ -102,6 +102,7 @@ struct sess {
     int active;
     int pinned;
     int open; /* known to the allocator */
+    uint32_t reused; /* leading positions mapped to another session's blocks at open */
     uint64_t last_use;
     enum plan_tactic tactic;
 };
@@ -183,6 +184,7 @@ static int create_pools(struct kvmgr *k, uint64_t block_bytes)
     struct kvb_config kc = {0};
     kc.n_gpus = k->n_gpus;
     kc.block_tokens = (uint32_t)k->c.block_size;
+    kc.moves_need_written = 1; /* steps in flight write blocks kvmgr must not copy yet */
     kc.host_blocks = plan_host_cap(k->c.host_budget, block_bytes);
     char name[64];
     int rc;
@@ -404,21 +406,72 @@ static void sess_drop(struct kvmgr *k, uint64_t sid)
 }
 
 /* brings one session's blocks to want_pos positions within its plan */
-static int place(struct kvmgr *k, struct sess *s)
+/* the tokens q carries for positions [from, to), or NULL when it carries
+ * other positions (then the blocks are positions only: never shared) */
+static const uint32_t *tokens_for(const struct proto_kv_prep_seq *q, size_t from, size_t to)
+{
+    if (!q->n_tokens || to > q->n_pos)
+        return NULL;
+    if (q->flags & PROTO_KV_NEW)
+        return to <= q->n_tokens ? (const uint32_t *)q->tokens + from : NULL;
+    size_t first = q->n_pos - q->n_tokens; /* position of q->tokens[0] */
+    return from >= first ? (const uint32_t *)q->tokens + (from - first) : NULL;
+}
+
+/* opens a session kvmgr has not seen: full blocks whose tokens another
+ * session has written are shared (the last token always stays to compute) */
+static int open_session(struct kvmgr *k, struct sess *s, const struct proto_kv_prep_seq *q,
+                        uint32_t max_dev)
+{
+    size_t reused = 0;
+    int rc;
+    s->reused = 0;
+    if ((q->flags & PROTO_KV_NEW) && q->n_tokens > 1) {
+        size_t B = (size_t)k->c.block_size, cand = (q->n_tokens - 1) / B * B;
+        if (cand) {
+            /* kvb_session_open shares full blocks before the last position it is given:
+             * give it one past the candidate blocks */
+            rc = kvb_session_open(k->kvb, s->sid, s->gpu, (const uint32_t *)q->tokens, cand + 1,
+                                  max_dev, &reused);
+            if (rc)
+                return rc;
+            /* keep only what was found: the rest is computed and appended */
+            struct kvb_copy cow[1];
+            size_t n_cow = 0;
+            if (reused < cand && (rc = kvb_session_truncate(k->kvb, s->sid, reused, cow,
+                                                            &n_cow))) {
+                kvb_session_close(k->kvb, s->sid);
+                return rc;
+            }
+            s->open = 1;
+            s->reused = (uint32_t)reused;
+            if (reused)
+                log_debug("session %llu: %zu positions found in shared blocks",
+                          (unsigned long long)s->sid, reused);
+            return 0;
+        }
+    }
+    /* positions only; a window session's older blocks go straight to the host */
+    rc = kvb_session_open(k->kvb, s->sid, s->gpu, NULL, s->want_pos, max_dev, &reused);
+    if (!rc)
+        s->open = 1;
+    return rc;
+}
+
+static int place(struct kvmgr *k, struct sess *s, const struct proto_kv_prep_seq *q)
 {
     const struct plan_assign *a = k->plan ? plan_find(k->plan, s->sid) : NULL;
     if (!a || a->tactic == PLAN_WAIT || a->tactic == PLAN_PARKED)
         return RKV_ENOSPACE;
     int rc;
     if (!s->open) {
-        size_t reused = 0;
         uint32_t max_dev = a->tactic == PLAN_RESIDENT ? KVB_NONE : (a->n_dev ? a->n_dev : 1);
-        rc = kvb_session_open(k->kvb, s->sid, s->gpu, NULL, s->want_pos, max_dev, &reused);
-        if (rc)
+        if ((rc = open_session(k, s, q, max_dev)))
             return rc;
-        s->open = 1;
-        return 0;
     }
+    /* a session found in shared blocks holds at least those positions */
+    if (s->want_pos < s->reused && (q->flags & PROTO_KV_NEW))
+        s->want_pos = s->reused;
     size_t held = kvb_session_tokens(k->kvb, s->sid);
     if (s->want_pos < held) {
         struct kvb_copy cow[1];
@@ -432,12 +485,13 @@ static int place(struct kvmgr *k, struct sess *s)
         if (n_cow && (rc = kvpool_run_copies(k->dev, k->n_gpus, k->host, cow, n_cow)))
             return rc;
     } else if (s->want_pos > held) {
-        rc = kvb_session_append(k->kvb, s->sid, NULL, s->want_pos - held);
+        const uint32_t *tok = tokens_for(q, held, s->want_pos);
+        rc = kvb_session_append(k->kvb, s->sid, tok, s->want_pos - held);
         if (rc == RKV_ENOSPACE) {
             /* the device pool is short right now: re-plan (relief) and retry once */
             k->dirty = 1;
             replan(k, "session grew");
-            rc = kvb_session_append(k->kvb, s->sid, NULL, s->want_pos - held);
+            rc = kvb_session_append(k->kvb, s->sid, tok, s->want_pos - held);
         }
         if (rc)
             return rc;
@@ -468,6 +522,8 @@ static int do_prep(struct kvmgr *k, const struct proto_in *in, struct proto_wbuf
     uint64_t now = rkv_now_ms();
     for (uint32_t i = 0; i < m->n_idle; i++) {
         struct sess *s = rkv_map_get(&k->sess, m->idle[i]);
+        if (s && s->open) /* its last step is done: every position is written */
+            kvb_session_written(k->kvb, s->sid, kvb_session_tokens(k->kvb, s->sid));
         if (s && s->active) {
             s->active = 0;
             k->dirty = 1;
@@ -481,6 +537,12 @@ static int do_prep(struct kvmgr *k, const struct proto_in *in, struct proto_wbuf
         }
         if (!s->active || s->want_pos != m->seqs[i].n_pos)
             k->dirty |= blocks_for(k, s->want_pos) != blocks_for(k, m->seqs[i].n_pos) || !s->active;
+        /* what earlier steps wrote (this worker's previous step is done): such
+         * blocks may move and, when full, be shared; the rest is being written */
+        if (s->open && m->seqs[i].n_written)
+            kvb_session_written(k->kvb, s->sid,
+                                RKV_MIN((size_t)m->seqs[i].n_written,
+                                        kvb_session_tokens(k->kvb, s->sid)));
         s->want_pos = m->seqs[i].n_pos;
         s->active = 1;
         s->pinned = (m->seqs[i].flags & PROTO_KV_PINNED) != 0;
@@ -508,7 +570,7 @@ static int do_prep(struct kvmgr *k, const struct proto_in *in, struct proto_wbuf
         t->session_id = s->sid;
         t->tactic = (uint8_t)tactic_to_proto(s->tactic);
         offs[i] = refs.len;
-        rc = place(k, s);
+        rc = place(k, s, &m->seqs[i]);
         if (rc) {
             const struct plan_assign *a = k->plan ? plan_find(k->plan, s->sid) : NULL;
             log_debug("session %llu: cannot place %u positions (%s); plan %s dev %u host %u, "
@@ -540,6 +602,10 @@ static int do_prep(struct kvmgr *k, const struct proto_in *in, struct proto_wbuf
             rkv_vec_push(&refs, &r);
         }
         t->n_blocks = (uint32_t)n;
+        /* a step that names the session as new learns what was shared, also
+         * when it is a retry of a step that opened it */
+        if (m->seqs[i].flags & PROTO_KV_NEW)
+            t->n_cached = s->reused;
         kvb_lease(k->kvb, w, s->sid, sepoch);
     }
     /* acking this epoch later releases everything older, also when no

@@ -23,11 +23,21 @@ int proto_kv_prep_encode(const struct proto_kv_prep *m, struct proto_wbuf *w, ch
     proto_wbuf_put_u32(w, m->n_idle);
     for (uint32_t i = 0; i < m->n_idle; i++)
         proto_wbuf_put_u64(w, m->idle[i]);
+    for (uint32_t i = 0; i < m->n_seqs; i++)
+        if (m->seqs[i].n_tokens > PROTO_KV_MAX_TOKENS || (m->seqs[i].flags & ~PROTO_KV_FLAGS))
+            return proto_seterr(err, errlen, RKV_EINVAL,
+                                "kv_prep: seq %u has %u tokens (max %u) and flags 0x%x", i,
+                                m->seqs[i].n_tokens, PROTO_KV_MAX_TOKENS, m->seqs[i].flags);
     proto_wbuf_put_u32(w, m->n_seqs);
     for (uint32_t i = 0; i < m->n_seqs; i++) {
-        proto_wbuf_put_u64(w, m->seqs[i].session_id);
-        proto_wbuf_put_u32(w, m->seqs[i].n_pos);
-        proto_wbuf_put_u8(w, m->seqs[i].flags);
+        const struct proto_kv_prep_seq *q = &m->seqs[i];
+        proto_wbuf_put_u64(w, q->session_id);
+        proto_wbuf_put_u32(w, q->n_pos);
+        proto_wbuf_put_u8(w, q->flags);
+        proto_wbuf_put_u32(w, q->n_written);
+        proto_wbuf_put_u32(w, q->n_tokens);
+        for (uint32_t t = 0; t < q->n_tokens; t++)
+            proto_wbuf_put_i32(w, q->tokens[t]);
     }
     return proto_wbuf_err(w);
 }
@@ -49,6 +59,7 @@ int proto_kv_tables_encode(const struct proto_kv_tables *m, struct proto_wbuf *w
         proto_wbuf_put_u64(w, t->session_id);
         proto_wbuf_put_i32(w, t->status);
         proto_wbuf_put_u8(w, t->tactic);
+        proto_wbuf_put_u32(w, t->n_cached);
         proto_wbuf_put_u32(w, t->n_blocks);
         for (uint32_t b = 0; b < t->n_blocks; b++) {
             if (t->blocks[b].residency > PROTO_RES_BOTH)
@@ -93,13 +104,30 @@ int proto_kv_prep_decode(const void *buf, size_t len, struct proto_kv_prep **out
     if ((rc = get_count(&r, PROTO_MAX_SEQS, 8, "kv_prep idle", &h.n_idle, err, errlen)))
         return rc;
     r.pos += (size_t)h.n_idle * 8;
-    if ((rc = get_count(&r, PROTO_MAX_SEQS, 13, "kv_prep seqs", &h.n_seqs, err, errlen)))
+    if ((rc = get_count(&r, PROTO_MAX_SEQS, 21, "kv_prep seqs", &h.n_seqs, err, errlen)))
         return rc;
-    if (proto_rbuf_left(&r) != (size_t)h.n_seqs * 13)
-        return proto_seterr(err, errlen, RKV_EFORMAT, "kv_prep: %zu bytes where %zu belong",
-                            proto_rbuf_left(&r), (size_t)h.n_seqs * 13);
+    /* walk the seqs once to check them and count their tokens */
+    size_t seqs_at = r.pos, n_tok = 0;
+    for (uint32_t i = 0; i < h.n_seqs; i++) {
+        uint64_t sid;
+        uint32_t n_pos, n_written, nt;
+        uint8_t flags;
+        if (proto_rbuf_get_u64(&r, &sid) || proto_rbuf_get_u32(&r, &n_pos) ||
+            proto_rbuf_get_u8(&r, &flags) || proto_rbuf_get_u32(&r, &n_written))
+            return proto_seterr(err, errlen, RKV_EFORMAT, "kv_prep: seq %u truncated", i);
+        if (flags & ~PROTO_KV_FLAGS)
+            return proto_seterr(err, errlen, RKV_EFORMAT, "kv_prep: seq %u flags 0x%x unknown",
+                                i, flags);
+        if ((rc = get_count(&r, PROTO_KV_MAX_TOKENS, 4, "kv_prep tokens", &nt, err, errlen)))
+            return rc;
+        r.pos += (size_t)nt * 4;
+        n_tok += nt;
+    }
+    if (proto_rbuf_left(&r))
+        return proto_seterr(err, errlen, RKV_EFORMAT, "kv_prep: %zu trailing bytes",
+                            proto_rbuf_left(&r));
     size_t sz = sizeof h + (h.n_close + h.n_idle) * sizeof(uint64_t) +
-                h.n_seqs * sizeof(struct proto_kv_prep_seq);
+                h.n_seqs * sizeof(struct proto_kv_prep_seq) + n_tok * sizeof(int32_t);
     struct proto_kv_prep *m = calloc(1, sz);
     if (!m)
         return RKV_ENOMEM;
@@ -107,6 +135,8 @@ int proto_kv_prep_decode(const void *buf, size_t len, struct proto_kv_prep **out
     m->close = (uint64_t *)(m + 1);
     m->idle = m->close + h.n_close;
     m->seqs = (struct proto_kv_prep_seq *)(m->idle + h.n_idle);
+    int32_t *tok = (int32_t *)(m->seqs + h.n_seqs);
+    (void)seqs_at;
     r.pos = start + 4;
     for (uint32_t i = 0; i < h.n_close; i++)
         proto_rbuf_get_u64(&r, &m->close[i]);
@@ -115,9 +145,15 @@ int proto_kv_prep_decode(const void *buf, size_t len, struct proto_kv_prep **out
         proto_rbuf_get_u64(&r, &m->idle[i]);
     r.pos += 4;
     for (uint32_t i = 0; i < h.n_seqs; i++) {
-        proto_rbuf_get_u64(&r, &m->seqs[i].session_id);
-        proto_rbuf_get_u32(&r, &m->seqs[i].n_pos);
-        proto_rbuf_get_u8(&r, &m->seqs[i].flags);
+        struct proto_kv_prep_seq *q = &m->seqs[i];
+        proto_rbuf_get_u64(&r, &q->session_id);
+        proto_rbuf_get_u32(&r, &q->n_pos);
+        proto_rbuf_get_u8(&r, &q->flags);
+        proto_rbuf_get_u32(&r, &q->n_written);
+        proto_rbuf_get_u32(&r, &q->n_tokens);
+        q->tokens = q->n_tokens ? tok : NULL;
+        for (uint32_t t = 0; t < q->n_tokens; t++)
+            proto_rbuf_get_i32(&r, tok++);
     }
     *out = m;
     return 0;
@@ -132,7 +168,7 @@ int proto_kv_tables_decode(const void *buf, size_t len, struct proto_kv_tables *
     int rc;
     if (proto_rbuf_get_u64(&r, &h.epoch))
         return proto_seterr(err, errlen, RKV_EFORMAT, "kv_tables: truncated header");
-    if ((rc = get_count(&r, PROTO_MAX_SEQS, 17, "kv_tables seqs", &h.n_seqs, err, errlen)))
+    if ((rc = get_count(&r, PROTO_MAX_SEQS, 21, "kv_tables seqs", &h.n_seqs, err, errlen)))
         return rc;
     /* first pass: validate and count blocks */
     size_t seqs_at = r.pos, n_blocks = 0;
@@ -140,9 +176,9 @@ int proto_kv_tables_decode(const void *buf, size_t len, struct proto_kv_tables *
         uint64_t sid;
         int32_t status;
         uint8_t tactic;
-        uint32_t nb;
+        uint32_t nb, n_cached;
         if (proto_rbuf_get_u64(&r, &sid) || proto_rbuf_get_i32(&r, &status) ||
-            proto_rbuf_get_u8(&r, &tactic))
+            proto_rbuf_get_u8(&r, &tactic) || proto_rbuf_get_u32(&r, &n_cached))
             return proto_seterr(err, errlen, RKV_EFORMAT, "kv_tables: seq %u truncated", i);
         if (tactic >= PROTO_N_TACTICS)
             return proto_seterr(err, errlen, RKV_EFORMAT, "kv_tables: seq %u tactic %u unknown", i,
@@ -179,6 +215,7 @@ int proto_kv_tables_decode(const void *buf, size_t len, struct proto_kv_tables *
         proto_rbuf_get_u64(&r, &t->session_id);
         proto_rbuf_get_i32(&r, &t->status);
         proto_rbuf_get_u8(&r, &t->tactic);
+        proto_rbuf_get_u32(&r, &t->n_cached);
         proto_rbuf_get_u32(&r, &t->n_blocks);
         t->blocks = refs;
         for (uint32_t b = 0; b < t->n_blocks; b++) {

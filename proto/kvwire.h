@@ -19,20 +19,36 @@
  *
  * KV_PREP wire: u32 worker_id, u64 ack_epoch (0 = none yet), u32 n_close,
  * u64 close[n_close], u32 n_idle, u64 idle[n_idle], u32 n_seqs, then per
- * seq: u64 session_id, u32 n_pos, u8 flags.
+ * seq: u64 session_id, u32 n_pos, u8 flags, u32 n_written, u32 n_tokens,
+ * i32 tokens[n_tokens].
  *
  * KV_TABLES wire: u64 epoch, u32 n_seqs, then per seq: u64 session_id,
- * i32 status, u8 tactic (enum proto_tactic), u32 n_blocks, n_blocks x
- * (u32 index, u8 residency).
+ * i32 status, u8 tactic (enum proto_tactic), u32 n_cached, u32 n_blocks,
+ * n_blocks x (u32 index, u8 residency).
+ *
+ * Prefix sharing: a session kvmgr does not know yet comes with
+ * PROTO_KV_NEW and every token it has (its prompt); kvmgr maps the full
+ * blocks whose token prefix another session has written to the same blocks
+ * and answers n_cached, the positions that need no prefill (a multiple of
+ * the block size, always leaving the last token to compute). Later steps
+ * send the tokens they add, so the blocks they fill become shareable once
+ * n_written (positions whose KV is known written: the step's n_past) covers
+ * them.
  */
 
 #define PROTO_KV_ACTIVE 1u /* the session has a request running */
 #define PROTO_KV_PINNED 2u /* operator pinned: keep resident */
+#define PROTO_KV_NEW 4u    /* first prep of this session: tokens = all it has */
+#define PROTO_KV_FLAGS (PROTO_KV_ACTIVE | PROTO_KV_PINNED | PROTO_KV_NEW)
+#define PROTO_KV_MAX_TOKENS (1u << 24)
 
 struct proto_kv_prep_seq {
     uint64_t session_id;
-    uint32_t n_pos; /* positions the session holds after this step */
-    uint8_t flags;  /* PROTO_KV_* */
+    uint32_t n_pos;     /* positions the session holds after this step */
+    uint8_t flags;      /* PROTO_KV_* */
+    uint32_t n_written; /* positions whose KV the worker has written */
+    uint32_t n_tokens;
+    const int32_t *tokens; /* NEW: every token; else the step's, ending at n_pos */
 };
 
 struct proto_kv_prep {
@@ -50,6 +66,7 @@ struct proto_kv_table {
     uint64_t session_id;
     int32_t status; /* 0, or RKV_ENOSPACE: not admitted yet (retry) */
     uint8_t tactic; /* enum proto_tactic */
+    uint32_t n_cached; /* NEW sessions: leading positions reused from other sessions */
     uint32_t n_blocks;
     struct proto_block_ref *blocks; /* (n_blocks) position order */
 };

@@ -16,7 +16,10 @@ static void encode_prep(struct proto_wbuf *w)
 {
     uint64_t closes[] = {7, 1ull << 60};
     uint64_t idles[] = {9};
-    struct proto_kv_prep_seq seqs[] = {{3, 1000, PROTO_KV_ACTIVE}, {4, 1, 0}, {5, 0, 3}};
+    static const int32_t toks[] = {7, -1, 65535};
+    struct proto_kv_prep_seq seqs[] = {{3, 1000, PROTO_KV_ACTIVE, 997, 3, toks},
+                                       {4, 1, 0, 0, 0, NULL},
+                                       {5, 0, PROTO_KV_ACTIVE | PROTO_KV_NEW, 0, 0, NULL}};
     struct proto_kv_prep m = {2, 99, 2, closes, 1, idles, 3, seqs};
     char err[128];
     proto_wbuf_init(w);
@@ -26,8 +29,8 @@ static void encode_prep(struct proto_wbuf *w)
 static void encode_tables(struct proto_wbuf *w)
 {
     struct proto_block_ref a[] = {{0, PROTO_RES_DEVICE}, {17, PROTO_RES_HOST}, {5, PROTO_RES_BOTH}};
-    struct proto_kv_table t[] = {{3, 0, PROTO_TACTIC_WINDOW, 3, a},
-                                 {4, RKV_ENOSPACE, PROTO_TACTIC_PARKED, 0, NULL}};
+    struct proto_kv_table t[] = {{3, 0, PROTO_TACTIC_WINDOW, 256, 3, a},
+                                 {4, RKV_ENOSPACE, PROTO_TACTIC_PARKED, 0, 0, NULL}};
     struct proto_kv_tables m = {12345, 2, t};
     char err[128];
     proto_wbuf_init(w);
@@ -50,7 +53,12 @@ static void test_prep_roundtrip(void **state)
     assert_int_equal(m->idle[0], 9);
     assert_int_equal(m->n_seqs, 3);
     assert_int_equal(m->seqs[0].n_pos, 1000);
-    assert_int_equal(m->seqs[2].flags, 3);
+    assert_int_equal(m->seqs[2].flags, PROTO_KV_ACTIVE | PROTO_KV_NEW);
+    assert_int_equal(m->seqs[0].n_written, 997);
+    assert_int_equal(m->seqs[0].n_tokens, 3);
+    assert_int_equal(m->seqs[0].tokens[1], -1);
+    assert_int_equal(m->seqs[0].tokens[2], 65535);
+    assert_null(m->seqs[1].tokens);
     proto_kv_prep_free(m);
     /* every truncation and one trailing byte are refused */
     for (size_t n = 0; n < w.len; n++)
@@ -72,6 +80,7 @@ static void test_tables_roundtrip(void **state)
     assert_int_equal(m->n_seqs, 2);
     assert_int_equal(m->seqs[0].tactic, PROTO_TACTIC_WINDOW);
     assert_int_equal(m->seqs[0].n_blocks, 3);
+    assert_int_equal(m->seqs[0].n_cached, 256);
     assert_int_equal(m->seqs[0].blocks[1].index, 17);
     assert_int_equal(m->seqs[0].blocks[2].residency, PROTO_RES_BOTH);
     assert_int_equal(m->seqs[1].status, RKV_ENOSPACE);
@@ -115,7 +124,7 @@ static void test_limits_and_noise(void **state)
             proto_kv_tables_free(t);
     }
     /* encoders refuse what decoders would */
-    struct proto_kv_table bad = {1, 0, 7, 0, NULL};
+    struct proto_kv_table bad = {1, 0, 7, 0, 0, NULL};
     struct proto_kv_tables m = {1, 1, &bad};
     proto_wbuf_init(&w);
     assert_int_equal(proto_kv_tables_encode(&m, &w, err, sizeof err), RKV_EINVAL);
