@@ -198,6 +198,12 @@ gpu-test:
 bench:
 	@scripts/bench.sh $(BUILD)
 
+# load and soak (issue 9): 256 streamed sessions against rkvd on the cpu backend for
+# SOAK_MINUTES (default 5); writes $(BUILD)/soak/soak.json
+.PHONY: soak
+soak: all venv
+	@RKV_BUILD=$(BUILD) scripts/soak.sh $(or $(SOAK_MINUTES),5)
+
 # the whole system on a gpu (tests/gpu/GPU_DEMO.md): rkvd --backend cuda over HTTP, the vram
 # budget, a worker SIGKILL mid-stream. Packs the binaries and their libraries first, so the
 # pack can also travel to a gpu machine without Debian packages (scripts/gpu-demo.sh DIR there)

@@ -14,6 +14,10 @@ struct bench_opts {
 
 /* a suite fills `out` (its JSON result) and prints a table to stdout */
 int bench_cpu(const struct bench_opts *o, cJSON *out);
+/* kvpool_copy between a device and a host pool (shm; cuda when a gpu answers), 1..64 blocks */
+int bench_migrate(const struct bench_opts *o, cJSON *out);
+/* the tactic planner's time on a synthetic load (kvmgr/plan_bench.h) */
+int bench_plan(const struct bench_opts *o, cJSON *out);
 
 double bench_now_s(void);
 /* models_dir/<preset>-<dtype>.gguf, made with rkv-mkmodel when absent */

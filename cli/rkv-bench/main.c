@@ -24,6 +24,10 @@ static const struct {
 } suites[] = {
     {"cpu", "cpu backend: prefill/decode tok/s (tiny, small), attention with a 50% host split",
      bench_cpu},
+    {"migrate", "kv block migration: kvpool_copy device <-> host, 1..64 blocks, vs a plain copy",
+     bench_migrate},
+    {"plan", "tactic planner: plan time of 10k sessions on 8 gpus (cold, steady, churn)",
+     bench_plan},
 };
 
 static void usage(FILE *f)
@@ -31,7 +35,7 @@ static void usage(FILE *f)
     fprintf(f, "usage: " PROG " SUITE [--json FILE] [--plot FILE] [--threads N] [--quick]\n"
                "          [--models-dir DIR]\nsuites:\n");
     for (size_t i = 0; i < RKV_ARRAY_LEN(suites); i++)
-        fprintf(f, "  %-6s %s\n", suites[i].name, suites[i].what);
+        fprintf(f, "  %-8s %s\n", suites[i].name, suites[i].what);
 }
 
 double bench_now_s(void)
