@@ -94,6 +94,7 @@ struct sched {
     uint32_t n_named;
     uint64_t next_sid;
     int draining;
+    int serving; /* a worker has been up (later, requests wait for a restarted one) */
     uint32_t kvmgr_pid; /* the kvmgr holding the sessions' KV (0: not seen yet) */
     uint32_t kv_gen;    /* bumped when kvmgr restarts: steps of older ones are stale */
     uint32_t n_closing;
@@ -340,7 +341,8 @@ static int submit_cb(void *ctx, struct api_call *call, const struct api_request 
     int any_up = 0;
     for (uint32_t w = 0; w < s->cfg.n_workers; w++)
         any_up |= s->workers[w].up;
-    if (!any_up)
+    /* before the model is loaded: 503; while a worker restarts: queue */
+    if (!any_up && !s->serving)
         return RKV_ENODEV;
     if (s->waiting.n >= s->cfg.max_waiting)
         return RKV_EBUSY;
@@ -934,6 +936,7 @@ void sched_worker_up(struct sched *s, uint32_t w)
         return;
     s->workers[w].up = 1;
     s->workers[w].failures = 0;
+    s->serving = 1;
     kick(s, w);
 }
 

@@ -351,3 +351,17 @@ def test_named_session_across_an_rkvd_restart(tiny_model, tmp_path_factory, ref)
         assert r["usage"]["prompt_tokens"] == len(p2)
     finally:
         _stop_checked(srv)
+
+
+def test_request_during_a_worker_restart_waits_for_it(rkvd_factory, ref):
+    """once serving, a request that arrives while the worker restarts is queued, not a 503"""
+    srv = rkvd_factory()
+    worker = srv.child_pid("rkv-worker")
+    os.kill(worker, signal.SIGKILL)
+    srv.wait_log("worker0 died")
+    st, _, data = srv.request("POST", "/v1/completions",
+                              body={"prompt": "while it restarts", "max_tokens": 8,
+                                    "temperature": 0})
+    assert st == 200, data
+    assert json.loads(data)["choices"][0]["text"] == ref.gen("while it restarts", n=8)["text"]
+    assert srv.child_pid("rkv-worker") != worker
