@@ -13,8 +13,13 @@
 #include "worker/cuda/cuda_backend.h"
 #endif
 
-#define MAX_SEQS 16
-#define MAX_REPS 64
+#define MAX_SEQS    64
+#define MAX_REPS    64
+#define MAX_WINDOWS 16
+/* a gpu streams far more than a cpu in the same time: larger passes and more
+ * sequences, so launches do not dominate and every SM has work */
+#define GPU_PASS_BYTES ((uint64_t)512 << 20)
+#define GPU_COPY_BYTES ((uint64_t)256 << 20)
 
 static double now_ms(void)
 {
@@ -23,13 +28,23 @@ static double now_ms(void)
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-/* blocks of a pass: the pool's, capped at RATES_MAX_BYTES */
-static uint32_t pass_blocks(const struct kv_layout *l, uint32_t n_pool)
+/* blocks of a pass: the pool's, capped at cap bytes */
+static uint32_t pass_blocks(const struct kv_layout *l, uint32_t n_pool, uint64_t cap_bytes)
 {
-    uint64_t cap = RATES_MAX_BYTES / kv_block_bytes(l);
+    uint64_t cap = cap_bytes / kv_block_bytes(l);
     if (cap == 0)
         cap = 1;
     return n_pool < cap ? n_pool : (uint32_t)cap;
+}
+
+/* passes cycle over up to MAX_WINDOWS disjoint windows of the pool, so a pass
+ * reads memory, not what the previous one left in the caches. only where the
+ * pools are resident (a gpu worker: vram, and a host pool pinned by set_kv): a
+ * cpu worker's fresh shared memory would be allocated page by page by the reads */
+static uint32_t pass_windows(uint32_t n_pool, uint32_t nb, int rotate)
+{
+    uint32_t w = nb && rotate ? n_pool / nb : 1;
+    return w < 1 ? 1 : w > MAX_WINDOWS ? MAX_WINDOWS : w;
 }
 
 /* runs fn until budget_ms has passed (at least 3, at most MAX_REPS times after a
@@ -66,6 +81,10 @@ struct attn_pass {
     const struct be_attn *at;
     enum kv_residency res;
     struct be_batch b;
+    struct be_seq seqs[MAX_SEQS];
+    uint32_t b0[MAX_SEQS]; /* first block of each sequence inside a window */
+    const struct kv_block_ref *refs;
+    uint32_t nb, n_win, pass;
     struct be_tensor *q;
     struct be_partial out;
 };
@@ -73,6 +92,9 @@ struct attn_pass {
 static int attn_pass_run(void *u)
 {
     struct attn_pass *p = u;
+    const struct kv_block_ref *win = p->refs + (size_t)(p->pass++ % p->n_win) * p->nb;
+    for (uint32_t s = 0; s < p->b.n_seqs; s++)
+        p->seqs[s].blocks = win + p->b0[s];
     for (uint32_t layer = 0; layer < p->l->n_layer; layer++) {
         int rc = attn_partial_forward(p->be, &p->b, layer, p->res, p->q, p->at, &p->out);
         if (rc)
@@ -81,74 +103,85 @@ static int attn_pass_run(void *u)
     return backend_sync(p->be);
 }
 
-/* attention rate of be over the first blocks of pool res (GB/s of kv read); 0 when empty */
+/* attention rate of be over blocks of pool res (GB/s of kv read); 0 when empty */
 static int attn_rate(struct backend *be, const struct kv_layout *l, const struct be_attn *at,
-                     enum kv_residency res, uint32_t n_pool, double budget_ms, double *gbps)
+                     enum kv_residency res, uint32_t n_pool, int rotate, double budget_ms,
+                     double *gbps)
 {
     *gbps = 0;
-    uint32_t nb = pass_blocks(l, n_pool);
+    int gpu = strcmp(backend_name(be), "cpu") != 0;
+    uint32_t nb = pass_blocks(l, n_pool, gpu ? GPU_PASS_BYTES : RATES_MAX_BYTES);
     if (nb == 0)
         return 0;
-    uint32_t ns = nb < MAX_SEQS ? nb : MAX_SEQS;
-    struct kv_block_ref *refs = calloc(nb, sizeof *refs);
-    struct be_seq seqs[MAX_SEQS];
+    uint32_t max_seqs = gpu ? MAX_SEQS : 16;
+    uint32_t ns = nb < max_seqs ? nb : max_seqs, n_win = pass_windows(n_pool, nb, rotate);
+    struct kv_block_ref *refs = calloc((size_t)nb * n_win, sizeof *refs);
     int32_t pos[MAX_SEQS];
     uint32_t seq_of[MAX_SEQS];
     const uint32_t qcols = at->n_head * at->head_dim;
     float *q0 = calloc(qcols, sizeof *q0);
-    struct attn_pass p = {be, l, at, res, {seqs, ns, ns, pos, seq_of}, NULL, {NULL, NULL, NULL}};
+    struct attn_pass *p = calloc(1, sizeof *p);
     int rc = RKV_ENOMEM;
-    if (!refs || !q0)
+    if (!refs || !q0 || !p)
         goto out;
-    for (uint32_t i = 0; i < nb; i++)
+    *p = (struct attn_pass){
+        .be = be, .l = l, .at = at, .res = res, .refs = refs, .nb = nb, .n_win = n_win};
+    p->b = (struct be_batch){p->seqs, ns, ns, pos, seq_of};
+    for (uint32_t i = 0; i < nb * n_win; i++)
         refs[i] = (struct kv_block_ref){i, (uint8_t)res};
-    /* sequence s reads blocks [s*nb/ns, (s+1)*nb/ns); its token is the last position */
+    /* sequence s reads blocks [s*nb/ns, (s+1)*nb/ns) of a window; its token is the last position */
     for (uint32_t s = 0; s < ns; s++) {
         uint32_t b0 = (uint32_t)((uint64_t)s * nb / ns),
                  b1 = (uint32_t)((uint64_t)(s + 1) * nb / ns);
         uint32_t n_pos = (b1 - b0) * l->block_size;
-        seqs[s] = (struct be_seq){s, 1, n_pos - 1, refs + b0, b1 - b0};
+        p->seqs[s] = (struct be_seq){s, 1, n_pos - 1, refs + b0, b1 - b0};
+        p->b0[s] = b0;
         pos[s] = (int32_t)(n_pos - 1);
         seq_of[s] = s;
     }
     for (uint32_t i = 0; i < qcols; i++)
         q0[i] = 0.01f * (float)((i % 7) + 1);
-    if ((rc = backend_tensor_alloc(be, BE_F32, ns, qcols, &p.q)) ||
-        (rc = backend_tensor_alloc(be, BE_F32, ns, qcols, &p.out.o)) ||
-        (rc = backend_tensor_alloc(be, BE_F32, ns, at->n_head, &p.out.m)) ||
-        (rc = backend_tensor_alloc(be, BE_F32, ns, at->n_head, &p.out.l)))
+    if ((rc = backend_tensor_alloc(be, BE_F32, ns, qcols, &p->q)) ||
+        (rc = backend_tensor_alloc(be, BE_F32, ns, qcols, &p->out.o)) ||
+        (rc = backend_tensor_alloc(be, BE_F32, ns, at->n_head, &p->out.m)) ||
+        (rc = backend_tensor_alloc(be, BE_F32, ns, at->n_head, &p->out.l)))
         goto out;
     for (uint32_t s = 0; s < ns && rc == 0; s++)
-        rc = backend_tensor_set(be, p.q, q0, (size_t)s * qcols * sizeof(float),
+        rc = backend_tensor_set(be, p->q, q0, (size_t)s * qcols * sizeof(float),
                                 qcols * sizeof(float));
     if (rc == 0)
-        rc = time_passes(attn_pass_run, &p, (uint64_t)nb * kv_block_bytes(l), budget_ms, gbps);
+        rc = time_passes(attn_pass_run, p, (uint64_t)nb * kv_block_bytes(l), budget_ms, gbps);
 out:
-    backend_tensor_free(be, p.q);
-    backend_tensor_free(be, p.out.o);
-    backend_tensor_free(be, p.out.m);
-    backend_tensor_free(be, p.out.l);
+    if (p) {
+        backend_tensor_free(be, p->q);
+        backend_tensor_free(be, p->out.o);
+        backend_tensor_free(be, p->out.m);
+        backend_tensor_free(be, p->out.l);
+    }
+    free(p);
     free(refs);
     free(q0);
     return rc;
 }
 
-/* a bulk copy out of the host pool */
+/* a bulk copy out of the host pool, a different window each pass */
 struct copy_pass {
     void *dst;
-    const void *src;
+    const char *src;
     size_t n;
+    uint32_t n_win, pass;
     int gpu;
 };
 
 static int copy_pass_run(void *u)
 {
     struct copy_pass *c = u;
+    const char *src = c->src + (size_t)(c->pass++ % c->n_win) * c->n;
 #if RKV_CUDA
     if (c->gpu >= 0)
-        return rkv_cuda_copy(c->dst, c->src, c->n);
+        return rkv_cuda_copy(c->dst, src, c->n);
 #endif
-    memcpy(c->dst, c->src, c->n);
+    memcpy(c->dst, src, c->n);
     return 0;
 }
 
@@ -156,16 +189,25 @@ static int copy_pass_run(void *u)
 static int copy_rate(const struct rates_opts *o, double *gbps)
 {
     *gbps = 0;
-    uint32_t nb = pass_blocks(o->layout, o->pools->n_blocks[KV_HOST]);
+    uint32_t n_pool = o->pools->n_blocks[KV_HOST];
+    uint32_t nb = pass_blocks(o->layout, n_pool, o->gpu >= 0 ? GPU_COPY_BYTES : RATES_MAX_BYTES);
     if (nb == 0 || !o->pools->base[KV_HOST])
         return 0;
-    struct copy_pass c = {NULL, o->pools->base[KV_HOST], (size_t)nb * kv_block_bytes(o->layout),
+    struct copy_pass c = {NULL,
+                          o->pools->base[KV_HOST],
+                          (size_t)nb * kv_block_bytes(o->layout),
+                          pass_windows(n_pool, nb, o->gpu >= 0),
+                          0,
                           o->gpu};
     int rc;
 #if RKV_CUDA
     if (o->gpu >= 0) {
-        if ((rc = rkv_cuda_dev_alloc(o->gpu, c.n, &c.dst)))
-            return rc;
+        /* a gpu close to full keeps its kv: the rate stays unknown */
+        if (rkv_cuda_dev_alloc(o->gpu, c.n, &c.dst) < 0) {
+            log_warn("no room on gpu %d for a %zu MiB copy test: pcie rate unknown (0)", o->gpu,
+                     c.n >> 20);
+            return 0;
+        }
         rc = time_passes(copy_pass_run, &c, c.n, o->budget_ms, gbps);
         rkv_cuda_dev_free(c.dst);
         return rc;
@@ -189,8 +231,8 @@ static int cpu_attn_rate(const struct rates_opts *o, double *gbps)
     struct kv_pools host_only = {{NULL, o->pools->base[KV_HOST]}, {0, o->pools->n_blocks[KV_HOST]}};
     rc = backend_set_kv(cpu, o->layout, &host_only);
     if (rc == 0)
-        rc = attn_rate(cpu, o->layout, &o->attn, KV_HOST, host_only.n_blocks[KV_HOST], o->budget_ms,
-                       gbps);
+        rc = attn_rate(cpu, o->layout, &o->attn, KV_HOST, host_only.n_blocks[KV_HOST], 1,
+                       o->budget_ms, gbps);
     backend_free(cpu);
     return rc;
 }
@@ -200,16 +242,16 @@ int rates_measure(struct backend *be, const struct rates_opts *o, struct rates *
     memset(out, 0, sizeof *out);
     struct rates_opts op = *o;
     if (op.budget_ms <= 0)
-        op.budget_ms = 25;
+        op.budget_ms = 20;
     double t0 = now_ms();
     const struct kv_pools *p = op.pools;
     int rc = attn_rate(be, op.layout, &op.attn, KV_DEVICE,
-                       p->base[KV_DEVICE] ? p->n_blocks[KV_DEVICE] : 0, op.budget_ms,
+                       p->base[KV_DEVICE] ? p->n_blocks[KV_DEVICE] : 0, op.gpu >= 0, op.budget_ms,
                        &out->attn_device_gbps);
     if (rc == 0)
         rc =
             attn_rate(be, op.layout, &op.attn, KV_HOST, p->base[KV_HOST] ? p->n_blocks[KV_HOST] : 0,
-                      op.budget_ms, &out->attn_host_gbps);
+                      op.gpu >= 0, op.budget_ms, &out->attn_host_gbps);
     if (rc == 0 && op.gpu >= 0) {
         rc = copy_rate(&op, &out->pcie_h2d_gbps);
         if (rc == 0)

@@ -29,14 +29,17 @@
  *   attn_cpu_gbps     cpu attention over host-tagged blocks
  *
  * Attention is timed on decode-shaped work: one query token per sequence,
- * the pool's blocks split over up to 16 sequences, every layer, reading at
- * most RATES_MAX_BYTES per pass. The blocks are only read (they may hold live
+ * a pass's blocks split over up to 16 sequences (64 on a gpu), every layer,
+ * reading at most RATES_MAX_BYTES per pass on the cpu (512 MiB on a gpu, so
+ * launches do not dominate). Successive passes read up to 16 disjoint windows
+ * of the pool, so a pass streams memory rather than what the last one left in
+ * the caches; a pool smaller than about twice the last-level cache still reads
+ * faster than a large one would. The blocks are only read (they may hold live
  * sessions' kv after a restart); a pool with no blocks gives 0 (unknown, never
- * chosen by the planner). Small pools fit in the cpu caches and read faster
- * than a large one would.
+ * chosen by the planner).
  */
 
-#define RATES_MAX_BYTES ((uint64_t)32 << 20)
+#define RATES_MAX_BYTES ((uint64_t)16 << 20)
 
 struct rates {
     double pcie_h2d_gbps;
@@ -52,7 +55,7 @@ struct rates_opts {
     struct be_attn attn;          /* the model's attention geometry */
     int gpu;                      /* cuda device ordinal; -1: be is the cpu backend */
     uint32_t cpu_threads;         /* threads of the cpu attention on a gpu worker; 0 = all */
-    double budget_ms;             /* time per rate (about); 0 = 25 ms */
+    double budget_ms;             /* time per rate (about); 0 = 20 ms */
 };
 
 /* measures every rate with be (the worker's backend, set_kv already done on
