@@ -276,3 +276,30 @@ def test_full_queue_gets_429_with_retry_after(rkvd_factory):
             break
         assert st == 429 and time.monotonic() < deadline, data
         time.sleep(0.05)
+
+
+def test_busy_session_gets_409(rkvd):
+    import http.client
+    c = http.client.HTTPConnection("127.0.0.1", rkvd.port, timeout=60)
+    try:
+        c.request("POST", C, headers={"Content-Type": "application/json"},
+                  body=json.dumps({"prompt": "hold the session", "max_tokens": 1500,
+                                   "stream": True, "ignore_eos": True,
+                                   "session_id": "busy-one"}))
+        r = c.getresponse()
+        assert r.status == 200
+        r.fp.readline()  # it runs
+        st, hd, data = rkvd.request("POST", C, body={"prompt": "me too", "max_tokens": 2,
+                                                     "session_id": "busy-one"})
+        check_error_body(st, hd, data, 409, ["busy-one"])
+    finally:
+        c.close()
+    # the first request's client left: the session is free again
+    deadline = time.monotonic() + 30
+    while True:
+        st, _, data = rkvd.request("POST", C, body={"prompt": "me too", "max_tokens": 2,
+                                                    "session_id": "busy-one"})
+        if st == 200:
+            break
+        assert st == 409 and time.monotonic() < deadline, data
+        time.sleep(0.05)
