@@ -147,10 +147,20 @@ static int read_f64(const struct proto_schema *s, const struct proto_field *f, c
 {
     char got[64];
     describe(v, got, sizeof got);
-    if (!cJSON_IsNumber(v))
+    double d;
+    if (cJSON_IsRaw(v) && v->valuestring) {
+        /* our own encoder's exact form (see f64_item); parsed JSON has no raw items */
+        char *end;
+        d = strtod(v->valuestring, &end);
+        if (*end)
+            return proto_seterr(err, errlen, RKV_EFORMAT, "%s: field %s must be a number",
+                                s->name, label);
+    } else if (cJSON_IsNumber(v)) {
+        d = v->valuedouble;
+    } else {
         return proto_seterr(err, errlen, RKV_EFORMAT, "%s: field %s must be a number, got %s",
                             s->name, label, got);
-    double d = v->valuedouble;
+    }
     if (!isfinite(d))
         return proto_seterr(err, errlen, RKV_ERANGE, "%s: field %s must be a finite number, got %s",
                             s->name, label, got);
@@ -318,10 +328,12 @@ int proto_json_read(const struct proto_schema *s, const cJSON *obj, void *msg, c
     return 0;
 }
 
-/* one number or, beyond 2^53, a decimal string */
+/* a number, or from 10^15 on a decimal string: cJSON prints numbers with 15
+ * significant digits, which would lose the last digits of larger integers
+ * (the decoder takes 64-bit fields either way) */
 static cJSON *int_item(bool neg, uint64_t mag)
 {
-    if (mag <= (1ull << 53))
+    if (mag < 1000000000000000ull)
         return cJSON_CreateNumber(neg ? -(double)mag : (double)mag);
     char buf[32];
     snprintf(buf, sizeof buf, "%s%" PRIu64, neg ? "-" : "", mag);
@@ -338,8 +350,11 @@ static cJSON *scalar_item(const struct proto_field *f, enum proto_ftype base, co
         return int_item(v < 0, v < 0 ? (uint64_t)(-(v + 1)) + 1 : (uint64_t)v);
     }
     case PROTO_FT_F64: {
+        /* 17 significant digits: cJSON's own printing may keep only 15 */
         double d = *(const double *)src;
-        return isfinite(d) ? cJSON_CreateNumber(d) : NULL;
+        char buf[40];
+        snprintf(buf, sizeof buf, "%.17g", d);
+        return isfinite(d) ? cJSON_CreateRaw(buf) : NULL;
     }
     case PROTO_FT_BOOL: return cJSON_CreateBool(*(const bool *)src);
     case PROTO_FT_STR: return memchr(src, 0, f->cap) ? cJSON_CreateString((const char *)src) : NULL;
