@@ -15,9 +15,11 @@
  *   hello: field "pid" must be an integer in [1, 4194303], got "abc"
  * An optional field that is absent reads as zero ("" / false / first enum).
  *
- * 64-bit integers above 2^53 do not survive a JSON number (a double), so the
- * encoder writes them as decimal strings and the decoder accepts u64/i64
- * fields as a number up to 2^53 or a decimal string.
+ * 64-bit integers above 2^53 do not survive a JSON number (a double), and
+ * cJSON prints numbers with 15 significant digits, so the encoder writes
+ * integers from 10^15 on as decimal strings (and doubles with 17 digits);
+ * the decoder accepts u64/i64 fields as a number up to 2^53 or a decimal
+ * string.
  *
  * Adding a message: a struct, a field table (PROTO_F_* below), a schema; for
  * a protocol message also a type in proto.h and a row in msg.c.
