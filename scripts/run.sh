@@ -24,7 +24,7 @@ cat >&2 <<EOT
 rkv: starting rkvd on http://127.0.0.1:8080 (CPU backend, model $model)
 rkv: try:
   curl -s http://127.0.0.1:8080/v1/completions -H 'Content-Type: application/json' \\
-       -d '{"model":"","prompt":"Hello","max_tokens":16}'
+       -d '{"model":"$preset","prompt":"Hello","max_tokens":16}'
 EOT
 exec "$build/bin/rkvd" --model "$model" --listen 127.0.0.1:8080 --backend cpu \
   --state-dir "$build/run/state" --runtime-dir "$build/run/runtime" "${@:2}"
