@@ -233,8 +233,9 @@ static int worker_step(struct wthread *t, struct step_job *job, const struct pro
         s->history = js->history;
     }
     int rc = 0;
-    if (n) {
-        struct proto_step_req req = {tb->epoch, n, seqs};
+    /* a step with only closes still reaches the worker: it frees their samplers */
+    if (n || job->n_closes) {
+        struct proto_step_req req = {tb->epoch, n, seqs, job->n_closes, job->closes};
         proto_wbuf_reset(&t->buf);
         rc = proto_step_req_encode(&req, &t->buf, job->err, sizeof job->err);
         struct proto_in reply;

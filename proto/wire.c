@@ -310,6 +310,8 @@ int proto_step_req_encode(const struct proto_step_req *m, struct proto_wbuf *w, 
 {
     const char *what = "step_req";
     int rc = check_count(what, "n_seqs", UINT32_MAX, m->n_seqs, PROTO_MAX_SEQS, err, errlen);
+    if (rc == 0)
+        rc = check_count(what, "n_close", UINT32_MAX, m->n_close, PROTO_MAX_SEQS, err, errlen);
     for (uint32_t i = 0; rc == 0 && i < m->n_seqs; i++) {
         const struct proto_step_seq *s = &m->seqs[i];
         rc = check_count(what, "n_tokens", i, s->n_tokens, PROTO_MAX_STEP_TOKENS, err, errlen);
@@ -355,6 +357,9 @@ int proto_step_req_encode(const struct proto_step_req *m, struct proto_wbuf *w, 
             proto_wbuf_put_i32(w, s->history[t]);
         proto_wbuf_put_u32(w, s->n_drawn);
     }
+    proto_wbuf_put_u32(w, m->n_close);
+    for (uint32_t i = 0; i < m->n_close; i++)
+        proto_wbuf_put_u64(w, m->close[i]);
     return finish_encode(w, what, err, errlen);
 }
 
@@ -363,7 +368,7 @@ int proto_step_req_encode(const struct proto_step_req *m, struct proto_wbuf *w, 
  * m, placing tokens at *tok and blocks at *blk */
 static int step_req_walk(struct proto_rbuf *r, struct proto_step_req *m, int32_t *tok,
                          struct proto_block_ref *blk, uint64_t *n_seqs_out, uint64_t *n_tok,
-                         uint64_t *n_blk, char *err, size_t errlen)
+                         uint64_t *n_blk, uint32_t *n_close_out, char *err, size_t errlen)
 {
     const char *what = "step_req";
     uint64_t epoch;
@@ -443,6 +448,23 @@ static int step_req_walk(struct proto_rbuf *r, struct proto_step_req *m, int32_t
         if (m)
             m->seqs[i] = s;
     }
+    uint32_t n_close;
+    if (proto_rbuf_get_u32(r, &n_close))
+        return truncated(what, r, err, errlen);
+    rc = check_count(what, "n_close", UINT32_MAX, n_close, PROTO_MAX_SEQS, err, errlen);
+    if (rc < 0)
+        return rc;
+    if ((uint64_t)n_close * 8 > proto_rbuf_left(r))
+        return truncated(what, r, err, errlen);
+    *n_close_out = n_close;
+    for (uint32_t i = 0; i < n_close; i++) {
+        uint64_t v = 0;
+        proto_rbuf_get_u64(r, &v);
+        if (m)
+            m->close[i] = v;
+    }
+    if (m)
+        m->n_close = n_close;
     return end_check(what, r, err, errlen);
 }
 
@@ -455,27 +477,32 @@ int proto_step_req_decode(const void *buf, size_t len, struct proto_step_req **o
                             PROTO_MAX_PAYLOAD);
     struct proto_rbuf r;
     uint64_t n_seqs = 0, n_tok = 0, n_blk = 0;
+    uint32_t n_close = 0;
     proto_rbuf_init(&r, buf, len);
-    int rc = step_req_walk(&r, NULL, NULL, NULL, &n_seqs, &n_tok, &n_blk, err, errlen);
+    int rc = step_req_walk(&r, NULL, NULL, NULL, &n_seqs, &n_tok, &n_blk, &n_close, err, errlen);
     if (rc < 0)
         return rc;
-    /* one allocation: header, seqs, tokens, blocks; bounded by ~2x len */
-    size_t sz = sizeof(struct proto_step_req) + n_seqs * sizeof(struct proto_step_seq) +
-                n_tok * sizeof(int32_t) + n_blk * sizeof(struct proto_block_ref);
+    /* one allocation: header, closes, seqs, tokens, blocks; bounded by ~2x len */
+    size_t sz = sizeof(struct proto_step_req) + n_close * sizeof(uint64_t) +
+                n_seqs * sizeof(struct proto_step_seq) + n_tok * sizeof(int32_t) +
+                n_blk * sizeof(struct proto_block_ref);
     struct proto_step_req *m = calloc(1, sz);
     if (!m)
         return RKV_ENOMEM;
-    m->seqs = (struct proto_step_seq *)(m + 1);
+    m->close = (uint64_t *)(m + 1);
+    m->seqs = (struct proto_step_seq *)(m->close + n_close);
     int32_t *tok = (int32_t *)(m->seqs + n_seqs);
     struct proto_block_ref *blk = (struct proto_block_ref *)(tok + n_tok);
     n_tok = n_blk = 0;
     proto_rbuf_init(&r, buf, len);
-    rc = step_req_walk(&r, m, tok, blk, &n_seqs, &n_tok, &n_blk, err, errlen);
+    rc = step_req_walk(&r, m, tok, blk, &n_seqs, &n_tok, &n_blk, &n_close, err, errlen);
     if (rc < 0) {
         free(m);
         return rc;
     }
     /* empty arrays point nowhere rather than at the next seq's data */
+    if (!m->n_close)
+        m->close = NULL;
     for (uint32_t i = 0; i < m->n_seqs; i++) {
         if (!m->seqs[i].n_tokens)
             m->seqs[i].tokens = NULL;

@@ -95,11 +95,14 @@ struct proto_step_seq {
                           * (the rebuilt sampler's rng skips their draws) */
 };
 
-/* STEP_REQ: rkvd -> worker. wire: u64 epoch, u32 n_seqs, seqs */
+/* STEP_REQ: rkvd -> worker. wire: u64 epoch, u32 n_seqs, seqs, u32 n_close,
+ * u64 close[n_close] */
 struct proto_step_req {
     uint64_t epoch;
     uint32_t n_seqs;             /* <= PROTO_MAX_SEQS */
     struct proto_step_seq *seqs; /* (n_seqs,) */
+    uint32_t n_close;            /* <= PROTO_MAX_SEQS: sessions that ended (free their state) */
+    uint64_t *close;             /* (n_close,) */
 };
 
 struct proto_logprob {

@@ -112,7 +112,9 @@ static void make_req(void)
         .blocks = g_blk2,
         .sampling = {1.0f, 1.0f, 0.0f, -2.0f, 2.0f, 1.0f, -1, UINT64_MAX, 0, 20},
     };
-    g_req = (struct proto_step_req){.epoch = 77, .n_seqs = 3, .seqs = g_seqs};
+    static uint64_t closes[2] = {5, 1ull << 63};
+    g_req = (struct proto_step_req){.epoch = 77, .n_seqs = 3, .seqs = g_seqs, .n_close = 2,
+                                    .close = closes};
 }
 
 static void assert_seq_equal(const struct proto_step_seq *a, const struct proto_step_seq *b)
@@ -189,14 +191,16 @@ static void test_step_req(void **state)
     proto_wbuf_init(&w);
     char err[256];
     assert_int_equal(proto_step_req_encode(&g_req, &w, err, sizeof err), 0);
-    /* 12 + (20 + 16 + 15 + 38 + 9 + 8) + (20 + 38 + 9) + (20 + 4 + 5 + 38 + 9) */
-    assert_int_equal(w.len, 12 + 106 + 67 + 76);
+    /* 12 + (20 + 16 + 15 + 38 + 9 + 8) + (20 + 38 + 9) + (20 + 4 + 5 + 38 + 9) + 4 + 16 */
+    assert_int_equal(w.len, 12 + 106 + 67 + 76 + 20);
     struct proto_step_req *m;
     assert_int_equal(proto_step_req_decode(w.data, w.len, &m, err, sizeof err), 0);
     assert_true(m->epoch == 77);
     assert_int_equal(m->n_seqs, 3);
     for (int i = 0; i < 3; i++)
         assert_seq_equal(&m->seqs[i], &g_seqs[i]);
+    assert_int_equal(m->n_close, 2);
+    assert_true(m->close[0] == 5 && m->close[1] == 1ull << 63);
     assert_null(m->seqs[1].tokens);
     assert_null(m->seqs[1].blocks);
     assert_null(m->seqs[1].history);

@@ -331,6 +331,22 @@ static int do_step(struct worker *w, const struct proto_in *in, struct proto_wbu
     int rc = proto_step_req_decode(in->payload, in->len, &req, err, errlen);
     if (rc)
         return rc;
+    /* sessions that ended: their samplers go now, not at the sweep */
+    for (uint32_t i = 0; i < req->n_close; i++) {
+        struct samp *gone = rkv_map_del(&w->samplers, req->close[i]);
+        if (gone) {
+            sampler_free(gone->s);
+            free(gone);
+        }
+    }
+    if (req->n_seqs == 0) {
+        /* nothing to run (a step that only closes sessions) */
+        struct proto_step_resp empty = {req->epoch, 0, NULL};
+        int erc = proto_step_resp_encode(&empty, reply, err, errlen);
+        proto_step_req_free(req);
+        *reply_type = PROTO_MSG_STEP_RESP;
+        return erc;
+    }
     uint32_t n = req->n_seqs, n_tok = 0;
     size_t n_refs = 0;
     for (uint32_t i = 0; i < n; i++) {

@@ -74,8 +74,7 @@ def test_soak_worker_memory_bounded(soak):
     assert grown <= 64 * 1024 * soak["conversations"], m
 
 
-@pytest.mark.xfail(reason="the worker frees a finished session's sampler only after 100000 "
-                   "steps: rkvd does not tell it which sessions ended", strict=False)
 def test_soak_worker_memory_flat(soak):
+    """step requests carry the sessions that ended, so the worker frees their samplers"""
     m = soak["memory"]["rkv-worker0"]
     assert m["private_flat"], m
