@@ -329,10 +329,14 @@ static int replan(struct kvmgr *k, const char *why)
         if (a->dropped && s->open) {
             s->open = 0; /* mig_apply closed it: rebuilt by re-prefill */
         }
-        if (s->tactic != a->tactic && s->open) {
+        /* a session admitted straight into a spilled tactic is a transition
+         * too (from "new"): else a load that arrives at once logs nothing */
+        int first_spill = !s->open && s->tactic == PLAN_WAIT &&
+                          (a->tactic == PLAN_WINDOW || a->tactic == PLAN_CPU_TAIL);
+        if ((s->tactic != a->tactic && s->open) || first_spill) {
             struct proto_tactic_event ev = {0};
             ev.session_id = a->id;
-            ev.from = tactic_to_proto(s->tactic);
+            ev.from = first_spill ? PROTO_TACTIC_NEW : tactic_to_proto(s->tactic);
             ev.to = tactic_to_proto(a->tactic);
             snprintf(ev.reason, sizeof ev.reason, "%s (%s)",
                      transition_reason(s->tactic, a->tactic, s->active), why);

@@ -5,7 +5,8 @@
 
 const char *const proto_role_names[] = {"worker", "rkvd", "rkvctl", NULL};
 const char *const proto_mode_names[] = {"auto", "resident", "window", "cpu_tail", NULL};
-const char *const proto_tactic_names[] = {"resident", "window", "cpu_tail", "parked", NULL};
+const char *const proto_tactic_names[] = {"resident", "window", "cpu_tail", "parked", "new",
+                                          NULL};
 
 /* rates are GB/s in [0, 1e6]: 0 means not measured */
 

@@ -22,10 +22,11 @@ enum proto_tactic {
     PROTO_TACTIC_WINDOW,
     PROTO_TACTIC_CPU_TAIL,
     PROTO_TACTIC_PARKED,
+    PROTO_TACTIC_NEW, /* tactic events only: a session's first placement (not in histograms) */
 };
 extern const char *const proto_role_names[];   /* worker rkvd rkvctl */
 extern const char *const proto_mode_names[];   /* auto resident window cpu_tail */
-extern const char *const proto_tactic_names[]; /* resident window cpu_tail parked */
+extern const char *const proto_tactic_names[]; /* resident window cpu_tail parked new */
 
 /* OK, MODE_GET, STATUS_GET: no fields ("{}") */
 struct proto_empty {

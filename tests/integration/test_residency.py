@@ -53,6 +53,35 @@ def assert_same(got, want, what):
     assert worst <= 1e-5, f"{what}: log-probabilities differ by {worst:.2e} (relative)"
 
 
+class Background:
+    """long requests running beside the measured ones: their KV alone outgrows the device
+    pool, so it spills whatever the timing of the others"""
+
+    def __init__(self, srv, n=2, tokens=600):
+        self.srv, self.n, self.tokens = srv, n, tokens
+
+    def __enter__(self):
+        self.ex = cf.ThreadPoolExecutor(self.n)
+        self.futs = [self.ex.submit(self._one, i) for i in range(self.n)]
+        # wait until they hold KV (their first tokens came back)
+        deadline = time.monotonic() + 30
+        while self.srv.metric("rkv:generation_tokens_total") < self.n and \
+                time.monotonic() < deadline:
+            time.sleep(0.02)
+        return self
+
+    def _one(self, i):
+        r = client(self.srv).completions.create(model="tiny", prompt=f"background {i}",
+                                                max_tokens=self.tokens, temperature=0,
+                                                extra_body={"ignore_eos": True})
+        return r.choices[0].finish_reason
+
+    def __exit__(self, *exc):
+        for f in self.futs:
+            assert f.result(timeout=300) == "length"
+        self.ex.shutdown()
+
+
 def events(srv):
     db = sqlite3.connect(f"file:{srv.state_dir}/rkv.db?mode=ro", uri=True)
     try:
@@ -77,12 +106,12 @@ def reference(tiny_model, tmp_path_factory):
 
 def test_overflow_spills_exactly_and_drains_back(rkvd_factory, reference):
     srv = rkvd_factory(*TIGHT)
-    # all eight at once: 40 blocks of KV against 8 device blocks
-    with cf.ThreadPoolExecutor(len(PROMPTS)) as ex:
+    # all eight at once (40 blocks of KV against 8 device blocks), beside two long requests
+    with Background(srv), cf.ThreadPoolExecutor(len(PROMPTS)) as ex:
         got = dict(zip(PROMPTS, ex.map(lambda p: run_one(srv, p, session=p[:10]), PROMPTS)))
     for p in PROMPTS:
         assert_same(got[p], reference[p], p[:10])
-    ev = events(srv)
+    ev = wait_events(srv, lambda ev: any(e[2] in ("window", "cpu_tail") for e in ev))
     spilled = {e[0] for e in ev if e[2] in ("window", "cpu_tail")}
     assert spilled, f"nothing spilled with 40 blocks of KV on 8 device blocks: {ev}"
     # the sessions are named: idle now, their KV is kept (parked on the host)
@@ -104,13 +133,22 @@ def pool_use(srv):
     return pool["device_used"], pool["host_used"]
 
 
+def wait_events(srv, pred, timeout=5):
+    """kvmgr publishes transitions; rkvd stores them a moment later"""
+    deadline = time.monotonic() + timeout
+    while not pred(events(srv)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return events(srv)
+
+
 def test_forced_cpu_tail_is_exact_and_leaks_nothing(rkvd_factory, reference):
     srv = rkvd_factory(*TIGHT, "--mode", "cpu_tail")
-    with cf.ThreadPoolExecutor(4) as ex:
-        got = list(ex.map(lambda p: run_one(srv, p), PROMPTS[:4]))
-    for p, g in zip(PROMPTS[:4], got):
+    with Background(srv), cf.ThreadPoolExecutor(len(PROMPTS)) as ex:
+        got = list(ex.map(lambda p: run_one(srv, p), PROMPTS))
+    for p, g in zip(PROMPTS, got):
         assert_same(g, reference[p], p[:10])
-    assert any(e[2] == "cpu_tail" for e in events(srv)), events(srv)
+    ev = wait_events(srv, lambda ev: any(e[2] == "cpu_tail" for e in ev))
+    assert any(e[2] == "cpu_tail" for e in ev), ev
     # private sessions are closed when their request ends: every block goes back to the pools
     # once the worker's last step is acknowledged
     deadline = time.monotonic() + 10
