@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "common/err.h"
+#include "common/log.h"
 
 static int fail(char *errbuf, size_t errlen, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -245,8 +246,8 @@ static int unknown_key(const struct cfg_spec *spec, const char *where, const cha
     if (s)
         return fail(errbuf, errlen, RKV_ENOTFOUND, "%s: unknown key \"%s\" (did you mean %s?)",
                     where, name, s);
-    return fail(errbuf, errlen, RKV_ENOTFOUND,
-                "%s: unknown key \"%s\" (see %s --help for the keys)", where, name, spec->prog);
+    return fail(errbuf, errlen, RKV_ENOTFOUND, "%s: unknown %s \"%s\" (see %s --help)", where,
+                bare != name ? "option" : "key", name, spec->prog);
 }
 
 static char *trim(char *s)
@@ -448,6 +449,24 @@ int cfg_load(const struct cfg_spec *spec, void *conf, int argc, char **argv, int
             const char *colon = strchr(sub, ':');
             return fail(errbuf, errlen, rc, "--%s%s", key, colon ? colon : sub);
         }
+    }
+    return 0;
+}
+
+int cfg_load_args(const struct cfg_spec *spec, void *conf, int argc, char **argv)
+{
+    char err[1024];
+    int pos, rc = cfg_load(spec, conf, argc, argv, &pos, err, sizeof err);
+    if (rc == 1)
+        return 1;
+    if (rc) {
+        log_error("%s: %s", spec->prog, err);
+        return 2;
+    }
+    if (pos < argc) {
+        log_error("%s: unexpected argument \"%s\" (see %s --help)", spec->prog, argv[pos],
+                  spec->prog);
+        return 2;
     }
     return 0;
 }

@@ -47,6 +47,11 @@ struct cfg_spec {
 int cfg_load(const struct cfg_spec *spec, void *conf, int argc, char **argv, int *first_pos,
              char *errbuf, size_t errlen);
 
+/* cfg_load for a program's main(): no positional arguments allowed, errors
+ * logged (log_error: journald sees them as errors) as "PROG: message".
+ * 0: go on; 1: --help was printed (exit 0); 2: a usage error (exit 2). */
+int cfg_load_args(const struct cfg_spec *spec, void *conf, int argc, char **argv);
+
 /* one value into one key (runtime changes: budgets from rkvctl) */
 int cfg_set(const struct cfg_key *key, void *conf, const char *value, char *errbuf,
             size_t errlen);

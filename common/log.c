@@ -38,6 +38,15 @@ void rkv_log_init(const char *name, enum rkv_log_level level)
 void rkv_log_set_level(enum rkv_log_level level) { g_level = level; }
 enum rkv_log_level rkv_log_get_level(void) { return g_level; }
 
+const char *const rkv_log_level_names[] = {"error", "warn", "info", "debug", NULL};
+
+enum rkv_log_level rkv_log_level_at(int index)
+{
+    static const enum rkv_log_level lv[] = {RKV_LOG_ERROR, RKV_LOG_WARN, RKV_LOG_INFO,
+                                            RKV_LOG_DEBUG};
+    return index >= 0 && index < 4 ? lv[index] : RKV_LOG_INFO;
+}
+
 int rkv_log_parse_level(const char *s, enum rkv_log_level *out)
 {
     static const struct { const char *name; enum rkv_log_level lvl; } t[] = {

@@ -16,6 +16,10 @@ enum rkv_log_level {
 void rkv_log_init(const char *name, enum rkv_log_level level);
 void rkv_log_set_level(enum rkv_log_level level);
 enum rkv_log_level rkv_log_get_level(void);
+/* {"error", "warn", "info", "debug", NULL}: a CFG_ENUM key's names; the
+ * chosen index becomes a level with rkv_log_level_at */
+extern const char *const rkv_log_level_names[];
+enum rkv_log_level rkv_log_level_at(int index);
 /* "error|warn|info|debug" -> level; 0 or RKV_EINVAL */
 int rkv_log_parse_level(const char *s, enum rkv_log_level *out);
 

@@ -60,7 +60,6 @@ struct rkvd_conf {
 static const char *const backends[] = {"auto", "cpu", "cuda", NULL};
 static const char *const kv_dtypes[] = {"f32", "f16", NULL};
 static const char *const modes[] = {"auto", "resident", "window", "cpu_tail", NULL};
-static const char *const levels[] = {"error", "warn", "info", "debug", NULL};
 
 #define K(n, t, f) n, t, offsetof(struct rkvd_conf, f)
 #define S(f) sizeof(((struct rkvd_conf *)0)->f)
@@ -111,7 +110,7 @@ static const struct cfg_key keys[] = {
      .help = "seconds one step may take before the worker counts as hung"},
     {K("http_header_timeout", CFG_INT, http_header_timeout), .min = 1, .max = 3600, .def = "10",
      .help = "seconds a client may take to send its request headers (then 408)"},
-    {K("log_level", CFG_ENUM, log_level), .names = levels, .def = "info", .help = "log level"},
+    {K("log_level", CFG_ENUM, log_level), .names = rkv_log_level_names, .def = "info", .help = "log level"},
     {K("admin_socket", CFG_STR, admin_socket), S(admin_socket),
      .help = "admin socket for rkvctl, mode 0660; empty: RUNTIME_DIR/admin.sock, \"none\": no "
              "socket"},
@@ -554,7 +553,7 @@ static int spawn_children(struct rkvd *d, char *err, size_t errlen)
     char *kargv[] = {kv_path, "--runtime-dir", rt, "--backend", (char *)backends[d->c.backend],
                      "--vram-target", vram, "--host-budget", host, "--compute-reserve", reserve,
                      "--block-size", bs, "--mode", mode, "--workers", nw, "--log-level",
-                     (char *)levels[d->c.log_level], NULL};
+                     (char *)rkv_log_level_names[d->c.log_level], NULL};
     struct sup_child_spec ks = {"kvmgr", kargv, 5, 60000, 100, 5000};
     if ((rc = sup_add(d->sup, &ks, &d->kvmgr))) {
         snprintf(err, errlen, "cannot start %s: %s", kv_path, rkv_strerror(rc));
@@ -574,7 +573,7 @@ static int spawn_children(struct rkvd *d, char *err, size_t errlen)
                          "--threads", th, "--runtime-dir", rt, "--max-batch-tokens", mbt,
                          "--max-seqs", ms, "--kv-dtype", (char *)kv_dtypes[d->c.kv_dtype],
                          "--block-size", bs,
-                         "--log-level", (char *)levels[d->c.log_level], NULL};
+                         "--log-level", (char *)rkv_log_level_names[d->c.log_level], NULL};
         struct sup_child_spec ws = {name, wargv, 5, 60000, 100, 5000};
         if ((rc = sup_add(d->sup, &ws, &d->workers[w]))) {
             snprintf(err, errlen, "cannot start %s: %s", wk_path, rkv_strerror(rc));
@@ -680,20 +679,10 @@ int main(int argc, char **argv)
     rkv_log_init("rkvd", RKV_LOG_INFO);
     static const struct cfg_spec spec = {"rkvd", "--model FILE [options]", keys,
                                          sizeof keys / sizeof keys[0], "/etc/rkv/rkvd.conf"};
-    int pos, rc = cfg_load(&spec, &d.c, argc, argv, &pos, err, sizeof err);
-    if (rc == 1)
-        return 0;
-    if (rc) {
-        fprintf(stderr, "rkvd: %s\n", err);
-        return 2;
-    }
-    if (pos < argc) {
-        fprintf(stderr, "rkvd: unexpected argument \"%s\" (see rkvd --help)\n", argv[pos]);
-        return 2;
-    }
-    static const enum rkv_log_level lv[] = {RKV_LOG_ERROR, RKV_LOG_WARN, RKV_LOG_INFO,
-                                            RKV_LOG_DEBUG};
-    rkv_log_set_level(lv[d.c.log_level]);
+    int rc = cfg_load_args(&spec, &d.c, argc, argv);
+    if (rc)
+        return rc == 1 ? 0 : 2;
+    rkv_log_set_level(rkv_log_level_at(d.c.log_level));
     if (!d.c.model[0]) {
         fprintf(stderr, "rkvd: no model: give --model FILE (a GGUF file) or set model in "
                         "/etc/rkv/rkvd.conf\n");

@@ -62,7 +62,6 @@ struct kvmgr_conf {
 
 static const char *const backends[] = {"auto", "cpu", "cuda", NULL};
 static const char *const modes[] = {"auto", "resident", "window", "cpu_tail", NULL};
-static const char *const levels[] = {"error", "warn", "info", "debug", NULL};
 
 #define K(n, t, f) n, t, offsetof(struct kvmgr_conf, f)
 static const struct cfg_key keys[] = {
@@ -83,7 +82,7 @@ static const struct cfg_key keys[] = {
      .help = "workers (one device pool each)"},
     {K("margin_pct", CFG_INT, margin_pct), .min = 0, .max = 50, .def = "5",
      .help = "promotion hysteresis, percent of the device pool"},
-    {K("log_level", CFG_ENUM, log_level), .names = levels, .def = "info", .help = "log level"},
+    {K("log_level", CFG_ENUM, log_level), .names = rkv_log_level_names, .def = "info", .help = "log level"},
 };
 #undef K
 
@@ -816,20 +815,10 @@ int main(int argc, char **argv)
     rkv_log_init("rkv-kvmgr", RKV_LOG_INFO);
     static const struct cfg_spec spec = {"rkv-kvmgr", "[options]", keys,
                                          sizeof keys / sizeof keys[0], NULL};
-    int pos, rc = cfg_load(&spec, &k.c, argc, argv, &pos, err, sizeof err);
-    if (rc == 1)
-        return 0;
-    if (rc) {
-        fprintf(stderr, "rkv-kvmgr: %s\n", err);
-        return 2;
-    }
-    if (pos < argc) {
-        fprintf(stderr, "rkv-kvmgr: unexpected argument \"%s\" (see --help)\n", argv[pos]);
-        return 2;
-    }
-    static const enum rkv_log_level lv[] = {RKV_LOG_ERROR, RKV_LOG_WARN, RKV_LOG_INFO,
-                                            RKV_LOG_DEBUG};
-    rkv_log_set_level(lv[k.c.log_level]);
+    int rc = cfg_load_args(&spec, &k.c, argc, argv);
+    if (rc)
+        return rc == 1 ? 0 : 2;
+    rkv_log_set_level(rkv_log_level_at(k.c.log_level));
     if (k.c.backend == 2) {
         if (rkv_gpu_count() < 0) {
             fprintf(stderr, "rkv-kvmgr: --backend cuda, but %s; or run with --backend cpu\n",

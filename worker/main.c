@@ -55,7 +55,6 @@ struct worker_conf {
 
 static const char *const backends[] = {"auto", "cpu", "cuda", NULL};
 static const char *const kv_dtypes[] = {"f32", "f16", NULL};
-static const char *const levels[] = {"error", "warn", "info", "debug", NULL};
 
 #define K(n, t, f) n, t, offsetof(struct worker_conf, f)
 static const struct cfg_key keys[] = {
@@ -77,7 +76,7 @@ static const struct cfg_key keys[] = {
     {K("kv_dtype", CFG_ENUM, kv_dtype), .names = kv_dtypes, .def = "f32", .help = "kv cache type"},
     {K("measure_rates", CFG_BOOL, measure_rates), .def = "true",
      .help = "time kv attention and moves at start-up for the planner (false: report 0)"},
-    {K("log_level", CFG_ENUM, log_level), .names = levels, .def = "info", .help = "log level"},
+    {K("log_level", CFG_ENUM, log_level), .names = rkv_log_level_names, .def = "info", .help = "log level"},
 };
 #undef K
 
@@ -501,24 +500,14 @@ int main(int argc, char **argv)
     rkv_log_init("rkv-worker", RKV_LOG_INFO);
     static const struct cfg_spec spec = {"rkv-worker", "--model FILE [options]", keys,
                                          sizeof keys / sizeof keys[0], NULL};
-    int pos, rc = cfg_load(&spec, &w.c, argc, argv, &pos, err, sizeof err);
-    if (rc == 1)
-        return 0;
-    if (rc) {
-        fprintf(stderr, "rkv-worker: %s\n", err);
-        return 2;
-    }
-    if (pos < argc) {
-        fprintf(stderr, "rkv-worker: unexpected argument \"%s\" (see --help)\n", argv[pos]);
-        return 2;
-    }
+    int rc = cfg_load_args(&spec, &w.c, argc, argv);
+    if (rc)
+        return rc == 1 ? 0 : 2;
     if (!w.c.model[0]) {
-        fprintf(stderr, "rkv-worker: --model is required\n");
+        log_error("rkv-worker: --model is required");
         return 2;
     }
-    static const enum rkv_log_level lv[] = {RKV_LOG_ERROR, RKV_LOG_WARN, RKV_LOG_INFO,
-                                            RKV_LOG_DEBUG};
-    rkv_log_set_level(lv[w.c.log_level]);
+    rkv_log_set_level(rkv_log_level_at(w.c.log_level));
     if (!w.c.kvmgr_url[0])
         snprintf(w.c.kvmgr_url, sizeof w.c.kvmgr_url, "ipc://%s/kvmgr.sock", w.c.runtime_dir);
     if (!w.c.listen[0])
