@@ -4,6 +4,7 @@
 set -u
 dir=$1; secs=${2:-20}
 top=$(cd "$(dirname "$0")/.." && pwd)
+mkdir -p "$top/build/fuzz"
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 fail=0; n=0
 for f in "$dir"/fuzz_*; do
