@@ -1376,17 +1376,6 @@ static cJSON *query_args(const char *q)
     return o;
 }
 
-static const char *bearer(struct http_req *req)
-{
-    const char *h = http_req_header(req, "Authorization");
-    if (!h || strncasecmp(h, "Bearer ", 7) != 0)
-        return NULL;
-    h += 7;
-    while (*h == ' ')
-        h++;
-    return *h ? h : NULL;
-}
-
 /* 0 and *key when secret is a live key; the slow hash runs once a minute per key */
 static int verify_key(struct admin *a, const char *secret, struct store_key *key)
 {
@@ -1462,7 +1451,7 @@ int admin_http(struct admin *a, struct http_req *req)
     }
     /* who is asking */
     struct store_key key = {0};
-    const char *b = bearer(req);
+    const char *b = http_req_bearer(req);
     int has_key = b && verify_key(a, b, &key) == 0;
     if (b && !has_key) {
         http_send_error(req, RKV_EAUTH, "the API key is not valid (revoked or mistyped)");

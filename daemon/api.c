@@ -126,18 +126,6 @@ __attribute__((format(printf, 5, 6))) static int respond_error(struct http_req *
     return 1;
 }
 
-/* the key after "Bearer ", NULL when absent */
-static const char *bearer_of(struct http_req *req)
-{
-    const char *h = http_req_header(req, "Authorization");
-    if (!h || strncasecmp(h, "Bearer ", 7) != 0)
-        return NULL;
-    h += 7;
-    while (*h == ' ')
-        h++;
-    return *h ? h : NULL;
-}
-
 static const char *served_model(struct api *api, const char *name)
 {
     if (!name)
@@ -287,7 +275,7 @@ int api_handle(struct api *api, struct http_req *req)
                              "no route %.100s; rkv serves POST /v1/completions, POST "
                              "/v1/chat/completions and GET /v1/models",
                              path);
-    if (api->sched.authorize && api->sched.authorize(api->sched.ctx, bearer_of(req)) != 0)
+    if (api->sched.authorize && api->sched.authorize(api->sched.ctx, http_req_bearer(req)) != 0)
         return respond_error(req, 401, NULL, "invalid_api_key", "%s",
                              "missing or invalid API key; send Authorization: Bearer <key> "
                              "(keys are managed with rkvctl)");

@@ -921,3 +921,14 @@ int http_resp_end(struct http_req *req)
     req_finish(req);
     return rc;
 }
+
+const char *http_req_bearer(const struct http_req *req)
+{
+    const char *h = http_req_header(req, "Authorization");
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0)
+        return NULL;
+    h += 7;
+    while (*h == ' ')
+        h++;
+    return *h ? h : NULL;
+}

@@ -83,6 +83,8 @@ void http_req_header_at(const struct http_req *req, size_t i, const char **name,
                         const char **value);
 /* the body, NUL-terminated (len excludes the NUL) */
 const char *http_req_body(const struct http_req *req, size_t *len);
+/* the credential of "Authorization: Bearer <key>", NULL when absent */
+const char *http_req_bearer(const struct http_req *req);
 /* the peer as "ip:port" */
 const char *http_req_peer(const struct http_req *req);
 
