@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <openssl/crypto.h>
 #include <openssl/sha.h>
 
 #include "common/config.h"
@@ -69,6 +70,7 @@ struct key_cache_ent {
     unsigned char hash[SHA256_DIGEST_LENGTH];
     int64_t id;
     char scope[16];
+    struct store_key_limits lim;
     uint64_t at_ms;
     int used;
 };
@@ -831,6 +833,88 @@ static void keys_changed(struct admin *a)
         a->n_keys = n;
 }
 
+/* the required "id" of a key command; -1 when it failed the request */
+static int arg_key_id(struct admin_req *r, const cJSON *args, int64_t *id)
+{
+    int got = arg_int(r, args, "id", 1, INT64_MAX, id);
+    if (got == 0)
+        req_fail(r, RKV_EINVAL, "%s: id is required (see rkvctl keys list)", r->cmd->name);
+    return got <= 0 ? -1 : 0;
+}
+
+/* a limit argument: absent -> KEEP, "default" or null -> DEFAULT, else 0..max */
+static int arg_limit(struct admin_req *r, const cJSON *args, const char *name, int64_t *out)
+{
+    const cJSON *v = arg(args, name);
+    *out = STORE_LIMIT_KEEP;
+    if (!v)
+        return 0;
+    if (cJSON_IsNull(v) || (cJSON_IsString(v) && !strcmp(v->valuestring, "default"))) {
+        *out = STORE_LIMIT_DEFAULT;
+        return 1;
+    }
+    if (arg_int(r, args, name, 0, INT32_MAX, out) < 0) {
+        return -1;
+    }
+    return 1;
+}
+
+static const char *const limit_names[] = {"rpm", "tpm", "max_concurrent", "max_tokens"};
+
+/* the four limit arguments; *any: one was given */
+static int arg_limits(struct admin_req *r, const cJSON *args, struct store_key_limits *l, int *any)
+{
+    int64_t *f[] = {&l->rpm, &l->tpm, &l->max_concurrent, &l->max_tokens};
+    *any = 0;
+    for (int i = 0; i < 4; i++) {
+        int got = arg_limit(r, args, limit_names[i], f[i]);
+        if (got < 0)
+            return -1;
+        *any |= got;
+    }
+    return 0;
+}
+
+/* {"rpm": 60 | "default", ...}: a number is the key's own, "default" follows rkvd's config */
+static void add_limits(cJSON *o, const struct store_key_limits *l)
+{
+    const int64_t f[] = {l->rpm, l->tpm, l->max_concurrent, l->max_tokens};
+    cJSON *lim = cJSON_AddObjectToObject(o, "limits");
+    for (int i = 0; i < 4; i++) {
+        if (f[i] < 0)
+            cJSON_AddStringToObject(lim, limit_names[i], "default");
+        else
+            cJSON_AddNumberToObject(lim, limit_names[i], (double)f[i]);
+    }
+}
+
+static void cmd_keys_limits(struct admin *a, const cJSON *args, struct admin_req *r)
+{
+    int64_t id;
+    if (arg_key_id(r, args, &id))
+        return;
+    struct store_key_limits l;
+    int any;
+    if (arg_limits(r, args, &l, &any))
+        return;
+    struct store_key k;
+    int rc = store_key_set_limits(a->store, id, &l, &k);
+    if (rc) {
+        req_fail(r, rc, "keys_limits: no live key %lld (see rkvctl keys list): %s", (long long)id,
+                 rkv_strerror(rc));
+        return;
+    }
+    if (any) {
+        keys_changed(a);
+        log_info("admin: limits of API key %lld changed", (long long)id);
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "id", (double)id);
+    cJSON_AddStringToObject(o, "name", k.name);
+    add_limits(o, &k.lim);
+    req_finish(r, 0, o, NULL);
+}
+
 static void cmd_keys_add(struct admin *a, const cJSON *args, struct admin_req *r)
 {
     const cJSON *name = arg(args, "name"), *scope = arg(args, "scope");
@@ -847,10 +931,19 @@ static void cmd_keys_add(struct admin *a, const cJSON *args, struct admin_req *r
                  "(also the admin API)");
         return;
     }
+    struct store_key_limits l;
+    int any;
+    if (arg_limits(r, args, &l, &any))
+        return;
     char secret[128];
     int64_t id = 0;
+    struct store_key k = {.lim = {STORE_LIMIT_DEFAULT, STORE_LIMIT_DEFAULT, STORE_LIMIT_DEFAULT,
+                                  STORE_LIMIT_DEFAULT}};
     int rc = store_key_add(a->store, name->valuestring, sc, secret, sizeof secret, &id);
+    if (!rc && any)
+        rc = store_key_set_limits(a->store, id, &l, &k);
     if (rc) {
+        OPENSSL_cleanse(secret, sizeof secret);
         req_fail(r, rc, "keys_add: cannot store the key: %s", rkv_strerror(rc));
         return;
     }
@@ -861,6 +954,8 @@ static void cmd_keys_add(struct admin *a, const cJSON *args, struct admin_req *r
     cJSON_AddStringToObject(o, "name", name->valuestring);
     cJSON_AddStringToObject(o, "scope", sc);
     cJSON_AddStringToObject(o, "secret", secret);
+    OPENSSL_cleanse(secret, sizeof secret);
+    add_limits(o, &k.lim);
     req_finish(r, 0, o, NULL);
 }
 
@@ -884,6 +979,7 @@ static void cmd_keys_list(struct admin *a, const cJSON *args, struct admin_req *
         cJSON_AddStringToObject(e, "prefix", k[i].prefix);
         cJSON_AddNumberToObject(e, "created_ms", (double)k[i].created_ms);
         cJSON_AddBoolToObject(e, "revoked", k[i].revoked);
+        add_limits(e, &k[i].lim);
         cJSON_AddItemToArray(arr, e);
     }
     free(k);
@@ -893,10 +989,7 @@ static void cmd_keys_list(struct admin *a, const cJSON *args, struct admin_req *
 static void cmd_keys_revoke(struct admin *a, const cJSON *args, struct admin_req *r)
 {
     int64_t id;
-    int got = arg_int(r, args, "id", 1, INT64_MAX, &id);
-    if (got == 0)
-        req_fail(r, RKV_EINVAL, "keys_revoke: id is required (see rkvctl keys list)");
-    if (got <= 0)
+    if (arg_key_id(r, args, &id))
         return;
     int rc = store_key_revoke(a->store, id);
     if (rc) {
@@ -1152,9 +1245,10 @@ static const struct admin_cmd g_cmds[] = {
     {"worker_restart", 1, "worker", cmd_worker_restart},
     {"worker_drain", 1, "worker drain", cmd_worker_drain},
     {"events", 0, "since session limit", cmd_events},
-    {"keys_add", 1, "name scope", cmd_keys_add},
+    {"keys_add", 1, "name scope rpm tpm max_concurrent max_tokens", cmd_keys_add},
     {"keys_list", 0, "", cmd_keys_list},
     {"keys_revoke", 1, "id", cmd_keys_revoke},
+    {"keys_limits", 1, "id rpm tpm max_concurrent max_tokens", cmd_keys_limits},
 };
 #define N_CMDS (sizeof g_cmds / sizeof g_cmds[0])
 
@@ -1388,6 +1482,7 @@ static int verify_key(struct admin *a, const char *secret, struct store_key *key
         if (e->used && now - e->at_ms < KEY_CACHE_MS && !memcmp(e->hash, h, sizeof h)) {
             key->id = e->id;
             snprintf(key->scope, sizeof key->scope, "%s", e->scope);
+            key->lim = e->lim;
             return 0;
         }
         const struct key_cache_ent *f = &a->keys[free_slot];
@@ -1401,6 +1496,7 @@ static int verify_key(struct admin *a, const char *secret, struct store_key *key
     memcpy(e->hash, h, sizeof h);
     e->id = key->id;
     snprintf(e->scope, sizeof e->scope, "%s", key->scope);
+    e->lim = key->lim;
     e->at_ms = now;
     e->used = 1;
     return 0;
@@ -1408,10 +1504,27 @@ static int verify_key(struct admin *a, const char *secret, struct store_key *key
 
 int admin_authorize(struct admin *a, const char *secret)
 {
+    return admin_key_lookup(a, secret, NULL, NULL);
+}
+
+int admin_key_lookup(struct admin *a, const char *secret, int64_t *id, struct store_key_limits *lim)
+{
+    static const struct store_key_limits open = {STORE_LIMIT_DEFAULT, STORE_LIMIT_DEFAULT,
+                                                 STORE_LIMIT_DEFAULT, STORE_LIMIT_DEFAULT};
+    if (id)
+        *id = 0;
+    if (lim)
+        *lim = open;
     if (!a || a->n_keys == 0)
         return 0;
     struct store_key k;
-    return secret && verify_key(a, secret, &k) == 0 ? 0 : RKV_EAUTH;
+    if (!secret || verify_key(a, secret, &k) != 0)
+        return RKV_EAUTH;
+    if (id)
+        *id = k.id;
+    if (lim)
+        *lim = k.lim;
+    return 0;
 }
 
 static int loopback(const char *peer)

@@ -104,6 +104,11 @@ void admin_free(struct admin *a);
 int admin_http(struct admin *a, struct http_req *req);
 /* api_sched.authorize for /v1: 0 when no key exists or bearer is a live key */
 int admin_authorize(struct admin *a, const char *bearer);
+/* the same check, and which key it was: *id 0 and every limit
+ * STORE_LIMIT_DEFAULT when no key exists (the API is open) */
+struct store_key_limits;
+int admin_key_lookup(struct admin *a, const char *bearer, int64_t *id,
+                     struct store_key_limits *lim);
 
 /* news from kvmgr (driver callbacks) and the periodic timer */
 void admin_on_histogram(struct admin *a, const struct proto_histogram *h);

@@ -10,6 +10,7 @@
 
 #include "common/err.h"
 #include "common/log.h"
+#include "common/util.h"
 #include "daemon/http/server.h"
 
 struct api {
@@ -21,6 +22,10 @@ struct api {
     struct api_sched sched;
     uint64_t created; /* reported as the models' creation time */
     size_t n_calls;
+    struct rl *rl;
+    struct rl_limits key_defaults;
+    api_key_lookup_fn key_lookup;
+    void *key_lookup_ud;
 };
 
 struct api_call {
@@ -40,6 +45,8 @@ struct api_call {
     size_t len, cap;
     struct api_token_logprob *lp;
     size_t n_lp, cap_lp;
+    int64_t key;     /* the api key's id when its limits apply, else 0 */
+    uint64_t charge; /* tokens the key is charged when the call ends */
 };
 
 int api_new(const struct api_config *cfg, const struct api_sched *sched, struct api **out)
@@ -71,6 +78,12 @@ int api_new(const struct api_config *cfg, const struct api_sched *sched, struct 
     if (!a->limits.max_tokens)
         api_limits_default(&a->limits);
     a->sched = *sched;
+    a->key_defaults = cfg->key_defaults;
+    int rc = rl_new(cfg->rate_window_ms ? cfg->rate_window_ms : 60000, &a->rl);
+    if (rc) {
+        api_free(a);
+        return rc;
+    }
     a->created = (uint64_t)time(NULL);
     *out = a;
     return 0;
@@ -86,7 +99,14 @@ void api_free(struct api *api)
         free(api->models[i]);
     free(api->models);
     free(api->cors_origin);
+    rl_free(api->rl);
     free(api);
+}
+
+void api_set_key_lookup(struct api *api, api_key_lookup_fn fn, void *ud)
+{
+    api->key_lookup = fn;
+    api->key_lookup_ud = ud;
 }
 
 size_t api_calls(const struct api *api)
@@ -149,6 +169,8 @@ static void lp_free(struct api_token_logprob *lp)
 static void call_free(struct api_call *c)
 {
     c->api->n_calls--;
+    if (c->key)
+        rl_done(c->api->rl, c->key, c->charge, rkv_now_ms());
     api_request_fini(&c->req);
     for (size_t i = 0; i < c->n_lp; i++)
         lp_free(&c->lp[i]);
@@ -182,7 +204,93 @@ static int submit_status(int rc, const char **msg)
     }
 }
 
-static int handle_generate(struct api *api, struct http_req *hreq, enum api_endpoint ep)
+/* --- per-key limits ----------------------------------------------------------------------- */
+
+/* x-ratelimit-{limit,remaining,reset}-<what> */
+static void ratelimit_header3(struct http_req *req, const char *what, int64_t limit,
+                              int64_t remaining, uint64_t reset_ms)
+{
+    char name[48], v[32];
+    snprintf(name, sizeof name, "x-ratelimit-limit-%s", what);
+    snprintf(v, sizeof v, "%lld", (long long)limit);
+    http_resp_header(req, name, v);
+    snprintf(name, sizeof name, "x-ratelimit-remaining-%s", what);
+    snprintf(v, sizeof v, "%lld", (long long)remaining);
+    http_resp_header(req, name, v);
+    snprintf(name, sizeof name, "x-ratelimit-reset-%s", what);
+    rl_format_duration(reset_ms, v, sizeof v);
+    http_resp_header(req, name, v);
+}
+
+static void ratelimit_headers(struct http_req *req, const struct rl_verdict *v)
+{
+    if (v->limit_req)
+        ratelimit_header3(req, "requests", v->limit_req, v->remaining_req, v->reset_req_ms);
+    if (v->limit_tok)
+        ratelimit_header3(req, "tokens", v->limit_tok, v->remaining_tok, v->reset_tok_ms);
+}
+
+/* 429 in the shape OpenAI sends (type "requests"/"tokens", code "rate_limit_exceeded") */
+static void send_rate_limited(struct api *api, struct http_req *req, int64_t key,
+                              const struct rl_verdict *v)
+{
+    struct api_error e;
+    char wait[32], retry[32], win[32];
+    rl_format_duration(v->retry_ms, wait, sizeof wait);
+    rl_format_duration(rl_window_ms(api->rl), win, sizeof win);
+    switch (v->refused) {
+    case RL_CONCURRENT:
+        api_error_set(&e, 429, NULL,
+                      "Rate limit reached for API key %lld on concurrent requests: limit %lld, "
+                      "in flight %lld. Wait for a request to finish, or ask the operator to "
+                      "raise it (rkvctl keys limits %lld --max-concurrent N)",
+                      (long long)key, (long long)v->in_flight, (long long)v->in_flight,
+                      (long long)key);
+        e.type = "requests";
+        break;
+    case RL_TOKENS:
+        api_error_set(&e, 429, NULL,
+                      "Rate limit reached for API key %lld on tokens per %s: limit %lld, "
+                      "remaining %lld. Please try again in %s, or ask the operator to raise it "
+                      "(rkvctl keys limits %lld --tpm N)",
+                      (long long)key, win, (long long)v->limit_tok, (long long)v->remaining_tok,
+                      wait, (long long)key);
+        e.type = "tokens";
+        break;
+    default:
+        api_error_set(&e, 429, NULL,
+                      "Rate limit reached for API key %lld on requests per %s: limit %lld. "
+                      "Please try again in %s, or ask the operator to raise it "
+                      "(rkvctl keys limits %lld --rpm N)",
+                      (long long)key, win, (long long)v->limit_req, wait, (long long)key);
+        e.type = "requests";
+        break;
+    }
+    e.code = "rate_limit_exceeded";
+    ratelimit_headers(req, v);
+    /* whole seconds, rounded up, never 0 */
+    snprintf(retry, sizeof retry, "%llu",
+             (unsigned long long)(v->retry_ms >= 1000 ? (v->retry_ms + 999) / 1000 : 1));
+    http_resp_header(req, "Retry-After", retry);
+    char *j = api_error_json(&e);
+    if (j)
+        http_respond(req, 429, "application/json", j, strlen(j));
+    else
+        http_respond(req, 500, NULL, NULL, 0);
+    free(j);
+}
+
+/* a key's limits with its unset fields from the configured defaults */
+static struct rl_limits key_limits(const struct api *api, const struct rl_limits *k)
+{
+    const struct rl_limits *d = &api->key_defaults;
+    return (struct rl_limits){k->rpm < 0 ? d->rpm : k->rpm, k->tpm < 0 ? d->tpm : k->tpm,
+                              k->max_concurrent < 0 ? d->max_concurrent : k->max_concurrent,
+                              k->max_tokens < 0 ? d->max_tokens : k->max_tokens};
+}
+
+static int handle_generate(struct api *api, struct http_req *hreq, enum api_endpoint ep,
+                           int64_t key, const struct rl_limits *klim)
 {
     const char *ct = http_req_header(hreq, "Content-Type");
     if (ct && strncasecmp(ct, "application/json", 16) != 0 && !strstr(ct, "+json"))
@@ -191,17 +299,47 @@ static int handle_generate(struct api *api, struct http_req *hreq, enum api_endp
             "Content-Type must be application/json, got '%.60s' (with curl, add -H "
             "'Content-Type: application/json')",
             ct);
+    struct rl_limits kl = key ? key_limits(api, klim) : (struct rl_limits){0};
+    struct api_limits lim = api->limits;
+    int capped = kl.max_tokens > 0 && kl.max_tokens < lim.max_tokens;
+    if (capped) {
+        lim.max_tokens = (int)kl.max_tokens;
+        if (lim.default_max_tokens > lim.max_tokens)
+            lim.default_max_tokens = lim.max_tokens;
+    }
+    int limited = key && (kl.rpm > 0 || kl.tpm > 0 || kl.max_concurrent > 0);
+    struct rl_verdict v;
+    if (limited && rl_admit(api->rl, key, &kl, rkv_now_ms(), &v) != 0) {
+        send_rate_limited(api, hreq, key, &v);
+        return 1;
+    }
     struct api_call *c = calloc(1, sizeof(*c));
-    if (!c)
+    if (!c) {
+        if (limited)
+            rl_done(api->rl, key, 0, rkv_now_ms());
         return respond_error(hreq, 500, NULL, NULL, "%s", "out of memory");
+    }
     c->api = api;
     api->n_calls++;
+    if (limited) {
+        /* every answer of this call, errors included, reports the key's budget */
+        c->key = key;
+        ratelimit_headers(hreq, &v);
+    }
     size_t len;
     const char *body = http_req_body(hreq, &len);
     struct api_error e;
-    int rc = ep == API_CHAT ? api_parse_chat(body, len, &api->limits, &c->req, &e)
-                            : api_parse_completions(body, len, &api->limits, &c->req, &e);
+    int rc = ep == API_CHAT ? api_parse_chat(body, len, &lim, &c->req, &e)
+                            : api_parse_completions(body, len, &lim, &c->req, &e);
     if (rc) {
+        if (capped &&
+            (!strcmp(e.param, "max_tokens") || !strcmp(e.param, "max_completion_tokens"))) {
+            size_t n = strlen(e.message);
+            snprintf(e.message + n, sizeof e.message - n,
+                     " (the limit of this API key; the operator raises it with rkvctl keys "
+                     "limits %lld --max-tokens N)",
+                     (long long)key);
+        }
         send_error(hreq, &e);
         call_free(c);
         return 1;
@@ -275,7 +413,13 @@ int api_handle(struct api *api, struct http_req *req)
                              "no route %.100s; rkv serves POST /v1/completions, POST "
                              "/v1/chat/completions and GET /v1/models",
                              path);
-    if (api->sched.authorize && api->sched.authorize(api->sched.ctx, http_req_bearer(req)) != 0)
+    int64_t key = 0;
+    struct rl_limits klim = {0};
+    int denied = api->key_lookup
+                     ? api->key_lookup(api->key_lookup_ud, http_req_bearer(req), &key, &klim)
+                 : api->sched.authorize ? api->sched.authorize(api->sched.ctx, http_req_bearer(req))
+                                        : 0;
+    if (denied)
         return respond_error(req, 401, NULL, "invalid_api_key", "%s",
                              "missing or invalid API key; send Authorization: Bearer <key> "
                              "(keys are managed with rkvctl)");
@@ -293,7 +437,7 @@ int api_handle(struct api *api, struct http_req *req)
     }
     if (strcmp(method, "POST") != 0)
         return respond_error(req, 405, NULL, NULL, "%s %s is not allowed; use POST", method, path);
-    return handle_generate(api, req, is_chat ? API_CHAT : API_COMPLETIONS);
+    return handle_generate(api, req, is_chat ? API_CHAT : API_COMPLETIONS, key, &klim);
 }
 
 /* --- the scheduler's side -----------------------------------------------------------------------
@@ -422,6 +566,8 @@ void api_call_finish(struct api_call *c, enum api_finish finish, const struct ap
     static const struct api_usage none;
     if (!usage)
         usage = &none;
+    /* counted as OpenAI bills: prompt (cached included) + completion */
+    c->charge = (uint64_t)usage->prompt_tokens + usage->completion_tokens;
     c->in_api = 1;
     if (c->closed) {
         /* the client is gone; this only releases the http request */

@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "daemon/ratelimit.h"
+
 struct http_req;
 
 /* --- parsed requests ----------------------------------------------------------------
@@ -237,6 +239,10 @@ struct api_config {
     /* browsers: the Access-Control-Allow-Origin to send ("*" as vLLM does,
      * or one origin); NULL sends no CORS headers and refuses preflights */
     const char *cors_origin;
+    /* per-key limits: what a key without its own value gets (0 = unlimited),
+     * and the window of rpm/tpm in ms (0 = 60000) */
+    struct rl_limits key_defaults;
+    uint64_t rate_window_ms;
 };
 
 struct api;
@@ -247,6 +253,12 @@ void api_free(struct api *api);
 int api_handle(struct api *api, struct http_req *req);
 /* calls in flight */
 size_t api_calls(const struct api *api);
+
+/* the key check with limits, used instead of api_sched.authorize when set:
+ * 0 with *key (its id; 0 when the API is open, which has no limits) and
+ * *lim (a field < 0 follows api_config.key_defaults), or RKV_EAUTH -> 401 */
+typedef int (*api_key_lookup_fn)(void *ud, const char *bearer, int64_t *key, struct rl_limits *lim);
+void api_set_key_lookup(struct api *api, api_key_lookup_fn fn, void *ud);
 
 const struct api_request *api_call_request(const struct api_call *call);
 void api_call_set_data(struct api_call *call, void *data);

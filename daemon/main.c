@@ -55,6 +55,11 @@ struct rkvd_conf {
     int log_level;
     char admin_socket[512];
     char admin_group[64];
+    int64_t key_rpm;
+    int64_t key_tpm;
+    int64_t key_max_concurrent;
+    int64_t key_max_tokens;
+    int64_t rate_limit_window;
 };
 
 static const char *const backends[] = {"auto", "cpu", "cuda", NULL};
@@ -116,6 +121,16 @@ static const struct cfg_key keys[] = {
              "socket"},
     {K("admin_group", CFG_STR, admin_group), S(admin_group),
      .help = "group that may use the admin socket; empty: rkvd's own group"},
+    {K("key_rpm", CFG_INT, key_rpm), .min = 0, .max = INT32_MAX, .def = "0",
+     .help = "requests per window of an API key without its own limit (0 = unlimited)"},
+    {K("key_tpm", CFG_INT, key_tpm), .min = 0, .max = INT32_MAX, .def = "0",
+     .help = "prompt + completion tokens per window of such a key (0 = unlimited)"},
+    {K("key_max_concurrent", CFG_INT, key_max_concurrent), .min = 0, .max = INT32_MAX, .def = "0",
+     .help = "requests in flight of such a key (0 = unlimited)"},
+    {K("key_max_tokens", CFG_INT, key_max_tokens), .min = 0, .max = INT32_MAX, .def = "0",
+     .help = "largest max_tokens of one request of such a key (0 = the context)"},
+    {K("rate_limit_window", CFG_INT, rate_limit_window), .min = 1, .max = 86400, .def = "60",
+     .help = "seconds of the key_rpm/key_tpm window (the \"minute\")"},
 };
 #undef K
 #undef S
@@ -510,6 +525,15 @@ static int adm_authorize(void *ud, const char *bearer)
     return admin_authorize(d->admin, bearer);
 }
 
+static int adm_key_lookup(void *ud, const char *bearer, int64_t *key, struct rl_limits *lim)
+{
+    struct rkvd *d = ud;
+    struct store_key_limits l;
+    int rc = admin_key_lookup(d->admin, bearer, key, &l);
+    *lim = (struct rl_limits){l.rpm, l.tpm, l.max_concurrent, l.max_tokens};
+    return rc;
+}
+
 static int start_admin(struct rkvd *d, char *err, size_t errlen)
 {
     char path[600] = "";
@@ -793,10 +817,14 @@ int main(int argc, char **argv)
     ac.limits.vocab_size = tok_n_vocab(d.tok);
     if (ac.limits.max_tokens > (int)d.c.ctx_size)
         ac.limits.max_tokens = (int)d.c.ctx_size;
+    ac.key_defaults = (struct rl_limits){d.c.key_rpm, d.c.key_tpm, d.c.key_max_concurrent,
+                                         d.c.key_max_tokens};
+    ac.rate_window_ms = (uint64_t)d.c.rate_limit_window * 1000;
     if ((rc = api_new(&ac, &as, &d.api))) {
         log_error("cannot set up the API: %s", rkv_strerror(rc));
         return 1;
     }
+    api_set_key_lookup(d.api, adm_key_lookup, &d);
     struct http_server_config hc = {host, port, {0}, on_request, &d};
     http_limits_default(&hc.limits);
     hc.limits.max_body_bytes = (size_t)d.c.max_body;

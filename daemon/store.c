@@ -38,11 +38,16 @@ static const char *const migrations[] = {
     "CREATE TABLE usage (id INTEGER PRIMARY KEY, ts_ms INTEGER NOT NULL, key_id INTEGER NOT NULL,"
     "  endpoint TEXT NOT NULL, status INTEGER NOT NULL, prompt_tokens INTEGER NOT NULL,"
     "  completion_tokens INTEGER NOT NULL, ttft_ms REAL NOT NULL, e2e_ms REAL NOT NULL);",
+    /* 2: per-key limits; NULL follows the configured default */
+    "ALTER TABLE api_keys ADD COLUMN rpm INTEGER;"
+    "ALTER TABLE api_keys ADD COLUMN tpm INTEGER;"
+    "ALTER TABLE api_keys ADD COLUMN max_concurrent INTEGER;"
+    "ALTER TABLE api_keys ADD COLUMN max_tokens INTEGER;",
 };
 
 #define PBKDF2_ITERS 100000
-#define SALT_LEN 16
-#define HASH_LEN 32
+#define SALT_LEN     16
+#define HASH_LEN     32
 
 /* sqlite result -> rkv code, logging the database's own words */
 static int db_err(struct store *s, int rc, const char *what)
@@ -205,8 +210,10 @@ int store_setting_get(struct store *s, const char *key, char *val, size_t len)
 int store_setting_set(struct store *s, const char *key, const char *val)
 {
     sqlite3_stmt *st;
-    int rc = prepare(s, "INSERT INTO settings(key, value) VALUES(?, ?) "
-                        "ON CONFLICT(key) DO UPDATE SET value = excluded.value", &st);
+    int rc = prepare(s,
+                     "INSERT INTO settings(key, value) VALUES(?, ?) "
+                     "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                     &st);
     if (rc)
         return rc;
     sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
@@ -228,8 +235,7 @@ static int key_hash(const char *secret, const uint8_t *salt, uint8_t *hash)
 static int key_lookup(const char *secret, uint8_t *out)
 {
     unsigned int n = 0;
-    return EVP_Digest(secret, strlen(secret), out, &n, EVP_sha256(), NULL) == 1 ? 0
-                                                                                 : RKV_EINTERNAL;
+    return EVP_Digest(secret, strlen(secret), out, &n, EVP_sha256(), NULL) == 1 ? 0 : RKV_EINTERNAL;
 }
 
 int store_key_add(struct store *s, const char *name, const char *scope, char *secret,
@@ -251,8 +257,10 @@ int store_key_add(struct store *s, const char *name, const char *scope, char *se
     if (rc)
         return rc;
     sqlite3_stmt *st;
-    if ((rc = prepare(s, "INSERT INTO api_keys(name, scope, prefix, salt, hash, lookup, created_ms)"
-                         " VALUES(?, ?, ?, ?, ?, ?, ?)", &st)))
+    if ((rc = prepare(s,
+                      "INSERT INTO api_keys(name, scope, prefix, salt, hash, lookup, created_ms)"
+                      " VALUES(?, ?, ?, ?, ?, ?, ?)",
+                      &st)))
         return rc;
     char prefix[12];
     snprintf(prefix, sizeof prefix, "%.10s", secret);
@@ -271,6 +279,10 @@ int store_key_add(struct store *s, const char *name, const char *scope, char *se
     return 0;
 }
 
+/* what key_row reads, in its order */
+#define KEY_COLS                                                                                   \
+    "id, name, scope, prefix, created_ms, revoked, rpm, tpm, max_concurrent, max_tokens"
+
 static void key_row(sqlite3_stmt *st, struct store_key *k)
 {
     memset(k, 0, sizeof *k);
@@ -280,6 +292,10 @@ static void key_row(sqlite3_stmt *st, struct store_key *k)
     snprintf(k->prefix, sizeof k->prefix, "%s", (const char *)sqlite3_column_text(st, 3));
     k->created_ms = sqlite3_column_int64(st, 4);
     k->revoked = sqlite3_column_int(st, 5);
+    int64_t *lim[] = {&k->lim.rpm, &k->lim.tpm, &k->lim.max_concurrent, &k->lim.max_tokens};
+    for (int i = 0; i < 4; i++)
+        *lim[i] = sqlite3_column_type(st, 6 + i) == SQLITE_NULL ? STORE_LIMIT_DEFAULT
+                                                                : sqlite3_column_int64(st, 6 + i);
 }
 
 int store_key_verify(struct store *s, const char *secret, struct store_key *out)
@@ -291,15 +307,17 @@ int store_key_verify(struct store *s, const char *secret, struct store_key *out)
     if (rc)
         return rc;
     sqlite3_stmt *st;
-    if ((rc = prepare(s, "SELECT id, name, scope, prefix, created_ms, revoked, salt, hash "
-                         "FROM api_keys WHERE lookup = ? AND revoked = 0", &st)))
+    if ((rc = prepare(s,
+                      "SELECT " KEY_COLS ", salt, hash "
+                      "FROM api_keys WHERE lookup = ? AND revoked = 0",
+                      &st)))
         return rc;
     sqlite3_bind_blob(st, 1, lookup, sizeof lookup, SQLITE_STATIC);
     rc = RKV_EAUTH;
     int step;
     while ((step = sqlite3_step(st)) == SQLITE_ROW) {
-        const void *salt = sqlite3_column_blob(st, 6), *want = sqlite3_column_blob(st, 7);
-        if (sqlite3_column_bytes(st, 6) != SALT_LEN || sqlite3_column_bytes(st, 7) != HASH_LEN)
+        const void *salt = sqlite3_column_blob(st, 10), *want = sqlite3_column_blob(st, 11);
+        if (sqlite3_column_bytes(st, 10) != SALT_LEN || sqlite3_column_bytes(st, 11) != HASH_LEN)
             continue;
         if (key_hash(secret, salt, hash) == 0 && CRYPTO_memcmp(hash, want, HASH_LEN) == 0) {
             if (out)
@@ -326,6 +344,49 @@ int store_key_revoke(struct store *s, int64_t id)
     return sqlite3_changes(s->db) == 1 ? 0 : RKV_ENOTFOUND;
 }
 
+int store_key_set_limits(struct store *s, int64_t id, const struct store_key_limits *lim,
+                         struct store_key *out)
+{
+    /* a field is written when it is not KEEP: NULL for DEFAULT */
+    sqlite3_stmt *st;
+    int rc = prepare(s,
+                     "UPDATE api_keys SET"
+                     " rpm = CASE WHEN ?2 = -2 THEN rpm WHEN ?2 = -1 THEN NULL ELSE ?2 END,"
+                     " tpm = CASE WHEN ?3 = -2 THEN tpm WHEN ?3 = -1 THEN NULL ELSE ?3 END,"
+                     " max_concurrent = CASE WHEN ?4 = -2 THEN max_concurrent"
+                     "   WHEN ?4 = -1 THEN NULL ELSE ?4 END,"
+                     " max_tokens = CASE WHEN ?5 = -2 THEN max_tokens"
+                     "   WHEN ?5 = -1 THEN NULL ELSE ?5 END"
+                     " WHERE id = ?1 AND revoked = 0",
+                     &st);
+    if (rc)
+        return rc;
+    const int64_t v[] = {lim->rpm, lim->tpm, lim->max_concurrent, lim->max_tokens};
+    sqlite3_bind_int64(st, 1, id);
+    for (int i = 0; i < 4; i++) {
+        if (v[i] < STORE_LIMIT_KEEP) {
+            sqlite3_finalize(st);
+            return RKV_EINVAL;
+        }
+        sqlite3_bind_int64(st, 2 + i, v[i]);
+    }
+    if ((rc = step_done(s, st, "set api key limits")))
+        return rc;
+    if (sqlite3_changes(s->db) != 1)
+        return RKV_ENOTFOUND;
+    if (!out)
+        return 0;
+    if ((rc = prepare(s, "SELECT " KEY_COLS " FROM api_keys WHERE id = ?", &st)))
+        return rc;
+    sqlite3_bind_int64(st, 1, id);
+    rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW)
+        key_row(st, out);
+    rc = rc == SQLITE_ROW ? 0 : db_err(s, rc, "read api key");
+    sqlite3_finalize(st);
+    return rc;
+}
+
 int store_key_count(struct store *s, int *n_live)
 {
     sqlite3_stmt *st;
@@ -343,8 +404,7 @@ int store_key_list(struct store *s, struct store_key *keys, size_t cap, size_t *
 {
     sqlite3_stmt *st;
     *n = 0;
-    int rc = prepare(s, "SELECT id, name, scope, prefix, created_ms, revoked FROM api_keys "
-                        "ORDER BY id DESC", &st);
+    int rc = prepare(s, "SELECT " KEY_COLS " FROM api_keys ORDER BY id DESC", &st);
     if (rc)
         return rc;
     while (*n < cap && (rc = sqlite3_step(st)) == SQLITE_ROW)
@@ -358,10 +418,12 @@ int store_session_save(struct store *s, const char *ext_id, int64_t owner, const
                        size_t n_tokens)
 {
     sqlite3_stmt *st;
-    int rc = prepare(s, "INSERT INTO sessions(ext_id, owner, created_ms, used_ms, n_tokens, tokens)"
-                        " VALUES(?1, ?2, ?3, ?3, ?4, ?5) ON CONFLICT(ext_id, owner) DO UPDATE SET"
-                        " used_ms = excluded.used_ms, n_tokens = excluded.n_tokens,"
-                        " tokens = excluded.tokens", &st);
+    int rc = prepare(s,
+                     "INSERT INTO sessions(ext_id, owner, created_ms, used_ms, n_tokens, tokens)"
+                     " VALUES(?1, ?2, ?3, ?3, ?4, ?5) ON CONFLICT(ext_id, owner) DO UPDATE SET"
+                     " used_ms = excluded.used_ms, n_tokens = excluded.n_tokens,"
+                     " tokens = excluded.tokens",
+                     &st);
     if (rc)
         return rc;
     /* tokens as little-endian int32 (x86 and arm64 are both little-endian) */
@@ -418,8 +480,10 @@ int store_session_delete(struct store *s, const char *ext_id, int64_t owner)
 int store_event_add(struct store *s, const struct store_event *e)
 {
     sqlite3_stmt *st;
-    int rc = prepare(s, "INSERT INTO tactic_events(ts_ms, session_id, gpu, from_tactic, to_tactic,"
-                        " reason, bytes_moved, elapsed_us) VALUES(?, ?, ?, ?, ?, ?, ?, ?)", &st);
+    int rc = prepare(s,
+                     "INSERT INTO tactic_events(ts_ms, session_id, gpu, from_tactic, to_tactic,"
+                     " reason, bytes_moved, elapsed_us) VALUES(?, ?, ?, ?, ?, ?, ?, ?)",
+                     &st);
     if (rc)
         return rc;
     sqlite3_bind_int64(st, 1, e->ts_ms);
@@ -438,9 +502,11 @@ int store_event_list(struct store *s, int64_t since_ms, uint64_t session, struct
 {
     sqlite3_stmt *st;
     *n = 0;
-    int rc = prepare(s, "SELECT ts_ms, session_id, gpu, from_tactic, to_tactic, reason, bytes_moved,"
-                        " elapsed_us FROM tactic_events WHERE ts_ms >= ?1 AND (?2 = 0 OR"
-                        " session_id = ?2) ORDER BY id LIMIT ?3", &st);
+    int rc = prepare(s,
+                     "SELECT ts_ms, session_id, gpu, from_tactic, to_tactic, reason, bytes_moved,"
+                     " elapsed_us FROM tactic_events WHERE ts_ms >= ?1 AND (?2 = 0 OR"
+                     " session_id = ?2) ORDER BY id LIMIT ?3",
+                     &st);
     if (rc)
         return rc;
     sqlite3_bind_int64(st, 1, since_ms);
@@ -466,8 +532,10 @@ int store_event_list(struct store *s, int64_t since_ms, uint64_t session, struct
 int store_usage_add(struct store *s, const struct store_usage *u)
 {
     sqlite3_stmt *st;
-    int rc = prepare(s, "INSERT INTO usage(ts_ms, key_id, endpoint, status, prompt_tokens,"
-                        " completion_tokens, ttft_ms, e2e_ms) VALUES(?, ?, ?, ?, ?, ?, ?, ?)", &st);
+    int rc = prepare(s,
+                     "INSERT INTO usage(ts_ms, key_id, endpoint, status, prompt_tokens,"
+                     " completion_tokens, ttft_ms, e2e_ms) VALUES(?, ?, ?, ?, ?, ?, ?, ?)",
+                     &st);
     if (rc)
         return rc;
     sqlite3_bind_int64(st, 1, u->ts_ms);

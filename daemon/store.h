@@ -12,7 +12,7 @@
  * its loop thread only. */
 struct store;
 
-#define STORE_SCHEMA_VERSION 1
+#define STORE_SCHEMA_VERSION 2
 
 int store_open(const char *state_dir, struct store **out, char *errbuf, size_t errlen);
 void store_close(struct store *s);
@@ -30,17 +30,27 @@ int store_setting_set(struct store *s, const char *key, const char *val);
 struct store_key {
     int64_t id;
     char name[64];
-    char scope[16];    /* "user" | "admin" */
-    char prefix[12];   /* first chars of the secret, to tell keys apart */
+    char scope[16];  /* "user" | "admin" */
+    char prefix[12]; /* first chars of the secret, to tell keys apart */
     int64_t created_ms;
     int revoked;
+    struct store_key_limits {
+        /* per key; STORE_LIMIT_DEFAULT follows rkvd's key_* config, 0 = unlimited */
+        int64_t rpm, tpm, max_concurrent, max_tokens;
+    } lim;
 };
+#define STORE_LIMIT_DEFAULT (-1)
+#define STORE_LIMIT_KEEP    (-2) /* store_key_set_limits: leave this one as it is */
 int store_key_add(struct store *s, const char *name, const char *scope, char *secret,
                   size_t secret_len, int64_t *id);
 /* 0 and the key (id, scope) when the secret matches a live key, RKV_EAUTH
  * otherwise; comparison in constant time */
 int store_key_verify(struct store *s, const char *secret, struct store_key *out);
 int store_key_revoke(struct store *s, int64_t id);
+/* changes a live key's limits (fields STORE_LIMIT_KEEP stay); RKV_ENOTFOUND
+ * when no live key has that id; *out (optional) gets the key as stored */
+int store_key_set_limits(struct store *s, int64_t id, const struct store_key_limits *lim,
+                         struct store_key *out);
 int store_key_count(struct store *s, int *n_live);
 /* up to cap keys, newest first; *n = how many were written */
 int store_key_list(struct store *s, struct store_key *keys, size_t cap, size_t *n);

@@ -129,8 +129,10 @@ static void test_events_and_usage(void **state)
     char err[256];
     assert_int_equal(store_open(dir, &s, err, sizeof err), 0);
     for (int i = 0; i < 10; i++) {
-        struct store_event e = {.ts_ms = 1000 + i, .session_id = (uint64_t)(i % 3) + 1,
-                                .gpu = 0, .bytes_moved = (uint64_t)i << 20};
+        struct store_event e = {.ts_ms = 1000 + i,
+                                .session_id = (uint64_t)(i % 3) + 1,
+                                .gpu = 0,
+                                .bytes_moved = (uint64_t)i << 20};
         strcpy(e.from, "resident");
         strcpy(e.to, "window");
         snprintf(e.reason, sizeof e.reason, "vram pressure %d", i);
@@ -145,8 +147,11 @@ static void test_events_and_usage(void **state)
     assert_int_equal(store_event_list(s, 0, 2, ev, 16, &n), 0);
     assert_int_equal(n, 3); /* i = 1, 4, 7 */
     assert_int_equal(ev[1].bytes_moved, 4ull << 20);
-    struct store_usage u = {.ts_ms = 1, .endpoint = "completions", .status = 200,
-                            .prompt_tokens = 5, .completion_tokens = 7};
+    struct store_usage u = {.ts_ms = 1,
+                            .endpoint = "completions",
+                            .status = 200,
+                            .prompt_tokens = 5,
+                            .completion_tokens = 7};
     assert_int_equal(store_usage_add(s, &u), 0);
     int64_t cnt;
     assert_int_equal(store_usage_count(s, &cnt), 0);
@@ -182,6 +187,71 @@ static void test_bad_dirs_and_newer_schema(void **state)
     unlink(path);
 }
 
+static void test_key_limits_and_upgrade_from_v1(void **state)
+{
+    (void)state;
+    struct store *s;
+    char err[256], secret[128], path[128];
+    int64_t id;
+    assert_int_equal(store_open(dir, &s, err, sizeof err), 0);
+    assert_int_equal(store_key_add(s, "alice", "user", secret, sizeof secret, &id), 0);
+    store_close(s);
+    /* turn it into the version 1 database an older rkvd wrote */
+    sqlite3 *db;
+    snprintf(path, sizeof path, "%s/rkv.db", dir);
+    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db,
+                                  "ALTER TABLE api_keys DROP COLUMN rpm;"
+                                  "ALTER TABLE api_keys DROP COLUMN tpm;"
+                                  "ALTER TABLE api_keys DROP COLUMN max_concurrent;"
+                                  "ALTER TABLE api_keys DROP COLUMN max_tokens;"
+                                  "PRAGMA user_version = 1;",
+                                  NULL, NULL, NULL),
+                     SQLITE_OK);
+    sqlite3_close(db);
+
+    assert_int_equal(store_open(dir, &s, err, sizeof err), 0);
+    assert_int_equal(store_schema_version(s), 2);
+    struct store_key k;
+    assert_int_equal(store_key_verify(s, secret, &k), 0);
+    assert_int_equal(k.id, id);
+    assert_int_equal(k.lim.rpm, STORE_LIMIT_DEFAULT);
+    assert_int_equal(k.lim.max_tokens, STORE_LIMIT_DEFAULT);
+
+    struct store_key_limits l = {60, 1000, STORE_LIMIT_KEEP, 0};
+    assert_int_equal(store_key_set_limits(s, id, &l, &k), 0);
+    assert_int_equal(k.lim.rpm, 60);
+    assert_int_equal(k.lim.tpm, 1000);
+    assert_int_equal(k.lim.max_concurrent, STORE_LIMIT_DEFAULT);
+    assert_int_equal(k.lim.max_tokens, 0);
+    /* only rpm back to the default, the rest kept */
+    l = (struct store_key_limits){STORE_LIMIT_DEFAULT, STORE_LIMIT_KEEP, 4, STORE_LIMIT_KEEP};
+    assert_int_equal(store_key_set_limits(s, id, &l, NULL), 0);
+    store_close(s);
+
+    assert_int_equal(store_open(dir, &s, err, sizeof err), 0);
+    size_t n;
+    struct store_key keys[4];
+    assert_int_equal(store_key_list(s, keys, 4, &n), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(keys[0].lim.rpm, STORE_LIMIT_DEFAULT);
+    assert_int_equal(keys[0].lim.tpm, 1000);
+    assert_int_equal(keys[0].lim.max_concurrent, 4);
+    assert_int_equal(keys[0].lim.max_tokens, 0);
+    assert_int_equal(store_key_verify(s, secret, &k), 0);
+    assert_int_equal(k.lim.tpm, 1000);
+    /* bad values and unknown or revoked keys */
+    l = (struct store_key_limits){-3, 0, 0, 0};
+    assert_int_equal(store_key_set_limits(s, id, &l, NULL), RKV_EINVAL);
+    l = (struct store_key_limits){1, 1, 1, 1};
+    assert_int_equal(store_key_set_limits(s, id + 1, &l, NULL), RKV_ENOTFOUND);
+    assert_int_equal(store_key_revoke(s, id), 0);
+    assert_int_equal(store_key_set_limits(s, id, &l, NULL), RKV_ENOTFOUND);
+    assert_int_equal(store_integrity_check(s, err, sizeof err), 0);
+    assert_string_equal(err, "ok");
+    store_close(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -190,6 +260,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_sessions_isolated_by_owner, setup, teardown),
         cmocka_unit_test_setup_teardown(test_events_and_usage, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_dirs_and_newer_schema, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_key_limits_and_upgrade_from_v1, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

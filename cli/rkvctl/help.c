@@ -25,7 +25,8 @@ static const struct topic {
      "    sessions [list|show|evict|pin|unpin ID]\n"
      "    workers [list|restart N|drain N]\n"
      "    events [--since T] [--session ID] [--follow]   the tactic-transition log\n"
-     "    keys add NAME [--scope user|admin] | list | revoke ID   API keys\n"
+     "    keys add NAME [--scope user|admin] [LIMITS] | list | revoke ID\n"
+     "         | limits ID LIMITS                                API keys and their limits\n"
      "    help [TOPIC]                    this text, or a topic below\n\n"
      "GLOBAL OPTIONS\n"
      "    --socket PATH   the admin socket (default $RKV_RUNTIME_DIR/admin.sock, else\n"
@@ -113,13 +114,21 @@ static const struct topic {
     {"keys", "API keys for /v1 and the HTTP admin API",
      "NAME\n    rkvctl keys - API keys\n\n"
      "SYNOPSIS\n"
-     "    rkvctl keys add NAME [--scope user|admin]\n    rkvctl keys list\n"
-     "    rkvctl keys revoke ID\n\n"
+     "    rkvctl keys add NAME [--scope user|admin] [LIMITS]\n    rkvctl keys list\n"
+     "    rkvctl keys revoke ID\n    rkvctl keys limits ID [LIMITS]\n"
+     "    LIMITS: [--rpm N] [--tpm N] [--max-concurrent N] [--max-tokens N]\n\n"
      "DESCRIPTION\n"
      "    Once any key exists, /v1/* needs \"Authorization: Bearer rkv-...\" with a live\n"
      "    key (401 otherwise). Keys with admin scope may also change things through\n"
      "    POST /admin/v1/COMMAND. add prints the secret once: only a salted PBKDF2\n"
-     "    hash is stored. revoke takes the numeric id from list.\n"},
+     "    hash is stored. revoke takes the numeric id from list.\n\n"
+     "    Limits (per key, enforced on /v1; over one the client gets 429 with\n"
+     "    Retry-After and type \"requests\" or \"tokens\"): --rpm requests and --tpm\n"
+     "    prompt + completion tokens per window (rkvd's rate_limit_window, 60 s),\n"
+     "    --max-concurrent requests in flight, --max-tokens the largest max_tokens of\n"
+     "    one request. N = 0 is unlimited; \"default\" follows rkvd's key_rpm, key_tpm,\n"
+     "    key_max_concurrent, key_max_tokens. limits changes them live (without\n"
+     "    LIMITS it prints them); list shows them.\n"},
     {"json", "the --json output, for scripts",
      "NAME\n    rkvctl --json - stable machine-readable output\n\n"
      "DESCRIPTION\n"
@@ -149,8 +158,10 @@ static const struct topic {
      "                   drain {worker, draining}\n"
      "    events         {events[EVENT], next_since}; EVENT = {ts_ms, session, gpu, from, to,\n"
      "                    reason, bytes_moved, elapsed_us}; with --follow one EVENT per line\n"
-     "    keys add       {id, name, scope, secret}; keys list {keys[{id, name, scope, prefix,\n"
-     "                    created_ms, revoked}]}; keys revoke {id, revoked}\n\n"
+     "    keys add       {id, name, scope, secret, limits}; keys list {keys[{id, name, scope,\n"
+     "                    prefix, created_ms, revoked, limits}]}; keys revoke {id, revoked};\n"
+     "                    keys limits {id, name, limits}; LIMITS = {rpm, tpm, max_concurrent,\n"
+     "                    max_tokens}, each a number (0 = unlimited) or \"default\"\n\n"
      "    Errors go to stderr as one line (with --json: {\"ok\":false,\"error\":{code,\n"
      "    name,message}} on stdout as well) with the exit codes of rkvctl help exit-codes.\n"},
     {"exit-codes", "what rkvctl's exit status means",

@@ -35,10 +35,11 @@ struct opt_spec {
 };
 
 static const struct opt_spec g_specs[] = {
-    {"socket", 1}, {"json", 0},        {"timeout", 1},     {"help", 0},
-    {"gpu", 1},    {"vram-target", 1}, {"host-budget", 1}, {"compute-reserve", 1},
-    {"watch", 2},  {"count", 1},       {"since", 1},       {"session", 1},
-    {"limit", 1},  {"follow", 0},      {"scope", 1},       {"off", 0},
+    {"socket", 1}, {"json", 0},        {"timeout", 1},        {"help", 0},
+    {"gpu", 1},    {"vram-target", 1}, {"host-budget", 1},    {"compute-reserve", 1},
+    {"watch", 2},  {"count", 1},       {"since", 1},          {"session", 1},
+    {"limit", 1},  {"follow", 0},      {"scope", 1},          {"off", 0},
+    {"rpm", 1},    {"tpm", 1},         {"max-concurrent", 1}, {"max-tokens", 1},
 };
 
 struct cli {
@@ -382,6 +383,11 @@ static void print_status(const cJSON *r)
            num(k, "restarts"));
     printf("workers:\n");
     print_workers(obj(r, "workers"));
+    const cJSON *per = obj(r, "sessions_per_gpu"), *n;
+    int g = 0;
+    printf("sessions per gpu:");
+    cJSON_ArrayForEach(n, per) printf("%s %d: %.0f", g ? "," : "", g, n->valuedouble), g++;
+    printf("\n");
     printf("budgets: vram target %s, host %s, compute reserve %s\n", sz(num(b, "vram_target")),
            sz(num(b, "host_budget")), sz(num(b, "compute_reserve")));
     printf("pools: device %s of %s, host %s of %s (block size %.0f, context %.0f)\n",
@@ -447,11 +453,27 @@ static void print_event(const cJSON *e)
 
 /* --- commands ------------------------------------------------------------------------- */
 
+/* sessions per gpu (worker), from rkvd's session list: where each one runs now */
+static void add_sessions_per_gpu(struct cli *c, cJSON *r)
+{
+    cJSON *l = call(c, "sessions_list", NULL), *arr = cJSON_CreateArray();
+    int n = cJSON_GetArraySize(obj(r, "workers"));
+    for (int g = 0; g < n; g++) {
+        int k = 0;
+        const cJSON *s;
+        cJSON_ArrayForEach(s, obj(l, "sessions")) k += num(s, "worker") == g;
+        cJSON_AddItemToArray(arr, cJSON_CreateNumber(k));
+    }
+    cJSON_AddItemToObject(r, "sessions_per_gpu", arr);
+    cJSON_Delete(l);
+}
+
 static int cmd_status(struct cli *c)
 {
     allow(c, "");
     want_pos(c, 0, "");
     cJSON *r = call(c, "status", NULL);
+    add_sessions_per_gpu(c, r);
     c->json ? print_json(r, 0) : print_status(r);
     cJSON_Delete(r);
     return 0;
@@ -732,52 +754,120 @@ static int cmd_events(struct cli *c)
     return 0;
 }
 
+/* --rpm N ... as admin arguments: a number, or "default" (rkvd's key_* config) */
+static void key_limit_args(const struct cli *c, cJSON *args)
+{
+    static const char *const opts[] = {"rpm", "tpm", "max-concurrent", "max-tokens"};
+    static const char *const names[] = {"rpm", "tpm", "max_concurrent", "max_tokens"};
+    for (int i = 0; i < 4; i++) {
+        const char *v = opt(c, opts[i]);
+        if (!v)
+            continue;
+        char *end;
+        long n = strtol(v, &end, 10);
+        if (!strcmp(v, "default"))
+            cJSON_AddStringToObject(args, names[i], "default");
+        else if (*v && !*end && n >= 0 && n <= 2147483647)
+            cJSON_AddNumberToObject(args, names[i], (double)n);
+        else
+            usage("--%s: expected a number (0 = unlimited) or \"default\", got \"%s\"", opts[i], v);
+    }
+}
+
+/* "60" or "-" for unlimited, "default" as is */
+static const char *limit_text(const cJSON *lim, const char *name, char *buf, size_t cap)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(lim, name);
+    if (cJSON_IsString(v))
+        return v->valuestring;
+    if (!cJSON_IsNumber(v) || v->valuedouble == 0)
+        return "-";
+    snprintf(buf, cap, "%.0f", v->valuedouble);
+    return buf;
+}
+
+static void print_limits(const cJSON *k)
+{
+    const cJSON *lim = cJSON_GetObjectItemCaseSensitive(k, "limits");
+    char b[4][32];
+    printf("rpm %s, tpm %s, max concurrent %s, max tokens %s", limit_text(lim, "rpm", b[0], 32),
+           limit_text(lim, "tpm", b[1], 32), limit_text(lim, "max_concurrent", b[2], 32),
+           limit_text(lim, "max_tokens", b[3], 32));
+}
+
+/* the ID of keys revoke/limits, also put into args */
+static long key_id_arg(const struct cli *c, cJSON *args)
+{
+    want_pos(c, 2, "the key ID (see rkvctl keys list)");
+    char *end;
+    long id = strtol(c->pos[1], &end, 10);
+    if (*end || id < 1)
+        usage("keys %s: expected a key id (a number from rkvctl keys list), got \"%s\"", c->pos[0],
+              c->pos[1]);
+    cJSON_AddNumberToObject(args, "id", (double)id);
+    return id;
+}
+
 static int cmd_keys(struct cli *c)
 {
     const char *sub = c->n_pos ? c->pos[0] : "list";
     cJSON *r, *args = cJSON_CreateObject();
     if (!strcmp(sub, "add")) {
-        allow(c, "scope");
+        allow(c, "scope rpm tpm max-concurrent max-tokens");
         want_pos(c, 2, "a NAME for the key");
+        key_limit_args(c, args);
         const char *scope = opt(c, "scope") ? opt(c, "scope") : "user";
         if (strcmp(scope, "user") && strcmp(scope, "admin"))
             usage("--scope: expected user or admin, got \"%s\"", scope);
         cJSON_AddStringToObject(args, "name", c->pos[1]);
         cJSON_AddStringToObject(args, "scope", scope);
         r = call(c, "keys_add", args);
-        if (!c->json)
-            printf("key %.0f (%s, %s scope):\n%s\nkeep it: only its hash is stored, it cannot "
-                   "be shown again\n",
-                   num(r, "id"), str(r, "name"), str(r, "scope"), str(r, "secret"));
+        if (!c->json) {
+            printf("key %.0f (%s, %s scope; ", num(r, "id"), str(r, "name"), str(r, "scope"));
+            print_limits(r);
+            printf("):\n%s\nkeep it: only its hash is stored, it cannot be shown again\n",
+                   str(r, "secret"));
+        }
     } else if (!strcmp(sub, "list")) {
         allow(c, "");
         if (c->n_pos > 1)
             usage("keys list: unexpected argument \"%s\"", c->pos[1]);
         r = call(c, "keys_list", args);
         if (!c->json) {
-            printf("%-5s %-20s %-6s %-10s %-20s %s\n", "id", "name", "scope", "prefix", "created",
-                   "");
+            printf("%-5s %-20s %-6s %-10s %-20s %-8s %-8s %-8s %-8s %s\n", "id", "name", "scope",
+                   "prefix", "created", "rpm", "tpm", "conc", "max_tok", "");
             const cJSON *k;
             cJSON_ArrayForEach(k, obj(r, "keys"))
-                printf("%-5.0f %-20.20s %-6s %-10s %-20s %s\n", num(k, "id"), str(k, "name"),
-                       str(k, "scope"), str(k, "prefix"), clock_time(num(k, "created_ms")),
-                       yes(k, "revoked") ? "revoked" : "");
+            {
+                const cJSON *lim = cJSON_GetObjectItemCaseSensitive(k, "limits");
+                char b[4][32];
+                printf("%-5.0f %-20.20s %-6s %-10s %-20s %-8s %-8s %-8s %-8s %s\n", num(k, "id"),
+                       str(k, "name"), str(k, "scope"), str(k, "prefix"),
+                       clock_time(num(k, "created_ms")), limit_text(lim, "rpm", b[0], 32),
+                       limit_text(lim, "tpm", b[1], 32),
+                       limit_text(lim, "max_concurrent", b[2], 32),
+                       limit_text(lim, "max_tokens", b[3], 32), yes(k, "revoked") ? "revoked" : "");
+            }
         }
     } else if (!strcmp(sub, "revoke")) {
         allow(c, "");
-        want_pos(c, 2, "the key ID (see rkvctl keys list)");
-        char *end;
-        long id = strtol(c->pos[1], &end, 10);
-        if (*end || id < 1)
-            usage("keys revoke: expected a key id (a number from rkvctl keys list), got \"%s\"",
-                  c->pos[1]);
-        cJSON_AddNumberToObject(args, "id", (double)id);
+        long id = key_id_arg(c, args);
         r = call(c, "keys_revoke", args);
         if (!c->json)
             printf("key %ld revoked\n", id);
+    } else if (!strcmp(sub, "limits")) {
+        allow(c, "rpm tpm max-concurrent max-tokens");
+        long id = key_id_arg(c, args);
+        key_limit_args(c, args);
+        r = call(c, "keys_limits", args);
+        if (!c->json) {
+            printf("key %ld (%s): ", id, str(r, "name"));
+            print_limits(r);
+            printf("\n");
+        }
     } else {
         cJSON_Delete(args);
-        usage("keys: unknown subcommand \"%s\" (add, list, revoke)", sub);
+        usage("keys: unknown subcommand \"%s\" (add, list, revoke, limits)", sub);
     }
     if (c->json)
         print_json(r, 0);
