@@ -859,14 +859,15 @@ static int arg_limit(struct admin_req *r, const cJSON *args, const char *name, i
     return 1;
 }
 
-static const char *const limit_names[] = {"rpm", "tpm", "max_concurrent", "max_tokens"};
+static const char *const limit_names[] = {"rpm", "tpm", "max_concurrent", "max_tokens",
+                                          "max_prompt"};
 
 /* the four limit arguments; *any: one was given */
 static int arg_limits(struct admin_req *r, const cJSON *args, struct store_key_limits *l, int *any)
 {
-    int64_t *f[] = {&l->rpm, &l->tpm, &l->max_concurrent, &l->max_tokens};
+    int64_t *f[] = {&l->rpm, &l->tpm, &l->max_concurrent, &l->max_tokens, &l->max_prompt};
     *any = 0;
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 5; i++) {
         int got = arg_limit(r, args, limit_names[i], f[i]);
         if (got < 0)
             return -1;
@@ -878,9 +879,9 @@ static int arg_limits(struct admin_req *r, const cJSON *args, struct store_key_l
 /* {"rpm": 60 | "default", ...}: a number is the key's own, "default" follows rkvd's config */
 static void add_limits(cJSON *o, const struct store_key_limits *l)
 {
-    const int64_t f[] = {l->rpm, l->tpm, l->max_concurrent, l->max_tokens};
+    const int64_t f[] = {l->rpm, l->tpm, l->max_concurrent, l->max_tokens, l->max_prompt};
     cJSON *lim = cJSON_AddObjectToObject(o, "limits");
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 5; i++) {
         if (f[i] < 0)
             cJSON_AddStringToObject(lim, limit_names[i], "default");
         else
@@ -938,7 +939,7 @@ static void cmd_keys_add(struct admin *a, const cJSON *args, struct admin_req *r
     char secret[128];
     int64_t id = 0;
     struct store_key k = {.lim = {STORE_LIMIT_DEFAULT, STORE_LIMIT_DEFAULT, STORE_LIMIT_DEFAULT,
-                                  STORE_LIMIT_DEFAULT}};
+                                  STORE_LIMIT_DEFAULT, STORE_LIMIT_DEFAULT}};
     int rc = store_key_add(a->store, name->valuestring, sc, secret, sizeof secret, &id);
     if (!rc && any)
         rc = store_key_set_limits(a->store, id, &l, &k);
@@ -1245,10 +1246,10 @@ static const struct admin_cmd g_cmds[] = {
     {"worker_restart", 1, "worker", cmd_worker_restart},
     {"worker_drain", 1, "worker drain", cmd_worker_drain},
     {"events", 0, "since session limit", cmd_events},
-    {"keys_add", 1, "name scope rpm tpm max_concurrent max_tokens", cmd_keys_add},
+    {"keys_add", 1, "name scope rpm tpm max_concurrent max_tokens max_prompt", cmd_keys_add},
     {"keys_list", 0, "", cmd_keys_list},
     {"keys_revoke", 1, "id", cmd_keys_revoke},
-    {"keys_limits", 1, "id rpm tpm max_concurrent max_tokens", cmd_keys_limits},
+    {"keys_limits", 1, "id rpm tpm max_concurrent max_tokens max_prompt", cmd_keys_limits},
 };
 #define N_CMDS (sizeof g_cmds / sizeof g_cmds[0])
 
@@ -1510,7 +1511,8 @@ int admin_authorize(struct admin *a, const char *secret)
 int admin_key_lookup(struct admin *a, const char *secret, int64_t *id, struct store_key_limits *lim)
 {
     static const struct store_key_limits open = {STORE_LIMIT_DEFAULT, STORE_LIMIT_DEFAULT,
-                                                 STORE_LIMIT_DEFAULT, STORE_LIMIT_DEFAULT};
+                                                 STORE_LIMIT_DEFAULT, STORE_LIMIT_DEFAULT,
+                                                 STORE_LIMIT_DEFAULT};
     if (id)
         *id = 0;
     if (lim)

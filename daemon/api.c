@@ -286,7 +286,8 @@ static struct rl_limits key_limits(const struct api *api, const struct rl_limits
     const struct rl_limits *d = &api->key_defaults;
     return (struct rl_limits){k->rpm < 0 ? d->rpm : k->rpm, k->tpm < 0 ? d->tpm : k->tpm,
                               k->max_concurrent < 0 ? d->max_concurrent : k->max_concurrent,
-                              k->max_tokens < 0 ? d->max_tokens : k->max_tokens};
+                              k->max_tokens < 0 ? d->max_tokens : k->max_tokens,
+                              k->max_prompt < 0 ? d->max_prompt : k->max_prompt};
 }
 
 static int handle_generate(struct api *api, struct http_req *hreq, enum api_endpoint ep,
@@ -343,6 +344,10 @@ static int handle_generate(struct api *api, struct http_req *hreq, enum api_endp
         send_error(hreq, &e);
         call_free(c);
         return 1;
+    }
+    if (key && kl.max_prompt > 0) {
+        c->req.max_prompt_tokens = (uint32_t)kl.max_prompt;
+        c->req.key_id = key;
     }
     c->model = served_model(api, c->req.model);
     if (!c->model) {

@@ -83,6 +83,10 @@ struct api_request {
     bool ignore_eos;
     char *user;
     char *session_id; /* body field, else the X-Session-Id header (set by api_handle) */
+    /* the API key's prompt cap in tokens (0 = only the context's); api_handle sets it, the
+     * scheduler refuses a longer prompt with 400 */
+    uint32_t max_prompt_tokens;
+    int64_t key_id; /* the API key, for the scheduler's message (0 = none) */
 };
 
 struct api_limits {

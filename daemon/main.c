@@ -59,6 +59,7 @@ struct rkvd_conf {
     int64_t key_tpm;
     int64_t key_max_concurrent;
     int64_t key_max_tokens;
+    int64_t key_max_prompt;
     int64_t rate_limit_window;
 };
 
@@ -129,6 +130,8 @@ static const struct cfg_key keys[] = {
      .help = "requests in flight of such a key (0 = unlimited)"},
     {K("key_max_tokens", CFG_INT, key_max_tokens), .min = 0, .max = INT32_MAX, .def = "0",
      .help = "largest max_tokens of one request of such a key (0 = the context)"},
+    {K("key_max_prompt", CFG_INT, key_max_prompt), .min = 0, .max = INT32_MAX, .def = "0",
+     .help = "largest prompt in tokens of one request of such a key (0 = the context)"},
     {K("rate_limit_window", CFG_INT, rate_limit_window), .min = 1, .max = 86400, .def = "60",
      .help = "seconds of the key_rpm/key_tpm window (the \"minute\")"},
 };
@@ -530,7 +533,7 @@ static int adm_key_lookup(void *ud, const char *bearer, int64_t *key, struct rl_
     struct rkvd *d = ud;
     struct store_key_limits l;
     int rc = admin_key_lookup(d->admin, bearer, key, &l);
-    *lim = (struct rl_limits){l.rpm, l.tpm, l.max_concurrent, l.max_tokens};
+    *lim = (struct rl_limits){l.rpm, l.tpm, l.max_concurrent, l.max_tokens, l.max_prompt};
     return rc;
 }
 
@@ -818,7 +821,7 @@ int main(int argc, char **argv)
     if (ac.limits.max_tokens > (int)d.c.ctx_size)
         ac.limits.max_tokens = (int)d.c.ctx_size;
     ac.key_defaults = (struct rl_limits){d.c.key_rpm, d.c.key_tpm, d.c.key_max_concurrent,
-                                         d.c.key_max_tokens};
+                                         d.c.key_max_tokens, d.c.key_max_prompt};
     ac.rate_window_ms = (uint64_t)d.c.rate_limit_window * 1000;
     if ((rc = api_new(&ac, &as, &d.api))) {
         log_error("cannot set up the API: %s", rkv_strerror(rc));

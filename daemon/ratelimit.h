@@ -12,6 +12,7 @@ struct rl_limits {
     int64_t tpm;            /* prompt + completion tokens per window */
     int64_t max_concurrent; /* requests in flight */
     int64_t max_tokens;     /* largest max_tokens of one request (the api layer applies it) */
+    int64_t max_prompt;     /* tokens of one prompt (the scheduler applies it) */
 };
 
 enum rl_kind { RL_OK = 0, RL_REQUESTS, RL_TOKENS, RL_CONCURRENT };

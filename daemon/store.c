@@ -43,6 +43,8 @@ static const char *const migrations[] = {
     "ALTER TABLE api_keys ADD COLUMN tpm INTEGER;"
     "ALTER TABLE api_keys ADD COLUMN max_concurrent INTEGER;"
     "ALTER TABLE api_keys ADD COLUMN max_tokens INTEGER;",
+    /* 3: the per-key prompt cap */
+    "ALTER TABLE api_keys ADD COLUMN max_prompt INTEGER;",
 };
 
 #define PBKDF2_ITERS 100000
@@ -281,7 +283,8 @@ int store_key_add(struct store *s, const char *name, const char *scope, char *se
 
 /* what key_row reads, in its order */
 #define KEY_COLS                                                                                   \
-    "id, name, scope, prefix, created_ms, revoked, rpm, tpm, max_concurrent, max_tokens"
+    "id, name, scope, prefix, created_ms, revoked, rpm, tpm, max_concurrent, max_tokens, "         \
+    "max_prompt"
 
 static void key_row(sqlite3_stmt *st, struct store_key *k)
 {
@@ -292,8 +295,9 @@ static void key_row(sqlite3_stmt *st, struct store_key *k)
     snprintf(k->prefix, sizeof k->prefix, "%s", (const char *)sqlite3_column_text(st, 3));
     k->created_ms = sqlite3_column_int64(st, 4);
     k->revoked = sqlite3_column_int(st, 5);
-    int64_t *lim[] = {&k->lim.rpm, &k->lim.tpm, &k->lim.max_concurrent, &k->lim.max_tokens};
-    for (int i = 0; i < 4; i++)
+    int64_t *lim[] = {&k->lim.rpm, &k->lim.tpm, &k->lim.max_concurrent, &k->lim.max_tokens,
+                      &k->lim.max_prompt};
+    for (int i = 0; i < 5; i++)
         *lim[i] = sqlite3_column_type(st, 6 + i) == SQLITE_NULL ? STORE_LIMIT_DEFAULT
                                                                 : sqlite3_column_int64(st, 6 + i);
 }
@@ -316,8 +320,8 @@ int store_key_verify(struct store *s, const char *secret, struct store_key *out)
     rc = RKV_EAUTH;
     int step;
     while ((step = sqlite3_step(st)) == SQLITE_ROW) {
-        const void *salt = sqlite3_column_blob(st, 10), *want = sqlite3_column_blob(st, 11);
-        if (sqlite3_column_bytes(st, 10) != SALT_LEN || sqlite3_column_bytes(st, 11) != HASH_LEN)
+        const void *salt = sqlite3_column_blob(st, 11), *want = sqlite3_column_blob(st, 12);
+        if (sqlite3_column_bytes(st, 11) != SALT_LEN || sqlite3_column_bytes(st, 12) != HASH_LEN)
             continue;
         if (key_hash(secret, salt, hash) == 0 && CRYPTO_memcmp(hash, want, HASH_LEN) == 0) {
             if (out)
@@ -356,14 +360,16 @@ int store_key_set_limits(struct store *s, int64_t id, const struct store_key_lim
                      " max_concurrent = CASE WHEN ?4 = -2 THEN max_concurrent"
                      "   WHEN ?4 = -1 THEN NULL ELSE ?4 END,"
                      " max_tokens = CASE WHEN ?5 = -2 THEN max_tokens"
-                     "   WHEN ?5 = -1 THEN NULL ELSE ?5 END"
+                     "   WHEN ?5 = -1 THEN NULL ELSE ?5 END,"
+                     " max_prompt = CASE WHEN ?6 = -2 THEN max_prompt"
+                     "   WHEN ?6 = -1 THEN NULL ELSE ?6 END"
                      " WHERE id = ?1 AND revoked = 0",
                      &st);
     if (rc)
         return rc;
-    const int64_t v[] = {lim->rpm, lim->tpm, lim->max_concurrent, lim->max_tokens};
+    const int64_t v[] = {lim->rpm, lim->tpm, lim->max_concurrent, lim->max_tokens, lim->max_prompt};
     sqlite3_bind_int64(st, 1, id);
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 5; i++) {
         if (v[i] < STORE_LIMIT_KEEP) {
             sqlite3_finalize(st);
             return RKV_EINVAL;

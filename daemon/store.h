@@ -12,7 +12,7 @@
  * its loop thread only. */
 struct store;
 
-#define STORE_SCHEMA_VERSION 2
+#define STORE_SCHEMA_VERSION 3
 
 int store_open(const char *state_dir, struct store **out, char *errbuf, size_t errlen);
 void store_close(struct store *s);
@@ -36,7 +36,7 @@ struct store_key {
     int revoked;
     struct store_key_limits {
         /* per key; STORE_LIMIT_DEFAULT follows rkvd's key_* config, 0 = unlimited */
-        int64_t rpm, tpm, max_concurrent, max_tokens;
+        int64_t rpm, tpm, max_concurrent, max_tokens, max_prompt;
     } lim;
 };
 #define STORE_LIMIT_DEFAULT (-1)

@@ -205,27 +205,30 @@ static void test_key_limits_and_upgrade_from_v1(void **state)
                                   "ALTER TABLE api_keys DROP COLUMN tpm;"
                                   "ALTER TABLE api_keys DROP COLUMN max_concurrent;"
                                   "ALTER TABLE api_keys DROP COLUMN max_tokens;"
+                                  "ALTER TABLE api_keys DROP COLUMN max_prompt;"
                                   "PRAGMA user_version = 1;",
                                   NULL, NULL, NULL),
                      SQLITE_OK);
     sqlite3_close(db);
 
     assert_int_equal(store_open(dir, &s, err, sizeof err), 0);
-    assert_int_equal(store_schema_version(s), 2);
+    assert_int_equal(store_schema_version(s), 3);
     struct store_key k;
     assert_int_equal(store_key_verify(s, secret, &k), 0);
     assert_int_equal(k.id, id);
     assert_int_equal(k.lim.rpm, STORE_LIMIT_DEFAULT);
     assert_int_equal(k.lim.max_tokens, STORE_LIMIT_DEFAULT);
 
-    struct store_key_limits l = {60, 1000, STORE_LIMIT_KEEP, 0};
+    struct store_key_limits l = {60, 1000, STORE_LIMIT_KEEP, 0, 500};
     assert_int_equal(store_key_set_limits(s, id, &l, &k), 0);
     assert_int_equal(k.lim.rpm, 60);
     assert_int_equal(k.lim.tpm, 1000);
     assert_int_equal(k.lim.max_concurrent, STORE_LIMIT_DEFAULT);
     assert_int_equal(k.lim.max_tokens, 0);
+    assert_int_equal(k.lim.max_prompt, 500);
     /* only rpm back to the default, the rest kept */
-    l = (struct store_key_limits){STORE_LIMIT_DEFAULT, STORE_LIMIT_KEEP, 4, STORE_LIMIT_KEEP};
+    l = (struct store_key_limits){STORE_LIMIT_DEFAULT, STORE_LIMIT_KEEP, 4, STORE_LIMIT_KEEP,
+                                  STORE_LIMIT_KEEP};
     assert_int_equal(store_key_set_limits(s, id, &l, NULL), 0);
     store_close(s);
 
@@ -238,12 +241,13 @@ static void test_key_limits_and_upgrade_from_v1(void **state)
     assert_int_equal(keys[0].lim.tpm, 1000);
     assert_int_equal(keys[0].lim.max_concurrent, 4);
     assert_int_equal(keys[0].lim.max_tokens, 0);
+    assert_int_equal(keys[0].lim.max_prompt, 500);
     assert_int_equal(store_key_verify(s, secret, &k), 0);
     assert_int_equal(k.lim.tpm, 1000);
     /* bad values and unknown or revoked keys */
-    l = (struct store_key_limits){-3, 0, 0, 0};
+    l = (struct store_key_limits){-3, 0, 0, 0, 0};
     assert_int_equal(store_key_set_limits(s, id, &l, NULL), RKV_EINVAL);
-    l = (struct store_key_limits){1, 1, 1, 1};
+    l = (struct store_key_limits){1, 1, 1, 1, 1};
     assert_int_equal(store_key_set_limits(s, id + 1, &l, NULL), RKV_ENOTFOUND);
     assert_int_equal(store_key_revoke(s, id), 0);
     assert_int_equal(store_key_set_limits(s, id, &l, NULL), RKV_ENOTFOUND);

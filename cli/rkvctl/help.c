@@ -116,7 +116,8 @@ static const struct topic {
      "SYNOPSIS\n"
      "    rkvctl keys add NAME [--scope user|admin] [LIMITS]\n    rkvctl keys list\n"
      "    rkvctl keys revoke ID\n    rkvctl keys limits ID [LIMITS]\n"
-     "    LIMITS: [--rpm N] [--tpm N] [--max-concurrent N] [--max-tokens N]\n\n"
+     "    LIMITS: [--rpm N] [--tpm N] [--max-concurrent N] [--max-tokens N]\n"
+     "            [--max-prompt N]\n\n"
      "DESCRIPTION\n"
      "    Once any key exists, /v1/* needs \"Authorization: Bearer rkv-...\" with a live\n"
      "    key (401 otherwise). Keys with admin scope may also change things through\n"
@@ -126,8 +127,9 @@ static const struct topic {
      "    Retry-After and type \"requests\" or \"tokens\"): --rpm requests and --tpm\n"
      "    prompt + completion tokens per window (rkvd's rate_limit_window, 60 s),\n"
      "    --max-concurrent requests in flight, --max-tokens the largest max_tokens of\n"
-     "    one request. N = 0 is unlimited; \"default\" follows rkvd's key_rpm, key_tpm,\n"
-     "    key_max_concurrent, key_max_tokens. limits changes them live (without\n"
+     "    one request, --max-prompt the longest prompt in tokens (400 beyond it).\n"
+     "    N = 0 is unlimited; \"default\" follows rkvd's key_rpm, key_tpm,\n"
+     "    key_max_concurrent, key_max_tokens, key_max_prompt. limits changes them live (without\n"
      "    LIMITS it prints them); list shows them.\n"},
     {"json", "the --json output, for scripts",
      "NAME\n    rkvctl --json - stable machine-readable output\n\n"
@@ -161,7 +163,8 @@ static const struct topic {
      "    keys add       {id, name, scope, secret, limits}; keys list {keys[{id, name, scope,\n"
      "                    prefix, created_ms, revoked, limits}]}; keys revoke {id, revoked};\n"
      "                    keys limits {id, name, limits}; LIMITS = {rpm, tpm, max_concurrent,\n"
-     "                    max_tokens}, each a number (0 = unlimited) or \"default\"\n\n"
+     "                    max_tokens, max_prompt}, each a number (0 = unlimited) or\n"
+     "                    \"default\"\n\n"
      "    Errors go to stderr as one line (with --json: {\"ok\":false,\"error\":{code,\n"
      "    name,message}} on stdout as well) with the exit codes of rkvctl help exit-codes.\n"},
     {"exit-codes", "what rkvctl's exit status means",

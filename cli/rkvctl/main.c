@@ -35,11 +35,12 @@ struct opt_spec {
 };
 
 static const struct opt_spec g_specs[] = {
-    {"socket", 1}, {"json", 0},        {"timeout", 1},        {"help", 0},
-    {"gpu", 1},    {"vram-target", 1}, {"host-budget", 1},    {"compute-reserve", 1},
-    {"watch", 2},  {"count", 1},       {"since", 1},          {"session", 1},
-    {"limit", 1},  {"follow", 0},      {"scope", 1},          {"off", 0},
-    {"rpm", 1},    {"tpm", 1},         {"max-concurrent", 1}, {"max-tokens", 1},
+    {"socket", 1},     {"json", 0},        {"timeout", 1},        {"help", 0},
+    {"gpu", 1},        {"vram-target", 1}, {"host-budget", 1},    {"compute-reserve", 1},
+    {"watch", 2},      {"count", 1},       {"since", 1},          {"session", 1},
+    {"limit", 1},      {"follow", 0},      {"scope", 1},          {"off", 0},
+    {"rpm", 1},        {"tpm", 1},         {"max-concurrent", 1}, {"max-tokens", 1},
+    {"max-prompt", 1},
 };
 
 struct cli {
@@ -757,9 +758,9 @@ static int cmd_events(struct cli *c)
 /* --rpm N ... as admin arguments: a number, or "default" (rkvd's key_* config) */
 static void key_limit_args(const struct cli *c, cJSON *args)
 {
-    static const char *const opts[] = {"rpm", "tpm", "max-concurrent", "max-tokens"};
-    static const char *const names[] = {"rpm", "tpm", "max_concurrent", "max_tokens"};
-    for (int i = 0; i < 4; i++) {
+    static const char *const opts[] = {"rpm", "tpm", "max-concurrent", "max-tokens", "max-prompt"};
+    static const char *const names[] = {"rpm", "tpm", "max_concurrent", "max_tokens", "max_prompt"};
+    for (int i = 0; i < 5; i++) {
         const char *v = opt(c, opts[i]);
         if (!v)
             continue;
@@ -789,10 +790,11 @@ static const char *limit_text(const cJSON *lim, const char *name, char *buf, siz
 static void print_limits(const cJSON *k)
 {
     const cJSON *lim = cJSON_GetObjectItemCaseSensitive(k, "limits");
-    char b[4][32];
-    printf("rpm %s, tpm %s, max concurrent %s, max tokens %s", limit_text(lim, "rpm", b[0], 32),
-           limit_text(lim, "tpm", b[1], 32), limit_text(lim, "max_concurrent", b[2], 32),
-           limit_text(lim, "max_tokens", b[3], 32));
+    char b[5][32];
+    printf("rpm %s, tpm %s, max concurrent %s, max tokens %s, max prompt %s",
+           limit_text(lim, "rpm", b[0], 32), limit_text(lim, "tpm", b[1], 32),
+           limit_text(lim, "max_concurrent", b[2], 32), limit_text(lim, "max_tokens", b[3], 32),
+           limit_text(lim, "max_prompt", b[4], 32));
 }
 
 /* the ID of keys revoke/limits, also put into args */
@@ -813,7 +815,7 @@ static int cmd_keys(struct cli *c)
     const char *sub = c->n_pos ? c->pos[0] : "list";
     cJSON *r, *args = cJSON_CreateObject();
     if (!strcmp(sub, "add")) {
-        allow(c, "scope rpm tpm max-concurrent max-tokens");
+        allow(c, "scope rpm tpm max-concurrent max-tokens max-prompt");
         want_pos(c, 2, "a NAME for the key");
         key_limit_args(c, args);
         const char *scope = opt(c, "scope") ? opt(c, "scope") : "user";
@@ -834,19 +836,20 @@ static int cmd_keys(struct cli *c)
             usage("keys list: unexpected argument \"%s\"", c->pos[1]);
         r = call(c, "keys_list", args);
         if (!c->json) {
-            printf("%-5s %-20s %-6s %-10s %-20s %-8s %-8s %-8s %-8s %s\n", "id", "name", "scope",
-                   "prefix", "created", "rpm", "tpm", "conc", "max_tok", "");
+            printf("%-5s %-20s %-6s %-10s %-20s %-8s %-8s %-8s %-8s %-8s %s\n", "id", "name",
+                   "scope", "prefix", "created", "rpm", "tpm", "conc", "max_tok", "max_pr", "");
             const cJSON *k;
             cJSON_ArrayForEach(k, obj(r, "keys"))
             {
                 const cJSON *lim = cJSON_GetObjectItemCaseSensitive(k, "limits");
-                char b[4][32];
-                printf("%-5.0f %-20.20s %-6s %-10s %-20s %-8s %-8s %-8s %-8s %s\n", num(k, "id"),
-                       str(k, "name"), str(k, "scope"), str(k, "prefix"),
+                char b[5][32];
+                printf("%-5.0f %-20.20s %-6s %-10s %-20s %-8s %-8s %-8s %-8s %-8s %s\n",
+                       num(k, "id"), str(k, "name"), str(k, "scope"), str(k, "prefix"),
                        clock_time(num(k, "created_ms")), limit_text(lim, "rpm", b[0], 32),
                        limit_text(lim, "tpm", b[1], 32),
                        limit_text(lim, "max_concurrent", b[2], 32),
-                       limit_text(lim, "max_tokens", b[3], 32), yes(k, "revoked") ? "revoked" : "");
+                       limit_text(lim, "max_tokens", b[3], 32),
+                       limit_text(lim, "max_prompt", b[4], 32), yes(k, "revoked") ? "revoked" : "");
             }
         }
     } else if (!strcmp(sub, "revoke")) {
@@ -856,7 +859,7 @@ static int cmd_keys(struct cli *c)
         if (!c->json)
             printf("key %ld revoked\n", id);
     } else if (!strcmp(sub, "limits")) {
-        allow(c, "rpm tpm max-concurrent max-tokens");
+        allow(c, "rpm tpm max-concurrent max-tokens max-prompt");
         long id = key_id_arg(c, args);
         key_limit_args(c, args);
         r = call(c, "keys_limits", args);

@@ -52,7 +52,7 @@ def srv(rkvd_factory):
 def test_requests_per_window(srv):
     k = rkvctl(srv, "keys", "add", "alice", "--rpm", "2")
     assert k["limits"] == {"rpm": 2, "tpm": "default", "max_concurrent": "default",
-                           "max_tokens": "default"}
+                           "max_tokens": "default", "max_prompt": "default"}
     c = client(srv, k["secret"])
     h, r = complete_raw(c)
     assert r.usage.completion_tokens == 4
@@ -154,7 +154,27 @@ def test_max_tokens_cap_changes_live(srv):
     srv.start()
     listed = {x["id"]: x for x in rkvctl(srv, "keys", "list")["keys"]}
     assert listed[k["id"]]["limits"] == {"rpm": 100, "tpm": "default",
-                                         "max_concurrent": "default", "max_tokens": "default"}
+                                         "max_concurrent": "default", "max_tokens": "default",
+                                         "max_prompt": "default"}
+
+
+def test_prompt_cap(srv, ref):
+    k = rkvctl(srv, "keys", "add", "heidi", "--max-prompt", "6")
+    c = client(srv, k["secret"])
+    long_prompt = "the cat sat on a warm mat while rain fell"
+    n = len(ref.tokens(long_prompt))
+    assert n > 6
+    for prompt in (long_prompt, list(ref.tokens(long_prompt))):  # text and token ids
+        with pytest.raises(openai.BadRequestError) as ei:
+            complete_raw(c, prompt=prompt)
+        msg = ei.value.response.json()["error"]["message"]
+        assert f"the prompt has {n} tokens but API key {k['id']} may send at most 6" in msg
+        assert f"rkvctl keys limits {k['id']} --max-prompt N" in msg
+    h, r = complete_raw(c, prompt="Hi")
+    assert r.usage.prompt_tokens <= 6
+    rkvctl(srv, "keys", "limits", str(k["id"]), "--max-prompt", "0")
+    h, r = complete_raw(c, prompt=long_prompt)
+    assert r.usage.prompt_tokens == n
 
 
 def test_config_defaults(rkvd_factory):
