@@ -369,6 +369,15 @@ static int submit_cb(void *ctx, struct api_call *call, const struct api_request 
         api_call_fail(call, 400, err);
         return 0;
     }
+    if (r->max_prompt_tokens && toks.len > r->max_prompt_tokens) {
+        snprintf(err, sizeof err,
+                 "the prompt has %zu tokens but API key %lld may send at most %u: shorten it, "
+                 "or ask the operator to raise it (rkvctl keys limits %lld --max-prompt N)",
+                 toks.len, (long long)r->key_id, r->max_prompt_tokens, (long long)r->key_id);
+        rkv_vec_fini(&toks);
+        api_call_fail(call, 400, err);
+        return 0;
+    }
 
     struct seq *q = calloc(1, sizeof *q);
     if (!q) {
