@@ -987,6 +987,26 @@ void sched_kvmgr_seen(struct sched *s, uint32_t pid)
 
 void sched_drain(struct sched *s) { s->draining = 1; }
 
+void sched_fail_all(struct sched *s, const char *msg)
+{
+    if (!s)
+        return;
+    while (s->waiting.head) {
+        struct seq *q = s->waiting.head;
+        struct session *se = q->sess;
+        list_remove(&s->waiting, q);
+        api_call_fail(q->call, 503, msg);
+        se->busy = NULL;
+        if (!se->ext_id[0])
+            session_free(s, se, 1);
+        stop_free(q->stop);
+        free(q);
+    }
+    for (uint32_t w = 0; w < s->cfg.n_workers; w++)
+        fail_running(s, w, 503, msg);
+    update_gauges(s);
+}
+
 void sched_get_stats(const struct sched *s, struct sched_stats *out) { *out = s->st; }
 
 int sched_init(uv_loop_t *loop, const struct sched_config *cfg, const struct tok *tok,

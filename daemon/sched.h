@@ -113,6 +113,10 @@ void sched_worker_up(struct sched *s, uint32_t worker);
 void sched_kvmgr_seen(struct sched *s, uint32_t pid);
 /* stop taking requests (SIGTERM); running ones go on */
 void sched_drain(struct sched *s);
+/* the drain deadline: every request not finished yet is answered 503 with msg (a started
+ * stream gets an SSE error event), so none is cut off without an answer when the
+ * connections close */
+void sched_fail_all(struct sched *s, const char *msg);
 
 struct sched_stats {
     uint32_t running;
