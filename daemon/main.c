@@ -143,6 +143,7 @@ struct rkvd {
     uv_loop_t *loop;
     uv_signal_t sigterm, sigint;
     uv_timer_t cron;
+    uv_timer_t drain; /* SIGTERM's deadline for what is still running */
     struct gguf_ctx *g;
     struct tok *tok;
     struct store *store;
@@ -396,6 +397,15 @@ static void http_down(void *arg)
     sup_stop_all(d->sup, 5000, children_stopped, d);
 }
 
+/* the drain time is over: what still runs gets its 503 (or SSE error event) now, while the
+ * connections are open; the http server closes them a moment later */
+static void drain_deadline(uv_timer_t *t)
+{
+    struct rkvd *d = t->data;
+    sched_fail_all(d->sched, "rkvd is shutting down (shutdown_timeout passed): retry, another "
+                             "instance or this one after its restart will answer");
+}
+
 static void begin_shutdown(struct rkvd *d)
 {
     if (d->stopping)
@@ -406,8 +416,13 @@ static void begin_shutdown(struct rkvd *d)
     if (d->sched)
         sched_drain(d->sched);
     uv_timer_stop(&d->cron);
+    uint64_t drain_ms = (uint64_t)d->c.shutdown_timeout * 1000;
+    if (d->sched && uv_timer_init(d->loop, &d->drain) == 0) {
+        d->drain.data = d;
+        uv_timer_start(&d->drain, drain_deadline, drain_ms, 0);
+    }
     if (d->http)
-        http_server_shutdown(d->http, (uint64_t)d->c.shutdown_timeout * 1000, http_down, d);
+        http_server_shutdown(d->http, drain_ms + 2000, http_down, d);
     else
         http_down(d);
 }
