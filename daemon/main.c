@@ -61,6 +61,7 @@ struct rkvd_conf {
     int64_t key_max_tokens;
     int64_t key_max_prompt;
     int64_t rate_limit_window;
+    int64_t kvmgr_timeout;
 };
 
 static const char *const backends[] = {"auto", "cpu", "cuda", NULL};
@@ -134,6 +135,9 @@ static const struct cfg_key keys[] = {
      .help = "largest prompt in tokens of one request of such a key (0 = the context)"},
     {K("rate_limit_window", CFG_INT, rate_limit_window), .min = 1, .max = 86400, .def = "60",
      .help = "seconds of the key_rpm/key_tpm window (the \"minute\")"},
+    {K("kvmgr_timeout", CFG_INT, kvmgr_timeout), .min = 1, .max = 3600, .def = "15",
+     .help = "seconds kvmgr may leave rkvd's status calls unanswered before it counts as hung "
+             "and is restarted"},
 };
 #undef K
 #undef S
@@ -162,6 +166,7 @@ struct rkvd {
     char url[320]; /* http://host:port as bound (listen may ask for port 0) */
     char *worker_urls[RKVD_MAX_WORKERS];
     int kvmgr_up;
+    uint64_t kvmgr_silent_ms; /* when kvmgr stopped answering, 0 = it answers */
     uint32_t kvmgr_pid;
     int ready_sent;
     int stopping;
@@ -310,6 +315,7 @@ static void drv_kvmgr_changed(void *ud, uint32_t old_pid, uint32_t new_pid)
     struct rkvd *d = ud;
     (void)old_pid;
     d->kvmgr_up = 1;
+    d->kvmgr_silent_ms = 0;
     d->kvmgr_pid = new_pid;
     sched_kvmgr_seen(d->sched, new_pid);
     admin_on_kvmgr_changed(d->admin, old_pid);
@@ -321,6 +327,8 @@ static void drv_kvmgr_down(void *ud, const char *why)
     struct rkvd *d = ud;
     log_warn("kvmgr is not answering: %s", why);
     d->kvmgr_up = 0;
+    if (!d->kvmgr_silent_ms)
+        d->kvmgr_silent_ms = rkv_now_ms();
 }
 
 static void drv_kvmgr_status(void *ud, const struct proto_status *st)
@@ -328,6 +336,7 @@ static void drv_kvmgr_status(void *ud, const struct proto_status *st)
     struct rkvd *d = ud;
     d->kv_status = *st;
     d->kvmgr_up = 1;
+    d->kvmgr_silent_ms = 0;
     static const char *dev[] = {"device"}, *host[] = {"host"};
     metric_set(d->m_kv_bytes, dev, (double)st->device_used);
     metric_set(d->m_kv_bytes, host, (double)st->host_used);
@@ -439,9 +448,26 @@ static void on_signal(uv_signal_t *s, int sig)
     begin_shutdown(d);
 }
 
+/* a kvmgr that is alive but does not answer (found by the fault campaign: its listener stopped
+ * accepting after a worker restart) holds every request; killed, the supervisor restarts it and
+ * the sessions are rebuilt from their token history */
+static void kvmgr_watchdog(struct rkvd *d)
+{
+    pid_t pid = d->kvmgr ? sup_child_pid(d->kvmgr) : 0;
+    if (!d->kvmgr_silent_ms || !pid ||
+        rkv_now_ms() - d->kvmgr_silent_ms < (uint64_t)d->c.kvmgr_timeout * 1000)
+        return;
+    log_error("kvmgr (pid %d) has not answered for %lld s: killing it, the supervisor starts it "
+              "again and sessions are rebuilt from their token history (kvmgr_timeout)",
+              (int)pid, (long long)d->c.kvmgr_timeout);
+    sup_child_kill(d->kvmgr, SIGKILL);
+    d->kvmgr_silent_ms = rkv_now_ms(); /* the new one gets its own time */
+}
+
 static void cron_cb(uv_timer_t *t)
 {
     struct rkvd *d = t->data;
+    kvmgr_watchdog(d);
     uint64_t wd;
     if (sd_watchdog_enabled(0, &wd) > 0)
         sd_notify(0, "WATCHDOG=1");
