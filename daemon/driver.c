@@ -146,7 +146,8 @@ static int kv_prep(struct wthread *t, struct step_job *job, struct proto_kv_tabl
     for (uint32_t i = 0; i < job->n_seqs; i++) {
         ps[i].session_id = job->seqs[i].sid;
         ps[i].n_pos = job->seqs[i].n_past + job->seqs[i].n_tokens;
-        ps[i].flags = PROTO_KV_ACTIVE | (job->seqs[i].pinned ? PROTO_KV_PINNED : 0);
+        ps[i].flags = PROTO_KV_ACTIVE | (job->seqs[i].pinned ? PROTO_KV_PINNED : 0) |
+                      (job->seqs[i].nomove ? PROTO_KV_NOMOVE : 0);
         /* the step's n_past was written by earlier steps that finished */
         ps[i].n_written = job->seqs[i].n_past;
         if (job->seqs[i].is_new) {
@@ -233,9 +234,11 @@ static int worker_step(struct wthread *t, struct step_job *job, const struct pro
         s->history = js->history;
     }
     int rc = 0;
-    /* a step with only closes still reaches the worker: it frees their samplers */
-    if (n || job->n_closes) {
-        struct proto_step_req req = {tb->epoch, n, seqs, job->n_closes, job->closes};
+    /* a step with only closes still reaches the worker: it frees their samplers
+     * (and those of sessions that moved to another worker) */
+    uint32_t n_drop = job->n_closes + job->n_forgets;
+    if (n || n_drop) {
+        struct proto_step_req req = {tb->epoch, n, seqs, n_drop, job->closes};
         proto_wbuf_reset(&t->buf);
         rc = proto_step_req_encode(&req, &t->buf, job->err, sizeof job->err);
         struct proto_in reply;

@@ -12,6 +12,7 @@
 #include "common/util.h"
 #include "daemon/metrics.h"
 #include "daemon/store.h"
+#include "proto/kvwire.h"
 
 enum seq_state { SEQ_WAITING, SEQ_RUNNING };
 
@@ -68,6 +69,7 @@ struct worker_slot {
     uint64_t first_failure_ms; /* when the run of failures began */
     struct seq_list running;
     struct rkv_vec closes; /* uint64_t sids to release before the next step */
+    struct rkv_vec forgets; /* uint64_t sids whose sampler this worker drops (moved away) */
     struct rkv_vec idles;
     struct rkv_vec picks; /* struct pick: kick's scratch */
     uv_timer_t retry;
@@ -103,7 +105,7 @@ struct sched {
     void *authorize_ud;
     /* metric families */
     struct metric *m_running, *m_waiting, *m_prompt, *m_gen, *m_ttft, *m_itl, *m_e2e, *m_queue,
-        *m_hits, *m_queries, *m_prefill, *m_success, *m_sessions;
+        *m_hits, *m_queries, *m_prefill, *m_success, *m_sessions, *m_sess_moved;
 };
 
 /* failing steps go on being retried at least this long (a child's restart) */
@@ -710,11 +712,11 @@ static void kick(struct sched *s, uint32_t w)
         }
     }
     uint32_t n_seqs = (uint32_t)ws->picks.len;
-    if (n_seqs == 0 && ws->closes.len == 0 && ws->idles.len == 0) {
+    if (n_seqs == 0 && ws->closes.len == 0 && ws->idles.len == 0 && ws->forgets.len == 0) {
         update_gauges(s);
         return;
     }
-    struct step_job *j = job_alloc(n_seqs, n_tok, (uint32_t)ws->closes.len,
+    struct step_job *j = job_alloc(n_seqs, n_tok, (uint32_t)(ws->closes.len + ws->forgets.len),
                                    (uint32_t)ws->idles.len);
     if (!j) {
         log_error("scheduler: out of memory building a step; retrying");
@@ -724,9 +726,18 @@ static void kick(struct sched *s, uint32_t w)
     j->worker = w;
     j->kv_gen = s->kv_gen;
     j->n_closes = (uint32_t)ws->closes.len;
+    j->n_forgets = (uint32_t)ws->forgets.len;
     /* an empty vector's data is NULL: memcpy must not see it */
     if (ws->closes.len)
         memcpy(j->closes, ws->closes.data, ws->closes.len * sizeof(uint64_t));
+    if (ws->forgets.len)
+        memcpy(j->closes + j->n_closes, ws->forgets.data, ws->forgets.len * sizeof(uint64_t));
+    ws->forgets.len = 0;
+    /* kvmgr may move a session only where the scheduler can follow: not while
+     * the operator drains a worker or one is down */
+    int nomove = 0;
+    for (uint32_t o = 0; o < s->cfg.n_workers; o++)
+        nomove |= !s->workers[o].up || s->workers[o].drained;
     j->n_idles = (uint32_t)ws->idles.len;
     if (ws->idles.len)
         memcpy(j->idles, ws->idles.data, ws->idles.len * sizeof(uint64_t));
@@ -747,6 +758,7 @@ static void kick(struct sched *s, uint32_t w)
         js->sample = se->n_kv + pk->take == se->n_tokens;
         js->sp = q->sp;
         js->pinned = (uint8_t)se->pinned;
+        js->nomove = (uint8_t)nomove;
         if (!se->worker_knows) {
             js->reset = 1;
             js->n_history = se->n_kv;
@@ -796,6 +808,37 @@ static void fail_running(struct sched *s, uint32_t w, int status, const char *ms
     update_gauges(s);
 }
 
+/* kvmgr put q's session on gpu `to`: it goes on on that worker; the old one
+ * drops its sampler, the new one rebuilds it from the history, no KV
+ * position is computed again */
+static void seq_rebind(struct sched *s, struct seq *q, uint32_t to)
+{
+    struct session *se = q->sess;
+    uint32_t from = q->worker;
+    if (to >= s->cfg.n_workers || to == from) {
+        log_warn("kvmgr moved session %llu to gpu %u, which rkvd does not run; it stays on "
+                 "worker %u", (unsigned long long)se->sid, to, from);
+        return;
+    }
+    list_remove(&s->workers[from].running, q);
+    list_push(&s->workers[to].running, q);
+    q->worker = to;
+    if (se->worker_knows)
+        rkv_vec_push(&s->workers[from].forgets, &se->sid);
+    se->worker = to;
+    se->worker_knows = 0;
+    if (se->kvmgr_knows) {
+        /* with its KV (a placement of a new session moves nothing) */
+        char f[16], t[16];
+        snprintf(f, sizeof f, "%u", from);
+        snprintf(t, sizeof t, "%u", to);
+        const char *lv[2] = {f, t};
+        metric_inc(s->m_sess_moved, lv, 1);
+        log_debug("session %llu: runs on worker %u now (was %u)", (unsigned long long)se->sid,
+                  to, from);
+    }
+}
+
 /* a step whose work does not count: its sequences are free for the next one,
  * the worker rebuilds their samplers */
 static void job_drop(struct sched *s, const struct step_job *j)
@@ -832,6 +875,8 @@ void sched_job_done(struct sched *s, struct step_job *j)
          * again once the worker (or kvmgr) is back; the closes are resent */
         for (uint32_t i = 0; i < j->n_closes; i++)
             rkv_vec_push(&ws->closes, &j->closes[i]);
+        for (uint32_t i = 0; i < j->n_forgets; i++)
+            rkv_vec_push(&ws->forgets, &j->closes[j->n_closes + i]);
         for (uint32_t i = 0; i < j->n_idles; i++)
             rkv_vec_push(&ws->idles, &j->idles[i]);
         job_drop(s, j);
@@ -861,12 +906,21 @@ void sched_job_done(struct sched *s, struct step_job *j)
     }
     ws->failures = 0;
     int progress = 0;
+    uint64_t moved_to = 0; /* workers that got sequences (bit per worker) */
     for (uint32_t i = 0; i < j->n_seqs; i++) {
         struct job_seq *js = &j->seqs[i];
         struct seq *q = rkv_map_get(&s->by_sid, js->sid);
         if (!q)
             continue;
         q->in_flight = 0;
+        if (PROTO_KV_IS_MOVED(js->status)) {
+            seq_rebind(s, q, PROTO_KV_MOVED_GPU(js->status));
+            moved_to |= q->worker < 64 ? 1ull << q->worker : 0;
+            progress = 1;
+            if (q->cancelled)
+                finish_seq(q, API_FINISH_ABORT);
+            continue;
+        }
         if (js->status == RKV_ENOSPACE) {
             q->stalled = 1;
             if (q->cancelled)
@@ -913,6 +967,9 @@ void sched_job_done(struct sched *s, struct step_job *j)
             take_token(q, js);
     }
     free(j);
+    for (uint32_t w = 0; w < s->cfg.n_workers && w < 64; w++)
+        if (moved_to & (1ull << w) && w != (uint32_t)(ws - s->workers))
+            kick(s, w);
     if (!progress && ws->running.n && !ws->closes.len) {
         /* kvmgr had no room for anyone: wait for a drain instead of spinning */
         uv_timer_start(&ws->retry, retry_timer_cb, 20, 0);
@@ -1040,6 +1097,7 @@ int sched_init(uv_loop_t *loop, const struct sched_config *cfg, const struct tok
     }
     for (uint32_t w = 0; w < cfg->n_workers; w++) {
         rkv_vec_init(&s->workers[w].closes, sizeof(uint64_t));
+        rkv_vec_init(&s->workers[w].forgets, sizeof(uint64_t));
         rkv_vec_init(&s->workers[w].picks, sizeof(struct pick));
         rkv_vec_init(&s->workers[w].idles, sizeof(uint64_t));
         uv_timer_init(loop, &s->workers[w].retry);
@@ -1083,6 +1141,11 @@ int sched_init(uv_loop_t *loop, const struct sched_config *cfg, const struct tok
                                  "Time requests wait before they run.", ml, lat, nl);
         s->m_success = metrics_add(metrics, METRIC_COUNTER, "rkv:request_success_total",
                                    "Finished requests by finish reason.", mf, NULL, 0);
+        static const char *const ft[] = {"from_gpu", "to_gpu", NULL};
+        s->m_sess_moved = metrics_add(metrics, METRIC_COUNTER, "rkv:kv_sessions_moved_total",
+                                      "Sessions kvmgr moved to another GPU with their KV "
+                                      "(rebalance).",
+                                      ft, NULL, 0);
     }
     update_gauges(s);
     *out = s;
@@ -1113,6 +1176,7 @@ void sched_free(struct sched *s)
     for (uint32_t w = 0; w < s->cfg.n_workers; w++) {
         fail_running(s, w, 503, "rkvd is shutting down");
         rkv_vec_fini(&s->workers[w].closes);
+        rkv_vec_fini(&s->workers[w].forgets);
         rkv_vec_fini(&s->workers[w].picks);
         rkv_vec_fini(&s->workers[w].idles);
     }

@@ -49,6 +49,7 @@ struct job_seq {
     uint8_t sample;     /* sample a token from the last position */
     uint8_t reset;      /* the worker must rebuild its sampler from history */
     uint8_t pinned;     /* operator pinned the session: kvmgr keeps it resident */
+    uint8_t nomove;     /* kvmgr must not move it to another gpu now */
     uint32_t n_history; /* with reset: every token before this step's */
     int32_t *history;
     uint32_t n_drawn;   /* with reset: tokens this request sampled already */
@@ -59,7 +60,8 @@ struct job_seq {
     uint32_t n_cached;
     struct proto_sampling sp;
     /* out */
-    int32_t status; /* 0, or RKV_ENOSPACE: kvmgr could not place it yet (wait) */
+    int32_t status; /* 0, RKV_ENOSPACE: kvmgr could not place it yet (wait), or
+                     * PROTO_KV_MOVED(g): it runs on worker g from now on */
     int32_t token;
     float logprob;
     uint8_t n_top;
@@ -71,8 +73,11 @@ struct step_job {
     uint32_t kv_gen; /* the scheduler's kvmgr generation when built */
     struct job_seq *seqs;
     uint32_t n_seqs;
-    uint64_t *closes; /* sessions to release in kvmgr before the step */
+    uint64_t *closes; /* sessions to release in kvmgr before the step, then
+                       * n_forgets more whose sampler only the worker drops
+                       * (they moved to another worker) */
     uint32_t n_closes;
+    uint32_t n_forgets;
     uint64_t *idles;  /* sessions that went idle (kept, parkable) */
     uint32_t n_idles;
     /* out: 0, or the whole step failed (worker or kvmgr unreachable) */
@@ -103,6 +108,15 @@ void sched_free(struct sched *s);
 /* the api_sched rkvd's API layer calls */
 void sched_api(struct sched *s, struct api_sched *out);
 void sched_job_done(struct sched *s, struct step_job *job);
+
+/* Several workers: kvmgr may answer a sequence "moved to gpu g" (it placed a
+ * new session there, or moved the session's KV there to rebalance). The
+ * scheduler then runs it on worker g without the client noticing: the
+ * request keeps its place, the KV positions stay, worker g rebuilds the
+ * sampler from the history (n_drawn keeps seeded sampling reproducible) and
+ * the old worker drops its sampler. Moves are counted in
+ * rkv:kv_sessions_moved_total. While a worker is drained or down nothing
+ * moves (PROTO_KV_NOMOVE), so a drain holds. */
 
 /* supervisor news: a worker went down / came back; kvmgr answers with pid.
  * A pid other than the one the sessions' KV lives in means kvmgr restarted:

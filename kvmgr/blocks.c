@@ -44,13 +44,15 @@ struct lease {
     uint64_t acked;
 };
 
-/* an open move: entry `entry` gets block idx (KVB_NONE: nothing to copy) */
+/* an open move: entry `entry` gets block idx (KVB_NONE: nothing to copy) in
+ * the move's destination pool, and (rehome only) host block `host` */
 struct mv {
     uint32_t entry;
     uint32_t idx;
+    uint32_t host;
 };
 
-enum mv_kind { MV_NONE = 0, MV_DEMOTE, MV_PROMOTE };
+enum mv_kind { MV_NONE = 0, MV_DEMOTE, MV_PROMOTE, MV_REHOME };
 
 struct sess {
     uint64_t id;
@@ -65,6 +67,7 @@ struct sess {
     struct rkv_vec drops;  /* struct drop */
     struct rkv_vec leases; /* struct lease */
     enum mv_kind mv_kind;
+    uint32_t mv_to;    /* rehome: the gpu it goes to */
     struct rkv_vec mv; /* struct mv */
 };
 
@@ -673,6 +676,12 @@ int kvb_session_counts(const struct kvb *kvb, uint64_t sid, uint32_t *n_dev, uin
     return 0;
 }
 
+uint32_t kvb_session_gpu(const struct kvb *kvb, uint64_t sid)
+{
+    const struct sess *s = sess_get(kvb, sid);
+    return s ? s->gpu : KVB_NONE;
+}
+
 size_t kvb_session_tokens(const struct kvb *kvb, uint64_t sid)
 {
     const struct sess *s = sess_get(kvb, sid);
@@ -681,12 +690,21 @@ size_t kvb_session_tokens(const struct kvb *kvb, uint64_t sid)
 
 /* --- moves ------------------------------------------------------------------- */
 
-static void mv_release(struct kvb *kvb, struct sess *s, uint32_t pool)
+/* the pool an open move's mv.idx blocks come from */
+static uint32_t mv_pool(const struct kvb *kvb, const struct sess *s)
 {
+    return s->mv_kind == MV_DEMOTE ? host_pool(kvb) : s->mv_kind == MV_REHOME ? s->mv_to : s->gpu;
+}
+
+static void mv_release(struct kvb *kvb, struct sess *s)
+{
+    uint32_t pool = mv_pool(kvb, s);
     for (size_t i = 0; i < s->mv.len; i++) {
         struct mv *m = rkv_vec_at(&s->mv, struct mv, i);
         if (m->idx != KVB_NONE)
             pool_unref(&kvb->pools[pool], m->idx);
+        if (m->host != KVB_NONE)
+            pool_unref(&kvb->pools[host_pool(kvb)], m->host);
     }
     s->mv.len = 0;
     s->mv_kind = MV_NONE;
@@ -725,13 +743,13 @@ static int move_open(struct kvb *kvb, uint64_t sid, uint32_t n, struct kvb_copy 
                       (!parking && i == len - 1 && s->tokens.len % kvb->block_tokens != 0);
         if (demote ? (e->dev == KVB_NONE || writing) : e->dev != KVB_NONE)
             continue;
-        struct mv m = {i, KVB_NONE};
+        struct mv m = {i, KVB_NONE, KVB_NONE};
         if (!demote || e->host == KVB_NONE) {
             m.idx = pool_lookup_ref(dst, e->hash);
             if (m.idx == KVB_NONE) {
                 m.idx = pool_alloc(dst);
                 if (m.idx == KVB_NONE) {
-                    mv_release(kvb, s, to);
+                    mv_release(kvb, s);
                     *n_ops = 0;
                     return RKV_ENOSPACE;
                 }
@@ -743,7 +761,7 @@ static int move_open(struct kvb *kvb, uint64_t sid, uint32_t n, struct kvb_copy 
         rkv_vec_push(&s->mv, &m);
     }
     if (s->mv.len < n) {
-        mv_release(kvb, s, to);
+        mv_release(kvb, s);
         *n_ops = 0;
         return RKV_ERANGE; /* fewer movable blocks than asked */
     }
@@ -768,6 +786,97 @@ int kvb_promote(struct kvb *kvb, uint64_t sid, uint32_t n, struct kvb_copy *ops,
     return move_open(kvb, sid, n, ops, cap, n_ops, MV_PROMOTE, 0);
 }
 
+/* the entry's block on gpu `to` (shared when indexed there, else a new one
+ * copied from its host copy, staged through a host block for a device-only
+ * one) or, for an entry going host-only, a host copy of a device-only block */
+static int rehome_entry(struct kvb *kvb, struct sess *s, uint32_t i, int on_dev, struct mv *m,
+                        struct kvb_copy *ops, size_t *n_ops)
+{
+    struct pool *tp = &kvb->pools[s->mv_to], *hp = &kvb->pools[host_pool(kvb)];
+    struct ent *e = ENT(s, i);
+    uint32_t B = kvb->block_tokens;
+    if (on_dev && (m->idx = pool_lookup_ref(tp, e->hash)) != KVB_NONE)
+        return 0;
+    uint32_t src = e->host;
+    if (e->host == KVB_NONE) {
+        m->host = pool_lookup_ref(hp, e->hash);
+        if (m->host == KVB_NONE) {
+            if ((m->host = pool_alloc(hp)) == KVB_NONE)
+                return RKV_ENOSPACE;
+            ops[(*n_ops)++] = (struct kvb_copy){KVB_COPY_D2H, s->gpu, e->dev, m->host, B};
+        }
+        src = m->host;
+    }
+    if (!on_dev)
+        return 0;
+    if ((m->idx = pool_alloc(tp)) == KVB_NONE)
+        return RKV_ENOSPACE;
+    ops[(*n_ops)++] = (struct kvb_copy){KVB_COPY_H2D, s->mv_to, src, m->idx, B};
+    return 0;
+}
+
+int kvb_rehome(struct kvb *kvb, uint64_t sid, uint32_t to, uint32_t n_dev, struct kvb_copy *ops,
+               size_t cap, size_t *n_ops)
+{
+    struct sess *s = sess_get(kvb, sid);
+    *n_ops = 0;
+    if (!s)
+        return RKV_ENOTFOUND;
+    size_t len = s->ents.len;
+    if (to >= kvb->n_gpus || to == s->gpu || n_dev > len || cap < 2 * len ||
+        (n_dev == 0 && s->tokens.len % kvb->block_tokens))
+        return RKV_EINVAL;
+    if (s->mv_kind != MV_NONE)
+        return RKV_EBUSY;
+    /* a step in flight may still write: its positions would miss the copy */
+    if (kvb->moves_need_written && s->n_written < s->tokens.len)
+        return RKV_EBUSY;
+    if (rkv_vec_reserve(&s->mv, len))
+        return RKV_ENOMEM;
+    s->mv_kind = MV_REHOME;
+    s->mv_to = to;
+    for (size_t i = 0; i < len; i++) {
+        struct mv m = {(uint32_t)i, KVB_NONE, KVB_NONE};
+        int rc = rehome_entry(kvb, s, (uint32_t)i, i >= len - n_dev, &m, ops, n_ops);
+        rkv_vec_push(&s->mv, &m); /* also on failure: mv_release frees what it holds */
+        if (rc) {
+            mv_release(kvb, s);
+            *n_ops = 0;
+            return rc;
+        }
+    }
+    return 0;
+}
+
+/* a rehome's copies are done: the entries name their new blocks, the old
+ * gpu's device blocks go as the workers ack (sessions staying there that
+ * share them keep them), the session is on the new gpu */
+static int rehome_commit(struct kvb *kvb, struct sess *s, uint64_t *epoch)
+{
+    struct pool *tp = &kvb->pools[s->mv_to], *hp = &kvb->pools[host_pool(kvb)];
+    s->epoch = ++kvb->epoch;
+    for (size_t k = 0; k < s->mv.len; k++) {
+        struct mv *m = rkv_vec_at(&s->mv, struct mv, k);
+        struct ent *e = ENT(s, m->entry);
+        if (e->dev != KVB_NONE)
+            sess_drop(s, s->gpu, e->dev);
+        e->dev = m->idx;
+        if (m->host != KVB_NONE) {
+            e->host = m->host;
+            pool_publish(hp, e->host, e->hash);
+        }
+        if (e->dev != KVB_NONE)
+            pool_publish(tp, e->dev, e->hash);
+    }
+    s->gpu = s->mv_to;
+    s->mv.len = 0;
+    s->mv_kind = MV_NONE;
+    if (epoch)
+        *epoch = s->epoch;
+    sess_release(kvb, s);
+    return 0;
+}
+
 int kvb_commit(struct kvb *kvb, uint64_t sid, uint64_t *epoch)
 {
     struct sess *s = sess_get(kvb, sid);
@@ -777,6 +886,8 @@ int kvb_commit(struct kvb *kvb, uint64_t sid, uint64_t *epoch)
         return RKV_ESTATE;
     if (rkv_vec_reserve(&s->drops, s->drops.len + s->mv.len))
         return RKV_ENOMEM;
+    if (s->mv_kind == MV_REHOME)
+        return rehome_commit(kvb, s, epoch);
     s->epoch = ++kvb->epoch;
     struct pool *dp = &kvb->pools[s->gpu], *hp = &kvb->pools[host_pool(kvb)];
     for (size_t k = 0; k < s->mv.len; k++) {
@@ -809,7 +920,7 @@ int kvb_abort(struct kvb *kvb, uint64_t sid)
         return RKV_ENOTFOUND;
     if (s->mv_kind == MV_NONE)
         return RKV_ESTATE;
-    mv_release(kvb, s, s->mv_kind == MV_DEMOTE ? host_pool(kvb) : s->gpu);
+    mv_release(kvb, s);
     return 0;
 }
 
@@ -977,11 +1088,13 @@ static void sess_count_refs(const struct kvb *kvb, const struct sess *s, uint32_
         const struct drop *d = rkv_vec_at(&s->drops, struct drop, i);
         want[d->pool][d->idx]++;
     }
-    uint32_t to = s->mv_kind == MV_DEMOTE ? host_pool(kvb) : s->gpu;
+    uint32_t to = mv_pool(kvb, s);
     for (size_t i = 0; i < s->mv.len; i++) {
         const struct mv *m = rkv_vec_at(&s->mv, struct mv, i);
         if (m->idx != KVB_NONE)
             want[to][m->idx]++;
+        if (m->host != KVB_NONE)
+            want[host_pool(kvb)][m->host]++;
     }
 }
 

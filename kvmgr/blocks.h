@@ -121,6 +121,8 @@ int kvb_session_table(const struct kvb *kvb, uint64_t sid, struct kvb_entry *out
  * cur_dev / cur_host */
 int kvb_session_counts(const struct kvb *kvb, uint64_t sid, uint32_t *n_dev, uint32_t *n_host);
 size_t kvb_session_tokens(const struct kvb *kvb, uint64_t sid);
+/* the gpu whose device pool holds its device blocks, KVB_NONE if unknown */
+uint32_t kvb_session_gpu(const struct kvb *kvb, uint64_t sid);
 
 /* --- moves ------------------------------------------------------------------ */
 
@@ -138,6 +140,20 @@ int kvb_park(struct kvb *kvb, uint64_t sid, uint32_t n, struct kvb_copy *ops, si
 /* promotes the n newest host-only blocks; the host copy is kept (BOTH) */
 int kvb_promote(struct kvb *kvb, uint64_t sid, uint32_t n, struct kvb_copy *ops, size_t cap,
                 size_t *n_ops);
+/* moves session sid to gpu `to` through the host pool (demote on its gpu,
+ * promote on `to`): its newest n_dev blocks get device blocks on `to` (one
+ * indexed there already is shared, else copied from the block's host copy;
+ * a device-only block is copied to a new host block first and keeps that
+ * clean copy), older ones become host-only (a device-only one is copied to
+ * the host). The old device blocks are released as the workers ack, so a
+ * session staying on the old gpu that shares one keeps it. ops: cap >= twice
+ * the session's blocks (D2H copies come first: they feed the H2D ones).
+ * Every position must be written (moves_need_written) and no other move open,
+ * else RKV_EBUSY; n_dev >= 1 while the newest block is partly filled;
+ * RKV_ENOSPACE when a pool is short (nothing changes). kvb_commit installs it
+ * (the session is on `to` from then on), kvb_abort forgets it. */
+int kvb_rehome(struct kvb *kvb, uint64_t sid, uint32_t to, uint32_t n_dev, struct kvb_copy *ops,
+               size_t cap, size_t *n_ops);
 /* the copies are done: install the new table (epoch + 1) */
 int kvb_commit(struct kvb *kvb, uint64_t sid, uint64_t *epoch);
 /* forget the open move, freeing its destinations */

@@ -692,6 +692,92 @@ static void test_unwritten_blocks_stay(void **state)
     kvb_destroy(kvb);
 }
 
+/* a session moves to gpu 1 through the host pool; what it shares stays for the others */
+static void test_rehome(void **state)
+{
+    (void)state;
+    struct kvb_config cfg = {0};
+    cfg.n_gpus = 2;
+    cfg.dev_blocks[0] = cfg.dev_blocks[1] = 8;
+    cfg.host_blocks = 8;
+    cfg.block_tokens = B;
+    cfg.moves_need_written = 1;
+    struct kvb *kvb;
+    assert_int_equal(kvb_create(&cfg, &kvb), 0);
+    uint32_t t[3 * B];
+    seq(t, 3 * B, 100);
+    size_t reused, n_ops;
+    struct kvb_copy ops[16];
+    /* 1: three full blocks on gpu 0; 2 shares the first two, then a partial block */
+    assert_int_equal(kvb_session_open(kvb, 1, 0, t, 3 * B, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_rehome(kvb, 1, 1, 3, ops, 16, &n_ops), RKV_EBUSY); /* unwritten */
+    assert_int_equal(kvb_session_written(kvb, 1, 3 * B), 0);
+    assert_int_equal(kvb_session_open(kvb, 2, 0, t, 2 * B + 2, KVB_NONE, &reused), 0);
+    assert_int_equal(reused, 2 * B);
+    assert_int_equal(kvb_session_written(kvb, 2, 2 * B + 2), 0);
+    struct kvb_entry e1[3], e2[3];
+    table(kvb, 2, e2, 3);
+    uint64_t ep;
+    assert_int_equal(kvb_session_table(kvb, 2, NULL, 0, NULL, &ep), 0);
+    assert_int_equal(kvb_lease(kvb, 0, 2, ep), 0);
+    uint32_t free0 = kvb_free_dev(kvb, 0), free1 = kvb_free_dev(kvb, 1);
+    /* refused: the same gpu, too few ops, a partial newest block left without a device */
+    assert_int_equal(kvb_rehome(kvb, 2, 0, 3, ops, 16, &n_ops), RKV_EINVAL);
+    assert_int_equal(kvb_rehome(kvb, 2, 1, 3, ops, 5, &n_ops), RKV_EINVAL);
+    assert_int_equal(kvb_rehome(kvb, 2, 1, 0, ops, 16, &n_ops), RKV_EINVAL);
+    /* 2 goes to gpu 1 whole: three device-only blocks, each staged through a host block */
+    assert_int_equal(kvb_rehome(kvb, 2, 1, 3, ops, 16, &n_ops), 0);
+    assert_int_equal(n_ops, 6);
+    for (size_t k = 0; k < 3; k++) {
+        assert_int_equal(ops[2 * k].kind, KVB_COPY_D2H);
+        assert_int_equal(ops[2 * k].gpu, 0);
+        assert_int_equal(ops[2 * k].src, e2[k].dev);
+        assert_int_equal(ops[2 * k + 1].kind, KVB_COPY_H2D);
+        assert_int_equal(ops[2 * k + 1].gpu, 1);
+        assert_int_equal(ops[2 * k + 1].src, ops[2 * k].dst);
+    }
+    assert_int_equal(kvb_rehome(kvb, 2, 1, 3, ops, 16, &n_ops), RKV_EBUSY); /* one open */
+    assert_int_equal(kvb_check(kvb), 0);
+    assert_int_equal(kvb_commit(kvb, 2, NULL), 0);
+    assert_int_equal(kvb_session_gpu(kvb, 2), 1);
+    assert_int_equal(kvb_check(kvb), 0);
+    table(kvb, 2, e2, 3);
+    for (size_t k = 0; k < 3; k++)
+        assert_int_equal(kvb_entry_residency(e2[k]), KVB_BOTH);
+    assert_int_equal(kvb_free_dev(kvb, 1), free1 - 3);
+    /* 1 still reads its blocks on gpu 0; 2's private block there goes once worker 0 acks */
+    table(kvb, 1, e1, 3);
+    assert_int_equal(kvb_entry_residency(e1[0]), KVB_DEVICE);
+    assert_int_equal(kvb_free_dev(kvb, 0), free0);
+    assert_int_equal(kvb_ack_worker(kvb, 0, kvb_epoch(kvb)), 0);
+    assert_int_equal(kvb_free_dev(kvb, 0), free0 + 1);
+    /* 1 follows: its first two blocks are indexed on gpu 1 now (2 published them), so
+     * they are shared, not copied; its third goes host-only (n_dev 1 keeps the newest) */
+    assert_int_equal(kvb_rehome(kvb, 1, 1, 2, ops, 16, &n_ops), 0);
+    assert_int_equal(n_ops, 2); /* block 2: D2H, H2D; blocks 0 and 1: shared */
+    assert_int_equal(kvb_commit(kvb, 1, NULL), 0);
+    table(kvb, 1, e1, 3);
+    table(kvb, 2, e2, 3);
+    assert_int_equal(kvb_entry_residency(e1[0]), KVB_HOST);
+    assert_int_equal(e1[0].host, e2[0].host);
+    assert_int_equal(e1[1].dev, e2[1].dev);
+    assert_int_equal(kvb_check(kvb), 0);
+    /* no room on gpu 0 for a way back: nothing changes */
+    uint32_t u[8 * B];
+    seq(u, 8 * B, 500);
+    assert_int_equal(kvb_session_open(kvb, 3, 0, u, 8 * B, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_written(kvb, 3, 8 * B), 0);
+    assert_int_equal(kvb_rehome(kvb, 1, 0, 3, ops, 16, &n_ops), RKV_ENOSPACE);
+    assert_int_equal(kvb_session_gpu(kvb, 1), 1);
+    assert_int_equal(kvb_check(kvb), 0);
+    for (uint64_t sid = 1; sid <= 3; sid++)
+        assert_int_equal(kvb_session_close(kvb, sid), 0);
+    assert_int_equal(kvb_worker_lost(kvb, 0), 0);
+    assert_int_equal(kvb_check(kvb), 0);
+    assert_int_equal(kvb_free_dev(kvb, 0), 8);
+    kvb_destroy(kvb);
+}
+
 static void test_random_sequences(void **state)
 {
     (void)state;
@@ -730,6 +816,7 @@ int main(void)
         cmocka_unit_test(test_written_block_loses_host_copy),
         cmocka_unit_test(test_prefix_cache_survives_close),
         cmocka_unit_test(test_unwritten_blocks_stay),
+        cmocka_unit_test(test_rehome),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

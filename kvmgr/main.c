@@ -45,6 +45,10 @@
 
 #define KVMGR_MAX_GPUS KVB_MAX_GPUS
 
+/* a session moved to another gpu stays there at least this long (hysteresis
+ * on top of the planner's margin) */
+#define KVMGR_MOVE_COOLDOWN_MS 5000
+
 struct kvmgr_conf {
     char runtime_dir[512];
     char listen[600];
@@ -104,6 +108,9 @@ struct sess {
     uint32_t reused; /* leading positions mapped to another session's blocks at open */
     uint64_t last_use;
     enum plan_tactic tactic;
+    int nomove;        /* rkvd's last prep asked to keep it on its gpu */
+    int placed;        /* its gpu was chosen (plan_pick_gpu) */
+    uint64_t moved_ms; /* last move to another gpu (rkv_now_ms), 0 = never */
 };
 
 struct gpu_state {
@@ -285,12 +292,16 @@ static int replan(struct kvmgr *k, const char *why)
         p->cur_tactic = s->open ? s->tactic : PLAN_WAIT;
         if (s->open)
             mig_session_state(k->kvb, s->sid, p);
+        p->movable = (uint8_t)(!s->nomove && (!s->moved_ms || rkv_now_ms() - s->moved_ms >=
+                                                                  KVMGR_MOVE_COOLDOWN_MS));
     }
     for (uint32_t g = 0; g < k->n_gpus; g++) {
         pg[g] = (struct plan_gpu){k->c.vram_target,        k->gpu[g].weights_bytes,
                                   reserve_of(k, g),        k->gpu[g].pcie_gbps,
                                   k->gpu[g].dev_attn_gbps, k->gpu[g].host_attn_gbps,
                                   k->gpu[g].cpu_attn_gbps};
+        /* no worker has said hello for it: nothing would run a session moved there */
+        pg[g].offline = k->gpu[g].worker_pid == 0;
         /* the pool was sized at start: a larger budget cannot grow it */
         uint32_t cap = kvpool_get_desc(k->dev[g])->n_blocks;
         if (plan_dev_cap(&pg[g], k->block_bytes) > cap)
@@ -502,6 +513,66 @@ static int place(struct kvmgr *k, struct sess *s, const struct proto_kv_prep_seq
     return 0;
 }
 
+/* a session kvmgr has not placed yet goes to the gpu where it fits best;
+ * extra / extra_run count what this prep placed already (the plan does not) */
+static void place_new(struct kvmgr *k, struct sess *s, const struct proto_kv_prep_seq *q,
+                      uint32_t w, uint32_t *extra, uint32_t *extra_run)
+{
+    s->placed = 1;
+    uint32_t need = blocks_for(k, RKV_MAX(q->n_pos, (q->flags & PROTO_KV_NEW) ? q->n_tokens : 0));
+    uint32_t g = w;
+    if (k->n_gpus > 1 && !s->nomove)
+        g = plan_pick_gpu(k->plan, need ? need : 1, w, extra, extra_run);
+    if (g >= k->n_gpus)
+        g = w;
+    extra[g] += need;
+    extra_run[g]++;
+    if (g != w) {
+        log_debug("session %llu: placed on gpu %u (offered on %u): it fits better there",
+                  (unsigned long long)s->sid, g, w);
+        s->gpu = g;
+    }
+}
+
+/* carries out the planner's move of s to gpu b, at a step boundary of its
+ * worker: every position is written and no step of that worker runs, so the
+ * copies see all of its kv; the old blocks go when that worker acks */
+static int rebalance_move(struct kvmgr *k, struct sess *s, uint32_t b)
+{
+    uint32_t a = s->gpu, copies = 0, d = 0, h = 0;
+    enum plan_tactic from = s->tactic;
+    if (s->open) {
+        kvb_session_counts(k->kvb, s->sid, &d, &h);
+        int rc = mig_rehome(k->kvb, k->dev, k->n_gpus, k->host, s->sid, b, d + h, &copies);
+        if (rc) {
+            log_debug("session %llu: move to gpu %u waits: %s", (unsigned long long)s->sid, b,
+                      rkv_strerror(rc));
+            return rc;
+        }
+    }
+    s->gpu = b;
+    s->moved_ms = rkv_now_ms();
+    s->tactic = s->open ? PLAN_RESIDENT : PLAN_WAIT;
+    k->dirty = 1;
+    k->moved_bytes += (uint64_t)copies * k->block_bytes;
+    log_info("session %llu moved from gpu %u to gpu %u (rebalance: %s on gpu %u, room on gpu "
+             "%u; %u blocks, %u copied through the host pool)",
+             (unsigned long long)s->sid, a, b, plan_tactic_name(from), a, b, d + h, copies);
+    if (s->open) {
+        struct proto_tactic_event ev = {0};
+        ev.session_id = s->sid;
+        ev.from = tactic_to_proto(from);
+        ev.to = PROTO_TACTIC_RESIDENT;
+        snprintf(ev.reason, sizeof ev.reason, "%s: moved from gpu %u to gpu %u",
+                 plan_reason_name(PLAN_WHY_REBALANCE), a, b);
+        ev.bytes_moved = (uint64_t)copies * k->block_bytes;
+        ev.ts_ms = rkv_wall_ms();
+        ev.gpu = b;
+        publish_json(k, PROTO_MSG_TACTIC_EVENT, &ev);
+    }
+    return 0;
+}
+
 static int do_prep(struct kvmgr *k, const struct proto_in *in, struct proto_wbuf *reply,
                    int *reply_type, char *err, size_t errlen)
 {
@@ -532,12 +603,18 @@ static int do_prep(struct kvmgr *k, const struct proto_in *in, struct proto_wbuf
             k->dirty = 1;
         }
     }
+    uint32_t extra[KVMGR_MAX_GPUS] = {0}, extra_run[KVMGR_MAX_GPUS] = {0};
     for (uint32_t i = 0; i < m->n_seqs; i++) {
         struct sess *s = sess_get(k, m->seqs[i].session_id, w);
         if (!s) {
             proto_kv_prep_free(m);
             return RKV_ENOMEM;
         }
+        s->nomove = (m->seqs[i].flags & PROTO_KV_NOMOVE) != 0;
+        if (!s->placed && !s->open)
+            place_new(k, s, &m->seqs[i], w, extra, extra_run);
+        if (s->gpu != w)
+            continue; /* answered "moved": its steps come from that gpu's worker */
         if (!s->active || s->want_pos != m->seqs[i].n_pos)
             k->dirty |= blocks_for(k, s->want_pos) != blocks_for(k, m->seqs[i].n_pos) || !s->active;
         /* what earlier steps wrote (this worker's previous step is done): such
@@ -573,6 +650,13 @@ static int do_prep(struct kvmgr *k, const struct proto_in *in, struct proto_wbuf
         t->session_id = s->sid;
         t->tactic = (uint8_t)tactic_to_proto(s->tactic);
         offs[i] = refs.len;
+        const struct plan_assign *pa = k->plan ? plan_find(k->plan, s->sid) : NULL;
+        if (s->gpu == w && pa && pa->move_to < k->n_gpus && pa->move_to != w && !s->nomove)
+            rebalance_move(k, s, pa->move_to);
+        if (s->gpu != w) {
+            t->status = PROTO_KV_MOVED(s->gpu);
+            continue;
+        }
         rc = place(k, s, &m->seqs[i]);
         if (rc) {
             const struct plan_assign *a = k->plan ? plan_find(k->plan, s->sid) : NULL;

@@ -42,6 +42,30 @@ static int move(struct kvb *kvb, struct kvpool *const *dev, uint32_t n_gpus, str
     return kvb_commit(kvb, sid, NULL);
 }
 
+int mig_rehome(struct kvb *kvb, struct kvpool *const *dev, uint32_t n_gpus, struct kvpool *host,
+               uint64_t sid, uint32_t to, uint32_t n_dev, uint32_t *copies)
+{
+    uint32_t d, h;
+    *copies = 0;
+    int rc = kvb_session_counts(kvb, sid, &d, &h);
+    if (rc)
+        return rc;
+    size_t cap = 2 * ((size_t)d + h), n_ops = 0;
+    struct kvb_copy *ops = malloc((cap ? cap : 1) * sizeof(*ops));
+    if (!ops)
+        return RKV_ENOMEM;
+    rc = kvb_rehome(kvb, sid, to, n_dev, ops, cap, &n_ops);
+    if (rc == 0 && (rc = kvpool_run_copies(dev, n_gpus, host, ops, n_ops)) != 0) {
+        log_error("moving session %llu to gpu %u failed: %s", (unsigned long long)sid, to,
+                  rkv_strerror(rc));
+        kvb_abort(kvb, sid);
+    }
+    if (rc == 0 && (rc = kvb_commit(kvb, sid, NULL)) == 0)
+        *copies = (uint32_t)n_ops;
+    free(ops);
+    return rc;
+}
+
 int mig_apply(struct kvb *kvb, struct kvpool *const *dev, uint32_t n_gpus, struct kvpool *host,
               const struct plan *plan, struct mig_stats *st)
 {

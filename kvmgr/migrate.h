@@ -50,6 +50,13 @@ struct mig_stats {
 /* the allocator state the planner needs: cur_dev, cur_host of session sid */
 int mig_session_state(const struct kvb *kvb, uint64_t sid, struct plan_session *s);
 
+/* moves session sid to gpu `to` through the host pool (kvb_rehome), its
+ * newest n_dev blocks resident there; runs the copies and commits, or leaves
+ * the session as it was on any error (RKV_EBUSY: not all written yet or a
+ * move open; RKV_ENOSPACE: a pool is short). *copies: blocks copied. */
+int mig_rehome(struct kvb *kvb, struct kvpool *const *dev, uint32_t n_gpus, struct kvpool *host,
+               uint64_t sid, uint32_t to, uint32_t n_dev, uint32_t *copies);
+
 int mig_apply(struct kvb *kvb, struct kvpool *const *dev, uint32_t n_gpus, struct kvpool *host,
               const struct plan *plan, struct mig_stats *st);
 

@@ -265,12 +265,92 @@ static void test_trim_copies(void **state)
     rig_fini(&r);
 }
 
+/* a session moves from gpu 0 to gpu 1 through the host pool: every block holds the same
+ * bytes afterwards, and the prefix it shared with a session staying on gpu 0 is intact */
+static void test_rehome_bytes(void **state)
+{
+    (void)state;
+    struct kvb_config kc = {2, {DEV, DEV}, HOST, BT, 1};
+    struct kvb *kvb;
+    assert_int_equal(kvb_create(&kc, &kvb), 0);
+    struct kvpool *dev[2], *host;
+    char name[64];
+    for (uint32_t g = 0; g < 2; g++) {
+        snprintf(name, sizeof(name), "/rkv-test-%d-rdev%u", (int)getpid(), g);
+        struct kvpool_config pc = {KVPOOL_DEVICE_SHM, g, name, BB, DEV, BT, 2, NULL};
+        assert_int_equal(kvpool_create(&pc, &dev[g]), 0);
+    }
+    snprintf(name, sizeof(name), "/rkv-test-%d-rhost", (int)getpid());
+    struct kvpool_config hc = {KVPOOL_HOST, 0, name, BB, HOST, BT, 2, NULL};
+    assert_int_equal(kvpool_create(&hc, &host), 0);
+    /* 1 writes three full blocks; 2 shares the first two and writes a partial third */
+    uint32_t t[3 * BT];
+    for (uint32_t i = 0; i < 3 * BT; i++)
+        t[i] = 7 + i;
+    size_t reused;
+    assert_int_equal(kvb_session_open(kvb, 1, 0, t, 3 * BT, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_written(kvb, 1, 3 * BT), 0);
+    assert_int_equal(kvb_session_open(kvb, 2, 0, t, 2 * BT + 1, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_written(kvb, 2, 2 * BT + 1), 0);
+    struct kvb_entry e[3];
+    size_t n;
+    uint8_t want[3][BB];
+    assert_int_equal(kvb_session_table(kvb, 1, e, 3, &n, NULL), 0);
+    for (size_t b = 0; b < 3; b++) {
+        for (size_t i = 0; i < BB; i++)
+            want[b][i] = (uint8_t)(b * 31 + i);
+        memcpy(kvpool_block(dev[0], e[b].dev), want[b], BB);
+    }
+    /* 2's own third block: a different pattern */
+    uint8_t own[BB];
+    memset(own, 0xa5, BB);
+    assert_int_equal(kvb_session_table(kvb, 2, e, 3, &n, NULL), 0);
+    memcpy(kvpool_block(dev[0], e[2].dev), own, BB);
+    /* 1's oldest block lives on the host only: it reaches gpu 1 by one copy */
+    struct kvb_copy ops[8];
+    size_t n_ops;
+    assert_int_equal(kvb_demote(kvb, 1, 1, ops, 8, &n_ops), 0);
+    assert_int_equal(kvpool_run_copies(dev, 2, host, ops, n_ops), 0);
+    assert_int_equal(kvb_commit(kvb, 1, NULL), 0);
+    uint32_t copies;
+    assert_int_equal(mig_rehome(kvb, dev, 2, host, 1, 0, 3, &copies), RKV_EINVAL); /* there */
+    assert_int_equal(mig_rehome(kvb, dev, 2, host, 1, 1, 3, &copies), 0);
+    assert_int_equal(copies, 1 + 2 * 2);
+    assert_int_equal(kvb_session_gpu(kvb, 1), 1);
+    assert_int_equal(kvb_session_table(kvb, 1, e, 3, &n, NULL), 0);
+    for (size_t b = 0; b < 3; b++) {
+        assert_int_not_equal(e[b].dev, KVB_NONE);
+        assert_memory_equal(kvpool_block(dev[1], e[b].dev), want[b], BB);
+        assert_memory_equal(kvpool_block(host, e[b].host), want[b], BB);
+    }
+    /* 2 stays on gpu 0 with the same bytes in its shared and its own blocks */
+    assert_int_equal(kvb_session_table(kvb, 2, e, 3, &n, NULL), 0);
+    assert_int_equal(kvb_session_gpu(kvb, 2), 0);
+    assert_memory_equal(kvpool_block(dev[0], e[0].dev), want[0], BB);
+    assert_memory_equal(kvpool_block(dev[0], e[1].dev), want[1], BB);
+    assert_memory_equal(kvpool_block(dev[0], e[2].dev), own, BB);
+    assert_int_equal(kvb_check(kvb), 0);
+    /* and 2 follows: the shared prefix is found on gpu 1, only its own block is copied */
+    assert_int_equal(mig_rehome(kvb, dev, 2, host, 2, 1, 3, &copies), 0);
+    assert_int_equal(copies, 2);
+    assert_int_equal(kvb_session_table(kvb, 2, e, 3, &n, NULL), 0);
+    assert_memory_equal(kvpool_block(dev[1], e[0].dev), want[0], BB);
+    assert_memory_equal(kvpool_block(dev[1], e[1].dev), want[1], BB);
+    assert_memory_equal(kvpool_block(dev[1], e[2].dev), own, BB);
+    assert_int_equal(kvb_check(kvb), 0);
+    kvb_destroy(kvb);
+    kvpool_free(dev[0]);
+    kvpool_free(dev[1]);
+    kvpool_free(host);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_spill_and_return),
         cmocka_unit_test(test_acks_gate_reuse),
         cmocka_unit_test(test_trim_copies),
+        cmocka_unit_test(test_rehome_bytes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

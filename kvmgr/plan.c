@@ -577,8 +577,10 @@ static int summarize(struct work *w)
     struct plan *p = w->out;
     struct plan_summary *sum = &p->sum;
     uint64_t host_used = 0;
-    for (uint32_t g = 0; g < in->n_gpus; g++)
+    for (uint32_t g = 0; g < in->n_gpus; g++) {
         p->gsum[g].dev_cap = w->dev_cap[g];
+        p->gsum[g].offline = in->gpus[g].offline;
+    }
     for (size_t i = 0; i < in->n_sessions; i++) {
         const struct plan_session *s = &in->sessions[i];
         struct plan_assign *a = &p->assign[i];
@@ -595,6 +597,7 @@ static int summarize(struct work *w)
             a->promote = s->cur_host > a->n_host ? s->cur_host - a->n_host : 0;
         }
         gs->dev_used += a->n_dev;
+        gs->n_active += w->role[i] == ROLE_RUN && s->active;
         gs->sessions[a->tactic]++;
         gs->bytes[a->tactic] += (uint64_t)(a->n_dev + a->n_host) * in->block_bytes;
         host_used += a->n_host;
@@ -615,6 +618,144 @@ static int summarize(struct work *w)
         if (p->gsum[g].dev_used > w->dev_cap[g])
             return RKV_EINTERNAL;
     return 0;
+}
+
+/* --- step 4: moves across gpus ------------------------------------------------ */
+
+static int is_spilled(enum plan_tactic t)
+{
+    return t == PLAN_WINDOW || t == PLAN_CPU_TAIL;
+}
+
+/* GB/s at which gpu g's spilled sessions read their tail (unknown: 1) */
+static double tail_rate(const struct plan_input *in, const struct plan_gpu *g)
+{
+    double r = g->pcie_h2d_gbps;
+    if (g->host_stream_gbps > 0 && (r <= 0 || g->host_stream_gbps < r))
+        r = g->host_stream_gbps;
+    if (spill_tactic(in, g) == PLAN_CPU_TAIL)
+        r = g->cpu_attn_gbps;
+    return r > 0 ? r : 1.0;
+}
+
+/* the rate model: tokens per second of gpu g running n sessions that need
+ * `need` blocks, one token each per step; a step reads the weights and the
+ * device blocks at the device rate and streams what does not fit D */
+static double gpu_rate(const struct work *w, uint32_t g, uint64_t n, uint64_t need)
+{
+    const struct plan_gpu *gp = &w->in->gpus[g];
+    if (n == 0)
+        return 0;
+    double gb = (double)w->in->block_bytes / 1e9;
+    double dev = gp->dev_attn_gbps > 0 ? gp->dev_attn_gbps : 1000.0;
+    uint64_t on_dev = need < w->dev_cap[g] ? need : w->dev_cap[g];
+    double step = ((double)gp->weights_bytes / 1e9 + (double)on_dev * gb) / dev +
+                  (double)(need - on_dev) * gb / tail_rate(w->in, gp);
+    return (double)n / (step > 0 ? step : 1e-9);
+}
+
+static int rebalance(struct work *w)
+{
+    const struct plan_input *in = w->in;
+    struct plan *p = w->out;
+    uint32_t ng = in->n_gpus;
+    for (size_t i = 0; i < in->n_sessions; i++)
+        p->assign[i].move_to = PLAN_NO_GPU;
+    if (ng < 2)
+        return 0;
+    uint64_t *n_run = calloc(ng, sizeof(*n_run)), *need = calloc(ng, sizeof(*need));
+    uint8_t *busy = calloc(ng, 1), *sent = calloc(ng, 1), *got = calloc(ng, 1);
+    if (!n_run || !need || !busy || !sent || !got) {
+        free(n_run), free(need), free(busy), free(sent), free(got);
+        return RKV_ENOMEM;
+    }
+    /* a gpu with spilled or waiting work is a source, never a target */
+    for (size_t i = 0; i < in->n_sessions; i++) {
+        const struct plan_assign *a = &p->assign[i];
+        uint32_t g = in->sessions[i].gpu;
+        if (w->role[i] == ROLE_RUN) {
+            n_run[g]++;
+            need[g] += w->need[i];
+        }
+        if (is_spilled(a->tactic) ||
+            (a->tactic == PLAN_WAIT && w->rank[i] != UINT32_MAX && !a->never_fits))
+            busy[g] = 1;
+    }
+    for (uint32_t round = 0; round < ng; round++) {
+        uint32_t bi = UINT32_MAX, bg = 0;
+        double best = 0;
+        for (size_t i = 0; i < in->n_sessions; i++) {
+            const struct plan_session *s = &in->sessions[i];
+            const struct plan_assign *a = &p->assign[i];
+            uint32_t ga = s->gpu;
+            int waiting = a->tactic == PLAN_WAIT && w->rank[i] != UINT32_MAX;
+            if (!s->movable || s->pinned || !s->active || sent[ga] || a->dropped || a->never_fits ||
+                !(is_spilled(a->tactic) || waiting))
+                continue;
+            for (uint32_t b = 0; b < ng; b++) {
+                const struct plan_gpu_summary *gb = &p->gsum[b];
+                if (b == ga || got[b] || busy[b] || in->gpus[b].offline)
+                    continue;
+                /* all of it resident on b, with the promotion margin to spare */
+                uint64_t margin = (uint64_t)gb->dev_cap * in->margin_pct / 100;
+                if ((uint64_t)w->need[i] + (margin ? margin : 1) + gb->dev_used > gb->dev_cap)
+                    continue;
+                /* aggregate tokens per second before and after; a waiting
+                 * session gains most: it runs at all */
+                double before =
+                    gpu_rate(w, ga, n_run[ga], need[ga]) + gpu_rate(w, b, n_run[b], need[b]);
+                double after = waiting ? before * 2 + 1
+                                       : gpu_rate(w, ga, n_run[ga] - 1, need[ga] - w->need[i]) +
+                                             gpu_rate(w, b, n_run[b] + 1, need[b] + w->need[i]);
+                double gain = after - before;
+                /* hysteresis: a move must gain margin_pct at least */
+                if (gain <= before * in->margin_pct / 100.0 || gain <= best)
+                    continue;
+                best = gain;
+                bi = (uint32_t)i;
+                bg = b;
+            }
+        }
+        if (bi == UINT32_MAX)
+            break;
+        uint32_t ga = in->sessions[bi].gpu;
+        p->assign[bi].move_to = bg;
+        sent[ga] = got[bg] = 1;
+        p->sum.n_rebalance++;
+    }
+    free(n_run), free(need), free(busy), free(sent), free(got);
+    return 0;
+}
+
+uint32_t plan_pick_gpu(const struct plan *p, uint32_t need, uint32_t hint, const uint32_t *extra,
+                       const uint32_t *extra_running)
+{
+    if (!p)
+        return hint;
+    uint32_t best = UINT32_MAX;
+    uint64_t best_key[4] = {0};
+    for (uint32_t g = 0; g < p->sum.n_gpus; g++) {
+        const struct plan_gpu_summary *gs = &p->gsum[g];
+        if (gs->offline)
+            continue;
+        uint64_t used = (uint64_t)gs->dev_used + (extra ? extra[g] : 0);
+        uint64_t fr = gs->dev_cap > used ? gs->dev_cap - used : 0;
+        uint64_t run = (uint64_t)gs->n_active + (extra_running ? extra_running[g] : 0);
+        /* larger key wins, compared in order; then the lower index */
+        uint64_t key[4] = {fr >= need, fr, UINT64_MAX - run, g == hint};
+        int better = best == UINT32_MAX;
+        for (int k = 0; !better && k < 4; k++) {
+            if (key[k] != best_key[k]) {
+                better = key[k] > best_key[k];
+                break;
+            }
+        }
+        if (better) {
+            best = g;
+            memcpy(best_key, key, sizeof key);
+        }
+    }
+    return best == UINT32_MAX ? hint : best;
 }
 
 static int build_index(struct work *w)
@@ -703,7 +844,9 @@ int plan_compute(const struct plan_input *in, const struct plan *prev, struct pl
     }
     if ((rc = place_all(&w, prev)))
         goto done;
-    rc = summarize(&w);
+    if ((rc = summarize(&w)))
+        goto done;
+    rc = rebalance(&w);
 done:
     free(w.role), free(w.need), free(w.held), free(w.dev_cap), free(w.keys);
     free(w.list), free(w.prefix), free(w.prio), free(w.rank), free(w.running);
@@ -767,9 +910,9 @@ const char *plan_tactic_name(enum plan_tactic t)
 
 const char *plan_reason_name(enum plan_reason r)
 {
-    static const char *const names[] = {"fits",      "pinned",     "idle",   "idle_lru",
-                                        "vram_full", "cpu_faster", "forced", "hysteresis",
-                                        "queued",    "host_full",  "too_big"};
+    static const char *const names[] = {"fits",      "pinned",     "idle",    "idle_lru",
+                                        "vram_full", "cpu_faster", "forced",  "hysteresis",
+                                        "queued",    "host_full",  "too_big", "rebalance"};
     return (unsigned)r < PLAN_N_REASONS ? names[r] : "unknown";
 }
 

@@ -44,6 +44,22 @@
  * Budgets are hard: device blocks <= D per GPU and host blocks <= H always
  * (when the host cannot take the tails or parked sessions a GPU needs, its
  * lowest-priority admitted session is dropped and the GPU planned again).
+ * 4. moves across gpus (several gpus only): an active, movable session that
+ *    is spilled (WINDOW / CPU_TAIL) or waiting on gpu a goes to gpu b when b
+ *    holds all of it resident with the margin to spare (margin_pct of b's D,
+ *    at least one block), b has nobody spilled or waiting, b's worker is up,
+ *    and the rate model says the aggregate step time drops: the tail blocks a
+ *    stops streaming (its own and what its window frees for the others) at
+ *    the spill rate, minus the session's blocks read on b at the device rate.
+ *    The biggest gain goes first; at most one move leaves and one arrives per
+ *    gpu per plan. The assignment keeps describing the session on a (its move
+ *    is carried out later, at a step boundary) with move_to = b. Hysteresis:
+ *    once on b the session is resident with room to spare, so planning again
+ *    proposes no move back; kvmgr also clears `movable` for a while after a
+ *    move.
+ * Placement of a new session (plan_pick_gpu): the gpu where it fits (free
+ * device blocks >= its blocks) with the most free device blocks, then the
+ * fewest running sessions, then the gpu it was offered on.
  * Prefix-shared blocks are counted once per session (conservative). Cost:
  * O(n log n) per plan; 10k sessions on 8 GPUs plan in about 10 ms
  * (rkv-bench-plan).
@@ -67,6 +83,8 @@ enum plan_mode {
 
 /* no window cap: every admitted session fits entirely */
 #define PLAN_NO_CAP UINT32_MAX
+/* plan_assign.move_to when the session stays on its gpu */
+#define PLAN_NO_GPU UINT32_MAX
 
 struct plan_gpu {
     uint64_t vram_target;           /* bytes: cap for weights + kv + compute reserve */
@@ -77,6 +95,7 @@ struct plan_gpu {
     double dev_attn_gbps;    /* attention over device kv (informational) */
     double host_stream_gbps; /* gpu attention reading host kv (zero-copy); 0 = use pcie */
     double cpu_attn_gbps;    /* cpu attention over host kv */
+    uint8_t offline;         /* no worker serves it now: never a move or placement target */
 };
 
 struct plan_session {
@@ -89,6 +108,7 @@ struct plan_session {
     uint32_t cur_dev;            /* blocks on the device now */
     uint32_t cur_host;           /* host-only blocks now */
     uint64_t last_use;           /* any monotonic time unit; larger = more recent */
+    uint8_t movable;             /* may move to another gpu (0: stays, e.g. moved lately) */
 };
 
 struct plan_input {
@@ -115,6 +135,7 @@ enum plan_reason {
     PLAN_WHY_QUEUED,     /* wait: no room for it now */
     PLAN_WHY_HOST_FULL,  /* dropped: the host cannot hold its kv */
     PLAN_WHY_TOO_BIG,    /* wait, never_fits */
+    PLAN_WHY_REBALANCE,  /* moving to another gpu (move_to) */
     PLAN_N_REASONS,
 };
 
@@ -129,6 +150,7 @@ struct plan_assign {
     enum plan_reason reason;
     uint8_t never_fits; /* WAIT, and larger than its gpu and the host even when
                          * alone: answer the request with an error */
+    uint32_t move_to;   /* PLAN_NO_GPU, or the gpu it should move to (rebalance) */
 };
 
 struct plan_gpu_summary {
@@ -137,6 +159,8 @@ struct plan_gpu_summary {
     uint32_t window_cap; /* W, or PLAN_NO_CAP */
     uint32_t sessions[PLAN_N_TACTICS];
     uint64_t bytes[PLAN_N_TACTICS]; /* kv bytes of those sessions (device + host) */
+    uint32_t n_active;              /* admitted sessions with work (running) */
+    uint8_t offline;                /* as in plan_gpu */
 };
 
 struct plan_summary {
@@ -146,7 +170,8 @@ struct plan_summary {
     uint32_t n_wait;    /* sessions not admitted */
     uint32_t n_dropped; /* sessions whose kv must be rebuilt */
     uint32_t n_never_fits;
-    uint32_t n_moves; /* sessions with demote or promote > 0 */
+    uint32_t n_moves;     /* sessions with demote or promote > 0 */
+    uint32_t n_rebalance; /* sessions with move_to set */
     uint64_t blocks_demoted;
     uint64_t blocks_promoted;
     const struct plan_gpu_summary *gpu; /* [n_gpus] */
@@ -168,6 +193,15 @@ const struct plan_assign *plan_assign_at(const struct plan *p, size_t i);
 /* the assignment of session id, or NULL */
 const struct plan_assign *plan_find(const struct plan *p, uint64_t id);
 const struct plan_summary *plan_get_summary(const struct plan *p);
+
+/* the gpu a new session of `need` blocks goes to, from plan p (its sessions'
+ * usage) plus extra[g] blocks and extra_running[g] sessions placed since (both
+ * may be NULL): among gpus not offline, those where it fits first, then the
+ * most free device blocks, the fewest running, then `hint` (the gpu it was
+ * offered on), then the lowest index. `hint` when p is NULL or every gpu is
+ * offline. */
+uint32_t plan_pick_gpu(const struct plan *p, uint32_t need, uint32_t hint, const uint32_t *extra,
+                       const uint32_t *extra_running);
 
 /* device / host capacity in blocks for one gpu / the host */
 uint32_t plan_dev_cap(const struct plan_gpu *g, uint64_t block_bytes);

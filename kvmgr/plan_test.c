@@ -315,6 +315,148 @@ static void test_hysteresis(void **state)
     plan_free(p1), plan_free(p2), plan_free(p3), plan_free(p4);
 }
 
+/* --- several gpus: placement and moves ---------------------------------------- */
+
+static struct plan_session on_gpu(struct plan_session s, uint32_t gpu, int movable)
+{
+    s.gpu = gpu;
+    s.movable = (uint8_t)movable;
+    return s;
+}
+
+static void test_pick_gpu(void **state)
+{
+    (void)state;
+    struct plan_gpu g[2] = {gpu_with(100), gpu_with(100)};
+    /* gpu 0 holds 60 blocks of an idle session, gpu 1 holds 20 */
+    struct plan_session s[2] = {on_gpu(sess(1, 60, 0, 60, 0, PLAN_RESIDENT, 1), 0, 1),
+                                on_gpu(sess(2, 20, 0, 20, 0, PLAN_RESIDENT, 2), 1, 1)};
+    struct plan *p = run_plan(g, 2, 1000, s, 2, PLAN_MODE_AUTO, NULL);
+    assert_int_equal(plan_pick_gpu(p, 30, 0, NULL, NULL), 1); /* most free blocks */
+    assert_int_equal(plan_pick_gpu(p, 90, 0, NULL, NULL), 1); /* fits nowhere: most free */
+    uint32_t extra[2] = {0, 70}, run[2] = {0, 1};
+    assert_int_equal(plan_pick_gpu(p, 30, 1, extra, run), 0); /* placed by this prep already */
+    assert_int_equal(plan_pick_gpu(NULL, 30, 1, NULL, NULL), 1);
+    plan_free(p);
+    /* equal free blocks: the fewest running sessions, then the gpu it was offered on */
+    s[0] = on_gpu(sess(1, 20, 1, 20, 0, PLAN_RESIDENT, 1), 0, 1);
+    s[1] = on_gpu(sess(2, 20, 0, 20, 0, PLAN_RESIDENT, 2), 1, 1);
+    p = run_plan(g, 2, 1000, s, 2, PLAN_MODE_AUTO, NULL);
+    assert_int_equal(plan_get_summary(p)->gpu[0].n_active, 1);
+    assert_int_equal(plan_pick_gpu(p, 10, 0, NULL, NULL), 1);
+    plan_free(p);
+    s[0].active = 0;
+    p = run_plan(g, 2, 1000, s, 2, PLAN_MODE_AUTO, NULL);
+    assert_int_equal(plan_pick_gpu(p, 10, 0, NULL, NULL), 0);
+    assert_int_equal(plan_pick_gpu(p, 10, 1, NULL, NULL), 1);
+    plan_free(p);
+    /* a gpu without a worker gets nothing */
+    g[1].offline = 1;
+    s[0] = on_gpu(sess(1, 90, 0, 90, 0, PLAN_RESIDENT, 1), 0, 1);
+    p = run_plan(g, 2, 1000, s, 2, PLAN_MODE_AUTO, NULL);
+    assert_int_equal(plan_pick_gpu(p, 30, 1, NULL, NULL), 0);
+    plan_free(p);
+}
+
+/* two active sessions spill on gpu 0 while gpu 1 is empty: one moves */
+static void test_rebalance_spilled(void **state)
+{
+    (void)state;
+    struct plan_gpu g[2] = {gpu_with(100), gpu_with(100)};
+    struct plan_session s[2] = {on_gpu(sess(1, 60, 1, 50, 10, PLAN_WINDOW, 1), 0, 1),
+                                on_gpu(sess(2, 60, 1, 50, 10, PLAN_WINDOW, 2), 0, 1)};
+    struct plan *p1 = run_plan(g, 2, 1000, s, 2, PLAN_MODE_AUTO, NULL);
+    const struct plan_assign *a1 = plan_find(p1, 1), *a2 = plan_find(p1, 2);
+    assert_int_equal(plan_get_summary(p1)->n_rebalance, 1);
+    /* equal gains: the first in input order; its assignment still describes gpu 0, where
+     * it runs until the move is carried out */
+    assert_int_equal(a1->move_to, 1);
+    assert_int_equal(a2->move_to, PLAN_NO_GPU);
+    assert_int_equal(a1->tactic, PLAN_WINDOW);
+    assert_int_equal(a1->n_dev + a2->n_dev, 100);
+    assert_string_equal(plan_reason_name(PLAN_WHY_REBALANCE), "rebalance");
+    /* moved: both resident, one per gpu, and nothing moves back (hysteresis) */
+    s[0] = on_gpu(sess(1, 60, 1, 60, 0, PLAN_RESIDENT, 1), 1, 0);
+    s[1] = on_gpu(sess(2, 60, 1, 50, 10, PLAN_WINDOW, 2), 0, 1);
+    struct plan *p2 = run_plan(g, 2, 1000, s, 2, PLAN_MODE_AUTO, p1);
+    assert_int_equal(plan_find(p2, 1)->tactic, PLAN_RESIDENT);
+    assert_int_equal(plan_find(p2, 2)->tactic, PLAN_RESIDENT);
+    assert_int_equal(plan_find(p2, 2)->promote, 10);
+    assert_int_equal(plan_get_summary(p2)->n_rebalance, 0);
+    s[0].movable = 1; /* even once the cooldown is over */
+    struct plan *p3 = run_plan(g, 2, 1000, s, 2, PLAN_MODE_AUTO, p2);
+    assert_int_equal(plan_get_summary(p3)->n_rebalance, 0);
+    /* gpu 0's session outgrows its gpu: it spills there, but gpu 1 cannot hold it whole
+     * beside the other one, so it stays */
+    s[1] = on_gpu(sess(2, 110, 1, 100, 10, PLAN_WINDOW, 2), 0, 1);
+    struct plan *p4 = run_plan(g, 2, 1000, s, 2, PLAN_MODE_AUTO, p3);
+    assert_int_equal(plan_find(p4, 2)->tactic, PLAN_WINDOW);
+    assert_int_equal(plan_get_summary(p4)->n_rebalance, 0);
+    plan_free(p1), plan_free(p2), plan_free(p3), plan_free(p4);
+}
+
+/* what keeps a session where it is */
+static void test_rebalance_guards(void **state)
+{
+    (void)state;
+    struct plan_gpu g[2] = {gpu_with(100), gpu_with(100)};
+    struct plan_session s[3] = {on_gpu(sess(1, 60, 1, 50, 10, PLAN_WINDOW, 1), 0, 1),
+                                on_gpu(sess(2, 60, 1, 50, 10, PLAN_WINDOW, 2), 0, 1),
+                                on_gpu(sess(3, 36, 0, 36, 0, PLAN_RESIDENT, 3), 1, 1)};
+    /* gpu 1 has 64 blocks free: 60 fit, but not with the 5-block margin */
+    struct plan *p = run_plan(g, 2, 1000, s, 3, PLAN_MODE_AUTO, NULL);
+    assert_int_equal(plan_get_summary(p)->n_rebalance, 0);
+    plan_free(p);
+    s[2].n_blocks = s[2].cur_dev = 35; /* 65 free: it moves */
+    p = run_plan(g, 2, 1000, s, 3, PLAN_MODE_AUTO, NULL);
+    assert_int_equal(plan_find(p, 1)->move_to, 1);
+    plan_free(p);
+    /* no worker on gpu 1; sessions not movable (cooldown, rkvd asked) or pinned */
+    g[1].offline = 1;
+    p = run_plan(g, 2, 1000, s, 3, PLAN_MODE_AUTO, NULL);
+    assert_int_equal(plan_get_summary(p)->n_rebalance, 0);
+    plan_free(p);
+    g[1].offline = 0;
+    s[0].movable = s[1].movable = 0;
+    p = run_plan(g, 2, 1000, s, 3, PLAN_MODE_AUTO, NULL);
+    assert_int_equal(plan_get_summary(p)->n_rebalance, 0);
+    plan_free(p);
+    s[0].movable = 1;
+    s[0].pinned = 1;
+    p = run_plan(g, 2, 1000, s, 3, PLAN_MODE_AUTO, NULL);
+    assert_int_equal(plan_get_summary(p)->n_rebalance, 0);
+    plan_free(p);
+    /* both gpus spill: a move would only move the spill */
+    s[0].pinned = 0;
+    s[1].movable = 1;
+    s[2] = on_gpu(sess(3, 120, 1, 90, 30, PLAN_WINDOW, 3), 1, 1);
+    p = run_plan(g, 2, 1000, s, 3, PLAN_MODE_AUTO, NULL);
+    assert_int_equal(plan_find(p, 3)->tactic, PLAN_WINDOW);
+    assert_int_equal(plan_get_summary(p)->n_rebalance, 0);
+    plan_free(p);
+    /* one gpu: nothing to move to */
+    s[2].gpu = 0;
+    p = run_plan(g, 1, 1000, s, 3, PLAN_MODE_AUTO, NULL);
+    assert_int_equal(plan_get_summary(p)->n_rebalance, 0);
+    plan_free(p);
+}
+
+/* a session queued on a full gpu goes where it can run */
+static void test_rebalance_waiting(void **state)
+{
+    (void)state;
+    struct plan_gpu g[2] = {gpu_with(100), gpu_with(100)};
+    struct plan_session s[3] = {on_gpu(sess(1, 90, 1, 90, 0, PLAN_RESIDENT, 1), 0, 1),
+                                on_gpu(sess(2, 20, 1, 0, 0, PLAN_WAIT, 2), 0, 1),
+                                on_gpu(sess(3, 10, 1, 10, 0, PLAN_RESIDENT, 3), 1, 1)};
+    struct plan *p = run_plan(g, 2, 1000, s, 3, PLAN_MODE_RESIDENT, NULL);
+    assert_int_equal(plan_find(p, 2)->tactic, PLAN_WAIT);
+    assert_int_equal(plan_find(p, 2)->move_to, 1);
+    assert_int_equal(plan_find(p, 1)->move_to, PLAN_NO_GPU);
+    assert_int_equal(plan_find(p, 3)->move_to, PLAN_NO_GPU);
+    plan_free(p);
+}
+
 /* --- properties over random event sequences ------------------------------------ */
 
 #define SIM_MAX 64
@@ -725,6 +867,10 @@ int main(void)
         cmocka_unit_test(test_never_fits),
         cmocka_unit_test(test_pinned),
         cmocka_unit_test(test_hysteresis),
+        cmocka_unit_test(test_pick_gpu),
+        cmocka_unit_test(test_rebalance_spilled),
+        cmocka_unit_test(test_rebalance_guards),
+        cmocka_unit_test(test_rebalance_waiting),
         cmocka_unit_test(test_load_ramp),
         cmocka_unit_test(test_random_auto),
         cmocka_unit_test(test_random_forced),

@@ -34,12 +34,25 @@
  * send the tokens they add, so the blocks they fill become shareable once
  * n_written (positions whose KV is known written: the step's n_past) covers
  * them.
+ *
+ * Several gpus: kvmgr may answer a sequence with status PROTO_KV_MOVED(g)
+ * (no blocks): it placed the session on gpu g instead (a new session that
+ * fits g better), or moved its blocks there through the host pool (the
+ * planner's rebalance; every position was written, so no step reads the old
+ * blocks). rkvd runs it on worker g from then on: the next KV_PREP for it
+ * comes from g's driver. PROTO_KV_NOMOVE asks kvmgr to keep the session
+ * where it is (rkvd cannot follow now, e.g. another worker is drained).
  */
 
 #define PROTO_KV_ACTIVE 1u /* the session has a request running */
 #define PROTO_KV_PINNED 2u /* operator pinned: keep resident */
 #define PROTO_KV_NEW 4u    /* first prep of this session: tokens = all it has */
-#define PROTO_KV_FLAGS (PROTO_KV_ACTIVE | PROTO_KV_PINNED | PROTO_KV_NEW)
+#define PROTO_KV_NOMOVE 8u /* keep it on this worker's gpu */
+#define PROTO_KV_FLAGS (PROTO_KV_ACTIVE | PROTO_KV_PINNED | PROTO_KV_NEW | PROTO_KV_NOMOVE)
+/* a KV_TABLES status: the session is on gpu g now (g < PROTO_MAX_WORKERS) */
+#define PROTO_KV_MOVED(g) ((int32_t)(1 + (g)))
+#define PROTO_KV_IS_MOVED(st) ((st) >= 1 && (st) <= 64) /* 64: PROTO_MAX_WORKERS */
+#define PROTO_KV_MOVED_GPU(st) ((uint32_t)(st) - 1u)
 #define PROTO_KV_MAX_TOKENS (1u << 24)
 
 struct proto_kv_prep_seq {
@@ -64,7 +77,7 @@ struct proto_kv_prep {
 
 struct proto_kv_table {
     uint64_t session_id;
-    int32_t status; /* 0, or RKV_ENOSPACE: not admitted yet (retry) */
+    int32_t status; /* 0, RKV_ENOSPACE: not admitted yet (retry), or PROTO_KV_MOVED(g) */
     uint8_t tactic; /* enum proto_tactic */
     uint32_t n_cached; /* NEW sessions: leading positions reused from other sessions */
     uint32_t n_blocks;

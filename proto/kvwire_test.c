@@ -91,6 +91,35 @@ static void test_tables_roundtrip(void **state)
     proto_wbuf_free(&w);
 }
 
+/* several gpus: a sequence answered "moved to gpu g", and a prep asking to stay */
+static void test_moved_and_nomove(void **state)
+{
+    (void)state;
+    struct proto_kv_table t[] = {{8, PROTO_KV_MOVED(3), PROTO_TACTIC_RESIDENT, 0, 0, NULL}};
+    struct proto_kv_tables tm = {7, 1, t};
+    struct proto_wbuf w;
+    char err[128];
+    proto_wbuf_init(&w);
+    assert_int_equal(proto_kv_tables_encode(&tm, &w, err, sizeof err), 0);
+    struct proto_kv_tables *m;
+    assert_int_equal(proto_kv_tables_decode(w.data, w.len, &m, err, sizeof err), 0);
+    assert_true(PROTO_KV_IS_MOVED(m->seqs[0].status));
+    assert_int_equal(PROTO_KV_MOVED_GPU(m->seqs[0].status), 3);
+    assert_false(PROTO_KV_IS_MOVED(0));
+    assert_false(PROTO_KV_IS_MOVED(RKV_ENOSPACE));
+    assert_true(PROTO_KV_IS_MOVED(PROTO_KV_MOVED(PROTO_MAX_WORKERS - 1)));
+    proto_kv_tables_free(m);
+    proto_wbuf_reset(&w);
+    struct proto_kv_prep_seq q = {5, 10, PROTO_KV_ACTIVE | PROTO_KV_NOMOVE, 9, 0, NULL};
+    struct proto_kv_prep pm = {1, 0, 0, NULL, 0, NULL, 1, &q};
+    assert_int_equal(proto_kv_prep_encode(&pm, &w, err, sizeof err), 0);
+    struct proto_kv_prep *p;
+    assert_int_equal(proto_kv_prep_decode(w.data, w.len, &p, err, sizeof err), 0);
+    assert_int_equal(p->seqs[0].flags, PROTO_KV_ACTIVE | PROTO_KV_NOMOVE);
+    proto_kv_prep_free(p);
+    proto_wbuf_free(&w);
+}
+
 static void test_limits_and_noise(void **state)
 {
     (void)state;
@@ -136,6 +165,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prep_roundtrip),
         cmocka_unit_test(test_tables_roundtrip),
+        cmocka_unit_test(test_moved_and_nomove),
         cmocka_unit_test(test_limits_and_noise),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,145 @@
+"""Several GPUs, simulated on the CPU backend (--workers 2: one kvmgr with a device pool per worker
+and one shared host pool). While worker 1 is drained, a pinned session and a long conversation
+share worker 0, so the conversation's KV spills to the host (WINDOW). Once worker 1 takes
+sessions again, the conversation's next turn finds kvmgr's planner moving it there through the
+host pool: it goes on resident on worker 1 with the text of a single-worker server and of
+rkv-gen, nothing is prefilled again, and the move shows in the tactic-event log, the metrics and
+rkvctl. Everything is sequential: no step of the test depends on timing."""
+import json
+import sqlite3
+import subprocess
+import time
+
+import pytest
+
+openai = pytest.importorskip("openai")
+
+# tiny model, f32 KV, 16 positions per block: one block is 8 KiB, so a 256 KiB device pool
+# holds 32 blocks (512 positions) per worker. The pinned session keeps ~20 blocks resident on
+# worker 0, the conversation grows to ~28: together they spill, alone each fits.
+TWO = ("--workers", "2", "--block-size", "16", "--vram-target", "256KiB", "--host-budget",
+       "8MiB", "--max-running", "16")
+ONE = ("--workers", "1", "--block-size", "16", "--vram-target", "64MiB", "--host-budget",
+       "8MiB", "--max-running", "16")
+
+KEEP = ("keep", ["A pinned story about a quiet harbour and its boats.", " More:"], [300, 2])
+CONV = ("fox", ["The fox walked to the sea and back again, slowly.", " Then the fox said:",
+                " And the sea answered:"], [400, 24, 24])
+
+
+def client(srv):
+    return openai.OpenAI(base_url=srv.base_url, api_key="none", max_retries=0, timeout=60)
+
+
+def converse(srv, ref, conv, first=0, upto=None, history=()):
+    """turns [first, upto) of a conversation, sent as token ids so that each turn's prompt is
+    exactly the session's history plus the new text: [(prompt ids, answer text)]. The
+    answer's ids are rkv-gen's for the same prompt (the test checks the texts agree)."""
+    sid, texts, lens = conv
+    out, history = [], list(history)
+    for text, n in list(zip(texts, lens))[first:upto]:
+        prompt = history + list(ref.tokens(text, bos=not history))
+        r = client(srv).completions.create(model="tiny", prompt=prompt, max_tokens=n,
+                                           temperature=0,
+                                           extra_body={"session_id": sid, "ignore_eos": True})
+        out.append((prompt, r.choices[0].text))
+        history = prompt + gen(ref, prompt, n)["ids"]
+    return out
+
+
+def gen(ref, prompt, n):
+    return ref.gen(ids=tuple(prompt), n=n, sampling=("--temp", "0", "--ignore-eos"))
+
+
+def history_of(ref, turns, lens):
+    prompt, _ = turns[-1]
+    return prompt + gen(ref, prompt, lens[len(turns) - 1])["ids"]
+
+
+def rkvctl(srv, *args):
+    from conftest import rkv_bin
+    r = subprocess.run([rkv_bin("rkvctl"), "--socket", str(srv.run_dir / "admin.sock"), *args],
+                       capture_output=True, timeout=30)
+    assert r.returncode == 0, r.stderr.decode(errors="replace")
+    return r.stdout.decode()
+
+
+def events(srv):
+    db = sqlite3.connect(f"file:{srv.state_dir}/rkv.db?mode=ro", uri=True)
+    try:
+        return db.execute("SELECT session_id, from_tactic, to_tactic, reason, gpu FROM "
+                          "tactic_events ORDER BY id").fetchall()
+    finally:
+        db.close()
+
+
+def wait_for(pred, what, timeout=30):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+@pytest.fixture(scope="module")
+def single(tiny_model, tmp_path_factory, ref):
+    """the same conversations on one worker with room for everything"""
+    from conftest import Rkvd, _stop_checked
+    srv = Rkvd(tiny_model, tmp_path_factory.mktemp("one"), ONE).start()
+    try:
+        return {c[0]: converse(srv, ref, c) for c in (KEEP, CONV)}
+    finally:
+        _stop_checked(srv)
+
+
+def test_session_moves_to_the_idle_gpu_mid_conversation(rkvd_factory, single, ref):
+    srv = rkvd_factory(*TWO)
+    # worker 1 takes no sessions, and nothing moves while a worker is drained: both
+    # sessions start on worker 0
+    rkvctl(srv, "workers", "drain", "1")
+    keep = converse(srv, ref, KEEP, 0, 1)
+    rkvctl(srv, "sessions", "pin", KEEP[0])
+    keep += converse(srv, ref, KEEP, 1, 2, history_of(ref, keep, KEEP[2]))  # kvmgr learns it
+    fox = converse(srv, ref, CONV, 0, 1)
+    ev = events(srv)
+    assert any(e[2] in ("window", "cpu_tail") for e in ev), f"worker 0 did not spill: {ev}"
+    assert srv.metric("rkv:kv_sessions_moved_total") == 0
+    sessions = {s["id"]: s for s in json.loads(rkvctl(srv, "--json", "sessions"))["sessions"]}
+    assert sessions[KEEP[0]]["worker"] == 0 and sessions[CONV[0]]["worker"] == 0, sessions
+
+    # worker 1 is free again: the conversation's next turn moves there with its KV
+    rkvctl(srv, "workers", "drain", "1", "--off")
+    pre = (srv.metric("rkv:prompt_tokens_total"), srv.metric("rkv:prefix_cache_hits_total"),
+           srv.metric("rkv:prefill_tokens_total"))
+    fox += converse(srv, ref, CONV, 1, 2, history_of(ref, fox, CONV[2]))
+    assert srv.metric("rkv:kv_sessions_moved_total", from_gpu="0", to_gpu="1") == 1, \
+        srv.log()[-3000:]
+    # only the turn's new tokens were computed: the moved KV (every position but the last
+    # sampled token, which no step has fed yet) was reused
+    prompt, hits, prefill = (srv.metric("rkv:prompt_tokens_total") - pre[0],
+                             srv.metric("rkv:prefix_cache_hits_total") - pre[1],
+                             srv.metric("rkv:prefill_tokens_total") - pre[2])
+    assert hits == len(history_of(ref, fox[:1], CONV[2])) - 1, (prompt, hits, prefill)
+    assert prefill == prompt - hits
+    # and it stays there (hysteresis): a third turn runs on worker 1 without a move
+    fox += converse(srv, ref, CONV, 2, 3, history_of(ref, fox, CONV[2]))
+    assert srv.metric("rkv:kv_sessions_moved_total") == 1
+
+    # the move is a tactic transition with its reason, on the gpu it went to
+    wait_for(lambda: any(e[3].startswith("rebalance") for e in events(srv)), "the move event",
+             timeout=5)
+    ev = [e for e in events(srv) if e[3].startswith("rebalance")]
+    assert len(ev) == 1 and ev[0][4] == 1 and ev[0][2] == "resident", ev
+    assert "moved from gpu 0 to gpu 1" in ev[0][3], ev
+    assert "moved from gpu 0 to gpu 1" in srv.log()
+    sessions = {s["id"]: s for s in json.loads(rkvctl(srv, "--json", "sessions"))["sessions"]}
+    assert sessions[KEEP[0]]["worker"] == 0 and sessions[CONV[0]]["worker"] == 1, sessions
+    assert ev[0][0] == sessions[CONV[0]]["sid"]
+    status = rkvctl(srv, "status")
+    assert "sessions per gpu: 0: 1, 1: 1" in status, status
+    assert json.loads(rkvctl(srv, "--json", "status"))["sessions_per_gpu"] == [1, 1]
+
+    # the same text as one worker computing everything, and as rkv-gen
+    assert keep == single[KEEP[0]]
+    assert fox == single[CONV[0]]
+    for (prompt, answer), n in list(zip(fox, CONV[2])) + list(zip(keep, KEEP[2])):
+        assert answer == gen(ref, prompt, n)["text"], prompt[-8:]
