@@ -157,6 +157,9 @@ struct rkvd {
     struct sup_child *workers[RKVD_MAX_WORKERS];
     uint32_t n_workers;
     int worker_up[RKVD_MAX_WORKERS];
+    /* a failed step took the worker down: when, and its pid then (a hung one keeps it) */
+    uint64_t worker_down_ms[RKVD_MAX_WORKERS];
+    pid_t worker_down_pid[RKVD_MAX_WORKERS];
     struct driver *drv;
     struct sched *sched;
     struct api *api;
@@ -298,6 +301,7 @@ static void drv_worker_up(void *ud, uint32_t w)
     struct rkvd *d = ud;
     log_info("worker %u is up", w);
     d->worker_up[w] = 1;
+    d->worker_down_ms[w] = 0;
     sched_worker_up(d->sched, w);
     maybe_ready(d);
 }
@@ -307,6 +311,8 @@ static void drv_worker_down(void *ud, uint32_t w, const char *why)
     struct rkvd *d = ud;
     log_warn("worker %u is down: %s", w, why);
     d->worker_up[w] = 0;
+    d->worker_down_ms[w] = rkv_now_ms();
+    d->worker_down_pid[w] = d->workers[w] ? sup_child_pid(d->workers[w]) : 0;
     sched_worker_down(d->sched, w);
 }
 
@@ -464,10 +470,32 @@ static void kvmgr_watchdog(struct rkvd *d)
     d->kvmgr_silent_ms = rkv_now_ms(); /* the new one gets its own time */
 }
 
+/* a worker whose step failed but whose process lives on under the same pid 2 s later (a crash
+ * is reaped in milliseconds) is hung (found by the fault campaign with a SIGSTOPped worker: it
+ * was marked down and never restarted, so its requests waited forever); killed, the supervisor
+ * starts it again and its sessions continue from the KV kvmgr holds */
+static void worker_watchdog(struct rkvd *d)
+{
+    for (uint32_t w = 0; w < d->n_workers; w++) {
+        pid_t pid = d->workers[w] ? sup_child_pid(d->workers[w]) : 0;
+        if (d->worker_up[w] || !d->worker_down_ms[w] ||
+            rkv_now_ms() - d->worker_down_ms[w] < 2000)
+            continue;
+        d->worker_down_ms[w] = 0;
+        if (!pid || pid != d->worker_down_pid[w])
+            continue;
+        log_error("worker %u (pid %d) is alive but did not answer its step within step_timeout "
+                  "(%lld s): killing it, the supervisor starts it again",
+                  w, (int)pid, (long long)d->c.step_timeout);
+        sup_child_kill(d->workers[w], SIGKILL);
+    }
+}
+
 static void cron_cb(uv_timer_t *t)
 {
     struct rkvd *d = t->data;
     kvmgr_watchdog(d);
+    worker_watchdog(d);
     uint64_t wd;
     if (sd_watchdog_enabled(0, &wd) > 0)
         sd_notify(0, "WATCHDOG=1");

@@ -1,6 +1,7 @@
 """faults.py - the fault campaign of issue 9: rkvd on the CPU backend with the tiny model under
 load from many threads (streamed and non-streamed chat turns in named sessions, completions
-without one), while the campaign SIGKILLs the worker, SIGKILLs kvmgr and SIGTERMs rkvd, then
+without one), while the campaign SIGKILLs the worker, SIGKILLs kvmgr, SIGSTOPs one of them (a
+hung child: rkvd's step_timeout / kvmgr_timeout must restart it) and SIGTERMs rkvd, then
 restarts it on the same state dir.
 
 Checks (each a key of "checks" in the JSON it writes):
@@ -381,7 +382,8 @@ def main():
                         "1", "--out", str(model)], check=True, capture_output=True)
     # small pools so sessions spill; short drain so a SIGTERM ends within seconds
     srv = Rkvd(model, work / "r", ["--vram-target", "32MiB", "--host-budget", "32MiB",
-                                   "--shutdown-timeout", "1", "--max-sessions", "256"])
+                                   "--shutdown-timeout", "1", "--max-sessions", "256",
+                                   "--step-timeout", "5", "--kvmgr-timeout", "3"])
     srv.log_path.unlink(missing_ok=True)
     state = State()
     rng = random.Random(a.seed)
@@ -415,13 +417,15 @@ def main():
                     break
                 time.sleep(a.kill_every)
                 x = rng.random()
-                # mostly one child; sometimes both at once
-                comms = ["rkv-worker"] if x < 0.5 else ["rkv-kvmgr"] if x < 0.85 else \
-                    ["rkv-kvmgr", "rkv-worker"]
+                # mostly one child SIGKILLed; sometimes both at once, or one hung (SIGSTOP:
+                # rkvd's step_timeout / kvmgr_timeout must notice and restart it)
+                sig = signal.SIGSTOP if x >= 0.9 else signal.SIGKILL
+                comms = ["rkv-worker"] if x < 0.45 or x >= 0.95 else ["rkv-kvmgr"] if x < 0.8 \
+                    or x >= 0.9 else ["rkv-kvmgr", "rkv-worker"]
                 pids = [srv.child_pid(c) for c in comms]
                 for p in pids:
-                    os.kill(p, signal.SIGKILL)
-                kills[" + ".join(comms) + " SIGKILL"] += 1
+                    os.kill(p, sig)
+                kills[" + ".join(comms) + " " + sig.name] += 1
                 if not all(healthy_with_new(srv, c, p) for c, p in zip(comms, pids)):
                     problems.append(f"rkvd did not recover from a {comms} SIGKILL within 60 s")
                     break
