@@ -65,6 +65,24 @@ struct be_partial {
     struct be_tensor *l; /* (n_tokens, n_head) */
 };
 
+/* a fused linear layer (decode): for each i < n_w,
+ *   SET:    out[i] (n, w[i] rows) = norm(in) . w[i]^T + bias[i]
+ *   ADD:    out[0] += in . w[0]^T + bias[0]                    (n_w 1, no norm)
+ *   SWIGLU: out[0] = silu(norm(in) . w[0]^T) * (norm(in) . w[1]^T)  (n_w 2, no bias)
+ * norm(in) = rmsnorm(in, norm_w, eps) when norm_w, else in. */
+enum be_lin_mode { BE_LIN_SET = 0, BE_LIN_ADD, BE_LIN_SWIGLU };
+#define BE_LIN_MAX 3
+struct be_linear {
+    enum be_lin_mode mode;
+    const struct be_tensor *in;     /* (n, n_in) f32 */
+    const struct be_tensor *norm_w; /* (1, n_in) or NULL */
+    float eps;
+    uint32_t n_w;
+    const struct be_tensor *w[BE_LIN_MAX];    /* (n_out_i, n_in) */
+    const struct be_tensor *bias[BE_LIN_MAX]; /* (1, n_out_i) or NULL */
+    struct be_tensor *out[BE_LIN_MAX];        /* (n, n_out_i) */
+};
+
 /* the vtable a backend fills. ops work on the first n rows of their tensors;
  * they return 0 or a negative RKV_E* code. */
 struct backend_i {
@@ -116,6 +134,15 @@ struct backend_i {
                     const uint32_t *rows, uint32_t n);
     /* waits for queued work (no-op for cpu) */
     int (*sync)(void *ctx);
+
+    /* optional fused ops; NULL, or a return of 1, means "compose it from the
+     * ops above" (the forward pass does). */
+    int (*linear)(void *ctx, const struct be_linear *l, uint32_t n);
+    /* rope on q (n_tokens, n_head*head_dim) and k in place, then kv_write of
+     * k, v: what rope(q), rope(k), kv_write(k, v) do */
+    int (*rope_kv_write)(void *ctx, const struct be_batch *b, uint32_t layer, struct be_tensor *q,
+                         struct be_tensor *k, const struct be_tensor *v, const struct be_attn *a,
+                         const struct be_rope *r);
 };
 
 struct backend_opts {
@@ -169,5 +196,10 @@ int add_forward(struct backend *be, struct be_tensor *out, const struct be_tenso
 int get_rows_forward(struct backend *be, struct be_tensor *out, const struct be_tensor *in,
                      const uint32_t *rows, uint32_t n);
 int backend_sync(struct backend *be);
+/* the fused ops: 1 when the backend has none for this call (compose instead) */
+int linear_forward(struct backend *be, const struct be_linear *l, uint32_t n);
+int rope_kv_write_forward(struct backend *be, const struct be_batch *b, uint32_t layer,
+                          struct be_tensor *q, struct be_tensor *k, const struct be_tensor *v,
+                          const struct be_attn *a, const struct be_rope *r);
 
 #endif

@@ -158,3 +158,39 @@ int backend_sync(struct backend *be)
 {
     return be->iface->sync(be->ctx);
 }
+
+int linear_forward(struct backend *be, const struct be_linear *l, uint32_t n)
+{
+    if (!be->iface->linear)
+        return 1;
+    if (l->n_w == 0 || l->n_w > BE_LIN_MAX || !l->in ||
+        (l->mode == BE_LIN_ADD && (l->n_w != 1 || l->norm_w)) ||
+        (l->mode == BE_LIN_SWIGLU && (l->n_w != 2 || l->bias[0] || l->bias[1])))
+        return RKV_EINVAL;
+    const uint32_t n_in = l->in->cols;
+    if (!rows_ok(l->in, n, n_in) || (l->norm_w && !rows_ok(l->norm_w, 1, n_in)))
+        return RKV_EINVAL;
+    for (uint32_t i = 0; i < l->n_w; i++) {
+        const struct be_tensor *w = l->w[i];
+        if (!w || w->cols != n_in || (l->bias[i] && !rows_ok(l->bias[i], 1, w->rows)))
+            return RKV_EINVAL;
+        if (l->mode == BE_LIN_SWIGLU ? w->rows != l->w[0]->rows || !rows_ok(l->out[0], n, w->rows)
+                                     : !rows_ok(l->out[i], n, w->rows))
+            return RKV_EINVAL;
+    }
+    return be->iface->linear(be->ctx, l, n);
+}
+
+int rope_kv_write_forward(struct backend *be, const struct be_batch *b, uint32_t layer,
+                          struct be_tensor *q, struct be_tensor *k, const struct be_tensor *v,
+                          const struct be_attn *a, const struct be_rope *r)
+{
+    if (!be->iface->rope_kv_write)
+        return 1;
+    const uint32_t kvd = a->n_kv_head * a->head_dim;
+    if (!batch_ok(b) || !rows_ok(q, b->n_tokens, a->n_head * a->head_dim) ||
+        !rows_ok(k, b->n_tokens, kvd) || !rows_ok(v, b->n_tokens, kvd) || r->n_rot % 2 ||
+        r->n_rot > a->head_dim)
+        return RKV_EINVAL;
+    return be->iface->rope_kv_write(be->ctx, b, layer, q, k, v, a, r);
+}

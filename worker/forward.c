@@ -153,6 +153,39 @@ static int logits_forward(struct fwd *f, const uint32_t *rows, uint32_t n, float
     return backend_tensor_get(be, f->logit, logits, 0, (size_t)n * m->hp.n_vocab * sizeof(float));
 }
 
+/* a linear layer: the backend's fused op, else composed from plain ops
+ * with the forward's scratch (h: the normed input, proj, up) */
+static int fwd_linear(struct fwd *f, const struct be_linear *l, uint32_t T)
+{
+    struct backend *be = f->be;
+    int rc = linear_forward(be, l, T);
+    if (rc != 1)
+        return rc;
+    const struct be_tensor *in = l->in;
+    if (l->norm_w) {
+        if ((rc = rmsnorm_forward(be, f->h, in, l->norm_w, T, l->eps)) < 0) /* h (T, dim) */
+            return rc;
+        in = f->h;
+    }
+    switch (l->mode) {
+    case BE_LIN_SET:
+        for (uint32_t i = 0; i < l->n_w; i++)
+            if ((rc = matmul_forward(be, l->out[i], in, l->w[i], l->bias[i], T)) < 0)
+                return rc;
+        return 0;
+    case BE_LIN_ADD: /* proj (T, dim) */
+        if ((rc = matmul_forward(be, f->proj, in, l->w[0], l->bias[0], T)) < 0)
+            return rc;
+        return add_forward(be, l->out[0], l->out[0], f->proj, T);
+    case BE_LIN_SWIGLU: /* out, up (T, ffn) */
+        if ((rc = matmul_forward(be, l->out[0], in, l->w[0], NULL, T)) < 0 ||
+            (rc = matmul_forward(be, f->up, in, l->w[1], NULL, T)) < 0)
+            return rc;
+        return silu_mul_forward(be, l->out[0], l->out[0], f->up, T);
+    }
+    return RKV_EINVAL;
+}
+
 int fwd_step(struct fwd *f, const struct fwd_seq *seqs, uint32_t n_seqs, int all_logits,
              float *logits)
 {
@@ -177,29 +210,38 @@ int fwd_step(struct fwd *f, const struct fwd_seq *seqs, uint32_t n_seqs, int all
     RUN(embed_forward(be, f->x, m->tok_embd, f->ids, T)); /* x (T, dim) */
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         const struct model_layer *L = &m->layers[l];
-        /* attention */
-        RUN(rmsnorm_forward(be, f->h, f->x, L->attn_norm, T, hp->norm_eps)); /* h (T, dim) */
-        RUN(matmul_forward(be, f->q, f->h, L->wq, L->bq, T));                /* q (T, n_head*hd) */
-        RUN(matmul_forward(be, f->k, f->h, L->wk, L->bk, T));                /* k (T, n_kv*hd) */
-        RUN(matmul_forward(be, f->v, f->h, L->wv, L->bv, T));                /* v (T, n_kv*hd) */
-        RUN(rope_forward(be, f->q, &b, hp->n_head, hp->head_dim, &rope));
-        RUN(rope_forward(be, f->k, &b, hp->n_kv_head, hp->head_dim, &rope));
-        RUN(kv_write_forward(be, &b, l, f->k, f->v));
+        /* attention: q, k, v = norm(x) . wq, wk, wv; x += attn . wo */
+        const struct be_linear qkv = {BE_LIN_SET,
+                                      f->x,
+                                      L->attn_norm,
+                                      hp->norm_eps,
+                                      3,
+                                      {L->wq, L->wk, L->wv},
+                                      {L->bq, L->bk, L->bv},
+                                      {f->q, f->k, f->v}};
+        RUN(fwd_linear(f, &qkv, T));
+        if ((rc = rope_kv_write_forward(be, &b, l, f->q, f->k, f->v, &at, &rope)) == 1) {
+            RUN(rope_forward(be, f->q, &b, hp->n_head, hp->head_dim, &rope));
+            RUN(rope_forward(be, f->k, &b, hp->n_kv_head, hp->head_dim, &rope));
+            RUN(kv_write_forward(be, &b, l, f->k, f->v));
+        } else if (rc < 0)
+            goto fail;
         /* device blocks and host blocks attend separately, merged by lse */
         RUN(attn_partial_forward(be, &b, l, KV_DEVICE, f->q, &at, &f->dev)); /* o (T, n_head*hd) */
         if (any_host) {
             RUN(attn_partial_forward(be, &b, l, KV_HOST, f->q, &at, &f->host));
             RUN(attn_merge_forward(be, &f->dev, &f->host, T, &at));
         }
-        RUN(matmul_forward(be, f->proj, f->dev.o, L->wo, NULL, T)); /* proj (T, dim) */
-        RUN(add_forward(be, f->x, f->x, f->proj, T));
-        /* feed-forward */
-        RUN(rmsnorm_forward(be, f->h, f->x, L->ffn_norm, T, hp->norm_eps)); /* h (T, dim) */
-        RUN(matmul_forward(be, f->gate, f->h, L->w_gate, NULL, T));         /* gate (T, ffn) */
-        RUN(matmul_forward(be, f->up, f->h, L->w_up, NULL, T));             /* up (T, ffn) */
-        RUN(silu_mul_forward(be, f->gate, f->gate, f->up, T));
-        RUN(matmul_forward(be, f->proj, f->gate, L->w_down, NULL, T)); /* proj (T, dim) */
-        RUN(add_forward(be, f->x, f->x, f->proj, T));
+        const struct be_linear wo = {BE_LIN_ADD, f->dev.o, NULL, 0, 1, {L->wo}, {NULL}, {f->x}};
+        RUN(fwd_linear(f, &wo, T));
+        /* feed-forward: x += (silu(norm(x) . w_gate) * (norm(x) . w_up)) . w_down */
+        const struct be_linear gu = {BE_LIN_SWIGLU, f->x,     L->ffn_norm,
+                                     hp->norm_eps,  2,        {L->w_gate, L->w_up},
+                                     {NULL, NULL},  {f->gate}};
+        RUN(fwd_linear(f, &gu, T));
+        const struct be_linear down = {BE_LIN_ADD, f->gate,     NULL,   0,
+                                       1,          {L->w_down}, {NULL}, {f->x}};
+        RUN(fwd_linear(f, &down, T));
     }
     if (all_logits) {
         /* every token, max_seqs rows at a time */

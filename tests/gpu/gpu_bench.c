@@ -277,7 +277,8 @@ static int bench_model(struct backend *be, int quick, const char *preset)
     const double wbytes = (double)m->weight_bytes, kv_per_tok = (double)bb / 256;
     uint32_t ctxs[] = {4096, 32768, 131072};
     int fracs[] = {0, 25, 50, 90, 100};
-    for (int ci = 0; ci < 3; ci++) {
+    int profiled = 0; /* RKV_PROFILE_EXIT: stop after the profiled step */
+    for (int ci = 0; ci < 3 && !profiled; ci++) {
         uint32_t ctx = ctxs[ci];
         if (ctx > max_ctx)
             continue;
@@ -302,6 +303,17 @@ static int bench_model(struct backend *be, int quick, const char *preset)
             int steps = (int)(2.0 / bound);
             steps = steps < 3 ? 3 : steps > 50 ? 50 : steps;
             rc = fwd_step(f, &s, 1, 0, logits); /* warm-up */
+            /* RKV_PROFILE_CTX=N: one step at ctx N, all resident, for ncu */
+            const char *pc = getenv("RKV_PROFILE_CTX");
+            if (rc == 0 && pc && (uint32_t)atoi(pc) == ctx && n_host == 0) {
+                rkv_cuda_profiler(1);
+                rc = fwd_step(f, &s, 1, 0, logits);
+                rkv_cuda_profiler(0);
+                if (getenv("RKV_PROFILE_EXIT"))
+                    profiled = 1;
+            }
+            if (profiled)
+                break;
             double t1 = gu_now();
             for (int i = 0; i < steps && rc == 0; i++)
                 rc = fwd_step(f, &s, 1, 0, logits);
@@ -317,7 +329,7 @@ static int bench_model(struct backend *be, int quick, const char *preset)
         }
     }
     /* batch 64 at 4k, all resident */
-    if (rc == 0) {
+    if (rc == 0 && !profiled) {
         struct fwd_seq ss[64];
         int32_t toks[64];
         for (uint32_t s = 0; s < S; s++) {
@@ -336,7 +348,7 @@ static int bench_model(struct backend *be, int quick, const char *preset)
     }
     /* prefill: 4k resident, 4k with half the kv on host */
     uint32_t plens[] = {4096, quick ? 0 : 16384};
-    for (int pi = 0; pi < 2 && rc == 0; pi++) {
+    for (int pi = 0; pi < 2 && rc == 0 && !profiled; pi++) {
         uint32_t len = plens[pi];
         if (!len)
             continue;

@@ -160,6 +160,82 @@ static void test_matmul(struct backend *precise)
     }
 }
 
+/* the fused linear layer against the cpu ops it stands for (rmsnorm, matmul,
+ * add, silu_mul); n 1..2 folds the norm into the gemv, 3..8 runs it first,
+ * more tokens are composed by the forward pass (the op declines with 1) */
+static void linear_case(enum be_type t, enum be_lin_mode mode, uint32_t n, int norm)
+{
+    const uint32_t n_in = 512, rows[3] = {256, 64, 64};
+    const uint32_t n_w = mode == BE_LIN_SET ? 3 : mode == BE_LIN_ADD ? 1 : 2;
+    const float ws = 1.0f / sqrtf((float)n_in);
+    struct pair x = pair_new(BE_F32, n, n_in, 2.0f), nw = pair_new(BE_F32, 1, n_in, 1.0f),
+                h = pair_new(BE_F32, n, n_in, 1.0f), w[3], b[3], out[3], tmp[3];
+    for (uint32_t i = 0; i < 3; i++) {
+        uint32_t r = mode == BE_LIN_SWIGLU ? rows[0] : rows[i];
+        w[i] = pair_new(t, r, n_in, ws);
+        b[i] = pair_new(BE_F32, 1, r, 1.0f);
+        out[i] = pair_new(BE_F32, n, r, 1.0f); /* ADD: the residual it adds to */
+        tmp[i] = pair_new(BE_F32, n, r, 1.0f);
+    }
+    struct be_linear gl = {mode, x.g, norm ? nw.g : NULL, 1e-5f, n_w, {0}, {0}, {0}};
+    for (uint32_t i = 0; i < n_w; i++) {
+        gl.w[i] = w[i].g;
+        gl.bias[i] = mode != BE_LIN_SWIGLU && i == 0 ? b[i].g : NULL;
+        gl.out[i] = out[i].g;
+    }
+    int rc = linear_forward(gpu, &gl, n);
+    /* the reference, composed on the cpu */
+    const struct be_tensor *in = x.c;
+    if (norm) {
+        rc |= rmsnorm_forward(cpu, h.c, x.c, nw.c, n, 1e-5f);
+        in = h.c;
+    }
+    if (mode == BE_LIN_SET)
+        for (uint32_t i = 0; i < 3; i++)
+            rc |= matmul_forward(cpu, out[i].c, in, w[i].c, i == 0 ? b[0].c : NULL, n);
+    else if (mode == BE_LIN_ADD)
+        rc |= matmul_forward(cpu, tmp[0].c, in, w[0].c, b[0].c, n) |
+              add_forward(cpu, out[0].c, out[0].c, tmp[0].c, n);
+    else
+        rc |= matmul_forward(cpu, out[0].c, in, w[0].c, NULL, n) |
+              matmul_forward(cpu, tmp[0].c, in, w[1].c, NULL, n) |
+              silu_mul_forward(cpu, out[0].c, out[0].c, tmp[0].c, n);
+    static const char *modes[] = {"set", "add", "swiglu"};
+    char name[96];
+    snprintf(name, sizeof(name), "linear %s %s n=%u%s", modes[mode], be_type_name(t), n,
+             norm ? " +norm" : "");
+    if (rc == 1) {
+        printf("  FAIL %s: the cuda backend declined the fused op\n", name);
+        n_fail++;
+    } else {
+        size_t bad = rc ? 1 : 0;
+        for (uint32_t i = 0; i < (mode == BE_LIN_SET ? 3u : 1u) && !bad; i++)
+            bad = pair_cmp(name, &out[i], out[i].n, 1e-4f, 1e-4f);
+        CHECK(name, rc == 0 && bad == 0);
+    }
+    pair_free(&x);
+    pair_free(&nw);
+    pair_free(&h);
+    for (uint32_t i = 0; i < 3; i++) {
+        pair_free(&w[i]);
+        pair_free(&b[i]);
+        pair_free(&out[i]);
+        pair_free(&tmp[i]);
+    }
+}
+
+static void test_linear(void)
+{
+    static const uint32_t ns[] = {1, 2, 3, 8};
+    for (int ti = 0; ti < 3; ti++)
+        for (int ni = 0; ni < 4; ni++) {
+            linear_case(all_types[ti], BE_LIN_SET, ns[ni], 1);
+            linear_case(all_types[ti], BE_LIN_SET, ns[ni], 0);
+            linear_case(all_types[ti], BE_LIN_ADD, ns[ni], 0);
+            linear_case(all_types[ti], BE_LIN_SWIGLU, ns[ni], 1);
+        }
+}
+
 static void test_rope(void)
 {
     for (int neox = 0; neox < 2; neox++)
@@ -384,6 +460,7 @@ int main(int argc, char **argv)
         test_embed();
         test_rmsnorm();
         test_matmul(precise);
+        test_linear();
         test_rope();
         test_elementwise();
         test_attention();

@@ -16,12 +16,12 @@ int cuda_attn(struct cuda_ctx *c, const struct cuda_attn_args *a)
     if (m->n_tokens == 0)
         return 0;
     uint32_t units = m->max_units[a->list] * units_per_block(&c->layout);
-    /* two waves of ~3 thread blocks per SM, at least 4 chunk units (64 KiB of
-     * keys and values) each so prologue and split merge stay small */
+    /* two waves of ~3 thread blocks per SM, at least 2 chunk units (128 keys)
+     * each so the prologue stays small (the split merge is parallel over splits) */
     uint32_t base = c->layout.n_kv_head * m->n_qtiles;
     uint32_t target = 6 * (uint32_t)c->n_sm;
     uint32_t n_split = (target + base - 1) / base;
-    uint32_t max_split = (units + 3) / 4;
+    uint32_t max_split = (units + 1) / 2;
     if (n_split > max_split)
         n_split = max_split;
     if (n_split < 1)

@@ -591,11 +591,232 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_mma_kernel(struct attn_karg
         attn_store_ml<RPW>(a, part, m_r, l_r, warp, rows, tok0, kvh);
 }
 
+/* ldmatrix: four 8x8 b16 tiles, row addresses from lanes 8i..8i+7 for tile i */
+__device__ __forceinline__ void attn_ldm4(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3,
+                                          const void *p)
+{
+    unsigned addr = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+__device__ __forceinline__ void attn_ldm4t(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3,
+                                           const void *p)
+{
+    unsigned addr = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+
+/* decode over f16 kv: one token per tile, gqa group g <= 8, D = 8 * ND (16..128).
+ * The m16 tile holds q in rows 0..g-1 and its f16 rounding residual in rows 8..8+g-1, so one
+ * mma yields both halves of the f32-accurate product (summed in registers), and p.v likewise
+ * with p split the same way. Each warp takes 16 keys of every 64-key chunk and keeps its own
+ * online softmax in registers (no shared scores, one barrier per chunk); the four warps'
+ * (m, l, o) are merged at the end. grid (n_kv_head, n_split, n_qtiles), ATTN_THREADS threads;
+ * smem: ks, vs (2, 64, D + 8) f16 (reused for the warp merge). */
+template <int ND>
+__global__ void __launch_bounds__(ATTN_THREADS) attn_dec_kernel(struct attn_kargs a)
+{
+    constexpr int CH = 64, D = ND * 8, DP = D + 8, KS = D / 16;
+    extern __shared__ __align__(16) char smem[];
+    const uint32_t tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2,
+                   tq = lane & 3;
+    __half *ks = (__half *)smem;   /* (2, CH, DP) */
+    __half *vs = ks + 2 * CH * DP; /* (2, CH, DP) */
+
+    const struct cuda_qtile qt = a.qtiles[blockIdx.z];
+    const struct cuda_seq_meta sq = a.seqs[qt.seq];
+    const uint32_t kvh = blockIdx.x, split = blockIdx.y, g = a.g;
+    const uint32_t tok = sq.tok_off + qt.t0;
+    const int pos = a.pos[tok];
+    cuda_pdl_trigger();
+    cuda_pdl_wait(); /* q and the newest kv row come from the kernels before */
+
+    /* a fragments of q: a0/a2 row gq (q), a1/a3 row gq + 8 (residual) */
+    uint32_t fq[KS][4];
+    {
+        const float *qr = a.q + ((size_t)tok * a.n_head + kvh * g + gq) * D;
+#pragma unroll
+        for (int k = 0; k < KS; k++) {
+            float x0 = 0, x1 = 0, x2 = 0, x3 = 0;
+            if (gq < g) {
+                uint32_t k0 = k * 16 + 2 * tq;
+                x0 = qr[k0] * a.scale;
+                x1 = qr[k0 + 1] * a.scale;
+                x2 = qr[k0 + 8] * a.scale;
+                x3 = qr[k0 + 9] * a.scale;
+            }
+            attn_split2(x0, x1, fq[k][0], fq[k][1]);
+            attn_split2(x2, x3, fq[k][2], fq[k][3]);
+        }
+    }
+    const attn_src<__half, CH> src(a, sq, kvh, split, pos, DP);
+
+    float m_r = -INFINITY, l_r = 0.0f;
+    float acc[ND][4];
+#pragma unroll
+    for (int j = 0; j < ND; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            acc[j][e] = 0.0f;
+
+    long long kp_cur = src.first(ks, vs);
+    int stage = 0;
+    for (uint32_t u = src.u0; kp_cur >= 0; u++) {
+        long long kp_next = src.next(u, stage, ks, vs);
+        const uint32_t nk = src.keys(u, kp_cur), kw = warp * 16;
+        const __half *kd = ks + stage * CH * DP;
+        __half *vd = vs + stage * CH * DP;
+        if (kw < nk) {
+            if (kw + 16 > nk) {
+                /* value rows past nk are read by the p.v mma: zeros, not stale bits */
+                for (uint32_t i = lane; i < (kw + 16 - nk) * D; i += 32)
+                    vd[(nk + i / D) * DP + i % D] = __float2half_rn(0.0f);
+                __syncwarp();
+            }
+            /* scores of keys kw..kw+15: two n tiles of 8 */
+            float c[2][4];
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    c[nt][e] = 0.0f;
+                /* b fragments for two k steps per ldmatrix: tiles (k, lo 8 dims),
+                 * (k, hi 8), (k + 1, lo), (k + 1, hi) */
+                const __half *kb =
+                    kd + (kw + nt * 8 + (lane & 7)) * DP + (lane >> 4) * 16 + ((lane >> 3) & 1) * 8;
+#pragma unroll
+                for (int k = 0; k < KS; k += 2) {
+                    uint32_t b0, b1, b2, b3;
+                    if (k + 1 < KS) {
+                        attn_ldm4(b0, b1, b2, b3, kb + k * 16);
+                        attn_mma(c[nt], fq[k][0], fq[k][1], fq[k][2], fq[k][3], b0, b1);
+                        attn_mma(c[nt], fq[k + 1][0], fq[k + 1][1], fq[k + 1][2], fq[k + 1][3], b2,
+                                 b3);
+                    } else {
+                        const __half *kr = kd + (kw + nt * 8 + gq) * DP + k * 16 + 2 * tq;
+                        b0 = *(const uint32_t *)kr;
+                        b1 = *(const uint32_t *)(kr + 8);
+                        attn_mma(c[nt], fq[k][0], fq[k][1], fq[k][2], fq[k][3], b0, b1);
+                    }
+                }
+            }
+            /* s: row gq, keys kw + nt*8 + 2tq + e = q part + residual part */
+            float s[2][2], smax = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    uint32_t kc = kw + nt * 8 + 2 * tq + e;
+                    bool ok = kc < nk && kp_cur + kc <= pos;
+                    s[nt][e] = ok ? c[nt][e] + c[nt][e + 2] : -INFINITY;
+                    smax = fmaxf(smax, s[nt][e]);
+                }
+            smax = fmaxf(smax, __shfl_xor_sync(0xffffffff, smax, 1));
+            smax = fmaxf(smax, __shfl_xor_sync(0xffffffff, smax, 2));
+            const float mnew = fmaxf(m_r, smax);
+            if (mnew != -INFINITY) {
+                const float corr = m_r == -INFINITY ? 0.0f : __expf(m_r - mnew);
+                float psum = 0.0f;
+                uint32_t ph[2], pl[2];
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++) {
+                    float p0 = s[nt][0] == -INFINITY ? 0.0f : __expf(s[nt][0] - mnew);
+                    float p1 = s[nt][1] == -INFINITY ? 0.0f : __expf(s[nt][1] - mnew);
+                    psum += p0 + p1;
+                    attn_split2(p0, p1, ph[nt], pl[nt]);
+                }
+                psum += __shfl_xor_sync(0xffffffff, psum, 1);
+                psum += __shfl_xor_sync(0xffffffff, psum, 2);
+                l_r = l_r * corr + psum;
+                m_r = mnew;
+                if (corr != 1.0f)
+#pragma unroll
+                    for (int j = 0; j < ND; j++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            acc[j][e] *= corr;
+                /* o += p . v: a0/a2 p of row gq, a1/a3 its residual; b from v by
+                 * transposing ldmatrix, two n tiles per load */
+                const __half *vb = vd + (kw + (lane & 15)) * DP + (lane >> 4) * 8;
+#pragma unroll
+                for (int j = 0; j < ND; j += 2) {
+                    uint32_t b0, b1, b2, b3;
+                    attn_ldm4t(b0, b1, b2, b3, vb + j * 8);
+                    attn_mma(acc[j], ph[0], pl[0], ph[1], pl[1], b0, b1);
+                    if (j + 1 < ND)
+                        attn_mma(acc[j + 1], ph[0], pl[0], ph[1], pl[1], b2, b3);
+                }
+            }
+        }
+        stage ^= 1;
+        kp_cur = kp_next;
+    }
+    attn_wait<0>();
+    __syncthreads(); /* the stages are reused for the merge */
+
+    /* merge the four warps: row gq's (m, l) per warp, then o summed with weights */
+    float *wm = (float *)smem; /* (4, 8) */
+    float *wl = wm + 32;       /* (4, 8) */
+    float *wo = wl + 32;       /* (4, 8, D) */
+    if (tq == 0 && gq < 8) {
+        wm[warp * 8 + gq] = m_r;
+        wl[warp * 8 + gq] = l_r;
+    }
+#pragma unroll
+    for (int j = 0; j < ND; j++) {
+        float *o = wo + ((size_t)warp * 8 + gq) * D + j * 8 + 2 * tq;
+        o[0] = acc[j][0] + acc[j][2];
+        o[1] = acc[j][1] + acc[j][3];
+    }
+    __syncthreads();
+    const uint32_t PD = D + 2;
+    float *part = a.part + (size_t)split * a.n_tokens * a.n_head * PD;
+    for (uint32_t e = tid; e < g * D; e += ATTN_THREADS) {
+        uint32_t r = e / D, d = e % D;
+        float M = -INFINITY;
+        for (int w = 0; w < 4; w++)
+            if (wl[w * 8 + r] > 0.0f)
+                M = fmaxf(M, wm[w * 8 + r]);
+        float L = 0.0f, O = 0.0f;
+        if (M != -INFINITY)
+            for (int w = 0; w < 4; w++) {
+                if (wl[w * 8 + r] > 0.0f) {
+                    float f = __expf(wm[w * 8 + r] - M);
+                    L += wl[w * 8 + r] * f;
+                    O += wo[((size_t)w * 8 + r) * D + d] * f;
+                }
+            }
+        float *p = part + ((size_t)tok * a.n_head + kvh * g + r) * PD;
+        p[d] = O;
+        if (d == 0) {
+            p[D] = M;
+            p[D + 1] = L;
+        }
+    }
+}
+
 /* dynamic shared memory of one launch */
 static inline size_t attn_smem_bytes(size_t es, uint32_t ch, uint32_t D, uint32_t R)
 {
     size_t dp = D + 16 / es;
     return 4 * ch * dp * es + (size_t)R * D * 4 + (size_t)R * ch * 4 + (size_t)R * 8;
+}
+
+template <int ND>
+static int attn_dec_launch(bool pdl, dim3 grid, size_t sm, cudaStream_t s,
+                           const struct attn_kargs &k)
+{
+    auto fn = attn_dec_kernel<ND>;
+    static size_t sm_set; /* raise the limit once per instantiation */
+    if (sm > sm_set) {
+        CU_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+        sm_set = sm;
+    }
+    CU_TRY(cuda_launch(pdl, fn, grid, ATTN_THREADS, sm, s, k));
+    return 0;
 }
 
 /* launches one instantiation for the kv dtype: f16 on the tensor cores,
@@ -605,7 +826,20 @@ static int attn_launch(struct cuda_ctx *c, const struct cuda_attn_args *a, struc
                        uint32_t n_split)
 {
     dim3 grid(c->layout.n_kv_head, n_split, a->meta->n_qtiles);
-    if (c->layout.dtype == KV_F16 && !c->no_mma && k.D >= 16) {
+    if (RMAX == 16 && c->dec && c->layout.dtype == KV_F16 && !c->no_mma && a->meta->qt == 1 &&
+        k.g <= 8 && (k.D == 16 || k.D == 32 || k.D == 64 || k.D == 128)) {
+        /* decode: the packed q/residual kernel */
+        size_t sm = 4 * 64 * (size_t)(k.D + 8) * 2;
+        /* no early start on the side stream (host blocks): its previous kernel is another
+         * layer's, ordered by events */
+        bool pdl = c->pdl && a->s == c->stream;
+        int rc = k.D == 128  ? attn_dec_launch<16>(pdl, grid, sm, a->s, k)
+                 : k.D == 64 ? attn_dec_launch<8>(pdl, grid, sm, a->s, k)
+                 : k.D == 32 ? attn_dec_launch<4>(pdl, grid, sm, a->s, k)
+                             : attn_dec_launch<2>(pdl, grid, sm, a->s, k);
+        if (rc < 0)
+            return rc;
+    } else if (c->layout.dtype == KV_F16 && !c->no_mma && k.D >= 16) {
         constexpr int MT = RMAX / 16;
         size_t dp = k.D + 8;
         size_t sm = 4 * 64 * dp * 2 + (MT == 1 ? 0 : 2 * (size_t)RMAX * dp * 2) +

@@ -3,34 +3,64 @@
 
 #include "worker/cuda/cuda_ops.cuh"
 
-// part (n_split, n_tokens, n_head, D + 2) -> o (n_tokens, n_head*D) normalized, m, l
+// part (n_split, n_tokens, n_head, D + 2) -> o (n_tokens, n_head*D) normalized, m, l.
+// one thread block per (token, head): the splits' weights exp(m_s - M) in parallel first, then
+// each thread sums its dims over the splits with independent loads (no serial chain)
 __global__ void merge_splits_kernel(const float *part, uint32_t n_split, uint32_t n_th, uint32_t D,
                                     float *o, float *m, float *l)
 {
-    uint32_t th = blockIdx.x; /* (token, head) */
+    extern __shared__ float wsp[]; /* (n_split + 8) weight of each split, zero padded: the
+                                      unrolled sum below reads whole vectors */
+    __shared__ float red[32];
+    const uint32_t th = blockIdx.x, tid = threadIdx.x, nw = (blockDim.x + 31) / 32;
     const uint32_t PD = D + 2;
+    const size_t sstride = (size_t)n_th * PD;
+    const float *p0 = part + (size_t)th * PD;
+    cuda_pdl_trigger();
+    cuda_pdl_wait();
+    float mx = -INFINITY;
+    for (uint32_t s = tid; s < n_split; s += blockDim.x) {
+        const float *p = p0 + s * sstride;
+        if (p[D + 1] > 0.0f)
+            mx = fmaxf(mx, p[D]);
+    }
+    for (int off = 16; off > 0; off >>= 1)
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, off));
+    if ((tid & 31) == 0)
+        red[tid >> 5] = mx;
+    __syncthreads();
     float M = -INFINITY;
-    for (uint32_t s = 0; s < n_split; s++) {
-        const float *p = part + ((size_t)s * n_th + th) * PD;
-        if (p[D + 1] > 0.0f)
-            M = fmaxf(M, p[D]);
+    for (uint32_t w = 0; w < nw; w++)
+        M = fmaxf(M, red[w]);
+    __syncthreads(); /* red is reused */
+    float ls = 0.0f;
+    if (tid < 8)
+        wsp[n_split + tid] = 0.0f;
+    for (uint32_t s = tid; s < n_split; s += blockDim.x) {
+        const float *p = p0 + s * sstride;
+        float w = p[D + 1] > 0.0f ? expf(p[D] - M) : 0.0f;
+        wsp[s] = w;
+        ls += w * p[D + 1];
     }
+    for (int off = 16; off > 0; off >>= 1)
+        ls += __shfl_xor_sync(0xffffffff, ls, off);
+    if ((tid & 31) == 0)
+        red[tid >> 5] = ls;
+    __syncthreads();
     float L = 0.0f;
-    for (uint32_t s = 0; s < n_split; s++) {
-        const float *p = part + ((size_t)s * n_th + th) * PD;
-        if (p[D + 1] > 0.0f)
-            L += p[D + 1] * expf(p[D] - M);
-    }
-    for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) {
+    for (uint32_t w = 0; w < nw; w++)
+        L += red[w];
+    for (uint32_t d = tid; d < D; d += blockDim.x) {
         float acc = 0.0f;
+#pragma unroll 8
         for (uint32_t s = 0; s < n_split; s++) {
-            const float *p = part + ((size_t)s * n_th + th) * PD;
-            if (p[D + 1] > 0.0f)
-                acc += p[d] * expf(p[D] - M);
+            float w = wsp[s];
+            float v = p0[s * sstride + d];
+            acc += w != 0.0f ? v * w : 0.0f; /* an empty split's o may be stale */
         }
         o[(size_t)th * D + d] = L > 0.0f ? acc / L : 0.0f;
     }
-    if (threadIdx.x == 0) {
+    if (tid == 0) {
         m[th] = L > 0.0f ? M : -INFINITY;
         l[th] = L;
     }
@@ -43,8 +73,9 @@ int cuda_attn_merge_splits(struct cuda_ctx *c, const float *part, uint32_t n_spl
     uint32_t n_th = n_tokens * n_head;
     if (n_th == 0)
         return 0;
-    unsigned threads = head_dim < 128 ? head_dim : 128;
-    merge_splits_kernel<<<n_th, threads, 0, s>>>(part, n_split, n_th, head_dim, o, m, l);
+    unsigned threads = head_dim < 128 ? (head_dim + 31) / 32 * 32 : 128;
+    CU_TRY(cuda_launch(c->pdl, merge_splits_kernel, n_th, threads, (n_split + 8) * sizeof(float), s,
+                       part, n_split, n_th, head_dim, o, m, l));
     CU_LAUNCHED();
     return 0;
 }

@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cuda_profiler_api.h>
+
 #include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/cuda_ops.cuh"
 
@@ -621,6 +623,33 @@ static int cu_get_rows(void *ctx, struct be_tensor *out, const struct be_tensor 
                                   (const uint32_t *)c->small, n, in->cols);
 }
 
+static int cu_linear(void *ctx, const struct be_linear *l, uint32_t n)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (!c->fuse)
+        return 1;
+    op_begin(c);
+    return cuda_linear(c, l, n);
+}
+
+static int cu_rope_kv_write(void *ctx, const struct be_batch *b, uint32_t layer,
+                            struct be_tensor *q, struct be_tensor *k, const struct be_tensor *v,
+                            const struct be_attn *at, const struct be_rope *r)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (!c->fuse)
+        return 1;
+    op_begin(c);
+    if (!c->have_kv || layer >= c->layout.n_layer)
+        return RKV_ESTATE;
+    if (at->n_kv_head != c->layout.n_kv_head || at->head_dim != c->layout.head_dim)
+        return RKV_EINVAL;
+    int rc = meta_ensure(c, b, at->n_head / at->n_kv_head);
+    return rc < 0 ? rc
+                  : cuda_rope_kv_write(c, &c->meta, layer, (float *)q->data, (float *)k->data,
+                                       (const float *)v->data, at->n_head, r);
+}
+
 static int cu_sync(void *ctx)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
@@ -647,6 +676,7 @@ static void cu_free(void *ctx)
     cudaFree(c->part[0]);
     cudaFree(c->part[1]);
     cudaFree(c->small);
+    cudaFree(c->lin_h);
     if (c->copy)
         cudaStreamSynchronize(c->copy);
     cudaFree(c->stg[0]);
@@ -676,9 +706,10 @@ static void cu_free(void *ctx)
 }
 
 static const struct backend_i cuda_iface = {
-    cu_free,       cu_tensor_alloc, cu_tensor_free, cu_tensor_set, cu_tensor_get, cu_set_kv,
-    cu_embed,      cu_rmsnorm,      cu_matmul,      cu_rope,       cu_kv_write,   cu_attn_partial,
-    cu_attn_merge, cu_silu_mul,     cu_add,         cu_get_rows,   cu_sync,
+    cu_free,     cu_tensor_alloc, cu_tensor_free, cu_tensor_set,    cu_tensor_get,
+    cu_set_kv,   cu_embed,        cu_rmsnorm,     cu_matmul,        cu_rope,
+    cu_kv_write, cu_attn_partial, cu_attn_merge,  cu_silu_mul,      cu_add,
+    cu_get_rows, cu_sync,         cu_linear,      cu_rope_kv_write,
 };
 
 extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backend **out)
@@ -729,6 +760,12 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
     {
         const char *pe = getenv("RKV_CUDA_PRECISE");
         c->precise = pe && *pe == '1';
+        const char *fe = getenv("RKV_CUDA_FUSE");
+        c->fuse = !(fe && *fe == '0');
+        const char *pd = getenv("RKV_CUDA_PDL");
+        c->pdl = !(pd && *pd == '0');
+        const char *de = getenv("RKV_CUDA_DEC");
+        c->dec = !(de && *de == '0');
         const char *nm = getenv("RKV_CUDA_NO_MMA");
         c->no_mma = nm && *nm == '1';
     }
@@ -765,6 +802,15 @@ extern "C" int rkv_cuda_dev_alloc(int gpu, size_t bytes, void **out)
 extern "C" void rkv_cuda_dev_free(void *p)
 {
     cudaFree(p);
+}
+
+extern "C" void rkv_cuda_profiler(int on)
+{
+    /* brackets a region for ncu --profile-from-start off */
+    if (on)
+        cudaProfilerStart();
+    else
+        cudaProfilerStop();
 }
 
 extern "C" int rkv_cuda_copy(void *dst, const void *src, size_t n)

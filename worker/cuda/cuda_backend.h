@@ -28,6 +28,8 @@ int cuda_backend_create(const struct backend_opts *o, struct backend **out, char
 /* device memory for tools and tests (kv pools, benchmark buffers) */
 int rkv_cuda_dev_alloc(int gpu, size_t bytes, void **out);
 void rkv_cuda_dev_free(void *p);
+/* starts (1) / stops (0) the profiler's collection (ncu --profile-from-start off) */
+void rkv_cuda_profiler(int on);
 /* copies between any host and device addresses (unified addressing) */
 int rkv_cuda_copy(void *dst, const void *src, size_t n);
 /* fills n elements of type (enum be_type; Q8_0 counts values) at dev with

@@ -133,6 +133,11 @@ struct cuda_ctx {
     size_t part_cap[KV_N_POOLS];
     void *small; /* token ids, row indexes */
     size_t small_cap;
+    void *lin_h; /* normed input of a fused linear layer (3+ tokens) */
+    size_t lin_h_cap;
+    int dec;  /* the packed decode attention kernel (env RKV_CUDA_DEC=0: the general one) */
+    int fuse; /* fused decode ops (env RKV_CUDA_FUSE=0 turns them off, for a/b checks) */
+    int pdl;  /* programmatic dependent launch of the decode chain (env RKV_CUDA_PDL=0: off) */
 };
 
 /* host -> device rates over the two paths, GB/s (set_kv picks by these) */
@@ -140,6 +145,18 @@ int cuda_measure_host_paths(double *copy_gbps, double *zerocopy_gbps);
 
 /* grows a scratch buffer to at least `need` bytes */
 int cuda_scratch(struct cuda_ctx *c, void **buf, size_t *cap, size_t need);
+
+/* rotation of pair i (of n_rot/2) at position pos: theta = pos * scale *
+ * base^(-2i/n_rot) in double (positions reach 1e5+ radians), reduced to
+ * [-pi, pi] before a float sincos */
+__device__ __forceinline__ void cuda_rope_sincos(int32_t pos, uint32_t i, uint32_t n_rot,
+                                                 float base, float scale, float *sn, float *cs)
+{
+    double theta = (double)pos * scale * exp2(-2.0 * i / (double)n_rot * log2((double)base));
+    const double two_pi = 6.283185307179586;
+    float red = (float)(theta - two_pi * rint(theta / two_pi));
+    sincosf(red, sn, cs);
+}
 
 /* element loads of every weight type as f32 */
 __device__ __forceinline__ float cuda_ld(const float *p, size_t i)
@@ -172,6 +189,36 @@ __device__ __forceinline__ float cuda_row_value(int type, const void *row, uint3
     case BE_BF16: return __bfloat162float(((const __nv_bfloat16 *)row)[i]);
     default: return cuda_q8_0((const uint8_t *)row, i);
     }
+}
+
+/* programmatic dependent launch (sm_90): a kernel of the decode chain lets the next one start
+ * early (trigger), and waits for the previous one's results before it reads or writes anything
+ * the previous ones touch (wait); what it reads that no kernel writes (weights) may come first */
+__device__ __forceinline__ void cuda_pdl_trigger()
+{
+    asm volatile("griddepcontrol.launch_dependents;\n" ::);
+}
+__device__ __forceinline__ void cuda_pdl_wait()
+{
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+
+/* launches k on s, allowed to start before the previous kernel ends when pdl */
+template <typename... KArgs, typename... Args>
+static inline cudaError_t cuda_launch(bool pdl, void (*k)(KArgs...), dim3 grid, dim3 block,
+                                      size_t smem, cudaStream_t s, Args... args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, k, static_cast<KArgs>(args)...);
 }
 
 /* 16 bytes of a row -> 16/sizeof(T) floats (the pointer only picks the type) */

@@ -23,6 +23,13 @@ int cuda_get_rows(struct cuda_ctx *c, float *out, const float *in, const uint32_
 int cuda_kv_write(struct cuda_ctx *c, const struct cuda_meta *m, uint32_t layer, const float *k,
                   const float *v);
 
+/* rope on q and k (in place), then k, v into their blocks, in one launch */
+int cuda_rope_kv_write(struct cuda_ctx *c, const struct cuda_meta *m, uint32_t layer, float *q,
+                       float *k, const float *v, uint32_t n_head, const struct be_rope *r);
+/* the fused linear layer (decode, n <= CUDA_GEMV_MAX_N, 16-bit or f32 weights);
+ * 1 when this call should be composed of the plain ops instead */
+int cuda_linear(struct cuda_ctx *c, const struct be_linear *l, uint32_t n);
+
 /* matmul: out (n, n_out) = in (n, n_in) . w^T + bias */
 int cuda_matmul(struct cuda_ctx *c, float *out, const float *in, const struct be_tensor *w,
                 const float *bias, uint32_t n);

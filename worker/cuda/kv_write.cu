@@ -52,3 +52,80 @@ int cuda_kv_write(struct cuda_ctx *c, const struct cuda_meta *m, uint32_t layer,
     CU_LAUNCHED();
     return 0;
 }
+
+/* one launch for rope(q), rope(k), kv_write(k, v). grid (ceil(items / 128), n_tokens); items per
+ * token: n_head * n_rot/2 q pairs, then n_kv_head * head_dim/2 k/v items (item j < n_rot/2
+ * rotates k's pair j; later ones carry k's unrotated dims; each writes two k and two v values) */
+template <typename T>
+__global__ void rope_kv_write_kernel(char *pool0, char *pool1, size_t block_bytes, size_t k_off,
+                                     size_t v_off, uint32_t B, uint32_t n_kv_head,
+                                     uint32_t head_dim, const int32_t *pos, const uint32_t *slot,
+                                     float *q, float *k, const float *v, uint32_t n_head,
+                                     uint32_t n_rot, float base, float scale, int neox)
+{
+    const uint32_t t = blockIdx.y, half = n_rot / 2, hd2 = head_dim / 2;
+    const uint32_t n_q = n_head * half, item = blockIdx.x * blockDim.x + threadIdx.x;
+    cuda_pdl_trigger();
+    cuda_pdl_wait();
+    if (item >= n_q + n_kv_head * hd2)
+        return;
+    const int32_t p = pos[t];
+    if (item < n_q) {
+        uint32_t h = item / half, i = item % half;
+        float sn, cs;
+        cuda_rope_sincos(p, i, n_rot, base, scale, &sn, &cs);
+        float *hx = q + ((size_t)t * n_head + h) * head_dim;
+        uint32_t i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+        float a = hx[i0], b = hx[i1];
+        hx[i0] = a * cs - b * sn;
+        hx[i1] = a * sn + b * cs;
+        return;
+    }
+    const uint32_t e = item - n_q, h = e / hd2, j = e % hd2;
+    float *kx = k + ((size_t)t * n_kv_head + h) * head_dim;
+    const float *vx = v + ((size_t)t * n_kv_head + h) * head_dim;
+    uint32_t d0, d1;
+    float k0, k1;
+    if (j < half) {
+        float sn, cs;
+        cuda_rope_sincos(p, j, n_rot, base, scale, &sn, &cs);
+        d0 = neox ? j : 2 * j;
+        d1 = neox ? j + half : 2 * j + 1;
+        float a = kx[d0], b = kx[d1];
+        k0 = a * cs - b * sn;
+        k1 = a * sn + b * cs;
+        kx[d0] = k0;
+        kx[d1] = k1;
+    } else {
+        d0 = n_rot + 2 * (j - half);
+        d1 = d0 + 1;
+        k0 = kx[d0];
+        k1 = kx[d1];
+    }
+    const uint32_t s = slot[t];
+    char *blk = ((s >> 31) ? pool1 : pool0) + (size_t)(s & 0x7fffffffu) * block_bytes;
+    const size_t row = ((size_t)h * B + (uint32_t)p % B) * head_dim;
+    T *K = (T *)(blk + k_off) + row, *V = (T *)(blk + v_off) + row;
+    K[d0] = kv_cast<T>(k0);
+    K[d1] = kv_cast<T>(k1);
+    V[2 * j] = kv_cast<T>(vx[2 * j]);
+    V[2 * j + 1] = kv_cast<T>(vx[2 * j + 1]);
+}
+
+int cuda_rope_kv_write(struct cuda_ctx *c, const struct cuda_meta *m, uint32_t layer, float *q,
+                       float *k, const float *v, uint32_t n_head, const struct be_rope *r)
+{
+    const struct kv_layout *l = &c->layout;
+    if (m->n_tokens == 0)
+        return 0;
+    size_t bb = kv_block_bytes(l), ko = kv_slice_offset(l, layer, 0),
+           vo = kv_slice_offset(l, layer, 1);
+    uint32_t items = n_head * (r->n_rot / 2) + l->n_kv_head * (l->head_dim / 2);
+    dim3 grid((items + 127) / 128, m->n_tokens);
+    auto fn = l->dtype == KV_F16 ? rope_kv_write_kernel<__half> : rope_kv_write_kernel<float>;
+    CU_TRY(cuda_launch(c->pdl, fn, grid, 128, 0, c->stream, c->pool[0], c->pool[1], bb, ko, vo,
+                       l->block_size, l->n_kv_head, l->head_dim, m->d_pos, m->d_slot, q, k, v,
+                       n_head, r->n_rot, r->freq_base, r->freq_scale, r->neox));
+    CU_LAUNCHED();
+    return 0;
+}

@@ -11,13 +11,8 @@ __global__ void rope_kernel(float *x, const int32_t *pos, uint32_t n_heads, uint
     if (k >= n_heads * half)
         return;
     uint32_t h = k / half, i = k % half;
-    /* theta_i = pos * scale * base^(-2i/n_rot) in double (positions reach 1e5+
-     * radians), reduced to [-pi, pi] before a float sincos */
-    double theta = (double)pos[t] * scale * exp2(-2.0 * i / (double)n_rot * log2((double)base));
-    const double two_pi = 6.283185307179586;
-    float red = (float)(theta - two_pi * rint(theta / two_pi));
     float sn, cs;
-    sincosf(red, &sn, &cs);
+    cuda_rope_sincos(pos[t], i, n_rot, base, scale, &sn, &cs);
     float *hx = x + ((size_t)t * n_heads + h) * head_dim;
     uint32_t i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
     float a = hx[i0], b = hx[i1];

@@ -1,0 +1,258 @@
+/* linear.cu - fused decode linear layers (n <= 8 tokens): q/k/v in one launch with the rms norm
+ * folded in, gate/up with silu(gate)*up as the epilogue, o/down adding into the residual. */
+#include "worker/cuda/cuda_ops.cuh"
+
+#define LIN_WARPS 8
+/* 16-byte loads in flight per lane: 8 for one row per warp, 4 x 2 for swiglu's pair */
+#define LIN_LOADS 8
+
+/* what one launch reads; passed by value */
+struct lin_kargs {
+    const void *w[BE_LIN_MAX];
+    const float *bias[BE_LIN_MAX];
+    float *out[BE_LIN_MAX];
+    uint32_t end[BE_LIN_MAX];   /* cumulative rows of the matrices (SET) */
+    uint32_t n_out[BE_LIN_MAX]; /* rows of each */
+    const float *x;             /* (n, n_in) */
+    const float *nw;            /* (n_in) norm weight, NORM only */
+    float eps;
+    uint32_t n_in, n, n_tasks; /* a task: one output row (SWIGLU: a gate row and its up row) */
+};
+
+__device__ __forceinline__ float lin_warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffff, v, o);
+    return v;
+}
+
+/* one VEC-wide slice i of NR weight rows (raw in u) against the first n tokens of x */
+template <typename W, int VEC, int NT, int NR, bool NORM>
+__device__ __forceinline__ void lin_slice(float (&acc)[NR][NT], float (&ss)[NT],
+                                          const uint4 (&u)[NR], const lin_kargs &a, uint32_t i)
+{
+    float f[NR][VEC];
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+        cuda_unpack16(u[r], (const W *)nullptr, f[r]);
+    if constexpr (NORM) {
+        /* the norm weight folds into the weights: sum (w * nw) * x, scaled at the end */
+        const float4 *nv = (const float4 *)(a.nw + i);
+#pragma unroll
+        for (int v = 0; v < VEC / 4; v++) {
+            float4 g = nv[v];
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+                f[r][4 * v] *= g.x;
+                f[r][4 * v + 1] *= g.y;
+                f[r][4 * v + 2] *= g.z;
+                f[r][4 * v + 3] *= g.w;
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        if (t < (int)a.n) {
+            const float4 *xv = (const float4 *)(a.x + (size_t)t * a.n_in + i);
+#pragma unroll
+            for (int v = 0; v < VEC / 4; v++) {
+                float4 xx = xv[v];
+#pragma unroll
+                for (int r = 0; r < NR; r++)
+                    acc[r][t] += f[r][4 * v] * xx.x + f[r][4 * v + 1] * xx.y +
+                                 f[r][4 * v + 2] * xx.z + f[r][4 * v + 3] * xx.w;
+                if constexpr (NORM)
+                    ss[t] += xx.x * xx.x + xx.y * xx.y + xx.z * xx.z + xx.w * xx.w;
+            }
+        }
+    }
+}
+
+/* grid-stride over tasks, one warp per task; n_in % VEC == 0 */
+template <typename W, int NT, int MODE, bool NORM>
+__global__ void __launch_bounds__(LIN_WARPS * 32) lin_kernel(lin_kargs a)
+{
+    constexpr int VEC = 16 / sizeof(W);
+    constexpr int NR = MODE == BE_LIN_SWIGLU ? 2 : 1;
+    constexpr int LIN_UNROLL = LIN_LOADS / NR;
+    const uint32_t lane = threadIdx.x & 31, stride = gridDim.x * LIN_WARPS;
+    cuda_pdl_trigger();
+    bool waited = false; /* the first weight loads go out before waiting for x */
+    const uint32_t n_in = a.n_in, step = 32 * VEC;
+    for (uint32_t task = blockIdx.x * LIN_WARPS + (threadIdx.x >> 5); task < a.n_tasks;
+         task += stride) {
+        int m = 0;
+        uint32_t row = task;
+        if (MODE == BE_LIN_SET && task >= a.end[0]) {
+            m = task >= a.end[1] ? 2 : 1;
+            row = task - (m == 1 ? a.end[0] : a.end[1]);
+        }
+        /* selects, not a dynamic index into the parameters (which spills them to local memory) */
+        const void *wm = m == 0 ? a.w[0] : m == 1 ? a.w[1] : a.w[2];
+        float *om = m == 0 ? a.out[0] : m == 1 ? a.out[1] : a.out[2];
+        const float *bm = m == 0 ? a.bias[0] : m == 1 ? a.bias[1] : a.bias[2];
+        const uint32_t nm = m == 0 ? a.n_out[0] : m == 1 ? a.n_out[1] : a.n_out[2];
+        const W *wr[NR];
+        wr[0] = (const W *)wm + (size_t)row * n_in;
+        if constexpr (NR == 2)
+            wr[1] = (const W *)a.w[1] + (size_t)row * n_in;
+        float acc[NR][NT], ss[NT];
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            ss[t] = 0.0f;
+#pragma unroll
+            for (int r = 0; r < NR; r++)
+                acc[r][t] = 0.0f;
+        }
+        uint32_t i = lane * VEC;
+        /* LIN_UNROLL x NR loads of 16 bytes in flight per lane before the first use */
+        for (; i + (LIN_UNROLL - 1) * step < n_in; i += LIN_UNROLL * step) {
+            uint4 u[LIN_UNROLL][NR];
+#pragma unroll
+            for (int k = 0; k < LIN_UNROLL; k++)
+#pragma unroll
+                for (int r = 0; r < NR; r++)
+                    u[k][r] = __ldcs((const uint4 *)(wr[r] + i + k * step));
+            if (!waited) {
+                cuda_pdl_wait();
+                waited = true;
+            }
+#pragma unroll
+            for (int k = 0; k < LIN_UNROLL; k++)
+                lin_slice<W, VEC, NT, NR, NORM>(acc, ss, u[k], a, i + k * step);
+        }
+        for (; i < n_in; i += step) {
+            uint4 u[NR];
+#pragma unroll
+            for (int r = 0; r < NR; r++)
+                u[r] = __ldcs((const uint4 *)(wr[r] + i));
+            if (!waited) {
+                cuda_pdl_wait();
+                waited = true;
+            }
+            lin_slice<W, VEC, NT, NR, NORM>(acc, ss, u, a, i);
+        }
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t >= (int)a.n)
+                break;
+            float s0 = lin_warp_sum(acc[0][t]), s1 = NR == 2 ? lin_warp_sum(acc[NR - 1][t]) : 0.0f;
+            if constexpr (NORM) {
+                float sc = rsqrtf(lin_warp_sum(ss[t]) / (float)n_in + a.eps);
+                s0 *= sc;
+                s1 *= sc;
+            }
+            if (lane == 0) {
+                float *y = om + (size_t)t * nm + row;
+                const float b = bm ? bm[row] : 0.0f;
+                if constexpr (MODE == BE_LIN_SET)
+                    *y = s0 + b;
+                else if constexpr (MODE == BE_LIN_ADD)
+                    *y += s0 + b;
+                else
+                    *y = s0 / (1.0f + expf(-s0)) * s1;
+            }
+        }
+    }
+}
+
+template <typename W, int MODE, bool NORM>
+static void lin_launch_nt(struct cuda_ctx *c, const lin_kargs &a, unsigned grid)
+{
+    /* token counts rounded up to 1, 2, 4, 8 instantiations; the norm is folded
+     * in for 1 or 2 tokens only (each warp sums the squares of x itself) */
+    if (a.n == 1)
+        cuda_launch(c->pdl, lin_kernel<W, 1, MODE, NORM>, grid, LIN_WARPS * 32, 0, c->stream, a);
+    else if (a.n == 2)
+        cuda_launch(c->pdl, lin_kernel<W, 2, MODE, NORM>, grid, LIN_WARPS * 32, 0, c->stream, a);
+    else if constexpr (!NORM) {
+        if (a.n <= 4)
+            cuda_launch(c->pdl, lin_kernel<W, 4, MODE, false>, grid, LIN_WARPS * 32, 0, c->stream,
+                        a);
+        else
+            cuda_launch(c->pdl, lin_kernel<W, 8, MODE, false>, grid, LIN_WARPS * 32, 0, c->stream,
+                        a);
+    }
+}
+
+template <typename W>
+static void lin_launch(struct cuda_ctx *c, const lin_kargs &a, int mode, bool norm, unsigned grid)
+{
+    if (mode == BE_LIN_ADD)
+        lin_launch_nt<W, BE_LIN_ADD, false>(c, a, grid);
+    else if (mode == BE_LIN_SWIGLU)
+        norm ? lin_launch_nt<W, BE_LIN_SWIGLU, true>(c, a, grid)
+             : lin_launch_nt<W, BE_LIN_SWIGLU, false>(c, a, grid);
+    else
+        norm ? lin_launch_nt<W, BE_LIN_SET, true>(c, a, grid)
+             : lin_launch_nt<W, BE_LIN_SET, false>(c, a, grid);
+}
+
+/* thread blocks for n_tasks warp tasks: enough warps per SM to keep the loads
+ * in flight, and the fewest idle warps in the last round of the grid-stride loop */
+static unsigned lin_grid(const struct cuda_ctx *c, uint32_t n_tasks, int min_per_sm)
+{
+    unsigned need = (n_tasks + LIN_WARPS - 1) / LIN_WARPS, best = need;
+    double best_eff = 0.0;
+    for (int per_sm = 2048 / (LIN_WARPS * 32); per_sm >= min_per_sm; per_sm--) {
+        unsigned blocks = (unsigned)(c->n_sm * per_sm);
+        if (blocks >= need)
+            return need; /* one round */
+        uint32_t warps = blocks * LIN_WARPS, rounds = (n_tasks + warps - 1) / warps;
+        double eff = (double)n_tasks / ((double)rounds * warps);
+        if (eff > best_eff + 0.02) {
+            best_eff = eff;
+            best = blocks;
+        }
+    }
+    return best;
+}
+
+int cuda_linear(struct cuda_ctx *c, const struct be_linear *l, uint32_t n)
+{
+    if (n == 0)
+        return 0;
+    const enum be_type t = l->w[0]->type;
+    const uint32_t n_in = l->in->cols;
+    if (n > CUDA_GEMV_MAX_N || (t != BE_F32 && t != BE_F16 && t != BE_BF16) || n_in % 8)
+        return 1; /* prefill (cublas), q8_0 and odd widths: composed of the plain ops */
+    for (uint32_t i = 1; i < l->n_w; i++)
+        if (l->w[i]->type != t)
+            return 1;
+    lin_kargs a = {};
+    uint32_t rows = 0;
+    for (uint32_t i = 0; i < l->n_w; i++) {
+        a.w[i] = l->w[i]->data;
+        a.bias[i] = l->bias[i] ? (const float *)l->bias[i]->data : NULL;
+        a.out[i] = l->mode == BE_LIN_SWIGLU ? (float *)l->out[0]->data : (float *)l->out[i]->data;
+        a.n_out[i] = l->w[i]->rows;
+        rows += l->w[i]->rows;
+        a.end[i] = rows;
+    }
+    a.n_tasks = l->mode == BE_LIN_SWIGLU ? l->w[0]->rows : rows;
+    a.x = (const float *)l->in->data;
+    a.n_in = n_in;
+    a.n = n;
+    a.eps = l->eps;
+    bool norm = l->norm_w != NULL;
+    if (norm && n > 2) {
+        /* more tokens: the norm is its own pass */
+        int rc = cuda_scratch(c, &c->lin_h, &c->lin_h_cap, (size_t)n * n_in * sizeof(float));
+        if (rc == 0)
+            rc = cuda_rmsnorm(c, (float *)c->lin_h, a.x, (const float *)l->norm_w->data, n, n_in,
+                              l->eps);
+        if (rc < 0)
+            return rc;
+        a.x = (const float *)c->lin_h;
+        norm = false;
+    } else if (norm)
+        a.nw = (const float *)l->norm_w->data;
+    unsigned grid = lin_grid(c, a.n_tasks, l->mode == BE_LIN_SWIGLU ? 2 : 4);
+    switch (t) {
+    case BE_F32: lin_launch<float>(c, a, l->mode, norm, grid); break;
+    case BE_F16: lin_launch<__half>(c, a, l->mode, norm, grid); break;
+    default: lin_launch<__nv_bfloat16>(c, a, l->mode, norm, grid); break;
+    }
+    CU_LAUNCHED();
+    return 0;
+}
