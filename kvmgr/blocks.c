@@ -42,6 +42,8 @@ struct drop {
 struct lease {
     uint32_t worker;
     uint64_t acked;
+    uint64_t retire_at; /* the session moved to another gpu at this epoch: the lease ends
+                         * once acked there (0: it does not) */
 };
 
 /* an open move: entry `entry` gets block idx (KVB_NONE: nothing to copy) in
@@ -868,6 +870,10 @@ static int rehome_commit(struct kvb *kvb, struct sess *s, uint64_t *epoch)
         if (e->dev != KVB_NONE)
             pool_publish(tp, e->dev, e->hash);
     }
+    /* the workers reading it on the old gpu need their leases only until they
+     * ack the move (a worker kept leasing it, e.g. the new gpu's, keeps it) */
+    for (size_t i = 0; i < s->leases.len; i++)
+        rkv_vec_at(&s->leases, struct lease, i)->retire_at = s->epoch;
     s->gpu = s->mv_to;
     s->mv.len = 0;
     s->mv_kind = MV_NONE;
@@ -972,6 +978,13 @@ static void lease_remove(struct sess *s, struct lease *l)
     s->leases.len--;
 }
 
+/* a retiring lease whose worker acked the move ends */
+static void lease_ack_retire(struct sess *s, struct lease *l)
+{
+    if (l->retire_at && l->acked >= l->retire_at)
+        lease_remove(s, l);
+}
+
 /* live and closing sessions, collected first: releasing can free closing ones */
 static int collect_sessions(const struct kvb *kvb, struct rkv_vec *all)
 {
@@ -995,9 +1008,12 @@ int kvb_lease(struct kvb *kvb, uint32_t worker, uint64_t sid, uint64_t epoch)
     /* only the current table: an older one may name blocks already reused */
     if (epoch != s->epoch)
         return RKV_ESTATE;
-    if (lease_find(s, worker))
+    struct lease *l = lease_find(s, worker);
+    if (l) {
+        l->retire_at = 0; /* it reads the session again */
         return RKV_EBUSY;
-    struct lease nl = {worker, epoch};
+    }
+    struct lease nl = {worker, epoch, 0};
     return rkv_vec_push(&s->leases, &nl) ? 0 : RKV_ENOMEM;
 }
 
@@ -1022,6 +1038,7 @@ int kvb_ack(struct kvb *kvb, uint32_t worker, uint64_t sid, uint64_t epoch)
         return RKV_EINVAL;
     if (epoch > l->acked)
         l->acked = epoch;
+    lease_ack_retire(s, l);
     sess_release(kvb, s);
     return 0;
 }
@@ -1040,6 +1057,7 @@ int kvb_ack_worker(struct kvb *kvb, uint32_t worker, uint64_t epoch)
         struct lease *l = lease_find(s, worker);
         if (l && epoch > l->acked) {
             l->acked = epoch;
+            lease_ack_retire(s, l);
             sess_release(kvb, s);
         }
     }

@@ -751,6 +751,17 @@ static void test_rehome(void **state)
     assert_int_equal(kvb_free_dev(kvb, 0), free0);
     assert_int_equal(kvb_ack_worker(kvb, 0, kvb_epoch(kvb)), 0);
     assert_int_equal(kvb_free_dev(kvb, 0), free0 + 1);
+    /* worker 0 acked the move: its lease is gone, so what 2 gives up on gpu 1 (where
+     * nobody has leased it yet) returns at once */
+    assert_int_equal(kvb_demote(kvb, 2, 1, ops, 16, &n_ops), 0);
+    assert_int_equal(n_ops, 0); /* a clean host copy: nothing to copy */
+    assert_int_equal(kvb_commit(kvb, 2, NULL), 0);
+    assert_int_equal(kvb_free_dev(kvb, 1), free1 - 2);
+    assert_int_equal(kvb_promote(kvb, 2, 1, ops, 16, &n_ops), 0);
+    assert_int_equal(kvb_commit(kvb, 2, NULL), 0);
+    /* worker 1 reads it from now on: its lease protects the blocks from here */
+    assert_int_equal(kvb_session_table(kvb, 2, NULL, 0, NULL, &ep), 0);
+    assert_int_equal(kvb_lease(kvb, 1, 2, ep), 0);
     /* 1 follows: its first two blocks are indexed on gpu 1 now (2 published them), so
      * they are shared, not copied; its third goes host-only (n_dev 1 keeps the newest) */
     assert_int_equal(kvb_rehome(kvb, 1, 1, 2, ops, 16, &n_ops), 0);

@@ -48,15 +48,15 @@
  *    is spilled (WINDOW / CPU_TAIL) or waiting on gpu a goes to gpu b when b
  *    holds all of it resident with the margin to spare (margin_pct of b's D,
  *    at least one block), b has nobody spilled or waiting, b's worker is up,
- *    and the rate model says the aggregate step time drops: the tail blocks a
- *    stops streaming (its own and what its window frees for the others) at
- *    the spill rate, minus the session's blocks read on b at the device rate.
- *    The biggest gain goes first; at most one move leaves and one arrives per
- *    gpu per plan. The assignment keeps describing the session on a (its move
- *    is carried out later, at a step boundary) with move_to = b. Hysteresis:
- *    once on b the session is resident with room to spare, so planning again
- *    proposes no move back; kvmgr also clears `movable` for a while after a
- *    move.
+ *    and the rate model says the aggregate tokens/s of a and b rise by more
+ *    than margin_pct: each gpu makes (its active sessions / step time), a
+ *    step reads the weights and the device blocks at dev_attn_gbps and
+ *    streams what does not fit D at the spill rate. The biggest gain goes
+ *    first; at most one move leaves and one arrives per gpu per plan. The
+ *    assignment keeps describing the session on a (the move is carried out
+ *    later, at a step boundary) with move_to = b. Hysteresis: once on b the
+ *    session is resident with room to spare, so planning again proposes no
+ *    move back; kvmgr also clears `movable` for a while after a move.
  * Placement of a new session (plan_pick_gpu): the gpu where it fits (free
  * device blocks >= its blocks) with the most free device blocks, then the
  * fewest running sessions, then the gpu it was offered on.
