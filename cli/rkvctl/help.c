@@ -43,8 +43,10 @@ static const struct topic {
      "DESCRIPTION\n"
      "    One screen: rkv version, the served model and backend, uptime and health,\n"
      "    kvmgr (pid, mode, sessions), every worker (gpu, pid, state, restarts, last\n"
-     "    step time), the budgets, device and host KV pool use, requests running and\n"
-     "    waiting, and tokens per second over the last few seconds.\n"},
+     "    step time), the sessions per gpu (where each runs now: kvmgr places new\n"
+     "    sessions and moves spilled ones between gpus), the budgets, device and host\n"
+     "    KV pool use, requests running and waiting, and tokens per second over the\n"
+     "    last few seconds.\n"},
     {"budget", "VRAM target, host budget, compute reserve",
      "NAME\n    rkvctl budget - read or change the memory budgets, live\n\n"
      "SYNOPSIS\n"
@@ -145,7 +147,8 @@ static const struct topic {
      "                    pool{device_used,device_total,host_used,host_total},\n"
      "                    requests{running,waiting,sessions},\n"
      "                    tokens{prompt,cached,generated,per_second}, block_size, ctx_size,\n"
-     "                    api_keys}\n"
+     "                    api_keys, sessions_per_gpu[N per worker] (added by rkvctl\n"
+     "                    from sessions_list)}\n"
      "    budget get     {budget{vram_target,host_budget,compute_reserve,gpu}, set_at_runtime}\n"
      "    budget set     {budget{...}, before[HIST], after[HIST], summary[\"gpu 0: ...\"]}\n"
      "    mode get|set   {mode}\n"
