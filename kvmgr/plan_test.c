@@ -741,6 +741,92 @@ static void run_sequences(enum plan_mode mode, int n_seq, int n_events, uint64_t
     }
 }
 
+/* moves: legal targets, one out and one in per gpu, room with the margin */
+static void check_moves(const struct sim *m, const struct plan *p)
+{
+    const struct plan_summary *sum = plan_get_summary(p);
+    uint32_t out[2] = {0, 0}, in[2] = {0, 0}, n = 0;
+    for (size_t i = 0; i < m->n; i++) {
+        const struct plan_session *s = &m->s[i];
+        const struct plan_assign *a = plan_assign_at(p, i);
+        if (a->move_to == PLAN_NO_GPU)
+            continue;
+        n++;
+        assert_true(a->move_to < m->n_gpus && a->move_to != s->gpu);
+        assert_true(s->movable && s->active && !s->pinned && !a->dropped);
+        assert_true(a->tactic == PLAN_WINDOW || a->tactic == PLAN_CPU_TAIL ||
+                    a->tactic == PLAN_WAIT);
+        assert_int_equal(out[s->gpu]++, 0);
+        assert_int_equal(in[a->move_to]++, 0);
+        uint32_t cap = plan_dev_cap(&m->gpu[a->move_to], MIB), margin = cap * 5 / 100;
+        assert_true(sum->gpu[a->move_to].dev_used + s->n_blocks + (margin ? margin : 1) <= cap);
+        /* nobody spilled or queued there (one that can never run does not count) */
+        for (size_t j = 0; j < m->n; j++) {
+            const struct plan_assign *o = plan_assign_at(p, j);
+            if (m->s[j].gpu == a->move_to)
+                assert_true(o->tactic != PLAN_WINDOW && o->tactic != PLAN_CPU_TAIL &&
+                            (o->tactic != PLAN_WAIT || o->never_fits ||
+                             !(m->s[j].active || m->s[j].pinned)));
+        }
+    }
+    assert_int_equal(n, sum->n_rebalance);
+}
+
+/* plans and carries moves out (the session lands resident on its new gpu)
+ * until nothing changes; no session moves twice without an event between */
+static struct plan *settle_moves(struct sim *m, struct plan *prev, uint64_t *n_moved)
+{
+    uint8_t moved[SIM_MAX] = {0};
+    struct plan *p = prev;
+    for (int round = 0;; round++) {
+        assert_true(round < 2 * SIM_MAX + 8);
+        struct plan *q = sim_plan(m, p);
+        check_plan(m, q, 0);
+        check_moves(m, q);
+        int fixed = p && same_assign(p, q) && plan_get_summary(q)->n_moves == 0 &&
+                    plan_get_summary(q)->n_rebalance == 0;
+        plan_free(p);
+        p = q;
+        if (fixed)
+            return p;
+        sim_apply(m, p);
+        for (size_t i = 0; i < m->n; i++) {
+            const struct plan_assign *a = plan_assign_at(p, i);
+            if (a->move_to == PLAN_NO_GPU)
+                continue;
+            assert_int_equal(moved[i]++, 0);
+            struct plan_session *s = &m->s[i];
+            uint32_t held = s->cur_dev + s->cur_host;
+            s->gpu = a->move_to;
+            s->cur_dev = held;
+            s->cur_host = 0;
+            s->cur_tactic = held ? PLAN_RESIDENT : PLAN_WAIT;
+            (*n_moved)++;
+        }
+    }
+}
+
+static void test_random_moves(void **state)
+{
+    (void)state;
+    uint64_t rng = 0x5eed, n_moved = 0;
+    struct sim m;
+    for (int seq = 0; seq < 300; seq++) {
+        sim_init(&m, &rng, PLAN_MODE_AUTO);
+        m.n_gpus = 2;
+        m.gpu[1] = gpu_with(8 + rng_below(&rng, 40));
+        struct plan *p = NULL;
+        for (int e = 0; e < 60; e++) {
+            sim_event(&m, &rng);
+            for (size_t i = 0; i < m.n; i++)
+                m.s[i].movable = 1;
+            p = settle_moves(&m, p, &n_moved);
+        }
+        plan_free(p);
+    }
+    assert_true(n_moved > 100); /* the runs do reach moves */
+}
+
 static void test_random_auto(void **state)
 {
     (void)state;
@@ -871,6 +957,7 @@ int main(void)
         cmocka_unit_test(test_rebalance_spilled),
         cmocka_unit_test(test_rebalance_guards),
         cmocka_unit_test(test_rebalance_waiting),
+        cmocka_unit_test(test_random_moves),
         cmocka_unit_test(test_load_ramp),
         cmocka_unit_test(test_random_auto),
         cmocka_unit_test(test_random_forced),
