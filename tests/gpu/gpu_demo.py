@@ -30,6 +30,19 @@ def size_bytes(s):
     return int(m.group(1)) << (30 if m.group(2) == "GiB" else 20)
 
 
+def sse_choices(resp):
+    """the first choice of each server-sent event of a streamed completion; an error event
+    raises"""
+    for raw in resp:
+        line = raw.decode(errors="replace").strip()
+        if not line.startswith("data:") or line == "data: [DONE]":
+            continue
+        ev = json.loads(line[5:])
+        if "error" in ev:
+            raise RuntimeError(f"stream error: {ev['error']}")
+        yield ev["choices"][0]
+
+
 def nvidia_smi():
     """(used MiB on gpu 0, {pid: used MiB})"""
     try:
@@ -155,14 +168,7 @@ class Streams:
             r = c.getresponse()
             if r.status != 200:
                 raise RuntimeError(f"HTTP {r.status}: {r.read()[:300]!r}")
-            for raw in r:
-                line = raw.decode().strip()
-                if not line.startswith("data:") or line == "data: [DONE]":
-                    continue
-                ev = json.loads(line[5:])
-                if "error" in ev:
-                    raise RuntimeError(f"stream error: {ev['error']}")
-                ch = ev["choices"][0]
+            for ch in sse_choices(r):
                 now = time.monotonic()
                 with self.cv:
                     self.text[i] += ch.get("text", "")
