@@ -674,7 +674,7 @@ static int rebalance(struct work *w)
         const struct plan_assign *a = &p->assign[i];
         uint32_t g = in->sessions[i].gpu;
         if (w->role[i] == ROLE_RUN) {
-            n_run[g]++;
+            n_run[g] += in->sessions[i].active; /* a pinned idle one makes no tokens */
             need[g] += w->need[i];
         }
         if (is_spilled(a->tactic) ||

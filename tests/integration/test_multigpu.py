@@ -1,10 +1,11 @@
 """Several GPUs, simulated on the CPU backend (--workers 2: one kvmgr with a device pool per worker
-and one shared host pool). While worker 1 is drained, a pinned session and a long conversation
-share worker 0, so the conversation's KV spills to the host (WINDOW). Once worker 1 takes
-sessions again, the conversation's next turn finds kvmgr's planner moving it there through the
-host pool: it goes on resident on worker 1 with the text of a single-worker server and of
-rkv-gen, nothing is prefilled again, and the move shows in the tactic-event log, the metrics and
-rkvctl. Everything is sequential: no step of the test depends on timing."""
+and one shared host pool). While worker 1 is drained, a pinned session and a conversation share
+worker 0. Once worker 1 takes sessions again and the conversation's KV no longer fits worker 0
+(it spills to the host), kvmgr's planner moves it to worker 1 through the host pool: between two
+turns (its KV parked) or in the middle of a turn's decode. It goes on resident on worker 1 with
+the text of a single-worker server and of rkv-gen, nothing is prefilled again, and the move
+shows in the tactic-event log, the metrics and rkvctl. Everything is sequential and driven by
+the requests' own growth: no step of the tests depends on timing."""
 import json
 import sqlite3
 import subprocess
@@ -23,8 +24,12 @@ ONE = ("--workers", "1", "--block-size", "16", "--vram-target", "64MiB", "--host
        "8MiB", "--max-running", "16")
 
 KEEP = ("keep", ["A pinned story about a quiet harbour and its boats.", " More:"], [300, 2])
+# spills on worker 0 in its first turn; moves at the start of its second
 CONV = ("fox", ["The fox walked to the sea and back again, slowly.", " Then the fox said:",
                 " And the sea answered:"], [400, 24, 24])
+# fits worker 0 in its first turn; spills and moves halfway through its second turn's decode
+MID = ("owl", ["An owl counted the stars above the harbour.", " The owl went on:",
+               " Then it slept."], [40, 300, 24])
 
 
 def client(srv):
@@ -86,19 +91,31 @@ def single(tiny_model, tmp_path_factory, ref):
     from conftest import Rkvd, _stop_checked
     srv = Rkvd(tiny_model, tmp_path_factory.mktemp("one"), ONE).start()
     try:
-        return {c[0]: converse(srv, ref, c) for c in (KEEP, CONV)}
+        return {c[0]: converse(srv, ref, c) for c in (KEEP, CONV, MID)}
     finally:
         _stop_checked(srv)
 
 
-def test_session_moves_to_the_idle_gpu_mid_conversation(rkvd_factory, single, ref):
-    srv = rkvd_factory(*TWO)
-    # worker 1 takes no sessions, and nothing moves while a worker is drained: both
-    # sessions start on worker 0
+def pinned_on_worker0(srv, ref):
+    """worker 1 drained (nothing moves while a worker is drained), the pinned session's ~20
+    blocks resident on worker 0"""
     rkvctl(srv, "workers", "drain", "1")
     keep = converse(srv, ref, KEEP, 0, 1)
     rkvctl(srv, "sessions", "pin", KEEP[0])
-    keep += converse(srv, ref, KEEP, 1, 2, history_of(ref, keep, KEEP[2]))  # kvmgr learns it
+    return keep + converse(srv, ref, KEEP, 1, 2, history_of(ref, keep, KEEP[2]))  # kvmgr learns it
+
+
+def sessions_of(srv):
+    return {s["id"]: s for s in json.loads(rkvctl(srv, "--json", "sessions"))["sessions"]}
+
+
+def spilled(srv, sid):
+    return [e for e in events(srv) if e[0] == sid and e[2] in ("window", "cpu_tail")]
+
+
+def test_session_moves_to_the_idle_gpu_mid_conversation(rkvd_factory, single, ref):
+    srv = rkvd_factory(*TWO)
+    keep = pinned_on_worker0(srv, ref)
     fox = converse(srv, ref, CONV, 0, 1)
     ev = events(srv)
     assert any(e[2] in ("window", "cpu_tail") for e in ev), f"worker 0 did not spill: {ev}"
@@ -142,4 +159,33 @@ def test_session_moves_to_the_idle_gpu_mid_conversation(rkvd_factory, single, re
     assert keep == single[KEEP[0]]
     assert fox == single[CONV[0]]
     for (prompt, answer), n in list(zip(fox, CONV[2])) + list(zip(keep, KEEP[2])):
+        assert answer == gen(ref, prompt, n)["text"], prompt[-8:]
+
+
+def test_session_moves_in_the_middle_of_a_decode(rkvd_factory, single, ref):
+    srv = rkvd_factory(*TWO)
+    keep = pinned_on_worker0(srv, ref)
+    owl = converse(srv, ref, MID, 0, 1)
+    sid = sessions_of(srv)[MID[0]]["sid"]
+    assert not spilled(srv, sid), events(srv)  # 4 blocks beside 20: it fits
+    # worker 1 is empty and takes sessions, but nothing spills on worker 0: nothing moves
+    rkvctl(srv, "workers", "drain", "1", "--off")
+    assert srv.metric("rkv:kv_sessions_moved_total") == 0
+    # the second turn's decode outgrows worker 0 after ~130 tokens: its KV spills, the planner
+    # moves it to worker 1, and the decode goes on there within the same request
+    owl += converse(srv, ref, MID, 1, 2, history_of(ref, owl, MID[2]))
+    assert srv.metric("rkv:kv_sessions_moved_total", from_gpu="0", to_gpu="1") == 1, \
+        srv.log()[-3000:]
+    wait_for(lambda: any(e[3].startswith("rebalance") for e in events(srv)), "the move event",
+             timeout=5)
+    ev = [e for e in events(srv) if e[0] == sid]
+    first_spill = next(i for i, e in enumerate(ev) if e[2] in ("window", "cpu_tail"))
+    moved = [i for i, e in enumerate(ev) if e[3].startswith("rebalance")]
+    assert len(moved) == 1 and moved[0] > first_spill and ev[moved[0]][1] != "parked", ev
+    owl += converse(srv, ref, MID, 2, 3, history_of(ref, owl, MID[2]))
+    assert srv.metric("rkv:kv_sessions_moved_total") == 1
+    assert sessions_of(srv)[MID[0]]["worker"] == 1
+    assert keep == single[KEEP[0]]
+    assert owl == single[MID[0]]
+    for (prompt, answer), n in zip(owl, MID[2]):
         assert answer == gen(ref, prompt, n)["text"], prompt[-8:]
