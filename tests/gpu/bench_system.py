@@ -172,6 +172,7 @@ class Server(gpu_demo.Rkvd):
         if a.threads:
             self.args += ["--threads", str(a.threads)]
         self.port = self.proc = None
+        self.used_at_hello = self.weights = self.plan_overhead = 0
 
     def start(self, timeout):
         self._log = open(self.log_path, "ab")
@@ -189,8 +190,9 @@ class Server(gpu_demo.Rkvd):
                 self._parse(txt)
                 return True
             time.sleep(0.1)
-        raise RuntimeError(f"rkvd ({self.name}) did not become healthy in {timeout:.0f} s "
-                           f"(exit {self.proc.poll()}); log tail:\n{self.log()[-3000:]}")
+        code = self.proc.poll()
+        why = f"exited with {code}" if code is not None else f"not healthy in {timeout:.0f} s"
+        raise RuntimeError(f"rkvd ({self.name}) {why}; log tail:\n{self.log()[-3000:]}")
 
     def _parse(self, txt):
         m = re.search(r"pools: (\d+) device block\(s\) per gpu .*? and (\d+) host block\(s\) "
@@ -455,7 +457,7 @@ def gpu_bench(a):
 
 def engine_rkv_gen(a, shape, batch, ctx, n):
     """the engine alone (rkv-gen, no HTTP, no IPC): decode tok/s at batch x ctx"""
-    ids = prompt_ids(f"http-0", ctx, shape["vocab"])
+    ids = prompt_ids("ramp-1", ctx, shape["vocab"])
     cmd = [str(Path(a.bin) / "rkv-gen"), "--model", str(a.model), "--prompt-ids",
            ",".join(map(str, ids)), "-n", str(n), "--batch", str(batch), "--backend", a.backend,
            "--kv-dtype", a.kv_dtype, "--block-size", str(a.block_size), "--ignore-eos", "--json"]
@@ -607,8 +609,8 @@ def wait_resident(srv, names, timeout):
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         ss = [x for x in srv.sessions() if x["id"] in names]
-        if len(ss) == len(names) and all(x["tactic"] == "resident" and x["tail_tokens"] == 0
-                                          for x in ss):
+        if len(ss) == len(names) and all(
+                x["tactic"] == "resident" and x["tail_tokens"] == 0 for x in ss):
             return time.monotonic() - t0
         time.sleep(0.02)
     return None
@@ -629,7 +631,7 @@ def ramp(a, srv, shape, n_max, up, down, label):
     phases, streams = [], []
     try:
         for k in range(1, n_max + 1):
-            if left(a) < a.reserve_s:
+            if left(a) < a.ramp_floor:
                 note(f"{label}: out of time at {k - 1} sessions")
                 break
             st = Stream(srv, prompt_ids(f"ramp-{k}", a.ctx, shape["vocab"]), a.turn_tokens,
@@ -641,7 +643,7 @@ def ramp(a, srv, shape, n_max, up, down, label):
                 ph["arrival_ttft_s"] = rnd(st.first_time() - st.t_start)
                 phases.append(ph)
         for k in down:
-            if left(a) < a.reserve_s / 2 or k >= len(streams):
+            if left(a) < a.ramp_floor / 2 or k >= len(streams):
                 continue
             while len(streams) > k:
                 st = streams.pop(0)
@@ -1021,7 +1023,7 @@ def plots(a):
         note(f"no plots: matplotlib does not import here ({e.__class__.__name__}); the JSON "
              "holds every figure")
         return
-    rp = RES.get("ramp", {}).get("phases", [])
+    rp = ((RES.get("ramp") or {}).get("phases") or [])
     if rp:
         fig, ax = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
         x = range(len(rp))
@@ -1042,7 +1044,7 @@ def plots(a):
         ax[1].legend()
         fig.tight_layout()
         fig.savefig(Path(a.out) / "ramp.png", dpi=110)
-    pts = [p for p in RES.get("spill", {}).get("points", []) if p.get("decode_tok_s")]
+    pts = [p for p in ((RES.get("spill") or {}).get("points") or []) if p.get("decode_tok_s")]
     if pts:
         fig, ax = plt.subplots(1, 2, figsize=(11, 4))
         hx = [100 * (p["host_frac"] or 0) for p in pts]
@@ -1061,7 +1063,7 @@ def plots(a):
             ax[i].legend()
         fig.tight_layout()
         fig.savefig(Path(a.out) / "spill.png", dpi=110)
-    runs = [r for r in RES.get("http", {}).get("runs", []) if r.get("http_tok_s")]
+    runs = [r for r in ((RES.get("http") or {}).get("runs") or []) if r.get("http_tok_s")]
     if runs:
         fig, ax = plt.subplots(figsize=(6, 4))
         xs = range(len(runs))
@@ -1093,6 +1095,8 @@ def parse_args(argv):
     ap.add_argument("--preset", help="rkv-mkmodel preset (llama3-8b; quick: tiny)")
     ap.add_argument("--dtype", help="weights (bf16; quick: f32)")
     ap.add_argument("--model", help="a GGUF to use instead of making one")
+    ap.add_argument("--keep-model", action="store_true", help="keep the generated model in "
+                    "--work for the next run (else it is deleted at the end)")
     ap.add_argument("--kv-dtype", default="f16", choices=("f16", "f32"))
     ap.add_argument("--block-size", type=int, help="positions per block (256; quick 32)")
     ap.add_argument("--threads", type=int, help="cpu worker threads (cpu backend)")
@@ -1129,7 +1133,8 @@ def parse_args(argv):
     ap.add_argument("--hf-ctx", type=int, help="(the spill ctx)")
     ap.add_argument("--hf-decode", type=int, default=16)
     ap.add_argument("--hf-chunk", type=int, default=4096)
-    ap.add_argument("--hf-timeout", type=float, default=120)
+    ap.add_argument("--hf-timeout", type=float, default=120, help="seconds for the "
+                    "transformers run, building the model included")
     ap.add_argument("--io-timeout", type=float, help="seconds one request may stall (120)")
     a = ap.parse_args(argv)
     q = a.quick
@@ -1137,8 +1142,9 @@ def parse_args(argv):
             "block_size": (32, 256), "ctx": (256, 4096), "fit_sessions": (2, 16),
             "sessions_max": (6, 64), "window": (0.4, 3.0), "spill_ctx": (512, 32768),
             "spill_prefill": (64, 512), "spill_decode": (600, 32), "http_batches": ("1,4", "1,64"),
-            "http_tokens": (200, 128), "budget_streams": (2, 12), "budget_tokens": (1500, 192), "budget_ctx": (2048, 0),
-            "io_timeout": (30, 120), "max_batch_tokens": (512, 2048), "prefill_chunk": (256, 1024), "spill_fracs": ("0,0.5,1", "0,0.25,0.5,0.75,0.9,1")}
+            "http_tokens": (200, 128), "budget_streams": (2, 12), "budget_tokens": (1500, 192),
+            "budget_ctx": (2048, 0), "io_timeout": (30, 120), "max_batch_tokens": (512, 2048),
+            "prefill_chunk": (256, 1024), "spill_fracs": ("0,0.5,1", "0,0.25,0.5,0.75,0.9,1")}
     for k, (quick, full) in dflt.items():
         if getattr(a, k) is None:
             setattr(a, k, quick if q else full)
@@ -1179,6 +1185,16 @@ def make_model(a):
     if r.returncode:
         raise RuntimeError(f"rkv-mkmodel: {r.stderr[-500:]}")
     RES["mkmodel_s"] = rnd(time.monotonic() - t, 1)
+
+
+def guard(name, fn, *args):
+    """one part: its failure is recorded and the next part still runs"""
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001 - the JSON says what broke
+        RES["errors"].append(f"{name}: {e!r}"[:2000])
+        log(f"error in {name}: {e!r}")
+        return None
 
 
 def run_all(a):
@@ -1230,38 +1246,53 @@ def run_all(a):
             log(f"server resident: {srv.dev_blocks} device blocks, {srv.host_blocks} host blocks "
                 f"of {srv.block_bytes} bytes; weights {srv.weights >> 20} MiB")
             if "http" in a.parts:
-                RES["http"] = bench_http(a, srv, shape)
+                RES["http"] = guard("http", bench_http, a, srv, shape)
             if "ramp" in a.parts and left(a) > a.reserve_s * 2:
-                ref = ramp(a, srv, shape, a.fit_sessions, [x for x in a.up if x <= a.fit_sessions],
-                           [], "resident")
+                a.ramp_floor = a.reserve_s
+                ref = guard("resident ramp", ramp, a, srv, shape, a.fit_sessions,
+                            [x for x in a.up if x <= a.fit_sessions], [], "resident") or []
             if "spill" in a.parts and left(a) > a.reserve_s * 2:
-                RES["spill"] = bench_spill(a, srv, shape, tgt_a)
+                RES["spill"] = guard("spill", bench_spill, a, srv, shape, tgt_a)
             if "budget" in a.parts and left(a) > a.reserve_s * 2:
-                RES["budget"] = bench_budget(a, srv, shape, tgt_a)
+                RES["budget"] = guard("budget", bench_budget, a, srv, shape, tgt_a)
+    except Exception as e:  # noqa: BLE001 - the server did not start: the ramp may still
+        RES["errors"].append(f"server resident: {e!r}"[:2000])
+        log(f"error: {e!r}")
     finally:
         if srv.proc:
             RES.setdefault("server_resident", {})["exit"] = srv.stop()
-    if "http" in RES:
-        http_engine_refs(a, shape, RES["http"])
+    if RES.get("http"):
+        guard("http engine", http_engine_refs, a, shape, RES["http"])
     # server B: the ramp's target holds fit_sessions sessions of ctx + a turn
-    used = srv.used_at_hello if srv.proc and srv.used_at_hello else est_used
+    used = srv.used_at_hello or est_used
     room_b = a.fit_sessions * -(-(a.ctx + a.turn_tokens) // a.block_size) * a.block_size * bpt
     tgt_b = (used + a.reserve + room_b) if a.backend == "cuda" else room_b
     host_b = int(a.sessions_max * (a.ctx + a.turn_tokens + 2 * a.block_size) * bpt * 0.9) + \
         GIB // 4
-    RES["ramp"] = {"resident": ref, "ctx": a.ctx, "turn_tokens": a.turn_tokens,
-                   "fit_sessions": a.fit_sessions, "sessions_max": a.sessions_max,
-                   "vram_target": tgt_b, "kv_room_bytes": room_b, "host_budget": host_b}
+    # the ramp stops early enough for the transformers run that follows it
+    a.ramp_floor = a.reserve_s + (min(a.hf_timeout, 90) if "hf" in a.parts and
+                                  a.backend == "cuda" else 0)
+    if "ramp" in a.parts:
+        RES["ramp"] = {"resident": ref, "ctx": a.ctx, "turn_tokens": a.turn_tokens,
+                       "fit_sessions": a.fit_sessions, "sessions_max": a.sessions_max,
+                       "vram_target": tgt_b, "kv_room_bytes": room_b, "host_budget": host_b}
     if "ramp" in a.parts and left(a) > a.reserve_s * 2:
+        log(f"ramp: vram target {tgt_b / GIB:.2f} GiB (KV room {room_b / GIB:.2f} GiB: "
+            f"{a.fit_sessions} sessions of {a.ctx} + {a.turn_tokens}), host {host_b / GIB:.2f} GiB")
         srvb = Server(a, "ramp", tgt_b, host_b)
         try:
             t = time.monotonic()
             srvb.start(min(240, left(a)))
             RES["server_ramp"] = {"startup_s": rnd(time.monotonic() - t, 1), **srvb.info()}
             if left(a) > a.reserve_s * 2:
-                RES["ramp"]["phases"] = ramp(a, srvb, shape, a.sessions_max, a.up, a.down,
-                                             "ramp")
-                judge_ramp(a, RES["ramp"]["phases"], ref, RES.get("spill", {}))
+                RES["ramp"]["phases"] = guard("ramp", ramp, a, srvb, shape, a.sessions_max,
+                                              a.up, a.down, "ramp")
+                if RES["ramp"]["phases"]:
+                    guard("ramp targets", judge_ramp, a, RES["ramp"]["phases"], ref,
+                          RES.get("spill") or {})
+        except Exception as e:  # noqa: BLE001
+            RES["errors"].append(f"server ramp: {e!r}"[:2000])
+            log(f"error: {e!r}")
         finally:
             RES["server_ramp"] = {**RES.get("server_ramp", {}), "exit": srvb.stop()}
     if "hf" in a.parts:
@@ -1270,9 +1301,9 @@ def run_all(a):
                                    "a CUDA device"}
             note(RES["hf_offloaded"]["skipped"])
         else:
-            RES["hf_offloaded"] = bench_hf(a, shape)
-        spill_all = [p for p in RES.get("spill", {}).get("points", []) if p.get("host_frac_wanted")
-                     == 1 and p.get("decode_tok_s")]
+            RES["hf_offloaded"] = guard("hf", bench_hf, a, shape) or {"skipped": "error"}
+        spill_all = [p for p in (RES.get("spill") or {}).get("points", [])
+                     if p.get("host_frac_wanted") == 1 and p.get("decode_tok_s")]
         hf = RES["hf_offloaded"]
         if spill_all and hf.get("decode_tok_s") and a.hf_ctx == a.spill_ctx:
             hf["rkv_all_host_decode_tok_s"] = spill_all[0]["decode_tok_s"]
@@ -1281,16 +1312,16 @@ def run_all(a):
 
 def summary():
     log("summary (ratio to bound/reference; targets from issue 8):")
-    for r in RES.get("http", {}).get("runs", []):
+    for r in ((RES.get("http") or {}).get("runs") or []):
         if r.get("http_tok_s"):
             log(f"  http b={r['batch']}: {r['http_tok_s']} tok/s vs engine "
                 f"{r.get('engine_tok_s')} -> {r.get('ratio')}")
-    for p in RES.get("ramp", {}).get("phases", []):
+    for p in ((RES.get("ramp") or {}).get("phases") or []):
         log(f"  {p['label']:>16}: {p['agg_tok_s']:>9} tok/s  bound {p['bound_tok_s']} -> "
             f"{p['ratio_to_bound']}  resident-ratio {p.get('ratio_to_resident')}  "
             f"{p['tactics']}  pcie {p['pcie_Bps'] / 1e9:.2f} GB/s"
             + (f"  to-resident {p['to_resident_s']} s" if "to_resident_s" in p else ""))
-    for p in RES.get("spill", {}).get("points", []):
+    for p in ((RES.get("spill") or {}).get("points") or []):
         if p.get("decode_tok_s"):
             log(f"  spill host {p['host_frac']}: decode {p['decode_tok_s']} -> "
                 f"{p['decode_ratio']}, prefill {p['prefill_tok_s']} -> {p.get('prefill_ratio')}")
@@ -1314,6 +1345,9 @@ def main(argv=None):
         rc = 1
     finally:
         cleanup()
+        made = Path(a.work) / f"{a.preset}-{a.dtype}.gguf"
+        if not a.keep_model and str(a.model) == str(made):
+            made.unlink(missing_ok=True)
         try:
             plots(a)
         except Exception as e:  # noqa: BLE001
@@ -1323,6 +1357,8 @@ def main(argv=None):
         Path(a.out).mkdir(parents=True, exist_ok=True)
         Path(a.out, "bench_system.json").write_text(json.dumps(RES, indent=1))
         log(f"results in {Path(a.out) / 'bench_system.json'} ({RES['wall_s']} s)")
+    if RES["errors"]:
+        rc = 1
     if a.strict and any(t["status"] == "FAIL" for t in RES["targets"]):
         rc = rc or 1
     return rc
