@@ -346,9 +346,9 @@ static int bench_model(struct backend *be, int quick, const char *preset)
         double bound = (wbytes + S * 4096.0 * kv_per_tok) / hbm;
         record("decode", "decode b=64 ctx=4096 (tok/s)", S / t, "tok/s", S / bound, bound / t);
     }
-    /* prefill: 4k resident, 4k with half the kv on host */
-    uint32_t plens[] = {4096, quick ? 0 : 16384};
-    for (int pi = 0; pi < 2 && rc == 0 && !profiled; pi++) {
+    /* prefill: 4k, 16k, 32k resident and with half the kv on host */
+    uint32_t plens[] = {4096, quick ? 0 : 16384, quick ? 0 : 32768};
+    for (int pi = 0; pi < 3 && rc == 0 && !profiled; pi++) {
         uint32_t len = plens[pi];
         if (!len)
             continue;

@@ -137,7 +137,7 @@ struct cuda_ctx {
     size_t lin_h_cap;
     int dec;  /* the packed decode attention kernel (env RKV_CUDA_DEC=0: the general one) */
     int fuse; /* fused decode ops (env RKV_CUDA_FUSE=0 turns them off, for a/b checks) */
-    int pdl;  /* programmatic dependent launch of the decode chain (env RKV_CUDA_PDL=0: off) */
+    int pdl;  /* programmatic dependent launch of the decode chain (env RKV_CUDA_PDL=1: on) */
 };
 
 /* host -> device rates over the two paths, GB/s (set_kv picks by these) */

@@ -2,9 +2,8 @@
  * folded in, gate/up with silu(gate)*up as the epilogue, o/down adding into the residual. */
 #include "worker/cuda/cuda_ops.cuh"
 
-#define LIN_WARPS 8
-/* 16-byte loads in flight per lane: 8 for one row per warp, 4 x 2 for swiglu's pair */
-#define LIN_LOADS 8
+#define LIN_WARPS  8
+#define LIN_UNROLL 4 /* 16-byte loads in flight per lane and row (8 with swiglu's pair) */
 
 /* what one launch reads; passed by value */
 struct lin_kargs {
@@ -74,7 +73,6 @@ __global__ void __launch_bounds__(LIN_WARPS * 32) lin_kernel(lin_kargs a)
 {
     constexpr int VEC = 16 / sizeof(W);
     constexpr int NR = MODE == BE_LIN_SWIGLU ? 2 : 1;
-    constexpr int LIN_UNROLL = LIN_LOADS / NR;
     const uint32_t lane = threadIdx.x & 31, stride = gridDim.x * LIN_WARPS;
     cuda_pdl_trigger();
     bool waited = false; /* the first weight loads go out before waiting for x */
@@ -156,45 +154,16 @@ __global__ void __launch_bounds__(LIN_WARPS * 32) lin_kernel(lin_kargs a)
     }
 }
 
-template <typename W, int MODE, bool NORM>
-static void lin_launch_nt(struct cuda_ctx *c, const lin_kargs &a, unsigned grid)
-{
-    /* token counts rounded up to 1, 2, 4, 8 instantiations; the norm is folded
-     * in for 1 or 2 tokens only (each warp sums the squares of x itself) */
-    if (a.n == 1)
-        cuda_launch(c->pdl, lin_kernel<W, 1, MODE, NORM>, grid, LIN_WARPS * 32, 0, c->stream, a);
-    else if (a.n == 2)
-        cuda_launch(c->pdl, lin_kernel<W, 2, MODE, NORM>, grid, LIN_WARPS * 32, 0, c->stream, a);
-    else if constexpr (!NORM) {
-        if (a.n <= 4)
-            cuda_launch(c->pdl, lin_kernel<W, 4, MODE, false>, grid, LIN_WARPS * 32, 0, c->stream,
-                        a);
-        else
-            cuda_launch(c->pdl, lin_kernel<W, 8, MODE, false>, grid, LIN_WARPS * 32, 0, c->stream,
-                        a);
-    }
-}
-
-template <typename W>
-static void lin_launch(struct cuda_ctx *c, const lin_kargs &a, int mode, bool norm, unsigned grid)
-{
-    if (mode == BE_LIN_ADD)
-        lin_launch_nt<W, BE_LIN_ADD, false>(c, a, grid);
-    else if (mode == BE_LIN_SWIGLU)
-        norm ? lin_launch_nt<W, BE_LIN_SWIGLU, true>(c, a, grid)
-             : lin_launch_nt<W, BE_LIN_SWIGLU, false>(c, a, grid);
-    else
-        norm ? lin_launch_nt<W, BE_LIN_SET, true>(c, a, grid)
-             : lin_launch_nt<W, BE_LIN_SET, false>(c, a, grid);
-}
-
-/* thread blocks for n_tasks warp tasks: enough warps per SM to keep the loads
- * in flight, and the fewest idle warps in the last round of the grid-stride loop */
-static unsigned lin_grid(const struct cuda_ctx *c, uint32_t n_tasks, int min_per_sm)
+/* thread blocks for n_tasks warp tasks, at most max_per_sm resident per SM (the kernel's
+ * occupancy): enough warps per SM to keep the loads in flight, and the fewest idle warps in the
+ * last round of the grid-stride loop */
+static unsigned lin_grid(const struct cuda_ctx *c, uint32_t n_tasks, int max_per_sm, int min_per_sm)
 {
     unsigned need = (n_tasks + LIN_WARPS - 1) / LIN_WARPS, best = need;
     double best_eff = 0.0;
-    for (int per_sm = 2048 / (LIN_WARPS * 32); per_sm >= min_per_sm; per_sm--) {
+    if (min_per_sm > max_per_sm)
+        min_per_sm = max_per_sm;
+    for (int per_sm = max_per_sm; per_sm >= min_per_sm; per_sm--) {
         unsigned blocks = (unsigned)(c->n_sm * per_sm);
         if (blocks >= need)
             return need; /* one round */
@@ -206,6 +175,48 @@ static unsigned lin_grid(const struct cuda_ctx *c, uint32_t n_tasks, int min_per
         }
     }
     return best;
+}
+
+/* one instantiation: its occupancy (asked once), the grid, the launch */
+template <typename W, int NT, int MODE, bool NORM>
+static int lin_run(struct cuda_ctx *c, const lin_kargs &a)
+{
+    auto fn = lin_kernel<W, NT, MODE, NORM>;
+    static int per_sm; /* resident blocks per SM; the same on every gpu of one kind */
+    if (!per_sm) {
+        int nb = 0;
+        CU_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, fn, LIN_WARPS * 32, 0));
+        per_sm = nb > 0 ? nb : 1;
+    }
+    unsigned grid = lin_grid(c, a.n_tasks, per_sm, MODE == BE_LIN_SWIGLU ? 2 : 3);
+    CU_TRY(cuda_launch(c->pdl, fn, grid, LIN_WARPS * 32, 0, c->stream, a));
+    return 0;
+}
+
+template <typename W, int MODE, bool NORM>
+static int lin_launch_nt(struct cuda_ctx *c, const lin_kargs &a)
+{
+    /* token counts rounded up to 1, 2, 4, 8 instantiations; the norm is folded
+     * in for 1 or 2 tokens only (each warp sums the squares of x itself) */
+    if (a.n == 1)
+        return lin_run<W, 1, MODE, NORM>(c, a);
+    if (a.n == 2)
+        return lin_run<W, 2, MODE, NORM>(c, a);
+    if constexpr (!NORM)
+        return a.n <= 4 ? lin_run<W, 4, MODE, false>(c, a) : lin_run<W, 8, MODE, false>(c, a);
+    return RKV_EINVAL;
+}
+
+template <typename W>
+static int lin_launch(struct cuda_ctx *c, const lin_kargs &a, int mode, bool norm)
+{
+    if (mode == BE_LIN_ADD)
+        return lin_launch_nt<W, BE_LIN_ADD, false>(c, a);
+    if (mode == BE_LIN_SWIGLU)
+        return norm ? lin_launch_nt<W, BE_LIN_SWIGLU, true>(c, a)
+                    : lin_launch_nt<W, BE_LIN_SWIGLU, false>(c, a);
+    return norm ? lin_launch_nt<W, BE_LIN_SET, true>(c, a)
+                : lin_launch_nt<W, BE_LIN_SET, false>(c, a);
 }
 
 int cuda_linear(struct cuda_ctx *c, const struct be_linear *l, uint32_t n)
@@ -247,12 +258,9 @@ int cuda_linear(struct cuda_ctx *c, const struct be_linear *l, uint32_t n)
         norm = false;
     } else if (norm)
         a.nw = (const float *)l->norm_w->data;
-    unsigned grid = lin_grid(c, a.n_tasks, l->mode == BE_LIN_SWIGLU ? 2 : 4);
     switch (t) {
-    case BE_F32: lin_launch<float>(c, a, l->mode, norm, grid); break;
-    case BE_F16: lin_launch<__half>(c, a, l->mode, norm, grid); break;
-    default: lin_launch<__nv_bfloat16>(c, a, l->mode, norm, grid); break;
+    case BE_F32: return lin_launch<float>(c, a, l->mode, norm);
+    case BE_F16: return lin_launch<__half>(c, a, l->mode, norm);
+    default: return lin_launch<__nv_bfloat16>(c, a, l->mode, norm);
     }
-    CU_LAUNCHED();
-    return 0;
 }
