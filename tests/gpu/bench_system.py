@@ -750,7 +750,8 @@ def bench_spill(a, srv, shape, full_target):
         if left(a) < a.reserve_s:
             out["points"].append({"host_frac_wanted": frac, "skipped": "out of time"})
             continue
-        ctx_blocks = -(-(len(prompt) + a.spill_prefill + a.spill_decode) // srv.block_size)
+        # the fraction of the context the turn starts from (its decoded blocks land on device)
+        ctx_blocks = -(-(len(prompt) + a.spill_prefill) // srv.block_size)
         dev_blocks = max(2, math.ceil((1 - frac) * ctx_blocks)) if frac > 0 else ctx_blocks + 4
         tgt = full_target if frac == 0 else srv.plan_overhead + dev_blocks * srv.block_bytes + \
             srv.block_bytes // 2
@@ -1116,7 +1117,7 @@ def parse_args(argv):
     ap.add_argument("--window", type=float, help="seconds per measurement window (3; quick 0.4)")
     ap.add_argument("--resident-timeout", type=float, default=10)
     ap.add_argument("--spill-ctx", type=int, help="the spill session's context (32768; quick "
-                    "512): 131072 is the issue's figure but its prefill alone takes minutes")
+                    "2048): 131072 is the issue's figure but its prefill alone takes minutes")
     ap.add_argument("--spill-fracs", help="host fractions (0,0.25,0.5,0.75,0.9,1; quick 0,0.5,1)")
     ap.add_argument("--spill-prefill", type=int, help="new tokens per point (512; quick 64)")
     ap.add_argument("--spill-decode", type=int, help="decoded tokens per point (32; quick 600)")
@@ -1140,7 +1141,7 @@ def parse_args(argv):
     q = a.quick
     dflt = {"deadline": (55, 480), "preset": ("tiny", "llama3-8b"), "dtype": ("f32", "bf16"),
             "block_size": (32, 256), "ctx": (256, 4096), "fit_sessions": (2, 16),
-            "sessions_max": (6, 64), "window": (0.4, 3.0), "spill_ctx": (512, 32768),
+            "sessions_max": (6, 64), "window": (0.4, 3.0), "spill_ctx": (2048, 32768),
             "spill_prefill": (64, 512), "spill_decode": (600, 32), "http_batches": ("1,4", "1,64"),
             "http_tokens": (200, 128), "budget_streams": (2, 12), "budget_tokens": (1500, 192),
             "budget_ctx": (2048, 0), "io_timeout": (30, 120), "max_batch_tokens": (512, 2048),
