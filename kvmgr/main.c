@@ -739,8 +739,12 @@ static int do_hello(struct kvmgr *k, const struct proto_in *in, struct proto_wbu
                                     "kvmgr cannot create cuda pools: %s; or run with --backend cpu",
                                     rkv_gpu_why());
             /* every worker runs the same model; cpu pools are RAM, not vram */
-            for (uint32_t g = 0; g < (uint32_t)k->c.workers; g++)
+            for (uint32_t g = 0; g < (uint32_t)k->c.workers; g++) {
                 k->gpu[g].weights_bytes = k->cuda ? h.weights_bytes : 0;
+                /* measured by the worker on its model (reserve_of prefers the config) */
+                if (k->cuda && h.compute_reserve_bytes)
+                    k->gpu[g].reserve_bytes = h.compute_reserve_bytes;
+            }
             if ((rc = create_pools(k, h.block_bytes)))
                 return proto_seterr(err, errlen, rc, "kvmgr cannot create its pools: %s",
                                     rkv_strerror(rc));

@@ -26,6 +26,7 @@ static const struct proto_field f_hello[] = {
     PROTO_F_STR(struct proto_hello, build, 0),
     PROTO_F_U64(struct proto_hello, block_bytes, 0, 0, 1ull << 40),
     PROTO_F_U64(struct proto_hello, weights_bytes, 0, 0, 1ull << 50),
+    PROTO_F_U64(struct proto_hello, compute_reserve_bytes, 0, 0, 1ull << 50),
 };
 
 static const struct proto_field f_hello_ack[] = {

@@ -51,6 +51,9 @@ struct proto_hello {
      * so kvmgr can size its pools before the first session */
     uint64_t block_bytes;
     uint64_t weights_bytes;
+    /* device bytes a step of this model takes beyond what the worker already
+     * holds (activations, staging), measured on the real graph; 0 = unknown */
+    uint64_t compute_reserve_bytes;
 };
 
 struct proto_hello_ack {

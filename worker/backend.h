@@ -143,6 +143,9 @@ struct backend_i {
     int (*rope_kv_write)(void *ctx, const struct be_batch *b, uint32_t layer, struct be_tensor *q,
                          struct be_tensor *k, const struct be_tensor *v, const struct be_attn *a,
                          const struct be_rope *r);
+    /* optional: device bytes the backend may still allocate that a step over
+     * device blocks does not show (staging for host blocks); NULL = 0 */
+    size_t (*scratch_reserve)(void *ctx);
 };
 
 struct backend_opts {
@@ -196,6 +199,8 @@ int add_forward(struct backend *be, struct be_tensor *out, const struct be_tenso
 int get_rows_forward(struct backend *be, struct be_tensor *out, const struct be_tensor *in,
                      const uint32_t *rows, uint32_t n);
 int backend_sync(struct backend *be);
+/* bytes the backend may allocate later beyond what steps so far took (0 for cpu) */
+size_t backend_scratch_reserve(struct backend *be);
 /* the fused ops: 1 when the backend has none for this call (compose instead) */
 int linear_forward(struct backend *be, const struct be_linear *l, uint32_t n);
 int rope_kv_write_forward(struct backend *be, const struct be_batch *b, uint32_t layer,

@@ -194,3 +194,8 @@ int rope_kv_write_forward(struct backend *be, const struct be_batch *b, uint32_t
         return RKV_EINVAL;
     return be->iface->rope_kv_write(be->ctx, b, layer, q, k, v, a, r);
 }
+
+size_t backend_scratch_reserve(struct backend *be)
+{
+    return be->iface->scratch_reserve ? be->iface->scratch_reserve(be->ctx) : 0;
+}

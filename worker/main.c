@@ -21,6 +21,7 @@
 #include "worker/forward.h"
 #include "worker/model.h"
 #include "worker/rates.h"
+#include "worker/reserve.h"
 #include "worker/sample.h"
 
 /*
@@ -76,7 +77,8 @@ static const struct cfg_key keys[] = {
     {K("kv_dtype", CFG_ENUM, kv_dtype), .names = kv_dtypes, .def = "f32", .help = "kv cache type"},
     {K("measure_rates", CFG_BOOL, measure_rates), .def = "true",
      .help = "time kv attention and moves at start-up for the planner (false: report 0)"},
-    {K("log_level", CFG_ENUM, log_level), .names = rkv_log_level_names, .def = "info", .help = "log level"},
+    {K("log_level", CFG_ENUM, log_level), .names = rkv_log_level_names, .def = "info",
+     .help = "log level"},
 };
 #undef K
 
@@ -110,6 +112,8 @@ struct worker {
     uint32_t kvmgr_pid;
     uint64_t n_steps;
     struct rates rates; /* measured at the first attach, reported at every attach */
+    uint64_t reserve;   /* compute reserve measured before the first hello (gpu), bytes */
+    int reserve_done;
     int rates_done;
     struct rkv_map samplers; /* session id -> struct samp */
     /* per-step scratch */
@@ -168,6 +172,15 @@ static int attach(struct worker *w)
                            &w->layout);
     if (rc)
         return rc;
+    /* on a gpu, before kvmgr sizes its slab: what a step of this model takes */
+    if (w->on_gpu && !w->reserve_done) {
+        w->reserve_done = 1;
+        rc = reserve_measure(w->be, w->m, w->layout.dtype, (uint32_t)w->c.max_batch_tokens,
+                             (uint32_t)w->c.max_seqs, (int)w->gpu, &w->reserve);
+        if (rc)
+            log_warn("could not measure the compute reserve (%s): kvmgr uses its default",
+                     rkv_strerror(rc));
+    }
     /* gpu -1 tells kvmgr (on auto) that this worker needs shared memory pools */
     struct proto_hello h = {PROTO_ROLE_WORKER,
                             (uint32_t)getpid(),
@@ -176,7 +189,8 @@ static int attach(struct worker *w)
                             PROTO_VERSION,
                             "rkv-worker",
                             kv_block_bytes(&w->layout),
-                            w->m->weight_bytes};
+                            w->m->weight_bytes,
+                            w->reserve};
     struct proto_hello_ack ack;
     /* the first hello makes kvmgr create its pools: on a gpu pinning the host pool takes
      * about a second per 4 GiB (H200 machine, 2026-11-29) */
@@ -240,7 +254,7 @@ static int attach(struct worker *w)
         w->rates_done = 1;
     }
     struct proto_worker_report rep = {
-        (uint32_t)w->c.worker_id, w->m->weight_bytes,        0,
+        (uint32_t)w->c.worker_id, w->m->weight_bytes,        w->reserve,
         w->rates.pcie_h2d_gbps,   w->rates.attn_device_gbps, w->rates.attn_host_gbps,
         w->rates.attn_cpu_gbps};
     struct proto_empty ok;

@@ -650,6 +650,12 @@ static int cu_rope_kv_write(void *ctx, const struct be_batch *b, uint32_t layer,
                                        (const float *)v->data, at->n_head, r);
 }
 
+static size_t cu_scratch_reserve(void *ctx)
+{
+    /* the two layer staging buffers of the copy path, at their cap */
+    return 2 * ((struct cuda_ctx *)ctx)->stage_limit;
+}
+
 static int cu_sync(void *ctx)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
@@ -709,7 +715,7 @@ static const struct backend_i cuda_iface = {
     cu_free,     cu_tensor_alloc, cu_tensor_free, cu_tensor_set,    cu_tensor_get,
     cu_set_kv,   cu_embed,        cu_rmsnorm,     cu_matmul,        cu_rope,
     cu_kv_write, cu_attn_partial, cu_attn_merge,  cu_silu_mul,      cu_add,
-    cu_get_rows, cu_sync,         cu_linear,      cu_rope_kv_write,
+    cu_get_rows, cu_sync,         cu_linear,      cu_rope_kv_write, cu_scratch_reserve,
 };
 
 extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backend **out)
@@ -747,9 +753,11 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
             cudaEventCreateWithFlags(&c->ev_stage_free[i], cudaEventDisableTiming) != cudaSuccess)
             goto fail;
     {
-        /* staging per buffer: env RKV_CUDA_STAGE_MB, default 2 GiB */
+        /* staging per buffer: env RKV_CUDA_STAGE_MB, default 512 MiB (a 128k host tail of
+         * llama3-8b's f16 kv per layer); both buffers count in the compute reserve the worker
+         * reports, larger tails are read zero-copy */
         const char *sl = getenv("RKV_CUDA_STAGE_MB");
-        c->stage_limit = (sl ? strtoull(sl, NULL, 10) : 2048) << 20;
+        c->stage_limit = (sl ? strtoull(sl, NULL, 10) : 512) << 20;
     }
     if (cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS) {
         c->blas = NULL;
