@@ -640,14 +640,13 @@ static double tail_rate(const struct plan_input *in, const struct plan_gpu *g)
 
 /* the rate model: tokens per second of gpu g running n sessions that need
  * `need` blocks, one token each per step; a step reads the weights and the
- * device blocks at the device rate and streams what does not fit D */
-static double gpu_rate(const struct work *w, uint32_t g, uint64_t n, uint64_t need)
+ * device blocks at device rate dev and streams what does not fit D */
+static double gpu_rate(const struct work *w, uint32_t g, double dev, uint64_t n, uint64_t need)
 {
     const struct plan_gpu *gp = &w->in->gpus[g];
     if (n == 0)
         return 0;
     double gb = (double)w->in->block_bytes / 1e9;
-    double dev = gp->dev_attn_gbps > 0 ? gp->dev_attn_gbps : 1000.0;
     uint64_t on_dev = need < w->dev_cap[g] ? need : w->dev_cap[g];
     double step = ((double)gp->weights_bytes / 1e9 + (double)on_dev * gb) / dev +
                   (double)(need - on_dev) * gb / tail_rate(w->in, gp);
@@ -702,11 +701,16 @@ static int rebalance(struct work *w)
                     continue;
                 /* aggregate tokens per second before and after; a waiting
                  * session gains most: it runs at all */
-                double before =
-                    gpu_rate(w, ga, n_run[ga], need[ga]) + gpu_rate(w, b, n_run[b], need[b]);
-                double after = waiting ? before * 2 + 1
-                                       : gpu_rate(w, ga, n_run[ga] - 1, need[ga] - w->need[i]) +
-                                             gpu_rate(w, b, n_run[b] + 1, need[b] + w->need[i]);
+                /* one device rate for both: the gpus of one host run one model, so
+                 * what their measurements differ by is noise, not a reason to move */
+                double da = in->gpus[ga].dev_attn_gbps, db = in->gpus[b].dev_attn_gbps;
+                double dev = da > 0 && db > 0 ? (da + db) / 2 : da > 0 ? da : db > 0 ? db : 1000;
+                double before = gpu_rate(w, ga, dev, n_run[ga], need[ga]) +
+                                gpu_rate(w, b, dev, n_run[b], need[b]);
+                double after = waiting
+                                   ? before * 2 + 1
+                                   : gpu_rate(w, ga, dev, n_run[ga] - 1, need[ga] - w->need[i]) +
+                                         gpu_rate(w, b, dev, n_run[b] + 1, need[b] + w->need[i]);
                 double gain = after - before;
                 /* hysteresis: a move must gain margin_pct at least */
                 if (gain <= before * in->margin_pct / 100.0 || gain <= best)

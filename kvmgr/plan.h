@@ -50,8 +50,10 @@
  *    at least one block), b has nobody spilled or waiting, b's worker is up,
  *    and the rate model says the aggregate tokens/s of a and b rise by more
  *    than margin_pct: each gpu makes (its active sessions / step time), a
- *    step reads the weights and the device blocks at dev_attn_gbps and
- *    streams what does not fit D at the spill rate. The biggest gain goes
+ *    step reads the weights and the device blocks at the device rate (the
+ *    mean of both gpus' dev_attn_gbps: they run one model, what their
+ *    measurements differ by is noise) and streams what does not fit D at the
+ *    spill rate. The biggest gain goes
  *    first; at most one move leaves and one arrives per gpu per plan. The
  *    assignment keeps describing the session on a (the move is carried out
  *    later, at a step boundary) with move_to = b. Hysteresis: once on b the

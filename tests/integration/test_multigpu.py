@@ -30,6 +30,10 @@ CONV = ("fox", ["The fox walked to the sea and back again, slowly.", " Then the 
 # fits worker 0 in its first turn; spills and moves halfway through its second turn's decode
 MID = ("owl", ["An owl counted the stars above the harbour.", " The owl went on:",
                " Then it slept."], [40, 300, 24])
+# the same with seeded sampling in the turn that moves: the new worker's sampler is rebuilt
+# from the history and skips the draws made before the move
+SEEDED = ("bee", ["A bee hummed over the clover by the wall.", " The bee said:"], [40, 300],
+          [None, {"temperature": 1.0, "seed": 7}])
 
 
 def client(srv):
@@ -39,16 +43,19 @@ def client(srv):
 def converse(srv, ref, conv, first=0, upto=None, history=()):
     """turns [first, upto) of a conversation, sent as token ids so that each turn's prompt is
     exactly the session's history plus the new text: [(prompt ids, answer text)]. The
-    answer's ids are rkv-gen's for the same prompt (the test checks the texts agree)."""
-    sid, texts, lens = conv
+    answer's ids are rkv-gen's for the same prompt (the test checks the texts agree); a
+    conversation's optional 4th item gives a turn seeded sampling instead (its last turn)."""
+    sid, texts, lens = conv[:3]
+    sampling = conv[3] if len(conv) > 3 else [None] * len(texts)
     out, history = [], list(history)
-    for text, n in list(zip(texts, lens))[first:upto]:
+    for text, n, sp in list(zip(texts, lens, sampling))[first:upto]:
         prompt = history + list(ref.tokens(text, bos=not history))
         r = client(srv).completions.create(model="tiny", prompt=prompt, max_tokens=n,
-                                           temperature=0,
+                                           temperature=sp["temperature"] if sp else 0,
+                                           seed=sp["seed"] if sp else None,
                                            extra_body={"session_id": sid, "ignore_eos": True})
         out.append((prompt, r.choices[0].text))
-        history = prompt + gen(ref, prompt, n)["ids"]
+        history = prompt + gen(ref, prompt, n)["ids"] if not sp else None
     return out
 
 
@@ -91,7 +98,7 @@ def single(tiny_model, tmp_path_factory, ref):
     from conftest import Rkvd, _stop_checked
     srv = Rkvd(tiny_model, tmp_path_factory.mktemp("one"), ONE).start()
     try:
-        return {c[0]: converse(srv, ref, c) for c in (KEEP, CONV, MID)}
+        return {c[0]: converse(srv, ref, c) for c in (KEEP, CONV, MID, SEEDED)}
     finally:
         _stop_checked(srv)
 
@@ -99,6 +106,9 @@ def single(tiny_model, tmp_path_factory, ref):
 def pinned_on_worker0(srv, ref):
     """worker 1 drained (nothing moves while a worker is drained), the pinned session's ~20
     blocks resident on worker 0"""
+    # rkvd serves once one worker is up; nothing moves while another is down
+    wait_for(lambda: all(w["up"] for w in json.loads(rkvctl(srv, "--json", "workers"))["workers"]),
+             "both workers to be up")
     rkvctl(srv, "workers", "drain", "1")
     keep = converse(srv, ref, KEEP, 0, 1)
     rkvctl(srv, "sessions", "pin", KEEP[0])
@@ -143,7 +153,7 @@ def test_session_moves_to_the_idle_gpu_mid_conversation(rkvd_factory, single, re
 
     # the move is a tactic transition with its reason, on the gpu it went to
     wait_for(lambda: any(e[3].startswith("rebalance") for e in events(srv)), "the move event",
-             timeout=5)
+             timeout=15)
     ev = [e for e in events(srv) if e[3].startswith("rebalance")]
     assert len(ev) == 1 and ev[0][4] == 1 and ev[0][2] == "resident", ev
     assert "moved from gpu 0 to gpu 1" in ev[0][3], ev
@@ -177,7 +187,7 @@ def test_session_moves_in_the_middle_of_a_decode(rkvd_factory, single, ref):
     assert srv.metric("rkv:kv_sessions_moved_total", from_gpu="0", to_gpu="1") == 1, \
         srv.log()[-3000:]
     wait_for(lambda: any(e[3].startswith("rebalance") for e in events(srv)), "the move event",
-             timeout=5)
+             timeout=15)
     ev = [e for e in events(srv) if e[0] == sid]
     first_spill = next(i for i, e in enumerate(ev) if e[2] in ("window", "cpu_tail"))
     moved = [i for i, e in enumerate(ev) if e[3].startswith("rebalance")]
@@ -189,3 +199,15 @@ def test_session_moves_in_the_middle_of_a_decode(rkvd_factory, single, ref):
     assert owl == single[MID[0]]
     for (prompt, answer), n in zip(owl, MID[2]):
         assert answer == gen(ref, prompt, n)["text"], prompt[-8:]
+
+
+def test_seeded_sampling_survives_a_move(rkvd_factory, single, ref):
+    srv = rkvd_factory(*TWO)
+    pinned_on_worker0(srv, ref)
+    bee = converse(srv, ref, SEEDED, 0, 1)
+    rkvctl(srv, "workers", "drain", "1", "--off")
+    bee += converse(srv, ref, SEEDED, 1, 2, history_of(ref, bee, SEEDED[2]))
+    assert srv.metric("rkv:kv_sessions_moved_total", from_gpu="0", to_gpu="1") == 1, \
+        srv.log()[-3000:]
+    assert bee == single[SEEDED[0]]
+    assert bee[1][1] != gen(ref, bee[1][0], SEEDED[2][1])["text"]  # it did sample
