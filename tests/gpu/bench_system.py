@@ -519,6 +519,12 @@ def bench_http(a, srv, shape):
         for s in streams:
             s.join(a)
         m1 = srv.metrics()
+        for _ in range(100):  # rkvd counts a request a moment after its last chunk
+            if m1.get("rkv:request_success_total", 0) - m0.get("rkv:request_success_total",
+                                                                  0) >= b:
+                break
+            time.sleep(0.02)
+            m1 = srv.metrics()
         itl = [m1.get(f"rkv:inter_token_latency_seconds_{k}", 0) -
                m0.get(f"rkv:inter_token_latency_seconds_{k}", 0) for k in ("sum", "count")]
         errs = [e for s in warm + streams for e in s.errors]
@@ -759,11 +765,11 @@ def bench_spill(a, srv, shape, full_target):
         prompt += prompt_ids(f"spill-{i}", a.spill_prefill, shape["vocab"])
         m0 = srv.metrics()
         st = Stream(srv, list(prompt), a.spill_decode, session="spill").start()
-        seen = []
+        seen, idle = [], []
         while st.thread.is_alive():
-            ss = [x for x in srv.sessions() if x["id"] == "spill" and x["busy"]]
+            ss = [x for x in srv.sessions() if x["id"] == "spill"]
             if ss and st.times and st.thread.is_alive():
-                seen.append(ss[0])
+                (seen if ss[0]["busy"] else idle).append(ss[0])
             time.sleep(0.02)
         st.join(a)
         m1 = srv.metrics()
@@ -771,7 +777,8 @@ def bench_spill(a, srv, shape, full_target):
             raise RuntimeError(f"spill at {frac}: {st.errors}")
         ttft = st.first_time() - st.t_start
         rate, _ = steady_rate([st])
-        sp = seen[len(seen) // 2] if seen else None
+        # a reading while the turn decodes (else one between its chunks)
+        sp = seen[len(seen) // 2] if seen else idle[-1] if idle else None
         moved = m1.get("rkv:kv_bytes_migrated_total", 0) - m0.get("rkv:kv_bytes_migrated_total", 0)
         prefilled = m1.get("rkv:prefill_tokens_total", 0) - m0.get("rkv:prefill_tokens_total", 0)
         p = {"host_frac_wanted": frac, "vram_target": tgt, "budget_set_s": rnd(set_s),
@@ -780,6 +787,7 @@ def bench_spill(a, srv, shape, full_target):
              "host_frac": rnd(sp["tail_tokens"] / sp["kv_tokens"]) if sp else None,
              "host_kv_bytes": sp["tail_tokens"] * srv.bpt if sp else 0,
              "device_kv_bytes": (sp["kv_tokens"] - sp["tail_tokens"]) * srv.bpt if sp else 0,
+             "readings": [len(seen), len(idle)],
              "ttft_s": rnd(ttft), "prefilled_tokens": prefilled, "migrated_bytes": moved,
              "prefill_tok_s": rnd(prefilled / ttft, 1) if ttft > 0 else None,
              "decode_tok_s": rnd(rate, 2)}
@@ -1167,6 +1175,7 @@ def parse_args(argv):
     else:
         a.down = [int(x) for x in a.down.split(",")]
     a.reserve_s = 8 if q else 45  # time kept for what follows a part
+    a.after_ramp_s = 10 if q else 75  # the spill curve and the budget change
     if a.backend == "cpu":
         a.reserve = 0
     return a
@@ -1208,94 +1217,83 @@ def run_all(a):
     RES["model"] = {"path": str(a.model), "bytes": a.weight_bytes, **shape}
     bpt = shape["kv_bytes_per_token"]
     log(f"model {a.model.name}: {shape['n_layer']} layers, kv {bpt} bytes/token ({a.kv_dtype})")
-    a.ceil = gpu_bench(a) if "ramp" in a.parts or "spill" in a.parts or "http" in a.parts else {}
+    a.ceil = gpu_bench(a) if {"ramp", "spill", "http"} & a.parts else {}
     RES["ceilings"] = {k: v for k, v in a.ceil.items() if k != "records"}
     if a.ceil.get("skipped"):
         note(a.ceil["skipped"])
-    # server A: room for every stream of the http run, the resident ramp, the spill session
-    room_a = max(max(a.http_batches) * (a.ctx + a.http_tokens + 2 * a.block_size),
-                 a.fit_sessions * (a.ctx + a.turn_tokens + 2 * a.block_size),
-                 a.spill_ctx + a.spill_prefill * (len(a.spill_fracs) + 1) + a.spill_decode +
-                 4 * a.block_size,
-                 int(1.25 * a.budget_streams * (a.budget_ctx + a.budget_tokens + a.block_size))
-                 ) * bpt
-    room_a = int(room_a * 1.15) + 8 * a.block_size * bpt
+    # one server for every part: its pool holds the http run's streams, the resident ramp,
+    # the spill session and the budget streams; the ramp and the spill curve lower the target
+    # live (kvmgr plans a live target with the weights and the reserve, exactly)
+    per_ramp = a.ctx + a.turn_tokens + 2 * a.block_size
+    spill_tok = a.spill_ctx + a.spill_prefill * (len(a.spill_fracs) + 1) + a.spill_decode
+    budget_tok = a.budget_streams * (a.budget_ctx + a.budget_tokens + a.block_size)
+    room = max(max(a.http_batches) * (a.ctx + a.http_tokens + 2 * a.block_size),
+               a.fit_sessions * per_ramp, spill_tok + 4 * a.block_size, int(1.25 * budget_tok))
+    room = int(room * bpt * 1.15) + 8 * a.block_size * bpt
     est_used = (a.weight_bytes + 3 * GIB // 2) if a.backend == "cuda" else 0
-    tgt_a = est_used + a.reserve + room_a
-    # host: what the spill and budget runs put there (resident runs need none)
-    host_a = int(1.3 * max(a.spill_ctx + a.spill_prefill * (len(a.spill_fracs) + 1) +
-                           a.spill_decode, a.budget_streams * (a.budget_ctx + a.budget_tokens)) *
-                 bpt) + GIB // 2
+    full = est_used + a.reserve + room
+    # host: the ramp's overflow (every session but the fitting ones, a margin for write-through
+    # copies), the spill session, the budget streams' halved share
+    host = int(max(0.9 * a.sessions_max * per_ramp, 1.3 * spill_tok, 1.3 * budget_tok) *
+               bpt) + GIB // 4
     a.ctx_size = max(a.ctx + a.turn_tokens, a.ctx + a.http_tokens,
-                     a.budget_ctx + a.budget_tokens,
-                     a.spill_ctx + a.spill_prefill * (len(a.spill_fracs) + 1) + a.spill_decode
-                     ) + 2 * a.block_size
-    srv = Server(a, "resident", tgt_a, host_a)
+                     a.budget_ctx + a.budget_tokens, spill_tok) + 2 * a.block_size
+    # the ramp's KV room holds fit_sessions sessions of ctx + a turn
+    room_ramp = a.fit_sessions * -(-(a.ctx + a.turn_tokens) // a.block_size) * a.block_size * bpt
+    if not {"http", "ramp", "spill", "budget"} & a.parts:
+        a.parts.add("none")
+    srv = Server(a, "server", full, host)
     ref = []
     try:
-        if {"http", "ramp", "spill", "budget"} & a.parts:
+        if "none" not in a.parts:
             t = time.monotonic()
             srv.start(min(240, left(a)))
-            RES["server_resident"] = {"startup_s": rnd(time.monotonic() - t, 1), **srv.info()}
+            RES["server"] = {"startup_s": rnd(time.monotonic() - t, 1), **srv.info(),
+                             "vram_target": full, "host_budget": host}
             if srv.bpt != bpt:
-                note(f"kv bytes/token: the pool says {srv.bpt}, the gguf header {bpt}; using "
-                     "the pool's")
+                note(f"kv bytes/token: the pool says {srv.bpt}, the gguf header {bpt}; the "
+                     "pool's is used")
                 bpt = srv.bpt
-            if srv.dev_blocks * srv.block_bytes < room_a * 0.9:
-                note(f"the all-resident server got {srv.dev_blocks} device blocks, less than the "
-                     f"{room_a // srv.block_bytes} wanted (the gpu holds more than estimated)")
-            log(f"server resident: {srv.dev_blocks} device blocks, {srv.host_blocks} host blocks "
-                f"of {srv.block_bytes} bytes; weights {srv.weights >> 20} MiB")
+            if srv.dev_blocks * srv.block_bytes < room * 0.9:
+                note(f"the server got {srv.dev_blocks} device blocks, less than the "
+                     f"{room // srv.block_bytes} wanted (the gpu holds more than estimated)")
+            log(f"server: {srv.dev_blocks} device blocks, {srv.host_blocks} host blocks of "
+                f"{srv.block_bytes} bytes; weights {srv.weights >> 20} MiB")
             if "http" in a.parts:
                 RES["http"] = guard("http", bench_http, a, srv, shape)
             if "ramp" in a.parts and left(a) > a.reserve_s * 2:
+                # the all-resident run: the same sessions up to the fitting count, full target
                 a.ramp_floor = a.reserve_s
                 ref = guard("resident ramp", ramp, a, srv, shape, a.fit_sessions,
                             [x for x in a.up if x <= a.fit_sessions], [], "resident") or []
+                # the ramp stops early enough for the parts that follow it
+                a.ramp_floor = a.reserve_s + (a.after_ramp_s if {"spill", "budget"} & a.parts
+                                              else 0) + (min(a.hf_timeout, 90) if "hf" in
+                                                         a.parts and a.backend == "cuda" else 0)
+                tgt = srv.plan_overhead + room_ramp
+                RES["ramp"] = {"resident": ref, "ctx": a.ctx, "turn_tokens": a.turn_tokens,
+                               "fit_sessions": a.fit_sessions, "sessions_max": a.sessions_max,
+                               "vram_target": tgt, "kv_room_bytes": room_ramp}
+                log(f"ramp: vram target {tgt / GIB:.2f} GiB (KV room {room_ramp / GIB:.2f} GiB: "
+                    f"{a.fit_sessions} sessions of {a.ctx} + {a.turn_tokens})")
+                if guard("ramp budget", srv.budget_set, tgt):
+                    RES["ramp"]["phases"] = guard("ramp", ramp, a, srv, shape, a.sessions_max,
+                                                  a.up, a.down, "ramp")
+                guard("ramp budget", srv.budget_set, full)
             if "spill" in a.parts and left(a) > a.reserve_s * 2:
-                RES["spill"] = guard("spill", bench_spill, a, srv, shape, tgt_a)
+                RES["spill"] = guard("spill", bench_spill, a, srv, shape, full)
             if "budget" in a.parts and left(a) > a.reserve_s * 2:
-                RES["budget"] = guard("budget", bench_budget, a, srv, shape, tgt_a)
-    except Exception as e:  # noqa: BLE001 - the server did not start: the ramp may still
-        RES["errors"].append(f"server resident: {e!r}"[:2000])
+                RES["budget"] = guard("budget", bench_budget, a, srv, shape, full)
+    except Exception as e:  # noqa: BLE001 - the server did not start
+        RES["errors"].append(f"server: {e!r}"[:2000])
         log(f"error: {e!r}")
     finally:
         if srv.proc:
-            RES.setdefault("server_resident", {})["exit"] = srv.stop()
+            RES.setdefault("server", {})["exit"] = srv.stop()
     if RES.get("http"):
         guard("http engine", http_engine_refs, a, shape, RES["http"])
-    # server B: the ramp's target holds fit_sessions sessions of ctx + a turn
-    used = srv.used_at_hello or est_used
-    room_b = a.fit_sessions * -(-(a.ctx + a.turn_tokens) // a.block_size) * a.block_size * bpt
-    tgt_b = (used + a.reserve + room_b) if a.backend == "cuda" else room_b
-    host_b = int(a.sessions_max * (a.ctx + a.turn_tokens + 2 * a.block_size) * bpt * 0.9) + \
-        GIB // 4
-    # the ramp stops early enough for the transformers run that follows it
-    a.ramp_floor = a.reserve_s + (min(a.hf_timeout, 90) if "hf" in a.parts and
-                                  a.backend == "cuda" else 0)
-    if "ramp" in a.parts:
-        RES["ramp"] = {"resident": ref, "ctx": a.ctx, "turn_tokens": a.turn_tokens,
-                       "fit_sessions": a.fit_sessions, "sessions_max": a.sessions_max,
-                       "vram_target": tgt_b, "kv_room_bytes": room_b, "host_budget": host_b}
-    if "ramp" in a.parts and left(a) > a.reserve_s * 2:
-        log(f"ramp: vram target {tgt_b / GIB:.2f} GiB (KV room {room_b / GIB:.2f} GiB: "
-            f"{a.fit_sessions} sessions of {a.ctx} + {a.turn_tokens}), host {host_b / GIB:.2f} GiB")
-        srvb = Server(a, "ramp", tgt_b, host_b)
-        try:
-            t = time.monotonic()
-            srvb.start(min(240, left(a)))
-            RES["server_ramp"] = {"startup_s": rnd(time.monotonic() - t, 1), **srvb.info()}
-            if left(a) > a.reserve_s * 2:
-                RES["ramp"]["phases"] = guard("ramp", ramp, a, srvb, shape, a.sessions_max,
-                                              a.up, a.down, "ramp")
-                if RES["ramp"]["phases"]:
-                    guard("ramp targets", judge_ramp, a, RES["ramp"]["phases"], ref,
-                          RES.get("spill") or {})
-        except Exception as e:  # noqa: BLE001
-            RES["errors"].append(f"server ramp: {e!r}"[:2000])
-            log(f"error: {e!r}")
-        finally:
-            RES["server_ramp"] = {**RES.get("server_ramp", {}), "exit": srvb.stop()}
+    if (RES.get("ramp") or {}).get("phases"):
+        guard("ramp targets", judge_ramp, a, RES["ramp"]["phases"], ref, RES.get("spill") or {})
     if "hf" in a.parts:
         if a.backend != "cuda":
             RES["hf_offloaded"] = {"skipped": "cpu backend: transformers' offloaded cache needs "

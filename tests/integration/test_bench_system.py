@@ -53,15 +53,14 @@ def bench(tmp_path_factory):
 def test_every_part_ran_without_error(bench):
     assert bench["_rc"] == 0, bench["_stdout"][-4000:]
     assert bench["errors"] == [], bench["errors"]
-    assert bench["server_resident"]["exit"] == 0 and bench["server_ramp"]["exit"] == 0
+    assert bench["server"]["exit"] == 0
     assert not _leftovers(bench["_work"]), "a child of the benchmark outlived it"
-    assert (bench["_out"] / "rkvd-resident.log").exists()
-    assert (bench["_out"] / "rkvd-ramp.log").exists()
+    assert (bench["_out"] / "rkvd-server.log").exists()
 
 
 def test_model_shape_from_gguf_matches_the_pool(bench):
     # the gguf header's kv bytes per token is what kvmgr's pool line says (tiny, f16 kv)
-    pool = bench["server_resident"]
+    pool = bench["server"]
     assert pool["block_bytes"] // pool["block_size"] == bench["model"]["kv_bytes_per_token"]
     assert pool["block_size"] == 32
     assert not any("kv bytes/token" in n for n in bench["notes"])
