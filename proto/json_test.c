@@ -223,7 +223,8 @@ static void test_bad_fields(void **state)
     assert_string_equal(err, "hello: missing required field \"pid\"");
     assert_int_equal(dec(H, "{" HELLO_OK ",\"pid\":1,\"pdi\":2}", err, sizeof err), RKV_EFORMAT);
     assert_string_equal(err, "hello: unknown field \"pdi\" (fields: role, pid, worker_id, gpu, "
-                             "proto_version, build, block_bytes, weights_bytes)");
+                             "proto_version, build, block_bytes, weights_bytes, "
+                             "compute_reserve_bytes)");
     assert_int_equal(dec(H, "{" HELLO_OK ",\"pid\":1,\"pid\":2}", err, sizeof err), RKV_EFORMAT);
     assert_string_equal(err, "hello: field \"pid\" appears twice");
 
