@@ -1111,9 +1111,8 @@ def parse_args(argv):
     ap.add_argument("--kv-dtype", default="f16", choices=("f16", "f32"))
     ap.add_argument("--block-size", type=int, help="positions per block (256; quick 32)")
     ap.add_argument("--threads", type=int, help="cpu worker threads (cpu backend)")
-    ap.add_argument("--max-batch-tokens", type=int, help="rkvd's step size (2048; quick 512): "
-                    "an arrival's prefill takes fewer of the slow overflowed steps")
-    ap.add_argument("--prefill-chunk", type=int, help="(1024; quick 256)")
+    ap.add_argument("--max-batch-tokens", type=int, help="rkvd's step size (512, rkvd's default)")
+    ap.add_argument("--prefill-chunk", type=int, help="(256, rkvd's default)")
     ap.add_argument("--reserve", default=512 * MIB, type=int, help="compute reserve, bytes")
     ap.add_argument("--ctx", type=int, help="prompt of each ramp / http / budget session "
                     "(4096; quick 256)")
@@ -1154,8 +1153,8 @@ def parse_args(argv):
             "sessions_max": (6, 64), "window": (0.4, 3.0), "spill_ctx": (2048, 32768),
             "spill_prefill": (64, 512), "spill_decode": (600, 32), "http_batches": ("1,4", "1,64"),
             "http_tokens": (200, 128), "budget_streams": (2, 12), "budget_tokens": (1500, 192),
-            "budget_ctx": (2048, 0), "io_timeout": (30, 120), "max_batch_tokens": (512, 2048),
-            "prefill_chunk": (256, 1024), "spill_fracs": ("0,0.5,1", "0,0.25,0.5,0.75,0.9,1")}
+            "budget_ctx": (2048, 0), "io_timeout": (30, 120), "max_batch_tokens": (512, 512),
+            "prefill_chunk": (256, 256), "spill_fracs": ("0,0.5,1", "0,0.25,0.5,0.75,0.9,1")}
     for k, (quick, full) in dflt.items():
         if getattr(a, k) is None:
             setattr(a, k, quick if q else full)
@@ -1238,6 +1237,16 @@ def run_all(a):
     # copies), the spill session, the budget streams' halved share
     host = int(max(0.9 * a.sessions_max * per_ramp, 1.3 * spill_tok, 1.3 * budget_tok) *
                bpt) + GIB // 4
+    try:  # the host pool is shared memory: what /dev/shm can hold
+        st = os.statvfs("/dev/shm")
+        shm_free = st.f_bavail * st.f_frsize
+    except OSError:
+        shm_free = 0
+    if shm_free and host > 0.9 * shm_free:
+        note(f"host budget {host / GIB:.1f} GiB lowered to {0.9 * shm_free / GIB:.1f} GiB, what "
+             "/dev/shm has free (mount -o remount,size=... /dev/shm for more): sessions the "
+             "host pool cannot take wait for room")
+        host = int(0.9 * shm_free)
     a.ctx_size = max(a.ctx + a.turn_tokens, a.ctx + a.http_tokens,
                      a.budget_ctx + a.budget_tokens, spill_tok) + 2 * a.block_size
     # the ramp's KV room holds fit_sessions sessions of ctx + a turn
