@@ -204,6 +204,12 @@ bench:
 soak: all venv
 	@RKV_BUILD=$(BUILD) scripts/soak.sh $(or $(SOAK_MINUTES),5)
 
+# fault campaign (issue 9): kills and restarts under load for FAULT_MINUTES (default 5);
+# writes $(BUILD)/faults/faults.json
+.PHONY: faults
+faults: all venv
+	@RKV_BUILD=$(BUILD) scripts/faults.sh $(or $(FAULT_MINUTES),5)
+
 # the whole system on a gpu (tests/gpu/GPU_DEMO.md): rkvd --backend cuda over HTTP, the vram
 # budget, a worker SIGKILL mid-stream. Packs the binaries and their libraries first, so the
 # pack can also travel to a gpu machine without Debian packages (scripts/gpu-demo.sh DIR there)
