@@ -1,5 +1,7 @@
 /* main.c - rkv-kvmgr: owns the KV pools, plans each session's tactic, leases block tables. */
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,7 +88,8 @@ static const struct cfg_key keys[] = {
      .help = "workers (one device pool each)"},
     {K("margin_pct", CFG_INT, margin_pct), .min = 0, .max = 50, .def = "5",
      .help = "promotion hysteresis, percent of the device pool"},
-    {K("log_level", CFG_ENUM, log_level), .names = rkv_log_level_names, .def = "info", .help = "log level"},
+    {K("log_level", CFG_ENUM, log_level), .names = rkv_log_level_names, .def = "info",
+     .help = "log level"},
 };
 #undef K
 
@@ -104,7 +107,7 @@ struct sess {
     uint32_t want_pos; /* positions it will hold after its next step */
     int active;
     int pinned;
-    int open; /* known to the allocator */
+    int open;        /* known to the allocator */
     uint32_t reused; /* leading positions mapped to another session's blocks at open */
     uint64_t last_use;
     enum plan_tactic tactic;
@@ -120,6 +123,15 @@ struct gpu_state {
     double pcie_gbps, dev_attn_gbps, host_attn_gbps, cpu_attn_gbps;
 };
 
+/* pools made off the request loop (pinning a large host pool takes seconds) */
+struct pools_new {
+    uint64_t block_bytes;
+    uint32_t n_gpus;
+    struct kvpool *dev[KVMGR_MAX_GPUS];
+    struct kvpool *host;
+    struct kvb *kvb;
+};
+
 struct kvmgr {
     struct kvmgr_conf c;
     uint64_t started_ms;
@@ -131,6 +143,14 @@ struct kvmgr {
     struct kvpool *dev[KVMGR_MAX_GPUS];
     struct kvpool *host;
     struct kvb *kvb;
+    /* the pool maker thread: started by the first worker HELLO on a gpu */
+    pthread_t maker;
+    int making;
+    atomic_int made; /* the maker is done; made_rc its result */
+    int made_rc;
+    uint64_t make_bytes;
+    uint64_t make_started_ms;
+    struct pools_new np;
     struct rkv_map sess; /* sid -> struct sess */
     struct plan *plan;
     int dirty; /* something changed since the last plan */
@@ -155,10 +175,10 @@ static uint64_t reserve_of(const struct kvmgr *k, uint32_t g)
     return k->cuda ? KVMGR_CUDA_RESERVE : 0;
 }
 
-static uint32_t dev_blocks_for_budget(const struct kvmgr *k, uint32_t g)
+static uint32_t dev_blocks_for_budget(const struct kvmgr *k, uint32_t g, uint64_t block_bytes)
 {
     struct plan_gpu pg = {k->c.vram_target, k->gpu[g].weights_bytes, reserve_of(k, g)};
-    uint32_t n = plan_dev_cap(&pg, k->block_bytes);
+    uint32_t n = plan_dev_cap(&pg, block_bytes);
     size_t fr = 0, tot = 0;
     if (k->cuda && rkv_gpu_mem_info(g, &fr, &tot) == 0) {
         /* the worker has loaded its weights: what the gpu holds now (weights, kvmgr's and
@@ -176,27 +196,38 @@ static uint32_t dev_blocks_for_budget(const struct kvmgr *k, uint32_t g)
         cfg_format_size(pg.compute_reserve_bytes, r, sizeof r);
         log_info("gpu %u: vram target %s, in use now %s (weights, cuda contexts), compute "
                  "reserve %s: %llu blocks for kv",
-                 g, t, u, r, (unsigned long long)(room / k->block_bytes));
-        if (room / k->block_bytes < n)
-            n = (uint32_t)(room / k->block_bytes);
+                 g, t, u, r, (unsigned long long)(room / block_bytes));
+        if (room / block_bytes < n)
+            n = (uint32_t)(room / block_bytes);
     }
     return n;
 }
 
-static int create_pools(struct kvmgr *k, uint64_t block_bytes)
+static void pools_free(struct pools_new *np)
 {
-    k->block_bytes = block_bytes;
-    k->n_gpus = (uint32_t)k->c.workers;
+    kvb_destroy(np->kvb);
+    for (uint32_t g = 0; g < KVMGR_MAX_GPUS; g++)
+        kvpool_free(np->dev[g]);
+    kvpool_free(np->host);
+    memset(np, 0, sizeof *np);
+}
+
+/* makes the pools into np (reads only k's config and per-gpu sizes) */
+static int create_pools(const struct kvmgr *k, uint64_t block_bytes, struct pools_new *np)
+{
+    memset(np, 0, sizeof *np);
+    np->block_bytes = block_bytes;
+    np->n_gpus = (uint32_t)k->c.workers;
     struct kvb_config kc = {0};
-    kc.n_gpus = k->n_gpus;
+    kc.n_gpus = np->n_gpus;
     kc.block_tokens = (uint32_t)k->c.block_size;
     kc.moves_need_written = 1; /* steps in flight write blocks kvmgr must not copy yet */
     kc.host_blocks = plan_host_cap(k->c.host_budget, block_bytes);
     char name[64];
     int rc;
     const struct kvpool_gpu_ops *ops = k->cuda ? kvpool_cuda_ops() : NULL;
-    for (uint32_t g = 0; g < k->n_gpus; g++) {
-        kc.dev_blocks[g] = dev_blocks_for_budget(k, g);
+    for (uint32_t g = 0; g < np->n_gpus; g++) {
+        kc.dev_blocks[g] = dev_blocks_for_budget(k, g, block_bytes);
         kvpool_make_name(name, sizeof name, (int)getpid(), KVPOOL_DEVICE_SHM, g);
         struct kvpool_config pc = {k->cuda ? KVPOOL_DEVICE_CUDA : KVPOOL_DEVICE_SHM,
                                    g,
@@ -206,22 +237,26 @@ static int create_pools(struct kvmgr *k, uint64_t block_bytes)
                                    (uint32_t)k->c.block_size,
                                    1,
                                    ops};
-        if ((rc = kvpool_create(&pc, &k->dev[g]))) {
+        if ((rc = kvpool_create(&pc, &np->dev[g]))) {
             log_error("cannot create the device pool of gpu %u (%u blocks of %llu bytes): %s", g,
                       kc.dev_blocks[g], (unsigned long long)block_bytes, rkv_strerror(rc));
+            pools_free(np);
             return rc;
         }
     }
     kvpool_make_name(name, sizeof name, (int)getpid(), KVPOOL_HOST, 0);
     struct kvpool_config hc = {
         KVPOOL_HOST, 0, name, block_bytes, kc.host_blocks, (uint32_t)k->c.block_size, 1, ops};
-    if ((rc = kvpool_create(&hc, &k->host))) {
+    if ((rc = kvpool_create(&hc, &np->host))) {
         log_error("cannot create the host pool (%u blocks of %llu bytes): %s", kc.host_blocks,
                   (unsigned long long)block_bytes, rkv_strerror(rc));
+        pools_free(np);
         return rc;
     }
-    if ((rc = kvb_create(&kc, &k->kvb)))
+    if ((rc = kvb_create(&kc, &np->kvb))) {
+        pools_free(np);
         return rc;
+    }
     char dev[32], host[32];
     cfg_format_size((uint64_t)kc.dev_blocks[0] * block_bytes, dev, sizeof dev);
     cfg_format_size((uint64_t)kc.host_blocks * block_bytes, host, sizeof host);
@@ -234,6 +269,44 @@ static int create_pools(struct kvmgr *k, uint64_t block_bytes)
 }
 
 /* --- planning --------------------------------------------------------------------- */
+
+static void *pool_maker(void *arg)
+{
+    struct kvmgr *k = arg;
+    k->made_rc = create_pools(k, k->make_bytes, &k->np);
+    atomic_store(&k->made, 1);
+    return NULL;
+}
+
+/* np's pools go live */
+static void pools_install(struct kvmgr *k)
+{
+    k->block_bytes = k->np.block_bytes;
+    k->n_gpus = k->np.n_gpus;
+    for (uint32_t g = 0; g < KVMGR_MAX_GPUS; g++)
+        k->dev[g] = k->np.dev[g];
+    k->host = k->np.host;
+    k->kvb = k->np.kvb;
+    memset(&k->np, 0, sizeof k->np);
+}
+
+/* the maker thread's pools go live (request loop): 1 when they did, <0 when it failed, 0 while
+ * it still works */
+static int pools_collect(struct kvmgr *k)
+{
+    if (!k->making || !atomic_load(&k->made))
+        return 0;
+    pthread_join(k->maker, NULL);
+    k->making = 0;
+    if (k->made_rc) {
+        log_error("kvmgr cannot create its pools: %s (the next worker hello tries again)",
+                  rkv_strerror(k->made_rc));
+        return k->made_rc;
+    }
+    pools_install(k);
+    log_info("pools ready after %.1f s", (rkv_now_ms() - k->make_started_ms) / 1000.0);
+    return 1;
+}
 
 static void publish_json(struct kvmgr *k, int type, const void *msg)
 {
@@ -452,8 +525,7 @@ static int open_session(struct kvmgr *k, struct sess *s, const struct proto_kv_p
             /* keep only what was found: the rest is computed and appended */
             struct kvb_copy cow[1];
             size_t n_cow = 0;
-            if (reused < cand && (rc = kvb_session_truncate(k->kvb, s->sid, reused, cow,
-                                                            &n_cow))) {
+            if (reused < cand && (rc = kvb_session_truncate(k->kvb, s->sid, reused, cow, &n_cow))) {
                 kvb_session_close(k->kvb, s->sid);
                 return rc;
             }
@@ -620,9 +692,9 @@ static int do_prep(struct kvmgr *k, const struct proto_in *in, struct proto_wbuf
         /* what earlier steps wrote (this worker's previous step is done): such
          * blocks may move and, when full, be shared; the rest is being written */
         if (s->open && m->seqs[i].n_written)
-            kvb_session_written(k->kvb, s->sid,
-                                RKV_MIN((size_t)m->seqs[i].n_written,
-                                        kvb_session_tokens(k->kvb, s->sid)));
+            kvb_session_written(
+                k->kvb, s->sid,
+                RKV_MIN((size_t)m->seqs[i].n_written, kvb_session_tokens(k->kvb, s->sid)));
         s->want_pos = m->seqs[i].n_pos;
         s->active = 1;
         s->pinned = (m->seqs[i].flags & PROTO_KV_PINNED) != 0;
@@ -731,6 +803,17 @@ static int do_hello(struct kvmgr *k, const struct proto_in *in, struct proto_wbu
                                 (long long)k->c.workers);
         if (!h.block_bytes)
             return proto_seterr(err, errlen, RKV_EINVAL, "hello: a worker must send block_bytes");
+        if (!k->kvb && k->making) {
+            /* a worker retries its hello until the pools exist */
+            int prc = pools_collect(k);
+            if (prc == 0)
+                return proto_seterr(err, errlen, RKV_EBUSY,
+                                    "kvmgr is still creating its pools (%.0f s so far); retry",
+                                    (rkv_now_ms() - k->make_started_ms) / 1000.0);
+            if (prc < 0)
+                return proto_seterr(err, errlen, prc, "kvmgr cannot create its pools: %s",
+                                    rkv_strerror(prc));
+        }
         if (!k->kvb) {
             /* cuda pools when asked, or on auto when the worker runs on a gpu */
             k->cuda = k->c.backend == 2 || (k->c.backend == 0 && h.gpu >= 0 && rkv_gpu_count() > 0);
@@ -745,9 +828,23 @@ static int do_hello(struct kvmgr *k, const struct proto_in *in, struct proto_wbu
                 if (k->cuda && h.compute_reserve_bytes)
                     k->gpu[g].reserve_bytes = h.compute_reserve_bytes;
             }
-            if ((rc = create_pools(k, h.block_bytes)))
+            k->make_bytes = h.block_bytes;
+            k->make_started_ms = rkv_now_ms();
+            if (k->cuda) {
+                /* cudaMalloc of the slab and pinning the host pool take seconds: a thread
+                 * makes them while this loop keeps answering (rkvd's watchdog, other
+                 * workers); this worker's hello is answered "busy" until they exist */
+                atomic_store(&k->made, 0);
+                if ((rc = pthread_create(&k->maker, NULL, pool_maker, k)))
+                    return proto_seterr(err, errlen, -rc, "kvmgr cannot start a thread: %s",
+                                        strerror(rc));
+                k->making = 1;
+                return proto_seterr(err, errlen, RKV_EBUSY, "kvmgr is creating its pools; retry");
+            }
+            if ((rc = create_pools(k, h.block_bytes, &k->np)))
                 return proto_seterr(err, errlen, rc, "kvmgr cannot create its pools: %s",
                                     rkv_strerror(rc));
+            pools_install(k);
         } else if (h.block_bytes != k->block_bytes) {
             return proto_seterr(err, errlen, RKV_EINVAL,
                                 "worker %u needs %llu-byte blocks but kvmgr's pools hold %llu: "
@@ -944,6 +1041,8 @@ int main(int argc, char **argv)
         uint64_t now = rkv_now_ms();
         if (now - last_tick >= 100) {
             last_tick = now;
+            if (k.making)
+                pools_collect(&k);
             if (k.dirty)
                 replan(&k, "periodic");
             if (now - k.last_hist_ms >= 1000) {
@@ -960,6 +1059,12 @@ int main(int argc, char **argv)
         free(v);
     rkv_map_fini(&k.sess);
     plan_free(k.plan);
+    if (k.making) {
+        /* a maker still at work: its pools are freed once it is done */
+        pthread_join(k.maker, NULL);
+        if (k.made_rc == 0)
+            pools_free(&k.np);
+    }
     kvb_destroy(k.kvb);
     for (uint32_t g = 0; g < k.n_gpus; g++)
         kvpool_free(k.dev[g]);

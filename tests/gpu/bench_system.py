@@ -167,7 +167,7 @@ class Server(gpu_demo.Rkvd):
                      "--block-size", str(a.block_size), "--ctx-size", str(a.ctx_size),
                      "--max-sessions", "4096", "--max-batch-tokens", str(a.max_batch_tokens),
                      "--prefill-chunk", str(a.prefill_chunk), "--log-level", "info", *extra]
-        if a.backend == "cuda":
+        if a.backend == "cuda" and a.reserve:
             self.args += ["--compute-reserve", f"{a.reserve}B"]
         if a.threads:
             self.args += ["--threads", str(a.threads)]
@@ -204,7 +204,11 @@ class Server(gpu_demo.Rkvd):
         # kvmgr plans a live budget with the weights (cuda only) and the reserve, not the
         # cuda contexts; at start it counts everything the gpu holds
         self.weights = int(float(w.group(2)) * MIB) if w else 0
-        self.plan_overhead = (self.weights + self.a.reserve) if self.a.backend == "cuda" else 0
+        # the reserve: --reserve, else what the worker measured on the model (kvmgr's
+        # default, 512 MiB, when it could not)
+        rm = re.search(r"compute reserve (\d+) MiB measured", txt)
+        self.reserve = self.a.reserve or (int(rm.group(1)) * MIB if rm else 512 * MIB)
+        self.plan_overhead = (self.weights + self.reserve) if self.a.backend == "cuda" else 0
         u = re.search(r"in use now ([\d.]+) (GiB|MiB|KiB)", txt)
         self.used_at_hello = (int(float(u.group(1)) * {"GiB": GIB, "MiB": MIB, "KiB": 1024}[
             u.group(2)]) if u else 0)
@@ -1119,7 +1123,8 @@ def parse_args(argv):
     ap.add_argument("--threads", type=int, help="cpu worker threads (cpu backend)")
     ap.add_argument("--max-batch-tokens", type=int, help="rkvd's step size (512, rkvd's default)")
     ap.add_argument("--prefill-chunk", type=int, help="(256, rkvd's default)")
-    ap.add_argument("--reserve", default=512 * MIB, type=int, help="compute reserve, bytes")
+    ap.add_argument("--reserve", default=0, type=int,
+                    help="compute reserve, bytes (0: the one the worker measures)")
     ap.add_argument("--ctx", type=int, help="prompt of each ramp / http / budget session "
                     "(4096; quick 256)")
     ap.add_argument("--turn-tokens", type=int, help="tokens per ramp turn; a session's next "
@@ -1238,7 +1243,9 @@ def run_all(a):
                a.fit_sessions * per_ramp, spill_tok + 4 * a.block_size, int(1.25 * budget_tok))
     room = int(room * bpt * 1.15) + 8 * a.block_size * bpt
     est_used = (a.weight_bytes + 3 * GIB // 2) if a.backend == "cuda" else 0
-    full = est_used + a.reserve + room
+    # the worker measures the reserve at start (1.2 GiB on llama3-8b: activations and the
+    # copy path's staging buffers)
+    full = est_used + (a.reserve or 5 * GIB // 4) + room
     # host: the ramp's overflow (every session but the fitting ones, a margin for write-through
     # copies), the spill session, the budget streams' halved share
     host = int(max(0.9 * a.sessions_max * per_ramp, 1.3 * spill_tok, 1.3 * budget_tok) *
