@@ -889,6 +889,9 @@ int main(int argc, char **argv)
     ac.limits.vocab_size = tok_n_vocab(d.tok);
     if (ac.limits.max_tokens > (int)d.c.ctx_size)
         ac.limits.max_tokens = (int)d.c.ctx_size;
+    /* a token-id prompt may fill the context (the default, 32768, refused a 33k prompt on a
+     * 36k context); the scheduler still checks prompt + max_tokens against ctx_size */
+    ac.limits.max_prompt_tokens = (size_t)d.c.ctx_size;
     ac.key_defaults = (struct rl_limits){d.c.key_rpm, d.c.key_tpm, d.c.key_max_concurrent,
                                          d.c.key_max_tokens, d.c.key_max_prompt};
     ac.rate_window_ms = (uint64_t)d.c.rate_limit_window * 1000;
