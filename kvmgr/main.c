@@ -119,6 +119,8 @@ struct sess {
 struct gpu_state {
     uint32_t worker_pid;
     uint64_t weights_bytes;
+    uint64_t fixed_bytes; /* what the gpu held before the slab (weights, cuda contexts, the
+                           * worker's kept scratch), read at the first hello; 0 = unknown */
     uint64_t reserve_bytes;
     double pcie_gbps, dev_attn_gbps, host_attn_gbps, cpu_attn_gbps;
 };
@@ -369,7 +371,10 @@ static int replan(struct kvmgr *k, const char *why)
                                                                   KVMGR_MOVE_COOLDOWN_MS));
     }
     for (uint32_t g = 0; g < k->n_gpus; g++) {
-        pg[g] = (struct plan_gpu){k->c.vram_target,        k->gpu[g].weights_bytes,
+        /* a live target is planned with all the gpu held besides kv, not just the weights */
+        uint64_t fixed = k->gpu[g].fixed_bytes > k->gpu[g].weights_bytes ? k->gpu[g].fixed_bytes
+                                                                         : k->gpu[g].weights_bytes;
+        pg[g] = (struct plan_gpu){k->c.vram_target,        fixed,
                                   reserve_of(k, g),        k->gpu[g].pcie_gbps,
                                   k->gpu[g].dev_attn_gbps, k->gpu[g].host_attn_gbps,
                                   k->gpu[g].cpu_attn_gbps};
@@ -830,6 +835,11 @@ static int do_hello(struct kvmgr *k, const struct proto_in *in, struct proto_wbu
             }
             k->make_bytes = h.block_bytes;
             k->make_started_ms = rkv_now_ms();
+            for (uint32_t g = 0; k->cuda && g < (uint32_t)k->c.workers; g++) {
+                size_t fr = 0, tot = 0;
+                if (rkv_gpu_mem_info(g, &fr, &tot) == 0 && tot > fr)
+                    k->gpu[g].fixed_bytes = tot - fr;
+            }
             if (k->cuda) {
                 /* cudaMalloc of the slab and pinning the host pool take seconds: a thread
                  * makes them while this loop keeps answering (rkvd's watchdog, other

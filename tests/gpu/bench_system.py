@@ -201,17 +201,18 @@ class Server(gpu_demo.Rkvd):
         self.block_bytes, self.block_size = int(m.group(3)), int(m.group(4))
         self.bpt = self.block_bytes // self.block_size
         w = re.search(r"on (\w+): .*?([\d.]+) MiB of weights", txt)
-        # kvmgr plans a live budget with the weights (cuda only) and the reserve, not the
-        # cuda contexts; at start it counts everything the gpu holds
         self.weights = int(float(w.group(2)) * MIB) if w else 0
         # the reserve: --reserve, else what the worker measured on the model (kvmgr's
         # default, 512 MiB, when it could not)
         rm = re.search(r"compute reserve (\d+) MiB measured", txt)
         self.reserve = self.a.reserve or (int(rm.group(1)) * MIB if rm else 512 * MIB)
-        self.plan_overhead = (self.weights + self.reserve) if self.a.backend == "cuda" else 0
         u = re.search(r"in use now ([\d.]+) (GiB|MiB|KiB)", txt)
         self.used_at_hello = (int(float(u.group(1)) * {"GiB": GIB, "MiB": MIB, "KiB": 1024}[
             u.group(2)]) if u else 0)
+        # kvmgr plans a live target with what the gpu held at the first hello (weights, cuda
+        # contexts, kept scratch) and the reserve
+        self.plan_overhead = (max(self.weights, self.used_at_hello) + self.reserve
+                              if self.a.backend == "cuda" else 0)
         r = re.search(r"kv rates .*?: pcie h2d ([\d.]+), attention device ([\d.]+), host "
                       r"([\d.]+), cpu ([\d.]+) GB/s", txt)
         self.rates = dict(zip(("pcie_h2d", "attn_device", "attn_host", "cpu"),
@@ -1235,7 +1236,7 @@ def run_all(a):
         note(a.ceil["skipped"])
     # one server for every part: its pool holds the http run's streams, the resident ramp,
     # the spill session and the budget streams; the ramp and the spill curve lower the target
-    # live (kvmgr plans a live target with the weights and the reserve, exactly)
+    # live (kvmgr plans a live target with what the gpu held at the first hello and the reserve)
     per_ramp = a.ctx + a.turn_tokens + 2 * a.block_size
     spill_tok = a.spill_ctx + a.spill_prefill * (len(a.spill_fracs) + 1) + a.spill_decode
     budget_tok = a.budget_streams * (a.budget_ctx + a.budget_tokens + a.block_size)
