@@ -47,10 +47,19 @@ def test_drain_deadline_answers_everything(rkvd_factory):
         if status == 503:
             err = json.loads(body)["error"]
             assert "rkvd is shutting down" in err["message"] and err["type"]
+        elif i % 2 == 1:
+            # the one running request may finish inside the drain time (the tiny model is fast)
+            assert status == 200, (i, status, body[:300])
+            assert json.loads(body)["choices"][0]["finish_reason"] == "length", (i, body[:300])
         else:
-            # a stream that had started: the error travels as an event, then [DONE]
+            # a stream that had started: the error travels as an event, then [DONE] -- or it
+            # finished inside the drain time, with its finish reason
             assert status == 200, (i, status, body[:300])
             events = [ln[6:] for ln in body.splitlines() if ln.startswith("data: ")]
             assert events[-1] == "[DONE]", (i, body[-300:])
-            assert "rkvd is shutting down" in json.loads(events[-2])["error"]["message"]
+            last = json.loads(events[-2])
+            if "error" in last:
+                assert "rkvd is shutting down" in last["error"]["message"]
+            else:
+                assert last["choices"][0]["finish_reason"] == "length", (i, body[-300:])
     assert sum(1 for s, _ in out if s == 503) >= n - 2
