@@ -591,22 +591,21 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_mma_kernel(struct attn_karg
         attn_store_ml<RPW>(a, part, m_r, l_r, warp, rows, tok0, kvh);
 }
 
-/* ldmatrix: four 8x8 b16 tiles, row addresses from lanes 8i..8i+7 for tile i */
+/* ldmatrix: four 8x8 b16 tiles, row addresses from lanes 8i..8i+7 for tile i; TRANS transposes
+ * each tile */
+template <bool TRANS>
 __device__ __forceinline__ void attn_ldm4(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3,
                                           const void *p)
 {
     unsigned addr = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(addr));
-}
-__device__ __forceinline__ void attn_ldm4t(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3,
-                                           const void *p)
-{
-    unsigned addr = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(addr));
+    if constexpr (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                     : "r"(addr));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                     : "r"(addr));
 }
 
 /* decode over f16 kv: one token per tile, gqa group g <= 8, D = 8 * ND (16..128).
@@ -631,8 +630,6 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_dec_kernel(struct attn_karg
     const uint32_t kvh = blockIdx.x, split = blockIdx.y, g = a.g;
     const uint32_t tok = sq.tok_off + qt.t0;
     const int pos = a.pos[tok];
-    cuda_pdl_trigger();
-    cuda_pdl_wait(); /* q and the newest kv row come from the kernels before */
 
     /* a fragments of q: a0/a2 row gq (q), a1/a3 row gq + 8 (residual) */
     uint32_t fq[KS][4];
@@ -691,7 +688,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_dec_kernel(struct attn_karg
                 for (int k = 0; k < KS; k += 2) {
                     uint32_t b0, b1, b2, b3;
                     if (k + 1 < KS) {
-                        attn_ldm4(b0, b1, b2, b3, kb + k * 16);
+                        attn_ldm4<false>(b0, b1, b2, b3, kb + k * 16);
                         attn_mma(c[nt], fq[k][0], fq[k][1], fq[k][2], fq[k][3], b0, b1);
                         attn_mma(c[nt], fq[k + 1][0], fq[k + 1][1], fq[k + 1][2], fq[k + 1][3], b2,
                                  b3);
@@ -744,7 +741,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_dec_kernel(struct attn_karg
 #pragma unroll
                 for (int j = 0; j < ND; j += 2) {
                     uint32_t b0, b1, b2, b3;
-                    attn_ldm4t(b0, b1, b2, b3, vb + j * 8);
+                    attn_ldm4<true>(b0, b1, b2, b3, vb + j * 8);
                     attn_mma(acc[j], ph[0], pl[0], ph[1], pl[1], b0, b1);
                     if (j + 1 < ND)
                         attn_mma(acc[j + 1], ph[0], pl[0], ph[1], pl[1], b2, b3);
@@ -805,17 +802,24 @@ static inline size_t attn_smem_bytes(size_t es, uint32_t ch, uint32_t D, uint32_
     return 4 * ch * dp * es + (size_t)R * D * 4 + (size_t)R * ch * 4 + (size_t)R * 8;
 }
 
+/* raises fn's dynamic shared memory limit to sm when *set (its last value) is lower */
+template <typename F> static int attn_smem_limit(F fn, size_t sm, size_t *set)
+{
+    if (sm > *set) {
+        CU_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+        *set = sm;
+    }
+    return 0;
+}
+
 template <int ND>
-static int attn_dec_launch(bool pdl, dim3 grid, size_t sm, cudaStream_t s,
-                           const struct attn_kargs &k)
+static int attn_dec_launch(dim3 grid, size_t sm, cudaStream_t s, const struct attn_kargs &k)
 {
     auto fn = attn_dec_kernel<ND>;
-    static size_t sm_set; /* raise the limit once per instantiation */
-    if (sm > sm_set) {
-        CU_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-        sm_set = sm;
-    }
-    CU_TRY(cuda_launch(pdl, fn, grid, ATTN_THREADS, sm, s, k));
+    static size_t sm_set; /* raised once per instantiation */
+    if (attn_smem_limit(fn, sm, &sm_set) < 0)
+        return RKV_ECUDA;
+    fn<<<grid, ATTN_THREADS, sm, s>>>(k);
     return 0;
 }
 
@@ -830,13 +834,10 @@ static int attn_launch(struct cuda_ctx *c, const struct cuda_attn_args *a, struc
         k.g <= 8 && (k.D == 16 || k.D == 32 || k.D == 64 || k.D == 128)) {
         /* decode: the packed q/residual kernel */
         size_t sm = 4 * 64 * (size_t)(k.D + 8) * 2;
-        /* no early start on the side stream (host blocks): its previous kernel is another
-         * layer's, ordered by events */
-        bool pdl = c->pdl && a->s == c->stream;
-        int rc = k.D == 128  ? attn_dec_launch<16>(pdl, grid, sm, a->s, k)
-                 : k.D == 64 ? attn_dec_launch<8>(pdl, grid, sm, a->s, k)
-                 : k.D == 32 ? attn_dec_launch<4>(pdl, grid, sm, a->s, k)
-                             : attn_dec_launch<2>(pdl, grid, sm, a->s, k);
+        int rc = k.D == 128  ? attn_dec_launch<16>(grid, sm, a->s, k)
+                 : k.D == 64 ? attn_dec_launch<8>(grid, sm, a->s, k)
+                 : k.D == 32 ? attn_dec_launch<4>(grid, sm, a->s, k)
+                             : attn_dec_launch<2>(grid, sm, a->s, k);
         if (rc < 0)
             return rc;
     } else if (c->layout.dtype == KV_F16 && !c->no_mma && k.D >= 16) {
@@ -845,29 +846,23 @@ static int attn_launch(struct cuda_ctx *c, const struct cuda_attn_args *a, struc
         size_t sm = 4 * 64 * dp * 2 + (MT == 1 ? 0 : 2 * (size_t)RMAX * dp * 2) +
                     (size_t)RMAX * 72 * 4 + (size_t)RMAX * 8;
         auto fn = attn_mma_kernel<MT>;
-        static size_t sm_set; /* raise the limit once per instantiation */
-        if (sm > sm_set) {
-            CU_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-            sm_set = sm;
-        }
+        static size_t sm_set; /* raised once per instantiation */
+        if (attn_smem_limit(fn, sm, &sm_set) < 0)
+            return RKV_ECUDA;
         fn<<<grid, ATTN_THREADS, sm, a->s>>>(k);
     } else if (c->layout.dtype == KV_F16) {
         size_t sm = attn_smem_bytes(2, 64, k.D, k.R);
         auto fn = attn_kernel<__half, 64, RMAX, RPT>;
-        static size_t sm_set; /* raise the limit once per instantiation */
-        if (sm > sm_set) {
-            CU_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-            sm_set = sm;
-        }
+        static size_t sm_set; /* raised once per instantiation */
+        if (attn_smem_limit(fn, sm, &sm_set) < 0)
+            return RKV_ECUDA;
         fn<<<grid, ATTN_THREADS, sm, a->s>>>(k);
     } else {
         size_t sm = attn_smem_bytes(4, 32, k.D, k.R);
         auto fn = attn_kernel<float, 32, RMAX, RPT>;
-        static size_t sm_set; /* raise the limit once per instantiation */
-        if (sm > sm_set) {
-            CU_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-            sm_set = sm;
-        }
+        static size_t sm_set; /* raised once per instantiation */
+        if (attn_smem_limit(fn, sm, &sm_set) < 0)
+            return RKV_ECUDA;
         fn<<<grid, ATTN_THREADS, sm, a->s>>>(k);
     }
     CU_LAUNCHED();

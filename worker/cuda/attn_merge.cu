@@ -16,8 +16,6 @@ __global__ void merge_splits_kernel(const float *part, uint32_t n_split, uint32_
     const uint32_t PD = D + 2;
     const size_t sstride = (size_t)n_th * PD;
     const float *p0 = part + (size_t)th * PD;
-    cuda_pdl_trigger();
-    cuda_pdl_wait();
     float mx = -INFINITY;
     for (uint32_t s = tid; s < n_split; s += blockDim.x) {
         const float *p = p0 + s * sstride;
@@ -74,8 +72,9 @@ int cuda_attn_merge_splits(struct cuda_ctx *c, const float *part, uint32_t n_spl
     if (n_th == 0)
         return 0;
     unsigned threads = head_dim < 128 ? (head_dim + 31) / 32 * 32 : 128;
-    CU_TRY(cuda_launch(c->pdl, merge_splits_kernel, n_th, threads, (n_split + 8) * sizeof(float), s,
-                       part, n_split, n_th, head_dim, o, m, l));
+    merge_splits_kernel<<<n_th, threads, (n_split + 8) * sizeof(float), s>>>(part, n_split, n_th,
+                                                                             head_dim, o, m, l);
+    CU_LAUNCHED();
     CU_LAUNCHED();
     return 0;
 }

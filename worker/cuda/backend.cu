@@ -770,8 +770,6 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         c->precise = pe && *pe == '1';
         const char *fe = getenv("RKV_CUDA_FUSE");
         c->fuse = !(fe && *fe == '0');
-        const char *pd = getenv("RKV_CUDA_PDL");
-        c->pdl = pd && *pd == '1'; /* measured slower (NOTES.md): opt-in only */
         const char *de = getenv("RKV_CUDA_DEC");
         c->dec = !(de && *de == '0');
         const char *nm = getenv("RKV_CUDA_NO_MMA");

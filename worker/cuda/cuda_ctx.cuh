@@ -137,7 +137,6 @@ struct cuda_ctx {
     size_t lin_h_cap;
     int dec;  /* the packed decode attention kernel (env RKV_CUDA_DEC=0: the general one) */
     int fuse; /* fused decode ops (env RKV_CUDA_FUSE=0 turns them off, for a/b checks) */
-    int pdl;  /* programmatic dependent launch of the decode chain (env RKV_CUDA_PDL=1: on) */
 };
 
 /* host -> device rates over the two paths, GB/s (set_kv picks by these) */
@@ -189,36 +188,6 @@ __device__ __forceinline__ float cuda_row_value(int type, const void *row, uint3
     case BE_BF16: return __bfloat162float(((const __nv_bfloat16 *)row)[i]);
     default: return cuda_q8_0((const uint8_t *)row, i);
     }
-}
-
-/* programmatic dependent launch (sm_90): a kernel of the decode chain lets the next one start
- * early (trigger), and waits for the previous one's results before it reads or writes anything
- * the previous ones touch (wait); what it reads that no kernel writes (weights) may come first */
-__device__ __forceinline__ void cuda_pdl_trigger()
-{
-    asm volatile("griddepcontrol.launch_dependents;\n" ::);
-}
-__device__ __forceinline__ void cuda_pdl_wait()
-{
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-}
-
-/* launches k on s, allowed to start before the previous kernel ends when pdl */
-template <typename... KArgs, typename... Args>
-static inline cudaError_t cuda_launch(bool pdl, void (*k)(KArgs...), dim3 grid, dim3 block,
-                                      size_t smem, cudaStream_t s, Args... args)
-{
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, k, static_cast<KArgs>(args)...);
 }
 
 /* 16 bytes of a row -> 16/sizeof(T) floats (the pointer only picks the type) */

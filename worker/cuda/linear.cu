@@ -74,8 +74,6 @@ __global__ void __launch_bounds__(LIN_WARPS * 32) lin_kernel(lin_kargs a)
     constexpr int VEC = 16 / sizeof(W);
     constexpr int NR = MODE == BE_LIN_SWIGLU ? 2 : 1;
     const uint32_t lane = threadIdx.x & 31, stride = gridDim.x * LIN_WARPS;
-    cuda_pdl_trigger();
-    bool waited = false; /* the first weight loads go out before waiting for x */
     const uint32_t n_in = a.n_in, step = 32 * VEC;
     for (uint32_t task = blockIdx.x * LIN_WARPS + (threadIdx.x >> 5); task < a.n_tasks;
          task += stride) {
@@ -111,10 +109,6 @@ __global__ void __launch_bounds__(LIN_WARPS * 32) lin_kernel(lin_kargs a)
 #pragma unroll
                 for (int r = 0; r < NR; r++)
                     u[k][r] = __ldcs((const uint4 *)(wr[r] + i + k * step));
-            if (!waited) {
-                cuda_pdl_wait();
-                waited = true;
-            }
 #pragma unroll
             for (int k = 0; k < LIN_UNROLL; k++)
                 lin_slice<W, VEC, NT, NR, NORM>(acc, ss, u[k], a, i + k * step);
@@ -124,10 +118,6 @@ __global__ void __launch_bounds__(LIN_WARPS * 32) lin_kernel(lin_kargs a)
 #pragma unroll
             for (int r = 0; r < NR; r++)
                 u[r] = __ldcs((const uint4 *)(wr[r] + i));
-            if (!waited) {
-                cuda_pdl_wait();
-                waited = true;
-            }
             lin_slice<W, VEC, NT, NR, NORM>(acc, ss, u, a, i);
         }
 #pragma unroll
@@ -189,7 +179,8 @@ static int lin_run(struct cuda_ctx *c, const lin_kargs &a)
         per_sm = nb > 0 ? nb : 1;
     }
     unsigned grid = lin_grid(c, a.n_tasks, per_sm, MODE == BE_LIN_SWIGLU ? 2 : 3);
-    CU_TRY(cuda_launch(c->pdl, fn, grid, LIN_WARPS * 32, 0, c->stream, a));
+    fn<<<grid, LIN_WARPS * 32, 0, c->stream>>>(a);
+    CU_LAUNCHED();
     return 0;
 }
 
