@@ -119,6 +119,7 @@ struct sess {
 struct gpu_state {
     uint32_t worker_pid;
     uint64_t weights_bytes;
+    uint64_t free_bytes;  /* the gpu's free memory at the first hello */
     uint64_t fixed_bytes; /* what the gpu held before the slab (weights, cuda contexts, the
                            * worker's kept scratch), read at the first hello; 0 = unknown */
     uint64_t reserve_bytes;
@@ -181,12 +182,12 @@ static uint32_t dev_blocks_for_budget(const struct kvmgr *k, uint32_t g, uint64_
 {
     struct plan_gpu pg = {k->c.vram_target, k->gpu[g].weights_bytes, reserve_of(k, g)};
     uint32_t n = plan_dev_cap(&pg, block_bytes);
-    size_t fr = 0, tot = 0;
-    if (k->cuda && rkv_gpu_mem_info(g, &fr, &tot) == 0) {
-        /* the worker has loaded its weights: what the gpu holds now (weights, kvmgr's and
-         * the worker's cuda contexts, anything else on it) counts against the target, so
-         * the slab is the target minus that minus the reserve */
-        uint64_t used = tot - fr, want = used + pg.compute_reserve_bytes;
+    if (k->cuda && k->gpu[g].fixed_bytes) {
+        /* read at the first hello, the worker's weights loaded: what the gpu held (weights,
+         * kvmgr's and the worker's cuda contexts, anything else on it) counts against the
+         * target, so the slab is the target minus that minus the reserve */
+        uint64_t used = k->gpu[g].fixed_bytes, fr = k->gpu[g].free_bytes;
+        uint64_t want = used + pg.compute_reserve_bytes;
         uint64_t room = k->c.vram_target > want ? k->c.vram_target - want : 0;
         if (fr < pg.compute_reserve_bytes)
             room = 0;
@@ -832,14 +833,15 @@ static int do_hello(struct kvmgr *k, const struct proto_in *in, struct proto_wbu
                 /* measured by the worker on its model (reserve_of prefers the config) */
                 if (k->cuda && h.compute_reserve_bytes)
                     k->gpu[g].reserve_bytes = h.compute_reserve_bytes;
+                /* what the gpu holds besides kv: the slab and every later plan count it */
+                size_t fr = 0, tot = 0;
+                if (k->cuda && rkv_gpu_mem_info(g, &fr, &tot) == 0 && tot > fr) {
+                    k->gpu[g].fixed_bytes = tot - fr;
+                    k->gpu[g].free_bytes = fr;
+                }
             }
             k->make_bytes = h.block_bytes;
             k->make_started_ms = rkv_now_ms();
-            for (uint32_t g = 0; k->cuda && g < (uint32_t)k->c.workers; g++) {
-                size_t fr = 0, tot = 0;
-                if (rkv_gpu_mem_info(g, &fr, &tot) == 0 && tot > fr)
-                    k->gpu[g].fixed_bytes = tot - fr;
-            }
             if (k->cuda) {
                 /* cudaMalloc of the slab and pinning the host pool take seconds: a thread
                  * makes them while this loop keeps answering (rkvd's watchdog, other
