@@ -41,7 +41,7 @@ MIB = 1 << 20
 REQ_DEADLINE = 60.0  # seconds one request may take, first byte to [DONE]
 
 sys.path.insert(0, str(TOP / "tests" / "integration"))
-from conftest import Ref, Rkvd, rkv_bin  # noqa: E402
+from conftest import Ref, Rkvd, make_tiny_model, rkv_bin  # noqa: E402
 
 WORDS = ("the cat sat on a warm mat while rain fell over the quiet town and people went home "
          "to cook soup read books and sleep until morning light came back again").split()
@@ -376,10 +376,7 @@ def main():
 
     work = Path(a.workdir or tempfile.mkdtemp(prefix="rkv-faults-"))
     work.mkdir(parents=True, exist_ok=True)
-    model = work / "tiny.gguf"
-    if not model.exists():
-        subprocess.run([rkv_bin("rkv-mkmodel"), "--preset", "tiny", "--dtype", "f32", "--seed",
-                        "1", "--out", str(model)], check=True, capture_output=True)
+    model = make_tiny_model(work / "tiny.gguf")
     # small pools so sessions spill; short drain so a SIGTERM ends within seconds
     srv = Rkvd(model, work / "r", ["--vram-target", "32MiB", "--host-budget", "32MiB",
                                    "--shutdown-timeout", "1", "--max-sessions", "256",

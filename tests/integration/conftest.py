@@ -216,13 +216,19 @@ def _root(tmp_path_factory, name):
     return tmp_path_factory.mktemp(name)
 
 
+def make_tiny_model(out):
+    """the tests' model (rkv-mkmodel tiny, f32, seed 1) at out, unless it is there already"""
+    out = Path(out)
+    if not out.exists():
+        r = subprocess.run([rkv_bin("rkv-mkmodel"), "--preset", "tiny", "--dtype", "f32",
+                            "--seed", "1", "--out", str(out)], capture_output=True, timeout=300)
+        assert r.returncode == 0, r.stderr.decode(errors="replace")
+    return out
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
-    out = tmp_path_factory.mktemp("model") / "tiny.gguf"
-    r = subprocess.run([rkv_bin("rkv-mkmodel"), "--preset", "tiny", "--dtype", "f32", "--seed",
-                        "1", "--out", str(out)], capture_output=True, timeout=300)
-    assert r.returncode == 0, r.stderr.decode(errors="replace")
-    return out
+    return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny.gguf")
 
 
 def _stop_checked(srv):

@@ -50,7 +50,7 @@ def pct(xs, q):
 
 
 sys.path.insert(0, str(TOP / "tests" / "integration"))
-from conftest import Rkvd  # noqa: E402  (the integration tests' rkvd: start, log, stop)
+from conftest import Rkvd, make_tiny_model  # noqa: E402  (the integration tests' rkvd: start, log, stop)
 
 
 class Server(Rkvd):
@@ -280,10 +280,7 @@ def main():
 
     work = Path(a.workdir or tempfile.mkdtemp(prefix="rkv-soak-"))
     work.mkdir(parents=True, exist_ok=True)
-    model = work / "tiny.gguf"
-    if not model.exists():
-        subprocess.run([bin_path("rkv-mkmodel"), "--preset", "tiny", "--dtype", "f32", "--seed",
-                        "1", "--out", str(model)], check=True, capture_output=True)
+    model = make_tiny_model(work / "tiny.gguf")
     # small pools so the run spills and parks too (CPU mode: vram-target is the device pool);
     # rkvd keeps at most 2 named sessions per user (it forgets the least recently used), so
     # what it holds for sessions by design levels off within the first third
