@@ -757,7 +757,14 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
          * llama3-8b's f16 kv per layer); both buffers count in the compute reserve the worker
          * reports, larger tails are read zero-copy */
         const char *sl = getenv("RKV_CUDA_STAGE_MB");
-        c->stage_limit = (sl ? strtoull(sl, NULL, 10) : 512) << 20;
+        char *end = NULL;
+        unsigned long long mb = sl ? strtoull(sl, &end, 10) : 512;
+        if (sl && (end == sl || *end || mb > (1ull << 20))) {
+            log_warn("RKV_CUDA_STAGE_MB=%.40s is not a number of MiB in [0, 1048576]: using 512",
+                     sl);
+            mb = 512;
+        }
+        c->stage_limit = (size_t)mb << 20;
     }
     if (cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS) {
         c->blas = NULL;
