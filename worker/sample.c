@@ -35,7 +35,8 @@ struct sampler {
     struct cand *cand;   /* (n_vocab) candidates */
     double *bucket_mass; /* (TOP_P_BUCKETS) top-p scratch */
     float *weight;       /* (n_vocab) exp weights scratch */
-    float *vals;         /* (n_vocab) candidate logits, contiguous */
+    float *vals;         /* (n_vocab) kept logits, contiguous */
+    int32_t *ids;        /* (n_vocab) their token ids */
     double *block_sum;   /* (n_vocab / EXP_BLOCK + 1) weight sums per block */
 };
 
@@ -171,9 +172,10 @@ int sampler_init(struct sampler **out, const struct sample_params *p, int32_t n_
     s->bucket_mass = malloc(TOP_P_BUCKETS * sizeof(*s->bucket_mass));
     s->weight = malloc((size_t)n_vocab * sizeof(*s->weight));
     s->vals = malloc((size_t)n_vocab * sizeof(*s->vals));
+    s->ids = malloc((size_t)n_vocab * sizeof(*s->ids));
     s->block_sum = malloc(((size_t)n_vocab / EXP_BLOCK + 1) * sizeof(*s->block_sum));
     if (!s->hist || !s->counts || !s->work || !s->cand || !s->bucket_mass || !s->weight ||
-        !s->vals || !s->block_sum) {
+        !s->vals || !s->ids || !s->block_sum) {
         sampler_free(s);
         return RKV_ENOMEM;
     }
@@ -192,6 +194,7 @@ void sampler_free(struct sampler *s)
     free(s->bucket_mass);
     free(s->weight);
     free(s->vals);
+    free(s->ids);
     free(s->block_sum);
     free(s);
 }
@@ -375,7 +378,7 @@ static float exp_neg(float x)
     return q * scale;
 }
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__BMI2__)
 #include <immintrin.h>
 #define SAMPLE_AVX2 1
 
@@ -413,11 +416,18 @@ static float max_of(const float *x, size_t n)
     size_t i = 0;
     float mx = -INFINITY;
 #ifdef SAMPLE_AVX2
-    __m256 m = _mm256_set1_ps(-INFINITY);
+    /* four accumulators: one would serialize on the max latency */
+    __m256 m[4];
+    for (int j = 0; j < 4; j++)
+        m[j] = _mm256_set1_ps(-INFINITY);
+    for (; i + 32 <= n; i += 32)
+        for (int j = 0; j < 4; j++)
+            m[j] = _mm256_max_ps(_mm256_loadu_ps(x + i + 8 * j), m[j]); /* nan in x: m is kept */
     for (; i + 8 <= n; i += 8)
-        m = _mm256_max_ps(_mm256_loadu_ps(x + i), m); /* nan in x: m is kept */
+        m[0] = _mm256_max_ps(_mm256_loadu_ps(x + i), m[0]);
+    m[0] = _mm256_max_ps(_mm256_max_ps(m[0], m[1]), _mm256_max_ps(m[2], m[3]));
     float lanes[8];
-    _mm256_storeu_ps(lanes, m);
+    _mm256_storeu_ps(lanes, m[0]);
     for (int j = 0; j < 8; j++)
         mx = lanes[j] > mx ? lanes[j] : mx;
 #endif
@@ -463,14 +473,30 @@ static double exp_weights(const float *x, size_t n, float shift, float scale, fl
     return total;
 }
 
-/* index of the max (ties: lowest id; nan never wins) */
-static int32_t argmax(const float *v, int32_t n)
+/* index of the first v[i] == x, or n */
+static size_t find_first(const float *v, size_t n, float x)
 {
-    float mx = max_of(v, (size_t)n);
-    for (int32_t i = 0; i < n; i++)
-        if (v[i] == mx)
+    size_t i = 0;
+#ifdef SAMPLE_AVX2
+    __m256 vx = _mm256_set1_ps(x);
+    for (; i + 8 <= n; i += 8) {
+        int m = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(v + i), vx, _CMP_EQ_OQ));
+        if (m)
+            return i + (size_t)__builtin_ctz((unsigned)m);
+    }
+#endif
+    for (; i < n; i++)
+        if (v[i] == x)
             return i;
-    return 0; /* all nan */
+    return n;
+}
+
+/* index of the max (ties: lowest id; nan never wins); its value to *mx */
+static int32_t argmax(const float *v, int32_t n, float *mx)
+{
+    *mx = max_of(v, (size_t)n);
+    size_t i = find_first(v, (size_t)n, *mx);
+    return i < (size_t)n ? (int32_t)i : 0; /* all nan */
 }
 
 /* index drawn from x[0..n) with probability softmax(x / temperature) */
@@ -515,14 +541,12 @@ static size_t draw_index(struct sampler *s, const float *x, size_t n)
     return last;
 }
 
-/* top-p over c[0..n), sorted best first (after top-k): the length of the
- * smallest prefix whose probability (softmax at temperature 1 over c)
+/* top-p over x[0..n), sorted best first (after top-k): the length of the
+ * smallest prefix whose probability (softmax at temperature 1 over x)
  * reaches top_p */
-static size_t top_p_sorted(struct sampler *s, const struct cand *c, size_t n)
+static size_t top_p_sorted(struct sampler *s, const float *x, size_t n)
 {
-    float *x = s->vals, *w = s->weight;
-    for (size_t i = 0; i < n; i++)
-        x[i] = c[i].v;
+    float *w = s->weight;
     if (n == 0 || x[0] == -INFINITY)
         return n;
     double want = (double)s->p.top_p * exp_weights(x, n, x[0], 1.0f, w, NULL);
@@ -535,21 +559,198 @@ static size_t top_p_sorted(struct sampler *s, const struct cand *c, size_t n)
     return n; /* rounding: p of the whole */
 }
 
-/* top-p over the whole vocab v (max mx) without sorting it: one pass
- * buckets the tokens by logit and sums their weights, the buckets are summed
- * best first, and only the bucket where the sum crosses top_p is sorted.
- * the kept tokens go to c; returns their count. */
-static size_t top_p_vocab(struct sampler *s, const float *v, size_t n, float mx, struct cand *c)
+/* the float order key, descending: a smaller key is a higher value (-0 as +0) */
+static uint32_t desc_key(float v)
+{
+    uint32_t u;
+    v += 0.0f;
+    memcpy(&u, &v, sizeof(u));
+    u = (u & 0x80000000u) ? ~u : u | 0x80000000u; /* ascending */
+    return ~u;
+}
+
+/* sorts (x, ids)[0..n) best first, the cand_before order, given them in id
+ * order: a stable lsd radix sort on the value keeps ties in id order.
+ * tx, tid: n entries of scratch */
+static void sort_best_first(float *x, int32_t *ids, size_t n, float *tx, int32_t *tid)
+{
+    float *sx = x, *dx = tx;
+    int32_t *sid = ids, *did = tid;
+    for (int shift = 0; shift < 32 && n > 1; shift += 8) {
+        size_t cnt[256] = {0};
+        for (size_t i = 0; i < n; i++)
+            cnt[(desc_key(sx[i]) >> shift) & 255]++;
+        if (cnt[(desc_key(sx[0]) >> shift) & 255] == n)
+            continue; /* one digit value: the order stays */
+        size_t pos = 0;
+        for (int d = 0; d < 256; d++) {
+            size_t c = cnt[d];
+            cnt[d] = pos;
+            pos += c;
+        }
+        for (size_t i = 0; i < n; i++) {
+            size_t j = cnt[(desc_key(sx[i]) >> shift) & 255]++;
+            dx[j] = sx[i];
+            did[j] = sid[i];
+        }
+        float *t = sx;
+        sx = dx;
+        dx = t;
+        int32_t *ti = sid;
+        sid = did;
+        did = ti;
+    }
+    if (sx != x) {
+        memcpy(x, sx, n * sizeof(*x));
+        memcpy(ids, sid, n * sizeof(*ids));
+    }
+}
+
+/* the smallest float f with (double)f >= d, so that x >= f in float says
+ * what (double)x >= d says */
+static float float_at_least(double d)
+{
+    float f = (float)d;
+    if ((double)f < d)
+        f = nextafterf(f, INFINITY);
+    return f;
+}
+
+#ifdef SAMPLE_AVX2
+/* top-p buckets of 8 logits, computed in double as bucket_of does */
+static __m256i bucket_of8(__m256 v, __m256d mx, __m256d scale)
+{
+    __m256d cap = _mm256_set1_pd(TOP_P_BUCKETS - 1);
+    __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(v));
+    __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+    /* min_pd gives cap for nan too (v nan; such tokens weigh 0 anyway) */
+    lo = _mm256_min_pd(_mm256_mul_pd(_mm256_sub_pd(mx, lo), scale), cap);
+    hi = _mm256_min_pd(_mm256_mul_pd(_mm256_sub_pd(mx, hi), scale), cap);
+    return _mm256_set_m128i(_mm256_cvttpd_epi32(hi), _mm256_cvttpd_epi32(lo));
+}
+
+/* appends the lanes of (x8, id8) whose mask bit is set to (x, ids) at k;
+ * writes 8 lanes, so x and ids need room for k + 8 */
+static size_t compact8(float *x, int32_t *ids, size_t k, __m256 x8, __m256i id8, unsigned mask)
+{
+    /* the set lanes' numbers, low first, as a permutation */
+    uint64_t lanes = _pdep_u64(mask, 0x0101010101010101ULL) * 0xff;
+    uint64_t idx = _pext_u64(0x0706050403020100ULL, lanes);
+    __m256i perm = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)idx));
+    _mm256_storeu_ps(x + k, _mm256_permutevar8x32_ps(x8, perm));
+    _mm256_storeu_si256((__m256i *)(ids + k), _mm256_permutevar8x32_epi32(id8, perm));
+    return k + (size_t)__builtin_popcount(mask);
+}
+
+static __m256i iota8(size_t i)
+{
+    return _mm256_add_epi32(_mm256_set1_epi32((int32_t)i), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+#endif
+
+/* keeps the entries of (v, id)[0..n) with v >= f, in order, in (x, ids);
+ * id NULL: the ids are the indices. x == v (and ids == id) filters in place */
+static size_t keep_at_least(const float *v, const int32_t *id, size_t n, float f, float *x,
+                            int32_t *ids)
+{
+    size_t i = 0, k = 0;
+#ifdef SAMPLE_AVX2
+    /* in place the 8 stores at k <= i land on what is already loaded */
+    __m256 f8 = _mm256_set1_ps(f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 v8 = _mm256_loadu_ps(v + i);
+        __m256i id8 = id ? _mm256_loadu_si256((const __m256i *)(id + i)) : iota8(i);
+        unsigned m = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(v8, f8, _CMP_GE_OQ));
+        k = compact8(x, ids, k, v8, id8, m);
+    }
+#endif
+    for (; i < n; i++) {
+        if (v[i] >= f) {
+            int32_t t = id ? id[i] : (int32_t)i;
+            x[k] = v[i];
+            ids[k++] = t;
+        }
+    }
+    return k;
+}
+
+/* mass[b] += w[i] for each token in bucket b, in id order (a weight of 0
+ * adds nothing, so no test) */
+static void bucket_mass(const float *v, const float *w, size_t n, float mx, double scale,
+                        double *mass)
+{
+    size_t i = 0;
+#ifdef SAMPLE_AVX2
+    __m256d mx4 = _mm256_set1_pd((double)mx), sc4 = _mm256_set1_pd(scale);
+    for (; i + 8 <= n; i += 8) {
+        int32_t b[8];
+        _mm256_storeu_si256((__m256i *)b, bucket_of8(_mm256_loadu_ps(v + i), mx4, sc4));
+        for (int j = 0; j < 8; j++)
+            mass[b[j]] += w[i + j];
+    }
+#endif
+    for (; i < n; i++)
+        mass[bucket_of(v[i], mx, scale)] += w[i];
+}
+
+/* the tokens with weight in buckets above cut to (x, ids) and those in
+ * bucket cut to (cx, cid), both in id order; counts to *front and *m */
+static void bucket_collect(const float *v, const float *w, size_t n, float mx, double scale,
+                           int cut, float *x, int32_t *ids, size_t *front, float *cx,
+                           int32_t *cid, size_t *m)
+{
+    size_t i = 0, k = 0, c = 0;
+#ifdef SAMPLE_AVX2
+    __m256d mx4 = _mm256_set1_pd((double)mx), sc4 = _mm256_set1_pd(scale);
+    __m256i cut8 = _mm256_set1_epi32(cut);
+    for (; i + 8 <= n; i += 8) {
+        __m256 v8 = _mm256_loadu_ps(v + i);
+        __m256i b = bucket_of8(v8, mx4, sc4);
+        __m256i live = _mm256_castps_si256(
+            _mm256_cmp_ps(_mm256_loadu_ps(w + i), _mm256_setzero_ps(), _CMP_GT_OQ));
+        __m256i above = _mm256_and_si256(live, _mm256_cmpgt_epi32(cut8, b));
+        __m256i at = _mm256_and_si256(live, _mm256_cmpeq_epi32(cut8, b));
+        k = compact8(x, ids, k, v8, iota8(i),
+                     (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(above)));
+        unsigned am = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(at));
+        if (am)
+            c = compact8(cx, cid, c, v8, iota8(i), am);
+    }
+#endif
+    for (; i < n; i++) {
+        if (!(w[i] > 0.0f))
+            continue;
+        int b = bucket_of(v[i], mx, scale);
+        if (b < cut) {
+            x[k] = v[i];
+            ids[k++] = (int32_t)i;
+        } else if (b == cut) {
+            cx[c] = v[i];
+            cid[c++] = (int32_t)i;
+        }
+    }
+    *front = k;
+    *m = c;
+}
+
+/* top-p over the whole vocab v (max mx, finite) without sorting it: one
+ * pass buckets the tokens by logit and sums their weights, the buckets are
+ * summed best first, and only the bucket where the sum crosses top_p is
+ * sorted. the kept tokens go to (s->vals, s->ids): buckets above the cut in
+ * id order, then the cut bucket's prefix best first; returns their count.
+ * *total: the weight sum at temperature 1 (raw_logprobs needs it too) */
+static size_t top_p_vocab(struct sampler *s, const float *v, size_t n, float mx, double *total)
 {
     float *w = s->weight; /* by id */
-    double want = (double)s->p.top_p * exp_weights(v, n, mx, 1.0f, w, NULL);
+    float *x = s->vals;
+    int32_t *ids = s->ids;
+    *total = exp_weights(v, n, mx, 1.0f, w, NULL);
+    double want = (double)s->p.top_p * *total;
     /* weights below exp(EXP_FLOOR) are 0 anyway: the buckets span that range */
     const double scale = (TOP_P_BUCKETS - 1) / -(double)EXP_FLOOR;
     double *mass = s->bucket_mass;
     memset(mass, 0, TOP_P_BUCKETS * sizeof(*mass));
-    for (size_t i = 0; i < n; i++)
-        if (w[i] > 0.0f)
-            mass[bucket_of(v[i], mx, scale)] += w[i];
+    bucket_mass(v, w, n, mx, scale, mass);
     double acc = 0.0;
     int cut = TOP_P_BUCKETS - 1;
     for (int b = 0; b < TOP_P_BUCKETS; b++) {
@@ -560,71 +761,116 @@ static size_t top_p_vocab(struct sampler *s, const float *v, size_t n, float mx,
         acc += mass[b];
     }
     /* buckets above the cut are kept whole; the cut bucket, sorted, gives
-     * the prefix that reaches top_p */
-    size_t front = 0, end;
-    for (size_t i = 0; i < n; i++)
-        if (w[i] > 0.0f && bucket_of(v[i], mx, scale) < cut)
-            c[front++] = (struct cand){v[i], (int32_t)i};
-    end = front;
-    for (size_t i = 0; i < n; i++)
-        if (w[i] > 0.0f && bucket_of(v[i], mx, scale) == cut)
-            c[end++] = (struct cand){v[i], (int32_t)i};
-    qsort(c + front, end - front, sizeof(*c), cand_cmp);
-    for (size_t i = front; i < end; i++) {
-        acc += w[c[i].id];
+     * the prefix that reaches top_p. s->cand's memory holds it meanwhile,
+     * as two arrays of n */
+    float *cx = (float *)(void *)s->cand;
+    int32_t *cid = (int32_t *)(void *)(cx + n);
+    size_t front, m;
+    bucket_collect(v, w, n, mx, scale, cut, x, ids, &front, cx, cid, &m);
+    memcpy(x + front, cx, m * sizeof(*x));
+    memcpy(ids + front, cid, m * sizeof(*ids));
+    sort_best_first(x + front, ids + front, m, cx, cid);
+    for (size_t i = front; i < front + m; i++) {
+        acc += w[ids[i]];
         if (acc >= want)
             return i + 1;
     }
-    return end;
+    return front + m;
+}
+
+/* offers x to a heap of the k best so far (worst at the root, have <= k
+ * entries); returns the new count */
+static size_t heap_offer(struct cand *c, size_t have, size_t k, struct cand x)
+{
+    size_t j;
+    if (have < k) {
+        /* sift up: parents are worse than children */
+        j = have++;
+        while (j > 0 && cand_before(c[(j - 1) / 2], x)) {
+            c[j] = c[(j - 1) / 2];
+            j = (j - 1) / 2;
+        }
+        c[j] = x;
+        return have;
+    }
+    if (!cand_before(x, c[0]))
+        return have;
+    /* replace the worst, sift down */
+    j = 0;
+    for (;;) {
+        size_t l = 2 * j + 1, r = l + 1, m = j;
+        struct cand worst = x;
+        if (l < k && cand_before(worst, c[l])) {
+            m = l;
+            worst = c[l];
+        }
+        if (r < k && cand_before(worst, c[r]))
+            m = r;
+        if (m == j)
+            break;
+        c[j] = c[m];
+        j = m;
+    }
+    c[j] = x;
+    return have;
+}
+
+/* the first i >= from where a 32-block of v may hold a value above thr (or
+ * where fewer than 32 are left). nan is never above; a raw value not above
+ * thr is not above once sanitized either, so nothing is skipped wrongly. */
+static size_t skip_not_above(const float *v, size_t from, size_t n, float thr)
+{
+    size_t i = from;
+#ifdef SAMPLE_AVX2
+    __m256 t = _mm256_set1_ps(thr);
+    for (; i + 32 <= n; i += 32) {
+        /* or of compares, not a max: max_ps would let a nan hide a lane */
+        __m256 gt = _mm256_cmp_ps(_mm256_loadu_ps(v + i), t, _CMP_GT_OQ);
+        for (int j = 1; j < 4; j++)
+            gt = _mm256_or_ps(gt, _mm256_cmp_ps(_mm256_loadu_ps(v + i + 8 * j), t, _CMP_GT_OQ));
+        if (_mm256_movemask_ps(gt))
+            break;
+    }
+#else
+    (void)n;
+    (void)thr;
+#endif
+    return i;
 }
 
 /* the k best of v[0..n) into c[0..k), sorted best first. a heap of the k
- * best so far, worst at the root: most tokens cost one comparison. */
+ * best so far, worst at the root; once it is full, a token only gets in
+ * above the root's value (its id is higher than every id in the heap), so
+ * blocks with nothing above it are skipped whole. */
 static void top_k_heap(const float *v, size_t n, size_t k, struct cand *c)
 {
-    size_t have = 0;
-    for (size_t i = 0; i < n; i++) {
-        struct cand x = {sanitize(v[i]), (int32_t)i};
-        size_t j;
-        if (have < k) {
-            /* sift up: parents are worse than children */
-            j = have++;
-            while (j > 0 && cand_before(c[(j - 1) / 2], x)) {
-                c[j] = c[(j - 1) / 2];
-                j = (j - 1) / 2;
-            }
-            c[j] = x;
-            continue;
-        }
-        if (!cand_before(x, c[0]))
-            continue;
-        /* replace the worst, sift down */
-        j = 0;
-        for (;;) {
-            size_t l = 2 * j + 1, r = l + 1, m = j;
-            struct cand worst = x;
-            if (l < k && cand_before(worst, c[l])) {
-                m = l;
-                worst = c[l];
-            }
-            if (r < k && cand_before(worst, c[r]))
-                m = r;
-            if (m == j)
-                break;
-            c[j] = c[m];
-            j = m;
-        }
-        c[j] = x;
+    size_t have = 0, i = 0;
+    for (; i < n && have < k; i++)
+        have = heap_offer(c, have, k, (struct cand){sanitize(v[i]), (int32_t)i});
+    while (i < n) {
+        i = skip_not_above(v, i, n, c[0].v);
+        size_t end = i + 32 < n ? i + 32 : n;
+        for (; i < end; i++)
+            have = heap_offer(c, have, k, (struct cand){sanitize(v[i]), (int32_t)i});
     }
     qsort(c, have, sizeof(*c), cand_cmp);
 }
 
+/* what sampler_sample already knows of the raw logits, so raw_logprobs need
+ * not scan them again */
+struct row_stats {
+    int have_max; /* max: max_of(logits) */
+    float max;
+    int have_sum; /* sum: exp_weights(logits, n, sanitize(max), 1, ...) */
+    double sum;
+};
+
 /* log-softmax of the raw logits for `id` and the top alternatives */
-static void raw_logprobs(const struct sampler *s, const float *logits, int32_t id, float *logprob,
-                         struct sample_top *top)
+static void raw_logprobs(const struct sampler *s, const float *logits, int32_t id,
+                         const struct row_stats *rs, float *logprob, struct sample_top *top)
 {
     int32_t n = s->n_vocab;
-    float mx = sanitize(max_of(logits, (size_t)n));
+    float mx = sanitize(rs->have_max ? rs->max : max_of(logits, (size_t)n));
     if (mx == -INFINITY) {
         /* nothing finite: report the uniform distribution, not nan */
         double lp = -log((double)n);
@@ -634,7 +880,8 @@ static void raw_logprobs(const struct sampler *s, const float *logits, int32_t i
             top[j] = (struct sample_top){j, (float)lp};
         return;
     }
-    double lse = (double)mx + log(exp_weights(logits, (size_t)n, mx, 1.0f, NULL, NULL));
+    double sum = rs->have_sum ? rs->sum : exp_weights(logits, (size_t)n, mx, 1.0f, NULL, NULL);
+    double lse = (double)mx + log(sum);
     if (logprob)
         *logprob = (float)((double)sanitize(logits[id]) - lse);
     int32_t k = s->p.n_top_logprobs;
@@ -663,16 +910,21 @@ int32_t sampler_sample(struct sampler *s, const float *logits, float *logprob,
     }
 
     int32_t id;
+    float mx;
+    struct row_stats rs = {0};
     int top_k = p->top_k > 0 && (size_t)p->top_k < n_vocab;
     if (p->temperature == 0.0f || p->top_k == 1) {
-        id = argmax(v, (int32_t)n_vocab);
+        id = argmax(v, (int32_t)n_vocab, &mx);
+        rs = (struct row_stats){.have_max = v == logits, .max = mx};
     } else if (!top_k && p->top_p >= 1.0f && p->min_p <= 0.0f) {
         id = (int32_t)draw_index(s, v, n_vocab); /* no filter: the whole vocab */
     } else {
-        struct cand *c = s->cand;
+        /* the kept tokens: logits in x, ids in ids */
+        float *x = s->vals;
+        int32_t *ids = s->ids;
         size_t n;
-        float mx;
         if (top_k) {
+            struct cand *c = s->cand;
             n = (size_t)p->top_k;
             if (n <= 4096) {
                 top_k_heap(v, n_vocab, n, c);
@@ -681,43 +933,40 @@ int32_t sampler_sample(struct sampler *s, const float *logits, float *logprob,
                     c[i] = (struct cand){sanitize(v[i]), (int32_t)i};
                 cand_top_sorted(c, n_vocab, n);
             }
+            for (size_t i = 0; i < n; i++) {
+                x[i] = c[i].v;
+                ids[i] = c[i].id;
+            }
             if (p->top_p < 1.0f)
-                n = top_p_sorted(s, c, n);
-            mx = c[0].v;
+                n = top_p_sorted(s, x, n);
+            mx = x[0];
         } else {
             mx = max_of(v, n_vocab);
+            rs = (struct row_stats){.have_max = v == logits, .max = mx};
             if (mx == INFINITY || mx == -INFINITY) {
                 /* an infinite logit outweighs the rest; none finite: no weights */
-                id = argmax(v, (int32_t)n_vocab);
+                id = argmax(v, (int32_t)n_vocab, &mx);
                 goto done;
             }
             if (p->top_p < 1.0f) {
-                n = top_p_vocab(s, v, n_vocab, mx, c);
+                n = top_p_vocab(s, v, n_vocab, mx, &rs.sum);
+                rs.have_sum = v == logits; /* same max, same weights */
             } else {
                 /* min-p alone: only tokens at or above its floor are copied */
-                double floor_v = (double)mx + log((double)p->min_p);
-                n = 0;
-                for (size_t i = 0; i < n_vocab; i++)
-                    if ((double)v[i] >= floor_v)
-                        c[n++] = (struct cand){v[i], (int32_t)i};
+                n = keep_at_least(v, NULL, n_vocab,
+                                  float_at_least((double)mx + log((double)p->min_p)), x, ids);
             }
         }
-        if (p->min_p > 0.0f) {
-            /* prob_i >= min_p * prob_max  <=>  v_i >= v_max + log(min_p) */
-            double floor_v = (double)mx + log((double)p->min_p);
-            size_t kept = 0;
-            for (size_t i = 0; i < n; i++)
-                if ((double)c[i].v >= floor_v)
-                    c[kept++] = c[i];
-            n = kept; /* the max always passes */
+        if (p->min_p > 0.0f && (top_k || p->top_p < 1.0f)) {
+            /* prob_i >= min_p * prob_max  <=>  v_i >= v_max + log(min_p);
+             * the max always passes */
+            n = keep_at_least(x, ids, n, float_at_least((double)mx + log((double)p->min_p)), x,
+                              ids);
         }
-        float *x = s->vals;
-        for (size_t i = 0; i < n; i++)
-            x[i] = c[i].v;
-        id = c[draw_index(s, x, n)].id;
+        id = ids[draw_index(s, x, n)];
     }
 done:
     if (logprob || top)
-        raw_logprobs(s, logits, id, logprob, top);
+        raw_logprobs(s, logits, id, &rs, logprob, top);
     return id;
 }
