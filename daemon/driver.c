@@ -287,18 +287,8 @@ static void run_job(struct wthread *t, struct step_job *job)
     }
     /* which kvmgr placed these tables: the scheduler drops the step if it is
      * not the one the sessions' KV lives in (a restart it has not seen yet) */
-    struct proto_empty q = {0};
-    struct proto_status st;
-    rc = proto_call_json(t->kv, PROTO_MSG_STATUS_GET, &q, PROTO_MSG_STATUS, &st, 5000, job->err,
-                         sizeof job->err);
-    if (rc) {
-        proto_kv_tables_free(tb);
-        job->rc = rc;
-        job->kvmgr_failed = 1;
-        return;
-    }
-    job->kvmgr_pid = st.kvmgr_pid;
-    if (st.kvmgr_pid != t->worker_kvmgr_pid) {
+    job->kvmgr_pid = tb->kvmgr_pid;
+    if (tb->kvmgr_pid != t->worker_kvmgr_pid) {
         /* a new kvmgr: the worker must map its pools before it runs its
          * tables (until it notices, it still maps the old ones) */
         struct proto_hello h = {PROTO_ROLE_RKVD, (uint32_t)getpid(), t->idx, -1, PROTO_VERSION,
@@ -306,11 +296,11 @@ static void run_job(struct wthread *t, struct step_job *job)
         struct proto_hello_ack ack;
         rc = proto_call_json(t->wk, PROTO_MSG_HELLO, &h, PROTO_MSG_HELLO_ACK, &ack, 2000,
                              job->err, sizeof job->err);
-        if (!rc && (!ack.accepted || ack.kvmgr_pid != st.kvmgr_pid)) {
+        if (!rc && (!ack.accepted || ack.kvmgr_pid != tb->kvmgr_pid)) {
             /* as a kvmgr failure: the worker is fine, the step is retried */
             rc = proto_seterr(job->err, sizeof job->err, RKV_ESTATE,
                               "worker %u has not attached to kvmgr %u yet", t->idx,
-                              st.kvmgr_pid);
+                              tb->kvmgr_pid);
             job->kvmgr_failed = 1;
         }
         if (rc) {
@@ -318,7 +308,7 @@ static void run_job(struct wthread *t, struct step_job *job)
             job->rc = rc;
             return;
         }
-        t->worker_kvmgr_pid = st.kvmgr_pid;
+        t->worker_kvmgr_pid = tb->kvmgr_pid;
     }
     rc = worker_step(t, job, tb);
     if (rc) {

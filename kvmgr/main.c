@@ -778,7 +778,7 @@ static int do_prep(struct kvmgr *k, const struct proto_in *in, struct proto_wbuf
     epoch = kvb_epoch(k->kvb);
     for (uint32_t i = 0; i < m->n_seqs; i++)
         tabs[i].blocks = (struct proto_block_ref *)refs.data + offs[i];
-    struct proto_kv_tables out = {epoch, m->n_seqs, tabs};
+    struct proto_kv_tables out = {epoch, (uint32_t)getpid(), m->n_seqs, tabs};
     rc = proto_kv_tables_encode(&out, reply, err, errlen);
     *reply_type = PROTO_MSG_KV_TABLES;
     free(tabs);

@@ -49,6 +49,7 @@ int proto_kv_tables_encode(const struct proto_kv_tables *m, struct proto_wbuf *w
         return proto_seterr(err, errlen, RKV_EINVAL, "kv_tables: %u seqs, at most %u", m->n_seqs,
                             PROTO_MAX_SEQS);
     proto_wbuf_put_u64(w, m->epoch);
+    proto_wbuf_put_u32(w, m->kvmgr_pid);
     proto_wbuf_put_u32(w, m->n_seqs);
     for (uint32_t i = 0; i < m->n_seqs; i++) {
         const struct proto_kv_table *t = &m->seqs[i];
@@ -166,7 +167,7 @@ int proto_kv_tables_decode(const void *buf, size_t len, struct proto_kv_tables *
     proto_rbuf_init(&r, buf, len);
     struct proto_kv_tables h = {0};
     int rc;
-    if (proto_rbuf_get_u64(&r, &h.epoch))
+    if (proto_rbuf_get_u64(&r, &h.epoch) || proto_rbuf_get_u32(&r, &h.kvmgr_pid))
         return proto_seterr(err, errlen, RKV_EFORMAT, "kv_tables: truncated header");
     if ((rc = get_count(&r, PROTO_MAX_SEQS, 21, "kv_tables seqs", &h.n_seqs, err, errlen)))
         return rc;

@@ -86,6 +86,7 @@ struct proto_kv_table {
 
 struct proto_kv_tables {
     uint64_t epoch;
+    uint32_t kvmgr_pid; /* who placed these tables (rkvd checks its worker maps this kvmgr) */
     uint32_t n_seqs;
     struct proto_kv_table *seqs; /* (n_seqs) */
 };

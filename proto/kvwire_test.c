@@ -31,7 +31,7 @@ static void encode_tables(struct proto_wbuf *w)
     struct proto_block_ref a[] = {{0, PROTO_RES_DEVICE}, {17, PROTO_RES_HOST}, {5, PROTO_RES_BOTH}};
     struct proto_kv_table t[] = {{3, 0, PROTO_TACTIC_WINDOW, 256, 3, a},
                                  {4, RKV_ENOSPACE, PROTO_TACTIC_PARKED, 0, 0, NULL}};
-    struct proto_kv_tables m = {12345, 2, t};
+    struct proto_kv_tables m = {12345, 4242, 2, t};
     char err[128];
     proto_wbuf_init(w);
     assert_int_equal(proto_kv_tables_encode(&m, w, err, sizeof err), 0);
@@ -77,6 +77,7 @@ static void test_tables_roundtrip(void **state)
     char err[128];
     assert_int_equal(proto_kv_tables_decode(w.data, w.len, &m, err, sizeof err), 0);
     assert_int_equal(m->epoch, 12345);
+    assert_int_equal(m->kvmgr_pid, 4242);
     assert_int_equal(m->n_seqs, 2);
     assert_int_equal(m->seqs[0].tactic, PROTO_TACTIC_WINDOW);
     assert_int_equal(m->seqs[0].n_blocks, 3);
@@ -96,7 +97,7 @@ static void test_moved_and_nomove(void **state)
 {
     (void)state;
     struct proto_kv_table t[] = {{8, PROTO_KV_MOVED(3), PROTO_TACTIC_RESIDENT, 0, 0, NULL}};
-    struct proto_kv_tables tm = {7, 1, t};
+    struct proto_kv_tables tm = {7, 99, 1, t};
     struct proto_wbuf w;
     char err[128];
     proto_wbuf_init(&w);
@@ -134,7 +135,7 @@ static void test_limits_and_noise(void **state)
     struct proto_wbuf w;
     encode_tables(&w);
     struct proto_kv_tables *t;
-    w.data[8 + 4 + 8 + 4] = 9; /* first seq's tactic */
+    w.data[8 + 4 + 4 + 8 + 4] = 9; /* first seq's tactic (after epoch, pid, count, sid, status) */
     assert_int_equal(proto_kv_tables_decode(w.data, w.len, &t, err, sizeof err), RKV_EFORMAT);
     assert_non_null(strstr(err, "tactic"));
     proto_wbuf_free(&w);
@@ -154,7 +155,7 @@ static void test_limits_and_noise(void **state)
     }
     /* encoders refuse what decoders would */
     struct proto_kv_table bad = {1, 0, 7, 0, 0, NULL};
-    struct proto_kv_tables m = {1, 1, &bad};
+    struct proto_kv_tables m = {1, 1, 1, &bad};
     proto_wbuf_init(&w);
     assert_int_equal(proto_kv_tables_encode(&m, &w, err, sizeof err), RKV_EINVAL);
     proto_wbuf_free(&w);
