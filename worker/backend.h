@@ -146,6 +146,10 @@ struct backend_i {
     /* optional: device bytes the backend may still allocate that a step over
      * device blocks does not show (staging for host blocks); NULL = 0 */
     size_t (*scratch_reserve)(void *ctx);
+    /* optional: host memory the backend copies to and from fastest (pinned
+     * for cuda); NULL = malloc/free */
+    void *(*host_alloc)(void *ctx, size_t bytes);
+    void (*host_free)(void *ctx, void *p);
 };
 
 struct backend_opts {
@@ -175,6 +179,10 @@ int backend_tensor_set(struct backend *be, struct be_tensor *t, const void *src,
 int backend_tensor_get(struct backend *be, const struct be_tensor *t, void *dst, size_t off,
                        size_t n);
 int backend_set_kv(struct backend *be, const struct kv_layout *l, const struct kv_pools *p);
+/* host buffers for tensor_get/tensor_set of large results (the logits):
+ * pinned on cuda, so a copy runs at the link's speed; NULL on failure */
+void *backend_host_alloc(struct backend *be, size_t bytes);
+void backend_host_free(struct backend *be, void *p);
 
 /* the ops, named as the forward pass reads them */
 int embed_forward(struct backend *be, struct be_tensor *out, const struct be_tensor *w,

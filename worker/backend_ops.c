@@ -195,6 +195,23 @@ int rope_kv_write_forward(struct backend *be, const struct be_batch *b, uint32_t
     return be->iface->rope_kv_write(be->ctx, b, layer, q, k, v, a, r);
 }
 
+void *backend_host_alloc(struct backend *be, size_t bytes)
+{
+    if (be->iface->host_alloc)
+        return be->iface->host_alloc(be->ctx, bytes);
+    return malloc(bytes);
+}
+
+void backend_host_free(struct backend *be, void *p)
+{
+    if (!p)
+        return;
+    if (be->iface->host_free)
+        be->iface->host_free(be->ctx, p);
+    else
+        free(p);
+}
+
 size_t backend_scratch_reserve(struct backend *be)
 {
     return be->iface->scratch_reserve ? be->iface->scratch_reserve(be->ctx) : 0;

@@ -20,6 +20,7 @@
 #include "worker/backend.h"
 #include "worker/forward.h"
 #include "worker/model.h"
+#include "worker/pool.h"
 #include "worker/rates.h"
 #include "worker/reserve.h"
 #include "worker/sample.h"
@@ -58,6 +59,10 @@ static const char *const backends[] = {"auto", "cpu", "cuda", NULL};
 static const char *const kv_dtypes[] = {"f32", "f16", NULL};
 
 #define K(n, t, f) n, t, offsetof(struct worker_conf, f)
+/* sampling threads at most, and the logits (rows x vocab) below which a
+ * step samples on its own thread */
+#define SAMPLE_MAX_THREADS  16
+#define SAMPLE_PARALLEL_MIN (1u << 16)
 static const struct cfg_key keys[] = {
     {K("model", CFG_STR, model), sizeof(((struct worker_conf *)0)->model), .help = "GGUF model"},
     {K("backend", CFG_ENUM, backend), .names = backends, .def = "auto", .help = "compute"},
@@ -120,7 +125,15 @@ struct worker {
     struct fwd_seq *fseqs;
     struct kv_block_ref *refs;
     size_t refs_cap;
-    float *logits; /* (max_seqs, n_vocab) */
+    float *logits; /* (max_seqs, n_vocab), backend_host_alloc */
+    struct pool *samp_pool;
+    /* rows of the current step to sample (sample_rows) */
+    struct samp_job {
+        struct sampler *s;
+        const float *row;
+        struct proto_step_out *o;
+        struct sample_top top[PROTO_MAX_TOP_LOGPROBS];
+    } *sjobs;
     struct proto_wbuf out;
 };
 
@@ -337,6 +350,30 @@ static void sweep_samplers(struct worker *w)
     }
 }
 
+static void sample_range(void *arg, uint32_t begin, uint32_t end, uint32_t thread)
+{
+    struct samp_job *jobs = arg;
+    (void)thread;
+    for (uint32_t i = begin; i < end; i++) {
+        struct samp_job *j = &jobs[i];
+        j->o->token = sampler_sample(j->s, j->row, &j->o->logprob, j->top);
+        for (uint8_t k = 0; k < j->o->n_top; k++) {
+            j->o->top[k].id = j->top[k].id;
+            j->o->top[k].logprob = j->top[k].logprob;
+        }
+    }
+}
+
+/* samples w->sjobs[0..n); a row's result does not depend on the thread
+ * count. small vocabularies stay on this thread (a handoff costs more) */
+static void sample_rows(struct worker *w, uint32_t n)
+{
+    if (n >= 2 && (size_t)n * w->m->hp.n_vocab >= SAMPLE_PARALLEL_MIN)
+        pool_run(w->samp_pool, sample_range, w->sjobs, n, 1);
+    else
+        sample_range(w->sjobs, 0, n, 0);
+}
+
 static int do_step(struct worker *w, const struct proto_in *in, struct proto_wbuf *reply,
                    int *reply_type, char *err, size_t errlen)
 {
@@ -420,6 +457,9 @@ static int do_step(struct worker *w, const struct proto_in *in, struct proto_wbu
         proto_step_req_free(req);
         return RKV_ENOMEM;
     }
+    /* samplers and their history here (the map is this thread's), the
+     * sampling itself on the pool: each row has its own sampler */
+    uint32_t n_sample = 0;
     for (uint32_t i = 0; i < n; i++) {
         const struct proto_step_seq *sq = &req->seqs[i];
         struct proto_step_out *o = &outs[i];
@@ -436,15 +476,11 @@ static int do_step(struct worker *w, const struct proto_in *in, struct proto_wbu
             sampler_accept(sp->s, sq->tokens[t]);
         if (!(sq->flags & PROTO_STEP_SAMPLE))
             continue;
-        struct sample_top top[PROTO_MAX_TOP_LOGPROBS];
-        const float *row = w->logits + (size_t)i * w->m->hp.n_vocab;
-        o->token = sampler_sample(sp->s, row, &o->logprob, top);
         o->n_top = sq->sampling.n_top_logprobs;
-        for (uint8_t k = 0; k < o->n_top; k++) {
-            o->top[k].id = top[k].id;
-            o->top[k].logprob = top[k].logprob;
-        }
+        w->sjobs[n_sample++] =
+            (struct samp_job){sp->s, w->logits + (size_t)i * w->m->hp.n_vocab, o, {{0, 0}}};
     }
+    sample_rows(w, n_sample);
     struct proto_step_resp resp = {req->epoch, n, outs};
     rc = proto_step_resp_encode(&resp, reply, err, errlen);
     free(outs);
@@ -498,9 +534,21 @@ static int load(struct worker *w)
     w->on_gpu = strcmp(backend_name(w->be), "cuda") == 0;
     w->gpu = w->c.gpu < 0 ? 0 : (uint32_t)w->c.gpu;
     w->fseqs = calloc((size_t)w->c.max_seqs, sizeof *w->fseqs);
-    w->logits = malloc((size_t)w->c.max_seqs * w->m->hp.n_vocab * sizeof(float));
-    if (!w->fseqs || !w->logits)
+    w->sjobs = calloc((size_t)w->c.max_seqs, sizeof *w->sjobs);
+    w->logits = backend_host_alloc(w->be, (size_t)w->c.max_seqs * w->m->hp.n_vocab * sizeof(float));
+    if (!w->fseqs || !w->sjobs || !w->logits) {
+        log_error("out of host memory for %lld rows of %u logits", (long long)w->c.max_seqs,
+                  w->m->hp.n_vocab);
         return RKV_ENOMEM;
+    }
+    /* rows are sampled in parallel: 64 rows of a 128k vocab with logprobs
+     * take longer on one thread than the gpu's decode step */
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    uint32_t n_samp = w->c.threads > 0 ? (uint32_t)w->c.threads : (uint32_t)(cpus > 0 ? cpus : 1);
+    if ((rc = pool_init(&w->samp_pool, RKV_MIN(n_samp, SAMPLE_MAX_THREADS)))) {
+        log_error("cannot start the sampling threads: %s", rkv_strerror(rc));
+        return rc;
+    }
     log_info("loaded %s on %s: %u layers, %u wide, %u vocab, %.1f MiB of weights", w->c.model,
              backend_name(w->be), w->m->hp.n_layer, w->m->hp.dim, w->m->hp.n_vocab,
              (double)w->m->weight_bytes / (1 << 20));
@@ -581,7 +629,11 @@ int main(int argc, char **argv)
     }
     rkv_map_fini(&w.samplers);
     free(w.fseqs);
-    free(w.logits);
+    free(w.sjobs);
+    if (w.be)
+        backend_host_free(w.be, w.logits);
+    if (w.samp_pool)
+        pool_free(w.samp_pool);
     free(w.refs);
     proto_wbuf_free(&w.out);
     model_free(w.m);

@@ -9,7 +9,7 @@
 #include "common/log.h"
 #include "worker/backend_impl.h"
 #include "worker/cpu/cpu_ops.h"
-#include "worker/cpu/pool.h"
+#include "worker/pool.h"
 
 struct cpu_ctx {
     struct pool *pool;

@@ -14,7 +14,7 @@
 #include "worker/backend.h"
 #include "worker/cpu/cpu_backend.h"
 #include "worker/cpu/cpu_ops.h"
-#include "worker/cpu/pool.h"
+#include "worker/pool.h"
 #include "worker/kv.h"
 
 static uint64_t rng_state = 88172645463325252ull;

@@ -656,6 +656,26 @@ static size_t cu_scratch_reserve(void *ctx)
     return 2 * ((struct cuda_ctx *)ctx)->stage_limit;
 }
 
+static void *cu_host_alloc(void *ctx, size_t bytes)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    void *p = NULL;
+    cudaSetDevice(c->dev);
+    /* pinned: a device-to-host copy of 64 rows of logits runs at the link's
+     * speed, not through the driver's pageable bounce buffers */
+    if (cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocDefault) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+static void cu_host_free(void *ctx, void *p)
+{
+    (void)ctx;
+    cudaFreeHost(p);
+}
+
 static int cu_sync(void *ctx)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
@@ -716,6 +736,7 @@ static const struct backend_i cuda_iface = {
     cu_set_kv,   cu_embed,        cu_rmsnorm,     cu_matmul,        cu_rope,
     cu_kv_write, cu_attn_partial, cu_attn_merge,  cu_silu_mul,      cu_add,
     cu_get_rows, cu_sync,         cu_linear,      cu_rope_kv_write, cu_scratch_reserve,
+    cu_host_alloc, cu_host_free,
 };
 
 extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backend **out)

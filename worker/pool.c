@@ -3,7 +3,7 @@
  * jobs back to back), then sleeps on a semaphore; the caller posts only for sleepers
  * it needs. the caller works too and never waits for a thread that has not joined the
  * job (a late, descheduled thread finds the job closed and goes back to waiting). */
-#include "worker/cpu/pool.h"
+#include "worker/pool.h"
 
 #include <errno.h>
 #include <pthread.h>
