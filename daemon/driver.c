@@ -208,12 +208,21 @@ static int worker_step(struct wthread *t, struct step_job *job, const struct pro
             /* kvmgr mapped this prefix to blocks another session wrote: skip
              * computing it; the sampler still sees those tokens as history */
             uint32_t skip = RKV_MIN(kt->n_cached, js->n_tokens - (js->sample ? 1 : 0));
+            if (skip == js->n_tokens && js->is_new && kt->n_cached > skip) {
+                /* the shared prefix reaches past this prompt chunk: the
+                 * session starts after all of it (kvmgr holds those positions
+                 * now; a later chunk would otherwise truncate and recompute
+                 * them). kvmgr leaves at least the last prompt token to run */
+                skip = RKV_MIN(kt->n_cached, js->n_all ? js->n_all - 1 : 0);
+                js->n_tokens = 0;
+            } else {
+                js->tokens += skip;
+                js->n_tokens -= skip;
+            }
             if (js->reset) {
-                js->history = js->tokens;
+                js->history = js->is_new ? js->all : js->tokens - skip;
                 js->n_history = skip;
             }
-            js->tokens += skip;
-            js->n_tokens -= skip;
             js->n_past += skip;
             js->n_cached = skip;
             if (js->n_tokens == 0)

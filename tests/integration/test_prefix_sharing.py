@@ -60,3 +60,31 @@ def test_concurrent_sharers_agree(rkvd_factory, ref):
     for p, g in zip(prompts, got):
         assert g == ref.gen(p, n=12)["text"], p
     assert srv.metric("rkv:prefix_cache_hits_total") >= 6 * 3 * BLOCK
+
+
+def test_shared_prefix_longer_than_a_prefill_chunk(rkvd_factory, ref):
+    """a prefix found in shared blocks that spans several prompt chunks is skipped whole: the
+    session starts after it (it once skipped only the first chunk and recomputed the rest)"""
+    chunk = 2 * BLOCK
+    srv = rkvd_factory("--block-size", str(BLOCK), "--prefill-chunk", str(chunk))
+    a, b = SYSTEM * 3 + "Question one: why?", SYSTEM * 3 + "Question two: what?"
+    ta, tb = ref.tokens(a), ref.tokens(b)
+    common = 0
+    while common < min(len(ta), len(tb)) and ta[common] == tb[common]:
+        common += 1
+    assert common > 3 * chunk, "the shared part must span several chunks"
+    first = complete(srv, a)
+    hits0 = srv.metric("rkv:prefix_cache_hits_total")
+    pre0 = srv.metric("rkv:prefill_tokens_total")
+    second = complete(srv, b)
+    hits = srv.metric("rkv:prefix_cache_hits_total") - hits0
+    computed = srv.metric("rkv:prefill_tokens_total") - pre0
+    assert hits == common // BLOCK * BLOCK, (hits, common)
+    assert computed == len(tb) - hits
+    assert second[0] == ref.gen(b, n=12)["text"]
+    assert first[0] == ref.gen(a, n=12)["text"]
+    # the same prompt again: everything but its last block's tail comes from the cache
+    hits0 = srv.metric("rkv:prefix_cache_hits_total")
+    third = complete(srv, b)
+    assert srv.metric("rkv:prefix_cache_hits_total") - hits0 == (len(tb) - 1) // BLOCK * BLOCK
+    assert third[0] == second[0] and third[1] == pytest.approx(second[1], abs=1e-5)
