@@ -63,6 +63,8 @@ static const char *const kv_dtypes[] = {"f32", "f16", NULL};
  * step samples on its own thread */
 #define SAMPLE_MAX_THREADS  16
 #define SAMPLE_PARALLEL_MIN (1u << 16)
+/* how often the step-time line is logged while steps run */
+#define STEP_REPORT_MS 10000
 static const struct cfg_key keys[] = {
     {K("model", CFG_STR, model), sizeof(((struct worker_conf *)0)->model), .help = "GGUF model"},
     {K("backend", CFG_ENUM, backend), .names = backends, .def = "auto", .help = "compute"},
@@ -116,6 +118,12 @@ struct worker {
     struct proto_sock *rep;
     uint32_t kvmgr_pid;
     uint64_t n_steps;
+    /* where a step's time goes, summed since the last report (step_report):
+     * forward, sampling, the whole handler, and the gaps between steps (rkvd,
+     * kvmgr and the ipc between them) */
+    struct step_times {
+        uint64_t steps, rows, fwd_ns, sample_ns, handle_ns, gap_ns, t_report, t_last_end;
+    } st;
     struct rates rates; /* measured at the first attach, reported at every attach */
     uint64_t reserve;   /* compute reserve measured before the first hello (gpu), bytes */
     int reserve_done;
@@ -445,7 +453,9 @@ static int do_step(struct worker *w, const struct proto_in *in, struct proto_wbu
         fs->n_blocks = sq->n_blocks;
         ref += sq->n_blocks;
     }
+    uint64_t t_fwd = rkv_now_ns();
     rc = fwd_step(w->fwd, w->fseqs, n, 0, w->logits);
+    w->st.fwd_ns += rkv_now_ns() - t_fwd;
     if (rc) {
         proto_step_req_free(req);
         return proto_seterr(err, errlen, rc, "forward step failed: %s", rkv_strerror(rc));
@@ -480,7 +490,10 @@ static int do_step(struct worker *w, const struct proto_in *in, struct proto_wbu
         w->sjobs[n_sample++] =
             (struct samp_job){sp->s, w->logits + (size_t)i * w->m->hp.n_vocab, o, {{0, 0}}};
     }
+    uint64_t t_samp = rkv_now_ns();
     sample_rows(w, n_sample);
+    w->st.sample_ns += rkv_now_ns() - t_samp;
+    w->st.rows += n_sample;
     struct proto_step_resp resp = {req->epoch, n, outs};
     rc = proto_step_resp_encode(&resp, reply, err, errlen);
     free(outs);
@@ -491,12 +504,43 @@ static int do_step(struct worker *w, const struct proto_in *in, struct proto_wbu
     return rc;
 }
 
+/* one info line every STEP_REPORT_MS while steps run: what a step costs here
+ * and what passes between steps (rkvd and kvmgr), for tuning and support */
+static void step_report(struct worker *w, uint64_t now)
+{
+    struct step_times *t = &w->st;
+    if (!t->t_report)
+        t->t_report = now;
+    if (now - t->t_report < STEP_REPORT_MS * 1000000ull || !t->steps)
+        return;
+    double n = (double)t->steps;
+    log_info("%llu steps in %.1f s (%.1f rows each): forward %.3f ms, sampling %.3f ms, the rest "
+             "of the step %.3f ms, between steps %.3f ms (rkvd, kvmgr, ipc)",
+             (unsigned long long)t->steps, (double)(now - t->t_report) / 1e9, (double)t->rows / n,
+             (double)t->fwd_ns / n / 1e6, (double)t->sample_ns / n / 1e6,
+             (double)(t->handle_ns - t->fwd_ns - t->sample_ns) / n / 1e6,
+             (double)t->gap_ns / n / 1e6);
+    *t = (struct step_times){.t_report = now, .t_last_end = t->t_last_end};
+}
+
 static int handle(void *ctx, const struct proto_in *in, struct proto_wbuf *reply, int *reply_type,
                   char *err, size_t errlen)
 {
     struct worker *w = ctx;
     switch (in->hdr.type) {
-    case PROTO_MSG_STEP_REQ: return do_step(w, in, reply, reply_type, err, errlen);
+    case PROTO_MSG_STEP_REQ: {
+        uint64_t t0 = rkv_now_ns();
+        /* a gap of over a second is idleness, not overhead */
+        if (w->st.t_last_end && t0 - w->st.t_last_end < 1000000000ull)
+            w->st.gap_ns += t0 - w->st.t_last_end;
+        int rc = do_step(w, in, reply, reply_type, err, errlen);
+        uint64_t t1 = rkv_now_ns();
+        w->st.handle_ns += t1 - t0;
+        w->st.steps++;
+        w->st.t_last_end = t1;
+        step_report(w, t1);
+        return rc;
+    }
     case PROTO_MSG_HELLO: {
         struct proto_hello_ack ack = {.accepted = w->fwd != NULL,
                                       .kvmgr_pid = w->kvmgr_pid,
