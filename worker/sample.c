@@ -385,9 +385,14 @@ static float exp_neg(float x)
 static __m256 exp_neg8(__m256 x)
 {
     __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_FLOOR), _CMP_GE_OQ); /* nan: 0 */
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(EXP_FLOOR)), _mm256_setzero_ps());
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(EXP_LOG2E)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    /* no clamp at the floor: lanes below it are garbage that keep zeroes */
+    x = _mm256_min_ps(x, _mm256_setzero_ps());
+    /* rint by the 1.5 * 2^23 trick (the mode is round to nearest, as for
+     * rintf); the sum's low bits are n itself, so n + 127 shifted up is
+     * 2^n without a conversion */
+    const __m256 magic = _mm256_set1_ps(12582912.0f);
+    __m256 t = _mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(EXP_LOG2E)), magic);
+    __m256 n = _mm256_sub_ps(t, magic);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_LN2_HI), x);
     r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_LN2_LO), r);
     __m256 q = _mm256_fmadd_ps(r, _mm256_set1_ps(1.0f / 720), _mm256_set1_ps(1.0f / 120));
@@ -396,8 +401,7 @@ static __m256 exp_neg8(__m256 x)
     q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(0.5f));
     q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(1.0f));
     q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(1.0f));
-    __m256i e =
-        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(127)), 23);
     return _mm256_and_ps(_mm256_mul_ps(q, _mm256_castsi256_ps(e)), keep);
 }
 
@@ -693,38 +697,71 @@ static void bucket_mass(const float *v, const float *w, size_t n, float mx, doub
         mass[bucket_of(v[i], mx, scale)] += w[i];
 }
 
-/* the tokens with weight in buckets above cut to (x, ids) and those in
- * bucket cut to (cx, cid), both in id order; counts to *front and *m */
-static void bucket_collect(const float *v, const float *w, size_t n, float mx, double scale,
-                           int cut, float *x, int32_t *ids, size_t *front, float *cx,
-                           int32_t *cid, size_t *m)
+/* float order as unsigned order (ascending; -0 just below +0) */
+static uint32_t ord_of(float v)
+{
+    uint32_t u;
+    memcpy(&u, &v, sizeof(u));
+    return (u & 0x80000000u) ? ~u : u | 0x80000000u;
+}
+
+static float float_of_ord(uint32_t u)
+{
+    u = (u & 0x80000000u) ? u & 0x7fffffffu : ~u;
+    float v;
+    memcpy(&v, &u, sizeof(v));
+    return v;
+}
+
+/* the least float v with bucket_of(v) < b: a token is in a bucket below b
+ * iff its logit is >= this (bucket_of falls as v rises), so collecting
+ * needs float compares, not the double math per token */
+static float bucket_floor(float mx, double scale, int b)
+{
+    if (b <= 0)
+        return INFINITY;
+    if (b >= TOP_P_BUCKETS)
+        return -INFINITY;
+    uint32_t lo = ord_of(-FLT_MAX), hi = ord_of(mx); /* bucket_of(mx) is 0 */
+    if (bucket_of(-FLT_MAX, mx, scale) < b)
+        return -FLT_MAX;
+    while (hi - lo > 1) { /* bucket_of(lo) >= b > bucket_of(hi) */
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (bucket_of(float_of_ord(mid), mx, scale) < b)
+            hi = mid;
+        else
+            lo = mid;
+    }
+    return float_of_ord(hi);
+}
+
+/* the tokens with weight and v >= above to (x, ids), those with weight and
+ * at <= v < above to (cx, cid), both in id order; counts to *front, *m */
+static void bucket_collect(const float *v, const float *w, size_t n, float above, float at,
+                           float *x, int32_t *ids, size_t *front, float *cx, int32_t *cid,
+                           size_t *m)
 {
     size_t i = 0, k = 0, c = 0;
 #ifdef SAMPLE_AVX2
-    __m256d mx4 = _mm256_set1_pd((double)mx), sc4 = _mm256_set1_pd(scale);
-    __m256i cut8 = _mm256_set1_epi32(cut);
+    __m256 above8 = _mm256_set1_ps(above), at8 = _mm256_set1_ps(at);
     for (; i + 8 <= n; i += 8) {
         __m256 v8 = _mm256_loadu_ps(v + i);
-        __m256i b = bucket_of8(v8, mx4, sc4);
-        __m256i live = _mm256_castps_si256(
-            _mm256_cmp_ps(_mm256_loadu_ps(w + i), _mm256_setzero_ps(), _CMP_GT_OQ));
-        __m256i above = _mm256_and_si256(live, _mm256_cmpgt_epi32(cut8, b));
-        __m256i at = _mm256_and_si256(live, _mm256_cmpeq_epi32(cut8, b));
-        k = compact8(x, ids, k, v8, iota8(i),
-                     (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(above)));
-        unsigned am = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(at));
-        if (am)
-            c = compact8(cx, cid, c, v8, iota8(i), am);
+        __m256 live = _mm256_cmp_ps(_mm256_loadu_ps(w + i), _mm256_setzero_ps(), _CMP_GT_OQ);
+        __m256 hi = _mm256_and_ps(live, _mm256_cmp_ps(v8, above8, _CMP_GE_OQ));
+        __m256 lo = _mm256_andnot_ps(hi, _mm256_and_ps(live, _mm256_cmp_ps(v8, at8, _CMP_GE_OQ)));
+        k = compact8(x, ids, k, v8, iota8(i), (unsigned)_mm256_movemask_ps(hi));
+        unsigned lm = (unsigned)_mm256_movemask_ps(lo);
+        if (lm)
+            c = compact8(cx, cid, c, v8, iota8(i), lm);
     }
 #endif
     for (; i < n; i++) {
         if (!(w[i] > 0.0f))
             continue;
-        int b = bucket_of(v[i], mx, scale);
-        if (b < cut) {
+        if (v[i] >= above) {
             x[k] = v[i];
             ids[k++] = (int32_t)i;
-        } else if (b == cut) {
+        } else if (v[i] >= at) {
             cx[c] = v[i];
             cid[c++] = (int32_t)i;
         }
@@ -766,7 +803,8 @@ static size_t top_p_vocab(struct sampler *s, const float *v, size_t n, float mx,
     float *cx = (float *)(void *)s->cand;
     int32_t *cid = (int32_t *)(void *)(cx + n);
     size_t front, m;
-    bucket_collect(v, w, n, mx, scale, cut, x, ids, &front, cx, cid, &m);
+    bucket_collect(v, w, n, bucket_floor(mx, scale, cut), bucket_floor(mx, scale, cut + 1), x,
+                   ids, &front, cx, cid, &m);
     memcpy(x + front, cx, m * sizeof(*x));
     memcpy(ids + front, cid, m * sizeof(*ids));
     sort_best_first(x + front, ids + front, m, cx, cid);

@@ -1,4 +1,5 @@
 /* sample_test.c - sampler: determinism, greedy, filters by statistics, penalties, logprobs. */
+#include <float.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -592,6 +593,209 @@ static void test_logprobs(void **state)
     sampler_free(s);
 }
 
+/* --- fast paths against sort-based references ------------------------------ */
+
+/* a reference candidate: sanitized logit (nan -> -inf, +inf -> FLT_MAX), id */
+struct ref_cand {
+    float v;
+    int32_t id;
+};
+
+static int ref_cmp(const void *a, const void *b)
+{
+    const struct ref_cand *x = a, *y = b;
+    if (x->v != y->v)
+        return x->v > y->v ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* every token of v, best first: higher logit, then lower id; nan last */
+static struct ref_cand *ref_sorted(const float *v, int32_t n)
+{
+    struct ref_cand *c = malloc((size_t)n * sizeof(*c));
+    assert_non_null(c);
+    for (int32_t i = 0; i < n; i++) {
+        float x = isnan(v[i]) ? -INFINITY : v[i] > FLT_MAX ? FLT_MAX : v[i];
+        c[i] = (struct ref_cand){x, i};
+    }
+    qsort(c, (size_t)n, sizeof(*c), ref_cmp);
+    return c;
+}
+
+/* a row with what the vector paths must get right: ties, -inf, nan, +inf
+ * (kind 0 plain, 1 ties on a coarse grid, 2 specials mixed in, 3 mostly
+ * -inf, 4 a narrow range so one top-p bucket holds everything) */
+static void fill_row(float *v, int32_t n, uint64_t seed, int kind)
+{
+    fill_logits(v, n, seed, kind == 4 ? 0.02f : 4.0f);
+    uint64_t x = seed * 0x9e3779b97f4a7c15ULL + 1;
+    for (int32_t i = 0; i < n; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        unsigned r = (unsigned)(x % 100);
+        if (kind == 1)
+            v[i] = floorf(v[i]);
+        else if (kind == 2 && r < 4)
+            v[i] = r == 0 ? -INFINITY : r == 1 ? NAN : r == 2 ? INFINITY : floorf(v[i]);
+        else if (kind == 3 && r < 90)
+            v[i] = -INFINITY;
+    }
+}
+
+/* sizes around the 8- and 32-wide blocks, and a few big ones */
+static int32_t fast_path_size(int t)
+{
+    static const int32_t big[] = {100, 255, 257, 1000, 4099, 32001};
+    return t < 40 ? t + 1 : big[t % 6];
+}
+
+static void test_greedy_and_top_logprobs_match_reference(void **state)
+{
+    (void)state;
+    float *v = malloc(32001 * sizeof(*v));
+    assert_non_null(v);
+    for (int t = 0; t < 52; t++) {
+        int32_t n = fast_path_size(t);
+        for (int kind = 0; kind < 5; kind++) {
+            fill_row(v, n, (uint64_t)(t * 5 + kind + 1), kind);
+            struct sample_params p;
+            sample_params_default(&p);
+            p.n_top_logprobs = 20;
+            struct sampler *s = make(&p, n);
+            struct sample_top top[20];
+            float lp;
+            int32_t id = sampler_sample(s, v, &lp, top);
+            struct ref_cand *c = ref_sorted(v, n);
+            /* argmax: the first max, nan never wins, all nan -> 0 */
+            float best = -INFINITY;
+            int32_t want = 0;
+            for (int32_t i = 0; i < n; i++)
+                best = v[i] > best ? v[i] : best;
+            while (want < n && !(v[want] == best))
+                want++;
+            want = want < n ? want : 0;
+            if (id != want)
+                fail_msg("n %d kind %d: greedy %d, reference %d", n, kind, id, want);
+            int32_t k = n < 20 ? n : 20;
+            int finite = c[0].v > -INFINITY;
+            for (int32_t j = 0; j < k && finite; j++)
+                if (top[j].id != c[j].id)
+                    fail_msg("n %d kind %d: top[%d] is %d, reference %d", n, kind, j, top[j].id,
+                             c[j].id);
+            free(c);
+            sampler_free(s);
+        }
+    }
+    free(v);
+}
+
+/* every token drawn under top-k / top-p / min-p is one the sort-based
+ * definition keeps (a token within 1e-6 of the top-p edge may go either way) */
+static void test_filters_match_reference(void **state)
+{
+    (void)state;
+    float *v = malloc(32001 * sizeof(*v));
+    int *ok = malloc(32001 * sizeof(*ok));
+    assert_non_null(v);
+    assert_non_null(ok);
+    static const float top_ps[] = {0.3f, 0.9f, 1.0f};
+    for (int t = 0; t < 52; t++) {
+        int32_t n = fast_path_size(t);
+        for (int kind = 0; kind < 5; kind++) {
+            fill_row(v, n, (uint64_t)(t * 7 + kind + 3), kind);
+            struct sample_params p;
+            sample_params_default(&p);
+            p.temperature = 1.5f;
+            p.top_p = top_ps[(t + kind) % 3];
+            p.top_k = (t + kind) % 4 == 0 ? 1 + (t * 13) % (n + 2) : 0;
+            p.min_p = (t + kind) % 5 == 1 ? 0.2f : 0.0f;
+            p.seed = (uint64_t)t;
+            struct ref_cand *c = ref_sorted(v, n);
+            /* the order a filter walks: top-k prefix, then top-p, then min-p */
+            int32_t kk = p.top_k > 0 && p.top_k < n ? p.top_k : n;
+            double mx = c[0].v, sum = 0.0, acc = 0.0;
+            memset(ok, 0, (size_t)n * sizeof(*ok));
+            if (mx == -INFINITY || mx >= FLT_MAX) {
+                free(c);
+                continue; /* no weights to judge by (test_masked_logits) */
+            }
+            for (int32_t j = 0; j < kk; j++)
+                sum += exp((double)c[j].v - mx);
+            for (int32_t j = 0; j < kk; j++) {
+                double pj = exp((double)c[j].v - mx) / sum;
+                int in_p = p.top_p >= 1.0f || acc < (double)p.top_p + 1e-6;
+                int in_min = p.min_p <= 0.0f || (double)c[j].v >= mx + log((double)p.min_p);
+                ok[c[j].id] = in_p && in_min && pj > 0.0;
+                acc += pj;
+            }
+            struct sampler *s = make(&p, n);
+            for (int d = 0; d < (n > 4096 ? 20 : 60); d++) {
+                int32_t id = sampler_sample(s, v, NULL, NULL);
+                if (id < 0 || id >= n || !ok[id])
+                    fail_msg("n %d kind %d top_k %d top_p %g min_p %g: drew %d (logit %g), "
+                             "which the reference drops",
+                             n, kind, p.top_k, (double)p.top_p, (double)p.min_p, id,
+                             id >= 0 && id < n ? (double)v[id] : 0.0);
+            }
+            sampler_free(s);
+            free(c);
+        }
+    }
+    free(ok);
+    free(v);
+}
+
+/* the top-p kept set is exact at its edge: with two tokens per logit and
+ * top_p landing between the twins, the lower id of the edge pair is kept
+ * and the higher one is not (the cut bucket's sort and its tie order) */
+static void test_top_p_edge_ties(void **state)
+{
+    (void)state;
+    for (int32_t n = 2; n <= 600; n += 37) {
+        float *v = malloc((size_t)n * sizeof(*v));
+        assert_non_null(v);
+        /* pairs (i, n-1-i) share a logit, a narrow range: one bucket */
+        for (int32_t i = 0; i < n; i++) {
+            int32_t r = i < n - 1 - i ? i : n - 1 - i;
+            v[i] = 0.001f * (float)(r % 11);
+        }
+        struct ref_cand *c = ref_sorted(v, n);
+        double mx = c[0].v, sum = 0.0;
+        for (int32_t j = 0; j < n; j++)
+            sum += exp((double)c[j].v - mx);
+        /* top_p a little above the mass of the first half: keeps exactly
+         * those plus the next (tie: lower id) */
+        int32_t half = n / 2;
+        double acc = 0.0;
+        for (int32_t j = 0; j < half; j++)
+            acc += exp((double)c[j].v - mx) / sum;
+        struct sample_params p;
+        sample_params_default(&p);
+        p.temperature = 1.0f;
+        p.top_p = (float)(acc + 0.25 * exp((double)c[half].v - mx) / sum);
+        if (!(p.top_p > 0.0f && p.top_p < 1.0f) || (double)p.top_p <= acc + 1e-6) {
+            free(c);
+            free(v);
+            continue;
+        }
+        int *ok = calloc((size_t)n, sizeof(*ok));
+        assert_non_null(ok);
+        for (int32_t j = 0; j <= half; j++)
+            ok[c[j].id] = 1;
+        struct sampler *s = make(&p, n);
+        for (int d = 0; d < 200; d++) {
+            int32_t id = sampler_sample(s, v, NULL, NULL);
+            if (!ok[id])
+                fail_msg("n %d: drew %d (logit %g), outside the top-p set", n, id, (double)v[id]);
+        }
+        sampler_free(s);
+        free(ok);
+        free(c);
+        free(v);
+    }
+}
+
 static void test_masked_logits(void **state)
 {
     (void)state;
@@ -632,6 +836,9 @@ int main(void)
         cmocka_unit_test(test_penalties_exact),
         cmocka_unit_test(test_logprobs),
         cmocka_unit_test(test_masked_logits),
+        cmocka_unit_test(test_greedy_and_top_logprobs_match_reference),
+        cmocka_unit_test(test_filters_match_reference),
+        cmocka_unit_test(test_top_p_edge_ties),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
