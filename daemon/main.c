@@ -45,6 +45,7 @@ struct rkvd_conf {
     int64_t prefill_chunk;
     int64_t workers;
     int64_t threads;
+    int64_t sample_threads;
     int kv_dtype;
     int mode;
     char served_model_name[256];
@@ -104,6 +105,8 @@ static const struct cfg_key keys[] = {
      .help = "worker processes (0 = one per GPU, or 1 on CPU)"},
     {K("threads", CFG_INT, threads), .min = 0, .max = 1024, .def = "0",
      .help = "CPU threads per CPU worker (0 = all cores)"},
+    {K("sample_threads", CFG_INT, sample_threads), .min = 0, .max = 16, .def = "0",
+     .help = "threads per worker sampling a step's rows (0 = auto, 1 = none)"},
     {K("kv_dtype", CFG_ENUM, kv_dtype), .names = kv_dtypes, .def = "f32",
      .help = "KV cache element type"},
     {K("mode", CFG_ENUM, mode), .names = modes, .def = "auto", .help = "tactic mode"},
@@ -656,17 +659,19 @@ static int spawn_children(struct rkvd *d, char *err, size_t errlen)
         return rc;
     }
     for (uint32_t w = 0; w < d->n_workers; w++) {
-        char id[16], gpu[16], th[16], mbt[16], name[32];
+        char id[16], gpu[16], th[16], sth[16], mbt[16], name[32];
         snprintf(id, sizeof id, "%u", w);
         snprintf(gpu, sizeof gpu, "%d", d->c.backend == 1 ? -1 : (int)w);
         snprintf(th, sizeof th, "%lld", (long long)d->c.threads);
+        snprintf(sth, sizeof sth, "%lld", (long long)d->c.sample_threads);
         snprintf(mbt, sizeof mbt, "%lld", (long long)d->c.max_batch_tokens);
         snprintf(name, sizeof name, "worker%u", w);
         char ms[16];
         snprintf(ms, sizeof ms, "%lld", (long long)d->c.max_running);
         char *wargv[] = {wk_path, "--model", d->c.model, "--backend",
                          (char *)backends[d->c.backend], "--worker-id", id, "--gpu", gpu,
-                         "--threads", th, "--runtime-dir", rt, "--max-batch-tokens", mbt,
+                         "--threads", th, "--sample-threads", sth, "--runtime-dir", rt,
+                         "--max-batch-tokens", mbt,
                          "--max-seqs", ms, "--kv-dtype", (char *)kv_dtypes[d->c.kv_dtype],
                          "--block-size", bs,
                          "--log-level", (char *)rkv_log_level_names[d->c.log_level], NULL};

@@ -42,6 +42,7 @@ struct worker_conf {
     char model[1024];
     int backend;
     int64_t threads;
+    int64_t sample_threads;
     int64_t worker_id;
     int64_t gpu;
     char runtime_dir[512];
@@ -70,6 +71,9 @@ static const struct cfg_key keys[] = {
     {K("backend", CFG_ENUM, backend), .names = backends, .def = "auto", .help = "compute"},
     {K("threads", CFG_INT, threads), .min = 0, .max = 1024, .def = "0",
      .help = "cpu threads (0 = all cores)"},
+    {K("sample_threads", CFG_INT, sample_threads), .min = 0, .max = SAMPLE_MAX_THREADS, .def = "0",
+     .help = "threads sampling a step's rows (0 = auto: --threads or the cores, at most 16, and "
+             "only for large logits; 1 = on the step thread)"},
     {K("worker_id", CFG_INT, worker_id), .min = 0, .max = 63, .def = "0", .help = "worker index"},
     {K("gpu", CFG_INT, gpu), .min = -1, .max = 1023, .def = "-1", .help = "gpu ordinal, -1 cpu"},
     {K("runtime_dir", CFG_STR, runtime_dir), 512, .def = "/run/rkv", .help = "sockets"},
@@ -373,10 +377,11 @@ static void sample_range(void *arg, uint32_t begin, uint32_t end, uint32_t threa
 }
 
 /* samples w->sjobs[0..n); a row's result does not depend on the thread
- * count. small vocabularies stay on this thread (a handoff costs more) */
+ * count. automatic: small logits stay on this thread (a handoff costs more) */
 static void sample_rows(struct worker *w, uint32_t n)
 {
-    if (n >= 2 && (size_t)n * w->m->hp.n_vocab >= SAMPLE_PARALLEL_MIN)
+    int big = (size_t)n * w->m->hp.n_vocab >= SAMPLE_PARALLEL_MIN || w->c.sample_threads > 1;
+    if (n >= 2 && big && pool_n_threads(w->samp_pool) > 1)
         pool_run(w->samp_pool, sample_range, w->sjobs, n, 1);
     else
         sample_range(w->sjobs, 0, n, 0);
@@ -588,7 +593,9 @@ static int load(struct worker *w)
     /* rows are sampled in parallel: 64 rows of a 128k vocab with logprobs
      * take longer on one thread than the gpu's decode step */
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    uint32_t n_samp = w->c.threads > 0 ? (uint32_t)w->c.threads : (uint32_t)(cpus > 0 ? cpus : 1);
+    uint32_t n_samp = w->c.sample_threads > 0 ? (uint32_t)w->c.sample_threads
+                      : w->c.threads > 0      ? (uint32_t)w->c.threads
+                                              : (uint32_t)(cpus > 0 ? cpus : 1);
     if ((rc = pool_init(&w->samp_pool, RKV_MIN(n_samp, SAMPLE_MAX_THREADS)))) {
         log_error("cannot start the sampling threads: %s", rkv_strerror(rc));
         return rc;
