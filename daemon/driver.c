@@ -59,7 +59,16 @@ struct wthread {
     int up;
     int lost; /* guarded by d->mu: the process died; ask it for hello again */
     struct proto_wbuf buf;
+    /* where a step's time goes as rkvd sees it, summed since the last report
+     * (step_report): kvmgr's KV_PREP, the worker's STEP_REQ, and rkvd's loop
+     * from one step's result to the next step's job */
+    struct {
+        uint64_t steps, prep_ns, step_ns, loop_ns, t_report, t_posted;
+    } st;
 };
+
+/* how often a driver thread logs its step times while steps run */
+#define DRIVER_REPORT_MS 10000
 
 struct driver {
     uv_loop_t *loop;
@@ -284,11 +293,34 @@ static int worker_step(struct wthread *t, struct step_job *job, const struct pro
     return rc;
 }
 
+static void step_report(struct wthread *t, uint64_t now)
+{
+    if (!t->st.t_report)
+        t->st.t_report = now;
+    if (now - t->st.t_report < DRIVER_REPORT_MS * 1000000ull || !t->st.steps)
+        return;
+    double n = (double)t->st.steps;
+    log_info("worker %u: %llu steps in %.1f s: kvmgr kv_prep %.3f ms, worker step %.3f ms, rkvd "
+             "loop between steps %.3f ms",
+             t->idx, (unsigned long long)t->st.steps, (double)(now - t->st.t_report) / 1e9,
+             (double)t->st.prep_ns / n / 1e6, (double)t->st.step_ns / n / 1e6,
+             (double)t->st.loop_ns / n / 1e6);
+    uint64_t posted = t->st.t_posted;
+    memset(&t->st, 0, sizeof t->st);
+    t->st.t_report = now;
+    t->st.t_posted = posted;
+}
+
 static void run_job(struct wthread *t, struct step_job *job)
 {
     uint64_t t0 = rkv_now_ns();
+    /* a gap of over a second is idleness, not the loop's turnaround */
+    if (t->st.t_posted && t0 - t->st.t_posted < 1000000000ull)
+        t->st.loop_ns += t0 - t->st.t_posted;
     struct proto_kv_tables *tb = NULL;
     int rc = kv_prep(t, job, &tb);
+    uint64_t t1 = rkv_now_ns();
+    t->st.prep_ns += t1 - t0;
     if (rc) {
         job->rc = rc;
         job->kvmgr_failed = 1;
@@ -319,14 +351,19 @@ static void run_job(struct wthread *t, struct step_job *job)
         }
         t->worker_kvmgr_pid = tb->kvmgr_pid;
     }
+    uint64_t t2 = rkv_now_ns();
     rc = worker_step(t, job, tb);
+    uint64_t t3 = rkv_now_ns();
+    t->st.step_ns += t3 - t2;
+    t->st.steps++;
     if (rc) {
         job->rc = rc;
     } else {
         t->acked_epoch = tb->epoch;
     }
     proto_kv_tables_free(tb);
-    job->step_ms = (double)(rkv_now_ns() - t0) / 1e6;
+    job->step_ms = (double)(t3 - t0) / 1e6;
+    step_report(t, t3);
 }
 
 /* after the last step of a burst, kvmgr still waits for its ack to free
@@ -424,6 +461,7 @@ static void *worker_thread(void *arg)
             continue;
         }
         e->job = job;
+        t->st.t_posted = rkv_now_ns();
         post(d, e);
     }
     return NULL;
