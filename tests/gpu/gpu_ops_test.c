@@ -162,10 +162,11 @@ static void test_matmul(struct backend *precise)
 
 /* the fused linear layer against the cpu ops it stands for (rmsnorm, matmul,
  * add, silu_mul); n 1..2 folds the norm into the gemv, 3..8 runs it first,
- * more tokens are composed by the forward pass (the op declines with 1) */
-static void linear_case(enum be_type t, enum be_lin_mode mode, uint32_t n, int norm)
+ * more tokens are composed by the forward pass (the op declines with 1).
+ * widths of 4096 and more split each row over several warps (RKV_CUDA_LIN_KS) */
+static void linear_case(enum be_type t, enum be_lin_mode mode, uint32_t n, int norm, uint32_t n_in)
 {
-    const uint32_t n_in = 512, rows[3] = {256, 64, 64};
+    const uint32_t rows[3] = {256, 64, 64};
     const uint32_t n_w = mode == BE_LIN_SET ? 3 : mode == BE_LIN_ADD ? 1 : 2;
     const float ws = 1.0f / sqrtf((float)n_in);
     struct pair x = pair_new(BE_F32, n, n_in, 2.0f), nw = pair_new(BE_F32, 1, n_in, 1.0f),
@@ -202,8 +203,8 @@ static void linear_case(enum be_type t, enum be_lin_mode mode, uint32_t n, int n
               silu_mul_forward(cpu, out[0].c, out[0].c, tmp[0].c, n);
     static const char *modes[] = {"set", "add", "swiglu"};
     char name[96];
-    snprintf(name, sizeof(name), "linear %s %s n=%u%s", modes[mode], be_type_name(t), n,
-             norm ? " +norm" : "");
+    snprintf(name, sizeof(name), "linear %s %s n=%u in=%u%s", modes[mode], be_type_name(t), n,
+             n_in, norm ? " +norm" : "");
     if (rc == 1) {
         printf("  FAIL %s: the cuda backend declined the fused op\n", name);
         n_fail++;
@@ -226,14 +227,16 @@ static void linear_case(enum be_type t, enum be_lin_mode mode, uint32_t n, int n
 
 static void test_linear(void)
 {
-    static const uint32_t ns[] = {1, 2, 3, 8};
-    for (int ti = 0; ti < 3; ti++)
-        for (int ni = 0; ni < 4; ni++) {
-            linear_case(all_types[ti], BE_LIN_SET, ns[ni], 1);
-            linear_case(all_types[ti], BE_LIN_SET, ns[ni], 0);
-            linear_case(all_types[ti], BE_LIN_ADD, ns[ni], 0);
-            linear_case(all_types[ti], BE_LIN_SWIGLU, ns[ni], 1);
-        }
+    static const uint32_t ns[] = {1, 2, 3, 8}, widths[] = {512, 4096, 14336};
+    for (int wi = 0; wi < 3; wi++)
+        for (int ti = 0; ti < 3; ti++)
+            for (int ni = 0; ni < 4; ni++) {
+                uint32_t n_in = widths[wi];
+                linear_case(all_types[ti], BE_LIN_SET, ns[ni], 1, n_in);
+                linear_case(all_types[ti], BE_LIN_SET, ns[ni], 0, n_in);
+                linear_case(all_types[ti], BE_LIN_ADD, ns[ni], 0, n_in);
+                linear_case(all_types[ti], BE_LIN_SWIGLU, ns[ni], 1, n_in);
+            }
 }
 
 static void test_rope(void)

@@ -9,6 +9,29 @@ static uint32_t units_per_block(const struct kv_layout *l)
     return (l->block_size + ch - 1) / ch;
 }
 
+/* the split of units chunk units over base thread blocks (kv heads x query
+ * tiles) that finishes first when slots blocks run at once: each wave costs
+ * its blocks' chunk units plus one for the prologue and the partial's write.
+ * a grid of 1.74 waves left a quarter of the gpu idle in the last one (32k:
+ * 86 splits x 8 heads on 396 slots). ties: fewer splits */
+static uint32_t attn_pick_split(uint32_t units, uint32_t base, uint32_t slots, uint32_t max_split)
+{
+    uint32_t best = 1;
+    uint64_t best_cost = UINT64_MAX;
+    for (uint32_t n = 1; n <= max_split; n++) {
+        uint32_t ups = (units + n - 1) / n, n_eff = (units + ups - 1) / ups;
+        uint64_t waves = ((uint64_t)n_eff * base + slots - 1) / slots;
+        uint64_t cost = waves * (ups + 1);
+        if (cost < best_cost) {
+            best_cost = cost;
+            best = n_eff;
+        }
+        if ((uint64_t)n * base > 8ull * slots)
+            break; /* past a few waves nothing gets better */
+    }
+    return best;
+}
+
 int cuda_attn(struct cuda_ctx *c, const struct cuda_attn_args *a)
 {
     const struct cuda_meta *m = a->meta;
@@ -16,14 +39,18 @@ int cuda_attn(struct cuda_ctx *c, const struct cuda_attn_args *a)
     if (m->n_tokens == 0)
         return 0;
     uint32_t units = m->max_units[a->list] * units_per_block(&c->layout);
-    /* two waves of ~3 thread blocks per SM, at least 2 chunk units (128 keys)
-     * each so the prologue stays small (the split merge is parallel over splits) */
     uint32_t base = c->layout.n_kv_head * m->n_qtiles;
-    uint32_t target = 6 * (uint32_t)c->n_sm;
-    uint32_t n_split = (target + base - 1) / base;
-    uint32_t max_split = (units + 1) / 2;
-    if (n_split > max_split)
-        n_split = max_split;
+    uint32_t max_split = (units + 1) / 2; /* at least 2 chunk units (128 keys) per split */
+    uint32_t g = at->n_head / at->n_kv_head;
+    uint32_t n_split, slots = (uint32_t)cuda_attn_decode_slots(c, m->qt, g);
+    if (slots)
+        n_split = attn_pick_split(units, base, slots, max_split);
+    else {
+        /* two waves of ~3 thread blocks per SM (the split merge is parallel over splits) */
+        n_split = (6 * (uint32_t)c->n_sm + base - 1) / base;
+        if (n_split > max_split)
+            n_split = max_split;
+    }
     if (n_split < 1)
         n_split = 1;
     uint32_t ups = units ? (units + n_split - 1) / n_split : 0;
@@ -34,7 +61,6 @@ int cuda_attn(struct cuda_ctx *c, const struct cuda_attn_args *a)
     if (rc < 0)
         return rc;
     float *part = (float *)c->part[a->residency];
-    uint32_t g = at->n_head / at->n_kv_head;
     if (m->qt == 1 && g <= 16)
         rc = cuda_attn_decode_launch(c, a, n_split, ups, part);
     else

@@ -9,3 +9,15 @@ int cuda_attn_decode_launch(struct cuda_ctx *c, const struct cuda_attn_args *a, 
     /* up to 16 query rows (the gqa group of one token) per kv head */
     return attn_launch<16, 16>(c, a, k, n_split);
 }
+
+int cuda_attn_decode_slots(struct cuda_ctx *c, uint32_t qt, uint32_t g)
+{
+    const uint32_t D = c->layout.head_dim;
+    if (!attn_takes_dec(c, qt, g, D))
+        return 0;
+    int per_sm = D == 128  ? attn_dec_per_sm<16>()
+                 : D == 64 ? attn_dec_per_sm<8>()
+                 : D == 32 ? attn_dec_per_sm<4>()
+                           : attn_dec_per_sm<2>();
+    return per_sm * c->n_sm;
+}

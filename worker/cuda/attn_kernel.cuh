@@ -823,6 +823,32 @@ static int attn_dec_launch(dim3 grid, size_t sm, cudaStream_t s, const struct at
     return 0;
 }
 
+/* does a launch of this shape take attn_dec_kernel (attn_launch's first case)? */
+static inline bool attn_takes_dec(const struct cuda_ctx *c, uint32_t qt, uint32_t g, uint32_t D)
+{
+    return c->dec && c->layout.dtype == KV_F16 && !c->no_mma && qt == 1 && g <= 8 &&
+           (D == 16 || D == 32 || D == 64 || D == 128);
+}
+
+/* thread blocks of attn_dec_kernel<ND> resident per SM (asked once) */
+template <int ND> static int attn_dec_per_sm()
+{
+    static int per_sm;
+    if (!per_sm) {
+        size_t sm = 4 * 64 * (size_t)(ND * 8 + 8) * 2;
+        static size_t sm_set;
+        int nb = 0;
+        if (attn_smem_limit(attn_dec_kernel<ND>, sm, &sm_set) < 0 ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, attn_dec_kernel<ND>, ATTN_THREADS,
+                                                          sm) != cudaSuccess) {
+            cudaGetLastError();
+            return 0;
+        }
+        per_sm = nb;
+    }
+    return per_sm;
+}
+
 /* launches one instantiation for the kv dtype: f16 on the tensor cores,
  * f32 (the reference cache type) on the cuda cores */
 template <int RMAX, int RPT>
@@ -830,8 +856,7 @@ static int attn_launch(struct cuda_ctx *c, const struct cuda_attn_args *a, struc
                        uint32_t n_split)
 {
     dim3 grid(c->layout.n_kv_head, n_split, a->meta->n_qtiles);
-    if (RMAX == 16 && c->dec && c->layout.dtype == KV_F16 && !c->no_mma && a->meta->qt == 1 &&
-        k.g <= 8 && (k.D == 16 || k.D == 32 || k.D == 64 || k.D == 128)) {
+    if (RMAX == 16 && attn_takes_dec(c, a->meta->qt, k.g, k.D)) {
         /* decode: the packed q/residual kernel */
         size_t sm = 4 * 64 * (size_t)(k.D + 8) * 2;
         int rc = k.D == 128  ? attn_dec_launch<16>(grid, sm, a->s, k)

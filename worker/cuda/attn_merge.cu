@@ -75,7 +75,6 @@ int cuda_attn_merge_splits(struct cuda_ctx *c, const float *part, uint32_t n_spl
     merge_splits_kernel<<<n_th, threads, (n_split + 8) * sizeof(float), s>>>(part, n_split, n_th,
                                                                              head_dim, o, m, l);
     CU_LAUNCHED();
-    CU_LAUNCHED();
     return 0;
 }
 

@@ -802,6 +802,16 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         c->dec = !(de && *de == '0');
         const char *nm = getenv("RKV_CUDA_NO_MMA");
         c->no_mma = nm && *nm == '1';
+        /* warps per weight row in the fused decode linears (for a/b runs) */
+        const char *ke = getenv("RKV_CUDA_LIN_KS");
+        c->lin_ks = 2;
+        if (ke) {
+            int v = atoi(ke);
+            if (v == 1 || v == 2 || v == 4 || v == 8)
+                c->lin_ks = v;
+            else
+                log_warn("RKV_CUDA_LIN_KS=%.20s is not 1, 2, 4 or 8: using 2", ke);
+        }
     }
     rc = backend_new("cuda", &cuda_iface, c, out);
     if (rc < 0)

@@ -137,6 +137,7 @@ struct cuda_ctx {
     size_t lin_h_cap;
     int dec;  /* the packed decode attention kernel (env RKV_CUDA_DEC=0: the general one) */
     int fuse; /* fused decode ops (env RKV_CUDA_FUSE=0 turns them off, for a/b checks) */
+    int lin_ks; /* warps per weight row of the fused linears, 1/2/4/8 (env RKV_CUDA_LIN_KS) */
 };
 
 /* host -> device rates over the two paths, GB/s (set_kv picks by these) */

@@ -65,6 +65,9 @@ struct cuda_attn_args {
 int cuda_attn(struct cuda_ctx *c, const struct cuda_attn_args *a);
 /* the two kernel shapes cuda_attn picks from: few query rows per kv head
  * (decode) or tiles of tokens (prefill) */
+/* thread blocks of the decode kernel resident on the whole gpu, 0 when a
+ * launch of this shape (tile tokens qt, gqa group g) takes another kernel */
+int cuda_attn_decode_slots(struct cuda_ctx *c, uint32_t qt, uint32_t g);
 int cuda_attn_decode_launch(struct cuda_ctx *c, const struct cuda_attn_args *a, uint32_t n_split,
                             uint32_t units_per_split, float *part);
 int cuda_attn_prefill_launch(struct cuda_ctx *c, const struct cuda_attn_args *a, uint32_t n_split,

@@ -67,21 +67,31 @@ __device__ __forceinline__ void lin_slice(float (&acc)[NR][NT], float (&ss)[NT],
     }
 }
 
-/* grid-stride over tasks, one warp per task; n_in % VEC == 0 */
-template <typename W, int NT, int MODE, bool NORM>
+/* grid-stride over tasks; a task's row is split in KS slices of n_in / KS, one warp each, summed
+ * in a fixed order through shared memory (KS = 1: one warp per task, no shared memory). more
+ * warps per row put more of the matrix in flight at once: a 4096-wide bf16 row is 8 KB, and one
+ * warp keeps 2 KB of it in flight. n_in % VEC == 0; with KS > 1, n_in % (KS * 32 * VEC) == 0 */
+template <typename W, int NT, int MODE, bool NORM, int KS>
 __global__ void __launch_bounds__(LIN_WARPS * 32) lin_kernel(lin_kargs a)
 {
     constexpr int VEC = 16 / sizeof(W);
     constexpr int NR = MODE == BE_LIN_SWIGLU ? 2 : 1;
-    const uint32_t lane = threadIdx.x & 31, stride = gridDim.x * LIN_WARPS;
-    const uint32_t n_in = a.n_in, step = 32 * VEC;
-    for (uint32_t task = blockIdx.x * LIN_WARPS + (threadIdx.x >> 5); task < a.n_tasks;
-         task += stride) {
+    constexpr int TPB = LIN_WARPS / KS; /* tasks per block and round */
+    /* each warp's partial sums: NR rows x NT tokens, then NT sums of squares */
+    __shared__ float red[KS > 1 ? LIN_WARPS : 1][NR * NT + NT];
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const uint32_t sub = warp % KS, slot = warp / KS;
+    const uint32_t n_in = a.n_in, step = 32 * VEC, span = n_in / KS;
+    const uint32_t k_beg = sub * span, k_end = k_beg + span;
+    /* the loop bound is the same for every warp of the block (it syncs inside) */
+    for (uint32_t base = blockIdx.x * TPB; base < a.n_tasks; base += gridDim.x * TPB) {
+        const uint32_t task = base + slot;
+        const bool live = task < a.n_tasks;
         int m = 0;
-        uint32_t row = task;
-        if (MODE == BE_LIN_SET && task >= a.end[0]) {
-            m = task >= a.end[1] ? 2 : 1;
-            row = task - (m == 1 ? a.end[0] : a.end[1]);
+        uint32_t row = live ? task : 0;
+        if (MODE == BE_LIN_SET && row >= a.end[0]) {
+            m = row >= a.end[1] ? 2 : 1;
+            row = row - (m == 1 ? a.end[0] : a.end[1]);
         }
         /* selects, not a dynamic index into the parameters (which spills them to local memory) */
         const void *wm = m == 0 ? a.w[0] : m == 1 ? a.w[1] : a.w[2];
@@ -100,9 +110,9 @@ __global__ void __launch_bounds__(LIN_WARPS * 32) lin_kernel(lin_kargs a)
             for (int r = 0; r < NR; r++)
                 acc[r][t] = 0.0f;
         }
-        uint32_t i = lane * VEC;
+        uint32_t i = k_beg + lane * VEC;
         /* LIN_UNROLL x NR loads of 16 bytes in flight per lane before the first use */
-        for (; i + (LIN_UNROLL - 1) * step < n_in; i += LIN_UNROLL * step) {
+        for (; live && i + (LIN_UNROLL - 1) * step < k_end; i += LIN_UNROLL * step) {
             uint4 u[LIN_UNROLL][NR];
 #pragma unroll
             for (int k = 0; k < LIN_UNROLL; k++)
@@ -113,7 +123,7 @@ __global__ void __launch_bounds__(LIN_WARPS * 32) lin_kernel(lin_kargs a)
             for (int k = 0; k < LIN_UNROLL; k++)
                 lin_slice<W, VEC, NT, NR, NORM>(acc, ss, u[k], a, i + k * step);
         }
-        for (; i < n_in; i += step) {
+        for (; live && i < k_end; i += step) {
             uint4 u[NR];
 #pragma unroll
             for (int r = 0; r < NR; r++)
@@ -122,24 +132,62 @@ __global__ void __launch_bounds__(LIN_WARPS * 32) lin_kernel(lin_kargs a)
         }
 #pragma unroll
         for (int t = 0; t < NT; t++) {
+#pragma unroll
+            for (int r = 0; r < NR; r++)
+                acc[r][t] = lin_warp_sum(acc[r][t]);
+            if constexpr (NORM)
+                ss[t] = lin_warp_sum(ss[t]);
+        }
+        if constexpr (KS > 1) {
+            if (lane == 0) {
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+#pragma unroll
+                    for (int r = 0; r < NR; r++)
+                        red[warp][r * NT + t] = acc[r][t];
+                    red[warp][NR * NT + t] = ss[t];
+                }
+            }
+            __syncthreads();
+            if (sub == 0 && lane == 0) {
+                /* slices summed in order: the result does not depend on timing */
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+#pragma unroll
+                    for (int r = 0; r < NR; r++) {
+                        float v = 0.0f;
+                        for (int k = 0; k < KS; k++)
+                            v += red[warp + k][r * NT + t];
+                        acc[r][t] = v;
+                    }
+                    float v = 0.0f;
+                    for (int k = 0; k < KS; k++)
+                        v += red[warp + k][NR * NT + t];
+                    ss[t] = v;
+                }
+            }
+            __syncthreads(); /* red is reused by the next round */
+        }
+        if (!live || sub != 0 || lane != 0)
+            continue;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
             if (t >= (int)a.n)
                 break;
-            float s0 = lin_warp_sum(acc[0][t]), s1 = NR == 2 ? lin_warp_sum(acc[NR - 1][t]) : 0.0f;
+            float s0 = acc[0][t], s1 = NR == 2 ? acc[NR - 1][t] : 0.0f;
             if constexpr (NORM) {
-                float sc = rsqrtf(lin_warp_sum(ss[t]) / (float)n_in + a.eps);
+                float sc = rsqrtf(ss[t] / (float)n_in + a.eps);
                 s0 *= sc;
                 s1 *= sc;
             }
-            if (lane == 0) {
-                float *y = om + (size_t)t * nm + row;
-                const float b = bm ? bm[row] : 0.0f;
-                if constexpr (MODE == BE_LIN_SET)
-                    *y = s0 + b;
-                else if constexpr (MODE == BE_LIN_ADD)
-                    *y += s0 + b;
-                else
-                    *y = s0 / (1.0f + expf(-s0)) * s1;
-            }
+            float *y = om + (size_t)t * nm + row;
+            const float b = bm ? bm[row] : 0.0f;
+            if constexpr (MODE == BE_LIN_SET)
+                *y = s0 + b;
+            else if constexpr (MODE == BE_LIN_ADD)
+                *y += s0 + b;
+            else
+                *y = s0 / (1.0f + expf(-s0)) * s1;
         }
     }
 }
@@ -168,20 +216,40 @@ static unsigned lin_grid(const struct cuda_ctx *c, uint32_t n_tasks, int max_per
 }
 
 /* one instantiation: its occupancy (asked once), the grid, the launch */
-template <typename W, int NT, int MODE, bool NORM>
-static int lin_run(struct cuda_ctx *c, const lin_kargs &a)
+template <typename W, int NT, int MODE, bool NORM, int KS>
+static int lin_run_ks(struct cuda_ctx *c, const lin_kargs &a)
 {
-    auto fn = lin_kernel<W, NT, MODE, NORM>;
+    auto fn = lin_kernel<W, NT, MODE, NORM, KS>;
     static int per_sm; /* resident blocks per SM; the same on every gpu of one kind */
     if (!per_sm) {
         int nb = 0;
         CU_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, fn, LIN_WARPS * 32, 0));
         per_sm = nb > 0 ? nb : 1;
     }
-    unsigned grid = lin_grid(c, a.n_tasks, per_sm, MODE == BE_LIN_SWIGLU ? 2 : 3);
+    /* lin_grid counts warp tasks: a block takes LIN_WARPS / KS tasks per round */
+    uint32_t warp_tasks = a.n_tasks * KS;
+    unsigned grid = lin_grid(c, warp_tasks, per_sm, MODE == BE_LIN_SWIGLU ? 2 : 3);
     fn<<<grid, LIN_WARPS * 32, 0, c->stream>>>(a);
     CU_LAUNCHED();
     return 0;
+}
+
+/* warps per row: the most (up to c->lin_ks, env RKV_CUDA_LIN_KS, default 2) that leave each warp at
+ * least LIN_KS_MIN_SPAN elements in whole 32-lane vectors */
+#define LIN_KS_MIN_SPAN 1024
+template <typename W, int NT, int MODE, bool NORM>
+static int lin_run(struct cuda_ctx *c, const lin_kargs &a)
+{
+    const uint32_t step = 32 * (16 / sizeof(W));
+    int ks = c->lin_ks;
+    while (ks > 1 && (a.n_in % (ks * step) || a.n_in / ks < LIN_KS_MIN_SPAN))
+        ks /= 2;
+    switch (ks) {
+    case 8: return lin_run_ks<W, NT, MODE, NORM, 8>(c, a);
+    case 4: return lin_run_ks<W, NT, MODE, NORM, 4>(c, a);
+    case 2: return lin_run_ks<W, NT, MODE, NORM, 2>(c, a);
+    default: return lin_run_ks<W, NT, MODE, NORM, 1>(c, a);
+    }
 }
 
 template <typename W, int MODE, bool NORM>
