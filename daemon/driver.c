@@ -492,12 +492,82 @@ static void run_calls(struct driver *d)
     }
 }
 
+/* which of kvmgr's numbered tactic events reached the loop (monitor thread only) */
+struct ev_track {
+    uint32_t pid;  /* whose numbering seq is; 0 = none yet */
+    uint64_t seq;  /* the last one posted */
+    int need_sync; /* pub/sub showed a gap or another kvmgr: poll STATUS now */
+};
+
+/* posts ev when it is the next of its kvmgr's events; 0 when it did or it was
+ * seen already, 1 when it is out of order (fetch the gap with EVENTS_GET) */
+static int tactic_post_next(struct driver *d, struct ev_track *tr,
+                            const struct proto_tactic_event *ev)
+{
+    if (ev->kvmgr_pid != tr->pid || ev->seq > tr->seq + 1)
+        return 1;
+    if (ev->seq <= tr->seq)
+        return 0; /* pub/sub brought what EVENTS already did, or the reverse */
+    struct event *e = ev_new(EV_TACTIC, 0);
+    if (!e) {
+        log_error("driver: out of memory; tactic event %llu of kvmgr %u is lost",
+                  (unsigned long long)ev->seq, ev->kvmgr_pid);
+    } else {
+        e->u.tactic = *ev;
+        post(d, e);
+    }
+    tr->seq = ev->seq;
+    return 0;
+}
+
+/* fetches and posts kvmgr's tactic events after the last one posted (those
+ * pub/sub dropped: published before rkvd subscribed, or while it redialed) */
+static void events_sync(struct driver *d, struct ev_track *tr)
+{
+    struct proto_events *r = malloc(sizeof *r);
+    if (!r)
+        return;
+    /* 64 replies of PROTO_MAX_EVENTS: more than kvmgr's ring holds */
+    for (int round = 0; round < 64; round++) {
+        struct proto_events_get q = {tr->seq};
+        char err[256];
+        int rc = proto_call_json(d->mon_kv, PROTO_MSG_EVENTS_GET, &q, PROTO_MSG_EVENTS, r, 2000,
+                                 err, sizeof err);
+        if (rc) {
+            log_ratelimited(RKV_LOG_WARN, 10000, 1, "fetching kvmgr's tactic events: %s", err);
+            break;
+        }
+        if (r->kvmgr_pid != tr->pid || r->last_seq < tr->seq) {
+            /* another kvmgr (or its pid again): its numbering starts at 1 */
+            int again = tr->seq != 0;
+            tr->pid = r->kvmgr_pid;
+            tr->seq = 0;
+            if (again)
+                continue;
+        }
+        if (r->dropped)
+            log_warn("kvmgr %u: %llu tactic event(s) after %llu left its ring before rkvd "
+                     "fetched them: they are not in the event log or the metrics",
+                     r->kvmgr_pid, (unsigned long long)r->dropped, (unsigned long long)tr->seq);
+        if (r->dropped && r->first_seq > tr->seq + 1)
+            tr->seq = r->first_seq - 1;
+        for (uint32_t i = 0; i < r->n_events; i++) {
+            r->events[i].kvmgr_pid = r->kvmgr_pid;
+            tactic_post_next(d, tr, &r->events[i]);
+        }
+        if (!r->n_events || tr->seq >= r->last_seq)
+            break;
+    }
+    free(r);
+}
+
 static void *monitor_thread(void *arg)
 {
     struct driver *d = arg;
     uint32_t pid = 0;
     int down_reported = 0;
     uint64_t last_status = 0;
+    struct ev_track tr = {0};
     while (1) {
         pthread_mutex_lock(&d->mu);
         int stop = d->stop;
@@ -512,20 +582,25 @@ static void *monitor_thread(void *arg)
             if (proto_sock_recv(d->mon_sub, &in, PROTO_NONBLOCK, err, sizeof err) != 0)
                 break;
             struct event *e = NULL;
-            if (in.hdr.type == PROTO_MSG_TACTIC_EVENT && (e = ev_new(EV_TACTIC, 0)) &&
-                proto_json_decode(PROTO_MSG_TACTIC_EVENT, in.payload, in.len, &e->u.tactic, err,
-                                  sizeof err) == 0)
-                post(d, e);
-            else if (in.hdr.type == PROTO_MSG_HISTOGRAM && (e = ev_new(EV_HIST, 0)) &&
-                     proto_json_decode(PROTO_MSG_HISTOGRAM, in.payload, in.len, &e->u.hist, err,
-                                       sizeof err) == 0)
+            struct proto_tactic_event tev;
+            if (in.hdr.type == PROTO_MSG_TACTIC_EVENT) {
+                /* at once when it is the next one; after a gap the status poll below
+                 * fetches it with what was missed, in order */
+                if (proto_json_decode(PROTO_MSG_TACTIC_EVENT, in.payload, in.len, &tev, err,
+                                      sizeof err) == 0 &&
+                    tactic_post_next(d, &tr, &tev))
+                    tr.need_sync = 1;
+            } else if (in.hdr.type == PROTO_MSG_HISTOGRAM && (e = ev_new(EV_HIST, 0)) &&
+                       proto_json_decode(PROTO_MSG_HISTOGRAM, in.payload, in.len, &e->u.hist, err,
+                                         sizeof err) == 0)
                 post(d, e);
             else
                 free(e);
             proto_in_free(&in);
         }
         uint64_t now = rkv_now_ms();
-        if (now - last_status >= 250) {
+        if (now - last_status >= 250 || tr.need_sync) {
+            tr.need_sync = 0;
             last_status = now;
             struct proto_empty q = {0};
             struct event *e = ev_new(EV_STATUS, 0);
@@ -545,7 +620,11 @@ static void *monitor_thread(void *arg)
                     }
                     pid = np;
                 }
+                /* after the status (and a kvmgr change) so the loop sees them in that order */
+                int behind = np != tr.pid || e->u.status.event_seq != tr.seq;
                 post(d, e);
+                if (behind)
+                    events_sync(d, &tr);
             } else {
                 free(e);
                 if (!down_reported && pid) {

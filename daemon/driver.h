@@ -15,8 +15,11 @@
  * the worker, results back to the loop. The threads block on nng with
  * timeouts; the loop never does. A monitor thread polls kvmgr's status
  * (restart detection, pool use) and each idle worker's readiness, and
- * collects kvmgr's tactic events. Everything reaches the loop through one
- * uv_async_t and the callbacks below, which run on the loop thread.
+ * collects kvmgr's tactic events: from pub/sub at once, and with EVENTS_GET
+ * whatever pub/sub dropped (STATUS carries kvmgr's newest event number); each
+ * reaches the loop once, in kvmgr's order. Everything reaches the loop
+ * through one uv_async_t and the callbacks below, which run on the loop
+ * thread.
  */
 
 struct driver_cbs {

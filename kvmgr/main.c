@@ -14,6 +14,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "kvmgr/blocks.h"
+#include "kvmgr/evring.h"
 #include "kvmgr/migrate.h"
 #include "kvmgr/plan.h"
 #include "kvmgr/pool.h"
@@ -50,6 +51,10 @@
 /* a session moved to another gpu stays there at least this long (hysteresis
  * on top of the planner's margin) */
 #define KVMGR_MOVE_COOLDOWN_MS 5000
+
+/* tactic events kept for EVENTS_GET: rkvd asks within 250 ms of a STATUS
+ * that shows new ones, so this only overflows in a storm or while rkvd is away */
+#define KVMGR_EVENT_RING 4096
 
 struct kvmgr_conf {
     char runtime_dir[512];
@@ -139,6 +144,7 @@ struct kvmgr {
     struct kvmgr_conf c;
     uint64_t started_ms;
     struct proto_sock *rep, *pub;
+    struct evring *events; /* the last tactic events, numbered (EVENTS_GET) */
     uint64_t block_bytes;
     uint32_t n_gpus;
     int cuda; /* device pools are cuda slabs */
@@ -319,6 +325,15 @@ static void publish_json(struct kvmgr *k, int type, const void *msg)
         proto_sock_send(k->pub, type, 0, k->buf.data, k->buf.len);
 }
 
+/* numbers a transition into the ring (what rkvd fetches when pub/sub dropped it), then
+ * publishes it for rkvd to see at once */
+static void publish_tactic(struct kvmgr *k, struct proto_tactic_event *ev)
+{
+    ev->kvmgr_pid = (uint32_t)getpid();
+    evring_push(k->events, ev);
+    publish_json(k, PROTO_MSG_TACTIC_EVENT, ev);
+}
+
 static int tactic_to_proto(enum plan_tactic t)
 {
     switch (t) {
@@ -434,7 +449,7 @@ static int replan(struct kvmgr *k, const char *why)
             ev.ts_ms = now;
             ev.gpu = s->gpu;
             if (ev.from != ev.to)
-                publish_json(k, PROTO_MSG_TACTIC_EVENT, &ev);
+                publish_tactic(k, &ev);
             log_debug("session %llu: %s -> %s (%s)", (unsigned long long)a->id,
                       plan_tactic_name(s->tactic), plan_tactic_name(a->tactic), why);
         }
@@ -646,7 +661,7 @@ static int rebalance_move(struct kvmgr *k, struct sess *s, uint32_t b)
         ev.bytes_moved = (uint64_t)copies * k->block_bytes;
         ev.ts_ms = rkv_wall_ms();
         ev.gpu = b;
-        publish_json(k, PROTO_MSG_TACTIC_EVENT, &ev);
+        publish_tactic(k, &ev);
     }
     return 0;
 }
@@ -905,6 +920,7 @@ static void fill_status(struct kvmgr *k, struct proto_status *st)
     st->mode = k->c.mode;
     st->proto_version = PROTO_VERSION;
     snprintf(st->build, sizeof st->build, "rkv-kvmgr");
+    st->event_seq = evring_last_seq(k->events);
     if (k->kvb) {
         for (uint32_t g = 0; g < k->n_gpus; g++) {
             uint64_t tot = (uint64_t)kvpool_get_desc(k->dev[g])->n_blocks * k->block_bytes;
@@ -934,6 +950,20 @@ static int handle(void *ctx, const struct proto_in *in, struct proto_wbuf *reply
         fill_status(k, &st);
         *reply_type = PROTO_MSG_STATUS;
         return proto_put_json(reply, PROTO_MSG_STATUS, &st, err, errlen);
+    }
+    case PROTO_MSG_EVENTS_GET: {
+        struct proto_events_get q;
+        if ((rc = proto_json_decode(in->hdr.type, in->payload, in->len, &q, err, errlen)))
+            return rc;
+        struct proto_events *ev = calloc(1, sizeof *ev); /* 50 KiB: not on the stack */
+        if (!ev)
+            return proto_seterr(err, errlen, RKV_ENOMEM, "events_get: out of memory");
+        evring_fill(k->events, q.since, ev);
+        ev->kvmgr_pid = (uint32_t)getpid();
+        *reply_type = PROTO_MSG_EVENTS;
+        rc = proto_put_json(reply, PROTO_MSG_EVENTS, ev, err, errlen);
+        free(ev);
+        return rc;
     }
     case PROTO_MSG_WORKER_REPORT: {
         struct proto_worker_report r;
@@ -1038,6 +1068,10 @@ int main(int argc, char **argv)
     k.started_ms = rkv_now_ms();
     rkv_map_init(&k.sess);
     proto_wbuf_init(&k.buf);
+    if ((rc = evring_new(KVMGR_EVENT_RING, &k.events))) {
+        log_error("cannot keep %d tactic events: %s", KVMGR_EVENT_RING, rkv_strerror(rc));
+        return 1;
+    }
     if ((rc = proto_sock_open(&k.rep, PROTO_SOCK_REP, k.c.listen, err, sizeof err)) ||
         (rc = proto_sock_open(&k.pub, PROTO_SOCK_PUB, k.c.pub, err, sizeof err))) {
         log_error("%s", err);
@@ -1082,6 +1116,7 @@ int main(int argc, char **argv)
         kvpool_free(k.dev[g]);
     kvpool_free(k.host);
     proto_wbuf_free(&k.buf);
+    evring_free(k.events);
     proto_sock_close(k.pub);
     proto_sock_close(k.rep);
     return 0;

@@ -231,33 +231,54 @@ static int read_scalar(const struct proto_schema *s, const struct proto_field *f
     }
 }
 
-static int read_array(const struct proto_schema *s, const struct proto_field *f, const cJSON *v,
-                      void *msg, const char *label, char *err, size_t errlen)
+/* *n = the length of v when it is an array of a length f allows, else RKV_EFORMAT /
+ * RKV_ETOOBIG naming the field */
+static int array_len(const struct proto_schema *s, const struct proto_field *f, const cJSON *v,
+                     const char *label, size_t *n, char *err, size_t errlen)
 {
-    enum proto_ftype base = elem_type(f->type);
-    char got[64];
+    *n = 0;
     if (!cJSON_IsArray(v)) {
+        char got[64];
         describe(v, got, sizeof got);
         return proto_seterr(err, errlen, RKV_EFORMAT, "%s: field %s must be an array, got %s",
                             s->name, label, got);
     }
-    size_t n = 0;
     for (const cJSON *e = v->child; e; e = e->next)
-        n++;
-    if (f->count_off == PROTO_FIXED && n != f->cap)
+        (*n)++;
+    if (f->count_off == PROTO_FIXED && *n != f->cap)
         return proto_seterr(err, errlen, RKV_EFORMAT,
                             "%s: field %s must have exactly %zu entries, got %zu", s->name, label,
-                            f->cap, n);
-    if (n > f->cap)
+                            f->cap, *n);
+    if (*n > f->cap)
         return proto_seterr(err, errlen, RKV_ETOOBIG,
-                            "%s: field %s has %zu entries, the limit is %zu", s->name, label, n,
+                            "%s: field %s has %zu entries, the limit is %zu", s->name, label, *n,
                             f->cap);
+    return 0;
+}
+
+/* scalars, or objects each read with the field's sub schema (errors name the element) */
+static int read_array(const struct proto_schema *s, const struct proto_field *f, const cJSON *v,
+                      void *msg, const char *label, char *err, size_t errlen)
+{
+    enum proto_ftype base = elem_type(f->type);
+    size_t n;
+    int rc = array_len(s, f, v, label, &n, err, errlen);
+    if (rc < 0)
+        return rc;
     uint8_t *dst = (uint8_t *)msg + f->off;
     size_t i = 0;
     for (const cJSON *e = v->child; e; e = e->next, i++) {
+        if (f->type == PROTO_FT_OBJ_ARR) {
+            char sub[256] = "";
+            rc = proto_json_read(f->sub, e, dst + i * f->sub->size, sub, sizeof sub);
+            if (rc < 0)
+                return proto_seterr(err, errlen, rc, "%s: field %s[%zu]: %s", s->name, label, i,
+                                    sub);
+            continue;
+        }
         char elabel[96];
         snprintf(elabel, sizeof elabel, "%s[%zu]", label, i);
-        int rc = read_scalar(s, f, base, e, dst + i * elem_size(base), elabel, err, errlen);
+        rc = read_scalar(s, f, base, e, dst + i * elem_size(base), elabel, err, errlen);
         if (rc < 0)
             return rc;
     }
@@ -315,8 +336,8 @@ int proto_json_read(const struct proto_schema *s, const cJSON *obj, void *msg, c
             return proto_seterr(err, errlen, RKV_EFORMAT, "%s: field %s appears twice", s->name,
                                 label);
         seen[i] = true;
-        int rc = elem_type(f->type) != f->type
-                     ? read_array(s, f, c, msg, label, err, errlen)
+        int arr = f->type == PROTO_FT_OBJ_ARR || elem_type(f->type) != f->type;
+        int rc = arr ? read_array(s, f, c, msg, label, err, errlen)
                      : read_scalar(s, f, f->type, c, (uint8_t *)msg + f->off, label, err, errlen);
         if (rc < 0)
             return rc;
@@ -369,6 +390,35 @@ static cJSON *scalar_item(const struct proto_field *f, enum proto_ftype base, co
     }
 }
 
+/* an array of objects, each written with the field's sub schema (*out NULL on failure) */
+static int obj_array_item(const struct proto_schema *s, const struct proto_field *f,
+                          const void *msg, cJSON **out, char *err, size_t errlen)
+{
+    size_t n = *(const uint32_t *)((const uint8_t *)msg + f->count_off);
+    *out = NULL;
+    if (n > f->cap)
+        return proto_seterr(err, errlen, RKV_EINVAL,
+                            "%s: field \"%s\" has %zu entries, the limit is %zu", s->name, f->name,
+                            n, f->cap);
+    cJSON *arr = cJSON_CreateArray();
+    if (!arr)
+        return RKV_ENOMEM;
+    const uint8_t *src = (const uint8_t *)msg + f->off;
+    for (size_t j = 0; j < n; j++) {
+        cJSON *e = cJSON_CreateObject();
+        int rc = e ? proto_json_write(f->sub, src + j * f->sub->size, e, err, errlen) : RKV_ENOMEM;
+        if (rc == 0 && !cJSON_AddItemToArray(arr, e))
+            rc = RKV_ENOMEM;
+        if (rc) {
+            cJSON_Delete(e);
+            cJSON_Delete(arr);
+            return rc;
+        }
+    }
+    *out = arr;
+    return 0;
+}
+
 int proto_json_write(const struct proto_schema *s, const void *msg, cJSON *obj, char *err,
                      size_t errlen)
 {
@@ -377,7 +427,11 @@ int proto_json_write(const struct proto_schema *s, const void *msg, cJSON *obj, 
         const uint8_t *src = (const uint8_t *)msg + f->off;
         enum proto_ftype base = elem_type(f->type);
         cJSON *item;
-        if (base != f->type) {
+        if (f->type == PROTO_FT_OBJ_ARR) {
+            int rc = obj_array_item(s, f, msg, &item, err, errlen);
+            if (rc)
+                return rc;
+        } else if (base != f->type) {
             size_t n = f->count_off == PROTO_FIXED
                            ? f->cap
                            : *(const uint32_t *)((const uint8_t *)msg + f->count_off);

@@ -36,10 +36,13 @@ enum proto_ftype {
     PROTO_FT_U32_ARR, /* uint32_t[cap] + uint32_t count at count_off */
     PROTO_FT_U64_ARR, /* uint64_t[cap] + count */
     PROTO_FT_F64_ARR, /* double[cap] + count */
+    PROTO_FT_OBJ_ARR, /* struct[cap] of the schema sub + count: an array of objects */
 };
 
 /* count_off for an array of exactly cap elements */
 #define PROTO_FIXED ((size_t)-1)
+
+struct proto_schema;
 
 struct proto_field {
     const char *name;
@@ -51,9 +54,10 @@ struct proto_field {
     uint64_t max;
     /* f64 and f64 arrays: allowed range; both 0 = any finite value */
     double fmin, fmax;
-    size_t cap;               /* str: sizeof the array; arrays: max elements */
-    size_t count_off;         /* arrays: offsetof the uint32_t count, or PROTO_FIXED */
-    const char *const *names; /* enum: NULL-terminated, value i is names[i] */
+    size_t cap;                     /* str: sizeof the array; arrays: max elements */
+    size_t count_off;               /* arrays: offsetof the uint32_t count, or PROTO_FIXED */
+    const char *const *names;       /* enum: NULL-terminated, value i is names[i] */
+    const struct proto_schema *sub; /* object arrays: each element's schema (sizeof = stride) */
 };
 
 struct proto_schema {
@@ -106,6 +110,13 @@ struct proto_schema {
     PROTO_F_ARR_(PROTO_FT_F64_ARR, st, f, offsetof(st, cnt), req, lo, hi)
 #define PROTO_F_U64_FIXED(st, f, req, lo, hi)                                                      \
     PROTO_F_ARR_(PROTO_FT_U64_ARR, st, f, PROTO_FIXED, req, lo, hi)
+/* an array of objects: f is struct x[cap], cnt its uint32_t count, schema x's schema */
+#define PROTO_F_OBJ_ARR(st, f, cnt, req, schema)                                                   \
+    {                                                                                              \
+        .name = #f, .type = PROTO_FT_OBJ_ARR, .off = offsetof(st, f), .required = (req),           \
+        .cap = sizeof(((st *)0)->f) / sizeof(((st *)0)->f[0]), .count_off = offsetof(st, cnt),     \
+        .sub = (schema)                                                                            \
+    }
 
 #define PROTO_SCHEMA(nm, st, tbl)                                                                  \
     {                                                                                              \

@@ -30,6 +30,8 @@ static struct proto_tactic_event m_event;
 static struct proto_histogram m_hist;
 static struct proto_status m_status;
 static struct proto_epoch_ack m_epoch;
+static struct proto_events_get m_events_get;
+static struct proto_events m_events;
 
 static void fill_all(void)
 {
@@ -79,6 +81,8 @@ static void fill_all(void)
     m_event.elapsed_us = 10321;
     m_event.ts_ms = 1764415800123ull;
     m_event.gpu = 0;
+    m_event.seq = 12345;
+    m_event.kvmgr_pid = 4242;
     m_hist.gpu = 2;
     for (int i = 0; i < PROTO_N_TACTICS; i++) {
         m_hist.sessions[i] = (uint64_t)i * 10 + 1;
@@ -107,6 +111,20 @@ static void fill_all(void)
     m_status.worker_step_ms[1] = 0.000123;
     m_epoch.worker_id = 2;
     m_epoch.epoch = 123456789012ull;
+    m_status.event_seq = 9007199254740993ull;
+    m_events_get.since = 12344;
+    m_events.kvmgr_pid = 4242;
+    m_events.first_seq = 12000;
+    m_events.last_seq = 12346;
+    m_events.dropped = 3;
+    m_events.n_events = 2;
+    /* memcpy, not assignment: the padding must stay as memcmp expects it */
+    memcpy(&m_events.events[0], &m_event, sizeof m_event);
+    memcpy(&m_events.events[1], &m_event, sizeof m_event);
+    m_events.events[1].seq = 12346;
+    m_events.events[1].from = PROTO_TACTIC_NEW;
+    m_events.events[1].to = PROTO_TACTIC_WINDOW;
+    m_events.events[1].gpu = -1;
 }
 
 static const struct {
@@ -122,7 +140,8 @@ static const struct {
     {PROTO_MSG_SESSION_CLOSE, &m_sclose}, {PROTO_MSG_SESSION_ACTIVE, &m_sactive},
     {PROTO_MSG_TACTIC_EVENT, &m_event},   {PROTO_MSG_HISTOGRAM, &m_hist},
     {PROTO_MSG_STATUS_GET, &m_empty},     {PROTO_MSG_STATUS, &m_status},
-    {PROTO_MSG_EPOCH_ACK, &m_epoch},
+    {PROTO_MSG_EPOCH_ACK, &m_epoch},      {PROTO_MSG_EVENTS_GET, &m_events_get},
+    {PROTO_MSG_EVENTS, &m_events},
 };
 
 static void test_roundtrip_every_type(void **state)
@@ -352,6 +371,66 @@ static void test_arrays(void **state)
     assert_int_equal(s.n_worker_step_ms, 0); /* optional and absent: zero */
 }
 
+/* EVENTS: an array of objects, each checked by the tactic event's own table */
+#define EVENTS_HEAD "\"kvmgr_pid\":7,\"first_seq\":1,\"last_seq\":2,\"dropped\":0"
+#define EVENT_OK                                                                                   \
+    "{\"session_id\":1,\"from\":\"new\",\"to\":\"window\",\"tail_blocks\":1,\"bytes_moved\":0,"    \
+    "\"elapsed_us\":0,\"ts_ms\":1,\"gpu\":0,\"seq\":2}"
+
+static void test_object_arrays(void **state)
+{
+    (void)state;
+    char err[512];
+    const int E = PROTO_MSG_EVENTS;
+    assert_int_equal(dec(E, "{" EVENTS_HEAD ",\"events\":[]}", err, sizeof err), 0);
+    assert_int_equal(
+        dec(E, "{" EVENTS_HEAD ",\"events\":[" EVENT_OK "," EVENT_OK "]}", err, sizeof err), 0);
+    assert_int_equal(dec(E, "{" EVENTS_HEAD "}", err, sizeof err), RKV_EFORMAT);
+    assert_string_equal(err, "events: missing required field \"events\"");
+    assert_int_equal(dec(E, "{" EVENTS_HEAD ",\"events\":{}}", err, sizeof err), RKV_EFORMAT);
+    assert_string_equal(err, "events: field \"events\" must be an array, got an object");
+    assert_int_equal(dec(E, "{" EVENTS_HEAD ",\"events\":[" EVENT_OK ",3]}", err, sizeof err),
+                     RKV_EFORMAT);
+    assert_string_equal(err, "events: field \"events\"[1]: tactic_event: payload must be a JSON "
+                             "object, got 3");
+    assert_int_equal(dec(E, "{" EVENTS_HEAD ",\"events\":[{\"session_id\":1}]}", err, sizeof err),
+                     RKV_EFORMAT);
+    assert_string_equal(err, "events: field \"events\"[0]: tactic_event: missing required field "
+                             "\"from\"");
+    assert_int_equal(
+        dec(E, "{" EVENTS_HEAD ",\"events\":[" EVENT_OK ",{\"gpu\":-5}]}", err, sizeof err),
+        RKV_ERANGE);
+    assert_string_equal(err, "events: field \"events\"[1]: tactic_event: field \"gpu\" must be an "
+                             "integer in [-1, 1023], got -5");
+    /* one more than an EVENTS reply holds */
+    size_t cap = (PROTO_MAX_EVENTS + 1) * (sizeof EVENT_OK) + 256;
+    char *text = malloc(cap);
+    size_t n = (size_t)snprintf(text, cap, "{" EVENTS_HEAD ",\"events\":[");
+    for (int i = 0; i <= PROTO_MAX_EVENTS; i++)
+        n += (size_t)snprintf(text + n, cap - n, "%s" EVENT_OK, i ? "," : "");
+    snprintf(text + n, cap - n, "]}");
+    assert_int_equal(dec(E, text, err, sizeof err), RKV_ETOOBIG);
+    assert_string_equal(err, "events: field \"events\" has 257 entries, the limit is 256");
+    free(text);
+
+    /* the encoder refuses what the decoder would: a count over the cap, a bad element */
+    fill_all();
+    struct proto_events *m = malloc(sizeof *m);
+    *m = m_events;
+    char *json;
+    size_t len;
+    m->n_events = PROTO_MAX_EVENTS + 1;
+    assert_int_equal(proto_json_encode(E, m, &json, &len, err, sizeof err), RKV_EINVAL);
+    assert_null(json);
+    m->n_events = 2;
+    m->events[1].to = 99;
+    assert_int_equal(proto_json_encode(E, m, &json, &len, err, sizeof err), RKV_EINVAL);
+    assert_null(json);
+    assert_string_equal(err, "tactic_event: field \"to\" holds a value that cannot be sent (a NaN, "
+                             "an unterminated string or an enum out of range)");
+    free(m);
+}
+
 static void test_encode_refuses(void **state)
 {
     (void)state;
@@ -437,6 +516,7 @@ int main(void)
         cmocka_unit_test(test_bad_fields),
         cmocka_unit_test(test_numbers),
         cmocka_unit_test(test_arrays),
+        cmocka_unit_test(test_object_arrays),
         cmocka_unit_test(test_encode_refuses),
         cmocka_unit_test(test_own_schema),
     };

@@ -91,6 +91,24 @@ static const struct proto_field f_tactic_event[] = {
     PROTO_F_U64(struct proto_tactic_event, elapsed_us, 1, 0, 0),
     PROTO_F_U64(struct proto_tactic_event, ts_ms, 1, 0, 0),
     PROTO_F_I64(struct proto_tactic_event, gpu, 1, -1, PROTO_MAX_GPU),
+    PROTO_F_U64(struct proto_tactic_event, seq, 0, 0, 0),
+    PROTO_F_U32(struct proto_tactic_event, kvmgr_pid, 0, 0, PROTO_MAX_PID),
+};
+
+/* the element schema of EVENTS' array (the same table as TACTIC_EVENT's) */
+static const struct proto_schema s_tactic_event =
+    PROTO_SCHEMA("tactic_event", struct proto_tactic_event, f_tactic_event);
+
+static const struct proto_field f_events_get[] = {
+    PROTO_F_U64(struct proto_events_get, since, 1, 0, 0),
+};
+
+static const struct proto_field f_events[] = {
+    PROTO_F_U32(struct proto_events, kvmgr_pid, 1, 1, PROTO_MAX_PID),
+    PROTO_F_U64(struct proto_events, first_seq, 1, 0, 0),
+    PROTO_F_U64(struct proto_events, last_seq, 1, 0, 0),
+    PROTO_F_U64(struct proto_events, dropped, 1, 0, 0),
+    PROTO_F_OBJ_ARR(struct proto_events, events, n_events, 1, &s_tactic_event),
 };
 
 static const struct proto_field f_histogram[] = {
@@ -116,6 +134,7 @@ static const struct proto_field f_status[] = {
     PROTO_F_U64(struct proto_status, host_total, 1, 0, 0),
     PROTO_F_U32_ARR(struct proto_status, worker_pids, n_worker_pids, 0, 1, PROTO_MAX_PID),
     PROTO_F_F64_ARR(struct proto_status, worker_step_ms, n_worker_step_ms, 0, 0, 1e9),
+    PROTO_F_U64(struct proto_status, event_seq, 0, 0, 0),
 };
 
 static const struct proto_field f_epoch_ack[] = {
@@ -153,6 +172,8 @@ static const struct proto_schema g_schemas[PROTO_MSG__MAX] = {
     [PROTO_MSG_STATUS_GET] = EMPTY("status_get"),
     [PROTO_MSG_STATUS] = PROTO_SCHEMA("status", struct proto_status, f_status),
     [PROTO_MSG_EPOCH_ACK] = PROTO_SCHEMA("epoch_ack", struct proto_epoch_ack, f_epoch_ack),
+    [PROTO_MSG_EVENTS_GET] = PROTO_SCHEMA("events_get", struct proto_events_get, f_events_get),
+    [PROTO_MSG_EVENTS] = PROTO_SCHEMA("events", struct proto_events, f_events),
 };
 
 const struct proto_schema *proto_msg_schema(int type)

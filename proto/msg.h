@@ -13,6 +13,7 @@
 #define PROTO_MAX_GPU     1023     /* gpu index; -1 = cpu */
 #define PROTO_MAX_WORKERS 64
 #define PROTO_N_TACTICS   4
+#define PROTO_MAX_EVENTS  256 /* tactic events in one EVENTS reply */
 
 /* enums travel as their names; *_names are NULL-terminated, indexed by value */
 enum proto_role { PROTO_ROLE_WORKER, PROTO_ROLE_RKVD, PROTO_ROLE_RKVCTL };
@@ -111,7 +112,8 @@ struct proto_session_active {
     bool active;
 };
 
-/* TACTIC_EVENT: kvmgr publishes one per tactic transition */
+/* TACTIC_EVENT: kvmgr publishes one per tactic transition, and keeps the last
+ * ones numbered for EVENTS_GET (pub/sub drops what no subscriber is connected for) */
 struct proto_tactic_event {
     uint64_t session_id;
     int from; /* enum proto_tactic */
@@ -122,6 +124,24 @@ struct proto_tactic_event {
     uint64_t elapsed_us;
     uint64_t ts_ms; /* unix time */
     int64_t gpu;
+    uint64_t seq;       /* 1 for a kvmgr's first event, then +1 each; 0 = not numbered */
+    uint32_t kvmgr_pid; /* whose numbering seq is (a restarted kvmgr starts at 1) */
+};
+
+/* EVENTS_GET: the tactic events numbered after since (0 = all kvmgr still holds) */
+struct proto_events_get {
+    uint64_t since;
+};
+
+/* EVENTS: at most PROTO_MAX_EVENTS of them, oldest first; the caller asks again
+ * with since = the last seq it got until it has last_seq */
+struct proto_events {
+    uint32_t kvmgr_pid;
+    uint64_t first_seq; /* the oldest event kvmgr still holds; 0 = none yet */
+    uint64_t last_seq;  /* the newest event kvmgr numbered; 0 = none yet */
+    uint64_t dropped;   /* events after since that left kvmgr's ring before they were asked for */
+    uint32_t n_events;
+    struct proto_tactic_event events[PROTO_MAX_EVENTS];
 };
 
 /* HISTOGRAM: sessions and KV bytes per tactic on one gpu, indexed by enum proto_tactic */
@@ -151,6 +171,7 @@ struct proto_status {
     uint32_t worker_pids[PROTO_MAX_WORKERS];
     uint32_t n_worker_step_ms;
     double worker_step_ms[PROTO_MAX_WORKERS]; /* last decode step per worker */
+    uint64_t event_seq; /* the newest tactic event's seq (EVENTS_GET); 0 = none yet */
 };
 
 /* EPOCH_ACK: a worker has applied block tables up to epoch */

@@ -56,6 +56,9 @@ enum proto_msg {
      * {"ok":true,"result":...} (daemon/admin.h); no fixed schema */
     PROTO_MSG_ADMIN_REQ = 20,
     PROTO_MSG_ADMIN_RESP = 21,
+    /* rkvd -> kvmgr: the tactic events kvmgr numbered after a sequence number */
+    PROTO_MSG_EVENTS_GET = 22,
+    PROTO_MSG_EVENTS = 23,
     /* hot-path messages, binary payload (proto/wire.h) */
     PROTO_MSG_STEP_REQ = 64,
     PROTO_MSG_STEP_RESP = 65,

@@ -24,6 +24,7 @@ static const int g_types[] = {
     PROTO_MSG_STATUS_GET,    PROTO_MSG_STATUS,
     PROTO_MSG_EPOCH_ACK,     PROTO_MSG_STEP_REQ,
     PROTO_MSG_STEP_RESP,     PROTO_MSG_BLOCK_TABLE,
+    PROTO_MSG_EVENTS_GET,    PROTO_MSG_EVENTS,
 };
 #define N_TYPES (sizeof g_types / sizeof g_types[0])
 
