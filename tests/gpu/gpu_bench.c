@@ -252,7 +252,9 @@ static int bench_model(struct backend *be, int quick, const char *preset)
     fwd_kv_layout(m, 256, KV_F16, &l);
     const size_t bb = kv_block_bytes(&l);
     const uint32_t max_ctx = quick ? 32768 : 131072, S = 64;
-    uint32_t nb_dev = max_ctx / 256 > S * 16 ? max_ctx / 256 : S * 16, nb_host = max_ctx / 256;
+    /* the host pool also holds the many-session case: 16 sessions x 14 host blocks */
+    uint32_t nb_dev = max_ctx / 256 > S * 16 ? max_ctx / 256 : S * 16,
+             nb_host = max_ctx / 256 > 16 * 16 ? max_ctx / 256 : 16 * 16;
     void *dev = NULL, *host = aligned_alloc(4096, (size_t)nb_host * bb);
     if (!host || rkv_cuda_dev_alloc(0, (size_t)nb_dev * bb, &dev) < 0) {
         fprintf(stderr, "bench: cannot allocate the kv pools (%zu + %zu bytes)\n",
@@ -345,6 +347,42 @@ static int bench_model(struct backend *be, int quick, const char *preset)
         double t = (gu_now() - t1) / 10;
         double bound = (wbytes + S * 4096.0 * kv_per_tok) / hbm;
         record("decode", "decode b=64 ctx=4096 (tok/s)", S / t, "tok/s", S / bound, bound / t);
+    }
+    /* 16 sessions at 4k with host tails (what WINDOW does under overflow): block j of session s
+     * at index j * 16 + s in either pool, so no two of a session's blocks are neighbours (as in
+     * a shared pool); the newest block on device. RKV_PROFILE_MULTI=1: one profiled step, exit */
+    int host_eighths[] = {4, 7};
+    for (int hi = 0; hi < 2 && rc == 0 && !profiled; hi++) {
+        const uint32_t NS = 16, nbs = 16, n_host = nbs * host_eighths[hi] / 8;
+        struct fwd_seq ss[16];
+        int32_t toks[16];
+        for (uint32_t s = 0; s < NS; s++) {
+            for (uint32_t j = 0; j < nbs; j++)
+                tab[s * nbs + j] = j < n_host ? (struct kv_block_ref){j * NS + s, KV_HOST}
+                                              : (struct kv_block_ref){j * NS + s, KV_DEVICE};
+            toks[s] = 1;
+            ss[s] = (struct fwd_seq){&toks[s], 1, 4095, tab + s * nbs, nbs};
+        }
+        rc = fwd_step(f, ss, NS, 0, logits);
+        if (rc == 0 && getenv("RKV_PROFILE_MULTI")) {
+            rkv_cuda_profiler(1);
+            rc = fwd_step(f, ss, NS, 0, logits);
+            rkv_cuda_profiler(0);
+            profiled = 1;
+            break;
+        }
+        double t1 = gu_now();
+        for (int i = 0; i < 5 && rc == 0; i++)
+            rc = fwd_step(f, ss, NS, 0, logits);
+        double t = (gu_now() - t1) / 5;
+        double host_b = (double)NS * n_host * 256 * kv_per_tok,
+               dev_b = (double)NS * (nbs - n_host) * 256 * kv_per_tok;
+        double t_hbm = (wbytes + dev_b) / hbm, t_pcie = host_b / pcie;
+        double bound = t_hbm > t_pcie ? t_hbm : t_pcie;
+        char name[96];
+        snprintf(name, sizeof(name), "decode b=16 ctx=4096 host=%.1f%% (tok/s)",
+                 100.0 * n_host / nbs);
+        record("decode", name, NS / t, "tok/s", NS / bound, bound / t);
     }
     /* prefill: 4k, 16k, 32k resident and with half the kv on host */
     uint32_t plens[] = {4096, quick ? 0 : 16384, quick ? 0 : 32768};
