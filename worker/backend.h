@@ -150,6 +150,9 @@ struct backend_i {
      * for cuda); NULL = malloc/free */
     void *(*host_alloc)(void *ctx, size_t bytes);
     void (*host_free)(void *ctx, void *p);
+    /* optional: one line of counters since the last call (how host blocks
+     * were read, ...) for the worker's periodic step line; returns its length */
+    int (*stats)(void *ctx, char *buf, size_t len);
 };
 
 struct backend_opts {
@@ -183,6 +186,8 @@ int backend_set_kv(struct backend *be, const struct kv_layout *l, const struct k
  * pinned on cuda, so a copy runs at the link's speed; NULL on failure */
 void *backend_host_alloc(struct backend *be, size_t bytes);
 void backend_host_free(struct backend *be, void *p);
+/* the backend's counters since the last call as one line ("" when it keeps none) */
+void backend_stats(struct backend *be, char *buf, size_t len);
 
 /* the ops, named as the forward pass reads them */
 int embed_forward(struct backend *be, struct be_tensor *out, const struct be_tensor *w,

@@ -212,6 +212,14 @@ void backend_host_free(struct backend *be, void *p)
         free(p);
 }
 
+void backend_stats(struct backend *be, char *buf, size_t len)
+{
+    if (len)
+        buf[0] = 0;
+    if (be->iface->stats && len)
+        be->iface->stats(be->ctx, buf, len);
+}
+
 size_t backend_scratch_reserve(struct backend *be)
 {
     return be->iface->scratch_reserve ? be->iface->scratch_reserve(be->ctx) : 0;

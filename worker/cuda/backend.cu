@@ -458,9 +458,13 @@ static int stage_issue(struct cuda_ctx *c, uint32_t layer, int buf, int after_ma
     const struct kv_layout *l = &c->layout;
     const struct cuda_meta *m = &c->meta;
     size_t slice = kv_slice_bytes(l), bb = kv_block_bytes(l), need = (size_t)m->n_slots * 2 * slice;
-    if (need > c->stage_limit)
+    if (need > c->stage_limit) {
+        c->hst.zero_copy++;
         return 1; /* too big to stage: zero-copy */
+    }
+    c->hst.slots += m->n_slots;
     if (need > c->stg_cap[buf]) {
+        c->hst.grown++;
         /* the buffer may still be read by queued attention */
         CU_TRY(cudaStreamSynchronize(c->side));
         int rc = cuda_scratch(c, &c->stg[buf], &c->stg_cap[buf], need);
@@ -500,9 +504,13 @@ static int stage_layer(struct cuda_ctx *c, uint32_t layer, int *buf)
     if (!(c->stg_valid[b] && c->stg_layer[b] == layer && c->stg_gen[b] == c->meta.gen &&
           !c->meta.host_writes)) {
         c->stg_valid[b] = 0;
+        c->hst.inline_++;
+        c->hst.host_write += c->meta.host_writes != 0;
         int rc = stage_issue(c, layer, b, 1);
         if (rc != 0)
             return rc < 0 ? rc : 0;
+    } else {
+        c->hst.prefetched++;
     }
     *buf = b;
     return 0;
@@ -676,6 +684,19 @@ static void cu_host_free(void *ctx, void *p)
     cudaFreeHost(p);
 }
 
+static int cu_stats(void *ctx, char *buf, size_t len)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    int n = snprintf(buf, len,
+                     "host kv layers: %llu prefetched, %llu copied in line (%llu with a host "
+                     "write), %llu zero-copy; %llu block slices staged, %llu staging growths",
+                     (unsigned long long)c->hst.prefetched, (unsigned long long)c->hst.inline_,
+                     (unsigned long long)c->hst.host_write, (unsigned long long)c->hst.zero_copy,
+                     (unsigned long long)c->hst.slots, (unsigned long long)c->hst.grown);
+    memset(&c->hst, 0, sizeof c->hst);
+    return n;
+}
+
 static int cu_sync(void *ctx)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
@@ -736,7 +757,7 @@ static const struct backend_i cuda_iface = {
     cu_set_kv,   cu_embed,        cu_rmsnorm,     cu_matmul,        cu_rope,
     cu_kv_write, cu_attn_partial, cu_attn_merge,  cu_silu_mul,      cu_add,
     cu_get_rows, cu_sync,         cu_linear,      cu_rope_kv_write, cu_scratch_reserve,
-    cu_host_alloc, cu_host_free,
+    cu_host_alloc, cu_host_free, cu_stats,
 };
 
 extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backend **out)

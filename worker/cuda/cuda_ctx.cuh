@@ -138,6 +138,15 @@ struct cuda_ctx {
     int dec;  /* the packed decode attention kernel (env RKV_CUDA_DEC=0: the general one) */
     int fuse; /* fused decode ops (env RKV_CUDA_FUSE=0 turns them off, for a/b checks) */
     int lin_ks; /* warps per weight row of the fused linears, 1/2/4/8 (env RKV_CUDA_LIN_KS) */
+    /* how host blocks were read since the last stats call (cu_stats) */
+    struct {
+        uint64_t prefetched; /* layers whose copies the previous layer queued */
+        uint64_t inline_;    /* layers copied when asked (after the stream's work so far) */
+        uint64_t host_write; /* ... of which the step wrote into a host block */
+        uint64_t zero_copy;  /* layers too big to stage, read in place */
+        uint64_t grown;      /* staging buffer reallocations (each waits for the gpu) */
+        uint64_t slots;      /* host block slices staged */
+    } hst;
 };
 
 /* host -> device rates over the two paths, GB/s (set_kv picks by these) */
