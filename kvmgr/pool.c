@@ -4,6 +4,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 
@@ -20,9 +21,33 @@ struct kvpool {
     struct rkv_shm shm;        /* shared memory pools */
     uint8_t *base;             /* block 0: shm mapping or device pointer */
     int owner;                 /* created here */
-    int registered;            /* host pool pinned through gpu_ops */
+    size_t reg_chunk;          /* host pool pinned through gpu_ops in pieces of this many */
+    size_t reg_bytes;          /* bytes pinned so far (0: none) */
     struct kvpool_gpu_ops ops; /* zero when none */
 };
+
+/* pins the host pool in pieces of whole blocks, about KVPOOL_PIN_CHUNK each. one
+ * cudaHostRegister of 40 GiB faults in and pins every page while it holds the process's
+ * memory map lock: any other thread that maps memory (malloc, nng) waits, and the queue
+ * behind it stops every page fault of the process too: kvmgr answered nothing for 15 s and
+ * rkvd's watchdog killed it. between pieces the other threads get the lock. a block never
+ * spans two pieces, so each copy of a block stays within one registration. */
+#define KVPOOL_PIN_CHUNK ((size_t)1 << 30)
+static int host_pin(struct kvpool *p, size_t bytes, size_t chunk)
+{
+    size_t bb = p->desc.block_bytes ? p->desc.block_bytes : bytes;
+    size_t per = (chunk ? chunk : KVPOOL_PIN_CHUNK) / bb;
+    p->reg_chunk = (per ? per : 1) * bb;
+    for (size_t off = 0; off < bytes; off += p->reg_chunk) {
+        size_t n = bytes - off < p->reg_chunk ? bytes - off : p->reg_chunk;
+        int rc = p->ops.host_register(p->ops.ctx, p->base + off, n);
+        if (rc)
+            return rc; /* kvpool_free unpins what was pinned */
+        p->reg_bytes = off + n;
+        sched_yield();
+    }
+    return 0;
+}
 
 int kvpool_make_name(char *buf, size_t len, int pid, enum kvpool_kind kind, uint32_t gpu)
 {
@@ -123,10 +148,8 @@ int kvpool_create(const struct kvpool_config *cfg, struct kvpool **out)
                       "free space of /dev/shm and the host budget",
                       cfg->name, bytes, rkv_strerror(rc));
         p->base = p->shm.base;
-        if (rc == 0 && cfg->kind == KVPOOL_HOST && p->ops.host_register) {
-            rc = p->ops.host_register(p->ops.ctx, p->base, bytes);
-            p->registered = rc == 0;
-        }
+        if (rc == 0 && cfg->kind == KVPOOL_HOST && p->ops.host_register)
+            rc = host_pin(p, bytes, cfg->pin_chunk);
     }
     if (rc) {
         kvpool_free(p);
@@ -162,8 +185,9 @@ void kvpool_free(struct kvpool *p)
 {
     if (!p)
         return;
-    if (p->registered && p->ops.host_unregister)
-        p->ops.host_unregister(p->ops.ctx, p->base);
+    if (p->reg_bytes && p->ops.host_unregister)
+        for (size_t off = 0; off < p->reg_bytes; off += p->reg_chunk)
+            p->ops.host_unregister(p->ops.ctx, p->base + off);
     if (p->desc.kind == KVPOOL_DEVICE_CUDA && p->owner && p->base && p->ops.device_free)
         p->ops.device_free(p->ops.ctx, p->desc.gpu, p->base);
     if (p->shm.base)
@@ -206,6 +230,15 @@ static int run_copy(struct kvpool *dst, const struct kvpool *src, size_t dst_off
     return ops->copy(ops->ctx, gpu, dst->base + dst_off, src->base + src_off, bytes);
 }
 
+/* blocks a and b of p lie in one pinned piece (always, for an unpinned pool) */
+static int same_piece(const struct kvpool *p, uint32_t a, uint32_t b)
+{
+    if (!p->reg_chunk)
+        return 1;
+    size_t per = p->reg_chunk / p->desc.block_bytes;
+    return a / per == b / per;
+}
+
 int kvpool_copy(struct kvpool *dst, const struct kvpool *src, const struct kvpool_op *ops, size_t n)
 {
     const struct kvpool_desc *d = &dst->desc, *s = &src->desc;
@@ -233,10 +266,12 @@ int kvpool_copy(struct kvpool *dst, const struct kvpool *src, const struct kvpoo
             k++;
             continue;
         }
-        /* whole blocks: extend the run while both sides stay consecutive */
+        /* whole blocks: extend the run while both sides stay consecutive and
+         * within one pinned piece of a host pool (host_pin) */
         size_t run = 1;
         while (k + run < n && sorted[k + run].n_tokens == s->block_tokens &&
-               sorted[k + run].src == o->src + run && sorted[k + run].dst == o->dst + run)
+               sorted[k + run].src == o->src + run && sorted[k + run].dst == o->dst + run &&
+               same_piece(src, o->src, o->src + run) && same_piece(dst, o->dst, o->dst + run))
             run++;
         rc = run_copy(dst, src, (size_t)o->dst * bb, (size_t)o->src * bb, run * bb);
         k += run;

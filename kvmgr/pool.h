@@ -63,6 +63,8 @@ struct kvpool_config {
     uint32_t block_tokens;
     uint32_t n_slices;                    /* 2 * n_layer; 1 = one opaque run */
     const struct kvpool_gpu_ops *gpu_ops; /* NULL on the cpu backend */
+    size_t pin_chunk; /* a host pool is pinned in pieces of about this many bytes (whole
+                         blocks); 0 = 1 GiB */
 };
 
 /* what a peer needs to map the pool; crosses processes as plain bytes */

@@ -204,6 +204,10 @@ static void test_run_copies(void **state)
 struct fake_gpu {
     int allocs, frees, registers, unregisters, copies;
     size_t copied;
+    /* pinned pieces, in order: their start and length */
+    uint8_t *reg_base[16];
+    size_t reg_len[16];
+    int fail_at; /* the register call (1-based) that fails; 0 = none */
 };
 
 static int fake_alloc(void *ctx, uint32_t gpu, size_t bytes, void **dptr, uint8_t *ipc)
@@ -223,7 +227,14 @@ static void fake_free(void *ctx, uint32_t gpu, void *dptr)
 
 static int fake_register(void *ctx, void *base, size_t bytes)
 {
-    ((struct fake_gpu *)ctx)->registers++;
+    struct fake_gpu *f = ctx;
+    if (f->fail_at && f->registers + 1 == f->fail_at)
+        return RKV_ECUDA;
+    if (f->registers < 16) {
+        f->reg_base[f->registers] = base;
+        f->reg_len[f->registers] = bytes;
+    }
+    f->registers++;
     return 0;
 }
 
@@ -274,6 +285,50 @@ static void test_gpu_hooks(void **state)
     assert_int_equal(f.frees, 1);
 }
 
+/* a host pool is pinned in pieces of whole blocks (one 40 GiB cudaHostRegister stalled every
+ * thread of kvmgr); runs of copies do not cross a piece; a failed piece unpins the others */
+static void test_host_pinned_in_pieces(void **state)
+{
+    (void)state;
+    struct fake_gpu f = {0};
+    struct kvpool_gpu_ops ops = {&f,       fake_alloc, fake_free, fake_register, fake_unregister,
+                                 fake_copy};
+    char name[64];
+    name_for(name, "pieces");
+    /* 10 blocks in pieces of 3 (3.5 blocks asked: whole blocks only): 3 + 3 + 3 + 1 */
+    struct kvpool_config cfg = {KVPOOL_HOST, 0, name, BB, 10, BT, SLICES, &ops, BB * 7 / 2};
+    struct kvpool *host = NULL;
+    assert_int_equal(kvpool_create(&cfg, &host), 0);
+    assert_int_equal(f.registers, 4);
+    for (int i = 0; i < 4; i++) {
+        assert_ptr_equal(f.reg_base[i], (uint8_t *)kvpool_block(host, 0) + (size_t)i * 3 * BB);
+        assert_int_equal(f.reg_len[i], (i < 3 ? 3 : 1) * BB);
+    }
+    /* blocks 1..5 to a device pool: the run splits where the pieces do (1-2 | 3-5) */
+    struct kvpool_config dc = {KVPOOL_DEVICE_CUDA, 0, NULL, BB, 10, BT, SLICES, &ops};
+    struct kvpool *dev = NULL;
+    assert_int_equal(kvpool_create(&dc, &dev), 0);
+    fill(host, 10);
+    struct kvpool_op ops5[5];
+    for (uint32_t b = 0; b < 5; b++)
+        ops5[b] = (struct kvpool_op){b + 1, b + 1, BT};
+    assert_int_equal(kvpool_copy(dev, host, ops5, 5), 0);
+    assert_int_equal(f.copies, 2);
+    assert_int_equal(f.copied, 5 * BB);
+    kvpool_free(dev);
+    kvpool_free(host);
+    assert_int_equal(f.unregisters, 4);
+    /* the third piece fails: the pool is not made and the two pinned ones are unpinned */
+    struct fake_gpu g = {.fail_at = 3};
+    ops.ctx = &g;
+    host = NULL;
+    assert_int_equal(kvpool_create(&cfg, &host), RKV_ECUDA);
+    assert_null(host);
+    assert_int_equal(g.registers, 2);
+    assert_int_equal(g.unregisters, 2);
+    assert_false(shm_exists(name));
+}
+
 /* pools of a kvmgr that died without cleaning up are removed; a live one's stay */
 static void test_reap_stale(void **state)
 {
@@ -309,6 +364,7 @@ int main(void)
         cmocka_unit_test(test_other_process),      cmocka_unit_test(test_bad_config),
         cmocka_unit_test(test_copy_batched_exact), cmocka_unit_test(test_run_copies),
         cmocka_unit_test(test_gpu_hooks),
+        cmocka_unit_test(test_host_pinned_in_pieces),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
