@@ -580,10 +580,17 @@ static int place(struct kvmgr *k, struct sess *s, const struct proto_kv_prep_seq
     if (s->want_pos < s->reused && (q->flags & PROTO_KV_NEW))
         s->want_pos = s->reused;
     size_t held = kvb_session_tokens(k->kvb, s->sid);
-    if (s->want_pos < held) {
+    /* positions from n_written on are written by this step. a new turn of a named session
+     * rewrites its last prompt position, inside a full block that WINDOW may have moved to
+     * the host or another session may share: cut back to n_written, so the kept partial
+     * block becomes a private device block (copy-on-write), then grow to want_pos */
+    size_t cut = s->want_pos;
+    if (!(q->flags & PROTO_KV_NEW) && q->n_written < held && q->n_written < cut)
+        cut = q->n_written;
+    if (cut < held) {
         struct kvb_copy cow[1];
         size_t n_cow = 0;
-        if ((rc = kvb_session_truncate(k->kvb, s->sid, s->want_pos, cow, &n_cow)))
+        if ((rc = kvb_session_truncate(k->kvb, s->sid, cut, cow, &n_cow)))
             return rc;
         /* kvmgr does not know the worker's layout inside a block (positions
          * are not outermost), so a copy-on-write moves the whole block */
@@ -591,7 +598,9 @@ static int place(struct kvmgr *k, struct sess *s, const struct proto_kv_prep_seq
             cow[c].n_tokens = (uint32_t)k->c.block_size;
         if (n_cow && (rc = kvpool_run_copies(k->dev, k->n_gpus, k->host, cow, n_cow)))
             return rc;
-    } else if (s->want_pos > held) {
+        held = cut;
+    }
+    if (s->want_pos > held) {
         const uint32_t *tok = tokens_for(q, held, s->want_pos);
         rc = kvb_session_append(k->kvb, s->sid, tok, s->want_pos - held);
         if (rc == RKV_ENOSPACE) {

@@ -301,11 +301,19 @@ def main():
         # figures include its own queueing
         result["client_cpu_share"] = round((time.process_time() - cpu0) / wall, 3)
 
-        # named sessions keep their kv: what they hold may not exceed their blocks
-        listed = server.ctl("sessions", "list").get("sessions", [])
+        # named sessions keep their kv: what they hold may not exceed their blocks. blocks
+        # that a last step dropped go back once kvmgr has the worker's ack (an idle ack
+        # follows 50 ms after the last step): read both until two readings agree, 5 s at most
         block_size = server.status().get("block_size", 256)
-        held_blocks = sum(-(-s["kv_tokens"] // block_size) for s in listed)
-        used_before = pool_bytes(server)
+        deadline, last = time.monotonic() + 5, None
+        while True:
+            listed = server.ctl("sessions", "list").get("sessions", [])
+            held_blocks = sum(-(-s["kv_tokens"] // block_size) for s in listed)
+            used_before = pool_bytes(server)
+            if (held_blocks, used_before) == last or time.monotonic() > deadline:
+                break
+            last = (held_blocks, used_before)
+            time.sleep(0.3)
         for s in listed:
             server.ctl("sessions", "evict", s["id"] or f"#{s['sid']}", check=False)
         left = server.ctl("sessions", "list").get("sessions", [])
