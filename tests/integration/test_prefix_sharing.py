@@ -23,6 +23,14 @@ def complete(srv, prompt, n=12):
     return r.choices[0].text, r.choices[0].logprobs.token_logprobs, r.usage
 
 
+def common_prefix(ta, tb):
+    """how many leading token ids two tokenizations share"""
+    n = 0
+    while n < min(len(ta), len(tb)) and ta[n] == tb[n]:
+        n += 1
+    return n
+
+
 def test_shared_prefix_is_not_recomputed(rkvd_factory, ref):
     srv = rkvd_factory("--block-size", str(BLOCK))
     a, b = SYSTEM + "Question one: why is the sky blue?", SYSTEM + "Question two: what is rain?"
@@ -36,10 +44,7 @@ def test_shared_prefix_is_not_recomputed(rkvd_factory, ref):
     computed = srv.metric("rkv:prefill_tokens_total") - pre0
     n_b = len(ref.tokens(b))
     # every full block inside the common prefix is shared, nothing more
-    common = 0
-    ta, tb = ref.tokens(a), ref.tokens(b)
-    while common < min(len(ta), len(tb)) and ta[common] == tb[common]:
-        common += 1
+    common = common_prefix(ref.tokens(a), ref.tokens(b))
     assert hits == common // BLOCK * BLOCK, (hits, common)
     assert computed == n_b - hits
     assert second[2].prompt_tokens == n_b
@@ -68,10 +73,8 @@ def test_shared_prefix_longer_than_a_prefill_chunk(rkvd_factory, ref):
     chunk = 2 * BLOCK
     srv = rkvd_factory("--block-size", str(BLOCK), "--prefill-chunk", str(chunk))
     a, b = SYSTEM * 3 + "Question one: why?", SYSTEM * 3 + "Question two: what?"
-    ta, tb = ref.tokens(a), ref.tokens(b)
-    common = 0
-    while common < min(len(ta), len(tb)) and ta[common] == tb[common]:
-        common += 1
+    tb = ref.tokens(b)
+    common = common_prefix(ref.tokens(a), tb)
     assert common > 3 * chunk, "the shared part must span several chunks"
     first = complete(srv, a)
     hits0 = srv.metric("rkv:prefix_cache_hits_total")
