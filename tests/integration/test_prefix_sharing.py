@@ -91,3 +91,32 @@ def test_shared_prefix_longer_than_a_prefill_chunk(rkvd_factory, ref):
     third = complete(srv, b)
     assert srv.metric("rkv:prefix_cache_hits_total") - hits0 == (len(tb) - 1) // BLOCK * BLOCK
     assert third[0] == second[0] and third[1] == pytest.approx(second[1], abs=1e-5)
+
+
+def test_a_turn_that_diverges_does_not_change_a_shared_block(rkvd_factory, ref):
+    """a named session's next turn that diverges after its old prompt rewrites the positions
+    after it: the full block there was published (its tokens known and written), so it must be
+    dropped, not overwritten in place, or another session that maps it by hash gets the new
+    turn's KV (kvmgr once cut the session back only to the end of the step)"""
+    srv = rkvd_factory("--block-size", str(BLOCK))
+    c = client(srv)
+    p = [(i * 37) % 400 + 5 for i in range(2 * BLOCK)]  # two full blocks
+    extra = {"session_id": "diverge", "ignore_eos": True}
+    r1 = c.completions.create(model="tiny", prompt=p, max_tokens=BLOCK + 4, temperature=0,
+                              extra_body=extra)
+    first = ref.gen(ids=tuple(p), n=BLOCK + 4)
+    assert r1.choices[0].text == first["text"]
+    x16 = list(first["ids"][:BLOCK])  # the turn's first generated block
+    # the next turn: the same start, then other tokens where the answer was
+    y = [(i * 53) % 400 + 7 for i in range(BLOCK)]
+    c.completions.create(model="tiny", prompt=p + y, max_tokens=2, temperature=0,
+                         extra_body=extra)
+    # another session whose prompt is the first turn's text maps its third block by hash
+    probe = p + x16 + [11, 12, 13]
+    hits0 = srv.metric("rkv:prefix_cache_hits_total")
+    r = c.completions.create(model="tiny", prompt=probe, max_tokens=8, temperature=0,
+                             logprobs=1)
+    want = ref.gen(ids=tuple(probe), n=8)
+    assert r.choices[0].text == want["text"]
+    # it did reuse the prompt's own blocks (the first two at least)
+    assert srv.metric("rkv:prefix_cache_hits_total") - hits0 >= 2 * BLOCK
