@@ -33,7 +33,15 @@ static void test_spawn(void **state)
     assert_true(WIFEXITED(st));
     assert_int_equal(WEXITSTATUS(st), 7);
     char *bad[] = {"/nonexistent/rkv", NULL};
-    assert_true(rkv_spawn("/nonexistent/rkv", bad, NULL, &pid) < 0);
+    int rc = rkv_spawn("/nonexistent/rkv", bad, NULL, &pid);
+    if (rc == 0 && getenv("RKV_VALGRIND")) {
+        /* valgrind runs posix_spawn's vfork as a plain fork: the exec error comes back as the
+         * child's exit status 127, not from posix_spawn */
+        assert_int_equal(waitpid(pid, &st, 0), pid);
+        assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 127);
+    } else {
+        assert_true(rc < 0);
+    }
     char dir[4096];
     assert_int_equal(rkv_exe_dir(dir, sizeof dir), 0);
     assert_true(dir[0] == '/');

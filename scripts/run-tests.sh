@@ -21,7 +21,8 @@ trap 'rm -rf "$log"' EXIT
 for t in "${units[@]}"; do
   name=$(basename "$t")
   if [ "${RKV_VALGRIND:-0}" = 1 ]; then
-    run=(valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite,indirect "$t")
+    run=(valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite,indirect
+         --suppressions="$(dirname "$0")/valgrind.supp" "$t")
   else
     run=("$t")
   fi
