@@ -31,17 +31,22 @@ def common_prefix(ta, tb):
     return n
 
 
+def complete_both(srv, a, b):
+    """a, then b: both answers, and b's prefix-cache hits and prefilled tokens"""
+    first = complete(srv, a)
+    hits0 = srv.metric("rkv:prefix_cache_hits_total")
+    pre0 = srv.metric("rkv:prefill_tokens_total")
+    second = complete(srv, b)
+    return (first, second, srv.metric("rkv:prefix_cache_hits_total") - hits0,
+            srv.metric("rkv:prefill_tokens_total") - pre0)
+
+
 def test_shared_prefix_is_not_recomputed(rkvd_factory, ref):
     srv = rkvd_factory("--block-size", str(BLOCK))
     a, b = SYSTEM + "Question one: why is the sky blue?", SYSTEM + "Question two: what is rain?"
     n_sys = len(ref.tokens(SYSTEM))
     assert n_sys > 3 * BLOCK, "the shared part must span several blocks"
-    first = complete(srv, a)
-    hits0 = srv.metric("rkv:prefix_cache_hits_total")
-    pre0 = srv.metric("rkv:prefill_tokens_total")
-    second = complete(srv, b)
-    hits = srv.metric("rkv:prefix_cache_hits_total") - hits0
-    computed = srv.metric("rkv:prefill_tokens_total") - pre0
+    first, second, hits, computed = complete_both(srv, a, b)
     n_b = len(ref.tokens(b))
     # every full block inside the common prefix is shared, nothing more
     common = common_prefix(ref.tokens(a), ref.tokens(b))
@@ -76,12 +81,7 @@ def test_shared_prefix_longer_than_a_prefill_chunk(rkvd_factory, ref):
     tb = ref.tokens(b)
     common = common_prefix(ref.tokens(a), tb)
     assert common > 3 * chunk, "the shared part must span several chunks"
-    first = complete(srv, a)
-    hits0 = srv.metric("rkv:prefix_cache_hits_total")
-    pre0 = srv.metric("rkv:prefill_tokens_total")
-    second = complete(srv, b)
-    hits = srv.metric("rkv:prefix_cache_hits_total") - hits0
-    computed = srv.metric("rkv:prefill_tokens_total") - pre0
+    first, second, hits, computed = complete_both(srv, a, b)
     assert hits == common // BLOCK * BLOCK, (hits, common)
     assert computed == len(tb) - hits
     assert second[0] == ref.gen(b, n=12)["text"]
