@@ -114,15 +114,22 @@ def test_overflow_spills_exactly_and_drains_back(rkvd_factory, reference):
     ev = wait_events(srv, lambda ev: any(e[2] in ("window", "cpu_tail") for e in ev))
     spilled = {e[0] for e in ev if e[2] in ("window", "cpu_tail")}
     assert spilled, f"nothing spilled with 40 blocks of KV on 8 device blocks: {ev}"
-    # the sessions are named: idle now, their KV is kept (parked on the host)
-    # a new turn of one session fits the device alone: it runs resident again (once idle, it
-    # may be parked again: every transition is recorded now, so look at those of the turn)
-    before = len(events(srv))
+    # the sessions are named: idle now, their KV is kept (parked on the host, or promoted back
+    # to the device when room came back as the others were parked). A new turn of one session
+    # fits the device alone: it runs resident. Which kvmgr session serves it is not visible
+    # here, and it may already have been promoted before the turn (then the turn records no
+    # transition), so check the end state: some spilled session's last placement is resident.
     again = run_one(srv, PROMPTS[0], session=PROMPTS[0][:10])
     assert_same(again, reference[PROMPTS[0]], "second turn")
-    ev = wait_events(srv, lambda ev: any(e[2] == "resident" for e in ev[before:]))
-    assert any(e[2] == "resident" for e in ev[before:]), \
-        f"no session came back to resident: {ev[before:]}"
+
+    def back(ev):
+        last = {}
+        for sid, _, to, _ in ev:
+            if to != "parked":
+                last[sid] = to
+        return [s for s in spilled if last.get(s) == "resident"]
+    ev = wait_events(srv, back)
+    assert back(ev), f"no spilled session came back to resident: {ev}"
 
 
 def test_next_turn_under_pressure_rewrites_its_last_prompt_position_exactly(rkvd_factory,
