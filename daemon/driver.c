@@ -47,6 +47,30 @@ struct call {
     struct call *next;
 };
 
+/* the next decode step's KV_PREP, sent by a helper thread while this step runs */
+enum ahead_state { AH_IDLE, AH_QUEUED, AH_DONE };
+
+struct ahead_seq {
+    uint64_t sid;
+    uint32_t n_pos;
+    uint8_t flags; /* PROTO_KV_PINNED / NOMOVE as the scheduler set them */
+};
+
+struct ahead {
+    pthread_t th;
+    int started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    enum ahead_state state;
+    int stop;
+    struct proto_wbuf buf; /* the encoded KV_PREP */
+    uint64_t ack;          /* the epoch it acknowledges */
+    struct rkv_vec seqs;   /* struct ahead_seq: what it asked for */
+    int rc;
+    struct proto_in reply;
+    char err[256];
+};
+
 struct wthread {
     struct driver *d;
     uint32_t idx;
@@ -63,8 +87,9 @@ struct wthread {
      * (step_report): kvmgr's KV_PREP, the worker's STEP_REQ, and rkvd's loop
      * from one step's result to the next step's job */
     struct {
-        uint64_t steps, prep_ns, step_ns, loop_ns, t_report, t_posted;
+        uint64_t steps, prep_ns, step_ns, loop_ns, t_report, t_posted, ahead_used, ahead_sent;
     } st;
+    struct ahead ah;
 };
 
 /* how often a driver thread logs its step times while steps run */
@@ -197,6 +222,140 @@ static int kv_prep(struct wthread *t, struct step_job *job, struct proto_kv_tabl
     return rc;
 }
 
+/* --- the next step's KV_PREP, ahead ---------------------------------------------------- */
+
+static void *ahead_thread(void *arg)
+{
+    struct wthread *t = arg;
+    struct ahead *a = &t->ah;
+    pthread_mutex_lock(&a->mu);
+    for (;;) {
+        while (!a->stop && a->state != AH_QUEUED)
+            pthread_cond_wait(&a->cv, &a->mu);
+        if (a->stop)
+            break;
+        pthread_mutex_unlock(&a->mu);
+        struct proto_in reply;
+        char err[sizeof a->err] = "";
+        int rc = proto_call(t->kv, PROTO_MSG_KV_PREP, a->buf.data, a->buf.len, &reply, 5000, err,
+                            sizeof err);
+        pthread_mutex_lock(&a->mu);
+        a->rc = rc;
+        a->reply = reply;
+        memcpy(a->err, err, sizeof err);
+        a->state = AH_DONE;
+        pthread_cond_broadcast(&a->cv);
+    }
+    pthread_mutex_unlock(&a->mu);
+    return NULL;
+}
+
+static uint8_t seq_flags(const struct job_seq *js)
+{
+    return (js->pinned ? PROTO_KV_PINNED : 0) | (js->nomove ? PROTO_KV_NOMOVE : 0);
+}
+
+/* is job the step the prep ahead was made for: the same sequences, each one token on */
+static int ahead_matches(const struct ahead *a, const struct step_job *job)
+{
+    if (job->n_closes || job->n_idles || job->n_seqs != a->seqs.len)
+        return 0;
+    for (uint32_t i = 0; i < job->n_seqs; i++) {
+        const struct job_seq *js = &job->seqs[i];
+        const struct ahead_seq *q = rkv_vec_at(&a->seqs, struct ahead_seq, i);
+        if (js->sid != q->sid || js->is_new || js->n_past + js->n_tokens != q->n_pos ||
+            seq_flags(js) != q->flags)
+            return 0;
+    }
+    return 1;
+}
+
+/* waits for the prep ahead, if one was sent, and takes its tables when job (NULL:
+ * none) is the step it was made for: 1 with *tables set, else 0 (the job needs a
+ * KV_PREP of its own; kvmgr cuts the positions added ahead back on it) */
+static int ahead_take(struct wthread *t, const struct step_job *job,
+                      struct proto_kv_tables **tables)
+{
+    struct ahead *a = &t->ah;
+    if (!a->started)
+        return 0;
+    pthread_mutex_lock(&a->mu);
+    while (a->state == AH_QUEUED)
+        pthread_cond_wait(&a->cv, &a->mu);
+    int done = a->state == AH_DONE;
+    a->state = AH_IDLE;
+    pthread_mutex_unlock(&a->mu);
+    if (!done)
+        return 0;
+    if (a->rc) {
+        log_debug("worker %u: the next step's kv_prep sent ahead failed: %s", t->idx, a->err);
+        return 0;
+    }
+    if (a->ack > t->sent_ack)
+        t->sent_ack = a->ack;
+    int used = 0;
+    char err[256];
+    struct proto_kv_tables *tb = NULL;
+    if (job && ahead_matches(a, job) && a->reply.hdr.type == PROTO_MSG_KV_TABLES &&
+        proto_kv_tables_decode(a->reply.payload, a->reply.len, &tb, err, sizeof err) == 0) {
+        used = tb->n_seqs == job->n_seqs;
+        for (uint32_t i = 0; used && i < job->n_seqs; i++)
+            used = tb->seqs[i].session_id == job->seqs[i].sid;
+        if (used)
+            *tables = tb;
+        else
+            proto_kv_tables_free(tb);
+    }
+    proto_in_free(&a->reply);
+    return used;
+}
+
+/* sends the KV_PREP of the step the scheduler will likely build next (every sequence of
+ * job, which all sample, one token on) while job runs on the worker */
+static void ahead_send(struct wthread *t, const struct step_job *job)
+{
+    struct ahead *a = &t->ah;
+    if (!t->d->cfg.prep_ahead || !a->started || !job->n_seqs)
+        return;
+    for (uint32_t i = 0; i < job->n_seqs; i++)
+        if (!job->seqs[i].sample || job->seqs[i].status != 0 || !job->seqs[i].n_tokens)
+            return;
+    struct proto_kv_prep_seq *ps = calloc(job->n_seqs, sizeof *ps);
+    if (!ps || rkv_vec_reserve(&a->seqs, job->n_seqs)) {
+        free(ps);
+        return;
+    }
+    a->seqs.len = 0;
+    for (uint32_t i = 0; i < job->n_seqs; i++) {
+        const struct job_seq *js = &job->seqs[i];
+        struct ahead_seq q = {js->sid, js->n_past + js->n_tokens + 1, seq_flags(js)};
+        rkv_vec_push(&a->seqs, &q);
+        ps[i].session_id = js->sid;
+        ps[i].n_pos = q.n_pos;
+        ps[i].flags = PROTO_KV_ACTIVE | PROTO_KV_AHEAD | q.flags;
+        ps[i].n_written = js->n_past; /* this step writes the rest */
+        ps[i].n_tokens = js->n_tokens;
+        ps[i].tokens = js->tokens;
+    }
+    struct proto_kv_prep m = {t->idx, t->acked_epoch, 0, NULL, 0, NULL, job->n_seqs, ps};
+    char err[256];
+    proto_wbuf_reset(&a->buf);
+    int rc = proto_kv_prep_encode(&m, &a->buf, err, sizeof err);
+    free(ps);
+    if (rc) {
+        log_debug("worker %u: the next step's kv_prep: %s", t->idx, err);
+        return;
+    }
+    a->ack = t->acked_epoch;
+    t->st.ahead_sent++;
+    pthread_mutex_lock(&a->mu);
+    a->state = AH_QUEUED;
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+}
+
+/* --- one step ---------------------------------------------------------------------------- */
+
 static int worker_step(struct wthread *t, struct step_job *job, const struct proto_kv_tables *tb)
 {
     uint32_t n = 0;
@@ -260,6 +419,8 @@ static int worker_step(struct wthread *t, struct step_job *job, const struct pro
         proto_wbuf_reset(&t->buf);
         rc = proto_step_req_encode(&req, &t->buf, job->err, sizeof job->err);
         struct proto_in reply;
+        if (!rc && n == job->n_seqs)
+            ahead_send(t, job);
         if (!rc)
             rc = proto_call(t->wk, PROTO_MSG_STEP_REQ, t->buf.data, t->buf.len, &reply,
                             t->d->cfg.step_timeout_ms, job->err, sizeof job->err);
@@ -300,10 +461,12 @@ static void step_report(struct wthread *t, uint64_t now)
     if (now - t->st.t_report < DRIVER_REPORT_MS * 1000000ull || !t->st.steps)
         return;
     double n = (double)t->st.steps;
-    log_info("worker %u: %llu steps in %.1f s: kvmgr kv_prep %.3f ms, worker step %.3f ms, rkvd "
-             "loop between steps %.3f ms",
+    log_info("worker %u: %llu steps in %.1f s: kvmgr kv_prep %.3f ms (%llu of the steps used "
+             "tables asked for ahead, of %llu asked), worker step %.3f ms, rkvd loop between "
+             "steps %.3f ms",
              t->idx, (unsigned long long)t->st.steps, (double)(now - t->st.t_report) / 1e9,
-             (double)t->st.prep_ns / n / 1e6, (double)t->st.step_ns / n / 1e6,
+             (double)t->st.prep_ns / n / 1e6, (unsigned long long)t->st.ahead_used,
+             (unsigned long long)t->st.ahead_sent, (double)t->st.step_ns / n / 1e6,
              (double)t->st.loop_ns / n / 1e6);
     uint64_t posted = t->st.t_posted;
     memset(&t->st, 0, sizeof t->st);
@@ -318,7 +481,13 @@ static void run_job(struct wthread *t, struct step_job *job)
     if (t->st.t_posted && t0 - t->st.t_posted < 1000000000ull)
         t->st.loop_ns += t0 - t->st.t_posted;
     struct proto_kv_tables *tb = NULL;
-    int rc = kv_prep(t, job, &tb);
+    int rc = 0;
+    if (ahead_take(t, job, &tb)) {
+        t->st.ahead_used++;
+        job->prep_ahead = 1;
+    }
+    else
+        rc = kv_prep(t, job, &tb);
     uint64_t t1 = rkv_now_ns();
     t->st.prep_ns += t1 - t0;
     if (rc) {
@@ -409,6 +578,7 @@ static void *worker_thread(void *arg)
                 if (pthread_cond_timedwait(&d->cv, &d->mu, &ts) == ETIMEDOUT && !t->job &&
                     !d->stop) {
                     pthread_mutex_unlock(&d->mu);
+                    ahead_take(t, NULL, NULL); /* no step came: it is not needed */
                     send_idle_ack(t);
                     pthread_mutex_lock(&d->mu);
                 }
@@ -672,6 +842,10 @@ int driver_start(uv_loop_t *loop, const struct driver_config *cfg, const struct 
         t->d = d;
         t->idx = i;
         proto_wbuf_init(&t->buf);
+        proto_wbuf_init(&t->ah.buf);
+        rkv_vec_init(&t->ah.seqs, sizeof(struct ahead_seq));
+        pthread_mutex_init(&t->ah.mu, NULL);
+        pthread_cond_init(&t->ah.cv, NULL);
         rc = proto_sock_open(&t->kv, PROTO_SOCK_REQ, cfg->kvmgr_url, errbuf, errlen);
         if (!rc)
             rc = proto_sock_open(&t->wk, PROTO_SOCK_REQ, cfg->worker_urls[i], errbuf, errlen);
@@ -680,8 +854,12 @@ int driver_start(uv_loop_t *loop, const struct driver_config *cfg, const struct 
         driver_stop(d);
         return rc;
     }
-    for (uint32_t i = 0; i < cfg->n_workers; i++)
-        pthread_create(&d->w[i].th, NULL, worker_thread, &d->w[i]);
+    for (uint32_t i = 0; i < cfg->n_workers; i++) {
+        struct wthread *t = &d->w[i];
+        if (cfg->prep_ahead)
+            t->ah.started = pthread_create(&t->ah.th, NULL, ahead_thread, t) == 0;
+        pthread_create(&t->th, NULL, worker_thread, t);
+    }
     pthread_create(&d->mon, NULL, monitor_thread, d);
     d->started_threads = 1;
     *out = d;
@@ -744,9 +922,27 @@ void driver_stop(struct driver *d)
         pthread_join(d->mon, NULL);
     }
     for (uint32_t i = 0; d->w && i < d->cfg.n_workers; i++) {
+        struct ahead *a = &d->w[i].ah;
+        if (a->started) {
+            pthread_mutex_lock(&a->mu);
+            while (a->state == AH_QUEUED) /* within its call's timeout */
+                pthread_cond_wait(&a->cv, &a->mu);
+            a->stop = 1;
+            pthread_cond_broadcast(&a->cv);
+            pthread_mutex_unlock(&a->mu);
+            pthread_join(a->th, NULL);
+            if (a->state == AH_DONE && a->rc == 0)
+                proto_in_free(&a->reply);
+        }
+    }
+    for (uint32_t i = 0; d->w && i < d->cfg.n_workers; i++) {
         proto_sock_close(d->w[i].kv);
         proto_sock_close(d->w[i].wk);
         proto_wbuf_free(&d->w[i].buf);
+        proto_wbuf_free(&d->w[i].ah.buf);
+        rkv_vec_fini(&d->w[i].ah.seqs);
+        pthread_mutex_destroy(&d->w[i].ah.mu);
+        pthread_cond_destroy(&d->w[i].ah.cv);
         /* a job still queued never ran: hand it back as failed */
         if (d->w[i].job) {
             d->w[i].job->rc = RKV_ECLOSED;

@@ -12,7 +12,8 @@
 /*
  * Each worker has a thread that takes one step_job at a time: KV_PREP to
  * kvmgr (block tables, the previous step's epoch acknowledged), STEP_REQ to
- * the worker, results back to the loop. The threads block on nng with
+ * the worker, results back to the loop (with prep_ahead, the KV_PREP of the next
+ * decode step runs beside the worker's step, on a helper thread). The threads block on nng with
  * timeouts; the loop never does. A monitor thread polls kvmgr's status
  * (restart detection, pool use) and each idle worker's readiness, and
  * collects kvmgr's tactic events: from pub/sub at once, and with EVENTS_GET
@@ -41,6 +42,10 @@ struct driver_config {
     const char *kvmgr_pub_url; /* tactic events and histograms */
     const char *const *worker_urls;
     int step_timeout_ms;
+    /* while a step whose sequences all sample runs, ask kvmgr for the tables of the
+     * next step as the scheduler will likely build it (each of them one token more,
+     * PROTO_KV_AHEAD); a next step that differs gets a KV_PREP of its own */
+    int prep_ahead;
 };
 
 struct driver;

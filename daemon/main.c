@@ -52,6 +52,7 @@ struct rkvd_conf {
     int64_t max_body;
     int64_t shutdown_timeout;
     int64_t step_timeout;
+    int prep_ahead;
     int64_t http_header_timeout;
     int log_level;
     char admin_socket[512];
@@ -118,6 +119,8 @@ static const struct cfg_key keys[] = {
      .help = "seconds streams may run on after SIGTERM"},
     {K("step_timeout", CFG_INT, step_timeout), .min = 1, .max = 3600, .def = "120",
      .help = "seconds one step may take before the worker counts as hung"},
+    {K("prep_ahead", CFG_BOOL, prep_ahead), .def = "true",
+     .help = "ask kvmgr for the next decode step's block tables while a step runs"},
     {K("http_header_timeout", CFG_INT, http_header_timeout), .min = 1, .max = 3600, .def = "10",
      .help = "seconds a client may take to send its request headers (then 408)"},
     {K("log_level", CFG_ENUM, log_level), .names = rkv_log_level_names, .def = "info", .help = "log level"},
@@ -862,7 +865,7 @@ int main(int argc, char **argv)
         snprintf(d.worker_urls[w], 600, "ipc://%s/worker%u.sock", d.c.runtime_dir, w);
     }
     struct driver_config dc = {d.n_workers, kv_url, pub_url, (const char *const *)d.worker_urls,
-                               (int)d.c.step_timeout * 1000};
+                               (int)d.c.step_timeout * 1000, d.c.prep_ahead};
     struct driver_cbs cbs = {drv_job_done, drv_worker_up, drv_worker_down, drv_kvmgr_changed,
                              drv_kvmgr_down, drv_kvmgr_status, drv_tactic_event, drv_histogram,
                              &d};

@@ -105,7 +105,8 @@ struct sched {
     void *authorize_ud;
     /* metric families */
     struct metric *m_running, *m_waiting, *m_prompt, *m_gen, *m_ttft, *m_itl, *m_e2e, *m_queue,
-        *m_hits, *m_queries, *m_prefill, *m_success, *m_sessions, *m_sess_moved;
+        *m_hits, *m_queries, *m_prefill, *m_success, *m_sessions, *m_sess_moved,
+        *m_ahead;
 };
 
 /* failing steps go on being retried at least this long (a child's restart) */
@@ -905,6 +906,8 @@ void sched_job_done(struct sched *s, struct step_job *j)
         return;
     }
     ws->failures = 0;
+    if (j->prep_ahead)
+        metric_inc(s->m_ahead, model_label(s), 1);
     int progress = 0;
     uint64_t moved_to = 0; /* workers that got sequences (bit per worker) */
     for (uint32_t i = 0; i < j->n_seqs; i++) {
@@ -1129,6 +1132,10 @@ int sched_init(uv_loop_t *loop, const struct sched_config *cfg, const struct tok
                                    ml, NULL, 0);
         s->m_hits = metrics_add(metrics, METRIC_COUNTER, "rkv:prefix_cache_hits_total",
                                 "Prompt tokens served from reused KV.", ml, NULL, 0);
+        s->m_ahead = metrics_add(metrics, METRIC_COUNTER, "rkv:kv_prep_ahead_steps_total",
+                                 "Steps whose block tables kvmgr placed while the step before "
+                                 "them ran (prep_ahead).",
+                                 ml, NULL, 0);
         s->m_queries = metrics_add(metrics, METRIC_COUNTER, "rkv:prefix_cache_queries_total",
                                    "Prompt tokens looked up in reusable KV.", ml, NULL, 0);
         s->m_ttft = metrics_add(metrics, METRIC_HISTOGRAM, "rkv:time_to_first_token_seconds",

@@ -84,6 +84,7 @@ struct step_job {
     int rc;
     int kvmgr_failed; /* the failure was kvmgr's (its KV is gone) */
     uint32_t kvmgr_pid; /* the kvmgr that placed this step's KV (0: unknown) */
+    int prep_ahead;     /* its tables were asked for while the step before it ran */
     char err[256];
     double step_ms;
 };

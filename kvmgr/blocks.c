@@ -550,6 +550,24 @@ int kvb_session_append(struct kvb *kvb, uint64_t sid, const uint32_t *tokens, si
     return 0;
 }
 
+int kvb_session_know(struct kvb *kvb, uint64_t sid, size_t from, const uint32_t *tokens,
+                     size_t n)
+{
+    struct sess *s = sess_get(kvb, sid);
+    if (!s)
+        return RKV_ENOTFOUND;
+    if (from > s->n_known || from >= s->tokens.len || !n)
+        return 0; /* a gap before them: the prefix stays where it is */
+    size_t end = RKV_MIN(from + n, s->tokens.len);
+    if (end <= s->n_known)
+        return 0;
+    /* positions before n_known keep their ids (published blocks hash them) */
+    memcpy((uint32_t *)s->tokens.data + s->n_known, tokens + (s->n_known - from),
+           (end - s->n_known) * sizeof(uint32_t));
+    s->n_known = end;
+    return 0;
+}
+
 int kvb_session_truncate(struct kvb *kvb, uint64_t sid, size_t n_tokens, struct kvb_copy *cow,
                          size_t *n_cow)
 {

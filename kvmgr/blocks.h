@@ -102,6 +102,12 @@ int kvb_session_fork(struct kvb *kvb, uint64_t parent, uint64_t child, size_t n_
 /* records n more positions (tokens may be NULL when only positions are
  * known: such blocks are never shared); allocates device blocks for them */
 int kvb_session_append(struct kvb *kvb, uint64_t sid, const uint32_t *tokens, size_t n);
+/* the token ids of positions [from, from + n) that an earlier append made without
+ * them (a step prepared ahead of the one sampling its input): they count as known
+ * when they continue the known prefix, so the blocks they fill become shareable.
+ * Positions past what the session holds are ignored. */
+int kvb_session_know(struct kvb *kvb, uint64_t sid, size_t from, const uint32_t *tokens,
+                     size_t n);
 /* keeps the first n_tokens positions; later blocks are released as workers
  * ack. A kept partial block is written again, so when it is shared or not on
  * the device its first positions are copied into a new private device block

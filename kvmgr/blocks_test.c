@@ -140,6 +140,45 @@ static void test_prefix_sharing(void **state)
     kvb_destroy(kvb);
 }
 
+/* a step prepared ahead appends its last position before its token is sampled: the
+ * next prep brings the id (kvb_session_know), and only then is that block shareable */
+static void test_tokens_known_later(void **state)
+{
+    (void)state;
+    struct kvb *kvb = make(16, 16);
+    uint32_t a[12], junk[4] = {900, 901, 902, 903};
+    size_t reused;
+    seq(a, 12, 1);
+    assert_int_equal(kvb_session_open(kvb, 1, 0, a, 5, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_append(kvb, 1, NULL, 3), 0); /* positions 5..7, ids unknown */
+    assert_int_equal(kvb_session_written(kvb, 1, 8), 0);
+    /* block 1 (positions 4..7) is written but its ids are not known: not shared */
+    assert_int_equal(kvb_session_open(kvb, 2, 0, a, 9, KVB_NONE, &reused), 0);
+    assert_int_equal(reused, 4);
+    assert_int_equal(kvb_session_close(kvb, 2), 0);
+    /* a gap before them (position 5 still unknown): ignored */
+    assert_int_equal(kvb_session_know(kvb, 1, 6, a + 6, 2), 0);
+    assert_int_equal(kvb_session_written(kvb, 1, 8), 0);
+    assert_int_equal(kvb_session_open(kvb, 2, 0, a, 9, KVB_NONE, &reused), 0);
+    assert_int_equal(reused, 4);
+    assert_int_equal(kvb_session_close(kvb, 2), 0);
+    /* known from position 5 on (and past what it holds: cut to 8); ids before n_known
+     * keep what they were */
+    assert_int_equal(kvb_session_know(kvb, 1, 0, junk, 4), 0);
+    assert_int_equal(kvb_session_know(kvb, 1, 5, a + 5, 7), 0);
+    assert_int_equal(kvb_session_written(kvb, 1, 8), 0);
+    assert_int_equal(kvb_session_open(kvb, 2, 0, a, 9, KVB_NONE, &reused), 0);
+    assert_int_equal(reused, 8);
+    struct kvb_entry ea[64], eb[64];
+    table(kvb, 1, ea, 2);
+    table(kvb, 2, eb, 3);
+    assert_int_equal(eb[1].dev, ea[1].dev);
+    /* unknown sessions */
+    assert_int_equal(kvb_session_know(kvb, 77, 0, a, 1), RKV_ENOTFOUND);
+    assert_int_equal(kvb_check(kvb), 0);
+    kvb_destroy(kvb);
+}
+
 static void test_fork_cow(void **state)
 {
     (void)state;
@@ -820,6 +859,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_alloc_free),       cmocka_unit_test(test_prefix_sharing),
+        cmocka_unit_test(test_tokens_known_later),
         cmocka_unit_test(test_fork_cow),         cmocka_unit_test(test_demote_promote_acks),
         cmocka_unit_test(test_host_full),        cmocka_unit_test(test_worker_lost),
         cmocka_unit_test(test_trim_host_copies), cmocka_unit_test(test_ack_worker),

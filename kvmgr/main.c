@@ -565,6 +565,19 @@ static int open_session(struct kvmgr *k, struct sess *s, const struct proto_kv_p
     return rc;
 }
 
+/* n more positions for s (tok: their ids, or NULL when not known) */
+static int grow(struct kvmgr *k, struct sess *s, const uint32_t *tok, size_t n)
+{
+    int rc = kvb_session_append(k->kvb, s->sid, tok, n);
+    if (rc == RKV_ENOSPACE) {
+        /* the device pool is short right now: re-plan (relief) and retry once */
+        k->dirty = 1;
+        replan(k, "session grew");
+        rc = kvb_session_append(k->kvb, s->sid, tok, n);
+    }
+    return rc;
+}
+
 static int place(struct kvmgr *k, struct sess *s, const struct proto_kv_prep_seq *q)
 {
     const struct plan_assign *a = k->plan ? plan_find(k->plan, s->sid) : NULL;
@@ -580,12 +593,14 @@ static int place(struct kvmgr *k, struct sess *s, const struct proto_kv_prep_seq
     if (s->want_pos < s->reused && (q->flags & PROTO_KV_NEW))
         s->want_pos = s->reused;
     size_t held = kvb_session_tokens(k->kvb, s->sid);
+    int ahead = (q->flags & PROTO_KV_AHEAD) != 0;
     /* positions from n_written on are written by this step. a new turn of a named session
      * rewrites its last prompt position, inside a full block that WINDOW may have moved to
      * the host or another session may share: cut back to n_written, so the kept partial
-     * block becomes a private device block (copy-on-write), then grow to want_pos */
-    size_t cut = s->want_pos;
-    if (!(q->flags & PROTO_KV_NEW) && q->n_written < held && q->n_written < cut)
+     * block becomes a private device block (copy-on-write), then grow to want_pos. A step
+     * prepared ahead never cuts: past n_written is the step still running */
+    size_t cut = ahead ? RKV_MAX(held, s->want_pos) : s->want_pos;
+    if (!ahead && !(q->flags & PROTO_KV_NEW) && q->n_written < held && q->n_written < cut)
         cut = q->n_written;
     if (cut < held) {
         struct kvb_copy cow[1];
@@ -600,18 +615,20 @@ static int place(struct kvmgr *k, struct sess *s, const struct proto_kv_prep_seq
             return rc;
         held = cut;
     }
-    if (s->want_pos > held) {
-        const uint32_t *tok = tokens_for(q, held, s->want_pos);
-        rc = kvb_session_append(k->kvb, s->sid, tok, s->want_pos - held);
-        if (rc == RKV_ENOSPACE) {
-            /* the device pool is short right now: re-plan (relief) and retry once */
-            k->dirty = 1;
-            replan(k, "session grew");
-            rc = kvb_session_append(k->kvb, s->sid, tok, s->want_pos - held);
+    if (ahead && q->n_tokens) {
+        /* the ids of the running step's input: known now (appended without them) */
+        size_t first = q->n_pos - 1 - q->n_tokens;
+        kvb_session_know(k->kvb, s->sid, first, (const uint32_t *)q->tokens, q->n_tokens);
+        size_t end = q->n_pos - 1;
+        if (held >= first && held < end && s->want_pos > held) {
+            if ((rc = grow(k, s, (const uint32_t *)q->tokens + (held - first),
+                           RKV_MIN(end, s->want_pos) - held)))
+                return rc;
+            held = RKV_MIN(end, s->want_pos);
         }
-        if (rc)
-            return rc;
     }
+    if (s->want_pos > held)
+        return grow(k, s, ahead ? NULL : tokens_for(q, held, s->want_pos), s->want_pos - held);
     return 0;
 }
 

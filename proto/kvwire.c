@@ -121,6 +121,13 @@ int proto_kv_prep_decode(const void *buf, size_t len, struct proto_kv_prep **out
                                 i, flags);
         if ((rc = get_count(&r, PROTO_KV_MAX_TOKENS, 4, "kv_prep tokens", &nt, err, errlen)))
             return rc;
+        if ((flags & PROTO_KV_AHEAD) && ((flags & PROTO_KV_NEW) || nt >= n_pos))
+            return proto_seterr(err, errlen, RKV_EFORMAT,
+                                "kv_prep: seq %u is prepared ahead with %s (%u tokens, %u "
+                                "positions): it must be a known session whose tokens end "
+                                "before its last position",
+                                i, (flags & PROTO_KV_NEW) ? "the new flag" : "too many tokens",
+                                nt, n_pos);
         r.pos += (size_t)nt * 4;
         n_tok += nt;
     }

@@ -48,7 +48,14 @@
 #define PROTO_KV_PINNED 2u /* operator pinned: keep resident */
 #define PROTO_KV_NEW 4u    /* first prep of this session: tokens = all it has */
 #define PROTO_KV_NOMOVE 8u /* keep it on this worker's gpu */
-#define PROTO_KV_FLAGS (PROTO_KV_ACTIVE | PROTO_KV_PINNED | PROTO_KV_NEW | PROTO_KV_NOMOVE)
+/* prepared ahead: sent while this worker's previous step still runs (its positions,
+ * from n_written on, are being written), before that step sampled this one's input.
+ * tokens end at n_pos - 1 (the ids of the previous step's input, so they become known);
+ * the id of the last position is not known yet (the next prep brings it). kvmgr never
+ * cuts such a session back: the positions past n_written are the step in flight */
+#define PROTO_KV_AHEAD 16u
+#define PROTO_KV_FLAGS \
+    (PROTO_KV_ACTIVE | PROTO_KV_PINNED | PROTO_KV_NEW | PROTO_KV_NOMOVE | PROTO_KV_AHEAD)
 /* a KV_TABLES status: the session is on gpu g now (g < PROTO_MAX_WORKERS) */
 #define PROTO_KV_MOVED(g) ((int32_t)(1 + (g)))
 #define PROTO_KV_IS_MOVED(st) ((st) >= 1 && (st) <= 64) /* 64: PROTO_MAX_WORKERS */
@@ -61,7 +68,8 @@ struct proto_kv_prep_seq {
     uint8_t flags;      /* PROTO_KV_* */
     uint32_t n_written; /* positions whose KV the worker has written */
     uint32_t n_tokens;
-    const int32_t *tokens; /* NEW: every token; else the step's, ending at n_pos */
+    const int32_t *tokens; /* NEW: every token; AHEAD: ending at n_pos - 1; else the
+                            * step's, ending at n_pos */
 };
 
 struct proto_kv_prep {

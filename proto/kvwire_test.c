@@ -121,6 +121,37 @@ static void test_moved_and_nomove(void **state)
     proto_wbuf_free(&w);
 }
 
+/* a step prepared ahead: its tokens end before its last position; a new session or as
+ * many tokens as positions is refused with the reason */
+static void test_ahead(void **state)
+{
+    (void)state;
+    static const int32_t toks[] = {11, 12};
+    struct proto_kv_prep_seq q = {5, 3, PROTO_KV_ACTIVE | PROTO_KV_AHEAD, 1, 2, toks};
+    struct proto_kv_prep pm = {0, 4, 0, NULL, 0, NULL, 1, &q};
+    struct proto_wbuf w;
+    char err[256];
+    proto_wbuf_init(&w);
+    assert_int_equal(proto_kv_prep_encode(&pm, &w, err, sizeof err), 0);
+    struct proto_kv_prep *p;
+    assert_int_equal(proto_kv_prep_decode(w.data, w.len, &p, err, sizeof err), 0);
+    assert_int_equal(p->seqs[0].flags, PROTO_KV_ACTIVE | PROTO_KV_AHEAD);
+    assert_int_equal(p->seqs[0].tokens[1], 12);
+    proto_kv_prep_free(p);
+    q.n_pos = 2;
+    proto_wbuf_reset(&w);
+    assert_int_equal(proto_kv_prep_encode(&pm, &w, err, sizeof err), 0);
+    assert_int_equal(proto_kv_prep_decode(w.data, w.len, &p, err, sizeof err), RKV_EFORMAT);
+    assert_non_null(strstr(err, "too many tokens"));
+    q.n_pos = 3;
+    q.flags |= PROTO_KV_NEW;
+    proto_wbuf_reset(&w);
+    assert_int_equal(proto_kv_prep_encode(&pm, &w, err, sizeof err), 0);
+    assert_int_equal(proto_kv_prep_decode(w.data, w.len, &p, err, sizeof err), RKV_EFORMAT);
+    assert_non_null(strstr(err, "new flag"));
+    proto_wbuf_free(&w);
+}
+
 static void test_limits_and_noise(void **state)
 {
     (void)state;
@@ -167,6 +198,7 @@ int main(void)
         cmocka_unit_test(test_prep_roundtrip),
         cmocka_unit_test(test_tables_roundtrip),
         cmocka_unit_test(test_moved_and_nomove),
+        cmocka_unit_test(test_ahead),
         cmocka_unit_test(test_limits_and_noise),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
