@@ -69,7 +69,12 @@ struct ahead {
     int rc;
     struct proto_in reply;
     char err[256];
+    uint32_t streak; /* preps sent ahead in a row */
 };
+
+/* every so many steps the prep runs at a step boundary instead: kvmgr moves a session to
+ * another gpu (rebalance) only when every position it holds is written */
+#define AHEAD_MAX_STREAK 32
 
 struct wthread {
     struct driver *d;
@@ -188,6 +193,12 @@ static int kv_prep(struct wthread *t, struct step_job *job, struct proto_kv_tabl
             ps[i].flags |= PROTO_KV_NEW;
             ps[i].n_tokens = job->seqs[i].n_all;
             ps[i].tokens = job->seqs[i].all;
+        } else if (job->seqs[i].has_prev) {
+            /* one token before the step's: when the step before used tables asked for
+             * ahead, kvmgr got that position without its id (the prep ahead of this
+             * step would have brought it) */
+            ps[i].n_tokens = job->seqs[i].n_tokens + 1;
+            ps[i].tokens = job->seqs[i].tokens - 1;
         } else {
             ps[i].n_tokens = job->seqs[i].n_tokens;
             ps[i].tokens = job->seqs[i].tokens;
@@ -317,6 +328,10 @@ static void ahead_send(struct wthread *t, const struct step_job *job)
     struct ahead *a = &t->ah;
     if (!t->d->cfg.prep_ahead || !a->started || !job->n_seqs)
         return;
+    if (a->streak >= AHEAD_MAX_STREAK) {
+        a->streak = 0;
+        return;
+    }
     for (uint32_t i = 0; i < job->n_seqs; i++)
         if (!job->seqs[i].sample || job->seqs[i].status != 0 || !job->seqs[i].n_tokens)
             return;
@@ -347,6 +362,7 @@ static void ahead_send(struct wthread *t, const struct step_job *job)
         return;
     }
     a->ack = t->acked_epoch;
+    a->streak++;
     t->st.ahead_sent++;
     pthread_mutex_lock(&a->mu);
     a->state = AH_QUEUED;
@@ -486,8 +502,10 @@ static void run_job(struct wthread *t, struct step_job *job)
         t->st.ahead_used++;
         job->prep_ahead = 1;
     }
-    else
+    else {
         rc = kv_prep(t, job, &tb);
+        t->ah.streak = 0; /* a step boundary kvmgr can move sessions at */
+    }
     uint64_t t1 = rkv_now_ns();
     t->st.prep_ns += t1 - t0;
     if (rc) {

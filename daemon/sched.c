@@ -705,7 +705,7 @@ static void kick(struct sched *s, uint32_t w)
             struct pick pk = {q, take};
             if (!rkv_vec_push(&ws->picks, &pk))
                 break;
-            n_tok += take;
+            n_tok += take + 1; /* and the token before (kvmgr may not know it yet) */
             if (!se->worker_knows)
                 n_tok += se->n_kv; /* history for the sampler */
             if (!se->kvmgr_knows)
@@ -753,6 +753,9 @@ static void kick(struct sched *s, uint32_t w)
         js->sid = se->sid;
         js->n_past = se->n_kv;
         js->n_tokens = pk->take;
+        js->has_prev = se->n_kv > 0;
+        if (js->has_prev)
+            *arena++ = se->tokens[se->n_kv - 1];
         js->tokens = arena;
         memcpy(arena, se->tokens + se->n_kv, pk->take * sizeof(int32_t));
         arena += pk->take;

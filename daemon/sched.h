@@ -45,7 +45,8 @@ struct job_seq {
     uint64_t sid;       /* kvmgr/worker session id */
     uint32_t n_past;    /* positions already in the KV */
     uint32_t n_tokens;  /* tokens fed this step */
-    int32_t *tokens;    /* (n_tokens) */
+    int32_t *tokens;    /* (n_tokens); with has_prev, tokens[-1] is the token before */
+    uint8_t has_prev;   /* n_past > 0: tokens[-1] holds position n_past - 1's token */
     uint8_t sample;     /* sample a token from the last position */
     uint8_t reset;      /* the worker must rebuild its sampler from history */
     uint8_t pinned;     /* operator pinned the session: kvmgr keeps it resident */

@@ -615,6 +615,12 @@ static int place(struct kvmgr *k, struct sess *s, const struct proto_kv_prep_seq
             return rc;
         held = cut;
     }
+    if (!ahead && !(q->flags & PROTO_KV_NEW) && q->n_tokens && q->n_pos - q->n_tokens < held) {
+        /* ids of positions it holds (appended ahead without them): known now */
+        size_t first = q->n_pos - q->n_tokens;
+        kvb_session_know(k->kvb, s->sid, first, (const uint32_t *)q->tokens,
+                         RKV_MIN(q->n_tokens, held - first));
+    }
     if (ahead && q->n_tokens) {
         /* the ids of the running step's input: known now (appended without them) */
         size_t first = q->n_pos - 1 - q->n_tokens;
