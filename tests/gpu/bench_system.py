@@ -27,6 +27,7 @@ import os
 import random
 import re
 import shutil
+import shlex
 import signal
 import socket
 import struct
@@ -171,6 +172,7 @@ class Server(gpu_demo.Rkvd):
             self.args += ["--compute-reserve", f"{a.reserve}B"]
         if a.threads:
             self.args += ["--threads", str(a.threads)]
+        self.args += shlex.split(a.rkvd_args or "")
         self.port = self.proc = None
         self.used_at_hello = self.weights = self.plan_overhead = 0
 
@@ -1124,6 +1126,8 @@ def parse_args(argv):
     ap.add_argument("--threads", type=int, help="cpu worker threads (cpu backend)")
     ap.add_argument("--max-batch-tokens", type=int, help="rkvd's step size (512, rkvd's default)")
     ap.add_argument("--prefill-chunk", type=int, help="(256, rkvd's default)")
+    ap.add_argument("--rkvd-args", help="more rkvd flags for every server, one string (e.g. "
+                    "\"--prep-ahead false\" for an A/B)")
     ap.add_argument("--reserve", default=0, type=int,
                     help="compute reserve, bytes (0: the one the worker measures)")
     ap.add_argument("--ctx", type=int, help="prompt of each ramp / http / budget session "
