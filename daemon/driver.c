@@ -176,39 +176,71 @@ static void on_async(uv_async_t *a)
 
 /* --- worker threads -------------------------------------------------------------- */
 
-static int kv_prep(struct wthread *t, struct step_job *job, struct proto_kv_tables **tables)
+static uint8_t seq_flags(const struct job_seq *js)
 {
-    struct driver *d = t->d;
+    return (js->pinned ? PROTO_KV_PINNED : 0) | (js->nomove ? PROTO_KV_NOMOVE : 0);
+}
+
+/* what kvmgr needs of js: for its own step, or (ahead) for the step after it, one
+ * position on, asked while js's step runs */
+static void prep_seq(const struct job_seq *js, int ahead, struct proto_kv_prep_seq *ps)
+{
+    ps->session_id = js->sid;
+    ps->flags = PROTO_KV_ACTIVE | seq_flags(js);
+    /* the step's n_past was written by earlier steps that finished; ahead, the step
+     * still running writes the rest */
+    ps->n_written = js->n_past;
+    ps->n_pos = js->n_past + js->n_tokens;
+    if (ahead) {
+        /* js's tokens become known; the new position's id is what js's step samples */
+        ps->n_pos++;
+        ps->flags |= PROTO_KV_AHEAD;
+        ps->n_tokens = js->n_tokens;
+        ps->tokens = js->tokens;
+    } else if (js->is_new) {
+        ps->flags |= PROTO_KV_NEW;
+        ps->n_tokens = js->n_all;
+        ps->tokens = js->all;
+    } else if (js->has_prev) {
+        /* one token before the step's: when the step before used tables asked for
+         * ahead, kvmgr got that position without its id (the prep ahead of this
+         * step would have brought it) */
+        ps->n_tokens = js->n_tokens + 1;
+        ps->tokens = js->tokens - 1;
+    } else {
+        ps->n_tokens = js->n_tokens;
+        ps->tokens = js->tokens;
+    }
+}
+
+/* job's KV_PREP into buf; ahead: the step after it (no closes or idles: those go with
+ * the next step's own prep) */
+static int encode_prep(struct wthread *t, const struct step_job *job, int ahead,
+                       struct proto_wbuf *buf, char *err, size_t errlen)
+{
     struct proto_kv_prep_seq *ps = calloc(job->n_seqs ? job->n_seqs : 1, sizeof *ps);
     if (!ps)
         return RKV_ENOMEM;
-    for (uint32_t i = 0; i < job->n_seqs; i++) {
-        ps[i].session_id = job->seqs[i].sid;
-        ps[i].n_pos = job->seqs[i].n_past + job->seqs[i].n_tokens;
-        ps[i].flags = PROTO_KV_ACTIVE | (job->seqs[i].pinned ? PROTO_KV_PINNED : 0) |
-                      (job->seqs[i].nomove ? PROTO_KV_NOMOVE : 0);
-        /* the step's n_past was written by earlier steps that finished */
-        ps[i].n_written = job->seqs[i].n_past;
-        if (job->seqs[i].is_new) {
-            ps[i].flags |= PROTO_KV_NEW;
-            ps[i].n_tokens = job->seqs[i].n_all;
-            ps[i].tokens = job->seqs[i].all;
-        } else if (job->seqs[i].has_prev) {
-            /* one token before the step's: when the step before used tables asked for
-             * ahead, kvmgr got that position without its id (the prep ahead of this
-             * step would have brought it) */
-            ps[i].n_tokens = job->seqs[i].n_tokens + 1;
-            ps[i].tokens = job->seqs[i].tokens - 1;
-        } else {
-            ps[i].n_tokens = job->seqs[i].n_tokens;
-            ps[i].tokens = job->seqs[i].tokens;
-        }
-    }
-    struct proto_kv_prep m = {t->idx, t->acked_epoch, job->n_closes, job->closes, job->n_idles,
-                              job->idles, job->n_seqs, ps};
-    proto_wbuf_reset(&t->buf);
-    int rc = proto_kv_prep_encode(&m, &t->buf, job->err, sizeof job->err);
+    for (uint32_t i = 0; i < job->n_seqs; i++)
+        prep_seq(&job->seqs[i], ahead, &ps[i]);
+    struct proto_kv_prep m = {t->idx,
+                              t->acked_epoch,
+                              ahead ? 0 : job->n_closes,
+                              ahead ? NULL : job->closes,
+                              ahead ? 0 : job->n_idles,
+                              ahead ? NULL : job->idles,
+                              job->n_seqs,
+                              ps};
+    proto_wbuf_reset(buf);
+    int rc = proto_kv_prep_encode(&m, buf, err, errlen);
     free(ps);
+    return rc;
+}
+
+static int kv_prep(struct wthread *t, struct step_job *job, struct proto_kv_tables **tables)
+{
+    struct driver *d = t->d;
+    int rc = encode_prep(t, job, 0, &t->buf, job->err, sizeof job->err);
     if (rc)
         return rc;
     struct proto_in reply;
@@ -216,7 +248,7 @@ static int kv_prep(struct wthread *t, struct step_job *job, struct proto_kv_tabl
                     sizeof job->err);
     if (rc)
         return rc;
-    t->sent_ack = m.ack_epoch;
+    t->sent_ack = t->acked_epoch;
     if (reply.hdr.type != PROTO_MSG_KV_TABLES)
         rc = proto_seterr(job->err, sizeof job->err, RKV_EPROTO, "kvmgr answered kv_prep with %s",
                           proto_msg_name(reply.hdr.type));
@@ -259,11 +291,6 @@ static void *ahead_thread(void *arg)
     }
     pthread_mutex_unlock(&a->mu);
     return NULL;
-}
-
-static uint8_t seq_flags(const struct job_seq *js)
-{
-    return (js->pinned ? PROTO_KV_PINNED : 0) | (js->nomove ? PROTO_KV_NOMOVE : 0);
 }
 
 /* is job the step the prep ahead was made for: the same sequences, each one token on */
@@ -335,29 +362,16 @@ static void ahead_send(struct wthread *t, const struct step_job *job)
     for (uint32_t i = 0; i < job->n_seqs; i++)
         if (!job->seqs[i].sample || job->seqs[i].status != 0 || !job->seqs[i].n_tokens)
             return;
-    struct proto_kv_prep_seq *ps = calloc(job->n_seqs, sizeof *ps);
-    if (!ps || rkv_vec_reserve(&a->seqs, job->n_seqs)) {
-        free(ps);
+    if (rkv_vec_reserve(&a->seqs, job->n_seqs))
         return;
-    }
     a->seqs.len = 0;
     for (uint32_t i = 0; i < job->n_seqs; i++) {
         const struct job_seq *js = &job->seqs[i];
         struct ahead_seq q = {js->sid, js->n_past + js->n_tokens + 1, seq_flags(js)};
         rkv_vec_push(&a->seqs, &q);
-        ps[i].session_id = js->sid;
-        ps[i].n_pos = q.n_pos;
-        ps[i].flags = PROTO_KV_ACTIVE | PROTO_KV_AHEAD | q.flags;
-        ps[i].n_written = js->n_past; /* this step writes the rest */
-        ps[i].n_tokens = js->n_tokens;
-        ps[i].tokens = js->tokens;
     }
-    struct proto_kv_prep m = {t->idx, t->acked_epoch, 0, NULL, 0, NULL, job->n_seqs, ps};
     char err[256];
-    proto_wbuf_reset(&a->buf);
-    int rc = proto_kv_prep_encode(&m, &a->buf, err, sizeof err);
-    free(ps);
-    if (rc) {
+    if (encode_prep(t, job, 1, &a->buf, err, sizeof err)) {
         log_debug("worker %u: the next step's kv_prep: %s", t->idx, err);
         return;
     }
@@ -501,8 +515,7 @@ static void run_job(struct wthread *t, struct step_job *job)
     if (ahead_take(t, job, &tb)) {
         t->st.ahead_used++;
         job->prep_ahead = 1;
-    }
-    else {
+    } else {
         rc = kv_prep(t, job, &tb);
         t->ah.streak = 0; /* a step boundary kvmgr can move sessions at */
     }

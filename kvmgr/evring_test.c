@@ -21,6 +21,16 @@ static uint64_t push_sid(struct evring *r, uint64_t sid)
     return evring_push(r, &ev);
 }
 
+/* a ring of cap with n events pushed, event i for session i * mul */
+static struct evring *ring_of(uint32_t cap, uint64_t n, uint64_t mul)
+{
+    struct evring *r;
+    assert_int_equal(evring_new(cap, &r), 0);
+    for (uint64_t i = 1; i <= n; i++)
+        push_sid(r, i * mul);
+    return r;
+}
+
 static void test_empty(void **state)
 {
     (void)state;
@@ -78,10 +88,7 @@ static void test_numbers_and_since(void **state)
 static void test_overflow_counts_dropped(void **state)
 {
     (void)state;
-    struct evring *r;
-    assert_int_equal(evring_new(4, &r), 0);
-    for (uint64_t i = 1; i <= 10; i++)
-        push_sid(r, i);
+    struct evring *r = ring_of(4, 10, 1);
     /* holds 7..10 */
     assert_int_equal(evring_first_seq(r), 7);
     assert_int_equal(evring_last_seq(r), 10);
@@ -108,10 +115,7 @@ static void test_bounded_reply_and_loop(void **state)
 {
     (void)state;
     const uint64_t n = 3 * PROTO_MAX_EVENTS + 7;
-    struct evring *r;
-    assert_int_equal(evring_new(4096, &r), 0);
-    for (uint64_t i = 1; i <= n; i++)
-        push_sid(r, i * 10);
+    struct evring *r = ring_of(4096, n, 10);
     struct proto_events *out = calloc(1, sizeof *out);
     /* as rkvd does: ask again from the last seq until last_seq is reached */
     uint64_t since = 0, got = 0;
@@ -137,10 +141,7 @@ static void test_bounded_reply_and_loop(void **state)
 static void test_reply_encodes(void **state)
 {
     (void)state;
-    struct evring *r;
-    assert_int_equal(evring_new(16, &r), 0);
-    for (uint64_t i = 1; i <= 3; i++)
-        push_sid(r, i);
+    struct evring *r = ring_of(16, 3, 1);
     struct proto_events *out = calloc(1, sizeof *out), *back = calloc(1, sizeof *back);
     evring_fill(r, 1, out);
     out->kvmgr_pid = 42;

@@ -513,17 +513,20 @@ static void sess_drop(struct kvmgr *k, uint64_t sid)
     k->dirty = 1;
 }
 
-/* brings one session's blocks to want_pos positions within its plan */
-/* the tokens q carries for positions [from, to), or NULL when it carries
- * other positions (then the blocks are positions only: never shared) */
-static const uint32_t *tokens_for(const struct proto_kv_prep_seq *q, size_t from, size_t to)
+/* the positions whose ids q carries: [*first, end). A new session's are all it has;
+ * a step's end at n_pos, or at n_pos - 1 when it is prepared ahead (its last id is being
+ * sampled). None when they would start before position 0 */
+static size_t token_span(const struct proto_kv_prep_seq *q, size_t *first)
 {
-    if (!q->n_tokens || to > q->n_pos)
-        return NULL;
-    if (q->flags & PROTO_KV_NEW)
-        return to <= q->n_tokens ? (const uint32_t *)q->tokens + from : NULL;
-    size_t first = q->n_pos - q->n_tokens; /* position of q->tokens[0] */
-    return from >= first ? (const uint32_t *)q->tokens + (from - first) : NULL;
+    size_t end = (q->flags & PROTO_KV_NEW)     ? q->n_tokens
+                 : (q->flags & PROTO_KV_AHEAD) ? (q->n_pos ? q->n_pos - 1 : 0)
+                                               : q->n_pos;
+    if (!q->n_tokens || q->n_tokens > end) {
+        *first = end;
+        return end;
+    }
+    *first = end - q->n_tokens;
+    return end;
 }
 
 /* opens a session kvmgr has not seen: full blocks whose tokens another
@@ -578,6 +581,7 @@ static int grow(struct kvmgr *k, struct sess *s, const uint32_t *tok, size_t n)
     return rc;
 }
 
+/* brings one session's blocks to want_pos positions within its plan */
 static int place(struct kvmgr *k, struct sess *s, const struct proto_kv_prep_seq *q)
 {
     const struct plan_assign *a = k->plan ? plan_find(k->plan, s->sid) : NULL;
@@ -593,49 +597,43 @@ static int place(struct kvmgr *k, struct sess *s, const struct proto_kv_prep_seq
     if (s->want_pos < s->reused && (q->flags & PROTO_KV_NEW))
         s->want_pos = s->reused;
     size_t held = kvb_session_tokens(k->kvb, s->sid);
-    int ahead = (q->flags & PROTO_KV_AHEAD) != 0;
+    size_t first, end = token_span(q, &first);
+    const uint32_t *tok = (const uint32_t *)q->tokens;
     /* positions from n_written on are written by this step. a new turn of a named session
      * rewrites its last prompt position, inside a full block that WINDOW may have moved to
      * the host or another session may share: cut back to n_written, so the kept partial
      * block becomes a private device block (copy-on-write), then grow to want_pos. A step
      * prepared ahead never cuts: past n_written is the step still running */
-    size_t cut = ahead ? RKV_MAX(held, s->want_pos) : s->want_pos;
-    if (!ahead && !(q->flags & PROTO_KV_NEW) && q->n_written < held && q->n_written < cut)
-        cut = q->n_written;
-    if (cut < held) {
-        struct kvb_copy cow[1];
-        size_t n_cow = 0;
-        if ((rc = kvb_session_truncate(k->kvb, s->sid, cut, cow, &n_cow)))
-            return rc;
-        /* kvmgr does not know the worker's layout inside a block (positions
-         * are not outermost), so a copy-on-write moves the whole block */
-        for (size_t c = 0; c < n_cow; c++)
-            cow[c].n_tokens = (uint32_t)k->c.block_size;
-        if (n_cow && (rc = kvpool_run_copies(k->dev, k->n_gpus, k->host, cow, n_cow)))
-            return rc;
-        held = cut;
-    }
-    if (!ahead && !(q->flags & PROTO_KV_NEW) && q->n_tokens && q->n_pos - q->n_tokens < held) {
-        /* ids of positions it holds (appended ahead without them): known now */
-        size_t first = q->n_pos - q->n_tokens;
-        kvb_session_know(k->kvb, s->sid, first, (const uint32_t *)q->tokens,
-                         RKV_MIN(q->n_tokens, held - first));
-    }
-    if (ahead && q->n_tokens) {
-        /* the ids of the running step's input: known now (appended without them) */
-        size_t first = q->n_pos - 1 - q->n_tokens;
-        kvb_session_know(k->kvb, s->sid, first, (const uint32_t *)q->tokens, q->n_tokens);
-        size_t end = q->n_pos - 1;
-        if (held >= first && held < end && s->want_pos > held) {
-            if ((rc = grow(k, s, (const uint32_t *)q->tokens + (held - first),
-                           RKV_MIN(end, s->want_pos) - held)))
+    if (!(q->flags & PROTO_KV_AHEAD)) {
+        size_t cut = s->want_pos;
+        if (!(q->flags & PROTO_KV_NEW) && q->n_written < held && q->n_written < cut)
+            cut = q->n_written;
+        if (cut < held) {
+            struct kvb_copy cow[1];
+            size_t n_cow = 0;
+            if ((rc = kvb_session_truncate(k->kvb, s->sid, cut, cow, &n_cow)))
                 return rc;
-            held = RKV_MIN(end, s->want_pos);
+            /* kvmgr does not know the worker's layout inside a block (positions
+             * are not outermost), so a copy-on-write moves the whole block */
+            for (size_t c = 0; c < n_cow; c++)
+                cow[c].n_tokens = (uint32_t)k->c.block_size;
+            if (n_cow && (rc = kvpool_run_copies(k->dev, k->n_gpus, k->host, cow, n_cow)))
+                return rc;
+            held = cut;
         }
     }
-    if (s->want_pos > held)
-        return grow(k, s, ahead ? NULL : tokens_for(q, held, s->want_pos), s->want_pos - held);
-    return 0;
+    /* ids of positions it holds that were appended without them (by a step prepared
+     * ahead): known now. a new session's ids came with open_session */
+    if (!(q->flags & PROTO_KV_NEW) && first < end)
+        kvb_session_know(k->kvb, s->sid, first, tok, end - first);
+    /* new positions: with the ids q carries, then (ahead: the last one) without */
+    if (s->want_pos > held && held >= first && held < end) {
+        size_t to = RKV_MIN(end, s->want_pos);
+        if ((rc = grow(k, s, tok + (held - first), to - held)))
+            return rc;
+        held = to;
+    }
+    return s->want_pos > held ? grow(k, s, NULL, s->want_pos - held) : 0;
 }
 
 /* a session kvmgr has not placed yet goes to the gpu where it fits best;
