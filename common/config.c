@@ -464,8 +464,17 @@ int cfg_load_args(const struct cfg_spec *spec, void *conf, int argc, char **argv
         return 2;
     }
     if (pos < argc) {
-        log_error("%s: unexpected argument \"%s\" (see %s --help)", spec->prog, argv[pos],
-                  spec->prog);
+        /* "--flag word" where the flag is a switch and word is not true/false */
+        const char *prev = pos > 0 ? argv[pos - 1] : "";
+        const struct cfg_key *k = strncmp(prev, "--", 2) == 0 && !strchr(prev, '=')
+                                      ? cfg_find(spec, prev + 2)
+                                      : NULL;
+        if (k && k->type == CFG_BOOL)
+            log_error("%s: unexpected argument \"%s\": %s takes true or false (e.g. %s=false)",
+                      spec->prog, argv[pos], prev, prev);
+        else
+            log_error("%s: unexpected argument \"%s\" (see %s --help)", spec->prog, argv[pos],
+                      spec->prog);
         return 2;
     }
     return 0;

@@ -1163,6 +1163,10 @@ def parse_args(argv):
                     "transformers run, building the model included")
     ap.add_argument("--io-timeout", type=float, help="seconds one request may stall (120)")
     a = ap.parse_args(argv)
+    try:
+        shlex.split(a.rkvd_args or "")
+    except ValueError as e:
+        ap.error(f"--rkvd-args {a.rkvd_args!r}: {e} (quote it as one shell word)")
     q = a.quick
     dflt = {"deadline": (55, 480), "preset": ("tiny", "llama3-8b"), "dtype": ("f32", "bf16"),
             "block_size": (32, 256), "ctx": (256, 4096), "fit_sessions": (2, 16),

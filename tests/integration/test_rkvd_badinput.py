@@ -303,3 +303,17 @@ def test_busy_session_gets_409(rkvd):
             break
         assert st == 409 and time.monotonic() < deadline, data
         time.sleep(0.05)
+
+
+def test_switch_followed_by_a_word_names_the_switch():
+    """`--prep-ahead maybe`: a switch takes true or false; the error says so (not only
+    "unexpected argument")"""
+    from conftest import rkv_bin
+    r = subprocess.run([rkv_bin("rkvd"), "--prep-ahead", "maybe"], capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 2
+    assert 'unexpected argument "maybe": --prep-ahead takes true or false' in r.stderr, r.stderr
+    r = subprocess.run([rkv_bin("rkvd"), "--prep-ahead=maybe"], capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 2
+    assert "prep_ahead" in r.stderr or "prep-ahead" in r.stderr, r.stderr
