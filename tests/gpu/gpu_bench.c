@@ -225,6 +225,71 @@ static int bench_gemv(struct backend *be)
     return 0;
 }
 
+/* the fused decode linears of one llama3-8b layer (q/k/v and gate/up with the norm folded in,
+ * o and down adding into the residual), 1 and 2 tokens: weight bytes read per second */
+static int bench_linear(struct backend *be)
+{
+    static const struct {
+        const char *name;
+        enum be_lin_mode mode;
+        uint32_t n_w, n_in, rows[3];
+        int norm;
+    } cases[] = {
+        {"q/k/v +norm", BE_LIN_SET, 3, 4096, {4096, 1024, 1024}, 1},
+        {"o +residual", BE_LIN_ADD, 1, 4096, {4096, 0, 0}, 0},
+        {"gate/up +norm +silu", BE_LIN_SWIGLU, 2, 4096, {14336, 14336, 0}, 1},
+        {"down +residual", BE_LIN_ADD, 1, 14336, {4096, 0, 0}, 0},
+    };
+    for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
+        struct be_tensor *w[3] = {0}, *out[3] = {0}, *x = NULL, *nw = NULL;
+        const uint32_t n_in = cases[ci].n_in;
+        double bytes = 0;
+        int bad = backend_tensor_alloc(be, BE_F32, 2, n_in, &x) < 0 ||
+                  backend_tensor_alloc(be, BE_F32, 1, n_in, &nw) < 0;
+        for (uint32_t i = 0; i < cases[ci].n_w && !bad; i++) {
+            uint32_t r = cases[ci].rows[i];
+            bad = backend_tensor_alloc(be, BE_BF16, r, n_in, &w[i]) < 0 ||
+                  backend_tensor_alloc(be, BE_F32, 2, r, &out[i]) < 0;
+            if (!bad)
+                rkv_cuda_fill_random(w[i]->data, BE_BF16, (size_t)r * n_in, 3 + i, 0.02f);
+            bytes += (double)r * n_in * 2;
+        }
+        if (bad)
+            return -1;
+        rkv_cuda_fill_random(x->data, BE_F32, (size_t)2 * n_in, 2, 1.0f);
+        rkv_cuda_fill_random(nw->data, BE_F32, n_in, 5, 1.0f);
+        struct be_linear l = {
+            cases[ci].mode, x, cases[ci].norm ? nw : NULL, 1e-5f, cases[ci].n_w, {0}, {0}, {0}};
+        for (uint32_t i = 0; i < cases[ci].n_w; i++) {
+            l.w[i] = w[i];
+            l.out[i] = out[i];
+        }
+        for (uint32_t n = 1; n <= 2; n++) {
+            const int reps = 100;
+            if (linear_forward(be, &l, n) != 0)
+                return -1;
+            backend_sync(be);
+            double t0 = gu_now();
+            for (int r = 0; r < reps; r++)
+                linear_forward(be, &l, n);
+            backend_sync(be);
+            double t = (gu_now() - t0) / reps;
+            char name[96];
+            snprintf(name, sizeof(name), "%s %ux%u n=%u (GB/s vs hbm)", cases[ci].name,
+                     cases[ci].rows[0], n_in, n);
+            record("linear", name, bytes / t / 1e9, "GB/s", ceil_.hbm_read,
+                   bytes / t / 1e9 / ceil_.hbm_read);
+        }
+        for (uint32_t i = 0; i < 3; i++) {
+            backend_tensor_free(be, w[i]);
+            backend_tensor_free(be, out[i]);
+        }
+        backend_tensor_free(be, x);
+        backend_tensor_free(be, nw);
+    }
+    return 0;
+}
+
 /* --- decode and prefill on a llama3-8b-shaped model ----------------------- */
 
 static int bench_model(struct backend *be, int quick, const char *preset)
@@ -438,8 +503,10 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--quick"))
             quick = 1;
         else {
-            fprintf(stderr, "usage: gpu_bench [--suite all|attn|decode] [--preset llama3-8b|small] "
-                            "[--quick] [--json FILE]\n");
+            fprintf(
+                stderr,
+                "usage: gpu_bench [--suite all|gemv|linear|attn|decode] [--preset llama3-8b|small] "
+                "[--quick] [--json FILE]\n");
             return 2;
         }
     }
@@ -473,6 +540,8 @@ int main(int argc, char **argv)
     }
     if (!strcmp(suite, "all") || !strcmp(suite, "gemv"))
         rc |= bench_gemv(be);
+    if (!strcmp(suite, "all") || !strcmp(suite, "linear"))
+        rc |= bench_linear(be);
     if (!strcmp(suite, "all") || !strcmp(suite, "attn"))
         rc |= bench_attention(be, quick);
     if (!strcmp(suite, "all") || !strcmp(suite, "decode"))

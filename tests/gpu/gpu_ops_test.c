@@ -164,9 +164,9 @@ static void test_matmul(struct backend *precise)
  * add, silu_mul); n 1..2 folds the norm into the gemv, 3..8 runs it first,
  * more tokens are composed by the forward pass (the op declines with 1).
  * widths of 4096 and more split each row over several warps (RKV_CUDA_LIN_KS) */
-static void linear_case(enum be_type t, enum be_lin_mode mode, uint32_t n, int norm, uint32_t n_in)
+static void linear_case_rows(enum be_type t, enum be_lin_mode mode, uint32_t n, int norm,
+                             uint32_t n_in, const uint32_t rows[3])
 {
-    const uint32_t rows[3] = {256, 64, 64};
     const uint32_t n_w = mode == BE_LIN_SET ? 3 : mode == BE_LIN_ADD ? 1 : 2;
     const float ws = 1.0f / sqrtf((float)n_in);
     struct pair x = pair_new(BE_F32, n, n_in, 2.0f), nw = pair_new(BE_F32, 1, n_in, 1.0f),
@@ -203,8 +203,8 @@ static void linear_case(enum be_type t, enum be_lin_mode mode, uint32_t n, int n
               silu_mul_forward(cpu, out[0].c, out[0].c, tmp[0].c, n);
     static const char *modes[] = {"set", "add", "swiglu"};
     char name[96];
-    snprintf(name, sizeof(name), "linear %s %s n=%u in=%u%s", modes[mode], be_type_name(t), n,
-             n_in, norm ? " +norm" : "");
+    snprintf(name, sizeof(name), "linear %s %s n=%u in=%u rows=%u%s", modes[mode], be_type_name(t),
+             n, n_in, rows[0], norm ? " +norm" : "");
     if (rc == 1) {
         printf("  FAIL %s: the cuda backend declined the fused op\n", name);
         n_fail++;
@@ -223,6 +223,30 @@ static void linear_case(enum be_type t, enum be_lin_mode mode, uint32_t n, int n
         pair_free(&out[i]);
         pair_free(&tmp[i]);
     }
+}
+
+static void linear_case(enum be_type t, enum be_lin_mode mode, uint32_t n, int norm, uint32_t n_in)
+{
+    static const uint32_t rows[3] = {256, 64, 64};
+    linear_case_rows(t, mode, n, norm, n_in, rows);
+}
+
+/* llama3-8b's layer shapes and odd row counts: the streamed kernel's blocks take tens of rows
+ * each, so its ring of stages wraps many times and tiles stop at matrix and block edges */
+static void test_linear_shapes(void)
+{
+    static const uint32_t qkv[3] = {4096, 1024, 1024}, ffn[3] = {14336, 64, 64},
+                          o[3] = {4096, 64, 64}, odd[3] = {1000, 130, 70};
+    static const enum be_type t16[] = {BE_BF16, BE_F16};
+    for (int ti = 0; ti < 2; ti++)
+        for (uint32_t n = 1; n <= 2; n++) {
+            linear_case_rows(t16[ti], BE_LIN_SET, n, 1, 4096, qkv);
+            linear_case_rows(t16[ti], BE_LIN_SWIGLU, n, 1, 4096, ffn);
+            linear_case_rows(t16[ti], BE_LIN_ADD, n, 0, 14336, o);
+            linear_case_rows(t16[ti], BE_LIN_ADD, n, 0, 4096, o);
+            linear_case_rows(t16[ti], BE_LIN_SET, n, 1, 2048, odd);
+            linear_case_rows(t16[ti], BE_LIN_SWIGLU, n, 1, 768, odd);
+        }
 }
 
 static void test_linear(void)
@@ -464,6 +488,7 @@ int main(int argc, char **argv)
         test_rmsnorm();
         test_matmul(precise);
         test_linear();
+        test_linear_shapes();
         test_rope();
         test_elementwise();
         test_attention();

@@ -753,12 +753,27 @@ static void cu_free(void *ctx)
 }
 
 static const struct backend_i cuda_iface = {
-    cu_free,     cu_tensor_alloc, cu_tensor_free, cu_tensor_set,    cu_tensor_get,
-    cu_set_kv,   cu_embed,        cu_rmsnorm,     cu_matmul,        cu_rope,
-    cu_kv_write, cu_attn_partial, cu_attn_merge,  cu_silu_mul,      cu_add,
-    cu_get_rows, cu_sync,         cu_linear,      cu_rope_kv_write, cu_scratch_reserve,
-    cu_host_alloc, cu_host_free, cu_stats,
+    cu_free,       cu_tensor_alloc, cu_tensor_free, cu_tensor_set,    cu_tensor_get,
+    cu_set_kv,     cu_embed,        cu_rmsnorm,     cu_matmul,        cu_rope,
+    cu_kv_write,   cu_attn_partial, cu_attn_merge,  cu_silu_mul,      cu_add,
+    cu_get_rows,   cu_sync,         cu_linear,      cu_rope_kv_write, cu_scratch_reserve,
+    cu_host_alloc, cu_host_free,    cu_stats,
 };
+
+/* a size in KiB from the environment, def when unset; out of [lo, hi] warns and uses def */
+static uint32_t cu_env_kb(const char *name, uint32_t def, uint32_t lo, uint32_t hi)
+{
+    const char *e = getenv(name);
+    if (!e)
+        return def;
+    char *end = NULL;
+    unsigned long v = strtoul(e, &end, 10);
+    if (end == e || *end || v < lo || v > hi) {
+        log_warn("%s=%.20s is not a size in KiB in [%u, %u]: using %u", name, e, lo, hi, def);
+        return def;
+    }
+    return (uint32_t)v;
+}
 
 extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backend **out)
 {
@@ -777,6 +792,7 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
     if (cudaSetDevice(gpu) != cudaSuccess || cudaGetDeviceProperties(&p, gpu) != cudaSuccess)
         goto fail;
     c->n_sm = p.multiProcessorCount;
+    c->cc_major = p.major;
     if (p.major < 8) {
         log_error("cuda: gpu %d (%s) is compute capability %d.%d; rkv needs 8.0 or newer", gpu,
                   p.name, p.major, p.minor);
@@ -833,6 +849,14 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
             else
                 log_warn("RKV_CUDA_LIN_KS=%.20s is not 1, 2, 4 or 8: using 2", ke);
         }
+        const char *se = getenv("RKV_CUDA_LIN_STREAM");
+        c->lin_stream = !(se && *se == '0');
+        const char *pd = getenv("RKV_CUDA_PDL");
+        c->pdl = !(pd && *pd == '0');
+        /* streamed linears: 32 KiB stages (16 KiB: 0.56 of hbm on gate/up, 32: 0.89), a ring
+         * under half an SM's shared memory, so the next launch's block fits beside this one */
+        c->ls_stage = cu_env_kb("RKV_CUDA_LS_STAGE_KB", 32, 4, 64) << 10;
+        c->ls_ring = cu_env_kb("RKV_CUDA_LS_RING_KB", 96, 16, 200) << 10;
     }
     rc = backend_new("cuda", &cuda_iface, c, out);
     if (rc < 0)

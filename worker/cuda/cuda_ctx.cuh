@@ -135,9 +135,16 @@ struct cuda_ctx {
     size_t small_cap;
     void *lin_h; /* normed input of a fused linear layer (3+ tokens) */
     size_t lin_h_cap;
-    int dec;  /* the packed decode attention kernel (env RKV_CUDA_DEC=0: the general one) */
-    int fuse; /* fused decode ops (env RKV_CUDA_FUSE=0 turns them off, for a/b checks) */
-    int lin_ks; /* warps per weight row of the fused linears, 1/2/4/8 (env RKV_CUDA_LIN_KS) */
+    int dec;        /* the packed decode attention kernel (env RKV_CUDA_DEC=0: the general one) */
+    int fuse;       /* fused decode ops (env RKV_CUDA_FUSE=0 turns them off, for a/b checks) */
+    int lin_ks;     /* warps per weight row of the fused linears, 1/2/4/8 (env RKV_CUDA_LIN_KS) */
+    int lin_stream; /* 1-token linears stream weights through shared memory (sm_90+; env
+                     * RKV_CUDA_LIN_STREAM=0: the register kernel) */
+    int pdl;        /* streamed linears launched with programmatic serialization: the next one
+                     * prefetches its weights while this one ends (env RKV_CUDA_PDL=0: off) */
+    int cc_major;   /* compute capability */
+    uint32_t ls_stage, ls_ring; /* streamed linears: bytes per stage (target) and of the ring
+                                 * (env RKV_CUDA_LS_STAGE_KB, RKV_CUDA_LS_RING_KB) */
     /* how host blocks were read since the last stats call (cu_stats) */
     struct {
         uint64_t prefetched; /* layers whose copies the previous layer queued */

@@ -29,6 +29,9 @@ int cuda_rope_kv_write(struct cuda_ctx *c, const struct cuda_meta *m, uint32_t l
 /* the fused linear layer (decode, n <= CUDA_GEMV_MAX_N, 16-bit or f32 weights);
  * 1 when this call should be composed of the plain ops instead */
 int cuda_linear(struct cuda_ctx *c, const struct be_linear *l, uint32_t n);
+/* the same for 1-2 tokens and 16-bit weights on sm_90+, the weights streamed through shared
+ * memory by bulk copies (linear_stream.cu); 1 when it does not apply */
+int cuda_linear_stream(struct cuda_ctx *c, const struct be_linear *l, uint32_t n);
 
 /* matmul: out (n, n_out) = in (n, n_in) . w^T + bias */
 int cuda_matmul(struct cuda_ctx *c, float *out, const float *in, const struct be_tensor *w,

@@ -289,6 +289,9 @@ int cuda_linear(struct cuda_ctx *c, const struct be_linear *l, uint32_t n)
     for (uint32_t i = 1; i < l->n_w; i++)
         if (l->w[i]->type != t)
             return 1;
+    int rc = cuda_linear_stream(c, l, n);
+    if (rc != 1)
+        return rc;
     lin_kargs a = {};
     uint32_t rows = 0;
     for (uint32_t i = 0; i < l->n_w; i++) {
@@ -307,7 +310,7 @@ int cuda_linear(struct cuda_ctx *c, const struct be_linear *l, uint32_t n)
     bool norm = l->norm_w != NULL;
     if (norm && n > 2) {
         /* more tokens: the norm is its own pass */
-        int rc = cuda_scratch(c, &c->lin_h, &c->lin_h_cap, (size_t)n * n_in * sizeof(float));
+        rc = cuda_scratch(c, &c->lin_h, &c->lin_h_cap, (size_t)n * n_in * sizeof(float));
         if (rc == 0)
             rc = cuda_rmsnorm(c, (float *)c->lin_h, a.x, (const float *)l->norm_w->data, n, n_in,
                               l->eps);

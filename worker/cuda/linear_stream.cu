@@ -1,0 +1,424 @@
+/* linear_stream.cu - the fused decode linears for one token with 16-bit weights, streamed
+ * through shared memory. One persistent block per SM takes a contiguous range of weight rows.
+ * Its producer warp moves tiles of whole rows with bulk copies (cp.async.bulk, completion counted
+ * on an mbarrier) into a ring of stages, so the bytes in flight do not cost registers. Each
+ * consumer warp owns a fixed column slice of every row and keeps that slice of x (normed, when
+ * the norm is folded in) in registers. A finisher warp sums the warps' partials of each tile in
+ * a fixed order (the result does not depend on timing) and writes the outputs; on the producer's
+ * path that summing halved the throughput. Launched with programmatic serialization, the next
+ * launch's producer prefetches its weights while this one ends. */
+#include "worker/cuda/cuda_ops.cuh"
+
+#define LS_MAX_WARPS  16 /* consumer warps per block */
+#define LS_MAX_STAGES 8
+#define LS_MAX_ROWS   8 /* rows per tile (per matrix) */
+
+struct ls_kargs {
+    const char *w[BE_LIN_MAX];
+    const float *bias[BE_LIN_MAX];
+    float *out[BE_LIN_MAX];
+    uint32_t end[BE_LIN_MAX];   /* cumulative rows (SET); end[0] = rows otherwise */
+    uint32_t n_out[BE_LIN_MAX]; /* rows of each */
+    const float *x;             /* (n, n_in) */
+    const float *nw;            /* (n_in) norm weight, NORM only */
+    float eps;
+    uint32_t n_in, n, n_rows, n_mat;
+    uint32_t row_bytes, rows_per_tile, n_stages, stage_bytes;
+    uint32_t red_off, bar_off; /* byte offsets into dynamic shared memory */
+};
+
+/* --- mbarrier and bulk copy (sm_90) ------------------------------------------------------- */
+
+__device__ __forceinline__ uint32_t ls_smem(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void ls_bar_init(uint64_t *bar, uint32_t count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(ls_smem(bar)), "r"(count));
+}
+
+__device__ __forceinline__ void ls_bar_expect(uint64_t *bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(ls_smem(bar)),
+                 "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void ls_bar_arrive(uint64_t *bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(ls_smem(bar)) : "memory");
+}
+
+__device__ __forceinline__ void ls_bar_wait(uint64_t *bar, uint32_t parity)
+{
+    asm volatile("{\n\t.reg .pred p;\n"
+                 "LS_WAIT%=:\n\t"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
+                 "@!p bra LS_WAIT%=;\n}" ::"r"(ls_smem(bar)),
+                 "r"(parity)
+                 : "memory");
+}
+
+/* bytes (a multiple of 16) from global src to shared dst, counted on bar; evict-first in L2 */
+__device__ __forceinline__ void ls_copy(void *dst, const void *src, uint32_t bytes, uint64_t *bar,
+                                        uint64_t policy)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+                 " [%0], [%1], %2, [%3], %4;" ::"r"(ls_smem(dst)),
+                 "l"(src), "r"(bytes), "r"(ls_smem(bar)), "l"(policy)
+                 : "memory");
+}
+
+/* the tile that starts at unit u of this block's range [u, u_end): its matrix, first row, rows */
+__device__ __forceinline__ void ls_tile(const ls_kargs &a, uint32_t u, uint32_t u_end, uint32_t &m,
+                                        uint32_t &row, uint32_t &cnt)
+{
+    m = a.n_mat > 1 && u >= a.end[0] ? (a.n_mat > 2 && u >= a.end[1] ? 2 : 1) : 0;
+    const uint32_t beg = m == 0 ? 0 : a.end[m - 1], lim = a.end[m] < u_end ? a.end[m] : u_end;
+    row = u - beg;
+    cnt = lim - u < a.rows_per_tile ? lim - u : a.rows_per_tile;
+}
+
+__device__ __forceinline__ float ls_warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffff, v, o);
+    return v;
+}
+
+/* the outputs of one tile from its warps' partials red [nw][per]: lanes (output, warp) each load
+ * one partial, summed by a shuffle tree within groups of np2 lanes (np2 = nw rounded up to a power
+ * of two), the same order every time, so the result does not depend on timing. ti: the tile's
+ * matrix, first row and rows; output o is row o / NT of token o % NT */
+template <int NT, int MODE>
+__device__ __forceinline__ void ls_finish(const ls_kargs &a, const float *red, const uint32_t *ti,
+                                          uint32_t nw, uint32_t np2, uint32_t lane)
+{
+    constexpr int NR = MODE == BE_LIN_SWIGLU ? 2 : 1;
+    const uint32_t m = ti[0], row = ti[1], n_o = ti[2] * NT, per = a.rows_per_tile * NR * NT;
+    const uint32_t w = lane & (np2 - 1), group = 32 / np2;
+    const float *bm = m == 0 ? a.bias[0] : m == 1 ? a.bias[1] : a.bias[2];
+    float *om = m == 0 ? a.out[0] : m == 1 ? a.out[1] : a.out[2];
+    const uint32_t nm = m == 0 ? a.n_out[0] : m == 1 ? a.n_out[1] : a.n_out[2];
+    for (uint32_t o0 = 0; o0 < n_o; o0 += group) {
+        const uint32_t o = o0 + lane / np2, r = o / NT, t = o % NT;
+        float v[NR];
+#pragma unroll
+        for (int q = 0; q < NR; q++) {
+            v[q] = o < n_o && w < nw ? red[(size_t)w * per + (r * NR + q) * NT + t] : 0.0f;
+            for (uint32_t off = np2 / 2; off > 0; off >>= 1)
+                v[q] += __shfl_xor_sync(0xffffffff, v[q], off);
+        }
+        if (w != 0 || o >= n_o)
+            continue;
+        float *y = om + (size_t)t * nm + row + r;
+        const float b = bm ? bm[row + r] : 0.0f;
+        if constexpr (MODE == BE_LIN_SET)
+            *y = v[0] + b;
+        else if constexpr (MODE == BE_LIN_ADD)
+            *y += v[0] + b;
+        else
+            *y = v[0] / (1.0f + expf(-v[0])) * v[NR - 1];
+    }
+}
+
+/* V: 16-byte vectors of a row per lane; the block has n_in / (V * 32 * VEC) consumer warps */
+template <typename W, int NT, int MODE, bool NORM, int V>
+__global__ void __launch_bounds__((LS_MAX_WARPS + 2) * 32, V *NT <= 2 ? 2 : 1) ls_kernel(ls_kargs a)
+{
+    constexpr int VEC = 16 / sizeof(W);
+    constexpr int NR = MODE == BE_LIN_SWIGLU ? 2 : 1;
+    extern __shared__ __align__(128) unsigned char sm[];
+    const uint32_t S = a.n_stages, R = a.rows_per_tile, nw = blockDim.x / 32 - 2;
+    const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const uint32_t per = R * NR * NT;              /* partials of one warp and tile */
+    float *red = (float *)(sm + a.red_off);        /* [2S][nw][per] */
+    uint64_t *full = (uint64_t *)(sm + a.bar_off); /* [S] the stage's bytes landed */
+    uint64_t *empty = full + LS_MAX_STAGES;        /* [S] its consumers are done */
+    uint64_t *done = empty + LS_MAX_STAGES;   /* [2S] the partials of slot k % 2S are written */
+    uint64_t *fin = done + 2 * LS_MAX_STAGES; /* [2S] ... and summed: the slot is free */
+    float *ssq = (float *)(fin + 2 * LS_MAX_STAGES); /* [nw][NT] sums of squares */
+    const uint32_t u_beg = (uint32_t)((uint64_t)blockIdx.x * a.n_rows / gridDim.x);
+    const uint32_t u_end = (uint32_t)((uint64_t)(blockIdx.x + 1) * a.n_rows / gridDim.x);
+
+    if (threadIdx.x == 0) {
+        for (uint32_t s = 0; s < S; s++) {
+            ls_bar_init(&full[s], 1);
+            ls_bar_init(&empty[s], nw);
+        }
+        for (uint32_t h = 0; h < 2 * S; h++) {
+            ls_bar_init(&done[h], nw);
+            ls_bar_init(&fin[h], 1);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    /* a launch that follows with programmatic serialization may start its prefetch now */
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+
+    if (warp == nw) {
+        /* producer: tile k into stage k % S once tile k - S is consumed and the partials slot
+         * k % 2S that its consumers will write is summed (tile k - 2S) */
+        /* evict-first: the weights are read once a step (evict-normal measured slower) */
+        uint64_t policy = 0;
+        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+        uint32_t k = 0;
+        for (uint32_t u = u_beg; u < u_end; k++) {
+            uint32_t m, row, cnt;
+            ls_tile(a, u, u_end, m, row, cnt);
+            const uint32_t s = k % S;
+            if (k >= S)
+                ls_bar_wait(&empty[s], (k / S - 1) & 1);
+            if (k >= 2 * S)
+                ls_bar_wait(&fin[k % (2 * S)], (k / (2 * S) - 1) & 1);
+            if (lane == 0) {
+                const uint32_t bytes = cnt * a.row_bytes;
+                const char *wm = m == 0 ? a.w[0] : m == 1 ? a.w[1] : a.w[2];
+                char *st = (char *)sm + (size_t)s * a.stage_bytes;
+                ls_bar_expect(&full[s], bytes * NR);
+                ls_copy(st, wm + (size_t)row * a.row_bytes, bytes, &full[s], policy);
+                if constexpr (NR == 2)
+                    ls_copy(st + (size_t)R * a.row_bytes, a.w[1] + (size_t)row * a.row_bytes, bytes,
+                            &full[s], policy);
+            }
+            __syncwarp();
+            u += cnt;
+        }
+        return;
+    }
+    if (warp == nw + 1) {
+        /* finisher: the outputs of each tile from its warps' partials, off the producer's path */
+        uint32_t np2 = 1;
+        while (np2 < nw)
+            np2 *= 2;
+        uint32_t k = 0;
+        for (uint32_t u = u_beg; u < u_end; k++) {
+            uint32_t ti[3];
+            ls_tile(a, u, u_end, ti[0], ti[1], ti[2]);
+            const uint32_t h = k % (2 * S);
+            ls_bar_wait(&done[h], (k / (2 * S)) & 1);
+            ls_finish<NT, MODE>(a, red + (size_t)h * nw * per, ti, nw, np2, lane);
+            __syncwarp();
+            if (lane == 0)
+                ls_bar_arrive(&fin[h]);
+            u += ti[2];
+        }
+        return;
+    }
+
+    /* consumers: x of this warp's columns into registers, after the kernel that wrote it */
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    const uint32_t col0 = warp * (V * 32 * VEC) + lane * VEC;
+    float xr[NT][V * VEC];
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            const float4 *xv = (const float4 *)(a.x + (size_t)t * a.n_in + col0 + j * 32 * VEC);
+#pragma unroll
+            for (int e = 0; e < VEC / 4; e++) {
+                float4 f = xv[e];
+                xr[t][j * VEC + 4 * e] = f.x;
+                xr[t][j * VEC + 4 * e + 1] = f.y;
+                xr[t][j * VEC + 4 * e + 2] = f.z;
+                xr[t][j * VEC + 4 * e + 3] = f.w;
+            }
+        }
+    if constexpr (NORM) {
+        /* rms of each token over the whole row: the warps' sums, added in order */
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float s = 0.0f;
+#pragma unroll
+            for (int i = 0; i < V * VEC; i++)
+                s += xr[t][i] * xr[t][i];
+            s = ls_warp_sum(s);
+            if (lane == 0)
+                ssq[warp * NT + t] = s;
+        }
+        asm volatile("bar.sync 1, %0;" ::"r"(nw * 32) : "memory");
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float s = 0.0f;
+            for (uint32_t w = 0; w < nw; w++)
+                s += ssq[w * NT + t];
+            const float sc = rsqrtf(s / (float)a.n_in + a.eps);
+#pragma unroll
+            for (int j = 0; j < V; j++) {
+                const float4 *gv = (const float4 *)(a.nw + col0 + j * 32 * VEC);
+#pragma unroll
+                for (int e = 0; e < VEC / 4; e++) {
+                    float4 g = gv[e];
+                    xr[t][j * VEC + 4 * e] *= g.x * sc;
+                    xr[t][j * VEC + 4 * e + 1] *= g.y * sc;
+                    xr[t][j * VEC + 4 * e + 2] *= g.z * sc;
+                    xr[t][j * VEC + 4 * e + 3] *= g.w * sc;
+                }
+            }
+        }
+    }
+    uint32_t k = 0;
+    for (uint32_t u = u_beg; u < u_end; k++) {
+        uint32_t m, row, cnt;
+        ls_tile(a, u, u_end, m, row, cnt);
+        const uint32_t s = k % S;
+        ls_bar_wait(&full[s], (k / S) & 1);
+        const char *st = (const char *)sm + (size_t)s * a.stage_bytes;
+        float *rp = red + ((size_t)(k % (2 * S)) * nw + warp) * per;
+        for (uint32_t r = 0; r < cnt; r++) {
+#pragma unroll
+            for (int q = 0; q < NR; q++) {
+                const W *wr = (const W *)(st + (size_t)(q * R + r) * a.row_bytes) + col0;
+                float acc[NT];
+#pragma unroll
+                for (int t = 0; t < NT; t++)
+                    acc[t] = 0.0f;
+#pragma unroll
+                for (int j = 0; j < V; j++) {
+                    float f[VEC];
+                    cuda_unpack16(*(const uint4 *)(wr + j * 32 * VEC), (const W *)nullptr, f);
+#pragma unroll
+                    for (int t = 0; t < NT; t++)
+#pragma unroll
+                        for (int e = 0; e < VEC; e++)
+                            acc[t] += f[e] * xr[t][j * VEC + e];
+                }
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    const float v = ls_warp_sum(acc[t]);
+                    if (lane == 0)
+                        rp[(r * NR + q) * NT + t] = v;
+                }
+            }
+        }
+        __syncwarp();
+        if (lane == 0) {
+            ls_bar_arrive(&empty[s]);
+            ls_bar_arrive(&done[k % (2 * S)]);
+        }
+        u += cnt;
+    }
+}
+
+/* one instantiation: the shared memory it may use (set once), the launch */
+template <typename W, int NT, int MODE, bool NORM, int V>
+static int ls_run(struct cuda_ctx *c, ls_kargs &a, uint32_t n_warps, size_t smem)
+{
+    auto fn = ls_kernel<W, NT, MODE, NORM, V>;
+    static size_t smem_set;
+    if (smem > smem_set) {
+        CU_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        smem_set = smem;
+    }
+    const unsigned grid = a.n_rows < (uint32_t)c->n_sm ? a.n_rows : (unsigned)c->n_sm;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3((n_warps + 2) * 32);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = c->stream;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = c->pdl ? 1 : 0;
+    CU_TRY(cudaLaunchKernelEx(&cfg, fn, a));
+    return 0;
+}
+
+template <typename W, int MODE, bool NORM>
+static int ls_run_v(struct cuda_ctx *c, ls_kargs &a, uint32_t v, uint32_t n_warps, size_t smem)
+{
+    switch (v) {
+    case 1: return ls_run<W, 1, MODE, NORM, 1>(c, a, n_warps, smem);
+    case 2: return ls_run<W, 1, MODE, NORM, 2>(c, a, n_warps, smem);
+    default: return ls_run<W, 1, MODE, NORM, 4>(c, a, n_warps, smem);
+    }
+}
+
+template <typename W>
+static int ls_launch(struct cuda_ctx *c, ls_kargs &a, int mode, bool norm, uint32_t v,
+                     uint32_t n_warps, size_t smem)
+{
+    /* the combinations a decoder layer uses: q/k/v and gate/up with the norm folded in, o and
+     * down adding into the residual; others take the register kernel (linear.cu) */
+    if (mode == BE_LIN_SET && norm)
+        return ls_run_v<W, BE_LIN_SET, true>(c, a, v, n_warps, smem);
+    if (mode == BE_LIN_SWIGLU && norm)
+        return ls_run_v<W, BE_LIN_SWIGLU, true>(c, a, v, n_warps, smem);
+    if (mode == BE_LIN_ADD && !norm)
+        return ls_run_v<W, BE_LIN_ADD, false>(c, a, v, n_warps, smem);
+    return 1;
+}
+
+int cuda_linear_stream(struct cuda_ctx *c, const struct be_linear *l, uint32_t n)
+{
+    const enum be_type t = l->w[0]->type;
+    const uint32_t n_in = l->in->cols;
+    /* two tokens measured slower than the register kernel on o and gate/up (H200) */
+    if (!c->lin_stream || c->cc_major < 9 || n != 1 || (t != BE_F16 && t != BE_BF16))
+        return 1;
+    const bool norm = l->norm_w != NULL;
+    if (!((l->mode == BE_LIN_SET && norm) || (l->mode == BE_LIN_SWIGLU && norm) ||
+          (l->mode == BE_LIN_ADD && !norm)))
+        return 1;
+    for (uint32_t i = 1; i < l->n_w; i++)
+        if (l->w[i]->type != t || l->w[i]->cols != n_in)
+            return 1;
+    /* a warp's slice: V vectors of 16 bytes per lane, V in 1, 2, 4: at most 16 warps and
+     * V * 8 <= 32 floats of x in registers */
+    const uint32_t units = n_in / 256; /* 32 lanes x 8 elements */
+    if (n_in % 256 || units == 0)
+        return 1;
+    uint32_t v = 1;
+    while (v <= 4 && (units % v || units / v > LS_MAX_WARPS))
+        v *= 2;
+    if (v > 4)
+        return 1;
+    const uint32_t n_warps = units / v;
+    const int nr = l->mode == BE_LIN_SWIGLU ? 2 : 1;
+    const uint32_t row_bytes = n_in * 2;
+    uint32_t rpt = c->ls_stage / (row_bytes * nr);
+    rpt = rpt < 1 ? 1 : rpt > LS_MAX_ROWS ? LS_MAX_ROWS : rpt;
+    const uint32_t stage = rpt * row_bytes * nr;
+    uint32_t n_st = c->ls_ring / stage;
+    n_st = n_st > LS_MAX_STAGES ? LS_MAX_STAGES : n_st;
+    if (n_st < 2)
+        return 1; /* rows too wide for two stages */
+    ls_kargs a = {};
+    uint32_t rows = 0;
+    for (uint32_t i = 0; i < l->n_w; i++) {
+        a.w[i] = (const char *)l->w[i]->data;
+        a.bias[i] = l->bias[i] ? (const float *)l->bias[i]->data : NULL;
+        a.out[i] = l->mode == BE_LIN_SWIGLU ? (float *)l->out[0]->data : (float *)l->out[i]->data;
+        a.n_out[i] = l->w[i]->rows;
+        if (((uintptr_t)a.w[i] & 15) != 0)
+            return 1; /* bulk copies need 16-byte aligned sources */
+        rows += l->w[i]->rows;
+        a.end[i] = rows;
+    }
+    a.n_mat = l->mode == BE_LIN_SET ? l->n_w : 1;
+    a.n_rows = l->mode == BE_LIN_SET ? rows : l->w[0]->rows;
+    if (l->mode != BE_LIN_SET)
+        a.end[0] = a.n_rows;
+    if (a.n_rows == 0)
+        return 0;
+    a.x = (const float *)l->in->data;
+    a.nw = norm ? (const float *)l->norm_w->data : NULL;
+    a.eps = l->eps;
+    a.n_in = n_in;
+    a.n = n;
+    a.row_bytes = row_bytes;
+    a.rows_per_tile = rpt;
+    a.n_stages = n_st;
+    a.stage_bytes = stage;
+    a.red_off = n_st * stage;
+    size_t bar = a.red_off + (size_t)2 * n_st * n_warps * rpt * nr * n * sizeof(float);
+    bar = (bar + 15) & ~(size_t)15;
+    a.bar_off = (uint32_t)bar;
+    const size_t smem =
+        bar + 6 * LS_MAX_STAGES * sizeof(uint64_t) + LS_MAX_WARPS * 2 * sizeof(float);
+    return t == BE_BF16 ? ls_launch<__nv_bfloat16>(c, a, l->mode, norm, v, n_warps, smem)
+                        : ls_launch<__half>(c, a, l->mode, norm, v, n_warps, smem);
+}
