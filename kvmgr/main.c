@@ -119,6 +119,7 @@ struct sess {
     int nomove;        /* rkvd's last prep asked to keep it on its gpu */
     int placed;        /* its gpu was chosen (plan_pick_gpu) */
     uint64_t moved_ms; /* last move to another gpu (rkv_now_ms), 0 = never */
+    uint32_t tail_pub; /* host blocks its last tactic event said it has */
 };
 
 struct gpu_state {
@@ -344,6 +345,15 @@ static int tactic_to_proto(enum plan_tactic t)
     }
 }
 
+/* host blocks the session holds now (what a WINDOW or CPU_TAIL step streams) */
+static uint32_t sess_tail(const struct kvmgr *k, const struct sess *s)
+{
+    uint32_t n_dev = 0, n_host = 0;
+    if (!s->open || kvb_session_counts(k->kvb, s->sid, &n_dev, &n_host) < 0)
+        return 0;
+    return n_host;
+}
+
 static const char *transition_reason(enum plan_tactic from, enum plan_tactic to, int active)
 {
     if (to == PLAN_PARKED)
@@ -444,7 +454,8 @@ static int replan(struct kvmgr *k, const char *why)
             ev.to = tactic_to_proto(a->tactic);
             snprintf(ev.reason, sizeof ev.reason, "%s (%s)",
                      transition_reason(s->tactic, a->tactic, s->active), why);
-            ev.tail_blocks = a->n_host;
+            ev.tail_blocks = s->open ? sess_tail(k, s) : a->n_host;
+            s->tail_pub = (uint32_t)ev.tail_blocks;
             ev.bytes_moved = (uint64_t)(a->demote + a->promote) * k->block_bytes;
             ev.ts_ms = now;
             ev.gpu = s->gpu;
@@ -460,6 +471,35 @@ static int replan(struct kvmgr *k, const char *why)
     k->dirty = 0;
     free(ps);
     return 0;
+}
+
+/* a spilled session's tail changes without a change of tactic: as it grows, and as the plan
+ * moves blocks between its window and its tail. Each change goes out as an event from the
+ * tactic to itself ("tail resized"), so rkvd's sessions list, rkvctl and the event log show the
+ * host blocks a step really streams (they showed the tail of the first spill only) */
+static void publish_tails(struct kvmgr *k)
+{
+    size_t it = 0;
+    void *v;
+    uint64_t now = rkv_wall_ms();
+    while (rkv_map_next(&k->sess, &it, NULL, &v)) {
+        struct sess *s = v;
+        if (!s->open || (s->tactic != PLAN_WINDOW && s->tactic != PLAN_CPU_TAIL))
+            continue;
+        uint32_t tail = sess_tail(k, s);
+        if (tail == s->tail_pub)
+            continue;
+        struct proto_tactic_event ev = {0};
+        ev.session_id = s->sid;
+        ev.from = ev.to = tactic_to_proto(s->tactic);
+        snprintf(ev.reason, sizeof ev.reason, "tail resized: %u -> %u blocks on host", s->tail_pub,
+                 tail);
+        ev.tail_blocks = tail;
+        ev.ts_ms = now;
+        ev.gpu = s->gpu;
+        s->tail_pub = tail;
+        publish_tactic(k, &ev);
+    }
 }
 
 static void publish_histogram(struct kvmgr *k)
@@ -1123,6 +1163,7 @@ int main(int argc, char **argv)
                 replan(&k, "periodic");
             if (now - k.last_hist_ms >= 1000) {
                 k.last_hist_ms = now;
+                publish_tails(&k);
                 publish_histogram(&k);
             }
             proto_sock_heal(k.pub);

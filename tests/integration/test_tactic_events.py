@@ -82,3 +82,42 @@ def test_transitions_at_start_need_no_wait(rkvd_factory):
     time.sleep(0.6)
     ev = events(srv)
     assert srv.metric("rkv:tactic_transitions_total") == len(ev), ev
+
+
+def test_tail_follows_the_session_as_it_grows(rkvd_factory):
+    """a spilled session's tail grows with the session without a change of tactic: kvmgr sends
+    each change as an event from the tactic to itself ("tail resized"), so `rkvctl sessions
+    list` shows the host blocks a step really streams. Before, it showed the tail of the first
+    spill (1-2 blocks) for the whole life of the session. The worker is stopped mid-stream
+    (SIGSTOP), so the session holds still while kvmgr's once-a-second report catches up."""
+    from test_rkvctl import ok, wait_for
+    srv = rkvd_factory(*TIGHT)
+    c = openai.OpenAI(base_url=srv.base_url, api_key="none", max_retries=0, timeout=120)
+    stream = c.completions.create(model="tiny", prompt="a named story that outgrows the pool",
+                                  max_tokens=1200, temperature=0, stream=True,
+                                  extra_body={"ignore_eos": True, "session_id": "grows"})
+    room = 8 * 16  # the device pool: 8 blocks of 16 positions
+    worker = srv.child_pid("rkv-worker")
+    n = 0
+    for _ in stream:
+        n += 1
+        if n == 3 * room:
+            os.kill(worker, signal.SIGSTOP)
+            break
+    try:
+        def caught_up():
+            s = [x for x in ok(srv, "sessions", "list")["sessions"] if x["id"] == "grows"]
+            if s and s[0]["tactic"] == "cpu_tail" and \
+                    s[0]["tail_tokens"] >= s[0]["kv_tokens"] - room:
+                return s[0]
+            return None
+
+        s = wait_for(caught_up, "the tail of the stopped session to cover what the device "
+                     "cannot hold", timeout=10)
+        assert s["kv_tokens"] > 2 * room, s
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    for _ in stream:
+        pass
+    resized = [e for e in events(srv) if e[1] == e[2] == "cpu_tail"]
+    assert resized and all(e[3].startswith("tail resized") for e in resized), events(srv)
