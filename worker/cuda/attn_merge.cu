@@ -107,12 +107,13 @@ __global__ void merge_kernel(float *oa, float *ma, float *la, const float *ob, c
 
 int cuda_attn_merge(struct cuda_ctx *c, float *oa, float *ma, float *la, const float *ob,
                     const float *mb, const float *lb, uint32_t n, uint32_t n_head,
-                    uint32_t head_dim)
+                    uint32_t head_dim, cudaStream_t s)
 {
     if (n == 0)
         return 0;
     unsigned threads = head_dim < 128 ? head_dim : 128;
-    merge_kernel<<<n * n_head, threads, 0, c->stream>>>(oa, ma, la, ob, mb, lb, head_dim);
+    (void)c;
+    merge_kernel<<<n * n_head, threads, 0, s>>>(oa, ma, la, ob, mb, lb, head_dim);
     CU_LAUNCHED();
     return 0;
 }

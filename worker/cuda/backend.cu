@@ -48,6 +48,58 @@ static size_t align16(size_t n)
     return (n + 15) & ~(size_t)15;
 }
 
+/* the staging passes of a batch whose sequences stage sc[s] slots each (all_slots in all):
+ * none when everything fits one staging buffer, or when passes are off, or when one
+ * sequence alone is too big (its layer is then read zero-copy); else whole sequences in
+ * order, as many as fit c->pass_limit, per pass */
+static int meta_passes(struct cuda_ctx *c, const uint32_t *sc, uint32_t n_seqs, uint64_t all_slots)
+{
+    struct cuda_meta *m = &c->meta;
+    const size_t per = c->have_kv ? 2 * kv_slice_bytes(&c->layout) : 0;
+    m->n_pass = 0;
+    if (!per || !c->pass_limit || all_slots * per <= c->pass_limit)
+        return 0;
+    const uint64_t cap = c->pass_limit / per;
+    uint32_t n = 0;
+    uint64_t cur = 0;
+    for (uint32_t s = 0; s < n_seqs; s++) {
+        if (sc[s] > cap)
+            return 0;
+        if (n == 0 || cur + sc[s] > cap) {
+            n++;
+            cur = 0;
+        }
+        cur += sc[s];
+    }
+    if (n > m->pass_cap) {
+        uint32_t *a = (uint32_t *)realloc(m->pass_slot0, sizeof(uint32_t) * n);
+        if (!a)
+            return RKV_ENOMEM;
+        m->pass_slot0 = a;
+        uint32_t *b = (uint32_t *)realloc(m->pass_nslots, sizeof(uint32_t) * n);
+        if (!b)
+            return RKV_ENOMEM;
+        m->pass_nslots = b;
+        m->pass_cap = n;
+    }
+    uint32_t p = 0, slot = 0;
+    cur = 0;
+    for (uint32_t s = 0; s < n_seqs; s++) {
+        if (s == 0 || cur + sc[s] > cap) {
+            if (s > 0)
+                p++;
+            m->pass_slot0[p] = slot;
+            m->pass_nslots[p] = 0;
+            cur = 0;
+        }
+        cur += sc[s];
+        m->pass_nslots[p] += sc[s];
+        slot += sc[s];
+    }
+    m->n_pass = n;
+    return 0;
+}
+
 /* builds the device view of a batch (positions, write slots, per-residency
  * block lists, query tiles) and uploads it when it differs from the last one */
 static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
@@ -70,17 +122,40 @@ static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
     for (uint32_t s = 0; s < b->n_seqs; s++)
         n_qtiles += (b->seqs[s].n_tokens + qt - 1) / qt;
 
+    /* staged slots per sequence (its host blocks some token reads), then the passes */
+    uint32_t *sc = (uint32_t *)calloc(b->n_seqs ? b->n_seqs : 1, sizeof(uint32_t));
+    if (!sc)
+        return RKV_ENOMEM;
+    uint64_t all_slots = 0;
+    for (uint32_t s = 0; s < b->n_seqs; s++) {
+        const struct be_seq *q = &b->seqs[s];
+        uint64_t last = (uint64_t)q->n_past + (q->n_tokens ? q->n_tokens - 1 : 0);
+        for (uint32_t j = 0; j < q->n_blocks; j++)
+            if (q->blocks[j].residency == KV_HOST && !(B && (uint64_t)j * B > last))
+                sc[s]++;
+        all_slots += sc[s];
+    }
+    int rc = meta_passes(c, sc, b->n_seqs, all_slots);
+    if (rc < 0) {
+        free(sc);
+        return rc;
+    }
+    const uint32_t n_pass = m->n_pass;
+
     size_t o_pos = align16(4 * sizeof(uint32_t));
     size_t o_slot = o_pos + align16((size_t)b->n_tokens * 4);
     size_t o_seqs = o_slot + align16((size_t)b->n_tokens * 4);
     size_t o_blks = o_seqs + align16((size_t)b->n_seqs * sizeof(struct cuda_seq_meta));
     size_t o_qt = o_blks + align16((size_t)2 * n_blk_total * sizeof(struct cuda_blk));
-    size_t len = o_qt + align16((size_t)n_qtiles * sizeof(struct cuda_qtile));
+    size_t o_pass = o_qt + align16((size_t)n_qtiles * sizeof(struct cuda_qtile));
+    size_t len = o_pass + (size_t)n_pass * b->n_seqs * sizeof(struct cuda_seq_meta);
 
     /* build into a fresh buffer, then compare with what the device holds */
     char *h = (char *)calloc(1, len);
-    if (!h)
+    if (!h) {
+        free(sc);
         return RKV_ENOMEM;
+    }
     uint32_t *hdr = (uint32_t *)h;
     hdr[0] = b->n_tokens;
     hdr[1] = b->n_seqs;
@@ -92,7 +167,6 @@ static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
     struct cuda_blk *bl = (struct cuda_blk *)(h + o_blks);
     struct cuda_qtile *qtl = (struct cuda_qtile *)(h + o_qt);
     uint32_t max_units[CUDA_N_LISTS] = {0, 0, 0};
-    int rc = 0;
     uint32_t nb = 0, nq = 0, n_slots = 0;
     /* staging slots: at most one per host block of the batch */
     uint32_t n_host_refs = 0;
@@ -103,6 +177,7 @@ static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
         uint32_t *ns = (uint32_t *)realloc(m->stage_src, sizeof(uint32_t) * n_host_refs);
         if (!ns) {
             free(h);
+            free(sc);
             return RKV_ENOMEM;
         }
         m->stage_src = ns;
@@ -168,6 +243,23 @@ static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
             host_writes |= ref.residency == KV_HOST;
         }
     }
+    if (rc == 0 && n_pass) {
+        /* pass p: the sequences outside it have empty staged lists */
+        struct cuda_seq_meta *pv = (struct cuda_seq_meta *)(h + o_pass);
+        uint32_t s0 = 0;
+        for (uint32_t p = 0; p < n_pass; p++) {
+            uint32_t got = 0, s1 = s0;
+            while (s1 < b->n_seqs && got + sc[s1] <= m->pass_nslots[p])
+                got += sc[s1++];
+            for (uint32_t s = 0; s < b->n_seqs; s++) {
+                pv[(size_t)p * b->n_seqs + s] = sm[s];
+                if (s < s0 || s >= s1)
+                    pv[(size_t)p * b->n_seqs + s].list_len[CUDA_LIST_STAGED] = 0;
+            }
+            s0 = s1;
+        }
+    }
+    free(sc);
     if (rc < 0) {
         free(h);
         return rc;
@@ -202,6 +294,7 @@ static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
     m->d_seqs = (struct cuda_seq_meta *)(d + o_seqs);
     m->d_blks = (struct cuda_blk *)(d + o_blks);
     m->d_qtiles = (struct cuda_qtile *)(d + o_qt);
+    m->d_seqs_pass = n_pass ? (struct cuda_seq_meta *)(d + o_pass) : NULL;
     m->n_tokens = b->n_tokens;
     m->n_seqs = b->n_seqs;
     m->n_qtiles = n_qtiles;
@@ -453,16 +546,17 @@ static int cu_kv_write(void *ctx, const struct be_batch *b, uint32_t layer,
  * the copy stream: runs of consecutive pool indexes go as one strided copy.
  * after_main: the copies also wait for the work queued on the stream so far
  * (kv writes into host blocks) */
-static int stage_issue(struct cuda_ctx *c, uint32_t layer, int buf, int after_main)
+static int stage_issue(struct cuda_ctx *c, uint32_t layer, int buf, int after_main, uint32_t first,
+                       uint32_t count)
 {
     const struct kv_layout *l = &c->layout;
     const struct cuda_meta *m = &c->meta;
-    size_t slice = kv_slice_bytes(l), bb = kv_block_bytes(l), need = (size_t)m->n_slots * 2 * slice;
+    size_t slice = kv_slice_bytes(l), bb = kv_block_bytes(l), need = (size_t)count * 2 * slice;
     if (need > c->stage_limit) {
         c->hst.zero_copy++;
         return 1; /* too big to stage: zero-copy */
     }
-    c->hst.slots += m->n_slots;
+    c->hst.slots += count;
     if (need > c->stg_cap[buf]) {
         c->hst.grown++;
         /* the buffer may still be read by queued attention */
@@ -478,12 +572,13 @@ static int stage_issue(struct cuda_ctx *c, uint32_t layer, int buf, int after_ma
     }
     const char *src0 = c->host_base + kv_slice_offset(l, layer, 0);
     char *dst0 = (char *)c->stg[buf];
-    for (uint32_t i = 0; i < m->n_slots;) {
+    const uint32_t end = first + count;
+    for (uint32_t i = first; i < end;) {
         uint32_t n = 1;
-        while (i + n < m->n_slots && m->stage_src[i + n] == m->stage_src[i] + n)
+        while (i + n < end && m->stage_src[i + n] == m->stage_src[i] + n)
             n++;
         /* K then V of a block's layer are contiguous: 2*slice bytes per block */
-        CU_TRY(cudaMemcpy2DAsync(dst0 + (size_t)i * 2 * slice, 2 * slice,
+        CU_TRY(cudaMemcpy2DAsync(dst0 + (size_t)(i - first) * 2 * slice, 2 * slice,
                                  src0 + (size_t)m->stage_src[i] * bb, bb, 2 * slice, n,
                                  cudaMemcpyHostToDevice, c->copy));
         i += n;
@@ -506,7 +601,7 @@ static int stage_layer(struct cuda_ctx *c, uint32_t layer, int *buf)
         c->stg_valid[b] = 0;
         c->hst.inline_++;
         c->hst.host_write += c->meta.host_writes != 0;
-        int rc = stage_issue(c, layer, b, 1);
+        int rc = stage_issue(c, layer, b, 1, 0, c->meta.n_slots);
         if (rc != 0)
             return rc < 0 ? rc : 0;
     } else {
@@ -514,6 +609,61 @@ static int stage_layer(struct cuda_ctx *c, uint32_t layer, int *buf)
     }
     *buf = b;
     return 0;
+}
+
+/* host-block attention of one layer in passes of whole sequences (meta n_pass > 1): pass p
+ * copies its slots into staging buffer p % 2 while pass p - 1 attends from the other, attends
+ * its sequences (the others' staged lists are empty), and merges into the first pass's partial
+ * by lse; every sequence's host partial comes from one pass, so the result is the one-pass
+ * result. On the side stream, as the one-pass path */
+static int attn_host_passes(struct cuda_ctx *c, const struct cuda_attn_args *a, uint32_t layer)
+{
+    const struct cuda_meta *m = &c->meta;
+    const struct be_attn *at = a->at;
+    const size_t slice = kv_slice_bytes(&c->layout);
+    const size_t n_th = (size_t)m->n_tokens * at->n_head;
+    int rc = cuda_scratch(c, &c->pass_part, &c->pass_part_cap,
+                          n_th * (at->head_dim + 2) * sizeof(float));
+    if (rc < 0)
+        return rc;
+    float *o_t = (float *)c->pass_part, *m_t = o_t + n_th * at->head_dim, *l_t = m_t + n_th;
+    struct cuda_meta pm = *m;
+    c->stg_valid[0] = c->stg_valid[1] = 0; /* no layer-ahead copies in this mode */
+    c->hst.passes++;
+    c->hst.pass_n += m->n_pass;
+    for (uint32_t p = 0; p < m->n_pass && rc == 0; p++) {
+        const int buf = (int)(p % 2);
+        rc = stage_issue(c, layer, buf, p == 0, m->pass_slot0[p], m->pass_nslots[p]);
+        if (rc != 0)
+            return rc < 0 ? rc : RKV_ESTATE; /* a pass always fits: meta_passes sized it */
+        pm.d_seqs = m->d_seqs_pass + (size_t)p * m->n_seqs;
+        struct cuda_attn_args pa = *a;
+        pa.meta = &pm;
+        pa.list = CUDA_LIST_STAGED;
+        /* the staged list holds slot numbers of the whole layer: this pass's first slot is at
+         * the buffer's start */
+        pa.pool = (const char *)c->stg[buf] - (ptrdiff_t)m->pass_slot0[p] * 2 * slice;
+        pa.block_bytes = 2 * slice;
+        pa.k_off = 0;
+        pa.v_off = slice;
+        pa.s = c->side;
+        if (p > 0) {
+            pa.o = o_t;
+            pa.m = m_t;
+            pa.l = l_t;
+        }
+        CU_TRY(cudaStreamWaitEvent(c->side, c->ev_copy_done[buf], 0));
+        rc = cuda_attn(c, &pa);
+        CU_TRY(cudaEventRecord(c->ev_stage_free[buf], c->side));
+        if (rc == 0 && p > 0)
+            rc = cuda_attn_merge(c, a->o, a->m, a->l, o_t, m_t, l_t, m->n_tokens, at->n_head,
+                                 at->head_dim, c->side);
+    }
+    c->stg_valid[0] = c->stg_valid[1] = 0;
+    CU_TRY(cudaEventRecord(c->ev_side_done, c->side));
+    c->side_pending = 1;
+    c->last_was_dev_attn = 0;
+    return rc;
 }
 
 static int cu_attn_partial(void *ctx, const struct be_batch *b, uint32_t layer,
@@ -558,6 +708,8 @@ static int cu_attn_partial(void *ctx, const struct be_batch *b, uint32_t layer,
         CU_TRY(cudaEventRecord(c->ev_pre_attn, c->stream));
     }
     CU_TRY(cudaStreamWaitEvent(c->side, c->ev_pre_attn, 0));
+    if (c->host_read == CUDA_HOST_COPY && c->meta.n_pass > 1)
+        return attn_host_passes(c, &a, layer);
     if (c->host_read == CUDA_HOST_COPY && c->meta.n_slots) {
         int buf = -1;
         rc = stage_layer(c, layer, &buf);
@@ -580,7 +732,7 @@ static int cu_attn_partial(void *ctx, const struct be_batch *b, uint32_t layer,
             c->side_pending = 1;
             c->last_was_dev_attn = 0;
             if (rc == 0 && layer + 1 < l->n_layer && !c->meta.host_writes)
-                rc = stage_issue(c, layer + 1, (layer + 1) % 2, 0);
+                rc = stage_issue(c, layer + 1, (layer + 1) % 2, 0, 0, c->meta.n_slots);
             return rc < 0 ? rc : 0;
         }
     }
@@ -599,7 +751,7 @@ static int cu_attn_merge(void *ctx, const struct be_partial *a, const struct be_
     op_begin(c);
     return cuda_attn_merge(c, (float *)a->o->data, (float *)a->m->data, (float *)a->l->data,
                            (const float *)b->o->data, (const float *)b->m->data,
-                           (const float *)b->l->data, n, at->n_head, at->head_dim);
+                           (const float *)b->l->data, n, at->n_head, at->head_dim, c->stream);
 }
 
 static int cu_silu_mul(void *ctx, struct be_tensor *out, const struct be_tensor *gate,
@@ -689,9 +841,11 @@ static int cu_stats(void *ctx, char *buf, size_t len)
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     int n = snprintf(buf, len,
                      "host kv layers: %llu prefetched, %llu copied in line (%llu with a host "
-                     "write), %llu zero-copy; %llu block slices staged, %llu staging growths",
+                     "write), %llu zero-copy, %llu in %llu passes; %llu block slices staged, %llu "
+                     "staging growths",
                      (unsigned long long)c->hst.prefetched, (unsigned long long)c->hst.inline_,
                      (unsigned long long)c->hst.host_write, (unsigned long long)c->hst.zero_copy,
+                     (unsigned long long)c->hst.passes, (unsigned long long)c->hst.pass_n,
                      (unsigned long long)c->hst.slots, (unsigned long long)c->hst.grown);
     memset(&c->hst, 0, sizeof c->hst);
     return n;
@@ -724,6 +878,7 @@ static void cu_free(void *ctx)
     cudaFree(c->part[1]);
     cudaFree(c->small);
     cudaFree(c->lin_h);
+    cudaFree(c->pass_part);
     if (c->copy)
         cudaStreamSynchronize(c->copy);
     cudaFree(c->stg[0]);
@@ -739,6 +894,8 @@ static void cu_free(void *ctx)
     if (c->copy)
         cudaStreamDestroy(c->copy);
     free(c->meta.stage_src);
+    free(c->meta.pass_slot0);
+    free(c->meta.pass_nslots);
     if (c->blas)
         cublasDestroy(c->blas);
     if (c->ev_pre_attn)
@@ -823,6 +980,16 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
             mb = 512;
         }
         c->stage_limit = (size_t)mb << 20;
+        /* staging passes (env RKV_CUDA_STAGE_PASSES=1; not yet run on a gpu, so off by
+         * default): a layer's host tails past RKV_CUDA_STAGE_PASS_KB (default: the staging
+         * limit) go in passes of whole sequences instead of zero-copy reads */
+        const char *pe = getenv("RKV_CUDA_STAGE_PASSES");
+        if (pe && *pe == '1') {
+            uint32_t kb = cu_env_kb("RKV_CUDA_STAGE_PASS_KB", 0, 0, 1u << 30);
+            c->pass_limit = kb ? (size_t)kb << 10 : c->stage_limit;
+            if (c->pass_limit > c->stage_limit)
+                c->pass_limit = c->stage_limit;
+        }
     }
     if (cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS) {
         c->blas = NULL;

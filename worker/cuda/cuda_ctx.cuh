@@ -79,7 +79,14 @@ struct cuda_meta {
     uint32_t *stage_src;              /* (n_slots) host pool index copied into each staging slot */
     uint32_t n_slots, stage_cap;
     int host_writes; /* some token of the batch writes a host block */
-    uint64_t gen;    /* bumped at every upload */
+    /* a layer's host blocks past the staging limit go in passes of whole sequences (each
+     * sequence's slots are contiguous): pass p stages slots [pass_slot0[p], + pass_nslots[p])
+     * and attends with d_seqs_pass[p * n_seqs ...], where the staged lists of the other
+     * sequences are empty. n_pass 0: one pass (or zero-copy, when one sequence is too big) */
+    uint32_t n_pass, pass_cap;
+    uint32_t *pass_slot0, *pass_nslots;
+    struct cuda_seq_meta *d_seqs_pass;
+    uint64_t gen; /* bumped at every upload */
     int valid;
 };
 
@@ -123,6 +130,10 @@ struct cuda_ctx {
     uint64_t stg_gen[2];
     int stg_valid[2];
     size_t stage_limit; /* bytes per staging buffer; larger tails read zero-copy */
+    size_t pass_limit;  /* bytes of one staging pass (env RKV_CUDA_STAGE_PASSES=1 and
+                         * RKV_CUDA_STAGE_PASS_KB); 0: no passes, larger tails zero-copy */
+    void *pass_part;    /* the partial of a pass after the first, merged into the host one */
+    size_t pass_part_cap;
 
     /* growable scratch (stream-ordered reuse) */
     void *act16; /* activations converted to f16/bf16 */
@@ -153,6 +164,8 @@ struct cuda_ctx {
         uint64_t zero_copy;  /* layers too big to stage, read in place */
         uint64_t grown;      /* staging buffer reallocations (each waits for the gpu) */
         uint64_t slots;      /* host block slices staged */
+        uint64_t passes;     /* layers staged in several passes, and the passes */
+        uint64_t pass_n;
     } hst;
 };
 

@@ -79,7 +79,7 @@ int cuda_attn_prefill_launch(struct cuda_ctx *c, const struct cuda_attn_args *a,
 int cuda_attn_merge_splits(struct cuda_ctx *c, const float *part, uint32_t n_split,
                            uint32_t n_tokens, uint32_t n_head, uint32_t head_dim, float *o,
                            float *m, float *l, cudaStream_t s);
-/* a = lse-merge(a, b), n tokens */
+/* a = lse-merge(a, b), n tokens, on stream s */
 int cuda_attn_merge(struct cuda_ctx *c, float *oa, float *ma, float *la, const float *ob,
                     const float *mb, const float *lb, uint32_t n, uint32_t n_head,
-                    uint32_t head_dim);
+                    uint32_t head_dim, cudaStream_t s);
