@@ -111,6 +111,8 @@ def test_spill_curve_moves_the_tail(bench):
 def test_budget_change_keeps_the_outputs(bench):
     b = bench["budget"]
     assert b["errors"] == [] and b["baseline_errors"] == []
+    # the streams asked for their top two alternatives, so a divergence could be judged
+    assert b["divergences"] == [None] * b["streams"] and b["diverged_at_near_ties"] == "0/0"
     assert b["same_text"] == f"{b['streams']}/{b['streams']}", (
         f"greedy text changed by the budget change at chars {b['diverged_at_char']} "
         f"(texts in {bench['_out'] / 'budget_texts.json'})")
@@ -132,5 +134,25 @@ def test_targets_are_judged(bench):
     assert bound and bound[0]["status"] == "SKIP" and "no ceiling" in bound[0]["detail"]
     assert names["budget change: no failed request"] == "PASS"
     assert names["budget change: outputs identical to the run without it"] == "PASS"
+    assert [s for t, s in names.items() if "at a near tie" in t] == ["PASS"]
     hf = bench["hf_offloaded"]
     assert "skipped" in hf and "CUDA" in hf["skipped"]
+
+
+def test_divergence_tells_near_ties_from_real_changes():
+    """the budget part's judge of a changed greedy stream: where it leaves the baseline, and by
+    how much the baseline preferred its own token there"""
+    sys.path.insert(0, str(TOP / "tests" / "gpu"))
+    from bench_system import NEAR_TIE, divergence
+    base = [("a", -0.1, {"a": -0.1, "b": -0.105}), ("c", -0.2, {"c": -0.2, "d": -3.0}),
+            ("e", -0.3, {"e": -0.3, "f": -0.9})]
+    assert divergence(base, base) is None
+    # the changed run took b, which the baseline had 0.005 nats below a: a near tie
+    i, m = divergence(base, [("b", -0.1, {}), ("x", 0, {})])
+    assert i == 0 and abs(m - 0.005) < 1e-9 and m <= NEAR_TIE
+    # d was 2.8 nats below c: a real change
+    i, m = divergence(base, [base[0], ("d", -0.2, {}), base[2]])
+    assert i == 1 and m > NEAR_TIE
+    # a token the baseline did not list, or a shorter stream: no margin
+    assert divergence(base, [base[0], base[1], ("z", -1, {})]) == (2, None)
+    assert divergence(base, base[:2]) == (2, None)
