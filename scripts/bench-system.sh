@@ -2,9 +2,10 @@
 # bench-system.sh - issue 8's system benchmarks (make bench-system): load ramp, spill curve (and
 # transformers' offloaded KV cache beside it), HTTP overhead, budget change under load, against
 # rkvd --backend cuda; JSON + PNG plots under OUT, each figure printed as a ratio to its bound.
-#   scripts/bench-system.sh --pack DIR [BUILD]    here: build, then the binaries (gpu_bench too
-#                                                 when nvcc is here) and the shared libraries
-#                                                 they need into DIR (as gpu-demo.sh)
+#   scripts/bench-system.sh --pack DIR [BUILD]    here: build, then the binaries (gpu_bench and
+#                                                 gpu_ops_test too when nvcc is here) and the
+#                                                 shared libraries they need into DIR (as
+#                                                 gpu-demo.sh)
 #   scripts/bench-system.sh DIR [OUT] [ARGS...]   on the gpu machine: tests/gpu/bench_system.py
 #                                                 with ARGS (--quick, --ctx N, --parts ..., -h)
 # without a CUDA device the second form runs the cpu smoke test (--backend cpu --quick).
@@ -19,7 +20,7 @@ if [ "${1:-}" = "--pack" ]; then
     extra=""
     if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
         if scripts/gpu-build.sh "$B" >/dev/null; then
-            extra="$B/gpu/gpu_bench"
+            extra="$B/gpu/gpu_bench $B/gpu/gpu_ops_test"
         else
             echo "bench-system: gpu_bench did not build; the pack has no ceilings" >&2
         fi
