@@ -153,6 +153,12 @@ struct backend_i {
     /* optional: one line of counters since the last call (how host blocks
      * were read, ...) for the worker's periodic step line; returns its length */
     int (*stats)(void *ctx, char *buf, size_t len);
+    /* optional: the greedy pick of each of the first n rows of logits (n, n_vocab) f32: the
+     * argmax (ties: the lowest id) and its log-softmax, into host ids and logprobs (what a
+     * plain greedy sampler returns), so the logits need not leave the backend; NULL or a
+     * return of 1: not provided */
+    int (*greedy)(void *ctx, const struct be_tensor *logits, uint32_t n, int32_t *ids,
+                  float *logprobs);
 };
 
 struct backend_opts {
@@ -216,6 +222,9 @@ int backend_sync(struct backend *be);
 size_t backend_scratch_reserve(struct backend *be);
 /* the fused ops: 1 when the backend has none for this call (compose instead) */
 int linear_forward(struct backend *be, const struct be_linear *l, uint32_t n);
+/* the backend's greedy op (1 when it has none) */
+int greedy_forward(struct backend *be, const struct be_tensor *logits, uint32_t n, int32_t *ids,
+                   float *logprobs);
 int rope_kv_write_forward(struct backend *be, const struct be_batch *b, uint32_t layer,
                           struct be_tensor *q, struct be_tensor *k, const struct be_tensor *v,
                           const struct be_attn *a, const struct be_rope *r);

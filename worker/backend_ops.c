@@ -154,6 +154,16 @@ int get_rows_forward(struct backend *be, struct be_tensor *out, const struct be_
     return be->iface->get_rows(be->ctx, out, in, rows, n);
 }
 
+int greedy_forward(struct backend *be, const struct be_tensor *logits, uint32_t n, int32_t *ids,
+                   float *logprobs)
+{
+    if (!be->iface->greedy)
+        return 1;
+    if (!rows_ok(logits, n, logits->cols) || logits->type != BE_F32 || !ids || !logprobs)
+        return RKV_EINVAL;
+    return be->iface->greedy(be->ctx, logits, n, ids, logprobs);
+}
+
 int backend_sync(struct backend *be)
 {
     return be->iface->sync(be->ctx);

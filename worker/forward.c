@@ -147,8 +147,11 @@ static int logits_forward(struct fwd *f, const uint32_t *rows, uint32_t n, float
     int rc;
     if ((rc = get_rows_forward(be, f->xo, f->x, rows, n)) < 0 || /* (n, dim) */
         (rc = rmsnorm_forward(be, f->xo, f->xo, m->output_norm, n, m->hp.norm_eps)) < 0 ||
-        (rc = matmul_forward(be, f->logit, f->xo, m->output, NULL, n)) < 0 || /* (n, n_vocab) */
-        (rc = backend_sync(be)) < 0)
+        (rc = matmul_forward(be, f->logit, f->xo, m->output, NULL, n)) < 0) /* (n, n_vocab) */
+        return rc;
+    if (!logits)
+        return 0; /* they stay on the backend (fwd_step_greedy) */
+    if ((rc = backend_sync(be)) < 0)
         return rc;
     return backend_tensor_get(be, f->logit, logits, 0, (size_t)n * m->hp.n_vocab * sizeof(float));
 }
@@ -186,8 +189,10 @@ static int fwd_linear(struct fwd *f, const struct be_linear *l, uint32_t T)
     return RKV_EINVAL;
 }
 
-int fwd_step(struct fwd *f, const struct fwd_seq *seqs, uint32_t n_seqs, int all_logits,
-             float *logits)
+/* fwd_step, and with ids set fwd_step_greedy: the greedy pick of each sequence's last row
+ * on the backend when it can (*used 1), else its logits as fwd_step */
+static int fwd_run(struct fwd *f, const struct fwd_seq *seqs, uint32_t n_seqs, int all_logits,
+                   float *logits, int32_t *ids, float *logprobs, int *used)
 {
     if (n_seqs == 0 || n_seqs > f->max_seqs)
         return RKV_EINVAL;
@@ -254,7 +259,16 @@ int fwd_step(struct fwd *f, const struct fwd_seq *seqs, uint32_t n_seqs, int all
     } else {
         for (uint32_t s = 0; s < n_seqs; s++)
             f->rows[s] = f->seqs[s].tok_off + f->seqs[s].n_tokens - 1;
-        RUN(logits_forward(f, f->rows, n_seqs, logits));
+        RUN(logits_forward(f, f->rows, n_seqs, ids ? NULL : logits));
+        if (ids) {
+            RUN(greedy_forward(be, f->logit, n_seqs, ids, logprobs));
+            *used = rc == 0;
+            if (!*used) {
+                RUN(backend_sync(be));
+                RUN(backend_tensor_get(be, f->logit, logits, 0,
+                                       (size_t)n_seqs * hp->n_vocab * sizeof(float)));
+            }
+        }
     }
 #undef RUN
     return 0;
@@ -262,6 +276,19 @@ fail:
     log_ratelimited(RKV_LOG_ERROR, 1000, 5, "forward: step of %u tokens failed: %s", T,
                     rkv_strerror(rc));
     return rc;
+}
+
+int fwd_step(struct fwd *f, const struct fwd_seq *seqs, uint32_t n_seqs, int all_logits,
+             float *logits)
+{
+    return fwd_run(f, seqs, n_seqs, all_logits, logits, NULL, NULL, NULL);
+}
+
+int fwd_step_greedy(struct fwd *f, const struct fwd_seq *seqs, uint32_t n_seqs, float *logits,
+                    int32_t *ids, float *logprobs, int *used)
+{
+    *used = 0;
+    return fwd_run(f, seqs, n_seqs, 0, logits, ids, logprobs, used);
 }
 
 int fwd_prefill(struct fwd *f, const int32_t *tokens, uint32_t n_tokens, uint32_t n_past,

@@ -38,6 +38,12 @@ int fwd_step(struct fwd *f, const struct fwd_seq *seqs, uint32_t n_seqs, int all
 
 /* prefills one sequence in chunks of at most `chunk` tokens (chunk <=
  * max_tokens); logits: the last prompt token's row */
+/* fwd_step for the last row of each sequence, picked greedily on the backend (the argmax
+ * and its log-softmax, sample_greedy's result) so the logits need not be downloaded: *used 1
+ * with ids and logprobs set; *used 0 when the backend has no greedy op, and then logits is
+ * filled as by fwd_step */
+int fwd_step_greedy(struct fwd *f, const struct fwd_seq *seqs, uint32_t n_seqs, float *logits,
+                    int32_t *ids, float *logprobs, int *used);
 int fwd_prefill(struct fwd *f, const int32_t *tokens, uint32_t n_tokens, uint32_t n_past,
                 const struct kv_block_ref *blocks, uint32_t n_blocks, uint32_t chunk,
                 float *logits);

@@ -138,6 +138,12 @@ struct worker {
     struct kv_block_ref *refs;
     size_t refs_cap;
     float *logits; /* (max_seqs, n_vocab), backend_host_alloc */
+    /* a step whose sampled rows are all plain greedy: the backend picks them
+     * (fwd_step_greedy), each row's sampler and its status here */
+    int32_t *g_ids;
+    float *g_lps;
+    struct samp **rows_sp;
+    int *rows_rc;
     struct pool *samp_pool;
     /* rows of the current step to sample (sample_rows) */
     struct samp_job {
@@ -145,7 +151,7 @@ struct worker {
         const float *row;
         struct proto_step_out *o;
         struct sample_top top[PROTO_MAX_TOP_LOGPROBS];
-    } *sjobs;
+    } * sjobs;
     struct proto_wbuf out;
 };
 
@@ -458,9 +464,22 @@ static int do_step(struct worker *w, const struct proto_in *in, struct proto_wbu
         fs->n_blocks = sq->n_blocks;
         ref += sq->n_blocks;
     }
+    /* each row's sampler first: when every sampled row is plain greedy the backend picks the
+     * tokens where the logits are (a gpu then sends back two numbers a row, not the logits) */
+    int greedy = 1;
+    for (uint32_t i = 0; i < n; i++) {
+        const struct proto_step_seq *sq = &req->seqs[i];
+        w->rows_sp[i] = sampler_for(w, sq, &w->rows_rc[i]);
+        if (sq->flags & PROTO_STEP_SAMPLE)
+            greedy &= w->rows_sp[i] && sampler_plain_greedy(w->rows_sp[i]->s);
+    }
     uint64_t t_fwd = rkv_now_ns();
     w->st.tokens += n_tok;
-    rc = fwd_step(w->fwd, w->fseqs, n, 0, w->logits);
+    int picked = 0;
+    if (greedy)
+        rc = fwd_step_greedy(w->fwd, w->fseqs, n, w->logits, w->g_ids, w->g_lps, &picked);
+    else
+        rc = fwd_step(w->fwd, w->fseqs, n, 0, w->logits);
     w->st.fwd_ns += rkv_now_ns() - t_fwd;
     if (rc) {
         proto_step_req_free(req);
@@ -475,16 +494,15 @@ static int do_step(struct worker *w, const struct proto_in *in, struct proto_wbu
     }
     /* samplers and their history here (the map is this thread's), the
      * sampling itself on the pool: each row has its own sampler */
-    uint32_t n_sample = 0;
+    uint32_t n_sample = 0, n_picked = 0;
     for (uint32_t i = 0; i < n; i++) {
         const struct proto_step_seq *sq = &req->seqs[i];
         struct proto_step_out *o = &outs[i];
         o->session_id = sq->session_id;
         o->token = -1;
-        int src;
-        struct samp *sp = sampler_for(w, sq, &src);
+        struct samp *sp = w->rows_sp[i];
         if (!sp) {
-            o->status = src;
+            o->status = w->rows_rc[i];
             continue;
         }
         sp->last_step = w->n_steps;
@@ -492,6 +510,12 @@ static int do_step(struct worker *w, const struct proto_in *in, struct proto_wbu
             sampler_accept(sp->s, sq->tokens[t]);
         if (!(sq->flags & PROTO_STEP_SAMPLE))
             continue;
+        if (picked) {
+            o->token = w->g_ids[i];
+            o->logprob = w->g_lps[i];
+            n_picked++;
+            continue;
+        }
         o->n_top = sq->sampling.n_top_logprobs;
         w->sjobs[n_sample++] =
             (struct samp_job){sp->s, w->logits + (size_t)i * w->m->hp.n_vocab, o, {{0, 0}}};
@@ -499,7 +523,7 @@ static int do_step(struct worker *w, const struct proto_in *in, struct proto_wbu
     uint64_t t_samp = rkv_now_ns();
     sample_rows(w, n_sample);
     w->st.sample_ns += rkv_now_ns() - t_samp;
-    w->st.rows += n_sample;
+    w->st.rows += n_sample + n_picked;
     struct proto_step_resp resp = {req->epoch, n, outs};
     rc = proto_step_resp_encode(&resp, reply, err, errlen);
     free(outs);
@@ -522,13 +546,13 @@ static void step_report(struct worker *w, uint64_t now)
     double n = (double)t->steps;
     char bs[256];
     backend_stats(w->be, bs, sizeof bs);
-    log_info("%llu steps in %.1f s (%.1f sampled rows, %.1f tokens each): forward %.3f ms, sampling "
-             "%.3f ms, the rest of the step %.3f ms, between steps %.3f ms (rkvd, kvmgr, ipc)%s%s",
-             (unsigned long long)t->steps, (double)(now - t->t_report) / 1e9, (double)t->rows / n,
-             (double)t->tokens / n,
-             (double)t->fwd_ns / n / 1e6, (double)t->sample_ns / n / 1e6,
-             (double)(t->handle_ns - t->fwd_ns - t->sample_ns) / n / 1e6,
-             (double)t->gap_ns / n / 1e6, bs[0] ? "; " : "", bs);
+    log_info(
+        "%llu steps in %.1f s (%.1f sampled rows, %.1f tokens each): forward %.3f ms, sampling "
+        "%.3f ms, the rest of the step %.3f ms, between steps %.3f ms (rkvd, kvmgr, ipc)%s%s",
+        (unsigned long long)t->steps, (double)(now - t->t_report) / 1e9, (double)t->rows / n,
+        (double)t->tokens / n, (double)t->fwd_ns / n / 1e6, (double)t->sample_ns / n / 1e6,
+        (double)(t->handle_ns - t->fwd_ns - t->sample_ns) / n / 1e6, (double)t->gap_ns / n / 1e6,
+        bs[0] ? "; " : "", bs);
     *t = (struct step_times){.t_report = now, .t_last_end = t->t_last_end};
 }
 
@@ -588,8 +612,13 @@ static int load(struct worker *w)
     w->gpu = w->c.gpu < 0 ? 0 : (uint32_t)w->c.gpu;
     w->fseqs = calloc((size_t)w->c.max_seqs, sizeof *w->fseqs);
     w->sjobs = calloc((size_t)w->c.max_seqs, sizeof *w->sjobs);
+    w->g_ids = calloc((size_t)w->c.max_seqs, sizeof *w->g_ids);
+    w->g_lps = calloc((size_t)w->c.max_seqs, sizeof *w->g_lps);
+    w->rows_sp = calloc((size_t)w->c.max_seqs, sizeof *w->rows_sp);
+    w->rows_rc = calloc((size_t)w->c.max_seqs, sizeof *w->rows_rc);
     w->logits = backend_host_alloc(w->be, (size_t)w->c.max_seqs * w->m->hp.n_vocab * sizeof(float));
-    if (!w->fseqs || !w->sjobs || !w->logits) {
+    if (!w->fseqs || !w->sjobs || !w->logits || !w->g_ids || !w->g_lps || !w->rows_sp ||
+        !w->rows_rc) {
         log_error("out of host memory for %lld rows of %u logits", (long long)w->c.max_seqs,
                   w->m->hp.n_vocab);
         return RKV_ENOMEM;
@@ -685,6 +714,10 @@ int main(int argc, char **argv)
     rkv_map_fini(&w.samplers);
     free(w.fseqs);
     free(w.sjobs);
+    free(w.g_ids);
+    free(w.g_lps);
+    free(w.rows_sp);
+    free(w.rows_rc);
     if (w.be)
         backend_host_free(w.be, w.logits);
     if (w.samp_pool)

@@ -401,7 +401,8 @@ static __m256 exp_neg8(__m256 x)
     q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(0.5f));
     q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(1.0f));
     q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(127)), 23);
+    __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(127)), 23);
     return _mm256_and_ps(_mm256_mul_ps(q, _mm256_castsi256_ps(e)), keep);
 }
 
@@ -648,7 +649,8 @@ static size_t compact8(float *x, int32_t *ids, size_t k, __m256 x8, __m256i id8,
 
 static __m256i iota8(size_t i)
 {
-    return _mm256_add_epi32(_mm256_set1_epi32((int32_t)i), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    return _mm256_add_epi32(_mm256_set1_epi32((int32_t)i),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 #endif
 
@@ -803,8 +805,8 @@ static size_t top_p_vocab(struct sampler *s, const float *v, size_t n, float mx,
     float *cx = (float *)(void *)s->cand;
     int32_t *cid = (int32_t *)(void *)(cx + n);
     size_t front, m;
-    bucket_collect(v, w, n, bucket_floor(mx, scale, cut), bucket_floor(mx, scale, cut + 1), x,
-                   ids, &front, cx, cid, &m);
+    bucket_collect(v, w, n, bucket_floor(mx, scale, cut), bucket_floor(mx, scale, cut + 1), x, ids,
+                   &front, cx, cid, &m);
     memcpy(x + front, cx, m * sizeof(*x));
     memcpy(ids + front, cid, m * sizeof(*ids));
     sort_best_first(x + front, ids + front, m, cx, cid);
@@ -904,17 +906,16 @@ struct row_stats {
 };
 
 /* log-softmax of the raw logits for `id` and the top alternatives */
-static void raw_logprobs(const struct sampler *s, const float *logits, int32_t id,
+static void raw_logprobs(int32_t n, int32_t k_top, const float *logits, int32_t id,
                          const struct row_stats *rs, float *logprob, struct sample_top *top)
 {
-    int32_t n = s->n_vocab;
     float mx = sanitize(rs->have_max ? rs->max : max_of(logits, (size_t)n));
     if (mx == -INFINITY) {
         /* nothing finite: report the uniform distribution, not nan */
         double lp = -log((double)n);
         if (logprob)
             *logprob = (float)lp;
-        for (int32_t j = 0; top && j < s->p.n_top_logprobs && j < n; j++)
+        for (int32_t j = 0; top && j < k_top && j < n; j++)
             top[j] = (struct sample_top){j, (float)lp};
         return;
     }
@@ -922,7 +923,7 @@ static void raw_logprobs(const struct sampler *s, const float *logits, int32_t i
     double lse = (double)mx + log(sum);
     if (logprob)
         *logprob = (float)((double)sanitize(logits[id]) - lse);
-    int32_t k = s->p.n_top_logprobs;
+    int32_t k = k_top;
     if (!top || k == 0)
         return;
     if (k > n)
@@ -1005,6 +1006,22 @@ int32_t sampler_sample(struct sampler *s, const float *logits, float *logprob,
     }
 done:
     if (logprob || top)
-        raw_logprobs(s, logits, id, &rs, logprob, top);
+        raw_logprobs(s->n_vocab, p->n_top_logprobs, logits, id, &rs, logprob, top);
     return id;
+}
+
+int32_t sample_greedy(const float *logits, int32_t n_vocab, float *logprob)
+{
+    float mx;
+    int32_t id = argmax(logits, n_vocab, &mx);
+    struct row_stats rs = {.have_max = 1, .max = mx};
+    raw_logprobs(n_vocab, 0, logits, id, &rs, logprob, NULL);
+    return id;
+}
+
+int sampler_plain_greedy(const struct sampler *s)
+{
+    const struct sample_params *p = &s->p;
+    return (p->temperature == 0.0f || p->top_k == 1) && !penalties_active(p) &&
+           p->n_top_logprobs == 0;
 }

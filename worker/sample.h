@@ -63,4 +63,11 @@ void sampler_skip_draws(struct sampler *s, uint64_t n);
 int32_t sampler_sample(struct sampler *s, const float *logits, float *logprob,
                        struct sample_top *top);
 
+/* what sampler_sample returns for a plain greedy sampler (sampler_plain_greedy), without
+ * one: the argmax of raw logits (ties: lowest id) and its log-softmax to *logprob */
+int32_t sample_greedy(const float *logits, int32_t n_vocab, float *logprob);
+/* temperature 0 (or top_k 1), no penalties and no alternatives asked: its token and
+ * logprob are sample_greedy's, so a backend may pick them where the logits are */
+int sampler_plain_greedy(const struct sampler *s);
+
 #endif

@@ -219,6 +219,52 @@ static void test_top_k1_is_greedy(void **state)
     sampler_free(s);
 }
 
+/* a backend picks plain greedy rows with sample_greedy: the same id and logprob, bit for bit,
+ * as the sampler; anything that changes the pick or asks for alternatives is not plain */
+static void test_plain_greedy_matches_the_sampler(void **state)
+{
+    (void)state;
+    float v[5000];
+    struct sample_params p;
+    sample_params_default(&p);
+    struct sampler *s = make(&p, 5000);
+    assert_true(sampler_plain_greedy(s));
+    for (uint64_t seed = 1; seed <= 20; seed++) {
+        fill_logits(v, 5000, seed, 8.0f);
+        if (seed == 2)
+            v[17] = v[4000] = 99.0f; /* a tie */
+        if (seed == 3)
+            v[0] = NAN;
+        float lp_s = 0, lp_g = 0;
+        int32_t a = sampler_sample(s, v, &lp_s, NULL), b = sample_greedy(v, 5000, &lp_g);
+        assert_int_equal(a, b);
+        assert_memory_equal(&lp_s, &lp_g, sizeof lp_s);
+        if (seed == 2)
+            assert_int_equal(b, 17);
+    }
+    sampler_free(s);
+    /* not plain: a penalty, top alternatives, a temperature; top_k 1 is */
+    struct sample_params q = p;
+    q.repetition_penalty = 1.1f;
+    s = make(&q, 100);
+    assert_false(sampler_plain_greedy(s));
+    sampler_free(s);
+    q = p;
+    q.n_top_logprobs = 2;
+    s = make(&q, 100);
+    assert_false(sampler_plain_greedy(s));
+    sampler_free(s);
+    q = p;
+    q.temperature = 0.7f;
+    s = make(&q, 100);
+    assert_false(sampler_plain_greedy(s));
+    sampler_free(s);
+    q.top_k = 1;
+    s = make(&q, 100);
+    assert_true(sampler_plain_greedy(s));
+    sampler_free(s);
+}
+
 static void test_seeded_determinism(void **state)
 {
     (void)state;
@@ -825,6 +871,7 @@ int main(void)
         cmocka_unit_test(test_params_check),
         cmocka_unit_test(test_greedy_is_argmax),
         cmocka_unit_test(test_top_k1_is_greedy),
+        cmocka_unit_test(test_plain_greedy_matches_the_sampler),
         cmocka_unit_test(test_seeded_determinism),
         cmocka_unit_test(test_temperature_distribution),
         cmocka_unit_test(test_top_k_distribution),

@@ -249,6 +249,42 @@ static void test_linear_shapes(void)
         }
 }
 
+/* the greedy pick of logits rows on the device against the cpu's sample_greedy: the same ids
+ * (ties to the lowest id, nan never wins) and logprobs within 2e-6 */
+static void test_greedy(struct backend *g)
+{
+    static const uint32_t vocabs[] = {1000, 32000, 128256};
+    for (int vi = 0; vi < 3; vi++) {
+        const uint32_t n = 9, V = vocabs[vi];
+        float *x = malloc((size_t)n * V * sizeof(float));
+        gu_fill(&rng, x, (size_t)n * V, 4.0f);
+        x[1 * V + 7] = x[1 * V + 3] = 50.0f; /* a tie: id 3 */
+        x[2 * V + 0] = NAN;                  /* nan never wins */
+        x[2 * V + V - 1] = 60.0f;            /* the last id */
+        for (uint32_t i = 0; i < V; i++)     /* a row of equal logits: id 0, -log V */
+            x[3 * V + i] = 1.5f;
+        x[4 * V + 5] = -INFINITY;
+        struct be_tensor *tc = gu_tensor(cpu, BE_F32, n, V, x),
+                         *tg = gu_tensor(gpu, BE_F32, n, V, x);
+        int32_t ic[9], ig[9];
+        float lc[9], lg[9];
+        int rc = greedy_forward(cpu, tc, n, ic, lc);
+        rc |= greedy_forward(g, tg, n, ig, lg);
+        int bad = rc != 0;
+        for (uint32_t r = 0; r < n && !bad; r++)
+            if (ic[r] != ig[r] || fabsf(lc[r] - lg[r]) > 2e-6f + 1e-6f * fabsf(lc[r])) {
+                printf("  row %u: cpu %d %.8g, cuda %d %.8g\n", r, ic[r], lc[r], ig[r], lg[r]);
+                bad = 1;
+            }
+        char name[64];
+        snprintf(name, sizeof(name), "greedy rows of %u logits", V);
+        CHECK(name, !bad && ic[1] == 3 && ic[2] == (int32_t)V - 1 && ic[3] == 0);
+        backend_tensor_free(cpu, tc);
+        backend_tensor_free(gpu, tg);
+        free(x);
+    }
+}
+
 static void test_linear(void)
 {
     static const uint32_t ns[] = {1, 2, 3, 8}, widths[] = {512, 4096, 14336};
@@ -528,6 +564,14 @@ int main(int argc, char **argv)
         unsetenv("RKV_CUDA_HOST_READ");
         unsetenv("RKV_CUDA_STAGE_PASSES");
         unsetenv("RKV_CUDA_STAGE_PASS_KB");
+        /* greedy rows picked on the device (off by default until this has run) */
+        setenv("RKV_CUDA_DEV_GREEDY", "1", 1);
+        struct backend *gb = NULL;
+        if (backend_init(&go, &gb, err, sizeof(err)) == 0) {
+            test_greedy(gb);
+            backend_free(gb);
+        }
+        unsetenv("RKV_CUDA_DEV_GREEDY");
     }
     if (model)
         gpu_model_tests(cpu, gpu, precise, &n_pass, &n_fail);

@@ -10,6 +10,7 @@
 #include "worker/backend_impl.h"
 #include "worker/cpu/cpu_ops.h"
 #include "worker/pool.h"
+#include "worker/sample.h"
 
 struct cpu_ctx {
     struct pool *pool;
@@ -470,6 +471,16 @@ static int cpu_sync(void *ctx)
     return 0;
 }
 
+static int cpu_greedy(void *ctx, const struct be_tensor *logits, uint32_t n, int32_t *ids,
+                      float *logprobs)
+{
+    (void)ctx;
+    for (uint32_t i = 0; i < n; i++)
+        ids[i] = sample_greedy((const float *)((const char *)logits->data + i * logits->row_bytes),
+                               (int32_t)logits->cols, &logprobs[i]);
+    return 0;
+}
+
 static const struct backend_i cpu_iface = {
     .free = cpu_free,
     .tensor_alloc = cpu_tensor_alloc,
@@ -488,6 +499,7 @@ static const struct backend_i cpu_iface = {
     .add = cpu_add,
     .get_rows = cpu_get_rows,
     .sync = cpu_sync,
+    .greedy = cpu_greedy,
 };
 
 int cpu_backend_init(uint32_t n_threads, struct backend **out)

@@ -836,6 +836,29 @@ static void cu_host_free(void *ctx, void *p)
     cudaFreeHost(p);
 }
 
+static int cu_greedy(void *ctx, const struct be_tensor *logits, uint32_t n, int32_t *ids,
+                     float *logprobs)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (!c->dev_greedy)
+        return 1;
+    op_begin(c);
+    int rc = cuda_scratch(c, &c->greedy_buf, &c->greedy_cap, (size_t)n * 2 * sizeof(int32_t));
+    if (rc < 0)
+        return rc;
+    int32_t *d_ids = (int32_t *)c->greedy_buf;
+    float *d_lps = (float *)(d_ids + n);
+    rc = cuda_greedy(c, (const float *)logits->data, n, logits->cols, d_ids, d_lps);
+    if (rc < 0)
+        return rc;
+    CU_TRY(cudaMemcpyAsync(ids, d_ids, (size_t)n * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                           c->stream));
+    CU_TRY(cudaMemcpyAsync(logprobs, d_lps, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost,
+                           c->stream));
+    CU_TRY(cudaStreamSynchronize(c->stream));
+    return 0;
+}
+
 static int cu_stats(void *ctx, char *buf, size_t len)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
@@ -879,6 +902,7 @@ static void cu_free(void *ctx)
     cudaFree(c->small);
     cudaFree(c->lin_h);
     cudaFree(c->pass_part);
+    cudaFree(c->greedy_buf);
     if (c->copy)
         cudaStreamSynchronize(c->copy);
     cudaFree(c->stg[0]);
@@ -914,7 +938,7 @@ static const struct backend_i cuda_iface = {
     cu_set_kv,     cu_embed,        cu_rmsnorm,     cu_matmul,        cu_rope,
     cu_kv_write,   cu_attn_partial, cu_attn_merge,  cu_silu_mul,      cu_add,
     cu_get_rows,   cu_sync,         cu_linear,      cu_rope_kv_write, cu_scratch_reserve,
-    cu_host_alloc, cu_host_free,    cu_stats,
+    cu_host_alloc, cu_host_free,    cu_stats,       cu_greedy,
 };
 
 /* a size in KiB from the environment, def when unset; out of [lo, hi] warns and uses def */
@@ -983,6 +1007,8 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         /* staging passes (env RKV_CUDA_STAGE_PASSES=1; not yet run on a gpu, so off by
          * default): a layer's host tails past RKV_CUDA_STAGE_PASS_KB (default: the staging
          * limit) go in passes of whole sequences instead of zero-copy reads */
+        const char *ge = getenv("RKV_CUDA_DEV_GREEDY");
+        c->dev_greedy = ge && *ge == '1';
         const char *pe = getenv("RKV_CUDA_STAGE_PASSES");
         if (pe && *pe == '1') {
             uint32_t kb = cu_env_kb("RKV_CUDA_STAGE_PASS_KB", 0, 0, 1u << 30);

@@ -134,6 +134,10 @@ struct cuda_ctx {
                          * RKV_CUDA_STAGE_PASS_KB); 0: no passes, larger tails zero-copy */
     void *pass_part;    /* the partial of a pass after the first, merged into the host one */
     size_t pass_part_cap;
+    int dev_greedy;   /* greedy rows picked on the device (env RKV_CUDA_DEV_GREEDY=1; not yet
+                       * run on a gpu, so off by default) */
+    void *greedy_buf; /* its ids and logprobs */
+    size_t greedy_cap;
 
     /* growable scratch (stream-ordered reuse) */
     void *act16; /* activations converted to f16/bf16 */

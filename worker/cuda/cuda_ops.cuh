@@ -33,6 +33,11 @@ int cuda_linear(struct cuda_ctx *c, const struct be_linear *l, uint32_t n);
  * memory by bulk copies (linear_stream.cu); 1 when it does not apply */
 int cuda_linear_stream(struct cuda_ctx *c, const struct be_linear *l, uint32_t n);
 
+/* d_ids, d_logprobs (n) = the argmax of each logits row (n, n_vocab), ties to the lowest id,
+ * and its log-softmax (worker/sample.c's sample_greedy) */
+int cuda_greedy(struct cuda_ctx *c, const float *logits, uint32_t n, uint32_t n_vocab,
+                int32_t *d_ids, float *d_logprobs);
+
 /* matmul: out (n, n_out) = in (n, n_in) . w^T + bias */
 int cuda_matmul(struct cuda_ctx *c, float *out, const float *in, const struct be_tensor *w,
                 const float *bias, uint32_t n);
