@@ -126,7 +126,8 @@ struct worker {
      * forward, sampling, the whole handler, and the gaps between steps (rkvd,
      * kvmgr and the ipc between them) */
     struct step_times {
-        uint64_t steps, rows, tokens, fwd_ns, sample_ns, handle_ns, gap_ns, t_report, t_last_end;
+        uint64_t steps, rows, picked, tokens, fwd_ns, sample_ns, handle_ns, gap_ns, t_report,
+            t_last_end;
     } st;
     struct rates rates; /* measured at the first attach, reported at every attach */
     uint64_t reserve;   /* compute reserve measured before the first hello (gpu), bytes */
@@ -524,6 +525,7 @@ static int do_step(struct worker *w, const struct proto_in *in, struct proto_wbu
     sample_rows(w, n_sample);
     w->st.sample_ns += rkv_now_ns() - t_samp;
     w->st.rows += n_sample + n_picked;
+    w->st.picked += n_picked;
     struct proto_step_resp resp = {req->epoch, n, outs};
     rc = proto_step_resp_encode(&resp, reply, err, errlen);
     free(outs);
@@ -547,12 +549,13 @@ static void step_report(struct worker *w, uint64_t now)
     char bs[256];
     backend_stats(w->be, bs, sizeof bs);
     log_info(
-        "%llu steps in %.1f s (%.1f sampled rows, %.1f tokens each): forward %.3f ms, sampling "
-        "%.3f ms, the rest of the step %.3f ms, between steps %.3f ms (rkvd, kvmgr, ipc)%s%s",
+        "%llu steps in %.1f s (%.1f sampled rows, %.1f of them picked by the backend, %.1f "
+        "tokens each): forward %.3f ms, sampling %.3f ms, the rest of the step %.3f ms, between "
+        "steps %.3f ms (rkvd, kvmgr, ipc)%s%s",
         (unsigned long long)t->steps, (double)(now - t->t_report) / 1e9, (double)t->rows / n,
-        (double)t->tokens / n, (double)t->fwd_ns / n / 1e6, (double)t->sample_ns / n / 1e6,
-        (double)(t->handle_ns - t->fwd_ns - t->sample_ns) / n / 1e6, (double)t->gap_ns / n / 1e6,
-        bs[0] ? "; " : "", bs);
+        (double)t->picked / n, (double)t->tokens / n, (double)t->fwd_ns / n / 1e6,
+        (double)t->sample_ns / n / 1e6, (double)(t->handle_ns - t->fwd_ns - t->sample_ns) / n / 1e6,
+        (double)t->gap_ns / n / 1e6, bs[0] ? "; " : "", bs);
     *t = (struct step_times){.t_report = now, .t_last_end = t->t_last_end};
 }
 
