@@ -168,3 +168,30 @@ int kv_local_migrate(struct kv_local *k, struct kv_block_ref *ref, enum kv_resid
     *ref = dst;
     return 0;
 }
+
+uint32_t kv_stage_passes(const uint32_t *slots, uint32_t n_seqs, uint64_t cap, uint32_t *pass_of,
+                         uint32_t *first, uint32_t *count, uint32_t max_pass)
+{
+    for (uint32_t s = 0; s < n_seqs; s++)
+        if (slots[s] > cap)
+            return 0;
+    uint32_t n = 0, slot = 0;
+    uint64_t cur = 0;
+    for (uint32_t s = 0; s < n_seqs; s++) {
+        if (n == 0 || cur + slots[s] > cap) {
+            if (n < max_pass) {
+                first[n] = slot;
+                count[n] = 0;
+            }
+            n++;
+            cur = 0;
+        }
+        cur += slots[s];
+        slot += slots[s];
+        if (pass_of)
+            pass_of[s] = n - 1;
+        if (n - 1 < max_pass)
+            count[n - 1] += slots[s];
+    }
+    return n;
+}

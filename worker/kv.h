@@ -56,6 +56,14 @@ size_t kv_block_bytes(const struct kv_layout *l);
 size_t kv_slice_offset(const struct kv_layout *l, uint32_t layer, int is_v);
 /* blocks needed for n_pos positions */
 uint32_t kv_blocks_for(const struct kv_layout *l, uint32_t n_pos);
+
+/* a layer's host blocks staged in passes of whole sequences (the cuda backend, when they pass
+ * its staging buffer): sequence s stages slots[s] consecutive slots, in sequence order; each
+ * pass takes the next sequences while their slots fit cap. pass_of[s] gets each sequence's
+ * pass. Returns the passes (at most max_pass are described in first/count: the first slot
+ * and the slots of each), or 0 when one sequence alone is over cap (nothing to split) */
+uint32_t kv_stage_passes(const uint32_t *slots, uint32_t n_seqs, uint64_t cap, uint32_t *pass_of,
+                         uint32_t *first, uint32_t *count, uint32_t max_pass);
 /* host address of a block's layer slice (valid when the pool is host-mapped,
  * always true for the cpu backend); NULL when the ref is out of range */
 void *kv_slice_ptr(const struct kv_layout *l, const struct kv_pools *p, struct kv_block_ref ref,

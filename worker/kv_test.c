@@ -132,12 +132,39 @@ static void test_local_mem_ops(void **state)
     assert_int_equal(ml.frees[KV_DEVICE], 2);
 }
 
+/* passes of whole sequences: in order, as many as fit, each sequence in exactly one pass and
+ * the passes' slot ranges back to back; a sequence over the cap: no passes */
+static void test_stage_passes(void **state)
+{
+    (void)state;
+    const uint32_t slots[] = {3, 0, 5, 2, 8, 0, 1, 4};
+    uint32_t pass_of[8], first[8], count[8];
+    uint32_t n = kv_stage_passes(slots, 8, 8, pass_of, first, count, 8);
+    /* 3+0+5 = 8 | 2 (+8 no) | 8+0 | 1+4 */
+    assert_int_equal(n, 4);
+    const uint32_t want_of[] = {0, 0, 0, 1, 2, 2, 3, 3};
+    assert_memory_equal(pass_of, want_of, sizeof want_of);
+    const uint32_t want_first[] = {0, 8, 10, 18}, want_count[] = {8, 2, 8, 5};
+    assert_memory_equal(first, want_first, sizeof want_first);
+    assert_memory_equal(count, want_count, sizeof want_count);
+    /* the count alone (no arrays), and a cap that holds everything: one pass */
+    assert_int_equal(kv_stage_passes(slots, 8, 8, NULL, NULL, NULL, 0), 4);
+    assert_int_equal(kv_stage_passes(slots, 8, 100, pass_of, first, count, 8), 1);
+    assert_int_equal(count[0], 23);
+    /* one sequence over the cap: nothing to split */
+    assert_int_equal(kv_stage_passes(slots, 8, 7, pass_of, first, count, 8), 0);
+    /* more passes than described: the count is still right */
+    assert_int_equal(kv_stage_passes(slots, 8, 8, pass_of, first, count, 2), 4);
+    assert_int_equal(pass_of[7], 3);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_geometry),
         cmocka_unit_test(test_local_alloc_migrate),
         cmocka_unit_test(test_local_mem_ops),
+        cmocka_unit_test(test_stage_passes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

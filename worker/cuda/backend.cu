@@ -49,10 +49,11 @@ static size_t align16(size_t n)
 }
 
 /* the staging passes of a batch whose sequences stage sc[s] slots each (all_slots in all):
- * none when everything fits one staging buffer, or when passes are off, or when one
- * sequence alone is too big (its layer is then read zero-copy); else whole sequences in
- * order, as many as fit c->pass_limit, per pass */
-static int meta_passes(struct cuda_ctx *c, const uint32_t *sc, uint32_t n_seqs, uint64_t all_slots)
+ * none when everything fits one pass, or when passes are off, or when one sequence alone is
+ * too big (its layer is then read zero-copy); else whole sequences in order, as many as fit
+ * c->pass_limit, per pass (kv_stage_passes); pass_of[s] gets each sequence's pass */
+static int meta_passes(struct cuda_ctx *c, const uint32_t *sc, uint32_t n_seqs, uint64_t all_slots,
+                       uint32_t *pass_of)
 {
     struct cuda_meta *m = &c->meta;
     const size_t per = c->have_kv ? 2 * kv_slice_bytes(&c->layout) : 0;
@@ -60,17 +61,7 @@ static int meta_passes(struct cuda_ctx *c, const uint32_t *sc, uint32_t n_seqs, 
     if (!per || !c->pass_limit || all_slots * per <= c->pass_limit)
         return 0;
     const uint64_t cap = c->pass_limit / per;
-    uint32_t n = 0;
-    uint64_t cur = 0;
-    for (uint32_t s = 0; s < n_seqs; s++) {
-        if (sc[s] > cap)
-            return 0;
-        if (n == 0 || cur + sc[s] > cap) {
-            n++;
-            cur = 0;
-        }
-        cur += sc[s];
-    }
+    uint32_t n = kv_stage_passes(sc, n_seqs, cap, NULL, NULL, NULL, 0);
     if (n > m->pass_cap) {
         uint32_t *a = (uint32_t *)realloc(m->pass_slot0, sizeof(uint32_t) * n);
         if (!a)
@@ -82,21 +73,7 @@ static int meta_passes(struct cuda_ctx *c, const uint32_t *sc, uint32_t n_seqs, 
         m->pass_nslots = b;
         m->pass_cap = n;
     }
-    uint32_t p = 0, slot = 0;
-    cur = 0;
-    for (uint32_t s = 0; s < n_seqs; s++) {
-        if (s == 0 || cur + sc[s] > cap) {
-            if (s > 0)
-                p++;
-            m->pass_slot0[p] = slot;
-            m->pass_nslots[p] = 0;
-            cur = 0;
-        }
-        cur += sc[s];
-        m->pass_nslots[p] += sc[s];
-        slot += sc[s];
-    }
-    m->n_pass = n;
+    m->n_pass = kv_stage_passes(sc, n_seqs, cap, pass_of, m->pass_slot0, m->pass_nslots, n);
     return 0;
 }
 
@@ -123,9 +100,10 @@ static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
         n_qtiles += (b->seqs[s].n_tokens + qt - 1) / qt;
 
     /* staged slots per sequence (its host blocks some token reads), then the passes */
-    uint32_t *sc = (uint32_t *)calloc(b->n_seqs ? b->n_seqs : 1, sizeof(uint32_t));
+    uint32_t *sc = (uint32_t *)calloc(2 * (size_t)(b->n_seqs ? b->n_seqs : 1), sizeof(uint32_t));
     if (!sc)
         return RKV_ENOMEM;
+    uint32_t *pass_of = sc + (b->n_seqs ? b->n_seqs : 1);
     uint64_t all_slots = 0;
     for (uint32_t s = 0; s < b->n_seqs; s++) {
         const struct be_seq *q = &b->seqs[s];
@@ -135,7 +113,7 @@ static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
                 sc[s]++;
         all_slots += sc[s];
     }
-    int rc = meta_passes(c, sc, b->n_seqs, all_slots);
+    int rc = meta_passes(c, sc, b->n_seqs, all_slots, pass_of);
     if (rc < 0) {
         free(sc);
         return rc;
@@ -246,18 +224,12 @@ static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
     if (rc == 0 && n_pass) {
         /* pass p: the sequences outside it have empty staged lists */
         struct cuda_seq_meta *pv = (struct cuda_seq_meta *)(h + o_pass);
-        uint32_t s0 = 0;
-        for (uint32_t p = 0; p < n_pass; p++) {
-            uint32_t got = 0, s1 = s0;
-            while (s1 < b->n_seqs && got + sc[s1] <= m->pass_nslots[p])
-                got += sc[s1++];
+        for (uint32_t p = 0; p < n_pass; p++)
             for (uint32_t s = 0; s < b->n_seqs; s++) {
                 pv[(size_t)p * b->n_seqs + s] = sm[s];
-                if (s < s0 || s >= s1)
+                if (pass_of[s] != p)
                     pv[(size_t)p * b->n_seqs + s].list_len[CUDA_LIST_STAGED] = 0;
             }
-            s0 = s1;
-        }
     }
     free(sc);
     if (rc < 0) {
