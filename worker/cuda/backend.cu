@@ -48,6 +48,14 @@ static size_t align16(size_t n)
     return (n + 15) & ~(size_t)15;
 }
 
+/* host block j of q is staged: some token of the step reads it (the last position a token
+ * attends to is n_past + n_tokens - 1) */
+static int staged_block(const struct be_seq *q, uint32_t j, uint32_t B)
+{
+    uint64_t last = (uint64_t)q->n_past + (q->n_tokens ? q->n_tokens - 1 : 0);
+    return q->blocks[j].residency == KV_HOST && !(B && (uint64_t)j * B > last);
+}
+
 /* the staging passes of a batch whose sequences stage sc[s] slots each (all_slots in all):
  * none when everything fits one pass, or when passes are off, or when one sequence alone is
  * too big (its layer is then read zero-copy); else whole sequences in order, as many as fit
@@ -60,20 +68,19 @@ static int meta_passes(struct cuda_ctx *c, const uint32_t *sc, uint32_t n_seqs, 
     m->n_pass = 0;
     if (!per || !c->pass_limit || all_slots * per <= c->pass_limit)
         return 0;
-    const uint64_t cap = c->pass_limit / per;
-    uint32_t n = kv_stage_passes(sc, n_seqs, cap, NULL, NULL, NULL, 0);
-    if (n > m->pass_cap) {
-        uint32_t *a = (uint32_t *)realloc(m->pass_slot0, sizeof(uint32_t) * n);
+    if (n_seqs > m->pass_cap) { /* a pass holds one sequence at least */
+        uint32_t *a = (uint32_t *)realloc(m->pass_slot0, sizeof(uint32_t) * n_seqs);
         if (!a)
             return RKV_ENOMEM;
         m->pass_slot0 = a;
-        uint32_t *b = (uint32_t *)realloc(m->pass_nslots, sizeof(uint32_t) * n);
+        uint32_t *b = (uint32_t *)realloc(m->pass_nslots, sizeof(uint32_t) * n_seqs);
         if (!b)
             return RKV_ENOMEM;
         m->pass_nslots = b;
-        m->pass_cap = n;
+        m->pass_cap = n_seqs;
     }
-    m->n_pass = kv_stage_passes(sc, n_seqs, cap, pass_of, m->pass_slot0, m->pass_nslots, n);
+    m->n_pass = kv_stage_passes(sc, n_seqs, c->pass_limit / per, pass_of, m->pass_slot0,
+                                m->pass_nslots, n_seqs);
     return 0;
 }
 
@@ -106,11 +113,8 @@ static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
     uint32_t *pass_of = sc + (b->n_seqs ? b->n_seqs : 1);
     uint64_t all_slots = 0;
     for (uint32_t s = 0; s < b->n_seqs; s++) {
-        const struct be_seq *q = &b->seqs[s];
-        uint64_t last = (uint64_t)q->n_past + (q->n_tokens ? q->n_tokens - 1 : 0);
-        for (uint32_t j = 0; j < q->n_blocks; j++)
-            if (q->blocks[j].residency == KV_HOST && !(B && (uint64_t)j * B > last))
-                sc[s]++;
+        for (uint32_t j = 0; j < b->seqs[s].n_blocks; j++)
+            sc[s] += staged_block(&b->seqs[s], j, B);
         all_slots += sc[s];
     }
     int rc = meta_passes(c, sc, b->n_seqs, all_slots, pass_of);
@@ -146,28 +150,22 @@ static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
     struct cuda_qtile *qtl = (struct cuda_qtile *)(h + o_qt);
     uint32_t max_units[CUDA_N_LISTS] = {0, 0, 0};
     uint32_t nb = 0, nq = 0, n_slots = 0;
-    /* staging slots: at most one per host block of the batch */
-    uint32_t n_host_refs = 0;
-    for (uint32_t s = 0; s < b->n_seqs; s++)
-        for (uint32_t j = 0; j < b->seqs[s].n_blocks; j++)
-            n_host_refs += b->seqs[s].blocks[j].residency == KV_HOST;
-    if (n_host_refs > m->stage_cap) {
-        uint32_t *ns = (uint32_t *)realloc(m->stage_src, sizeof(uint32_t) * n_host_refs);
+    /* staging slots: one per staged host block */
+    if (all_slots > m->stage_cap) {
+        uint32_t *ns = (uint32_t *)realloc(m->stage_src, sizeof(uint32_t) * all_slots);
         if (!ns) {
             free(h);
             free(sc);
             return RKV_ENOMEM;
         }
         m->stage_src = ns;
-        m->stage_cap = n_host_refs;
+        m->stage_cap = (uint32_t)all_slots;
     }
     for (uint32_t s = 0; s < b->n_seqs && rc == 0; s++) {
         const struct be_seq *q = &b->seqs[s];
         sm[s].tok_off = q->tok_off;
         sm[s].n_tokens = q->n_tokens;
         sm[s].n_past = q->n_past;
-        /* the last position any token of the sequence attends to */
-        uint64_t last = (uint64_t)q->n_past + (q->n_tokens ? q->n_tokens - 1 : 0);
         for (int r = 0; r < CUDA_N_LISTS && rc == 0; r++) {
             int res = r == CUDA_LIST_STAGED ? KV_HOST : r;
             sm[s].list_off[r] = nb;
@@ -183,7 +181,7 @@ static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
                 bl[nb].j = j;
                 bl[nb].index = ref.index;
                 if (r == CUDA_LIST_STAGED) {
-                    if (B && (uint64_t)j * B > last)
+                    if (!staged_block(q, j, B))
                         continue; /* never read: not copied */
                     m->stage_src[n_slots] = ref.index;
                     bl[nb].index = n_slots++;
@@ -928,6 +926,18 @@ static uint32_t cu_env_kb(const char *name, uint32_t def, uint32_t lo, uint32_t 
     return (uint32_t)v;
 }
 
+/* a switch from the environment: "1" on, "0" off, unset def; anything else warns and uses def */
+static int cu_env_flag(const char *name, int def)
+{
+    const char *e = getenv(name);
+    if (!e)
+        return def;
+    if (!strcmp(e, "0") || !strcmp(e, "1"))
+        return *e == '1';
+    log_warn("%s=%.20s is not 0 or 1: using %d", name, e, def);
+    return def;
+}
+
 extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backend **out)
 {
     int gpu = o ? o->gpu : 0;
@@ -976,13 +986,12 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
             mb = 512;
         }
         c->stage_limit = (size_t)mb << 20;
-        /* staging passes (env RKV_CUDA_STAGE_PASSES=1; not yet run on a gpu, so off by
-         * default): a layer's host tails past RKV_CUDA_STAGE_PASS_KB (default: the staging
-         * limit) go in passes of whole sequences instead of zero-copy reads */
-        const char *ge = getenv("RKV_CUDA_DEV_GREEDY");
-        c->dev_greedy = ge && *ge == '1';
-        const char *pe = getenv("RKV_CUDA_STAGE_PASSES");
-        if (pe && *pe == '1') {
+        /* greedy rows picked on the device; not yet run on a gpu, so off by default */
+        c->dev_greedy = cu_env_flag("RKV_CUDA_DEV_GREEDY", 0);
+        /* staging passes (not yet run on a gpu, so off by default): a layer's host tails past
+         * RKV_CUDA_STAGE_PASS_KB (default: the staging limit) go in passes of whole sequences
+         * instead of zero-copy reads */
+        if (cu_env_flag("RKV_CUDA_STAGE_PASSES", 0)) {
             uint32_t kb = cu_env_kb("RKV_CUDA_STAGE_PASS_KB", 0, 0, 1u << 30);
             c->pass_limit = kb ? (size_t)kb << 10 : c->stage_limit;
             if (c->pass_limit > c->stage_limit)
@@ -996,14 +1005,10 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
     if (cublasSetStream(c->blas, c->stream) != CUBLAS_STATUS_SUCCESS)
         goto fail;
     {
-        const char *pe = getenv("RKV_CUDA_PRECISE");
-        c->precise = pe && *pe == '1';
-        const char *fe = getenv("RKV_CUDA_FUSE");
-        c->fuse = !(fe && *fe == '0');
-        const char *de = getenv("RKV_CUDA_DEC");
-        c->dec = !(de && *de == '0');
-        const char *nm = getenv("RKV_CUDA_NO_MMA");
-        c->no_mma = nm && *nm == '1';
+        c->precise = cu_env_flag("RKV_CUDA_PRECISE", 0);
+        c->fuse = cu_env_flag("RKV_CUDA_FUSE", 1);
+        c->dec = cu_env_flag("RKV_CUDA_DEC", 1);
+        c->no_mma = cu_env_flag("RKV_CUDA_NO_MMA", 0);
         /* warps per weight row in the fused decode linears (for a/b runs) */
         const char *ke = getenv("RKV_CUDA_LIN_KS");
         c->lin_ks = 2;
@@ -1014,10 +1019,8 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
             else
                 log_warn("RKV_CUDA_LIN_KS=%.20s is not 1, 2, 4 or 8: using 2", ke);
         }
-        const char *se = getenv("RKV_CUDA_LIN_STREAM");
-        c->lin_stream = !(se && *se == '0');
-        const char *pd = getenv("RKV_CUDA_PDL");
-        c->pdl = !(pd && *pd == '0');
+        c->lin_stream = cu_env_flag("RKV_CUDA_LIN_STREAM", 1);
+        c->pdl = cu_env_flag("RKV_CUDA_PDL", 1);
         /* streamed linears: 32 KiB stages (16 KiB: 0.56 of hbm on gate/up, 32: 0.89), a ring
          * under half an SM's shared memory, so the next launch's block fits beside this one */
         c->ls_stage = cu_env_kb("RKV_CUDA_LS_STAGE_KB", 32, 4, 64) << 10;
