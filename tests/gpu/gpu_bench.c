@@ -530,6 +530,9 @@ int main(int argc, char **argv)
     record("ceiling", "d2d copy (read+write)", ceil_.d2d_copy, "GB/s", 0, 0);
     record("ceiling", "pinned h2d 64MiB copies", ceil_.h2d_pinned, "GB/s", 0, 0);
     record("ceiling", "pinned h2d 1MiB copies", ceil_.h2d_pinned_1m, "GB/s", 0, 0);
+    record("ceiling", "pinned h2d 1MiB pieces 4MiB apart", ceil_.h2d_strided_1m, "GB/s", 0, 0);
+    record("ceiling", "pinned h2d the same, one 2d copy", ceil_.h2d_2d_1m, "GB/s", 0, 0);
+    record("ceiling", "pinned h2d the same, one batch call", ceil_.h2d_batch_1m, "GB/s", 0, 0);
     record("ceiling", "zero-copy kernel read", ceil_.zero_copy, "GB/s", 0, 0);
     char err[256];
     struct backend_opts go = {"cuda", 0, 0};

@@ -473,6 +473,10 @@ static void test_attention(void)
         {32, 128, 2, 2, 1, KV_F32, 3, {5, 100, 300}, {1, 1, 1}, 2},
         {256, 128, 8, 4, 1, KV_F16, 2, {1000, 3000}, {1, 1}, 2},
         {16, 32, 4, 1, 1, KV_F16, 2, {40, 70}, {1, 1}, 2},
+        /* ~800 key chunks over one kv head: hundreds of splits, more weights than the merge
+         * folded into the launch keeps in shared memory (its other path) */
+        {256, 16, 1, 8, 1, KV_F16, 1, {52000}, {1}, 0},
+        {256, 16, 1, 8, 1, KV_F16, 1, {52000}, {1}, 2},
         /* prefill and mixed batches */
         {16, 64, 2, 4, 2, KV_F16, 3, {0, 20, 100}, {37, 1, 70}, 2},
         {32, 128, 2, 8, 1, KV_F32, 2, {0, 33}, {64, 20}, 2},
@@ -561,6 +565,16 @@ int main(int argc, char **argv)
             CHECK("attention: staging passes ran", strstr(st, " 0 in 0 passes") == NULL);
             backend_free(alt);
         }
+        /* the same, each layer's blocks staged by one batched copy call */
+        setenv("RKV_CUDA_STAGE_BATCH", "1", 1);
+        if (backend_init(&go, &alt, err, sizeof(err)) == 0) {
+            printf("ops: attention with host blocks staged in passes, one batched copy each\n");
+            gpu = alt;
+            test_attention();
+            gpu = save;
+            backend_free(alt);
+        }
+        unsetenv("RKV_CUDA_STAGE_BATCH");
         unsetenv("RKV_CUDA_HOST_READ");
         unsetenv("RKV_CUDA_STAGE_PASSES");
         unsetenv("RKV_CUDA_STAGE_PASS_KB");
@@ -572,6 +586,16 @@ int main(int argc, char **argv)
             backend_free(gb);
         }
         unsetenv("RKV_CUDA_DEV_GREEDY");
+        /* the splits merged by a kernel of their own instead of the launch's last block */
+        setenv("RKV_CUDA_MERGE_IN_ATTN", "0", 1);
+        if (backend_init(&go, &alt, err, sizeof(err)) == 0) {
+            printf("ops: attention with the splits merged by a separate kernel\n");
+            gpu = alt;
+            test_attention();
+            gpu = save;
+            backend_free(alt);
+        }
+        unsetenv("RKV_CUDA_MERGE_IN_ATTN");
     }
     if (model)
         gpu_model_tests(cpu, gpu, precise, &n_pass, &n_fail);

@@ -32,6 +32,18 @@ static uint32_t attn_pick_split(uint32_t units, uint32_t base, uint32_t slots, u
     return best;
 }
 
+/* n zeroed split counters of the residency's launches (they leave them zeroed) */
+static int split_counters(struct cuda_ctx *c, int res, size_t n, cudaStream_t s)
+{
+    size_t need = n * sizeof(uint32_t), cap = c->cnt_cap[res];
+    int rc = cuda_scratch(c, &c->cnt[res], &c->cnt_cap[res], need);
+    if (rc < 0)
+        return rc;
+    if (c->cnt_cap[res] != cap)
+        CU_TRY(cudaMemsetAsync(c->cnt[res], 0, c->cnt_cap[res], s));
+    return 0;
+}
+
 int cuda_attn(struct cuda_ctx *c, const struct cuda_attn_args *a)
 {
     const struct cuda_meta *m = a->meta;
@@ -61,11 +73,18 @@ int cuda_attn(struct cuda_ctx *c, const struct cuda_attn_args *a)
     if (rc < 0)
         return rc;
     float *part = (float *)c->part[a->residency];
+    uint32_t *cnt = NULL;
+    if (c->merge_in_attn) {
+        rc = split_counters(c, a->residency, (size_t)m->n_qtiles * c->layout.n_kv_head, a->s);
+        if (rc < 0)
+            return rc;
+        cnt = (uint32_t *)c->cnt[a->residency];
+    }
     if (m->qt == 1 && g <= 16)
-        rc = cuda_attn_decode_launch(c, a, n_split, ups, part);
+        rc = cuda_attn_decode_launch(c, a, n_split, ups, part, cnt);
     else
-        rc = cuda_attn_prefill_launch(c, a, n_split, ups, part);
-    if (rc < 0)
+        rc = cuda_attn_prefill_launch(c, a, n_split, ups, part, cnt);
+    if (rc < 0 || cnt)
         return rc;
     return cuda_attn_merge_splits(c, part, n_split, m->n_tokens, at->n_head, at->head_dim, a->o,
                                   a->m, a->l, a->s);

@@ -22,6 +22,11 @@ struct attn_kargs {
     uint32_t ups; /* chunk units per split */
     uint32_t n_tokens;
     float *part; /* (n_split, n_tokens, n_head, D + 2): unnormalized o, then m, l */
+    /* the split merge folded into the launch (attn_merge_last); cnt NULL: merge_splits_kernel
+     * merges after the launch */
+    uint32_t *cnt;    /* (n_qtiles, n_kv_head) thread blocks done, back to 0 after each launch */
+    uint32_t smem_f;  /* floats of the launch's dynamic shared memory */
+    float *o, *m, *l; /* (n_tokens, n_head*D) normalized, (n_tokens, n_head) x2 */
 };
 
 __device__ __forceinline__ void attn_cp16(void *smem, const void *gmem)
@@ -181,6 +186,138 @@ __device__ __forceinline__ void attn_store_ml(const struct attn_kargs &a, float 
     }
 }
 
+/* the split merge folded into the launch: the last thread block of a (query tile, kv head) to
+ * finish merges every split's partial of its rows into o (normalized), m and l, and puts the
+ * tile's counter back to 0 for the next launch on the stream. Each thread fences its own partial
+ * writes before the block counts itself done; the last block reads the others' partials past L1.
+ * The splits' weights go to the launch's dynamic shared memory (free by now) when they fit, so
+ * each output reads one value per split. A decode step saves the merge launch (~10 us of a 4k
+ * layer's ~150 on the H200) */
+__device__ __forceinline__ void attn_merge_last(const struct attn_kargs &a, uint32_t tok0,
+                                                uint32_t rows, uint32_t kvh)
+{
+    __shared__ uint32_t last;
+    __shared__ float row_l[64];
+    if (!a.cnt)
+        return;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        uint32_t *cnt = a.cnt + (size_t)blockIdx.z * gridDim.x + blockIdx.x;
+        last = atomicAdd(cnt, 1u) == gridDim.y - 1;
+        if (last)
+            *cnt = 0;
+    }
+    __syncthreads();
+    if (!last)
+        return;
+    __threadfence();
+    extern __shared__ __align__(16) char smem[];
+    const uint32_t D = a.D, PD = D + 2, n_split = gridDim.y, g = a.g;
+    const uint32_t tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x / 32;
+    const size_t ss = (size_t)a.n_tokens * a.n_head * PD;
+    if (rows <= 64 && (size_t)rows * n_split <= a.smem_f) {
+        /* w[r][s] = exp(m_s - M_r) (0 for an empty split), one warp per row */
+        float *w = (float *)smem;
+        for (uint32_t r = warp; r < rows; r += nw) {
+            const uint32_t t = tok0 + r / g, h = kvh * g + r % g;
+            const float *p = a.part + ((size_t)t * a.n_head + h) * PD + D;
+            float M = -INFINITY;
+            for (uint32_t s = lane; s < n_split; s += 32)
+                if (__ldcg(p + s * ss + 1) > 0.0f)
+                    M = fmaxf(M, __ldcg(p + s * ss));
+            for (int off = 16; off > 0; off >>= 1)
+                M = fmaxf(M, __shfl_xor_sync(0xffffffff, M, off));
+            float L = 0.0f;
+            for (uint32_t s = lane; s < n_split; s += 32) {
+                const float ls = __ldcg(p + s * ss + 1);
+                const float e = ls > 0.0f ? expf(__ldcg(p + s * ss) - M) : 0.0f;
+                w[r * n_split + s] = e;
+                L += e * ls;
+            }
+            for (int off = 16; off > 0; off >>= 1)
+                L += __shfl_xor_sync(0xffffffff, L, off);
+            if (lane == 0) {
+                row_l[r] = L;
+                a.m[(size_t)t * a.n_head + h] = L > 0.0f ? M : -INFINITY;
+                a.l[(size_t)t * a.n_head + h] = L;
+            }
+        }
+        __syncthreads();
+        /* four outputs a thread at once, eight splits of each per round: 32 loads in flight
+         * (one output at a time left the last block 12 us behind at 32 splits) */
+        const uint32_t bd = blockDim.x, n_e = rows * D;
+        for (uint32_t e0 = tid; e0 < n_e; e0 += 4 * bd) {
+            const float *pe[4];
+            const float *we[4];
+            float O[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const uint32_t e = e0 + j * bd < n_e ? e0 + j * bd : e0; /* past the end: a copy */
+                const uint32_t r = e / D, d = e % D, t = tok0 + r / g, h = kvh * g + r % g;
+                pe[j] = a.part + ((size_t)t * a.n_head + h) * PD + d;
+                we[j] = w + r * n_split;
+                O[j] = 0.0f;
+            }
+            uint32_t s = 0;
+            for (; s + 8 <= n_split; s += 8) {
+                float v[4][8];
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+#pragma unroll
+                    for (int k = 0; k < 8; k++)
+                        v[j][k] = __ldcg(pe[j] + (s + k) * ss);
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+#pragma unroll
+                    for (int k = 0; k < 8; k++) {
+                        const float x = we[j][s + k];
+                        O[j] += x != 0.0f ? x * v[j][k] : 0.0f; /* an empty split's o: stale */
+                    }
+            }
+            for (; s < n_split; s++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const float v = __ldcg(pe[j] + s * ss), x = we[j][s];
+                    O[j] += x != 0.0f ? x * v : 0.0f;
+                }
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const uint32_t e = e0 + j * bd;
+                if (e < n_e) {
+                    const uint32_t r = e / D, d = e % D, t = tok0 + r / g, h = kvh * g + r % g;
+                    const float L = row_l[r];
+                    a.o[((size_t)t * a.n_head + h) * D + d] = L > 0.0f ? O[j] / L : 0.0f;
+                }
+            }
+        }
+        return;
+    }
+    for (uint32_t e = tid; e < rows * D; e += blockDim.x) {
+        const uint32_t r = e / D, d = e % D, t = tok0 + r / g, h = kvh * g + r % g;
+        const float *p = a.part + ((size_t)t * a.n_head + h) * PD;
+        float M = -INFINITY;
+        for (uint32_t s = 0; s < n_split; s++)
+            if (__ldcg(p + s * ss + D + 1) > 0.0f)
+                M = fmaxf(M, __ldcg(p + s * ss + D));
+        float L = 0.0f, O = 0.0f;
+        if (M != -INFINITY)
+            for (uint32_t s = 0; s < n_split; s++) {
+                const float ls = __ldcg(p + s * ss + D + 1);
+                if (ls > 0.0f) { /* an empty split's o may be stale */
+                    const float x = expf(__ldcg(p + s * ss + D) - M);
+                    L += x * ls;
+                    O += x * __ldcg(p + s * ss + d);
+                }
+            }
+        a.o[((size_t)t * a.n_head + h) * D + d] = L > 0.0f ? O / L : 0.0f;
+        if (d == 0) {
+            a.m[(size_t)t * a.n_head + h] = L > 0.0f ? M : -INFINITY;
+            a.l[(size_t)t * a.n_head + h] = L;
+        }
+    }
+}
+
 /* grid (n_kv_head, n_split, n_qtiles), ATTN_THREADS threads.
  * T: kv element type; CH: keys per chunk (32 per lane group); RMAX: query
  * rows per tile; RPT: accumulator rows per thread. D is a power of two in
@@ -203,6 +340,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_kernel(struct attn_kargs a)
     float *cs = ps + R * CH;                 /* (R) */
     int *rp = (int *)(cs + R);               /* (R) row positions */
 
+    cuda_grid_wait(); /* q and the newest keys come from the kernels before */
     const struct cuda_qtile qt = a.qtiles[blockIdx.z];
     const struct cuda_seq_meta sq = a.seqs[qt.seq];
     const uint32_t kvh = blockIdx.x, split = blockIdx.y, g = a.g;
@@ -315,6 +453,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_kernel(struct attn_kargs a)
     }
     if (lane == 0)
         attn_store_ml<RPW>(a, part, m_r, l_r, warp, rows, tok0, kvh);
+    attn_merge_last(a, tok0, rows, kvh);
 }
 
 /* d += a . b on the tensor cores: m16n8k16, f16 in, f32 accumulate */
@@ -364,6 +503,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_mma_kernel(struct attn_karg
     float *cs = ps + RMAX * PS;          /* (RMAX) */
     int *rp = (int *)(cs + RMAX);        /* (RMAX) */
 
+    cuda_grid_wait(); /* q and the newest keys come from the kernels before */
     const struct cuda_qtile qt = a.qtiles[blockIdx.z];
     const struct cuda_seq_meta sq = a.seqs[qt.seq];
     const uint32_t kvh = blockIdx.x, split = blockIdx.y, g = a.g;
@@ -589,6 +729,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_mma_kernel(struct attn_karg
     }
     if (lane == 0)
         attn_store_ml<RPW>(a, part, m_r, l_r, warp, rows, tok0, kvh);
+    attn_merge_last(a, tok0, rows, kvh);
 }
 
 /* ldmatrix: four 8x8 b16 tiles, row addresses from lanes 8i..8i+7 for tile i; TRANS transposes
@@ -625,6 +766,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_dec_kernel(struct attn_karg
     __half *ks = (__half *)smem;   /* (2, CH, DP) */
     __half *vs = ks + 2 * CH * DP; /* (2, CH, DP) */
 
+    cuda_grid_wait(); /* q and the newest keys come from the kernels before */
     const struct cuda_qtile qt = a.qtiles[blockIdx.z];
     const struct cuda_seq_meta sq = a.seqs[qt.seq];
     const uint32_t kvh = blockIdx.x, split = blockIdx.y, g = a.g;
@@ -793,6 +935,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_dec_kernel(struct attn_karg
             p[D + 1] = L;
         }
     }
+    attn_merge_last(a, tok, g, kvh);
 }
 
 /* dynamic shared memory of one launch */
@@ -813,13 +956,16 @@ template <typename F> static int attn_smem_limit(F fn, size_t sm, size_t *set)
 }
 
 template <int ND>
-static int attn_dec_launch(dim3 grid, size_t sm, cudaStream_t s, const struct attn_kargs &k)
+static int attn_dec_launch(const struct cuda_ctx *c, dim3 grid, size_t sm, cudaStream_t s,
+                           const struct attn_kargs &k)
 {
     auto fn = attn_dec_kernel<ND>;
     static size_t sm_set; /* raised once per instantiation */
     if (attn_smem_limit(fn, sm, &sm_set) < 0)
         return RKV_ECUDA;
-    fn<<<grid, ATTN_THREADS, sm, s>>>(k);
+    struct attn_kargs kk = k;
+    kk.smem_f = (uint32_t)(sm / sizeof(float));
+    CU_TRY(cuda_launch_pdl(c, fn, grid, dim3(ATTN_THREADS), sm, s, kk));
     return 0;
 }
 
@@ -859,10 +1005,10 @@ static int attn_launch(struct cuda_ctx *c, const struct cuda_attn_args *a, struc
     if (RMAX == 16 && attn_takes_dec(c, a->meta->qt, k.g, k.D)) {
         /* decode: the packed q/residual kernel */
         size_t sm = 4 * 64 * (size_t)(k.D + 8) * 2;
-        int rc = k.D == 128  ? attn_dec_launch<16>(grid, sm, a->s, k)
-                 : k.D == 64 ? attn_dec_launch<8>(grid, sm, a->s, k)
-                 : k.D == 32 ? attn_dec_launch<4>(grid, sm, a->s, k)
-                             : attn_dec_launch<2>(grid, sm, a->s, k);
+        int rc = k.D == 128  ? attn_dec_launch<16>(c, grid, sm, a->s, k)
+                 : k.D == 64 ? attn_dec_launch<8>(c, grid, sm, a->s, k)
+                 : k.D == 32 ? attn_dec_launch<4>(c, grid, sm, a->s, k)
+                             : attn_dec_launch<2>(c, grid, sm, a->s, k);
         if (rc < 0)
             return rc;
     } else if (c->layout.dtype == KV_F16 && !c->no_mma && k.D >= 16) {
@@ -874,21 +1020,24 @@ static int attn_launch(struct cuda_ctx *c, const struct cuda_attn_args *a, struc
         static size_t sm_set; /* raised once per instantiation */
         if (attn_smem_limit(fn, sm, &sm_set) < 0)
             return RKV_ECUDA;
-        fn<<<grid, ATTN_THREADS, sm, a->s>>>(k);
+        k.smem_f = (uint32_t)(sm / sizeof(float));
+        CU_TRY(cuda_launch_pdl(c, fn, grid, dim3(ATTN_THREADS), sm, a->s, k));
     } else if (c->layout.dtype == KV_F16) {
         size_t sm = attn_smem_bytes(2, 64, k.D, k.R);
         auto fn = attn_kernel<__half, 64, RMAX, RPT>;
         static size_t sm_set; /* raised once per instantiation */
         if (attn_smem_limit(fn, sm, &sm_set) < 0)
             return RKV_ECUDA;
-        fn<<<grid, ATTN_THREADS, sm, a->s>>>(k);
+        k.smem_f = (uint32_t)(sm / sizeof(float));
+        CU_TRY(cuda_launch_pdl(c, fn, grid, dim3(ATTN_THREADS), sm, a->s, k));
     } else {
         size_t sm = attn_smem_bytes(4, 32, k.D, k.R);
         auto fn = attn_kernel<float, 32, RMAX, RPT>;
         static size_t sm_set; /* raised once per instantiation */
         if (attn_smem_limit(fn, sm, &sm_set) < 0)
             return RKV_ECUDA;
-        fn<<<grid, ATTN_THREADS, sm, a->s>>>(k);
+        k.smem_f = (uint32_t)(sm / sizeof(float));
+        CU_TRY(cuda_launch_pdl(c, fn, grid, dim3(ATTN_THREADS), sm, a->s, k));
     }
     CU_LAUNCHED();
     return 0;
@@ -896,7 +1045,7 @@ static int attn_launch(struct cuda_ctx *c, const struct cuda_attn_args *a, struc
 
 /* the launch arguments common to both shapes */
 static inline struct attn_kargs attn_kargs_of(struct cuda_ctx *c, const struct cuda_attn_args *a,
-                                              uint32_t ups, float *part)
+                                              uint32_t ups, float *part, uint32_t *cnt)
 {
     const struct kv_layout *l = &c->layout;
     struct attn_kargs k;
@@ -919,5 +1068,10 @@ static inline struct attn_kargs attn_kargs_of(struct cuda_ctx *c, const struct c
     k.ups = ups;
     k.n_tokens = a->meta->n_tokens;
     k.part = part;
+    k.cnt = cnt;
+    k.smem_f = 0;
+    k.o = a->o;
+    k.m = a->m;
+    k.l = a->l;
     return k;
 }

@@ -42,7 +42,11 @@ struct rkv_cuda_ceilings {
     double d2d_copy;      /* cudaMemcpy device to device, read + write bytes */
     double h2d_pinned;    /* pinned host to device, 64 MiB copies */
     double h2d_pinned_1m; /* the same in 1 MiB copies */
-    double zero_copy;     /* kernel reads of mapped pinned host memory */
+    /* 1 MiB pieces 4 MiB apart on the host (a layer's slice of consecutive pool blocks), one
+     * copy each and all in one strided copy: what staging a run of blocks can reach */
+    double h2d_strided_1m, h2d_2d_1m;
+    double h2d_batch_1m; /* the same pieces in one cudaMemcpyBatchAsync */
+    double zero_copy;    /* kernel reads of mapped pinned host memory */
     char gpu_name[256];
     int n_sm;
 };

@@ -130,12 +130,17 @@ struct cuda_ctx {
     uint64_t stg_gen[2];
     int stg_valid[2];
     size_t stage_limit; /* bytes per staging buffer; larger tails read zero-copy */
-    size_t pass_limit;  /* bytes of one staging pass (env RKV_CUDA_STAGE_PASSES=1 and
-                         * RKV_CUDA_STAGE_PASS_KB); 0: no passes, larger tails zero-copy */
-    void *pass_part;    /* the partial of a pass after the first, merged into the host one */
+    size_t pass_limit;  /* bytes of one staging pass (RKV_CUDA_STAGE_PASS_KB); 0 (env
+                         * RKV_CUDA_STAGE_PASSES=0): no passes, larger tails zero-copy */
+    int stage_batch;    /* one cudaMemcpyBatchAsync a layer (env RKV_CUDA_STAGE_BATCH=1) */
+    void **bat_dst;     /* its copies' destinations, sources and sizes */
+    const void **bat_src;
+    size_t *bat_size;
+    uint32_t bat_cap;
+    void *pass_part; /* the partial of a pass after the first, merged into the host one */
     size_t pass_part_cap;
-    int dev_greedy;   /* greedy rows picked on the device (env RKV_CUDA_DEV_GREEDY=1; not yet
-                       * run on a gpu, so off by default) */
+    int dev_greedy;   /* greedy rows picked on the device (env RKV_CUDA_DEV_GREEDY=0: on the
+                       * host, by the worker's sampler) */
     void *greedy_buf; /* its ids and logprobs */
     size_t greedy_cap;
 
@@ -146,10 +151,14 @@ struct cuda_ctx {
     size_t wdeq_cap;
     void *part[KV_N_POOLS]; /* attention split partials, per residency (two streams) */
     size_t part_cap[KV_N_POOLS];
+    void *cnt[KV_N_POOLS]; /* split counters of the merge folded into attention, per residency */
+    size_t cnt_cap[KV_N_POOLS];
     void *small; /* token ids, row indexes */
     size_t small_cap;
     void *lin_h; /* normed input of a fused linear layer (3+ tokens) */
     size_t lin_h_cap;
+    int merge_in_attn; /* the last thread block of an attention launch merges its splits (env
+                        * RKV_CUDA_MERGE_IN_ATTN=0: a separate merge kernel) */
     int dec;        /* the packed decode attention kernel (env RKV_CUDA_DEC=0: the general one) */
     int fuse;       /* fused decode ops (env RKV_CUDA_FUSE=0 turns them off, for a/b checks) */
     int lin_ks;     /* warps per weight row of the fused linears, 1/2/4/8 (env RKV_CUDA_LIN_KS) */
@@ -168,6 +177,7 @@ struct cuda_ctx {
         uint64_t zero_copy;  /* layers too big to stage, read in place */
         uint64_t grown;      /* staging buffer reallocations (each waits for the gpu) */
         uint64_t slots;      /* host block slices staged */
+        uint64_t copies;     /* ... in this many copies (runs of consecutive blocks) */
         uint64_t passes;     /* layers staged in several passes, and the passes */
         uint64_t pass_n;
     } hst;

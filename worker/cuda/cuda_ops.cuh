@@ -3,6 +3,34 @@
 
 #include "worker/cuda/cuda_ctx.cuh"
 
+/* launches fn on stream s with programmatic stream serialization when c->pdl: its blocks may be
+ * scheduled while the kernel before it ends, so fn must execute griddepcontrol.wait
+ * (cuda_grid_wait) before it touches memory that kernel writes */
+template <typename... P, typename... A>
+static inline cudaError_t cuda_launch_pdl(const struct cuda_ctx *c, void (*fn)(P...), dim3 grid,
+                                          dim3 block, size_t smem, cudaStream_t s, A &&...args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = c->pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, fn, static_cast<A &&>(args)...);
+}
+
+/* a kernel launched by cuda_launch_pdl waits here for the kernel before it (a no-op otherwise) */
+__device__ __forceinline__ void cuda_grid_wait()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 /* out (n, cols) = rows ids[i] of w dequantized; d_ids on the device */
 int cuda_embed(struct cuda_ctx *c, float *out, const struct be_tensor *w, const int32_t *d_ids,
                uint32_t n);
@@ -76,10 +104,12 @@ int cuda_attn(struct cuda_ctx *c, const struct cuda_attn_args *a);
 /* thread blocks of the decode kernel resident on the whole gpu, 0 when a
  * launch of this shape (tile tokens qt, gqa group g) takes another kernel */
 int cuda_attn_decode_slots(struct cuda_ctx *c, uint32_t qt, uint32_t g);
+/* cnt: the (n_qtiles, n_kv_head) counters of the merge folded into the launch, all 0 (the
+ * launch leaves them so); NULL: the launch leaves the splits' partials in part */
 int cuda_attn_decode_launch(struct cuda_ctx *c, const struct cuda_attn_args *a, uint32_t n_split,
-                            uint32_t units_per_split, float *part);
+                            uint32_t units_per_split, float *part, uint32_t *cnt);
 int cuda_attn_prefill_launch(struct cuda_ctx *c, const struct cuda_attn_args *a, uint32_t n_split,
-                             uint32_t units_per_split, float *part);
+                             uint32_t units_per_split, float *part, uint32_t *cnt);
 /* out (o, m, l) = lse-merge of n_split partials part (n_split, n_tokens, n_head, head_dim + 2) */
 int cuda_attn_merge_splits(struct cuda_ctx *c, const float *part, uint32_t n_split,
                            uint32_t n_tokens, uint32_t n_head, uint32_t head_dim, float *o,

@@ -67,6 +67,7 @@ __global__ void rope_kv_write_kernel(char *pool0, char *pool1, size_t block_byte
     const uint32_t n_q = n_head * half, item = blockIdx.x * blockDim.x + threadIdx.x;
     if (item >= n_q + n_kv_head * hd2)
         return;
+    cuda_grid_wait(); /* q, k, v come from the projection before */
     const int32_t p = pos[t];
     if (item < n_q) {
         uint32_t h = item / half, i = item % half;
@@ -121,10 +122,9 @@ int cuda_rope_kv_write(struct cuda_ctx *c, const struct cuda_meta *m, uint32_t l
     uint32_t items = n_head * (r->n_rot / 2) + l->n_kv_head * (l->head_dim / 2);
     dim3 grid((items + 127) / 128, m->n_tokens);
     auto fn = l->dtype == KV_F16 ? rope_kv_write_kernel<__half> : rope_kv_write_kernel<float>;
-    fn<<<grid, 128, 0, c->stream>>>(c->pool[0], c->pool[1], bb, ko, vo, l->block_size, l->n_kv_head,
-                                    l->head_dim, m->d_pos, m->d_slot, q, k, v, n_head, r->n_rot,
-                                    r->freq_base, r->freq_scale, r->neox);
-    CU_LAUNCHED();
+    CU_TRY(cuda_launch_pdl(c, fn, grid, dim3(128), 0, c->stream, c->pool[0], c->pool[1], bb, ko, vo,
+                           l->block_size, l->n_kv_head, l->head_dim, m->d_pos, m->d_slot, q, k, v,
+                           n_head, r->n_rot, r->freq_base, r->freq_scale, r->neox));
     CU_LAUNCHED();
     return 0;
 }

@@ -92,6 +92,45 @@ extern "C" int rkv_cuda_measure_ceilings(int gpu, size_t hbm_bytes, size_t host_
             }
         });
         out->h2d_pinned_1m = host_bytes / (ms * 1e6);
+        const size_t mib = (size_t)1 << 20, pitch = 4 * mib, rows = host_bytes / pitch;
+        ms = time_ms(5, [&] {
+            for (size_t i = 0; i < rows; i++)
+                cudaMemcpyAsync(d + i * mib, h + i * pitch, mib, cudaMemcpyHostToDevice, 0);
+        });
+        out->h2d_strided_1m = rows * mib / (ms * 1e6);
+        ms = time_ms(
+            5, [&] { cudaMemcpy2DAsync(d, mib, h, pitch, mib, rows, cudaMemcpyHostToDevice, 0); });
+        out->h2d_2d_1m = rows * mib / (ms * 1e6);
+        {
+            void **dsts = (void **)malloc(rows * sizeof(void *));
+            const void **srcs = (const void **)malloc(rows * sizeof(void *));
+            size_t *sizes = (size_t *)malloc(rows * sizeof(size_t));
+            if (!dsts || !srcs || !sizes) {
+                free(dsts);
+                free(srcs);
+                free(sizes);
+                goto out;
+            }
+            for (size_t i = 0; i < rows; i++) {
+                dsts[i] = d + i * mib;
+                srcs[i] = h + i * pitch;
+                sizes[i] = mib;
+            }
+            cudaMemcpyAttributes at = {};
+            at.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+            size_t idx = 0;
+            cudaStream_t st = NULL;
+            cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+            ms = time_ms(5, [&] {
+                cudaMemcpyBatchAsync(dsts, srcs, sizes, rows, &at, &idx, 1, st);
+                cudaStreamSynchronize(st);
+            });
+            out->h2d_batch_1m = rows * mib / (ms * 1e6);
+            cudaStreamDestroy(st);
+            free(dsts);
+            free(srcs);
+            free(sizes);
+        }
         void *hd = NULL;
         if (cudaHostGetDevicePointer(&hd, h, 0) != cudaSuccess)
             goto out;
