@@ -1,8 +1,8 @@
 #!/bin/sh
 # device-session.sh - one call on the gpu machine that checks and measures what changed since
-# the last device session, in the order that matters when time runs out: the op tests (the
-# streamed linears, the staging passes), the linear and decode benchmarks, then the load
-# ramp with staging passes on (RKV_CUDA_STAGE_PASSES=1, inherited by the worker).
+# the last device session, in the order that matters when time runs out: the op tests, the
+# linear and decode benchmarks, then the load ramp (the cuda switches at their defaults; set
+# RKV_CUDA_* in the environment for an a/b run: the worker inherits them).
 #   here:  scripts/bench-system.sh --pack .benchpack build/bs
 #   there: sh scripts/device-session.sh .benchpack $OUT     (carry .benchpack)
 # everything lands in OUT, and OUT/all.tgz holds it all (the device tool returns few files).
@@ -26,9 +26,9 @@ timeout 150 "$B/gpu_bench" --suite decode --quick --json "$OUT/decode.json" >"$O
 grep -E "linear|b=1 ctx=4096 host=0|b=1 ctx=32768 host=0|b=64" "$OUT/linear.txt" "$OUT/decode.txt" |
     sed 's/  */ /g'
 
-step "load ramp, staging passes on"
+step "load ramp"
 mkdir -p "$OUT/ramp"
-RKV_CUDA_STAGE_PASSES=1 DEADLINE=${RAMP_DEADLINE:-300} WORK=${WORK:-/tmp/rkv-device-session} \
+DEADLINE=${RAMP_DEADLINE:-300} WORK=${WORK:-/tmp/rkv-device-session} \
     timeout $((${RAMP_DEADLINE:-300} + 40)) sh "$(dirname "$0")/bench-system.sh" "$PACK" \
     "$OUT/ramp" --parts ramp --no-hf --up 1,16,24,40,64 --down 16,1 --window 2 \
     >"$OUT/ramp/log.txt" 2>&1

@@ -132,7 +132,8 @@ struct cuda_ctx {
     size_t stage_limit; /* bytes per staging buffer; larger tails read zero-copy */
     size_t pass_limit;  /* bytes of one staging pass (RKV_CUDA_STAGE_PASS_KB); 0 (env
                          * RKV_CUDA_STAGE_PASSES=0): no passes, larger tails zero-copy */
-    int stage_batch;    /* one cudaMemcpyBatchAsync a layer (env RKV_CUDA_STAGE_BATCH=1) */
+    int stage_batch;    /* one cudaMemcpyBatchAsync a layer (env RKV_CUDA_STAGE_BATCH=0: a
+                         * copy per run of consecutive blocks; off when the driver refuses) */
     void **bat_dst;     /* its copies' destinations, sources and sizes */
     const void **bat_src;
     size_t *bat_size;
