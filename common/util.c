@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "common/err.h"
+#include "common/log.h"
 
 extern char **environ;
 
@@ -20,7 +21,10 @@ uint64_t rkv_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-uint64_t rkv_now_ms(void) { return rkv_now_ns() / 1000000ull; }
+uint64_t rkv_now_ms(void)
+{
+    return rkv_now_ns() / 1000000ull;
+}
 
 uint64_t rkv_wall_ms(void)
 {
@@ -128,7 +132,10 @@ static size_t map_hash(uint64_t k)
     return (size_t)k;
 }
 
-void rkv_map_init(struct rkv_map *m) { memset(m, 0, sizeof *m); }
+void rkv_map_init(struct rkv_map *m)
+{
+    memset(m, 0, sizeof *m);
+}
 
 void rkv_map_fini(struct rkv_map *m)
 {
@@ -242,4 +249,20 @@ int rkv_map_next(const struct rkv_map *m, size_t *it, uint64_t *key, void **val)
         }
     }
     return 0;
+}
+
+uint64_t rkv_env_u64(const char *name, uint64_t def, uint64_t lo, uint64_t hi)
+{
+    const char *v = getenv(name);
+    if (!v)
+        return def;
+    char *end = NULL;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (end == v || *end || errno || v[0] == '-' || x < lo || x > hi) {
+        log_warn("%s=%.40s is not a whole number in [%llu, %llu]: using %llu", name, v,
+                 (unsigned long long)lo, (unsigned long long)hi, (unsigned long long)def);
+        return def;
+    }
+    return x;
 }

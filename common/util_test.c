@@ -1,4 +1,4 @@
-/* util_test.c - clocks, spawn, growable array and u64 map. */
+/* util_test.c - clocks, spawn, growable array, u64 map and integer environment variables. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -101,13 +101,32 @@ static void test_map_against_array(void **state)
     rkv_map_fini(&m);
 }
 
+/* unset: the default; a number in range: it; anything else: the default */
+static void test_env_u64(void **state)
+{
+    (void)state;
+    const char *n = "RKV_UTIL_TEST_MS";
+    unsetenv(n);
+    assert_int_equal(rkv_env_u64(n, 10000, 100, 3600000), 10000);
+    setenv(n, "250", 1);
+    assert_int_equal(rkv_env_u64(n, 10000, 100, 3600000), 250);
+    setenv(n, "100", 1);
+    assert_int_equal(rkv_env_u64(n, 10000, 100, 3600000), 100);
+    static const char *bad[] = {"",     "99",  "3600001", "-5",
+                                "12ms", "1e3", " 5",      "99999999999999999999"};
+    for (size_t i = 0; i < RKV_ARRAY_LEN(bad); i++) {
+        setenv(n, bad[i], 1);
+        assert_int_equal(rkv_env_u64(n, 10000, 100, 3600000), 10000);
+    }
+    unsetenv(n);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_clock),
-        cmocka_unit_test(test_spawn),
-        cmocka_unit_test(test_vec),
-        cmocka_unit_test(test_map_against_array),
+        cmocka_unit_test(test_clock),   cmocka_unit_test(test_spawn),
+        cmocka_unit_test(test_vec),     cmocka_unit_test(test_map_against_array),
+        cmocka_unit_test(test_env_u64),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

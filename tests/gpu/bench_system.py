@@ -1181,7 +1181,7 @@ def parse_args(argv):
     ap.add_argument("--spill-prefill", type=int, help="new tokens per point (512; quick 64)")
     ap.add_argument("--spill-decode", type=int, help="decoded tokens per point (32; quick 600)")
     ap.add_argument("--http-batches", help="1,64 (quick 1,4)")
-    ap.add_argument("--http-tokens", type=int, help="decoded tokens per stream (128; quick 200)")
+    ap.add_argument("--http-tokens", type=int, help="decoded tokens per stream (256; quick 200): at batch 64 fewer leave the streams too little time together")
     ap.add_argument("--budget-streams", type=int, help="(12; quick 2)")
     ap.add_argument("--budget-tokens", type=int, help="(192; quick 1500)")
     ap.add_argument("--budget-ctx", type=int, help="prompt of each stream (--ctx; quick 2048): "
@@ -1206,7 +1206,7 @@ def parse_args(argv):
             "block_size": (32, 256), "ctx": (256, 4096), "fit_sessions": (2, 16),
             "sessions_max": (6, 64), "window": (0.4, 3.0), "spill_ctx": (2048, 32768),
             "spill_prefill": (64, 512), "spill_decode": (600, 32), "http_batches": ("1,4", "1,64"),
-            "http_tokens": (200, 128), "budget_streams": (2, 12), "budget_tokens": (1500, 192),
+            "http_tokens": (200, 256), "budget_streams": (2, 12), "budget_tokens": (1500, 192),
             "budget_ctx": (2048, 0), "io_timeout": (30, 120), "max_batch_tokens": (512, 512),
             "prefill_chunk": (256, 256), "spill_fracs": ("0,0.5,1", "0,0.25,0.5,0.75,0.9,1")}
     for k, (quick, full) in dflt.items():
