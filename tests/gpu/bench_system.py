@@ -20,6 +20,7 @@ writes OUT/bench_system.json, OUT/*.png, OUT/rkvd-*.log. Exit 0 when every part 
 failed request or a crash (targets are judged in the JSON; --strict also fails on a FAIL)."""
 import argparse
 import bisect
+import datetime
 import http.client
 import json
 import math
@@ -178,8 +179,12 @@ class Server(gpu_demo.Rkvd):
 
     def start(self, timeout):
         self._log = open(self.log_path, "ab")
+        # the worker's and rkvd's step lines every STEP_REPORT_MS, so a short run's window is
+        # read on its own (step_lines); the worker inherits the environment
+        env = dict(os.environ)
+        env.setdefault("RKV_STEP_REPORT_MS", str(STEP_REPORT_MS))
         self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+                                     stdin=subprocess.DEVNULL, start_new_session=True, env=env)
         CHILDREN.append(self.proc)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and self.proc.poll() is None:
@@ -405,6 +410,41 @@ class Stream:
             raise RuntimeError(f"stream {self.session or ''}: {self.errors[0]}")
 
 
+STEP_REPORT_MS = 500
+_WORKER_LINE = re.compile(
+    r"^(\S+)Z rkv-worker\[\d+\] info: (\d+) steps in ([\d.]+) s \(.*?\): forward ([\d.]+) ms, "
+    r"sampling ([\d.]+) ms, the rest of the step ([\d.]+) ms, between steps ([\d.]+) ms", re.M)
+_RKVD_LINE = re.compile(
+    r"^(\S+)Z rkvd\[\d+\] info: worker \d+: (\d+) steps in ([\d.]+) s: kvmgr kv_prep ([\d.]+) "
+    r"ms .*?worker step ([\d.]+) ms, rkvd loop between steps ([\d.]+) ms", re.M)
+
+
+def step_lines(log_text, t0, t1):
+    """where a step's time went between wall-clock times t0 and t1 (seconds since the epoch),
+    from the worker's and rkvd's step lines whose whole period lies inside: per-step means in
+    ms, weighted by steps; None when no line fits (a window shorter than two periods)"""
+    def inside(ts, period):
+        end = datetime.datetime.fromisoformat(ts).replace(
+            tzinfo=datetime.timezone.utc).timestamp()
+        return end - period >= t0 and end <= t1
+
+    def mean(rows, col):
+        n = sum(r[0] for r in rows)
+        return rnd(sum(r[0] * r[col] for r in rows) / n, 3) if n else None
+
+    w = [(int(m[1]), float(m[3]), float(m[4]), float(m[5]), float(m[6]))
+         for m in (x.groups() for x in _WORKER_LINE.finditer(log_text)) if inside(m[0], float(m[2]))]
+    d = [(int(m[1]), float(m[3]), float(m[4]), float(m[5]))
+         for m in (x.groups() for x in _RKVD_LINE.finditer(log_text)) if inside(m[0], float(m[2]))]
+    if not w and not d:
+        return None
+    return {"worker_lines": len(w), "worker_steps": sum(r[0] for r in w),
+            "worker_forward_ms": mean(w, 1), "worker_sampling_ms": mean(w, 2),
+            "worker_rest_ms": mean(w, 3), "worker_between_steps_ms": mean(w, 4),
+            "rkvd_lines": len(d), "rkvd_kv_prep_ms": mean(d, 1), "rkvd_worker_step_ms": mean(d, 2),
+            "rkvd_loop_ms": mean(d, 3)}
+
+
 def steady_rate(streams):
     """aggregate tok/s while every stream was decoding: from the last first chunk to the
     first last chunk"""
@@ -556,6 +596,10 @@ def bench_http(a, srv, shape):
             run.update(http_tok_s=rnd(rate, 1), steady_s=rnd(span),
                        ttft_s=rnd(min(s.first_time() for s in streams) - streams[0].t_start),
                        rkvd_itl_tok_s=rnd(b * itl[1] / itl[0], 1) if itl[0] > 0 else None)
+            # the step lines of the window where every stream decoded (wall clock)
+            wall = time.time() - time.monotonic()
+            ta, tb = max(s.times[0] for s in streams), min(s.times[-1] for s in streams)
+            run["steps"] = step_lines(srv.log(), ta + wall, tb + wall)
         out["runs"].append(run)
         log(f"http: batch {b}: {run}")
     return out

@@ -76,6 +76,52 @@ def test_http_runs_have_both_figures(bench):
         assert r["ratio"] == pytest.approx(r["http_tok_s"] / r["engine_tok_s"], rel=1e-2)
 
 
+def test_http_runs_read_the_step_lines_of_their_window(bench):
+    # the key is there for every measured run; a window shorter than two step-line periods
+    # (the cpu's quick runs often are) reads None rather than lines from around it
+    for r in bench["http"]["runs"]:
+        assert "steps" in r
+        st = r["steps"]
+        if st is not None:
+            assert st["worker_steps"] > 0 and st["worker_forward_ms"] > 0
+
+
+def test_step_lines_keeps_only_whole_periods_inside_the_window():
+    sys.path.insert(0, str(TOP / "tests" / "gpu"))
+    import bench_system  # noqa: E402 - the driver's module, imported from its folder
+
+    log = (
+        "2026-11-30T02:37:17.000Z rkv-worker[1] info: 10 steps in 1.0 s (1.0 sampled rows, 1.0 "
+        "of them picked by the backend, 1.0 tokens each): forward 9.000 ms, sampling 0.000 ms, "
+        "the rest of the step 0.010 ms, between steps 1.000 ms (rkvd, kvmgr, ipc)\n"
+        "2026-11-30T02:37:18.000Z rkv-worker[1] info: 30 steps in 1.0 s (1.0 sampled rows, 1.0 "
+        "of them picked by the backend, 1.0 tokens each): forward 3.000 ms, sampling 0.100 ms, "
+        "the rest of the step 0.010 ms, between steps 0.500 ms (rkvd, kvmgr, ipc); host kv "
+        "layers: 0 prefetched\n"
+        "2026-11-30T02:37:18.001Z rkvd[2] info: worker 0: 30 steps in 1.0 s: kvmgr kv_prep 0.010 "
+        "ms (30 of the steps used tables asked for ahead, of 30 asked), worker step 3.500 ms, "
+        "rkvd loop between steps 0.100 ms\n"
+        "2026-11-30T02:37:19.000Z rkv-worker[1] info: 10 steps in 1.0 s (1.0 sampled rows, 1.0 "
+        "of them picked by the backend, 1.0 tokens each): forward 1.000 ms, sampling 0.000 ms, "
+        "the rest of the step 0.010 ms, between steps 0.100 ms (rkvd, kvmgr, ipc)\n")
+    import datetime
+    t = datetime.datetime(2026, 11, 30, 2, 37, 16, tzinfo=datetime.timezone.utc).timestamp()
+    # 17.0 covers 16.0-17.0 and 19.0 covers 18.0-19.0: inside [16.0, 19.0] both, weighted
+    both = bench_system.step_lines(log, t, t + 3.0)
+    assert both["worker_lines"] == 3 and both["worker_steps"] == 50
+    assert both["worker_forward_ms"] == pytest.approx((10 * 9 + 30 * 3 + 10 * 1) / 50, abs=1e-3)
+    # from 17.0 the first line's period starts outside; until 18.0005 the rkvd line ends outside
+    mid = bench_system.step_lines(log, t + 1.0, t + 2.0005)
+    assert mid["worker_lines"] == 1 and mid["worker_forward_ms"] == pytest.approx(3.0)
+    assert mid["worker_between_steps_ms"] == pytest.approx(0.5)
+    assert mid["rkvd_lines"] == 0 and mid["rkvd_loop_ms"] is None
+    last = bench_system.step_lines(log, t + 1.0, t + 2.5)
+    assert last["worker_lines"] == 1
+    assert last["rkvd_lines"] == 1 and last["rkvd_loop_ms"] == pytest.approx(0.1)
+    assert last["rkvd_kv_prep_ms"] == pytest.approx(0.01)
+    assert bench_system.step_lines(log, t + 3.5, t + 4.0) is None
+
+
 def test_ramp_reaches_overflow_and_drains(bench):
     rp = bench["ramp"]["phases"]
     ups = [p["n"] for p in rp if " up " in p["label"]]
