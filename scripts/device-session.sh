@@ -6,8 +6,8 @@
 #   check   the op tests, compute-sanitizer memcheck of the op tests, every gpu_bench suite
 #           (~5 min)
 #   system  tests/gpu/bench_system.py with its defaults: http, ramp, spill, budget, the hf
-#           offloaded cache (DEADLINE, default 480 s), the step lines every RKV_STEP_REPORT_MS
-#           (default here 2000) so a batch-1 stretch reads on its own (~9 min)
+#           offloaded cache (DEADLINE, default 480 s); each http run's JSON holds the step lines
+#           of its steady window (bench_system.py sets RKV_STEP_REPORT_MS=500) (~9 min)
 #   here:  scripts/bench-system.sh --pack .benchpack build/bs
 #   there: sh scripts/device-session.sh .benchpack $OUT check   (carry .benchpack), then system
 # everything lands in OUT, and OUT/all.tgz holds it all (the device tool returns few files).
@@ -42,8 +42,7 @@ system)
     step "bench_system.py, every part"
     mkdir -p "$OUT/system"
     deadline=${DEADLINE:-480}
-    RKV_STEP_REPORT_MS=${RKV_STEP_REPORT_MS:-2000} DEADLINE=$deadline \
-        WORK=${WORK:-/tmp/rkv-device-session} timeout $((deadline + 60)) \
+    DEADLINE=$deadline WORK=${WORK:-/tmp/rkv-device-session} timeout $((deadline + 60)) \
         sh "$(dirname "$0")/bench-system.sh" "$PACK" "$OUT/system" >"$OUT/system/log.txt" 2>&1
     grep -E "PASS|FAIL|SKIP" "$OUT/system/log.txt" | tail -24
     grep -E "steps in" "$OUT/system/rkvd-server.log" 2>/dev/null | tail -6 | cut -c1-300
