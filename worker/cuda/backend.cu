@@ -512,6 +512,58 @@ static int cu_kv_write(void *ctx, const struct be_batch *b, uint32_t layer,
                : cuda_kv_write(c, &c->meta, layer, (const float *)k->data, (const float *)v->data);
 }
 
+/* the count pieces src0 + src[i] * pitch (piece bytes each) into dst0, back to back, by one
+ * cudaMemcpyBatchAsync on the copy stream: separate 1 MiB copies move ~47 GB/s on the H200, the
+ * same pieces as one batch ~53 (gpu_bench's ceilings), and a layer's spilled blocks are seldom
+ * consecutive in the pool. 0: queued; 1: not available (a driver or toolkit before CUDA 12.8;
+ * stage_batch is off from now on), the caller copies them itself */
+static int stage_batched(struct cuda_ctx *c, char *dst0, const char *src0, const uint32_t *src,
+                         uint32_t count, size_t piece, size_t pitch)
+{
+#if CUDART_VERSION >= 12080
+    if (count > c->bat_cap) {
+        uint32_t n = count + count / 2;
+        void **d = (void **)realloc(c->bat_dst, n * sizeof(void *));
+        if (d)
+            c->bat_dst = d;
+        const void **sr = (const void **)realloc(c->bat_src, n * sizeof(void *));
+        if (sr)
+            c->bat_src = sr;
+        size_t *sz = (size_t *)realloc(c->bat_size, n * sizeof(size_t));
+        if (sz)
+            c->bat_size = sz;
+        if (!d || !sr || !sz)
+            return RKV_ENOMEM;
+        c->bat_cap = n;
+    }
+    for (uint32_t i = 0; i < count; i++) {
+        c->bat_dst[i] = dst0 + (size_t)i * piece;
+        c->bat_src[i] = src0 + (size_t)src[i] * pitch;
+        c->bat_size[i] = piece;
+    }
+    cudaMemcpyAttributes at = {};
+    at.srcAccessOrder = cudaMemcpySrcAccessOrderStream; /* after the kv writes queued before */
+    size_t at_idx = 0;
+    cudaError_t e =
+        cudaMemcpyBatchAsync(c->bat_dst, c->bat_src, c->bat_size, count, &at, &at_idx, 1, c->copy);
+    if (e == cudaSuccess) {
+        c->hst.copies++;
+        return 0;
+    }
+    cudaGetLastError();
+    log_warn("cuda: batched staging copies failed (%s): staging with one copy per run of blocks "
+             "from now on",
+             cudaGetErrorString(e));
+#else
+    (void)dst0, (void)src0, (void)src, (void)count, (void)piece, (void)pitch;
+    log_warn("cuda: batched staging copies need CUDA 12.8 (built with %d): staging with one "
+             "copy per run of blocks",
+             CUDART_VERSION);
+#endif
+    c->stage_batch = 0;
+    return 1;
+}
+
 /* queues the copies of one layer's host blocks into staging buffer buf on
  * the copy stream: runs of consecutive pool indexes go as one strided copy.
  * after_main: the copies also wait for the work queued on the stream so far
@@ -543,47 +595,12 @@ static int stage_issue(struct cuda_ctx *c, uint32_t layer, int buf, int after_ma
     const char *src0 = c->host_base + kv_slice_offset(l, layer, 0);
     char *dst0 = (char *)c->stg[buf];
     const uint32_t end = first + count;
-    if (c->stage_batch && count > 1) {
-        /* one call for every block: separate 1 MiB copies move ~47 GB/s on the H200, the same
-         * pieces as one batch ~55 (gpu_bench's ceilings), and a layer's host blocks are seldom
-         * consecutive in the pool */
-        if (count > c->bat_cap) {
-            uint32_t n = count + count / 2;
-            void **d = (void **)realloc(c->bat_dst, n * sizeof(void *));
-            if (d)
-                c->bat_dst = d;
-            const void **sr = (const void **)realloc(c->bat_src, n * sizeof(void *));
-            if (sr)
-                c->bat_src = sr;
-            size_t *sz = (size_t *)realloc(c->bat_size, n * sizeof(size_t));
-            if (sz)
-                c->bat_size = sz;
-            if (!d || !sr || !sz)
-                return RKV_ENOMEM;
-            c->bat_cap = n;
-        }
-        for (uint32_t i = first; i < end; i++) {
-            c->bat_dst[i - first] = dst0 + (size_t)(i - first) * 2 * slice;
-            c->bat_src[i - first] = src0 + (size_t)m->stage_src[i] * bb;
-            c->bat_size[i - first] = 2 * slice;
-        }
-        cudaMemcpyAttributes at = {};
-        at.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-        size_t at_idx = 0;
-        cudaError_t e = cudaMemcpyBatchAsync(c->bat_dst, c->bat_src, c->bat_size, count, &at,
-                                             &at_idx, 1, c->copy);
-        if (e == cudaSuccess)
-            c->hst.copies++;
-        else {
-            /* a driver before CUDA 12.8 has no batched copies: the strided ones from now on */
-            cudaGetLastError();
-            log_warn("cuda: batched staging copies failed (%s): staging with one copy per run "
-                     "of blocks from now on",
-                     cudaGetErrorString(e));
-            c->stage_batch = 0;
-        }
-    }
-    for (uint32_t i = c->stage_batch && count > 1 ? end : first; i < end;) {
+    int rc = c->stage_batch && count > 1
+                 ? stage_batched(c, dst0, src0, m->stage_src + first, count, 2 * slice, bb)
+                 : 1;
+    if (rc < 0)
+        return rc;
+    for (uint32_t i = rc == 0 ? end : first; i < end;) {
         uint32_t n = 1;
         while (i + n < end && m->stage_src[i + n] == m->stage_src[i] + n)
             n++;

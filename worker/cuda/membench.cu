@@ -101,6 +101,7 @@ extern "C" int rkv_cuda_measure_ceilings(int gpu, size_t hbm_bytes, size_t host_
         ms = time_ms(
             5, [&] { cudaMemcpy2DAsync(d, mib, h, pitch, mib, rows, cudaMemcpyHostToDevice, 0); });
         out->h2d_2d_1m = rows * mib / (ms * 1e6);
+#if CUDART_VERSION >= 12080
         {
             void **dsts = (void **)malloc(rows * sizeof(void *));
             const void **srcs = (const void **)malloc(rows * sizeof(void *));
@@ -131,6 +132,7 @@ extern "C" int rkv_cuda_measure_ceilings(int gpu, size_t hbm_bytes, size_t host_
             free(srcs);
             free(sizes);
         }
+#endif
         void *hd = NULL;
         if (cudaHostGetDevicePointer(&hd, h, 0) != cudaSuccess)
             goto out;
