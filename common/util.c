@@ -21,10 +21,7 @@ uint64_t rkv_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-uint64_t rkv_now_ms(void)
-{
-    return rkv_now_ns() / 1000000ull;
-}
+uint64_t rkv_now_ms(void) { return rkv_now_ns() / 1000000ull; }
 
 uint64_t rkv_wall_ms(void)
 {
@@ -132,10 +129,7 @@ static size_t map_hash(uint64_t k)
     return (size_t)k;
 }
 
-void rkv_map_init(struct rkv_map *m)
-{
-    memset(m, 0, sizeof *m);
-}
+void rkv_map_init(struct rkv_map *m) { memset(m, 0, sizeof *m); }
 
 void rkv_map_fini(struct rkv_map *m)
 {
@@ -265,4 +259,9 @@ uint64_t rkv_env_u64(const char *name, uint64_t def, uint64_t lo, uint64_t hi)
         return def;
     }
     return x;
+}
+
+uint64_t rkv_step_report_ms(void)
+{
+    return rkv_env_u64("RKV_STEP_REPORT_MS", 10000, 100, 3600000);
 }

@@ -7,8 +7,8 @@
 #include <sys/types.h>
 
 #define RKV_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
-#define RKV_MIN(a, b)    ((a) < (b) ? (a) : (b))
-#define RKV_MAX(a, b)    ((a) > (b) ? (a) : (b))
+#define RKV_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define RKV_MAX(a, b) ((a) > (b) ? (a) : (b))
 #define RKV_DIV_UP(a, b) (((a) + (b)-1) / (b))
 
 /* monotonic clock */
@@ -21,6 +21,9 @@ void rkv_sleep_ms(uint64_t ms);
 /* the environment variable name as an integer in [lo, hi], def when unset; a value that is not
  * one (or out of range) is logged as a warning naming the variable, and def is used */
 uint64_t rkv_env_u64(const char *name, uint64_t def, uint64_t lo, uint64_t hi);
+/* the period of the worker's and rkvd's step lines: env RKV_STEP_REPORT_MS in [100, 3600000],
+ * 10 s unset */
+uint64_t rkv_step_report_ms(void);
 
 /* directory of the running executable (to find sibling binaries) */
 int rkv_exe_dir(char *buf, size_t len);

@@ -112,8 +112,8 @@ static void test_env_u64(void **state)
     assert_int_equal(rkv_env_u64(n, 10000, 100, 3600000), 250);
     setenv(n, "100", 1);
     assert_int_equal(rkv_env_u64(n, 10000, 100, 3600000), 100);
-    static const char *bad[] = {"",     "99",  "3600001", "-5",
-                                "12ms", "1e3", " 5",      "99999999999999999999"};
+    static const char *bad[] = {"", "99", "3600001", "-5", "12ms", "1e3", " 5",
+                                "99999999999999999999"};
     for (size_t i = 0; i < RKV_ARRAY_LEN(bad); i++) {
         setenv(n, bad[i], 1);
         assert_int_equal(rkv_env_u64(n, 10000, 100, 3600000), 10000);
@@ -124,8 +124,10 @@ static void test_env_u64(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_clock),   cmocka_unit_test(test_spawn),
-        cmocka_unit_test(test_vec),     cmocka_unit_test(test_map_against_array),
+        cmocka_unit_test(test_clock),
+        cmocka_unit_test(test_spawn),
+        cmocka_unit_test(test_vec),
+        cmocka_unit_test(test_map_against_array),
         cmocka_unit_test(test_env_u64),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -15,17 +15,8 @@
 #include "proto/sock.h"
 #include "proto/wire.h"
 
-enum ev_kind {
-    EV_JOB,
-    EV_UP,
-    EV_DOWN,
-    EV_KV_CHANGED,
-    EV_KV_DOWN,
-    EV_STATUS,
-    EV_TACTIC,
-    EV_HIST,
-    EV_CALL
-};
+enum ev_kind { EV_JOB, EV_UP, EV_DOWN, EV_KV_CHANGED, EV_KV_DOWN, EV_STATUS, EV_TACTIC, EV_HIST,
+               EV_CALL };
 
 struct event {
     enum ev_kind kind;
@@ -92,7 +83,7 @@ struct wthread {
     struct step_job *job; /* guarded by d->mu */
     struct proto_sock *kv, *wk;
     uint64_t acked_epoch;
-    uint64_t sent_ack;         /* the ack kvmgr has received */
+    uint64_t sent_ack; /* the ack kvmgr has received */
     uint32_t worker_kvmgr_pid; /* the kvmgr whose pools the worker maps (its hello) */
     int up;
     int lost; /* guarded by d->mu: the process died; ask it for hello again */
@@ -104,11 +95,9 @@ struct wthread {
         uint64_t steps, prep_ns, step_ns, loop_ns, t_report, t_posted, ahead_used, ahead_sent;
     } st;
     struct ahead ah;
-    uint64_t report_ms; /* step_report's period (env RKV_STEP_REPORT_MS) */
+    uint64_t report_ms; /* step_report's period (rkv_step_report_ms) */
 };
 
-/* how often a driver thread logs its step times while steps run */
-#define DRIVER_REPORT_MS 10000
 
 struct driver {
     uv_loop_t *loop;
@@ -163,34 +152,16 @@ static void on_async(uv_async_t *a)
         struct event *n = e->next;
         switch (e->kind) {
         case EV_JOB: c->job_done(c->ud, e->job); break;
-        case EV_UP:
-            if (c->worker_up)
-                c->worker_up(c->ud, e->worker);
-            break;
-        case EV_DOWN:
-            if (c->worker_down)
-                c->worker_down(c->ud, e->worker, e->why);
-            break;
+        case EV_UP: if (c->worker_up) c->worker_up(c->ud, e->worker); break;
+        case EV_DOWN: if (c->worker_down) c->worker_down(c->ud, e->worker, e->why); break;
         case EV_KV_CHANGED:
             if (c->kvmgr_changed)
                 c->kvmgr_changed(c->ud, e->old_pid, e->new_pid);
             break;
-        case EV_KV_DOWN:
-            if (c->kvmgr_down)
-                c->kvmgr_down(c->ud, e->why);
-            break;
-        case EV_STATUS:
-            if (c->kvmgr_status)
-                c->kvmgr_status(c->ud, &e->u.status);
-            break;
-        case EV_TACTIC:
-            if (c->tactic_event)
-                c->tactic_event(c->ud, &e->u.tactic);
-            break;
-        case EV_HIST:
-            if (c->histogram)
-                c->histogram(c->ud, &e->u.hist);
-            break;
+        case EV_KV_DOWN: if (c->kvmgr_down) c->kvmgr_down(c->ud, e->why); break;
+        case EV_STATUS: if (c->kvmgr_status) c->kvmgr_status(c->ud, &e->u.status); break;
+        case EV_TACTIC: if (c->tactic_event) c->tactic_event(c->ud, &e->u.tactic); break;
+        case EV_HIST: if (c->histogram) c->histogram(c->ud, &e->u.hist); break;
         case EV_CALL:
             e->cb(e->cb_ud, e->rc, e->has_reply ? &e->reply : NULL, e->why);
             if (e->has_reply)
@@ -516,7 +487,7 @@ static void step_report(struct wthread *t, uint64_t now)
 {
     if (!t->st.t_report) {
         t->st.t_report = now;
-        t->report_ms = rkv_env_u64("RKV_STEP_REPORT_MS", DRIVER_REPORT_MS, 100, 3600000);
+        t->report_ms = rkv_step_report_ms();
     }
     if (now - t->st.t_report < t->report_ms * 1000000ull || !t->st.steps)
         return;
@@ -565,12 +536,13 @@ static void run_job(struct wthread *t, struct step_job *job)
         struct proto_hello h = {PROTO_ROLE_RKVD, (uint32_t)getpid(), t->idx, -1, PROTO_VERSION,
                                 "rkvd"};
         struct proto_hello_ack ack;
-        rc = proto_call_json(t->wk, PROTO_MSG_HELLO, &h, PROTO_MSG_HELLO_ACK, &ack, 2000, job->err,
-                             sizeof job->err);
+        rc = proto_call_json(t->wk, PROTO_MSG_HELLO, &h, PROTO_MSG_HELLO_ACK, &ack, 2000,
+                             job->err, sizeof job->err);
         if (!rc && (!ack.accepted || ack.kvmgr_pid != tb->kvmgr_pid)) {
             /* as a kvmgr failure: the worker is fine, the step is retried */
             rc = proto_seterr(job->err, sizeof job->err, RKV_ESTATE,
-                              "worker %u has not attached to kvmgr %u yet", t->idx, tb->kvmgr_pid);
+                              "worker %u has not attached to kvmgr %u yet", t->idx,
+                              tb->kvmgr_pid);
             job->kvmgr_failed = 1;
         }
         if (rc) {
@@ -659,8 +631,8 @@ static void *worker_thread(void *arg)
                 continue;
             }
             last_probe = now;
-            struct proto_hello h = {PROTO_ROLE_RKVD, (uint32_t)getpid(), t->idx, -1, PROTO_VERSION,
-                                    "rkvd"};
+            struct proto_hello h = {PROTO_ROLE_RKVD, (uint32_t)getpid(), t->idx, -1,
+                                    PROTO_VERSION, "rkvd"};
             struct proto_hello_ack ack;
             char err[256];
             if (proto_call_json(t->wk, PROTO_MSG_HELLO, &h, PROTO_MSG_HELLO_ACK, &ack, 500, err,
@@ -966,10 +938,7 @@ int driver_kvmgr_call(struct driver *d, int type, const void *payload, size_t le
     return 0;
 }
 
-static void async_closed(uv_handle_t *h)
-{
-    free(h->data);
-}
+static void async_closed(uv_handle_t *h) { free(h->data); }
 
 void driver_stop(struct driver *d)
 {

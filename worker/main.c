@@ -64,9 +64,6 @@ static const char *const kv_dtypes[] = {"f32", "f16", NULL};
  * step samples on its own thread */
 #define SAMPLE_MAX_THREADS  16
 #define SAMPLE_PARALLEL_MIN (1u << 16)
-/* how often the step-time line is logged while steps run */
-/* the step line's period (env RKV_STEP_REPORT_MS, also read by rkvd's driver threads) */
-#define STEP_REPORT_MS 10000
 static const struct cfg_key keys[] = {
     {K("model", CFG_STR, model), sizeof(((struct worker_conf *)0)->model), .help = "GGUF model"},
     {K("backend", CFG_ENUM, backend), .names = backends, .def = "auto", .help = "compute"},
@@ -538,14 +535,14 @@ static int do_step(struct worker *w, const struct proto_in *in, struct proto_wbu
     return rc;
 }
 
-/* one info line every RKV_STEP_REPORT_MS (10 s) while steps run: what a step costs here
+/* one info line every rkv_step_report_ms() (10 s) while steps run: what a step costs here
  * and what passes between steps (rkvd and kvmgr), for tuning and support */
 static void step_report(struct worker *w, uint64_t now)
 {
     struct step_times *t = &w->st;
     if (!t->t_report) {
         t->t_report = now;
-        w->report_ms = rkv_env_u64("RKV_STEP_REPORT_MS", STEP_REPORT_MS, 100, 3600000);
+        w->report_ms = rkv_step_report_ms();
     }
     if (now - t->t_report < w->report_ms * 1000000ull || !t->steps)
         return;

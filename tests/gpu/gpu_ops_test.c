@@ -489,6 +489,31 @@ static void test_attention(void)
             CHECK("attention setup", 0);
 }
 
+/* the attention cases again on a backend built now, from the environment as the caller set it
+ * (an a/b switch of the cuda backend); with stats, the backend's counter line after them */
+static void attention_with(const char *what, char *stats, size_t len)
+{
+    struct backend_opts go = {"cuda", 0, 0};
+    struct backend *alt = NULL, *save = gpu;
+    char err[256];
+    if (backend_init(&go, &alt, err, sizeof(err)) < 0) {
+        fprintf(stderr, "gpu-test: %s: %s\n", what, err);
+        CHECK(what, 0);
+        return;
+    }
+    printf("ops: attention with %s\n", what);
+    if (stats)
+        backend_stats(alt, stats, len); /* counts from here */
+    gpu = alt;
+    test_attention();
+    gpu = save;
+    if (stats) {
+        backend_stats(alt, stats, len);
+        printf("  %s\n", stats);
+    }
+    backend_free(alt);
+}
+
 int gpu_model_tests(struct backend *cpu_be, struct backend *gpu_be, struct backend *precise,
                     int *pass, int *fail);
 
@@ -533,52 +558,26 @@ int main(int argc, char **argv)
         test_elementwise();
         test_attention();
         /* the other host-block path than the measured choice: both must agree */
-        static const char *paths[] = {"zerocopy", "copy"};
-        for (int i = 0; i < 2; i++) {
-            setenv("RKV_CUDA_HOST_READ", paths[i], 1);
-            struct backend *alt = NULL, *save = gpu;
-            if (backend_init(&go, &alt, err, sizeof(err)) == 0) {
-                printf("ops: attention with host blocks read by %s\n", paths[i]);
-                gpu = alt;
-                test_attention();
-                gpu = save;
-                backend_free(alt);
-            }
-            unsetenv("RKV_CUDA_HOST_READ");
-        }
+        setenv("RKV_CUDA_HOST_READ", "zerocopy", 1);
+        attention_with("host blocks read by zerocopy", NULL, 0);
+        setenv("RKV_CUDA_HOST_READ", "copy", 1);
+        attention_with("host blocks read by copy", NULL, 0);
         /* a layer's host blocks staged in passes of whole sequences: a pass of 112 KiB makes
          * the first cases (8 KiB per block and layer, 20 host blocks) take two; the results
          * must not change, and the passes must have run */
-        setenv("RKV_CUDA_HOST_READ", "copy", 1);
         setenv("RKV_CUDA_STAGE_PASSES", "1", 1);
         setenv("RKV_CUDA_STAGE_PASS_KB", "112", 1);
-        struct backend *alt = NULL, *save = gpu;
-        if (backend_init(&go, &alt, err, sizeof(err)) == 0) {
-            printf("ops: attention with host blocks staged in passes of 112 KiB\n");
-            char st[512];
-            backend_stats(alt, st, sizeof(st)); /* counts from here */
-            gpu = alt;
-            test_attention();
-            gpu = save;
-            backend_stats(alt, st, sizeof(st));
-            printf("  %s\n", st);
-            CHECK("attention: staging passes ran", strstr(st, " 0 in 0 passes") == NULL);
-            backend_free(alt);
-        }
+        char st[512] = "";
+        attention_with("host blocks staged in passes of 112 KiB", st, sizeof(st));
+        CHECK("attention: staging passes ran", strstr(st, " 0 in 0 passes") == NULL);
         /* the same with a copy per run of consecutive blocks instead of one batched call */
         setenv("RKV_CUDA_STAGE_BATCH", "0", 1);
-        if (backend_init(&go, &alt, err, sizeof(err)) == 0) {
-            printf("ops: attention with host blocks staged in passes, a copy per run\n");
-            gpu = alt;
-            test_attention();
-            gpu = save;
-            backend_free(alt);
-        }
+        attention_with("host blocks staged in passes, a copy per run", NULL, 0);
         unsetenv("RKV_CUDA_STAGE_BATCH");
         unsetenv("RKV_CUDA_HOST_READ");
         unsetenv("RKV_CUDA_STAGE_PASSES");
         unsetenv("RKV_CUDA_STAGE_PASS_KB");
-        /* greedy rows picked on the device (off by default until this has run) */
+        /* greedy rows picked on the device (on by default), whatever the environment says */
         setenv("RKV_CUDA_DEV_GREEDY", "1", 1);
         struct backend *gb = NULL;
         if (backend_init(&go, &gb, err, sizeof(err)) == 0) {
@@ -588,13 +587,7 @@ int main(int argc, char **argv)
         unsetenv("RKV_CUDA_DEV_GREEDY");
         /* the splits merged by a kernel of their own instead of the launch's last block */
         setenv("RKV_CUDA_MERGE_IN_ATTN", "0", 1);
-        if (backend_init(&go, &alt, err, sizeof(err)) == 0) {
-            printf("ops: attention with the splits merged by a separate kernel\n");
-            gpu = alt;
-            test_attention();
-            gpu = save;
-            backend_free(alt);
-        }
+        attention_with("the splits merged by a separate kernel", NULL, 0);
         unsetenv("RKV_CUDA_MERGE_IN_ATTN");
     }
     if (model)

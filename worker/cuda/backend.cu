@@ -976,31 +976,15 @@ static const struct backend_i cuda_iface = {
     cu_host_alloc, cu_host_free,    cu_stats,       cu_greedy,
 };
 
-/* a size in KiB from the environment, def when unset; out of [lo, hi] warns and uses def */
+/* a size in KiB, and a 0/1 switch, from the environment (common/util's reading: def when
+ * unset, a warning naming the variable and def when not a number in range) */
 static uint32_t cu_env_kb(const char *name, uint32_t def, uint32_t lo, uint32_t hi)
 {
-    const char *e = getenv(name);
-    if (!e)
-        return def;
-    char *end = NULL;
-    unsigned long v = strtoul(e, &end, 10);
-    if (end == e || *end || v < lo || v > hi) {
-        log_warn("%s=%.20s is not a size in KiB in [%u, %u]: using %u", name, e, lo, hi, def);
-        return def;
-    }
-    return (uint32_t)v;
+    return (uint32_t)rkv_env_u64(name, def, lo, hi);
 }
-
-/* a switch from the environment: "1" on, "0" off, unset def; anything else warns and uses def */
 static int cu_env_flag(const char *name, int def)
 {
-    const char *e = getenv(name);
-    if (!e)
-        return def;
-    if (!strcmp(e, "0") || !strcmp(e, "1"))
-        return *e == '1';
-    log_warn("%s=%.20s is not 0 or 1: using %d", name, e, def);
-    return def;
+    return (int)rkv_env_u64(name, (uint64_t)def, 0, 1);
 }
 
 extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backend **out)
@@ -1042,15 +1026,7 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         /* staging per buffer: env RKV_CUDA_STAGE_MB, default 512 MiB (a 128k host tail of
          * llama3-8b's f16 kv per layer); both buffers count in the compute reserve the worker
          * reports, larger tails are read zero-copy */
-        const char *sl = getenv("RKV_CUDA_STAGE_MB");
-        char *end = NULL;
-        unsigned long long mb = sl ? strtoull(sl, &end, 10) : 512;
-        if (sl && (end == sl || *end || mb > (1ull << 20))) {
-            log_warn("RKV_CUDA_STAGE_MB=%.40s is not a number of MiB in [0, 1048576]: using 512",
-                     sl);
-            mb = 512;
-        }
-        c->stage_limit = (size_t)mb << 20;
+        c->stage_limit = (size_t)rkv_env_u64("RKV_CUDA_STAGE_MB", 512, 0, 1u << 20) << 20;
         /* greedy rows picked on the device (env RKV_CUDA_DEV_GREEDY=0: on the host) */
         c->dev_greedy = cu_env_flag("RKV_CUDA_DEV_GREEDY", 1);
         /* a layer's host blocks staged by one batched copy call (H200: 40 window sessions at

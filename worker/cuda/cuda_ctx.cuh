@@ -10,6 +10,7 @@
 extern "C" {
 #include "common/err.h"
 #include "common/log.h"
+#include "common/util.h"
 #include "worker/backend.h"
 #include "worker/backend_impl.h"
 #include "worker/kv.h"

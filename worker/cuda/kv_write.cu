@@ -125,6 +125,5 @@ int cuda_rope_kv_write(struct cuda_ctx *c, const struct cuda_meta *m, uint32_t l
     CU_TRY(cuda_launch_pdl(c, fn, grid, dim3(128), 0, c->stream, c->pool[0], c->pool[1], bb, ko, vo,
                            l->block_size, l->n_kv_head, l->head_dim, m->d_pos, m->d_slot, q, k, v,
                            n_head, r->n_rot, r->freq_base, r->freq_scale, r->neox));
-    CU_LAUNCHED();
     return 0;
 }
