@@ -66,6 +66,7 @@ struct ahead {
     struct proto_wbuf buf; /* the encoded KV_PREP */
     uint64_t ack;          /* the epoch it acknowledges */
     struct rkv_vec seqs;   /* struct ahead_seq: what it asked for */
+    uint32_t n_steps;      /* the decode steps of the step it was asked for */
     int rc;
     struct proto_in reply;
     char err[256];
@@ -96,6 +97,7 @@ struct wthread {
     } st;
     struct ahead ah;
     uint64_t report_ms; /* step_report's period (rkv_step_report_ms) */
+    struct timespec idle_ack_at; /* guarded by d->mu: when to send the idle ack (0: not set) */
 };
 
 
@@ -180,35 +182,37 @@ static uint8_t seq_flags(const struct job_seq *js)
     return (js->pinned ? PROTO_KV_PINNED : 0) | (js->nomove ? PROTO_KV_NOMOVE : 0);
 }
 
-/* what kvmgr needs of js: for its own step, or (ahead) for the step after it, one
- * position on, asked while js's step runs */
-static void prep_seq(const struct job_seq *js, int ahead, struct proto_kv_prep_seq *ps)
+/* what kvmgr needs of js: for its own step of n_steps decode steps, or (ahead) for the
+ * step after it, asked while js's step runs: as many decode steps, from the position after
+ * js's step's last */
+static void prep_seq(const struct job_seq *js, int ahead, uint32_t n_steps,
+                     struct proto_kv_prep_seq *ps)
 {
     ps->session_id = js->sid;
     ps->flags = PROTO_KV_ACTIVE | seq_flags(js);
     /* the step's n_past was written by earlier steps that finished; ahead, the step
      * still running writes the rest */
     ps->n_written = js->n_past;
-    ps->n_pos = js->n_past + js->n_tokens;
-    if (ahead) {
-        /* js's tokens become known; the new position's id is what js's step samples */
-        ps->n_pos++;
-        ps->flags |= PROTO_KV_AHEAD;
-        ps->n_tokens = js->n_tokens;
-        ps->tokens = js->tokens;
-    } else if (js->is_new) {
+    /* the positions the step's later decode steps write; their ids are what it picks */
+    ps->n_owed = (uint8_t)(n_steps - 1);
+    ps->n_pos = js->n_past + js->n_tokens + ps->n_owed;
+    if (js->is_new && !ahead) {
         ps->flags |= PROTO_KV_NEW;
         ps->n_tokens = js->n_all;
         ps->tokens = js->all;
-    } else if (js->has_prev) {
-        /* one token before the step's: when the step before used tables asked for
-         * ahead, kvmgr got that position without its id (the prep ahead of this
-         * step would have brought it) */
-        ps->n_tokens = js->n_tokens + 1;
-        ps->tokens = js->tokens - 1;
-    } else {
-        ps->n_tokens = js->n_tokens;
-        ps->tokens = js->tokens;
+        return;
+    }
+    /* the tokens before the step's: when the step before used tables asked for ahead,
+     * kvmgr got the last position without its id; a step of several decode steps owes
+     * the ids it picked */
+    ps->n_tokens = js->n_tokens + js->n_prev;
+    ps->tokens = js->tokens - js->n_prev;
+    if (ahead) {
+        /* the next step's positions too: its input (what js's step picks last) and its
+         * later decode steps, none of their ids known yet */
+        ps->n_pos += n_steps;
+        ps->n_owed = (uint8_t)(ps->n_owed + n_steps);
+        ps->flags |= PROTO_KV_AHEAD;
     }
 }
 
@@ -221,7 +225,7 @@ static int encode_prep(struct wthread *t, const struct step_job *job, int ahead,
     if (!ps)
         return RKV_ENOMEM;
     for (uint32_t i = 0; i < job->n_seqs; i++)
-        prep_seq(&job->seqs[i], ahead, &ps[i]);
+        prep_seq(&job->seqs[i], ahead, job->n_steps ? job->n_steps : 1, &ps[i]);
     struct proto_kv_prep m = {t->idx,
                               t->acked_epoch,
                               ahead ? 0 : job->n_closes,
@@ -295,7 +299,7 @@ static void *ahead_thread(void *arg)
 /* is job the step the prep ahead was made for: the same sequences, each one token on */
 static int ahead_matches(const struct ahead *a, const struct step_job *job)
 {
-    if (job->n_closes || job->n_idles || job->n_seqs != a->seqs.len)
+    if (job->n_closes || job->n_idles || job->n_seqs != a->seqs.len || job->n_steps != a->n_steps)
         return 0;
     for (uint32_t i = 0; i < job->n_seqs; i++) {
         const struct job_seq *js = &job->seqs[i];
@@ -366,7 +370,8 @@ static void ahead_send(struct wthread *t, const struct step_job *job)
     a->seqs.len = 0;
     for (uint32_t i = 0; i < job->n_seqs; i++) {
         const struct job_seq *js = &job->seqs[i];
-        struct ahead_seq q = {js->sid, js->n_past + js->n_tokens + 1, seq_flags(js)};
+        /* where the next step starts when no sequence stops early */
+        struct ahead_seq q = {js->sid, js->n_past + js->n_tokens + job->n_steps, seq_flags(js)};
         rkv_vec_push(&a->seqs, &q);
     }
     char err[256];
@@ -375,6 +380,7 @@ static void ahead_send(struct wthread *t, const struct step_job *job)
         return;
     }
     a->ack = t->acked_epoch;
+    a->n_steps = job->n_steps; /* the next step likely runs as many */
     a->streak++;
     t->st.ahead_sent++;
     pthread_mutex_lock(&a->mu);
@@ -444,7 +450,8 @@ static int worker_step(struct wthread *t, struct step_job *job, const struct pro
      * (and those of sessions that moved to another worker) */
     uint32_t n_drop = job->n_closes + job->n_forgets;
     if (n || n_drop) {
-        struct proto_step_req req = {tb->epoch, n, seqs, n_drop, job->closes};
+        struct proto_step_req req = {
+            tb->epoch, n, seqs, n_drop, job->closes, (uint8_t)(job->n_steps ? job->n_steps : 1)};
         proto_wbuf_reset(&t->buf);
         rc = proto_step_req_encode(&req, &t->buf, job->err, sizeof job->err);
         struct proto_in reply;
@@ -473,6 +480,10 @@ static int worker_step(struct wthread *t, struct step_job *job, const struct pro
                 js->logprob = o->logprob;
                 js->n_top = o->n_top;
                 memcpy(js->top, o->top, o->n_top * sizeof o->top[0]);
+                /* a worker runs fewer decode steps than asked, never more */
+                js->n_more =
+                    (uint8_t)RKV_MIN((uint32_t)o->n_more, job->n_steps ? job->n_steps - 1 : 0);
+                memcpy(js->more, o->more, js->n_more * sizeof o->more[0]);
             }
             proto_step_resp_free(resp);
             proto_in_free(&reply);
@@ -600,15 +611,21 @@ static void *worker_thread(void *arg)
             if (!t->up)
                 break; /* probe readiness below */
             if (t->acked_epoch > t->sent_ack) {
-                struct timespec ts;
-                clock_gettime(CLOCK_REALTIME, &ts);
-                ts.tv_nsec += 50 * 1000000L;
-                if (ts.tv_nsec >= 1000000000L) {
-                    ts.tv_sec++;
-                    ts.tv_nsec -= 1000000000L;
+                /* 50 ms after this worker went idle, however often the condition wakes
+                 * it (the other workers' steps do, every few ms: a deadline renewed at
+                 * each wake-up never came while another worker was busy, and kvmgr kept
+                 * blocks waiting for this ack) */
+                if (!t->idle_ack_at.tv_sec) {
+                    clock_gettime(CLOCK_REALTIME, &t->idle_ack_at);
+                    t->idle_ack_at.tv_nsec += 50 * 1000000L;
+                    if (t->idle_ack_at.tv_nsec >= 1000000000L) {
+                        t->idle_ack_at.tv_sec++;
+                        t->idle_ack_at.tv_nsec -= 1000000000L;
+                    }
                 }
-                if (pthread_cond_timedwait(&d->cv, &d->mu, &ts) == ETIMEDOUT && !t->job &&
-                    !d->stop) {
+                if (pthread_cond_timedwait(&d->cv, &d->mu, &t->idle_ack_at) == ETIMEDOUT &&
+                    !t->job && !d->stop) {
+                    t->idle_ack_at = (struct timespec){0, 0};
                     pthread_mutex_unlock(&d->mu);
                     ahead_take(t, NULL, NULL); /* no step came: it is not needed */
                     send_idle_ack(t);
@@ -620,6 +637,7 @@ static void *worker_thread(void *arg)
         }
         struct step_job *job = t->job;
         int stop = d->stop;
+        t->idle_ack_at = (struct timespec){0, 0}; /* a step: idle again after it */
         pthread_mutex_unlock(&d->mu);
         if (stop && !job)
             break;

@@ -53,6 +53,7 @@ struct rkvd_conf {
     int64_t shutdown_timeout;
     int64_t step_timeout;
     int prep_ahead;
+    int64_t decode_steps, decode_steps_ms;
     int64_t http_header_timeout;
     int log_level;
     char admin_socket[512];
@@ -121,6 +122,10 @@ static const struct cfg_key keys[] = {
      .help = "seconds one step may take before the worker counts as hung"},
     {K("prep_ahead", CFG_BOOL, prep_ahead), .def = "true",
      .help = "ask kvmgr for the next decode step's block tables while a step runs"},
+    {K("decode_steps", CFG_INT, decode_steps), .min = 1, .max = PROTO_MAX_DECODE_STEPS, .def = "8",
+     .help = "greedy decode steps a worker runs per request when nothing waits (1 = one)"},
+    {K("decode_steps_ms", CFG_INT, decode_steps_ms), .min = 1, .max = 10000, .def = "50",
+     .help = "longest such run in ms, at the last step's pace (bounds a newcomer's wait)"},
     {K("http_header_timeout", CFG_INT, http_header_timeout), .min = 1, .max = 3600, .def = "10",
      .help = "seconds a client may take to send its request headers (then 408)"},
     {K("log_level", CFG_ENUM, log_level), .names = rkv_log_level_names, .def = "info", .help = "log level"},
@@ -881,7 +886,9 @@ int main(int argc, char **argv)
                               (uint32_t)d.c.prefill_chunk,
                               (uint32_t)d.c.max_sessions,
                               5,
-                              d.model_name};
+                              d.model_name,
+                              (uint32_t)d.c.decode_steps,
+                              (uint32_t)d.c.decode_steps_ms};
     struct sched_driver sd = {sched_submit, d.drv};
     if ((rc = sched_init(d.loop, &sc, d.tok, &sd, d.metrics, d.store, &d.sched, err,
                          sizeof err))) {

@@ -47,6 +47,8 @@ struct session {
     int32_t *tokens; /* (n_tokens) prompt and generated tokens */
     uint32_t n_tokens, cap;
     uint32_t n_kv;          /* positions whose KV kvmgr holds */
+    uint32_t n_owed;        /* ids before position n_kv kvmgr was not told yet (a step of
+                             * several decode steps picked them): the next prep brings them */
     uint32_t worker;        /* where its sampler state lives */
     int worker_knows;       /* the worker has a sampler for it */
     int kvmgr_knows;        /* kvmgr has blocks for it (else the next prep says NEW) */
@@ -72,6 +74,7 @@ struct worker_slot {
     struct rkv_vec forgets; /* uint64_t sids whose sampler this worker drops (moved away) */
     struct rkv_vec idles;
     struct rkv_vec picks; /* struct pick: kick's scratch */
+    double step_ms;       /* the last step's time per decode step (decode_steps_ms) */
     uv_timer_t retry;
 };
 
@@ -105,8 +108,7 @@ struct sched {
     void *authorize_ud;
     /* metric families */
     struct metric *m_running, *m_waiting, *m_prompt, *m_gen, *m_ttft, *m_itl, *m_e2e, *m_queue,
-        *m_hits, *m_queries, *m_prefill, *m_success, *m_sessions, *m_sess_moved,
-        *m_ahead;
+        *m_hits, *m_queries, *m_prefill, *m_success, *m_sessions, *m_sess_moved, *m_ahead, *m_multi;
 };
 
 /* failing steps go on being retried at least this long (a child's restart) */
@@ -579,8 +581,10 @@ static void finish_seq(struct seq *q, enum api_finish f)
     update_gauges(s);
 }
 
-/* a sampled token: history, detok, stop strings, limits */
-static void take_token(struct seq *q, const struct job_seq *js)
+/* a sampled token (its logprob and alternatives): history, detok, stop strings, limits;
+ * 1 when it finished the request (q is gone then) */
+static int take_token(struct seq *q, int32_t token, float logprob, const struct proto_logprob *alts,
+                      uint8_t n_alts)
 {
     struct sched *s = q->s;
     const struct tok *t = s->tok;
@@ -592,39 +596,39 @@ static void take_token(struct seq *q, const struct job_seq *js)
         metric_observe(s->m_itl, model_label(s), (double)(now - q->t_last_ns) / 1e9);
     }
     q->t_last_ns = now;
-    session_append(q->sess, &js->token, 1);
+    session_append(q->sess, &token, 1);
     q->n_gen++;
     s->st.gen_tokens++;
     metric_inc(s->m_gen, model_label(s), 1);
 
-    int eog = tok_is_eog(t, js->token) && !q->req->ignore_eos;
+    int eog = tok_is_eog(t, token) && !q->req->ignore_eos;
     struct api_token_logprob lp = {0};
     struct api_top_logprob top[PROTO_MAX_TOP_LOGPROBS];
     char tbuf[128], topbuf[PROTO_MAX_TOP_LOGPROBS][128];
     size_t n_lp = 0;
     if (q->req->logprobs) {
-        int n = tok_token_bytes(t, js->token, 1, tbuf, sizeof tbuf);
+        int n = tok_token_bytes(t, token, 1, tbuf, sizeof tbuf);
         lp.token = tbuf;
         lp.len = n > 0 && (size_t)n <= sizeof tbuf ? (size_t)n : 0;
-        lp.logprob = js->logprob;
-        for (uint8_t i = 0; i < js->n_top; i++) {
-            int m = tok_token_bytes(t, js->top[i].id, 1, topbuf[i], sizeof topbuf[i]);
+        lp.logprob = logprob;
+        for (uint8_t i = 0; i < n_alts; i++) {
+            int m = tok_token_bytes(t, alts[i].id, 1, topbuf[i], sizeof topbuf[i]);
             top[i].token = topbuf[i];
             top[i].len = m > 0 && (size_t)m <= sizeof topbuf[i] ? (size_t)m : 0;
-            top[i].logprob = js->top[i].logprob;
+            top[i].logprob = alts[i].logprob;
         }
         lp.top = top;
-        lp.n_top = js->n_top;
+        lp.n_top = n_alts;
         n_lp = 1;
     }
     if (eog) {
         emit_text(q, "", 0, &lp, n_lp);
         finish_seq(q, API_FINISH_STOP);
-        return;
+        return 1;
     }
     char piece[256];
     size_t n = 0;
-    tok_detok_push(&q->detok, js->token, piece, sizeof piece, &n);
+    tok_detok_push(&q->detok, token, piece, sizeof piece, &n);
     if (q->stop) {
         const char *emit;
         size_t elen;
@@ -632,15 +636,16 @@ static void take_token(struct seq *q, const struct job_seq *js)
         emit_text(q, emit, elen, &lp, n_lp);
         if (m == 1) {
             finish_seq(q, API_FINISH_STOP);
-            return;
+            return 1;
         }
     } else {
         emit_text(q, piece, n, &lp, n_lp);
     }
     if (q->n_gen >= q->max_tokens) {
         finish_seq(q, API_FINISH_LENGTH);
-        return;
+        return 1;
     }
+    return 0;
 }
 
 /* --- steps ------------------------------------------------------------------------ */
@@ -671,6 +676,37 @@ static struct step_job *job_alloc(uint32_t n_seqs, size_t n_tokens, uint32_t n_c
     p += n_closes * sizeof(uint64_t);
     j->idles = (uint64_t *)p;
     return j;
+}
+
+/* how many decode steps job runs (sched_config.decode_steps): several only when every
+ * sequence decodes one token greedily with room for them (its max_tokens and the context),
+ * kvmgr knows it, and nothing waits to be admitted; at most decode_steps_ms at the pace of
+ * the step before */
+static uint32_t decode_steps(const struct sched *s, const struct worker_slot *ws,
+                             const struct step_job *j)
+{
+    uint32_t k = s->cfg.decode_steps;
+    if (k <= 1 || !j->n_seqs || s->waiting.n)
+        return 1;
+    if (ws->step_ms > 0) {
+        double fit = s->cfg.decode_steps_ms / ws->step_ms;
+        k = fit < 1 ? 1 : fit < k ? (uint32_t)fit : k;
+    }
+    for (uint32_t i = 0; i < j->n_seqs && k > 1; i++) {
+        const struct job_seq *js = &j->seqs[i];
+        const struct seq *q = rkv_map_get(&s->by_sid, js->sid);
+        if (!q || js->n_tokens != 1 || !js->sample || js->is_new || q->cancelled ||
+            !proto_sampling_greedy(&js->sp) || q->n_gen >= q->max_tokens)
+            return 1;
+        /* the tokens it may still take, the last one alone (that step's prep tells kvmgr
+         * the ids the steps before it picked, so their blocks become shareable), and the
+         * positions the context still has */
+        uint32_t left = q->max_tokens - q->n_gen;
+        k = RKV_MIN(k, left > 1 ? left - 1 : 1);
+        uint64_t end = (uint64_t)js->n_past + js->n_tokens;
+        k = end >= s->cfg.ctx_size ? 1 : (uint32_t)RKV_MIN((uint64_t)k, s->cfg.ctx_size - end + 1);
+    }
+    return k;
 }
 
 static void kick(struct sched *s, uint32_t w)
@@ -705,7 +741,8 @@ static void kick(struct sched *s, uint32_t w)
             struct pick pk = {q, take};
             if (!rkv_vec_push(&ws->picks, &pk))
                 break;
-            n_tok += take + 1; /* and the token before (kvmgr may not know it yet) */
+            /* and the tokens before that kvmgr may not know yet */
+            n_tok += take + RKV_MAX(1u, se->n_owed);
             if (!se->worker_knows)
                 n_tok += se->n_kv; /* history for the sampler */
             if (!se->kvmgr_knows)
@@ -753,9 +790,9 @@ static void kick(struct sched *s, uint32_t w)
         js->sid = se->sid;
         js->n_past = se->n_kv;
         js->n_tokens = pk->take;
-        js->has_prev = se->n_kv > 0;
-        if (js->has_prev)
-            *arena++ = se->tokens[se->n_kv - 1];
+        js->n_prev = RKV_MIN(se->n_kv, RKV_MAX(1u, se->n_owed));
+        memcpy(arena, se->tokens + se->n_kv - js->n_prev, js->n_prev * sizeof(int32_t));
+        arena += js->n_prev;
         js->tokens = arena;
         memcpy(arena, se->tokens + se->n_kv, pk->take * sizeof(int32_t));
         arena += pk->take;
@@ -781,6 +818,7 @@ static void kick(struct sched *s, uint32_t w)
         }
         q->in_flight = 1;
     }
+    j->n_steps = decode_steps(s, ws, j);
     ws->busy = 1;
     s->st.steps++;
     int rc = s->drv.submit(s->drv.ctx, j);
@@ -956,6 +994,7 @@ void sched_job_done(struct sched *s, struct step_job *j)
             q->sess->worker_knows = 1; /* it ran there (not all found shared) */
         q->sess->kvmgr_knows = 1;
         q->sess->n_kv = js->n_past + js->n_tokens;
+        q->sess->n_owed = 0; /* the prep of this step brought them */
         if (js->n_cached) {
             /* kvmgr found these positions in blocks another session wrote */
             q->cached += js->n_cached;
@@ -969,9 +1008,22 @@ void sched_job_done(struct sched *s, struct step_job *j)
             finish_seq(q, API_FINISH_ABORT);
             continue;
         }
-        if (js->sample)
-            take_token(q, js);
+        if (!js->sample || take_token(q, js->token, js->logprob, js->top, js->n_top))
+            continue;
+        /* the later decode steps: each one wrote the KV of the token before it (kvmgr learns
+         * their ids with the next prep); a token that ends the request drops the rest */
+        struct session *se = q->sess;
+        if (js->n_more)
+            metric_inc(s->m_multi, model_label(s), js->n_more);
+        for (uint8_t m = 0; m < js->n_more; m++) {
+            se->n_kv++;
+            se->n_owed = m + 1u;
+            if (take_token(q, js->more[m].id, js->more[m].logprob, NULL, 0))
+                break;
+        }
     }
+    if (j->n_steps && j->step_ms > 0)
+        ws->step_ms = j->step_ms / j->n_steps;
     free(j);
     for (uint32_t w = 0; w < s->cfg.n_workers && w < 64; w++)
         if (moved_to & (1ull << w) && w != (uint32_t)(ws - s->workers))
@@ -1138,6 +1190,10 @@ int sched_init(uv_loop_t *loop, const struct sched_config *cfg, const struct tok
         s->m_ahead = metrics_add(metrics, METRIC_COUNTER, "rkv:kv_prep_ahead_steps_total",
                                  "Steps whose block tables kvmgr placed while the step before "
                                  "them ran (prep_ahead).",
+                                 ml, NULL, 0);
+        s->m_multi = metrics_add(metrics, METRIC_COUNTER, "rkv:decode_steps_extra_total",
+                                 "Tokens picked by the later decode steps of steps that ran "
+                                 "several (decode_steps).",
                                  ml, NULL, 0);
         s->m_queries = metrics_add(metrics, METRIC_COUNTER, "rkv:prefix_cache_queries_total",
                                    "Prompt tokens looked up in reusable KV.", ml, NULL, 0);

@@ -38,6 +38,11 @@ struct sched_config {
     uint32_t max_sessions;     /* named sessions remembered */
     uint32_t max_retries;      /* attempts of a failed step before its requests fail */
     const char *model_name;    /* for metrics labels */
+    /* a step of decoding sequences that all sample greedily, with nothing waiting, runs up to
+     * decode_steps decode steps in one request to the worker (each feeding the token the one
+     * before picked), at most decode_steps_ms long at the last step's pace; 0 or 1: one */
+    uint32_t decode_steps;
+    uint32_t decode_steps_ms;
 };
 
 /* one sequence of a step: input filled by the scheduler, output by the driver */
@@ -45,8 +50,10 @@ struct job_seq {
     uint64_t sid;       /* kvmgr/worker session id */
     uint32_t n_past;    /* positions already in the KV */
     uint32_t n_tokens;  /* tokens fed this step */
-    int32_t *tokens;    /* (n_tokens); with has_prev, tokens[-1] is the token before */
-    uint8_t has_prev;   /* n_past > 0: tokens[-1] holds position n_past - 1's token */
+    int32_t *tokens;    /* (n_tokens); tokens[-n_prev..-1] are the tokens before */
+    /* ids before the step's, for kvmgr: the one before (it may have got that position from
+     * a prep ahead without its id) or those a step of several decode steps picked */
+    uint32_t n_prev;
     uint8_t sample;     /* sample a token from the last position */
     uint8_t reset;      /* the worker must rebuild its sampler from history */
     uint8_t pinned;     /* operator pinned the session: kvmgr keeps it resident */
@@ -67,6 +74,8 @@ struct job_seq {
     float logprob;
     uint8_t n_top;
     struct proto_logprob top[PROTO_MAX_TOP_LOGPROBS];
+    uint8_t n_more; /* tokens of the job's later decode steps, in order */
+    struct proto_logprob more[PROTO_MAX_DECODE_STEPS - 1];
 };
 
 struct step_job {
@@ -81,6 +90,7 @@ struct step_job {
     uint32_t n_forgets;
     uint64_t *idles;  /* sessions that went idle (kept, parkable) */
     uint32_t n_idles;
+    uint32_t n_steps; /* decode steps the worker runs (>= 1; see sched_config) */
     /* out: 0, or the whole step failed (worker or kvmgr unreachable) */
     int rc;
     int kvmgr_failed; /* the failure was kvmgr's (its KV is gone) */

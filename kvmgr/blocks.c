@@ -588,10 +588,24 @@ int kvb_session_truncate(struct kvb *kvb, uint64_t sid, size_t n_tokens, struct 
     /* the kept partial block will be written again: it must be a private
      * device block, else copy its first positions into one */
     int need_cow = part && (last->dev == KVB_NONE || dp->ref[last->dev] > 1);
-    if (need_cow && pool_avail(dp) == 0)
-        return RKV_ENOSPACE;
     if (rkv_vec_reserve(&s->drops, s->drops.len + 2 * (s->ents.len - keep) + 2))
         return RKV_ENOMEM;
+    if (need_cow && pool_avail(dp) == 0) {
+        /* no block to copy into yet. the blocks past the kept one go now all the same:
+         * once the worker acknowledges this epoch they are free, so a retry finds room (the
+         * session's own surplus may be all the device pool has) */
+        if (s->ents.len > keep) {
+            s->epoch = ++kvb->epoch;
+            sess_drop_tail(kvb, s, keep);
+            size_t held = keep * (size_t)B;
+            s->tokens.len = RKV_MIN(s->tokens.len, held);
+            s->n_written = RKV_MIN(s->n_written, held);
+            s->n_known = RKV_MIN(s->n_known, held);
+            s->n_published = RKV_MIN(s->n_published, keep);
+            sess_release(kvb, s);
+        }
+        return RKV_ENOSPACE;
+    }
     s->epoch = ++kvb->epoch;
     sess_drop_tail(kvb, s, keep);
     if (part) {

@@ -333,6 +333,43 @@ static void test_host_full(void **state)
     kvb_destroy(kvb);
 }
 
+/* a cut into a block that must be copied while the device pool is full (the session's own
+ * blocks past the cut are all it could use): refused for now, but those blocks go, so once
+ * the worker acknowledges the epoch the retry finds room (it used to refuse forever) */
+static void test_truncate_full_pool(void **state)
+{
+    (void)state;
+    struct kvb *kvb = make(4, 8);
+    uint32_t t[16];
+    size_t reused, n_cow, n_ops;
+    struct kvb_copy cow[1], ops[4];
+    struct kvb_entry e[8];
+    seq(t, 16, 1);
+    assert_int_equal(kvb_session_open(kvb, 1, 0, t, 8, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_demote(kvb, 1, 1, ops, 4, &n_ops), 0); /* block 0 to the host */
+    assert_int_equal(kvb_commit(kvb, 1, NULL), 0);
+    assert_int_equal(kvb_session_append(kvb, 1, t + 8, 8), 0); /* blocks 1-3 on the device */
+    assert_int_equal(kvb_session_open(kvb, 2, 0, NULL, 4, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_free_dev(kvb, 0), 0);
+    uint64_t ep;
+    assert_int_equal(kvb_session_table(kvb, 1, e, 8, &n_ops, &ep), 0);
+    assert_int_equal(kvb_entry_residency(e[0]), KVB_HOST);
+    assert_int_equal(kvb_lease(kvb, 0, 1, ep), 0);
+    assert_int_equal(kvb_session_truncate(kvb, 1, 2, cow, &n_cow), RKV_ENOSPACE);
+    assert_int_equal(n_cow, 0);
+    assert_int_equal(kvb_session_tokens(kvb, 1), 4); /* the host block's positions stay */
+    assert_int_equal(kvb_free_dev(kvb, 0), 0);        /* until the worker acknowledges */
+    assert_int_equal(kvb_ack_worker(kvb, 0, kvb_epoch(kvb)), 0);
+    assert_int_equal(kvb_free_dev(kvb, 0), 3);
+    assert_int_equal(kvb_session_truncate(kvb, 1, 2, cow, &n_cow), 0);
+    assert_int_equal(n_cow, 1);
+    assert_int_equal(cow[0].kind, KVB_COPY_H2D);
+    assert_int_equal(cow[0].n_tokens, 2);
+    assert_int_equal(kvb_session_tokens(kvb, 1), 2);
+    assert_int_equal(kvb_check(kvb), 0);
+    kvb_destroy(kvb);
+}
+
 static void test_truncate(void **state)
 {
     (void)state;
@@ -864,6 +901,7 @@ int main(void)
         cmocka_unit_test(test_host_full),        cmocka_unit_test(test_worker_lost),
         cmocka_unit_test(test_trim_host_copies), cmocka_unit_test(test_ack_worker),
         cmocka_unit_test(test_truncate),         cmocka_unit_test(test_random_sequences),
+        cmocka_unit_test(test_truncate_full_pool),
         cmocka_unit_test(test_written_block_loses_host_copy),
         cmocka_unit_test(test_prefix_cache_survives_close),
         cmocka_unit_test(test_unwritten_blocks_stay),

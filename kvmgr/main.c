@@ -554,13 +554,14 @@ static void sess_drop(struct kvmgr *k, uint64_t sid)
 }
 
 /* the positions whose ids q carries: [*first, end). A new session's are all it has;
- * a step's end at n_pos, or at n_pos - 1 when it is prepared ahead (its last id is being
- * sampled). None when they would start before position 0 */
+ * a step's end n_owed before n_pos (ids the step picks itself: the last one of a step
+ * prepared ahead, those of a step's later decode steps). None when they would start
+ * before position 0 */
 static size_t token_span(const struct proto_kv_prep_seq *q, size_t *first)
 {
-    size_t end = (q->flags & PROTO_KV_NEW)     ? q->n_tokens
-                 : (q->flags & PROTO_KV_AHEAD) ? (q->n_pos ? q->n_pos - 1 : 0)
-                                               : q->n_pos;
+    size_t end = (q->flags & PROTO_KV_NEW) ? q->n_tokens
+                 : q->n_pos > q->n_owed    ? q->n_pos - q->n_owed
+                                           : 0;
     if (!q->n_tokens || q->n_tokens > end) {
         *first = end;
         return end;
@@ -663,10 +664,13 @@ static int place(struct kvmgr *k, struct sess *s, const struct proto_kv_prep_seq
         }
     }
     /* ids of positions it holds that were appended without them (by a step prepared
-     * ahead): known now. a new session's ids came with open_session */
-    if (!(q->flags & PROTO_KV_NEW) && first < end)
+     * ahead, or a step's later decode steps): known now, and the full blocks among the
+     * written ones shareable. a new session's ids came with open_session */
+    if (!(q->flags & PROTO_KV_NEW) && first < end) {
         kvb_session_know(k->kvb, s->sid, first, tok, end - first);
-    /* new positions: with the ids q carries, then (ahead: the last one) without */
+        kvb_session_written(k->kvb, s->sid, RKV_MIN((size_t)q->n_written, held));
+    }
+    /* new positions: with the ids q carries, then those owed without */
     if (s->want_pos > held && held >= first && held < end) {
         size_t to = RKV_MIN(end, s->want_pos);
         if ((rc = grow(k, s, tok + (held - first), to - held)))
@@ -823,11 +827,14 @@ static int do_prep(struct kvmgr *k, const struct proto_in *in, struct proto_wbuf
         rc = place(k, s, &m->seqs[i]);
         if (rc) {
             const struct plan_assign *a = k->plan ? plan_find(k->plan, s->sid) : NULL;
-            log_debug("session %llu: cannot place %u positions (%s); plan %s dev %u host %u, "
-                      "free dev %u host %u",
-                      (unsigned long long)s->sid, s->want_pos, rkv_strerror(rc),
+            log_debug("session %llu: cannot place %u positions (holds %zu, %u written, flags "
+                      "0x%x, %u owed) (%s); plan %s dev %u host %u, free dev %u host %u, %zu "
+                      "blocks wait for acks",
+                      (unsigned long long)s->sid, s->want_pos,
+                      s->open ? kvb_session_tokens(k->kvb, s->sid) : 0, m->seqs[i].n_written,
+                      m->seqs[i].flags, m->seqs[i].n_owed, rkv_strerror(rc),
                       a ? plan_tactic_name(a->tactic) : "none", a ? a->n_dev : 0, a ? a->n_host : 0,
-                      kvb_free_dev(k->kvb, s->gpu), kvb_free_host(k->kvb));
+                      kvb_free_dev(k->kvb, s->gpu), kvb_free_host(k->kvb), kvb_pending(k->kvb));
             t->status = rc == RKV_ENOSPACE ? RKV_ENOSPACE : rc;
             continue;
         }

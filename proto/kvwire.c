@@ -8,6 +8,29 @@
 #include "proto/msg.h"
 #include "proto/proto.h"
 
+/* a prep seq's positions and ids agree: the ids owed fit before n_pos after the tokens
+ * given, and a prep ahead owes at least its last id (a new session carries all it has) */
+static int prep_seq_check(uint32_t i, uint8_t flags, uint32_t n_pos, uint8_t n_owed, uint32_t nt,
+                          char *err, size_t errlen)
+{
+    if (n_owed > 2 * PROTO_MAX_DECODE_STEPS)
+        return proto_seterr(err, errlen, RKV_EFORMAT,
+                            "kv_prep: seq %u owes %u ids, at most %u (the decode steps of a step "
+                            "and of the one prepared ahead)",
+                            i, n_owed, 2 * PROTO_MAX_DECODE_STEPS);
+    if ((flags & PROTO_KV_AHEAD) && ((flags & PROTO_KV_NEW) || !n_owed))
+        return proto_seterr(err, errlen, RKV_EFORMAT,
+                            "kv_prep: seq %u is prepared ahead %s: it must be a known session "
+                            "that owes its last id",
+                            i, (flags & PROTO_KV_NEW) ? "with the new flag" : "owing no id");
+    if (!(flags & PROTO_KV_NEW) && (uint64_t)nt + n_owed > n_pos)
+        return proto_seterr(err, errlen, RKV_EFORMAT,
+                            "kv_prep: seq %u has %u tokens and owes %u ids, more than its %u "
+                            "positions",
+                            i, nt, n_owed, n_pos);
+    return 0;
+}
+
 int proto_kv_prep_encode(const struct proto_kv_prep *m, struct proto_wbuf *w, char *err,
                          size_t errlen)
 {
@@ -23,11 +46,15 @@ int proto_kv_prep_encode(const struct proto_kv_prep *m, struct proto_wbuf *w, ch
     proto_wbuf_put_u32(w, m->n_idle);
     for (uint32_t i = 0; i < m->n_idle; i++)
         proto_wbuf_put_u64(w, m->idle[i]);
-    for (uint32_t i = 0; i < m->n_seqs; i++)
-        if (m->seqs[i].n_tokens > PROTO_KV_MAX_TOKENS || (m->seqs[i].flags & ~PROTO_KV_FLAGS))
+    for (uint32_t i = 0; i < m->n_seqs; i++) {
+        const struct proto_kv_prep_seq *q = &m->seqs[i];
+        if (q->n_tokens > PROTO_KV_MAX_TOKENS || (q->flags & ~PROTO_KV_FLAGS))
             return proto_seterr(err, errlen, RKV_EINVAL,
                                 "kv_prep: seq %u has %u tokens (max %u) and flags 0x%x", i,
-                                m->seqs[i].n_tokens, PROTO_KV_MAX_TOKENS, m->seqs[i].flags);
+                                q->n_tokens, PROTO_KV_MAX_TOKENS, q->flags);
+        if (prep_seq_check(i, q->flags, q->n_pos, q->n_owed, q->n_tokens, err, errlen))
+            return RKV_EINVAL;
+    }
     proto_wbuf_put_u32(w, m->n_seqs);
     for (uint32_t i = 0; i < m->n_seqs; i++) {
         const struct proto_kv_prep_seq *q = &m->seqs[i];
@@ -35,6 +62,7 @@ int proto_kv_prep_encode(const struct proto_kv_prep *m, struct proto_wbuf *w, ch
         proto_wbuf_put_u32(w, q->n_pos);
         proto_wbuf_put_u8(w, q->flags);
         proto_wbuf_put_u32(w, q->n_written);
+        proto_wbuf_put_u8(w, q->n_owed);
         proto_wbuf_put_u32(w, q->n_tokens);
         for (uint32_t t = 0; t < q->n_tokens; t++)
             proto_wbuf_put_i32(w, q->tokens[t]);
@@ -105,29 +133,25 @@ int proto_kv_prep_decode(const void *buf, size_t len, struct proto_kv_prep **out
     if ((rc = get_count(&r, PROTO_MAX_SEQS, 8, "kv_prep idle", &h.n_idle, err, errlen)))
         return rc;
     r.pos += (size_t)h.n_idle * 8;
-    if ((rc = get_count(&r, PROTO_MAX_SEQS, 21, "kv_prep seqs", &h.n_seqs, err, errlen)))
+    if ((rc = get_count(&r, PROTO_MAX_SEQS, 22, "kv_prep seqs", &h.n_seqs, err, errlen)))
         return rc;
     /* walk the seqs once to check them and count their tokens */
     size_t seqs_at = r.pos, n_tok = 0;
     for (uint32_t i = 0; i < h.n_seqs; i++) {
         uint64_t sid;
         uint32_t n_pos, n_written, nt;
-        uint8_t flags;
+        uint8_t flags, n_owed;
         if (proto_rbuf_get_u64(&r, &sid) || proto_rbuf_get_u32(&r, &n_pos) ||
-            proto_rbuf_get_u8(&r, &flags) || proto_rbuf_get_u32(&r, &n_written))
+            proto_rbuf_get_u8(&r, &flags) || proto_rbuf_get_u32(&r, &n_written) ||
+            proto_rbuf_get_u8(&r, &n_owed))
             return proto_seterr(err, errlen, RKV_EFORMAT, "kv_prep: seq %u truncated", i);
         if (flags & ~PROTO_KV_FLAGS)
             return proto_seterr(err, errlen, RKV_EFORMAT, "kv_prep: seq %u flags 0x%x unknown",
                                 i, flags);
         if ((rc = get_count(&r, PROTO_KV_MAX_TOKENS, 4, "kv_prep tokens", &nt, err, errlen)))
             return rc;
-        if ((flags & PROTO_KV_AHEAD) && ((flags & PROTO_KV_NEW) || nt >= n_pos))
-            return proto_seterr(err, errlen, RKV_EFORMAT,
-                                "kv_prep: seq %u is prepared ahead with %s (%u tokens, %u "
-                                "positions): it must be a known session whose tokens end "
-                                "before its last position",
-                                i, (flags & PROTO_KV_NEW) ? "the new flag" : "too many tokens",
-                                nt, n_pos);
+        if ((rc = prep_seq_check(i, flags, n_pos, n_owed, nt, err, errlen)))
+            return rc;
         r.pos += (size_t)nt * 4;
         n_tok += nt;
     }
@@ -158,6 +182,7 @@ int proto_kv_prep_decode(const void *buf, size_t len, struct proto_kv_prep **out
         proto_rbuf_get_u32(&r, &q->n_pos);
         proto_rbuf_get_u8(&r, &q->flags);
         proto_rbuf_get_u32(&r, &q->n_written);
+        proto_rbuf_get_u8(&r, &q->n_owed);
         proto_rbuf_get_u32(&r, &q->n_tokens);
         q->tokens = q->n_tokens ? tok : NULL;
         for (uint32_t t = 0; t < q->n_tokens; t++)

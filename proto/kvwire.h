@@ -19,7 +19,7 @@
  *
  * KV_PREP wire: u32 worker_id, u64 ack_epoch (0 = none yet), u32 n_close,
  * u64 close[n_close], u32 n_idle, u64 idle[n_idle], u32 n_seqs, then per
- * seq: u64 session_id, u32 n_pos, u8 flags, u32 n_written, u32 n_tokens,
+ * seq: u64 session_id, u32 n_pos, u8 flags, u32 n_written, u8 n_owed, u32 n_tokens,
  * i32 tokens[n_tokens].
  *
  * KV_TABLES wire: u64 epoch, u32 n_seqs, then per seq: u64 session_id,
@@ -50,8 +50,8 @@
 #define PROTO_KV_NOMOVE 8u /* keep it on this worker's gpu */
 /* prepared ahead: sent while this worker's previous step still runs (its positions,
  * from n_written on, are being written), before that step sampled this one's input.
- * tokens end at n_pos - 1 (the ids of the previous step's input, so they become known);
- * the id of the last position is not known yet (the next prep brings it). kvmgr never
+ * tokens end at n_pos - n_owed (n_owed >= 1: the ids of the previous step's input become
+ * known; the last position's id is not known yet, the next prep brings it). kvmgr never
  * cuts such a session back: the positions past n_written are the step in flight */
 #define PROTO_KV_AHEAD 16u
 #define PROTO_KV_FLAGS \
@@ -67,9 +67,13 @@ struct proto_kv_prep_seq {
     uint32_t n_pos;     /* positions the session holds after this step */
     uint8_t flags;      /* PROTO_KV_* */
     uint32_t n_written; /* positions whose KV the worker has written */
+    /* the last n_owed positions get their ids later (a later prep's tokens bring them):
+     * the steps pick them (several greedy decode steps in one STEP_REQ; AHEAD: those of the
+     * running step and of the step prepared); at most 2 * PROTO_MAX_DECODE_STEPS */
+    uint8_t n_owed;
     uint32_t n_tokens;
-    const int32_t *tokens; /* NEW: every token; AHEAD: ending at n_pos - 1; else the
-                            * step's, ending at n_pos */
+    const int32_t *tokens; /* NEW: every token; else ending at n_pos - n_owed (the step's,
+                            * after ids owed from earlier steps) */
 };
 
 struct proto_kv_prep {

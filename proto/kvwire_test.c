@@ -17,9 +17,9 @@ static void encode_prep(struct proto_wbuf *w)
     uint64_t closes[] = {7, 1ull << 60};
     uint64_t idles[] = {9};
     static const int32_t toks[] = {7, -1, 65535};
-    struct proto_kv_prep_seq seqs[] = {{3, 1000, PROTO_KV_ACTIVE, 997, 3, toks},
-                                       {4, 1, 0, 0, 0, NULL},
-                                       {5, 0, PROTO_KV_ACTIVE | PROTO_KV_NEW, 0, 0, NULL}};
+    struct proto_kv_prep_seq seqs[] = {{3, 1000, PROTO_KV_ACTIVE, 997, 0, 3, toks},
+                                       {4, 1, 0, 0, 0, 0, NULL},
+                                       {5, 0, PROTO_KV_ACTIVE | PROTO_KV_NEW, 0, 0, 0, NULL}};
     struct proto_kv_prep m = {2, 99, 2, closes, 1, idles, 3, seqs};
     char err[128];
     proto_wbuf_init(w);
@@ -111,7 +111,7 @@ static void test_moved_and_nomove(void **state)
     assert_true(PROTO_KV_IS_MOVED(PROTO_KV_MOVED(PROTO_MAX_WORKERS - 1)));
     proto_kv_tables_free(m);
     proto_wbuf_reset(&w);
-    struct proto_kv_prep_seq q = {5, 10, PROTO_KV_ACTIVE | PROTO_KV_NOMOVE, 9, 0, NULL};
+    struct proto_kv_prep_seq q = {5, 10, PROTO_KV_ACTIVE | PROTO_KV_NOMOVE, 9, 0, 0, NULL};
     struct proto_kv_prep pm = {1, 0, 0, NULL, 0, NULL, 1, &q};
     assert_int_equal(proto_kv_prep_encode(&pm, &w, err, sizeof err), 0);
     struct proto_kv_prep *p;
@@ -121,13 +121,15 @@ static void test_moved_and_nomove(void **state)
     proto_wbuf_free(&w);
 }
 
-/* a step prepared ahead: its tokens end before its last position; a new session or as
- * many tokens as positions is refused with the reason */
-static void test_ahead(void **state)
+/* ids owed: a step prepared ahead owes its last id, a step of several decode steps the ids
+ * it picks before its last position; a prep whose tokens and owed ids pass its positions, a
+ * prep ahead that owes nothing or is new, and more owed ids than decode steps are refused
+ * with the reason, by the encoder and (bytes patched) by the decoder */
+static void test_owed(void **state)
 {
     (void)state;
     static const int32_t toks[] = {11, 12};
-    struct proto_kv_prep_seq q = {5, 3, PROTO_KV_ACTIVE | PROTO_KV_AHEAD, 1, 2, toks};
+    struct proto_kv_prep_seq q = {5, 3, PROTO_KV_ACTIVE | PROTO_KV_AHEAD, 1, 1, 2, toks};
     struct proto_kv_prep pm = {0, 4, 0, NULL, 0, NULL, 1, &q};
     struct proto_wbuf w;
     char err[256];
@@ -136,19 +138,45 @@ static void test_ahead(void **state)
     struct proto_kv_prep *p;
     assert_int_equal(proto_kv_prep_decode(w.data, w.len, &p, err, sizeof err), 0);
     assert_int_equal(p->seqs[0].flags, PROTO_KV_ACTIVE | PROTO_KV_AHEAD);
+    assert_int_equal(p->seqs[0].n_owed, 1);
     assert_int_equal(p->seqs[0].tokens[1], 12);
     proto_kv_prep_free(p);
-    q.n_pos = 2;
-    proto_wbuf_reset(&w);
-    assert_int_equal(proto_kv_prep_encode(&pm, &w, err, sizeof err), 0);
+    /* the same bytes owing nothing (header 24 bytes, then sid, n_pos, flags, n_written) */
+    const size_t owed_at = 24 + 8 + 4 + 1 + 4;
+    w.data[owed_at] = 0;
     assert_int_equal(proto_kv_prep_decode(w.data, w.len, &p, err, sizeof err), RKV_EFORMAT);
-    assert_non_null(strstr(err, "too many tokens"));
-    q.n_pos = 3;
+    assert_non_null(strstr(err, "owing no id"));
+    w.data[owed_at] = 2; /* 2 tokens + 2 owed > 3 positions */
+    assert_int_equal(proto_kv_prep_decode(w.data, w.len, &p, err, sizeof err), RKV_EFORMAT);
+    assert_non_null(strstr(err, "more than its 3 positions"));
+    w.data[owed_at] = 2 * PROTO_MAX_DECODE_STEPS + 1;
+    assert_int_equal(proto_kv_prep_decode(w.data, w.len, &p, err, sizeof err), RKV_EFORMAT);
+    assert_non_null(strstr(err, "owes 33 ids, at most 32"));
+    /* the encoder refuses what the decoder would */
+    q.n_owed = 0;
+    proto_wbuf_reset(&w);
+    assert_int_equal(proto_kv_prep_encode(&pm, &w, err, sizeof err), RKV_EINVAL);
+    assert_non_null(strstr(err, "owing no id"));
+    q.n_owed = 1;
     q.flags |= PROTO_KV_NEW;
     proto_wbuf_reset(&w);
-    assert_int_equal(proto_kv_prep_encode(&pm, &w, err, sizeof err), 0);
-    assert_int_equal(proto_kv_prep_decode(w.data, w.len, &p, err, sizeof err), RKV_EFORMAT);
+    assert_int_equal(proto_kv_prep_encode(&pm, &w, err, sizeof err), RKV_EINVAL);
     assert_non_null(strstr(err, "new flag"));
+    /* four greedy decode steps: 8 positions, the step's token and the id before it known,
+     * the 3 picked before the last position owed */
+    struct proto_kv_prep_seq k = {6, 8, PROTO_KV_ACTIVE, 4, 3, 2, toks};
+    pm.seqs = &k;
+    proto_wbuf_reset(&w);
+    assert_int_equal(proto_kv_prep_encode(&pm, &w, err, sizeof err), 0);
+    assert_int_equal(proto_kv_prep_decode(w.data, w.len, &p, err, sizeof err), 0);
+    assert_int_equal(p->seqs[0].n_owed, 3);
+    assert_int_equal(p->seqs[0].n_pos, 8);
+    assert_int_equal(p->seqs[0].n_tokens, 2);
+    proto_kv_prep_free(p);
+    k.n_owed = 7;
+    proto_wbuf_reset(&w);
+    assert_int_equal(proto_kv_prep_encode(&pm, &w, err, sizeof err), RKV_EINVAL);
+    assert_non_null(strstr(err, "owes 7 ids, more than its 8 positions"));
     proto_wbuf_free(&w);
 }
 
@@ -198,7 +226,7 @@ int main(void)
         cmocka_unit_test(test_prep_roundtrip),
         cmocka_unit_test(test_tables_roundtrip),
         cmocka_unit_test(test_moved_and_nomove),
-        cmocka_unit_test(test_ahead),
+        cmocka_unit_test(test_owed),
         cmocka_unit_test(test_limits_and_noise),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -198,7 +198,7 @@ int proto_rbuf_get_bytes(struct proto_rbuf *r, void *dst, size_t n)
 
 #define SAMPLING_WIRE 38 /* 6 f32 + i32 + u64 + 2 u8 */
 #define SEQ_MIN_WIRE  (8 + 4 + 4 + 4 + SAMPLING_WIRE + 1 + 4 + 4)
-#define OUT_MIN_WIRE  (8 + 4 + 4 + 1 + 4)
+#define OUT_MIN_WIRE  (8 + 4 + 4 + 1 + 4 + 1)
 #define BLOCK_WIRE    5
 
 static int truncated(const char *what, const struct proto_rbuf *r, char *err, size_t errlen)
@@ -327,6 +327,9 @@ int proto_step_req_encode(const struct proto_step_req *m, struct proto_wbuf *w, 
             rc = proto_seterr(err, errlen, RKV_EFORMAT, "%s: seq %u: unknown flags 0x%x", what, i,
                               s->flags);
     }
+    if (rc == 0)
+        rc = check_count(what, "n_steps", UINT32_MAX, m->n_steps, PROTO_MAX_DECODE_STEPS, err,
+                         errlen);
     if (rc < 0)
         return RKV_EINVAL;
     proto_wbuf_put_u64(w, m->epoch);
@@ -360,6 +363,7 @@ int proto_step_req_encode(const struct proto_step_req *m, struct proto_wbuf *w, 
     proto_wbuf_put_u32(w, m->n_close);
     for (uint32_t i = 0; i < m->n_close; i++)
         proto_wbuf_put_u64(w, m->close[i]);
+    proto_wbuf_put_u8(w, m->n_steps ? m->n_steps : 1);
     return finish_encode(w, what, err, errlen);
 }
 
@@ -465,6 +469,14 @@ static int step_req_walk(struct proto_rbuf *r, struct proto_step_req *m, int32_t
     }
     if (m)
         m->n_close = n_close;
+    uint8_t n_steps;
+    if (proto_rbuf_get_u8(r, &n_steps))
+        return truncated(what, r, err, errlen);
+    if (n_steps == 0 || n_steps > PROTO_MAX_DECODE_STEPS)
+        return proto_seterr(err, errlen, RKV_EFORMAT, "%s: n_steps %u is outside 1..%u", what,
+                            n_steps, PROTO_MAX_DECODE_STEPS);
+    if (m)
+        m->n_steps = n_steps;
     return end_check(what, r, err, errlen);
 }
 
@@ -520,6 +532,13 @@ void proto_step_req_free(struct proto_step_req *m)
     free(m);
 }
 
+int proto_sampling_greedy(const struct proto_sampling *sp)
+{
+    return (sp->temperature == 0.0f || sp->top_k == 1) && sp->n_top_logprobs == 0 &&
+           (sp->repetition_penalty == 1.0f || sp->repetition_penalty == 0.0f) &&
+           sp->presence_penalty == 0.0f && sp->frequency_penalty == 0.0f;
+}
+
 /* --- STEP_RESP -------------------------------------------------------------------- */
 
 int proto_step_resp_encode(const struct proto_step_resp *m, struct proto_wbuf *w, char *err,
@@ -527,8 +546,12 @@ int proto_step_resp_encode(const struct proto_step_resp *m, struct proto_wbuf *w
 {
     const char *what = "step_resp";
     int rc = check_count(what, "n_seqs", UINT32_MAX, m->n_seqs, PROTO_MAX_SEQS, err, errlen);
-    for (uint32_t i = 0; rc == 0 && i < m->n_seqs; i++)
+    for (uint32_t i = 0; rc == 0 && i < m->n_seqs; i++) {
         rc = check_count(what, "n_top", i, m->seqs[i].n_top, PROTO_MAX_TOP_LOGPROBS, err, errlen);
+        if (rc == 0)
+            rc = check_count(what, "n_more", i, m->seqs[i].n_more, PROTO_MAX_DECODE_STEPS - 1, err,
+                             errlen);
+    }
     if (rc < 0)
         return RKV_EINVAL;
     proto_wbuf_put_u64(w, m->epoch);
@@ -544,6 +567,11 @@ int proto_step_resp_encode(const struct proto_step_resp *m, struct proto_wbuf *w
             proto_wbuf_put_f32(w, o->top[t].logprob);
         }
         proto_wbuf_put_i32(w, o->status);
+        proto_wbuf_put_u8(w, o->n_more);
+        for (unsigned t = 0; t < o->n_more; t++) {
+            proto_wbuf_put_i32(w, o->more[t].id);
+            proto_wbuf_put_f32(w, o->more[t].logprob);
+        }
     }
     return finish_encode(w, what, err, errlen);
 }
@@ -582,8 +610,14 @@ int proto_step_resp_decode(const void *buf, size_t len, struct proto_step_resp *
         for (unsigned t = 0; rc == 0 && t < o->n_top; t++)
             if (proto_rbuf_get_i32(&r, &o->top[t].id) || proto_rbuf_get_f32(&r, &o->top[t].logprob))
                 rc = truncated(what, &r, err, errlen);
-        if (rc == 0 && proto_rbuf_get_i32(&r, &o->status))
+        if (rc == 0 && (proto_rbuf_get_i32(&r, &o->status) || proto_rbuf_get_u8(&r, &o->n_more)))
             rc = truncated(what, &r, err, errlen);
+        if (rc == 0)
+            rc = check_count(what, "n_more", i, o->n_more, PROTO_MAX_DECODE_STEPS - 1, err, errlen);
+        for (unsigned t = 0; rc == 0 && t < o->n_more; t++)
+            if (proto_rbuf_get_i32(&r, &o->more[t].id) ||
+                proto_rbuf_get_f32(&r, &o->more[t].logprob))
+                rc = truncated(what, &r, err, errlen);
     }
     if (rc == 0)
         rc = end_check(what, &r, err, errlen);

@@ -51,6 +51,7 @@ int proto_rbuf_get_bytes(struct proto_rbuf *r, void *dst, size_t n);
 #define PROTO_MAX_BLOCKS       (1u << 20)
 #define PROTO_MAX_TOP_LOGPROBS 20
 #define PROTO_MAX_HISTORY (1u << 24)
+#define PROTO_MAX_DECODE_STEPS 16 /* greedy decode steps one STEP_REQ may ask for */
 
 /* step_seq flags */
 #define PROTO_STEP_SAMPLE 1u /* sample a token from the last position */
@@ -77,6 +78,11 @@ struct proto_sampling {
     uint8_t n_top_logprobs;
 };
 
+/* 1 when a sampler with these settings always takes the most likely token and reports no
+ * alternatives: such rows may run several decode steps per STEP_REQ (the worker decides
+ * from its sampler, with the same rule) */
+int proto_sampling_greedy(const struct proto_sampling *sp);
+
 /* one sequence of a step. wire: u64 session_id, u32 n_past, u32 n_tokens,
  * i32 tokens[n_tokens], u32 n_blocks, block refs, sampling, u8 flags,
  * u32 n_history, i32 history[n_history], u32 n_drawn */
@@ -96,13 +102,19 @@ struct proto_step_seq {
 };
 
 /* STEP_REQ: rkvd -> worker. wire: u64 epoch, u32 n_seqs, seqs, u32 n_close,
- * u64 close[n_close] */
+ * u64 close[n_close], u8 n_steps */
 struct proto_step_req {
     uint64_t epoch;
     uint32_t n_seqs;             /* <= PROTO_MAX_SEQS */
     struct proto_step_seq *seqs; /* (n_seqs,) */
     uint32_t n_close;            /* <= PROTO_MAX_SEQS: sessions that ended (free their state) */
     uint64_t *close;             /* (n_close,) */
+    /* decode steps to run, 1..PROTO_MAX_DECODE_STEPS (the encoder sends 0 as 1). with more
+     * than one, every sequence samples and every sampler is plain greedy: the worker feeds
+     * each step's picked token to the next, so each sequence's blocks cover n_past +
+     * n_tokens + n_steps - 1 positions; a worker that cannot (a sampler that is not plain
+     * greedy) runs fewer, and says how many in each output */
+    uint8_t n_steps;
 };
 
 struct proto_logprob {
@@ -111,7 +123,7 @@ struct proto_logprob {
 };
 
 /* wire: u64 session_id, i32 token, f32 logprob, u8 n_top, n_top x (i32 id,
- * f32 logprob), i32 status */
+ * f32 logprob), i32 status, u8 n_more, n_more x (i32 id, f32 logprob) */
 struct proto_step_out {
     uint64_t session_id;
     int32_t token;
@@ -119,6 +131,10 @@ struct proto_step_out {
     uint8_t n_top; /* <= PROTO_MAX_TOP_LOGPROBS */
     struct proto_logprob top[PROTO_MAX_TOP_LOGPROBS];
     int32_t status; /* 0 or an RKV_E* code for this sequence */
+    /* the tokens of the request's later decode steps (n_steps > 1), in order: token was
+     * picked first, more[0] from it, and so on */
+    uint8_t n_more; /* < PROTO_MAX_DECODE_STEPS */
+    struct proto_logprob more[PROTO_MAX_DECODE_STEPS - 1];
 };
 
 /* STEP_RESP: worker -> rkvd. wire: u64 epoch, u32 n_seqs, outs */

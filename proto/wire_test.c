@@ -113,8 +113,8 @@ static void make_req(void)
         .sampling = {1.0f, 1.0f, 0.0f, -2.0f, 2.0f, 1.0f, -1, UINT64_MAX, 0, 20},
     };
     static uint64_t closes[2] = {5, 1ull << 63};
-    g_req = (struct proto_step_req){.epoch = 77, .n_seqs = 3, .seqs = g_seqs, .n_close = 2,
-                                    .close = closes};
+    g_req = (struct proto_step_req){
+        .epoch = 77, .n_seqs = 3, .seqs = g_seqs, .n_close = 2, .close = closes, .n_steps = 4};
 }
 
 static void assert_seq_equal(const struct proto_step_seq *a, const struct proto_step_seq *b)
@@ -191,8 +191,8 @@ static void test_step_req(void **state)
     proto_wbuf_init(&w);
     char err[256];
     assert_int_equal(proto_step_req_encode(&g_req, &w, err, sizeof err), 0);
-    /* 12 + (20 + 16 + 15 + 38 + 9 + 8) + (20 + 38 + 9) + (20 + 4 + 5 + 38 + 9) + 4 + 16 */
-    assert_int_equal(w.len, 12 + 106 + 67 + 76 + 20);
+    /* 12 + (20 + 16 + 15 + 38 + 9 + 8) + (20 + 38 + 9) + (20 + 4 + 5 + 38 + 9) + 4 + 16 + 1 */
+    assert_int_equal(w.len, 12 + 106 + 67 + 76 + 20 + 1);
     struct proto_step_req *m;
     assert_int_equal(proto_step_req_decode(w.data, w.len, &m, err, sizeof err), 0);
     assert_true(m->epoch == 77);
@@ -201,6 +201,7 @@ static void test_step_req(void **state)
         assert_seq_equal(&m->seqs[i], &g_seqs[i]);
     assert_int_equal(m->n_close, 2);
     assert_true(m->close[0] == 5 && m->close[1] == 1ull << 63);
+    assert_int_equal(m->n_steps, 4);
     assert_null(m->seqs[1].tokens);
     assert_null(m->seqs[1].blocks);
     assert_null(m->seqs[1].history);
@@ -213,6 +214,7 @@ static void test_step_req(void **state)
     assert_int_equal(proto_step_req_encode(&empty, &w, err, sizeof err), 0);
     assert_int_equal(proto_step_req_decode(w.data, w.len, &m, err, sizeof err), 0);
     assert_int_equal(m->n_seqs, 0);
+    assert_int_equal(m->n_steps, 1); /* 0 goes on the wire as one step */
     proto_step_req_free(m);
     proto_step_req_free(NULL);
     proto_wbuf_free(&w);
@@ -246,6 +248,10 @@ static void test_step_req_limits(void **state)
     struct proto_step_req many = {.n_seqs = PROTO_MAX_SEQS + 1, .seqs = g_seqs};
     assert_int_equal(proto_step_req_encode(&many, &w, err, sizeof err), RKV_EINVAL);
     assert_int_equal(w.len, 0);
+    g_req.n_steps = PROTO_MAX_DECODE_STEPS + 1;
+    assert_int_equal(proto_step_req_encode(&g_req, &w, err, sizeof err), RKV_EINVAL);
+    assert_string_equal(err, "step_req: n_steps is 17, the limit is 16");
+    g_req.n_steps = 2;
 
     /* and the decoder refuses hand-made bytes */
     assert_int_equal(proto_step_req_encode(&g_req, &w, err, sizeof err), 0);
@@ -275,6 +281,15 @@ static void test_step_req_limits(void **state)
     assert_int_equal(proto_step_req_decode(b, w.len, &m, err, sizeof err), RKV_EFORMAT);
     proto_put_u32(b + 12 + 51, 0x3f800000);
     assert_int_equal(proto_step_req_decode(b, w.len, &m, err, sizeof err), 0);
+    proto_step_req_free(m);
+    b[w.len - 1] = 0; /* n_steps, the last byte */
+    assert_int_equal(proto_step_req_decode(b, w.len, &m, err, sizeof err), RKV_EFORMAT);
+    assert_string_equal(err, "step_req: n_steps 0 is outside 1..16");
+    b[w.len - 1] = PROTO_MAX_DECODE_STEPS + 1;
+    assert_int_equal(proto_step_req_decode(b, w.len, &m, err, sizeof err), RKV_EFORMAT);
+    b[w.len - 1] = PROTO_MAX_DECODE_STEPS;
+    assert_int_equal(proto_step_req_decode(b, w.len, &m, err, sizeof err), 0);
+    assert_int_equal(m->n_steps, PROTO_MAX_DECODE_STEPS);
     proto_step_req_free(m);
     assert_int_equal(proto_step_req_decode(b, (size_t)PROTO_MAX_PAYLOAD + 1, &m, err, sizeof err),
                      RKV_ETOOBIG);
@@ -326,12 +341,16 @@ static void test_step_resp(void **state)
     outs[2].n_top = PROTO_MAX_TOP_LOGPROBS;
     for (int i = 0; i < PROTO_MAX_TOP_LOGPROBS; i++)
         outs[2].top[i] = (struct proto_logprob){i, -(float)i};
+    /* a row of four greedy decode steps: three more tokens after the first */
+    outs[0].n_more = 3;
+    for (int i = 0; i < 3; i++)
+        outs[0].more[i] = (struct proto_logprob){600 + i, -0.5f * (float)i};
     struct proto_step_resp resp = {.epoch = 1234567890123ull, .n_seqs = 3, .seqs = outs};
     struct proto_wbuf w;
     proto_wbuf_init(&w);
     char err[256];
     assert_int_equal(proto_step_resp_encode(&resp, &w, err, sizeof err), 0);
-    assert_int_equal(w.len, 12 + (21 + 16) + 21 + (21 + 160));
+    assert_int_equal(w.len, 12 + (22 + 16 + 24) + 22 + (22 + 160));
     struct proto_step_resp *m;
     assert_int_equal(proto_step_resp_decode(w.data, w.len, &m, err, sizeof err), 0);
     assert_true(m->epoch == resp.epoch);
@@ -343,6 +362,8 @@ static void test_step_resp(void **state)
         assert_int_equal(m->seqs[i].n_top, outs[i].n_top);
         assert_memory_equal(m->seqs[i].top, outs[i].top, outs[i].n_top * sizeof outs[i].top[0]);
         assert_int_equal(m->seqs[i].status, outs[i].status);
+        assert_int_equal(m->seqs[i].n_more, outs[i].n_more);
+        assert_memory_equal(m->seqs[i].more, outs[i].more, outs[i].n_more * sizeof outs[i].more[0]);
     }
     proto_step_resp_free(m);
     check_prefixes(dec_resp, w.data, w.len);
@@ -353,9 +374,17 @@ static void test_step_resp(void **state)
     b[12 + 16] = PROTO_MAX_TOP_LOGPROBS + 1;
     assert_int_equal(proto_step_resp_decode(b, w.len, &m, err, sizeof err), RKV_EFORMAT);
     assert_string_equal(err, "step_resp: seq 0: n_top is 21, the limit is 20");
+    b[12 + 16] = 2;
+    b[12 + 21 + 16] = PROTO_MAX_DECODE_STEPS; /* seq 0 n_more */
+    assert_int_equal(proto_step_resp_decode(b, w.len, &m, err, sizeof err), RKV_EFORMAT);
+    assert_string_equal(err, "step_resp: seq 0: n_more is 16, the limit is 15");
     proto_put_u32(b + 8, 5000);
     assert_int_equal(proto_step_resp_decode(b, w.len, &m, err, sizeof err), RKV_EFORMAT);
     free(b);
+    outs[0].n_more = PROTO_MAX_DECODE_STEPS;
+    proto_wbuf_reset(&w);
+    assert_int_equal(proto_step_resp_encode(&resp, &w, err, sizeof err), RKV_EINVAL);
+    outs[0].n_more = 3;
     outs[1].n_top = 21;
     proto_wbuf_reset(&w);
     assert_int_equal(proto_step_resp_encode(&resp, &w, err, sizeof err), RKV_EINVAL);

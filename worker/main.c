@@ -120,13 +120,14 @@ struct worker {
     struct proto_sock *kvmgr;
     struct proto_sock *rep;
     uint32_t kvmgr_pid;
-    uint64_t n_steps;
+    uint64_t n_steps;  /* forward passes run */
+    uint64_t swept_at; /* n_steps at the last sweep_samplers */
     /* where a step's time goes, summed since the last report (step_report):
      * forward, sampling, the whole handler, and the gaps between steps (rkvd,
      * kvmgr and the ipc between them) */
     struct step_times {
-        uint64_t steps, rows, picked, tokens, fwd_ns, sample_ns, handle_ns, gap_ns, t_report,
-            t_last_end;
+        uint64_t steps, passes, rows, picked, tokens, fwd_ns, sample_ns, handle_ns, gap_ns,
+            t_report, t_last_end;
     } st;
     struct rates rates; /* measured at the first attach, reported at every attach */
     uint64_t reserve;   /* compute reserve measured before the first hello (gpu), bytes */
@@ -142,6 +143,7 @@ struct worker {
      * (fwd_step_greedy), each row's sampler and its status here */
     int32_t *g_ids;
     float *g_lps;
+    int32_t *g_feed; /* a step of several decode steps: each row's input of the next one */
     struct samp **rows_sp;
     int *rows_rc;
     struct pool *samp_pool;
@@ -393,6 +395,62 @@ static void sample_rows(struct worker *w, uint32_t n)
         sample_range(w->sjobs, 0, n, 0);
 }
 
+/* one forward pass over the step's rows as w->fseqs describe them, and each sampled row's
+ * token into outs (picked by the backend when greedy allows, else by the row's sampler) */
+static int step_pass(struct worker *w, const struct proto_step_req *req,
+                     struct proto_step_out *outs, int greedy)
+{
+    uint32_t n = req->n_seqs;
+    uint64_t t_fwd = rkv_now_ns();
+    for (uint32_t i = 0; i < n; i++)
+        w->st.tokens += w->fseqs[i].n_tokens;
+    int picked = 0, rc;
+    if (greedy)
+        rc = fwd_step_greedy(w->fwd, w->fseqs, n, w->logits, w->g_ids, w->g_lps, &picked);
+    else
+        rc = fwd_step(w->fwd, w->fseqs, n, 0, w->logits);
+    w->st.fwd_ns += rkv_now_ns() - t_fwd;
+    if (rc)
+        return rc;
+    w->n_steps++;
+    w->st.passes++;
+    /* samplers and their history here (the map is this thread's), the
+     * sampling itself on the pool: each row has its own sampler */
+    uint32_t n_sample = 0, n_picked = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const struct proto_step_seq *sq = &req->seqs[i];
+        const struct fwd_seq *fs = &w->fseqs[i];
+        struct proto_step_out *o = &outs[i];
+        o->session_id = sq->session_id;
+        o->token = -1;
+        struct samp *sp = w->rows_sp[i];
+        if (!sp) {
+            o->status = w->rows_rc[i];
+            continue;
+        }
+        sp->last_step = w->n_steps;
+        for (uint32_t t = 0; t < fs->n_tokens; t++)
+            sampler_accept(sp->s, fs->tokens[t]);
+        if (!(sq->flags & PROTO_STEP_SAMPLE))
+            continue;
+        if (picked) {
+            o->token = w->g_ids[i];
+            o->logprob = w->g_lps[i];
+            n_picked++;
+            continue;
+        }
+        o->n_top = sq->sampling.n_top_logprobs;
+        w->sjobs[n_sample++] =
+            (struct samp_job){sp->s, w->logits + (size_t)i * w->m->hp.n_vocab, o, {{0, 0}}};
+    }
+    uint64_t t_samp = rkv_now_ns();
+    sample_rows(w, n_sample);
+    w->st.sample_ns += rkv_now_ns() - t_samp;
+    w->st.rows += n_sample + n_picked;
+    w->st.picked += n_picked;
+    return 0;
+}
+
 static int do_step(struct worker *w, const struct proto_in *in, struct proto_wbuf *reply,
                    int *reply_type, char *err, size_t errlen)
 {
@@ -466,72 +524,73 @@ static int do_step(struct worker *w, const struct proto_in *in, struct proto_wbu
     }
     /* each row's sampler first: when every sampled row is plain greedy the backend picks the
      * tokens where the logits are (a gpu then sends back two numbers a row, not the logits) */
-    int greedy = 1;
+    int greedy = 1, all_sample = 1;
     for (uint32_t i = 0; i < n; i++) {
         const struct proto_step_seq *sq = &req->seqs[i];
         w->rows_sp[i] = sampler_for(w, sq, &w->rows_rc[i]);
+        all_sample &= (sq->flags & PROTO_STEP_SAMPLE) != 0 && w->rows_sp[i] != NULL;
         if (sq->flags & PROTO_STEP_SAMPLE)
             greedy &= w->rows_sp[i] && sampler_plain_greedy(w->rows_sp[i]->s);
     }
-    uint64_t t_fwd = rkv_now_ns();
-    w->st.tokens += n_tok;
-    int picked = 0;
-    if (greedy)
-        rc = fwd_step_greedy(w->fwd, w->fseqs, n, w->logits, w->g_ids, w->g_lps, &picked);
-    else
-        rc = fwd_step(w->fwd, w->fseqs, n, 0, w->logits);
-    w->st.fwd_ns += rkv_now_ns() - t_fwd;
-    if (rc) {
-        proto_step_req_free(req);
-        return proto_seterr(err, errlen, rc, "forward step failed: %s", rkv_strerror(rc));
+    /* several decode steps: each feeds the tokens the one before picked, so every row must
+     * sample greedily and its blocks must cover the positions the later steps write; else
+     * fewer (rkvd reads how many from each output's n_more) */
+    uint32_t n_steps = greedy && all_sample ? req->n_steps : 1;
+    for (uint32_t i = 0; i < n && n_steps > 1; i++) {
+        const struct proto_step_seq *sq = &req->seqs[i];
+        uint64_t room = (uint64_t)sq->n_blocks * w->layout.block_size,
+                 need = (uint64_t)sq->n_past + sq->n_tokens;
+        n_steps = room < need ? 1 : (uint32_t)RKV_MIN((uint64_t)n_steps, room - need + 1);
     }
-    w->n_steps++;
-
     struct proto_step_out *outs = calloc(n ? n : 1, sizeof *outs);
-    if (!outs) {
+    struct proto_step_out *po = n_steps > 1 ? calloc(n, sizeof *po) : outs;
+    if (!outs || !po) {
+        free(outs);
         proto_step_req_free(req);
         return RKV_ENOMEM;
     }
-    /* samplers and their history here (the map is this thread's), the
-     * sampling itself on the pool: each row has its own sampler */
-    uint32_t n_sample = 0, n_picked = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        const struct proto_step_seq *sq = &req->seqs[i];
-        struct proto_step_out *o = &outs[i];
-        o->session_id = sq->session_id;
-        o->token = -1;
-        struct samp *sp = w->rows_sp[i];
-        if (!sp) {
-            o->status = w->rows_rc[i];
-            continue;
+    for (uint32_t k = 0; k < n_steps; k++) {
+        if (k) {
+            /* the next decode step: each row's picked token at the position after */
+            for (uint32_t i = 0; i < n; i++) {
+                struct fwd_seq *fs = &w->fseqs[i];
+                fs->n_past += fs->n_tokens;
+                w->g_feed[i] = po[i].token;
+                fs->tokens = &w->g_feed[i];
+                fs->n_tokens = 1;
+            }
+            memset(po, 0, n * sizeof *po);
         }
-        sp->last_step = w->n_steps;
-        for (uint32_t t = 0; t < sq->n_tokens; t++)
-            sampler_accept(sp->s, sq->tokens[t]);
-        if (!(sq->flags & PROTO_STEP_SAMPLE))
-            continue;
-        if (picked) {
-            o->token = w->g_ids[i];
-            o->logprob = w->g_lps[i];
-            n_picked++;
-            continue;
+        rc = step_pass(w, req, po, greedy);
+        if (rc) {
+            if (po != outs)
+                free(po);
+            free(outs);
+            proto_step_req_free(req);
+            return proto_seterr(err, errlen, rc, "forward step failed: %s", rkv_strerror(rc));
         }
-        o->n_top = sq->sampling.n_top_logprobs;
-        w->sjobs[n_sample++] =
-            (struct samp_job){sp->s, w->logits + (size_t)i * w->m->hp.n_vocab, o, {{0, 0}}};
+        int stop = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            stop |= po[i].status != 0 || po[i].token < 0;
+            if (k)
+                outs[i].more[outs[i].n_more++] = (struct proto_logprob){po[i].token, po[i].logprob};
+        }
+        if (k == 0 && po != outs)
+            memcpy(outs, po, n * sizeof *po);
+        if (stop)
+            break; /* a row without a token has nothing to feed the next step */
     }
-    uint64_t t_samp = rkv_now_ns();
-    sample_rows(w, n_sample);
-    w->st.sample_ns += rkv_now_ns() - t_samp;
-    w->st.rows += n_sample + n_picked;
-    w->st.picked += n_picked;
+    if (po != outs)
+        free(po);
     struct proto_step_resp resp = {req->epoch, n, outs};
     rc = proto_step_resp_encode(&resp, reply, err, errlen);
     free(outs);
     proto_step_req_free(req);
     *reply_type = PROTO_MSG_STEP_RESP;
-    if (w->n_steps % 4096 == 0)
+    if (w->n_steps - w->swept_at >= 4096) {
         sweep_samplers(w);
+        w->swept_at = w->n_steps;
+    }
     return rc;
 }
 
@@ -550,13 +609,14 @@ static void step_report(struct worker *w, uint64_t now)
     char bs[256];
     backend_stats(w->be, bs, sizeof bs);
     log_info(
-        "%llu steps in %.1f s (%.1f sampled rows, %.1f of them picked by the backend, %.1f "
-        "tokens each): forward %.3f ms, sampling %.3f ms, the rest of the step %.3f ms, between "
-        "steps %.3f ms (rkvd, kvmgr, ipc)%s%s",
-        (unsigned long long)t->steps, (double)(now - t->t_report) / 1e9, (double)t->rows / n,
-        (double)t->picked / n, (double)t->tokens / n, (double)t->fwd_ns / n / 1e6,
-        (double)t->sample_ns / n / 1e6, (double)(t->handle_ns - t->fwd_ns - t->sample_ns) / n / 1e6,
-        (double)t->gap_ns / n / 1e6, bs[0] ? "; " : "", bs);
+        "%llu steps in %.1f s (%.1f decode steps each, %.1f sampled rows, %.1f of them picked "
+        "by the backend, %.1f tokens each): forward %.3f ms, sampling %.3f ms, the rest of the "
+        "step %.3f ms, between steps %.3f ms (rkvd, kvmgr, ipc)%s%s",
+        (unsigned long long)t->steps, (double)(now - t->t_report) / 1e9, (double)t->passes / n,
+        (double)t->rows / n, (double)t->picked / n, (double)t->tokens / n,
+        (double)t->fwd_ns / n / 1e6, (double)t->sample_ns / n / 1e6,
+        (double)(t->handle_ns - t->fwd_ns - t->sample_ns) / n / 1e6, (double)t->gap_ns / n / 1e6,
+        bs[0] ? "; " : "", bs);
     *t = (struct step_times){.t_report = now, .t_last_end = t->t_last_end};
 }
 
@@ -617,12 +677,13 @@ static int load(struct worker *w)
     w->fseqs = calloc((size_t)w->c.max_seqs, sizeof *w->fseqs);
     w->sjobs = calloc((size_t)w->c.max_seqs, sizeof *w->sjobs);
     w->g_ids = calloc((size_t)w->c.max_seqs, sizeof *w->g_ids);
+    w->g_feed = calloc((size_t)w->c.max_seqs, sizeof *w->g_feed);
     w->g_lps = calloc((size_t)w->c.max_seqs, sizeof *w->g_lps);
     w->rows_sp = calloc((size_t)w->c.max_seqs, sizeof *w->rows_sp);
     w->rows_rc = calloc((size_t)w->c.max_seqs, sizeof *w->rows_rc);
     w->logits = backend_host_alloc(w->be, (size_t)w->c.max_seqs * w->m->hp.n_vocab * sizeof(float));
-    if (!w->fseqs || !w->sjobs || !w->logits || !w->g_ids || !w->g_lps || !w->rows_sp ||
-        !w->rows_rc) {
+    if (!w->fseqs || !w->sjobs || !w->logits || !w->g_ids || !w->g_feed || !w->g_lps ||
+        !w->rows_sp || !w->rows_rc) {
         log_error("out of host memory for %lld rows of %u logits", (long long)w->c.max_seqs,
                   w->m->hp.n_vocab);
         return RKV_ENOMEM;
@@ -719,6 +780,7 @@ int main(int argc, char **argv)
     free(w.fseqs);
     free(w.sjobs);
     free(w.g_ids);
+    free(w.g_feed);
     free(w.g_lps);
     free(w.rows_sp);
     free(w.rows_rc);

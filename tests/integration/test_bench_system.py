@@ -202,3 +202,24 @@ def test_divergence_tells_near_ties_from_real_changes():
     # a token the baseline did not list, or a shorter stream: no margin
     assert divergence(base, [base[0], base[1], ("z", -1, {})]) == (2, None)
     assert divergence(base, base[:2]) == (2, None)
+
+
+def test_burst_rate_counts_whole_steps():
+    """the ramp's per-stream rate: bursts of 8 tokens every 40 ms (runs of decode steps) read
+    200 tok/s wherever the window starts and ends, also inside a burst; one token every 0.52 s
+    reads 1/0.52 where counting tokens in a 3 s window reads 5 or 6 steps' worth"""
+    sys.path.insert(0, str(TOP / "tests" / "gpu"))
+    import bench_system  # noqa: E402 - the driver's module, imported from its folder
+
+    times, cum = [], []
+    for b in range(40):
+        for k in range(8):
+            times.append(b * 0.040 + k * 1e-5)
+            cum.append(b * 8 + k + 1)
+    for t0, t1 in [(0.0, 1.0), (0.0301, 0.80002), (0.04003, 1.5)]:
+        r = bench_system.burst_rate(times, cum, t0, t1)
+        assert r == pytest.approx(200.0, rel=1e-3), (t0, t1, r)
+    assert bench_system.burst_rate(times, cum, 0.0, 0.05) is None  # one burst end only
+    slow = [0.1 + 0.52 * k for k in range(20)]
+    r = bench_system.burst_rate(slow, list(range(1, 21)), 1.0, 4.0)
+    assert r == pytest.approx(1 / 0.52, rel=1e-6)
