@@ -489,6 +489,147 @@ static void test_attention(void)
             CHECK("attention setup", 0);
 }
 
+/* RKV_CUDA_ATTN_FIXED: the same kv content of each sequence placed four ways (all on the device,
+ * a random split, the older half on the host, all but the newest block on the host) gives the
+ * same attention output bit for bit, and agrees with the cpu backend */
+static void attn_fixed_identity(const struct attn_case *ac, int idx)
+{
+    struct kv_layout l;
+    kv_layout_init(&l, ac->B, ac->n_layer, ac->n_kv, ac->D, ac->dt);
+    uint32_t n_blk[6], total = 0, T = 0;
+    for (uint32_t s = 0; s < ac->n_seqs; s++) {
+        n_blk[s] = kv_blocks_for(&l, ac->n_past[s] + ac->n_tok[s]);
+        total += n_blk[s];
+        T += ac->n_tok[s];
+    }
+    const size_t bb = kv_block_bytes(&l);
+    /* the logical content: block i of the concatenated tables */
+    uint8_t *content = malloc(total * bb);
+    size_t n_el = total * bb / kv_dtype_size(ac->dt);
+    float *tmp = malloc(n_el * sizeof(float));
+    gu_fill(&rng, tmp, n_el, 1.0f);
+    cpu_store_kv(ac->dt, content, tmp, n_el);
+    free(tmp);
+    struct kv_pools gp = {{NULL, NULL}, {total, total}};
+    if (rkv_cuda_dev_alloc(0, total * bb, &gp.base[KV_DEVICE]) < 0) {
+        CHECK("fixed attention setup", 0);
+        free(content);
+        return;
+    }
+    gp.base[KV_HOST] = aligned_alloc(4096, (total * bb + 4095) & ~(size_t)4095);
+    struct kv_local *kl = NULL;
+    kv_local_init(&kl, &l, total, total);
+    const struct kv_pools *cp = kv_local_pools(kl);
+    memcpy(cp->base[KV_DEVICE], content, total * bb); /* the cpu reads everything on device */
+    int rc = backend_set_kv(gpu, &l, &gp) | backend_set_kv(cpu, &l, cp);
+    const uint32_t H = ac->n_kv * ac->g, qd = H * ac->D;
+    struct be_attn at = {H, ac->n_kv, ac->D, 1.0f / sqrtf((float)ac->D)};
+    struct pair q = pair_new(BE_F32, T, qd, 1.0f);
+    struct pair po[2], pm[2], pl[2];
+    for (int r = 0; r < 2; r++) {
+        po[r] = pair_new(BE_F32, T, qd, 1.0f);
+        pm[r] = pair_new(BE_F32, T, H, 1.0f);
+        pl[r] = pair_new(BE_F32, T, H, 1.0f);
+    }
+    struct kv_block_ref *tab = calloc(total, sizeof(*tab));
+    struct be_seq seqs[6];
+    int32_t *pos = calloc(T, sizeof(int32_t));
+    uint32_t *seq_of = calloc(T, sizeof(uint32_t));
+    float *first = malloc((size_t)T * qd * sizeof(float)), *got = malloc((size_t)T * qd * sizeof(float));
+    uint32_t layer = ac->n_layer - 1;
+    int same = 1, close_ = 1;
+    for (int way = 0; way < 4 && rc == 0; way++) {
+        uint32_t bi = 0, t = 0, next[2] = {0, 0};
+        int any_host = 0;
+        for (uint32_t s = 0; s < ac->n_seqs; s++) {
+            seqs[s] = (struct be_seq){t, ac->n_tok[s], ac->n_past[s], tab + bi, n_blk[s]};
+            for (uint32_t j = 0; j < n_blk[s]; j++, bi++) {
+                int r = way == 0   ? 0
+                        : way == 1 ? (int)gu_below(&rng, 2)
+                        : way == 2 ? j < n_blk[s] / 2
+                                   : j + 1 < n_blk[s];
+                any_host |= r;
+                tab[bi] = (struct kv_block_ref){next[r]++, (uint8_t)r};
+                /* the block's content goes where this placement puts it */
+                if (r)
+                    memcpy((uint8_t *)gp.base[KV_HOST] + tab[bi].index * bb, content + bi * bb, bb);
+                else
+                    rkv_cuda_copy((uint8_t *)gp.base[KV_DEVICE] + tab[bi].index * bb,
+                                  content + bi * bb, bb);
+            }
+            for (uint32_t i = 0; i < ac->n_tok[s]; i++, t++) {
+                pos[t] = (int32_t)(ac->n_past[s] + i);
+                seq_of[t] = s;
+            }
+        }
+        struct be_batch b = {seqs, ac->n_seqs, T, pos, seq_of};
+        struct be_partial od = {po[0].g, pm[0].g, pl[0].g}, oh = {po[1].g, pm[1].g, pl[1].g};
+        rc |= attn_partial_forward(gpu, &b, layer, KV_DEVICE, q.g, &at, &od);
+        if (any_host)
+            rc |= attn_partial_forward(gpu, &b, layer, KV_HOST, q.g, &at, &oh) |
+                  attn_merge_forward(gpu, &od, &oh, T, &at);
+        rc |= backend_sync(gpu) |
+              backend_tensor_get(gpu, po[0].g, way ? got : first, 0, (size_t)T * qd * sizeof(float));
+        if (way && memcmp(first, got, (size_t)T * qd * sizeof(float)) != 0) {
+            size_t i = 0;
+            while (i < (size_t)T * qd && first[i] == got[i])
+                i++;
+            printf("  FAIL fixed attention case %d, placement %d: element %zu %.9g vs %.9g\n", idx,
+                   way, i, first[i], got[i]);
+            same = 0;
+        }
+        if (way == 0) {
+            /* the cpu over the same blocks, all on its device pool */
+            for (uint32_t i = 0; i < total; i++)
+                tab[i] = (struct kv_block_ref){i, KV_DEVICE};
+            struct be_partial oc = {po[0].c, pm[0].c, pl[0].c};
+            rc |= attn_partial_forward(cpu, &b, layer, KV_DEVICE, q.c, &at, &oc);
+            float *want = (float *)po[0].c->data;
+            for (size_t i = 0; i < (size_t)T * qd; i++)
+                if (fabsf(first[i] - want[i]) > 2e-5f + 1e-4f * fabsf(want[i])) {
+                    printf("  FAIL fixed attention case %d: element %zu %.7g vs cpu %.7g\n", idx, i,
+                           first[i], want[i]);
+                    close_ = 0;
+                    break;
+                }
+        }
+    }
+    char name[96];
+    snprintf(name, sizeof(name), "fixed attention case %d: same output in 4 placements", idx);
+    CHECK(name, rc == 0 && same && close_);
+    if (rc == 0 && same && close_)
+        printf("  ok %s (%u tokens, %u blocks)\n", name, T, total);
+    for (int r = 0; r < 2; r++) {
+        pair_free(&po[r]);
+        pair_free(&pm[r]);
+        pair_free(&pl[r]);
+    }
+    pair_free(&q);
+    struct kv_pools none = {{NULL, NULL}, {0, 0}};
+    backend_set_kv(gpu, &l, &none);
+    rkv_cuda_dev_free(gp.base[KV_DEVICE]);
+    free(gp.base[KV_HOST]);
+    kv_local_free(kl);
+    free(content);
+    free(tab);
+    free(pos);
+    free(seq_of);
+    free(first);
+    free(got);
+}
+
+static void test_attention_fixed(void)
+{
+    static const struct attn_case cases[] = {
+        {16, 64, 2, 4, 2, KV_F16, 6, {0, 1, 15, 16, 17, 200}, {1, 1, 1, 1, 1, 1}, 0},
+        {256, 128, 8, 4, 1, KV_F16, 2, {1000, 4100}, {1, 1}, 0},
+        {32, 128, 2, 2, 1, KV_F32, 3, {5, 100, 300}, {1, 1, 1}, 0},
+        {16, 64, 2, 4, 2, KV_F16, 3, {0, 20, 100}, {37, 1, 70}, 0},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        attn_fixed_identity(&cases[i], (int)i);
+}
+
 /* the attention cases again on a backend built now, from the environment as the caller set it
  * (an a/b switch of the cuda backend); with stats, the backend's counter line after them */
 static void attention_with(const char *what, char *stats, size_t len)
@@ -589,6 +730,22 @@ int main(int argc, char **argv)
         setenv("RKV_CUDA_MERGE_IN_ATTN", "0", 1);
         attention_with("the splits merged by a separate kernel", NULL, 0);
         unsetenv("RKV_CUDA_MERGE_IN_ATTN");
+        /* placement-independent attention: the cases against the cpu, then the same kv placed
+         * four ways, bit for bit */
+        setenv("RKV_CUDA_ATTN_FIXED", "1", 1);
+        attention_with("one split per block, merged in position order", NULL, 0);
+        {
+            struct backend *fb = NULL, *save = gpu;
+            if (backend_init(&go, &fb, err, sizeof(err)) == 0) {
+                gpu = fb;
+                test_attention_fixed();
+                gpu = save;
+                backend_free(fb);
+            } else {
+                CHECK("fixed attention backend", 0);
+            }
+        }
+        unsetenv("RKV_CUDA_ATTN_FIXED");
     }
     if (model)
         gpu_model_tests(cpu, gpu, precise, &n_pass, &n_fail);

@@ -44,12 +44,50 @@ static int split_counters(struct cuda_ctx *c, int res, size_t n, cudaStream_t s)
     return 0;
 }
 
+/* the most bytes of per-block partials one residency may hold (RKV_CUDA_ATTN_FIXED): past it
+ * (long prefills) attention splits as usual */
+#define ATTN_FIXED_MAX_BYTES (512ull << 20)
+
+/* one split per kv block, partials kept for cu_attn_merge, and this residency's own result
+ * merged block by block: 1 when done so, 0 when the launch does not fit that mode */
+static int attn_fixed(struct cuda_ctx *c, const struct cuda_attn_args *a, int *rc)
+{
+    const struct cuda_meta *m = a->meta;
+    const struct be_attn *at = a->at;
+    uint32_t n_split = m->max_units[a->list] ? m->max_units[a->list] : 1;
+    size_t need = (size_t)n_split * m->n_tokens * at->n_head * (at->head_dim + 2) * sizeof(float);
+    if (m->n_pass > 1 || need > ATTN_FIXED_MAX_BYTES)
+        return 0;
+    *rc = cuda_scratch(c, &c->part[a->residency], &c->part_cap[a->residency], need);
+    if (*rc < 0)
+        return 1;
+    float *part = (float *)c->part[a->residency];
+    uint32_t ups = units_per_block(&c->layout), g = at->n_head / at->n_kv_head;
+    *rc = m->qt == 1 && g <= 16 ? cuda_attn_decode_launch(c, a, n_split, ups, part, NULL)
+                                : cuda_attn_prefill_launch(c, a, n_split, ups, part, NULL);
+    if (*rc == 0)
+        *rc = cuda_attn_merge_blocks(c, m, a->list, part, -1, NULL, at->n_head, at->head_dim,
+                                     a->o, a->m, a->l, a->s);
+    if (*rc == 0) {
+        c->fixed[a->residency].valid = 1;
+        c->fixed[a->residency].list = a->list;
+        c->fixed[a->residency].n_split = n_split;
+        c->fixed[a->residency].layer = a->layer;
+        c->fixed[a->residency].gen = m->gen;
+    }
+    return 1;
+}
+
 int cuda_attn(struct cuda_ctx *c, const struct cuda_attn_args *a)
 {
     const struct cuda_meta *m = a->meta;
     const struct be_attn *at = a->at;
+    c->fixed[a->residency].valid = 0;
     if (m->n_tokens == 0)
         return 0;
+    int frc = 0;
+    if (c->attn_fixed && attn_fixed(c, a, &frc))
+        return frc;
     uint32_t units = m->max_units[a->list] * units_per_block(&c->layout);
     uint32_t base = c->layout.n_kv_head * m->n_qtiles;
     uint32_t max_split = (units + 1) / 2; /* at least 2 chunk units (128 keys) per split */

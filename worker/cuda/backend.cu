@@ -722,6 +722,7 @@ static int cu_attn_partial(void *ctx, const struct be_batch *b, uint32_t layer,
                                (float *)out->l->data,
                                c->stream};
     if (residency == KV_DEVICE) {
+        c->fixed[KV_HOST].valid = 0; /* a new layer's pair of partials begins */
         /* host-block attention of the same layer may run beside this one:
          * it waits for what the stream held just before */
         CU_TRY(cudaEventRecord(c->ev_pre_attn, c->stream));
@@ -777,6 +778,19 @@ static int cu_attn_merge(void *ctx, const struct be_partial *a, const struct be_
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     op_begin(c);
+    const struct cuda_meta *m = &c->meta;
+    if (c->fixed[KV_DEVICE].valid && c->fixed[KV_HOST].valid && n == m->n_tokens &&
+        c->fixed[KV_DEVICE].gen == m->gen && c->fixed[KV_HOST].gen == m->gen &&
+        c->fixed[KV_DEVICE].layer == c->fixed[KV_HOST].layer) {
+        /* both partials left one split per block: merged again block by block over both,
+         * the numbers an all-device placement of the same blocks gives */
+        c->fixed[KV_DEVICE].valid = c->fixed[KV_HOST].valid = 0;
+        return cuda_attn_merge_blocks(c, m, c->fixed[KV_DEVICE].list,
+                                      (const float *)c->part[KV_DEVICE], c->fixed[KV_HOST].list,
+                                      (const float *)c->part[KV_HOST], at->n_head, at->head_dim,
+                                      (float *)a->o->data, (float *)a->m->data,
+                                      (float *)a->l->data, c->stream);
+    }
     return cuda_attn_merge(c, (float *)a->o->data, (float *)a->m->data, (float *)a->l->data,
                            (const float *)b->o->data, (const float *)b->m->data,
                            (const float *)b->l->data, n, at->n_head, at->head_dim, c->stream);
@@ -1054,6 +1068,7 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         c->fuse = cu_env_flag("RKV_CUDA_FUSE", 1);
         c->dec = cu_env_flag("RKV_CUDA_DEC", 1);
         c->merge_in_attn = cu_env_flag("RKV_CUDA_MERGE_IN_ATTN", 1);
+        c->attn_fixed = cu_env_flag("RKV_CUDA_ATTN_FIXED", 0);
         c->no_mma = cu_env_flag("RKV_CUDA_NO_MMA", 0);
         /* warps per weight row in the fused decode linears (for a/b runs) */
         const char *ke = getenv("RKV_CUDA_LIN_KS");

@@ -161,6 +161,15 @@ struct cuda_ctx {
     size_t lin_h_cap;
     int merge_in_attn; /* the last thread block of an attention launch merges its splits (env
                         * RKV_CUDA_MERGE_IN_ATTN=0: a separate merge kernel) */
+    /* placement-independent attention (env RKV_CUDA_ATTN_FIXED=1): one split per kv block, the
+     * splits merged in position order across both residencies, so a session's output does not
+     * depend on which of its blocks are on the host (cuda_attn, cu_attn_merge) */
+    int attn_fixed;
+    struct {
+        int valid, list; /* this residency's last launch left per-block partials of list */
+        uint32_t n_split, layer;
+        uint64_t gen; /* of the meta it ran over */
+    } fixed[KV_N_POOLS];
     int dec;        /* the packed decode attention kernel (env RKV_CUDA_DEC=0: the general one) */
     int fuse;       /* fused decode ops (env RKV_CUDA_FUSE=0 turns them off, for a/b checks) */
     int lin_ks;     /* warps per weight row of the fused linears, 1/2/4/8 (env RKV_CUDA_LIN_KS) */

@@ -110,6 +110,12 @@ int cuda_attn_decode_launch(struct cuda_ctx *c, const struct cuda_attn_args *a, 
                             uint32_t units_per_split, float *part, uint32_t *cnt);
 int cuda_attn_prefill_launch(struct cuda_ctx *c, const struct cuda_attn_args *a, uint32_t n_split,
                              uint32_t units_per_split, float *part, uint32_t *cnt);
+/* out (o, m, l) = lse-merge of the per-block partials two launches of one split per block left
+ * (list0 over part0, list1 over part1; list1 < 0: none), block by block in position order: the
+ * same numbers whichever list each block was in (RKV_CUDA_ATTN_FIXED) */
+int cuda_attn_merge_blocks(struct cuda_ctx *c, const struct cuda_meta *m, int list0,
+                           const float *part0, int list1, const float *part1, uint32_t n_head,
+                           uint32_t head_dim, float *o, float *ml, float *l, cudaStream_t s);
 /* out (o, m, l) = lse-merge of n_split partials part (n_split, n_tokens, n_head, head_dim + 2) */
 int cuda_attn_merge_splits(struct cuda_ctx *c, const float *part, uint32_t n_split,
                            uint32_t n_tokens, uint32_t n_head, uint32_t head_dim, float *o,
