@@ -159,6 +159,10 @@ def test_budget_change_keeps_the_outputs(bench):
     assert b["errors"] == [] and b["baseline_errors"] == []
     # the streams asked for their top two alternatives, so a divergence could be judged
     assert b["divergences"] == [None] * b["streams"] and b["diverged_at_near_ties"] == "0/0"
+    # two runs without the change agree (the cpu backend is deterministic), so every
+    # difference would be the change's
+    assert b["control_same_text"] == f"{b['streams']}/{b['streams']}"
+    assert b["same_text_where_control_agrees"] == f"{b['streams']}/{b['streams']}"
     assert b["same_text"] == f"{b['streams']}/{b['streams']}", (
         f"greedy text changed by the budget change at chars {b['diverged_at_char']} "
         f"(texts in {bench['_out'] / 'budget_texts.json'})")
@@ -180,6 +184,7 @@ def test_targets_are_judged(bench):
     assert bound and bound[0]["status"] == "SKIP" and "no ceiling" in bound[0]["detail"]
     assert names["budget change: no failed request"] == "PASS"
     assert names["budget change: outputs identical to the run without it"] == "PASS"
+    assert names["budget change: outputs identical where two runs without it agree"] == "PASS"
     assert [s for t, s in names.items() if "at a near tie" in t] == ["PASS"]
     hf = bench["hf_offloaded"]
     assert "skipped" in hf and "CUDA" in hf["skipped"]
