@@ -123,7 +123,7 @@ static const struct cfg_key keys[] = {
     {K("prep_ahead", CFG_BOOL, prep_ahead), .def = "true",
      .help = "ask kvmgr for the next decode step's block tables while a step runs"},
     {K("decode_steps", CFG_INT, decode_steps), .min = 1, .max = PROTO_MAX_DECODE_STEPS, .def = "8",
-     .help = "greedy decode steps a worker runs per request when nothing waits (1 = one)"},
+     .help = "decode steps a worker runs per request when nothing waits (1 = one)"},
     {K("decode_steps_ms", CFG_INT, decode_steps_ms), .min = 1, .max = 10000, .def = "50",
      .help = "longest such run in ms, at the last step's pace (bounds a newcomer's wait)"},
     {K("http_header_timeout", CFG_INT, http_header_timeout), .min = 1, .max = 3600, .def = "10",

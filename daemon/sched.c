@@ -679,7 +679,7 @@ static struct step_job *job_alloc(uint32_t n_seqs, size_t n_tokens, uint32_t n_c
 }
 
 /* how many decode steps job runs (sched_config.decode_steps): several only when every
- * sequence decodes one token greedily with room for them (its max_tokens and the context),
+ * sequence decodes one token, asks for no top alternatives, has room for them (its max_tokens and the context),
  * kvmgr knows it, and nothing waits to be admitted; at most decode_steps_ms at the pace of
  * the step before */
 static uint32_t decode_steps(const struct sched *s, const struct worker_slot *ws,
@@ -696,7 +696,7 @@ static uint32_t decode_steps(const struct sched *s, const struct worker_slot *ws
         const struct job_seq *js = &j->seqs[i];
         const struct seq *q = rkv_map_get(&s->by_sid, js->sid);
         if (!q || js->n_tokens != 1 || !js->sample || js->is_new || q->cancelled ||
-            !proto_sampling_greedy(&js->sp) || q->n_gen >= q->max_tokens)
+            js->sp.n_top_logprobs || q->n_gen >= q->max_tokens)
             return 1;
         /* the tokens it may still take, the last one alone (that step's prep tells kvmgr
          * the ids the steps before it picked, so their blocks become shareable), and the

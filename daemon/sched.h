@@ -38,9 +38,10 @@ struct sched_config {
     uint32_t max_sessions;     /* named sessions remembered */
     uint32_t max_retries;      /* attempts of a failed step before its requests fail */
     const char *model_name;    /* for metrics labels */
-    /* a step of decoding sequences that all sample greedily, with nothing waiting, runs up to
-     * decode_steps decode steps in one request to the worker (each feeding the token the one
-     * before picked), at most decode_steps_ms long at the last step's pace; 0 or 1: one */
+    /* a step of decoding sequences that ask for no top alternatives, with nothing waiting,
+     * runs up to decode_steps decode steps in one request to the worker (each feeding the
+     * token the one before sampled), at most decode_steps_ms long at the last step's pace; 0
+     * or 1: one */
     uint32_t decode_steps;
     uint32_t decode_steps_ms;
 };

@@ -532,13 +532,6 @@ void proto_step_req_free(struct proto_step_req *m)
     free(m);
 }
 
-int proto_sampling_greedy(const struct proto_sampling *sp)
-{
-    return (sp->temperature == 0.0f || sp->top_k == 1) && sp->n_top_logprobs == 0 &&
-           (sp->repetition_penalty == 1.0f || sp->repetition_penalty == 0.0f) &&
-           sp->presence_penalty == 0.0f && sp->frequency_penalty == 0.0f;
-}
-
 /* --- STEP_RESP -------------------------------------------------------------------- */
 
 int proto_step_resp_encode(const struct proto_step_resp *m, struct proto_wbuf *w, char *err,

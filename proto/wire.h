@@ -78,11 +78,6 @@ struct proto_sampling {
     uint8_t n_top_logprobs;
 };
 
-/* 1 when a sampler with these settings always takes the most likely token and reports no
- * alternatives: such rows may run several decode steps per STEP_REQ (the worker decides
- * from its sampler, with the same rule) */
-int proto_sampling_greedy(const struct proto_sampling *sp);
-
 /* one sequence of a step. wire: u64 session_id, u32 n_past, u32 n_tokens,
  * i32 tokens[n_tokens], u32 n_blocks, block refs, sampling, u8 flags,
  * u32 n_history, i32 history[n_history], u32 n_drawn */
@@ -110,10 +105,10 @@ struct proto_step_req {
     uint32_t n_close;            /* <= PROTO_MAX_SEQS: sessions that ended (free their state) */
     uint64_t *close;             /* (n_close,) */
     /* decode steps to run, 1..PROTO_MAX_DECODE_STEPS (the encoder sends 0 as 1). with more
-     * than one, every sequence samples and every sampler is plain greedy: the worker feeds
-     * each step's picked token to the next, so each sequence's blocks cover n_past +
-     * n_tokens + n_steps - 1 positions; a worker that cannot (a sampler that is not plain
-     * greedy) runs fewer, and says how many in each output */
+     * than one, every sequence samples and none asks for top alternatives: the worker feeds
+     * each step's sampled token to the next, so each sequence's blocks cover n_past +
+     * n_tokens + n_steps - 1 positions; a worker that cannot runs fewer, and says how many
+     * in each output */
     uint8_t n_steps;
 };
 

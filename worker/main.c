@@ -532,10 +532,15 @@ static int do_step(struct worker *w, const struct proto_in *in, struct proto_wbu
         if (sq->flags & PROTO_STEP_SAMPLE)
             greedy &= w->rows_sp[i] && sampler_plain_greedy(w->rows_sp[i]->s);
     }
-    /* several decode steps: each feeds the tokens the one before picked, so every row must
-     * sample greedily and its blocks must cover the positions the later steps write; else
-     * fewer (rkvd reads how many from each output's n_more) */
-    uint32_t n_steps = greedy && all_sample ? req->n_steps : 1;
+    /* several decode steps: each feeds the tokens the one before picked (by the backend or by
+     * the row's sampler, whose draws go on in order), so every row must sample, none may ask
+     * for top alternatives (later steps answer a token and its logprob), and its blocks must
+     * cover the positions the later steps write; else fewer (rkvd reads how many from each
+     * output's n_more) */
+    uint32_t n_steps = all_sample ? req->n_steps : 1;
+    for (uint32_t i = 0; i < n && n_steps > 1; i++)
+        if (req->seqs[i].sampling.n_top_logprobs)
+            n_steps = 1;
     for (uint32_t i = 0; i < n && n_steps > 1; i++) {
         const struct proto_step_seq *sq = &req->seqs[i];
         uint64_t room = (uint64_t)sq->n_blocks * w->layout.block_size,

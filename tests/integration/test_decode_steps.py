@@ -1,9 +1,9 @@
-"""decode_steps: when every running sequence decodes greedily and nothing waits, one request
-to the worker runs several decode steps (each feeding the token the one before picked), so the
-round trip through rkvd, kvmgr and the IPC is paid once per several tokens. The text, the
-log-probabilities, stop strings, max_tokens and sessions must come out exactly as with one step
-per request, the steps must really run, and the ids the later steps picked must reach kvmgr
-(the blocks they fill become shareable by prefix)."""
+"""decode_steps: when every running sequence decodes without asking for top alternatives and
+nothing waits, one request to the worker runs several decode steps (each feeding the token the
+one before sampled), so the round trip through rkvd, kvmgr and the IPC is paid once per several
+tokens. The text, the log-probabilities, stop strings, max_tokens, seeded sampling and sessions
+must come out exactly as with one step per request, the steps must really run, and the ids the
+later steps picked must reach kvmgr (the blocks they fill become shareable by prefix)."""
 import concurrent.futures as cf
 
 import pytest
@@ -81,19 +81,30 @@ def test_same_output_as_one_step_per_request(rkvd_factory):
     assert got_many[6][1:3] == ("length", 1) and got_many[7][1:3] == ("length", 2)
 
 
-def test_sampled_requests_take_one_step(rkvd_factory):
-    """a request that samples (temperature > 0) or asks for alternatives keeps one step per
-    request, and so does everything batched with it"""
-    srv = rkvd_factory("--block-size", str(BLOCK))
-    r = client(srv).completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=20,
-                                       temperature=0.8, seed=7,
-                                       extra_body={"ignore_eos": True})
+def sampled(srv, prompt, n, **kw):
+    r = client(srv).completions.create(model="tiny", prompt=prompt, max_tokens=n,
+                                       extra_body={"ignore_eos": True}, **kw)
+    return r.choices[0].text, r.usage.completion_tokens
+
+
+def test_sampled_requests_run_several_steps_with_the_same_draws(rkvd_factory):
+    """a seeded request that samples (temperature, top_p, a penalty) runs several steps per
+    request too, the sampler's draws in the same order: the same text as one step per request.
+    A request that asks for top alternatives keeps one step per request"""
+    one = rkvd_factory("--block-size", str(BLOCK), "--decode-steps", "1")
+    many = rkvd_factory("--block-size", str(BLOCK))
+    kinds = [dict(temperature=0.8, seed=7), dict(temperature=1.2, top_p=0.9, seed=11),
+             dict(temperature=0.7, seed=3, presence_penalty=0.5)]
+    for i, kw in enumerate(kinds):
+        a, b = sampled(many, PROMPTS[i], 37, **kw), sampled(one, PROMPTS[i], 37, **kw)
+        assert a == b, f"sampling {kw}: {a!r} vs {b!r}"
+    assert many.metric("rkv:decode_steps_extra_total") >= 0.5 * 3 * 37
+    before = many.metric("rkv:decode_steps_extra_total")
+    r = client(many).completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=20,
+                                        temperature=0, logprobs=2,
+                                        extra_body={"ignore_eos": True})
     assert r.usage.completion_tokens == 20
-    r = client(srv).completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=20,
-                                       temperature=0, logprobs=2,
-                                       extra_body={"ignore_eos": True})
-    assert r.usage.completion_tokens == 20
-    assert srv.metric("rkv:decode_steps_extra_total") == 0
+    assert many.metric("rkv:decode_steps_extra_total") == before
 
 
 def test_tokens_of_later_steps_stay_shareable(rkvd_factory, ref):
