@@ -685,6 +685,7 @@ static struct step_job *job_alloc(uint32_t n_seqs, size_t n_tokens, uint32_t n_c
 static uint32_t decode_steps(const struct sched *s, const struct worker_slot *ws,
                              const struct step_job *j)
 {
+    /* j->seqs[i] was built from ws->picks[i] */
     uint32_t k = s->cfg.decode_steps;
     if (k <= 1 || !j->n_seqs || s->waiting.n)
         return 1;
@@ -694,8 +695,8 @@ static uint32_t decode_steps(const struct sched *s, const struct worker_slot *ws
     }
     for (uint32_t i = 0; i < j->n_seqs && k > 1; i++) {
         const struct job_seq *js = &j->seqs[i];
-        const struct seq *q = rkv_map_get(&s->by_sid, js->sid);
-        if (!q || js->n_tokens != 1 || !js->sample || js->is_new || q->cancelled ||
+        const struct seq *q = rkv_vec_at(&ws->picks, struct pick, i)->q;
+        if (js->n_tokens != 1 || !js->sample || js->is_new || q->cancelled ||
             js->sp.n_top_logprobs || q->n_gen >= q->max_tokens)
             return 1;
         /* the tokens it may still take, the last one alone (that step's prep tells kvmgr

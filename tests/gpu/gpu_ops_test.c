@@ -351,16 +351,67 @@ struct attn_case {
     int placement; /* 0 all device, 1 all host, 2 random */
 };
 
+/* a case's layout, its blocks per sequence, and all its blocks and tokens */
+static void attn_case_size(const struct attn_case *ac, struct kv_layout *l, uint32_t *n_blk,
+                           uint32_t *total, uint32_t *T)
+{
+    kv_layout_init(l, ac->B, ac->n_layer, ac->n_kv, ac->D, ac->dt);
+    *total = *T = 0;
+    for (uint32_t s = 0; s < ac->n_seqs; s++) {
+        n_blk[s] = kv_blocks_for(l, ac->n_past[s] + ac->n_tok[s]);
+        *total += n_blk[s];
+        *T += ac->n_tok[s];
+    }
+}
+
+/* the gpu's pools of total blocks each: the device pool in device memory, the host pool in host
+ * memory the backend registers */
+static int gpu_pools_new(struct kv_pools *gp, uint32_t total, size_t bb)
+{
+    *gp = (struct kv_pools){{NULL, NULL}, {total, total}};
+    if (rkv_cuda_dev_alloc(0, total * bb, &gp->base[KV_DEVICE]) < 0)
+        return -1;
+    gp->base[KV_HOST] = aligned_alloc(4096, (total * bb + 4095) & ~(size_t)4095);
+    return 0;
+}
+
+/* detaches the pools from the gpu backend, then frees them */
+static void gpu_pools_free(struct kv_pools *gp, const struct kv_layout *l)
+{
+    struct kv_pools none = {{NULL, NULL}, {0, 0}};
+    backend_set_kv(gpu, l, &none);
+    rkv_cuda_dev_free(gp->base[KV_DEVICE]);
+    free(gp->base[KV_HOST]);
+}
+
+/* (o, m, l) of the device [0] and host [1] partials, T tokens, H heads of qd / H dims */
+struct attn_outs {
+    struct pair o[2], m[2], l[2];
+};
+
+static void attn_outs_new(struct attn_outs *x, uint32_t T, uint32_t qd, uint32_t H)
+{
+    for (int r = 0; r < 2; r++) {
+        x->o[r] = pair_new(BE_F32, T, qd, 1.0f);
+        x->m[r] = pair_new(BE_F32, T, H, 1.0f);
+        x->l[r] = pair_new(BE_F32, T, H, 1.0f);
+    }
+}
+
+static void attn_outs_free(struct attn_outs *x)
+{
+    for (int r = 0; r < 2; r++) {
+        pair_free(&x->o[r]);
+        pair_free(&x->m[r]);
+        pair_free(&x->l[r]);
+    }
+}
+
 static int attn_run(const struct attn_case *ac, int idx)
 {
     struct kv_layout l;
-    kv_layout_init(&l, ac->B, ac->n_layer, ac->n_kv, ac->D, ac->dt);
-    uint32_t n_blk_seq[6], total = 0, T = 0;
-    for (uint32_t s = 0; s < ac->n_seqs; s++) {
-        n_blk_seq[s] = kv_blocks_for(&l, ac->n_past[s] + ac->n_tok[s]);
-        total += n_blk_seq[s];
-        T += ac->n_tok[s];
-    }
+    uint32_t n_blk_seq[6], total, T;
+    attn_case_size(ac, &l, n_blk_seq, &total, &T);
     /* cpu pools: plain memory; gpu: device pool in device memory, host pool
      * a separate host copy the backend registers */
     const size_t bb = kv_block_bytes(&l);
@@ -368,10 +419,9 @@ static int attn_run(const struct attn_case *ac, int idx)
     if (kv_local_init(&kl, &l, total, total) < 0)
         return -1;
     const struct kv_pools *cp = kv_local_pools(kl);
-    struct kv_pools gp = {{NULL, NULL}, {total, total}};
-    if (rkv_cuda_dev_alloc(0, total * bb, &gp.base[KV_DEVICE]) < 0)
+    struct kv_pools gp;
+    if (gpu_pools_new(&gp, total, bb) < 0)
         return -1;
-    gp.base[KV_HOST] = aligned_alloc(4096, (total * bb + 4095) & ~(size_t)4095);
     /* random kv contents in the element type */
     size_t n_el = total * bb / kv_dtype_size(ac->dt);
     float *tmp = malloc(n_el * sizeof(float));
@@ -405,12 +455,9 @@ static int attn_run(const struct attn_case *ac, int idx)
     struct be_attn at = {H, ac->n_kv, ac->D, 1.0f / sqrtf((float)ac->D)};
     struct pair q = pair_new(BE_F32, T, qd, 1.0f), k = pair_new(BE_F32, T, kvd, 1.0f),
                 v = pair_new(BE_F32, T, kvd, 1.0f);
-    struct pair po[2], pm[2], pl[2];
-    for (int r = 0; r < 2; r++) {
-        po[r] = pair_new(BE_F32, T, qd, 1.0f);
-        pm[r] = pair_new(BE_F32, T, H, 1.0f);
-        pl[r] = pair_new(BE_F32, T, H, 1.0f);
-    }
+    struct attn_outs ao;
+    attn_outs_new(&ao, T, qd, H);
+    struct pair *po = ao.o, *pm = ao.m, *pl = ao.l;
     char name[160];
     snprintf(name, sizeof(name), "attn case %d: B=%u D=%u kv=%u g=%u %s %s", idx, ac->B, ac->D,
              ac->n_kv, ac->g, ac->dt == KV_F16 ? "f16" : "f32",
@@ -443,19 +490,11 @@ static int attn_run(const struct attn_case *ac, int idx)
     CHECK(name, rc == 0 && bad == 0);
     if (rc == 0 && bad == 0)
         printf("  ok %s (%u tokens, %u blocks)\n", name, T, total);
-    for (int r = 0; r < 2; r++) {
-        pair_free(&po[r]);
-        pair_free(&pm[r]);
-        pair_free(&pl[r]);
-    }
+    attn_outs_free(&ao);
     pair_free(&q);
     pair_free(&k);
     pair_free(&v);
-    /* detach the pools before freeing them */
-    struct kv_pools none = {{NULL, NULL}, {0, 0}};
-    backend_set_kv(gpu, &l, &none);
-    rkv_cuda_dev_free(gp.base[KV_DEVICE]);
-    free(gp.base[KV_HOST]);
+    gpu_pools_free(&gp, &l);
     kv_local_free(kl);
     free(tables);
     free(pos);
@@ -495,13 +534,8 @@ static void test_attention(void)
 static void attn_fixed_identity(const struct attn_case *ac, int idx)
 {
     struct kv_layout l;
-    kv_layout_init(&l, ac->B, ac->n_layer, ac->n_kv, ac->D, ac->dt);
-    uint32_t n_blk[6], total = 0, T = 0;
-    for (uint32_t s = 0; s < ac->n_seqs; s++) {
-        n_blk[s] = kv_blocks_for(&l, ac->n_past[s] + ac->n_tok[s]);
-        total += n_blk[s];
-        T += ac->n_tok[s];
-    }
+    uint32_t n_blk[6], total, T;
+    attn_case_size(ac, &l, n_blk, &total, &T);
     const size_t bb = kv_block_bytes(&l);
     /* the logical content: block i of the concatenated tables */
     uint8_t *content = malloc(total * bb);
@@ -510,13 +544,12 @@ static void attn_fixed_identity(const struct attn_case *ac, int idx)
     gu_fill(&rng, tmp, n_el, 1.0f);
     cpu_store_kv(ac->dt, content, tmp, n_el);
     free(tmp);
-    struct kv_pools gp = {{NULL, NULL}, {total, total}};
-    if (rkv_cuda_dev_alloc(0, total * bb, &gp.base[KV_DEVICE]) < 0) {
+    struct kv_pools gp;
+    if (gpu_pools_new(&gp, total, bb) < 0) {
         CHECK("fixed attention setup", 0);
         free(content);
         return;
     }
-    gp.base[KV_HOST] = aligned_alloc(4096, (total * bb + 4095) & ~(size_t)4095);
     struct kv_local *kl = NULL;
     kv_local_init(&kl, &l, total, total);
     const struct kv_pools *cp = kv_local_pools(kl);
@@ -525,12 +558,9 @@ static void attn_fixed_identity(const struct attn_case *ac, int idx)
     const uint32_t H = ac->n_kv * ac->g, qd = H * ac->D;
     struct be_attn at = {H, ac->n_kv, ac->D, 1.0f / sqrtf((float)ac->D)};
     struct pair q = pair_new(BE_F32, T, qd, 1.0f);
-    struct pair po[2], pm[2], pl[2];
-    for (int r = 0; r < 2; r++) {
-        po[r] = pair_new(BE_F32, T, qd, 1.0f);
-        pm[r] = pair_new(BE_F32, T, H, 1.0f);
-        pl[r] = pair_new(BE_F32, T, H, 1.0f);
-    }
+    struct attn_outs ao;
+    attn_outs_new(&ao, T, qd, H);
+    struct pair *po = ao.o, *pm = ao.m, *pl = ao.l;
     struct kv_block_ref *tab = calloc(total, sizeof(*tab));
     struct be_seq seqs[6];
     int32_t *pos = calloc(T, sizeof(int32_t));
@@ -599,16 +629,9 @@ static void attn_fixed_identity(const struct attn_case *ac, int idx)
     CHECK(name, rc == 0 && same && close_);
     if (rc == 0 && same && close_)
         printf("  ok %s (%u tokens, %u blocks)\n", name, T, total);
-    for (int r = 0; r < 2; r++) {
-        pair_free(&po[r]);
-        pair_free(&pm[r]);
-        pair_free(&pl[r]);
-    }
+    attn_outs_free(&ao);
     pair_free(&q);
-    struct kv_pools none = {{NULL, NULL}, {0, 0}};
-    backend_set_kv(gpu, &l, &none);
-    rkv_cuda_dev_free(gp.base[KV_DEVICE]);
-    free(gp.base[KV_HOST]);
+    gpu_pools_free(&gp, &l);
     kv_local_free(kl);
     free(content);
     free(tab);

@@ -44,6 +44,15 @@ static int split_counters(struct cuda_ctx *c, int res, size_t n, cudaStream_t s)
     return 0;
 }
 
+/* the launch of the kernel shape for the batch: few query rows per kv head (decode) or tiles */
+static int attn_launch_shape(struct cuda_ctx *c, const struct cuda_attn_args *a, uint32_t n_split,
+                             uint32_t ups, float *part, uint32_t *cnt)
+{
+    uint32_t g = a->at->n_head / a->at->n_kv_head;
+    return a->meta->qt == 1 && g <= 16 ? cuda_attn_decode_launch(c, a, n_split, ups, part, cnt)
+                                       : cuda_attn_prefill_launch(c, a, n_split, ups, part, cnt);
+}
+
 /* the most bytes of per-block partials one residency may hold (RKV_CUDA_ATTN_FIXED): past it
  * (long prefills) attention splits as usual */
 #define ATTN_FIXED_MAX_BYTES (512ull << 20)
@@ -62,9 +71,7 @@ static int attn_fixed(struct cuda_ctx *c, const struct cuda_attn_args *a, int *r
     if (*rc < 0)
         return 1;
     float *part = (float *)c->part[a->residency];
-    uint32_t ups = units_per_block(&c->layout), g = at->n_head / at->n_kv_head;
-    *rc = m->qt == 1 && g <= 16 ? cuda_attn_decode_launch(c, a, n_split, ups, part, NULL)
-                                : cuda_attn_prefill_launch(c, a, n_split, ups, part, NULL);
+    *rc = attn_launch_shape(c, a, n_split, units_per_block(&c->layout), part, NULL);
     if (*rc == 0)
         *rc = cuda_attn_merge_blocks(c, m, a->list, part, -1, NULL, at->n_head, at->head_dim,
                                      a->o, a->m, a->l, a->s);
@@ -118,10 +125,7 @@ int cuda_attn(struct cuda_ctx *c, const struct cuda_attn_args *a)
             return rc;
         cnt = (uint32_t *)c->cnt[a->residency];
     }
-    if (m->qt == 1 && g <= 16)
-        rc = cuda_attn_decode_launch(c, a, n_split, ups, part, cnt);
-    else
-        rc = cuda_attn_prefill_launch(c, a, n_split, ups, part, cnt);
+    rc = attn_launch_shape(c, a, n_split, ups, part, cnt);
     if (rc < 0 || cnt)
         return rc;
     return cuda_attn_merge_splits(c, part, n_split, m->n_tokens, at->n_head, at->head_dim, a->o,
