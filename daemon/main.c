@@ -53,6 +53,7 @@ struct rkvd_conf {
     int64_t shutdown_timeout;
     int64_t step_timeout;
     int prep_ahead;
+    int deterministic;
     int64_t decode_steps, decode_steps_ms;
     int64_t http_header_timeout;
     int log_level;
@@ -120,6 +121,9 @@ static const struct cfg_key keys[] = {
      .help = "seconds streams may run on after SIGTERM"},
     {K("step_timeout", CFG_INT, step_timeout), .min = 1, .max = 3600, .def = "120",
      .help = "seconds one step may take before the worker counts as hung"},
+    {K("deterministic", CFG_BOOL, deterministic), .def = "false",
+     .help = "batch-invariant kernels in the workers: the same request gives the same tokens "
+             "whatever else runs and wherever its KV lives (slower on cuda)"},
     {K("prep_ahead", CFG_BOOL, prep_ahead), .def = "true",
      .help = "ask kvmgr for the next decode step's block tables while a step runs"},
     {K("decode_steps", CFG_INT, decode_steps), .min = 1, .max = PROTO_MAX_DECODE_STEPS, .def = "8",
@@ -682,6 +686,7 @@ static int spawn_children(struct rkvd *d, char *err, size_t errlen)
                          "--max-batch-tokens", mbt,
                          "--max-seqs", ms, "--kv-dtype", (char *)kv_dtypes[d->c.kv_dtype],
                          "--block-size", bs,
+                         "--deterministic", d->c.deterministic ? "true" : "false",
                          "--log-level", (char *)rkv_log_level_names[d->c.log_level], NULL};
         struct sup_child_spec ws = {name, wargv, 5, 60000, 100, 5000};
         if ((rc = sup_add(d->sup, &ws, &d->workers[w]))) {

@@ -165,6 +165,11 @@ struct backend_opts {
     const char *kind;   /* "auto" | "cpu" | "cuda"; NULL = auto */
     uint32_t n_threads; /* cpu threads; 0 = online cpus */
     int gpu;            /* cuda device ordinal */
+    /* batch-invariant numbers: a sequence's logits do not depend on the other sequences of its
+     * step, where its blocks live or whether a token was prefilled or decoded (cuda: one split
+     * per kv block, one linear kernel for every token count, slower; the cpu backend is so
+     * always) */
+    int deterministic;
 };
 
 /* picks and starts a backend. auto: cuda when built with RKV_CUDA and a gpu

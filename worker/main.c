@@ -53,6 +53,7 @@ struct worker_conf {
     int64_t block_size;
     int kv_dtype;
     int measure_rates;
+    int deterministic;
     int log_level;
 };
 
@@ -86,6 +87,9 @@ static const struct cfg_key keys[] = {
     {K("kv_dtype", CFG_ENUM, kv_dtype), .names = kv_dtypes, .def = "f32", .help = "kv cache type"},
     {K("measure_rates", CFG_BOOL, measure_rates), .def = "true",
      .help = "time kv attention and moves at start-up for the planner (false: report 0)"},
+    {K("deterministic", CFG_BOOL, deterministic), .def = "false",
+     .help = "batch-invariant kernels: a sequence's tokens do not depend on what else runs "
+             "(slower on cuda; the cpu backend is always so)"},
     {K("log_level", CFG_ENUM, log_level), .names = rkv_log_level_names, .def = "info",
      .help = "log level"},
 };
@@ -668,7 +672,7 @@ static int load(struct worker *w)
         return rc;
     }
     struct backend_opts bo = {backends[w->c.backend], (uint32_t)w->c.threads,
-                              w->c.gpu < 0 ? 0 : (int)w->c.gpu};
+                              w->c.gpu < 0 ? 0 : (int)w->c.gpu, w->c.deterministic};
     if ((rc = backend_init(&bo, &w->be, err, sizeof err))) {
         log_error("%s", err);
         return rc;
@@ -678,6 +682,11 @@ static int load(struct worker *w)
         return rc;
     }
     w->on_gpu = strcmp(backend_name(w->be), "cuda") == 0;
+    if (w->c.deterministic)
+        log_info("deterministic: batch-invariant kernels%s",
+                 w->on_gpu ? " (one attention split per kv block, one linear kernel per token "
+                             "count; slower than the default)"
+                           : " (the cpu backend's default)");
     w->gpu = w->c.gpu < 0 ? 0 : (uint32_t)w->c.gpu;
     w->fseqs = calloc((size_t)w->c.max_seqs, sizeof *w->fseqs);
     w->sjobs = calloc((size_t)w->c.max_seqs, sizeof *w->sjobs);

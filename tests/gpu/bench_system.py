@@ -1004,6 +1004,21 @@ def bench_hf(a, shape):
 
 # --- 4. budget change under load ----------------------------------------------------------------
 
+
+def budget_server(a, shape, full, host):
+    """bench_budget on an rkvd started with --deterministic (then stopped)"""
+    bsrv = Server(a, "budget", full, host, extra=("--deterministic", "true"))
+    try:
+        t = time.monotonic()
+        bsrv.start(min(240, left(a)))
+        res = bench_budget(a, bsrv, shape, full)
+        if isinstance(res, dict):
+            res.update(deterministic=True, server_startup_s=rnd(time.monotonic() - t, 1))
+        return res
+    finally:
+        if bsrv.proc:
+            bsrv.stop()
+
 NEAR_TIE = 0.02  # nats: the baseline's top two closer than this are a tie float order can flip
 
 
@@ -1276,6 +1291,9 @@ def parse_args(argv):
     ap.add_argument("--budget-tokens", type=int, help="(192; quick 1500)")
     ap.add_argument("--budget-ctx", type=int, help="prompt of each stream (--ctx; quick 2048): "
                     "the prompt's KV must outweigh the decoded tokens' for halving to bite")
+    ap.add_argument("--budget-nondeterministic", dest="budget_deterministic",
+                    action="store_false", help="run the budget part on the main server (default: "
+                    "one of its own started with --deterministic true)")
     ap.add_argument("--gpu-bench", help="gpu_bench binary (default BIN/gpu_bench)")
     ap.add_argument("--gpu-bench-timeout", type=float, default=90)
     ap.add_argument("--no-hf", dest="hf", action="store_false")
@@ -1397,8 +1415,9 @@ def run_all(a):
                      a.budget_ctx + a.budget_tokens, spill_tok) + 2 * a.block_size
     # the ramp's KV room holds fit_sessions sessions of ctx + a turn
     room_ramp = a.fit_sessions * -(-(a.ctx + a.turn_tokens) // a.block_size) * a.block_size * bpt
-    if not {"http", "ramp", "spill", "budget"} & a.parts:
-        a.parts.add("none")
+    on_main = {"http", "ramp", "spill"} | (set() if a.budget_deterministic else {"budget"})
+    if not on_main & a.parts:
+        a.parts.add("none")  # no part runs on the main server
     srv = Server(a, "server", full, host)
     ref = []
     try:
@@ -1441,7 +1460,7 @@ def run_all(a):
                 note(f"ramp: skipped, {left(a):.0f} s left of the deadline and it wants more "
                      f"than {2 * a.reserve_s:.0f} (raise --deadline / DEADLINE)")
             for part, fn in (("spill", bench_spill), ("budget", bench_budget)):
-                if part not in a.parts:
+                if part not in a.parts or (part == "budget" and a.budget_deterministic):
                     continue
                 if left(a) > a.reserve_s * 2:
                     RES[part] = guard(part, fn, a, srv, shape, full)
@@ -1454,6 +1473,14 @@ def run_all(a):
     finally:
         if srv.proc:
             RES.setdefault("server", {})["exit"] = srv.stop()
+    if "budget" in a.parts and a.budget_deterministic:
+        # a server of its own with batch-invariant kernels: what a stream computes must not
+        # depend on the other streams of its steps (which the budget change reshuffles)
+        if left(a) > a.reserve_s * 2:
+            RES["budget"] = guard("budget", budget_server, a, shape, full, host)
+        else:
+            note(f"budget: skipped, {left(a):.0f} s left of the deadline and it wants more than "
+                 f"{2 * a.reserve_s:.0f} (raise --deadline / DEADLINE)")
     if RES.get("http"):
         guard("http engine", http_engine_refs, a, shape, RES["http"])
     if (RES.get("ramp") or {}).get("phases"):

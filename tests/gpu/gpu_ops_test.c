@@ -679,7 +679,7 @@ static void attention_with(const char *what, char *stats, size_t len)
 }
 
 int gpu_model_tests(struct backend *cpu_be, struct backend *gpu_be, struct backend *precise,
-                    int *pass, int *fail);
+                    struct backend *det, int *pass, int *fail);
 
 int main(int argc, char **argv)
 {
@@ -770,8 +770,14 @@ int main(int argc, char **argv)
         }
         unsetenv("RKV_CUDA_ATTN_FIXED");
     }
-    if (model)
-        gpu_model_tests(cpu, gpu, precise, &n_pass, &n_fail);
+    if (model) {
+        struct backend_opts dopt = {"cuda", 0, 0, 1};
+        struct backend *det = NULL;
+        if (backend_init(&dopt, &det, err, sizeof(err)) < 0)
+            det = NULL;
+        gpu_model_tests(cpu, gpu, precise, det, &n_pass, &n_fail);
+        backend_free(det);
+    }
     backend_free(precise);
     backend_free(gpu);
     backend_free(cpu);

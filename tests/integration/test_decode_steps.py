@@ -137,3 +137,19 @@ def test_tables_asked_ahead_serve_the_next_run(rkvd_factory):
     used = srv.metric("rkv:kv_prep_ahead_steps_total")
     assert runs >= 10 and used >= 0.6 * runs, f"{used} runs used tables asked ahead of ~{runs}"
     assert off.metric("rkv:kv_prep_ahead_steps_total") == 0
+
+
+def test_deterministic_flag_reaches_the_worker_and_outputs_hold(rkvd_factory):
+    """--deterministic true reaches the worker (its log says so) and a request's tokens are the
+    same alone, crowded by other streams, and after its prompt went through the prefix cache
+    (the cpu backend is batch-invariant either way; make gpu-test checks the cuda kernels bit for
+    bit)"""
+    srv = rkvd_factory("--block-size", str(BLOCK), "--deterministic", "true")
+    assert "deterministic: batch-invariant kernels" in srv.log()
+    alone = run(srv, PROMPTS[3], 40, logprobs=True)
+    with cf.ThreadPoolExecutor(len(PROMPTS)) as ex:
+        futs = [ex.submit(run, srv, p, 40, None, True) for p in PROMPTS]
+        crowded = [f.result() for f in futs]
+    assert crowded[3][:3] == alone[:3]
+    assert crowded[3][3] == alone[3]  # the same log-probabilities, bit for bit
+    assert run(srv, PROMPTS[3], 40, logprobs=True) == alone  # the prompt is cached by now

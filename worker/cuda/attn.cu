@@ -14,14 +14,15 @@ static uint32_t units_per_block(const struct kv_layout *l)
  * its blocks' chunk units plus one for the prologue and the partial's write.
  * a grid of 1.74 waves left a quarter of the gpu idle in the last one (32k:
  * 86 splits x 8 heads on 396 slots). ties: fewer splits */
-static uint32_t attn_pick_split(uint32_t units, uint32_t base, uint32_t slots, uint32_t max_split)
+static uint32_t attn_pick_split(uint32_t units, uint32_t base, uint32_t slots, uint32_t max_split,
+                                uint32_t fixed_cost)
 {
     uint32_t best = 1;
     uint64_t best_cost = UINT64_MAX;
     for (uint32_t n = 1; n <= max_split; n++) {
         uint32_t ups = (units + n - 1) / n, n_eff = (units + ups - 1) / ups;
         uint64_t waves = ((uint64_t)n_eff * base + slots - 1) / slots;
-        uint64_t cost = waves * (ups + 1);
+        uint64_t cost = waves * (ups + fixed_cost);
         if (cost < best_cost) {
             best_cost = cost;
             best = n_eff;
@@ -101,7 +102,7 @@ int cuda_attn(struct cuda_ctx *c, const struct cuda_attn_args *a)
     uint32_t g = at->n_head / at->n_kv_head;
     uint32_t n_split, slots = (uint32_t)cuda_attn_decode_slots(c, m->qt, g);
     if (slots)
-        n_split = attn_pick_split(units, base, slots, max_split);
+        n_split = attn_pick_split(units, base, slots, max_split, c->split_cost);
     else {
         /* two waves of ~3 thread blocks per SM (the split merge is parallel over splits) */
         n_split = (6 * (uint32_t)c->n_sm + base - 1) / base;

@@ -26,6 +26,10 @@ struct attn_kargs {
      * merges after the launch */
     uint32_t *cnt;    /* (n_qtiles, n_kv_head) thread blocks done, back to 0 after each launch */
     uint32_t smem_f;  /* floats of the launch's dynamic shared memory */
+    /* attn_dec_kernel: >= 1 queues the keys the kernel before cannot be writing (positions
+     * before the sequence's first new token) ahead of griddepcontrol.wait; >= 2 also lets the
+     * next launch start at once */
+    uint32_t early;
     float *o, *m, *l; /* (n_tokens, n_head*D) normalized, (n_tokens, n_head) x2 */
 };
 
@@ -766,12 +770,40 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_dec_kernel(struct attn_karg
     __half *ks = (__half *)smem;   /* (2, CH, DP) */
     __half *vs = ks + 2 * CH * DP; /* (2, CH, DP) */
 
-    cuda_grid_wait(); /* q and the newest keys come from the kernels before */
+    /* before the wait: what the step's upload holds (tiles, block lists, positions) and the
+     * first two key chunks when no kernel of this step writes them (every chunk key before the
+     * sequence's first new token). The kernels before rewrite only q and the new keys */
     const struct cuda_qtile qt = a.qtiles[blockIdx.z];
     const struct cuda_seq_meta sq = a.seqs[qt.seq];
     const uint32_t kvh = blockIdx.x, split = blockIdx.y, g = a.g;
     const uint32_t tok = sq.tok_off + qt.t0;
     const int pos = a.pos[tok];
+    const long long first_new = min((long long)sq.n_past, (long long)a.pos[sq.tok_off]);
+    const attn_src<__half, CH> src(a, sq, kvh, split, pos, DP);
+    long long kp_a = src.start(src.u0), kp_b = kp_a >= 0 ? src.start(src.u0 + 1) : -1;
+    const bool pre_a = a.early && kp_a >= 0 && kp_a + CH <= first_new;
+    const bool pre_b = pre_a && kp_b >= 0 && kp_b + CH <= first_new;
+    if (pre_a) {
+        src.load(src.u0, ks, vs);
+        attn_commit();
+    }
+    if (pre_b) {
+        src.load(src.u0 + 1, ks + CH * DP, vs + CH * DP);
+        attn_commit();
+    }
+    if (a.early >= 2)
+        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    cuda_grid_wait(); /* q and the newest keys come from the kernels before */
+    if (!pre_a) {
+        if (kp_a >= 0)
+            src.load(src.u0, ks, vs);
+        attn_commit();
+    }
+    if (!pre_b) {
+        if (kp_b >= 0)
+            src.load(src.u0 + 1, ks + CH * DP, vs + CH * DP);
+        attn_commit();
+    }
 
     /* a fragments of q: a0/a2 row gq (q), a1/a3 row gq + 8 (residual) */
     uint32_t fq[KS][4];
@@ -791,8 +823,6 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_dec_kernel(struct attn_karg
             attn_split2(x2, x3, fq[k][2], fq[k][3]);
         }
     }
-    const attn_src<__half, CH> src(a, sq, kvh, split, pos, DP);
-
     float m_r = -INFINITY, l_r = 0.0f;
     float acc[ND][4];
 #pragma unroll
@@ -801,10 +831,13 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_dec_kernel(struct attn_karg
         for (int e = 0; e < 4; e++)
             acc[j][e] = 0.0f;
 
-    long long kp_cur = src.first(ks, vs);
+    /* two stages: chunk u computes from stage u % 2 while chunk u + 1 lands in the other, and
+     * chunk u + 2 is queued into stage u % 2 once every warp is done reading it */
     int stage = 0;
-    for (uint32_t u = src.u0; kp_cur >= 0; u++) {
-        long long kp_next = src.next(u, stage, ks, vs);
+    for (uint32_t u = src.u0; kp_a >= 0; u++) {
+        attn_wait<1>();
+        __syncthreads();
+        const long long kp_cur = kp_a;
         const uint32_t nk = src.keys(u, kp_cur), kw = warp * 16;
         const __half *kd = ks + stage * CH * DP;
         __half *vd = vs + stage * CH * DP;
@@ -890,8 +923,14 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_dec_kernel(struct attn_karg
                 }
             }
         }
+        const long long kp_c = kp_b >= 0 ? src.start(u + 2) : -1;
+        __syncthreads(); /* the stage is free */
+        if (kp_c >= 0)
+            src.load(u + 2, ks + stage * CH * DP, vs + stage * CH * DP);
+        attn_commit();
+        kp_a = kp_b;
+        kp_b = kp_c;
         stage ^= 1;
-        kp_cur = kp_next;
     }
     attn_wait<0>();
     __syncthreads(); /* the stages are reused for the merge */
@@ -1070,6 +1109,7 @@ static inline struct attn_kargs attn_kargs_of(struct cuda_ctx *c, const struct c
     k.part = part;
     k.cnt = cnt;
     k.smem_f = 0;
+    k.early = c->early;
     k.o = a->o;
     k.m = a->m;
     k.l = a->l;

@@ -723,12 +723,14 @@ static int cu_attn_partial(void *ctx, const struct be_batch *b, uint32_t layer,
                                c->stream};
     if (residency == KV_DEVICE) {
         c->fixed[KV_HOST].valid = 0; /* a new layer's pair of partials begins */
-        /* host-block attention of the same layer may run beside this one:
-         * it waits for what the stream held just before */
-        CU_TRY(cudaEventRecord(c->ev_pre_attn, c->stream));
-        rc = cuda_attn(c, &a);
-        c->last_was_dev_attn = 1;
-        return rc;
+        /* host-block attention of the same layer may run beside this one: it waits for what
+         * the stream held just before. Without host blocks no event comes between the kv write
+         * and attention (so attention's prologue overlaps it); a host call after all records it
+         * itself */
+        c->last_was_dev_attn = c->meta.max_units[KV_HOST] > 0;
+        if (c->last_was_dev_attn)
+            CU_TRY(cudaEventRecord(c->ev_pre_attn, c->stream));
+        return cuda_attn(c, &a);
     }
     /* host blocks on the side stream, overlapping device attention; the
      * stream joins at its next op */
@@ -1082,6 +1084,19 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         }
         c->lin_stream = cu_env_flag("RKV_CUDA_LIN_STREAM", 1);
         c->pdl = cu_env_flag("RKV_CUDA_PDL", 1);
+        /* 2 measured 0.61 of the hbm bound at 4k against 0.76 off (H200): the o linear's
+         * persistent blocks, placed beside attention's, doubled up on some SMs */
+        c->early = (int)rkv_env_u64("RKV_CUDA_EARLY", 1, 0, 2);
+        c->split_cost = (uint32_t)rkv_env_u64("RKV_CUDA_SPLIT_COST", 1, 0, 64);
+        /* env RKV_CUDA_DETERMINISTIC=1: the same for programs without the option (gpu_bench) */
+        c->deterministic = o->deterministic || cu_env_flag("RKV_CUDA_DETERMINISTIC", 0);
+        if (c->deterministic) {
+            /* one split per kv block merged in block order, decode on the prefill kernel's
+             * arithmetic, one linear kernel for every token count */
+            c->attn_fixed = 1;
+            c->dec = 0;
+            c->lin_stream = 0;
+        }
         /* streamed linears: 32 KiB stages (16 KiB: 0.56 of hbm on gate/up, 32: 0.89), a ring
          * under half an SM's shared memory, so the next launch's block fits beside this one */
         c->ls_stage = cu_env_kb("RKV_CUDA_LS_STAGE_KB", 32, 4, 64) << 10;

@@ -177,6 +177,15 @@ struct cuda_ctx {
                      * RKV_CUDA_LIN_STREAM=0: the register kernel) */
     int pdl;        /* streamed linears launched with programmatic serialization: the next one
                      * prefetches its weights while this one ends (env RKV_CUDA_PDL=0: off) */
+    int early;      /* 1: rope/kv write lets decode attention start at once, and attention
+                     * queues the keys no kernel of the step writes before it waits; 2: attention
+                     * lets the o linear start at once too (env RKV_CUDA_EARLY, 0 off) */
+    uint32_t split_cost; /* chunk units one attention thread block costs beyond its own (its
+                          * prologue, partial and merge) when the key split is picked (env
+                          * RKV_CUDA_SPLIT_COST, default 1) */
+    /* batch-invariant kernels (backend_opts.deterministic): each row's numbers do not depend on
+     * the other rows of the step, the placement of its blocks or prefill against decode */
+    int deterministic;
     int cc_major;   /* compute capability */
     uint32_t ls_stage, ls_ring; /* streamed linears: bytes per stage (target) and of the ring
                                  * (env RKV_CUDA_LS_STAGE_KB, RKV_CUDA_LS_RING_KB) */

@@ -153,14 +153,15 @@ static void gemv_typed(struct cuda_ctx *c, float *out, const float *in, const st
 {
     dim3 grid((w->rows + GEMV_WARPS - 1) / GEMV_WARPS);
     const W *wp = (const W *)w->data;
-    /* token counts rounded up to 1, 2, 4, 8 instantiations */
-    if (n == 1)
+    /* token counts rounded up to 1, 2, 4, 8 instantiations (deterministic: always 8) */
+    const uint32_t nt = c->deterministic ? 8 : n;
+    if (nt == 1)
         gemv_kernel<W, 1>
             <<<grid, GEMV_WARPS * 32, 0, c->stream>>>(wp, in, w->cols, out, w->rows, bias, n);
-    else if (n == 2)
+    else if (nt == 2)
         gemv_kernel<W, 2>
             <<<grid, GEMV_WARPS * 32, 0, c->stream>>>(wp, in, w->cols, out, w->rows, bias, n);
-    else if (n <= 4)
+    else if (nt <= 4)
         gemv_kernel<W, 4>
             <<<grid, GEMV_WARPS * 32, 0, c->stream>>>(wp, in, w->cols, out, w->rows, bias, n);
     else
@@ -186,13 +187,14 @@ int cuda_gemv(struct cuda_ctx *c, float *out, const float *in, const struct be_t
     case BE_BF16: gemv_typed<__nv_bfloat16>(c, out, in, w, bias, n); break;
     case BE_Q8_0: {
         const uint8_t *wp = (const uint8_t *)w->data;
-        if (n == 1)
+        const uint32_t nt = c->deterministic ? 8 : n;
+        if (nt == 1)
             gemv_q8_0_kernel<1><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(
                 wp, w->row_bytes, in, w->cols, out, w->rows, bias, n);
-        else if (n == 2)
+        else if (nt == 2)
             gemv_q8_0_kernel<2><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(
                 wp, w->row_bytes, in, w->cols, out, w->rows, bias, n);
-        else if (n <= 4)
+        else if (nt <= 4)
             gemv_q8_0_kernel<4><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(
                 wp, w->row_bytes, in, w->cols, out, w->rows, bias, n);
         else

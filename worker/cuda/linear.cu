@@ -255,6 +255,9 @@ static int lin_run(struct cuda_ctx *c, const lin_kargs &a)
 template <typename W, int MODE, bool NORM>
 static int lin_launch_nt(struct cuda_ctx *c, const lin_kargs &a)
 {
+    if constexpr (!NORM)
+        if (c->deterministic)
+            return lin_run<W, 8, MODE, false>(c, a); /* one instantiation for every count */
     /* token counts rounded up to 1, 2, 4, 8 instantiations; the norm is folded
      * in for 1 or 2 tokens only (each warp sums the squares of x itself) */
     if (a.n == 1)
@@ -278,17 +281,67 @@ static int lin_launch(struct cuda_ctx *c, const lin_kargs &a, int mode, bool nor
                 : lin_launch_nt<W, BE_LIN_SET, false>(c, a);
 }
 
+/* deterministic: the norm as its own pass, then the 8-token kernel over every 8 tokens, so
+ * each token's numbers are the same in a step of 1 or of 500 tokens */
+static int linear_chunked(struct cuda_ctx *c, const struct be_linear *l, uint32_t n)
+{
+    const uint32_t n_in = l->in->cols;
+    const float *x = (const float *)l->in->data;
+    if (l->norm_w) {
+        int rc = cuda_scratch(c, &c->lin_h, &c->lin_h_cap, (size_t)n * n_in * sizeof(float));
+        if (rc == 0)
+            rc = cuda_rmsnorm(c, (float *)c->lin_h, x, (const float *)l->norm_w->data, n, n_in,
+                              l->eps);
+        if (rc < 0)
+            return rc;
+        x = (const float *)c->lin_h;
+    }
+    lin_kargs a = {};
+    uint32_t rows = 0;
+    for (uint32_t i = 0; i < l->n_w; i++) {
+        a.w[i] = l->w[i]->data;
+        a.bias[i] = l->bias[i] ? (const float *)l->bias[i]->data : NULL;
+        a.n_out[i] = l->w[i]->rows;
+        rows += l->w[i]->rows;
+        a.end[i] = rows;
+    }
+    a.n_tasks = l->mode == BE_LIN_SWIGLU ? l->w[0]->rows : rows;
+    a.n_in = n_in;
+    a.eps = l->eps;
+    for (uint32_t t0 = 0; t0 < n; t0 += CUDA_GEMV_MAX_N) {
+        a.n = n - t0 < CUDA_GEMV_MAX_N ? n - t0 : CUDA_GEMV_MAX_N;
+        a.x = x + (size_t)t0 * n_in;
+        for (uint32_t i = 0; i < l->n_w; i++) {
+            float *o =
+                l->mode == BE_LIN_SWIGLU ? (float *)l->out[0]->data : (float *)l->out[i]->data;
+            a.out[i] = o + (size_t)t0 * a.n_out[l->mode == BE_LIN_SWIGLU ? 0 : i];
+        }
+        int rc;
+        switch (l->w[0]->type) {
+        case BE_F32: rc = lin_launch<float>(c, a, l->mode, false); break;
+        case BE_F16: rc = lin_launch<__half>(c, a, l->mode, false); break;
+        default: rc = lin_launch<__nv_bfloat16>(c, a, l->mode, false); break;
+        }
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
 int cuda_linear(struct cuda_ctx *c, const struct be_linear *l, uint32_t n)
 {
     if (n == 0)
         return 0;
     const enum be_type t = l->w[0]->type;
     const uint32_t n_in = l->in->cols;
-    if (n > CUDA_GEMV_MAX_N || (t != BE_F32 && t != BE_F16 && t != BE_BF16) || n_in % 8)
+    if ((n > CUDA_GEMV_MAX_N && !c->deterministic) ||
+        (t != BE_F32 && t != BE_F16 && t != BE_BF16) || n_in % 8)
         return 1; /* prefill (cublas), q8_0 and odd widths: composed of the plain ops */
     for (uint32_t i = 1; i < l->n_w; i++)
         if (l->w[i]->type != t)
             return 1;
+    if (c->deterministic)
+        return linear_chunked(c, l, n);
     int rc = cuda_linear_stream(c, l, n);
     if (rc != 1)
         return rc;

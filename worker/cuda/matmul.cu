@@ -40,6 +40,17 @@ int cuda_matmul(struct cuda_ctx *c, float *out, const float *in, const struct be
         return 0;
     if (n <= CUDA_GEMV_MAX_N)
         return cuda_gemv(c, out, in, w, bias, n);
+    if (c->deterministic) {
+        /* the decode kernel over every 8 tokens: a token's numbers do not depend on the batch */
+        for (uint32_t t0 = 0; t0 < n; t0 += CUDA_GEMV_MAX_N) {
+            uint32_t k = n - t0 < CUDA_GEMV_MAX_N ? n - t0 : CUDA_GEMV_MAX_N;
+            int rc =
+                cuda_gemv(c, out + (size_t)t0 * w->rows, in + (size_t)t0 * w->cols, w, bias, k);
+            if (rc < 0)
+                return rc;
+        }
+        return 0;
+    }
     const uint32_t n_in = w->cols, n_out = w->rows;
     int rc = 0;
     switch (w->type) {

@@ -1,0 +1,28 @@
+#!/bin/sh
+# device-ab.sh - gpu_bench decode suite (--quick) once per variant of the RKV_CUDA_* switches,
+# in one device call, for an a/b of kernel choices measured in the same run:
+#   here:  scripts/bench-system.sh --pack .benchpack build/bs
+#   there: sh scripts/device-ab.sh .benchpack $OUT default RKV_CUDA_EARLY=0 RKV_CUDA_SPLIT_COST=2
+# a variant is "default" or VAR=VALUE[,VAR=VALUE...]; each writes OUT/ab-N.json and .txt, and
+# OUT/ab.txt lists every variant's decode lines side by side in call order.
+set -u
+PACK=${1:?usage: scripts/device-ab.sh PACK OUT VARIANT...}
+OUT=${2:?usage: scripts/device-ab.sh PACK OUT VARIANT...}
+shift 2
+mkdir -p "$OUT"
+# shellcheck source=scripts/pack-lib.sh
+. "$(dirname "$0")/pack-lib.sh"
+pack_env "$PACK" "$OUT" 8 >/dev/null || { echo "device-ab: cannot run from $PACK" >&2; exit 1; }
+SUITE=${SUITE:-decode}
+i=0
+for v; do
+    i=$((i + 1))
+    envs=""
+    [ "$v" = default ] || envs=$(echo "$v" | tr ',' ' ')
+    echo "== variant $i: $v ($(date +%T))" | tee -a "$OUT/ab.txt"
+    # shellcheck disable=SC2086 # envs is a list of VAR=VALUE words
+    timeout "${AB_TIMEOUT:-150}" env $envs "$PACK/bin/gpu_bench" --suite "$SUITE" --quick \
+        --json "$OUT/ab-$i.json" >"$OUT/ab-$i.txt" 2>&1
+    echo "rc=$?" >>"$OUT/ab-$i.txt"
+    grep -E "decode|rc=" "$OUT/ab-$i.txt" | sed 's/  */ /g' | tee -a "$OUT/ab.txt"
+done
