@@ -159,9 +159,6 @@ struct backend_i {
      * return of 1: not provided */
     int (*greedy)(void *ctx, const struct be_tensor *logits, uint32_t n, int32_t *ids,
                   float *logprobs);
-    /* optional: a hint that w is read soon (the layer's output projection, while attention
-     * runs): the backend may pull it into a cache; NULL: nothing */
-    void (*prefetch)(void *ctx, const struct be_tensor *w);
 };
 
 struct backend_opts {
@@ -233,8 +230,6 @@ int linear_forward(struct backend *be, const struct be_linear *l, uint32_t n);
 /* the backend's greedy op (1 when it has none) */
 int greedy_forward(struct backend *be, const struct be_tensor *logits, uint32_t n, int32_t *ids,
                    float *logprobs);
-/* the prefetch hint (nothing when the backend has none) */
-void prefetch_forward(struct backend *be, const struct be_tensor *w);
 int rope_kv_write_forward(struct backend *be, const struct be_batch *b, uint32_t layer,
                           struct be_tensor *q, struct be_tensor *k, const struct be_tensor *v,
                           const struct be_attn *a, const struct be_rope *r);

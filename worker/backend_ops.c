@@ -191,12 +191,6 @@ int linear_forward(struct backend *be, const struct be_linear *l, uint32_t n)
     return be->iface->linear(be->ctx, l, n);
 }
 
-void prefetch_forward(struct backend *be, const struct be_tensor *w)
-{
-    if (be->iface->prefetch && w)
-        be->iface->prefetch(be->ctx, w);
-}
-
 int rope_kv_write_forward(struct backend *be, const struct be_batch *b, uint32_t layer,
                           struct be_tensor *q, struct be_tensor *k, const struct be_tensor *v,
                           const struct be_attn *a, const struct be_rope *r)

@@ -225,7 +225,6 @@ static int fwd_run(struct fwd *f, const struct fwd_seq *seqs, uint32_t n_seqs, i
                                       {L->bq, L->bk, L->bv},
                                       {f->q, f->k, f->v}};
         RUN(fwd_linear(f, &qkv, T));
-        prefetch_forward(be, L->wo); /* read once attention is done */
         if ((rc = rope_kv_write_forward(be, &b, l, f->q, f->k, f->v, &at, &rope)) == 1) {
             RUN(rope_forward(be, f->q, &b, hp->n_head, hp->head_dim, &rope));
             RUN(rope_forward(be, f->k, &b, hp->n_kv_head, hp->head_dim, &rope));

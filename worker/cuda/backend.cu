@@ -849,24 +849,9 @@ static int cu_rope_kv_write(void *ctx, const struct be_batch *b, uint32_t layer,
     if (at->n_kv_head != c->layout.n_kv_head || at->head_dim != c->layout.head_dim)
         return RKV_EINVAL;
     int rc = meta_ensure(c, b, at->n_head / at->n_kv_head);
-    if (rc == 0 && b->n_tokens > CUDA_GEMV_MAX_N)
-        c->pf_ptr = NULL; /* a prefill's linears are compute bound */
-    rc = rc < 0 ? rc
-                : cuda_rope_kv_write(c, &c->meta, layer, (float *)q->data, (float *)k->data,
-                                     (const float *)v->data, at->n_head, r);
-    c->pf_ptr = NULL;
-    return rc;
-}
-
-/* the next rope/kv write of a decode step (it runs beside the q/k/v linear and before attention,
- * both short of hbm bandwidth) queues w's bytes into L2, up to l2_prefetch, so the o linear after
- * attention reads them from there */
-static void cu_prefetch(void *ctx, const struct be_tensor *w)
-{
-    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    size_t bytes = be_type_size(w->type, (size_t)w->rows * w->cols);
-    c->pf_ptr = c->l2_prefetch ? w->data : NULL;
-    c->pf_bytes = bytes < c->l2_prefetch ? bytes : c->l2_prefetch;
+    return rc < 0 ? rc
+                  : cuda_rope_kv_write(c, &c->meta, layer, (float *)q->data, (float *)k->data,
+                                       (const float *)v->data, at->n_head, r);
 }
 
 static size_t cu_scratch_reserve(void *ctx)
@@ -1004,7 +989,7 @@ static const struct backend_i cuda_iface = {
     cu_set_kv,     cu_embed,        cu_rmsnorm,     cu_matmul,        cu_rope,
     cu_kv_write,   cu_attn_partial, cu_attn_merge,  cu_silu_mul,      cu_add,
     cu_get_rows,   cu_sync,         cu_linear,      cu_rope_kv_write, cu_scratch_reserve,
-    cu_host_alloc, cu_host_free,    cu_stats,       cu_greedy,        cu_prefetch,
+    cu_host_alloc, cu_host_free,    cu_stats,       cu_greedy,
 };
 
 /* a size in KiB, and a 0/1 switch, from the environment (common/util's reading: def when
@@ -1102,10 +1087,6 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         /* 2 measured 0.61 of the hbm bound at 4k against 0.76 off (H200): the o linear's
          * persistent blocks, placed beside attention's, doubled up on some SMs */
         c->early = (int)rkv_env_u64("RKV_CUDA_EARLY", 1, 0, 2);
-        /* the prefetch hint's cap: 3/4 of L2 (env RKV_CUDA_L2_PREFETCH_MB, 0 off) */
-        c->l2_prefetch = (size_t)rkv_env_u64("RKV_CUDA_L2_PREFETCH_MB",
-                                             (uint64_t)p.l2CacheSize * 3 / 4 >> 20, 0, 1 << 16)
-                         << 20;
         c->split_cost = (uint32_t)rkv_env_u64("RKV_CUDA_SPLIT_COST", 1, 0, 64);
         /* env RKV_CUDA_DETERMINISTIC=1: the same for programs without the option (gpu_bench) */
         c->deterministic = o->deterministic || cu_env_flag("RKV_CUDA_DETERMINISTIC", 0);

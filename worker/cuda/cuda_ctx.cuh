@@ -186,9 +186,6 @@ struct cuda_ctx {
     /* batch-invariant kernels (backend_opts.deterministic): each row's numbers do not depend on
      * the other rows of the step, the placement of its blocks or prefill against decode */
     int deterministic;
-    size_t l2_prefetch;         /* most bytes of a prefetch hint queued into L2 */
-    const void *pf_ptr;         /* the pending hint (cu_prefetch), taken by the next kv write */
-    size_t pf_bytes;
     int cc_major;   /* compute capability */
     uint32_t ls_stage, ls_ring; /* streamed linears: bytes per stage (target) and of the ring
                                  * (env RKV_CUDA_LS_STAGE_KB, RKV_CUDA_LS_RING_KB) */

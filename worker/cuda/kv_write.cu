@@ -61,27 +61,13 @@ __global__ void rope_kv_write_kernel(char *pool0, char *pool1, size_t block_byte
                                      size_t v_off, uint32_t B, uint32_t n_kv_head,
                                      uint32_t head_dim, const int32_t *pos, const uint32_t *slot,
                                      float *q, float *k, const float *v, uint32_t n_head,
-                                     uint32_t n_rot, float base, float scale, int neox, int early,
-                                     const char *pf, size_t pf_bytes)
+                                     uint32_t n_rot, float base, float scale, int neox, int early)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     /* the attention after this may start its prologue (it waits for this grid before it reads
      * q or the new keys) */
     if (early)
         asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    /* the prefetch hint (weights: no kernel writes them): the first token's blocks queue a slice
-     * each into L2, 64 KiB a bulk prefetch, one per lane */
-    if (pf && blockIdx.y == 0 && threadIdx.x < 32) {
-        const size_t per = (pf_bytes / gridDim.x + 15) & ~(size_t)15;
-        const size_t beg = (size_t)blockIdx.x * per;
-        const size_t end = beg + per < pf_bytes ? beg + per : pf_bytes;
-        for (size_t o = beg + (size_t)threadIdx.x * 65536; o < end; o += 32 * 65536) {
-            const uint32_t n = (uint32_t)((end - o < 65536 ? end - o : 65536) & ~(size_t)15);
-            if (n)
-                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(pf + o), "r"(n)
-                             : "memory");
-        }
-    }
 #endif
     const uint32_t t = blockIdx.y, half = n_rot / 2, hd2 = head_dim / 2;
     const uint32_t n_q = n_head * half, item = blockIdx.x * blockDim.x + threadIdx.x;
@@ -144,7 +130,6 @@ int cuda_rope_kv_write(struct cuda_ctx *c, const struct cuda_meta *m, uint32_t l
     auto fn = l->dtype == KV_F16 ? rope_kv_write_kernel<__half> : rope_kv_write_kernel<float>;
     CU_TRY(cuda_launch_pdl(c, fn, grid, dim3(128), 0, c->stream, c->pool[0], c->pool[1], bb, ko, vo,
                            l->block_size, l->n_kv_head, l->head_dim, m->d_pos, m->d_slot, q, k, v,
-                           n_head, r->n_rot, r->freq_base, r->freq_scale, r->neox, c->early,
-                           (const char *)c->pf_ptr, c->pf_bytes));
+                           n_head, r->n_rot, r->freq_base, r->freq_scale, r->neox, c->early));
     return 0;
 }
