@@ -687,6 +687,10 @@ static int spawn_children(struct rkvd *d, char *err, size_t errlen)
                          "--max-seqs", ms, "--kv-dtype", (char *)kv_dtypes[d->c.kv_dtype],
                          "--block-size", bs,
                          "--deterministic", d->c.deterministic ? "true" : "false",
+                         /* mode cpu_tail: kvmgr plans CPU_TAIL and the cpu attends; window:
+                          * the gpu streams; auto: both apply the same rule to the rates */
+                         "--host-attn",
+                         d->c.mode == 3 ? "cpu" : d->c.mode == 0 ? "auto" : "gpu",
                          "--log-level", (char *)rkv_log_level_names[d->c.log_level], NULL};
         struct sup_child_spec ws = {name, wargv, 5, 60000, 100, 5000};
         if ((rc = sup_add(d->sup, &ws, &d->workers[w]))) {

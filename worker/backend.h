@@ -159,6 +159,10 @@ struct backend_i {
      * return of 1: not provided */
     int (*greedy)(void *ctx, const struct be_tensor *logits, uint32_t n, int32_t *ids,
                   float *logprobs);
+    /* optional: on 1, attn_partial over host blocks runs on cpu threads over the host pool
+     * (the CPU_TAIL tactic) while the device attends its own blocks; 0 reads them on the
+     * device. NULL or a return of 1: not provided */
+    int (*host_attn_cpu)(void *ctx, int on);
 };
 
 struct backend_opts {
@@ -230,6 +234,8 @@ int linear_forward(struct backend *be, const struct be_linear *l, uint32_t n);
 /* the backend's greedy op (1 when it has none) */
 int greedy_forward(struct backend *be, const struct be_tensor *logits, uint32_t n, int32_t *ids,
                    float *logprobs);
+/* the backend's host_attn_cpu switch: 0 set, 1 when the backend has none, < 0 an error */
+int backend_host_attn_cpu(struct backend *be, int on);
 int rope_kv_write_forward(struct backend *be, const struct be_batch *b, uint32_t layer,
                           struct be_tensor *q, struct be_tensor *k, const struct be_tensor *v,
                           const struct be_attn *a, const struct be_rope *r);

@@ -191,6 +191,11 @@ int linear_forward(struct backend *be, const struct be_linear *l, uint32_t n)
     return be->iface->linear(be->ctx, l, n);
 }
 
+int backend_host_attn_cpu(struct backend *be, int on)
+{
+    return be->iface->host_attn_cpu ? be->iface->host_attn_cpu(be->ctx, on) : 1;
+}
+
 int rope_kv_write_forward(struct backend *be, const struct be_batch *b, uint32_t layer,
                           struct be_tensor *q, struct be_tensor *k, const struct be_tensor *v,
                           const struct be_attn *a, const struct be_rope *r)

@@ -54,11 +54,13 @@ struct worker_conf {
     int kv_dtype;
     int measure_rates;
     int deterministic;
+    int host_attn;
     int log_level;
 };
 
 static const char *const backends[] = {"auto", "cpu", "cuda", NULL};
 static const char *const kv_dtypes[] = {"f32", "f16", NULL};
+static const char *const host_attns[] = {"auto", "gpu", "cpu", NULL};
 
 #define K(n, t, f) n, t, offsetof(struct worker_conf, f)
 /* sampling threads at most, and the logits (rows x vocab) below which a
@@ -87,6 +89,10 @@ static const struct cfg_key keys[] = {
     {K("kv_dtype", CFG_ENUM, kv_dtype), .names = kv_dtypes, .def = "f32", .help = "kv cache type"},
     {K("measure_rates", CFG_BOOL, measure_rates), .def = "true",
      .help = "time kv attention and moves at start-up for the planner (false: report 0)"},
+    {K("host_attn", CFG_ENUM, host_attn), .names = host_attns, .def = "auto",
+     .help = "who attends a spilled session's host blocks on a gpu worker: the gpu over pcie, or "
+             "cpu threads over the host pool (CPU_TAIL); auto: the cpu where its measured rate "
+             "beats the link's, as kvmgr's planner decides"},
     {K("deterministic", CFG_BOOL, deterministic), .def = "false",
      .help = "batch-invariant kernels: a sequence's tokens do not depend on what else runs "
              "(slower on cuda; the cpu backend is always so)"},
@@ -202,6 +208,28 @@ static int map_device_pool(struct worker *w, const char *url, size_t bytes)
 }
 
 /* HELLO to kvmgr, map its pools, build the forward state, report rates */
+/* where a spilled session's host blocks are attended on a gpu worker: the rule kvmgr's planner
+ * applies to the rates this worker reported (CPU_TAIL when the cpu attends faster than host
+ * blocks reach the gpu), or what --host-attn forces */
+static void apply_host_attn(struct worker *w)
+{
+    if (!w->on_gpu)
+        return;
+    double streamed = w->rates.pcie_h2d_gbps;
+    if (w->rates.attn_host_gbps > 0 && (streamed <= 0 || w->rates.attn_host_gbps < streamed))
+        streamed = w->rates.attn_host_gbps;
+    int cpu = w->c.host_attn == 2 || (w->c.host_attn == 0 && w->rates.attn_cpu_gbps > 0 &&
+                                      streamed > 0 && w->rates.attn_cpu_gbps > streamed);
+    int rc = backend_host_attn_cpu(w->be, cpu);
+    if (rc < 0 && cpu)
+        log_warn("host blocks stay on the gpu: the cpu cannot attend them here (%s)%s",
+                 rkv_strerror(rc), w->c.deterministic ? "; --deterministic keeps them there" : "");
+    else if (rc == 0 && cpu)
+        log_info("host kv blocks attended by the cpu (CPU_TAIL): cpu %.2f GB/s against %.2f "
+                 "streamed to the gpu%s",
+                 w->rates.attn_cpu_gbps, streamed, w->c.host_attn == 2 ? " (forced)" : "");
+}
+
 static int attach(struct worker *w)
 {
     char err[512];
@@ -290,6 +318,7 @@ static int attach(struct worker *w)
                      w->rates.attn_host_gbps, w->rates.attn_cpu_gbps);
         w->rates_done = 1;
     }
+    apply_host_attn(w);
     struct proto_worker_report rep = {
         (uint32_t)w->c.worker_id, w->m->weight_bytes,        w->reserve,
         w->rates.pcie_h2d_gbps,   w->rates.attn_device_gbps, w->rates.attn_host_gbps,

@@ -381,3 +381,31 @@ int gpu_model_tests(struct backend *cpu_be, struct backend *gpu_be, struct backe
             }
     return 0;
 }
+
+/* CPU_TAIL: the same cases with host blocks attended by the cpu inside the cuda backend */
+int gpu_model_cpu_tail_tests(struct backend *cpu_be, struct backend *tail_be, int *pass, int *fail)
+{
+    printf("model: logits vs cpu with host blocks attended on the cpu (CPU_TAIL)\n");
+    static const char *pl_name[] = {"device", "host", "split", "window"};
+    static const struct {
+        enum be_type t;
+        enum kv_dtype kv;
+    } cfg[] = {{BE_BF16, KV_F16}, {BE_F32, KV_F32}};
+    for (size_t i = 0; i < sizeof(cfg) / sizeof(cfg[0]); i++)
+        for (int pl = 1; pl < 4; pl++) {
+            double worst = 0, agree = 0;
+            int rc =
+                run_case(cpu_be, tail_be, MODEL_LLAMA, cfg[i].t, cfg[i].kv, pl, &worst, &agree);
+            double bound = cfg[i].t == BE_F32 ? 1e-5 : 1e-3;
+            int ok = rc == 0 && worst <= bound && agree >= 0.99;
+            printf("  %s cpu_tail w=%-4s kv=%s %-6s nmse %.2e (<= %.0e) argmax agree %.1f%%%s\n",
+                   ok ? "ok  " : "FAIL", be_type_name(cfg[i].t),
+                   cfg[i].kv == KV_F16 ? "f16" : "f32", pl_name[pl], worst, bound, agree * 100.0,
+                   rc ? " (run failed)" : "");
+            if (ok)
+                (*pass)++;
+            else
+                (*fail)++;
+        }
+    return 0;
+}

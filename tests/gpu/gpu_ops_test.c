@@ -680,6 +680,7 @@ static void attention_with(const char *what, char *stats, size_t len)
 
 int gpu_model_tests(struct backend *cpu_be, struct backend *gpu_be, struct backend *precise,
                     struct backend *det, int *pass, int *fail);
+int gpu_model_cpu_tail_tests(struct backend *cpu_be, struct backend *tail_be, int *pass, int *fail);
 
 int main(int argc, char **argv)
 {
@@ -726,6 +727,14 @@ int main(int argc, char **argv)
         attention_with("host blocks read by zerocopy", NULL, 0);
         setenv("RKV_CUDA_HOST_READ", "copy", 1);
         attention_with("host blocks read by copy", NULL, 0);
+        /* CPU_TAIL: host blocks attended by cpu threads over the host pool, merged with the
+         * device part by lse */
+        {
+            setenv("RKV_CUDA_HOST_READ", "cpu", 1);
+            char cs[512] = "";
+            attention_with("host blocks attended on the cpu (CPU_TAIL)", cs, sizeof(cs));
+            CHECK("attention: the cpu attended host blocks", strstr(cs, " 0 attended") == NULL);
+        }
         /* a layer's host blocks staged in passes of whole sequences: a pass of 112 KiB makes
          * the first cases (8 KiB per block and layer, 20 host blocks) take two; the results
          * must not change, and the passes must have run */
@@ -777,6 +786,15 @@ int main(int argc, char **argv)
             det = NULL;
         gpu_model_tests(cpu, gpu, precise, det, &n_pass, &n_fail);
         backend_free(det);
+        setenv("RKV_CUDA_HOST_READ", "cpu", 1);
+        struct backend *tail = NULL;
+        if (backend_init(&go, &tail, err, sizeof(err)) == 0) {
+            gpu_model_cpu_tail_tests(cpu, tail, &n_pass, &n_fail);
+            backend_free(tail);
+        } else {
+            CHECK("cpu_tail backend", 0);
+        }
+        unsetenv("RKV_CUDA_HOST_READ");
     }
     backend_free(precise);
     backend_free(gpu);

@@ -8,6 +8,9 @@
 
 #include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/cuda_ops.cuh"
+extern "C" {
+#include "worker/cpu/cpu_backend.h"
+}
 
 int cuda_scratch(struct cuda_ctx *c, void **buf, size_t *cap, size_t need)
 {
@@ -377,10 +380,15 @@ static int map_pool(struct cuda_ctx *c, int r, void *base, size_t bytes)
 }
 
 /* copy engine or zero-copy for host blocks: whichever moves bytes faster
- * here (env RKV_CUDA_HOST_READ=copy|zerocopy overrides) */
+ * here (env RKV_CUDA_HOST_READ=copy|zerocopy overrides; cpu: attended on the cpu) */
 static void choose_host_read(struct cuda_ctx *c)
 {
     const char *e = getenv("RKV_CUDA_HOST_READ");
+    if (e && !strcmp(e, "cpu") && !c->deterministic) {
+        c->host_cpu = 1; /* forced CPU_TAIL (tests, a/b runs) */
+        c->host_read = CUDA_HOST_ZEROCOPY;
+        return;
+    }
     if (e && !strcmp(e, "copy")) {
         c->host_read = CUDA_HOST_COPY;
         return;
@@ -428,6 +436,8 @@ static int cu_set_kv(void *ctx, const struct kv_layout *l, const struct kv_pools
         c->n_blocks[r] = p->n_blocks[r];
     }
     c->host_base = (char *)p->base[KV_HOST];
+    c->n_blocks_dev_base = p->base[KV_DEVICE];
+    c->cpu_kv_set = 0;
     c->stg_valid[0] = c->stg_valid[1] = 0;
     if (c->host_base && c->n_blocks[KV_HOST])
         choose_host_read(c);
@@ -694,6 +704,69 @@ static int attn_host_passes(struct cuda_ctx *c, const struct cuda_attn_args *a, 
     return rc;
 }
 
+/* CPU_TAIL: the host blocks' partial from cpu threads over the host pool. q comes down once
+ * what the stream held before device attention is done (the kv write put the new keys of host
+ * blocks in the mapped pool by then); the device attends its blocks meanwhile; the partial goes up
+ * on the side stream, which the merge joins */
+static int attn_host_cpu(struct cuda_ctx *c, const struct be_batch *b, uint32_t layer,
+                         const struct be_tensor *q, const struct be_attn *at,
+                         const struct be_partial *out)
+{
+    int rc = 0;
+    if (!c->cpu_be && (rc = cpu_backend_init(c->cpu_threads, &c->cpu_be)) < 0)
+        return rc;
+    if (!c->cpu_kv_set) {
+        /* the device pool's address only bounds its block indices: the cpu reads host blocks */
+        struct kv_pools p = {{c->n_blocks_dev_base, c->host_base},
+                             {c->n_blocks[KV_DEVICE], c->n_blocks[KV_HOST]}};
+        if ((rc = backend_set_kv(c->cpu_be, &c->layout, &p)) < 0)
+            return rc;
+        c->cpu_kv_set = 1;
+    }
+    const uint32_t n = b->n_tokens, qd = at->n_head * at->head_dim;
+    if (n > c->cpu_rows) {
+        for (int i = 0; i < 4; i++) {
+            backend_tensor_free(c->cpu_be, c->cpu_t[i]);
+            c->cpu_t[i] = NULL;
+        }
+        c->cpu_rows = 0;
+        for (int i = 0; i < 4 && rc == 0; i++)
+            rc = backend_tensor_alloc(c->cpu_be, BE_F32, n, i < 2 ? qd : at->n_head, &c->cpu_t[i]);
+        if (rc < 0)
+            return rc;
+        c->cpu_rows = n;
+    }
+    struct be_tensor **t = c->cpu_t;
+    CU_TRY(cudaStreamWaitEvent(c->side, c->ev_pre_attn, 0));
+    CU_TRY(cudaMemcpyAsync(t[0]->data, q->data, (size_t)n * qd * sizeof(float),
+                           cudaMemcpyDeviceToHost, c->side));
+    CU_TRY(cudaStreamSynchronize(c->side));
+    const struct be_partial part = {t[1], t[2], t[3]};
+    if ((rc = attn_partial_forward(c->cpu_be, b, layer, KV_HOST, t[0], at, &part)) < 0)
+        return rc;
+    CU_TRY(cudaMemcpyAsync(out->o->data, t[1]->data, (size_t)n * qd * sizeof(float),
+                           cudaMemcpyHostToDevice, c->side));
+    CU_TRY(cudaMemcpyAsync(out->m->data, t[2]->data, (size_t)n * at->n_head * sizeof(float),
+                           cudaMemcpyHostToDevice, c->side));
+    CU_TRY(cudaMemcpyAsync(out->l->data, t[3]->data, (size_t)n * at->n_head * sizeof(float),
+                           cudaMemcpyHostToDevice, c->side));
+    CU_TRY(cudaEventRecord(c->ev_side_done, c->side));
+    c->side_pending = 1;
+    c->last_was_dev_attn = 0;
+    c->hst.cpu_layers++;
+    return 0;
+}
+
+/* the host_attn_cpu switch (deterministic mode keeps host blocks on the device kernels) */
+static int cu_host_attn_cpu(void *ctx, int on)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (on && c->deterministic)
+        return RKV_EUNSUPPORTED;
+    c->host_cpu = on != 0;
+    return 0;
+}
+
 static int cu_attn_partial(void *ctx, const struct be_batch *b, uint32_t layer,
                            enum kv_residency residency, const struct be_tensor *q,
                            const struct be_attn *at, const struct be_partial *out)
@@ -738,6 +811,8 @@ static int cu_attn_partial(void *ctx, const struct be_batch *b, uint32_t layer,
         join_side(c);
         CU_TRY(cudaEventRecord(c->ev_pre_attn, c->stream));
     }
+    if (c->host_cpu)
+        return attn_host_cpu(c, b, layer, q, at, out);
     CU_TRY(cudaStreamWaitEvent(c->side, c->ev_pre_attn, 0));
     if (c->host_read == CUDA_HOST_COPY && c->meta.n_pass > 1)
         return attn_host_passes(c, &a, layer);
@@ -910,12 +985,12 @@ static int cu_stats(void *ctx, char *buf, size_t len)
         snprintf(buf, len,
                  "host kv layers: %llu prefetched, %llu copied in line (%llu with a host "
                  "write), %llu zero-copy, %llu in %llu passes; %llu block slices staged in %llu "
-                 "copies, %llu staging growths",
+                 "copies, %llu staging growths, %llu attended on the cpu",
                  (unsigned long long)c->hst.prefetched, (unsigned long long)c->hst.inline_,
                  (unsigned long long)c->hst.host_write, (unsigned long long)c->hst.zero_copy,
                  (unsigned long long)c->hst.passes, (unsigned long long)c->hst.pass_n,
                  (unsigned long long)c->hst.slots, (unsigned long long)c->hst.copies,
-                 (unsigned long long)c->hst.grown);
+                 (unsigned long long)c->hst.grown, (unsigned long long)c->hst.cpu_layers);
     memset(&c->hst, 0, sizeof c->hst);
     return n;
 }
@@ -939,6 +1014,11 @@ static void cu_free(void *ctx)
     if (c->side)
         cudaStreamSynchronize(c->side);
     unregister_pools(c);
+    if (c->cpu_be) {
+        for (int i = 0; i < 4; i++)
+            backend_tensor_free(c->cpu_be, c->cpu_t[i]);
+        backend_free(c->cpu_be);
+    }
     cudaFree(c->meta.dev);
     free(c->meta.host);
     cudaFree(c->act16);
@@ -989,7 +1069,7 @@ static const struct backend_i cuda_iface = {
     cu_set_kv,     cu_embed,        cu_rmsnorm,     cu_matmul,        cu_rope,
     cu_kv_write,   cu_attn_partial, cu_attn_merge,  cu_silu_mul,      cu_add,
     cu_get_rows,   cu_sync,         cu_linear,      cu_rope_kv_write, cu_scratch_reserve,
-    cu_host_alloc, cu_host_free,    cu_stats,       cu_greedy,
+    cu_host_alloc, cu_host_free,    cu_stats,       cu_greedy,        cu_host_attn_cpu,
 };
 
 /* a size in KiB, and a 0/1 switch, from the environment (common/util's reading: def when
@@ -1090,6 +1170,7 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         c->split_cost = (uint32_t)rkv_env_u64("RKV_CUDA_SPLIT_COST", 1, 0, 64);
         /* env RKV_CUDA_DETERMINISTIC=1: the same for programs without the option (gpu_bench) */
         c->deterministic = o->deterministic || cu_env_flag("RKV_CUDA_DETERMINISTIC", 0);
+        c->cpu_threads = o->n_threads;
         if (c->deterministic) {
             /* one split per kv block merged in block order, decode on the prefill kernel's
              * arithmetic, one linear kernel for every token count */

@@ -120,6 +120,15 @@ struct cuda_ctx {
 
     /* host-block staging (copy path): two buffers, layer parity */
     int host_read;   /* enum cuda_host_read, measured at set_kv */
+    /* CPU_TAIL: host blocks attended by a cpu backend over the host pool (host_attn_cpu, env
+     * RKV_CUDA_HOST_READ=cpu), q down and the partial up over pcie */
+    int host_cpu;
+    uint32_t cpu_threads;
+    struct backend *cpu_be;
+    int cpu_kv_set;             /* cpu_be has this set_kv's pools */
+    struct be_tensor *cpu_t[4]; /* q, o, m, l on the cpu backend */
+    uint32_t cpu_rows;          /* their rows */
+    void *n_blocks_dev_base;    /* the device pool's address: block bounds only, never read */
     char *host_base; /* the host pool's host address */
     cudaStream_t copy;
     cudaEvent_t ev_copy_done[2];  /* on copy: staging buffer filled */
@@ -198,6 +207,7 @@ struct cuda_ctx {
         uint64_t grown;      /* staging buffer reallocations (each waits for the gpu) */
         uint64_t slots;      /* host block slices staged */
         uint64_t copies;     /* ... in this many copies (runs of consecutive blocks) */
+        uint64_t cpu_layers; /* layers whose host blocks the cpu attended (CPU_TAIL) */
         uint64_t passes;     /* layers staged in several passes, and the passes */
         uint64_t pass_n;
     } hst;
