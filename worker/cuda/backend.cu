@@ -724,7 +724,8 @@ static int attn_host_cpu(struct cuda_ctx *c, const struct be_batch *b, uint32_t 
         c->cpu_kv_set = 1;
     }
     const uint32_t n = b->n_tokens, qd = at->n_head * at->head_dim;
-    if (n > c->cpu_rows || !c->cpu_t[0] || c->cpu_t[0]->cols != qd || c->cpu_t[2]->cols != at->n_head) {
+    if (n > c->cpu_rows || !c->cpu_t[0] || c->cpu_t[0]->cols != qd ||
+        c->cpu_t[2]->cols != at->n_head) {
         for (int i = 0; i < 4; i++) {
             backend_tensor_free(c->cpu_be, c->cpu_t[i]);
             c->cpu_t[i] = NULL;
