@@ -265,3 +265,11 @@ uint64_t rkv_step_report_ms(void)
 {
     return rkv_env_u64("RKV_STEP_REPORT_MS", 10000, 100, 3600000);
 }
+
+int rkv_cpu_tail_faster(double pcie_gbps, double host_stream_gbps, double cpu_gbps)
+{
+    double streamed = pcie_gbps;
+    if (host_stream_gbps > 0 && (streamed <= 0 || host_stream_gbps < streamed))
+        streamed = host_stream_gbps;
+    return cpu_gbps > 0 && streamed > 0 && cpu_gbps > streamed;
+}

@@ -25,6 +25,11 @@ uint64_t rkv_env_u64(const char *name, uint64_t def, uint64_t lo, uint64_t hi);
  * 10 s unset */
 uint64_t rkv_step_report_ms(void);
 
+/* CPU_TAIL's rule, one place for kvmgr's planner and the worker: host blocks are attended on the
+ * cpu when its measured rate beats the rate they reach the gpu (the link, or the host-pool read
+ * rate when that is slower; without a link the read rate alone). GB/s; 0 = unknown (never cpu) */
+int rkv_cpu_tail_faster(double pcie_gbps, double host_stream_gbps, double cpu_gbps);
+
 /* directory of the running executable (to find sibling binaries) */
 int rkv_exe_dir(char *buf, size_t len);
 

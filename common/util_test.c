@@ -121,6 +121,19 @@ static void test_env_u64(void **state)
     unsetenv(n);
 }
 
+/* CPU_TAIL's rule: the cpu must beat the slower of the link and the host-pool read rate */
+static void test_cpu_tail_rule(void **state)
+{
+    (void)state;
+    assert_false(rkv_cpu_tail_faster(55.0, 51.0, 35.0)); /* the H200's host: the link wins */
+    assert_true(rkv_cpu_tail_faster(12.0, 51.0, 35.0));  /* a slow link */
+    assert_true(rkv_cpu_tail_faster(55.0, 20.0, 35.0));  /* slow host-pool reads */
+    assert_true(rkv_cpu_tail_faster(0.0, 20.0, 35.0));   /* no link: the read rate alone */
+    assert_false(rkv_cpu_tail_faster(0.0, 0.0, 35.0));   /* nothing known: never */
+    assert_false(rkv_cpu_tail_faster(12.0, 51.0, 0.0));  /* cpu unknown */
+    assert_false(rkv_cpu_tail_faster(35.0, 51.0, 35.0)); /* a tie keeps the gpu */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -129,6 +142,7 @@ int main(void)
         cmocka_unit_test(test_vec),
         cmocka_unit_test(test_map_against_array),
         cmocka_unit_test(test_env_u64),
+        cmocka_unit_test(test_cpu_tail_rule),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,6 +6,7 @@
 
 #include "common/err.h"
 #include "common/log.h"
+#include "common/util.h"
 
 struct plan {
     size_t n;
@@ -307,14 +308,10 @@ static enum plan_tactic spill_tactic(const struct plan_input *in, const struct p
         return PLAN_CPU_TAIL;
     if (in->mode == PLAN_MODE_WINDOW)
         return PLAN_WINDOW;
-    /* the rate host blocks reach the device's attention: the link, or the
-     * host-pool read rate when that is slower; without a link (cpu backend,
-     * pcie 0) the host-pool read rate alone */
-    double streamed = g->pcie_h2d_gbps;
-    if (g->host_stream_gbps > 0 && (streamed <= 0 || g->host_stream_gbps < streamed))
-        streamed = g->host_stream_gbps;
-    return g->cpu_attn_gbps > 0 && streamed > 0 && g->cpu_attn_gbps > streamed ? PLAN_CPU_TAIL
-                                                                               : PLAN_WINDOW;
+    /* the worker applies the same rule to the same rates (its --host-attn auto) */
+    return rkv_cpu_tail_faster(g->pcie_h2d_gbps, g->host_stream_gbps, g->cpu_attn_gbps)
+               ? PLAN_CPU_TAIL
+               : PLAN_WINDOW;
 }
 
 static void set_assign(struct work *w, uint32_t i, enum plan_tactic t, uint32_t dev, uint32_t host)

@@ -215,19 +215,19 @@ static void apply_host_attn(struct worker *w)
 {
     if (!w->on_gpu)
         return;
-    double streamed = w->rates.pcie_h2d_gbps;
-    if (w->rates.attn_host_gbps > 0 && (streamed <= 0 || w->rates.attn_host_gbps < streamed))
-        streamed = w->rates.attn_host_gbps;
-    int cpu = w->c.host_attn == 2 || (w->c.host_attn == 0 && w->rates.attn_cpu_gbps > 0 &&
-                                      streamed > 0 && w->rates.attn_cpu_gbps > streamed);
+    const struct rates *r = &w->rates;
+    int cpu = w->c.host_attn == 2 ||
+              (w->c.host_attn == 0 &&
+               rkv_cpu_tail_faster(r->pcie_h2d_gbps, r->attn_host_gbps, r->attn_cpu_gbps));
     int rc = backend_host_attn_cpu(w->be, cpu);
     if (rc < 0 && cpu)
         log_warn("host blocks stay on the gpu: the cpu cannot attend them here (%s)%s",
                  rkv_strerror(rc), w->c.deterministic ? "; --deterministic keeps them there" : "");
     else if (rc == 0 && cpu)
-        log_info("host kv blocks attended by the cpu (CPU_TAIL): cpu %.2f GB/s against %.2f "
-                 "streamed to the gpu%s",
-                 w->rates.attn_cpu_gbps, streamed, w->c.host_attn == 2 ? " (forced)" : "");
+        log_info("host kv blocks attended by the cpu (CPU_TAIL): cpu %.2f GB/s, pcie %.2f, host "
+                 "reads %.2f%s",
+                 r->attn_cpu_gbps, r->pcie_h2d_gbps, r->attn_host_gbps,
+                 w->c.host_attn == 2 ? " (forced)" : "");
 }
 
 static int attach(struct worker *w)
