@@ -645,6 +645,7 @@ static void cmd_status(struct admin *a, const cJSON *args, struct admin_req *r)
     cJSON_AddStringToObject(o, "model_path", in->model_path ? in->model_path : "");
     cJSON_AddStringToObject(o, "backend", in->backend ? in->backend : "");
     cJSON_AddStringToObject(o, "listen", in->listen ? in->listen : "");
+    cJSON_AddBoolToObject(o, "deterministic", in->deterministic);
     cJSON_AddNumberToObject(o, "uptime_ms", (double)in->uptime_ms);
     cJSON_AddBoolToObject(o, "healthy", in->healthy);
     cJSON_AddStringToObject(o, "health_reason", in->health_reason);

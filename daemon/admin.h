@@ -51,6 +51,7 @@ struct admin_info {
     const char *model_path;
     const char *backend;
     const char *listen;
+    int deterministic; /* the workers run batch-invariant kernels */
     uint64_t uptime_ms;
     int healthy;
     char health_reason[128];

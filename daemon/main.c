@@ -532,6 +532,7 @@ static void adm_info(void *ctx, struct admin_info *o)
     o->model_path = d->c.model;
     o->backend = backends[d->c.backend];
     o->listen = d->c.listen;
+    o->deterministic = d->c.deterministic;
     o->uptime_ms = rkv_now_ms() - d->started_ms;
     o->healthy = healthy(d, o->health_reason, sizeof o->health_reason);
     o->kvmgr_up = d->kvmgr_up;

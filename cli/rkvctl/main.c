@@ -374,8 +374,8 @@ static void print_status(const cJSON *r)
 {
     const cJSON *k = obj(r, "kvmgr"), *b = obj(r, "budgets"), *p = obj(r, "pool"),
                 *q = obj(r, "requests"), *t = obj(r, "tokens");
-    printf("rkv %s  model %s (%s backend)  listening on %s\n", str(r, "version"), str(r, "model"),
-           str(r, "backend"), str(r, "listen"));
+    printf("rkv %s  model %s (%s backend%s)  listening on %s\n", str(r, "version"), str(r, "model"),
+           str(r, "backend"), yes(r, "deterministic") ? ", deterministic" : "", str(r, "listen"));
     printf("uptime %s, %s%s%s\n", dur(num(r, "uptime_ms")),
            yes(r, "healthy") ? "healthy" : "UNHEALTHY", yes(r, "healthy") ? "" : ": ",
            str(r, "health_reason"));

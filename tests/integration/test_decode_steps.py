@@ -146,6 +146,8 @@ def test_deterministic_flag_reaches_the_worker_and_outputs_hold(rkvd_factory):
     bit)"""
     srv = rkvd_factory("--block-size", str(BLOCK), "--deterministic", "true")
     assert "deterministic: batch-invariant kernels" in srv.log()
+    from test_rkvctl import ok  # noqa: E402 - rkvctl against this server
+    assert ok(srv, "status")["deterministic"] is True
     alone = run(srv, PROMPTS[3], 40, logprobs=True)
     with cf.ThreadPoolExecutor(len(PROMPTS)) as ex:
         futs = [ex.submit(run, srv, p, 40, None, True) for p in PROMPTS]

@@ -140,6 +140,7 @@ def test_socket_mode_and_group(srv):
 def test_status(srv):
     s = ok(srv, "status")
     assert s["version"] and s["model"] == "tiny" and s["backend"] == "cpu"
+    assert s["deterministic"] is False
     assert s["healthy"] is True and s["health_reason"] == ""
     assert s["kvmgr"]["up"] is True and s["kvmgr"]["pid"] > 0
     assert s["kvmgr"]["mode"] in ("auto", "resident", "window", "cpu_tail")
