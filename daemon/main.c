@@ -71,6 +71,9 @@ struct rkvd_conf {
 static const char *const backends[] = {"auto", "cpu", "cuda", NULL};
 static const char *const kv_dtypes[] = {"f32", "f16", NULL};
 static const char *const modes[] = {"auto", "resident", "window", "cpu_tail", NULL};
+/* the workers' --host-attn for each mode: cpu_tail has the cpu attend host blocks, window the
+ * gpu stream them; auto: kvmgr and the workers apply one rule to the measured rates */
+static const char *const host_attn_of_mode[] = {"auto", "gpu", "gpu", "cpu"};
 
 #define K(n, t, f) n, t, offsetof(struct rkvd_conf, f)
 #define S(f) sizeof(((struct rkvd_conf *)0)->f)
@@ -681,18 +684,36 @@ static int spawn_children(struct rkvd *d, char *err, size_t errlen)
         snprintf(name, sizeof name, "worker%u", w);
         char ms[16];
         snprintf(ms, sizeof ms, "%lld", (long long)d->c.max_running);
-        char *wargv[] = {wk_path, "--model", d->c.model, "--backend",
-                         (char *)backends[d->c.backend], "--worker-id", id, "--gpu", gpu,
-                         "--threads", th, "--sample-threads", sth, "--runtime-dir", rt,
-                         "--max-batch-tokens", mbt,
-                         "--max-seqs", ms, "--kv-dtype", (char *)kv_dtypes[d->c.kv_dtype],
-                         "--block-size", bs,
-                         "--deterministic", d->c.deterministic ? "true" : "false",
-                         /* mode cpu_tail: kvmgr plans CPU_TAIL and the cpu attends; window:
-                          * the gpu streams; auto: both apply the same rule to the rates */
+        char *wargv[] = {wk_path,
+                         "--model",
+                         d->c.model,
+                         "--backend",
+                         (char *)backends[d->c.backend],
+                         "--worker-id",
+                         id,
+                         "--gpu",
+                         gpu,
+                         "--threads",
+                         th,
+                         "--sample-threads",
+                         sth,
+                         "--runtime-dir",
+                         rt,
+                         "--max-batch-tokens",
+                         mbt,
+                         "--max-seqs",
+                         ms,
+                         "--kv-dtype",
+                         (char *)kv_dtypes[d->c.kv_dtype],
+                         "--block-size",
+                         bs,
+                         "--deterministic",
+                         d->c.deterministic ? "true" : "false",
                          "--host-attn",
-                         d->c.mode == 3 ? "cpu" : d->c.mode == 0 ? "auto" : "gpu",
-                         "--log-level", (char *)rkv_log_level_names[d->c.log_level], NULL};
+                         (char *)host_attn_of_mode[d->c.mode],
+                         "--log-level",
+                         (char *)rkv_log_level_names[d->c.log_level],
+                         NULL};
         struct sup_child_spec ws = {name, wargv, 5, 60000, 100, 5000};
         if ((rc = sup_add(d->sup, &ws, &d->workers[w]))) {
             snprintf(err, errlen, "cannot start %s: %s", wk_path, rkv_strerror(rc));

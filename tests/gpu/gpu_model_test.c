@@ -301,6 +301,26 @@ static int run_invariance(struct backend *be, enum be_type t, enum kv_dtype kvt,
     return rc;
 }
 
+/* one logits-vs-cpu case of run_case on backend g, printed and counted; label names the
+ * backend's variant */
+static void model_case(struct backend *cpu_be, struct backend *g, const char *label,
+                       enum model_arch arch, enum be_type t, enum kv_dtype kv, int pl, double bound,
+                       int *pass, int *fail)
+{
+    static const char *pl_name[] = {"device", "host", "split", "window"};
+    double worst = 0, agree = 0;
+    int rc = run_case(cpu_be, g, arch, t, kv, pl, &worst, &agree);
+    int ok = rc == 0 && worst <= bound && agree >= 0.99;
+    printf("  %s %-5s %-8s w=%-4s kv=%s %-6s nmse %.2e (<= %.0e) argmax agree %.1f%%%s\n",
+           ok ? "ok  " : "FAIL", arch == MODEL_QWEN2 ? "qwen2" : "llama", label, be_type_name(t),
+           kv == KV_F16 ? "f16" : "f32", pl_name[pl], worst, bound, agree * 100.0,
+           rc ? " (run failed)" : "");
+    if (ok)
+        (*pass)++;
+    else
+        (*fail)++;
+}
+
 int gpu_model_tests(struct backend *cpu_be, struct backend *gpu_be, struct backend *precise,
                     struct backend *det, int *pass, int *fail)
 {
@@ -345,7 +365,6 @@ int gpu_model_tests(struct backend *cpu_be, struct backend *gpu_be, struct backe
         else
             (*fail)++;
     }
-    static const char *pl_name[] = {"device", "host", "split", "window"};
     struct {
         enum model_arch arch;
         enum be_type t;
@@ -362,22 +381,11 @@ int gpu_model_tests(struct backend *cpu_be, struct backend *gpu_be, struct backe
                 struct backend *g = pm ? precise : gpu_be;
                 if (!g)
                     continue;
-                double worst = 0, agree = 0;
-                int rc = run_case(cpu_be, g, cfg[i].arch, cfg[i].t, cfg[i].kv, pl, &worst, &agree);
                 /* bound: 1e-5 when prefill gemms keep f32 activations (precise);
                  * the fast path rounds them to 16 bits */
                 double bound = pm || cfg[i].t == BE_F32 ? 1e-5 : 1e-3;
-                int ok = rc == 0 && worst <= bound && agree >= 0.99;
-                printf(
-                    "  %s %-5s %-4s w=%-4s kv=%s %-6s nmse %.2e (<= %.0e) argmax agree %.1f%%%s\n",
-                    ok ? "ok  " : "FAIL", cfg[i].arch == MODEL_QWEN2 ? "qwen2" : "llama",
-                    pm ? "prec" : "fast", be_type_name(cfg[i].t),
-                    cfg[i].kv == KV_F16 ? "f16" : "f32", pl_name[pl], worst, bound, agree * 100.0,
-                    rc ? " (run failed)" : "");
-                if (ok)
-                    (*pass)++;
-                else
-                    (*fail)++;
+                model_case(cpu_be, g, pm ? "prec" : "fast", cfg[i].arch, cfg[i].t, cfg[i].kv, pl,
+                           bound, pass, fail);
             }
     return 0;
 }
@@ -386,26 +394,13 @@ int gpu_model_tests(struct backend *cpu_be, struct backend *gpu_be, struct backe
 int gpu_model_cpu_tail_tests(struct backend *cpu_be, struct backend *tail_be, int *pass, int *fail)
 {
     printf("model: logits vs cpu with host blocks attended on the cpu (CPU_TAIL)\n");
-    static const char *pl_name[] = {"device", "host", "split", "window"};
     static const struct {
         enum be_type t;
         enum kv_dtype kv;
     } cfg[] = {{BE_BF16, KV_F16}, {BE_F32, KV_F32}};
     for (size_t i = 0; i < sizeof(cfg) / sizeof(cfg[0]); i++)
-        for (int pl = 1; pl < 4; pl++) {
-            double worst = 0, agree = 0;
-            int rc =
-                run_case(cpu_be, tail_be, MODEL_LLAMA, cfg[i].t, cfg[i].kv, pl, &worst, &agree);
-            double bound = cfg[i].t == BE_F32 ? 1e-5 : 1e-3;
-            int ok = rc == 0 && worst <= bound && agree >= 0.99;
-            printf("  %s cpu_tail w=%-4s kv=%s %-6s nmse %.2e (<= %.0e) argmax agree %.1f%%%s\n",
-                   ok ? "ok  " : "FAIL", be_type_name(cfg[i].t),
-                   cfg[i].kv == KV_F16 ? "f16" : "f32", pl_name[pl], worst, bound, agree * 100.0,
-                   rc ? " (run failed)" : "");
-            if (ok)
-                (*pass)++;
-            else
-                (*fail)++;
-        }
+        for (int pl = 1; pl < 4; pl++)
+            model_case(cpu_be, tail_be, "cpu_tail", MODEL_LLAMA, cfg[i].t, cfg[i].kv, pl,
+                       cfg[i].t == BE_F32 ? 1e-5 : 1e-3, pass, fail);
     return 0;
 }

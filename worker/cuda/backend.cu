@@ -384,10 +384,19 @@ static int map_pool(struct cuda_ctx *c, int r, void *base, size_t bytes)
 static void choose_host_read(struct cuda_ctx *c)
 {
     const char *e = getenv("RKV_CUDA_HOST_READ");
-    if (e && !strcmp(e, "cpu") && !c->deterministic) {
-        c->host_cpu = 1; /* forced CPU_TAIL (tests, a/b runs) */
-        c->host_read = CUDA_HOST_ZEROCOPY;
-        return;
+    if (e && strcmp(e, "cpu") && strcmp(e, "copy") && strcmp(e, "zerocopy")) {
+        log_warn("RKV_CUDA_HOST_READ=%.20s is not copy, zerocopy or cpu: measuring", e);
+        e = NULL;
+    }
+    if (e && !strcmp(e, "cpu")) {
+        if (c->deterministic) {
+            log_warn("RKV_CUDA_HOST_READ=cpu: deterministic mode keeps host blocks on the gpu");
+            e = NULL;
+        } else {
+            c->host_cpu = 1; /* forced CPU_TAIL (tests, a/b runs) */
+            c->host_read = CUDA_HOST_ZEROCOPY;
+            return;
+        }
     }
     if (e && !strcmp(e, "copy")) {
         c->host_read = CUDA_HOST_COPY;
@@ -436,7 +445,6 @@ static int cu_set_kv(void *ctx, const struct kv_layout *l, const struct kv_pools
         c->n_blocks[r] = p->n_blocks[r];
     }
     c->host_base = (char *)p->base[KV_HOST];
-    c->n_blocks_dev_base = p->base[KV_DEVICE];
     c->cpu_kv_set = 0;
     c->stg_valid[0] = c->stg_valid[1] = 0;
     if (c->host_base && c->n_blocks[KV_HOST])
@@ -717,27 +725,24 @@ static int attn_host_cpu(struct cuda_ctx *c, const struct be_batch *b, uint32_t 
         return rc;
     if (!c->cpu_kv_set) {
         /* the device pool's address only bounds its block indices: the cpu reads host blocks */
-        struct kv_pools p = {{c->n_blocks_dev_base, c->host_base},
+        struct kv_pools p = {{c->pool[KV_DEVICE], c->host_base},
                              {c->n_blocks[KV_DEVICE], c->n_blocks[KV_HOST]}};
         if ((rc = backend_set_kv(c->cpu_be, &c->layout, &p)) < 0)
             return rc;
         c->cpu_kv_set = 1;
     }
     const uint32_t n = b->n_tokens, qd = at->n_head * at->head_dim;
-    if (n > c->cpu_rows || !c->cpu_t[0] || c->cpu_t[0]->cols != qd ||
-        c->cpu_t[2]->cols != at->n_head) {
+    struct be_tensor **t = c->cpu_t;
+    if (!t[3] || t[0]->rows < n || t[0]->cols != qd || t[2]->cols != at->n_head) {
         for (int i = 0; i < 4; i++) {
-            backend_tensor_free(c->cpu_be, c->cpu_t[i]);
-            c->cpu_t[i] = NULL;
+            backend_tensor_free(c->cpu_be, t[i]);
+            t[i] = NULL;
         }
-        c->cpu_rows = 0;
         for (int i = 0; i < 4 && rc == 0; i++)
-            rc = backend_tensor_alloc(c->cpu_be, BE_F32, n, i < 2 ? qd : at->n_head, &c->cpu_t[i]);
+            rc = backend_tensor_alloc(c->cpu_be, BE_F32, n, i < 2 ? qd : at->n_head, &t[i]);
         if (rc < 0)
             return rc;
-        c->cpu_rows = n;
     }
-    struct be_tensor **t = c->cpu_t;
     CU_TRY(cudaStreamWaitEvent(c->side, c->ev_pre_attn, 0));
     CU_TRY(cudaMemcpyAsync(t[0]->data, q->data, (size_t)n * qd * sizeof(float),
                            cudaMemcpyDeviceToHost, c->side));

@@ -127,8 +127,6 @@ struct cuda_ctx {
     struct backend *cpu_be;
     int cpu_kv_set;             /* cpu_be has this set_kv's pools */
     struct be_tensor *cpu_t[4]; /* q, o, m, l on the cpu backend */
-    uint32_t cpu_rows;          /* their rows */
-    void *n_blocks_dev_base;    /* the device pool's address: block bounds only, never read */
     char *host_base; /* the host pool's host address */
     cudaStream_t copy;
     cudaEvent_t ev_copy_done[2];  /* on copy: staging buffer filled */

@@ -281,51 +281,66 @@ static int lin_launch(struct cuda_ctx *c, const lin_kargs &a, int mode, bool nor
                 : lin_launch_nt<W, BE_LIN_SET, false>(c, a);
 }
 
-/* deterministic: the norm as its own pass, then the 8-token kernel over every 8 tokens, so
- * each token's numbers are the same in a step of 1 or of 500 tokens */
-static int linear_chunked(struct cuda_ctx *c, const struct be_linear *l, uint32_t n)
+/* the launch arguments of l over n tokens (the norm not folded in) */
+static lin_kargs lin_kargs_of(const struct be_linear *l, uint32_t n)
 {
-    const uint32_t n_in = l->in->cols;
-    const float *x = (const float *)l->in->data;
-    if (l->norm_w) {
-        int rc = cuda_scratch(c, &c->lin_h, &c->lin_h_cap, (size_t)n * n_in * sizeof(float));
-        if (rc == 0)
-            rc = cuda_rmsnorm(c, (float *)c->lin_h, x, (const float *)l->norm_w->data, n, n_in,
-                              l->eps);
-        if (rc < 0)
-            return rc;
-        x = (const float *)c->lin_h;
-    }
     lin_kargs a = {};
     uint32_t rows = 0;
     for (uint32_t i = 0; i < l->n_w; i++) {
         a.w[i] = l->w[i]->data;
         a.bias[i] = l->bias[i] ? (const float *)l->bias[i]->data : NULL;
+        a.out[i] = l->mode == BE_LIN_SWIGLU ? (float *)l->out[0]->data : (float *)l->out[i]->data;
         a.n_out[i] = l->w[i]->rows;
         rows += l->w[i]->rows;
         a.end[i] = rows;
     }
     a.n_tasks = l->mode == BE_LIN_SWIGLU ? l->w[0]->rows : rows;
-    a.n_in = n_in;
+    a.x = (const float *)l->in->data;
+    a.n_in = l->in->cols;
+    a.n = n;
     a.eps = l->eps;
-    for (uint32_t t0 = 0; t0 < n; t0 += CUDA_GEMV_MAX_N) {
-        a.n = n - t0 < CUDA_GEMV_MAX_N ? n - t0 : CUDA_GEMV_MAX_N;
-        a.x = x + (size_t)t0 * n_in;
-        for (uint32_t i = 0; i < l->n_w; i++) {
-            float *o =
-                l->mode == BE_LIN_SWIGLU ? (float *)l->out[0]->data : (float *)l->out[i]->data;
-            a.out[i] = o + (size_t)t0 * a.n_out[l->mode == BE_LIN_SWIGLU ? 0 : i];
-        }
-        int rc;
-        switch (l->w[0]->type) {
-        case BE_F32: rc = lin_launch<float>(c, a, l->mode, false); break;
-        case BE_F16: rc = lin_launch<__half>(c, a, l->mode, false); break;
-        default: rc = lin_launch<__nv_bfloat16>(c, a, l->mode, false); break;
-        }
-        if (rc < 0)
-            return rc;
+    return a;
+}
+
+/* the norm as its own pass: *x (n tokens of l's input) becomes the normed copy */
+static int lin_norm_pass(struct cuda_ctx *c, const struct be_linear *l, uint32_t n, const float **x)
+{
+    const uint32_t n_in = l->in->cols;
+    int rc = cuda_scratch(c, &c->lin_h, &c->lin_h_cap, (size_t)n * n_in * sizeof(float));
+    if (rc == 0)
+        rc =
+            cuda_rmsnorm(c, (float *)c->lin_h, *x, (const float *)l->norm_w->data, n, n_in, l->eps);
+    if (rc == 0)
+        *x = (const float *)c->lin_h;
+    return rc;
+}
+
+/* the instantiation for the weight type */
+static int lin_launch_type(struct cuda_ctx *c, const lin_kargs &a, enum be_type t, int mode,
+                           bool norm)
+{
+    switch (t) {
+    case BE_F32: return lin_launch<float>(c, a, mode, norm);
+    case BE_F16: return lin_launch<__half>(c, a, mode, norm);
+    default: return lin_launch<__nv_bfloat16>(c, a, mode, norm);
     }
-    return 0;
+}
+
+/* deterministic: the norm as its own pass, then the 8-token kernel over every 8 tokens, so
+ * each token's numbers are the same in a step of 1 or of 500 tokens */
+static int linear_chunked(struct cuda_ctx *c, const struct be_linear *l, uint32_t n)
+{
+    lin_kargs a = lin_kargs_of(l, n);
+    int rc = l->norm_w ? lin_norm_pass(c, l, n, &a.x) : 0;
+    const lin_kargs all = a;
+    for (uint32_t t0 = 0; t0 < n && rc == 0; t0 += CUDA_GEMV_MAX_N) {
+        a.n = n - t0 < CUDA_GEMV_MAX_N ? n - t0 : CUDA_GEMV_MAX_N;
+        a.x = all.x + (size_t)t0 * a.n_in;
+        for (uint32_t i = 0; i < l->n_w; i++)
+            a.out[i] = all.out[i] + (size_t)t0 * a.n_out[l->mode == BE_LIN_SWIGLU ? 0 : i];
+        rc = lin_launch_type(c, a, l->w[0]->type, l->mode, false);
+    }
+    return rc < 0 ? rc : 0;
 }
 
 int cuda_linear(struct cuda_ctx *c, const struct be_linear *l, uint32_t n)
@@ -345,37 +360,14 @@ int cuda_linear(struct cuda_ctx *c, const struct be_linear *l, uint32_t n)
     int rc = cuda_linear_stream(c, l, n);
     if (rc != 1)
         return rc;
-    lin_kargs a = {};
-    uint32_t rows = 0;
-    for (uint32_t i = 0; i < l->n_w; i++) {
-        a.w[i] = l->w[i]->data;
-        a.bias[i] = l->bias[i] ? (const float *)l->bias[i]->data : NULL;
-        a.out[i] = l->mode == BE_LIN_SWIGLU ? (float *)l->out[0]->data : (float *)l->out[i]->data;
-        a.n_out[i] = l->w[i]->rows;
-        rows += l->w[i]->rows;
-        a.end[i] = rows;
-    }
-    a.n_tasks = l->mode == BE_LIN_SWIGLU ? l->w[0]->rows : rows;
-    a.x = (const float *)l->in->data;
-    a.n_in = n_in;
-    a.n = n;
-    a.eps = l->eps;
+    lin_kargs a = lin_kargs_of(l, n);
     bool norm = l->norm_w != NULL;
     if (norm && n > 2) {
         /* more tokens: the norm is its own pass */
-        rc = cuda_scratch(c, &c->lin_h, &c->lin_h_cap, (size_t)n * n_in * sizeof(float));
-        if (rc == 0)
-            rc = cuda_rmsnorm(c, (float *)c->lin_h, a.x, (const float *)l->norm_w->data, n, n_in,
-                              l->eps);
-        if (rc < 0)
+        if ((rc = lin_norm_pass(c, l, n, &a.x)) < 0)
             return rc;
-        a.x = (const float *)c->lin_h;
         norm = false;
     } else if (norm)
         a.nw = (const float *)l->norm_w->data;
-    switch (t) {
-    case BE_F32: return lin_launch<float>(c, a, l->mode, norm);
-    case BE_F16: return lin_launch<__half>(c, a, l->mode, norm);
-    default: return lin_launch<__nv_bfloat16>(c, a, l->mode, norm);
-    }
+    return lin_launch_type(c, a, t, l->mode, norm);
 }
