@@ -368,6 +368,8 @@ static const char *transition_reason(enum plan_tactic from, enum plan_tactic to,
 }
 
 /* plans every session, moves blocks to match, publishes transitions */
+static void publish_tails(struct kvmgr *k);
+
 static int replan(struct kvmgr *k, const char *why)
 {
     if (!k->kvb)
@@ -470,6 +472,9 @@ static int replan(struct kvmgr *k, const char *why)
     k->plan = p;
     k->dirty = 0;
     free(ps);
+    /* the moves just made changed tails: the sessions list shows them now, not at the next
+     * second's tick (a growing spilled session re-plans at every new block) */
+    publish_tails(k);
     return 0;
 }
 

@@ -1051,8 +1051,10 @@ def bench_budget(a, srv, shape, after):
         ev = {}
         if change:
             dl = min(time.monotonic() + a.io_timeout, a.deadline_at)
+            # halve early (1/16 of the tokens): the re-plan, the moves and the rkvctl round
+            # trips must fit in what is left of the streams on a slow, loaded machine too
             for s in ss:
-                s.wait_tokens(T // 8, dl)
+                s.wait_tokens(max(1, T // 16), dl)
             half = srv.plan_overhead + room // 2
             cap = (half - srv.plan_overhead) // srv.block_bytes
             t = time.monotonic()
@@ -1060,9 +1062,11 @@ def bench_budget(a, srv, shape, after):
             ev["halve_summary"] = r.get("summary")
             moved = not any("no session changed" in x for x in r.get("summary", []))
             # in force: every running session has the tactic the re-plan gave it (a tail on
-            # host); then ten readings of the device KV of the running sessions against the room
+            # host); then up to ten readings of the device KV of the running sessions against the
+            # room, stopping at half the tokens so that the restore is seen in force too
             on_dev_max = samples = 0
-            while samples < 10 and time.monotonic() < dl:
+            while samples < 10 and time.monotonic() < dl and (
+                    samples == 0 or min(s.tokens() for s in ss) < T // 2):
                 busy = [x for x in srv.sessions() if x["busy"]]
                 if not busy:
                     break
@@ -1077,6 +1081,7 @@ def bench_budget(a, srv, shape, after):
                         -(-x["kv_tokens"] // srv.block_size) - x["tail_blocks"] for x in busy))
                 time.sleep(0.02)
             ev["halved_room_blocks"], ev["halved_device_blocks_max"] = cap, on_dev_max
+            ev["halved_readings"] = samples
             ev["tokens_at_restore"] = [s.tokens() for s in ss]
             t = time.monotonic()
             ev["restore_set_s"], r = srv.budget_set(srv.plan_overhead + room)
@@ -1288,8 +1293,8 @@ def parse_args(argv):
     ap.add_argument("--http-batches", help="1,64 (quick 1,4)")
     ap.add_argument("--http-tokens", type=int, help="decoded tokens per stream (256; quick 200): at batch 64 fewer leave the streams too little time together")
     ap.add_argument("--budget-streams", type=int, help="(12; quick 2)")
-    ap.add_argument("--budget-tokens", type=int, help="(192; quick 1500)")
-    ap.add_argument("--budget-ctx", type=int, help="prompt of each stream (--ctx; quick 2048): "
+    ap.add_argument("--budget-tokens", type=int, help="(192; quick 2000)")
+    ap.add_argument("--budget-ctx", type=int, help="prompt of each stream (--ctx; quick 4096): "
                     "the prompt's KV must outweigh the decoded tokens' for halving to bite")
     ap.add_argument("--budget-nondeterministic", dest="budget_deterministic",
                     action="store_false", help="run the budget part on the main server (default: "
@@ -1314,8 +1319,8 @@ def parse_args(argv):
             "block_size": (32, 256), "ctx": (256, 4096), "fit_sessions": (2, 16),
             "sessions_max": (6, 64), "window": (0.4, 3.0), "spill_ctx": (2048, 32768),
             "spill_prefill": (64, 512), "spill_decode": (600, 32), "http_batches": ("1,4", "1,64"),
-            "http_tokens": (200, 256), "budget_streams": (2, 12), "budget_tokens": (1500, 192),
-            "budget_ctx": (2048, 0), "io_timeout": (30, 120), "max_batch_tokens": (512, 512),
+            "http_tokens": (200, 256), "budget_streams": (2, 12), "budget_tokens": (2000, 192),
+            "budget_ctx": (4096, 0), "io_timeout": (30, 120), "max_batch_tokens": (512, 512),
             "prefill_chunk": (256, 256), "spill_fracs": ("0,0.5,1", "0,0.25,0.5,0.75,0.9,1")}
     for k, (quick, full) in dflt.items():
         if getattr(a, k) is None:
