@@ -55,7 +55,8 @@ struct admin_req {
     int answered;
     int waiting_kv;   /* a kvmgr call holds a pointer to it */
     int waiting_hist; /* budget_set: the histograms after the re-plan */
-    uint64_t hist_after_ms;
+    uint64_t hist_after_ms; /* ... arrived after this (wall ms) */
+    uint64_t hist_seq;      /* ... and describe this plan or a later one (0: not known) */
     cJSON *state; /* what a multi-step command carries (budget before, new budget) */
     struct admin_req *next;
 };
@@ -1069,6 +1070,8 @@ static void cmd_budget_set(struct admin *a, const cJSON *args, struct admin_req 
     if (gpu >= 0 && a->cfg.n_gpus > 1)
         cJSON_AddStringToObject(r->state, "note", "kvmgr applies one VRAM target to every GPU");
     struct proto_budget b = {vram, host, reserve, gpu};
+    /* a histogram of kvmgr's plan for it comes after this; it may come before the answer */
+    r->hist_after_ms = rkv_wall_ms();
     kv_call(a, r, PROTO_MSG_BUDGET_SET, &b);
 }
 
@@ -1108,6 +1111,21 @@ static void summarize(cJSON *before, cJSON *after, cJSON *out)
             snprintf(line + n, sizeof line - (size_t)n, " no session changed tactic");
         cJSON_AddItemToArray(out, cJSON_CreateString(line));
     }
+}
+
+/* every gpu's histogram shows kvmgr's plan for r's budget: one from the plan the answer named
+ * (or a later one) that arrived after r was sent (a kvmgr started since counts plans anew), or,
+ * from a kvmgr that names no plans, one that arrived after the answer */
+static int hists_after(const struct admin *a, const struct admin_req *r)
+{
+    for (uint32_t g = 0; g < a->cfg.n_gpus && g < ADMIN_MAX_WORKERS; g++) {
+        int seen = r->hist_seq
+                       ? a->hist_ms[g] >= r->hist_after_ms && a->hist[g].plan_seq >= r->hist_seq
+                       : a->hist_ms[g] > r->hist_after_ms;
+        if (!seen)
+            return 0;
+    }
+    return 1;
 }
 
 static void budget_finish(struct admin *a, struct admin_req *r)
@@ -1202,9 +1220,17 @@ static void kv_done(void *ud, int rc, const struct proto_in *reply, const char *
     cJSON_ReplaceItemInObject(
         r->state, "budget",
         budget_json(b.vram_target_bytes, b.host_budget_bytes, b.compute_reserve_bytes));
-    /* kvmgr re-planned before it answered; its next histogram shows the plan */
+    /* kvmgr re-planned before it answered and sent the plan's histogram, which may be here
+     * already; a kvmgr that names no plans shows it in its next one */
     r->waiting_hist = 1;
-    r->hist_after_ms = rkv_wall_ms();
+    r->hist_seq = b.plan_seq;
+    if (!b.plan_seq)
+        r->hist_after_ms = rkv_wall_ms();
+    if (hists_after(a, r)) {
+        r->waiting_hist = 0;
+        budget_finish(a, r);
+        return;
+    }
     uv_timer_start(&a->hist_timer, hist_timer_cb, HIST_WAIT_MS + 10, 0);
 }
 
@@ -1650,12 +1676,7 @@ void admin_on_histogram(struct admin *a, const struct proto_histogram *h)
     /* budget_set answers once every gpu has a histogram from after the re-plan */
     for (struct admin_req *r = a->reqs, *n; r; r = n) {
         n = r->next;
-        if (!r->waiting_hist)
-            continue;
-        int all = 1;
-        for (uint32_t g = 0; g < a->cfg.n_gpus && g < ADMIN_MAX_WORKERS; g++)
-            all &= a->hist_ms[g] > r->hist_after_ms;
-        if (all) {
+        if (r->waiting_hist && hists_after(a, r)) {
             r->waiting_hist = 0;
             budget_finish(a, r);
         }

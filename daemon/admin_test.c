@@ -343,11 +343,11 @@ static void test_keys_and_authorize(void **state)
     assert_true(num(a->result, "api_keys") == 1);
 }
 
-static void reply_budget(struct env *e, uint64_t vram)
+static void reply_budget(struct env *e, uint64_t vram, uint64_t plan_seq)
 {
     struct proto_wbuf w;
     proto_wbuf_init(&w);
-    struct proto_budget b = {vram, 1 << 30, 0, -1};
+    struct proto_budget b = {vram, 1 << 30, 0, -1, plan_seq};
     assert_int_equal(proto_put_json(&w, PROTO_MSG_BUDGET, &b, NULL, 0), 0);
     struct proto_in in = {{PROTO_VERSION, PROTO_MSG_BUDGET, 1, PROTO_FLAG_JSON, (uint32_t)w.len},
                           w.data,
@@ -366,7 +366,7 @@ static void test_budget_set_waits_for_the_replan(void **state)
     assert_false(a->done); /* kvmgr has it */
     assert_int_equal(e->fake.call_type, PROTO_MSG_BUDGET_SET);
     assert_non_null(strstr(e->fake.call_payload, "\"vram_target_bytes\":65536"));
-    reply_budget(e, 65536);
+    reply_budget(e, 65536, 0);
     assert_false(a->done); /* now the histogram after the re-plan */
     assert_int_equal(e->fake.applied_vram, 65536);
     char v[64];
@@ -396,6 +396,41 @@ static void test_budget_set_waits_for_the_replan(void **state)
     assert_non_null(strstr(a->err, "mode_set: kvmgr did not take it: no answer"));
 }
 
+/* kvmgr names its plans: a histogram of an older plan does not end the wait, nor one that
+ * arrived before the request was sent (from a kvmgr that counted its plans further); the
+ * budget's plan's histogram may come before the answer, which is then immediate */
+static void test_budget_set_answers_with_the_plans_histogram(void **state)
+{
+    struct env *e = *state;
+    struct proto_histogram old = {0, {4, 0, 0, 0}, {400, 0, 0, 0}, 4096, 8192, 0, 1024, 90};
+    admin_on_histogram(e->admin, &old);
+    rkv_sleep_ms(2);
+    struct answer *a = run(e, "budget_set", "{\"vram_target\":\"64KiB\"}", 1);
+    reply_budget(e, 65536, 7);
+    assert_false(a->done);
+    struct proto_histogram h = {0, {4, 0, 0, 0}, {400, 0, 0, 0}, 4096, 8192, 0, 1024, 6};
+    admin_on_histogram(e->admin, &h);
+    assert_false(a->done);
+    struct proto_histogram h2 = {0, {2, 2, 0, 0}, {200, 200, 0, 0}, 2048, 8192, 200, 1024, 7};
+    admin_on_histogram(e->admin, &h2);
+    assert_true(a->done);
+    assert_int_equal(a->rc, 0);
+    assert_string_equal(
+        cJSON_GetArrayItem(cJSON_GetObjectItem(a->result, "summary"), 0)->valuestring,
+        "gpu 0: resident 4->2 window 0->2");
+
+    a = run(e, "budget_set", "{\"vram_target\":\"128KiB\"}", 1);
+    struct proto_histogram h3 = {0, {4, 0, 0, 0}, {400, 0, 0, 0}, 4096, 8192, 0, 1024, 8};
+    admin_on_histogram(e->admin, &h3);
+    assert_false(a->done);
+    reply_budget(e, 131072, 8);
+    assert_true(a->done);
+    assert_int_equal(a->rc, 0);
+    assert_string_equal(
+        cJSON_GetArrayItem(cJSON_GetObjectItem(a->result, "summary"), 0)->valuestring,
+        "gpu 0: resident 2->4 window 2->0");
+}
+
 static void test_shutdown_answers_what_is_pending(void **state)
 {
     struct env *e = *state;
@@ -418,6 +453,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_sessions, setup, teardown),
         cmocka_unit_test_setup_teardown(test_keys_and_authorize, setup, teardown),
         cmocka_unit_test_setup_teardown(test_budget_set_waits_for_the_replan, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_budget_set_answers_with_the_plans_histogram, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_shutdown_answers_what_is_pending, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -163,7 +163,8 @@ struct kvmgr {
     struct pools_new np;
     struct rkv_map sess; /* sid -> struct sess */
     struct plan *plan;
-    int dirty; /* something changed since the last plan */
+    uint64_t plan_seq; /* plans made so far: the histograms and budget answers name theirs */
+    int dirty;         /* something changed since the last plan */
     uint64_t last_hist_ms;
     uint64_t moved_bytes;
     struct proto_wbuf buf;
@@ -470,6 +471,7 @@ static int replan(struct kvmgr *k, const char *why)
     }
     plan_free(k->plan);
     k->plan = p;
+    k->plan_seq++;
     k->dirty = 0;
     free(ps);
     /* the moves just made changed tails: the sessions list shows them now, not at the next
@@ -524,6 +526,7 @@ static void publish_histogram(struct kvmgr *k)
         h.device_used = h.device_total - (uint64_t)kvb_free_dev(k->kvb, g) * k->block_bytes;
         h.host_total = (uint64_t)kvpool_get_desc(k->host)->n_blocks * k->block_bytes;
         h.host_used = h.host_total - (uint64_t)kvb_free_host(k->kvb) * k->block_bytes;
+        h.plan_seq = k->plan_seq;
         publish_json(k, PROTO_MSG_HISTOGRAM, &h);
     }
 }
@@ -1082,8 +1085,12 @@ static int handle(void *ctx, const struct proto_in *in, struct proto_wbuf *reply
             log_info("budget set: vram target %s, host %s", v, h);
             k->dirty = 1;
             replan(k, "budget changed");
+            /* rkvd answers rkvctl with the histogram of this plan: it goes now, not at the
+             * next second's tick */
+            publish_histogram(k);
         }
-        b = (struct proto_budget){k->c.vram_target, k->c.host_budget, k->c.compute_reserve, -1};
+        b = (struct proto_budget){k->c.vram_target, k->c.host_budget, k->c.compute_reserve, -1,
+                                  k->plan_seq};
         *reply_type = PROTO_MSG_BUDGET;
         return proto_put_json(reply, PROTO_MSG_BUDGET, &b, err, errlen);
     }

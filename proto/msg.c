@@ -59,6 +59,7 @@ static const struct proto_field f_budget[] = {
     PROTO_F_U64(struct proto_budget, host_budget_bytes, 1, 0, 0),
     PROTO_F_U64(struct proto_budget, compute_reserve_bytes, 1, 0, 0),
     PROTO_F_I64(struct proto_budget, gpu, 1, -1, PROTO_MAX_GPU),
+    PROTO_F_U64(struct proto_budget, plan_seq, 0, 0, 0),
 };
 
 static const struct proto_field f_mode[] = {
@@ -119,6 +120,7 @@ static const struct proto_field f_histogram[] = {
     PROTO_F_U64(struct proto_histogram, device_total, 1, 0, 0),
     PROTO_F_U64(struct proto_histogram, host_used, 1, 0, 0),
     PROTO_F_U64(struct proto_histogram, host_total, 1, 0, 0),
+    PROTO_F_U64(struct proto_histogram, plan_seq, 0, 0, 0),
 };
 
 static const struct proto_field f_status[] = {

@@ -89,6 +89,7 @@ struct proto_budget {
     uint64_t host_budget_bytes;
     uint64_t compute_reserve_bytes;
     int64_t gpu;
+    uint64_t plan_seq; /* BUDGET: kvmgr's plan that applies it (0: not said) */
 };
 
 /* MODE (reply) and MODE_SET (request, answered with MODE) */
@@ -153,6 +154,7 @@ struct proto_histogram {
     uint64_t device_total;
     uint64_t host_used;
     uint64_t host_total;
+    uint64_t plan_seq; /* the plan it describes: kvmgr counts them from 1 (0: not said) */
 };
 
 /* STATUS: kvmgr's overview for rkvd and rkvctl */
