@@ -1,6 +1,7 @@
 #!/bin/sh
 # device-ab.sh - gpu_bench decode suite (--quick) once per variant of the RKV_CUDA_* switches,
-# in one device call, for an a/b of kernel choices measured in the same run:
+# in one device call, for an a/b of kernel choices measured in the same run (env SUITE=prefill
+# for the prefill cases, QUICK= for all of a suite's lengths):
 #   here:  scripts/bench-system.sh --pack .benchpack build/bs
 #   there: sh scripts/device-ab.sh .benchpack $OUT default RKV_CUDA_EARLY=0 RKV_CUDA_SPLIT_COST=2
 # a variant is "default" or VAR=VALUE[,VAR=VALUE...]; each writes OUT/ab-N.json and .txt, and
@@ -21,8 +22,9 @@ for v; do
     [ "$v" = default ] || envs=$(echo "$v" | tr ',' ' ')
     echo "== variant $i: $v ($(date +%T))" | tee -a "$OUT/ab.txt"
     # shellcheck disable=SC2086 # envs is a list of VAR=VALUE words
-    timeout "${AB_TIMEOUT:-150}" env $envs "$PACK/bin/gpu_bench" --suite "$SUITE" --quick \
+    # shellcheck disable=SC2086 # QUICK is one word or none
+    timeout "${AB_TIMEOUT:-150}" env $envs "$PACK/bin/gpu_bench" --suite "$SUITE" ${QUICK---quick} \
         --json "$OUT/ab-$i.json" >"$OUT/ab-$i.txt" 2>&1
     echo "rc=$?" >>"$OUT/ab-$i.txt"
-    grep -E "decode|rc=" "$OUT/ab-$i.txt" | sed 's/  */ /g' | tee -a "$OUT/ab.txt"
+    grep -E "decode|prefill|rc=" "$OUT/ab-$i.txt" | sed 's/  */ /g' | tee -a "$OUT/ab.txt"
 done

@@ -761,7 +761,18 @@ int main(int argc, char **argv)
         /* the splits merged by a kernel of their own instead of the launch's last block */
         setenv("RKV_CUDA_MERGE_IN_ATTN", "0", 1);
         attention_with("the splits merged by a separate kernel", NULL, 0);
+        /* prefill tiles (64 rows, d 64 and 128) on the flash-attention kernel, its splits
+         * merged both ways, host blocks read both ways */
+        setenv("RKV_CUDA_FA", "1", 1);
+        attention_with("prefill tiles on attn_fa_kernel, splits merged by a separate kernel", NULL,
+                       0);
         unsetenv("RKV_CUDA_MERGE_IN_ATTN");
+        setenv("RKV_CUDA_HOST_READ", "zerocopy", 1);
+        attention_with("prefill tiles on attn_fa_kernel, host blocks read by zerocopy", NULL, 0);
+        setenv("RKV_CUDA_HOST_READ", "copy", 1);
+        attention_with("prefill tiles on attn_fa_kernel, host blocks read by copy", NULL, 0);
+        unsetenv("RKV_CUDA_HOST_READ");
+        unsetenv("RKV_CUDA_FA");
         /* placement-independent attention: the cases against the cpu, then the same kv placed
          * four ways, bit for bit */
         setenv("RKV_CUDA_ATTN_FIXED", "1", 1);

@@ -460,6 +460,15 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_kernel(struct attn_kargs a)
     attn_merge_last(a, tok0, rows, kvh);
 }
 
+/* value rows [from, to) of a key chunk set to zero by threads i0, i0 + step, ...: the p.v mma
+ * reads up to the next 16-key step, where p is 0 but 0 * a stale nan would not be */
+__device__ __forceinline__ void attn_zero_rows(__half *vd, uint32_t from, uint32_t to, uint32_t D,
+                                               uint32_t DP, uint32_t i0, uint32_t step)
+{
+    for (uint32_t i = i0; i < (to - from) * D; i += step)
+        vd[(from + i / D) * DP + i % D] = __float2half_rn(0.0f);
+}
+
 /* d += a . b on the tensor cores: m16n8k16, f16 in, f32 accumulate */
 __device__ __forceinline__ void attn_mma(float *d, uint32_t a0, uint32_t a1, uint32_t a2,
                                          uint32_t a3, uint32_t b0, uint32_t b1)
@@ -583,14 +592,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_mma_kernel(struct attn_karg
 
         const uint32_t nk = src.keys(u, kp_cur);
         const __half *kd = ks + stage * CH * DP, *vd = vs + stage * CH * DP;
-        /* value rows past nk up to the 16-key step are read by the p.v mma:
-         * zeros (p is 0 there, and 0 * stale nan would not be) */
-        {
-            uint32_t nk16 = (nk + 15) & ~15u;
-            __half *vz = vs + stage * CH * DP;
-            for (uint32_t i = tid; i < (nk16 - nk) * D; i += ATTN_THREADS)
-                vz[(nk + i / D) * DP + i % D] = __float2half_rn(0.0f);
-        }
+        attn_zero_rows(vs + stage * CH * DP, nk, (nk + 15) & ~15u, D, DP, tid, ATTN_THREADS);
         /* scores: warp w takes keys 16w..16w+15 (two n tiles) of every m tile */
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
@@ -753,6 +755,204 @@ __device__ __forceinline__ void attn_ldm4(uint32_t &r0, uint32_t &r1, uint32_t &
                      : "r"(addr));
 }
 
+/* d += a . b (m16n8k16, f16 in, f32 accumulate), left to the compiler to schedule */
+__device__ __forceinline__ void fa_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                       uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* prefill tiles over f16 kv, flash-attention 2 style: warp w owns rows 16w..16w+15 of the
+ * 64-row tile (tokens x gqa group) and keeps everything of them in registers: q (hi and lo
+ * halves, so q.k^T is f32-accurate), the 16 x 64 scores of a key chunk, their online softmax
+ * (a row lives in the four lanes of a quad: two shuffles), p as the a operand of p.v (hi and lo)
+ * and the 16 x D output. The key chunks stream through two shared-memory stages; the only
+ * barriers are the pipeline's. attn_mma_kernel staged the scores in shared memory between three
+ * barriers per chunk with 4 warps per SM. grid (n_kv_head, n_split, n_qtiles), ATTN_THREADS
+ * threads, D = 8 * ND (64 or 128); smem: ks, vs (2, 64, D + 8) f16. Partials as attn_mma_kernel
+ * (unnormalized o, m, l in the natural log domain) */
+template <int ND>
+__global__ void __launch_bounds__(ATTN_THREADS) attn_fa_kernel(struct attn_kargs a)
+{
+    constexpr int CH = 64, D = 8 * ND, DP = D + 8, KS = D / 16;
+    extern __shared__ __align__(16) char smem[];
+    const uint32_t tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2,
+                   tq = lane & 3;
+    __half *ks = (__half *)smem;   /* (2, CH, DP) */
+    __half *vs = ks + 2 * CH * DP; /* (2, CH, DP) */
+
+    cuda_grid_wait(); /* q and the newest keys come from the kernels before */
+    const struct cuda_qtile qt = a.qtiles[blockIdx.z];
+    const struct cuda_seq_meta sq = a.seqs[qt.seq];
+    const uint32_t kvh = blockIdx.x, split = blockIdx.y, g = a.g;
+    const uint32_t tok0 = sq.tok_off + qt.t0, rows = qt.nt * g;
+    /* this lane's two rows: gq and gq + 8 of the warp's 16 */
+    const uint32_t r0 = warp * 16 + gq, r1 = r0 + 8;
+    const int p0 = r0 < rows ? a.pos[tok0 + r0 / g] : -1;
+    const int p1 = r1 < rows ? a.pos[tok0 + r1 / g] : -1;
+    int max_pos = -1;
+    for (uint32_t i = 0; i < qt.nt; i++)
+        max_pos = max(max_pos, a.pos[tok0 + i]);
+
+    /* q fragments: a0 (row gq, dims 2tq..), a1 (row gq + 8), a2 (dims + 8), a3 (both) */
+    uint32_t qh[KS][4], ql[KS][4];
+    {
+        auto qv = [&](uint32_t r, uint32_t d) -> float {
+            if (r >= rows)
+                return 0.0f;
+            const uint32_t t = tok0 + r / g, h = kvh * g + r % g;
+            return a.q[((size_t)t * a.n_head + h) * D + d] * a.scale;
+        };
+#pragma unroll
+        for (int k = 0; k < KS; k++) {
+            const uint32_t d0 = k * 16 + 2 * tq;
+            attn_split2(qv(r0, d0), qv(r0, d0 + 1), qh[k][0], ql[k][0]);
+            attn_split2(qv(r1, d0), qv(r1, d0 + 1), qh[k][1], ql[k][1]);
+            attn_split2(qv(r0, d0 + 8), qv(r0, d0 + 9), qh[k][2], ql[k][2]);
+            attn_split2(qv(r1, d0 + 8), qv(r1, d0 + 9), qh[k][3], ql[k][3]);
+        }
+    }
+
+    const attn_src<__half, CH> src(a, sq, kvh, split, max_pos, DP);
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    float o[ND][4];
+#pragma unroll
+    for (int j = 0; j < ND; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            o[j][e] = 0.0f;
+
+    long long kp_cur = src.first(ks, vs);
+    int stage = 0;
+    for (uint32_t u = src.u0; kp_cur >= 0; u++) {
+        const long long kp_next = src.next(u, stage, ks, vs); /* unit u landed, block-wide */
+        const uint32_t nk = src.keys(u, kp_cur);
+        const __half *kd = ks + stage * CH * DP;
+        __half *vd = vs + stage * CH * DP;
+        if (nk < CH) { /* nk is the same for the whole block */
+            attn_zero_rows(vd, nk, (nk + 15) & ~15u, D, DP, tid, ATTN_THREADS);
+            __syncthreads();
+        }
+        /* s = q . k^T: n tile j holds keys 8j..8j+7; c0, c1 row gq keys 8j + 2tq (+1), c2, c3
+         * row gq + 8 */
+        float s[8][4];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                s[j][e] = 0.0f;
+            if ((uint32_t)j * 8 < nk) {
+                const __half *kb = kd + (j * 8 + gq) * DP + 2 * tq;
+#pragma unroll
+                for (int k = 0; k < KS; k++) {
+                    const uint32_t b0 = *(const uint32_t *)(kb + k * 16);
+                    const uint32_t b1 = *(const uint32_t *)(kb + k * 16 + 8);
+                    fa_mma(s[j], qh[k], b0, b1);
+                    fa_mma(s[j], ql[k], b0, b1);
+                }
+            }
+        }
+        /* causal mask and chunk end, then each row's max over its quad */
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const uint32_t kc = j * 8 + 2 * tq + (e & 1);
+                const int pr = e < 2 ? p0 : p1;
+                const bool ok = kc < nk && kp_cur + kc <= (long long)pr;
+                s[j][e] = ok ? s[j][e] : -INFINITY;
+                if (e < 2)
+                    mx0 = fmaxf(mx0, s[j][e]);
+                else
+                    mx1 = fmaxf(mx1, s[j][e]);
+            }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 2));
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        const float c0 = mn0 == -INFINITY ? 1.0f : m0 == -INFINITY ? 0.0f : expf(m0 - mn0);
+        const float c1 = mn1 == -INFINITY ? 1.0f : m1 == -INFINITY ? 0.0f : expf(m1 - mn1);
+        float ps0 = 0.0f, ps1 = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float mn = e < 2 ? mn0 : mn1;
+                const float p = s[j][e] == -INFINITY ? 0.0f : expf(s[j][e] - mn);
+                s[j][e] = p;
+                if (e < 2)
+                    ps0 += p;
+                else
+                    ps1 += p;
+            }
+        ps0 += __shfl_xor_sync(0xffffffff, ps0, 1);
+        ps0 += __shfl_xor_sync(0xffffffff, ps0, 2);
+        ps1 += __shfl_xor_sync(0xffffffff, ps1, 1);
+        ps1 += __shfl_xor_sync(0xffffffff, ps1, 2);
+        l0 = l0 * c0 + ps0;
+        l1 = l1 * c1 + ps1;
+        m0 = mn0;
+        m1 = mn1;
+#pragma unroll
+        for (int j = 0; j < ND; j++) {
+            o[j][0] *= c0;
+            o[j][1] *= c0;
+            o[j][2] *= c1;
+            o[j][3] *= c1;
+        }
+        /* o += p . v over 16-key steps: p's a fragment is the c fragments of score tiles 2k and
+         * 2k + 1; v's b fragments for two output tiles at once out of the row-major chunk */
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            if ((uint32_t)k * 16 >= nk)
+                break;
+            uint32_t ph[4], pl[4];
+            attn_split2(s[2 * k][0], s[2 * k][1], ph[0], pl[0]);
+            attn_split2(s[2 * k][2], s[2 * k][3], ph[1], pl[1]);
+            attn_split2(s[2 * k + 1][0], s[2 * k + 1][1], ph[2], pl[2]);
+            attn_split2(s[2 * k + 1][2], s[2 * k + 1][3], ph[3], pl[3]);
+            const __half *vr = vd + (k * 16 + (lane & 15)) * DP + (lane >> 4) * 8;
+#pragma unroll
+            for (int j = 0; j < ND; j += 2) {
+                uint32_t b0, b1, b2, b3;
+                attn_ldm4<true>(b0, b1, b2, b3, vr + j * 8);
+                fa_mma(o[j], ph, b0, b1);
+                fa_mma(o[j], pl, b0, b1);
+                fa_mma(o[j + 1], ph, b2, b3);
+                fa_mma(o[j + 1], pl, b2, b3);
+            }
+        }
+        __syncthreads(); /* every warp is done with this stage before it is refilled */
+        stage ^= 1;
+        kp_cur = kp_next;
+    }
+    attn_wait<0>();
+
+    const uint32_t PD = D + 2;
+    float *part = a.part + (size_t)split * a.n_tokens * a.n_head * PD;
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const uint32_t r = half ? r1 : r0;
+        if (r >= rows)
+            continue;
+        const uint32_t t = tok0 + r / g, h = kvh * g + r % g;
+        float *pr = part + ((size_t)t * a.n_head + h) * PD;
+#pragma unroll
+        for (int j = 0; j < ND; j++)
+            *(float2 *)(pr + j * 8 + 2 * tq) = make_float2(o[j][2 * half], o[j][2 * half + 1]);
+        if (tq == 0) {
+            pr[D] = half ? m1 : m0;
+            pr[D + 1] = half ? l1 : l0;
+        }
+    }
+    attn_merge_last(a, tok0, rows, kvh);
+}
+
 /* decode over f16 kv: one token per tile, gqa group g <= 8, D = 8 * ND (16..128).
  * The m16 tile holds q in rows 0..g-1 and its f16 rounding residual in rows 8..8+g-1, so one
  * mma yields both halves of the f32-accurate product (summed in registers), and p.v likewise
@@ -843,9 +1043,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_dec_kernel(struct attn_karg
         __half *vd = vs + stage * CH * DP;
         if (kw < nk) {
             if (kw + 16 > nk) {
-                /* value rows past nk are read by the p.v mma: zeros, not stale bits */
-                for (uint32_t i = lane; i < (kw + 16 - nk) * D; i += 32)
-                    vd[(nk + i / D) * DP + i % D] = __float2half_rn(0.0f);
+                attn_zero_rows(vd, nk, kw + 16, D, DP, lane, 32);
                 __syncwarp();
             }
             /* scores of keys kw..kw+15: two n tiles of 8 */
@@ -994,18 +1192,52 @@ template <typename F> static int attn_smem_limit(F fn, size_t sm, size_t *set)
     return 0;
 }
 
-template <int ND>
-static int attn_dec_launch(const struct cuda_ctx *c, dim3 grid, size_t sm, cudaStream_t s,
-                           const struct attn_kargs &k)
+/* one launch of an attention kernel with sm bytes of dynamic shared memory; *sm_set: the limit
+ * its kernel was raised to (one per instantiation, kept by the caller) */
+template <typename F>
+static int attn_launch_fn(const struct cuda_ctx *c, F fn, size_t *sm_set, dim3 grid, size_t sm,
+                          cudaStream_t s, const struct attn_kargs &k)
 {
-    auto fn = attn_dec_kernel<ND>;
-    static size_t sm_set; /* raised once per instantiation */
-    if (attn_smem_limit(fn, sm, &sm_set) < 0)
+    if (attn_smem_limit(fn, sm, sm_set) < 0)
         return RKV_ECUDA;
     struct attn_kargs kk = k;
     kk.smem_f = (uint32_t)(sm / sizeof(float));
     CU_TRY(cuda_launch_pdl(c, fn, grid, dim3(ATTN_THREADS), sm, s, kk));
     return 0;
+}
+
+template <int ND>
+static int attn_dec_launch(const struct cuda_ctx *c, dim3 grid, size_t sm, cudaStream_t s,
+                           const struct attn_kargs &k)
+{
+    static size_t sm_set;
+    return attn_launch_fn(c, attn_dec_kernel<ND>, &sm_set, grid, sm, s, k);
+}
+
+template <int ND>
+static int attn_fa_launch_nd(const struct cuda_ctx *c, dim3 grid, size_t sm, cudaStream_t s,
+                             const struct attn_kargs &k)
+{
+    static size_t sm_set;
+    return attn_launch_fn(c, attn_fa_kernel<ND>, &sm_set, grid, sm, s, k);
+}
+
+/* do the 64-row tiles of this launch take attn_fa_kernel? */
+template <int RMAX> static inline bool attn_takes_fa(const struct cuda_ctx *c, uint32_t D)
+{
+    return RMAX == 64 && c->fa && c->layout.dtype == KV_F16 && !c->no_mma && (D == 64 || D == 128);
+}
+
+/* only the prefill shape instantiates the kernel */
+template <int RMAX>
+static int attn_fa_launch(const struct cuda_ctx *c, dim3 grid, size_t sm, cudaStream_t s,
+                          const struct attn_kargs &k)
+{
+    if constexpr (RMAX != 64)
+        return RKV_EINTERNAL;
+    else
+        return k.D == 128 ? attn_fa_launch_nd<16>(c, grid, sm, s, k)
+                          : attn_fa_launch_nd<8>(c, grid, sm, s, k);
 }
 
 /* does a launch of this shape take attn_dec_kernel (attn_launch's first case)? */
@@ -1050,33 +1282,32 @@ static int attn_launch(struct cuda_ctx *c, const struct cuda_attn_args *a, struc
                              : attn_dec_launch<2>(c, grid, sm, a->s, k);
         if (rc < 0)
             return rc;
+    } else if (attn_takes_fa<RMAX>(c, k.D)) {
+        size_t sm = 4 * 64 * (size_t)(k.D + 8) * 2;
+        int rc = attn_fa_launch<RMAX>(c, grid, sm, a->s, k);
+        if (rc < 0)
+            return rc;
     } else if (c->layout.dtype == KV_F16 && !c->no_mma && k.D >= 16) {
         constexpr int MT = RMAX / 16;
         size_t dp = k.D + 8;
         size_t sm = 4 * 64 * dp * 2 + (MT == 1 ? 0 : 2 * (size_t)RMAX * dp * 2) +
                     (size_t)RMAX * 72 * 4 + (size_t)RMAX * 8;
-        auto fn = attn_mma_kernel<MT>;
-        static size_t sm_set; /* raised once per instantiation */
-        if (attn_smem_limit(fn, sm, &sm_set) < 0)
-            return RKV_ECUDA;
-        k.smem_f = (uint32_t)(sm / sizeof(float));
-        CU_TRY(cuda_launch_pdl(c, fn, grid, dim3(ATTN_THREADS), sm, a->s, k));
+        static size_t sm_set;
+        int rc = attn_launch_fn(c, attn_mma_kernel<MT>, &sm_set, grid, sm, a->s, k);
+        if (rc < 0)
+            return rc;
     } else if (c->layout.dtype == KV_F16) {
         size_t sm = attn_smem_bytes(2, 64, k.D, k.R);
-        auto fn = attn_kernel<__half, 64, RMAX, RPT>;
-        static size_t sm_set; /* raised once per instantiation */
-        if (attn_smem_limit(fn, sm, &sm_set) < 0)
-            return RKV_ECUDA;
-        k.smem_f = (uint32_t)(sm / sizeof(float));
-        CU_TRY(cuda_launch_pdl(c, fn, grid, dim3(ATTN_THREADS), sm, a->s, k));
+        static size_t sm_set;
+        int rc = attn_launch_fn(c, attn_kernel<__half, 64, RMAX, RPT>, &sm_set, grid, sm, a->s, k);
+        if (rc < 0)
+            return rc;
     } else {
         size_t sm = attn_smem_bytes(4, 32, k.D, k.R);
-        auto fn = attn_kernel<float, 32, RMAX, RPT>;
-        static size_t sm_set; /* raised once per instantiation */
-        if (attn_smem_limit(fn, sm, &sm_set) < 0)
-            return RKV_ECUDA;
-        k.smem_f = (uint32_t)(sm / sizeof(float));
-        CU_TRY(cuda_launch_pdl(c, fn, grid, dim3(ATTN_THREADS), sm, a->s, k));
+        static size_t sm_set;
+        int rc = attn_launch_fn(c, attn_kernel<float, 32, RMAX, RPT>, &sm_set, grid, sm, a->s, k);
+        if (rc < 0)
+            return rc;
     }
     CU_LAUNCHED();
     return 0;

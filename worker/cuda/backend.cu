@@ -1155,6 +1155,7 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         c->precise = cu_env_flag("RKV_CUDA_PRECISE", 0);
         c->fuse = cu_env_flag("RKV_CUDA_FUSE", 1);
         c->dec = cu_env_flag("RKV_CUDA_DEC", 1);
+        c->fa = cu_env_flag("RKV_CUDA_FA", 0);
         c->merge_in_attn = cu_env_flag("RKV_CUDA_MERGE_IN_ATTN", 1);
         c->attn_fixed = cu_env_flag("RKV_CUDA_ATTN_FIXED", 0);
         c->no_mma = cu_env_flag("RKV_CUDA_NO_MMA", 0);
@@ -1182,6 +1183,7 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
              * arithmetic, one linear kernel for every token count */
             c->attn_fixed = 1;
             c->dec = 0;
+            c->fa = 0; /* a prefilled row would not round as the same row decoded */
             c->lin_stream = 0;
         }
         /* streamed linears: 32 KiB stages (16 KiB: 0.56 of hbm on gate/up, 32: 0.89), a ring
