@@ -773,8 +773,10 @@ __device__ __forceinline__ void fa_mma(float (&d)[4], const uint32_t (&a)[4], ui
  * barriers are the pipeline's. attn_mma_kernel staged the scores in shared memory between three
  * barriers per chunk with 4 warps per SM. grid (n_kv_head, n_split, n_qtiles), ATTN_THREADS
  * threads, D = 8 * ND (64 or 128); smem: ks, vs (2, 64, D + 8) f16. Partials as attn_mma_kernel
- * (unnormalized o, m, l in the natural log domain) */
-template <int ND>
+ * (unnormalized o, m, l in the natural log domain).
+ * LO: which products carry the f16 rounding residual (a second mma each): 2 q and p (f32
+ * accurate, as attn_mma_kernel), 1 q only, 0 none (plain f16 products, as flash-attention) */
+template <int ND, int LO>
 __global__ void __launch_bounds__(ATTN_THREADS) attn_fa_kernel(struct attn_kargs a)
 {
     constexpr int CH = 64, D = 8 * ND, DP = D + 8, KS = D / 16;
@@ -851,7 +853,8 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_fa_kernel(struct attn_kargs
                     const uint32_t b0 = *(const uint32_t *)(kb + k * 16);
                     const uint32_t b1 = *(const uint32_t *)(kb + k * 16 + 8);
                     fa_mma(s[j], qh[k], b0, b1);
-                    fa_mma(s[j], ql[k], b0, b1);
+                    if constexpr (LO >= 1)
+                        fa_mma(s[j], ql[k], b0, b1);
                 }
             }
         }
@@ -922,9 +925,11 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_fa_kernel(struct attn_kargs
                 uint32_t b0, b1, b2, b3;
                 attn_ldm4<true>(b0, b1, b2, b3, vr + j * 8);
                 fa_mma(o[j], ph, b0, b1);
-                fa_mma(o[j], pl, b0, b1);
                 fa_mma(o[j + 1], ph, b2, b3);
-                fa_mma(o[j + 1], pl, b2, b3);
+                if constexpr (LO >= 2) {
+                    fa_mma(o[j], pl, b0, b1);
+                    fa_mma(o[j + 1], pl, b2, b3);
+                }
             }
         }
         __syncthreads(); /* every warp is done with this stage before it is refilled */
@@ -1214,12 +1219,22 @@ static int attn_dec_launch(const struct cuda_ctx *c, dim3 grid, size_t sm, cudaS
     return attn_launch_fn(c, attn_dec_kernel<ND>, &sm_set, grid, sm, s, k);
 }
 
+template <int ND, int LO>
+static int attn_fa_launch_lo(const struct cuda_ctx *c, dim3 grid, size_t sm, cudaStream_t s,
+                             const struct attn_kargs &k)
+{
+    static size_t sm_set;
+    return attn_launch_fn(c, attn_fa_kernel<ND, LO>, &sm_set, grid, sm, s, k);
+}
+
+/* c->fa: 1 f32-accurate products, 2 p plain f16, 3 q and p plain f16 */
 template <int ND>
 static int attn_fa_launch_nd(const struct cuda_ctx *c, dim3 grid, size_t sm, cudaStream_t s,
                              const struct attn_kargs &k)
 {
-    static size_t sm_set;
-    return attn_launch_fn(c, attn_fa_kernel<ND>, &sm_set, grid, sm, s, k);
+    return c->fa == 1   ? attn_fa_launch_lo<ND, 2>(c, grid, sm, s, k)
+           : c->fa == 2 ? attn_fa_launch_lo<ND, 1>(c, grid, sm, s, k)
+                        : attn_fa_launch_lo<ND, 0>(c, grid, sm, s, k);
 }
 
 /* do the 64-row tiles of this launch take attn_fa_kernel? */

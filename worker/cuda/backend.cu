@@ -1155,7 +1155,8 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         c->precise = cu_env_flag("RKV_CUDA_PRECISE", 0);
         c->fuse = cu_env_flag("RKV_CUDA_FUSE", 1);
         c->dec = cu_env_flag("RKV_CUDA_DEC", 1);
-        c->fa = cu_env_flag("RKV_CUDA_FA", 0);
+        /* 1: f32-accurate products; 2, 3: p, then q and p, plain f16 (a/b of the cost) */
+        c->fa = (int)rkv_env_u64("RKV_CUDA_FA", 0, 0, 3);
         c->merge_in_attn = cu_env_flag("RKV_CUDA_MERGE_IN_ATTN", 1);
         c->attn_fixed = cu_env_flag("RKV_CUDA_ATTN_FIXED", 0);
         c->no_mma = cu_env_flag("RKV_CUDA_NO_MMA", 0);

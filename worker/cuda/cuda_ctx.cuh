@@ -178,8 +178,9 @@ struct cuda_ctx {
         uint64_t gen; /* of the meta it ran over */
     } fixed[KV_N_POOLS];
     int dec;        /* the packed decode attention kernel (env RKV_CUDA_DEC=0: the general one) */
-    int fa;         /* prefill tiles on attn_fa_kernel (env RKV_CUDA_FA=1; off until measured on
-                     * the device: attn_mma_kernel otherwise) */
+    int fa;         /* prefill tiles on attn_fa_kernel (env RKV_CUDA_FA=1, f32-accurate products;
+                     * 2: p plain f16, 3: q and p too; off until measured on the device:
+                     * attn_mma_kernel otherwise) */
     int fuse;       /* fused decode ops (env RKV_CUDA_FUSE=0 turns them off, for a/b checks) */
     int lin_ks;     /* warps per weight row of the fused linears, 1/2/4/8 (env RKV_CUDA_LIN_KS) */
     int lin_stream; /* 1-token linears stream weights through shared memory (sm_90+; env
