@@ -678,9 +678,37 @@ static void attention_with(const char *what, char *stats, size_t len)
     backend_free(alt);
 }
 
+/* attention_with under the settings vars ("NAME=VALUE NAME=VALUE ...", unset afterwards); the
+ * backend's host-read counters must not contain absent (NULL: not checked) */
+static void attention_env(const char *what, const char *vars, const char *absent)
+{
+    char buf[256], names[8][64];
+    int n = 0;
+    snprintf(buf, sizeof(buf), "%s", vars);
+    for (char *save = NULL, *v = strtok_r(buf, " ", &save); v && n < 8;
+         v = strtok_r(NULL, " ", &save)) {
+        char *eq = strchr(v, '=');
+        if (!eq)
+            continue;
+        *eq = 0;
+        snprintf(names[n++], sizeof(names[0]), "%s", v);
+        setenv(v, eq + 1, 1);
+    }
+    char st[512] = "";
+    attention_with(what, absent ? st : NULL, sizeof(st));
+    if (absent) {
+        char check[200];
+        snprintf(check, sizeof(check), "attention: %s: not \"%s\" in the counters", what, absent);
+        CHECK(check, strstr(st, absent) == NULL);
+    }
+    for (int i = 0; i < n; i++)
+        unsetenv(names[i]);
+}
+
 int gpu_model_tests(struct backend *cpu_be, struct backend *gpu_be, struct backend *precise,
                     struct backend *det, int *pass, int *fail);
-int gpu_model_cpu_tail_tests(struct backend *cpu_be, struct backend *tail_be, int *pass, int *fail);
+int gpu_model_cpu_tail_tests(struct backend *cpu_be, struct backend *tail_be, const char *what,
+                             int *pass, int *fail);
 
 int main(int argc, char **argv)
 {
@@ -761,18 +789,26 @@ int main(int argc, char **argv)
         /* the splits merged by a kernel of their own instead of the launch's last block */
         setenv("RKV_CUDA_MERGE_IN_ATTN", "0", 1);
         attention_with("the splits merged by a separate kernel", NULL, 0);
+        unsetenv("RKV_CUDA_MERGE_IN_ATTN");
         /* prefill tiles (64 rows, d 64 and 128) on the flash-attention kernel, its splits
          * merged both ways, host blocks read both ways */
-        setenv("RKV_CUDA_FA", "1", 1);
-        attention_with("prefill tiles on attn_fa_kernel, splits merged by a separate kernel", NULL,
-                       0);
-        unsetenv("RKV_CUDA_MERGE_IN_ATTN");
-        setenv("RKV_CUDA_HOST_READ", "zerocopy", 1);
-        attention_with("prefill tiles on attn_fa_kernel, host blocks read by zerocopy", NULL, 0);
-        setenv("RKV_CUDA_HOST_READ", "copy", 1);
-        attention_with("prefill tiles on attn_fa_kernel, host blocks read by copy", NULL, 0);
-        unsetenv("RKV_CUDA_HOST_READ");
-        unsetenv("RKV_CUDA_FA");
+        attention_env("prefill tiles on attn_fa_kernel, splits merged by a separate kernel",
+                      "RKV_CUDA_FA=1 RKV_CUDA_MERGE_IN_ATTN=0", NULL);
+        attention_env("prefill tiles on attn_fa_kernel, host blocks read by zerocopy",
+                      "RKV_CUDA_FA=1 RKV_CUDA_HOST_READ=zerocopy", NULL);
+        attention_env("prefill tiles on attn_fa_kernel, host blocks read by copy",
+                      "RKV_CUDA_FA=1 RKV_CUDA_HOST_READ=copy", NULL);
+        /* the split host read: a share of each decode row's host blocks (the oldest) attended on
+         * the cpu, the rest read by the gpu, merged by lse; 100: every host block of a decode
+         * row on the cpu through the split path */
+        attention_env("host blocks split, 40 % on the cpu, the rest copied",
+                      "RKV_CUDA_HOST_SPLIT=40 RKV_CUDA_HOST_READ=copy", " 0 split");
+        attention_env("host blocks split, 40 % on the cpu, the rest zero-copy",
+                      "RKV_CUDA_HOST_SPLIT=40 RKV_CUDA_HOST_READ=zerocopy", " 0 split");
+        attention_env("host blocks of decode rows all on the cpu by the split",
+                      "RKV_CUDA_HOST_SPLIT=100", " 0 split");
+        attention_env("host blocks split, one key split per block",
+                      "RKV_CUDA_HOST_SPLIT=40 RKV_CUDA_ATTN_FIXED=1", " 0 split");
         /* placement-independent attention: the cases against the cpu, then the same kv placed
          * four ways, bit for bit */
         setenv("RKV_CUDA_ATTN_FIXED", "1", 1);
@@ -800,12 +836,26 @@ int main(int argc, char **argv)
         setenv("RKV_CUDA_HOST_READ", "cpu", 1);
         struct backend *tail = NULL;
         if (backend_init(&go, &tail, err, sizeof(err)) == 0) {
-            gpu_model_cpu_tail_tests(cpu, tail, &n_pass, &n_fail);
+            gpu_model_cpu_tail_tests(cpu, tail, "cpu_tail", &n_pass, &n_fail);
             backend_free(tail);
         } else {
             CHECK("cpu_tail backend", 0);
         }
         unsetenv("RKV_CUDA_HOST_READ");
+        /* the split host read: 40 % of each decode row's host blocks on the cpu */
+        setenv("RKV_CUDA_HOST_SPLIT", "40", 1);
+        struct backend *split = NULL;
+        if (backend_init(&go, &split, err, sizeof(err)) == 0) {
+            gpu_model_cpu_tail_tests(cpu, split, "split", &n_pass, &n_fail);
+            char st[512] = "";
+            backend_stats(split, st, sizeof(st));
+            printf("  %s\n", st);
+            CHECK("model: the split host read ran", strstr(st, " 0 split") == NULL);
+            backend_free(split);
+        } else {
+            CHECK("split backend", 0);
+        }
+        unsetenv("RKV_CUDA_HOST_SPLIT");
     }
     backend_free(precise);
     backend_free(gpu);

@@ -87,6 +87,46 @@ static int meta_passes(struct cuda_ctx *c, const uint32_t *sc, uint32_t n_seqs, 
     return 0;
 }
 
+/* the split host read is on: a share of the host blocks to the cpu (not with CPU_TAIL, which
+ * takes them all, nor in deterministic mode; the cpu's view hides the gpu's host blocks behind
+ * device block 0, so the device pool must have one) */
+static int host_split_on(const struct cuda_ctx *c)
+{
+    return c->host_split && !c->host_cpu && !c->deterministic && c->have_kv &&
+           c->n_blocks[KV_DEVICE] > 0;
+}
+
+/* sc[s]: the host blocks of sequence s the gpu stages (those some token reads, less the oldest
+ * m->cpu_k[s] the cpu attends when the host read is split); the staged slots of all in *all.
+ * Only a decode row's share goes to the cpu: one query per head reads each key once there (the
+ * cpu is bound by memory like the link), a prefill chunk's hundreds would make it compute */
+static int meta_host_shares(struct cuda_ctx *c, const struct be_batch *b, uint32_t *sc,
+                            uint64_t *all)
+{
+    struct cuda_meta *m = &c->meta;
+    const uint32_t B = c->have_kv ? c->layout.block_size : 0;
+    const uint32_t split = host_split_on(c) ? c->host_split : 0;
+    if (b->n_seqs > m->cpu_k_cap) {
+        uint32_t *k = (uint32_t *)realloc(m->cpu_k, sizeof(uint32_t) * b->n_seqs);
+        if (!k)
+            return RKV_ENOMEM;
+        m->cpu_k = k;
+        m->cpu_k_cap = b->n_seqs;
+    }
+    m->cpu_any = 0;
+    *all = 0;
+    for (uint32_t s = 0; s < b->n_seqs; s++) {
+        uint32_t n_read = 0;
+        for (uint32_t j = 0; j < b->seqs[s].n_blocks; j++)
+            n_read += staged_block(&b->seqs[s], j, B);
+        m->cpu_k[s] = b->seqs[s].n_tokens <= 1 ? (n_read * split + 50) / 100 : 0;
+        m->cpu_any |= m->cpu_k[s] > 0;
+        sc[s] = n_read - m->cpu_k[s];
+        *all += sc[s];
+    }
+    return 0;
+}
+
 /* builds the device view of a batch (positions, write slots, per-residency
  * block lists, query tiles) and uploads it when it differs from the last one */
 static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
@@ -115,12 +155,9 @@ static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
         return RKV_ENOMEM;
     uint32_t *pass_of = sc + (b->n_seqs ? b->n_seqs : 1);
     uint64_t all_slots = 0;
-    for (uint32_t s = 0; s < b->n_seqs; s++) {
-        for (uint32_t j = 0; j < b->seqs[s].n_blocks; j++)
-            sc[s] += staged_block(&b->seqs[s], j, B);
-        all_slots += sc[s];
-    }
-    int rc = meta_passes(c, sc, b->n_seqs, all_slots, pass_of);
+    int rc = meta_host_shares(c, b, sc, &all_slots);
+    if (rc == 0)
+        rc = meta_passes(c, sc, b->n_seqs, all_slots, pass_of);
     if (rc < 0) {
         free(sc);
         return rc;
@@ -171,6 +208,7 @@ static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
         sm[s].n_past = q->n_past;
         for (int r = 0; r < CUDA_N_LISTS && rc == 0; r++) {
             int res = r == CUDA_LIST_STAGED ? KV_HOST : r;
+            uint32_t cpu_left = res == KV_HOST ? m->cpu_k[s] : 0; /* the cpu's: not listed */
             sm[s].list_off[r] = nb;
             for (uint32_t j = 0; j < q->n_blocks; j++) {
                 struct kv_block_ref ref = q->blocks[j];
@@ -181,6 +219,10 @@ static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
                 }
                 if (ref.residency != res)
                     continue;
+                if (cpu_left) {
+                    cpu_left--;
+                    continue;
+                }
                 bl[nb].j = j;
                 bl[nb].index = ref.index;
                 if (r == CUDA_LIST_STAGED) {
@@ -716,9 +758,8 @@ static int attn_host_passes(struct cuda_ctx *c, const struct cuda_attn_args *a, 
  * what the stream held before device attention is done (the kv write put the new keys of host
  * blocks in the mapped pool by then); the device attends its blocks meanwhile; the partial goes up
  * on the side stream, which the merge joins */
-static int attn_host_cpu(struct cuda_ctx *c, const struct be_batch *b, uint32_t layer,
-                         const struct be_tensor *q, const struct be_attn *at,
-                         const struct be_partial *out)
+/* the cpu backend over the host pool, and its q, o, m, l tensors for n tokens of at's shape */
+static int cpu_attn_ready(struct cuda_ctx *c, uint32_t n, const struct be_attn *at)
 {
     int rc = 0;
     if (!c->cpu_be && (rc = cpu_backend_init(c->cpu_threads, &c->cpu_be)) < 0)
@@ -731,7 +772,7 @@ static int attn_host_cpu(struct cuda_ctx *c, const struct be_batch *b, uint32_t 
             return rc;
         c->cpu_kv_set = 1;
     }
-    const uint32_t n = b->n_tokens, qd = at->n_head * at->head_dim;
+    const uint32_t qd = at->n_head * at->head_dim;
     struct be_tensor **t = c->cpu_t;
     if (!t[3] || t[0]->rows < n || t[0]->cols != qd || t[2]->cols != at->n_head) {
         for (int i = 0; i < 4; i++) {
@@ -740,9 +781,19 @@ static int attn_host_cpu(struct cuda_ctx *c, const struct be_batch *b, uint32_t 
         }
         for (int i = 0; i < 4 && rc == 0; i++)
             rc = backend_tensor_alloc(c->cpu_be, BE_F32, n, i < 2 ? qd : at->n_head, &t[i]);
-        if (rc < 0)
-            return rc;
     }
+    return rc < 0 ? rc : 0;
+}
+
+static int attn_host_cpu(struct cuda_ctx *c, const struct be_batch *b, uint32_t layer,
+                         const struct be_tensor *q, const struct be_attn *at,
+                         const struct be_partial *out)
+{
+    int rc = cpu_attn_ready(c, b->n_tokens, at);
+    if (rc < 0)
+        return rc;
+    const uint32_t n = b->n_tokens, qd = at->n_head * at->head_dim;
+    struct be_tensor **t = c->cpu_t;
     CU_TRY(cudaStreamWaitEvent(c->side, c->ev_pre_attn, 0));
     CU_TRY(cudaMemcpyAsync(t[0]->data, q->data, (size_t)n * qd * sizeof(float),
                            cudaMemcpyDeviceToHost, c->side));
@@ -771,6 +822,149 @@ static int cu_host_attn_cpu(void *ctx, int on)
         return RKV_EUNSUPPORTED;
     c->host_cpu = on != 0;
     return 0;
+}
+
+/* the host blocks the gpu reads, on the side stream (which waits for ev_pre_attn already):
+ * staged in passes, staged one layer ahead, or read zero-copy */
+static int attn_host_gpu(struct cuda_ctx *c, struct cuda_attn_args *a, uint32_t layer)
+{
+    const struct kv_layout *l = &c->layout;
+    int rc;
+    if (c->host_read == CUDA_HOST_COPY && c->meta.n_pass > 1)
+        return attn_host_passes(c, a, layer);
+    if (c->host_read == CUDA_HOST_COPY && c->meta.n_slots) {
+        int buf = -1;
+        rc = stage_layer(c, layer, &buf);
+        if (rc < 0)
+            return rc;
+        if (buf >= 0) {
+            /* the staged copy: a pool of (K, V) slices, one per slot */
+            size_t slice = kv_slice_bytes(l);
+            a->list = CUDA_LIST_STAGED;
+            a->pool = (const char *)c->stg[buf];
+            a->block_bytes = 2 * slice;
+            a->k_off = 0;
+            a->v_off = slice;
+            CU_TRY(cudaStreamWaitEvent(c->side, c->ev_copy_done[buf], 0));
+            a->s = c->side;
+            rc = cuda_attn(c, a);
+            CU_TRY(cudaEventRecord(c->ev_stage_free[buf], c->side));
+            c->stg_valid[buf] = 0; /* used once: the next call for this layer copies again */
+            CU_TRY(cudaEventRecord(c->ev_side_done, c->side));
+            c->side_pending = 1;
+            c->last_was_dev_attn = 0;
+            if (rc == 0 && layer + 1 < l->n_layer && !c->meta.host_writes)
+                rc = stage_issue(c, layer + 1, (layer + 1) % 2, 0, 0, c->meta.n_slots);
+            return rc < 0 ? rc : 0;
+        }
+    }
+    a->s = c->side;
+    rc = cuda_attn(c, a);
+    CU_TRY(cudaEventRecord(c->ev_side_done, c->side));
+    c->side_pending = 1;
+    c->last_was_dev_attn = 0;
+    return rc;
+}
+
+/* the split host read, first part: q comes down on the side stream (after what the stream
+ * held before device attention) into pinned memory, ahead of the gpu's host part */
+static int split_q_down(struct cuda_ctx *c, const struct be_tensor *q, size_t bytes)
+{
+    if (bytes > c->qdown_cap) {
+        if (c->qdown) {
+            CU_TRY(cudaStreamSynchronize(c->side));
+            cudaFreeHost(c->qdown);
+            c->qdown = NULL;
+            c->qdown_cap = 0;
+        }
+        CU_TRY(cudaHostAlloc(&c->qdown, bytes, cudaHostAllocDefault));
+        c->qdown_cap = bytes;
+    }
+    CU_TRY(cudaMemcpyAsync(c->qdown, q->data, bytes, cudaMemcpyDeviceToHost, c->side));
+    CU_TRY(cudaEventRecord(c->ev_qdown, c->side));
+    return 0;
+}
+
+/* the cpu's view of the batch: each sequence's oldest meta.cpu_k host blocks stay, the gpu's
+ * host blocks become device block 0 (a host pass skips device blocks) */
+static int split_view(struct cuda_ctx *c, const struct be_batch *b, struct be_batch *v)
+{
+    size_t n_tab = 0;
+    for (uint32_t s = 0; s < b->n_seqs; s++)
+        n_tab += b->seqs[s].n_blocks;
+    if (b->n_seqs > c->split_seqs_cap) {
+        struct be_seq *p = (struct be_seq *)realloc(c->split_seqs, sizeof(*p) * b->n_seqs);
+        if (!p)
+            return RKV_ENOMEM;
+        c->split_seqs = p;
+        c->split_seqs_cap = b->n_seqs;
+    }
+    if (n_tab > c->split_tab_cap) {
+        struct kv_block_ref *p = (struct kv_block_ref *)realloc(c->split_tab, sizeof(*p) * n_tab);
+        if (!p)
+            return RKV_ENOMEM;
+        c->split_tab = p;
+        c->split_tab_cap = n_tab;
+    }
+    size_t at = 0;
+    for (uint32_t s = 0; s < b->n_seqs; s++) {
+        const struct be_seq *q = &b->seqs[s];
+        struct kv_block_ref *tab = c->split_tab + at;
+        uint32_t cpu_left = c->meta.cpu_k[s];
+        for (uint32_t j = 0; j < q->n_blocks; j++) {
+            tab[j] = q->blocks[j];
+            if (tab[j].residency != KV_HOST)
+                continue;
+            if (cpu_left)
+                cpu_left--;
+            else
+                tab[j] = (struct kv_block_ref){0, KV_DEVICE};
+        }
+        c->split_seqs[s] = *q;
+        c->split_seqs[s].blocks = tab;
+        at += q->n_blocks;
+    }
+    *v = *b;
+    v->seqs = c->split_seqs;
+    return 0;
+}
+
+/* the split host read, last part (the gpu's host part queued on the side stream): the cpu
+ * attends each sequence's share once q is down; its partial goes up and is merged by lse into
+ * the gpu's host partial, on the side stream */
+static int split_host_cpu(struct cuda_ctx *c, const struct be_batch *b, uint32_t layer,
+                          const struct be_attn *at, const struct be_partial *out)
+{
+    const uint32_t n = b->n_tokens;
+    const size_t n_th = (size_t)n * at->n_head;
+    struct be_batch v;
+    int rc = cpu_attn_ready(c, n, at);
+    if (rc == 0)
+        rc = split_view(c, b, &v);
+    if (rc == 0)
+        rc = cuda_scratch(c, &c->pass_part, &c->pass_part_cap,
+                          n_th * (at->head_dim + 2) * sizeof(float));
+    if (rc < 0)
+        return rc;
+    struct be_tensor **t = c->cpu_t;
+    CU_TRY(cudaEventSynchronize(c->ev_qdown));
+    memcpy(t[0]->data, c->qdown, n_th * at->head_dim * sizeof(float));
+    const struct be_partial part = {t[1], t[2], t[3]};
+    if ((rc = attn_partial_forward(c->cpu_be, &v, layer, KV_HOST, t[0], at, &part)) < 0)
+        return rc;
+    float *o_t = (float *)c->pass_part, *m_t = o_t + n_th * at->head_dim, *l_t = m_t + n_th;
+    CU_TRY(cudaMemcpyAsync(o_t, t[1]->data, n_th * at->head_dim * sizeof(float),
+                           cudaMemcpyHostToDevice, c->side));
+    CU_TRY(cudaMemcpyAsync(m_t, t[2]->data, n_th * sizeof(float), cudaMemcpyHostToDevice, c->side));
+    CU_TRY(cudaMemcpyAsync(l_t, t[3]->data, n_th * sizeof(float), cudaMemcpyHostToDevice, c->side));
+    rc = cuda_attn_merge(c, (float *)out->o->data, (float *)out->m->data, (float *)out->l->data,
+                         o_t, m_t, l_t, n, at->n_head, at->head_dim, c->side);
+    CU_TRY(cudaEventRecord(c->ev_side_done, c->side));
+    c->side_pending = 1;
+    c->last_was_dev_attn = 0;
+    c->fixed[KV_HOST].valid = 0; /* the per-block partials miss the cpu's blocks */
+    c->hst.split_layers++;
+    return rc;
 }
 
 static int cu_attn_partial(void *ctx, const struct be_batch *b, uint32_t layer,
@@ -806,7 +1000,7 @@ static int cu_attn_partial(void *ctx, const struct be_batch *b, uint32_t layer,
          * the stream held just before. Without host blocks no event comes between the kv write
          * and attention (so attention's prologue overlaps it); a host call after all records it
          * itself */
-        c->last_was_dev_attn = c->meta.max_units[KV_HOST] > 0;
+        c->last_was_dev_attn = c->meta.max_units[KV_HOST] > 0 || c->meta.cpu_any;
         if (c->last_was_dev_attn)
             CU_TRY(cudaEventRecord(c->ev_pre_attn, c->stream));
         return cuda_attn(c, &a);
@@ -820,39 +1014,14 @@ static int cu_attn_partial(void *ctx, const struct be_batch *b, uint32_t layer,
     if (c->host_cpu)
         return attn_host_cpu(c, b, layer, q, at, out);
     CU_TRY(cudaStreamWaitEvent(c->side, c->ev_pre_attn, 0));
-    if (c->host_read == CUDA_HOST_COPY && c->meta.n_pass > 1)
-        return attn_host_passes(c, &a, layer);
-    if (c->host_read == CUDA_HOST_COPY && c->meta.n_slots) {
-        int buf = -1;
-        rc = stage_layer(c, layer, &buf);
-        if (rc < 0)
-            return rc;
-        if (buf >= 0) {
-            /* the staged copy: a pool of (K, V) slices, one per slot */
-            size_t slice = kv_slice_bytes(l);
-            a.list = CUDA_LIST_STAGED;
-            a.pool = (const char *)c->stg[buf];
-            a.block_bytes = 2 * slice;
-            a.k_off = 0;
-            a.v_off = slice;
-            CU_TRY(cudaStreamWaitEvent(c->side, c->ev_copy_done[buf], 0));
-            a.s = c->side;
-            rc = cuda_attn(c, &a);
-            CU_TRY(cudaEventRecord(c->ev_stage_free[buf], c->side));
-            c->stg_valid[buf] = 0; /* used once: the next call for this layer copies again */
-            CU_TRY(cudaEventRecord(c->ev_side_done, c->side));
-            c->side_pending = 1;
-            c->last_was_dev_attn = 0;
-            if (rc == 0 && layer + 1 < l->n_layer && !c->meta.host_writes)
-                rc = stage_issue(c, layer + 1, (layer + 1) % 2, 0, 0, c->meta.n_slots);
-            return rc < 0 ? rc : 0;
-        }
-    }
-    a.s = c->side;
-    rc = cuda_attn(c, &a);
-    CU_TRY(cudaEventRecord(c->ev_side_done, c->side));
-    c->side_pending = 1;
-    c->last_was_dev_attn = 0;
+    /* split: q goes down first, the gpu's part is queued, then the cpu attends its part */
+    const int split = c->meta.cpu_any;
+    if (split && (rc = split_q_down(
+                      c, q, (size_t)b->n_tokens * at->n_head * at->head_dim * sizeof(float))) < 0)
+        return rc;
+    rc = attn_host_gpu(c, &a, layer);
+    if (rc == 0 && split)
+        rc = split_host_cpu(c, b, layer, at, out);
     return rc;
 }
 
@@ -991,12 +1160,13 @@ static int cu_stats(void *ctx, char *buf, size_t len)
         snprintf(buf, len,
                  "host kv layers: %llu prefetched, %llu copied in line (%llu with a host "
                  "write), %llu zero-copy, %llu in %llu passes; %llu block slices staged in %llu "
-                 "copies, %llu staging growths, %llu attended on the cpu",
+                 "copies, %llu staging growths, %llu attended on the cpu, %llu split with it",
                  (unsigned long long)c->hst.prefetched, (unsigned long long)c->hst.inline_,
                  (unsigned long long)c->hst.host_write, (unsigned long long)c->hst.zero_copy,
                  (unsigned long long)c->hst.passes, (unsigned long long)c->hst.pass_n,
                  (unsigned long long)c->hst.slots, (unsigned long long)c->hst.copies,
-                 (unsigned long long)c->hst.grown, (unsigned long long)c->hst.cpu_layers);
+                 (unsigned long long)c->hst.grown, (unsigned long long)c->hst.cpu_layers,
+                 (unsigned long long)c->hst.split_layers);
     memset(&c->hst, 0, sizeof c->hst);
     return n;
 }
@@ -1057,6 +1227,13 @@ static void cu_free(void *ctx)
     free(c->meta.stage_src);
     free(c->meta.pass_slot0);
     free(c->meta.pass_nslots);
+    free(c->meta.cpu_k);
+    free(c->split_seqs);
+    free(c->split_tab);
+    if (c->qdown)
+        cudaFreeHost(c->qdown);
+    if (c->ev_qdown)
+        cudaEventDestroy(c->ev_qdown);
     if (c->blas)
         cublasDestroy(c->blas);
     if (c->ev_pre_attn)
@@ -1118,7 +1295,8 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         cudaEventCreateWithFlags(&c->ev_pre_attn, cudaEventDisableTiming) != cudaSuccess ||
         cudaEventCreateWithFlags(&c->ev_side_done, cudaEventDisableTiming) != cudaSuccess ||
         cudaStreamCreateWithFlags(&c->copy, cudaStreamNonBlocking) != cudaSuccess ||
-        cudaEventCreateWithFlags(&c->ev_main, cudaEventDisableTiming) != cudaSuccess)
+        cudaEventCreateWithFlags(&c->ev_main, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&c->ev_qdown, cudaEventDisableTiming) != cudaSuccess)
         goto fail;
     for (int i = 0; i < 2; i++)
         if (cudaEventCreateWithFlags(&c->ev_copy_done[i], cudaEventDisableTiming) != cudaSuccess ||
@@ -1157,6 +1335,8 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         c->dec = cu_env_flag("RKV_CUDA_DEC", 1);
         /* 1: f32-accurate products; 2, 3: p, then q and p, plain f16 (a/b of the cost) */
         c->fa = (int)rkv_env_u64("RKV_CUDA_FA", 0, 0, 3);
+        /* the split host read: percent of each sequence's host blocks on the cpu (0: off) */
+        c->host_split = (uint32_t)rkv_env_u64("RKV_CUDA_HOST_SPLIT", 0, 0, 100);
         c->merge_in_attn = cu_env_flag("RKV_CUDA_MERGE_IN_ATTN", 1);
         c->attn_fixed = cu_env_flag("RKV_CUDA_ATTN_FIXED", 0);
         c->no_mma = cu_env_flag("RKV_CUDA_NO_MMA", 0);

@@ -87,6 +87,10 @@ struct cuda_meta {
     uint32_t n_pass, pass_cap;
     uint32_t *pass_slot0, *pass_nslots;
     struct cuda_seq_meta *d_seqs_pass;
+    /* the split host read (c->host_split): sequence s's oldest cpu_k[s] read host blocks are
+     * attended on the cpu, the gpu's host lists leave them out; any: some sequence has one */
+    uint32_t *cpu_k, cpu_k_cap;
+    int cpu_any;
     uint64_t gen; /* bumped at every upload */
     int valid;
 };
@@ -127,6 +131,16 @@ struct cuda_ctx {
     struct backend *cpu_be;
     int cpu_kv_set;             /* cpu_be has this set_kv's pools */
     struct be_tensor *cpu_t[4]; /* q, o, m, l on the cpu backend */
+    /* the split host read (env RKV_CUDA_HOST_SPLIT=P, 1..100): P % of each sequence's host
+     * blocks (the oldest) attended by cpu_be while the gpu reads the rest over pcie, the two
+     * partials merged by lse; 0: off. q comes down into qdown (pinned), ev_qdown after it */
+    uint32_t host_split;
+    void *qdown;
+    size_t qdown_cap;
+    cudaEvent_t ev_qdown;
+    struct be_seq *split_seqs; /* the cpu's view of the batch: the gpu's host blocks hidden */
+    struct kv_block_ref *split_tab;
+    size_t split_seqs_cap, split_tab_cap;
     char *host_base; /* the host pool's host address */
     cudaStream_t copy;
     cudaEvent_t ev_copy_done[2];  /* on copy: staging buffer filled */
@@ -209,6 +223,7 @@ struct cuda_ctx {
         uint64_t slots;      /* host block slices staged */
         uint64_t copies;     /* ... in this many copies (runs of consecutive blocks) */
         uint64_t cpu_layers; /* layers whose host blocks the cpu attended (CPU_TAIL) */
+        uint64_t split_layers; /* layers whose host blocks the cpu and the gpu shared */
         uint64_t passes;     /* layers staged in several passes, and the passes */
         uint64_t pass_n;
     } hst;
