@@ -97,9 +97,8 @@ static int host_split_on(const struct cuda_ctx *c)
 }
 
 /* sc[s]: the host blocks of sequence s the gpu stages (those some token reads, less the oldest
- * m->cpu_k[s] the cpu attends when the host read is split); the staged slots of all in *all.
- * Only a decode row's share goes to the cpu: one query per head reads each key once there (the
- * cpu is bound by memory like the link), a prefill chunk's hundreds would make it compute */
+ * m->cpu_k[s] the cpu attends when the host read is split, kv_host_cpu_share); the staged
+ * slots of all in *all */
 static int meta_host_shares(struct cuda_ctx *c, const struct be_batch *b, uint32_t *sc,
                             uint64_t *all)
 {
@@ -116,10 +115,11 @@ static int meta_host_shares(struct cuda_ctx *c, const struct be_batch *b, uint32
     m->cpu_any = 0;
     *all = 0;
     for (uint32_t s = 0; s < b->n_seqs; s++) {
+        const struct be_seq *q = &b->seqs[s];
+        const uint64_t last = (uint64_t)q->n_past + (q->n_tokens ? q->n_tokens - 1 : 0);
         uint32_t n_read = 0;
-        for (uint32_t j = 0; j < b->seqs[s].n_blocks; j++)
-            n_read += staged_block(&b->seqs[s], j, B);
-        m->cpu_k[s] = b->seqs[s].n_tokens <= 1 ? (n_read * split + 50) / 100 : 0;
+        m->cpu_k[s] =
+            kv_host_cpu_share(q->blocks, q->n_blocks, B, last, q->n_tokens, split, &n_read);
         m->cpu_any |= m->cpu_k[s] > 0;
         sc[s] = n_read - m->cpu_k[s];
         *all += sc[s];
@@ -885,8 +885,7 @@ static int split_q_down(struct cuda_ctx *c, const struct be_tensor *q, size_t by
     return 0;
 }
 
-/* the cpu's view of the batch: each sequence's oldest meta.cpu_k host blocks stay, the gpu's
- * host blocks become device block 0 (a host pass skips device blocks) */
+/* the cpu's view of the batch (kv_host_cpu_view of each sequence's table) */
 static int split_view(struct cuda_ctx *c, const struct be_batch *b, struct be_batch *v)
 {
     size_t n_tab = 0;
@@ -910,16 +909,7 @@ static int split_view(struct cuda_ctx *c, const struct be_batch *b, struct be_ba
     for (uint32_t s = 0; s < b->n_seqs; s++) {
         const struct be_seq *q = &b->seqs[s];
         struct kv_block_ref *tab = c->split_tab + at;
-        uint32_t cpu_left = c->meta.cpu_k[s];
-        for (uint32_t j = 0; j < q->n_blocks; j++) {
-            tab[j] = q->blocks[j];
-            if (tab[j].residency != KV_HOST)
-                continue;
-            if (cpu_left)
-                cpu_left--;
-            else
-                tab[j] = (struct kv_block_ref){0, KV_DEVICE};
-        }
+        kv_host_cpu_view(q->blocks, q->n_blocks, c->meta.cpu_k[s], tab);
         c->split_seqs[s] = *q;
         c->split_seqs[s].blocks = tab;
         at += q->n_blocks;
