@@ -754,10 +754,6 @@ static int attn_host_passes(struct cuda_ctx *c, const struct cuda_attn_args *a, 
     return rc;
 }
 
-/* CPU_TAIL: the host blocks' partial from cpu threads over the host pool. q comes down once
- * what the stream held before device attention is done (the kv write put the new keys of host
- * blocks in the mapped pool by then); the device attends its blocks meanwhile; the partial goes up
- * on the side stream, which the merge joins */
 /* the cpu backend over the host pool, and its q, o, m, l tensors for n tokens of at's shape */
 static int cpu_attn_ready(struct cuda_ctx *c, uint32_t n, const struct be_attn *at)
 {
@@ -785,6 +781,10 @@ static int cpu_attn_ready(struct cuda_ctx *c, uint32_t n, const struct be_attn *
     return rc < 0 ? rc : 0;
 }
 
+/* CPU_TAIL: the host blocks' partial from cpu threads over the host pool. q comes down once
+ * what the stream held before device attention is done (the kv write put the new keys of host
+ * blocks in the mapped pool by then); the device attends its blocks meanwhile; the partial goes up
+ * on the side stream, which the merge joins */
 static int attn_host_cpu(struct cuda_ctx *c, const struct be_batch *b, uint32_t layer,
                          const struct be_tensor *q, const struct be_attn *at,
                          const struct be_partial *out)
