@@ -469,6 +469,27 @@ static void attn_accumulate(float *o, float corr, const float *p, const float *v
 /* keys scored per online-softmax update */
 #define ATTN_CHUNK 64
 
+/* the next chunk's keys and values come from memory while this chunk computes: a few cache
+ * lines of each at every step of the score loop (a burst of them all at once stalls on the
+ * core's fill buffers, and then the chunk waits as it did without) */
+struct attn_pf {
+    const char *k, *v;
+    size_t off, len;
+};
+
+#define ATTN_PF_STEP 256 /* bytes of each per step: 4 lines */
+
+static inline void attn_pf_step(struct attn_pf *pf)
+{
+    if (pf->off >= pf->len)
+        return;
+    for (size_t i = 0; i < ATTN_PF_STEP; i += 64) {
+        __builtin_prefetch(pf->k + pf->off + i, 0, 3);
+        __builtin_prefetch(pf->v + pf->off + i, 0, 3);
+    }
+    pf->off += ATTN_PF_STEP;
+}
+
 size_t cpu_attn_scratch_floats(const struct kv_layout *l, const struct be_attn *a)
 {
     uint32_t g = a->n_head / a->n_kv_head;
@@ -509,6 +530,12 @@ void cpu_attn_task(const struct cpu_attn_job *j, const struct kv_block_ref *bloc
                         (size_t)kvh * B * hd * es;
         for (uint32_t c0 = 0; c0 < n_valid; c0 += ATTN_CHUNK) {
             uint32_t nc = n_valid - c0 < ATTN_CHUNK ? n_valid - c0 : ATTN_CHUNK;
+            struct attn_pf pf = {K + (size_t)(c0 + ATTN_CHUNK) * hd * es,
+                                 V + (size_t)(c0 + ATTN_CHUNK) * hd * es, 0, 0};
+            if (c0 + ATTN_CHUNK < n_valid) {
+                uint32_t nn = n_valid - c0 - ATTN_CHUNK;
+                pf.len = (size_t)(nn < ATTN_CHUNK ? nn : ATTN_CHUNK) * hd * es;
+            }
             const float *kr, *vr;
             if (ly->dtype == KV_F32) {
                 kr = (const float *)K + (size_t)c0 * hd;
@@ -527,6 +554,7 @@ void cpu_attn_task(const struct cpu_attn_job *j, const struct kv_block_ref *bloc
                 /* four keys per pass share the loads of q */
                 for (; c + 4 <= nc; c += 4) {
                     const float *k0 = kr + (size_t)c * hd;
+                    attn_pf_step(&pf);
                     cpu_dot4(qh, k0, k0 + hd, k0 + 2 * hd, k0 + 3 * hd, hd, sh + c);
                 }
                 for (; c < nc; c++)
