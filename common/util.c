@@ -266,6 +266,13 @@ uint64_t rkv_step_report_ms(void)
     return rkv_env_u64("RKV_STEP_REPORT_MS", 10000, 100, 3600000);
 }
 
+uint32_t rkv_host_split_auto(double gpu_host_gbps, double cpu_gbps)
+{
+    if (!(gpu_host_gbps > 0) || !(cpu_gbps > 0))
+        return 0;
+    return (uint32_t)(100.0 * cpu_gbps / (cpu_gbps + gpu_host_gbps) + 0.5);
+}
+
 int rkv_cpu_tail_faster(double pcie_gbps, double host_stream_gbps, double cpu_gbps)
 {
     double streamed = pcie_gbps;

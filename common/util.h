@@ -29,6 +29,10 @@ uint64_t rkv_step_report_ms(void);
  * cpu when its measured rate beats the rate they reach the gpu (the link, or the host-pool read
  * rate when that is slower; without a link the read rate alone). GB/s; 0 = unknown (never cpu) */
 int rkv_cpu_tail_faster(double pcie_gbps, double host_stream_gbps, double cpu_gbps);
+/* the split host read's automatic share: the cpu's part of the two rates a tail is read at
+ * together (the gpu's host-block attention rate, the cpu's), as a percent 0..100 rounded;
+ * 0 when either is unknown (0) */
+uint32_t rkv_host_split_auto(double gpu_host_gbps, double cpu_gbps);
 
 /* directory of the running executable (to find sibling binaries) */
 int rkv_exe_dir(char *buf, size_t len);

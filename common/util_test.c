@@ -134,10 +134,22 @@ static void test_cpu_tail_rule(void **state)
     assert_false(rkv_cpu_tail_faster(35.0, 51.0, 35.0)); /* a tie keeps the gpu */
 }
 
+/* the split's share: the cpu's part of the summed rates */
+static void test_host_split_auto(void **state)
+{
+    (void)state;
+    assert_int_equal(rkv_host_split_auto(51.0, 33.0), 39); /* the H200's host: 39.3 % */
+    assert_int_equal(rkv_host_split_auto(50.0, 50.0), 50);
+    assert_int_equal(rkv_host_split_auto(51.0, 0.0), 0); /* cpu unknown */
+    assert_int_equal(rkv_host_split_auto(0.0, 33.0), 0); /* gpu's host reads unknown */
+    assert_int_equal(rkv_host_split_auto(1.0, 1000.0), 100);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_clock),
+        cmocka_unit_test(test_host_split_auto),
         cmocka_unit_test(test_spawn),
         cmocka_unit_test(test_vec),
         cmocka_unit_test(test_map_against_array),

@@ -54,6 +54,7 @@ struct rkvd_conf {
     int64_t step_timeout;
     int prep_ahead;
     int deterministic;
+    int64_t host_split;
     int64_t decode_steps, decode_steps_ms;
     int64_t http_header_timeout;
     int log_level;
@@ -79,7 +80,8 @@ static const char *const host_attn_of_mode[] = {"auto", "gpu", "gpu", "cpu"};
 #define S(f) sizeof(((struct rkvd_conf *)0)->f)
 static const struct cfg_key keys[] = {
     {K("model", CFG_STR, model), S(model), .help = "GGUF model file"},
-    {K("listen", CFG_STR, listen), S(listen), .def = "127.0.0.1:8080", .help = "HOST:PORT for HTTP"},
+    {K("listen", CFG_STR, listen), S(listen), .def = "127.0.0.1:8080",
+     .help = "HOST:PORT for HTTP"},
     {K("backend", CFG_ENUM, backend), .names = backends, .def = "auto",
      .help = "compute backend of the workers"},
     {K("state_dir", CFG_STR, state_dir), S(state_dir), .def = "/var/lib/rkv",
@@ -127,6 +129,9 @@ static const struct cfg_key keys[] = {
     {K("deterministic", CFG_BOOL, deterministic), .def = "false",
      .help = "batch-invariant kernels in the workers: the same request gives the same tokens "
              "whatever else runs and wherever its KV lives (slower on cuda)"},
+    {K("host_split", CFG_INT, host_split), .min = -1, .max = 100, .def = "0",
+     .help = "gpu workers: percent of a decode row's host KV blocks attended by cpu threads "
+             "while the gpu reads the rest (the rates add up); 0 off, -1 by the measured rates"},
     {K("prep_ahead", CFG_BOOL, prep_ahead), .def = "true",
      .help = "ask kvmgr for the next decode step's block tables while a step runs"},
     {K("decode_steps", CFG_INT, decode_steps), .min = 1, .max = PROTO_MAX_DECODE_STEPS, .def = "8",
@@ -135,7 +140,8 @@ static const struct cfg_key keys[] = {
      .help = "longest such run in ms, at the last step's pace (bounds a newcomer's wait)"},
     {K("http_header_timeout", CFG_INT, http_header_timeout), .min = 1, .max = 3600, .def = "10",
      .help = "seconds a client may take to send its request headers (then 408)"},
-    {K("log_level", CFG_ENUM, log_level), .names = rkv_log_level_names, .def = "info", .help = "log level"},
+    {K("log_level", CFG_ENUM, log_level), .names = rkv_log_level_names, .def = "info",
+     .help = "log level"},
     {K("admin_socket", CFG_STR, admin_socket), S(admin_socket),
      .help = "admin socket for rkvctl, mode 0660; empty: RUNTIME_DIR/admin.sock, \"none\": no "
              "socket"},
@@ -682,8 +688,9 @@ static int spawn_children(struct rkvd *d, char *err, size_t errlen)
         snprintf(sth, sizeof sth, "%lld", (long long)d->c.sample_threads);
         snprintf(mbt, sizeof mbt, "%lld", (long long)d->c.max_batch_tokens);
         snprintf(name, sizeof name, "worker%u", w);
-        char ms[16];
+        char ms[16], hs[16];
         snprintf(ms, sizeof ms, "%lld", (long long)d->c.max_running);
+        snprintf(hs, sizeof hs, "%lld", (long long)d->c.host_split);
         char *wargv[] = {wk_path,
                          "--model",
                          d->c.model,
@@ -711,6 +718,8 @@ static int spawn_children(struct rkvd *d, char *err, size_t errlen)
                          d->c.deterministic ? "true" : "false",
                          "--host-attn",
                          (char *)host_attn_of_mode[d->c.mode],
+                         "--host-split",
+                         hs,
                          "--log-level",
                          (char *)rkv_log_level_names[d->c.log_level],
                          NULL};

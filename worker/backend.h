@@ -163,6 +163,10 @@ struct backend_i {
      * (the CPU_TAIL tactic) while the device attends its own blocks; 0 reads them on the
      * device. NULL or a return of 1: not provided */
     int (*host_attn_cpu)(void *ctx, int on);
+    /* optional: pct (0..100) of each decode row's host blocks, the oldest, attended on cpu
+     * threads while the device reads the rest (the split host read); 0 off. NULL or a return
+     * of 1: not provided */
+    int (*host_split)(void *ctx, uint32_t pct);
 };
 
 struct backend_opts {
@@ -236,6 +240,8 @@ int greedy_forward(struct backend *be, const struct be_tensor *logits, uint32_t 
                    float *logprobs);
 /* the backend's host_attn_cpu switch: 0 set, 1 when the backend has none, < 0 an error */
 int backend_host_attn_cpu(struct backend *be, int on);
+/* the backend's host_split share: 0 set, 1 when the backend has none, < 0 an error */
+int backend_host_split(struct backend *be, uint32_t pct);
 int rope_kv_write_forward(struct backend *be, const struct be_batch *b, uint32_t layer,
                           struct be_tensor *q, struct be_tensor *k, const struct be_tensor *v,
                           const struct be_attn *a, const struct be_rope *r);

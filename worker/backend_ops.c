@@ -196,6 +196,13 @@ int backend_host_attn_cpu(struct backend *be, int on)
     return be->iface->host_attn_cpu ? be->iface->host_attn_cpu(be->ctx, on) : 1;
 }
 
+int backend_host_split(struct backend *be, uint32_t pct)
+{
+    if (pct > 100)
+        return RKV_EINVAL;
+    return be->iface->host_split ? be->iface->host_split(be->ctx, pct) : 1;
+}
+
 int rope_kv_write_forward(struct backend *be, const struct be_batch *b, uint32_t layer,
                           struct be_tensor *q, struct be_tensor *k, const struct be_tensor *v,
                           const struct be_attn *a, const struct be_rope *r)

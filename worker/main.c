@@ -55,6 +55,7 @@ struct worker_conf {
     int measure_rates;
     int deterministic;
     int host_attn;
+    int64_t host_split;
     int log_level;
 };
 
@@ -93,6 +94,10 @@ static const struct cfg_key keys[] = {
      .help = "who attends a spilled session's host blocks on a gpu worker: the gpu over pcie, or "
              "cpu threads over the host pool (CPU_TAIL); auto: the cpu where its measured rate "
              "beats the link's, as kvmgr's planner decides"},
+    {K("host_split", CFG_INT, host_split), .min = -1, .max = 100, .def = "0",
+     .help = "percent of a decode row's host blocks (the oldest) attended by cpu threads while "
+             "the gpu reads the rest, so the cpu's and the link's rates add up: 0 off, -1 the "
+             "cpu's share of the measured rates (not with CPU_TAIL or --deterministic)"},
     {K("deterministic", CFG_BOOL, deterministic), .def = "false",
      .help = "batch-invariant kernels: a sequence's tokens do not depend on what else runs "
              "(slower on cuda; the cpu backend is always so)"},
@@ -211,10 +216,10 @@ static int map_device_pool(struct worker *w, const char *url, size_t bytes)
 /* where a spilled session's host blocks are attended on a gpu worker: the rule kvmgr's planner
  * applies to the rates this worker reported (CPU_TAIL when the cpu attends faster than host
  * blocks reach the gpu), or what --host-attn forces */
-static void apply_host_attn(struct worker *w)
+static int apply_host_attn(struct worker *w)
 {
     if (!w->on_gpu)
-        return;
+        return 0;
     const struct rates *r = &w->rates;
     int cpu = w->c.host_attn == 2 ||
               (w->c.host_attn == 0 &&
@@ -228,6 +233,31 @@ static void apply_host_attn(struct worker *w)
                  "reads %.2f%s",
                  r->attn_cpu_gbps, r->pcie_h2d_gbps, r->attn_host_gbps,
                  w->c.host_attn == 2 ? " (forced)" : "");
+    return rc == 0 && cpu;
+}
+
+/* the split host read's share: --host-split, or with -1 the cpu's part of the measured rates;
+ * nothing under CPU_TAIL (the cpu takes every host block already) */
+static void apply_host_split(struct worker *w, int cpu_tail)
+{
+    if (!w->on_gpu || !w->c.host_split)
+        return;
+    const struct rates *r = &w->rates;
+    uint32_t pct = w->c.host_split > 0 ? (uint32_t)w->c.host_split
+                                       : rkv_host_split_auto(r->attn_host_gbps, r->attn_cpu_gbps);
+    if (cpu_tail)
+        pct = 0;
+    int rc = backend_host_split(w->be, pct);
+    if (rc < 0)
+        log_warn("the split host read is off: %s%s", rkv_strerror(rc),
+                 w->c.deterministic ? " (--deterministic keeps host blocks on the gpu)" : "");
+    else if (rc == 0 && pct)
+        log_info("host kv blocks split: %u %% of each decode row's on the cpu (%.2f GB/s), the "
+                 "rest read by the gpu (%.2f)%s",
+                 pct, r->attn_cpu_gbps, r->attn_host_gbps,
+                 w->c.host_split > 0 ? " (--host-split)" : " (measured)");
+    else if (rc == 0 && w->c.host_split < 0 && !cpu_tail)
+        log_info("the split host read stays off: no measured cpu or host-read rate");
 }
 
 static int attach(struct worker *w)
@@ -318,7 +348,7 @@ static int attach(struct worker *w)
                      w->rates.attn_host_gbps, w->rates.attn_cpu_gbps);
         w->rates_done = 1;
     }
-    apply_host_attn(w);
+    apply_host_split(w, apply_host_attn(w));
     struct proto_worker_report rep = {
         (uint32_t)w->c.worker_id, w->m->weight_bytes,        w->reserve,
         w->rates.pcie_h2d_gbps,   w->rates.attn_device_gbps, w->rates.attn_host_gbps,

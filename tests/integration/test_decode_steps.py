@@ -139,6 +139,16 @@ def test_tables_asked_ahead_serve_the_next_run(rkvd_factory):
     assert off.metric("rkv:kv_prep_ahead_steps_total") == 0
 
 
+def test_host_split_reaches_the_worker(rkvd_factory):
+    """rkvd's host_split goes to every worker's command line (a cpu worker has no host reads to
+    split: it starts and serves as before)"""
+    from conftest import _proc_cmdline
+    srv = rkvd_factory("--block-size", str(BLOCK), "--host-split", "-1")
+    args = _proc_cmdline(srv.child_pid("rkv-worker"))
+    assert args[args.index(b"--host-split") + 1] == b"-1", args
+    assert run(srv, PROMPTS[0], 4)[2] == 4
+
+
 def test_deterministic_flag_reaches_the_worker_and_outputs_hold(rkvd_factory):
     """--deterministic true reaches the worker (its log says so) and a request's tokens are the
     same alone, crowded by other streams, and after its prompt went through the prefix cache

@@ -317,3 +317,16 @@ def test_switch_followed_by_a_word_names_the_switch():
                        timeout=30)
     assert r.returncode == 2
     assert "prep_ahead" in r.stderr or "prep-ahead" in r.stderr, r.stderr
+
+
+def test_host_split_out_of_range_is_refused_by_name():
+    """host_split is a percent (or -1 for the measured share): rkvd and the worker refuse
+    anything else at start, naming the option and the range"""
+    from conftest import rkv_bin
+    for prog, val, want in (("rkvd", "101", "out of range, expected -1..100"),
+                            ("rkv-worker", "-2", "out of range, expected -1..100"),
+                            ("rkvd", "half", 'expected an integer, got "half"')):
+        r = subprocess.run([rkv_bin(prog), "--host-split", val], capture_output=True,
+                           text=True, timeout=30)
+        assert r.returncode == 2, (prog, val, r.stderr)
+        assert "--host-split" in r.stderr and want in r.stderr, r.stderr

@@ -957,6 +957,17 @@ static int split_host_cpu(struct cuda_ctx *c, const struct be_batch *b, uint32_t
     return rc;
 }
 
+/* the split host read's share; the environment's (RKV_CUDA_HOST_SPLIT, for a/b runs) wins */
+static int cu_host_split(void *ctx, uint32_t pct)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (pct && c->deterministic)
+        return RKV_EUNSUPPORTED;
+    if (!getenv("RKV_CUDA_HOST_SPLIT"))
+        c->host_split = pct;
+    return 0;
+}
+
 static int cu_attn_partial(void *ctx, const struct be_batch *b, uint32_t layer,
                            enum kv_residency residency, const struct be_tensor *q,
                            const struct be_attn *at, const struct be_partial *out)
@@ -1243,6 +1254,7 @@ static const struct backend_i cuda_iface = {
     cu_kv_write,   cu_attn_partial, cu_attn_merge,  cu_silu_mul,      cu_add,
     cu_get_rows,   cu_sync,         cu_linear,      cu_rope_kv_write, cu_scratch_reserve,
     cu_host_alloc, cu_host_free,    cu_stats,       cu_greedy,        cu_host_attn_cpu,
+    cu_host_split,
 };
 
 /* a size in KiB, and a 0/1 switch, from the environment (common/util's reading: def when
