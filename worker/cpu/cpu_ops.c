@@ -213,6 +213,18 @@ void cpu_dot4(const float *x, const float *w0, const float *w1, const float *w2,
     memcpy(out, s, sizeof(s));
 }
 
+#ifdef CPU_AVX2
+/* a[k] += xa * w[k], b[k] += xb * w[k] for the four k: eight independent sums */
+static inline void fma2x4(__m256 a[4], __m256 b[4], __m256 xa, __m256 xb, const __m256 w[4])
+{
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        a[k] = _mm256_fmadd_ps(xa, w[k], a[k]);
+        b[k] = _mm256_fmadd_ps(xb, w[k], b[k]);
+    }
+}
+#endif
+
 /* -O2's cheap vectorizer leaves loops with a remainder scalar: spelled out */
 /* 4 rows x 2 tokens: 6 loads feed 8 fmas. each sum runs in the same order
  * as cpu_dot4's, so a token's result does not depend on its neighbour. */
@@ -222,23 +234,20 @@ static void dot4x2(const float *x0, const float *x1, const float *const w[4], si
     size_t i = 0;
     float s0[4] = {0, 0, 0, 0}, s1[4] = {0, 0, 0, 0};
 #ifdef CPU_AVX2
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    __m256 a[4], b[4];
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++)
+        a[k] = b[k] = _mm256_setzero_ps();
     for (; i + 8 <= n; i += 8) {
-        __m256 xa = _mm256_loadu_ps(x0 + i), xb = _mm256_loadu_ps(x1 + i);
-        __m256 w0 = _mm256_loadu_ps(w[0] + i), w1 = _mm256_loadu_ps(w[1] + i);
-        __m256 w2 = _mm256_loadu_ps(w[2] + i), w3 = _mm256_loadu_ps(w[3] + i);
-        a0 = _mm256_fmadd_ps(xa, w0, a0);
-        a1 = _mm256_fmadd_ps(xa, w1, a1);
-        a2 = _mm256_fmadd_ps(xa, w2, a2);
-        a3 = _mm256_fmadd_ps(xa, w3, a3);
-        b0 = _mm256_fmadd_ps(xb, w0, b0);
-        b1 = _mm256_fmadd_ps(xb, w1, b1);
-        b2 = _mm256_fmadd_ps(xb, w2, b2);
-        b3 = _mm256_fmadd_ps(xb, w3, b3);
+        const __m256 wv[4] = {_mm256_loadu_ps(w[0] + i), _mm256_loadu_ps(w[1] + i),
+                              _mm256_loadu_ps(w[2] + i), _mm256_loadu_ps(w[3] + i)};
+        fma2x4(a, b, _mm256_loadu_ps(x0 + i), _mm256_loadu_ps(x1 + i), wv);
     }
-    s0[0] = hsum8(a0), s0[1] = hsum8(a1), s0[2] = hsum8(a2), s0[3] = hsum8(a3);
-    s1[0] = hsum8(b0), s1[1] = hsum8(b1), s1[2] = hsum8(b2), s1[3] = hsum8(b3);
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        s0[k] = hsum8(a[k]);
+        s1[k] = hsum8(b[k]);
+    }
 #endif
     for (; i < n; i++)
         for (int j = 0; j < 4; j++) {
@@ -466,6 +475,46 @@ static void attn_accumulate(float *o, float corr, const float *p, const float *v
     }
 }
 
+/* attn_accumulate for two heads of the group at once: each value row loaded once feeds both,
+ * and eight independent sums keep the fma units busy (four waited on each other's latency).
+ * Every sum runs in attn_accumulate's order: the same bits */
+static void attn_accumulate2(float *o0, float *o1, float corr0, float corr1, const float *p0,
+                             const float *p1, const float *v, uint32_t nc, uint32_t hd)
+{
+    uint32_t d0 = 0;
+#ifdef CPU_AVX2
+    const __m256 c0 = _mm256_set1_ps(corr0), c1 = _mm256_set1_ps(corr1);
+    for (; d0 + 32 <= hd; d0 += 32) {
+        __m256 a[4], b[4];
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            a[k] = _mm256_mul_ps(c0, _mm256_loadu_ps(o0 + d0 + 8 * k));
+            b[k] = _mm256_mul_ps(c1, _mm256_loadu_ps(o1 + d0 + 8 * k));
+        }
+        for (uint32_t c = 0; c < nc; c++) {
+            const float *vr = v + (size_t)c * hd + d0;
+            const __m256 vv[4] = {_mm256_loadu_ps(vr), _mm256_loadu_ps(vr + 8),
+                                  _mm256_loadu_ps(vr + 16), _mm256_loadu_ps(vr + 24)};
+            fma2x4(a, b, _mm256_set1_ps(p0[c]), _mm256_set1_ps(p1[c]), vv);
+        }
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            _mm256_storeu_ps(o0 + d0 + 8 * k, a[k]);
+            _mm256_storeu_ps(o1 + d0 + 8 * k, b[k]);
+        }
+    }
+#endif
+    for (uint32_t d = d0; d < hd; d++) { /* attn_accumulate's scalar tail, both heads */
+        float a = o0[d] * corr0, b = o1[d] * corr1;
+        for (uint32_t c = 0; c < nc; c++) {
+            a += p0[c] * v[(size_t)c * hd + d];
+            b += p1[c] * v[(size_t)c * hd + d];
+        }
+        o0[d] = a;
+        o1[d] = b;
+    }
+}
+
 /* keys scored per online-softmax update */
 #define ATTN_CHUNK 64
 
@@ -488,6 +537,27 @@ static inline void attn_pf_step(struct attn_pf *pf)
         __builtin_prefetch(pf->v + pf->off + i, 0, 3);
     }
     pf->off += ATTN_PF_STEP;
+}
+
+/* one online-softmax step of a head over a chunk's nc scores: scaled, they become the weights p;
+ * *m and *l move on; returns the rescale of the output so far */
+static float attn_softmax_chunk(float *sh, uint32_t nc, float scale, float *m, float *l)
+{
+    float cmax = -INFINITY;
+    for (uint32_t c = 0; c < nc; c++) {
+        sh[c] *= scale;
+        cmax = sh[c] > cmax ? sh[c] : cmax;
+    }
+    float mnew = cmax > *m ? cmax : *m;
+    float corr = *m == -INFINITY ? 0.0f : expf(*m - mnew);
+    float lsum = *l * corr;
+    for (uint32_t c = 0; c < nc; c++) {
+        sh[c] = expf(sh[c] - mnew); /* now the weights p */
+        lsum += sh[c];
+    }
+    *l = lsum;
+    *m = mnew;
+    return corr;
 }
 
 size_t cpu_attn_scratch_floats(const struct kv_layout *l, const struct be_attn *a)
@@ -546,33 +616,38 @@ void cpu_attn_task(const struct cpu_attn_job *j, const struct kv_block_ref *bloc
                 kr = kb;
                 vr = vb;
             }
-            for (uint32_t h = 0; h < g; h++) {
-                float *sh = s + (size_t)h * ATTN_CHUNK;
-                const float *qh = qg + (size_t)h * hd;
-                float cmax = -INFINITY;
+            /* the group's heads two at a time: a key row loaded once feeds both */
+            for (uint32_t h = 0; h < g; h += 2) {
+                const uint32_t nh = h + 1 < g ? 2 : 1;
+                float *s0 = s + (size_t)h * ATTN_CHUNK, *s1 = s0 + ATTN_CHUNK;
+                const float *q0 = qg + (size_t)h * hd, *q1 = q0 + hd;
                 uint32_t c = 0;
-                /* four keys per pass share the loads of q */
+                /* four keys per pass share the loads of q (dot4x2 sums in cpu_dot4's order) */
                 for (; c + 4 <= nc; c += 4) {
                     const float *k0 = kr + (size_t)c * hd;
+                    const float *const kw[4] = {k0, k0 + hd, k0 + 2 * hd, k0 + 3 * hd};
                     attn_pf_step(&pf);
-                    cpu_dot4(qh, k0, k0 + hd, k0 + 2 * hd, k0 + 3 * hd, hd, sh + c);
+                    if (nh == 2) {
+                        attn_pf_step(&pf);
+                        dot4x2(q0, q1, kw, hd, s0 + c, s1 + c);
+                    } else {
+                        cpu_dot4(q0, kw[0], kw[1], kw[2], kw[3], hd, s0 + c);
+                    }
                 }
-                for (; c < nc; c++)
-                    sh[c] = cpu_dot(qh, kr + (size_t)c * hd, hd);
-                for (c = 0; c < nc; c++) {
-                    sh[c] *= j->a->scale;
-                    cmax = sh[c] > cmax ? sh[c] : cmax;
+                for (; c < nc; c++) {
+                    s0[c] = cpu_dot(q0, kr + (size_t)c * hd, hd);
+                    if (nh == 2)
+                        s1[c] = cpu_dot(q1, kr + (size_t)c * hd, hd);
                 }
-                float mnew = cmax > mr[h] ? cmax : mr[h];
-                float corr = mr[h] == -INFINITY ? 0.0f : expf(mr[h] - mnew);
-                float lsum = lr[h] * corr;
-                for (c = 0; c < nc; c++) {
-                    sh[c] = expf(sh[c] - mnew); /* now the weights p */
-                    lsum += sh[c];
-                }
-                attn_accumulate(og + (size_t)h * hd, corr, sh, vr, nc, hd);
-                lr[h] = lsum;
-                mr[h] = mnew;
+                float corr[2];
+                for (uint32_t i = 0; i < nh; i++)
+                    corr[i] = attn_softmax_chunk(s0 + (size_t)i * ATTN_CHUNK, nc, j->a->scale,
+                                                 &mr[h + i], &lr[h + i]);
+                if (nh == 2)
+                    attn_accumulate2(og + (size_t)h * hd, og + (size_t)(h + 1) * hd, corr[0],
+                                     corr[1], s0, s1, vr, nc, hd);
+                else
+                    attn_accumulate(og + (size_t)h * hd, corr[0], s0, vr, nc, hd);
             }
         }
     }
