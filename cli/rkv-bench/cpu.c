@@ -133,6 +133,22 @@ struct attn_result {
     uint32_t n_seq, ctx;
 };
 
+/* a cpu backend of o's threads and a local pool pair of n_dev + n_host blocks, one layer of
+ * n_kv heads of dimension hd in blocks of B positions */
+static int attn_bench_init(const struct bench_opts *o, uint32_t B, uint32_t n_kv, uint32_t hd,
+                           enum kv_dtype dt, uint32_t n_dev, uint32_t n_host, struct backend **be,
+                           struct kv_layout *l, struct kv_local **kv)
+{
+    struct backend_opts bo = {"cpu", o->threads, 0};
+    char err[256];
+    int rc = backend_init(&bo, be, err, sizeof(err));
+    if (rc == 0)
+        rc = kv_layout_init(l, B, 1, n_kv, hd, dt);
+    if (rc == 0)
+        rc = kv_local_init(kv, l, n_dev, n_host);
+    return rc;
+}
+
 /* decode-shaped attention (BATCH sequences x 1 token at the end of ctx
  * positions, small's heads): all blocks device vs every other block host
  * (two partial passes and a merge). median of reps. */
@@ -141,8 +157,6 @@ static int run_attention(const struct bench_opts *o, struct attn_result *r)
     const uint32_t ctx = o->quick ? 1024 : 4096, B = 256, n_head = 12, n_kv = 4, hd = 64;
     const int reps = o->quick ? 5 : 21;
     struct backend *be = NULL;
-    struct backend_opts bo = {"cpu", o->threads, 0};
-    char err[256];
     struct kv_layout l;
     struct kv_local *kv = NULL;
     const uint32_t nb = ctx / B;
@@ -153,11 +167,7 @@ static int run_attention(const struct bench_opts *o, struct attn_result *r)
     const struct be_attn at = {n_head, n_kv, hd, 1.0f / sqrtf((float)hd)};
     struct be_tensor *q = NULL, *t[6] = {0};
     double *times = calloc((size_t)reps * 2, sizeof(double));
-    int rc = backend_init(&bo, &be, err, sizeof(err));
-    if (rc == 0)
-        rc = kv_layout_init(&l, B, 1, n_kv, hd, KV_F32);
-    if (rc == 0)
-        rc = kv_local_init(&kv, &l, nb * BATCH, nb * BATCH);
+    int rc = attn_bench_init(o, B, n_kv, hd, KV_F32, nb * BATCH, nb * BATCH, &be, &l, &kv);
     if (rc < 0 || !blocks || !times)
         goto out;
     /* random keys and values in both pools */
@@ -232,6 +242,86 @@ out:
     return rc;
 }
 
+struct tail_result {
+    double ms, gbps, memcpy_gbps;
+    uint32_t ctx;
+};
+
+/* what CPU_TAIL (and the split host read) ask of the cpu: one decode row of a llama3-8b-shaped
+ * layer (32 query heads over 8 kv heads, d 128, f16 kv) over ctx positions in host blocks, best
+ * of reps; the ceiling: one memcpy of the same bytes out of the same pool */
+static int run_attn_tail(const struct bench_opts *o, struct tail_result *r)
+{
+    const uint32_t ctx = o->quick ? 4096 : 32768, B = 256, n_head = 32, n_kv = 8, hd = 128;
+    const int reps = o->quick ? 3 : 9;
+    struct backend *be = NULL;
+    struct kv_layout l;
+    struct kv_local *kv = NULL;
+    struct be_tensor *t[4] = {0};
+    const uint32_t nb = ctx / B;
+    struct kv_block_ref *tab = calloc(nb, sizeof(*tab));
+    size_t bytes = 0;
+    void *copy = NULL;
+    int rc = attn_bench_init(o, B, n_kv, hd, KV_F16, 1, nb, &be, &l, &kv);
+    if (rc < 0 || !tab)
+        goto out;
+    const struct kv_pools *p = kv_local_pools(kv);
+    bytes = (size_t)nb * kv_block_bytes(&l);
+    uint16_t *h = p->base[KV_HOST];
+    for (size_t i = 0; i < bytes / 2; i++) /* f16 values in [1, 2): finite, not denormal */
+        h[i] = (uint16_t)(0x3c00 | ((i * 2654435761u) >> 22));
+    for (uint32_t j = 0; j < nb; j++)
+        tab[j] = (struct kv_block_ref){j, KV_HOST};
+    struct be_seq seq = {0, 1, ctx - 1, tab, nb};
+    int32_t pos = (int32_t)(ctx - 1);
+    uint32_t seq_of = 0;
+    struct be_batch b = {&seq, 1, 1, &pos, &seq_of};
+    const struct be_attn at = {n_head, n_kv, hd, 1.0f / sqrtf((float)hd)};
+    uint32_t cols[4] = {n_head * hd, n_head * hd, n_head, n_head};
+    rc = backend_set_kv(be, &l, p);
+    for (int i = 0; rc == 0 && i < 4; i++)
+        rc = backend_tensor_alloc(be, BE_F32, 1, cols[i], &t[i]);
+    float qv[32 * 128];
+    for (uint32_t i = 0; i < n_head * hd; i++)
+        qv[i] = (float)((i * 7919) % 1000) / 1000.0f - 0.5f;
+    if (rc == 0)
+        rc = backend_tensor_set(be, t[0], qv, 0, sizeof(qv));
+    struct be_partial part = {t[1], t[2], t[3]};
+    double best = 1e30, best_copy = 1e30;
+    copy = malloc(bytes);
+    if (rc == 0 && !copy)
+        rc = RKV_ENOMEM;
+    for (int i = 0; rc == 0 && i < reps + 1; i++) {
+        double t0 = bench_now_s();
+        rc = attn_partial_forward(be, &b, 0, KV_HOST, t[0], &at, &part);
+        double dt = bench_now_s() - t0;
+        if (i > 0 && dt < best) /* the first is a warm-up */
+            best = dt;
+        t0 = bench_now_s();
+        memcpy(copy, p->base[KV_HOST], bytes);
+        dt = bench_now_s() - t0;
+        if (i > 0 && dt < best_copy)
+            best_copy = dt;
+    }
+    if (rc == 0) {
+        r->ctx = ctx;
+        r->ms = best * 1e3;
+        r->gbps = (double)bytes / best / 1e9;
+        r->memcpy_gbps = (double)bytes / best_copy / 1e9;
+    }
+out:
+    if (rc < 0)
+        fprintf(stderr, "rkv-bench: host-tail attention: %s\n", rkv_strerror(rc));
+    for (int i = 0; i < 4; i++)
+        if (t[i])
+            backend_tensor_free(be, t[i]);
+    backend_free(be);
+    kv_local_free(kv);
+    free(tab);
+    free(copy);
+    return rc;
+}
+
 int bench_cpu(const struct bench_opts *o, cJSON *out)
 {
     static const struct bench_model {
@@ -291,5 +381,17 @@ int bench_cpu(const struct bench_opts *o, cJSON *out)
     cJSON_AddNumberToObject(at, "resident_ms", a.resident_ms);
     cJSON_AddNumberToObject(at, "host_half_ms", a.split_ms);
     cJSON_AddNumberToObject(at, "host_half_over_resident", a.split_ms / a.resident_ms);
+    struct tail_result tr = {0};
+    if ((rc = run_attn_tail(o, &tr)) < 0)
+        return rc;
+    printf("host-tail attention (CPU_TAIL's work), 1 decode row x %u ctx (32/8 heads, hd 128, f16 "
+           "kv): %.3f ms, %.2f GB/s = %.2f x a memcpy of the same bytes (%.2f GB/s)\n",
+           tr.ctx, tr.ms, tr.gbps, tr.gbps / tr.memcpy_gbps, tr.memcpy_gbps);
+    cJSON *ta = cJSON_AddObjectToObject(out, "attention_tail");
+    cJSON_AddNumberToObject(ta, "ctx", tr.ctx);
+    cJSON_AddNumberToObject(ta, "ms", tr.ms);
+    cJSON_AddNumberToObject(ta, "gbps", tr.gbps);
+    cJSON_AddNumberToObject(ta, "memcpy_gbps", tr.memcpy_gbps);
+    cJSON_AddNumberToObject(ta, "over_memcpy", tr.gbps / tr.memcpy_gbps);
     return 0;
 }

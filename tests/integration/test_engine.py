@@ -262,5 +262,9 @@ def test_rkv_bench_cpu_quick(tmp_path):
         assert m["prefill_tok_s"] > 0 and m["decode_tok_s"] > 0 and m["decode_batch8_tok_s"] > 0
     a = res["attention"]
     assert a["resident_ms"] > 0 and a["host_half_ms"] > 0
+    # CPU_TAIL's work, against a memcpy of the same bytes measured in the same run
+    t = res["attention_tail"]
+    assert t["ctx"] == 4096 and t["gbps"] > 0 and t["memcpy_gbps"] > 0
+    assert t["over_memcpy"] == pytest.approx(t["gbps"] / t["memcpy_gbps"])
     bad = run([binary("rkv-bench"), "nosuch"], check=False)
     assert bad.returncode == 1 and "unknown suite 'nosuch'" in bad.stderr
