@@ -129,7 +129,7 @@ static const struct cfg_key keys[] = {
     {K("deterministic", CFG_BOOL, deterministic), .def = "false",
      .help = "batch-invariant kernels in the workers: the same request gives the same tokens "
              "whatever else runs and wherever its KV lives (slower on cuda)"},
-    {K("host_split", CFG_INT, host_split), .min = -1, .max = 100, .def = "0",
+    {K("host_split", CFG_INT, host_split), .min = -1, .max = 100, .def = "-1",
      .help = "gpu workers: percent of a decode row's host KV blocks attended by cpu threads "
              "while the gpu reads the rest (the rates add up); 0 off, -1 by the measured rates"},
     {K("prep_ahead", CFG_BOOL, prep_ahead), .def = "true",

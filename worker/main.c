@@ -94,7 +94,7 @@ static const struct cfg_key keys[] = {
      .help = "who attends a spilled session's host blocks on a gpu worker: the gpu over pcie, or "
              "cpu threads over the host pool (CPU_TAIL); auto: the cpu where its measured rate "
              "beats the link's, as kvmgr's planner decides"},
-    {K("host_split", CFG_INT, host_split), .min = -1, .max = 100, .def = "0",
+    {K("host_split", CFG_INT, host_split), .min = -1, .max = 100, .def = "-1",
      .help = "percent of a decode row's host blocks (the oldest) attended by cpu threads while "
              "the gpu reads the rest, so the cpu's and the link's rates add up: 0 off, -1 the "
              "cpu's share of the measured rates (not with CPU_TAIL or --deterministic)"},
@@ -245,8 +245,8 @@ static void apply_host_split(struct worker *w, int cpu_tail)
     const struct rates *r = &w->rates;
     uint32_t pct = w->c.host_split > 0 ? (uint32_t)w->c.host_split
                                        : rkv_host_split_auto(r->attn_host_gbps, r->attn_cpu_gbps);
-    if (cpu_tail)
-        pct = 0;
+    if (cpu_tail || (w->c.deterministic && w->c.host_split < 0))
+        pct = 0; /* the default (-1) stays quiet where the split cannot run */
     int rc = backend_host_split(w->be, pct);
     if (rc < 0)
         log_warn("the split host read is off: %s%s", rkv_strerror(rc),

@@ -679,8 +679,10 @@ static void attention_with(const char *what, char *stats, size_t len)
 }
 
 /* attention_with under the settings vars ("NAME=VALUE NAME=VALUE ...", unset afterwards); the
- * backend's host-read counters must not contain absent (NULL: not checked) */
-static void attention_env(const char *what, const char *vars, const char *absent)
+ * backend's host-read counters must not contain absent, and must contain present (NULL: not
+ * checked) */
+static void attention_env(const char *what, const char *vars, const char *absent,
+                          const char *present)
 {
     char buf[256], names[8][64];
     int n = 0;
@@ -695,11 +697,15 @@ static void attention_env(const char *what, const char *vars, const char *absent
         setenv(v, eq + 1, 1);
     }
     char st[512] = "";
-    attention_with(what, absent ? st : NULL, sizeof(st));
+    attention_with(what, absent || present ? st : NULL, sizeof(st));
+    char check[200];
     if (absent) {
-        char check[200];
         snprintf(check, sizeof(check), "attention: %s: not \"%s\" in the counters", what, absent);
         CHECK(check, strstr(st, absent) == NULL);
+    }
+    if (present) {
+        snprintf(check, sizeof(check), "attention: %s: \"%s\" in the counters", what, present);
+        CHECK(check, strstr(st, present) != NULL);
     }
     for (int i = 0; i < n; i++)
         unsetenv(names[i]);
@@ -766,6 +772,7 @@ int main(int argc, char **argv)
         /* a layer's host blocks staged in passes of whole sequences: a pass of 112 KiB makes
          * the first cases (8 KiB per block and layer, 20 host blocks) take two; the results
          * must not change, and the passes must have run */
+        setenv("RKV_CUDA_HOST_READ", "copy", 1); /* passes stage copies */
         setenv("RKV_CUDA_STAGE_PASSES", "1", 1);
         setenv("RKV_CUDA_STAGE_PASS_KB", "112", 1);
         char st[512] = "";
@@ -790,25 +797,34 @@ int main(int argc, char **argv)
         setenv("RKV_CUDA_MERGE_IN_ATTN", "0", 1);
         attention_with("the splits merged by a separate kernel", NULL, 0);
         unsetenv("RKV_CUDA_MERGE_IN_ATTN");
-        /* prefill tiles (64 rows, d 64 and 128) on the flash-attention kernel, its splits
-         * merged both ways, host blocks read both ways */
-        attention_env("prefill tiles on attn_fa_kernel, splits merged by a separate kernel",
-                      "RKV_CUDA_FA=1 RKV_CUDA_MERGE_IN_ATTN=0", NULL);
-        attention_env("prefill tiles on attn_fa_kernel, host blocks read by zerocopy",
-                      "RKV_CUDA_FA=1 RKV_CUDA_HOST_READ=zerocopy", NULL);
-        attention_env("prefill tiles on attn_fa_kernel, host blocks read by copy",
-                      "RKV_CUDA_FA=1 RKV_CUDA_HOST_READ=copy", NULL);
+        /* prefill tiles (64 rows, d 64 and 128) on the older kernel (attn_mma_kernel; the
+         * default is attn_fa_kernel), its splits merged both ways, host blocks read both ways */
+        attention_env("prefill tiles on attn_mma_kernel, splits merged by a separate kernel",
+                      "RKV_CUDA_FA=0 RKV_CUDA_MERGE_IN_ATTN=0", NULL, NULL);
+        attention_env("prefill tiles on attn_mma_kernel, host blocks read by zerocopy",
+                      "RKV_CUDA_FA=0 RKV_CUDA_HOST_READ=zerocopy", NULL, NULL);
+        attention_env("prefill tiles on attn_mma_kernel, host blocks read by copy",
+                      "RKV_CUDA_FA=0 RKV_CUDA_HOST_READ=copy", NULL, NULL);
         /* the split host read: a share of each decode row's host blocks (the oldest) attended on
          * the cpu, the rest read by the gpu, merged by lse; 100: every host block of a decode
          * row on the cpu through the split path */
         attention_env("host blocks split, 40 % on the cpu, the rest copied",
-                      "RKV_CUDA_HOST_SPLIT=40 RKV_CUDA_HOST_READ=copy", " 0 split");
-        attention_env("host blocks split, 40 % on the cpu, the rest zero-copy",
-                      "RKV_CUDA_HOST_SPLIT=40 RKV_CUDA_HOST_READ=zerocopy", " 0 split");
+                      "RKV_CUDA_HOST_SPLIT=40 RKV_CUDA_HOST_SPLIT_MIN_US=0 RKV_CUDA_HOST_READ=copy",
+                      " 0 split", NULL);
+        attention_env(
+            "host blocks split, 40 % on the cpu, the rest zero-copy",
+            "RKV_CUDA_HOST_SPLIT=40 RKV_CUDA_HOST_SPLIT_MIN_US=0 RKV_CUDA_HOST_READ=zerocopy",
+            " 0 split", NULL);
         attention_env("host blocks of decode rows all on the cpu by the split",
-                      "RKV_CUDA_HOST_SPLIT=100", " 0 split");
-        attention_env("host blocks split, one key split per block",
-                      "RKV_CUDA_HOST_SPLIT=40 RKV_CUDA_ATTN_FIXED=1", " 0 split");
+                      "RKV_CUDA_HOST_SPLIT=100 RKV_CUDA_HOST_SPLIT_MIN_US=0", " 0 split", NULL);
+        /* one key split per block (placement-independent numbers) keeps the split off */
+        attention_env("host blocks split asked, one key split per block",
+                      "RKV_CUDA_HOST_SPLIT=40 RKV_CUDA_HOST_SPLIT_MIN_US=0 RKV_CUDA_ATTN_FIXED=1",
+                      NULL, " 0 split");
+        /* the cases' host tails (a few KiB a layer) are far below the default gate (1 ms of the
+         * link a layer): the gpu reads them alone */
+        attention_env("host blocks split asked, tails too short", "RKV_CUDA_HOST_SPLIT=40",
+                      " 0 tails too short", " 0 split");
         /* placement-independent attention: the cases against the cpu, then the same kv placed
          * four ways, bit for bit */
         setenv("RKV_CUDA_ATTN_FIXED", "1", 1);
@@ -844,6 +860,7 @@ int main(int argc, char **argv)
         unsetenv("RKV_CUDA_HOST_READ");
         /* the split host read: 40 % of each decode row's host blocks on the cpu */
         setenv("RKV_CUDA_HOST_SPLIT", "40", 1);
+        setenv("RKV_CUDA_HOST_SPLIT_MIN_US", "0", 1); /* the test model's tails are tiny */
         struct backend *split = NULL;
         if (backend_init(&go, &split, err, sizeof(err)) == 0) {
             gpu_model_cpu_tail_tests(cpu, split, "split", &n_pass, &n_fail);
@@ -856,6 +873,7 @@ int main(int argc, char **argv)
             CHECK("split backend", 0);
         }
         unsetenv("RKV_CUDA_HOST_SPLIT");
+        unsetenv("RKV_CUDA_HOST_SPLIT_MIN_US");
     }
     backend_free(precise);
     backend_free(gpu);

@@ -143,9 +143,9 @@ def test_host_split_reaches_the_worker(rkvd_factory):
     """rkvd's host_split goes to every worker's command line (a cpu worker has no host reads to
     split: it starts and serves as before)"""
     from conftest import _proc_cmdline
-    srv = rkvd_factory("--block-size", str(BLOCK), "--host-split", "-1")
+    srv = rkvd_factory("--block-size", str(BLOCK), "--host-split", "35")
     args = _proc_cmdline(srv.child_pid("rkv-worker"))
-    assert args[args.index(b"--host-split") + 1] == b"-1", args
+    assert args[args.index(b"--host-split") + 1] == b"35", args
     assert run(srv, PROMPTS[0], 4)[2] == 4
 
 

@@ -88,11 +88,12 @@ static int meta_passes(struct cuda_ctx *c, const uint32_t *sc, uint32_t n_seqs, 
 }
 
 /* the split host read is on: a share of the host blocks to the cpu (not with CPU_TAIL, which
- * takes them all, nor in deterministic mode; the cpu's view hides the gpu's host blocks behind
- * device block 0, so the device pool must have one) */
+ * takes them all, nor in deterministic mode or with one key split per block: the cpu's partial
+ * spans many blocks, which the block-order merge cannot take apart; the cpu's view hides the
+ * gpu's host blocks behind device block 0, so the device pool must have one) */
 static int host_split_on(const struct cuda_ctx *c)
 {
-    return c->host_split && !c->host_cpu && !c->deterministic && c->have_kv &&
+    return c->host_split && !c->host_cpu && !c->deterministic && !c->attn_fixed && c->have_kv &&
            c->n_blocks[KV_DEVICE] > 0;
 }
 
@@ -114,16 +115,26 @@ static int meta_host_shares(struct cuda_ctx *c, const struct be_batch *b, uint32
     }
     m->cpu_any = 0;
     *all = 0;
+    uint64_t dec_blocks = 0; /* host blocks decode rows read */
     for (uint32_t s = 0; s < b->n_seqs; s++) {
         const struct be_seq *q = &b->seqs[s];
         const uint64_t last = (uint64_t)q->n_past + (q->n_tokens ? q->n_tokens - 1 : 0);
-        uint32_t n_read = 0;
         m->cpu_k[s] =
-            kv_host_cpu_share(q->blocks, q->n_blocks, B, last, q->n_tokens, split, &n_read);
+            kv_host_cpu_share(q->blocks, q->n_blocks, B, last, q->n_tokens, split, &sc[s]);
+        dec_blocks += q->n_tokens <= 1 ? sc[s] : 0;
+    }
+    /* the link time of the decode rows' host bytes of one layer, in us */
+    const double link_us =
+        split ? (double)dec_blocks * 2 * kv_slice_bytes(&c->layout) / (c->link_gbps * 1e3) : 0;
+    const int gated = link_us < (double)c->split_min_us;
+    for (uint32_t s = 0; s < b->n_seqs; s++) {
+        if (gated)
+            m->cpu_k[s] = 0;
         m->cpu_any |= m->cpu_k[s] > 0;
-        sc[s] = n_read - m->cpu_k[s];
+        sc[s] -= m->cpu_k[s];
         *all += sc[s];
     }
+    m->split_gated = split && gated && dec_blocks;
     return 0;
 }
 
@@ -199,6 +210,13 @@ static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
             return RKV_ENOMEM;
         }
         m->stage_src = ns;
+        uint8_t *nw = (uint8_t *)realloc(m->stage_w, all_slots);
+        if (!nw) {
+            free(h);
+            free(sc);
+            return RKV_ENOMEM;
+        }
+        m->stage_w = nw;
         m->stage_cap = (uint32_t)all_slots;
     }
     for (uint32_t s = 0; s < b->n_seqs && rc == 0; s++) {
@@ -229,6 +247,8 @@ static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
                     if (!staged_block(q, j, B))
                         continue; /* never read: not copied */
                     m->stage_src[n_slots] = ref.index;
+                    m->stage_w[n_slots] = B && q->n_tokens && j >= q->n_past / B &&
+                                          j <= (q->n_past + q->n_tokens - 1) / B;
                     bl[nb].index = n_slots++;
                 }
                 nb++;
@@ -455,6 +475,8 @@ static void choose_host_read(struct cuda_ctx *c)
      * (tests/gpu bench, H200 2026-11-29: 28.5 of 51.2 GB/s), and copies also
      * overlap the layer before; compare what each path delivers */
     c->host_read = copy_gbps > 0.55 * zc_gbps ? CUDA_HOST_COPY : CUDA_HOST_ZEROCOPY;
+    if (copy_gbps > 0)
+        c->link_gbps = copy_gbps;
     log_info("cuda: host kv blocks: copy engine %.1f GB/s, zero-copy reads %.1f GB/s: using %s",
              copy_gbps, zc_gbps, c->host_read == CUDA_HOST_COPY ? "copies" : "zero-copy");
 }
@@ -572,14 +594,25 @@ static int cu_kv_write(void *ctx, const struct be_batch *b, uint32_t layer,
                : cuda_kv_write(c, &c->meta, layer, (const float *)k->data, (const float *)v->data);
 }
 
-/* the count pieces src0 + src[i] * pitch (piece bytes each) into dst0, back to back, by one
- * cudaMemcpyBatchAsync on the copy stream: separate 1 MiB copies move ~47 GB/s on the H200, the
- * same pieces as one batch ~53 (gpu_bench's ceilings), and a layer's spilled blocks are seldom
- * consecutive in the pool. 0: queued; 1: not available (a driver or toolkit before CUDA 12.8;
- * stage_batch is off from now on), the caller copies them itself */
-static int stage_batched(struct cuda_ctx *c, char *dst0, const char *src0, const uint32_t *src,
-                         uint32_t count, size_t piece, size_t pitch)
+/* which slots of a layer stage_issue copies: all, those no token of the batch writes (they may
+ * go a layer ahead), or those it writes (after this layer's kv write) */
+enum stage_which { STAGE_ALL, STAGE_CLEAN, STAGE_WRITTEN };
+
+static int stage_wanted(const struct cuda_meta *m, uint32_t i, enum stage_which w)
 {
+    return w == STAGE_ALL || (m->stage_w[i] != 0) == (w == STAGE_WRITTEN);
+}
+
+/* the wanted slots among [first, first + count): piece bytes from src0 + stage_src[i] * pitch
+ * into dst0 + (i - first) * piece, by one cudaMemcpyBatchAsync on the copy stream: separate
+ * 1 MiB copies move ~47 GB/s on the H200, the same pieces as one batch ~53 (gpu_bench's
+ * ceilings), and a layer's spilled blocks are seldom consecutive in the pool. 0: queued; 1: not
+ * available (a driver or toolkit before CUDA 12.8; stage_batch is off from now on), the caller
+ * copies them itself */
+static int stage_batched(struct cuda_ctx *c, char *dst0, const char *src0, uint32_t first,
+                         uint32_t count, enum stage_which which, size_t piece, size_t pitch)
+{
+    const struct cuda_meta *m = &c->meta;
 #if CUDART_VERSION >= 12080
     if (count > c->bat_cap) {
         uint32_t n = count + count / 2;
@@ -596,16 +629,21 @@ static int stage_batched(struct cuda_ctx *c, char *dst0, const char *src0, const
             return RKV_ENOMEM;
         c->bat_cap = n;
     }
-    for (uint32_t i = 0; i < count; i++) {
-        c->bat_dst[i] = dst0 + (size_t)i * piece;
-        c->bat_src[i] = src0 + (size_t)src[i] * pitch;
-        c->bat_size[i] = piece;
+    uint32_t n = 0;
+    for (uint32_t i = first; i < first + count; i++) {
+        if (!stage_wanted(m, i, which))
+            continue;
+        c->bat_dst[n] = dst0 + (size_t)(i - first) * piece;
+        c->bat_src[n] = src0 + (size_t)m->stage_src[i] * pitch;
+        c->bat_size[n++] = piece;
     }
+    if (n == 0)
+        return 0;
     cudaMemcpyAttributes at = {};
     at.srcAccessOrder = cudaMemcpySrcAccessOrderStream; /* after the kv writes queued before */
     size_t at_idx = 0;
     cudaError_t e =
-        cudaMemcpyBatchAsync(c->bat_dst, c->bat_src, c->bat_size, count, &at, &at_idx, 1, c->copy);
+        cudaMemcpyBatchAsync(c->bat_dst, c->bat_src, c->bat_size, n, &at, &at_idx, 1, c->copy);
     if (e == cudaSuccess) {
         c->hst.copies++;
         return 0;
@@ -615,7 +653,8 @@ static int stage_batched(struct cuda_ctx *c, char *dst0, const char *src0, const
              "from now on",
              cudaGetErrorString(e));
 #else
-    (void)dst0, (void)src0, (void)src, (void)count, (void)piece, (void)pitch;
+    (void)m, (void)dst0, (void)src0, (void)first, (void)count, (void)which, (void)piece,
+        (void)pitch;
     log_warn("cuda: batched staging copies need CUDA 12.8 (built with %d): staging with one "
              "copy per run of blocks",
              CUDART_VERSION);
@@ -624,12 +663,12 @@ static int stage_batched(struct cuda_ctx *c, char *dst0, const char *src0, const
     return 1;
 }
 
-/* queues the copies of one layer's host blocks into staging buffer buf on
- * the copy stream: runs of consecutive pool indexes go as one strided copy.
- * after_main: the copies also wait for the work queued on the stream so far
- * (kv writes into host blocks) */
+/* queues the copies of one layer's host blocks (slots [first, first + count), those which
+ * wants) into staging buffer buf on the copy stream: one batched call, or runs of consecutive
+ * pool indexes as one strided copy each. after_main: the copies also wait for the work queued
+ * on the stream so far (kv writes into host blocks) */
 static int stage_issue(struct cuda_ctx *c, uint32_t layer, int buf, int after_main, uint32_t first,
-                       uint32_t count)
+                       uint32_t count, enum stage_which which)
 {
     const struct kv_layout *l = &c->layout;
     const struct cuda_meta *m = &c->meta;
@@ -638,7 +677,8 @@ static int stage_issue(struct cuda_ctx *c, uint32_t layer, int buf, int after_ma
         c->hst.zero_copy++;
         return 1; /* too big to stage: zero-copy */
     }
-    c->hst.slots += count;
+    for (uint32_t i = first; i < first + count; i++)
+        c->hst.slots += stage_wanted(m, i, which);
     if (need > c->stg_cap[buf]) {
         c->hst.grown++;
         /* the buffer may still be read by queued attention */
@@ -656,13 +696,18 @@ static int stage_issue(struct cuda_ctx *c, uint32_t layer, int buf, int after_ma
     char *dst0 = (char *)c->stg[buf];
     const uint32_t end = first + count;
     int rc = c->stage_batch && count > 1
-                 ? stage_batched(c, dst0, src0, m->stage_src + first, count, 2 * slice, bb)
+                 ? stage_batched(c, dst0, src0, first, count, which, 2 * slice, bb)
                  : 1;
     if (rc < 0)
         return rc;
     for (uint32_t i = rc == 0 ? end : first; i < end;) {
+        if (!stage_wanted(m, i, which)) {
+            i++;
+            continue;
+        }
         uint32_t n = 1;
-        while (i + n < end && m->stage_src[i + n] == m->stage_src[i] + n)
+        while (i + n < end && m->stage_src[i + n] == m->stage_src[i] + n &&
+               stage_wanted(m, i + n, which))
             n++;
         /* K then V of a block's layer are contiguous: 2*slice bytes per block */
         c->hst.copies++;
@@ -684,12 +729,19 @@ static int stage_layer(struct cuda_ctx *c, uint32_t layer, int *buf)
 {
     int b = (int)(layer % 2);
     *buf = -1;
-    if (!(c->stg_valid[b] && c->stg_layer[b] == layer && c->stg_gen[b] == c->meta.gen &&
-          !c->meta.host_writes)) {
+    if (!(c->stg_valid[b] && c->stg_layer[b] == layer && c->stg_gen[b] == c->meta.gen)) {
         c->stg_valid[b] = 0;
         c->hst.inline_++;
         c->hst.host_write += c->meta.host_writes != 0;
-        int rc = stage_issue(c, layer, b, 1, 0, c->meta.n_slots);
+        int rc = stage_issue(c, layer, b, 1, 0, c->meta.n_slots, STAGE_ALL);
+        if (rc != 0)
+            return rc < 0 ? rc : 0;
+    } else if (c->meta.host_writes) {
+        /* the blocks no token writes came a layer ahead (a long prefill over a host tail
+         * copies most of its layer there); those it writes come after this layer's kv write */
+        c->hst.prefetched++;
+        c->hst.host_write++;
+        int rc = stage_issue(c, layer, b, 1, 0, c->meta.n_slots, STAGE_WRITTEN);
         if (rc != 0)
             return rc < 0 ? rc : 0;
     } else {
@@ -721,7 +773,7 @@ static int attn_host_passes(struct cuda_ctx *c, const struct cuda_attn_args *a, 
     c->hst.pass_n += m->n_pass;
     for (uint32_t p = 0; p < m->n_pass && rc == 0; p++) {
         const int buf = (int)(p % 2);
-        rc = stage_issue(c, layer, buf, p == 0, m->pass_slot0[p], m->pass_nslots[p]);
+        rc = stage_issue(c, layer, buf, p == 0, m->pass_slot0[p], m->pass_nslots[p], STAGE_ALL);
         if (rc != 0)
             return rc < 0 ? rc : RKV_ESTATE; /* a pass always fits: meta_passes sized it */
         pm.d_seqs = m->d_seqs_pass + (size_t)p * m->n_seqs;
@@ -853,8 +905,9 @@ static int attn_host_gpu(struct cuda_ctx *c, struct cuda_attn_args *a, uint32_t 
             CU_TRY(cudaEventRecord(c->ev_side_done, c->side));
             c->side_pending = 1;
             c->last_was_dev_attn = 0;
-            if (rc == 0 && layer + 1 < l->n_layer && !c->meta.host_writes)
-                rc = stage_issue(c, layer + 1, (layer + 1) % 2, 0, 0, c->meta.n_slots);
+            if (rc == 0 && layer + 1 < l->n_layer)
+                rc = stage_issue(c, layer + 1, (layer + 1) % 2, 0, 0, c->meta.n_slots,
+                                 c->meta.host_writes ? STAGE_CLEAN : STAGE_ALL);
             return rc < 0 ? rc : 0;
         }
     }
@@ -1017,6 +1070,7 @@ static int cu_attn_partial(void *ctx, const struct be_batch *b, uint32_t layer,
     CU_TRY(cudaStreamWaitEvent(c->side, c->ev_pre_attn, 0));
     /* split: q goes down first, the gpu's part is queued, then the cpu attends its part */
     const int split = c->meta.cpu_any;
+    c->hst.split_gated += c->meta.split_gated;
     if (split && (rc = split_q_down(
                       c, q, (size_t)b->n_tokens * at->n_head * at->head_dim * sizeof(float))) < 0)
         return rc;
@@ -1159,15 +1213,16 @@ static int cu_stats(void *ctx, char *buf, size_t len)
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     int n =
         snprintf(buf, len,
-                 "host kv layers: %llu prefetched, %llu copied in line (%llu with a host "
-                 "write), %llu zero-copy, %llu in %llu passes; %llu block slices staged in %llu "
-                 "copies, %llu staging growths, %llu attended on the cpu, %llu split with it",
+                 "host kv layers: %llu prefetched, %llu copied in line, %llu with a host "
+                 "write, %llu zero-copy, %llu in %llu passes; %llu block slices staged in %llu "
+                 "copies, %llu staging growths, %llu attended on the cpu, %llu split with it, "
+                 "%llu tails too short to split",
                  (unsigned long long)c->hst.prefetched, (unsigned long long)c->hst.inline_,
                  (unsigned long long)c->hst.host_write, (unsigned long long)c->hst.zero_copy,
                  (unsigned long long)c->hst.passes, (unsigned long long)c->hst.pass_n,
                  (unsigned long long)c->hst.slots, (unsigned long long)c->hst.copies,
                  (unsigned long long)c->hst.grown, (unsigned long long)c->hst.cpu_layers,
-                 (unsigned long long)c->hst.split_layers);
+                 (unsigned long long)c->hst.split_layers, (unsigned long long)c->hst.split_gated);
     memset(&c->hst, 0, sizeof c->hst);
     return n;
 }
@@ -1226,6 +1281,7 @@ static void cu_free(void *ctx)
     if (c->copy)
         cudaStreamDestroy(c->copy);
     free(c->meta.stage_src);
+    free(c->meta.stage_w);
     free(c->meta.pass_slot0);
     free(c->meta.pass_nslots);
     free(c->meta.cpu_k);
@@ -1335,10 +1391,13 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         c->precise = cu_env_flag("RKV_CUDA_PRECISE", 0);
         c->fuse = cu_env_flag("RKV_CUDA_FUSE", 1);
         c->dec = cu_env_flag("RKV_CUDA_DEC", 1);
-        /* 1: f32-accurate products; 2, 3: p, then q and p, plain f16 (a/b of the cost) */
-        c->fa = (int)rkv_env_u64("RKV_CUDA_FA", 0, 0, 3);
+        /* 1: f32-accurate products; 2, 3: p, then q and p, plain f16 (a/b of the cost); 0: the
+         * older attn_mma_kernel (2.2x slower at 4k, 3.9x at 32k on the H200, tenth session) */
+        c->fa = (int)rkv_env_u64("RKV_CUDA_FA", 1, 0, 3);
         /* the split host read: percent of each sequence's host blocks on the cpu (0: off) */
         c->host_split = (uint32_t)rkv_env_u64("RKV_CUDA_HOST_SPLIT", 0, 0, 100);
+        c->split_min_us = (uint32_t)rkv_env_u64("RKV_CUDA_HOST_SPLIT_MIN_US", 1000, 0, 1000000);
+        c->link_gbps = 50.0;
         c->merge_in_attn = cu_env_flag("RKV_CUDA_MERGE_IN_ATTN", 1);
         c->attn_fixed = cu_env_flag("RKV_CUDA_ATTN_FIXED", 0);
         c->no_mma = cu_env_flag("RKV_CUDA_NO_MMA", 0);

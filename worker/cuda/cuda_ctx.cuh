@@ -78,6 +78,7 @@ struct cuda_meta {
     uint32_t n_tokens, n_seqs, n_qtiles, qt;
     uint32_t max_units[CUDA_N_LISTS]; /* most blocks of one list in one sequence */
     uint32_t *stage_src;              /* (n_slots) host pool index copied into each staging slot */
+    uint8_t *stage_w;                 /* (n_slots) 1: a token of the batch writes that block */
     uint32_t n_slots, stage_cap;
     int host_writes; /* some token of the batch writes a host block */
     /* a layer's host blocks past the staging limit go in passes of whole sequences (each
@@ -91,6 +92,7 @@ struct cuda_meta {
      * attended on the cpu, the gpu's host lists leave them out; any: some sequence has one */
     uint32_t *cpu_k, cpu_k_cap;
     int cpu_any;
+    int split_gated; /* the split is on, but these decode rows' host tails are too short */
     uint64_t gen; /* bumped at every upload */
     int valid;
 };
@@ -135,6 +137,12 @@ struct cuda_ctx {
      * blocks (the oldest) attended by cpu_be while the gpu reads the rest over pcie, the two
      * partials merged by lse; 0: off. q comes down into qdown (pinned), ev_qdown after it */
     uint32_t host_split;
+    /* ... only for a batch whose decode rows read host blocks taking at least split_min_us of
+     * the link a layer (env RKV_CUDA_HOST_SPLIT_MIN_US, default 1000): the cpu's part stands on
+     * the layer's critical path beside the gpu's own work, which a short tail does not hide;
+     * link_gbps: the copy engine's measured rate (50 when not measured) */
+    uint32_t split_min_us;
+    double link_gbps;
     void *qdown;
     size_t qdown_cap;
     cudaEvent_t ev_qdown;
@@ -192,9 +200,8 @@ struct cuda_ctx {
         uint64_t gen; /* of the meta it ran over */
     } fixed[KV_N_POOLS];
     int dec;        /* the packed decode attention kernel (env RKV_CUDA_DEC=0: the general one) */
-    int fa;         /* prefill tiles on attn_fa_kernel (env RKV_CUDA_FA=1, f32-accurate products;
-                     * 2: p plain f16, 3: q and p too; off until measured on the device:
-                     * attn_mma_kernel otherwise) */
+    int fa;         /* prefill tiles on attn_fa_kernel (1, the default: f32-accurate products;
+                     * 2: p plain f16, 3: q and p too; env RKV_CUDA_FA=0: attn_mma_kernel) */
     int fuse;       /* fused decode ops (env RKV_CUDA_FUSE=0 turns them off, for a/b checks) */
     int lin_ks;     /* warps per weight row of the fused linears, 1/2/4/8 (env RKV_CUDA_LIN_KS) */
     int lin_stream; /* 1-token linears stream weights through shared memory (sm_90+; env
@@ -224,6 +231,7 @@ struct cuda_ctx {
         uint64_t copies;     /* ... in this many copies (runs of consecutive blocks) */
         uint64_t cpu_layers; /* layers whose host blocks the cpu attended (CPU_TAIL) */
         uint64_t split_layers; /* layers whose host blocks the cpu and the gpu shared */
+        uint64_t split_gated;  /* ... and those left to the gpu: the tail was too short */
         uint64_t passes;     /* layers staged in several passes, and the passes */
         uint64_t pass_n;
     } hst;
