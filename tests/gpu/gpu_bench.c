@@ -462,6 +462,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
         rc = fwd_prefill(f, warm, 1024, 0, tab, 4, 512, logits);
     }
     for (int pi = 0; pi < 3 && rc == 0 && !profiled && prefill; pi++) {
+        /* a profiled prefill (below) ends the suite */
         uint32_t len = plens[pi];
         if (!len)
             continue;
@@ -475,6 +476,18 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
                 tab[j] = half && j % 2 == 0 && j / 2 < nb_host
                              ? (struct kv_block_ref){j / 2, KV_HOST}
                              : (struct kv_block_ref){j, KV_DEVICE};
+            /* RKV_PROFILE_PREFILL=N: the prefill of N resident tokens, its last chunk of 512
+             * between profiler start and stop (ncu --profile-from-start off), then exit */
+            const char *pp = getenv("RKV_PROFILE_PREFILL");
+            if (!half && pp && (uint32_t)atoi(pp) == len) {
+                rc = fwd_prefill(f, toks, len - 512, 0, tab, n, 512, logits);
+                rkv_cuda_profiler(1);
+                if (rc == 0)
+                    rc = fwd_prefill(f, toks + len - 512, 512, len - 512, tab, n, 512, logits);
+                rkv_cuda_profiler(0);
+                profiled = 1;
+                break;
+            }
             double t1 = gu_now();
             rc = fwd_prefill(f, toks, len, 0, tab, n, 512, logits);
             double t = gu_now() - t1;

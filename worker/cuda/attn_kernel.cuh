@@ -799,14 +799,17 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_fa_kernel(struct attn_kargs
     for (uint32_t i = 0; i < qt.nt; i++)
         max_pos = max(max_pos, a.pos[tok0 + i]);
 
-    /* q fragments: a0 (row gq, dims 2tq..), a1 (row gq + 8), a2 (dims + 8), a3 (both) */
+    /* q fragments: a0 (row gq, dims 2tq..), a1 (row gq + 8), a2 (dims + 8), a3 (both); q carries
+     * log2(e), so the softmax runs on exp2 (one MUFU op) and m is in the log2 domain until the
+     * partial is written */
+    const float qscale = a.scale * 1.4426950408889634f;
     uint32_t qh[KS][4], ql[KS][4];
     {
         auto qv = [&](uint32_t r, uint32_t d) -> float {
             if (r >= rows)
                 return 0.0f;
             const uint32_t t = tok0 + r / g, h = kvh * g + r % g;
-            return a.q[((size_t)t * a.n_head + h) * D + d] * a.scale;
+            return a.q[((size_t)t * a.n_head + h) * D + d] * qscale;
         };
 #pragma unroll
         for (int k = 0; k < KS; k++) {
@@ -840,53 +843,66 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_fa_kernel(struct attn_kargs
         }
         /* s = q . k^T: n tile j holds keys 8j..8j+7; c0, c1 row gq keys 8j + 2tq (+1), c2, c3
          * row gq + 8 */
+        /* every n tile, also past nk (stale or unset rows, masked below by a select, which drops
+         * a NaN): no branch between the tiles, so their eight mma chains interleave (with a
+         * branch per tile each chain of KS (x2) dependent mmas ran alone) */
         float s[8][4];
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                s[j][e] = 0.0f;
-            if ((uint32_t)j * 8 < nk) {
-                const __half *kb = kd + (j * 8 + gq) * DP + 2 * tq;
-#pragma unroll
-                for (int k = 0; k < KS; k++) {
-                    const uint32_t b0 = *(const uint32_t *)(kb + k * 16);
-                    const uint32_t b1 = *(const uint32_t *)(kb + k * 16 + 8);
-                    fa_mma(s[j], qh[k], b0, b1);
-                    if constexpr (LO >= 1)
-                        fa_mma(s[j], ql[k], b0, b1);
-                }
-            }
-        }
-        /* causal mask and chunk end, then each row's max over its quad */
-        float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
         for (int j = 0; j < 8; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const uint32_t kc = j * 8 + 2 * tq + (e & 1);
-                const int pr = e < 2 ? p0 : p1;
-                const bool ok = kc < nk && kp_cur + kc <= (long long)pr;
-                s[j][e] = ok ? s[j][e] : -INFINITY;
-                if (e < 2)
-                    mx0 = fmaxf(mx0, s[j][e]);
-                else
-                    mx1 = fmaxf(mx1, s[j][e]);
+            for (int e = 0; e < 4; e++)
+                s[j][e] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < KS; k++)
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const __half *kb = kd + (j * 8 + gq) * DP + 2 * tq + k * 16;
+                const uint32_t b0 = *(const uint32_t *)kb;
+                const uint32_t b1 = *(const uint32_t *)(kb + 8);
+                fa_mma(s[j], qh[k], b0, b1);
+                if constexpr (LO >= 1)
+                    fa_mma(s[j], ql[k], b0, b1);
             }
+        /* causal mask and chunk end where the chunk needs them (warp-uniform: a full chunk
+         * at or before both rows of every lane has none), then each row's max over its quad */
+        const bool inside = nk == CH && kp_cur + CH - 1 <= (long long)min(p0, p1);
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+        if (__all_sync(0xffffffff, inside)) {
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
+                mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const uint32_t kc = j * 8 + 2 * tq + (e & 1);
+                    const int pr = e < 2 ? p0 : p1;
+                    const bool ok = kc < nk && kp_cur + kc <= (long long)pr;
+                    s[j][e] = ok ? s[j][e] : -INFINITY;
+                    if (e < 2)
+                        mx0 = fmaxf(mx0, s[j][e]);
+                    else
+                        mx1 = fmaxf(mx1, s[j][e]);
+                }
+        }
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, 1));
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, 2));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 1));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 2));
         const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-        const float c0 = mn0 == -INFINITY ? 1.0f : m0 == -INFINITY ? 0.0f : expf(m0 - mn0);
-        const float c1 = mn1 == -INFINITY ? 1.0f : m1 == -INFINITY ? 0.0f : expf(m1 - mn1);
+        const float c0 = mn0 == -INFINITY ? 1.0f : m0 == -INFINITY ? 0.0f : exp2f(m0 - mn0);
+        const float c1 = mn1 == -INFINITY ? 1.0f : m1 == -INFINITY ? 0.0f : exp2f(m1 - mn1);
+        /* a row with every key masked so far: its scores are -inf, exp2(-inf - 0) = 0 */
+        const float ms0 = mn0 == -INFINITY ? 0.0f : mn0, ms1 = mn1 == -INFINITY ? 0.0f : mn1;
         float ps0 = 0.0f, ps1 = 0.0f;
 #pragma unroll
         for (int j = 0; j < 8; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const float mn = e < 2 ? mn0 : mn1;
-                const float p = s[j][e] == -INFINITY ? 0.0f : expf(s[j][e] - mn);
+                const float p = exp2f(s[j][e] - (e < 2 ? ms0 : ms1));
                 s[j][e] = p;
                 if (e < 2)
                     ps0 += p;
@@ -951,7 +967,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_fa_kernel(struct attn_kargs
         for (int j = 0; j < ND; j++)
             *(float2 *)(pr + j * 8 + 2 * tq) = make_float2(o[j][2 * half], o[j][2 * half + 1]);
         if (tq == 0) {
-            pr[D] = half ? m1 : m0;
+            pr[D] = (half ? m1 : m0) * 0.6931471805599453f; /* back to the natural log domain */
             pr[D + 1] = half ? l1 : l0;
         }
     }

@@ -1392,7 +1392,7 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         c->fuse = cu_env_flag("RKV_CUDA_FUSE", 1);
         c->dec = cu_env_flag("RKV_CUDA_DEC", 1);
         /* 1: f32-accurate products; 2, 3: p, then q and p, plain f16 (a/b of the cost); 0: the
-         * older attn_mma_kernel (2.2x slower at 4k, 3.9x at 32k on the H200, tenth session) */
+         * older attn_mma_kernel (2.5x slower at 4k, 5.4x at 32k on the H200, tenth session) */
         c->fa = (int)rkv_env_u64("RKV_CUDA_FA", 1, 0, 3);
         /* the split host read: percent of each sequence's host blocks on the cpu (0: off) */
         c->host_split = (uint32_t)rkv_env_u64("RKV_CUDA_HOST_SPLIT", 0, 0, 100);
