@@ -38,10 +38,18 @@ static void join_side(struct cuda_ctx *c)
 }
 
 /* every op but device attention starts here */
-static void op_begin(struct cuda_ctx *c)
+/* a matmul's start: the activations converted for the last one stay valid */
+static void op_begin_keep(struct cuda_ctx *c)
 {
     join_side(c);
     c->last_was_dev_attn = 0;
+}
+
+/* every other op's: it may write what the last matmul converted */
+static void op_begin(struct cuda_ctx *c)
+{
+    op_begin_keep(c);
+    c->act16_ok = 0;
 }
 
 /* --- batch metadata ------------------------------------------------------- */
@@ -551,7 +559,7 @@ static int cu_matmul(void *ctx, struct be_tensor *out, const struct be_tensor *i
                      const struct be_tensor *w, const struct be_tensor *bias, uint32_t n)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    op_begin(c);
+    op_begin_keep(c);
     return cuda_matmul(c, (float *)out->data, (const float *)in->data, w,
                        bias ? (const float *)bias->data : NULL, n);
 }

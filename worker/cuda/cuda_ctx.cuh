@@ -178,6 +178,11 @@ struct cuda_ctx {
     /* growable scratch (stream-ordered reuse) */
     void *act16; /* activations converted to f16/bf16 */
     size_t act16_cap;
+    /* act16 holds act16_src (act16_elems floats) in act16_type, and no op but matmuls over
+     * that input came since (the q, k, v and the gate, up gemms of a prefill share one) */
+    const float *act16_src;
+    size_t act16_elems;
+    int act16_type, act16_ok;
     void *wdeq; /* q8_0 weights dequantized to f16 for prefill */
     size_t wdeq_cap;
     void *part[KV_N_POOLS]; /* attention split partials, per residency (two streams) */

@@ -69,6 +69,10 @@ int cuda_greedy(struct cuda_ctx *c, const float *logits, uint32_t n, uint32_t n_
 /* matmul: out (n, n_out) = in (n, n_in) . w^T + bias */
 int cuda_matmul(struct cuda_ctx *c, float *out, const float *in, const struct be_tensor *w,
                 const float *bias, uint32_t n);
+/* out += in . w^T in the gemm's epilogue (prefill, 16-bit weights, not deterministic or precise:
+ * no projection buffer and no add kernel); 1 when the caller should compose it instead */
+int cuda_matmul_add(struct cuda_ctx *c, float *out, const float *in, const struct be_tensor *w,
+                    uint32_t n);
 /* the decode path of cuda_matmul: n <= CUDA_GEMV_MAX_N tokens, weights read once */
 #define CUDA_GEMV_MAX_N 8
 int cuda_gemv(struct cuda_ctx *c, float *out, const float *in, const struct be_tensor *w,

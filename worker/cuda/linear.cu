@@ -349,6 +349,14 @@ int cuda_linear(struct cuda_ctx *c, const struct be_linear *l, uint32_t n)
         return 0;
     const enum be_type t = l->w[0]->type;
     const uint32_t n_in = l->in->cols;
+    if (n > CUDA_GEMV_MAX_N && !c->deterministic && l->mode == BE_LIN_ADD && !l->bias[0] &&
+        !l->norm_w) {
+        /* prefill's o and down: the residual add in the gemm's epilogue */
+        int rc =
+            cuda_matmul_add(c, (float *)l->out[0]->data, (const float *)l->in->data, l->w[0], n);
+        if (rc != 1)
+            return rc;
+    }
     if ((n > CUDA_GEMV_MAX_N && !c->deterministic) ||
         (t != BE_F32 && t != BE_F16 && t != BE_BF16) || n_in % 8)
         return 1; /* prefill (cublas), q8_0 and odd widths: composed of the plain ops */

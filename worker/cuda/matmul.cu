@@ -13,23 +13,37 @@ static int gemm_ex(struct cuda_ctx *c, float *out, const void *w, cudaDataType w
     return 0;
 }
 
-/* activations rounded to the weight's 16-bit type; with precise, the
- * rounding error is carried by a second gemm (x = hi + lo) */
+/* activations rounded to the weight's 16-bit type (once for the matmuls in a row that share
+ * an input: act16_ok); with precise, the rounding error is carried by a second gemm
+ * (x = hi + lo) */
 static int gemm_16(struct cuda_ctx *c, float *out, const float *in, const void *w, enum be_type t,
-                   uint32_t n, uint32_t n_in, uint32_t n_out)
+                   uint32_t n, uint32_t n_in, uint32_t n_out, float beta)
 {
     size_t elems = (size_t)n * n_in;
-    int rc = cuda_scratch(c, &c->act16, &c->act16_cap, elems * 2);
-    if (rc == 0)
-        rc = cuda_convert_f32(c, c->act16, t, in, elems);
+    int rc = 0;
+    if (!(c->act16_ok && c->act16_src == in && c->act16_elems == elems && c->act16_type == t)) {
+        c->act16_ok = 0;
+        rc = cuda_scratch(c, &c->act16, &c->act16_cap, elems * 2);
+        if (rc == 0)
+            rc = cuda_convert_f32(c, c->act16, t, in, elems);
+        if (rc == 0) {
+            c->act16_src = in;
+            c->act16_elems = elems;
+            c->act16_type = t;
+            c->act16_ok = !c->precise; /* precise leaves the residual there */
+        }
+    }
     cudaDataType wt = t == BE_F16 ? CUDA_R_16F : CUDA_R_16BF;
     if (rc == 0)
-        rc = gemm_ex(c, out, w, wt, c->act16, n, n_in, n_out, 0.0f);
+        rc = gemm_ex(c, out, w, wt, c->act16, n, n_in, n_out, beta);
     if (rc == 0 && c->precise) {
         rc = cuda_convert_f32_lo(c, c->act16, t, in, elems);
         if (rc == 0)
             rc = gemm_ex(c, out, w, wt, c->act16, n, n_in, n_out, 1.0f);
     }
+    /* the output over the converted input makes the conversion stale */
+    if (out < in + elems && in < out + (size_t)n * n_out)
+        c->act16_ok = 0;
     return rc;
 }
 
@@ -38,6 +52,11 @@ int cuda_matmul(struct cuda_ctx *c, float *out, const float *in, const struct be
 {
     if (n == 0)
         return 0;
+    /* an output over the last converted input makes that conversion stale (gemm_16 checks
+     * again after it converted this call's input) */
+    if (c->act16_ok && out < c->act16_src + c->act16_elems &&
+        c->act16_src < out + (size_t)n * w->rows)
+        c->act16_ok = 0;
     if (n <= CUDA_GEMV_MAX_N)
         return cuda_gemv(c, out, in, w, bias, n);
     if (c->deterministic) {
@@ -62,17 +81,29 @@ int cuda_matmul(struct cuda_ctx *c, float *out, const float *in, const struct be
         break;
     }
     case BE_F16:
-    case BE_BF16: rc = gemm_16(c, out, in, w->data, w->type, n, n_in, n_out); break;
+    case BE_BF16: rc = gemm_16(c, out, in, w->data, w->type, n, n_in, n_out, 0.0f); break;
     case BE_Q8_0:
         rc = cuda_scratch(c, &c->wdeq, &c->wdeq_cap, (size_t)n_out * n_in * 2);
         if (rc == 0)
             rc = cuda_dequant_q8_0_f16(c, (__half *)c->wdeq, w->data, n_out, n_in);
         if (rc == 0)
-            rc = gemm_16(c, out, in, c->wdeq, BE_F16, n, n_in, n_out);
+            rc = gemm_16(c, out, in, c->wdeq, BE_F16, n, n_in, n_out, 0.0f);
         break;
     default: return RKV_EUNSUPPORTED;
     }
     if (rc == 0 && bias)
         rc = cuda_add_bias(c, out, bias, n, n_out);
     return rc;
+}
+
+int cuda_matmul_add(struct cuda_ctx *c, float *out, const float *in, const struct be_tensor *w,
+                    uint32_t n)
+{
+    if (n <= CUDA_GEMV_MAX_N || c->deterministic || c->precise ||
+        (w->type != BE_F16 && w->type != BE_BF16))
+        return 1;
+    if (c->act16_ok && out < c->act16_src + c->act16_elems &&
+        c->act16_src < out + (size_t)n * w->rows)
+        c->act16_ok = 0;
+    return gemm_16(c, out, in, w->data, w->type, n, w->cols, w->rows, 1.0f);
 }
