@@ -30,7 +30,8 @@ int rkv_cuda_dev_alloc(int gpu, size_t bytes, void **out);
 void rkv_cuda_dev_free(void *p);
 /* starts (1) / stops (0) the profiler's collection (ncu --profile-from-start off) */
 void rkv_cuda_profiler(int on);
-/* copies between any host and device addresses (unified addressing) */
+/* copies between any host and device addresses (unified addressing); the bytes are in place
+ * on return, for every stream */
 int rkv_cuda_copy(void *dst, const void *src, size_t n);
 /* fills n elements of type (enum be_type; Q8_0 counts values) at dev with
  * uniform values in [-scale, scale) from seed, on the device */
