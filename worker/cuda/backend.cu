@@ -673,8 +673,10 @@ static int stage_batched(struct cuda_ctx *c, char *dst0, const char *src0, uint3
 
 /* queues the copies of one layer's host blocks (slots [first, first + count), those which
  * wants) into staging buffer buf on the copy stream: one batched call, or runs of consecutive
- * pool indexes as one strided copy each. after_main: the copies also wait for the work queued
- * on the stream so far (kv writes into host blocks) */
+ * pool indexes as one strided copy each. after_main: the copies also wait for the stream's work
+ * before this layer's device attention (ev_pre_attn, which cu_attn_partial records before every
+ * host-block path: the kv writes into host blocks), so they and the host attention after them
+ * overlap device attention */
 static int stage_issue(struct cuda_ctx *c, uint32_t layer, int buf, int after_main, uint32_t first,
                        uint32_t count, enum stage_which which)
 {
@@ -696,10 +698,8 @@ static int stage_issue(struct cuda_ctx *c, uint32_t layer, int buf, int after_ma
             return rc;
     }
     CU_TRY(cudaStreamWaitEvent(c->copy, c->ev_stage_free[buf], 0));
-    if (after_main) {
-        CU_TRY(cudaEventRecord(c->ev_main, c->stream));
-        CU_TRY(cudaStreamWaitEvent(c->copy, c->ev_main, 0));
-    }
+    if (after_main) /* the kv write before: ev_pre_attn holds it, and not device attention */
+        CU_TRY(cudaStreamWaitEvent(c->copy, c->ev_pre_attn, 0));
     const char *src0 = c->host_base + kv_slice_offset(l, layer, 0);
     char *dst0 = (char *)c->stg[buf];
     const uint32_t end = first + count;
@@ -1284,8 +1284,6 @@ static void cu_free(void *ctx)
         if (c->ev_stage_free[i])
             cudaEventDestroy(c->ev_stage_free[i]);
     }
-    if (c->ev_main)
-        cudaEventDestroy(c->ev_main);
     if (c->copy)
         cudaStreamDestroy(c->copy);
     free(c->meta.stage_src);
@@ -1361,7 +1359,6 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         cudaEventCreateWithFlags(&c->ev_pre_attn, cudaEventDisableTiming) != cudaSuccess ||
         cudaEventCreateWithFlags(&c->ev_side_done, cudaEventDisableTiming) != cudaSuccess ||
         cudaStreamCreateWithFlags(&c->copy, cudaStreamNonBlocking) != cudaSuccess ||
-        cudaEventCreateWithFlags(&c->ev_main, cudaEventDisableTiming) != cudaSuccess ||
         cudaEventCreateWithFlags(&c->ev_qdown, cudaEventDisableTiming) != cudaSuccess)
         goto fail;
     for (int i = 0; i < 2; i++)

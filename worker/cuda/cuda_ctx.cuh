@@ -153,7 +153,6 @@ struct cuda_ctx {
     cudaStream_t copy;
     cudaEvent_t ev_copy_done[2];  /* on copy: staging buffer filled */
     cudaEvent_t ev_stage_free[2]; /* on side: attention done with it */
-    cudaEvent_t ev_main;          /* on stream: what the copies must follow */
     void *stg[2];
     size_t stg_cap[2];
     uint32_t stg_layer[2];
