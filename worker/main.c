@@ -256,7 +256,7 @@ static void apply_host_split(struct worker *w, int cpu_tail)
                  "rest read by the gpu (%.2f)%s",
                  pct, r->attn_cpu_gbps, r->attn_host_gbps,
                  w->c.host_split > 0 ? " (--host-split)" : " (measured)");
-    else if (rc == 0 && w->c.host_split < 0 && !cpu_tail)
+    else if (rc == 0 && w->c.host_split < 0 && !cpu_tail && !w->c.deterministic)
         log_info("the split host read stays off: no measured cpu or host-read rate");
 }
 

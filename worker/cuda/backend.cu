@@ -379,7 +379,8 @@ static int cu_tensor_alloc(void *ctx, enum be_type type, uint32_t rows, uint32_t
 
 static void cu_tensor_free(void *ctx, struct be_tensor *t)
 {
-    (void)ctx;
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    c->act16_ok = 0; /* a new tensor may get this address */
     cudaFree(t->data);
     free(t);
 }
@@ -1022,8 +1023,8 @@ static int split_host_cpu(struct cuda_ctx *c, const struct be_batch *b, uint32_t
 static int cu_host_split(void *ctx, uint32_t pct)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    if (pct && c->deterministic)
-        return RKV_EUNSUPPORTED;
+    if (pct && (c->deterministic || c->attn_fixed))
+        return RKV_EUNSUPPORTED; /* host_split_on keeps it off there */
     if (!getenv("RKV_CUDA_HOST_SPLIT"))
         c->host_split = pct;
     return 0;
@@ -1034,6 +1035,7 @@ static int cu_attn_partial(void *ctx, const struct be_batch *b, uint32_t layer,
                            const struct be_attn *at, const struct be_partial *out)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    c->act16_ok = 0; /* it writes out without op_begin */
     if (!c->have_kv || layer >= c->layout.n_layer || (unsigned)residency >= KV_N_POOLS)
         return RKV_ESTATE;
     if (at->n_kv_head != c->layout.n_kv_head || at->head_dim != c->layout.head_dim)
