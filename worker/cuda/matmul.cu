@@ -13,6 +13,13 @@ static int gemm_ex(struct cuda_ctx *c, float *out, const void *w, cudaDataType w
     return 0;
 }
 
+/* a matmul wrote n floats at out: a conversion of what lay there is stale */
+static void act16_written(struct cuda_ctx *c, const float *out, size_t n)
+{
+    if (c->act16_ok && out < c->act16_src + c->act16_elems && c->act16_src < out + n)
+        c->act16_ok = 0;
+}
+
 /* activations rounded to the weight's 16-bit type (once for the matmuls in a row that share
  * an input: act16_ok); with precise, the rounding error is carried by a second gemm
  * (x = hi + lo) */
@@ -41,9 +48,7 @@ static int gemm_16(struct cuda_ctx *c, float *out, const float *in, const void *
         if (rc == 0)
             rc = gemm_ex(c, out, w, wt, c->act16, n, n_in, n_out, 1.0f);
     }
-    /* the output over the converted input makes the conversion stale */
-    if (out < in + elems && in < out + (size_t)n * n_out)
-        c->act16_ok = 0;
+    act16_written(c, out, (size_t)n * n_out); /* over this call's input, say */
     return rc;
 }
 
@@ -52,11 +57,7 @@ int cuda_matmul(struct cuda_ctx *c, float *out, const float *in, const struct be
 {
     if (n == 0)
         return 0;
-    /* an output over the last converted input makes that conversion stale (gemm_16 checks
-     * again after it converted this call's input) */
-    if (c->act16_ok && out < c->act16_src + c->act16_elems &&
-        c->act16_src < out + (size_t)n * w->rows)
-        c->act16_ok = 0;
+    act16_written(c, out, (size_t)n * w->rows); /* the paths that leave act16 alone too */
     if (n <= CUDA_GEMV_MAX_N)
         return cuda_gemv(c, out, in, w, bias, n);
     if (c->deterministic) {
@@ -102,8 +103,5 @@ int cuda_matmul_add(struct cuda_ctx *c, float *out, const float *in, const struc
     if (n <= CUDA_GEMV_MAX_N || c->deterministic || c->precise ||
         (w->type != BE_F16 && w->type != BE_BF16))
         return 1;
-    if (c->act16_ok && out < c->act16_src + c->act16_elems &&
-        c->act16_src < out + (size_t)n * w->rows)
-        c->act16_ok = 0;
     return gemm_16(c, out, in, w->data, w->type, n, w->cols, w->rows, 1.0f);
 }
