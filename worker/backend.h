@@ -167,10 +167,6 @@ struct backend_i {
      * threads while the device reads the rest (the split host read); 0 off. NULL or a return
      * of 1: not provided */
     int (*host_split)(void *ctx, uint32_t pct);
-    /* optional hint: the matrices w[0..n) are read soon, by the next linear that takes them (in
-     * this order); the backend may start moving them closer (into the gpu's L2 cache while
-     * the ops before leave memory bandwidth unused). No effect on results; NULL: none */
-    int (*prefetch)(void *ctx, const struct be_tensor *const *w, uint32_t n);
 };
 
 struct backend_opts {
@@ -246,8 +242,6 @@ int greedy_forward(struct backend *be, const struct be_tensor *logits, uint32_t 
 int backend_host_attn_cpu(struct backend *be, int on);
 /* the backend's host_split share: 0 set, 1 when the backend has none, < 0 an error */
 int backend_host_split(struct backend *be, uint32_t pct);
-/* the backend's prefetch hint for w[0..n); 0 when it has none */
-int prefetch_forward(struct backend *be, const struct be_tensor *const *w, uint32_t n);
 int rope_kv_write_forward(struct backend *be, const struct be_batch *b, uint32_t layer,
                           struct be_tensor *q, struct be_tensor *k, const struct be_tensor *v,
                           const struct be_attn *a, const struct be_rope *r);

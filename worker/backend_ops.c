@@ -196,16 +196,6 @@ int backend_host_attn_cpu(struct backend *be, int on)
     return be->iface->host_attn_cpu ? be->iface->host_attn_cpu(be->ctx, on) : 1;
 }
 
-int prefetch_forward(struct backend *be, const struct be_tensor *const *w, uint32_t n)
-{
-    if (n == 0 || n > BE_LIN_MAX)
-        return RKV_EINVAL;
-    for (uint32_t i = 0; i < n; i++)
-        if (!w[i])
-            return RKV_EINVAL;
-    return be->iface->prefetch ? be->iface->prefetch(be->ctx, w, n) : 0;
-}
-
 int backend_host_split(struct backend *be, uint32_t pct)
 {
     if (pct > 100)

@@ -225,9 +225,6 @@ static int fwd_run(struct fwd *f, const struct fwd_seq *seqs, uint32_t n_seqs, i
                                       {L->bq, L->bk, L->bv},
                                       {f->q, f->k, f->v}};
         RUN(fwd_linear(f, &qkv, T));
-        /* the o weights are read after attention, which leaves memory bandwidth unused */
-        const struct be_tensor *pf_o[1] = {L->wo};
-        RUN(prefetch_forward(be, pf_o, 1));
         if ((rc = rope_kv_write_forward(be, &b, l, f->q, f->k, f->v, &at, &rope)) == 1) {
             RUN(rope_forward(be, f->q, &b, hp->n_head, hp->head_dim, &rope));
             RUN(rope_forward(be, f->k, &b, hp->n_kv_head, hp->head_dim, &rope));
@@ -247,11 +244,6 @@ static int fwd_run(struct fwd *f, const struct fwd_seq *seqs, uint32_t n_seqs, i
                                      hp->norm_eps,  2,        {L->w_gate, L->w_up},
                                      {NULL, NULL},  {f->gate}};
         RUN(fwd_linear(f, &gu, T));
-        if (l + 1 < hp->n_layer) {
-            const struct model_layer *N = &m->layers[l + 1];
-            const struct be_tensor *pf_qkv[3] = {N->wq, N->wk, N->wv};
-            RUN(prefetch_forward(be, pf_qkv, 3));
-        }
         const struct be_linear down = {BE_LIN_ADD, f->gate,     NULL,   0,
                                        1,          {L->w_down}, {NULL}, {f->x}};
         RUN(fwd_linear(f, &down, T));

@@ -1148,19 +1148,7 @@ static int cu_linear(void *ctx, const struct be_linear *l, uint32_t n)
     if (!c->fuse)
         return 1;
     op_begin(c);
-    c->ls_last = 0;
     return cuda_linear(c, l, n);
-}
-
-static int cu_prefetch(void *ctx, const struct be_tensor *const *w, uint32_t n)
-{
-    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    /* only between streamed decode linears: after q/k/v (bit 1) or gate/up (bit 2) */
-    const uint32_t bit = c->ls_last == BE_LIN_SET + 1 ? 1 : c->ls_last == BE_LIN_SWIGLU + 1 ? 2 : 0;
-    if (!(c->l2pf & bit))
-        return 0;
-    op_begin_keep(c);
-    return cuda_l2_prefetch(c, w, n, c->l2pf_bytes, (c->l2pf & 4) != 0);
 }
 
 static int cu_rope_kv_write(void *ctx, const struct be_batch *b, uint32_t layer,
@@ -1330,7 +1318,7 @@ static const struct backend_i cuda_iface = {
     cu_kv_write,   cu_attn_partial, cu_attn_merge,  cu_silu_mul,      cu_add,
     cu_get_rows,   cu_sync,         cu_linear,      cu_rope_kv_write, cu_scratch_reserve,
     cu_host_alloc, cu_host_free,    cu_stats,       cu_greedy,        cu_host_attn_cpu,
-    cu_host_split, cu_prefetch,
+    cu_host_split,
 };
 
 /* a size in KiB, and a 0/1 switch, from the environment (common/util's reading: def when
@@ -1451,9 +1439,6 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
          * under half an SM's shared memory, so the next launch's block fits beside this one */
         c->ls_stage = cu_env_kb("RKV_CUDA_LS_STAGE_KB", 32, 4, 64) << 10;
         c->ls_ring = cu_env_kb("RKV_CUDA_LS_RING_KB", 96, 16, 200) << 10;
-        c->l2pf = (uint32_t)rkv_env_u64("RKV_CUDA_L2PF", 0, 0, 7);
-        c->l2pf_bytes = cu_env_kb("RKV_CUDA_L2PF_MB", 32, 1, 256) << 20;
-        c->ls_pf_bytes = cu_env_kb("RKV_CUDA_LS_PF_KB", 0, 0, 4096) << 10;
     }
     rc = backend_new("cuda", &cuda_iface, c, out);
     if (rc < 0)

@@ -224,15 +224,6 @@ struct cuda_ctx {
     int cc_major;   /* compute capability */
     uint32_t ls_stage, ls_ring; /* streamed linears: bytes per stage (target) and of the ring
                                  * (env RKV_CUDA_LS_STAGE_KB, RKV_CUDA_LS_RING_KB) */
-    /* weights moved into L2 ahead of the streamed linear that reads them (cu_prefetch), while
-     * the kernels before it leave memory bandwidth unused: a mask (env RKV_CUDA_L2PF) of 1 the
-     * prefetch asked for after a q/k/v linear (the o weights, read after attention), 2 after a
-     * gate/up linear (the next layer's q/k/v), 4 the prefetch starts once the kernel before it
-     * ended (else at once); l2pf_bytes per prefetch at most (RKV_CUDA_L2PF_MB); ls_pf_bytes: each
-     * streamed linear's blocks also prefetch that much of their own rows past their ring
-     * (RKV_CUDA_LS_PF_KB, 0 off) */
-    uint32_t l2pf, l2pf_bytes, ls_pf_bytes;
-    int ls_last; /* the mode + 1 of the last linear when it was streamed, else 0 */
     /* how host blocks were read since the last stats call (cu_stats) */
     struct {
         uint64_t prefetched; /* layers whose copies the previous layer queued */

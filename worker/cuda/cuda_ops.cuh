@@ -60,11 +60,6 @@ int cuda_linear(struct cuda_ctx *c, const struct be_linear *l, uint32_t n);
 /* the same for 1-2 tokens and 16-bit weights on sm_90+, the weights streamed through shared
  * memory by bulk copies (linear_stream.cu); 1 when it does not apply */
 int cuda_linear_stream(struct cuda_ctx *c, const struct be_linear *l, uint32_t n);
-/* up to budget bytes of the matrices w[0..n) (16-bit, read as one streamed linear's rows, q/k/v
- * order) into L2, the same share of each of the streamed kernel's row ranges; wait_first: after
- * the kernel before it ends. Nothing when the matrices do not suit the streamed kernel */
-int cuda_l2_prefetch(struct cuda_ctx *c, const struct be_tensor *const *w, uint32_t n,
-                     size_t budget, int wait_first);
 
 /* d_ids, d_logprobs (n) = the argmax of each logits row (n, n_vocab), ties to the lowest id,
  * and its log-softmax (worker/sample.c's sample_greedy) */

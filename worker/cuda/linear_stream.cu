@@ -25,7 +25,6 @@ struct ls_kargs {
     uint32_t n_in, n, n_rows, n_mat;
     uint32_t row_bytes, rows_per_tile, n_stages, stage_bytes;
     uint32_t red_off, bar_off; /* byte offsets into dynamic shared memory */
-    uint32_t pf_rows;          /* rows past the ring's first fill the producer prefetches */
 };
 
 /* --- mbarrier and bulk copy (sm_90) ------------------------------------------------------- */
@@ -70,34 +69,6 @@ __device__ __forceinline__ void ls_copy(void *dst, const void *src, uint32_t byt
                  " [%0], [%1], %2, [%3], %4;" ::"r"(ls_smem(dst)),
                  "l"(src), "r"(bytes), "r"(ls_smem(bar)), "l"(policy)
                  : "memory");
-}
-
-/* bytes from global p into L2, no completion to wait for */
-__device__ __forceinline__ void ls_to_l2(const void *p, uint32_t bytes)
-{
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-}
-
-#define LS_PF_PIECE (8u << 10) /* bytes per prefetch instruction */
-
-/* rows [u0, u1) of the matrices w[0..n_mat) counted one after the other (end: cumulative rows)
- * into L2, in pieces spread over the warp's lanes */
-__device__ void ls_rows_to_l2(const char *const *w, const uint32_t *end, uint32_t n_mat,
-                              uint32_t row_bytes, uint32_t u0, uint32_t u1, uint32_t lane)
-{
-    uint32_t piece = 0;
-    for (uint32_t m = 0; m < n_mat && u0 < u1; m++) {
-        if (u0 >= end[m])
-            continue;
-        const uint32_t r1 = u1 < end[m] ? u1 : end[m];
-        const char *p = w[m] + (size_t)(u0 - (m ? end[m - 1] : 0)) * row_bytes;
-        const size_t bytes = (size_t)(r1 - u0) * row_bytes;
-        for (size_t off = 0; off < bytes; off += LS_PF_PIECE, piece++)
-            if (piece % 32 == lane)
-                ls_to_l2(p + off,
-                         bytes - off < LS_PF_PIECE ? (uint32_t)(bytes - off) : LS_PF_PIECE);
-        u0 = r1;
-    }
 }
 
 /* the tile that starts at unit u of this block's range [u, u_end): its matrix, first row, rows */
@@ -193,15 +164,6 @@ __global__ void __launch_bounds__((LS_MAX_WARPS + 2) * 32, V *NT <= 2 ? 2 : 1) l
         /* evict-first: the weights are read once a step (evict-normal measured slower) */
         uint64_t policy = 0;
         asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-        if (a.pf_rows) {
-            /* the rows after the ring's first fill into L2 now, while the kernel before this
-             * one may leave memory idle */
-            const uint32_t p0 = u_beg + S * R < u_end ? u_beg + S * R : u_end;
-            const uint32_t p1 = p0 + a.pf_rows < u_end ? p0 + a.pf_rows : u_end;
-            ls_rows_to_l2(a.w, a.end, a.n_mat, a.row_bytes, p0, p1, lane);
-            if constexpr (NR == 2)
-                ls_rows_to_l2(a.w + 1, a.end, 1, a.row_bytes, p0, p1, lane);
-        }
         uint32_t k = 0;
         for (uint32_t u = u_beg; u < u_end; k++) {
             uint32_t m, row, cnt;
@@ -457,59 +419,6 @@ int cuda_linear_stream(struct cuda_ctx *c, const struct be_linear *l, uint32_t n
     a.bar_off = (uint32_t)bar;
     const size_t smem =
         bar + 6 * LS_MAX_STAGES * sizeof(uint64_t) + LS_MAX_WARPS * 2 * sizeof(float);
-    a.pf_rows = c->ls_pf_bytes / (row_bytes * nr);
-    c->ls_last = l->mode + 1;
     return t == BE_BF16 ? ls_launch<__nv_bfloat16>(c, a, l->mode, norm, v, n_warps, smem)
                         : ls_launch<__half>(c, a, l->mode, norm, v, n_warps, smem);
-}
-
-/* --- weights into L2 ahead of their linear --------------------------------------------------- */
-
-struct ls_pf_kargs {
-    const char *w[BE_LIN_MAX];
-    uint32_t end[BE_LIN_MAX]; /* cumulative rows */
-    uint32_t n_mat, n_rows, row_bytes, part_rows;
-    int wait_first;
-};
-
-/* block b: the first part_rows rows of the streamed kernel's block b's range. The wait keeps the
- * launch order: the kernels after this one see the one before it ended */
-__global__ void __launch_bounds__(32) ls_l2_kernel(ls_pf_kargs a)
-{
-    if (a.wait_first)
-        cuda_grid_wait();
-    const uint32_t u0 = (uint32_t)((uint64_t)blockIdx.x * a.n_rows / gridDim.x);
-    const uint32_t u1 = (uint32_t)((uint64_t)(blockIdx.x + 1) * a.n_rows / gridDim.x);
-    ls_rows_to_l2(a.w, a.end, a.n_mat, a.row_bytes, u0,
-                  u0 + a.part_rows < u1 ? u0 + a.part_rows : u1, threadIdx.x);
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    if (!a.wait_first)
-        cuda_grid_wait();
-}
-
-int cuda_l2_prefetch(struct cuda_ctx *c, const struct be_tensor *const *w, uint32_t n,
-                     size_t budget, int wait_first)
-{
-    if (c->cc_major < 9 || n == 0 || n > BE_LIN_MAX || budget == 0)
-        return 0;
-    ls_pf_kargs a = {};
-    const uint32_t cols = w[0]->cols;
-    for (uint32_t i = 0; i < n; i++) {
-        if ((w[i]->type != BE_F16 && w[i]->type != BE_BF16) || w[i]->cols != cols ||
-            ((uintptr_t)w[i]->data & 15))
-            return 0;
-        a.w[i] = (const char *)w[i]->data;
-        a.n_rows += w[i]->rows;
-        a.end[i] = a.n_rows;
-    }
-    a.n_mat = n;
-    a.row_bytes = cols * 2;
-    if (a.n_rows == 0 || a.row_bytes % 16)
-        return 0;
-    const uint32_t parts = a.n_rows < (uint32_t)c->n_sm ? a.n_rows : (uint32_t)c->n_sm;
-    const size_t per = budget / parts;
-    a.part_rows = (uint32_t)((per + a.row_bytes - 1) / a.row_bytes);
-    a.wait_first = wait_first;
-    CU_TRY(cuda_launch_pdl(c, ls_l2_kernel, dim3(parts), dim3(32), 0, c->stream, a));
-    return 0;
 }
