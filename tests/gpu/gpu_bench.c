@@ -407,12 +407,20 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
             ss[s] = (struct fwd_seq){&toks[s], 1, 4095, tab + s * 16, 16};
         }
         rc = fwd_step(f, ss, S, 0, logits);
-        double t1 = gu_now();
-        for (int i = 0; i < 10 && rc == 0; i++)
+        if (rc == 0 && getenv("RKV_PROFILE_B64")) {
+            /* RKV_PROFILE_B64=1: one profiled step of the batch, for ncu; then stop */
+            rkv_cuda_profiler(1);
             rc = fwd_step(f, ss, S, 0, logits);
-        double t = (gu_now() - t1) / 10;
-        double bound = (wbytes + S * 4096.0 * kv_per_tok) / hbm;
-        record("decode", "decode b=64 ctx=4096 (tok/s)", S / t, "tok/s", S / bound, bound / t);
+            rkv_cuda_profiler(0);
+            profiled = 1;
+        } else {
+            double t1 = gu_now();
+            for (int i = 0; i < 10 && rc == 0; i++)
+                rc = fwd_step(f, ss, S, 0, logits);
+            double t = (gu_now() - t1) / 10;
+            double bound = (wbytes + S * 4096.0 * kv_per_tok) / hbm;
+            record("decode", "decode b=64 ctx=4096 (tok/s)", S / t, "tok/s", S / bound, bound / t);
+        }
     }
     /* 16 sessions at 4k with host tails (what WINDOW does under overflow): block j of session s
      * at index j * 16 + s in either pool, so no two of a session's blocks are neighbours (as in

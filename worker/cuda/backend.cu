@@ -547,13 +547,43 @@ static int cu_embed(void *ctx, struct be_tensor *out, const struct be_tensor *w,
     return rc < 0 ? rc : cuda_embed(c, (float *)out->data, w, (const int32_t *)c->small, n);
 }
 
+/* where an op over n rows of cols floats may also write its output rounded to 16 bits for the
+ * cublas gemm that reads it next (matmul.cu's act16): the gemm path (more rows than the decode
+ * kernels take) after a conversion to 16 bits, whose type it guesses; NULL when not */
+static void *act16_twin(struct cuda_ctx *c, uint32_t n, uint32_t cols)
+{
+    if (n <= CUDA_GEMV_MAX_N || c->deterministic || c->precise ||
+        (c->act16_type != BE_F16 && c->act16_type != BE_BF16))
+        return NULL;
+    if (cuda_scratch(c, &c->act16, &c->act16_cap, (size_t)n * cols * 2) < 0) {
+        cudaGetLastError();
+        return NULL; /* the gemm converts, and reports the failure if it persists */
+    }
+    return c->act16;
+}
+
+/* the twin was written: a matmul over out reads it instead of converting */
+static void act16_have(struct cuda_ctx *c, const float *out, size_t elems)
+{
+    c->act16_src = out;
+    c->act16_elems = elems;
+    c->act16_ok = 1;
+}
+
 static int cu_rmsnorm(void *ctx, struct be_tensor *out, const struct be_tensor *in,
                       const struct be_tensor *w, uint32_t n, float eps)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     op_begin(c);
-    return cuda_rmsnorm(c, (float *)out->data, (const float *)in->data, (const float *)w->data, n,
-                        in->cols, eps);
+    void *twin = act16_twin(c, n, in->cols);
+    int rc = cuda_rmsnorm(c, (float *)out->data, (const float *)in->data, (const float *)w->data, n,
+                          in->cols, eps, twin, (enum be_type)c->act16_type);
+    if (rc == 1)
+        return cuda_rmsnorm(c, (float *)out->data, (const float *)in->data, (const float *)w->data,
+                            n, in->cols, eps, NULL, BE_F32);
+    if (rc == 0 && twin)
+        act16_have(c, (const float *)out->data, (size_t)n * in->cols);
+    return rc;
 }
 
 static int cu_matmul(void *ctx, struct be_tensor *out, const struct be_tensor *in,
@@ -1118,8 +1148,13 @@ static int cu_silu_mul(void *ctx, struct be_tensor *out, const struct be_tensor 
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     op_begin(c);
-    return cuda_silu_mul(c, (float *)out->data, (const float *)gate->data, (const float *)up->data,
-                         (size_t)n * gate->cols);
+    void *twin = act16_twin(c, n, gate->cols);
+    int rc =
+        cuda_silu_mul(c, (float *)out->data, (const float *)gate->data, (const float *)up->data,
+                      (size_t)n * gate->cols, twin, (enum be_type)c->act16_type);
+    if (rc == 0 && twin)
+        act16_have(c, (const float *)out->data, (size_t)n * gate->cols);
+    return rc;
 }
 
 static int cu_add(void *ctx, struct be_tensor *out, const struct be_tensor *a,
@@ -1147,7 +1182,7 @@ static int cu_linear(void *ctx, const struct be_linear *l, uint32_t n)
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     if (!c->fuse)
         return 1;
-    op_begin(c);
+    op_begin_keep(c); /* a gemm over a twin written just before (cuda_linear drops it else) */
     return cuda_linear(c, l, n);
 }
 

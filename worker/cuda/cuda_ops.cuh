@@ -34,14 +34,16 @@ __device__ __forceinline__ void cuda_grid_wait()
 /* out (n, cols) = rows ids[i] of w dequantized; d_ids on the device */
 int cuda_embed(struct cuda_ctx *c, float *out, const struct be_tensor *w, const int32_t *d_ids,
                uint32_t n);
-/* out (n, dim) = in / sqrt(mean(in^2) + eps) * w */
+/* out (n, dim) = in / sqrt(mean(in^2) + eps) * w; twin (NULL: none): the same rounded to t16
+ * (BE_F16 or BE_BF16); 1 when no twin could be written (nothing was done) */
 int cuda_rmsnorm(struct cuda_ctx *c, float *out, const float *in, const float *w, uint32_t n,
-                 uint32_t dim, float eps);
+                 uint32_t dim, float eps, void *twin, enum be_type t16);
 /* x (n_tokens, n_heads*head_dim) rotated in place at d_pos */
 int cuda_rope(struct cuda_ctx *c, float *x, const int32_t *d_pos, uint32_t n_tokens,
               uint32_t n_heads, uint32_t head_dim, const struct be_rope *r);
-/* out = silu(gate) * up over n elements */
-int cuda_silu_mul(struct cuda_ctx *c, float *out, const float *gate, const float *up, size_t n);
+/* out = silu(gate) * up over n elements; twin as cuda_rmsnorm's (always written) */
+int cuda_silu_mul(struct cuda_ctx *c, float *out, const float *gate, const float *up, size_t n,
+                  void *twin, enum be_type t16);
 /* out = a + b over n elements */
 int cuda_add(struct cuda_ctx *c, float *out, const float *a, const float *b, size_t n);
 /* out row i = in row d_rows[i], (n, cols) f32 */

@@ -308,8 +308,8 @@ static int lin_norm_pass(struct cuda_ctx *c, const struct be_linear *l, uint32_t
     const uint32_t n_in = l->in->cols;
     int rc = cuda_scratch(c, &c->lin_h, &c->lin_h_cap, (size_t)n * n_in * sizeof(float));
     if (rc == 0)
-        rc =
-            cuda_rmsnorm(c, (float *)c->lin_h, *x, (const float *)l->norm_w->data, n, n_in, l->eps);
+        rc = cuda_rmsnorm(c, (float *)c->lin_h, *x, (const float *)l->norm_w->data, n, n_in, l->eps,
+                          NULL, BE_F32);
     if (rc == 0)
         *x = (const float *)c->lin_h;
     return rc;
@@ -357,6 +357,8 @@ int cuda_linear(struct cuda_ctx *c, const struct be_linear *l, uint32_t n)
         if (rc != 1)
             return rc;
     }
+    /* the kernels below write their outputs without matmul.cu's overlap test */
+    c->act16_ok = 0;
     if ((n > CUDA_GEMV_MAX_N && !c->deterministic) ||
         (t != BE_F32 && t != BE_F16 && t != BE_BF16) || n_in % 8)
         return 1; /* prefill (cublas), q8_0 and odd widths: composed of the plain ops */
