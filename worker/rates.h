@@ -31,12 +31,12 @@
  * Attention is timed on decode-shaped work: one query token per sequence,
  * a pass's blocks split over up to 16 sequences (64 on a gpu), every layer,
  * reading at most RATES_MAX_BYTES per pass on the cpu (512 MiB on a gpu, so
- * launches do not dominate; a gpu worker's cpu attention over its pinned host
- * pool 256 MiB, a spilled tail's many blocks a layer). Successive passes read up to 16 disjoint
- * windows of the pool, so a pass streams memory rather than what the last one left in the caches; a
- * pool smaller than about twice the last-level cache still reads faster than a large one would. The
- * blocks are only read (they may hold live sessions' kv after a restart); a pool with no blocks
- * gives 0 (unknown, never chosen by the planner).
+ * launches do not dominate). Successive passes read up to 16 disjoint windows
+ * of the pool, so a pass streams memory rather than what the last one left in
+ * the caches; a pool smaller than about twice the last-level cache still reads
+ * faster than a large one would. The blocks are only read (they may hold live
+ * sessions' kv after a restart); a pool with no blocks gives 0 (unknown, never
+ * chosen by the planner).
  */
 
 #define RATES_MAX_BYTES ((uint64_t)16 << 20)
