@@ -160,6 +160,66 @@ static void test_matmul(struct backend *precise)
     }
 }
 
+/* h = rmsnorm(x) or silu(x) * x2, on be's side of the pairs */
+static int twin_op(struct backend *be, int silu, struct pair *h, struct pair *x, struct pair *x2,
+                   struct pair *nw, uint32_t n)
+{
+    const int g = be == gpu;
+    return silu
+               ? silu_mul_forward(be, g ? h->g : h->c, g ? x->g : x->c, g ? x2->g : x2->c, n)
+               : rmsnorm_forward(be, g ? h->g : h->c, g ? x->g : x->c, g ? nw->g : nw->c, n, 1e-5f);
+}
+
+/* rmsnorm and silu_mul on the gemm path (more than 8 rows, widths of 1024..8192) also write the
+ * 16-bit copy the next matmul reads in place of converting its input: the product must be the
+ * same bits as after a conversion (any op in between drops the copy; a tensor read is one), the
+ * backend must say it used the copy, and the product must be as close to the cpu's as a
+ * converted one (test_matmul's bounds) */
+static void twin_case(enum be_type t, uint32_t n, uint32_t d, int silu)
+{
+    const uint32_t rows = 256;
+    const float tol = t == BE_BF16 ? 3e-2f : 4e-3f;
+    struct pair x = pair_new(BE_F32, n, d, 2.0f), x2 = pair_new(BE_F32, n, d, 1.0f),
+                nw = pair_new(BE_F32, 1, d, 1.0f), h = pair_new(BE_F32, n, d, 1.0f),
+                w = pair_new(t, rows, d, 1.0f / sqrtf((float)d)),
+                y = pair_new(BE_F32, n, rows, 1.0f), y2 = pair_new(BE_F32, n, rows, 1.0f);
+    char name[96], st[1024] = "";
+    snprintf(name, sizeof(name), "%s then matmul %s n=%u d=%u: the 16-bit copy",
+             silu ? "silu_mul" : "rmsnorm", be_type_name(t), n, d);
+    /* a conversion to this type first: the type the op writes its copy in */
+    int rc = matmul_forward(gpu, y2.g, x.g, w.g, NULL, n);
+    backend_stats(gpu, st, sizeof(st)); /* counts from here */
+    rc |= twin_op(gpu, silu, &h, &x, &x2, &nw, n) | matmul_forward(gpu, y.g, h.g, w.g, NULL, n);
+    backend_stats(gpu, st, sizeof(st));
+    const int used = strstr(st, " 0 from the 16-bit copy") == NULL;
+    float probe;
+    rc |= twin_op(gpu, silu, &h, &x, &x2, &nw, n) | gu_read(gpu, nw.g, &probe, 1) |
+          matmul_forward(gpu, y2.g, h.g, w.g, NULL, n);
+    rc |= twin_op(cpu, silu, &h, &x, &x2, &nw, n) | matmul_forward(cpu, y.c, h.c, w.c, NULL, n);
+    const size_t m = (size_t)n * rows;
+    float *a = malloc(m * sizeof(float)), *b = malloc(m * sizeof(float));
+    int same = a && b && gu_read(gpu, y.g, a, m) == 0 && gu_read(gpu, y2.g, b, m) == 0 &&
+               memcmp(a, b, m * sizeof(float)) == 0;
+    if (!used)
+        printf("  %s was not used: %s\n", name, st);
+    CHECK(name, rc == 0 && used && same && pair_cmp(name, &y, m, tol, tol) == 0);
+    free(a);
+    free(b);
+    struct pair *ps[] = {&x, &x2, &nw, &h, &w, &y, &y2};
+    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++)
+        pair_free(ps[i]);
+}
+
+static void test_twin(void)
+{
+    static const enum be_type t16[] = {BE_BF16, BE_F16};
+    for (int ti = 0; ti < 2; ti++)
+        for (int silu = 0; silu < 2; silu++) {
+            twin_case(t16[ti], 16, 1024, silu);
+            twin_case(t16[ti], 33, 4096, silu);
+        }
+}
+
 /* the fused linear layer against the cpu ops it stands for (rmsnorm, matmul,
  * add, silu_mul); n 1..2 folds the norm into the gemv, 3..8 runs it first,
  * more tokens are composed by the forward pass (the op declines with 1).
@@ -751,6 +811,7 @@ int main(int argc, char **argv)
         test_embed();
         test_rmsnorm();
         test_matmul(precise);
+        test_twin();
         test_linear();
         test_linear_shapes();
         test_rope();

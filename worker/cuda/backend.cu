@@ -568,6 +568,7 @@ static void act16_have(struct cuda_ctx *c, const float *out, size_t elems)
     c->act16_src = out;
     c->act16_elems = elems;
     c->act16_ok = 1;
+    c->act16_twin = 1;
 }
 
 static int cu_rmsnorm(void *ctx, struct be_tensor *out, const struct be_tensor *in,
@@ -1261,13 +1262,15 @@ static int cu_stats(void *ctx, char *buf, size_t len)
                  "host kv layers: %llu prefetched, %llu copied in line, %llu with a host "
                  "write, %llu zero-copy, %llu in %llu passes; %llu block slices staged in %llu "
                  "copies, %llu staging growths, %llu attended on the cpu, %llu split with it, "
-                 "%llu tails too short to split",
+                 "%llu tails too short to split; gemm inputs: %llu converted to 16 bits, %llu "
+                 "from the 16-bit copy of the op before",
                  (unsigned long long)c->hst.prefetched, (unsigned long long)c->hst.inline_,
                  (unsigned long long)c->hst.host_write, (unsigned long long)c->hst.zero_copy,
                  (unsigned long long)c->hst.passes, (unsigned long long)c->hst.pass_n,
                  (unsigned long long)c->hst.slots, (unsigned long long)c->hst.copies,
                  (unsigned long long)c->hst.grown, (unsigned long long)c->hst.cpu_layers,
-                 (unsigned long long)c->hst.split_layers, (unsigned long long)c->hst.split_gated);
+                 (unsigned long long)c->hst.split_layers, (unsigned long long)c->hst.split_gated,
+                 (unsigned long long)c->hst.act16_conv, (unsigned long long)c->hst.act16_twin);
     memset(&c->hst, 0, sizeof c->hst);
     return n;
 }

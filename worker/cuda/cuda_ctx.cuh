@@ -182,6 +182,7 @@ struct cuda_ctx {
     const float *act16_src;
     size_t act16_elems;
     int act16_type, act16_ok;
+    int act16_twin; /* act16 was written by the op that wrote act16_src, not converted */
     void *wdeq; /* q8_0 weights dequantized to f16 for prefill */
     size_t wdeq_cap;
     void *part[KV_N_POOLS]; /* attention split partials, per residency (two streams) */
@@ -238,6 +239,9 @@ struct cuda_ctx {
         uint64_t split_gated;  /* ... and those left to the gpu: the tail was too short */
         uint64_t passes;     /* layers staged in several passes, and the passes */
         uint64_t pass_n;
+        /* cublas gemms over 16-bit activations: inputs converted for them, and inputs whose
+         * 16-bit copy the op that wrote them left in act16 (rmsnorm, silu_mul) */
+        uint64_t act16_conv, act16_twin;
     } hst;
 };
 

@@ -38,7 +38,11 @@ static int gemm_16(struct cuda_ctx *c, float *out, const float *in, const void *
             c->act16_elems = elems;
             c->act16_type = t;
             c->act16_ok = !c->precise; /* precise leaves the residual there */
+            c->act16_twin = 0;
+            c->hst.act16_conv++;
         }
+    } else if (c->act16_twin) {
+        c->hst.act16_twin++;
     }
     cudaDataType wt = t == BE_F16 ? CUDA_R_16F : CUDA_R_16BF;
     if (rc == 0)
