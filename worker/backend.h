@@ -167,6 +167,15 @@ struct backend_i {
      * threads while the device reads the rest (the split host read); 0 off. NULL or a return
      * of 1: not provided */
     int (*host_split)(void *ctx, uint32_t pct);
+    /* optional: the decoder layers of a step as a recording replayed while the batch keeps its
+     * shape (a cuda graph). Called before a step's layers (owner: the caller, whose tensors the
+     * layers use): 0 run them as usual; 1 run them (they are being recorded), then graph_end;
+     * 2 they are queued already (a recording of this shape replayed): skip them. NULL: 0 */
+    int (*graph_begin)(void *ctx, const struct be_batch *b, const struct be_attn *a,
+                       const void *owner);
+    /* after the layers that graph_begin's 1 asked for (failed: one of them failed): 0 the
+     * recording is queued; 1 it could not be recorded, the layers must run again as usual */
+    int (*graph_end)(void *ctx, int failed);
 };
 
 struct backend_opts {
@@ -240,6 +249,10 @@ int greedy_forward(struct backend *be, const struct be_tensor *logits, uint32_t 
                    float *logprobs);
 /* the backend's host_attn_cpu switch: 0 set, 1 when the backend has none, < 0 an error */
 int backend_host_attn_cpu(struct backend *be, int on);
+/* the backend's graph_begin / graph_end (struct backend_i); 0 / 1 when it has none */
+int graph_begin_forward(struct backend *be, const struct be_batch *b, const struct be_attn *a,
+                        const void *owner);
+int graph_end_forward(struct backend *be, int failed);
 /* the backend's host_split share: 0 set, 1 when the backend has none, < 0 an error */
 int backend_host_split(struct backend *be, uint32_t pct);
 int rope_kv_write_forward(struct backend *be, const struct be_batch *b, uint32_t layer,

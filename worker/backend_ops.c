@@ -196,6 +196,17 @@ int backend_host_attn_cpu(struct backend *be, int on)
     return be->iface->host_attn_cpu ? be->iface->host_attn_cpu(be->ctx, on) : 1;
 }
 
+int graph_begin_forward(struct backend *be, const struct be_batch *b, const struct be_attn *a,
+                        const void *owner)
+{
+    return be->iface->graph_begin ? be->iface->graph_begin(be->ctx, b, a, owner) : 0;
+}
+
+int graph_end_forward(struct backend *be, int failed)
+{
+    return be->iface->graph_end ? be->iface->graph_end(be->ctx, failed) : 1;
+}
+
 int backend_host_split(struct backend *be, uint32_t pct)
 {
     if (pct > 100)

@@ -189,6 +189,57 @@ static int fwd_linear(struct fwd *f, const struct be_linear *l, uint32_t T)
     return RKV_EINVAL;
 }
 
+/* the decoder layers of a step over batch b: x (T, dim) in, x out */
+static int fwd_layers(struct fwd *f, const struct be_batch *b, int any_host,
+                      const struct be_rope *rope, const struct be_attn *at)
+{
+    const struct model *m = f->m;
+    const struct model_hparams *hp = &m->hp;
+    struct backend *be = f->be;
+    const uint32_t T = b->n_tokens;
+    int rc;
+#define RUN(call)                                                                                  \
+    if ((rc = (call)) < 0)                                                                         \
+        return rc;
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        const struct model_layer *L = &m->layers[l];
+        /* attention: q, k, v = norm(x) . wq, wk, wv; x += attn . wo */
+        const struct be_linear qkv = {BE_LIN_SET,
+                                      f->x,
+                                      L->attn_norm,
+                                      hp->norm_eps,
+                                      3,
+                                      {L->wq, L->wk, L->wv},
+                                      {L->bq, L->bk, L->bv},
+                                      {f->q, f->k, f->v}};
+        RUN(fwd_linear(f, &qkv, T));
+        if ((rc = rope_kv_write_forward(be, b, l, f->q, f->k, f->v, at, rope)) == 1) {
+            RUN(rope_forward(be, f->q, b, hp->n_head, hp->head_dim, rope));
+            RUN(rope_forward(be, f->k, b, hp->n_kv_head, hp->head_dim, rope));
+            RUN(kv_write_forward(be, b, l, f->k, f->v));
+        } else if (rc < 0)
+            return rc;
+        /* device blocks and host blocks attend separately, merged by lse */
+        RUN(attn_partial_forward(be, b, l, KV_DEVICE, f->q, at, &f->dev)); /* o (T, n_head*hd) */
+        if (any_host) {
+            RUN(attn_partial_forward(be, b, l, KV_HOST, f->q, at, &f->host));
+            RUN(attn_merge_forward(be, &f->dev, &f->host, T, at));
+        }
+        const struct be_linear wo = {BE_LIN_ADD, f->dev.o, NULL, 0, 1, {L->wo}, {NULL}, {f->x}};
+        RUN(fwd_linear(f, &wo, T));
+        /* feed-forward: x += (silu(norm(x) . w_gate) * (norm(x) . w_up)) . w_down */
+        const struct be_linear gu = {BE_LIN_SWIGLU, f->x,     L->ffn_norm,
+                                     hp->norm_eps,  2,        {L->w_gate, L->w_up},
+                                     {NULL, NULL},  {f->gate}};
+        RUN(fwd_linear(f, &gu, T));
+        const struct be_linear down = {BE_LIN_ADD, f->gate,     NULL,   0,
+                                       1,          {L->w_down}, {NULL}, {f->x}};
+        RUN(fwd_linear(f, &down, T));
+    }
+#undef RUN
+    return 0;
+}
+
 /* fwd_step, and with ids set fwd_step_greedy: the greedy pick of each sequence's last row
  * on the backend when it can (*used 1), else its logits as fwd_step */
 static int fwd_run(struct fwd *f, const struct fwd_seq *seqs, uint32_t n_seqs, int all_logits,
@@ -213,40 +264,24 @@ static int fwd_run(struct fwd *f, const struct fwd_seq *seqs, uint32_t n_seqs, i
         goto fail;
 
     RUN(embed_forward(be, f->x, m->tok_embd, f->ids, T)); /* x (T, dim) */
-    for (uint32_t l = 0; l < hp->n_layer; l++) {
-        const struct model_layer *L = &m->layers[l];
-        /* attention: q, k, v = norm(x) . wq, wk, wv; x += attn . wo */
-        const struct be_linear qkv = {BE_LIN_SET,
-                                      f->x,
-                                      L->attn_norm,
-                                      hp->norm_eps,
-                                      3,
-                                      {L->wq, L->wk, L->wv},
-                                      {L->bq, L->bk, L->bv},
-                                      {f->q, f->k, f->v}};
-        RUN(fwd_linear(f, &qkv, T));
-        if ((rc = rope_kv_write_forward(be, &b, l, f->q, f->k, f->v, &at, &rope)) == 1) {
-            RUN(rope_forward(be, f->q, &b, hp->n_head, hp->head_dim, &rope));
-            RUN(rope_forward(be, f->k, &b, hp->n_kv_head, hp->head_dim, &rope));
-            RUN(kv_write_forward(be, &b, l, f->k, f->v));
-        } else if (rc < 0)
-            goto fail;
-        /* device blocks and host blocks attend separately, merged by lse */
-        RUN(attn_partial_forward(be, &b, l, KV_DEVICE, f->q, &at, &f->dev)); /* o (T, n_head*hd) */
-        if (any_host) {
-            RUN(attn_partial_forward(be, &b, l, KV_HOST, f->q, &at, &f->host));
-            RUN(attn_merge_forward(be, &f->dev, &f->host, T, &at));
+    /* the layers: recorded once and replayed while the batch keeps its shape, where the
+     * backend can (graph_begin); a recording that fails runs them again as usual */
+    int g = any_host ? 0 : graph_begin_forward(be, &b, &at, f);
+    if (g < 0) {
+        rc = g;
+        goto fail;
+    }
+    if (g != 2) {
+        rc = fwd_layers(f, &b, any_host, &rope, &at);
+        if (g == 1) {
+            int e = graph_end_forward(be, rc < 0);
+            if (e < 0 && rc == 0)
+                rc = e;
+            else if (e == 1)
+                rc = fwd_layers(f, &b, any_host, &rope, &at);
         }
-        const struct be_linear wo = {BE_LIN_ADD, f->dev.o, NULL, 0, 1, {L->wo}, {NULL}, {f->x}};
-        RUN(fwd_linear(f, &wo, T));
-        /* feed-forward: x += (silu(norm(x) . w_gate) * (norm(x) . w_up)) . w_down */
-        const struct be_linear gu = {BE_LIN_SWIGLU, f->x,     L->ffn_norm,
-                                     hp->norm_eps,  2,        {L->w_gate, L->w_up},
-                                     {NULL, NULL},  {f->gate}};
-        RUN(fwd_linear(f, &gu, T));
-        const struct be_linear down = {BE_LIN_ADD, f->gate,     NULL,   0,
-                                       1,          {L->w_down}, {NULL}, {f->x}};
-        RUN(fwd_linear(f, &down, T));
+        if (rc < 0)
+            goto fail;
     }
     if (all_logits) {
         /* every token, max_seqs rows at a time */

@@ -191,7 +191,7 @@ static void twin_case(enum be_type t, uint32_t n, uint32_t d, int silu)
     backend_stats(gpu, st, sizeof(st)); /* counts from here */
     rc |= twin_op(gpu, silu, &h, &x, &x2, &nw, n) | matmul_forward(gpu, y.g, h.g, w.g, NULL, n);
     backend_stats(gpu, st, sizeof(st));
-    const int used = strstr(st, " 0 from the 16-bit copy") == NULL;
+    const int used = strstr(st, " 0 from the op's 16-bit copy") == NULL;
     float probe;
     rc |= twin_op(gpu, silu, &h, &x, &x2, &nw, n) | gu_read(gpu, nw.g, &probe, 1) |
           matmul_forward(gpu, y2.g, h.g, w.g, NULL, n);
@@ -775,6 +775,7 @@ int gpu_model_tests(struct backend *cpu_be, struct backend *gpu_be, struct backe
                     struct backend *det, int *pass, int *fail);
 int gpu_model_cpu_tail_tests(struct backend *cpu_be, struct backend *tail_be, const char *what,
                              int *pass, int *fail);
+int gpu_model_graph_tests(struct backend *plain, struct backend *graph, int *pass, int *fail);
 
 int main(int argc, char **argv)
 {
@@ -910,6 +911,15 @@ int main(int argc, char **argv)
             det = NULL;
         gpu_model_tests(cpu, gpu, precise, det, &n_pass, &n_fail);
         backend_free(det);
+        setenv("RKV_CUDA_GRAPH", "1", 1);
+        struct backend *graph = NULL;
+        if (backend_init(&go, &graph, err, sizeof(err)) == 0) {
+            gpu_model_graph_tests(gpu, graph, &n_pass, &n_fail);
+            backend_free(graph);
+        } else {
+            CHECK("graph backend", 0);
+        }
+        unsetenv("RKV_CUDA_GRAPH");
         setenv("RKV_CUDA_HOST_READ", "cpu", 1);
         struct backend *tail = NULL;
         if (backend_init(&go, &tail, err, sizeof(err)) == 0) {
@@ -925,7 +935,7 @@ int main(int argc, char **argv)
         struct backend *split = NULL;
         if (backend_init(&go, &split, err, sizeof(err)) == 0) {
             gpu_model_cpu_tail_tests(cpu, split, "split", &n_pass, &n_fail);
-            char st[512] = "";
+            char st[640] = "";
             backend_stats(split, st, sizeof(st));
             printf("  %s\n", st);
             CHECK("model: the split host read ran", strstr(st, " 0 split") == NULL);

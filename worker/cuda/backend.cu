@@ -16,6 +16,12 @@ int cuda_scratch(struct cuda_ctx *c, void **buf, size_t *cap, size_t need)
 {
     if (need <= *cap)
         return 0;
+    if (c->graph.capturing) {
+        /* no allocation inside a recording: the step runs again as usual */
+        c->graph.cap_failed = 1;
+        return RKV_ESTATE;
+    }
+    c->scratch_gen++;
     /* grow by half again so a slowly rising size does not reallocate every step.
      * cudaFree waits for the device, so queued users of the old buffer finish */
     size_t n = need + need / 2;
@@ -353,6 +359,122 @@ static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
 
 /* --- tensors -------------------------------------------------------------- */
 
+/* --- decode layers as a cuda graph ----------------------------------------------------- */
+
+/* the recording holds pointers to tensors and pools that may go */
+static void graph_drop(struct cuda_ctx *c)
+{
+    if (c->graph.exec)
+        cudaGraphExecDestroy(c->graph.exec);
+    c->graph.exec = NULL;
+    c->graph.key = c->graph.seen = c->graph.bad = 0;
+}
+
+static uint64_t graph_mix(uint64_t h, uint64_t v)
+{
+    for (int i = 0; i < 8; i++, v >>= 8)
+        h = (h ^ (v & 0xff)) * 0x100000001b3ULL;
+    return h;
+}
+
+/* what the layers' launches depend on beyond the device's meta (positions, block indices): the
+ * caller, the batch's rows and block counts, the meta's layout and the scratch buffers */
+static uint64_t graph_key(const struct cuda_ctx *c, const struct be_batch *b, const void *owner)
+{
+    const struct cuda_meta *m = &c->meta;
+    uint64_t h = 0xcbf29ce484222325ULL;
+    h = graph_mix(h, (uintptr_t)owner);
+    h = graph_mix(h, ((uint64_t)b->n_seqs << 32) | b->n_tokens);
+    h = graph_mix(h, ((uint64_t)m->n_qtiles << 32) | m->qt);
+    h = graph_mix(h, (uintptr_t)m->dev);
+    h = graph_mix(h, m->host_len);
+    h = graph_mix(h, c->scratch_gen);
+    for (int l = 0; l < CUDA_N_LISTS; l++)
+        h = graph_mix(h, m->max_units[l]);
+    const uint32_t B = c->layout.block_size;
+    for (uint32_t s = 0; s < b->n_seqs; s++) {
+        const struct be_seq *q = &b->seqs[s];
+        const uint32_t last = (q->n_past + q->n_tokens - 1) / B;
+        h = graph_mix(h, ((uint64_t)q->n_blocks << 32) | last);
+    }
+    return h ? h : 1;
+}
+
+static int cu_graph_begin(void *ctx, const struct be_batch *b, const struct be_attn *at,
+                          const void *owner)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (!c->graph_on || c->deterministic || c->attn_fixed || c->host_cpu || !c->have_kv ||
+        b->n_tokens != b->n_seqs || at->n_kv_head == 0)
+        return 0;
+    op_begin(c); /* joins the side stream */
+    /* the meta goes up now, outside the recording; the layers' own calls find it current */
+    int rc = meta_ensure(c, b, at->n_head / at->n_kv_head);
+    if (rc < 0)
+        return rc;
+    const struct cuda_meta *m = &c->meta;
+    if (m->max_units[KV_HOST] || m->max_units[CUDA_LIST_STAGED] || m->cpu_any || m->n_pass)
+        return 0; /* host tails: streams and events the recording does not hold */
+    const uint64_t key = graph_key(c, b, owner);
+    if (c->graph.exec && key == c->graph.key) {
+        CU_TRY(cudaGraphLaunch(c->graph.exec, c->stream));
+        c->hst.graph_replay++;
+        c->act16_ok = 0;
+        return 2;
+    }
+    if (key == c->graph.bad || key != c->graph.seen) {
+        c->graph.seen = key; /* sized its buffers as usual first */
+        return 0;
+    }
+    CU_TRY(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+    c->graph.capturing = 1;
+    c->graph.cap_failed = 0;
+    c->graph.rec = key;
+    return 1;
+}
+
+static int cu_graph_end(void *ctx, int failed)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture(c->stream, &g);
+    c->graph.capturing = 0;
+    c->act16_ok = 0; /* what the recorded ops left there has not run */
+    if (failed || c->graph.cap_failed || e != cudaSuccess || !g) {
+        if (g)
+            cudaGraphDestroy(g);
+        cudaGetLastError();
+        if (!c->hst.graph_fail)
+            log_warn("cuda: a decode step could not be recorded as a graph (%s); its shape "
+                     "runs as usual",
+                     e != cudaSuccess ? cudaGetErrorString(e) : "an op declined");
+        c->hst.graph_fail++;
+        c->graph.bad = c->graph.rec;
+        return 1;
+    }
+    if (c->graph.exec) {
+        cudaGraphExecUpdateResultInfo info;
+        if (cudaGraphExecUpdate(c->graph.exec, g, &info) != cudaSuccess) {
+            cudaGetLastError();
+            cudaGraphExecDestroy(c->graph.exec);
+            c->graph.exec = NULL;
+        }
+    }
+    cudaError_t ie = c->graph.exec ? cudaSuccess : cudaGraphInstantiate(&c->graph.exec, g, 0);
+    cudaGraphDestroy(g);
+    if (ie != cudaSuccess) {
+        cudaGetLastError();
+        c->graph.exec = NULL;
+        c->graph.bad = c->graph.rec;
+        c->hst.graph_fail++;
+        return 1;
+    }
+    c->graph.key = c->graph.rec;
+    CU_TRY(cudaGraphLaunch(c->graph.exec, c->stream));
+    c->hst.graph_rec++;
+    return 0;
+}
+
 static int cu_tensor_alloc(void *ctx, enum be_type type, uint32_t rows, uint32_t cols,
                            struct be_tensor **out)
 {
@@ -381,6 +503,7 @@ static void cu_tensor_free(void *ctx, struct be_tensor *t)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     c->act16_ok = 0; /* a new tensor may get this address */
+    graph_drop(c);
     cudaFree(t->data);
     free(t);
 }
@@ -496,6 +619,7 @@ static int cu_set_kv(void *ctx, const struct kv_layout *l, const struct kv_pools
     op_begin(c);
     CU_TRY(cudaStreamSynchronize(c->stream));
     CU_TRY(cudaStreamSynchronize(c->side));
+    graph_drop(c); /* it reads the old pools */
     uint32_t hd = l->head_dim;
     if (hd < 8 || hd > 128 || (hd & (hd - 1))) {
         log_error("cuda: head_dim %u is not supported by the cuda attention (8, 16, 32, 64, 128); "
@@ -1262,15 +1386,18 @@ static int cu_stats(void *ctx, char *buf, size_t len)
                  "host kv layers: %llu prefetched, %llu copied in line, %llu with a host "
                  "write, %llu zero-copy, %llu in %llu passes; %llu block slices staged in %llu "
                  "copies, %llu staging growths, %llu attended on the cpu, %llu split with it, "
-                 "%llu tails too short to split; gemm inputs: %llu converted to 16 bits, %llu "
-                 "from the 16-bit copy of the op before",
+                 "%llu tails too short to split; gemm inputs: %llu converted, %llu from the "
+                 "op's 16-bit copy; decode layers as graphs: %llu recorded, %llu replayed, "
+                 "%llu failed",
                  (unsigned long long)c->hst.prefetched, (unsigned long long)c->hst.inline_,
                  (unsigned long long)c->hst.host_write, (unsigned long long)c->hst.zero_copy,
                  (unsigned long long)c->hst.passes, (unsigned long long)c->hst.pass_n,
                  (unsigned long long)c->hst.slots, (unsigned long long)c->hst.copies,
                  (unsigned long long)c->hst.grown, (unsigned long long)c->hst.cpu_layers,
                  (unsigned long long)c->hst.split_layers, (unsigned long long)c->hst.split_gated,
-                 (unsigned long long)c->hst.act16_conv, (unsigned long long)c->hst.act16_twin);
+                 (unsigned long long)c->hst.act16_conv, (unsigned long long)c->hst.act16_twin,
+                 (unsigned long long)c->hst.graph_rec, (unsigned long long)c->hst.graph_replay,
+                 (unsigned long long)c->hst.graph_fail);
     memset(&c->hst, 0, sizeof c->hst);
     return n;
 }
@@ -1293,6 +1420,7 @@ static void cu_free(void *ctx)
         cudaStreamSynchronize(c->stream);
     if (c->side)
         cudaStreamSynchronize(c->side);
+    graph_drop(c);
     unregister_pools(c);
     if (c->cpu_be) {
         for (int i = 0; i < 4; i++)
@@ -1356,7 +1484,7 @@ static const struct backend_i cuda_iface = {
     cu_kv_write,   cu_attn_partial, cu_attn_merge,  cu_silu_mul,      cu_add,
     cu_get_rows,   cu_sync,         cu_linear,      cu_rope_kv_write, cu_scratch_reserve,
     cu_host_alloc, cu_host_free,    cu_stats,       cu_greedy,        cu_host_attn_cpu,
-    cu_host_split,
+    cu_host_split, cu_graph_begin,  cu_graph_end,
 };
 
 /* a size in KiB, and a 0/1 switch, from the environment (common/util's reading: def when
@@ -1477,6 +1605,7 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
          * under half an SM's shared memory, so the next launch's block fits beside this one */
         c->ls_stage = cu_env_kb("RKV_CUDA_LS_STAGE_KB", 32, 4, 64) << 10;
         c->ls_ring = cu_env_kb("RKV_CUDA_LS_RING_KB", 96, 16, 200) << 10;
+        c->graph_on = cu_env_flag("RKV_CUDA_GRAPH", 0);
     }
     rc = backend_new("cuda", &cuda_iface, c, out);
     if (rc < 0)

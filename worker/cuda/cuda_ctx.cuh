@@ -183,6 +183,19 @@ struct cuda_ctx {
     size_t act16_elems;
     int act16_type, act16_ok;
     int act16_twin; /* act16 was written by the op that wrote act16_src, not converted */
+    /* a decode step's layers as a cuda graph (cu_graph_begin; env RKV_CUDA_GRAPH=1, off by
+     * default): recorded when a step repeats the last one's shape, replayed while it holds */
+    int graph_on;
+    struct {
+        cudaGraphExec_t exec; /* the recording of key, or NULL */
+        uint64_t key;
+        uint64_t seen;  /* the shape of the last step run as usual */
+        uint64_t rec;   /* the shape being recorded */
+        uint64_t bad;   /* a shape whose recording failed: run as usual */
+        int capturing;  /* the stream is recording */
+        int cap_failed; /* an op could not take part in the recording */
+    } graph;
+    uint64_t scratch_gen; /* cuda_scratch reallocations: a recording holds the old pointers */
     void *wdeq; /* q8_0 weights dequantized to f16 for prefill */
     size_t wdeq_cap;
     void *part[KV_N_POOLS]; /* attention split partials, per residency (two streams) */
@@ -242,6 +255,7 @@ struct cuda_ctx {
         /* cublas gemms over 16-bit activations: inputs converted for them, and inputs whose
          * 16-bit copy the op that wrote them left in act16 (rmsnorm, silu_mul) */
         uint64_t act16_conv, act16_twin;
+        uint64_t graph_rec, graph_replay, graph_fail; /* decode steps' layers as a graph */
     } hst;
 };
 
