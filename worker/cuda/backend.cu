@@ -193,7 +193,10 @@ static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
     size_t o_slot = o_pos + align16((size_t)b->n_tokens * 4);
     size_t o_seqs = o_slot + align16((size_t)b->n_tokens * 4);
     size_t o_blks = o_seqs + align16((size_t)b->n_seqs * sizeof(struct cuda_seq_meta));
-    size_t o_qt = o_blks + align16((size_t)2 * n_blk_total * sizeof(struct cuda_blk));
+    /* the block lists' room rounded up, so the arrays after them keep their offsets while rows
+     * gain blocks (a decode graph holds those addresses: cu_graph_begin) */
+    const size_t blk_room = ((size_t)n_blk_total + 255) & ~(size_t)255;
+    size_t o_qt = o_blks + align16((size_t)2 * blk_room * sizeof(struct cuda_blk));
     size_t o_pass = o_qt + align16((size_t)n_qtiles * sizeof(struct cuda_qtile));
     size_t len = o_pass + (size_t)n_pass * b->n_seqs * sizeof(struct cuda_seq_meta);
 
@@ -377,8 +380,9 @@ static uint64_t graph_mix(uint64_t h, uint64_t v)
     return h;
 }
 
-/* what the layers' launches depend on beyond the device's meta (positions, block indices): the
- * caller, the batch's rows and block counts, the meta's layout and the scratch buffers */
+/* what the layers' launches depend on beyond the device's meta (positions, block lists): the
+ * caller, the batch's rows, the longest block list (attention's splits), the meta's layout (its
+ * block lists' room grows in steps of 256 blocks) and the scratch buffers */
 static uint64_t graph_key(const struct cuda_ctx *c, const struct be_batch *b, const void *owner)
 {
     const struct cuda_meta *m = &c->meta;
@@ -391,12 +395,6 @@ static uint64_t graph_key(const struct cuda_ctx *c, const struct be_batch *b, co
     h = graph_mix(h, c->scratch_gen);
     for (int l = 0; l < CUDA_N_LISTS; l++)
         h = graph_mix(h, m->max_units[l]);
-    const uint32_t B = c->layout.block_size;
-    for (uint32_t s = 0; s < b->n_seqs; s++) {
-        const struct be_seq *q = &b->seqs[s];
-        const uint32_t last = (q->n_past + q->n_tokens - 1) / B;
-        h = graph_mix(h, ((uint64_t)q->n_blocks << 32) | last);
-    }
     return h ? h : 1;
 }
 
