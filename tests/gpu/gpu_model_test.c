@@ -304,8 +304,8 @@ static int run_invariance(struct backend *be, enum be_type t, enum kv_dtype kvt,
 /* decode steps with the layers recorded as a cuda graph and replayed (a backend made with
  * RKV_CUDA_GRAPH=1) against the same steps run as usual on another: the same logits bits at
  * every step while the rows' positions cross block boundaries (a replay reads the new positions
- * and write slots from the meta); *same of *n steps matched; st: the graph backend's counter
- * line after the run */
+ * and write slots from the meta) and their tables grow (recorded again); *same of *n steps
+ * matched; st: the graph backend's counter line after the run */
 static int run_graph(struct backend *plain, struct backend *graph, enum be_type t, int *same,
                      int *n, char *st, size_t stlen)
 {
@@ -347,7 +347,10 @@ static int run_graph(struct backend *plain, struct backend *graph, enum be_type 
         struct fwd_seq fs[2];
         for (int s = 0; s < 2; s++) {
             tok[s] = (int32_t)argmax(la + s * V, V);
-            fs[s] = (struct fwd_seq){&tok[s], 1, n_past[s]++, tab[s], NB};
+            /* the table as long as the position needs, as kvmgr grows it: the longest list
+             * grows, and the graph records again (its launches change with it) */
+            fs[s] = (struct fwd_seq){&tok[s], 1, n_past[s], tab[s], n_past[s] / 16 + 1};
+            n_past[s]++;
         }
         rc = fwd_step(a.f, fs, 2, 0, la);
         if (rc == 0)
