@@ -193,9 +193,10 @@ static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
     size_t o_slot = o_pos + align16((size_t)b->n_tokens * 4);
     size_t o_seqs = o_slot + align16((size_t)b->n_tokens * 4);
     size_t o_blks = o_seqs + align16((size_t)b->n_seqs * sizeof(struct cuda_seq_meta));
-    /* the block lists' room rounded up, so the arrays after them keep their offsets while rows
-     * gain blocks (a decode graph holds those addresses: cu_graph_begin) */
-    const size_t blk_room = ((size_t)n_blk_total + 255) & ~(size_t)255;
+    /* with decode graphs, the block lists' room rounded up, so the arrays after them keep their
+     * offsets while rows gain blocks (a recording holds those addresses: cu_graph_begin) */
+    const size_t blk_room =
+        c->graph_on ? ((size_t)n_blk_total + 255) & ~(size_t)255 : (size_t)n_blk_total;
     size_t o_qt = o_blks + align16((size_t)2 * blk_room * sizeof(struct cuda_blk));
     size_t o_pass = o_qt + align16((size_t)n_qtiles * sizeof(struct cuda_qtile));
     size_t len = o_pass + (size_t)n_pass * b->n_seqs * sizeof(struct cuda_seq_meta);
