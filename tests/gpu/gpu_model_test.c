@@ -77,18 +77,22 @@ static uint32_t argmax(const float *x, uint32_t n)
     return b;
 }
 
+/* the small test model: 256 wide, 8 heads of 32 over 2 kv heads, 512 tokens of vocabulary;
+ * qwen2 with its rope base and neox rotation */
+static struct model_hparams test_hp(enum model_arch arch, uint32_t n_layer, uint32_t ffn)
+{
+    const int qwen = arch == MODEL_QWEN2;
+    return (struct model_hparams){arch, n_layer, 256, ffn,  8,     2,
+                                  32,   32,      512, 1024, 1e-5f, qwen ? 1000000.0f : 10000.0f,
+                                  1.0f, qwen};
+}
+
 /* two sequences prefilled, then decoded together with the cpu's greedy
  * tokens fed to both; returns the worst nmse seen, the argmax agreement */
 static int run_case(struct backend *cpu, struct backend *gpu, enum model_arch arch, enum be_type t,
                     enum kv_dtype kvt, int placement, double *worst, double *agree)
 {
-    struct model_hparams hp = {arch,  2,
-                               256,   512,
-                               8,     2,
-                               32,    32,
-                               512,   1024,
-                               1e-5f, arch == MODEL_QWEN2 ? 1000000.0f : 10000.0f,
-                               1.0f,  arch == MODEL_QWEN2};
+    const struct model_hparams hp = test_hp(arch, 2, 512);
     struct gm_src src;
     if (gm_src_init(&src, &hp, t, 42, 1) < 0)
         return -1;
@@ -157,8 +161,7 @@ static int run_case(struct backend *cpu, struct backend *gpu, enum model_arch ar
 static int run_greedy(struct backend *cpu, struct backend *gpu, enum be_type t, double *agree,
                       double *worst, int *free_run)
 {
-    struct model_hparams hp = {MODEL_LLAMA, 4,   256,  768,   8,    2,    32,
-                               32,          512, 1024, 1e-5f, 1e4f, 1.0f, 0};
+    const struct model_hparams hp = test_hp(MODEL_LLAMA, 4, 768);
     struct gm_src src;
     if (gm_src_init(&src, &hp, t, 99, 1) < 0)
         return -1;
@@ -215,8 +218,7 @@ enum { INV_PLEN = 40, INV_STEPS = 12, INV_OTHERS = 11, INV_NB = 5 };
 static int run_invariance(struct backend *be, enum be_type t, enum kv_dtype kvt, int *same, int *n,
                           double *worst)
 {
-    struct model_hparams hp = {MODEL_LLAMA, 2,   256,  512,   8,    2,    32,
-                               32,          512, 1024, 1e-5f, 1e4f, 1.0f, 0};
+    const struct model_hparams hp = test_hp(MODEL_LLAMA, 2, 512);
     struct gm_src src;
     if (gm_src_init(&src, &hp, t, 5, 1) < 0)
         return -1;
@@ -309,8 +311,7 @@ static int run_invariance(struct backend *be, enum be_type t, enum kv_dtype kvt,
 static int run_graph(struct backend *plain, struct backend *graph, enum be_type t, int *same,
                      int *n, char *st, size_t stlen)
 {
-    struct model_hparams hp = {MODEL_LLAMA, 2,   256,  512,   8,        2,    32,
-                               32,          512, 1024, 1e-5f, 10000.0f, 1.0f, 0};
+    const struct model_hparams hp = test_hp(MODEL_LLAMA, 2, 512);
     struct gm_src src;
     if (gm_src_init(&src, &hp, t, 5, 1) < 0)
         return -1;

@@ -702,12 +702,9 @@ static int cu_rmsnorm(void *ctx, struct be_tensor *out, const struct be_tensor *
     void *twin = act16_twin(c, n, in->cols);
     int rc = cuda_rmsnorm(c, (float *)out->data, (const float *)in->data, (const float *)w->data, n,
                           in->cols, eps, twin, (enum be_type)c->act16_type);
-    if (rc == 1)
-        return cuda_rmsnorm(c, (float *)out->data, (const float *)in->data, (const float *)w->data,
-                            n, in->cols, eps, NULL, BE_F32);
     if (rc == 0 && twin)
         act16_have(c, (const float *)out->data, (size_t)n * in->cols);
-    return rc;
+    return rc < 0 ? rc : 0;
 }
 
 static int cu_matmul(void *ctx, struct be_tensor *out, const struct be_tensor *in,

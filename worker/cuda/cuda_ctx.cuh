@@ -238,7 +238,8 @@ struct cuda_ctx {
     int cc_major;   /* compute capability */
     uint32_t ls_stage, ls_ring; /* streamed linears: bytes per stage (target) and of the ring
                                  * (env RKV_CUDA_LS_STAGE_KB, RKV_CUDA_LS_RING_KB) */
-    /* how host blocks were read since the last stats call (cu_stats) */
+    /* counters since the last stats call (cu_stats): how host blocks were read, then the
+     * gemms' 16-bit inputs and the decode graphs */
     struct {
         uint64_t prefetched; /* layers whose copies the previous layer queued */
         uint64_t inline_;    /* layers copied when asked (after the stream's work so far) */

@@ -35,7 +35,8 @@ __device__ __forceinline__ void cuda_grid_wait()
 int cuda_embed(struct cuda_ctx *c, float *out, const struct be_tensor *w, const int32_t *d_ids,
                uint32_t n);
 /* out (n, dim) = in / sqrt(mean(in^2) + eps) * w; twin (NULL: none): the same rounded to t16
- * (BE_F16 or BE_BF16); 1 when no twin could be written (nothing was done) */
+ * (BE_F16 or BE_BF16); 1 when out was written but a twin asked for was not (widths the vector
+ * kernel does not take) */
 int cuda_rmsnorm(struct cuda_ctx *c, float *out, const float *in, const float *w, uint32_t n,
                  uint32_t dim, float eps, void *twin, enum be_type t16);
 /* x (n_tokens, n_heads*head_dim) rotated in place at d_pos */

@@ -102,9 +102,7 @@ int cuda_rmsnorm(struct cuda_ctx *c, float *out, const float *in, const float *w
         CU_LAUNCHED();
         return 0;
     }
-    if (twin)
-        return 1; /* no twin from the plain kernel: the caller converts */
     rmsnorm_kernel<<<n, 256, 0, c->stream>>>(out, in, w, dim, eps);
     CU_LAUNCHED();
-    return 0;
+    return twin ? 1 : 0; /* the plain kernel writes no twin */
 }
