@@ -293,6 +293,17 @@ static int bench_linear(struct backend *be)
 /* --- decode and prefill on a llama3-8b-shaped model ----------------------- */
 
 /* decode: the decode cases; prefill: the prefill cases (4k, and 16k, 32k unless quick) */
+/* the backend's cuda-graph counts since the last call (backend_stats resets them), printed when
+ * graphs ran (RKV_CUDA_GRAPH=1): a recording inside the timed steps shows here */
+static void graph_counts(struct backend *be, int print)
+{
+    char st[1024] = "";
+    backend_stats(be, st, sizeof(st));
+    const char *g = strstr(st, "decode layers as graphs");
+    if (print && g && !strstr(g, ": 0 recorded, 0 replayed, 0 failed"))
+        printf("    %s\n", g);
+}
+
 static int bench_model(struct backend *be, int quick, const char *preset, int decode, int prefill)
 {
     struct model_hparams hp = {MODEL_LLAMA, 32,     4096,   14336, 32,        8,    128,
@@ -370,7 +381,10 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
             double bound = t_hbm > t_pcie ? t_hbm : t_pcie;
             int steps = (int)(2.0 / bound);
             steps = steps < 3 ? 3 : steps > 50 ? 50 : steps;
-            rc = fwd_step(f, &s, 1, 0, logits); /* warm-up */
+            /* warm-up: two steps, so a cuda graph (recorded on a shape's second step) is too */
+            for (int w = 0; w < 2 && rc == 0; w++)
+                rc = fwd_step(f, &s, 1, 0, logits);
+            graph_counts(be, 0);
             /* RKV_PROFILE_CTX=N: one step at ctx N, all resident, for ncu */
             const char *pc = getenv("RKV_PROFILE_CTX");
             if (rc == 0 && pc && (uint32_t)atoi(pc) == ctx && n_host == 0) {
@@ -394,6 +408,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
             snprintf(name, sizeof(name), "decode b=1 ctx=%u host=%.1f%% (tok/s)", ctx,
                      100.0 * n_host / n);
             record("decode", name, 1.0 / t, "tok/s", 1.0 / bound, bound / t);
+            graph_counts(be, 1);
         }
     }
     /* batch 64 at 4k, all resident */
@@ -406,7 +421,9 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
             toks[s] = 1;
             ss[s] = (struct fwd_seq){&toks[s], 1, 4095, tab + s * 16, 16};
         }
-        rc = fwd_step(f, ss, S, 0, logits);
+        for (int w = 0; w < 2 && rc == 0; w++)
+            rc = fwd_step(f, ss, S, 0, logits);
+        graph_counts(be, 0);
         if (rc == 0 && getenv("RKV_PROFILE_B64")) {
             /* RKV_PROFILE_B64=1: one profiled step of the batch, for ncu; then stop */
             rkv_cuda_profiler(1);
@@ -415,11 +432,12 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
             profiled = 1;
         } else {
             double t1 = gu_now();
-            for (int i = 0; i < 10 && rc == 0; i++)
+            for (int i = 0; i < 20 && rc == 0; i++)
                 rc = fwd_step(f, ss, S, 0, logits);
-            double t = (gu_now() - t1) / 10;
+            double t = (gu_now() - t1) / 20;
             double bound = (wbytes + S * 4096.0 * kv_per_tok) / hbm;
             record("decode", "decode b=64 ctx=4096 (tok/s)", S / t, "tok/s", S / bound, bound / t);
+            graph_counts(be, 1);
         }
     }
     /* 16 sessions at 4k with host tails (what WINDOW does under overflow): block j of session s

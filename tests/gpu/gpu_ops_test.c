@@ -859,6 +859,19 @@ int main(int argc, char **argv)
         setenv("RKV_CUDA_MERGE_IN_ATTN", "0", 1);
         attention_with("the splits merged by a separate kernel", NULL, 0);
         unsetenv("RKV_CUDA_MERGE_IN_ATTN");
+        /* decode attention with three key stages (two chunks in flight), and with the split's
+         * block-list entries in shared memory: one (every later entry read as before) or all */
+        attention_env("decode attention with 3 key stages", "RKV_CUDA_DEC_STAGES=3", NULL, NULL);
+        attention_env("decode attention, 1 block-list entry in shared memory", "RKV_CUDA_DEC_LC=1",
+                      NULL, NULL);
+        attention_env("decode attention, 3 stages, 32 block-list entries in shared memory",
+                      "RKV_CUDA_DEC_STAGES=3 RKV_CUDA_DEC_LC=32", NULL, NULL);
+        /* at most 2 splits: hundreds of chunks a thread block, more block-list entries than
+         * shared memory keeps */
+        attention_env("decode attention, 2 splits, 3 stages, 32 entries in shared memory",
+                      "RKV_CUDA_MAX_SPLIT=2 RKV_CUDA_DEC_STAGES=3 RKV_CUDA_DEC_LC=32", NULL, NULL);
+        attention_env("decode attention, 2 splits, 2 stages, 5 entries in shared memory",
+                      "RKV_CUDA_MAX_SPLIT=2 RKV_CUDA_DEC_LC=5", NULL, NULL);
         /* prefill tiles (64 rows, d 64 and 128) on the older kernel (attn_mma_kernel; the
          * default is attn_fa_kernel), its splits merged both ways, host blocks read both ways */
         attention_env("prefill tiles on attn_mma_kernel, splits merged by a separate kernel",

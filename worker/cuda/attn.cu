@@ -99,6 +99,8 @@ int cuda_attn(struct cuda_ctx *c, const struct cuda_attn_args *a)
     uint32_t units = m->max_units[a->list] * units_per_block(&c->layout);
     uint32_t base = c->layout.n_kv_head * m->n_qtiles;
     uint32_t max_split = (units + 1) / 2; /* at least 2 chunk units (128 keys) per split */
+    if (c->max_split && max_split > c->max_split)
+        max_split = c->max_split; /* RKV_CUDA_MAX_SPLIT: long splits (tests, a/b) */
     uint32_t g = at->n_head / at->n_kv_head;
     uint32_t n_split, slots = (uint32_t)cuda_attn_decode_slots(c, m->qt, g);
     if (slots)

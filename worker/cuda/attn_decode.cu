@@ -15,9 +15,10 @@ int cuda_attn_decode_slots(struct cuda_ctx *c, uint32_t qt, uint32_t g)
     const uint32_t D = c->layout.head_dim;
     if (!attn_takes_dec(c, qt, g, D))
         return 0;
-    int per_sm = D == 128  ? attn_dec_per_sm<16>()
-                 : D == 64 ? attn_dec_per_sm<8>()
-                 : D == 32 ? attn_dec_per_sm<4>()
-                           : attn_dec_per_sm<2>();
+    const int st = c->dec_stages;
+    int per_sm = D == 128  ? attn_dec_per_sm<16>(st)
+                 : D == 64 ? attn_dec_per_sm<8>(st)
+                 : D == 32 ? attn_dec_per_sm<4>(st)
+                           : attn_dec_per_sm<2>(st);
     return per_sm * c->n_sm;
 }

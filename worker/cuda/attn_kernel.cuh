@@ -30,6 +30,9 @@ struct attn_kargs {
      * before the sequence's first new token) ahead of griddepcontrol.wait; >= 2 also lets the
      * next launch start at once */
     uint32_t early;
+    /* attn_dec_kernel: block-list entries of the split kept in shared memory (0..ATTN_LC_MAX;
+     * the rest read from global memory as they come) */
+    uint32_t lc;
     float *o, *m, *l; /* (n_tokens, n_head*D) normalized, (n_tokens, n_head) x2 */
 };
 
@@ -64,6 +67,8 @@ template <typename T, int CH> struct attn_src {
     size_t block_bytes, k_off, v_off, head_off;
     uint32_t cpb, u0, u1, B, D, DP;
     long long max_pos;
+    const struct cuda_blk *lc = nullptr; /* entries lc0 .. lc0 + lcn - 1 of list (attn_cache) */
+    uint32_t lc0 = 0, lcn = 0;
 
     __device__ attn_src(const struct attn_kargs &a, const struct cuda_seq_meta &sq, uint32_t kvh,
                         uint32_t split, int max_pos_, uint32_t dp)
@@ -83,13 +88,29 @@ template <typename T, int CH> struct attn_src {
         DP = dp;
         max_pos = max_pos_;
     }
+    /* keeps up to n of the split's block-list entries in sh (shared, filled by the block's
+     * threads; a __syncthreads before the first start() or load() after it) */
+    __device__ void cache(struct cuda_blk *sh, uint32_t n, uint32_t list_len)
+    {
+        lc0 = u0 / cpb;
+        const uint32_t last = u1 ? (u1 - 1) / cpb + 1 : 0;
+        lcn = last > lc0 ? min(n, last - lc0) : 0;
+        lcn = min(lcn, list_len > lc0 ? list_len - lc0 : 0u);
+        for (uint32_t i = threadIdx.x; i < lcn; i += ATTN_THREADS)
+            sh[i] = list[lc0 + i];
+        lc = sh;
+    }
+    __device__ struct cuda_blk entry(uint32_t e) const
+    {
+        return e - lc0 < lcn ? lc[e - lc0] : list[e];
+    }
     /* the unit's first key position, or -1 when it is past every query (and
      * so is everything after it) */
     __device__ long long start(uint32_t u) const
     {
         if (u >= u1)
             return -1;
-        struct cuda_blk b = list[u / cpb];
+        struct cuda_blk b = entry(u / cpb);
         long long kp0 = (long long)b.j * B + (u % cpb) * CH;
         return kp0 > max_pos ? -1 : kp0;
     }
@@ -104,7 +125,7 @@ template <typename T, int CH> struct attn_src {
     __device__ void load(uint32_t u, T *kd, T *vd) const
     {
         constexpr int VEC = 16 / sizeof(T);
-        struct cuda_blk b = list[u / cpb];
+        struct cuda_blk b = entry(u / cpb);
         uint32_t c0 = (u % cpb) * CH;
         uint32_t nk = keys(u, (long long)b.j * B + c0);
         const char *blk =
@@ -980,19 +1001,21 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_fa_kernel(struct attn_kargs
  * with p split the same way. Each warp takes 16 keys of every 64-key chunk and keeps its own
  * online softmax in registers (no shared scores, one barrier per chunk); the four warps'
  * (m, l, o) are merged at the end. grid (n_kv_head, n_split, n_qtiles), ATTN_THREADS threads;
- * smem: ks, vs (2, 64, D + 8) f16 (reused for the warp merge). */
-template <int ND>
+ * smem: ks, vs (NST, 64, D + 8) f16 (reused for the warp merge): NST stages, so NST - 1 chunks
+ * are in flight while one is computed (c->dec_stages) */
+template <int ND, int NST>
 __global__ void __launch_bounds__(ATTN_THREADS) attn_dec_kernel(struct attn_kargs a)
 {
     constexpr int CH = 64, D = ND * 8, DP = D + 8, KS = D / 16;
     extern __shared__ __align__(16) char smem[];
+    __shared__ struct cuda_blk lcache[ATTN_LC_MAX];
     const uint32_t tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2,
                    tq = lane & 3;
-    __half *ks = (__half *)smem;   /* (2, CH, DP) */
-    __half *vs = ks + 2 * CH * DP; /* (2, CH, DP) */
+    __half *ks = (__half *)smem;     /* (NST, CH, DP) */
+    __half *vs = ks + NST * CH * DP; /* (NST, CH, DP) */
 
     /* before the wait: what the step's upload holds (tiles, block lists, positions) and the
-     * first two key chunks when no kernel of this step writes them (every chunk key before the
+     * first NST key chunks when no kernel of this step writes them (every chunk key before the
      * sequence's first new token). The kernels before rewrite only q and the new keys */
     const struct cuda_qtile qt = a.qtiles[blockIdx.z];
     const struct cuda_seq_meta sq = a.seqs[qt.seq];
@@ -1000,31 +1023,33 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_dec_kernel(struct attn_karg
     const uint32_t tok = sq.tok_off + qt.t0;
     const int pos = a.pos[tok];
     const long long first_new = min((long long)sq.n_past, (long long)a.pos[sq.tok_off]);
-    const attn_src<__half, CH> src(a, sq, kvh, split, pos, DP);
-    long long kp_a = src.start(src.u0), kp_b = kp_a >= 0 ? src.start(src.u0 + 1) : -1;
-    const bool pre_a = a.early && kp_a >= 0 && kp_a + CH <= first_new;
-    const bool pre_b = pre_a && kp_b >= 0 && kp_b + CH <= first_new;
-    if (pre_a) {
-        src.load(src.u0, ks, vs);
-        attn_commit();
+    attn_src<__half, CH> src(a, sq, kvh, split, pos, DP);
+    if (a.lc) {
+        src.cache(lcache, a.lc, sq.list_len[a.res]);
+        __syncthreads();
     }
-    if (pre_b) {
-        src.load(src.u0 + 1, ks + CH * DP, vs + CH * DP);
-        attn_commit();
+    /* kp[i]: the first key of the loop's unit u + i below (-1: none) */
+    long long kp[NST];
+    bool pre[NST];
+#pragma unroll
+    for (int i = 0; i < NST; i++) {
+        kp[i] = i == 0 || kp[i - 1] >= 0 ? src.start(src.u0 + i) : -1;
+        pre[i] = a.early && kp[i] >= 0 && kp[i] + CH <= first_new && (i == 0 || pre[i - 1]);
+        if (pre[i]) {
+            src.load(src.u0 + i, ks + i * CH * DP, vs + i * CH * DP);
+            attn_commit();
+        }
     }
     if (a.early >= 2)
         asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     cuda_grid_wait(); /* q and the newest keys come from the kernels before */
-    if (!pre_a) {
-        if (kp_a >= 0)
-            src.load(src.u0, ks, vs);
-        attn_commit();
-    }
-    if (!pre_b) {
-        if (kp_b >= 0)
-            src.load(src.u0 + 1, ks + CH * DP, vs + CH * DP);
-        attn_commit();
-    }
+#pragma unroll
+    for (int i = 0; i < NST; i++)
+        if (!pre[i]) {
+            if (kp[i] >= 0)
+                src.load(src.u0 + i, ks + i * CH * DP, vs + i * CH * DP);
+            attn_commit();
+        }
 
     /* a fragments of q: a0/a2 row gq (q), a1/a3 row gq + 8 (residual) */
     uint32_t fq[KS][4];
@@ -1052,13 +1077,14 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_dec_kernel(struct attn_karg
         for (int e = 0; e < 4; e++)
             acc[j][e] = 0.0f;
 
-    /* two stages: chunk u computes from stage u % 2 while chunk u + 1 lands in the other, and
-     * chunk u + 2 is queued into stage u % 2 once every warp is done reading it */
+    /* NST stages: chunk u computes from stage u % NST while chunks u + 1 .. u + NST - 1 land
+     * in the others, and chunk u + NST is queued into stage u % NST once every warp is done
+     * reading it */
     int stage = 0;
-    for (uint32_t u = src.u0; kp_a >= 0; u++) {
-        attn_wait<1>();
+    for (uint32_t u = src.u0; kp[0] >= 0; u++) {
+        attn_wait<NST - 1>();
         __syncthreads();
-        const long long kp_cur = kp_a;
+        const long long kp_cur = kp[0];
         const uint32_t nk = src.keys(u, kp_cur), kw = warp * 16;
         const __half *kd = ks + stage * CH * DP;
         __half *vd = vs + stage * CH * DP;
@@ -1142,14 +1168,16 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_dec_kernel(struct attn_karg
                 }
             }
         }
-        const long long kp_c = kp_b >= 0 ? src.start(u + 2) : -1;
+        const long long kp_n = kp[NST - 1] >= 0 ? src.start(u + NST) : -1;
         __syncthreads(); /* the stage is free */
-        if (kp_c >= 0)
-            src.load(u + 2, ks + stage * CH * DP, vs + stage * CH * DP);
+        if (kp_n >= 0)
+            src.load(u + NST, ks + stage * CH * DP, vs + stage * CH * DP);
         attn_commit();
-        kp_a = kp_b;
-        kp_b = kp_c;
-        stage ^= 1;
+#pragma unroll
+        for (int i = 0; i + 1 < NST; i++)
+            kp[i] = kp[i + 1];
+        kp[NST - 1] = kp_n;
+        stage = stage + 1 == NST ? 0 : stage + 1;
     }
     attn_wait<0>();
     __syncthreads(); /* the stages are reused for the merge */
@@ -1227,12 +1255,27 @@ static int attn_launch_fn(const struct cuda_ctx *c, F fn, size_t *sm_set, dim3 g
     return 0;
 }
 
-template <int ND>
-static int attn_dec_launch(const struct cuda_ctx *c, dim3 grid, size_t sm, cudaStream_t s,
-                           const struct attn_kargs &k)
+/* dynamic shared memory of attn_dec_kernel: nst stages of 64 keys' k and v rows (d + 8) */
+static inline size_t attn_dec_smem(uint32_t nst, uint32_t D)
+{
+    return (size_t)nst * 2 * 64 * (D + 8) * sizeof(__half);
+}
+
+template <int ND, int NST>
+static int attn_dec_launch_st(const struct cuda_ctx *c, dim3 grid, cudaStream_t s,
+                              const struct attn_kargs &k)
 {
     static size_t sm_set;
-    return attn_launch_fn(c, attn_dec_kernel<ND>, &sm_set, grid, sm, s, k);
+    return attn_launch_fn(c, attn_dec_kernel<ND, NST>, &sm_set, grid, attn_dec_smem(NST, ND * 8), s,
+                          k);
+}
+
+template <int ND>
+static int attn_dec_launch(const struct cuda_ctx *c, dim3 grid, cudaStream_t s,
+                           const struct attn_kargs &k)
+{
+    return c->dec_stages == 3 ? attn_dec_launch_st<ND, 3>(c, grid, s, k)
+                              : attn_dec_launch_st<ND, 2>(c, grid, s, k);
 }
 
 template <int ND, int LO>
@@ -1279,22 +1322,27 @@ static inline bool attn_takes_dec(const struct cuda_ctx *c, uint32_t qt, uint32_
 }
 
 /* thread blocks of attn_dec_kernel<ND> resident per SM (asked once) */
-template <int ND> static int attn_dec_per_sm()
+template <int ND, int NST> static int attn_dec_per_sm_st()
 {
     static int per_sm;
     if (!per_sm) {
-        size_t sm = 4 * 64 * (size_t)(ND * 8 + 8) * 2;
+        const size_t sm = attn_dec_smem(NST, ND * 8);
         static size_t sm_set;
         int nb = 0;
-        if (attn_smem_limit(attn_dec_kernel<ND>, sm, &sm_set) < 0 ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, attn_dec_kernel<ND>, ATTN_THREADS,
-                                                          sm) != cudaSuccess) {
+        if (attn_smem_limit(attn_dec_kernel<ND, NST>, sm, &sm_set) < 0 ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, attn_dec_kernel<ND, NST>,
+                                                          ATTN_THREADS, sm) != cudaSuccess) {
             cudaGetLastError();
             return 0;
         }
         per_sm = nb;
     }
     return per_sm;
+}
+
+template <int ND> static int attn_dec_per_sm(int nst)
+{
+    return nst == 3 ? attn_dec_per_sm_st<ND, 3>() : attn_dec_per_sm_st<ND, 2>();
 }
 
 /* launches one instantiation for the kv dtype: f16 on the tensor cores,
@@ -1306,11 +1354,10 @@ static int attn_launch(struct cuda_ctx *c, const struct cuda_attn_args *a, struc
     dim3 grid(c->layout.n_kv_head, n_split, a->meta->n_qtiles);
     if (RMAX == 16 && attn_takes_dec(c, a->meta->qt, k.g, k.D)) {
         /* decode: the packed q/residual kernel */
-        size_t sm = 4 * 64 * (size_t)(k.D + 8) * 2;
-        int rc = k.D == 128  ? attn_dec_launch<16>(c, grid, sm, a->s, k)
-                 : k.D == 64 ? attn_dec_launch<8>(c, grid, sm, a->s, k)
-                 : k.D == 32 ? attn_dec_launch<4>(c, grid, sm, a->s, k)
-                             : attn_dec_launch<2>(c, grid, sm, a->s, k);
+        int rc = k.D == 128  ? attn_dec_launch<16>(c, grid, a->s, k)
+                 : k.D == 64 ? attn_dec_launch<8>(c, grid, a->s, k)
+                 : k.D == 32 ? attn_dec_launch<4>(c, grid, a->s, k)
+                             : attn_dec_launch<2>(c, grid, a->s, k);
         if (rc < 0)
             return rc;
     } else if (attn_takes_fa<RMAX>(c, k.D)) {
@@ -1372,6 +1419,7 @@ static inline struct attn_kargs attn_kargs_of(struct cuda_ctx *c, const struct c
     k.cnt = cnt;
     k.smem_f = 0;
     k.early = c->early;
+    k.lc = c->dec_lc;
     k.o = a->o;
     k.m = a->m;
     k.l = a->l;

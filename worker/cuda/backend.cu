@@ -1463,6 +1463,8 @@ static void cu_free(void *ctx)
         cudaEventDestroy(c->ev_qdown);
     if (c->blas)
         cublasDestroy(c->blas);
+    if (c->blas_ws)
+        cudaFree(c->blas_ws);
     if (c->ev_pre_attn)
         cudaEventDestroy(c->ev_pre_attn);
     if (c->ev_side_done)
@@ -1557,6 +1559,19 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
     if (cublasSetStream(c->blas, c->stream) != CUBLAS_STATUS_SUCCESS)
         goto fail;
     {
+        /* a workspace of our own (after SetStream, which resets it): under stream capture
+         * cublas does not use its default pool and may take other algorithms (the split-k
+         * ones of a 64-row gemm); 32 MiB is cublas's advice for Hopper. RKV_CUDA_BLAS_WS_MB=0:
+         * cublas's own pool (a/b) */
+        size_t ws = (size_t)rkv_env_u64("RKV_CUDA_BLAS_WS_MB", 32, 0, 1024) << 20;
+        if (ws && cudaMalloc(&c->blas_ws, ws) != cudaSuccess) {
+            cudaGetLastError();
+            c->blas_ws = NULL;
+        }
+        if (c->blas_ws && cublasSetWorkspace(c->blas, c->blas_ws, ws) != CUBLAS_STATUS_SUCCESS)
+            goto fail;
+    }
+    {
         c->precise = cu_env_flag("RKV_CUDA_PRECISE", 0);
         c->fuse = cu_env_flag("RKV_CUDA_FUSE", 1);
         c->dec = cu_env_flag("RKV_CUDA_DEC", 1);
@@ -1585,7 +1600,12 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         /* 2 measured 0.61 of the hbm bound at 4k against 0.76 off (H200): the o linear's
          * persistent blocks, placed beside attention's, doubled up on some SMs */
         c->early = (int)rkv_env_u64("RKV_CUDA_EARLY", 1, 0, 2);
+        /* decode attention: 2 stages (1 chunk in flight while one is computed) or 3; the
+         * split's block-list entries read from shared memory (0: each chunk's from global) */
+        c->dec_stages = (int)rkv_env_u64("RKV_CUDA_DEC_STAGES", 2, 2, 3);
+        c->dec_lc = (uint32_t)rkv_env_u64("RKV_CUDA_DEC_LC", 0, 0, ATTN_LC_MAX);
         c->split_cost = (uint32_t)rkv_env_u64("RKV_CUDA_SPLIT_COST", 1, 0, 64);
+        c->max_split = (uint32_t)rkv_env_u64("RKV_CUDA_MAX_SPLIT", 0, 0, 1u << 16);
         /* env RKV_CUDA_DETERMINISTIC=1: the same for programs without the option (gpu_bench) */
         c->deterministic = o->deterministic || cu_env_flag("RKV_CUDA_DETERMINISTIC", 0);
         c->cpu_threads = o->n_threads;

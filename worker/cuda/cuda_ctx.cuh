@@ -59,6 +59,8 @@ struct cuda_qtile {
 };
 
 /* block list entry: position-order index j in the table, index in its pool */
+#define ATTN_LC_MAX 32 /* block-list entries attn_dec_kernel keeps in shared memory */
+
 struct cuda_blk {
     uint32_t j, index;
 };
@@ -113,6 +115,7 @@ struct cuda_ctx {
     int side_pending;         /* stream must wait for ev_side_done before its next op */
     int last_was_dev_attn;
     cublasHandle_t blas;
+    void *blas_ws; /* cublas's workspace, ours so graph capture keeps its algorithms */
     int no_mma;  /* env RKV_CUDA_NO_MMA=1: f16-kv attention on the cuda cores (a/b check) */
     int precise; /* prefill gemms carry the activations' 16-bit rounding error (2 gemms) */
 
@@ -226,9 +229,14 @@ struct cuda_ctx {
                      * RKV_CUDA_LIN_STREAM=0: the register kernel) */
     int pdl;        /* streamed linears launched with programmatic serialization: the next one
                      * prefetches its weights while this one ends (env RKV_CUDA_PDL=0: off) */
+    int dec_stages; /* attn_dec_kernel's key chunk stages, 2 or 3 (env RKV_CUDA_DEC_STAGES) */
+    uint32_t dec_lc; /* its block-list entries kept in shared memory, at most ATTN_LC_MAX
+                      * (env RKV_CUDA_DEC_LC) */
     int early;      /* 1: rope/kv write lets decode attention start at once, and attention
                      * queues the keys no kernel of the step writes before it waits; 2: attention
                      * lets the o linear start at once too (env RKV_CUDA_EARLY, 0 off) */
+    uint32_t
+        max_split; /* 0, or the most key splits of an attention launch (env RKV_CUDA_MAX_SPLIT) */
     uint32_t split_cost; /* chunk units one attention thread block costs beyond its own (its
                           * prologue, partial and merge) when the key split is picked (env
                           * RKV_CUDA_SPLIT_COST, default 1) */
