@@ -102,7 +102,7 @@ int cuda_attn(struct cuda_ctx *c, const struct cuda_attn_args *a)
     if (c->max_split && max_split > c->max_split)
         max_split = c->max_split; /* RKV_CUDA_MAX_SPLIT: long splits (tests, a/b) */
     uint32_t g = at->n_head / at->n_kv_head;
-    uint32_t n_split, slots = (uint32_t)cuda_attn_decode_slots(c, m->qt, g);
+    uint32_t n_split, slots = (uint32_t)cuda_attn_decode_slots(c, m->qt, g, base);
     if (slots)
         n_split = attn_pick_split(units, base, slots, max_split, c->split_cost);
     else {

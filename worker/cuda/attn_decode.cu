@@ -10,12 +10,12 @@ int cuda_attn_decode_launch(struct cuda_ctx *c, const struct cuda_attn_args *a, 
     return attn_launch<16, 16>(c, a, k, n_split);
 }
 
-int cuda_attn_decode_slots(struct cuda_ctx *c, uint32_t qt, uint32_t g)
+int cuda_attn_decode_slots(struct cuda_ctx *c, uint32_t qt, uint32_t g, uint32_t base)
 {
     const uint32_t D = c->layout.head_dim;
     if (!attn_takes_dec(c, qt, g, D))
         return 0;
-    const int st = c->dec_stages;
+    const int st = cuda_dec_stages(c, base);
     int per_sm = D == 128  ? attn_dec_per_sm<16>(st)
                  : D == 64 ? attn_dec_per_sm<8>(st)
                  : D == 32 ? attn_dec_per_sm<4>(st)

@@ -30,9 +30,6 @@ struct attn_kargs {
      * before the sequence's first new token) ahead of griddepcontrol.wait; >= 2 also lets the
      * next launch start at once */
     uint32_t early;
-    /* attn_dec_kernel: block-list entries of the split kept in shared memory (0..ATTN_LC_MAX;
-     * the rest read from global memory as they come) */
-    uint32_t lc;
     float *o, *m, *l; /* (n_tokens, n_head*D) normalized, (n_tokens, n_head) x2 */
 };
 
@@ -67,8 +64,6 @@ template <typename T, int CH> struct attn_src {
     size_t block_bytes, k_off, v_off, head_off;
     uint32_t cpb, u0, u1, B, D, DP;
     long long max_pos;
-    const struct cuda_blk *lc = nullptr; /* entries lc0 .. lc0 + lcn - 1 of list (attn_cache) */
-    uint32_t lc0 = 0, lcn = 0;
 
     __device__ attn_src(const struct attn_kargs &a, const struct cuda_seq_meta &sq, uint32_t kvh,
                         uint32_t split, int max_pos_, uint32_t dp)
@@ -88,29 +83,13 @@ template <typename T, int CH> struct attn_src {
         DP = dp;
         max_pos = max_pos_;
     }
-    /* keeps up to n of the split's block-list entries in sh (shared, filled by the block's
-     * threads; a __syncthreads before the first start() or load() after it) */
-    __device__ void cache(struct cuda_blk *sh, uint32_t n, uint32_t list_len)
-    {
-        lc0 = u0 / cpb;
-        const uint32_t last = u1 ? (u1 - 1) / cpb + 1 : 0;
-        lcn = last > lc0 ? min(n, last - lc0) : 0;
-        lcn = min(lcn, list_len > lc0 ? list_len - lc0 : 0u);
-        for (uint32_t i = threadIdx.x; i < lcn; i += ATTN_THREADS)
-            sh[i] = list[lc0 + i];
-        lc = sh;
-    }
-    __device__ struct cuda_blk entry(uint32_t e) const
-    {
-        return e - lc0 < lcn ? lc[e - lc0] : list[e];
-    }
     /* the unit's first key position, or -1 when it is past every query (and
      * so is everything after it) */
     __device__ long long start(uint32_t u) const
     {
         if (u >= u1)
             return -1;
-        struct cuda_blk b = entry(u / cpb);
+        struct cuda_blk b = list[u / cpb];
         long long kp0 = (long long)b.j * B + (u % cpb) * CH;
         return kp0 > max_pos ? -1 : kp0;
     }
@@ -125,7 +104,7 @@ template <typename T, int CH> struct attn_src {
     __device__ void load(uint32_t u, T *kd, T *vd) const
     {
         constexpr int VEC = 16 / sizeof(T);
-        struct cuda_blk b = entry(u / cpb);
+        struct cuda_blk b = list[u / cpb];
         uint32_t c0 = (u % cpb) * CH;
         uint32_t nk = keys(u, (long long)b.j * B + c0);
         const char *blk =
@@ -1002,13 +981,12 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_fa_kernel(struct attn_kargs
  * online softmax in registers (no shared scores, one barrier per chunk); the four warps'
  * (m, l, o) are merged at the end. grid (n_kv_head, n_split, n_qtiles), ATTN_THREADS threads;
  * smem: ks, vs (NST, 64, D + 8) f16 (reused for the warp merge): NST stages, so NST - 1 chunks
- * are in flight while one is computed (c->dec_stages) */
+ * are in flight while one is computed (cuda_dec_stages) */
 template <int ND, int NST>
 __global__ void __launch_bounds__(ATTN_THREADS) attn_dec_kernel(struct attn_kargs a)
 {
     constexpr int CH = 64, D = ND * 8, DP = D + 8, KS = D / 16;
     extern __shared__ __align__(16) char smem[];
-    __shared__ struct cuda_blk lcache[ATTN_LC_MAX];
     const uint32_t tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2,
                    tq = lane & 3;
     __half *ks = (__half *)smem;     /* (NST, CH, DP) */
@@ -1023,11 +1001,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_dec_kernel(struct attn_karg
     const uint32_t tok = sq.tok_off + qt.t0;
     const int pos = a.pos[tok];
     const long long first_new = min((long long)sq.n_past, (long long)a.pos[sq.tok_off]);
-    attn_src<__half, CH> src(a, sq, kvh, split, pos, DP);
-    if (a.lc) {
-        src.cache(lcache, a.lc, sq.list_len[a.res]);
-        __syncthreads();
-    }
+    const attn_src<__half, CH> src(a, sq, kvh, split, pos, DP);
     /* kp[i]: the first key of the loop's unit u + i below (-1: none) */
     long long kp[NST];
     bool pre[NST];
@@ -1274,8 +1248,8 @@ template <int ND>
 static int attn_dec_launch(const struct cuda_ctx *c, dim3 grid, cudaStream_t s,
                            const struct attn_kargs &k)
 {
-    return c->dec_stages == 3 ? attn_dec_launch_st<ND, 3>(c, grid, s, k)
-                              : attn_dec_launch_st<ND, 2>(c, grid, s, k);
+    return cuda_dec_stages(c, grid.x * grid.z) == 3 ? attn_dec_launch_st<ND, 3>(c, grid, s, k)
+                                                    : attn_dec_launch_st<ND, 2>(c, grid, s, k);
 }
 
 template <int ND, int LO>
@@ -1419,7 +1393,6 @@ static inline struct attn_kargs attn_kargs_of(struct cuda_ctx *c, const struct c
     k.cnt = cnt;
     k.smem_f = 0;
     k.early = c->early;
-    k.lc = c->dec_lc;
     k.o = a->o;
     k.m = a->m;
     k.l = a->l;

@@ -404,7 +404,8 @@ static int cu_graph_begin(void *ctx, const struct be_batch *b, const struct be_a
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     if (!c->graph_on || c->deterministic || c->attn_fixed || c->host_cpu || !c->have_kv ||
-        b->n_tokens != b->n_seqs || at->n_kv_head == 0)
+        b->n_tokens != b->n_seqs || at->n_kv_head == 0 ||
+        (c->graph_on == 1 && b->n_seqs > CUDA_GRAPH_ROWS))
         return 0;
     op_begin(c); /* joins the side stream */
     /* the meta goes up now, outside the recording; the layers' own calls find it current */
@@ -1600,10 +1601,11 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         /* 2 measured 0.61 of the hbm bound at 4k against 0.76 off (H200): the o linear's
          * persistent blocks, placed beside attention's, doubled up on some SMs */
         c->early = (int)rkv_env_u64("RKV_CUDA_EARLY", 1, 0, 2);
-        /* decode attention: 2 stages (1 chunk in flight while one is computed) or 3; the
-         * split's block-list entries read from shared memory (0: each chunk's from global) */
-        c->dec_stages = (int)rkv_env_u64("RKV_CUDA_DEC_STAGES", 2, 2, 3);
-        c->dec_lc = (uint32_t)rkv_env_u64("RKV_CUDA_DEC_LC", 0, 0, ATTN_LC_MAX);
+        /* decode attention's key chunk stages: 0 by the launch's shape (cuda_dec_stages), 2
+         * or 3 for every launch (a/b) */
+        c->dec_stages = (int)rkv_env_u64("RKV_CUDA_DEC_STAGES", 0, 0, 3);
+        if (c->dec_stages == 1)
+            c->dec_stages = 2;
         c->split_cost = (uint32_t)rkv_env_u64("RKV_CUDA_SPLIT_COST", 1, 0, 64);
         c->max_split = (uint32_t)rkv_env_u64("RKV_CUDA_MAX_SPLIT", 0, 0, 1u << 16);
         /* env RKV_CUDA_DETERMINISTIC=1: the same for programs without the option (gpu_bench) */
@@ -1621,7 +1623,8 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
          * under half an SM's shared memory, so the next launch's block fits beside this one */
         c->ls_stage = cu_env_kb("RKV_CUDA_LS_STAGE_KB", 32, 4, 64) << 10;
         c->ls_ring = cu_env_kb("RKV_CUDA_LS_RING_KB", 96, 16, 200) << 10;
-        c->graph_on = cu_env_flag("RKV_CUDA_GRAPH", 0);
+        /* 1: steps of up to CUDA_GRAPH_ROWS rows, 2: every decode step, 0: none */
+        c->graph_on = (int)rkv_env_u64("RKV_CUDA_GRAPH", 1, 0, 2);
     }
     rc = backend_new("cuda", &cuda_iface, c, out);
     if (rc < 0)

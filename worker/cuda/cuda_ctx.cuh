@@ -59,7 +59,10 @@ struct cuda_qtile {
 };
 
 /* block list entry: position-order index j in the table, index in its pool */
-#define ATTN_LC_MAX 32 /* block-list entries attn_dec_kernel keeps in shared memory */
+/* decode steps of up to this many rows run as cuda graphs by default (RKV_CUDA_GRAPH=1): there
+ * the launches weigh most, and a small batch keeps its shape for many steps; a large one changes
+ * as sessions come and go, and each new shape costs a recording */
+#define CUDA_GRAPH_ROWS 16
 
 struct cuda_blk {
     uint32_t j, index;
@@ -186,8 +189,9 @@ struct cuda_ctx {
     size_t act16_elems;
     int act16_type, act16_ok;
     int act16_twin; /* act16 was written by the op that wrote act16_src, not converted */
-    /* a decode step's layers as a cuda graph (cu_graph_begin; env RKV_CUDA_GRAPH=1, off by
-     * default): recorded when a step repeats the last one's shape, replayed while it holds */
+    /* a decode step's layers as a cuda graph (cu_graph_begin; env RKV_CUDA_GRAPH: 1, the
+     * default, steps of up to CUDA_GRAPH_ROWS rows; 2 every decode step; 0 none): recorded when
+     * a step repeats the last one's shape, replayed while it holds */
     int graph_on;
     struct {
         cudaGraphExec_t exec; /* the recording of key, or NULL */
@@ -229,9 +233,8 @@ struct cuda_ctx {
                      * RKV_CUDA_LIN_STREAM=0: the register kernel) */
     int pdl;        /* streamed linears launched with programmatic serialization: the next one
                      * prefetches its weights while this one ends (env RKV_CUDA_PDL=0: off) */
-    int dec_stages; /* attn_dec_kernel's key chunk stages, 2 or 3 (env RKV_CUDA_DEC_STAGES) */
-    uint32_t dec_lc; /* its block-list entries kept in shared memory, at most ATTN_LC_MAX
-                      * (env RKV_CUDA_DEC_LC) */
+    int dec_stages; /* attn_dec_kernel's key chunk stages: 0 by shape (cuda_dec_stages), 2, 3
+                     * (env RKV_CUDA_DEC_STAGES) */
     int early;      /* 1: rope/kv write lets decode attention start at once, and attention
                      * queues the keys no kernel of the step writes before it waits; 2: attention
                      * lets the o linear start at once too (env RKV_CUDA_EARLY, 0 off) */

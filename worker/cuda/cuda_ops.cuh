@@ -109,8 +109,17 @@ int cuda_attn(struct cuda_ctx *c, const struct cuda_attn_args *a);
 /* the two kernel shapes cuda_attn picks from: few query rows per kv head
  * (decode) or tiles of tokens (prefill) */
 /* thread blocks of the decode kernel resident on the whole gpu, 0 when a
- * launch of this shape (tile tokens qt, gqa group g) takes another kernel */
-int cuda_attn_decode_slots(struct cuda_ctx *c, uint32_t qt, uint32_t g);
+ * launch of this shape (tile tokens qt, gqa group g, base = kv heads x query tiles
+ * thread blocks before the key split) takes another kernel */
+int cuda_attn_decode_slots(struct cuda_ctx *c, uint32_t qt, uint32_t g, uint32_t base);
+/* the decode kernel's key chunk stages for base thread blocks before the split: 3 (two chunks
+ * in flight, 2 blocks an SM) when the split spreads few rows over the gpu, 2 (one chunk in
+ * flight, 3 blocks an SM) when there are blocks enough to fill it. H200, llama3-8b: b=1 4k / 32k
+ * 0.772 / 0.773 -> 0.784 / 0.797 of the bound with 3, b=64 0.633 -> 0.612 */
+static inline int cuda_dec_stages(const struct cuda_ctx *c, uint32_t base)
+{
+    return c->dec_stages ? c->dec_stages : base < (uint32_t)c->n_sm ? 3 : 2;
+}
 /* cnt: the (n_qtiles, n_kv_head) counters of the merge folded into the launch, all 0 (the
  * launch leaves them so); NULL: the launch leaves the splits' partials in part */
 int cuda_attn_decode_launch(struct cuda_ctx *c, const struct cuda_attn_args *a, uint32_t n_split,
