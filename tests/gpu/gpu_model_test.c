@@ -478,6 +478,22 @@ int gpu_model_tests(struct backend *cpu_be, struct backend *gpu_be, struct backe
     return 0;
 }
 
+/* the model cases on a backend made with other settings (what names them), every placement */
+int gpu_model_cases_with(struct backend *cpu_be, struct backend *be, const char *what, int *pass,
+                         int *fail)
+{
+    printf("model: logits vs cpu, %s\n", what);
+    static const struct {
+        enum be_type t;
+        enum kv_dtype kv;
+    } cfg[] = {{BE_BF16, KV_F16}, {BE_F16, KV_F16}, {BE_F32, KV_F32}};
+    for (size_t i = 0; i < sizeof(cfg) / sizeof(cfg[0]); i++)
+        for (int pl = 0; pl < 4; pl++)
+            model_case(cpu_be, be, "with", MODEL_LLAMA, cfg[i].t, cfg[i].kv, pl,
+                       cfg[i].t == BE_F32 ? 1e-5 : 1e-3, pass, fail);
+    return 0;
+}
+
 /* CPU_TAIL (or the split host read): the same cases with (a share of the) host blocks attended
  * by the cpu inside the cuda backend; what names the way in the output */
 int gpu_model_cpu_tail_tests(struct backend *cpu_be, struct backend *tail_be, const char *what,

@@ -140,20 +140,22 @@ static void matmul_case(struct backend *g, enum be_type t, uint32_t n, uint32_t 
     gpu = save;
 }
 
-static void test_matmul(struct backend *precise)
+/* gemv_max: the rows up to which the backend takes its decode kernel (f32 sums of the f32
+ * input), past them cublas over the input rounded to 16 bits */
+static void test_matmul(struct backend *precise, uint32_t gemv_max)
 {
     uint32_t ns[] = {1, 3, 8, 9, 33};
     for (int ti = 0; ti < 4; ti++)
         for (int ni = 0; ni < 5; ni++) {
             enum be_type t = all_types[ti];
             uint32_t n = ns[ni];
-            float tol = n <= 8 ? 1e-4f : t == BE_F32 ? 1e-4f : t == BE_BF16 ? 3e-2f : 4e-3f;
+            float tol = n <= gemv_max || t == BE_F32 ? 1e-4f : t == BE_BF16 ? 3e-2f : 4e-3f;
             matmul_case(gpu, t, n, 512, 256, ni & 1, tol, "");
         }
     /* odd widths take the generic kernel / cublas with odd leading dims */
     matmul_case(gpu, BE_F32, 2, 100, 33, 1, 1e-4f, "");
     matmul_case(gpu, BE_F16, 1, 100, 33, 0, 1e-4f, "");
-    matmul_case(gpu, BE_BF16, 4, 4096, 1024, 0, 1e-4f, "");
+    matmul_case(gpu, BE_BF16, 4, 4096, 1024, 0, 4 <= gemv_max ? 1e-4f : 3e-2f, "");
     if (precise) {
         matmul_case(precise, BE_BF16, 33, 512, 256, 1, 1e-4f, " precise");
         matmul_case(precise, BE_F16, 40, 512, 256, 0, 1e-4f, " precise");
@@ -776,6 +778,8 @@ int gpu_model_tests(struct backend *cpu_be, struct backend *gpu_be, struct backe
 int gpu_model_cpu_tail_tests(struct backend *cpu_be, struct backend *tail_be, const char *what,
                              int *pass, int *fail);
 int gpu_model_graph_tests(struct backend *plain, struct backend *graph, int *pass, int *fail);
+int gpu_model_cases_with(struct backend *cpu_be, struct backend *be, const char *what, int *pass,
+                         int *fail);
 
 int main(int argc, char **argv)
 {
@@ -811,10 +815,26 @@ int main(int argc, char **argv)
         printf("ops (seed %llu)\n", (unsigned long long)seed);
         test_embed();
         test_rmsnorm();
-        test_matmul(precise);
+        test_matmul(precise, 8);
         test_twin();
         test_linear();
         test_linear_shapes();
+        {
+            /* the matmul cases with rows past one on cublas (RKV_CUDA_GEMV_MAX_N; the fused
+             * linears decline such rows: the forward composes them of the plain ops) */
+            setenv("RKV_CUDA_GEMV_MAX_N", "1", 1);
+            struct backend *gm1 = NULL, *save = gpu;
+            if (backend_init(&go, &gm1, err, sizeof(err)) == 0) {
+                printf("ops: matmul, rows past 1 on cublas\n");
+                gpu = gm1;
+                test_matmul(NULL, 1);
+                gpu = save;
+                backend_free(gm1);
+            } else {
+                CHECK("gemv_max_n backend", 0);
+            }
+            unsetenv("RKV_CUDA_GEMV_MAX_N");
+        }
         test_rope();
         test_elementwise();
         test_attention();
@@ -937,6 +957,16 @@ int main(int argc, char **argv)
         backend_free(graph);
         backend_free(plain);
         unsetenv("RKV_CUDA_GRAPH");
+        /* decode rows past one on cublas instead of the decode kernels (RKV_CUDA_GEMV_MAX_N) */
+        setenv("RKV_CUDA_GEMV_MAX_N", "1", 1);
+        struct backend *gm1 = NULL;
+        if (backend_init(&go, &gm1, err, sizeof(err)) == 0) {
+            gpu_model_cases_with(cpu, gm1, "decode rows past 1 on cublas", &n_pass, &n_fail);
+            backend_free(gm1);
+        } else {
+            CHECK("gemv_max_n backend", 0);
+        }
+        unsetenv("RKV_CUDA_GEMV_MAX_N");
         setenv("RKV_CUDA_HOST_READ", "cpu", 1);
         struct backend *tail = NULL;
         if (backend_init(&go, &tail, err, sizeof(err)) == 0) {

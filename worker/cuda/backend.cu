@@ -676,7 +676,7 @@ static int cu_embed(void *ctx, struct be_tensor *out, const struct be_tensor *w,
  * kernels take) after a conversion to 16 bits, whose type it guesses; NULL when not */
 static void *act16_twin(struct cuda_ctx *c, uint32_t n, uint32_t cols)
 {
-    if (n <= CUDA_GEMV_MAX_N || c->deterministic || c->precise ||
+    if (n <= c->gemv_max_n || c->deterministic || c->precise ||
         (c->act16_type != BE_F16 && c->act16_type != BE_BF16))
         return NULL;
     if (cuda_scratch(c, &c->act16, &c->act16_cap, (size_t)n * cols * 2) < 0) {
@@ -1608,6 +1608,10 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
             c->dec_stages = 2;
         c->split_cost = (uint32_t)rkv_env_u64("RKV_CUDA_SPLIT_COST", 1, 0, 64);
         c->max_split = (uint32_t)rkv_env_u64("RKV_CUDA_MAX_SPLIT", 0, 0, 1u << 16);
+        /* steps of up to this many rows on the decode kernels (weights read once, x from
+         * registers); more rows on cublas. Deterministic mode keeps 8-row chunks */
+        c->gemv_max_n =
+            (uint32_t)rkv_env_u64("RKV_CUDA_GEMV_MAX_N", CUDA_GEMV_MAX_N, 1, CUDA_GEMV_MAX_N);
         /* env RKV_CUDA_DETERMINISTIC=1: the same for programs without the option (gpu_bench) */
         c->deterministic = o->deterministic || cu_env_flag("RKV_CUDA_DETERMINISTIC", 0);
         c->cpu_threads = o->n_threads;

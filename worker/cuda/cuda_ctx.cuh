@@ -238,8 +238,11 @@ struct cuda_ctx {
     int early;      /* 1: rope/kv write lets decode attention start at once, and attention
                      * queues the keys no kernel of the step writes before it waits; 2: attention
                      * lets the o linear start at once too (env RKV_CUDA_EARLY, 0 off) */
-    uint32_t
-        max_split; /* 0, or the most key splits of an attention launch (env RKV_CUDA_MAX_SPLIT) */
+    /* 0, or the most key splits of an attention launch (env RKV_CUDA_MAX_SPLIT) */
+    uint32_t max_split;
+    /* rows up to which matmuls and linears take the decode kernels (env RKV_CUDA_GEMV_MAX_N,
+     * 1..CUDA_GEMV_MAX_N); more rows go to cublas */
+    uint32_t gemv_max_n;
     uint32_t split_cost; /* chunk units one attention thread block costs beyond its own (its
                           * prologue, partial and merge) when the key split is picked (env
                           * RKV_CUDA_SPLIT_COST, default 1) */

@@ -62,7 +62,7 @@ int cuda_matmul(struct cuda_ctx *c, float *out, const float *in, const struct be
     if (n == 0)
         return 0;
     act16_written(c, out, (size_t)n * w->rows); /* the paths that leave act16 alone too */
-    if (n <= CUDA_GEMV_MAX_N)
+    if (n <= c->gemv_max_n)
         return cuda_gemv(c, out, in, w, bias, n);
     if (c->deterministic) {
         /* the decode kernel over every 8 tokens: a token's numbers do not depend on the batch */
@@ -104,7 +104,7 @@ int cuda_matmul(struct cuda_ctx *c, float *out, const float *in, const struct be
 int cuda_matmul_add(struct cuda_ctx *c, float *out, const float *in, const struct be_tensor *w,
                     uint32_t n)
 {
-    if (n <= CUDA_GEMV_MAX_N || c->deterministic || c->precise ||
+    if (n <= c->gemv_max_n || c->deterministic || c->precise ||
         (w->type != BE_F16 && w->type != BE_BF16))
         return 1;
     return gemm_16(c, out, in, w->data, w->type, n, w->cols, w->rows, 1.0f);
