@@ -411,13 +411,13 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
             graph_counts(be, 1);
         }
     }
-    /* small batches at 4k, all resident: the decode kernels' rows (up to 8) against cublas
-     * (RKV_CUDA_GEMV_MAX_N) */
-    static const uint32_t small_b[] = {2, 8};
-    for (int bi = 0; bi < 2 && rc == 0 && !profiled && decode; bi++) {
-        const uint32_t NS = small_b[bi];
-        struct fwd_seq ss[8];
-        int32_t toks[8];
+    /* batches at 4k, all resident: 2 and 8 on the decode kernels' rows (RKV_CUDA_GEMV_MAX_N
+     * moves them to cublas), 64 on cublas */
+    static const uint32_t batch_b[] = {2, 8, 64}; /* S */
+    for (int bi = 0; bi < 3 && rc == 0 && !profiled && decode; bi++) {
+        const uint32_t NS = batch_b[bi];
+        struct fwd_seq ss[64];
+        int32_t toks[64];
         for (uint32_t s = 0; s < NS; s++) {
             for (uint32_t j = 0; j < 16; j++)
                 tab[s * 16 + j] = (struct kv_block_ref){s * 16 + j, KV_DEVICE};
@@ -427,30 +427,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
         for (int w = 0; w < 2 && rc == 0; w++)
             rc = fwd_step(f, ss, NS, 0, logits);
         graph_counts(be, 0);
-        double t1 = gu_now();
-        for (int i = 0; i < 20 && rc == 0; i++)
-            rc = fwd_step(f, ss, NS, 0, logits);
-        double t = (gu_now() - t1) / 20;
-        double bound = (wbytes + NS * 4096.0 * kv_per_tok) / hbm;
-        char name[96];
-        snprintf(name, sizeof(name), "decode b=%u ctx=4096 (tok/s)", NS);
-        record("decode", name, NS / t, "tok/s", NS / bound, bound / t);
-        graph_counts(be, 1);
-    }
-    /* batch 64 at 4k, all resident */
-    if (rc == 0 && !profiled && decode) {
-        struct fwd_seq ss[64];
-        int32_t toks[64];
-        for (uint32_t s = 0; s < S; s++) {
-            for (uint32_t j = 0; j < 16; j++)
-                tab[s * 16 + j] = (struct kv_block_ref){s * 16 + j, KV_DEVICE};
-            toks[s] = 1;
-            ss[s] = (struct fwd_seq){&toks[s], 1, 4095, tab + s * 16, 16};
-        }
-        for (int w = 0; w < 2 && rc == 0; w++)
-            rc = fwd_step(f, ss, S, 0, logits);
-        graph_counts(be, 0);
-        if (rc == 0 && getenv("RKV_PROFILE_B64")) {
+        if (rc == 0 && NS == S && getenv("RKV_PROFILE_B64")) {
             /* RKV_PROFILE_B64=1: one profiled step of the batch, for ncu; then stop */
             rkv_cuda_profiler(1);
             rc = fwd_step(f, ss, S, 0, logits);
@@ -459,10 +436,12 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
         } else {
             double t1 = gu_now();
             for (int i = 0; i < 20 && rc == 0; i++)
-                rc = fwd_step(f, ss, S, 0, logits);
+                rc = fwd_step(f, ss, NS, 0, logits);
             double t = (gu_now() - t1) / 20;
-            double bound = (wbytes + S * 4096.0 * kv_per_tok) / hbm;
-            record("decode", "decode b=64 ctx=4096 (tok/s)", S / t, "tok/s", S / bound, bound / t);
+            double bound = (wbytes + NS * 4096.0 * kv_per_tok) / hbm;
+            char name[96];
+            snprintf(name, sizeof(name), "decode b=%u ctx=4096 (tok/s)", NS);
+            record("decode", name, NS / t, "tok/s", NS / bound, bound / t);
             graph_counts(be, 1);
         }
     }

@@ -740,6 +740,25 @@ static void attention_with(const char *what, char *stats, size_t len)
     backend_free(alt);
 }
 
+/* a cuda backend made with var=value in the environment, unset afterwards unless keep (a switch
+ * read later than backend_init: RKV_CUDA_HOST_READ when the kv pools are set); NULL, counted as
+ * a failure, when it cannot be made */
+static struct backend *backend_env(const char *var, const char *value, int keep)
+{
+    struct backend_opts go = {"cuda", 0, 0};
+    struct backend *b = NULL;
+    char err[256];
+    setenv(var, value, 1);
+    if (backend_init(&go, &b, err, sizeof(err)) < 0) {
+        fprintf(stderr, "gpu-test: a backend with %s=%s: %s\n", var, value, err);
+        CHECK(var, 0);
+        b = NULL;
+    }
+    if (!keep)
+        unsetenv(var);
+    return b;
+}
+
 /* attention_with under the settings vars ("NAME=VALUE NAME=VALUE ...", unset afterwards); the
  * backend's host-read counters must not contain absent, and must contain present (NULL: not
  * checked) */
@@ -822,18 +841,14 @@ int main(int argc, char **argv)
         {
             /* the matmul cases with rows past one on cublas (RKV_CUDA_GEMV_MAX_N; the fused
              * linears decline such rows: the forward composes them of the plain ops) */
-            setenv("RKV_CUDA_GEMV_MAX_N", "1", 1);
-            struct backend *gm1 = NULL, *save = gpu;
-            if (backend_init(&go, &gm1, err, sizeof(err)) == 0) {
+            struct backend *gm1 = backend_env("RKV_CUDA_GEMV_MAX_N", "1", 0), *save = gpu;
+            if (gm1) {
                 printf("ops: matmul, rows past 1 on cublas\n");
                 gpu = gm1;
                 test_matmul(NULL, 1);
                 gpu = save;
-                backend_free(gm1);
-            } else {
-                CHECK("gemv_max_n backend", 0);
             }
-            unsetenv("RKV_CUDA_GEMV_MAX_N");
+            backend_free(gm1);
         }
         test_rope();
         test_elementwise();
@@ -958,23 +973,14 @@ int main(int argc, char **argv)
         backend_free(plain);
         unsetenv("RKV_CUDA_GRAPH");
         /* decode rows past one on cublas instead of the decode kernels (RKV_CUDA_GEMV_MAX_N) */
-        setenv("RKV_CUDA_GEMV_MAX_N", "1", 1);
-        struct backend *gm1 = NULL;
-        if (backend_init(&go, &gm1, err, sizeof(err)) == 0) {
+        struct backend *gm1 = backend_env("RKV_CUDA_GEMV_MAX_N", "1", 0);
+        if (gm1)
             gpu_model_cases_with(cpu, gm1, "decode rows past 1 on cublas", &n_pass, &n_fail);
-            backend_free(gm1);
-        } else {
-            CHECK("gemv_max_n backend", 0);
-        }
-        unsetenv("RKV_CUDA_GEMV_MAX_N");
-        setenv("RKV_CUDA_HOST_READ", "cpu", 1);
-        struct backend *tail = NULL;
-        if (backend_init(&go, &tail, err, sizeof(err)) == 0) {
+        backend_free(gm1);
+        struct backend *tail = backend_env("RKV_CUDA_HOST_READ", "cpu", 1);
+        if (tail)
             gpu_model_cpu_tail_tests(cpu, tail, "cpu_tail", &n_pass, &n_fail);
-            backend_free(tail);
-        } else {
-            CHECK("cpu_tail backend", 0);
-        }
+        backend_free(tail);
         unsetenv("RKV_CUDA_HOST_READ");
         /* the split host read: 40 % of each decode row's host blocks on the cpu */
         setenv("RKV_CUDA_HOST_SPLIT", "40", 1);
