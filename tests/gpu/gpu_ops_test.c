@@ -849,6 +849,15 @@ int main(int argc, char **argv)
                 gpu = save;
             }
             backend_free(gm1);
+            /* the fused linears of 3-8 tokens with four rows a warp (RKV_CUDA_LIN_ROWS4) */
+            struct backend *r4 = backend_env("RKV_CUDA_LIN_ROWS4", "1", 0);
+            if (r4) {
+                printf("ops: linear, four rows a warp\n");
+                gpu = r4;
+                test_linear();
+                gpu = save;
+            }
+            backend_free(r4);
         }
         test_rope();
         test_elementwise();
