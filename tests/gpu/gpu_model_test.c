@@ -87,22 +87,53 @@ static struct model_hparams test_hp(enum model_arch arch, uint32_t n_layer, uint
                                   1.0f, qwen};
 }
 
+/* one model (random weights of type t from seed) run on two backends: a (the cpu's or a gpu's
+ * side) and b (a gpu's), each with n_blocks kv blocks of kvt */
+struct duo {
+    struct model_hparams hp;
+    struct gm_src src;
+    struct kv_layout l;
+    struct side a, b;
+};
+
+static void duo_free(struct duo *d)
+{
+    side_free(&d->a);
+    side_free(&d->b);
+    gm_src_free(&d->src);
+}
+
+/* < 0 when a side cannot be made (nothing is left to free then) */
+static int duo_init(struct duo *d, const struct model_hparams *hp, enum be_type t,
+                    enum kv_dtype kvt, uint64_t seed, struct backend *a, int a_gpu,
+                    struct backend *b, uint32_t n_blocks)
+{
+    memset(d, 0, sizeof(*d));
+    d->hp = *hp;
+    if (gm_src_init(&d->src, &d->hp, t, seed, 1) < 0)
+        return -1;
+    kv_layout_init(&d->l, 16, hp->n_layer, hp->n_kv_head, hp->head_dim, kvt);
+    int rc = side_init(&d->a, a, a_gpu, &d->hp, &d->src, &d->l, n_blocks);
+    if (rc == 0)
+        rc = side_init(&d->b, b, 1, &d->hp, &d->src, &d->l, n_blocks);
+    if (rc < 0)
+        duo_free(d);
+    return rc < 0 ? rc : 0;
+}
+
 /* two sequences prefilled, then decoded together with the cpu's greedy
  * tokens fed to both; returns the worst nmse seen, the argmax agreement */
 static int run_case(struct backend *cpu, struct backend *gpu, enum model_arch arch, enum be_type t,
                     enum kv_dtype kvt, int placement, double *worst, double *agree)
 {
-    const struct model_hparams hp = test_hp(arch, 2, 512);
-    struct gm_src src;
-    if (gm_src_init(&src, &hp, t, 42, 1) < 0)
-        return -1;
-    struct kv_layout l;
-    kv_layout_init(&l, 16, hp.n_layer, hp.n_kv_head, hp.head_dim, kvt);
     const uint32_t NB = 5; /* blocks per sequence: 80 positions */
-    struct side c, g;
-    int rc = side_init(&c, cpu, 0, &hp, &src, &l, 2 * NB);
-    if (rc == 0)
-        rc = side_init(&g, gpu, 1, &hp, &src, &l, 2 * NB);
+    const struct model_hparams hp = test_hp(arch, 2, 512);
+    *worst = *agree = 0.0;
+    struct duo d;
+    int rc = duo_init(&d, &hp, t, kvt, 42, cpu, 0, gpu, 2 * NB);
+    if (rc < 0)
+        return rc;
+    struct side *c = &d.a, *g = &d.b;
     struct kv_block_ref tab[2][5];
     struct gu_rng r;
     gu_seed(&r, 7 + placement);
@@ -119,12 +150,11 @@ static int run_case(struct backend *cpu, struct backend *gpu, enum model_arch ar
         for (uint32_t i = 0; i < plen[s]; i++)
             prompt[s][i] = (int32_t)gu_below(&r, V);
     float *lc = malloc(2 * V * sizeof(float)), *lg = malloc(2 * V * sizeof(float));
-    *worst = 0.0;
     int n_same = 0, n_tok = 0;
     for (int s = 0; s < 2 && rc == 0; s++) {
-        rc = fwd_prefill(c.f, prompt[s], plen[s], 0, tab[s], NB, 16, lc + s * V);
+        rc = fwd_prefill(c->f, prompt[s], plen[s], 0, tab[s], NB, 16, lc + s * V);
         if (rc == 0)
-            rc = fwd_prefill(g.f, prompt[s], plen[s], 0, tab[s], NB, 16, lg + s * V);
+            rc = fwd_prefill(g->f, prompt[s], plen[s], 0, tab[s], NB, 16, lg + s * V);
     }
     uint32_t n_past[2] = {plen[0], plen[1]};
     for (int step = 0; step < 24 && rc == 0; step++) {
@@ -139,18 +169,16 @@ static int run_case(struct backend *cpu, struct backend *gpu, enum model_arch ar
         struct fwd_seq fs[2];
         for (int s = 0; s < 2; s++)
             fs[s] = (struct fwd_seq){&tok[s], 1, n_past[s], tab[s], NB};
-        rc = fwd_step(c.f, fs, 2, 0, lc);
+        rc = fwd_step(c->f, fs, 2, 0, lc);
         if (rc == 0)
-            rc = fwd_step(g.f, fs, 2, 0, lg);
+            rc = fwd_step(g->f, fs, 2, 0, lg);
         n_past[0]++;
         n_past[1]++;
     }
     *agree = n_tok ? (double)n_same / n_tok : 0.0;
     free(lc);
     free(lg);
-    side_free(&c);
-    side_free(&g);
-    gm_src_free(&src);
+    duo_free(&d);
     return rc;
 }
 
@@ -161,17 +189,15 @@ static int run_case(struct backend *cpu, struct backend *gpu, enum model_arch ar
 static int run_greedy(struct backend *cpu, struct backend *gpu, enum be_type t, double *agree,
                       double *worst, int *free_run)
 {
-    const struct model_hparams hp = test_hp(MODEL_LLAMA, 4, 768);
-    struct gm_src src;
-    if (gm_src_init(&src, &hp, t, 99, 1) < 0)
-        return -1;
-    struct kv_layout l;
-    kv_layout_init(&l, 16, hp.n_layer, hp.n_kv_head, hp.head_dim, KV_F16);
     enum { NB = 18, PLEN = 16, STEPS = 256 }; /* 288 positions */
-    struct side c, g;
-    int rc = side_init(&c, cpu, 0, &hp, &src, &l, NB);
-    if (rc == 0)
-        rc = side_init(&g, gpu, 1, &hp, &src, &l, NB);
+    const struct model_hparams hp = test_hp(MODEL_LLAMA, 4, 768);
+    *agree = *worst = 0.0;
+    *free_run = 0;
+    struct duo d;
+    int rc = duo_init(&d, &hp, t, KV_F16, 99, cpu, 0, gpu, NB);
+    if (rc < 0)
+        return rc;
+    struct side *c = &d.a, *g = &d.b;
     struct kv_block_ref tab[NB];
     for (uint32_t j = 0; j < NB; j++)
         tab[j] = (struct kv_block_ref){j, KV_DEVICE};
@@ -181,12 +207,10 @@ static int run_greedy(struct backend *cpu, struct backend *gpu, enum be_type t, 
         prompt[i] = (int32_t)((i * 7919u + 13u) % V);
     float *lc = malloc(V * sizeof(float)), *lg = malloc(V * sizeof(float));
     if (rc == 0)
-        rc = fwd_prefill(c.f, prompt, PLEN, 0, tab, NB, 16, lc);
+        rc = fwd_prefill(c->f, prompt, PLEN, 0, tab, NB, 16, lc);
     if (rc == 0)
-        rc = fwd_prefill(g.f, prompt, PLEN, 0, tab, NB, 16, lg);
+        rc = fwd_prefill(g->f, prompt, PLEN, 0, tab, NB, 16, lg);
     int n_same = 0, diverged = 0;
-    *free_run = 0;
-    *worst = 0.0;
     for (int step = 0; step < STEPS && rc == 0; step++) {
         int32_t tok = (int32_t)argmax(lc, V);
         int same = argmax(lg, V) == (uint32_t)tok;
@@ -196,16 +220,14 @@ static int run_greedy(struct backend *cpu, struct backend *gpu, enum be_type t, 
         diverged |= !same;
         *free_run += !diverged;
         struct fwd_seq fs = {&tok, 1, PLEN + (uint32_t)step, tab, NB};
-        rc = fwd_step(c.f, &fs, 1, 0, lc);
+        rc = fwd_step(c->f, &fs, 1, 0, lc);
         if (rc == 0)
-            rc = fwd_step(g.f, &fs, 1, 0, lg);
+            rc = fwd_step(g->f, &fs, 1, 0, lg);
     }
     *agree = (double)n_same / STEPS;
     free(lc);
     free(lg);
-    side_free(&c);
-    side_free(&g);
-    gm_src_free(&src);
+    duo_free(&d);
     return rc;
 }
 
@@ -311,17 +333,14 @@ static int run_invariance(struct backend *be, enum be_type t, enum kv_dtype kvt,
 static int run_graph(struct backend *plain, struct backend *graph, enum be_type t, int *same,
                      int *n, char *st, size_t stlen)
 {
-    const struct model_hparams hp = test_hp(MODEL_LLAMA, 2, 512);
-    struct gm_src src;
-    if (gm_src_init(&src, &hp, t, 5, 1) < 0)
-        return -1;
-    struct kv_layout l;
-    kv_layout_init(&l, 16, hp.n_layer, hp.n_kv_head, hp.head_dim, KV_F16);
     enum { NB = 8, STEPS = 40 };
-    struct side a, b;
-    int rc = side_init(&a, plain, 1, &hp, &src, &l, 2 * NB);
-    if (rc == 0)
-        rc = side_init(&b, graph, 1, &hp, &src, &l, 2 * NB);
+    const struct model_hparams hp = test_hp(MODEL_LLAMA, 2, 512);
+    *same = *n = 0;
+    struct duo d;
+    int rc = duo_init(&d, &hp, t, KV_F16, 5, plain, 1, graph, 2 * NB);
+    if (rc < 0)
+        return rc;
+    struct side *a = &d.a, *b = &d.b;
     struct kv_block_ref tab[2][NB];
     for (uint32_t s = 0; s < 2; s++)
         for (uint32_t j = 0; j < NB; j++)
@@ -335,14 +354,13 @@ static int run_graph(struct backend *plain, struct backend *graph, enum be_type 
             prompt[s][i] = (int32_t)gu_below(&r, V);
     float *la = malloc(2 * V * sizeof(float)), *lb = malloc(2 * V * sizeof(float));
     for (int s = 0; s < 2 && rc == 0; s++) {
-        rc = fwd_prefill(a.f, prompt[s], plen[s], 0, tab[s], NB, 16, la + s * V);
+        rc = fwd_prefill(a->f, prompt[s], plen[s], 0, tab[s], NB, 16, la + s * V);
         if (rc == 0)
-            rc = fwd_prefill(b.f, prompt[s], plen[s], 0, tab[s], NB, 16, lb + s * V);
+            rc = fwd_prefill(b->f, prompt[s], plen[s], 0, tab[s], NB, 16, lb + s * V);
     }
     if (rc == 0)
         backend_stats(graph, st, stlen); /* counts from here */
     uint32_t n_past[2] = {plen[0], plen[1]};
-    *same = *n = 0;
     for (int step = 0; step < STEPS && rc == 0; step++) {
         int32_t tok[2];
         struct fwd_seq fs[2];
@@ -353,9 +371,9 @@ static int run_graph(struct backend *plain, struct backend *graph, enum be_type 
             fs[s] = (struct fwd_seq){&tok[s], 1, n_past[s], tab[s], n_past[s] / 16 + 1};
             n_past[s]++;
         }
-        rc = fwd_step(a.f, fs, 2, 0, la);
+        rc = fwd_step(a->f, fs, 2, 0, la);
         if (rc == 0)
-            rc = fwd_step(b.f, fs, 2, 0, lb);
+            rc = fwd_step(b->f, fs, 2, 0, lb);
         *same += rc == 0 && memcmp(la, lb, 2 * V * sizeof(float)) == 0;
         (*n)++;
     }
@@ -363,9 +381,7 @@ static int run_graph(struct backend *plain, struct backend *graph, enum be_type 
         backend_stats(graph, st, stlen);
     free(la);
     free(lb);
-    side_free(&a);
-    side_free(&b);
-    gm_src_free(&src);
+    duo_free(&d);
     return rc;
 }
 

@@ -1235,13 +1235,19 @@ static inline size_t attn_dec_smem(uint32_t nst, uint32_t D)
     return (size_t)nst * 2 * 64 * (D + 8) * sizeof(__half);
 }
 
+/* the shared memory limit attn_dec_kernel<ND, NST> was raised to (one per instantiation) */
+template <int ND, int NST> static size_t *attn_dec_sm_set()
+{
+    static size_t sm_set;
+    return &sm_set;
+}
+
 template <int ND, int NST>
 static int attn_dec_launch_st(const struct cuda_ctx *c, dim3 grid, cudaStream_t s,
                               const struct attn_kargs &k)
 {
-    static size_t sm_set;
-    return attn_launch_fn(c, attn_dec_kernel<ND, NST>, &sm_set, grid, attn_dec_smem(NST, ND * 8), s,
-                          k);
+    return attn_launch_fn(c, attn_dec_kernel<ND, NST>, attn_dec_sm_set<ND, NST>(), grid,
+                          attn_dec_smem(NST, ND * 8), s, k);
 }
 
 template <int ND>
@@ -1301,9 +1307,8 @@ template <int ND, int NST> static int attn_dec_per_sm_st()
     static int per_sm;
     if (!per_sm) {
         const size_t sm = attn_dec_smem(NST, ND * 8);
-        static size_t sm_set;
         int nb = 0;
-        if (attn_smem_limit(attn_dec_kernel<ND, NST>, sm, &sm_set) < 0 ||
+        if (attn_smem_limit(attn_dec_kernel<ND, NST>, sm, attn_dec_sm_set<ND, NST>()) < 0 ||
             cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, attn_dec_kernel<ND, NST>,
                                                           ATTN_THREADS, sm) != cudaSuccess) {
             cudaGetLastError();

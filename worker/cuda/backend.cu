@@ -1607,8 +1607,10 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         /* decode attention's key chunk stages: 0 by the launch's shape (cuda_dec_stages), 2
          * or 3 for every launch (a/b) */
         c->dec_stages = (int)rkv_env_u64("RKV_CUDA_DEC_STAGES", 0, 0, 3);
-        if (c->dec_stages == 1)
-            c->dec_stages = 2;
+        if (c->dec_stages == 1) {
+            log_warn("RKV_CUDA_DEC_STAGES=1 is not 0 (by shape), 2 or 3: using 0");
+            c->dec_stages = 0;
+        }
         c->split_cost = (uint32_t)rkv_env_u64("RKV_CUDA_SPLIT_COST", 1, 0, 64);
         c->max_split = (uint32_t)rkv_env_u64("RKV_CUDA_MAX_SPLIT", 0, 0, 1u << 16);
         /* steps of up to this many rows on the decode kernels (weights read once, x from
