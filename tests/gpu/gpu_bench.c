@@ -411,10 +411,10 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
             graph_counts(be, 1);
         }
     }
-    /* batches at 4k, all resident: 2 and 8 on the decode kernels' rows (RKV_CUDA_GEMV_MAX_N
-     * moves them to cublas), 64 on cublas */
-    static const uint32_t batch_b[] = {2, 8, 64}; /* S */
-    for (int bi = 0; bi < 3 && rc == 0 && !profiled && decode; bi++) {
+    /* batches at 4k, all resident: 2, 4 and 8 on the decode kernels (tensor cores; register
+     * kernels with RKV_CUDA_LIN_MMA=0, cublas past RKV_CUDA_GEMV_MAX_N), 64 on cublas */
+    static const uint32_t batch_b[] = {2, 4, 8, 64}; /* S */
+    for (int bi = 0; bi < 4 && rc == 0 && !profiled && decode; bi++) {
         const uint32_t NS = batch_b[bi];
         struct fwd_seq ss[64];
         int32_t toks[64];
@@ -427,10 +427,12 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
         for (int w = 0; w < 2 && rc == 0; w++)
             rc = fwd_step(f, ss, NS, 0, logits);
         graph_counts(be, 0);
-        if (rc == 0 && NS == S && getenv("RKV_PROFILE_B64")) {
-            /* RKV_PROFILE_B64=1: one profiled step of the batch, for ncu; then stop */
+        const char *pb = getenv("RKV_PROFILE_B");
+        if (rc == 0 && ((NS == S && getenv("RKV_PROFILE_B64")) || (pb && atoi(pb) == (int)NS))) {
+            /* RKV_PROFILE_B64=1 or RKV_PROFILE_B=NS: one profiled step of this batch, for ncu;
+             * then stop */
             rkv_cuda_profiler(1);
-            rc = fwd_step(f, ss, S, 0, logits);
+            rc = fwd_step(f, ss, NS, 0, logits);
             rkv_cuda_profiler(0);
             profiled = 1;
         } else {

@@ -105,6 +105,38 @@ static void test_rmsnorm(void)
     }
 }
 
+/* the tensor-core decode kernels (RKV_CUDA_LIN_MMA) of the backend under test take 16-bit
+ * weights of mma_from..mma_max tokens (0: none), rows in 16s and widths in 32s */
+static uint32_t mma_from = 2, mma_max = 8;
+
+static int mma_expected(enum be_type t, uint32_t n, uint32_t n_in, const uint32_t *rows, int n_rows)
+{
+    int fits = (t == BE_BF16 || t == BE_F16) && mma_from && n >= mma_from && n <= mma_max &&
+               n_in % 32 == 0;
+    for (int i = 0; i < n_rows; i++)
+        fits = fits && rows[i] % 16 == 0;
+    return fits;
+}
+
+/* the backend's tensor-core linear launches since the last call */
+static unsigned long long mma_runs(struct backend *g)
+{
+    char st[1024] = "";
+    backend_stats(g, st, sizeof(st));
+    const char *p = strstr(st, "decode linears on tensor cores: ");
+    return p ? strtoull(p + strlen("decode linears on tensor cores: "), NULL, 10) : 0;
+}
+
+/* the kernel that ran is the one expected: names it when not */
+static int mma_check(const char *name, struct backend *g, int expect)
+{
+    unsigned long long runs = mma_runs(g);
+    if ((runs > 0) == (expect != 0))
+        return 1;
+    printf("  %s: %llu tensor-core launches, expected %s\n", name, runs, expect ? "some" : "none");
+    return 0;
+}
+
 /* matmul tolerance: gemv (n <= 8) is f32 math; gemms round activations to
  * the weight's 16-bit type unless precise */
 static void matmul_case(struct backend *g, enum be_type t, uint32_t n, uint32_t n_in,
@@ -115,8 +147,10 @@ static void matmul_case(struct backend *g, enum be_type t, uint32_t n, uint32_t 
     float ws = 1.0f / sqrtf((float)n_in);
     struct pair w = pair_new(t, n_out, n_in, ws), x = pair_new(BE_F32, n, n_in, 1.0f),
                 out = pair_new(BE_F32, n, n_out, 1.0f), b = pair_new(BE_F32, 1, n_out, 1.0f);
+    mma_runs(gpu);
     int rc = matmul_forward(cpu, out.c, x.c, w.c, bias ? b.c : NULL, n) |
              matmul_forward(gpu, out.g, x.g, w.g, bias ? b.g : NULL, n);
+    const int path_ok = mma_check("matmul", gpu, mma_expected(t, n, n_in, &n_out, 1));
     float *ref = malloc(out.n * 4), *got = malloc(out.n * 4);
     size_t bad = out.n;
     if (rc == 0 && gu_read(cpu, out.c, ref, out.n) == 0 && gu_read(gpu, out.g, got, out.n) == 0) {
@@ -125,7 +159,7 @@ static void matmul_case(struct backend *g, enum be_type t, uint32_t n, uint32_t 
         snprintf(name, sizeof(name), "matmul%s %s n=%u %ux%u%s", tag, be_type_name(t), n, n_out,
                  n_in, bias ? " +bias" : "");
         bad = gu_compare(name, ref, got, out.n, atol, rel_tol);
-        CHECK(name, bad == 0);
+        CHECK(name, bad == 0 && path_ok);
         if (bad == 0)
             printf("  ok %-40s nmse %.2e\n", name, gu_nmse(got, ref, out.n));
     } else {
@@ -246,7 +280,12 @@ static void linear_case_rows(enum be_type t, enum be_lin_mode mode, uint32_t n, 
         gl.bias[i] = mode != BE_LIN_SWIGLU && i == 0 ? b[i].g : NULL;
         gl.out[i] = out[i].g;
     }
+    mma_runs(gpu);
     int rc = linear_forward(gpu, &gl, n);
+    /* one token may take the streamed kernel first */
+    const int path_ok =
+        n == 1 ||
+        mma_check("linear", gpu, mma_expected(t, n, n_in, rows, mode == BE_LIN_SET ? 3 : 1));
     /* the reference, composed on the cpu */
     const struct be_tensor *in = x.c;
     if (norm) {
@@ -274,7 +313,7 @@ static void linear_case_rows(enum be_type t, enum be_lin_mode mode, uint32_t n, 
         size_t bad = rc ? 1 : 0;
         for (uint32_t i = 0; i < (mode == BE_LIN_SET ? 3u : 1u) && !bad; i++)
             bad = pair_cmp(name, &out[i], out[i].n, 1e-4f, 1e-4f);
-        CHECK(name, rc == 0 && bad == 0);
+        CHECK(name, rc == 0 && bad == 0 && path_ok);
     }
     pair_free(&x);
     pair_free(&nw);
@@ -300,8 +339,10 @@ static void test_linear_shapes(void)
     static const uint32_t qkv[3] = {4096, 1024, 1024}, ffn[3] = {14336, 64, 64},
                           o[3] = {4096, 64, 64}, odd[3] = {1000, 130, 70};
     static const enum be_type t16[] = {BE_BF16, BE_F16};
+    static const uint32_t ns[] = {1, 2, 5, 8};
     for (int ti = 0; ti < 2; ti++)
-        for (uint32_t n = 1; n <= 2; n++) {
+        for (int ni = 0; ni < 4; ni++) {
+            const uint32_t n = ns[ni];
             linear_case_rows(t16[ti], BE_LIN_SET, n, 1, 4096, qkv);
             linear_case_rows(t16[ti], BE_LIN_SWIGLU, n, 1, 4096, ffn);
             linear_case_rows(t16[ti], BE_LIN_ADD, n, 0, 14336, o);
@@ -845,12 +886,28 @@ int main(int argc, char **argv)
             if (gm1) {
                 printf("ops: matmul, rows past 1 on cublas\n");
                 gpu = gm1;
+                mma_max = 1;
                 test_matmul(NULL, 1);
+                mma_max = 8;
                 gpu = save;
             }
             backend_free(gm1);
-            /* the fused linears of 3-8 tokens with four rows a warp (RKV_CUDA_LIN_ROWS4) */
+            /* the register kernels in place of the tensor-core ones (RKV_CUDA_LIN_MMA=0) */
+            struct backend *reg = backend_env("RKV_CUDA_LIN_MMA", "0", 0);
+            if (reg) {
+                printf("ops: matmul and linear on the register kernels\n");
+                gpu = reg;
+                mma_from = 0;
+                test_matmul(NULL, 8);
+                test_linear();
+                test_linear_shapes();
+                gpu = save;
+            }
+            backend_free(reg);
+            /* ... with four rows a warp in the set / add kernels of 3-8 tokens */
+            setenv("RKV_CUDA_LIN_MMA", "0", 1);
             struct backend *r4 = backend_env("RKV_CUDA_LIN_ROWS4", "1", 0);
+            unsetenv("RKV_CUDA_LIN_MMA");
             if (r4) {
                 printf("ops: linear, four rows a warp\n");
                 gpu = r4;
@@ -858,6 +915,17 @@ int main(int argc, char **argv)
                 gpu = save;
             }
             backend_free(r4);
+            mma_from = 1; /* every token count on tensor cores (RKV_CUDA_LIN_MMA=1) */
+            struct backend *m1 = backend_env("RKV_CUDA_LIN_MMA", "1", 0);
+            if (m1) {
+                printf("ops: matmul and linear on tensor cores from one token\n");
+                gpu = m1;
+                test_matmul(NULL, 8);
+                test_linear();
+                gpu = save;
+            }
+            backend_free(m1);
+            mma_from = 2;
         }
         test_rope();
         test_elementwise();

@@ -1385,7 +1385,7 @@ static int cu_stats(void *ctx, char *buf, size_t len)
                  "copies, %llu staging growths, %llu attended on the cpu, %llu split with it, "
                  "%llu tails too short to split; gemm inputs: %llu converted, %llu from the "
                  "op's 16-bit copy; decode layers as graphs: %llu recorded, %llu replayed, "
-                 "%llu failed",
+                 "%llu failed; decode linears on tensor cores: %llu",
                  (unsigned long long)c->hst.prefetched, (unsigned long long)c->hst.inline_,
                  (unsigned long long)c->hst.host_write, (unsigned long long)c->hst.zero_copy,
                  (unsigned long long)c->hst.passes, (unsigned long long)c->hst.pass_n,
@@ -1394,7 +1394,7 @@ static int cu_stats(void *ctx, char *buf, size_t len)
                  (unsigned long long)c->hst.split_layers, (unsigned long long)c->hst.split_gated,
                  (unsigned long long)c->hst.act16_conv, (unsigned long long)c->hst.act16_twin,
                  (unsigned long long)c->hst.graph_rec, (unsigned long long)c->hst.graph_replay,
-                 (unsigned long long)c->hst.graph_fail);
+                 (unsigned long long)c->hst.graph_fail, (unsigned long long)c->hst.lin_mma);
     memset(&c->hst, 0, sizeof c->hst);
     return n;
 }
@@ -1600,6 +1600,9 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
          * serves four rows) or 1 (env RKV_CUDA_LIN_ROWS4=1: 4, for the small-batch a/b) */
         c->lin_rows = cu_env_flag("RKV_CUDA_LIN_ROWS4", 0) ? 4 : 1;
         c->lin_stream = cu_env_flag("RKV_CUDA_LIN_STREAM", 1);
+        /* decode linears and matmuls of up to 8 tokens on tensor cores from this many tokens (0:
+         * the register kernels; one token takes the streamed kernel first) */
+        c->lin_mma = (int)rkv_env_u64("RKV_CUDA_LIN_MMA", 2, 0, 8);
         c->pdl = cu_env_flag("RKV_CUDA_PDL", 1);
         /* 2 measured 0.61 of the hbm bound at 4k against 0.76 off (H200): the o linear's
          * persistent blocks, placed beside attention's, doubled up on some SMs */

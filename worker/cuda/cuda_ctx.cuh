@@ -233,6 +233,8 @@ struct cuda_ctx {
                      * RKV_CUDA_LIN_ROWS4=1: 4) */
     int lin_stream; /* 1-token linears stream weights through shared memory (sm_90+; env
                      * RKV_CUDA_LIN_STREAM=0: the register kernel) */
+    int lin_mma;    /* the fewest tokens (1..8) whose decode linears and matmuls over 16-bit
+                     * weights run on tensor cores (linear_mma.cu); 0 off (env RKV_CUDA_LIN_MMA) */
     int pdl;        /* streamed linears launched with programmatic serialization: the next one
                      * prefetches its weights while this one ends (env RKV_CUDA_PDL=0: off) */
     int dec_stages; /* attn_dec_kernel's key chunk stages: 0 by shape (cuda_dec_stages), 2, 3
@@ -273,6 +275,7 @@ struct cuda_ctx {
          * 16-bit copy the op that wrote them left in act16 (rmsnorm, silu_mul) */
         uint64_t act16_conv, act16_twin;
         uint64_t graph_rec, graph_replay, graph_fail; /* decode steps' layers as a graph */
+        uint64_t lin_mma; /* linears and matmuls linear_mma.cu ran (replays not counted) */
     } hst;
 };
 

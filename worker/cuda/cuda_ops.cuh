@@ -63,6 +63,15 @@ int cuda_linear(struct cuda_ctx *c, const struct be_linear *l, uint32_t n);
 /* the same for 1-2 tokens and 16-bit weights on sm_90+, the weights streamed through shared
  * memory by bulk copies (linear_stream.cu); 1 when it does not apply */
 int cuda_linear_stream(struct cuda_ctx *c, const struct be_linear *l, uint32_t n);
+/* the same and the decode matmul (one matrix, set) for 2-8 tokens and 16-bit weights on
+ * tensor cores (linear_mma.cu); 1 when it does not apply */
+int cuda_linear_mma(struct cuda_ctx *c, const struct be_linear *l, uint32_t n);
+int cuda_matmul_mma(struct cuda_ctx *c, float *out, const float *in, const struct be_tensor *w,
+                    const float *bias, uint32_t n);
+/* thread blocks of 8 warps for warp_tasks warp tasks of a grid-stride kernel with max_per_sm
+ * blocks resident per SM (linear.cu) */
+unsigned cuda_lin_grid(const struct cuda_ctx *c, uint32_t warp_tasks, int max_per_sm,
+                       int min_per_sm);
 
 /* d_ids, d_logprobs (n) = the argmax of each logits row (n, n_vocab), ties to the lowest id,
  * and its log-softmax (worker/sample.c's sample_greedy) */

@@ -205,7 +205,7 @@ __global__ void __launch_bounds__(LIN_WARPS * 32) lin_kernel(lin_kargs a)
 /* thread blocks for n_tasks warp tasks, at most max_per_sm resident per SM (the kernel's
  * occupancy): enough warps per SM to keep the loads in flight, and the fewest idle warps in the
  * last round of the grid-stride loop */
-static unsigned lin_grid(const struct cuda_ctx *c, uint32_t n_tasks, int max_per_sm, int min_per_sm)
+unsigned cuda_lin_grid(const struct cuda_ctx *c, uint32_t n_tasks, int max_per_sm, int min_per_sm)
 {
     unsigned need = (n_tasks + LIN_WARPS - 1) / LIN_WARPS, best = need;
     double best_eff = 0.0;
@@ -236,9 +236,9 @@ static int lin_run_ks(struct cuda_ctx *c, const lin_kargs &a)
         CU_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, fn, LIN_WARPS * 32, 0));
         per_sm = nb > 0 ? nb : 1;
     }
-    /* lin_grid counts warp tasks: a block takes LIN_WARPS / KS tasks per round */
+    /* cuda_lin_grid counts warp tasks: a block takes LIN_WARPS / KS tasks per round */
     uint32_t warp_tasks = a.n_tasks * KS;
-    unsigned grid = lin_grid(c, warp_tasks, per_sm, MODE == BE_LIN_SWIGLU ? 2 : 3);
+    unsigned grid = cuda_lin_grid(c, warp_tasks, per_sm, MODE == BE_LIN_SWIGLU ? 2 : 3);
     fn<<<grid, LIN_WARPS * 32, 0, c->stream>>>(a);
     CU_LAUNCHED();
     return 0;
@@ -395,6 +395,8 @@ int cuda_linear(struct cuda_ctx *c, const struct be_linear *l, uint32_t n)
     if (c->deterministic)
         return linear_chunked(c, l, n);
     int rc = cuda_linear_stream(c, l, n);
+    if (rc == 1)
+        rc = cuda_linear_mma(c, l, n);
     if (rc != 1)
         return rc;
     lin_kargs a = lin_kargs_of(l, n);

@@ -62,8 +62,10 @@ int cuda_matmul(struct cuda_ctx *c, float *out, const float *in, const struct be
     if (n == 0)
         return 0;
     act16_written(c, out, (size_t)n * w->rows); /* the paths that leave act16 alone too */
-    if (n <= c->gemv_max_n)
-        return cuda_gemv(c, out, in, w, bias, n);
+    if (n <= c->gemv_max_n) {
+        int rc = cuda_matmul_mma(c, out, in, w, bias, n);
+        return rc != 1 ? rc : cuda_gemv(c, out, in, w, bias, n);
+    }
     if (c->deterministic) {
         /* the decode kernel over every 8 tokens: a token's numbers do not depend on the batch */
         for (uint32_t t0 = 0; t0 < n; t0 += CUDA_GEMV_MAX_N) {
