@@ -16,10 +16,11 @@
 #define LM_WARPS  8
 #define LM_STAGES 2 /* groups of slices a warp has in flight or in use */
 
-/* 32-wide k slices a group takes: 4 KiB of weights a warp and group either way */
-static constexpr int lm_slices(int mode)
+/* 32-wide k slices a group takes: 4 KiB of weights a warp and group with SWIGLU's pair, and
+ * 2 KiB with a folded norm (its weights prefetched beside x cost 32 registers more) */
+static constexpr int lm_slices(int mode, bool norm)
 {
-    return mode == BE_LIN_SWIGLU ? 2 : 4;
+    return mode == BE_LIN_SWIGLU || norm ? 2 : 4;
 }
 
 struct lm_kargs {
@@ -127,6 +128,23 @@ __device__ __forceinline__ void lm_slice(float (&dh)[4], float (&dl)[4], const u
     lm_mma((const W *)nullptr, dl, w0.z, w1.z, w0.w, w1.w, xl.z, xl.w);
 }
 
+/* x of the U slices at k (zeros unless on) and the norm weight's (NORM, when g_on) */
+template <int U, bool NORM>
+__device__ __forceinline__ void lm_ld_group(float4 (&x)[U][2], float4 (&gw)[NORM ? U : 1][2],
+                                            const float *xr, const float *nr, uint32_t k, bool on,
+                                            bool g_on)
+{
+#pragma unroll
+    for (int j = 0; j < U; j++) {
+        x[j][0] = lm_ld_x(xr + k + j * 32, on);
+        x[j][1] = lm_ld_x(xr + k + j * 32 + 4, on);
+        if constexpr (NORM) {
+            gw[j][0] = lm_ld_x(nr + k + j * 32, g_on);
+            gw[j][1] = lm_ld_x(nr + k + j * 32 + 4, g_on);
+        }
+    }
+}
+
 /* x of U slices (times the norm weight with NORM; ss: the sum of squares of x) into the sums */
 template <typename W, int U, int NM, bool NORM>
 __device__ __forceinline__ void lm_group(float (&dh)[NM][4], float (&dl)[NM][4], float &ss,
@@ -214,21 +232,18 @@ __global__ void __launch_bounds__(LM_WARPS * 32) lm_kernel(lm_kargs a)
                 lm_cp_commit();
             }
         }
+        /* x (and the norm weight) of a group come from l2 at l2's latency, which stalled the
+         * conversions when loaded in the group's own turn (two thirds of the warp samples,
+         * ncu): each turn loads the next group's */
+        float4 x[U][2], gw[NORM ? U : 1][2];
+        lm_ld_group<U, NORM>(x, gw, xr, nr, k_beg, live && tok, live);
         for (uint32_t gi = 0; live && gi < groups; gi++) {
             if (gi + LM_STAGES - 1 < groups)
                 issue(gi + LM_STAGES - 1);
             lm_cp_commit(); /* empty past the end: the count stays one group a turn */
-            const uint32_t k = k_beg + gi * U * 32;
-            float4 x[U][2], gw[NORM ? U : 1][2];
-#pragma unroll
-            for (int j = 0; j < U; j++) {
-                x[j][0] = lm_ld_x(xr + k + j * 32, tok);
-                x[j][1] = lm_ld_x(xr + k + j * 32 + 4, tok);
-                if constexpr (NORM) {
-                    gw[j][0] = lm_ld_x(nr + k + j * 32, true);
-                    gw[j][1] = lm_ld_x(nr + k + j * 32 + 4, true);
-                }
-            }
+            const bool more = gi + 1 < groups;
+            float4 xn[U][2], gn[NORM ? U : 1][2];
+            lm_ld_group<U, NORM>(xn, gn, xr, nr, k_beg + (gi + 1) * U * 32, more && tok, more);
             lm_cp_wait<LM_STAGES - 1>();
             const uint4 *st = ring + (gi % LM_STAGES) * SL * 32;
             uint4 u[U][NM][2];
@@ -240,6 +255,15 @@ __global__ void __launch_bounds__(LM_WARPS * 32) lm_kernel(lm_kargs a)
                     u[j][t][1] = st[((j * NM + t) * 2 + 1) * 32];
                 }
             lm_group<W, U, NM, NORM>(dh, dl, ss, u, x, gw);
+#pragma unroll
+            for (int j = 0; j < U; j++) {
+                x[j][0] = xn[j][0];
+                x[j][1] = xn[j][1];
+                if constexpr (NORM) {
+                    gw[j][0] = gn[j][0];
+                    gw[j][1] = gn[j][1];
+                }
+            }
         }
         lm_cp_wait<0>(); /* the ring is free for the next task */
 #pragma unroll
@@ -313,7 +337,7 @@ __global__ void __launch_bounds__(LM_WARPS * 32) lm_kernel(lm_kargs a)
 template <typename W, int MODE, bool NORM, int KS>
 static int lm_run_ks(struct cuda_ctx *c, const lm_kargs &a)
 {
-    constexpr int U = lm_slices(MODE);
+    constexpr int U = lm_slices(MODE, NORM);
     auto fn = lm_kernel<W, MODE, NORM, KS, U>;
     const size_t smem =
         (size_t)LM_WARPS * LM_STAGES * U * (MODE == BE_LIN_SWIGLU ? 2 : 1) * 2 * 32 * sizeof(uint4);
@@ -335,7 +359,7 @@ static int lm_run_ks(struct cuda_ctx *c, const lm_kargs &a)
  * whole groups of slices */
 template <typename W, int MODE, bool NORM> static int lm_run(struct cuda_ctx *c, const lm_kargs &a)
 {
-    const uint32_t grp = 32 * lm_slices(MODE);
+    const uint32_t grp = 32 * lm_slices(MODE, NORM);
     uint32_t ks = 1;
     while (ks < 8 && (uint64_t)a.n_tiles * ks < (uint64_t)c->n_sm * 32 &&
            a.n_in % (grp * 2 * ks) == 0 && a.n_in / (2 * ks) >= 512)
