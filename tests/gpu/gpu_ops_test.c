@@ -904,17 +904,6 @@ int main(int argc, char **argv)
                 gpu = save;
             }
             backend_free(reg);
-            /* ... with four rows a warp in the set / add kernels of 3-8 tokens */
-            setenv("RKV_CUDA_LIN_MMA", "0", 1);
-            struct backend *r4 = backend_env("RKV_CUDA_LIN_ROWS4", "1", 0);
-            unsetenv("RKV_CUDA_LIN_MMA");
-            if (r4) {
-                printf("ops: linear, four rows a warp\n");
-                gpu = r4;
-                test_linear();
-                gpu = save;
-            }
-            backend_free(r4);
             mma_from = 1; /* every token count on tensor cores (RKV_CUDA_LIN_MMA=1) */
             struct backend *m1 = backend_env("RKV_CUDA_LIN_MMA", "1", 0);
             if (m1) {

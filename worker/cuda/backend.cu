@@ -1596,9 +1596,6 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
             else
                 log_warn("RKV_CUDA_LIN_KS=%.20s is not 1, 2, 4 or 8: using 2", ke);
         }
-        /* rows a warp takes in the fused set / add linears of 3-8 tokens: 4 (each load of x
-         * serves four rows) or 1 (env RKV_CUDA_LIN_ROWS4=1: 4, for the small-batch a/b) */
-        c->lin_rows = cu_env_flag("RKV_CUDA_LIN_ROWS4", 0) ? 4 : 1;
         c->lin_stream = cu_env_flag("RKV_CUDA_LIN_STREAM", 1);
         /* decode linears and matmuls of up to 8 tokens on tensor cores from this many tokens (0:
          * the register kernels; one token takes the streamed kernel first) */

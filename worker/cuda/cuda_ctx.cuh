@@ -229,8 +229,6 @@ struct cuda_ctx {
                      * 2: p plain f16, 3: q and p too; env RKV_CUDA_FA=0: attn_mma_kernel) */
     int fuse;       /* fused decode ops (env RKV_CUDA_FUSE=0 turns them off, for a/b checks) */
     int lin_ks;     /* warps per weight row of the fused linears, 1/2/4/8 (env RKV_CUDA_LIN_KS) */
-    int lin_rows;   /* rows per warp task of their set / add kernels of 3-8 tokens, 1 or 4 (env
-                     * RKV_CUDA_LIN_ROWS4=1: 4) */
     int lin_stream; /* 1-token linears stream weights through shared memory (sm_90+; env
                      * RKV_CUDA_LIN_STREAM=0: the register kernel) */
     int lin_mma;    /* the fewest tokens (1..8) whose decode linears and matmuls over 16-bit

@@ -70,14 +70,12 @@ __device__ __forceinline__ void lin_slice(float (&acc)[NR][NT], float (&ss)[NT],
 /* grid-stride over tasks; a task's row is split in KS slices of n_in / KS, one warp each, summed
  * in a fixed order through shared memory (KS = 1: one warp per task, no shared memory). more
  * warps per row put more of the matrix in flight at once: a 4096-wide bf16 row is 8 KB, and one
- * warp keeps 2 KB of it in flight. n_in % VEC == 0; with KS > 1, n_in % (KS * 32 * VEC) == 0.
- * NRS: rows a task takes in SET / ADD mode (every matrix's rows a multiple of it), so each load
- * of x serves NRS rows: with 8 tokens the x reloads, not the weights, bound a one-row task */
-template <typename W, int NT, int MODE, bool NORM, int KS, int NRS>
+ * warp keeps 2 KB of it in flight. n_in % VEC == 0; with KS > 1, n_in % (KS * 32 * VEC) == 0 */
+template <typename W, int NT, int MODE, bool NORM, int KS>
 __global__ void __launch_bounds__(LIN_WARPS * 32) lin_kernel(lin_kargs a)
 {
     constexpr int VEC = 16 / sizeof(W);
-    constexpr int NR = MODE == BE_LIN_SWIGLU ? 2 : NRS;
+    constexpr int NR = MODE == BE_LIN_SWIGLU ? 2 : 1;
     constexpr int TPB = LIN_WARPS / KS; /* tasks per block and round */
     /* each warp's partial sums: NR rows x NT tokens, then NT sums of squares */
     __shared__ float red[KS > 1 ? LIN_WARPS : 1][NR * NT + NT];
@@ -90,7 +88,7 @@ __global__ void __launch_bounds__(LIN_WARPS * 32) lin_kernel(lin_kargs a)
         const uint32_t task = base + slot;
         const bool live = task < a.n_tasks;
         int m = 0;
-        uint32_t row = live ? task * (MODE == BE_LIN_SWIGLU ? 1 : NRS) : 0;
+        uint32_t row = live ? task : 0;
         if (MODE == BE_LIN_SET && row >= a.end[0]) {
             m = row >= a.end[1] ? 2 : 1;
             row = row - (m == 1 ? a.end[0] : a.end[1]);
@@ -101,14 +99,9 @@ __global__ void __launch_bounds__(LIN_WARPS * 32) lin_kernel(lin_kargs a)
         const float *bm = m == 0 ? a.bias[0] : m == 1 ? a.bias[1] : a.bias[2];
         const uint32_t nm = m == 0 ? a.n_out[0] : m == 1 ? a.n_out[1] : a.n_out[2];
         const W *wr[NR];
-        if constexpr (MODE == BE_LIN_SWIGLU) {
-            wr[0] = (const W *)wm + (size_t)row * n_in;
+        wr[0] = (const W *)wm + (size_t)row * n_in;
+        if constexpr (NR == 2)
             wr[1] = (const W *)a.w[1] + (size_t)row * n_in;
-        } else {
-#pragma unroll
-            for (int r = 0; r < NR; r++)
-                wr[r] = (const W *)wm + (size_t)(row + r) * n_in;
-        }
         float acc[NR][NT], ss[NT];
 #pragma unroll
         for (int t = 0; t < NT; t++) {
@@ -181,23 +174,20 @@ __global__ void __launch_bounds__(LIN_WARPS * 32) lin_kernel(lin_kargs a)
         for (int t = 0; t < NT; t++) {
             if (t >= (int)a.n)
                 break;
-            float sc = 1.0f;
-            if constexpr (NORM)
-                sc = rsqrtf(ss[t] / (float)n_in + a.eps);
-            float *y = om + (size_t)t * nm + row;
-            if constexpr (MODE == BE_LIN_SWIGLU) {
-                const float s0 = acc[0][t] * sc, s1 = acc[NR - 1][t] * sc;
-                *y = s0 / (1.0f + expf(-s0)) * s1;
-            } else {
-#pragma unroll
-                for (int r = 0; r < NR; r++) {
-                    const float v = acc[r][t] * sc + (bm ? bm[row + r] : 0.0f);
-                    if constexpr (MODE == BE_LIN_SET)
-                        y[r] = v;
-                    else
-                        y[r] += v;
-                }
+            float s0 = acc[0][t], s1 = NR == 2 ? acc[NR - 1][t] : 0.0f;
+            if constexpr (NORM) {
+                float sc = rsqrtf(ss[t] / (float)n_in + a.eps);
+                s0 *= sc;
+                s1 *= sc;
             }
+            float *y = om + (size_t)t * nm + row;
+            const float b = bm ? bm[row] : 0.0f;
+            if constexpr (MODE == BE_LIN_SET)
+                *y = s0 + b;
+            else if constexpr (MODE == BE_LIN_ADD)
+                *y += s0 + b;
+            else
+                *y = s0 / (1.0f + expf(-s0)) * s1;
         }
     }
 }
@@ -226,10 +216,10 @@ unsigned cuda_lin_grid(const struct cuda_ctx *c, uint32_t n_tasks, int max_per_s
 }
 
 /* one instantiation: its occupancy (asked once), the grid, the launch */
-template <typename W, int NT, int MODE, bool NORM, int KS, int NRS>
+template <typename W, int NT, int MODE, bool NORM, int KS>
 static int lin_run_ks(struct cuda_ctx *c, const lin_kargs &a)
 {
-    auto fn = lin_kernel<W, NT, MODE, NORM, KS, NRS>;
+    auto fn = lin_kernel<W, NT, MODE, NORM, KS>;
     static int per_sm; /* resident blocks per SM; the same on every gpu of one kind */
     if (!per_sm) {
         int nb = 0;
@@ -247,7 +237,7 @@ static int lin_run_ks(struct cuda_ctx *c, const lin_kargs &a)
 /* warps per row: the most (up to c->lin_ks, env RKV_CUDA_LIN_KS, default 2) that leave each warp at
  * least LIN_KS_MIN_SPAN elements in whole 32-lane vectors */
 #define LIN_KS_MIN_SPAN 1024
-template <typename W, int NT, int MODE, bool NORM, int NRS = 1>
+template <typename W, int NT, int MODE, bool NORM>
 static int lin_run(struct cuda_ctx *c, const lin_kargs &a)
 {
     const uint32_t step = 32 * (16 / sizeof(W));
@@ -255,20 +245,11 @@ static int lin_run(struct cuda_ctx *c, const lin_kargs &a)
     while (ks > 1 && (a.n_in % (ks * step) || a.n_in / ks < LIN_KS_MIN_SPAN))
         ks /= 2;
     switch (ks) {
-    case 8: return lin_run_ks<W, NT, MODE, NORM, 8, NRS>(c, a);
-    case 4: return lin_run_ks<W, NT, MODE, NORM, 4, NRS>(c, a);
-    case 2: return lin_run_ks<W, NT, MODE, NORM, 2, NRS>(c, a);
-    default: return lin_run_ks<W, NT, MODE, NORM, 1, NRS>(c, a);
+    case 8: return lin_run_ks<W, NT, MODE, NORM, 8>(c, a);
+    case 4: return lin_run_ks<W, NT, MODE, NORM, 4>(c, a);
+    case 2: return lin_run_ks<W, NT, MODE, NORM, 2>(c, a);
+    default: return lin_run_ks<W, NT, MODE, NORM, 1>(c, a);
     }
-}
-
-/* do every matrix's rows split in tasks of k rows? */
-static bool lin_rows_fit(const lin_kargs &a, uint32_t k)
-{
-    for (int i = 0; i < BE_LIN_MAX; i++)
-        if (a.n_out[i] % k)
-            return false;
-    return a.n_tasks % k == 0;
 }
 
 template <typename W, int MODE, bool NORM>
@@ -283,16 +264,8 @@ static int lin_launch_nt(struct cuda_ctx *c, const lin_kargs &a)
         return lin_run<W, 1, MODE, NORM>(c, a);
     if (a.n == 2)
         return lin_run<W, 2, MODE, NORM>(c, a);
-    if constexpr (!NORM) {
-        if constexpr (MODE != BE_LIN_SWIGLU)
-            if (c->lin_rows == 4 && lin_rows_fit(a, 4)) {
-                lin_kargs a4 = a;
-                a4.n_tasks /= 4;
-                return a.n <= 4 ? lin_run<W, 4, MODE, false, 4>(c, a4)
-                                : lin_run<W, 8, MODE, false, 4>(c, a4);
-            }
+    if constexpr (!NORM)
         return a.n <= 4 ? lin_run<W, 4, MODE, false>(c, a) : lin_run<W, 8, MODE, false>(c, a);
-    }
     return RKV_EINVAL;
 }
 
