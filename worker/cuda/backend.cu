@@ -1566,7 +1566,10 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
          * cublas's own pool (a/b) */
         size_t ws = (size_t)rkv_env_u64("RKV_CUDA_BLAS_WS_MB", 32, 0, 1024) << 20;
         if (ws && cudaMalloc(&c->blas_ws, ws) != cudaSuccess) {
-            cudaGetLastError();
+            log_warn("cuda: no %zu MiB for cuBLAS's workspace (%s): cuBLAS keeps its own pool, "
+                     "which it does not use in a captured decode step (other algorithms "
+                     "there); free device memory or lower RKV_CUDA_BLAS_WS_MB",
+                     ws >> 20, cudaGetErrorString(cudaGetLastError()));
             c->blas_ws = NULL;
         }
         if (c->blas_ws && cublasSetWorkspace(c->blas, c->blas_ws, ws) != CUBLAS_STATUS_SUCCESS)
