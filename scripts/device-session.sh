@@ -10,7 +10,7 @@
 #           http run's JSON holds the step lines of its steady window (bench_system.py sets
 #           RKV_STEP_REPORT_MS=500) (~9 min)
 #   here:  scripts/bench-system.sh --pack .benchpack build/bs
-#   there: sh scripts/device-session.sh .benchpack $OUT check   (carry .benchpack), then system
+#   there: sh scripts/device-session.sh .benchpack $OUT check   (carry .benchpack.tgz: it unpacks there), then system
 # everything lands in OUT, and OUT/all.tgz holds it all (the device tool returns few files).
 set -u
 PACK=${1:?usage: scripts/device-session.sh PACK OUT [check|system]}

@@ -1,9 +1,13 @@
 # pack-lib.sh - sourced by gpu-demo.sh and bench-system.sh: carry binaries to a gpu machine that
 # lacks the Debian packages they link (libuv, nng, cjson, http-parser), and set them up there.
 #   pack_bins DIR FILE...      FILEs into DIR/bin (stripped), the shared libraries they need
-#                              (not glibc, not the compiler runtime, not cuda) into DIR/lib
-#   pack_env DIR OUT SHM_GIB   there: LD_LIBRARY_PATH, OUT/env.txt, every library found,
-#                              /dev/shm of at least SHM_GIB (the host KV pool is shared memory)
+#                              (not glibc, not the compiler runtime, not cuda) into DIR/lib, and
+#                              all of DIR as DIR.tgz (a third of the size: the device tool
+#                              carries at most 64 MiB with the tree, and the four CUDA binaries
+#                              are ~12 MiB each)
+#   pack_env DIR OUT SHM_GIB   there: DIR from DIR.tgz when only that came, LD_LIBRARY_PATH,
+#                              OUT/env.txt, every library found, /dev/shm of at least SHM_GIB
+#                              (the host KV pool is shared memory)
 
 pack_bins() {
     _dir=$1
@@ -14,12 +18,16 @@ pack_bins() {
     ldd "$_dir"/bin/* | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |
         grep -Ev '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|libcublas[A-Za-z]*)\.so' |
         while read -r _lib; do cp -L "$_lib" "$_dir/lib/"; done
-    du -sh "$_dir"
+    tar czf "$_dir.tgz" -C "$(dirname "$_dir")" "$(basename "$_dir")" || return 1
+    du -sh "$_dir" "$_dir.tgz"
 }
 
 pack_env() {
     _dir=$1 _out=$2 _shm_gib=$3
     mkdir -p "$_out" || return 1
+    if [ ! -d "$_dir/bin" ] && [ -f "$_dir.tgz" ]; then
+        tar xzf "$_dir.tgz" -C "$(dirname "$_dir")" || return 1
+    fi
     _cuda_lib=$(dirname "$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)")/../lib64
     LD_LIBRARY_PATH="$_dir/lib:$_cuda_lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     export LD_LIBRARY_PATH
