@@ -7,10 +7,10 @@
  * Each lane turns its slice of x into two 16-bit parts as it goes, the rounding and its residual
  * (x = hi + lo to 16 bits of mantissa), so the products keep close to the register kernel's f32
  * sums; a folded norm multiplies x by the norm weight on the way and scales the sums by each
- * token's 1 / rms at the end (the task's warps see all of x between them). The weights go
- * straight from global memory into the A fragments: each lane loads 16 contiguous bytes of a
- * row, and the k order inside a 32-wide slice is permuted the same way for x, which leaves every
- * dot product as it was. */
+ * token's 1 / rms at the end (the task's warps see all of x between them). Each lane copies 16
+ * contiguous bytes of a weight row into shared memory (cp.async) and reads them back as its A
+ * fragment; the k order inside a 32-wide slice is permuted the same way for x, which leaves
+ * every dot product as it was. */
 #include "worker/cuda/cuda_ops.cuh"
 
 #define LM_WARPS  8
