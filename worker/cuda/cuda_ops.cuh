@@ -63,7 +63,7 @@ int cuda_linear(struct cuda_ctx *c, const struct be_linear *l, uint32_t n);
 /* the same for 1-2 tokens and 16-bit weights on sm_90+, the weights streamed through shared
  * memory by bulk copies (linear_stream.cu); 1 when it does not apply */
 int cuda_linear_stream(struct cuda_ctx *c, const struct be_linear *l, uint32_t n);
-/* the same and the decode matmul (one matrix, set) for 2-8 tokens and 16-bit weights on
+/* the same and the decode matmul (one matrix, set) for c->lin_mma..8 tokens, 16-bit weights, on
  * tensor cores (linear_mma.cu); 1 when it does not apply */
 int cuda_linear_mma(struct cuda_ctx *c, const struct be_linear *l, uint32_t n);
 int cuda_matmul_mma(struct cuda_ctx *c, float *out, const float *in, const struct be_tensor *w,
