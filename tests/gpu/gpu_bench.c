@@ -7,6 +7,7 @@
 
 #include "common/err.h"
 #include "common/log.h"
+#include "common/util.h"
 #include "tests/gpu/gpu_model.h"
 #include "worker/backend.h"
 #include "worker/backend_impl.h"
@@ -414,6 +415,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
     /* batches at 4k, all resident: 2, 4 and 8 on the decode kernels (tensor cores; register
      * kernels with RKV_CUDA_LIN_MMA=0, cublas past RKV_CUDA_GEMV_MAX_N), 64 on cublas */
     static const uint32_t batch_b[] = {2, 4, 8, 64}; /* S */
+    const uint64_t pb = rkv_env_u64("RKV_PROFILE_B", 0, 0, 64); /* a bad value warns */
     for (int bi = 0; bi < 4 && rc == 0 && !profiled && decode; bi++) {
         const uint32_t NS = batch_b[bi];
         struct fwd_seq ss[64];
@@ -427,8 +429,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
         for (int w = 0; w < 2 && rc == 0; w++)
             rc = fwd_step(f, ss, NS, 0, logits);
         graph_counts(be, 0);
-        const char *pb = getenv("RKV_PROFILE_B");
-        if (rc == 0 && ((NS == S && getenv("RKV_PROFILE_B64")) || (pb && atoi(pb) == (int)NS))) {
+        if (rc == 0 && ((NS == S && getenv("RKV_PROFILE_B64")) || pb == NS)) {
             /* RKV_PROFILE_B64=1 or RKV_PROFILE_B=NS: one profiled step of this batch, for ncu;
              * then stop */
             rkv_cuda_profiler(1);

@@ -106,13 +106,14 @@ static void test_rmsnorm(void)
 }
 
 /* the tensor-core decode kernels (RKV_CUDA_LIN_MMA) of the backend under test take 16-bit
- * weights of mma_from..mma_max tokens (0: none), rows in 16s and widths in 32s */
+ * weights of mma_from..mma_max tokens (0: none), rows in 16s and widths in 128s (linear_mma.cu's
+ * lm_fits) */
 static uint32_t mma_from = 2, mma_max = 8;
 
 static int mma_expected(enum be_type t, uint32_t n, uint32_t n_in, const uint32_t *rows, int n_rows)
 {
     int fits = (t == BE_BF16 || t == BE_F16) && mma_from && n >= mma_from && n <= mma_max &&
-               n_in % 32 == 0;
+               n_in % 128 == 0;
     for (int i = 0; i < n_rows; i++)
         fits = fits && rows[i] % 16 == 0;
     return fits;

@@ -11,6 +11,8 @@
  * contiguous bytes of a weight row into shared memory (cp.async) and reads them back as its A
  * fragment; the k order inside a 32-wide slice is permuted the same way for x, which leaves
  * every dot product as it was. */
+#include <type_traits>
+
 #include "worker/cuda/cuda_ops.cuh"
 
 #define LM_WARPS  8
@@ -65,53 +67,51 @@ __device__ __forceinline__ float4 lm_ld_x(const float *p, bool on)
     return on ? __ldg((const float4 *)p) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 }
 
-/* d += a (16 x 16, row) . b (16 x 8, col), f32 accumulate */
-__device__ __forceinline__ void lm_mma(const __half *, float (&d)[4], uint32_t a0, uint32_t a1,
-                                       uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1)
+/* d += a (16 x 16, row) . b (16 x 8, col) of W (f16 or bf16), f32 accumulate */
+#define LM_MMA(T)                                                                                  \
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." T "." T ".f32 "                          \
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"                           \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                  \
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
+template <typename W>
+__device__ __forceinline__ void lm_mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                       uint32_t a3, uint32_t b0, uint32_t b1)
 {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    if constexpr (std::is_same_v<W, __half>)
+        LM_MMA("f16");
+    else
+        LM_MMA("bf16");
 }
-__device__ __forceinline__ void lm_mma(const __nv_bfloat16 *, float (&d)[4], uint32_t a0,
-                                       uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                       uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
+#undef LM_MMA
 
-/* two floats as a packed 16-bit pair (the first in the low half) and the pair of residuals */
-__device__ __forceinline__ void lm_split2(const __half *, float a, float b, uint32_t &h,
-                                          uint32_t &l)
+/* two floats as a packed 16-bit pair of W (the first in the low half) and the pair of
+ * residuals */
+template <typename W>
+__device__ __forceinline__ void lm_split2(float a, float b, uint32_t &h, uint32_t &l)
 {
-    const __half2 hh = __floats2half2_rn(a, b);
-    const float2 r = __half22float2(hh);
-    const __half2 ll = __floats2half2_rn(a - r.x, b - r.y);
-    h = *(const uint32_t *)&hh;
-    l = *(const uint32_t *)&ll;
-}
-__device__ __forceinline__ void lm_split2(const __nv_bfloat16 *, float a, float b, uint32_t &h,
-                                          uint32_t &l)
-{
-    const __nv_bfloat162 hh = __floats2bfloat162_rn(a, b);
-    const float2 r = __bfloat1622float2(hh);
-    const __nv_bfloat162 ll = __floats2bfloat162_rn(a - r.x, b - r.y);
-    h = *(const uint32_t *)&hh;
-    l = *(const uint32_t *)&ll;
+    if constexpr (std::is_same_v<W, __half>) {
+        const __half2 hh = __floats2half2_rn(a, b);
+        const float2 r = __half22float2(hh);
+        const __half2 ll = __floats2half2_rn(a - r.x, b - r.y);
+        h = *(const uint32_t *)&hh;
+        l = *(const uint32_t *)&ll;
+    } else {
+        const __nv_bfloat162 hh = __floats2bfloat162_rn(a, b);
+        const float2 r = __bfloat1622float2(hh);
+        const __nv_bfloat162 ll = __floats2bfloat162_rn(a - r.x, b - r.y);
+        h = *(const uint32_t *)&hh;
+        l = *(const uint32_t *)&ll;
+    }
 }
 
 /* 8 values of x in two 16-bit parts, in memory order (xh.x holds values 0 and 1) */
 template <typename W>
 __device__ __forceinline__ void lm_split8(const float4 &a, const float4 &b, uint4 &xh, uint4 &xl)
 {
-    lm_split2((const W *)nullptr, a.x, a.y, xh.x, xl.x);
-    lm_split2((const W *)nullptr, a.z, a.w, xh.y, xl.y);
-    lm_split2((const W *)nullptr, b.x, b.y, xh.z, xl.z);
-    lm_split2((const W *)nullptr, b.z, b.w, xh.w, xl.w);
+    lm_split2<W>(a.x, a.y, xh.x, xl.x);
+    lm_split2<W>(a.z, a.w, xh.y, xl.y);
+    lm_split2<W>(b.x, b.y, xh.z, xl.z);
+    lm_split2<W>(b.z, b.w, xh.w, xl.w);
 }
 
 /* one 32-wide k slice: lane (g, q) holds 8 weights of rows g and g+8 (w0, w1) and 8 x values of
@@ -122,10 +122,10 @@ template <typename W>
 __device__ __forceinline__ void lm_slice(float (&dh)[4], float (&dl)[4], const uint4 &w0,
                                          const uint4 &w1, const uint4 &xh, const uint4 &xl)
 {
-    lm_mma((const W *)nullptr, dh, w0.x, w1.x, w0.y, w1.y, xh.x, xh.y);
-    lm_mma((const W *)nullptr, dl, w0.x, w1.x, w0.y, w1.y, xl.x, xl.y);
-    lm_mma((const W *)nullptr, dh, w0.z, w1.z, w0.w, w1.w, xh.z, xh.w);
-    lm_mma((const W *)nullptr, dl, w0.z, w1.z, w0.w, w1.w, xl.z, xl.w);
+    lm_mma<W>(dh, w0.x, w1.x, w0.y, w1.y, xh.x, xh.y);
+    lm_mma<W>(dl, w0.x, w1.x, w0.y, w1.y, xl.x, xl.y);
+    lm_mma<W>(dh, w0.z, w1.z, w0.w, w1.w, xh.z, xh.w);
+    lm_mma<W>(dl, w0.z, w1.z, w0.w, w1.w, xl.z, xl.w);
 }
 
 /* x of the U slices at k (zeros unless on) and the norm weight's (NORM, when g_on) */
