@@ -819,7 +819,7 @@ static void attention_env(const char *what, const char *vars, const char *absent
         snprintf(names[n++], sizeof(names[0]), "%s", v);
         setenv(v, eq + 1, 1);
     }
-    char st[512] = "";
+    char st[1024] = "";
     attention_with(what, absent || present ? st : NULL, sizeof(st));
     char check[200];
     if (absent) {
@@ -929,7 +929,7 @@ int main(int argc, char **argv)
          * device part by lse */
         {
             setenv("RKV_CUDA_HOST_READ", "cpu", 1);
-            char cs[512] = "";
+            char cs[1024] = "";
             attention_with("host blocks attended on the cpu (CPU_TAIL)", cs, sizeof(cs));
             CHECK("attention: the cpu attended host blocks", strstr(cs, " 0 attended") == NULL);
         }
@@ -939,7 +939,7 @@ int main(int argc, char **argv)
         setenv("RKV_CUDA_HOST_READ", "copy", 1); /* passes stage copies */
         setenv("RKV_CUDA_STAGE_PASSES", "1", 1);
         setenv("RKV_CUDA_STAGE_PASS_KB", "112", 1);
-        char st[512] = "";
+        char st[1024] = "";
         attention_with("host blocks staged in passes of 112 KiB", st, sizeof(st));
         CHECK("attention: staging passes ran", strstr(st, " 0 in 0 passes") == NULL);
         /* the same with a copy per run of consecutive blocks instead of one batched call */
@@ -961,19 +961,13 @@ int main(int argc, char **argv)
         setenv("RKV_CUDA_MERGE_IN_ATTN", "0", 1);
         attention_with("the splits merged by a separate kernel", NULL, 0);
         unsetenv("RKV_CUDA_MERGE_IN_ATTN");
-        /* decode attention with three key stages (two chunks in flight), and with the split's
-         * block-list entries in shared memory: one (every later entry read as before) or all */
+        /* decode attention with three key stages (two chunks in flight); at most 2 splits:
+         * hundreds of chunks a thread block */
         attention_env("decode attention with 3 key stages", "RKV_CUDA_DEC_STAGES=3", NULL, NULL);
-        attention_env("decode attention, 1 block-list entry in shared memory", "RKV_CUDA_DEC_LC=1",
-                      NULL, NULL);
-        attention_env("decode attention, 3 stages, 32 block-list entries in shared memory",
-                      "RKV_CUDA_DEC_STAGES=3 RKV_CUDA_DEC_LC=32", NULL, NULL);
-        /* at most 2 splits: hundreds of chunks a thread block, more block-list entries than
-         * shared memory keeps */
-        attention_env("decode attention, 2 splits, 3 stages, 32 entries in shared memory",
-                      "RKV_CUDA_MAX_SPLIT=2 RKV_CUDA_DEC_STAGES=3 RKV_CUDA_DEC_LC=32", NULL, NULL);
-        attention_env("decode attention, 2 splits, 2 stages, 5 entries in shared memory",
-                      "RKV_CUDA_MAX_SPLIT=2 RKV_CUDA_DEC_LC=5", NULL, NULL);
+        attention_env("decode attention, 2 splits, 3 stages",
+                      "RKV_CUDA_MAX_SPLIT=2 RKV_CUDA_DEC_STAGES=3", NULL, NULL);
+        attention_env("decode attention, 2 splits, 2 stages",
+                      "RKV_CUDA_MAX_SPLIT=2 RKV_CUDA_DEC_STAGES=2", NULL, NULL);
         /* prefill tiles (64 rows, d 64 and 128) on the older kernel (attn_mma_kernel; the
          * default is attn_fa_kernel), its splits merged both ways, host blocks read both ways */
         attention_env("prefill tiles on attn_mma_kernel, splits merged by a separate kernel",
@@ -1055,7 +1049,7 @@ int main(int argc, char **argv)
         struct backend *split = NULL;
         if (backend_init(&go, &split, err, sizeof(err)) == 0) {
             gpu_model_cpu_tail_tests(cpu, split, "split", &n_pass, &n_fail);
-            char st[640] = "";
+            char st[1024] = "";
             backend_stats(split, st, sizeof(st));
             printf("  %s\n", st);
             CHECK("model: the split host read ran", strstr(st, " 0 split") == NULL);

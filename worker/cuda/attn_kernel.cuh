@@ -981,7 +981,9 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_fa_kernel(struct attn_kargs
  * online softmax in registers (no shared scores, one barrier per chunk); the four warps'
  * (m, l, o) are merged at the end. grid (n_kv_head, n_split, n_qtiles), ATTN_THREADS threads;
  * smem: ks, vs (NST, 64, D + 8) f16 (reused for the warp merge): NST stages, so NST - 1 chunks
- * are in flight while one is computed (cuda_dec_stages) */
+ * are in flight while one is computed (cuda_dec_stages). A fifth warp queueing the chunks while
+ * the four wait on mbarriers measured slower on the H200 (b=1 32k 0.776 of the bound against
+ * 0.797 with cp.async, 0.665 with a 256-byte bulk copy per row; tests/gpu/NOTES.md) */
 template <int ND, int NST>
 __global__ void __launch_bounds__(ATTN_THREADS) attn_dec_kernel(struct attn_kargs a)
 {
