@@ -27,6 +27,9 @@ if [ "${1:-}" = "--pack" ]; then
     else
         echo "bench-system: no nvcc here: the pack has no gpu_bench (bounds read 'no ceiling')" >&2
     fi
+    # gpu_bench's RKV_PROFILE_TRACE opens CUPTI at run time
+    cuda_home=$(dirname "$(dirname "$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)")")
+    PACK_EXTRA_LIBS=$(ls "$cuda_home"/lib64/libcupti.so.* "$cuda_home"/extras/CUPTI/lib64/libcupti.so.* 2>/dev/null | head -1) \
     pack_bins "$DIR" "$B/bin/rkvd" "$B/bin/rkv-kvmgr" "$B/bin/rkv-worker" "$B/bin/rkv-mkmodel" \
         "$B/bin/rkvctl" "$B/bin/rkv-gen" $extra || exit 1
     exit 0

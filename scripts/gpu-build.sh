@@ -11,7 +11,7 @@ CC=${CC:-cc}
 JOBS=${JOBS:-$(nproc)}
 mkdir -p "$OUT/obj"
 ARCH=$(grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo && echo -march=x86-64-v3 || true)
-CFLAGS="-O2 -g -std=c11 -pthread -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers $ARCH -fno-strict-aliasing -I. -D_GNU_SOURCE -DRKV_CUDA=1"
+CFLAGS="-O2 -g -std=c11 -pthread -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers $ARCH -fno-strict-aliasing -I. -I$CUDA_HOME/include -D_GNU_SOURCE -DRKV_CUDA=1"
 NVFLAGS="-O3 -g -std=c++17 -I. -Xcompiler -fPIC,-Wall -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 -DRKV_CUDA=1"
 # the engine without its process shell: backend selection and ops, kv, model, forward, cpu
 LIB_C="common/err.c common/log.c common/util.c $(ls worker/backend*.c) worker/kv.c worker/model.c worker/forward.c worker/pool.c worker/sample.c
@@ -31,7 +31,7 @@ compile() {
     *) $CC $CFLAGS -c "$src" -o "$obj" ;;
     esac
 }
-ALL="$LIB_C $CU tests/gpu/gpu_ops_test.c tests/gpu/gpu_model_test.c tests/gpu/gpu_bench.c"
+ALL="$LIB_C $CU tests/gpu/gpu_ops_test.c tests/gpu/gpu_model_test.c tests/gpu/gpu_bench.c tests/gpu/gpu_trace.c"
 fail=0
 pids=""
 n=0
@@ -54,6 +54,6 @@ LIBOBJ=$(objs $LIB_C $CU)
 LDLIBS="-L$CUDA_HOME/lib64 -Wl,-rpath,$CUDA_HOME/lib64 -lcublasLt -lcublas -lcudart_static -lstdc++ -lm -lpthread -ldl -lrt"
 $CC -pthread -o "$OUT/gpu_ops_test" $(objs tests/gpu/gpu_ops_test.c tests/gpu/gpu_model_test.c) $LIBOBJ $LDLIBS
 if [ -f tests/gpu/gpu_bench.c ]; then
-    $CC -pthread -o "$OUT/gpu_bench" $(objs tests/gpu/gpu_bench.c) $LIBOBJ $LDLIBS
+    $CC -pthread -o "$OUT/gpu_bench" $(objs tests/gpu/gpu_bench.c tests/gpu/gpu_trace.c) $LIBOBJ $LDLIBS
 fi
 echo "gpu-build: built in $OUT"

@@ -1,7 +1,8 @@
 # pack-lib.sh - sourced by gpu-demo.sh and bench-system.sh: carry binaries to a gpu machine that
 # lacks the Debian packages they link (libuv, nng, cjson, http-parser), and set them up there.
 #   pack_bins DIR FILE...      FILEs into DIR/bin (stripped), the shared libraries they need
-#                              (not glibc, not the compiler runtime, not cuda) into DIR/lib, and
+#                              (not glibc, not the compiler runtime, not cuda) and those named
+#                              in PACK_EXTRA_LIBS into DIR/lib, and
 #                              all of DIR as DIR.tgz (a third of the size: the device tool
 #                              carries at most 64 MiB with the tree, and the four CUDA binaries
 #                              are ~12 MiB each)
@@ -18,6 +19,10 @@ pack_bins() {
     ldd "$_dir"/bin/* | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |
         grep -Ev '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|libcublas[A-Za-z]*)\.so' |
         while read -r _lib; do cp -L "$_lib" "$_dir/lib/"; done
+    # libraries the programs open at run time (PACK_EXTRA_LIBS: paths; missing ones skipped)
+    for _lib in ${PACK_EXTRA_LIBS:-}; do
+        [ -f "$_lib" ] && cp -L "$_lib" "$_dir/lib/"
+    done
     tar czf "$_dir.tgz" -C "$(dirname "$_dir")" "$(basename "$_dir")" || return 1
     du -sh "$_dir" "$_dir.tgz"
 }

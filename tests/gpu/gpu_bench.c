@@ -9,6 +9,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "tests/gpu/gpu_model.h"
+#include "tests/gpu/gpu_trace.h"
 #include "worker/backend.h"
 #include "worker/backend_impl.h"
 #include "worker/cuda/cuda_backend.h"
@@ -17,6 +18,35 @@
 static struct rkv_cuda_ceilings ceil_;
 static FILE *js;
 static int js_first = 1;
+
+/* env RKV_PROFILE_TRACE=DIR: one more step of each resident decode case traced by CUPTI (the
+ * kernels as they run, graphs and programmatic launches included): a summary printed, every
+ * kernel in DIR/trace.csv */
+static FILE *trace_csv;
+static int trace_on;
+
+/* one traced step (step(arg) runs it and synchronizes) under label; 0 or the step's rc */
+static int trace_step(const char *label, int (*step)(void *), void *arg)
+{
+    if (!trace_on || gt_begin() < 0)
+        return 0;
+    int rc = step(arg);
+    gt_end(label, stdout, trace_csv, -1, 16);
+    return rc;
+}
+
+struct trace_arg {
+    struct fwd *f;
+    const struct fwd_seq *s;
+    uint32_t n;
+    float *logits;
+};
+
+static int trace_fwd(void *p)
+{
+    struct trace_arg *t = p;
+    return fwd_step(t->f, t->s, t->n, 0, t->logits);
+}
 
 /* one json record per measurement, printed as a table row too */
 static void record(const char *suite, const char *name, double value, const char *unit,
@@ -412,6 +442,13 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
                      100.0 * n_host / n);
             record("decode", name, 1.0 / t, "tok/s", 1.0 / bound, bound / t);
             graph_counts(be, 1);
+            if (n_host == 0) {
+                struct trace_arg ta = {f, &s, 1, logits};
+                char label[48];
+                snprintf(label, sizeof(label), "b=1 ctx=%u", ctx);
+                if ((rc = trace_step(label, trace_fwd, &ta)) < 0)
+                    break;
+            }
         }
     }
     /* batches at 4k, all resident: 2, 4 and 8 on the decode kernels (tensor cores; register
@@ -448,6 +485,11 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
             snprintf(name, sizeof(name), "decode b=%u ctx=4096 (tok/s)", NS);
             record("decode", name, NS / t, "tok/s", NS / bound, bound / t);
             graph_counts(be, 1);
+            struct trace_arg ta = {f, ss, NS, logits};
+            char label[48];
+            snprintf(label, sizeof(label), "b=%u ctx=4096", NS);
+            if (rc == 0)
+                rc = trace_step(label, trace_fwd, &ta);
         }
     }
     /* 16 sessions at 4k with host tails (what WINDOW does under overflow): block j of session s
@@ -588,6 +630,16 @@ int main(int argc, char **argv)
     }
     if (js)
         fprintf(js, "{\"records\": [");
+    const char *tdir = getenv("RKV_PROFILE_TRACE");
+    if (tdir && *tdir) {
+        char path[512];
+        snprintf(path, sizeof(path), "%s/trace.csv", tdir);
+        if (!(trace_csv = fopen(path, "w"))) {
+            perror(path);
+            return 1;
+        }
+        trace_on = 1;
+    }
     int rc = rkv_cuda_measure_ceilings(0, (size_t)4 << 30, (size_t)1 << 30, &ceil_);
     if (rc < 0) {
         fprintf(stderr, "gpu-bench: ceilings: %s\n", rkv_strerror(rc));
@@ -624,5 +676,7 @@ int main(int argc, char **argv)
         fprintf(js, "\n], \"gpu\": \"%s\"}\n", ceil_.gpu_name);
         fclose(js);
     }
+    if (trace_csv)
+        fclose(trace_csv);
     return rc ? 1 : 0;
 }
