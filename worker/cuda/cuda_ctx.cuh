@@ -237,6 +237,13 @@ struct cuda_ctx {
                      * prefetches its weights while this one ends (env RKV_CUDA_PDL=0: off) */
     int dec_stages; /* attn_dec_kernel's key chunk stages: 0 by shape (cuda_dec_stages), 2, 3
                      * (env RKV_CUDA_DEC_STAGES) */
+    int qkv_rope;   /* a one-token q/k/v projection on the streamed kernel also ropes q and k and
+                     * writes k, v into the kv blocks (no rope_kv_write launch; env
+                     * RKV_CUDA_QKV_ROPE) */
+    /* while cu_linear runs a q/k/v projection that may take the rope and kv write: what they
+     * need (NULL otherwise); cuda_linear_stream sets rk_taken when it did them */
+    const struct cuda_rope_kv *rk;
+    int rk_taken;
     int early;      /* 1: rope/kv write lets decode attention start at once, and attention
                      * queues the keys no kernel of the step writes before it waits; 2: attention
                      * lets the o linear start at once too (env RKV_CUDA_EARLY, 0 off) */
@@ -274,6 +281,7 @@ struct cuda_ctx {
         uint64_t act16_conv, act16_twin;
         uint64_t graph_rec, graph_replay, graph_fail; /* decode steps' layers as a graph */
         uint64_t lin_mma; /* linears and matmuls linear_mma.cu ran (replays not counted) */
+        uint64_t qkv_rope; /* q/k/v projections that did the rope and kv write too */
     } hst;
 };
 

@@ -63,6 +63,17 @@ int cuda_linear(struct cuda_ctx *c, const struct be_linear *l, uint32_t n);
 /* the same for 1-2 tokens and 16-bit weights on sm_90+, the weights streamed through shared
  * memory by bulk copies (linear_stream.cu); 1 when it does not apply */
 int cuda_linear_stream(struct cuda_ctx *c, const struct be_linear *l, uint32_t n);
+/* rope and the kv write that a q/k/v projection of one token may do itself (c->rk while
+ * cu_linear runs it): the step's position and slot of that token, the kv pools, the layer's
+ * slices; pairs (2i, 2i+1) only */
+struct cuda_rope_kv {
+    const int32_t *pos;
+    const uint32_t *slot; /* pool index | residency << 31 */
+    char *pool0, *pool1;
+    size_t block_bytes, k_off, v_off;
+    uint32_t B, head_dim, n_rot;
+    float base, scale;
+};
 /* the same and the decode matmul (one matrix, set) for c->lin_mma..8 tokens, 16-bit weights, on
  * tensor cores (linear_mma.cu); 1 when it does not apply */
 int cuda_linear_mma(struct cuda_ctx *c, const struct be_linear *l, uint32_t n);
