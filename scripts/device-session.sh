@@ -9,12 +9,15 @@
 #           of its own, --deterministic), the hf offloaded cache (DEADLINE, default 520 s); each
 #           http run's JSON holds the step lines of its steady window (bench_system.py sets
 #           RKV_STEP_REPORT_MS=500) (~9 min)
+#   trace   gpu_bench's decode suite (--quick) with one step of each resident case traced by
+#           CUPTI (RKV_PROFILE_TRACE): the kernels as the step runs them, per kernel and gap;
+#           OUT/trace.txt, every kernel in OUT/trace.csv (~1 min)
 #   here:  scripts/bench-system.sh --pack .benchpack build/bs
 #   there: sh scripts/device-session.sh .benchpack $OUT check   (carry .benchpack.tgz: it unpacks there), then system
 # everything lands in OUT, and OUT/all.tgz holds it all (the device tool returns few files).
 set -u
-PACK=${1:?usage: scripts/device-session.sh PACK OUT [check|system]}
-OUT=${2:?usage: scripts/device-session.sh PACK OUT [check|system]}
+PACK=${1:?usage: scripts/device-session.sh PACK OUT [check|system|trace]}
+OUT=${2:?usage: scripts/device-session.sh PACK OUT [check|system|trace]}
 WHAT=${3:-check}
 mkdir -p "$OUT"
 # shellcheck source=scripts/pack-lib.sh
@@ -48,8 +51,17 @@ system)
     grep -E "PASS|FAIL|SKIP" "$OUT/system/log.txt" | tail -24
     grep -E "steps in" "$OUT/system/rkvd-server.log" 2>/dev/null | tail -6 | cut -c1-300
     ;;
+trace)
+    step "gpu_bench decode, one traced step a resident case"
+    RKV_PROFILE_TRACE=$OUT timeout 200 "$B/gpu_bench" --suite decode --quick \
+        --json "$OUT/trace_bench.json" >"$OUT/trace.txt" 2>&1
+    echo "rc=$?" >>"$OUT/trace.txt"
+    grep -E "decode b=|trace |rc=" "$OUT/trace.txt" | sed 's/  */ /g'
+    # batch 1 at 4k in full: its kernels by time and the middle of its step in order
+    sed -n '/trace b=1 ctx=4096:/,/decode /p' "$OUT/trace.txt"
+    ;;
 *)
-    echo "device-session: say check or system, not $WHAT" >&2
+    echo "device-session: say check, system or trace, not $WHAT" >&2
     exit 2
     ;;
 esac
