@@ -1,5 +1,6 @@
 /* gpu_bench.c - attention, decode and prefill benchmarks against ceilings measured in the same run
  * (json out). */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,27 +26,16 @@ static int js_first = 1;
 static FILE *trace_csv;
 static int trace_on;
 
-/* one traced step (step(arg) runs it and synchronizes) under label; 0 or the step's rc */
-static int trace_step(const char *label, int (*step)(void *), void *arg)
+/* one more decode step of seqs traced under label (fwd_step synchronizes: its logits are
+ * read back); 0 or the step's rc */
+static int trace_step(const char *label, struct fwd *f, const struct fwd_seq *seqs, uint32_t n,
+                      float *logits)
 {
     if (!trace_on || gt_begin() < 0)
         return 0;
-    int rc = step(arg);
+    int rc = fwd_step(f, seqs, n, 0, logits);
     gt_end(label, stdout, trace_csv, -1, 16);
     return rc;
-}
-
-struct trace_arg {
-    struct fwd *f;
-    const struct fwd_seq *s;
-    uint32_t n;
-    float *logits;
-};
-
-static int trace_fwd(void *p)
-{
-    struct trace_arg *t = p;
-    return fwd_step(t->f, t->s, t->n, 0, t->logits);
 }
 
 /* one json record per measurement, printed as a table row too */
@@ -443,10 +433,9 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
             record("decode", name, 1.0 / t, "tok/s", 1.0 / bound, bound / t);
             graph_counts(be, 1);
             if (n_host == 0) {
-                struct trace_arg ta = {f, &s, 1, logits};
                 char label[48];
                 snprintf(label, sizeof(label), "b=1 ctx=%u", ctx);
-                if ((rc = trace_step(label, trace_fwd, &ta)) < 0)
+                if ((rc = trace_step(label, f, &s, 1, logits)) < 0)
                     break;
             }
         }
@@ -485,11 +474,10 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
             snprintf(name, sizeof(name), "decode b=%u ctx=4096 (tok/s)", NS);
             record("decode", name, NS / t, "tok/s", NS / bound, bound / t);
             graph_counts(be, 1);
-            struct trace_arg ta = {f, ss, NS, logits};
             char label[48];
             snprintf(label, sizeof(label), "b=%u ctx=4096", NS);
             if (rc == 0)
-                rc = trace_step(label, trace_fwd, &ta);
+                rc = trace_step(label, f, ss, NS, logits);
         }
     }
     /* 16 sessions at 4k with host tails (what WINDOW does under overflow): block j of session s
@@ -635,7 +623,10 @@ int main(int argc, char **argv)
         char path[512];
         snprintf(path, sizeof(path), "%s/trace.csv", tdir);
         if (!(trace_csv = fopen(path, "w"))) {
-            perror(path);
+            fprintf(stderr,
+                    "gpu_bench: RKV_PROFILE_TRACE=%s: cannot write %s (%s): name a directory "
+                    "that exists and is writable\n",
+                    tdir, path, strerror(errno));
             return 1;
         }
         trace_on = 1;

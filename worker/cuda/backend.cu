@@ -1321,8 +1321,7 @@ static int cu_linear(void *ctx, const struct be_linear *l, uint32_t n)
         return 1;
     op_begin_keep(c); /* a gemm over a twin written just before (cuda_linear drops it else) */
     struct cuda_rope_kv rk;
-    c->rk = NULL;
-    c->rk_taken = 0;
+    const struct cuda_rope_kv *rkp = NULL;
     if (qkv_rope_fits(c, l, n)) {
         const struct be_rope_kv *r = l->rope_kv;
         int rc = meta_ensure(c, r->b, r->at->n_head / r->at->n_kv_head);
@@ -1341,15 +1340,14 @@ static int cu_linear(void *ctx, const struct be_linear *l, uint32_t n)
                                    r->rope->n_rot,
                                    r->rope->freq_base,
                                    r->rope->freq_scale};
-        c->rk = &rk;
+        rkp = &rk;
     }
-    int rc = cuda_linear(c, l, n);
-    if (rc == 0 && c->rk_taken) {
+    int roped = 0;
+    int rc = cuda_linear(c, l, n, rkp, &roped);
+    if (rc == 0 && roped) {
         *l->rope_kv->done = 1;
         c->hst.qkv_rope++;
     }
-    c->rk = NULL;
-    c->rk_taken = 0;
     return rc;
 }
 

@@ -240,10 +240,6 @@ struct cuda_ctx {
     int qkv_rope;   /* a one-token q/k/v projection on the streamed kernel also ropes q and k and
                      * writes k, v into the kv blocks (no rope_kv_write launch; env
                      * RKV_CUDA_QKV_ROPE) */
-    /* while cu_linear runs a q/k/v projection that may take the rope and kv write: what they
-     * need (NULL otherwise); cuda_linear_stream sets rk_taken when it did them */
-    const struct cuda_rope_kv *rk;
-    int rk_taken;
     int early;      /* 1: rope/kv write lets decode attention start at once, and attention
                      * queues the keys no kernel of the step writes before it waits; 2: attention
                      * lets the o linear start at once too (env RKV_CUDA_EARLY, 0 off) */
@@ -294,6 +290,13 @@ int cuda_scratch(struct cuda_ctx *c, void **buf, size_t *cap, size_t need);
 /* rotation of pair i (of n_rot/2) at position pos: theta = pos * scale *
  * base^(-2i/n_rot) in double (positions reach 1e5+ radians), reduced to
  * [-pi, pi] before a float sincos */
+/* the kv block a step's write slot names (pool index | residency << 31) */
+__device__ __forceinline__ char *cuda_kv_block(char *pool0, char *pool1, uint32_t slot,
+                                               size_t block_bytes)
+{
+    return ((slot >> 31) ? pool1 : pool0) + (size_t)(slot & 0x7fffffffu) * block_bytes;
+}
+
 __device__ __forceinline__ void cuda_rope_sincos(int32_t pos, uint32_t i, uint32_t n_rot,
                                                  float base, float scale, float *sn, float *cs)
 {

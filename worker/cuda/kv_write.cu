@@ -20,8 +20,7 @@ __global__ void kv_write_kernel(char *pool0, char *pool1, size_t block_bytes, si
                                 const float *v)
 {
     uint32_t t = blockIdx.x;
-    uint32_t s = slot[t];
-    char *blk = ((s >> 31) ? pool1 : pool0) + (size_t)(s & 0x7fffffffu) * block_bytes;
+    char *blk = cuda_kv_block(pool0, pool1, slot[t], block_bytes);
     uint32_t off = (uint32_t)pos[t] % B;
     uint32_t row = n_kv_head * head_dim;
     T *K = (T *)(blk + k_off), *V = (T *)(blk + v_off);
@@ -107,8 +106,7 @@ __global__ void rope_kv_write_kernel(char *pool0, char *pool1, size_t block_byte
         k0 = kx[d0];
         k1 = kx[d1];
     }
-    const uint32_t s = slot[t];
-    char *blk = ((s >> 31) ? pool1 : pool0) + (size_t)(s & 0x7fffffffu) * block_bytes;
+    char *blk = cuda_kv_block(pool0, pool1, slot[t], block_bytes);
     const size_t row = ((size_t)h * B + (uint32_t)p % B) * head_dim;
     T *K = (T *)(blk + k_off) + row, *V = (T *)(blk + v_off) + row;
     K[d0] = kv_cast<T>(k0);

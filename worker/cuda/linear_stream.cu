@@ -26,7 +26,7 @@ struct ls_kargs {
     uint32_t row_bytes, rows_per_tile, n_stages, stage_bytes;
     uint32_t red_off, bar_off; /* byte offsets into dynamic shared memory */
     /* SET of q, k, v for one token: rope on q and k and k, v into their kv block (cu_linear's
-     * c->rk), done by the finisher; rk 0: plain outputs */
+     * rope_kv), done by the finisher; rk 0: plain outputs */
     uint32_t rk;
     struct cuda_rope_kv rkv;
 };
@@ -112,8 +112,7 @@ __device__ __forceinline__ void ls_rope_kv(const ls_kargs &a, uint32_t m, uint32
     *y = out;
     if (m == 0)
         return;
-    const uint32_t s = r.slot[0];
-    char *blk = ((s >> 31) ? r.pool1 : r.pool0) + (size_t)(s & 0x7fffffffu) * r.block_bytes;
+    char *blk = cuda_kv_block(r.pool0, r.pool1, r.slot[0], r.block_bytes);
     __half *dst = (__half *)(blk + (m == 1 ? r.k_off : r.v_off));
     dst[((size_t)h * r.B + (uint32_t)p % r.B) * D + d] = __float2half_rn(out);
 }
@@ -397,7 +396,8 @@ static int ls_launch(struct cuda_ctx *c, ls_kargs &a, int mode, bool norm, uint3
     return 1;
 }
 
-int cuda_linear_stream(struct cuda_ctx *c, const struct be_linear *l, uint32_t n)
+int cuda_linear_stream(struct cuda_ctx *c, const struct be_linear *l, uint32_t n,
+                       const struct cuda_rope_kv *rk, int *roped)
 {
     const enum be_type t = l->w[0]->type;
     const uint32_t n_in = l->in->cols;
@@ -449,11 +449,11 @@ int cuda_linear_stream(struct cuda_ctx *c, const struct be_linear *l, uint32_t n
         a.end[0] = a.n_rows;
     if (a.n_rows == 0)
         return 0;
-    /* the rope and kv write (cu_linear's c->rk) when tiles hold whole rope pairs: every tile
-     * starts even (block starts, matrix ends and tiles of rpt rows all even) */
-    if (c->rk && l->mode == BE_LIN_SET && rpt % 2 == 0 && a.end[0] % 2 == 0 && a.end[1] % 2 == 0) {
+    /* the rope and kv write (rk) when tiles hold whole rope pairs: every tile starts even
+     * (block starts, matrix ends and tiles of rpt rows all even) */
+    if (rk && l->mode == BE_LIN_SET && rpt % 2 == 0 && a.end[0] % 2 == 0 && a.end[1] % 2 == 0) {
         a.rk = 1;
-        a.rkv = *c->rk;
+        a.rkv = *rk;
     }
     a.x = (const float *)l->in->data;
     a.nw = norm ? (const float *)l->norm_w->data : NULL;
@@ -473,6 +473,6 @@ int cuda_linear_stream(struct cuda_ctx *c, const struct be_linear *l, uint32_t n
     const int rc = t == BE_BF16 ? ls_launch<__nv_bfloat16>(c, a, l->mode, norm, v, n_warps, smem)
                                 : ls_launch<__half>(c, a, l->mode, norm, v, n_warps, smem);
     if (rc == 0 && a.rk)
-        c->rk_taken = 1;
+        *roped = 1;
     return rc;
 }
