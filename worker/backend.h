@@ -72,15 +72,6 @@ struct be_partial {
  * norm(in) = rmsnorm(in, norm_w, eps) when norm_w, else in. */
 enum be_lin_mode { BE_LIN_SET = 0, BE_LIN_ADD, BE_LIN_SWIGLU };
 #define BE_LIN_MAX 3
-/* what rope_kv_write would do after a SET of q, k, v (out[0..2]): the backend may do it inside
- * the linear and then sets *done to 1; it leaves *done alone otherwise */
-struct be_rope_kv {
-    const struct be_batch *b;
-    uint32_t layer;
-    const struct be_attn *at;
-    const struct be_rope *rope;
-    int *done;
-};
 struct be_linear {
     enum be_lin_mode mode;
     const struct be_tensor *in;     /* (n, n_in) f32 */
@@ -90,7 +81,6 @@ struct be_linear {
     const struct be_tensor *w[BE_LIN_MAX];    /* (n_out_i, n_in) */
     const struct be_tensor *bias[BE_LIN_MAX]; /* (1, n_out_i) or NULL */
     struct be_tensor *out[BE_LIN_MAX];        /* (n, n_out_i) */
-    const struct be_rope_kv *rope_kv;         /* NULL, or SET of q, k, v: see above */
 };
 
 /* the vtable a backend fills. ops work on the first n rows of their tensors;

@@ -204,9 +204,6 @@ static int fwd_layers(struct fwd *f, const struct be_batch *b, int any_host,
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         const struct model_layer *L = &m->layers[l];
         /* attention: q, k, v = norm(x) . wq, wk, wv; x += attn . wo */
-        /* rope and the kv write may come with the projection (one launch less) */
-        int roped = 0;
-        const struct be_rope_kv rk = {b, l, at, rope, &roped};
         const struct be_linear qkv = {BE_LIN_SET,
                                       f->x,
                                       L->attn_norm,
@@ -214,10 +211,9 @@ static int fwd_layers(struct fwd *f, const struct be_batch *b, int any_host,
                                       3,
                                       {L->wq, L->wk, L->wv},
                                       {L->bq, L->bk, L->bv},
-                                      {f->q, f->k, f->v},
-                                      &rk};
+                                      {f->q, f->k, f->v}};
         RUN(fwd_linear(f, &qkv, T));
-        if (!roped && (rc = rope_kv_write_forward(be, b, l, f->q, f->k, f->v, at, rope)) == 1) {
+        if ((rc = rope_kv_write_forward(be, b, l, f->q, f->k, f->v, at, rope)) == 1) {
             RUN(rope_forward(be, f->q, b, hp->n_head, hp->head_dim, rope));
             RUN(rope_forward(be, f->k, b, hp->n_kv_head, hp->head_dim, rope));
             RUN(kv_write_forward(be, b, l, f->k, f->v));

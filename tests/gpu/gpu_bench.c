@@ -26,14 +26,28 @@ static int js_first = 1;
 static FILE *trace_csv;
 static int trace_on;
 
-/* one more decode step of seqs traced under label (fwd_step synchronizes: its logits are
- * read back); 0 or the step's rc */
+/* the worker's buffers for a step's outputs (worker/main.c: pinned) */
+struct dec_bufs {
+    float *logits;
+    int32_t *ids;
+    float *lps;
+};
+
+/* one decode step as the worker runs greedy rows: the pick on the device, ids back */
+static int dec_step(struct fwd *f, const struct fwd_seq *seqs, uint32_t n, const struct dec_bufs *d)
+{
+    int used = 0;
+    return fwd_step_greedy(f, seqs, n, d->logits, d->ids, d->lps, &used);
+}
+
+/* one more decode step of seqs traced under label (dec_step synchronizes: its ids are read
+ * back); 0 or the step's rc */
 static int trace_step(const char *label, struct fwd *f, const struct fwd_seq *seqs, uint32_t n,
-                      float *logits)
+                      const struct dec_bufs *d)
 {
     if (!trace_on || gt_begin() < 0)
         return 0;
-    int rc = fwd_step(f, seqs, n, 0, logits);
+    int rc = dec_step(f, seqs, n, d);
     gt_end(label, stdout, trace_csv, -1, 16);
     return rc;
 }
@@ -369,7 +383,17 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
         fprintf(stderr, "bench: fwd_init: %s\n", rkv_strerror(rc));
         return rc;
     }
-    float *logits = malloc(sizeof(float) * S * hp.n_vocab);
+    /* pinned, as the worker's (backend_host_alloc); decode steps pick greedily on the device as
+     * the worker does for greedy rows (dec_step), the sampled rows' copy of every logit is its
+     * own case */
+    struct dec_bufs db = {backend_host_alloc(be, sizeof(float) * S * hp.n_vocab),
+                          backend_host_alloc(be, sizeof(int32_t) * S),
+                          backend_host_alloc(be, sizeof(float) * S)};
+    float *logits = db.logits;
+    if (!logits || !db.ids || !db.lps) {
+        fprintf(stderr, "bench: cannot allocate pinned host buffers for %u rows\n", S);
+        return -1;
+    }
     struct kv_block_ref *tab = malloc(sizeof(*tab) * (nb_dev + nb_host));
     const double hbm = ceil_.hbm_read * 1e9;
     /* pcie: the faster of the two ways host bytes reach the gpu */
@@ -406,13 +430,13 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
             steps = steps < 3 ? 3 : steps > 50 ? 50 : steps;
             /* warm-up: two steps, so a cuda graph (recorded on a shape's second step) is too */
             for (int w = 0; w < 2 && rc == 0; w++)
-                rc = fwd_step(f, &s, 1, 0, logits);
+                rc = dec_step(f, &s, 1, &db);
             graph_counts(be, 0);
             /* RKV_PROFILE_CTX=N: one step at ctx N, all resident, for ncu */
             const char *pc = getenv("RKV_PROFILE_CTX");
             if (rc == 0 && pc && (uint32_t)atoi(pc) == ctx && n_host == 0) {
                 rkv_cuda_profiler(1);
-                rc = fwd_step(f, &s, 1, 0, logits);
+                rc = dec_step(f, &s, 1, &db);
                 rkv_cuda_profiler(0);
                 if (getenv("RKV_PROFILE_EXIT"))
                     profiled = 1;
@@ -421,7 +445,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
                 break;
             double t1 = gu_now();
             for (int i = 0; i < steps && rc == 0; i++)
-                rc = fwd_step(f, &s, 1, 0, logits);
+                rc = dec_step(f, &s, 1, &db);
             double t = (gu_now() - t1) / steps;
             if (rc < 0) {
                 fprintf(stderr, "bench: decode step failed: %s\n", rkv_strerror(rc));
@@ -432,10 +456,20 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
                      100.0 * n_host / n);
             record("decode", name, 1.0 / t, "tok/s", 1.0 / bound, bound / t);
             graph_counts(be, 1);
+            if (n_host == 0 && ctx == 4096 && rc == 0) {
+                /* a sampled row: every logit to the host (pinned), as the worker's samplers
+                 * read them */
+                t1 = gu_now();
+                for (int i = 0; i < steps && rc == 0; i++)
+                    rc = fwd_step(f, &s, 1, 0, logits);
+                t = (gu_now() - t1) / steps;
+                record("decode", "decode b=1 ctx=4096 sampled, logits to the host (tok/s)", 1.0 / t,
+                       "tok/s", 1.0 / bound, bound / t);
+            }
             if (n_host == 0) {
                 char label[48];
                 snprintf(label, sizeof(label), "b=1 ctx=%u", ctx);
-                if ((rc = trace_step(label, f, &s, 1, logits)) < 0)
+                if ((rc = trace_step(label, f, &s, 1, &db)) < 0)
                     break;
             }
         }
@@ -455,29 +489,39 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
             ss[s] = (struct fwd_seq){&toks[s], 1, 4095, tab + s * 16, 16};
         }
         for (int w = 0; w < 2 && rc == 0; w++)
-            rc = fwd_step(f, ss, NS, 0, logits);
+            rc = dec_step(f, ss, NS, &db);
         graph_counts(be, 0);
         if (rc == 0 && ((NS == S && getenv("RKV_PROFILE_B64")) || pb == NS)) {
             /* RKV_PROFILE_B64=1 or RKV_PROFILE_B=NS: one profiled step of this batch, for ncu;
              * then stop */
             rkv_cuda_profiler(1);
-            rc = fwd_step(f, ss, NS, 0, logits);
+            rc = dec_step(f, ss, NS, &db);
             rkv_cuda_profiler(0);
             profiled = 1;
         } else {
             double t1 = gu_now();
             for (int i = 0; i < 20 && rc == 0; i++)
-                rc = fwd_step(f, ss, NS, 0, logits);
+                rc = dec_step(f, ss, NS, &db);
             double t = (gu_now() - t1) / 20;
             double bound = (wbytes + NS * 4096.0 * kv_per_tok) / hbm;
             char name[96];
             snprintf(name, sizeof(name), "decode b=%u ctx=4096 (tok/s)", NS);
             record("decode", name, NS / t, "tok/s", NS / bound, bound / t);
             graph_counts(be, 1);
+            if (NS == S && rc == 0) {
+                /* sampled rows: every row's logits to the host (pinned) */
+                t1 = gu_now();
+                for (int i = 0; i < 20 && rc == 0; i++)
+                    rc = fwd_step(f, ss, NS, 0, logits);
+                t = (gu_now() - t1) / 20;
+                snprintf(name, sizeof(name), "decode b=%u ctx=4096 sampled, logits to the host",
+                         NS);
+                record("decode", name, NS / t, "tok/s", NS / bound, bound / t);
+            }
             char label[48];
             snprintf(label, sizeof(label), "b=%u ctx=4096", NS);
             if (rc == 0)
-                rc = trace_step(label, f, ss, NS, logits);
+                rc = trace_step(label, f, ss, NS, &db);
         }
     }
     /* 16 sessions at 4k with host tails (what WINDOW does under overflow): block j of session s
@@ -495,17 +539,17 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
             toks[s] = 1;
             ss[s] = (struct fwd_seq){&toks[s], 1, 4095, tab + s * nbs, nbs};
         }
-        rc = fwd_step(f, ss, NS, 0, logits);
+        rc = dec_step(f, ss, NS, &db);
         if (rc == 0 && getenv("RKV_PROFILE_MULTI")) {
             rkv_cuda_profiler(1);
-            rc = fwd_step(f, ss, NS, 0, logits);
+            rc = dec_step(f, ss, NS, &db);
             rkv_cuda_profiler(0);
             profiled = 1;
             break;
         }
         double t1 = gu_now();
         for (int i = 0; i < 5 && rc == 0; i++)
-            rc = fwd_step(f, ss, NS, 0, logits);
+            rc = dec_step(f, ss, NS, &db);
         double t = (gu_now() - t1) / 5;
         double host_b = (double)NS * n_host * 256 * kv_per_tok,
                dev_b = (double)NS * (nbs - n_host) * 256 * kv_per_tok;
@@ -573,7 +617,9 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
     rkv_cuda_dev_free(dev);
     free(host);
     free(tab);
-    free(logits);
+    backend_host_free(be, db.logits);
+    backend_host_free(be, db.ids);
+    backend_host_free(be, db.lps);
     return rc;
 }
 

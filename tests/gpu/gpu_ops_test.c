@@ -841,10 +841,6 @@ int gpu_model_cpu_tail_tests(struct backend *cpu_be, struct backend *tail_be, co
 int gpu_model_graph_tests(struct backend *plain, struct backend *graph, int *pass, int *fail);
 int gpu_model_cases_with(struct backend *cpu_be, struct backend *be, const char *what, int *pass,
                          int *fail);
-int gpu_model_b1_pair_tests(struct backend *a, struct backend *b, const char *what,
-                            const char *counter, int *pass, int *fail);
-int gpu_model_greedy_with(struct backend *cpu_be, struct backend *be, const char *what, int *pass,
-                          int *fail);
 
 int main(int argc, char **argv)
 {
@@ -1042,18 +1038,6 @@ int main(int argc, char **argv)
         if (gm1)
             gpu_model_cases_with(cpu, gm1, "decode rows past 1 on cublas", &n_pass, &n_fail);
         backend_free(gm1);
-        /* the q/k/v projection of one token doing the rope and kv write (RKV_CUDA_QKV_ROPE) */
-        struct backend *qr = backend_env("RKV_CUDA_QKV_ROPE", "1", 0);
-        if (qr) {
-            gpu_model_b1_pair_tests(gpu, qr, "the rope and kv write in the q/k/v projection",
-                                    "q/k/v projections with rope and the kv write", &n_pass,
-                                    &n_fail);
-            gpu_model_greedy_with(cpu, qr, "the rope and kv write in the q/k/v projection", &n_pass,
-                                  &n_fail);
-            gpu_model_cases_with(cpu, qr, "the rope and kv write in the q/k/v projection", &n_pass,
-                                 &n_fail);
-        }
-        backend_free(qr);
         struct backend *tail = backend_env("RKV_CUDA_HOST_READ", "cpu", 1);
         if (tail)
             gpu_model_cpu_tail_tests(cpu, tail, "cpu_tail", &n_pass, &n_fail);

@@ -1299,56 +1299,13 @@ static int cu_get_rows(void *ctx, struct be_tensor *out, const struct be_tensor 
                                   (const uint32_t *)c->small, n, in->cols);
 }
 
-/* may the q/k/v projection l of n tokens also do its rope_kv_write (c->qkv_rope)? */
-static int qkv_rope_fits(const struct cuda_ctx *c, const struct be_linear *l, uint32_t n)
-{
-    const struct be_rope_kv *rk = l->rope_kv;
-    const struct kv_layout *kl = &c->layout;
-    if (!rk || !c->qkv_rope || !c->have_kv || n != 1 || rk->b->n_tokens != 1 ||
-        l->mode != BE_LIN_SET || l->n_w != 3 || rk->layer >= kl->n_layer || rk->rope->neox ||
-        rk->rope->n_rot % 2 || rk->rope->n_rot > kl->head_dim || kl->dtype != KV_F16)
-        return 0;
-    const uint32_t kvd = kl->n_kv_head * kl->head_dim;
-    return rk->at->n_kv_head == kl->n_kv_head && rk->at->head_dim == kl->head_dim &&
-           l->w[0]->rows == rk->at->n_head * kl->head_dim && l->w[1]->rows == kvd &&
-           l->w[2]->rows == kvd;
-}
-
 static int cu_linear(void *ctx, const struct be_linear *l, uint32_t n)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     if (!c->fuse)
         return 1;
     op_begin_keep(c); /* a gemm over a twin written just before (cuda_linear drops it else) */
-    struct cuda_rope_kv rk;
-    const struct cuda_rope_kv *rkp = NULL;
-    if (qkv_rope_fits(c, l, n)) {
-        const struct be_rope_kv *r = l->rope_kv;
-        int rc = meta_ensure(c, r->b, r->at->n_head / r->at->n_kv_head);
-        if (rc < 0)
-            return rc;
-        const struct kv_layout *kl = &c->layout;
-        rk = (struct cuda_rope_kv){c->meta.d_pos,
-                                   c->meta.d_slot,
-                                   c->pool[0],
-                                   c->pool[1],
-                                   kv_block_bytes(kl),
-                                   kv_slice_offset(kl, r->layer, 0),
-                                   kv_slice_offset(kl, r->layer, 1),
-                                   kl->block_size,
-                                   kl->head_dim,
-                                   r->rope->n_rot,
-                                   r->rope->freq_base,
-                                   r->rope->freq_scale};
-        rkp = &rk;
-    }
-    int roped = 0;
-    int rc = cuda_linear(c, l, n, rkp, &roped);
-    if (rc == 0 && roped) {
-        *l->rope_kv->done = 1;
-        c->hst.qkv_rope++;
-    }
-    return rc;
+    return cuda_linear(c, l, n);
 }
 
 static int cu_rope_kv_write(void *ctx, const struct be_batch *b, uint32_t layer,
@@ -1402,12 +1359,15 @@ static int cu_greedy(void *ctx, const struct be_tensor *logits, uint32_t n, int3
     if (!c->dev_greedy)
         return 1;
     op_begin(c);
-    int rc = cuda_scratch(c, &c->greedy_buf, &c->greedy_cap, (size_t)n * 2 * sizeof(int32_t));
+    /* the parts first (16-byte aligned), then the ids and logprobs */
+    const size_t parts = (cuda_greedy_scratch(n, logits->cols) + 15) & ~(size_t)15;
+    int rc =
+        cuda_scratch(c, &c->greedy_buf, &c->greedy_cap, parts + (size_t)n * 2 * sizeof(int32_t));
     if (rc < 0)
         return rc;
-    int32_t *d_ids = (int32_t *)c->greedy_buf;
+    int32_t *d_ids = (int32_t *)((char *)c->greedy_buf + parts);
     float *d_lps = (float *)(d_ids + n);
-    rc = cuda_greedy(c, (const float *)logits->data, n, logits->cols, d_ids, d_lps);
+    rc = cuda_greedy(c, (const float *)logits->data, n, logits->cols, d_ids, d_lps, c->greedy_buf);
     if (rc < 0)
         return rc;
     CU_TRY(cudaMemcpyAsync(ids, d_ids, (size_t)n * sizeof(int32_t), cudaMemcpyDeviceToHost,
@@ -1421,24 +1381,23 @@ static int cu_greedy(void *ctx, const struct be_tensor *logits, uint32_t n, int3
 static int cu_stats(void *ctx, char *buf, size_t len)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    int n = snprintf(buf, len,
-                     "host kv layers: %llu prefetched, %llu copied in line, %llu with a host "
-                     "write, %llu zero-copy, %llu in %llu passes; %llu block slices staged in %llu "
-                     "copies, %llu staging growths, %llu attended on the cpu, %llu split with it, "
-                     "%llu tails too short to split; gemm inputs: %llu converted, %llu from the "
-                     "op's 16-bit copy; decode layers as graphs: %llu recorded, %llu replayed, "
-                     "%llu failed; decode linears on tensor cores: %llu; q/k/v projections with "
-                     "rope and the kv write: %llu",
-                     (unsigned long long)c->hst.prefetched, (unsigned long long)c->hst.inline_,
-                     (unsigned long long)c->hst.host_write, (unsigned long long)c->hst.zero_copy,
-                     (unsigned long long)c->hst.passes, (unsigned long long)c->hst.pass_n,
-                     (unsigned long long)c->hst.slots, (unsigned long long)c->hst.copies,
-                     (unsigned long long)c->hst.grown, (unsigned long long)c->hst.cpu_layers,
-                     (unsigned long long)c->hst.split_layers,
-                     (unsigned long long)c->hst.split_gated, (unsigned long long)c->hst.act16_conv,
-                     (unsigned long long)c->hst.act16_twin, (unsigned long long)c->hst.graph_rec,
-                     (unsigned long long)c->hst.graph_replay, (unsigned long long)c->hst.graph_fail,
-                     (unsigned long long)c->hst.lin_mma, (unsigned long long)c->hst.qkv_rope);
+    int n =
+        snprintf(buf, len,
+                 "host kv layers: %llu prefetched, %llu copied in line, %llu with a host "
+                 "write, %llu zero-copy, %llu in %llu passes; %llu block slices staged in %llu "
+                 "copies, %llu staging growths, %llu attended on the cpu, %llu split with it, "
+                 "%llu tails too short to split; gemm inputs: %llu converted, %llu from the "
+                 "op's 16-bit copy; decode layers as graphs: %llu recorded, %llu replayed, "
+                 "%llu failed; decode linears on tensor cores: %llu",
+                 (unsigned long long)c->hst.prefetched, (unsigned long long)c->hst.inline_,
+                 (unsigned long long)c->hst.host_write, (unsigned long long)c->hst.zero_copy,
+                 (unsigned long long)c->hst.passes, (unsigned long long)c->hst.pass_n,
+                 (unsigned long long)c->hst.slots, (unsigned long long)c->hst.copies,
+                 (unsigned long long)c->hst.grown, (unsigned long long)c->hst.cpu_layers,
+                 (unsigned long long)c->hst.split_layers, (unsigned long long)c->hst.split_gated,
+                 (unsigned long long)c->hst.act16_conv, (unsigned long long)c->hst.act16_twin,
+                 (unsigned long long)c->hst.graph_rec, (unsigned long long)c->hst.graph_replay,
+                 (unsigned long long)c->hst.graph_fail, (unsigned long long)c->hst.lin_mma);
     memset(&c->hst, 0, sizeof c->hst);
     return n;
 }
@@ -1658,7 +1617,6 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
             log_warn("RKV_CUDA_DEC_STAGES=1 is not 0 (by shape), 2 or 3: using 0");
             c->dec_stages = 0;
         }
-        c->qkv_rope = cu_env_flag("RKV_CUDA_QKV_ROPE", 0);
         c->split_cost = (uint32_t)rkv_env_u64("RKV_CUDA_SPLIT_COST", 1, 0, 64);
         c->max_split = (uint32_t)rkv_env_u64("RKV_CUDA_MAX_SPLIT", 0, 0, 1u << 16);
         /* steps of up to this many rows on the decode kernels (weights read once, x from

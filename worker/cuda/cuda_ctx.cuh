@@ -237,9 +237,6 @@ struct cuda_ctx {
                      * prefetches its weights while this one ends (env RKV_CUDA_PDL=0: off) */
     int dec_stages; /* attn_dec_kernel's key chunk stages: 0 by shape (cuda_dec_stages), 2, 3
                      * (env RKV_CUDA_DEC_STAGES) */
-    int qkv_rope;   /* a one-token q/k/v projection on the streamed kernel also ropes q and k and
-                     * writes k, v into the kv blocks (no rope_kv_write launch; env
-                     * RKV_CUDA_QKV_ROPE) */
     int early;      /* 1: rope/kv write lets decode attention start at once, and attention
                      * queues the keys no kernel of the step writes before it waits; 2: attention
                      * lets the o linear start at once too (env RKV_CUDA_EARLY, 0 off) */
@@ -277,7 +274,6 @@ struct cuda_ctx {
         uint64_t act16_conv, act16_twin;
         uint64_t graph_rec, graph_replay, graph_fail; /* decode steps' layers as a graph */
         uint64_t lin_mma; /* linears and matmuls linear_mma.cu ran (replays not counted) */
-        uint64_t qkv_rope; /* q/k/v projections that did the rope and kv write too */
     } hst;
 };
 
@@ -287,15 +283,16 @@ int cuda_measure_host_paths(double *copy_gbps, double *zerocopy_gbps);
 /* grows a scratch buffer to at least `need` bytes */
 int cuda_scratch(struct cuda_ctx *c, void **buf, size_t *cap, size_t need);
 
-/* rotation of pair i (of n_rot/2) at position pos: theta = pos * scale *
- * base^(-2i/n_rot) in double (positions reach 1e5+ radians), reduced to
- * [-pi, pi] before a float sincos */
 /* the kv block a step's write slot names (pool index | residency << 31) */
 __device__ __forceinline__ char *cuda_kv_block(char *pool0, char *pool1, uint32_t slot,
                                                size_t block_bytes)
 {
     return ((slot >> 31) ? pool1 : pool0) + (size_t)(slot & 0x7fffffffu) * block_bytes;
 }
+
+/* rotation of pair i (of n_rot/2) at position pos: theta = pos * scale *
+ * base^(-2i/n_rot) in double (positions reach 1e5+ radians), reduced to
+ * [-pi, pi] before a float sincos */
 
 __device__ __forceinline__ void cuda_rope_sincos(int32_t pos, uint32_t i, uint32_t n_rot,
                                                  float base, float scale, float *sn, float *cs)

@@ -57,25 +57,12 @@ int cuda_kv_write(struct cuda_ctx *c, const struct cuda_meta *m, uint32_t layer,
 /* rope on q and k (in place), then k, v into their blocks, in one launch */
 int cuda_rope_kv_write(struct cuda_ctx *c, const struct cuda_meta *m, uint32_t layer, float *q,
                        float *k, const float *v, uint32_t n_head, const struct be_rope *r);
-/* rope and the kv write that a q/k/v projection of one token may do itself: the step's
- * position and slot of that token, the kv pools, the layer's slices; pairs (2i, 2i+1) only */
-struct cuda_rope_kv {
-    const int32_t *pos;
-    const uint32_t *slot; /* pool index | residency << 31 */
-    char *pool0, *pool1;
-    size_t block_bytes, k_off, v_off;
-    uint32_t B, head_dim, n_rot;
-    float base, scale;
-};
 /* the fused linear layer (decode, n <= CUDA_GEMV_MAX_N, 16-bit or f32 weights);
- * 1 when this call should be composed of the plain ops instead. rk (NULL: none): the rope and
- * kv write the q/k/v projection may also do; *roped is set to 1 when it did */
-int cuda_linear(struct cuda_ctx *c, const struct be_linear *l, uint32_t n,
-                const struct cuda_rope_kv *rk, int *roped);
+ * 1 when this call should be composed of the plain ops instead */
+int cuda_linear(struct cuda_ctx *c, const struct be_linear *l, uint32_t n);
 /* the same for 1-2 tokens and 16-bit weights on sm_90+, the weights streamed through shared
  * memory by bulk copies (linear_stream.cu); 1 when it does not apply */
-int cuda_linear_stream(struct cuda_ctx *c, const struct be_linear *l, uint32_t n,
-                       const struct cuda_rope_kv *rk, int *roped);
+int cuda_linear_stream(struct cuda_ctx *c, const struct be_linear *l, uint32_t n);
 /* the same and the decode matmul (one matrix, set) for c->lin_mma..8 tokens, 16-bit weights, on
  * tensor cores (linear_mma.cu); 1 when it does not apply */
 int cuda_linear_mma(struct cuda_ctx *c, const struct be_linear *l, uint32_t n);
@@ -87,9 +74,12 @@ unsigned cuda_lin_grid(const struct cuda_ctx *c, uint32_t warp_tasks, int max_pe
                        int min_per_sm);
 
 /* d_ids, d_logprobs (n) = the argmax of each logits row (n, n_vocab), ties to the lowest id,
- * and its log-softmax (worker/sample.c's sample_greedy) */
+ * and its log-softmax (worker/sample.c's sample_greedy); scratch: cuda_greedy_scratch bytes on
+ * the device */
 int cuda_greedy(struct cuda_ctx *c, const float *logits, uint32_t n, uint32_t n_vocab,
-                int32_t *d_ids, float *d_logprobs);
+                int32_t *d_ids, float *d_logprobs, void *scratch);
+/* bytes of cuda_greedy's scratch for n rows */
+size_t cuda_greedy_scratch(uint32_t n, uint32_t n_vocab);
 
 /* matmul: out (n, n_out) = in (n, n_in) . w^T + bias */
 int cuda_matmul(struct cuda_ctx *c, float *out, const float *in, const struct be_tensor *w,

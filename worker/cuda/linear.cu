@@ -343,8 +343,7 @@ static int linear_chunked(struct cuda_ctx *c, const struct be_linear *l, uint32_
     return rc < 0 ? rc : 0;
 }
 
-int cuda_linear(struct cuda_ctx *c, const struct be_linear *l, uint32_t n,
-                const struct cuda_rope_kv *rk, int *roped)
+int cuda_linear(struct cuda_ctx *c, const struct be_linear *l, uint32_t n)
 {
     if (n == 0)
         return 0;
@@ -368,7 +367,7 @@ int cuda_linear(struct cuda_ctx *c, const struct be_linear *l, uint32_t n,
             return 1;
     if (c->deterministic)
         return linear_chunked(c, l, n);
-    int rc = cuda_linear_stream(c, l, n, rk, roped);
+    int rc = cuda_linear_stream(c, l, n);
     if (rc == 1)
         rc = cuda_linear_mma(c, l, n);
     if (rc != 1)

@@ -25,10 +25,6 @@ struct ls_kargs {
     uint32_t n_in, n, n_rows, n_mat;
     uint32_t row_bytes, rows_per_tile, n_stages, stage_bytes;
     uint32_t red_off, bar_off; /* byte offsets into dynamic shared memory */
-    /* SET of q, k, v for one token: rope on q and k and k, v into their kv block (cu_linear's
-     * rope_kv), done by the finisher; rk 0: plain outputs */
-    uint32_t rk;
-    struct cuda_rope_kv rkv;
 };
 
 /* --- mbarrier and bulk copy (sm_90) ------------------------------------------------------- */
@@ -92,31 +88,6 @@ __device__ __forceinline__ float ls_warp_sum(float v)
     return v;
 }
 
-/* output row gr of matrix m (q 0, k 1, v 2) of the one token, val its value and pair its rope
- * partner's (row gr ^ 1): roped (q, k; pairs (2i, 2i+1) of each head's first n_rot dims) into
- * *y, and k, v also into the token's kv block as f16 (what rope_kv_write_kernel does) */
-__device__ __forceinline__ void ls_rope_kv(const ls_kargs &a, uint32_t m, uint32_t gr, float val,
-                                           float pair, float *y)
-{
-    const struct cuda_rope_kv &r = a.rkv;
-    const uint32_t D = r.head_dim, d = gr % D, h = gr / D;
-    const int32_t p = r.pos[0];
-    float out = val;
-    if (m < 2 && d < r.n_rot) {
-        float sn, cs;
-        cuda_rope_sincos(p, d / 2, r.n_rot, r.base, r.scale, &sn, &cs);
-        /* even d: (a, b) = (val, pair) -> a cs - b sn; odd d: (a, b) = (pair, val) -> a sn + b cs
-         */
-        out = d & 1 ? pair * sn + val * cs : val * cs - pair * sn;
-    }
-    *y = out;
-    if (m == 0)
-        return;
-    char *blk = cuda_kv_block(r.pool0, r.pool1, r.slot[0], r.block_bytes);
-    __half *dst = (__half *)(blk + (m == 1 ? r.k_off : r.v_off));
-    dst[((size_t)h * r.B + (uint32_t)p % r.B) * D + d] = __float2half_rn(out);
-}
-
 /* the outputs of one tile from its warps' partials red [nw][per]: lanes (output, warp) each load
  * one partial, summed by a shuffle tree within groups of np2 lanes (np2 = nw rounded up to a power
  * of two), the same order every time, so the result does not depend on timing. ti: the tile's
@@ -140,21 +111,10 @@ __device__ __forceinline__ void ls_finish(const ls_kargs &a, const float *red, c
             for (uint32_t off = np2 / 2; off > 0; off >>= 1)
                 v[q] += __shfl_xor_sync(0xffffffff, v[q], off);
         }
-        /* with the rope: row r ^ 1's sum, from the lanes of output o ^ 1 (o0 and the tile's
-         * first row are even; np2 <= 16, so a round holds both) */
-        float pair = 0.0f;
-        if constexpr (MODE == BE_LIN_SET && NT == 1)
-            if (a.rk)
-                pair = __shfl_xor_sync(0xffffffff, v[0], np2);
         if (w != 0 || o >= n_o)
             continue;
         float *y = om + (size_t)t * nm + row + r;
         const float b = bm ? bm[row + r] : 0.0f;
-        if constexpr (MODE == BE_LIN_SET && NT == 1)
-            if (a.rk) {
-                ls_rope_kv(a, m, row + r, v[0] + b, pair + (bm ? bm[row + (r ^ 1)] : 0.0f), y);
-                continue;
-            }
         if constexpr (MODE == BE_LIN_SET)
             *y = v[0] + b;
         else if constexpr (MODE == BE_LIN_ADD)
@@ -180,12 +140,8 @@ __global__ void __launch_bounds__((LS_MAX_WARPS + 2) * 32, V *NT <= 2 ? 2 : 1) l
     uint64_t *done = empty + LS_MAX_STAGES;   /* [2S] the partials of slot k % 2S are written */
     uint64_t *fin = done + 2 * LS_MAX_STAGES; /* [2S] ... and summed: the slot is free */
     float *ssq = (float *)(fin + 2 * LS_MAX_STAGES); /* [nw][NT] sums of squares */
-    /* with the rope each block's rows start even, so a rope pair never spans two blocks */
-    const uint32_t ev = a.rk ? ~1u : ~0u;
-    const uint32_t u_beg = (uint32_t)((uint64_t)blockIdx.x * a.n_rows / gridDim.x) & ev;
-    const uint32_t u_end = blockIdx.x + 1 == gridDim.x
-                               ? a.n_rows
-                               : (uint32_t)((uint64_t)(blockIdx.x + 1) * a.n_rows / gridDim.x) & ev;
+    const uint32_t u_beg = (uint32_t)((uint64_t)blockIdx.x * a.n_rows / gridDim.x);
+    const uint32_t u_end = (uint32_t)((uint64_t)(blockIdx.x + 1) * a.n_rows / gridDim.x);
 
     if (threadIdx.x == 0) {
         for (uint32_t s = 0; s < S; s++) {
@@ -396,8 +352,7 @@ static int ls_launch(struct cuda_ctx *c, ls_kargs &a, int mode, bool norm, uint3
     return 1;
 }
 
-int cuda_linear_stream(struct cuda_ctx *c, const struct be_linear *l, uint32_t n,
-                       const struct cuda_rope_kv *rk, int *roped)
+int cuda_linear_stream(struct cuda_ctx *c, const struct be_linear *l, uint32_t n)
 {
     const enum be_type t = l->w[0]->type;
     const uint32_t n_in = l->in->cols;
@@ -449,12 +404,6 @@ int cuda_linear_stream(struct cuda_ctx *c, const struct be_linear *l, uint32_t n
         a.end[0] = a.n_rows;
     if (a.n_rows == 0)
         return 0;
-    /* the rope and kv write (rk) when tiles hold whole rope pairs: every tile starts even
-     * (block starts, matrix ends and tiles of rpt rows all even) */
-    if (rk && l->mode == BE_LIN_SET && rpt % 2 == 0 && a.end[0] % 2 == 0 && a.end[1] % 2 == 0) {
-        a.rk = 1;
-        a.rkv = *rk;
-    }
     a.x = (const float *)l->in->data;
     a.nw = norm ? (const float *)l->norm_w->data : NULL;
     a.eps = l->eps;
@@ -470,9 +419,6 @@ int cuda_linear_stream(struct cuda_ctx *c, const struct be_linear *l, uint32_t n
     a.bar_off = (uint32_t)bar;
     const size_t smem =
         bar + 6 * LS_MAX_STAGES * sizeof(uint64_t) + LS_MAX_WARPS * 2 * sizeof(float);
-    const int rc = t == BE_BF16 ? ls_launch<__nv_bfloat16>(c, a, l->mode, norm, v, n_warps, smem)
-                                : ls_launch<__half>(c, a, l->mode, norm, v, n_warps, smem);
-    if (rc == 0 && a.rk)
-        *roped = 1;
-    return rc;
+    return t == BE_BF16 ? ls_launch<__nv_bfloat16>(c, a, l->mode, norm, v, n_warps, smem)
+                        : ls_launch<__half>(c, a, l->mode, norm, v, n_warps, smem);
 }
