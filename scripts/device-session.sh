@@ -12,12 +12,15 @@
 #   trace   gpu_bench's decode suite (--quick) with one step of each resident case traced by
 #           CUPTI (RKV_PROFILE_TRACE): the kernels as the step runs them, per kernel and gap;
 #           OUT/trace.txt, every kernel in OUT/trace.csv (~1 min)
+#   profile ncu of the streamed o linear alone (gpu_bench's linear suite, one launch after ten):
+#           speed of light, occupancy, warp states, scheduler, memory sections in
+#           OUT/ncu_o.txt (the o phase is b=1's largest loss: 18.6 us for 7.3 us of bytes)
 #   here:  scripts/bench-system.sh --pack .benchpack build/bs
 #   there: sh scripts/device-session.sh .benchpack $OUT check   (carry .benchpack.tgz: it unpacks there), then system
 # everything lands in OUT, and OUT/all.tgz holds it all (the device tool returns few files).
 set -u
-PACK=${1:?usage: scripts/device-session.sh PACK OUT [check|system|trace]}
-OUT=${2:?usage: scripts/device-session.sh PACK OUT [check|system|trace]}
+PACK=${1:?usage: scripts/device-session.sh PACK OUT [check|system|trace|profile]}
+OUT=${2:?usage: scripts/device-session.sh PACK OUT [check|system|trace|profile]}
 WHAT=${3:-check}
 mkdir -p "$OUT"
 # shellcheck source=scripts/pack-lib.sh
@@ -60,8 +63,20 @@ trace)
     # batch 1 at 4k in full: its kernels by time and the middle of its step in order
     sed -n '/trace b=1 ctx=4096:/,/decode /p' "$OUT/trace.txt"
     ;;
+profile)
+    step "ncu: the streamed o linear (bf16, add, 4096 wide) of gpu_bench's linear suite"
+    # the o instantiation of ls_kernel (mode add, no norm, one 16-byte vector a lane)
+    timeout 300 ncu --clock-control none --kernel-name-base mangled \
+        --kernel-name regex:'ls_kernel.*Li1ELi1ELb0ELi1E' --launch-skip 10 --launch-count 1 \
+        --section SpeedOfLight --section Occupancy --section WarpStateStats \
+        --section SchedulerStats --section MemoryWorkloadAnalysis \
+        "$B/gpu_bench" --suite linear >"$OUT/ncu_o.txt" 2>&1
+    echo "rc=$?" >>"$OUT/ncu_o.txt"
+    grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Stall|rc=" \
+        "$OUT/ncu_o.txt" | head -30
+    ;;
 *)
-    echo "device-session: say check, system or trace, not $WHAT" >&2
+    echo "device-session: say check, system, trace or profile, not $WHAT" >&2
     exit 2
     ;;
 esac
