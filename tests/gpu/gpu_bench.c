@@ -40,6 +40,17 @@ static int dec_step(struct fwd *f, const struct fwd_seq *seqs, uint32_t n, const
     return fwd_step_greedy(f, seqs, n, d->logits, d->ids, d->lps, &used);
 }
 
+/* seconds a decode step of seqs takes over `steps` steps: greedy (dec_step), or sampled (every
+ * logit to the host, as the worker's samplers read them); *rc: the first failure */
+static double time_steps(struct fwd *f, const struct fwd_seq *seqs, uint32_t n, int steps,
+                         const struct dec_bufs *d, int sampled, int *rc)
+{
+    double t0 = gu_now();
+    for (int i = 0; i < steps && *rc == 0; i++)
+        *rc = sampled ? fwd_step(f, seqs, n, 0, d->logits) : dec_step(f, seqs, n, d);
+    return (gu_now() - t0) / steps;
+}
+
 /* one more decode step of seqs traced under label (dec_step synchronizes: its ids are read
  * back); 0 or the step's rc */
 static int trace_step(const char *label, struct fwd *f, const struct fwd_seq *seqs, uint32_t n,
@@ -147,7 +158,7 @@ static int bench_attention(struct backend *be, int quick)
     struct kv_block_ref *tab = malloc(sizeof(*tab) * nb);
     /* 512: the step is nearly all weights, so its gap to 4k is what 4k's attention costs */
     uint32_t ctxs[] = {512, 4096, 32768, 131072};
-    for (int ci = 0; ci < 3; ci++) {
+    for (size_t ci = 0; ci < sizeof(ctxs) / sizeof(ctxs[0]); ci++) {
         uint32_t ctx = ctxs[ci];
         if (ctx > max_ctx)
             continue;
@@ -404,7 +415,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
     uint32_t ctxs[] = {512, 4096, 32768, 131072};
     int fracs[] = {0, 25, 50, 90, 100};
     int profiled = 0; /* RKV_PROFILE_EXIT: stop after the profiled step */
-    for (int ci = 0; ci < 4 && !profiled && decode; ci++) {
+    for (size_t ci = 0; ci < sizeof(ctxs) / sizeof(ctxs[0]) && !profiled && decode; ci++) {
         uint32_t ctx = ctxs[ci];
         if (ctx > max_ctx)
             continue;
@@ -443,10 +454,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
             }
             if (profiled)
                 break;
-            double t1 = gu_now();
-            for (int i = 0; i < steps && rc == 0; i++)
-                rc = dec_step(f, &s, 1, &db);
-            double t = (gu_now() - t1) / steps;
+            double t = time_steps(f, &s, 1, steps, &db, 0, &rc);
             if (rc < 0) {
                 fprintf(stderr, "bench: decode step failed: %s\n", rkv_strerror(rc));
                 break;
@@ -457,12 +465,8 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
             record("decode", name, 1.0 / t, "tok/s", 1.0 / bound, bound / t);
             graph_counts(be, 1);
             if (n_host == 0 && ctx == 4096 && rc == 0) {
-                /* a sampled row: every logit to the host (pinned), as the worker's samplers
-                 * read them */
-                t1 = gu_now();
-                for (int i = 0; i < steps && rc == 0; i++)
-                    rc = fwd_step(f, &s, 1, 0, logits);
-                t = (gu_now() - t1) / steps;
+                /* a sampled row: every logit to the host (pinned) */
+                t = time_steps(f, &s, 1, steps, &db, 1, &rc);
                 record("decode", "decode b=1 ctx=4096 sampled, logits to the host (tok/s)", 1.0 / t,
                        "tok/s", 1.0 / bound, bound / t);
             }
@@ -499,10 +503,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
             rkv_cuda_profiler(0);
             profiled = 1;
         } else {
-            double t1 = gu_now();
-            for (int i = 0; i < 20 && rc == 0; i++)
-                rc = dec_step(f, ss, NS, &db);
-            double t = (gu_now() - t1) / 20;
+            double t = time_steps(f, ss, NS, 20, &db, 0, &rc);
             double bound = (wbytes + NS * 4096.0 * kv_per_tok) / hbm;
             char name[96];
             snprintf(name, sizeof(name), "decode b=%u ctx=4096 (tok/s)", NS);
@@ -510,10 +511,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
             graph_counts(be, 1);
             if (NS == S && rc == 0) {
                 /* sampled rows: every row's logits to the host (pinned) */
-                t1 = gu_now();
-                for (int i = 0; i < 20 && rc == 0; i++)
-                    rc = fwd_step(f, ss, NS, 0, logits);
-                t = (gu_now() - t1) / 20;
+                t = time_steps(f, ss, NS, 20, &db, 1, &rc);
                 snprintf(name, sizeof(name), "decode b=%u ctx=4096 sampled, logits to the host",
                          NS);
                 record("decode", name, NS / t, "tok/s", NS / bound, bound / t);
@@ -547,10 +545,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
             profiled = 1;
             break;
         }
-        double t1 = gu_now();
-        for (int i = 0; i < 5 && rc == 0; i++)
-            rc = dec_step(f, ss, NS, &db);
-        double t = (gu_now() - t1) / 5;
+        double t = time_steps(f, ss, NS, 5, &db, 0, &rc);
         double host_b = (double)NS * n_host * 256 * kv_per_tok,
                dev_b = (double)NS * (nbs - n_host) * 256 * kv_per_tok;
         double t_hbm = (wbytes + dev_b) / hbm, t_pcie = host_b / pcie;

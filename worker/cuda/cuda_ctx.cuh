@@ -293,7 +293,6 @@ __device__ __forceinline__ char *cuda_kv_block(char *pool0, char *pool1, uint32_
 /* rotation of pair i (of n_rot/2) at position pos: theta = pos * scale *
  * base^(-2i/n_rot) in double (positions reach 1e5+ radians), reduced to
  * [-pi, pi] before a float sincos */
-
 __device__ __forceinline__ void cuda_rope_sincos(int32_t pos, uint32_t i, uint32_t n_rot,
                                                  float base, float scale, float *sn, float *cs)
 {
