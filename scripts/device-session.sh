@@ -69,9 +69,14 @@ profile)
     timeout 300 ncu --clock-control none --kernel-name-base mangled \
         --kernel-name regex:'ls_kernel.*Li1ELi1ELb0ELi1E' --launch-skip 10 --launch-count 1 \
         --section SpeedOfLight --section Occupancy --section WarpStateStats \
-        --section SchedulerStats --section MemoryWorkloadAnalysis \
+        --section SchedulerStats --section MemoryWorkloadAnalysis --section SourceCounters \
+        --export "$OUT/ncu_o" --force-overwrite \
         "$B/gpu_bench" --suite linear >"$OUT/ncu_o.txt" 2>&1
     echo "rc=$?" >>"$OUT/ncu_o.txt"
+    ncu --import "$OUT/ncu_o.ncu-rep" --print-details all >>"$OUT/ncu_o.txt" 2>&1
+    # stall samples per sass instruction: which warp role waits where
+    ncu --import "$OUT/ncu_o.ncu-rep" --page source --csv --print-source sass \
+        >"$OUT/ncu_o_sass.csv" 2>&1
     grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Stall|rc=" \
         "$OUT/ncu_o.txt" | head -30
     ;;

@@ -1439,6 +1439,7 @@ static void cu_free(void *ctx)
     cudaFree(c->lin_h);
     cudaFree(c->pass_part);
     cudaFree(c->greedy_buf);
+    cudaFree(c->ls_ctr);
     free(c->bat_dst);
     free(c->bat_src);
     free(c->bat_size);
@@ -1578,6 +1579,9 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         if (c->blas_ws && cublasSetWorkspace(c->blas, c->blas_ws, ws) != CUBLAS_STATUS_SUCCESS)
             goto fail;
     }
+    if (cudaMalloc(&c->ls_ctr, 2 * sizeof(uint32_t)) != cudaSuccess ||
+        cudaMemset(c->ls_ctr, 0, 2 * sizeof(uint32_t)) != cudaSuccess)
+        goto fail;
     {
         c->precise = cu_env_flag("RKV_CUDA_PRECISE", 0);
         c->fuse = cu_env_flag("RKV_CUDA_FUSE", 1);
@@ -1638,6 +1642,8 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
          * under half an SM's shared memory, so the next launch's block fits beside this one */
         c->ls_stage = cu_env_kb("RKV_CUDA_LS_STAGE_KB", 32, 4, 64) << 10;
         c->ls_ring = cu_env_kb("RKV_CUDA_LS_RING_KB", 96, 16, 200) << 10;
+        c->ls_dyn = (int)rkv_env_u64("RKV_CUDA_LS_DYN", 2, 0, 2);
+        c->ls_t4 = cu_env_flag("RKV_CUDA_LS_T4", 1);
         /* 1: steps of up to CUDA_GRAPH_ROWS rows, 2: every decode step, 0: none */
         c->graph_on = (int)rkv_env_u64("RKV_CUDA_GRAPH", 1, 0, 2);
     }

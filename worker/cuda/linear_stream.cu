@@ -1,10 +1,15 @@
 /* linear_stream.cu - the fused decode linears for one token with 16-bit weights, streamed
- * through shared memory. One persistent block per SM takes a contiguous range of weight rows.
- * Its producer warp moves tiles of whole rows with bulk copies (cp.async.bulk, completion counted
- * on an mbarrier) into a ring of stages, so the bytes in flight do not cost registers. Each
- * consumer warp owns a fixed column slice of every row and keeps that slice of x (normed, when
- * the norm is folded in) in registers. A finisher warp sums the warps' partials of each tile in
- * a fixed order (the result does not depend on timing) and writes the outputs; on the producer's
+ * through shared memory. One persistent block per SM takes tiles of whole weight rows: its first
+ * ring's worth by block number, then the next tile left (a counter), so a block that starts late
+ * beside another kernel's does less instead of holding up the launch (b=1 4k 0.818 of the bound
+ * against 0.799, H200). The adding ones (o, down) keep a contiguous range of rows a block and
+ * read the outputs they add into once at the start (0.821). Its producer warp moves the tiles
+ * with bulk copies (cp.async.bulk, completion counted on an mbarrier) into a ring of stages, so
+ * the bytes in flight do not cost registers. Each consumer warp owns a fixed column slice of
+ * every row and keeps that slice of x (normed, when the norm is folded in) in registers; the
+ * four dot products of a 4-row tile are summed over the lanes together (6 shuffles, not 20:
+ * 0.804; all three changes 0.835). A finisher warp sums the warps' partials of each tile in a
+ * fixed order (the result does not depend on timing) and writes the outputs; on the producer's
  * path that summing halved the throughput. Launched with programmatic serialization, the next
  * launch's producer prefetches its weights while this one ends. */
 #include "worker/cuda/cuda_ops.cuh"
@@ -25,6 +30,39 @@ struct ls_kargs {
     uint32_t n_in, n, n_rows, n_mat;
     uint32_t row_bytes, rows_per_tile, n_stages, stage_bytes;
     uint32_t red_off, bar_off; /* byte offsets into dynamic shared memory */
+    /* dynamic tiles (dyn): tiles of rows_per_tile rows per matrix, tend[m] cumulative; a block
+     * takes tiles j * grid + block for j < n_stages, then ctr[0]'s next (ctr: tiles taken,
+     * blocks done, zero between launches) */
+    uint32_t dyn, n_tiles, tend[BE_LIN_MAX];
+    uint32_t t4; /* tiles of four dot products summed over the lanes together */
+    /* ADD with a fixed range of rows a block: the block's outputs are read once at the start
+     * into shared memory at res_off (res_rows a token), not once a tile on the finisher's path
+     * (o alone: 0.79 of hbm against 0.63, an atomic add 0.63) */
+    uint32_t res_off, res_rows;
+    uint32_t *ctr;
+};
+
+/* what the producer queued as tile k (slot k % 2S): its matrix, first row and rows; 0 rows:
+ * the end */
+struct ls_tinfo {
+    uint32_t m, row, cnt, pad;
+};
+
+/* a role's place in the ring: stage s of S (parity ph of its barriers) and partials slot h of
+ * 2S (parity hph) */
+struct ls_pos {
+    uint32_t s = 0, ph = 0, h = 0, hph = 0;
+    __device__ __forceinline__ void next(uint32_t S)
+    {
+        if (++s == S) {
+            s = 0;
+            ph ^= 1;
+        }
+        if (++h == 2 * S) {
+            h = 0;
+            hph ^= 1;
+        }
+    }
 };
 
 /* --- mbarrier and bulk copy (sm_90) ------------------------------------------------------- */
@@ -81,6 +119,16 @@ __device__ __forceinline__ void ls_tile(const ls_kargs &a, uint32_t u, uint32_t 
     cnt = lim - u < a.rows_per_tile ? lim - u : a.rows_per_tile;
 }
 
+/* dynamic tile t: its matrix, first row and rows */
+__device__ __forceinline__ void ls_tile_dyn(const ls_kargs &a, uint32_t t, uint32_t &m,
+                                            uint32_t &row, uint32_t &cnt)
+{
+    m = a.n_mat > 1 && t >= a.tend[0] ? (a.n_mat > 2 && t >= a.tend[1] ? 2 : 1) : 0;
+    const uint32_t rows = m == 0 ? a.end[0] : a.end[m] - a.end[m - 1];
+    row = (t - (m == 0 ? 0 : a.tend[m - 1])) * a.rows_per_tile;
+    cnt = rows - row < a.rows_per_tile ? rows - row : a.rows_per_tile;
+}
+
 __device__ __forceinline__ float ls_warp_sum(float v)
 {
     for (int o = 16; o > 0; o >>= 1)
@@ -93,11 +141,12 @@ __device__ __forceinline__ float ls_warp_sum(float v)
  * of two), the same order every time, so the result does not depend on timing. ti: the tile's
  * matrix, first row and rows; output o is row o / NT of token o % NT */
 template <int NT, int MODE>
-__device__ __forceinline__ void ls_finish(const ls_kargs &a, const float *red, const uint32_t *ti,
-                                          uint32_t nw, uint32_t np2, uint32_t lane)
+__device__ __forceinline__ void ls_finish(const ls_kargs &a, const float *red, const ls_tinfo &ti,
+                                          uint32_t nw, uint32_t np2, uint32_t lane,
+                                          const float *res, uint32_t u_beg)
 {
     constexpr int NR = MODE == BE_LIN_SWIGLU ? 2 : 1;
-    const uint32_t m = ti[0], row = ti[1], n_o = ti[2] * NT, per = a.rows_per_tile * NR * NT;
+    const uint32_t m = ti.m, row = ti.row, n_o = ti.cnt * NT, per = a.rows_per_tile * NR * NT;
     const uint32_t w = lane & (np2 - 1), group = 32 / np2;
     const float *bm = m == 0 ? a.bias[0] : m == 1 ? a.bias[1] : a.bias[2];
     float *om = m == 0 ? a.out[0] : m == 1 ? a.out[1] : a.out[2];
@@ -117,11 +166,60 @@ __device__ __forceinline__ void ls_finish(const ls_kargs &a, const float *red, c
         const float b = bm ? bm[row + r] : 0.0f;
         if constexpr (MODE == BE_LIN_SET)
             *y = v[0] + b;
-        else if constexpr (MODE == BE_LIN_ADD)
-            *y += v[0] + b;
-        else
+        else if constexpr (MODE == BE_LIN_ADD) {
+            if (res)
+                *y = res[t * a.res_rows + row + r - u_beg] + (v[0] + b);
+            else
+                *y += v[0] + b;
+        } else
             *y = v[0] / (1.0f + expf(-v[0])) * v[NR - 1];
     }
+}
+
+/* acc += this lane's V 16-byte vectors of a weight row (wr: its first) . x's (xr) */
+template <typename W, int V>
+__device__ __forceinline__ void ls_dot(const W *wr, const float *xr, float &acc)
+{
+    constexpr int VEC = 16 / sizeof(W);
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        float f[VEC];
+        cuda_unpack16(*(const uint4 *)(wr + j * 32 * VEC), (const W *)nullptr, f);
+#pragma unroll
+        for (int e = 0; e < VEC; e++)
+            acc += f[e] * xr[j * VEC + e];
+    }
+}
+
+/* the producer's tile k: waits for its stage and partials slot, notes the tile for the
+ * consumers and the finisher, and queues its rows (0 rows: the end, an arrival with no bytes) */
+template <int NR>
+__device__ __forceinline__ void ls_put(const ls_kargs &a, unsigned char *sm, uint64_t *full,
+                                       const uint64_t *empty, const uint64_t *fin, ls_tinfo *info,
+                                       const ls_pos &p, uint32_t k, uint32_t m, uint32_t row,
+                                       uint32_t cnt, uint32_t lane, uint64_t policy)
+{
+    const uint32_t S = a.n_stages;
+    if (k >= S)
+        ls_bar_wait((uint64_t *)&empty[p.s], p.ph ^ 1);
+    if (k >= 2 * S)
+        ls_bar_wait((uint64_t *)&fin[p.h], p.hph ^ 1);
+    if (lane == 0) {
+        info[p.h] = {m, row, cnt, 0};
+        if (cnt == 0) {
+            ls_bar_arrive(&full[p.s]);
+        } else {
+            const uint32_t bytes = cnt * a.row_bytes, R = a.rows_per_tile;
+            const char *wm = m == 0 ? a.w[0] : m == 1 ? a.w[1] : a.w[2];
+            char *st = (char *)sm + (size_t)p.s * a.stage_bytes;
+            ls_bar_expect(&full[p.s], bytes * NR);
+            ls_copy(st, wm + (size_t)row * a.row_bytes, bytes, &full[p.s], policy);
+            if constexpr (NR == 2)
+                ls_copy(st + (size_t)R * a.row_bytes, a.w[1] + (size_t)row * a.row_bytes, bytes,
+                        &full[p.s], policy);
+        }
+    }
+    __syncwarp();
 }
 
 /* V: 16-byte vectors of a row per lane; the block has n_in / (V * 32 * VEC) consumer warps */
@@ -131,17 +229,16 @@ __global__ void __launch_bounds__((LS_MAX_WARPS + 2) * 32, V *NT <= 2 ? 2 : 1) l
     constexpr int VEC = 16 / sizeof(W);
     constexpr int NR = MODE == BE_LIN_SWIGLU ? 2 : 1;
     extern __shared__ __align__(128) unsigned char sm[];
-    const uint32_t S = a.n_stages, R = a.rows_per_tile, nw = blockDim.x / 32 - 2;
+    const uint32_t S = a.n_stages, nw = blockDim.x / 32 - 2;
     const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const uint32_t per = R * NR * NT;              /* partials of one warp and tile */
-    float *red = (float *)(sm + a.red_off);        /* [2S][nw][per] */
-    uint64_t *full = (uint64_t *)(sm + a.bar_off); /* [S] the stage's bytes landed */
-    uint64_t *empty = full + LS_MAX_STAGES;        /* [S] its consumers are done */
+    const uint32_t per = a.rows_per_tile * NR * NT; /* partials of one warp and tile */
+    float *red = (float *)(sm + a.red_off);         /* [2S][nw][per] */
+    uint64_t *full = (uint64_t *)(sm + a.bar_off);  /* [S] the stage's bytes landed */
+    uint64_t *empty = full + LS_MAX_STAGES;         /* [S] its consumers are done */
     uint64_t *done = empty + LS_MAX_STAGES;   /* [2S] the partials of slot k % 2S are written */
     uint64_t *fin = done + 2 * LS_MAX_STAGES; /* [2S] ... and summed: the slot is free */
-    float *ssq = (float *)(fin + 2 * LS_MAX_STAGES); /* [nw][NT] sums of squares */
-    const uint32_t u_beg = (uint32_t)((uint64_t)blockIdx.x * a.n_rows / gridDim.x);
-    const uint32_t u_end = (uint32_t)((uint64_t)(blockIdx.x + 1) * a.n_rows / gridDim.x);
+    float *ssq = (float *)(fin + 2 * LS_MAX_STAGES);       /* [nw][NT] sums of squares */
+    ls_tinfo *info = (ls_tinfo *)(ssq + LS_MAX_WARPS * 2); /* [2S] the tiles queued */
 
     if (threadIdx.x == 0) {
         for (uint32_t s = 0; s < S; s++) {
@@ -164,28 +261,58 @@ __global__ void __launch_bounds__((LS_MAX_WARPS + 2) * 32, V *NT <= 2 ? 2 : 1) l
         /* evict-first: the weights are read once a step (evict-normal measured slower) */
         uint64_t policy = 0;
         asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-        uint32_t k = 0;
-        for (uint32_t u = u_beg; u < u_end; k++) {
-            uint32_t m, row, cnt;
-            ls_tile(a, u, u_end, m, row, cnt);
-            const uint32_t s = k % S;
-            if (k >= S)
-                ls_bar_wait(&empty[s], (k / S - 1) & 1);
-            if (k >= 2 * S)
-                ls_bar_wait(&fin[k % (2 * S)], (k / (2 * S) - 1) & 1);
-            if (lane == 0) {
-                const uint32_t bytes = cnt * a.row_bytes;
-                const char *wm = m == 0 ? a.w[0] : m == 1 ? a.w[1] : a.w[2];
-                char *st = (char *)sm + (size_t)s * a.stage_bytes;
-                ls_bar_expect(&full[s], bytes * NR);
-                ls_copy(st, wm + (size_t)row * a.row_bytes, bytes, &full[s], policy);
-                if constexpr (NR == 2)
-                    ls_copy(st + (size_t)R * a.row_bytes, a.w[1] + (size_t)row * a.row_bytes, bytes,
-                            &full[s], policy);
+        ls_pos p;
+        uint32_t k = 0, m, row, cnt;
+        if (!a.dyn) {
+            /* a fixed range of rows a block */
+            const uint32_t u_end = (uint32_t)((uint64_t)(blockIdx.x + 1) * a.n_rows / gridDim.x);
+            for (uint32_t u = (uint32_t)((uint64_t)blockIdx.x * a.n_rows / gridDim.x); u < u_end;
+                 k++, p.next(S)) {
+                ls_tile(a, u, u_end, m, row, cnt);
+                ls_put<NR>(a, sm, full, empty, fin, info, p, k, m, row, cnt, lane, policy);
+                u += cnt;
             }
-            __syncwarp();
-            u += cnt;
+        } else {
+            /* the first ring's tiles by block, the rest from the counter. The counter is
+             * first taken after the launch before has ended (it zeroes the counter at its
+             * end), when this block's ring is full anyway */
+            const uint32_t first = S * gridDim.x;
+            bool took = false;
+            uint32_t nx = 0;
+            for (;; k++, p.next(S)) {
+                uint32_t t;
+                if (k < S) {
+                    t = k * gridDim.x + blockIdx.x;
+                } else {
+                    if (!took) {
+                        asm volatile("griddepcontrol.wait;" ::: "memory");
+                        if (lane == 0)
+                            nx = atomicAdd(&a.ctr[0], 1);
+                        took = true;
+                    }
+                    t = first + __shfl_sync(0xffffffff, nx, 0);
+                    /* the next one is asked for now; its answer is read a tile later */
+                    if (t < a.n_tiles && lane == 0)
+                        nx = atomicAdd(&a.ctr[0], 1);
+                }
+                if (t >= a.n_tiles)
+                    break;
+                ls_tile_dyn(a, t, m, row, cnt);
+                ls_put<NR>(a, sm, full, empty, fin, info, p, k, m, row, cnt, lane, policy);
+            }
+            if (took && lane == 0) {
+                /* every take of this block has answered; the last block to take zeroes the
+                 * counter (blocks take once their first ring's tiles all exist) */
+                const uint32_t rest = a.n_tiles - (S - 1) * gridDim.x;
+                const uint32_t takers = rest < gridDim.x ? rest : gridDim.x;
+                __threadfence();
+                if (atomicAdd(&a.ctr[1], 1) == takers - 1) {
+                    atomicExch(&a.ctr[0], 0);
+                    atomicExch(&a.ctr[1], 0);
+                }
+            }
         }
+        ls_put<NR>(a, sm, full, empty, fin, info, p, k, 0, 0, 0, lane, policy);
         return;
     }
     if (warp == nw + 1) {
@@ -193,19 +320,28 @@ __global__ void __launch_bounds__((LS_MAX_WARPS + 2) * 32, V *NT <= 2 ? 2 : 1) l
         uint32_t np2 = 1;
         while (np2 < nw)
             np2 *= 2;
-        uint32_t k = 0;
-        for (uint32_t u = u_beg; u < u_end; k++) {
-            uint32_t ti[3];
-            ls_tile(a, u, u_end, ti[0], ti[1], ti[2]);
-            const uint32_t h = k % (2 * S);
-            ls_bar_wait(&done[h], (k / (2 * S)) & 1);
-            ls_finish<NT, MODE>(a, red + (size_t)h * nw * per, ti, nw, np2, lane);
+        const uint32_t u_beg = (uint32_t)((uint64_t)blockIdx.x * a.n_rows / gridDim.x);
+        float *res = nullptr;
+        if (MODE == BE_LIN_ADD && a.res_rows) {
+            const uint32_t nr =
+                (uint32_t)((uint64_t)(blockIdx.x + 1) * a.n_rows / gridDim.x) - u_beg;
+            res = (float *)(sm + a.res_off);
+            asm volatile("griddepcontrol.wait;" ::: "memory");
+            for (uint32_t i = lane; i < nr * NT; i += 32)
+                res[(i / nr) * a.res_rows + i % nr] =
+                    a.out[0][(size_t)(i / nr) * a.n_out[0] + u_beg + i % nr];
+            __syncwarp();
+        }
+        for (ls_pos p;; p.next(S)) {
+            ls_bar_wait(&done[p.h], p.hph);
+            const ls_tinfo ti = info[p.h];
+            if (ti.cnt == 0)
+                return;
+            ls_finish<NT, MODE>(a, red + (size_t)p.h * nw * per, ti, nw, np2, lane, res, u_beg);
             __syncwarp();
             if (lane == 0)
-                ls_bar_arrive(&fin[h]);
-            u += ti[2];
+                ls_bar_arrive(&fin[p.h]);
         }
-        return;
     }
 
     /* consumers: x of this warp's columns into registers, after the kernel that wrote it */
@@ -259,46 +395,63 @@ __global__ void __launch_bounds__((LS_MAX_WARPS + 2) * 32, V *NT <= 2 ? 2 : 1) l
             }
         }
     }
-    uint32_t k = 0;
-    for (uint32_t u = u_beg; u < u_end; k++) {
-        uint32_t m, row, cnt;
-        ls_tile(a, u, u_end, m, row, cnt);
-        const uint32_t s = k % S;
-        ls_bar_wait(&full[s], (k / S) & 1);
-        const char *st = (const char *)sm + (size_t)s * a.stage_bytes;
-        float *rp = red + ((size_t)(k % (2 * S)) * nw + warp) * per;
-        for (uint32_t r = 0; r < cnt; r++) {
+    const uint32_t R = a.rows_per_tile;
+    for (ls_pos p;; p.next(S)) {
+        ls_bar_wait(&full[p.s], p.ph);
+        const uint32_t cnt = info[p.h].cnt;
+        if (cnt == 0) {
+            /* the end: the finisher learns it from the same slot */
+            __syncwarp();
+            if (lane == 0)
+                ls_bar_arrive(&done[p.h]);
+            return;
+        }
+        const char *st = (const char *)sm + (size_t)p.s * a.stage_bytes;
+        float *rp = red + ((size_t)p.h * nw + warp) * per;
+        if (NT == 1 && a.t4 && R * NR == 4) {
+            /* four dot products a tile (4 rows, or 2 rows of gate and up): summed over the
+             * lanes by halving them, 6 shuffles instead of 20. Lanes 8j hold product j */
+            float d[4];
 #pragma unroll
-            for (int q = 0; q < NR; q++) {
-                const W *wr = (const W *)(st + (size_t)(q * R + r) * a.row_bytes) + col0;
-                float acc[NT];
+            for (int i = 0; i < 4; i++) {
+                const uint32_t r = i / NR, q = i % NR;
+                d[i] = 0.0f;
+                if (r < cnt)
+                    ls_dot<W, V>((const W *)(st + (size_t)(q * R + r) * a.row_bytes) + col0, xr[0],
+                                 d[i]);
+            }
+            const bool hi = lane & 16, h8 = lane & 8;
+            float k0 = hi ? d[2] : d[0], k1 = hi ? d[3] : d[1];
+            k0 += __shfl_xor_sync(0xffffffff, hi ? d[0] : d[2], 16);
+            k1 += __shfl_xor_sync(0xffffffff, hi ? d[1] : d[3], 16);
+            float v = h8 ? k1 : k0;
+            v += __shfl_xor_sync(0xffffffff, h8 ? k0 : k1, 8);
+            v += __shfl_xor_sync(0xffffffff, v, 4);
+            v += __shfl_xor_sync(0xffffffff, v, 2);
+            v += __shfl_xor_sync(0xffffffff, v, 1);
+            if ((lane & 7) == 0)
+                rp[lane >> 3] = v;
+        } else {
+            for (uint32_t r = 0; r < cnt; r++) {
 #pragma unroll
-                for (int t = 0; t < NT; t++)
-                    acc[t] = 0.0f;
+                for (int q = 0; q < NR; q++) {
+                    const W *wr = (const W *)(st + (size_t)(q * R + r) * a.row_bytes) + col0;
 #pragma unroll
-                for (int j = 0; j < V; j++) {
-                    float f[VEC];
-                    cuda_unpack16(*(const uint4 *)(wr + j * 32 * VEC), (const W *)nullptr, f);
-#pragma unroll
-                    for (int t = 0; t < NT; t++)
-#pragma unroll
-                        for (int e = 0; e < VEC; e++)
-                            acc[t] += f[e] * xr[t][j * VEC + e];
-                }
-#pragma unroll
-                for (int t = 0; t < NT; t++) {
-                    const float v = ls_warp_sum(acc[t]);
-                    if (lane == 0)
-                        rp[(r * NR + q) * NT + t] = v;
+                    for (int t = 0; t < NT; t++) {
+                        float acc = 0.0f;
+                        ls_dot<W, V>(wr, xr[t], acc);
+                        const float v = ls_warp_sum(acc);
+                        if (lane == 0)
+                            rp[(r * NR + q) * NT + t] = v;
+                    }
                 }
             }
         }
         __syncwarp();
         if (lane == 0) {
-            ls_bar_arrive(&empty[s]);
-            ls_bar_arrive(&done[k % (2 * S)]);
+            ls_bar_arrive(&empty[p.s]);
+            ls_bar_arrive(&done[p.h]);
         }
-        u += cnt;
     }
 }
 
@@ -312,7 +465,8 @@ static int ls_run(struct cuda_ctx *c, ls_kargs &a, uint32_t n_warps, size_t smem
         CU_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         smem_set = smem;
     }
-    const unsigned grid = a.n_rows < (uint32_t)c->n_sm ? a.n_rows : (unsigned)c->n_sm;
+    const uint32_t units = a.dyn ? a.n_tiles : a.n_rows;
+    const unsigned grid = units < (uint32_t)c->n_sm ? units : (unsigned)c->n_sm;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(grid);
     cfg.blockDim = dim3((n_warps + 2) * 32);
@@ -417,8 +571,30 @@ int cuda_linear_stream(struct cuda_ctx *c, const struct be_linear *l, uint32_t n
     size_t bar = a.red_off + (size_t)2 * n_st * n_warps * rpt * nr * n * sizeof(float);
     bar = (bar + 15) & ~(size_t)15;
     a.bar_off = (uint32_t)bar;
-    const size_t smem =
-        bar + 6 * LS_MAX_STAGES * sizeof(uint64_t) + LS_MAX_WARPS * 2 * sizeof(float);
+    size_t smem = bar + 6 * LS_MAX_STAGES * sizeof(uint64_t) + LS_MAX_WARPS * 2 * sizeof(float) +
+                  2 * LS_MAX_STAGES * sizeof(ls_tinfo);
+    a.t4 = (uint32_t)c->ls_t4;
+    /* dynamic tiles (ls_dyn 1), or all but the adding ones, which read their outputs at the
+     * start instead (2) */
+    const bool dyn = c->ls_dyn == 1 || (c->ls_dyn == 2 && l->mode != BE_LIN_ADD);
+    if (l->mode == BE_LIN_ADD && !dyn) {
+        const uint32_t grid = a.n_rows < (uint32_t)c->n_sm ? a.n_rows : (uint32_t)c->n_sm;
+        a.res_rows = (a.n_rows + grid - 1) / grid;
+        a.res_off = (uint32_t)smem;
+        smem += (size_t)a.res_rows * n * sizeof(float);
+    }
+    if (dyn) {
+        /* tiles of each matrix (SET), or of the one */
+        uint32_t tiles = 0;
+        for (uint32_t i = 0; i < a.n_mat; i++) {
+            const uint32_t r = a.n_mat > 1 ? l->w[i]->rows : a.n_rows;
+            tiles += (r + rpt - 1) / rpt;
+            a.tend[i] = tiles;
+        }
+        a.dyn = 1;
+        a.n_tiles = tiles;
+        a.ctr = c->ls_ctr;
+    }
     return t == BE_BF16 ? ls_launch<__nv_bfloat16>(c, a, l->mode, norm, v, n_warps, smem)
                         : ls_launch<__half>(c, a, l->mode, norm, v, n_warps, smem);
 }
