@@ -11,10 +11,12 @@
 #           RKV_STEP_REPORT_MS=500) (~9 min)
 #   trace   gpu_bench's decode suite (--quick) with one step of each resident case traced by
 #           CUPTI (RKV_PROFILE_TRACE): the kernels as the step runs them, per kernel and gap;
-#           OUT/trace.txt, every kernel in OUT/trace.csv (~1 min)
+#           OUT/trace.txt, every kernel in OUT/trace.csv, a layer's phases of each case in
+#           OUT/phases.txt (scripts/trace-phases.py) (~1 min)
 #   profile ncu of the streamed o linear alone (gpu_bench's linear suite, one launch after ten):
 #           speed of light, occupancy, warp states, scheduler, memory sections in
-#           OUT/ncu_o.txt (the o phase is b=1's largest loss: 18.6 us for 7.3 us of bytes)
+#           OUT/ncu_o.txt, the report in OUT/ncu_o.ncu-rep and the stall samples of each SASS
+#           instruction in OUT/ncu_o_sass.csv (o: 16.5 us for 7.3 us of bytes in a b=1 step)
 #   here:  scripts/bench-system.sh --pack .benchpack build/bs
 #   there: sh scripts/device-session.sh .benchpack $OUT check   (carry .benchpack.tgz: it unpacks there), then system
 # everything lands in OUT, and OUT/all.tgz holds it all (the device tool returns few files).
@@ -62,6 +64,9 @@ trace)
     grep -E "decode b=|trace |rc=" "$OUT/trace.txt" | sed 's/  */ /g'
     # batch 1 at 4k in full: its kernels by time and the middle of its step in order
     sed -n '/trace b=1 ctx=4096:/,/decode /p' "$OUT/trace.txt"
+    # one layer's phases (medians over the layers) of every traced case
+    python3 "$(dirname "$0")/trace-phases.py" "$OUT/trace.csv" >"$OUT/phases.txt" 2>&1
+    cat "$OUT/phases.txt"
     ;;
 profile)
     step "ncu: the streamed o linear (bf16, add, 4096 wide) of gpu_bench's linear suite"
