@@ -72,27 +72,31 @@ __global__ void rope_kv_write_kernel(char *pool0, char *pool1, size_t block_byte
     const uint32_t n_q = n_head * half, item = blockIdx.x * blockDim.x + threadIdx.x;
     if (item >= n_q + n_kv_head * hd2)
         return;
-    cuda_grid_wait(); /* q, k, v come from the projection before */
+    /* before the wait, what the step's upload holds (the position, the kv slot) and the
+     * rotation it gives (double-precision exp2 and log2): only q, k and v come from the
+     * projection before. b=1 0.828 / 0.840 at 4k / 32k against 0.827 / 0.834 after the wait */
+    const bool is_q = item < n_q;
+    const uint32_t e = is_q ? 0 : item - n_q, h = is_q ? item / half : e / hd2;
+    const uint32_t j = is_q ? item % half : e % hd2;
     const int32_t p = pos[t];
-    if (item < n_q) {
-        uint32_t h = item / half, i = item % half;
-        float sn, cs;
-        cuda_rope_sincos(p, i, n_rot, base, scale, &sn, &cs);
+    float sn = 0.0f, cs = 1.0f;
+    if (j < half)
+        cuda_rope_sincos(p, j, n_rot, base, scale, &sn, &cs);
+    char *blk = is_q ? nullptr : cuda_kv_block(pool0, pool1, slot[t], block_bytes);
+    cuda_grid_wait(); /* q, k, v come from the projection before */
+    if (is_q) {
         float *hx = q + ((size_t)t * n_head + h) * head_dim;
-        uint32_t i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+        uint32_t i0 = neox ? j : 2 * j, i1 = neox ? j + half : 2 * j + 1;
         float a = hx[i0], b = hx[i1];
         hx[i0] = a * cs - b * sn;
         hx[i1] = a * sn + b * cs;
         return;
     }
-    const uint32_t e = item - n_q, h = e / hd2, j = e % hd2;
     float *kx = k + ((size_t)t * n_kv_head + h) * head_dim;
     const float *vx = v + ((size_t)t * n_kv_head + h) * head_dim;
     uint32_t d0, d1;
     float k0, k1;
     if (j < half) {
-        float sn, cs;
-        cuda_rope_sincos(p, j, n_rot, base, scale, &sn, &cs);
         d0 = neox ? j : 2 * j;
         d1 = neox ? j + half : 2 * j + 1;
         float a = kx[d0], b = kx[d1];
@@ -106,7 +110,6 @@ __global__ void rope_kv_write_kernel(char *pool0, char *pool1, size_t block_byte
         k0 = kx[d0];
         k1 = kx[d1];
     }
-    char *blk = cuda_kv_block(pool0, pool1, slot[t], block_bytes);
     const size_t row = ((size_t)h * B + (uint32_t)p % B) * head_dim;
     T *K = (T *)(blk + k_off) + row, *V = (T *)(blk + v_off) + row;
     K[d0] = kv_cast<T>(k0);
