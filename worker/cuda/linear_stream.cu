@@ -457,7 +457,7 @@ __global__ void __launch_bounds__((LS_MAX_WARPS + 2) * 32, V *NT <= 2 ? 2 : 1) l
 
 /* one instantiation: the shared memory it may use (set once), the launch */
 template <typename W, int NT, int MODE, bool NORM, int V>
-static int ls_run(struct cuda_ctx *c, ls_kargs &a, uint32_t n_warps, size_t smem)
+static int ls_run(struct cuda_ctx *c, ls_kargs &a, unsigned grid, uint32_t n_warps, size_t smem)
 {
     auto fn = ls_kernel<W, NT, MODE, NORM, V>;
     static size_t smem_set;
@@ -465,8 +465,6 @@ static int ls_run(struct cuda_ctx *c, ls_kargs &a, uint32_t n_warps, size_t smem
         CU_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         smem_set = smem;
     }
-    const uint32_t units = a.dyn ? a.n_tiles : a.n_rows;
-    const unsigned grid = units < (uint32_t)c->n_sm ? units : (unsigned)c->n_sm;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(grid);
     cfg.blockDim = dim3((n_warps + 2) * 32);
@@ -482,27 +480,28 @@ static int ls_run(struct cuda_ctx *c, ls_kargs &a, uint32_t n_warps, size_t smem
 }
 
 template <typename W, int MODE, bool NORM>
-static int ls_run_v(struct cuda_ctx *c, ls_kargs &a, uint32_t v, uint32_t n_warps, size_t smem)
+static int ls_run_v(struct cuda_ctx *c, ls_kargs &a, uint32_t v, unsigned grid, uint32_t n_warps,
+                    size_t smem)
 {
     switch (v) {
-    case 1: return ls_run<W, 1, MODE, NORM, 1>(c, a, n_warps, smem);
-    case 2: return ls_run<W, 1, MODE, NORM, 2>(c, a, n_warps, smem);
-    default: return ls_run<W, 1, MODE, NORM, 4>(c, a, n_warps, smem);
+    case 1: return ls_run<W, 1, MODE, NORM, 1>(c, a, grid, n_warps, smem);
+    case 2: return ls_run<W, 1, MODE, NORM, 2>(c, a, grid, n_warps, smem);
+    default: return ls_run<W, 1, MODE, NORM, 4>(c, a, grid, n_warps, smem);
     }
 }
 
 template <typename W>
 static int ls_launch(struct cuda_ctx *c, ls_kargs &a, int mode, bool norm, uint32_t v,
-                     uint32_t n_warps, size_t smem)
+                     unsigned grid, uint32_t n_warps, size_t smem)
 {
     /* the combinations a decoder layer uses: q/k/v and gate/up with the norm folded in, o and
      * down adding into the residual; others take the register kernel (linear.cu) */
     if (mode == BE_LIN_SET && norm)
-        return ls_run_v<W, BE_LIN_SET, true>(c, a, v, n_warps, smem);
+        return ls_run_v<W, BE_LIN_SET, true>(c, a, v, grid, n_warps, smem);
     if (mode == BE_LIN_SWIGLU && norm)
-        return ls_run_v<W, BE_LIN_SWIGLU, true>(c, a, v, n_warps, smem);
+        return ls_run_v<W, BE_LIN_SWIGLU, true>(c, a, v, grid, n_warps, smem);
     if (mode == BE_LIN_ADD && !norm)
-        return ls_run_v<W, BE_LIN_ADD, false>(c, a, v, n_warps, smem);
+        return ls_run_v<W, BE_LIN_ADD, false>(c, a, v, grid, n_warps, smem);
     return 1;
 }
 
@@ -577,12 +576,6 @@ int cuda_linear_stream(struct cuda_ctx *c, const struct be_linear *l, uint32_t n
     /* dynamic tiles (ls_dyn 1), or all but the adding ones, which read their outputs at the
      * start instead (2) */
     const bool dyn = c->ls_dyn == 1 || (c->ls_dyn == 2 && l->mode != BE_LIN_ADD);
-    if (l->mode == BE_LIN_ADD && !dyn) {
-        const uint32_t grid = a.n_rows < (uint32_t)c->n_sm ? a.n_rows : (uint32_t)c->n_sm;
-        a.res_rows = (a.n_rows + grid - 1) / grid;
-        a.res_off = (uint32_t)smem;
-        smem += (size_t)a.res_rows * n * sizeof(float);
-    }
     if (dyn) {
         /* tiles of each matrix (SET), or of the one */
         uint32_t tiles = 0;
@@ -595,6 +588,14 @@ int cuda_linear_stream(struct cuda_ctx *c, const struct be_linear *l, uint32_t n
         a.n_tiles = tiles;
         a.ctr = c->ls_ctr;
     }
-    return t == BE_BF16 ? ls_launch<__nv_bfloat16>(c, a, l->mode, norm, v, n_warps, smem)
-                        : ls_launch<__half>(c, a, l->mode, norm, v, n_warps, smem);
+    /* a block an SM, or one a unit (tile or row) when there are fewer */
+    const uint32_t blocks = dyn ? a.n_tiles : a.n_rows;
+    const unsigned grid = blocks < (uint32_t)c->n_sm ? blocks : (unsigned)c->n_sm;
+    if (l->mode == BE_LIN_ADD && !dyn) {
+        a.res_rows = (a.n_rows + grid - 1) / grid;
+        a.res_off = (uint32_t)smem;
+        smem += (size_t)a.res_rows * n * sizeof(float);
+    }
+    return t == BE_BF16 ? ls_launch<__nv_bfloat16>(c, a, l->mode, norm, v, grid, n_warps, smem)
+                        : ls_launch<__half>(c, a, l->mode, norm, v, grid, n_warps, smem);
 }
