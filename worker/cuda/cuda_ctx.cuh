@@ -261,6 +261,7 @@ struct cuda_ctx {
     int ls_dyn;
     uint32_t *ls_ctr;
     int ls_t4; /* env RKV_CUDA_LS_T4=1: a tile's four dot products summed over the lanes at once */
+    int ls_even; /* env RKV_CUDA_LS_EVEN=1: fixed ranges on a grid that divides them evenly */
     /* counters since the last stats call (cu_stats): how host blocks were read, then the
      * gemms' 16-bit inputs and the decode graphs */
     struct {
