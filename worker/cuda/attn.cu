@@ -103,7 +103,12 @@ int cuda_attn(struct cuda_ctx *c, const struct cuda_attn_args *a)
         max_split = c->max_split; /* RKV_CUDA_MAX_SPLIT: long splits (tests, a/b) */
     uint32_t g = at->n_head / at->n_kv_head;
     uint32_t n_split, slots = (uint32_t)cuda_attn_decode_slots(c, m->qt, g, base);
-    if (slots)
+    const uint32_t wave = (uint32_t)c->n_sm / (base ? base : 1); /* splits of one block an SM */
+    if (slots && c->one_wave && wave >= 2 && units <= wave * c->one_wave)
+        /* short lists: one block an SM, so the next linear's block fits beside each and
+         * queues its weights meanwhile (b=1 4k: 16 splits of 4 units, not 32 of 2) */
+        n_split = wave < max_split ? wave : max_split;
+    else if (slots)
         n_split = attn_pick_split(units, base, slots, max_split, c->split_cost);
     else {
         /* two waves of ~3 thread blocks per SM (the split merge is parallel over splits) */

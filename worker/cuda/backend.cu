@@ -1644,7 +1644,7 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         c->ls_ring = cu_env_kb("RKV_CUDA_LS_RING_KB", 96, 16, 200) << 10;
         c->ls_dyn = (int)rkv_env_u64("RKV_CUDA_LS_DYN", 2, 0, 2);
         c->ls_t4 = cu_env_flag("RKV_CUDA_LS_T4", 1);
-        c->ls_even = cu_env_flag("RKV_CUDA_LS_EVEN", 0);
+        c->one_wave = (uint32_t)rkv_env_u64("RKV_CUDA_ONE_WAVE", 0, 0, 64);
         /* 1: steps of up to CUDA_GRAPH_ROWS rows, 2: every decode step, 0: none */
         c->graph_on = (int)rkv_env_u64("RKV_CUDA_GRAPH", 1, 0, 2);
     }

@@ -261,7 +261,9 @@ struct cuda_ctx {
     int ls_dyn;
     uint32_t *ls_ctr;
     int ls_t4; /* env RKV_CUDA_LS_T4=1: a tile's four dot products summed over the lanes at once */
-    int ls_even; /* env RKV_CUDA_LS_EVEN=1: fixed ranges on a grid that divides them evenly */
+    /* decode attention takes one block an SM when that leaves at most this many 64-key units
+     * a split (env RKV_CUDA_ONE_WAVE; 0: the split cost model alone) */
+    uint32_t one_wave;
     /* counters since the last stats call (cu_stats): how host blocks were read, then the
      * gemms' 16-bit inputs and the decode graphs */
     struct {

@@ -590,16 +590,7 @@ int cuda_linear_stream(struct cuda_ctx *c, const struct be_linear *l, uint32_t n
     }
     /* a block an SM, or one a unit (tile or row) when there are fewer */
     const uint32_t blocks = dyn ? a.n_tiles : a.n_rows;
-    unsigned grid = blocks < (uint32_t)c->n_sm ? blocks : (unsigned)c->n_sm;
-    if (!dyn && c->ls_even) {
-        /* fixed ranges: the fewest idle SMs (at most an eighth) that give every block the
-         * same whole tiles (4096 rows of down: 128 blocks of 32, not 4 of 32 and 128 of 31) */
-        for (unsigned g = grid; g > grid - grid / 8; g--)
-            if (a.n_rows % g == 0 && (a.n_rows / g) % rpt == 0) {
-                grid = g;
-                break;
-            }
-    }
+    const unsigned grid = blocks < (uint32_t)c->n_sm ? blocks : (unsigned)c->n_sm;
     if (l->mode == BE_LIN_ADD && !dyn) {
         a.res_rows = (a.n_rows + grid - 1) / grid;
         a.res_off = (uint32_t)smem;
