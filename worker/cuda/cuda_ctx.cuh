@@ -262,7 +262,7 @@ struct cuda_ctx {
     uint32_t *ls_ctr;
     int ls_t4; /* env RKV_CUDA_LS_T4=1: a tile's four dot products summed over the lanes at once */
     /* decode attention takes one block an SM when that leaves at most this many 64-key units
-     * a split (env RKV_CUDA_ONE_WAVE; 0: the split cost model alone) */
+     * a split (env RKV_CUDA_ONE_WAVE, default 4; 0: the split cost model alone) */
     uint32_t one_wave;
     /* counters since the last stats call (cu_stats): how host blocks were read, then the
      * gemms' 16-bit inputs and the decode graphs */
