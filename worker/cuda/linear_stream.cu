@@ -109,6 +109,12 @@ __device__ __forceinline__ void ls_copy(void *dst, const void *src, uint32_t byt
                  : "memory");
 }
 
+/* the first row of block b's fixed range of n_rows over the grid (its end: block b + 1's) */
+__device__ __forceinline__ uint32_t ls_row0(uint32_t b, uint32_t n_rows)
+{
+    return (uint32_t)((uint64_t)b * n_rows / gridDim.x);
+}
+
 /* the tile that starts at unit u of this block's range [u, u_end): its matrix, first row, rows */
 __device__ __forceinline__ void ls_tile(const ls_kargs &a, uint32_t u, uint32_t u_end, uint32_t &m,
                                         uint32_t &row, uint32_t &cnt)
@@ -265,9 +271,8 @@ __global__ void __launch_bounds__((LS_MAX_WARPS + 2) * 32, V *NT <= 2 ? 2 : 1) l
         uint32_t k = 0, m, row, cnt;
         if (!a.dyn) {
             /* a fixed range of rows a block */
-            const uint32_t u_end = (uint32_t)((uint64_t)(blockIdx.x + 1) * a.n_rows / gridDim.x);
-            for (uint32_t u = (uint32_t)((uint64_t)blockIdx.x * a.n_rows / gridDim.x); u < u_end;
-                 k++, p.next(S)) {
+            const uint32_t u_end = ls_row0(blockIdx.x + 1, a.n_rows);
+            for (uint32_t u = ls_row0(blockIdx.x, a.n_rows); u < u_end; k++, p.next(S)) {
                 ls_tile(a, u, u_end, m, row, cnt);
                 ls_put<NR>(a, sm, full, empty, fin, info, p, k, m, row, cnt, lane, policy);
                 u += cnt;
@@ -320,11 +325,10 @@ __global__ void __launch_bounds__((LS_MAX_WARPS + 2) * 32, V *NT <= 2 ? 2 : 1) l
         uint32_t np2 = 1;
         while (np2 < nw)
             np2 *= 2;
-        const uint32_t u_beg = (uint32_t)((uint64_t)blockIdx.x * a.n_rows / gridDim.x);
+        const uint32_t u_beg = ls_row0(blockIdx.x, a.n_rows);
         float *res = nullptr;
         if (MODE == BE_LIN_ADD && a.res_rows) {
-            const uint32_t nr =
-                (uint32_t)((uint64_t)(blockIdx.x + 1) * a.n_rows / gridDim.x) - u_beg;
+            const uint32_t nr = ls_row0(blockIdx.x + 1, a.n_rows) - u_beg;
             res = (float *)(sm + a.res_off);
             asm volatile("griddepcontrol.wait;" ::: "memory");
             for (uint32_t i = lane; i < nr * NT; i += 32)
