@@ -139,15 +139,28 @@ static int build_batch(struct fwd *f, const struct fwd_seq *seqs, uint32_t n_seq
     return any_host;
 }
 
-/* logits of `n` rows of the residual stream: final norm then the lm head */
+static int fwd_linear(struct fwd *f, const struct be_linear *l, uint32_t T);
+
+/* logits of `n` rows of the residual stream: the final norm and the lm head as one linear
+ * (on the cuda backend the streamed kernel with the norm in its prologue at one row), over
+ * x itself when the rows are its first n (a decode step), else over the rows gathered */
 static int logits_forward(struct fwd *f, const uint32_t *rows, uint32_t n, float *logits)
 {
     const struct model *m = f->m;
     struct backend *be = f->be;
     int rc;
-    if ((rc = get_rows_forward(be, f->xo, f->x, rows, n)) < 0 || /* (n, dim) */
-        (rc = rmsnorm_forward(be, f->xo, f->xo, m->output_norm, n, m->hp.norm_eps)) < 0 ||
-        (rc = matmul_forward(be, f->logit, f->xo, m->output, NULL, n)) < 0) /* (n, n_vocab) */
+    const struct be_tensor *in = f->x;
+    uint32_t i = 0;
+    while (i < n && rows[i] == i)
+        i++;
+    if (i < n) {
+        if ((rc = get_rows_forward(be, f->xo, f->x, rows, n)) < 0) /* (n, dim) */
+            return rc;
+        in = f->xo;
+    }
+    const struct be_linear head = {BE_LIN_SET, in,          m->output_norm, m->hp.norm_eps,
+                                   1,          {m->output}, {NULL},         {f->logit}};
+    if ((rc = fwd_linear(f, &head, n)) < 0) /* (n, n_vocab) */
         return rc;
     if (!logits)
         return 0; /* they stay on the backend (fwd_step_greedy) */

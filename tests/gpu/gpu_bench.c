@@ -51,14 +51,16 @@ static double time_steps(struct fwd *f, const struct fwd_seq *seqs, uint32_t n, 
     return (gu_now() - t0) / steps;
 }
 
-/* one more decode step of seqs traced under label (dec_step synchronizes: its ids are read
- * back); 0 or the step's rc */
+/* two more decode steps of seqs traced under label (dec_step synchronizes: its ids are read
+ * back), so the trace shows the gpu's idle time between steps too; 0 or the first rc */
 static int trace_step(const char *label, struct fwd *f, const struct fwd_seq *seqs, uint32_t n,
                       const struct dec_bufs *d)
 {
     if (!trace_on || gt_begin() < 0)
         return 0;
     int rc = dec_step(f, seqs, n, d);
+    if (rc == 0)
+        rc = dec_step(f, seqs, n, d);
     gt_end(label, stdout, trace_csv, -1, 16);
     return rc;
 }
