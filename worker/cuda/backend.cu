@@ -1642,7 +1642,7 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
          * under half an SM's shared memory, so the next launch's block fits beside this one */
         c->ls_stage = cu_env_kb("RKV_CUDA_LS_STAGE_KB", 32, 4, 64) << 10;
         c->ls_ring = cu_env_kb("RKV_CUDA_LS_RING_KB", 96, 16, 200) << 10;
-        c->ls_dyn = (int)rkv_env_u64("RKV_CUDA_LS_DYN", 2, 0, 2);
+        c->ls_dyn = (int)rkv_env_u64("RKV_CUDA_LS_DYN", 1, 0, 2);
         c->ls_t4 = cu_env_flag("RKV_CUDA_LS_T4", 1);
         /* one attention block an SM up to 4 key units a split (b=1 4k: 0.842 / 0.849 of the
          * bound against 0.842 / 0.838, the next linear's block queues its weights beside it) */

@@ -256,8 +256,9 @@ struct cuda_ctx {
                                  * (env RKV_CUDA_LS_STAGE_KB, RKV_CUDA_LS_RING_KB) */
     /* streamed linears' tiles: after its first ring of tiles a block takes the next one from
      * ls_ctr (tiles taken, blocks done; zero between launches) instead of a fixed range of
-     * rows, so a block that starts late does less. Env RKV_CUDA_LS_DYN: 2 (default) all but
-     * the adding ones (o, down: those read their outputs at the start), 1 all, 0 none */
+     * rows, so a block that starts late does less. Env RKV_CUDA_LS_DYN: 1 (default) all (the
+     * adding ones, o and down, read the outputs they add to beside each tile's dot products),
+     * 2 all but the adding ones (those then read their outputs once at the start), 0 none */
     int ls_dyn;
     uint32_t *ls_ctr;
     int ls_t4; /* env RKV_CUDA_LS_T4=1: a tile's four dot products summed over the lanes at once */

@@ -245,6 +245,8 @@ __global__ void __launch_bounds__((LS_MAX_WARPS + 2) * 32, V *NT <= 2 ? 2 : 1) l
     uint64_t *fin = done + 2 * LS_MAX_STAGES; /* [2S] ... and summed: the slot is free */
     float *ssq = (float *)(fin + 2 * LS_MAX_STAGES);       /* [nw][NT] sums of squares */
     ls_tinfo *info = (ls_tinfo *)(ssq + LS_MAX_WARPS * 2); /* [2S] the tiles queued */
+    /* [2S][LS_MAX_ROWS] an adding dynamic tile's outputs as they were (ADD, dyn) */
+    float *rsb = (float *)(info + 2 * LS_MAX_STAGES);
 
     if (threadIdx.x == 0) {
         for (uint32_t s = 0; s < S; s++) {
@@ -341,16 +343,35 @@ __global__ void __launch_bounds__((LS_MAX_WARPS + 2) * 32, V *NT <= 2 ? 2 : 1) l
             const ls_tinfo ti = info[p.h];
             if (ti.cnt == 0)
                 return;
-            ls_finish<NT, MODE>(a, red + (size_t)p.h * nw * per, ti, nw, np2, lane, res, u_beg);
+            const bool rd = MODE == BE_LIN_ADD && a.dyn; /* the consumers read them (NT 1) */
+            ls_finish<NT, MODE>(a, red + (size_t)p.h * nw * per, ti, nw, np2, lane,
+                                rd ? rsb + p.h * LS_MAX_ROWS : res, rd ? ti.row : u_beg);
             __syncwarp();
             if (lane == 0)
                 ls_bar_arrive(&fin[p.h]);
         }
     }
 
-    /* consumers: x of this warp's columns into registers, after the kernel that wrote it */
-    asm volatile("griddepcontrol.wait;" ::: "memory");
+    /* consumers: x of this warp's columns into registers, after the kernel that wrote it; the
+     * norm's weights before that (no kernel writes them: q/k/v's and gate/up's first tile came
+     * ~1 us sooner after the wait, b=1 512 / 4k +0.4 %) */
     const uint32_t col0 = warp * (V * 32 * VEC) + lane * VEC;
+    float gw[NORM ? V * VEC : 1];
+    if constexpr (NORM) {
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            const float4 *gv = (const float4 *)(a.nw + col0 + j * 32 * VEC);
+#pragma unroll
+            for (int e = 0; e < VEC / 4; e++) {
+                float4 g = gv[e];
+                gw[j * VEC + 4 * e] = g.x;
+                gw[j * VEC + 4 * e + 1] = g.y;
+                gw[j * VEC + 4 * e + 2] = g.z;
+                gw[j * VEC + 4 * e + 3] = g.w;
+            }
+        }
+    }
+    asm volatile("griddepcontrol.wait;" ::: "memory");
     float xr[NT][V * VEC];
 #pragma unroll
     for (int t = 0; t < NT; t++)
@@ -386,17 +407,8 @@ __global__ void __launch_bounds__((LS_MAX_WARPS + 2) * 32, V *NT <= 2 ? 2 : 1) l
                 s += ssq[w * NT + t];
             const float sc = rsqrtf(s / (float)a.n_in + a.eps);
 #pragma unroll
-            for (int j = 0; j < V; j++) {
-                const float4 *gv = (const float4 *)(a.nw + col0 + j * 32 * VEC);
-#pragma unroll
-                for (int e = 0; e < VEC / 4; e++) {
-                    float4 g = gv[e];
-                    xr[t][j * VEC + 4 * e] *= g.x * sc;
-                    xr[t][j * VEC + 4 * e + 1] *= g.y * sc;
-                    xr[t][j * VEC + 4 * e + 2] *= g.z * sc;
-                    xr[t][j * VEC + 4 * e + 3] *= g.w * sc;
-                }
-            }
+            for (int i = 0; i < V * VEC; i++)
+                xr[t][i] *= gw[i] * sc;
         }
     }
     const uint32_t R = a.rows_per_tile;
@@ -412,6 +424,12 @@ __global__ void __launch_bounds__((LS_MAX_WARPS + 2) * 32, V *NT <= 2 ? 2 : 1) l
         }
         const char *st = (const char *)sm + (size_t)p.s * a.stage_bytes;
         float *rp = red + ((size_t)p.h * nw + warp) * per;
+        /* an adding dynamic tile: the outputs it adds to, loaded now by warp 0 and handed to the
+         * finisher beside the partials, so the load's latency hides under the dot products */
+        const bool rd = MODE == BE_LIN_ADD && NT == 1 && a.dyn && warp == 0 && lane < cnt;
+        float rv = 0.0f;
+        if (rd)
+            rv = __ldcg(a.out[0] + info[p.h].row + lane);
         if (NT == 1 && a.t4 && R * NR == 4) {
             /* four dot products a tile (4 rows, or 2 rows of gate and up): summed over the
              * lanes by halving them, 6 shuffles instead of 20. Lanes 8j hold product j */
@@ -451,6 +469,8 @@ __global__ void __launch_bounds__((LS_MAX_WARPS + 2) * 32, V *NT <= 2 ? 2 : 1) l
                 }
             }
         }
+        if (rd)
+            rsb[p.h * LS_MAX_ROWS + lane] = rv;
         __syncwarp();
         if (lane == 0) {
             ls_bar_arrive(&empty[p.s]);
@@ -575,10 +595,12 @@ int cuda_linear_stream(struct cuda_ctx *c, const struct be_linear *l, uint32_t n
     bar = (bar + 15) & ~(size_t)15;
     a.bar_off = (uint32_t)bar;
     size_t smem = bar + 6 * LS_MAX_STAGES * sizeof(uint64_t) + LS_MAX_WARPS * 2 * sizeof(float) +
-                  2 * LS_MAX_STAGES * sizeof(ls_tinfo);
+                  2 * LS_MAX_STAGES * sizeof(ls_tinfo) +
+                  2 * LS_MAX_STAGES * LS_MAX_ROWS * sizeof(float);
     a.t4 = (uint32_t)c->ls_t4;
-    /* dynamic tiles (ls_dyn 1), or all but the adding ones, which read their outputs at the
-     * start instead (2) */
+    /* dynamic tiles (ls_dyn 1: o and down's blocks ended up to 5 us apart on fixed ranges, 1 us
+     * on these; b=1 512 / 4k +0.5 / +0.2 %), or all but the adding ones, which read their
+     * outputs at the start instead (2) */
     const bool dyn = c->ls_dyn == 1 || (c->ls_dyn == 2 && l->mode != BE_LIN_ADD);
     if (dyn) {
         /* tiles of each matrix (SET), or of the one */
