@@ -29,6 +29,7 @@ struct attn_kargs {
      * before the sequence's first new token) ahead of griddepcontrol.wait; >= 2 also lets the
      * next launch start at once */
     uint32_t early;
+    uint32_t rel; /* RKV_CUDA_MERGE_REL: the split counter as one release/acquire atomic (a/b) */
     float *o, *m, *l; /* (n_tokens, n_head*D) normalized, (n_tokens, n_head) x2 */
 };
 
@@ -205,18 +206,38 @@ __device__ __forceinline__ void attn_merge_last(const struct attn_kargs &a, uint
     __shared__ uint32_t last;
     if (!a.cnt)
         return;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        uint32_t *cnt = a.cnt + (size_t)blockIdx.z * gridDim.x + blockIdx.x;
-        last = atomicAdd(cnt, 1u) == gridDim.y - 1;
-        if (last)
-            *cnt = 0;
+    if (a.rel) {
+        /* the block's partial writes happen before thread 0's release by the barrier; its
+         * acquire, and the barrier after it, order the merge's reads after every other block's
+         * release (the CUTLASS semaphore's pattern: one gpu-scope atomic, no fence a thread) */
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            uint32_t *cnt = a.cnt + (size_t)blockIdx.z * gridDim.x + blockIdx.x, old;
+            asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;"
+                         : "=r"(old)
+                         : "l"(cnt)
+                         : "memory");
+            last = old == gridDim.y - 1;
+            if (last)
+                *cnt = 0;
+        }
+        __syncthreads();
+        if (!last)
+            return;
+    } else {
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            uint32_t *cnt = a.cnt + (size_t)blockIdx.z * gridDim.x + blockIdx.x;
+            last = atomicAdd(cnt, 1u) == gridDim.y - 1;
+            if (last)
+                *cnt = 0;
+        }
+        __syncthreads();
+        if (!last)
+            return;
+        __threadfence();
     }
-    __syncthreads();
-    if (!last)
-        return;
-    __threadfence();
     const uint32_t D = a.D, PD = D + 2, n_split = gridDim.y, g = a.g, tid = threadIdx.x;
     const size_t ss = (size_t)a.n_tokens * a.n_head * PD;
     constexpr int SR = 16;
@@ -1347,6 +1368,7 @@ static inline struct attn_kargs attn_kargs_of(struct cuda_ctx *c, const struct c
     k.part = part;
     k.cnt = cnt;
     k.early = c->early;
+    k.rel = (uint32_t)c->merge_rel;
     k.o = a->o;
     k.m = a->m;
     k.l = a->l;
