@@ -1614,7 +1614,6 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         /* 2 measured 0.61 of the hbm bound at 4k against 0.76 off (H200): the o linear's
          * persistent blocks, placed beside attention's, doubled up on some SMs */
         c->early = (int)rkv_env_u64("RKV_CUDA_EARLY", 1, 0, 2);
-        c->merge_rel = cu_env_flag("RKV_CUDA_MERGE_REL", 0);
         /* decode attention's key chunk stages: 0 by the launch's shape (cuda_dec_stages), 2
          * or 3 for every launch (a/b) */
         c->dec_stages = (int)rkv_env_u64("RKV_CUDA_DEC_STAGES", 0, 0, 3);

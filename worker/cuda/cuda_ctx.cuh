@@ -237,7 +237,6 @@ struct cuda_ctx {
                      * prefetches its weights while this one ends (env RKV_CUDA_PDL=0: off) */
     int dec_stages; /* attn_dec_kernel's key chunk stages: 0 by shape (cuda_dec_stages), 2, 3
                      * (env RKV_CUDA_DEC_STAGES) */
-    int merge_rel; /* RKV_CUDA_MERGE_REL (a/b switch) */
     int early;      /* 1: rope/kv write lets decode attention start at once, and attention
                      * queues the keys no kernel of the step writes before it waits; 2: attention
                      * lets the o linear start at once too (env RKV_CUDA_EARLY, 0 off) */
