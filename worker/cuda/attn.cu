@@ -14,9 +14,11 @@ static uint32_t units_per_block(const struct kv_layout *l)
  * its blocks' chunk units plus one for the prologue and the partial's write.
  * a grid of 1.74 waves left a quarter of the gpu idle in the last one (32k:
  * 86 splits x 8 heads on 396 slots). ties: fewer splits. Short lists first take one block an
- * SM (n_sm / base splits) when that leaves at most one_wave units a split: the next linear's
- * block then fits beside each and queues its weights meanwhile (b=1 4k: 16 splits of 4 units,
- * not 32 of 2; 0.842 / 0.849 of the bound against 0.842 / 0.838) */
+ * SM (n_sm / base splits) when that leaves at most one_wave units a split: every block then
+ * starts beside the q/k/v linear's and queues its keys before its wait (in-kernel stamps: all
+ * 128 start ~16 us before the rope ends; of 256 blocks of 104 KB, two an SM, half wait for
+ * q/k/v to leave), and the splits merge in one round (b=1 4k: 16 splits of 4 units, not 32 of
+ * 2; 0.842 / 0.849 of the bound against 0.842 / 0.838) */
 static uint32_t attn_pick_split(uint32_t units, uint32_t base, uint32_t slots, uint32_t max_split,
                                 uint32_t fixed_cost, uint32_t n_sm, uint32_t one_wave)
 {
