@@ -1645,7 +1645,7 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         c->ls_dyn = (int)rkv_env_u64("RKV_CUDA_LS_DYN", 1, 0, 2);
         c->ls_t4 = cu_env_flag("RKV_CUDA_LS_T4", 1);
         /* one attention block an SM up to 4 key units a split (b=1 4k: 0.842 / 0.849 of the
-         * bound against 0.842 / 0.838, the next linear's block queues its weights beside it) */
+         * bound against 0.842 / 0.838; every block starts beside q/k/v's: attn_pick_split) */
         c->one_wave = (uint32_t)rkv_env_u64("RKV_CUDA_ONE_WAVE", 4, 0, 64);
         /* 1: steps of up to CUDA_GRAPH_ROWS rows, 2: every decode step, 0: none */
         c->graph_on = (int)rkv_env_u64("RKV_CUDA_GRAPH", 1, 0, 2);
