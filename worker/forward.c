@@ -139,36 +139,6 @@ static int build_batch(struct fwd *f, const struct fwd_seq *seqs, uint32_t n_seq
     return any_host;
 }
 
-static int fwd_linear(struct fwd *f, const struct be_linear *l, uint32_t T);
-
-/* logits of `n` rows of the residual stream: the final norm and the lm head as one linear
- * (on the cuda backend the streamed kernel with the norm in its prologue at one row), over
- * x itself when the rows are its first n (a decode step), else over the rows gathered */
-static int logits_forward(struct fwd *f, const uint32_t *rows, uint32_t n, float *logits)
-{
-    const struct model *m = f->m;
-    struct backend *be = f->be;
-    int rc;
-    const struct be_tensor *in = f->x;
-    uint32_t i = 0;
-    while (i < n && rows[i] == i)
-        i++;
-    if (i < n) {
-        if ((rc = get_rows_forward(be, f->xo, f->x, rows, n)) < 0) /* (n, dim) */
-            return rc;
-        in = f->xo;
-    }
-    const struct be_linear head = {BE_LIN_SET, in,          m->output_norm, m->hp.norm_eps,
-                                   1,          {m->output}, {NULL},         {f->logit}};
-    if ((rc = fwd_linear(f, &head, n)) < 0) /* (n, n_vocab) */
-        return rc;
-    if (!logits)
-        return 0; /* they stay on the backend (fwd_step_greedy) */
-    if ((rc = backend_sync(be)) < 0)
-        return rc;
-    return backend_tensor_get(be, f->logit, logits, 0, (size_t)n * m->hp.n_vocab * sizeof(float));
-}
-
 /* a linear layer: the backend's fused op, else composed from plain ops
  * with the forward's scratch (h: the normed input, proj, up) */
 static int fwd_linear(struct fwd *f, const struct be_linear *l, uint32_t T)
@@ -200,6 +170,34 @@ static int fwd_linear(struct fwd *f, const struct be_linear *l, uint32_t T)
         return silu_mul_forward(be, l->out[0], l->out[0], f->up, T);
     }
     return RKV_EINVAL;
+}
+
+/* logits of `n` rows of the residual stream: the final norm and the lm head as one linear
+ * (on the cuda backend the streamed kernel with the norm in its prologue at one row), over
+ * x itself when the rows are its first n (a decode step), else over the rows gathered */
+static int logits_forward(struct fwd *f, const uint32_t *rows, uint32_t n, float *logits)
+{
+    const struct model *m = f->m;
+    struct backend *be = f->be;
+    int rc;
+    const struct be_tensor *in = f->x;
+    uint32_t i = 0;
+    while (i < n && rows[i] == i)
+        i++;
+    if (i < n) {
+        if ((rc = get_rows_forward(be, f->xo, f->x, rows, n)) < 0) /* (n, dim) */
+            return rc;
+        in = f->xo;
+    }
+    const struct be_linear head = {BE_LIN_SET, in,          m->output_norm, m->hp.norm_eps,
+                                   1,          {m->output}, {NULL},         {f->logit}};
+    if ((rc = fwd_linear(f, &head, n)) < 0) /* (n, n_vocab) */
+        return rc;
+    if (!logits)
+        return 0; /* they stay on the backend (fwd_step_greedy) */
+    if ((rc = backend_sync(be)) < 0)
+        return rc;
+    return backend_tensor_get(be, f->logit, logits, 0, (size_t)n * m->hp.n_vocab * sizeof(float));
 }
 
 /* the decoder layers of a step over batch b: x (T, dim) in, x out */
