@@ -616,6 +616,10 @@ static void test_attention(void)
         {32, 128, 2, 2, 1, KV_F32, 3, {5, 100, 300}, {1, 1, 1}, 2},
         {256, 128, 8, 4, 1, KV_F16, 2, {1000, 3000}, {1, 1}, 2},
         {16, 32, 4, 1, 1, KV_F16, 2, {40, 70}, {1, 1}, 2},
+        /* blocks of whole 64-key chunks, all on the device: what RKV_CUDA_DEC_TMA loads by
+         * tensor copies (a last chunk cut short, a block's last key, a long list) */
+        {64, 64, 2, 4, 1, KV_F16, 3, {63, 64, 700}, {1, 1, 1}, 0},
+        {256, 128, 8, 4, 1, KV_F16, 2, {255, 9000}, {1, 1}, 0},
         /* ~800 key chunks over one kv head: hundreds of splits, more weights than the merge
          * folded into the launch keeps in shared memory (its other path) */
         {256, 16, 1, 8, 1, KV_F16, 1, {52000}, {1}, 0},
@@ -846,7 +850,7 @@ int main(int argc, char **argv)
 {
     rkv_log_init("gpu-test", RKV_LOG_WARN);
     uint64_t seed = 1;
-    int ops = 1, model = 1;
+    int ops = 1, model = 1, attn_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--seed") && i + 1 < argc)
             seed = strtoull(argv[++i], NULL, 10);
@@ -854,6 +858,8 @@ int main(int argc, char **argv)
             model = 0;
         else if (!strcmp(argv[i], "--model-only"))
             ops = 0;
+        else if (!strcmp(argv[i], "--attn-only"))
+            ops = model = 0, attn_only = 1; /* the attention cases alone (compute-sanitizer) */
     }
     gu_seed(&rng, seed);
     if (rkv_cuda_backend_probe() <= 0) {
@@ -872,6 +878,10 @@ int main(int argc, char **argv)
     if (backend_init(&go, &precise, err, sizeof(err)) < 0)
         precise = NULL;
     unsetenv("RKV_CUDA_PRECISE");
+    if (attn_only) {
+        printf("ops: attention (seed %llu)\n", (unsigned long long)seed);
+        test_attention();
+    }
     if (ops) {
         printf("ops (seed %llu)\n", (unsigned long long)seed);
         test_embed();
@@ -963,11 +973,21 @@ int main(int argc, char **argv)
         unsetenv("RKV_CUDA_MERGE_IN_ATTN");
         /* decode attention with three key stages (two chunks in flight); at most 2 splits:
          * hundreds of chunks a thread block */
-        attention_env("decode attention with 3 key stages", "RKV_CUDA_DEC_STAGES=3", NULL, NULL);
+        attention_env("decode attention with 3 key stages", "RKV_CUDA_DEC_STAGES=3",
+                      "attention by tensor copies: 0", NULL);
         attention_env("decode attention, 2 splits, 3 stages",
                       "RKV_CUDA_MAX_SPLIT=2 RKV_CUDA_DEC_STAGES=3", NULL, NULL);
         attention_env("decode attention, 2 splits, 2 stages",
                       "RKV_CUDA_MAX_SPLIT=2 RKV_CUDA_DEC_STAGES=2", NULL, NULL);
+        /* the runs above load decode attention's device chunks by tensor copies read
+         * evict-first (the default); by cp.async, and by tensor copies without the hint */
+        attention_env("decode attention by cp.async", "RKV_CUDA_DEC_TMA=0", NULL,
+                      "attention by tensor copies: 0");
+        attention_env("decode attention by cp.async, 2 splits, 3 stages",
+                      "RKV_CUDA_DEC_TMA=0 RKV_CUDA_MAX_SPLIT=2 RKV_CUDA_DEC_STAGES=3", NULL,
+                      "attention by tensor copies: 0");
+        attention_env("decode attention by tensor copies, no L2 hint", "RKV_CUDA_DEC_TMA=1",
+                      "attention by tensor copies: 0", NULL);
         /* prefill tiles (64 rows, d 64 and 128) on the older kernel (attn_mma_kernel; the
          * default is attn_fa_kernel), its splits merged both ways, host blocks read both ways */
         attention_env("prefill tiles on attn_mma_kernel, splits merged by a separate kernel",

@@ -29,6 +29,7 @@ struct attn_kargs {
      * before the sequence's first new token) ahead of griddepcontrol.wait; >= 2 also lets the
      * next launch start at once */
     uint32_t early;
+    uint32_t kv_ef;   /* attn_dec_kernel's tensor copies read the keys evict-first in L2 */
     float *o, *m, *l; /* (n_tokens, n_head*D) normalized, (n_tokens, n_head) x2 */
 };
 
@@ -930,6 +931,35 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_fa_kernel(struct attn_kargs
     attn_merge_last(a, tok0, rows, kvh);
 }
 
+/* byte offset of row r's 16-byte column c in a chunk tile the tensor copies load: 64-column
+ * halves of CH rows of 128 bytes each, the 16-byte columns of a row permuted by the 128-byte
+ * swizzle (column ^ row % 8), so the eight rows of an ldmatrix tile hit eight bank groups */
+template <int CH> __device__ __forceinline__ uint32_t attn_sw(uint32_t r, uint32_t c)
+{
+    return (c >> 3) * (CH * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+}
+
+/* queues unit u's K and V chunks (the full CH rows; keys past the sequence's end come too and
+ * are masked) into kd, vd by tensor copies from tm (the device pool as rows of D f16, set_kv's
+ * kv_tmap_encode), counted on bar; one thread */
+template <int D, int CH>
+__device__ __forceinline__ void attn_tma_load(const attn_src<__half, CH> &src, uint32_t u,
+                                              __half *kd, __half *vd, uint64_t *bar,
+                                              const CUtensorMap *tm, uint64_t policy)
+{
+    const struct cuda_blk b = src.list[u / src.cpb];
+    const size_t off = (size_t)b.index * src.block_bytes + src.head_off +
+                       (size_t)(u % src.cpb) * CH * D * sizeof(__half);
+    const int32_t rk = (int32_t)((off + src.k_off) / (D * sizeof(__half)));
+    const int32_t rv = (int32_t)((off + src.v_off) / (D * sizeof(__half)));
+    cuda_bar_expect(bar, 2 * CH * D * sizeof(__half));
+#pragma unroll
+    for (int h = 0; h < D / 64; h++) {
+        cuda_tma_3d((char *)kd + h * CH * 128, tm, 0, h, rk, bar, policy);
+        cuda_tma_3d((char *)vd + h * CH * 128, tm, 0, h, rv, bar, policy);
+    }
+}
+
 /* decode over f16 kv: one token per tile, gqa group g <= 8, D = 8 * ND (16..128).
  * The m16 tile holds q in rows 0..g-1 and its f16 rounding residual in rows 8..8+g-1, so one
  * mma yields both halves of the f32-accurate product (summed in registers), and p.v likewise
@@ -939,16 +969,36 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_fa_kernel(struct attn_kargs
  * smem: ks, vs (NST, 64, D + 8) f16 (reused for the warp merge): NST stages, so NST - 1 chunks
  * are in flight while one is computed (cuda_dec_stages). A fifth warp queueing the chunks while
  * the four wait on mbarriers measured slower on the H200 (b=1 32k 0.776 of the bound against
- * 0.797 with cp.async, 0.665 with a 256-byte bulk copy per row; tests/gpu/NOTES.md) */
-template <int ND, int NST>
-__global__ void __launch_bounds__(ATTN_THREADS) attn_dec_kernel(struct attn_kargs a)
+ * 0.797 with cp.async, 0.665 with a 256-byte bulk copy per row; tests/gpu/NOTES.md).
+ * TMA (D 64 or 128, device pool): one thread queues each chunk as 2 * D / 64 tensor copies of
+ * 64 x 64 f16 (tm, swizzled rows of D, attn_sw) counted on the stage's mbarrier, which every
+ * thread waits on; no padding, and the stages start 1024-byte aligned */
+template <int ND, int NST, bool TMA>
+__global__ void __launch_bounds__(ATTN_THREADS)
+    attn_dec_kernel(struct attn_kargs a, const __grid_constant__ CUtensorMap tm)
 {
-    constexpr int CH = 64, D = ND * 8, DP = D + 8, KS = D / 16;
+    constexpr int CH = 64, D = ND * 8, DP = TMA ? D : D + 8, KS = D / 16;
+    static_assert(!TMA || D == 64 || D == 128, "tensor copies take 64-column halves");
     extern __shared__ __align__(16) char smem[];
+    __shared__ uint64_t bars[NST]; /* TMA: stage i's chunk landed */
     const uint32_t tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2,
                    tq = lane & 3;
-    __half *ks = (__half *)smem;     /* (NST, CH, DP) */
+    char *sb = TMA ? smem + ((1024 - (cuda_smem(smem) & 1023)) & 1023) : smem;
+    __half *ks = (__half *)sb;       /* (NST, CH, DP) */
     __half *vs = ks + NST * CH * DP; /* (NST, CH, DP) */
+    uint32_t par = 0;                /* TMA: bit i, the parity stage i's next wait is for */
+    uint64_t policy = 0;             /* TMA: the copies' L2 policy (0: none) */
+    if constexpr (TMA) {
+        if (tid == 0) {
+            if (a.kv_ef)
+                asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+#pragma unroll
+            for (int i = 0; i < NST; i++)
+                cuda_bar_init(&bars[i], 1);
+            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        }
+        __syncthreads();
+    }
 
     /* before the wait: what the step's upload holds (tiles, block lists, positions) and the
      * first NST key chunks when no kernel of this step writes them (every chunk key before the
@@ -960,6 +1010,16 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_dec_kernel(struct attn_karg
     const int pos = a.pos[tok];
     const long long first_new = min((long long)sq.n_past, (long long)a.pos[sq.tok_off]);
     const attn_src<__half, CH> src(a, sq, kvh, split, pos, DP);
+    /* queues unit u into stage st */
+    auto load = [&](uint32_t u, int st) {
+        if constexpr (TMA) {
+            if (tid == 0)
+                attn_tma_load<D, CH>(src, u, ks + st * CH * DP, vs + st * CH * DP, &bars[st], &tm,
+                                     policy);
+        } else {
+            src.load(u, ks + st * CH * DP, vs + st * CH * DP);
+        }
+    };
     /* kp[i]: the first key of the loop's unit u + i below (-1: none) */
     long long kp[NST];
     bool pre[NST];
@@ -968,8 +1028,9 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_dec_kernel(struct attn_karg
         kp[i] = i == 0 || kp[i - 1] >= 0 ? src.start(src.u0 + i) : -1;
         pre[i] = a.early && kp[i] >= 0 && kp[i] + CH <= first_new && (i == 0 || pre[i - 1]);
         if (pre[i]) {
-            src.load(src.u0 + i, ks + i * CH * DP, vs + i * CH * DP);
-            attn_commit();
+            load(src.u0 + i, i);
+            if constexpr (!TMA)
+                attn_commit();
         }
     }
     if (a.early >= 2)
@@ -979,8 +1040,9 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_dec_kernel(struct attn_karg
     for (int i = 0; i < NST; i++)
         if (!pre[i]) {
             if (kp[i] >= 0)
-                src.load(src.u0 + i, ks + i * CH * DP, vs + i * CH * DP);
-            attn_commit();
+                load(src.u0 + i, i);
+            if constexpr (!TMA)
+                attn_commit();
         }
 
     /* a fragments of q: a0/a2 row gq (q), a1/a3 row gq + 8 (residual) */
@@ -1014,15 +1076,32 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_dec_kernel(struct attn_karg
      * reading it */
     int stage = 0;
     for (uint32_t u = src.u0; kp[0] >= 0; u++) {
-        attn_wait<NST - 1>();
-        __syncthreads();
+        if constexpr (TMA) {
+            cuda_bar_wait(&bars[stage], (par >> stage) & 1);
+            par ^= 1u << stage;
+        } else {
+            attn_wait<NST - 1>();
+            __syncthreads();
+        }
         const long long kp_cur = kp[0];
         const uint32_t nk = src.keys(u, kp_cur), kw = warp * 16;
         const __half *kd = ks + stage * CH * DP;
         __half *vd = vs + stage * CH * DP;
         if (kw < nk) {
             if (kw + 16 > nk) {
-                attn_zero_rows(vd, nk, kw + 16, D, DP, lane, 32);
+                if constexpr (TMA) {
+                    /* rows past the sequence's end landed too: whole 128-byte lines, so the
+                     * swizzle does not matter; the proxy fence orders these writes before the
+                     * stage's next tensor copy */
+                    for (uint32_t i = lane; i < (kw + 16 - nk) * D; i += 32) {
+                        const uint32_t r = nk + i / D, d = i % D;
+                        *(__half *)((char *)vd + (d / 64) * CH * 128 + r * 128 + (d % 64) * 2) =
+                            __float2half_rn(0.0f);
+                    }
+                    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+                } else {
+                    attn_zero_rows(vd, nk, kw + 16, D, DP, lane, 32);
+                }
                 __syncwarp();
             }
             /* scores of keys kw..kw+15: two n tiles of 8 */
@@ -1036,11 +1115,16 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_dec_kernel(struct attn_karg
                  * (k, hi 8), (k + 1, lo), (k + 1, hi) */
                 const __half *kb =
                     kd + (kw + nt * 8 + (lane & 7)) * DP + (lane >> 4) * 16 + ((lane >> 3) & 1) * 8;
+                const uint32_t kr_sw = kw + nt * 8 + (lane & 7),
+                               kc_sw = (lane >> 4) * 2 + ((lane >> 3) & 1);
 #pragma unroll
                 for (int k = 0; k < KS; k += 2) {
                     uint32_t b0, b1, b2, b3;
-                    if (k + 1 < KS) {
-                        attn_ldm4<false>(b0, b1, b2, b3, kb + k * 16);
+                    if (TMA || k + 1 < KS) {
+                        attn_ldm4<false>(b0, b1, b2, b3,
+                                         TMA ? (const __half *)((const char *)kd +
+                                                                attn_sw<CH>(kr_sw, kc_sw + 2 * k))
+                                             : kb + k * 16);
                         attn_mma(c[nt], fq[k][0], fq[k][1], fq[k][2], fq[k][3], b0, b1);
                         attn_mma(c[nt], fq[k + 1][0], fq[k + 1][1], fq[k + 1][2], fq[k + 1][3], b2,
                                  b3);
@@ -1093,7 +1177,11 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_dec_kernel(struct attn_karg
 #pragma unroll
                 for (int j = 0; j < ND; j += 2) {
                     uint32_t b0, b1, b2, b3;
-                    attn_ldm4<true>(b0, b1, b2, b3, vb + j * 8);
+                    attn_ldm4<true>(
+                        b0, b1, b2, b3,
+                        TMA ? (const __half *)((const char *)vd +
+                                               attn_sw<CH>(kw + (lane & 15), (lane >> 4) + j))
+                            : vb + j * 8);
                     attn_mma(acc[j], ph[0], pl[0], ph[1], pl[1], b0, b1);
                     if (j + 1 < ND)
                         attn_mma(acc[j + 1], ph[0], pl[0], ph[1], pl[1], b2, b3);
@@ -1103,19 +1191,21 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_dec_kernel(struct attn_karg
         const long long kp_n = kp[NST - 1] >= 0 ? src.start(u + NST) : -1;
         __syncthreads(); /* the stage is free */
         if (kp_n >= 0)
-            src.load(u + NST, ks + stage * CH * DP, vs + stage * CH * DP);
-        attn_commit();
+            load(u + NST, stage);
+        if constexpr (!TMA)
+            attn_commit();
 #pragma unroll
         for (int i = 0; i + 1 < NST; i++)
             kp[i] = kp[i + 1];
         kp[NST - 1] = kp_n;
         stage = stage + 1 == NST ? 0 : stage + 1;
     }
-    attn_wait<0>();
-    __syncthreads(); /* the stages are reused for the merge */
+    if constexpr (!TMA)
+        attn_wait<0>(); /* tensor copies: every chunk queued was waited for in the loop */
+    __syncthreads();    /* the stages are reused for the merge */
 
     /* merge the four warps: row gq's (m, l) per warp, then o summed with weights */
-    float *wm = (float *)smem; /* (4, 8) */
+    float *wm = (float *)sb;   /* (4, 8) */
     float *wl = wm + 32;       /* (4, 8) */
     float *wo = wl + 32;       /* (4, 8, D) */
     if (tq == 0 && gq < 8) {
@@ -1175,13 +1265,13 @@ template <typename F> static int attn_smem_limit(F fn, size_t sm, size_t *set)
 
 /* one launch of an attention kernel with sm bytes of dynamic shared memory; *sm_set: the limit
  * its kernel was raised to (one per instantiation, kept by the caller) */
-template <typename F>
+template <typename F, typename... A>
 static int attn_launch_fn(const struct cuda_ctx *c, F fn, size_t *sm_set, dim3 grid, size_t sm,
-                          cudaStream_t s, const struct attn_kargs &k)
+                          cudaStream_t s, A &&...args)
 {
     if (attn_smem_limit(fn, sm, sm_set) < 0)
         return RKV_ECUDA;
-    CU_TRY(cuda_launch_pdl(c, fn, grid, dim3(ATTN_THREADS), sm, s, k));
+    CU_TRY(cuda_launch_pdl(c, fn, grid, dim3(ATTN_THREADS), sm, s, static_cast<A &&>(args)...));
     return 0;
 }
 
@@ -1191,27 +1281,46 @@ static inline size_t attn_dec_smem(uint32_t nst, uint32_t D)
     return (size_t)nst * 2 * 64 * (D + 8) * sizeof(__half);
 }
 
-/* the shared memory limit attn_dec_kernel<ND, NST> was raised to (one per instantiation) */
-template <int ND, int NST> static size_t *attn_dec_sm_set()
+/* the shared memory limit attn_dec_kernel<ND, NST, TMA> was raised to (one per instantiation) */
+template <int ND, int NST, bool TMA> static size_t *attn_dec_sm_set()
 {
     static size_t sm_set;
     return &sm_set;
 }
 
-template <int ND, int NST>
+/* tm: the device pool's tensor map when TMA (set_kv's kv_tmap_encode) */
+template <int ND, int NST, bool TMA>
 static int attn_dec_launch_st(const struct cuda_ctx *c, dim3 grid, cudaStream_t s,
-                              const struct attn_kargs &k)
+                              const struct attn_kargs &k, const CUtensorMap &tm)
 {
-    return attn_launch_fn(c, attn_dec_kernel<ND, NST>, attn_dec_sm_set<ND, NST>(), grid,
-                          attn_dec_smem(NST, ND * 8), s, k);
+    /* tensor copies: unpadded rows, and room to align the stages to 1024 bytes */
+    const size_t sm =
+        TMA ? (size_t)NST * 2 * 64 * ND * 8 * sizeof(__half) + 1024 : attn_dec_smem(NST, ND * 8);
+    return attn_launch_fn(c, attn_dec_kernel<ND, NST, TMA>, attn_dec_sm_set<ND, NST, TMA>(), grid,
+                          sm, s, k, tm);
 }
 
+template <int ND, bool TMA>
+static int attn_dec_launch_tma(const struct cuda_ctx *c, dim3 grid, cudaStream_t s,
+                               const struct attn_kargs &k, const CUtensorMap &tm)
+{
+    return cuda_dec_stages(c, grid.x * grid.z) == 3
+               ? attn_dec_launch_st<ND, 3, TMA>(c, grid, s, k, tm)
+               : attn_dec_launch_st<ND, 2, TMA>(c, grid, s, k, tm);
+}
+
+/* by tensor copies when tma (D 64 and 128 only) */
 template <int ND>
 static int attn_dec_launch(const struct cuda_ctx *c, dim3 grid, cudaStream_t s,
-                           const struct attn_kargs &k)
+                           const struct attn_kargs &k, bool tma)
 {
-    return cuda_dec_stages(c, grid.x * grid.z) == 3 ? attn_dec_launch_st<ND, 3>(c, grid, s, k)
-                                                    : attn_dec_launch_st<ND, 2>(c, grid, s, k);
+    alignas(64) CUtensorMap tm;
+    static_assert(sizeof(tm) == sizeof(c->kv_tmap), "cuda_ctx.kv_tmap holds a CUtensorMap");
+    memcpy(&tm, c->kv_tmap, sizeof(tm));
+    if constexpr (ND == 8 || ND == 16)
+        if (tma)
+            return attn_dec_launch_tma<ND, true>(c, grid, s, k, tm);
+    return attn_dec_launch_tma<ND, false>(c, grid, s, k, tm);
 }
 
 template <int ND, int LO>
@@ -1264,8 +1373,9 @@ template <int ND, int NST> static int attn_dec_per_sm_st()
     if (!per_sm) {
         const size_t sm = attn_dec_smem(NST, ND * 8);
         int nb = 0;
-        if (attn_smem_limit(attn_dec_kernel<ND, NST>, sm, attn_dec_sm_set<ND, NST>()) < 0 ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, attn_dec_kernel<ND, NST>,
+        if (attn_smem_limit(attn_dec_kernel<ND, NST, false>, sm,
+                            attn_dec_sm_set<ND, NST, false>()) < 0 ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, attn_dec_kernel<ND, NST, false>,
                                                           ATTN_THREADS, sm) != cudaSuccess) {
             cudaGetLastError();
             return 0;
@@ -1289,10 +1399,15 @@ static int attn_launch(struct cuda_ctx *c, const struct cuda_attn_args *a, struc
     dim3 grid(c->layout.n_kv_head, n_split, a->meta->n_qtiles);
     if (RMAX == 16 && attn_takes_dec(c, a->meta->qt, k.g, k.D)) {
         /* decode: the packed q/residual kernel */
-        int rc = k.D == 128  ? attn_dec_launch<16>(c, grid, a->s, k)
-                 : k.D == 64 ? attn_dec_launch<8>(c, grid, a->s, k)
-                 : k.D == 32 ? attn_dec_launch<4>(c, grid, a->s, k)
-                             : attn_dec_launch<2>(c, grid, a->s, k);
+        /* tensor copies read the device pool set_kv mapped, at whole rows */
+        const size_t row = (size_t)k.D * sizeof(__half);
+        const bool tma = c->kv_tma && a->list == KV_DEVICE && a->pool == c->pool[KV_DEVICE] &&
+                         (k.block_bytes | k.k_off | k.v_off) % row == 0;
+        c->hst.dec_tma += tma && (k.D == 64 || k.D == 128);
+        int rc = k.D == 128  ? attn_dec_launch<16>(c, grid, a->s, k, tma)
+                 : k.D == 64 ? attn_dec_launch<8>(c, grid, a->s, k, tma)
+                 : k.D == 32 ? attn_dec_launch<4>(c, grid, a->s, k, tma)
+                             : attn_dec_launch<2>(c, grid, a->s, k, tma);
         if (rc < 0)
             return rc;
     } else if (attn_takes_fa<RMAX>(c, k.D)) {
@@ -1353,6 +1468,7 @@ static inline struct attn_kargs attn_kargs_of(struct cuda_ctx *c, const struct c
     k.part = part;
     k.cnt = cnt;
     k.early = c->early;
+    k.kv_ef = c->dec_tma == 2;
     k.o = a->o;
     k.m = a->m;
     k.l = a->l;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cublas_v2.h>
+#include <cuda.h> /* CUtensorMap only: the driver is reached through cudart */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -125,6 +126,12 @@ struct cuda_ctx {
     struct kv_layout layout;
     int have_kv;
     char *pool[KV_N_POOLS]; /* device-visible base per residency */
+    /* decode attention's key chunks by the tensor memory accelerator (env RKV_CUDA_DEC_TMA):
+     * the device pool as rows of head_dim f16, 64-column boxes of 64 rows, 128-byte swizzle
+     * (a CUtensorMap's bytes; set_kv encodes it when the layout allows) */
+    int dec_tma;
+    int kv_tma;
+    uint64_t kv_tmap[16];
     uint32_t n_blocks[KV_N_POOLS];
     void *registered[KV_N_POOLS]; /* host ranges this backend registered */
 
@@ -285,6 +292,7 @@ struct cuda_ctx {
         uint64_t act16_conv, act16_twin;
         uint64_t graph_rec, graph_replay, graph_fail; /* decode steps' layers as a graph */
         uint64_t lin_mma; /* linears and matmuls linear_mma.cu ran (replays not counted) */
+        uint64_t dec_tma; /* decode attention launches by tensor copies (replays not counted) */
     } hst;
 };
 

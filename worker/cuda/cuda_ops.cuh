@@ -31,6 +31,59 @@ __device__ __forceinline__ void cuda_grid_wait()
 #endif
 }
 
+/* --- mbarriers and tensor copies (sm_90) ---------------------------------------------------- */
+
+__device__ __forceinline__ uint32_t cuda_smem(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void cuda_bar_init(uint64_t *bar, uint32_t count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(cuda_smem(bar)), "r"(count));
+}
+
+__device__ __forceinline__ void cuda_bar_expect(uint64_t *bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(cuda_smem(bar)),
+                 "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void cuda_bar_arrive(uint64_t *bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(cuda_smem(bar)) : "memory");
+}
+
+__device__ __forceinline__ void cuda_bar_wait(uint64_t *bar, uint32_t parity)
+{
+    asm volatile("{\n\t.reg .pred p;\n"
+                 "CUDA_BAR_WAIT%=:\n\t"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
+                 "@!p bra CUDA_BAR_WAIT%=;\n}" ::"r"(cuda_smem(bar)),
+                 "r"(parity)
+                 : "memory");
+}
+
+/* the box of tensor map tm at (x, y, z) into shared dst (aligned as its swizzle asks), counted
+ * on bar, under L2 cache policy (createpolicy; 0: none); tm must be a __grid_constant__ kernel
+ * parameter (or constant / global memory) */
+__device__ __forceinline__ void cuda_tma_3d(void *dst, const CUtensorMap *tm, int32_t x, int32_t y,
+                                            int32_t z, uint64_t *bar, uint64_t policy)
+{
+    if (policy)
+        asm volatile(
+            "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::"
+            "bytes.L2::cache_hint [%0], [%1, {%2, %3, %4}], [%5], %6;" ::"r"(cuda_smem(dst)),
+            "l"(tm), "r"(x), "r"(y), "r"(z), "r"(cuda_smem(bar)), "l"(policy)
+            : "memory");
+    else
+        asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::"
+                     "bytes [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(cuda_smem(dst)),
+                     "l"(tm), "r"(x), "r"(y), "r"(z), "r"(cuda_smem(bar))
+                     : "memory");
+}
+
 /* out (n, cols) = rows ids[i] of w dequantized; d_ids on the device */
 int cuda_embed(struct cuda_ctx *c, float *out, const struct be_tensor *w, const int32_t *d_ids,
                uint32_t n);

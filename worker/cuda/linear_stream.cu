@@ -67,45 +67,13 @@ struct ls_pos {
 
 /* --- mbarrier and bulk copy (sm_90) ------------------------------------------------------- */
 
-__device__ __forceinline__ uint32_t ls_smem(const void *p)
-{
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-__device__ __forceinline__ void ls_bar_init(uint64_t *bar, uint32_t count)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(ls_smem(bar)), "r"(count));
-}
-
-__device__ __forceinline__ void ls_bar_expect(uint64_t *bar, uint32_t bytes)
-{
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(ls_smem(bar)),
-                 "r"(bytes)
-                 : "memory");
-}
-
-__device__ __forceinline__ void ls_bar_arrive(uint64_t *bar)
-{
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(ls_smem(bar)) : "memory");
-}
-
-__device__ __forceinline__ void ls_bar_wait(uint64_t *bar, uint32_t parity)
-{
-    asm volatile("{\n\t.reg .pred p;\n"
-                 "LS_WAIT%=:\n\t"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
-                 "@!p bra LS_WAIT%=;\n}" ::"r"(ls_smem(bar)),
-                 "r"(parity)
-                 : "memory");
-}
-
 /* bytes (a multiple of 16) from global src to shared dst, counted on bar; evict-first in L2 */
 __device__ __forceinline__ void ls_copy(void *dst, const void *src, uint32_t bytes, uint64_t *bar,
                                         uint64_t policy)
 {
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-                 " [%0], [%1], %2, [%3], %4;" ::"r"(ls_smem(dst)),
-                 "l"(src), "r"(bytes), "r"(ls_smem(bar)), "l"(policy)
+                 " [%0], [%1], %2, [%3], %4;" ::"r"(cuda_smem(dst)),
+                 "l"(src), "r"(bytes), "r"(cuda_smem(bar)), "l"(policy)
                  : "memory");
 }
 
@@ -207,18 +175,18 @@ __device__ __forceinline__ void ls_put(const ls_kargs &a, unsigned char *sm, uin
 {
     const uint32_t S = a.n_stages;
     if (k >= S)
-        ls_bar_wait((uint64_t *)&empty[p.s], p.ph ^ 1);
+        cuda_bar_wait((uint64_t *)&empty[p.s], p.ph ^ 1);
     if (k >= 2 * S)
-        ls_bar_wait((uint64_t *)&fin[p.h], p.hph ^ 1);
+        cuda_bar_wait((uint64_t *)&fin[p.h], p.hph ^ 1);
     if (lane == 0) {
         info[p.h] = {m, row, cnt, 0};
         if (cnt == 0) {
-            ls_bar_arrive(&full[p.s]);
+            cuda_bar_arrive(&full[p.s]);
         } else {
             const uint32_t bytes = cnt * a.row_bytes, R = a.rows_per_tile;
             const char *wm = m == 0 ? a.w[0] : m == 1 ? a.w[1] : a.w[2];
             char *st = (char *)sm + (size_t)p.s * a.stage_bytes;
-            ls_bar_expect(&full[p.s], bytes * NR);
+            cuda_bar_expect(&full[p.s], bytes * NR);
             ls_copy(st, wm + (size_t)row * a.row_bytes, bytes, &full[p.s], policy);
             if constexpr (NR == 2)
                 ls_copy(st + (size_t)R * a.row_bytes, a.w[1] + (size_t)row * a.row_bytes, bytes,
@@ -250,12 +218,12 @@ __global__ void __launch_bounds__((LS_MAX_WARPS + 2) * 32, V *NT <= 2 ? 2 : 1) l
 
     if (threadIdx.x == 0) {
         for (uint32_t s = 0; s < S; s++) {
-            ls_bar_init(&full[s], 1);
-            ls_bar_init(&empty[s], nw);
+            cuda_bar_init(&full[s], 1);
+            cuda_bar_init(&empty[s], nw);
         }
         for (uint32_t h = 0; h < 2 * S; h++) {
-            ls_bar_init(&done[h], nw);
-            ls_bar_init(&fin[h], 1);
+            cuda_bar_init(&done[h], nw);
+            cuda_bar_init(&fin[h], 1);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -339,7 +307,7 @@ __global__ void __launch_bounds__((LS_MAX_WARPS + 2) * 32, V *NT <= 2 ? 2 : 1) l
             __syncwarp();
         }
         for (ls_pos p;; p.next(S)) {
-            ls_bar_wait(&done[p.h], p.hph);
+            cuda_bar_wait(&done[p.h], p.hph);
             const ls_tinfo ti = info[p.h];
             if (ti.cnt == 0)
                 return;
@@ -348,7 +316,7 @@ __global__ void __launch_bounds__((LS_MAX_WARPS + 2) * 32, V *NT <= 2 ? 2 : 1) l
                                 rd ? rsb + p.h * LS_MAX_ROWS : res, rd ? ti.row : u_beg);
             __syncwarp();
             if (lane == 0)
-                ls_bar_arrive(&fin[p.h]);
+                cuda_bar_arrive(&fin[p.h]);
         }
     }
 
@@ -413,13 +381,13 @@ __global__ void __launch_bounds__((LS_MAX_WARPS + 2) * 32, V *NT <= 2 ? 2 : 1) l
     }
     const uint32_t R = a.rows_per_tile;
     for (ls_pos p;; p.next(S)) {
-        ls_bar_wait(&full[p.s], p.ph);
+        cuda_bar_wait(&full[p.s], p.ph);
         const uint32_t cnt = info[p.h].cnt;
         if (cnt == 0) {
             /* the end: the finisher learns it from the same slot */
             __syncwarp();
             if (lane == 0)
-                ls_bar_arrive(&done[p.h]);
+                cuda_bar_arrive(&done[p.h]);
             return;
         }
         const char *st = (const char *)sm + (size_t)p.s * a.stage_bytes;
@@ -473,8 +441,8 @@ __global__ void __launch_bounds__((LS_MAX_WARPS + 2) * 32, V *NT <= 2 ? 2 : 1) l
             rsb[p.h * LS_MAX_ROWS + lane] = rv;
         __syncwarp();
         if (lane == 0) {
-            ls_bar_arrive(&empty[p.s]);
-            ls_bar_arrive(&done[p.h]);
+            cuda_bar_arrive(&empty[p.s]);
+            cuda_bar_arrive(&done[p.h]);
         }
     }
 }
