@@ -860,6 +860,13 @@ int main(int argc, char **argv)
             ops = 0;
         else if (!strcmp(argv[i], "--attn-only"))
             ops = model = 0, attn_only = 1; /* the attention cases alone (compute-sanitizer) */
+        else {
+            fprintf(stderr,
+                    "gpu-test: unknown argument '%s'; usage: gpu_ops_test [--seed N] "
+                    "[--ops-only | --model-only | --attn-only]\n",
+                    argv[i]);
+            return 2;
+        }
     }
     gu_seed(&rng, seed);
     if (rkv_cuda_backend_probe() <= 0) {
