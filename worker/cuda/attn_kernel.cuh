@@ -1090,14 +1090,12 @@ __global__ void __launch_bounds__(ATTN_THREADS)
         if (kw < nk) {
             if (kw + 16 > nk) {
                 if constexpr (TMA) {
-                    /* rows past the sequence's end landed too: whole 128-byte lines, so the
-                     * swizzle does not matter; the proxy fence orders these writes before the
+                    /* rows past the sequence's end landed too: zeroed 16 bytes at a time where
+                     * the swizzle put them; the proxy fence orders these writes before the
                      * stage's next tensor copy */
-                    for (uint32_t i = lane; i < (kw + 16 - nk) * D; i += 32) {
-                        const uint32_t r = nk + i / D, d = i % D;
-                        *(__half *)((char *)vd + (d / 64) * CH * 128 + r * 128 + (d % 64) * 2) =
-                            __float2half_rn(0.0f);
-                    }
+                    for (uint32_t i = lane; i < (kw + 16 - nk) * (D / 8); i += 32)
+                        *(uint4 *)((char *)vd + attn_sw<CH>(nk + i / (D / 8), i % (D / 8))) =
+                            make_uint4(0, 0, 0, 0);
                     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
                 } else {
                     attn_zero_rows(vd, nk, kw + 16, D, DP, lane, 32);
