@@ -197,6 +197,30 @@ static void test_matmul(struct backend *precise, uint32_t gemv_max)
     }
 }
 
+/* more than 8 rows of 16-bit weights run on the tuned cuBLASLt algorithms (gemm_lt.cu) by
+ * default and on cublasGemmEx's choice with RKV_CUDA_LT_TUNE_N=0 (test_matmul checks both
+ * against the cpu): the backend's counter must say which ran one 33-row gemm, twice (the
+ * second on the shape's cached algorithm) */
+static void lt_check(const char *what, int want)
+{
+    struct pair w = pair_new(BE_BF16, 256, 512, 0.05f), x = pair_new(BE_F32, 33, 512, 1.0f),
+                y = pair_new(BE_F32, 33, 256, 1.0f);
+    char st[2048] = "", name[128];
+    backend_stats(gpu, st, sizeof(st)); /* counts from here */
+    int rc =
+        matmul_forward(gpu, y.g, x.g, w.g, NULL, 33) | matmul_forward(gpu, y.g, x.g, w.g, NULL, 33);
+    backend_stats(gpu, st, sizeof(st));
+    const char *key = "gemms on tuned cuBLASLt algorithms: ", *p = strstr(st, key);
+    const unsigned long long ran = p ? strtoull(p + strlen(key), NULL, 10) : 0;
+    snprintf(name, sizeof(name), "matmul, %s: %s cuBLASLt gemm", what, want ? "two a" : "no");
+    if (!p || ran != (want ? 2u : 0u))
+        printf("  %s: %s\n", name, st);
+    CHECK(name, rc == 0 && p && ran == (want ? 2u : 0u));
+    struct pair *ps[] = {&w, &x, &y};
+    for (int i = 0; i < 3; i++)
+        pair_free(ps[i]);
+}
+
 /* h = rmsnorm(x) or silu(x) * x2, on be's side of the pairs */
 static int twin_op(struct backend *be, int silu, struct pair *h, struct pair *x, struct pair *x2,
                    struct pair *nw, uint32_t n)
@@ -894,6 +918,18 @@ int main(int argc, char **argv)
         test_embed();
         test_rmsnorm();
         test_matmul(precise, 8);
+        lt_check("default", 1);
+        {
+            struct backend *lt0 = backend_env("RKV_CUDA_LT_TUNE_N", "0", 0), *save = gpu;
+            if (lt0) {
+                printf("ops: matmul, rows past 8 on cublasGemmEx (RKV_CUDA_LT_TUNE_N=0)\n");
+                gpu = lt0;
+                test_matmul(NULL, 8);
+                lt_check("RKV_CUDA_LT_TUNE_N=0", 0);
+                gpu = save;
+            }
+            backend_free(lt0);
+        }
         test_twin();
         test_linear();
         test_linear_shapes();

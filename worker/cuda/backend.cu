@@ -1434,24 +1434,27 @@ static int cu_greedy(void *ctx, const struct be_tensor *logits, uint32_t n, int3
 static int cu_stats(void *ctx, char *buf, size_t len)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    int n = snprintf(buf, len,
-                     "host kv layers: %llu prefetched, %llu copied in line, %llu with a host "
-                     "write, %llu zero-copy, %llu in %llu passes; %llu block slices staged in %llu "
-                     "copies, %llu staging growths, %llu attended on the cpu, %llu split with it, "
-                     "%llu tails too short to split; gemm inputs: %llu converted, %llu from the "
-                     "op's 16-bit copy; decode layers as graphs: %llu recorded, %llu replayed, "
-                     "%llu failed; decode linears on tensor cores: %llu; decode attention by "
-                     "tensor copies: %llu",
-                     (unsigned long long)c->hst.prefetched, (unsigned long long)c->hst.inline_,
-                     (unsigned long long)c->hst.host_write, (unsigned long long)c->hst.zero_copy,
-                     (unsigned long long)c->hst.passes, (unsigned long long)c->hst.pass_n,
-                     (unsigned long long)c->hst.slots, (unsigned long long)c->hst.copies,
-                     (unsigned long long)c->hst.grown, (unsigned long long)c->hst.cpu_layers,
-                     (unsigned long long)c->hst.split_layers,
-                     (unsigned long long)c->hst.split_gated, (unsigned long long)c->hst.act16_conv,
-                     (unsigned long long)c->hst.act16_twin, (unsigned long long)c->hst.graph_rec,
-                     (unsigned long long)c->hst.graph_replay, (unsigned long long)c->hst.graph_fail,
-                     (unsigned long long)c->hst.lin_mma, (unsigned long long)c->hst.dec_tma);
+    int n =
+        snprintf(buf, len,
+                 "host kv layers: %llu prefetched, %llu copied in line, %llu with a host "
+                 "write, %llu zero-copy, %llu in %llu passes; %llu block slices staged in %llu "
+                 "copies, %llu staging growths, %llu attended on the cpu, %llu split with it, "
+                 "%llu tails too short to split; gemm inputs: %llu converted, %llu from the "
+                 "op's 16-bit copy; decode layers as graphs: %llu recorded, %llu replayed, "
+                 "%llu failed; decode linears on tensor cores: %llu; decode attention by "
+                 "tensor copies: %llu; gemms on tuned cuBLASLt algorithms: %llu (%llu shapes "
+                 "tuned, %llu faster than the heuristic's first)",
+                 (unsigned long long)c->hst.prefetched, (unsigned long long)c->hst.inline_,
+                 (unsigned long long)c->hst.host_write, (unsigned long long)c->hst.zero_copy,
+                 (unsigned long long)c->hst.passes, (unsigned long long)c->hst.pass_n,
+                 (unsigned long long)c->hst.slots, (unsigned long long)c->hst.copies,
+                 (unsigned long long)c->hst.grown, (unsigned long long)c->hst.cpu_layers,
+                 (unsigned long long)c->hst.split_layers, (unsigned long long)c->hst.split_gated,
+                 (unsigned long long)c->hst.act16_conv, (unsigned long long)c->hst.act16_twin,
+                 (unsigned long long)c->hst.graph_rec, (unsigned long long)c->hst.graph_replay,
+                 (unsigned long long)c->hst.graph_fail, (unsigned long long)c->hst.lin_mma,
+                 (unsigned long long)c->hst.dec_tma, (unsigned long long)c->hst.lt_gemm,
+                 (unsigned long long)c->hst.lt_tuned, (unsigned long long)c->hst.lt_faster);
     memset(&c->hst, 0, sizeof c->hst);
     return n;
 }
@@ -1520,6 +1523,7 @@ static void cu_free(void *ctx)
         cudaFreeHost(c->qdown);
     if (c->ev_qdown)
         cudaEventDestroy(c->ev_qdown);
+    cuda_lt_free(c);
     if (c->blas)
         cublasDestroy(c->blas);
     if (c->blas_ws)
@@ -1632,6 +1636,10 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         }
         if (c->blas_ws && cublasSetWorkspace(c->blas, c->blas_ws, ws) != CUBLAS_STATUS_SUCCESS)
             goto fail;
+        c->blas_ws_bytes = c->blas_ws ? ws : 0;
+        /* gemms of 9..N tokens (batched decode) on the cuBLASLt algorithm timed fastest at
+         * the shape's first eager call (gemm_lt.cu); 0: cublasGemmEx's heuristic choice */
+        c->lt_tune_n = (uint32_t)rkv_env_u64("RKV_CUDA_LT_TUNE_N", 256, 0, 1u << 16);
     }
     if (cudaMalloc(&c->ls_ctr, 2 * sizeof(uint32_t)) != cudaSuccess ||
         cudaMemset(c->ls_ctr, 0, 2 * sizeof(uint32_t)) != cudaSuccess)

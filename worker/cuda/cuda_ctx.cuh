@@ -120,6 +120,11 @@ struct cuda_ctx {
     int last_was_dev_attn;
     cublasHandle_t blas;
     void *blas_ws; /* cublas's workspace, ours so graph capture keeps its algorithms */
+    size_t blas_ws_bytes;
+    /* gemm_lt.cu: 16-bit gemms of 9..lt_tune_n tokens on the cuBLASLt algorithm measured
+     * fastest (env RKV_CUDA_LT_TUNE_N, 0: cublasGemmEx's choice) */
+    struct cuda_lt *lt;
+    uint32_t lt_tune_n;
     int no_mma;  /* env RKV_CUDA_NO_MMA=1: f16-kv attention on the cuda cores (a/b check) */
     int precise; /* prefill gemms carry the activations' 16-bit rounding error (2 gemms) */
 
@@ -290,6 +295,9 @@ struct cuda_ctx {
         /* cublas gemms over 16-bit activations: inputs converted for them, and inputs whose
          * 16-bit copy the op that wrote them left in act16 (rmsnorm, silu_mul) */
         uint64_t act16_conv, act16_twin;
+        /* gemm_lt.cu: gemms run, shapes tuned, and those whose fastest was not the
+         * heuristic's first */
+        uint64_t lt_gemm, lt_tuned, lt_faster;
         uint64_t graph_rec, graph_replay, graph_fail; /* decode steps' layers as a graph */
         uint64_t lin_mma; /* linears and matmuls linear_mma.cu ran (replays not counted) */
         uint64_t dec_tma; /* decode attention launches by tensor copies (replays not counted) */

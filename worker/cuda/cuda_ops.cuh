@@ -141,6 +141,13 @@ int cuda_matmul(struct cuda_ctx *c, float *out, const float *in, const struct be
  * no projection buffer and no add kernel); 1 when the caller should compose it instead */
 int cuda_matmul_add(struct cuda_ctx *c, float *out, const float *in, const struct be_tensor *w,
                     uint32_t n);
+/* gemm_lt.cu: row-major out (n, n_out) = x (n, n_in) . w^T (+ out when beta is 1), x and w
+ * 16-bit of type t, on the cuBLASLt algorithm measured fastest for the shape; 1 when the
+ * shape is not its (more than lt_tune_n tokens, another type or beta, or being recorded
+ * before it was tuned) and the caller should use cublasGemmEx */
+int cuda_gemm_lt(struct cuda_ctx *c, float *out, const void *w, enum be_type t, const void *x,
+                 uint32_t n, uint32_t n_in, uint32_t n_out, float beta);
+void cuda_lt_free(struct cuda_ctx *c);
 /* the decode path of cuda_matmul: n <= CUDA_GEMV_MAX_N tokens, weights read once */
 #define CUDA_GEMV_MAX_N 8
 int cuda_gemv(struct cuda_ctx *c, float *out, const float *in, const struct be_tensor *w,

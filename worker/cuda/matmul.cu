@@ -45,11 +45,11 @@ static int gemm_16(struct cuda_ctx *c, float *out, const float *in, const void *
         c->hst.act16_twin++;
     }
     cudaDataType wt = t == BE_F16 ? CUDA_R_16F : CUDA_R_16BF;
-    if (rc == 0)
+    if (rc == 0 && (rc = cuda_gemm_lt(c, out, w, t, c->act16, n, n_in, n_out, beta)) == 1)
         rc = gemm_ex(c, out, w, wt, c->act16, n, n_in, n_out, beta);
     if (rc == 0 && c->precise) {
         rc = cuda_convert_f32_lo(c, c->act16, t, in, elems);
-        if (rc == 0)
+        if (rc == 0 && (rc = cuda_gemm_lt(c, out, w, t, c->act16, n, n_in, n_out, 1.0f)) == 1)
             rc = gemm_ex(c, out, w, wt, c->act16, n, n_in, n_out, 1.0f);
     }
     act16_written(c, out, (size_t)n * n_out); /* over this call's input, say */
