@@ -21,6 +21,7 @@ struct lt_shape {
     uint32_t n_out, n_in, n, wt; /* wt: 1 f16, 2 bf16 */
     uint32_t add;                /* beta 1 (the output accumulates) */
     int used;
+    int bad; /* its algorithm failed to run once: the shape stays on cublasGemmEx */
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
@@ -140,7 +141,7 @@ static int lt_tune(struct cuda_ctx *c, struct lt_shape *s, const void *w, const 
     if (hs != CUBLAS_STATUS_SUCCESS || nres < 1)
         return -1;
     s->algo = res[0].algo;
-    c->hst.lt_tuned++;
+    c->hst.lt_tuned++; /* from here the shape runs on a candidate */
     if (nres == 1)
         return 0;
     /* the timing runs' output and the L2 flush live only while the shape is timed (the lm
@@ -181,8 +182,10 @@ static int lt_tune(struct cuda_ctx *c, struct lt_shape *s, const void *w, const 
     for (int i = 1; i < nres; i++)
         if (t[i] < t[best])
             best = i;
-    if (t[best] == INFINITY)
+    if (t[best] == INFINITY) {
+        c->hst.lt_tuned--;
         return -1; /* none ran */
+    }
     if (t[0] == INFINITY)
         s->algo = res[best].algo;
     if (best != 0 && t[best] < 0.97f * t[0]) {
@@ -221,7 +224,7 @@ int cuda_gemm_lt(struct cuda_ctx *c, float *out, const void *w, enum be_type t, 
             lt->full_warned = 1;
             return 1;
         }
-        *s = (struct lt_shape){n_out, n_in, n, wt, add, 0, NULL, NULL, NULL, NULL, {}};
+        *s = (struct lt_shape){n_out, n_in, n, wt, add, 0, 0, NULL, NULL, NULL, NULL, {}};
         if (lt_describe(s, t == BE_F16 ? CUDA_R_16F : CUDA_R_16BF) < 0)
             return 1;
         if (lt_tune(c, s, w, x) < 0) {
@@ -233,14 +236,17 @@ int cuda_gemm_lt(struct cuda_ctx *c, float *out, const void *w, enum be_type t, 
         }
         s->used = 1;
         lt->n_used++;
-    } else if (probes == LT_SLOTS) {
+    } else if (probes == LT_SLOTS || s->bad) {
         return 1;
     }
     cublasStatus_t st = lt_run(c, s, &s->algo, out, w, x);
     if (st != CUBLAS_STATUS_SUCCESS) {
-        log_error("cuda: cublasLtMatmul failed: cublas status %d (%u x %u by %u tokens)", (int)st,
-                  n_out, n_in, n);
-        return RKV_ECUDA;
+        /* nothing was queued: this call and the shape's next ones take cublasGemmEx */
+        log_warn("cuda: cublasLtMatmul refused its tuned algorithm (cublas status %d, %u x %u by "
+                 "%u tokens); the shape falls back to cublasGemmEx",
+                 (int)st, n_out, n_in, n);
+        s->bad = 1;
+        return 1;
     }
     c->hst.lt_gemm++;
     return 0;
