@@ -200,6 +200,8 @@ int cuda_gemm_lt(struct cuda_ctx *c, float *out, const void *w, enum be_type t, 
 {
     if (n > c->lt_tune_n || (t != BE_F16 && t != BE_BF16) || (beta != 0.0f && beta != 1.0f))
         return 1;
+    if (!c->lt && c->graph.capturing)
+        return 1; /* no handle created inside a recording */
     struct cuda_lt *lt = lt_get(c);
     if (!lt)
         return 1;
