@@ -15,6 +15,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 
+# asan builds (make asan): leaks inside nng that rkv cannot free (scripts/lsan.supp)
+export LSAN_OPTIONS="suppressions=$top/scripts/lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 passed=0; failed=0; failures=()
 log=$(mktemp -d)
 trap 'rm -rf "$log"' EXIT
