@@ -35,20 +35,27 @@ struct cuda_lt {
     cudaEvent_t ev[2];
 };
 
+/* a shape's descriptors (NULL ones skipped: a describe that failed part way) */
+static void lt_shape_free(struct lt_shape *s)
+{
+    cublasLtMatrixLayout_t l[3] = {s->la, s->lb, s->lc};
+    for (int i = 0; i < 3; i++)
+        if (l[i])
+            cublasLtMatrixLayoutDestroy(l[i]);
+    if (s->op)
+        cublasLtMatmulDescDestroy(s->op);
+    s->op = NULL;
+    s->la = s->lb = s->lc = NULL;
+}
+
 void cuda_lt_free(struct cuda_ctx *c)
 {
     struct cuda_lt *lt = c->lt;
     if (!lt)
         return;
-    for (uint32_t i = 0; lt->tab && i < LT_SLOTS; i++) {
-        struct lt_shape *s = &lt->tab[i];
-        if (!s->used)
-            continue;
-        cublasLtMatrixLayoutDestroy(s->la);
-        cublasLtMatrixLayoutDestroy(s->lb);
-        cublasLtMatrixLayoutDestroy(s->lc);
-        cublasLtMatmulDescDestroy(s->op);
-    }
+    for (uint32_t i = 0; lt->tab && i < LT_SLOTS; i++)
+        if (lt->tab[i].used)
+            lt_shape_free(&lt->tab[i]);
     free(lt->tab);
     for (int i = 0; i < 2; i++)
         if (lt->ev[i])
@@ -102,12 +109,7 @@ static int lt_describe(struct lt_shape *s, cudaDataType wt)
         cublasLtMatrixLayoutCreate(&s->la, wt, s->n_in, s->n_out, s->n_in) ||
         cublasLtMatrixLayoutCreate(&s->lb, wt, s->n_in, s->n, s->n_in) ||
         cublasLtMatrixLayoutCreate(&s->lc, CUDA_R_32F, s->n_out, s->n, s->n_out)) {
-        if (s->la)
-            cublasLtMatrixLayoutDestroy(s->la);
-        if (s->lb)
-            cublasLtMatrixLayoutDestroy(s->lb);
-        if (s->op)
-            cublasLtMatmulDescDestroy(s->op);
+        lt_shape_free(s);
         return -1;
     }
     return 0;
@@ -141,7 +143,6 @@ static int lt_tune(struct cuda_ctx *c, struct lt_shape *s, const void *w, const 
     if (hs != CUBLAS_STATUS_SUCCESS || nres < 1)
         return -1;
     s->algo = res[0].algo;
-    c->hst.lt_tuned++; /* from here the shape runs on a candidate */
     if (nres == 1)
         return 0;
     /* the timing runs' output and the L2 flush live only while the shape is timed (the lm
@@ -182,10 +183,8 @@ static int lt_tune(struct cuda_ctx *c, struct lt_shape *s, const void *w, const 
     for (int i = 1; i < nres; i++)
         if (t[i] < t[best])
             best = i;
-    if (t[best] == INFINITY) {
-        c->hst.lt_tuned--;
+    if (t[best] == INFINITY)
         return -1; /* none ran */
-    }
     if (t[0] == INFINITY)
         s->algo = res[best].algo;
     if (best != 0 && t[best] < 0.97f * t[0]) {
@@ -206,12 +205,12 @@ int cuda_gemm_lt(struct cuda_ctx *c, float *out, const void *w, enum be_type t, 
     if (!lt)
         return 1;
     const uint32_t wt = t == BE_F16 ? 1 : 2, add = beta != 0.0f;
-    uint32_t i = lt_hash(n_out, n_in, n, wt, add), probes = 0;
+    /* open addressing; the table always keeps a free slot (n_used < LT_SLOTS - 1), so a
+     * probe ends at the shape or at a free slot */
+    uint32_t i = lt_hash(n_out, n_in, n, wt, add);
     struct lt_shape *s = &lt->tab[i];
     while (s->used &&
            !(s->n_out == n_out && s->n_in == n_in && s->n == n && s->wt == wt && s->add == add)) {
-        if (++probes == LT_SLOTS)
-            break;
         i = (i + 1) % LT_SLOTS;
         s = &lt->tab[i];
     }
@@ -230,15 +229,13 @@ int cuda_gemm_lt(struct cuda_ctx *c, float *out, const void *w, enum be_type t, 
         if (lt_describe(s, t == BE_F16 ? CUDA_R_16F : CUDA_R_16BF) < 0)
             return 1;
         if (lt_tune(c, s, w, x) < 0) {
-            cublasLtMatrixLayoutDestroy(s->la);
-            cublasLtMatrixLayoutDestroy(s->lb);
-            cublasLtMatrixLayoutDestroy(s->lc);
-            cublasLtMatmulDescDestroy(s->op);
+            lt_shape_free(s);
             return 1;
         }
         s->used = 1;
         lt->n_used++;
-    } else if (probes == LT_SLOTS || s->bad) {
+        c->hst.lt_tuned++;
+    } else if (s->bad) {
         return 1;
     }
     cublasStatus_t st = lt_run(c, s, &s->algo, out, w, x);
