@@ -191,6 +191,10 @@ static void test_matmul(struct backend *precise, uint32_t gemv_max)
     matmul_case(gpu, BE_F32, 2, 100, 33, 1, 1e-4f, "");
     matmul_case(gpu, BE_F16, 1, 100, 33, 0, 1e-4f, "");
     matmul_case(gpu, BE_BF16, 4, 4096, 1024, 0, 4 <= gemv_max ? 1e-4f : 3e-2f, "");
+    /* 9 x 33 inputs: the one-element f32 -> 16-bit conversion, and a width cuBLASLt may
+     * refuse (gemm_lt.cu then falls back to cublasGemmEx) */
+    matmul_case(gpu, BE_BF16, 9, 33, 40, 0, 9 <= gemv_max ? 1e-4f : 3e-2f, "");
+    matmul_case(gpu, BE_F16, 9, 33, 40, 1, 9 <= gemv_max ? 1e-4f : 4e-3f, "");
     if (precise) {
         matmul_case(precise, BE_BF16, 33, 512, 256, 1, 1e-4f, " precise");
         matmul_case(precise, BE_F16, 40, 512, 256, 0, 1e-4f, " precise");
@@ -454,6 +458,18 @@ static void test_elementwise(void)
                 o = pair_new(BE_F32, n, cols, 1.0f);
     int rc = silu_mul_forward(cpu, o.c, a.c, b.c, n) | silu_mul_forward(gpu, o.g, a.g, b.g, n);
     CHECK("silu_mul", rc == 0 && pair_cmp("silu_mul", &o, o.n, 1e-6f, 1e-5f) == 0);
+    {
+        /* 999 elements: the one-element kernel (the four-wide one takes multiples of 4) */
+        struct pair a3 = pair_new(BE_F32, 3, 333, 8.0f), b3 = pair_new(BE_F32, 3, 333, 2.0f),
+                    o3 = pair_new(BE_F32, 3, 333, 1.0f);
+        rc =
+            silu_mul_forward(cpu, o3.c, a3.c, b3.c, 3) | silu_mul_forward(gpu, o3.g, a3.g, b3.g, 3);
+        CHECK("silu_mul 3x333",
+              rc == 0 && pair_cmp("silu_mul 3x333", &o3, o3.n, 1e-6f, 1e-5f) == 0);
+        pair_free(&a3);
+        pair_free(&b3);
+        pair_free(&o3);
+    }
     rc = add_forward(cpu, o.c, a.c, b.c, n) | add_forward(gpu, o.g, a.g, b.g, n);
     CHECK("add", rc == 0 && pair_cmp("add", &o, o.n, 0, 0) == 0);
     /* in place: x = x + y */
@@ -972,6 +988,21 @@ int main(int argc, char **argv)
         }
         test_rope();
         test_elementwise();
+        {
+            /* silu_mul and the f32 -> 16-bit conversion four elements a thread (RKV_CUDA_VEC4):
+             * the elementwise cases (their 3 x 333 falls back to one element a thread), the
+             * gemms past 8 tokens (their input converted) and the 16-bit twins */
+            struct backend *v4 = backend_env("RKV_CUDA_VEC4", "1", 0), *save = gpu;
+            if (v4) {
+                printf("ops: elementwise and gemm inputs four elements a thread\n");
+                gpu = v4;
+                test_elementwise();
+                test_matmul(NULL, 8);
+                test_twin();
+                gpu = save;
+            }
+            backend_free(v4);
+        }
         test_attention();
         /* the other host-block path than the measured choice: both must agree */
         setenv("RKV_CUDA_HOST_READ", "zerocopy", 1);
@@ -1022,6 +1053,18 @@ int main(int argc, char **argv)
                       "RKV_CUDA_MAX_SPLIT=2 RKV_CUDA_DEC_STAGES=3", NULL, NULL);
         attention_env("decode attention, 2 splits, 2 stages",
                       "RKV_CUDA_MAX_SPLIT=2 RKV_CUDA_DEC_STAGES=2", NULL, NULL);
+        /* the split merge of more than 16 splits through shared memory (one round trip) */
+        attention_env("decode attention, 24 splits merged through shared memory",
+                      "RKV_CUDA_MERGE_SMEM=1 RKV_CUDA_MAX_SPLIT=24", NULL, NULL);
+        attention_env("decode attention by cp.async, 24 splits merged through shared memory",
+                      "RKV_CUDA_MERGE_SMEM=1 RKV_CUDA_MAX_SPLIT=24 RKV_CUDA_DEC_TMA=0", NULL, NULL);
+        /* each block counts itself done before its warp merge (the last merges without a
+         * release of its own), alone and with the merge through shared memory */
+        attention_env("decode attention, the early split count", "RKV_CUDA_MERGE_EARLY=1", NULL,
+                      NULL);
+        attention_env("decode attention, the early split count, 24 splits through shared memory",
+                      "RKV_CUDA_MERGE_EARLY=1 RKV_CUDA_MERGE_SMEM=1 RKV_CUDA_MAX_SPLIT=24", NULL,
+                      NULL);
         /* the runs above load decode attention's device chunks by tensor copies read
          * evict-first (the default); by cp.async, and by tensor copies without the hint */
         attention_env("decode attention by cp.async", "RKV_CUDA_DEC_TMA=0", NULL,
@@ -1031,6 +1074,20 @@ int main(int argc, char **argv)
                       "attention by tensor copies: 0");
         attention_env("decode attention by tensor copies, no L2 hint", "RKV_CUDA_DEC_TMA=1",
                       "attention by tensor copies: 0", NULL);
+        /* each warp releases a stage on its own, the last of the four queues its next chunk
+         * (RKV_CUDA_DEC_WREL): at both stage counts, with one split (every chunk of a long list
+         * through the same stages), and without the L2 hint (the queueing lanes' policy) */
+        attention_env("decode attention, warps release their stages", "RKV_CUDA_DEC_WREL=1",
+                      "attention by tensor copies: 0", NULL);
+        attention_env("decode attention, warps release their stages, 3 stages, 1 split",
+                      "RKV_CUDA_DEC_WREL=1 RKV_CUDA_DEC_STAGES=3 RKV_CUDA_MAX_SPLIT=1",
+                      "attention by tensor copies: 0", NULL);
+        attention_env("decode attention, warps release their stages, 2 stages, 2 splits",
+                      "RKV_CUDA_DEC_WREL=1 RKV_CUDA_DEC_STAGES=2 RKV_CUDA_MAX_SPLIT=2",
+                      "attention by tensor copies: 0", NULL);
+        attention_env("decode attention, warps release their stages, no L2 hint",
+                      "RKV_CUDA_DEC_WREL=1 RKV_CUDA_DEC_TMA=1", "attention by tensor copies: 0",
+                      NULL);
         /* prefill tiles (64 rows, d 64 and 128) on the older kernel (attn_mma_kernel; the
          * default is attn_fa_kernel), its splits merged both ways, host blocks read both ways */
         attention_env("prefill tiles on attn_mma_kernel, splits merged by a separate kernel",
@@ -1096,11 +1153,25 @@ int main(int argc, char **argv)
         backend_free(graph);
         backend_free(plain);
         unsetenv("RKV_CUDA_GRAPH");
-        /* decode rows past one on cublas instead of the decode kernels (RKV_CUDA_GEMV_MAX_N) */
-        struct backend *gm1 = backend_env("RKV_CUDA_GEMV_MAX_N", "1", 0);
-        if (gm1)
-            gpu_model_cases_with(cpu, gm1, "decode rows past 1 on cublas", &n_pass, &n_fail);
-        backend_free(gm1);
+        /* the model's cases on a backend with one switch set (graph replays included) */
+        static const struct {
+            const char *var, *value, *what;
+        } alts[] = {
+            /* decode rows past one on cublas instead of the decode kernels */
+            {"RKV_CUDA_GEMV_MAX_N", "1", "decode rows past 1 on cublas"},
+            /* decode attention's early split count: the steps reuse the counters the last
+             * block zeroes */
+            {"RKV_CUDA_MERGE_EARLY", "1", "the early split count"},
+            {"RKV_CUDA_DEC_WREL", "1", "warps release their attention stages"},
+            /* silu_mul and the gemm inputs' conversion: prefill, batched steps past 8 rows */
+            {"RKV_CUDA_VEC4", "1", "elementwise four elements a thread"},
+        };
+        for (size_t i = 0; i < sizeof(alts) / sizeof(alts[0]); i++) {
+            struct backend *alt = backend_env(alts[i].var, alts[i].value, 0);
+            if (alt)
+                gpu_model_cases_with(cpu, alt, alts[i].what, &n_pass, &n_fail);
+            backend_free(alt);
+        }
         struct backend *tail = backend_env("RKV_CUDA_HOST_READ", "cpu", 1);
         if (tail)
             gpu_model_cpu_tail_tests(cpu, tail, "cpu_tail", &n_pass, &n_fail);

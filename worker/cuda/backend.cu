@@ -1656,6 +1656,10 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         c->split_min_us = (uint32_t)rkv_env_u64("RKV_CUDA_HOST_SPLIT_MIN_US", 1000, 0, 1000000);
         c->link_gbps = 50.0;
         c->merge_in_attn = cu_env_flag("RKV_CUDA_MERGE_IN_ATTN", 1);
+        c->vec4 = cu_env_flag("RKV_CUDA_VEC4", 0);
+        c->dec_wrel = cu_env_flag("RKV_CUDA_DEC_WREL", 0);
+        c->merge_smem = cu_env_flag("RKV_CUDA_MERGE_SMEM", 0);
+        c->merge_early = cu_env_flag("RKV_CUDA_MERGE_EARLY", 0);
         c->attn_fixed = cu_env_flag("RKV_CUDA_ATTN_FIXED", 0);
         c->no_mma = cu_env_flag("RKV_CUDA_NO_MMA", 0);
         /* warps per weight row in the fused decode linears (for a/b runs) */

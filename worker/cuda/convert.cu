@@ -15,6 +15,14 @@ __global__ void f32_to_bf16_kernel(__nv_bfloat16 *dst, const float *src, size_t 
         dst[i] = __float2bfloat16_rn(src[i]);
 }
 
+/* four elements a thread (cuda_vec4_ok): n4 = n / 4 */
+__global__ void f32_to_16x4_kernel(void *dst, int t16, const float4 *src, size_t n4)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4;
+         i += (size_t)gridDim.x * blockDim.x)
+        cuda_store16x4(dst, t16, i, src[i]);
+}
+
 // the rounding residual: dst = round(src - round(src)), so hi + lo carries ~16 more bits
 __global__ void f32_to_16_lo_kernel(void *dst, int bf, const float *src, size_t n)
 {
@@ -53,7 +61,10 @@ int cuda_convert_f32(struct cuda_ctx *c, void *dst, enum be_type type, const flo
 {
     if (n == 0)
         return 0;
-    if (type == BE_F16)
+    if (c->vec4 && (type == BE_F16 || type == BE_BF16) && cuda_vec4_ok(n, src, NULL, NULL, dst))
+        f32_to_16x4_kernel<<<grid_for(n / 4), 256, 0, c->stream>>>(dst, (int)type,
+                                                                   (const float4 *)src, n / 4);
+    else if (type == BE_F16)
         f32_to_f16_kernel<<<grid_for(n), 256, 0, c->stream>>>((__half *)dst, src, n);
     else if (type == BE_BF16)
         f32_to_bf16_kernel<<<grid_for(n), 256, 0, c->stream>>>((__nv_bfloat16 *)dst, src, n);

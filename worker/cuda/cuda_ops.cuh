@@ -31,6 +31,34 @@ __device__ __forceinline__ void cuda_grid_wait()
 #endif
 }
 
+/* --- four elements a thread ------------------------------------------------------------- */
+
+/* r rounded to t16 (BE_BF16 or BE_F16) into elements 4i..4i+3 of dst, one 8-byte store (the
+ * rounding of convert.cu's f32_to_16) */
+__device__ __forceinline__ void cuda_store16x4(void *dst, int t16, size_t i, float4 r)
+{
+    uint2 u;
+    if (t16 == BE_BF16) {
+        __nv_bfloat162 a = __floats2bfloat162_rn(r.x, r.y), b = __floats2bfloat162_rn(r.z, r.w);
+        u.x = *(const uint32_t *)&a;
+        u.y = *(const uint32_t *)&b;
+    } else {
+        __half2 a = __floats2half2_rn(r.x, r.y), b = __floats2half2_rn(r.z, r.w);
+        u.x = *(const uint32_t *)&a;
+        u.y = *(const uint32_t *)&b;
+    }
+    ((uint2 *)dst)[i] = u;
+}
+
+/* may an elementwise op over n elements take float4 loads and stores of p (16-byte aligned
+ * floats) and 8-byte stores of q (16-bit twin or output; NULL: none)? */
+static inline bool cuda_vec4_ok(size_t n, const void *p0, const void *p1, const void *p2,
+                                const void *q)
+{
+    return n % 4 == 0 && (((uintptr_t)p0 | (uintptr_t)p1 | (uintptr_t)p2) & 15) == 0 &&
+           ((uintptr_t)q & 7) == 0;
+}
+
 /* --- mbarriers and tensor copies (sm_90) ---------------------------------------------------- */
 
 __device__ __forceinline__ uint32_t cuda_smem(const void *p)

@@ -29,20 +29,6 @@ __global__ void rmsnorm_kernel(float *out, const float *in, const float *w, uint
         y[i] = x[i] * scale * w[i];
 }
 
-/* the 16-bit copy a cublas gemm reads (act16): the rounding of f32_to_16 in convert.cu */
-__device__ __forceinline__ void rms_store16(void *twin, int t16, size_t i, float4 r)
-{
-    if (t16 == BE_BF16) {
-        __nv_bfloat162 *d = (__nv_bfloat162 *)twin + i * 2;
-        d[0] = __floats2bfloat162_rn(r.x, r.y);
-        d[1] = __floats2bfloat162_rn(r.z, r.w);
-    } else {
-        __half2 *d = (__half2 *)twin + i * 2;
-        d[0] = __floats2half2_rn(r.x, r.y);
-        d[1] = __floats2half2_rn(r.z, r.w);
-    }
-}
-
 /* dim = VPT * 4 * RMS_THREADS: each thread keeps its VPT float4s of the row in registers
  * between the sum of squares and the scaling (the plain kernel reads the row twice with
  * scalar loads: 13.7 us for 64 rows of 4096 on the H200). twin: also the row in t16 */
@@ -82,7 +68,7 @@ __global__ void __launch_bounds__(RMS_THREADS)
                                      v[j].z * scale * g.z, v[j].w * scale * g.w);
         y[i] = r;
         if (twin)
-            rms_store16(twin, t16, row + i, r);
+            cuda_store16x4(twin, t16, row + i, r);
     }
 }
 
