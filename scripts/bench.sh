@@ -3,7 +3,8 @@
 # zero-copy), gemv, attention (resident, host tail, overlapped split), decode
 # and prefill on a llama3-8b-shaped bf16 model, each as a ratio to its bound.
 #   scripts/bench.sh [BUILD] [gpu_bench args: --quick --suite S --preset small]
-# writes BUILD/bench/bench.json
+# writes BUILD/bench/bench.json, then prints every target as PASS / FAIL and, where matplotlib
+# imports, plots BUILD/bench/spill.png and attention.png (scripts/bench-plot.py)
 set -u
 BUILD=${1:-build}
 [ $# -gt 0 ] && shift
@@ -15,5 +16,8 @@ if [ $rc = 77 ]; then
     echo "bench: no CUDA device here; skipped"
     exit 0
 fi
-[ $rc = 0 ] && echo "bench: results in $BUILD/bench/bench.json"
+if [ $rc = 0 ]; then
+    echo "bench: results in $BUILD/bench/bench.json"
+    python3 "$(dirname "$0")/bench-plot.py" "$BUILD/bench/bench.json" "$BUILD/bench" || rc=$?
+fi
 exit $rc
