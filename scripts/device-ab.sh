@@ -44,5 +44,5 @@ for v; do
     timeout "${AB_TIMEOUT:-150}" env $envs "$bin" --suite "$SUITE" ${QUICK---quick} \
         --json "$OUT/ab-$i.json" >"$OUT/ab-$i.txt" 2>&1
     echo "rc=$?" >>"$OUT/ab-$i.txt"
-    grep -E "decode|prefill|rc=" "$OUT/ab-$i.txt" | sed 's/  */ /g' | tee -a "$OUT/ab.txt"
+    grep -E "decode|prefill|^  attn|rc=" "$OUT/ab-$i.txt" | sed 's/  */ /g' | tee -a "$OUT/ab.txt"
 done
