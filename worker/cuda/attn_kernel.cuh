@@ -36,6 +36,8 @@ struct attn_kargs {
      * n_kv_head) */
     uint32_t merge_early;
     float *o, *m, *l; /* (n_tokens, n_head*D) normalized, (n_tokens, n_head) x2 */
+    const char *pf;   /* attn_dec_kernel: the next linear's weights to prefetch (NULL: none) */
+    size_t pf_bytes;  /* a multiple of 16 */
 };
 
 __device__ __forceinline__ void attn_cp16(void *smem, const void *gmem)
@@ -317,6 +319,23 @@ __device__ __forceinline__ bool attn_merge_smem(const struct attn_kargs &a, uint
         }
     }
     return true;
+}
+
+/* this block's share of a.pf into L2 (one thread): the launch's blocks split pf_bytes evenly in
+ * 16-byte multiples, each share as bulk prefetches of up to 32 KiB. Issued as a block is past
+ * its keys, so the next linear's first reads find L2 while the last blocks' keys and the split
+ * merge keep HBM only partly busy */
+__device__ __forceinline__ void attn_prefetch_share(const struct attn_kargs &a)
+{
+    const size_t nb = (size_t)gridDim.x * gridDim.y * gridDim.z;
+    const size_t bi = ((size_t)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+    const size_t share = ((a.pf_bytes + nb - 1) / nb + 15) & ~(size_t)15;
+    const size_t end = min((bi + 1) * share, a.pf_bytes);
+    for (size_t off = bi * share; off < end; off += 32768) {
+        const uint32_t n = (uint32_t)min((size_t)32768, end - off);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a.pf + off), "r"(n)
+                     : "memory");
+    }
 }
 
 /* sbuf, sbytes: shared memory free for the merge (attn_merge_smem; NULL: none) */
@@ -1337,6 +1356,8 @@ __global__ void __launch_bounds__(ATTN_THREADS)
     uint32_t old_a = 0; /* merge_early: the keys-done count before this block's */
     if (a.merge_early && a.cnt && tid == 0)
         old_a = atomicAdd(a.cnt + (size_t)blockIdx.z * gridDim.x + blockIdx.x, 1u);
+    if (a.pf && tid == 0)
+        attn_prefetch_share(a);
     __syncthreads(); /* the stages are reused for the merge */
 
     /* merge the four warps: row gq's (m, l) per warp, then o summed with weights */
@@ -1545,6 +1566,7 @@ static int attn_launch(struct cuda_ctx *c, const struct cuda_attn_args *a, struc
         const bool tma = c->kv_tma && a->list == KV_DEVICE && a->pool == c->pool[KV_DEVICE] &&
                          (k.block_bytes | k.k_off | k.v_off) % row == 0;
         c->hst.dec_tma += tma && (k.D == 64 || k.D == 128);
+        c->hst.attn_pf += k.pf != NULL;
         int rc = k.D == 128  ? attn_dec_launch<16>(c, grid, a->s, k, tma)
                  : k.D == 64 ? attn_dec_launch<8>(c, grid, a->s, k, tma)
                  : k.D == 32 ? attn_dec_launch<4>(c, grid, a->s, k, tma)
@@ -1615,5 +1637,7 @@ static inline struct attn_kargs attn_kargs_of(struct cuda_ctx *c, const struct c
     k.o = a->o;
     k.m = a->m;
     k.l = a->l;
+    k.pf = a->pf;
+    k.pf_bytes = a->pf_bytes;
     return k;
 }

@@ -227,6 +227,12 @@ struct cuda_ctx {
     size_t lin_h_cap;
     int vec4; /* silu_mul and the f32 -> 16-bit conversion four elements a thread where n and the
                * pointers allow (env RKV_CUDA_VEC4=1; a/b, not yet run on a GPU) */
+    /* decode attention's blocks prefetch up to this many bytes of the next linear's weights
+     * (o's) into L2 once their keys are read (env RKV_CUDA_ATTN_PF_MB; 0: off; a/b, not yet run
+     * on a GPU); pf_next: the hint for the next device attention (cu_prefetch_next) */
+    size_t pf_max;
+    const char *pf_next;
+    size_t pf_next_bytes;
     int dec_wrel;    /* decode attention by tensor copies: each warp releases a stage on its own and
                       * the last of the four queues its next chunk, no block barrier a chunk (env
                       * RKV_CUDA_DEC_WREL=1; a/b, not yet run on a GPU) */
@@ -311,6 +317,7 @@ struct cuda_ctx {
         uint64_t graph_rec, graph_replay, graph_fail; /* decode steps' layers as a graph */
         uint64_t lin_mma; /* linears and matmuls linear_mma.cu ran (replays not counted) */
         uint64_t dec_tma; /* decode attention launches by tensor copies (replays not counted) */
+        uint64_t attn_pf; /* decode attention launches prefetching the next weights (the same) */
     } hst;
 };
 
