@@ -37,7 +37,8 @@ class BadInput(Exception):
 
 
 def load(path):
-    """the device gpu_bench ran on and its records: [{suite, name, value, unit, bound, ratio}]"""
+    """the device gpu_bench ran on, the RKV_* settings it ran under ({} in files from before it
+    wrote them) and its records: [{suite, name, value, unit, bound, ratio}]"""
     try:
         doc = json.loads(Path(path).read_text())
     except OSError as e:
@@ -51,7 +52,8 @@ def load(path):
         if not isinstance(r, dict) or not all(k in r for k in ("suite", "name", "value", "bound",
                                                                   "ratio")):
             raise BadInput(f"{path}: record {i} lacks suite, name, value, bound or ratio")
-    return str(doc.get("gpu") or "gpu"), recs
+    env = doc.get("env") if isinstance(doc.get("env"), dict) else {}
+    return str(doc.get("gpu") or "gpu"), env, recs
 
 
 def series(recs):
@@ -172,7 +174,7 @@ def main(argv):
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
     try:
-        gpu, recs = load(argv[1])
+        gpu, env, recs = load(argv[1])
     except BadInput as e:
         print(f"bench-plot: {e}", file=sys.stderr)
         return 2
@@ -180,6 +182,8 @@ def main(argv):
     if not outdir.is_dir():
         print(f"bench-plot: {outdir} is not a folder; make it or name another", file=sys.stderr)
         return 2
+    if env:
+        print("settings: " + " ".join(f"{k}={v}" for k, v in sorted(env.items())))
     v = verdicts(recs)
     if not v:
         print("targets: none of the run's figures has a target (suites gemv or linear alone?)")

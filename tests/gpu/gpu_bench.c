@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/err.h"
 #include "common/log.h"
@@ -63,6 +64,30 @@ static int trace_step(const char *label, struct fwd *f, const struct fwd_seq *se
         rc = dec_step(f, seqs, n, d);
     gt_end(label, stdout, trace_csv, -1, 16);
     return rc;
+}
+
+/* the RKV_* settings in the environment as json members ("NAME": "VALUE", ...), so an a/b
+ * run's file says which variant it was (device-ab.sh sets them per run) */
+static void json_env(FILE *f)
+{
+    extern char **environ;
+    int first = 1;
+    for (char **e = environ; *e; e++) {
+        const char *eq = strchr(*e, '=');
+        if (strncmp(*e, "RKV_", 4) || !eq)
+            continue;
+        fprintf(f, "%s\"%.*s\": \"", first ? "" : ", ", (int)(eq - *e), *e);
+        for (const char *c = eq + 1; *c; c++) {
+            if (*c == '"' || *c == '\\')
+                fprintf(f, "\\%c", *c);
+            else if ((unsigned char)*c < 0x20)
+                fprintf(f, "\\u%04x", (unsigned char)*c);
+            else
+                fputc(*c, f);
+        }
+        fputc('"', f);
+        first = 0;
+    }
 }
 
 /* one json record per measurement, printed as a table row too */
@@ -707,7 +732,9 @@ int main(int argc, char **argv)
         rc |= bench_model(be, quick, preset, 0, 1);
     backend_free(be);
     if (js) {
-        fprintf(js, "\n], \"gpu\": \"%s\"}\n", ceil_.gpu_name);
+        fprintf(js, "\n], \"gpu\": \"%s\", \"env\": {", ceil_.gpu_name);
+        json_env(js);
+        fprintf(js, "}}\n");
         fclose(js);
     }
     if (trace_csv)

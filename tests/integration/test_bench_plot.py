@@ -18,8 +18,11 @@ def _rec(suite, name, value, bound, ratio, unit="tok/s"):
             "ratio": ratio}
 
 
-def _write(path, records, gpu="test gpu"):
-    path.write_text(json.dumps({"records": records, "gpu": gpu}))
+def _write(path, records, gpu="test gpu", env=None):
+    doc = {"records": records, "gpu": gpu}
+    if env is not None:
+        doc["env"] = env
+    path.write_text(json.dumps(doc))
     return path
 
 
@@ -53,8 +56,10 @@ def test_targets_of_a_synthetic_run(tmp_path):
         _rec("attn", "split 1/2 ctx=512 step ms (vs max parts)", 0.05, 0.04, 0.8, "ms"),
         _rec("prefill", "prefill 32768 half kv on host (tok/s)", 8700, 10000, 0.87),
     ]
-    r = _run(_write(tmp_path / "b.json", recs), tmp_path)
+    r = _run(_write(tmp_path / "b.json", recs, env={"RKV_CUDA_VEC4": "1", "RKV_CUDA_A": "2"}),
+             tmp_path)
     assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == "settings: RKV_CUDA_A=2 RKV_CUDA_VEC4=1"
     v = _verdicts(r.stdout)
     assert v == {
         "decode b=1 4k resident": ("PASS", 0.889, 0.85),
@@ -78,6 +83,7 @@ def test_the_committed_h200_run():
     assert v["decode b=1 128k, 0% on host"] == ("PASS", 0.904, 0.9)
     assert v["decode b=1 4k resident"] == ("PASS", 0.875, 0.85)
     assert not any(k.startswith("attention") for k in v)  # the decode suite alone
+    assert "settings:" not in r.stdout  # written before gpu_bench recorded its settings
     assert "targets: 11 of 12 met" in r.stdout
 
 
