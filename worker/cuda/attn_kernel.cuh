@@ -199,16 +199,15 @@ __device__ __forceinline__ void attn_store_ml(const struct attn_kargs &a, float 
 
 /* the split merge folded into the launch: the last thread block of a (query tile, kv head) to
  * finish merges every split's partial of its rows into o (normalized), m and l, and puts the
- * tile's counter back to 0 for the next launch on the stream. The block counts itself done with
- * one release atomic; the last block reads the others' partials past L1.
+ * tile's counter back to 0 for the next launch on the stream (attn_merge_last, or
+ * attn_merge_early). The block counts itself done with one release atomic; the last block reads
+ * the others' partials past L1 (attn_merge_rows here, or attn_merge_smem).
  * A decode step saves the merge launch (~10 us of a 4k layer's ~150 on the H200).
- * Four dims of o a thread (two 8-byte loads: a partial's rows are D + 2 floats, D a power of two
+ * attn_merge_rows: four dims of o a thread (two 8-byte loads: a partial's rows are D + 2 floats, D a power of two
  * >= 8), with every split's (m, l) beside them, so a round of SR splits is one L2 round trip.
  * Within a round the max comes first; a later round rescales what was summed. The splits'
  * weights first, in shared memory, took two more round trips and a barrier: isolated attention
  * at 512 / 4k keys read 0.042 / 0.242 of HBM that way, 0.049 / 0.276 this way (H200) */
-/* the last block's merge of the head's splits: each thread a row's 4 columns, 16 splits'
- * partials loaded a round (all in flight, then folded in split order) */
 __device__ __forceinline__ void attn_merge_rows(const struct attn_kargs &a, uint32_t tok0,
                                                 uint32_t rows, uint32_t kvh)
 {
