@@ -203,8 +203,9 @@ __device__ __forceinline__ void attn_store_ml(const struct attn_kargs &a, float 
  * attn_merge_early). The block counts itself done with one release atomic; the last block reads
  * the others' partials past L1 (attn_merge_rows here, or attn_merge_smem).
  * A decode step saves the merge launch (~10 us of a 4k layer's ~150 on the H200).
- * attn_merge_rows: four dims of o a thread (two 8-byte loads: a partial's rows are D + 2 floats, D a power of two
- * >= 8), with every split's (m, l) beside them, so a round of SR splits is one L2 round trip.
+ * attn_merge_rows: four dims of o a thread (two 8-byte loads: a partial's rows are D + 2
+ * floats, D a power of two >= 8), with every split's (m, l) beside them, so a round of SR splits
+ * is one L2 round trip.
  * Within a round the max comes first; a later round rescales what was summed. The splits'
  * weights first, in shared memory, took two more round trips and a barrier: isolated attention
  * at 512 / 4k keys read 0.042 / 0.242 of HBM that way, 0.049 / 0.276 this way (H200) */
