@@ -1167,7 +1167,6 @@ int main(int argc, char **argv)
             {"RKV_CUDA_DEC_WREL", "1", "warps release their attention stages"},
             /* silu_mul and the gemm inputs' conversion: prefill, batched steps past 8 rows */
             {"RKV_CUDA_VEC4", "1", "elementwise four elements a thread"},
-            {"RKV_CUDA_ATTN_PF_MB", "64", "o's weights prefetched by decode attention"},
         };
         for (size_t i = 0; i < sizeof(alts) / sizeof(alts[0]); i++) {
             struct backend *alt = backend_env(alts[i].var, alts[i].value, 0);
@@ -1176,11 +1175,15 @@ int main(int argc, char **argv)
             backend_free(alt);
         }
         {
-            /* the prefetch of o's weights is a hint: the same bits as without it */
+            /* the prefetch of o's weights is a hint: the same bits as without it, and the
+             * model's cases against the cpu */
             struct backend *pf = backend_env("RKV_CUDA_ATTN_PF_MB", "64", 0);
-            if (pf)
+            if (pf) {
                 gpu_model_same_bits_tests(gpu, pf, "with o's weights prefetched by attention",
                                           "prefetching the next weights: 0", &n_pass, &n_fail);
+                gpu_model_cases_with(cpu, pf, "o's weights prefetched by decode attention", &n_pass,
+                                     &n_fail);
+            }
             backend_free(pf);
         }
         struct backend *tail = backend_env("RKV_CUDA_HOST_READ", "cpu", 1);

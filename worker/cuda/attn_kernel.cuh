@@ -197,6 +197,20 @@ __device__ __forceinline__ void attn_store_ml(const struct attn_kargs &a, float 
     }
 }
 
+/* columns d0..d0+3 of token t's head h merged over the splits (max M, sum L, unnormalized O):
+ * o normalized, and m, l once a row (d0 0) */
+__device__ __forceinline__ void attn_merge_put(const struct attn_kargs &a, uint32_t t, uint32_t h,
+                                               uint32_t d0, float M, float L, const float O[4])
+{
+    *(float4 *)(a.o + ((size_t)t * a.n_head + h) * a.D + d0) =
+        L > 0.0f ? make_float4(O[0] / L, O[1] / L, O[2] / L, O[3] / L)
+                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (d0 == 0) {
+        a.m[(size_t)t * a.n_head + h] = L > 0.0f ? M : -INFINITY;
+        a.l[(size_t)t * a.n_head + h] = L;
+    }
+}
+
 /* the split merge folded into the launch: the last thread block of a (query tile, kv head) to
  * finish merges every split's partial of its rows into o (normalized), m and l, and puts the
  * tile's counter back to 0 for the next launch on the stream (attn_merge_last, or
@@ -257,13 +271,7 @@ __device__ __forceinline__ void attn_merge_rows(const struct attn_kargs &a, uint
                 }
             M = Mr;
         }
-        *(float4 *)(a.o + ((size_t)t * a.n_head + h) * D + d0) =
-            L > 0.0f ? make_float4(O[0] / L, O[1] / L, O[2] / L, O[3] / L)
-                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (d0 == 0) {
-            a.m[(size_t)t * a.n_head + h] = L > 0.0f ? M : -INFINITY;
-            a.l[(size_t)t * a.n_head + h] = L;
-        }
+        attn_merge_put(a, t, h, d0, M, L, O);
     }
 }
 
@@ -310,15 +318,22 @@ __device__ __forceinline__ bool attn_merge_smem(const struct attn_kargs &a, uint
                     O[3] += w * o1.y;
                 }
             }
-        *(float4 *)(a.o + ((size_t)tok * a.n_head + h) * D + d0) =
-            L > 0.0f ? make_float4(O[0] / L, O[1] / L, O[2] / L, O[3] / L)
-                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (d0 == 0) {
-            a.m[(size_t)tok * a.n_head + h] = L > 0.0f ? M : -INFINITY;
-            a.l[(size_t)tok * a.n_head + h] = L;
-        }
+        attn_merge_put(a, tok, h, d0, M, L, O);
     }
     return true;
+}
+
+/* the last block's merge of rows rows from tok0: every split's partial through shared memory
+ * when a.merge_smem asks, one token's group has more than 16 splits and they fit; else by rounds
+ * of 16 from L2 */
+__device__ __forceinline__ void attn_merge_fold(const struct attn_kargs &a, uint32_t tok0,
+                                                uint32_t rows, uint32_t kvh, char *sbuf,
+                                                size_t sbytes)
+{
+    if (a.merge_smem && sbuf && rows == a.g && gridDim.y > 16 &&
+        attn_merge_smem(a, tok0, kvh, sbuf, sbytes))
+        return;
+    attn_merge_rows(a, tok0, rows, kvh);
 }
 
 /* this block's share of a.pf into L2 (one thread): the launch's blocks split pf_bytes evenly in
@@ -362,12 +377,8 @@ __device__ __forceinline__ void attn_merge_last(const struct attn_kargs &a, uint
             *cnt = 0;
     }
     __syncthreads();
-    if (!last)
-        return;
-    if (a.merge_smem && sbuf && rows == a.g && gridDim.y > 16 &&
-        attn_merge_smem(a, tok0, kvh, sbuf, sbytes))
-        return;
-    attn_merge_rows(a, tok0, rows, kvh);
+    if (last)
+        attn_merge_fold(a, tok0, rows, kvh, sbuf, sbytes);
 }
 
 /* attn_merge_last when a.merge_early: thread 0's atomicAdd on the keys-done counter (old_a,
@@ -399,11 +410,8 @@ __device__ __forceinline__ void attn_merge_early(const struct attn_kargs &a, uin
         }
     }
     __syncthreads();
-    if (!last)
-        return;
-    if (a.merge_smem && sbuf && gridDim.y > 16 && attn_merge_smem(a, tok, kvh, sbuf, sbytes))
-        return;
-    attn_merge_rows(a, tok, a.g, kvh);
+    if (last)
+        attn_merge_fold(a, tok, a.g, kvh, sbuf, sbytes);
 }
 
 /* grid (n_kv_head, n_split, n_qtiles), ATTN_THREADS threads.
