@@ -176,11 +176,6 @@ struct backend_i {
     /* after the layers that graph_begin's 1 asked for (failed: one of them failed): 0 the
      * recording is queued; 1 it could not be recorded, the layers must run again as usual */
     int (*graph_end)(void *ctx, int failed);
-    /* optional: w is read by the op after the next one (a layer's o weights, named before its
-     * attention), so the backend may bring it nearer while the next op runs (cuda: decode
-     * attention's thread blocks prefetch it into L2 once their keys are read). A hint: it
-     * changes no result; NULL or ignoring it, nothing happens */
-    void (*prefetch_next)(void *ctx, const struct be_tensor *w);
 };
 
 struct backend_opts {
@@ -260,8 +255,6 @@ int graph_begin_forward(struct backend *be, const struct be_batch *b, const stru
 int graph_end_forward(struct backend *be, int failed);
 /* the backend's host_split share: 0 set, 1 when the backend has none, < 0 an error */
 int backend_host_split(struct backend *be, uint32_t pct);
-/* backend_i's prefetch_next hint, where the backend takes one */
-void backend_prefetch_next(struct backend *be, const struct be_tensor *w);
 int rope_kv_write_forward(struct backend *be, const struct be_batch *b, uint32_t layer,
                           struct be_tensor *q, struct be_tensor *k, const struct be_tensor *v,
                           const struct be_attn *a, const struct be_rope *r);

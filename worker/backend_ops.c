@@ -214,12 +214,6 @@ int backend_host_split(struct backend *be, uint32_t pct)
     return be->iface->host_split ? be->iface->host_split(be->ctx, pct) : 1;
 }
 
-void backend_prefetch_next(struct backend *be, const struct be_tensor *w)
-{
-    if (be->iface->prefetch_next)
-        be->iface->prefetch_next(be->ctx, w);
-}
-
 int rope_kv_write_forward(struct backend *be, const struct be_batch *b, uint32_t layer,
                           struct be_tensor *q, struct be_tensor *k, const struct be_tensor *v,
                           const struct be_attn *a, const struct be_rope *r)

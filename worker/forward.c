@@ -230,9 +230,7 @@ static int fwd_layers(struct fwd *f, const struct be_batch *b, int any_host,
             RUN(kv_write_forward(be, b, l, f->k, f->v));
         } else if (rc < 0)
             return rc;
-        /* device blocks and host blocks attend separately, merged by lse; o's weights may
-         * come nearer meanwhile */
-        backend_prefetch_next(be, L->wo);
+        /* device blocks and host blocks attend separately, merged by lse */
         RUN(attn_partial_forward(be, b, l, KV_DEVICE, f->q, at, &f->dev)); /* o (T, n_head*hd) */
         if (any_host) {
             RUN(attn_partial_forward(be, b, l, KV_HOST, f->q, at, &f->host));

@@ -885,8 +885,6 @@ int gpu_model_cpu_tail_tests(struct backend *cpu_be, struct backend *tail_be, co
 int gpu_model_graph_tests(struct backend *plain, struct backend *graph, int *pass, int *fail);
 int gpu_model_cases_with(struct backend *cpu_be, struct backend *be, const char *what, int *pass,
                          int *fail);
-int gpu_model_same_bits_tests(struct backend *plain, struct backend *alt, const char *what,
-                              const char *absent, int *pass, int *fail);
 
 int main(int argc, char **argv)
 {
@@ -991,12 +989,12 @@ int main(int argc, char **argv)
         test_rope();
         test_elementwise();
         {
-            /* silu_mul and the f32 -> 16-bit conversion four elements a thread (RKV_CUDA_VEC4):
-             * the elementwise cases (their 3 x 333 falls back to one element a thread), the
-             * gemms past 8 tokens (their input converted) and the 16-bit twins */
-            struct backend *v4 = backend_env("RKV_CUDA_VEC4", "1", 0), *save = gpu;
+            /* silu_mul and the f32 -> 16-bit conversion one element a thread (RKV_CUDA_VEC4=0;
+             * the default takes four where the length and the pointers allow): the elementwise
+             * cases, the gemms past 8 tokens (their input converted) and the 16-bit twins */
+            struct backend *v4 = backend_env("RKV_CUDA_VEC4", "0", 0), *save = gpu;
             if (v4) {
-                printf("ops: elementwise and gemm inputs four elements a thread\n");
+                printf("ops: elementwise and gemm inputs one element a thread\n");
                 gpu = v4;
                 test_elementwise();
                 test_matmul(NULL, 8);
@@ -1055,18 +1053,6 @@ int main(int argc, char **argv)
                       "RKV_CUDA_MAX_SPLIT=2 RKV_CUDA_DEC_STAGES=3", NULL, NULL);
         attention_env("decode attention, 2 splits, 2 stages",
                       "RKV_CUDA_MAX_SPLIT=2 RKV_CUDA_DEC_STAGES=2", NULL, NULL);
-        /* the split merge of more than 16 splits through shared memory (one round trip) */
-        attention_env("decode attention, 24 splits merged through shared memory",
-                      "RKV_CUDA_MERGE_SMEM=1 RKV_CUDA_MAX_SPLIT=24", NULL, NULL);
-        attention_env("decode attention by cp.async, 24 splits merged through shared memory",
-                      "RKV_CUDA_MERGE_SMEM=1 RKV_CUDA_MAX_SPLIT=24 RKV_CUDA_DEC_TMA=0", NULL, NULL);
-        /* each block counts itself done before its warp merge (the last merges without a
-         * release of its own), alone and with the merge through shared memory */
-        attention_env("decode attention, the early split count", "RKV_CUDA_MERGE_EARLY=1", NULL,
-                      NULL);
-        attention_env("decode attention, the early split count, 24 splits through shared memory",
-                      "RKV_CUDA_MERGE_EARLY=1 RKV_CUDA_MERGE_SMEM=1 RKV_CUDA_MAX_SPLIT=24", NULL,
-                      NULL);
         /* the runs above load decode attention's device chunks by tensor copies read
          * evict-first (the default); by cp.async, and by tensor copies without the hint */
         attention_env("decode attention by cp.async", "RKV_CUDA_DEC_TMA=0", NULL,
@@ -1076,20 +1062,6 @@ int main(int argc, char **argv)
                       "attention by tensor copies: 0");
         attention_env("decode attention by tensor copies, no L2 hint", "RKV_CUDA_DEC_TMA=1",
                       "attention by tensor copies: 0", NULL);
-        /* each warp releases a stage on its own, the last of the four queues its next chunk
-         * (RKV_CUDA_DEC_WREL): at both stage counts, with one split (every chunk of a long list
-         * through the same stages), and without the L2 hint (the queueing lanes' policy) */
-        attention_env("decode attention, warps release their stages", "RKV_CUDA_DEC_WREL=1",
-                      "attention by tensor copies: 0", NULL);
-        attention_env("decode attention, warps release their stages, 3 stages, 1 split",
-                      "RKV_CUDA_DEC_WREL=1 RKV_CUDA_DEC_STAGES=3 RKV_CUDA_MAX_SPLIT=1",
-                      "attention by tensor copies: 0", NULL);
-        attention_env("decode attention, warps release their stages, 2 stages, 2 splits",
-                      "RKV_CUDA_DEC_WREL=1 RKV_CUDA_DEC_STAGES=2 RKV_CUDA_MAX_SPLIT=2",
-                      "attention by tensor copies: 0", NULL);
-        attention_env("decode attention, warps release their stages, no L2 hint",
-                      "RKV_CUDA_DEC_WREL=1 RKV_CUDA_DEC_TMA=1", "attention by tensor copies: 0",
-                      NULL);
         /* prefill tiles (64 rows, d 64 and 128) on the older kernel (attn_mma_kernel; the
          * default is attn_fa_kernel), its splits merged both ways, host blocks read both ways */
         attention_env("prefill tiles on attn_mma_kernel, splits merged by a separate kernel",
@@ -1161,30 +1133,15 @@ int main(int argc, char **argv)
         } alts[] = {
             /* decode rows past one on cublas instead of the decode kernels */
             {"RKV_CUDA_GEMV_MAX_N", "1", "decode rows past 1 on cublas"},
-            /* decode attention's early split count: the steps reuse the counters the last
-             * block zeroes */
-            {"RKV_CUDA_MERGE_EARLY", "1", "the early split count"},
-            {"RKV_CUDA_DEC_WREL", "1", "warps release their attention stages"},
-            /* silu_mul and the gemm inputs' conversion: prefill, batched steps past 8 rows */
-            {"RKV_CUDA_VEC4", "1", "elementwise four elements a thread"},
+            /* silu_mul and the gemm inputs' conversion one element a thread: prefill, batched
+             * steps past 8 rows */
+            {"RKV_CUDA_VEC4", "0", "elementwise one element a thread"},
         };
         for (size_t i = 0; i < sizeof(alts) / sizeof(alts[0]); i++) {
             struct backend *alt = backend_env(alts[i].var, alts[i].value, 0);
             if (alt)
                 gpu_model_cases_with(cpu, alt, alts[i].what, &n_pass, &n_fail);
             backend_free(alt);
-        }
-        {
-            /* the prefetch of o's weights is a hint: the same bits as without it, and the
-             * model's cases against the cpu */
-            struct backend *pf = backend_env("RKV_CUDA_ATTN_PF_MB", "64", 0);
-            if (pf) {
-                gpu_model_same_bits_tests(gpu, pf, "with o's weights prefetched by attention",
-                                          "prefetching the next weights: 0", &n_pass, &n_fail);
-                gpu_model_cases_with(cpu, pf, "o's weights prefetched by decode attention", &n_pass,
-                                     &n_fail);
-            }
-            backend_free(pf);
         }
         struct backend *tail = backend_env("RKV_CUDA_HOST_READ", "cpu", 1);
         if (tail)

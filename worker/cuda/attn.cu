@@ -132,8 +132,7 @@ int cuda_attn(struct cuda_ctx *c, const struct cuda_attn_args *a)
     float *part = (float *)c->part[a->residency];
     uint32_t *cnt = NULL;
     if (c->merge_in_attn) {
-        /* two a (q tile, kv head): attn_dec_kernel's early merge counts twice */
-        rc = split_counters(c, a->residency, 2 * (size_t)m->n_qtiles * c->layout.n_kv_head, a->s);
+        rc = split_counters(c, a->residency, (size_t)m->n_qtiles * c->layout.n_kv_head, a->s);
         if (rc < 0)
             return rc;
         cnt = (uint32_t *)c->cnt[a->residency];

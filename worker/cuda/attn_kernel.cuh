@@ -30,14 +30,7 @@ struct attn_kargs {
      * next launch start at once */
     uint32_t early;
     uint32_t kv_ef;   /* attn_dec_kernel's tensor copies read the keys evict-first in L2 */
-    uint32_t merge_smem; /* attn_dec_kernel: past 16 splits, merge via shared memory */
-    /* attn_dec_kernel: each block counts itself done with its keys (cnt) before its warp merge;
-     * the last one merges once the others have released their partials (cnt + n_qtiles *
-     * n_kv_head) */
-    uint32_t merge_early;
     float *o, *m, *l; /* (n_tokens, n_head*D) normalized, (n_tokens, n_head) x2 */
-    const char *pf;   /* attn_dec_kernel: the next linear's weights to prefetch (NULL: none) */
-    size_t pf_bytes;  /* a multiple of 16 */
 };
 
 __device__ __forceinline__ void attn_cp16(void *smem, const void *gmem)
@@ -197,35 +190,40 @@ __device__ __forceinline__ void attn_store_ml(const struct attn_kargs &a, float 
     }
 }
 
-/* columns d0..d0+3 of token t's head h merged over the splits (max M, sum L, unnormalized O):
- * o normalized, and m, l once a row (d0 0) */
-__device__ __forceinline__ void attn_merge_put(const struct attn_kargs &a, uint32_t t, uint32_t h,
-                                               uint32_t d0, float M, float L, const float O[4])
-{
-    *(float4 *)(a.o + ((size_t)t * a.n_head + h) * a.D + d0) =
-        L > 0.0f ? make_float4(O[0] / L, O[1] / L, O[2] / L, O[3] / L)
-                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (d0 == 0) {
-        a.m[(size_t)t * a.n_head + h] = L > 0.0f ? M : -INFINITY;
-        a.l[(size_t)t * a.n_head + h] = L;
-    }
-}
-
 /* the split merge folded into the launch: the last thread block of a (query tile, kv head) to
  * finish merges every split's partial of its rows into o (normalized), m and l, and puts the
- * tile's counter back to 0 for the next launch on the stream (attn_merge_last, or
- * attn_merge_early). The block counts itself done with one release atomic; the last block reads
- * the others' partials past L1 (attn_merge_rows here, or attn_merge_smem).
+ * tile's counter back to 0 for the next launch on the stream. The block counts itself done with
+ * one release atomic; the last block reads the others' partials past L1.
  * A decode step saves the merge launch (~10 us of a 4k layer's ~150 on the H200).
- * attn_merge_rows: four dims of o a thread (two 8-byte loads: a partial's rows are D + 2
- * floats, D a power of two >= 8), with every split's (m, l) beside them, so a round of SR splits
- * is one L2 round trip.
+ * Four dims of o a thread (two 8-byte loads: a partial's rows are D + 2 floats, D a power of two
+ * >= 8), with every split's (m, l) beside them, so a round of SR splits is one L2 round trip.
  * Within a round the max comes first; a later round rescales what was summed. The splits'
  * weights first, in shared memory, took two more round trips and a barrier: isolated attention
  * at 512 / 4k keys read 0.042 / 0.242 of HBM that way, 0.049 / 0.276 this way (H200) */
-__device__ __forceinline__ void attn_merge_rows(const struct attn_kargs &a, uint32_t tok0,
+__device__ __forceinline__ void attn_merge_last(const struct attn_kargs &a, uint32_t tok0,
                                                 uint32_t rows, uint32_t kvh)
 {
+    __shared__ uint32_t last;
+    if (!a.cnt)
+        return;
+    /* the block's partial writes happen before thread 0's release through the barrier; its
+     * acquire, and the barrier after it, order the merge's reads after every other block's
+     * release (the CUTLASS semaphore's pattern: one gpu-scope atomic, no fence a thread; a
+     * fence a thread before and after measured the same at batch 1, 0.5 % slower at 64) */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        uint32_t *cnt = a.cnt + (size_t)blockIdx.z * gridDim.x + blockIdx.x, old;
+        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;"
+                     : "=r"(old)
+                     : "l"(cnt)
+                     : "memory");
+        last = old == gridDim.y - 1;
+        if (last)
+            *cnt = 0;
+    }
+    __syncthreads();
+    if (!last)
+        return;
     const uint32_t D = a.D, PD = D + 2, n_split = gridDim.y, g = a.g, tid = threadIdx.x;
     const size_t ss = (size_t)a.n_tokens * a.n_head * PD;
     constexpr int SR = 16;
@@ -271,147 +269,14 @@ __device__ __forceinline__ void attn_merge_rows(const struct attn_kargs &a, uint
                 }
             M = Mr;
         }
-        attn_merge_put(a, t, h, d0, M, L, O);
-    }
-}
-
-/* attn_merge_rows for one token's g rows with every split's partial in shared memory first:
- * the splits' rows (g * (D + 2) floats each, contiguous) land by 16-byte cp.async in one round
- * trip, where attn_merge_rows takes one a 16 splits; then each thread folds its row's 4 columns
- * in split order. false (nothing done) when they do not fit in sbytes or are not 16-byte
- * aligned */
-__device__ __forceinline__ bool attn_merge_smem(const struct attn_kargs &a, uint32_t tok,
-                                                uint32_t kvh, char *sbuf, size_t sbytes)
-{
-    const uint32_t D = a.D, PD = D + 2, g = a.g, n_split = gridDim.y, tid = threadIdx.x;
-    const size_t ss = (size_t)a.n_tokens * a.n_head * PD, span = (size_t)g * PD;
-    const float *p0 = a.part + ((size_t)tok * a.n_head + kvh * g) * PD;
-    if ((size_t)n_split * span * sizeof(float) > sbytes || ((uintptr_t)p0 & 15) || (span & 3) ||
-        (ss & 3))
-        return false;
-    float *sp = (float *)sbuf;
-    const uint32_t n16 = (uint32_t)(span / 4);
-    for (uint32_t i = tid; i < n_split * n16; i += blockDim.x) {
-        const uint32_t s = i / n16, j = i % n16;
-        attn_cp16(sp + s * span + j * 4, p0 + s * ss + j * 4);
-    }
-    attn_commit();
-    attn_wait<0>();
-    __syncthreads();
-    for (uint32_t qi = tid; qi < g * D / 4; qi += blockDim.x) {
-        const uint32_t r = qi / (D / 4), d0 = qi % (D / 4) * 4, h = kvh * g + r;
-        const float *pr = sp + (size_t)r * PD;
-        float M = -INFINITY, L = 0.0f, O[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (uint32_t s = 0; s < n_split; s++)
-            if (pr[s * span + D + 1] > 0.0f)
-                M = fmaxf(M, pr[s * span + D]);
-        if (M != -INFINITY)
-            for (uint32_t s = 0; s < n_split; s++) {
-                const float *q = pr + s * span, l = q[D + 1];
-                if (l > 0.0f) { /* an empty split's o may be stale */
-                    const float w = expf(q[D] - M);
-                    const float2 o0 = *(const float2 *)(q + d0), o1 = *(const float2 *)(q + d0 + 2);
-                    L += w * l;
-                    O[0] += w * o0.x;
-                    O[1] += w * o0.y;
-                    O[2] += w * o1.x;
-                    O[3] += w * o1.y;
-                }
-            }
-        attn_merge_put(a, tok, h, d0, M, L, O);
-    }
-    return true;
-}
-
-/* the last block's merge of rows rows from tok0: every split's partial through shared memory
- * when a.merge_smem asks, one token's group has more than 16 splits and they fit; else by rounds
- * of 16 from L2 */
-__device__ __forceinline__ void attn_merge_fold(const struct attn_kargs &a, uint32_t tok0,
-                                                uint32_t rows, uint32_t kvh, char *sbuf,
-                                                size_t sbytes)
-{
-    if (a.merge_smem && sbuf && rows == a.g && gridDim.y > 16 &&
-        attn_merge_smem(a, tok0, kvh, sbuf, sbytes))
-        return;
-    attn_merge_rows(a, tok0, rows, kvh);
-}
-
-/* this block's share of a.pf into L2 (one thread): the launch's blocks split pf_bytes evenly in
- * 16-byte multiples, each share as bulk prefetches of up to 32 KiB. Issued as a block is past
- * its keys, so the next linear's first reads find L2 while the last blocks' keys and the split
- * merge keep HBM only partly busy */
-__device__ __forceinline__ void attn_prefetch_share(const struct attn_kargs &a)
-{
-    const size_t nb = (size_t)gridDim.x * gridDim.y * gridDim.z;
-    const size_t bi = ((size_t)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-    const size_t share = ((a.pf_bytes + nb - 1) / nb + 15) & ~(size_t)15;
-    const size_t end = min((bi + 1) * share, a.pf_bytes);
-    for (size_t off = bi * share; off < end; off += 32768) {
-        const uint32_t n = (uint32_t)min((size_t)32768, end - off);
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a.pf + off), "r"(n)
-                     : "memory");
-    }
-}
-
-/* sbuf, sbytes: shared memory free for the merge (attn_merge_smem; NULL: none) */
-__device__ __forceinline__ void attn_merge_last(const struct attn_kargs &a, uint32_t tok0,
-                                                uint32_t rows, uint32_t kvh, char *sbuf = nullptr,
-                                                size_t sbytes = 0)
-{
-    __shared__ uint32_t last;
-    if (!a.cnt)
-        return;
-    /* the block's partial writes happen before thread 0's release through the barrier; its
-     * acquire, and the barrier after it, order the merge's reads after every other block's
-     * release (the CUTLASS semaphore's pattern: one gpu-scope atomic, no fence a thread; a
-     * fence a thread before and after measured the same at batch 1, 0.5 % slower at 64) */
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        uint32_t *cnt = a.cnt + (size_t)blockIdx.z * gridDim.x + blockIdx.x, old;
-        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;"
-                     : "=r"(old)
-                     : "l"(cnt)
-                     : "memory");
-        last = old == gridDim.y - 1;
-        if (last)
-            *cnt = 0;
-    }
-    __syncthreads();
-    if (last)
-        attn_merge_fold(a, tok0, rows, kvh, sbuf, sbytes);
-}
-
-/* attn_merge_last when a.merge_early: thread 0's atomicAdd on the keys-done counter (old_a,
- * issued before the warp merge, read only here) picked the last block; the others release their
- * partials on the second counter, which the last block waits for by acquire loads (they are all
- * past their keys, so resident and about to arrive), then it merges and zeroes both */
-__device__ __forceinline__ void attn_merge_early(const struct attn_kargs &a, uint32_t tok,
-                                                 uint32_t kvh, uint32_t old_a, char *sbuf,
-                                                 size_t sbytes)
-{
-    __shared__ uint32_t last;
-    const size_t ci = (size_t)blockIdx.z * gridDim.x + blockIdx.x;
-    uint32_t *ca = a.cnt + ci, *cb = a.cnt + (size_t)gridDim.x * gridDim.z + ci;
-    __syncthreads(); /* the block's partial is written */
-    if (threadIdx.x == 0) {
-        last = old_a == gridDim.y - 1;
-        if (!last) {
-            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(cb) : "memory");
-        } else {
-            uint32_t b;
-            for (;;) {
-                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(b) : "l"(cb) : "memory");
-                if (b == gridDim.y - 1)
-                    break;
-                __nanosleep(32);
-            }
-            *ca = 0;
-            *cb = 0;
+        *(float4 *)(a.o + ((size_t)t * a.n_head + h) * D + d0) =
+            L > 0.0f ? make_float4(O[0] / L, O[1] / L, O[2] / L, O[3] / L)
+                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (d0 == 0) {
+            a.m[(size_t)t * a.n_head + h] = L > 0.0f ? M : -INFINITY;
+            a.l[(size_t)t * a.n_head + h] = L;
         }
     }
-    __syncthreads();
-    if (last)
-        attn_merge_fold(a, tok, a.g, kvh, sbuf, sbytes);
 }
 
 /* grid (n_kv_head, n_split, n_qtiles), ATTN_THREADS threads.
@@ -1108,17 +973,14 @@ __device__ __forceinline__ void attn_tma_load(const attn_src<__half, CH> &src, u
  * TMA (D 64 or 128, device pool): one thread queues each chunk as 2 * D / 64 tensor copies of
  * 64 x 64 f16 (tm, swizzled rows of D, attn_sw) counted on the stage's mbarrier, which every
  * thread waits on; no padding, and the stages start 1024-byte aligned */
-template <int ND, int NST, bool TMA, bool WREL>
+template <int ND, int NST, bool TMA>
 __global__ void __launch_bounds__(ATTN_THREADS)
     attn_dec_kernel(struct attn_kargs a, const __grid_constant__ CUtensorMap tm)
 {
-    constexpr int CH = 64, D = ND * 8, DP = TMA ? D : D + 8, KS = D / 16, NW = ATTN_THREADS / 32;
+    constexpr int CH = 64, D = ND * 8, DP = TMA ? D : D + 8, KS = D / 16;
     static_assert(!TMA || D == 64 || D == 128, "tensor copies take 64-column halves");
-    static_assert(!WREL || TMA, "warps release their stages only with tensor copies");
-    static_assert((NW & (NW - 1)) == 0, "the release count wraps at a power of two");
     extern __shared__ __align__(16) char smem[];
     __shared__ uint64_t bars[NST]; /* TMA: stage i's chunk landed */
-    __shared__ uint32_t rel[NST]; /* WREL: warps done with stage i, ever (the last of NW refills) */
     const uint32_t tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2,
                    tq = lane & 3;
     char *sb = TMA ? smem + ((1024 - (cuda_smem(smem) & 1023)) & 1023) : smem;
@@ -1127,16 +989,12 @@ __global__ void __launch_bounds__(ATTN_THREADS)
     uint32_t par = 0;                /* TMA: bit i, the parity stage i's next wait is for */
     uint64_t policy = 0;             /* TMA: the copies' L2 policy (0: none) */
     if constexpr (TMA) {
-        /* WREL: every warp's lane 0 may queue a chunk */
-        if (a.kv_ef && (WREL ? lane == 0 : tid == 0))
-            asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
         if (tid == 0) {
+            if (a.kv_ef)
+                asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
 #pragma unroll
-            for (int i = 0; i < NST; i++) {
+            for (int i = 0; i < NST; i++)
                 cuda_bar_init(&bars[i], 1);
-                if constexpr (WREL)
-                    rel[i] = 0;
-            }
             asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         }
         __syncthreads();
@@ -1329,28 +1187,9 @@ __global__ void __launch_bounds__(ATTN_THREADS)
             }
         }
         const long long kp_n = kp[NST - 1] >= 0 ? src.start(u + NST) : -1;
-        if constexpr (WREL) {
-            /* the warp is done reading the stage: it counts itself out, and the last of the NW
-             * (the acquire of its count orders every warp's reads before it) queues the stage's
-             * next chunk, so no warp waits for the others here */
-            __syncwarp();
-            if (lane == 0) {
-                uint32_t old;
-                asm volatile("atom.acq_rel.cta.shared::cta.add.u32 %0, [%1], 1;"
-                             : "=r"(old)
-                             : "r"(cuda_smem(&rel[stage]))
-                             : "memory");
-                if (old % NW == NW - 1 && kp_n >= 0) {
-                    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-                    attn_tma_load<D, CH>(src, u + NST, ks + stage * CH * DP, vs + stage * CH * DP,
-                                         &bars[stage], &tm, policy);
-                }
-            }
-        } else {
-            __syncthreads(); /* the stage is free */
-            if (kp_n >= 0)
-                load(u + NST, stage);
-        }
+        __syncthreads(); /* the stage is free */
+        if (kp_n >= 0)
+            load(u + NST, stage);
         if constexpr (!TMA)
             attn_commit();
 #pragma unroll
@@ -1361,12 +1200,7 @@ __global__ void __launch_bounds__(ATTN_THREADS)
     }
     if constexpr (!TMA)
         attn_wait<0>(); /* tensor copies: every chunk queued was waited for in the loop */
-    uint32_t old_a = 0; /* merge_early: the keys-done count before this block's */
-    if (a.merge_early && a.cnt && tid == 0)
-        old_a = atomicAdd(a.cnt + (size_t)blockIdx.z * gridDim.x + blockIdx.x, 1u);
-    if (a.pf && tid == 0)
-        attn_prefetch_share(a);
-    __syncthreads(); /* the stages are reused for the merge */
+    __syncthreads();    /* the stages are reused for the merge */
 
     /* merge the four warps: row gq's (m, l) per warp, then o summed with weights */
     float *wm = (float *)sb;   /* (4, 8) */
@@ -1407,11 +1241,7 @@ __global__ void __launch_bounds__(ATTN_THREADS)
             p[D + 1] = L;
         }
     }
-    const size_t sbytes = (size_t)NST * 2 * CH * DP * sizeof(__half);
-    if (a.merge_early && a.cnt)
-        attn_merge_early(a, tok, kvh, old_a, sb, sbytes);
-    else
-        attn_merge_last(a, tok, g, kvh, sb, sbytes);
+    attn_merge_last(a, tok, g, kvh);
 }
 
 /* dynamic shared memory of one launch */
@@ -1449,33 +1279,32 @@ static inline size_t attn_dec_smem(uint32_t nst, uint32_t D)
     return (size_t)nst * 2 * 64 * (D + 8) * sizeof(__half);
 }
 
-/* the shared memory limit attn_dec_kernel<ND, NST, TMA, WREL> was raised to (one per
- * instantiation) */
-template <int ND, int NST, bool TMA, bool WREL> static size_t *attn_dec_sm_set()
+/* the shared memory limit attn_dec_kernel<ND, NST, TMA> was raised to (one per instantiation) */
+template <int ND, int NST, bool TMA> static size_t *attn_dec_sm_set()
 {
     static size_t sm_set;
     return &sm_set;
 }
 
 /* tm: the device pool's tensor map when TMA (set_kv's kv_tmap_encode) */
-template <int ND, int NST, bool TMA, bool WREL>
+template <int ND, int NST, bool TMA>
 static int attn_dec_launch_st(const struct cuda_ctx *c, dim3 grid, cudaStream_t s,
                               const struct attn_kargs &k, const CUtensorMap &tm)
 {
     /* tensor copies: unpadded rows, and room to align the stages to 1024 bytes */
     const size_t sm =
         TMA ? (size_t)NST * 2 * 64 * ND * 8 * sizeof(__half) + 1024 : attn_dec_smem(NST, ND * 8);
-    return attn_launch_fn(c, attn_dec_kernel<ND, NST, TMA, WREL>,
-                          attn_dec_sm_set<ND, NST, TMA, WREL>(), grid, sm, s, k, tm);
+    return attn_launch_fn(c, attn_dec_kernel<ND, NST, TMA>, attn_dec_sm_set<ND, NST, TMA>(), grid,
+                          sm, s, k, tm);
 }
 
-template <int ND, bool TMA, bool WREL>
+template <int ND, bool TMA>
 static int attn_dec_launch_tma(const struct cuda_ctx *c, dim3 grid, cudaStream_t s,
                                const struct attn_kargs &k, const CUtensorMap &tm)
 {
     return cuda_dec_stages(c, grid.x * grid.z) == 3
-               ? attn_dec_launch_st<ND, 3, TMA, WREL>(c, grid, s, k, tm)
-               : attn_dec_launch_st<ND, 2, TMA, WREL>(c, grid, s, k, tm);
+               ? attn_dec_launch_st<ND, 3, TMA>(c, grid, s, k, tm)
+               : attn_dec_launch_st<ND, 2, TMA>(c, grid, s, k, tm);
 }
 
 /* by tensor copies when tma (D 64 and 128 only) */
@@ -1488,9 +1317,8 @@ static int attn_dec_launch(const struct cuda_ctx *c, dim3 grid, cudaStream_t s,
     memcpy(&tm, c->kv_tmap, sizeof(tm));
     if constexpr (ND == 8 || ND == 16)
         if (tma)
-            return c->dec_wrel ? attn_dec_launch_tma<ND, true, true>(c, grid, s, k, tm)
-                               : attn_dec_launch_tma<ND, true, false>(c, grid, s, k, tm);
-    return attn_dec_launch_tma<ND, false, false>(c, grid, s, k, tm);
+            return attn_dec_launch_tma<ND, true>(c, grid, s, k, tm);
+    return attn_dec_launch_tma<ND, false>(c, grid, s, k, tm);
 }
 
 template <int ND, int LO>
@@ -1543,10 +1371,10 @@ template <int ND, int NST> static int attn_dec_per_sm_st()
     if (!per_sm) {
         const size_t sm = attn_dec_smem(NST, ND * 8);
         int nb = 0;
-        if (attn_smem_limit(attn_dec_kernel<ND, NST, false, false>, sm,
-                            attn_dec_sm_set<ND, NST, false, false>()) < 0 ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                &nb, attn_dec_kernel<ND, NST, false, false>, ATTN_THREADS, sm) != cudaSuccess) {
+        if (attn_smem_limit(attn_dec_kernel<ND, NST, false>, sm,
+                            attn_dec_sm_set<ND, NST, false>()) < 0 ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, attn_dec_kernel<ND, NST, false>,
+                                                          ATTN_THREADS, sm) != cudaSuccess) {
             cudaGetLastError();
             return 0;
         }
@@ -1574,7 +1402,6 @@ static int attn_launch(struct cuda_ctx *c, const struct cuda_attn_args *a, struc
         const bool tma = c->kv_tma && a->list == KV_DEVICE && a->pool == c->pool[KV_DEVICE] &&
                          (k.block_bytes | k.k_off | k.v_off) % row == 0;
         c->hst.dec_tma += tma && (k.D == 64 || k.D == 128);
-        c->hst.attn_pf += k.pf != NULL;
         int rc = k.D == 128  ? attn_dec_launch<16>(c, grid, a->s, k, tma)
                  : k.D == 64 ? attn_dec_launch<8>(c, grid, a->s, k, tma)
                  : k.D == 32 ? attn_dec_launch<4>(c, grid, a->s, k, tma)
@@ -1640,12 +1467,8 @@ static inline struct attn_kargs attn_kargs_of(struct cuda_ctx *c, const struct c
     k.cnt = cnt;
     k.early = c->early;
     k.kv_ef = c->dec_tma == 2;
-    k.merge_smem = c->merge_smem;
-    k.merge_early = c->merge_early;
     k.o = a->o;
     k.m = a->m;
     k.l = a->l;
-    k.pf = a->pf;
-    k.pf_bytes = a->pf_bytes;
     return k;
 }

@@ -1262,14 +1262,8 @@ static int cu_attn_partial(void *ctx, const struct be_batch *b, uint32_t layer,
                                (float *)out->o->data,
                                (float *)out->m->data,
                                (float *)out->l->data,
-                               c->stream,
-                               NULL,
-                               0};
+                               c->stream};
     if (residency == KV_DEVICE) {
-        /* the hint serves this layer's attention only */
-        a.pf = c->pf_next;
-        a.pf_bytes = c->pf_next_bytes;
-        c->pf_next = NULL;
         c->fixed[KV_HOST].valid = 0; /* a new layer's pair of partials begins */
         /* host-block attention of the same layer may run beside this one: it waits for what
          * the stream held just before. Without host blocks no event comes between the kv write
@@ -1299,15 +1293,6 @@ static int cu_attn_partial(void *ctx, const struct be_batch *b, uint32_t layer,
     if (rc == 0 && split)
         rc = split_host_cpu(c, b, layer, at, out);
     return rc;
-}
-
-/* the next device attention's blocks prefetch (up to pf_max bytes of) w into L2 */
-static void cu_prefetch_next(void *ctx, const struct be_tensor *w)
-{
-    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    const size_t n = c->pf_max && w ? (w->nbytes < c->pf_max ? w->nbytes : c->pf_max) : 0;
-    c->pf_next_bytes = n & ~(size_t)15;
-    c->pf_next = c->pf_next_bytes ? (const char *)w->data : NULL;
 }
 
 static int cu_attn_merge(void *ctx, const struct be_partial *a, const struct be_partial *b,
@@ -1449,28 +1434,27 @@ static int cu_greedy(void *ctx, const struct be_tensor *logits, uint32_t n, int3
 static int cu_stats(void *ctx, char *buf, size_t len)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    int n = snprintf(buf, len,
-                     "host kv layers: %llu prefetched, %llu copied in line, %llu with a host "
-                     "write, %llu zero-copy, %llu in %llu passes; %llu block slices staged in %llu "
-                     "copies, %llu staging growths, %llu attended on the cpu, %llu split with it, "
-                     "%llu tails too short to split; gemm inputs: %llu converted, %llu from the "
-                     "op's 16-bit copy; decode layers as graphs: %llu recorded, %llu replayed, "
-                     "%llu failed; decode linears on tensor cores: %llu; decode attention by "
-                     "tensor copies: %llu; gemms on tuned cuBLASLt algorithms: %llu (%llu shapes "
-                     "tuned, %llu faster than the heuristic's first); decode attention launches "
-                     "prefetching the next weights: %llu",
-                     (unsigned long long)c->hst.prefetched, (unsigned long long)c->hst.inline_,
-                     (unsigned long long)c->hst.host_write, (unsigned long long)c->hst.zero_copy,
-                     (unsigned long long)c->hst.passes, (unsigned long long)c->hst.pass_n,
-                     (unsigned long long)c->hst.slots, (unsigned long long)c->hst.copies,
-                     (unsigned long long)c->hst.grown, (unsigned long long)c->hst.cpu_layers,
-                     (unsigned long long)c->hst.split_layers,
-                     (unsigned long long)c->hst.split_gated, (unsigned long long)c->hst.act16_conv,
-                     (unsigned long long)c->hst.act16_twin, (unsigned long long)c->hst.graph_rec,
-                     (unsigned long long)c->hst.graph_replay, (unsigned long long)c->hst.graph_fail,
-                     (unsigned long long)c->hst.lin_mma, (unsigned long long)c->hst.dec_tma,
-                     (unsigned long long)c->hst.lt_gemm, (unsigned long long)c->hst.lt_tuned,
-                     (unsigned long long)c->hst.lt_faster, (unsigned long long)c->hst.attn_pf);
+    int n =
+        snprintf(buf, len,
+                 "host kv layers: %llu prefetched, %llu copied in line, %llu with a host "
+                 "write, %llu zero-copy, %llu in %llu passes; %llu block slices staged in %llu "
+                 "copies, %llu staging growths, %llu attended on the cpu, %llu split with it, "
+                 "%llu tails too short to split; gemm inputs: %llu converted, %llu from the "
+                 "op's 16-bit copy; decode layers as graphs: %llu recorded, %llu replayed, "
+                 "%llu failed; decode linears on tensor cores: %llu; decode attention by "
+                 "tensor copies: %llu; gemms on tuned cuBLASLt algorithms: %llu (%llu shapes "
+                 "tuned, %llu faster than the heuristic's first)",
+                 (unsigned long long)c->hst.prefetched, (unsigned long long)c->hst.inline_,
+                 (unsigned long long)c->hst.host_write, (unsigned long long)c->hst.zero_copy,
+                 (unsigned long long)c->hst.passes, (unsigned long long)c->hst.pass_n,
+                 (unsigned long long)c->hst.slots, (unsigned long long)c->hst.copies,
+                 (unsigned long long)c->hst.grown, (unsigned long long)c->hst.cpu_layers,
+                 (unsigned long long)c->hst.split_layers, (unsigned long long)c->hst.split_gated,
+                 (unsigned long long)c->hst.act16_conv, (unsigned long long)c->hst.act16_twin,
+                 (unsigned long long)c->hst.graph_rec, (unsigned long long)c->hst.graph_replay,
+                 (unsigned long long)c->hst.graph_fail, (unsigned long long)c->hst.lin_mma,
+                 (unsigned long long)c->hst.dec_tma, (unsigned long long)c->hst.lt_gemm,
+                 (unsigned long long)c->hst.lt_tuned, (unsigned long long)c->hst.lt_faster);
     memset(&c->hst, 0, sizeof c->hst);
     return n;
 }
@@ -1561,7 +1545,7 @@ static const struct backend_i cuda_iface = {
     cu_kv_write,   cu_attn_partial, cu_attn_merge,  cu_silu_mul,      cu_add,
     cu_get_rows,   cu_sync,         cu_linear,      cu_rope_kv_write, cu_scratch_reserve,
     cu_host_alloc, cu_host_free,    cu_stats,       cu_greedy,        cu_host_attn_cpu,
-    cu_host_split, cu_graph_begin,  cu_graph_end,   cu_prefetch_next,
+    cu_host_split, cu_graph_begin,  cu_graph_end,
 };
 
 /* a size in KiB, and a 0/1 switch, from the environment (common/util's reading: def when
@@ -1672,11 +1656,7 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         c->split_min_us = (uint32_t)rkv_env_u64("RKV_CUDA_HOST_SPLIT_MIN_US", 1000, 0, 1000000);
         c->link_gbps = 50.0;
         c->merge_in_attn = cu_env_flag("RKV_CUDA_MERGE_IN_ATTN", 1);
-        c->vec4 = cu_env_flag("RKV_CUDA_VEC4", 0);
-        c->dec_wrel = cu_env_flag("RKV_CUDA_DEC_WREL", 0);
-        c->pf_max = (size_t)rkv_env_u64("RKV_CUDA_ATTN_PF_MB", 0, 0, 1024) << 20;
-        c->merge_smem = cu_env_flag("RKV_CUDA_MERGE_SMEM", 0);
-        c->merge_early = cu_env_flag("RKV_CUDA_MERGE_EARLY", 0);
+        c->vec4 = cu_env_flag("RKV_CUDA_VEC4", 1);
         c->attn_fixed = cu_env_flag("RKV_CUDA_ATTN_FIXED", 0);
         c->no_mma = cu_env_flag("RKV_CUDA_NO_MMA", 0);
         /* warps per weight row in the fused decode linears (for a/b runs) */

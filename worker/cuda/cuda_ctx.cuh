@@ -226,21 +226,7 @@ struct cuda_ctx {
     void *lin_h; /* normed input of a fused linear layer (3+ tokens) */
     size_t lin_h_cap;
     int vec4; /* silu_mul and the f32 -> 16-bit conversion four elements a thread where n and the
-               * pointers allow (env RKV_CUDA_VEC4=1; a/b, not yet run on a GPU) */
-    /* decode attention's blocks prefetch up to this many bytes of the next linear's weights
-     * (o's) into L2 once their keys are read (env RKV_CUDA_ATTN_PF_MB; 0: off; a/b, not yet run
-     * on a GPU); pf_next: the hint for the next device attention (cu_prefetch_next) */
-    size_t pf_max;
-    const char *pf_next;
-    size_t pf_next_bytes;
-    int dec_wrel;    /* decode attention by tensor copies: each warp releases a stage on its own and
-                      * the last of the four queues its next chunk, no block barrier a chunk (env
-                      * RKV_CUDA_DEC_WREL=1; a/b, not yet run on a GPU) */
-    int merge_smem;  /* decode attention's split merge past 16 splits through shared memory, one
-                      * round trip (env RKV_CUDA_MERGE_SMEM=1; a/b) */
-    int merge_early; /* decode attention's blocks count themselves done before their warp merge,
-                      * the last merges without a release of its own (env RKV_CUDA_MERGE_EARLY=1;
-                      * a/b) */
+               * pointers allow (env RKV_CUDA_VEC4=0: one) */
     int merge_in_attn; /* the last thread block of an attention launch merges its splits (env
                         * RKV_CUDA_MERGE_IN_ATTN=0: a separate merge kernel) */
     /* placement-independent attention (env RKV_CUDA_ATTN_FIXED=1): one split per kv block, the
@@ -317,7 +303,6 @@ struct cuda_ctx {
         uint64_t graph_rec, graph_replay, graph_fail; /* decode steps' layers as a graph */
         uint64_t lin_mma; /* linears and matmuls linear_mma.cu ran (replays not counted) */
         uint64_t dec_tma; /* decode attention launches by tensor copies (replays not counted) */
-        uint64_t attn_pf; /* decode attention launches prefetching the next weights (the same) */
     } hst;
 };
 

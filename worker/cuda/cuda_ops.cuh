@@ -204,10 +204,6 @@ struct cuda_attn_args {
     const struct be_attn *at;
     float *o, *m, *l; /* (n_tokens, n_head*head_dim), (n_tokens, n_head) x2 */
     cudaStream_t s;
-    /* the next linear's weights, pf_bytes of them (a multiple of 16), that the decode kernel's
-     * blocks prefetch into L2 once past their keys (cu_prefetch_next; NULL: none) */
-    const char *pf;
-    size_t pf_bytes;
 };
 int cuda_attn(struct cuda_ctx *c, const struct cuda_attn_args *a);
 /* the two kernel shapes cuda_attn picks from: few query rows per kv head
