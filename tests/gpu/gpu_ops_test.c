@@ -128,6 +128,15 @@ static unsigned long long mma_runs(struct backend *g)
     return p ? strtoull(p + strlen("decode linears on tensor cores: "), NULL, 10) : 0;
 }
 
+/* the backend's wide-kernel linear launches since the last call */
+static unsigned long long wide_runs(struct backend *g)
+{
+    char st[1024] = "";
+    backend_stats(g, st, sizeof(st));
+    const char *p = strstr(st, "batched linears on the wide kernel: ");
+    return p ? strtoull(p + strlen("batched linears on the wide kernel: "), NULL, 10) : 0;
+}
+
 /* the kernel that ran is the one expected: names it when not */
 static int mma_check(const char *name, struct backend *g, int expect)
 {
@@ -289,8 +298,8 @@ static void test_twin(void)
  * add, silu_mul); n 1..2 folds the norm into the gemv, 3..8 runs it first,
  * more tokens are composed by the forward pass (the op declines with 1).
  * widths of 4096 and more split each row over several warps (RKV_CUDA_LIN_KS) */
-static void linear_case_rows(enum be_type t, enum be_lin_mode mode, uint32_t n, int norm,
-                             uint32_t n_in, const uint32_t rows[3])
+static void linear_case_tol(enum be_type t, enum be_lin_mode mode, uint32_t n, int norm,
+                            uint32_t n_in, const uint32_t rows[3], float tol)
 {
     const uint32_t n_w = mode == BE_LIN_SET ? 3 : mode == BE_LIN_ADD ? 1 : 2;
     const float ws = 1.0f / sqrtf((float)n_in);
@@ -313,7 +322,7 @@ static void linear_case_rows(enum be_type t, enum be_lin_mode mode, uint32_t n, 
     int rc = linear_forward(gpu, &gl, n);
     /* one token may take the streamed kernel first */
     const int path_ok =
-        n == 1 ||
+        n == 1 || n > 8 ||
         mma_check("linear", gpu, mma_expected(t, n, n_in, rows, mode == BE_LIN_SET ? 3 : 1));
     /* the reference, composed on the cpu */
     const struct be_tensor *in = x.c;
@@ -341,7 +350,7 @@ static void linear_case_rows(enum be_type t, enum be_lin_mode mode, uint32_t n, 
     } else {
         size_t bad = rc ? 1 : 0;
         for (uint32_t i = 0; i < (mode == BE_LIN_SET ? 3u : 1u) && !bad; i++)
-            bad = pair_cmp(name, &out[i], out[i].n, 1e-4f, 1e-4f);
+            bad = pair_cmp(name, &out[i], out[i].n, tol, tol);
         CHECK(name, rc == 0 && bad == 0 && path_ok);
     }
     pair_free(&x);
@@ -353,6 +362,12 @@ static void linear_case_rows(enum be_type t, enum be_lin_mode mode, uint32_t n, 
         pair_free(&out[i]);
         pair_free(&tmp[i]);
     }
+}
+
+static void linear_case_rows(enum be_type t, enum be_lin_mode mode, uint32_t n, int norm,
+                             uint32_t n_in, const uint32_t rows[3])
+{
+    linear_case_tol(t, mode, n, norm, n_in, rows, 1e-4f);
 }
 
 static void linear_case(enum be_type t, enum be_lin_mode mode, uint32_t n, int norm, uint32_t n_in)
@@ -379,6 +394,50 @@ static void test_linear_shapes(void)
             linear_case_rows(t16[ti], BE_LIN_SET, n, 1, 2048, odd);
             linear_case_rows(t16[ti], BE_LIN_SWIGLU, n, 1, 768, odd);
         }
+}
+
+/* one case of linear_case_tol on the wide kernel: it must have run there once (its launch
+ * counter since the case's start) */
+static void wide_case(enum be_type t, enum be_lin_mode mode, uint32_t n, int norm, uint32_t n_in,
+                      const uint32_t rows[3], float tol)
+{
+    linear_case_tol(t, mode, n, norm, n_in, rows, tol);
+    const unsigned long long runs = wide_runs(gpu);
+    if (runs != 1) {
+        printf("  FAIL the case above ran %llu launches of the wide kernel, not 1\n", runs);
+        n_fail++;
+    }
+}
+
+/* batched linears past the decode kernels on the wide tensor-core kernel (RKV_CUDA_LIN_WIDE,
+ * linear_wide.cu) of backend w: x rounded to 16 bits as on cublas, so cublas's tolerances. Token
+ * counts across its 16 / 32 / 64-token instantiations and their padding, widths with one and
+ * several k spans a tile, the matrices of a fused q/k/v back to back, and llama3-8b's shapes */
+static void test_linear_wide(struct backend *w)
+{
+    static const uint32_t ns[] = {9, 16, 17, 33, 64}, small[3] = {256, 128, 128},
+                          qkv[3] = {4096, 1024, 1024}, ffn[3] = {14336, 64, 64},
+                          o[3] = {4096, 64, 64};
+    static const enum be_type t16[] = {BE_BF16, BE_F16};
+    struct backend *save = gpu;
+    gpu = w;
+    printf("ops: batched linears on the wide tensor-core kernel\n");
+    for (int ti = 0; ti < 2; ti++) {
+        const float tol = t16[ti] == BE_BF16 ? 3e-2f : 4e-3f;
+        for (int ni = 0; ni < 5; ni++)
+            for (int wi = 0; wi < 2; wi++) {
+                const uint32_t n = ns[ni], n_in = wi ? 4096 : 512;
+                wide_case(t16[ti], BE_LIN_SET, n, 1, n_in, small, tol);
+                wide_case(t16[ti], BE_LIN_SET, n, 0, n_in, small, tol);
+                wide_case(t16[ti], BE_LIN_ADD, n, 0, n_in, small, tol);
+                wide_case(t16[ti], BE_LIN_SWIGLU, n, 1, n_in, small, tol);
+            }
+        wide_case(t16[ti], BE_LIN_SET, 64, 1, 4096, qkv, tol);
+        wide_case(t16[ti], BE_LIN_SWIGLU, 64, 1, 4096, ffn, tol);
+        wide_case(t16[ti], BE_LIN_ADD, 64, 0, 14336, o, tol);
+        wide_case(t16[ti], BE_LIN_ADD, 40, 0, 4096, o, tol);
+    }
+    gpu = save;
 }
 
 /* the greedy pick of logits rows on the device against the cpu's sample_greedy: the same ids
@@ -950,6 +1009,12 @@ int main(int argc, char **argv)
         test_linear();
         test_linear_shapes();
         {
+            struct backend *wide = backend_env("RKV_CUDA_LIN_WIDE", "64", 0);
+            if (wide)
+                test_linear_wide(wide);
+            backend_free(wide);
+        }
+        {
             /* the matmul cases with rows past one on cublas (RKV_CUDA_GEMV_MAX_N; the fused
              * linears decline such rows: the forward composes them of the plain ops) */
             struct backend *gm1 = backend_env("RKV_CUDA_GEMV_MAX_N", "1", 0), *save = gpu;
@@ -1136,6 +1201,8 @@ int main(int argc, char **argv)
             /* silu_mul and the gemm inputs' conversion one element a thread: prefill, batched
              * steps past 8 rows */
             {"RKV_CUDA_VEC4", "0", "elementwise one element a thread"},
+            /* batched linears (prefill chunks and steps of 9..64 rows) on the wide kernel */
+            {"RKV_CUDA_LIN_WIDE", "64", "batched linears on the wide tensor-core kernel"},
         };
         for (size_t i = 0; i < sizeof(alts) / sizeof(alts[0]); i++) {
             struct backend *alt = backend_env(alts[i].var, alts[i].value, 0);

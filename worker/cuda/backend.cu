@@ -1434,27 +1434,28 @@ static int cu_greedy(void *ctx, const struct be_tensor *logits, uint32_t n, int3
 static int cu_stats(void *ctx, char *buf, size_t len)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    int n =
-        snprintf(buf, len,
-                 "host kv layers: %llu prefetched, %llu copied in line, %llu with a host "
-                 "write, %llu zero-copy, %llu in %llu passes; %llu block slices staged in %llu "
-                 "copies, %llu staging growths, %llu attended on the cpu, %llu split with it, "
-                 "%llu tails too short to split; gemm inputs: %llu converted, %llu from the "
-                 "op's 16-bit copy; decode layers as graphs: %llu recorded, %llu replayed, "
-                 "%llu failed; decode linears on tensor cores: %llu; decode attention by "
-                 "tensor copies: %llu; gemms on tuned cuBLASLt algorithms: %llu (%llu shapes "
-                 "tuned, %llu faster than the heuristic's first)",
-                 (unsigned long long)c->hst.prefetched, (unsigned long long)c->hst.inline_,
-                 (unsigned long long)c->hst.host_write, (unsigned long long)c->hst.zero_copy,
-                 (unsigned long long)c->hst.passes, (unsigned long long)c->hst.pass_n,
-                 (unsigned long long)c->hst.slots, (unsigned long long)c->hst.copies,
-                 (unsigned long long)c->hst.grown, (unsigned long long)c->hst.cpu_layers,
-                 (unsigned long long)c->hst.split_layers, (unsigned long long)c->hst.split_gated,
-                 (unsigned long long)c->hst.act16_conv, (unsigned long long)c->hst.act16_twin,
-                 (unsigned long long)c->hst.graph_rec, (unsigned long long)c->hst.graph_replay,
-                 (unsigned long long)c->hst.graph_fail, (unsigned long long)c->hst.lin_mma,
-                 (unsigned long long)c->hst.dec_tma, (unsigned long long)c->hst.lt_gemm,
-                 (unsigned long long)c->hst.lt_tuned, (unsigned long long)c->hst.lt_faster);
+    int n = snprintf(buf, len,
+                     "host kv layers: %llu prefetched, %llu copied in line, %llu with a host "
+                     "write, %llu zero-copy, %llu in %llu passes; %llu block slices staged in %llu "
+                     "copies, %llu staging growths, %llu attended on the cpu, %llu split with it, "
+                     "%llu tails too short to split; gemm inputs: %llu converted, %llu from the "
+                     "op's 16-bit copy; decode layers as graphs: %llu recorded, %llu replayed, "
+                     "%llu failed; decode linears on tensor cores: %llu; decode attention by "
+                     "tensor copies: %llu; gemms on tuned cuBLASLt algorithms: %llu (%llu shapes "
+                     "tuned, %llu faster than the heuristic's first); batched linears on the wide "
+                     "kernel: %llu",
+                     (unsigned long long)c->hst.prefetched, (unsigned long long)c->hst.inline_,
+                     (unsigned long long)c->hst.host_write, (unsigned long long)c->hst.zero_copy,
+                     (unsigned long long)c->hst.passes, (unsigned long long)c->hst.pass_n,
+                     (unsigned long long)c->hst.slots, (unsigned long long)c->hst.copies,
+                     (unsigned long long)c->hst.grown, (unsigned long long)c->hst.cpu_layers,
+                     (unsigned long long)c->hst.split_layers,
+                     (unsigned long long)c->hst.split_gated, (unsigned long long)c->hst.act16_conv,
+                     (unsigned long long)c->hst.act16_twin, (unsigned long long)c->hst.graph_rec,
+                     (unsigned long long)c->hst.graph_replay, (unsigned long long)c->hst.graph_fail,
+                     (unsigned long long)c->hst.lin_mma, (unsigned long long)c->hst.dec_tma,
+                     (unsigned long long)c->hst.lt_gemm, (unsigned long long)c->hst.lt_tuned,
+                     (unsigned long long)c->hst.lt_faster, (unsigned long long)c->hst.lin_wide);
     memset(&c->hst, 0, sizeof c->hst);
     return n;
 }
@@ -1494,6 +1495,8 @@ static void cu_free(void *ctx)
     cudaFree(c->cnt[1]);
     cudaFree(c->small);
     cudaFree(c->lin_h);
+    cudaFree(c->lw_part);
+    cudaFree(c->lw_cnt);
     cudaFree(c->pass_part);
     cudaFree(c->greedy_buf);
     cudaFree(c->ls_ctr);
@@ -1673,6 +1676,7 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         /* decode linears and matmuls of up to 8 tokens on tensor cores from this many tokens (0:
          * the register kernels; one token takes the streamed kernel first) */
         c->lin_mma = (int)rkv_env_u64("RKV_CUDA_LIN_MMA", 2, 0, 8);
+        c->lin_wide = (int)rkv_env_u64("RKV_CUDA_LIN_WIDE", 0, 0, 64);
         c->pdl = cu_env_flag("RKV_CUDA_PDL", 1);
         /* 2 measured 0.61 of the hbm bound at 4k against 0.76 off (H200): the o linear's
          * persistent blocks, placed beside attention's, doubled up on some SMs */

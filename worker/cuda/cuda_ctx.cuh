@@ -245,6 +245,13 @@ struct cuda_ctx {
     int lin_ks;     /* warps per weight row of the fused linears, 1/2/4/8 (env RKV_CUDA_LIN_KS) */
     int lin_stream; /* 1-token linears stream weights through shared memory (sm_90+; env
                      * RKV_CUDA_LIN_STREAM=0: the register kernel) */
+    int lin_wide;   /* the most tokens (9..64) whose fused linears over 16-bit weights past the
+                     * decode kernels run on linear_wide.cu's tensor-core kernel; 0 off (env
+                     * RKV_CUDA_LIN_WIDE) */
+    void *lw_part;  /* its partial sums of several k spans a tile */
+    size_t lw_part_cap;
+    void *lw_cnt; /* its spans done a tile, 0 between launches */
+    size_t lw_cnt_cap;
     int lin_mma;    /* the fewest tokens (1..8) whose decode linears and matmuls over 16-bit
                      * weights run on tensor cores (linear_mma.cu); 0 off (env RKV_CUDA_LIN_MMA) */
     int pdl;        /* streamed linears launched with programmatic serialization: the next one
@@ -302,6 +309,7 @@ struct cuda_ctx {
         uint64_t lt_gemm, lt_tuned, lt_faster;
         uint64_t graph_rec, graph_replay, graph_fail; /* decode steps' layers as a graph */
         uint64_t lin_mma; /* linears and matmuls linear_mma.cu ran (replays not counted) */
+        uint64_t lin_wide; /* linears linear_wide.cu ran (the same) */
         uint64_t dec_tma; /* decode attention launches by tensor copies (replays not counted) */
     } hst;
 };

@@ -149,6 +149,10 @@ int cuda_linear_stream(struct cuda_ctx *c, const struct be_linear *l, uint32_t n
 int cuda_linear_mma(struct cuda_ctx *c, const struct be_linear *l, uint32_t n);
 int cuda_matmul_mma(struct cuda_ctx *c, float *out, const float *in, const struct be_tensor *w,
                     const float *bias, uint32_t n);
+/* the same for 9..c->lin_wide tokens (past the decode kernels) and 16-bit weights on tensor
+ * cores, x rounded to the weights' type as for cublas (linear_wide.cu); 1 when it does not
+ * apply */
+int cuda_linear_wide(struct cuda_ctx *c, const struct be_linear *l, uint32_t n);
 /* thread blocks of 8 warps for warp_tasks warp tasks of a grid-stride kernel with max_per_sm
  * blocks resident per SM (linear.cu) */
 unsigned cuda_lin_grid(const struct cuda_ctx *c, uint32_t warp_tasks, int max_per_sm,

@@ -1,0 +1,383 @@
+/* linear_wide.cu - the fused linears of batched decode steps past the decode kernels (9..64
+ * tokens by default, RKV_CUDA_LIN_WIDE) with 16-bit weights, on tensor cores (mma.sync
+ * m16n8k16). One launch takes a whole fused linear: q/k/v together, gate/up with silu(gate)*up
+ * as the epilogue, o and down adding into the residual. cuBLAS runs them as one gemm a matrix
+ * and a separate kernel for each epilogue; at batch 64 its q/k/v took 33 us for 11 us of weight
+ * bytes on the H200, mostly the small k and v gemms' ramp and tile quantization.
+ *
+ * x comes in the weights' 16-bit type (the norm's 16-bit twin, or a conversion), as for the
+ * cuBLAS path. A block takes a tile of 128 weight rows (SWIGLU: 64 gate rows, then the same 64
+ * up rows) over a span of k; its 8 warps take 16 rows each against every token, so one weight
+ * fragment meets up to 8 token columns of x, which all the block's warps share. The weights and
+ * x of each 64-wide k chunk come through a ring of shared-memory stages by cp.async. With
+ * several k spans a tile (few tiles for the SMs: o and down), each block writes its partial
+ * sums, and the last block of the tile sums them in span order, so the result does not depend
+ * on timing. */
+#include <type_traits>
+
+#include "worker/cuda/cuda_ops.cuh"
+
+#define LW_WARPS  8
+#define LW_ROWS   (LW_WARPS * 16) /* weight rows a tile */
+#define LW_KC     64              /* k a stage */
+#define LW_LD     (LW_KC + 8) /* a stage row in 16-bit elements: ldmatrix's rows in distinct banks */
+#define LW_STAGES 4
+#define LW_MAX_KS 8
+
+struct lw_kargs {
+    const void *w[BE_LIN_MAX];
+    const float *bias[BE_LIN_MAX];
+    float *out[BE_LIN_MAX];
+    uint32_t end[BE_LIN_MAX];   /* cumulative tiles of the matrices (SET) */
+    uint32_t n_out[BE_LIN_MAX]; /* rows of each */
+    const void *x;              /* (n, n_in) in the weights' type */
+    float *part;                /* (ks, n_tiles, LW_ROWS, 8 * NT) partial sums, ks > 1 */
+    uint32_t *cnt;              /* (n_tiles) spans done; 0 between launches */
+    uint32_t n_in, n, n_tiles;
+};
+
+/* 16 bytes from global to shared memory; zeros when !on (a token past n). Weights are read
+ * once a step: evict-first */
+__device__ __forceinline__ void lw_cp(void *dst, const void *src, bool on, uint64_t policy,
+                                      bool hint)
+{
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst), sz = on ? 16 : 0;
+    if (hint)
+        asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(d),
+                     "l"(src), "r"(sz), "l"(policy)
+                     : "memory");
+    else
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(sz)
+                     : "memory");
+}
+
+__device__ __forceinline__ void lw_commit()
+{
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+template <int N> __device__ __forceinline__ void lw_wait()
+{
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void lw_ldsm4(uint32_t (&r)[4], const void *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((uint32_t)__cvta_generic_to_shared(p)));
+}
+
+template <typename W>
+__device__ __forceinline__ void lw_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                       uint32_t b1)
+{
+    if constexpr (std::is_same_v<W, __half>)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* bytes of one stage: the tile's weight rows, then 8 * NT token rows of x */
+__host__ __device__ constexpr size_t lw_stage_bytes(int nt)
+{
+    return (size_t)(LW_ROWS + 8 * nt) * LW_LD * 2;
+}
+
+/* grid (n_tiles, ks): block (t, s) multiplies tile t's rows by x over span s of k; NT groups of
+ * 8 tokens (n <= 8 * NT); n_in % (LW_KC * ks) == 0, every matrix's rows a multiple of the tile
+ * (SWIGLU: of half of it) */
+template <typename W, int MODE, int NT>
+__global__ void __launch_bounds__(LW_WARPS * 32, 2) lw_kernel(lw_kargs a)
+{
+    constexpr int NTOK = 8 * NT;
+    constexpr int TS = NTOK + 1; /* the sums' row in shared memory, in floats */
+    extern __shared__ __align__(128) unsigned char lw_sm[];
+    __shared__ uint32_t last;
+    const uint32_t tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const uint32_t tile = blockIdx.x, span = blockIdx.y, ks = gridDim.y;
+    const uint32_t n_in = a.n_in, k_len = n_in / ks, k0 = span * k_len, chunks = k_len / LW_KC;
+
+    /* the tile's matrix and first row; SWIGLU's second half are the up rows */
+    uint32_t m = 0, row0;
+    if (MODE == BE_LIN_SWIGLU) {
+        row0 = tile * (LW_ROWS / 2);
+    } else {
+        if (MODE == BE_LIN_SET && tile >= a.end[0])
+            m = tile >= a.end[1] ? 2 : 1;
+        row0 = (tile - (m == 0 ? 0 : m == 1 ? a.end[0] : a.end[1])) * LW_ROWS;
+    }
+    const W *wm = (const W *)(m == 0 ? a.w[0] : m == 1 ? a.w[1] : a.w[2]);
+    const W *xg = (const W *)a.x;
+    uint64_t policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+
+    /* a stage's copies: 8 16-byte pieces a 64-wide row; LW_ROWS weight rows, then NTOK x rows */
+    auto load_w = [&](uint32_t c, uint32_t st) {
+        W *sw = (W *)(lw_sm + st * lw_stage_bytes(NT));
+        const uint32_t kc = k0 + c * LW_KC;
+        for (uint32_t i = tid; i < LW_ROWS * 8; i += LW_WARPS * 32) {
+            const uint32_t r = i >> 3, p = i & 7;
+            const W *src;
+            if (MODE == BE_LIN_SWIGLU)
+                src = (const W *)a.w[r < LW_ROWS / 2 ? 0 : 1] +
+                      (size_t)(row0 + (r & (LW_ROWS / 2 - 1))) * n_in;
+            else
+                src = wm + (size_t)(row0 + r) * n_in;
+            lw_cp(sw + r * LW_LD + p * 8, src + kc + p * 8, true, policy, true);
+        }
+    };
+    auto load_x = [&](uint32_t c, uint32_t st) {
+        W *sx = (W *)(lw_sm + st * lw_stage_bytes(NT)) + LW_ROWS * LW_LD;
+        const uint32_t kc = k0 + c * LW_KC;
+        for (uint32_t i = tid; i < NTOK * 8; i += LW_WARPS * 32) {
+            const uint32_t t = i >> 3, p = i & 7;
+            const bool on = t < a.n;
+            lw_cp(sx + t * LW_LD + p * 8, xg + (size_t)(on ? t : 0) * n_in + kc + p * 8, on, 0,
+                  false);
+        }
+    };
+
+    /* the weights do not depend on the kernel before: their first stages go out before the
+     * wait, x and the residual after it */
+    for (uint32_t s = 0; s + 1 < LW_STAGES; s++)
+        if (s < chunks)
+            load_w(s, s);
+    cuda_grid_wait();
+    for (uint32_t s = 0; s + 1 < LW_STAGES; s++) {
+        if (s < chunks)
+            load_x(s, s);
+        lw_commit();
+    }
+
+    float d[NT][4] = {};
+    /* ldmatrix addresses: A (rows warp * 16.., row lane & 15, k half lane >> 4), B (token
+     * group pair, token lane & 7, k half (lane >> 3) & 1) */
+    const uint32_t a_off = (warp * 16 + (lane & 15)) * LW_LD + (lane >> 4) * 8;
+    const uint32_t b_off = (LW_ROWS + (lane >> 4) * 8 + (lane & 7)) * LW_LD + ((lane >> 3) & 1) * 8;
+    for (uint32_t c = 0; c < chunks; c++) {
+        lw_wait<LW_STAGES - 2>();
+        __syncthreads(); /* stage c landed for every thread; stage c - 1 is free */
+        const uint32_t nc = c + LW_STAGES - 1;
+        if (nc < chunks) {
+            load_w(nc, nc % LW_STAGES);
+            load_x(nc, nc % LW_STAGES);
+        }
+        lw_commit(); /* empty past the end: one group a turn */
+        const W *st = (const W *)(lw_sm + (c % LW_STAGES) * lw_stage_bytes(NT));
+#pragma unroll
+        for (int kk = 0; kk < LW_KC / 16; kk++) {
+            uint32_t af[4];
+            lw_ldsm4(af, st + a_off + kk * 16);
+#pragma unroll
+            for (int j = 0; j < NT; j += 2) {
+                uint32_t bf[4];
+                lw_ldsm4(bf, st + b_off + j * 8 * LW_LD + kk * 16);
+                lw_mma<W>(d[j], af, bf[0], bf[1]);
+                lw_mma<W>(d[j + 1], af, bf[2], bf[3]);
+            }
+        }
+    }
+    lw_wait<0>();
+    __syncthreads(); /* the stages become the tile's sums */
+
+    /* accumulator i of group j: row warp * 16 + lane / 4 (+ 8 for i >= 2), token
+     * j * 8 + 2 * (lane % 4) + (i & 1) */
+    float *sum = (float *)lw_sm; /* (LW_ROWS, TS) */
+    const uint32_t r_lo = warp * 16 + (lane >> 2), t_lo = 2 * (lane & 3);
+    if (ks == 1) {
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                sum[(r_lo + (i >= 2 ? 8 : 0)) * TS + j * 8 + t_lo + (i & 1)] = d[j][i];
+    } else {
+        float *pp = a.part + ((size_t)span * a.n_tiles + tile) * LW_ROWS * NTOK;
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            *(float2 *)(pp + (size_t)r_lo * NTOK + j * 8 + t_lo) = make_float2(d[j][0], d[j][1]);
+            *(float2 *)(pp + (size_t)(r_lo + 8) * NTOK + j * 8 + t_lo) =
+                make_float2(d[j][2], d[j][3]);
+        }
+        /* the last block of the tile sums the spans (attn_merge_last's semaphore: the
+         * barrier orders the block's writes before thread 0's release) */
+        __syncthreads();
+        if (tid == 0) {
+            uint32_t old;
+            asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;"
+                         : "=r"(old)
+                         : "l"(a.cnt + tile)
+                         : "memory");
+            last = old == ks - 1;
+            if (last)
+                a.cnt[tile] = 0;
+        }
+        __syncthreads();
+        if (!last)
+            return;
+        const float *p0 = a.part + (size_t)tile * LW_ROWS * NTOK;
+        const size_t sstride = (size_t)a.n_tiles * LW_ROWS * NTOK;
+        for (uint32_t e = tid; e < LW_ROWS * NTOK; e += LW_WARPS * 32) {
+            float v = 0.0f;
+            for (uint32_t s = 0; s < ks; s++) /* in span order */
+                v += __ldcg(p0 + s * sstride + e);
+            sum[(e / NTOK) * TS + e % NTOK] = v;
+        }
+    }
+    __syncthreads();
+
+    /* the epilogue: consecutive threads take consecutive rows of one token */
+    float *om = m == 0 ? a.out[0] : m == 1 ? a.out[1] : a.out[2];
+    const float *bm = m == 0 ? a.bias[0] : m == 1 ? a.bias[1] : a.bias[2];
+    const uint32_t nm = m == 0 ? a.n_out[0] : m == 1 ? a.n_out[1] : a.n_out[2];
+    constexpr uint32_t OR = MODE == BE_LIN_SWIGLU ? LW_ROWS / 2 : LW_ROWS; /* output rows */
+    for (uint32_t e = tid; e < OR * a.n; e += LW_WARPS * 32) {
+        const uint32_t r = e % OR, t = e / OR;
+        float *y = om + (size_t)t * nm + row0 + r;
+        if constexpr (MODE == BE_LIN_SWIGLU) {
+            const float g = sum[r * TS + t], u = sum[(r + OR) * TS + t];
+            *y = g / (1.0f + expf(-g)) * u;
+        } else {
+            const float v = sum[r * TS + t] + (bm ? bm[row0 + r] : 0.0f);
+            if constexpr (MODE == BE_LIN_SET)
+                *y = v;
+            else
+                *y += v;
+        }
+    }
+}
+
+/* shared memory of a launch: the stages, or the tile's sums if larger */
+static size_t lw_smem(int nt)
+{
+    const size_t st = LW_STAGES * lw_stage_bytes(nt), sums = (size_t)LW_ROWS * (8 * nt + 1) * 4;
+    return st > sums ? st : sums;
+}
+
+template <typename W, int MODE, int NT>
+static int lw_run_nt(struct cuda_ctx *c, const lw_kargs &a, uint32_t ks)
+{
+    auto fn = lw_kernel<W, MODE, NT>;
+    const size_t smem = lw_smem(NT);
+    static bool set; /* the same on every gpu of one kind */
+    if (!set) {
+        CU_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        set = true;
+    }
+    CU_TRY(cuda_launch_pdl(c, fn, dim3(a.n_tiles, ks), dim3(LW_WARPS * 32), smem, c->stream, a));
+    c->hst.lin_wide++;
+    return 0;
+}
+
+template <typename W, int MODE>
+static int lw_run(struct cuda_ctx *c, const lw_kargs &a, uint32_t ks)
+{
+    if (a.n <= 16)
+        return lw_run_nt<W, MODE, 2>(c, a, ks);
+    if (a.n <= 32)
+        return lw_run_nt<W, MODE, 4>(c, a, ks);
+    return lw_run_nt<W, MODE, 8>(c, a, ks);
+}
+
+template <typename W> static int lw_go(struct cuda_ctx *c, const lw_kargs &a, int mode, uint32_t ks)
+{
+    if (mode == BE_LIN_SWIGLU)
+        return lw_run<W, BE_LIN_SWIGLU>(c, a, ks);
+    if (mode == BE_LIN_ADD)
+        return lw_run<W, BE_LIN_ADD>(c, a, ks);
+    return lw_run<W, BE_LIN_SET>(c, a, ks);
+}
+
+/* k spans a tile: enough blocks for two an SM, each span whole chunks and at least 4 of them */
+static uint32_t lw_spans(const struct cuda_ctx *c, uint32_t n_tiles, uint32_t n_in)
+{
+    const uint32_t chunks = n_in / LW_KC;
+    uint32_t ks = 1;
+    while (ks < LW_MAX_KS && (uint64_t)n_tiles * ks < 2 * (uint64_t)c->n_sm &&
+           chunks % (2 * ks) == 0 && chunks / (2 * ks) >= 4)
+        ks *= 2;
+    return ks;
+}
+
+/* x for the kernel in type t: the 16-bit twin the norm or silu_mul wrote, else a conversion
+ * (the norm first, when the linear folds one) into act16 */
+static int lw_input(struct cuda_ctx *c, const struct be_linear *l, uint32_t n, enum be_type t,
+                    const void **x)
+{
+    const uint32_t n_in = l->in->cols;
+    const size_t elems = (size_t)n * n_in;
+    const float *in = (const float *)l->in->data;
+    if (!l->norm_w && c->act16_ok && c->act16_src == in && c->act16_elems == elems &&
+        c->act16_type == t) {
+        c->hst.act16_twin++;
+        *x = c->act16;
+        return 0;
+    }
+    int rc = cuda_scratch(c, &c->act16, &c->act16_cap, elems * 2);
+    if (rc == 0 && l->norm_w) {
+        /* the normed rows in f32 too: lin_h (scratch), which nothing reads after */
+        rc = cuda_scratch(c, &c->lin_h, &c->lin_h_cap, elems * sizeof(float));
+        if (rc == 0)
+            rc = cuda_rmsnorm(c, (float *)c->lin_h, in, (const float *)l->norm_w->data, n, n_in,
+                              l->eps, c->act16, t);
+        if (rc == 1) /* that width's kernel writes no twin */
+            rc = cuda_convert_f32(c, c->act16, t, (const float *)c->lin_h, elems);
+    } else if (rc == 0) {
+        rc = cuda_convert_f32(c, c->act16, t, in, elems);
+        c->hst.act16_conv++;
+    }
+    c->act16_ok = 0; /* act16 holds no copy of a tensor the matmuls know */
+    *x = c->act16;
+    return rc;
+}
+
+int cuda_linear_wide(struct cuda_ctx *c, const struct be_linear *l, uint32_t n)
+{
+    const uint32_t n_in = l->in->cols;
+    const enum be_type t = l->w[0]->type;
+    if (!c->lin_wide || n > (uint32_t)c->lin_wide || n > 64 || c->cc_major < 8 ||
+        (t != BE_BF16 && t != BE_F16) || n_in % LW_KC || l->n_w > BE_LIN_MAX)
+        return 1;
+    const uint32_t tr = l->mode == BE_LIN_SWIGLU ? LW_ROWS / 2 : LW_ROWS;
+    lw_kargs a = {};
+    uint32_t tiles = 0;
+    for (uint32_t i = 0; i < l->n_w; i++) {
+        const struct be_tensor *w = l->w[i];
+        if (w->type != t || w->cols != n_in || w->rows % tr || ((uintptr_t)w->data & 15))
+            return 1;
+        a.w[i] = w->data;
+        a.bias[i] = l->bias[i] ? (const float *)l->bias[i]->data : NULL;
+        a.out[i] = l->mode == BE_LIN_SWIGLU ? (float *)l->out[0]->data : (float *)l->out[i]->data;
+        a.n_out[i] = w->rows;
+        tiles += w->rows / tr;
+        a.end[i] = tiles;
+    }
+    a.n_tiles = l->mode == BE_LIN_SWIGLU ? l->w[0]->rows / tr : tiles;
+    if (!a.n_tiles)
+        return 0;
+    const uint32_t ks = lw_spans(c, a.n_tiles, n_in);
+    int rc = lw_input(c, l, n, t, &a.x);
+    if (rc == 0 && ks > 1) {
+        const size_t part = (size_t)ks * a.n_tiles * LW_ROWS * 64 * sizeof(float);
+        rc = cuda_scratch(c, &c->lw_part, &c->lw_part_cap, part);
+        const size_t had = c->lw_cnt_cap;
+        if (rc == 0)
+            rc = cuda_scratch(c, &c->lw_cnt, &c->lw_cnt_cap, a.n_tiles * sizeof(uint32_t));
+        if (rc == 0 && c->lw_cnt_cap != had)
+            CU_TRY(cudaMemsetAsync(c->lw_cnt, 0, c->lw_cnt_cap, c->stream));
+        a.part = (float *)c->lw_part;
+        a.cnt = (uint32_t *)c->lw_cnt;
+    }
+    if (rc < 0)
+        return rc;
+    a.n_in = n_in;
+    a.n = n;
+    return t == BE_BF16 ? lw_go<__nv_bfloat16>(c, a, l->mode, ks)
+                        : lw_go<__half>(c, a, l->mode, ks);
+}
