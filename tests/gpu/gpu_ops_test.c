@@ -1009,10 +1009,24 @@ int main(int argc, char **argv)
         test_linear();
         test_linear_shapes();
         {
-            struct backend *wide = backend_env("RKV_CUDA_LIN_WIDE", "64", 0);
-            if (wide)
-                test_linear_wide(wide);
-            backend_free(wide);
+            /* the wide kernel's default form, then 16 rows a warp (its first form), and the k
+             * spans forced to 1 (no partials) and 8 (the most) */
+            static const struct {
+                const char *var, *value;
+            } forms[] = {{"RKV_CUDA_LIN_WIDE_KS", "0"},
+                         {"RKV_CUDA_LIN_WIDE_WR", "16"},
+                         {"RKV_CUDA_LIN_WIDE_KS", "1"},
+                         {"RKV_CUDA_LIN_WIDE_KS", "8"}};
+            setenv("RKV_CUDA_LIN_WIDE", "64", 1);
+            for (size_t i = 0; i < sizeof(forms) / sizeof(forms[0]); i++) {
+                struct backend *wide = backend_env(forms[i].var, forms[i].value, 0);
+                if (wide) {
+                    printf("  (%s=%s)\n", forms[i].var, forms[i].value);
+                    test_linear_wide(wide);
+                }
+                backend_free(wide);
+            }
+            unsetenv("RKV_CUDA_LIN_WIDE");
         }
         {
             /* the matmul cases with rows past one on cublas (RKV_CUDA_GEMV_MAX_N; the fused

@@ -1677,6 +1677,13 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
          * the register kernels; one token takes the streamed kernel first) */
         c->lin_mma = (int)rkv_env_u64("RKV_CUDA_LIN_MMA", 2, 0, 8);
         c->lin_wide = (int)rkv_env_u64("RKV_CUDA_LIN_WIDE", 0, 0, 64);
+        c->lw_wr = (int)rkv_env_u64("RKV_CUDA_LIN_WIDE_WR", 32, 16, 32) < 32 ? 16 : 32;
+        c->lw_ks = (uint32_t)rkv_env_u64("RKV_CUDA_LIN_WIDE_KS", 0, 0, 8);
+        if (c->lw_ks & (c->lw_ks - 1)) {
+            log_warn("RKV_CUDA_LIN_WIDE_KS=%u is not 0, 1, 2, 4 or 8; using 0 (by the grid)",
+                     c->lw_ks);
+            c->lw_ks = 0;
+        }
         c->pdl = cu_env_flag("RKV_CUDA_PDL", 1);
         /* 2 measured 0.61 of the hbm bound at 4k against 0.76 off (H200): the o linear's
          * persistent blocks, placed beside attention's, doubled up on some SMs */

@@ -248,6 +248,9 @@ struct cuda_ctx {
     int lin_wide;   /* the most tokens (9..64) whose fused linears over 16-bit weights past the
                      * decode kernels run on linear_wide.cu's tensor-core kernel; 0 off (env
                      * RKV_CUDA_LIN_WIDE) */
+    int lw_wr;      /* its weight rows a warp: 32 (two fragments against each x fragment) or 16
+                     * (env RKV_CUDA_LIN_WIDE_WR) */
+    uint32_t lw_ks; /* its k spans a tile, 1..8; 0 by the grid's wave (RKV_CUDA_LIN_WIDE_KS) */
     void *lw_part;  /* its partial sums of several k spans a tile */
     size_t lw_part_cap;
     void *lw_cnt; /* its spans done a tile, 0 between launches */

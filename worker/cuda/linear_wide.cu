@@ -17,8 +17,7 @@
 
 #include "worker/cuda/cuda_ops.cuh"
 
-#define LW_WARPS  8
-#define LW_ROWS   (LW_WARPS * 16) /* weight rows a tile */
+#define LW_ROWS   128             /* weight rows a tile */
 #define LW_KC     64              /* k a stage */
 #define LW_LD     (LW_KC + 8) /* a stage row in 16-bit elements: ldmatrix's rows in distinct banks */
 #define LW_STAGES 4
@@ -92,10 +91,13 @@ __host__ __device__ constexpr size_t lw_stage_bytes(int nt)
 
 /* grid (n_tiles, ks): block (t, s) multiplies tile t's rows by x over span s of k; NT groups of
  * 8 tokens (n <= 8 * NT); n_in % (LW_KC * ks) == 0, every matrix's rows a multiple of the tile
- * (SWIGLU: of half of it) */
-template <typename W, int MODE, int NT>
-__global__ void __launch_bounds__(LW_WARPS * 32, 2) lw_kernel(lw_kargs a)
+ * (SWIGLU: of half of it). A warp takes WR rows (16 or 32): with 32, each x fragment read from
+ * shared memory serves two weight fragments (at 64 tokens the warps' x reads were 4x the
+ * weights' bytes with 16) */
+template <typename W, int MODE, int NT, int WR>
+__global__ void __launch_bounds__(LW_ROWS / WR * 32, 2) lw_kernel(lw_kargs a)
 {
+    constexpr int LW_WARPS = LW_ROWS / WR, NA = WR / 16; /* weight fragments a warp and k step */
     constexpr int NTOK = 8 * NT;
     constexpr int TS = NTOK + 1; /* the sums' row in shared memory, in floats */
     extern __shared__ __align__(128) unsigned char lw_sm[];
@@ -156,10 +158,10 @@ __global__ void __launch_bounds__(LW_WARPS * 32, 2) lw_kernel(lw_kargs a)
         lw_commit();
     }
 
-    float d[NT][4] = {};
+    float d[NA][NT][4] = {};
     /* ldmatrix addresses: A (rows warp * 16.., row lane & 15, k half lane >> 4), B (token
      * group pair, token lane & 7, k half (lane >> 3) & 1) */
-    const uint32_t a_off = (warp * 16 + (lane & 15)) * LW_LD + (lane >> 4) * 8;
+    const uint32_t a_off = (warp * WR + (lane & 15)) * LW_LD + (lane >> 4) * 8;
     const uint32_t b_off = (LW_ROWS + (lane >> 4) * 8 + (lane & 7)) * LW_LD + ((lane >> 3) & 1) * 8;
     for (uint32_t c = 0; c < chunks; c++) {
         lw_wait<LW_STAGES - 2>();
@@ -173,38 +175,50 @@ __global__ void __launch_bounds__(LW_WARPS * 32, 2) lw_kernel(lw_kargs a)
         const W *st = (const W *)(lw_sm + (c % LW_STAGES) * lw_stage_bytes(NT));
 #pragma unroll
         for (int kk = 0; kk < LW_KC / 16; kk++) {
-            uint32_t af[4];
-            lw_ldsm4(af, st + a_off + kk * 16);
+            uint32_t af[NA][4];
+#pragma unroll
+            for (int h = 0; h < NA; h++)
+                lw_ldsm4(af[h], st + a_off + h * 16 * LW_LD + kk * 16);
 #pragma unroll
             for (int j = 0; j < NT; j += 2) {
                 uint32_t bf[4];
                 lw_ldsm4(bf, st + b_off + j * 8 * LW_LD + kk * 16);
-                lw_mma<W>(d[j], af, bf[0], bf[1]);
-                lw_mma<W>(d[j + 1], af, bf[2], bf[3]);
+#pragma unroll
+                for (int h = 0; h < NA; h++) {
+                    lw_mma<W>(d[h][j], af[h], bf[0], bf[1]);
+                    lw_mma<W>(d[h][j + 1], af[h], bf[2], bf[3]);
+                }
             }
         }
     }
     lw_wait<0>();
     __syncthreads(); /* the stages become the tile's sums */
 
-    /* accumulator i of group j: row warp * 16 + lane / 4 (+ 8 for i >= 2), token
-     * j * 8 + 2 * (lane % 4) + (i & 1) */
+    /* accumulator i of fragment h and group j: row warp * WR + h * 16 + lane / 4 (+ 8 for
+     * i >= 2), token j * 8 + 2 * (lane % 4) + (i & 1) */
     float *sum = (float *)lw_sm; /* (LW_ROWS, TS) */
-    const uint32_t r_lo = warp * 16 + (lane >> 2), t_lo = 2 * (lane & 3);
+    const uint32_t r_lo = warp * WR + (lane >> 2), t_lo = 2 * (lane & 3);
     if (ks == 1) {
 #pragma unroll
-        for (int j = 0; j < NT; j++)
+        for (int h = 0; h < NA; h++)
 #pragma unroll
-            for (int i = 0; i < 4; i++)
-                sum[(r_lo + (i >= 2 ? 8 : 0)) * TS + j * 8 + t_lo + (i & 1)] = d[j][i];
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    sum[(r_lo + h * 16 + (i >= 2 ? 8 : 0)) * TS + j * 8 + t_lo + (i & 1)] =
+                        d[h][j][i];
     } else {
         float *pp = a.part + ((size_t)span * a.n_tiles + tile) * LW_ROWS * NTOK;
 #pragma unroll
-        for (int j = 0; j < NT; j++) {
-            *(float2 *)(pp + (size_t)r_lo * NTOK + j * 8 + t_lo) = make_float2(d[j][0], d[j][1]);
-            *(float2 *)(pp + (size_t)(r_lo + 8) * NTOK + j * 8 + t_lo) =
-                make_float2(d[j][2], d[j][3]);
-        }
+        for (int h = 0; h < NA; h++)
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                const uint32_t r = r_lo + h * 16;
+                *(float2 *)(pp + (size_t)r * NTOK + j * 8 + t_lo) =
+                    make_float2(d[h][j][0], d[h][j][1]);
+                *(float2 *)(pp + (size_t)(r + 8) * NTOK + j * 8 + t_lo) =
+                    make_float2(d[h][j][2], d[h][j][3]);
+            }
         /* the last block of the tile sums the spans (attn_merge_last's semaphore: the
          * barrier orders the block's writes before thread 0's release) */
         __syncthreads();
@@ -260,29 +274,36 @@ static size_t lw_smem(int nt)
     return st > sums ? st : sums;
 }
 
-template <typename W, int MODE, int NT>
+template <typename W, int MODE, int NT, int WR>
 static int lw_run_nt(struct cuda_ctx *c, const lw_kargs &a, uint32_t ks)
 {
-    auto fn = lw_kernel<W, MODE, NT>;
+    auto fn = lw_kernel<W, MODE, NT, WR>;
     const size_t smem = lw_smem(NT);
     static bool set; /* the same on every gpu of one kind */
     if (!set) {
         CU_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         set = true;
     }
-    CU_TRY(cuda_launch_pdl(c, fn, dim3(a.n_tiles, ks), dim3(LW_WARPS * 32), smem, c->stream, a));
+    CU_TRY(
+        cuda_launch_pdl(c, fn, dim3(a.n_tiles, ks), dim3(LW_ROWS / WR * 32), smem, c->stream, a));
     c->hst.lin_wide++;
     return 0;
+}
+
+template <typename W, int MODE, int WR>
+static int lw_run_wr(struct cuda_ctx *c, const lw_kargs &a, uint32_t ks)
+{
+    if (a.n <= 16)
+        return lw_run_nt<W, MODE, 2, WR>(c, a, ks);
+    if (a.n <= 32)
+        return lw_run_nt<W, MODE, 4, WR>(c, a, ks);
+    return lw_run_nt<W, MODE, 8, WR>(c, a, ks);
 }
 
 template <typename W, int MODE>
 static int lw_run(struct cuda_ctx *c, const lw_kargs &a, uint32_t ks)
 {
-    if (a.n <= 16)
-        return lw_run_nt<W, MODE, 2>(c, a, ks);
-    if (a.n <= 32)
-        return lw_run_nt<W, MODE, 4>(c, a, ks);
-    return lw_run_nt<W, MODE, 8>(c, a, ks);
+    return c->lw_wr == 16 ? lw_run_wr<W, MODE, 16>(c, a, ks) : lw_run_wr<W, MODE, 32>(c, a, ks);
 }
 
 template <typename W> static int lw_go(struct cuda_ctx *c, const lw_kargs &a, int mode, uint32_t ks)
@@ -294,12 +315,17 @@ template <typename W> static int lw_go(struct cuda_ctx *c, const lw_kargs &a, in
     return lw_run<W, BE_LIN_SET>(c, a, ks);
 }
 
-/* k spans a tile: enough blocks for two an SM, each span whole chunks and at least 4 of them */
+/* k spans a tile (c->lw_ks when set and it divides the chunks): the most that keep the grid
+ * in one wave of two blocks an SM, each span whole chunks and at least 4 of them. The first
+ * form took spans until the grid passed two blocks an SM: q/k/v ran in 1.45 waves of 8-chunk
+ * blocks */
 static uint32_t lw_spans(const struct cuda_ctx *c, uint32_t n_tiles, uint32_t n_in)
 {
     const uint32_t chunks = n_in / LW_KC;
+    if (c->lw_ks && chunks % c->lw_ks == 0)
+        return c->lw_ks;
     uint32_t ks = 1;
-    while (ks < LW_MAX_KS && (uint64_t)n_tiles * ks < 2 * (uint64_t)c->n_sm &&
+    while (ks < LW_MAX_KS && (uint64_t)n_tiles * ks * 2 <= 2 * (uint64_t)c->n_sm &&
            chunks % (2 * ks) == 0 && chunks / (2 * ks) >= 4)
         ks *= 2;
     return ks;
