@@ -1,5 +1,6 @@
 /* linear_wide.cu - the fused linears of batched decode steps past the decode kernels (9..64
- * tokens by default, RKV_CUDA_LIN_WIDE) with 16-bit weights, on tensor cores (mma.sync
+ * tokens, RKV_CUDA_LIN_WIDE; off by default: its first form lost to cuBLAS, b=64 0.612 against
+ * 0.766 of the bound on the H200) with 16-bit weights, on tensor cores (mma.sync
  * m16n8k16). One launch takes a whole fused linear: q/k/v together, gate/up with silu(gate)*up
  * as the epilogue, o and down adding into the residual. cuBLAS runs them as one gemm a matrix
  * and a separate kernel for each epilogue; at batch 64 its q/k/v took 33 us for 11 us of weight
@@ -7,8 +8,9 @@
  *
  * x comes in the weights' 16-bit type (the norm's 16-bit twin, or a conversion), as for the
  * cuBLAS path. A block takes a tile of 128 weight rows (SWIGLU: 64 gate rows, then the same 64
- * up rows) over a span of k; its 8 warps take 16 rows each against every token, so one weight
- * fragment meets up to 8 token columns of x, which all the block's warps share. The weights and
+ * up rows) over a span of k; its warps take 32 rows each (RKV_CUDA_LIN_WIDE_WR=16: 16) against
+ * every token, so one weight fragment meets up to 8 token columns of x, which all the block's
+ * warps share. The weights and
  * x of each 64-wide k chunk come through a ring of shared-memory stages by cp.async. With
  * several k spans a tile (few tiles for the SMs: o and down), each block writes its partial
  * sums, and the last block of the tile sums them in span order, so the result does not depend
@@ -17,8 +19,8 @@
 
 #include "worker/cuda/cuda_ops.cuh"
 
-#define LW_ROWS   128             /* weight rows a tile */
-#define LW_KC     64              /* k a stage */
+#define LW_ROWS   128         /* weight rows a tile */
+#define LW_KC     64          /* k a stage */
 #define LW_LD     (LW_KC + 8) /* a stage row in 16-bit elements: ldmatrix's rows in distinct banks */
 #define LW_STAGES 4
 #define LW_MAX_KS 8
