@@ -10,11 +10,10 @@
  * cuBLAS path. A block takes a tile of 128 weight rows (SWIGLU: 64 gate rows, then the same 64
  * up rows) over a span of k; its warps take 32 rows each (RKV_CUDA_LIN_WIDE_WR=16: 16) against
  * every token, so one weight fragment meets up to 8 token columns of x, which all the block's
- * warps share. The weights and
- * x of each 64-wide k chunk come through a ring of shared-memory stages by cp.async. With
- * several k spans a tile (few tiles for the SMs: o and down), each block writes its partial
- * sums, and the last block of the tile sums them in span order, so the result does not depend
- * on timing. */
+ * warps share. The weights and x of each 64-wide k chunk come through a ring of shared-memory
+ * stages by cp.async. With several k spans a tile (few tiles for the SMs: o and down), each
+ * block writes its partial sums, and the last block of the tile sums them in span order, so the
+ * result does not depend on timing. */
 #include <type_traits>
 
 #include "worker/cuda/cuda_ops.cuh"
