@@ -1677,7 +1677,11 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
          * the register kernels; one token takes the streamed kernel first) */
         c->lin_mma = (int)rkv_env_u64("RKV_CUDA_LIN_MMA", 2, 0, 8);
         c->lin_wide = (int)rkv_env_u64("RKV_CUDA_LIN_WIDE", 0, 0, 64);
-        c->lw_wr = (int)rkv_env_u64("RKV_CUDA_LIN_WIDE_WR", 32, 16, 32) < 32 ? 16 : 32;
+        c->lw_wr = (int)rkv_env_u64("RKV_CUDA_LIN_WIDE_WR", 32, 16, 32);
+        if (c->lw_wr != 16 && c->lw_wr != 32) {
+            log_warn("RKV_CUDA_LIN_WIDE_WR=%d is not 16 or 32; using 32", c->lw_wr);
+            c->lw_wr = 32;
+        }
         c->lw_ks = (uint32_t)rkv_env_u64("RKV_CUDA_LIN_WIDE_KS", 0, 0, 8);
         if (c->lw_ks & (c->lw_ks - 1)) {
             log_warn("RKV_CUDA_LIN_WIDE_KS=%u is not 0, 1, 2, 4 or 8; using 0 (by the grid)",
