@@ -1,6 +1,8 @@
 /* cuda_ops.cuh - host launchers of the cuda kernels, one .cu file each; all queue on c->stream. */
 #pragma once
 
+#include <type_traits>
+
 #include "worker/cuda/cuda_ctx.cuh"
 
 /* launches fn on stream s with programmatic stream serialization when c->pdl: its blocks may be
@@ -30,6 +32,44 @@ __device__ __forceinline__ void cuda_grid_wait()
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+
+/* --- shared device pieces ------------------------------------------------------------------ */
+
+/* the swiglu gate of one element: silu(g) * u */
+__device__ __forceinline__ float cuda_silu_mul1(float g, float u)
+{
+    return g / (1.0f + expf(-g)) * u;
+}
+
+/* cp.async groups: close the copies issued since the last commit; wait until all but the
+ * newest N groups landed */
+__device__ __forceinline__ void cuda_cp_commit()
+{
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+template <int N> __device__ __forceinline__ void cuda_cp_wait()
+{
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+/* d += a (16 x 16, row) . b (16 x 8, col), W f16 or bf16, f32 accumulate (mma.sync m16n8k16,
+ * sm_80+) */
+#define CUDA_MMA16816(T)                                                                           \
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." T "." T ".f32 "                          \
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"                           \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                  \
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
+template <typename W>
+__device__ __forceinline__ void cuda_mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                              uint32_t a3, uint32_t b0, uint32_t b1)
+{
+    if constexpr (std::is_same_v<W, __half>)
+        CUDA_MMA16816("f16");
+    else
+        CUDA_MMA16816("bf16");
+}
+#undef CUDA_MMA16816
 
 /* --- four elements a thread ------------------------------------------------------------- */
 
@@ -167,6 +207,10 @@ int cuda_greedy(struct cuda_ctx *c, const float *logits, uint32_t n, uint32_t n_
 size_t cuda_greedy_scratch(uint32_t n, uint32_t n_vocab);
 
 /* matmul: out (n, n_out) = in (n, n_in) . w^T + bias */
+/* in (elems floats) rounded to t (BE_F16 or BE_BF16) in c->act16, once for the gemms in a row
+ * that share an input (act16_ok), or the 16-bit twin the op that wrote in left there
+ * (matmul.cu) */
+int cuda_act16(struct cuda_ctx *c, const float *in, size_t elems, enum be_type t);
 int cuda_matmul(struct cuda_ctx *c, float *out, const float *in, const struct be_tensor *w,
                 const float *bias, uint32_t n);
 /* out += in . w^T in the gemm's epilogue (prefill, 16-bit weights, not deterministic or precise:

@@ -187,7 +187,7 @@ __global__ void __launch_bounds__(LIN_WARPS * 32) lin_kernel(lin_kargs a)
             else if constexpr (MODE == BE_LIN_ADD)
                 *y += s0 + b;
             else
-                *y = s0 / (1.0f + expf(-s0)) * s1;
+                *y = cuda_silu_mul1(s0, s1);
         }
     }
 }

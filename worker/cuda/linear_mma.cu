@@ -11,8 +11,6 @@
  * contiguous bytes of a weight row into shared memory (cp.async) and reads them back as its A
  * fragment; the k order inside a 32-wide slice is permuted the same way for x, which leaves
  * every dot product as it was. */
-#include <type_traits>
-
 #include "worker/cuda/cuda_ops.cuh"
 
 #define LM_WARPS  8
@@ -50,39 +48,11 @@ __device__ __forceinline__ void lm_cp(uint4 *dst, const void *src, uint64_t poli
                  : "memory");
 }
 
-__device__ __forceinline__ void lm_cp_commit()
-{
-    asm volatile("cp.async.commit_group;" ::: "memory");
-}
-
-/* every group but the newest N landed */
-template <int N> __device__ __forceinline__ void lm_cp_wait()
-{
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
 /* 4 floats of x or the norm weight; zeros when !on */
 __device__ __forceinline__ float4 lm_ld_x(const float *p, bool on)
 {
     return on ? __ldg((const float4 *)p) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 }
-
-/* d += a (16 x 16, row) . b (16 x 8, col) of W (f16 or bf16), f32 accumulate */
-#define LM_MMA(T)                                                                                  \
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." T "." T ".f32 "                          \
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"                           \
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                  \
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
-template <typename W>
-__device__ __forceinline__ void lm_mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                       uint32_t a3, uint32_t b0, uint32_t b1)
-{
-    if constexpr (std::is_same_v<W, __half>)
-        LM_MMA("f16");
-    else
-        LM_MMA("bf16");
-}
-#undef LM_MMA
 
 /* two floats as a packed 16-bit pair of W (the first in the low half) and the pair of
  * residuals */
@@ -122,10 +92,10 @@ template <typename W>
 __device__ __forceinline__ void lm_slice(float (&dh)[4], float (&dl)[4], const uint4 &w0,
                                          const uint4 &w1, const uint4 &xh, const uint4 &xl)
 {
-    lm_mma<W>(dh, w0.x, w1.x, w0.y, w1.y, xh.x, xh.y);
-    lm_mma<W>(dl, w0.x, w1.x, w0.y, w1.y, xl.x, xl.y);
-    lm_mma<W>(dh, w0.z, w1.z, w0.w, w1.w, xh.z, xh.w);
-    lm_mma<W>(dl, w0.z, w1.z, w0.w, w1.w, xl.z, xl.w);
+    cuda_mma16816<W>(dh, w0.x, w1.x, w0.y, w1.y, xh.x, xh.y);
+    cuda_mma16816<W>(dl, w0.x, w1.x, w0.y, w1.y, xl.x, xl.y);
+    cuda_mma16816<W>(dh, w0.z, w1.z, w0.w, w1.w, xh.z, xh.w);
+    cuda_mma16816<W>(dl, w0.z, w1.z, w0.w, w1.w, xl.z, xl.w);
 }
 
 /* x of the U slices at k (zeros unless on) and the norm weight's (NORM, when g_on) */
@@ -229,7 +199,7 @@ __global__ void __launch_bounds__(LM_WARPS * 32) lm_kernel(lm_kargs a)
             for (int s = 0; s < LM_STAGES - 1; s++) {
                 if ((uint32_t)s < groups)
                     issue(s);
-                lm_cp_commit();
+                cuda_cp_commit();
             }
         }
         /* x (and the norm weight) of a group come from l2 at l2's latency, which stalled the
@@ -240,11 +210,11 @@ __global__ void __launch_bounds__(LM_WARPS * 32) lm_kernel(lm_kargs a)
         for (uint32_t gi = 0; live && gi < groups; gi++) {
             if (gi + LM_STAGES - 1 < groups)
                 issue(gi + LM_STAGES - 1);
-            lm_cp_commit(); /* empty past the end: the count stays one group a turn */
+            cuda_cp_commit(); /* empty past the end: the count stays one group a turn */
             const bool more = gi + 1 < groups;
             float4 xn[U][2], gn[NORM ? U : 1][2];
             lm_ld_group<U, NORM>(xn, gn, xr, nr, k_beg + (gi + 1) * U * 32, more && tok, more);
-            lm_cp_wait<LM_STAGES - 1>();
+            cuda_cp_wait<LM_STAGES - 1>();
             const uint4 *st = ring + (gi % LM_STAGES) * SL * 32;
             uint4 u[U][NM][2];
 #pragma unroll
@@ -265,7 +235,7 @@ __global__ void __launch_bounds__(LM_WARPS * 32) lm_kernel(lm_kargs a)
                 }
             }
         }
-        lm_cp_wait<0>(); /* the ring is free for the next task */
+        cuda_cp_wait<0>(); /* the ring is free for the next task */
 #pragma unroll
         for (int t = 0; t < NM; t++)
 #pragma unroll
@@ -322,7 +292,7 @@ __global__ void __launch_bounds__(LM_WARPS * 32) lm_kernel(lm_kargs a)
             float *y = om + (size_t)t * nm + row;
             if constexpr (MODE == BE_LIN_SWIGLU) {
                 const float s0 = dh[0][i] * sc[i & 1], s1 = dh[NM - 1][i] * sc[i & 1];
-                *y = s0 / (1.0f + expf(-s0)) * s1;
+                *y = cuda_silu_mul1(s0, s1);
             } else {
                 const float v = dh[0][i] * sc[i & 1] + (bm ? bm[row] : 0.0f);
                 if constexpr (MODE == BE_LIN_SET)

@@ -146,7 +146,7 @@ __device__ __forceinline__ void ls_finish(const ls_kargs &a, const float *red, c
             else
                 *y += v[0] + b;
         } else
-            *y = v[0] / (1.0f + expf(-v[0])) * v[NR - 1];
+            *y = cuda_silu_mul1(v[0], v[NR - 1]);
     }
 }
 

@@ -14,8 +14,6 @@
  * stages by cp.async. With several k spans a tile (few tiles for the SMs: o and down), each
  * block writes its partial sums, and the last block of the tile sums them in span order, so the
  * result does not depend on timing. */
-#include <type_traits>
-
 #include "worker/cuda/cuda_ops.cuh"
 
 #define LW_ROWS   128         /* weight rows a tile */
@@ -51,37 +49,11 @@ __device__ __forceinline__ void lw_cp(void *dst, const void *src, bool on, uint6
                      : "memory");
 }
 
-__device__ __forceinline__ void lw_commit()
-{
-    asm volatile("cp.async.commit_group;" ::: "memory");
-}
-
-template <int N> __device__ __forceinline__ void lw_wait()
-{
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
 __device__ __forceinline__ void lw_ldsm4(uint32_t (&r)[4], const void *p)
 {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"((uint32_t)__cvta_generic_to_shared(p)));
-}
-
-template <typename W>
-__device__ __forceinline__ void lw_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                       uint32_t b1)
-{
-    if constexpr (std::is_same_v<W, __half>)
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    else
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 /* bytes of one stage: the tile's weight rows, then 8 * NT token rows of x */
@@ -156,7 +128,7 @@ __global__ void __launch_bounds__(LW_ROWS / WR * 32, 2) lw_kernel(lw_kargs a)
     for (uint32_t s = 0; s + 1 < LW_STAGES; s++) {
         if (s < chunks)
             load_x(s, s);
-        lw_commit();
+        cuda_cp_commit();
     }
 
     float d[NA][NT][4] = {};
@@ -165,14 +137,14 @@ __global__ void __launch_bounds__(LW_ROWS / WR * 32, 2) lw_kernel(lw_kargs a)
     const uint32_t a_off = (warp * WR + (lane & 15)) * LW_LD + (lane >> 4) * 8;
     const uint32_t b_off = (LW_ROWS + (lane >> 4) * 8 + (lane & 7)) * LW_LD + ((lane >> 3) & 1) * 8;
     for (uint32_t c = 0; c < chunks; c++) {
-        lw_wait<LW_STAGES - 2>();
+        cuda_cp_wait<LW_STAGES - 2>();
         __syncthreads(); /* stage c landed for every thread; stage c - 1 is free */
         const uint32_t nc = c + LW_STAGES - 1;
         if (nc < chunks) {
             load_w(nc, nc % LW_STAGES);
             load_x(nc, nc % LW_STAGES);
         }
-        lw_commit(); /* empty past the end: one group a turn */
+        cuda_cp_commit(); /* empty past the end: one group a turn */
         const W *st = (const W *)(lw_sm + (c % LW_STAGES) * lw_stage_bytes(NT));
 #pragma unroll
         for (int kk = 0; kk < LW_KC / 16; kk++) {
@@ -186,13 +158,14 @@ __global__ void __launch_bounds__(LW_ROWS / WR * 32, 2) lw_kernel(lw_kargs a)
                 lw_ldsm4(bf, st + b_off + j * 8 * LW_LD + kk * 16);
 #pragma unroll
                 for (int h = 0; h < NA; h++) {
-                    lw_mma<W>(d[h][j], af[h], bf[0], bf[1]);
-                    lw_mma<W>(d[h][j + 1], af[h], bf[2], bf[3]);
+                    cuda_mma16816<W>(d[h][j], af[h][0], af[h][1], af[h][2], af[h][3], bf[0], bf[1]);
+                    cuda_mma16816<W>(d[h][j + 1], af[h][0], af[h][1], af[h][2], af[h][3], bf[2],
+                                     bf[3]);
                 }
             }
         }
     }
-    lw_wait<0>();
+    cuda_cp_wait<0>();
     __syncthreads(); /* the stages become the tile's sums */
 
     /* accumulator i of fragment h and group j: row warp * WR + h * 16 + lane / 4 (+ 8 for
@@ -257,7 +230,7 @@ __global__ void __launch_bounds__(LW_ROWS / WR * 32, 2) lw_kernel(lw_kargs a)
         float *y = om + (size_t)t * nm + row0 + r;
         if constexpr (MODE == BE_LIN_SWIGLU) {
             const float g = sum[r * TS + t], u = sum[(r + OR) * TS + t];
-            *y = g / (1.0f + expf(-g)) * u;
+            *y = cuda_silu_mul1(g, u);
         } else {
             const float v = sum[r * TS + t] + (bm ? bm[row0 + r] : 0.0f);
             if constexpr (MODE == BE_LIN_SET)
@@ -332,34 +305,30 @@ static uint32_t lw_spans(const struct cuda_ctx *c, uint32_t n_tiles, uint32_t n_
     return ks;
 }
 
-/* x for the kernel in type t: the 16-bit twin the norm or silu_mul wrote, else a conversion
- * (the norm first, when the linear folds one) into act16 */
+/* x for the kernel in type t: the norm first, with its 16-bit twin, when the linear folds one;
+ * else matmul.cu's act16 (a twin left there, or a conversion) */
 static int lw_input(struct cuda_ctx *c, const struct be_linear *l, uint32_t n, enum be_type t,
                     const void **x)
 {
     const uint32_t n_in = l->in->cols;
     const size_t elems = (size_t)n * n_in;
     const float *in = (const float *)l->in->data;
-    if (!l->norm_w && c->act16_ok && c->act16_src == in && c->act16_elems == elems &&
-        c->act16_type == t) {
-        c->hst.act16_twin++;
+    if (!l->norm_w) {
+        int rc = cuda_act16(c, in, elems, t);
         *x = c->act16;
-        return 0;
+        return rc;
     }
+    /* act16 is to hold no copy of a tensor the matmuls know; the normed rows go to lin_h in
+     * f32 too (scratch, which nothing reads after) */
+    c->act16_ok = 0;
     int rc = cuda_scratch(c, &c->act16, &c->act16_cap, elems * 2);
-    if (rc == 0 && l->norm_w) {
-        /* the normed rows in f32 too: lin_h (scratch), which nothing reads after */
+    if (rc == 0)
         rc = cuda_scratch(c, &c->lin_h, &c->lin_h_cap, elems * sizeof(float));
-        if (rc == 0)
-            rc = cuda_rmsnorm(c, (float *)c->lin_h, in, (const float *)l->norm_w->data, n, n_in,
-                              l->eps, c->act16, t);
-        if (rc == 1) /* that width's kernel writes no twin */
-            rc = cuda_convert_f32(c, c->act16, t, (const float *)c->lin_h, elems);
-    } else if (rc == 0) {
-        rc = cuda_convert_f32(c, c->act16, t, in, elems);
-        c->hst.act16_conv++;
-    }
-    c->act16_ok = 0; /* act16 holds no copy of a tensor the matmuls know */
+    if (rc == 0)
+        rc = cuda_rmsnorm(c, (float *)c->lin_h, in, (const float *)l->norm_w->data, n, n_in, l->eps,
+                          c->act16, t);
+    if (rc == 1) /* that width's kernel writes no twin */
+        rc = cuda_convert_f32(c, c->act16, t, (const float *)c->lin_h, elems);
     *x = c->act16;
     return rc;
 }
@@ -405,6 +374,7 @@ int cuda_linear_wide(struct cuda_ctx *c, const struct be_linear *l, uint32_t n)
         return rc;
     a.n_in = n_in;
     a.n = n;
-    return t == BE_BF16 ? lw_go<__nv_bfloat16>(c, a, l->mode, ks)
-                        : lw_go<__half>(c, a, l->mode, ks);
+    rc = t == BE_BF16 ? lw_go<__nv_bfloat16>(c, a, l->mode, ks) : lw_go<__half>(c, a, l->mode, ks);
+    c->act16_ok = 0; /* the outputs are written without matmul.cu's overlap test */
+    return rc;
 }

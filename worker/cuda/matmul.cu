@@ -25,13 +25,8 @@ static void act16_written(struct cuda_ctx *c, const float *out, size_t n)
         c->act16_ok = 0;
 }
 
-/* activations rounded to the weight's 16-bit type (once for the matmuls in a row that share
- * an input: act16_ok); with precise, the rounding error is carried by a second gemm
- * (x = hi + lo) */
-static int gemm_16(struct cuda_ctx *c, float *out, const float *in, const void *w, enum be_type t,
-                   uint32_t n, uint32_t n_in, uint32_t n_out, float beta)
+int cuda_act16(struct cuda_ctx *c, const float *in, size_t elems, enum be_type t)
 {
-    size_t elems = (size_t)n * n_in;
     int rc = 0;
     if (!(c->act16_ok && c->act16_src == in && c->act16_elems == elems && c->act16_type == t)) {
         c->act16_ok = 0;
@@ -49,6 +44,16 @@ static int gemm_16(struct cuda_ctx *c, float *out, const float *in, const void *
     } else if (c->act16_twin) {
         c->hst.act16_twin++;
     }
+    return rc;
+}
+
+/* activations rounded to the weight's 16-bit type (cuda_act16); with precise, the rounding
+ * error is carried by a second gemm (x = hi + lo) */
+static int gemm_16(struct cuda_ctx *c, float *out, const float *in, const void *w, enum be_type t,
+                   uint32_t n, uint32_t n_in, uint32_t n_out, float beta)
+{
+    size_t elems = (size_t)n * n_in;
+    int rc = cuda_act16(c, in, elems, t);
     if (rc == 0)
         rc = gemm_ex(c, out, w, t, c->act16, n, n_in, n_out, beta);
     if (rc == 0 && c->precise) {

@@ -1,18 +1,13 @@
 /* silu_mul.cu - the swiglu gate: out = silu(gate) * up, elementwise. */
 #include "worker/cuda/cuda_ops.cuh"
 
-__device__ __forceinline__ float silu_mul1(float g, float u)
-{
-    return g / (1.0f + expf(-g)) * u;
-}
-
 /* one element a thread: any n or alignment */
 __global__ void silu_mul_kernel(float *out, const float *gate, const float *up, size_t n,
                                 void *twin, int t16)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
-        const float r = silu_mul1(gate[i], up[i]);
+        const float r = cuda_silu_mul1(gate[i], up[i]);
         out[i] = r;
         if (twin) {
             /* the rounding of convert.cu's f32_to_16 */
@@ -32,8 +27,8 @@ __global__ void silu_mul4_kernel(float4 *out, const float4 *gate, const float4 *
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4;
          i += (size_t)gridDim.x * blockDim.x) {
         const float4 g = gate[i], u = up[i];
-        const float4 r = make_float4(silu_mul1(g.x, u.x), silu_mul1(g.y, u.y), silu_mul1(g.z, u.z),
-                                     silu_mul1(g.w, u.w));
+        const float4 r = make_float4(cuda_silu_mul1(g.x, u.x), cuda_silu_mul1(g.y, u.y),
+                                     cuda_silu_mul1(g.z, u.z), cuda_silu_mul1(g.w, u.w));
         out[i] = r;
         if (twin)
             cuda_store16x4(twin, t16, i, r);
