@@ -942,6 +942,29 @@ int gpu_model_tests(struct backend *cpu_be, struct backend *gpu_be, struct backe
 int gpu_model_cpu_tail_tests(struct backend *cpu_be, struct backend *tail_be, const char *what,
                              int *pass, int *fail);
 int gpu_model_graph_tests(struct backend *plain, struct backend *graph, int *pass, int *fail);
+/* the wide kernel's default form, then 16 rows a warp (its first form), and the k spans forced
+ * to 1 (no cluster), 2 and 8 (the largest cluster) */
+static void test_linear_wide_forms(void)
+{
+    static const struct {
+        const char *var, *value;
+    } forms[] = {{"RKV_CUDA_LIN_WIDE_KS", "0"},
+                 {"RKV_CUDA_LIN_WIDE_WR", "16"},
+                 {"RKV_CUDA_LIN_WIDE_KS", "1"},
+                 {"RKV_CUDA_LIN_WIDE_KS", "2"},
+                 {"RKV_CUDA_LIN_WIDE_KS", "8"}};
+    setenv("RKV_CUDA_LIN_WIDE", "64", 1);
+    for (size_t i = 0; i < sizeof(forms) / sizeof(forms[0]); i++) {
+        struct backend *wide = backend_env(forms[i].var, forms[i].value, 0);
+        if (wide) {
+            printf("  (%s=%s)\n", forms[i].var, forms[i].value);
+            test_linear_wide(wide);
+        }
+        backend_free(wide);
+    }
+    unsetenv("RKV_CUDA_LIN_WIDE");
+}
+
 int gpu_model_cases_with(struct backend *cpu_be, struct backend *be, const char *what, int *pass,
                          int *fail);
 
@@ -949,7 +972,7 @@ int main(int argc, char **argv)
 {
     rkv_log_init("gpu-test", RKV_LOG_WARN);
     uint64_t seed = 1;
-    int ops = 1, model = 1, attn_only = 0;
+    int ops = 1, model = 1, attn_only = 0, wide_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--seed") && i + 1 < argc)
             seed = strtoull(argv[++i], NULL, 10);
@@ -959,10 +982,12 @@ int main(int argc, char **argv)
             ops = 0;
         else if (!strcmp(argv[i], "--attn-only"))
             ops = model = 0, attn_only = 1; /* the attention cases alone (compute-sanitizer) */
+        else if (!strcmp(argv[i], "--wide-only"))
+            ops = model = 0, wide_only = 1; /* linear_wide.cu's cases alone (its a/b calls) */
         else {
             fprintf(stderr,
                     "gpu-test: unknown argument '%s'; usage: gpu_ops_test [--seed N] "
-                    "[--ops-only | --model-only | --attn-only]\n",
+                    "[--ops-only | --model-only | --attn-only | --wide-only]\n",
                     argv[i]);
             return 2;
         }
@@ -988,6 +1013,10 @@ int main(int argc, char **argv)
         printf("ops: attention (seed %llu)\n", (unsigned long long)seed);
         test_attention();
     }
+    if (wide_only) {
+        printf("ops: the wide linears (seed %llu)\n", (unsigned long long)seed);
+        test_linear_wide_forms();
+    }
     if (ops) {
         printf("ops (seed %llu)\n", (unsigned long long)seed);
         test_embed();
@@ -1008,26 +1037,7 @@ int main(int argc, char **argv)
         test_twin();
         test_linear();
         test_linear_shapes();
-        {
-            /* the wide kernel's default form, then 16 rows a warp (its first form), and the k
-             * spans forced to 1 (no partials) and 8 (the most) */
-            static const struct {
-                const char *var, *value;
-            } forms[] = {{"RKV_CUDA_LIN_WIDE_KS", "0"},
-                         {"RKV_CUDA_LIN_WIDE_WR", "16"},
-                         {"RKV_CUDA_LIN_WIDE_KS", "1"},
-                         {"RKV_CUDA_LIN_WIDE_KS", "8"}};
-            setenv("RKV_CUDA_LIN_WIDE", "64", 1);
-            for (size_t i = 0; i < sizeof(forms) / sizeof(forms[0]); i++) {
-                struct backend *wide = backend_env(forms[i].var, forms[i].value, 0);
-                if (wide) {
-                    printf("  (%s=%s)\n", forms[i].var, forms[i].value);
-                    test_linear_wide(wide);
-                }
-                backend_free(wide);
-            }
-            unsetenv("RKV_CUDA_LIN_WIDE");
-        }
+        test_linear_wide_forms();
         {
             /* the matmul cases with rows past one on cublas (RKV_CUDA_GEMV_MAX_N; the fused
              * linears decline such rows: the forward composes them of the plain ops) */

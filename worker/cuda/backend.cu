@@ -1495,8 +1495,6 @@ static void cu_free(void *ctx)
     cudaFree(c->cnt[1]);
     cudaFree(c->small);
     cudaFree(c->lin_h);
-    cudaFree(c->lw_part);
-    cudaFree(c->lw_cnt);
     cudaFree(c->pass_part);
     cudaFree(c->greedy_buf);
     cudaFree(c->ls_ctr);

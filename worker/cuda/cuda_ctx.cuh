@@ -251,10 +251,6 @@ struct cuda_ctx {
     int lw_wr;      /* its weight rows a warp: 32 (two fragments against each x fragment) or 16
                      * (env RKV_CUDA_LIN_WIDE_WR) */
     uint32_t lw_ks; /* its k spans a tile, 1..8; 0 by the grid's wave (RKV_CUDA_LIN_WIDE_KS) */
-    void *lw_part;  /* its partial sums of several k spans a tile */
-    size_t lw_part_cap;
-    void *lw_cnt; /* its spans done a tile, 0 between launches */
-    size_t lw_cnt_cap;
     int lin_mma;    /* the fewest tokens (1..8) whose decode linears and matmuls over 16-bit
                      * weights run on tensor cores (linear_mma.cu); 0 off (env RKV_CUDA_LIN_MMA) */
     int pdl;        /* streamed linears launched with programmatic serialization: the next one

@@ -1,26 +1,35 @@
 /* linear_wide.cu - the fused linears of batched decode steps past the decode kernels (9..64
- * tokens, RKV_CUDA_LIN_WIDE; off by default: its first form lost to cuBLAS, b=64 0.612 against
- * 0.766 of the bound on the H200) with 16-bit weights, on tensor cores (mma.sync
- * m16n8k16). One launch takes a whole fused linear: q/k/v together, gate/up with silu(gate)*up
- * as the epilogue, o and down adding into the residual. cuBLAS runs them as one gemm a matrix
- * and a separate kernel for each epilogue; at batch 64 its q/k/v took 33 us for 11 us of weight
- * bytes on the H200, mostly the small k and v gemms' ramp and tile quantization.
+ * tokens, RKV_CUDA_LIN_WIDE) with 16-bit weights, on tensor cores (mma.sync m16n8k16). Off by
+ * default: it still loses to cuBLAS, b=64 0.616-0.638 of the bound against 0.759-0.770 on the
+ * H200 (third form; the first 0.612, the second 0.599). Each block moves only ~7-14 GB/s of
+ * weights with ~48 KB of them in flight, and SMs sit idle for ~45 % of o's launch: see
+ * tests/gpu/NOTES.md for what is ruled out. One launch takes a whole fused linear: q/k/v together,
+ * gate/up with silu(gate)*up as the epilogue, o and down adding into the residual. cuBLAS runs them
+ * as one gemm a matrix and a separate kernel for each epilogue; at batch 64 its q/k/v took 33 us
+ * for 11 us of weight bytes on the H200, mostly the small k and v gemms' ramp and tile
+ * quantization.
  *
  * x comes in the weights' 16-bit type (the norm's 16-bit twin, or a conversion), as for the
  * cuBLAS path. A block takes a tile of 128 weight rows (SWIGLU: 64 gate rows, then the same 64
  * up rows) over a span of k; its warps take 32 rows each (RKV_CUDA_LIN_WIDE_WR=16: 16) against
  * every token, so one weight fragment meets up to 8 token columns of x, which all the block's
  * warps share. The weights and x of each 64-wide k chunk come through a ring of shared-memory
- * stages by cp.async. With several k spans a tile (few tiles for the SMs: o and down), each
- * block writes its partial sums, and the last block of the tile sums them in span order, so the
- * result does not depend on timing. */
+ * stages by cp.async. With several k spans a tile (few tiles for the SMs: q/k/v, o and down),
+ * the tile's blocks run as one cluster (sm_90): each keeps its span's sums in shared memory and
+ * finishes 1/ks of the tile's outputs, adding the spans' sums in span order over the cluster's
+ * shared memory, so the result does not depend on timing. */
+#include <cooperative_groups.h>
+
 #include "worker/cuda/cuda_ops.cuh"
+
+namespace cg = cooperative_groups;
 
 #define LW_ROWS   128         /* weight rows a tile */
 #define LW_KC     64          /* k a stage */
 #define LW_LD     (LW_KC + 8) /* a stage row in 16-bit elements: ldmatrix's rows in distinct banks */
 #define LW_STAGES 4
 #define LW_MAX_KS 8
+#define LW_EPI    4 /* outputs a thread has in flight in the epilogue */
 
 struct lw_kargs {
     const void *w[BE_LIN_MAX];
@@ -29,8 +38,6 @@ struct lw_kargs {
     uint32_t end[BE_LIN_MAX];   /* cumulative tiles of the matrices (SET) */
     uint32_t n_out[BE_LIN_MAX]; /* rows of each */
     const void *x;              /* (n, n_in) in the weights' type */
-    float *part;                /* (ks, n_tiles, LW_ROWS, 8 * NT) partial sums, ks > 1 */
-    uint32_t *cnt;              /* (n_tiles) spans done; 0 between launches */
     uint32_t n_in, n, n_tiles;
 };
 
@@ -62,19 +69,24 @@ __host__ __device__ constexpr size_t lw_stage_bytes(int nt)
     return (size_t)(LW_ROWS + 8 * nt) * LW_LD * 2;
 }
 
-/* grid (n_tiles, ks): block (t, s) multiplies tile t's rows by x over span s of k; NT groups of
- * 8 tokens (n <= 8 * NT); n_in % (LW_KC * ks) == 0, every matrix's rows a multiple of the tile
- * (SWIGLU: of half of it). A warp takes WR rows (16 or 32): with 32, each x fragment read from
- * shared memory serves two weight fragments (at 64 tokens the warps' x reads were 4x the
- * weights' bytes with 16) */
+/* grid (n_tiles, ks), clusters of the ks blocks of a tile when ks > 1: block (t, s) multiplies
+ * tile t's rows by x over span s of k; NT groups of 8 tokens (n <= 8 * NT); n_in % (LW_KC * ks)
+ * == 0, every matrix's rows a multiple of the tile (SWIGLU: of half of it). A warp takes WR
+ * rows (16 or 32): with 32, each x fragment read from shared memory serves two weight
+ * fragments (at 64 tokens the warps' x reads were 4x the weights' bytes with 16). Each thread
+ * copies the same 16-byte pieces of every stage: their addresses are worked out once (the
+ * second form spent ~200 of a warp's ~370 instructions a chunk on them, and ran at 0.31
+ * instructions a cycle a scheduler) */
 template <typename W, int MODE, int NT, int WR>
 __global__ void __launch_bounds__(LW_ROWS / WR * 32, 2) lw_kernel(lw_kargs a)
 {
     constexpr int LW_WARPS = LW_ROWS / WR, NA = WR / 16; /* weight fragments a warp and k step */
+    constexpr int NTHR = LW_WARPS * 32, RSTEP = NTHR / 8; /* rows one round of pieces covers */
     constexpr int NTOK = 8 * NT;
-    constexpr int TS = NTOK + 1; /* the sums' row in shared memory, in floats */
+    constexpr int TS = NTOK + 1;                   /* the sums' row in shared memory, in floats */
+    constexpr int JW = LW_ROWS / RSTEP;            /* weight pieces a thread and stage */
+    constexpr int JX = (NTOK + RSTEP - 1) / RSTEP; /* x pieces a thread and stage (some idle) */
     extern __shared__ __align__(128) unsigned char lw_sm[];
-    __shared__ uint32_t last;
     const uint32_t tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const uint32_t tile = blockIdx.x, span = blockIdx.y, ks = gridDim.y;
     const uint32_t n_in = a.n_in, k_len = n_in / ks, k0 = span * k_len, chunks = k_len / LW_KC;
@@ -88,35 +100,50 @@ __global__ void __launch_bounds__(LW_ROWS / WR * 32, 2) lw_kernel(lw_kargs a)
             m = tile >= a.end[1] ? 2 : 1;
         row0 = (tile - (m == 0 ? 0 : m == 1 ? a.end[0] : a.end[1])) * LW_ROWS;
     }
-    const W *wm = (const W *)(m == 0 ? a.w[0] : m == 1 ? a.w[1] : a.w[2]);
-    const W *xg = (const W *)a.x;
     uint64_t policy;
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
 
-    /* a stage's copies: 8 16-byte pieces a 64-wide row; LW_ROWS weight rows, then NTOK x rows */
-    auto load_w = [&](uint32_t c, uint32_t st) {
-        W *sw = (W *)(lw_sm + st * lw_stage_bytes(NT));
-        const uint32_t kc = k0 + c * LW_KC;
-        for (uint32_t i = tid; i < LW_ROWS * 8; i += LW_WARPS * 32) {
-            const uint32_t r = i >> 3, p = i & 7;
-            const W *src;
-            if (MODE == BE_LIN_SWIGLU)
-                src = (const W *)a.w[r < LW_ROWS / 2 ? 0 : 1] +
-                      (size_t)(row0 + (r & (LW_ROWS / 2 - 1))) * n_in;
-            else
-                src = wm + (size_t)(row0 + r) * n_in;
-            lw_cp(sw + r * LW_LD + p * 8, src + kc + p * 8, true, policy, true);
+    /* this thread's pieces: row (tid / 8) + j * RSTEP of the stage, 16 bytes (tid % 8) of its
+     * 64-wide k chunk; the sources at k0 */
+    const uint32_t pr = tid >> 3, pk = (tid & 7) * 8;
+    const W *ws[JW];
+#pragma unroll
+    for (int j = 0; j < JW; j++) {
+        const uint32_t r = pr + j * RSTEP;
+        const W *wm;
+        uint32_t row;
+        if (MODE == BE_LIN_SWIGLU) { /* RSTEP divides the gate half: j decides the matrix */
+            wm = (const W *)a.w[j < JW / 2 ? 0 : 1];
+            row = row0 + (r & (LW_ROWS / 2 - 1));
+        } else {
+            wm = (const W *)(m == 0 ? a.w[0] : m == 1 ? a.w[1] : a.w[2]);
+            row = row0 + r;
         }
+        ws[j] = wm + (size_t)row * n_in + k0 + pk;
+    }
+    const W *xs[JX];
+    bool xon[JX];
+#pragma unroll
+    for (int j = 0; j < JX; j++) {
+        const uint32_t t = pr + j * RSTEP;
+        xon[j] = t < a.n;
+        xs[j] = (const W *)a.x + (size_t)(xon[j] ? t : 0) * n_in + k0 + pk;
+    }
+    const uint32_t s_off = pr * LW_LD + pk; /* the first piece's place in a stage, in elements */
+    auto load_w = [&](uint32_t c, uint32_t st) {
+        W *sw = (W *)(lw_sm + st * lw_stage_bytes(NT)) + s_off;
+        const uint32_t kc = c * LW_KC;
+#pragma unroll
+        for (int j = 0; j < JW; j++)
+            lw_cp(sw + j * RSTEP * LW_LD, ws[j] + kc, true, policy, true);
     };
     auto load_x = [&](uint32_t c, uint32_t st) {
-        W *sx = (W *)(lw_sm + st * lw_stage_bytes(NT)) + LW_ROWS * LW_LD;
-        const uint32_t kc = k0 + c * LW_KC;
-        for (uint32_t i = tid; i < NTOK * 8; i += LW_WARPS * 32) {
-            const uint32_t t = i >> 3, p = i & 7;
-            const bool on = t < a.n;
-            lw_cp(sx + t * LW_LD + p * 8, xg + (size_t)(on ? t : 0) * n_in + kc + p * 8, on, 0,
-                  false);
-        }
+        W *sx = (W *)(lw_sm + st * lw_stage_bytes(NT)) + LW_ROWS * LW_LD + s_off;
+        const uint32_t kc = c * LW_KC;
+#pragma unroll
+        for (int j = 0; j < JX; j++)
+            if (NTOK % RSTEP == 0 || pr + j * RSTEP < NTOK)
+                lw_cp(sx + j * RSTEP * LW_LD, xs[j] + kc, xon[j], 0, false);
     };
 
     /* the weights do not depend on the kernel before: their first stages go out before the
@@ -166,79 +193,91 @@ __global__ void __launch_bounds__(LW_ROWS / WR * 32, 2) lw_kernel(lw_kargs a)
         }
     }
     cuda_cp_wait<0>();
-    __syncthreads(); /* the stages become the tile's sums */
+    __syncthreads(); /* the stages become the span's sums */
 
     /* accumulator i of fragment h and group j: row warp * WR + h * 16 + lane / 4 (+ 8 for
      * i >= 2), token j * 8 + 2 * (lane % 4) + (i & 1) */
     float *sum = (float *)lw_sm; /* (LW_ROWS, TS) */
     const uint32_t r_lo = warp * WR + (lane >> 2), t_lo = 2 * (lane & 3);
-    if (ks == 1) {
 #pragma unroll
-        for (int h = 0; h < NA; h++)
+    for (int h = 0; h < NA; h++)
 #pragma unroll
-            for (int j = 0; j < NT; j++)
+        for (int j = 0; j < NT; j++)
 #pragma unroll
-                for (int i = 0; i < 4; i++)
-                    sum[(r_lo + h * 16 + (i >= 2 ? 8 : 0)) * TS + j * 8 + t_lo + (i & 1)] =
-                        d[h][j][i];
-    } else {
-        float *pp = a.part + ((size_t)span * a.n_tiles + tile) * LW_ROWS * NTOK;
-#pragma unroll
-        for (int h = 0; h < NA; h++)
-#pragma unroll
-            for (int j = 0; j < NT; j++) {
-                const uint32_t r = r_lo + h * 16;
-                *(float2 *)(pp + (size_t)r * NTOK + j * 8 + t_lo) =
-                    make_float2(d[h][j][0], d[h][j][1]);
-                *(float2 *)(pp + (size_t)(r + 8) * NTOK + j * 8 + t_lo) =
-                    make_float2(d[h][j][2], d[h][j][3]);
-            }
-        /* the last block of the tile sums the spans (attn_merge_last's semaphore: the
-         * barrier orders the block's writes before thread 0's release) */
-        __syncthreads();
-        if (tid == 0) {
-            uint32_t old;
-            asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;"
-                         : "=r"(old)
-                         : "l"(a.cnt + tile)
-                         : "memory");
-            last = old == ks - 1;
-            if (last)
-                a.cnt[tile] = 0;
-        }
-        __syncthreads();
-        if (!last)
-            return;
-        const float *p0 = a.part + (size_t)tile * LW_ROWS * NTOK;
-        const size_t sstride = (size_t)a.n_tiles * LW_ROWS * NTOK;
-        for (uint32_t e = tid; e < LW_ROWS * NTOK; e += LW_WARPS * 32) {
-            float v = 0.0f;
-            for (uint32_t s = 0; s < ks; s++) /* in span order */
-                v += __ldcg(p0 + s * sstride + e);
-            sum[(e / NTOK) * TS + e % NTOK] = v;
-        }
-    }
-    __syncthreads();
+            for (int i = 0; i < 4; i++)
+                sum[(r_lo + h * 16 + (i >= 2 ? 8 : 0)) * TS + j * 8 + t_lo + (i & 1)] = d[h][j][i];
 
-    /* the epilogue: consecutive threads take consecutive rows of one token */
+    /* several spans: the cluster's blocks each finish 1/ks of the tile's outputs, summing the
+     * spans' sums from their blocks' shared memory in span order, so the result does not
+     * depend on timing (the second form's last block read them back from global memory one
+     * span at a time: o took 56 us for 7.5 us of weight bytes) */
+    constexpr uint32_t OR = MODE == BE_LIN_SWIGLU ? LW_ROWS / 2 : LW_ROWS; /* output rows */
+    const float *ps[LW_MAX_KS];
+    uint32_t r_beg = 0, r_cnt = OR;
+    cg::cluster_group cl = cg::this_cluster();
+    if (ks > 1) {
+        cl.sync(); /* every span's sums are in its block's shared memory */
+#pragma unroll
+        for (uint32_t s = 0; s < LW_MAX_KS; s++)
+            ps[s] = s < ks ? cl.map_shared_rank(sum, s) : sum;
+        r_cnt = OR / ks;
+        r_beg = span * r_cnt;
+    } else {
+        __syncthreads();
+    }
+    auto total = [&](uint32_t at) {
+        if (ks == 1)
+            return sum[at];
+        float v[LW_MAX_KS];
+#pragma unroll
+        for (uint32_t s = 0; s < LW_MAX_KS; s++)
+            v[s] = s < ks ? ps[s][at] : 0.0f;
+        float t = v[0];
+#pragma unroll
+        for (uint32_t s = 1; s < LW_MAX_KS; s++)
+            if (s < ks) /* in span order */
+                t += v[s];
+        return t;
+    };
+
+    /* the epilogue: consecutive threads take consecutive rows of one token, LW_EPI outputs a
+     * thread at once, so their loads (the spans' sums, the residual) are in flight together */
     float *om = m == 0 ? a.out[0] : m == 1 ? a.out[1] : a.out[2];
     const float *bm = m == 0 ? a.bias[0] : m == 1 ? a.bias[1] : a.bias[2];
     const uint32_t nm = m == 0 ? a.n_out[0] : m == 1 ? a.n_out[1] : a.n_out[2];
-    constexpr uint32_t OR = MODE == BE_LIN_SWIGLU ? LW_ROWS / 2 : LW_ROWS; /* output rows */
-    for (uint32_t e = tid; e < OR * a.n; e += LW_WARPS * 32) {
-        const uint32_t r = e % OR, t = e / OR;
-        float *y = om + (size_t)t * nm + row0 + r;
-        if constexpr (MODE == BE_LIN_SWIGLU) {
-            const float g = sum[r * TS + t], u = sum[(r + OR) * TS + t];
-            *y = cuda_silu_mul1(g, u);
-        } else {
-            const float v = sum[r * TS + t] + (bm ? bm[row0 + r] : 0.0f);
-            if constexpr (MODE == BE_LIN_SET)
-                *y = v;
-            else
-                *y += v;
+    const uint32_t n_e = r_cnt * a.n;
+    for (uint32_t e0 = tid; e0 < n_e; e0 += LW_EPI * NTHR) {
+        float v[LW_EPI], had[LW_EPI];
+        float *y[LW_EPI];
+#pragma unroll
+        for (int i = 0; i < LW_EPI; i++) {
+            const uint32_t e = e0 + i * NTHR;
+            y[i] = nullptr;
+            v[i] = 0.0f;
+            if (e < n_e) {
+                const uint32_t r = r_beg + e % r_cnt, t = e / r_cnt;
+                y[i] = om + (size_t)t * nm + row0 + r;
+                if constexpr (MODE == BE_LIN_SWIGLU)
+                    v[i] = cuda_silu_mul1(total(r * TS + t), total((r + OR) * TS + t));
+                else
+                    v[i] = total(r * TS + t) + (bm ? bm[row0 + r] : 0.0f);
+            }
         }
+        if constexpr (MODE == BE_LIN_ADD) {
+#pragma unroll
+            for (int i = 0; i < LW_EPI; i++)
+                had[i] = y[i] ? *y[i] : 0.0f;
+#pragma unroll
+            for (int i = 0; i < LW_EPI; i++)
+                v[i] += had[i];
+        }
+#pragma unroll
+        for (int i = 0; i < LW_EPI; i++)
+            if (y[i])
+                *y[i] = v[i];
     }
+    if (ks > 1)
+        cl.sync(); /* the sums stay until every block of the cluster has read them */
 }
 
 /* shared memory of a launch: the stages, or the tile's sums if larger */
@@ -248,18 +287,61 @@ static size_t lw_smem(int nt)
     return st > sums ? st : sums;
 }
 
+/* the launch of a (n_tiles, ks) grid: clusters of a tile's ks blocks, programmatic
+ * serialization when c->pdl (at: room for both attributes) */
+static cudaLaunchConfig_t lw_config(const struct cuda_ctx *c, uint32_t n_tiles, uint32_t ks,
+                                    uint32_t threads, size_t smem, cudaLaunchAttribute *at)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(n_tiles, ks);
+    cfg.blockDim = dim3(threads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = c->stream;
+    cfg.attrs = at;
+    if (ks > 1) {
+        at[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
+        at[cfg.numAttrs].val.clusterDim.x = 1;
+        at[cfg.numAttrs].val.clusterDim.y = ks;
+        at[cfg.numAttrs].val.clusterDim.z = 1;
+        cfg.numAttrs++;
+    }
+    if (c->pdl) {
+        at[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[cfg.numAttrs].val.programmaticStreamSerializationAllowed = 1;
+        cfg.numAttrs++;
+    }
+    return cfg;
+}
+
 template <typename W, int MODE, int NT, int WR>
 static int lw_run_nt(struct cuda_ctx *c, const lw_kargs &a, uint32_t ks)
 {
     auto fn = lw_kernel<W, MODE, NT, WR>;
     const size_t smem = lw_smem(NT);
-    static bool set; /* the same on every gpu of one kind */
-    if (!set) {
+    const uint32_t threads = LW_ROWS / WR * 32;
+    /* clusters of 2, 4 and 8 that run at once (the same on every gpu of one kind) */
+    static int fit[4] = {-1, -1, -1, -1};
+    if (fit[0] < 0) {
         CU_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        set = true;
+        fit[0] = 1 << 30;
+        for (int i = 1; i < 4; i++) {
+            cudaLaunchAttribute at[2];
+            cudaLaunchConfig_t cfg = lw_config(c, 8, 1u << i, threads, smem, at);
+            cfg.numAttrs = 1; /* the cluster's shape alone */
+            if (cudaOccupancyMaxActiveClusters(&fit[i], fn, &cfg) != cudaSuccess) {
+                (void)cudaGetLastError();
+                fit[i] = 0;
+            }
+        }
     }
-    CU_TRY(
-        cuda_launch_pdl(c, fn, dim3(a.n_tiles, ks), dim3(LW_ROWS / WR * 32), smem, c->stream, a));
+    /* spans the grid's choice (not RKV_CUDA_LIN_WIDE_KS's) halves until the clusters run in one
+     * wave: a second wave of clusters would double the launch */
+    if (!c->lw_ks)
+        while (ks > 1 && (uint32_t)fit[ks == 2 ? 1 : ks == 4 ? 2 : 3] < a.n_tiles)
+            ks /= 2;
+    cudaLaunchAttribute at[2];
+    const cudaLaunchConfig_t cfg = lw_config(c, a.n_tiles, ks, threads, smem, at);
+    CU_TRY(cudaLaunchKernelEx(&cfg, fn, a));
     c->hst.lin_wide++;
     return 0;
 }
@@ -337,7 +419,7 @@ int cuda_linear_wide(struct cuda_ctx *c, const struct be_linear *l, uint32_t n)
 {
     const uint32_t n_in = l->in->cols;
     const enum be_type t = l->w[0]->type;
-    if (!c->lin_wide || n > (uint32_t)c->lin_wide || n > 64 || c->cc_major < 8 ||
+    if (!c->lin_wide || n > (uint32_t)c->lin_wide || n > 64 || c->cc_major < 9 ||
         (t != BE_BF16 && t != BE_F16) || n_in % LW_KC || l->n_w > BE_LIN_MAX)
         return 1;
     const uint32_t tr = l->mode == BE_LIN_SWIGLU ? LW_ROWS / 2 : LW_ROWS;
@@ -359,17 +441,6 @@ int cuda_linear_wide(struct cuda_ctx *c, const struct be_linear *l, uint32_t n)
         return 0;
     const uint32_t ks = lw_spans(c, a.n_tiles, n_in);
     int rc = lw_input(c, l, n, t, &a.x);
-    if (rc == 0 && ks > 1) {
-        const size_t part = (size_t)ks * a.n_tiles * LW_ROWS * 64 * sizeof(float);
-        rc = cuda_scratch(c, &c->lw_part, &c->lw_part_cap, part);
-        const size_t had = c->lw_cnt_cap;
-        if (rc == 0)
-            rc = cuda_scratch(c, &c->lw_cnt, &c->lw_cnt_cap, a.n_tiles * sizeof(uint32_t));
-        if (rc == 0 && c->lw_cnt_cap != had)
-            CU_TRY(cudaMemsetAsync(c->lw_cnt, 0, c->lw_cnt_cap, c->stream));
-        a.part = (float *)c->lw_part;
-        a.cnt = (uint32_t *)c->lw_cnt;
-    }
     if (rc < 0)
         return rc;
     a.n_in = n_in;
