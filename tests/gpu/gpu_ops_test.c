@@ -128,14 +128,22 @@ static unsigned long long mma_runs(struct backend *g)
     return p ? strtoull(p + strlen("decode linears on tensor cores: "), NULL, 10) : 0;
 }
 
-/* the backend's wide-kernel linear launches since the last call */
-static unsigned long long wide_runs(struct backend *g)
+/* the backend's wide-kernel linear launches since the last call, and *tma of them by its
+ * tensor-copy form */
+static unsigned long long wide_runs(struct backend *g, unsigned long long *tma)
 {
-    char st[1024] = "";
+    char st[2048] = "";
     backend_stats(g, st, sizeof(st));
     const char *p = strstr(st, "batched linears on the wide kernel: ");
-    return p ? strtoull(p + strlen("batched linears on the wide kernel: "), NULL, 10) : 0;
+    char *end = NULL;
+    const unsigned long long n =
+        p ? strtoull(p + strlen("batched linears on the wide kernel: "), &end, 10) : 0;
+    *tma = end && !strncmp(end, " (", 2) ? strtoull(end + 2, NULL, 10) : 0;
+    return n;
 }
+
+/* the wide cases' form under test is the tensor-copy one (RKV_CUDA_LIN_WIDE_TMA=1) */
+static int wide_tma;
 
 /* the kernel that ran is the one expected: names it when not */
 static int mma_check(const char *name, struct backend *g, int expect)
@@ -397,14 +405,18 @@ static void test_linear_shapes(void)
 }
 
 /* one case of linear_case_tol on the wide kernel: it must have run there once (its launch
- * counter since the case's start) */
+ * counter since the case's start), by tensor copies under wide_tma */
 static void wide_case(enum be_type t, enum be_lin_mode mode, uint32_t n, int norm, uint32_t n_in,
                       const uint32_t rows[3], float tol)
 {
     linear_case_tol(t, mode, n, norm, n_in, rows, tol);
-    const unsigned long long runs = wide_runs(gpu);
-    if (runs != 1) {
-        printf("  FAIL the case above ran %llu launches of the wide kernel, not 1\n", runs);
+    unsigned long long tma = 0;
+    const unsigned long long runs = wide_runs(gpu, &tma);
+    if (runs != 1 || tma != (wide_tma ? 1u : 0u)) {
+        printf(
+            "  FAIL the case above ran %llu launches of the wide kernel (%llu by tensor copies), "
+            "not 1 (%d)\n",
+            runs, tma, wide_tma);
         n_fail++;
     }
 }
@@ -943,7 +955,7 @@ int gpu_model_cpu_tail_tests(struct backend *cpu_be, struct backend *tail_be, co
                              int *pass, int *fail);
 int gpu_model_graph_tests(struct backend *plain, struct backend *graph, int *pass, int *fail);
 /* the wide kernel's default form, then 16 rows a warp (its first form), and the k spans forced
- * to 1 (no cluster), 2 and 8 (the largest cluster) */
+ * to 1 (no cluster), 2 and 8 (the largest cluster); each with cp.async, then by tensor copies */
 static void test_linear_wide_forms(void)
 {
     static const struct {
@@ -954,14 +966,21 @@ static void test_linear_wide_forms(void)
                  {"RKV_CUDA_LIN_WIDE_KS", "2"},
                  {"RKV_CUDA_LIN_WIDE_KS", "8"}};
     setenv("RKV_CUDA_LIN_WIDE", "64", 1);
-    for (size_t i = 0; i < sizeof(forms) / sizeof(forms[0]); i++) {
-        struct backend *wide = backend_env(forms[i].var, forms[i].value, 0);
-        if (wide) {
-            printf("  (%s=%s)\n", forms[i].var, forms[i].value);
-            test_linear_wide(wide);
+    for (wide_tma = 0; wide_tma < 2; wide_tma++) {
+        if (wide_tma)
+            setenv("RKV_CUDA_LIN_WIDE_TMA", "1", 1);
+        for (size_t i = 0; i < sizeof(forms) / sizeof(forms[0]); i++) {
+            struct backend *wide = backend_env(forms[i].var, forms[i].value, 0);
+            if (wide) {
+                printf("  (%s=%s%s)\n", forms[i].var, forms[i].value,
+                       wide_tma ? ", RKV_CUDA_LIN_WIDE_TMA=1" : "");
+                test_linear_wide(wide);
+            }
+            backend_free(wide);
         }
-        backend_free(wide);
     }
+    wide_tma = 0;
+    unsetenv("RKV_CUDA_LIN_WIDE_TMA");
     unsetenv("RKV_CUDA_LIN_WIDE");
 }
 

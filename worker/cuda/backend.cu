@@ -613,12 +613,21 @@ static void choose_host_read(struct cuda_ctx *c)
              copy_gbps, zc_gbps, c->host_read == CUDA_HOST_COPY ? "copies" : "zero-copy");
 }
 
-/* cuTensorMapEncodeTiled's signature (cuda.h), reached through cudart's driver entry point so
- * the worker links no libcuda */
-typedef CUresult (*tmap_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
-                                   const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
-                                   const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
-                                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+cuda_tmap_encode_fn cuda_tmap_encoder(void)
+{
+    static const cuda_tmap_encode_fn fn = [] {
+        void *f = NULL;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                             &q) != cudaSuccess ||
+            q != cudaDriverEntryPointSuccess) {
+            cudaGetLastError();
+            f = NULL;
+        }
+        return (cuda_tmap_encode_fn)f;
+    }();
+    return fn;
+}
 
 /* the device pool as a tensor map for decode attention (cuda_ctx.kv_tmap): dims (64 columns,
  * head_dim / 64 halves, rows of head_dim f16), boxes of 64 rows of one half. Off (kv_tma 0)
@@ -638,12 +647,8 @@ static void kv_tmap_encode(struct cuda_ctx *c, const struct kv_layout *l)
         cudaGetLastError();
         return;
     }
-    void *fn = NULL;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess || !fn) {
-        cudaGetLastError();
+    const cuda_tmap_encode_fn fn = cuda_tmap_encoder();
+    if (!fn) {
         log_warn("cuda: the driver has no cuTensorMapEncodeTiled; decode attention loads keys "
                  "with cp.async");
         return;
@@ -651,10 +656,9 @@ static void kv_tmap_encode(struct cuda_ctx *c, const struct kv_layout *l)
     alignas(64) CUtensorMap tm;
     const cuuint64_t dim[3] = {64, D / 64, bytes / row}, stride[2] = {128, row};
     const cuuint32_t box[3] = {64, 1, 64}, one[3] = {1, 1, 1};
-    CUresult r = ((tmap_encode_fn)fn)(
-        &tm, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3, c->pool[KV_DEVICE], dim, stride, box, one,
-        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    CUresult r = fn(&tm, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3, c->pool[KV_DEVICE], dim, stride, box,
+                    one, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) {
         log_warn("cuda: cuTensorMapEncodeTiled refused the kv pool (error %d); decode attention "
                  "loads keys with cp.async",
@@ -1434,28 +1438,29 @@ static int cu_greedy(void *ctx, const struct be_tensor *logits, uint32_t n, int3
 static int cu_stats(void *ctx, char *buf, size_t len)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    int n = snprintf(buf, len,
-                     "host kv layers: %llu prefetched, %llu copied in line, %llu with a host "
-                     "write, %llu zero-copy, %llu in %llu passes; %llu block slices staged in %llu "
-                     "copies, %llu staging growths, %llu attended on the cpu, %llu split with it, "
-                     "%llu tails too short to split; gemm inputs: %llu converted, %llu from the "
-                     "op's 16-bit copy; decode layers as graphs: %llu recorded, %llu replayed, "
-                     "%llu failed; decode linears on tensor cores: %llu; decode attention by "
-                     "tensor copies: %llu; gemms on tuned cuBLASLt algorithms: %llu (%llu shapes "
-                     "tuned, %llu faster than the heuristic's first); batched linears on the wide "
-                     "kernel: %llu",
-                     (unsigned long long)c->hst.prefetched, (unsigned long long)c->hst.inline_,
-                     (unsigned long long)c->hst.host_write, (unsigned long long)c->hst.zero_copy,
-                     (unsigned long long)c->hst.passes, (unsigned long long)c->hst.pass_n,
-                     (unsigned long long)c->hst.slots, (unsigned long long)c->hst.copies,
-                     (unsigned long long)c->hst.grown, (unsigned long long)c->hst.cpu_layers,
-                     (unsigned long long)c->hst.split_layers,
-                     (unsigned long long)c->hst.split_gated, (unsigned long long)c->hst.act16_conv,
-                     (unsigned long long)c->hst.act16_twin, (unsigned long long)c->hst.graph_rec,
-                     (unsigned long long)c->hst.graph_replay, (unsigned long long)c->hst.graph_fail,
-                     (unsigned long long)c->hst.lin_mma, (unsigned long long)c->hst.dec_tma,
-                     (unsigned long long)c->hst.lt_gemm, (unsigned long long)c->hst.lt_tuned,
-                     (unsigned long long)c->hst.lt_faster, (unsigned long long)c->hst.lin_wide);
+    int n =
+        snprintf(buf, len,
+                 "host kv layers: %llu prefetched, %llu copied in line, %llu with a host "
+                 "write, %llu zero-copy, %llu in %llu passes; %llu block slices staged in %llu "
+                 "copies, %llu staging growths, %llu attended on the cpu, %llu split with it, "
+                 "%llu tails too short to split; gemm inputs: %llu converted, %llu from the "
+                 "op's 16-bit copy; decode layers as graphs: %llu recorded, %llu replayed, "
+                 "%llu failed; decode linears on tensor cores: %llu; decode attention by "
+                 "tensor copies: %llu; gemms on tuned cuBLASLt algorithms: %llu (%llu shapes "
+                 "tuned, %llu faster than the heuristic's first); batched linears on the wide "
+                 "kernel: %llu (%llu by tensor copies)",
+                 (unsigned long long)c->hst.prefetched, (unsigned long long)c->hst.inline_,
+                 (unsigned long long)c->hst.host_write, (unsigned long long)c->hst.zero_copy,
+                 (unsigned long long)c->hst.passes, (unsigned long long)c->hst.pass_n,
+                 (unsigned long long)c->hst.slots, (unsigned long long)c->hst.copies,
+                 (unsigned long long)c->hst.grown, (unsigned long long)c->hst.cpu_layers,
+                 (unsigned long long)c->hst.split_layers, (unsigned long long)c->hst.split_gated,
+                 (unsigned long long)c->hst.act16_conv, (unsigned long long)c->hst.act16_twin,
+                 (unsigned long long)c->hst.graph_rec, (unsigned long long)c->hst.graph_replay,
+                 (unsigned long long)c->hst.graph_fail, (unsigned long long)c->hst.lin_mma,
+                 (unsigned long long)c->hst.dec_tma, (unsigned long long)c->hst.lt_gemm,
+                 (unsigned long long)c->hst.lt_tuned, (unsigned long long)c->hst.lt_faster,
+                 (unsigned long long)c->hst.lin_wide, (unsigned long long)c->hst.lin_wide_tma);
     memset(&c->hst, 0, sizeof c->hst);
     return n;
 }
@@ -1498,6 +1503,7 @@ static void cu_free(void *ctx)
     cudaFree(c->pass_part);
     cudaFree(c->greedy_buf);
     cudaFree(c->ls_ctr);
+    free(c->lw_tmaps);
     free(c->bat_dst);
     free(c->bat_src);
     free(c->bat_size);
@@ -1680,6 +1686,7 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
             log_warn("RKV_CUDA_LIN_WIDE_WR=%d is not 16 or 32; using 32", c->lw_wr);
             c->lw_wr = 32;
         }
+        c->lw_tma = cu_env_flag("RKV_CUDA_LIN_WIDE_TMA", 0);
         c->lw_ks = (uint32_t)rkv_env_u64("RKV_CUDA_LIN_WIDE_KS", 0, 0, 8);
         if (c->lw_ks & (c->lw_ks - 1)) {
             log_warn("RKV_CUDA_LIN_WIDE_KS=%u is not 0, 1, 2, 4 or 8; using 0 (by the grid)",

@@ -251,6 +251,9 @@ struct cuda_ctx {
     int lw_wr;      /* its weight rows a warp: 32 (two fragments against each x fragment) or 16
                      * (env RKV_CUDA_LIN_WIDE_WR) */
     uint32_t lw_ks; /* its k spans a tile, 1..8; 0 by the grid's wave (RKV_CUDA_LIN_WIDE_KS) */
+    int lw_tma;     /* its stages moved by tensor copies from a producer warp, not cp.async (env
+                     * RKV_CUDA_LIN_WIDE_TMA) */
+    void *lw_tmaps; /* the tensor maps of that form, by tensor (linear_wide.cu's lw_tmap) */
     int lin_mma;    /* the fewest tokens (1..8) whose decode linears and matmuls over 16-bit
                      * weights run on tensor cores (linear_mma.cu); 0 off (env RKV_CUDA_LIN_MMA) */
     int pdl;        /* streamed linears launched with programmatic serialization: the next one
@@ -308,7 +311,8 @@ struct cuda_ctx {
         uint64_t lt_gemm, lt_tuned, lt_faster;
         uint64_t graph_rec, graph_replay, graph_fail; /* decode steps' layers as a graph */
         uint64_t lin_mma; /* linears and matmuls linear_mma.cu ran (replays not counted) */
-        uint64_t lin_wide; /* linears linear_wide.cu ran (the same) */
+        uint64_t lin_wide;     /* linears linear_wide.cu ran (the same) */
+        uint64_t lin_wide_tma; /* ... of them by its tensor-copy form */
         uint64_t dec_tma; /* decode attention launches by tensor copies (replays not counted) */
     } hst;
 };

@@ -152,6 +152,31 @@ __device__ __forceinline__ void cuda_tma_3d(void *dst, const CUtensorMap *tm, in
                      : "memory");
 }
 
+/* cuTensorMapEncodeTiled (cuda.h's signature), reached through cudart's driver entry point so
+ * the worker links no libcuda; NULL when the driver has none */
+typedef CUresult (*cuda_tmap_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
+                                        const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
+                                        const cuuint32_t *, CUtensorMapInterleave,
+                                        CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                        CUtensorMapFloatOOBfill);
+cuda_tmap_encode_fn cuda_tmap_encoder(void);
+
+/* the box of 2d tensor map tm at (x, y) into shared dst, as cuda_tma_3d */
+__device__ __forceinline__ void cuda_tma_2d(void *dst, const CUtensorMap *tm, int32_t x, int32_t y,
+                                            uint64_t *bar, uint64_t policy)
+{
+    if (policy)
+        asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::"
+                     "bytes.L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(cuda_smem(dst)),
+                     "l"(tm), "r"(x), "r"(y), "r"(cuda_smem(bar)), "l"(policy)
+                     : "memory");
+    else
+        asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::"
+                     "bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(cuda_smem(dst)),
+                     "l"(tm), "r"(x), "r"(y), "r"(cuda_smem(bar))
+                     : "memory");
+}
+
 /* out (n, cols) = rows ids[i] of w dequantized; d_ids on the device */
 int cuda_embed(struct cuda_ctx *c, float *out, const struct be_tensor *w, const int32_t *d_ids,
                uint32_t n);

@@ -17,7 +17,9 @@
  * stages by cp.async. With several k spans a tile (few tiles for the SMs: q/k/v, o and down),
  * the tile's blocks run as one cluster (sm_90): each keeps its span's sums in shared memory and
  * finishes 1/ks of the tile's outputs, adding the spans' sums in span order over the cluster's
- * shared memory, so the result does not depend on timing. */
+ * shared memory, so the result does not depend on timing. RKV_CUDA_LIN_WIDE_TMA=1 moves the
+ * stages by tensor copies from a producer warp instead (lw_tma_kernel; written in the
+ * twenty-third session, not yet run on a GPU). */
 #include <cooperative_groups.h>
 
 #include "worker/cuda/cuda_ops.cuh"
@@ -69,6 +71,119 @@ __host__ __device__ constexpr size_t lw_stage_bytes(int nt)
     return (size_t)(LW_ROWS + 8 * nt) * LW_LD * 2;
 }
 
+/* the tile's matrix m and first row; SWIGLU's second half are the up rows */
+template <int MODE>
+__device__ __forceinline__ void lw_tile(const lw_kargs &a, uint32_t tile, uint32_t &m,
+                                        uint32_t &row0)
+{
+    m = 0;
+    if (MODE == BE_LIN_SWIGLU) {
+        row0 = tile * (LW_ROWS / 2);
+    } else {
+        if (MODE == BE_LIN_SET && tile >= a.end[0])
+            m = tile >= a.end[1] ? 2 : 1;
+        row0 = (tile - (m == 0 ? 0 : m == 1 ? a.end[0] : a.end[1])) * LW_ROWS;
+    }
+}
+
+/* a block's end, once nothing reads its stages: the consumer warps' sums d of the span (the
+ * first LW_ROWS / WR warps) into shared memory, then the block's share of the tile's outputs,
+ * NTHR threads */
+template <int MODE, int NT, int WR, int NTHR>
+__device__ __forceinline__ void lw_finish(const lw_kargs &a, unsigned char *smem,
+                                          const float (&d)[WR / 16][NT][4], uint32_t m,
+                                          uint32_t row0)
+{
+    constexpr int NA = WR / 16, TS = 8 * NT + 1; /* the sums' row in shared memory, in floats */
+    const uint32_t tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const uint32_t span = blockIdx.y, ks = gridDim.y;
+    /* accumulator i of fragment h and group j: row warp * WR + h * 16 + lane / 4 (+ 8 for
+     * i >= 2), token j * 8 + 2 * (lane % 4) + (i & 1) */
+    float *sum = (float *)smem; /* (LW_ROWS, TS) */
+    const uint32_t r_lo = warp * WR + (lane >> 2), t_lo = 2 * (lane & 3);
+    if (NTHR == LW_ROWS / WR * 32 || warp < LW_ROWS / WR) /* a producer warp has none */
+#pragma unroll
+        for (int h = 0; h < NA; h++)
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    sum[(r_lo + h * 16 + (i >= 2 ? 8 : 0)) * TS + j * 8 + t_lo + (i & 1)] =
+                        d[h][j][i];
+
+    /* several spans: the cluster's blocks each finish 1/ks of the tile's outputs, summing the
+     * spans' sums from their blocks' shared memory in span order, so the result does not
+     * depend on timing (the second form's last block read them back from global memory one
+     * span at a time: o took 56 us for 7.5 us of weight bytes) */
+    constexpr uint32_t OR = MODE == BE_LIN_SWIGLU ? LW_ROWS / 2 : LW_ROWS; /* output rows */
+    const float *ps[LW_MAX_KS];
+    uint32_t r_beg = 0, r_cnt = OR;
+    cg::cluster_group cl = cg::this_cluster();
+    if (ks > 1) {
+        cl.sync(); /* every span's sums are in its block's shared memory */
+#pragma unroll
+        for (uint32_t s = 0; s < LW_MAX_KS; s++)
+            ps[s] = s < ks ? cl.map_shared_rank(sum, s) : sum;
+        r_cnt = OR / ks;
+        r_beg = span * r_cnt;
+    } else {
+        __syncthreads();
+    }
+    auto total = [&](uint32_t at) {
+        if (ks == 1)
+            return sum[at];
+        float v[LW_MAX_KS];
+#pragma unroll
+        for (uint32_t s = 0; s < LW_MAX_KS; s++)
+            v[s] = s < ks ? ps[s][at] : 0.0f;
+        float t = v[0];
+#pragma unroll
+        for (uint32_t s = 1; s < LW_MAX_KS; s++)
+            if (s < ks) /* in span order */
+                t += v[s];
+        return t;
+    };
+
+    /* the epilogue: consecutive threads take consecutive rows of one token, LW_EPI outputs a
+     * thread at once, so their loads (the spans' sums, the residual) are in flight together */
+    float *om = m == 0 ? a.out[0] : m == 1 ? a.out[1] : a.out[2];
+    const float *bm = m == 0 ? a.bias[0] : m == 1 ? a.bias[1] : a.bias[2];
+    const uint32_t nm = m == 0 ? a.n_out[0] : m == 1 ? a.n_out[1] : a.n_out[2];
+    const uint32_t n_e = r_cnt * a.n;
+    for (uint32_t e0 = tid; e0 < n_e; e0 += LW_EPI * NTHR) {
+        float v[LW_EPI], had[LW_EPI];
+        float *y[LW_EPI];
+#pragma unroll
+        for (int i = 0; i < LW_EPI; i++) {
+            const uint32_t e = e0 + i * NTHR;
+            y[i] = nullptr;
+            v[i] = 0.0f;
+            if (e < n_e) {
+                const uint32_t r = r_beg + e % r_cnt, t = e / r_cnt;
+                y[i] = om + (size_t)t * nm + row0 + r;
+                if constexpr (MODE == BE_LIN_SWIGLU)
+                    v[i] = cuda_silu_mul1(total(r * TS + t), total((r + OR) * TS + t));
+                else
+                    v[i] = total(r * TS + t) + (bm ? bm[row0 + r] : 0.0f);
+            }
+        }
+        if constexpr (MODE == BE_LIN_ADD) {
+#pragma unroll
+            for (int i = 0; i < LW_EPI; i++)
+                had[i] = y[i] ? *y[i] : 0.0f;
+#pragma unroll
+            for (int i = 0; i < LW_EPI; i++)
+                v[i] += had[i];
+        }
+#pragma unroll
+        for (int i = 0; i < LW_EPI; i++)
+            if (y[i])
+                *y[i] = v[i];
+    }
+    if (ks > 1)
+        cl.sync(); /* the sums stay until every block of the cluster has read them */
+}
+
 /* grid (n_tiles, ks), clusters of the ks blocks of a tile when ks > 1: block (t, s) multiplies
  * tile t's rows by x over span s of k; NT groups of 8 tokens (n <= 8 * NT); n_in % (LW_KC * ks)
  * == 0, every matrix's rows a multiple of the tile (SWIGLU: of half of it). A warp takes WR
@@ -83,7 +198,6 @@ __global__ void __launch_bounds__(LW_ROWS / WR * 32, 2) lw_kernel(lw_kargs a)
     constexpr int LW_WARPS = LW_ROWS / WR, NA = WR / 16; /* weight fragments a warp and k step */
     constexpr int NTHR = LW_WARPS * 32, RSTEP = NTHR / 8; /* rows one round of pieces covers */
     constexpr int NTOK = 8 * NT;
-    constexpr int TS = NTOK + 1;                   /* the sums' row in shared memory, in floats */
     constexpr int JW = LW_ROWS / RSTEP;            /* weight pieces a thread and stage */
     constexpr int JX = (NTOK + RSTEP - 1) / RSTEP; /* x pieces a thread and stage (some idle) */
     extern __shared__ __align__(128) unsigned char lw_sm[];
@@ -91,15 +205,8 @@ __global__ void __launch_bounds__(LW_ROWS / WR * 32, 2) lw_kernel(lw_kargs a)
     const uint32_t tile = blockIdx.x, span = blockIdx.y, ks = gridDim.y;
     const uint32_t n_in = a.n_in, k_len = n_in / ks, k0 = span * k_len, chunks = k_len / LW_KC;
 
-    /* the tile's matrix and first row; SWIGLU's second half are the up rows */
-    uint32_t m = 0, row0;
-    if (MODE == BE_LIN_SWIGLU) {
-        row0 = tile * (LW_ROWS / 2);
-    } else {
-        if (MODE == BE_LIN_SET && tile >= a.end[0])
-            m = tile >= a.end[1] ? 2 : 1;
-        row0 = (tile - (m == 0 ? 0 : m == 1 ? a.end[0] : a.end[1])) * LW_ROWS;
-    }
+    uint32_t m, row0;
+    lw_tile<MODE>(a, tile, m, row0);
     uint64_t policy;
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
 
@@ -195,89 +302,138 @@ __global__ void __launch_bounds__(LW_ROWS / WR * 32, 2) lw_kernel(lw_kargs a)
     cuda_cp_wait<0>();
     __syncthreads(); /* the stages become the span's sums */
 
-    /* accumulator i of fragment h and group j: row warp * WR + h * 16 + lane / 4 (+ 8 for
-     * i >= 2), token j * 8 + 2 * (lane % 4) + (i & 1) */
-    float *sum = (float *)lw_sm; /* (LW_ROWS, TS) */
-    const uint32_t r_lo = warp * WR + (lane >> 2), t_lo = 2 * (lane & 3);
-#pragma unroll
-    for (int h = 0; h < NA; h++)
-#pragma unroll
-        for (int j = 0; j < NT; j++)
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                sum[(r_lo + h * 16 + (i >= 2 ? 8 : 0)) * TS + j * 8 + t_lo + (i & 1)] = d[h][j][i];
+    lw_finish<MODE, NT, WR, NTHR>(a, lw_sm, d, m, row0);
+}
 
-    /* several spans: the cluster's blocks each finish 1/ks of the tile's outputs, summing the
-     * spans' sums from their blocks' shared memory in span order, so the result does not
-     * depend on timing (the second form's last block read them back from global memory one
-     * span at a time: o took 56 us for 7.5 us of weight bytes) */
-    constexpr uint32_t OR = MODE == BE_LIN_SWIGLU ? LW_ROWS / 2 : LW_ROWS; /* output rows */
-    const float *ps[LW_MAX_KS];
-    uint32_t r_beg = 0, r_cnt = OR;
-    cg::cluster_group cl = cg::this_cluster();
-    if (ks > 1) {
-        cl.sync(); /* every span's sums are in its block's shared memory */
-#pragma unroll
-        for (uint32_t s = 0; s < LW_MAX_KS; s++)
-            ps[s] = s < ks ? cl.map_shared_rank(sum, s) : sum;
-        r_cnt = OR / ks;
-        r_beg = span * r_cnt;
-    } else {
-        __syncthreads();
+/* --- the tensor-copy form (RKV_CUDA_LIN_WIDE_TMA=1) ------------------------------------------- */
+
+/* byte offset of row r's 16-byte column c in a stage area the tensor copies fill: rows of 128
+ * bytes, the columns permuted by the 128-byte swizzle (column ^ row % 8) */
+__device__ __forceinline__ uint32_t lw_sw(uint32_t r, uint32_t c)
+{
+    return r * 128 + ((c ^ (r & 7)) << 4);
+}
+
+/* bytes of one stage of the tensor-copy form: the tile's 128 weight rows, then NTOK token rows
+ * of x, 128 bytes (64 k) each, unpadded */
+__host__ __device__ constexpr uint32_t lw_tstage_bytes(int nt)
+{
+    return (LW_ROWS + 8 * nt) * 128;
+}
+
+/* the same product as lw_kernel, each stage moved by tensor copies (TMA) that one producer warp
+ * queues onto the stage's full mbarrier: two boxes of 64 weight rows x 64 k (tw[m]; SWIGLU: gate
+ * rows from tw0, then the same up rows from tw1) and one of NT * 8 tokens x 64 k (tx; tokens
+ * past n arrive as zeros). The consumer warps wait on the stage alone and release it on its
+ * empty mbarrier, with no barrier of the block a chunk. The cp.async form moved 7-14 GB/s a
+ * block with ~48 KB in flight; linear_stream.cu's ring of bulk copies reaches ~0.9 of hbm at
+ * one token. Launch: LW_ROWS / WR + 1 warps, the last the producer */
+template <typename W, int MODE, int NT, int WR>
+__global__ void __launch_bounds__((LW_ROWS / WR + 1) * 32, 2)
+    lw_tma_kernel(lw_kargs a, const __grid_constant__ CUtensorMap tw0,
+                  const __grid_constant__ CUtensorMap tw1, const __grid_constant__ CUtensorMap tw2,
+                  const __grid_constant__ CUtensorMap tx)
+{
+    constexpr int LW_WARPS = LW_ROWS / WR, NA = WR / 16;
+    constexpr uint32_t SB = lw_tstage_bytes(NT), XOFF = LW_ROWS * 128;
+    extern __shared__ __align__(128) unsigned char lw_sm[];
+    /* the swizzle's pattern needs 1024-byte aligned boxes */
+    unsigned char *sm = lw_sm + ((1024 - (cuda_smem(lw_sm) & 1023)) & 1023);
+    uint64_t *full = (uint64_t *)(sm + LW_STAGES * SB), *empty = full + LW_STAGES;
+    const uint32_t tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const uint32_t tile = blockIdx.x, span = blockIdx.y, ks = gridDim.y;
+    const uint32_t k_len = a.n_in / ks, k0 = span * k_len, chunks = k_len / LW_KC;
+    uint32_t m, row0;
+    lw_tile<MODE>(a, tile, m, row0);
+    if (tid == 0) {
+        for (int s = 0; s < LW_STAGES; s++) {
+            cuda_bar_init(&full[s], 1);
+            cuda_bar_init(&empty[s], LW_WARPS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
-    auto total = [&](uint32_t at) {
-        if (ks == 1)
-            return sum[at];
-        float v[LW_MAX_KS];
-#pragma unroll
-        for (uint32_t s = 0; s < LW_MAX_KS; s++)
-            v[s] = s < ks ? ps[s][at] : 0.0f;
-        float t = v[0];
-#pragma unroll
-        for (uint32_t s = 1; s < LW_MAX_KS; s++)
-            if (s < ks) /* in span order */
-                t += v[s];
-        return t;
-    };
+    __syncthreads();
 
-    /* the epilogue: consecutive threads take consecutive rows of one token, LW_EPI outputs a
-     * thread at once, so their loads (the spans' sums, the residual) are in flight together */
-    float *om = m == 0 ? a.out[0] : m == 1 ? a.out[1] : a.out[2];
-    const float *bm = m == 0 ? a.bias[0] : m == 1 ? a.bias[1] : a.bias[2];
-    const uint32_t nm = m == 0 ? a.n_out[0] : m == 1 ? a.n_out[1] : a.n_out[2];
-    const uint32_t n_e = r_cnt * a.n;
-    for (uint32_t e0 = tid; e0 < n_e; e0 += LW_EPI * NTHR) {
-        float v[LW_EPI], had[LW_EPI];
-        float *y[LW_EPI];
-#pragma unroll
-        for (int i = 0; i < LW_EPI; i++) {
-            const uint32_t e = e0 + i * NTHR;
-            y[i] = nullptr;
-            v[i] = 0.0f;
-            if (e < n_e) {
-                const uint32_t r = r_beg + e % r_cnt, t = e / r_cnt;
-                y[i] = om + (size_t)t * nm + row0 + r;
-                if constexpr (MODE == BE_LIN_SWIGLU)
-                    v[i] = cuda_silu_mul1(total(r * TS + t), total((r + OR) * TS + t));
-                else
-                    v[i] = total(r * TS + t) + (bm ? bm[row0 + r] : 0.0f);
+    float d[NA][NT][4] = {};
+    if (warp == LW_WARPS) {
+        /* the producer: chunk c into stage c % S once chunk c - S is consumed; the weights of
+         * the first stages before the wait for the kernel before, x after it */
+        if (lane == 0) {
+            uint64_t policy;
+            asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+            const CUtensorMap *tm = m == 0 ? &tw0 : m == 1 ? &tw1 : &tw2;
+            const CUtensorMap *tm2 = MODE == BE_LIN_SWIGLU ? &tw1 : tm;
+            const int32_t y2 = (int32_t)(MODE == BE_LIN_SWIGLU ? row0 : row0 + LW_ROWS / 2);
+            const uint32_t pre = chunks < LW_STAGES ? chunks : LW_STAGES;
+            for (uint32_t c = 0; c < pre; c++) {
+                unsigned char *st = sm + c * SB;
+                const int32_t kc = (int32_t)(k0 + c * LW_KC);
+                cuda_bar_expect(&full[c], SB);
+                cuda_tma_2d(st, tm, kc, (int32_t)row0, &full[c], policy);
+                cuda_tma_2d(st + XOFF / 2, tm2, kc, y2, &full[c], policy);
+            }
+            cuda_grid_wait();
+            for (uint32_t c = 0; c < pre; c++)
+                cuda_tma_2d(sm + c * SB + XOFF, &tx, (int32_t)(k0 + c * LW_KC), 0, &full[c], 0);
+            for (uint32_t c = LW_STAGES; c < chunks; c++) {
+                const uint32_t s = c % LW_STAGES;
+                unsigned char *st = sm + s * SB;
+                const int32_t kc = (int32_t)(k0 + c * LW_KC);
+                cuda_bar_wait(&empty[s], (c / LW_STAGES - 1) & 1);
+                cuda_bar_expect(&full[s], SB);
+                cuda_tma_2d(st, tm, kc, (int32_t)row0, &full[s], policy);
+                cuda_tma_2d(st + XOFF / 2, tm2, kc, y2, &full[s], policy);
+                cuda_tma_2d(st + XOFF, &tx, kc, 0, &full[s], 0);
             }
         }
-        if constexpr (MODE == BE_LIN_ADD) {
+        __syncwarp();
+        cuda_grid_wait(); /* every lane writes outputs in the epilogue */
+    } else {
+        cuda_grid_wait(); /* the epilogue reads and writes what the kernel before may write */
+        /* ldmatrix rows: A (rows warp * WR + h * 16 + lane % 16, column pair lane / 16), B
+         * (tokens j * 8 + lane / 16 * 8 + lane % 8, column (lane / 8) % 2); a row's % 8 is the
+         * lane's, so the swizzle of column 2 kk + h is (2 kk) ^ (h ^ lane % 8) */
+        const uint32_t ra = warp * WR + (lane & 15), ma = (lane >> 4) ^ (lane & 7);
+        const uint32_t rb = (lane >> 4) * 8 + (lane & 7), mb = ((lane >> 3) & 1) ^ (lane & 7);
+        for (uint32_t c = 0; c < chunks; c++) {
+            const uint32_t s = c % LW_STAGES;
+            cuda_bar_wait(&full[s], (c / LW_STAGES) & 1);
+            const unsigned char *st = sm + s * SB;
 #pragma unroll
-            for (int i = 0; i < LW_EPI; i++)
-                had[i] = y[i] ? *y[i] : 0.0f;
+            for (int kk = 0; kk < LW_KC / 16; kk++) {
+                uint32_t af[NA][4];
 #pragma unroll
-            for (int i = 0; i < LW_EPI; i++)
-                v[i] += had[i];
+                for (int h = 0; h < NA; h++)
+                    lw_ldsm4(af[h], st + (ra + h * 16) * 128 + (((2 * kk) ^ ma) << 4));
+#pragma unroll
+                for (int j = 0; j < NT; j += 2) {
+                    uint32_t bf[4];
+                    lw_ldsm4(bf, st + XOFF + (rb + j * 8) * 128 + (((2 * kk) ^ mb) << 4));
+#pragma unroll
+                    for (int h = 0; h < NA; h++) {
+                        cuda_mma16816<W>(d[h][j], af[h][0], af[h][1], af[h][2], af[h][3], bf[0],
+                                         bf[1]);
+                        cuda_mma16816<W>(d[h][j + 1], af[h][0], af[h][1], af[h][2], af[h][3], bf[2],
+                                         bf[3]);
+                    }
+                }
+            }
+            __syncwarp(); /* the warp's reads of the stage are done (ldmatrix returned) */
+            if (lane == 0)
+                cuda_bar_arrive(&empty[s]);
         }
-#pragma unroll
-        for (int i = 0; i < LW_EPI; i++)
-            if (y[i])
-                *y[i] = v[i];
     }
-    if (ks > 1)
-        cl.sync(); /* the sums stay until every block of the cluster has read them */
+    __syncthreads(); /* every stage consumed: they become the span's sums */
+    lw_finish<MODE, NT, WR, (LW_ROWS / WR + 1) * 32>(a, sm, d, m, row0);
+}
+
+/* shared memory of a tensor-copy launch: the stages and their barriers (or the tile's sums if
+ * larger), and room to align them to 1024 bytes */
+static size_t lw_tsmem(int nt)
+{
+    const size_t st = LW_STAGES * (size_t)lw_tstage_bytes(nt) + 2 * LW_STAGES * sizeof(uint64_t),
+                 sums = (size_t)LW_ROWS * (8 * nt + 1) * 4;
+    return (st > sums ? st : sums) + 1024;
 }
 
 /* shared memory of a launch: the stages, or the tile's sums if larger */
@@ -313,33 +469,139 @@ static cudaLaunchConfig_t lw_config(const struct cuda_ctx *c, uint32_t n_tiles, 
     return cfg;
 }
 
+/* clusters of 2, 4 and 8 blocks of fn that run at once, into fit[1..3] (fit[0]: one block, no
+ * limit); the same on every gpu of one kind, so once a kernel */
+template <typename F>
+static int lw_fit(struct cuda_ctx *c, F fn, uint32_t threads, size_t smem, int (&fit)[4])
+{
+    if (fit[0] >= 0)
+        return 0;
+    CU_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    fit[0] = 1 << 30;
+    for (int i = 1; i < 4; i++) {
+        cudaLaunchAttribute at[2];
+        cudaLaunchConfig_t cfg = lw_config(c, 8, 1u << i, threads, smem, at);
+        cfg.numAttrs = 1; /* the cluster's shape alone */
+        if (cudaOccupancyMaxActiveClusters(&fit[i], fn, &cfg) != cudaSuccess) {
+            (void)cudaGetLastError();
+            fit[i] = 0;
+        }
+    }
+    return 0;
+}
+
+/* spans the grid's choice (not RKV_CUDA_LIN_WIDE_KS's) halves until the clusters run in one
+ * wave: a second wave of clusters would double the launch */
+static uint32_t lw_fit_spans(const struct cuda_ctx *c, const int (&fit)[4], uint32_t n_tiles,
+                             uint32_t ks)
+{
+    if (!c->lw_ks)
+        while (ks > 1 && (uint32_t)fit[ks == 2 ? 1 : ks == 4 ? 2 : 3] < n_tiles)
+            ks /= 2;
+    return ks;
+}
+
+/* --- tensor maps of the tensor-copy form, cached by tensor (weights are mapped once) -------- */
+
+#define LW_TMAPS 1024 /* slots; a model's matrices, and the x shapes seen */
+
+struct lw_tmap {
+    const void *p;
+    uint32_t rows, cols, box_rows, type;
+    CUtensorMap tm; /* aligned as its type asks: the table comes from aligned_alloc */
+};
+
+/* tm: p as (rows, cols) 16-bit elements of type t in boxes of 64 columns x box_rows rows, the
+ * 128-byte swizzle, zeros past the rows; 1 when the driver cannot encode it */
+static int lw_tmap_get(struct cuda_ctx *c, const void *p, uint32_t rows, uint32_t cols,
+                       uint32_t box_rows, enum be_type t, const CUtensorMap **tm)
+{
+    const cuda_tmap_encode_fn enc = cuda_tmap_encoder();
+    if (!enc)
+        return 1;
+    if (!c->lw_tmaps) {
+        const size_t bytes = LW_TMAPS * sizeof(struct lw_tmap);
+        if (!(c->lw_tmaps = aligned_alloc(alignof(struct lw_tmap), bytes)))
+            return RKV_ENOMEM;
+        memset(c->lw_tmaps, 0, bytes);
+    }
+    struct lw_tmap *tab = (struct lw_tmap *)c->lw_tmaps;
+    const uint32_t h0 = (uint32_t)(((uintptr_t)p >> 8) ^ rows * 2654435761u ^ box_rows);
+    struct lw_tmap *slot = NULL;
+    for (uint32_t i = 0; i < 8; i++) {
+        struct lw_tmap *e = &tab[(h0 + i) % LW_TMAPS];
+        if (e->p == p && e->rows == rows && e->cols == cols && e->box_rows == box_rows &&
+            e->type == (uint32_t)t) {
+            *tm = &e->tm;
+            return 0;
+        }
+        if (!slot && !e->p)
+            slot = e;
+    }
+    if (!slot)
+        slot = &tab[h0 % LW_TMAPS]; /* full around here: the oldest guess, replaced */
+    const cuuint64_t dim[2] = {cols, rows}, stride[1] = {(cuuint64_t)cols * 2};
+    const cuuint32_t box[2] = {LW_KC, box_rows}, one[2] = {1, 1};
+    CUresult r = enc(
+        &slot->tm,
+        t == BE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+        (void *)p, dim, stride, box, one, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        slot->p = NULL;
+        log_warn("cuda: cuTensorMapEncodeTiled refused a %ux%u matrix (error %d); the wide "
+                 "linears copy with cp.async",
+                 rows, cols, (int)r);
+        return 1;
+    }
+    slot->p = p;
+    slot->rows = rows;
+    slot->cols = cols;
+    slot->box_rows = box_rows;
+    slot->type = (uint32_t)t;
+    *tm = &slot->tm;
+    return 0;
+}
+
 template <typename W, int MODE, int NT, int WR>
 static int lw_run_nt(struct cuda_ctx *c, const lw_kargs &a, uint32_t ks)
 {
+    cudaLaunchAttribute at[2];
+    if (c->lw_tma) {
+        /* the tensor-copy form, when every matrix and x map */
+        const enum be_type t = std::is_same<W, __half>::value ? BE_F16 : BE_BF16;
+        const CUtensorMap *tw[BE_LIN_MAX] = {}, *tx = NULL;
+        int rc = lw_tmap_get(c, a.x, a.n, a.n_in, 8 * NT, t, &tx);
+        for (int i = 0; rc == 0 && i < BE_LIN_MAX; i++)
+            if (a.w[i])
+                rc = lw_tmap_get(c, a.w[i], a.n_out[i], a.n_in, LW_ROWS / 2, t, &tw[i]);
+        if (rc < 0)
+            return rc;
+        if (rc == 0) {
+            auto fn = lw_tma_kernel<W, MODE, NT, WR>;
+            const size_t smem = lw_tsmem(NT);
+            const uint32_t threads = (LW_ROWS / WR + 1) * 32;
+            static int fit[4] = {-1, -1, -1, -1};
+            rc = lw_fit(c, fn, threads, smem, fit);
+            if (rc < 0)
+                return rc;
+            ks = lw_fit_spans(c, fit, a.n_tiles, ks);
+            const cudaLaunchConfig_t cfg = lw_config(c, a.n_tiles, ks, threads, smem, at);
+            const CUtensorMap &m0 = *tw[0], &m1 = tw[1] ? *tw[1] : m0, &m2 = tw[2] ? *tw[2] : m0;
+            CU_TRY(cudaLaunchKernelEx(&cfg, fn, a, m0, m1, m2, *tx));
+            c->hst.lin_wide++;
+            c->hst.lin_wide_tma++;
+            return 0;
+        }
+    }
     auto fn = lw_kernel<W, MODE, NT, WR>;
     const size_t smem = lw_smem(NT);
     const uint32_t threads = LW_ROWS / WR * 32;
-    /* clusters of 2, 4 and 8 that run at once (the same on every gpu of one kind) */
     static int fit[4] = {-1, -1, -1, -1};
-    if (fit[0] < 0) {
-        CU_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        fit[0] = 1 << 30;
-        for (int i = 1; i < 4; i++) {
-            cudaLaunchAttribute at[2];
-            cudaLaunchConfig_t cfg = lw_config(c, 8, 1u << i, threads, smem, at);
-            cfg.numAttrs = 1; /* the cluster's shape alone */
-            if (cudaOccupancyMaxActiveClusters(&fit[i], fn, &cfg) != cudaSuccess) {
-                (void)cudaGetLastError();
-                fit[i] = 0;
-            }
-        }
-    }
-    /* spans the grid's choice (not RKV_CUDA_LIN_WIDE_KS's) halves until the clusters run in one
-     * wave: a second wave of clusters would double the launch */
-    if (!c->lw_ks)
-        while (ks > 1 && (uint32_t)fit[ks == 2 ? 1 : ks == 4 ? 2 : 3] < a.n_tiles)
-            ks /= 2;
-    cudaLaunchAttribute at[2];
+    int rc = lw_fit(c, fn, threads, smem, fit);
+    if (rc < 0)
+        return rc;
+    ks = lw_fit_spans(c, fit, a.n_tiles, ks);
     const cudaLaunchConfig_t cfg = lw_config(c, a.n_tiles, ks, threads, smem, at);
     CU_TRY(cudaLaunchKernelEx(&cfg, fn, a));
     c->hst.lin_wide++;
