@@ -442,7 +442,9 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
     uint32_t ctxs[] = {512, 4096, 32768, 131072};
     int fracs[] = {0, 25, 50, 90, 100};
     int profiled = 0; /* RKV_PROFILE_EXIT: stop after the profiled step */
-    for (size_t ci = 0; ci < sizeof(ctxs) / sizeof(ctxs[0]) && !profiled && decode; ci++) {
+    /* RKV_BENCH_B1=0: the batched cases alone, for a short device call */
+    const int b1 = (int)rkv_env_u64("RKV_BENCH_B1", 1, 0, 1);
+    for (size_t ci = 0; ci < sizeof(ctxs) / sizeof(ctxs[0]) && !profiled && decode && b1; ci++) {
         uint32_t ctx = ctxs[ci];
         if (ctx > max_ctx)
             continue;

@@ -956,7 +956,7 @@ int gpu_model_cpu_tail_tests(struct backend *cpu_be, struct backend *tail_be, co
 int gpu_model_graph_tests(struct backend *plain, struct backend *graph, int *pass, int *fail);
 /* the wide kernel's default form, then 16 rows a warp (its first form), and the k spans forced
  * to 1 (no cluster), 2 and 8 (the largest cluster); each with cp.async, then by tensor copies */
-static void test_linear_wide_forms(void)
+static void test_linear_wide_forms(int tma_only)
 {
     static const struct {
         const char *var, *value;
@@ -966,7 +966,7 @@ static void test_linear_wide_forms(void)
                  {"RKV_CUDA_LIN_WIDE_KS", "2"},
                  {"RKV_CUDA_LIN_WIDE_KS", "8"}};
     setenv("RKV_CUDA_LIN_WIDE", "64", 1);
-    for (wide_tma = 0; wide_tma < 2; wide_tma++) {
+    for (wide_tma = tma_only; wide_tma < 2; wide_tma++) {
         if (wide_tma)
             setenv("RKV_CUDA_LIN_WIDE_TMA", "1", 1);
         for (size_t i = 0; i < sizeof(forms) / sizeof(forms[0]); i++) {
@@ -991,7 +991,7 @@ int main(int argc, char **argv)
 {
     rkv_log_init("gpu-test", RKV_LOG_WARN);
     uint64_t seed = 1;
-    int ops = 1, model = 1, attn_only = 0, wide_only = 0;
+    int ops = 1, model = 1, attn_only = 0, wide_only = 0, wide_tma_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--seed") && i + 1 < argc)
             seed = strtoull(argv[++i], NULL, 10);
@@ -1003,10 +1003,12 @@ int main(int argc, char **argv)
             ops = model = 0, attn_only = 1; /* the attention cases alone (compute-sanitizer) */
         else if (!strcmp(argv[i], "--wide-only"))
             ops = model = 0, wide_only = 1; /* linear_wide.cu's cases alone (its a/b calls) */
+        else if (!strcmp(argv[i], "--wide-tma-only"))
+            ops = model = 0, wide_only = wide_tma_only = 1; /* ... of its tensor-copy form */
         else {
             fprintf(stderr,
                     "gpu-test: unknown argument '%s'; usage: gpu_ops_test [--seed N] "
-                    "[--ops-only | --model-only | --attn-only | --wide-only]\n",
+                    "[--ops-only | --model-only | --attn-only | --wide-only | --wide-tma-only]\n",
                     argv[i]);
             return 2;
         }
@@ -1034,7 +1036,7 @@ int main(int argc, char **argv)
     }
     if (wide_only) {
         printf("ops: the wide linears (seed %llu)\n", (unsigned long long)seed);
-        test_linear_wide_forms();
+        test_linear_wide_forms(wide_tma_only);
     }
     if (ops) {
         printf("ops (seed %llu)\n", (unsigned long long)seed);
@@ -1056,7 +1058,7 @@ int main(int argc, char **argv)
         test_twin();
         test_linear();
         test_linear_shapes();
-        test_linear_wide_forms();
+        test_linear_wide_forms(0);
         {
             /* the matmul cases with rows past one on cublas (RKV_CUDA_GEMV_MAX_N; the fused
              * linears decline such rows: the forward composes them of the plain ops) */
