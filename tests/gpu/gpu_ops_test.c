@@ -954,17 +954,16 @@ int gpu_model_tests(struct backend *cpu_be, struct backend *gpu_be, struct backe
 int gpu_model_cpu_tail_tests(struct backend *cpu_be, struct backend *tail_be, const char *what,
                              int *pass, int *fail);
 int gpu_model_graph_tests(struct backend *plain, struct backend *graph, int *pass, int *fail);
-/* the wide kernel's default form, then 16 rows a warp (its first form), and the k spans forced
- * to 1 (no cluster), 2 and 8 (the largest cluster); each with cp.async, then by tensor copies */
+/* the wide kernel's default form, then 16 rows a warp (its first form), the k spans forced to
+ * 1 (no cluster), 2 and 8 (the largest cluster), and a ring of 3 (the tensor-copy form's
+ * stages wrap at no power of two); each with cp.async, then by tensor copies */
 static void test_linear_wide_forms(int tma_only)
 {
     static const struct {
         const char *var, *value;
-    } forms[] = {{"RKV_CUDA_LIN_WIDE_KS", "0"},
-                 {"RKV_CUDA_LIN_WIDE_WR", "16"},
-                 {"RKV_CUDA_LIN_WIDE_KS", "1"},
-                 {"RKV_CUDA_LIN_WIDE_KS", "2"},
-                 {"RKV_CUDA_LIN_WIDE_KS", "8"}};
+    } forms[] = {{"RKV_CUDA_LIN_WIDE_KS", "0"}, {"RKV_CUDA_LIN_WIDE_WR", "16"},
+                 {"RKV_CUDA_LIN_WIDE_KS", "1"}, {"RKV_CUDA_LIN_WIDE_KS", "2"},
+                 {"RKV_CUDA_LIN_WIDE_KS", "8"}, {"RKV_CUDA_LIN_WIDE_STAGES", "3"}};
     setenv("RKV_CUDA_LIN_WIDE", "64", 1);
     for (wide_tma = tma_only; wide_tma < 2; wide_tma++) {
         if (wide_tma)

@@ -1584,6 +1584,8 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         goto fail;
     c->n_sm = p.multiProcessorCount;
     c->cc_major = p.major;
+    c->smem_sm = (uint32_t)p.sharedMemPerMultiprocessor;
+    c->smem_block = (uint32_t)p.sharedMemPerBlockOptin;
     if (p.major < 8) {
         log_error("cuda: gpu %d (%s) is compute capability %d.%d; rkv needs 8.0 or newer", gpu,
                   p.name, p.major, p.minor);
@@ -1687,6 +1689,11 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
             c->lw_wr = 32;
         }
         c->lw_tma = cu_env_flag("RKV_CUDA_LIN_WIDE_TMA", 0);
+        c->lw_stages = (uint32_t)rkv_env_u64("RKV_CUDA_LIN_WIDE_STAGES", 0, 0, 8);
+        if (c->lw_stages == 1) {
+            log_warn("RKV_CUDA_LIN_WIDE_STAGES=1 is not 0 (by the grid) or 2..8; using 2");
+            c->lw_stages = 2;
+        }
         c->lw_ks = (uint32_t)rkv_env_u64("RKV_CUDA_LIN_WIDE_KS", 0, 0, 8);
         if (c->lw_ks & (c->lw_ks - 1)) {
             log_warn("RKV_CUDA_LIN_WIDE_KS=%u is not 0, 1, 2, 4 or 8; using 0 (by the grid)",

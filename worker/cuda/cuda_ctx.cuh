@@ -254,6 +254,9 @@ struct cuda_ctx {
     int lw_tma;     /* its stages moved by tensor copies from a producer warp, not cp.async (env
                      * RKV_CUDA_LIN_WIDE_TMA) */
     void *lw_tmaps; /* the tensor maps of that form, by tensor (linear_wide.cu's lw_tmap) */
+    uint32_t lw_stages; /* that form's ring stages, 2..8; 0 by the grid (as deep as two blocks
+                         * an SM allow, or one when the grid has one an SM; env
+                         * RKV_CUDA_LIN_WIDE_STAGES) */
     int lin_mma;    /* the fewest tokens (1..8) whose decode linears and matmuls over 16-bit
                      * weights run on tensor cores (linear_mma.cu); 0 off (env RKV_CUDA_LIN_MMA) */
     int pdl;        /* streamed linears launched with programmatic serialization: the next one
@@ -275,6 +278,7 @@ struct cuda_ctx {
      * the other rows of the step, the placement of its blocks or prefill against decode */
     int deterministic;
     int cc_major;   /* compute capability */
+    uint32_t smem_sm, smem_block; /* shared memory an SM, and the most one block may opt in to */
     uint32_t ls_stage, ls_ring; /* streamed linears: bytes per stage (target) and of the ring
                                  * (env RKV_CUDA_LS_STAGE_KB, RKV_CUDA_LS_RING_KB) */
     /* streamed linears' tiles: after its first ring of tiles a block takes the next one from

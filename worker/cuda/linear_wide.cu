@@ -29,7 +29,8 @@ namespace cg = cooperative_groups;
 #define LW_ROWS   128         /* weight rows a tile */
 #define LW_KC     64          /* k a stage */
 #define LW_LD     (LW_KC + 8) /* a stage row in 16-bit elements: ldmatrix's rows in distinct banks */
-#define LW_STAGES 4
+#define LW_STAGES 4           /* the cp.async form's ring */
+#define LW_MAX_ST 8           /* the tensor-copy form's deepest ring */
 #define LW_MAX_KS 8
 #define LW_EPI    4 /* outputs a thread has in flight in the epilogue */
 
@@ -41,6 +42,7 @@ struct lw_kargs {
     uint32_t n_out[BE_LIN_MAX]; /* rows of each */
     const void *x;              /* (n, n_in) in the weights' type */
     uint32_t n_in, n, n_tiles;
+    uint32_t n_st; /* the tensor-copy form's ring stages, 2..LW_MAX_ST */
 };
 
 /* 16 bytes from global to shared memory; zeros when !on (a token past n). Weights are read
@@ -339,14 +341,15 @@ __global__ void __launch_bounds__((LW_ROWS / WR + 1) * 32, 2)
     extern __shared__ __align__(128) unsigned char lw_sm[];
     /* the swizzle's pattern needs 1024-byte aligned boxes */
     unsigned char *sm = lw_sm + ((1024 - (cuda_smem(lw_sm) & 1023)) & 1023);
-    uint64_t *full = (uint64_t *)(sm + LW_STAGES * SB), *empty = full + LW_STAGES;
+    const uint32_t S = a.n_st;
+    uint64_t *full = (uint64_t *)(sm + S * SB), *empty = full + LW_MAX_ST;
     const uint32_t tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const uint32_t tile = blockIdx.x, span = blockIdx.y, ks = gridDim.y;
     const uint32_t k_len = a.n_in / ks, k0 = span * k_len, chunks = k_len / LW_KC;
     uint32_t m, row0;
     lw_tile<MODE>(a, tile, m, row0);
     if (tid == 0) {
-        for (int s = 0; s < LW_STAGES; s++) {
+        for (uint32_t s = 0; s < S; s++) {
             cuda_bar_init(&full[s], 1);
             cuda_bar_init(&empty[s], LW_WARPS);
         }
@@ -364,7 +367,7 @@ __global__ void __launch_bounds__((LW_ROWS / WR + 1) * 32, 2)
             const CUtensorMap *tm = m == 0 ? &tw0 : m == 1 ? &tw1 : &tw2;
             const CUtensorMap *tm2 = MODE == BE_LIN_SWIGLU ? &tw1 : tm;
             const int32_t y2 = (int32_t)(MODE == BE_LIN_SWIGLU ? row0 : row0 + LW_ROWS / 2);
-            const uint32_t pre = chunks < LW_STAGES ? chunks : LW_STAGES;
+            const uint32_t pre = chunks < S ? chunks : S;
             for (uint32_t c = 0; c < pre; c++) {
                 unsigned char *st = sm + c * SB;
                 const int32_t kc = (int32_t)(k0 + c * LW_KC);
@@ -375,15 +378,21 @@ __global__ void __launch_bounds__((LW_ROWS / WR + 1) * 32, 2)
             cuda_grid_wait();
             for (uint32_t c = 0; c < pre; c++)
                 cuda_tma_2d(sm + c * SB + XOFF, &tx, (int32_t)(k0 + c * LW_KC), 0, &full[c], 0);
-            for (uint32_t c = LW_STAGES; c < chunks; c++) {
-                const uint32_t s = c % LW_STAGES;
+            /* chunk c (from S on) goes to stage s = c % S once the stage's use c - S is
+             * released: phase ph = (c / S - 1) % 2 of its empty barrier */
+            uint32_t s = 0, ph = 0;
+            for (uint32_t c = S; c < chunks; c++) {
                 unsigned char *st = sm + s * SB;
                 const int32_t kc = (int32_t)(k0 + c * LW_KC);
-                cuda_bar_wait(&empty[s], (c / LW_STAGES - 1) & 1);
+                cuda_bar_wait(&empty[s], ph);
                 cuda_bar_expect(&full[s], SB);
                 cuda_tma_2d(st, tm, kc, (int32_t)row0, &full[s], policy);
                 cuda_tma_2d(st + XOFF / 2, tm2, kc, y2, &full[s], policy);
                 cuda_tma_2d(st + XOFF, &tx, kc, 0, &full[s], 0);
+                if (++s == S) {
+                    s = 0;
+                    ph ^= 1;
+                }
             }
         }
         __syncwarp();
@@ -395,9 +404,9 @@ __global__ void __launch_bounds__((LW_ROWS / WR + 1) * 32, 2)
          * lane's, so the swizzle of column 2 kk + h is (2 kk) ^ (h ^ lane % 8) */
         const uint32_t ra = warp * WR + (lane & 15), ma = (lane >> 4) ^ (lane & 7);
         const uint32_t rb = (lane >> 4) * 8 + (lane & 7), mb = ((lane >> 3) & 1) ^ (lane & 7);
+        uint32_t s = 0, ph = 0; /* chunk c's stage, c % S, and its full phase, c / S % 2 */
         for (uint32_t c = 0; c < chunks; c++) {
-            const uint32_t s = c % LW_STAGES;
-            cuda_bar_wait(&full[s], (c / LW_STAGES) & 1);
+            cuda_bar_wait(&full[s], ph);
             const unsigned char *st = sm + s * SB;
 #pragma unroll
             for (int kk = 0; kk < LW_KC / 16; kk++) {
@@ -421,19 +430,32 @@ __global__ void __launch_bounds__((LW_ROWS / WR + 1) * 32, 2)
             __syncwarp(); /* the warp's reads of the stage are done (ldmatrix returned) */
             if (lane == 0)
                 cuda_bar_arrive(&empty[s]);
+            if (++s == S) {
+                s = 0;
+                ph ^= 1;
+            }
         }
     }
     __syncthreads(); /* every stage consumed: they become the span's sums */
     lw_finish<MODE, NT, WR, (LW_ROWS / WR + 1) * 32>(a, sm, d, m, row0);
 }
 
-/* shared memory of a tensor-copy launch: the stages and their barriers (or the tile's sums if
- * larger), and room to align them to 1024 bytes */
-static size_t lw_tsmem(int nt)
+/* shared memory of a tensor-copy launch of ns stages: the stages and their barriers (or the
+ * tile's sums if larger), and room to align them to 1024 bytes */
+static size_t lw_tsmem(int nt, uint32_t ns)
 {
-    const size_t st = LW_STAGES * (size_t)lw_tstage_bytes(nt) + 2 * LW_STAGES * sizeof(uint64_t),
+    const size_t st = ns * (size_t)lw_tstage_bytes(nt) + 2 * LW_MAX_ST * sizeof(uint64_t),
                  sums = (size_t)LW_ROWS * (8 * nt + 1) * 4;
     return (st > sums ? st : sums) + 1024;
+}
+
+/* the deepest ring (2..LW_MAX_ST) whose launch fits in budget bytes of shared memory a block */
+static uint32_t lw_tstages_in(int nt, size_t budget)
+{
+    uint32_t ns = 2;
+    while (ns < LW_MAX_ST && lw_tsmem(nt, ns + 1) <= budget)
+        ns++;
+    return ns;
 }
 
 /* shared memory of a launch: the stages, or the tile's sums if larger */
@@ -469,14 +491,14 @@ static cudaLaunchConfig_t lw_config(const struct cuda_ctx *c, uint32_t n_tiles, 
     return cfg;
 }
 
-/* clusters of 2, 4 and 8 blocks of fn that run at once, into fit[1..3] (fit[0]: one block, no
- * limit); the same on every gpu of one kind, so once a kernel */
+/* clusters of 2, 4 and 8 blocks of fn that run at once with smem bytes each, into fit[1..3]
+ * (fit[0]: one block, no limit); the same on every gpu of one kind, so once a kernel and size
+ * (fn's dynamic shared memory attribute set before, to at least smem) */
 template <typename F>
 static int lw_fit(struct cuda_ctx *c, F fn, uint32_t threads, size_t smem, int (&fit)[4])
 {
     if (fit[0] >= 0)
         return 0;
-    CU_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     fit[0] = 1 << 30;
     for (int i = 1; i < 4; i++) {
         cudaLaunchAttribute at[2];
@@ -590,15 +612,38 @@ static int lw_run_nt(struct cuda_ctx *c, const lw_kargs &a, uint32_t ks)
             return rc;
         if (rc == 0) {
             auto fn = lw_tma_kernel<W, MODE, NT, WR>;
-            const size_t smem = lw_tsmem(NT);
             const uint32_t threads = (LW_ROWS / WR + 1) * 32;
-            static int fit[4] = {-1, -1, -1, -1};
-            rc = lw_fit(c, fn, threads, smem, fit);
-            if (rc < 0)
+            /* rings as deep as two blocks an SM allow (s2), or one (s1) */
+            const uint32_t s2 = lw_tstages_in(NT, c->smem_sm / 2 - 1024),
+                           s1 = lw_tstages_in(NT, c->smem_block < c->smem_sm - 1024
+                                                      ? c->smem_block
+                                                      : c->smem_sm - 1024);
+            static int fit[LW_MAX_ST + 1][4];
+            static bool set;
+            if (!set) {
+                CU_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)lw_tsmem(NT, s1)));
+                for (auto &f : fit)
+                    f[0] = -1;
+                set = true;
+            }
+            uint32_t ns = c->lw_stages ? (c->lw_stages < s1 ? c->lw_stages : s1) : s2;
+            if ((rc = lw_fit(c, fn, threads, lw_tsmem(NT, ns), fit[ns])) < 0)
                 return rc;
-            ks = lw_fit_spans(c, fit, a.n_tiles, ks);
-            const cudaLaunchConfig_t cfg = lw_config(c, a.n_tiles, ks, threads, smem, at);
-            CU_TRY(cudaLaunchKernelEx(&cfg, fn, a, tw[0], tw[1], tw[2], tx));
+            ks = lw_fit_spans(c, fit[ns], a.n_tiles, ks);
+            /* a grid of one block an SM or fewer takes the deeper ring when its clusters still
+             * run in one wave: o and down at b=64 run 32 tiles x 4 spans (128 blocks) */
+            if (!c->lw_stages && s1 > s2 && a.n_tiles * ks <= (uint32_t)c->n_sm) {
+                if ((rc = lw_fit(c, fn, threads, lw_tsmem(NT, s1), fit[s1])) < 0)
+                    return rc;
+                if (ks == 1 || (uint32_t)fit[s1][ks == 2 ? 1 : ks == 4 ? 2 : 3] >= a.n_tiles)
+                    ns = s1;
+            }
+            lw_kargs b = a;
+            b.n_st = ns;
+            const cudaLaunchConfig_t cfg =
+                lw_config(c, a.n_tiles, ks, threads, lw_tsmem(NT, ns), at);
+            CU_TRY(cudaLaunchKernelEx(&cfg, fn, b, tw[0], tw[1], tw[2], tx));
             c->hst.lin_wide++;
             c->hst.lin_wide_tma++;
             return 0;
@@ -608,6 +653,8 @@ static int lw_run_nt(struct cuda_ctx *c, const lw_kargs &a, uint32_t ks)
     const size_t smem = lw_smem(NT);
     const uint32_t threads = LW_ROWS / WR * 32;
     static int fit[4] = {-1, -1, -1, -1};
+    if (fit[0] < 0)
+        CU_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     int rc = lw_fit(c, fn, threads, smem, fit);
     if (rc < 0)
         return rc;
