@@ -1254,6 +1254,16 @@ int main(int argc, char **argv)
                 gpu_model_cases_with(cpu, alt, alts[i].what, &n_pass, &n_fail);
             backend_free(alt);
         }
+        {
+            /* the wide kernel's tensor-copy form (RKV_CUDA_LIN_WIDE_TMA) */
+            setenv("RKV_CUDA_LIN_WIDE", "64", 1);
+            struct backend *wt = backend_env("RKV_CUDA_LIN_WIDE_TMA", "1", 0);
+            unsetenv("RKV_CUDA_LIN_WIDE");
+            if (wt)
+                gpu_model_cases_with(cpu, wt, "batched linears on the wide kernel's tensor copies",
+                                     &n_pass, &n_fail);
+            backend_free(wt);
+        }
         struct backend *tail = backend_env("RKV_CUDA_HOST_READ", "cpu", 1);
         if (tail)
             gpu_model_cpu_tail_tests(cpu, tail, "cpu_tail", &n_pass, &n_fail);
