@@ -20,12 +20,12 @@ step() { echo "== $* ($(date +%T))"; }
 fails() { grep -E "FAIL|gpu-test:" "$1" | sort | uniq -c | sort -rn | head -"${2:-12}"; }
 
 step "gpu_ops_test --wide-tma-only"
-timeout 150 "$B/gpu_ops_test" --wide-tma-only >"$OUT/ops_tma.txt" 2>&1
+timeout 100 "$B/gpu_ops_test" --wide-tma-only >"$OUT/ops_tma.txt" 2>&1
 echo "rc=$?"
 fails "$OUT/ops_tma.txt"
 
 step "gpu_ops_test --model-only (the tensor-copy form among its alternatives)"
-timeout 240 "$B/gpu_ops_test" --model-only >"$OUT/model.txt" 2>&1
+timeout 90 "$B/gpu_ops_test" --model-only >"$OUT/model.txt" 2>&1
 echo "rc=$?"
 fails "$OUT/model.txt"
 
@@ -40,14 +40,14 @@ rm -f "$OUT"/ab/*.json
 step "one traced step of each batched case, tensor copies"
 mkdir -p "$OUT/tr"
 RKV_BENCH_B1=0 RKV_PROFILE_TRACE=$OUT/tr RKV_CUDA_LIN_WIDE=64 RKV_CUDA_LIN_WIDE_TMA=1 \
-    timeout 120 "$B/gpu_bench" --suite decode --quick >"$OUT/tr/bench.txt" 2>&1
+    timeout 70 "$B/gpu_bench" --suite decode --quick >"$OUT/tr/bench.txt" 2>&1
 echo "rc=$?"
 python3 "$HERE/trace-phases.py" "$OUT/tr/trace.csv" "b=64 ctx=4096" >"$OUT/tr/phases.txt" 2>&1
 cat "$OUT/tr/phases.txt"
 rm -f "$OUT/tr/trace.csv"
 
 step "gpu_ops_test --wide-only (both forms)"
-timeout 240 "$B/gpu_ops_test" --wide-only >"$OUT/ops_wide.txt" 2>&1
+timeout 180 "$B/gpu_ops_test" --wide-only >"$OUT/ops_wide.txt" 2>&1
 echo "rc=$?"
 fails "$OUT/ops_wide.txt"
 step "done"
