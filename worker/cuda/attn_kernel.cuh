@@ -695,23 +695,6 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_mma_kernel(struct attn_karg
     attn_merge_last(a, tok0, rows, kvh);
 }
 
-/* ldmatrix: four 8x8 b16 tiles, row addresses from lanes 8i..8i+7 for tile i; TRANS transposes
- * each tile */
-template <bool TRANS>
-__device__ __forceinline__ void attn_ldm4(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3,
-                                          const void *p)
-{
-    unsigned addr = (unsigned)__cvta_generic_to_shared(p);
-    if constexpr (TRANS)
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                     : "r"(addr));
-    else
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                     : "r"(addr));
-}
-
 /* d += a . b (m16n8k16, f16 in, f32 accumulate), left to the compiler to schedule */
 __device__ __forceinline__ void fa_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                        uint32_t b1)
@@ -896,7 +879,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_fa_kernel(struct attn_kargs
 #pragma unroll
             for (int j = 0; j < ND; j += 2) {
                 uint32_t b0, b1, b2, b3;
-                attn_ldm4<true>(b0, b1, b2, b3, vr + j * 8);
+                cuda_ldsm4<true>(b0, b1, b2, b3, vr + j * 8);
                 fa_mma(o[j], ph, b0, b1);
                 fa_mma(o[j + 1], ph, b2, b3);
                 if constexpr (LO >= 2) {
@@ -1119,10 +1102,10 @@ __global__ void __launch_bounds__(ATTN_THREADS)
                 for (int k = 0; k < KS; k += 2) {
                     uint32_t b0, b1, b2, b3;
                     if (TMA || k + 1 < KS) {
-                        attn_ldm4<false>(b0, b1, b2, b3,
-                                         TMA ? (const __half *)((const char *)kd +
-                                                                attn_sw<CH>(kr_sw, kc_sw + 2 * k))
-                                             : kb + k * 16);
+                        cuda_ldsm4<false>(b0, b1, b2, b3,
+                                          TMA ? (const __half *)((const char *)kd +
+                                                                 attn_sw<CH>(kr_sw, kc_sw + 2 * k))
+                                              : kb + k * 16);
                         attn_mma(c[nt], fq[k][0], fq[k][1], fq[k][2], fq[k][3], b0, b1);
                         attn_mma(c[nt], fq[k + 1][0], fq[k + 1][1], fq[k + 1][2], fq[k + 1][3], b2,
                                  b3);
@@ -1175,7 +1158,7 @@ __global__ void __launch_bounds__(ATTN_THREADS)
 #pragma unroll
                 for (int j = 0; j < ND; j += 2) {
                     uint32_t b0, b1, b2, b3;
-                    attn_ldm4<true>(
+                    cuda_ldsm4<true>(
                         b0, b1, b2, b3,
                         TMA ? (const __half *)((const char *)vd +
                                                attn_sw<CH>(kw + (lane & 15), (lane >> 4) + j))

@@ -5,6 +5,33 @@
 
 #include "worker/cuda/cuda_ctx.cuh"
 
+/* the launch of a grid on stream s: clusters of cluster_y blocks along y when that is above 1
+ * (the first attribute), then programmatic stream serialization when c->pdl; at: room for both */
+static inline cudaLaunchConfig_t cuda_launch_cfg(const struct cuda_ctx *c, dim3 grid, dim3 block,
+                                                 size_t smem, cudaStream_t s,
+                                                 cudaLaunchAttribute *at, unsigned cluster_y = 1)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cfg.attrs = at;
+    if (cluster_y > 1) {
+        at[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
+        at[cfg.numAttrs].val.clusterDim.x = 1;
+        at[cfg.numAttrs].val.clusterDim.y = cluster_y;
+        at[cfg.numAttrs].val.clusterDim.z = 1;
+        cfg.numAttrs++;
+    }
+    if (c->pdl) {
+        at[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[cfg.numAttrs].val.programmaticStreamSerializationAllowed = 1;
+        cfg.numAttrs++;
+    }
+    return cfg;
+}
+
 /* launches fn on stream s with programmatic stream serialization when c->pdl: its blocks may be
  * scheduled while the kernel before it ends, so fn must execute griddepcontrol.wait
  * (cuda_grid_wait) before it touches memory that kernel writes */
@@ -12,16 +39,8 @@ template <typename... P, typename... A>
 static inline cudaError_t cuda_launch_pdl(const struct cuda_ctx *c, void (*fn)(P...), dim3 grid,
                                           dim3 block, size_t smem, cudaStream_t s, A &&...args)
 {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = c->pdl ? 1 : 0;
+    cudaLaunchAttribute at[2];
+    const cudaLaunchConfig_t cfg = cuda_launch_cfg(c, grid, block, smem, s, at);
     return cudaLaunchKernelEx(&cfg, fn, static_cast<A &&>(args)...);
 }
 
@@ -97,6 +116,23 @@ static inline bool cuda_vec4_ok(size_t n, const void *p0, const void *p1, const 
 {
     return n % 4 == 0 && (((uintptr_t)p0 | (uintptr_t)p1 | (uintptr_t)p2) & 15) == 0 &&
            ((uintptr_t)q & 7) == 0;
+}
+
+/* ldmatrix: four 8x8 b16 tiles from shared memory, row addresses from lanes 8i..8i+7 for tile
+ * i; TRANS transposes each tile */
+template <bool TRANS>
+__device__ __forceinline__ void cuda_ldsm4(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3,
+                                           const void *p)
+{
+    unsigned addr = (unsigned)__cvta_generic_to_shared(p);
+    if constexpr (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                     : "r"(addr));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                     : "r"(addr));
 }
 
 /* --- mbarriers and tensor copies (sm_90) ---------------------------------------------------- */

@@ -60,13 +60,6 @@ __device__ __forceinline__ void lw_cp(void *dst, const void *src, bool on, uint6
                      : "memory");
 }
 
-__device__ __forceinline__ void lw_ldsm4(uint32_t (&r)[4], const void *p)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"((uint32_t)__cvta_generic_to_shared(p)));
-}
-
 /* bytes of one stage: the tile's weight rows, then 8 * NT token rows of x */
 __host__ __device__ constexpr size_t lw_stage_bytes(int nt)
 {
@@ -287,11 +280,12 @@ __global__ void __launch_bounds__(LW_ROWS / WR * 32, 2) lw_kernel(lw_kargs a)
             uint32_t af[NA][4];
 #pragma unroll
             for (int h = 0; h < NA; h++)
-                lw_ldsm4(af[h], st + a_off + h * 16 * LW_LD + kk * 16);
+                cuda_ldsm4<false>(af[h][0], af[h][1], af[h][2], af[h][3],
+                                  st + a_off + h * 16 * LW_LD + kk * 16);
 #pragma unroll
             for (int j = 0; j < NT; j += 2) {
                 uint32_t bf[4];
-                lw_ldsm4(bf, st + b_off + j * 8 * LW_LD + kk * 16);
+                cuda_ldsm4<false>(bf[0], bf[1], bf[2], bf[3], st + b_off + j * 8 * LW_LD + kk * 16);
 #pragma unroll
                 for (int h = 0; h < NA; h++) {
                     cuda_mma16816<W>(d[h][j], af[h][0], af[h][1], af[h][2], af[h][3], bf[0], bf[1]);
@@ -413,11 +407,13 @@ __global__ void __launch_bounds__((LW_ROWS / WR + 1) * 32, 2)
                 uint32_t af[NA][4];
 #pragma unroll
                 for (int h = 0; h < NA; h++)
-                    lw_ldsm4(af[h], st + (ra + h * 16) * 128 + (((2 * kk) ^ ma) << 4));
+                    cuda_ldsm4<false>(af[h][0], af[h][1], af[h][2], af[h][3],
+                                      st + (ra + h * 16) * 128 + (((2 * kk) ^ ma) << 4));
 #pragma unroll
                 for (int j = 0; j < NT; j += 2) {
                     uint32_t bf[4];
-                    lw_ldsm4(bf, st + XOFF + (rb + j * 8) * 128 + (((2 * kk) ^ mb) << 4));
+                    cuda_ldsm4<false>(bf[0], bf[1], bf[2], bf[3],
+                                      st + XOFF + (rb + j * 8) * 128 + (((2 * kk) ^ mb) << 4));
 #pragma unroll
                     for (int h = 0; h < NA; h++) {
                         cuda_mma16816<W>(d[h][j], af[h][0], af[h][1], af[h][2], af[h][3], bf[0],
@@ -465,30 +461,12 @@ static size_t lw_smem(int nt)
     return st > sums ? st : sums;
 }
 
-/* the launch of a (n_tiles, ks) grid: clusters of a tile's ks blocks, programmatic
- * serialization when c->pdl (at: room for both attributes) */
+/* the launch of a (n_tiles, ks) grid: clusters of a tile's ks blocks (the first attribute),
+ * programmatic serialization when c->pdl (at: room for both attributes) */
 static cudaLaunchConfig_t lw_config(const struct cuda_ctx *c, uint32_t n_tiles, uint32_t ks,
                                     uint32_t threads, size_t smem, cudaLaunchAttribute *at)
 {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(n_tiles, ks);
-    cfg.blockDim = dim3(threads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = c->stream;
-    cfg.attrs = at;
-    if (ks > 1) {
-        at[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
-        at[cfg.numAttrs].val.clusterDim.x = 1;
-        at[cfg.numAttrs].val.clusterDim.y = ks;
-        at[cfg.numAttrs].val.clusterDim.z = 1;
-        cfg.numAttrs++;
-    }
-    if (c->pdl) {
-        at[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[cfg.numAttrs].val.programmaticStreamSerializationAllowed = 1;
-        cfg.numAttrs++;
-    }
-    return cfg;
+    return cuda_launch_cfg(c, dim3(n_tiles, ks), dim3(threads), smem, c->stream, at, ks);
 }
 
 /* clusters of 2, 4 and 8 blocks of fn that run at once with smem bytes each, into fit[1..3]
@@ -613,19 +591,19 @@ static int lw_run_nt(struct cuda_ctx *c, const lw_kargs &a, uint32_t ks)
         if (rc == 0) {
             auto fn = lw_tma_kernel<W, MODE, NT, WR>;
             const uint32_t threads = (LW_ROWS / WR + 1) * 32;
-            /* rings as deep as two blocks an SM allow (s2), or one (s1) */
-            const uint32_t s2 = lw_tstages_in(NT, c->smem_sm / 2 - 1024),
-                           s1 = lw_tstages_in(NT, c->smem_block < c->smem_sm - 1024
-                                                      ? c->smem_block
-                                                      : c->smem_sm - 1024);
+            /* rings as deep as two blocks an SM allow (s2), or one (s1); with the clusters
+             * that fit, the same on every gpu of one kind, so once a kernel */
+            static uint32_t s1, s2;
             static int fit[LW_MAX_ST + 1][4];
-            static bool set;
-            if (!set) {
+            if (!s1) {
+                const uint32_t deep = lw_tstages_in(
+                    NT, c->smem_block < c->smem_sm - 1024 ? c->smem_block : c->smem_sm - 1024);
                 CU_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int)lw_tsmem(NT, s1)));
+                                            (int)lw_tsmem(NT, deep)));
                 for (auto &f : fit)
                     f[0] = -1;
-                set = true;
+                s2 = lw_tstages_in(NT, c->smem_sm / 2 - 1024);
+                s1 = deep; /* last: a failed attribute is tried again next launch */
             }
             uint32_t ns = c->lw_stages ? (c->lw_stages < s1 ? c->lw_stages : s1) : s2;
             if ((rc = lw_fit(c, fn, threads, lw_tsmem(NT, ns), fit[ns])) < 0)
