@@ -17,16 +17,12 @@
 #           speed of light, occupancy, warp states, scheduler, memory sections in
 #           OUT/ncu_o.txt, the report in OUT/ncu_o.ncu-rep and the stall samples of each SASS
 #           instruction in OUT/ncu_o_sass.csv (o: 16.5 us for 7.3 us of bytes in a b=1 step)
-#   wide    the wide linears (linear_wide.cu, RKV_CUDA_LIN_WIDE): the tensor-copy form's cases,
-#           the model under every alternative, an a/b at batch 64 against cuBLAS
-#           (RKV_BENCH_B1=0: the batched cases alone), one traced step, then both forms' cases;
-#           plain file names (the device tool does not bring back names with '=') (~5 min)
 #   here:  scripts/bench-system.sh --pack .benchpack build/bs
 #   there: sh scripts/device-session.sh .benchpack $OUT check   (carry .benchpack.tgz: it unpacks there), then system
 # everything lands in OUT, and OUT/all.tgz holds it all (the device tool returns few files).
 set -u
-PACK=${1:?usage: scripts/device-session.sh PACK OUT [check|system|trace|profile|wide]}
-OUT=${2:?usage: scripts/device-session.sh PACK OUT [check|system|trace|profile|wide]}
+PACK=${1:?usage: scripts/device-session.sh PACK OUT [check|system|trace|profile]}
+OUT=${2:?usage: scripts/device-session.sh PACK OUT [check|system|trace|profile]}
 WHAT=${3:-check}
 mkdir -p "$OUT"
 # shellcheck source=scripts/pack-lib.sh
@@ -91,39 +87,8 @@ profile)
     grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Stall|rc=" \
         "$OUT/ncu_o.txt" | head -30
     ;;
-wide)
-    fails() { grep -E "FAIL|gpu-test:" "$1" | sort | uniq -c | sort -rn | head -12; }
-    step "gpu_ops_test --wide-tma-only"
-    timeout 100 "$B/gpu_ops_test" --wide-tma-only >"$OUT/ops_tma.txt" 2>&1
-    echo "rc=$?"
-    fails "$OUT/ops_tma.txt"
-    step "gpu_ops_test --model-only (the tensor-copy form among its alternatives)"
-    timeout 90 "$B/gpu_ops_test" --model-only >"$OUT/model.txt" 2>&1
-    echo "rc=$?"
-    fails "$OUT/model.txt"
-    step "a/b at batch 64"
-    RKV_BENCH_B1=0 AB_TIMEOUT=60 sh "$(dirname "$0")/device-ab.sh" "$PACK" "$OUT/ab" default \
-        RKV_CUDA_LIN_WIDE=64,RKV_CUDA_LIN_WIDE_TMA=1 \
-        RKV_CUDA_LIN_WIDE=64,RKV_CUDA_LIN_WIDE_TMA=1,RKV_CUDA_LIN_WIDE_STAGES=4 \
-        RKV_CUDA_LIN_WIDE=64 default >/dev/null 2>&1
-    grep -E "^==|b=64 ctx=4096 \(|b=16 " "$OUT/ab/ab.txt" | sed 's/  */ /g'
-    rm -f "$OUT"/ab/*.json
-    step "one traced step of each batched case, tensor copies"
-    mkdir -p "$OUT/tr"
-    RKV_BENCH_B1=0 RKV_PROFILE_TRACE=$OUT/tr RKV_CUDA_LIN_WIDE=64 RKV_CUDA_LIN_WIDE_TMA=1 \
-        timeout 70 "$B/gpu_bench" --suite decode --quick >"$OUT/tr/bench.txt" 2>&1
-    echo "rc=$?"
-    python3 "$(dirname "$0")/trace-phases.py" "$OUT/tr/trace.csv" "b=64 ctx=4096" \
-        >"$OUT/tr/phases.txt" 2>&1
-    cat "$OUT/tr/phases.txt"
-    rm -f "$OUT/tr/trace.csv"
-    step "gpu_ops_test --wide-only (both forms)"
-    timeout 180 "$B/gpu_ops_test" --wide-only >"$OUT/ops_wide.txt" 2>&1
-    echo "rc=$?"
-    fails "$OUT/ops_wide.txt"
-    ;;
 *)
-    echo "device-session: say check, system, trace, profile or wide, not $WHAT" >&2
+    echo "device-session: say check, system, trace or profile, not $WHAT" >&2
     exit 2
     ;;
 esac

@@ -128,23 +128,6 @@ static unsigned long long mma_runs(struct backend *g)
     return p ? strtoull(p + strlen("decode linears on tensor cores: "), NULL, 10) : 0;
 }
 
-/* the backend's wide-kernel linear launches since the last call, and *tma of them by its
- * tensor-copy form */
-static unsigned long long wide_runs(struct backend *g, unsigned long long *tma)
-{
-    char st[2048] = "";
-    backend_stats(g, st, sizeof(st));
-    const char *p = strstr(st, "batched linears on the wide kernel: ");
-    char *end = NULL;
-    const unsigned long long n =
-        p ? strtoull(p + strlen("batched linears on the wide kernel: "), &end, 10) : 0;
-    *tma = end && !strncmp(end, " (", 2) ? strtoull(end + 2, NULL, 10) : 0;
-    return n;
-}
-
-/* the wide cases' form under test is the tensor-copy one (RKV_CUDA_LIN_WIDE_TMA=1) */
-static int wide_tma;
-
 /* the kernel that ran is the one expected: names it when not */
 static int mma_check(const char *name, struct backend *g, int expect)
 {
@@ -306,8 +289,8 @@ static void test_twin(void)
  * add, silu_mul); n 1..2 folds the norm into the gemv, 3..8 runs it first,
  * more tokens are composed by the forward pass (the op declines with 1).
  * widths of 4096 and more split each row over several warps (RKV_CUDA_LIN_KS) */
-static void linear_case_tol(enum be_type t, enum be_lin_mode mode, uint32_t n, int norm,
-                            uint32_t n_in, const uint32_t rows[3], float tol)
+static void linear_case_rows(enum be_type t, enum be_lin_mode mode, uint32_t n, int norm,
+                             uint32_t n_in, const uint32_t rows[3])
 {
     const uint32_t n_w = mode == BE_LIN_SET ? 3 : mode == BE_LIN_ADD ? 1 : 2;
     const float ws = 1.0f / sqrtf((float)n_in);
@@ -330,7 +313,7 @@ static void linear_case_tol(enum be_type t, enum be_lin_mode mode, uint32_t n, i
     int rc = linear_forward(gpu, &gl, n);
     /* one token may take the streamed kernel first */
     const int path_ok =
-        n == 1 || n > 8 ||
+        n == 1 ||
         mma_check("linear", gpu, mma_expected(t, n, n_in, rows, mode == BE_LIN_SET ? 3 : 1));
     /* the reference, composed on the cpu */
     const struct be_tensor *in = x.c;
@@ -358,7 +341,7 @@ static void linear_case_tol(enum be_type t, enum be_lin_mode mode, uint32_t n, i
     } else {
         size_t bad = rc ? 1 : 0;
         for (uint32_t i = 0; i < (mode == BE_LIN_SET ? 3u : 1u) && !bad; i++)
-            bad = pair_cmp(name, &out[i], out[i].n, tol, tol);
+            bad = pair_cmp(name, &out[i], out[i].n, 1e-4f, 1e-4f);
         CHECK(name, rc == 0 && bad == 0 && path_ok);
     }
     pair_free(&x);
@@ -370,12 +353,6 @@ static void linear_case_tol(enum be_type t, enum be_lin_mode mode, uint32_t n, i
         pair_free(&out[i]);
         pair_free(&tmp[i]);
     }
-}
-
-static void linear_case_rows(enum be_type t, enum be_lin_mode mode, uint32_t n, int norm,
-                             uint32_t n_in, const uint32_t rows[3])
-{
-    linear_case_tol(t, mode, n, norm, n_in, rows, 1e-4f);
 }
 
 static void linear_case(enum be_type t, enum be_lin_mode mode, uint32_t n, int norm, uint32_t n_in)
@@ -402,54 +379,6 @@ static void test_linear_shapes(void)
             linear_case_rows(t16[ti], BE_LIN_SET, n, 1, 2048, odd);
             linear_case_rows(t16[ti], BE_LIN_SWIGLU, n, 1, 768, odd);
         }
-}
-
-/* one case of linear_case_tol on the wide kernel: it must have run there once (its launch
- * counter since the case's start), by tensor copies under wide_tma */
-static void wide_case(enum be_type t, enum be_lin_mode mode, uint32_t n, int norm, uint32_t n_in,
-                      const uint32_t rows[3], float tol)
-{
-    linear_case_tol(t, mode, n, norm, n_in, rows, tol);
-    unsigned long long tma = 0;
-    const unsigned long long runs = wide_runs(gpu, &tma);
-    if (runs != 1 || tma != (wide_tma ? 1u : 0u)) {
-        printf(
-            "  FAIL the case above ran %llu launches of the wide kernel (%llu by tensor copies), "
-            "not 1 (%d)\n",
-            runs, tma, wide_tma);
-        n_fail++;
-    }
-}
-
-/* batched linears past the decode kernels on the wide tensor-core kernel (RKV_CUDA_LIN_WIDE,
- * linear_wide.cu) of backend w: x rounded to 16 bits as on cublas, so cublas's tolerances. Token
- * counts across its 16 / 32 / 64-token instantiations and their padding, widths with one and
- * several k spans a tile, the matrices of a fused q/k/v back to back, and llama3-8b's shapes */
-static void test_linear_wide(struct backend *w)
-{
-    static const uint32_t ns[] = {9, 16, 17, 33, 64}, small[3] = {256, 128, 128},
-                          qkv[3] = {4096, 1024, 1024}, ffn[3] = {14336, 64, 64},
-                          o[3] = {4096, 64, 64};
-    static const enum be_type t16[] = {BE_BF16, BE_F16};
-    struct backend *save = gpu;
-    gpu = w;
-    printf("ops: batched linears on the wide tensor-core kernel\n");
-    for (int ti = 0; ti < 2; ti++) {
-        const float tol = t16[ti] == BE_BF16 ? 3e-2f : 4e-3f;
-        for (int ni = 0; ni < 5; ni++)
-            for (int wi = 0; wi < 2; wi++) {
-                const uint32_t n = ns[ni], n_in = wi ? 4096 : 512;
-                wide_case(t16[ti], BE_LIN_SET, n, 1, n_in, small, tol);
-                wide_case(t16[ti], BE_LIN_SET, n, 0, n_in, small, tol);
-                wide_case(t16[ti], BE_LIN_ADD, n, 0, n_in, small, tol);
-                wide_case(t16[ti], BE_LIN_SWIGLU, n, 1, n_in, small, tol);
-            }
-        wide_case(t16[ti], BE_LIN_SET, 64, 1, 4096, qkv, tol);
-        wide_case(t16[ti], BE_LIN_SWIGLU, 64, 1, 4096, ffn, tol);
-        wide_case(t16[ti], BE_LIN_ADD, 64, 0, 14336, o, tol);
-        wide_case(t16[ti], BE_LIN_ADD, 40, 0, 4096, o, tol);
-    }
-    gpu = save;
 }
 
 /* the greedy pick of logits rows on the device against the cpu's sample_greedy: the same ids
@@ -954,35 +883,6 @@ int gpu_model_tests(struct backend *cpu_be, struct backend *gpu_be, struct backe
 int gpu_model_cpu_tail_tests(struct backend *cpu_be, struct backend *tail_be, const char *what,
                              int *pass, int *fail);
 int gpu_model_graph_tests(struct backend *plain, struct backend *graph, int *pass, int *fail);
-/* the wide kernel's default form, then 16 rows a warp (its first form), the k spans forced to
- * 1 (no cluster), 2 and 8 (the largest cluster), and a ring of 3 (the tensor-copy form's
- * stages wrap at no power of two); each with cp.async, then by tensor copies */
-static void test_linear_wide_forms(int tma_only)
-{
-    static const struct {
-        const char *var, *value;
-    } forms[] = {{"RKV_CUDA_LIN_WIDE_KS", "0"}, {"RKV_CUDA_LIN_WIDE_WR", "16"},
-                 {"RKV_CUDA_LIN_WIDE_KS", "1"}, {"RKV_CUDA_LIN_WIDE_KS", "2"},
-                 {"RKV_CUDA_LIN_WIDE_KS", "8"}, {"RKV_CUDA_LIN_WIDE_STAGES", "3"}};
-    setenv("RKV_CUDA_LIN_WIDE", "64", 1);
-    for (wide_tma = tma_only; wide_tma < 2; wide_tma++) {
-        if (wide_tma)
-            setenv("RKV_CUDA_LIN_WIDE_TMA", "1", 1);
-        for (size_t i = 0; i < sizeof(forms) / sizeof(forms[0]); i++) {
-            struct backend *wide = backend_env(forms[i].var, forms[i].value, 0);
-            if (wide) {
-                printf("  (%s=%s%s)\n", forms[i].var, forms[i].value,
-                       wide_tma ? ", RKV_CUDA_LIN_WIDE_TMA=1" : "");
-                test_linear_wide(wide);
-            }
-            backend_free(wide);
-        }
-    }
-    wide_tma = 0;
-    unsetenv("RKV_CUDA_LIN_WIDE_TMA");
-    unsetenv("RKV_CUDA_LIN_WIDE");
-}
-
 int gpu_model_cases_with(struct backend *cpu_be, struct backend *be, const char *what, int *pass,
                          int *fail);
 
@@ -990,7 +890,7 @@ int main(int argc, char **argv)
 {
     rkv_log_init("gpu-test", RKV_LOG_WARN);
     uint64_t seed = 1;
-    int ops = 1, model = 1, attn_only = 0, wide_only = 0, wide_tma_only = 0;
+    int ops = 1, model = 1, attn_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--seed") && i + 1 < argc)
             seed = strtoull(argv[++i], NULL, 10);
@@ -1000,14 +900,10 @@ int main(int argc, char **argv)
             ops = 0;
         else if (!strcmp(argv[i], "--attn-only"))
             ops = model = 0, attn_only = 1; /* the attention cases alone (compute-sanitizer) */
-        else if (!strcmp(argv[i], "--wide-only"))
-            ops = model = 0, wide_only = 1; /* linear_wide.cu's cases alone (its a/b calls) */
-        else if (!strcmp(argv[i], "--wide-tma-only"))
-            ops = model = 0, wide_only = wide_tma_only = 1; /* ... of its tensor-copy form */
         else {
             fprintf(stderr,
                     "gpu-test: unknown argument '%s'; usage: gpu_ops_test [--seed N] "
-                    "[--ops-only | --model-only | --attn-only | --wide-only | --wide-tma-only]\n",
+                    "[--ops-only | --model-only | --attn-only]\n",
                     argv[i]);
             return 2;
         }
@@ -1033,10 +929,6 @@ int main(int argc, char **argv)
         printf("ops: attention (seed %llu)\n", (unsigned long long)seed);
         test_attention();
     }
-    if (wide_only) {
-        printf("ops: the wide linears (seed %llu)\n", (unsigned long long)seed);
-        test_linear_wide_forms(wide_tma_only);
-    }
     if (ops) {
         printf("ops (seed %llu)\n", (unsigned long long)seed);
         test_embed();
@@ -1057,7 +949,6 @@ int main(int argc, char **argv)
         test_twin();
         test_linear();
         test_linear_shapes();
-        test_linear_wide_forms(0);
         {
             /* the matmul cases with rows past one on cublas (RKV_CUDA_GEMV_MAX_N; the fused
              * linears decline such rows: the forward composes them of the plain ops) */
@@ -1245,24 +1136,12 @@ int main(int argc, char **argv)
             /* silu_mul and the gemm inputs' conversion one element a thread: prefill, batched
              * steps past 8 rows */
             {"RKV_CUDA_VEC4", "0", "elementwise one element a thread"},
-            /* batched linears (prefill chunks and steps of 9..64 rows) on the wide kernel */
-            {"RKV_CUDA_LIN_WIDE", "64", "batched linears on the wide tensor-core kernel"},
         };
         for (size_t i = 0; i < sizeof(alts) / sizeof(alts[0]); i++) {
             struct backend *alt = backend_env(alts[i].var, alts[i].value, 0);
             if (alt)
                 gpu_model_cases_with(cpu, alt, alts[i].what, &n_pass, &n_fail);
             backend_free(alt);
-        }
-        {
-            /* the wide kernel's tensor-copy form (RKV_CUDA_LIN_WIDE_TMA) */
-            setenv("RKV_CUDA_LIN_WIDE", "64", 1);
-            struct backend *wt = backend_env("RKV_CUDA_LIN_WIDE_TMA", "1", 0);
-            unsetenv("RKV_CUDA_LIN_WIDE");
-            if (wt)
-                gpu_model_cases_with(cpu, wt, "batched linears on the wide kernel's tensor copies",
-                                     &n_pass, &n_fail);
-            backend_free(wt);
         }
         struct backend *tail = backend_env("RKV_CUDA_HOST_READ", "cpu", 1);
         if (tail)

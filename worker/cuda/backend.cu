@@ -1447,8 +1447,7 @@ static int cu_stats(void *ctx, char *buf, size_t len)
                  "op's 16-bit copy; decode layers as graphs: %llu recorded, %llu replayed, "
                  "%llu failed; decode linears on tensor cores: %llu; decode attention by "
                  "tensor copies: %llu; gemms on tuned cuBLASLt algorithms: %llu (%llu shapes "
-                 "tuned, %llu faster than the heuristic's first); batched linears on the wide "
-                 "kernel: %llu (%llu by tensor copies)",
+                 "tuned, %llu faster than the heuristic's first)",
                  (unsigned long long)c->hst.prefetched, (unsigned long long)c->hst.inline_,
                  (unsigned long long)c->hst.host_write, (unsigned long long)c->hst.zero_copy,
                  (unsigned long long)c->hst.passes, (unsigned long long)c->hst.pass_n,
@@ -1459,8 +1458,7 @@ static int cu_stats(void *ctx, char *buf, size_t len)
                  (unsigned long long)c->hst.graph_rec, (unsigned long long)c->hst.graph_replay,
                  (unsigned long long)c->hst.graph_fail, (unsigned long long)c->hst.lin_mma,
                  (unsigned long long)c->hst.dec_tma, (unsigned long long)c->hst.lt_gemm,
-                 (unsigned long long)c->hst.lt_tuned, (unsigned long long)c->hst.lt_faster,
-                 (unsigned long long)c->hst.lin_wide, (unsigned long long)c->hst.lin_wide_tma);
+                 (unsigned long long)c->hst.lt_tuned, (unsigned long long)c->hst.lt_faster);
     memset(&c->hst, 0, sizeof c->hst);
     return n;
 }
@@ -1503,7 +1501,6 @@ static void cu_free(void *ctx)
     cudaFree(c->pass_part);
     cudaFree(c->greedy_buf);
     cudaFree(c->ls_ctr);
-    free(c->lw_tmaps);
     free(c->bat_dst);
     free(c->bat_src);
     free(c->bat_size);
@@ -1584,8 +1581,6 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         goto fail;
     c->n_sm = p.multiProcessorCount;
     c->cc_major = p.major;
-    c->smem_sm = (uint32_t)p.sharedMemPerMultiprocessor;
-    c->smem_block = (uint32_t)p.sharedMemPerBlockOptin;
     if (p.major < 8) {
         log_error("cuda: gpu %d (%s) is compute capability %d.%d; rkv needs 8.0 or newer", gpu,
                   p.name, p.major, p.minor);
@@ -1682,24 +1677,6 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         /* decode linears and matmuls of up to 8 tokens on tensor cores from this many tokens (0:
          * the register kernels; one token takes the streamed kernel first) */
         c->lin_mma = (int)rkv_env_u64("RKV_CUDA_LIN_MMA", 2, 0, 8);
-        c->lin_wide = (int)rkv_env_u64("RKV_CUDA_LIN_WIDE", 0, 0, 64);
-        c->lw_wr = (int)rkv_env_u64("RKV_CUDA_LIN_WIDE_WR", 32, 16, 32);
-        if (c->lw_wr != 16 && c->lw_wr != 32) {
-            log_warn("RKV_CUDA_LIN_WIDE_WR=%d is not 16 or 32; using 32", c->lw_wr);
-            c->lw_wr = 32;
-        }
-        c->lw_tma = cu_env_flag("RKV_CUDA_LIN_WIDE_TMA", 0);
-        c->lw_stages = (uint32_t)rkv_env_u64("RKV_CUDA_LIN_WIDE_STAGES", 0, 0, 8);
-        if (c->lw_stages == 1) {
-            log_warn("RKV_CUDA_LIN_WIDE_STAGES=1 is not 0 (by the grid) or 2..8; using 2");
-            c->lw_stages = 2;
-        }
-        c->lw_ks = (uint32_t)rkv_env_u64("RKV_CUDA_LIN_WIDE_KS", 0, 0, 8);
-        if (c->lw_ks & (c->lw_ks - 1)) {
-            log_warn("RKV_CUDA_LIN_WIDE_KS=%u is not 0, 1, 2, 4 or 8; using 0 (by the grid)",
-                     c->lw_ks);
-            c->lw_ks = 0;
-        }
         c->pdl = cu_env_flag("RKV_CUDA_PDL", 1);
         /* 2 measured 0.61 of the hbm bound at 4k against 0.76 off (H200): the o linear's
          * persistent blocks, placed beside attention's, doubled up on some SMs */

@@ -245,18 +245,6 @@ struct cuda_ctx {
     int lin_ks;     /* warps per weight row of the fused linears, 1/2/4/8 (env RKV_CUDA_LIN_KS) */
     int lin_stream; /* 1-token linears stream weights through shared memory (sm_90+; env
                      * RKV_CUDA_LIN_STREAM=0: the register kernel) */
-    int lin_wide;   /* the most tokens (9..64) whose fused linears over 16-bit weights past the
-                     * decode kernels run on linear_wide.cu's tensor-core kernel; 0 off (env
-                     * RKV_CUDA_LIN_WIDE) */
-    int lw_wr;      /* its weight rows a warp: 32 (two fragments against each x fragment) or 16
-                     * (env RKV_CUDA_LIN_WIDE_WR) */
-    uint32_t lw_ks; /* its k spans a tile, 1..8; 0 by the grid's wave (RKV_CUDA_LIN_WIDE_KS) */
-    int lw_tma;     /* its stages moved by tensor copies from a producer warp, not cp.async (env
-                     * RKV_CUDA_LIN_WIDE_TMA) */
-    void *lw_tmaps; /* the tensor maps of that form, by tensor (linear_wide.cu's lw_tmap) */
-    uint32_t lw_stages; /* that form's ring stages, 2..8; 0 by the grid (as deep as two blocks
-                         * an SM allow, or one when the grid has one an SM; env
-                         * RKV_CUDA_LIN_WIDE_STAGES) */
     int lin_mma;    /* the fewest tokens (1..8) whose decode linears and matmuls over 16-bit
                      * weights run on tensor cores (linear_mma.cu); 0 off (env RKV_CUDA_LIN_MMA) */
     int pdl;        /* streamed linears launched with programmatic serialization: the next one
@@ -277,8 +265,7 @@ struct cuda_ctx {
     /* batch-invariant kernels (backend_opts.deterministic): each row's numbers do not depend on
      * the other rows of the step, the placement of its blocks or prefill against decode */
     int deterministic;
-    int cc_major;   /* compute capability */
-    uint32_t smem_sm, smem_block; /* shared memory an SM, and the most one block may opt in to */
+    int cc_major;               /* compute capability */
     uint32_t ls_stage, ls_ring; /* streamed linears: bytes per stage (target) and of the ring
                                  * (env RKV_CUDA_LS_STAGE_KB, RKV_CUDA_LS_RING_KB) */
     /* streamed linears' tiles: after its first ring of tiles a block takes the next one from
@@ -315,8 +302,6 @@ struct cuda_ctx {
         uint64_t lt_gemm, lt_tuned, lt_faster;
         uint64_t graph_rec, graph_replay, graph_fail; /* decode steps' layers as a graph */
         uint64_t lin_mma; /* linears and matmuls linear_mma.cu ran (replays not counted) */
-        uint64_t lin_wide;     /* linears linear_wide.cu ran (the same) */
-        uint64_t lin_wide_tma; /* ... of them by its tensor-copy form */
         uint64_t dec_tma; /* decode attention launches by tensor copies (replays not counted) */
     } hst;
 };

@@ -197,22 +197,6 @@ typedef CUresult (*cuda_tmap_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuui
                                         CUtensorMapFloatOOBfill);
 cuda_tmap_encode_fn cuda_tmap_encoder(void);
 
-/* the box of 2d tensor map tm at (x, y) into shared dst, as cuda_tma_3d */
-__device__ __forceinline__ void cuda_tma_2d(void *dst, const CUtensorMap *tm, int32_t x, int32_t y,
-                                            uint64_t *bar, uint64_t policy)
-{
-    if (policy)
-        asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::"
-                     "bytes.L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(cuda_smem(dst)),
-                     "l"(tm), "r"(x), "r"(y), "r"(cuda_smem(bar)), "l"(policy)
-                     : "memory");
-    else
-        asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::"
-                     "bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(cuda_smem(dst)),
-                     "l"(tm), "r"(x), "r"(y), "r"(cuda_smem(bar))
-                     : "memory");
-}
-
 /* out (n, cols) = rows ids[i] of w dequantized; d_ids on the device */
 int cuda_embed(struct cuda_ctx *c, float *out, const struct be_tensor *w, const int32_t *d_ids,
                uint32_t n);
@@ -250,10 +234,6 @@ int cuda_linear_stream(struct cuda_ctx *c, const struct be_linear *l, uint32_t n
 int cuda_linear_mma(struct cuda_ctx *c, const struct be_linear *l, uint32_t n);
 int cuda_matmul_mma(struct cuda_ctx *c, float *out, const float *in, const struct be_tensor *w,
                     const float *bias, uint32_t n);
-/* the same for 9..c->lin_wide tokens (past the decode kernels) and 16-bit weights on tensor
- * cores, x rounded to the weights' type as for cublas (linear_wide.cu); 1 when it does not
- * apply */
-int cuda_linear_wide(struct cuda_ctx *c, const struct be_linear *l, uint32_t n);
 /* thread blocks of 8 warps for warp_tasks warp tasks of a grid-stride kernel with max_per_sm
  * blocks resident per SM (linear.cu) */
 unsigned cuda_lin_grid(const struct cuda_ctx *c, uint32_t warp_tasks, int max_per_sm,

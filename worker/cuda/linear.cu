@@ -349,12 +349,6 @@ int cuda_linear(struct cuda_ctx *c, const struct be_linear *l, uint32_t n)
         return 0;
     const enum be_type t = l->w[0]->type;
     const uint32_t n_in = l->in->cols;
-    if (n > c->gemv_max_n && !c->deterministic && !c->precise) {
-        /* batched decode: the whole fused linear in one tensor-core launch */
-        int rc = cuda_linear_wide(c, l, n);
-        if (rc != 1)
-            return rc;
-    }
     if (n > c->gemv_max_n && !c->deterministic && l->mode == BE_LIN_ADD && !l->bias[0] &&
         !l->norm_w) {
         /* prefill's o and down: the residual add in the gemm's epilogue */
