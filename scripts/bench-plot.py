@@ -4,7 +4,8 @@
 usage: scripts/bench-plot.py BENCH.JSON [OUTDIR]
 
 Prints every target of the GPU benchmarks as a ratio to the bound gpu_bench measured in the
-same run, with PASS / FAIL against the target, and, when matplotlib imports, writes two plots
+same run (resident prefill: to llama.cpp's tok/s on the same GPU kind, PERFORMANCE_TARGETS.md),
+with PASS / FAIL against the target, and, when matplotlib imports, writes two plots
 into OUTDIR (default: the JSON's folder):
   spill.png      batch-1 decode tok/s against the share of the KV on host, one curve a context,
                  beside its bound (max of the HBM and PCIe times), and the ratio to it
@@ -30,6 +31,10 @@ DECODE = re.compile(r"^decode b=(\d+) ctx=(\d+) host=([\d.]+)% \(tok/s\)$")
 ATTN = re.compile(r"^(resident|host) ctx=(\d+) ")
 SPLIT = re.compile(r"^split 1/2 ctx=(\d+) step ms")
 PREFILL = re.compile(r"^prefill (\d+) half kv on host")
+PREFILL_RES = re.compile(r"^prefill (\d+) resident \(tok/s\)$")
+# resident prefill's mark: llama.cpp (CUDA, flash attention) on the same H200 kind, tok/s
+# (../shared/PERFORMANCE_TARGETS.md, measured 2026-11-29); the target is to match it
+LLAMA_CPP_PREFILL = {4096: 20351.0, 32768: 9202.0, 131072: 2340.0}
 
 
 class BadInput(Exception):
@@ -110,6 +115,13 @@ def verdicts(recs):
     for ctx, q in prefill:
         if ctx == 32768:
             out.append(("prefill 32k, half the KV on host, over resident", q, 0.8, q >= 0.8))
+    for r in recs:
+        m = PREFILL_RES.match(r["name"]) if r["suite"] == "prefill" else None
+        mark = LLAMA_CPP_PREFILL.get(int(m.group(1))) if m else None
+        if mark:
+            q = r["value"] / mark
+            out.append((f"prefill {kib(int(m.group(1)))} resident, over llama.cpp's {mark:.0f} "
+                        "tok/s", q, 1.0, q >= 1.0))
     return out
 
 

@@ -43,7 +43,7 @@ check)
     echo "rc=$?" >>"$OUT/memcheck.txt"
     tail -3 "$OUT/memcheck.txt"
     step "gpu_bench, every suite"
-    timeout 200 "$B/gpu_bench" --json "$OUT/gpu_bench.json" >"$OUT/gpu_bench.txt" 2>&1
+    timeout 300 "$B/gpu_bench" --json "$OUT/gpu_bench.json" >"$OUT/gpu_bench.txt" 2>&1
     echo "rc=$?" >>"$OUT/gpu_bench.txt"
     grep -E "ceiling|decode|rc=" "$OUT/gpu_bench.txt" | sed 's/  */ /g'
     # the targets as PASS / FAIL, and the spill and attention plots where matplotlib imports

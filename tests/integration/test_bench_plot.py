@@ -55,6 +55,9 @@ def test_targets_of_a_synthetic_run(tmp_path):
         _rec("attn", "host ctx=4096 (GB/s vs pcie ceiling)", 50.6, 55, 0.92, "GB/s"),
         _rec("attn", "split 1/2 ctx=512 step ms (vs max parts)", 0.05, 0.04, 0.8, "ms"),
         _rec("prefill", "prefill 32768 half kv on host (tok/s)", 8700, 10000, 0.87),
+        _rec("prefill", "prefill 4096 resident (tok/s)", 24000, 0, 0),
+        _rec("prefill", "prefill 131072 resident (tok/s)", 2000, 0, 0),
+        _rec("prefill", "prefill 16384 resident (tok/s)", 15000, 0, 0),  # no mark: left out
     ]
     r = _run(_write(tmp_path / "b.json", recs, env={"RKV_CUDA_VEC4": "1", "RKV_CUDA_A": "2"}),
              tmp_path)
@@ -70,8 +73,10 @@ def test_targets_of_a_synthetic_run(tmp_path):
         "attention all on host, 4k": ("PASS", 0.92, 0.9),
         "split step 1/2 on host at 512 (max(parts) / step)": ("FAIL", 0.8, 0.909),
         "prefill 32k, half the KV on host, over resident": ("PASS", 0.87, 0.8),
+        "prefill 4k resident, over llama.cpp's 20351 tok/s": ("PASS", 1.179, 1.0),
+        "prefill 128k resident, over llama.cpp's 2340 tok/s": ("FAIL", 0.855, 1.0),
     }
-    assert "targets: 5 of 8 met" in r.stdout
+    assert "targets: 6 of 10 met" in r.stdout
 
 
 def test_the_committed_h200_run():
@@ -84,7 +89,8 @@ def test_the_committed_h200_run():
     assert v["decode b=1 4k resident"] == ("PASS", 0.875, 0.85)
     assert not any(k.startswith("attention") for k in v)  # the decode suite alone
     assert "settings:" not in r.stdout  # written before gpu_bench recorded its settings
-    assert "targets: 11 of 12 met" in r.stdout
+    assert v["prefill 32k resident, over llama.cpp's 9202 tok/s"] == ("PASS", 1.095, 1.0)
+    assert "targets: 13 of 14 met" in r.stdout
 
 
 def test_plots_when_matplotlib_imports(tmp_path):
