@@ -5,33 +5,6 @@
 
 #include "worker/cuda/cuda_ctx.cuh"
 
-/* the launch of a grid on stream s: clusters of cluster_y blocks along y when that is above 1
- * (the first attribute), then programmatic stream serialization when c->pdl; at: room for both */
-static inline cudaLaunchConfig_t cuda_launch_cfg(const struct cuda_ctx *c, dim3 grid, dim3 block,
-                                                 size_t smem, cudaStream_t s,
-                                                 cudaLaunchAttribute *at, unsigned cluster_y = 1)
-{
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
-    cfg.attrs = at;
-    if (cluster_y > 1) {
-        at[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
-        at[cfg.numAttrs].val.clusterDim.x = 1;
-        at[cfg.numAttrs].val.clusterDim.y = cluster_y;
-        at[cfg.numAttrs].val.clusterDim.z = 1;
-        cfg.numAttrs++;
-    }
-    if (c->pdl) {
-        at[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[cfg.numAttrs].val.programmaticStreamSerializationAllowed = 1;
-        cfg.numAttrs++;
-    }
-    return cfg;
-}
-
 /* launches fn on stream s with programmatic stream serialization when c->pdl: its blocks may be
  * scheduled while the kernel before it ends, so fn must execute griddepcontrol.wait
  * (cuda_grid_wait) before it touches memory that kernel writes */
@@ -39,8 +12,16 @@ template <typename... P, typename... A>
 static inline cudaError_t cuda_launch_pdl(const struct cuda_ctx *c, void (*fn)(P...), dim3 grid,
                                           dim3 block, size_t smem, cudaStream_t s, A &&...args)
 {
-    cudaLaunchAttribute at[2];
-    const cudaLaunchConfig_t cfg = cuda_launch_cfg(c, grid, block, smem, s, at);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = c->pdl ? 1 : 0;
     return cudaLaunchKernelEx(&cfg, fn, static_cast<A &&>(args)...);
 }
 
