@@ -176,6 +176,13 @@ struct backend_i {
     /* after the layers that graph_begin's 1 asked for (failed: one of them failed): 0 the
      * recording is queued; 1 it could not be recorded, the layers must run again as usual */
     int (*graph_end)(void *ctx, int failed);
+    /* optional: out0 = in . w0^T + bias0 and out1 = in . w1^T + bias1 for two weights of one
+     * shape and type (k and v, gate and up), as one launch where the backend can; NULL or a
+     * return of 1: two matmul calls */
+    int (*matmul2)(void *ctx, struct be_tensor *out0, struct be_tensor *out1,
+                   const struct be_tensor *in, const struct be_tensor *w0,
+                   const struct be_tensor *w1, const struct be_tensor *bias0,
+                   const struct be_tensor *bias1, uint32_t n);
 };
 
 struct backend_opts {
@@ -224,6 +231,12 @@ int rmsnorm_forward(struct backend *be, struct be_tensor *out, const struct be_t
                     const struct be_tensor *w, uint32_t n, float eps);
 int matmul_forward(struct backend *be, struct be_tensor *out, const struct be_tensor *in,
                    const struct be_tensor *w, const struct be_tensor *bias, uint32_t n);
+/* matmul_forward of (out0, w0, bias0) and (out1, w1, bias1) over one input: the backend's
+ * matmul2 when it has one for the call, else the two matmuls */
+int matmul2_forward(struct backend *be, struct be_tensor *out0, struct be_tensor *out1,
+                    const struct be_tensor *in, const struct be_tensor *w0,
+                    const struct be_tensor *w1, const struct be_tensor *bias0,
+                    const struct be_tensor *bias1, uint32_t n);
 int rope_forward(struct backend *be, struct be_tensor *x, const struct be_batch *b,
                  uint32_t n_heads, uint32_t head_dim, const struct be_rope *r);
 int kv_write_forward(struct backend *be, const struct be_batch *b, uint32_t layer,

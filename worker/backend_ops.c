@@ -75,6 +75,23 @@ int matmul_forward(struct backend *be, struct be_tensor *out, const struct be_te
     return be->iface->matmul(be->ctx, out, in, w, bias, n);
 }
 
+int matmul2_forward(struct backend *be, struct be_tensor *out0, struct be_tensor *out1,
+                    const struct be_tensor *in, const struct be_tensor *w0,
+                    const struct be_tensor *w1, const struct be_tensor *bias0,
+                    const struct be_tensor *bias1, uint32_t n)
+{
+    if (be->iface->matmul2 && w0->rows == w1->rows && w0->cols == w1->cols &&
+        w0->type == w1->type && rows_ok(in, n, w0->cols) && rows_ok(out0, n, w0->rows) &&
+        rows_ok(out1, n, w1->rows) && (!bias0 || rows_ok(bias0, 1, w0->rows)) &&
+        (!bias1 || rows_ok(bias1, 1, w1->rows))) {
+        int rc = be->iface->matmul2(be->ctx, out0, out1, in, w0, w1, bias0, bias1, n);
+        if (rc != 1)
+            return rc;
+    }
+    int rc = matmul_forward(be, out0, in, w0, bias0, n);
+    return rc < 0 ? rc : matmul_forward(be, out1, in, w1, bias1, n);
+}
+
 int rope_forward(struct backend *be, struct be_tensor *x, const struct be_batch *b,
                  uint32_t n_heads, uint32_t head_dim, const struct be_rope *r)
 {

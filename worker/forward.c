@@ -155,6 +155,11 @@ static int fwd_linear(struct fwd *f, const struct be_linear *l, uint32_t T)
     }
     switch (l->mode) {
     case BE_LIN_SET:
+        if (l->n_w == 3) /* q, then k and v: one shape */
+            return (rc = matmul_forward(be, l->out[0], in, l->w[0], l->bias[0], T)) < 0
+                       ? rc
+                       : matmul2_forward(be, l->out[1], l->out[2], in, l->w[1], l->w[2], l->bias[1],
+                                         l->bias[2], T);
         for (uint32_t i = 0; i < l->n_w; i++)
             if ((rc = matmul_forward(be, l->out[i], in, l->w[i], l->bias[i], T)) < 0)
                 return rc;
@@ -164,8 +169,7 @@ static int fwd_linear(struct fwd *f, const struct be_linear *l, uint32_t T)
             return rc;
         return add_forward(be, l->out[0], l->out[0], f->proj, T);
     case BE_LIN_SWIGLU: /* out, up (T, ffn) */
-        if ((rc = matmul_forward(be, l->out[0], in, l->w[0], NULL, T)) < 0 ||
-            (rc = matmul_forward(be, f->up, in, l->w[1], NULL, T)) < 0)
+        if ((rc = matmul2_forward(be, l->out[0], f->up, in, l->w[0], l->w[1], NULL, NULL, T)) < 0)
             return rc;
         return silu_mul_forward(be, l->out[0], l->out[0], f->up, T);
     }

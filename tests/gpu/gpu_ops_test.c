@@ -175,6 +175,101 @@ static void matmul_case(struct backend *g, enum be_type t, uint32_t n, uint32_t 
     gpu = save;
 }
 
+/* the backend's gemm pairs run as one strided batch since the last call (cuda_matmul2) */
+static unsigned long long pair_runs(struct backend *g)
+{
+    char st[2048] = "";
+    backend_stats(g, st, sizeof(st));
+    const char *p = strstr(st, "gemm pairs as one batch: ");
+    return p ? strtoull(p + strlen("gemm pairs as one batch: "), NULL, 10) : 0;
+}
+
+/* matmul2 (two weights of one shape over one input: k and v, gate and up) on backend g against
+ * the cpu's two matmuls. order: 0 every tensor of the pair allocated first to second, 1 second
+ * to first (the batch starts at the second), 2 the weights one way and the outputs the other
+ * (no single stride: two gemms). Past the decode rows the batch must have run exactly when
+ * the pointers allow it */
+static void matmul2_case(struct backend *g, uint32_t pair_n, enum be_type t, uint32_t n,
+                         uint32_t n_in, uint32_t n_out, int bias, int order)
+{
+    struct backend *save = gpu;
+    gpu = g;
+    const float ws = 1.0f / sqrtf((float)n_in);
+    struct pair x = pair_new(BE_F32, n, n_in, 1.0f), w[2], out[2], b[2];
+    for (int k = 0; k < 2; k++) { /* the weights first to second, but for order 1 */
+        const int i = order == 1 ? 1 - k : k;
+        w[i] = pair_new(t, n_out, n_in, ws);
+        b[i] = pair_new(BE_F32, 1, n_out, 1.0f);
+    }
+    for (int k = 0; k < 2; k++) /* the outputs first to second for order 0 */
+        out[order ? 1 - k : k] = pair_new(BE_F32, n, n_out, 1.0f);
+    pair_runs(gpu);
+    int rc = matmul2_forward(gpu, out[0].g, out[1].g, x.g, w[0].g, w[1].g, bias ? b[0].g : NULL,
+                             bias ? b[1].g : NULL, n);
+    const unsigned long long runs = pair_runs(gpu);
+    for (int i = 0; i < 2; i++)
+        rc |= matmul_forward(cpu, out[i].c, x.c, w[i].c, bias ? b[i].c : NULL, n);
+    /* one stride for both, in the same direction, and no overlap: what cuda_matmul2 takes */
+    const long long sa = ((const char *)w[1].g->data - (const char *)w[0].g->data) / 2,
+                    sc = (const float *)out[1].g->data - (const float *)out[0].g->data;
+    const int one_batch = n > 8 && n <= pair_n && ((sa > 0 && sc > 0) || (sa < 0 && sc < 0));
+    const float tol = n <= 8 ? 1e-4f : t == BE_BF16 ? 3e-2f : 4e-3f;
+    char name[112];
+    snprintf(name, sizeof(name), "matmul2 %s n=%u %ux%u%s order %d (%s)", be_type_name(t), n, n_out,
+             n_in, bias ? " +bias" : "", order, one_batch ? "one batch" : "two gemms");
+    size_t bad = 1;
+    if (rc == 0) {
+        bad = 0;
+        for (int i = 0; i < 2 && !bad; i++) {
+            float *ref = malloc(out[i].n * 4), *got = malloc(out[i].n * 4);
+            if (gu_read(cpu, out[i].c, ref, out[i].n) || gu_read(gpu, out[i].g, got, out[i].n))
+                bad = 1;
+            else
+                bad =
+                    gu_compare(name, ref, got, out[i].n, (float)(tol * gu_rms(ref, out[i].n)), tol);
+            free(ref);
+            free(got);
+        }
+    }
+    if (runs != (one_batch ? 1u : 0u))
+        printf("  %s: %llu batched pairs, expected %d\n", name, runs, one_batch);
+    CHECK(name, bad == 0 && runs == (one_batch ? 1u : 0u));
+    pair_free(&x);
+    for (int i = 0; i < 2; i++) {
+        pair_free(&w[i]);
+        pair_free(&out[i]);
+        pair_free(&b[i]);
+    }
+    gpu = save;
+}
+
+static struct backend *backend_env(const char *var, const char *value, int keep);
+
+/* matmul2 at RKV_CUDA_PAIR_N's 64 (the default): k / v and gate / up shapes at 9..64 tokens,
+ * each order, and past its tokens (65: two gemms); then a backend with it off */
+static void test_matmul2(void)
+{
+    struct backend *g = backend_env("RKV_CUDA_PAIR_N", "64", 0);
+    if (!g)
+        return;
+    printf("ops: gemm pairs as one strided batch (RKV_CUDA_PAIR_N=64)\n");
+    static const uint32_t ns[] = {4, 9, 33, 64, 65};
+    for (int ti = 0; ti < 2; ti++) {
+        const enum be_type t = ti ? BE_F16 : BE_BF16;
+        for (int ni = 0; ni < 5; ni++)
+            for (int order = 0; order < 3; order++)
+                matmul2_case(g, 64, t, ns[ni], 4096, 1024, order == 1, order);
+        matmul2_case(g, 64, t, 64, 4096, 14336, 0, 0);
+        matmul2_case(g, 64, t, 17, 512, 40, 1, 0);
+    }
+    backend_free(g);
+    /* off: two gemms */
+    struct backend *off = backend_env("RKV_CUDA_PAIR_N", "0", 0);
+    if (off)
+        matmul2_case(off, 0, BE_BF16, 64, 512, 256, 1, 0);
+    backend_free(off);
+}
+
 /* gemv_max: the rows up to which the backend takes its decode kernel (f32 sums of the f32
  * input), past them cublas over the input rounded to 16 bits */
 static void test_matmul(struct backend *precise, uint32_t gemv_max)
@@ -934,6 +1029,7 @@ int main(int argc, char **argv)
         test_embed();
         test_rmsnorm();
         test_matmul(precise, 8);
+        test_matmul2();
         lt_check("default", 1);
         {
             struct backend *lt0 = backend_env("RKV_CUDA_LT_TUNE_N", "0", 0), *save = gpu;
@@ -1136,6 +1232,8 @@ int main(int argc, char **argv)
             /* silu_mul and the gemm inputs' conversion one element a thread: prefill, batched
              * steps past 8 rows */
             {"RKV_CUDA_VEC4", "0", "elementwise one element a thread"},
+            /* k / v and gate / up as one strided batch of two gemms, prefill chunks included */
+            {"RKV_CUDA_PAIR_N", "65536", "gemm pairs as one batch"},
         };
         for (size_t i = 0; i < sizeof(alts) / sizeof(alts[0]); i++) {
             struct backend *alt = backend_env(alts[i].var, alts[i].value, 0);

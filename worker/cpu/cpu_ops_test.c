@@ -247,6 +247,55 @@ static void test_matmul(void **state)
     backend_tensor_free(be, y);
 }
 
+/* matmul2_forward: on a backend without the fused op, exactly the two matmuls (biases, two
+ * shapes that are not one: each its own), and a bad shape refused */
+static void test_matmul2(void **state)
+{
+    (void)state;
+    const uint32_t T = 5, K = 48, R = 12;
+    float x[5 * 48], w[2][12 * 48], b[2][12], y2[2][5 * 12], y1[5 * 12];
+    fill(x, T * K, 1.0f);
+    fill(w[0], R * K, 1.0f);
+    fill(w[1], R * K, 1.0f);
+    fill(b[0], R, 1.0f);
+    fill(b[1], R, 1.0f);
+    struct be_tensor *tx = tensor_f32(T, K, x), *tw[2], *tb[2], *ty[2];
+    for (int i = 0; i < 2; i++) {
+        tw[i] = tensor_f32(i ? R / 2 : R, K, w[i]);
+        tb[i] = tensor_f32(1, i ? R / 2 : R, b[i]);
+        ty[i] = tensor_f32(T, i ? R / 2 : R, NULL);
+    }
+    for (int same = 0; same < 2; same++) {
+        if (same) { /* one shape */
+            backend_tensor_free(be, tw[1]);
+            backend_tensor_free(be, tb[1]);
+            backend_tensor_free(be, ty[1]);
+            tw[1] = tensor_f32(R, K, w[1]);
+            tb[1] = tensor_f32(1, R, b[1]);
+            ty[1] = tensor_f32(T, R, NULL);
+        }
+        assert_int_equal(matmul2_forward(be, ty[0], ty[1], tx, tw[0], tw[1], tb[0], tb[1], T), 0);
+        for (int i = 0; i < 2; i++) {
+            const size_t n = (size_t)T * (same || i == 0 ? R : R / 2);
+            get_f32(ty[i], y2[i], n);
+            assert_int_equal(matmul_forward(be, ty[i], tx, tw[i], tb[i], T), 0);
+            get_f32(ty[i], y1, n);
+            assert_memory_equal(y1, y2[i], n * sizeof(float));
+        }
+    }
+    /* an input of the wrong width: refused, as matmul_forward refuses it */
+    struct be_tensor *bad = tensor_f32(T, K - 1, NULL);
+    assert_int_equal(matmul2_forward(be, ty[0], ty[1], bad, tw[0], tw[1], NULL, NULL, T),
+                     RKV_EINVAL);
+    backend_tensor_free(be, bad);
+    backend_tensor_free(be, tx);
+    for (int i = 0; i < 2; i++) {
+        backend_tensor_free(be, tw[i]);
+        backend_tensor_free(be, tb[i]);
+        backend_tensor_free(be, ty[i]);
+    }
+}
+
 static void test_embed_rmsnorm_silu_add_rows(void **state)
 {
     (void)state;
@@ -734,6 +783,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_f16_conversions),
         cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_matmul2),
         cmocka_unit_test(test_embed_rmsnorm_silu_add_rows),
         cmocka_unit_test(test_rows_parallel),
         cmocka_unit_test(test_rope),

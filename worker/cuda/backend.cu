@@ -765,6 +765,18 @@ static int cu_rmsnorm(void *ctx, struct be_tensor *out, const struct be_tensor *
     return rc < 0 ? rc : 0;
 }
 
+static int cu_matmul2(void *ctx, struct be_tensor *out0, struct be_tensor *out1,
+                      const struct be_tensor *in, const struct be_tensor *w0,
+                      const struct be_tensor *w1, const struct be_tensor *bias0,
+                      const struct be_tensor *bias1, uint32_t n)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    op_begin_keep(c);
+    return cuda_matmul2(c, (float *)out0->data, (float *)out1->data, (const float *)in->data, w0,
+                        w1, bias0 ? (const float *)bias0->data : NULL,
+                        bias1 ? (const float *)bias1->data : NULL, n);
+}
+
 static int cu_matmul(void *ctx, struct be_tensor *out, const struct be_tensor *in,
                      const struct be_tensor *w, const struct be_tensor *bias, uint32_t n)
 {
@@ -1447,7 +1459,7 @@ static int cu_stats(void *ctx, char *buf, size_t len)
                  "op's 16-bit copy; decode layers as graphs: %llu recorded, %llu replayed, "
                  "%llu failed; decode linears on tensor cores: %llu; decode attention by "
                  "tensor copies: %llu; gemms on tuned cuBLASLt algorithms: %llu (%llu shapes "
-                 "tuned, %llu faster than the heuristic's first)",
+                 "tuned, %llu faster than the heuristic's first); gemm pairs as one batch: %llu",
                  (unsigned long long)c->hst.prefetched, (unsigned long long)c->hst.inline_,
                  (unsigned long long)c->hst.host_write, (unsigned long long)c->hst.zero_copy,
                  (unsigned long long)c->hst.passes, (unsigned long long)c->hst.pass_n,
@@ -1458,7 +1470,8 @@ static int cu_stats(void *ctx, char *buf, size_t len)
                  (unsigned long long)c->hst.graph_rec, (unsigned long long)c->hst.graph_replay,
                  (unsigned long long)c->hst.graph_fail, (unsigned long long)c->hst.lin_mma,
                  (unsigned long long)c->hst.dec_tma, (unsigned long long)c->hst.lt_gemm,
-                 (unsigned long long)c->hst.lt_tuned, (unsigned long long)c->hst.lt_faster);
+                 (unsigned long long)c->hst.lt_tuned, (unsigned long long)c->hst.lt_faster,
+                 (unsigned long long)c->hst.mm_pair);
     memset(&c->hst, 0, sizeof c->hst);
     return n;
 }
@@ -1549,7 +1562,7 @@ static const struct backend_i cuda_iface = {
     cu_kv_write,   cu_attn_partial, cu_attn_merge,  cu_silu_mul,      cu_add,
     cu_get_rows,   cu_sync,         cu_linear,      cu_rope_kv_write, cu_scratch_reserve,
     cu_host_alloc, cu_host_free,    cu_stats,       cu_greedy,        cu_host_attn_cpu,
-    cu_host_split, cu_graph_begin,  cu_graph_end,
+    cu_host_split, cu_graph_begin,  cu_graph_end,   cu_matmul2,
 };
 
 /* a size in KiB, and a 0/1 switch, from the environment (common/util's reading: def when
@@ -1660,6 +1673,8 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         c->split_min_us = (uint32_t)rkv_env_u64("RKV_CUDA_HOST_SPLIT_MIN_US", 1000, 0, 1000000);
         c->link_gbps = 50.0;
         c->merge_in_attn = cu_env_flag("RKV_CUDA_MERGE_IN_ATTN", 1);
+        /* batch 64 at 4k: 4557 / 4624 tok/s against 4468 / 4453 with two gemms (H200) */
+        c->pair_n = (uint32_t)rkv_env_u64("RKV_CUDA_PAIR_N", 64, 0, 1u << 16);
         c->vec4 = cu_env_flag("RKV_CUDA_VEC4", 1);
         c->attn_fixed = cu_env_flag("RKV_CUDA_ATTN_FIXED", 0);
         c->no_mma = cu_env_flag("RKV_CUDA_NO_MMA", 0);

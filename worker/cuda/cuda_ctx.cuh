@@ -227,6 +227,8 @@ struct cuda_ctx {
     size_t lin_h_cap;
     int vec4; /* silu_mul and the f32 -> 16-bit conversion four elements a thread where n and the
                * pointers allow (env RKV_CUDA_VEC4=0: one) */
+    uint32_t pair_n;   /* the most tokens whose same-shaped gemm pairs (k and v, gate and up) run
+                        * as one strided batch (cuda_matmul2); 0 off (env RKV_CUDA_PAIR_N, 64) */
     int merge_in_attn; /* the last thread block of an attention launch merges its splits (env
                         * RKV_CUDA_MERGE_IN_ATTN=0: a separate merge kernel) */
     /* placement-independent attention (env RKV_CUDA_ATTN_FIXED=1): one split per kv block, the
@@ -303,6 +305,7 @@ struct cuda_ctx {
         uint64_t graph_rec, graph_replay, graph_fail; /* decode steps' layers as a graph */
         uint64_t lin_mma; /* linears and matmuls linear_mma.cu ran (replays not counted) */
         uint64_t dec_tma; /* decode attention launches by tensor copies (replays not counted) */
+        uint64_t mm_pair; /* gemm pairs run as one strided batch (cuda_matmul2; the same) */
     } hst;
 };
 

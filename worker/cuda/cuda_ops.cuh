@@ -237,6 +237,12 @@ int cuda_matmul(struct cuda_ctx *c, float *out, const float *in, const struct be
                 const float *bias, uint32_t n);
 /* out += in . w^T in the gemm's epilogue (prefill, 16-bit weights, not deterministic or precise:
  * no projection buffer and no add kernel); 1 when the caller should compose it instead */
+/* out0, out1 = in . w0^T (+ bias0), in . w1^T (+ bias1) as one strided batch of two gemms, for
+ * gemv_max_n < n <= c->pair_n tokens over 16-bit weights of one shape whose weights and
+ * outputs lie in the same order; 1 when it does not apply (two cuda_matmul calls) */
+int cuda_matmul2(struct cuda_ctx *c, float *out0, float *out1, const float *in,
+                 const struct be_tensor *w0, const struct be_tensor *w1, const float *bias0,
+                 const float *bias1, uint32_t n);
 int cuda_matmul_add(struct cuda_ctx *c, float *out, const float *in, const struct be_tensor *w,
                     uint32_t n);
 /* gemm_lt.cu: row-major out (n, n_out) = x (n, n_in) . w^T (+ out when beta is 1), x and w

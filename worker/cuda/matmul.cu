@@ -112,6 +112,47 @@ int cuda_matmul(struct cuda_ctx *c, float *out, const float *in, const struct be
     return rc;
 }
 
+int cuda_matmul2(struct cuda_ctx *c, float *out0, float *out1, const float *in,
+                 const struct be_tensor *w0, const struct be_tensor *w1, const float *bias0,
+                 const float *bias1, uint32_t n)
+{
+    const enum be_type t = w0->type;
+    if (n <= c->gemv_max_n || n > c->pair_n || c->deterministic || c->precise ||
+        (t != BE_F16 && t != BE_BF16))
+        return 1;
+    /* one strided batch of two: the weights, and the outputs, one stride apart in the same
+     * order (cudaMalloc's order: the model's k before v, the forward's gate before up) */
+    const uint32_t n_in = w0->cols, n_out = w0->rows;
+    const void *wa = w0->data;
+    float *oa = out0;
+    long long sa = ((const char *)w1->data - (const char *)w0->data) / 2, sc = out1 - out0;
+    if (sa < 0 && sc < 0) { /* both the other way round: the batch starts at the second */
+        wa = w1->data;
+        oa = out1;
+        sa = -sa;
+        sc = -sc;
+    }
+    if (sa < (long long)n_out * n_in || sc < (long long)n * n_out)
+        return 1;
+    act16_written(c, out0, (size_t)n * n_out);
+    act16_written(c, out1, (size_t)n * n_out);
+    int rc = cuda_act16(c, in, (size_t)n * n_in, t);
+    if (rc < 0)
+        return rc;
+    const float one = 1.0f, zero = 0.0f;
+    const cudaDataType wt = t == BE_F16 ? CUDA_R_16F : CUDA_R_16BF;
+    CUBLAS_TRY(cublasGemmStridedBatchedEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n_out, (int)n,
+                                          (int)n_in, &one, wa, wt, (int)n_in, sa, c->act16, wt,
+                                          (int)n_in, 0, &zero, oa, CUDA_R_32F, (int)n_out, sc, 2,
+                                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    c->hst.mm_pair++;
+    if (bias0)
+        rc = cuda_add_bias(c, out0, bias0, n, n_out);
+    if (rc == 0 && bias1)
+        rc = cuda_add_bias(c, out1, bias1, n, n_out);
+    return rc;
+}
+
 int cuda_matmul_add(struct cuda_ctx *c, float *out, const float *in, const struct be_tensor *w,
                     uint32_t n)
 {
