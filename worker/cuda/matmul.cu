@@ -132,8 +132,9 @@ int cuda_matmul2(struct cuda_ctx *c, float *out0, float *out1, const float *in,
         sa = -sa;
         sc = -sc;
     }
-    if (sa < (long long)n_out * n_in || sc < (long long)n * n_out)
-        return 1;
+    if (sa < (long long)n_out * n_in || sc < (long long)n * n_out ||
+        ((uintptr_t)w0->data | (uintptr_t)w1->data) % 2)
+        return 1; /* they overlap, or the weights are not whole elements apart */
     act16_written(c, out0, (size_t)n * n_out);
     act16_written(c, out1, (size_t)n * n_out);
     int rc = cuda_act16(c, in, (size_t)n * n_in, t);
