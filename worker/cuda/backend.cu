@@ -613,9 +613,17 @@ static void choose_host_read(struct cuda_ctx *c)
              copy_gbps, zc_gbps, c->host_read == CUDA_HOST_COPY ? "copies" : "zero-copy");
 }
 
-cuda_tmap_encode_fn cuda_tmap_encoder(void)
+/* cuTensorMapEncodeTiled (cuda.h's signature), reached through cudart's driver entry point so
+ * the worker links no libcuda */
+typedef CUresult (*tmap_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
+                                   const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
+                                   const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+/* the driver's encoder, looked up once; NULL when the driver has none */
+static tmap_encode_fn tmap_encoder(void)
 {
-    static const cuda_tmap_encode_fn fn = [] {
+    static const tmap_encode_fn fn = [] {
         void *f = NULL;
         cudaDriverEntryPointQueryResult q;
         if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
@@ -624,7 +632,7 @@ cuda_tmap_encode_fn cuda_tmap_encoder(void)
             cudaGetLastError();
             f = NULL;
         }
-        return (cuda_tmap_encode_fn)f;
+        return (tmap_encode_fn)f;
     }();
     return fn;
 }
@@ -647,7 +655,7 @@ static void kv_tmap_encode(struct cuda_ctx *c, const struct kv_layout *l)
         cudaGetLastError();
         return;
     }
-    const cuda_tmap_encode_fn fn = cuda_tmap_encoder();
+    const tmap_encode_fn fn = tmap_encoder();
     if (!fn) {
         log_warn("cuda: the driver has no cuTensorMapEncodeTiled; decode attention loads keys "
                  "with cp.async");

@@ -169,15 +169,6 @@ __device__ __forceinline__ void cuda_tma_3d(void *dst, const CUtensorMap *tm, in
                      : "memory");
 }
 
-/* cuTensorMapEncodeTiled (cuda.h's signature), reached through cudart's driver entry point so
- * the worker links no libcuda; NULL when the driver has none */
-typedef CUresult (*cuda_tmap_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
-                                        const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
-                                        const cuuint32_t *, CUtensorMapInterleave,
-                                        CUtensorMapSwizzle, CUtensorMapL2promotion,
-                                        CUtensorMapFloatOOBfill);
-cuda_tmap_encode_fn cuda_tmap_encoder(void);
-
 /* out (n, cols) = rows ids[i] of w dequantized; d_ids on the device */
 int cuda_embed(struct cuda_ctx *c, float *out, const struct be_tensor *w, const int32_t *d_ids,
                uint32_t n);
@@ -235,14 +226,14 @@ size_t cuda_greedy_scratch(uint32_t n, uint32_t n_vocab);
 int cuda_act16(struct cuda_ctx *c, const float *in, size_t elems, enum be_type t);
 int cuda_matmul(struct cuda_ctx *c, float *out, const float *in, const struct be_tensor *w,
                 const float *bias, uint32_t n);
-/* out += in . w^T in the gemm's epilogue (prefill, 16-bit weights, not deterministic or precise:
- * no projection buffer and no add kernel); 1 when the caller should compose it instead */
 /* out0, out1 = in . w0^T (+ bias0), in . w1^T (+ bias1) as one strided batch of two gemms, for
  * gemv_max_n < n <= c->pair_n tokens over 16-bit weights of one shape whose weights and
  * outputs lie in the same order; 1 when it does not apply (two cuda_matmul calls) */
 int cuda_matmul2(struct cuda_ctx *c, float *out0, float *out1, const float *in,
                  const struct be_tensor *w0, const struct be_tensor *w1, const float *bias0,
                  const float *bias1, uint32_t n);
+/* out += in . w^T in the gemm's epilogue (prefill, 16-bit weights, not deterministic or precise:
+ * no projection buffer and no add kernel); 1 when the caller should compose it instead */
 int cuda_matmul_add(struct cuda_ctx *c, float *out, const float *in, const struct be_tensor *w,
                     uint32_t n);
 /* gemm_lt.cu: row-major out (n, n_out) = x (n, n_in) . w^T (+ out when beta is 1), x and w
