@@ -245,7 +245,7 @@ static void matmul2_case(struct backend *g, uint32_t pair_n, enum be_type t, uin
 
 static struct backend *backend_env(const char *var, const char *value, int keep);
 
-/* matmul2 at RKV_CUDA_PAIR_N's 64 (the default): k / v and gate / up shapes at 9..64 tokens,
+/* matmul2 at RKV_CUDA_PAIR_N=64: k / v and gate / up shapes at 9..64 tokens,
  * each order, and past its tokens (65: two gemms); then a backend with it off */
 static void test_matmul2(void)
 {
