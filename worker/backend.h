@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "worker/kv.h"
+#include "worker/sample.h"
 
 /* element types of backend tensors; the ids are ggml's (as in GGUF) so model
  * weights keep their file type. activations are always BE_F32. */
@@ -183,6 +184,12 @@ struct backend_i {
                    const struct be_tensor *in, const struct be_tensor *w0,
                    const struct be_tensor *w1, const struct be_tensor *bias0,
                    const struct be_tensor *bias1, uint32_t n);
+    /* optional: rows of logits (n, n_vocab) f32 sampled where they are, as the rows' samplers
+     * would (worker/sample.h's sample_dev_row / sample_dev_out): rows[i] NULL leaves row i,
+     * outs[i] status 1 says the caller must sample row i from its logits. The logits are left
+     * as they were. NULL or a return of 1: not provided */
+    int (*sample)(void *ctx, const struct be_tensor *logits, uint32_t n,
+                  const struct sample_dev_row *const *rows, struct sample_dev_out *outs);
 };
 
 struct backend_opts {
@@ -260,6 +267,9 @@ int linear_forward(struct backend *be, const struct be_linear *l, uint32_t n);
 /* the backend's greedy op (1 when it has none) */
 int greedy_forward(struct backend *be, const struct be_tensor *logits, uint32_t n, int32_t *ids,
                    float *logprobs);
+/* the backend's sample op (1 when it has none) */
+int sample_forward(struct backend *be, const struct be_tensor *logits, uint32_t n,
+                   const struct sample_dev_row *const *rows, struct sample_dev_out *outs);
 /* the backend's host_attn_cpu switch: 0 set, 1 when the backend has none, < 0 an error */
 int backend_host_attn_cpu(struct backend *be, int on);
 /* the backend's graph_begin / graph_end (struct backend_i); 0 / 1 when it has none */

@@ -181,6 +181,16 @@ int greedy_forward(struct backend *be, const struct be_tensor *logits, uint32_t 
     return be->iface->greedy(be->ctx, logits, n, ids, logprobs);
 }
 
+int sample_forward(struct backend *be, const struct be_tensor *logits, uint32_t n,
+                   const struct sample_dev_row *const *rows, struct sample_dev_out *outs)
+{
+    if (!be->iface->sample)
+        return 1;
+    if (!rows_ok(logits, n, logits->cols) || logits->type != BE_F32 || !rows || !outs)
+        return RKV_EINVAL;
+    return be->iface->sample(be->ctx, logits, n, rows, outs);
+}
+
 int backend_sync(struct backend *be)
 {
     return be->iface->sync(be->ctx);

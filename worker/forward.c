@@ -29,6 +29,7 @@ struct fwd {
     /* host-side batch description, sized T and S */
     int32_t *ids, *pos;
     uint32_t *seq_of, *rows;
+    uint32_t kept; /* rows whose logits fwd_step_keep left on the backend */
     struct be_seq *seqs;
 };
 
@@ -258,10 +259,11 @@ static int fwd_layers(struct fwd *f, const struct be_batch *b, int any_host,
 /* fwd_step, and with ids set fwd_step_greedy: the greedy pick of each sequence's last row
  * on the backend when it can (*used 1), else its logits as fwd_step */
 static int fwd_run(struct fwd *f, const struct fwd_seq *seqs, uint32_t n_seqs, int all_logits,
-                   float *logits, int32_t *ids, float *logprobs, int *used)
+                   float *logits, int32_t *ids, float *logprobs, int *used, int keep)
 {
     if (n_seqs == 0 || n_seqs > f->max_seqs)
         return RKV_EINVAL;
+    f->kept = 0;
     struct be_batch b;
     int any_host = build_batch(f, seqs, n_seqs, &b);
     if (any_host < 0)
@@ -309,7 +311,8 @@ static int fwd_run(struct fwd *f, const struct fwd_seq *seqs, uint32_t n_seqs, i
     } else {
         for (uint32_t s = 0; s < n_seqs; s++)
             f->rows[s] = f->seqs[s].tok_off + f->seqs[s].n_tokens - 1;
-        RUN(logits_forward(f, f->rows, n_seqs, ids ? NULL : logits));
+        RUN(logits_forward(f, f->rows, n_seqs, ids || keep ? NULL : logits));
+        f->kept = keep ? n_seqs : 0;
         if (ids) {
             RUN(greedy_forward(be, f->logit, n_seqs, ids, logprobs));
             *used = rc == 0;
@@ -331,14 +334,45 @@ fail:
 int fwd_step(struct fwd *f, const struct fwd_seq *seqs, uint32_t n_seqs, int all_logits,
              float *logits)
 {
-    return fwd_run(f, seqs, n_seqs, all_logits, logits, NULL, NULL, NULL);
+    return fwd_run(f, seqs, n_seqs, all_logits, logits, NULL, NULL, NULL, 0);
+}
+
+int fwd_step_keep(struct fwd *f, const struct fwd_seq *seqs, uint32_t n_seqs)
+{
+    return fwd_run(f, seqs, n_seqs, 0, NULL, NULL, NULL, NULL, 1);
+}
+
+int fwd_sample(struct fwd *f, uint32_t n, const struct sample_dev_row *const *rows,
+               struct sample_dev_out *outs, const uint8_t *want, float *logits, int *used)
+{
+    *used = 0;
+    if (n == 0 || n != f->kept)
+        return RKV_ESTATE; /* no fwd_step_keep of these rows before */
+    struct backend *be = f->be;
+    const size_t row = (size_t)f->m->hp.n_vocab * sizeof(float);
+    int rc = sample_forward(be, f->logit, n, rows, outs);
+    if (rc < 0)
+        return rc;
+    int all = rc == 1;
+    if ((rc = backend_sync(be)) < 0)
+        return rc;
+    if (all)
+        return backend_tensor_get(be, f->logit, logits, 0, n * row);
+    *used = 1;
+    for (uint32_t i = 0; i < n; i++) {
+        if (rows[i] ? outs[i].status == 0 : !want[i])
+            continue;
+        if ((rc = backend_tensor_get(be, f->logit, (char *)logits + i * row, i * row, row)) < 0)
+            return rc;
+    }
+    return 0;
 }
 
 int fwd_step_greedy(struct fwd *f, const struct fwd_seq *seqs, uint32_t n_seqs, float *logits,
                     int32_t *ids, float *logprobs, int *used)
 {
     *used = 0;
-    return fwd_run(f, seqs, n_seqs, 0, logits, ids, logprobs, used);
+    return fwd_run(f, seqs, n_seqs, 0, logits, ids, logprobs, used, 0);
 }
 
 int fwd_prefill(struct fwd *f, const int32_t *tokens, uint32_t n_tokens, uint32_t n_past,

@@ -36,6 +36,15 @@ int fwd_kv_layout(const struct model *m, uint32_t block_size, enum kv_dtype dtyp
 int fwd_step(struct fwd *f, const struct fwd_seq *seqs, uint32_t n_seqs, int all_logits,
              float *logits);
 
+/* fwd_step for the last row of each sequence, whose logits stay on the backend for
+ * fwd_sample (the step's rows are the sequences, in order) */
+int fwd_step_keep(struct fwd *f, const struct fwd_seq *seqs, uint32_t n_seqs);
+/* after fwd_step_keep over n rows: rows[i] (not NULL) sampled on the backend into outs[i]
+ * (sample_forward); *used 1 then, and logits row i is downloaded for each row the backend gave
+ * back (status 1) and each i with rows[i] NULL and want[i] set. *used 0 when the backend has no
+ * sample op: every row's logits are downloaded */
+int fwd_sample(struct fwd *f, uint32_t n, const struct sample_dev_row *const *rows,
+               struct sample_dev_out *outs, const uint8_t *want, float *logits, int *used);
 /* prefills one sequence in chunks of at most `chunk` tokens (chunk <=
  * max_tokens); logits: the last prompt token's row */
 /* fwd_step for the last row of each sequence, picked greedily on the backend (the argmax

@@ -169,8 +169,19 @@ struct worker {
         struct proto_step_out *o;
         struct sample_top top[PROTO_MAX_TOP_LOGPROBS];
     } * sjobs;
+    /* sampled rows picked by the backend where the logits are (fwd_sample), each row's
+     * parameters and penalty ids (SAMPLE_PEN_CAP of them a row) and its pick */
+    struct sample_dev_row *drows;
+    const struct sample_dev_row **drow_p; /* a row's drows entry, or NULL: not sampled there */
+    struct sample_dev_out *douts;
+    uint8_t *dwant;    /* a row the host samples from its logits */
+    int32_t *dpen;     /* (max_seqs, 2 * SAMPLE_PEN_CAP) penalty ids and counts */
+    int no_dev_sample; /* the backend has no sample op (learnt at the first sampled step) */
     struct proto_wbuf out;
 };
+
+/* distinct penalty ids a row may send the backend; a row with more is sampled on the host */
+#define SAMPLE_PEN_CAP 4096
 
 /* "shm:/name" (cpu mode) -> "/name" */
 static const char *shm_name(const char *url)
@@ -468,8 +479,13 @@ static int step_pass(struct worker *w, const struct proto_step_req *req,
     for (uint32_t i = 0; i < n; i++)
         w->st.tokens += w->fseqs[i].n_tokens;
     int picked = 0, rc;
+    /* rows sampled where the logits are, when the backend can (a gpu then sends back a token
+     * and a few numbers a row, not the logits) */
+    const int dev = !greedy && !w->no_dev_sample;
     if (greedy)
         rc = fwd_step_greedy(w->fwd, w->fseqs, n, w->logits, w->g_ids, w->g_lps, &picked);
+    else if (dev)
+        rc = fwd_step_keep(w->fwd, w->fseqs, n);
     else
         rc = fwd_step(w->fwd, w->fseqs, n, 0, w->logits);
     w->st.fwd_ns += rkv_now_ns() - t_fwd;
@@ -481,6 +497,8 @@ static int step_pass(struct worker *w, const struct proto_step_req *req,
      * sampling itself on the pool: each row has its own sampler */
     uint32_t n_sample = 0, n_picked = 0;
     for (uint32_t i = 0; i < n; i++) {
+        w->drow_p[i] = NULL;
+        w->dwant[i] = 0;
         const struct proto_step_seq *sq = &req->seqs[i];
         const struct fwd_seq *fs = &w->fseqs[i];
         struct proto_step_out *o = &outs[i];
@@ -503,10 +521,43 @@ static int step_pass(struct worker *w, const struct proto_step_req *req,
             continue;
         }
         o->n_top = sq->sampling.n_top_logprobs;
+        if (dev) {
+            int32_t *pen = w->dpen + (size_t)i * 2 * SAMPLE_PEN_CAP;
+            if (sampler_dev_row(sp->s, &w->drows[i], pen, pen + SAMPLE_PEN_CAP, SAMPLE_PEN_CAP))
+                w->dwant[i] = 1;
+            else
+                w->drow_p[i] = &w->drows[i];
+            continue;
+        }
         w->sjobs[n_sample++] =
             (struct samp_job){sp->s, w->logits + (size_t)i * w->m->hp.n_vocab, o, {{0, 0}}};
     }
     uint64_t t_samp = rkv_now_ns();
+    if (dev) {
+        int used = 0;
+        rc = fwd_sample(w->fwd, n, w->drow_p, w->douts, w->dwant, w->logits, &used);
+        if (rc)
+            return rc;
+        w->no_dev_sample = !used;
+        for (uint32_t i = 0; i < n; i++) {
+            struct samp *sp = w->rows_sp[i];
+            struct proto_step_out *o = &outs[i];
+            if (!w->drow_p[i] && !w->dwant[i])
+                continue; /* not sampled this pass */
+            if (used && w->drow_p[i] && w->douts[i].status == 0) {
+                struct sample_top top[PROTO_MAX_TOP_LOGPROBS];
+                o->token = sampler_dev_finish(sp->s, &w->douts[i], &o->logprob, top);
+                for (uint8_t k = 0; k < o->n_top; k++) {
+                    o->top[k].id = top[k].id;
+                    o->top[k].logprob = top[k].logprob;
+                }
+                n_picked++;
+                continue;
+            }
+            w->sjobs[n_sample++] =
+                (struct samp_job){sp->s, w->logits + (size_t)i * w->m->hp.n_vocab, o, {{0, 0}}};
+        }
+    }
     sample_rows(w, n_sample);
     w->st.sample_ns += rkv_now_ns() - t_samp;
     w->st.rows += n_sample + n_picked;
@@ -754,9 +805,15 @@ static int load(struct worker *w)
     w->g_lps = calloc((size_t)w->c.max_seqs, sizeof *w->g_lps);
     w->rows_sp = calloc((size_t)w->c.max_seqs, sizeof *w->rows_sp);
     w->rows_rc = calloc((size_t)w->c.max_seqs, sizeof *w->rows_rc);
+    w->drows = calloc((size_t)w->c.max_seqs, sizeof *w->drows);
+    w->drow_p = calloc((size_t)w->c.max_seqs, sizeof *w->drow_p);
+    w->douts = calloc((size_t)w->c.max_seqs, sizeof *w->douts);
+    w->dwant = calloc((size_t)w->c.max_seqs, sizeof *w->dwant);
+    w->dpen = calloc((size_t)w->c.max_seqs * 2 * SAMPLE_PEN_CAP, sizeof *w->dpen);
     w->logits = backend_host_alloc(w->be, (size_t)w->c.max_seqs * w->m->hp.n_vocab * sizeof(float));
     if (!w->fseqs || !w->sjobs || !w->logits || !w->g_ids || !w->g_feed || !w->g_lps ||
-        !w->rows_sp || !w->rows_rc) {
+        !w->rows_sp || !w->rows_rc || !w->drows || !w->drow_p || !w->douts || !w->dwant ||
+        !w->dpen) {
         log_error("out of host memory for %lld rows of %u logits", (long long)w->c.max_seqs,
                   w->m->hp.n_vocab);
         return RKV_ENOMEM;
@@ -857,6 +914,11 @@ int main(int argc, char **argv)
     free(w.g_lps);
     free(w.rows_sp);
     free(w.rows_rc);
+    free(w.drows);
+    free(w.drow_p);
+    free(w.douts);
+    free(w.dwant);
+    free(w.dpen);
     if (w.be)
         backend_host_free(w.be, w.logits);
     if (w.samp_pool)

@@ -38,6 +38,7 @@ struct sampler {
     float *vals;         /* (n_vocab) kept logits, contiguous */
     int32_t *ids;        /* (n_vocab) their token ids */
     double *block_sum;   /* (n_vocab / EXP_BLOCK + 1) weight sums per block */
+    const double *u_row; /* sample_dev_run: the row's uniform, drawn in place of the rng's */
 };
 
 void sample_params_default(struct sample_params *p)
@@ -134,10 +135,10 @@ static uint64_t xoshiro_next(uint64_t *s)
     return result;
 }
 
-/* uniform in [0, 1) with 53 random bits */
-static double rng_uniform(struct sampler *s)
+/* uniform in [0, 1) with 53 random bits from the xoshiro state rng */
+static double rng_uniform(uint64_t *rng)
 {
-    return (double)(xoshiro_next(s->rng) >> 11) * (1.0 / 9007199254740992.0);
+    return (double)(xoshiro_next(rng) >> 11) * (1.0 / 9007199254740992.0);
 }
 
 void sampler_skip_draws(struct sampler *s, uint64_t n)
@@ -228,6 +229,16 @@ static int penalties_active(const struct sample_params *p)
                                       p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f);
 }
 
+/* a logit whose id is c times in the penalty window */
+static float penalize_one(float l, int32_t c, const struct sample_params *p)
+{
+    /* llama.cpp: shrink toward zero-side by the repetition factor */
+    l = l <= 0.0f ? l * p->repetition_penalty : l / p->repetition_penalty;
+    /* openai: frequency per occurrence, presence once */
+    l -= (float)c * p->frequency_penalty + p->presence_penalty;
+    return l;
+}
+
 void sampler_penalize(struct sampler *s, float *logits)
 {
     const struct sample_params *p = &s->p;
@@ -246,12 +257,7 @@ void sampler_penalize(struct sampler *s, float *logits)
             continue;
         int32_t c = s->counts[id];
         s->counts[id] = 0;
-        float l = logits[id];
-        /* llama.cpp: shrink toward zero-side by the repetition factor */
-        l = l <= 0.0f ? l * p->repetition_penalty : l / p->repetition_penalty;
-        /* openai: frequency per occurrence, presence once */
-        l -= (float)c * p->frequency_penalty + p->presence_penalty;
-        logits[id] = l;
+        logits[id] = penalize_one(logits[id], c, p);
     }
 }
 
@@ -504,8 +510,10 @@ static int32_t argmax(const float *v, int32_t n, float *mx)
     return i < (size_t)n ? (int32_t)i : 0; /* all nan */
 }
 
-/* index drawn from x[0..n) with probability softmax(x / temperature) */
-static size_t draw_index(struct sampler *s, const float *x, size_t n)
+/* index drawn from x[0..n) with probability softmax(x / temperature), by a
+ * uniform from rng; *drew set when it took one (a +inf max, or nothing
+ * finite, decides without) */
+static size_t draw_index(struct sampler *s, const float *x, size_t n, uint64_t *rng, int *drew)
 {
     float mx = max_of(x, n);
     if (mx == -INFINITY)
@@ -518,7 +526,8 @@ static size_t draw_index(struct sampler *s, const float *x, size_t n)
     double *bsum = s->block_sum;
     float *w = s->weight;
     double total = exp_weights(x, n, mx, 1.0f / s->p.temperature, w, bsum);
-    double u = rng_uniform(s) * total;
+    double u = (s->u_row ? *s->u_row : rng_uniform(rng)) * total;
+    *drew = 1;
     /* find the block, then the token inside it; rounding that leaves u at
      * the very top picks the last token with weight */
     double acc = 0.0;
@@ -905,11 +914,35 @@ struct row_stats {
     double sum;
 };
 
-/* log-softmax of the raw logits for `id` and the top alternatives */
-static void raw_logprobs(int32_t n, int32_t k_top, const float *logits, int32_t id,
-                         const struct row_stats *rs, float *logprob, struct sample_top *top)
+/* what a logprob report needs of the raw logits for `id` (the fields of o but
+ * id, status and drew): raw_max, raw_sum (0 when nothing is finite), raw_logit
+ * and the k best (k <= SAMPLE_DEV_MAX_TOP) */
+static void raw_stats(int32_t n, int32_t k, const float *logits, int32_t id,
+                      const struct row_stats *rs, struct sample_dev_out *o)
 {
-    float mx = sanitize(rs->have_max ? rs->max : max_of(logits, (size_t)n));
+    o->raw_max = rs->have_max ? rs->max : max_of(logits, (size_t)n);
+    float mx = sanitize(o->raw_max);
+    o->raw_sum = 0.0;
+    if (mx != -INFINITY)
+        o->raw_sum = rs->have_sum ? rs->sum : exp_weights(logits, (size_t)n, mx, 1.0f, NULL, NULL);
+    o->raw_logit = logits[id];
+    o->n_top = k;
+    if (k == 0)
+        return;
+    struct cand best[SAMPLE_DEV_MAX_TOP];
+    top_k_heap(logits, (size_t)n, (size_t)k, best);
+    for (int32_t j = 0; j < k; j++) {
+        o->top_id[j] = best[j].id;
+        o->top_v[j] = best[j].v;
+    }
+}
+
+/* log-softmax of the raw logits for the chosen token and the k_top best, from
+ * raw_stats' fields of o (they hold min(k_top, n) best when top is not NULL) */
+static void report_logprobs(int32_t n, int32_t k_top, const struct sample_dev_out *o,
+                            float *logprob, struct sample_top *top)
+{
+    float mx = sanitize(o->raw_max);
     if (mx == -INFINITY) {
         /* nothing finite: report the uniform distribution, not nan */
         double lp = -log((double)n);
@@ -919,94 +952,117 @@ static void raw_logprobs(int32_t n, int32_t k_top, const float *logits, int32_t 
             top[j] = (struct sample_top){j, (float)lp};
         return;
     }
-    double sum = rs->have_sum ? rs->sum : exp_weights(logits, (size_t)n, mx, 1.0f, NULL, NULL);
-    double lse = (double)mx + log(sum);
+    double lse = (double)mx + log(o->raw_sum);
     if (logprob)
-        *logprob = (float)((double)sanitize(logits[id]) - lse);
+        *logprob = (float)((double)sanitize(o->raw_logit) - lse);
     int32_t k = k_top;
     if (!top || k == 0)
         return;
     if (k > n)
         k = n;
-    struct cand best[20];
-    top_k_heap(logits, (size_t)n, (size_t)k, best);
     for (int32_t j = 0; j < k; j++) {
-        top[j].id = best[j].id;
-        top[j].logprob = (float)((double)best[j].v - lse);
+        top[j].id = o->top_id[j];
+        top[j].logprob = (float)((double)o->top_v[j] - lse);
     }
+}
+
+/* log-softmax of the raw logits for `id` and the top alternatives */
+static void raw_logprobs(int32_t n, int32_t k_top, const float *logits, int32_t id,
+                         const struct row_stats *rs, float *logprob, struct sample_top *top)
+{
+    struct sample_dev_out o;
+    raw_stats(n, top ? (k_top < n ? k_top : n) : 0, logits, id, rs, &o);
+    report_logprobs(n, k_top, &o, logprob, top);
+}
+
+/* sampler_sample's pick from raw logits: the token, what it learned of the raw
+ * logits on the way (*rs) and whether it took a uniform from rng (*drew) */
+static int32_t pick_from(struct sampler *s, const float *logits, const float *v, uint64_t *rng,
+                         struct row_stats *rs, int *drew);
+
+static int32_t sample_pick(struct sampler *s, const float *logits, uint64_t *rng,
+                           struct row_stats *rs, int *drew)
+{
+    const float *v = logits;
+    if (penalties_active(&s->p)) {
+        memcpy(s->work, logits, (size_t)s->n_vocab * sizeof(*s->work));
+        sampler_penalize(s, s->work);
+        v = s->work;
+    }
+    return pick_from(s, logits, v, rng, rs, drew);
+}
+
+/* the pick from v, the penalized logits (logits itself when no penalty applies) */
+static int32_t pick_from(struct sampler *s, const float *logits, const float *v, uint64_t *rng,
+                         struct row_stats *rs, int *drew)
+{
+    const struct sample_params *p = &s->p;
+    size_t n_vocab = (size_t)s->n_vocab;
+    *rs = (struct row_stats){0};
+    *drew = 0;
+
+    float mx;
+    int top_k = p->top_k > 0 && (size_t)p->top_k < n_vocab;
+    if (p->temperature == 0.0f || p->top_k == 1) {
+        int32_t id = argmax(v, (int32_t)n_vocab, &mx);
+        *rs = (struct row_stats){.have_max = v == logits, .max = mx};
+        return id;
+    }
+    if (!top_k && p->top_p >= 1.0f && p->min_p <= 0.0f)
+        return (int32_t)draw_index(s, v, n_vocab, rng, drew); /* no filter: the whole vocab */
+    /* the kept tokens: logits in x, ids in ids */
+    float *x = s->vals;
+    int32_t *ids = s->ids;
+    size_t n;
+    if (top_k) {
+        struct cand *c = s->cand;
+        n = (size_t)p->top_k;
+        if (n <= 4096) {
+            top_k_heap(v, n_vocab, n, c);
+        } else {
+            for (size_t i = 0; i < n_vocab; i++)
+                c[i] = (struct cand){sanitize(v[i]), (int32_t)i};
+            cand_top_sorted(c, n_vocab, n);
+        }
+        for (size_t i = 0; i < n; i++) {
+            x[i] = c[i].v;
+            ids[i] = c[i].id;
+        }
+        if (p->top_p < 1.0f)
+            n = top_p_sorted(s, x, n);
+        mx = x[0];
+    } else {
+        mx = max_of(v, n_vocab);
+        *rs = (struct row_stats){.have_max = v == logits, .max = mx};
+        if (mx == INFINITY || mx == -INFINITY) {
+            /* an infinite logit outweighs the rest; none finite: no weights */
+            return argmax(v, (int32_t)n_vocab, &mx);
+        }
+        if (p->top_p < 1.0f) {
+            n = top_p_vocab(s, v, n_vocab, mx, &rs->sum);
+            rs->have_sum = v == logits; /* same max, same weights */
+        } else {
+            /* min-p alone: only tokens at or above its floor are copied */
+            n = keep_at_least(v, NULL, n_vocab, float_at_least((double)mx + log((double)p->min_p)),
+                              x, ids);
+        }
+    }
+    if (p->min_p > 0.0f && (top_k || p->top_p < 1.0f)) {
+        /* prob_i >= min_p * prob_max  <=>  v_i >= v_max + log(min_p);
+         * the max always passes */
+        n = keep_at_least(x, ids, n, float_at_least((double)mx + log((double)p->min_p)), x, ids);
+    }
+    return ids[draw_index(s, x, n, rng, drew)];
 }
 
 int32_t sampler_sample(struct sampler *s, const float *logits, float *logprob,
                        struct sample_top *top)
 {
-    const struct sample_params *p = &s->p;
-    size_t n_vocab = (size_t)s->n_vocab;
-    const float *v = logits;
-    if (penalties_active(p)) {
-        memcpy(s->work, logits, n_vocab * sizeof(*s->work));
-        sampler_penalize(s, s->work);
-        v = s->work;
-    }
-
-    int32_t id;
-    float mx;
-    struct row_stats rs = {0};
-    int top_k = p->top_k > 0 && (size_t)p->top_k < n_vocab;
-    if (p->temperature == 0.0f || p->top_k == 1) {
-        id = argmax(v, (int32_t)n_vocab, &mx);
-        rs = (struct row_stats){.have_max = v == logits, .max = mx};
-    } else if (!top_k && p->top_p >= 1.0f && p->min_p <= 0.0f) {
-        id = (int32_t)draw_index(s, v, n_vocab); /* no filter: the whole vocab */
-    } else {
-        /* the kept tokens: logits in x, ids in ids */
-        float *x = s->vals;
-        int32_t *ids = s->ids;
-        size_t n;
-        if (top_k) {
-            struct cand *c = s->cand;
-            n = (size_t)p->top_k;
-            if (n <= 4096) {
-                top_k_heap(v, n_vocab, n, c);
-            } else {
-                for (size_t i = 0; i < n_vocab; i++)
-                    c[i] = (struct cand){sanitize(v[i]), (int32_t)i};
-                cand_top_sorted(c, n_vocab, n);
-            }
-            for (size_t i = 0; i < n; i++) {
-                x[i] = c[i].v;
-                ids[i] = c[i].id;
-            }
-            if (p->top_p < 1.0f)
-                n = top_p_sorted(s, x, n);
-            mx = x[0];
-        } else {
-            mx = max_of(v, n_vocab);
-            rs = (struct row_stats){.have_max = v == logits, .max = mx};
-            if (mx == INFINITY || mx == -INFINITY) {
-                /* an infinite logit outweighs the rest; none finite: no weights */
-                id = argmax(v, (int32_t)n_vocab, &mx);
-                goto done;
-            }
-            if (p->top_p < 1.0f) {
-                n = top_p_vocab(s, v, n_vocab, mx, &rs.sum);
-                rs.have_sum = v == logits; /* same max, same weights */
-            } else {
-                /* min-p alone: only tokens at or above its floor are copied */
-                n = keep_at_least(v, NULL, n_vocab,
-                                  float_at_least((double)mx + log((double)p->min_p)), x, ids);
-            }
-        }
-        if (p->min_p > 0.0f && (top_k || p->top_p < 1.0f)) {
-            /* prob_i >= min_p * prob_max  <=>  v_i >= v_max + log(min_p);
-             * the max always passes */
-            n = keep_at_least(x, ids, n, float_at_least((double)mx + log((double)p->min_p)), x,
-                              ids);
-        }
-        id = ids[draw_index(s, x, n)];
-    }
-done:
+    struct row_stats rs;
+    int drew;
+    int32_t id = sample_pick(s, logits, s->rng, &rs, &drew);
     if (logprob || top)
-        raw_logprobs(s->n_vocab, p->n_top_logprobs, logits, id, &rs, logprob, top);
+        raw_logprobs(s->n_vocab, s->p.n_top_logprobs, logits, id, &rs, logprob, top);
     return id;
 }
 
@@ -1024,4 +1080,125 @@ int sampler_plain_greedy(const struct sampler *s)
     const struct sample_params *p = &s->p;
     return (p->temperature == 0.0f || p->top_k == 1) && !penalties_active(p) &&
            p->n_top_logprobs == 0;
+}
+
+/* --- sampling where the logits are ---------------------------------------- */
+
+int sample_dev_supported(void)
+{
+#ifdef SAMPLE_AVX2
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+int sampler_dev_row(struct sampler *s, struct sample_dev_row *r, int32_t *pen_id,
+                    int32_t *pen_count, uint32_t cap)
+{
+    const struct sample_params *p = &s->p;
+    *r = (struct sample_dev_row){
+        .temperature = p->temperature,
+        .top_k = p->top_k,
+        .top_p = p->top_p,
+        .min_p = p->min_p,
+        .repetition_penalty = p->repetition_penalty,
+        .presence_penalty = p->presence_penalty,
+        .frequency_penalty = p->frequency_penalty,
+        .n_top = p->n_top_logprobs,
+        .log_min_p = p->min_p > 0.0f ? log((double)p->min_p) : 0.0,
+        .pen_id = pen_id,
+        .pen_count = pen_count,
+    };
+    /* peek: the draw is the backend's, sampler_dev_finish takes it */
+    uint64_t rng[4];
+    memcpy(rng, s->rng, sizeof(rng));
+    r->u = rng_uniform(rng);
+    if (!penalties_active(p))
+        return 0;
+    /* the window's ids as sampler_penalize visits them; counts is zeroed
+     * behind, also past cap, so it stays all zero */
+    size_t n = s->hist_len;
+    for (size_t i = 0; i < n; i++) {
+        int32_t id = s->hist[(s->hist_head + i) % s->hist_cap];
+        if (id >= 0 && id < s->n_vocab)
+            s->counts[id]++;
+    }
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        int32_t id = s->hist[(s->hist_head + i) % s->hist_cap];
+        if (id < 0 || id >= s->n_vocab || s->counts[id] == 0)
+            continue;
+        if (m < cap) {
+            pen_id[m] = id;
+            pen_count[m] = s->counts[id];
+        }
+        s->counts[id] = 0;
+        m++;
+    }
+    if (m > cap)
+        return 1;
+    r->n_pen = (uint32_t)m;
+    return 0;
+}
+
+int32_t sampler_dev_finish(struct sampler *s, const struct sample_dev_out *o, float *logprob,
+                           struct sample_top *top)
+{
+    if (o->drew)
+        xoshiro_next(s->rng);
+    report_logprobs(s->n_vocab, s->p.n_top_logprobs, o, logprob, top);
+    return o->id;
+}
+
+void sampler_sample_dev(struct sampler *s, const float *logits, struct sample_dev_out *o)
+{
+    /* the pick draws from a copy: the backend's u is the peeked one, and
+     * sampler_dev_finish takes it from s */
+    uint64_t rng[4];
+    memcpy(rng, s->rng, sizeof(rng));
+    struct row_stats rs;
+    int drew;
+    int32_t id = sample_pick(s, logits, rng, &rs, &drew);
+    memset(o, 0, sizeof(*o));
+    o->id = id;
+    o->status = 0;
+    o->drew = drew;
+    int32_t k = s->p.n_top_logprobs < s->n_vocab ? s->p.n_top_logprobs : s->n_vocab;
+    raw_stats(s->n_vocab, k, logits, id, &rs, o);
+}
+
+void sample_dev_run(struct sampler *scratch, const struct sample_dev_row *r, const float *logits,
+                    struct sample_dev_out *o)
+{
+    struct sampler *s = scratch;
+    struct sample_params *p = &s->p;
+    p->temperature = r->temperature;
+    p->top_k = r->top_k;
+    p->top_p = r->top_p;
+    p->min_p = r->min_p;
+    p->repetition_penalty = r->repetition_penalty;
+    p->presence_penalty = r->presence_penalty;
+    p->frequency_penalty = r->frequency_penalty;
+    p->n_top_logprobs = r->n_top;
+    const float *v = logits;
+    if (r->n_pen) {
+        memcpy(s->work, logits, (size_t)s->n_vocab * sizeof(*s->work));
+        for (uint32_t j = 0; j < r->n_pen; j++) {
+            const int32_t id = r->pen_id[j];
+            if (id >= 0 && id < s->n_vocab)
+                s->work[id] = penalize_one(s->work[id], r->pen_count[j], p);
+        }
+        v = s->work;
+    }
+    struct row_stats rs;
+    int drew;
+    s->u_row = &r->u;
+    int32_t id = pick_from(s, logits, v, s->rng, &rs, &drew);
+    s->u_row = NULL;
+    memset(o, 0, sizeof(*o));
+    o->id = id;
+    o->drew = drew;
+    int32_t k = r->n_top < s->n_vocab ? r->n_top : s->n_vocab;
+    raw_stats(s->n_vocab, k, logits, id, &rs, o);
 }

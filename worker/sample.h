@@ -70,4 +70,60 @@ int32_t sample_greedy(const float *logits, int32_t n_vocab, float *logprob);
  * logprob are sample_greedy's, so a backend may pick them where the logits are */
 int sampler_plain_greedy(const struct sampler *s);
 
+/* --- sampling where the logits are (a backend's sample op) ----------------
+ * a backend that samples rows itself takes each row's sample_dev_row and gives back a
+ * sample_dev_out; sampler_dev_finish turns that into what sampler_sample would have returned
+ * for the same logits, bit for bit: the backend copies this file's arithmetic (the exp
+ * polynomial, the order of every float sum, the double sums across blocks), and what needs
+ * libm (log) stays here. */
+#define SAMPLE_DEV_MAX_TOP 20 /* n_top_logprobs' range */
+
+struct sample_dev_row {
+    float temperature; /* the row's sample_params, as sampler_sample reads them */
+    int32_t top_k;
+    float top_p;
+    float min_p;
+    float repetition_penalty;
+    float presence_penalty;
+    float frequency_penalty;
+    int32_t n_top;            /* n_top_logprobs */
+    double log_min_p;         /* log((double)min_p), this build's libm; 0 when min_p is 0 */
+    double u;                 /* the uniform the row's draw takes, if it draws (not yet taken) */
+    uint32_t n_pen;           /* distinct ids the penalties touch (0: none or penalties off) */
+    const int32_t *pen_id;    /* (n_pen) those ids */
+    const int32_t *pen_count; /* (n_pen) times each is in the penalty window */
+};
+
+struct sample_dev_out {
+    int32_t id;      /* the token */
+    int32_t status;  /* 0 picked; 1 the backend could not (the caller samples the logits) */
+    int32_t drew;    /* 1 when the pick took the row's uniform u */
+    float raw_max;   /* max of the raw logits, nan skipped (-inf: none) */
+    double raw_sum;  /* exp weights of the raw logits at sanitize(raw_max), temperature 1 */
+    float raw_logit; /* the raw logit of id */
+    int32_t n_top;   /* entries in top_id / top_v: min(n_top, n_vocab) */
+    int32_t top_id[SAMPLE_DEV_MAX_TOP]; /* the n_top best raw logits, best first (ties: id) */
+    float top_v[SAMPLE_DEV_MAX_TOP];    /* their values, sanitized */
+};
+
+/* 1 when this build's exp weights are the ones a backend copies (avx2 + fma: eight-lane
+ * sums a 64-block); 0: rows go to sampler_sample */
+int sample_dev_supported(void);
+/* the row for s's next sample: params, u (peeked, not taken) and the penalty ids with their
+ * counts into pen_id / pen_count (cap entries each; r points at them). 1 when the window holds
+ * more than cap distinct ids (sample that row with sampler_sample), else 0 */
+int sampler_dev_row(struct sampler *s, struct sample_dev_row *r, int32_t *pen_id,
+                    int32_t *pen_count, uint32_t cap);
+/* a backend's pick (status 0) as sampler_sample returns it: the token, its logprob and the
+ * top alternatives (either may be NULL); takes the uniform when o->drew */
+int32_t sampler_dev_finish(struct sampler *s, const struct sample_dev_out *o, float *logprob,
+                           struct sample_top *top);
+/* the reference a backend's sample op is tested against: o as it gives it back for logits */
+void sampler_sample_dev(struct sampler *s, const float *logits, struct sample_dev_out *o);
+/* a backend's sample op done on the cpu from the row alone (its penalty ids and counts, its u):
+ * what sampler_sample_dev gives for the sampler the row was made from. scratch: any sampler of
+ * the row's vocab (its buffers and params are overwritten, its history and rng unused) */
+void sample_dev_run(struct sampler *scratch, const struct sample_dev_row *r, const float *logits,
+                    struct sample_dev_out *o);
+
 #endif

@@ -865,6 +865,462 @@ static void test_masked_logits(void **state)
     sampler_free(s);
 }
 
+/* --- sampling where the logits are (sample_dev_*) --------------------------- */
+
+/* the next uniform of s's stream, peeked by sampler_dev_row (which takes none) */
+static double peek_u(struct sampler *s)
+{
+    static int32_t id[256], count[256];
+    struct sample_dev_row r;
+    assert_int_equal(sampler_dev_row(s, &r, id, count, 256), 0);
+    return r.u;
+}
+
+/* the largest raw logit, nan skipped, -inf when none: what raw_max must be */
+static float ref_raw_max(const float *v, int32_t n)
+{
+    float mx = -INFINITY;
+    for (int32_t i = 0; i < n; i++)
+        mx = v[i] > mx ? v[i] : mx;
+    return mx;
+}
+
+/* logits of kind: 0 uniform [-4, 4), 1 flat, 2 a large spread, 3 nan / +inf / -inf mixed in,
+ * 4 mostly -inf, 5 nothing finite, 6 one +inf, 7 ties on a coarse grid */
+static void fill_dev_row(float *v, int32_t n, uint64_t seed, int kind)
+{
+    switch (kind) {
+    case 1:
+        for (int32_t i = 0; i < n; i++)
+            v[i] = 0.5f;
+        break;
+    case 2: fill_logits(v, n, seed, 80.0f); break;
+    case 3: fill_row(v, n, seed, 2); break;
+    case 4: fill_row(v, n, seed, 3); break;
+    case 5:
+        for (int32_t i = 0; i < n; i++)
+            v[i] = i % 3 == 1 ? NAN : -INFINITY;
+        break;
+    case 6:
+        fill_logits(v, n, seed, 4.0f);
+        v[(int32_t)(seed % (uint64_t)n)] = INFINITY;
+        break;
+    case 7: fill_row(v, n, seed, 1); break;
+    default: fill_logits(v, n, seed, 4.0f); break;
+    }
+}
+
+#define N_DEV_PARAMS 16
+
+/* the chain's paths: greedy, temperature alone, top-k (heap and the > 4096 sort), top-p
+ * (sorted after top-k and whole-vocab), min-p, combinations, penalties on each */
+static void dev_params(int which, uint64_t seed, int n_top, struct sample_params *p)
+{
+    sample_params_default(p);
+    p->seed = seed;
+    p->n_top_logprobs = n_top;
+    p->temperature = 0.8f;
+    switch (which) {
+    case 0: p->temperature = 0.0f; break;
+    case 1: p->top_k = 1; break;
+    case 2: p->temperature = 0.7f; break;
+    case 3: p->top_k = 5; break;
+    case 4:
+        p->top_k = 40;
+        p->temperature = 1.2f;
+        break;
+    case 5: p->top_k = 5000; break;
+    case 6:
+        p->top_p = 0.5f;
+        p->temperature = 1.0f;
+        break;
+    case 7: p->top_p = 0.9f; break;
+    case 8:
+        p->top_p = 0.999f;
+        p->temperature = 1.5f;
+        break;
+    case 9: p->min_p = 0.05f; break;
+    case 10:
+        p->top_k = 40;
+        p->top_p = 0.9f;
+        p->min_p = 0.05f;
+        p->temperature = 0.7f;
+        break;
+    case 11:
+        p->top_p = 0.9f;
+        p->min_p = 0.05f;
+        break;
+    default:
+        /* 12..15: penalties with greedy, top-k, top-p (penalized: no shared sum), min-p */
+        p->repetition_penalty = 1.3f;
+        p->presence_penalty = 0.5f;
+        p->frequency_penalty = 0.2f;
+        p->penalty_last_n = 64;
+        if (which == 12)
+            p->temperature = 0.0f;
+        else if (which == 13)
+            p->top_k = 40;
+        else if (which == 14)
+            p->top_p = 0.9f;
+        else
+            p->min_p = 0.05f;
+        break;
+    }
+}
+
+/* sampler_sample on one sampler and sampler_sample_dev + sampler_dev_finish on a twin, over
+ * a few steps (the row, then plain rows; the last with NULL outputs): the same token, logprob
+ * bit for bit, the same alternatives, and the rng streams in step (the next uniforms equal) */
+static void check_dev_case(const struct sample_params *p, int32_t n, const float *row, float *plain,
+                           uint64_t seed, const char *what)
+{
+    struct sampler *a = make(p, n), *b = make(p, n), *scratch = make(p, n);
+    /* a history with repeats and ids outside the vocab (penalties skip them) */
+    uint64_t x = seed * 0x9e3779b97f4a7c15ULL + 7;
+    for (int i = 0; i < 100; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        int32_t id = x % 17 == 0 ? -1 : x % 19 == 0 ? n + 3 : (int32_t)((x >> 8) % (uint64_t)n);
+        if (x % 3 == 0)
+            id = (int32_t)((x >> 8) % (n < 8 ? (uint64_t)n : 8)); /* repeats */
+        sampler_accept(a, id);
+        sampler_accept(b, id);
+    }
+    int32_t k = p->n_top_logprobs < n ? p->n_top_logprobs : n;
+    for (int step = 0; step < 4; step++) {
+        const float *v = row;
+        if (step >= 2) {
+            fill_logits(plain, n, seed + (uint64_t)step, 3.0f);
+            v = plain;
+        }
+        int want_out = step < 3;
+        float lp_a = 0.0f, lp_b = 0.0f;
+        struct sample_top top_a[SAMPLE_DEV_MAX_TOP], top_b[SAMPLE_DEV_MAX_TOP];
+        memset(top_a, 0, sizeof(top_a));
+        memset(top_b, 0, sizeof(top_b));
+        int32_t id_a = sampler_sample(a, v, want_out ? &lp_a : NULL, want_out ? top_a : NULL);
+
+        double u0 = peek_u(b);
+        struct sample_dev_out o, o_row;
+        sampler_sample_dev(b, v, &o);
+        /* the same from the row alone (a backend's view: its penalty list, its u) */
+        struct sample_dev_row r;
+        int32_t pen_id[128], pen_count[128];
+        assert_int_equal(sampler_dev_row(b, &r, pen_id, pen_count, 128), 0);
+        sample_dev_run(scratch, &r, v, &o_row);
+        if (memcmp(&o, &o_row, sizeof(o)))
+            fail_msg("%s step %d: sample_dev_run id %d drew %d, sampler_sample_dev id %d drew %d",
+                     what, step, o_row.id, o_row.drew, o.id, o.drew);
+        double u1 = peek_u(b);
+        if (memcmp(&u0, &u1, sizeof(u0)))
+            fail_msg("%s step %d: sampler_sample_dev moved the rng", what, step);
+        assert_int_equal(o.status, 0);
+        assert_int_equal(o.n_top, k);
+        assert_true(o.id >= 0 && o.id < n);
+        assert_memory_equal(&o.raw_logit, &v[o.id], sizeof(float));
+        float mx = ref_raw_max(v, n);
+        assert_memory_equal(&o.raw_max, &mx, sizeof(float));
+        if (p->temperature == 0.0f || p->top_k == 1)
+            assert_int_equal(o.drew, 0);
+        int32_t id_b = sampler_dev_finish(b, &o, want_out ? &lp_b : NULL, want_out ? top_b : NULL);
+
+        if (id_a != id_b)
+            fail_msg("%s step %d: sampler_sample %d, dev %d", what, step, id_a, id_b);
+        if (memcmp(&lp_a, &lp_b, sizeof(lp_a)))
+            fail_msg("%s step %d: logprob %.9g, dev %.9g", what, step, (double)lp_a, (double)lp_b);
+        for (int32_t j = 0; j < k; j++)
+            if (top_a[j].id != top_b[j].id ||
+                memcmp(&top_a[j].logprob, &top_b[j].logprob, sizeof(float)))
+                fail_msg("%s step %d: top[%d] %d %.9g, dev %d %.9g", what, step, j, top_a[j].id,
+                         (double)top_a[j].logprob, top_b[j].id, (double)top_b[j].logprob);
+        assert_memory_equal(top_a + k, top_b + k, sizeof(top_a) - (size_t)k * sizeof(top_a[0]));
+        double ua = peek_u(a), ub = peek_u(b);
+        if (memcmp(&ua, &ub, sizeof(ua)))
+            fail_msg("%s step %d: rng out of step after the pick (drew %d)", what, step, o.drew);
+        sampler_accept(a, id_a);
+        sampler_accept(b, id_b);
+    }
+    sampler_free(a);
+    sampler_free(b);
+    sampler_free(scratch);
+}
+
+static void test_dev_matches_sampler(void **state)
+{
+    (void)state;
+    static const int32_t sizes[] = {1, 7, 64, 65, 1000, 32000};
+    static const int n_tops[] = {0, 5, 20};
+    float *row = malloc(128256 * sizeof(*row)), *plain = malloc(128256 * sizeof(*plain));
+    assert_non_null(row);
+    assert_non_null(plain);
+    char what[160];
+    int cases = 0;
+    for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
+        int32_t n = sizes[si];
+        for (int kind = 0; kind < 8; kind++) {
+            for (int which = 0; which < N_DEV_PARAMS; which++) {
+                uint64_t seed = (uint64_t)(si * 1000 + (size_t)kind * 100 + (size_t)which) + 1;
+                struct sample_params p;
+                dev_params(which, seed, n_tops[(kind + which) % 3], &p);
+                fill_dev_row(row, n, seed, kind);
+                snprintf(what, sizeof(what), "n %d kind %d params %d n_top %d", n, kind, which,
+                         p.n_top_logprobs);
+                check_dev_case(&p, n, row, plain, seed, what);
+                cases++;
+            }
+        }
+    }
+    /* the big vocab, a few: whole-vocab top-p, the big top-k sort, penalties with min-p */
+    static const int big[][2] = {{7, 0}, {5, 3}, {15, 6}, {0, 1}};
+    for (size_t i = 0; i < sizeof(big) / sizeof(big[0]); i++) {
+        struct sample_params p;
+        dev_params(big[i][0], 9000 + i, 20, &p);
+        fill_dev_row(row, 128256, 9000 + i, big[i][1]);
+        snprintf(what, sizeof(what), "n 128256 kind %d params %d", big[i][1], big[i][0]);
+        check_dev_case(&p, 128256, row, plain, 9000 + i, what);
+        cases++;
+    }
+    assert_int_equal(cases, 6 * 8 * N_DEV_PARAMS + 4);
+    free(row);
+    free(plain);
+}
+
+/* the uniforms a sampler seeded with seed draws: xoshiro256** seeded by splitmix64 (sample.h) */
+static void ref_uniforms(uint64_t seed, int n, double *u)
+{
+    uint64_t x = seed, s[4];
+    for (int i = 0; i < 4; i++) {
+        uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+        s[i] = z ^ (z >> 31);
+    }
+    for (int i = 0; i < n; i++) {
+        uint64_t r = ((s[1] * 5) << 7 | (s[1] * 5) >> 57) * 9, t = s[1] << 17;
+        s[2] ^= s[0];
+        s[3] ^= s[1];
+        s[1] ^= s[2];
+        s[0] ^= s[3];
+        s[2] ^= t;
+        s[3] = s[3] << 45 | s[3] >> 19;
+        u[i] = (double)(r >> 11) * (1.0 / 9007199254740992.0);
+    }
+}
+
+/* u is the uniform the next draw takes and peeking it takes nothing: over flat logits of n
+ * tokens a draw picks floor(u * n); every field is the sampler's params */
+static void test_dev_row_uniform(void **state)
+{
+    (void)state;
+    enum { NV = 1000, STEPS = 200 };
+    float v[NV];
+    for (int i = 0; i < NV; i++)
+        v[i] = -1.25f;
+    struct sample_params p;
+    sample_params_default(&p);
+    p.temperature = 0.9f;
+    p.seed = 424242;
+    p.n_top_logprobs = 7;
+    struct sampler *s = make(&p, NV);
+    double want[STEPS];
+    ref_uniforms(p.seed, STEPS, want);
+    int32_t pen_id[4], pen_count[4];
+    for (int t = 0; t < STEPS; t++) {
+        struct sample_dev_row r, r2;
+        memset(&r, 0xa5, sizeof(r));
+        assert_int_equal(sampler_dev_row(s, &r, pen_id, pen_count, 4), 0);
+        assert_int_equal(sampler_dev_row(s, &r2, pen_id, pen_count, 4), 0);
+        assert_memory_equal(&r.u, &want[t], sizeof(double));
+        assert_memory_equal(&r.u, &r2.u, sizeof(double)); /* the peek took nothing */
+        assert_true(r.u >= 0.0 && r.u < 1.0);
+        assert_int_equal(r.n_pen, 0);
+        int32_t id = sampler_sample(s, v, NULL, NULL);
+        if (id != (int32_t)(r.u * NV))
+            fail_msg("step %d: u %.17g says token %d, the draw took %d", t, r.u,
+                     (int32_t)(r.u * NV), id);
+    }
+    sampler_free(s);
+
+    /* the params, as sampler_sample reads them; log_min_p in double */
+    sample_params_default(&p);
+    p.temperature = 0.65f;
+    p.top_k = 33;
+    p.top_p = 0.85f;
+    p.min_p = 0.05f;
+    p.repetition_penalty = 1.15f;
+    p.presence_penalty = -0.25f;
+    p.frequency_penalty = 0.75f;
+    p.n_top_logprobs = 20;
+    s = make(&p, 50);
+    struct sample_dev_row r;
+    assert_int_equal(sampler_dev_row(s, &r, pen_id, pen_count, 4), 0);
+    assert_true(r.temperature == p.temperature && r.top_k == 33 && r.top_p == p.top_p &&
+                r.min_p == p.min_p && r.repetition_penalty == p.repetition_penalty &&
+                r.presence_penalty == p.presence_penalty &&
+                r.frequency_penalty == p.frequency_penalty && r.n_top == 20);
+    double lmp = log((double)p.min_p);
+    assert_memory_equal(&r.log_min_p, &lmp, sizeof(lmp));
+    assert_int_equal(r.n_pen, 0); /* no history yet */
+    sampler_free(s);
+    p.min_p = 0.0f;
+    s = make(&p, 50);
+    assert_int_equal(sampler_dev_row(s, &r, pen_id, pen_count, 4), 0);
+    assert_true(r.log_min_p == 0.0);
+    sampler_free(s);
+}
+
+/* penalized logits of a sampler after dev_row equal a fresh sampler's with the same history
+ * (dev_row leaves its counts scratch zero), and so do their samples */
+static void check_same_as_fresh(struct sampler *s, const struct sample_params *p, int32_t n,
+                                const int32_t *hist, size_t n_hist)
+{
+    struct sampler *f = make(p, n);
+    for (size_t i = 0; i < n_hist; i++)
+        sampler_accept(f, hist[i]);
+    float *v = malloc((size_t)n * sizeof(*v)), *ps = malloc((size_t)n * sizeof(*ps)),
+          *pf = malloc((size_t)n * sizeof(*pf));
+    assert_true(v && ps && pf);
+    for (uint64_t t = 0; t < 5; t++) {
+        fill_logits(v, n, 300 + t, 2.0f);
+        memcpy(ps, v, (size_t)n * sizeof(*v));
+        memcpy(pf, v, (size_t)n * sizeof(*v));
+        sampler_penalize(s, ps);
+        sampler_penalize(f, pf);
+        assert_memory_equal(ps, pf, (size_t)n * sizeof(*v));
+        assert_int_equal(sampler_sample(s, v, NULL, NULL), sampler_sample(f, v, NULL, NULL));
+    }
+    free(v);
+    free(ps);
+    free(pf);
+    sampler_free(f);
+}
+
+static void test_dev_row_penalties(void **state)
+{
+    (void)state;
+    enum { NV = 40 };
+    struct sample_params p;
+    sample_params_default(&p);
+    p.temperature = 0.8f;
+    p.repetition_penalty = 1.2f;
+    p.frequency_penalty = 0.5f;
+    p.penalty_last_n = 12;
+    p.seed = 3;
+    /* 20 ids through a window of 12: the ring wraps; -1 and 40 are outside the vocab */
+    const int32_t hist[] = {5, 6, 7,  8, 9,  10, 11, 12, /* forgotten */
+                            3, 9, -1, 3, 40, 17, 9,  3,  0, 17, 39, 3};
+    const size_t n_hist = sizeof(hist) / sizeof(hist[0]);
+    /* the window 3 9 -1 3 40 17 9 3 0 17 39 3: first occurrences and counts */
+    const int32_t want_id[] = {3, 9, 17, 0, 39}, want_count[] = {4, 2, 2, 1, 1};
+    const uint32_t distinct = 5;
+    struct sampler *s = make(&p, NV);
+    for (size_t i = 0; i < n_hist; i++)
+        sampler_accept(s, hist[i]);
+    int32_t pen_id[8], pen_count[8];
+    struct sample_dev_row r;
+    for (uint32_t cap = distinct; cap <= 8; cap += 3) {
+        memset(pen_id, 0, sizeof(pen_id));
+        memset(pen_count, 0, sizeof(pen_count));
+        assert_int_equal(sampler_dev_row(s, &r, pen_id, pen_count, cap), 0);
+        assert_int_equal(r.n_pen, distinct);
+        assert_ptr_equal(r.pen_id, pen_id);
+        assert_ptr_equal(r.pen_count, pen_count);
+        assert_memory_equal(pen_id, want_id, sizeof(want_id));
+        assert_memory_equal(pen_count, want_count, sizeof(want_count));
+    }
+    check_same_as_fresh(s, &p, NV, hist, n_hist);
+    sampler_free(s);
+
+    /* one too many distinct ids for cap: 1, and the sampler samples as a fresh one */
+    s = make(&p, NV);
+    for (size_t i = 0; i < n_hist; i++)
+        sampler_accept(s, hist[i]);
+    assert_int_equal(sampler_dev_row(s, &r, pen_id, pen_count, distinct - 1), 1);
+    assert_int_equal(sampler_dev_row(s, &r, NULL, NULL, 0), 1);
+    check_same_as_fresh(s, &p, NV, hist, n_hist);
+    sampler_free(s);
+
+    /* every id once, an unbounded window of 200 over a vocab of 300 (the counts scratch spans
+     * it); cap 199 overflows, 200 fits */
+    p.penalty_last_n = -1;
+    int32_t big_hist[250], big_id[200], big_count[200];
+    for (int i = 0; i < 250; i++)
+        big_hist[i] = (i * 7) % 200; /* a permutation of 0..199, then its first 50 again */
+    s = make(&p, 300);
+    for (int i = 0; i < 250; i++)
+        sampler_accept(s, big_hist[i]);
+    assert_int_equal(sampler_dev_row(s, &r, big_id, big_count, 199), 1);
+    check_same_as_fresh(s, &p, 300, big_hist, 250);
+    assert_int_equal(sampler_dev_row(s, &r, big_id, big_count, 200), 0);
+    assert_int_equal(r.n_pen, 200);
+    for (int i = 0; i < 200; i++) {
+        assert_int_equal(big_id[i], (i * 7) % 200);
+        assert_int_equal(big_count[i], i < 50 ? 2 : 1);
+    }
+    sampler_free(s);
+
+    /* penalties off (all neutral, or a window of 0): no ids, whatever the history */
+    sample_params_default(&p);
+    p.temperature = 1.0f;
+    for (int off = 0; off < 2; off++) {
+        if (off == 1) {
+            p.repetition_penalty = 1.3f;
+            p.penalty_last_n = 0;
+        }
+        s = make(&p, NV);
+        for (size_t i = 0; i < n_hist; i++)
+            sampler_accept(s, hist[i]);
+        r.n_pen = 77;
+        assert_int_equal(sampler_dev_row(s, &r, NULL, NULL, 0), 0);
+        assert_int_equal(r.n_pen, 0);
+        sampler_free(s);
+    }
+}
+
+/* where a draw cannot decide (an infinite max, nothing finite) the pick takes no uniform;
+ * a plain temperature row takes one */
+static void test_dev_drew(void **state)
+{
+    (void)state;
+    enum { NV = 100 };
+    float v[NV];
+    struct sample_params p;
+    sample_params_default(&p);
+    p.temperature = 1.0f;
+    p.seed = 8;
+    static const float top_ps[] = {1.0f, 0.9f};
+    for (int t = 0; t < 2; t++) {
+        p.top_p = top_ps[t];
+        struct sampler *s = make(&p, NV);
+        struct sample_dev_out o;
+        fill_logits(v, NV, 1, 2.0f);
+        sampler_sample_dev(s, v, &o);
+        assert_int_equal(o.drew, 1);
+        v[42] = INFINITY;
+        sampler_sample_dev(s, v, &o);
+        assert_int_equal(o.drew, 0);
+        assert_int_equal(o.id, 42);
+        for (int i = 0; i < NV; i++)
+            v[i] = i % 2 ? NAN : -INFINITY;
+        sampler_sample_dev(s, v, &o);
+        assert_int_equal(o.drew, 0);
+        assert_int_equal(o.id, 0);
+        assert_true(o.raw_max == -INFINITY && o.raw_sum == 0.0);
+        sampler_free(s);
+    }
+}
+
+static void test_dev_supported(void **state)
+{
+    (void)state;
+#if defined(__AVX2__) && defined(__FMA__) && defined(__BMI2__)
+    assert_int_equal(sample_dev_supported(), 1);
+#elif !defined(__AVX2__)
+    assert_int_equal(sample_dev_supported(), 0);
+#endif
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -886,6 +1342,11 @@ int main(void)
         cmocka_unit_test(test_greedy_and_top_logprobs_match_reference),
         cmocka_unit_test(test_filters_match_reference),
         cmocka_unit_test(test_top_p_edge_ties),
+        cmocka_unit_test(test_dev_matches_sampler),
+        cmocka_unit_test(test_dev_row_uniform),
+        cmocka_unit_test(test_dev_row_penalties),
+        cmocka_unit_test(test_dev_drew),
+        cmocka_unit_test(test_dev_supported),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

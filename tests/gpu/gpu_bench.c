@@ -16,6 +16,7 @@
 #include "worker/backend_impl.h"
 #include "worker/cuda/cuda_backend.h"
 #include "worker/forward.h"
+#include "worker/pool.h"
 
 static struct rkv_cuda_ceilings ceil_;
 static FILE *js;
@@ -41,14 +42,106 @@ static int dec_step(struct fwd *f, const struct fwd_seq *seqs, uint32_t n, const
     return fwd_step_greedy(f, seqs, n, d->logits, d->ids, d->lps, &used);
 }
 
-/* seconds a decode step of seqs takes over `steps` steps: greedy (dec_step), or sampled (every
- * logit to the host, as the worker's samplers read them); *rc: the first failure */
+/* rows sampled at temperature 0.8, top_p 0.95 as the worker samples them on a gpu: the
+ * pick where the logits are (fwd_sample), sampler_dev_finish here; a row the device gives
+ * back is sampled here from its logits */
+#define DS_MAX 64
+struct dev_samp {
+    struct sampler *s[DS_MAX];
+    struct sample_dev_row rows[DS_MAX];
+    const struct sample_dev_row *rp[DS_MAX];
+    struct sample_dev_out outs[DS_MAX];
+    uint8_t want[DS_MAX];
+    int32_t pen[2];
+    uint32_t back;     /* rows given back to the host, summed */
+    struct pool *pool; /* the host's sampling threads (mode 3) */
+    const float *logits;
+    int32_t n_vocab;
+};
+
+static void host_samp_rows(void *arg, uint32_t begin, uint32_t end, uint32_t thread)
+{
+    struct dev_samp *ds = arg;
+    (void)thread;
+    for (uint32_t i = begin; i < end; i++) {
+        float lp;
+        sampler_sample(ds->s[i], ds->logits + (size_t)i * ds->n_vocab, &lp, NULL);
+    }
+}
+
+/* the same rows sampled as the worker samples them without the device: every logit to the
+ * host, then the rows' samplers on a pool of threads */
+static int host_samp_step(struct fwd *f, const struct fwd_seq *seqs, uint32_t n,
+                          struct dev_samp *ds, float *logits, int32_t n_vocab)
+{
+    int rc = fwd_step(f, seqs, n, 0, logits);
+    if (rc == 0) {
+        ds->logits = logits;
+        ds->n_vocab = n_vocab;
+        pool_run(ds->pool, host_samp_rows, ds, n, 1);
+    }
+    return rc;
+}
+
+static int dev_samp_init(struct dev_samp *ds, uint32_t n, int32_t n_vocab)
+{
+    memset(ds, 0, sizeof(*ds));
+    struct sample_params p;
+    sample_params_default(&p);
+    p.temperature = 0.8f;
+    p.top_p = 0.95f;
+    for (uint32_t i = 0; i < n && i < DS_MAX; i++) {
+        p.seed = 77 + i;
+        if (sampler_init(&ds->s[i], &p, n_vocab))
+            return RKV_ENOMEM;
+    }
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    return pool_init(&ds->pool, cpus > 16 ? 16 : cpus > 0 ? (uint32_t)cpus : 1);
+}
+
+static void dev_samp_free(struct dev_samp *ds)
+{
+    for (int i = 0; i < DS_MAX; i++)
+        sampler_free(ds->s[i]);
+    if (ds->pool)
+        pool_free(ds->pool);
+}
+
+static int dev_samp_step(struct fwd *f, const struct fwd_seq *seqs, uint32_t n, struct dev_samp *ds,
+                         float *logits, int32_t n_vocab)
+{
+    int rc = fwd_step_keep(f, seqs, n), used = 0;
+    for (uint32_t i = 0; i < n && rc == 0; i++) {
+        sampler_dev_row(ds->s[i], &ds->rows[i], ds->pen, ds->pen + 1, 1);
+        ds->rp[i] = &ds->rows[i];
+    }
+    if (rc == 0)
+        rc = fwd_sample(f, n, ds->rp, ds->outs, ds->want, logits, &used);
+    for (uint32_t i = 0; i < n && rc == 0; i++) {
+        float lp;
+        if (used && ds->outs[i].status == 0) {
+            sampler_dev_finish(ds->s[i], &ds->outs[i], &lp, NULL);
+        } else {
+            sampler_sample(ds->s[i], logits + (size_t)i * n_vocab, &lp, NULL);
+            ds->back++;
+        }
+    }
+    return rc;
+}
+
+/* seconds a decode step of seqs takes over `steps` steps: greedy (dec_step), sampled (1: every
+ * logit to the host, as the worker's samplers read them, not sampled; 2: sampled on the
+ * device, dev_samp_step; 3: sampled on the host, host_samp_step); *rc: the first failure */
 static double time_steps(struct fwd *f, const struct fwd_seq *seqs, uint32_t n, int steps,
-                         const struct dec_bufs *d, int sampled, int *rc)
+                         const struct dec_bufs *d, int sampled, struct dev_samp *ds,
+                         int32_t n_vocab, int *rc)
 {
     double t0 = gu_now();
     for (int i = 0; i < steps && *rc == 0; i++)
-        *rc = sampled ? fwd_step(f, seqs, n, 0, d->logits) : dec_step(f, seqs, n, d);
+        *rc = sampled == 3   ? host_samp_step(f, seqs, n, ds, d->logits, n_vocab)
+              : sampled == 2 ? dev_samp_step(f, seqs, n, ds, d->logits, n_vocab)
+              : sampled == 1 ? fwd_step(f, seqs, n, 0, d->logits)
+                             : dec_step(f, seqs, n, d);
     return (gu_now() - t0) / steps;
 }
 
@@ -483,7 +576,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
             }
             if (profiled)
                 break;
-            double t = time_steps(f, &s, 1, steps, &db, 0, &rc);
+            double t = time_steps(f, &s, 1, steps, &db, 0, NULL, 0, &rc);
             if (rc < 0) {
                 fprintf(stderr, "bench: decode step failed: %s\n", rkv_strerror(rc));
                 break;
@@ -495,9 +588,22 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
             graph_counts(be, 1);
             if (n_host == 0 && ctx == 4096 && rc == 0) {
                 /* a sampled row: every logit to the host (pinned) */
-                t = time_steps(f, &s, 1, steps, &db, 1, &rc);
+                t = time_steps(f, &s, 1, steps, &db, 1, NULL, 0, &rc);
                 record("decode", "decode b=1 ctx=4096 sampled, logits to the host (tok/s)", 1.0 / t,
                        "tok/s", 1.0 / bound, bound / t);
+                /* sampled on the device (temperature 0.8, top_p 0.95) */
+                struct dev_samp ds;
+                if (rc == 0 && (rc = dev_samp_init(&ds, 1, (int32_t)hp.n_vocab)) == 0) {
+                    t = time_steps(f, &s, 1, steps, &db, 2, &ds, (int32_t)hp.n_vocab, &rc);
+                    record("decode",
+                           "decode b=1 ctx=4096 sampled on the device (top_p 0.95, tok/s)", 1.0 / t,
+                           "tok/s", 1.0 / bound, bound / t);
+                    t = time_steps(f, &s, 1, steps, &db, 3, &ds, (int32_t)hp.n_vocab, &rc);
+                    record("decode", "decode b=1 ctx=4096 sampled on the host (top_p 0.95, tok/s)",
+                           1.0 / t, "tok/s", 1.0 / bound, bound / t);
+                    printf(" rows given back to the host: %u\n", ds.back);
+                    dev_samp_free(&ds);
+                }
             }
             if (n_host == 0) {
                 char label[48];
@@ -532,7 +638,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
             rkv_cuda_profiler(0);
             profiled = 1;
         } else {
-            double t = time_steps(f, ss, NS, 20, &db, 0, &rc);
+            double t = time_steps(f, ss, NS, 20, &db, 0, NULL, 0, &rc);
             double bound = (wbytes + NS * 4096.0 * kv_per_tok) / hbm;
             char name[96];
             snprintf(name, sizeof(name), "decode b=%u ctx=4096 (tok/s)", NS);
@@ -540,10 +646,25 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
             graph_counts(be, 1);
             if (NS == S && rc == 0) {
                 /* sampled rows: every row's logits to the host (pinned) */
-                t = time_steps(f, ss, NS, 20, &db, 1, &rc);
+                t = time_steps(f, ss, NS, 20, &db, 1, NULL, 0, &rc);
                 snprintf(name, sizeof(name), "decode b=%u ctx=4096 sampled, logits to the host",
                          NS);
                 record("decode", name, NS / t, "tok/s", NS / bound, bound / t);
+                /* sampled on the device (temperature 0.8, top_p 0.95) */
+                struct dev_samp ds;
+                if (rc == 0 && (rc = dev_samp_init(&ds, NS, (int32_t)hp.n_vocab)) == 0) {
+                    t = time_steps(f, ss, NS, 20, &db, 2, &ds, (int32_t)hp.n_vocab, &rc);
+                    snprintf(name, sizeof(name),
+                             "decode b=%u ctx=4096 sampled on the device (top_p 0.95)", NS);
+                    record("decode", name, NS / t, "tok/s", NS / bound, bound / t);
+                    t = time_steps(f, ss, NS, 20, &db, 3, &ds, (int32_t)hp.n_vocab, &rc);
+                    snprintf(name, sizeof(name),
+                             "decode b=%u ctx=4096 sampled on the host (top_p 0.95, %u threads)",
+                             NS, pool_n_threads(ds.pool));
+                    record("decode", name, NS / t, "tok/s", NS / bound, bound / t);
+                    printf(" rows given back to the host: %u\n", ds.back);
+                    dev_samp_free(&ds);
+                }
             }
             char label[48];
             snprintf(label, sizeof(label), "b=%u ctx=4096", NS);
@@ -574,7 +695,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
             profiled = 1;
             break;
         }
-        double t = time_steps(f, ss, NS, 5, &db, 0, &rc);
+        double t = time_steps(f, ss, NS, 5, &db, 0, NULL, 0, &rc);
         double host_b = (double)NS * n_host * 256 * kv_per_tok,
                dev_b = (double)NS * (nbs - n_host) * 256 * kv_per_tok;
         double t_hbm = (wbytes + dev_b) / hbm, t_pcie = host_b / pcie;

@@ -512,6 +512,198 @@ static void test_greedy(struct backend *g)
     }
 }
 
+/* sampled rows on the device against sample.c's own twin of what the backend computes
+ * (sampler_sample_dev): every field bit for bit, then the token and logprob sampler_sample
+ * gives, and the logits as they were. Rows the device cannot take (top_k above its 8192, a
+ * flat row's top-p cut bucket over the vocab) must come back with status 1 */
+struct samp_case {
+    float t, top_p, min_p, rep, pres, freq;
+    int32_t top_k, n_top;
+};
+
+static const struct samp_case samp_cases[] = {
+    {1.0f, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f, 0, 0},    /* the whole vocab */
+    {0.7f, 0.9f, 0.0f, 1.0f, 0.0f, 0.0f, 0, 0},    /* top-p over the vocab */
+    {1.0f, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f, 40, 3},   /* top-k */
+    {0.8f, 0.95f, 0.05f, 1.0f, 0.0f, 0.0f, 50, 0}, /* top-k, top-p, min-p */
+    {1.0f, 1.0f, 0.1f, 1.0f, 0.0f, 0.0f, 0, 0},    /* min-p alone */
+    {0.0f, 1.0f, 0.0f, 1.3f, 0.5f, 0.2f, 0, 5},    /* greedy with penalties */
+    {1.2f, 0.5f, 0.0f, 1.1f, -0.4f, 0.3f, 0, 20},  /* top-p with penalties */
+    {1.0f, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f, 5000, 0}, /* a large top-k */
+    {0.5f, 0.999f, 0.01f, 1.0f, 0.0f, 0.0f, 0, 1}, /* top-p near 1, min-p */
+    {1.0f, 0.8f, 0.0f, 0.9f, 0.0f, 0.0f, 0, 0},    /* top-p, a penalty below 1 */
+    {1.0f, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f, 9000, 0}, /* top-k past the device's 8192 */
+};
+#define SAMP_N_CASES (sizeof(samp_cases) / sizeof(samp_cases[0]))
+#define SAMP_N_DISTS 5
+
+/* row d of a vocab: spread 4, spread 12, flat, with nan / +-inf, peaked */
+static void samp_fill(float *x, uint32_t V, int d)
+{
+    gu_fill(&rng, x, V, d == 1 ? 12.0f : 4.0f);
+    if (d == 2)
+        for (uint32_t i = 0; i < V; i++)
+            x[i] = 0.25f;
+    if (d == 3 && V > 8) {
+        x[1] = NAN;
+        x[V / 2] = -INFINITY;
+        x[V - 1] = -INFINITY;
+        if (V > 1000)
+            x[V / 3] = INFINITY;
+    }
+    if (d == 4)
+        for (uint32_t i = 0; i < V; i += 97)
+            x[i] += 9.0f;
+}
+
+static int samp_same_out(const struct sample_dev_out *a, const struct sample_dev_out *b)
+{
+    if (a->id != b->id || a->drew != b->drew || a->n_top != b->n_top ||
+        a->raw_max != b->raw_max || /* a zero max may carry either sign */
+        memcmp(&a->raw_sum, &b->raw_sum, sizeof(double)) ||
+        memcmp(&a->raw_logit, &b->raw_logit, sizeof(float)))
+        return 0;
+    for (int32_t k = 0; k < a->n_top; k++)
+        if (a->top_id[k] != b->top_id[k] || memcmp(&a->top_v[k], &b->top_v[k], sizeof(float)))
+            return 0;
+    return 1;
+}
+
+static void test_sample(struct backend *g)
+{
+    if (!sample_dev_supported()) {
+        printf("ops: sampling on the device skipped (this build's sampler is not the avx2 one "
+               "the device copies)\n");
+        return;
+    }
+    static const uint32_t vocabs[] = {7, 64, 1000, 32000, 128256};
+    const uint32_t n = SAMP_N_CASES * SAMP_N_DISTS;
+    for (int vi = 0; vi < 5; vi++) {
+        const uint32_t V = vocabs[vi];
+        float *x = malloc((size_t)n * V * sizeof(float)), *back = malloc((size_t)n * V * 4);
+        struct sampler **sd = calloc(n, sizeof(*sd)), **sr = calloc(n, sizeof(*sr)),
+                       **ss = calloc(n, sizeof(*ss));
+        struct sample_dev_row *rows = calloc(n, sizeof(*rows));
+        const struct sample_dev_row **rp = calloc(n, sizeof(*rp));
+        struct sample_dev_out *outs = calloc(n, sizeof(*outs)), ref;
+        int32_t *pen = malloc((size_t)n * 2 * 256 * sizeof(int32_t));
+        int bad = 0, n_dev = 0, n_back = 0, n_draw = 0;
+        for (uint32_t r = 0; r < n; r++) {
+            const struct samp_case *c = &samp_cases[r / SAMP_N_DISTS];
+            samp_fill(x + (size_t)r * V, V, (int)(r % SAMP_N_DISTS));
+            struct sample_params p;
+            sample_params_default(&p);
+            p.temperature = c->t;
+            p.top_k = c->top_k;
+            p.top_p = c->top_p;
+            p.min_p = c->min_p;
+            p.repetition_penalty = c->rep;
+            p.presence_penalty = c->pres;
+            p.frequency_penalty = c->freq;
+            p.n_top_logprobs = c->n_top;
+            p.seed = 1000 + r;
+            if (sampler_init(&sd[r], &p, (int32_t)V) || sampler_init(&sr[r], &p, (int32_t)V) ||
+                sampler_init(&ss[r], &p, (int32_t)V)) {
+                CHECK("sampling: sampler_init", 0);
+                return;
+            }
+            for (int h = 0; h < 40; h++) { /* a history with repeats */
+                const int32_t id = (int32_t)gu_below(&rng, V < 50 ? V : 50) * (V > 50 ? 7 : 1);
+                sampler_accept(sd[r], id % (int32_t)V);
+                sampler_accept(sr[r], id % (int32_t)V);
+                sampler_accept(ss[r], id % (int32_t)V);
+            }
+            int32_t *pr = pen + (size_t)r * 2 * 256;
+            if (sampler_dev_row(sd[r], &rows[r], pr, pr + 256, 256)) {
+                CHECK("sampling: the penalty window fits 256 ids", 0);
+                return;
+            }
+            rp[r] = &rows[r];
+        }
+        struct be_tensor *tg = gu_tensor(g, BE_F32, n, V, x);
+        int rc = sample_forward(g, tg, n, rp, outs);
+        if (rc != 0) {
+            printf("  sample_forward: %d\n", rc);
+            bad = 1;
+        }
+        for (uint32_t r = 0; r < n && !bad; r++) {
+            const struct samp_case *c = &samp_cases[r / SAMP_N_DISTS];
+            const int flat_top_p = r % SAMP_N_DISTS == 2 && c->top_p < 1.0f && c->top_k == 0 &&
+                                   c->t > 0.0f && V > 8192;
+            const int expect_back = (c->top_k > 8192 && (uint32_t)c->top_k < V) || flat_top_p;
+            sampler_sample_dev(sr[r], x + (size_t)r * V, &ref);
+            if (outs[r].status != 0) {
+                n_back++;
+                if (!expect_back) {
+                    printf("  row %u (case %u, rows like %d): given back to the host\n", r,
+                           r / SAMP_N_DISTS, (int)(r % SAMP_N_DISTS));
+                    bad++;
+                }
+                continue;
+            }
+            if (expect_back && c->top_k > 8192) {
+                printf("  row %u: top_k %d sampled on the device\n", r, c->top_k);
+                bad++;
+            }
+            n_dev++;
+            n_draw += outs[r].drew;
+            if (!samp_same_out(&outs[r], &ref)) {
+                if (bad < 8)
+                    printf("  row %u (case %u, rows like %d): cuda id %d drew %d max %.9g sum "
+                           "%.17g logit %.9g; cpu id %d drew %d max %.9g sum %.17g logit %.9g\n",
+                           r, r / SAMP_N_DISTS, (int)(r % SAMP_N_DISTS), outs[r].id, outs[r].drew,
+                           outs[r].raw_max, outs[r].raw_sum, outs[r].raw_logit, ref.id, ref.drew,
+                           ref.raw_max, ref.raw_sum, ref.raw_logit);
+                bad++;
+                continue;
+            }
+            /* through sampler_dev_finish: what sampler_sample returns, and the rng after */
+            float lp_d, lp_s;
+            struct sample_top td[SAMPLE_DEV_MAX_TOP], ts[SAMPLE_DEV_MAX_TOP];
+            const int32_t id_d = sampler_dev_finish(sd[r], &outs[r], &lp_d, td);
+            const int32_t id_s = sampler_sample(ss[r], x + (size_t)r * V, &lp_s, ts);
+            int same = id_d == id_s && memcmp(&lp_d, &lp_s, sizeof(float)) == 0;
+            for (int32_t k = 0; k < c->n_top && k < (int32_t)V && same; k++)
+                same = td[k].id == ts[k].id &&
+                       memcmp(&td[k].logprob, &ts[k].logprob, sizeof(float)) == 0;
+            const int32_t nx_d = sampler_sample(sd[r], x + (size_t)r * V, NULL, NULL),
+                          nx_s = sampler_sample(ss[r], x + (size_t)r * V, NULL, NULL);
+            if (!same || nx_d != nx_s) {
+                printf("  row %u: finished %d %.9g, sampler_sample %d %.9g; next %d / %d\n", r,
+                       id_d, lp_d, id_s, lp_s, nx_d, nx_s);
+                bad++;
+            }
+        }
+        /* the penalized logits were put back */
+        if (!bad && gu_read(g, tg, back, (size_t)n * V) == 0 &&
+            memcmp(back, x, (size_t)n * V * sizeof(float)) != 0) {
+            printf("  the logits changed\n");
+            bad++;
+        }
+        char name[96];
+        snprintf(name, sizeof(name),
+                 "sampling rows of %u logits on the device (%d there, %d drew,"
+                 " %d given back)",
+                 V, n_dev, n_draw, n_back);
+        CHECK(name, !bad && n_dev > 0);
+        backend_tensor_free(g, tg);
+        for (uint32_t r = 0; r < n; r++) {
+            sampler_free(sd[r]);
+            sampler_free(sr[r]);
+            sampler_free(ss[r]);
+        }
+        free(sd);
+        free(sr);
+        free(ss);
+        free(rows);
+        free(rp);
+        free(outs);
+        free(pen);
+        free(x);
+        free(back);
+    }
+}
+
 static void test_linear(void)
 {
     static const uint32_t ns[] = {1, 2, 3, 8}, widths[] = {512, 4096, 14336};
@@ -985,7 +1177,7 @@ int main(int argc, char **argv)
 {
     rkv_log_init("gpu-test", RKV_LOG_WARN);
     uint64_t seed = 1;
-    int ops = 1, model = 1, attn_only = 0;
+    int ops = 1, model = 1, attn_only = 0, sample_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--seed") && i + 1 < argc)
             seed = strtoull(argv[++i], NULL, 10);
@@ -995,10 +1187,12 @@ int main(int argc, char **argv)
             ops = 0;
         else if (!strcmp(argv[i], "--attn-only"))
             ops = model = 0, attn_only = 1; /* the attention cases alone (compute-sanitizer) */
+        else if (!strcmp(argv[i], "--sample-only"))
+            ops = model = 0, sample_only = 1; /* sampling on the device alone */
         else {
             fprintf(stderr,
                     "gpu-test: unknown argument '%s'; usage: gpu_ops_test [--seed N] "
-                    "[--ops-only | --model-only | --attn-only]\n",
+                    "[--ops-only | --model-only | --attn-only | --sample-only]\n",
                     argv[i]);
             return 2;
         }
@@ -1023,6 +1217,10 @@ int main(int argc, char **argv)
     if (attn_only) {
         printf("ops: attention (seed %llu)\n", (unsigned long long)seed);
         test_attention();
+    }
+    if (sample_only) {
+        printf("ops: sampling (seed %llu)\n", (unsigned long long)seed);
+        test_sample(gpu);
     }
     if (ops) {
         printf("ops (seed %llu)\n", (unsigned long long)seed);
@@ -1137,6 +1335,13 @@ int main(int argc, char **argv)
             backend_free(gb);
         }
         unsetenv("RKV_CUDA_DEV_GREEDY");
+        /* sampled rows picked on the device (on by default) */
+        setenv("RKV_CUDA_DEV_SAMPLE", "1", 1);
+        if (backend_init(&go, &gb, err, sizeof(err)) == 0) {
+            test_sample(gb);
+            backend_free(gb);
+        }
+        unsetenv("RKV_CUDA_DEV_SAMPLE");
         /* the splits merged by a kernel of their own instead of the launch's last block */
         setenv("RKV_CUDA_MERGE_IN_ATTN", "0", 1);
         attention_with("the splits merged by a separate kernel", NULL, 0);

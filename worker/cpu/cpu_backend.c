@@ -21,6 +21,8 @@ struct cpu_ctx {
     int have_kv;
     float *seg_buf; /* attention segment partials, grown on demand */
     size_t seg_floats;
+    struct sampler **smp; /* (n_threads) cpu_sample's scratch samplers, of smp_vocab logits */
+    int32_t smp_vocab;
 };
 
 /* every thread gets at least n floats of scratch; grown on the caller's
@@ -52,6 +54,10 @@ static void cpu_free(void *ctx)
             free(c->scratch[i]);
     free(c->scratch);
     free(c->seg_buf);
+    if (c->smp)
+        for (uint32_t i = 0; i < pool_n_threads(c->pool); i++)
+            sampler_free(c->smp[i]);
+    free(c->smp);
     pool_free(c->pool);
     free(c);
 }
@@ -481,6 +487,53 @@ static int cpu_greedy(void *ctx, const struct be_tensor *logits, uint32_t n, int
     return 0;
 }
 
+struct sample_job {
+    struct cpu_ctx *c;
+    const struct be_tensor *logits;
+    const struct sample_dev_row *const *rows;
+    struct sample_dev_out *outs;
+};
+
+static void sample_rows_chunk(void *arg, uint32_t begin, uint32_t end, uint32_t thread)
+{
+    struct sample_job *j = arg;
+    for (uint32_t i = begin; i < end; i++)
+        if (j->rows[i])
+            sample_dev_run(
+                j->c->smp[thread], j->rows[i],
+                (const float *)((const char *)j->logits->data + i * j->logits->row_bytes),
+                &j->outs[i]);
+}
+
+/* the rows picked here as the worker's samplers would (sample_dev_run: each row from its
+ * parameters, penalty ids and uniform), a row a thread */
+static int cpu_sample(void *ctx, const struct be_tensor *logits, uint32_t n,
+                      const struct sample_dev_row *const *rows, struct sample_dev_out *outs)
+{
+    struct cpu_ctx *c = ctx;
+    const uint32_t nt = pool_n_threads(c->pool);
+    if (!c->smp && !(c->smp = calloc(nt, sizeof(*c->smp))))
+        return RKV_ENOMEM;
+    if (c->smp_vocab != (int32_t)logits->cols) {
+        struct sample_params p;
+        sample_params_default(&p);
+        for (uint32_t i = 0; i < nt; i++) {
+            sampler_free(c->smp[i]);
+            c->smp[i] = NULL;
+        }
+        c->smp_vocab = 0;
+        for (uint32_t i = 0; i < nt; i++) {
+            int rc = sampler_init(&c->smp[i], &p, (int32_t)logits->cols);
+            if (rc < 0)
+                return rc;
+        }
+        c->smp_vocab = (int32_t)logits->cols;
+    }
+    struct sample_job j = {c, logits, rows, outs};
+    pool_run(c->pool, sample_rows_chunk, &j, n, 1);
+    return 0;
+}
+
 static const struct backend_i cpu_iface = {
     .free = cpu_free,
     .tensor_alloc = cpu_tensor_alloc,
@@ -500,6 +553,7 @@ static const struct backend_i cpu_iface = {
     .get_rows = cpu_get_rows,
     .sync = cpu_sync,
     .greedy = cpu_greedy,
+    .sample = cpu_sample,
 };
 
 int cpu_backend_init(uint32_t n_threads, struct backend **out)

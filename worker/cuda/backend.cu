@@ -1455,31 +1455,116 @@ static int cu_greedy(void *ctx, const struct be_tensor *logits, uint32_t n, int3
     return 0;
 }
 
+/* pinned host scratch that grows (cu_sample's rows up, picks down) */
+static int cu_host_scratch(void **buf, size_t *cap, size_t need)
+{
+    if (need <= *cap)
+        return 0;
+    cudaFreeHost(*buf);
+    *buf = NULL;
+    *cap = 0;
+    size_t n = need + need / 2;
+    if (cudaHostAlloc(buf, n, cudaHostAllocDefault) != cudaSuccess) {
+        cudaGetLastError();
+        *buf = NULL;
+        return RKV_ENOMEM;
+    }
+    *cap = n;
+    return 0;
+}
+
+#define CU_SAMPLE_ROWS 64 /* rows a launch: its scratch is 12 bytes a logit of each */
+
+static int cu_sample(void *ctx, const struct be_tensor *logits, uint32_t n,
+                     const struct sample_dev_row *const *rows, struct sample_dev_out *outs)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (!c->dev_sample || !sample_dev_supported())
+        return 1;
+    op_begin(c);
+    const uint32_t n_vocab = logits->cols;
+    const size_t rb = (cuda_sample_row_bytes() + 15) & ~(size_t)15;
+    for (uint32_t i0 = 0; i0 < n;) {
+        /* the next CU_SAMPLE_ROWS rows that sample here */
+        uint32_t which[CU_SAMPLE_ROWS], m = 0, pens = 0, i = i0;
+        for (; i < n && m < CU_SAMPLE_ROWS; i++)
+            if (rows[i]) {
+                which[m++] = i;
+                pens += rows[i]->n_pen;
+            }
+        i0 = i;
+        if (m == 0)
+            break;
+        /* host: rows, penalty ids and counts, then the picks; device: the same, the saved
+         * logits and the scratch, each part 16-byte aligned */
+        const size_t up = m * rb + (((size_t)pens * 8 + 15) & ~(size_t)15);
+        const size_t ob = ((size_t)m * sizeof(struct sample_dev_out) + 15) & ~(size_t)15;
+        const size_t sv = (((size_t)pens * 4) + 15) & ~(size_t)15;
+        int rc = cu_host_scratch(&c->smp_host, &c->smp_host_cap, up + ob);
+        if (rc < 0)
+            return rc;
+        rc = cuda_scratch(c, &c->smp_dev, &c->smp_dev_cap,
+                          up + ob + sv + cuda_sample_scratch(m, n_vocab));
+        if (rc < 0)
+            return rc;
+        char *h = (char *)c->smp_host, *d = (char *)c->smp_dev;
+        int32_t *hp = (int32_t *)(h + m * rb);
+        uint32_t pen0 = 0;
+        for (uint32_t j = 0; j < m; j++) {
+            const struct sample_dev_row *r = rows[which[j]];
+            cuda_sample_row(h + j * rb, r, which[j], pen0);
+            if (r->n_pen) {
+                memcpy(hp + 2 * (size_t)pen0, r->pen_id, r->n_pen * sizeof(int32_t));
+                memcpy(hp + 2 * (size_t)pen0 + r->n_pen, r->pen_count, r->n_pen * sizeof(int32_t));
+            }
+            pen0 += r->n_pen;
+        }
+        CU_TRY(cudaMemcpyAsync(d, h, up, cudaMemcpyHostToDevice, c->stream));
+        struct sample_dev_out *d_out = (struct sample_dev_out *)(d + up);
+        rc = cuda_sample(c, (float *)logits->data, n_vocab, m, d, (const int32_t *)(d + m * rb),
+                         (float *)(d + up + ob), d + up + ob + sv, d_out);
+        if (rc < 0)
+            return rc;
+        struct sample_dev_out *h_out = (struct sample_dev_out *)(h + up);
+        CU_TRY(cudaMemcpyAsync(h_out, d_out, (size_t)m * sizeof(*h_out), cudaMemcpyDeviceToHost,
+                               c->stream));
+        CU_TRY(cudaStreamSynchronize(c->stream));
+        for (uint32_t j = 0; j < m; j++) {
+            outs[which[j]] = h_out[j];
+            c->hst.smp_rows++;
+            c->hst.smp_back += h_out[j].status != 0;
+        }
+    }
+    return 0;
+}
+
 static int cu_stats(void *ctx, char *buf, size_t len)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    int n =
-        snprintf(buf, len,
-                 "host kv layers: %llu prefetched, %llu copied in line, %llu with a host "
-                 "write, %llu zero-copy, %llu in %llu passes; %llu block slices staged in %llu "
-                 "copies, %llu staging growths, %llu attended on the cpu, %llu split with it, "
-                 "%llu tails too short to split; gemm inputs: %llu converted, %llu from the "
-                 "op's 16-bit copy; decode layers as graphs: %llu recorded, %llu replayed, "
-                 "%llu failed; decode linears on tensor cores: %llu; decode attention by "
-                 "tensor copies: %llu; gemms on tuned cuBLASLt algorithms: %llu (%llu shapes "
-                 "tuned, %llu faster than the heuristic's first); gemm pairs as one batch: %llu",
-                 (unsigned long long)c->hst.prefetched, (unsigned long long)c->hst.inline_,
-                 (unsigned long long)c->hst.host_write, (unsigned long long)c->hst.zero_copy,
-                 (unsigned long long)c->hst.passes, (unsigned long long)c->hst.pass_n,
-                 (unsigned long long)c->hst.slots, (unsigned long long)c->hst.copies,
-                 (unsigned long long)c->hst.grown, (unsigned long long)c->hst.cpu_layers,
-                 (unsigned long long)c->hst.split_layers, (unsigned long long)c->hst.split_gated,
-                 (unsigned long long)c->hst.act16_conv, (unsigned long long)c->hst.act16_twin,
-                 (unsigned long long)c->hst.graph_rec, (unsigned long long)c->hst.graph_replay,
-                 (unsigned long long)c->hst.graph_fail, (unsigned long long)c->hst.lin_mma,
-                 (unsigned long long)c->hst.dec_tma, (unsigned long long)c->hst.lt_gemm,
-                 (unsigned long long)c->hst.lt_tuned, (unsigned long long)c->hst.lt_faster,
-                 (unsigned long long)c->hst.mm_pair);
+    int n = snprintf(buf, len,
+                     "host kv layers: %llu prefetched, %llu copied in line, %llu with a host "
+                     "write, %llu zero-copy, %llu in %llu passes; %llu block slices staged in %llu "
+                     "copies, %llu staging growths, %llu attended on the cpu, %llu split with it, "
+                     "%llu tails too short to split; gemm inputs: %llu converted, %llu from the "
+                     "op's 16-bit copy; decode layers as graphs: %llu recorded, %llu replayed, "
+                     "%llu failed; decode linears on tensor cores: %llu; decode attention by "
+                     "tensor copies: %llu; gemms on tuned cuBLASLt algorithms: %llu (%llu shapes "
+                     "tuned, %llu faster than the heuristic's first); gemm pairs as one batch: "
+                     "%llu; rows sampled on the device: %llu (%llu "
+                     "given back to the host)",
+                     (unsigned long long)c->hst.prefetched, (unsigned long long)c->hst.inline_,
+                     (unsigned long long)c->hst.host_write, (unsigned long long)c->hst.zero_copy,
+                     (unsigned long long)c->hst.passes, (unsigned long long)c->hst.pass_n,
+                     (unsigned long long)c->hst.slots, (unsigned long long)c->hst.copies,
+                     (unsigned long long)c->hst.grown, (unsigned long long)c->hst.cpu_layers,
+                     (unsigned long long)c->hst.split_layers,
+                     (unsigned long long)c->hst.split_gated, (unsigned long long)c->hst.act16_conv,
+                     (unsigned long long)c->hst.act16_twin, (unsigned long long)c->hst.graph_rec,
+                     (unsigned long long)c->hst.graph_replay, (unsigned long long)c->hst.graph_fail,
+                     (unsigned long long)c->hst.lin_mma, (unsigned long long)c->hst.dec_tma,
+                     (unsigned long long)c->hst.lt_gemm, (unsigned long long)c->hst.lt_tuned,
+                     (unsigned long long)c->hst.lt_faster, (unsigned long long)c->hst.mm_pair,
+                     (unsigned long long)c->hst.smp_rows, (unsigned long long)c->hst.smp_back);
     memset(&c->hst, 0, sizeof c->hst);
     return n;
 }
@@ -1521,6 +1606,8 @@ static void cu_free(void *ctx)
     cudaFree(c->lin_h);
     cudaFree(c->pass_part);
     cudaFree(c->greedy_buf);
+    cudaFree(c->smp_dev);
+    cudaFreeHost(c->smp_host);
     cudaFree(c->ls_ctr);
     free(c->bat_dst);
     free(c->bat_src);
@@ -1570,7 +1657,7 @@ static const struct backend_i cuda_iface = {
     cu_kv_write,   cu_attn_partial, cu_attn_merge,  cu_silu_mul,      cu_add,
     cu_get_rows,   cu_sync,         cu_linear,      cu_rope_kv_write, cu_scratch_reserve,
     cu_host_alloc, cu_host_free,    cu_stats,       cu_greedy,        cu_host_attn_cpu,
-    cu_host_split, cu_graph_begin,  cu_graph_end,   cu_matmul2,
+    cu_host_split, cu_graph_begin,  cu_graph_end,   cu_matmul2,       cu_sample,
 };
 
 /* a size in KiB, and a 0/1 switch, from the environment (common/util's reading: def when
@@ -1626,6 +1713,8 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         c->stage_limit = (size_t)rkv_env_u64("RKV_CUDA_STAGE_MB", 512, 0, 1u << 20) << 20;
         /* greedy rows picked on the device (env RKV_CUDA_DEV_GREEDY=0: on the host) */
         c->dev_greedy = cu_env_flag("RKV_CUDA_DEV_GREEDY", 1);
+        /* sampled rows picked on the device (env RKV_CUDA_DEV_SAMPLE=0: on the host) */
+        c->dev_sample = cu_env_flag("RKV_CUDA_DEV_SAMPLE", 1);
         /* a layer's host blocks staged by one batched copy call (H200: 40 window sessions at
          * 53 GB/s, 0.97 of the pcie bound, against 47 GB/s in a copy per run of blocks; env
          * RKV_CUDA_STAGE_BATCH=0: the copies per run) */

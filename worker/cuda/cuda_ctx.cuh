@@ -191,6 +191,12 @@ struct cuda_ctx {
                        * host, by the worker's sampler) */
     void *greedy_buf; /* its ids and logprobs */
     size_t greedy_cap;
+    int dev_sample; /* sampled rows picked on the device (env RKV_CUDA_DEV_SAMPLE=0: on the
+                     * host, from their logits) */
+    void *smp_dev;  /* its rows, penalty ids, saved logits, picks and scratch */
+    size_t smp_dev_cap;
+    void *smp_host; /* pinned: the rows and penalty ids up, the picks down */
+    size_t smp_host_cap;
 
     /* growable scratch (stream-ordered reuse) */
     void *act16; /* activations converted to f16/bf16 */
@@ -306,6 +312,8 @@ struct cuda_ctx {
         uint64_t lin_mma; /* linears and matmuls linear_mma.cu ran (replays not counted) */
         uint64_t dec_tma; /* decode attention launches by tensor copies (replays not counted) */
         uint64_t mm_pair; /* gemm pairs run as one strided batch (cuda_matmul2; the same) */
+        uint64_t smp_rows; /* rows sampled on the device (cu_sample) */
+        uint64_t smp_back; /* of those, rows it gave back to the host's sampler */
     } hst;
 };
 

@@ -219,6 +219,20 @@ int cuda_greedy(struct cuda_ctx *c, const float *logits, uint32_t n, uint32_t n_
 /* bytes of cuda_greedy's scratch for n rows */
 size_t cuda_greedy_scratch(uint32_t n, uint32_t n_vocab);
 
+/* n_rows rows of logits (n_vocab floats each) sampled as worker/sample.c's sampler_sample
+ * (sample.cu): d_rows n_rows rows of cuda_sample_row_bytes, each made by cuda_sample_row; d_pen
+ * each row's penalty ids then their counts from 2 * its pen0; d_saved a float per penalty id;
+ * scratch cuda_sample_scratch bytes; d_outs n_rows picks. The logits end as they began */
+struct sample_dev_row;
+struct sample_dev_out;
+int cuda_sample(struct cuda_ctx *c, float *logits, uint32_t n_vocab, uint32_t n_rows,
+                const void *d_rows, const int32_t *d_pen, float *d_saved, void *scratch,
+                struct sample_dev_out *d_outs);
+size_t cuda_sample_scratch(uint32_t n_rows, uint32_t n_vocab);
+size_t cuda_sample_row_bytes(void);
+/* the kernel's row for r over logits row `row`, its penalty ids at pen0 */
+void cuda_sample_row(void *dst, const struct sample_dev_row *r, uint32_t row, uint32_t pen0);
+
 /* matmul: out (n, n_out) = in (n, n_in) . w^T + bias */
 /* in (elems floats) rounded to t (BE_F16 or BE_BF16) in c->act16, once for the gemms in a row
  * that share an input (act16_ok), or the 16-bit twin the op that wrote in left there

@@ -1,0 +1,791 @@
+/* sample.cu - token sampling on the device: each row's penalties, greedy pick, top-k, top-p,
+ * min-p and temperature draw as worker/sample.c's sampler_sample, bit for bit, so a sampled
+ * step sends back a token and a few numbers a row instead of its logits.
+ *
+ * sample.c's arithmetic is copied, not approximated: the same exp polynomial (fma where the
+ * avx2 build fuses), float sums of eight strided lanes in each 64-block then the same tree,
+ * double sums across blocks in block order, the same double bucket math for top-p. The top-p
+ * buckets' double masses are exact whatever the order of their terms (a bucket's weights are
+ * within a factor 1.09 of each other, so 2^17 of them need 42 of the 53 bits), so they are
+ * summed by shared-memory atomics. What the cpu takes from libm (log) stays on the host: the
+ * row brings log(min_p), and the logprobs come from raw_max / raw_sum there.
+ *
+ * One block of 1024 threads a row. A row's logits are penalized in place for the pick and put
+ * back before the kernel ends. Rows it cannot take (top_k or a top-p cut bucket above
+ * SMP_SORT_MAX tokens, a vocab past 262144) come back with status 1, and the host samples
+ * their logits. */
+#include <float.h>
+
+#include "worker/cuda/cuda_ops.cuh"
+#include "worker/sample.h"
+
+#define SMP_THREADS  1024
+#define SMP_WARPS    (SMP_THREADS / 32)
+#define SMP_SORT_MAX 8192 /* candidates sorted in shared memory: top_k, a top-p cut bucket */
+#define SMP_BLOCK    64   /* sample.c's EXP_BLOCK */
+#define SMP_BUCKETS  1024 /* sample.c's TOP_P_BUCKETS */
+#define SMP_FLOOR    -87.0f
+#define SMP_BSUM_MAX 4096 /* 64-block sums in shared memory: vocabs to 262144 (larger: host) */
+
+/* a row as the kernel reads it (cuda_sample_row, uploaded with the penalty ids) */
+struct smp_row {
+    float temperature, top_p, min_p, rep, pres, freq;
+    int32_t top_k, n_top;
+    double log_min_p, u;
+    uint32_t row;  /* its row of logits */
+    uint32_t pen0; /* its penalty ids at pen[pen0 ..] */
+    uint32_t n_pen;
+    uint32_t pad;
+};
+
+struct smp_sh {
+    unsigned long long sort[SMP_SORT_MAX]; /* (desc key << 32 | id), ascending */
+    float gw[SMP_SORT_MAX];                /* weights gathered for a sequential walk */
+    float bs[SMP_BSUM_MAX];                /* 64-block sums */
+    double pre[SMP_BSUM_MAX + 1];          /* their running total before each, in order */
+    double mass[SMP_BUCKETS];
+    unsigned long long imass[SMP_BUCKETS]; /* the masses in their buckets' units */
+    uint32_t hist[256];
+    uint32_t wa[SMP_WARPS], wb[SMP_WARPS];
+    double d[4];
+    float f[4];
+    uint32_t u[8];
+};
+
+/* --- sample.c's scalar pieces ---------------------------------------------------------- */
+
+__device__ __forceinline__ float smp_sanitize(float v)
+{
+    if (isnan(v))
+        return -INFINITY;
+    if (v > FLT_MAX)
+        return FLT_MAX;
+    return v;
+}
+
+/* exp(x) for x <= 0 as sample.c's exp_neg with fma (its avx2 build): 0 below -87 and for nan */
+__device__ __forceinline__ float smp_exp_neg(float x)
+{
+    if (!(x >= SMP_FLOOR))
+        return 0.0f;
+    x = x < 0.0f ? x : 0.0f;
+    const float n = rintf(__fmul_rn(x, 1.44269504f));
+    const float r = __fmaf_rn(-n, 1.42860677e-6f, __fmaf_rn(-n, 0.693145752f, x));
+    float q = __fmaf_rn(r, 1.0f / 720, 1.0f / 120);
+    q = __fmaf_rn(q, r, 1.0f / 24);
+    q = __fmaf_rn(q, r, 1.0f / 6);
+    q = __fmaf_rn(q, r, 0.5f);
+    q = __fmaf_rn(q, r, 1.0f);
+    q = __fmaf_rn(q, r, 1.0f);
+    return __fmul_rn(q, __uint_as_float((uint32_t)((int32_t)n + 127) << 23));
+}
+
+__device__ __forceinline__ float smp_weight(float x, float shift, float scale)
+{
+    return smp_exp_neg(__fmul_rn(__fsub_rn(x, shift), scale));
+}
+
+/* the float order key, descending, -0 as +0 (sample.c's desc_key) */
+__device__ __forceinline__ uint32_t smp_desc_key(float v)
+{
+    uint32_t u = __float_as_uint(__fadd_rn(v, 0.0f));
+    u = (u & 0x80000000u) ? ~u : u | 0x80000000u;
+    return ~u;
+}
+
+__device__ __forceinline__ uint32_t smp_ord(float v)
+{
+    uint32_t u = __float_as_uint(v);
+    return (u & 0x80000000u) ? ~u : u | 0x80000000u;
+}
+
+__device__ __forceinline__ float smp_of_ord(uint32_t u)
+{
+    return __uint_as_float((u & 0x80000000u) ? u & 0x7fffffffu : ~u);
+}
+
+__device__ __forceinline__ int smp_bucket(float v, float mx)
+{
+    const double scale = (SMP_BUCKETS - 1) / -(double)SMP_FLOOR;
+    const double b = __dmul_rn(__dsub_rn((double)mx, (double)v), scale);
+    return b < SMP_BUCKETS - 1 ? (int)b : SMP_BUCKETS - 1;
+}
+
+/* the exponent of bucket b's integer unit: 22 below the binade two under the bucket's nominal
+ * least weight exp(-(b + 1) * 87 / 1023) */
+__device__ __forceinline__ int smp_unit(uint32_t b)
+{
+    return (int)floor(-(double)(b + 1) * (-(double)SMP_FLOOR / (SMP_BUCKETS - 1)) / M_LN2) - 2 - 22;
+}
+
+/* the least float v with bucket(v) < b (sample.c's bucket_floor) */
+__device__ float smp_bucket_floor(float mx, int b)
+{
+    if (b <= 0)
+        return INFINITY;
+    if (b >= SMP_BUCKETS)
+        return -INFINITY;
+    uint32_t lo = smp_ord(-FLT_MAX), hi = smp_ord(mx);
+    if (smp_bucket(-FLT_MAX, mx) < b)
+        return -FLT_MAX;
+    while (hi - lo > 1) {
+        const uint32_t mid = lo + (hi - lo) / 2;
+        if (smp_bucket(smp_of_ord(mid), mx) < b)
+            hi = mid;
+        else
+            lo = mid;
+    }
+    return smp_of_ord(hi);
+}
+
+/* the smallest float f with (double)f >= d */
+__device__ __forceinline__ float smp_at_least(double d)
+{
+    float f = __double2float_rn(d);
+    if ((double)f < d)
+        f = nextafterf(f, INFINITY);
+    return f;
+}
+
+/* --- block-wide pieces (every thread calls them) ------------------------------------------ */
+
+/* exclusive prefix over the block's threads of two 0/1 flags; totals to ta, tb */
+__device__ void smp_scan2(smp_sh &sh, bool a, bool b, uint32_t &pa, uint32_t &pb, uint32_t &ta,
+                          uint32_t &tb)
+{
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const unsigned ma = __ballot_sync(0xffffffffu, a), mb = __ballot_sync(0xffffffffu, b);
+    const unsigned lt = (1u << lane) - 1;
+    if (lane == 0) {
+        sh.wa[warp] = __popc(ma);
+        sh.wb[warp] = __popc(mb);
+    }
+    __syncthreads();
+    if (warp == 0) {
+        uint32_t x = sh.wa[lane], y = sh.wb[lane];
+        for (int o = 1; o < 32; o <<= 1) {
+            const uint32_t px = __shfl_up_sync(0xffffffffu, x, o);
+            const uint32_t py = __shfl_up_sync(0xffffffffu, y, o);
+            if (lane >= (uint32_t)o) {
+                x += px;
+                y += py;
+            }
+        }
+        sh.wa[lane] = x - sh.wa[lane];
+        sh.wb[lane] = y - sh.wb[lane];
+        if (lane == 31) {
+            sh.u[6] = x;
+            sh.u[7] = y;
+        }
+    }
+    __syncthreads();
+    pa = sh.wa[warp] + __popc(ma & lt);
+    pb = sh.wb[warp] + __popc(mb & lt);
+    ta = sh.u[6];
+    tb = sh.u[7];
+    __syncthreads();
+}
+
+/* the least v over the block's threads; every thread gets it */
+__device__ uint32_t smp_min(smp_sh &sh, uint32_t v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0)
+        sh.wa[threadIdx.x >> 5] = v;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        uint32_t w = sh.wa[threadIdx.x];
+        for (int o = 16; o > 0; o >>= 1)
+            w = min(w, __shfl_xor_sync(0xffffffffu, w, o));
+        if (threadIdx.x == 0)
+            sh.u[0] = w;
+    }
+    __syncthreads();
+    const uint32_t r = sh.u[0];
+    __syncthreads();
+    return r;
+}
+
+/* max of x[0..n), nan skipped (-inf when none); every thread gets it. the max as the least
+ * complement of the float order (the sign of a zero max does not matter to its users) */
+__device__ float smp_max(smp_sh &sh, const float *x, uint32_t n)
+{
+    float m = -INFINITY;
+    for (uint32_t i = threadIdx.x; i < n; i += SMP_THREADS) {
+        const float v = x[i];
+        m = v > m ? v : m;
+    }
+    return smp_of_ord(~smp_min(sh, ~smp_ord(m)));
+}
+
+/* the first i with x[i] == v, or n */
+__device__ uint32_t smp_find(smp_sh &sh, const float *x, uint32_t n, float v)
+{
+    uint32_t first = n;
+    for (uint32_t i = threadIdx.x; i < n; i += SMP_THREADS)
+        if (x[i] == v) {
+            first = i;
+            break;
+        }
+    return smp_min(sh, first);
+}
+
+/* sample.c's argmax: the first index of the max (nan never wins; 0 when all are nan) */
+__device__ uint32_t smp_argmax(smp_sh &sh, const float *x, uint32_t n)
+{
+    const uint32_t i = smp_find(sh, x, n, smp_max(sh, x, n));
+    return i < n ? i : 0;
+}
+
+/* sample.c's exp_weights: w[i] = exp((x[i] - shift) * scale) (w may be null), bsum[b] the
+ * float sum of 64-block b (full blocks as its eight avx2 lanes and their tree, the last part
+ * block in order), the total over the blocks in order in double. every thread gets it */
+__device__ double smp_exp_weights(smp_sh &sh, const float *x, uint32_t n, float shift, float scale,
+                                  float *w, float *bsum)
+{
+    const uint32_t nb = (n + SMP_BLOCK - 1) / SMP_BLOCK, full = n / SMP_BLOCK;
+    const uint32_t g = threadIdx.x >> 3, l8 = threadIdx.x & 7;
+    for (uint32_t b0 = 0; b0 < full; b0 += SMP_THREADS / 8) {
+        const uint32_t b = b0 + g;
+        float a = 0.0f;
+        if (b < full) {
+            const float *xb = x + (size_t)b * SMP_BLOCK;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const float e = smp_weight(xb[j * 8 + l8], shift, scale);
+                if (w)
+                    w[(size_t)b * SMP_BLOCK + j * 8 + l8] = e;
+                a = __fadd_rn(a, e);
+            }
+        }
+        /* (a0 + a4) + (a2 + a6), then + ((a1 + a5) + (a3 + a7)): hsum8's order */
+        a = __fadd_rn(a, __shfl_down_sync(0xffffffffu, a, 4, 8));
+        a = __fadd_rn(a, __shfl_down_sync(0xffffffffu, a, 2, 8));
+        a = __fadd_rn(a, __shfl_down_sync(0xffffffffu, a, 1, 8));
+        if (b < full && l8 == 0)
+            bsum[b] = a;
+    }
+    if (full < nb && threadIdx.x == 0) {
+        float a = 0.0f;
+        for (uint32_t i = full * SMP_BLOCK; i < n; i++) {
+            const float e = smp_weight(x[i], shift, scale);
+            if (w)
+                w[i] = e;
+            a = __fadd_rn(a, e);
+        }
+        bsum[full] = a;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        /* in order, one add after another (the loads run ahead) */
+        double t = 0.0;
+#pragma unroll 8
+        for (uint32_t b = 0; b < nb; b++) {
+            sh.pre[b] = t;
+            t = __dadd_rn(t, (double)bsum[b]);
+        }
+        sh.pre[nb] = t;
+        sh.d[0] = t;
+    }
+    __syncthreads();
+    const double t = sh.d[0];
+    __syncthreads();
+    return t;
+}
+
+/* sorts sh.sort[0..m) ascending (bitonic over the next power of two) */
+__device__ void smp_sort(smp_sh &sh, uint32_t m)
+{
+    uint32_t p = 2;
+    while (p < m)
+        p <<= 1;
+    for (uint32_t i = m + threadIdx.x; i < p; i += SMP_THREADS)
+        sh.sort[i] = ~0ull;
+    __syncthreads();
+    for (uint32_t k = 2; k <= p; k <<= 1)
+        for (uint32_t j = k >> 1; j > 0; j >>= 1) {
+            for (uint32_t i = threadIdx.x; i < p; i += SMP_THREADS) {
+                const uint32_t l = i ^ j;
+                if (l > i) {
+                    const unsigned long long a = sh.sort[i], b = sh.sort[l];
+                    if ((a > b) == ((i & k) == 0)) {
+                        sh.sort[i] = b;
+                        sh.sort[l] = a;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+}
+
+/* the k best of v[0..n) (sanitized, higher first, ties to the lower id; k <= SMP_SORT_MAX,
+ * k <= n) into x / ids best first: a radix select of the k-th key, then the keys below it
+ * and the first of its ties, sorted */
+__device__ void smp_top_k(smp_sh &sh, const float *v, uint32_t n, uint32_t k, float *x,
+                          int32_t *ids)
+{
+    uint32_t prefix = 0, mask = 0, want = k;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (uint32_t i = threadIdx.x; i < 256; i += SMP_THREADS)
+            sh.hist[i] = 0;
+        __syncthreads();
+        for (uint32_t t0 = 0; t0 < n; t0 += SMP_THREADS) {
+            /* one atomic a digit a warp: near-equal logits share their high digits */
+            const uint32_t i = t0 + threadIdx.x;
+            uint32_t d = 256;
+            if (i < n) {
+                const uint32_t key = smp_desc_key(smp_sanitize(v[i]));
+                if ((key & mask) == prefix)
+                    d = (key >> shift) & 255;
+            }
+            const unsigned peers = __match_any_sync(0xffffffffu, d);
+            if (d < 256 && (threadIdx.x & 31) == (uint32_t)(__ffs(peers) - 1))
+                atomicAdd(&sh.hist[d], (uint32_t)__popc(peers));
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            uint32_t cum = 0, d = 0;
+            for (; d < 255 && cum + sh.hist[d] < want; d++)
+                cum += sh.hist[d];
+            sh.u[0] = d;
+            sh.u[1] = want - cum;
+        }
+        __syncthreads();
+        prefix |= sh.u[0] << shift;
+        mask |= 255u << shift;
+        want = sh.u[1];
+        __syncthreads();
+    }
+    /* keys below prefix: k - want of them, all taken; of those equal, the first want */
+    const uint32_t n_lt = k - want;
+    uint32_t base_lt = 0, base_eq = 0;
+    for (uint32_t t0 = 0; t0 < n; t0 += SMP_THREADS) {
+        const uint32_t i = t0 + threadIdx.x;
+        uint32_t key = 0;
+        if (i < n)
+            key = smp_desc_key(smp_sanitize(v[i]));
+        const bool lt = i < n && key < prefix, eq = i < n && key == prefix;
+        uint32_t pl, pe, tl, te;
+        smp_scan2(sh, lt, eq, pl, pe, tl, te);
+        if (lt)
+            sh.sort[base_lt + pl] = ((unsigned long long)key << 32) | i;
+        else if (eq && base_eq + pe < want)
+            sh.sort[n_lt + base_eq + pe] = ((unsigned long long)key << 32) | i;
+        base_lt += tl;
+        base_eq += te;
+    }
+    __syncthreads();
+    smp_sort(sh, k);
+    for (uint32_t j = threadIdx.x; j < k; j += SMP_THREADS) {
+        const int32_t id = (int32_t)(sh.sort[j] & 0xffffffffu);
+        x[j] = smp_sanitize(v[id]);
+        ids[j] = id;
+    }
+    __syncthreads();
+}
+
+/* the entries of (v, id)[0..n) with v >= f into (x, ids) in order (id null: the index);
+ * in place when x == v. returns the count */
+__device__ uint32_t smp_keep(smp_sh &sh, const float *v, const int32_t *id, uint32_t n, float f,
+                             float *x, int32_t *ids)
+{
+    uint32_t base = 0;
+    for (uint32_t t0 = 0; t0 < n; t0 += SMP_THREADS) {
+        const uint32_t i = t0 + threadIdx.x;
+        float val = 0.0f;
+        int32_t who = 0;
+        bool keep = false;
+        if (i < n) {
+            val = v[i];
+            who = id ? id[i] : (int32_t)i;
+            keep = val >= f;
+        }
+        uint32_t p, q, t, u;
+        smp_scan2(sh, keep, false, p, q, t, u); /* every read of the tile before a write */
+        if (keep) {
+            x[base + p] = val;
+            ids[base + p] = who;
+        }
+        base += t;
+    }
+    __syncthreads();
+    return base;
+}
+
+/* sample.c's draw_index over x[0..n) at 1 / temperature with the row's u; w, bsum: scratch.
+ * *drew 0 when an infinite max decides without a draw */
+__device__ uint32_t smp_draw(smp_sh &sh, const float *x, uint32_t n, float temperature, double u,
+                             float *w, float *bsum, int32_t *drew)
+{
+    const float mx = smp_max(sh, x, n);
+    *drew = 0;
+    if (mx == -INFINITY)
+        return 0;
+    if (mx == INFINITY)
+        return smp_find(sh, x, n, INFINITY);
+    const double total = smp_exp_weights(sh, x, n, mx, __fdiv_rn(1.0f, temperature), w, bsum);
+    *drew = 1;
+    /* sample.c's walk over the blocks, from the running totals: the first block with weight
+     * whose total passes t (its sum before it is acc), else the last block with weight (acc
+     * past it, or before it when it is the last block) */
+    const double t = __dmul_rn(u, total);
+    const uint32_t nb = (n + SMP_BLOCK - 1) / SMP_BLOCK;
+    uint32_t first = ~0u, last = ~0u;
+    for (uint32_t b = threadIdx.x; b < nb; b += SMP_THREADS)
+        if (bsum[b] > 0.0f) {
+            if (first == ~0u && t < sh.pre[b + 1])
+                first = b;
+            last = ~(b + 1); /* the largest b + 1 as the least ~(b + 1); none: ~0u */
+        }
+    first = smp_min(sh, first);
+    last = ~smp_min(sh, last); /* 0: no block has weight, else the last one + 1 */
+    if (threadIdx.x == 0) {
+        uint32_t pick = 0;
+        double acc = 0.0;
+        if (first != ~0u) {
+            pick = first;
+            acc = sh.pre[first];
+        } else if (last != 0u) {
+            pick = last - 1;
+            acc = pick + 1 < nb ? sh.pre[pick + 1] : sh.pre[pick];
+        }
+        sh.u[1] = pick;
+        sh.d[2] = acc;
+        sh.d[3] = t;
+    }
+    __syncthreads();
+    /* the picked block's weights into shared memory, then the walk inside it */
+    const uint32_t b0 = sh.u[1] * SMP_BLOCK, end = min(n, b0 + SMP_BLOCK);
+    if (threadIdx.x < end - b0)
+        sh.gw[threadIdx.x] = w[b0 + threadIdx.x];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double acc = sh.d[2];
+        const double t = sh.d[3];
+        uint32_t last = b0, got = n;
+        for (uint32_t i = b0; i < end; i++) {
+            const float e = sh.gw[i - b0];
+            if (!(e > 0.0f))
+                continue;
+            last = i;
+            acc = __dadd_rn(acc, (double)e);
+            if (t < acc) {
+                got = i;
+                break;
+            }
+        }
+        sh.u[0] = got < n ? got : last;
+    }
+    __syncthreads();
+    const uint32_t r = sh.u[0];
+    __syncthreads();
+    return r;
+}
+
+/* sample.c's top_p_sorted over x[0..n) sorted best first */
+__device__ uint32_t smp_top_p_sorted(smp_sh &sh, const float *x, uint32_t n, float top_p, float *w,
+                                     float *bsum)
+{
+    if (n == 0 || x[0] == -INFINITY)
+        return n;
+    const double want = __dmul_rn((double)top_p, smp_exp_weights(sh, x, n, x[0], 1.0f, w, bsum));
+    for (uint32_t i = threadIdx.x; i < n; i += SMP_THREADS)
+        sh.gw[i] = w[i]; /* n <= SMP_SORT_MAX (a top-k) */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double acc = 0.0;
+        uint32_t r = n;
+        for (uint32_t i = 0; i < n; i++) {
+            acc = __dadd_rn(acc, (double)sh.gw[i]);
+            if (acc >= want) {
+                r = i + 1;
+                break;
+            }
+        }
+        sh.u[0] = r;
+    }
+    __syncthreads();
+    const uint32_t r = sh.u[0];
+    __syncthreads();
+    return r;
+}
+
+/* sample.c's top_p_vocab over v[0..n) (max mx, finite): the kept tokens into (x, ids), those
+ * of buckets above the cut in id order, then the cut bucket's prefix best first; w (by id)
+ * already holds the weights at mx with their total. ~0u: the cut bucket is too large here */
+__device__ uint32_t smp_top_p_vocab(smp_sh &sh, const float *v, uint32_t n, float mx, float top_p,
+                                    double total, const float *w, float *x, int32_t *ids)
+{
+    const double want = __dmul_rn((double)top_p, total);
+    /* each bucket's mass exactly, as integers: bucket b's weights lie within a factor 1.09
+     * of each other, so in units of 2^(smp_unit(b)) each is an integer below 2^27 (one binade
+     * of slack below the nominal least weight), and 32 lanes' fit 32 bits */
+    for (uint32_t b = threadIdx.x; b < SMP_BUCKETS; b += SMP_THREADS)
+        sh.imass[b] = 0;
+    if (threadIdx.x == 0)
+        sh.u[2] = 0;
+    __syncthreads();
+    bool inexact = false;
+    for (uint32_t t0 = 0; t0 < n; t0 += SMP_THREADS) {
+        const uint32_t i = t0 + threadIdx.x;
+        uint32_t b = SMP_BUCKETS, q = 0;
+        if (i < n) {
+            const float e = w[i];
+            if (e > 0.0f) {
+                b = (uint32_t)smp_bucket(v[i], mx);
+                const double sc = ldexp((double)e, -smp_unit(b));
+                q = (uint32_t)sc;
+                inexact |= sc >= 4294967296.0 || (double)q != sc;
+            }
+        }
+        const unsigned peers = __match_any_sync(0xffffffffu, b);
+        const uint32_t sum = __reduce_add_sync(peers, q);
+        if (b < SMP_BUCKETS && (threadIdx.x & 31) == (uint32_t)(__ffs(peers) - 1))
+            atomicAdd(&sh.imass[b], (unsigned long long)sum);
+    }
+    if (inexact)
+        sh.u[2] = 1;
+    __syncthreads();
+    if (sh.u[2])
+        return ~0u; /* a weight off its bucket's grid: the host samples the row */
+    for (uint32_t b = threadIdx.x; b < SMP_BUCKETS; b += SMP_THREADS)
+        sh.mass[b] = ldexp((double)sh.imass[b], smp_unit(b));
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double acc = 0.0;
+        int cut = SMP_BUCKETS - 1;
+        for (int b = 0; b < SMP_BUCKETS; b++) {
+            if (__dadd_rn(acc, sh.mass[b]) >= want) {
+                cut = b;
+                break;
+            }
+            acc = __dadd_rn(acc, sh.mass[b]);
+        }
+        sh.d[1] = acc;
+        sh.f[1] = smp_bucket_floor(mx, cut);
+        sh.f[2] = smp_bucket_floor(mx, cut + 1);
+    }
+    __syncthreads();
+    const float above = sh.f[1], at = sh.f[2];
+    uint32_t front = 0, m = 0;
+    for (uint32_t t0 = 0; t0 < n; t0 += SMP_THREADS) {
+        const uint32_t i = t0 + threadIdx.x;
+        bool hi = false, lo = false;
+        float val = 0.0f;
+        if (i < n && w[i] > 0.0f) {
+            val = v[i];
+            hi = val >= above;
+            lo = !hi && val >= at;
+        }
+        uint32_t ph, pl, th, tl;
+        smp_scan2(sh, hi, lo, ph, pl, th, tl);
+        if (hi) {
+            x[front + ph] = val;
+            ids[front + ph] = (int32_t)i;
+        } else if (lo && m + pl < SMP_SORT_MAX) {
+            sh.sort[m + pl] = ((unsigned long long)smp_desc_key(val) << 32) | i;
+        }
+        front += th;
+        m += tl;
+    }
+    __syncthreads();
+    if (m > SMP_SORT_MAX)
+        return ~0u;
+    smp_sort(sh, m);
+    for (uint32_t j = threadIdx.x; j < m; j += SMP_THREADS)
+        sh.gw[j] = w[sh.sort[j] & 0xffffffffu];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double acc = sh.d[1];
+        uint32_t r = m;
+        for (uint32_t j = 0; j < m; j++) {
+            acc = __dadd_rn(acc, sh.gw[j]);
+            if (acc >= want) {
+                r = j + 1;
+                break;
+            }
+        }
+        sh.u[0] = r;
+    }
+    __syncthreads();
+    const uint32_t r = sh.u[0];
+    for (uint32_t j = threadIdx.x; j < r; j += SMP_THREADS) {
+        const uint32_t id = (uint32_t)(sh.sort[j] & 0xffffffffu);
+        x[front + j] = v[id];
+        ids[front + j] = (int32_t)id;
+    }
+    __syncthreads();
+    return front + r;
+}
+
+/* --- the kernel -------------------------------------------------------------------------- */
+
+struct smp_scratch {
+    float *w;     /* (rows, n_vocab) weights */
+    float *x;     /* (rows, n_vocab) kept logits */
+    int32_t *ids; /* (rows, n_vocab) their ids */
+};
+
+__global__ void __launch_bounds__(SMP_THREADS)
+    sample_kernel(float *logits, uint32_t n, const struct smp_row *rows, const int32_t *pen,
+                  float *saved, struct smp_scratch s, struct sample_dev_out *outs)
+{
+    extern __shared__ __align__(16) unsigned char smem[];
+    smp_sh &sh = *(smp_sh *)smem;
+    const struct smp_row r = rows[blockIdx.x];
+    float *v = logits + (size_t)r.row * n;
+    float *w = s.w + (size_t)blockIdx.x * n, *x = s.x + (size_t)blockIdx.x * n;
+    int32_t *ids = s.ids + (size_t)blockIdx.x * n;
+    float *bsum = sh.bs;
+    struct sample_dev_out *o = outs + blockIdx.x;
+    if ((n + SMP_BLOCK - 1) / SMP_BLOCK > SMP_BSUM_MAX) {
+        /* more 64-blocks than shared memory holds: the host samples the row */
+        if (threadIdx.x == 0) {
+            memset(o, 0, sizeof(*o));
+            o->status = 1;
+        }
+        return;
+    }
+
+    /* the raw logits' max, weight sum and best few, for the logprobs */
+    const float raw_max = smp_max(sh, v, n), mxs = smp_sanitize(raw_max);
+    double raw_sum = 0.0;
+    if (mxs != -INFINITY)
+        raw_sum = smp_exp_weights(sh, v, n, mxs, 1.0f, w, bsum);
+    const uint32_t n_top = min((uint32_t)r.n_top, n);
+    if (n_top) {
+        smp_top_k(sh, v, n, n_top, x, ids);
+        if (threadIdx.x < n_top) {
+            o->top_id[threadIdx.x] = ids[threadIdx.x];
+            o->top_v[threadIdx.x] = x[threadIdx.x];
+        }
+    }
+    /* penalties in place (sample.c's sampler_penalize); the raw values are put back below */
+    const int32_t *pid = pen + 2 * r.pen0, *pcnt = pid + r.n_pen;
+    float *sv = saved + r.pen0;
+    for (uint32_t j = threadIdx.x; j < r.n_pen; j += SMP_THREADS) {
+        const float l0 = v[pid[j]];
+        sv[j] = l0;
+        float l = l0 <= 0.0f ? __fmul_rn(l0, r.rep) : __fdiv_rn(l0, r.rep);
+        l = __fsub_rn(l, __fadd_rn(__fmul_rn((float)pcnt[j], r.freq), r.pres));
+        v[pid[j]] = l;
+    }
+    __syncthreads();
+
+    int32_t id = 0, drew = 0, status = 0;
+    const bool top_k = r.top_k > 0 && (uint32_t)r.top_k < n;
+    if (r.temperature == 0.0f || r.top_k == 1) {
+        id = (int32_t)smp_argmax(sh, v, n);
+    } else if (!top_k && r.top_p >= 1.0f && r.min_p <= 0.0f) {
+        id = (int32_t)smp_draw(sh, v, n, r.temperature, r.u, w, bsum, &drew);
+    } else {
+        uint32_t cnt = 0;
+        float mx;
+        bool done = false;
+        if (top_k) {
+            if ((uint32_t)r.top_k > SMP_SORT_MAX) {
+                status = 1;
+                done = true;
+            } else {
+                cnt = (uint32_t)r.top_k;
+                smp_top_k(sh, v, n, cnt, x, ids);
+                if (r.top_p < 1.0f)
+                    cnt = smp_top_p_sorted(sh, x, cnt, r.top_p, w, bsum);
+            }
+            mx = x[0];
+        } else {
+            mx = smp_max(sh, v, n);
+            if (mx == INFINITY || mx == -INFINITY) {
+                id = (int32_t)smp_find(sh, v, n, mx);
+                id = (uint32_t)id < n ? id : 0;
+                done = true;
+            } else if (r.top_p < 1.0f) {
+                /* the raw pass's weights serve when no penalty moved a logit */
+                double total = raw_sum;
+                if (r.n_pen)
+                    total = smp_exp_weights(sh, v, n, mx, 1.0f, w, bsum);
+                cnt = smp_top_p_vocab(sh, v, n, mx, r.top_p, total, w, x, ids);
+                if (cnt == ~0u) {
+                    status = 1;
+                    done = true;
+                }
+            } else {
+                cnt = smp_keep(sh, v, nullptr, n, smp_at_least((double)mx + r.log_min_p), x, ids);
+            }
+        }
+        if (!done) {
+            if (r.min_p > 0.0f && (top_k || r.top_p < 1.0f))
+                cnt = smp_keep(sh, x, ids, cnt, smp_at_least((double)mx + r.log_min_p), x, ids);
+            const uint32_t k = smp_draw(sh, x, cnt, r.temperature, r.u, w, bsum, &drew);
+            id = ids[k];
+        }
+    }
+    __syncthreads();
+    for (uint32_t j = threadIdx.x; j < r.n_pen; j += SMP_THREADS)
+        v[pid[j]] = sv[j];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        o->id = id;
+        o->status = status;
+        o->drew = status ? 0 : drew;
+        o->raw_max = raw_max;
+        o->raw_sum = raw_sum;
+        o->raw_logit = v[id];
+        o->n_top = (int32_t)n_top;
+    }
+}
+
+/* --- host side --------------------------------------------------------------------------- */
+
+size_t cuda_sample_scratch(uint32_t n_rows, uint32_t n_vocab)
+{
+    return (size_t)n_rows * (size_t)n_vocab * 12;
+}
+
+size_t cuda_sample_row_bytes(void)
+{
+    return sizeof(struct smp_row);
+}
+
+void cuda_sample_row(void *dst, const struct sample_dev_row *r, uint32_t row, uint32_t pen0)
+{
+    struct smp_row d = {r->temperature,
+                        r->top_p,
+                        r->min_p,
+                        r->repetition_penalty,
+                        r->presence_penalty,
+                        r->frequency_penalty,
+                        r->top_k,
+                        r->n_top,
+                        r->log_min_p,
+                        r->u,
+                        row,
+                        pen0,
+                        r->n_pen,
+                        0};
+    memcpy(dst, &d, sizeof(d));
+}
+
+int cuda_sample(struct cuda_ctx *c, float *logits, uint32_t n_vocab, uint32_t n_rows,
+                const void *d_rows, const int32_t *d_pen, float *d_saved, void *scratch,
+                struct sample_dev_out *d_outs)
+{
+    if (n_rows == 0)
+        return 0;
+    const size_t smem = sizeof(smp_sh);
+    CU_TRY(cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)smem));
+    char *p = (char *)scratch;
+    struct smp_scratch s;
+    s.w = (float *)p;
+    p += (size_t)n_rows * n_vocab * 4;
+    s.x = (float *)p;
+    p += (size_t)n_rows * n_vocab * 4;
+    s.ids = (int32_t *)p;
+    sample_kernel<<<n_rows, SMP_THREADS, smem, c->stream>>>(
+        logits, n_vocab, (const struct smp_row *)d_rows, d_pen, d_saved, s, d_outs);
+    CU_LAUNCHED();
+    return 0;
+}
