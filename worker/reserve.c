@@ -44,7 +44,10 @@ int reserve_measure(struct backend *be, struct model *m, enum kv_dtype dt, uint3
     struct kv_block_ref *tab = calloc(n_dev, sizeof(*tab));
     struct fwd_seq *seqs = calloc(max_seqs, sizeof(*seqs));
     float *logits = malloc((size_t)max_seqs * m->hp.n_vocab * sizeof(float));
-    if (!host || !toks || !tab || !seqs || !logits) {
+    const struct sample_dev_row **rows = calloc(max_seqs, sizeof(*rows));
+    struct sample_dev_out *outs = calloc(max_seqs, sizeof(*outs));
+    uint8_t *want = calloc(max_seqs, 1);
+    if (!host || !toks || !tab || !seqs || !logits || !rows || !outs || !want) {
         rc = RKV_ENOMEM;
         goto done;
     }
@@ -61,10 +64,19 @@ int reserve_measure(struct backend *be, struct model *m, enum kv_dtype dt, uint3
     struct fwd_seq pre = {toks, max_tokens, 0, tab + max_seqs, n_pre};
     if ((rc = fwd_step(f, &pre, 1, 0, logits)))
         goto done;
-    /* ... and the widest decode step (max_seqs logits rows) */
+    /* ... and the widest decode step (max_seqs logits rows), every row sampled where the
+     * logits are, so the sampling scratch is the backend's kept scratch too */
     for (uint32_t s = 0; s < max_seqs; s++)
         seqs[s] = (struct fwd_seq){toks + s, 1, 0, tab + s, 1};
-    if ((rc = fwd_step(f, seqs, max_seqs, 0, logits)) || (rc = backend_sync(be)))
+    if ((rc = fwd_step_keep(f, seqs, max_seqs)))
+        goto done;
+    const struct sample_dev_row row = {.temperature = 1.0f, .top_p = 1.0f, .u = 0.5,
+                                       .repetition_penalty = 1.0f};
+    for (uint32_t s = 0; s < max_seqs; s++)
+        rows[s] = &row;
+    int used = 0;
+    if ((rc = fwd_sample(f, max_seqs, rows, outs, want, logits, &used)) ||
+        (rc = backend_sync(be)))
         goto done;
     const size_t free_peak = mem_free(gpu);
     fwd_free(f);
@@ -98,6 +110,9 @@ done:
         rkv_gpu_free((uint32_t)gpu, dev);
     free(host);
     free(toks);
+    free(rows);
+    free(outs);
+    free(want);
     free(tab);
     free(seqs);
     free(logits);
