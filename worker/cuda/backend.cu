@@ -1503,8 +1503,10 @@ static int cu_sample(void *ctx, const struct be_tensor *logits, uint32_t n,
         int rc = cu_host_scratch(&c->smp_host, &c->smp_host_cap, up + ob);
         if (rc < 0)
             return rc;
-        rc = cuda_scratch(c, &c->smp_dev, &c->smp_dev_cap,
-                          up + ob + sv + cuda_sample_scratch(m, n_vocab));
+        /* RKV_CUDA_SAMPLE_STAMPS=1: each row's phase times to stderr (a measurement) */
+        const size_t ns = c->smp_stamps ? (size_t)m * cuda_sample_stamps() : 0;
+        const size_t sc = cuda_sample_scratch(m, n_vocab);
+        rc = cuda_scratch(c, &c->smp_dev, &c->smp_dev_cap, up + ob + sv + sc + ns * 8);
         if (rc < 0)
             return rc;
         char *h = (char *)c->smp_host, *d = (char *)c->smp_dev;
@@ -1521,10 +1523,29 @@ static int cu_sample(void *ctx, const struct be_tensor *logits, uint32_t n,
         }
         CU_TRY(cudaMemcpyAsync(d, h, up, cudaMemcpyHostToDevice, c->stream));
         struct sample_dev_out *d_out = (struct sample_dev_out *)(d + up);
+        unsigned long long *d_st = ns ? (unsigned long long *)(d + up + ob + sv + sc) : NULL;
+        if (d_st)
+            CU_TRY(cudaMemsetAsync(d_st, 0, ns * 8, c->stream));
         rc = cuda_sample(c, (float *)logits->data, n_vocab, m, d, (const int32_t *)(d + m * rb),
-                         (float *)(d + up + ob), d + up + ob + sv, d_out);
+                         (float *)(d + up + ob), d + up + ob + sv, d_out, d_st);
         if (rc < 0)
             return rc;
+        if (d_st) {
+            unsigned long long st[64 * 16];
+            const size_t k = cuda_sample_stamps();
+            CU_TRY(cudaMemcpyAsync(st, d_st, (ns < 64 * 16 ? ns : 64 * 16) * 8,
+                                   cudaMemcpyDeviceToHost, c->stream));
+            CU_TRY(cudaStreamSynchronize(c->stream));
+            for (uint32_t j = 0; j < m && (j + 1) * k <= 64 * 16; j++) {
+                char line[256];
+                int len = snprintf(line, sizeof line, "sample stamps row %u (us):", which[j]);
+                for (size_t q = 1; q < k && len < (int)sizeof line - 12; q++)
+                    if (st[j * k + q])
+                        len += snprintf(line + len, sizeof line - (size_t)len, " %zu:%.1f", q,
+                                        (double)(st[j * k + q] - st[j * k]) / 1e3);
+                fprintf(stderr, "%s\n", line);
+            }
+        }
         struct sample_dev_out *h_out = (struct sample_dev_out *)(h + up);
         CU_TRY(cudaMemcpyAsync(h_out, d_out, (size_t)m * sizeof(*h_out), cudaMemcpyDeviceToHost,
                                c->stream));
@@ -1715,6 +1736,7 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         c->dev_greedy = cu_env_flag("RKV_CUDA_DEV_GREEDY", 1);
         /* sampled rows picked on the device (env RKV_CUDA_DEV_SAMPLE=0: on the host) */
         c->dev_sample = cu_env_flag("RKV_CUDA_DEV_SAMPLE", 1);
+        c->smp_stamps = cu_env_flag("RKV_CUDA_SAMPLE_STAMPS", 0);
         /* a layer's host blocks staged by one batched copy call (H200: 40 window sessions at
          * 53 GB/s, 0.97 of the pcie bound, against 47 GB/s in a copy per run of blocks; env
          * RKV_CUDA_STAGE_BATCH=0: the copies per run) */

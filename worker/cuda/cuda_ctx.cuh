@@ -195,6 +195,7 @@ struct cuda_ctx {
                      * host, from their logits) */
     void *smp_dev;  /* its rows, penalty ids, saved logits, picks and scratch */
     size_t smp_dev_cap;
+    int smp_stamps; /* each sampled row's phase times to stderr (RKV_CUDA_SAMPLE_STAMPS) */
     void *smp_host; /* pinned: the rows and penalty ids up, the picks down */
     size_t smp_host_cap;
 

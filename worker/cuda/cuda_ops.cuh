@@ -227,7 +227,10 @@ struct sample_dev_row;
 struct sample_dev_out;
 int cuda_sample(struct cuda_ctx *c, float *logits, uint32_t n_vocab, uint32_t n_rows,
                 const void *d_rows, const int32_t *d_pen, float *d_saved, void *scratch,
-                struct sample_dev_out *d_outs);
+                struct sample_dev_out *d_outs, unsigned long long *d_stamps);
+/* d_stamps (NULL: none): cuda_sample_stamps() globaltimer stamps a row, at the phases of
+ * sample.cu's kernel (0 where a row did not pass one) */
+size_t cuda_sample_stamps(void);
 size_t cuda_sample_scratch(uint32_t n_rows, uint32_t n_vocab);
 size_t cuda_sample_row_bytes(void);
 /* the kernel's row for r over logits row `row`, its penalty ids at pen0 */

@@ -45,12 +45,25 @@ struct smp_sh {
     double pre[SMP_BSUM_MAX + 1];          /* their running total before each, in order */
     double mass[SMP_BUCKETS];
     unsigned long long imass[SMP_BUCKETS]; /* the masses in their buckets' units */
+    int unit[SMP_BUCKETS];                 /* those units' exponents (smp_unit) */
+    unsigned long long *st;                /* the row's phase stamps (RKV_CUDA_SAMPLE_STAMPS) */
     uint32_t hist[256];
     uint32_t wa[SMP_WARPS], wb[SMP_WARPS];
     double d[4];
     float f[4];
     uint32_t u[8];
 };
+
+#define SMP_STAMPS 16 /* phase stamps a row (RKV_CUDA_SAMPLE_STAMPS) */
+
+__device__ __forceinline__ void smp_stamp(smp_sh &sh, int k)
+{
+    if (threadIdx.x == 0 && sh.st) {
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        sh.st[k] = t;
+    }
+}
 
 /* --- sample.c's scalar pieces ---------------------------------------------------------- */
 
@@ -239,11 +252,11 @@ __device__ uint32_t smp_argmax(smp_sh &sh, const float *x, uint32_t n)
     return i < n ? i : 0;
 }
 
-/* sample.c's exp_weights: w[i] = exp((x[i] - shift) * scale) (w may be null), bsum[b] the
+/* sample.c's exp_weights: w[i] = exp((x[i] - shift) * scale) (w may be null), sh.bs[b] the
  * float sum of 64-block b (full blocks as its eight avx2 lanes and their tree, the last part
  * block in order), the total over the blocks in order in double. every thread gets it */
 __device__ double smp_exp_weights(smp_sh &sh, const float *x, uint32_t n, float shift, float scale,
-                                  float *w, float *bsum)
+                                  float *w)
 {
     const uint32_t nb = (n + SMP_BLOCK - 1) / SMP_BLOCK, full = n / SMP_BLOCK;
     const uint32_t g = threadIdx.x >> 3, l8 = threadIdx.x & 7;
@@ -265,7 +278,7 @@ __device__ double smp_exp_weights(smp_sh &sh, const float *x, uint32_t n, float 
         a = __fadd_rn(a, __shfl_down_sync(0xffffffffu, a, 2, 8));
         a = __fadd_rn(a, __shfl_down_sync(0xffffffffu, a, 1, 8));
         if (b < full && l8 == 0)
-            bsum[b] = a;
+            sh.bs[b] = a;
     }
     if (full < nb && threadIdx.x == 0) {
         float a = 0.0f;
@@ -275,16 +288,29 @@ __device__ double smp_exp_weights(smp_sh &sh, const float *x, uint32_t n, float 
                 w[i] = e;
             a = __fadd_rn(a, e);
         }
-        bsum[full] = a;
+        sh.bs[full] = a;
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        /* in order, one add after another (the loads run ahead) */
+        /* in order, one add after another; eight sums are loaded ahead of their adds */
         double t = 0.0;
-#pragma unroll 8
-        for (uint32_t b = 0; b < nb; b++) {
+        uint32_t b = 0;
+        for (; b + 8 <= nb; b += 8) {
+            const float4 a = *(const float4 *)&sh.bs[b], c = *(const float4 *)&sh.bs[b + 4];
+            const float v[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+            double p[8];
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                p[k] = t;
+                t = __dadd_rn(t, (double)v[k]);
+            }
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                sh.pre[b + k] = p[k];
+        }
+        for (; b < nb; b++) {
             sh.pre[b] = t;
-            t = __dadd_rn(t, (double)bsum[b]);
+            t = __dadd_rn(t, (double)sh.bs[b]);
         }
         sh.pre[nb] = t;
         sh.d[0] = t;
@@ -414,18 +440,20 @@ __device__ uint32_t smp_keep(smp_sh &sh, const float *v, const int32_t *id, uint
     return base;
 }
 
-/* sample.c's draw_index over x[0..n) at 1 / temperature with the row's u; w, bsum: scratch.
+/* sample.c's draw_index over x[0..n) at 1 / temperature with the row's u; w: scratch.
  * *drew 0 when an infinite max decides without a draw */
 __device__ uint32_t smp_draw(smp_sh &sh, const float *x, uint32_t n, float temperature, double u,
-                             float *w, float *bsum, int32_t *drew)
+                             float *w, int32_t *drew)
 {
     const float mx = smp_max(sh, x, n);
+    smp_stamp(sh, 10);
     *drew = 0;
     if (mx == -INFINITY)
         return 0;
     if (mx == INFINITY)
         return smp_find(sh, x, n, INFINITY);
-    const double total = smp_exp_weights(sh, x, n, mx, __fdiv_rn(1.0f, temperature), w, bsum);
+    const double total = smp_exp_weights(sh, x, n, mx, __fdiv_rn(1.0f, temperature), w);
+    smp_stamp(sh, 11);
     *drew = 1;
     /* sample.c's walk over the blocks, from the running totals: the first block with weight
      * whose total passes t (its sum before it is acc), else the last block with weight (acc
@@ -434,7 +462,7 @@ __device__ uint32_t smp_draw(smp_sh &sh, const float *x, uint32_t n, float tempe
     const uint32_t nb = (n + SMP_BLOCK - 1) / SMP_BLOCK;
     uint32_t first = ~0u, last = ~0u;
     for (uint32_t b = threadIdx.x; b < nb; b += SMP_THREADS)
-        if (bsum[b] > 0.0f) {
+        if (sh.bs[b] > 0.0f) {
             if (first == ~0u && t < sh.pre[b + 1])
                 first = b;
             last = ~(b + 1); /* the largest b + 1 as the least ~(b + 1); none: ~0u */
@@ -479,33 +507,46 @@ __device__ uint32_t smp_draw(smp_sh &sh, const float *x, uint32_t n, float tempe
         sh.u[0] = got < n ? got : last;
     }
     __syncthreads();
+    smp_stamp(sh, 12);
     const uint32_t r = sh.u[0];
     __syncthreads();
     return r;
 }
 
+/* one thread: acc plus sh.gw[0..n) in order until it reaches want; how many it took (n when
+ * it never does). eight weights are loaded ahead of their adds */
+__device__ uint32_t smp_walk(smp_sh &sh, uint32_t n, double acc, double want)
+{
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const float4 a = *(const float4 *)&sh.gw[i], c = *(const float4 *)&sh.gw[i + 4];
+        const float v[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            acc = __dadd_rn(acc, (double)v[k]);
+            if (acc >= want)
+                return i + k + 1;
+        }
+    }
+    for (; i < n; i++) {
+        acc = __dadd_rn(acc, (double)sh.gw[i]);
+        if (acc >= want)
+            return i + 1;
+    }
+    return n;
+}
+
 /* sample.c's top_p_sorted over x[0..n) sorted best first */
-__device__ uint32_t smp_top_p_sorted(smp_sh &sh, const float *x, uint32_t n, float top_p, float *w,
-                                     float *bsum)
+__device__ uint32_t smp_top_p_sorted(smp_sh &sh, const float *x, uint32_t n, float top_p, float *w)
 {
     if (n == 0 || x[0] == -INFINITY)
         return n;
-    const double want = __dmul_rn((double)top_p, smp_exp_weights(sh, x, n, x[0], 1.0f, w, bsum));
+    const double want = __dmul_rn((double)top_p, smp_exp_weights(sh, x, n, x[0], 1.0f, w));
     for (uint32_t i = threadIdx.x; i < n; i += SMP_THREADS)
         sh.gw[i] = w[i]; /* n <= SMP_SORT_MAX (a top-k) */
     __syncthreads();
-    if (threadIdx.x == 0) {
-        double acc = 0.0;
-        uint32_t r = n;
-        for (uint32_t i = 0; i < n; i++) {
-            acc = __dadd_rn(acc, (double)sh.gw[i]);
-            if (acc >= want) {
-                r = i + 1;
-                break;
-            }
-        }
-        sh.u[0] = r;
-    }
+    if (threadIdx.x == 0)
+        sh.u[0] = smp_walk(sh, n, 0.0, want);
     __syncthreads();
     const uint32_t r = sh.u[0];
     __syncthreads();
@@ -522,8 +563,10 @@ __device__ uint32_t smp_top_p_vocab(smp_sh &sh, const float *v, uint32_t n, floa
     /* each bucket's mass exactly, as integers: bucket b's weights lie within a factor 1.09
      * of each other, so in units of 2^(smp_unit(b)) each is an integer below 2^27 (one binade
      * of slack below the nominal least weight), and 32 lanes' fit 32 bits */
-    for (uint32_t b = threadIdx.x; b < SMP_BUCKETS; b += SMP_THREADS)
+    for (uint32_t b = threadIdx.x; b < SMP_BUCKETS; b += SMP_THREADS) {
         sh.imass[b] = 0;
+        sh.unit[b] = smp_unit(b);
+    }
     if (threadIdx.x == 0)
         sh.u[2] = 0;
     __syncthreads();
@@ -535,7 +578,7 @@ __device__ uint32_t smp_top_p_vocab(smp_sh &sh, const float *v, uint32_t n, floa
             const float e = w[i];
             if (e > 0.0f) {
                 b = (uint32_t)smp_bucket(v[i], mx);
-                const double sc = ldexp((double)e, -smp_unit(b));
+                const double sc = ldexp((double)e, -sh.unit[b]);
                 q = (uint32_t)sc;
                 inexact |= sc >= 4294967296.0 || (double)q != sc;
             }
@@ -551,8 +594,9 @@ __device__ uint32_t smp_top_p_vocab(smp_sh &sh, const float *v, uint32_t n, floa
     if (sh.u[2])
         return ~0u; /* a weight off its bucket's grid: the host samples the row */
     for (uint32_t b = threadIdx.x; b < SMP_BUCKETS; b += SMP_THREADS)
-        sh.mass[b] = ldexp((double)sh.imass[b], smp_unit(b));
+        sh.mass[b] = ldexp((double)sh.imass[b], sh.unit[b]);
     __syncthreads();
+    smp_stamp(sh, 5);
     if (threadIdx.x == 0) {
         double acc = 0.0;
         int cut = SMP_BUCKETS - 1;
@@ -568,6 +612,7 @@ __device__ uint32_t smp_top_p_vocab(smp_sh &sh, const float *v, uint32_t n, floa
         sh.f[2] = smp_bucket_floor(mx, cut + 1);
     }
     __syncthreads();
+    smp_stamp(sh, 6);
     const float above = sh.f[1], at = sh.f[2];
     uint32_t front = 0, m = 0;
     for (uint32_t t0 = 0; t0 < n; t0 += SMP_THREADS) {
@@ -591,24 +636,17 @@ __device__ uint32_t smp_top_p_vocab(smp_sh &sh, const float *v, uint32_t n, floa
         m += tl;
     }
     __syncthreads();
+    smp_stamp(sh, 7);
     if (m > SMP_SORT_MAX)
         return ~0u;
     smp_sort(sh, m);
+    smp_stamp(sh, 8);
     for (uint32_t j = threadIdx.x; j < m; j += SMP_THREADS)
         sh.gw[j] = w[sh.sort[j] & 0xffffffffu];
     __syncthreads();
-    if (threadIdx.x == 0) {
-        double acc = sh.d[1];
-        uint32_t r = m;
-        for (uint32_t j = 0; j < m; j++) {
-            acc = __dadd_rn(acc, sh.gw[j]);
-            if (acc >= want) {
-                r = j + 1;
-                break;
-            }
-        }
-        sh.u[0] = r;
-    }
+    if (threadIdx.x == 0)
+        sh.u[0] = smp_walk(sh, m, sh.d[1], want);
+    smp_stamp(sh, 9);
     __syncthreads();
     const uint32_t r = sh.u[0];
     for (uint32_t j = threadIdx.x; j < r; j += SMP_THREADS) {
@@ -630,15 +668,19 @@ struct smp_scratch {
 
 __global__ void __launch_bounds__(SMP_THREADS)
     sample_kernel(float *logits, uint32_t n, const struct smp_row *rows, const int32_t *pen,
-                  float *saved, struct smp_scratch s, struct sample_dev_out *outs)
+                  float *saved, struct smp_scratch s, struct sample_dev_out *outs,
+                  unsigned long long *stamps)
 {
     extern __shared__ __align__(16) unsigned char smem[];
     smp_sh &sh = *(smp_sh *)smem;
+    if (threadIdx.x == 0)
+        sh.st = stamps ? stamps + (size_t)blockIdx.x * SMP_STAMPS : nullptr;
+    __syncthreads();
+    smp_stamp(sh, 0);
     const struct smp_row r = rows[blockIdx.x];
     float *v = logits + (size_t)r.row * n;
     float *w = s.w + (size_t)blockIdx.x * n, *x = s.x + (size_t)blockIdx.x * n;
     int32_t *ids = s.ids + (size_t)blockIdx.x * n;
-    float *bsum = sh.bs;
     struct sample_dev_out *o = outs + blockIdx.x;
     if ((n + SMP_BLOCK - 1) / SMP_BLOCK > SMP_BSUM_MAX) {
         /* more 64-blocks than shared memory holds: the host samples the row */
@@ -651,9 +693,11 @@ __global__ void __launch_bounds__(SMP_THREADS)
 
     /* the raw logits' max, weight sum and best few, for the logprobs */
     const float raw_max = smp_max(sh, v, n), mxs = smp_sanitize(raw_max);
+    smp_stamp(sh, 1);
     double raw_sum = 0.0;
     if (mxs != -INFINITY)
-        raw_sum = smp_exp_weights(sh, v, n, mxs, 1.0f, w, bsum);
+        raw_sum = smp_exp_weights(sh, v, n, mxs, 1.0f, w);
+    smp_stamp(sh, 2);
     const uint32_t n_top = min((uint32_t)r.n_top, n);
     if (n_top) {
         smp_top_k(sh, v, n, n_top, x, ids);
@@ -673,13 +717,14 @@ __global__ void __launch_bounds__(SMP_THREADS)
         v[pid[j]] = l;
     }
     __syncthreads();
+    smp_stamp(sh, 3);
 
     int32_t id = 0, drew = 0, status = 0;
     const bool top_k = r.top_k > 0 && (uint32_t)r.top_k < n;
     if (r.temperature == 0.0f || r.top_k == 1) {
         id = (int32_t)smp_argmax(sh, v, n);
     } else if (!top_k && r.top_p >= 1.0f && r.min_p <= 0.0f) {
-        id = (int32_t)smp_draw(sh, v, n, r.temperature, r.u, w, bsum, &drew);
+        id = (int32_t)smp_draw(sh, v, n, r.temperature, r.u, w, &drew);
     } else {
         uint32_t cnt = 0;
         float mx;
@@ -692,11 +737,12 @@ __global__ void __launch_bounds__(SMP_THREADS)
                 cnt = (uint32_t)r.top_k;
                 smp_top_k(sh, v, n, cnt, x, ids);
                 if (r.top_p < 1.0f)
-                    cnt = smp_top_p_sorted(sh, x, cnt, r.top_p, w, bsum);
+                    cnt = smp_top_p_sorted(sh, x, cnt, r.top_p, w);
             }
             mx = x[0];
         } else {
             mx = smp_max(sh, v, n);
+            smp_stamp(sh, 4);
             if (mx == INFINITY || mx == -INFINITY) {
                 id = (int32_t)smp_find(sh, v, n, mx);
                 id = (uint32_t)id < n ? id : 0;
@@ -705,7 +751,7 @@ __global__ void __launch_bounds__(SMP_THREADS)
                 /* the raw pass's weights serve when no penalty moved a logit */
                 double total = raw_sum;
                 if (r.n_pen)
-                    total = smp_exp_weights(sh, v, n, mx, 1.0f, w, bsum);
+                    total = smp_exp_weights(sh, v, n, mx, 1.0f, w);
                 cnt = smp_top_p_vocab(sh, v, n, mx, r.top_p, total, w, x, ids);
                 if (cnt == ~0u) {
                     status = 1;
@@ -718,7 +764,7 @@ __global__ void __launch_bounds__(SMP_THREADS)
         if (!done) {
             if (r.min_p > 0.0f && (top_k || r.top_p < 1.0f))
                 cnt = smp_keep(sh, x, ids, cnt, smp_at_least((double)mx + r.log_min_p), x, ids);
-            const uint32_t k = smp_draw(sh, x, cnt, r.temperature, r.u, w, bsum, &drew);
+            const uint32_t k = smp_draw(sh, x, cnt, r.temperature, r.u, w, &drew);
             id = ids[k];
         }
     }
@@ -726,6 +772,7 @@ __global__ void __launch_bounds__(SMP_THREADS)
     for (uint32_t j = threadIdx.x; j < r.n_pen; j += SMP_THREADS)
         v[pid[j]] = sv[j];
     __syncthreads();
+    smp_stamp(sh, 13);
     if (threadIdx.x == 0) {
         o->id = id;
         o->status = status;
@@ -742,6 +789,11 @@ __global__ void __launch_bounds__(SMP_THREADS)
 size_t cuda_sample_scratch(uint32_t n_rows, uint32_t n_vocab)
 {
     return (size_t)n_rows * (size_t)n_vocab * 12;
+}
+
+size_t cuda_sample_stamps(void)
+{
+    return SMP_STAMPS;
 }
 
 size_t cuda_sample_row_bytes(void)
@@ -770,7 +822,7 @@ void cuda_sample_row(void *dst, const struct sample_dev_row *r, uint32_t row, ui
 
 int cuda_sample(struct cuda_ctx *c, float *logits, uint32_t n_vocab, uint32_t n_rows,
                 const void *d_rows, const int32_t *d_pen, float *d_saved, void *scratch,
-                struct sample_dev_out *d_outs)
+                struct sample_dev_out *d_outs, unsigned long long *d_stamps)
 {
     if (n_rows == 0)
         return 0;
@@ -785,7 +837,7 @@ int cuda_sample(struct cuda_ctx *c, float *logits, uint32_t n_vocab, uint32_t n_
     p += (size_t)n_rows * n_vocab * 4;
     s.ids = (int32_t *)p;
     sample_kernel<<<n_rows, SMP_THREADS, smem, c->stream>>>(
-        logits, n_vocab, (const struct smp_row *)d_rows, d_pen, d_saved, s, d_outs);
+        logits, n_vocab, (const struct smp_row *)d_rows, d_pen, d_saved, s, d_outs, d_stamps);
     CU_LAUNCHED();
     return 0;
 }
