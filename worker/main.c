@@ -176,7 +176,6 @@ struct worker {
     struct sample_dev_out *douts;
     uint8_t *dwant;    /* a row the host samples from its logits */
     int32_t *dpen;     /* (max_seqs, 2 * SAMPLE_PEN_CAP) penalty ids and counts */
-    int no_dev_sample; /* the backend has no sample op (learnt at the first sampled step) */
     struct proto_wbuf out;
 };
 
@@ -481,7 +480,7 @@ static int step_pass(struct worker *w, const struct proto_step_req *req,
     int picked = 0, rc;
     /* rows sampled where the logits are, when the backend can (a gpu then sends back a token
      * and a few numbers a row, not the logits) */
-    const int dev = !greedy && !w->no_dev_sample;
+    const int dev = !greedy;
     if (greedy)
         rc = fwd_step_greedy(w->fwd, w->fseqs, n, w->logits, w->g_ids, w->g_lps, &picked);
     else if (dev)
@@ -538,7 +537,6 @@ static int step_pass(struct worker *w, const struct proto_step_req *req,
         rc = fwd_sample(w->fwd, n, w->drow_p, w->douts, w->dwant, w->logits, &used);
         if (rc)
             return rc;
-        w->no_dev_sample = !used;
         for (uint32_t i = 0; i < n; i++) {
             struct samp *sp = w->rows_sp[i];
             struct proto_step_out *o = &outs[i];

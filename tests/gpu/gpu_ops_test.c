@@ -1337,11 +1337,13 @@ int main(int argc, char **argv)
         unsetenv("RKV_CUDA_DEV_GREEDY");
         /* sampled rows picked on the device (on by default) */
         setenv("RKV_CUDA_DEV_SAMPLE", "1", 1);
+        setenv("RKV_CUDA_DEV_SAMPLE_MIN", "1", 1);
         if (backend_init(&go, &gb, err, sizeof(err)) == 0) {
             test_sample(gb);
             backend_free(gb);
         }
         unsetenv("RKV_CUDA_DEV_SAMPLE");
+        unsetenv("RKV_CUDA_DEV_SAMPLE_MIN");
         /* the splits merged by a kernel of their own instead of the launch's last block */
         setenv("RKV_CUDA_MERGE_IN_ATTN", "0", 1);
         attention_with("the splits merged by a separate kernel", NULL, 0);

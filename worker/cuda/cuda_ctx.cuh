@@ -196,6 +196,7 @@ struct cuda_ctx {
     void *smp_dev;  /* its rows, penalty ids, saved logits, picks and scratch */
     size_t smp_dev_cap;
     int smp_stamps; /* each sampled row's phase times to stderr (RKV_CUDA_SAMPLE_STAMPS) */
+    uint32_t smp_min; /* the fewest rows a step samples here (RKV_CUDA_DEV_SAMPLE_MIN) */
     void *smp_host; /* pinned: the rows and penalty ids up, the picks down */
     size_t smp_host_cap;
 

@@ -45,7 +45,8 @@ struct smp_sh {
     double pre[SMP_BSUM_MAX + 1];          /* their running total before each, in order */
     double mass[SMP_BUCKETS];
     unsigned long long imass[SMP_BUCKETS]; /* the masses in their buckets' units */
-    int unit[SMP_BUCKETS];                 /* those units' exponents (smp_unit) */
+    double unit[SMP_BUCKETS];              /* those units, 2^smp_unit(b) */
+    double uscale[SMP_BUCKETS];            /* and their inverses */
     unsigned long long *st;                /* the row's phase stamps (RKV_CUDA_SAMPLE_STAMPS) */
     uint32_t hist[256];
     uint32_t wa[SMP_WARPS], wb[SMP_WARPS];
@@ -219,6 +220,51 @@ __device__ uint32_t smp_min(smp_sh &sh, uint32_t v)
     const uint32_t r = sh.u[0];
     __syncthreads();
     return r;
+}
+
+/* exclusive prefix over the block's threads of two counts (a thread's share of a tile);
+ * totals to ta, tb */
+__device__ void smp_scan2c(smp_sh &sh, uint32_t a, uint32_t b, uint32_t &pa, uint32_t &pb,
+                           uint32_t &ta, uint32_t &tb)
+{
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    uint32_t x = a, y = b;
+    for (int o = 1; o < 32; o <<= 1) {
+        const uint32_t px = __shfl_up_sync(0xffffffffu, x, o);
+        const uint32_t py = __shfl_up_sync(0xffffffffu, y, o);
+        if (lane >= (uint32_t)o) {
+            x += px;
+            y += py;
+        }
+    }
+    if (lane == 31) {
+        sh.wa[warp] = x;
+        sh.wb[warp] = y;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        uint32_t s = sh.wa[lane], t = sh.wb[lane];
+        for (int o = 1; o < 32; o <<= 1) {
+            const uint32_t ps = __shfl_up_sync(0xffffffffu, s, o);
+            const uint32_t pt = __shfl_up_sync(0xffffffffu, t, o);
+            if (lane >= (uint32_t)o) {
+                s += ps;
+                t += pt;
+            }
+        }
+        sh.wa[lane] = s - sh.wa[lane];
+        sh.wb[lane] = t - sh.wb[lane];
+        if (lane == 31) {
+            sh.u[6] = s;
+            sh.u[7] = t;
+        }
+    }
+    __syncthreads();
+    pa = sh.wa[warp] + x - a;
+    pb = sh.wb[warp] + y - b;
+    ta = sh.u[6];
+    tb = sh.u[7];
+    __syncthreads();
 }
 
 /* max of x[0..n), nan skipped (-inf when none); every thread gets it. the max as the least
@@ -521,11 +567,17 @@ __device__ uint32_t smp_walk(smp_sh &sh, uint32_t n, double acc, double want)
     for (; i + 8 <= n; i += 8) {
         const float4 a = *(const float4 *)&sh.gw[i], c = *(const float4 *)&sh.gw[i + 4];
         const float v[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+        double p[8]; /* the eight running sums first, then their tests (off the add chain) */
 #pragma unroll
         for (int k = 0; k < 8; k++) {
             acc = __dadd_rn(acc, (double)v[k]);
-            if (acc >= want)
-                return i + k + 1;
+            p[k] = acc;
+        }
+        if (acc >= want) {
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                if (p[k] >= want)
+                    return i + k + 1;
         }
     }
     for (; i < n; i++) {
@@ -565,7 +617,9 @@ __device__ uint32_t smp_top_p_vocab(smp_sh &sh, const float *v, uint32_t n, floa
      * of slack below the nominal least weight), and 32 lanes' fit 32 bits */
     for (uint32_t b = threadIdx.x; b < SMP_BUCKETS; b += SMP_THREADS) {
         sh.imass[b] = 0;
-        sh.unit[b] = smp_unit(b);
+        const int u = smp_unit(b); /* 2^u and 2^-u, exact doubles: scaling by them is exact */
+        sh.uscale[b] = ldexp(1.0, -u);
+        sh.unit[b] = ldexp(1.0, u);
     }
     if (threadIdx.x == 0)
         sh.u[2] = 0;
@@ -578,7 +632,7 @@ __device__ uint32_t smp_top_p_vocab(smp_sh &sh, const float *v, uint32_t n, floa
             const float e = w[i];
             if (e > 0.0f) {
                 b = (uint32_t)smp_bucket(v[i], mx);
-                const double sc = ldexp((double)e, -sh.unit[b]);
+                const double sc = __dmul_rn((double)e, sh.uscale[b]);
                 q = (uint32_t)sc;
                 inexact |= sc >= 4294967296.0 || (double)q != sc;
             }
@@ -594,7 +648,7 @@ __device__ uint32_t smp_top_p_vocab(smp_sh &sh, const float *v, uint32_t n, floa
     if (sh.u[2])
         return ~0u; /* a weight off its bucket's grid: the host samples the row */
     for (uint32_t b = threadIdx.x; b < SMP_BUCKETS; b += SMP_THREADS)
-        sh.mass[b] = ldexp((double)sh.imass[b], sh.unit[b]);
+        sh.mass[b] = __dmul_rn((double)sh.imass[b], sh.unit[b]);
     __syncthreads();
     smp_stamp(sh, 5);
     if (threadIdx.x == 0) {
@@ -615,22 +669,40 @@ __device__ uint32_t smp_top_p_vocab(smp_sh &sh, const float *v, uint32_t n, floa
     smp_stamp(sh, 6);
     const float above = sh.f[1], at = sh.f[2];
     uint32_t front = 0, m = 0;
-    for (uint32_t t0 = 0; t0 < n; t0 += SMP_THREADS) {
-        const uint32_t i = t0 + threadIdx.x;
-        bool hi = false, lo = false;
-        float val = 0.0f;
-        if (i < n && w[i] > 0.0f) {
-            val = v[i];
-            hi = val >= above;
-            lo = !hi && val >= at;
+    /* four consecutive tokens a thread a tile, so a tile's scan covers 4096 */
+    for (uint32_t t0 = 0; t0 < n; t0 += 4 * SMP_THREADS) {
+        const uint32_t i0 = t0 + 4 * threadIdx.x;
+        float val[4];
+        uint32_t fl = 0, nh = 0, nl = 0; /* bit k: token k is above (1) / in the cut (16) */
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            val[k] = 0.0f;
+            const uint32_t i = i0 + k;
+            if (i < n && w[i] > 0.0f) {
+                val[k] = v[i];
+                if (val[k] >= above) {
+                    fl |= 1u << k;
+                    nh++;
+                } else if (val[k] >= at) {
+                    fl |= 16u << k;
+                    nl++;
+                }
+            }
         }
         uint32_t ph, pl, th, tl;
-        smp_scan2(sh, hi, lo, ph, pl, th, tl);
-        if (hi) {
-            x[front + ph] = val;
-            ids[front + ph] = (int32_t)i;
-        } else if (lo && m + pl < SMP_SORT_MAX) {
-            sh.sort[m + pl] = ((unsigned long long)smp_desc_key(val) << 32) | i;
+        smp_scan2c(sh, nh, nl, ph, pl, th, tl);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const uint32_t i = i0 + k;
+            if (fl & (1u << k)) {
+                x[front + ph] = val[k];
+                ids[front + ph] = (int32_t)i;
+                ph++;
+            } else if (fl & (16u << k)) {
+                if (m + pl < SMP_SORT_MAX)
+                    sh.sort[m + pl] = ((unsigned long long)smp_desc_key(val[k]) << 32) | i;
+                pl++;
+            }
         }
         front += th;
         m += tl;
