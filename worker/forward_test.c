@@ -13,6 +13,7 @@
 
 #include "common/err.h"
 #include "worker/backend.h"
+#include "worker/backend_impl.h"
 #include "worker/cpu/cpu_backend.h"
 #include "worker/cpu/cpu_ops.h"
 #include "worker/forward.h"
@@ -490,6 +491,85 @@ static void test_threads_same(void **state)
 }
 
 /* bad input is refused with a message naming the tensor */
+/* (e) a step's logits kept on the backend and sampled there (fwd_step_keep, fwd_sample): a row
+ * given to the sample op comes back as sample.c's twin picks it from the same logits, a row
+ * the host wants is downloaded, a row nobody wants is left alone; a backend without the op
+ * downloads every row; fwd_sample needs a kept step before it */
+static void test_sample_keep(void **state)
+{
+    (void)state;
+    struct tmodel t;
+    tmodel_init(&t, MODEL_LLAMA, BE_F32, 7);
+    enum { N = 3 };
+    const uint32_t V = t.hp.n_vocab;
+    struct eng e;
+    eng_init(&e, &t, 16, KV_F32, 64, N, 2);
+    int32_t prompts[N][12];
+    struct sess s[N];
+    memset(s, 0, sizeof(s));
+    struct fwd_seq q[N];
+    for (int i = 0; i < N; i++) {
+        make_prompt(prompts[i], 12, V, 300 + i);
+        sess_prepare(&e, &s[i], 12, SPLIT_NONE, NULL);
+        q[i] = (struct fwd_seq){prompts[i], 12, 0, s[i].blocks, s[i].n_blocks};
+    }
+    float *ref = malloc(sizeof(float) * N * V), *got = malloc(sizeof(float) * N * V);
+    assert_int_equal(fwd_step(e.f, q, N, 0, ref), 0);
+    struct sample_dev_row row = {0};
+    struct sample_dev_out outs[N], want_out;
+    uint8_t want[N] = {0, 1, 0};
+    assert_int_equal(fwd_sample(e.f, N, (const struct sample_dev_row *const[N]){NULL}, outs, want,
+                                got, &(int){0}),
+                     RKV_ESTATE); /* the step was not kept */
+    struct sample_params p;
+    sample_params_default(&p);
+    p.temperature = 0.9f;
+    p.top_p = 0.9f;
+    p.n_top_logprobs = 3;
+    p.seed = 5;
+    struct sampler *a, *b;
+    assert_int_equal(sampler_init(&a, &p, (int32_t)V), 0);
+    assert_int_equal(sampler_init(&b, &p, (int32_t)V), 0);
+    int32_t pen[2];
+    assert_int_equal(sampler_dev_row(a, &row, pen, pen + 1, 1), 0);
+    const struct sample_dev_row *rows[N] = {&row, NULL, NULL};
+
+    /* the cpu backend's op */
+    for (size_t i = 0; i < (size_t)N * V; i++)
+        got[i] = -1.0f;
+    int used = 0;
+    assert_int_equal(fwd_step_keep(e.f, q, N), 0);
+    assert_int_equal(fwd_sample(e.f, N, rows, outs, want, got, &used), 0);
+    assert_int_equal(used, 1);
+    sampler_sample_dev(b, ref, &want_out);
+    assert_memory_equal(&outs[0], &want_out, sizeof(want_out));
+    assert_memory_equal(got + V, ref + V, sizeof(float) * V); /* wanted: downloaded */
+    for (uint32_t i = 0; i < V; i++) {                        /* neither: left alone */
+        assert_true(got[i] == -1.0f);
+        assert_true(got[2 * V + i] == -1.0f);
+    }
+
+    /* a backend without the op: every row downloaded, nothing sampled */
+    const struct backend_i *iface = e.be->iface;
+    struct backend_i none = *iface;
+    none.sample = NULL;
+    e.be->iface = &none;
+    assert_int_equal(fwd_step_keep(e.f, q, N), 0);
+    assert_int_equal(fwd_sample(e.f, N, rows, outs, want, got, &used), 0);
+    e.be->iface = iface;
+    assert_int_equal(used, 0);
+    assert_memory_equal(got, ref, sizeof(float) * N * V);
+
+    sampler_free(a);
+    sampler_free(b);
+    for (int i = 0; i < N; i++)
+        sess_release(&e, &s[i]);
+    free(ref);
+    free(got);
+    eng_fini(&e);
+    tmodel_fini(&t);
+}
+
 static void test_model_errors(void **state)
 {
     (void)state;
@@ -545,7 +625,7 @@ int main(void)
         cmocka_unit_test(test_splits_llama_f32), cmocka_unit_test(test_splits_qwen2_f16),
         cmocka_unit_test(test_splits_llama_q8),  cmocka_unit_test(test_batch_equals_alone),
         cmocka_unit_test(test_chunked_prefill),  cmocka_unit_test(test_threads_same),
-        cmocka_unit_test(test_model_errors),
+        cmocka_unit_test(test_model_errors),     cmocka_unit_test(test_sample_keep),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
