@@ -899,8 +899,12 @@ int cuda_sample(struct cuda_ctx *c, float *logits, uint32_t n_vocab, uint32_t n_
     if (n_rows == 0)
         return 0;
     const size_t smem = sizeof(smp_sh);
-    CU_TRY(cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)smem));
+    static int smem_set; /* the shared memory it may use, set once (as linear_stream.cu's) */
+    if (!smem_set) {
+        CU_TRY(cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)smem));
+        smem_set = 1;
+    }
     char *p = (char *)scratch;
     struct smp_scratch s;
     s.w = (float *)p;
