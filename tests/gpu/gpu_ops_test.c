@@ -576,9 +576,10 @@ static void test_sample(struct backend *g)
                "the device copies)\n");
         return;
     }
-    static const uint32_t vocabs[] = {7, 64, 1000, 32000, 128256};
+    /* 7 and 50257: rows off 16-byte alignment and a part 64-block at the end */
+    static const uint32_t vocabs[] = {7, 64, 1000, 32000, 50257, 128256};
     const uint32_t n = SAMP_N_CASES * SAMP_N_DISTS;
-    for (int vi = 0; vi < 5; vi++) {
+    for (int vi = 0; vi < 6; vi++) {
         const uint32_t V = vocabs[vi];
         float *x = malloc((size_t)n * V * sizeof(float)), *back = malloc((size_t)n * V * 4);
         struct sampler **sd = calloc(n, sizeof(*sd)), **sr = calloc(n, sizeof(*sr)),

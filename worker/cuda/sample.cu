@@ -44,10 +44,12 @@ struct smp_sh {
     float bs[SMP_BSUM_MAX];                /* 64-block sums */
     double pre[SMP_BSUM_MAX + 1];          /* their running total before each, in order */
     double mass[SMP_BUCKETS];
-    unsigned long long imass[SMP_BUCKETS]; /* the masses in their buckets' units */
+    uint32_t mlo[SMP_BUCKETS], mhi[SMP_BUCKETS]; /* the masses in their buckets' units, as the
+                                                  * low and high words of 64-bit sums */
     double unit[SMP_BUCKETS];              /* those units, 2^smp_unit(b) */
     double uscale[SMP_BUCKETS];            /* and their inverses */
     unsigned long long *st;                /* the row's phase stamps (RKV_CUDA_SAMPLE_STAMPS) */
+    struct smp_row row; /* read from here, not held in registers through the kernel */
     uint32_t hist[256];
     uint32_t wa[SMP_WARPS], wb[SMP_WARPS];
     double d[4];
@@ -161,7 +163,78 @@ __device__ __forceinline__ float smp_at_least(double d)
     return f;
 }
 
+/* four floats from x[i ..] (fill past n): one 16-byte load when vec (x 16-byte aligned) and
+ * all four are in the row */
+__device__ __forceinline__ float4 smp_ld4(const float *x, uint32_t i, uint32_t n, bool vec,
+                                          float fill)
+{
+    if (vec && i + 4 <= n)
+        return *(const float4 *)(x + i);
+    float4 r;
+    r.x = i < n ? x[i] : fill;
+    r.y = i + 1 < n ? x[i + 1] : fill;
+    r.z = i + 2 < n ? x[i + 2] : fill;
+    r.w = i + 3 < n ? x[i + 3] : fill;
+    return r;
+}
+
+__device__ __forceinline__ void smp_st4(float *x, uint32_t i, uint32_t n, bool vec, float4 e)
+{
+    if (vec && i + 4 <= n) {
+        *(float4 *)(x + i) = e;
+        return;
+    }
+    if (i < n)
+        x[i] = e.x;
+    if (i + 1 < n)
+        x[i + 1] = e.y;
+    if (i + 2 < n)
+        x[i + 2] = e.z;
+    if (i + 3 < n)
+        x[i + 3] = e.w;
+}
+
+__device__ __forceinline__ bool smp_aligned(const void *a, const void *b)
+{
+    return (((uintptr_t)a | (uintptr_t)b) & 15) == 0;
+}
+
+/* bucket b's mass += q: a 32-bit shared atomic (native, where a 64-bit add is not), its carry
+ * into the high word by the thread whose add wrapped */
+__device__ __forceinline__ void smp_mass_add(smp_sh &sh, uint32_t b, uint32_t q)
+{
+    const uint32_t old = atomicAdd(&sh.mlo[b], q);
+    if (old + q < old)
+        atomicAdd(&sh.mhi[b], 1u);
+}
+
 /* --- block-wide pieces (every thread calls them) ------------------------------------------ */
+
+/* the cross-warp stage of a block scan: sh.wa / sh.wb hold each warp's totals on entry
+ * and each warp's exclusive offset on return; the block's totals land in sh.u[6], sh.u[7] */
+__device__ void smp_scan_warps(smp_sh &sh)
+{
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();
+    if (warp == 0) {
+        uint32_t s = sh.wa[lane], t = sh.wb[lane];
+        for (int o = 1; o < 32; o <<= 1) {
+            const uint32_t ps = __shfl_up_sync(0xffffffffu, s, o);
+            const uint32_t pt = __shfl_up_sync(0xffffffffu, t, o);
+            if (lane >= (uint32_t)o) {
+                s += ps;
+                t += pt;
+            }
+        }
+        sh.wa[lane] = s - sh.wa[lane];
+        sh.wb[lane] = t - sh.wb[lane];
+        if (lane == 31) {
+            sh.u[6] = s;
+            sh.u[7] = t;
+        }
+    }
+    __syncthreads();
+}
 
 /* exclusive prefix over the block's threads of two 0/1 flags; totals to ta, tb */
 __device__ void smp_scan2(smp_sh &sh, bool a, bool b, uint32_t &pa, uint32_t &pb, uint32_t &ta,
@@ -174,25 +247,7 @@ __device__ void smp_scan2(smp_sh &sh, bool a, bool b, uint32_t &pa, uint32_t &pb
         sh.wa[warp] = __popc(ma);
         sh.wb[warp] = __popc(mb);
     }
-    __syncthreads();
-    if (warp == 0) {
-        uint32_t x = sh.wa[lane], y = sh.wb[lane];
-        for (int o = 1; o < 32; o <<= 1) {
-            const uint32_t px = __shfl_up_sync(0xffffffffu, x, o);
-            const uint32_t py = __shfl_up_sync(0xffffffffu, y, o);
-            if (lane >= (uint32_t)o) {
-                x += px;
-                y += py;
-            }
-        }
-        sh.wa[lane] = x - sh.wa[lane];
-        sh.wb[lane] = y - sh.wb[lane];
-        if (lane == 31) {
-            sh.u[6] = x;
-            sh.u[7] = y;
-        }
-    }
-    __syncthreads();
+    smp_scan_warps(sh);
     pa = sh.wa[warp] + __popc(ma & lt);
     pb = sh.wb[warp] + __popc(mb & lt);
     ta = sh.u[6];
@@ -222,59 +277,19 @@ __device__ uint32_t smp_min(smp_sh &sh, uint32_t v)
     return r;
 }
 
-/* exclusive prefix over the block's threads of two counts (a thread's share of a tile);
- * totals to ta, tb */
-__device__ void smp_scan2c(smp_sh &sh, uint32_t a, uint32_t b, uint32_t &pa, uint32_t &pb,
-                           uint32_t &ta, uint32_t &tb)
-{
-    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    uint32_t x = a, y = b;
-    for (int o = 1; o < 32; o <<= 1) {
-        const uint32_t px = __shfl_up_sync(0xffffffffu, x, o);
-        const uint32_t py = __shfl_up_sync(0xffffffffu, y, o);
-        if (lane >= (uint32_t)o) {
-            x += px;
-            y += py;
-        }
-    }
-    if (lane == 31) {
-        sh.wa[warp] = x;
-        sh.wb[warp] = y;
-    }
-    __syncthreads();
-    if (warp == 0) {
-        uint32_t s = sh.wa[lane], t = sh.wb[lane];
-        for (int o = 1; o < 32; o <<= 1) {
-            const uint32_t ps = __shfl_up_sync(0xffffffffu, s, o);
-            const uint32_t pt = __shfl_up_sync(0xffffffffu, t, o);
-            if (lane >= (uint32_t)o) {
-                s += ps;
-                t += pt;
-            }
-        }
-        sh.wa[lane] = s - sh.wa[lane];
-        sh.wb[lane] = t - sh.wb[lane];
-        if (lane == 31) {
-            sh.u[6] = s;
-            sh.u[7] = t;
-        }
-    }
-    __syncthreads();
-    pa = sh.wa[warp] + x - a;
-    pb = sh.wb[warp] + y - b;
-    ta = sh.u[6];
-    tb = sh.u[7];
-    __syncthreads();
-}
-
 /* max of x[0..n), nan skipped (-inf when none); every thread gets it. the max as the least
  * complement of the float order (the sign of a zero max does not matter to its users) */
 __device__ float smp_max(smp_sh &sh, const float *x, uint32_t n)
 {
+    const bool vec = smp_aligned(x, x);
     float m = -INFINITY;
-    for (uint32_t i = threadIdx.x; i < n; i += SMP_THREADS) {
-        const float v = x[i];
-        m = v > m ? v : m;
+#pragma unroll 4
+    for (uint32_t i = 4 * threadIdx.x; i < n; i += 4 * SMP_THREADS) {
+        const float4 v = smp_ld4(x, i, n, vec, -INFINITY);
+        m = v.x > m ? v.x : m;
+        m = v.y > m ? v.y : m;
+        m = v.z > m ? v.z : m;
+        m = v.w > m ? v.w : m;
     }
     return smp_of_ord(~smp_min(sh, ~smp_ord(m)));
 }
@@ -305,26 +320,44 @@ __device__ double smp_exp_weights(smp_sh &sh, const float *x, uint32_t n, float 
                                   float *w)
 {
     const uint32_t nb = (n + SMP_BLOCK - 1) / SMP_BLOCK, full = n / SMP_BLOCK;
-    const uint32_t g = threadIdx.x >> 3, l8 = threadIdx.x & 7;
-    for (uint32_t b0 = 0; b0 < full; b0 += SMP_THREADS / 8) {
+    /* four threads a 64-block: thread q holds avx2 lanes 2q and 2q + 1, so each of its eight
+     * rows of the block is one 8-byte load, all eight issued before the first exp */
+    const bool vec = smp_aligned(x, w ? (const void *)w : (const void *)x);
+    const uint32_t g = threadIdx.x >> 2, q = threadIdx.x & 3;
+    for (uint32_t b0 = 0; b0 < full; b0 += SMP_THREADS / 4) {
         const uint32_t b = b0 + g;
-        float a = 0.0f;
+        float a0 = 0.0f, a1 = 0.0f;
         if (b < full) {
-            const float *xb = x + (size_t)b * SMP_BLOCK;
+            const uint32_t base = b * SMP_BLOCK + 2 * q;
+            float2 xv[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                xv[j] = vec ? *(const float2 *)(x + base + j * 8)
+                            : make_float2(x[base + j * 8], x[base + j * 8 + 1]);
 #pragma unroll
             for (int j = 0; j < 8; j++) {
-                const float e = smp_weight(xb[j * 8 + l8], shift, scale);
-                if (w)
-                    w[(size_t)b * SMP_BLOCK + j * 8 + l8] = e;
-                a = __fadd_rn(a, e);
+                const float2 e = make_float2(smp_weight(xv[j].x, shift, scale),
+                                             smp_weight(xv[j].y, shift, scale));
+                if (w) {
+                    if (vec) {
+                        *(float2 *)(w + base + j * 8) = e;
+                    } else {
+                        w[base + j * 8] = e.x;
+                        w[base + j * 8 + 1] = e.y;
+                    }
+                }
+                a0 = __fadd_rn(a0, e.x);
+                a1 = __fadd_rn(a1, e.y);
             }
         }
-        /* (a0 + a4) + (a2 + a6), then + ((a1 + a5) + (a3 + a7)): hsum8's order */
-        a = __fadd_rn(a, __shfl_down_sync(0xffffffffu, a, 4, 8));
-        a = __fadd_rn(a, __shfl_down_sync(0xffffffffu, a, 2, 8));
-        a = __fadd_rn(a, __shfl_down_sync(0xffffffffu, a, 1, 8));
-        if (b < full && l8 == 0)
-            sh.bs[b] = a;
+        /* hsum8's order: s_k = lane k + lane k + 4 (threads 0, 1 take 2, 3's), then
+         * (s0 + s2) + (s1 + s3) */
+        const float s0 = __fadd_rn(a0, __shfl_down_sync(0xffffffffu, a0, 2));
+        const float s1 = __fadd_rn(a1, __shfl_down_sync(0xffffffffu, a1, 2));
+        const float u0 = __fadd_rn(s0, __shfl_down_sync(0xffffffffu, s0, 1));
+        const float u1 = __fadd_rn(s1, __shfl_down_sync(0xffffffffu, s1, 1));
+        if (b < full && q == 0)
+            sh.bs[b] = __fadd_rn(u0, u1);
     }
     if (full < nb && threadIdx.x == 0) {
         float a = 0.0f;
@@ -367,29 +400,91 @@ __device__ double smp_exp_weights(smp_sh &sh, const float *x, uint32_t n, float 
     return t;
 }
 
-/* sorts sh.sort[0..m) ascending (bitonic over the next power of two) */
-__device__ void smp_sort(smp_sh &sh, uint32_t m)
+/* the bitonic network's stages j = j0 .. 1 of merge size k over a warp's 256 keys in
+ * registers: thread t holds positions 8t .. 8t + 7; j >= 8 pairs lanes by shuffles, j < 8
+ * pairs a thread's own keys */
+__device__ __forceinline__ void smp_sort_regs(unsigned long long (&a)[8], uint32_t k, uint32_t j0)
 {
-    uint32_t p = 2;
+    const uint32_t t = threadIdx.x, lane = t & 31;
+    for (uint32_t j = j0; j >= 8; j >>= 1) {
+        const uint32_t lm = j >> 3;
+        const bool upper = (lane & lm) != 0; /* this thread holds the pair's higher position */
+#pragma unroll
+        for (int r = 0; r < 8; r++) {
+            const bool up = ((8 * t + r) & k) == 0; /* ascending there */
+            const unsigned long long o = __shfl_xor_sync(0xffffffffu, a[r], lm);
+            a[r] = (up != upper) ? min(a[r], o) : max(a[r], o);
+        }
+    }
+#pragma unroll
+    for (uint32_t j = 4; j >= 1; j >>= 1) {
+        if (j > j0)
+            continue;
+#pragma unroll
+        for (int r = 0; r < 8; r++)
+            if ((r & j) == 0) {
+                const bool up = ((8 * t + r) & k) == 0;
+                const unsigned long long lo = min(a[r], a[r | j]), hi = max(a[r], a[r | j]);
+                a[r] = up ? lo : hi;
+                a[r | j] = up ? hi : lo;
+            }
+    }
+}
+
+/* sorts sh.sort[0..m) ascending (m <= SMP_SORT_MAX; bitonic over the next power of two, at
+ * least 8): merges up to 256 keys in each warp's registers, longer ones through shared memory
+ * down to j = 256 and then in registers again. not inlined: its 16 registers of keys spill
+ * the callers' loops otherwise (64 a thread at 1024 threads) */
+__device__ __noinline__ void smp_sort(smp_sh &sh, uint32_t m)
+{
+    uint32_t p = 8;
     while (p < m)
         p <<= 1;
-    for (uint32_t i = m + threadIdx.x; i < p; i += SMP_THREADS)
-        sh.sort[i] = ~0ull;
-    __syncthreads();
-    for (uint32_t k = 2; k <= p; k <<= 1)
-        for (uint32_t j = k >> 1; j > 0; j >>= 1) {
-            for (uint32_t i = threadIdx.x; i < p; i += SMP_THREADS) {
-                const uint32_t l = i ^ j;
-                if (l > i) {
-                    const unsigned long long a = sh.sort[i], b = sh.sort[l];
-                    if ((a > b) == ((i & k) == 0)) {
-                        sh.sort[i] = b;
-                        sh.sort[l] = a;
-                    }
+    const uint32_t t = threadIdx.x;
+    const bool on = (t >> 5) < (p + 255) / 256; /* whole warps: their shuffles need all lanes */
+    unsigned long long a[8];
+#pragma unroll
+    for (int r = 0; r < 8; r++)
+        a[r] = ~0ull;
+    if (on) {
+#pragma unroll
+        for (int r = 0; r < 8; r++)
+            if (8 * t + r < m)
+                a[r] = sh.sort[8 * t + r];
+        for (uint32_t k = 2; k <= p && k <= 256; k <<= 1)
+            smp_sort_regs(a, k, k >> 1);
+    }
+    for (uint32_t k = 512; k <= p; k <<= 1) {
+        __syncthreads(); /* every read of the positions this thread writes is done */
+        if (on)
+#pragma unroll
+            for (int r = 0; r < 8; r++)
+                sh.sort[8 * t + r] = a[r];
+        __syncthreads();
+        for (uint32_t j = k >> 1; j >= 256; j >>= 1) {
+            for (uint32_t q = t; q < p / 2; q += SMP_THREADS) {
+                const uint32_t lo = ((q & ~(j - 1)) << 1) | (q & (j - 1)), hi = lo | j;
+                const unsigned long long x = sh.sort[lo], y = sh.sort[hi];
+                if ((x > y) == ((lo & k) == 0)) {
+                    sh.sort[lo] = y;
+                    sh.sort[hi] = x;
                 }
             }
             __syncthreads();
         }
+        if (on) {
+#pragma unroll
+            for (int r = 0; r < 8; r++)
+                a[r] = sh.sort[8 * t + r];
+            smp_sort_regs(a, k, 128);
+        }
+    }
+    __syncthreads();
+    if (on)
+#pragma unroll
+        for (int r = 0; r < 8; r++)
+            sh.sort[8 * t + r] = a[r];
+    __syncthreads();
 }
 
 /* the k best of v[0..n) (sanitized, higher first, ties to the lower id; k <= SMP_SORT_MAX,
@@ -607,16 +702,19 @@ __device__ uint32_t smp_top_p_sorted(smp_sh &sh, const float *x, uint32_t n, flo
 
 /* sample.c's top_p_vocab over v[0..n) (max mx, finite): the kept tokens into (x, ids), those
  * of buckets above the cut in id order, then the cut bucket's prefix best first; w (by id)
- * already holds the weights at mx with their total. ~0u: the cut bucket is too large here */
-__device__ uint32_t smp_top_p_vocab(smp_sh &sh, const float *v, uint32_t n, float mx, float top_p,
-                                    double total, const float *w, float *x, int32_t *ids)
+ * already holds the weights at mx with their total. ~0u: the cut bucket is too large here.
+ * not inlined, so the kernel's own live values do not spill its loops */
+__device__ __noinline__ uint32_t smp_top_p_vocab(smp_sh &sh, const float *v, uint32_t n, float mx,
+                                                 float top_p, double total, const float *w,
+                                                 float *x, int32_t *ids)
 {
     const double want = __dmul_rn((double)top_p, total);
     /* each bucket's mass exactly, as integers: bucket b's weights lie within a factor 1.09
      * of each other, so in units of 2^(smp_unit(b)) each is an integer below 2^27 (one binade
      * of slack below the nominal least weight), and 32 lanes' fit 32 bits */
     for (uint32_t b = threadIdx.x; b < SMP_BUCKETS; b += SMP_THREADS) {
-        sh.imass[b] = 0;
+        sh.mlo[b] = 0;
+        sh.mhi[b] = 0;
         const int u = smp_unit(b); /* 2^u and 2^-u, exact doubles: scaling by them is exact */
         sh.uscale[b] = ldexp(1.0, -u);
         sh.unit[b] = ldexp(1.0, u);
@@ -624,23 +722,28 @@ __device__ uint32_t smp_top_p_vocab(smp_sh &sh, const float *v, uint32_t n, floa
     if (threadIdx.x == 0)
         sh.u[2] = 0;
     __syncthreads();
+    /* eight tokens a thread a pass, their weights and logits loaded before any use */
+    const bool vec = smp_aligned(v, w);
+    const uint32_t lane = threadIdx.x & 31;
     bool inexact = false;
-    for (uint32_t t0 = 0; t0 < n; t0 += SMP_THREADS) {
-        const uint32_t i = t0 + threadIdx.x;
-        uint32_t b = SMP_BUCKETS, q = 0;
-        if (i < n) {
-            const float e = w[i];
-            if (e > 0.0f) {
-                b = (uint32_t)smp_bucket(v[i], mx);
-                const double sc = __dmul_rn((double)e, sh.uscale[b]);
+    for (uint32_t t0 = 0; t0 < n; t0 += 8 * SMP_THREADS) {
+        const uint32_t i0 = t0 + 4 * threadIdx.x, i1 = i0 + 4 * SMP_THREADS;
+        const float4 wa = smp_ld4(w, i0, n, vec, 0.0f), wb = smp_ld4(w, i1, n, vec, 0.0f);
+        const float4 va = smp_ld4(v, i0, n, vec, 0.0f), vb = smp_ld4(v, i1, n, vec, 0.0f);
+        const float we[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
+        const float ve[8] = {va.x, va.y, va.z, va.w, vb.x, vb.y, vb.z, vb.w};
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            uint32_t b = SMP_BUCKETS, q = 0;
+            if (we[k] > 0.0f) {
+                b = (uint32_t)smp_bucket(ve[k], mx);
+                const double sc = __dmul_rn((double)we[k], sh.uscale[b]);
                 q = (uint32_t)sc;
                 inexact |= sc >= 4294967296.0 || (double)q != sc;
             }
+            if (b < SMP_BUCKETS)
+                smp_mass_add(sh, b, q);
         }
-        const unsigned peers = __match_any_sync(0xffffffffu, b);
-        const uint32_t sum = __reduce_add_sync(peers, q);
-        if (b < SMP_BUCKETS && (threadIdx.x & 31) == (uint32_t)(__ffs(peers) - 1))
-            atomicAdd(&sh.imass[b], (unsigned long long)sum);
     }
     if (inexact)
         sh.u[2] = 1;
@@ -648,7 +751,8 @@ __device__ uint32_t smp_top_p_vocab(smp_sh &sh, const float *v, uint32_t n, floa
     if (sh.u[2])
         return ~0u; /* a weight off its bucket's grid: the host samples the row */
     for (uint32_t b = threadIdx.x; b < SMP_BUCKETS; b += SMP_THREADS)
-        sh.mass[b] = __dmul_rn((double)sh.imass[b], sh.unit[b]);
+        sh.mass[b] =
+            __dmul_rn((double)(((unsigned long long)sh.mhi[b] << 32) | sh.mlo[b]), sh.unit[b]);
     __syncthreads();
     smp_stamp(sh, 5);
     if (threadIdx.x == 0) {
@@ -668,44 +772,54 @@ __device__ uint32_t smp_top_p_vocab(smp_sh &sh, const float *v, uint32_t n, floa
     __syncthreads();
     smp_stamp(sh, 6);
     const float above = sh.f[1], at = sh.f[2];
+    /* a tile of 8192 tokens: warp k takes 256 consecutive ones (eight a lane, 32 apart, so
+     * every load and store of a warp is one run); the warps' counts are scanned once a tile */
+    const unsigned lt = (1u << lane) - 1;
+    const uint32_t warp = threadIdx.x >> 5;
     uint32_t front = 0, m = 0;
-    /* four consecutive tokens a thread a tile, so a tile's scan covers 4096 */
-    for (uint32_t t0 = 0; t0 < n; t0 += 4 * SMP_THREADS) {
-        const uint32_t i0 = t0 + 4 * threadIdx.x;
-        float val[4];
-        uint32_t fl = 0, nh = 0, nl = 0; /* bit k: token k is above (1) / in the cut (16) */
+    for (uint32_t t0 = 0; t0 < n; t0 += 8 * SMP_THREADS) {
+        const uint32_t c0 = t0 + warp * 256 + lane;
+        float we[8], ve[8];
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            val[k] = 0.0f;
-            const uint32_t i = i0 + k;
-            if (i < n && w[i] > 0.0f) {
-                val[k] = v[i];
-                if (val[k] >= above) {
-                    fl |= 1u << k;
-                    nh++;
-                } else if (val[k] >= at) {
-                    fl |= 16u << k;
-                    nl++;
-                }
-            }
+        for (int k = 0; k < 8; k++) {
+            const uint32_t i = c0 + 32 * k;
+            we[k] = i < n ? w[i] : 0.0f;
+            ve[k] = i < n ? v[i] : 0.0f;
         }
-        uint32_t ph, pl, th, tl;
-        smp_scan2c(sh, nh, nl, ph, pl, th, tl);
+        unsigned ma[8], mc[8]; /* the warp's tokens above the cut / in it, row k */
+        uint32_t nh = 0, nl = 0;
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const uint32_t i = i0 + k;
-            if (fl & (1u << k)) {
-                x[front + ph] = val[k];
-                ids[front + ph] = (int32_t)i;
-                ph++;
-            } else if (fl & (16u << k)) {
-                if (m + pl < SMP_SORT_MAX)
-                    sh.sort[m + pl] = ((unsigned long long)smp_desc_key(val[k]) << 32) | i;
-                pl++;
-            }
+        for (int k = 0; k < 8; k++) {
+            const bool live = we[k] > 0.0f; /* 0 past n */
+            ma[k] = __ballot_sync(0xffffffffu, live && ve[k] >= above);
+            mc[k] = __ballot_sync(0xffffffffu, live && ve[k] < above && ve[k] >= at);
+            nh += __popc(ma[k]);
+            nl += __popc(mc[k]);
         }
-        front += th;
-        m += tl;
+        __syncwarp(); /* the lanes' reads of the last tile's offsets are done */
+        if (lane == 0) {
+            sh.wa[warp] = nh;
+            sh.wb[warp] = nl;
+        }
+        smp_scan_warps(sh);
+        uint32_t ph = front + sh.wa[warp], pl = m + sh.wb[warp];
+        front += sh.u[6];
+        m += sh.u[7];
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const uint32_t i = c0 + 32 * k;
+            if ((ma[k] >> lane) & 1) {
+                const uint32_t p = ph + __popc(ma[k] & lt);
+                x[p] = ve[k];
+                ids[p] = (int32_t)i;
+            } else if ((mc[k] >> lane) & 1) {
+                const uint32_t p = pl + __popc(mc[k] & lt);
+                if (p < SMP_SORT_MAX)
+                    sh.sort[p] = ((unsigned long long)smp_desc_key(ve[k]) << 32) | i;
+            }
+            ph += __popc(ma[k]);
+            pl += __popc(mc[k]);
+        }
     }
     __syncthreads();
     smp_stamp(sh, 7);
@@ -745,11 +859,13 @@ __global__ void __launch_bounds__(SMP_THREADS)
 {
     extern __shared__ __align__(16) unsigned char smem[];
     smp_sh &sh = *(smp_sh *)smem;
-    if (threadIdx.x == 0)
+    if (threadIdx.x == 0) {
         sh.st = stamps ? stamps + (size_t)blockIdx.x * SMP_STAMPS : nullptr;
+        sh.row = rows[blockIdx.x];
+    }
     __syncthreads();
     smp_stamp(sh, 0);
-    const struct smp_row r = rows[blockIdx.x];
+    const struct smp_row &r = sh.row;
     float *v = logits + (size_t)r.row * n;
     float *w = s.w + (size_t)blockIdx.x * n, *x = s.x + (size_t)blockIdx.x * n;
     int32_t *ids = s.ids + (size_t)blockIdx.x * n;
@@ -813,7 +929,7 @@ __global__ void __launch_bounds__(SMP_THREADS)
             }
             mx = x[0];
         } else {
-            mx = smp_max(sh, v, n);
+            mx = r.n_pen ? smp_max(sh, v, n) : raw_max; /* no penalty: v is as it was */
             smp_stamp(sh, 4);
             if (mx == INFINITY || mx == -INFINITY) {
                 id = (int32_t)smp_find(sh, v, n, mx);
