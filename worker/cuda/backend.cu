@@ -1744,7 +1744,7 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         /* sampled rows picked on the device (env RKV_CUDA_DEV_SAMPLE=0: on the host) */
         c->dev_sample = cu_env_flag("RKV_CUDA_DEV_SAMPLE", 1);
         c->smp_stamps = cu_env_flag("RKV_CUDA_SAMPLE_STAMPS", 0);
-        c->smp_min = (uint32_t)rkv_env_u64("RKV_CUDA_DEV_SAMPLE_MIN", 8, 1, 1u << 20);
+        c->smp_min = (uint32_t)rkv_env_u64("RKV_CUDA_DEV_SAMPLE_MIN", 1, 1, 1u << 20);
         /* a layer's host blocks staged by one batched copy call (H200: 40 window sessions at
          * 53 GB/s, 0.97 of the pcie bound, against 47 GB/s in a copy per run of blocks; env
          * RKV_CUDA_STAGE_BATCH=0: the copies per run) */

@@ -283,7 +283,7 @@ __device__ float smp_max(smp_sh &sh, const float *x, uint32_t n)
 {
     const bool vec = smp_aligned(x, x);
     float m = -INFINITY;
-#pragma unroll 4
+#pragma unroll 8
     for (uint32_t i = 4 * threadIdx.x; i < n; i += 4 * SMP_THREADS) {
         const float4 v = smp_ld4(x, i, n, vec, -INFINITY);
         m = v.x > m ? v.x : m;
@@ -581,19 +581,19 @@ __device__ uint32_t smp_keep(smp_sh &sh, const float *v, const int32_t *id, uint
     return base;
 }
 
-/* sample.c's draw_index over x[0..n) at 1 / temperature with the row's u; w: scratch.
- * *drew 0 when an infinite max decides without a draw */
-__device__ uint32_t smp_draw(smp_sh &sh, const float *x, uint32_t n, float temperature, double u,
-                             float *w, int32_t *drew)
+/* sample.c's draw_index over x[0..n) (max mx, which the caller knows) at 1 / temperature
+ * with the row's u. *drew 0 when an infinite max decides without a draw */
+__device__ uint32_t smp_draw(smp_sh &sh, const float *x, uint32_t n, float mx, float temperature,
+                             double u, int32_t *drew)
 {
-    const float mx = smp_max(sh, x, n);
     smp_stamp(sh, 10);
     *drew = 0;
     if (mx == -INFINITY)
         return 0;
     if (mx == INFINITY)
         return smp_find(sh, x, n, INFINITY);
-    const double total = smp_exp_weights(sh, x, n, mx, __fdiv_rn(1.0f, temperature), w);
+    const float scale = __fdiv_rn(1.0f, temperature);
+    const double total = smp_exp_weights(sh, x, n, mx, scale, nullptr);
     smp_stamp(sh, 11);
     *drew = 1;
     /* sample.c's walk over the blocks, from the running totals: the first block with weight
@@ -625,10 +625,11 @@ __device__ uint32_t smp_draw(smp_sh &sh, const float *x, uint32_t n, float tempe
         sh.d[3] = t;
     }
     __syncthreads();
-    /* the picked block's weights into shared memory, then the walk inside it */
+    /* the picked block's weights (the same exps again) into shared memory, then the walk
+     * inside it */
     const uint32_t b0 = sh.u[1] * SMP_BLOCK, end = min(n, b0 + SMP_BLOCK);
     if (threadIdx.x < end - b0)
-        sh.gw[threadIdx.x] = w[b0 + threadIdx.x];
+        sh.gw[threadIdx.x] = smp_weight(x[b0 + threadIdx.x], mx, scale);
     __syncthreads();
     if (threadIdx.x == 0) {
         double acc = sh.d[2];
@@ -701,12 +702,12 @@ __device__ uint32_t smp_top_p_sorted(smp_sh &sh, const float *x, uint32_t n, flo
 }
 
 /* sample.c's top_p_vocab over v[0..n) (max mx, finite): the kept tokens into (x, ids), those
- * of buckets above the cut in id order, then the cut bucket's prefix best first; w (by id)
- * already holds the weights at mx with their total. ~0u: the cut bucket is too large here.
- * not inlined, so the kernel's own live values do not spill its loops */
+ * of buckets above the cut in id order, then the cut bucket's prefix best first; total: the
+ * weights' at mx. each pass computes the weights again from v (cheaper than reading them). ~0u: the
+ * cut bucket is too large here. not inlined, so the kernel's own live values do not spill its loops
+ */
 __device__ __noinline__ uint32_t smp_top_p_vocab(smp_sh &sh, const float *v, uint32_t n, float mx,
-                                                 float top_p, double total, const float *w,
-                                                 float *x, int32_t *ids)
+                                                 float top_p, double total, float *x, int32_t *ids)
 {
     const double want = __dmul_rn((double)top_p, total);
     /* each bucket's mass exactly, as integers: bucket b's weights lie within a factor 1.09
@@ -722,27 +723,24 @@ __device__ __noinline__ uint32_t smp_top_p_vocab(smp_sh &sh, const float *v, uin
     if (threadIdx.x == 0)
         sh.u[2] = 0;
     __syncthreads();
-    /* eight tokens a thread a pass, their weights and logits loaded before any use */
-    const bool vec = smp_aligned(v, w);
+    /* four tokens a thread a pass, by one 16-byte load; their weights computed again */
+    const bool vec = smp_aligned(v, v);
     const uint32_t lane = threadIdx.x & 31;
     bool inexact = false;
-    for (uint32_t t0 = 0; t0 < n; t0 += 8 * SMP_THREADS) {
-        const uint32_t i0 = t0 + 4 * threadIdx.x, i1 = i0 + 4 * SMP_THREADS;
-        const float4 wa = smp_ld4(w, i0, n, vec, 0.0f), wb = smp_ld4(w, i1, n, vec, 0.0f);
-        const float4 va = smp_ld4(v, i0, n, vec, 0.0f), vb = smp_ld4(v, i1, n, vec, 0.0f);
-        const float we[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
-        const float ve[8] = {va.x, va.y, va.z, va.w, vb.x, vb.y, vb.z, vb.w};
+#pragma unroll 2
+    for (uint32_t i0 = 4 * threadIdx.x; i0 < n; i0 += 4 * SMP_THREADS) {
+        const float4 va = smp_ld4(v, i0, n, vec, -INFINITY);
+        const float ve[4] = {va.x, va.y, va.z, va.w};
 #pragma unroll
-        for (int k = 0; k < 8; k++) {
-            uint32_t b = SMP_BUCKETS, q = 0;
-            if (we[k] > 0.0f) {
-                b = (uint32_t)smp_bucket(ve[k], mx);
-                const double sc = __dmul_rn((double)we[k], sh.uscale[b]);
-                q = (uint32_t)sc;
+        for (int k = 0; k < 4; k++) {
+            const float e = smp_weight(ve[k], mx, 1.0f); /* 0 past n */
+            if (e > 0.0f) {
+                const uint32_t b = (uint32_t)smp_bucket(ve[k], mx);
+                const double sc = __dmul_rn((double)e, sh.uscale[b]);
+                const uint32_t q = (uint32_t)sc;
                 inexact |= sc >= 4294967296.0 || (double)q != sc;
-            }
-            if (b < SMP_BUCKETS)
                 smp_mass_add(sh, b, q);
+            }
         }
     }
     if (inexact)
@@ -779,18 +777,18 @@ __device__ __noinline__ uint32_t smp_top_p_vocab(smp_sh &sh, const float *v, uin
     uint32_t front = 0, m = 0;
     for (uint32_t t0 = 0; t0 < n; t0 += 8 * SMP_THREADS) {
         const uint32_t c0 = t0 + warp * 256 + lane;
-        float we[8], ve[8];
+        float ve[8];
 #pragma unroll
         for (int k = 0; k < 8; k++) {
             const uint32_t i = c0 + 32 * k;
-            we[k] = i < n ? w[i] : 0.0f;
-            ve[k] = i < n ? v[i] : 0.0f;
+            ve[k] = i < n ? v[i] : -INFINITY;
         }
         unsigned ma[8], mc[8]; /* the warp's tokens above the cut / in it, row k */
         uint32_t nh = 0, nl = 0;
 #pragma unroll
         for (int k = 0; k < 8; k++) {
-            const bool live = we[k] > 0.0f; /* 0 past n */
+            /* a weight above 0 (smp_exp_neg's floor), not past n */
+            const bool live = __fsub_rn(ve[k], mx) >= SMP_FLOOR;
             ma[k] = __ballot_sync(0xffffffffu, live && ve[k] >= above);
             mc[k] = __ballot_sync(0xffffffffu, live && ve[k] < above && ve[k] >= at);
             nh += __popc(ma[k]);
@@ -828,7 +826,7 @@ __device__ __noinline__ uint32_t smp_top_p_vocab(smp_sh &sh, const float *v, uin
     smp_sort(sh, m);
     smp_stamp(sh, 8);
     for (uint32_t j = threadIdx.x; j < m; j += SMP_THREADS)
-        sh.gw[j] = w[sh.sort[j] & 0xffffffffu];
+        sh.gw[j] = smp_weight(v[sh.sort[j] & 0xffffffffu], mx, 1.0f);
     __syncthreads();
     if (threadIdx.x == 0)
         sh.u[0] = smp_walk(sh, m, sh.d[1], want);
@@ -884,7 +882,7 @@ __global__ void __launch_bounds__(SMP_THREADS)
     smp_stamp(sh, 1);
     double raw_sum = 0.0;
     if (mxs != -INFINITY)
-        raw_sum = smp_exp_weights(sh, v, n, mxs, 1.0f, w);
+        raw_sum = smp_exp_weights(sh, v, n, mxs, 1.0f, nullptr);
     smp_stamp(sh, 2);
     const uint32_t n_top = min((uint32_t)r.n_top, n);
     if (n_top) {
@@ -912,7 +910,8 @@ __global__ void __launch_bounds__(SMP_THREADS)
     if (r.temperature == 0.0f || r.top_k == 1) {
         id = (int32_t)smp_argmax(sh, v, n);
     } else if (!top_k && r.top_p >= 1.0f && r.min_p <= 0.0f) {
-        id = (int32_t)smp_draw(sh, v, n, r.temperature, r.u, w, &drew);
+        id = (int32_t)smp_draw(sh, v, n, r.n_pen ? smp_max(sh, v, n) : raw_max, r.temperature, r.u,
+                               &drew);
     } else {
         uint32_t cnt = 0;
         float mx;
@@ -936,11 +935,11 @@ __global__ void __launch_bounds__(SMP_THREADS)
                 id = (uint32_t)id < n ? id : 0;
                 done = true;
             } else if (r.top_p < 1.0f) {
-                /* the raw pass's weights serve when no penalty moved a logit */
+                /* the raw pass's total serves when no penalty moved a logit */
                 double total = raw_sum;
                 if (r.n_pen)
-                    total = smp_exp_weights(sh, v, n, mx, 1.0f, w);
-                cnt = smp_top_p_vocab(sh, v, n, mx, r.top_p, total, w, x, ids);
+                    total = smp_exp_weights(sh, v, n, mx, 1.0f, nullptr);
+                cnt = smp_top_p_vocab(sh, v, n, mx, r.top_p, total, x, ids);
                 if (cnt == ~0u) {
                     status = 1;
                     done = true;
@@ -952,7 +951,8 @@ __global__ void __launch_bounds__(SMP_THREADS)
         if (!done) {
             if (r.min_p > 0.0f && (top_k || r.top_p < 1.0f))
                 cnt = smp_keep(sh, x, ids, cnt, smp_at_least((double)mx + r.log_min_p), x, ids);
-            const uint32_t k = smp_draw(sh, x, cnt, r.temperature, r.u, w, &drew);
+            /* x holds the best token kept (each filter keeps it), so its max is mx */
+            const uint32_t k = smp_draw(sh, x, cnt, mx, r.temperature, r.u, &drew);
             id = ids[k];
         }
     }
