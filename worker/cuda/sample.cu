@@ -7,13 +7,16 @@
  * double sums across blocks in block order, the same double bucket math for top-p. The top-p
  * buckets' double masses are exact whatever the order of their terms (a bucket's weights are
  * within a factor 1.09 of each other, so 2^17 of them need 42 of the 53 bits), so they are
- * summed by shared-memory atomics. What the cpu takes from libm (log) stays on the host: the
+ * summed as integers by shared-memory atomics (32-bit ones, native on sm_90, with a carry
+ * word). What the cpu takes from libm (log) stays on the host: the
  * row brings log(min_p), and the logprobs come from raw_max / raw_sum there.
  *
- * One block of 1024 threads a row. A row's logits are penalized in place for the pick and put
- * back before the kernel ends. Rows it cannot take (top_k or a top-p cut bucket above
- * SMP_SORT_MAX tokens, a vocab past 262144) come back with status 1, and the host samples
- * their logits. */
+ * One block of 1024 threads a row; each pass over the vocab loads ahead (vector loads, several
+ * in flight a thread) and computes the weights again rather than reading them back, and the
+ * kept tokens are compacted a warp at a time so stores form runs. A row's logits are penalized in
+ * place for the pick and put back before the kernel ends. Rows it cannot take (top_k or a top-p cut
+ * bucket above SMP_SORT_MAX tokens, a vocab past 262144) come back with status 1, and the host
+ * samples their logits. */
 #include <float.h>
 
 #include "worker/cuda/cuda_ops.cuh"
@@ -712,7 +715,7 @@ __device__ __noinline__ uint32_t smp_top_p_vocab(smp_sh &sh, const float *v, uin
     const double want = __dmul_rn((double)top_p, total);
     /* each bucket's mass exactly, as integers: bucket b's weights lie within a factor 1.09
      * of each other, so in units of 2^(smp_unit(b)) each is an integer below 2^27 (one binade
-     * of slack below the nominal least weight), and 32 lanes' fit 32 bits */
+     * of slack below the nominal least weight); a bucket's sum fits 2^44 */
     for (uint32_t b = threadIdx.x; b < SMP_BUCKETS; b += SMP_THREADS) {
         sh.mlo[b] = 0;
         sh.mhi[b] = 0;
