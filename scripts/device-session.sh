@@ -13,6 +13,9 @@
 #           CUPTI (RKV_PROFILE_TRACE): the kernels as the step runs them, per kernel and gap;
 #           OUT/trace.txt, every kernel in OUT/trace.csv, a layer's phases of each case in
 #           OUT/phases.txt (scripts/trace-phases.py) (~1 min)
+#   sample  the device sampler alone: gpu_ops_test --sample-only, compute-sanitizer memcheck of
+#           it, each phase of a batch-64 row (RKV_CUDA_SAMPLE_STAMPS=1, the last step's first
+#           row), then gpu_bench's quick decode suite for the sampled rows' tok/s (~2 min)
 #   profile ncu of the streamed o linear alone (gpu_bench's linear suite, one launch after ten):
 #           speed of light, occupancy, warp states, scheduler, memory sections in
 #           OUT/ncu_o.txt, the report in OUT/ncu_o.ncu-rep and the stall samples of each SASS
@@ -21,8 +24,8 @@
 #   there: sh scripts/device-session.sh .benchpack $OUT check   (carry .benchpack.tgz: it unpacks there), then system
 # everything lands in OUT, and OUT/all.tgz holds it all (the device tool returns few files).
 set -u
-PACK=${1:?usage: scripts/device-session.sh PACK OUT [check|system|trace|profile]}
-OUT=${2:?usage: scripts/device-session.sh PACK OUT [check|system|trace|profile]}
+PACK=${1:?usage: scripts/device-session.sh PACK OUT [check|system|trace|sample|profile]}
+OUT=${2:?usage: scripts/device-session.sh PACK OUT [check|system|trace|sample|profile]}
 WHAT=${3:-check}
 mkdir -p "$OUT"
 # shellcheck source=scripts/pack-lib.sh
@@ -70,6 +73,27 @@ trace)
     python3 "$(dirname "$0")/trace-phases.py" "$OUT/trace.csv" >"$OUT/phases.txt" 2>&1
     cat "$OUT/phases.txt"
     ;;
+sample)
+    step "gpu_ops_test --sample-only"
+    timeout 120 "$B/gpu_ops_test" --sample-only >"$OUT/sample_ops.txt" 2>&1
+    echo "rc=$?" >>"$OUT/sample_ops.txt"
+    grep -E "FAIL|passed|failed|rc=" "$OUT/sample_ops.txt" | tail -8
+    step "compute-sanitizer memcheck of the sampling tests"
+    timeout 200 compute-sanitizer --tool memcheck --error-exitcode 3 "$B/gpu_ops_test" \
+        --sample-only >"$OUT/sample_memcheck.txt" 2>&1
+    echo "rc=$?" >>"$OUT/sample_memcheck.txt"
+    tail -2 "$OUT/sample_memcheck.txt"
+    step "the sampler's phases, batch 64 (us from the kernel's start)"
+    RKV_CUDA_SAMPLE_STAMPS=1 RKV_BENCH_B1=0 timeout 120 "$B/gpu_bench" --suite decode --quick \
+        >"$OUT/sample_stamps.txt" 2>&1
+    grep "stamps row 0 " "$OUT/sample_stamps.txt" | tail -1
+    step "gpu_bench decode (quick): greedy against sampled rows"
+    timeout 200 "$B/gpu_bench" --suite decode --quick --json "$OUT/sample_decode.json" \
+        >"$OUT/sample_decode.txt" 2>&1
+    echo "rc=$?" >>"$OUT/sample_decode.txt"
+    grep -E "ceiling  hbm|ctx=4096 \(tok|ctx=4096 host=0|sampled|rc=" "$OUT/sample_decode.txt" |
+        sed 's/  */ /g'
+    ;;
 profile)
     step "ncu: the streamed o linear (bf16, add, 4096 wide) of gpu_bench's linear suite"
     # the o instantiation of ls_kernel (mode add, no norm, one 16-byte vector a lane)
@@ -88,7 +112,7 @@ profile)
         "$OUT/ncu_o.txt" | head -30
     ;;
 *)
-    echo "device-session: say check, system, trace or profile, not $WHAT" >&2
+    echo "device-session: say check, system, trace, sample or profile, not $WHAT" >&2
     exit 2
     ;;
 esac
