@@ -490,7 +490,6 @@ static void test_threads_same(void **state)
     tmodel_fini(&t);
 }
 
-/* bad input is refused with a message naming the tensor */
 /* (e) a step's logits kept on the backend and sampled there (fwd_step_keep, fwd_sample): a row
  * given to the sample op comes back as sample.c's twin picks it from the same logits, a row
  * the host wants is downloaded, a row nobody wants is left alone; a backend without the op
@@ -570,6 +569,7 @@ static void test_sample_keep(void **state)
     tmodel_fini(&t);
 }
 
+/* bad input is refused with a message naming the tensor */
 static void test_model_errors(void **state)
 {
     (void)state;

@@ -181,25 +181,9 @@ __device__ __forceinline__ float4 smp_ld4(const float *x, uint32_t i, uint32_t n
     return r;
 }
 
-__device__ __forceinline__ void smp_st4(float *x, uint32_t i, uint32_t n, bool vec, float4 e)
+__device__ __forceinline__ bool smp_aligned(const void *p)
 {
-    if (vec && i + 4 <= n) {
-        *(float4 *)(x + i) = e;
-        return;
-    }
-    if (i < n)
-        x[i] = e.x;
-    if (i + 1 < n)
-        x[i + 1] = e.y;
-    if (i + 2 < n)
-        x[i + 2] = e.z;
-    if (i + 3 < n)
-        x[i + 3] = e.w;
-}
-
-__device__ __forceinline__ bool smp_aligned(const void *a, const void *b)
-{
-    return (((uintptr_t)a | (uintptr_t)b) & 15) == 0;
+    return ((uintptr_t)p & 15) == 0;
 }
 
 /* bucket b's mass += q: a 32-bit shared atomic (native, where a 64-bit add is not), its carry
@@ -284,7 +268,7 @@ __device__ uint32_t smp_min(smp_sh &sh, uint32_t v)
  * complement of the float order (the sign of a zero max does not matter to its users) */
 __device__ float smp_max(smp_sh &sh, const float *x, uint32_t n)
 {
-    const bool vec = smp_aligned(x, x);
+    const bool vec = smp_aligned(x);
     float m = -INFINITY;
 #pragma unroll 8
     for (uint32_t i = 4 * threadIdx.x; i < n; i += 4 * SMP_THREADS) {
@@ -325,7 +309,7 @@ __device__ double smp_exp_weights(smp_sh &sh, const float *x, uint32_t n, float 
     const uint32_t nb = (n + SMP_BLOCK - 1) / SMP_BLOCK, full = n / SMP_BLOCK;
     /* four threads a 64-block: thread q holds avx2 lanes 2q and 2q + 1, so each of its eight
      * rows of the block is one 8-byte load, all eight issued before the first exp */
-    const bool vec = smp_aligned(x, w ? (const void *)w : (const void *)x);
+    const bool vec = smp_aligned(x) && (!w || smp_aligned(w));
     const uint32_t g = threadIdx.x >> 2, q = threadIdx.x & 3;
     for (uint32_t b0 = 0; b0 < full; b0 += SMP_THREADS / 4) {
         const uint32_t b = b0 + g;
@@ -727,7 +711,7 @@ __device__ __noinline__ uint32_t smp_top_p_vocab(smp_sh &sh, const float *v, uin
         sh.u[2] = 0;
     __syncthreads();
     /* four tokens a thread a pass, by one 16-byte load; their weights computed again */
-    const bool vec = smp_aligned(v, v);
+    const bool vec = smp_aligned(v);
     const uint32_t lane = threadIdx.x & 31;
     bool inexact = false;
 #pragma unroll 2
@@ -848,7 +832,7 @@ __device__ __noinline__ uint32_t smp_top_p_vocab(smp_sh &sh, const float *v, uin
 /* --- the kernel -------------------------------------------------------------------------- */
 
 struct smp_scratch {
-    float *w;     /* (rows, n_vocab) weights */
+    float *w;     /* (rows, SMP_SORT_MAX) a top-k list's weights */
     float *x;     /* (rows, n_vocab) kept logits */
     int32_t *ids; /* (rows, n_vocab) their ids */
 };
@@ -868,7 +852,7 @@ __global__ void __launch_bounds__(SMP_THREADS)
     smp_stamp(sh, 0);
     const struct smp_row &r = sh.row;
     float *v = logits + (size_t)r.row * n;
-    float *w = s.w + (size_t)blockIdx.x * n, *x = s.x + (size_t)blockIdx.x * n;
+    float *w = s.w + (size_t)blockIdx.x * SMP_SORT_MAX, *x = s.x + (size_t)blockIdx.x * n;
     int32_t *ids = s.ids + (size_t)blockIdx.x * n;
     struct sample_dev_out *o = outs + blockIdx.x;
     if ((n + SMP_BLOCK - 1) / SMP_BLOCK > SMP_BSUM_MAX) {
@@ -979,7 +963,8 @@ __global__ void __launch_bounds__(SMP_THREADS)
 
 size_t cuda_sample_scratch(uint32_t n_rows, uint32_t n_vocab)
 {
-    return (size_t)n_rows * (size_t)n_vocab * 12;
+    /* each row's kept logits and ids (a vocab each) and a top-k list's weights */
+    return (size_t)n_rows * ((size_t)n_vocab * 8 + SMP_SORT_MAX * 4);
 }
 
 size_t cuda_sample_stamps(void)
@@ -1027,7 +1012,7 @@ int cuda_sample(struct cuda_ctx *c, float *logits, uint32_t n_vocab, uint32_t n_
     char *p = (char *)scratch;
     struct smp_scratch s;
     s.w = (float *)p;
-    p += (size_t)n_rows * n_vocab * 4;
+    p += (size_t)n_rows * SMP_SORT_MAX * 4;
     s.x = (float *)p;
     p += (size_t)n_rows * n_vocab * 4;
     s.ids = (int32_t *)p;
