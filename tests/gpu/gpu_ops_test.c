@@ -1442,6 +1442,8 @@ int main(int argc, char **argv)
             {"RKV_CUDA_VEC4", "0", "elementwise one element a thread"},
             /* k / v and gate / up as one strided batch of two gemms, prefill chunks included */
             {"RKV_CUDA_PAIR_N", "65536", "gemm pairs as one batch"},
+            /* decode attention lets the o linear launch at its start, o a block an SM */
+            {"RKV_CUDA_EARLY", "2", "o launched at attention's start"},
         };
         for (size_t i = 0; i < sizeof(alts) / sizeof(alts[0]); i++) {
             struct backend *alt = backend_env(alts[i].var, alts[i].value, 0);

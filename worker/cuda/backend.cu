@@ -1718,6 +1718,8 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         goto fail;
     c->n_sm = p.multiProcessorCount;
     c->cc_major = p.major;
+    c->smem_sm = p.sharedMemPerMultiprocessor;
+    c->smem_rsv = p.reservedSharedMemPerBlock;
     if (p.major < 8) {
         log_error("cuda: gpu %d (%s) is compute capability %d.%d; rkv needs 8.0 or newer", gpu,
                   p.name, p.major, p.minor);
@@ -1862,6 +1864,7 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         c->ls_ring = cu_env_kb("RKV_CUDA_LS_RING_KB", 96, 16, 200) << 10;
         c->ls_dyn = (int)rkv_env_u64("RKV_CUDA_LS_DYN", 1, 0, 2);
         c->ls_t4 = cu_env_flag("RKV_CUDA_LS_T4", 1);
+        c->ls_alone = cu_env_flag("RKV_CUDA_LS_ALONE", 1);
         /* one attention block an SM up to 4 key units a split (b=1 4k: 0.842 / 0.849 of the
          * bound against 0.842 / 0.838; every block starts beside q/k/v's: attn_pick_split) */
         c->one_wave = (uint32_t)rkv_env_u64("RKV_CUDA_ONE_WAVE", 4, 0, 64);

@@ -286,6 +286,13 @@ struct cuda_ctx {
     int ls_dyn;
     uint32_t *ls_ctr;
     int ls_t4; /* env RKV_CUDA_LS_T4=1: a tile's four dot products summed over the lanes at once */
+    /* RKV_CUDA_EARLY=2: the streamed linear after decode attention (o) asks for more than half
+     * an SM's shared memory, so that its blocks, landing as attention's drain, never share an
+     * SM (gate/up's block still fits beside one); env RKV_CUDA_LS_ALONE=0: its own ring only */
+    int ls_alone;
+    int after_attn; /* the launch before was decode attention letting its dependents start */
+    size_t smem_sm; /* shared memory of an SM, and what the runtime keeps of it a block */
+    size_t smem_rsv;
     /* decode attention takes one block an SM when that leaves at most this many 64-key units
      * a split (env RKV_CUDA_ONE_WAVE, default 4; 0: the split cost model alone) */
     uint32_t one_wave;

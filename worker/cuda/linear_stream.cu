@@ -501,6 +501,8 @@ int cuda_linear_stream(struct cuda_ctx *c, const struct be_linear *l, uint32_t n
 {
     const enum be_type t = l->w[0]->type;
     const uint32_t n_in = l->in->cols;
+    const bool alone = c->ls_alone && c->after_attn;
+    c->after_attn = 0;
     /* two tokens measured slower than the register kernel on o and gate/up (H200) */
     if (!c->lin_stream || c->cc_major < 9 || n != 1 || (t != BE_F16 && t != BE_BF16))
         return 1;
@@ -590,6 +592,12 @@ int cuda_linear_stream(struct cuda_ctx *c, const struct be_linear *l, uint32_t n
         a.res_off = (uint32_t)smem;
         smem += (size_t)a.res_rows * n * sizeof(float);
     }
+    /* o launched while attention's blocks hold the SMs (RKV_CUDA_EARLY=2): its blocks land as
+     * those drain, and an SM that frees both of its attention blocks would otherwise take two of
+     * them while another SM gets none (and then the next linear two, and so on down the step).
+     * Past half an SM's shared memory, a block an SM; the next linear's still fits beside */
+    if (alone && smem < c->smem_sm / 2)
+        smem = c->smem_sm / 2;
     return t == BE_BF16 ? ls_launch<__nv_bfloat16>(c, a, l->mode, norm, v, grid, n_warps, smem)
                         : ls_launch<__half>(c, a, l->mode, norm, v, grid, n_warps, smem);
 }
