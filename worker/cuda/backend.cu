@@ -1824,8 +1824,10 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
          * the register kernels; one token takes the streamed kernel first) */
         c->lin_mma = (int)rkv_env_u64("RKV_CUDA_LIN_MMA", 2, 0, 8);
         c->pdl = cu_env_flag("RKV_CUDA_PDL", 1);
-        /* 2 measured 0.61 of the hbm bound at 4k against 0.76 off (H200): the o linear's
-         * persistent blocks, placed beside attention's, doubled up on some SMs */
+        /* 2: o's blocks take half an SM's shared memory (ls_alone), else they double up on
+         * the SMs attention frees first (0.61 of the hbm bound at 4k against 0.76, eighth
+         * session); with that, 2 reads the same as 1 (b=1 32k +0.3-0.8 %, 4k -0.6-0 %,
+         * twenty-seventh session): o's weights streamed beside attention slow its keys */
         c->early = (int)rkv_env_u64("RKV_CUDA_EARLY", 1, 0, 2);
         /* decode attention's key chunk stages: 0 by the launch's shape (cuda_dec_stages), 2
          * or 3 for every launch (a/b) */
