@@ -1,7 +1,8 @@
 """gpu_demo.py - the whole system on a gpu: rkvd --backend cuda (kvmgr's VRAM slab opened by the
 worker through CUDA IPC, pinned shared-memory host pool) serving HTTP; greedy streams, the VRAM
-budget read with nvidia-smi, a worker SIGKILLed mid-stream whose streams must finish with the
-same text and no prompt recomputed. Standard library only (the gpu machine has no venv).
+budget read with nvidia-smi, seeded sampled completions picked on the gpu that must match a
+host-sampling server's, a worker SIGKILLed mid-stream whose streams must finish with the same
+text and no prompt recomputed. Standard library only (the gpu machine has no venv).
 
   python3 tests/gpu/gpu_demo.py --bin DIR --out DIR [--presets small,llama3-8b] [--deadline S]
 writes OUT/gpu_demo.json (every figure) and OUT/rkvd-<preset>.log."""
@@ -70,7 +71,8 @@ def comm_of(pid):
 
 
 class Rkvd:
-    def __init__(self, bindir, model, root, extra, backend):
+    def __init__(self, bindir, model, root, extra, backend, env=None):
+        self.env = {**os.environ, "RKV_STEP_REPORT_MS": "100", **(env or {})}
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.log_path = self.root / "rkvd.log"
@@ -82,7 +84,7 @@ class Rkvd:
     def start(self, timeout):
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)
+                                     stdin=subprocess.DEVNULL, env=self.env)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and self.proc.poll() is None:
             # a pool the worker cannot map will not come right by waiting
@@ -142,6 +144,56 @@ class Rkvd:
             if name == comm and int(rest[1]) == self.proc.pid and rest[0] != "Z":
                 return int(p)
         return None
+
+
+def sampled(srv, prompt, n_tok, seed):
+    """one seeded completion at temperature 0.8, top_p 0.95: its text"""
+    body = json.dumps({"model": srv.model_id, "prompt": prompt, "max_tokens": n_tok,
+                       "temperature": 0.8, "top_p": 0.95, "seed": seed, "ignore_eos": True})
+    c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=120)
+    c.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    data = r.read()
+    if r.status != 200:
+        raise RuntimeError(f"HTTP {r.status}: {data[:300]!r}")
+    return json.loads(data)["choices"][0]["text"]
+
+
+def dev_sampled_rows(srv):
+    """the cuda backend's count of rows sampled on the device, from the worker's last step
+    report (None: no report yet)"""
+    m = re.findall(r"rows sampled on the device: (\d+)", srv.log())
+    return int(m[-1]) if m else None
+
+
+def sampled_check(a, srv, model, root, prompt, n_tok, deadline):
+    """sampled rows go to the gpu's sampler by default: the same seed twice must give the same
+    text, and a server sampling the same logits on the host (RKV_CUDA_DEV_SAMPLE=0) the same text
+    again (the two samplers pick bit for bit alike)"""
+    out = {"ok": False}
+    texts = [sampled(srv, prompt, n_tok, 7) for _ in range(2)]
+    other = sampled(srv, prompt, n_tok, 8)
+    time.sleep(0.2)
+    out["device_rows"] = dev_sampled_rows(srv)
+    out["same_seed_same_text"] = texts[0] == texts[1]
+    out["other_seed_differs"] = other != texts[0]
+    host = Rkvd(a.bin, model, root / "srv-host-sample", srv.args[srv.args.index("--vram-target"):],
+                a.backend, {"RKV_CUDA_DEV_SAMPLE": "0"})
+    try:
+        if not host.start(timeout=min(150, deadline - time.monotonic())):
+            out["error"] = "the host-sampling rkvd did not become healthy"
+            return out
+        host_text = sampled(host, prompt, n_tok, 7)
+        time.sleep(0.2)
+        out["host_rows_on_device"] = dev_sampled_rows(host)
+        out["host_sampler_same_text"] = host_text == texts[0]
+        if host_text != texts[0]:
+            out["texts"] = {"device": texts[0][:400], "host": host_text[:400]}
+    finally:
+        host.stop()
+    out["ok"] = (out["same_seed_same_text"] and out["host_sampler_same_text"]
+                 and (out["device_rows"] or 0) > 0 and out["host_rows_on_device"] in (0, None))
+    return out
 
 
 class Streams:
@@ -250,6 +302,9 @@ def phase(a, preset, vram, host, n_streams, n_tok, deadline):
         base = Streams(srv, prompts, n_tok).start().join(120)
         res["batchN"] = base.summary()
         log(f"{preset}: batch {n_streams}: {res['batchN']}")
+        if a.backend == "cuda" and preset != "llama3-8b":
+            res["sampled"] = sampled_check(a, srv, model, root, prompts[0], n_tok, deadline)
+            log(f"{preset}: sampled on the device: {res['sampled']}")
         used, _, per = nvidia_smi()
         res["gpu_used_serving_mib"] = used
         res["gpu_per_process_mib"] = {f"{pid} {comm_of(pid)}": m for pid, m in per.items()}
@@ -292,9 +347,11 @@ def phase(a, preset, vram, host, n_streams, n_tok, deadline):
                 "gpu_used_after_restart_mib": nvidia_smi()[0]}
             log(f"{preset}: kill test: {res['kill_test']}")
             res["ok"] = (same == n_streams and not s.summary()["errors"] and s.hung == 0
-                         and not base.summary()["errors"] and not want.summary()["errors"])
+                         and not base.summary()["errors"] and not want.summary()["errors"]
+                         and res.get("sampled", {"ok": True})["ok"])
         if isinstance(res["kill_test"], str):
-            res["ok"] = not base.summary()["errors"] and base.hung == 0
+            res["ok"] = (not base.summary()["errors"] and base.hung == 0
+                         and res.get("sampled", {"ok": True})["ok"])
     except Exception as e:  # noqa: BLE001 - the next phase still runs
         res["error"] = repr(e)
     finally:
