@@ -844,6 +844,14 @@ int main(int argc, char **argv)
                 d.c.listen);
         return 2;
     }
+    if (d.c.vram_target && d.c.vram_target < 4096) {
+        /* rkv-kvmgr takes 4 KiB at least: said here, not by a kvmgr that keeps exiting */
+        fprintf(stderr,
+                "rkvd: --vram-target: %lluB is below 4.00 KiB, the least rkv-kvmgr takes; give 0 "
+                "(1GiB in CPU mode) or a size like 512MiB\n",
+                (unsigned long long)d.c.vram_target);
+        return 2;
+    }
     if (d.c.prefill_chunk > d.c.max_batch_tokens)
         d.c.prefill_chunk = d.c.max_batch_tokens;
     signal(SIGPIPE, SIG_IGN);

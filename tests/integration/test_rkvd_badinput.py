@@ -330,3 +330,16 @@ def test_host_split_out_of_range_is_refused_by_name():
                            text=True, timeout=30)
         assert r.returncode == 2, (prog, val, r.stderr)
         assert "--host-split" in r.stderr and want in r.stderr, r.stderr
+
+
+def test_vram_target_below_kvmgrs_least_is_refused_at_start(tmp_path):
+    """rkv-kvmgr takes a VRAM target of 4 KiB at least: rkvd says so itself before starting
+    anything, rather than leaving a kvmgr that exits at every restart"""
+    from conftest import rkv_bin
+    r = subprocess.run([rkv_bin("rkvd"), "--model", str(tmp_path / "m.gguf"), "--vram-target",
+                        "1KiB", "--state-dir", str(tmp_path / "s"), "--runtime-dir",
+                        str(tmp_path / "r")], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2, r.stderr
+    assert "--vram-target: 1024B is below 4.00 KiB" in r.stderr, r.stderr
+    assert "512MiB" in r.stderr, r.stderr
+    assert not (tmp_path / "s").exists()
