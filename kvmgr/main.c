@@ -214,6 +214,27 @@ static uint32_t dev_blocks_for_budget(const struct kvmgr *k, uint32_t g, uint64_
     return n;
 }
 
+/* no kv block fits gpu g's budget: the planner can run no session there (each keeps its newest
+ * blocks on the device), so the pools are refused with what the target must be */
+static void dev_room_error(const struct kvmgr *k, uint32_t g, uint64_t block_bytes)
+{
+    char t[32], u[32], r[32], b[32], need[32];
+    const uint64_t used =
+        k->cuda && k->gpu[g].fixed_bytes ? k->gpu[g].fixed_bytes : k->gpu[g].weights_bytes;
+    const uint64_t reserve = reserve_of(k, g);
+    cfg_format_size(k->c.vram_target, t, sizeof t);
+    cfg_format_size(used, u, sizeof u);
+    cfg_format_size(reserve, r, sizeof r);
+    cfg_format_size(block_bytes, b, sizeof b);
+    cfg_format_size(used + reserve + 8 * block_bytes, need, sizeof need);
+    log_ratelimited(
+        RKV_LOG_ERROR, 10000, 1,
+        "gpu %u: vram target %s leaves no room for a kv block (%s): %s in use (weights, cuda "
+        "contexts, anything else on the gpu) and a compute reserve of %s; raise "
+        "--vram-target to %s or more (8 blocks), or free the gpu",
+        g, t, b, u, r, need);
+}
+
 static void pools_free(struct pools_new *np)
 {
     kvb_destroy(np->kvb);
@@ -239,6 +260,11 @@ static int create_pools(const struct kvmgr *k, uint64_t block_bytes, struct pool
     const struct kvpool_gpu_ops *ops = k->cuda ? kvpool_cuda_ops() : NULL;
     for (uint32_t g = 0; g < np->n_gpus; g++) {
         kc.dev_blocks[g] = dev_blocks_for_budget(k, g, block_bytes);
+        if (kc.dev_blocks[g] == 0) {
+            dev_room_error(k, g, block_bytes);
+            pools_free(np);
+            return RKV_ENOSPACE;
+        }
         kvpool_make_name(name, sizeof name, (int)getpid(), KVPOOL_DEVICE_SHM, g);
         struct kvpool_config pc = {k->cuda ? KVPOOL_DEVICE_CUDA : KVPOOL_DEVICE_SHM,
                                    g,

@@ -343,3 +343,18 @@ def test_vram_target_below_kvmgrs_least_is_refused_at_start(tmp_path):
     assert "--vram-target: 1024B is below 4.00 KiB" in r.stderr, r.stderr
     assert "512MiB" in r.stderr, r.stderr
     assert not (tmp_path / "s").exists()
+
+
+def test_vram_target_with_no_room_for_a_block_says_what_it_must_be(tiny_model, tmp_path_factory):
+    """a VRAM target above kvmgr's least but under one kv block leaves the planner nothing to
+    run a session on (each keeps its newest blocks on the device): kvmgr refuses its pools
+    with the target it needs, rather than a server whose every request waits and then gets 503"""
+    from conftest import Rkvd, _root
+    srv = Rkvd(tiny_model, _root(tmp_path_factory, "vram"), ["--vram-target", "4KiB"])
+    with pytest.raises(AssertionError):
+        srv.start(timeout=4)
+    log = srv.log()
+    assert "gpu 0: vram target 4.00 KiB leaves no room for a kv block" in log, log[-3000:]
+    assert "raise --vram-target to" in log and "8 blocks" in log, log[-3000:]
+    # once, not at every hello the worker retries (every 200 ms)
+    assert log.count("leaves no room for a kv block") <= 2, log[-3000:]
