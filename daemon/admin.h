@@ -54,7 +54,7 @@ struct admin_info {
     int deterministic; /* the workers run batch-invariant kernels */
     uint64_t uptime_ms;
     int healthy;
-    char health_reason[128];
+    char health_reason[384];
     int kvmgr_up;
     uint32_t kvmgr_restarts;
     struct proto_status kv; /* kvmgr's last STATUS */

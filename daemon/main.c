@@ -214,7 +214,12 @@ static int healthy(const struct rkvd *d, char *why, size_t len)
         any |= d->worker_up[w];
     if (!d->kvmgr_up)
         snprintf(why, len, "kvmgr is not running");
-    else if (!any)
+    else if (!any && d->kv_status.pools_error[0]) {
+        snprintf(why, len, "kvmgr has no kv pools: %s", d->kv_status.pools_error);
+        for (char *c = why; *c; c++) /* it goes into a JSON string as is */
+            if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20)
+                *c = '\'';
+    } else if (!any)
         snprintf(why, len, "no worker has the model loaded yet");
     else if (d->stopping)
         snprintf(why, len, "shutting down");
@@ -232,7 +237,7 @@ static void on_request(struct http_req *req, void *arg)
     if (admin_http(d->admin, req))
         return;
     if (strcmp(path, "/health") == 0) {
-        char why[128], body[256];
+        char why[384], body[512];
         if (strcmp(method, "GET") && strcmp(method, "HEAD")) {
             http_resp_header(req, "Allow", "GET, HEAD");
             http_respond(req, 405, "application/json",

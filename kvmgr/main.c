@@ -158,6 +158,8 @@ struct kvmgr {
     int making;
     atomic_int made; /* the maker is done; made_rc its result */
     int made_rc;
+    char made_why[256];    /* the maker's reason when made_rc says it failed */
+    char pools_error[256]; /* why the last try made no pools ("" once they exist: STATUS) */
     uint64_t make_bytes;
     uint64_t make_started_ms;
     struct pools_new np;
@@ -216,7 +218,8 @@ static uint32_t dev_blocks_for_budget(const struct kvmgr *k, uint32_t g, uint64_
 
 /* no kv block fits gpu g's budget: the planner can run no session there (each keeps its newest
  * blocks on the device), so the pools are refused with what the target must be */
-static void dev_room_error(const struct kvmgr *k, uint32_t g, uint64_t block_bytes)
+static void dev_room_error(const struct kvmgr *k, uint32_t g, uint64_t block_bytes, char *why,
+                           size_t whylen)
 {
     char t[32], u[32], r[32], b[32], need[32];
     const uint64_t used =
@@ -227,12 +230,12 @@ static void dev_room_error(const struct kvmgr *k, uint32_t g, uint64_t block_byt
     cfg_format_size(reserve, r, sizeof r);
     cfg_format_size(block_bytes, b, sizeof b);
     cfg_format_size(used + reserve + 8 * block_bytes, need, sizeof need);
-    log_ratelimited(
-        RKV_LOG_ERROR, 10000, 1,
-        "gpu %u: vram target %s leaves no room for a kv block (%s): %s in use (weights, cuda "
-        "contexts, anything else on the gpu) and a compute reserve of %s; raise "
-        "--vram-target to %s or more (8 blocks), or free the gpu",
-        g, t, b, u, r, need);
+    snprintf(why, whylen,
+             "gpu %u: vram target %s leaves no room for a kv block (%s): %s in use (weights, cuda "
+             "contexts, anything else on the gpu) and a compute reserve of %s; raise "
+             "--vram-target to %s or more (8 blocks), or free the gpu",
+             g, t, b, u, r, need);
+    log_ratelimited(RKV_LOG_ERROR, 10000, 1, "%s", why);
 }
 
 static void pools_free(struct pools_new *np)
@@ -244,9 +247,12 @@ static void pools_free(struct pools_new *np)
     memset(np, 0, sizeof *np);
 }
 
-/* makes the pools into np (reads only k's config and per-gpu sizes) */
-static int create_pools(const struct kvmgr *k, uint64_t block_bytes, struct pools_new *np)
+/* makes the pools into np (reads only k's config and per-gpu sizes); why: the reason when no
+ * kv block fits a gpu's budget ("" otherwise) */
+static int create_pools(const struct kvmgr *k, uint64_t block_bytes, struct pools_new *np,
+                        char *why, size_t whylen)
 {
+    why[0] = 0;
     memset(np, 0, sizeof *np);
     np->block_bytes = block_bytes;
     np->n_gpus = (uint32_t)k->c.workers;
@@ -261,7 +267,7 @@ static int create_pools(const struct kvmgr *k, uint64_t block_bytes, struct pool
     for (uint32_t g = 0; g < np->n_gpus; g++) {
         kc.dev_blocks[g] = dev_blocks_for_budget(k, g, block_bytes);
         if (kc.dev_blocks[g] == 0) {
-            dev_room_error(k, g, block_bytes);
+            dev_room_error(k, g, block_bytes, why, whylen);
             pools_free(np);
             return RKV_ENOSPACE;
         }
@@ -310,7 +316,7 @@ static int create_pools(const struct kvmgr *k, uint64_t block_bytes, struct pool
 static void *pool_maker(void *arg)
 {
     struct kvmgr *k = arg;
-    k->made_rc = create_pools(k, k->make_bytes, &k->np);
+    k->made_rc = create_pools(k, k->make_bytes, &k->np, k->made_why, sizeof k->made_why);
     atomic_store(&k->made, 1);
     return NULL;
 }
@@ -318,6 +324,7 @@ static void *pool_maker(void *arg)
 /* np's pools go live */
 static void pools_install(struct kvmgr *k)
 {
+    k->pools_error[0] = 0;
     k->block_bytes = k->np.block_bytes;
     k->n_gpus = k->np.n_gpus;
     for (uint32_t g = 0; g < KVMGR_MAX_GPUS; g++)
@@ -325,6 +332,16 @@ static void pools_install(struct kvmgr *k)
     k->host = k->np.host;
     k->kvb = k->np.kvb;
     memset(&k->np, 0, sizeof k->np);
+}
+
+/* what STATUS says while there are no pools: the budget's reason, or the error's */
+static void pools_failed(struct kvmgr *k, int rc, const char *why)
+{
+    if (why[0])
+        snprintf(k->pools_error, sizeof k->pools_error, "%s", why);
+    else
+        snprintf(k->pools_error, sizeof k->pools_error, "kvmgr cannot create its pools: %s",
+                 rkv_strerror(rc));
 }
 
 /* the maker thread's pools go live (request loop): 1 when they did, <0 when it failed, 0 while
@@ -338,6 +355,7 @@ static int pools_collect(struct kvmgr *k)
     if (k->made_rc) {
         log_error("kvmgr cannot create its pools: %s (the next worker hello tries again)",
                   rkv_strerror(k->made_rc));
+        pools_failed(k, k->made_rc, k->made_why);
         return k->made_rc;
     }
     pools_install(k);
@@ -979,9 +997,12 @@ static int do_hello(struct kvmgr *k, const struct proto_in *in, struct proto_wbu
                 k->making = 1;
                 return proto_seterr(err, errlen, RKV_EBUSY, "kvmgr is creating its pools; retry");
             }
-            if ((rc = create_pools(k, h.block_bytes, &k->np)))
+            char why[256];
+            if ((rc = create_pools(k, h.block_bytes, &k->np, why, sizeof why))) {
+                pools_failed(k, rc, why);
                 return proto_seterr(err, errlen, rc, "kvmgr cannot create its pools: %s",
                                     rkv_strerror(rc));
+            }
             pools_install(k);
         } else if (h.block_bytes != k->block_bytes) {
             return proto_seterr(err, errlen, RKV_EINVAL,
@@ -1032,6 +1053,7 @@ static void fill_status(struct kvmgr *k, struct proto_status *st)
     st->proto_version = PROTO_VERSION;
     snprintf(st->build, sizeof st->build, "rkv-kvmgr");
     st->event_seq = evring_last_seq(k->events);
+    snprintf(st->pools_error, sizeof st->pools_error, "%s", k->pools_error);
     if (k->kvb) {
         for (uint32_t g = 0; g < k->n_gpus; g++) {
             uint64_t tot = (uint64_t)kvpool_get_desc(k->dev[g])->n_blocks * k->block_bytes;

@@ -112,6 +112,8 @@ static void fill_all(void)
     m_epoch.worker_id = 2;
     m_epoch.epoch = 123456789012ull;
     m_status.event_seq = 9007199254740993ull;
+    snprintf(m_status.pools_error, sizeof m_status.pools_error,
+             "gpu 0: vram target 4.00 KiB leaves no room for a kv block (128.00 KiB)");
     m_events_get.since = 12344;
     m_events.kvmgr_pid = 4242;
     m_events.first_seq = 12000;

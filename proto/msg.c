@@ -137,6 +137,7 @@ static const struct proto_field f_status[] = {
     PROTO_F_U32_ARR(struct proto_status, worker_pids, n_worker_pids, 0, 1, PROTO_MAX_PID),
     PROTO_F_F64_ARR(struct proto_status, worker_step_ms, n_worker_step_ms, 0, 0, 1e9),
     PROTO_F_U64(struct proto_status, event_seq, 0, 0, 0),
+    PROTO_F_STR(struct proto_status, pools_error, 0),
 };
 
 static const struct proto_field f_epoch_ack[] = {

@@ -174,6 +174,9 @@ struct proto_status {
     uint32_t n_worker_step_ms;
     double worker_step_ms[PROTO_MAX_WORKERS]; /* last decode step per worker */
     uint64_t event_seq; /* the newest tactic event's seq (EVENTS_GET); 0 = none yet */
+    /* why kvmgr has no pools after a worker's hello ("" while it has them, or none was asked
+     * for): what rkvd's /health says while no worker can attach */
+    char pools_error[256];
 };
 
 /* EPOCH_ACK: a worker has applied block tables up to epoch */

@@ -358,3 +358,41 @@ def test_vram_target_with_no_room_for_a_block_says_what_it_must_be(tiny_model, t
     assert "raise --vram-target to" in log and "8 blocks" in log, log[-3000:]
     # once, not at every hello the worker retries (every 200 ms)
     assert log.count("leaves no room for a kv block") <= 2, log[-3000:]
+
+
+def test_health_says_why_kvmgr_has_no_pools(tiny_model, tmp_path_factory):
+    """while kvmgr refuses its pools, /health (and rkvctl status) carry its reason, so an
+    operator sees the target to set without reading the logs"""
+    import re
+    from conftest import _root, rkv_bin
+    root = _root(tmp_path_factory, "hp")
+    log = root / "rkvd.log"
+    with open(log, "wb") as f:
+        proc = subprocess.Popen([rkv_bin("rkvd"), "--model", str(tiny_model), "--listen",
+                                 "127.0.0.1:0", "--backend", "cpu", "--state-dir",
+                                 str(root / "s"), "--runtime-dir", str(root / "r"),
+                                 "--vram-target", "4KiB"], stdout=f, stderr=subprocess.STDOUT)
+    try:
+        deadline, port, body = time.monotonic() + 15, None, ""
+        while time.monotonic() < deadline and "leaves no room" not in body:
+            time.sleep(0.1)
+            m = port or re.search(r"listening on 127\.0\.0\.1:(\d+)", log.read_text())
+            port = port or (int(m.group(1)) if m else None)
+            if not port:
+                continue
+            c = http_client(port)
+            c.request("GET", "/health")
+            r = c.getresponse()
+            body = r.read().decode()
+            assert r.status == 503, body
+        assert "kvmgr has no kv pools: gpu 0: vram target 4.00 KiB leaves no room" in body, body
+        assert "raise --vram-target to" in body
+        json.loads(body)  # still a JSON object
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+def http_client(port):
+    import http.client
+    return http.client.HTTPConnection("127.0.0.1", port, timeout=5)
