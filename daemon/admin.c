@@ -1047,10 +1047,10 @@ static void cmd_budget_set(struct admin *a, const cJSON *args, struct admin_req 
     uint64_t vram = a->vram_target, host = a->host_budget, reserve = a->compute_reserve;
     int64_t gpu = -1;
     int n = 0, got;
-    if ((got = arg_size(r, args, "vram_target", 4096, &vram)) < 0)
+    if ((got = arg_size(r, args, "vram_target", PROTO_MIN_BUDGET, &vram)) < 0)
         return;
     n += got;
-    if ((got = arg_size(r, args, "host_budget", 4096, &host)) < 0)
+    if ((got = arg_size(r, args, "host_budget", PROTO_MIN_BUDGET, &host)) < 0)
         return;
     n += got;
     if ((got = arg_size(r, args, "compute_reserve", 0, &reserve)) < 0)

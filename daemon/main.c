@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
 #include <systemd/sd-daemon.h>
 #include <uv.h>
 
@@ -214,12 +215,9 @@ static int healthy(const struct rkvd *d, char *why, size_t len)
         any |= d->worker_up[w];
     if (!d->kvmgr_up)
         snprintf(why, len, "kvmgr is not running");
-    else if (!any && d->kv_status.pools_error[0]) {
+    else if (!any && d->kv_status.pools_error[0])
         snprintf(why, len, "kvmgr has no kv pools: %s", d->kv_status.pools_error);
-        for (char *c = why; *c; c++) /* it goes into a JSON string as is */
-            if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20)
-                *c = '\'';
-    } else if (!any)
+    else if (!any)
         snprintf(why, len, "no worker has the model loaded yet");
     else if (d->stopping)
         snprintf(why, len, "shutting down");
@@ -237,7 +235,7 @@ static void on_request(struct http_req *req, void *arg)
     if (admin_http(d->admin, req))
         return;
     if (strcmp(path, "/health") == 0) {
-        char why[384], body[512];
+        char why[384];
         if (strcmp(method, "GET") && strcmp(method, "HEAD")) {
             http_resp_header(req, "Allow", "GET, HEAD");
             http_respond(req, 405, "application/json",
@@ -248,10 +246,19 @@ static void on_request(struct http_req *req, void *arg)
             return;
         }
         int ok = healthy(d, why, sizeof why);
-        int n = ok ? snprintf(body, sizeof body, "{\"status\":\"ok\"}")
-                   : snprintf(body, sizeof body, "{\"status\":\"unavailable\",\"reason\":\"%s\"}",
-                              why);
-        http_respond(req, ok ? 200 : 503, "application/json", body, (size_t)n);
+        /* the reason may carry kvmgr's text: cJSON escapes it */
+        cJSON *o = cJSON_CreateObject();
+        char *body = NULL;
+        if (o && cJSON_AddStringToObject(o, "status", ok ? "ok" : "unavailable") &&
+            (ok || cJSON_AddStringToObject(o, "reason", why)))
+            body = cJSON_PrintUnformatted(o);
+        cJSON_Delete(o);
+        if (!body) {
+            http_respond(req, 500, "text/plain", "out of memory\n", 14);
+            return;
+        }
+        http_respond(req, ok ? 200 : 503, "application/json", body, strlen(body));
+        cJSON_free(body);
         return;
     }
     if (strcmp(path, "/metrics") == 0) {
@@ -849,7 +856,7 @@ int main(int argc, char **argv)
                 d.c.listen);
         return 2;
     }
-    if (d.c.vram_target && d.c.vram_target < 4096) {
+    if (d.c.vram_target && d.c.vram_target < PROTO_MIN_BUDGET) {
         /* rkv-kvmgr takes 4 KiB at least: said here, not by a kvmgr that keeps exiting */
         fprintf(stderr,
                 "rkvd: --vram-target: %lluB is below 4.00 KiB, the least rkv-kvmgr takes; give 0 "

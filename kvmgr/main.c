@@ -80,8 +80,8 @@ static const struct cfg_key keys[] = {
     {K("listen", CFG_STR, listen), 600, .help = "default ipc://RUNTIME_DIR/kvmgr.sock"},
     {K("pub", CFG_STR, pub), 600, .help = "events; default ipc://RUNTIME_DIR/kvmgr-events.sock"},
     {K("backend", CFG_ENUM, backend), .names = backends, .def = "auto", .help = "pool kind"},
-    {K("vram_target", CFG_SIZE, vram_target), .min = 4096, .max = 1ll << 50, .def = "1GiB",
-     .help = "per-GPU cap for weights + KV + compute reserve"},
+    {K("vram_target", CFG_SIZE, vram_target), .min = PROTO_MIN_BUDGET, .max = 1ll << 50,
+     .def = "1GiB", .help = "per-GPU cap for weights + KV + compute reserve"},
     {K("host_budget", CFG_SIZE, host_budget), .min = 0, .max = 1ll << 50, .def = "1GiB",
      .help = "host RAM for KV"},
     {K("compute_reserve", CFG_SIZE, compute_reserve), .min = 0, .max = 1ll << 50, .def = "0",
@@ -188,22 +188,27 @@ static uint64_t reserve_of(const struct kvmgr *k, uint32_t g)
     return k->cuda ? KVMGR_CUDA_RESERVE : 0;
 }
 
-static uint32_t dev_blocks_for_budget(const struct kvmgr *k, uint32_t g, uint64_t block_bytes)
+/* gpu g's device blocks under the vram target. None: the planner could run no session there
+ * (each keeps its newest blocks on the device), so why gets what the target must be, logged */
+static uint32_t dev_blocks_for_budget(const struct kvmgr *k, uint32_t g, uint64_t block_bytes,
+                                      char *why, size_t whylen)
 {
     struct plan_gpu pg = {k->c.vram_target, k->gpu[g].weights_bytes, reserve_of(k, g)};
     uint32_t n = plan_dev_cap(&pg, block_bytes);
+    uint64_t used = pg.weights_bytes;
+    char t[32], u[32], r[32];
     if (k->cuda && k->gpu[g].fixed_bytes) {
         /* read at the first hello, the worker's weights loaded: what the gpu held (weights,
          * kvmgr's and the worker's cuda contexts, anything else on it) counts against the
          * target, so the slab is the target minus that minus the reserve */
-        uint64_t used = k->gpu[g].fixed_bytes, fr = k->gpu[g].free_bytes;
+        uint64_t fr = k->gpu[g].free_bytes;
+        used = k->gpu[g].fixed_bytes;
         uint64_t want = used + pg.compute_reserve_bytes;
         uint64_t room = k->c.vram_target > want ? k->c.vram_target - want : 0;
         if (fr < pg.compute_reserve_bytes)
             room = 0;
         else if (room > fr - pg.compute_reserve_bytes)
             room = fr - pg.compute_reserve_bytes;
-        char t[32], u[32], r[32];
         cfg_format_size(k->c.vram_target, t, sizeof t);
         cfg_format_size(used, u, sizeof u);
         cfg_format_size(pg.compute_reserve_bytes, r, sizeof r);
@@ -213,29 +218,21 @@ static uint32_t dev_blocks_for_budget(const struct kvmgr *k, uint32_t g, uint64_
         if (room / block_bytes < n)
             n = (uint32_t)(room / block_bytes);
     }
+    if (n == 0) {
+        char b[32], need[32];
+        cfg_format_size(k->c.vram_target, t, sizeof t);
+        cfg_format_size(used, u, sizeof u);
+        cfg_format_size(pg.compute_reserve_bytes, r, sizeof r);
+        cfg_format_size(block_bytes, b, sizeof b);
+        cfg_format_size(used + pg.compute_reserve_bytes + 8 * block_bytes, need, sizeof need);
+        snprintf(why, whylen,
+                 "gpu %u: vram target %s leaves no room for a kv block (%s): %s in use (weights, "
+                 "cuda contexts, anything else on the gpu) and a compute reserve of %s; raise "
+                 "--vram-target to %s or more (8 blocks), or free the gpu",
+                 g, t, b, u, r, need);
+        log_ratelimited(RKV_LOG_ERROR, 10000, 1, "%s", why);
+    }
     return n;
-}
-
-/* no kv block fits gpu g's budget: the planner can run no session there (each keeps its newest
- * blocks on the device), so the pools are refused with what the target must be */
-static void dev_room_error(const struct kvmgr *k, uint32_t g, uint64_t block_bytes, char *why,
-                           size_t whylen)
-{
-    char t[32], u[32], r[32], b[32], need[32];
-    const uint64_t used =
-        k->cuda && k->gpu[g].fixed_bytes ? k->gpu[g].fixed_bytes : k->gpu[g].weights_bytes;
-    const uint64_t reserve = reserve_of(k, g);
-    cfg_format_size(k->c.vram_target, t, sizeof t);
-    cfg_format_size(used, u, sizeof u);
-    cfg_format_size(reserve, r, sizeof r);
-    cfg_format_size(block_bytes, b, sizeof b);
-    cfg_format_size(used + reserve + 8 * block_bytes, need, sizeof need);
-    snprintf(why, whylen,
-             "gpu %u: vram target %s leaves no room for a kv block (%s): %s in use (weights, cuda "
-             "contexts, anything else on the gpu) and a compute reserve of %s; raise "
-             "--vram-target to %s or more (8 blocks), or free the gpu",
-             g, t, b, u, r, need);
-    log_ratelimited(RKV_LOG_ERROR, 10000, 1, "%s", why);
 }
 
 static void pools_free(struct pools_new *np)
@@ -265,9 +262,8 @@ static int create_pools(const struct kvmgr *k, uint64_t block_bytes, struct pool
     int rc;
     const struct kvpool_gpu_ops *ops = k->cuda ? kvpool_cuda_ops() : NULL;
     for (uint32_t g = 0; g < np->n_gpus; g++) {
-        kc.dev_blocks[g] = dev_blocks_for_budget(k, g, block_bytes);
+        kc.dev_blocks[g] = dev_blocks_for_budget(k, g, block_bytes, why, whylen);
         if (kc.dev_blocks[g] == 0) {
-            dev_room_error(k, g, block_bytes, why, whylen);
             pools_free(np);
             return RKV_ENOSPACE;
         }
@@ -1000,8 +996,7 @@ static int do_hello(struct kvmgr *k, const struct proto_in *in, struct proto_wbu
             char why[256];
             if ((rc = create_pools(k, h.block_bytes, &k->np, why, sizeof why))) {
                 pools_failed(k, rc, why);
-                return proto_seterr(err, errlen, rc, "kvmgr cannot create its pools: %s",
-                                    rkv_strerror(rc));
+                return proto_seterr(err, errlen, rc, "%s", k->pools_error);
             }
             pools_install(k);
         } else if (h.block_bytes != k->block_bytes) {

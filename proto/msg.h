@@ -14,6 +14,7 @@
 #define PROTO_MAX_WORKERS 64
 #define PROTO_N_TACTICS   4
 #define PROTO_MAX_EVENTS  256 /* tactic events in one EVENTS reply */
+#define PROTO_MIN_BUDGET  4096 /* the least vram target and host budget kvmgr takes */
 
 /* enums travel as their names; *_names are NULL-terminated, indexed by value */
 enum proto_role { PROTO_ROLE_WORKER, PROTO_ROLE_RKVD, PROTO_ROLE_RKVCTL };

@@ -597,9 +597,8 @@ int cuda_linear_stream(struct cuda_ctx *c, const struct be_linear *l, uint32_t n
      * them while another SM gets none (and then the next linear two, and so on down the step).
      * Past half an SM's shared memory (with the runtime's share a block), a block an SM; the
      * next linear's still fits beside */
-    const size_t half = c->smem_sm / 2 - c->smem_rsv + 1024;
-    if (alone && smem < half)
-        smem = half;
+    if (alone && smem < c->smem_sm / 2 - c->smem_rsv + 1024)
+        smem = c->smem_sm / 2 - c->smem_rsv + 1024;
     return t == BE_BF16 ? ls_launch<__nv_bfloat16>(c, a, l->mode, norm, v, grid, n_warps, smem)
                         : ls_launch<__half>(c, a, l->mode, norm, v, grid, n_warps, smem);
 }
