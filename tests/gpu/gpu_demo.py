@@ -330,6 +330,12 @@ def phase(a, preset, vram, host, n_streams, n_tok, deadline):
             # (a random-weights model's text comes in few chunks)
             long_tok = n_tok * 4
             want = Streams(srv, prompts, long_tok).start().join(120)
+            # a second run without a kill: on a random-weights model the top logits are
+            # nearly tied, and the batch's grouping (which prompts share a prefill chunk,
+            # how many rows a gemv step has) can flip an argmax with no kill at all; only
+            # the streams on which the two runs agree can show what the kill changed
+            want2 = Streams(srv, prompts, long_tok).start().join(120)
+            steady = [x == y for x, y in zip(want.text, want2.text)]
             s = Streams(srv, prompts, long_tok).start()
             s.wait_chunks(1, 60)
             time.sleep(0.3)
@@ -339,6 +345,7 @@ def phase(a, preset, vram, host, n_streams, n_tok, deadline):
             log(f"{preset}: SIGKILLed worker {worker} mid-stream")
             s.join(180)
             same = sum(x == y for x, y in zip(s.text, want.text))
+            same_steady = sum(x == y for x, y, k in zip(s.text, want.text, steady) if k)
             for _ in range(100):
                 if srv.metric("rkv:worker_restarts_total") > restarts0:
                     break
@@ -346,14 +353,18 @@ def phase(a, preset, vram, host, n_streams, n_tok, deadline):
             res["kill_test"] = {
                 "baseline": want.summary(), "summary": s.summary(),
                 "killed_with_streams_running": sum(1 for f in s.t_last if f and f > t_kill), "same_text": f"{same}/{n_streams}",
+                "same_without_kill": f"{sum(steady)}/{n_streams}",
+                "same_text_where_runs_agree": f"{same_steady}/{sum(steady)}",
                 "prefill_tokens_recomputed": srv.metric("rkv:prefill_tokens_total") - prefill0,
                 "worker_restarts": srv.metric("rkv:worker_restarts_total") - restarts0,
                 "new_worker": srv.child("rkv-worker"),
                 "resume_s": round(max((t for t in s.t_last if t), default=t_kill) - t_kill, 2),
                 "gpu_used_after_restart_mib": nvidia_smi()[0]}
             log(f"{preset}: kill test: {res['kill_test']}")
-            res["ok"] = (same == n_streams and not s.summary()["errors"] and s.hung == 0
-                         and not base.summary()["errors"] and not want.summary()["errors"])
+            res["ok"] = (same_steady == sum(steady) and sum(steady) > 0
+                         and not s.summary()["errors"] and s.hung == 0
+                         and not base.summary()["errors"] and not want.summary()["errors"]
+                         and not want2.summary()["errors"])
         if isinstance(res["kill_test"], str):
             res["ok"] = not base.summary()["errors"] and base.hung == 0
     except Exception as e:  # noqa: BLE001 - the next phase still runs
