@@ -569,7 +569,7 @@ static int samp_same_out(const struct sample_dev_out *a, const struct sample_dev
     return 1;
 }
 
-static void test_sample(struct backend *g)
+static void test_sample(struct backend *g, const char *how)
 {
     if (!sample_dev_supported()) {
         printf("ops: sampling on the device skipped (this build's sampler is not the avx2 one "
@@ -683,9 +683,9 @@ static void test_sample(struct backend *g)
         }
         char name[96];
         snprintf(name, sizeof(name),
-                 "sampling rows of %u logits on the device (%d there, %d drew,"
+                 "sampling rows of %u logits on the device%s (%d there, %d drew,"
                  " %d given back)",
-                 V, n_dev, n_draw, n_back);
+                 V, how, n_dev, n_draw, n_back);
         CHECK(name, !bad && n_dev > 0);
         backend_tensor_free(g, tg);
         for (uint32_t r = 0; r < n; r++) {
@@ -703,6 +703,24 @@ static void test_sample(struct backend *g)
         free(x);
         free(back);
     }
+}
+
+/* the sampling cases with a cluster of cl blocks a row for every row (RKV_CUDA_SAMPLE_CL,
+ * RKV_CUDA_SAMPLE_CL_ROWS past the cases' rows): the row's passes split over the blocks must
+ * give the same bits as one block */
+static void test_sample_cluster(const char *cl)
+{
+    setenv("RKV_CUDA_DEV_SAMPLE_MIN", "1", 1);
+    setenv("RKV_CUDA_SAMPLE_CL_ROWS", "100000", 1);
+    struct backend *g = backend_env("RKV_CUDA_SAMPLE_CL", cl, 0);
+    unsetenv("RKV_CUDA_SAMPLE_CL_ROWS");
+    unsetenv("RKV_CUDA_DEV_SAMPLE_MIN");
+    if (!g)
+        return;
+    char how[48];
+    snprintf(how, sizeof(how), ", %s blocks a row", cl);
+    test_sample(g, how);
+    backend_free(g);
 }
 
 static void test_linear(void)
@@ -1221,7 +1239,9 @@ int main(int argc, char **argv)
     }
     if (sample_only) {
         printf("ops: sampling (seed %llu)\n", (unsigned long long)seed);
-        test_sample(gpu);
+        test_sample(gpu, "");
+        test_sample_cluster("8");
+        test_sample_cluster("2");
     }
     if (ops) {
         printf("ops (seed %llu)\n", (unsigned long long)seed);
@@ -1340,11 +1360,13 @@ int main(int argc, char **argv)
         setenv("RKV_CUDA_DEV_SAMPLE", "1", 1);
         setenv("RKV_CUDA_DEV_SAMPLE_MIN", "1", 1);
         if (backend_init(&go, &gb, err, sizeof(err)) == 0) {
-            test_sample(gb);
+            test_sample(gb, "");
             backend_free(gb);
         }
         unsetenv("RKV_CUDA_DEV_SAMPLE");
         unsetenv("RKV_CUDA_DEV_SAMPLE_MIN");
+        test_sample_cluster("8");
+        test_sample_cluster("4");
         /* the splits merged by a kernel of their own instead of the launch's last block */
         setenv("RKV_CUDA_MERGE_IN_ATTN", "0", 1);
         attention_with("the splits merged by a separate kernel", NULL, 0);

@@ -1748,6 +1748,14 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         c->dev_sample = cu_env_flag("RKV_CUDA_DEV_SAMPLE", 1);
         c->smp_stamps = cu_env_flag("RKV_CUDA_SAMPLE_STAMPS", 0);
         c->smp_min = (uint32_t)rkv_env_u64("RKV_CUDA_DEV_SAMPLE_MIN", 1, 1, 1u << 20);
+        /* a step of up to 8 sampled rows: a cluster of 8 blocks (8 SMs) a row, since one
+         * block streams a 128k vocab at ~30 GB/s; a power of two to 8 (1: a block a row) */
+        c->smp_cl = (uint32_t)rkv_env_u64("RKV_CUDA_SAMPLE_CL", 8, 1, 8);
+        if (c->smp_cl & (c->smp_cl - 1)) {
+            rkv_log(RKV_LOG_WARN, "RKV_CUDA_SAMPLE_CL=%u is not 1, 2, 4 or 8; using 8", c->smp_cl);
+            c->smp_cl = 8;
+        }
+        c->smp_cl_rows = (uint32_t)rkv_env_u64("RKV_CUDA_SAMPLE_CL_ROWS", 8, 0, 1u << 20);
         /* a layer's host blocks staged by one batched copy call (H200: 40 window sessions at
          * 53 GB/s, 0.97 of the pcie bound, against 47 GB/s in a copy per run of blocks; env
          * RKV_CUDA_STAGE_BATCH=0: the copies per run) */

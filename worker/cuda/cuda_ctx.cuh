@@ -197,6 +197,8 @@ struct cuda_ctx {
     size_t smp_dev_cap;
     int smp_stamps; /* each sampled row's phase times to stderr (RKV_CUDA_SAMPLE_STAMPS) */
     uint32_t smp_min; /* the fewest rows a step samples here (RKV_CUDA_DEV_SAMPLE_MIN) */
+    uint32_t smp_cl;  /* blocks a row for a step of few rows (RKV_CUDA_SAMPLE_CL: 1, 2, 4, 8) */
+    uint32_t smp_cl_rows; /* the most rows a step has for that (RKV_CUDA_SAMPLE_CL_ROWS) */
     void *smp_host; /* pinned: the rows and penalty ids up, the picks down */
     size_t smp_host_cap;
 

@@ -11,12 +11,19 @@
  * word). What the cpu takes from libm (log) stays on the host: the
  * row brings log(min_p), and the logprobs come from raw_max / raw_sum there.
  *
- * One block of 1024 threads a row; each pass over the vocab loads ahead (vector loads, several
- * in flight a thread) and computes the weights again rather than reading them back, and the
+ * One block of 1024 threads a row, or, for a step of few rows (RKV_CUDA_SAMPLE_CL_ROWS), a
+ * cluster of RKV_CUDA_SAMPLE_CL blocks a row: each block streams its share of every pass over
+ * the vocab and gathers the others' partials from their shared memory (the max, the 64-block
+ * sums, the integer bucket masses, each tile's kept counts), then computes the same in-order
+ * totals from them as one block would, so every block takes the same path to the same bits;
+ * the cut bucket's sort and walk run in the row's first block. Rows with top_k, min_p or
+ * top logprobs take one block of the cluster. Each pass over the vocab loads ahead (vector loads,
+ * several in flight a thread) and computes the weights again rather than reading them back, and the
  * kept tokens are compacted a warp at a time so stores form runs. A row's logits are penalized in
  * place for the pick and put back before the kernel ends. Rows it cannot take (top_k or a top-p cut
  * bucket above SMP_SORT_MAX tokens, a vocab past 262144) come back with status 1, and the host
  * samples their logits. */
+#include <cooperative_groups.h>
 #include <float.h>
 
 #include "worker/cuda/cuda_ops.cuh"
@@ -29,6 +36,11 @@
 #define SMP_BUCKETS  1024 /* sample.c's TOP_P_BUCKETS */
 #define SMP_FLOOR    -87.0f
 #define SMP_BSUM_MAX 4096 /* 64-block sums in shared memory: vocabs to 262144 (larger: host) */
+#define SMP_TILE     (8 * SMP_THREADS) /* the top-p collect's tile of tokens */
+#define SMP_TILES    (SMP_BSUM_MAX * SMP_BLOCK / SMP_TILE)
+#define SMP_CL_MAX   8 /* blocks a row at most (the portable cluster size) */
+
+namespace cg = cooperative_groups;
 
 /* a row as the kernel reads it (cuda_sample_row, uploaded with the penalty ids) */
 struct smp_row {
@@ -54,6 +66,9 @@ struct smp_sh {
     unsigned long long *st;                /* the row's phase stamps (RKV_CUDA_SAMPLE_STAMPS) */
     struct smp_row row; /* read from here, not held in registers through the kernel */
     uint32_t hist[256];
+    uint32_t tc[SMP_TILES][2]; /* a cluster's collect: each tile's tokens above / in the cut */
+    uint32_t to[SMP_TILES][2]; /* and the counts of the tiles before it */
+    uint32_t cx;               /* a block's partial for a cluster-wide least */
     uint32_t wa[SMP_WARPS], wb[SMP_WARPS];
     double d[4];
     float f[4];
@@ -61,6 +76,26 @@ struct smp_sh {
 };
 
 #define SMP_STAMPS 16 /* phase stamps a row (RKV_CUDA_SAMPLE_STAMPS) */
+
+/* the blocks taking part in a row's passes: this one is r of n (n 1: the block alone) */
+struct smp_g {
+    uint32_t r, n;
+};
+
+/* every thread of the row's n blocks; a no-op for a block alone. barrier.cluster's arrive
+ * releases and its wait acquires at cluster scope: the blocks' shared and global writes before
+ * it are seen after it */
+__device__ __forceinline__ void smp_csync(const smp_g g)
+{
+    if (g.n > 1)
+        cg::this_cluster().sync();
+}
+
+/* p in block q's shared memory (the same offset) */
+template <typename T> __device__ __forceinline__ T *smp_at(T *p, uint32_t q)
+{
+    return cg::this_cluster().map_shared_rank(p, q);
+}
 
 __device__ __forceinline__ void smp_stamp(smp_sh &sh, int k)
 {
@@ -264,55 +299,77 @@ __device__ uint32_t smp_min(smp_sh &sh, uint32_t v)
     return r;
 }
 
+/* the least v over the threads of the row's blocks; every thread gets it */
+__device__ uint32_t smp_cmin(smp_sh &sh, const smp_g g, uint32_t v)
+{
+    uint32_t r = smp_min(sh, v);
+    if (g.n == 1)
+        return r;
+    if (threadIdx.x == 0)
+        sh.cx = r;
+    smp_csync(g);
+    if (threadIdx.x == 0) {
+        for (uint32_t q = 0; q < g.n; q++)
+            r = min(r, *smp_at(&sh.cx, q));
+        sh.u[0] = r;
+    }
+    smp_csync(g); /* every block's reads of cx are done, and u[0] is seen by its threads */
+    r = sh.u[0];
+    __syncthreads();
+    return r;
+}
+
 /* max of x[0..n), nan skipped (-inf when none); every thread gets it. the max as the least
  * complement of the float order (the sign of a zero max does not matter to its users) */
-__device__ float smp_max(smp_sh &sh, const float *x, uint32_t n)
+__device__ float smp_max(smp_sh &sh, const smp_g g, const float *x, uint32_t n)
 {
     const bool vec = smp_aligned(x);
     float m = -INFINITY;
 #pragma unroll 8
-    for (uint32_t i = 4 * threadIdx.x; i < n; i += 4 * SMP_THREADS) {
+    for (uint32_t i = 4 * (g.r * SMP_THREADS + threadIdx.x); i < n; i += 4 * SMP_THREADS * g.n) {
         const float4 v = smp_ld4(x, i, n, vec, -INFINITY);
         m = v.x > m ? v.x : m;
         m = v.y > m ? v.y : m;
         m = v.z > m ? v.z : m;
         m = v.w > m ? v.w : m;
     }
-    return smp_of_ord(~smp_min(sh, ~smp_ord(m)));
+    return smp_of_ord(~smp_cmin(sh, g, ~smp_ord(m)));
 }
 
 /* the first i with x[i] == v, or n */
-__device__ uint32_t smp_find(smp_sh &sh, const float *x, uint32_t n, float v)
+__device__ uint32_t smp_find(smp_sh &sh, const smp_g g, const float *x, uint32_t n, float v)
 {
     uint32_t first = n;
-    for (uint32_t i = threadIdx.x; i < n; i += SMP_THREADS)
+    for (uint32_t i = g.r * SMP_THREADS + threadIdx.x; i < n; i += SMP_THREADS * g.n)
         if (x[i] == v) {
             first = i;
             break;
         }
-    return smp_min(sh, first);
+    return smp_cmin(sh, g, first);
 }
 
 /* sample.c's argmax: the first index of the max (nan never wins; 0 when all are nan) */
-__device__ uint32_t smp_argmax(smp_sh &sh, const float *x, uint32_t n)
+__device__ uint32_t smp_argmax(smp_sh &sh, const smp_g g, const float *x, uint32_t n)
 {
-    const uint32_t i = smp_find(sh, x, n, smp_max(sh, x, n));
+    const uint32_t i = smp_find(sh, g, x, n, smp_max(sh, g, x, n));
     return i < n ? i : 0;
 }
 
 /* sample.c's exp_weights: w[i] = exp((x[i] - shift) * scale) (w may be null), sh.bs[b] the
  * float sum of 64-block b (full blocks as its eight avx2 lanes and their tree, the last part
- * block in order), the total over the blocks in order in double. every thread gets it */
-__device__ double smp_exp_weights(smp_sh &sh, const float *x, uint32_t n, float shift, float scale,
-                                  float *w)
+ * block in order), the total over the blocks in order in double. every thread gets it. the
+ * row's blocks take 256 64-blocks in turn (the last part block is the first one's), then each
+ * copies the others' sums and adds them all up in order itself */
+__device__ double smp_exp_weights(smp_sh &sh, const smp_g g, const float *x, uint32_t n,
+                                  float shift, float scale, float *w)
 {
     const uint32_t nb = (n + SMP_BLOCK - 1) / SMP_BLOCK, full = n / SMP_BLOCK;
     /* four threads a 64-block: thread q holds avx2 lanes 2q and 2q + 1, so each of its eight
      * rows of the block is one 8-byte load, all eight issued before the first exp */
     const bool vec = smp_aligned(x) && (!w || smp_aligned(w));
-    const uint32_t g = threadIdx.x >> 2, q = threadIdx.x & 3;
-    for (uint32_t b0 = 0; b0 < full; b0 += SMP_THREADS / 4) {
-        const uint32_t b = b0 + g;
+    const uint32_t gi = threadIdx.x >> 2, q = threadIdx.x & 3;
+    for (uint32_t b0 = g.r * (SMP_THREADS / 4); b0 < full; b0 += g.n * (SMP_THREADS / 4)) {
+        const uint32_t b = b0 + gi;
         float a0 = 0.0f, a1 = 0.0f;
         if (b < full) {
             const uint32_t base = b * SMP_BLOCK + 2 * q;
@@ -346,7 +403,7 @@ __device__ double smp_exp_weights(smp_sh &sh, const float *x, uint32_t n, float 
         if (b < full && q == 0)
             sh.bs[b] = __fadd_rn(u0, u1);
     }
-    if (full < nb && threadIdx.x == 0) {
+    if (full < nb && threadIdx.x == 0 && g.r == 0) {
         float a = 0.0f;
         for (uint32_t i = full * SMP_BLOCK; i < n; i++) {
             const float e = smp_weight(x[i], shift, scale);
@@ -357,6 +414,15 @@ __device__ double smp_exp_weights(smp_sh &sh, const float *x, uint32_t n, float 
         sh.bs[full] = a;
     }
     __syncthreads();
+    if (g.n > 1) {
+        smp_csync(g);
+        for (uint32_t b = threadIdx.x; b < nb; b += SMP_THREADS) {
+            const uint32_t q = b < full ? b / (SMP_THREADS / 4) % g.n : 0;
+            if (q != g.r)
+                sh.bs[b] = *smp_at(&sh.bs[b], q);
+        }
+        smp_csync(g); /* no block writes its sums again before every copy is done */
+    }
     if (threadIdx.x == 0) {
         /* in order, one add after another; eight sums are loaded ahead of their adds */
         double t = 0.0;
@@ -570,17 +636,17 @@ __device__ uint32_t smp_keep(smp_sh &sh, const float *v, const int32_t *id, uint
 
 /* sample.c's draw_index over x[0..n) (max mx, which the caller knows) at 1 / temperature
  * with the row's u. *drew 0 when an infinite max decides without a draw */
-__device__ uint32_t smp_draw(smp_sh &sh, const float *x, uint32_t n, float mx, float temperature,
-                             double u, int32_t *drew)
+__device__ uint32_t smp_draw(smp_sh &sh, const smp_g g, const float *x, uint32_t n, float mx,
+                             float temperature, double u, int32_t *drew)
 {
     smp_stamp(sh, 10);
     *drew = 0;
     if (mx == -INFINITY)
         return 0;
     if (mx == INFINITY)
-        return smp_find(sh, x, n, INFINITY);
+        return smp_find(sh, g, x, n, INFINITY);
     const float scale = __fdiv_rn(1.0f, temperature);
-    const double total = smp_exp_weights(sh, x, n, mx, scale, nullptr);
+    const double total = smp_exp_weights(sh, g, x, n, mx, scale, nullptr);
     smp_stamp(sh, 11);
     *drew = 1;
     /* sample.c's walk over the blocks, from the running totals: the first block with weight
@@ -676,7 +742,8 @@ __device__ uint32_t smp_top_p_sorted(smp_sh &sh, const float *x, uint32_t n, flo
 {
     if (n == 0 || x[0] == -INFINITY)
         return n;
-    const double want = __dmul_rn((double)top_p, smp_exp_weights(sh, x, n, x[0], 1.0f, w));
+    const smp_g one = {0, 1};
+    const double want = __dmul_rn((double)top_p, smp_exp_weights(sh, one, x, n, x[0], 1.0f, w));
     for (uint32_t i = threadIdx.x; i < n; i += SMP_THREADS)
         sh.gw[i] = w[i]; /* n <= SMP_SORT_MAX (a top-k) */
     __syncthreads();
@@ -688,18 +755,79 @@ __device__ uint32_t smp_top_p_sorted(smp_sh &sh, const float *x, uint32_t n, flo
     return r;
 }
 
+/* one tile of the top-p collect from token t0: warp k takes 256 consecutive tokens (eight a
+ * lane, 32 apart, so every load and store of a warp is one run), the warps' counts scanned
+ * once. the tokens above the cut to (x, ids) from position front in id order, the cut
+ * bucket's keys to sort from position m (those past SMP_SORT_MAX dropped: the caller gives
+ * the row back); with write false only the counts. the tile's two counts to th, tl */
+__device__ __forceinline__ void smp_collect_tile(smp_sh &sh, const float *v, uint32_t n, float mx,
+                                                 float above, float at, uint32_t t0, uint32_t front,
+                                                 uint32_t m, bool write, float *x, int32_t *ids,
+                                                 unsigned long long *sort, uint32_t &th,
+                                                 uint32_t &tl)
+{
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const unsigned lt = (1u << lane) - 1;
+    const uint32_t c0 = t0 + warp * 256 + lane;
+    float ve[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        const uint32_t i = c0 + 32 * k;
+        ve[k] = i < n ? v[i] : -INFINITY;
+    }
+    unsigned ma[8], mc[8]; /* the warp's tokens above the cut / in it, row k */
+    uint32_t nh = 0, nl = 0;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        /* a weight above 0 (smp_exp_neg's floor), not past n */
+        const bool live = __fsub_rn(ve[k], mx) >= SMP_FLOOR;
+        ma[k] = __ballot_sync(0xffffffffu, live && ve[k] >= above);
+        mc[k] = __ballot_sync(0xffffffffu, live && ve[k] < above && ve[k] >= at);
+        nh += __popc(ma[k]);
+        nl += __popc(mc[k]);
+    }
+    __syncwarp(); /* the lanes' reads of the last tile's offsets are done */
+    if (lane == 0) {
+        sh.wa[warp] = nh;
+        sh.wb[warp] = nl;
+    }
+    smp_scan_warps(sh);
+    uint32_t ph = front + sh.wa[warp], pl = m + sh.wb[warp];
+    th = sh.u[6];
+    tl = sh.u[7];
+    if (!write)
+        return;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        const uint32_t i = c0 + 32 * k;
+        if ((ma[k] >> lane) & 1) {
+            const uint32_t p = ph + __popc(ma[k] & lt);
+            x[p] = ve[k];
+            ids[p] = (int32_t)i;
+        } else if ((mc[k] >> lane) & 1) {
+            const uint32_t p = pl + __popc(mc[k] & lt);
+            if (p < SMP_SORT_MAX)
+                sort[p] = ((unsigned long long)smp_desc_key(ve[k]) << 32) | i;
+        }
+        ph += __popc(ma[k]);
+        pl += __popc(mc[k]);
+    }
+}
+
 /* sample.c's top_p_vocab over v[0..n) (max mx, finite): the kept tokens into (x, ids), those
  * of buckets above the cut in id order, then the cut bucket's prefix best first; total: the
  * weights' at mx. each pass computes the weights again from v (cheaper than reading them). ~0u: the
- * cut bucket is too large here. not inlined, so the kernel's own live values do not spill its loops
- */
-__device__ __noinline__ uint32_t smp_top_p_vocab(smp_sh &sh, const float *v, uint32_t n, float mx,
-                                                 float top_p, double total, float *x, int32_t *ids)
+ * cut bucket is too large here. the row's blocks take the masses' tokens and the collect's
+ * tiles in turn; the first block sorts and walks the cut bucket. not inlined, so the kernel's
+ * own live values do not spill its loops */
+__device__ __noinline__ uint32_t smp_top_p_vocab(smp_sh &sh, const smp_g g, const float *v,
+                                                 uint32_t n, float mx, float top_p, double total,
+                                                 float *x, int32_t *ids)
 {
     const double want = __dmul_rn((double)top_p, total);
     /* each bucket's mass exactly, as integers: bucket b's weights lie within a factor 1.09
      * of each other, so in units of 2^(smp_unit(b)) each is an integer below 2^27 (one binade
-     * of slack below the nominal least weight); a bucket's sum fits 2^44 */
+     * of slack below the nominal least weight); a bucket's sum fits 2^44 (2^47 over 8 blocks) */
     for (uint32_t b = threadIdx.x; b < SMP_BUCKETS; b += SMP_THREADS) {
         sh.mlo[b] = 0;
         sh.mhi[b] = 0;
@@ -712,10 +840,9 @@ __device__ __noinline__ uint32_t smp_top_p_vocab(smp_sh &sh, const float *v, uin
     __syncthreads();
     /* four tokens a thread a pass, by one 16-byte load; their weights computed again */
     const bool vec = smp_aligned(v);
-    const uint32_t lane = threadIdx.x & 31;
     bool inexact = false;
 #pragma unroll 2
-    for (uint32_t i0 = 4 * threadIdx.x; i0 < n; i0 += 4 * SMP_THREADS) {
+    for (uint32_t i0 = 4 * (g.r * SMP_THREADS + threadIdx.x); i0 < n; i0 += 4 * SMP_THREADS * g.n) {
         const float4 va = smp_ld4(v, i0, n, vec, -INFINITY);
         const float ve[4] = {va.x, va.y, va.z, va.w};
 #pragma unroll
@@ -733,11 +860,31 @@ __device__ __noinline__ uint32_t smp_top_p_vocab(smp_sh &sh, const float *v, uin
     if (inexact)
         sh.u[2] = 1;
     __syncthreads();
-    if (sh.u[2])
-        return ~0u; /* a weight off its bucket's grid: the host samples the row */
-    for (uint32_t b = threadIdx.x; b < SMP_BUCKETS; b += SMP_THREADS)
-        sh.mass[b] =
-            __dmul_rn((double)(((unsigned long long)sh.mhi[b] << 32) | sh.mlo[b]), sh.unit[b]);
+    if (g.n == 1) {
+        if (sh.u[2])
+            return ~0u; /* a weight off its bucket's grid: the host samples the row */
+        for (uint32_t b = threadIdx.x; b < SMP_BUCKETS; b += SMP_THREADS)
+            sh.mass[b] =
+                __dmul_rn((double)(((unsigned long long)sh.mhi[b] << 32) | sh.mlo[b]), sh.unit[b]);
+    } else {
+        /* the blocks' integer masses summed: exact, so the same as one block's */
+        smp_csync(g);
+        for (uint32_t b = threadIdx.x; b < SMP_BUCKETS; b += SMP_THREADS) {
+            unsigned long long t = 0;
+            for (uint32_t q = 0; q < g.n; q++)
+                t += ((unsigned long long)*smp_at(&sh.mhi[b], q) << 32) | *smp_at(&sh.mlo[b], q);
+            sh.mass[b] = __dmul_rn((double)t, sh.unit[b]);
+        }
+        if (threadIdx.x == 0) {
+            uint32_t any = 0;
+            for (uint32_t q = 0; q < g.n; q++)
+                any |= *smp_at(&sh.u[2], q);
+            sh.u[3] = any;
+        }
+        smp_csync(g); /* every read of the others' masses is done */
+        if (sh.u[3])
+            return ~0u;
+    }
     __syncthreads();
     smp_stamp(sh, 5);
     if (threadIdx.x == 0) {
@@ -757,73 +904,77 @@ __device__ __noinline__ uint32_t smp_top_p_vocab(smp_sh &sh, const float *v, uin
     __syncthreads();
     smp_stamp(sh, 6);
     const float above = sh.f[1], at = sh.f[2];
-    /* a tile of 8192 tokens: warp k takes 256 consecutive ones (eight a lane, 32 apart, so
-     * every load and store of a warp is one run); the warps' counts are scanned once a tile */
-    const unsigned lt = (1u << lane) - 1;
-    const uint32_t warp = threadIdx.x >> 5;
-    uint32_t front = 0, m = 0;
-    for (uint32_t t0 = 0; t0 < n; t0 += 8 * SMP_THREADS) {
-        const uint32_t c0 = t0 + warp * 256 + lane;
-        float ve[8];
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            const uint32_t i = c0 + 32 * k;
-            ve[k] = i < n ? v[i] : -INFINITY;
+    uint32_t front = 0, m = 0, th, tl;
+    if (g.n == 1) {
+        for (uint32_t t0 = 0; t0 < n; t0 += SMP_TILE) {
+            smp_collect_tile(sh, v, n, mx, above, at, t0, front, m, true, x, ids, sh.sort, th, tl);
+            front += th;
+            m += tl;
         }
-        unsigned ma[8], mc[8]; /* the warp's tokens above the cut / in it, row k */
-        uint32_t nh = 0, nl = 0;
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            /* a weight above 0 (smp_exp_neg's floor), not past n */
-            const bool live = __fsub_rn(ve[k], mx) >= SMP_FLOOR;
-            ma[k] = __ballot_sync(0xffffffffu, live && ve[k] >= above);
-            mc[k] = __ballot_sync(0xffffffffu, live && ve[k] < above && ve[k] >= at);
-            nh += __popc(ma[k]);
-            nl += __popc(mc[k]);
-        }
-        __syncwarp(); /* the lanes' reads of the last tile's offsets are done */
-        if (lane == 0) {
-            sh.wa[warp] = nh;
-            sh.wb[warp] = nl;
-        }
-        smp_scan_warps(sh);
-        uint32_t ph = front + sh.wa[warp], pl = m + sh.wb[warp];
-        front += sh.u[6];
-        m += sh.u[7];
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            const uint32_t i = c0 + 32 * k;
-            if ((ma[k] >> lane) & 1) {
-                const uint32_t p = ph + __popc(ma[k] & lt);
-                x[p] = ve[k];
-                ids[p] = (int32_t)i;
-            } else if ((mc[k] >> lane) & 1) {
-                const uint32_t p = pl + __popc(mc[k] & lt);
-                if (p < SMP_SORT_MAX)
-                    sh.sort[p] = ((unsigned long long)smp_desc_key(ve[k]) << 32) | i;
+        __syncthreads();
+    } else {
+        /* each block counts its tiles, then every block has every tile's offsets, and each
+         * writes its own tiles there: the cut bucket's keys into the first block's sort */
+        const uint32_t nt = (n + SMP_TILE - 1) / SMP_TILE;
+        for (uint32_t ti = g.r; ti < nt; ti += g.n) {
+            smp_collect_tile(sh, v, n, mx, above, at, ti * SMP_TILE, 0, 0, false, x, ids, sh.sort,
+                             th, tl);
+            if (threadIdx.x == 0) {
+                sh.tc[ti][0] = th;
+                sh.tc[ti][1] = tl;
             }
-            ph += __popc(ma[k]);
-            pl += __popc(mc[k]);
         }
+        smp_csync(g);
+        if (threadIdx.x == 0) {
+            uint32_t a = 0, c = 0;
+            for (uint32_t ti = 0; ti < nt; ti++) {
+                const uint32_t q = ti % g.n;
+                sh.to[ti][0] = a;
+                sh.to[ti][1] = c;
+                a += *smp_at(&sh.tc[ti][0], q);
+                c += *smp_at(&sh.tc[ti][1], q);
+            }
+            sh.u[4] = a;
+            sh.u[5] = c;
+        }
+        smp_csync(g); /* every read of the counts is done; the offsets are seen */
+        front = sh.u[4];
+        m = sh.u[5];
+        if (m <= SMP_SORT_MAX) {
+            unsigned long long *sort = smp_at(sh.sort, 0);
+            for (uint32_t ti = g.r; ti < nt; ti += g.n)
+                smp_collect_tile(sh, v, n, mx, above, at, ti * SMP_TILE, sh.to[ti][0], sh.to[ti][1],
+                                 true, x, ids, sort, th, tl);
+        }
+        smp_csync(g); /* the kept tokens and the keys are seen by every block */
     }
-    __syncthreads();
     smp_stamp(sh, 7);
     if (m > SMP_SORT_MAX)
         return ~0u;
-    smp_sort(sh, m);
-    smp_stamp(sh, 8);
-    for (uint32_t j = threadIdx.x; j < m; j += SMP_THREADS)
-        sh.gw[j] = smp_weight(v[sh.sort[j] & 0xffffffffu], mx, 1.0f);
-    __syncthreads();
-    if (threadIdx.x == 0)
-        sh.u[0] = smp_walk(sh, m, sh.d[1], want);
-    smp_stamp(sh, 9);
-    __syncthreads();
-    const uint32_t r = sh.u[0];
-    for (uint32_t j = threadIdx.x; j < r; j += SMP_THREADS) {
-        const uint32_t id = (uint32_t)(sh.sort[j] & 0xffffffffu);
-        x[front + j] = v[id];
-        ids[front + j] = (int32_t)id;
+    uint32_t r = 0;
+    if (g.r == 0) {
+        smp_sort(sh, m);
+        smp_stamp(sh, 8);
+        for (uint32_t j = threadIdx.x; j < m; j += SMP_THREADS)
+            sh.gw[j] = smp_weight(v[sh.sort[j] & 0xffffffffu], mx, 1.0f);
+        __syncthreads();
+        if (threadIdx.x == 0)
+            sh.u[0] = smp_walk(sh, m, sh.d[1], want);
+        smp_stamp(sh, 9);
+        __syncthreads();
+        r = sh.u[0];
+        for (uint32_t j = threadIdx.x; j < r; j += SMP_THREADS) {
+            const uint32_t id = (uint32_t)(sh.sort[j] & 0xffffffffu);
+            x[front + j] = v[id];
+            ids[front + j] = (int32_t)id;
+        }
+    }
+    if (g.n > 1) {
+        smp_csync(g); /* the first block's count and its tokens */
+        if (g.r != 0 && threadIdx.x == 0)
+            sh.u[0] = *smp_at(&sh.u[0], 0);
+        smp_csync(g); /* read before the first block writes u[0] again */
+        r = sh.u[0];
     }
     __syncthreads();
     return front + r;
@@ -837,27 +988,39 @@ struct smp_scratch {
     int32_t *ids; /* (rows, n_vocab) their ids */
 };
 
+/* cl blocks a row (a cluster of cl, or 1): block blockIdx.x % cl of row blockIdx.x / cl */
 __global__ void __launch_bounds__(SMP_THREADS)
     sample_kernel(float *logits, uint32_t n, const struct smp_row *rows, const int32_t *pen,
                   float *saved, struct smp_scratch s, struct sample_dev_out *outs,
-                  unsigned long long *stamps)
+                  unsigned long long *stamps, uint32_t cl)
 {
     extern __shared__ __align__(16) unsigned char smem[];
     smp_sh &sh = *(smp_sh *)smem;
+    const uint32_t row = blockIdx.x / cl;
+    smp_g g = {cl > 1 ? cg::this_cluster().block_rank() : 0, cl};
     if (threadIdx.x == 0) {
-        sh.st = stamps ? stamps + (size_t)blockIdx.x * SMP_STAMPS : nullptr;
-        sh.row = rows[blockIdx.x];
+        sh.st = stamps && g.r == 0 ? stamps + (size_t)row * SMP_STAMPS : nullptr;
+        sh.row = rows[row];
     }
     __syncthreads();
     smp_stamp(sh, 0);
     const struct smp_row &r = sh.row;
+    /* the paths a cluster shares: the greedy pick, a draw over the vocab, top-p over it;
+     * the rest (top_k, min_p, top logprobs) run in the first block alone */
+    const bool greedy = r.temperature == 0.0f || r.top_k == 1;
+    if (g.n > 1 &&
+        (r.n_top > 0 || (!greedy && (r.min_p > 0.0f || (r.top_k > 0 && (uint32_t)r.top_k < n))))) {
+        if (g.r)
+            return;
+        g.n = 1;
+    }
     float *v = logits + (size_t)r.row * n;
-    float *w = s.w + (size_t)blockIdx.x * SMP_SORT_MAX, *x = s.x + (size_t)blockIdx.x * n;
-    int32_t *ids = s.ids + (size_t)blockIdx.x * n;
-    struct sample_dev_out *o = outs + blockIdx.x;
+    float *w = s.w + (size_t)row * SMP_SORT_MAX, *x = s.x + (size_t)row * n;
+    int32_t *ids = s.ids + (size_t)row * n;
+    struct sample_dev_out *o = outs + row;
     if ((n + SMP_BLOCK - 1) / SMP_BLOCK > SMP_BSUM_MAX) {
         /* more 64-blocks than shared memory holds: the host samples the row */
-        if (threadIdx.x == 0) {
+        if (threadIdx.x == 0 && g.r == 0) {
             memset(o, 0, sizeof(*o));
             o->status = 1;
         }
@@ -865,11 +1028,11 @@ __global__ void __launch_bounds__(SMP_THREADS)
     }
 
     /* the raw logits' max, weight sum and best few, for the logprobs */
-    const float raw_max = smp_max(sh, v, n), mxs = smp_sanitize(raw_max);
+    const float raw_max = smp_max(sh, g, v, n), mxs = smp_sanitize(raw_max);
     smp_stamp(sh, 1);
     double raw_sum = 0.0;
     if (mxs != -INFINITY)
-        raw_sum = smp_exp_weights(sh, v, n, mxs, 1.0f, nullptr);
+        raw_sum = smp_exp_weights(sh, g, v, n, mxs, 1.0f, nullptr);
     smp_stamp(sh, 2);
     const uint32_t n_top = min((uint32_t)r.n_top, n);
     if (n_top) {
@@ -879,10 +1042,11 @@ __global__ void __launch_bounds__(SMP_THREADS)
             o->top_v[threadIdx.x] = x[threadIdx.x];
         }
     }
-    /* penalties in place (sample.c's sampler_penalize); the raw values are put back below */
+    /* penalties in place (sample.c's sampler_penalize), by the first block; the raw values
+     * are put back below */
     const int32_t *pid = pen + 2 * r.pen0, *pcnt = pid + r.n_pen;
     float *sv = saved + r.pen0;
-    for (uint32_t j = threadIdx.x; j < r.n_pen; j += SMP_THREADS) {
+    for (uint32_t j = threadIdx.x; j < r.n_pen && g.r == 0; j += SMP_THREADS) {
         const float l0 = v[pid[j]];
         sv[j] = l0;
         float l = l0 <= 0.0f ? __fmul_rn(l0, r.rep) : __fdiv_rn(l0, r.rep);
@@ -890,15 +1054,17 @@ __global__ void __launch_bounds__(SMP_THREADS)
         v[pid[j]] = l;
     }
     __syncthreads();
+    if (r.n_pen)
+        smp_csync(g); /* the other blocks read the penalized logits */
     smp_stamp(sh, 3);
 
     int32_t id = 0, drew = 0, status = 0;
     const bool top_k = r.top_k > 0 && (uint32_t)r.top_k < n;
-    if (r.temperature == 0.0f || r.top_k == 1) {
-        id = (int32_t)smp_argmax(sh, v, n);
+    if (greedy) {
+        id = (int32_t)smp_argmax(sh, g, v, n);
     } else if (!top_k && r.top_p >= 1.0f && r.min_p <= 0.0f) {
-        id = (int32_t)smp_draw(sh, v, n, r.n_pen ? smp_max(sh, v, n) : raw_max, r.temperature, r.u,
-                               &drew);
+        id = (int32_t)smp_draw(sh, g, v, n, r.n_pen ? smp_max(sh, g, v, n) : raw_max, r.temperature,
+                               r.u, &drew);
     } else {
         uint32_t cnt = 0;
         float mx;
@@ -915,18 +1081,18 @@ __global__ void __launch_bounds__(SMP_THREADS)
             }
             mx = x[0];
         } else {
-            mx = r.n_pen ? smp_max(sh, v, n) : raw_max; /* no penalty: v is as it was */
+            mx = r.n_pen ? smp_max(sh, g, v, n) : raw_max; /* no penalty: v is as it was */
             smp_stamp(sh, 4);
             if (mx == INFINITY || mx == -INFINITY) {
-                id = (int32_t)smp_find(sh, v, n, mx);
+                id = (int32_t)smp_find(sh, g, v, n, mx);
                 id = (uint32_t)id < n ? id : 0;
                 done = true;
             } else if (r.top_p < 1.0f) {
                 /* the raw pass's total serves when no penalty moved a logit */
                 double total = raw_sum;
                 if (r.n_pen)
-                    total = smp_exp_weights(sh, v, n, mx, 1.0f, nullptr);
-                cnt = smp_top_p_vocab(sh, v, n, mx, r.top_p, total, x, ids);
+                    total = smp_exp_weights(sh, g, v, n, mx, 1.0f, nullptr);
+                cnt = smp_top_p_vocab(sh, g, v, n, mx, r.top_p, total, x, ids);
                 if (cnt == ~0u) {
                     status = 1;
                     done = true;
@@ -939,11 +1105,14 @@ __global__ void __launch_bounds__(SMP_THREADS)
             if (r.min_p > 0.0f && (top_k || r.top_p < 1.0f))
                 cnt = smp_keep(sh, x, ids, cnt, smp_at_least((double)mx + r.log_min_p), x, ids);
             /* x holds the best token kept (each filter keeps it), so its max is mx */
-            const uint32_t k = smp_draw(sh, x, cnt, mx, r.temperature, r.u, &drew);
+            const uint32_t k = smp_draw(sh, g, x, cnt, mx, r.temperature, r.u, &drew);
             id = ids[k];
         }
     }
     __syncthreads();
+    smp_csync(g); /* every block is done with the logits and every other's shared memory */
+    if (g.r)
+        return;
     for (uint32_t j = threadIdx.x; j < r.n_pen; j += SMP_THREADS)
         v[pid[j]] = sv[j];
     __syncthreads();
@@ -996,6 +1165,17 @@ void cuda_sample_row(void *dst, const struct sample_dev_row *r, uint32_t row, ui
     memcpy(dst, &d, sizeof(d));
 }
 
+/* the launch attribute of a cluster of cl blocks along x */
+static cudaLaunchAttribute smp_cluster(uint32_t cl)
+{
+    cudaLaunchAttribute a = {};
+    a.id = cudaLaunchAttributeClusterDimension;
+    a.val.clusterDim.x = cl;
+    a.val.clusterDim.y = 1;
+    a.val.clusterDim.z = 1;
+    return a;
+}
+
 int cuda_sample(struct cuda_ctx *c, float *logits, uint32_t n_vocab, uint32_t n_rows,
                 const void *d_rows, const int32_t *d_pen, float *d_saved, void *scratch,
                 struct sample_dev_out *d_outs, unsigned long long *d_stamps)
@@ -1009,6 +1189,31 @@ int cuda_sample(struct cuda_ctx *c, float *logits, uint32_t n_vocab, uint32_t n_
                                     (int)smem));
         smem_set = 1;
     }
+    /* a few rows: a cluster of blocks a row, when the gpu can hold one (asked once a size) */
+    uint32_t cl = n_rows <= c->smp_cl_rows ? c->smp_cl : 1;
+    static int cl_ok[SMP_CL_MAX + 1];
+    if (cl > 1 && !cl_ok[cl]) {
+        cudaLaunchConfig_t q = {};
+        q.gridDim = dim3(cl);
+        q.blockDim = dim3(SMP_THREADS);
+        q.dynamicSmemBytes = smem;
+        cudaLaunchAttribute a = smp_cluster(cl);
+        q.attrs = &a;
+        q.numAttrs = 1;
+        int k = 0;
+        if (cudaOccupancyMaxActiveClusters(&k, sample_kernel, &q) != cudaSuccess || k < 1) {
+            (void)cudaGetLastError();
+            rkv_log(RKV_LOG_WARN,
+                    "cuda: sampling: this gpu cannot run a cluster of %u blocks of "
+                    "%zu bytes of shared memory; one block a row",
+                    cl, smem);
+            cl_ok[cl] = -1;
+        } else {
+            cl_ok[cl] = 1;
+        }
+    }
+    if (cl > 1 && cl_ok[cl] < 0)
+        cl = 1;
     char *p = (char *)scratch;
     struct smp_scratch s;
     s.w = (float *)p;
@@ -1016,8 +1221,16 @@ int cuda_sample(struct cuda_ctx *c, float *logits, uint32_t n_vocab, uint32_t n_
     s.x = (float *)p;
     p += (size_t)n_rows * n_vocab * 4;
     s.ids = (int32_t *)p;
-    sample_kernel<<<n_rows, SMP_THREADS, smem, c->stream>>>(
-        logits, n_vocab, (const struct smp_row *)d_rows, d_pen, d_saved, s, d_outs, d_stamps);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(n_rows * cl);
+    cfg.blockDim = dim3(SMP_THREADS);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = c->stream;
+    cudaLaunchAttribute at = smp_cluster(cl);
+    cfg.attrs = &at;
+    cfg.numAttrs = cl > 1 ? 1 : 0;
+    CU_TRY(cudaLaunchKernelEx(&cfg, sample_kernel, logits, n_vocab, (const struct smp_row *)d_rows,
+                              d_pen, d_saved, s, d_outs, d_stamps, cl));
     CU_LAUNCHED();
     return 0;
 }
