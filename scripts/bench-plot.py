@@ -48,7 +48,7 @@ MARKS = [
     ("decode 128k, all KV on host", re.compile(r"^decode b=1 ctx=131072 host=9[5-9]\.\d% "), 2.9,
      None),
 ]
-PREFILL_ALL = re.compile(r"^prefill 32768 all kv on host")
+PREFILL_ALL = re.compile(r"^prefill 32768 all kv on host \(tok/s\)$")
 # resident prefill's mark: llama.cpp (CUDA, flash attention) on the same H200 kind, tok/s
 # (../shared/PERFORMANCE_TARGETS.md, measured 2026-11-29); the target is to match it
 LLAMA_CPP_PREFILL = {4096: 20351.0, 32768: 9202.0, 131072: 2340.0}
