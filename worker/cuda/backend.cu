@@ -191,8 +191,7 @@ static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
 
     size_t o_pos = align16(4 * sizeof(uint32_t));
     size_t o_slot = o_pos + align16((size_t)b->n_tokens * 4);
-    size_t o_stslot = o_slot + align16((size_t)b->n_tokens * 4);
-    size_t o_seqs = o_stslot + align16((size_t)b->n_tokens * 4);
+    size_t o_seqs = o_slot + align16((size_t)b->n_tokens * 4);
     size_t o_blks = o_seqs + align16((size_t)b->n_seqs * sizeof(struct cuda_seq_meta));
     /* with decode graphs, the block lists' room rounded up, so the arrays after them keep their
      * offsets while rows gain blocks (a recording holds those addresses: cu_graph_begin) */
@@ -214,7 +213,7 @@ static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
     hdr[2] = n_qtiles;
     hdr[3] = qt;
     int32_t *pos = (int32_t *)(h + o_pos);
-    uint32_t *slot = (uint32_t *)(h + o_slot), *stslot = (uint32_t *)(h + o_stslot);
+    uint32_t *slot = (uint32_t *)(h + o_slot);
     struct cuda_seq_meta *sm = (struct cuda_seq_meta *)(h + o_seqs);
     struct cuda_blk *bl = (struct cuda_blk *)(h + o_blks);
     struct cuda_qtile *qtl = (struct cuda_qtile *)(h + o_qt);
@@ -284,7 +283,6 @@ static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
         }
     }
     int host_writes = 0;
-    uint32_t last_s = ~0u, last_j = ~0u, last_slot = ~0u;
     for (uint32_t t = 0; t < b->n_tokens && rc == 0; t++) {
         uint32_t s = b->seq_of[t];
         if (s >= b->n_seqs || b->pos[t] < 0 || t < b->seqs[s].tok_off ||
@@ -302,21 +300,6 @@ static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
             struct kv_block_ref ref = b->seqs[s].blocks[j];
             slot[t] = ref.index | ((uint32_t)ref.residency << 31);
             host_writes |= ref.residency == KV_HOST;
-            /* the staging slot of a written host block: its entry in the staged list */
-            if (ref.residency == KV_HOST && (s != last_s || j != last_j)) {
-                last_s = s;
-                last_j = j;
-                last_slot = ~0u;
-                const uint32_t o = sm[s].list_off[CUDA_LIST_STAGED];
-                for (uint32_t k = 0; k < sm[s].list_len[CUDA_LIST_STAGED]; k++)
-                    if (bl[o + k].j == j) {
-                        last_slot = bl[o + k].index;
-                        break;
-                    }
-            }
-            stslot[t] = ref.residency == KV_HOST ? last_slot : ~0u;
-        } else {
-            stslot[t] = ~0u;
         }
     }
     if (rc == 0 && n_pass) {
@@ -361,7 +344,6 @@ static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
     char *d = (char *)m->dev;
     m->d_pos = (int32_t *)(d + o_pos);
     m->d_slot = (uint32_t *)(d + o_slot);
-    m->d_stslot = (uint32_t *)(d + o_stslot);
     m->d_seqs = (struct cuda_seq_meta *)(d + o_seqs);
     m->d_blks = (struct cuda_blk *)(d + o_blks);
     m->d_qtiles = (struct cuda_qtile *)(d + o_qt);
@@ -974,28 +956,9 @@ static int stage_issue(struct cuda_ctx *c, uint32_t layer, int buf, int after_ma
     }
     CU_TRY(cudaEventRecord(c->ev_copy_done[buf], c->copy));
     c->stg_valid[buf] = 1;
-    c->stg_full[buf] = which == STAGE_ALL;
-    c->stg_kw[buf] = 0;
     c->stg_layer[buf] = layer;
     c->stg_gen[buf] = m->gen;
     return 0;
-}
-
-/* for the kv write of layer: the staging buffer the layer before filled with every one of the
- * layer's host blocks (the written ones too), which the write's new rows go to as well, once
- * the stream has waited for those copies; NULL when there is none (the written blocks are
- * copied after the write, stage_layer) */
-char *cuda_kvw_staging(struct cuda_ctx *c, uint32_t layer)
-{
-    const int b = (int)(layer % 2);
-    if (!c->kvw_stage || !c->meta.host_writes || c->host_read != CUDA_HOST_COPY ||
-        c->meta.n_pass > 1 || !c->stg_valid[b] || c->stg_layer[b] != layer ||
-        c->stg_gen[b] != c->meta.gen || !c->stg_full[b])
-        return NULL;
-    if (cudaStreamWaitEvent(c->stream, c->ev_copy_done[b], 0) != cudaSuccess)
-        return NULL; /* the copies after the write, as without the switch */
-    c->stg_kw[b] = 1;
-    return (char *)c->stg[b];
 }
 
 /* the staging buffer holding this layer's host blocks (issuing the copies
@@ -1011,11 +974,6 @@ static int stage_layer(struct cuda_ctx *c, uint32_t layer, int *buf)
         int rc = stage_issue(c, layer, b, 1, 0, c->meta.n_slots, STAGE_ALL);
         if (rc != 0)
             return rc < 0 ? rc : 0;
-    } else if (c->meta.host_writes && c->stg_kw[b]) {
-        /* every block came a layer ahead, and the kv write put the new rows there too */
-        c->hst.prefetched++;
-        c->hst.host_write++;
-        c->hst.kvw_staged++;
     } else if (c->meta.host_writes) {
         /* the blocks no token writes came a layer ahead (a long prefill over a host tail
          * copies most of its layer there); those it writes come after this layer's kv write */
@@ -1187,7 +1145,7 @@ static int attn_host_gpu(struct cuda_ctx *c, struct cuda_attn_args *a, uint32_t 
             c->last_was_dev_attn = 0;
             if (rc == 0 && layer + 1 < l->n_layer)
                 rc = stage_issue(c, layer + 1, (layer + 1) % 2, 0, 0, c->meta.n_slots,
-                                 c->meta.host_writes && !c->kvw_stage ? STAGE_CLEAN : STAGE_ALL);
+                                 c->meta.host_writes ? STAGE_CLEAN : STAGE_ALL);
             return rc < 0 ? rc : 0;
         }
     }
@@ -1614,8 +1572,7 @@ static int cu_stats(void *ctx, char *buf, size_t len)
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     int n = snprintf(buf, len,
                      "host kv layers: %llu prefetched, %llu copied in line, %llu with a host "
-                     "write (%llu into staging by the kv write), %llu zero-copy, %llu in %llu "
-                     "passes; %llu block slices staged in %llu "
+                     "write, %llu zero-copy, %llu in %llu passes; %llu block slices staged in %llu "
                      "copies, %llu staging growths, %llu attended on the cpu, %llu split with it, "
                      "%llu tails too short to split; gemm inputs: %llu converted, %llu from the "
                      "op's 16-bit copy; decode layers as graphs: %llu recorded, %llu replayed, "
@@ -1625,11 +1582,11 @@ static int cu_stats(void *ctx, char *buf, size_t len)
                      "%llu; rows sampled on the device: %llu (%llu "
                      "given back to the host)",
                      (unsigned long long)c->hst.prefetched, (unsigned long long)c->hst.inline_,
-                     (unsigned long long)c->hst.host_write, (unsigned long long)c->hst.kvw_staged,
-                     (unsigned long long)c->hst.zero_copy, (unsigned long long)c->hst.passes,
-                     (unsigned long long)c->hst.pass_n, (unsigned long long)c->hst.slots,
-                     (unsigned long long)c->hst.copies, (unsigned long long)c->hst.grown,
-                     (unsigned long long)c->hst.cpu_layers, (unsigned long long)c->hst.split_layers,
+                     (unsigned long long)c->hst.host_write, (unsigned long long)c->hst.zero_copy,
+                     (unsigned long long)c->hst.passes, (unsigned long long)c->hst.pass_n,
+                     (unsigned long long)c->hst.slots, (unsigned long long)c->hst.copies,
+                     (unsigned long long)c->hst.grown, (unsigned long long)c->hst.cpu_layers,
+                     (unsigned long long)c->hst.split_layers,
                      (unsigned long long)c->hst.split_gated, (unsigned long long)c->hst.act16_conv,
                      (unsigned long long)c->hst.act16_twin, (unsigned long long)c->hst.graph_rec,
                      (unsigned long long)c->hst.graph_replay, (unsigned long long)c->hst.graph_fail,
@@ -1803,7 +1760,6 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
          * 53 GB/s, 0.97 of the pcie bound, against 47 GB/s in a copy per run of blocks; env
          * RKV_CUDA_STAGE_BATCH=0: the copies per run) */
         c->stage_batch = cu_env_flag("RKV_CUDA_STAGE_BATCH", 1);
-        c->kvw_stage = cu_env_flag("RKV_CUDA_KVW_STAGE", 0);
         /* staging passes: a layer's host tails past RKV_CUDA_STAGE_PASS_KB (default: the
          * staging limit) go in passes of whole sequences instead of zero-copy reads (H200, 40
          * window sessions of ~32k: 0.85 of the pcie bound, against 0.2-0.4 read zero-copy) */

@@ -75,7 +75,6 @@ struct cuda_meta {
     size_t dev_cap;
     int32_t *d_pos;               /* (n_tokens) */
     uint32_t *d_slot;             /* (n_tokens) pool index | residency << 31 */
-    uint32_t *d_stslot; /* (n_tokens) the staging slot of the host block it writes, or ~0u */
     struct cuda_seq_meta *d_seqs; /* (n_seqs) */
     struct cuda_blk *d_blks;      /* (sum of list lengths) */
     struct cuda_qtile *d_qtiles;  /* (n_qtiles) */
@@ -177,12 +176,6 @@ struct cuda_ctx {
     uint32_t stg_layer[2];
     uint64_t stg_gen[2];
     int stg_valid[2];
-    int stg_full[2]; /* the copies took the blocks the batch writes too (STAGE_ALL) */
-    int stg_kw[2];   /* and the kv write put the batch's new rows there as well */
-    /* env RKV_CUDA_KVW_STAGE=1: a layer's new keys written into host blocks also go to the
-     * staging buffer the layer before filled (after its copies), so those blocks are not
-     * copied up again after the kv write and the next layer's copies need not wait for it */
-    int kvw_stage;
     size_t stage_limit; /* bytes per staging buffer; larger tails read zero-copy */
     size_t pass_limit;  /* bytes of one staging pass (RKV_CUDA_STAGE_PASS_KB); 0 (env
                          * RKV_CUDA_STAGE_PASSES=0): no passes, larger tails zero-copy */
@@ -311,7 +304,6 @@ struct cuda_ctx {
         uint64_t prefetched; /* layers whose copies the previous layer queued */
         uint64_t inline_;    /* layers copied when asked (after the stream's work so far) */
         uint64_t host_write; /* ... of which the step wrote into a host block */
-        uint64_t kvw_staged; /* ... of which the kv write also filled the staged copy */
         uint64_t zero_copy;  /* layers too big to stage, read in place */
         uint64_t grown;      /* staging buffer reallocations (each waits for the gpu) */
         uint64_t slots;      /* host block slices staged */

@@ -188,10 +188,7 @@ int cuda_add(struct cuda_ctx *c, float *out, const float *a, const float *b, siz
 /* out row i = in row d_rows[i], (n, cols) f32 */
 int cuda_get_rows(struct cuda_ctx *c, float *out, const float *in, const uint32_t *d_rows,
                   uint32_t n, uint32_t cols);
-/* the staging buffer a kv write of layer also writes its host rows to, or NULL (backend.cu) */
-char *cuda_kvw_staging(struct cuda_ctx *c, uint32_t layer);
-/* k, v (n_tokens, n_kv_head*head_dim) into each token's block slot (meta d_slot, d_pos), and
- * the host ones into their staging slots too where cuda_kvw_staging gives a buffer */
+/* k, v (n_tokens, n_kv_head*head_dim) into each token's block slot (meta d_slot, d_pos) */
 int cuda_kv_write(struct cuda_ctx *c, const struct cuda_meta *m, uint32_t layer, const float *k,
                   const float *v);
 

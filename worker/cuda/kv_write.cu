@@ -13,39 +13,22 @@ template <> __device__ __forceinline__ __half kv_cast<__half>(float x)
 }
 
 // k, v (n_tokens, n_kv_head*head_dim); a block's layer slice is (n_kv_head, B, head_dim)
-/* a staging slot's (K, V) slices (2 * slice bytes, K first) for token t's written host
- * block, or null (no staging buffer, or a device block) */
-__device__ __forceinline__ char *kv_staged(char *stg, const uint32_t *stslot, uint32_t t,
-                                           size_t slice)
-{
-    if (!stg)
-        return nullptr;
-    const uint32_t s = stslot[t];
-    return s == ~0u ? nullptr : stg + (size_t)s * 2 * slice;
-}
-
 template <typename T>
 __global__ void kv_write_kernel(char *pool0, char *pool1, size_t block_bytes, size_t k_off,
                                 size_t v_off, uint32_t B, uint32_t n_kv_head, uint32_t head_dim,
                                 const int32_t *pos, const uint32_t *slot, const float *k,
-                                const float *v, char *stg, const uint32_t *stslot, size_t slice)
+                                const float *v)
 {
     uint32_t t = blockIdx.x;
     char *blk = cuda_kv_block(pool0, pool1, slot[t], block_bytes);
-    char *sb = kv_staged(stg, stslot, t, slice);
     uint32_t off = (uint32_t)pos[t] % B;
     uint32_t row = n_kv_head * head_dim;
     T *K = (T *)(blk + k_off), *V = (T *)(blk + v_off);
     for (uint32_t e = threadIdx.x; e < row; e += blockDim.x) {
         uint32_t h = e / head_dim, d = e % head_dim;
         size_t dst = ((size_t)h * B + off) * head_dim + d;
-        const T kx = kv_cast<T>(k[(size_t)t * row + e]), vx = kv_cast<T>(v[(size_t)t * row + e]);
-        K[dst] = kx;
-        V[dst] = vx;
-        if (sb) {
-            ((T *)sb)[dst] = kx;
-            ((T *)(sb + slice))[dst] = vx;
-        }
+        K[dst] = kv_cast<T>(k[(size_t)t * row + e]);
+        V[dst] = kv_cast<T>(v[(size_t)t * row + e]);
     }
 }
 
@@ -56,16 +39,15 @@ int cuda_kv_write(struct cuda_ctx *c, const struct cuda_meta *m, uint32_t layer,
     if (m->n_tokens == 0)
         return 0;
     size_t bb = kv_block_bytes(l), ko = kv_slice_offset(l, layer, 0),
-           vo = kv_slice_offset(l, layer, 1), sl = kv_slice_bytes(l);
-    char *stg = cuda_kvw_staging(c, layer);
+           vo = kv_slice_offset(l, layer, 1);
     if (l->dtype == KV_F16)
         kv_write_kernel<__half><<<m->n_tokens, 128, 0, c->stream>>>(
             c->pool[0], c->pool[1], bb, ko, vo, l->block_size, l->n_kv_head, l->head_dim, m->d_pos,
-            m->d_slot, k, v, stg, m->d_stslot, sl);
+            m->d_slot, k, v);
     else
         kv_write_kernel<float><<<m->n_tokens, 128, 0, c->stream>>>(
             c->pool[0], c->pool[1], bb, ko, vo, l->block_size, l->n_kv_head, l->head_dim, m->d_pos,
-            m->d_slot, k, v, stg, m->d_stslot, sl);
+            m->d_slot, k, v);
     CU_LAUNCHED();
     return 0;
 }
@@ -78,8 +60,7 @@ __global__ void rope_kv_write_kernel(char *pool0, char *pool1, size_t block_byte
                                      size_t v_off, uint32_t B, uint32_t n_kv_head,
                                      uint32_t head_dim, const int32_t *pos, const uint32_t *slot,
                                      float *q, float *k, const float *v, uint32_t n_head,
-                                     uint32_t n_rot, float base, float scale, int neox, int early,
-                                     char *stg, const uint32_t *stslot, size_t slice)
+                                     uint32_t n_rot, float base, float scale, int neox, int early)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     /* the attention after this may start its prologue (it waits for this grid before it reads
@@ -102,7 +83,6 @@ __global__ void rope_kv_write_kernel(char *pool0, char *pool1, size_t block_byte
     if (j < half)
         cuda_rope_sincos(p, j, n_rot, base, scale, &sn, &cs);
     char *blk = is_q ? nullptr : cuda_kv_block(pool0, pool1, slot[t], block_bytes);
-    char *sb = is_q ? nullptr : kv_staged(stg, stslot, t, slice);
     cuda_grid_wait(); /* q, k, v come from the projection before */
     if (is_q) {
         float *hx = q + ((size_t)t * n_head + h) * head_dim;
@@ -132,19 +112,10 @@ __global__ void rope_kv_write_kernel(char *pool0, char *pool1, size_t block_byte
     }
     const size_t row = ((size_t)h * B + (uint32_t)p % B) * head_dim;
     T *K = (T *)(blk + k_off) + row, *V = (T *)(blk + v_off) + row;
-    const T a0 = kv_cast<T>(k0), a1 = kv_cast<T>(k1), b0 = kv_cast<T>(vx[2 * j]),
-            b1 = kv_cast<T>(vx[2 * j + 1]);
-    K[d0] = a0;
-    K[d1] = a1;
-    V[2 * j] = b0;
-    V[2 * j + 1] = b1;
-    if (sb) {
-        T *SK = (T *)sb + row, *SV = (T *)(sb + slice) + row;
-        SK[d0] = a0;
-        SK[d1] = a1;
-        SV[2 * j] = b0;
-        SV[2 * j + 1] = b1;
-    }
+    K[d0] = kv_cast<T>(k0);
+    K[d1] = kv_cast<T>(k1);
+    V[2 * j] = kv_cast<T>(vx[2 * j]);
+    V[2 * j + 1] = kv_cast<T>(vx[2 * j + 1]);
 }
 
 int cuda_rope_kv_write(struct cuda_ctx *c, const struct cuda_meta *m, uint32_t layer, float *q,
@@ -154,14 +125,12 @@ int cuda_rope_kv_write(struct cuda_ctx *c, const struct cuda_meta *m, uint32_t l
     if (m->n_tokens == 0)
         return 0;
     size_t bb = kv_block_bytes(l), ko = kv_slice_offset(l, layer, 0),
-           vo = kv_slice_offset(l, layer, 1), sl = kv_slice_bytes(l);
-    char *stg = cuda_kvw_staging(c, layer);
+           vo = kv_slice_offset(l, layer, 1);
     uint32_t items = n_head * (r->n_rot / 2) + l->n_kv_head * (l->head_dim / 2);
     dim3 grid((items + 127) / 128, m->n_tokens);
     auto fn = l->dtype == KV_F16 ? rope_kv_write_kernel<__half> : rope_kv_write_kernel<float>;
     CU_TRY(cuda_launch_pdl(c, fn, grid, dim3(128), 0, c->stream, c->pool[0], c->pool[1], bb, ko, vo,
                            l->block_size, l->n_kv_head, l->head_dim, m->d_pos, m->d_slot, q, k, v,
-                           n_head, r->n_rot, r->freq_base, r->freq_scale, r->neox, c->early, stg,
-                           m->d_stslot, sl));
+                           n_head, r->n_rot, r->freq_base, r->freq_scale, r->neox, c->early));
     return 0;
 }
