@@ -277,8 +277,7 @@ static int bench_attention(struct backend *be, int quick)
         (ceil_.zero_copy > ceil_.h2d_pinned ? ceil_.zero_copy : ceil_.h2d_pinned) * 1e9;
     struct kv_block_ref *tab = malloc(sizeof(*tab) * nb);
     /* 512: the step is nearly all weights, so its gap to 4k is what 4k's attention costs */
-    /* 8k: all on host alone, PERFORMANCE_TARGETS.md's mark against llama.cpp's -nkvo */
-    uint32_t ctxs[] = {512, 4096, 8192, 32768, 131072};
+    uint32_t ctxs[] = {512, 4096, 32768, 131072};
     for (size_t ci = 0; ci < sizeof(ctxs) / sizeof(ctxs[0]); ci++) {
         uint32_t ctx = ctxs[ci];
         if (ctx > max_ctx)
