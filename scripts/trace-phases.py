@@ -8,7 +8,8 @@ duration_us, gap_us, grid, block, kernel). For every traced case (or the LABELs 
 layer is the run of kernels between two attention launches; each phase runs from the end of
 the kernel before to the end of its own, so the phases of a layer add up to its time even
 where kernels overlap (programmatic launches). Medians over the layers, the first and last left
-out (they hold the embedding and the logits).
+out (they hold the embedding and the logits). Copy rows (a prefill trace's "memcpy HtoD" and
+the like) are left out.
 """
 import csv
 import statistics
@@ -62,7 +63,9 @@ def main(argv):
         return 1
     by = {}
     for r in rows:
-        by.setdefault(r["label"], []).append(r)
+        # the copies a prefill trace also holds ("memcpy HtoD"...) are not kernels of a layer
+        if not r["kernel"].startswith("memcpy "):
+            by.setdefault(r["label"], []).append(r)
     labels = argv[2:] or list(by)
     for lab in labels:
         if lab not in by:

@@ -23,8 +23,8 @@ static FILE *js;
 static int js_first = 1;
 
 /* env RKV_PROFILE_TRACE=DIR: one more step of each resident decode case traced by CUPTI (the
- * kernels as they run, graphs and programmatic launches included): a summary printed, every
- * kernel in DIR/trace.csv */
+ * kernels as they run, graphs and programmatic launches included), and the last chunk of each
+ * 32k prefill with its copies: a summary printed, every kernel (and copy) in DIR/trace.csv */
 static FILE *trace_csv;
 static int trace_on;
 
@@ -773,6 +773,14 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
                 t_res = t;
             record("prefill", name, len / t, "tok/s", where ? len / t_res : 0,
                    where ? t_res / t : 0);
+            /* RKV_PROFILE_TRACE: the last chunk of 32k again, its kernels and copies traced
+             * (the table is the last chunk's) */
+            if (rc == 0 && trace_on && len == 32768 && gt_begin_copies() == 0) {
+                rc = fwd_prefill(f, toks + len - 512, 512, len - 512, tab, n, 512, logits);
+                char label[64];
+                snprintf(label, sizeof(label), "prefill 32k last chunk, %s", wheres[where]);
+                gt_end(label, stdout, trace_csv, -1, 16);
+            }
         }
         free(toks);
     }

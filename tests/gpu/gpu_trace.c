@@ -23,6 +23,13 @@ struct gt_kernel {
     char name[96];
 };
 
+/* a memory copy's record */
+struct gt_copy {
+    uint64_t start, end, bytes;
+    uint32_t stream;
+    uint8_t kind; /* CUpti_ActivityMemcpyKind */
+};
+
 static struct {
     void *lib;
     CUptiResult (*reg)(CUpti_BuffersCallbackRequestFunc, CUpti_BuffersCallbackCompleteFunc);
@@ -33,7 +40,9 @@ static struct {
     CUptiResult (*errstr)(CUptiResult, const char **);
     struct gt_kernel *k;
     size_t n, cap;
-    int registered, overflow;
+    struct gt_copy *c;
+    size_t nc, ccap;
+    int registered, overflow, copies;
 } gt;
 
 #define GT_BUF (8u << 20)
@@ -54,25 +63,40 @@ static void gt_short_name(char *dst, size_t len, const char *name)
     dst[i] = 0;
 }
 
+/* room for one more record of elem bytes in *arr (n used of *cap); 0, or -1 (overflow marked) */
+static int gt_room(void **arr, size_t n, size_t *cap, size_t elem)
+{
+    if (n < *cap)
+        return 0;
+    size_t c = *cap ? 2 * *cap : 1024;
+    void *p = realloc(*arr, c * elem);
+    if (!p) {
+        gt.overflow = 1;
+        return -1;
+    }
+    *arr = p;
+    *cap = c;
+    return 0;
+}
+
 static void CUPTIAPI gt_complete(CUcontext ctx, uint32_t stream, uint8_t *buf, size_t size,
                                  size_t valid)
 {
     CUpti_Activity *r = NULL;
     while (gt.next(buf, valid, &r) == CUPTI_SUCCESS) {
+        if (r->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+            const CUpti_ActivityMemcpy6 *m = (const CUpti_ActivityMemcpy6 *)r;
+            if (gt_room((void **)&gt.c, gt.nc, &gt.ccap, sizeof(*gt.c)) == 0)
+                gt.c[gt.nc++] =
+                    (struct gt_copy){m->start, m->end, m->bytes, m->streamId, m->copyKind};
+            continue;
+        }
         if (r->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL &&
             r->kind != CUPTI_ACTIVITY_KIND_KERNEL)
             continue;
         const CUpti_ActivityKernel10 *k = (const CUpti_ActivityKernel10 *)r;
-        if (gt.n == gt.cap) {
-            size_t cap = gt.cap ? 2 * gt.cap : 4096;
-            struct gt_kernel *p = realloc(gt.k, cap * sizeof(*p));
-            if (!p) {
-                gt.overflow = 1;
-                continue;
-            }
-            gt.k = p;
-            gt.cap = cap;
-        }
+        if (gt_room((void **)&gt.k, gt.n, &gt.cap, sizeof(*gt.k)) < 0)
+            continue;
         struct gt_kernel *o = &gt.k[gt.n++];
         o->start = k->start;
         o->end = k->end;
@@ -125,11 +149,97 @@ int gt_begin(void)
         gt.registered = 1;
     }
     gt.n = 0;
+    gt.nc = 0;
     gt.overflow = 0;
     /* concurrent kernel records do not serialize the kernels (KIND_KERNEL would) */
     if ((r = gt.enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL)) != CUPTI_SUCCESS)
         return gt_fail("cuptiActivityEnable", r);
+    if (gt.copies && (r = gt.enable(CUPTI_ACTIVITY_KIND_MEMCPY)) != CUPTI_SUCCESS) {
+        gt.disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+        gt.copies = 0;
+        return gt_fail("cuptiActivityEnable (memcpy)", r);
+    }
     return 0;
+}
+
+int gt_begin_copies(void)
+{
+    gt.copies = 1;
+    int rc = gt_begin();
+    if (rc < 0)
+        gt.copies = 0;
+    return rc;
+}
+
+static int gt_copy_by_start(const void *a, const void *b)
+{
+    const struct gt_copy *x = a, *y = b;
+    return x->start < y->start ? -1 : x->start > y->start;
+}
+
+static const char *gt_copy_kind(uint8_t k)
+{
+    switch (k) {
+    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOD: return "HtoD";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOH: return "DtoH";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOD: return "DtoD";
+    default: return "other";
+    }
+}
+
+/* the copies apart from the kernels: per direction and stream their count, bytes, the union
+ * of their intervals (the engine busy) and the rate over it, and when the first began and the
+ * last ended from t0 */
+static void gt_copies(FILE *out, FILE *csv, const char *label, uint64_t t0)
+{
+    qsort(gt.c, gt.nc, sizeof(*gt.c), gt_copy_by_start);
+    /* (kind, stream) groups, at most 16 listed */
+    struct {
+        uint8_t kind;
+        uint32_t stream;
+        size_t n;
+        uint64_t bytes, busy, cover, first, last;
+    } g[16];
+    size_t ng = 0;
+    for (size_t i = 0; i < gt.nc; i++) {
+        const struct gt_copy *c = &gt.c[i];
+        size_t j = 0;
+        while (j < ng && (g[j].kind != c->kind || g[j].stream != c->stream))
+            j++;
+        if (j == ng) {
+            if (ng == 16)
+                continue;
+            g[ng].kind = c->kind;
+            g[ng].stream = c->stream;
+            g[ng].n = 0;
+            g[ng].bytes = g[ng].busy = 0;
+            g[ng].cover = g[ng].first = c->start;
+            g[ng].last = c->end;
+            ng++;
+        }
+        g[j].n++;
+        g[j].bytes += c->bytes;
+        if (c->end > g[j].cover) {
+            g[j].busy += c->end - (c->start > g[j].cover ? c->start : g[j].cover);
+            g[j].cover = c->end;
+        }
+        if (c->end > g[j].last)
+            g[j].last = c->end;
+    }
+    fprintf(out, "    copies: %zu\n", gt.nc);
+    for (size_t j = 0; j < ng; j++)
+        fprintf(out,
+                "      %-5s stream %-4u %6zu copies %10.2f MB, busy %9.1f us (%.1f GB/s), "
+                "from %.1f to %.1f us\n",
+                gt_copy_kind(g[j].kind), g[j].stream, g[j].n, g[j].bytes / 1e6, g[j].busy / 1e3,
+                g[j].busy ? (double)g[j].bytes / (double)g[j].busy : 0.0,
+                ((double)g[j].first - (double)t0) / 1e3, ((double)g[j].last - (double)t0) / 1e3);
+    if (csv)
+        for (size_t i = 0; i < gt.nc; i++)
+            fprintf(csv, "%s,c%zu,%.3f,%.3f,0,%llu,0,\"memcpy %s\"\n", label, i,
+                    ((double)gt.c[i].start - (double)t0) / 1e3,
+                    (double)(gt.c[i].end - gt.c[i].start) / 1e3, (unsigned long long)gt.c[i].bytes,
+                    gt_copy_kind(gt.c[i].kind));
 }
 
 static int gt_by_start(const void *a, const void *b)
@@ -155,7 +265,11 @@ int gt_end(const char *label, FILE *out, FILE *csv, int first, int n_show)
     if (!gt.lib)
         return -1;
     gt.disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+    if (gt.copies)
+        gt.disable(CUPTI_ACTIVITY_KIND_MEMCPY);
     gt.flush(1 /* CUPTI_ACTIVITY_FLAG_FLUSH_FORCED */);
+    const int copies = gt.copies;
+    gt.copies = 0;
     const size_t n = gt.n;
     if (n == 0) {
         fprintf(out, "  trace %s: no kernel records\n", label);
@@ -221,6 +335,8 @@ int gt_end(const char *label, FILE *out, FILE *csv, int first, int n_show)
                     (double)(gt.k[i].start - t0) / 1e3, (double)(gt.k[i].end - gt.k[i].start) / 1e3,
                     gap[i], gt.k[i].grid, gt.k[i].block, gt.k[i].name);
     }
+    if (copies)
+        gt_copies(out, csv, label, t0);
     free(s);
     free(gap);
     return (int)n;
@@ -232,6 +348,11 @@ int gt_begin(void)
 {
     fprintf(stderr, "gpu-trace: built without CUPTI's headers (cupti_activity.h): no traces\n");
     return -1;
+}
+
+int gt_begin_copies(void)
+{
+    return gt_begin();
 }
 
 int gt_end(const char *label, FILE *out, FILE *csv, int first, int n)

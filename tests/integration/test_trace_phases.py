@@ -42,6 +42,27 @@ def _run(*args):
                           text=True, timeout=60)
 
 
+def test_copy_rows_are_not_kernels_of_a_layer(tmp_path):
+    """a prefill trace's copy rows ("memcpy HtoD", gpu_trace's copies) between the kernels
+    leave the phases as they are without them"""
+    plain, mixed = tmp_path / "plain.csv", tmp_path / "mixed.csv"
+    _write(plain, "b=1 ctx=4096", 8)
+    _write(mixed, "b=1 ctx=4096", 8)
+    with open(mixed, newline="") as f:
+        rows = list(csv.reader(f))
+    out = [rows[0]]
+    for i, r in enumerate(rows[1:]):
+        out.append(r)
+        if i % 3 == 0:
+            out.append(["b=1 ctx=4096", f"c{i}", r[2], "40.000", "0", 1048576, 0,
+                        "memcpy HtoD"])
+    with open(mixed, "w", newline="") as f:
+        csv.writer(f).writerows(out)
+    a, b = _run(plain), _run(mixed)
+    assert a.returncode == 0 and b.returncode == 0, b.stderr
+    assert a.stdout == b.stdout
+
+
 def test_phases_of_a_synthetic_trace(tmp_path):
     trace = tmp_path / "trace.csv"
     _write(trace, "b=1 ctx=4096", 8)
