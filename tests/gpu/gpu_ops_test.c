@@ -533,6 +533,9 @@ static const struct samp_case samp_cases[] = {
     {0.5f, 0.999f, 0.01f, 1.0f, 0.0f, 0.0f, 0, 1}, /* top-p near 1, min-p */
     {1.0f, 0.8f, 0.0f, 0.9f, 0.0f, 0.0f, 0, 0},    /* top-p, a penalty below 1 */
     {1.0f, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f, 9000, 0}, /* top-k past the device's 8192 */
+    /* no top alternatives, so a cluster of blocks a row takes them (test_sample_cluster) */
+    {0.0f, 1.0f, 0.0f, 1.2f, 0.3f, 0.1f, 0, 0}, /* greedy with penalties */
+    {0.7f, 0.9f, 0.0f, 1.0f, 0.0f, 0.0f, 1, 0}, /* top_k 1: the greedy pick */
 };
 #define SAMP_N_CASES (sizeof(samp_cases) / sizeof(samp_cases[0]))
 #define SAMP_N_DISTS 5
