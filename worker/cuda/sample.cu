@@ -1229,8 +1229,23 @@ int cuda_sample(struct cuda_ctx *c, float *logits, uint32_t n_vocab, uint32_t n_
     cudaLaunchAttribute at = smp_cluster(cl);
     cfg.attrs = &at;
     cfg.numAttrs = cl > 1 ? 1 : 0;
-    CU_TRY(cudaLaunchKernelEx(&cfg, sample_kernel, logits, n_vocab, (const struct smp_row *)d_rows,
-                              d_pen, d_saved, s, d_outs, d_stamps, cl));
+    cudaError_t e =
+        cudaLaunchKernelEx(&cfg, sample_kernel, logits, n_vocab, (const struct smp_row *)d_rows,
+                           d_pen, d_saved, s, d_outs, d_stamps, cl);
+    if (e != cudaSuccess && cl > 1) {
+        /* a cluster launch this gpu (or its sharing mode) refuses: a block a row from now on */
+        (void)cudaGetLastError();
+        rkv_log(RKV_LOG_WARN,
+                "cuda: sampling: a cluster of %u blocks a row failed to launch "
+                "(%s); one block a row from now on",
+                cl, cudaGetErrorString(e));
+        cl_ok[cl] = -1;
+        cfg.gridDim = dim3(n_rows);
+        cfg.numAttrs = 0;
+        e = cudaLaunchKernelEx(&cfg, sample_kernel, logits, n_vocab, (const struct smp_row *)d_rows,
+                               d_pen, d_saved, s, d_outs, d_stamps, 1u);
+    }
+    CU_TRY(e);
     CU_LAUNCHED();
     return 0;
 }
