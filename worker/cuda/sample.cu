@@ -1165,17 +1165,6 @@ void cuda_sample_row(void *dst, const struct sample_dev_row *r, uint32_t row, ui
     memcpy(dst, &d, sizeof(d));
 }
 
-/* the launch attribute of a cluster of cl blocks along x */
-static cudaLaunchAttribute smp_cluster(uint32_t cl)
-{
-    cudaLaunchAttribute a = {};
-    a.id = cudaLaunchAttributeClusterDimension;
-    a.val.clusterDim.x = cl;
-    a.val.clusterDim.y = 1;
-    a.val.clusterDim.z = 1;
-    return a;
-}
-
 int cuda_sample(struct cuda_ctx *c, float *logits, uint32_t n_vocab, uint32_t n_rows,
                 const void *d_rows, const int32_t *d_pen, float *d_saved, void *scratch,
                 struct sample_dev_out *d_outs, unsigned long long *d_stamps)
@@ -1189,31 +1178,6 @@ int cuda_sample(struct cuda_ctx *c, float *logits, uint32_t n_vocab, uint32_t n_
                                     (int)smem));
         smem_set = 1;
     }
-    /* a few rows: a cluster of blocks a row, when the gpu can hold one (asked once a size) */
-    uint32_t cl = n_rows <= c->smp_cl_rows ? c->smp_cl : 1;
-    static int cl_ok[SMP_CL_MAX + 1];
-    if (cl > 1 && !cl_ok[cl]) {
-        cudaLaunchConfig_t q = {};
-        q.gridDim = dim3(cl);
-        q.blockDim = dim3(SMP_THREADS);
-        q.dynamicSmemBytes = smem;
-        cudaLaunchAttribute a = smp_cluster(cl);
-        q.attrs = &a;
-        q.numAttrs = 1;
-        int k = 0;
-        if (cudaOccupancyMaxActiveClusters(&k, sample_kernel, &q) != cudaSuccess || k < 1) {
-            (void)cudaGetLastError();
-            rkv_log(RKV_LOG_WARN,
-                    "cuda: sampling: this gpu cannot run a cluster of %u blocks of "
-                    "%zu bytes of shared memory; one block a row",
-                    cl, smem);
-            cl_ok[cl] = -1;
-        } else {
-            cl_ok[cl] = 1;
-        }
-    }
-    if (cl > 1 && cl_ok[cl] < 0)
-        cl = 1;
     char *p = (char *)scratch;
     struct smp_scratch s;
     s.w = (float *)p;
@@ -1222,29 +1186,50 @@ int cuda_sample(struct cuda_ctx *c, float *logits, uint32_t n_vocab, uint32_t n_
     p += (size_t)n_rows * n_vocab * 4;
     s.ids = (int32_t *)p;
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(n_rows * cl);
     cfg.blockDim = dim3(SMP_THREADS);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = c->stream;
-    cudaLaunchAttribute at = smp_cluster(cl);
+    cudaLaunchAttribute at = {};
+    at.id = cudaLaunchAttributeClusterDimension;
     cfg.attrs = &at;
-    cfg.numAttrs = cl > 1 ? 1 : 0;
-    cudaError_t e =
-        cudaLaunchKernelEx(&cfg, sample_kernel, logits, n_vocab, (const struct smp_row *)d_rows,
-                           d_pen, d_saved, s, d_outs, d_stamps, cl);
-    if (e != cudaSuccess && cl > 1) {
-        /* a cluster launch this gpu (or its sharing mode) refuses: a block a row from now on */
-        (void)cudaGetLastError();
-        rkv_log(RKV_LOG_WARN,
-                "cuda: sampling: a cluster of %u blocks a row failed to launch "
-                "(%s); one block a row from now on",
-                cl, cudaGetErrorString(e));
-        cl_ok[cl] = -1;
-        cfg.gridDim = dim3(n_rows);
-        cfg.numAttrs = 0;
-        e = cudaLaunchKernelEx(&cfg, sample_kernel, logits, n_vocab, (const struct smp_row *)d_rows,
-                               d_pen, d_saved, s, d_outs, d_stamps, 1u);
+    /* cl blocks a row: a cluster of cl along x, or one block without the attribute */
+    auto shape = [&](uint32_t cl) {
+        cfg.gridDim = dim3(n_rows * cl);
+        at.val.clusterDim.x = cl;
+        at.val.clusterDim.y = 1;
+        at.val.clusterDim.z = 1;
+        cfg.numAttrs = cl > 1 ? 1 : 0;
+    };
+    auto launch = [&](uint32_t cl) {
+        shape(cl);
+        return cudaLaunchKernelEx(&cfg, sample_kernel, logits, n_vocab,
+                                  (const struct smp_row *)d_rows, d_pen, d_saved, s, d_outs,
+                                  d_stamps, cl);
+    };
+    /* a few rows: a cluster of blocks a row, when the gpu holds one (asked once a size) and
+     * launches it (a sharing mode may refuse); else, and from then on, a block a row */
+    const uint32_t cl = n_rows <= c->smp_cl_rows ? c->smp_cl : 1;
+    static int cl_ok[SMP_CL_MAX + 1]; /* 0 not asked yet, 1 it runs, -1 refused (said once) */
+    cudaError_t e = cudaErrorNotSupported;
+    if (cl > 1 && cl_ok[cl] >= 0) {
+        int k = 0;
+        shape(cl);
+        if (!cl_ok[cl] &&
+            (e = cudaOccupancyMaxActiveClusters(&k, sample_kernel, &cfg)) == cudaSuccess && k < 1)
+            e = cudaErrorLaunchOutOfResources;
+        if (cl_ok[cl] || e == cudaSuccess)
+            e = launch(cl);
+        cl_ok[cl] = e == cudaSuccess ? 1 : -1;
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            rkv_log(RKV_LOG_WARN,
+                    "cuda: sampling: this gpu does not run a cluster of %u blocks of %zu bytes "
+                    "of shared memory (%s); one block a row from now on",
+                    cl, smem, cudaGetErrorString(e));
+        }
     }
+    if (e != cudaSuccess)
+        e = launch(1);
     CU_TRY(e);
     CU_LAUNCHED();
     return 0;
