@@ -471,6 +471,17 @@ static void graph_counts(struct backend *be, int print)
         printf("    %s\n", g);
 }
 
+/* the backend's host-block counts since the last call, printed when print (how a prefill over
+ * host blocks read and wrote them) */
+static void host_counts(struct backend *be, int print)
+{
+    char st[1024] = "";
+    backend_stats(be, st, sizeof(st));
+    const char *e = strstr(st, "; gemm inputs");
+    if (print && e)
+        printf("    %.*s\n", (int)(e - st), st);
+}
+
 static int bench_model(struct backend *be, int quick, const char *preset, int decode, int prefill)
 {
     struct model_hparams hp = {MODEL_LLAMA, 32,     4096,   14336, 32,        8,    128,
@@ -754,6 +765,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
                 profiled = 1;
                 break;
             }
+            host_counts(be, 0); /* counts from here */
             double t1 = gu_now();
             if (where == 2) {
                 for (uint32_t c0 = 0; c0 < len && rc == 0; c0 += 512) {
@@ -773,6 +785,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
                 t_res = t;
             record("prefill", name, len / t, "tok/s", where ? len / t_res : 0,
                    where ? t_res / t : 0);
+            host_counts(be, where && len == 32768);
             /* RKV_PROFILE_TRACE: the last chunk of 32k again, its kernels and copies traced
              * (the table is the last chunk's) */
             if (rc == 0 && trace_on && len == 32768 && gt_begin_copies() == 0) {

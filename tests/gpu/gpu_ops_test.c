@@ -1399,6 +1399,14 @@ int main(int argc, char **argv)
                       "RKV_CUDA_FA=0 RKV_CUDA_HOST_READ=zerocopy", NULL, NULL);
         attention_env("prefill tiles on attn_mma_kernel, host blocks read by copy",
                       "RKV_CUDA_FA=0 RKV_CUDA_HOST_READ=copy", NULL, NULL);
+        /* host blocks copied: a prefill's rows of a host block go into its staging slot and
+         * are copied back to the pool (the pools are compared after the kv write), or
+         * (RKV_CUDA_HOST_WB=0) into the mapped pool */
+        attention_env("host blocks copied, prefill rows written back from staging",
+                      "RKV_CUDA_HOST_READ=copy", " 0 with the kv write into staging", NULL);
+        attention_env("host blocks copied, prefill rows stored in the mapped pool",
+                      "RKV_CUDA_HOST_READ=copy RKV_CUDA_HOST_WB=0", NULL,
+                      " 0 with the kv write into staging");
         /* the split host read: a share of each decode row's host blocks (the oldest) attended on
          * the cpu, the rest read by the gpu, merged by lse; 100: every host block of a decode
          * row on the cpu through the split path */
@@ -1469,6 +1477,9 @@ int main(int argc, char **argv)
             {"RKV_CUDA_PAIR_N", "65536", "gemm pairs as one batch"},
             /* decode attention lets the o linear launch at its start, o a block an SM */
             {"RKV_CUDA_EARLY", "2", "o launched at attention's start"},
+            /* a prefill's rows of host blocks stored in the mapped pool, not written back from
+             * their staging slots */
+            {"RKV_CUDA_HOST_WB", "0", "prefill rows stored in the mapped pool"},
         };
         for (size_t i = 0; i < sizeof(alts) / sizeof(alts[0]); i++) {
             struct backend *alt = backend_env(alts[i].var, alts[i].value, 0);
@@ -1476,6 +1487,22 @@ int main(int argc, char **argv)
                 gpu_model_cases_with(cpu, alt, alts[i].what, &n_pass, &n_fail);
             backend_free(alt);
         }
+        /* host blocks copied (the device's own choice may be zero-copy): a prefill's rows of a
+         * host block written into its staging slot and copied back, then read by the decode
+         * steps from the pool */
+        struct backend *wb = backend_env("RKV_CUDA_HOST_READ", "copy", 1); /* read at set_kv */
+        if (wb) {
+            char st[1536] = "";
+            backend_stats(wb, st, sizeof(st)); /* counts from here */
+            gpu_model_cases_with(cpu, wb, "host blocks copied, prefill rows written back", &n_pass,
+                                 &n_fail);
+            backend_stats(wb, st, sizeof(st));
+            printf("  %s\n", st);
+            CHECK("model: the kv write went to staging slots",
+                  strstr(st, " 0 with the kv write into staging") == NULL);
+            backend_free(wb);
+        }
+        unsetenv("RKV_CUDA_HOST_READ");
         struct backend *tail = backend_env("RKV_CUDA_HOST_READ", "cpu", 1);
         if (tail)
             gpu_model_cpu_tail_tests(cpu, tail, "cpu_tail", &n_pass, &n_fail);

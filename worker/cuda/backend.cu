@@ -43,11 +43,21 @@ static void join_side(struct cuda_ctx *c)
     }
 }
 
+/* the stream waits for the kv write's copies back to the host pool (wb_after) */
+static void join_wb(struct cuda_ctx *c)
+{
+    if (c->wb_pending) {
+        cudaStreamWaitEvent(c->stream, c->ev_wb_done[c->wb_last], 0);
+        c->wb_pending = 0;
+    }
+}
+
 /* every op but device attention starts here */
 /* a matmul's start: the activations converted for the last one stay valid */
 static void op_begin_keep(struct cuda_ctx *c)
 {
     join_side(c);
+    join_wb(c);
     c->last_was_dev_attn = 0;
 }
 
@@ -175,10 +185,12 @@ static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
         n_qtiles += (b->seqs[s].n_tokens + qt - 1) / qt;
 
     /* staged slots per sequence (its host blocks some token reads), then the passes */
-    uint32_t *sc = (uint32_t *)calloc(2 * (size_t)(b->n_seqs ? b->n_seqs : 1), sizeof(uint32_t));
+    /* and per block of each sequence (its first at boff[s]) its staging slot, or ~0u */
+    const size_t ns1 = b->n_seqs ? b->n_seqs : 1;
+    uint32_t *sc = (uint32_t *)calloc(3 * ns1 + n_blk_total, sizeof(uint32_t));
     if (!sc)
         return RKV_ENOMEM;
-    uint32_t *pass_of = sc + (b->n_seqs ? b->n_seqs : 1);
+    uint32_t *pass_of = sc + ns1, *boff = pass_of + ns1, *jslot = boff + ns1;
     uint64_t all_slots = 0;
     int rc = meta_host_shares(c, b, sc, &all_slots);
     if (rc == 0)
@@ -188,10 +200,18 @@ static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
         return rc;
     }
     const uint32_t n_pass = m->n_pass;
+    /* write-back: a staged block a token writes at least wb_min rows of gets them in its
+     * staging slot (not with passes, zero-copy, CPU_TAIL or while a graph records) */
+    const size_t slot_bytes = c->have_kv ? 2 * kv_slice_bytes(&c->layout) : 0;
+    const uint32_t wb_min = B / 8 > 2 ? B / 8 : 2;
+    const int wb_on = c->wb_on && B && c->host_read == CUDA_HOST_COPY && !c->host_cpu && !n_pass &&
+                      all_slots * slot_bytes <= c->stage_limit && !c->graph.capturing;
+    uint32_t n_wb = 0, n_wb_old = 0;
 
     size_t o_pos = align16(4 * sizeof(uint32_t));
     size_t o_slot = o_pos + align16((size_t)b->n_tokens * 4);
-    size_t o_seqs = o_slot + align16((size_t)b->n_tokens * 4);
+    size_t o_wslot = o_slot + align16((size_t)b->n_tokens * 4);
+    size_t o_seqs = o_wslot + align16((size_t)b->n_tokens * 4);
     size_t o_blks = o_seqs + align16((size_t)b->n_seqs * sizeof(struct cuda_seq_meta));
     /* with decode graphs, the block lists' room rounded up, so the arrays after them keep their
      * offsets while rows gain blocks (a recording holds those addresses: cu_graph_begin) */
@@ -214,6 +234,7 @@ static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
     hdr[3] = qt;
     int32_t *pos = (int32_t *)(h + o_pos);
     uint32_t *slot = (uint32_t *)(h + o_slot);
+    uint32_t *wslot = (uint32_t *)(h + o_wslot);
     struct cuda_seq_meta *sm = (struct cuda_seq_meta *)(h + o_seqs);
     struct cuda_blk *bl = (struct cuda_blk *)(h + o_blks);
     struct cuda_qtile *qtl = (struct cuda_qtile *)(h + o_qt);
@@ -235,8 +256,19 @@ static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
             return RKV_ENOMEM;
         }
         m->stage_w = nw;
+        uint32_t *nr = (uint32_t *)realloc(m->stage_rows, sizeof(uint32_t) * 2 * all_slots);
+        if (!nr) {
+            free(h);
+            free(sc);
+            return RKV_ENOMEM;
+        }
+        m->stage_rows = nr;
         m->stage_cap = (uint32_t)all_slots;
     }
+    for (uint32_t s = 0, off = 0; s < b->n_seqs; off += b->seqs[s++].n_blocks)
+        boff[s] = off;
+    for (uint32_t i = 0; i < n_blk_total; i++)
+        jslot[i] = ~0u;
     for (uint32_t s = 0; s < b->n_seqs && rc == 0; s++) {
         const struct be_seq *q = &b->seqs[s];
         sm[s].tok_off = q->tok_off;
@@ -264,9 +296,18 @@ static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
                 if (r == CUDA_LIST_STAGED) {
                     if (!staged_block(q, j, B))
                         continue; /* never read: not copied */
+                    /* the rows of block j the step writes: [n_past, n_past + n_tokens) in it */
+                    const uint64_t lo = (uint64_t)j * B, hi = lo + B,
+                                   w0 = q->n_past > lo ? q->n_past : lo,
+                                   w1 = q->n_past + q->n_tokens < hi ? q->n_past + q->n_tokens : hi;
+                    const uint64_t rows = B && w1 > w0 ? w1 - w0 : 0;
                     m->stage_src[n_slots] = ref.index;
-                    m->stage_w[n_slots] = B && q->n_tokens && j >= q->n_past / B &&
-                                          j <= (q->n_past + q->n_tokens - 1) / B;
+                    m->stage_w[n_slots] = !rows ? 0 : !wb_on || rows < wb_min ? 1 : w0 > lo ? 2 : 3;
+                    m->stage_rows[2 * n_slots] = rows ? (uint32_t)(w0 - lo) : 0;
+                    m->stage_rows[2 * n_slots + 1] = rows ? (uint32_t)(w1 - lo) : 0;
+                    n_wb += m->stage_w[n_slots] >= 2;
+                    n_wb_old += m->stage_w[n_slots] == 2;
+                    jslot[boff[s] + j] = n_slots;
                     bl[nb].index = n_slots++;
                 }
                 nb++;
@@ -299,7 +340,11 @@ static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
             }
             struct kv_block_ref ref = b->seqs[s].blocks[j];
             slot[t] = ref.index | ((uint32_t)ref.residency << 31);
-            host_writes |= ref.residency == KV_HOST;
+            const uint32_t w = ref.residency == KV_HOST ? jslot[boff[s] + j] : ~0u;
+            wslot[t] = w != ~0u && m->stage_w[w] >= 2 ? w : ~0u;
+            host_writes |= ref.residency == KV_HOST && wslot[t] == ~0u;
+        } else {
+            wslot[t] = ~0u;
         }
     }
     if (rc == 0 && n_pass) {
@@ -344,6 +389,7 @@ static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
     char *d = (char *)m->dev;
     m->d_pos = (int32_t *)(d + o_pos);
     m->d_slot = (uint32_t *)(d + o_slot);
+    m->d_wslot = (uint32_t *)(d + o_wslot);
     m->d_seqs = (struct cuda_seq_meta *)(d + o_seqs);
     m->d_blks = (struct cuda_blk *)(d + o_blks);
     m->d_qtiles = (struct cuda_qtile *)(d + o_qt);
@@ -355,6 +401,8 @@ static int meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
     for (int r = 0; r < CUDA_N_LISTS; r++)
         m->max_units[r] = max_units[r];
     m->n_slots = n_slots;
+    m->n_wb = n_wb;
+    m->n_wb_old = n_wb_old;
     m->host_writes = host_writes;
     m->gen++;
     m->valid = 1;
@@ -817,6 +865,9 @@ static int cu_rope(void *ctx, struct be_tensor *x, const struct be_batch *b, uin
     return cuda_rope(c, (float *)x->data, c->meta.d_pos, b->n_tokens, n_heads, head_dim, r);
 }
 
+static int wb_before(struct cuda_ctx *c, uint32_t layer, char **stg);
+static int wb_after(struct cuda_ctx *c, uint32_t layer, const char *stg);
+
 static int cu_kv_write(void *ctx, const struct be_batch *b, uint32_t layer,
                        const struct be_tensor *k, const struct be_tensor *v)
 {
@@ -827,18 +878,30 @@ static int cu_kv_write(void *ctx, const struct be_batch *b, uint32_t layer,
     if (k->cols != c->layout.n_kv_head * c->layout.head_dim)
         return RKV_EINVAL;
     int rc = meta_ensure(c, b, last_g(c));
-    return rc < 0
-               ? rc
-               : cuda_kv_write(c, &c->meta, layer, (const float *)k->data, (const float *)v->data);
+    char *stg = NULL;
+    if (rc == 0)
+        rc = wb_before(c, layer, &stg);
+    if (rc == 0)
+        rc = cuda_kv_write(c, &c->meta, layer, (const float *)k->data, (const float *)v->data, stg);
+    if (rc == 0 && stg)
+        rc = wb_after(c, layer, stg);
+    return rc < 0 ? rc : 0;
 }
 
-/* which slots of a layer stage_issue copies: all, those no token of the batch writes (they may
- * go a layer ahead), or those it writes (after this layer's kv write) */
-enum stage_which { STAGE_ALL, STAGE_CLEAN, STAGE_WRITTEN };
+/* which slots of a layer stage_issue copies, as a set of their meta stage_w values: all (after
+ * the kv write and its copies back); those that may go before this layer's kv write (a layer
+ * ahead): the clean ones and the write-back ones with old rows; those the kv write stores in
+ * the mapped pool (after it); the write-back ones with old rows alone */
+enum stage_which {
+    STAGE_ALL = 15,
+    STAGE_AHEAD = 5,
+    STAGE_WRITTEN = 2,
+    STAGE_WB = 4,
+};
 
-static int stage_wanted(const struct cuda_meta *m, uint32_t i, enum stage_which w)
+static int stage_wanted(const struct cuda_meta *m, uint32_t i, int which)
 {
-    return w == STAGE_ALL || (m->stage_w[i] != 0) == (w == STAGE_WRITTEN);
+    return (which >> m->stage_w[i]) & 1;
 }
 
 /* the wanted slots among [first, first + count): piece bytes from src0 + stage_src[i] * pitch
@@ -848,7 +911,7 @@ static int stage_wanted(const struct cuda_meta *m, uint32_t i, enum stage_which 
  * available (a driver or toolkit before CUDA 12.8; stage_batch is off from now on), the caller
  * copies them itself */
 static int stage_batched(struct cuda_ctx *c, char *dst0, const char *src0, uint32_t first,
-                         uint32_t count, enum stage_which which, size_t piece, size_t pitch)
+                         uint32_t count, int which, size_t piece, size_t pitch)
 {
     const struct cuda_meta *m = &c->meta;
 #if CUDART_VERSION >= 12080
@@ -901,37 +964,14 @@ static int stage_batched(struct cuda_ctx *c, char *dst0, const char *src0, uint3
     return 1;
 }
 
-/* queues the copies of one layer's host blocks (slots [first, first + count), those which
- * wants) into staging buffer buf on the copy stream: one batched call, or runs of consecutive
- * pool indexes as one strided copy each. after_main: the copies also wait for the stream's work
- * before this layer's device attention (ev_pre_attn, which cu_attn_partial records before every
- * host-block path: the kv writes into host blocks), so they and the host attention after them
- * overlap device attention */
-static int stage_issue(struct cuda_ctx *c, uint32_t layer, int buf, int after_main, uint32_t first,
-                       uint32_t count, enum stage_which which)
+/* the copies of the wanted slots among [first, first + count) of a layer (src0: its k slices in
+ * the host pool) into dst0 on the copy stream: one batched call, or runs of consecutive pool
+ * indexes as one strided copy each */
+static int stage_copies(struct cuda_ctx *c, char *dst0, const char *src0, uint32_t first,
+                        uint32_t count, int which)
 {
-    const struct kv_layout *l = &c->layout;
     const struct cuda_meta *m = &c->meta;
-    size_t slice = kv_slice_bytes(l), bb = kv_block_bytes(l), need = (size_t)count * 2 * slice;
-    if (need > c->stage_limit) {
-        c->hst.zero_copy++;
-        return 1; /* too big to stage: zero-copy */
-    }
-    for (uint32_t i = first; i < first + count; i++)
-        c->hst.slots += stage_wanted(m, i, which);
-    if (need > c->stg_cap[buf]) {
-        c->hst.grown++;
-        /* the buffer may still be read by queued attention */
-        CU_TRY(cudaStreamSynchronize(c->side));
-        int rc = cuda_scratch(c, &c->stg[buf], &c->stg_cap[buf], need);
-        if (rc < 0)
-            return rc;
-    }
-    CU_TRY(cudaStreamWaitEvent(c->copy, c->ev_stage_free[buf], 0));
-    if (after_main) /* the kv write before: ev_pre_attn holds it, and not device attention */
-        CU_TRY(cudaStreamWaitEvent(c->copy, c->ev_pre_attn, 0));
-    const char *src0 = c->host_base + kv_slice_offset(l, layer, 0);
-    char *dst0 = (char *)c->stg[buf];
+    const size_t slice = kv_slice_bytes(&c->layout), bb = kv_block_bytes(&c->layout);
     const uint32_t end = first + count;
     int rc = c->stage_batch && count > 1
                  ? stage_batched(c, dst0, src0, first, count, which, 2 * slice, bb)
@@ -954,10 +994,133 @@ static int stage_issue(struct cuda_ctx *c, uint32_t layer, int buf, int after_ma
                                  cudaMemcpyHostToDevice, c->copy));
         i += n;
     }
+    return 0;
+}
+
+/* queues the copies of one layer's host blocks (slots [first, first + count), those which
+ * wants) into staging buffer buf on the copy stream, the write-back slots first (ev_wready
+ * after them: the kv write waits for no more). after_main: the copies also wait for the
+ * stream's work before this layer's device attention (ev_pre_attn, which cu_attn_partial
+ * records before every host-block path: the kv writes into host blocks), so they and the host
+ * attention after them overlap device attention */
+static int stage_issue(struct cuda_ctx *c, uint32_t layer, int buf, int after_main, uint32_t first,
+                       uint32_t count, int which)
+{
+    const struct kv_layout *l = &c->layout;
+    const struct cuda_meta *m = &c->meta;
+    size_t slice = kv_slice_bytes(l), need = (size_t)count * 2 * slice;
+    if (need > c->stage_limit) {
+        c->hst.zero_copy++;
+        return 1; /* too big to stage: zero-copy */
+    }
+    for (uint32_t i = first; i < first + count; i++)
+        c->hst.slots += stage_wanted(m, i, which);
+    if (need > c->stg_cap[buf]) {
+        c->hst.grown++;
+        /* the buffer may still be read by queued attention, or copied back */
+        CU_TRY(cudaStreamSynchronize(c->side));
+        CU_TRY(cudaStreamSynchronize(c->wb));
+        int rc = cuda_scratch(c, &c->stg[buf], &c->stg_cap[buf], need);
+        if (rc < 0)
+            return rc;
+    }
+    CU_TRY(cudaStreamWaitEvent(c->copy, c->ev_stage_free[buf], 0));
+    if (c->wb_used[buf]) /* the last copies back out of this buffer */
+        CU_TRY(cudaStreamWaitEvent(c->copy, c->ev_wb_done[buf], 0));
+    if (after_main) /* the kv write before: ev_pre_attn holds it, and not device attention */
+        CU_TRY(cudaStreamWaitEvent(c->copy, c->ev_pre_attn, 0));
+    const char *src0 = c->host_base + kv_slice_offset(l, layer, 0);
+    char *dst0 = (char *)c->stg[buf];
+    c->stg_wready[buf] = 0;
+    int rc = 0;
+    if (m->n_wb_old && (which & STAGE_WB)) {
+        rc = stage_copies(c, dst0, src0, first, count, STAGE_WB);
+        if (rc < 0)
+            return rc;
+        CU_TRY(cudaEventRecord(c->ev_wready[buf], c->copy));
+        c->stg_wready[buf] = 1;
+        which &= ~STAGE_WB;
+    }
+    if ((rc = stage_copies(c, dst0, src0, first, count, which)) < 0)
+        return rc;
     CU_TRY(cudaEventRecord(c->ev_copy_done[buf], c->copy));
     c->stg_valid[buf] = 1;
     c->stg_layer[buf] = layer;
     c->stg_gen[buf] = m->gen;
+    return 0;
+}
+
+/* write-back, before layer's kv write: the layer's staging buffer with the write-back slots'
+ * old rows, which the stream waits for; *stg gets it (NULL: the batch has no write-back). The
+ * slots the write fills from their block's first row get no copy: the stream's order alone
+ * keeps the write after the last readers of the buffer (host attention two layers back, which
+ * the stream joined, and the copies back, which it joined too) */
+static int wb_before(struct cuda_ctx *c, uint32_t layer, char **stg)
+{
+    *stg = NULL;
+    if (!c->meta.n_wb)
+        return 0;
+    const int b = (int)(layer % 2);
+    if (!(c->stg_valid[b] && c->stg_layer[b] == layer && c->stg_gen[b] == c->meta.gen &&
+          (c->stg_wready[b] || !c->meta.n_wb_old))) {
+        c->stg_valid[b] = 0;
+        /* the blocks no token writes in place go now too; those it does, after the write */
+        int rc = stage_issue(c, layer, b, 0, 0, c->meta.n_slots, STAGE_AHEAD);
+        if (rc != 0)
+            return rc < 0 ? rc : RKV_ESTATE; /* meta_ensure saw the layer fit */
+    }
+    if (c->meta.n_wb_old)
+        CU_TRY(cudaStreamWaitEvent(c->stream, c->ev_wready[b], 0));
+    c->hst.wb_layers++;
+    *stg = (char *)c->stg[b];
+    return 0;
+}
+
+/* write-back, after layer's kv write into stg: the rows the batch wrote into the write-back
+ * slots copied back to their host blocks on the wb stream (whole blocks in runs, a block's
+ * written rows as one strided copy of its k and one of its v: the pool holds what a store in
+ * place would leave), which the stream joins at its next op (op_begin_keep) */
+static int wb_after(struct cuda_ctx *c, uint32_t layer, const char *stg)
+{
+    const struct kv_layout *l = &c->layout;
+    const struct cuda_meta *m = &c->meta;
+    const size_t slice = kv_slice_bytes(l), bb = kv_block_bytes(l), B = l->block_size;
+    const size_t row = slice / ((size_t)l->n_kv_head * B); /* a head's row of one position */
+    const int b = (int)(layer % 2);
+    char *dst0 = c->host_base + kv_slice_offset(l, layer, 0);
+    CU_TRY(cudaEventRecord(c->ev_kvw, c->stream));
+    CU_TRY(cudaStreamWaitEvent(c->wb, c->ev_kvw, 0));
+    for (uint32_t i = 0; i < m->n_slots;) {
+        const uint32_t r0 = m->stage_rows[2 * i], r1 = m->stage_rows[2 * i + 1];
+        if (m->stage_w[i] < 2) {
+            i++;
+            continue;
+        }
+        if (r0 > 0 || r1 < B) {
+            for (int kv = 0; kv < 2; kv++) /* (n_kv_head, B, head_dim): rows [r0, r1) a head */
+                CU_TRY(cudaMemcpy2DAsync(
+                    dst0 + (size_t)m->stage_src[i] * bb + kv * slice + r0 * row, B * row,
+                    stg + ((size_t)i * 2 + kv) * slice + r0 * row, B * row, (r1 - r0) * row,
+                    l->n_kv_head, cudaMemcpyDeviceToHost, c->wb));
+            c->hst.wb_slots++;
+            i++;
+            continue;
+        }
+        uint32_t n = 1;
+        while (i + n < m->n_slots && m->stage_src[i + n] == m->stage_src[i] + n &&
+               m->stage_w[i + n] >= 2 && m->stage_rows[2 * (i + n)] == 0 &&
+               m->stage_rows[2 * (i + n) + 1] == B)
+            n++;
+        CU_TRY(cudaMemcpy2DAsync(dst0 + (size_t)m->stage_src[i] * bb, bb,
+                                 stg + (size_t)i * 2 * slice, 2 * slice, 2 * slice, n,
+                                 cudaMemcpyDeviceToHost, c->wb));
+        c->hst.wb_slots += n;
+        i += n;
+    }
+    CU_TRY(cudaEventRecord(c->ev_wb_done[b], c->wb));
+    c->wb_used[b] = 1;
+    c->wb_pending = 1;
+    c->wb_last = b;
     return 0;
 }
 
@@ -1144,8 +1307,7 @@ static int attn_host_gpu(struct cuda_ctx *c, struct cuda_attn_args *a, uint32_t 
             c->side_pending = 1;
             c->last_was_dev_attn = 0;
             if (rc == 0 && layer + 1 < l->n_layer)
-                rc = stage_issue(c, layer + 1, (layer + 1) % 2, 0, 0, c->meta.n_slots,
-                                 c->meta.host_writes ? STAGE_CLEAN : STAGE_ALL);
+                rc = stage_issue(c, layer + 1, (layer + 1) % 2, 0, 0, c->meta.n_slots, STAGE_AHEAD);
             return rc < 0 ? rc : 0;
         }
     }
@@ -1398,9 +1560,15 @@ static int cu_rope_kv_write(void *ctx, const struct be_batch *b, uint32_t layer,
     if (at->n_kv_head != c->layout.n_kv_head || at->head_dim != c->layout.head_dim)
         return RKV_EINVAL;
     int rc = meta_ensure(c, b, at->n_head / at->n_kv_head);
-    return rc < 0 ? rc
-                  : cuda_rope_kv_write(c, &c->meta, layer, (float *)q->data, (float *)k->data,
-                                       (const float *)v->data, at->n_head, r);
+    char *stg = NULL;
+    if (rc == 0)
+        rc = wb_before(c, layer, &stg);
+    if (rc == 0)
+        rc = cuda_rope_kv_write(c, &c->meta, layer, (float *)q->data, (float *)k->data,
+                                (const float *)v->data, at->n_head, r, stg);
+    if (rc == 0 && stg)
+        rc = wb_after(c, layer, stg);
+    return rc < 0 ? rc : 0;
 }
 
 static size_t cu_scratch_reserve(void *ctx)
@@ -1573,7 +1741,8 @@ static int cu_stats(void *ctx, char *buf, size_t len)
     int n = snprintf(buf, len,
                      "host kv layers: %llu prefetched, %llu copied in line, %llu with a host "
                      "write, %llu zero-copy, %llu in %llu passes; %llu block slices staged in %llu "
-                     "copies, %llu staging growths, %llu attended on the cpu, %llu split with it, "
+                     "copies, %llu staging growths, %llu with the kv write into staging (%llu "
+                     "block slices copied back), %llu attended on the cpu, %llu split with it, "
                      "%llu tails too short to split; gemm inputs: %llu converted, %llu from the "
                      "op's 16-bit copy; decode layers as graphs: %llu recorded, %llu replayed, "
                      "%llu failed; decode linears on tensor cores: %llu; decode attention by "
@@ -1585,7 +1754,8 @@ static int cu_stats(void *ctx, char *buf, size_t len)
                      (unsigned long long)c->hst.host_write, (unsigned long long)c->hst.zero_copy,
                      (unsigned long long)c->hst.passes, (unsigned long long)c->hst.pass_n,
                      (unsigned long long)c->hst.slots, (unsigned long long)c->hst.copies,
-                     (unsigned long long)c->hst.grown, (unsigned long long)c->hst.cpu_layers,
+                     (unsigned long long)c->hst.grown, (unsigned long long)c->hst.wb_layers,
+                     (unsigned long long)c->hst.wb_slots, (unsigned long long)c->hst.cpu_layers,
                      (unsigned long long)c->hst.split_layers,
                      (unsigned long long)c->hst.split_gated, (unsigned long long)c->hst.act16_conv,
                      (unsigned long long)c->hst.act16_twin, (unsigned long long)c->hst.graph_rec,
@@ -1643,6 +1813,8 @@ static void cu_free(void *ctx)
     free(c->bat_size);
     if (c->copy)
         cudaStreamSynchronize(c->copy);
+    if (c->wb)
+        cudaStreamSynchronize(c->wb);
     cudaFree(c->stg[0]);
     cudaFree(c->stg[1]);
     for (int i = 0; i < 2; i++) {
@@ -1650,11 +1822,20 @@ static void cu_free(void *ctx)
             cudaEventDestroy(c->ev_copy_done[i]);
         if (c->ev_stage_free[i])
             cudaEventDestroy(c->ev_stage_free[i]);
+        if (c->ev_wready[i])
+            cudaEventDestroy(c->ev_wready[i]);
+        if (c->ev_wb_done[i])
+            cudaEventDestroy(c->ev_wb_done[i]);
     }
+    if (c->ev_kvw)
+        cudaEventDestroy(c->ev_kvw);
     if (c->copy)
         cudaStreamDestroy(c->copy);
+    if (c->wb)
+        cudaStreamDestroy(c->wb);
     free(c->meta.stage_src);
     free(c->meta.stage_w);
+    free(c->meta.stage_rows);
     free(c->meta.pass_slot0);
     free(c->meta.pass_nslots);
     free(c->meta.cpu_k);
@@ -1731,17 +1912,26 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         cudaEventCreateWithFlags(&c->ev_pre_attn, cudaEventDisableTiming) != cudaSuccess ||
         cudaEventCreateWithFlags(&c->ev_side_done, cudaEventDisableTiming) != cudaSuccess ||
         cudaStreamCreateWithFlags(&c->copy, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&c->wb, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaEventCreateWithFlags(&c->ev_kvw, cudaEventDisableTiming) != cudaSuccess ||
         cudaEventCreateWithFlags(&c->ev_qdown, cudaEventDisableTiming) != cudaSuccess)
         goto fail;
     for (int i = 0; i < 2; i++)
         if (cudaEventCreateWithFlags(&c->ev_copy_done[i], cudaEventDisableTiming) != cudaSuccess ||
-            cudaEventCreateWithFlags(&c->ev_stage_free[i], cudaEventDisableTiming) != cudaSuccess)
+            cudaEventCreateWithFlags(&c->ev_stage_free[i], cudaEventDisableTiming) != cudaSuccess ||
+            cudaEventCreateWithFlags(&c->ev_wready[i], cudaEventDisableTiming) != cudaSuccess ||
+            cudaEventCreateWithFlags(&c->ev_wb_done[i], cudaEventDisableTiming) != cudaSuccess)
             goto fail;
     {
         /* staging per buffer: env RKV_CUDA_STAGE_MB, default 512 MiB (a 128k host tail of
          * llama3-8b's f16 kv per layer); both buffers count in the compute reserve the worker
          * reports, larger tails are read zero-copy */
         c->stage_limit = (size_t)rkv_env_u64("RKV_CUDA_STAGE_MB", 512, 0, 1u << 20) << 20;
+        /* a prefill chunk's rows of a staged host block (an eighth of the block or more) go
+         * into its staging slot and are copied back, not stored over pcie by the kv write (a
+         * 512-token chunk of llama3-8b: 282 us a layer into the mapped pool, 19 into device
+         * memory); env RKV_CUDA_HOST_WB=0: the kv write stores them in the mapped pool */
+        c->wb_on = cu_env_flag("RKV_CUDA_HOST_WB", 1);
         /* greedy rows picked on the device (env RKV_CUDA_DEV_GREEDY=0: on the host) */
         c->dev_greedy = cu_env_flag("RKV_CUDA_DEV_GREEDY", 1);
         /* sampled rows picked on the device (env RKV_CUDA_DEV_SAMPLE=0: on the host) */

@@ -75,6 +75,9 @@ struct cuda_meta {
     size_t dev_cap;
     int32_t *d_pos;               /* (n_tokens) */
     uint32_t *d_slot;             /* (n_tokens) pool index | residency << 31 */
+    /* (n_tokens) the staging slot a token's k, v go to instead (its host block is written
+     * back from there: stage_w 2), or ~0u */
+    uint32_t *d_wslot;
     struct cuda_seq_meta *d_seqs; /* (n_seqs) */
     struct cuda_blk *d_blks;      /* (sum of list lengths) */
     struct cuda_qtile *d_qtiles;  /* (n_qtiles) */
@@ -84,9 +87,16 @@ struct cuda_meta {
     uint32_t n_tokens, n_seqs, n_qtiles, qt;
     uint32_t max_units[CUDA_N_LISTS]; /* most blocks of one list in one sequence */
     uint32_t *stage_src;              /* (n_slots) host pool index copied into each staging slot */
-    uint8_t *stage_w;                 /* (n_slots) 1: a token of the batch writes that block */
+    /* (n_slots) 0: no token of the batch writes that block; 1: the kv write stores its new
+     * rows in the mapped pool (copied after the write); 2: in its staging slot (copied up
+     * before the write with its old rows, the slot copied back to the pool after it: a prefill
+     * chunk's rows, which the mapped pool takes at a seventh of the link's speed); 3: as 2,
+     * but the write fills the block from its first row (no old rows: nothing copied up) */
+    uint8_t *stage_w;
+    uint32_t *stage_rows; /* (2 n_slots) rows [r0, r1) of its block the batch writes */
     uint32_t n_slots, stage_cap;
-    int host_writes; /* some token of the batch writes a host block */
+    uint32_t n_wb, n_wb_old; /* slots with stage_w 2 or 3, and with 2 */
+    int host_writes;         /* some token of the batch stores into the mapped pool */
     /* a layer's host blocks past the staging limit go in passes of whole sequences (each
      * sequence's slots are contiguous): pass p stages slots [pass_slot0[p], + pass_nslots[p])
      * and attends with d_seqs_pass[p * n_seqs ...], where the staged lists of the other
@@ -171,6 +181,20 @@ struct cuda_ctx {
     cudaStream_t copy;
     cudaEvent_t ev_copy_done[2];  /* on copy: staging buffer filled */
     cudaEvent_t ev_stage_free[2]; /* on side: attention done with it */
+    /* write-back (meta stage_w 2): the kv write stores a prefill chunk's rows of a host block
+     * in its staging slot, and the wb stream copies the slot back to the pool; the staging
+     * copy queues those slots first and records ev_wready after them (stg_wready), the kv write
+     * waits for it; ev_kvw (stream) after the kv write, ev_wb_done (wb) after the copies back,
+     * which the stream joins at its next op (wb_pending) and the next copy into the buffer
+     * waits for (wb_used). wb_on: env RKV_CUDA_HOST_WB (1; 0 off) */
+    int wb_on;
+    cudaStream_t wb;
+    cudaEvent_t ev_kvw;
+    cudaEvent_t ev_wready[2];
+    cudaEvent_t ev_wb_done[2];
+    int stg_wready[2];
+    int wb_used[2];
+    int wb_pending, wb_last;
     void *stg[2];
     size_t stg_cap[2];
     uint32_t stg_layer[2];
@@ -306,6 +330,8 @@ struct cuda_ctx {
         uint64_t host_write; /* ... of which the step wrote into a host block */
         uint64_t zero_copy;  /* layers too big to stage, read in place */
         uint64_t grown;      /* staging buffer reallocations (each waits for the gpu) */
+        uint64_t wb_layers;  /* layers whose kv write went to staging slots (write-back) */
+        uint64_t wb_slots;   /* ... and the block slices copied back to the pool */
         uint64_t slots;      /* host block slices staged */
         uint64_t copies;     /* ... in this many copies (runs of consecutive blocks) */
         uint64_t cpu_layers; /* layers whose host blocks the cpu attended (CPU_TAIL) */

@@ -188,13 +188,16 @@ int cuda_add(struct cuda_ctx *c, float *out, const float *a, const float *b, siz
 /* out row i = in row d_rows[i], (n, cols) f32 */
 int cuda_get_rows(struct cuda_ctx *c, float *out, const float *in, const uint32_t *d_rows,
                   uint32_t n, uint32_t cols);
-/* k, v (n_tokens, n_kv_head*head_dim) into each token's block slot (meta d_slot, d_pos) */
+/* k, v (n_tokens, n_kv_head*head_dim) into each token's block slot (meta d_slot, d_pos); stg:
+ * NULL, or the layer's staging buffer, where the tokens with a meta d_wslot go instead */
 int cuda_kv_write(struct cuda_ctx *c, const struct cuda_meta *m, uint32_t layer, const float *k,
-                  const float *v);
+                  const float *v, char *stg);
 
-/* rope on q and k (in place), then k, v into their blocks, in one launch */
+/* rope on q and k (in place), then k, v into their blocks (or staging slots, as
+ * cuda_kv_write), in one launch */
 int cuda_rope_kv_write(struct cuda_ctx *c, const struct cuda_meta *m, uint32_t layer, float *q,
-                       float *k, const float *v, uint32_t n_head, const struct be_rope *r);
+                       float *k, const float *v, uint32_t n_head, const struct be_rope *r,
+                       char *stg);
 /* the fused linear layer (decode, n <= CUDA_GEMV_MAX_N, 16-bit or f32 weights);
  * 1 when this call should be composed of the plain ops instead */
 int cuda_linear(struct cuda_ctx *c, const struct be_linear *l, uint32_t n);

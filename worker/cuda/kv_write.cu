@@ -12,18 +12,55 @@ template <> __device__ __forceinline__ __half kv_cast<__half>(float x)
     return __float2half_rn(x);
 }
 
+/* where token t's rows go: its kv block's k and v slices of the layer, or (stg, and a wslot
+ * for t) its block's staging slot, the layer's k slice then its v slice (stg_bb bytes) */
+struct kv_dst {
+    char *pool0, *pool1;
+    size_t block_bytes, k_off, v_off;
+    char *stg;
+    size_t stg_bb;
+    const uint32_t *wslot;
+};
+
+struct kv_rows {
+    char *k, *v; /* the layer's k and v slices of the block */
+};
+
+__device__ __forceinline__ kv_rows kv_dst_block(const kv_dst &d, uint32_t slot, uint32_t t)
+{
+    const uint32_t w = d.stg ? d.wslot[t] : ~0u;
+    if (w != ~0u) {
+        char *s = d.stg + (size_t)w * d.stg_bb;
+        return kv_rows{s, s + d.stg_bb / 2};
+    }
+    char *blk = cuda_kv_block(d.pool0, d.pool1, slot, d.block_bytes);
+    return kv_rows{blk + d.k_off, blk + d.v_off};
+}
+
+static kv_dst kv_dst_of(struct cuda_ctx *c, const struct cuda_meta *m, uint32_t layer, char *stg)
+{
+    const struct kv_layout *l = &c->layout;
+    return kv_dst{c->pool[0],
+                  c->pool[1],
+                  kv_block_bytes(l),
+                  kv_slice_offset(l, layer, 0),
+                  kv_slice_offset(l, layer, 1),
+                  stg,
+                  2 * kv_slice_bytes(l),
+                  m->d_wslot};
+}
+
 // k, v (n_tokens, n_kv_head*head_dim); a block's layer slice is (n_kv_head, B, head_dim)
 template <typename T>
-__global__ void kv_write_kernel(char *pool0, char *pool1, size_t block_bytes, size_t k_off,
-                                size_t v_off, uint32_t B, uint32_t n_kv_head, uint32_t head_dim,
+__global__ void kv_write_kernel(kv_dst dst, uint32_t B, uint32_t n_kv_head, uint32_t head_dim,
                                 const int32_t *pos, const uint32_t *slot, const float *k,
                                 const float *v)
 {
     uint32_t t = blockIdx.x;
-    char *blk = cuda_kv_block(pool0, pool1, slot[t], block_bytes);
+    const kv_rows kr = kv_dst_block(dst, slot[t], t);
     uint32_t off = (uint32_t)pos[t] % B;
     uint32_t row = n_kv_head * head_dim;
-    T *K = (T *)(blk + k_off), *V = (T *)(blk + v_off);
+    T *K = (T *)kr.k, *V = (T *)kr.v;
     for (uint32_t e = threadIdx.x; e < row; e += blockDim.x) {
         uint32_t h = e / head_dim, d = e % head_dim;
         size_t dst = ((size_t)h * B + off) * head_dim + d;
@@ -33,21 +70,18 @@ __global__ void kv_write_kernel(char *pool0, char *pool1, size_t block_bytes, si
 }
 
 int cuda_kv_write(struct cuda_ctx *c, const struct cuda_meta *m, uint32_t layer, const float *k,
-                  const float *v)
+                  const float *v, char *stg)
 {
     const struct kv_layout *l = &c->layout;
     if (m->n_tokens == 0)
         return 0;
-    size_t bb = kv_block_bytes(l), ko = kv_slice_offset(l, layer, 0),
-           vo = kv_slice_offset(l, layer, 1);
+    const kv_dst d = kv_dst_of(c, m, layer, stg);
     if (l->dtype == KV_F16)
         kv_write_kernel<__half><<<m->n_tokens, 128, 0, c->stream>>>(
-            c->pool[0], c->pool[1], bb, ko, vo, l->block_size, l->n_kv_head, l->head_dim, m->d_pos,
-            m->d_slot, k, v);
+            d, l->block_size, l->n_kv_head, l->head_dim, m->d_pos, m->d_slot, k, v);
     else
         kv_write_kernel<float><<<m->n_tokens, 128, 0, c->stream>>>(
-            c->pool[0], c->pool[1], bb, ko, vo, l->block_size, l->n_kv_head, l->head_dim, m->d_pos,
-            m->d_slot, k, v);
+            d, l->block_size, l->n_kv_head, l->head_dim, m->d_pos, m->d_slot, k, v);
     CU_LAUNCHED();
     return 0;
 }
@@ -56,11 +90,10 @@ int cuda_kv_write(struct cuda_ctx *c, const struct cuda_meta *m, uint32_t layer,
  * token: n_head * n_rot/2 q pairs, then n_kv_head * head_dim/2 k/v items (item j < n_rot/2
  * rotates k's pair j; later ones carry k's unrotated dims; each writes two k and two v values) */
 template <typename T>
-__global__ void rope_kv_write_kernel(char *pool0, char *pool1, size_t block_bytes, size_t k_off,
-                                     size_t v_off, uint32_t B, uint32_t n_kv_head,
-                                     uint32_t head_dim, const int32_t *pos, const uint32_t *slot,
-                                     float *q, float *k, const float *v, uint32_t n_head,
-                                     uint32_t n_rot, float base, float scale, int neox, int early)
+__global__ void rope_kv_write_kernel(kv_dst dst, uint32_t B, uint32_t n_kv_head, uint32_t head_dim,
+                                     const int32_t *pos, const uint32_t *slot, float *q, float *k,
+                                     const float *v, uint32_t n_head, uint32_t n_rot, float base,
+                                     float scale, int neox, int early)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     /* the attention after this may start its prologue (it waits for this grid before it reads
@@ -82,7 +115,7 @@ __global__ void rope_kv_write_kernel(char *pool0, char *pool1, size_t block_byte
     float sn = 0.0f, cs = 1.0f;
     if (j < half)
         cuda_rope_sincos(p, j, n_rot, base, scale, &sn, &cs);
-    char *blk = is_q ? nullptr : cuda_kv_block(pool0, pool1, slot[t], block_bytes);
+    const kv_rows kr = is_q ? kv_rows{nullptr, nullptr} : kv_dst_block(dst, slot[t], t);
     cuda_grid_wait(); /* q, k, v come from the projection before */
     if (is_q) {
         float *hx = q + ((size_t)t * n_head + h) * head_dim;
@@ -111,7 +144,7 @@ __global__ void rope_kv_write_kernel(char *pool0, char *pool1, size_t block_byte
         k1 = kx[d1];
     }
     const size_t row = ((size_t)h * B + (uint32_t)p % B) * head_dim;
-    T *K = (T *)(blk + k_off) + row, *V = (T *)(blk + v_off) + row;
+    T *K = (T *)kr.k + row, *V = (T *)kr.v + row;
     K[d0] = kv_cast<T>(k0);
     K[d1] = kv_cast<T>(k1);
     V[2 * j] = kv_cast<T>(vx[2 * j]);
@@ -119,18 +152,18 @@ __global__ void rope_kv_write_kernel(char *pool0, char *pool1, size_t block_byte
 }
 
 int cuda_rope_kv_write(struct cuda_ctx *c, const struct cuda_meta *m, uint32_t layer, float *q,
-                       float *k, const float *v, uint32_t n_head, const struct be_rope *r)
+                       float *k, const float *v, uint32_t n_head, const struct be_rope *r,
+                       char *stg)
 {
     const struct kv_layout *l = &c->layout;
     if (m->n_tokens == 0)
         return 0;
-    size_t bb = kv_block_bytes(l), ko = kv_slice_offset(l, layer, 0),
-           vo = kv_slice_offset(l, layer, 1);
+    const kv_dst d = kv_dst_of(c, m, layer, stg);
     uint32_t items = n_head * (r->n_rot / 2) + l->n_kv_head * (l->head_dim / 2);
     dim3 grid((items + 127) / 128, m->n_tokens);
     auto fn = l->dtype == KV_F16 ? rope_kv_write_kernel<__half> : rope_kv_write_kernel<float>;
-    CU_TRY(cuda_launch_pdl(c, fn, grid, dim3(128), 0, c->stream, c->pool[0], c->pool[1], bb, ko, vo,
-                           l->block_size, l->n_kv_head, l->head_dim, m->d_pos, m->d_slot, q, k, v,
-                           n_head, r->n_rot, r->freq_base, r->freq_scale, r->neox, c->early));
+    CU_TRY(cuda_launch_pdl(c, fn, grid, dim3(128), 0, c->stream, d, l->block_size, l->n_kv_head,
+                           l->head_dim, m->d_pos, m->d_slot, q, k, v, n_head, r->n_rot,
+                           r->freq_base, r->freq_scale, r->neox, c->early));
     return 0;
 }
