@@ -23,6 +23,8 @@ struct event {
     uint32_t worker;
     struct step_job *job;
     uint32_t old_pid, new_pid;
+    uint32_t max_batch_tokens; /* EV_UP: the worker's hello */
+    int on_gpu;
     char why[256];
     union {
         struct proto_status status;
@@ -154,7 +156,10 @@ static void on_async(uv_async_t *a)
         struct event *n = e->next;
         switch (e->kind) {
         case EV_JOB: c->job_done(c->ud, e->job); break;
-        case EV_UP: if (c->worker_up) c->worker_up(c->ud, e->worker); break;
+        case EV_UP:
+            if (c->worker_up)
+                c->worker_up(c->ud, e->worker, e->max_batch_tokens, e->on_gpu);
+            break;
         case EV_DOWN: if (c->worker_down) c->worker_down(c->ud, e->worker, e->why); break;
         case EV_KV_CHANGED:
             if (c->kvmgr_changed)
@@ -656,9 +661,14 @@ static void *worker_thread(void *arg)
             if (proto_call_json(t->wk, PROTO_MSG_HELLO, &h, PROTO_MSG_HELLO_ACK, &ack, 500, err,
                                 sizeof err) == 0 &&
                 ack.accepted) {
+                struct event *e = ev_new(EV_UP, t->idx);
+                if (!e)
+                    continue; /* out of memory: asked again at the next probe */
+                e->max_batch_tokens = ack.max_batch_tokens;
+                e->on_gpu = ack.on_gpu;
                 t->worker_kvmgr_pid = ack.kvmgr_pid;
                 t->up = 1;
-                post(d, ev_new(EV_UP, t->idx));
+                post(d, e);
             }
             continue;
         }

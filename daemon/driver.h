@@ -25,7 +25,8 @@
 
 struct driver_cbs {
     void (*job_done)(void *ud, struct step_job *job);
-    void (*worker_up)(void *ud, uint32_t worker);
+    /* max_batch_tokens, on_gpu: what the worker's hello answered (0: an older worker) */
+    void (*worker_up)(void *ud, uint32_t worker, uint32_t max_batch_tokens, int on_gpu);
     void (*worker_down)(void *ud, uint32_t worker, const char *why);
     /* kvmgr answered with another pid than before (0 = first contact) */
     void (*kvmgr_changed)(void *ud, uint32_t old_pid, uint32_t new_pid);

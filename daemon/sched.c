@@ -75,6 +75,7 @@ struct worker_slot {
     struct rkv_vec idles;
     struct rkv_vec picks; /* struct pick: kick's scratch */
     double step_ms;       /* the last step's time per decode step (decode_steps_ms) */
+    uint32_t max_batch_tokens, prefill_chunk; /* its step sizes (sched_worker_up) */
     uv_timer_t retry;
 };
 
@@ -729,7 +730,7 @@ static void kick(struct sched *s, uint32_t w)
     /* decodes first (one token each), then prompt chunks in arrival order;
      * picked once, then sized and copied into the job */
     ws->picks.len = 0;
-    uint32_t budget = s->cfg.max_batch_tokens;
+    uint32_t budget = ws->max_batch_tokens;
     size_t n_tok = 0;
     for (int pass = 0; pass < 2; pass++) {
         for (struct seq *q = ws->running.head; q && budget; q = q->next) {
@@ -737,7 +738,7 @@ static void kick(struct sched *s, uint32_t w)
             uint32_t pending = se->n_tokens - se->n_kv;
             if ((pass == 0) != (pending == 1) || pending == 0)
                 continue;
-            uint32_t take = RKV_MIN(RKV_MIN(pending, s->cfg.prefill_chunk), budget);
+            uint32_t take = RKV_MIN(RKV_MIN(pending, ws->prefill_chunk), budget);
             budget -= take;
             struct pick pk = {q, take};
             if (!rkv_vec_push(&ws->picks, &pk))
@@ -1055,10 +1056,14 @@ void sched_worker_down(struct sched *s, uint32_t w)
     update_gauges(s);
 }
 
-void sched_worker_up(struct sched *s, uint32_t w)
+void sched_worker_up(struct sched *s, uint32_t w, uint32_t max_batch_tokens, uint32_t prefill_chunk)
 {
     if (w >= s->cfg.n_workers)
         return;
+    struct worker_slot *ws = &s->workers[w];
+    ws->max_batch_tokens = max_batch_tokens ? max_batch_tokens : s->cfg.max_batch_tokens;
+    ws->prefill_chunk =
+        RKV_MIN(prefill_chunk ? prefill_chunk : s->cfg.prefill_chunk, ws->max_batch_tokens);
     s->workers[w].up = 1;
     s->workers[w].failures = 0;
     s->serving = 1;
@@ -1156,6 +1161,8 @@ int sched_init(uv_loop_t *loop, const struct sched_config *cfg, const struct tok
     }
     for (uint32_t w = 0; w < cfg->n_workers; w++) {
         rkv_vec_init(&s->workers[w].closes, sizeof(uint64_t));
+        s->workers[w].max_batch_tokens = cfg->max_batch_tokens;
+        s->workers[w].prefill_chunk = RKV_MIN(cfg->prefill_chunk, cfg->max_batch_tokens);
         rkv_vec_init(&s->workers[w].forgets, sizeof(uint64_t));
         rkv_vec_init(&s->workers[w].picks, sizeof(struct pick));
         rkv_vec_init(&s->workers[w].idles, sizeof(uint64_t));

@@ -33,8 +33,8 @@ struct sched_config {
     uint32_t ctx_size;         /* positions per sequence (prompt + generated) */
     uint32_t max_running;      /* sequences in one worker's batch */
     uint32_t max_waiting;      /* queued requests before 429 */
-    uint32_t max_batch_tokens; /* tokens in one step */
-    uint32_t prefill_chunk;    /* prompt tokens of one sequence per step */
+    uint32_t max_batch_tokens; /* tokens in one step (a worker's, until sched_worker_up) */
+    uint32_t prefill_chunk;    /* prompt tokens of one sequence per step (the same) */
     uint32_t max_sessions;     /* named sessions remembered */
     uint32_t max_retries;      /* attempts of a failed step before its requests fail */
     const char *model_name;    /* for metrics labels */
@@ -136,7 +136,9 @@ void sched_job_done(struct sched *s, struct step_job *job);
  * its KV is gone, every sequence is re-prefilled from its token history and
  * results of steps placed by the old one are dropped. */
 void sched_worker_down(struct sched *s, uint32_t worker);
-void sched_worker_up(struct sched *s, uint32_t worker);
+/* max_batch_tokens, prefill_chunk: that worker's step sizes from now on (0: the config's) */
+void sched_worker_up(struct sched *s, uint32_t worker, uint32_t max_batch_tokens,
+                     uint32_t prefill_chunk);
 void sched_kvmgr_seen(struct sched *s, uint32_t pid);
 /* stop taking requests (SIGTERM); running ones go on */
 void sched_drain(struct sched *s);

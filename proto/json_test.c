@@ -52,6 +52,8 @@ static void fill_all(void)
     m_hello_ack.block_bytes = 33554432;
     m_hello_ack.n_device_blocks = 9007199254740993ull; /* 2^53 + 1: travels as a string */
     m_hello_ack.n_host_blocks = UINT64_MAX;
+    m_hello_ack.max_batch_tokens = 2048;
+    m_hello_ack.on_gpu = true;
     m_report.worker_id = 63;
     m_report.weights_bytes = 16060522496ull;
     m_report.compute_reserve_bytes = 2147483648ull;

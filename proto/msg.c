@@ -38,6 +38,8 @@ static const struct proto_field f_hello_ack[] = {
     PROTO_F_U64(struct proto_hello_ack, block_bytes, 1, 0, 0),
     PROTO_F_U64(struct proto_hello_ack, n_device_blocks, 1, 0, 0),
     PROTO_F_U64(struct proto_hello_ack, n_host_blocks, 1, 0, 0),
+    PROTO_F_U32(struct proto_hello_ack, max_batch_tokens, 0, 0, 1u << 20),
+    PROTO_F_BOOL(struct proto_hello_ack, on_gpu, 0),
 };
 
 static const struct proto_field f_worker_report[] = {

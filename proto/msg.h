@@ -67,6 +67,10 @@ struct proto_hello_ack {
     uint64_t block_bytes; /* bytes per block, all layers, K and V */
     uint64_t n_device_blocks;
     uint64_t n_host_blocks;
+    /* workers, to rkvd: the most tokens one step may carry (what the worker sized its buffers
+     * for; 0 = not said), and whether it computes on a gpu */
+    uint32_t max_batch_tokens;
+    bool on_gpu;
 };
 
 /* WORKER_REPORT: what a worker measured at start-up (rates in GB/s) */

@@ -896,7 +896,10 @@ def bench_spill(a, srv, shape, full_target):
         elif t_res_prefill and a.ceil.get("pcie_gbps"):
             # the resident turn's time, or every prefill chunk reading the tail plus the
             # promotion's copies over the link, whichever is longer
-            chunks = -(-prefilled // a.prefill_chunk) if prefilled else 1
+            # rkvd's default chunk: the step on a gpu, 256 on the cpu
+            step = a.max_batch_tokens or (2048 if a.backend == "cuda" else 512)
+            chunk = min(a.prefill_chunk or (step if a.backend == "cuda" else 256), step)
+            chunks = -(-prefilled // chunk) if prefilled else 1
             t_link = (chunks * p["host_kv_bytes"] + moved) / (a.ceil["pcie_gbps"] * 1e9)
             p["prefill_bound_tok_s"] = rnd(prefilled / max(t_res_prefill, t_link), 1)
             p["prefill_ratio"] = rnd(ratio(p["prefill_tok_s"], p["prefill_bound_tok_s"]))
@@ -1271,8 +1274,10 @@ def parse_args(argv):
     ap.add_argument("--kv-dtype", default="f16", choices=("f16", "f32"))
     ap.add_argument("--block-size", type=int, help="positions per block (256; quick 32)")
     ap.add_argument("--threads", type=int, help="cpu worker threads (cpu backend)")
-    ap.add_argument("--max-batch-tokens", type=int, help="rkvd's step size (512, rkvd's default)")
-    ap.add_argument("--prefill-chunk", type=int, help="(256, rkvd's default)")
+    ap.add_argument("--max-batch-tokens", type=int, help="rkvd's step size (0, rkvd's default: "
+                    "2048 on a GPU, 512 on the CPU)")
+    ap.add_argument("--prefill-chunk", type=int, help="(0, rkvd's default: the step size on a "
+                    "GPU, 256 on the CPU)")
     ap.add_argument("--rkvd-args", help="more rkvd flags for every server, one string (e.g. "
                     "\"--prep-ahead false\" for an A/B)")
     ap.add_argument("--reserve", default=0, type=int,
@@ -1323,8 +1328,8 @@ def parse_args(argv):
             "sessions_max": (6, 64), "window": (0.4, 3.0), "spill_ctx": (2048, 32768),
             "spill_prefill": (64, 512), "spill_decode": (1500, 32), "http_batches": ("1,4", "1,64"),
             "http_tokens": (200, 256), "budget_streams": (2, 12), "budget_tokens": (2000, 192),
-            "budget_ctx": (4096, 0), "io_timeout": (30, 120), "max_batch_tokens": (512, 512),
-            "prefill_chunk": (256, 256), "spill_fracs": ("0,0.5,1", "0,0.25,0.5,0.75,0.9,1")}
+            "budget_ctx": (4096, 0), "io_timeout": (30, 120), "max_batch_tokens": (0, 0),
+            "prefill_chunk": (0, 0), "spill_fracs": ("0,0.5,1", "0,0.25,0.5,0.75,0.9,1")}
     for k, (quick, full) in dflt.items():
         if getattr(a, k) is None:
             setattr(a, k, quick if q else full)
@@ -1402,9 +1407,10 @@ def run_all(a):
                a.fit_sessions * per_ramp, spill_tok + 4 * a.block_size, int(1.25 * budget_tok))
     room = int(room * bpt * 1.15) + 8 * a.block_size * bpt
     est_used = (a.weight_bytes + 3 * GIB // 2) if a.backend == "cuda" else 0
-    # the worker measures the reserve at start (1.2 GiB on llama3-8b: activations and the
-    # copy path's staging buffers)
-    full = est_used + (a.reserve or 5 * GIB // 4) + room
+    # the worker measures the reserve at start (1.2 GiB on llama3-8b in steps of 512 tokens:
+    # activations and the copy path's staging buffers; a gpu worker's default steps of 2048
+    # take more activations: 2 GiB here, the server's log says what it measured)
+    full = est_used + (a.reserve or (2 * GIB if a.backend == "cuda" else 5 * GIB // 4)) + room
     # host: the ramp's overflow (every session but the fitting ones, a margin for write-through
     # copies), the spill session, the budget streams' halved share
     host = int(max(0.9 * a.sessions_max * per_ramp, 1.3 * spill_tok, 1.3 * budget_tok) *

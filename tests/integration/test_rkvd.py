@@ -49,6 +49,22 @@ def test_completion_equals_rkv_gen(rkvd, ref, prompt):
     expect_usage(r.usage, len(ref.tokens(prompt)), want)
 
 
+def test_step_sizes_follow_the_backend_unless_set(rkvd, rkvd_factory, ref):
+    """a cpu worker steps 512 tokens and prompt chunks of 256 by default (a gpu one 2048 and
+    2048: the worker's hello says which); a step size set caps the chunk too, and a prompt over
+    many steps still gives rkv-gen's text"""
+    rkvd.wait_log("worker 0 is up (cpu): steps of up to 512 tokens, prompt chunks of 256")
+    srv = rkvd_factory("--max-batch-tokens", "8", "--max-running", "4")
+    srv.wait_log("worker 0 is up (cpu): steps of up to 8 tokens, prompt chunks of 8")
+    prompt = PROMPTS[1] + " " + PROMPTS[3]
+    assert len(ref.tokens(prompt)) > 16
+    want = ref.gen(prompt, n=N)
+    r = client(srv).completions.create(model="tiny", prompt=prompt, max_tokens=N, temperature=0)
+    assert r.choices[0].text == want["text"]
+    small = rkvd_factory("--max-batch-tokens", "64", "--prefill-chunk", "500")
+    small.wait_log("worker 0 is up (cpu): steps of up to 64 tokens, prompt chunks of 64")
+
+
 @pytest.mark.parametrize("prompt", PROMPTS[:3])
 def test_completion_stream_equals_rkv_gen(rkvd, ref, prompt):
     want = ref.gen(prompt, n=N)

@@ -396,3 +396,23 @@ def test_health_says_why_kvmgr_has_no_pools(tiny_model, tmp_path_factory):
 def http_client(port):
     import http.client
     return http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+
+
+def test_step_smaller_than_the_running_sequences_is_refused_at_start(tmp_path, tiny_model):
+    """a step carries a token of every running sequence: rkvd refuses max_batch_tokens below
+    max_running itself (not a worker that cannot set up its forward pass), and the worker alone
+    says the same of its own switches"""
+    from conftest import rkv_bin
+    r = subprocess.run([rkv_bin("rkvd"), "--model", str(tmp_path / "m.gguf"),
+                        "--max-batch-tokens", "8", "--state-dir", str(tmp_path / "s"),
+                        "--runtime-dir", str(tmp_path / "r")], capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 2, r.stderr
+    assert "--max-batch-tokens 8 is below --max-running 64" in r.stderr, r.stderr
+    assert "max_batch_tokens 0" in r.stderr, r.stderr
+    assert not (tmp_path / "s").exists()
+    r = subprocess.run([rkv_bin("rkv-worker"), "--model", str(tiny_model), "--backend", "cpu",
+                        "--max-seqs", "64", "--max-batch-tokens", "8", "--runtime-dir",
+                        str(tmp_path / "w")], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0, r.stderr
+    assert "--max-seqs 64 is more than --max-batch-tokens 8" in r.stderr, r.stderr
