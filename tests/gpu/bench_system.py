@@ -912,6 +912,59 @@ def bench_spill(a, srv, shape, full_target):
     return out
 
 
+# --- 3. decode gaps beside a long prefill ---------------------------------------------------
+
+
+def gap_stats(times, t0, t1):
+    """the waits between a stream's bursts inside [t0, t1], in ms: count, median, longest (None
+    when fewer than two bursts came). Chunks less than 1 ms apart are one burst: a worker round
+    trip of several decode steps sends its tokens together"""
+    ts = []
+    for t in times:
+        if t0 <= t <= t1 and (not ts or t - last > 1e-3):
+            ts.append(t)
+        last = t
+    gaps = sorted((y - x) * 1e3 for x, y in zip(ts, ts[1:]))
+    if not gaps:
+        return {"n": 0, "median_ms": None, "max_ms": None}
+    return {"n": len(gaps), "median_ms": rnd(gaps[len(gaps) // 2], 2), "max_ms": rnd(gaps[-1], 2)}
+
+
+def bench_gaps(a, srv, shape, full_target):
+    """the price of the step size: one stream decodes, then another session's prompt of gaps_ctx
+    tokens prefills beside it; the decoding stream's waits between tokens alone and during that
+    prefill (its chunks share the steps), and the prompt's prefill rate"""
+    vocab = shape["vocab"]
+    n_dec = max(8, min(4096, a.ctx_size - 2 * a.block_size))
+    dec = Stream(srv, prompt_ids("gaps-dec", a.block_size, vocab), n_dec, session="gaps-dec")
+    dec.start()
+    long = None
+    try:
+        dec.wait_tokens(8, time.monotonic() + a.io_timeout)
+        t_alone = time.monotonic()
+        time.sleep(a.window)
+        long = Stream(srv, prompt_ids("gaps-long", a.gaps_ctx, vocab), 2, session="gaps-long")
+        long.start().join(a)
+        if long.errors or not long.times:
+            raise RuntimeError(f"gaps: the long prompt failed: {long.errors}")
+        if not dec.thread.is_alive():
+            raise RuntimeError(f"gaps: the decoding stream ended before the prefill did "
+                               f"({dec.tokens()} tokens; errors {dec.errors})")
+    finally:
+        dec.leave()
+    t_first = long.first_time()
+    out = {"ctx": a.gaps_ctx, "ttft_s": rnd(t_first - long.t_start),
+           "prefill_tok_s": rnd(a.gaps_ctx / (t_first - long.t_start), 1),
+           "alone": gap_stats(dec.times, t_alone, long.t_start),
+           "during_prefill": gap_stats(dec.times, long.t_start, t_first)}
+    log(f"gaps: a {a.gaps_ctx}-token prompt prefilled at {out['prefill_tok_s']} tok/s beside a "
+        f"decoding stream, whose waits between tokens went from {out['alone']['median_ms']} ms "
+        f"(longest {out['alone']['max_ms']}) alone to {out['during_prefill']['median_ms']} ms "
+        f"(longest {out['during_prefill']['max_ms']}) during the prefill")
+    evict(srv, "gaps-long")
+    return out
+
+
 HF_CHILD = r'''
 import json, sys, time
 out, shape, ctx, n_dec, chunk = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), \
@@ -1265,7 +1318,7 @@ def parse_args(argv):
     ap.add_argument("--quick", action="store_true", help="small sizes (the cpu smoke test)")
     ap.add_argument("--strict", action="store_true", help="exit 1 on a FAILed target too")
     ap.add_argument("--deadline", type=float, help="seconds for everything (480; quick 55)")
-    ap.add_argument("--parts", default="http,ramp,spill,budget,hf")
+    ap.add_argument("--parts", default="http,ramp,spill,gaps,budget,hf")
     ap.add_argument("--preset", help="rkv-mkmodel preset (llama3-8b; quick: tiny)")
     ap.add_argument("--dtype", help="weights (bf16; quick: f32)")
     ap.add_argument("--model", help="a GGUF to use instead of making one")
@@ -1295,6 +1348,8 @@ def parse_args(argv):
     ap.add_argument("--resident-timeout", type=float, default=10)
     ap.add_argument("--spill-ctx", type=int, help="the spill session's context (32768; quick "
                     "2048): 131072 is the issue's figure but its prefill alone takes minutes")
+    ap.add_argument("--gaps-ctx", type=int, help="the gaps part's long prompt, prefilled beside "
+                    "a decoding stream (32768; quick 1024)")
     ap.add_argument("--spill-fracs", help="host fractions (0,0.25,0.5,0.75,0.9,1; quick 0,0.5,1)")
     ap.add_argument("--spill-prefill", type=int, help="new tokens per point (512; quick 64)")
     ap.add_argument("--spill-decode", type=int, help="decoded tokens per point (32; quick 1500)")
@@ -1325,7 +1380,7 @@ def parse_args(argv):
     q = a.quick
     dflt = {"deadline": (55, 480), "preset": ("tiny", "llama3-8b"), "dtype": ("f32", "bf16"),
             "block_size": (32, 256), "ctx": (256, 4096), "fit_sessions": (2, 16),
-            "sessions_max": (6, 64), "window": (0.4, 3.0), "spill_ctx": (2048, 32768),
+            "sessions_max": (6, 64), "window": (0.4, 3.0), "spill_ctx": (2048, 32768), "gaps_ctx": (1024, 32768),
             "spill_prefill": (64, 512), "spill_decode": (1500, 32), "http_batches": ("1,4", "1,64"),
             "http_tokens": (200, 256), "budget_streams": (2, 12), "budget_tokens": (2000, 192),
             "budget_ctx": (4096, 0), "io_timeout": (30, 120), "max_batch_tokens": (0, 0),
@@ -1403,8 +1458,12 @@ def run_all(a):
     per_ramp = a.ctx + a.turn_tokens + 2 * a.block_size
     spill_tok = a.spill_ctx + a.spill_prefill * (len(a.spill_fracs) + 1) + a.spill_decode
     budget_tok = a.budget_streams * (a.budget_ctx + a.budget_tokens + a.block_size)
+    # the gaps part: its long prompt and the decoding stream (a short prompt and up to 4096
+    # tokens)
+    gaps_tok = a.gaps_ctx + 4096 + 6 * a.block_size if "gaps" in a.parts else 0
     room = max(max(a.http_batches) * (a.ctx + a.http_tokens + 2 * a.block_size),
-               a.fit_sessions * per_ramp, spill_tok + 4 * a.block_size, int(1.25 * budget_tok))
+               a.fit_sessions * per_ramp, spill_tok + 4 * a.block_size, int(1.25 * budget_tok),
+               gaps_tok)
     room = int(room * bpt * 1.15) + 8 * a.block_size * bpt
     est_used = (a.weight_bytes + 3 * GIB // 2) if a.backend == "cuda" else 0
     # the worker measures the reserve at start (1.2 GiB on llama3-8b in steps of 512 tokens:
@@ -1426,10 +1485,11 @@ def run_all(a):
              "host pool cannot take wait for room")
         host = int(0.9 * shm_free)
     a.ctx_size = max(a.ctx + a.turn_tokens, a.ctx + a.http_tokens,
-                     a.budget_ctx + a.budget_tokens, spill_tok) + 2 * a.block_size
+                     a.budget_ctx + a.budget_tokens, spill_tok, a.gaps_ctx + 2) + 2 * a.block_size
     # the ramp's KV room holds fit_sessions sessions of ctx + a turn
     room_ramp = a.fit_sessions * -(-(a.ctx + a.turn_tokens) // a.block_size) * a.block_size * bpt
-    on_main = {"http", "ramp", "spill"} | (set() if a.budget_deterministic else {"budget"})
+    on_main = {"http", "ramp", "spill", "gaps"} | (set() if a.budget_deterministic else
+                                                    {"budget"})
     if not on_main & a.parts:
         a.parts.add("none")  # no part runs on the main server
     srv = Server(a, "server", full, host)
@@ -1473,7 +1533,8 @@ def run_all(a):
             elif "ramp" in a.parts:
                 note(f"ramp: skipped, {left(a):.0f} s left of the deadline and it wants more "
                      f"than {2 * a.reserve_s:.0f} (raise --deadline / DEADLINE)")
-            for part, fn in (("spill", bench_spill), ("budget", bench_budget)):
+            for part, fn in (("spill", bench_spill), ("gaps", bench_gaps),
+                             ("budget", bench_budget)):
                 if part not in a.parts or (part == "budget" and a.budget_deterministic):
                     continue
                 if left(a) > a.reserve_s * 2:
@@ -1525,6 +1586,11 @@ def summary():
             f"{p['ratio_to_bound']}  resident-ratio {p.get('ratio_to_resident')}  "
             f"{p['tactics']}  pcie {p['pcie_Bps'] / 1e9:.2f} GB/s"
             + (f"  to-resident {p['to_resident_s']} s" if "to_resident_s" in p else ""))
+    g = RES.get("gaps") or {}
+    if g.get("during_prefill"):
+        log(f"  gaps: {g['ctx']}-token prefill {g['prefill_tok_s']} tok/s; a decoding stream's "
+            f"longest wait {g['alone']['max_ms']} ms alone, {g['during_prefill']['max_ms']} ms "
+            f"during it")
     for p in ((RES.get("spill") or {}).get("points") or []):
         if p.get("decode_tok_s"):
             log(f"  spill host {p['host_frac']}: decode {p['decode_tok_s']} -> "

@@ -154,6 +154,26 @@ def test_spill_curve_moves_the_tail(bench):
         assert p["prefilled_tokens"] == bench["spill"]["prefill_tokens"]
 
 
+def test_gaps_measures_a_stream_alone_and_beside_a_long_prefill(bench):
+    g = bench["gaps"]
+    assert g["ctx"] == 1024 and g["prefill_tok_s"] > 0 and g["ttft_s"] > 0
+    for w in ("alone", "during_prefill"):
+        assert g[w]["n"] >= 1, g
+        assert 0 < g[w]["median_ms"] <= g[w]["max_ms"], g
+
+
+def test_gap_stats_reads_only_the_window():
+    sys.path.insert(0, str(TOP / "tests" / "gpu"))
+    import bench_system
+    st = bench_system.gap_stats([0.0, 0.1, 0.3, 0.6, 1.0, 5.0], 0.05, 1.0)
+    assert st == {"n": 3, "median_ms": 300.0, "max_ms": 400.0}
+    # chunks under 1 ms apart are one burst (a round trip of several decode steps)
+    st = bench_system.gap_stats([0.1, 0.1002, 0.1004, 0.3, 0.3001, 0.7], 0.0, 1.0)
+    assert st == {"n": 2, "median_ms": 400.0, "max_ms": 400.0}
+    assert bench_system.gap_stats([0.0, 1.0], 0.5, 2.0) == {"n": 0, "median_ms": None,
+                                                            "max_ms": None}
+
+
 def test_budget_change_keeps_the_outputs(bench):
     b = bench["budget"]
     assert b["errors"] == [] and b["baseline_errors"] == []
