@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/err.h"
@@ -855,10 +856,14 @@ int main(int argc, char **argv)
     if (tdir && *tdir) {
         char path[512];
         snprintf(path, sizeof(path), "%s/trace.csv", tdir);
+        /* the directory is made when missing (one level, as $OUT/tr) */
+        if (mkdir(tdir, 0755) != 0 && errno != EEXIST)
+            fprintf(stderr, "gpu_bench: RKV_PROFILE_TRACE=%s: cannot make it (%s)\n", tdir,
+                    strerror(errno));
         if (!(trace_csv = fopen(path, "w"))) {
             fprintf(stderr,
-                    "gpu_bench: RKV_PROFILE_TRACE=%s: cannot write %s (%s): name a directory "
-                    "that exists and is writable\n",
+                    "gpu_bench: RKV_PROFILE_TRACE=%s: cannot write %s (%s): name a writable "
+                    "directory (made when missing, if its parent exists)\n",
                     tdir, path, strerror(errno));
             return 1;
         }
