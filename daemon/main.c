@@ -183,6 +183,9 @@ struct rkvd {
     struct sup_child *workers[RKVD_MAX_WORKERS];
     uint32_t n_workers;
     int worker_up[RKVD_MAX_WORKERS];
+    /* what each worker's last hello said (0 / -1: not heard yet) and the step sizes it got */
+    int worker_on_gpu[RKVD_MAX_WORKERS];
+    uint32_t worker_mbt[RKVD_MAX_WORKERS], worker_chunk[RKVD_MAX_WORKERS];
     /* a failed step took the worker down: when, and its pid then (a hung one keeps it) */
     uint64_t worker_down_ms[RKVD_MAX_WORKERS];
     pid_t worker_down_pid[RKVD_MAX_WORKERS];
@@ -357,6 +360,9 @@ static void drv_worker_up(void *ud, uint32_t w, uint32_t worker_mbt, int on_gpu)
              on_gpu ? "gpu" : "cpu", mbt, chunk);
     d->worker_up[w] = 1;
     d->worker_down_ms[w] = 0;
+    d->worker_on_gpu[w] = on_gpu ? 1 : -1;
+    d->worker_mbt[w] = mbt;
+    d->worker_chunk[w] = chunk;
     sched_worker_up(d->sched, w, mbt, chunk);
     maybe_ready(d);
 }
@@ -582,7 +588,10 @@ static void adm_info(void *ctx, struct admin_info *o)
     for (uint32_t w = 0; w < d->n_workers && w < ADMIN_MAX_WORKERS; w++) {
         struct admin_worker_info *wi = &o->workers[w];
         wi->id = w;
-        wi->gpu = d->c.backend == 1 ? -1 : (int64_t)w;
+        /* the gpu it was given, or the cpu where its hello said so (backend auto) */
+        wi->gpu = d->c.backend == 1 || d->worker_on_gpu[w] < 0 ? -1 : (int64_t)w;
+        wi->max_batch_tokens = d->worker_mbt[w];
+        wi->prefill_chunk = d->worker_chunk[w];
         wi->pid = d->workers[w] ? (uint32_t)sup_child_pid(d->workers[w]) : 0;
         wi->up = d->worker_up[w];
         wi->draining = d->sched ? sched_worker_draining(d->sched, w) : 0;
