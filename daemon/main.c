@@ -336,19 +336,12 @@ static void drv_job_done(void *ud, struct step_job *job)
     sched_job_done(d->sched, job);
 }
 
-/* a worker's step sizes: the config's where set, else by its backend (what its hello said):
- * on a gpu steps of 2048 tokens and prompt chunks as long (a 32k prompt through HTTP on an
- * H200, llama3-8b bf16: 11706 tok/s, against 8825 in steps of 512 and chunks of 256), on the
- * cpu 512 and 256; never more than the worker sized its buffers for */
+/* a worker's step sizes: the config's where set, else by its backend (sched_step_sizes) */
 static void step_sizes(const struct rkvd *d, uint32_t worker_mbt, int on_gpu, uint32_t *mbt,
                        uint32_t *chunk)
 {
-    *mbt = d->c.max_batch_tokens ? (uint32_t)d->c.max_batch_tokens : worker_mbt ? worker_mbt : 512;
-    if (worker_mbt && *mbt > worker_mbt)
-        *mbt = worker_mbt;
-    *chunk = d->c.prefill_chunk ? (uint32_t)d->c.prefill_chunk : on_gpu ? *mbt : 256;
-    if (*chunk > *mbt)
-        *chunk = *mbt;
+    sched_step_sizes((uint32_t)d->c.max_batch_tokens, (uint32_t)d->c.prefill_chunk, worker_mbt,
+                     on_gpu, mbt, chunk);
 }
 
 static void drv_worker_up(void *ud, uint32_t w, uint32_t worker_mbt, int on_gpu)

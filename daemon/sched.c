@@ -1056,6 +1056,19 @@ void sched_worker_down(struct sched *s, uint32_t w)
     update_gauges(s);
 }
 
+/* a 32k prompt through HTTP on an H200 (llama3-8b bf16): 11706 tok/s in steps and chunks of
+ * 2048, 8825 in steps of 512 and chunks of 256 */
+void sched_step_sizes(uint32_t cfg_mbt, uint32_t cfg_chunk, uint32_t worker_mbt, int on_gpu,
+                      uint32_t *mbt, uint32_t *chunk)
+{
+    *mbt = cfg_mbt ? cfg_mbt : worker_mbt ? worker_mbt : on_gpu ? 2048 : 512;
+    if (worker_mbt && *mbt > worker_mbt)
+        *mbt = worker_mbt;
+    *chunk = cfg_chunk ? cfg_chunk : on_gpu ? *mbt : 256;
+    if (*chunk > *mbt)
+        *chunk = *mbt;
+}
+
 void sched_worker_up(struct sched *s, uint32_t w, uint32_t max_batch_tokens, uint32_t prefill_chunk)
 {
     if (w >= s->cfg.n_workers)

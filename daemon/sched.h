@@ -136,6 +136,13 @@ void sched_job_done(struct sched *s, struct step_job *job);
  * its KV is gone, every sequence is re-prefilled from its token history and
  * results of steps placed by the old one are dropped. */
 void sched_worker_down(struct sched *s, uint32_t worker);
+/* a worker's step sizes from the config's max_batch_tokens and prefill_chunk (0: by its
+ * backend) and what its hello said (the tokens it sized its buffers for, 0 = not said; whether
+ * it is on a gpu): on a gpu steps of 2048 and prompt chunks as long, on the cpu 512 and 256;
+ * never more than the worker's own size, a chunk never more than the step */
+void sched_step_sizes(uint32_t cfg_max_batch_tokens, uint32_t cfg_prefill_chunk,
+                      uint32_t worker_max_batch_tokens, int on_gpu, uint32_t *max_batch_tokens,
+                      uint32_t *prefill_chunk);
 /* max_batch_tokens, prefill_chunk: that worker's step sizes from now on (0: the config's) */
 void sched_worker_up(struct sched *s, uint32_t worker, uint32_t max_batch_tokens,
                      uint32_t prefill_chunk);
