@@ -935,7 +935,7 @@ def bench_gaps(a, srv, shape, full_target):
     tokens prefills beside it; the decoding stream's waits between tokens alone and during that
     prefill (its chunks share the steps), and the prompt's prefill rate"""
     vocab = shape["vocab"]
-    n_dec = max(8, min(4096, a.ctx_size - 2 * a.block_size))
+    n_dec = a.gaps_decode  # enough tokens to outlast the window and the prefill
     dec = Stream(srv, prompt_ids("gaps-dec", a.block_size, vocab), n_dec, session="gaps-dec")
     dec.start()
     long = None
@@ -949,7 +949,8 @@ def bench_gaps(a, srv, shape, full_target):
             raise RuntimeError(f"gaps: the long prompt failed: {long.errors}")
         if not dec.thread.is_alive():
             raise RuntimeError(f"gaps: the decoding stream ended before the prefill did "
-                               f"({dec.tokens()} tokens; errors {dec.errors})")
+                               f"({dec.tokens()} tokens; errors {dec.errors}): raise "
+                               f"--gaps-decode")
     finally:
         dec.leave()
     t_first = long.first_time()
@@ -1350,6 +1351,9 @@ def parse_args(argv):
                     "2048): 131072 is the issue's figure but its prefill alone takes minutes")
     ap.add_argument("--gaps-ctx", type=int, help="the gaps part's long prompt, prefilled beside "
                     "a decoding stream (32768; quick 1024)")
+    ap.add_argument("--gaps-decode", type=int, help="tokens the gaps part's decoding stream asks "
+                    "for, enough to outlast the window and the prefill (4096; quick 16384: the "
+                    "tiny model decodes ~10k tok/s)")
     ap.add_argument("--spill-fracs", help="host fractions (0,0.25,0.5,0.75,0.9,1; quick 0,0.5,1)")
     ap.add_argument("--spill-prefill", type=int, help="new tokens per point (512; quick 64)")
     ap.add_argument("--spill-decode", type=int, help="decoded tokens per point (32; quick 1500)")
@@ -1380,7 +1384,8 @@ def parse_args(argv):
     q = a.quick
     dflt = {"deadline": (55, 480), "preset": ("tiny", "llama3-8b"), "dtype": ("f32", "bf16"),
             "block_size": (32, 256), "ctx": (256, 4096), "fit_sessions": (2, 16),
-            "sessions_max": (6, 64), "window": (0.4, 3.0), "spill_ctx": (2048, 32768), "gaps_ctx": (1024, 32768),
+            "sessions_max": (6, 64), "window": (0.4, 3.0), "spill_ctx": (2048, 32768),
+            "gaps_ctx": (1024, 32768), "gaps_decode": (16384, 4096),
             "spill_prefill": (64, 512), "spill_decode": (1500, 32), "http_batches": ("1,4", "1,64"),
             "http_tokens": (200, 256), "budget_streams": (2, 12), "budget_tokens": (2000, 192),
             "budget_ctx": (4096, 0), "io_timeout": (30, 120), "max_batch_tokens": (0, 0),
@@ -1458,9 +1463,9 @@ def run_all(a):
     per_ramp = a.ctx + a.turn_tokens + 2 * a.block_size
     spill_tok = a.spill_ctx + a.spill_prefill * (len(a.spill_fracs) + 1) + a.spill_decode
     budget_tok = a.budget_streams * (a.budget_ctx + a.budget_tokens + a.block_size)
-    # the gaps part: its long prompt and the decoding stream (a short prompt and up to 4096
+    # the gaps part: its long prompt and the decoding stream (a short prompt and gaps_decode
     # tokens)
-    gaps_tok = a.gaps_ctx + 4096 + 6 * a.block_size if "gaps" in a.parts else 0
+    gaps_tok = a.gaps_ctx + a.gaps_decode + 6 * a.block_size if "gaps" in a.parts else 0
     room = max(max(a.http_batches) * (a.ctx + a.http_tokens + 2 * a.block_size),
                a.fit_sessions * per_ramp, spill_tok + 4 * a.block_size, int(1.25 * budget_tok),
                gaps_tok)
@@ -1485,7 +1490,8 @@ def run_all(a):
              "host pool cannot take wait for room")
         host = int(0.9 * shm_free)
     a.ctx_size = max(a.ctx + a.turn_tokens, a.ctx + a.http_tokens,
-                     a.budget_ctx + a.budget_tokens, spill_tok, a.gaps_ctx + 2) + 2 * a.block_size
+                     a.budget_ctx + a.budget_tokens, spill_tok, a.gaps_ctx + 2,
+                     a.block_size + a.gaps_decode) + 2 * a.block_size
     # the ramp's KV room holds fit_sessions sessions of ctx + a turn
     room_ramp = a.fit_sessions * -(-(a.ctx + a.turn_tokens) // a.block_size) * a.block_size * bpt
     on_main = {"http", "ramp", "spill", "gaps"} | (set() if a.budget_deterministic else
