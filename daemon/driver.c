@@ -605,7 +605,7 @@ static void *worker_thread(void *arg)
 {
     struct wthread *t = arg;
     struct driver *d = t->d;
-    uint64_t last_probe = 0;
+    uint64_t last_probe = 0, unanswered_since = 0;
     for (;;) {
         pthread_mutex_lock(&d->mu);
         while (!d->stop && !t->job) {
@@ -658,9 +658,32 @@ static void *worker_thread(void *arg)
                                     PROTO_VERSION, "rkvd"};
             struct proto_hello_ack ack;
             char err[256];
-            if (proto_call_json(t->wk, PROTO_MSG_HELLO, &h, PROTO_MSG_HELLO_ACK, &ack, 500, err,
-                                sizeof err) == 0 &&
-                ack.accepted) {
+            int hrc = proto_call_json(t->wk, PROTO_MSG_HELLO, &h, PROTO_MSG_HELLO_ACK, &ack, 500,
+                                      err, sizeof err);
+            if (hrc == 0) {
+                unanswered_since = 0;
+            } else if (!unanswered_since) {
+                unanswered_since = now;
+            } else if (now - unanswered_since >= 10000) {
+                /* no answer for 10 s (a model still loading is one reason): the socket is
+                 * dialed anew, since nng 1.5 can leave a dialer stuck after its peer restarts
+                 * (a .ci/run once saw no hello get through for 60 s after a worker's SIGKILL,
+                 * while the new worker ran) */
+                log_info("driver: worker %u has not answered hello for 10 s (%s); dialing it "
+                         "anew",
+                         t->idx, err);
+                struct proto_sock *ns = NULL;
+                char oerr[256];
+                if (proto_sock_open(&ns, PROTO_SOCK_REQ, d->cfg.worker_urls[t->idx], oerr,
+                                    sizeof oerr) == 0) {
+                    proto_sock_close(t->wk);
+                    t->wk = ns;
+                } else {
+                    log_warn("driver: worker %u: %s", t->idx, oerr);
+                }
+                unanswered_since = now;
+            }
+            if (hrc == 0 && ack.accepted) {
                 struct event *e = ev_new(EV_UP, t->idx);
                 if (!e)
                     continue; /* out of memory: asked again at the next probe */

@@ -365,3 +365,32 @@ def test_request_during_a_worker_restart_waits_for_it(rkvd_factory, ref):
     assert st == 200, data
     assert json.loads(data)["choices"][0]["text"] == ref.gen("while it restarts", n=8)["text"]
     assert srv.child_pid("rkv-worker") != worker
+
+
+def test_worker_silent_after_its_restart_is_dialed_anew(rkvd_factory):
+    """a restarted worker that does not answer hello for 10 s (stopped here; a model still
+    loading, or an nng 1.5 dialer stuck after its peer's restart) gets a fresh socket from the
+    driver, and rkvd serves again once it answers"""
+    srv = rkvd_factory()
+    old = srv.child_pid("rkv-worker")
+    os.kill(old, signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    new = None
+    while new is None and time.monotonic() < deadline:
+        try:
+            p = srv.child_pid("rkv-worker")
+        except Exception:  # noqa: BLE001 - between the old one and the new one
+            p = None
+        if p and p != old:
+            new = p
+            os.kill(new, signal.SIGSTOP)
+        time.sleep(0.001)
+    assert new, "the worker was not restarted"
+    try:
+        srv.wait_log("has not answered hello for 10 s", timeout=30)
+    finally:
+        os.kill(new, signal.SIGCONT)
+    srv.wait_log("dialing it anew")
+    srv.wait_healthy(30)
+    st, _, body = srv.request("POST", "/v1/completions", body={"prompt": "hi", "max_tokens": 3})
+    assert st == 200, body
