@@ -183,9 +183,8 @@ struct rkvd {
     struct sup_child *workers[RKVD_MAX_WORKERS];
     uint32_t n_workers;
     int worker_up[RKVD_MAX_WORKERS];
-    /* what each worker's last hello said (0 / -1: not heard yet) and the step sizes it got */
+    /* what each worker's last hello said: 1 on a gpu, -1 on the cpu, 0 not heard yet */
     int worker_on_gpu[RKVD_MAX_WORKERS];
-    uint32_t worker_mbt[RKVD_MAX_WORKERS], worker_chunk[RKVD_MAX_WORKERS];
     /* a failed step took the worker down: when, and its pid then (a hung one keeps it) */
     uint64_t worker_down_ms[RKVD_MAX_WORKERS];
     pid_t worker_down_pid[RKVD_MAX_WORKERS];
@@ -354,8 +353,6 @@ static void drv_worker_up(void *ud, uint32_t w, uint32_t worker_mbt, int on_gpu)
     d->worker_up[w] = 1;
     d->worker_down_ms[w] = 0;
     d->worker_on_gpu[w] = on_gpu ? 1 : -1;
-    d->worker_mbt[w] = mbt;
-    d->worker_chunk[w] = chunk;
     sched_worker_up(d->sched, w, mbt, chunk);
     maybe_ready(d);
 }
@@ -583,8 +580,9 @@ static void adm_info(void *ctx, struct admin_info *o)
         wi->id = w;
         /* the gpu it was given, or the cpu where its hello said so (backend auto) */
         wi->gpu = d->c.backend == 1 || d->worker_on_gpu[w] < 0 ? -1 : (int64_t)w;
-        wi->max_batch_tokens = d->worker_mbt[w];
-        wi->prefill_chunk = d->worker_chunk[w];
+        wi->max_batch_tokens = wi->prefill_chunk = 0; /* until its first hello */
+        if (d->sched && d->worker_on_gpu[w])
+            sched_worker_steps(d->sched, w, &wi->max_batch_tokens, &wi->prefill_chunk);
         wi->pid = d->workers[w] ? (uint32_t)sup_child_pid(d->workers[w]) : 0;
         wi->up = d->worker_up[w];
         wi->draining = d->sched ? sched_worker_draining(d->sched, w) : 0;

@@ -1061,7 +1061,7 @@ void sched_worker_down(struct sched *s, uint32_t w)
 void sched_step_sizes(uint32_t cfg_mbt, uint32_t cfg_chunk, uint32_t worker_mbt, int on_gpu,
                       uint32_t *mbt, uint32_t *chunk)
 {
-    *mbt = cfg_mbt ? cfg_mbt : worker_mbt ? worker_mbt : on_gpu ? 2048 : 512;
+    *mbt = cfg_mbt ? cfg_mbt : worker_mbt ? worker_mbt : 512; /* the worker picks 2048 on a gpu */
     if (worker_mbt && *mbt > worker_mbt)
         *mbt = worker_mbt;
     *chunk = cfg_chunk ? cfg_chunk : on_gpu ? *mbt : 256;
@@ -1073,10 +1073,8 @@ void sched_worker_up(struct sched *s, uint32_t w, uint32_t max_batch_tokens, uin
 {
     if (w >= s->cfg.n_workers)
         return;
-    struct worker_slot *ws = &s->workers[w];
-    ws->max_batch_tokens = max_batch_tokens ? max_batch_tokens : s->cfg.max_batch_tokens;
-    ws->prefill_chunk =
-        RKV_MIN(prefill_chunk ? prefill_chunk : s->cfg.prefill_chunk, ws->max_batch_tokens);
+    s->workers[w].max_batch_tokens = max_batch_tokens;
+    s->workers[w].prefill_chunk = prefill_chunk;
     s->workers[w].up = 1;
     s->workers[w].failures = 0;
     s->serving = 1;
@@ -1330,6 +1328,14 @@ int sched_worker_drain(struct sched *s, uint32_t worker, int drain)
 int sched_worker_draining(const struct sched *s, uint32_t worker)
 {
     return worker < s->cfg.n_workers && s->workers[worker].drained;
+}
+
+void sched_worker_steps(const struct sched *s, uint32_t worker, uint32_t *max_batch_tokens,
+                        uint32_t *prefill_chunk)
+{
+    const int ok = worker < s->cfg.n_workers;
+    *max_batch_tokens = ok ? s->workers[worker].max_batch_tokens : 0;
+    *prefill_chunk = ok ? s->workers[worker].prefill_chunk : 0;
 }
 
 void sched_set_authorize(struct sched *s, int (*fn)(void *ud, const char *bearer), void *ud)

@@ -137,13 +137,14 @@ void sched_job_done(struct sched *s, struct step_job *job);
  * results of steps placed by the old one are dropped. */
 void sched_worker_down(struct sched *s, uint32_t worker);
 /* a worker's step sizes from the config's max_batch_tokens and prefill_chunk (0: by its
- * backend) and what its hello said (the tokens it sized its buffers for, 0 = not said; whether
- * it is on a gpu): on a gpu steps of 2048 and prompt chunks as long, on the cpu 512 and 256;
- * never more than the worker's own size, a chunk never more than the step */
+ * backend) and what its hello said (the tokens it sized its buffers for, 0 = not said: 512;
+ * whether it is on a gpu): the worker's own step (2048 on a gpu, 512 on the cpu), prompt
+ * chunks as long on a gpu and of 256 on the cpu; never more than the worker's own size, a
+ * chunk never more than the step */
 void sched_step_sizes(uint32_t cfg_max_batch_tokens, uint32_t cfg_prefill_chunk,
                       uint32_t worker_max_batch_tokens, int on_gpu, uint32_t *max_batch_tokens,
                       uint32_t *prefill_chunk);
-/* max_batch_tokens, prefill_chunk: that worker's step sizes from now on (0: the config's) */
+/* max_batch_tokens, prefill_chunk: that worker's step sizes from now on (sched_step_sizes) */
 void sched_worker_up(struct sched *s, uint32_t worker, uint32_t max_batch_tokens,
                      uint32_t prefill_chunk);
 void sched_kvmgr_seen(struct sched *s, uint32_t pid);
@@ -191,6 +192,9 @@ int sched_session_pin(struct sched *s, uint64_t sid, int pinned);
  * RKV_EINVAL for a worker that does not exist */
 int sched_worker_drain(struct sched *s, uint32_t worker, int drain);
 int sched_worker_draining(const struct sched *s, uint32_t worker);
+/* the step sizes a worker runs with (the config's until its first sched_worker_up) */
+void sched_worker_steps(const struct sched *s, uint32_t worker, uint32_t *max_batch_tokens,
+                        uint32_t *prefill_chunk);
 /* the API's key check (api_sched.authorize) goes to fn; NULL lets everyone in */
 void sched_set_authorize(struct sched *s, int (*fn)(void *ud, const char *bearer), void *ud);
 
