@@ -1394,6 +1394,9 @@ def parse_args(argv):
     for k, (quick, full) in dflt.items():
         if getattr(a, k) is None:
             setattr(a, k, quick if q else full)
+    if a.gaps_ctx < 1 or a.gaps_decode < 8:
+        ap.error(f"--gaps-ctx {a.gaps_ctx} / --gaps-decode {a.gaps_decode}: the long prompt needs "
+                 "a token at least and the decoding stream 8 (defaults 32768 and 4096)")
     a.turn_tokens = a.turn_tokens or (a.ctx if q else max(8, a.ctx // 4))
     a.hf_ctx = a.hf_ctx or a.spill_ctx
     a.budget_ctx = a.budget_ctx or a.ctx
