@@ -43,8 +43,7 @@ struct admin_worker_info {
     int draining;
     uint32_t restarts;
     const char *state; /* "running" "backoff" "failed" "stopped" */
-    /* its step sizes: tokens a step, prompt tokens of a sequence a step (0: not up yet) */
-    uint32_t max_batch_tokens, prefill_chunk;
+    struct sched_steps steps; /* its step sizes (0: not up yet) */
 };
 
 /* what rkvd knows about itself; main.c fills it on demand */

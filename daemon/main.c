@@ -44,6 +44,7 @@ struct rkvd_conf {
     int64_t max_waiting;
     int64_t max_batch_tokens;
     int64_t prefill_chunk;
+    int64_t prefill_beside_decode;
     int64_t workers;
     int64_t threads;
     int64_t sample_threads;
@@ -111,6 +112,9 @@ static const struct cfg_key keys[] = {
     {K("prefill_chunk", CFG_INT, prefill_chunk), .min = 0, .max = 65536, .def = "0",
      .help = "prompt tokens of one sequence per step (0 = the step size on a GPU, 256 on the "
              "CPU)"},
+    {K("prefill_beside_decode", CFG_INT, prefill_beside_decode), .min = 0, .max = 65536, .def = "0",
+     .help = "prompt tokens in all of a step that also decodes: a decoding stream's wait beside "
+             "a long prompt (0 = 512 on a GPU, prefill_chunk on the CPU)"},
     {K("workers", CFG_INT, workers), .min = 0, .max = RKVD_MAX_WORKERS, .def = "0",
      .help = "worker processes (0 = one per GPU, or 1 on CPU)"},
     {K("threads", CFG_INT, threads), .min = 0, .max = 1024, .def = "0",
@@ -336,24 +340,27 @@ static void drv_job_done(void *ud, struct step_job *job)
 }
 
 /* a worker's step sizes: the config's where set, else by its backend (sched_step_sizes) */
-static void step_sizes(const struct rkvd *d, uint32_t worker_mbt, int on_gpu, uint32_t *mbt,
-                       uint32_t *chunk)
+static void step_sizes(const struct rkvd *d, uint32_t worker_mbt, int on_gpu,
+                       struct sched_steps *out)
 {
-    sched_step_sizes((uint32_t)d->c.max_batch_tokens, (uint32_t)d->c.prefill_chunk, worker_mbt,
-                     on_gpu, mbt, chunk);
+    const struct sched_steps cfg = {(uint32_t)d->c.max_batch_tokens, (uint32_t)d->c.prefill_chunk,
+                                    (uint32_t)d->c.prefill_beside_decode};
+    sched_step_sizes(&cfg, worker_mbt, on_gpu, out);
 }
 
 static void drv_worker_up(void *ud, uint32_t w, uint32_t worker_mbt, int on_gpu)
 {
     struct rkvd *d = ud;
-    uint32_t mbt, chunk;
-    step_sizes(d, worker_mbt, on_gpu, &mbt, &chunk);
-    log_info("worker %u is up (%s): steps of up to %u tokens, prompt chunks of %u", w,
-             on_gpu ? "gpu" : "cpu", mbt, chunk);
+    struct sched_steps st;
+    step_sizes(d, worker_mbt, on_gpu, &st);
+    log_info("worker %u is up (%s): steps of up to %u tokens, prompt chunks of %u, %u prompt "
+             "tokens a step beside a decode",
+             w, on_gpu ? "gpu" : "cpu", st.max_batch_tokens, st.prefill_chunk,
+             st.prefill_beside_decode);
     d->worker_up[w] = 1;
     d->worker_down_ms[w] = 0;
     d->worker_on_gpu[w] = on_gpu ? 1 : -1;
-    sched_worker_up(d->sched, w, mbt, chunk);
+    sched_worker_up(d->sched, w, &st);
     maybe_ready(d);
 }
 
@@ -580,9 +587,9 @@ static void adm_info(void *ctx, struct admin_info *o)
         wi->id = w;
         /* the gpu it was given, or the cpu where its hello said so (backend auto) */
         wi->gpu = d->c.backend == 1 || d->worker_on_gpu[w] < 0 ? -1 : (int64_t)w;
-        wi->max_batch_tokens = wi->prefill_chunk = 0; /* until its first hello */
+        memset(&wi->steps, 0, sizeof wi->steps); /* until its first hello */
         if (d->sched && d->worker_on_gpu[w])
-            sched_worker_steps(d->sched, w, &wi->max_batch_tokens, &wi->prefill_chunk);
+            sched_worker_steps(d->sched, w, &wi->steps);
         wi->pid = d->workers[w] ? (uint32_t)sup_child_pid(d->workers[w]) : 0;
         wi->up = d->worker_up[w];
         wi->draining = d->sched ? sched_worker_draining(d->sched, w) : 0;
@@ -967,14 +974,13 @@ int main(int argc, char **argv)
         log_error("%s", err);
         return 1;
     }
-    uint32_t mbt0, chunk0; /* until each worker's hello says what it runs on */
-    step_sizes(&d, 0, 0, &mbt0, &chunk0);
+    struct sched_steps steps0; /* until each worker's hello says what it runs on */
+    step_sizes(&d, 0, 0, &steps0);
     struct sched_config sc = {d.n_workers,
                               (uint32_t)d.c.ctx_size,
                               (uint32_t)d.c.max_running,
                               (uint32_t)d.c.max_waiting,
-                              mbt0,
-                              chunk0,
+                              steps0,
                               (uint32_t)d.c.max_sessions,
                               5,
                               d.model_name,

@@ -75,7 +75,7 @@ struct worker_slot {
     struct rkv_vec idles;
     struct rkv_vec picks; /* struct pick: kick's scratch */
     double step_ms;       /* the last step's time per decode step (decode_steps_ms) */
-    uint32_t max_batch_tokens, prefill_chunk; /* its step sizes (sched_worker_up) */
+    struct sched_steps steps; /* its step sizes (sched_worker_up) */
     uv_timer_t retry;
 };
 
@@ -727,18 +727,21 @@ static void kick(struct sched *s, uint32_t w)
         rkv_map_put(&s->by_sid, q->sess->sid, q);
         metric_observe(s->m_queue, model_label(s), (double)(rkv_now_ns() - q->t_arrival_ns) / 1e9);
     }
-    /* decodes first (one token each), then prompt chunks in arrival order;
-     * picked once, then sized and copied into the job */
+    /* decodes first (one token each), then prompt chunks in arrival order, fewer of them
+     * when a decode shares the step (its stream waits for the whole step); picked once,
+     * then sized and copied into the job */
     ws->picks.len = 0;
-    uint32_t budget = ws->max_batch_tokens;
+    uint32_t budget = ws->steps.max_batch_tokens;
     size_t n_tok = 0;
     for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1 && ws->picks.len)
+            budget = RKV_MIN(budget, ws->steps.prefill_beside_decode);
         for (struct seq *q = ws->running.head; q && budget; q = q->next) {
             struct session *se = q->sess;
             uint32_t pending = se->n_tokens - se->n_kv;
             if ((pass == 0) != (pending == 1) || pending == 0)
                 continue;
-            uint32_t take = RKV_MIN(RKV_MIN(pending, ws->prefill_chunk), budget);
+            uint32_t take = RKV_MIN(RKV_MIN(pending, ws->steps.prefill_chunk), budget);
             budget -= take;
             struct pick pk = {q, take};
             if (!rkv_vec_push(&ws->picks, &pk))
@@ -1057,24 +1060,30 @@ void sched_worker_down(struct sched *s, uint32_t w)
 }
 
 /* a 32k prompt through HTTP on an H200 (llama3-8b bf16): 11706 tok/s in steps and chunks of
- * 2048, 8825 in steps of 512 and chunks of 256 */
-void sched_step_sizes(uint32_t cfg_mbt, uint32_t cfg_chunk, uint32_t worker_mbt, int on_gpu,
-                      uint32_t *mbt, uint32_t *chunk)
+ * 2048, 8825 in steps of 512 and chunks of 256; a stream decoding beside it waited 168 ms a
+ * token in steps of 2048 prompt tokens, 48 in steps of 512 (which prefilled at 10418) */
+void sched_step_sizes(const struct sched_steps *cfg, uint32_t worker_mbt, int on_gpu,
+                      struct sched_steps *out)
 {
-    *mbt = cfg_mbt ? cfg_mbt : worker_mbt ? worker_mbt : 512; /* the worker picks 2048 on a gpu */
-    if (worker_mbt && *mbt > worker_mbt)
-        *mbt = worker_mbt;
-    *chunk = cfg_chunk ? cfg_chunk : on_gpu ? *mbt : 256;
-    if (*chunk > *mbt)
-        *chunk = *mbt;
+    /* the worker picks 2048 on a gpu */
+    uint32_t mbt = cfg->max_batch_tokens ? cfg->max_batch_tokens : worker_mbt ? worker_mbt : 512;
+    if (worker_mbt && mbt > worker_mbt)
+        mbt = worker_mbt;
+    uint32_t chunk = cfg->prefill_chunk ? cfg->prefill_chunk : on_gpu ? mbt : 256;
+    chunk = RKV_MIN(chunk, mbt);
+    uint32_t beside = cfg->prefill_beside_decode ? cfg->prefill_beside_decode
+                      : on_gpu                   ? 512
+                                                 : chunk;
+    out->max_batch_tokens = mbt;
+    out->prefill_chunk = chunk;
+    out->prefill_beside_decode = RKV_MIN(beside, mbt);
 }
 
-void sched_worker_up(struct sched *s, uint32_t w, uint32_t max_batch_tokens, uint32_t prefill_chunk)
+void sched_worker_up(struct sched *s, uint32_t w, const struct sched_steps *steps)
 {
     if (w >= s->cfg.n_workers)
         return;
-    s->workers[w].max_batch_tokens = max_batch_tokens;
-    s->workers[w].prefill_chunk = prefill_chunk;
+    s->workers[w].steps = *steps;
     s->workers[w].up = 1;
     s->workers[w].failures = 0;
     s->serving = 1;
@@ -1145,10 +1154,11 @@ int sched_init(uv_loop_t *loop, const struct sched_config *cfg, const struct tok
                const struct sched_driver *drv, struct metrics *metrics, struct store *store,
                struct sched **out, char *errbuf, size_t errlen)
 {
-    if (!cfg->n_workers || !cfg->ctx_size || !cfg->max_running || !cfg->max_batch_tokens ||
-        !cfg->prefill_chunk) {
-        snprintf(errbuf, errlen, "scheduler: workers, ctx_size, max_running, max_batch_tokens "
-                                 "and prefill_chunk must be positive");
+    if (!cfg->n_workers || !cfg->ctx_size || !cfg->max_running || !cfg->steps.max_batch_tokens ||
+        !cfg->steps.prefill_chunk || !cfg->steps.prefill_beside_decode) {
+        snprintf(errbuf, errlen,
+                 "scheduler: workers, ctx_size, max_running, max_batch_tokens, "
+                 "prefill_chunk and prefill_beside_decode must be positive");
         return RKV_EINVAL;
     }
     struct sched *s = calloc(1, sizeof *s);
@@ -1172,8 +1182,7 @@ int sched_init(uv_loop_t *loop, const struct sched_config *cfg, const struct tok
     }
     for (uint32_t w = 0; w < cfg->n_workers; w++) {
         rkv_vec_init(&s->workers[w].closes, sizeof(uint64_t));
-        s->workers[w].max_batch_tokens = cfg->max_batch_tokens;
-        s->workers[w].prefill_chunk = RKV_MIN(cfg->prefill_chunk, cfg->max_batch_tokens);
+        s->workers[w].steps = cfg->steps;
         rkv_vec_init(&s->workers[w].forgets, sizeof(uint64_t));
         rkv_vec_init(&s->workers[w].picks, sizeof(struct pick));
         rkv_vec_init(&s->workers[w].idles, sizeof(uint64_t));
@@ -1330,12 +1339,10 @@ int sched_worker_draining(const struct sched *s, uint32_t worker)
     return worker < s->cfg.n_workers && s->workers[worker].drained;
 }
 
-void sched_worker_steps(const struct sched *s, uint32_t worker, uint32_t *max_batch_tokens,
-                        uint32_t *prefill_chunk)
+void sched_worker_steps(const struct sched *s, uint32_t worker, struct sched_steps *out)
 {
-    const int ok = worker < s->cfg.n_workers;
-    *max_batch_tokens = ok ? s->workers[worker].max_batch_tokens : 0;
-    *prefill_chunk = ok ? s->workers[worker].prefill_chunk : 0;
+    static const struct sched_steps none;
+    *out = worker < s->cfg.n_workers ? s->workers[worker].steps : none;
 }
 
 void sched_set_authorize(struct sched *s, int (*fn)(void *ud, const char *bearer), void *ud)

@@ -16,8 +16,10 @@
  *
  * A step for one worker batches every running sequence: decoding ones feed
  * their last sampled token, prefilling ones a chunk of their prompt (at most
- * prefill_chunk tokens each, at most max_batch_tokens in all), so new
- * requests join between steps and long prompts never stall decodes. When a
+ * prefill_chunk tokens each, at most max_batch_tokens in all, and at most
+ * prefill_beside_decode prompt tokens in all when the step has a decoding
+ * sequence), so new requests join between steps and long prompts never stall
+ * decodes for long. When a
  * step returns, tokens are detokenized, checked against stop strings and
  * streamed; then the next step is built at once.
  *
@@ -28,13 +30,21 @@
  * they finish.
  */
 
+/* a worker's step sizes */
+struct sched_steps {
+    uint32_t max_batch_tokens; /* tokens in one step */
+    uint32_t prefill_chunk;    /* prompt tokens of one sequence per step */
+    /* prompt tokens of all sequences in a step that also carries a decoding sequence: what
+     * one decoding stream waits for a token beside a long prompt */
+    uint32_t prefill_beside_decode;
+};
+
 struct sched_config {
     uint32_t n_workers;
     uint32_t ctx_size;         /* positions per sequence (prompt + generated) */
     uint32_t max_running;      /* sequences in one worker's batch */
     uint32_t max_waiting;      /* queued requests before 429 */
-    uint32_t max_batch_tokens; /* tokens in one step (a worker's, until sched_worker_up) */
-    uint32_t prefill_chunk;    /* prompt tokens of one sequence per step (the same) */
+    struct sched_steps steps;  /* a worker's, until its sched_worker_up */
     uint32_t max_sessions;     /* named sessions remembered */
     uint32_t max_retries;      /* attempts of a failed step before its requests fail */
     const char *model_name;    /* for metrics labels */
@@ -136,17 +146,16 @@ void sched_job_done(struct sched *s, struct step_job *job);
  * its KV is gone, every sequence is re-prefilled from its token history and
  * results of steps placed by the old one are dropped. */
 void sched_worker_down(struct sched *s, uint32_t worker);
-/* a worker's step sizes from the config's max_batch_tokens and prefill_chunk (0: by its
- * backend) and what its hello said (the tokens it sized its buffers for, 0 = not said: 512;
- * whether it is on a gpu): the worker's own step (2048 on a gpu, 512 on the cpu), prompt
- * chunks as long on a gpu and of 256 on the cpu; never more than the worker's own size, a
- * chunk never more than the step */
-void sched_step_sizes(uint32_t cfg_max_batch_tokens, uint32_t cfg_prefill_chunk,
-                      uint32_t worker_max_batch_tokens, int on_gpu, uint32_t *max_batch_tokens,
-                      uint32_t *prefill_chunk);
-/* max_batch_tokens, prefill_chunk: that worker's step sizes from now on (sched_step_sizes) */
-void sched_worker_up(struct sched *s, uint32_t worker, uint32_t max_batch_tokens,
-                     uint32_t prefill_chunk);
+/* a worker's step sizes from the config's (0: by its backend) and what its hello said (the
+ * tokens it sized its buffers for, 0 = not said: 512; whether it is on a gpu): the worker's
+ * own step (2048 on a gpu, 512 on the cpu); prompt chunks as long on a gpu, 256 on the cpu;
+ * beside a decoding sequence 512 prompt tokens a step on a gpu, a chunk on the cpu. Never
+ * more than the worker's own size, a chunk never more than the step, the prompt tokens beside
+ * a decode never more than the step either */
+void sched_step_sizes(const struct sched_steps *cfg, uint32_t worker_max_batch_tokens, int on_gpu,
+                      struct sched_steps *out);
+/* that worker's step sizes from now on (sched_step_sizes) */
+void sched_worker_up(struct sched *s, uint32_t worker, const struct sched_steps *steps);
 void sched_kvmgr_seen(struct sched *s, uint32_t pid);
 /* stop taking requests (SIGTERM); running ones go on */
 void sched_drain(struct sched *s);
@@ -193,8 +202,7 @@ int sched_session_pin(struct sched *s, uint64_t sid, int pinned);
 int sched_worker_drain(struct sched *s, uint32_t worker, int drain);
 int sched_worker_draining(const struct sched *s, uint32_t worker);
 /* the step sizes a worker runs with (the config's until its first sched_worker_up) */
-void sched_worker_steps(const struct sched *s, uint32_t worker, uint32_t *max_batch_tokens,
-                        uint32_t *prefill_chunk);
+void sched_worker_steps(const struct sched *s, uint32_t worker, struct sched_steps *out);
 /* the API's key check (api_sched.authorize) goes to fn; NULL lets everyone in */
 void sched_set_authorize(struct sched *s, int (*fn)(void *ud, const char *bearer), void *ud);
 

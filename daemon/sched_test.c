@@ -8,32 +8,40 @@
 
 #include "daemon/sched.h"
 
-static void sizes(uint32_t cfg_mbt, uint32_t cfg_chunk, uint32_t worker_mbt, int on_gpu,
-                  uint32_t want_mbt, uint32_t want_chunk)
+/* the config's three sizes (0: by the backend), the worker's hello, the sizes wanted */
+static void sizes(uint32_t cfg_mbt, uint32_t cfg_chunk, uint32_t cfg_beside, uint32_t worker_mbt,
+                  int on_gpu, uint32_t want_mbt, uint32_t want_chunk, uint32_t want_beside)
 {
-    uint32_t mbt = 0, chunk = 0;
-    sched_step_sizes(cfg_mbt, cfg_chunk, worker_mbt, on_gpu, &mbt, &chunk);
-    assert_int_equal(mbt, want_mbt);
-    assert_int_equal(chunk, want_chunk);
+    const struct sched_steps cfg = {cfg_mbt, cfg_chunk, cfg_beside};
+    struct sched_steps got = {0, 0, 0};
+    sched_step_sizes(&cfg, worker_mbt, on_gpu, &got);
+    assert_int_equal(got.max_batch_tokens, want_mbt);
+    assert_int_equal(got.prefill_chunk, want_chunk);
+    assert_int_equal(got.prefill_beside_decode, want_beside);
 }
 
 static void test_defaults_by_backend(void **state)
 {
     (void)state;
-    sizes(0, 0, 2048, 1, 2048, 2048); /* a gpu worker: steps and chunks of 2048 */
-    sizes(0, 0, 512, 0, 512, 256);    /* a cpu worker: 512 and 256 */
-    sizes(0, 0, 0, 0, 512, 256);      /* not heard yet (or an older worker) */
-    sizes(0, 0, 4096, 0, 4096, 256);  /* a cpu worker sized for max_seqs 4096 */
+    sizes(0, 0, 0, 2048, 1, 2048, 2048, 512); /* a gpu worker: 2048, 2048, 512 beside decodes */
+    sizes(0, 0, 0, 512, 0, 512, 256, 256);    /* a cpu worker: 512 and 256, a chunk beside */
+    sizes(0, 0, 0, 0, 0, 512, 256, 256);      /* not heard yet (or an older worker) */
+    sizes(0, 0, 0, 4096, 0, 4096, 256, 256);  /* a cpu worker sized for max_seqs 4096 */
+    sizes(0, 0, 0, 256, 1, 256, 256, 256);    /* a gpu worker of small steps: never past them */
 }
 
 static void test_config_wins_but_never_past_the_worker(void **state)
 {
     (void)state;
-    sizes(1024, 0, 1024, 1, 1024, 1024); /* a set step: a gpu's chunk follows it */
-    sizes(100, 0, 100, 0, 100, 100);     /* a cpu's chunk of 256 is cut to the step */
-    sizes(0, 512, 2048, 1, 2048, 512);   /* a set chunk on the gpu's default step */
-    sizes(0, 4096, 2048, 1, 2048, 2048); /* a chunk past the step is cut to it */
-    sizes(4096, 0, 2048, 1, 2048, 2048); /* the worker sized its buffers for less */
+    sizes(1024, 0, 0, 1024, 1, 1024, 1024, 512);   /* a set step: a gpu's chunk follows it */
+    sizes(100, 0, 0, 100, 0, 100, 100, 100);       /* a cpu's chunk of 256 is cut to the step */
+    sizes(0, 512, 0, 2048, 1, 2048, 512, 512);     /* a set chunk on the gpu's default step */
+    sizes(0, 4096, 0, 2048, 1, 2048, 2048, 512);   /* a chunk past the step is cut to it */
+    sizes(4096, 0, 0, 2048, 1, 2048, 2048, 512);   /* the worker sized its buffers for less */
+    sizes(0, 0, 2048, 2048, 1, 2048, 2048, 2048);  /* beside decodes as alone: the old way */
+    sizes(0, 0, 64, 512, 0, 512, 256, 64);         /* a cpu's small steps beside decodes */
+    sizes(0, 0, 9000, 2048, 1, 2048, 2048, 2048);  /* past the step: cut to it */
+    sizes(0, 128, 1024, 2048, 1, 2048, 128, 1024); /* more than a chunk: several prompts' */
 }
 
 int main(void)

@@ -354,7 +354,7 @@ static const char *clock_time(double ts_ms)
 
 static void print_workers(const cJSON *arr)
 {
-    printf("  %-6s %-5s %-8s %-9s %-4s %-8s %-11s %s\n", "worker", "gpu", "pid", "state", "up",
+    printf("  %-6s %-5s %-8s %-9s %-4s %-8s %-15s %s\n", "worker", "gpu", "pid", "state", "up",
            "restarts", "tokens", "step");
     const cJSON *w;
     cJSON_ArrayForEach(w, arr)
@@ -364,12 +364,13 @@ static void print_workers(const cJSON *arr)
             snprintf(gpu, sizeof gpu, "cpu");
         else
             snprintf(gpu, sizeof gpu, "%.0f", num(w, "gpu"));
-        /* the step's tokens / a prompt's chunk, once the worker's hello set them */
-        char steps[32] = "-";
+        /* the step's tokens / a prompt's chunk / the prompt tokens of a step beside a
+         * decode, once the worker's hello set them */
+        char steps[48] = "-";
         if (num(w, "max_batch_tokens") > 0)
-            snprintf(steps, sizeof steps, "%.0f/%.0f", num(w, "max_batch_tokens"),
-                     num(w, "prefill_chunk"));
-        printf("  %-6.0f %-5s %-8.0f %-9s %-4s %-8.0f %-11s %.1f ms%s\n", num(w, "id"), gpu,
+            snprintf(steps, sizeof steps, "%.0f/%.0f/%.0f", num(w, "max_batch_tokens"),
+                     num(w, "prefill_chunk"), num(w, "prefill_beside_decode"));
+        printf("  %-6.0f %-5s %-8.0f %-9s %-4s %-8.0f %-15s %.1f ms%s\n", num(w, "id"), gpu,
                num(w, "pid"), str(w, "state"), yes(w, "up") ? "yes" : "no", num(w, "restarts"),
                steps, num(w, "step_ms"), yes(w, "draining") ? "  (draining)" : "");
     }

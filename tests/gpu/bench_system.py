@@ -168,7 +168,8 @@ class Server(gpu_demo.Rkvd):
                      "--host-budget", f"{host}B", "--kv-dtype", a.kv_dtype,
                      "--block-size", str(a.block_size), "--ctx-size", str(a.ctx_size),
                      "--max-sessions", "4096", "--max-batch-tokens", str(a.max_batch_tokens),
-                     "--prefill-chunk", str(a.prefill_chunk), "--log-level", "info", *extra]
+                     "--prefill-chunk", str(a.prefill_chunk), "--prefill-beside-decode",
+                     str(a.prefill_beside_decode), "--log-level", "info", *extra]
         if a.backend == "cuda" and a.reserve:
             self.args += ["--compute-reserve", f"{a.reserve}B"]
         if a.threads:
@@ -1333,6 +1334,8 @@ def parse_args(argv):
                     "2048 on a GPU, 512 on the CPU)")
     ap.add_argument("--prefill-chunk", type=int, help="(0, rkvd's default: the step size on a "
                     "GPU, 256 on the CPU)")
+    ap.add_argument("--prefill-beside-decode", type=int, help="prompt tokens of a step that "
+                    "also decodes (0, rkvd's default: 512 on a GPU, the chunk on the CPU)")
     ap.add_argument("--rkvd-args", help="more rkvd flags for every server, one string (e.g. "
                     "\"--prep-ahead false\" for an A/B)")
     ap.add_argument("--reserve", default=0, type=int,
@@ -1390,7 +1393,7 @@ def parse_args(argv):
             "spill_prefill": (64, 512), "spill_decode": (1500, 32), "http_batches": ("1,4", "1,64"),
             "http_tokens": (200, 256), "budget_streams": (2, 12), "budget_tokens": (2000, 192),
             "budget_ctx": (4096, 0), "io_timeout": (30, 120), "max_batch_tokens": (0, 0),
-            "prefill_chunk": (0, 0), "spill_fracs": ("0,0.5,1", "0,0.25,0.5,0.75,0.9,1")}
+            "prefill_chunk": (0, 0), "prefill_beside_decode": (0, 0), "spill_fracs": ("0,0.5,1", "0,0.25,0.5,0.75,0.9,1")}
     for k, (quick, full) in dflt.items():
         if getattr(a, k) is None:
             setattr(a, k, quick if q else full)

@@ -150,6 +150,7 @@ def test_status(srv):
     assert w["pid"] == srv.child_pid("rkv-worker")
     # the step sizes its hello gave it: a cpu worker's defaults
     assert w["max_batch_tokens"] == 512 and w["prefill_chunk"] == 256
+    assert w["prefill_beside_decode"] == 256
     assert s["block_size"] == 16 and s["ctx_size"] > 0
     assert s["budgets"]["vram_target"] > 0 and s["budgets"]["host_budget"] == 1 << 30
     assert set(s["pool"]) == {"device_used", "device_total", "host_used", "host_total"}
@@ -160,7 +161,7 @@ def test_status(srv):
     assert s["tokens"]["generated"] == before + 5
     rc, text, _ = rkvctl(srv, "status", json_out=False)
     assert rc == 0 and "model tiny" in text and "workers:" in text and "budgets:" in text
-    assert " tokens " in text and " 512/256 " in text, text
+    assert " tokens " in text and " 512/256/256 " in text, text
 
 
 def test_mode(srv):

@@ -1,0 +1,79 @@
+"""A step that carries a decoding sequence takes at most prefill_beside_decode prompt tokens, so
+a stream decoding beside a long prompt gets a token every short step instead of waiting for the
+whole prompt: counted as the stream's tokens that arrive while the prompt prefills (each
+prefill step gives the decoding stream exactly one token; --decode-steps 1 keeps the steps
+before the prompt's admission at one token each too)."""
+import json
+import subprocess
+import threading
+import time
+
+import pytest
+
+from conftest import rkv_bin
+
+openai = pytest.importorskip("openai")
+
+PROMPT = "the quick brown fox jumps over the lazy dog " * 48  # ~1000 tokens of the tiny model
+
+
+def decoder_tokens_while_prefilling(srv):
+    """tokens a decoding stream got between another request's send and its first token, and
+    that request's text"""
+    c = openai.OpenAI(base_url=srv.base_url, api_key="none", max_retries=0, timeout=60)
+    stamps, started, stop, errors = [], threading.Event(), threading.Event(), []
+
+    def decode():
+        try:
+            decode_stream()
+        except Exception as e:  # noqa: BLE001 - judged by the test
+            errors.append(e)
+            started.set()
+
+    def decode_stream():
+        s = c.completions.create(model="tiny", prompt="a stream that decodes", max_tokens=2048,
+                                 stream=True, temperature=0, extra_body={"ignore_eos": True})
+        for chunk in s:
+            stamps.append(time.monotonic())
+            if len(stamps) >= 8:
+                started.set()
+            if stop.is_set():
+                s.close()
+                break
+
+    t = threading.Thread(target=decode, daemon=True)
+    t.start()
+    assert started.wait(30) and not errors, f"the decoding stream gave no tokens: {errors}"
+    t0 = time.monotonic()
+    s = c.completions.create(model="tiny", prompt=PROMPT, max_tokens=4, stream=True,
+                             temperature=0, extra_body={"ignore_eos": True})
+    t1, text = None, ""
+    for chunk in s:
+        t1 = t1 or time.monotonic()
+        text += chunk.choices[0].text
+    stop.set()
+    t.join(30)
+    assert t1 is not None and not t.is_alive() and not errors, errors
+    assert stamps[-1] > t1, "the decoding stream finished before the prompt's first token"
+    return sum(t0 < x < t1 for x in stamps), text
+
+
+def test_long_prompt_goes_in_short_steps_beside_a_decode(rkvd_factory):
+    small = rkvd_factory("--max-batch-tokens", "512", "--prefill-chunk", "512",
+                         "--prefill-beside-decode", "32", "--decode-steps", "1")
+    r = subprocess.run([rkv_bin("rkvctl"), "--socket", str(small.run_dir / "admin.sock"),
+                        "--json", "status"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    w = json.loads(r.stdout)["workers"][0]
+    assert (w["max_batch_tokens"], w["prefill_chunk"], w["prefill_beside_decode"]) == (512, 512, 32)
+    n_small, text_small = decoder_tokens_while_prefilling(small)
+    # ~1000 prompt tokens in steps of 32: ~30 steps, each with one token of the stream (one
+    # decode step a request: the stream's tokens come one a step; measured 35-40)
+    assert n_small >= 12, f"{n_small} tokens of the decoding stream while the prompt prefilled"
+    whole = rkvd_factory("--max-batch-tokens", "512", "--prefill-chunk", "512",
+                         "--prefill-beside-decode", "512", "--decode-steps", "1")
+    n_whole, text_whole = decoder_tokens_while_prefilling(whole)
+    # the whole prompt in one step: the stream's tokens in that window come from the steps
+    # before the prompt was admitted (measured 5-10)
+    assert n_whole < n_small - 4, (n_whole, n_small)
+    assert text_small == text_whole  # the same greedy text, however the prompt was cut
