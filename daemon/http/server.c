@@ -59,6 +59,10 @@ struct http_conn {
     unsigned rejected : 1; /* over max_connections: 503 then close */
     unsigned no_more : 1;  /* no request after the queued ones (close or upgrade) */
     unsigned pumping : 1;
+    /* body chunks not yet handed to the socket: written as one when the loop is about to
+     * wait (srv->flush), so a step's tokens of one stream go out in one write, after the
+     * scheduler has sent the next step */
+    struct wbuf *pend;
     char peer[64];
     char rbuf[16384];
 };
@@ -76,10 +80,14 @@ struct http_server {
     unsigned n_handles; /* every connection not yet freed, rejected ones too */
     unsigned n_reqs;    /* request objects alive */
     struct http_stats stats;
+    uv_prepare_t flush; /* writes the connections' pending chunks before the loop waits */
+    unsigned n_pend;    /* connections with pending chunks */
     unsigned shutting_down : 1;
     unsigned listener_open : 1;
     unsigned deadline_open : 1;
     unsigned deadline_closing : 1;
+    unsigned flush_open : 1;
+    unsigned flush_closing : 1;
     http_shutdown_cb done;
     void *done_arg;
 };
@@ -88,14 +96,16 @@ struct http_server {
 struct wbuf {
     uv_write_t w;
     struct http_conn *conn;
-    size_t len;
+    size_t len, cap;
     char data[];
 };
 
 static void conn_pump(struct http_conn *c);
 static void conn_resume(struct http_conn *c);
 static void deadline_closed(uv_handle_t *h);
+static void flush_closed(uv_handle_t *h);
 static void conn_close(struct http_conn *c);
+static int conn_flush(struct http_conn *c);
 static void conn_update_timer(struct http_conn *c);
 
 void http_limits_default(struct http_limits *l)
@@ -147,6 +157,13 @@ static void server_check_done(struct http_server *s)
 {
     if (!s->shutting_down || s->listener_open || s->n_handles || s->n_reqs)
         return;
+    if (s->flush_open) {
+        if (!s->flush_closing) {
+            s->flush_closing = 1;
+            uv_close((uv_handle_t *)&s->flush, flush_closed);
+        }
+        return;
+    }
     if (s->deadline_open) {
         if (!s->deadline_closing) {
             s->deadline_closing = 1;
@@ -206,6 +223,11 @@ static void conn_close(struct http_conn *c)
     if (c->closing)
         return;
     c->closing = 1;
+    if (c->pend) {
+        free(c->pend);
+        c->pend = NULL;
+        c->srv->n_pend--;
+    }
     conn_free_queue(c);
     struct http_req *r = c->active;
     c->active = NULL;
@@ -232,6 +254,8 @@ static void conn_shutdown_cb(uv_shutdown_t *sr, int status)
 static void conn_drain(struct http_conn *c)
 {
     if (c->closing || c->draining)
+        return;
+    if (conn_flush(c) < 0)
         return;
     c->draining = 1;
     conn_free_queue(c);
@@ -276,12 +300,14 @@ static struct wbuf *wbuf_new(struct http_conn *c, size_t cap)
         return NULL;
     b->conn = c;
     b->len = 0;
+    b->cap = cap;
     return b;
 }
 
-static int conn_write(struct http_conn *c, struct wbuf *b)
+static int conn_submit(struct http_conn *c, struct wbuf *b)
 {
     c->srv->stats.bytes_out += b->len;
+    c->srv->stats.writes++;
     uv_buf_t ub = uv_buf_init(b->data, (unsigned)b->len);
     int rc = uv_write(&b->w, (uv_stream_t *)&c->tcp, &ub, 1, write_done);
     if (rc < 0) {
@@ -290,6 +316,56 @@ static int conn_write(struct http_conn *c, struct wbuf *b)
         return RKV_ECLOSED;
     }
     return 0;
+}
+
+/* the pending chunks to the socket (RKV_ECLOSED when that closed the connection) */
+static int conn_flush(struct http_conn *c)
+{
+    struct wbuf *b = c->pend;
+    if (!b)
+        return 0;
+    c->pend = NULL;
+    c->srv->n_pend--;
+    return conn_submit(c, b);
+}
+
+/* a write after the pending chunks, in order */
+static int conn_write(struct http_conn *c, struct wbuf *b)
+{
+    if (conn_flush(c) < 0) {
+        free(b);
+        return RKV_ECLOSED;
+    }
+    return conn_submit(c, b);
+}
+
+static void flush_cb(uv_prepare_t *h)
+{
+    struct http_server *s = h->data;
+    for (struct http_conn *c = s->conns, *nx; c && s->n_pend; c = nx) {
+        nx = c->next; /* a failed write closes c, which stays listed until its handles close */
+        conn_flush(c);
+    }
+    uv_prepare_stop(h);
+}
+
+/* room for n more bytes at the end of c's pending chunks (a new buffer once the old is full,
+ * which goes to the socket now); NULL when out of memory (the connection is closed then) */
+static struct wbuf *conn_pend(struct http_conn *c, size_t n)
+{
+    if (c->pend && c->pend->cap - c->pend->len >= n)
+        return c->pend;
+    if (conn_flush(c) < 0)
+        return NULL;
+    struct wbuf *b = wbuf_new(c, n > 4096 ? n : 4096);
+    if (!b) {
+        conn_close(c);
+        return NULL;
+    }
+    c->pend = b;
+    if (c->srv->n_pend++ == 0)
+        uv_prepare_start(&c->srv->flush, flush_cb);
+    return b;
 }
 
 /* errors the server answers itself, in the OpenAI error shape every rkv
@@ -586,6 +662,13 @@ static void deadline_closed(uv_handle_t *h)
     server_check_done(s);
 }
 
+static void flush_closed(uv_handle_t *h)
+{
+    struct http_server *s = h->data;
+    s->flush_open = 0;
+    server_check_done(s);
+}
+
 static void start_failed_closed(uv_handle_t *h)
 {
     free(h->data);
@@ -639,6 +722,9 @@ int http_server_start(uv_loop_t *loop, const struct http_server_config *cfg,
     uv_timer_init(loop, &s->deadline);
     s->deadline.data = s;
     s->deadline_open = 1;
+    uv_prepare_init(loop, &s->flush);
+    s->flush.data = s;
+    s->flush_open = 1;
     *out = s;
     return 0;
 }
@@ -877,23 +963,20 @@ int http_resp_write(struct http_req *req, const void *data, size_t len)
         return 0; /* an empty chunk would end the body */
     if (strcmp(req->msg->method, "HEAD") == 0)
         return 0;
-    struct wbuf *b = wbuf_new(c, len + 24);
-    if (!b) {
-        conn_close(c);
-        return RKV_ENOMEM;
-    }
+    /* onto the pending chunks: the socket gets them when the loop is about to wait */
+    struct wbuf *b = conn_pend(c, len + 24);
+    if (!b)
+        return c->closing ? RKV_ECLOSED : RKV_ENOMEM;
     if (req->chunked)
-        b->len = (size_t)snprintf(b->data, 24, "%zx\r\n", len);
+        b->len += (size_t)snprintf(b->data + b->len, 24, "%zx\r\n", len);
     memcpy(b->data + b->len, data, len);
     b->len += len;
     if (req->chunked) {
         memcpy(b->data + b->len, "\r\n", 2);
         b->len += 2;
     }
-    int rc = conn_write(c, b);
-    if (rc < 0)
-        return rc;
-    if (uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) > c->srv->lim.write_high_water) {
+    if (uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) + b->len >
+        c->srv->lim.write_high_water) {
         req->want_drain = 1;
         return 1;
     }
@@ -908,14 +991,13 @@ int http_resp_end(struct http_req *req)
     struct http_conn *c = req->conn;
     int rc = c ? 0 : RKV_ECLOSED;
     if (c && req->chunked && strcmp(req->msg->method, "HEAD") != 0) {
-        struct wbuf *b = wbuf_new(c, 8);
+        /* the last chunk goes with the pending ones */
+        struct wbuf *b = conn_pend(c, 5);
         if (b) {
-            memcpy(b->data, "0\r\n\r\n", 5);
-            b->len = 5;
-            rc = conn_write(c, b);
+            memcpy(b->data + b->len, "0\r\n\r\n", 5);
+            b->len += 5;
         } else {
-            conn_close(c);
-            rc = RKV_ENOMEM;
+            rc = c->closing ? RKV_ECLOSED : RKV_ENOMEM;
         }
     }
     req_finish(req);

@@ -59,6 +59,9 @@ struct http_stats {
     uint64_t bad_requests; /* malformed or over a size limit (400, 413, 431, ...) */
     uint64_t timeouts;     /* slow headers or body (408) */
     uint64_t bytes_out;    /* response bytes queued */
+    /* writes handed to the sockets: the body chunks of one response written while the loop
+     * runs its callbacks go out together, when it is about to wait */
+    uint64_t writes;
     unsigned open_connections;
     unsigned open_requests;
 };

@@ -42,6 +42,7 @@ struct ctx {
     int big_chunks;      /* chunks written before backpressure */
     int drains;
     struct http_stats stats; /* taken when the client finished */
+    struct http_stats at_burst; /* taken when /burst began */
     /* results the client thread records for the main thread to assert */
     struct resp r[8];
     int rc[8];
@@ -176,6 +177,16 @@ static void handler(struct http_req *req, void *arg)
     } else if (strcmp(path, "/sse") == 0) {
         int n = atoi(http_req_query(req) + 2); /* "n=5" */
         start_stream(req, n);
+    } else if (strcmp(path, "/burst") == 0) {
+        /* five events and the end in one callback, as the scheduler streams a step's tokens */
+        http_server_get_stats(g->srv, &g->at_burst);
+        http_resp_start(req, 200, "text/event-stream");
+        for (int i = 0; i < 5; i++) {
+            char ev[32];
+            int n = snprintf(ev, sizeof(ev), "data: %d\n\n", i);
+            http_resp_write(req, ev, (size_t)n);
+        }
+        http_resp_end(req);
     } else if (strcmp(path, "/big") == 0) {
         start_big(req);
     } else if (strcmp(path, "/forever") == 0) {
@@ -361,6 +372,32 @@ static void test_sse_chunked(void **state)
                                      "data: {\"i\":2}\n\ndata: {\"i\":3}\n\n");
     assert_int_equal(x.stream_ends, 2);
     assert_int_equal(x.closes, 0);
+    ctx_free(&x);
+}
+
+static void cl_burst(struct ctx *x)
+{
+    struct client c;
+    client_connect(&c, x->port, 0);
+    SEND(&c, "GET /burst HTTP/1.1\r\nHost: x\r\n\r\n");
+    x->rc[0] = client_read(&c, &x->r[0]);
+    SEND(&c, "GET /echo HTTP/1.1\r\nHost: x\r\n\r\n"); /* the connection goes on */
+    x->rc[1] = client_read(&c, &x->r[1]);
+    client_close(&c);
+}
+
+static void test_burst_is_one_write(void **state)
+{
+    struct ctx x = {0};
+    run_scenario(&x, NULL, "127.0.0.1", cl_burst);
+    assert_int_equal(x.rc[0], 0);
+    assert_string_equal(x.r[0].te, "chunked");
+    assert_string_equal(x.r[0].body, "data: 0\n\ndata: 1\n\ndata: 2\n\ndata: 3\n\ndata: 4\n\n");
+    assert_int_equal(x.rc[1], 0);
+    assert_non_null(strstr(x.r[1].body, "GET /echo"));
+    /* stats taken at /burst's start, and when the client was done: the head, the five
+     * chunks and the last chunk as one write, then /echo's answer */
+    assert_int_equal(x.stats.writes - x.at_burst.writes, 3);
     ctx_free(&x);
 }
 
@@ -773,6 +810,7 @@ int main(void)
         cmocka_unit_test(test_pipelining_ipv6),
         cmocka_unit_test(test_chunked_request_body),
         cmocka_unit_test(test_sse_chunked),
+        cmocka_unit_test(test_burst_is_one_write),
         cmocka_unit_test(test_disconnect_mid_stream),
         cmocka_unit_test(test_header_too_large_431),
         cmocka_unit_test(test_body_too_large_413),
