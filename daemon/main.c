@@ -55,6 +55,7 @@ struct rkvd_conf {
     int64_t shutdown_timeout;
     int64_t step_timeout;
     int prep_ahead;
+    int64_t park_after_ms;
     int deterministic;
     int64_t host_split;
     int64_t decode_steps, decode_steps_ms;
@@ -140,6 +141,9 @@ static const struct cfg_key keys[] = {
              "while the gpu reads the rest (the rates add up); 0 off, -1 by the measured rates"},
     {K("prep_ahead", CFG_BOOL, prep_ahead), .def = "true",
      .help = "ask kvmgr for the next decode step's block tables while a step runs"},
+    {K("park_after_ms", CFG_INT, park_after_ms), .min = 0, .max = 3600000, .def = "500",
+     .help = "a session between requests keeps its KV on the GPU this long before kvmgr may "
+             "park it to host for room (0 = at once)"},
     {K("decode_steps", CFG_INT, decode_steps), .min = 1, .max = PROTO_MAX_DECODE_STEPS, .def = "8",
      .help = "decode steps a worker runs per request when nothing waits (1 = one)"},
     {K("decode_steps_ms", CFG_INT, decode_steps_ms), .min = 1, .max = 10000, .def = "50",
@@ -701,7 +705,7 @@ static int spawn_children(struct rkvd *d, char *err, size_t errlen)
         snprintf(err, errlen, "rkv-kvmgr and rkv-worker must sit beside rkvd in %s", exe_dir);
         return RKV_ENOTFOUND;
     }
-    char vram[32], host[32], reserve[32], bs[32], rt[600], mode[32], nw[16];
+    char vram[32], host[32], reserve[32], bs[32], rt[600], mode[32], nw[16], park[24];
     snprintf(vram, sizeof vram, "%lluB", (unsigned long long)d->c.vram_target);
     snprintf(host, sizeof host, "%lluB", (unsigned long long)d->c.host_budget);
     snprintf(reserve, sizeof reserve, "%lluB", (unsigned long long)d->c.compute_reserve);
@@ -709,10 +713,29 @@ static int spawn_children(struct rkvd *d, char *err, size_t errlen)
     snprintf(rt, sizeof rt, "%s", d->c.runtime_dir);
     snprintf(mode, sizeof mode, "%s", modes[d->c.mode]);
     snprintf(nw, sizeof nw, "%u", d->n_workers);
-    char *kargv[] = {kv_path, "--runtime-dir", rt, "--backend", (char *)backends[d->c.backend],
-                     "--vram-target", vram, "--host-budget", host, "--compute-reserve", reserve,
-                     "--block-size", bs, "--mode", mode, "--workers", nw, "--log-level",
-                     (char *)rkv_log_level_names[d->c.log_level], NULL};
+    snprintf(park, sizeof park, "%lld", (long long)d->c.park_after_ms);
+    char *kargv[] = {kv_path,
+                     "--runtime-dir",
+                     rt,
+                     "--backend",
+                     (char *)backends[d->c.backend],
+                     "--vram-target",
+                     vram,
+                     "--host-budget",
+                     host,
+                     "--compute-reserve",
+                     reserve,
+                     "--block-size",
+                     bs,
+                     "--mode",
+                     mode,
+                     "--workers",
+                     nw,
+                     "--park-after-ms",
+                     park,
+                     "--log-level",
+                     (char *)rkv_log_level_names[d->c.log_level],
+                     NULL};
     struct sup_child_spec ks = {"kvmgr", kargv, 5, 60000, 100, 5000};
     if ((rc = sup_add(d->sup, &ks, &d->kvmgr))) {
         snprintf(err, errlen, "cannot start %s: %s", kv_path, rkv_strerror(rc));

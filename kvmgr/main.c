@@ -68,6 +68,7 @@ struct kvmgr_conf {
     int mode;
     int64_t workers;
     int64_t margin_pct;
+    int64_t park_after_ms;
     int log_level;
 };
 
@@ -93,6 +94,9 @@ static const struct cfg_key keys[] = {
      .help = "workers (one device pool each)"},
     {K("margin_pct", CFG_INT, margin_pct), .min = 0, .max = 50, .def = "5",
      .help = "promotion hysteresis, percent of the device pool"},
+    {K("park_after_ms", CFG_INT, park_after_ms), .min = 0, .max = 3600000, .def = "500",
+     .help = "an idle session keeps its blocks on the GPU this long before it may be parked "
+             "for room (0 = at once)"},
     {K("log_level", CFG_ENUM, log_level), .names = rkv_log_level_names, .def = "info",
      .help = "log level"},
 };
@@ -167,6 +171,7 @@ struct kvmgr {
     struct plan *plan;
     uint64_t plan_seq; /* plans made so far: the histograms and budget answers name theirs */
     int dirty;         /* something changed since the last plan */
+    uint64_t grace_end_ms; /* an idle session's grace ends then: plan again (0 = none) */
     uint64_t last_hist_ms;
     uint64_t moved_bytes;
     struct proto_wbuf buf;
@@ -461,6 +466,8 @@ static int replan(struct kvmgr *k, const char *why)
     in.block_bytes = k->block_bytes;
     in.host_budget = k->c.host_budget;
     in.margin_pct = (uint32_t)k->c.margin_pct;
+    in.now = rkv_now_ms();
+    in.idle_grace = (uint64_t)k->c.park_after_ms;
     in.n_gpus = k->n_gpus;
     in.gpus = pg;
     in.n_sessions = n;
@@ -508,6 +515,15 @@ static int replan(struct kvmgr *k, const char *why)
                       plan_tactic_name(s->tactic), plan_tactic_name(a->tactic), why);
         }
         s->tactic = a->tactic;
+    }
+    /* an idle session on the device in its grace may be parked once it ends */
+    k->grace_end_ms = 0;
+    for (size_t j = 0; j < n; j++) {
+        const struct plan_assign *a = plan_assign_at(p, j);
+        uint64_t end = ps[j].last_use + in.idle_grace;
+        if (in.idle_grace && !ps[j].active && a->n_dev > 0 && end > in.now &&
+            (!k->grace_end_ms || end < k->grace_end_ms))
+            k->grace_end_ms = end;
     }
     plan_free(k->plan);
     k->plan = p;
@@ -1221,6 +1237,8 @@ int main(int argc, char **argv)
             last_tick = now;
             if (k.making)
                 pools_collect(&k);
+            if (k.grace_end_ms && now >= k.grace_end_ms)
+                k.dirty = 1; /* an idle session's grace is over */
             if (k.dirty)
                 replan(&k, "periodic");
             if (now - k.last_hist_ms >= 1000) {

@@ -322,6 +322,13 @@ static void set_assign(struct work *w, uint32_t i, enum plan_tactic t, uint32_t 
     a->n_host = host;
 }
 
+/* an idle session used within the grace: windowed with the active ones, not parked */
+static int in_grace(const struct plan_input *in, const struct plan_session *s)
+{
+    return in->idle_grace && !s->pinned && s->last_use <= in->now &&
+           in->now - s->last_use < in->idle_grace;
+}
+
 /* parks idle sessions of the list (lru order) until the active and the idle
  * device blocks fit room (all of them with park_all), skipping any the host
  * cannot take; returns the device blocks idle sessions still hold */
@@ -348,7 +355,7 @@ static int64_t park_idle(struct work *w, const uint32_t *idle, size_t n_idle, in
 /* places the sessions of gpu g; RKV_ENOSPACE when the admitted set cannot be
  * placed within host_avail (the caller then un-admits one and retries). */
 static int place_gpu(struct work *w, uint32_t g, uint32_t w_prev, int64_t *host_avail,
-                     uint32_t *cap_out)
+                     uint32_t *cap_out, int grace)
 {
     const struct plan_input *in = w->in;
     const struct plan_gpu *gb = &in->gpus[g];
@@ -368,7 +375,8 @@ static int place_gpu(struct work *w, uint32_t g, uint32_t w_prev, int64_t *host_
         if (w->role[i] == ROLE_RUN && (s->pinned || resident_mode)) {
             set_assign(w, (uint32_t)i, PLAN_RESIDENT, w->need[i], 0);
             room -= w->need[i];
-        } else if (w->role[i] == ROLE_RUN) {
+        } else if (w->role[i] == ROLE_RUN ||
+                   (w->role[i] == ROLE_IDLE && s->cur_dev > 0 && grace && in_grace(in, s))) {
             act[n_act++] = (uint32_t)i;
             active += w->need[i];
         } else if (w->role[i] == ROLE_IDLE && s->cur_dev > 0) {
@@ -515,10 +523,11 @@ static int place_all(struct work *w, const struct plan *prev)
     int same = prev && prev->sum.n_gpus == in->n_gpus && prev->mode == in->mode;
     for (uint32_t g = 0; g < in->n_gpus; g++) {
         uint32_t w_prev = same ? prev->gsum[g].window_cap : PLAN_NO_CAP;
+        int grace = 1;
         for (;;) {
             int64_t avail = host_avail;
             uint32_t cap;
-            int rc = place_gpu(w, g, w_prev, &avail, &cap);
+            int rc = place_gpu(w, g, w_prev, &avail, &cap, grace);
             if (rc == 0) {
                 host_avail = avail;
                 w->out->gsum[g].window_cap = cap;
@@ -526,6 +535,18 @@ static int place_all(struct work *w, const struct plan *prev)
             }
             if (rc != RKV_ENOSPACE)
                 return rc;
+            /* idle sessions parked, windowed or dropped by the failed attempt go back */
+            for (size_t j = 0; j < in->n_sessions; j++)
+                if (in->sessions[j].gpu == g && w->role[j] == ROLE_IDLE &&
+                    in->sessions[j].cur_dev > 0) {
+                    set_assign(w, (uint32_t)j, PLAN_RESIDENT, w->need[j], 0);
+                    w->out->assign[j].dropped = 0;
+                }
+            /* the grace is worth less than any admitted session: first without it */
+            if (grace) {
+                grace = 0;
+                continue;
+            }
             /* host too small for what was admitted: un-admit the last one;
              * its kv is dropped since the host has no room for it */
             uint32_t i = last_admitted(w, g);
@@ -534,13 +555,6 @@ static int place_all(struct work *w, const struct plan *prev)
             w->role[i] = ROLE_DROP;
             set_assign(w, i, PLAN_WAIT, 0, 0);
             w->out->assign[i].dropped = w->held[i] > 0;
-            /* idle sessions parked or dropped by the failed attempt go back */
-            for (size_t j = 0; j < in->n_sessions; j++)
-                if (in->sessions[j].gpu == g && w->role[j] == ROLE_IDLE &&
-                    in->sessions[j].cur_dev > 0) {
-                    set_assign(w, (uint32_t)j, PLAN_RESIDENT, w->need[j], 0);
-                    w->out->assign[j].dropped = 0;
-                }
         }
     }
     return 0;

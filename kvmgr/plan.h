@@ -29,6 +29,11 @@
  *    a. pinned sessions stay RESIDENT; idle sessions already off the device
  *       stay PARKED (an idle session is promoted only when it becomes active);
  *    b. park idle sessions, least recently used first, until the rest fits;
+ *       a session idle for less than idle_grace (last_use within idle_grace of
+ *       now) is not parked: it is windowed with the active ones (step c), so a
+ *       client's next turn a moment later finds its blocks where they were
+ *       instead of copied out and back (when the host cannot take the tails
+ *       that way, the gpu is planned again without the grace);
  *    c. window the active sessions: one cap W for all (water-filling, so the
  *       tails grow fairly), each keeps min(n_blocks, W) >= 1 newest blocks on
  *       the device, spare blocks go +1 to sessions that already hold more;
@@ -118,6 +123,9 @@ struct plan_input {
     uint64_t block_bytes;
     uint64_t host_budget; /* bytes */
     uint32_t margin_pct;  /* hysteresis margin, percent of device blocks (e.g. 5) */
+    /* idle sessions used within idle_grace of now (the units of last_use) are windowed
+     * like active ones rather than parked (step 2b); 0: park at once */
+    uint64_t now, idle_grace;
     uint32_t n_gpus;
     const struct plan_gpu *gpus; /* [n_gpus] */
     size_t n_sessions;

@@ -58,12 +58,15 @@ static struct plan_session sess(uint64_t id, uint32_t need, int active, uint32_t
     return s;
 }
 
-static struct plan *run_plan(const struct plan_gpu *gpus, uint32_t n_gpus, uint32_t host_blocks,
-                             const struct plan_session *ss, size_t n, enum plan_mode mode,
-                             const struct plan *prev)
+/* now, idle_grace: the planner's (0, 0: idle sessions park at once) */
+static struct plan *run_plan_at(const struct plan_gpu *gpus, uint32_t n_gpus, uint32_t host_blocks,
+                                const struct plan_session *ss, size_t n, enum plan_mode mode,
+                                const struct plan *prev, uint64_t now, uint64_t idle_grace)
 {
     struct plan_input in;
     plan_input_init(&in);
+    in.now = now;
+    in.idle_grace = idle_grace;
     in.mode = mode;
     in.block_bytes = MIB;
     in.host_budget = host_blocks * MIB;
@@ -75,6 +78,13 @@ static struct plan *run_plan(const struct plan_gpu *gpus, uint32_t n_gpus, uint3
     assert_int_equal(plan_compute(&in, prev, &p), 0);
     assert_non_null(p);
     return p;
+}
+
+static struct plan *run_plan(const struct plan_gpu *gpus, uint32_t n_gpus, uint32_t host_blocks,
+                             const struct plan_session *ss, size_t n, enum plan_mode mode,
+                             const struct plan *prev)
+{
+    return run_plan_at(gpus, n_gpus, host_blocks, ss, n, mode, prev, 0, 0);
 }
 
 static void test_caps(void **state)
@@ -156,6 +166,48 @@ static void test_park_lru_first(void **state)
     assert_int_equal(plan_find(p, 3)->tactic, PLAN_RESIDENT);
     assert_int_equal(plan_find(p, 4)->tactic, PLAN_RESIDENT);
     assert_int_equal(plan_get_summary(p)->gpu[0].dev_used, 10);
+    plan_free(p);
+}
+
+/* a session idle for less than the grace keeps its blocks on the device and is windowed with
+ * the active ones; past the grace it parks as before */
+static void test_idle_grace(void **state)
+{
+    (void)state;
+    struct plan_gpu g = gpu_with(10);
+    struct plan_session s[3] = {sess(1, 6, 1, 6, 0, PLAN_RESIDENT, 90),
+                                sess(2, 3, 0, 3, 0, PLAN_RESIDENT, 95),
+                                sess(3, 4, 1, 0, 0, PLAN_WAIT, 100)};
+    /* no grace: the idle session parks, the active two fit */
+    struct plan *p = run_plan_at(&g, 1, 100, s, 3, PLAN_MODE_AUTO, NULL, 100, 0);
+    assert_int_equal(plan_find(p, 2)->tactic, PLAN_PARKED);
+    assert_int_equal(plan_find(p, 2)->demote, 3);
+    assert_int_equal(plan_find(p, 1)->tactic, PLAN_RESIDENT);
+    assert_int_equal(plan_find(p, 3)->tactic, PLAN_RESIDENT);
+    plan_free(p);
+    /* idle 5 of a grace of 10: the three share the device, W = 3 and the spare block to the
+     * session holding the most; the idle one moves nothing */
+    p = run_plan_at(&g, 1, 100, s, 3, PLAN_MODE_AUTO, NULL, 100, 10);
+    assert_int_equal(plan_find(p, 2)->tactic, PLAN_RESIDENT);
+    assert_int_equal(plan_find(p, 2)->n_dev, 3);
+    assert_int_equal(plan_find(p, 2)->demote, 0);
+    assert_int_equal(plan_get_summary(p)->gpu[0].window_cap, 3);
+    assert_int_equal(plan_find(p, 1)->tactic, PLAN_WINDOW);
+    assert_int_equal(plan_find(p, 1)->n_dev, 4);
+    assert_int_equal(plan_find(p, 3)->tactic, PLAN_WINDOW);
+    assert_int_equal(plan_find(p, 3)->n_dev, 3);
+    assert_int_equal(plan_get_summary(p)->gpu[0].dev_used, 10);
+    /* a smaller idle session windowed too: its tail goes to the host with the others' */
+    struct plan_session t[3] = {s[0], sess(2, 6, 0, 6, 0, PLAN_RESIDENT, 95), s[2]};
+    struct plan *q = run_plan_at(&g, 1, 100, t, 3, PLAN_MODE_AUTO, NULL, 100, 10);
+    assert_int_equal(plan_find(q, 2)->tactic, PLAN_WINDOW);
+    assert_true(plan_find(q, 2)->n_dev >= 3 && plan_find(q, 2)->n_host >= 1);
+    plan_free(q);
+    /* the grace over (now 105): parked */
+    struct plan *r = run_plan_at(&g, 1, 100, s, 3, PLAN_MODE_AUTO, p, 105, 10);
+    assert_int_equal(plan_find(r, 2)->tactic, PLAN_PARKED);
+    assert_int_equal(plan_find(r, 2)->reason, PLAN_WHY_IDLE_LRU);
+    plan_free(r);
     plan_free(p);
 }
 
@@ -470,11 +522,22 @@ struct sim {
     enum plan_mode mode;
     uint64_t now;
     uint64_t next_id;
+    uint64_t grace; /* the planner's idle_grace, in events */
 };
+
+/* the idle_grace the random runs plan with (sim_init copies it) */
+static uint64_t sim_grace;
 
 static struct plan *sim_plan(struct sim *m, const struct plan *prev)
 {
-    return run_plan(m->gpu, m->n_gpus, m->host_blocks, m->s, m->n, m->mode, prev);
+    return run_plan_at(m->gpu, m->n_gpus, m->host_blocks, m->s, m->n, m->mode, prev, m->now,
+                       m->grace);
+}
+
+/* idle, and used within the grace: may hold device blocks, windowed, while others spill */
+static int sim_in_grace(const struct sim *m, const struct plan_session *s)
+{
+    return m->grace && !s->active && !s->pinned && m->now - s->last_use < m->grace;
 }
 
 /* what the kvmgr does with a plan: moves blocks, frees dropped kv */
@@ -503,6 +566,7 @@ static int same_assign(const struct plan *a, const struct plan *b)
 
 /* how often each tactic was planned: the random runs must reach every one */
 static uint64_t seen[PLAN_N_TACTICS], seen_dropped;
+static uint64_t seen_idle_windowed; /* idle sessions windowed in their grace */
 
 static void check_plan(const struct sim *m, const struct plan *p, int host_ample)
 {
@@ -529,7 +593,8 @@ static void check_plan(const struct sim *m, const struct plan *p, int host_ample
             break;
         case PLAN_WINDOW:
         case PLAN_CPU_TAIL:
-            assert_true(s->active);
+            assert_true(s->active || sim_in_grace(m, s));
+            seen_idle_windowed += !s->active;
             assert_false(s->pinned);
             assert_true(a->n_dev >= 1); /* the newest block stays on the device */
             assert_true(a->n_host >= 1);
@@ -591,7 +656,8 @@ static void check_plan(const struct sim *m, const struct plan *p, int host_ample
                 spilled = 1;
                 wmin = a->n_dev < wmin ? a->n_dev : wmin;
                 wmax = a->n_dev > wmax ? a->n_dev : wmax;
-            } else if (a->tactic == PLAN_RESIDENT && !m->s[i].active && !m->s[i].pinned) {
+            } else if (a->tactic == PLAN_RESIDENT && !m->s[i].active && !m->s[i].pinned &&
+                       !sim_in_grace(m, &m->s[i])) {
                 idle_dev = 1;
             } else if (a->tactic == PLAN_RESIDENT && !m->s[i].pinned) {
                 res_max = a->n_dev > res_max ? a->n_dev : res_max;
@@ -655,6 +721,7 @@ static void sim_init(struct sim *m, uint64_t *rng, enum plan_mode mode)
     }
     m->host_blocks = 4000;
     m->mode = mode;
+    m->grace = sim_grace;
 }
 
 static void dump(const struct sim *m, const struct plan *p, const struct plan *q)
@@ -836,6 +903,20 @@ static void test_random_auto(void **state)
         assert_true(seen[t] > 1000);
 }
 
+/* the same with an idle grace of 3 events: the properties hold with idle sessions windowed */
+static void test_random_grace(void **state)
+{
+    (void)state;
+    memset(seen, 0, sizeof(seen));
+    sim_grace = 3;
+    seen_idle_windowed = 0;
+    run_sequences(PLAN_MODE_AUTO, 1500, 60, 0x2545f4914f6cdd1dull);
+    sim_grace = 0;
+    assert_true(seen_idle_windowed > 100);
+    for (int t = 0; t < PLAN_N_TACTICS; t++)
+        assert_true(seen[t] > 1000);
+}
+
 static void test_random_forced(void **state)
 {
     (void)state;
@@ -948,6 +1029,7 @@ int main(void)
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_fits_resident),
         cmocka_unit_test(test_park_lru_first),
+        cmocka_unit_test(test_idle_grace),
         cmocka_unit_test(test_window_water_fill),
         cmocka_unit_test(test_admission),
         cmocka_unit_test(test_never_fits),
@@ -960,6 +1042,7 @@ int main(void)
         cmocka_unit_test(test_random_moves),
         cmocka_unit_test(test_load_ramp),
         cmocka_unit_test(test_random_auto),
+        cmocka_unit_test(test_random_grace),
         cmocka_unit_test(test_random_forced),
         cmocka_unit_test(test_random_tight_host),
         cmocka_unit_test(test_bench_runs),

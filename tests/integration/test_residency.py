@@ -189,3 +189,56 @@ def test_resident_mode_queues_instead_of_spilling(rkvd_factory, reference):
     for p, g in zip(PROMPTS[:4], got):
         assert_same(g, reference[p], p[:10])
     assert not [e for e in events(srv) if e[2] in ("window", "cpu_tail")], events(srv)
+
+
+def session_row(srv, name):
+    """the named session's row of `rkvctl sessions list` (kvmgr's sid, its tactic)"""
+    from conftest import rkv_bin
+    r = subprocess.run([rkv_bin("rkvctl"), "--socket", str(srv.run_dir / "admin.sock"), "--json",
+                        "sessions", "list"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    rows = [s for s in json.loads(r.stdout)["sessions"] if s["id"] == name]
+    assert len(rows) == 1, r.stdout
+    return rows[0]
+
+
+def parked_at(srv, sid):
+    """wall ms of the session's first move to parked, or None"""
+    db = sqlite3.connect(f"file:{srv.state_dir}/rkv.db?mode=ro", uri=True)
+    try:
+        row = db.execute("SELECT MIN(ts_ms) FROM tactic_events WHERE session_id = ? AND "
+                         "to_tactic = 'parked'", (sid,)).fetchone()
+    finally:
+        db.close()
+    return row[0]
+
+
+@pytest.mark.parametrize("grace_ms", [0, 2500])
+def test_a_session_between_turns_keeps_its_kv_on_the_gpu_for_park_after_ms(rkvd_factory,
+                                                                            reference, grace_ms):
+    """a named session's turn ends; then a long request outgrows the device pool. With
+    --park-after-ms 0 kvmgr parks the idle session at once for room; with 2500 its blocks stay
+    on the device (windowed with the running one) until 2.5 s after its last step, then it
+    parks: a client's next turn within the grace finds its KV where it was"""
+    srv = rkvd_factory(*TIGHT, "--park-after-ms", str(grace_ms))
+    assert_same(run_one(srv, PROMPTS[0], session="between"), reference[PROMPTS[0]], "turn 1")
+    t_done = time.time() * 1000
+    sid = session_row(srv, "between")["sid"]
+    with Background(srv, n=1, tokens=2000):
+        if grace_ms:
+            time.sleep(max(0.0, (t_done + 1000) / 1000 - time.time()))
+            row = session_row(srv, "between")
+            assert row["tactic"] in ("resident", "window"), row
+            assert parked_at(srv, sid) is None
+        deadline = time.monotonic() + 10
+        while parked_at(srv, sid) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        at = parked_at(srv, sid)
+        assert at is not None, f"never parked under pressure: {events(srv)}"
+        if grace_ms:
+            # the grace counts from the turn's last step, a little before t_done
+            assert at >= t_done + grace_ms - 600, (at - t_done)
+        else:
+            assert at <= t_done + 2000, (at - t_done)
+    # the next turn reads its kv back from the host: the same tokens
+    assert_same(run_one(srv, PROMPTS[0], session="between"), reference[PROMPTS[0]], "turn 2")
