@@ -701,7 +701,8 @@ def measure(a, srv, streams, secs, label):
         raise RuntimeError(f"{label}: a stream failed: {errs[0]}")
     log(f"ramp {label}: n={rec['n']} {rec['agg_tok_s']} tok/s ({rec['per_session_tok_s']}), "
         f"{tactics}, dev {dev >> 20} MiB host {host >> 20} MiB, pcie "
-        f"{rec['pcie_Bps'] / 1e9:.3f} GB/s, bound {rec['bound_tok_s']} -> {rec['ratio_to_bound']}")
+        f"{rec['pcie_Bps'] / 1e9:.3f} GB/s ({rec['pcie_migrated_Bps'] / 1e9:.3f} of it kvmgr's "
+        f"moves), bound {rec['bound_tok_s']} -> {rec['ratio_to_bound']}")
     return rec
 
 
