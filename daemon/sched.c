@@ -582,13 +582,10 @@ static void finish_seq(struct seq *q, enum api_finish f)
     update_gauges(s);
 }
 
-/* a sampled token (its logprob and alternatives): history, detok, stop strings, limits;
- * 1 when it finished the request (q is gone then) */
-static int take_token(struct seq *q, int32_t token, float logprob, const struct proto_logprob *alts,
-                      uint8_t n_alts)
+/* the part of a sampled token the next step needs: the session's history and the counts */
+static void take_state(struct seq *q, int32_t token)
 {
     struct sched *s = q->s;
-    const struct tok *t = s->tok;
     uint64_t now = rkv_now_ns();
     if (!q->t_first_ns) {
         q->t_first_ns = now;
@@ -601,7 +598,15 @@ static int take_token(struct seq *q, int32_t token, float logprob, const struct 
     q->n_gen++;
     s->st.gen_tokens++;
     metric_inc(s->m_gen, model_label(s), 1);
+}
 
+/* the rest, after take_state: detok, stop strings, the client's text, limits; 1 when it
+ * finished the request (q is gone then) */
+static int take_text(struct seq *q, int32_t token, float logprob, const struct proto_logprob *alts,
+                     uint8_t n_alts)
+{
+    struct sched *s = q->s;
+    const struct tok *t = s->tok;
     int eog = tok_is_eog(t, token) && !q->req->ignore_eos;
     struct api_token_logprob lp = {0};
     struct api_top_logprob top[PROTO_MAX_TOP_LOGPROBS];
@@ -648,6 +653,39 @@ static int take_token(struct seq *q, int32_t token, float logprob, const struct 
     }
     return 0;
 }
+
+/* a sampled token (its logprob and alternatives), all of it; 1 when it finished the request */
+static int take_token(struct seq *q, int32_t token, float logprob, const struct proto_logprob *alts,
+                      uint8_t n_alts)
+{
+    take_state(q, token);
+    return take_text(q, token, logprob, alts, n_alts);
+}
+
+/* whether a step's tokens for q end nothing (no stop strings to match, no end of generation,
+ * below max_tokens): then only their state must be taken before the next step is built, and
+ * their text can follow once it is on its way */
+static int text_can_wait(const struct seq *q, const struct job_seq *js)
+{
+    const struct tok *t = q->s->tok;
+    if (q->stop || q->cancelled || q->n_gen + 1u + js->n_more >= q->max_tokens)
+        return 0;
+    if (q->req->ignore_eos)
+        return 1;
+    if (tok_is_eog(t, js->token))
+        return 0;
+    for (uint8_t m = 0; m < js->n_more; m++)
+        if (tok_is_eog(t, js->more[m].id))
+            return 0;
+    return 1;
+}
+
+/* a sequence whose text waits for the next step to be sent */
+struct text_later {
+    uint64_t sid;
+    struct seq *q;
+    const struct job_seq *js;
+};
 
 /* --- steps ------------------------------------------------------------------------ */
 
@@ -956,6 +994,9 @@ void sched_job_done(struct sched *s, struct step_job *j)
         metric_inc(s->m_ahead, model_label(s), 1);
     int progress = 0;
     uint64_t moved_to = 0; /* workers that got sequences (bit per worker) */
+    /* texts rendered and streamed after the next step is sent (NULL: all now) */
+    struct text_later *later = j->n_seqs ? malloc(j->n_seqs * sizeof *later) : NULL;
+    uint32_t n_later = 0;
     for (uint32_t i = 0; i < j->n_seqs; i++) {
         struct job_seq *js = &j->seqs[i];
         struct seq *q = rkv_map_get(&s->by_sid, js->sid);
@@ -1013,11 +1054,25 @@ void sched_job_done(struct sched *s, struct step_job *j)
             finish_seq(q, API_FINISH_ABORT);
             continue;
         }
-        if (!js->sample || take_token(q, js->token, js->logprob, js->top, js->n_top))
+        if (!js->sample)
             continue;
         /* the later decode steps: each one wrote the KV of the token before it (kvmgr learns
          * their ids with the next prep); a token that ends the request drops the rest */
         struct session *se = q->sess;
+        if (later && text_can_wait(q, js)) {
+            take_state(q, js->token);
+            for (uint8_t m = 0; m < js->n_more; m++) {
+                se->n_kv++;
+                se->n_owed = m + 1u;
+                take_state(q, js->more[m].id);
+            }
+            if (js->n_more)
+                metric_inc(s->m_multi, model_label(s), js->n_more);
+            later[n_later++] = (struct text_later){js->sid, q, js};
+            continue;
+        }
+        if (take_token(q, js->token, js->logprob, js->top, js->n_top))
+            continue;
         if (js->n_more)
             metric_inc(s->m_multi, model_label(s), js->n_more);
         for (uint8_t m = 0; m < js->n_more; m++) {
@@ -1029,16 +1084,28 @@ void sched_job_done(struct sched *s, struct step_job *j)
     }
     if (j->n_steps && j->step_ms > 0)
         ws->step_ms = j->step_ms / j->n_steps;
-    free(j);
     for (uint32_t w = 0; w < s->cfg.n_workers && w < 64; w++)
         if (moved_to & (1ull << w) && w != (uint32_t)(ws - s->workers))
             kick(s, w);
     if (!progress && ws->running.n && !ws->closes.len) {
         /* kvmgr had no room for anyone: wait for a drain instead of spinning */
         uv_timer_start(&ws->retry, retry_timer_cb, 20, 0);
-        return;
+    } else {
+        kick(s, (uint32_t)(ws - s->workers));
     }
-    kick(s, (uint32_t)(ws - s->workers));
+    /* the next step is on its way: now the texts that waited for it (a step the driver
+     * refused fails at once inside kick, and a sequence failed there is gone) */
+    for (uint32_t k = 0; k < n_later; k++) {
+        const struct job_seq *js = later[k].js;
+        struct seq *q = rkv_map_get(&s->by_sid, later[k].sid);
+        if (q != later[k].q)
+            continue;
+        take_text(q, js->token, js->logprob, js->top, js->n_top);
+        for (uint8_t m = 0; m < js->n_more; m++)
+            take_text(q, js->more[m].id, js->more[m].logprob, NULL, 0);
+    }
+    free(later);
+    free(j);
 }
 
 /* --- lifecycle ------------------------------------------------------------------ */
