@@ -322,11 +322,12 @@ static void set_assign(struct work *w, uint32_t i, enum plan_tactic t, uint32_t 
     a->n_host = host;
 }
 
-/* an idle session used within the grace: windowed with the active ones, not parked */
+/* an idle session used within the grace: windowed with the active ones, not parked (not in
+ * resident mode, which windows no one) */
 static int in_grace(const struct plan_input *in, const struct plan_session *s)
 {
-    return in->idle_grace && !s->pinned && s->last_use <= in->now &&
-           in->now - s->last_use < in->idle_grace;
+    return in->idle_grace && in->mode != PLAN_MODE_RESIDENT && !s->pinned &&
+           s->last_use <= in->now && in->now - s->last_use < in->idle_grace;
 }
 
 /* parks idle sessions of the list (lru order) until the active and the idle

@@ -33,7 +33,8 @@
  *       now) is not parked: it is windowed with the active ones (step c), so a
  *       client's next turn a moment later finds its blocks where they were
  *       instead of copied out and back (when the host cannot take the tails
- *       that way, the gpu is planned again without the grace);
+ *       that way, the gpu is planned again without the grace; resident mode
+ *       has no grace, as it windows no one);
  *    c. window the active sessions: one cap W for all (water-filling, so the
  *       tails grow fairly), each keeps min(n_blocks, W) >= 1 newest blocks on
  *       the device, spare blocks go +1 to sessions that already hold more;
