@@ -620,6 +620,7 @@ static cJSON *workers_json(const struct admin_info *in)
         cJSON_AddNumberToObject(o, "max_batch_tokens", wi->steps.max_batch_tokens);
         cJSON_AddNumberToObject(o, "prefill_chunk", wi->steps.prefill_chunk);
         cJSON_AddNumberToObject(o, "prefill_beside_decode", wi->steps.prefill_beside_decode);
+        cJSON_AddNumberToObject(o, "prefill_beside_decode_now", wi->beside_now);
         cJSON_AddNumberToObject(o, "step_ms",
                                 w < in->kv.n_worker_step_ms ? in->kv.worker_step_ms[w] : 0);
         cJSON_AddItemToArray(arr, o);

@@ -44,6 +44,7 @@ struct admin_worker_info {
     uint32_t restarts;
     const char *state; /* "running" "backoff" "failed" "stopped" */
     struct sched_steps steps; /* its step sizes (0: not up yet) */
+    uint32_t beside_now;      /* prompt tokens its next step beside a decode may take */
 };
 
 /* what rkvd knows about itself; main.c fills it on demand */

@@ -45,6 +45,7 @@ struct rkvd_conf {
     int64_t max_batch_tokens;
     int64_t prefill_chunk;
     int64_t prefill_beside_decode;
+    int64_t prefill_beside_decode_ms;
     int64_t workers;
     int64_t threads;
     int64_t sample_threads;
@@ -116,6 +117,10 @@ static const struct cfg_key keys[] = {
     {K("prefill_beside_decode", CFG_INT, prefill_beside_decode), .min = 0, .max = 65536, .def = "0",
      .help = "prompt tokens in all of a step that also decodes: a decoding stream's wait beside "
              "a long prompt (0 = 512 on a GPU, prefill_chunk on the CPU)"},
+    {K("prefill_beside_decode_ms", CFG_INT, prefill_beside_decode_ms), .min = 0, .max = 10000,
+     .def = "0",
+     .help = "learn the prompt tokens of a step that also decodes so that it takes about this "
+             "long, from prefill_beside_decode, within 64..prefill_chunk (0 = the fixed size)"},
     {K("workers", CFG_INT, workers), .min = 0, .max = RKVD_MAX_WORKERS, .def = "0",
      .help = "worker processes (0 = one per GPU, or 1 on CPU)"},
     {K("threads", CFG_INT, threads), .min = 0, .max = 1024, .def = "0",
@@ -592,8 +597,11 @@ static void adm_info(void *ctx, struct admin_info *o)
         /* the gpu it was given, or the cpu where its hello said so (backend auto) */
         wi->gpu = d->c.backend == 1 || d->worker_on_gpu[w] < 0 ? -1 : (int64_t)w;
         memset(&wi->steps, 0, sizeof wi->steps); /* until its first hello */
-        if (d->sched && d->worker_on_gpu[w])
+        wi->beside_now = 0;
+        if (d->sched && d->worker_on_gpu[w]) {
             sched_worker_steps(d->sched, w, &wi->steps);
+            wi->beside_now = sched_worker_beside(d->sched, w);
+        }
         wi->pid = d->workers[w] ? (uint32_t)sup_child_pid(d->workers[w]) : 0;
         wi->up = d->worker_up[w];
         wi->draining = d->sched ? sched_worker_draining(d->sched, w) : 0;
@@ -1008,7 +1016,8 @@ int main(int argc, char **argv)
                               5,
                               d.model_name,
                               (uint32_t)d.c.decode_steps,
-                              (uint32_t)d.c.decode_steps_ms};
+                              (uint32_t)d.c.decode_steps_ms,
+                              (uint32_t)d.c.prefill_beside_decode_ms};
     struct sched_driver sd = {sched_submit, d.drv};
     if ((rc = sched_init(d.loop, &sc, d.tok, &sd, d.metrics, d.store, &d.sched, err,
                          sizeof err))) {

@@ -1,6 +1,7 @@
 /* sched.c - sequences, sessions and continuous batching on rkvd's loop. */
 #include "daemon/sched.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -76,6 +77,7 @@ struct worker_slot {
     struct rkv_vec picks; /* struct pick: kick's scratch */
     double step_ms;       /* the last step's time per decode step (decode_steps_ms) */
     struct sched_steps steps; /* its step sizes (sched_worker_up) */
+    uint32_t beside;          /* beside_decode_ms's learned size (0: steps' own) */
     uv_timer_t retry;
 };
 
@@ -749,6 +751,27 @@ static uint32_t decode_steps(const struct sched *s, const struct worker_slot *ws
     return k;
 }
 
+/* the prompt tokens a step that also decodes may take now */
+static uint32_t worker_beside(const struct sched *s, const struct worker_slot *ws)
+{
+    return s->cfg.beside_decode_ms && ws->beside ? ws->beside : ws->steps.prefill_beside_decode;
+}
+
+uint32_t sched_beside_next(uint32_t cur, double step_ms, double target_ms, uint32_t lo, uint32_t hi)
+{
+    if (hi < lo)
+        hi = lo;
+    if (!(step_ms > 0) || !(target_ms > 0) || cur == 0)
+        return RKV_MAX(lo, RKV_MIN(cur, hi));
+    double next = cur * sqrt(target_ms / step_ms);
+    return next <= lo ? lo : next >= hi ? hi : (uint32_t)next;
+}
+
+uint32_t sched_worker_beside(const struct sched *s, uint32_t worker)
+{
+    return worker < s->cfg.n_workers ? worker_beside(s, &s->workers[worker]) : 0;
+}
+
 static void kick(struct sched *s, uint32_t w)
 {
     struct worker_slot *ws = &s->workers[w];
@@ -769,11 +792,13 @@ static void kick(struct sched *s, uint32_t w)
      * when a decode shares the step (its stream waits for the whole step); picked once,
      * then sized and copied into the job */
     ws->picks.len = 0;
-    uint32_t budget = ws->steps.max_batch_tokens;
+    uint32_t budget = ws->steps.max_batch_tokens, beside_cap = 0, beside_tokens = 0;
     size_t n_tok = 0;
     for (int pass = 0; pass < 2; pass++) {
-        if (pass == 1 && ws->picks.len)
-            budget = RKV_MIN(budget, ws->steps.prefill_beside_decode);
+        if (pass == 1 && ws->picks.len) {
+            beside_cap = RKV_MIN(budget, worker_beside(s, ws));
+            budget = beside_cap;
+        }
         for (struct seq *q = ws->running.head; q && budget; q = q->next) {
             struct session *se = q->sess;
             uint32_t pending = se->n_tokens - se->n_kv;
@@ -781,6 +806,7 @@ static void kick(struct sched *s, uint32_t w)
                 continue;
             uint32_t take = RKV_MIN(RKV_MIN(pending, ws->steps.prefill_chunk), budget);
             budget -= take;
+            beside_tokens += pass == 1 && beside_cap ? take : 0;
             struct pick pk = {q, take};
             if (!rkv_vec_push(&ws->picks, &pk))
                 break;
@@ -806,6 +832,8 @@ static void kick(struct sched *s, uint32_t w)
     }
     j->worker = w;
     j->kv_gen = s->kv_gen;
+    j->beside_tokens = beside_tokens;
+    j->beside_cap = beside_tokens ? beside_cap : 0;
     j->n_closes = (uint32_t)ws->closes.len;
     j->n_forgets = (uint32_t)ws->forgets.len;
     /* an empty vector's data is NULL: memcpy must not see it */
@@ -1084,6 +1112,12 @@ void sched_job_done(struct sched *s, struct step_job *j)
     }
     if (j->n_steps && j->step_ms > 0)
         ws->step_ms = j->step_ms / j->n_steps;
+    /* a step the prompt tokens beside its decodes filled says how long such tokens take */
+    if (s->cfg.beside_decode_ms && j->beside_cap && j->beside_tokens >= j->beside_cap &&
+        j->n_steps == 1 && j->step_ms > 0)
+        ws->beside =
+            sched_beside_next(j->beside_cap, j->step_ms, s->cfg.beside_decode_ms,
+                              RKV_MIN(64u, ws->steps.prefill_chunk), ws->steps.prefill_chunk);
     for (uint32_t w = 0; w < s->cfg.n_workers && w < 64; w++)
         if (moved_to & (1ull << w) && w != (uint32_t)(ws - s->workers))
             kick(s, w);
@@ -1152,6 +1186,7 @@ void sched_worker_up(struct sched *s, uint32_t w, const struct sched_steps *step
     if (w >= s->cfg.n_workers)
         return;
     s->workers[w].steps = *steps;
+    s->workers[w].beside = 0; /* learned again for these sizes */
     s->workers[w].up = 1;
     s->workers[w].failures = 0;
     s->serving = 1;

@@ -54,6 +54,10 @@ struct sched_config {
      * or 1: one */
     uint32_t decode_steps;
     uint32_t decode_steps_ms;
+    /* a step that also decodes takes the prompt tokens that make it about this long, learned
+     * from the steps before (from prefill_beside_decode, between 64 and prefill_chunk); 0:
+     * prefill_beside_decode tokens always */
+    uint32_t beside_decode_ms;
 };
 
 /* one sequence of a step: input filled by the scheduler, output by the driver */
@@ -107,6 +111,9 @@ struct step_job {
     int kvmgr_failed; /* the failure was kvmgr's (its KV is gone) */
     uint32_t kvmgr_pid; /* the kvmgr that placed this step's KV (0: unknown) */
     int prep_ahead;     /* its tables were asked for while the step before it ran */
+    /* prompt tokens it carries beside decoding sequences, and the most it could (0, 0: it
+     * decodes nothing or prefills nothing) */
+    uint32_t beside_tokens, beside_cap;
     char err[256];
     double step_ms;
 };
@@ -154,6 +161,11 @@ void sched_worker_down(struct sched *s, uint32_t worker);
  * a decode never more than the step either */
 void sched_step_sizes(const struct sched_steps *cfg, uint32_t worker_max_batch_tokens, int on_gpu,
                       struct sched_steps *out);
+/* the prompt tokens beside a decode for the next step, from this step's: cur tokens took
+ * step_ms against target_ms; half the way (in ratio) to the size that would take target_ms if
+ * time grew with the tokens, within [lo, hi] */
+uint32_t sched_beside_next(uint32_t cur, double step_ms, double target_ms, uint32_t lo,
+                           uint32_t hi);
 /* that worker's step sizes from now on (sched_step_sizes) */
 void sched_worker_up(struct sched *s, uint32_t worker, const struct sched_steps *steps);
 void sched_kvmgr_seen(struct sched *s, uint32_t pid);
@@ -203,6 +215,8 @@ int sched_worker_drain(struct sched *s, uint32_t worker, int drain);
 int sched_worker_draining(const struct sched *s, uint32_t worker);
 /* the step sizes a worker runs with (the config's until its first sched_worker_up) */
 void sched_worker_steps(const struct sched *s, uint32_t worker, struct sched_steps *out);
+/* the prompt tokens its next step that also decodes may take (beside_decode_ms learns it) */
+uint32_t sched_worker_beside(const struct sched *s, uint32_t worker);
 /* the API's key check (api_sched.authorize) goes to fn; NULL lets everyone in */
 void sched_set_authorize(struct sched *s, int (*fn)(void *ud, const char *bearer), void *ud);
 

@@ -44,11 +44,40 @@ static void test_config_wins_but_never_past_the_worker(void **state)
     sizes(0, 128, 1024, 2048, 1, 2048, 128, 1024); /* more than a chunk: several prompts' */
 }
 
+/* steps of D ms for the decodes plus b ms a prompt token: the learned size settles where a
+ * step takes the target, without overshooting past the bounds */
+static void test_beside_learns_the_size_for_a_target(void **state)
+{
+    (void)state;
+    const double d = 14, b = 0.06, target = 50; /* ~600 tokens make 50 ms */
+    uint32_t p = 512;
+    for (int i = 0; i < 30; i++)
+        p = sched_beside_next(p, d + b * p, target, 64, 2048);
+    assert_in_range(p, 590, 610);
+    /* the context grows: the same tokens cost more, the size shrinks with it */
+    for (int i = 0; i < 30; i++)
+        p = sched_beside_next(p, d + 2 * b * p, target, 64, 2048);
+    assert_in_range(p, 295, 305);
+    /* a target below the decodes' own time: the floor, never zero */
+    for (int i = 0; i < 30; i++)
+        p = sched_beside_next(p, d + b * p, 10, 64, 2048);
+    assert_int_equal(p, 64);
+    /* a generous target: the ceiling */
+    for (int i = 0; i < 30; i++)
+        p = sched_beside_next(p, d + b * p, 10000, 64, 2048);
+    assert_int_equal(p, 2048);
+    /* nothing measured: the size stays, within the bounds */
+    assert_int_equal(sched_beside_next(300, 0, 50, 64, 2048), 300);
+    assert_int_equal(sched_beside_next(3000, 0, 50, 64, 2048), 2048);
+    assert_int_equal(sched_beside_next(100, 10, 50, 128, 64), 128); /* hi below lo: lo */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults_by_backend),
         cmocka_unit_test(test_config_wins_but_never_past_the_worker),
+        cmocka_unit_test(test_beside_learns_the_size_for_a_target),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

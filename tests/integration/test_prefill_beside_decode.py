@@ -77,3 +77,30 @@ def test_long_prompt_goes_in_short_steps_beside_a_decode(rkvd_factory):
     # before the prompt was admitted (measured 5-10)
     assert n_whole < n_small - 4, (n_whole, n_small)
     assert text_small == text_whole  # the same greedy text, however the prompt was cut
+
+
+def worker_status(srv):
+    r = subprocess.run([rkv_bin("rkvctl"), "--socket", str(srv.run_dir / "admin.sock"),
+                        "--json", "status"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["workers"][0]
+
+
+@pytest.mark.parametrize("target_ms", [0, 10000, 1])
+def test_prompt_tokens_beside_a_decode_learned_for_a_step_time(rkvd_factory, target_ms):
+    """--prefill-beside-decode-ms: the steps that prefill beside a decode learn the prompt
+    tokens that make them take about that long, from --prefill-beside-decode and within 64 and
+    --prefill-chunk: a generous target reaches the chunk, a target below any step's time the
+    floor; 0 keeps the fixed size"""
+    srv = rkvd_factory("--max-batch-tokens", "512", "--prefill-chunk", "512",
+                       "--prefill-beside-decode", "128", "--decode-steps", "1",
+                       "--prefill-beside-decode-ms", str(target_ms))
+    assert worker_status(srv)["prefill_beside_decode_now"] == 128
+    n, _ = decoder_tokens_while_prefilling(srv)
+    now = worker_status(srv)["prefill_beside_decode_now"]
+    if target_ms == 10000:
+        assert now == 512 and n >= 2, (now, n)
+    elif target_ms == 0:
+        assert now == 128
+    else:
+        assert now < 128, now
