@@ -1087,26 +1087,20 @@ void sched_job_done(struct sched *s, struct step_job *j)
         /* the later decode steps: each one wrote the KV of the token before it (kvmgr learns
          * their ids with the next prep); a token that ends the request drops the rest */
         struct session *se = q->sess;
-        if (later && text_can_wait(q, js)) {
-            take_state(q, js->token);
-            for (uint8_t m = 0; m < js->n_more; m++) {
-                se->n_kv++;
-                se->n_owed = m + 1u;
-                take_state(q, js->more[m].id);
-            }
-            if (js->n_more)
-                metric_inc(s->m_multi, model_label(s), js->n_more);
+        const int wait = later && text_can_wait(q, js); /* none of them finishes it then */
+        if (wait) {
             later[n_later++] = (struct text_later){js->sid, q, js};
-            continue;
-        }
-        if (take_token(q, js->token, js->logprob, js->top, js->n_top))
+            take_state(q, js->token);
+        } else if (take_token(q, js->token, js->logprob, js->top, js->n_top))
             continue;
         if (js->n_more)
             metric_inc(s->m_multi, model_label(s), js->n_more);
         for (uint8_t m = 0; m < js->n_more; m++) {
             se->n_kv++;
             se->n_owed = m + 1u;
-            if (take_token(q, js->more[m].id, js->more[m].logprob, NULL, 0))
+            if (wait)
+                take_state(q, js->more[m].id);
+            else if (take_token(q, js->more[m].id, js->more[m].logprob, NULL, 0))
                 break;
         }
     }

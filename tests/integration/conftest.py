@@ -171,6 +171,15 @@ class Rkvd:
             time.sleep(0.02)
         raise AssertionError(f"rkvd has no live {comm} child")
 
+    # --- admin ---
+
+    def ctl(self, *args, timeout=60):
+        """`rkvctl --json ARGS` over this server's admin socket, parsed; asserts it succeeded"""
+        r = subprocess.run([rkv_bin("rkvctl"), "--socket", str(self.run_dir / "admin.sock"),
+                            "--json", *args], capture_output=True, text=True, timeout=timeout)
+        assert r.returncode == 0, f"rkvctl {' '.join(args)} -> {r.returncode}: {r.stderr}"
+        return json.loads(r.stdout)
+
     # --- http ---
 
     @property

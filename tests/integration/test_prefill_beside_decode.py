@@ -3,14 +3,10 @@ a stream decoding beside a long prompt gets a token every short step instead of 
 whole prompt: counted as the stream's tokens that arrive while the prompt prefills (each
 prefill step gives the decoding stream exactly one token; --decode-steps 1 keeps the steps
 before the prompt's admission at one token each too)."""
-import json
-import subprocess
 import threading
 import time
 
 import pytest
-
-from conftest import rkv_bin
 
 openai = pytest.importorskip("openai")
 
@@ -61,10 +57,7 @@ def decoder_tokens_while_prefilling(srv):
 def test_long_prompt_goes_in_short_steps_beside_a_decode(rkvd_factory):
     small = rkvd_factory("--max-batch-tokens", "512", "--prefill-chunk", "512",
                          "--prefill-beside-decode", "32", "--decode-steps", "1")
-    r = subprocess.run([rkv_bin("rkvctl"), "--socket", str(small.run_dir / "admin.sock"),
-                        "--json", "status"], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    w = json.loads(r.stdout)["workers"][0]
+    w = small.ctl("status")["workers"][0]
     assert (w["max_batch_tokens"], w["prefill_chunk"], w["prefill_beside_decode"]) == (512, 512, 32)
     n_small, text_small = decoder_tokens_while_prefilling(small)
     # ~1000 prompt tokens in steps of 32: ~30 steps, each with one token of the stream (one
@@ -80,10 +73,7 @@ def test_long_prompt_goes_in_short_steps_beside_a_decode(rkvd_factory):
 
 
 def worker_status(srv):
-    r = subprocess.run([rkv_bin("rkvctl"), "--socket", str(srv.run_dir / "admin.sock"),
-                        "--json", "status"], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)["workers"][0]
+    return srv.ctl("status")["workers"][0]
 
 
 @pytest.mark.parametrize("target_ms", [0, 10000, 1])

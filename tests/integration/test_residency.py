@@ -4,9 +4,7 @@ spills their older blocks to the host pool (WINDOW / CPU_TAIL), the worker atten
 host blocks as two partial sets merged by log-sum-exp, and every token's log-probabilities equal
 those of an all-resident server. When the load drains, sessions come back to RESIDENT."""
 import concurrent.futures as cf
-import json
 import sqlite3
-import subprocess
 import time
 
 import pytest
@@ -149,11 +147,7 @@ def test_next_turn_under_pressure_rewrites_its_last_prompt_position_exactly(rkvd
 
 
 def pool_use(srv):
-    from conftest import rkv_bin
-    r = subprocess.run([rkv_bin("rkvctl"), "--socket", str(srv.run_dir / "admin.sock"), "--json",
-                        "status"], capture_output=True, timeout=30)
-    assert r.returncode == 0, r.stderr.decode(errors="replace")
-    pool = json.loads(r.stdout)["pool"]
+    pool = srv.ctl("status")["pool"]
     return pool["device_used"], pool["host_used"]
 
 
@@ -193,12 +187,9 @@ def test_resident_mode_queues_instead_of_spilling(rkvd_factory, reference):
 
 def session_row(srv, name):
     """the named session's row of `rkvctl sessions list` (kvmgr's sid, its tactic)"""
-    from conftest import rkv_bin
-    r = subprocess.run([rkv_bin("rkvctl"), "--socket", str(srv.run_dir / "admin.sock"), "--json",
-                        "sessions", "list"], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    rows = [s for s in json.loads(r.stdout)["sessions"] if s["id"] == name]
-    assert len(rows) == 1, r.stdout
+    listed = srv.ctl("sessions", "list")["sessions"]
+    rows = [s for s in listed if s["id"] == name]
+    assert len(rows) == 1, listed
     return rows[0]
 
 
