@@ -183,6 +183,70 @@ uint32_t kv_host_cpu_share(const struct kv_block_ref *blocks, uint32_t n_blocks,
     return (uint32_t)(((uint64_t)n * (pct > 100 ? 100 : pct) + 50) / 100);
 }
 
+void kv_split_learn_init(struct kv_split_learn *l, double fix_us, double cpu_gbps, double link_gbps)
+{
+    *l = (struct kv_split_learn){fix_us, cpu_gbps, link_gbps, 0, 0};
+}
+
+double kv_split_share(const struct kv_split_learn *l, double h_bytes, double max)
+{
+    if (h_bytes <= 0 || l->cpu_gbps <= 0 || l->link_gbps <= 0)
+        return 0;
+    /* (1 - s) h / link = fix + s h / cpu */
+    const double t_link = h_bytes / (l->link_gbps * 1e3), t_cpu = h_bytes / (l->cpu_gbps * 1e3);
+    const double s = (t_link - l->fix_us) / (t_link + t_cpu);
+    return s <= 0 ? 0 : s > max ? max : s;
+}
+
+/* an exponential average a sample a tenth (a step's 32 layers weigh 0.97) */
+static double ewma(double avg, double x)
+{
+    return avg + 0.1 * (x - avg);
+}
+
+static double clampd(double x, double lo, double hi)
+{
+    return x < lo ? lo : x > hi ? hi : x;
+}
+
+void kv_split_observe(struct kv_split_learn *l, double period_us, double cpu_us, double cpu_bytes,
+                      double gpu_bytes, int gpu_first)
+{
+    /* a layer past 100 ms waited on something else (a page fault, the scheduler) */
+    if (!(period_us > 0 && period_us < 1e5) || !(cpu_us >= 0 && cpu_us <= period_us))
+        return;
+    if (cpu_us >= 20 && cpu_bytes > 0)
+        l->cpu_gbps = clampd(ewma(l->cpu_gbps, cpu_bytes / (cpu_us * 1e3)), 0.5, 500);
+    if (gpu_first) {
+        l->fix_us = clampd(ewma(l->fix_us, period_us - cpu_us), 0, 1e4);
+        /* the gpu's part took no longer than the layer: the link is at least that fast (else
+         * a low figure from a few early layers would hold the share too high for good) */
+        if (gpu_bytes > 0 && gpu_bytes / (period_us * 1e3) > l->link_gbps)
+            l->link_gbps = clampd(gpu_bytes / (period_us * 1e3), 0.5, 500);
+        l->n_cpu++;
+    } else {
+        if (gpu_bytes > 0) /* the layer took what the gpu's part took */
+            l->link_gbps = clampd(ewma(l->link_gbps, gpu_bytes / (period_us * 1e3)), 0.5, 500);
+        l->n_link++;
+    }
+}
+
+void kv_split_spread(const uint32_t *n, uint32_t n_seqs, uint32_t k, uint32_t *out)
+{
+    uint64_t total = 0, cum = 0, given = 0;
+    for (uint32_t s = 0; s < n_seqs; s++)
+        total += n[s];
+    if (k > total)
+        k = (uint32_t)total;
+    for (uint32_t s = 0; s < n_seqs; s++) {
+        cum += n[s];
+        /* round(k cum / total) - what the sequences before got */
+        const uint64_t upto = total ? (2 * (uint64_t)k * cum + total) / (2 * total) : 0;
+        out[s] = (uint32_t)(upto - given);
+        given = upto;
+    }
+}
+
 void kv_host_cpu_view(const struct kv_block_ref *in, uint32_t n, uint32_t k,
                       struct kv_block_ref *out)
 {

@@ -257,7 +257,8 @@ static void apply_host_split(struct worker *w, int cpu_tail)
                                        : rkv_host_split_auto(r->attn_host_gbps, r->attn_cpu_gbps);
     if (cpu_tail || (w->c.deterministic && w->c.host_split < 0))
         pct = 0; /* the default (-1) stays quiet where the split cannot run */
-    int rc = backend_host_split(w->be, pct);
+    const int learn = w->c.host_split < 0;
+    int rc = backend_host_split(w->be, pct, learn);
     if (rc < 0)
         log_warn("the split host read is off: %s%s", rkv_strerror(rc),
                  w->c.deterministic ? " (--deterministic keeps host blocks on the gpu)" : "");
@@ -265,7 +266,7 @@ static void apply_host_split(struct worker *w, int cpu_tail)
         log_info("host kv blocks split: %u %% of each decode row's on the cpu (%.2f GB/s), the "
                  "rest read by the gpu (%.2f)%s",
                  pct, r->attn_cpu_gbps, r->attn_host_gbps,
-                 w->c.host_split > 0 ? " (--host-split)" : " (measured)");
+                 learn ? " (measured)" : " (--host-split)");
     else if (rc == 0 && w->c.host_split < 0 && !cpu_tail && !w->c.deterministic)
         log_info("the split host read stays off: no measured cpu or host-read rate");
 }

@@ -1172,7 +1172,7 @@ static void attention_env(const char *what, const char *vars, const char *absent
         snprintf(names[n++], sizeof(names[0]), "%s", v);
         setenv(v, eq + 1, 1);
     }
-    char st[1024] = "";
+    char st[2048] = "";
     attention_with(what, absent || present ? st : NULL, sizeof(st));
     char check[200];
     if (absent) {
@@ -1417,6 +1417,12 @@ int main(int argc, char **argv)
             "host blocks split, 40 % on the cpu, the rest zero-copy",
             "RKV_CUDA_HOST_SPLIT=40 RKV_CUDA_HOST_SPLIT_MIN_US=0 RKV_CUDA_HOST_READ=zerocopy",
             " 0 split", NULL);
+        /* the learned share (the worker's default) from 40 % with no chain: every step splits,
+         * each spread over the decode rows in proportion */
+        attention_env("host blocks split, the share learned",
+                      "RKV_CUDA_HOST_SPLIT=40 RKV_CUDA_HOST_SPLIT_LEARN=1 "
+                      "RKV_CUDA_HOST_SPLIT_FIX_US=0 RKV_CUDA_HOST_READ=copy",
+                      " 0 split", "learned share");
         attention_env("host blocks of decode rows all on the cpu by the split",
                       "RKV_CUDA_HOST_SPLIT=100 RKV_CUDA_HOST_SPLIT_MIN_US=0", " 0 split", NULL);
         /* one key split per block (placement-independent numbers) keeps the split off */

@@ -138,23 +138,50 @@ static int meta_host_shares(struct cuda_ctx *c, const struct be_batch *b, uint32
         m->cpu_k_cap = b->n_seqs;
     }
     m->cpu_any = 0;
+    m->cpu_blocks = 0;
+    m->decode_only = 1;
     *all = 0;
+    /* learned: every sequence's read host blocks first (pct 0), the cpu's share after */
+    const int learn = split && c->split_learn;
     uint64_t dec_blocks = 0; /* host blocks decode rows read */
     for (uint32_t s = 0; s < b->n_seqs; s++) {
         const struct be_seq *q = &b->seqs[s];
         const uint64_t last = (uint64_t)q->n_past + (q->n_tokens ? q->n_tokens - 1 : 0);
-        m->cpu_k[s] =
-            kv_host_cpu_share(q->blocks, q->n_blocks, B, last, q->n_tokens, split, &sc[s]);
+        m->cpu_k[s] = kv_host_cpu_share(q->blocks, q->n_blocks, B, last, q->n_tokens,
+                                        learn ? 0 : split, &sc[s]);
         dec_blocks += q->n_tokens <= 1 ? sc[s] : 0;
+        m->decode_only &= q->n_tokens <= 1;
     }
-    /* the link time of the decode rows' host bytes of one layer, in us */
-    const double link_us =
-        split ? (double)dec_blocks * 2 * kv_slice_bytes(&c->layout) / (c->link_gbps * 1e3) : 0;
-    const int gated = link_us < (double)c->split_min_us;
+    const double h = (double)dec_blocks * 2 * kv_slice_bytes(&c->layout); /* a layer's bytes */
+    int gated;
+    if (learn) {
+        if (!c->split_l_init) {
+            /* the cpu's rate from the share of the measured rates: pct = cpu / (cpu + link) */
+            const double pct = split >= 100 ? 99 : split;
+            kv_split_learn_init(&c->split_l, c->split_fix0_us, c->link_gbps * pct / (100 - pct),
+                                c->link_gbps);
+            c->split_l_init = 1;
+        }
+        const double share = kv_split_share(&c->split_l, h, 0.9);
+        const uint32_t k = (uint32_t)(share * (double)dec_blocks + 0.5);
+        gated = k == 0;
+        if (!gated) {
+            /* spread over the decode rows (a prefill row's count is left out) */
+            for (uint32_t s = 0; s < b->n_seqs; s++)
+                m->cpu_k[s] = b->seqs[s].n_tokens <= 1 ? sc[s] : 0;
+            kv_split_spread(m->cpu_k, b->n_seqs, k, m->cpu_k);
+            c->hst.split_share += (double)k / (double)dec_blocks;
+            c->hst.split_steps++;
+        }
+    } else {
+        /* the link time of the decode rows' host bytes of one layer, in us */
+        gated = !split || h / (c->link_gbps * 1e3) < (double)c->split_min_us;
+    }
     for (uint32_t s = 0; s < b->n_seqs; s++) {
         if (gated)
             m->cpu_k[s] = 0;
         m->cpu_any |= m->cpu_k[s] > 0;
+        m->cpu_blocks += m->cpu_k[s];
         sc[s] -= m->cpu_k[s];
         *all += sc[s];
     }
@@ -1372,6 +1399,20 @@ static int split_view(struct cuda_ctx *c, const struct be_batch *b, struct be_ba
     return 0;
 }
 
+/* the learned share's sample of the split layer before this one (its period closes at this
+ * layer's q on the host, q_ns): the step's bytes are the same at every layer */
+static void split_learn_layer(struct cuda_ctx *c, uint32_t layer, uint64_t q_ns)
+{
+    if (c->split_prev.valid && c->split_prev.layer + 1 == layer && c->split_l_init &&
+        c->meta.decode_only) {
+        const double slice2 = 2.0 * (double)kv_slice_bytes(&c->layout);
+        kv_split_observe(&c->split_l, (double)(q_ns - c->split_prev.q_ns) / 1e3,
+                         c->split_prev.cpu_us, (double)c->meta.cpu_blocks * slice2,
+                         (double)c->meta.n_slots * slice2, c->split_prev.gpu_first);
+    }
+    c->split_prev.valid = 0;
+}
+
 /* the split host read, last part (the gpu's host part queued on the side stream): the cpu
  * attends each sequence's share once q is down; its partial goes up and is merged by lse into
  * the gpu's host partial, on the side stream */
@@ -1391,10 +1432,23 @@ static int split_host_cpu(struct cuda_ctx *c, const struct be_batch *b, uint32_t
         return rc;
     struct be_tensor **t = c->cpu_t;
     CU_TRY(cudaEventSynchronize(c->ev_qdown));
+    const uint64_t q_ns = rkv_now_ns();
+    if (c->split_learn)
+        split_learn_layer(c, layer, q_ns);
     memcpy(t[0]->data, c->qdown, n_th * at->head_dim * sizeof(float));
     const struct be_partial part = {t[1], t[2], t[3]};
     if ((rc = attn_partial_forward(c->cpu_be, &v, layer, KV_HOST, t[0], at, &part)) < 0)
         return rc;
+    /* the gpu's host part (queued on the side stream before the cpu began) is done: the
+     * cpu's part was the slower */
+    const cudaError_t first = cudaEventQuery(c->ev_side_done);
+    if (first != cudaSuccess && first != cudaErrorNotReady)
+        CU_TRY(first);
+    c->split_prev.valid = 1;
+    c->split_prev.layer = layer;
+    c->split_prev.q_ns = q_ns;
+    c->split_prev.cpu_us = (double)(rkv_now_ns() - q_ns) / 1e3;
+    c->split_prev.gpu_first = first == cudaSuccess;
     float *o_t = (float *)c->pass_part, *m_t = o_t + n_th * at->head_dim, *l_t = m_t + n_th;
     CU_TRY(cudaMemcpyAsync(o_t, t[1]->data, n_th * at->head_dim * sizeof(float),
                            cudaMemcpyHostToDevice, c->side));
@@ -1410,14 +1464,24 @@ static int split_host_cpu(struct cuda_ctx *c, const struct be_batch *b, uint32_t
     return rc;
 }
 
-/* the split host read's share; the environment's (RKV_CUDA_HOST_SPLIT, for a/b runs) wins */
-static int cu_host_split(void *ctx, uint32_t pct)
+/* the split host read's share, fixed or where the learned one starts; the environment's
+ * (RKV_CUDA_HOST_SPLIT, for a/b runs and tests) wins, fixed */
+static int cu_host_split(void *ctx, uint32_t pct, int learn)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     if (pct && (c->deterministic || c->attn_fixed))
         return RKV_EUNSUPPORTED; /* host_split_on keeps it off there */
-    if (!getenv("RKV_CUDA_HOST_SPLIT"))
+    if (!getenv("RKV_CUDA_HOST_SPLIT")) {
         c->host_split = pct;
+        /* learned only when asked: on the H200 neither form beat the fixed share yet
+         * (tests/gpu/NOTES.md, thirty-first session) */
+        c->split_learn = learn && pct && c->split_learn_env;
+        c->split_l_init = 0;
+        if (c->split_learn)
+            log_info("cuda: the split host read's share is learned from the layers it splits "
+                     "(RKV_CUDA_HOST_SPLIT_LEARN=1), up to %u %% for a long tail",
+                     pct);
+    }
     return 0;
 }
 
@@ -1738,32 +1802,44 @@ static int cu_sample(void *ctx, const struct be_tensor *logits, uint32_t n,
 static int cu_stats(void *ctx, char *buf, size_t len)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    int n = snprintf(buf, len,
-                     "host kv layers: %llu prefetched, %llu copied in line, %llu with a host "
-                     "write, %llu zero-copy, %llu in %llu passes; %llu block slices staged in %llu "
-                     "copies, %llu staging growths, %llu with the kv write into staging (%llu "
-                     "block slices copied back), %llu attended on the cpu, %llu split with it, "
-                     "%llu tails too short to split; gemm inputs: %llu converted, %llu from the "
-                     "op's 16-bit copy; decode layers as graphs: %llu recorded, %llu replayed, "
-                     "%llu failed; decode linears on tensor cores: %llu; decode attention by "
-                     "tensor copies: %llu; gemms on tuned cuBLASLt algorithms: %llu (%llu shapes "
-                     "tuned, %llu faster than the heuristic's first); gemm pairs as one batch: "
-                     "%llu; rows sampled on the device: %llu (%llu "
-                     "given back to the host)",
-                     (unsigned long long)c->hst.prefetched, (unsigned long long)c->hst.inline_,
-                     (unsigned long long)c->hst.host_write, (unsigned long long)c->hst.zero_copy,
-                     (unsigned long long)c->hst.passes, (unsigned long long)c->hst.pass_n,
-                     (unsigned long long)c->hst.slots, (unsigned long long)c->hst.copies,
-                     (unsigned long long)c->hst.grown, (unsigned long long)c->hst.wb_layers,
-                     (unsigned long long)c->hst.wb_slots, (unsigned long long)c->hst.cpu_layers,
-                     (unsigned long long)c->hst.split_layers,
-                     (unsigned long long)c->hst.split_gated, (unsigned long long)c->hst.act16_conv,
-                     (unsigned long long)c->hst.act16_twin, (unsigned long long)c->hst.graph_rec,
-                     (unsigned long long)c->hst.graph_replay, (unsigned long long)c->hst.graph_fail,
-                     (unsigned long long)c->hst.lin_mma, (unsigned long long)c->hst.dec_tma,
-                     (unsigned long long)c->hst.lt_gemm, (unsigned long long)c->hst.lt_tuned,
-                     (unsigned long long)c->hst.lt_faster, (unsigned long long)c->hst.mm_pair,
-                     (unsigned long long)c->hst.smp_rows, (unsigned long long)c->hst.smp_back);
+    char learned[192] = "a fixed share";
+    if (c->split_learn && c->split_l_init)
+        snprintf(learned, sizeof learned,
+                 "learned share %.1f %% of the host blocks a split step; a layer's chain %.0f us, "
+                 "the cpu %.1f GB/s, the link beside it %.1f GB/s, the cpu the slower in %llu "
+                 "layers, the gpu in %llu",
+                 c->hst.split_steps ? 100 * c->hst.split_share / (double)c->hst.split_steps : 0,
+                 c->split_l.fix_us, c->split_l.cpu_gbps, c->split_l.link_gbps,
+                 (unsigned long long)c->split_l.n_cpu, (unsigned long long)c->split_l.n_link);
+    else if (!c->host_split || !host_split_on(c))
+        snprintf(learned, sizeof learned, "off");
+    int n =
+        snprintf(buf, len,
+                 "host kv layers: %llu prefetched, %llu copied in line, %llu with a host "
+                 "write, %llu zero-copy, %llu in %llu passes; %llu block slices staged in %llu "
+                 "copies, %llu staging growths, %llu with the kv write into staging (%llu "
+                 "block slices copied back), %llu attended on the cpu, %llu split with it, "
+                 "%llu tails too short to split (%s); gemm inputs: %llu converted, %llu from the "
+                 "op's 16-bit copy; decode layers as graphs: %llu recorded, %llu replayed, "
+                 "%llu failed; decode linears on tensor cores: %llu; decode attention by "
+                 "tensor copies: %llu; gemms on tuned cuBLASLt algorithms: %llu (%llu shapes "
+                 "tuned, %llu faster than the heuristic's first); gemm pairs as one batch: "
+                 "%llu; rows sampled on the device: %llu (%llu "
+                 "given back to the host)",
+                 (unsigned long long)c->hst.prefetched, (unsigned long long)c->hst.inline_,
+                 (unsigned long long)c->hst.host_write, (unsigned long long)c->hst.zero_copy,
+                 (unsigned long long)c->hst.passes, (unsigned long long)c->hst.pass_n,
+                 (unsigned long long)c->hst.slots, (unsigned long long)c->hst.copies,
+                 (unsigned long long)c->hst.grown, (unsigned long long)c->hst.wb_layers,
+                 (unsigned long long)c->hst.wb_slots, (unsigned long long)c->hst.cpu_layers,
+                 (unsigned long long)c->hst.split_layers, (unsigned long long)c->hst.split_gated,
+                 learned, (unsigned long long)c->hst.act16_conv,
+                 (unsigned long long)c->hst.act16_twin, (unsigned long long)c->hst.graph_rec,
+                 (unsigned long long)c->hst.graph_replay, (unsigned long long)c->hst.graph_fail,
+                 (unsigned long long)c->hst.lin_mma, (unsigned long long)c->hst.dec_tma,
+                 (unsigned long long)c->hst.lt_gemm, (unsigned long long)c->hst.lt_tuned,
+                 (unsigned long long)c->hst.lt_faster, (unsigned long long)c->hst.mm_pair,
+                 (unsigned long long)c->hst.smp_rows, (unsigned long long)c->hst.smp_back);
     memset(&c->hst, 0, sizeof c->hst);
     return n;
 }
@@ -1998,7 +2074,12 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         c->fa = (int)rkv_env_u64("RKV_CUDA_FA", 1, 0, 3);
         /* the split host read: percent of each sequence's host blocks on the cpu (0: off) */
         c->host_split = (uint32_t)rkv_env_u64("RKV_CUDA_HOST_SPLIT", 0, 0, 100);
+        /* the learned share (a/b runs; tests: from the environment's share) */
+        c->split_learn_env = cu_env_flag("RKV_CUDA_HOST_SPLIT_LEARN", 0);
+        c->split_learn = c->host_split && c->split_learn_env;
         c->split_min_us = (uint32_t)rkv_env_u64("RKV_CUDA_HOST_SPLIT_MIN_US", 1000, 0, 1000000);
+        /* the learned share's first chain: the H200's at batch 20 (400-475 us a layer) */
+        c->split_fix0_us = (uint32_t)rkv_env_u64("RKV_CUDA_HOST_SPLIT_FIX_US", 400, 0, 100000);
         c->link_gbps = 50.0;
         c->merge_in_attn = cu_env_flag("RKV_CUDA_MERGE_IN_ATTN", 1);
         /* batch 64 at 4k: 4557 / 4624 tok/s against 4468 / 4453 with two gemms; prefill 4k / 32k

@@ -109,6 +109,8 @@ struct cuda_meta {
     uint32_t *cpu_k, cpu_k_cap;
     int cpu_any;
     int split_gated; /* the split is on, but these decode rows' host tails are too short */
+    uint64_t cpu_blocks; /* the cpu's blocks a layer (the cpu_k sum) */
+    int decode_only;     /* every row one token: its split layers teach the learned share */
     uint64_t gen; /* bumped at every upload */
     int valid;
 };
@@ -171,6 +173,22 @@ struct cuda_ctx {
      * link_gbps: the copy engine's measured rate (50 when not measured) */
     uint32_t split_min_us;
     double link_gbps;
+    /* the learned share (RKV_CUDA_HOST_SPLIT_LEARN=1 with the worker's host_split -1):
+     * host_split is then the share of the measured rates, where the cpu's rate starts; each
+     * step's share comes from split_l (kv_split_share), which the split layers teach
+     * (kv_split_observe): the time from a layer's q on the host to the next layer's, the cpu's
+     * part of it, whether the gpu's part was done first. split_fix0_us: the chain it starts
+     * from (RKV_CUDA_HOST_SPLIT_FIX_US) */
+    int split_learn, split_learn_env, split_l_init;
+    struct kv_split_learn split_l;
+    uint32_t split_fix0_us;
+    struct {
+        int valid;      /* a split layer waits for the next one's q to close its period */
+        uint32_t layer; /* its layer */
+        uint64_t q_ns;  /* when its q was on the host */
+        double cpu_us;  /* the cpu's attention */
+        int gpu_first;  /* the gpu's part was done when the cpu's ended */
+    } split_prev;
     void *qdown;
     size_t qdown_cap;
     cudaEvent_t ev_qdown;
@@ -337,6 +355,8 @@ struct cuda_ctx {
         uint64_t cpu_layers; /* layers whose host blocks the cpu attended (CPU_TAIL) */
         uint64_t split_layers; /* layers whose host blocks the cpu and the gpu shared */
         uint64_t split_gated;  /* ... and those left to the gpu: the tail was too short */
+        double split_share;    /* the sum of the split steps' shares (learned) */
+        uint64_t split_steps;  /* ... and those steps */
         uint64_t passes;     /* layers staged in several passes, and the passes */
         uint64_t pass_n;
         /* cublas gemms over 16-bit activations: inputs converted for them, and inputs whose
