@@ -1423,6 +1423,10 @@ int main(int argc, char **argv)
                       "RKV_CUDA_HOST_SPLIT=40 RKV_CUDA_HOST_SPLIT_LEARN=1 "
                       "RKV_CUDA_HOST_SPLIT_FIX_US=0 RKV_CUDA_HOST_READ=copy",
                       " 0 split", "learned share");
+        attention_env("host blocks split, 40 % on the cpu as a host function",
+                      "RKV_CUDA_HOST_SPLIT=40 RKV_CUDA_HOST_SPLIT_MIN_US=0 "
+                      "RKV_CUDA_HOST_SPLIT_ASYNC=1 RKV_CUDA_HOST_READ=copy",
+                      "(0 off the launching", "off the launching thread");
         attention_env("host blocks of decode rows all on the cpu by the split",
                       "RKV_CUDA_HOST_SPLIT=100 RKV_CUDA_HOST_SPLIT_MIN_US=0", " 0 split", NULL);
         /* one key split per block (placement-independent numbers) keeps the split off */
@@ -1528,6 +1532,21 @@ int main(int argc, char **argv)
         } else {
             CHECK("split backend", 0);
         }
+        /* ... its cpu part as a host function on a stream of its own */
+        setenv("RKV_CUDA_HOST_SPLIT_ASYNC", "1", 1);
+        split = NULL;
+        if (backend_init(&go, &split, err, sizeof(err)) == 0) {
+            gpu_model_cpu_tail_tests(cpu, split, "split, async", &n_pass, &n_fail);
+            char st[2048] = "";
+            backend_stats(split, st, sizeof(st));
+            printf("  %s\n", st);
+            CHECK("model: the async split ran",
+                  strstr(st, " 0 split") == NULL && strstr(st, "(0 off the launching") == NULL);
+            backend_free(split);
+        } else {
+            CHECK("async split backend", 0);
+        }
+        unsetenv("RKV_CUDA_HOST_SPLIT_ASYNC");
         unsetenv("RKV_CUDA_HOST_SPLIT");
         unsetenv("RKV_CUDA_HOST_SPLIT_MIN_US");
     }

@@ -583,6 +583,8 @@ static void cu_tensor_free(void *ctx, struct be_tensor *t)
     free(t);
 }
 
+static int split_async_err(struct cuda_ctx *c);
+
 static int cu_tensor_set(void *ctx, struct be_tensor *t, const void *src, size_t off, size_t n)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
@@ -599,7 +601,7 @@ static int cu_tensor_get(void *ctx, const struct be_tensor *t, void *dst, size_t
     op_begin(c);
     CU_TRY(cudaMemcpyAsync(dst, (const char *)t->data + off, n, cudaMemcpyDeviceToHost, c->stream));
     CU_TRY(cudaStreamSynchronize(c->stream));
-    return 0;
+    return split_async_err(c);
 }
 
 /* --- kv pools ------------------------------------------------------------- */
@@ -1353,6 +1355,7 @@ static int split_q_down(struct cuda_ctx *c, const struct be_tensor *q, size_t by
     if (bytes > c->qdown_cap) {
         if (c->qdown) {
             CU_TRY(cudaStreamSynchronize(c->side));
+            CU_TRY(cudaStreamSynchronize(c->cpu_s)); /* a split job reads it */
             cudaFreeHost(c->qdown);
             c->qdown = NULL;
             c->qdown_cap = 0;
@@ -1413,6 +1416,110 @@ static void split_learn_layer(struct cuda_ctx *c, uint32_t layer, uint64_t q_ns)
     c->split_prev.valid = 0;
 }
 
+/* the split's last step on the side stream: the cpu's partial (o_t, then its m and l, on the
+ * device) merged by lse into the gpu's host partial out */
+static int split_merge(struct cuda_ctx *c, const struct be_partial *out, float *o_t, uint32_t n,
+                       const struct be_attn *at)
+{
+    const size_t n_th = (size_t)n * at->n_head;
+    float *m_t = o_t + n_th * at->head_dim, *l_t = m_t + n_th;
+    int rc = cuda_attn_merge(c, (float *)out->o->data, (float *)out->m->data, (float *)out->l->data,
+                             o_t, m_t, l_t, n, at->n_head, at->head_dim, c->side);
+    CU_TRY(cudaEventRecord(c->ev_side_done, c->side));
+    c->side_pending = 1;
+    c->last_was_dev_attn = 0;
+    c->fixed[KV_HOST].valid = 0; /* the per-block partials miss the cpu's blocks */
+    c->hst.split_layers++;
+    return rc;
+}
+
+/* the split's cpu part of one layer, run by cuda's host-function thread (no cuda calls in it):
+ * q from the pinned copy down, the cpu's partial into split_up, pinned, for its copy up */
+struct split_job {
+    struct cuda_ctx *c;
+    uint32_t layer;
+    struct be_attn at;
+    size_t n_th; /* rows x heads */
+};
+
+static void CUDART_CB split_cpu_job(void *arg)
+{
+    const struct split_job *j = (const struct split_job *)arg;
+    struct cuda_ctx *c = j->c;
+    if (__atomic_load_n(&c->split_async_rc, __ATOMIC_ACQUIRE) < 0)
+        return; /* a layer before failed: the step's result is an error anyway */
+    struct be_tensor **t = c->cpu_t;
+    const size_t hd = j->at.head_dim;
+    memcpy(t[0]->data, c->qdown, j->n_th * hd * sizeof(float));
+    const struct be_partial part = {t[1], t[2], t[3]};
+    int rc = attn_partial_forward(c->cpu_be, &c->split_v, j->layer, KV_HOST, t[0], &j->at, &part);
+    if (rc < 0) {
+        __atomic_store_n(&c->split_async_rc, rc, __ATOMIC_RELEASE);
+        return;
+    }
+    memcpy(c->split_up, t[1]->data, j->n_th * hd * sizeof(float));
+    memcpy(c->split_up + j->n_th * hd, t[2]->data, j->n_th * sizeof(float));
+    memcpy(c->split_up + j->n_th * (hd + 1), t[3]->data, j->n_th * sizeof(float));
+}
+
+/* an error of a split job since the last call (0: none), cleared */
+static int split_async_err(struct cuda_ctx *c)
+{
+    return c->split_async ? __atomic_exchange_n(&c->split_async_rc, 0, __ATOMIC_ACQ_REL) : 0;
+}
+
+/* the split's cpu part queued as a host function on cpu_s behind q's copy down; the side
+ * stream's copy up and merge wait for it. The view is the step's (the same at every layer),
+ * built when the meta changes, once the jobs of the step before are done */
+static int split_host_cpu_async(struct cuda_ctx *c, const struct be_batch *b, uint32_t layer,
+                                const struct be_attn *at, const struct be_partial *out)
+{
+    const uint32_t n = b->n_tokens;
+    const size_t n_th = (size_t)n * at->n_head, up = n_th * (at->head_dim + 2) * sizeof(float);
+    int rc = split_async_err(c);
+    if (rc < 0)
+        return rc;
+    if (!c->split_v_ok || c->split_v_gen != c->meta.gen) {
+        CU_TRY(cudaStreamSynchronize(c->cpu_s)); /* no job reads the view or the buffers now */
+        if ((rc = cpu_attn_ready(c, n, at)) < 0 || (rc = split_view(c, b, &c->split_v)) < 0)
+            return rc;
+        c->split_v_gen = c->meta.gen;
+        c->split_v_ok = 1;
+    }
+    if (up > c->split_up_cap) {
+        CU_TRY(cudaStreamSynchronize(c->side)); /* its copies up read the old buffer */
+        CU_TRY(cudaStreamSynchronize(c->cpu_s));
+        cudaFreeHost(c->split_up);
+        c->split_up = NULL;
+        c->split_up_cap = 0;
+        CU_TRY(cudaHostAlloc((void **)&c->split_up, up, cudaHostAllocDefault));
+        c->split_up_cap = up;
+    }
+    if (c->layout.n_layer > c->split_jobs_n) {
+        CU_TRY(cudaStreamSynchronize(c->cpu_s));
+        struct split_job *j =
+            (struct split_job *)realloc(c->split_jobs, sizeof(*j) * c->layout.n_layer);
+        if (!j)
+            return RKV_ENOMEM;
+        c->split_jobs = j;
+        c->split_jobs_n = c->layout.n_layer;
+    }
+    if ((rc = cuda_scratch(c, &c->pass_part, &c->pass_part_cap, up)) < 0)
+        return rc;
+    /* job layer's slot is free: the step before ended in a sync that came after its jobs */
+    struct split_job *j = &c->split_jobs[layer];
+    *j = (struct split_job){c, layer, *at, n_th};
+    CU_TRY(cudaStreamWaitEvent(c->cpu_s, c->ev_qdown, 0));
+    CU_TRY(cudaLaunchHostFunc(c->cpu_s, split_cpu_job, j));
+    CU_TRY(cudaEventRecord(c->ev_cpu_done, c->cpu_s));
+    CU_TRY(cudaStreamWaitEvent(c->side, c->ev_cpu_done, 0));
+    float *o_t = (float *)c->pass_part;
+    CU_TRY(cudaMemcpyAsync(o_t, c->split_up, up, cudaMemcpyHostToDevice, c->side));
+    rc = split_merge(c, out, o_t, n, at);
+    c->hst.split_async++;
+    return rc;
+}
+
 /* the split host read, last part (the gpu's host part queued on the side stream): the cpu
  * attends each sequence's share once q is down; its partial goes up and is merged by lse into
  * the gpu's host partial, on the side stream */
@@ -1454,13 +1561,7 @@ static int split_host_cpu(struct cuda_ctx *c, const struct be_batch *b, uint32_t
                            cudaMemcpyHostToDevice, c->side));
     CU_TRY(cudaMemcpyAsync(m_t, t[2]->data, n_th * sizeof(float), cudaMemcpyHostToDevice, c->side));
     CU_TRY(cudaMemcpyAsync(l_t, t[3]->data, n_th * sizeof(float), cudaMemcpyHostToDevice, c->side));
-    rc = cuda_attn_merge(c, (float *)out->o->data, (float *)out->m->data, (float *)out->l->data,
-                         o_t, m_t, l_t, n, at->n_head, at->head_dim, c->side);
-    CU_TRY(cudaEventRecord(c->ev_side_done, c->side));
-    c->side_pending = 1;
-    c->last_was_dev_attn = 0;
-    c->fixed[KV_HOST].valid = 0; /* the per-block partials miss the cpu's blocks */
-    c->hst.split_layers++;
+    rc = split_merge(c, out, o_t, n, at);
     return rc;
 }
 
@@ -1475,7 +1576,7 @@ static int cu_host_split(void *ctx, uint32_t pct, int learn)
         c->host_split = pct;
         /* learned only when asked: on the H200 neither form beat the fixed share yet
          * (tests/gpu/NOTES.md, thirty-first session) */
-        c->split_learn = learn && pct && c->split_learn_env;
+        c->split_learn = learn && pct && c->split_learn_env && !c->split_async;
         c->split_l_init = 0;
         if (c->split_learn)
             log_info("cuda: the split host read's share is learned from the layers it splits "
@@ -1541,7 +1642,8 @@ static int cu_attn_partial(void *ctx, const struct be_batch *b, uint32_t layer,
         return rc;
     rc = attn_host_gpu(c, &a, layer);
     if (rc == 0 && split)
-        rc = split_host_cpu(c, b, layer, at, out);
+        rc = c->split_async ? split_host_cpu_async(c, b, layer, at, out)
+                            : split_host_cpu(c, b, layer, at, out);
     return rc;
 }
 
@@ -1790,6 +1892,8 @@ static int cu_sample(void *ctx, const struct be_tensor *logits, uint32_t n,
         CU_TRY(cudaMemcpyAsync(h_out, d_out, (size_t)m * sizeof(*h_out), cudaMemcpyDeviceToHost,
                                c->stream));
         CU_TRY(cudaStreamSynchronize(c->stream));
+        if ((rc = split_async_err(c)) < 0)
+            return rc;
         for (uint32_t j = 0; j < m; j++) {
             outs[which[j]] = h_out[j];
             c->hst.smp_rows++;
@@ -1813,33 +1917,34 @@ static int cu_stats(void *ctx, char *buf, size_t len)
                  (unsigned long long)c->split_l.n_cpu, (unsigned long long)c->split_l.n_link);
     else if (!c->host_split || !host_split_on(c))
         snprintf(learned, sizeof learned, "off");
-    int n =
-        snprintf(buf, len,
-                 "host kv layers: %llu prefetched, %llu copied in line, %llu with a host "
-                 "write, %llu zero-copy, %llu in %llu passes; %llu block slices staged in %llu "
-                 "copies, %llu staging growths, %llu with the kv write into staging (%llu "
-                 "block slices copied back), %llu attended on the cpu, %llu split with it, "
-                 "%llu tails too short to split (%s); gemm inputs: %llu converted, %llu from the "
-                 "op's 16-bit copy; decode layers as graphs: %llu recorded, %llu replayed, "
-                 "%llu failed; decode linears on tensor cores: %llu; decode attention by "
-                 "tensor copies: %llu; gemms on tuned cuBLASLt algorithms: %llu (%llu shapes "
-                 "tuned, %llu faster than the heuristic's first); gemm pairs as one batch: "
-                 "%llu; rows sampled on the device: %llu (%llu "
-                 "given back to the host)",
-                 (unsigned long long)c->hst.prefetched, (unsigned long long)c->hst.inline_,
-                 (unsigned long long)c->hst.host_write, (unsigned long long)c->hst.zero_copy,
-                 (unsigned long long)c->hst.passes, (unsigned long long)c->hst.pass_n,
-                 (unsigned long long)c->hst.slots, (unsigned long long)c->hst.copies,
-                 (unsigned long long)c->hst.grown, (unsigned long long)c->hst.wb_layers,
-                 (unsigned long long)c->hst.wb_slots, (unsigned long long)c->hst.cpu_layers,
-                 (unsigned long long)c->hst.split_layers, (unsigned long long)c->hst.split_gated,
-                 learned, (unsigned long long)c->hst.act16_conv,
-                 (unsigned long long)c->hst.act16_twin, (unsigned long long)c->hst.graph_rec,
-                 (unsigned long long)c->hst.graph_replay, (unsigned long long)c->hst.graph_fail,
-                 (unsigned long long)c->hst.lin_mma, (unsigned long long)c->hst.dec_tma,
-                 (unsigned long long)c->hst.lt_gemm, (unsigned long long)c->hst.lt_tuned,
-                 (unsigned long long)c->hst.lt_faster, (unsigned long long)c->hst.mm_pair,
-                 (unsigned long long)c->hst.smp_rows, (unsigned long long)c->hst.smp_back);
+    int n = snprintf(
+        buf, len,
+        "host kv layers: %llu prefetched, %llu copied in line, %llu with a host "
+        "write, %llu zero-copy, %llu in %llu passes; %llu block slices staged in %llu "
+        "copies, %llu staging growths, %llu with the kv write into staging (%llu "
+        "block slices copied back), %llu attended on the cpu, %llu split with it (%llu "
+        "off the launching thread), "
+        "%llu tails too short to split (%s); gemm inputs: %llu converted, %llu from the "
+        "op's 16-bit copy; decode layers as graphs: %llu recorded, %llu replayed, "
+        "%llu failed; decode linears on tensor cores: %llu; decode attention by "
+        "tensor copies: %llu; gemms on tuned cuBLASLt algorithms: %llu (%llu shapes "
+        "tuned, %llu faster than the heuristic's first); gemm pairs as one batch: "
+        "%llu; rows sampled on the device: %llu (%llu "
+        "given back to the host)",
+        (unsigned long long)c->hst.prefetched, (unsigned long long)c->hst.inline_,
+        (unsigned long long)c->hst.host_write, (unsigned long long)c->hst.zero_copy,
+        (unsigned long long)c->hst.passes, (unsigned long long)c->hst.pass_n,
+        (unsigned long long)c->hst.slots, (unsigned long long)c->hst.copies,
+        (unsigned long long)c->hst.grown, (unsigned long long)c->hst.wb_layers,
+        (unsigned long long)c->hst.wb_slots, (unsigned long long)c->hst.cpu_layers,
+        (unsigned long long)c->hst.split_layers, (unsigned long long)c->hst.split_async,
+        (unsigned long long)c->hst.split_gated, learned, (unsigned long long)c->hst.act16_conv,
+        (unsigned long long)c->hst.act16_twin, (unsigned long long)c->hst.graph_rec,
+        (unsigned long long)c->hst.graph_replay, (unsigned long long)c->hst.graph_fail,
+        (unsigned long long)c->hst.lin_mma, (unsigned long long)c->hst.dec_tma,
+        (unsigned long long)c->hst.lt_gemm, (unsigned long long)c->hst.lt_tuned,
+        (unsigned long long)c->hst.lt_faster, (unsigned long long)c->hst.mm_pair,
+        (unsigned long long)c->hst.smp_rows, (unsigned long long)c->hst.smp_back);
     memset(&c->hst, 0, sizeof c->hst);
     return n;
 }
@@ -1849,7 +1954,7 @@ static int cu_sync(void *ctx)
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     op_begin(c);
     CU_TRY(cudaStreamSynchronize(c->stream));
-    return 0;
+    return split_async_err(c);
 }
 
 static void cu_free(void *ctx)
@@ -1915,6 +2020,15 @@ static void cu_free(void *ctx)
     free(c->meta.pass_slot0);
     free(c->meta.pass_nslots);
     free(c->meta.cpu_k);
+    if (c->cpu_s) {
+        cudaStreamSynchronize(c->cpu_s); /* its jobs read what is freed below */
+        cudaStreamDestroy(c->cpu_s);
+    }
+    if (c->ev_cpu_done)
+        cudaEventDestroy(c->ev_cpu_done);
+    free(c->split_jobs);
+    if (c->split_up)
+        cudaFreeHost(c->split_up);
     free(c->split_seqs);
     free(c->split_tab);
     if (c->qdown)
@@ -1990,7 +2104,9 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         cudaStreamCreateWithFlags(&c->copy, cudaStreamNonBlocking) != cudaSuccess ||
         cudaStreamCreateWithFlags(&c->wb, cudaStreamNonBlocking) != cudaSuccess ||
         cudaEventCreateWithFlags(&c->ev_kvw, cudaEventDisableTiming) != cudaSuccess ||
-        cudaEventCreateWithFlags(&c->ev_qdown, cudaEventDisableTiming) != cudaSuccess)
+        cudaEventCreateWithFlags(&c->ev_qdown, cudaEventDisableTiming) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&c->cpu_s, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaEventCreateWithFlags(&c->ev_cpu_done, cudaEventDisableTiming) != cudaSuccess)
         goto fail;
     for (int i = 0; i < 2; i++)
         if (cudaEventCreateWithFlags(&c->ev_copy_done[i], cudaEventDisableTiming) != cudaSuccess ||
@@ -2074,9 +2190,12 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         c->fa = (int)rkv_env_u64("RKV_CUDA_FA", 1, 0, 3);
         /* the split host read: percent of each sequence's host blocks on the cpu (0: off) */
         c->host_split = (uint32_t)rkv_env_u64("RKV_CUDA_HOST_SPLIT", 0, 0, 100);
+        /* the split's cpu part off the launching thread (a/b runs, not with the learned
+         * share, whose samples are the launching thread's waits) */
+        c->split_async = cu_env_flag("RKV_CUDA_HOST_SPLIT_ASYNC", 0);
         /* the learned share (a/b runs; tests: from the environment's share) */
         c->split_learn_env = cu_env_flag("RKV_CUDA_HOST_SPLIT_LEARN", 0);
-        c->split_learn = c->host_split && c->split_learn_env;
+        c->split_learn = c->host_split && c->split_learn_env && !c->split_async;
         c->split_min_us = (uint32_t)rkv_env_u64("RKV_CUDA_HOST_SPLIT_MIN_US", 1000, 0, 1000000);
         /* the learned share's first chain: the H200's at batch 20 (400-475 us a layer) */
         c->split_fix0_us = (uint32_t)rkv_env_u64("RKV_CUDA_HOST_SPLIT_FIX_US", 400, 0, 100000);

@@ -180,6 +180,23 @@ struct cuda_ctx {
      * part of it, whether the gpu's part was done first. split_fix0_us: the chain it starts
      * from (RKV_CUDA_HOST_SPLIT_FIX_US) */
     int split_learn, split_learn_env, split_l_init;
+    /* the split's cpu part as a host function (RKV_CUDA_HOST_SPLIT_ASYNC=1): queued on cpu_s
+     * behind q's copy down (ev_qdown), so the launching thread queues the rest of the layer at
+     * once; the side stream waits for ev_cpu_done before the partial (split_up, pinned) goes
+     * up. split_jobs: one per layer (the launching thread runs ahead of them); split_v: the
+     * step's cpu view, built once a step (split_v_gen: the meta it was built for);
+     * split_async_rc: a job's error, returned at the next sync */
+    int split_async;
+    cudaStream_t cpu_s;
+    cudaEvent_t ev_cpu_done;
+    struct split_job *split_jobs;
+    uint32_t split_jobs_n;
+    struct be_batch split_v;
+    uint64_t split_v_gen;
+    int split_v_ok;
+    float *split_up;
+    size_t split_up_cap;
+    int split_async_rc;
     struct kv_split_learn split_l;
     uint32_t split_fix0_us;
     struct {
@@ -355,6 +372,7 @@ struct cuda_ctx {
         uint64_t cpu_layers; /* layers whose host blocks the cpu attended (CPU_TAIL) */
         uint64_t split_layers; /* layers whose host blocks the cpu and the gpu shared */
         uint64_t split_gated;  /* ... and those left to the gpu: the tail was too short */
+        uint64_t split_async;  /* split layers whose cpu part ran as a host function */
         double split_share;    /* the sum of the split steps' shares (learned) */
         uint64_t split_steps;  /* ... and those steps */
         uint64_t passes;     /* layers staged in several passes, and the passes */
