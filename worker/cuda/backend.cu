@@ -1406,8 +1406,7 @@ static int split_view(struct cuda_ctx *c, const struct be_batch *b, struct be_ba
  * layer's q on the host, q_ns): the step's bytes are the same at every layer */
 static void split_learn_layer(struct cuda_ctx *c, uint32_t layer, uint64_t q_ns)
 {
-    if (c->split_prev.valid && c->split_prev.layer + 1 == layer && c->split_l_init &&
-        c->meta.decode_only) {
+    if (c->split_prev.valid && c->split_prev.layer + 1 == layer && c->meta.decode_only) {
         const double slice2 = 2.0 * (double)kv_slice_bytes(&c->layout);
         kv_split_observe(&c->split_l, (double)(q_ns - c->split_prev.q_ns) / 1e3,
                          c->split_prev.cpu_us, (double)c->meta.cpu_blocks * slice2,
@@ -1479,12 +1478,11 @@ static int split_host_cpu_async(struct cuda_ctx *c, const struct be_batch *b, ui
     int rc = split_async_err(c);
     if (rc < 0)
         return rc;
-    if (!c->split_v_ok || c->split_v_gen != c->meta.gen) {
+    if (c->split_v_gen != c->meta.gen) {         /* 0: none yet (the first upload makes it 1) */
         CU_TRY(cudaStreamSynchronize(c->cpu_s)); /* no job reads the view or the buffers now */
         if ((rc = cpu_attn_ready(c, n, at)) < 0 || (rc = split_view(c, b, &c->split_v)) < 0)
             return rc;
         c->split_v_gen = c->meta.gen;
-        c->split_v_ok = 1;
     }
     if (up > c->split_up_cap) {
         CU_TRY(cudaStreamSynchronize(c->side)); /* its copies up read the old buffer */
@@ -1539,23 +1537,25 @@ static int split_host_cpu(struct cuda_ctx *c, const struct be_batch *b, uint32_t
         return rc;
     struct be_tensor **t = c->cpu_t;
     CU_TRY(cudaEventSynchronize(c->ev_qdown));
-    const uint64_t q_ns = rkv_now_ns();
+    const uint64_t q_ns = c->split_learn ? rkv_now_ns() : 0;
     if (c->split_learn)
         split_learn_layer(c, layer, q_ns);
     memcpy(t[0]->data, c->qdown, n_th * at->head_dim * sizeof(float));
     const struct be_partial part = {t[1], t[2], t[3]};
     if ((rc = attn_partial_forward(c->cpu_be, &v, layer, KV_HOST, t[0], at, &part)) < 0)
         return rc;
-    /* the gpu's host part (queued on the side stream before the cpu began) is done: the
-     * cpu's part was the slower */
-    const cudaError_t first = cudaEventQuery(c->ev_side_done);
-    if (first != cudaSuccess && first != cudaErrorNotReady)
-        CU_TRY(first);
-    c->split_prev.valid = 1;
-    c->split_prev.layer = layer;
-    c->split_prev.q_ns = q_ns;
-    c->split_prev.cpu_us = (double)(rkv_now_ns() - q_ns) / 1e3;
-    c->split_prev.gpu_first = first == cudaSuccess;
+    if (c->split_learn) {
+        /* the gpu's host part (queued on the side stream before the cpu began) is done: the
+         * cpu's part was the slower */
+        const cudaError_t first = cudaEventQuery(c->ev_side_done);
+        if (first != cudaSuccess && first != cudaErrorNotReady)
+            CU_TRY(first);
+        c->split_prev.valid = 1;
+        c->split_prev.layer = layer;
+        c->split_prev.q_ns = q_ns;
+        c->split_prev.cpu_us = (double)(rkv_now_ns() - q_ns) / 1e3;
+        c->split_prev.gpu_first = first == cudaSuccess;
+    }
     float *o_t = (float *)c->pass_part, *m_t = o_t + n_th * at->head_dim, *l_t = m_t + n_th;
     CU_TRY(cudaMemcpyAsync(o_t, t[1]->data, n_th * at->head_dim * sizeof(float),
                            cudaMemcpyHostToDevice, c->side));
@@ -1915,7 +1915,7 @@ static int cu_stats(void *ctx, char *buf, size_t len)
                  c->hst.split_steps ? 100 * c->hst.split_share / (double)c->hst.split_steps : 0,
                  c->split_l.fix_us, c->split_l.cpu_gbps, c->split_l.link_gbps,
                  (unsigned long long)c->split_l.n_cpu, (unsigned long long)c->split_l.n_link);
-    else if (!c->host_split || !host_split_on(c))
+    else if (!host_split_on(c))
         snprintf(learned, sizeof learned, "off");
     int n = snprintf(
         buf, len,

@@ -184,7 +184,7 @@ struct cuda_ctx {
      * behind q's copy down (ev_qdown), so the launching thread queues the rest of the layer at
      * once; the side stream waits for ev_cpu_done before the partial (split_up, pinned) goes
      * up. split_jobs: one per layer (the launching thread runs ahead of them); split_v: the
-     * step's cpu view, built once a step (split_v_gen: the meta it was built for);
+     * step's cpu view, built once a step (split_v_gen: the meta it was built for, 0 none);
      * split_async_rc: a job's error, returned at the next sync */
     int split_async;
     cudaStream_t cpu_s;
@@ -193,7 +193,6 @@ struct cuda_ctx {
     uint32_t split_jobs_n;
     struct be_batch split_v;
     uint64_t split_v_gen;
-    int split_v_ok;
     float *split_up;
     size_t split_up_cap;
     int split_async_rc;
