@@ -1410,9 +1410,11 @@ int main(int argc, char **argv)
         /* the split host read: a share of each decode row's host blocks (the oldest) attended on
          * the cpu, the rest read by the gpu, merged by lse; 100: every host block of a decode
          * row on the cpu through the split path */
+        /* the cases' tails are far below the default RKV_CUDA_HOST_SPLIT_ASYNC_US: the cpu's
+         * part waits on the launching thread */
         attention_env("host blocks split, 40 % on the cpu, the rest copied",
                       "RKV_CUDA_HOST_SPLIT=40 RKV_CUDA_HOST_SPLIT_MIN_US=0 RKV_CUDA_HOST_READ=copy",
-                      " 0 split", NULL);
+                      " 0 split", "(0 off the launching");
         attention_env(
             "host blocks split, 40 % on the cpu, the rest zero-copy",
             "RKV_CUDA_HOST_SPLIT=40 RKV_CUDA_HOST_SPLIT_MIN_US=0 RKV_CUDA_HOST_READ=zerocopy",
@@ -1426,6 +1428,10 @@ int main(int argc, char **argv)
         attention_env("host blocks split, 40 % on the cpu as a host function",
                       "RKV_CUDA_HOST_SPLIT=40 RKV_CUDA_HOST_SPLIT_MIN_US=0 "
                       "RKV_CUDA_HOST_SPLIT_ASYNC=1 RKV_CUDA_HOST_READ=copy",
+                      "(0 off the launching", "off the launching thread");
+        attention_env("host blocks split, off the launching thread from a 0 us tail",
+                      "RKV_CUDA_HOST_SPLIT=40 RKV_CUDA_HOST_SPLIT_MIN_US=0 "
+                      "RKV_CUDA_HOST_SPLIT_ASYNC_US=0 RKV_CUDA_HOST_READ=copy",
                       "(0 off the launching", "off the launching thread");
         attention_env("host blocks of decode rows all on the cpu by the split",
                       "RKV_CUDA_HOST_SPLIT=100 RKV_CUDA_HOST_SPLIT_MIN_US=0", " 0 split", NULL);

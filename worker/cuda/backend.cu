@@ -153,7 +153,7 @@ static int meta_host_shares(struct cuda_ctx *c, const struct be_batch *b, uint32
         m->decode_only &= q->n_tokens <= 1;
     }
     const double h = (double)dec_blocks * 2 * kv_slice_bytes(&c->layout); /* a layer's bytes */
-    int gated;
+    int gated = 1;
     if (learn) {
         if (!c->split_l_init) {
             /* the cpu's rate from the share of the measured rates: pct = cpu / (cpu + link) */
@@ -173,10 +173,19 @@ static int meta_host_shares(struct cuda_ctx *c, const struct be_batch *b, uint32
             c->hst.split_share += (double)k / (double)dec_blocks;
             c->hst.split_steps++;
         }
-    } else {
-        /* the link time of the decode rows' host bytes of one layer, in us */
-        gated = !split || h / (c->link_gbps * 1e3) < (double)c->split_min_us;
     }
+    /* the link time of the decode rows' host bytes of one layer, in us */
+    const double link_us = h / (c->link_gbps * 1e3);
+    if (!learn)
+        gated = !split || link_us < (double)c->split_min_us;
+    /* the learned share's samples are the launching thread's waits */
+    if (split && dec_blocks) {
+        c->hst.tail_us += link_us;
+        c->hst.tail_n++;
+    }
+    m->split_async =
+        !gated && !learn &&
+        (c->split_async == 1 || (c->split_async == 2 && link_us >= (double)c->split_async_us));
     for (uint32_t s = 0; s < b->n_seqs; s++) {
         if (gated)
             m->cpu_k[s] = 0;
@@ -1464,7 +1473,7 @@ static void CUDART_CB split_cpu_job(void *arg)
 /* an error of a split job since the last call (0: none), cleared */
 static int split_async_err(struct cuda_ctx *c)
 {
-    return c->split_async ? __atomic_exchange_n(&c->split_async_rc, 0, __ATOMIC_ACQ_REL) : 0;
+    return __atomic_exchange_n(&c->split_async_rc, 0, __ATOMIC_ACQ_REL);
 }
 
 /* the split's cpu part queued as a host function on cpu_s behind q's copy down; the side
@@ -1530,6 +1539,7 @@ static int split_host_cpu(struct cuda_ctx *c, const struct be_batch *b, uint32_t
     int rc = cpu_attn_ready(c, n, at);
     if (rc == 0)
         rc = split_view(c, b, &v);
+    c->split_v_gen = 0; /* the async path's view shares split_view's buffers */
     if (rc == 0)
         rc = cuda_scratch(c, &c->pass_part, &c->pass_part_cap,
                           n_th * (at->head_dim + 2) * sizeof(float));
@@ -1576,7 +1586,7 @@ static int cu_host_split(void *ctx, uint32_t pct, int learn)
         c->host_split = pct;
         /* learned only when asked: on the H200 neither form beat the fixed share yet
          * (tests/gpu/NOTES.md, thirty-first session) */
-        c->split_learn = learn && pct && c->split_learn_env && !c->split_async;
+        c->split_learn = learn && pct && c->split_learn_env && c->split_async != 1;
         c->split_l_init = 0;
         if (c->split_learn)
             log_info("cuda: the split host read's share is learned from the layers it splits "
@@ -1642,8 +1652,8 @@ static int cu_attn_partial(void *ctx, const struct be_batch *b, uint32_t layer,
         return rc;
     rc = attn_host_gpu(c, &a, layer);
     if (rc == 0 && split)
-        rc = c->split_async ? split_host_cpu_async(c, b, layer, at, out)
-                            : split_host_cpu(c, b, layer, at, out);
+        rc = c->meta.split_async ? split_host_cpu_async(c, b, layer, at, out)
+                                 : split_host_cpu(c, b, layer, at, out);
     return rc;
 }
 
@@ -1906,7 +1916,7 @@ static int cu_sample(void *ctx, const struct be_tensor *logits, uint32_t n,
 static int cu_stats(void *ctx, char *buf, size_t len)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    char learned[192] = "a fixed share";
+    char learned[256] = "a fixed share";
     if (c->split_learn && c->split_l_init)
         snprintf(learned, sizeof learned,
                  "learned share %.1f %% of the host blocks a split step; a layer's chain %.0f us, "
@@ -1917,6 +1927,16 @@ static int cu_stats(void *ctx, char *buf, size_t len)
                  (unsigned long long)c->split_l.n_cpu, (unsigned long long)c->split_l.n_link);
     else if (!host_split_on(c))
         snprintf(learned, sizeof learned, "off");
+    else if (c->hst.tail_n) {
+        char as[48] = "never";
+        if (c->split_async)
+            snprintf(as, sizeof as, "from %u us", c->split_async == 1 ? 0 : c->split_async_us);
+        snprintf(learned, sizeof learned,
+                 "a fixed share; the decode tails %.0f us of the link a layer on average over "
+                 "%llu batches, split from %u us, off the launching thread %s",
+                 c->hst.tail_us / (double)c->hst.tail_n, (unsigned long long)c->hst.tail_n,
+                 c->split_min_us, as);
+    }
     int n = snprintf(
         buf, len,
         "host kv layers: %llu prefetched, %llu copied in line, %llu with a host "
@@ -2190,12 +2210,17 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         c->fa = (int)rkv_env_u64("RKV_CUDA_FA", 1, 0, 3);
         /* the split host read: percent of each sequence's host blocks on the cpu (0: off) */
         c->host_split = (uint32_t)rkv_env_u64("RKV_CUDA_HOST_SPLIT", 0, 0, 100);
-        /* the split's cpu part off the launching thread (a/b runs, not with the learned
-         * share, whose samples are the launching thread's waits) */
-        c->split_async = cu_env_flag("RKV_CUDA_HOST_SPLIT_ASYNC", 0);
+        /* the split's cpu part off the launching thread: 0 never, 1 always, 2 for a tail of at
+         * least split_async_us of the link a layer (not with the learned share, whose samples
+         * are the launching thread's waits). H200, llama3-8b batch 16 at 4k, of the link's
+         * bound: at 25 / 50 / 87.5 % host 0.992 / 1.110 / 1.231 against 0.906 / 0.975 / 1.053
+         * waiting on the launching thread; the ramp at 24-40 sessions +7-19 % tok/s, at 20
+         * (about 1 ms a layer) -9-12 % (thirty-second session) */
+        c->split_async = (int)rkv_env_u64("RKV_CUDA_HOST_SPLIT_ASYNC", 2, 0, 2);
+        c->split_async_us = (uint32_t)rkv_env_u64("RKV_CUDA_HOST_SPLIT_ASYNC_US", 1200, 0, 1000000);
         /* the learned share (a/b runs; tests: from the environment's share) */
         c->split_learn_env = cu_env_flag("RKV_CUDA_HOST_SPLIT_LEARN", 0);
-        c->split_learn = c->host_split && c->split_learn_env && !c->split_async;
+        c->split_learn = c->host_split && c->split_learn_env && c->split_async != 1;
         c->split_min_us = (uint32_t)rkv_env_u64("RKV_CUDA_HOST_SPLIT_MIN_US", 1000, 0, 1000000);
         /* the learned share's first chain: the H200's at batch 20 (400-475 us a layer) */
         c->split_fix0_us = (uint32_t)rkv_env_u64("RKV_CUDA_HOST_SPLIT_FIX_US", 400, 0, 100000);

@@ -109,6 +109,7 @@ struct cuda_meta {
     uint32_t *cpu_k, cpu_k_cap;
     int cpu_any;
     int split_gated; /* the split is on, but these decode rows' host tails are too short */
+    int split_async; /* the split's cpu part runs as a host function (c->split_async) */
     uint64_t cpu_blocks; /* the cpu's blocks a layer (the cpu_k sum) */
     int decode_only;     /* every row one token: its split layers teach the learned share */
     uint64_t gen; /* bumped at every upload */
@@ -180,13 +181,17 @@ struct cuda_ctx {
      * part of it, whether the gpu's part was done first. split_fix0_us: the chain it starts
      * from (RKV_CUDA_HOST_SPLIT_FIX_US) */
     int split_learn, split_learn_env, split_l_init;
-    /* the split's cpu part as a host function (RKV_CUDA_HOST_SPLIT_ASYNC=1): queued on cpu_s
+    /* the split's cpu part as a host function (RKV_CUDA_HOST_SPLIT_ASYNC): queued on cpu_s
      * behind q's copy down (ev_qdown), so the launching thread queues the rest of the layer at
      * once; the side stream waits for ev_cpu_done before the partial (split_up, pinned) goes
      * up. split_jobs: one per layer (the launching thread runs ahead of them); split_v: the
      * step's cpu view, built once a step (split_v_gen: the meta it was built for, 0 none);
-     * split_async_rc: a job's error, returned at the next sync */
+     * split_async_rc: a job's error, returned at the next sync. split_async 0: never, 1:
+     * always, 2 (the default): for a batch whose decode rows' host tail takes at least
+     * split_async_us of the link a layer (RKV_CUDA_HOST_SPLIT_ASYNC_US); a shorter one waits
+     * on the launching thread, where it came out faster on the H200 */
     int split_async;
+    uint32_t split_async_us;
     cudaStream_t cpu_s;
     cudaEvent_t ev_cpu_done;
     struct split_job *split_jobs;
@@ -373,6 +378,9 @@ struct cuda_ctx {
         uint64_t split_gated;  /* ... and those left to the gpu: the tail was too short */
         uint64_t split_async;  /* split layers whose cpu part ran as a host function */
         double split_share;    /* the sum of the split steps' shares (learned) */
+        double tail_us;        /* the sum of the split-on batches' decode tails, in link us a
+                                  layer, over tail_n batches (what the gates compare) */
+        uint64_t tail_n;
         uint64_t split_steps;  /* ... and those steps */
         uint64_t passes;     /* layers staged in several passes, and the passes */
         uint64_t pass_n;
