@@ -225,11 +225,29 @@ static inline void fma2x4(__m256 a[4], __m256 b[4], __m256 xa, __m256 xb, const 
 }
 #endif
 
+/* an element / eight elements of a row of f32 or (f16 != 0) f16; f16 -> f32 is exact, so a sum
+ * over either gives the same bits for the same values */
+static inline float row_elem(const void *r, size_t i, int f16)
+{
+    return f16 ? cpu_f16_to_f32(((const uint16_t *)r)[i]) : ((const float *)r)[i];
+}
+
+#ifdef CPU_AVX2
+static inline __m256 row_load8(const void *r, size_t i, int f16)
+{
+    return f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)r + i)))
+               : _mm256_loadu_ps((const float *)r + i);
+}
+#endif
+
 /* -O2's cheap vectorizer leaves loops with a remainder scalar: spelled out */
 /* 4 rows x 2 tokens: 6 loads feed 8 fmas. each sum runs in the same order
- * as cpu_dot4's, so a token's result does not depend on its neighbour. */
-static void dot4x2(const float *x0, const float *x1, const float *const w[4], size_t n, float o0[4],
-                   float o1[4])
+ * as cpu_dot4's, so a token's result does not depend on its neighbour. The rows are f32, or f16
+ * converted as they are loaded (f16 != 0, a constant where it is inlined) */
+static inline __attribute__((always_inline)) void dot4x2_rows(const float *x0, const float *x1,
+                                                              const void *const w[4], size_t n,
+                                                              float o0[4], float o1[4],
+                                                              const int f16)
 {
     size_t i = 0;
     float s0[4] = {0, 0, 0, 0}, s1[4] = {0, 0, 0, 0};
@@ -239,8 +257,8 @@ static void dot4x2(const float *x0, const float *x1, const float *const w[4], si
     for (int k = 0; k < 4; k++)
         a[k] = b[k] = _mm256_setzero_ps();
     for (; i + 8 <= n; i += 8) {
-        const __m256 wv[4] = {_mm256_loadu_ps(w[0] + i), _mm256_loadu_ps(w[1] + i),
-                              _mm256_loadu_ps(w[2] + i), _mm256_loadu_ps(w[3] + i)};
+        const __m256 wv[4] = {row_load8(w[0], i, f16), row_load8(w[1], i, f16),
+                              row_load8(w[2], i, f16), row_load8(w[3], i, f16)};
         fma2x4(a, b, _mm256_loadu_ps(x0 + i), _mm256_loadu_ps(x1 + i), wv);
     }
 #pragma GCC unroll 4
@@ -251,11 +269,18 @@ static void dot4x2(const float *x0, const float *x1, const float *const w[4], si
 #endif
     for (; i < n; i++)
         for (int j = 0; j < 4; j++) {
-            s0[j] += x0[i] * w[j][i];
-            s1[j] += x1[i] * w[j][i];
+            const float wf = row_elem(w[j], i, f16);
+            s0[j] += x0[i] * wf;
+            s1[j] += x1[i] * wf;
         }
     memcpy(o0, s0, sizeof(s0));
     memcpy(o1, s1, sizeof(s1));
+}
+
+static void dot4x2(const float *x0, const float *x1, const float *const w[4], size_t n, float o0[4],
+                   float o1[4])
+{
+    dot4x2_rows(x0, x1, (const void *const *)w, n, o0, o1, 0);
 }
 
 void cpu_axpy(float *y, float a, const float *x, size_t n)
@@ -477,9 +502,11 @@ static void attn_accumulate(float *o, float corr, const float *p, const float *v
 
 /* attn_accumulate for two heads of the group at once: each value row loaded once feeds both,
  * and eight independent sums keep the fma units busy (four waited on each other's latency).
- * Every sum runs in attn_accumulate's order: the same bits */
-static void attn_accumulate2(float *o0, float *o1, float corr0, float corr1, const float *p0,
-                             const float *p1, const float *v, uint32_t nc, uint32_t hd)
+ * Every sum runs in attn_accumulate's order: the same bits. The rows are f32, or f16 converted
+ * as they are loaded (f16 != 0, a constant where it is inlined) */
+static inline __attribute__((always_inline)) void
+accumulate2_rows(float *o0, float *o1, float corr0, float corr1, const float *p0, const float *p1,
+                 const void *v, uint32_t nc, uint32_t hd, const int f16)
 {
     uint32_t d0 = 0;
 #ifdef CPU_AVX2
@@ -492,9 +519,9 @@ static void attn_accumulate2(float *o0, float *o1, float corr0, float corr1, con
             b[k] = _mm256_mul_ps(c1, _mm256_loadu_ps(o1 + d0 + 8 * k));
         }
         for (uint32_t c = 0; c < nc; c++) {
-            const float *vr = v + (size_t)c * hd + d0;
-            const __m256 vv[4] = {_mm256_loadu_ps(vr), _mm256_loadu_ps(vr + 8),
-                                  _mm256_loadu_ps(vr + 16), _mm256_loadu_ps(vr + 24)};
+            const size_t r = (size_t)c * hd + d0;
+            const __m256 vv[4] = {row_load8(v, r, f16), row_load8(v, r + 8, f16),
+                                  row_load8(v, r + 16, f16), row_load8(v, r + 24, f16)};
             fma2x4(a, b, _mm256_set1_ps(p0[c]), _mm256_set1_ps(p1[c]), vv);
         }
 #pragma GCC unroll 4
@@ -507,13 +534,109 @@ static void attn_accumulate2(float *o0, float *o1, float corr0, float corr1, con
     for (uint32_t d = d0; d < hd; d++) { /* attn_accumulate's scalar tail, both heads */
         float a = o0[d] * corr0, b = o1[d] * corr1;
         for (uint32_t c = 0; c < nc; c++) {
-            a += p0[c] * v[(size_t)c * hd + d];
-            b += p1[c] * v[(size_t)c * hd + d];
+            const float vf = row_elem(v, (size_t)c * hd + d, f16);
+            a += p0[c] * vf;
+            b += p1[c] * vf;
         }
         o0[d] = a;
         o1[d] = b;
     }
 }
+
+static void attn_accumulate2(float *o0, float *o1, float corr0, float corr1, const float *p0,
+                             const float *p1, const float *v, uint32_t nc, uint32_t hd)
+{
+    accumulate2_rows(o0, o1, corr0, corr1, p0, p1, v, nc, hd, 0);
+}
+
+#ifdef CPU_AVX2
+static inline __m256 f16x8(const uint16_t *p)
+{
+    return row_load8(p, 0, 1);
+}
+
+/* scores of two f16 keys for four heads (q rows x[0..3]): each key row converted once for the
+ * four (dot4x2_rows converts it once a pair); every sum in dot4x2's order, so the same bits */
+static void dot2x4h_f16(const float *const x[4], const uint16_t *k0, const uint16_t *k1, size_t n,
+                        float *s0, float *s1, float *s2, float *s3)
+{
+    size_t i = 0;
+    __m256 a[4], b[4];
+#pragma GCC unroll 4
+    for (int h = 0; h < 4; h++)
+        a[h] = b[h] = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) {
+        const __m256 w0 = f16x8(k0 + i), w1 = f16x8(k1 + i);
+#pragma GCC unroll 4
+        for (int h = 0; h < 4; h++) {
+            const __m256 xv = _mm256_loadu_ps(x[h] + i);
+            a[h] = _mm256_fmadd_ps(xv, w0, a[h]);
+            b[h] = _mm256_fmadd_ps(xv, w1, b[h]);
+        }
+    }
+    float r0[4], r1[4];
+#pragma GCC unroll 4
+    for (int h = 0; h < 4; h++) {
+        r0[h] = hsum8(a[h]);
+        r1[h] = hsum8(b[h]);
+    }
+    for (; i < n; i++) {
+        const float w0 = cpu_f16_to_f32(k0[i]), w1 = cpu_f16_to_f32(k1[i]);
+        for (int h = 0; h < 4; h++) {
+            r0[h] += x[h][i] * w0;
+            r1[h] += x[h][i] * w1;
+        }
+    }
+    float *const s[4] = {s0, s1, s2, s3};
+    for (int h = 0; h < 4; h++) {
+        s[h][0] = r0[h];
+        s[h][1] = r1[h];
+    }
+}
+
+/* o[h] (hd) = o[h] * corr[h] + sum_c p[h][c] * v[c] for four heads over f16 value rows, 16
+ * columns at a time: each value row converted once for the four; every element summed in
+ * attn_accumulate's order, so the same bits */
+static void attn_accumulate4_f16(float *const o[4], const float corr[4], const float *const p[4],
+                                 const uint16_t *v, uint32_t nc, uint32_t hd)
+{
+    /* the columns attn_accumulate2 sums by vectors (whole 32s); the rest as its scalar tail */
+    const uint32_t hv = hd & ~31u;
+    uint32_t d0 = 0;
+    for (; d0 + 16 <= hv; d0 += 16) {
+        __m256 a[4], b[4];
+#pragma GCC unroll 4
+        for (int h = 0; h < 4; h++) {
+            const __m256 cv = _mm256_set1_ps(corr[h]);
+            a[h] = _mm256_mul_ps(cv, _mm256_loadu_ps(o[h] + d0));
+            b[h] = _mm256_mul_ps(cv, _mm256_loadu_ps(o[h] + d0 + 8));
+        }
+        for (uint32_t c = 0; c < nc; c++) {
+            const uint16_t *vr = v + (size_t)c * hd + d0;
+            const __m256 v0 = f16x8(vr), v1 = f16x8(vr + 8);
+#pragma GCC unroll 4
+            for (int h = 0; h < 4; h++) {
+                const __m256 pv = _mm256_broadcast_ss(p[h] + c);
+                a[h] = _mm256_fmadd_ps(pv, v0, a[h]);
+                b[h] = _mm256_fmadd_ps(pv, v1, b[h]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int h = 0; h < 4; h++) {
+            _mm256_storeu_ps(o[h] + d0, a[h]);
+            _mm256_storeu_ps(o[h] + d0 + 8, b[h]);
+        }
+    }
+    for (uint32_t d = d0; d < hd; d++)
+        for (int h = 0; h < 4; h++) {
+            float a = o[h][d] * corr[h];
+            for (uint32_t c = 0; c < nc; c++)
+                a += p[h][c] * cpu_f16_to_f32(v[(size_t)c * hd + d]);
+            o[h][d] = a;
+        }
+}
+
+#endif
 
 /* keys scored per online-softmax update */
 #define ATTN_CHUNK 64
@@ -560,6 +683,62 @@ static float attn_softmax_chunk(float *sh, uint32_t nc, float scale, float *m, f
     return corr;
 }
 
+#ifdef CPU_AVX2
+/* one chunk of nc f16 keys K and values V (rows of hd) for every head pair of the group (g
+ * even): cpu_attn_task's staged path without the f32 copies of the chunk, the same bits. Keys
+ * past the last multiple of 4 are scored by cpu_dot from f32 rows in kb, as there */
+static void attn_chunk_f16(const struct cpu_attn_job *j, const uint16_t *K, const uint16_t *V,
+                           uint32_t nc, const float *qg, float *og, float *s, float *kb, float *mr,
+                           float *lr, struct attn_pf *pf)
+{
+    const uint32_t g = j->a->n_head / j->a->n_kv_head, hd = j->layout->head_dim, nc4 = nc & ~3u;
+    if (nc4 < nc)
+        f16_row(K + (size_t)nc4 * hd, kb + (size_t)nc4 * hd, (size_t)(nc - nc4) * hd);
+    uint32_t h = 0;
+    /* four heads at a time where the group allows: each row converted once for the four */
+    for (; h + 4 <= g; h += 4) {
+        float *const sh[4] = {s + (size_t)h * ATTN_CHUNK, s + (size_t)(h + 1) * ATTN_CHUNK,
+                              s + (size_t)(h + 2) * ATTN_CHUNK, s + (size_t)(h + 3) * ATTN_CHUNK};
+        const float *const qh[4] = {qg + (size_t)h * hd, qg + (size_t)(h + 1) * hd,
+                                    qg + (size_t)(h + 2) * hd, qg + (size_t)(h + 3) * hd};
+        for (uint32_t c = 0; c < nc4; c += 2) {
+            attn_pf_step(pf);
+            attn_pf_step(pf);
+            dot2x4h_f16(qh, K + (size_t)c * hd, K + (size_t)(c + 1) * hd, hd, sh[0] + c, sh[1] + c,
+                        sh[2] + c, sh[3] + c);
+        }
+        float corr[4];
+        for (int i = 0; i < 4; i++) {
+            for (uint32_t c = nc4; c < nc; c++)
+                sh[i][c] = cpu_dot(qh[i], kb + (size_t)c * hd, hd);
+            corr[i] = attn_softmax_chunk(sh[i], nc, j->a->scale, &mr[h + i], &lr[h + i]);
+        }
+        float *const oh[4] = {og + (size_t)h * hd, og + (size_t)(h + 1) * hd,
+                              og + (size_t)(h + 2) * hd, og + (size_t)(h + 3) * hd};
+        attn_accumulate4_f16(oh, corr, (const float *const *)sh, V, nc, hd);
+    }
+    for (; h < g; h += 2) {
+        float *s0 = s + (size_t)h * ATTN_CHUNK, *s1 = s0 + ATTN_CHUNK;
+        const float *q0 = qg + (size_t)h * hd, *q1 = q0 + hd;
+        for (uint32_t c = 0; c < nc4; c += 4) {
+            const uint16_t *k0 = K + (size_t)c * hd;
+            const uint16_t *const kw[4] = {k0, k0 + hd, k0 + 2 * hd, k0 + 3 * hd};
+            attn_pf_step(pf);
+            attn_pf_step(pf);
+            dot4x2_rows(q0, q1, (const void *const *)kw, hd, s0 + c, s1 + c, 1);
+        }
+        for (uint32_t c = nc4; c < nc; c++) {
+            s0[c] = cpu_dot(q0, kb + (size_t)c * hd, hd);
+            s1[c] = cpu_dot(q1, kb + (size_t)c * hd, hd);
+        }
+        const float corr0 = attn_softmax_chunk(s0, nc, j->a->scale, &mr[h], &lr[h]);
+        const float corr1 = attn_softmax_chunk(s1, nc, j->a->scale, &mr[h + 1], &lr[h + 1]);
+        accumulate2_rows(og + (size_t)h * hd, og + (size_t)(h + 1) * hd, corr0, corr1, s0, s1, V,
+                         nc, hd, 1);
+    }
+}
+#endif
+
 size_t cpu_attn_scratch_floats(const struct kv_layout *l, const struct be_attn *a)
 {
     uint32_t g = a->n_head / a->n_kv_head;
@@ -582,6 +761,10 @@ void cpu_attn_task(const struct cpu_attn_job *j, const struct kv_block_ref *bloc
     const float *qg = q + (size_t)kvh * g * hd; /* (g, hd) this group's queries */
     float *og = o + (size_t)kvh * g * hd;       /* (g, hd) unnormalized until the end */
 
+#ifdef CPU_AVX2
+    /* f16 keys and values converted as the sums load them (attn_chunk_f16) for groups of pairs */
+    const int fused = ly->dtype == KV_F16 && g % 2 == 0;
+#endif
     memset(og, 0, sizeof(float) * g * hd);
     for (uint32_t h = 0; h < g; h++) {
         mr[h] = -INFINITY;
@@ -607,6 +790,14 @@ void cpu_attn_task(const struct cpu_attn_job *j, const struct kv_block_ref *bloc
                 pf.len = (size_t)(nn < ATTN_CHUNK ? nn : ATTN_CHUNK) * hd * es;
             }
             const float *kr, *vr;
+#ifdef CPU_AVX2
+            if (fused) {
+                attn_chunk_f16(j, (const uint16_t *)K + (size_t)c0 * hd,
+                               (const uint16_t *)V + (size_t)c0 * hd, nc, qg, og, s, kb, mr, lr,
+                               &pf);
+                continue;
+            }
+#endif
             if (ly->dtype == KV_F32) {
                 kr = (const float *)K + (size_t)c0 * hd;
                 vr = (const float *)V + (size_t)c0 * hd;

@@ -674,6 +674,70 @@ static void test_attention(void **state)
     run_attention(3, 40, KV_F16, 6, 3, 8);
 }
 
+/* f16 keys and values are converted as the sums load them (no f32 copy of the chunk): the
+ * outputs are the same bits as the same values held as f32. Heads four at a time, in pairs, and
+ * an odd group (the staged path); chunks that end inside a group of four keys; head_dim 8 to 128
+ * with and without a scalar tail */
+static void test_attention_f16_bits(void **state)
+{
+    (void)state;
+    static const uint32_t shapes[][5] = {
+        /* B, n_tok, H, KVH, hd */
+        {256, 150, 8, 2, 128}, /* g 4: four heads a pass; queries at 1..150 keys */
+        {64, 90, 16, 2, 48},   /* g 8: two passes of four; hd 48: 32 by vectors, 16 scalar */
+        {32, 50, 12, 2, 32},   /* g 6: four heads, then a pair */
+        {16, 77, 4, 2, 8},     /* g 2, head_dim below one 32-wide slice */
+        {64, 70, 6, 2, 40},    /* g 3: odd, the staged path; hd not a multiple of 32 */
+        {32, 131, 2, 1, 72},   /* g 2, hd 72: a 32-wide slice and a scalar tail */
+    };
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+        const uint32_t B = shapes[si][0], n_tok = shapes[si][1], H = shapes[si][2],
+                       KVH = shapes[si][3], hd = shapes[si][4];
+        const size_t nq = (size_t)n_tok * H * hd, nkv = (size_t)n_tok * KVH * hd;
+        float *q = malloc(sizeof(float) * nq), *k = malloc(sizeof(float) * nkv),
+              *v = malloc(sizeof(float) * nkv);
+        float *o[2], *m[2], *l[2];
+        for (int pass = 0; pass < 2; pass++) { /* 0: f16 kv, 1: its values as f32 */
+            struct attn_fx f;
+            attn_fx_init(&f, B, n_tok, pass ? KV_F32 : KV_F16, H, KVH, hd);
+            if (pass == 0) {
+                memcpy(q, f.q, sizeof(float) * nq);
+                for (size_t i = 0; i < nkv; i++) {
+                    k[i] = cpu_f16_to_f32(cpu_f32_to_f16(f.k[i]));
+                    v[i] = cpu_f16_to_f32(cpu_f32_to_f16(f.v[i]));
+                }
+            } else {
+                struct be_tensor *tk = tensor_f32(n_tok, KVH * hd, k),
+                                 *tv = tensor_f32(n_tok, KVH * hd, v);
+                assert_int_equal(kv_write_forward(be, &f.b, 1, tk, tv), 0);
+                backend_tensor_free(be, tk);
+                backend_tensor_free(be, tv);
+            }
+            struct be_partial p;
+            partial_alloc(&p, n_tok, &f.a);
+            struct be_tensor *tq = tensor_f32(n_tok, H * hd, q);
+            assert_int_equal(attn_partial_forward(be, &f.b, 1, KV_DEVICE, tq, &f.a, &p), 0);
+            o[pass] = malloc(sizeof(float) * nq);
+            m[pass] = malloc(sizeof(float) * n_tok * H);
+            l[pass] = malloc(sizeof(float) * n_tok * H);
+            get_f32(p.o, o[pass], nq);
+            get_f32(p.m, m[pass], (size_t)n_tok * H);
+            get_f32(p.l, l[pass], (size_t)n_tok * H);
+            backend_tensor_free(be, tq);
+            partial_free(&p);
+            attn_fx_fini(&f);
+        }
+        for (size_t i = 0; i < nq; i++)
+            if (memcmp(&o[0][i], &o[1][i], sizeof(float)) != 0)
+                fail_msg("shape %zu: o[%zu] f16 %.9g against f32 %.9g", si, i, o[0][i], o[1][i]);
+        assert_memory_equal(m[0], m[1], sizeof(float) * n_tok * H);
+        assert_memory_equal(l[0], l[1], sizeof(float) * n_tok * H);
+        for (int pass = 0; pass < 2; pass++)
+            free(o[pass]), free(m[pass]), free(l[pass]);
+        free(q), free(k), free(v);
+    }
+}
+
 /* random device/host splits merged by lse equal the one-pass softmax */
 static void test_lse_merge_splits(void **state)
 {
@@ -788,6 +852,7 @@ int main(void)
         cmocka_unit_test(test_rows_parallel),
         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_attention_f16_bits),
         cmocka_unit_test(test_lse_merge_splits),
         cmocka_unit_test(test_attention_long),
         cmocka_unit_test(test_kv_write_layout),
