@@ -686,6 +686,7 @@ static void test_attention_f16_bits(void **state)
         {256, 150, 8, 2, 128}, /* g 4: four heads a pass; queries at 1..150 keys */
         {64, 90, 16, 2, 48},   /* g 8: two passes of four; hd 48: 32 by vectors, 16 scalar */
         {32, 50, 12, 2, 32},   /* g 6: four heads, then a pair */
+        {16, 45, 8, 2, 20},    /* g 4, hd 20: the dot's scalar tail, no column by vectors */
         {16, 77, 4, 2, 8},     /* g 2, head_dim below one 32-wide slice */
         {64, 70, 6, 2, 40},    /* g 3: odd, the staged path; hd not a multiple of 32 */
         {32, 131, 2, 1, 72},   /* g 2, hd 72: a 32-wide slice and a scalar tail */
