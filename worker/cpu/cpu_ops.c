@@ -185,46 +185,6 @@ float cpu_dot(const float *a, const float *b, size_t n)
     return sum;
 }
 
-void cpu_dot4(const float *x, const float *w0, const float *w1, const float *w2, const float *w3,
-              size_t n, float out[4])
-{
-    size_t i = 0;
-    float s[4] = {0, 0, 0, 0};
-#ifdef CPU_AVX2
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 xv = _mm256_loadu_ps(x + i);
-        a0 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w0 + i), a0);
-        a1 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w1 + i), a1);
-        a2 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w2 + i), a2);
-        a3 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w3 + i), a3);
-    }
-    s[0] = hsum8(a0);
-    s[1] = hsum8(a1);
-    s[2] = hsum8(a2);
-    s[3] = hsum8(a3);
-#endif
-    for (; i < n; i++) {
-        s[0] += x[i] * w0[i];
-        s[1] += x[i] * w1[i];
-        s[2] += x[i] * w2[i];
-        s[3] += x[i] * w3[i];
-    }
-    memcpy(out, s, sizeof(s));
-}
-
-#ifdef CPU_AVX2
-/* a[k] += xa * w[k], b[k] += xb * w[k] for the four k: eight independent sums */
-static inline void fma2x4(__m256 a[4], __m256 b[4], __m256 xa, __m256 xb, const __m256 w[4])
-{
-#pragma GCC unroll 4
-    for (int k = 0; k < 4; k++) {
-        a[k] = _mm256_fmadd_ps(xa, w[k], a[k]);
-        b[k] = _mm256_fmadd_ps(xb, w[k], b[k]);
-    }
-}
-#endif
-
 /* an element / eight elements of a row of f32 or (f16 != 0) f16; f16 -> f32 is exact, so a sum
  * over either gives the same bits for the same values */
 static inline float row_elem(const void *r, size_t i, int f16)
@@ -237,6 +197,52 @@ static inline __m256 row_load8(const void *r, size_t i, int f16)
 {
     return f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)r + i)))
                : _mm256_loadu_ps((const float *)r + i);
+}
+#endif
+
+/* out[j] = dot(x, w[j]) for 4 rows of f32, or f16 converted as they are loaded (f16 != 0, a
+ * constant where it is inlined): the same sums in the same order either way */
+static inline __attribute__((always_inline)) void dot4_rows(const float *x, const void *const w[4],
+                                                            size_t n, float out[4], const int f16)
+{
+    size_t i = 0;
+    float s[4] = {0, 0, 0, 0};
+#ifdef CPU_AVX2
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 xv = _mm256_loadu_ps(x + i);
+        a0 = _mm256_fmadd_ps(xv, row_load8(w[0], i, f16), a0);
+        a1 = _mm256_fmadd_ps(xv, row_load8(w[1], i, f16), a1);
+        a2 = _mm256_fmadd_ps(xv, row_load8(w[2], i, f16), a2);
+        a3 = _mm256_fmadd_ps(xv, row_load8(w[3], i, f16), a3);
+    }
+    s[0] = hsum8(a0);
+    s[1] = hsum8(a1);
+    s[2] = hsum8(a2);
+    s[3] = hsum8(a3);
+#endif
+    for (; i < n; i++)
+        for (int j = 0; j < 4; j++)
+            s[j] += x[i] * row_elem(w[j], i, f16);
+    memcpy(out, s, sizeof(s));
+}
+
+void cpu_dot4(const float *x, const float *w0, const float *w1, const float *w2, const float *w3,
+              size_t n, float out[4])
+{
+    const void *const w[4] = {w0, w1, w2, w3};
+    dot4_rows(x, w, n, out, 0);
+}
+
+#ifdef CPU_AVX2
+/* a[k] += xa * w[k], b[k] += xb * w[k] for the four k: eight independent sums */
+static inline void fma2x4(__m256 a[4], __m256 b[4], __m256 xa, __m256 xb, const __m256 w[4])
+{
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        a[k] = _mm256_fmadd_ps(xa, w[k], a[k]);
+        b[k] = _mm256_fmadd_ps(xb, w[k], b[k]);
+    }
 }
 #endif
 
@@ -466,9 +472,12 @@ void cpu_matmul_rows(float *y, const float *x, const void *w, enum be_type t, si
 }
 
 /* o (hd) = o * corr + sum_c p[c] * v[c]; the sums of 32 columns stay in
- * registers across the chunk's keys instead of a load and store per key */
-static void attn_accumulate(float *o, float corr, const float *p, const float *v, uint32_t nc,
-                            uint32_t hd)
+ * registers across the chunk's keys instead of a load and store per key. The rows are f32, or
+ * f16 converted as they are loaded (f16 != 0, a constant where it is inlined) */
+static inline __attribute__((always_inline)) void accumulate1_rows(float *o, float corr,
+                                                                   const float *p, const void *v,
+                                                                   uint32_t nc, uint32_t hd,
+                                                                   const int f16)
 {
     uint32_t d0 = 0;
 #ifdef CPU_AVX2
@@ -479,12 +488,12 @@ static void attn_accumulate(float *o, float corr, const float *p, const float *v
         __m256 a2 = _mm256_mul_ps(cv, _mm256_loadu_ps(o + d0 + 16));
         __m256 a3 = _mm256_mul_ps(cv, _mm256_loadu_ps(o + d0 + 24));
         for (uint32_t c = 0; c < nc; c++) {
-            const float *vr = v + (size_t)c * hd + d0;
+            const size_t r = (size_t)c * hd + d0;
             __m256 pv = _mm256_set1_ps(p[c]);
-            a0 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vr), a0);
-            a1 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vr + 8), a1);
-            a2 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vr + 16), a2);
-            a3 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vr + 24), a3);
+            a0 = _mm256_fmadd_ps(pv, row_load8(v, r, f16), a0);
+            a1 = _mm256_fmadd_ps(pv, row_load8(v, r + 8, f16), a1);
+            a2 = _mm256_fmadd_ps(pv, row_load8(v, r + 16, f16), a2);
+            a3 = _mm256_fmadd_ps(pv, row_load8(v, r + 24, f16), a3);
         }
         _mm256_storeu_ps(o + d0, a0);
         _mm256_storeu_ps(o + d0 + 8, a1);
@@ -495,9 +504,15 @@ static void attn_accumulate(float *o, float corr, const float *p, const float *v
     for (uint32_t d = d0; d < hd; d++) {
         float a = o[d] * corr;
         for (uint32_t c = 0; c < nc; c++)
-            a += p[c] * v[(size_t)c * hd + d];
+            a += p[c] * row_elem(v, (size_t)c * hd + d, f16);
         o[d] = a;
     }
+}
+
+static void attn_accumulate(float *o, float corr, const float *p, const float *v, uint32_t nc,
+                            uint32_t hd)
+{
+    accumulate1_rows(o, corr, p, v, nc, hd, 0);
 }
 
 /* attn_accumulate for two heads of the group at once: each value row loaded once feeds both,
@@ -684,9 +699,10 @@ static float attn_softmax_chunk(float *sh, uint32_t nc, float scale, float *m, f
 }
 
 #ifdef CPU_AVX2
-/* one chunk of nc f16 keys K and values V (rows of hd) for every head pair of the group (g
- * even): cpu_attn_task's staged path without the f32 copies of the chunk, the same bits. Keys
- * past the last multiple of 4 are scored by cpu_dot from f32 rows in kb, as there */
+/* one chunk of nc f16 keys K and values V (rows of hd) for the group's heads, four at a time,
+ * then in pairs, then an odd one alone: cpu_attn_task's staged path without the f32 copies of
+ * the chunk, the same bits. Keys past the last multiple of 4 are scored by cpu_dot from f32 rows
+ * in kb, as there */
 static void attn_chunk_f16(const struct cpu_attn_job *j, const uint16_t *K, const uint16_t *V,
                            uint32_t nc, const float *qg, float *og, float *s, float *kb, float *mr,
                            float *lr, struct attn_pf *pf)
@@ -717,7 +733,7 @@ static void attn_chunk_f16(const struct cpu_attn_job *j, const uint16_t *K, cons
                               og + (size_t)(h + 2) * hd, og + (size_t)(h + 3) * hd};
         attn_accumulate4_f16(oh, corr, (const float *const *)sh, V, nc, hd);
     }
-    for (; h < g; h += 2) {
+    for (; h + 2 <= g; h += 2) {
         float *s0 = s + (size_t)h * ATTN_CHUNK, *s1 = s0 + ATTN_CHUNK;
         const float *q0 = qg + (size_t)h * hd, *q1 = q0 + hd;
         for (uint32_t c = 0; c < nc4; c += 4) {
@@ -735,6 +751,20 @@ static void attn_chunk_f16(const struct cpu_attn_job *j, const uint16_t *K, cons
         const float corr1 = attn_softmax_chunk(s1, nc, j->a->scale, &mr[h + 1], &lr[h + 1]);
         accumulate2_rows(og + (size_t)h * hd, og + (size_t)(h + 1) * hd, corr0, corr1, s0, s1, V,
                          nc, hd, 1);
+    }
+    if (h < g) { /* an odd group's last head */
+        float *s0 = s + (size_t)h * ATTN_CHUNK;
+        const float *q0 = qg + (size_t)h * hd;
+        for (uint32_t c = 0; c < nc4; c += 4) {
+            const uint16_t *k0 = K + (size_t)c * hd;
+            const void *const kw[4] = {k0, k0 + hd, k0 + 2 * hd, k0 + 3 * hd};
+            attn_pf_step(pf);
+            dot4_rows(q0, kw, hd, s0 + c, 1);
+        }
+        for (uint32_t c = nc4; c < nc; c++)
+            s0[c] = cpu_dot(q0, kb + (size_t)c * hd, hd);
+        const float corr = attn_softmax_chunk(s0, nc, j->a->scale, &mr[h], &lr[h]);
+        accumulate1_rows(og + (size_t)h * hd, corr, s0, V, nc, hd, 1);
     }
 }
 #endif
@@ -762,8 +792,8 @@ void cpu_attn_task(const struct cpu_attn_job *j, const struct kv_block_ref *bloc
     float *og = o + (size_t)kvh * g * hd;       /* (g, hd) unnormalized until the end */
 
 #ifdef CPU_AVX2
-    /* f16 keys and values converted as the sums load them (attn_chunk_f16) for groups of pairs */
-    const int fused = ly->dtype == KV_F16 && g % 2 == 0;
+    /* f16 keys and values converted as the sums load them (attn_chunk_f16) */
+    const int fused = ly->dtype == KV_F16;
 #endif
     memset(og, 0, sizeof(float) * g * hd);
     for (uint32_t h = 0; h < g; h++) {

@@ -675,8 +675,8 @@ static void test_attention(void **state)
 }
 
 /* f16 keys and values are converted as the sums load them (no f32 copy of the chunk): the
- * outputs are the same bits as the same values held as f32. Heads four at a time, in pairs, and
- * an odd group (the staged path); chunks that end inside a group of four keys; head_dim 8 to 128
+ * outputs are the same bits as the same values held as f32 (the unchanged path). Heads four at
+ * a time, in pairs and alone; chunks that end inside a group of four keys; head_dim 8 to 128
  * with and without a scalar tail */
 static void test_attention_f16_bits(void **state)
 {
@@ -688,7 +688,9 @@ static void test_attention_f16_bits(void **state)
         {32, 50, 12, 2, 32},   /* g 6: four heads, then a pair */
         {16, 45, 8, 2, 20},    /* g 4, hd 20: the dot's scalar tail, no column by vectors */
         {16, 77, 4, 2, 8},     /* g 2, head_dim below one 32-wide slice */
-        {64, 70, 6, 2, 40},    /* g 3: odd, the staged path; hd not a multiple of 32 */
+        {64, 70, 6, 2, 40},    /* g 3: a pair and one head; hd not a multiple of 32 */
+        {16, 60, 14, 2, 64},   /* g 7: four, a pair and one head */
+        {8, 33, 3, 3, 16},     /* g 1: one head a kv head */
         {32, 131, 2, 1, 72},   /* g 2, hd 72: a 32-wide slice and a scalar tail */
     };
     for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
