@@ -262,9 +262,13 @@ def test_rkv_bench_cpu_quick(tmp_path):
         assert m["prefill_tok_s"] > 0 and m["decode_tok_s"] > 0 and m["decode_batch8_tok_s"] > 0
     a = res["attention"]
     assert a["resident_ms"] > 0 and a["host_half_ms"] > 0
-    # CPU_TAIL's work, against a memcpy of the same bytes measured in the same run
+    # CPU_TAIL's work, against the same bytes read by the backend's threads at once (and a
+    # one-thread memcpy) in the same run
     t = res["attention_tail"]
-    assert t["ctx"] == 4096 and t["gbps"] > 0 and t["memcpy_gbps"] > 0
+    assert t["ctx"] == 32768 and t["gbps"] > 0 and t["memcpy_gbps"] > 0
+    assert t["read_threads"] == 2 and t["read_gbps"] > 0
+    assert t["over_read"] == pytest.approx(t["gbps"] / t["read_gbps"])
     assert t["over_memcpy"] == pytest.approx(t["gbps"] / t["memcpy_gbps"])
+    assert "of the pool read by 2 threads" in r.stdout
     bad = run([binary("rkv-bench"), "nosuch"], check=False)
     assert bad.returncode == 1 and "unknown suite 'nosuch'" in bad.stderr
