@@ -386,8 +386,13 @@ static int run_attn_tail(const struct bench_opts *o, struct tail_result *r, uint
         r->memcpy_gbps = (double)bytes / best_copy / 1e9;
         r->read_threads = threads;
         r->read_gbps = pool_read_gbps(p->base[KV_HOST], bytes, threads, reps + 1);
-        if (r->read_gbps <= 0)
-            rc = RKV_ENOMEM; /* the reading threads did not start */
+        if (r->read_gbps <= 0) {
+            fprintf(stderr,
+                    "rkv-bench: cannot start %u threads to read the pool (the ceiling); "
+                    "try fewer with --threads\n",
+                    threads);
+            rc = RKV_ENOMEM;
+        }
     }
 out:
     if (rc < 0)

@@ -146,14 +146,6 @@ void cpu_store_kv(enum kv_dtype t, void *dst, const float *src, size_t n)
         d[i] = cpu_f32_to_f16(src[i]);
 }
 
-void cpu_load_kv(enum kv_dtype t, const void *src, float *dst, size_t n)
-{
-    if (t == KV_F32)
-        memcpy(dst, src, n * sizeof(float));
-    else
-        f16_row(src, dst, n);
-}
-
 #ifdef CPU_AVX2
 static inline float hsum8(__m256 v)
 {
@@ -509,15 +501,9 @@ static inline __attribute__((always_inline)) void accumulate1_rows(float *o, flo
     }
 }
 
-static void attn_accumulate(float *o, float corr, const float *p, const float *v, uint32_t nc,
-                            uint32_t hd)
-{
-    accumulate1_rows(o, corr, p, v, nc, hd, 0);
-}
-
-/* attn_accumulate for two heads of the group at once: each value row loaded once feeds both,
+/* accumulate1_rows for two heads of the group at once: each value row loaded once feeds both,
  * and eight independent sums keep the fma units busy (four waited on each other's latency).
- * Every sum runs in attn_accumulate's order: the same bits. The rows are f32, or f16 converted
+ * Every sum runs in accumulate1_rows' order: the same bits. The rows are f32, or f16 converted
  * as they are loaded (f16 != 0, a constant where it is inlined) */
 static inline __attribute__((always_inline)) void
 accumulate2_rows(float *o0, float *o1, float corr0, float corr1, const float *p0, const float *p1,
@@ -546,7 +532,7 @@ accumulate2_rows(float *o0, float *o1, float corr0, float corr1, const float *p0
         }
     }
 #endif
-    for (uint32_t d = d0; d < hd; d++) { /* attn_accumulate's scalar tail, both heads */
+    for (uint32_t d = d0; d < hd; d++) { /* accumulate1_rows' scalar tail, both heads */
         float a = o0[d] * corr0, b = o1[d] * corr1;
         for (uint32_t c = 0; c < nc; c++) {
             const float vf = row_elem(v, (size_t)c * hd + d, f16);
@@ -558,18 +544,7 @@ accumulate2_rows(float *o0, float *o1, float corr0, float corr1, const float *p0
     }
 }
 
-static void attn_accumulate2(float *o0, float *o1, float corr0, float corr1, const float *p0,
-                             const float *p1, const float *v, uint32_t nc, uint32_t hd)
-{
-    accumulate2_rows(o0, o1, corr0, corr1, p0, p1, v, nc, hd, 0);
-}
-
 #ifdef CPU_AVX2
-static inline __m256 f16x8(const uint16_t *p)
-{
-    return row_load8(p, 0, 1);
-}
-
 /* scores of two f16 keys for four heads (q rows x[0..3]): each key row converted once for the
  * four (dot4x2_rows converts it once a pair); every sum in dot4x2's order, so the same bits */
 static void dot2x4h_f16(const float *const x[4], const uint16_t *k0, const uint16_t *k1, size_t n,
@@ -581,7 +556,7 @@ static void dot2x4h_f16(const float *const x[4], const uint16_t *k0, const uint1
     for (int h = 0; h < 4; h++)
         a[h] = b[h] = _mm256_setzero_ps();
     for (; i + 8 <= n; i += 8) {
-        const __m256 w0 = f16x8(k0 + i), w1 = f16x8(k1 + i);
+        const __m256 w0 = row_load8(k0, i, 1), w1 = row_load8(k1, i, 1);
 #pragma GCC unroll 4
         for (int h = 0; h < 4; h++) {
             const __m256 xv = _mm256_loadu_ps(x[h] + i);
@@ -611,11 +586,11 @@ static void dot2x4h_f16(const float *const x[4], const uint16_t *k0, const uint1
 
 /* o[h] (hd) = o[h] * corr[h] + sum_c p[h][c] * v[c] for four heads over f16 value rows, 16
  * columns at a time: each value row converted once for the four; every element summed in
- * attn_accumulate's order, so the same bits */
+ * accumulate1_rows' order, so the same bits */
 static void attn_accumulate4_f16(float *const o[4], const float corr[4], const float *const p[4],
                                  const uint16_t *v, uint32_t nc, uint32_t hd)
 {
-    /* the columns attn_accumulate2 sums by vectors (whole 32s); the rest as its scalar tail */
+    /* the columns accumulate2_rows sums by vectors (whole 32s); the rest as its scalar tail */
     const uint32_t hv = hd & ~31u;
     uint32_t d0 = 0;
     for (; d0 + 16 <= hv; d0 += 16) {
@@ -628,7 +603,7 @@ static void attn_accumulate4_f16(float *const o[4], const float corr[4], const f
         }
         for (uint32_t c = 0; c < nc; c++) {
             const uint16_t *vr = v + (size_t)c * hd + d0;
-            const __m256 v0 = f16x8(vr), v1 = f16x8(vr + 8);
+            const __m256 v0 = row_load8(vr, 0, 1), v1 = row_load8(vr, 8, 1);
 #pragma GCC unroll 4
             for (int h = 0; h < 4; h++) {
                 const __m256 pv = _mm256_broadcast_ss(p[h] + c);
@@ -698,21 +673,27 @@ static float attn_softmax_chunk(float *sh, uint32_t nc, float scale, float *m, f
     return corr;
 }
 
-#ifdef CPU_AVX2
-/* one chunk of nc f16 keys K and values V (rows of hd) for the group's heads, four at a time,
- * then in pairs, then an odd one alone: cpu_attn_task's staged path without the f32 copies of
- * the chunk, the same bits. Keys past the last multiple of 4 are scored by cpu_dot from f32 rows
- * in kb, as there */
-static void attn_chunk_f16(const struct cpu_attn_job *j, const uint16_t *K, const uint16_t *V,
-                           uint32_t nc, const float *qg, float *og, float *s, float *kb, float *mr,
-                           float *lr, struct attn_pf *pf)
+/* one chunk of nc keys K and values V (rows of hd, f32, or f16 converted as the sums load them:
+ * f16 != 0, a constant where it is inlined) for the group's heads: four at a time for f16 (each
+ * row converted once for the four), then in pairs (a key row loaded once feeds both), then an
+ * odd group's last head alone. Every sum in cpu_dot4's and accumulate1_rows' order, so f16 gives
+ * the same bits as its values held as f32. Keys past the last multiple of 4 are scored by cpu_dot
+ * (from f32 rows in kb for f16) */
+static inline __attribute__((always_inline)) void
+attn_chunk(const struct cpu_attn_job *j, const void *K, const void *V, uint32_t nc, const float *qg,
+           float *og, float *s, float *kb, float *mr, float *lr, struct attn_pf *pf, const int f16)
 {
     const uint32_t g = j->a->n_head / j->a->n_kv_head, hd = j->layout->head_dim, nc4 = nc & ~3u;
-    if (nc4 < nc)
-        f16_row(K + (size_t)nc4 * hd, kb + (size_t)nc4 * hd, (size_t)(nc - nc4) * hd);
+    const size_t row = (size_t)hd * (f16 ? sizeof(uint16_t) : sizeof(float)); /* bytes a key */
+    const float *kt = K; /* the tail keys as f32 */
+    if (f16 && nc4 < nc) {
+        f16_row((const uint16_t *)K + (size_t)nc4 * hd, kb + (size_t)nc4 * hd,
+                (size_t)(nc - nc4) * hd);
+        kt = kb;
+    }
     uint32_t h = 0;
-    /* four heads at a time where the group allows: each row converted once for the four */
-    for (; h + 4 <= g; h += 4) {
+#ifdef CPU_AVX2
+    for (; f16 && h + 4 <= g; h += 4) {
         float *const sh[4] = {s + (size_t)h * ATTN_CHUNK, s + (size_t)(h + 1) * ATTN_CHUNK,
                               s + (size_t)(h + 2) * ATTN_CHUNK, s + (size_t)(h + 3) * ATTN_CHUNK};
         const float *const qh[4] = {qg + (size_t)h * hd, qg + (size_t)(h + 1) * hd,
@@ -720,60 +701,57 @@ static void attn_chunk_f16(const struct cpu_attn_job *j, const uint16_t *K, cons
         for (uint32_t c = 0; c < nc4; c += 2) {
             attn_pf_step(pf);
             attn_pf_step(pf);
-            dot2x4h_f16(qh, K + (size_t)c * hd, K + (size_t)(c + 1) * hd, hd, sh[0] + c, sh[1] + c,
+            dot2x4h_f16(qh, (const uint16_t *)K + (size_t)c * hd,
+                        (const uint16_t *)K + (size_t)(c + 1) * hd, hd, sh[0] + c, sh[1] + c,
                         sh[2] + c, sh[3] + c);
         }
         float corr[4];
         for (int i = 0; i < 4; i++) {
             for (uint32_t c = nc4; c < nc; c++)
-                sh[i][c] = cpu_dot(qh[i], kb + (size_t)c * hd, hd);
+                sh[i][c] = cpu_dot(qh[i], kt + (size_t)c * hd, hd);
             corr[i] = attn_softmax_chunk(sh[i], nc, j->a->scale, &mr[h + i], &lr[h + i]);
         }
         float *const oh[4] = {og + (size_t)h * hd, og + (size_t)(h + 1) * hd,
                               og + (size_t)(h + 2) * hd, og + (size_t)(h + 3) * hd};
         attn_accumulate4_f16(oh, corr, (const float *const *)sh, V, nc, hd);
     }
-    for (; h + 2 <= g; h += 2) {
+#endif
+    for (; h < g; h += 2) {
+        const int two = h + 1 < g;
         float *s0 = s + (size_t)h * ATTN_CHUNK, *s1 = s0 + ATTN_CHUNK;
         const float *q0 = qg + (size_t)h * hd, *q1 = q0 + hd;
         for (uint32_t c = 0; c < nc4; c += 4) {
-            const uint16_t *k0 = K + (size_t)c * hd;
-            const uint16_t *const kw[4] = {k0, k0 + hd, k0 + 2 * hd, k0 + 3 * hd};
+            const char *k0 = (const char *)K + c * row;
+            const void *const kw[4] = {k0, k0 + row, k0 + 2 * row, k0 + 3 * row};
             attn_pf_step(pf);
-            attn_pf_step(pf);
-            dot4x2_rows(q0, q1, (const void *const *)kw, hd, s0 + c, s1 + c, 1);
+            if (two) {
+                attn_pf_step(pf);
+                dot4x2_rows(q0, q1, kw, hd, s0 + c, s1 + c, f16);
+            } else {
+                dot4_rows(q0, kw, hd, s0 + c, f16);
+            }
         }
         for (uint32_t c = nc4; c < nc; c++) {
-            s0[c] = cpu_dot(q0, kb + (size_t)c * hd, hd);
-            s1[c] = cpu_dot(q1, kb + (size_t)c * hd, hd);
+            s0[c] = cpu_dot(q0, kt + (size_t)c * hd, hd);
+            if (two)
+                s1[c] = cpu_dot(q1, kt + (size_t)c * hd, hd);
         }
         const float corr0 = attn_softmax_chunk(s0, nc, j->a->scale, &mr[h], &lr[h]);
-        const float corr1 = attn_softmax_chunk(s1, nc, j->a->scale, &mr[h + 1], &lr[h + 1]);
-        accumulate2_rows(og + (size_t)h * hd, og + (size_t)(h + 1) * hd, corr0, corr1, s0, s1, V,
-                         nc, hd, 1);
-    }
-    if (h < g) { /* an odd group's last head */
-        float *s0 = s + (size_t)h * ATTN_CHUNK;
-        const float *q0 = qg + (size_t)h * hd;
-        for (uint32_t c = 0; c < nc4; c += 4) {
-            const uint16_t *k0 = K + (size_t)c * hd;
-            const void *const kw[4] = {k0, k0 + hd, k0 + 2 * hd, k0 + 3 * hd};
-            attn_pf_step(pf);
-            dot4_rows(q0, kw, hd, s0 + c, 1);
+        if (two) {
+            const float corr1 = attn_softmax_chunk(s1, nc, j->a->scale, &mr[h + 1], &lr[h + 1]);
+            accumulate2_rows(og + (size_t)h * hd, og + (size_t)(h + 1) * hd, corr0, corr1, s0, s1,
+                             V, nc, hd, f16);
+        } else {
+            accumulate1_rows(og + (size_t)h * hd, corr0, s0, V, nc, hd, f16);
         }
-        for (uint32_t c = nc4; c < nc; c++)
-            s0[c] = cpu_dot(q0, kb + (size_t)c * hd, hd);
-        const float corr = attn_softmax_chunk(s0, nc, j->a->scale, &mr[h], &lr[h]);
-        accumulate1_rows(og + (size_t)h * hd, corr, s0, V, nc, hd, 1);
     }
 }
-#endif
 
 size_t cpu_attn_scratch_floats(const struct kv_layout *l, const struct be_attn *a)
 {
     uint32_t g = a->n_head / a->n_kv_head;
-    /* scores (g, CHUNK) + k and v rows (CHUNK, head_dim) each + m, l (g) */
-    return (size_t)g * ATTN_CHUNK + 2 * (size_t)ATTN_CHUNK * l->head_dim + 2 * (size_t)g;
+    /* scores (g, CHUNK) + f32 key rows (CHUNK, head_dim) + m, l (g) */
+    return (size_t)g * ATTN_CHUNK + (size_t)ATTN_CHUNK * l->head_dim + 2 * (size_t)g;
 }
 
 void cpu_attn_task(const struct cpu_attn_job *j, const struct kv_block_ref *blocks,
@@ -784,17 +762,12 @@ void cpu_attn_task(const struct cpu_attn_job *j, const struct kv_block_ref *bloc
     const uint32_t g = j->a->n_head / j->a->n_kv_head, hd = ly->head_dim, B = ly->block_size;
     const size_t es = kv_dtype_size(ly->dtype);
     float *s = scratch;                         /* (g, CHUNK) scaled scores */
-    float *kb = s + (size_t)g * ATTN_CHUNK;     /* (CHUNK, hd) f32 keys when cache is f16 */
-    float *vb = kb + (size_t)ATTN_CHUNK * hd;   /* (CHUNK, hd) f32 values */
-    float *mr = vb + (size_t)ATTN_CHUNK * hd;   /* (g) running max */
+    float *kb = s + (size_t)g * ATTN_CHUNK;     /* (CHUNK, hd) f16 tail keys as f32 */
+    float *mr = kb + (size_t)ATTN_CHUNK * hd;   /* (g) running max */
     float *lr = mr + g;                         /* (g) running sum */
     const float *qg = q + (size_t)kvh * g * hd; /* (g, hd) this group's queries */
     float *og = o + (size_t)kvh * g * hd;       /* (g, hd) unnormalized until the end */
 
-#ifdef CPU_AVX2
-    /* f16 keys and values converted as the sums load them (attn_chunk_f16) */
-    const int fused = ly->dtype == KV_F16;
-#endif
     memset(og, 0, sizeof(float) * g * hd);
     for (uint32_t h = 0; h < g; h++) {
         mr[h] = -INFINITY;
@@ -819,57 +792,11 @@ void cpu_attn_task(const struct cpu_attn_job *j, const struct kv_block_ref *bloc
                 uint32_t nn = n_valid - c0 - ATTN_CHUNK;
                 pf.len = (size_t)(nn < ATTN_CHUNK ? nn : ATTN_CHUNK) * hd * es;
             }
-            const float *kr, *vr;
-#ifdef CPU_AVX2
-            if (fused) {
-                attn_chunk_f16(j, (const uint16_t *)K + (size_t)c0 * hd,
-                               (const uint16_t *)V + (size_t)c0 * hd, nc, qg, og, s, kb, mr, lr,
-                               &pf);
-                continue;
-            }
-#endif
-            if (ly->dtype == KV_F32) {
-                kr = (const float *)K + (size_t)c0 * hd;
-                vr = (const float *)V + (size_t)c0 * hd;
-            } else {
-                cpu_load_kv(ly->dtype, K + (size_t)c0 * hd * es, kb, (size_t)nc * hd);
-                cpu_load_kv(ly->dtype, V + (size_t)c0 * hd * es, vb, (size_t)nc * hd);
-                kr = kb;
-                vr = vb;
-            }
-            /* the group's heads two at a time: a key row loaded once feeds both */
-            for (uint32_t h = 0; h < g; h += 2) {
-                const uint32_t nh = h + 1 < g ? 2 : 1;
-                float *s0 = s + (size_t)h * ATTN_CHUNK, *s1 = s0 + ATTN_CHUNK;
-                const float *q0 = qg + (size_t)h * hd, *q1 = q0 + hd;
-                uint32_t c = 0;
-                /* four keys per pass share the loads of q (dot4x2 sums in cpu_dot4's order) */
-                for (; c + 4 <= nc; c += 4) {
-                    const float *k0 = kr + (size_t)c * hd;
-                    const float *const kw[4] = {k0, k0 + hd, k0 + 2 * hd, k0 + 3 * hd};
-                    attn_pf_step(&pf);
-                    if (nh == 2) {
-                        attn_pf_step(&pf);
-                        dot4x2(q0, q1, kw, hd, s0 + c, s1 + c);
-                    } else {
-                        cpu_dot4(q0, kw[0], kw[1], kw[2], kw[3], hd, s0 + c);
-                    }
-                }
-                for (; c < nc; c++) {
-                    s0[c] = cpu_dot(q0, kr + (size_t)c * hd, hd);
-                    if (nh == 2)
-                        s1[c] = cpu_dot(q1, kr + (size_t)c * hd, hd);
-                }
-                float corr[2];
-                for (uint32_t i = 0; i < nh; i++)
-                    corr[i] = attn_softmax_chunk(s0 + (size_t)i * ATTN_CHUNK, nc, j->a->scale,
-                                                 &mr[h + i], &lr[h + i]);
-                if (nh == 2)
-                    attn_accumulate2(og + (size_t)h * hd, og + (size_t)(h + 1) * hd, corr[0],
-                                     corr[1], s0, s1, vr, nc, hd);
-                else
-                    attn_accumulate(og + (size_t)h * hd, corr[0], s0, vr, nc, hd);
-            }
+            const char *kc = K + (size_t)c0 * hd * es, *vc = V + (size_t)c0 * hd * es;
+            if (ly->dtype == KV_F16)
+                attn_chunk(j, kc, vc, nc, qg, og, s, kb, mr, lr, &pf, 1);
+            else
+                attn_chunk(j, kc, vc, nc, qg, og, s, kb, mr, lr, &pf, 0);
         }
     }
     for (uint32_t h = 0; h < g; h++) {

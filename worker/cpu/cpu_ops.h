@@ -13,9 +13,8 @@ float cpu_bf16_to_f32(uint16_t h);
 
 /* dst (n) = row of type t starting at src (n a multiple of 32 for Q8_0) */
 void cpu_dequant_row(enum be_type t, const void *src, float *dst, size_t n);
-/* f32 <-> the kv cache's element type */
+/* f32 -> the kv cache's element type */
 void cpu_store_kv(enum kv_dtype t, void *dst, const float *src, size_t n);
-void cpu_load_kv(enum kv_dtype t, const void *src, float *dst, size_t n);
 
 float cpu_dot(const float *a, const float *b, size_t n);
 /* out[j] = dot(x, w[j]) for 4 rows at once, sharing the loads of x */

@@ -675,9 +675,9 @@ static void test_attention(void **state)
 }
 
 /* f16 keys and values are converted as the sums load them (no f32 copy of the chunk): the
- * outputs are the same bits as the same values held as f32 (the unchanged path). Heads four at
- * a time, in pairs and alone; chunks that end inside a group of four keys; head_dim 8 to 128
- * with and without a scalar tail */
+ * outputs are the same bits as the same values held as f32 (whose heads go in pairs, never four
+ * at a time). Heads four at a time, in pairs and alone; chunks that end inside a group of four
+ * keys; head_dim 8 to 128 with and without a scalar tail */
 static void test_attention_f16_bits(void **state)
 {
     (void)state;
