@@ -253,8 +253,13 @@ static void apply_host_split(struct worker *w, int cpu_tail)
     if (!w->on_gpu || !w->c.host_split)
         return;
     const struct rates *r = &w->rates;
-    uint32_t pct = w->c.host_split > 0 ? (uint32_t)w->c.host_split
-                                       : rkv_host_split_auto(r->attn_host_gbps, r->attn_cpu_gbps);
+    /* the rates measured side by side where there are some: the gpu's part is read at the
+     * slower of the link beside the cpu and the gpu's own host attention */
+    double cpu = r->split.cpu_gbps > 0 ? r->split.cpu_gbps : r->attn_cpu_gbps,
+           gpu = r->attn_host_gbps;
+    if (r->split.cpu_gbps > 0 && r->split.link_gbps > 0 && (gpu <= 0 || r->split.link_gbps < gpu))
+        gpu = r->split.link_gbps;
+    uint32_t pct = w->c.host_split > 0 ? (uint32_t)w->c.host_split : rkv_host_split_auto(gpu, cpu);
     if (cpu_tail || (w->c.deterministic && w->c.host_split < 0))
         pct = 0; /* the default (-1) stays quiet where the split cannot run */
     const int learn = w->c.host_split < 0;
@@ -265,8 +270,10 @@ static void apply_host_split(struct worker *w, int cpu_tail)
     else if (rc == 0 && pct)
         log_info("host kv blocks split: %u %% of each decode row's on the cpu (%.2f GB/s), the "
                  "rest read by the gpu (%.2f)%s",
-                 pct, r->attn_cpu_gbps, r->attn_host_gbps,
-                 learn ? " (measured)" : " (--host-split)");
+                 pct, cpu, gpu,
+                 w->c.host_split > 0     ? " (--host-split)"
+                 : r->split.cpu_gbps > 0 ? " (measured side by side)"
+                                         : " (measured)");
     else if (rc == 0 && w->c.host_split < 0 && !cpu_tail && !w->c.deterministic)
         log_info("the split host read stays off: no measured cpu or host-read rate");
 }
@@ -352,11 +359,16 @@ static int attach(struct worker *w)
             w->on_gpu ? (int)w->gpu : -1,
             (uint32_t)w->c.threads,
             0};
+        const struct rates *r = &w->rates;
         if (rates_measure(w->be, &ro, &w->rates) == 0)
             log_info("kv rates (%.0f ms): pcie h2d %.2f, attention device %.2f, host %.2f, "
                      "cpu %.2f GB/s",
-                     w->rates.elapsed_ms, w->rates.pcie_h2d_gbps, w->rates.attn_device_gbps,
-                     w->rates.attn_host_gbps, w->rates.attn_cpu_gbps);
+                     r->elapsed_ms, r->pcie_h2d_gbps, r->attn_device_gbps, r->attn_host_gbps,
+                     r->attn_cpu_gbps);
+        if (w->on_gpu && r->split.cpu_gbps > 0)
+            log_info("kv rates side by side: the cpu %.2f GB/s over a long row while the link "
+                     "moved %.2f GB/s out of the same host pool",
+                     r->split.cpu_gbps, r->split.link_gbps);
         w->rates_done = 1;
     }
     apply_host_split(w, apply_host_attn(w));

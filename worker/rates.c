@@ -2,6 +2,8 @@
 #include "worker/rates.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -13,11 +15,9 @@
 #include "worker/cuda/cuda_backend.h"
 #endif
 
-#define MAX_SEQS    64
-#define MAX_REPS    64
-#define MAX_WINDOWS 16
-/* a gpu streams far more than a cpu in the same time: larger passes and more
- * sequences, so launches do not dominate and every SM has work */
+#define MAX_SEQS       64
+#define MAX_REPS       64
+#define MAX_WINDOWS    16
 #define GPU_PASS_BYTES ((uint64_t)512 << 20)
 #define GPU_COPY_BYTES ((uint64_t)256 << 20)
 
@@ -103,17 +103,22 @@ static int attn_pass_run(void *u)
     return backend_sync(p->be);
 }
 
+/* the shape of an attention pass: at most cap bytes of blocks, over up to max_seqs rows */
+struct pass_shape {
+    uint64_t cap;
+    uint32_t max_seqs;
+};
+
 /* attention rate of be over blocks of pool res (GB/s of kv read); 0 when empty */
 static int attn_rate(struct backend *be, const struct kv_layout *l, const struct be_attn *at,
-                     enum kv_residency res, uint32_t n_pool, int rotate, double budget_ms,
-                     double *gbps)
+                     enum kv_residency res, uint32_t n_pool, struct pass_shape sh, int rotate,
+                     double budget_ms, double *gbps)
 {
     *gbps = 0;
-    int gpu = strcmp(backend_name(be), "cpu") != 0;
-    uint32_t nb = pass_blocks(l, n_pool, gpu ? GPU_PASS_BYTES : RATES_MAX_BYTES);
+    uint32_t nb = pass_blocks(l, n_pool, sh.cap);
     if (nb == 0)
         return 0;
-    uint32_t max_seqs = gpu ? MAX_SEQS : 16;
+    uint32_t max_seqs = sh.max_seqs < MAX_SEQS ? sh.max_seqs : MAX_SEQS;
     uint32_t ns = nb < max_seqs ? nb : max_seqs, n_win = pass_windows(n_pool, nb, rotate);
     struct kv_block_ref *refs = calloc((size_t)nb * n_win, sizeof *refs);
     int32_t pos[MAX_SEQS];
@@ -220,13 +225,16 @@ static int copy_rate(const struct rates_opts *o, double *gbps)
     return rc;
 }
 
-/* the cpu attention over the host pool, on its own cpu backend (a gpu worker). One pass of
- * RATES_MAX_BYTES (one llama3-8b block a layer) reads slower than a long tail does alone (H200
- * host: 15.9 against 40.5 GB/s over 256 MiB), but the split host read's share that follows from
- * it (24 %) ran faster through the server than the 256 MiB rate's (45 %: 0.996 against 1.167 of
- * the pcie bound at half the kv on host), where the cpu attends while the copy engine reads the
- * same host memory; 35 % was best in gpu_bench. A rate measured under that load is the fix */
-static int cpu_attn_rate(const struct rates_opts *o, double *gbps)
+/* the shapes of the cpu's passes. CPU_TAIL's rate for the planner: one llama3-8b block a layer
+ * over up to 16 rows, as before. The split's: one row of up to SPLIT_PASS_BYTES, a tail as long
+ * as those the split takes (it leaves tails under ~1 ms of the link a layer on the gpu), which
+ * the cpu reads faster than one block a layer (H100 host, 16 threads: 61.8 GB/s over a 32k row
+ * against 33.9 by the short pass) */
+static const struct pass_shape CPU_TAIL_PASS = {RATES_MAX_BYTES, 16};
+#define SPLIT_PASS_BYTES ((uint64_t)1 << 30)
+
+/* the cpu attention over the host pool, on its own cpu backend (a gpu worker) */
+static int cpu_attn_rate(const struct rates_opts *o, struct pass_shape sh, double *gbps)
 {
     *gbps = 0;
     struct backend *cpu;
@@ -236,10 +244,96 @@ static int cpu_attn_rate(const struct rates_opts *o, double *gbps)
     struct kv_pools host_only = {{NULL, o->pools->base[KV_HOST]}, {0, o->pools->n_blocks[KV_HOST]}};
     rc = backend_set_kv(cpu, o->layout, &host_only);
     if (rc == 0)
-        rc = attn_rate(cpu, o->layout, &o->attn, KV_HOST, host_only.n_blocks[KV_HOST], 1,
+        rc = attn_rate(cpu, o->layout, &o->attn, KV_HOST, host_only.n_blocks[KV_HOST], sh, 1,
                        o->budget_ms, gbps);
     backend_free(cpu);
     return rc;
+}
+
+/* the link kept reading the host pool (a gpu: into device memory; the cpu backend's stand-in: a
+ * memcpy) on a thread of its own, while the cpu attends the same pool */
+#define LINK_PIECE_BYTES ((uint64_t)64 << 20)
+struct link_load {
+    const struct rates_opts *o;
+    atomic_int stop, state; /* state: 0 starting, 1 copying (the first piece landed), -1 failed */
+    uint64_t bytes;         /* moved after the first piece */
+    double t0, t1;
+    uint32_t pieces;
+    int rc;
+};
+
+static void *link_load_run(void *u)
+{
+    struct link_load *ll = u;
+    const struct rates_opts *o = ll->o;
+    uint32_t n_pool = o->pools->n_blocks[KV_HOST];
+    uint32_t nb = pass_blocks(o->layout, n_pool, LINK_PIECE_BYTES);
+    struct copy_pass c = {NULL,
+                          o->pools->base[KV_HOST],
+                          (size_t)nb * kv_block_bytes(o->layout),
+                          pass_windows(n_pool, nb, 1),
+                          0,
+                          o->gpu};
+    int rc = RKV_ENOMEM;
+#if RKV_CUDA
+    if (o->gpu >= 0)
+        rc = rkv_cuda_dev_alloc(o->gpu, c.n, &c.dst); /* also makes o->gpu this thread's */
+    else
+#endif
+        rc = (c.dst = malloc(c.n)) ? 0 : RKV_ENOMEM;
+    if (rc == 0 && (rc = copy_pass_run(&c)) == 0) {
+        ll->t0 = now_ms();
+        atomic_store(&ll->state, 1);
+        while (!atomic_load(&ll->stop) && (rc = copy_pass_run(&c)) == 0) {
+            ll->bytes += c.n;
+            ll->pieces++;
+        }
+        ll->t1 = now_ms();
+    }
+    ll->rc = rc;
+    if (rc)
+        atomic_store(&ll->state, -1);
+#if RKV_CUDA
+    if (o->gpu >= 0) {
+        if (c.dst)
+            rkv_cuda_dev_free(c.dst);
+    } else
+#endif
+        free(c.dst);
+    return NULL;
+}
+
+int rates_split(const struct rates_opts *o, struct split_rates *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!o->pools->base[KV_HOST] || o->pools->n_blocks[KV_HOST] == 0)
+        return 0;
+    struct link_load ll = {.o = o};
+    pthread_t th;
+    if (pthread_create(&th, NULL, link_load_run, &ll) != 0)
+        return RKV_ENOMEM;
+    while (atomic_load(&ll.state) == 0) {
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
+    double cpu = 0;
+    int rc = atomic_load(&ll.state) < 0
+                 ? 0
+                 : cpu_attn_rate(o, (struct pass_shape){SPLIT_PASS_BYTES, 1}, &cpu);
+    atomic_store(&ll.stop, 1);
+    pthread_join(th, NULL);
+    if (rc)
+        return rc;
+    if (ll.rc) {
+        log_warn("the link could not read the host pool beside the cpu (%s): the split host "
+                 "read's share comes from the rates measured apart",
+                 rkv_strerror(ll.rc));
+        return 0;
+    }
+    out->cpu_gbps = cpu;
+    out->link_gbps = ll.t1 > ll.t0 ? (double)ll.bytes / ((ll.t1 - ll.t0) * 1e6) : 0;
+    out->link_pieces = ll.pieces;
+    return 0;
 }
 
 int rates_measure(struct backend *be, const struct rates_opts *o, struct rates *out)
@@ -250,17 +344,23 @@ int rates_measure(struct backend *be, const struct rates_opts *o, struct rates *
         op.budget_ms = 20;
     double t0 = now_ms();
     const struct kv_pools *p = op.pools;
+    /* a gpu streams far more than a cpu in the same time: larger passes and more rows, so
+     * launches do not dominate and every SM has work */
+    const struct pass_shape own =
+        op.gpu >= 0 ? (struct pass_shape){GPU_PASS_BYTES, MAX_SEQS} : CPU_TAIL_PASS;
     int rc = attn_rate(be, op.layout, &op.attn, KV_DEVICE,
-                       p->base[KV_DEVICE] ? p->n_blocks[KV_DEVICE] : 0, op.gpu >= 0, op.budget_ms,
-                       &out->attn_device_gbps);
+                       p->base[KV_DEVICE] ? p->n_blocks[KV_DEVICE] : 0, own, op.gpu >= 0,
+                       op.budget_ms, &out->attn_device_gbps);
     if (rc == 0)
         rc =
             attn_rate(be, op.layout, &op.attn, KV_HOST, p->base[KV_HOST] ? p->n_blocks[KV_HOST] : 0,
-                      op.gpu >= 0, op.budget_ms, &out->attn_host_gbps);
+                      own, op.gpu >= 0, op.budget_ms, &out->attn_host_gbps);
     if (rc == 0 && op.gpu >= 0) {
         rc = copy_rate(&op, &out->pcie_h2d_gbps);
         if (rc == 0)
-            rc = cpu_attn_rate(&op, &out->attn_cpu_gbps);
+            rc = cpu_attn_rate(&op, CPU_TAIL_PASS, &out->attn_cpu_gbps);
+        if (rc == 0)
+            rc = rates_split(&op, &out->split);
     } else if (rc == 0) {
         /* cpu backend: its host attention is the cpu rate; no link, so the
          * host-stream rate is what a memcpy out of the host pool moves */

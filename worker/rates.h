@@ -41,12 +41,26 @@
 
 #define RATES_MAX_BYTES ((uint64_t)16 << 20)
 
+/*
+ * The split host read's rates (cuda backend; rates_split): the cpu backend's attention over one
+ * decode row of up to 1 GiB of host blocks (a tail as long as those the split takes), timed
+ * while a second thread keeps the link reading the same host pool into device memory, as a split
+ * layer runs them. Both share the host's memory, so each is measured beside the other. Not sent
+ * to kvmgr: the worker sets the split's share from them.
+ */
+struct split_rates {
+    double cpu_gbps;      /* the cpu's attention meanwhile */
+    double link_gbps;     /* what the link moved meanwhile */
+    uint32_t link_pieces; /* its 64 MiB copies in that time (after the first) */
+};
+
 struct rates {
     double pcie_h2d_gbps;
     double attn_device_gbps;
     double attn_host_gbps;
     double attn_cpu_gbps;
-    double elapsed_ms; /* the whole measurement */
+    struct split_rates split; /* cuda only; 0 where not measured */
+    double elapsed_ms;        /* the whole measurement */
 };
 
 struct rates_opts {
@@ -61,5 +75,9 @@ struct rates_opts {
 /* measures every rate with be (the worker's backend, set_kv already done on
  * o->pools). 0 or a negative RKV_E* code; rates it could not measure are 0. */
 int rates_measure(struct backend *be, const struct rates_opts *o, struct rates *out);
+
+/* the split's rates alone, over o->pools' host pool (o->gpu -1: the link's stand-in is a
+ * memcpy, for tests). 0 or a negative RKV_E* code; a link that cannot run leaves out at 0 */
+int rates_split(const struct rates_opts *o, struct split_rates *out);
 
 #endif

@@ -86,11 +86,52 @@ static void test_empty_pool(void **state)
     backend_free(be);
 }
 
+/* the split's rates: the cpu attends one long row of the host pool while a second thread keeps
+ * the link (here its stand-in, a memcpy out of the same pool) reading it */
+static void test_split_rates(void **state)
+{
+    (void)state;
+    struct kv_layout l;
+    assert_int_equal(kv_layout_init(&l, 64, 4, 2, 16, KV_F16), 0);
+    struct kv_local *k;
+    assert_int_equal(kv_local_init(&k, &l, 4, 48), 0);
+    struct kv_pools p = *kv_local_pools(k);
+    uint16_t *h = p.base[KV_HOST];
+    size_t n = (size_t)p.n_blocks[KV_HOST] * kv_block_bytes(&l) / sizeof *h;
+    for (size_t i = 0; i < n; i++)
+        h[i] = (uint16_t)(0x3000 + i % 0x800); /* finite f16 values */
+    struct rates_opts o = {&l, &p, {4, 2, 16, 0.25f}, -1, 2, 10};
+    struct split_rates sr;
+    assert_int_equal(rates_split(&o, &sr), 0);
+    check_rate(sr.cpu_gbps);
+    check_rate(sr.link_gbps);
+    /* the link ran beside the cpu: pieces landed while the cpu attended */
+    assert_true(sr.link_pieces >= 1);
+    print_message("split: cpu %.2f GB/s beside the link's stand-in %.2f (%u pieces)\n", sr.cpu_gbps,
+                  sr.link_gbps, sr.link_pieces);
+    assert_true(h[7] == (uint16_t)(0x3000 + 7) && h[n - 1] == (uint16_t)(0x3000 + (n - 1) % 0x800));
+
+    /* no host pool: nothing to measure, nothing failed */
+    p.n_blocks[KV_HOST] = 0;
+    assert_int_equal(rates_split(&o, &sr), 0);
+    assert_true(sr.cpu_gbps == 0 && sr.link_gbps == 0 && sr.link_pieces == 0);
+#if RKV_CUDA
+    /* a link that cannot run (no such gpu): the rates stay 0, so the worker falls back on the
+     * rates measured apart, and the call does not fail */
+    p.n_blocks[KV_HOST] = kv_local_pools(k)->n_blocks[KV_HOST];
+    o.gpu = 9999;
+    assert_int_equal(rates_split(&o, &sr), 0);
+    assert_true(sr.cpu_gbps == 0 && sr.link_gbps == 0);
+#endif
+    kv_local_free(k);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cpu_rates),
         cmocka_unit_test(test_empty_pool),
+        cmocka_unit_test(test_split_rates),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
