@@ -144,11 +144,11 @@ static void rmsnorm_rows(void *v, uint32_t r0, uint32_t r1, uint32_t thread)
 static void silu_mul_rows(void *v, uint32_t r0, uint32_t r1, uint32_t thread)
 {
     struct rows_arg *ra = v;
-    const size_t c = ra->a->cols, b = r0 * c, e = r1 * c;
+    const size_t c = ra->a->cols;
     const float *g = ra->a->data, *u = ra->b->data;
     float *y = ra->out->data;
-    for (size_t i = b; i < e; i++)
-        y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    for (size_t r = r0; r < r1; r++)
+        cpu_silu_mul_row(y + r * c, g + r * c, u + r * c, c);
 }
 
 static void add_rows(void *v, uint32_t r0, uint32_t r1, uint32_t thread)

@@ -147,6 +147,11 @@ void cpu_store_kv(enum kv_dtype t, void *dst, const float *src, size_t n)
 }
 
 #ifdef CPU_AVX2
+/* glibc's vector expf (libmvec, which libm's link script brings in): eight lanes, within 1 ulp
+ * of expf. A scalar expf a score was most of the f16 attention chunk's time (a call per head
+ * and key: one thread's attention 5.4 -> 7.3 GB/s with it, llama3-8b shape, 4k keys) */
+extern __m256 _ZGVdN8v_expf(__m256 x);
+
 static inline float hsum8(__m256 v)
 {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -304,6 +309,32 @@ void cpu_scale(float *y, float a, size_t n)
 #endif
     for (; i < n; i++)
         y[i] *= a;
+}
+
+void cpu_silu_mul_row(float *y, const float *g, const float *u, size_t n)
+{
+#ifdef CPU_AVX2
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    for (size_t i = 0; i < n; i += 8) {
+        float tg[8] = {0}, tu[8] = {0}, ty[8];
+        const size_t k = n - i < 8 ? n - i : 8;
+        const int whole = k == 8;
+        if (!whole) { /* the row's last lanes, padded: the same exp as every other element */
+            memcpy(tg, g + i, k * sizeof(float));
+            memcpy(tu, u + i, k * sizeof(float));
+        }
+        const __m256 gv = _mm256_loadu_ps(whole ? g + i : tg);
+        const __m256 e = _ZGVdN8v_expf(_mm256_sub_ps(zero, gv));
+        const __m256 yv = _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)),
+                                        _mm256_loadu_ps(whole ? u + i : tu));
+        _mm256_storeu_ps(whole ? y + i : ty, yv);
+        if (!whole)
+            memcpy(y + i, ty, k * sizeof(float));
+    }
+#else
+    for (size_t i = 0; i < n; i++)
+        y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+#endif
 }
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__AVX512F__)
@@ -652,23 +683,74 @@ static inline void attn_pf_step(struct attn_pf *pf)
     pf->off += ATTN_PF_STEP;
 }
 
+#ifdef CPU_AVX2
+/* eight scores from sh + c, lanes past nc padded with pad */
+static inline __m256 score_load8(const float *sh, uint32_t c, uint32_t nc, float pad)
+{
+    if (c + 8 <= nc)
+        return _mm256_loadu_ps(sh + c);
+    float t[8];
+    for (uint32_t i = 0; i < 8; i++)
+        t[i] = c + i < nc ? sh[c + i] : pad;
+    return _mm256_loadu_ps(t);
+}
+
+static inline void score_store8(float *sh, uint32_t c, uint32_t nc, __m256 v)
+{
+    if (c + 8 <= nc) {
+        _mm256_storeu_ps(sh + c, v);
+        return;
+    }
+    float t[8];
+    _mm256_storeu_ps(t, v);
+    for (uint32_t i = 0; c + i < nc; i++)
+        sh[c + i] = t[i];
+}
+#endif
+
 /* one online-softmax step of a head over a chunk's nc scores: scaled, they become the weights p;
- * *m and *l move on; returns the rescale of the output so far */
+ * *m and *l move on; returns the rescale of the output so far. Every score takes the same path
+ * (a chunk's last lanes padded), so a key's weight does not depend on where its chunk ends */
 static float attn_softmax_chunk(float *sh, uint32_t nc, float scale, float *m, float *l)
 {
     float cmax = -INFINITY;
+#ifdef CPU_AVX2
+    const __m256 sv = _mm256_set1_ps(scale);
+    __m256 mv = _mm256_set1_ps(-INFINITY);
+    for (uint32_t c = 0; c < nc; c += 8) {
+        const __m256 x = _mm256_mul_ps(score_load8(sh, c, nc, -INFINITY), sv);
+        score_store8(sh, c, nc, x);
+        mv = _mm256_max_ps(mv, x);
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    cmax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+#else
     for (uint32_t c = 0; c < nc; c++) {
         sh[c] *= scale;
         cmax = sh[c] > cmax ? sh[c] : cmax;
     }
+#endif
     float mnew = cmax > *m ? cmax : *m;
     float corr = *m == -INFINITY ? 0.0f : expf(*m - mnew);
-    float lsum = *l * corr;
+    float lsum = 0.0f;
+#ifdef CPU_AVX2
+    const __m256 mn = _mm256_set1_ps(mnew);
+    __m256 acc = _mm256_setzero_ps();
+    for (uint32_t c = 0; c < nc; c += 8) {
+        /* padded lanes: exp(-inf) = 0 */
+        const __m256 p = _ZGVdN8v_expf(_mm256_sub_ps(score_load8(sh, c, nc, -INFINITY), mn));
+        score_store8(sh, c, nc, p); /* now the weights p */
+        acc = _mm256_add_ps(acc, p);
+    }
+    lsum = hsum8(acc);
+#else
     for (uint32_t c = 0; c < nc; c++) {
         sh[c] = expf(sh[c] - mnew); /* now the weights p */
         lsum += sh[c];
     }
-    *l = lsum;
+#endif
+    *l = *l * corr + lsum;
     *m = mnew;
     return corr;
 }

@@ -23,6 +23,9 @@ void cpu_dot4(const float *x, const float *w0, const float *w1, const float *w2,
 /* y += a * x */
 void cpu_axpy(float *y, float a, const float *x, size_t n);
 void cpu_scale(float *y, float a, size_t n);
+/* y = silu(g) * u = g / (1 + exp(-g)) * u, every element by the same exp (glibc's vector expf
+ * where the cpu has avx2), so an element's bits do not depend on where its row is cut */
+void cpu_silu_mul_row(float *y, const float *g, const float *u, size_t n);
 
 /* matmul kernels: avx-512 when the cpu has it (mode -1, the default), or
  * never (0) / whenever possible (1); for tests and benchmarks */

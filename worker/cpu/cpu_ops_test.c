@@ -371,6 +371,37 @@ static void test_embed_rmsnorm_silu_add_rows(void **state)
     free(wd);
 }
 
+/* silu(g) * u by rows of any length: against double, with the exp's extremes, and every element
+ * the same bits whether it stands in a row's vectors or in its padded last lanes */
+static void test_silu_row(void **state)
+{
+    (void)state;
+    enum { N = 19 };
+    float g[N], u[N], whole[N], part[N];
+    fill(g, N, 6.0f);
+    fill(u, N, 2.0f);
+    g[3] = -100.0f; /* exp overflows: -0 */
+    g[9] = 100.0f;  /* exp underflows: g itself */
+    g[17] = 88.0f;
+    g[18] = -88.5f;
+    cpu_silu_mul_row(whole, g, u, N);
+    double ref[N];
+    for (int i = 0; i < N; i++)
+        ref[i] = g[i] / (1.0 + exp(-(double)g[i])) * u[i];
+    assert_int_equal(check_close("silu row", whole, ref, N, 1e-30, 1e-6), 0);
+    assert_true(whole[3] == 0.0f && whole[9] == 100.0f * u[9]);
+    for (int n = 1; n <= N; n++) {
+        memset(part, 0xff, sizeof part);
+        cpu_silu_mul_row(part, g, u, (size_t)n);
+        assert_memory_equal(part, whole, (size_t)n * sizeof(float));
+        for (int i = n; i < N; i++) /* nothing past the row written */
+            assert_true(isnan(part[i]));
+        /* and from any start: the element's bits, not its lane */
+        cpu_silu_mul_row(part, g + N - n, u + N - n, (size_t)n);
+        assert_memory_equal(part, whole + N - n, (size_t)n * sizeof(float));
+    }
+}
+
 /* enough rows that the elementwise ops split across threads */
 static void test_rows_parallel(void **state)
 {
@@ -852,6 +883,7 @@ int main(void)
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_matmul2),
         cmocka_unit_test(test_embed_rmsnorm_silu_add_rows),
+        cmocka_unit_test(test_silu_row),
         cmocka_unit_test(test_rows_parallel),
         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_attention),
