@@ -14,7 +14,7 @@ ARCH=$(grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo && echo -march=
 CFLAGS="-O2 -g -std=c11 -pthread -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers $ARCH -fno-strict-aliasing -I. -I$CUDA_HOME/include -D_GNU_SOURCE -DRKV_CUDA=1"
 NVFLAGS="-O3 -g -std=c++17 -I. -Xcompiler -fPIC,-Wall -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 -DRKV_CUDA=1"
 # the engine without its process shell: backend selection and ops, kv, model, forward, cpu
-LIB_C="common/err.c common/log.c common/util.c $(ls worker/backend*.c) worker/kv.c worker/model.c worker/forward.c worker/pool.c worker/sample.c
+LIB_C="common/err.c common/log.c common/util.c $(ls worker/backend*.c) worker/kv.c worker/model.c worker/forward.c worker/pool.c worker/sample.c worker/rates.c
        $(ls worker/cpu/*.c | grep -v _test.c) tests/gpu/gpu_util.c tests/gpu/gpu_model.c"
 CU=$(ls worker/cuda/*.cu)
 

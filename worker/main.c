@@ -253,13 +253,9 @@ static void apply_host_split(struct worker *w, int cpu_tail)
     if (!w->on_gpu || !w->c.host_split)
         return;
     const struct rates *r = &w->rates;
-    /* the rates measured side by side where there are some: the gpu's part is read at the
-     * slower of the link beside the cpu and the gpu's own host attention */
-    double cpu = r->split.cpu_gbps > 0 ? r->split.cpu_gbps : r->attn_cpu_gbps,
-           gpu = r->attn_host_gbps;
-    if (r->split.cpu_gbps > 0 && r->split.link_gbps > 0 && (gpu <= 0 || r->split.link_gbps < gpu))
-        gpu = r->split.link_gbps;
-    uint32_t pct = w->c.host_split > 0 ? (uint32_t)w->c.host_split : rkv_host_split_auto(gpu, cpu);
+    double cpu, gpu;
+    const uint32_t auto_pct = rates_split_share(r, &cpu, &gpu);
+    uint32_t pct = w->c.host_split > 0 ? (uint32_t)w->c.host_split : auto_pct;
     if (cpu_tail || (w->c.deterministic && w->c.host_split < 0))
         pct = 0; /* the default (-1) stays quiet where the split cannot run */
     const int learn = w->c.host_split < 0;

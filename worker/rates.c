@@ -10,6 +10,7 @@
 
 #include "common/err.h"
 #include "common/log.h"
+#include "common/util.h"
 #include "worker/cpu/cpu_backend.h"
 #if RKV_CUDA
 #include "worker/cuda/cuda_backend.h"
@@ -334,6 +335,19 @@ int rates_split(const struct rates_opts *o, struct split_rates *out)
     out->link_gbps = ll.t1 > ll.t0 ? (double)ll.bytes / ((ll.t1 - ll.t0) * 1e6) : 0;
     out->link_pieces = ll.pieces;
     return 0;
+}
+
+uint32_t rates_split_share(const struct rates *r, double *cpu_gbps, double *gpu_gbps)
+{
+    double cpu = r->split.cpu_gbps > 0 ? r->split.cpu_gbps : r->attn_cpu_gbps,
+           gpu = r->attn_host_gbps;
+    if (r->split.cpu_gbps > 0 && r->split.link_gbps > 0 && (gpu <= 0 || r->split.link_gbps < gpu))
+        gpu = r->split.link_gbps;
+    if (cpu_gbps)
+        *cpu_gbps = cpu;
+    if (gpu_gbps)
+        *gpu_gbps = gpu;
+    return rkv_host_split_auto(gpu, cpu);
 }
 
 int rates_measure(struct backend *be, const struct rates_opts *o, struct rates *out)

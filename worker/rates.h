@@ -76,6 +76,12 @@ struct rates_opts {
  * o->pools). 0 or a negative RKV_E* code; rates it could not measure are 0. */
 int rates_measure(struct backend *be, const struct rates_opts *o, struct rates *out);
 
+/* the split host read's share (percent of a decode row's host blocks on the cpu) from r: the
+ * cpu's and the link's rates measured side by side where there are some (the gpu's part at the
+ * slower of the link beside the cpu and the gpu's own host attention), else the rates measured
+ * apart; 0 where a rate is unknown. The rates it used go to *cpu_gbps / *gpu_gbps (may be NULL) */
+uint32_t rates_split_share(const struct rates *r, double *cpu_gbps, double *gpu_gbps);
+
 /* the split's rates alone, over o->pools' host pool (o->gpu -1: the link's stand-in is a
  * memcpy, for tests). 0 or a negative RKV_E* code; a link that cannot run leaves out at 0 */
 int rates_split(const struct rates_opts *o, struct split_rates *out);

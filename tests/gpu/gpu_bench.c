@@ -20,6 +20,7 @@
 #include "worker/cuda/cuda_backend.h"
 #include "worker/forward.h"
 #include "worker/pool.h"
+#include "worker/rates.h"
 
 static struct rkv_cuda_ceilings ceil_;
 static FILE *js;
@@ -522,6 +523,16 @@ static void host_counts(struct backend *be, int print)
         printf("    %.*s\n", (int)(e - st), st);
 }
 
+/* the bound of a decode step (s) of ns sessions with n_host of their nbs blocks on host: the
+ * weights and the device kv at HBM speed, or the host kv over the link, whichever is longer */
+static double step_bound(double wbytes, double block_bytes, uint32_t ns, uint32_t nbs,
+                         uint32_t n_host, double hbm, double pcie)
+{
+    double t_hbm = (wbytes + (double)ns * (nbs - n_host) * block_bytes) / hbm,
+           t_pcie = (double)ns * n_host * block_bytes / pcie;
+    return t_hbm > t_pcie ? t_hbm : t_pcie;
+}
+
 static int bench_model(struct backend *be, int quick, const char *preset, int decode, int prefill)
 {
     struct model_hparams hp = {MODEL_LLAMA, 32,     4096,   14336, 32,        8,    128,
@@ -608,10 +619,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
                                     : (struct kv_block_ref){j, KV_DEVICE};
             int32_t tok = 1;
             struct fwd_seq s = {&tok, 1, ctx - 1, tab, n};
-            double host_b = (double)n_host * 256 * kv_per_tok,
-                   dev_b = (double)(n - n_host) * 256 * kv_per_tok;
-            double t_hbm = (wbytes + dev_b) / hbm, t_pcie = host_b / pcie;
-            double bound = t_hbm > t_pcie ? t_hbm : t_pcie;
+            double bound = step_bound(wbytes, 256 * kv_per_tok, 1, n, n_host, hbm, pcie);
             int steps = (int)(2.0 / bound);
             steps = steps < 3 ? 3 : steps > 50 ? 50 : steps;
             /* warm-up: two steps, so a cuda graph (recorded on a shape's second step) is too */
@@ -751,14 +759,60 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
             break;
         }
         double t = time_steps(f, ss, NS, 5, &db, 0, NULL, 0, &rc);
-        double host_b = (double)NS * n_host * 256 * kv_per_tok,
-               dev_b = (double)NS * (nbs - n_host) * 256 * kv_per_tok;
-        double t_hbm = (wbytes + dev_b) / hbm, t_pcie = host_b / pcie;
-        double bound = t_hbm > t_pcie ? t_hbm : t_pcie;
+        double bound = step_bound(wbytes, 256 * kv_per_tok, NS, nbs, n_host, hbm, pcie);
         char name[96];
         snprintf(name, sizeof(name), "decode b=16 ctx=4096 host=%.1f%% (tok/s)",
                  100.0 * n_host / nbs);
         record("decode", name, NS / t, "tok/s", NS / bound, bound / t);
+    }
+    /* the split host read at the share the worker's start-up probe picks (worker/rates.c: the
+     * cpu's and the link's rates side by side): the long host tails again, at that share. The
+     * rows above read host blocks over the link alone (RKV_CUDA_HOST_SPLIT=N runs them all at
+     * N instead, and skips these) */
+    if (rc == 0 && !profiled && decode && !getenv("RKV_CUDA_HOST_SPLIT")) {
+        struct rates r;
+        const struct rates_opts ro = {
+            &l, &p, {hp.n_head, hp.n_kv_head, hp.head_dim, 1.0f / sqrtf((float)hp.head_dim)},
+            0,  0,  20};
+        double cpu = 0, gpu = 0;
+        uint32_t pct = 0;
+        if (rates_measure(be, &ro, &r) == 0)
+            pct = rates_split_share(&r, &cpu, &gpu);
+        printf("  split host read: the worker's probe reads the cpu at %.2f GB/s beside the link's "
+               "%.2f (alone: cpu %.2f over one block a layer, link %.2f): %u %% on the cpu\n",
+               cpu, r.split.link_gbps, r.attn_cpu_gbps, r.pcie_h2d_gbps, pct);
+        if (pct && backend_host_split(be, pct, 0) == 0) {
+            /* b=1 at 32k with 50 / 89.8 / 99.2 % on host; 16 sessions at 4k, 4 and 7 eighths */
+            static const struct {
+                uint32_t ns, ctx, host_pm;
+            } rows[] = {{1, 32768, 500},
+                        {1, 32768, 898},
+                        {1, 32768, 992},
+                        {16, 4096, 500},
+                        {16, 4096, 875}};
+            for (size_t ri = 0; ri < sizeof(rows) / sizeof(rows[0]) && rc == 0; ri++) {
+                const uint32_t NS = rows[ri].ns, nbs = rows[ri].ctx / 256;
+                const uint32_t n_host = (uint32_t)((uint64_t)nbs * rows[ri].host_pm / 1000);
+                struct fwd_seq ss[16];
+                int32_t toks[16];
+                /* block j of session s at j * NS + s in either pool, the oldest on host */
+                for (uint32_t s = 0; s < NS; s++) {
+                    for (uint32_t j = 0; j < nbs; j++)
+                        tab[s * nbs + j] =
+                            (struct kv_block_ref){j * NS + s, j < n_host ? KV_HOST : KV_DEVICE};
+                    toks[s] = 1;
+                    ss[s] = (struct fwd_seq){&toks[s], 1, rows[ri].ctx - 1, tab + s * nbs, nbs};
+                }
+                rc = dec_step(f, ss, NS, &db);
+                double t = time_steps(f, ss, NS, NS == 1 ? 12 : 5, &db, 0, NULL, 0, &rc);
+                double bound = step_bound(wbytes, 256 * kv_per_tok, NS, nbs, n_host, hbm, pcie);
+                char name[96];
+                snprintf(name, sizeof(name), "decode b=%u ctx=%u host=%.1f%% split %u%% (tok/s)",
+                         NS, rows[ri].ctx, 100.0 * n_host / nbs, pct);
+                record("decode", name, NS / t, "tok/s", NS / bound, bound / t);
+            }
+            backend_host_split(be, 0, 0);
+        }
     }
     /* prefill: 4k, 16k, 32k resident, with half the kv on host, and with all of it there:
      * as kvmgr serves a prompt when the device has no room for it (each chunk's blocks on
