@@ -159,6 +159,19 @@ static inline float hsum8(__m256 v)
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
+
+/* hsum8 of four vectors at once, as one vector: the same additions in the same order (each
+ * lane's halves, then lanes 0 + 2 and 1 + 3, then those two), so the same bits */
+static inline __m128 hsum8x4(const __m256 v[4])
+{
+    __m128 s[4];
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++)
+        s[k] = _mm_add_ps(_mm256_castps256_ps128(v[k]), _mm256_extractf128_ps(v[k], 1));
+    const __m128 ab = _mm_add_ps(_mm_movelh_ps(s[0], s[1]), _mm_movehl_ps(s[1], s[0]));
+    const __m128 cd = _mm_add_ps(_mm_movelh_ps(s[2], s[3]), _mm_movehl_ps(s[3], s[2]));
+    return _mm_hadd_ps(ab, cd);
+}
 #endif
 
 float cpu_dot(const float *a, const float *b, size_t n)
@@ -213,10 +226,8 @@ static inline __attribute__((always_inline)) void dot4_rows(const float *x, cons
         a2 = _mm256_fmadd_ps(xv, row_load8(w[2], i, f16), a2);
         a3 = _mm256_fmadd_ps(xv, row_load8(w[3], i, f16), a3);
     }
-    s[0] = hsum8(a0);
-    s[1] = hsum8(a1);
-    s[2] = hsum8(a2);
-    s[3] = hsum8(a3);
+    const __m256 acc[4] = {a0, a1, a2, a3};
+    _mm_storeu_ps(s, hsum8x4(acc));
 #endif
     for (; i < n; i++)
         for (int j = 0; j < 4; j++)
@@ -264,11 +275,8 @@ static inline __attribute__((always_inline)) void dot4x2_rows(const float *x0, c
                               row_load8(w[2], i, f16), row_load8(w[3], i, f16)};
         fma2x4(a, b, _mm256_loadu_ps(x0 + i), _mm256_loadu_ps(x1 + i), wv);
     }
-#pragma GCC unroll 4
-    for (int k = 0; k < 4; k++) {
-        s0[k] = hsum8(a[k]);
-        s1[k] = hsum8(b[k]);
-    }
+    _mm_storeu_ps(s0, hsum8x4(a));
+    _mm_storeu_ps(s1, hsum8x4(b));
 #endif
     for (; i < n; i++)
         for (int j = 0; j < 4; j++) {
@@ -596,11 +604,8 @@ static void dot2x4h_f16(const float *const x[4], const uint16_t *k0, const uint1
         }
     }
     float r0[4], r1[4];
-#pragma GCC unroll 4
-    for (int h = 0; h < 4; h++) {
-        r0[h] = hsum8(a[h]);
-        r1[h] = hsum8(b[h]);
-    }
+    _mm_storeu_ps(r0, hsum8x4(a));
+    _mm_storeu_ps(r1, hsum8x4(b));
     for (; i < n; i++) {
         const float w0 = cpu_f16_to_f32(k0[i]), w1 = cpu_f16_to_f32(k1[i]);
         for (int h = 0; h < 4; h++) {
