@@ -133,7 +133,7 @@ struct gpu_state {
     uint64_t fixed_bytes; /* what the gpu held before the slab (weights, cuda contexts, the
                            * worker's kept scratch), read at the first hello; 0 = unknown */
     uint64_t reserve_bytes;
-    double pcie_gbps, dev_attn_gbps, host_attn_gbps, cpu_attn_gbps;
+    double pcie_gbps, dev_attn_gbps, host_attn_gbps, cpu_attn_gbps, split_gbps;
 };
 
 /* pools made off the request loop (pinning a large host pool takes seconds) */
@@ -452,6 +452,7 @@ static int replan(struct kvmgr *k, const char *why)
                                   reserve_of(k, g),        k->gpu[g].pcie_gbps,
                                   k->gpu[g].dev_attn_gbps, k->gpu[g].host_attn_gbps,
                                   k->gpu[g].cpu_attn_gbps};
+        pg[g].split_gbps = k->gpu[g].split_gbps;
         /* no worker has said hello for it: nothing would run a session moved there */
         pg[g].offline = k->gpu[g].worker_pid == 0;
         /* the pool was sized at start: a larger budget cannot grow it */
@@ -1122,6 +1123,7 @@ static int handle(void *ctx, const struct proto_in *in, struct proto_wbuf *reply
         g->dev_attn_gbps = r.attn_device_gbps;
         g->host_attn_gbps = r.attn_host_gbps;
         g->cpu_attn_gbps = r.attn_cpu_gbps;
+        g->split_gbps = r.split_gbps;
         k->dirty = 1;
         *reply_type = PROTO_MSG_OK;
         struct proto_empty ok = {0};

@@ -309,7 +309,8 @@ static enum plan_tactic spill_tactic(const struct plan_input *in, const struct p
     if (in->mode == PLAN_MODE_WINDOW)
         return PLAN_WINDOW;
     /* the worker applies the same rule to the same rates (its --host-attn auto) */
-    return rkv_cpu_tail_faster(g->pcie_h2d_gbps, g->host_stream_gbps, g->cpu_attn_gbps)
+    return rkv_cpu_tail_faster(g->pcie_h2d_gbps, g->host_stream_gbps, g->cpu_attn_gbps,
+                               g->split_gbps)
                ? PLAN_CPU_TAIL
                : PLAN_WINDOW;
 }
@@ -647,6 +648,8 @@ static double tail_rate(const struct plan_input *in, const struct plan_gpu *g)
         r = g->host_stream_gbps;
     if (spill_tactic(in, g) == PLAN_CPU_TAIL)
         r = g->cpu_attn_gbps;
+    else if (g->split_gbps > r)
+        r = g->split_gbps; /* the worker reads a WINDOW tail on the cpu and the link at once */
     return r > 0 ? r : 1.0;
 }
 

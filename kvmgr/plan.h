@@ -103,6 +103,7 @@ struct plan_gpu {
     double dev_attn_gbps;    /* attention over device kv (informational) */
     double host_stream_gbps; /* gpu attention reading host kv (zero-copy); 0 = use pcie */
     double cpu_attn_gbps;    /* cpu attention over host kv */
+    double split_gbps;       /* WINDOW's tail where the worker splits it: cpu and link; 0 = no */
     uint8_t offline;         /* no worker serves it now: never a move or placement target */
 };
 

@@ -243,6 +243,16 @@ static void test_window_water_fill(void **state)
     assert_int_equal(plan_find(p, 3)->reason, PLAN_WHY_CPU_FASTER);
     assert_string_equal(plan_reason_name(plan_find(p, 3)->reason), "cpu_faster");
     plan_free(p);
+    /* ...unless the worker splits its tails, where the cpu and the link read together */
+    g.split_gbps = 110;
+    p = run_plan(&g, 1, 100, s, 4, PLAN_MODE_AUTO, NULL);
+    assert_int_equal(plan_find(p, 3)->tactic, PLAN_WINDOW);
+    plan_free(p);
+    g.split_gbps = 70; /* a split slower than the cpu alone */
+    p = run_plan(&g, 1, 100, s, 4, PLAN_MODE_AUTO, NULL);
+    assert_int_equal(plan_find(p, 3)->tactic, PLAN_CPU_TAIL);
+    plan_free(p);
+    g.split_gbps = 0;
     /* zero-copy reads slower than the cpu count too */
     g.cpu_attn_gbps = 30;
     g.host_stream_gbps = 25;

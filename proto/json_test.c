@@ -61,6 +61,7 @@ static void fill_all(void)
     m_report.attn_device_gbps = 4200.125;
     m_report.attn_host_gbps = 0.1;
     m_report.attn_cpu_gbps = 1.0 / 3.0;
+    m_report.split_gbps = 104.5;
     m_budget_get.gpu = 7;
     m_budget.vram_target_bytes = 24ull << 30;
     m_budget.host_budget_bytes = 1ull << 40;

@@ -50,6 +50,7 @@ static const struct proto_field f_worker_report[] = {
     PROTO_F_F64(struct proto_worker_report, attn_device_gbps, 1, 0.0, 1e6),
     PROTO_F_F64(struct proto_worker_report, attn_host_gbps, 1, 0.0, 1e6),
     PROTO_F_F64(struct proto_worker_report, attn_cpu_gbps, 1, 0.0, 1e6),
+    PROTO_F_F64(struct proto_worker_report, split_gbps, 0, 0.0, 1e6),
 };
 
 static const struct proto_field f_budget_get[] = {

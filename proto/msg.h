@@ -82,6 +82,7 @@ struct proto_worker_report {
     double attn_device_gbps;
     double attn_host_gbps;
     double attn_cpu_gbps;
+    double split_gbps; /* the split host read's rate (cpu and link together); 0 = no split */
 };
 
 struct proto_budget_get {

@@ -223,17 +223,34 @@ static int map_device_pool(struct worker *w, const char *url, size_t bytes)
 }
 
 /* HELLO to kvmgr, map its pools, build the forward state, report rates */
+/* the split host read as this worker runs it where CPU_TAIL does not take its host blocks: the
+ * share (--host-split, or with -1 the cpu's part of the measured rates; 0 off), the two rates it
+ * came from, and the rate it reads a long tail at, the cpu and the gpu at once (0: no split) */
+static uint32_t split_plan(const struct worker *w, double *cpu, double *gpu, double *gbps)
+{
+    *gbps = 0;
+    const uint32_t auto_pct = rates_split_share(&w->rates, cpu, gpu);
+    if (!w->on_gpu || !w->c.host_split)
+        return 0;
+    uint32_t pct = w->c.host_split > 0 ? (uint32_t)w->c.host_split : auto_pct;
+    if (w->c.deterministic && w->c.host_split < 0)
+        pct = 0; /* the default (-1) stays quiet where the split cannot run */
+    if (!w->c.deterministic)
+        *gbps = rkv_host_split_gbps(pct, *gpu, *cpu);
+    return pct;
+}
+
 /* where a spilled session's host blocks are attended on a gpu worker: the rule kvmgr's planner
  * applies to the rates this worker reported (CPU_TAIL when the cpu attends faster than host
- * blocks reach the gpu), or what --host-attn forces */
-static int apply_host_attn(struct worker *w)
+ * blocks reach the gpu, and faster than the split reads them), or what --host-attn forces */
+static int apply_host_attn(struct worker *w, double split_gbps)
 {
     if (!w->on_gpu)
         return 0;
     const struct rates *r = &w->rates;
     int cpu = w->c.host_attn == 2 ||
-              (w->c.host_attn == 0 &&
-               rkv_cpu_tail_faster(r->pcie_h2d_gbps, r->attn_host_gbps, r->attn_cpu_gbps));
+              (w->c.host_attn == 0 && rkv_cpu_tail_faster(r->pcie_h2d_gbps, r->attn_host_gbps,
+                                                          r->attn_cpu_gbps, split_gbps));
     int rc = backend_host_attn_cpu(w->be, cpu);
     if (rc < 0 && cpu)
         log_warn("host blocks stay on the gpu: the cpu cannot attend them here (%s)%s",
@@ -246,18 +263,15 @@ static int apply_host_attn(struct worker *w)
     return rc == 0 && cpu;
 }
 
-/* the split host read's share: --host-split, or with -1 the cpu's part of the measured rates;
- * nothing under CPU_TAIL (the cpu takes every host block already) */
-static void apply_host_split(struct worker *w, int cpu_tail)
+/* sets the split's share pct (split_plan's); nothing under CPU_TAIL (the cpu takes every host
+ * block already). 1 when the split runs */
+static int apply_host_split(struct worker *w, int cpu_tail, uint32_t pct, double cpu, double gpu)
 {
     if (!w->on_gpu || !w->c.host_split)
-        return;
+        return 0;
     const struct rates *r = &w->rates;
-    double cpu, gpu;
-    const uint32_t auto_pct = rates_split_share(r, &cpu, &gpu);
-    uint32_t pct = w->c.host_split > 0 ? (uint32_t)w->c.host_split : auto_pct;
-    if (cpu_tail || (w->c.deterministic && w->c.host_split < 0))
-        pct = 0; /* the default (-1) stays quiet where the split cannot run */
+    if (cpu_tail)
+        pct = 0;
     const int learn = w->c.host_split < 0;
     int rc = backend_host_split(w->be, pct, learn);
     if (rc < 0)
@@ -272,6 +286,7 @@ static void apply_host_split(struct worker *w, int cpu_tail)
                                          : " (measured)");
     else if (rc == 0 && w->c.host_split < 0 && !cpu_tail && !w->c.deterministic)
         log_info("the split host read stays off: no measured cpu or host-read rate");
+    return rc == 0 && pct > 0;
 }
 
 static int attach(struct worker *w)
@@ -367,11 +382,14 @@ static int attach(struct worker *w)
                      r->split.cpu_gbps, r->split.link_gbps);
         w->rates_done = 1;
     }
-    apply_host_split(w, apply_host_attn(w));
+    double split_cpu, split_gpu, split_gbps;
+    const uint32_t split_pct = split_plan(w, &split_cpu, &split_gpu, &split_gbps);
+    const int split_on =
+        apply_host_split(w, apply_host_attn(w, split_gbps), split_pct, split_cpu, split_gpu);
     struct proto_worker_report rep = {
         (uint32_t)w->c.worker_id, w->m->weight_bytes,        w->reserve,
         w->rates.pcie_h2d_gbps,   w->rates.attn_device_gbps, w->rates.attn_host_gbps,
-        w->rates.attn_cpu_gbps};
+        w->rates.attn_cpu_gbps,   split_on ? split_gbps : 0};
     struct proto_empty ok;
     rc = proto_call_json(w->kvmgr, PROTO_MSG_WORKER_REPORT, &rep, PROTO_MSG_OK, &ok, 2000, err,
                          sizeof err);
