@@ -222,7 +222,6 @@ static int map_device_pool(struct worker *w, const char *url, size_t bytes)
     return rc;
 }
 
-/* HELLO to kvmgr, map its pools, build the forward state, report rates */
 /* the split host read as this worker runs it where CPU_TAIL does not take its host blocks: the
  * share (--host-split, or with -1 the cpu's part of the measured rates; 0 off), the two rates it
  * came from, and the rate it reads a long tail at, the cpu and the gpu at once (0: no split) */
@@ -289,6 +288,7 @@ static int apply_host_split(struct worker *w, int cpu_tail, uint32_t pct, double
     return rc == 0 && pct > 0;
 }
 
+/* HELLO to kvmgr, map its pools, build the forward state, report rates */
 static int attach(struct worker *w)
 {
     char err[512];

@@ -191,38 +191,63 @@ static int copy_pass_run(void *u)
     return 0;
 }
 
+/* a copy pass over up to cap bytes of the host pool's blocks (rotate: through its windows) */
+static struct copy_pass copy_pass_of(const struct rates_opts *o, uint64_t cap, int rotate)
+{
+    uint32_t n_pool = o->pools->n_blocks[KV_HOST];
+    uint32_t nb = pass_blocks(o->layout, n_pool, cap);
+    return (struct copy_pass){NULL,
+                              o->pools->base[KV_HOST],
+                              (size_t)nb * kv_block_bytes(o->layout),
+                              pass_windows(n_pool, nb, rotate),
+                              0,
+                              o->gpu};
+}
+
+/* a copy pass's destination: device memory on a gpu (which this makes the calling thread's),
+ * else a malloc. 0 or a negative RKV_E* code */
+static int copy_dst_alloc(struct copy_pass *c)
+{
+#if RKV_CUDA
+    if (c->gpu >= 0)
+        return rkv_cuda_dev_alloc(c->gpu, c->n, &c->dst);
+#endif
+    return (c->dst = malloc(c->n)) ? 0 : RKV_ENOMEM;
+}
+
+static void copy_dst_free(struct copy_pass *c)
+{
+#if RKV_CUDA
+    if (c->gpu >= 0) {
+        if (c->dst)
+            rkv_cuda_dev_free(c->dst);
+        c->dst = NULL;
+        return;
+    }
+#endif
+    free(c->dst);
+    c->dst = NULL;
+}
+
 /* host pool -> a private buffer (device memory on a gpu): GB/s moved */
 static int copy_rate(const struct rates_opts *o, double *gbps)
 {
     *gbps = 0;
-    uint32_t n_pool = o->pools->n_blocks[KV_HOST];
-    uint32_t nb = pass_blocks(o->layout, n_pool, o->gpu >= 0 ? GPU_COPY_BYTES : RATES_MAX_BYTES);
-    if (nb == 0 || !o->pools->base[KV_HOST])
+    struct copy_pass c =
+        copy_pass_of(o, o->gpu >= 0 ? GPU_COPY_BYTES : RATES_MAX_BYTES, o->gpu >= 0);
+    if (c.n == 0 || !c.src)
         return 0;
-    struct copy_pass c = {NULL,
-                          o->pools->base[KV_HOST],
-                          (size_t)nb * kv_block_bytes(o->layout),
-                          pass_windows(n_pool, nb, o->gpu >= 0),
-                          0,
-                          o->gpu};
-    int rc;
-#if RKV_CUDA
-    if (o->gpu >= 0) {
+    int rc = copy_dst_alloc(&c);
+    if (rc && o->gpu >= 0) {
         /* a gpu close to full keeps its kv: the rate stays unknown */
-        if (rkv_cuda_dev_alloc(o->gpu, c.n, &c.dst) < 0) {
-            log_warn("no room on gpu %d for a %zu MiB copy test: pcie rate unknown (0)", o->gpu,
-                     c.n >> 20);
-            return 0;
-        }
-        rc = time_passes(copy_pass_run, &c, c.n, o->budget_ms, gbps);
-        rkv_cuda_dev_free(c.dst);
-        return rc;
+        log_warn("no room on gpu %d for a %zu MiB copy test: pcie rate unknown (0)", o->gpu,
+                 c.n >> 20);
+        return 0;
     }
-#endif
-    if (!(c.dst = malloc(c.n)))
-        return RKV_ENOMEM;
+    if (rc)
+        return rc;
     rc = time_passes(copy_pass_run, &c, c.n, o->budget_ms, gbps);
-    free(c.dst);
+    copy_dst_free(&c);
     return rc;
 }
 
@@ -234,21 +259,26 @@ static int copy_rate(const struct rates_opts *o, double *gbps)
 static const struct pass_shape CPU_TAIL_PASS = {RATES_MAX_BYTES, 16};
 #define SPLIT_PASS_BYTES ((uint64_t)1 << 30)
 
-/* the cpu attention over the host pool, on its own cpu backend (a gpu worker) */
-static int cpu_attn_rate(const struct rates_opts *o, struct pass_shape sh, double *gbps)
+/* a cpu backend (a gpu worker's cpu threads) over the host pool alone */
+static int host_cpu_backend(const struct rates_opts *o, struct backend **cpu)
 {
-    *gbps = 0;
-    struct backend *cpu;
-    int rc = cpu_backend_init(o->cpu_threads, &cpu);
+    int rc = cpu_backend_init(o->cpu_threads, cpu);
     if (rc)
         return rc;
     struct kv_pools host_only = {{NULL, o->pools->base[KV_HOST]}, {0, o->pools->n_blocks[KV_HOST]}};
-    rc = backend_set_kv(cpu, o->layout, &host_only);
-    if (rc == 0)
-        rc = attn_rate(cpu, o->layout, &o->attn, KV_HOST, host_only.n_blocks[KV_HOST], sh, 1,
-                       o->budget_ms, gbps);
-    backend_free(cpu);
+    if ((rc = backend_set_kv(*cpu, o->layout, &host_only))) { /* the pools are copied */
+        backend_free(*cpu);
+        *cpu = NULL;
+    }
     return rc;
+}
+
+/* the cpu attention over the host pool, on cpu (host_cpu_backend's) */
+static int cpu_attn_rate(struct backend *cpu, const struct rates_opts *o, struct pass_shape sh,
+                         double *gbps)
+{
+    return attn_rate(cpu, o->layout, &o->attn, KV_HOST, o->pools->n_blocks[KV_HOST], sh, 1,
+                     o->budget_ms, gbps);
 }
 
 /* the link kept reading the host pool (a gpu: into device memory; the cpu backend's stand-in: a
@@ -266,22 +296,8 @@ struct link_load {
 static void *link_load_run(void *u)
 {
     struct link_load *ll = u;
-    const struct rates_opts *o = ll->o;
-    uint32_t n_pool = o->pools->n_blocks[KV_HOST];
-    uint32_t nb = pass_blocks(o->layout, n_pool, LINK_PIECE_BYTES);
-    struct copy_pass c = {NULL,
-                          o->pools->base[KV_HOST],
-                          (size_t)nb * kv_block_bytes(o->layout),
-                          pass_windows(n_pool, nb, 1),
-                          0,
-                          o->gpu};
-    int rc = RKV_ENOMEM;
-#if RKV_CUDA
-    if (o->gpu >= 0)
-        rc = rkv_cuda_dev_alloc(o->gpu, c.n, &c.dst); /* also makes o->gpu this thread's */
-    else
-#endif
-        rc = (c.dst = malloc(c.n)) ? 0 : RKV_ENOMEM;
+    struct copy_pass c = copy_pass_of(ll->o, LINK_PIECE_BYTES, 1);
+    int rc = copy_dst_alloc(&c);
     if (rc == 0 && (rc = copy_pass_run(&c)) == 0) {
         ll->t0 = now_ms();
         atomic_store(&ll->state, 1);
@@ -294,17 +310,12 @@ static void *link_load_run(void *u)
     ll->rc = rc;
     if (rc)
         atomic_store(&ll->state, -1);
-#if RKV_CUDA
-    if (o->gpu >= 0) {
-        if (c.dst)
-            rkv_cuda_dev_free(c.dst);
-    } else
-#endif
-        free(c.dst);
+    copy_dst_free(&c);
     return NULL;
 }
 
-int rates_split(const struct rates_opts *o, struct split_rates *out)
+/* rates_split on cpu (host_cpu_backend's) */
+static int split_rates_on(struct backend *cpu, const struct rates_opts *o, struct split_rates *out)
 {
     memset(out, 0, sizeof *out);
     if (!o->pools->base[KV_HOST] || o->pools->n_blocks[KV_HOST] == 0)
@@ -317,10 +328,10 @@ int rates_split(const struct rates_opts *o, struct split_rates *out)
         struct timespec ts = {0, 100000};
         nanosleep(&ts, NULL);
     }
-    double cpu = 0;
+    double gbps = 0;
     int rc = atomic_load(&ll.state) < 0
                  ? 0
-                 : cpu_attn_rate(o, (struct pass_shape){SPLIT_PASS_BYTES, 1}, &cpu);
+                 : cpu_attn_rate(cpu, o, (struct pass_shape){SPLIT_PASS_BYTES, 1}, &gbps);
     atomic_store(&ll.stop, 1);
     pthread_join(th, NULL);
     if (rc)
@@ -331,10 +342,24 @@ int rates_split(const struct rates_opts *o, struct split_rates *out)
                  rkv_strerror(ll.rc));
         return 0;
     }
-    out->cpu_gbps = cpu;
+    out->cpu_gbps = gbps;
     out->link_gbps = ll.t1 > ll.t0 ? (double)ll.bytes / ((ll.t1 - ll.t0) * 1e6) : 0;
     out->link_pieces = ll.pieces;
     return 0;
+}
+
+int rates_split(const struct rates_opts *o, struct split_rates *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!o->pools->base[KV_HOST] || o->pools->n_blocks[KV_HOST] == 0)
+        return 0;
+    struct backend *cpu;
+    int rc = host_cpu_backend(o, &cpu);
+    if (rc == 0) {
+        rc = split_rates_on(cpu, o, out);
+        backend_free(cpu);
+    }
+    return rc;
 }
 
 uint32_t rates_split_share(const struct rates *r, double *cpu_gbps, double *gpu_gbps)
@@ -371,10 +396,14 @@ int rates_measure(struct backend *be, const struct rates_opts *o, struct rates *
                       own, op.gpu >= 0, op.budget_ms, &out->attn_host_gbps);
     if (rc == 0 && op.gpu >= 0) {
         rc = copy_rate(&op, &out->pcie_h2d_gbps);
-        if (rc == 0)
-            rc = cpu_attn_rate(&op, CPU_TAIL_PASS, &out->attn_cpu_gbps);
-        if (rc == 0)
-            rc = rates_split(&op, &out->split);
+        /* one cpu backend (its threads) for CPU_TAIL's pass and the split's */
+        struct backend *cpu = NULL;
+        if (rc == 0 && op.pools->base[KV_HOST] && (rc = host_cpu_backend(&op, &cpu)) == 0) {
+            rc = cpu_attn_rate(cpu, &op, CPU_TAIL_PASS, &out->attn_cpu_gbps);
+            if (rc == 0)
+                rc = split_rates_on(cpu, &op, &out->split);
+            backend_free(cpu);
+        }
     } else if (rc == 0) {
         /* cpu backend: its host attention is the cpu rate; no link, so the
          * host-stream rate is what a memcpy out of the host pool moves */

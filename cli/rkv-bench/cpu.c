@@ -1,7 +1,5 @@
 /* cpu.c - the cpu suite: prefill and decode tok/s per model, attention cost of a host split. */
 #include <math.h>
-#include <pthread.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +12,7 @@
 #include "worker/engine.h"
 #include "worker/forward.h"
 #include "worker/kv.h"
+#include "worker/pool.h"
 
 #define BATCH 8
 
@@ -249,76 +248,54 @@ struct tail_result {
     uint32_t ctx, read_threads;
 };
 
-/* one thread's slice of a parallel read of the pool: once *go is 1, reps rounds, each between
- * two barriers (go -1: a thread did not start, nothing is read) */
-struct read_slice {
+/* a parallel read of the pool: item i is the i-th of n slices of words 64-bit words */
+struct pool_read {
     const uint64_t *p;
-    size_t n;
-    int reps;
-    pthread_barrier_t *bar;
-    const int *go;
+    size_t words;
+    uint32_t n;
     uint64_t sink;
 };
 
-static void *read_slice_run(void *v)
+static void pool_read_chunk(void *v, uint32_t begin, uint32_t end, uint32_t thread)
 {
-    struct read_slice *r = v;
-    int go;
-    while ((go = __atomic_load_n(r->go, __ATOMIC_ACQUIRE)) == 0)
-        sched_yield();
-    for (int k = 0; go > 0 && k < r->reps; k++) {
-        pthread_barrier_wait(r->bar);
-        uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-        size_t i = 0;
-        for (; i + 4 <= r->n; i += 4) {
+    struct pool_read *r = v;
+    const size_t per = (r->words + r->n - 1) / r->n;
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (uint32_t k = begin; k < end; k++) {
+        const size_t a = (size_t)k * per < r->words ? (size_t)k * per : r->words;
+        const size_t e = a + per < r->words ? a + per : r->words;
+        size_t i = a;
+        for (; i + 4 <= e; i += 4) {
             s0 += r->p[i];
             s1 += r->p[i + 1];
             s2 += r->p[i + 2];
             s3 += r->p[i + 3];
         }
-        for (; i < r->n; i++)
+        for (; i < e; i++)
             s0 += r->p[i];
-        r->sink += s0 + s1 + s2 + s3;
-        pthread_barrier_wait(r->bar);
     }
-    return NULL;
+    /* kept, so the reads are not dropped */
+    __atomic_fetch_add(&r->sink, s0 + s1 + s2 + s3, __ATOMIC_RELAXED);
 }
 
 /* the host's read ceiling for the cpu's attention: bytes at base read by n_th threads at once
- * (a slice each), best of reps, GB/s; 0 when the threads cannot start */
+ * (the worker's thread pool, a slice each), best of reps, GB/s; 0 when the threads cannot
+ * start */
 static double pool_read_gbps(const void *base, size_t bytes, uint32_t n_th, int reps)
 {
-    pthread_barrier_t bar;
-    int go = 0;
-    struct read_slice *sl = calloc(n_th ? n_th : 1, sizeof(*sl));
-    pthread_t *th = calloc(n_th ? n_th : 1, sizeof(*th));
-    const size_t words = bytes / 8, per = n_th ? (words + n_th - 1) / n_th : 0;
-    uint32_t started = 0;
-    for (uint32_t i = 0; sl && th && i < n_th; i++) {
-        const size_t a = (size_t)i * per < words ? (size_t)i * per : words;
-        const size_t e = a + per < words ? a + per : words;
-        sl[i] = (struct read_slice){(const uint64_t *)base + a, e - a, reps, &bar, &go, 0};
-        if (pthread_create(&th[i], NULL, read_slice_run, &sl[i]) != 0)
-            break;
-        started++;
-    }
-    const int all = n_th > 0 && started == n_th && pthread_barrier_init(&bar, NULL, n_th + 1) == 0;
-    __atomic_store_n(&go, all ? 1 : -1, __ATOMIC_RELEASE);
+    struct pool *pl;
+    if (n_th == 0 || pool_init(&pl, n_th) != 0)
+        return 0;
+    struct pool_read r = {base, bytes / 8, n_th, 0};
     double best = 1e30;
-    for (int k = 0; all && k < reps; k++) {
-        pthread_barrier_wait(&bar);
+    for (int k = 0; k < reps; k++) {
         double t0 = bench_now_s();
-        pthread_barrier_wait(&bar);
+        pool_run(pl, pool_read_chunk, &r, n_th, 1);
         double dt = bench_now_s() - t0;
         best = dt < best ? dt : best;
     }
-    for (uint32_t i = 0; i < started; i++)
-        pthread_join(th[i], NULL);
-    if (all)
-        pthread_barrier_destroy(&bar);
-    free(sl);
-    free(th);
-    return all && best < 1e30 ? (double)bytes / best / 1e9 : 0;
+    pool_free(pl);
+    return best < 1e30 ? (double)bytes / best / 1e9 : 0;
 }
 
 /* what CPU_TAIL (and the split host read) ask of the cpu: one decode row of a llama3-8b-shaped
