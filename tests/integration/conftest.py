@@ -160,13 +160,15 @@ class Rkvd:
 
     # --- children ---
 
-    def child_pid(self, comm, timeout=10):
-        """pid of the live child named comm ("rkv-worker", "rkv-kvmgr")"""
+    def child_pid(self, comm, timeout=10, other_than=None):
+        """pid of the live child named comm ("rkv-worker", "rkv-kvmgr"); with other_than, one
+        that is not that pid (a killed child shows as live until its exit has torn it down)"""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for pid in _pids():
                 st = _proc_stat(pid)
-                if st and st[0] == comm and st[2] == self.proc.pid and st[1] != "Z":
+                if (st and st[0] == comm and st[2] == self.proc.pid and st[1] != "Z"
+                        and pid != other_than):
                     return pid
             time.sleep(0.02)
         raise AssertionError(f"rkvd has no live {comm} child")

@@ -78,8 +78,8 @@ class Streams:
         return self
 
 
-def baseline(srv, ps, sampling=None):
-    s = Streams(srv, ps, sampling=sampling).start().join()
+def baseline(srv, ps, sampling=None, max_tokens=N_TOK):
+    s = Streams(srv, ps, max_tokens=max_tokens, sampling=sampling).start().join()
     assert s.error == [None] * len(ps), s.error
     assert s.finish == ["length"] * len(ps)
     return s.text
@@ -88,11 +88,12 @@ def baseline(srv, ps, sampling=None):
 def test_worker_sigkill_during_16_streams(rkvd_factory):
     srv = rkvd_factory()
     ps = prompts(16)
-    want = baseline(srv, ps)
+    # long enough that the kill lands while they run (300 tokens could end first)
+    want = baseline(srv, ps, max_tokens=1200)
     restarts0 = srv.metric("rkv:worker_restarts_total")
     worker = srv.child_pid("rkv-worker")
 
-    s = Streams(srv, ps).start()
+    s = Streams(srv, ps, max_tokens=1200).start()
     running = s.wait_all_started()
     prefill0 = srv.metric("rkv:prefill_tokens_total")
     os.kill(worker, signal.SIGKILL)
@@ -104,7 +105,7 @@ def test_worker_sigkill_during_16_streams(rkvd_factory):
     assert s.finish == ["length"] * 16
     for i in range(16):
         assert s.text[i] == want[i], f"stream {i} differs after the worker restart"
-    assert srv.child_pid("rkv-worker") != worker
+    assert srv.child_pid("rkv-worker", other_than=worker) != worker
     assert srv.metric("rkv:worker_restarts_total") == restarts0 + 1
     srv.wait_healthy()
 
@@ -150,7 +151,7 @@ def test_kvmgr_sigkill_during_streams(rkvd_factory, ref, workers):
         assert status is None or status >= 500, f"stream {i}: {e!r}"
 
     # rkvd serves again on a new kvmgr, with the same answers
-    assert srv.child_pid("rkv-kvmgr") != kvmgr
+    assert srv.child_pid("rkv-kvmgr", other_than=kvmgr) != kvmgr
     srv.wait_healthy()
     c = openai.OpenAI(base_url=srv.base_url, api_key="none", max_retries=0, timeout=60)
     want = ref.gen("after the kvmgr restart", n=12)
@@ -364,7 +365,7 @@ def test_request_during_a_worker_restart_waits_for_it(rkvd_factory, ref):
                                     "temperature": 0})
     assert st == 200, data
     assert json.loads(data)["choices"][0]["text"] == ref.gen("while it restarts", n=8)["text"]
-    assert srv.child_pid("rkv-worker") != worker
+    assert srv.child_pid("rkv-worker", other_than=worker) != worker
 
 
 def test_worker_silent_after_its_restart_is_dialed_anew(rkvd_factory):
