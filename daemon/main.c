@@ -280,8 +280,9 @@ static void on_request(struct http_req *req, void *arg)
     if (strcmp(path, "/metrics") == 0) {
         char *text;
         size_t len;
-        struct sched_stats st;
-        sched_get_stats(d->sched, &st);
+        /* as of this scrape, not of the last second's tick (a scrape right after the start
+         * found no sample) */
+        metric_set(d->m_health, NULL, healthy(d, (char[128]){0}, 128));
         if (metrics_render(d->metrics, &text, &len) != 0) {
             http_respond(req, 500, "text/plain", "out of memory\n", 14);
             return;

@@ -111,7 +111,8 @@ struct sched {
     void *authorize_ud;
     /* metric families */
     struct metric *m_running, *m_waiting, *m_prompt, *m_gen, *m_ttft, *m_itl, *m_e2e, *m_queue,
-        *m_hits, *m_queries, *m_prefill, *m_success, *m_sessions, *m_sess_moved, *m_ahead, *m_multi;
+        *m_hits, *m_queries, *m_prefill, *m_success, *m_sessions, *m_sess_moved, *m_ahead, *m_multi,
+        *m_iter;
 };
 
 /* failing steps go on being retried at least this long (a child's restart) */
@@ -996,8 +997,8 @@ void sched_job_done(struct sched *s, struct step_job *j)
         if (ws->failures++ == 0)
             ws->first_failure_ms = rkv_now_ms();
         uint32_t w = j->worker;
-        log_ratelimited(RKV_LOG_WARN, 5000, 5, "step on worker %u failed (%s); attempt %u of %u",
-                        w, j->err, ws->failures, s->cfg.max_retries);
+        log_ratelimited(RKV_LOG_WARN, 5000, 5, "step on worker %u failed (%s); attempt %u of %u", w,
+                        j->err, ws->failures, s->cfg.max_retries);
         free(j);
         /* a restarting child (kvmgr: backoff, then pools once a worker says
          * hello) fails steps for a second or more: give up only after a
@@ -1025,6 +1026,9 @@ void sched_job_done(struct sched *s, struct step_job *j)
     /* texts rendered and streamed after the next step is sent (NULL: all now) */
     struct text_later *later = j->n_seqs ? malloc(j->n_seqs * sizeof *later) : NULL;
     uint32_t n_later = 0;
+    /* the tokens each of the job's steps computed: the first step's prompt and decode
+     * tokens, then one a sequence that took part in each later decode step */
+    uint32_t step_tokens[PROTO_MAX_DECODE_STEPS] = {0};
     for (uint32_t i = 0; i < j->n_seqs; i++) {
         struct job_seq *js = &j->seqs[i];
         struct seq *q = rkv_map_get(&s->by_sid, js->sid);
@@ -1064,6 +1068,9 @@ void sched_job_done(struct sched *s, struct step_job *j)
         }
         progress = 1;
         q->stalled = 0;
+        step_tokens[0] += js->n_tokens;
+        for (uint8_t m = 0; js->sample && m < js->n_more && m + 1 < PROTO_MAX_DECODE_STEPS; m++)
+            step_tokens[m + 1]++;
         if (js->n_tokens)
             q->sess->worker_knows = 1; /* it ran there (not all found shared) */
         q->sess->kvmgr_knows = 1;
@@ -1104,6 +1111,8 @@ void sched_job_done(struct sched *s, struct step_job *j)
                 break;
         }
     }
+    for (uint32_t k = 0; k < PROTO_MAX_DECODE_STEPS && step_tokens[k]; k++)
+        metric_observe(s->m_iter, model_label(s), step_tokens[k]);
     if (j->n_steps && j->step_ms > 0)
         ws->step_ms = j->step_ms / j->n_steps;
     /* a step the prompt tokens beside its decodes filled says how long such tokens take */
@@ -1296,6 +1305,8 @@ int sched_init(uv_loop_t *loop, const struct sched_config *cfg, const struct tok
                                      80.0, 160.0};
         static const double itl[] = {0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
                                      0.3,   0.4,   0.5,  0.75,  1.0,  2.5,   5.0, 7.5, 10.0};
+        static const double iter[] = {1,   8,    16,   32,   64,   128,  256,
+                                      512, 1024, 2048, 4096, 8192, 16384};
         size_t nl = sizeof lat / sizeof lat[0], ni = sizeof itl / sizeof itl[0];
         s->m_running = metrics_add(metrics, METRIC_GAUGE, "rkv:num_requests_running",
                                    "Requests in a running batch.", ml, NULL, 0);
@@ -1320,6 +1331,9 @@ int sched_init(uv_loop_t *loop, const struct sched_config *cfg, const struct tok
                                  "Tokens picked by the later decode steps of steps that ran "
                                  "several (decode_steps).",
                                  ml, NULL, 0);
+        s->m_iter = metrics_add(metrics, METRIC_HISTOGRAM, "rkv:iteration_tokens_total",
+                                "Tokens computed by each engine step (prompt and decode).", ml,
+                                iter, sizeof iter / sizeof iter[0]);
         s->m_queries = metrics_add(metrics, METRIC_COUNTER, "rkv:prefix_cache_queries_total",
                                    "Prompt tokens looked up in reusable KV.", ml, NULL, 0);
         s->m_ttft = metrics_add(metrics, METRIC_HISTOGRAM, "rkv:time_to_first_token_seconds",

@@ -405,6 +405,7 @@ def test_metrics_parse_with_prometheus_client(rkvd):
         "rkv:inter_token_latency_seconds": "histogram",
         "rkv:e2e_request_latency_seconds": "histogram",
         "rkv:request_queue_time_seconds": "histogram",
+        "rkv:iteration_tokens_total": "histogram",
         "rkv:kv_cache_bytes": "gauge",
         "rkv:healthy": "gauge",
     }
