@@ -48,7 +48,7 @@ check)
     step "gpu_bench, every suite"
     timeout 300 "$B/gpu_bench" --json "$OUT/gpu_bench.json" >"$OUT/gpu_bench.txt" 2>&1
     echo "rc=$?" >>"$OUT/gpu_bench.txt"
-    grep -E "ceiling|decode|rc=" "$OUT/gpu_bench.txt" | sed 's/  */ /g'
+    grep -E "ceiling|decode|split|rc=" "$OUT/gpu_bench.txt" | sed 's/  */ /g'
     # the targets as PASS / FAIL, and the spill and attention plots where matplotlib imports
     python3 "$(dirname "$0")/bench-plot.py" "$OUT/gpu_bench.json" "$OUT" 2>&1 | tee "$OUT/targets.txt"
     ;;
