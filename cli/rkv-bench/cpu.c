@@ -402,7 +402,7 @@ int bench_cpu(const struct bench_opts *o, cJSON *out)
                                              : "avx2";
     cJSON_AddNumberToObject(out, "threads", threads);
     cJSON_AddStringToObject(out, "kernels", kernels);
-    printf("cpu backend, %u threads, %s matmul kernels\n", threads, kernels);
+    printf("cpu backend, %u threads, %s kernels (matmul, attention)\n", threads, kernels);
     cJSON_AddNumberToObject(out, "prompt_tokens", n_prompt);
     cJSON_AddNumberToObject(out, "decode_steps", n_dec);
     cJSON *arr = cJSON_AddArrayToObject(out, "models");

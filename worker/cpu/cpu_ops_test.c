@@ -682,7 +682,8 @@ static void run_attention(uint32_t B, uint32_t n_tok, enum kv_dtype dt, uint32_t
     assert_int_equal(check_close("attention", got, ref, n, 1e-5, 1e-4), 0);
     /* nothing is host-tagged: the host partial is the empty set */
     assert_int_equal(attn_partial_forward(be, &f.b, 1, KV_HOST, tq, &f.a, &p), 0);
-    float m[8], l[8];
+    float m[16], l[16];
+    assert_true(H <= 16);
     get_f32(p.m, m, H);
     get_f32(p.l, l, H);
     for (uint32_t h = 0; h < H; h++) {
@@ -703,6 +704,9 @@ static void test_attention(void **state)
     run_attention(16, 130, KV_F32, 8, 2, 32);
     run_attention(256, 300, KV_F32, 4, 1, 16); /* chunks of 64 inside a block */
     run_attention(3, 40, KV_F16, 6, 3, 8);
+    run_attention(64, 130, KV_F16, 8, 2, 128); /* llama3-8b's group of 4 and head_dim */
+    run_attention(16, 70, KV_F32, 6, 2, 40);   /* a group of 3; 32 + 8 columns */
+    run_attention(32, 90, KV_F16, 10, 2, 56);  /* a group of 5: 4 and 1; 32 + 16 + 8 */
 }
 
 /* f16 keys and values are converted as the sums load them (no f32 copy of the chunk): the
@@ -876,6 +880,66 @@ static void test_pool(void **state)
     pool_free(p);
 }
 
+/* a test again on the avx2 kernels (the first run took avx-512 where this cpu has it) */
+static int on_avx2(void **state)
+{
+    (void)state;
+    cpu_ops_use_avx512(0);
+    return 0;
+}
+
+static int isa_auto(void **state)
+{
+    (void)state;
+    cpu_ops_use_avx512(-1);
+    return 0;
+}
+
+#define AVX2_TOO(f)                                                                                \
+    {                                                                                              \
+#f " (avx2)", f, on_avx2, isa_auto, NULL                                                   \
+    }
+
+/* the attention's two forms side by side on one shape (llama3-8b's group and head_dim, a long
+ * row and a short one): each is checked against double sums by test_attention; here, that a
+ * cpu with avx-512 runs it by default and that the forms agree to within rounding */
+static void test_attention_isa_forms(void **state)
+{
+    (void)state;
+    if (!__builtin_cpu_supports("avx512f"))
+        skip();
+    assert_true(cpu_ops_avx512());
+    static const uint32_t lens[] = {300, 29};
+    for (int li = 0; li < 2; li++) {
+        const uint32_t n_tok = lens[li], H = 8, KVH = 2, hd = 128;
+        const size_t nq = (size_t)n_tok * H * hd;
+        float *o[2];
+        struct attn_fx f;
+        attn_fx_init(&f, 256, n_tok, KV_F16, H, KVH, hd);
+        struct be_tensor *tq = tensor_f32(n_tok, H * hd, f.q);
+        for (int mode = 0; mode < 2; mode++) {
+            cpu_ops_use_avx512(mode ? -1 : 0);
+            struct be_partial p;
+            partial_alloc(&p, n_tok, &f.a);
+            assert_int_equal(attn_partial_forward(be, &f.b, 1, KV_DEVICE, tq, &f.a, &p), 0);
+            o[mode] = malloc(sizeof(float) * nq);
+            get_f32(p.o, o[mode], nq);
+            partial_free(&p);
+        }
+        cpu_ops_use_avx512(-1);
+        backend_tensor_free(be, tq);
+        attn_fx_fini(&f);
+        size_t differ = 0;
+        for (size_t i = 0; i < nq; i++) {
+            differ += memcmp(&o[0][i], &o[1][i], sizeof(float)) != 0;
+            if (fabsf(o[0][i] - o[1][i]) > 1e-5f + 1e-4f * fabsf(o[0][i]))
+                fail_msg("%u keys: o[%zu] avx2 %.9g, avx-512 %.9g", n_tok, i, o[0][i], o[1][i]);
+        }
+        print_message("%u keys: %zu of %zu outputs differ in their last bits\n", n_tok, differ, nq);
+        free(o[0]), free(o[1]);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -890,6 +954,11 @@ int main(void)
         cmocka_unit_test(test_attention_f16_bits),
         cmocka_unit_test(test_lse_merge_splits),
         cmocka_unit_test(test_attention_long),
+        AVX2_TOO(test_attention),
+        AVX2_TOO(test_attention_f16_bits),
+        AVX2_TOO(test_lse_merge_splits),
+        AVX2_TOO(test_attention_long),
+        cmocka_unit_test(test_attention_isa_forms),
         cmocka_unit_test(test_kv_write_layout),
         cmocka_unit_test(test_pool),
     };
