@@ -16,7 +16,7 @@ if [ "${1:-}" = "--pack" ]; then
     DIR=${2:?usage: scripts/bench-system.sh --pack DIR [BUILD]}
     B=${3:-build/bench-system}
     make BUILD="$B" -j"$(nproc)" "$B/bin/rkvd" "$B/bin/rkv-kvmgr" "$B/bin/rkv-worker" \
-        "$B/bin/rkv-mkmodel" "$B/bin/rkvctl" "$B/bin/rkv-gen" >/dev/null || exit 1
+        "$B/bin/rkv-mkmodel" "$B/bin/rkvctl" "$B/bin/rkv-gen" "$B/bin/rkv-bench" >/dev/null || exit 1
     extra=""
     if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
         if scripts/gpu-build.sh "$B" >/dev/null; then
@@ -31,7 +31,7 @@ if [ "${1:-}" = "--pack" ]; then
     cuda_home=$(dirname "$(dirname "$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)")")
     PACK_EXTRA_LIBS=$(ls "$cuda_home"/lib64/libcupti.so.* "$cuda_home"/extras/CUPTI/lib64/libcupti.so.* 2>/dev/null | head -1) \
     pack_bins "$DIR" "$B/bin/rkvd" "$B/bin/rkv-kvmgr" "$B/bin/rkv-worker" "$B/bin/rkv-mkmodel" \
-        "$B/bin/rkvctl" "$B/bin/rkv-gen" $extra || exit 1
+        "$B/bin/rkvctl" "$B/bin/rkv-gen" "$B/bin/rkv-bench" $extra || exit 1
     exit 0
 fi
 DIR=${1:?usage: scripts/bench-system.sh DIR [OUT] [bench_system.py args]}

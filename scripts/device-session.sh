@@ -3,8 +3,8 @@
 # device session, each under the device tool's 600 s per call, in the order that matters when
 # time runs out (the cuda switches at their defaults; set RKV_CUDA_* in the environment for an
 # a/b run: the worker inherits them):
-#   check   the op tests, compute-sanitizer memcheck of the op tests, every gpu_bench suite
-#           (~5 min)
+#   check   the op tests, compute-sanitizer memcheck of the op tests, every gpu_bench suite,
+#           rkv-bench cpu --quick on avx-512 and avx2 (~5 min)
 #   system  tests/gpu/bench_system.py with its defaults: http, ramp, spill, budget (on a server
 #           of its own, --deterministic), the hf offloaded cache (DEADLINE, default 520 s); each
 #           http run's JSON holds the step lines of its steady window (bench_system.py sets
@@ -51,6 +51,16 @@ check)
     grep -E "ceiling|decode|split|rc=" "$OUT/gpu_bench.txt" | sed 's/  */ /g'
     # the targets as PASS / FAIL, and the spill and attention plots where matplotlib imports
     python3 "$(dirname "$0")/bench-plot.py" "$OUT/gpu_bench.json" "$OUT" 2>&1 | tee "$OUT/targets.txt"
+    # the host's cpu attention (the split host read's and CPU_TAIL's work) on each kernel form
+    if [ -x "$B/rkv-bench" ]; then
+        step "rkv-bench cpu --quick, avx-512 (where the host has it) and avx2"
+        for isa in 1 0; do
+            RKV_CPU_AVX512=$isa timeout 120 "$B/rkv-bench" cpu --quick \
+                --models-dir "${TMPDIR:-/tmp}/rkv-bench-models" \
+                --json "$OUT/cpu_isa$isa.json" >"$OUT/cpu_isa$isa.txt" 2>&1
+            grep -E "kernels|host-tail" "$OUT/cpu_isa$isa.txt"
+        done
+    fi
     ;;
 system)
     step "bench_system.py, every part"

@@ -54,12 +54,17 @@ def decoder_tokens_while_prefilling(srv):
     return sum(t0 < x < t1 for x in stamps), text
 
 
-def steps_of(srv, above, upto=None):
+def steps_of(srv, above, upto="+Inf"):
     """engine steps (rkv:iteration_tokens_total) that computed more than `above` tokens, and at
-    most `upto` (bucket bounds)"""
-    name = "rkv:iteration_tokens_total_bucket"
-    le = lambda b: srv.metric(name, le=b)  # noqa: E731 - cumulative buckets
-    return le(upto or "+Inf") - le(above)
+    most `upto` (bucket bounds), from one scrape (the server steps on between two)"""
+    from prometheus_client.parser import text_string_to_metric_families
+    le = {}
+    for fam in text_string_to_metric_families(srv.metrics_text()):
+        for s in fam.samples:
+            if s.name == "rkv:iteration_tokens_total_bucket":
+                le[s.labels["le"]] = le.get(s.labels["le"], 0.0) + s.value
+    assert above in le and upto in le, f"no bucket {above} or {upto}: {sorted(le)}"
+    return le[upto] - le[above]
 
 
 def test_long_prompt_goes_in_short_steps_beside_a_decode(rkvd_factory):

@@ -219,7 +219,10 @@ def test_a_session_between_turns_keeps_its_kv_on_the_gpu_for_park_after_ms(rkvd_
         if grace_ms:
             time.sleep(max(0.0, (t_done + 1000) / 1000 - time.time()))
             row = session_row(srv, "between")
-            assert row["tactic"] in ("resident", "window"), row
+            # its device blocks stay: all of it resident, or a device part whose host tail the
+            # link (window) or the cpu threads (cpu_tail, where the planner measured the cpu's
+            # attention faster than the link: on the cpu backend, a memcpy) read
+            assert row["tactic"] in ("resident", "window", "cpu_tail"), row
             assert parked_at(srv, sid) is None
         deadline = time.monotonic() + 10
         while parked_at(srv, sid) is None and time.monotonic() < deadline:
