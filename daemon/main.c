@@ -571,7 +571,6 @@ static void cron_cb(uv_timer_t *t)
     sched_get_stats(d->sched, &st);
     sd_notifyf(0, "STATUS=%s: %u running, %u waiting, %u sessions", d->ready_sent ? "serving" : "starting",
                st.running, st.waiting, st.sessions);
-    metric_set(d->m_health, NULL, healthy(d, (char[128]){0}, 128));
     admin_tick(d->admin);
 }
 

@@ -1069,7 +1069,7 @@ void sched_job_done(struct sched *s, struct step_job *j)
         progress = 1;
         q->stalled = 0;
         step_tokens[0] += js->n_tokens;
-        for (uint8_t m = 0; js->sample && m < js->n_more && m + 1 < PROTO_MAX_DECODE_STEPS; m++)
+        for (uint8_t m = 0; js->sample && m < js->n_more; m++) /* the proto checks n_more */
             step_tokens[m + 1]++;
         if (js->n_tokens)
             q->sess->worker_knows = 1; /* it ran there (not all found shared) */

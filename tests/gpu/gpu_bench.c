@@ -533,24 +533,18 @@ static double step_bound(double wbytes, double block_bytes, uint32_t ns, uint32_
     return t_hbm > t_pcie ? t_hbm : t_pcie;
 }
 
-/* a decode shape for the split host read's rows: ns sessions of ctx keys with host_pm per mille
- * of each one's blocks on host (the oldest) */
-struct split_case {
+/* a decode shape with part of its kv on host: ns (<= 16) sessions of ctx keys with host_pm per
+ * mille of each one's blocks on host (the oldest) */
+struct host_case {
     uint32_t ns, ctx, host_pm;
 };
 
-/* times c at the backend's split share pct (named "... <what> <pct>%"), records it against the
- * step's bound and returns its tok/s (0 on failure, in *rc). Block j of session s sits at
- * j * ns + s in either pool */
-static double split_row(struct fwd *f, struct kv_block_ref *tab, const struct dec_bufs *db,
-                        struct split_case c, uint32_t pct, const char *what, double wbytes,
-                        double block_bytes, double hbm, double pcie, int *rc)
+/* c's block tables (block j of session s at j * ns + s in either pool) and sequences; its host
+ * blocks a session */
+static uint32_t host_case_seqs(struct kv_block_ref *tab, struct host_case c, struct fwd_seq ss[16],
+                               int32_t toks[16])
 {
     const uint32_t nbs = c.ctx / 256, n_host = (uint32_t)((uint64_t)nbs * c.host_pm / 1000);
-    struct fwd_seq ss[16];
-    int32_t toks[16];
-    if (c.ns == 0 || c.ns > 16)
-        return 0;
     for (uint32_t s = 0; s < c.ns; s++) {
         for (uint32_t j = 0; j < nbs; j++)
             tab[s * nbs + j] =
@@ -558,15 +552,32 @@ static double split_row(struct fwd *f, struct kv_block_ref *tab, const struct de
         toks[s] = 1;
         ss[s] = (struct fwd_seq){&toks[s], 1, c.ctx - 1, tab + s * nbs, nbs};
     }
+    return n_host;
+}
+
+/* times c, records it against the step's bound ("decode b=.. ctx=.. host=..%", then
+ * " <what> <pct>%" where what is given: the split share the backend runs at) and returns its
+ * tok/s (0 on failure, in *rc) */
+static double host_row(struct fwd *f, struct kv_block_ref *tab, const struct dec_bufs *db,
+                       struct host_case c, const char *what, uint32_t pct, double wbytes,
+                       double block_bytes, double hbm, double pcie, int *rc)
+{
+    struct fwd_seq ss[16];
+    int32_t toks[16];
+    if (c.ns == 0 || c.ns > 16)
+        return 0;
+    const uint32_t nbs = c.ctx / 256, n_host = host_case_seqs(tab, c, ss, toks);
     if ((*rc = dec_step(f, ss, c.ns, db)) != 0)
         return 0;
     double t = time_steps(f, ss, c.ns, c.ns == 1 ? 12 : 5, db, 0, NULL, 0, rc);
     if (*rc || t <= 0)
         return 0;
     double bound = step_bound(wbytes, block_bytes, c.ns, nbs, n_host, hbm, pcie);
-    char name[96];
-    snprintf(name, sizeof(name), "decode b=%u ctx=%u host=%.1f%% %s %u%% (tok/s)", c.ns, c.ctx,
-             100.0 * n_host / nbs, what, pct);
+    char name[96], tail[32] = "";
+    if (what)
+        snprintf(tail, sizeof(tail), " %s %u%%", what, pct);
+    snprintf(name, sizeof(name), "decode b=%u ctx=%u host=%.1f%%%s (tok/s)", c.ns, c.ctx,
+             100.0 * n_host / nbs, tail);
     record("decode", name, c.ns / t, "tok/s", c.ns / bound, bound / t);
     return c.ns / t;
 }
@@ -778,30 +789,21 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
      * layer's fixed costs weigh most. RKV_PROFILE_MULTI=1: one profiled step, exit */
     int host_eighths[] = {1, 2, 4, 7};
     for (int hi = 0; hi < 4 && rc == 0 && !profiled && decode; hi++) {
-        const uint32_t NS = 16, nbs = 16, n_host = nbs * host_eighths[hi] / 8;
-        struct fwd_seq ss[16];
-        int32_t toks[16];
-        for (uint32_t s = 0; s < NS; s++) {
-            for (uint32_t j = 0; j < nbs; j++)
-                tab[s * nbs + j] = j < n_host ? (struct kv_block_ref){j * NS + s, KV_HOST}
-                                              : (struct kv_block_ref){j * NS + s, KV_DEVICE};
-            toks[s] = 1;
-            ss[s] = (struct fwd_seq){&toks[s], 1, 4095, tab + s * nbs, nbs};
-        }
-        rc = dec_step(f, ss, NS, &db);
-        if (rc == 0 && getenv("RKV_PROFILE_MULTI")) {
-            rkv_cuda_profiler(1);
-            rc = dec_step(f, ss, NS, &db);
-            rkv_cuda_profiler(0);
+        const struct host_case c = {16, 4096, 125u * (uint32_t)host_eighths[hi]};
+        if (getenv("RKV_PROFILE_MULTI")) {
+            struct fwd_seq ss[16];
+            int32_t toks[16];
+            host_case_seqs(tab, c, ss, toks);
+            rc = dec_step(f, ss, c.ns, &db);
+            if (rc == 0) {
+                rkv_cuda_profiler(1);
+                rc = dec_step(f, ss, c.ns, &db);
+                rkv_cuda_profiler(0);
+            }
             profiled = 1;
             break;
         }
-        double t = time_steps(f, ss, NS, 5, &db, 0, NULL, 0, &rc);
-        double bound = step_bound(wbytes, 256 * kv_per_tok, NS, nbs, n_host, hbm, pcie);
-        char name[96];
-        snprintf(name, sizeof(name), "decode b=16 ctx=4096 host=%.1f%% (tok/s)",
-                 100.0 * n_host / nbs);
-        record("decode", name, NS / t, "tok/s", NS / bound, bound / t);
+        host_row(f, tab, &db, c, NULL, 0, wbytes, 256 * kv_per_tok, hbm, pcie, &rc);
     }
     /* the split host read at the share the worker's start-up probe picks (worker/rates.c: the
      * cpu's and the link's rates side by side): the long host tails again, at that share. The
@@ -820,13 +822,13 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
                "%.2f (alone: cpu %.2f over one block a layer, link %.2f): %u %% on the cpu\n",
                cpu, r.split.link_gbps, r.attn_cpu_gbps, r.pcie_h2d_gbps, pct);
         /* b=1 at 32k with 50 / 89.8 / 99.2 % on host; 16 sessions at 4k, 4 and 7 eighths */
-        static const struct split_case rows[] = {
+        static const struct host_case rows[] = {
             {1, 32768, 500}, {1, 32768, 898}, {1, 32768, 992}, {16, 4096, 500}, {16, 4096, 875}};
         double at_probe[5] = {0};
         if (pct && backend_host_split(be, pct, 0) == 0)
             for (size_t ri = 0; ri < 5 && rc == 0; ri++)
-                at_probe[ri] = split_row(f, tab, &db, rows[ri], pct, "split", wbytes,
-                                         256 * kv_per_tok, hbm, pcie, &rc);
+                at_probe[ri] = host_row(f, tab, &db, rows[ri], "split", pct, wbytes,
+                                        256 * kv_per_tok, hbm, pcie, &rc);
         /* the longest tails again at fixed shares around it: how far the probe's share is from
          * the best of them (session 35, H100: the old probe's 40 % read 1.35 against 1.70 at
          * 55 %) */
@@ -838,8 +840,8 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
             for (size_t si = 0; si < sizeof(shares) / sizeof(shares[0]) && rc == 0; si++) {
                 if (backend_host_split(be, shares[si], 0) != 0)
                     break;
-                double tps = split_row(f, tab, &db, rows[ri], shares[si], "share", wbytes,
-                                       256 * kv_per_tok, hbm, pcie, &rc);
+                double tps = host_row(f, tab, &db, rows[ri], "share", shares[si], wbytes,
+                                      256 * kv_per_tok, hbm, pcie, &rc);
                 if (tps > best)
                     best = tps, best_pct = shares[si];
             }

@@ -211,15 +211,16 @@ class Rkvd:
         assert st == 200
         return body.decode()
 
+    def samples(self, name):
+        """[(labels, value)] of the samples named so, from one scrape of /metrics"""
+        from prometheus_client.parser import text_string_to_metric_families
+        return [(s.labels, s.value) for fam in text_string_to_metric_families(self.metrics_text())
+                for s in fam.samples if s.name == name]
+
     def metric(self, name, **labels):
         """one sample's value from /metrics (0 when absent)"""
-        from prometheus_client.parser import text_string_to_metric_families
-        total = 0.0
-        for fam in text_string_to_metric_families(self.metrics_text()):
-            for s in fam.samples:
-                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                    total += s.value
-        return total
+        return sum((v for lb, v in self.samples(name)
+                    if all(lb.get(k) == want for k, want in labels.items())), 0.0)
 
 
 def _root(tmp_path_factory, name):

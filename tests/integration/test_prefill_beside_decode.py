@@ -57,12 +57,9 @@ def decoder_tokens_while_prefilling(srv):
 def steps_of(srv, above, upto="+Inf"):
     """engine steps (rkv:iteration_tokens_total) that computed more than `above` tokens, and at
     most `upto` (bucket bounds), from one scrape (the server steps on between two)"""
-    from prometheus_client.parser import text_string_to_metric_families
     le = {}
-    for fam in text_string_to_metric_families(srv.metrics_text()):
-        for s in fam.samples:
-            if s.name == "rkv:iteration_tokens_total_bucket":
-                le[s.labels["le"]] = le.get(s.labels["le"], 0.0) + s.value
+    for labels, v in srv.samples("rkv:iteration_tokens_total_bucket"):
+        le[labels["le"]] = le.get(labels["le"], 0.0) + v
     assert above in le and upto in le, f"no bucket {above} or {upto}: {sorted(le)}"
     return le[upto] - le[above]
 

@@ -913,60 +913,56 @@ static inline __attribute__((always_inline)) T512 void scores512(const float *co
     }
 }
 
-/* o[h] (hd) = o[h] * corr[h] + sum_c p[h][c] * v[c] for heads 0..nh-1: 32 columns (then 16) of
- * every head in registers across the chunk's keys, each value row loaded once for the heads;
- * an element's sum is one fma a key in key order, whatever the vector width, then the columns
- * past the last 16 as scalars */
+/* accumulate512's columns d0 .. d0 + 16 * nv of heads 0..nh-1 (nv 1 or 2, a constant where it is
+ * inlined): their sums in registers across the chunk's keys, each value row loaded once for the
+ * heads */
+static inline __attribute__((always_inline)) T512 void
+accumulate512_cols(float *const o[4], const float corr[4], const float *const p[4], int nh,
+                   const void *v, uint32_t nc, uint32_t hd, uint32_t d0, const int nv,
+                   const int f16)
+{
+    __m512 a[4][2];
+#pragma GCC unroll 4
+    for (int h = 0; h < 4; h++)
+        a[h][0] = a[h][1] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int h = 0; h < 4; h++)
+        if (h < nh)
+            for (int k = 0; k < nv; k++)
+                a[h][k] =
+                    _mm512_mul_ps(_mm512_set1_ps(corr[h]), _mm512_loadu_ps(o[h] + d0 + 16 * k));
+    for (uint32_t c = 0; c < nc; c++) {
+        const size_t r = (size_t)c * hd + d0;
+        __m512 vv[2];
+        for (int k = 0; k < nv; k++)
+            vv[k] = row_load16(v, r + 16 * k, f16);
+#pragma GCC unroll 4
+        for (int h = 0; h < 4; h++)
+            if (h < nh) {
+                const __m512 pv = _mm512_set1_ps(p[h][c]);
+                for (int k = 0; k < nv; k++)
+                    a[h][k] = _mm512_fmadd_ps(pv, vv[k], a[h][k]);
+            }
+    }
+#pragma GCC unroll 4
+    for (int h = 0; h < 4; h++)
+        if (h < nh)
+            for (int k = 0; k < nv; k++)
+                _mm512_storeu_ps(o[h] + d0 + 16 * k, a[h][k]);
+}
+
+/* o[h] (hd) = o[h] * corr[h] + sum_c p[h][c] * v[c] for heads 0..nh-1: 32 columns a pass (eight
+ * sums in flight for four heads), then 16; an element's sum is one fma a key in key order,
+ * whatever the vector width, then the columns past the last 16 as scalars */
 static inline __attribute__((always_inline)) T512 void
 accumulate512(float *const o[4], const float corr[4], const float *const p[4], int nh,
               const void *v, uint32_t nc, uint32_t hd, const int f16)
 {
     uint32_t d0 = 0;
-    for (; d0 + 32 <= hd; d0 += 32) {
-        __m512 a[4] = {0}, b[4] = {0};
-#pragma GCC unroll 4
-        for (int h = 0; h < 4; h++)
-            if (h < nh) {
-                const __m512 cv = _mm512_set1_ps(corr[h]);
-                a[h] = _mm512_mul_ps(cv, _mm512_loadu_ps(o[h] + d0));
-                b[h] = _mm512_mul_ps(cv, _mm512_loadu_ps(o[h] + d0 + 16));
-            }
-        for (uint32_t c = 0; c < nc; c++) {
-            const size_t r = (size_t)c * hd + d0;
-            const __m512 v0 = row_load16(v, r, f16), v1 = row_load16(v, r + 16, f16);
-#pragma GCC unroll 4
-            for (int h = 0; h < 4; h++)
-                if (h < nh) {
-                    const __m512 pv = _mm512_set1_ps(p[h][c]);
-                    a[h] = _mm512_fmadd_ps(pv, v0, a[h]);
-                    b[h] = _mm512_fmadd_ps(pv, v1, b[h]);
-                }
-        }
-#pragma GCC unroll 4
-        for (int h = 0; h < 4; h++)
-            if (h < nh) {
-                _mm512_storeu_ps(o[h] + d0, a[h]);
-                _mm512_storeu_ps(o[h] + d0 + 16, b[h]);
-            }
-    }
-    for (; d0 + 16 <= hd; d0 += 16) {
-        __m512 a[4] = {0};
-#pragma GCC unroll 4
-        for (int h = 0; h < 4; h++)
-            if (h < nh)
-                a[h] = _mm512_mul_ps(_mm512_set1_ps(corr[h]), _mm512_loadu_ps(o[h] + d0));
-        for (uint32_t c = 0; c < nc; c++) {
-            const __m512 v0 = row_load16(v, (size_t)c * hd + d0, f16);
-#pragma GCC unroll 4
-            for (int h = 0; h < 4; h++)
-                if (h < nh)
-                    a[h] = _mm512_fmadd_ps(_mm512_set1_ps(p[h][c]), v0, a[h]);
-        }
-#pragma GCC unroll 4
-        for (int h = 0; h < 4; h++)
-            if (h < nh)
-                _mm512_storeu_ps(o[h] + d0, a[h]);
-    }
+    for (; d0 + 32 <= hd; d0 += 32)
+        accumulate512_cols(o, corr, p, nh, v, nc, hd, d0, 2, f16);
+    for (; d0 + 16 <= hd; d0 += 16)
+        accumulate512_cols(o, corr, p, nh, v, nc, hd, d0, 1, f16);
     for (uint32_t d = d0; d < hd; d++)
         for (int h = 0; h < nh; h++) {
             float a = o[h][d] * corr[h];
