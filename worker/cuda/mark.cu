@@ -1,0 +1,16 @@
+/* mark.cu - a stream's progress told to the host: a word of mapped pinned memory set once the
+ * work queued before it on the stream is done (the split host read's balance reads it). */
+#include "worker/cuda/cuda_ops.cuh"
+
+__global__ void mark_kernel(uint32_t *word, uint32_t v)
+{
+    *(volatile uint32_t *)word = v;
+    __threadfence_system(); /* the store reaches host memory before the stream moves on */
+}
+
+int cuda_mark(uint32_t *word, uint32_t v, cudaStream_t s)
+{
+    mark_kernel<<<1, 1, 0, s>>>(word, v);
+    CU_LAUNCHED();
+    return 0;
+}
