@@ -1,6 +1,5 @@
 /* backend.cu - the cuda backend: the vtable over the kernels, tensors, kv pools and the batch
  * metadata on device. */
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -122,46 +121,6 @@ static int host_split_on(const struct cuda_ctx *c)
            c->n_blocks[KV_DEVICE] > 0;
 }
 
-/* RKV_CUDA_SPLIT_TRACE=1 (diagnosis): the host times of each split layer of one step, by its
- * number mod 64: when the launching thread queued its cpu part, when that part began and
- * ended, the word at its start, and when the mark landed (a thread spins on the word) */
-struct split_trace_rec {
-    uint64_t queued, start, end, mark;
-    uint32_t word_at_start, seq;
-};
-static struct split_trace_rec g_str[64];
-static volatile int g_str_on, g_str_stop;
-static pthread_t g_str_thr;
-static void *split_trace_spin(void *arg)
-{
-    const uint32_t *w = (const uint32_t *)arg;
-    uint32_t last = __atomic_load_n(w, __ATOMIC_ACQUIRE);
-    while (!g_str_stop) {
-        const uint32_t v = __atomic_load_n(w, __ATOMIC_ACQUIRE);
-        if (v != last) {
-            g_str[v % 64].mark = rkv_now_ns();
-            last = v;
-        }
-    }
-    return NULL;
-}
-
-static void split_trace_print(uint32_t last_seq, uint32_t n)
-{
-    const uint32_t first = last_seq - n + 1;
-    const uint64_t t0 = g_str[first % 64].queued;
-    fprintf(stderr,
-            "split trace: %u layers, us from the first's queueing: seq queued start end "
-            "mark word@start\n",
-            n);
-    for (uint32_t q = first; q != last_seq + 1; q++) {
-        const struct split_trace_rec *r = &g_str[q % 64];
-        fprintf(stderr, "  %u %.0f %.0f %.0f %.0f %d\n", r->seq, (r->queued - t0) / 1e3,
-                (r->start - t0) / 1e3, (r->end - t0) / 1e3,
-                r->mark >= t0 ? (r->mark - t0) / 1e3 : -1.0, (int)(r->word_at_start - r->seq));
-    }
-}
-
 /* the balance's tally, once a step's layers have told (a split layer of each): the share moves
  * (kv_split_bal_step) and the tally starts again */
 static void split_bal_take(struct cuda_ctx *c)
@@ -171,8 +130,6 @@ static void split_bal_take(struct cuda_ctx *c)
         return;
     const uint64_t all = __atomic_exchange_n(&c->bal_tally, 0, __ATOMIC_ACQ_REL);
     kv_split_bal_step(&c->split_b, (uint32_t)(all >> 32), (uint32_t)all);
-    if (g_str_on && c->split_b.steps % 20 == 0 && (all >> 32) <= 64)
-        split_trace_print(c->bal_seq, (uint32_t)(all >> 32));
     c->hst.bal_told += all >> 32;
     c->hst.bal_cpu_last += (uint32_t)all;
 }
@@ -182,8 +139,6 @@ static void split_bal_take(struct cuda_ctx *c)
 static void split_bal_tell(struct cuda_ctx *c, uint32_t seq)
 {
     const uint32_t done = __atomic_load_n(c->bal_word, __ATOMIC_ACQUIRE);
-    if (g_str_on)
-        g_str[seq % 64].end = rkv_now_ns();
     const uint64_t cpu_last = (int32_t)(done - seq) >= 0;
     __atomic_add_fetch(&c->bal_tally, ((uint64_t)1 << 32) | cpu_last, __ATOMIC_ACQ_REL);
 }
@@ -223,8 +178,6 @@ static int meta_host_shares(struct cuda_ctx *c, const struct be_batch *b, uint32
     /* the link time of the decode rows' host bytes of one layer, in us */
     const double link_us = h / (c->link_gbps * 1e3);
     int gated = !split || link_us < (double)c->split_min_us;
-    if (split && !gated && g_str_on && !bal)
-        split_bal_take(c); /* the trace's steps at a fixed share */
     if (bal && !gated) {
         split_bal_take(c);
         const uint32_t k = (uint32_t)(c->split_b.share * (double)dec_blocks + 0.5);
@@ -1429,17 +1382,10 @@ static int split_q_down(struct cuda_ctx *c, const struct be_tensor *q, size_t by
             c->qdown = NULL;
             c->qdown_cap = 0;
         }
-        CU_TRY(cudaHostAlloc(&c->qdown, bytes, cudaHostAllocMapped));
-        CU_TRY(cudaHostGetDevicePointer(&c->qdown_dev, c->qdown, 0));
+        CU_TRY(cudaHostAlloc(&c->qdown, bytes, cudaHostAllocDefault));
         c->qdown_cap = bytes;
     }
-    if (c->split_zc) {
-        int rc = cuda_to_host((float *)c->qdown_dev, (const float *)q->data, bytes / sizeof(float),
-                              c->side);
-        if (rc < 0)
-            return rc;
-    } else
-        CU_TRY(cudaMemcpyAsync(c->qdown, q->data, bytes, cudaMemcpyDeviceToHost, c->side));
+    CU_TRY(cudaMemcpyAsync(c->qdown, q->data, bytes, cudaMemcpyDeviceToHost, c->side));
     CU_TRY(cudaEventRecord(c->ev_qdown, c->side));
     return 0;
 }
@@ -1513,10 +1459,6 @@ static void CUDART_CB split_cpu_job(void *arg)
         return; /* a layer before failed: the step's result is an error anyway */
     struct be_tensor **t = c->cpu_t;
     const size_t hd = j->at.head_dim;
-    if (g_str_on && j->seq) {
-        g_str[j->seq % 64].start = rkv_now_ns();
-        g_str[j->seq % 64].word_at_start = __atomic_load_n(c->bal_word, __ATOMIC_ACQUIRE);
-    }
     memcpy(t[0]->data, c->qdown, j->n_th * hd * sizeof(float));
     const struct be_partial part = {t[1], t[2], t[3]};
     int rc = attn_partial_forward(c->cpu_be, &c->split_v, j->layer, KV_HOST, t[0], &j->at, &part);
@@ -1561,8 +1503,7 @@ static int split_host_cpu_async(struct cuda_ctx *c, const struct be_batch *b, ui
         cudaFreeHost(c->split_up);
         c->split_up = NULL;
         c->split_up_cap = 0;
-        CU_TRY(cudaHostAlloc((void **)&c->split_up, up, cudaHostAllocMapped));
-        CU_TRY(cudaHostGetDevicePointer((void **)&c->split_up_dev, c->split_up, 0));
+        CU_TRY(cudaHostAlloc((void **)&c->split_up, up, cudaHostAllocDefault));
         c->split_up_cap = up;
     }
     if (c->layout.n_layer > c->split_jobs_n) {
@@ -1584,10 +1525,7 @@ static int split_host_cpu_async(struct cuda_ctx *c, const struct be_batch *b, ui
     CU_TRY(cudaEventRecord(c->ev_cpu_done, c->cpu_s));
     CU_TRY(cudaStreamWaitEvent(c->side, c->ev_cpu_done, 0));
     float *o_t = (float *)c->pass_part;
-    if (c->split_zc)
-        o_t = c->split_up_dev; /* the merge reads the partial where the job left it */
-    else
-        CU_TRY(cudaMemcpyAsync(o_t, c->split_up, up, cudaMemcpyHostToDevice, c->side));
+    CU_TRY(cudaMemcpyAsync(o_t, c->split_up, up, cudaMemcpyHostToDevice, c->side));
     rc = split_merge(c, out, o_t, n, at);
     c->hst.split_async++;
     return rc;
@@ -1613,10 +1551,6 @@ static int split_host_cpu(struct cuda_ctx *c, const struct be_batch *b, uint32_t
         return rc;
     struct be_tensor **t = c->cpu_t;
     CU_TRY(cudaEventSynchronize(c->ev_qdown));
-    if (g_str_on && seq) {
-        g_str[seq % 64].start = rkv_now_ns();
-        g_str[seq % 64].word_at_start = __atomic_load_n(c->bal_word, __ATOMIC_ACQUIRE);
-    }
     memcpy(t[0]->data, c->qdown, n_th * at->head_dim * sizeof(float));
     const struct be_partial part = {t[1], t[2], t[3]};
     if ((rc = attn_partial_forward(c->cpu_be, &v, layer, KV_HOST, t[0], at, &part)) < 0)
@@ -1708,10 +1642,8 @@ static int cu_attn_partial(void *ctx, const struct be_batch *b, uint32_t layer,
     /* the balance's mark behind the gpu's part (decode-only steps: a prompt chunk's layer is
      * its own compute) */
     uint32_t seq = 0;
-    if (rc == 0 && split && (c->split_bal || g_str_on) && c->meta.decode_only) {
+    if (rc == 0 && split && c->split_bal && c->meta.decode_only) {
         seq = ++c->bal_seq ? c->bal_seq : ++c->bal_seq; /* never 0 */
-        if (g_str_on)
-            g_str[seq % 64] = (struct split_trace_rec){rkv_now_ns(), 0, 0, 0, 0, seq};
         rc = cuda_mark(c->bal_word_dev, seq, c->side);
     }
     if (rc == 0 && split)
@@ -2114,11 +2046,6 @@ static void cu_free(void *ctx)
     free(c->split_jobs);
     if (c->split_up)
         cudaFreeHost(c->split_up);
-    if (g_str_on) {
-        g_str_stop = 1;
-        pthread_join(g_str_thr, NULL);
-        g_str_on = 0;
-    }
     if (c->bal_word)
         cudaFreeHost(c->bal_word);
     free(c->split_seqs);
@@ -2203,9 +2130,6 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         cudaHostGetDevicePointer((void **)&c->bal_word_dev, c->bal_word, 0) != cudaSuccess)
         goto fail;
     *c->bal_word = 0;
-    if (getenv("RKV_CUDA_SPLIT_TRACE") && !g_str_on &&
-        pthread_create(&g_str_thr, NULL, split_trace_spin, c->bal_word) == 0)
-        g_str_on = 1;
     for (int i = 0; i < 2; i++)
         if (cudaEventCreateWithFlags(&c->ev_copy_done[i], cudaEventDisableTiming) != cudaSuccess ||
             cudaEventCreateWithFlags(&c->ev_stage_free[i], cudaEventDisableTiming) != cudaSuccess ||
@@ -2295,8 +2219,6 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
          * (about 1 ms a layer) -9-12 % (thirty-second session) */
         c->split_async = (int)rkv_env_u64("RKV_CUDA_HOST_SPLIT_ASYNC", 2, 0, 2);
         c->split_async_us = (uint32_t)rkv_env_u64("RKV_CUDA_HOST_SPLIT_ASYNC_US", 1200, 0, 1000000);
-        /* q down and the cpu's partial up through mapped memory, not the copy engines */
-        c->split_zc = cu_env_flag("RKV_CUDA_SPLIT_ZC", 1);
         /* the balanced share (with the worker's host_split -1; with RKV_CUDA_HOST_SPLIT only
          * when set to 1 here: a/b runs and tests from the environment's share) */
         c->split_bal_env = cu_env_flag("RKV_CUDA_HOST_SPLIT_BALANCE", 1);

@@ -205,15 +205,10 @@ struct cuda_ctx {
     uint32_t split_jobs_n;
     struct be_batch split_v;
     uint64_t split_v_gen;
-    float *split_up, *split_up_dev; /* mapped: its host and device addresses */
+    float *split_up;
     size_t split_up_cap;
-    /* q down and the cpu's partial up by the sms through mapped memory (cuda_to_host, the
-     * merge reading split_up_dev), not by copies (RKV_CUDA_SPLIT_ZC, default 1): a small copy
-     * waits behind the staging copy in flight (a split layer's cpu part began when the gpu's
-     * part had ended: thirty-seventh session, H100) */
-    int split_zc;
     int split_async_rc;
-    void *qdown, *qdown_dev;
+    void *qdown;
     size_t qdown_cap;
     cudaEvent_t ev_qdown;
     struct be_seq *split_seqs; /* the cpu's view of the batch: the gpu's host blocks hidden */

@@ -186,9 +186,6 @@ int cuda_silu_mul(struct cuda_ctx *c, float *out, const float *gate, const float
 /* *word = v (a word of mapped pinned memory, its host address) once what s queued before is
  * done */
 int cuda_mark(uint32_t *word, uint32_t v, cudaStream_t s);
-/* dst (mapped pinned memory, its device address) = src, n floats, stored by the sms once what s
- * queued before is done */
-int cuda_to_host(float *dst, const float *src, size_t n, cudaStream_t s);
 /* out = a + b over n elements */
 int cuda_add(struct cuda_ctx *c, float *out, const float *a, const float *b, size_t n);
 /* out row i = in row d_rows[i], (n, cols) f32 */
