@@ -1,7 +1,6 @@
 /* kv.c - paged KV geometry and a small local block allocator over plain memory. */
 #include "worker/kv.h"
 
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -184,33 +183,52 @@ uint32_t kv_host_cpu_share(const struct kv_block_ref *blocks, uint32_t n_blocks,
     return (uint32_t)(((uint64_t)n * (pct > 100 ? 100 : pct) + 50) / 100);
 }
 
+void kv_split_learn_init(struct kv_split_learn *l, double fix_us, double cpu_gbps, double link_gbps)
+{
+    *l = (struct kv_split_learn){fix_us, cpu_gbps, link_gbps, 0, 0};
+}
+
+double kv_split_share(const struct kv_split_learn *l, double h_bytes, double max)
+{
+    if (h_bytes <= 0 || l->cpu_gbps <= 0 || l->link_gbps <= 0)
+        return 0;
+    /* (1 - s) h / link = fix + s h / cpu */
+    const double t_link = h_bytes / (l->link_gbps * 1e3), t_cpu = h_bytes / (l->cpu_gbps * 1e3);
+    const double s = (t_link - l->fix_us) / (t_link + t_cpu);
+    return s <= 0 ? 0 : s > max ? max : s;
+}
+
+/* an exponential average a sample a tenth (a step's 32 layers weigh 0.97) */
+static double ewma(double avg, double x)
+{
+    return avg + 0.1 * (x - avg);
+}
+
 static double clampd(double x, double lo, double hi)
 {
     return x < lo ? lo : x > hi ? hi : x;
 }
 
-void kv_split_bal_init(struct kv_split_bal *b, double share, double max)
+void kv_split_observe(struct kv_split_learn *l, double period_us, double cpu_us, double cpu_bytes,
+                      double gpu_bytes, int gpu_first)
 {
-    max = clampd(max, KV_SPLIT_BAL_MIN, 1);
-    *b = (struct kv_split_bal){clampd(share, KV_SPLIT_BAL_MIN, max), max, KV_SPLIT_BAL_STEP0, 0, 0};
-}
-
-double kv_split_bal_step(struct kv_split_bal *b, uint32_t n, uint32_t cpu_last)
-{
-    if (n == 0)
-        return b->share;
-    if (cpu_last > n)
-        cpu_last = n;
-    const double err = ((double)(n - cpu_last) - (double)cpu_last) / (double)n; /* -1..1 */
-    const int dir = (err > 0) - (err < 0);
-    if (dir && b->dir)
-        b->step = dir == b->dir ? fmin(b->step * 1.5, KV_SPLIT_BAL_STEP_MAX)
-                                : fmax(b->step * 0.5, KV_SPLIT_BAL_STEP_MIN);
-    if (dir)
-        b->dir = dir;
-    b->share = clampd(b->share + b->step * err, KV_SPLIT_BAL_MIN, b->max);
-    b->steps++;
-    return b->share;
+    /* a layer past 100 ms waited on something else (a page fault, the scheduler) */
+    if (!(period_us > 0 && period_us < 1e5) || !(cpu_us >= 0 && cpu_us <= period_us))
+        return;
+    if (cpu_us >= 20 && cpu_bytes > 0)
+        l->cpu_gbps = clampd(ewma(l->cpu_gbps, cpu_bytes / (cpu_us * 1e3)), 0.5, 500);
+    if (gpu_first) {
+        l->fix_us = clampd(ewma(l->fix_us, period_us - cpu_us), 0, 1e4);
+        /* the gpu's part took no longer than the layer: the link is at least that fast (else
+         * a low figure from a few early layers would hold the share too high for good) */
+        if (gpu_bytes > 0 && gpu_bytes / (period_us * 1e3) > l->link_gbps)
+            l->link_gbps = clampd(gpu_bytes / (period_us * 1e3), 0.5, 500);
+        l->n_cpu++;
+    } else {
+        if (gpu_bytes > 0) /* the layer took what the gpu's part took */
+            l->link_gbps = clampd(ewma(l->link_gbps, gpu_bytes / (period_us * 1e3)), 0.5, 500);
+        l->n_link++;
+    }
 }
 
 void kv_split_spread(const uint32_t *n, uint32_t n_seqs, uint32_t k, uint32_t *out)

@@ -72,34 +72,31 @@ uint32_t kv_stage_passes(const uint32_t *slots, uint32_t n_seqs, uint64_t cap, u
 uint32_t kv_host_cpu_share(const struct kv_block_ref *blocks, uint32_t n_blocks,
                            uint32_t block_size, uint64_t last, uint32_t n_tokens, uint32_t pct,
                            uint32_t *n_read);
-/* the split host read's balanced share (the cuda backend's, with the worker's host_split -1).
- * Each split layer of a decode-only step tells which side ended last: the cpu's part or the
- * gpu's (its copies over the link and its attention). Once a step's layers are in, the share
- * moves by step x (layers where the gpu's part ended last - those where the cpu's did) / layers,
- * toward the share where each side ends last in half the layers: there a layer waits least (it
- * takes the longer side). The step grows by half while the sign holds (up to
- * KV_SPLIT_BAL_STEP_MAX) and halves when it turns (down to KV_SPLIT_BAL_STEP_MIN), so a share far
- * off comes in within a few steps and then sits within a block or so of the even one, where a
- * fixed step would swing across it. A cpu that slows (another process, a lower clock) or speeds
- * up moves it again, where a share measured once at start stays where it was (the H200 host,
- * thirty-seventh session: a start-up probe that met a busy cpu gave 42 %, 0.73 of the tok/s of
- * the best fixed share, 60 %). The share stays within [KV_SPLIT_BAL_MIN, max], above 0 so the
- * layers keep telling */
-#define KV_SPLIT_BAL_MIN      0.02
-#define KV_SPLIT_BAL_STEP0    0.05
-#define KV_SPLIT_BAL_STEP_MAX 0.15
-#define KV_SPLIT_BAL_STEP_MIN 0.004
-struct kv_split_bal {
-    double share; /* of the decode rows' host blocks the cpu attends */
-    double max;
-    double step;
-    int dir;        /* the last move's sign (0: none yet) */
-    uint64_t steps; /* updates so far */
+/* the split host read's learned share (host_split -1 on the cuda backend). A layer whose
+ * decode rows read h bytes of host blocks, a share s of them on the cpu, takes
+ * max(fix + s h / cpu, (1 - s) h / link): the cpu's part stands on the layer's chain behind the
+ * gpu's own work (fix: the merge, the linears, the next q's way down), the gpu's part behind the
+ * link. The three are learned from the layers it splits (of steps that only decode: a prompt
+ * chunk's layer is its own compute): the cpu's rate from each, the chain from the layers whose
+ * gpu part was done first (the cpu was the slower; the link is then at least as fast as its
+ * part took), the link from the layers the gpu's part held up */
+struct kv_split_learn {
+    double fix_us;    /* a layer's chain beside the cpu's part, us */
+    double cpu_gbps;  /* the cpu's attention over its blocks, GB/s */
+    double link_gbps; /* the gpu's part of a layer (its copies while the cpu reads too), GB/s */
+    uint64_t n_cpu;   /* layers observed where the cpu was the slower */
+    uint64_t n_link;  /* ... where the gpu's part was */
 };
-void kv_split_bal_init(struct kv_split_bal *b, double share, double max);
-/* n layers told, cpu_last of them ended with the cpu's part; returns the new share (n 0: as
- * it was) */
-double kv_split_bal_step(struct kv_split_bal *b, uint32_t n, uint32_t cpu_last);
+void kv_split_learn_init(struct kv_split_learn *l, double fix_us, double cpu_gbps,
+                         double link_gbps);
+/* the share (0..max) of h bytes a layer for the cpu that evens the two sides; 0 when the
+ * chain alone takes as long as the link would for all of h (the split would only lose) */
+double kv_split_share(const struct kv_split_learn *l, double h_bytes, double max);
+/* one split layer: period_us from its q on the host to the next layer's, cpu_us the cpu's
+ * attention over cpu_bytes, gpu_bytes the gpu's part, gpu_first its part was done when the
+ * cpu's ended */
+void kv_split_observe(struct kv_split_learn *l, double period_us, double cpu_us, double cpu_bytes,
+                      double gpu_bytes, int gpu_first);
 /* k cpu blocks spread over sequences that read n[s] host blocks each, in proportion (cumulative
  * rounding): out[s] <= n[s], the out[s] sum to k (at most the n[s] sum); out may be n */
 void kv_split_spread(const uint32_t *n, uint32_t n_seqs, uint32_t k, uint32_t *out);

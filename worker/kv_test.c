@@ -197,128 +197,61 @@ static void test_host_cpu_share(void **state)
     }
 }
 
-/* the balanced split share against a simulated step: 32 layers of a tail of nb blocks of 8 MiB,
- * the cpu's part k blocks at cpu GB/s, the gpu's the rest at link GB/s, each side's time off by up
- * to +-noise (a fixed-seed lcg); a layer takes the longer side */
-struct bal_sys {
-    double cpu_gbps, link_gbps, noise;
-    uint32_t nb;
-    uint64_t seed;
+/* the learned split share against a layer of the model it assumes, max(fix + s h / cpu,
+ * (1 - s) h / link), with other rates than it starts from; blocks of 1 MiB */
+struct split_sys {
+    double fix_us, cpu_gbps, link_gbps;
 };
 
-static double bal_rand(struct bal_sys *y) /* -1..1 */
+static double split_layer_us(const struct split_sys *y, double h, double s, int *gpu_first)
 {
-    y->seed = y->seed * 6364136223846793005ull + 1442695040888963407ull;
-    return (double)(y->seed >> 11) / (double)(1ull << 52) - 1;
+    const double cpu_side = s > 0 ? y->fix_us + s * h / (y->cpu_gbps * 1e3) : 0,
+                 gpu_side = (1 - s) * h / (y->link_gbps * 1e3);
+    *gpu_first = gpu_side <= cpu_side;
+    return cpu_side > gpu_side ? cpu_side : gpu_side;
 }
 
-/* one step at b's share; returns its time in us */
-static double bal_step(struct kv_split_bal *b, struct bal_sys *y)
+/* runs n layers of h bytes in blocks of 1 MiB; returns the last layer's time */
+static double split_run(struct kv_split_learn *l, const struct split_sys *y, double h, int n)
 {
-    const double blk = 8 << 20;
-    const uint32_t k = (uint32_t)(b->share * y->nb + 0.5);
-    uint32_t cpu_last = 0;
+    const double blk = 1 << 20;
     double t = 0;
-    for (int layer = 0; layer < 32; layer++) {
-        const double tc = k * blk / (y->cpu_gbps * 1e3) * (1 + y->noise * bal_rand(y)),
-                     tg = (y->nb - k) * blk / (y->link_gbps * 1e3) * (1 + y->noise * bal_rand(y));
-        cpu_last += tc > tg;
-        t += tc > tg ? tc : tg;
+    for (int i = 0; i < n; i++) {
+        const uint32_t nb = (uint32_t)(h / blk);
+        const uint32_t k = (uint32_t)(kv_split_share(l, h, 0.9) * nb + 0.5);
+        const double s = (double)k / nb;
+        int first = 0;
+        t = split_layer_us(y, h, s, &first);
+        if (k)
+            kv_split_observe(l, t, s * h / (y->cpu_gbps * 1e3), s * h, (1 - s) * h, first);
     }
-    kv_split_bal_step(b, 32, cpu_last);
     return t;
 }
 
-/* the best share's step time without noise: cpu / (cpu + link) of the blocks, rounded either
- * way */
-static double bal_best_us(const struct bal_sys *y)
+/* the best share's layer time, by search */
+static double split_best_us(const struct split_sys *y, double h)
 {
-    const double blk = 8 << 20, s = y->cpu_gbps / (y->cpu_gbps + y->link_gbps);
     double best = 1e30;
-    for (uint32_t k = (uint32_t)(s * y->nb); k <= (uint32_t)(s * y->nb) + 1; k++) {
-        const double tc = k * blk / (y->cpu_gbps * 1e3),
-                     tg = (y->nb - k) * blk / (y->link_gbps * 1e3);
-        best = fmin(best, 32 * fmax(tc, tg));
+    for (int i = 0; i <= 900; i++) {
+        int first;
+        double t = split_layer_us(y, h, i / 1000.0, &first);
+        best = t < best ? t : best;
     }
     return best;
 }
 
-/* runs n steps; returns the mean step time of the last half */
-static double bal_run(struct kv_split_bal *b, struct bal_sys *y, int n)
-{
-    double sum = 0;
-    for (int i = 0; i < n; i++) {
-        const double t = bal_step(b, y);
-        sum += i >= n / 2 ? t : 0;
-    }
-    return sum / (n - n / 2);
-}
-
-static void test_split_balance(void **state)
+static void test_split_share(void **state)
 {
     (void)state;
-    struct kv_split_bal b;
-    /* the H200 host's rates (cpu 58 GB/s beside the link's 54) over a b=1 32k tail of 115
-     * blocks, 5 % noise: from a share too low (a probe that met a busy cpu) and one too high,
-     * it lands on the even one (58 / 112 = 0.518) within a dozen steps and then stays within
-     * 3 % of the best step time */
-    const double starts[] = {0.30, 0.42, 0.80};
-    for (size_t i = 0; i < sizeof(starts) / sizeof(starts[0]); i++) {
-        struct bal_sys y = {58, 54, 0.05, 115, 1 + i};
-        kv_split_bal_init(&b, starts[i], 0.9);
-        for (int s = 0; s < 12; s++)
-            bal_step(&b, &y);
-        assert_true(fabs(b.share - 58.0 / 112) < 0.04);
-        assert_true(bal_run(&b, &y, 200) <= 1.03 * bal_best_us(&y));
-        assert_true(fabs(b.share - 58.0 / 112) < 0.04);
-        assert_int_equal(b.steps, 212);
-    }
-    /* the cpu halves (another process took it) and comes back: the share follows each way */
-    struct bal_sys y = {58, 54, 0.05, 115, 7};
-    kv_split_bal_init(&b, 0.52, 0.9);
-    bal_run(&b, &y, 40);
-    y.cpu_gbps = 29;
-    for (int s = 0; s < 15; s++)
-        bal_step(&b, &y);
-    assert_true(fabs(b.share - 29.0 / 83) < 0.04);
-    assert_true(bal_run(&b, &y, 100) <= 1.03 * bal_best_us(&y));
-    y.cpu_gbps = 58;
-    for (int s = 0; s < 15; s++)
-        bal_step(&b, &y);
-    assert_true(fabs(b.share - 58.0 / 112) < 0.04);
-    /* a cpu far slower than the link: down to the floor, not off (the layers keep telling);
-     * one far faster: up to the cap */
-    y.cpu_gbps = 0.5;
-    bal_run(&b, &y, 40);
-    assert_true(b.share == KV_SPLIT_BAL_MIN);
-    y.cpu_gbps = 5000;
-    bal_run(&b, &y, 40);
-    assert_true(b.share == 0.9);
-    /* an update moves it by the step x the layers' margin; the step grows by half while the
-     * sign holds and halves when it turns, within its bounds; nothing told, nothing moves; a
-     * count past n is taken as n */
-    kv_split_bal_init(&b, 0.5, 0.9);
-    assert_true(fabs(kv_split_bal_step(&b, 32, 0) - 0.55) < 1e-12); /* 0.05 x 1 */
-    assert_true(fabs(kv_split_bal_step(&b, 32, 16) - 0.55) < 1e-12);
-    assert_true(fabs(kv_split_bal_step(&b, 32, 8) - (0.55 + 0.075 * 0.5)) < 1e-12);
-    assert_true(fabs(kv_split_bal_step(&b, 32, 99) - (0.5875 - 0.0375)) < 1e-12);
-    assert_true(kv_split_bal_step(&b, 0, 0) == b.share && b.steps == 4);
-    for (int i = 0; i < 20; i++)
-        kv_split_bal_step(&b, 32, i % 2 ? 0 : 32);
-    assert_true(b.step == KV_SPLIT_BAL_STEP_MIN);
-    for (int i = 0; i < 20; i++)
-        kv_split_bal_step(&b, 32, 32);
-    assert_true(b.step == KV_SPLIT_BAL_STEP_MAX && b.share == KV_SPLIT_BAL_MIN);
-    /* the start and the cap are clamped */
-    kv_split_bal_init(&b, 0, 0.9);
-    assert_true(b.share == KV_SPLIT_BAL_MIN);
-    kv_split_bal_init(&b, 0.95, 0.6);
-    assert_true(b.share == 0.6 && b.max == 0.6);
-}
-
-static void test_split_spread(void **state)
-{
-    (void)state;
+    struct kv_split_learn l;
+    kv_split_learn_init(&l, 400, 18.67, 50);
+    /* a 46 MB layer tail (ramp just past the device on the H200): (920 - 400) / (920 + 2464) */
+    assert_true(fabs(kv_split_share(&l, 46e6, 0.9) - 520.0 / 3384.0) < 1e-3);
+    /* no gain: the chain alone as long as the link; a long tail: toward cpu / (cpu + link) */
+    assert_true(kv_split_share(&l, 20e6, 0.9) == 0);
+    assert_true(kv_split_share(&l, 0, 0.9) == 0);
+    assert_true(fabs(kv_split_share(&l, 4e9, 0.9) - 18.67 / 68.67) < 2e-3);
+    assert_true(kv_split_share(&l, 4e9, 0.1) == 0.1);
     uint32_t n[] = {2, 3, 0, 2, 1}, out[5];
     for (uint32_t k = 0; k <= 9; k++) {
         kv_split_spread(n, 5, k, out);
@@ -334,13 +267,57 @@ static void test_split_spread(void **state)
     assert_int_equal(out[2], 0);
 }
 
+static void test_split_learns(void **state)
+{
+    (void)state;
+    struct kv_split_learn l;
+    /* a slower cpu and a longer chain than it starts from: it learns both and lands within 5 %
+     * of the best share's layer time, under no split's */
+    const struct split_sys y = {520, 14, 53};
+    kv_split_learn_init(&l, 400, 18.67, 50);
+    const double h = 46e6, t = split_run(&l, &y, h, 400), best = split_best_us(&y, h);
+    assert_true(t <= best * 1.05);
+    assert_true(t < 0.96 * h / (y.link_gbps * 1e3)); /* 795 us against 868 at best */
+    assert_true(fabs(l.fix_us - 520) < 10 && fabs(l.cpu_gbps - 14) < 0.5);
+    assert_true(l.n_cpu > 0);
+    /* a link slower than it assumes (the cpu's reads share host memory with the copies): the
+     * layers the gpu's part held up teach it the link, and the share grows */
+    const struct split_sys slow = {400, 18.67, 35};
+    kv_split_learn_init(&l, 400, 18.67, 50);
+    const double s0 = kv_split_share(&l, 200e6, 0.9);
+    const double t2 = split_run(&l, &slow, 200e6, 400);
+    assert_true(l.n_link > 0 && fabs(l.link_gbps - 35) < 3);
+    assert_true(kv_split_share(&l, 200e6, 0.9) > s0);
+    assert_true(t2 <= split_best_us(&slow, 200e6) * 1.05);
+    /* a link figure far too low (a few early layers held up by something else): the share
+     * starts too high and every layer's cpu part is the slower; what the gpu's parts took at
+     * most raises the figure and the share comes down, if not all the way */
+    const struct split_sys fast = {300, 38, 50};
+    kv_split_learn_init(&l, 300, 38, 23.6);
+    const double s_low = kv_split_share(&l, 190e6, 0.9);
+    split_run(&l, &fast, 190e6, 400);
+    assert_true(l.link_gbps > 23.6 && kv_split_share(&l, 190e6, 0.9) < s_low);
+    /* a chain too long for the split to pay: after the first layers it stays off, and a layer
+     * takes what the link alone takes */
+    const struct split_sys hopeless = {3000, 18.67, 50};
+    kv_split_learn_init(&l, 400, 18.67, 50);
+    const double t3 = split_run(&l, &hopeless, 46e6, 200);
+    assert_true(kv_split_share(&l, 46e6, 0.9) * 43 < 0.5); /* not one block */
+    assert_true(fabs(t3 - 46e6 / 50e3) < 1);
+    /* samples from a stalled layer are dropped */
+    kv_split_learn_init(&l, 400, 18.67, 50);
+    kv_split_observe(&l, 2e5, 100, 1e6, 1e6, 1);
+    kv_split_observe(&l, 500, 600, 1e6, 1e6, 1);
+    assert_true(l.fix_us == 400 && l.n_cpu == 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_geometry),       cmocka_unit_test(test_local_alloc_migrate),
         cmocka_unit_test(test_local_mem_ops),  cmocka_unit_test(test_stage_passes),
-        cmocka_unit_test(test_host_cpu_share), cmocka_unit_test(test_split_balance),
-        cmocka_unit_test(test_split_spread),
+        cmocka_unit_test(test_host_cpu_share), cmocka_unit_test(test_split_share),
+        cmocka_unit_test(test_split_learns),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

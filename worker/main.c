@@ -750,7 +750,7 @@ static void step_report(struct worker *w, uint64_t now)
     if (now - t->t_report < w->report_ms * 1000000ull || !t->steps)
         return;
     double n = (double)t->steps;
-    char bs[2048]; /* the cuda backend's counters run past 1000 characters */
+    char bs[1024]; /* the cuda backend's counters run past 600 characters */
     backend_stats(w->be, bs, sizeof bs);
     log_info(
         "%llu steps in %.1f s (%.1f decode steps each, %.1f sampled rows, %.1f of them picked "

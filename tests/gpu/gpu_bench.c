@@ -505,7 +505,7 @@ static int bench_linear(struct backend *be)
  * graphs ran (RKV_CUDA_GRAPH=1): a recording inside the timed steps shows here */
 static void graph_counts(struct backend *be, int print)
 {
-    char st[2048] = "";
+    char st[1024] = "";
     backend_stats(be, st, sizeof(st));
     const char *g = strstr(st, "decode layers as graphs");
     if (print && g && !strstr(g, ": 0 recorded, 0 replayed, 0 failed"))
@@ -516,7 +516,7 @@ static void graph_counts(struct backend *be, int print)
  * host blocks read and wrote them) */
 static void host_counts(struct backend *be, int print)
 {
-    char st[2048] = "";
+    char st[1024] = "";
     backend_stats(be, st, sizeof(st));
     const char *e = strstr(st, "; gemm inputs");
     if (print && e)
@@ -555,21 +555,20 @@ static uint32_t host_case_seqs(struct kv_block_ref *tab, struct host_case c, str
     return n_host;
 }
 
-/* times c after warm untimed steps (at least 1), records it against the step's bound ("decode
- * b=.. ctx=.. host=..%", then " <what> <pct>%" where what is given: the split share the backend
- * runs at, or starts from) and returns its tok/s (0 on failure, in *rc) */
+/* times c, records it against the step's bound ("decode b=.. ctx=.. host=..%", then
+ * " <what> <pct>%" where what is given: the split share the backend runs at) and returns its
+ * tok/s (0 on failure, in *rc) */
 static double host_row(struct fwd *f, struct kv_block_ref *tab, const struct dec_bufs *db,
-                       struct host_case c, uint32_t warm, const char *what, uint32_t pct,
-                       double wbytes, double block_bytes, double hbm, double pcie, int *rc)
+                       struct host_case c, const char *what, uint32_t pct, double wbytes,
+                       double block_bytes, double hbm, double pcie, int *rc)
 {
     struct fwd_seq ss[16];
     int32_t toks[16];
     if (c.ns == 0 || c.ns > 16)
         return 0;
     const uint32_t nbs = c.ctx / 256, n_host = host_case_seqs(tab, c, ss, toks);
-    for (uint32_t i = 0; i < (warm ? warm : 1); i++)
-        if ((*rc = dec_step(f, ss, c.ns, db)) != 0)
-            return 0;
+    if ((*rc = dec_step(f, ss, c.ns, db)) != 0)
+        return 0;
     double t = time_steps(f, ss, c.ns, c.ns == 1 ? 12 : 5, db, 0, NULL, 0, rc);
     if (*rc || t <= 0)
         return 0;
@@ -804,7 +803,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
             profiled = 1;
             break;
         }
-        host_row(f, tab, &db, c, 1, NULL, 0, wbytes, 256 * kv_per_tok, hbm, pcie, &rc);
+        host_row(f, tab, &db, c, NULL, 0, wbytes, 256 * kv_per_tok, hbm, pcie, &rc);
     }
     /* the split host read at the share the worker's start-up probe picks (worker/rates.c: the
      * cpu's and the link's rates side by side): the long host tails again, at that share. The
@@ -828,29 +827,11 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
         double at_probe[5] = {0};
         if (pct && backend_host_split(be, pct, 0) == 0)
             for (size_t ri = 0; ri < 5 && rc == 0; ri++)
-                at_probe[ri] = host_row(f, tab, &db, rows[ri], 1, "split", pct, wbytes,
+                at_probe[ri] = host_row(f, tab, &db, rows[ri], "split", pct, wbytes,
                                         256 * kv_per_tok, hbm, pcie, &rc);
-        /* the worker's default: the share balanced step by step from the probe's, and from 30 %
-         * (a probe that met a busy cpu: 42 % on the H200 host in one run of session 37), after
-         * 24 untimed steps; then the share it holds */
-        const uint32_t from[2] = {pct, 30};
-        double bal[2][2] = {{0}};
-        for (size_t k = 0; k < 2 && pct && rc == 0; k++) {
-            const size_t ri = k ? 4 : 1;
-            for (size_t fi = 0; fi < 2 && rc == 0; fi++) {
-                if (backend_host_split(be, from[fi], 1) != 0)
-                    break;
-                bal[k][fi] = host_row(f, tab, &db, rows[ri], 24, "balanced from", from[fi], wbytes,
-                                      256 * kv_per_tok, hbm, pcie, &rc);
-                char st[2048] = "";
-                backend_stats(be, st, sizeof(st));
-                const char *b = strstr(st, "a balanced share"), *e = b ? strchr(b, ')') : NULL;
-                printf("    %.*s\n", b && e ? (int)(e + 1 - b) : 4, b && e ? b : "none");
-            }
-        }
         /* the longest tails again at fixed shares around it: how far the probe's share is from
          * the best of them (session 35, H100: the old probe's 40 % read 1.35 against 1.70 at
-         * 55 %), and the balanced share's */
+         * 55 %) */
         static const uint32_t shares[] = {30, 40, 50, 55, 60, 65, 70};
         for (size_t k = 0; k < 2 && pct && rc == 0; k++) {
             const size_t ri = k ? 4 : 1;
@@ -859,7 +840,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
             for (size_t si = 0; si < sizeof(shares) / sizeof(shares[0]) && rc == 0; si++) {
                 if (backend_host_split(be, shares[si], 0) != 0)
                     break;
-                double tps = host_row(f, tab, &db, rows[ri], 1, "share", shares[si], wbytes,
+                double tps = host_row(f, tab, &db, rows[ri], "share", shares[si], wbytes,
                                       256 * kv_per_tok, hbm, pcie, &rc);
                 if (tps > best)
                     best = tps, best_pct = shares[si];
@@ -869,14 +850,6 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
                 snprintf(name, sizeof(name), "split probe b=%u ctx=%u %u%% over best %u%% (x)",
                          rows[ri].ns, rows[ri].ctx, pct, best_pct);
                 record("decode", name, at_probe[ri] / best, "x", 1.0, at_probe[ri] / best);
-                for (size_t fi = 0; fi < 2; fi++) {
-                    if (bal[k][fi] <= 0)
-                        continue;
-                    snprintf(name, sizeof(name),
-                             "split balanced b=%u ctx=%u from %u%% over best %u%% (x)", rows[ri].ns,
-                             rows[ri].ctx, from[fi], best_pct);
-                    record("decode", name, bal[k][fi] / best, "x", 1.0, bal[k][fi] / best);
-                }
             }
         }
         backend_host_split(be, 0, 0);

@@ -391,7 +391,7 @@ int gpu_model_graph_tests(struct backend *plain, struct backend *graph, int *pas
     static const enum be_type ts[] = {BE_BF16, BE_F32};
     for (int i = 0; i < 2; i++) {
         int same = 0, n = 0;
-        char st[2048] = "";
+        char st[1024] = "";
         int rc = run_graph(plain, graph, ts[i], &same, &n, st, sizeof st);
         const int replayed = strstr(st, " 0 replayed") == NULL && strstr(st, "replayed");
         const int ok = rc == 0 && n > 0 && same == n && replayed && strstr(st, " 0 failed");

@@ -122,7 +122,7 @@ static int mma_expected(enum be_type t, uint32_t n, uint32_t n_in, const uint32_
 /* the backend's tensor-core linear launches since the last call */
 static unsigned long long mma_runs(struct backend *g)
 {
-    char st[2048] = "";
+    char st[1024] = "";
     backend_stats(g, st, sizeof(st));
     const char *p = strstr(st, "decode linears on tensor cores: ");
     return p ? strtoull(p + strlen("decode linears on tensor cores: "), NULL, 10) : 0;
@@ -1022,8 +1022,7 @@ static void attn_fixed_identity(const struct attn_case *ac, int idx)
     struct be_seq seqs[6];
     int32_t *pos = calloc(T, sizeof(int32_t));
     uint32_t *seq_of = calloc(T, sizeof(uint32_t));
-    float *first = malloc((size_t)T * qd * sizeof(float)),
-          *got = malloc((size_t)T * qd * sizeof(float));
+    float *first = malloc((size_t)T * qd * sizeof(float)), *got = malloc((size_t)T * qd * sizeof(float));
     uint32_t layer = ac->n_layer - 1;
     int same = 1, close_ = 1;
     for (int way = 0; way < 4 && rc == 0; way++) {
@@ -1056,8 +1055,8 @@ static void attn_fixed_identity(const struct attn_case *ac, int idx)
         if (any_host)
             rc |= attn_partial_forward(gpu, &b, layer, KV_HOST, q.g, &at, &oh) |
                   attn_merge_forward(gpu, &od, &oh, T, &at);
-        rc |= backend_sync(gpu) | backend_tensor_get(gpu, po[0].g, way ? got : first, 0,
-                                                     (size_t)T * qd * sizeof(float));
+        rc |= backend_sync(gpu) |
+              backend_tensor_get(gpu, po[0].g, way ? got : first, 0, (size_t)T * qd * sizeof(float));
         if (way && memcmp(first, got, (size_t)T * qd * sizeof(float)) != 0) {
             size_t i = 0;
             while (i < (size_t)T * qd && first[i] == got[i])
@@ -1342,7 +1341,7 @@ int main(int argc, char **argv)
         setenv("RKV_CUDA_HOST_READ", "copy", 1); /* passes stage copies */
         setenv("RKV_CUDA_STAGE_PASSES", "1", 1);
         setenv("RKV_CUDA_STAGE_PASS_KB", "112", 1);
-        char st[2048] = "";
+        char st[1024] = "";
         attention_with("host blocks staged in passes of 112 KiB", st, sizeof(st));
         CHECK("attention: staging passes ran", strstr(st, " 0 in 0 passes") == NULL);
         /* the same with a copy per run of consecutive blocks instead of one batched call */
@@ -1420,18 +1419,12 @@ int main(int argc, char **argv)
             "host blocks split, 40 % on the cpu, the rest zero-copy",
             "RKV_CUDA_HOST_SPLIT=40 RKV_CUDA_HOST_SPLIT_MIN_US=0 RKV_CUDA_HOST_READ=zerocopy",
             " 0 split", NULL);
-        /* the balanced share (the worker's default) from 40 %: each step's share from the layers
-         * before it, spread over the decode rows in proportion; on the launching thread and as
-         * a host function */
-        attention_env("host blocks split, the share balanced",
-                      "RKV_CUDA_HOST_SPLIT=40 RKV_CUDA_HOST_SPLIT_BALANCE=1 "
-                      "RKV_CUDA_HOST_SPLIT_MIN_US=0 RKV_CUDA_HOST_READ=copy",
-                      " 0 split", "a balanced share");
-        attention_env("host blocks split, the share balanced, as a host function",
-                      "RKV_CUDA_HOST_SPLIT=40 RKV_CUDA_HOST_SPLIT_BALANCE=1 "
-                      "RKV_CUDA_HOST_SPLIT_MIN_US=0 RKV_CUDA_HOST_SPLIT_ASYNC=1 "
-                      "RKV_CUDA_HOST_READ=copy",
-                      "(0 off the launching", "a balanced share");
+        /* the learned share (the worker's default) from 40 % with no chain: every step splits,
+         * each spread over the decode rows in proportion */
+        attention_env("host blocks split, the share learned",
+                      "RKV_CUDA_HOST_SPLIT=40 RKV_CUDA_HOST_SPLIT_LEARN=1 "
+                      "RKV_CUDA_HOST_SPLIT_FIX_US=0 RKV_CUDA_HOST_READ=copy",
+                      " 0 split", "learned share");
         attention_env("host blocks split, 40 % on the cpu as a host function",
                       "RKV_CUDA_HOST_SPLIT=40 RKV_CUDA_HOST_SPLIT_MIN_US=0 "
                       "RKV_CUDA_HOST_SPLIT_ASYNC=1 RKV_CUDA_HOST_READ=copy",
@@ -1537,7 +1530,7 @@ int main(int argc, char **argv)
         struct backend *split = NULL;
         if (backend_init(&go, &split, err, sizeof(err)) == 0) {
             gpu_model_cpu_tail_tests(cpu, split, "split", &n_pass, &n_fail);
-            char st[2048] = "";
+            char st[1024] = "";
             backend_stats(split, st, sizeof(st));
             printf("  %s\n", st);
             CHECK("model: the split host read ran", strstr(st, " 0 split") == NULL);

@@ -121,28 +121,6 @@ static int host_split_on(const struct cuda_ctx *c)
            c->n_blocks[KV_DEVICE] > 0;
 }
 
-/* the balance's tally, once a step's layers have told (a split layer of each): the share moves
- * (kv_split_bal_step) and the tally starts again */
-static void split_bal_take(struct cuda_ctx *c)
-{
-    const uint64_t t = __atomic_load_n(&c->bal_tally, __ATOMIC_ACQUIRE);
-    if ((t >> 32) < c->layout.n_layer)
-        return;
-    const uint64_t all = __atomic_exchange_n(&c->bal_tally, 0, __ATOMIC_ACQ_REL);
-    kv_split_bal_step(&c->split_b, (uint32_t)(all >> 32), (uint32_t)all);
-    c->hst.bal_told += all >> 32;
-    c->hst.bal_cpu_last += (uint32_t)all;
-}
-
-/* a split layer's cpu part has ended (told by the thread that ran it): the gpu's part was done
- * first when the word holds this layer's number or a later one */
-static void split_bal_tell(struct cuda_ctx *c, uint32_t seq)
-{
-    const uint32_t done = __atomic_load_n(c->bal_word, __ATOMIC_ACQUIRE);
-    const uint64_t cpu_last = (int32_t)(done - seq) >= 0;
-    __atomic_add_fetch(&c->bal_tally, ((uint64_t)1 << 32) | cpu_last, __ATOMIC_ACQ_REL);
-}
-
 /* sc[s]: the host blocks of sequence s the gpu stages (those some token reads, less the oldest
  * m->cpu_k[s] the cpu attends when the host read is split, kv_host_cpu_share); the staged
  * slots of all in *all */
@@ -163,42 +141,51 @@ static int meta_host_shares(struct cuda_ctx *c, const struct be_batch *b, uint32
     m->cpu_blocks = 0;
     m->decode_only = 1;
     *all = 0;
-    /* balanced: every sequence's read host blocks first (pct 0), the step's share after */
-    const int bal = split && c->split_bal;
+    /* learned: every sequence's read host blocks first (pct 0), the cpu's share after */
+    const int learn = split && c->split_learn;
     uint64_t dec_blocks = 0; /* host blocks decode rows read */
     for (uint32_t s = 0; s < b->n_seqs; s++) {
         const struct be_seq *q = &b->seqs[s];
         const uint64_t last = (uint64_t)q->n_past + (q->n_tokens ? q->n_tokens - 1 : 0);
         m->cpu_k[s] = kv_host_cpu_share(q->blocks, q->n_blocks, B, last, q->n_tokens,
-                                        bal ? 0 : split, &sc[s]);
+                                        learn ? 0 : split, &sc[s]);
         dec_blocks += q->n_tokens <= 1 ? sc[s] : 0;
         m->decode_only &= q->n_tokens <= 1;
     }
     const double h = (double)dec_blocks * 2 * kv_slice_bytes(&c->layout); /* a layer's bytes */
-    /* the link time of the decode rows' host bytes of one layer, in us */
-    const double link_us = h / (c->link_gbps * 1e3);
-    int gated = !split || link_us < (double)c->split_min_us;
-    if (bal && !gated) {
-        split_bal_take(c);
-        const uint32_t k = (uint32_t)(c->split_b.share * (double)dec_blocks + 0.5);
+    int gated = 1;
+    if (learn) {
+        if (!c->split_l_init) {
+            /* the cpu's rate from the share of the measured rates: pct = cpu / (cpu + link) */
+            const double pct = split >= 100 ? 99 : split;
+            kv_split_learn_init(&c->split_l, c->split_fix0_us, c->link_gbps * pct / (100 - pct),
+                                c->link_gbps);
+            c->split_l_init = 1;
+        }
+        const double share = kv_split_share(&c->split_l, h, 0.9);
+        const uint32_t k = (uint32_t)(share * (double)dec_blocks + 0.5);
         gated = k == 0;
         if (!gated) {
             /* spread over the decode rows (a prefill row's count is left out) */
             for (uint32_t s = 0; s < b->n_seqs; s++)
                 m->cpu_k[s] = b->seqs[s].n_tokens <= 1 ? sc[s] : 0;
             kv_split_spread(m->cpu_k, b->n_seqs, k, m->cpu_k);
-        }
-    }
-    if (split && dec_blocks) {
-        c->hst.tail_us += link_us;
-        c->hst.tail_n++;
-        if (!gated && bal) {
-            c->hst.split_share += c->split_b.share;
+            c->hst.split_share += (double)k / (double)dec_blocks;
             c->hst.split_steps++;
         }
     }
-    m->split_async = !gated && (c->split_async == 1 ||
-                                (c->split_async == 2 && link_us >= (double)c->split_async_us));
+    /* the link time of the decode rows' host bytes of one layer, in us */
+    const double link_us = h / (c->link_gbps * 1e3);
+    if (!learn)
+        gated = !split || link_us < (double)c->split_min_us;
+    /* the learned share's samples are the launching thread's waits */
+    if (split && dec_blocks) {
+        c->hst.tail_us += link_us;
+        c->hst.tail_n++;
+    }
+    m->split_async =
+        !gated && !learn &&
+        (c->split_async == 1 || (c->split_async == 2 && link_us >= (double)c->split_async_us));
     for (uint32_t s = 0; s < b->n_seqs; s++) {
         if (gated)
             m->cpu_k[s] = 0;
@@ -1424,6 +1411,19 @@ static int split_view(struct cuda_ctx *c, const struct be_batch *b, struct be_ba
     return 0;
 }
 
+/* the learned share's sample of the split layer before this one (its period closes at this
+ * layer's q on the host, q_ns): the step's bytes are the same at every layer */
+static void split_learn_layer(struct cuda_ctx *c, uint32_t layer, uint64_t q_ns)
+{
+    if (c->split_prev.valid && c->split_prev.layer + 1 == layer && c->meta.decode_only) {
+        const double slice2 = 2.0 * (double)kv_slice_bytes(&c->layout);
+        kv_split_observe(&c->split_l, (double)(q_ns - c->split_prev.q_ns) / 1e3,
+                         c->split_prev.cpu_us, (double)c->meta.cpu_blocks * slice2,
+                         (double)c->meta.n_slots * slice2, c->split_prev.gpu_first);
+    }
+    c->split_prev.valid = 0;
+}
+
 /* the split's last step on the side stream: the cpu's partial (o_t, then its m and l, on the
  * device) merged by lse into the gpu's host partial out */
 static int split_merge(struct cuda_ctx *c, const struct be_partial *out, float *o_t, uint32_t n,
@@ -1447,8 +1447,7 @@ struct split_job {
     struct cuda_ctx *c;
     uint32_t layer;
     struct be_attn at;
-    size_t n_th;  /* rows x heads */
-    uint32_t seq; /* the balance's number of the layer (0: it does not tell) */
+    size_t n_th; /* rows x heads */
 };
 
 static void CUDART_CB split_cpu_job(void *arg)
@@ -1466,8 +1465,6 @@ static void CUDART_CB split_cpu_job(void *arg)
         __atomic_store_n(&c->split_async_rc, rc, __ATOMIC_RELEASE);
         return;
     }
-    if (j->seq)
-        split_bal_tell(c, j->seq);
     memcpy(c->split_up, t[1]->data, j->n_th * hd * sizeof(float));
     memcpy(c->split_up + j->n_th * hd, t[2]->data, j->n_th * sizeof(float));
     memcpy(c->split_up + j->n_th * (hd + 1), t[3]->data, j->n_th * sizeof(float));
@@ -1483,8 +1480,7 @@ static int split_async_err(struct cuda_ctx *c)
  * stream's copy up and merge wait for it. The view is the step's (the same at every layer),
  * built when the meta changes, once the jobs of the step before are done */
 static int split_host_cpu_async(struct cuda_ctx *c, const struct be_batch *b, uint32_t layer,
-                                uint32_t seq, const struct be_attn *at,
-                                const struct be_partial *out)
+                                const struct be_attn *at, const struct be_partial *out)
 {
     const uint32_t n = b->n_tokens;
     const size_t n_th = (size_t)n * at->n_head, up = n_th * (at->head_dim + 2) * sizeof(float);
@@ -1519,7 +1515,7 @@ static int split_host_cpu_async(struct cuda_ctx *c, const struct be_batch *b, ui
         return rc;
     /* job layer's slot is free: the step before ended in a sync that came after its jobs */
     struct split_job *j = &c->split_jobs[layer];
-    *j = (struct split_job){c, layer, *at, n_th, seq};
+    *j = (struct split_job){c, layer, *at, n_th};
     CU_TRY(cudaStreamWaitEvent(c->cpu_s, c->ev_qdown, 0));
     CU_TRY(cudaLaunchHostFunc(c->cpu_s, split_cpu_job, j));
     CU_TRY(cudaEventRecord(c->ev_cpu_done, c->cpu_s));
@@ -1535,7 +1531,7 @@ static int split_host_cpu_async(struct cuda_ctx *c, const struct be_batch *b, ui
  * attends each sequence's share once q is down; its partial goes up and is merged by lse into
  * the gpu's host partial, on the side stream */
 static int split_host_cpu(struct cuda_ctx *c, const struct be_batch *b, uint32_t layer,
-                          uint32_t seq, const struct be_attn *at, const struct be_partial *out)
+                          const struct be_attn *at, const struct be_partial *out)
 {
     const uint32_t n = b->n_tokens;
     const size_t n_th = (size_t)n * at->n_head;
@@ -1551,12 +1547,25 @@ static int split_host_cpu(struct cuda_ctx *c, const struct be_batch *b, uint32_t
         return rc;
     struct be_tensor **t = c->cpu_t;
     CU_TRY(cudaEventSynchronize(c->ev_qdown));
+    const uint64_t q_ns = c->split_learn ? rkv_now_ns() : 0;
+    if (c->split_learn)
+        split_learn_layer(c, layer, q_ns);
     memcpy(t[0]->data, c->qdown, n_th * at->head_dim * sizeof(float));
     const struct be_partial part = {t[1], t[2], t[3]};
     if ((rc = attn_partial_forward(c->cpu_be, &v, layer, KV_HOST, t[0], at, &part)) < 0)
         return rc;
-    if (seq)
-        split_bal_tell(c, seq);
+    if (c->split_learn) {
+        /* the gpu's host part (queued on the side stream before the cpu began) is done: the
+         * cpu's part was the slower */
+        const cudaError_t first = cudaEventQuery(c->ev_side_done);
+        if (first != cudaSuccess && first != cudaErrorNotReady)
+            CU_TRY(first);
+        c->split_prev.valid = 1;
+        c->split_prev.layer = layer;
+        c->split_prev.q_ns = q_ns;
+        c->split_prev.cpu_us = (double)(rkv_now_ns() - q_ns) / 1e3;
+        c->split_prev.gpu_first = first == cudaSuccess;
+    }
     float *o_t = (float *)c->pass_part, *m_t = o_t + n_th * at->head_dim, *l_t = m_t + n_th;
     CU_TRY(cudaMemcpyAsync(o_t, t[1]->data, n_th * at->head_dim * sizeof(float),
                            cudaMemcpyHostToDevice, c->side));
@@ -1566,9 +1575,8 @@ static int split_host_cpu(struct cuda_ctx *c, const struct be_batch *b, uint32_t
     return rc;
 }
 
-/* the split host read's share, fixed or where the balanced one starts; the environment's
- * (RKV_CUDA_HOST_SPLIT, for a/b runs and tests) wins, fixed unless RKV_CUDA_HOST_SPLIT_BALANCE=1
- * is set too */
+/* the split host read's share, fixed or where the learned one starts; the environment's
+ * (RKV_CUDA_HOST_SPLIT, for a/b runs and tests) wins, fixed */
 static int cu_host_split(void *ctx, uint32_t pct, int learn)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
@@ -1576,11 +1584,15 @@ static int cu_host_split(void *ctx, uint32_t pct, int learn)
         return RKV_EUNSUPPORTED; /* host_split_on keeps it off there */
     if (!getenv("RKV_CUDA_HOST_SPLIT")) {
         c->host_split = pct;
-        c->split_bal = learn && pct && c->split_bal_env;
+        /* learned only when asked: on the H200 neither form beat the fixed share yet
+         * (tests/gpu/NOTES.md, thirty-first session) */
+        c->split_learn = learn && pct && c->split_learn_env && c->split_async != 1;
+        c->split_l_init = 0;
+        if (c->split_learn)
+            log_info("cuda: the split host read's share is learned from the layers it splits "
+                     "(RKV_CUDA_HOST_SPLIT_LEARN=1), up to %u %% for a long tail",
+                     pct);
     }
-    /* from this share (a/b rows call it again with another): the tally of the old one goes */
-    kv_split_bal_init(&c->split_b, c->host_split / 100.0, 0.9);
-    __atomic_store_n(&c->bal_tally, 0, __ATOMIC_RELEASE);
     return 0;
 }
 
@@ -1639,16 +1651,9 @@ static int cu_attn_partial(void *ctx, const struct be_batch *b, uint32_t layer,
                       c, q, (size_t)b->n_tokens * at->n_head * at->head_dim * sizeof(float))) < 0)
         return rc;
     rc = attn_host_gpu(c, &a, layer);
-    /* the balance's mark behind the gpu's part (decode-only steps: a prompt chunk's layer is
-     * its own compute) */
-    uint32_t seq = 0;
-    if (rc == 0 && split && c->split_bal && c->meta.decode_only) {
-        seq = ++c->bal_seq ? c->bal_seq : ++c->bal_seq; /* never 0 */
-        rc = cuda_mark(c->bal_word_dev, seq, c->side);
-    }
     if (rc == 0 && split)
-        rc = c->meta.split_async ? split_host_cpu_async(c, b, layer, seq, at, out)
-                                 : split_host_cpu(c, b, layer, seq, at, out);
+        rc = c->meta.split_async ? split_host_cpu_async(c, b, layer, at, out)
+                                 : split_host_cpu(c, b, layer, at, out);
     return rc;
 }
 
@@ -1664,10 +1669,11 @@ static int cu_attn_merge(void *ctx, const struct be_partial *a, const struct be_
         /* both partials left one split per block: merged again block by block over both,
          * the numbers an all-device placement of the same blocks gives */
         c->fixed[KV_DEVICE].valid = c->fixed[KV_HOST].valid = 0;
-        return cuda_attn_merge_blocks(
-            c, m, c->fixed[KV_DEVICE].list, (const float *)c->part[KV_DEVICE],
-            c->fixed[KV_HOST].list, (const float *)c->part[KV_HOST], at->n_head, at->head_dim,
-            (float *)a->o->data, (float *)a->m->data, (float *)a->l->data, c->stream);
+        return cuda_attn_merge_blocks(c, m, c->fixed[KV_DEVICE].list,
+                                      (const float *)c->part[KV_DEVICE], c->fixed[KV_HOST].list,
+                                      (const float *)c->part[KV_HOST], at->n_head, at->head_dim,
+                                      (float *)a->o->data, (float *)a->m->data,
+                                      (float *)a->l->data, c->stream);
     }
     return cuda_attn_merge(c, (float *)a->o->data, (float *)a->m->data, (float *)a->l->data,
                            (const float *)b->o->data, (const float *)b->m->data,
@@ -1910,28 +1916,25 @@ static int cu_sample(void *ctx, const struct be_tensor *logits, uint32_t n,
 static int cu_stats(void *ctx, char *buf, size_t len)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    char learned[512] = "a fixed share";
-    if (!host_split_on(c))
+    char learned[256] = "a fixed share";
+    if (c->split_learn && c->split_l_init)
+        snprintf(learned, sizeof learned,
+                 "learned share %.1f %% of the host blocks a split step; a layer's chain %.0f us, "
+                 "the cpu %.1f GB/s, the link beside it %.1f GB/s, the cpu the slower in %llu "
+                 "layers, the gpu in %llu",
+                 c->hst.split_steps ? 100 * c->hst.split_share / (double)c->hst.split_steps : 0,
+                 c->split_l.fix_us, c->split_l.cpu_gbps, c->split_l.link_gbps,
+                 (unsigned long long)c->split_l.n_cpu, (unsigned long long)c->split_l.n_link);
+    else if (!host_split_on(c))
         snprintf(learned, sizeof learned, "off");
     else if (c->hst.tail_n) {
-        char as[48] = "never", share[192] = "a fixed share";
+        char as[48] = "never";
         if (c->split_async)
             snprintf(as, sizeof as, "from %u us", c->split_async == 1 ? 0 : c->split_async_us);
-        if (c->split_bal) {
-            /* the layers told: those taken, and those of the step not taken yet */
-            const uint64_t t = __atomic_load_n(&c->bal_tally, __ATOMIC_ACQUIRE);
-            snprintf(share, sizeof share,
-                     "a balanced share (%.1f %% on average over %llu split batches, now %.1f %%; "
-                     "%llu layers told, the cpu's part ended last in %llu)",
-                     c->hst.split_steps ? 100 * c->hst.split_share / (double)c->hst.split_steps : 0,
-                     (unsigned long long)c->hst.split_steps, 100 * c->split_b.share,
-                     (unsigned long long)(c->hst.bal_told + (t >> 32)),
-                     (unsigned long long)(c->hst.bal_cpu_last + (uint32_t)t));
-        }
         snprintf(learned, sizeof learned,
-                 "%s; the decode tails %.0f us of the link a layer on average over %llu "
-                 "batches, split from %u us, off the launching thread %s",
-                 share, c->hst.tail_us / (double)c->hst.tail_n, (unsigned long long)c->hst.tail_n,
+                 "a fixed share; the decode tails %.0f us of the link a layer on average over "
+                 "%llu batches, split from %u us, off the launching thread %s",
+                 c->hst.tail_us / (double)c->hst.tail_n, (unsigned long long)c->hst.tail_n,
                  c->split_min_us, as);
     }
     int n = snprintf(
@@ -2046,8 +2049,6 @@ static void cu_free(void *ctx)
     free(c->split_jobs);
     if (c->split_up)
         cudaFreeHost(c->split_up);
-    if (c->bal_word)
-        cudaFreeHost(c->bal_word);
     free(c->split_seqs);
     free(c->split_tab);
     if (c->qdown)
@@ -2125,11 +2126,8 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         cudaEventCreateWithFlags(&c->ev_kvw, cudaEventDisableTiming) != cudaSuccess ||
         cudaEventCreateWithFlags(&c->ev_qdown, cudaEventDisableTiming) != cudaSuccess ||
         cudaStreamCreateWithFlags(&c->cpu_s, cudaStreamNonBlocking) != cudaSuccess ||
-        cudaEventCreateWithFlags(&c->ev_cpu_done, cudaEventDisableTiming) != cudaSuccess ||
-        cudaHostAlloc((void **)&c->bal_word, 64, cudaHostAllocMapped) != cudaSuccess ||
-        cudaHostGetDevicePointer((void **)&c->bal_word_dev, c->bal_word, 0) != cudaSuccess)
+        cudaEventCreateWithFlags(&c->ev_cpu_done, cudaEventDisableTiming) != cudaSuccess)
         goto fail;
-    *c->bal_word = 0;
     for (int i = 0; i < 2; i++)
         if (cudaEventCreateWithFlags(&c->ev_copy_done[i], cudaEventDisableTiming) != cudaSuccess ||
             cudaEventCreateWithFlags(&c->ev_stage_free[i], cudaEventDisableTiming) != cudaSuccess ||
@@ -2213,18 +2211,19 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         /* the split host read: percent of each sequence's host blocks on the cpu (0: off) */
         c->host_split = (uint32_t)rkv_env_u64("RKV_CUDA_HOST_SPLIT", 0, 0, 100);
         /* the split's cpu part off the launching thread: 0 never, 1 always, 2 for a tail of at
-         * least split_async_us of the link a layer. H200, llama3-8b batch 16 at 4k, of the link's
+         * least split_async_us of the link a layer (not with the learned share, whose samples
+         * are the launching thread's waits). H200, llama3-8b batch 16 at 4k, of the link's
          * bound: at 25 / 50 / 87.5 % host 0.992 / 1.110 / 1.231 against 0.906 / 0.975 / 1.053
          * waiting on the launching thread; the ramp at 24-40 sessions +7-19 % tok/s, at 20
          * (about 1 ms a layer) -9-12 % (thirty-second session) */
         c->split_async = (int)rkv_env_u64("RKV_CUDA_HOST_SPLIT_ASYNC", 2, 0, 2);
         c->split_async_us = (uint32_t)rkv_env_u64("RKV_CUDA_HOST_SPLIT_ASYNC_US", 1200, 0, 1000000);
-        /* the balanced share (with the worker's host_split -1; with RKV_CUDA_HOST_SPLIT only
-         * when set to 1 here: a/b runs and tests from the environment's share) */
-        c->split_bal_env = cu_env_flag("RKV_CUDA_HOST_SPLIT_BALANCE", 1);
-        c->split_bal = c->host_split && getenv("RKV_CUDA_HOST_SPLIT_BALANCE") && c->split_bal_env;
-        kv_split_bal_init(&c->split_b, c->host_split / 100.0, 0.9);
+        /* the learned share (a/b runs; tests: from the environment's share) */
+        c->split_learn_env = cu_env_flag("RKV_CUDA_HOST_SPLIT_LEARN", 0);
+        c->split_learn = c->host_split && c->split_learn_env && c->split_async != 1;
         c->split_min_us = (uint32_t)rkv_env_u64("RKV_CUDA_HOST_SPLIT_MIN_US", 1000, 0, 1000000);
+        /* the learned share's first chain: the H200's at batch 20 (400-475 us a layer) */
+        c->split_fix0_us = (uint32_t)rkv_env_u64("RKV_CUDA_HOST_SPLIT_FIX_US", 400, 0, 100000);
         c->link_gbps = 50.0;
         c->merge_in_attn = cu_env_flag("RKV_CUDA_MERGE_IN_ATTN", 1);
         /* batch 64 at 4k: 4557 / 4624 tok/s against 4468 / 4453 with two gemms; prefill 4k / 32k
