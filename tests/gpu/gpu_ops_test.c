@@ -1022,8 +1022,7 @@ static void attn_fixed_identity(const struct attn_case *ac, int idx)
     struct be_seq seqs[6];
     int32_t *pos = calloc(T, sizeof(int32_t));
     uint32_t *seq_of = calloc(T, sizeof(uint32_t));
-    float *first = malloc((size_t)T * qd * sizeof(float)),
-          *got = malloc((size_t)T * qd * sizeof(float));
+    float *first = malloc((size_t)T * qd * sizeof(float)), *got = malloc((size_t)T * qd * sizeof(float));
     uint32_t layer = ac->n_layer - 1;
     int same = 1, close_ = 1;
     for (int way = 0; way < 4 && rc == 0; way++) {
@@ -1056,8 +1055,8 @@ static void attn_fixed_identity(const struct attn_case *ac, int idx)
         if (any_host)
             rc |= attn_partial_forward(gpu, &b, layer, KV_HOST, q.g, &at, &oh) |
                   attn_merge_forward(gpu, &od, &oh, T, &at);
-        rc |= backend_sync(gpu) | backend_tensor_get(gpu, po[0].g, way ? got : first, 0,
-                                                     (size_t)T * qd * sizeof(float));
+        rc |= backend_sync(gpu) |
+              backend_tensor_get(gpu, po[0].g, way ? got : first, 0, (size_t)T * qd * sizeof(float));
         if (way && memcmp(first, got, (size_t)T * qd * sizeof(float)) != 0) {
             size_t i = 0;
             while (i < (size_t)T * qd && first[i] == got[i])
@@ -1430,12 +1429,6 @@ int main(int argc, char **argv)
                       "RKV_CUDA_HOST_SPLIT=40 RKV_CUDA_HOST_SPLIT_MIN_US=0 "
                       "RKV_CUDA_HOST_SPLIT_ASYNC=1 RKV_CUDA_HOST_READ=copy",
                       "(0 off the launching", "off the launching thread");
-        /* ... on the split thread instead of a host function (where the driver waits on
-         * mapped memory: the counters say how many) */
-        attention_env("host blocks split, 40 % on the cpu on the split thread",
-                      "RKV_CUDA_HOST_SPLIT=40 RKV_CUDA_HOST_SPLIT_MIN_US=0 "
-                      "RKV_CUDA_HOST_SPLIT_ASYNC=1 RKV_CUDA_SPLIT_THREAD=1 RKV_CUDA_HOST_READ=copy",
-                      " 0 of them by the split thread", "off the launching thread");
         attention_env("host blocks split, off the launching thread from a 0 us tail",
                       "RKV_CUDA_HOST_SPLIT=40 RKV_CUDA_HOST_SPLIT_MIN_US=0 "
                       "RKV_CUDA_HOST_SPLIT_ASYNC_US=0 RKV_CUDA_HOST_READ=copy",

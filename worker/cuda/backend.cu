@@ -593,7 +593,6 @@ static void cu_tensor_free(void *ctx, struct be_tensor *t)
 }
 
 static int split_async_err(struct cuda_ctx *c);
-static int split_jobs_idle(struct cuda_ctx *c);
 
 static int cu_tensor_set(void *ctx, struct be_tensor *t, const void *src, size_t off, size_t n)
 {
@@ -1365,8 +1364,7 @@ static int split_q_down(struct cuda_ctx *c, const struct be_tensor *q, size_t by
     if (bytes > c->qdown_cap) {
         if (c->qdown) {
             CU_TRY(cudaStreamSynchronize(c->side));
-            if (split_jobs_idle(c) < 0) /* a split job reads it */
-                return RKV_ECUDA;
+            CU_TRY(cudaStreamSynchronize(c->cpu_s)); /* a split job reads it */
             cudaFreeHost(c->qdown);
             c->qdown = NULL;
             c->qdown_cap = 0;
@@ -1376,10 +1374,6 @@ static int split_q_down(struct cuda_ctx *c, const struct be_tensor *q, size_t by
     }
     CU_TRY(cudaMemcpyAsync(c->qdown, q->data, bytes, cudaMemcpyDeviceToHost, c->side));
     CU_TRY(cudaEventRecord(c->ev_qdown, c->side));
-    /* the split thread's job (split_host_cpu_async) waits for this number, set right behind q's
-     * copy down (ahead of the gpu's part on the same stream) */
-    if (c->sthr_on && c->meta.split_async)
-        return cuda_mark(c->sthr_word_dev, ++c->sthr_seq, c->side);
     return 0;
 }
 
@@ -1453,12 +1447,12 @@ struct split_job {
     struct cuda_ctx *c;
     uint32_t layer;
     struct be_attn at;
-    size_t n_th;  /* rows x heads */
-    uint32_t seq; /* the split thread's number of the job (q is down once sthr_word[0] has it) */
+    size_t n_th; /* rows x heads */
 };
 
-static void split_cpu_run(const struct split_job *j)
+static void CUDART_CB split_cpu_job(void *arg)
 {
+    const struct split_job *j = (const struct split_job *)arg;
     struct cuda_ctx *c = j->c;
     if (__atomic_load_n(&c->split_async_rc, __ATOMIC_ACQUIRE) < 0)
         return; /* a layer before failed: the step's result is an error anyway */
@@ -1474,125 +1468,6 @@ static void split_cpu_run(const struct split_job *j)
     memcpy(c->split_up, t[1]->data, j->n_th * hd * sizeof(float));
     memcpy(c->split_up + j->n_th * hd, t[2]->data, j->n_th * sizeof(float));
     memcpy(c->split_up + j->n_th * (hd + 1), t[3]->data, j->n_th * sizeof(float));
-}
-
-static void CUDART_CB split_cpu_job(void *arg)
-{
-    split_cpu_run((const struct split_job *)arg);
-}
-
-/* cuStreamWaitValue32 (cuda.h's signature), through cudart's driver entry point */
-typedef CUresult (*stream_wait_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
-
-/* the split thread: each job handed to it in turn, once q is down (sthr_word[0] has its number:
- * spins, yielding after a while); then sthr_word[16] gets the number, which the side stream
- * waits for. Told to stop, it ends what is left at once (its partials are not read: the backend
- * is going away) */
-static void *sthr_main(void *arg)
-{
-    struct cuda_ctx *c = (struct cuda_ctx *)arg;
-    pthread_mutex_lock(&c->sthr_mu);
-    for (;;) {
-        while (!c->sthr_stop && c->sthr_done == c->sthr_posted)
-            pthread_cond_wait(&c->sthr_cv, &c->sthr_mu);
-        if (c->sthr_done == c->sthr_posted)
-            break;
-        const struct split_job *j = c->sthr_ring[c->sthr_done % 64];
-        pthread_mutex_unlock(&c->sthr_mu);
-        int stop = 0;
-        for (uint32_t spins = 0;
-             (int32_t)(__atomic_load_n(c->sthr_word, __ATOMIC_ACQUIRE) - j->seq) < 0; spins++) {
-            if ((stop = __atomic_load_n(&c->sthr_stop, __ATOMIC_ACQUIRE)))
-                break;
-            if (spins < 200000)
-                __builtin_ia32_pause();
-            else
-                sched_yield();
-        }
-        if (!stop)
-            split_cpu_run(j);
-        __atomic_store_n(c->sthr_word + 16, j->seq, __ATOMIC_RELEASE);
-        pthread_mutex_lock(&c->sthr_mu);
-        c->sthr_done++;
-        pthread_cond_broadcast(&c->sthr_idle);
-    }
-    pthread_mutex_unlock(&c->sthr_mu);
-    return NULL;
-}
-
-/* no split job runs or waits: the host functions' stream and the split thread idle (the jobs
- * need only the gpu to go on) */
-static int split_jobs_idle(struct cuda_ctx *c)
-{
-    CU_TRY(cudaStreamSynchronize(c->cpu_s));
-    if (c->sthr_up) {
-        pthread_mutex_lock(&c->sthr_mu);
-        while (c->sthr_done != c->sthr_posted)
-            pthread_cond_wait(&c->sthr_idle, &c->sthr_mu);
-        pthread_mutex_unlock(&c->sthr_mu);
-    }
-    return 0;
-}
-
-/* the split thread started where asked (RKV_CUDA_SPLIT_THREAD=1) and the driver waits on a word
- * of mapped memory (tried once on cpu_s); off otherwise, with the reason logged */
-static void sthr_start(struct cuda_ctx *c)
-{
-    void *f = NULL;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &f, 12000, cudaEnableDefault, &q) !=
-            cudaSuccess ||
-        q != cudaDriverEntryPointSuccess || !f) {
-        cudaGetLastError();
-        log_warn("cuda: RKV_CUDA_SPLIT_THREAD: the driver has no cuStreamWaitValue32; the "
-                 "split's cpu part stays a host function");
-        return;
-    }
-    if (cudaHostAlloc((void **)&c->sthr_word, 128, cudaHostAllocMapped) != cudaSuccess ||
-        cudaHostGetDevicePointer((void **)&c->sthr_word_dev, c->sthr_word, 0) != cudaSuccess) {
-        cudaGetLastError();
-        log_warn("cuda: RKV_CUDA_SPLIT_THREAD: no mapped pinned word; the split's cpu part stays "
-                 "a host function");
-        return;
-    }
-    memset(c->sthr_word, 0, 128);
-    const CUresult r =
-        ((stream_wait_fn)f)((CUstream)c->cpu_s, (CUdeviceptr)(uintptr_t)(c->sthr_word_dev + 16), 0,
-                            CU_STREAM_WAIT_VALUE_GEQ);
-    if (r != CUDA_SUCCESS || cudaStreamSynchronize(c->cpu_s) != cudaSuccess) {
-        cudaGetLastError();
-        log_warn("cuda: RKV_CUDA_SPLIT_THREAD: a stream cannot wait on mapped memory here "
-                 "(CUresult %d); the split's cpu part stays a host function",
-                 (int)r);
-        return;
-    }
-    pthread_mutex_init(&c->sthr_mu, NULL);
-    pthread_cond_init(&c->sthr_cv, NULL);
-    pthread_cond_init(&c->sthr_idle, NULL);
-    if (pthread_create(&c->sthr, NULL, sthr_main, c) != 0) {
-        log_warn("cuda: RKV_CUDA_SPLIT_THREAD: cannot start the thread; the split's cpu part "
-                 "stays a host function");
-        return;
-    }
-    c->sthr_wait = f;
-    c->sthr_up = c->sthr_on = 1;
-}
-
-/* the split thread told to stop and joined (before the streams are synced: a side stream that
- * waits for a job's word goes on once it ends) */
-static void sthr_stop(struct cuda_ctx *c)
-{
-    if (!c->sthr_up)
-        return;
-    pthread_mutex_lock(&c->sthr_mu);
-    __atomic_store_n(&c->sthr_stop, 1, __ATOMIC_RELEASE);
-    pthread_cond_broadcast(&c->sthr_cv);
-    pthread_mutex_unlock(&c->sthr_mu);
-    pthread_join(c->sthr, NULL);
-    pthread_mutex_destroy(&c->sthr_mu);
-    pthread_cond_destroy(&c->sthr_cv);
-    pthread_cond_destroy(&c->sthr_idle);
-    c->sthr_up = c->sthr_on = 0;
 }
 
 /* an error of a split job since the last call (0: none), cleared */
@@ -1612,17 +1487,15 @@ static int split_host_cpu_async(struct cuda_ctx *c, const struct be_batch *b, ui
     int rc = split_async_err(c);
     if (rc < 0)
         return rc;
-    if (c->split_v_gen != c->meta.gen) {   /* 0: none yet (the first upload makes it 1) */
-        if ((rc = split_jobs_idle(c)) < 0) /* no job reads the view or the buffers now */
-            return rc;
+    if (c->split_v_gen != c->meta.gen) {         /* 0: none yet (the first upload makes it 1) */
+        CU_TRY(cudaStreamSynchronize(c->cpu_s)); /* no job reads the view or the buffers now */
         if ((rc = cpu_attn_ready(c, n, at)) < 0 || (rc = split_view(c, b, &c->split_v)) < 0)
             return rc;
         c->split_v_gen = c->meta.gen;
     }
     if (up > c->split_up_cap) {
         CU_TRY(cudaStreamSynchronize(c->side)); /* its copies up read the old buffer */
-        if ((rc = split_jobs_idle(c)) < 0)
-            return rc;
+        CU_TRY(cudaStreamSynchronize(c->cpu_s));
         cudaFreeHost(c->split_up);
         c->split_up = NULL;
         c->split_up_cap = 0;
@@ -1630,8 +1503,7 @@ static int split_host_cpu_async(struct cuda_ctx *c, const struct be_batch *b, ui
         c->split_up_cap = up;
     }
     if (c->layout.n_layer > c->split_jobs_n) {
-        if ((rc = split_jobs_idle(c)) < 0)
-            return rc;
+        CU_TRY(cudaStreamSynchronize(c->cpu_s));
         struct split_job *j =
             (struct split_job *)realloc(c->split_jobs, sizeof(*j) * c->layout.n_layer);
         if (!j)
@@ -1643,31 +1515,11 @@ static int split_host_cpu_async(struct cuda_ctx *c, const struct be_batch *b, ui
         return rc;
     /* job layer's slot is free: the step before ended in a sync that came after its jobs */
     struct split_job *j = &c->split_jobs[layer];
-    *j = (struct split_job){c, layer, *at, n_th, c->sthr_seq};
-    if (c->sthr_on) {
-        /* to the split thread (its number set by split_q_down); the side stream waits for its
-         * word (64 jobs at most in hand) */
-        pthread_mutex_lock(&c->sthr_mu);
-        while (c->sthr_posted - c->sthr_done >= 64)
-            pthread_cond_wait(&c->sthr_idle, &c->sthr_mu);
-        c->sthr_ring[c->sthr_posted++ % 64] = j;
-        pthread_cond_signal(&c->sthr_cv);
-        pthread_mutex_unlock(&c->sthr_mu);
-        const CUresult r = ((stream_wait_fn)c->sthr_wait)(
-            (CUstream)c->side, (CUdeviceptr)(uintptr_t)(c->sthr_word_dev + 16), j->seq,
-            CU_STREAM_WAIT_VALUE_GEQ);
-        if (r != CUDA_SUCCESS) {
-            log_error("cuda: the side stream's wait for the split thread failed (CUresult %d)",
-                      (int)r);
-            return RKV_ECUDA;
-        }
-        c->hst.split_thr++;
-    } else {
-        CU_TRY(cudaStreamWaitEvent(c->cpu_s, c->ev_qdown, 0));
-        CU_TRY(cudaLaunchHostFunc(c->cpu_s, split_cpu_job, j));
-        CU_TRY(cudaEventRecord(c->ev_cpu_done, c->cpu_s));
-        CU_TRY(cudaStreamWaitEvent(c->side, c->ev_cpu_done, 0));
-    }
+    *j = (struct split_job){c, layer, *at, n_th};
+    CU_TRY(cudaStreamWaitEvent(c->cpu_s, c->ev_qdown, 0));
+    CU_TRY(cudaLaunchHostFunc(c->cpu_s, split_cpu_job, j));
+    CU_TRY(cudaEventRecord(c->ev_cpu_done, c->cpu_s));
+    CU_TRY(cudaStreamWaitEvent(c->side, c->ev_cpu_done, 0));
     float *o_t = (float *)c->pass_part;
     CU_TRY(cudaMemcpyAsync(o_t, c->split_up, up, cudaMemcpyHostToDevice, c->side));
     rc = split_merge(c, out, o_t, n, at);
@@ -1817,10 +1669,11 @@ static int cu_attn_merge(void *ctx, const struct be_partial *a, const struct be_
         /* both partials left one split per block: merged again block by block over both,
          * the numbers an all-device placement of the same blocks gives */
         c->fixed[KV_DEVICE].valid = c->fixed[KV_HOST].valid = 0;
-        return cuda_attn_merge_blocks(
-            c, m, c->fixed[KV_DEVICE].list, (const float *)c->part[KV_DEVICE],
-            c->fixed[KV_HOST].list, (const float *)c->part[KV_HOST], at->n_head, at->head_dim,
-            (float *)a->o->data, (float *)a->m->data, (float *)a->l->data, c->stream);
+        return cuda_attn_merge_blocks(c, m, c->fixed[KV_DEVICE].list,
+                                      (const float *)c->part[KV_DEVICE], c->fixed[KV_HOST].list,
+                                      (const float *)c->part[KV_HOST], at->n_head, at->head_dim,
+                                      (float *)a->o->data, (float *)a->m->data,
+                                      (float *)a->l->data, c->stream);
     }
     return cuda_attn_merge(c, (float *)a->o->data, (float *)a->m->data, (float *)a->l->data,
                            (const float *)b->o->data, (const float *)b->m->data,
@@ -2084,35 +1937,34 @@ static int cu_stats(void *ctx, char *buf, size_t len)
                  c->hst.tail_us / (double)c->hst.tail_n, (unsigned long long)c->hst.tail_n,
                  c->split_min_us, as);
     }
-    int n =
-        snprintf(buf, len,
-                 "host kv layers: %llu prefetched, %llu copied in line, %llu with a host "
-                 "write, %llu zero-copy, %llu in %llu passes; %llu block slices staged in %llu "
-                 "copies, %llu staging growths, %llu with the kv write into staging (%llu "
-                 "block slices copied back), %llu attended on the cpu, %llu split with it (%llu "
-                 "off the launching thread, %llu of them by the split thread), "
-                 "%llu tails too short to split (%s); gemm inputs: %llu converted, %llu from the "
-                 "op's 16-bit copy; decode layers as graphs: %llu recorded, %llu replayed, "
-                 "%llu failed; decode linears on tensor cores: %llu; decode attention by "
-                 "tensor copies: %llu; gemms on tuned cuBLASLt algorithms: %llu (%llu shapes "
-                 "tuned, %llu faster than the heuristic's first); gemm pairs as one batch: "
-                 "%llu; rows sampled on the device: %llu (%llu "
-                 "given back to the host)",
-                 (unsigned long long)c->hst.prefetched, (unsigned long long)c->hst.inline_,
-                 (unsigned long long)c->hst.host_write, (unsigned long long)c->hst.zero_copy,
-                 (unsigned long long)c->hst.passes, (unsigned long long)c->hst.pass_n,
-                 (unsigned long long)c->hst.slots, (unsigned long long)c->hst.copies,
-                 (unsigned long long)c->hst.grown, (unsigned long long)c->hst.wb_layers,
-                 (unsigned long long)c->hst.wb_slots, (unsigned long long)c->hst.cpu_layers,
-                 (unsigned long long)c->hst.split_layers, (unsigned long long)c->hst.split_async,
-                 (unsigned long long)c->hst.split_thr, (unsigned long long)c->hst.split_gated,
-                 learned, (unsigned long long)c->hst.act16_conv,
-                 (unsigned long long)c->hst.act16_twin, (unsigned long long)c->hst.graph_rec,
-                 (unsigned long long)c->hst.graph_replay, (unsigned long long)c->hst.graph_fail,
-                 (unsigned long long)c->hst.lin_mma, (unsigned long long)c->hst.dec_tma,
-                 (unsigned long long)c->hst.lt_gemm, (unsigned long long)c->hst.lt_tuned,
-                 (unsigned long long)c->hst.lt_faster, (unsigned long long)c->hst.mm_pair,
-                 (unsigned long long)c->hst.smp_rows, (unsigned long long)c->hst.smp_back);
+    int n = snprintf(
+        buf, len,
+        "host kv layers: %llu prefetched, %llu copied in line, %llu with a host "
+        "write, %llu zero-copy, %llu in %llu passes; %llu block slices staged in %llu "
+        "copies, %llu staging growths, %llu with the kv write into staging (%llu "
+        "block slices copied back), %llu attended on the cpu, %llu split with it (%llu "
+        "off the launching thread), "
+        "%llu tails too short to split (%s); gemm inputs: %llu converted, %llu from the "
+        "op's 16-bit copy; decode layers as graphs: %llu recorded, %llu replayed, "
+        "%llu failed; decode linears on tensor cores: %llu; decode attention by "
+        "tensor copies: %llu; gemms on tuned cuBLASLt algorithms: %llu (%llu shapes "
+        "tuned, %llu faster than the heuristic's first); gemm pairs as one batch: "
+        "%llu; rows sampled on the device: %llu (%llu "
+        "given back to the host)",
+        (unsigned long long)c->hst.prefetched, (unsigned long long)c->hst.inline_,
+        (unsigned long long)c->hst.host_write, (unsigned long long)c->hst.zero_copy,
+        (unsigned long long)c->hst.passes, (unsigned long long)c->hst.pass_n,
+        (unsigned long long)c->hst.slots, (unsigned long long)c->hst.copies,
+        (unsigned long long)c->hst.grown, (unsigned long long)c->hst.wb_layers,
+        (unsigned long long)c->hst.wb_slots, (unsigned long long)c->hst.cpu_layers,
+        (unsigned long long)c->hst.split_layers, (unsigned long long)c->hst.split_async,
+        (unsigned long long)c->hst.split_gated, learned, (unsigned long long)c->hst.act16_conv,
+        (unsigned long long)c->hst.act16_twin, (unsigned long long)c->hst.graph_rec,
+        (unsigned long long)c->hst.graph_replay, (unsigned long long)c->hst.graph_fail,
+        (unsigned long long)c->hst.lin_mma, (unsigned long long)c->hst.dec_tma,
+        (unsigned long long)c->hst.lt_gemm, (unsigned long long)c->hst.lt_tuned,
+        (unsigned long long)c->hst.lt_faster, (unsigned long long)c->hst.mm_pair,
+        (unsigned long long)c->hst.smp_rows, (unsigned long long)c->hst.smp_back);
     memset(&c->hst, 0, sizeof c->hst);
     return n;
 }
@@ -2131,7 +1983,6 @@ static void cu_free(void *ctx)
     if (!c)
         return;
     cudaSetDevice(c->dev);
-    sthr_stop(c);
     if (c->stream)
         cudaStreamSynchronize(c->stream);
     if (c->side)
@@ -2198,8 +2049,6 @@ static void cu_free(void *ctx)
     free(c->split_jobs);
     if (c->split_up)
         cudaFreeHost(c->split_up);
-    if (c->sthr_word)
-        cudaFreeHost(c->sthr_word);
     free(c->split_seqs);
     free(c->split_tab);
     if (c->qdown)
@@ -2279,8 +2128,6 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         cudaStreamCreateWithFlags(&c->cpu_s, cudaStreamNonBlocking) != cudaSuccess ||
         cudaEventCreateWithFlags(&c->ev_cpu_done, cudaEventDisableTiming) != cudaSuccess)
         goto fail;
-    if (cu_env_flag("RKV_CUDA_SPLIT_THREAD", 0))
-        sthr_start(c);
     for (int i = 0; i < 2; i++)
         if (cudaEventCreateWithFlags(&c->ev_copy_done[i], cudaEventDisableTiming) != cudaSuccess ||
             cudaEventCreateWithFlags(&c->ev_stage_free[i], cudaEventDisableTiming) != cudaSuccess ||

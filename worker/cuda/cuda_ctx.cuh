@@ -2,8 +2,6 @@
 #pragma once
 
 #include <cublas_v2.h>
-#include <pthread.h>
-
 #include <cuda.h> /* CUtensorMap only: the driver is reached through cudart */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -75,8 +73,8 @@ struct cuda_meta {
     /* device arrays (one allocation, dev points at its start) */
     void *dev;
     size_t dev_cap;
-    int32_t *d_pos;   /* (n_tokens) */
-    uint32_t *d_slot; /* (n_tokens) pool index | residency << 31 */
+    int32_t *d_pos;               /* (n_tokens) */
+    uint32_t *d_slot;             /* (n_tokens) pool index | residency << 31 */
     /* (n_tokens) the staging slot a token's k, v go to instead (its host block is written
      * back from there: stage_w 2), or ~0u */
     uint32_t *d_wslot;
@@ -110,11 +108,11 @@ struct cuda_meta {
      * attended on the cpu, the gpu's host lists leave them out; any: some sequence has one */
     uint32_t *cpu_k, cpu_k_cap;
     int cpu_any;
-    int split_gated;     /* the split is on, but these decode rows' host tails are too short */
-    int split_async;     /* the split's cpu part runs as a host function (c->split_async) */
+    int split_gated; /* the split is on, but these decode rows' host tails are too short */
+    int split_async; /* the split's cpu part runs as a host function (c->split_async) */
     uint64_t cpu_blocks; /* the cpu's blocks a layer (the cpu_k sum) */
     int decode_only;     /* every row one token: its split layers teach the learned share */
-    uint64_t gen;        /* bumped at every upload */
+    uint64_t gen; /* bumped at every upload */
     int valid;
 };
 
@@ -158,7 +156,7 @@ struct cuda_ctx {
     struct cuda_meta meta;
 
     /* host-block staging (copy path): two buffers, layer parity */
-    int host_read; /* enum cuda_host_read, measured at set_kv */
+    int host_read;   /* enum cuda_host_read, measured at set_kv */
     /* CPU_TAIL: host blocks attended by a cpu backend over the host pool (host_attn_cpu, env
      * RKV_CUDA_HOST_READ=cpu), q down and the partial up over pcie */
     int host_cpu;
@@ -203,21 +201,6 @@ struct cuda_ctx {
     float *split_up;
     size_t split_up_cap;
     int split_async_rc;
-    /* ... or on a thread of its own (RKV_CUDA_SPLIT_THREAD=1, where the driver has
-     * cuStreamWaitValue32): a host function starts 90-200 us after q is down on the H100 host
-     * (thirty-seventh session). A kernel behind q's copy down sets sthr_word[0] to the job's
-     * number; the thread, handed the job (sthr_ring, under sthr_mu), spins until it does, runs
-     * the cpu part, then sets sthr_word[16]; the side stream waits for that word
-     * (sthr_wait: cuStreamWaitValue32 through cudart's driver entry point) before the partial
-     * goes up. sthr_posted / sthr_done count the jobs handed and finished */
-    int sthr_on, sthr_up, sthr_stop;
-    pthread_t sthr;
-    pthread_mutex_t sthr_mu;
-    pthread_cond_t sthr_cv, sthr_idle;
-    struct split_job *sthr_ring[64];
-    uint64_t sthr_posted, sthr_done;
-    uint32_t *sthr_word, *sthr_word_dev, sthr_seq;
-    void *sthr_wait;
     struct kv_split_learn split_l;
     uint32_t split_fix0_us;
     struct {
@@ -275,11 +258,11 @@ struct cuda_ctx {
                      * host, from their logits) */
     void *smp_dev;  /* its rows, penalty ids, saved logits, picks and scratch */
     size_t smp_dev_cap;
-    int smp_stamps;       /* each sampled row's phase times to stderr (RKV_CUDA_SAMPLE_STAMPS) */
-    uint32_t smp_min;     /* the fewest rows a step samples here (RKV_CUDA_DEV_SAMPLE_MIN) */
-    uint32_t smp_cl;      /* blocks a row for a step of few rows (RKV_CUDA_SAMPLE_CL: 1, 2, 4, 8) */
+    int smp_stamps; /* each sampled row's phase times to stderr (RKV_CUDA_SAMPLE_STAMPS) */
+    uint32_t smp_min; /* the fewest rows a step samples here (RKV_CUDA_DEV_SAMPLE_MIN) */
+    uint32_t smp_cl;  /* blocks a row for a step of few rows (RKV_CUDA_SAMPLE_CL: 1, 2, 4, 8) */
     uint32_t smp_cl_rows; /* the most rows a step has for that (RKV_CUDA_SAMPLE_CL_ROWS) */
-    void *smp_host;       /* pinned: the rows and penalty ids up, the picks down */
+    void *smp_host; /* pinned: the rows and penalty ids up, the picks down */
     size_t smp_host_cap;
 
     /* growable scratch (stream-ordered reuse) */
@@ -305,7 +288,7 @@ struct cuda_ctx {
         int cap_failed; /* an op could not take part in the recording */
     } graph;
     uint64_t scratch_gen; /* cuda_scratch reallocations: a recording holds the old pointers */
-    void *wdeq;           /* q8_0 weights dequantized to f16 for prefill */
+    void *wdeq; /* q8_0 weights dequantized to f16 for prefill */
     size_t wdeq_cap;
     void *part[KV_N_POOLS]; /* attention split partials, per residency (two streams) */
     size_t part_cap[KV_N_POOLS];
@@ -381,26 +364,25 @@ struct cuda_ctx {
     /* counters since the last stats call (cu_stats): how host blocks were read, then the
      * gemms' 16-bit inputs and the decode graphs */
     struct {
-        uint64_t prefetched;   /* layers whose copies the previous layer queued */
-        uint64_t inline_;      /* layers copied when asked (after the stream's work so far) */
-        uint64_t host_write;   /* ... of which the step wrote into a host block */
-        uint64_t zero_copy;    /* layers too big to stage, read in place */
-        uint64_t grown;        /* staging buffer reallocations (each waits for the gpu) */
-        uint64_t wb_layers;    /* layers whose kv write went to staging slots (write-back) */
-        uint64_t wb_slots;     /* ... and the block slices copied back to the pool */
-        uint64_t slots;        /* host block slices staged */
-        uint64_t copies;       /* ... in this many copies (runs of consecutive blocks) */
-        uint64_t cpu_layers;   /* layers whose host blocks the cpu attended (CPU_TAIL) */
+        uint64_t prefetched; /* layers whose copies the previous layer queued */
+        uint64_t inline_;    /* layers copied when asked (after the stream's work so far) */
+        uint64_t host_write; /* ... of which the step wrote into a host block */
+        uint64_t zero_copy;  /* layers too big to stage, read in place */
+        uint64_t grown;      /* staging buffer reallocations (each waits for the gpu) */
+        uint64_t wb_layers;  /* layers whose kv write went to staging slots (write-back) */
+        uint64_t wb_slots;   /* ... and the block slices copied back to the pool */
+        uint64_t slots;      /* host block slices staged */
+        uint64_t copies;     /* ... in this many copies (runs of consecutive blocks) */
+        uint64_t cpu_layers; /* layers whose host blocks the cpu attended (CPU_TAIL) */
         uint64_t split_layers; /* layers whose host blocks the cpu and the gpu shared */
         uint64_t split_gated;  /* ... and those left to the gpu: the tail was too short */
         uint64_t split_async;  /* split layers whose cpu part ran as a host function */
-        uint64_t split_thr;    /* ... of them, on the split thread instead */
         double split_share;    /* the sum of the split steps' shares (learned) */
         double tail_us;        /* the sum of the split-on batches' decode tails, in link us a
                                   layer, over tail_n batches (what the gates compare) */
         uint64_t tail_n;
-        uint64_t split_steps; /* ... and those steps */
-        uint64_t passes;      /* layers staged in several passes, and the passes */
+        uint64_t split_steps;  /* ... and those steps */
+        uint64_t passes;     /* layers staged in several passes, and the passes */
         uint64_t pass_n;
         /* cublas gemms over 16-bit activations: inputs converted for them, and inputs whose
          * 16-bit copy the op that wrote them left in act16 (rmsnorm, silu_mul) */
@@ -409,9 +391,9 @@ struct cuda_ctx {
          * heuristic's first */
         uint64_t lt_gemm, lt_tuned, lt_faster;
         uint64_t graph_rec, graph_replay, graph_fail; /* decode steps' layers as a graph */
-        uint64_t lin_mma;  /* linears and matmuls linear_mma.cu ran (replays not counted) */
-        uint64_t dec_tma;  /* decode attention launches by tensor copies (replays not counted) */
-        uint64_t mm_pair;  /* gemm pairs run as one strided batch (cuda_matmul2; the same) */
+        uint64_t lin_mma; /* linears and matmuls linear_mma.cu ran (replays not counted) */
+        uint64_t dec_tma; /* decode attention launches by tensor copies (replays not counted) */
+        uint64_t mm_pair; /* gemm pairs run as one strided batch (cuda_matmul2; the same) */
         uint64_t smp_rows; /* rows sampled on the device (cu_sample) */
         uint64_t smp_back; /* of those, rows it gave back to the host's sampler */
     } hst;

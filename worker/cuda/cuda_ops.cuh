@@ -183,9 +183,6 @@ int cuda_rope(struct cuda_ctx *c, float *x, const int32_t *d_pos, uint32_t n_tok
 /* out = silu(gate) * up over n elements; twin as cuda_rmsnorm's (always written) */
 int cuda_silu_mul(struct cuda_ctx *c, float *out, const float *gate, const float *up, size_t n,
                   void *twin, enum be_type t16);
-/* *word = v (a word of mapped pinned memory, its device address) once what s queued before is
- * done */
-int cuda_mark(uint32_t *word, uint32_t v, cudaStream_t s);
 /* out = a + b over n elements */
 int cuda_add(struct cuda_ctx *c, float *out, const float *a, const float *b, size_t n);
 /* out row i = in row d_rows[i], (n, cols) f32 */
