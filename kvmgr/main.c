@@ -451,8 +451,7 @@ static int replan(struct kvmgr *k, const char *why)
         pg[g] = (struct plan_gpu){k->c.vram_target,        fixed,
                                   reserve_of(k, g),        k->gpu[g].pcie_gbps,
                                   k->gpu[g].dev_attn_gbps, k->gpu[g].host_attn_gbps,
-                                  k->gpu[g].cpu_attn_gbps};
-        pg[g].split_gbps = k->gpu[g].split_gbps;
+                                  k->gpu[g].cpu_attn_gbps, k->gpu[g].split_gbps};
         /* no worker has said hello for it: nothing would run a session moved there */
         pg[g].offline = k->gpu[g].worker_pid == 0;
         /* the pool was sized at start: a larger budget cannot grow it */

@@ -15,8 +15,13 @@ set -u
 if [ "${1:-}" = "--pack" ]; then
     DIR=${2:?usage: scripts/bench-system.sh --pack DIR [BUILD]}
     B=${3:-build/bench-system}
-    make BUILD="$B" -j"$(nproc)" "$B/bin/rkvd" "$B/bin/rkv-kvmgr" "$B/bin/rkv-worker" \
-        "$B/bin/rkv-mkmodel" "$B/bin/rkvctl" "$B/bin/rkv-gen" "$B/bin/rkv-bench" >/dev/null || exit 1
+    # the pack's programs: built here, then packed with their libraries
+    bins=""
+    for p in rkvd rkv-kvmgr rkv-worker rkv-mkmodel rkvctl rkv-gen rkv-bench; do
+        bins="$bins $B/bin/$p"
+    done
+    # shellcheck disable=SC2086 # bins: a list of paths without spaces
+    make BUILD="$B" -j"$(nproc)" $bins >/dev/null || exit 1
     extra=""
     if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
         if scripts/gpu-build.sh "$B" >/dev/null; then
@@ -30,8 +35,7 @@ if [ "${1:-}" = "--pack" ]; then
     # gpu_bench's RKV_PROFILE_TRACE opens CUPTI at run time
     cuda_home=$(dirname "$(dirname "$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)")")
     PACK_EXTRA_LIBS=$(ls "$cuda_home"/lib64/libcupti.so.* "$cuda_home"/extras/CUPTI/lib64/libcupti.so.* 2>/dev/null | head -1) \
-    pack_bins "$DIR" "$B/bin/rkvd" "$B/bin/rkv-kvmgr" "$B/bin/rkv-worker" "$B/bin/rkv-mkmodel" \
-        "$B/bin/rkvctl" "$B/bin/rkv-gen" "$B/bin/rkv-bench" $extra || exit 1
+    pack_bins "$DIR" $bins $extra || exit 1
     exit 0
 fi
 DIR=${1:?usage: scripts/bench-system.sh DIR [OUT] [bench_system.py args]}
