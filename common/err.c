@@ -26,6 +26,7 @@ const char *rkv_strerror(int err)
     case RKV_ETOOBIG: return "too large";
     case RKV_EAUTH: return "authentication failed";
     case RKV_EINTERNAL: return "internal error";
+    case RKV_EPERM: return "not permitted";
     default: break;
     }
     if (err < 0 && err > -4096)

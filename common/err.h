@@ -24,6 +24,7 @@ enum rkv_err {
     RKV_ETOOBIG = -4113,  /* input larger than a limit */
     RKV_EAUTH = -4114,    /* authentication failed */
     RKV_EINTERNAL = -4115,/* invariant broken: a bug */
+    RKV_EPERM = -4116,    /* authenticated, but this key may not do that */
 };
 
 /* text for any rkv code or negative errno; never NULL */

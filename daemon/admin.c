@@ -23,6 +23,7 @@
 #include "common/util.h"
 #include "daemon/http/server.h"
 #include "daemon/store.h"
+#include "proto/json.h"
 #include "proto/sock.h"
 
 #define MAX_EVENTS   1000 /* one events answer */
@@ -41,6 +42,7 @@ struct admin_cmd {
     int changes;
     const char *fields; /* accepted argument names, space separated */
     cmd_fn fn;
+    int needs_admin; /* a read that shows other keys' data: never to a user-scope key */
 };
 
 /* one command in flight; freed when answered and no callback still points at it */
@@ -53,6 +55,9 @@ struct admin_req {
     admin_done_fn done;    /* fn */
     void *done_ud;
     int answered;
+    /* whose data it may see: 0 everything (the socket, an admin key, or no keys exist),
+     * else the id of the user-scope key asking, which sees only its own sessions */
+    int64_t viewer;
     int waiting_kv;   /* a kvmgr call holds a pointer to it */
     int waiting_hist; /* budget_set: the histograms after the re-plan */
     uint64_t hist_after_ms; /* ... arrived after this (wall ms) */
@@ -127,6 +132,7 @@ static int http_status_of(int rc)
     case RKV_ERANGE:
     case RKV_EFORMAT: return 400;
     case RKV_EAUTH: return 401;
+    case RKV_EPERM: return 403;
     case RKV_ENOTFOUND: return 404;
     case RKV_EBUSY:
     case RKV_ESTATE: return 409;
@@ -380,7 +386,9 @@ static int arg_time(struct admin_req *r, const cJSON *args, const char *name, in
 struct find_ctx {
     const char *want;
     uint64_t want_sid;
+    int64_t viewer; /* nonzero: only that key's sessions */
     int found;
+    int n_hits; /* by name: sessions of several keys may share it */
     struct sched_session_info si;
     char ext[API_MAX_SESSION_ID + 1];
 };
@@ -389,6 +397,10 @@ static void find_cb(void *ud, const struct sched_session_info *si)
 {
     struct find_ctx *f = ud;
     int hit = f->want_sid ? si->sid == f->want_sid : strcmp(si->ext_id, f->want) == 0;
+    if (f->viewer && si->owner != f->viewer)
+        return;
+    if (hit)
+        f->n_hits++;
     if (hit && !f->found) {
         f->found = 1;
         f->si = *si;
@@ -402,6 +414,7 @@ static int find_session(struct admin *a, struct admin_req *r, const cJSON *args,
 {
     const cJSON *v = arg(args, "session");
     memset(f, 0, sizeof *f);
+    f->viewer = r->viewer;
     char num[32];
     if (cJSON_IsNumber(v)) {
         snprintf(num, sizeof num, "%.0f", v->valuedouble);
@@ -427,6 +440,13 @@ static int find_session(struct admin *a, struct admin_req *r, const cJSON *args,
                  r->cmd->name, f->want);
         return -1;
     }
+    if (f->n_hits > 1) {
+        req_fail(r, RKV_EINVAL,
+                 "%s: %d sessions of different API keys are named \"%.100s\": name one by its "
+                 "numeric id, #N (see rkvctl sessions list)",
+                 r->cmd->name, f->n_hits, f->want);
+        return -1;
+    }
     return 0;
 }
 
@@ -436,6 +456,7 @@ static cJSON *session_json(struct admin *a, const struct sched_session_info *si,
     const struct tactic_state *ts = rkv_map_get(&a->tactics, si->sid);
     cJSON_AddNumberToObject(o, "sid", (double)si->sid);
     cJSON_AddStringToObject(o, "id", si->ext_id);
+    cJSON_AddNumberToObject(o, "key", (double)si->owner);
     cJSON_AddNumberToObject(o, "worker", si->worker);
     cJSON_AddNumberToObject(o, "tokens", si->n_tokens);
     cJSON_AddNumberToObject(o, "kv_tokens", si->n_kv);
@@ -456,12 +477,14 @@ struct list_ctx {
     struct admin *a;
     cJSON *arr;
     uint32_t bs;
+    int64_t viewer;
 };
 
 static void list_cb(void *ud, const struct sched_session_info *si)
 {
     struct list_ctx *l = ud;
-    cJSON_AddItemToArray(l->arr, session_json(l->a, si, l->bs));
+    if (!l->viewer || si->owner == l->viewer)
+        cJSON_AddItemToArray(l->arr, session_json(l->a, si, l->bs));
 }
 
 /* what rkvd knows now (malloc'd: it is large); NULL when out of memory */
@@ -484,7 +507,7 @@ static uint32_t block_size(struct admin *a)
 static void cmd_sessions_list(struct admin *a, const cJSON *args, struct admin_req *r)
 {
     cJSON *res = cJSON_CreateObject();
-    struct list_ctx l = {a, cJSON_AddArrayToObject(res, "sessions"), block_size(a)};
+    struct list_ctx l = {a, cJSON_AddArrayToObject(res, "sessions"), block_size(a), r->viewer};
     a->ops.sessions_foreach(a->ops.ctx, list_cb, &l);
     req_finish(r, 0, res, NULL);
 }
@@ -503,9 +526,10 @@ static cJSON *event_json(const struct store_event *e)
     return o;
 }
 
-/* events oldest first; with more than cap, the newest cap of them */
+/* events oldest first; with more than cap, the newest cap of them; only (when not NULL)
+ * keeps those of the sessions it holds */
 static int add_events(struct admin *a, cJSON *arr, int64_t since, uint64_t sid, size_t cap,
-                      int64_t *last_ts)
+                      const struct rkv_map *only, int64_t *last_ts)
 {
     struct store_event *ev = calloc(MAX_EVENTS, sizeof *ev);
     if (!ev)
@@ -526,8 +550,12 @@ static int add_events(struct admin *a, cJSON *arr, int64_t since, uint64_t sid, 
         }
         since = ev[got - 1].ts_ms;
     }
-    size_t from = n > cap ? n - cap : 0;
-    for (size_t i = from; !rc && i < n; i++) {
+    size_t kept = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!only || rkv_map_get(only, ev[i].session_id))
+            ev[kept++] = ev[i];
+    size_t from = kept > cap ? kept - cap : 0;
+    for (size_t i = from; !rc && i < kept; i++) {
         cJSON_AddItemToArray(arr, event_json(&ev[i]));
         *last_ts = ev[i].ts_ms;
     }
@@ -543,7 +571,7 @@ static void cmd_session_show(struct admin *a, const cJSON *args, struct admin_re
     cJSON *res = cJSON_CreateObject();
     cJSON_AddItemToObject(res, "session", session_json(a, &f.si, block_size(a)));
     int64_t last = 0;
-    add_events(a, cJSON_AddArrayToObject(res, "events"), 0, f.si.sid, 20, &last);
+    add_events(a, cJSON_AddArrayToObject(res, "events"), 0, f.si.sid, 20, NULL, &last);
     req_finish(r, 0, res, NULL);
 }
 
@@ -794,6 +822,18 @@ static void cmd_worker_drain(struct admin *a, const cJSON *args, struct admin_re
 
 /* --- events and keys ---------------------------------------------------------------- */
 
+struct owned_ctx {
+    int64_t owner;
+    struct rkv_map sids; /* sid -> (void *)1 */
+};
+
+static void owned_cb(void *ud, const struct sched_session_info *si)
+{
+    struct owned_ctx *o = ud;
+    if (si->owner == o->owner)
+        rkv_map_put(&o->sids, si->sid, (void *)1);
+}
+
 static void cmd_events(struct admin *a, const cJSON *args, struct admin_req *r)
 {
     int64_t since = 0, limit = 100;
@@ -818,9 +858,23 @@ static void cmd_events(struct admin *a, const cJSON *args, struct admin_req *r)
             sid = f.si.sid;
         }
     }
+    /* a user key sees the events of its own sessions */
+    struct owned_ctx own = {r->viewer};
+    rkv_map_init(&own.sids);
+    if (r->viewer) {
+        a->ops.sessions_foreach(a->ops.ctx, owned_cb, &own);
+        if (sid && !rkv_map_get(&own.sids, sid)) {
+            rkv_map_fini(&own.sids);
+            req_fail(r, RKV_ENOTFOUND, "events: no session #%llu (see rkvctl sessions list)",
+                     (unsigned long long)sid);
+            return;
+        }
+    }
     cJSON *o = cJSON_CreateObject();
     int64_t last = since > 0 ? since - 1 : 0;
-    int rc = add_events(a, cJSON_AddArrayToObject(o, "events"), since, sid, (size_t)limit, &last);
+    int rc = add_events(a, cJSON_AddArrayToObject(o, "events"), since, sid, (size_t)limit,
+                        r->viewer ? &own.sids : NULL, &last);
+    rkv_map_fini(&own.sids);
     if (rc) {
         cJSON_Delete(o);
         req_fail(r, rc, "events: cannot read the event log: %s", rkv_strerror(rc));
@@ -1278,7 +1332,7 @@ static const struct admin_cmd g_cmds[] = {
     {"worker_drain", 1, "worker drain", cmd_worker_drain},
     {"events", 0, "since session limit", cmd_events},
     {"keys_add", 1, "name scope rpm tpm max_concurrent max_tokens max_prompt", cmd_keys_add},
-    {"keys_list", 0, "", cmd_keys_list},
+    {"keys_list", 0, "", cmd_keys_list, 1},
     {"keys_revoke", 1, "id", cmd_keys_revoke},
     {"keys_limits", 1, "id rpm tpm max_concurrent max_tokens max_prompt", cmd_keys_limits},
 };
@@ -1332,6 +1386,13 @@ static void run(struct admin *a, struct admin_req *r, const char *name, const cJ
         req_fail(r, RKV_EAUTH,
                  "%s changes rkvd: send it with POST and \"Authorization: Bearer <key>\" of an "
                  "admin key (rkvctl keys add NAME --scope admin), or use rkvctl on the host",
+                 r->cmd->name);
+        return;
+    }
+    if (r->cmd->needs_admin && r->viewer) {
+        req_fail(r, RKV_EPERM,
+                 "%s shows every key's data: this key has user scope; use a key with admin "
+                 "scope or rkvctl on the host",
                  r->cmd->name);
         return;
     }
@@ -1395,8 +1456,11 @@ static void sock_pump(struct admin *a)
         proto_in_free(&in);
         const cJSON *cmd = cJSON_GetObjectItemCaseSensitive(body, "cmd");
         const cJSON *args = cJSON_GetObjectItemCaseSensitive(body, "args");
+        char dup[160];
         if (!cJSON_IsObject(body) || !cJSON_IsString(cmd))
             req_fail(r, RKV_EFORMAT, "an admin request is {\"cmd\": NAME, \"args\": {...}}");
+        else if (proto_json_dup_key(body, dup, sizeof dup))
+            req_fail(r, RKV_EFORMAT, "the key \"%s\" appears twice: send each key once", dup);
         else
             run(a, r, cmd->valuestring, args, 1);
         cJSON_Delete(body);
@@ -1477,6 +1541,8 @@ static cJSON *query_args(const char *q)
     while (q && *q) {
         size_t n = strcspn(q, "&");
         char *kv = strndup(q, n), *out = kv;
+        if (!kv)
+            break;
         for (char *p = kv; *p; p++) {
             int h, l;
             if (*p == '+')
@@ -1491,10 +1557,8 @@ static cJSON *query_args(const char *q)
         char *eq = strchr(kv, '=');
         if (eq)
             *eq = 0;
-        if (kv[0]) {
-            cJSON_DeleteItemFromObjectCaseSensitive(o, kv);
+        if (kv[0]) /* a name given twice stays twice: admin_http refuses it */
             cJSON_AddStringToObject(o, kv, eq ? eq + 1 : "");
-        }
         free(kv);
         q += n;
         q += *q == '&';
@@ -1604,14 +1668,18 @@ int admin_http(struct admin *a, struct http_req *req)
         return 1;
     }
     int is_admin = has_key && !strcmp(key.scope, "admin");
-    if (changes != 1 && !has_key && !loopback(http_req_peer(req))) {
+    /* once keys exist every read needs one: behind a reverse proxy every peer is loopback */
+    if (changes != 1 && !has_key && (a->n_keys > 0 || !loopback(http_req_peer(req)))) {
         http_send_error(req, RKV_EAUTH,
-                        "the admin API answers other hosts only with an API key: send "
-                        "Authorization: Bearer <key> (rkvctl keys add NAME)");
+                        a->n_keys > 0
+                            ? "API keys exist, so the admin API needs one: send Authorization: "
+                              "Bearer <key> (a user key sees its own sessions, an admin key all)"
+                            : "the admin API answers other hosts only with an API key: send "
+                              "Authorization: Bearer <key> (rkvctl keys add NAME)");
         return 1;
     }
     if (changes == 1 && !is_admin) {
-        http_send_error(req, RKV_EAUTH,
+        http_send_error(req, has_key ? RKV_EPERM : RKV_EAUTH,
                         has_key ? "this key has user scope: changes need a key with admin scope"
                                 : "changes need Authorization: Bearer <key> of an admin key "
                                   "(rkvctl keys add NAME --scope admin)");
@@ -1630,6 +1698,13 @@ int admin_http(struct admin *a, struct http_req *req)
             return 1;
         }
     }
+    char dup[160], msg[220];
+    if (proto_json_dup_key(args, dup, sizeof dup)) {
+        cJSON_Delete(args);
+        snprintf(msg, sizeof msg, "the argument \"%s\" appears twice: send each once", dup);
+        http_send_error(req, RKV_EFORMAT, msg);
+        return 1;
+    }
     struct admin_req *r = req_new(a, VIA_HTTP);
     if (!r) {
         cJSON_Delete(args);
@@ -1637,6 +1712,7 @@ int admin_http(struct admin *a, struct http_req *req)
         return 1;
     }
     r->http = req;
+    r->viewer = has_key && !is_admin ? key.id : 0;
     run(a, r, name, args, is_admin);
     cJSON_Delete(args);
     return 1;

@@ -345,10 +345,10 @@ static int handle_generate(struct api *api, struct http_req *hreq, enum api_endp
         call_free(c);
         return 1;
     }
-    if (key && kl.max_prompt > 0) {
+    /* whose request: its sessions and cached prefixes are that key's */
+    c->req.key_id = key;
+    if (key && kl.max_prompt > 0)
         c->req.max_prompt_tokens = (uint32_t)kl.max_prompt;
-        c->req.key_id = key;
-    }
     c->model = served_model(api, c->req.model);
     if (!c->model) {
         api_error_set(&e, 404, "model",

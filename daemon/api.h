@@ -86,7 +86,7 @@ struct api_request {
     /* the API key's prompt cap in tokens (0 = only the context's); api_handle sets it, the
      * scheduler refuses a longer prompt with 400 */
     uint32_t max_prompt_tokens;
-    int64_t key_id; /* the API key, for the scheduler's message (0 = none) */
+    int64_t key_id; /* the API key: owns its sessions and cached prefixes (0 = none) */
 };
 
 struct api_limits {
@@ -174,6 +174,13 @@ void api_make_id(enum api_endpoint ep, char *buf, size_t cap);
 char *api_render_response(const struct api_request *req, const char *id, const char *model,
                           uint64_t created, const struct api_result *res);
 
+/* counts the characters a byte stream starts, as its text decodes it: a valid sequence is one,
+ * so is each maximal invalid subpart (one U+FFFD); a sequence still open counts as started */
+struct api_chars {
+    size_t n;
+    uint8_t need, lo, hi; /* continuation bytes the open sequence wants, the next one's range */
+};
+
 /* streaming: one api_stream per request renders each SSE event,
  * "data: {json}\n\n" (malloc'd; *len set), in the order OpenAI/vLLM send:
  *   chat:  role chunk (begin), content chunks, finish chunk, [usage chunk], [DONE]
@@ -184,6 +191,7 @@ struct api_stream {
     char model[256];
     uint64_t created;
     size_t text_offset; /* characters sent so far (completions text_offset) */
+    struct api_chars token_chars; /* the characters the tokens sent so far start */
 };
 void api_stream_init(struct api_stream *s, const struct api_request *req, const char *id,
                      const char *model, uint64_t created);

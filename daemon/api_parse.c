@@ -11,6 +11,7 @@
 
 #include "common/err.h"
 #include "common/util.h"
+#include "proto/json.h"
 
 void api_limits_default(struct api_limits *l)
 {
@@ -819,6 +820,14 @@ static int parse_body(enum api_endpoint ep, const char *body, size_t len,
     int rc;
     if (!cJSON_IsObject(root)) {
         rc = bad(&p, "body", root, "a JSON object");
+        goto out;
+    }
+    char dup[160];
+    if (proto_json_dup_key(root, dup, sizeof dup)) {
+        api_error_set(err, 400, dup,
+                      "the key \"%s\" appears twice in the request body; send each key once",
+                      dup);
+        rc = RKV_EINVAL;
         goto out;
     }
     if ((rc = check_known(&p, root)) || (rc = check_unsupported(&p, root)) ||

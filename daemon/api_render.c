@@ -8,6 +8,8 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "common/util.h"
+
 const char *api_finish_name(enum api_finish f)
 {
     switch (f) {
@@ -41,6 +43,38 @@ static size_t utf8_chars(const char *s, size_t len)
     for (size_t i = 0; i < len; i++)
         n += ((unsigned char)s[i] & 0xc0) != 0x80;
     return n;
+}
+
+/* feeds bytes to c: Unicode's table 3-7 of well-formed sequences decides where a character
+ * ends and where an invalid subpart does */
+static void chars_feed(struct api_chars *c, const char *s, size_t len)
+{
+    for (size_t i = 0; i < len; i++) {
+        uint8_t b = (uint8_t)s[i];
+        if (c->need) {
+            if (b >= c->lo && b <= c->hi) {
+                c->need--;
+                c->lo = 0x80;
+                c->hi = 0xbf;
+                continue;
+            }
+            c->need = 0; /* the open sequence ends here as one U+FFFD */
+        }
+        c->n++;
+        c->lo = 0x80;
+        c->hi = 0xbf;
+        if (b >= 0xc2 && b <= 0xdf) {
+            c->need = 1;
+        } else if (b >= 0xe0 && b <= 0xef) {
+            c->need = 2;
+            c->lo = b == 0xe0 ? 0xa0 : 0x80;
+            c->hi = b == 0xed ? 0x9f : 0xbf;
+        } else if (b >= 0xf0 && b <= 0xf4) {
+            c->need = 3;
+            c->lo = b == 0xf0 ? 0x90 : 0x80;
+            c->hi = b == 0xf4 ? 0x8f : 0xbf;
+        }
+    }
 }
 
 /* a NUL-terminated copy with invalid UTF-8 replaced by U+FFFD, so the JSON
@@ -119,8 +153,13 @@ static cJSON *chat_logprobs(const struct api_token_logprob *lp, size_t n)
     return o;
 }
 
-/* completions: {"tokens","token_logprobs","top_logprobs":[{tok: lp}],"text_offset"} */
-static cJSON *completion_logprobs(const struct api_token_logprob *lp, size_t n, size_t offset)
+/* completions: {"tokens","token_logprobs","top_logprobs":[{tok: lp}],"text_offset"}. A token's
+ * offset is the first character of the text that starts at or after its first byte (chars
+ * counts those the tokens before started); never past limit, the text's length so far: a
+ * token that renders to nothing (a control token), starts inside a character or whose text a
+ * stop string took has the offset of the next character */
+static cJSON *completion_logprobs(const struct api_token_logprob *lp, size_t n,
+                                  struct api_chars *chars, size_t limit)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON *tokens = cJSON_AddArrayToObject(o, "tokens");
@@ -143,8 +182,8 @@ static cJSON *completion_logprobs(const struct api_token_logprob *lp, size_t n, 
             free(tt);
         }
         cJSON_AddItemToArray(tops, d);
-        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)offset));
-        offset += utf8_chars(lp[i].token, lp[i].len);
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)RKV_MIN(chars->n, limit)));
+        chars_feed(chars, lp[i].token, lp[i].len);
     }
     return o;
 }
@@ -205,10 +244,12 @@ char *api_render_response(const struct api_request *req, const char *id, const c
     } else {
         add_text(c, "text", res->text, res->len);
     }
+    struct api_chars chars = {0};
     if (req->logprobs)
         cJSON_AddItemToObject(c, "logprobs",
                               chat ? chat_logprobs(res->lp, res->n_lp)
-                                   : completion_logprobs(res->lp, res->n_lp, 0));
+                                   : completion_logprobs(res->lp, res->n_lp, &chars,
+                                                         utf8_chars(res->text, res->len)));
     else
         cJSON_AddNullToObject(c, "logprobs");
     add_finish(c, res->finish);
@@ -287,14 +328,15 @@ char *api_stream_delta(struct api_stream *s, const char *text, size_t text_len,
     } else {
         add_text(c, "text", text, text_len);
     }
+    s->text_offset += utf8_chars(text, text_len);
     if (s->req->logprobs && n_lp)
         cJSON_AddItemToObject(c, "logprobs",
                               chat ? chat_logprobs(lp, n_lp)
-                                   : completion_logprobs(lp, n_lp, s->text_offset));
+                                   : completion_logprobs(lp, n_lp, &s->token_chars,
+                                                         s->text_offset));
     else
         cJSON_AddNullToObject(c, "logprobs");
     cJSON_AddNullToObject(c, "finish_reason");
-    s->text_offset += utf8_chars(text, text_len);
     return sse(o, len);
 }
 

@@ -43,6 +43,16 @@ static const struct bad_case bad_cases[] = {
     {C, "[1,2]", "body", "body must be a JSON object, got [1,2]"},
     {C, "\"str\"", "body", "must be a JSON object"},
     {C, "{\"prompt\":\"hi\"} junk", NULL, "not valid JSON (near byte 16"},
+    /* a key twice is refused: cJSON would keep the first, a gateway the last */
+    {C, "{\"prompt\":\"x\",\"max_tokens\":1,\"temperature\":0,\"max_tokens\":3}", "max_tokens",
+     "the key \"max_tokens\" appears twice"},
+    {C, "{\"prompt\":\"x\",\"temperature\":0,\"temperature\":7}", "temperature", "appears twice"},
+    {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"user\",\"role\":"
+        "\"system\",\"content\":\"b\"}]}",
+     "messages[1].role", "the key \"messages[1].role\" appears twice"},
+    {C, "{\"prompt\":\"x\",\"stream_options\":{\"include_usage\":true,\"include_usage\":false},"
+        "\"stream\":true}",
+     "stream_options.include_usage", "appears twice"},
     {C, "{\"prompt\":\"hi\",\"max_tokens\":-5}", "max_tokens",
      "max_tokens must be an integer in [1, 32768], got -5"},
     {C, "{\"prompt\":\"hi\",\"max_tokens\":0}", "max_tokens", "got 0"},
@@ -505,6 +515,62 @@ static void test_render_stream_completions_offsets(void **state)
     free(ev);
 }
 
+/* offsets index the text: a token that renders to nothing (a control token) and one whose
+ * text a stop string took have the offset of the next character, never one past the text */
+static void test_render_offsets_within_text(void **state)
+{
+    static const struct api_token_logprob t[] = {{"Hi", 2, -1.0f, NULL, 0},
+                                                 {"", 0, -2.0f, NULL, 0},
+                                                 {" there", 6, -1.0f, NULL, 0},
+                                                 {"", 0, -3.0f, NULL, 0},
+                                                 {"STOP", 4, -1.0f, NULL, 0}};
+    struct api_request r = req_of(C, 1, 0, 0);
+    struct api_result res = {"Hi there", 8, t, 5, API_FINISH_STOP, {4, 5, 0}};
+    char *j = api_render_response(&r, "cmpl-abc", "tiny", 1700000000, &res);
+    cJSON *o = cJSON_Parse(j);
+    cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+    cJSON *off = cJSON_GetObjectItem(cJSON_GetObjectItem(c, "logprobs"), "text_offset");
+    static const int want[] = {0, 2, 2, 8, 8};
+    assert_int_equal(cJSON_GetArraySize(off), 5);
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(cJSON_GetArrayItem(off, i)->valueint, want[i]);
+    cJSON_Delete(o);
+    free(j);
+    /* a character split over tokens and an invalid byte (one U+FFFD in the text) */
+    static const struct api_token_logprob u[] = {{"\xc3", 1, -1.0f, NULL, 0},
+                                                 {"\xa9t", 2, -1.0f, NULL, 0},
+                                                 {"\x80\x80", 2, -1.0f, NULL, 0},
+                                                 {"\xe2\x82", 2, -1.0f, NULL, 0},
+                                                 {" x", 2, -1.0f, NULL, 0}};
+    struct api_result ru = {"\xc3\xa9t\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd x", 15, u, 5,
+                            API_FINISH_LENGTH, {4, 5, 0}};
+    j = api_render_response(&r, "cmpl-abc", "tiny", 1700000000, &ru);
+    o = cJSON_Parse(j);
+    c = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+    off = cJSON_GetObjectItem(cJSON_GetObjectItem(c, "logprobs"), "text_offset");
+    static const int want_u[] = {0, 1, 2, 4, 5}; /* "é", "t", two U+FFFD, one U+FFFD, " x" */
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(cJSON_GetArrayItem(off, i)->valueint, want_u[i]);
+    cJSON_Delete(o);
+    free(j);
+    /* streamed: the same offsets, each within the text sent so far */
+    struct api_request rs = req_of(C, 1, 1, 0);
+    struct api_stream s;
+    api_stream_init(&s, &rs, "cmpl-1", "tiny", 7);
+    static const char *texts[] = {"Hi", "", " there", "", ""};
+    size_t n;
+    for (int i = 0; i < 5; i++) {
+        char *ev = api_stream_delta(&s, texts[i], strlen(texts[i]), &t[i], 1, &n);
+        ev[n - 2] = '\0';
+        cJSON *e = cJSON_Parse(ev + 6);
+        cJSON *ec = cJSON_GetArrayItem(cJSON_GetObjectItem(e, "choices"), 0);
+        cJSON *eo = cJSON_GetObjectItem(cJSON_GetObjectItem(ec, "logprobs"), "text_offset");
+        assert_int_equal(cJSON_GetArrayItem(eo, 0)->valueint, want[i]);
+        cJSON_Delete(e);
+        free(ev);
+    }
+}
+
 static void test_render_models_and_error(void **state)
 {
     const char *names[] = {"tiny", "tiny-chat"};
@@ -889,6 +955,7 @@ int main(void)
         cmocka_unit_test(test_render_chat),
         cmocka_unit_test(test_render_stream_chat_exact),
         cmocka_unit_test(test_render_stream_completions_offsets),
+        cmocka_unit_test(test_render_offsets_within_text),
         cmocka_unit_test(test_render_models_and_error),
         cmocka_unit_test(test_endpoints_end_to_end),
         cmocka_unit_test(test_auth_and_disconnect_cancels),

@@ -203,6 +203,7 @@ static void prep_seq(const struct job_seq *js, int ahead, uint32_t n_steps,
     ps->n_pos = js->n_past + js->n_tokens + ps->n_owed;
     if (js->is_new && !ahead) {
         ps->flags |= PROTO_KV_NEW;
+        ps->scope = js->scope;
         ps->n_tokens = js->n_all;
         ps->tokens = js->all;
         return;

@@ -71,10 +71,12 @@ struct rkvd_conf {
     int64_t key_max_prompt;
     int64_t rate_limit_window;
     int64_t kvmgr_timeout;
+    int prefix_cache_scope;
 };
 
 static const char *const backends[] = {"auto", "cpu", "cuda", NULL};
 static const char *const kv_dtypes[] = {"f32", "f16", NULL};
+static const char *const prefix_scopes[] = {"key", "global", NULL};
 static const char *const modes[] = {"auto", "resident", "window", "cpu_tail", NULL};
 /* the workers' --host-attn for each mode: cpu_tail has the cpu attend host blocks, window the
  * gpu stream them; auto: kvmgr and the workers apply one rule to the measured rates */
@@ -130,6 +132,10 @@ static const struct cfg_key keys[] = {
     {K("kv_dtype", CFG_ENUM, kv_dtype), .names = kv_dtypes, .def = "f32",
      .help = "KV cache element type"},
     {K("mode", CFG_ENUM, mode), .names = modes, .def = "auto", .help = "tactic mode"},
+    {K("prefix_cache_scope", CFG_ENUM, prefix_cache_scope), .names = prefix_scopes, .def = "key",
+     .help = "which requests share cached prompt prefixes once API keys exist: key (those of one "
+             "key; no key sees another's text through cached_tokens or timing) or global (all: "
+             "a single-tenant server)"},
     {K("served_model_name", CFG_STR, served_model_name), S(served_model_name),
      .help = "model name in the API (default: the file name without .gguf)"},
     {K("max_body", CFG_SIZE, max_body), .min = 1024, .max = 1ll << 30, .def = "4MiB",
@@ -1017,7 +1023,8 @@ int main(int argc, char **argv)
                               d.model_name,
                               (uint32_t)d.c.decode_steps,
                               (uint32_t)d.c.decode_steps_ms,
-                              (uint32_t)d.c.prefill_beside_decode_ms};
+                              (uint32_t)d.c.prefill_beside_decode_ms,
+                              d.c.prefix_cache_scope == 1};
     struct sched_driver sd = {sched_submit, d.drv};
     if ((rc = sched_init(d.loop, &sc, d.tok, &sd, d.metrics, d.store, &d.sched, err,
                          sizeof err))) {

@@ -45,6 +45,9 @@ struct seq {
 struct session {
     uint64_t sid;
     char ext_id[API_MAX_SESSION_ID + 1]; /* "" for a private session */
+    /* the API key that made it (0 without keys): another key naming the same ext_id
+     * gets a session of its own */
+    int64_t owner;
     int32_t *tokens; /* (n_tokens) prompt and generated tokens */
     uint32_t n_tokens, cap;
     uint32_t n_kv;          /* positions whose KV kvmgr holds */
@@ -230,12 +233,14 @@ static void session_free(struct sched *s, struct session *se, int release_kv)
     free(se);
 }
 
-static struct session *session_new(struct sched *s, const char *ext_id, uint32_t worker)
+static struct session *session_new(struct sched *s, int64_t owner, const char *ext_id,
+                                   uint32_t worker)
 {
     struct session *se = calloc(1, sizeof *se);
     if (!se)
         return NULL;
     se->sid = s->next_sid++;
+    se->owner = owner;
     se->worker = worker;
     if (ext_id)
         snprintf(se->ext_id, sizeof se->ext_id, "%s", ext_id);
@@ -257,10 +262,10 @@ static struct session *session_new(struct sched *s, const char *ext_id, uint32_t
     return se;
 }
 
-static struct session *session_find(struct sched *s, const char *ext_id)
+static struct session *session_find(struct sched *s, int64_t owner, const char *ext_id)
 {
     for (struct session *se = s->lru_head; se; se = se->lru_next)
-        if (strcmp(se->ext_id, ext_id) == 0)
+        if (se->owner == owner && strcmp(se->ext_id, ext_id) == 0)
             return se;
     return NULL;
 }
@@ -412,7 +417,7 @@ static int submit_cb(void *ctx, struct api_call *call, const struct api_request 
     const int32_t *pt = toks.data;
     uint32_t np = (uint32_t)toks.len;
     if (r->session_id && r->session_id[0]) {
-        se = session_find(s, r->session_id);
+        se = session_find(s, r->key_id, r->session_id);
         if (se && se->busy) {
             stop_free(q->stop);
             free(q);
@@ -424,18 +429,18 @@ static int submit_cb(void *ctx, struct api_call *call, const struct api_request 
             return 0;
         }
         if (!se) {
-            se = session_new(s, r->session_id, pick_worker(s));
+            se = session_new(s, r->key_id, r->session_id, pick_worker(s));
             int32_t *hist = NULL;
             size_t nh = 0;
             /* a session from before a restart: its tokens are known, its KV is not */
             if (se && s->store &&
-                store_session_load(s->store, r->session_id, 0, &hist, &nh) == 0) {
+                store_session_load(s->store, r->session_id, r->key_id, &hist, &nh) == 0) {
                 session_append(se, hist, (uint32_t)nh);
                 free(hist);
             }
         }
     } else {
-        se = session_new(s, NULL, pick_worker(s));
+        se = session_new(s, r->key_id, NULL, pick_worker(s));
     }
     if (!se) {
         stop_free(q->stop);
@@ -576,7 +581,7 @@ static void finish_seq(struct seq *q, enum api_finish f)
         lru_touch(s, se);
         rkv_vec_push(&s->workers[se->worker].idles, &se->sid);
         if (s->store)
-            store_session_save(s->store, se->ext_id, 0, se->tokens, se->n_tokens);
+            store_session_save(s->store, se->ext_id, se->owner, se->tokens, se->n_tokens);
     } else {
         session_free(s, se, 1);
     }
@@ -616,7 +621,9 @@ static int take_text(struct seq *q, int32_t token, float logprob, const struct p
     char tbuf[128], topbuf[PROTO_MAX_TOP_LOGPROBS][128];
     size_t n_lp = 0;
     if (q->req->logprobs) {
-        int n = tok_token_bytes(t, token, 1, tbuf, sizeof tbuf);
+        /* the chosen token as the text has it (a control token renders to nothing), so
+         * its bytes add up to the text; the alternatives show control tokens by name */
+        int n = tok_token_bytes(t, token, 0, tbuf, sizeof tbuf);
         lp.token = tbuf;
         lp.len = n > 0 && (size_t)n <= sizeof tbuf ? (size_t)n : 0;
         lp.logprob = logprob;
@@ -789,6 +796,8 @@ static void kick(struct sched *s, uint32_t w)
         rkv_map_put(&s->by_sid, q->sess->sid, q);
         metric_observe(s->m_queue, model_label(s), (double)(rkv_now_ns() - q->t_arrival_ns) / 1e9);
     }
+    /* the gauges follow every admission, not only arrivals and finishes */
+    update_gauges(s);
     /* decodes first (one token each), then prompt chunks in arrival order, fewer of them
      * when a decode shares the step (its stream waits for the whole step); picked once,
      * then sized and copied into the job */
@@ -820,10 +829,8 @@ static void kick(struct sched *s, uint32_t w)
         }
     }
     uint32_t n_seqs = (uint32_t)ws->picks.len;
-    if (n_seqs == 0 && ws->closes.len == 0 && ws->idles.len == 0 && ws->forgets.len == 0) {
-        update_gauges(s);
+    if (n_seqs == 0 && ws->closes.len == 0 && ws->idles.len == 0 && ws->forgets.len == 0)
         return;
-    }
     struct step_job *j = job_alloc(n_seqs, n_tok, (uint32_t)(ws->closes.len + ws->forgets.len),
                                    (uint32_t)ws->idles.len);
     if (!j) {
@@ -883,6 +890,7 @@ static void kick(struct sched *s, uint32_t w)
         }
         if (!se->kvmgr_knows) {
             js->is_new = 1;
+            js->scope = s->cfg.prefix_global ? 0 : (uint64_t)se->owner;
             js->n_all = se->n_tokens;
             js->all = arena;
             memcpy(arena, se->tokens, se->n_tokens * sizeof(int32_t));
@@ -1407,9 +1415,15 @@ void sched_sessions_foreach(struct sched *s, sched_session_fn fn, void *ud)
     void *v;
     while (rkv_map_next(&s->sessions, &it, NULL, &v)) {
         const struct session *se = v;
-        struct sched_session_info si = {se->sid,    se->ext_id,        se->n_tokens,
-                                        se->n_kv,   se->worker,        se->busy != NULL,
-                                        se->pinned, se->ext_id[0] ? se->last_use_ms : 0};
+        struct sched_session_info si = {se->sid,
+                                        se->ext_id,
+                                        se->owner,
+                                        se->n_tokens,
+                                        se->n_kv,
+                                        se->worker,
+                                        se->busy != NULL,
+                                        se->pinned,
+                                        se->ext_id[0] ? se->last_use_ms : 0};
         fn(ud, &si);
     }
 }

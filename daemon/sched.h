@@ -58,6 +58,9 @@ struct sched_config {
      * from the steps before (from prefill_beside_decode, between 64 and prefill_chunk); 0:
      * prefill_beside_decode tokens always */
     uint32_t beside_decode_ms;
+    /* cached prompt prefixes are shared by every request (else only by those of one API
+     * key; without keys every request has key 0, so all share) */
+    int prefix_global;
 };
 
 /* one sequence of a step: input filled by the scheduler, output by the driver */
@@ -79,6 +82,7 @@ struct job_seq {
     uint8_t is_new;     /* kvmgr has no blocks for it: it may map a shared prefix */
     uint32_t n_all;     /* with is_new: every token the session has */
     int32_t *all;
+    uint64_t scope;     /* with is_new: the prefix partition it may share blocks in */
     /* out (the driver moves n_past/tokens past what kvmgr found shared) */
     uint32_t n_cached;
     struct proto_sampling sp;
@@ -194,6 +198,7 @@ void sched_get_stats(const struct sched *s, struct sched_stats *out);
 struct sched_session_info {
     uint64_t sid;
     const char *ext_id;
+    int64_t owner;     /* the API key that made it (0 without keys) */
     uint32_t n_tokens; /* history: prompt + generated */
     uint32_t n_kv;     /* positions whose KV kvmgr holds */
     uint32_t worker;

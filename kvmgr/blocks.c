@@ -60,6 +60,7 @@ struct sess {
     uint64_t id;
     uint32_t gpu;
     uint8_t closed;
+    uint64_t scope; /* prefix partition: seeds its chain hashes */
     uint64_t epoch;
     struct rkv_vec ents;   /* struct ent, position order */
     struct rkv_vec tokens; /* uint32_t */
@@ -223,13 +224,14 @@ static uint64_t chain_hash(uint64_t prev, const uint32_t *tok, uint32_t n)
 
 /* --- sessions ---------------------------------------------------------------- */
 
-static struct sess *sess_new(struct kvb *kvb, uint64_t sid, uint32_t gpu)
+static struct sess *sess_new(struct kvb *kvb, uint64_t sid, uint32_t gpu, uint64_t scope)
 {
     struct sess *s = calloc(1, sizeof(*s));
     if (!s)
         return NULL;
     s->id = sid;
     s->gpu = gpu;
+    s->scope = scope;
     s->epoch = ++kvb->epoch;
     rkv_vec_init(&s->ents, sizeof(struct ent));
     rkv_vec_init(&s->tokens, sizeof(uint32_t));
@@ -404,7 +406,8 @@ static void ents_unref_now(struct kvb *kvb, struct sess *s)
     s->ents.len = 0;
 }
 
-int kvb_session_open(struct kvb *kvb, uint64_t sid, uint32_t gpu, const uint32_t *tokens,
+int kvb_session_open(struct kvb *kvb, uint64_t sid, uint32_t gpu, uint64_t scope,
+                     const uint32_t *tokens,
                      size_t n_tokens, uint32_t max_dev, size_t *n_reused)
 {
     uint32_t B = kvb->block_tokens;
@@ -413,7 +416,7 @@ int kvb_session_open(struct kvb *kvb, uint64_t sid, uint32_t gpu, const uint32_t
         return RKV_EINVAL;
     if (sess_get(kvb, sid))
         return RKV_EBUSY;
-    struct sess *s = sess_new(kvb, sid, gpu);
+    struct sess *s = sess_new(kvb, sid, gpu, scope);
     if (!s || rkv_vec_reserve(&s->tokens, n_tokens ? n_tokens : 1)) {
         if (s)
             sess_free(s);
@@ -428,7 +431,7 @@ int kvb_session_open(struct kvb *kvb, uint64_t sid, uint32_t gpu, const uint32_t
     s->n_known = tokens ? n_tokens : 0;
     /* share full blocks while the prefix matches; at least one position is
      * left to compute so the worker gets logits for the last token */
-    uint64_t h = 0;
+    uint64_t h = scope;
     struct pool *dp = &kvb->pools[gpu], *hp = &kvb->pools[host_pool(kvb)];
     int rc = 0;
     for (size_t b = 0; tokens && (b + 1) * B < n_tokens; b++) {
@@ -472,7 +475,7 @@ int kvb_session_fork(struct kvb *kvb, uint64_t parent, uint64_t child, size_t n_
     size_t full = n_tokens / B, part = n_tokens % B;
     if (part && pool_avail(&kvb->pools[p->gpu]) == 0)
         return RKV_ENOSPACE;
-    struct sess *s = sess_new(kvb, child, p->gpu);
+    struct sess *s = sess_new(kvb, child, p->gpu, p->scope);
     if (!s || rkv_vec_reserve(&s->tokens, n_tokens ? n_tokens : 1) ||
         rkv_vec_reserve(&s->ents, full + 1)) {
         if (s)
@@ -651,7 +654,7 @@ int kvb_session_written(struct kvb *kvb, uint64_t sid, size_t n_tokens)
     size_t upto = RKV_MIN(s->n_written, s->n_known);
     for (size_t b = s->n_published; (b + 1) * B <= upto; b++) {
         struct ent *e = ENT(s, b);
-        e->hash = chain_hash(b ? ENT(s, b - 1)->hash : 0, tok + b * B, B);
+        e->hash = chain_hash(b ? ENT(s, b - 1)->hash : s->scope, tok + b * B, B);
         if (e->dev != KVB_NONE)
             pool_publish(&kvb->pools[s->gpu], e->dev, e->hash);
         if (e->host != KVB_NONE)

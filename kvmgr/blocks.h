@@ -87,13 +87,14 @@ enum kvb_residency kvb_entry_residency(struct kvb_entry e);
 
 /* opens session sid (nonzero, unused) on gpu with its prompt tokens (NULL:
  * n_tokens positions of unknown tokens, nothing shared): full
- * blocks whose prefix is already in the index are shared (*n_reused tokens,
+ * blocks whose prefix is already in the index under the same scope (the
+ * prefix-cache partition, e.g. an API key; a fork keeps its parent's) are shared (*n_reused tokens,
  * a multiple of B, need no prefill); blocks are allocated for the rest, the
  * newest max_dev (>= 1; KVB_NONE = all) on the device and older ones on the
  * host (a long prompt of a WINDOW session prefills its tail into host
  * memory). RKV_ENOSPACE when a pool is short (nothing changes). */
-int kvb_session_open(struct kvb *kvb, uint64_t sid, uint32_t gpu, const uint32_t *tokens,
-                     size_t n_tokens, uint32_t max_dev, size_t *n_reused);
+int kvb_session_open(struct kvb *kvb, uint64_t sid, uint32_t gpu, uint64_t scope,
+                     const uint32_t *tokens, size_t n_tokens, uint32_t max_dev, size_t *n_reused);
 /* opens child sharing parent's first n_tokens positions: full blocks are
  * shared; a partial last block is copied into a new private device block,
  * returned in *cow (*n_cow = 0 or 1) for the caller to execute. */

@@ -48,7 +48,7 @@ static void test_alloc_free(void **state)
     uint32_t t[10];
     size_t reused;
     seq(t, 10, 100);
-    assert_int_equal(kvb_session_open(kvb, 1, 0, t, 10, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 1, 0, 0, t, 10, KVB_NONE, &reused), 0);
     assert_int_equal(reused, 0);
     assert_int_equal(kvb_free_dev(kvb, 0), 5); /* 10 tokens = 3 blocks */
     assert_int_equal(kvb_free_dev(kvb, 1), 8);
@@ -66,22 +66,22 @@ static void test_alloc_free(void **state)
     assert_int_equal(kvb_session_tokens(kvb, 1), 13);
     assert_int_equal(kvb_check(kvb), 0);
     /* errors: used id, unknown gpu, no room */
-    assert_int_equal(kvb_session_open(kvb, 1, 0, t, 1, KVB_NONE, &reused), RKV_EBUSY);
-    assert_int_equal(kvb_session_open(kvb, 2, 5, t, 1, KVB_NONE, &reused), RKV_EINVAL);
+    assert_int_equal(kvb_session_open(kvb, 1, 0, 0, t, 1, KVB_NONE, &reused), RKV_EBUSY);
+    assert_int_equal(kvb_session_open(kvb, 2, 5, 0, t, 1, KVB_NONE, &reused), RKV_EINVAL);
     uint32_t big[40];
     seq(big, 40, 0);
-    assert_int_equal(kvb_session_open(kvb, 2, 0, big, 40, KVB_NONE, &reused), RKV_ENOSPACE);
+    assert_int_equal(kvb_session_open(kvb, 2, 0, 0, big, 40, KVB_NONE, &reused), RKV_ENOSPACE);
     assert_int_equal(kvb_free_dev(kvb, 0), 4);
     assert_int_equal(kvb_session_close(kvb, 1), 0);
     assert_int_equal(kvb_free_dev(kvb, 0), 8); /* no leases: released at once */
     /* a prompt split: the newest block on the device, the older two on the host */
-    assert_int_equal(kvb_session_open(kvb, 3, 0, t, 10, 1, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 3, 0, 0, t, 10, 1, &reused), 0);
     table(kvb, 3, e, 3);
     assert_int_equal(kvb_entry_residency(e[0]), KVB_HOST);
     assert_int_equal(kvb_entry_residency(e[1]), KVB_HOST);
     assert_int_equal(kvb_entry_residency(e[2]), KVB_DEVICE);
     assert_int_equal(kvb_free_host(kvb), 6);
-    assert_int_equal(kvb_session_open(kvb, 4, 0, t, 10, 0, &reused), RKV_EINVAL);
+    assert_int_equal(kvb_session_open(kvb, 4, 0, 0, t, 10, 0, &reused), RKV_EINVAL);
     assert_int_equal(kvb_session_close(kvb, 3), 0);
     assert_int_equal(kvb_free_host(kvb), 8);
     assert_int_equal(kvb_session_close(kvb, 1), RKV_ENOTFOUND);
@@ -97,17 +97,17 @@ static void test_prefix_sharing(void **state)
     uint32_t a[14], b[11];
     size_t reused;
     seq(a, 14, 1);
-    assert_int_equal(kvb_session_open(kvb, 1, 0, a, 14, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 1, 0, 0, a, 14, KVB_NONE, &reused), 0);
     assert_int_equal(kvb_free_dev(kvb, 0), 12);
     /* nothing shared before the kv is written */
     seq(b, 11, 1);
     b[9] = 999;
-    assert_int_equal(kvb_session_open(kvb, 2, 0, b, 11, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 2, 0, 0, b, 11, KVB_NONE, &reused), 0);
     assert_int_equal(reused, 0);
     assert_int_equal(kvb_session_close(kvb, 2), 0);
     assert_int_equal(kvb_session_written(kvb, 1, 14), 0);
     /* b matches a's blocks 0 and 1 (tokens 0..7); block 2 differs at 9 */
-    assert_int_equal(kvb_session_open(kvb, 2, 0, b, 11, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 2, 0, 0, b, 11, KVB_NONE, &reused), 0);
     assert_int_equal(reused, 8);
     struct kvb_entry ea[64], eb[64];
     table(kvb, 1, ea, 4);
@@ -117,11 +117,11 @@ static void test_prefix_sharing(void **state)
     assert_int_not_equal(eb[2].dev, ea[2].dev);
     assert_int_equal(kvb_free_dev(kvb, 0), 11); /* one new block */
     /* another gpu shares nothing */
-    assert_int_equal(kvb_session_open(kvb, 3, 1, b, 11, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 3, 1, 0, b, 11, KVB_NONE, &reused), 0);
     assert_int_equal(reused, 0);
     /* a prompt equal to a's 12 written tokens reuses 2 blocks, not 3: the last
      * position must be computed */
-    assert_int_equal(kvb_session_open(kvb, 4, 0, a, 12, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 4, 0, 0, a, 12, KVB_NONE, &reused), 0);
     assert_int_equal(reused, 8);
     assert_int_equal(kvb_check(kvb), 0);
     /* the shared blocks outlive their first owner */
@@ -130,13 +130,62 @@ static void test_prefix_sharing(void **state)
     assert_int_equal(kvb_check(kvb), 0);
     uint32_t c[9];
     seq(c, 9, 1);
-    assert_int_equal(kvb_session_open(kvb, 5, 0, c, 9, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 5, 0, 0, c, 9, KVB_NONE, &reused), 0);
     assert_int_equal(reused, 8);
     for (uint64_t s = 2; s <= 5; s++)
         assert_int_equal(kvb_session_close(kvb, s), 0);
     assert_int_equal(kvb_free_dev(kvb, 0), 16);
     assert_int_equal(kvb_free_dev(kvb, 1), 16);
     assert_int_equal(kvb_check(kvb), 0);
+    kvb_destroy(kvb);
+}
+
+/* blocks are shared only within a scope (rkvd's API key): another scope with the same
+ * tokens finds nothing, a fork keeps its parent's scope */
+static void test_prefix_scopes(void **state)
+{
+    (void)state;
+    struct kvb *kvb = make(16, 16);
+    uint32_t a[10];
+    size_t reused;
+    seq(a, 10, 1);
+    assert_int_equal(kvb_session_open(kvb, 1, 0, 7, a, 10, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_written(kvb, 1, 10), 0);
+    /* the same tokens under scopes 0 and 8: nothing found */
+    assert_int_equal(kvb_session_open(kvb, 2, 0, 0, a, 10, KVB_NONE, &reused), 0);
+    assert_int_equal(reused, 0);
+    assert_int_equal(kvb_session_open(kvb, 3, 0, 8, a, 10, KVB_NONE, &reused), 0);
+    assert_int_equal(reused, 0);
+    /* scope 7 finds its blocks */
+    assert_int_equal(kvb_session_open(kvb, 4, 0, 7, a, 10, KVB_NONE, &reused), 0);
+    assert_int_equal(reused, 8);
+    /* what scope 8 writes is its own: 8 finds it, 7's blocks stay apart */
+    assert_int_equal(kvb_session_written(kvb, 3, 10), 0);
+    assert_int_equal(kvb_session_open(kvb, 5, 0, 8, a, 10, KVB_NONE, &reused), 0);
+    assert_int_equal(reused, 8);
+    struct kvb_entry e1[64], e3[64], e4[64], e5[64];
+    table(kvb, 1, e1, 3);
+    table(kvb, 3, e3, 3);
+    table(kvb, 4, e4, 3);
+    table(kvb, 5, e5, 3);
+    assert_int_equal(e4[0].dev, e1[0].dev);
+    assert_int_equal(e5[0].dev, e3[0].dev);
+    assert_int_not_equal(e3[0].dev, e1[0].dev);
+    /* a fork of scope 7 publishes under 7 */
+    struct kvb_copy cow[1];
+    size_t n_cow;
+    assert_int_equal(kvb_session_fork(kvb, 1, 6, 10, cow, &n_cow), 0);
+    assert_int_equal(kvb_session_written(kvb, 6, 10), 0);
+    for (uint64_t s = 1; s <= 5; s++)
+        assert_int_equal(kvb_session_close(kvb, s), 0);
+    assert_int_equal(kvb_session_open(kvb, 7, 0, 7, a, 10, KVB_NONE, &reused), 0);
+    assert_int_equal(reused, 8);
+    assert_int_equal(kvb_session_open(kvb, 8, 0, 0, a, 10, KVB_NONE, &reused), 0);
+    assert_int_equal(reused, 0);
+    assert_int_equal(kvb_check(kvb), 0);
+    for (uint64_t s = 6; s <= 8; s++)
+        assert_int_equal(kvb_session_close(kvb, s), 0);
+    assert_int_equal(kvb_free_dev(kvb, 0), 16);
     kvb_destroy(kvb);
 }
 
@@ -149,17 +198,17 @@ static void test_tokens_known_later(void **state)
     uint32_t a[12], junk[4] = {900, 901, 902, 903};
     size_t reused;
     seq(a, 12, 1);
-    assert_int_equal(kvb_session_open(kvb, 1, 0, a, 5, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 1, 0, 0, a, 5, KVB_NONE, &reused), 0);
     assert_int_equal(kvb_session_append(kvb, 1, NULL, 3), 0); /* positions 5..7, ids unknown */
     assert_int_equal(kvb_session_written(kvb, 1, 8), 0);
     /* block 1 (positions 4..7) is written but its ids are not known: not shared */
-    assert_int_equal(kvb_session_open(kvb, 2, 0, a, 9, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 2, 0, 0, a, 9, KVB_NONE, &reused), 0);
     assert_int_equal(reused, 4);
     assert_int_equal(kvb_session_close(kvb, 2), 0);
     /* a gap before them (position 5 still unknown): ignored */
     assert_int_equal(kvb_session_know(kvb, 1, 6, a + 6, 2), 0);
     assert_int_equal(kvb_session_written(kvb, 1, 8), 0);
-    assert_int_equal(kvb_session_open(kvb, 2, 0, a, 9, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 2, 0, 0, a, 9, KVB_NONE, &reused), 0);
     assert_int_equal(reused, 4);
     assert_int_equal(kvb_session_close(kvb, 2), 0);
     /* known from position 5 on (and past what it holds: cut to 8); ids before n_known
@@ -167,7 +216,7 @@ static void test_tokens_known_later(void **state)
     assert_int_equal(kvb_session_know(kvb, 1, 0, junk, 4), 0);
     assert_int_equal(kvb_session_know(kvb, 1, 5, a + 5, 7), 0);
     assert_int_equal(kvb_session_written(kvb, 1, 8), 0);
-    assert_int_equal(kvb_session_open(kvb, 2, 0, a, 9, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 2, 0, 0, a, 9, KVB_NONE, &reused), 0);
     assert_int_equal(reused, 8);
     struct kvb_entry ea[64], eb[64];
     table(kvb, 1, ea, 2);
@@ -187,7 +236,7 @@ static void test_fork_cow(void **state)
     size_t reused, n_cow;
     struct kvb_copy cow[1];
     seq(a, 10, 7);
-    assert_int_equal(kvb_session_open(kvb, 1, 1, a, 10, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 1, 1, 0, a, 10, KVB_NONE, &reused), 0);
     /* only written kv can be shared */
     assert_int_equal(kvb_session_fork(kvb, 1, 2, 6, cow, &n_cow), RKV_EINVAL);
     assert_int_equal(kvb_session_written(kvb, 1, 10), 0);
@@ -232,7 +281,7 @@ static void test_demote_promote_acks(void **state)
     struct kvb_copy ops[8];
     struct kvb_entry e[64];
     seq(t, 20, 1);
-    assert_int_equal(kvb_session_open(kvb, 9, 0, t, 20, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 9, 0, 0, t, 20, KVB_NONE, &reused), 0);
     assert_int_equal(kvb_session_table(kvb, 9, e, 64, NULL, &epoch), 0);
     assert_int_equal(kvb_lease(kvb, 1, 9, epoch), 0);
     assert_int_equal(kvb_lease(kvb, 1, 9, epoch), RKV_EBUSY);
@@ -324,7 +373,7 @@ static void test_host_full(void **state)
     size_t reused, n_ops;
     struct kvb_copy ops[8];
     seq(t, 16, 1);
-    assert_int_equal(kvb_session_open(kvb, 1, 0, t, 16, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 1, 0, 0, t, 16, KVB_NONE, &reused), 0);
     assert_int_equal(kvb_demote(kvb, 1, 2, ops, 8, &n_ops), RKV_ENOSPACE);
     assert_int_equal(n_ops, 0);
     assert_int_equal(kvb_free_host(kvb), 1);
@@ -345,11 +394,11 @@ static void test_truncate_full_pool(void **state)
     struct kvb_copy cow[1], ops[4];
     struct kvb_entry e[8];
     seq(t, 16, 1);
-    assert_int_equal(kvb_session_open(kvb, 1, 0, t, 8, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 1, 0, 0, t, 8, KVB_NONE, &reused), 0);
     assert_int_equal(kvb_demote(kvb, 1, 1, ops, 4, &n_ops), 0); /* block 0 to the host */
     assert_int_equal(kvb_commit(kvb, 1, NULL), 0);
     assert_int_equal(kvb_session_append(kvb, 1, t + 8, 8), 0); /* blocks 1-3 on the device */
-    assert_int_equal(kvb_session_open(kvb, 2, 0, NULL, 4, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 2, 0, 0, NULL, 4, KVB_NONE, &reused), 0);
     assert_int_equal(kvb_free_dev(kvb, 0), 0);
     uint64_t ep;
     assert_int_equal(kvb_session_table(kvb, 1, e, 8, &n_ops, &ep), 0);
@@ -379,9 +428,9 @@ static void test_truncate(void **state)
     struct kvb_copy cow[1], ops[4];
     struct kvb_entry e1[8], e2[8];
     seq(t, 14, 1);
-    assert_int_equal(kvb_session_open(kvb, 1, 0, t, 14, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 1, 0, 0, t, 14, KVB_NONE, &reused), 0);
     assert_int_equal(kvb_session_written(kvb, 1, 14), 0);
-    assert_int_equal(kvb_session_open(kvb, 2, 0, t, 10, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 2, 0, 0, t, 10, KVB_NONE, &reused), 0);
     assert_int_equal(reused, 8);
     assert_int_equal(kvb_free_dev(kvb, 0), 11);
     /* into session 1's private, published third block: kept, unpublished */
@@ -392,7 +441,7 @@ static void test_truncate(void **state)
     assert_int_equal(kvb_session_tokens(kvb, 1), 9);
     uint32_t u[12];
     seq(u, 12, 1);
-    assert_int_equal(kvb_session_open(kvb, 3, 0, u, 12, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 3, 0, 0, u, 12, KVB_NONE, &reused), 0);
     assert_int_equal(reused, 8); /* block 2 is no longer offered */
     assert_int_equal(kvb_session_close(kvb, 3), 0);
     /* into session 2's shared second block: copied first */
@@ -420,10 +469,10 @@ static void test_truncate(void **state)
     assert_int_equal(kvb_session_truncate(kvb, 1, 8, cow, &n_cow), RKV_ERANGE);
     assert_int_equal(kvb_check(kvb), 0);
     /* positions without token ids are never shared */
-    assert_int_equal(kvb_session_open(kvb, 4, 0, NULL, 9, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 4, 0, 0, NULL, 9, KVB_NONE, &reused), 0);
     assert_int_equal(kvb_session_append(kvb, 4, NULL, 3), 0);
     assert_int_equal(kvb_session_written(kvb, 4, 12), 0);
-    assert_int_equal(kvb_session_open(kvb, 5, 0, u, 12, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 5, 0, 0, u, 12, KVB_NONE, &reused), 0);
     /* session 1's first block, and its old second block: no table names it
      * any more, but it is cached with its written prefix and revived */
     assert_int_equal(reused, 8);
@@ -445,8 +494,8 @@ static void test_ack_worker(void **state)
     uint64_t e1, e2, last;
     struct kvb_copy ops[4];
     seq(t, 12, 1);
-    assert_int_equal(kvb_session_open(kvb, 1, 0, t, 12, KVB_NONE, &reused), 0);
-    assert_int_equal(kvb_session_open(kvb, 2, 0, t, 8, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 1, 0, 0, t, 12, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 2, 0, 0, t, 8, KVB_NONE, &reused), 0);
     assert_int_equal(kvb_session_table(kvb, 1, NULL, 0, NULL, &e1), 0);
     assert_int_equal(kvb_session_table(kvb, 2, NULL, 0, NULL, &e2), 0);
     assert_true(e2 > e1); /* one counter over all sessions */
@@ -476,7 +525,7 @@ static void test_trim_host_copies(void **state)
     uint64_t epoch;
     struct kvb_copy ops[8];
     seq(t, 16, 1);
-    assert_int_equal(kvb_session_open(kvb, 1, 0, t, 12, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 1, 0, 0, t, 12, KVB_NONE, &reused), 0);
     assert_int_equal(kvb_demote(kvb, 1, 2, ops, 8, &n_ops), 0);
     assert_int_equal(kvb_commit(kvb, 1, NULL), 0);
     assert_int_equal(kvb_promote(kvb, 1, 2, ops, 8, &n_ops), 0);
@@ -516,7 +565,7 @@ static void test_worker_lost(void **state)
     uint64_t epoch, e2;
     struct kvb_copy ops[8];
     seq(t, 12, 1);
-    assert_int_equal(kvb_session_open(kvb, 5, 0, t, 12, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 5, 0, 0, t, 12, KVB_NONE, &reused), 0);
     assert_int_equal(kvb_session_table(kvb, 5, NULL, 0, NULL, &epoch), 0);
     assert_int_equal(kvb_lease(kvb, 1, 5, epoch), 0);
     assert_int_equal(kvb_lease(kvb, 2, 5, epoch), 0);
@@ -582,7 +631,10 @@ static void random_op(struct kvb *kvb, uint64_t *rng, uint64_t *next_sid)
         if (below(rng, 2))
             t[below(rng, (uint32_t)n)] = 7;
         uint32_t max_dev = below(rng, 2) ? KVB_NONE : 1 + below(rng, 3);
-        int rc = kvb_session_open(kvb, (*next_sid)++, below(rng, 2), t, n, max_dev, &reused);
+        /* two tenants in one pool: scope 0 mostly, 5 now and then */
+        uint32_t gpu = below(rng, 2);
+        uint64_t scope = below(rng, 4) ? 0 : 5;
+        int rc = kvb_session_open(kvb, (*next_sid)++, gpu, scope, t, n, max_dev, &reused);
         assert_true(rc == 0 || rc == RKV_ENOSPACE);
         n_shared += rc == 0 && reused > 0;
         break;
@@ -674,7 +726,7 @@ static void test_written_block_loses_host_copy(void **state)
     size_t reused;
     struct kvb_copy ops[8];
     size_t n_ops;
-    assert_int_equal(kvb_session_open(kvb, 3, 0, NULL, B + 2, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 3, 0, 0, NULL, B + 2, KVB_NONE, &reused), 0);
     /* park everything, newest (partial) block included */
     assert_int_equal(kvb_park(kvb, 3, 2, ops, 8, &n_ops), 0);
     assert_int_equal(n_ops, 2);
@@ -711,24 +763,24 @@ static void test_prefix_cache_survives_close(void **state)
     uint32_t t[16];
     size_t reused;
     seq(t, 16, 100);
-    assert_int_equal(kvb_session_open(kvb, 1, 0, t, 8, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 1, 0, 0, t, 8, KVB_NONE, &reused), 0);
     assert_int_equal(kvb_session_written(kvb, 1, 8), 0);
     assert_int_equal(kvb_session_close(kvb, 1), 0);
     assert_int_equal(kvb_free_dev(kvb, 0), 4); /* cached blocks count as free */
     assert_int_equal(kvb_check(kvb), 0);
-    assert_int_equal(kvb_session_open(kvb, 2, 0, t, 12, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 2, 0, 0, t, 12, KVB_NONE, &reused), 0);
     assert_int_equal(reused, 8);
     assert_int_equal(kvb_check(kvb), 0);
     assert_int_equal(kvb_session_close(kvb, 2), 0);
     /* a session that needs every block evicts the cache */
     uint32_t other[16];
     seq(other, 16, 900);
-    assert_int_equal(kvb_session_open(kvb, 3, 0, other, 16, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 3, 0, 0, other, 16, KVB_NONE, &reused), 0);
     assert_int_equal(reused, 0);
     assert_int_equal(kvb_free_dev(kvb, 0), 0);
     assert_int_equal(kvb_check(kvb), 0);
     assert_int_equal(kvb_session_close(kvb, 3), 0);
-    assert_int_equal(kvb_session_open(kvb, 4, 0, t, 8, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 4, 0, 0, t, 8, KVB_NONE, &reused), 0);
     assert_int_equal(reused, 0); /* evicted */
     assert_int_equal(kvb_session_close(kvb, 4), 0);
     assert_int_equal(kvb_check(kvb), 0);
@@ -751,7 +803,7 @@ static void test_unwritten_blocks_stay(void **state)
     size_t reused, n_ops;
     struct kvb_copy ops[8];
     /* a 3-block prefill in flight: nothing written yet */
-    assert_int_equal(kvb_session_open(kvb, 1, 0, NULL, 3 * B, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 1, 0, 0, NULL, 3 * B, KVB_NONE, &reused), 0);
     assert_int_equal(kvb_demote(kvb, 1, 1, ops, 8, &n_ops), RKV_ERANGE);
     /* the step finished: its blocks may go (the newest, full, too) */
     assert_int_equal(kvb_session_written(kvb, 1, 3 * B), 0);
@@ -785,10 +837,10 @@ static void test_rehome(void **state)
     size_t reused, n_ops;
     struct kvb_copy ops[16];
     /* 1: three full blocks on gpu 0; 2 shares the first two, then a partial block */
-    assert_int_equal(kvb_session_open(kvb, 1, 0, t, 3 * B, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 1, 0, 0, t, 3 * B, KVB_NONE, &reused), 0);
     assert_int_equal(kvb_rehome(kvb, 1, 1, 3, ops, 16, &n_ops), RKV_EBUSY); /* unwritten */
     assert_int_equal(kvb_session_written(kvb, 1, 3 * B), 0);
-    assert_int_equal(kvb_session_open(kvb, 2, 0, t, 2 * B + 2, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 2, 0, 0, t, 2 * B + 2, KVB_NONE, &reused), 0);
     assert_int_equal(reused, 2 * B);
     assert_int_equal(kvb_session_written(kvb, 2, 2 * B + 2), 0);
     struct kvb_entry e1[3], e2[3];
@@ -852,7 +904,7 @@ static void test_rehome(void **state)
     /* no room on gpu 0 for a way back: nothing changes */
     uint32_t u[8 * B];
     seq(u, 8 * B, 500);
-    assert_int_equal(kvb_session_open(kvb, 3, 0, u, 8 * B, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 3, 0, 0, u, 8 * B, KVB_NONE, &reused), 0);
     assert_int_equal(kvb_session_written(kvb, 3, 8 * B), 0);
     assert_int_equal(kvb_rehome(kvb, 1, 0, 3, ops, 16, &n_ops), RKV_ENOSPACE);
     assert_int_equal(kvb_session_gpu(kvb, 1), 1);
@@ -896,6 +948,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_alloc_free),       cmocka_unit_test(test_prefix_sharing),
+        cmocka_unit_test(test_prefix_scopes),
         cmocka_unit_test(test_tokens_known_later),
         cmocka_unit_test(test_fork_cow),         cmocka_unit_test(test_demote_promote_acks),
         cmocka_unit_test(test_host_full),        cmocka_unit_test(test_worker_lost),

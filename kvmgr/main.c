@@ -647,8 +647,8 @@ static int open_session(struct kvmgr *k, struct sess *s, const struct proto_kv_p
         if (cand) {
             /* kvb_session_open shares full blocks before the last position it is given:
              * give it one past the candidate blocks */
-            rc = kvb_session_open(k->kvb, s->sid, s->gpu, (const uint32_t *)q->tokens, cand + 1,
-                                  max_dev, &reused);
+            rc = kvb_session_open(k->kvb, s->sid, s->gpu, q->scope, (const uint32_t *)q->tokens,
+                                  cand + 1, max_dev, &reused);
             if (rc)
                 return rc;
             /* keep only what was found: the rest is computed and appended */
@@ -667,7 +667,8 @@ static int open_session(struct kvmgr *k, struct sess *s, const struct proto_kv_p
         }
     }
     /* positions only; a window session's older blocks go straight to the host */
-    rc = kvb_session_open(k->kvb, s->sid, s->gpu, NULL, s->want_pos, max_dev, &reused);
+    rc = kvb_session_open(k->kvb, s->sid, s->gpu, q->scope, NULL, s->want_pos, max_dev,
+                          &reused);
     if (!rc)
         s->open = 1;
     return rc;

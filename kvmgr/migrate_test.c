@@ -130,8 +130,8 @@ static void test_spill_and_return(void **state)
     size_t reused;
     uint64_t ids[3] = {1, 2, 3};
     uint32_t need[3] = {3, 3, 3};
-    assert_int_equal(kvb_session_open(r.kvb, 1, 0, tok, 10, KVB_NONE, &reused), 0);
-    assert_int_equal(kvb_session_open(r.kvb, 2, 0, tok + 1, 10, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(r.kvb, 1, 0, 0, tok, 10, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(r.kvb, 2, 0, 0, tok + 1, 10, KVB_NONE, &reused), 0);
     write_kv(&r, 1);
     write_kv(&r, 2);
     /* session 3 arrives: 9 blocks wanted, 8 on the device; cap 2, the two
@@ -143,7 +143,7 @@ static void test_spill_and_return(void **state)
     assert_int_equal(mig_apply(r.kvb, r.dev, 1, r.host, p, &st), 0);
     assert_int_equal(st.sessions_moved, 0);
     /* it prefills its oldest block straight into host memory */
-    assert_int_equal(kvb_session_open(r.kvb, 3, 0, tok + 2, 10, plan_find(p, 3)->n_dev, &reused),
+    assert_int_equal(kvb_session_open(r.kvb, 3, 0, 0, tok + 2, 10, plan_find(p, 3)->n_dev, &reused),
                      0);
     write_kv(&r, 3);
     assert_int_equal(check_kv(&r, 3), 2);
@@ -193,8 +193,8 @@ static void test_acks_gate_reuse(void **state)
         tok[i] = (uint32_t)(100 + i);
     size_t reused;
     uint64_t epoch;
-    assert_int_equal(kvb_session_open(r.kvb, 1, 0, tok, 16, KVB_NONE, &reused), 0);
-    assert_int_equal(kvb_session_open(r.kvb, 2, 0, tok, 13, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(r.kvb, 1, 0, 0, tok, 16, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(r.kvb, 2, 0, 0, tok, 13, KVB_NONE, &reused), 0);
     write_kv(&r, 1);
     write_kv(&r, 2);
     assert_int_equal(kvb_session_table(r.kvb, 2, NULL, 0, NULL, &epoch), 0);
@@ -237,8 +237,8 @@ static void test_trim_copies(void **state)
         tok[i] = (uint32_t)(7 * i);
     size_t reused, n_ops;
     struct kvb_copy ops[4];
-    assert_int_equal(kvb_session_open(r.kvb, 1, 0, tok, 12, KVB_NONE, &reused), 0);
-    assert_int_equal(kvb_session_open(r.kvb, 2, 0, tok, 12, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(r.kvb, 1, 0, 0, tok, 12, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(r.kvb, 2, 0, 0, tok, 12, KVB_NONE, &reused), 0);
     write_kv(&r, 1);
     write_kv(&r, 2);
     assert_int_equal(kvb_demote(r.kvb, 1, 2, ops, 4, &n_ops), 0);
@@ -288,9 +288,9 @@ static void test_rehome_bytes(void **state)
     for (uint32_t i = 0; i < 3 * BT; i++)
         t[i] = 7 + i;
     size_t reused;
-    assert_int_equal(kvb_session_open(kvb, 1, 0, t, 3 * BT, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 1, 0, 0, t, 3 * BT, KVB_NONE, &reused), 0);
     assert_int_equal(kvb_session_written(kvb, 1, 3 * BT), 0);
-    assert_int_equal(kvb_session_open(kvb, 2, 0, t, 2 * BT + 1, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_open(kvb, 2, 0, 0, t, 2 * BT + 1, KVB_NONE, &reused), 0);
     assert_int_equal(kvb_session_written(kvb, 2, 2 * BT + 1), 0);
     struct kvb_entry e[3];
     size_t n;

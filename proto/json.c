@@ -506,10 +506,80 @@ int proto_json_decode_with(const struct proto_schema *s, const char *buf, size_t
                               : proto_seterr(err, errlen, RKV_EFORMAT,
                                              "%s: %zu stray bytes after the JSON object", s->name,
                                              (size_t)(buf + len - end));
+    char dup[160];
+    if (rc == 0 && proto_json_dup_key(obj, dup, sizeof dup))
+        rc = proto_seterr(err, errlen, RKV_EFORMAT, "%s: field \"%s\" appears twice", s->name,
+                          dup);
     if (rc == 0)
         rc = proto_json_read(s, obj, msg, err, errlen);
     cJSON_Delete(obj);
     return rc;
+}
+
+static int cmp_name(const void *x, const void *y)
+{
+    return strcmp(*(const char *const *)x, *(const char *const *)y);
+}
+
+/* the first name o holds twice, or NULL; a few keys by pairs, many sorted */
+static const char *dup_name(const cJSON *o)
+{
+    size_t n = 0;
+    for (const cJSON *c = o->child; c; c = c->next)
+        n++;
+    if (n <= 16) {
+        for (const cJSON *c = o->child; c; c = c->next)
+            for (const cJSON *d = o->child; d != c; d = d->next)
+                if (c->string && d->string && !strcmp(c->string, d->string))
+                    return c->string;
+        return NULL;
+    }
+    const char **names = malloc(n * sizeof *names);
+    if (!names)
+        return NULL;
+    size_t k = 0;
+    for (const cJSON *c = o->child; c; c = c->next)
+        if (c->string)
+            names[k++] = c->string;
+    qsort(names, k, sizeof *names, cmp_name);
+    const char *dup = NULL;
+    for (size_t i = 1; i < k && !dup; i++)
+        if (!strcmp(names[i - 1], names[i]))
+            dup = names[i];
+    free(names);
+    return dup;
+}
+
+static int dup_walk(const cJSON *v, char *path, size_t cap, size_t at)
+{
+    if (!cJSON_IsObject(v) && !cJSON_IsArray(v))
+        return 0;
+    if (cJSON_IsObject(v)) {
+        const char *d = dup_name(v);
+        if (d) {
+            snprintf(path + at, cap - at, "%s%.64s", at ? "." : "", d);
+            return 1;
+        }
+    }
+    size_t i = 0;
+    for (const cJSON *c = v->child; c; c = c->next, i++) {
+        int n = cJSON_IsObject(v) ? snprintf(path + at, cap - at, "%s%.64s", at ? "." : "",
+                                             c->string ? c->string : "")
+                                  : snprintf(path + at, cap - at, "[%zu]", i);
+        size_t next = n > 0 && at + (size_t)n < cap ? at + (size_t)n : at;
+        if (dup_walk(c, path, cap, next))
+            return 1;
+    }
+    path[at] = '\0';
+    return 0;
+}
+
+int proto_json_dup_key(const cJSON *v, char *path, size_t cap)
+{
+    if (!path || cap == 0)
+        return 0;
+    path[0] = '\0';
+    return dup_walk(v, path, cap, 0);
 }
 
 static const struct proto_schema *schema_of(int type, char *err, size_t errlen)

@@ -145,6 +145,11 @@ int proto_json_decode_with(const struct proto_schema *s, const char *buf, size_t
 /* --- protocol messages: the schema comes from the type (proto/msg.h) ---------- */
 
 /* RKV_EINVAL for a type that is not a control message */
+/* 1 when an object anywhere in v names a key twice (JSON leaves that undefined: cJSON keeps
+ * the first, Python and JavaScript the last, so a gateway and rkv could read one request
+ * two ways), with its path ("messages[2].role") in path; else 0 */
+int proto_json_dup_key(const cJSON *v, char *path, size_t cap);
+
 int proto_json_encode(int type, const void *msg, char **out, size_t *len, char *err, size_t errlen);
 int proto_json_decode(int type, const char *buf, size_t len, void *msg, char *err, size_t errlen);
 

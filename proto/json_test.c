@@ -513,6 +513,47 @@ static void test_own_schema(void **state)
     assert_string_equal(err, "drain: field \"force\" must be true or false, got 1");
 }
 
+/* a key twice anywhere is found, with its path; many keys go through the sorted check */
+static void test_dup_keys(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *json, *path;
+    } cases[] = {
+        {"{\"a\":1,\"b\":2}", NULL},
+        {"{\"a\":1,\"a\":2}", "a"},
+        {"{\"x\":{\"y\":[1,{\"z\":1,\"z\":2}]}}", "x.y[1].z"},
+        {"[{},{\"k\":[],\"k\":{}}]", "[1].k"},
+        {"{\"a\":{\"a\":1},\"b\":{\"a\":1}}", NULL},
+        {"\"s\"", NULL},
+    };
+    char path[160];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cJSON *v = cJSON_Parse(cases[i].json);
+        assert_non_null(v);
+        int dup = proto_json_dup_key(v, path, sizeof path);
+        if (dup != (cases[i].path != NULL) || (dup && strcmp(path, cases[i].path))) {
+            print_error("case %zu %s: dup %d path '%s'\n", i, cases[i].json, dup, path);
+            fail();
+        }
+        cJSON_Delete(v);
+    }
+    /* 200 keys, one of them twice, last */
+    char big[4096];
+    size_t n = 0;
+    n += (size_t)snprintf(big + n, sizeof big - n, "{");
+    for (int k = 0; k < 200; k++)
+        n += (size_t)snprintf(big + n, sizeof big - n, "\"k%d\":%d,", k, k);
+    snprintf(big + n, sizeof big - n, "\"k17\":0}");
+    cJSON *v = cJSON_Parse(big);
+    assert_non_null(v);
+    assert_int_equal(proto_json_dup_key(v, path, sizeof path), 1);
+    assert_string_equal(path, "k17");
+    cJSON_DeleteItemFromObject(v, "k17");
+    assert_int_equal(proto_json_dup_key(v, path, sizeof path), 0);
+    cJSON_Delete(v);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -524,6 +565,7 @@ int main(void)
         cmocka_unit_test(test_object_arrays),
         cmocka_unit_test(test_encode_refuses),
         cmocka_unit_test(test_own_schema),
+        cmocka_unit_test(test_dup_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

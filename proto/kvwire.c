@@ -63,6 +63,7 @@ int proto_kv_prep_encode(const struct proto_kv_prep *m, struct proto_wbuf *w, ch
         proto_wbuf_put_u8(w, q->flags);
         proto_wbuf_put_u32(w, q->n_written);
         proto_wbuf_put_u8(w, q->n_owed);
+        proto_wbuf_put_u64(w, q->scope);
         proto_wbuf_put_u32(w, q->n_tokens);
         for (uint32_t t = 0; t < q->n_tokens; t++)
             proto_wbuf_put_i32(w, q->tokens[t]);
@@ -133,17 +134,17 @@ int proto_kv_prep_decode(const void *buf, size_t len, struct proto_kv_prep **out
     if ((rc = get_count(&r, PROTO_MAX_SEQS, 8, "kv_prep idle", &h.n_idle, err, errlen)))
         return rc;
     r.pos += (size_t)h.n_idle * 8;
-    if ((rc = get_count(&r, PROTO_MAX_SEQS, 22, "kv_prep seqs", &h.n_seqs, err, errlen)))
+    if ((rc = get_count(&r, PROTO_MAX_SEQS, 30, "kv_prep seqs", &h.n_seqs, err, errlen)))
         return rc;
     /* walk the seqs once to check them and count their tokens */
     size_t seqs_at = r.pos, n_tok = 0;
     for (uint32_t i = 0; i < h.n_seqs; i++) {
-        uint64_t sid;
+        uint64_t sid, scope;
         uint32_t n_pos, n_written, nt;
         uint8_t flags, n_owed;
         if (proto_rbuf_get_u64(&r, &sid) || proto_rbuf_get_u32(&r, &n_pos) ||
             proto_rbuf_get_u8(&r, &flags) || proto_rbuf_get_u32(&r, &n_written) ||
-            proto_rbuf_get_u8(&r, &n_owed))
+            proto_rbuf_get_u8(&r, &n_owed) || proto_rbuf_get_u64(&r, &scope))
             return proto_seterr(err, errlen, RKV_EFORMAT, "kv_prep: seq %u truncated", i);
         if (flags & ~PROTO_KV_FLAGS)
             return proto_seterr(err, errlen, RKV_EFORMAT, "kv_prep: seq %u flags 0x%x unknown",
@@ -183,6 +184,7 @@ int proto_kv_prep_decode(const void *buf, size_t len, struct proto_kv_prep **out
         proto_rbuf_get_u8(&r, &q->flags);
         proto_rbuf_get_u32(&r, &q->n_written);
         proto_rbuf_get_u8(&r, &q->n_owed);
+        proto_rbuf_get_u64(&r, &q->scope);
         proto_rbuf_get_u32(&r, &q->n_tokens);
         q->tokens = q->n_tokens ? tok : NULL;
         for (uint32_t t = 0; t < q->n_tokens; t++)

@@ -19,8 +19,8 @@
  *
  * KV_PREP wire: u32 worker_id, u64 ack_epoch (0 = none yet), u32 n_close,
  * u64 close[n_close], u32 n_idle, u64 idle[n_idle], u32 n_seqs, then per
- * seq: u64 session_id, u32 n_pos, u8 flags, u32 n_written, u8 n_owed, u32 n_tokens,
- * i32 tokens[n_tokens].
+ * seq: u64 session_id, u32 n_pos, u8 flags, u32 n_written, u8 n_owed, u64 scope,
+ * u32 n_tokens, i32 tokens[n_tokens].
  *
  * KV_TABLES wire: u64 epoch, u32 n_seqs, then per seq: u64 session_id,
  * i32 status, u8 tactic (enum proto_tactic), u32 n_cached, u32 n_blocks,
@@ -28,7 +28,8 @@
  *
  * Prefix sharing: a session kvmgr does not know yet comes with
  * PROTO_KV_NEW and every token it has (its prompt); kvmgr maps the full
- * blocks whose token prefix another session has written to the same blocks
+ * blocks whose token prefix another session of the same scope (rkvd sends
+ * the API key's id, or 0 for one cache shared by all) has written to the same blocks
  * and answers n_cached, the positions that need no prefill (a multiple of
  * the block size, always leaving the last token to compute). Later steps
  * send the tokens they add, so the blocks they fill become shareable once
@@ -74,6 +75,9 @@ struct proto_kv_prep_seq {
     uint32_t n_tokens;
     const int32_t *tokens; /* NEW: every token; else ending at n_pos - n_owed (the step's,
                             * after ids owed from earlier steps) */
+    /* the prefix-cache partition (read with NEW): blocks are shared only between sessions
+     * of one scope, so one tenant's cached prefixes never answer another's prompts */
+    uint64_t scope;
 };
 
 struct proto_kv_prep {

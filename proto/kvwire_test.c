@@ -19,7 +19,8 @@ static void encode_prep(struct proto_wbuf *w)
     static const int32_t toks[] = {7, -1, 65535};
     struct proto_kv_prep_seq seqs[] = {{3, 1000, PROTO_KV_ACTIVE, 997, 0, 3, toks},
                                        {4, 1, 0, 0, 0, 0, NULL},
-                                       {5, 0, PROTO_KV_ACTIVE | PROTO_KV_NEW, 0, 0, 0, NULL}};
+                                       {5, 0, PROTO_KV_ACTIVE | PROTO_KV_NEW, 0, 0, 0, NULL,
+                                        (1ull << 63) | 42}};
     struct proto_kv_prep m = {2, 99, 2, closes, 1, idles, 3, seqs};
     char err[128];
     proto_wbuf_init(w);
@@ -54,6 +55,8 @@ static void test_prep_roundtrip(void **state)
     assert_int_equal(m->n_seqs, 3);
     assert_int_equal(m->seqs[0].n_pos, 1000);
     assert_int_equal(m->seqs[2].flags, PROTO_KV_ACTIVE | PROTO_KV_NEW);
+    assert_int_equal(m->seqs[2].scope, (1ull << 63) | 42);
+    assert_int_equal(m->seqs[0].scope, 0);
     assert_int_equal(m->seqs[0].n_written, 997);
     assert_int_equal(m->seqs[0].n_tokens, 3);
     assert_int_equal(m->seqs[0].tokens[1], -1);

@@ -842,20 +842,21 @@ static int cmd_keys(struct cli *c)
             usage("keys list: unexpected argument \"%s\"", c->pos[1]);
         r = call(c, "keys_list", args);
         if (!c->json) {
-            printf("%-5s %-20s %-6s %-10s %-20s %-8s %-8s %-8s %-8s %-8s %s\n", "id", "name",
-                   "scope", "prefix", "created", "rpm", "tpm", "conc", "max_tok", "max_pr", "");
+            printf("%-5s %-20s %-6s %-8s %-10s %-20s %-8s %-8s %-8s %-8s %s\n", "id", "name",
+                   "scope", "state", "prefix", "created", "rpm", "tpm", "conc", "max_tok",
+                   "max_pr");
             const cJSON *k;
             cJSON_ArrayForEach(k, obj(r, "keys"))
             {
                 const cJSON *lim = cJSON_GetObjectItemCaseSensitive(k, "limits");
                 char b[5][32];
-                printf("%-5.0f %-20.20s %-6s %-10s %-20s %-8s %-8s %-8s %-8s %-8s %s\n",
-                       num(k, "id"), str(k, "name"), str(k, "scope"), str(k, "prefix"),
+                printf("%-5.0f %-20.20s %-6s %-8s %-10s %-20s %-8s %-8s %-8s %-8s %s\n",
+                       num(k, "id"), str(k, "name"), str(k, "scope"),
+                       yes(k, "revoked") ? "REVOKED" : "live", str(k, "prefix"),
                        clock_time(num(k, "created_ms")), limit_text(lim, "rpm", b[0], 32),
                        limit_text(lim, "tpm", b[1], 32),
                        limit_text(lim, "max_concurrent", b[2], 32),
-                       limit_text(lim, "max_tokens", b[3], 32),
-                       limit_text(lim, "max_prompt", b[4], 32), yes(k, "revoked") ? "revoked" : "");
+                       limit_text(lim, "max_tokens", b[3], 32), limit_text(lim, "max_prompt", b[4], 32));
             }
         }
     } else if (!strcmp(sub, "revoke")) {

@@ -123,6 +123,48 @@ def test_completion_logprobs_shape(client):
         assert abs(l - max(top.values())) < 1e-4
 
 
+def test_logprobs_index_the_text(client):
+    """offsets stay within the text and bytes add up to it, also when the model emits control
+    tokens (they render to nothing): sampled until a control token shows in the output"""
+    for seed in range(1, 40):
+        r = client.completions.create(model="tiny", prompt="abc", max_tokens=48, temperature=1.5,
+                                      seed=seed, logprobs=1, extra_body={"ignore_eos": True})
+        c = r.choices[0]
+        lp = c.logprobs
+        if "" in lp.tokens:
+            break
+    else:
+        pytest.fail("no control token in 39 sampled answers")
+    text = c.text
+    assert len(lp.text_offset) == len(lp.tokens) == 48
+    assert all(0 <= o <= len(text) for o in lp.text_offset)
+    assert lp.text_offset == sorted(lp.text_offset)
+    for tok, off in zip(lp.tokens, lp.text_offset):
+        if tok and "\ufffd" not in tok:
+            assert text[off:off + len(tok)] == tok
+    # streamed: the same offsets
+    chunks = list(client.completions.create(
+        model="tiny", prompt="abc", max_tokens=48, temperature=1.5, seed=seed, logprobs=1,
+        stream=True, extra_body={"ignore_eos": True}))
+    offs = [o for ch in chunks if ch.choices and ch.choices[0].logprobs
+            for o in ch.choices[0].logprobs.text_offset]
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == text
+    assert offs == lp.text_offset
+    # chat: each token's bytes, joined, are the content
+    msgs = [{"role": "user", "content": "abc"}]
+    for seed in range(1, 40):
+        r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=48,
+                                           temperature=1.5, seed=seed, logprobs=True,
+                                           extra_body={"ignore_eos": True})
+        content = r.choices[0].logprobs.content
+        if any(not t.bytes for t in content):
+            break
+    else:
+        pytest.fail("no control token in 39 sampled chat answers")
+    raw = b"".join(bytes(t.bytes) for t in content)
+    assert raw.decode("utf-8", errors="replace") == r.choices[0].message.content
+
+
 def test_chat_stream_with_usage(client):
     msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
     r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=8, temperature=0,

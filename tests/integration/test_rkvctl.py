@@ -323,13 +323,18 @@ def test_keys(srv):
         st, _, _ = srv.request("GET", "/admin/v1/status", headers=user)
         assert st == 200
         st, _, body = srv.request("POST", "/admin/v1/mode_set", {"mode": "auto"}, headers=user)
-        assert st == 401 and "user scope" in json.loads(body)["error"]["message"]
+        assert st == 403 and "user scope" in json.loads(body)["error"]["message"]
         st, _, body = srv.request("POST", "/admin/v1/mode_set", {"mode": "auto"}, headers=admin)
         assert st == 200 and json.loads(body)["result"] == {"mode": "auto"}
         st, _, body = srv.request("POST", "/admin/v1/mode_set", {"mode": "turbo"}, headers=admin)
         assert st == 400 and "auto, resident, window or cpu_tail" in body.decode()
         assert ok(srv, "keys", "revoke", str(k_user["id"])) == {"id": k_user["id"],
                                                                  "revoked": True}
+        # the table marks a revoked key
+        rc, text, _ = rkvctl(srv, "keys", "list", json_out=False)
+        rows = {ln.split()[0]: ln.split() for ln in text.splitlines()[1:]}
+        assert rc == 0 and text.splitlines()[0].split()[3] == "state"
+        assert rows[str(k_user["id"])][3] == "REVOKED" and rows[str(k_admin["id"])][3] == "live"
         st, _, _ = srv.request("GET", "/v1/models", headers=user)
         assert st == 401
         assert ok(srv, "status")["api_keys"] == 1

@@ -92,6 +92,15 @@ CASES = [
     ("unknown-model", "POST", C, {}, j(prompt="x", model="nope"), 404, ["nope"]),
     ("wrong-content-type", "POST", C, {"Content-Type": "text/plain"}, j(prompt="x"), 415, []),
     # routes and methods
+    # a key twice: cJSON would keep the first, a gateway capping max_tokens reads the last
+    ("dup-max-tokens", "POST", C, {},
+     b'{"model":"small","prompt":"x","max_tokens":1,"temperature":0,"max_tokens":3}', 400,
+     ["max_tokens", "appears twice"]),
+    ("dup-temperature", "POST", C, {}, b'{"prompt":"x","temperature":0,"temperature":7}', 400,
+     ["temperature", "appears twice"]),
+    ("dup-nested", "POST", CHAT, {},
+     b'{"messages":[{"role":"user","content":"a","content":"b"}]}', 400,
+     ["messages[0].content", "appears twice"]),
     ("get-completions", "GET", C, {}, None, 405, []),
     ("delete-chat", "DELETE", CHAT, {}, None, 405, []),
     ("post-models", "POST", "/v1/models", {}, j(prompt="x"), 405, []),
@@ -123,6 +132,15 @@ def test_bad_request(rkvd, case):
     check_error_body(st, hd, data, status, words)
     if status == 405:
         assert "allow" in hd
+
+
+def test_admin_duplicate_arguments(rkvd):
+    """the admin API reads each argument once too, in a body and in a query"""
+    st, _, body = rkvd.request("GET", "/admin/v1/events?limit=1&limit=500")
+    assert st == 400 and "\"limit\" appears twice" in json.loads(body)["error"]["message"]
+    st, _, body = rkvd.request("POST", "/admin/v1/events", b'{"limit":1,"limit":2}',
+                               headers={"Content-Type": "application/json"})
+    assert st == 400 and "\"limit\" appears twice" in json.loads(body)["error"]["message"]
 
 
 def test_prompt_longer_than_context(rkvd, ref):
