@@ -59,6 +59,13 @@ ifeq ($(CUDA),1)
               -lcublasLt -lcublas -lcudart_static -lstdc++
 endif
 
+# the configuration this build folder holds, one line in $(BUILD)/config: an
+# object or program built under another configuration is rebuilt, so
+# `make CUDA=0` then `make` in one folder never mixes the two
+CONFIG_LINE := CC=$(CC) CUDA=$(CUDA) SAN=$(SAN) FUZZ=$(FUZZ) CPPFLAGS=$(CPPFLAGS) CFLAGS=$(CFLAGS) \
+               LDFLAGS=$(LDFLAGS) LDLIBS=$(LDLIBS) NVCC=$(if $(filter 1,$(CUDA)),$(NVCC)) NVFLAGS=$(NVFLAGS)
+CONFIG     := $(BUILD)/config
+
 COMPONENTS := common proto worker kvmgr daemon
 # link order: dependents first
 LINK_ORDER := daemon kvmgr worker proto common
@@ -111,12 +118,21 @@ deps: $(DEPS_STAMP)
 venv: $(DEPS_STAMP)
 	@scripts/deps.sh --venv
 
+# rewritten only when the configuration changes, so its time says when
+$(CONFIG): FORCE
+	@mkdir -p $(@D)
+	@if [ "$$(cat $@ 2>/dev/null)" != '$(CONFIG_LINE)' ]; then \
+	    [ -f $@ ] && echo "$(BUILD): the configuration changed; rebuilding"; \
+	    echo '$(CONFIG_LINE)' >$@; fi
+.PHONY: FORCE
+FORCE:
+
 # every object depends on the deps stamp (order-only) so headers exist first
-$(BUILD)/obj/%.o: %.c | $(DEPS_STAMP)
+$(BUILD)/obj/%.o: %.c $(CONFIG) | $(DEPS_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/obj/%.cu.o: %.cu
+$(BUILD)/obj/%.cu.o: %.cu $(CONFIG)
 	@mkdir -p $(@D)
 	$(NVCC) $(NVFLAGS) -DRKV_CUDA=1 -MMD -MP -c $< -o $@
 
@@ -131,26 +147,26 @@ $(foreach c,$(COMPONENTS),$(eval $(call lib_rule,$(c))))
 $(BUILD)/bin/rkvd: $(BUILD)/obj/daemon/main.o $(call libs_of,daemon)
 $(BUILD)/bin/rkv-kvmgr: $(BUILD)/obj/kvmgr/main.o $(call libs_of,kvmgr)
 $(BUILD)/bin/rkv-worker: $(BUILD)/obj/worker/main.o $(call libs_of,worker)
-$(PROC_BINS):
+$(PROC_BINS): $(CONFIG)
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS) $(CFLAGS) $(filter %.o,$^) $(filter %.a,$^) $(LDLIBS) -o $@
 
 define cli_rule
-$(BUILD)/bin/$(1): $(call obj,$(filter-out %_test.c,$(wildcard cli/$(1)/*.c))) $(LIBS)
+$(BUILD)/bin/$(1): $(call obj,$(filter-out %_test.c,$(wildcard cli/$(1)/*.c))) $(LIBS) $(CONFIG)
 	@mkdir -p $$(@D)
 	$(CC) $(LDFLAGS) $(CFLAGS) $$(filter %.o,$$^) $(LIBS) $(LDLIBS) -o $$@
 endef
 $(foreach t,$(CLI_TOOLS),$(eval $(call cli_rule,$(t))))
 
 define test_rule
-$(BUILD)/test/$(notdir $(1:.c=)): $(call obj,$(1)) $(call test_libs,$(1))
+$(BUILD)/test/$(notdir $(1:.c=)): $(call obj,$(1)) $(call test_libs,$(1)) $(CONFIG)
 	@mkdir -p $$(@D)
 	$(CC) $(LDFLAGS) $(CFLAGS) $$(filter %.o,$$^) $$(filter %.a,$$^) -lcmocka $(LDLIBS) -o $$@
 endef
 $(foreach t,$(TEST_SRC),$(eval $(call test_rule,$(t))))
 
 define fuzz_rule
-$(BUILD)/fuzz-bin/$(notdir $(1:.c=)): $(call obj,$(1)) $(LIBS)
+$(BUILD)/fuzz-bin/$(notdir $(1:.c=)): $(call obj,$(1)) $(LIBS) $(CONFIG)
 	@mkdir -p $$(@D)
 	$(CC) $(CFLAGS) -fsanitize=fuzzer,address,undefined $$(filter %.o,$$^) $$(filter %.a,$$^) $(LDLIBS) -o $$@
 endef
@@ -231,6 +247,6 @@ format:
 	clang-format -i $$(git ls-files '*.c' '*.h' '*.cu' '*.cuh')
 
 clean:
-	rm -rf $(BUILD)/obj $(BUILD)/lib $(BUILD)/bin $(BUILD)/test $(BUILD)/fuzz-bin build/asan build/fuzz
+	rm -rf $(BUILD)/obj $(BUILD)/lib $(BUILD)/bin $(BUILD)/test $(BUILD)/fuzz-bin $(CONFIG) build/asan build/fuzz
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
