@@ -7,6 +7,7 @@
 
 #include "common/err.h"
 #include "common/log.h"
+#include "common/quant.h"
 #include "worker/backend_impl.h"
 #include "worker/cpu/cpu_backend.h"
 #ifdef RKV_CUDA
@@ -111,22 +112,32 @@ int backend_init(const struct backend_opts *o, struct backend **out, char *errbu
 
 size_t be_type_size(enum be_type t, size_t n)
 {
-    switch (t) {
-    case BE_F32: return 4 * n;
-    case BE_F16:
-    case BE_BF16: return 2 * n;
-    case BE_Q8_0: return n % BE_Q8_0_BLOCK ? 0 : n / BE_Q8_0_BLOCK * (2 + BE_Q8_0_BLOCK);
-    }
-    return 0;
+    return quant_row_bytes((uint32_t)t, n);
 }
 
 const char *be_type_name(enum be_type t)
 {
-    switch (t) {
-    case BE_F32: return "F32";
-    case BE_F16: return "F16";
-    case BE_BF16: return "BF16";
-    case BE_Q8_0: return "Q8_0";
-    }
-    return "unknown";
+    const char *n = quant_name((uint32_t)t);
+    return n ? n : "unknown";
+}
+
+uint32_t be_type_block(enum be_type t)
+{
+    return quant_block_values((uint32_t)t);
+}
+
+int backend_reads_weights(const struct backend *be, enum be_type t)
+{
+    if ((unsigned)t >= 64 || !quant_supported((uint32_t)t))
+        return 0;
+    return (int)(((BE_TYPES_BASE | be->iface->weight_types) >> t) & 1);
+}
+
+void backend_weight_types(const struct backend *be, char *buf, size_t len)
+{
+    size_t n = 0;
+    buf[0] = 0;
+    for (unsigned t = 0; t < 64 && n < len; t++)
+        if (backend_reads_weights(be, (enum be_type)t))
+            n += (size_t)snprintf(buf + n, len - n, "%s%s", n ? ", " : "", be_type_name(t));
 }

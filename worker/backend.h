@@ -8,15 +8,28 @@
 #include "worker/kv.h"
 #include "worker/sample.h"
 
-/* element types of backend tensors; the ids are ggml's (as in GGUF) so model
- * weights keep their file type. activations are always BE_F32. */
+/* element types of backend tensors; the ids are ggml's (as in GGUF, common/quant.h has the
+ * block layouts) so model weights keep their file type. activations are always BE_F32. */
 enum be_type {
     BE_F32 = 0,
     BE_F16 = 1,
+    BE_Q4_0 = 2,
+    BE_Q4_1 = 3,
+    BE_Q5_0 = 6,
+    BE_Q5_1 = 7,
     BE_Q8_0 = 8, /* blocks of 32: f16 scale d, 32 int8 q; value = d*q */
+    BE_Q2_K = 10,
+    BE_Q3_K = 11,
+    BE_Q4_K = 12,
+    BE_Q5_K = 13,
+    BE_Q6_K = 14,
+    BE_IQ4_NL = 20,
+    BE_IQ4_XS = 23,
     BE_BF16 = 30,
 };
 #define BE_Q8_0_BLOCK 32
+/* the weight types every backend reads (a backend's weight_types adds to them) */
+#define BE_TYPES_BASE ((1ull << BE_F32) | (1ull << BE_F16) | (1ull << BE_BF16) | (1ull << BE_Q8_0))
 
 /* a 2-d row-major array (rows, cols) in backend memory (device memory for
  * cuda). opaque: only the backend that allocated it reads it. */
@@ -191,6 +204,9 @@ struct backend_i {
      * as they were. NULL or a return of 1: not provided */
     int (*sample)(void *ctx, const struct be_tensor *logits, uint32_t n,
                   const struct sample_dev_row *const *rows, struct sample_dev_out *outs);
+    /* bit t set: embed and matmul read weights of be_type t; BE_TYPES_BASE are read by
+     * every backend (0 = only those) */
+    uint64_t weight_types;
 };
 
 struct backend_opts {
@@ -213,9 +229,15 @@ void backend_free(struct backend *be);
 int backend_new(const char *name, const struct backend_i *iface, void *ctx, struct backend **out);
 const char *backend_name(const struct backend *be);
 
-/* bytes of n elements of type (n a multiple of 32 for Q8_0); 0 if unknown */
+/* bytes of n elements of type (n a multiple of the type's block); 0 if unknown or not */
 size_t be_type_size(enum be_type t, size_t n);
 const char *be_type_name(enum be_type t);
+/* values per block of t (1 for the float types, 0 if unknown) */
+uint32_t be_type_block(enum be_type t);
+/* 1 when be's embed and matmul read weights of type t */
+int backend_reads_weights(const struct backend *be, enum be_type t);
+/* the weight types be reads, as text ("F32, F16, ...") into buf */
+void backend_weight_types(const struct backend *be, char *buf, size_t len);
 
 int backend_tensor_alloc(struct backend *be, enum be_type type, uint32_t rows, uint32_t cols,
                          struct be_tensor **out);

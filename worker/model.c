@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "common/quant.h"
 
 int model_hparams_check(struct model_hparams *hp, char *errbuf, size_t errlen)
 {
@@ -74,12 +75,18 @@ static int upload(struct model *m, const char *name, const struct model_tensor_s
         snprintf(errbuf, errlen, "model: tensor %s is missing", name);
         return RKV_ENOTFOUND;
     }
-    int ok_type = s->type == BE_F32 ||
-                  (!f32_only && (s->type == BE_F16 || s->type == BE_BF16 || s->type == BE_Q8_0));
-    if (!ok_type) {
+    if (f32_only ? s->type != BE_F32 : !backend_reads_weights(m->be, s->type)) {
+        char types[200] = "F32";
+        if (!f32_only)
+            backend_weight_types(m->be, types, sizeof types);
+        int known = quant_supported((uint32_t)s->type);
         snprintf(errbuf, errlen,
-                 "model: tensor %s has type %s, which rkv does not support here (%s)", name,
-                 be_type_name(s->type), f32_only ? "F32" : "F32, F16, BF16, Q8_0");
+                 "model: tensor %s has type %s, which %s (%s)%s", name,
+                 known ? be_type_name(s->type) : "unknown",
+                 f32_only ? "rkv does not support here"
+                 : known  ? "this backend does not run"
+                          : "rkv does not support",
+                 types, known && !f32_only ? ": use --backend cpu" : "");
         return RKV_EUNSUPPORTED;
     }
     if (s->rows != rows || s->cols != cols) {
@@ -88,11 +95,20 @@ static int upload(struct model *m, const char *name, const struct model_tensor_s
                  s->rows, cols, rows);
         return RKV_EFORMAT;
     }
-    if (s->type == BE_Q8_0 && cols % BE_Q8_0_BLOCK) {
+    uint32_t blk = be_type_block(s->type);
+    if (cols % blk) {
         snprintf(errbuf, errlen,
-                 "model: tensor %s is Q8_0 with a row of %u values, not a "
-                 "multiple of 32",
-                 name, cols);
+                 "model: tensor %s is %s with a row of %u values, not a multiple of its block "
+                 "of %u",
+                 name, be_type_name(s->type), cols, blk);
+        return RKV_EFORMAT;
+    }
+    size_t bad;
+    if (quant_row_bad_scale((uint32_t)s->type, s->data, (size_t)rows * cols, &bad)) {
+        snprintf(errbuf, errlen,
+                 "model: tensor %s (%s) has a NaN or infinite scale in block %zu (row %zu): the "
+                 "file is damaged; download or convert it again",
+                 name, be_type_name(s->type), bad, bad * blk / cols);
         return RKV_EFORMAT;
     }
     int rc = backend_tensor_alloc(m->be, s->type, rows, cols, dst);

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "common/quant.h"
 #include "worker/model.h"
 
 struct loader {
@@ -129,10 +130,9 @@ static int find(struct loader *ld, const char *name, struct model_tensor_src *ds
     const struct gguf_tensor *t = gguf_find_tensor(ld->g, name);
     if (!t)
         return 0;
-    if (t->type != GGUF_TYPE_F32 && t->type != GGUF_TYPE_F16 && t->type != GGUF_TYPE_BF16 &&
-        t->type != GGUF_TYPE_Q8_0) {
+    if (!quant_supported(t->type)) {
         snprintf(ld->errbuf, ld->errlen,
-                 "%s: tensor %s has type %s, which rkv does not support (F32, F16, BF16, Q8_0)",
+                 "%s: tensor %s has type %s, which rkv does not support (" QUANT_SUPPORTED ")",
                  ld->file, name, gguf_type_name(t->type));
         return RKV_EUNSUPPORTED;
     }

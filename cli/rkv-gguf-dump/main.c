@@ -9,6 +9,7 @@
 
 #include "common/err.h"
 #include "common/gguf.h"
+#include "common/quant.h"
 
 #define PROG "rkv-gguf-dump"
 
@@ -21,8 +22,9 @@ static const char *val_name(enum gguf_value_type t)
     return (unsigned)t < sizeof val_names / sizeof val_names[0] ? val_names[t] : "?";
 }
 
-/* crc-32 (zlib's), so a test can compare with zlib.crc32 */
-static uint32_t crc32_bytes(const uint8_t *p, uint64_t n)
+/* crc-32 (zlib's), so a test can compare with zlib.crc32; c continues an earlier crc (0 to
+ * start) */
+static uint32_t crc32_bytes(uint32_t c, const uint8_t *p, uint64_t n)
 {
     static uint32_t table[256];
     if (!table[1])
@@ -32,7 +34,7 @@ static uint32_t crc32_bytes(const uint8_t *p, uint64_t n)
                 c = c & 1 ? 0xedb88320u ^ (c >> 1) : c >> 1;
             table[i] = c;
         }
-    uint32_t c = 0xffffffffu;
+    c ^= 0xffffffffu;
     for (uint64_t i = 0; i < n; i++)
         c = table[(c ^ p[i]) & 0xff] ^ (c >> 8);
     return c ^ 0xffffffffu;
@@ -132,6 +134,28 @@ static cJSON *kv_json(const struct gguf_ctx *g, uint64_t i)
     return o;
 }
 
+/* crc-32 of the tensor's values as f32 (dequantized row by row): "" for a type rkv does
+ * not read */
+static void dequant_crc(const struct gguf_tensor *t, char *out, size_t cap)
+{
+    uint64_t n = t->ne[0], rows = n ? t->n_elements / n : 0;
+    size_t rb = quant_row_bytes(t->type, n);
+    float *row = rb ? malloc(n * sizeof *row) : NULL;
+    if (!row) {
+        snprintf(out, cap, "%s", rb ? "out of memory" : "");
+        return;
+    }
+    uint32_t c = 0;
+    for (uint64_t r = 0; r < rows; r++) {
+        quant_dequantize_row(t->type, (const uint8_t *)t->data + r * rb, row, n);
+        c = crc32_bytes(c, (const uint8_t *)row, n * sizeof *row);
+    }
+    free(row);
+    snprintf(out, cap, "%08" PRIx32, c);
+}
+
+static int g_dequant; /* --dequant */
+
 static cJSON *tensor_json(const struct gguf_tensor *t)
 {
     cJSON *o = cJSON_CreateObject();
@@ -145,8 +169,13 @@ static cJSON *tensor_json(const struct gguf_tensor *t)
     cJSON_AddItemToObject(o, "n_bytes", num_json(0, 0, 0, t->n_bytes, 0));
     cJSON_AddItemToObject(o, "offset", num_json(0, 0, 0, t->offset, 0));
     char crc[16];
-    snprintf(crc, sizeof crc, "%08" PRIx32, crc32_bytes(t->data, t->n_bytes));
+    snprintf(crc, sizeof crc, "%08" PRIx32, crc32_bytes(0, t->data, t->n_bytes));
     cJSON_AddStringToObject(o, "crc32", crc);
+    if (g_dequant) {
+        char dq[32];
+        dequant_crc(t, dq, sizeof dq);
+        cJSON_AddStringToObject(o, "dequant_crc32", dq);
+    }
     return o;
 }
 
@@ -223,13 +252,17 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) {
             json = 1;
+        } else if (!strcmp(argv[i], "--dequant")) {
+            g_dequant = 1;
         } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: " PROG " FILE [--json]\n"
+            printf("usage: " PROG " FILE [--json] [--dequant]\n"
                    "prints a GGUF file's metadata and tensors (name, type, dims, file offset,\n"
-                   "crc32 of the data) as rkv's reader sees them.\n");
+                   "crc32 of the data) as rkv's reader sees them. --dequant adds, in the JSON\n"
+                   "form, dequant_crc32: the crc32 of each tensor's values as f32 the way rkv\n"
+                   "dequantizes them (\"\" for a type rkv does not read).\n");
             return 0;
         } else if (argv[i][0] == '-' || path) {
-            fprintf(stderr, PROG ": unexpected argument '%s' (usage: " PROG " FILE [--json])\n",
+            fprintf(stderr, PROG ": unexpected argument '%s' (usage: " PROG " FILE [--json] [--dequant])\n",
                     argv[i]);
             return 1;
         } else {
@@ -237,7 +270,7 @@ int main(int argc, char **argv)
         }
     }
     if (!path) {
-        fprintf(stderr, PROG ": no file given (usage: " PROG " FILE [--json])\n");
+        fprintf(stderr, PROG ": no file given (usage: " PROG " FILE [--json] [--dequant])\n");
         return 1;
     }
     struct gguf_ctx *g;

@@ -15,6 +15,7 @@
 #include "cli/rkv-mkmodel/weights.h"
 #include "common/err.h"
 #include "common/gguf.h"
+#include "common/quant.h"
 #include "common/util.h"
 
 #define PROG      "rkv-mkmodel"
@@ -36,6 +37,8 @@ struct preset {
 static const struct preset presets[] = {
     {"tiny", ARCH_LLAMA, 64, 2, 4, 2, 160, 512, 2048},
     {"tiny-qwen2", ARCH_QWEN2, 64, 2, 4, 2, 160, 512, 2048},
+    /* rows of whole 256-value blocks: the k-quants apply to every matrix */
+    {"tiny256", ARCH_LLAMA, 256, 2, 4, 2, 512, 512, 2048},
     {"small", ARCH_LLAMA, 768, 12, 12, 4, 2048, 8192, 8192},
     {"llama3-8b", ARCH_LLAMA, 4096, 32, 32, 8, 14336, 128256, 131072},
     {"qwen2.5-7b", ARCH_QWEN2, 3584, 28, 28, 4, 18944, 152064, 131072},
@@ -45,14 +48,20 @@ struct dtype {
     const char *name;
     uint32_t type;      /* ggml type of the matrices */
     uint32_t file_type; /* llama.cpp's general.file_type */
+    int mix_k_m;        /* the _K_M mixes: some tensors in Q6_K (tensor_type) */
 };
 
 static const struct dtype dtypes[] = {
-    {"f32", GGUF_TYPE_F32, 0},
-    {"f16", GGUF_TYPE_F16, 1},
-    {"bf16", GGUF_TYPE_BF16, 32},
-    {"q8_0", GGUF_TYPE_Q8_0, 7},
+    {"f32", QUANT_F32, 0, 0},       {"f16", QUANT_F16, 1, 0},       {"bf16", QUANT_BF16, 32, 0},
+    {"q8_0", QUANT_Q8_0, 7, 0},     {"q4_0", QUANT_Q4_0, 2, 0},     {"q4_1", QUANT_Q4_1, 3, 0},
+    {"q5_0", QUANT_Q5_0, 8, 0},     {"q5_1", QUANT_Q5_1, 9, 0},     {"q2_k", QUANT_Q2_K, 10, 0},
+    {"q3_k", QUANT_Q3_K, 11, 0},    {"q4_k", QUANT_Q4_K, 14, 0},    {"q5_k", QUANT_Q5_K, 16, 0},
+    {"q6_k", QUANT_Q6_K, 18, 0},    {"iq4_nl", QUANT_IQ4_NL, 25, 0}, {"iq4_xs", QUANT_IQ4_XS, 30, 0},
+    {"q4_k_m", QUANT_Q4_K, 15, 1},  {"q5_k_m", QUANT_Q5_K, 17, 1},
 };
+#define DTYPE_NAMES                                                                            \
+    "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, "     \
+    "iq4_xs, q4_k_m, q5_k_m"
 
 struct opts {
     const struct preset *preset;
@@ -74,12 +83,20 @@ struct tensor {
 static void usage(FILE *f)
 {
     fprintf(f, "usage: " PROG " --out FILE [--preset NAME] [--arch llama|qwen2]\n"
-               "                   [--dtype f32|f16|bf16|q8_0] [--seed N]\n"
+               "                   [--dtype TYPE] [--seed N]\n"
                "writes a GGUF v3 model with seeded random weights and a byte-level BPE\n"
                "tokenizer; the same arguments give the same bytes.\n"
-               "  --preset NAME   tiny (default), tiny-qwen2, small, llama3-8b, qwen2.5-7b\n"
+               "  --preset NAME   tiny (default), tiny-qwen2, tiny256, small, llama3-8b,\n"
+               "                  qwen2.5-7b\n"
                "  --arch A        override the preset's architecture\n"
-               "  --dtype T       matrix type (norms and biases stay f32); default f32\n"
+               "  --dtype T       matrix type (norms and biases stay f32), default f32: " DTYPE_NAMES
+               "\n"
+               "                  (q4_k_m / q5_k_m: attn_v and ffn_down of the first and last\n"
+               "                  eighth of the layers and of every third between, and output,\n"
+               "                  in q6_k, as llama.cpp's quantizer assigns them; a matrix whose\n"
+               "                  rows are not whole 256-value blocks takes llama.cpp's fallback:\n"
+               "                  q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0, q2_k/q3_k/iq4_xs ->\n"
+               "                  iq4_nl)\n"
                "  --seed N        weight seed, default 1\n"
                "  --out FILE      output path (written to FILE.tmp, then renamed)\n");
 }
@@ -120,8 +137,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
                 if (!strcmp(v, presets[k].name))
                     o->preset = &presets[k];
             if (!o->preset)
-                return bad_flag("unknown preset '%s' (tiny, tiny-qwen2, small, llama3-8b, "
-                                "qwen2.5-7b)",
+                return bad_flag("unknown preset '%s' (tiny, tiny-qwen2, tiny256, small, "
+                                "llama3-8b, qwen2.5-7b)",
                                 v);
         } else if (!strcmp(a, "--arch")) {
             if (!strcmp(v, "llama"))
@@ -137,7 +154,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
                 if (!strcmp(v, dtypes[k].name))
                     o->dtype = &dtypes[k];
             if (!o->dtype)
-                return bad_flag("unknown --dtype '%s' (f32, f16, bf16, q8_0)", v);
+                return bad_flag("unknown --dtype '%s' (" DTYPE_NAMES ")", v);
         } else if (!strcmp(a, "--seed")) {
             char *end;
             errno = 0;
@@ -270,6 +287,36 @@ static void put_tokenizer(struct gw *w, const struct opts *o, const struct vocab
 
 /* --- tensors ---------------------------------------------------------------- */
 
+/* llama.cpp's use_more_bits: the first and last eighth of the layers and every third
+ * between */
+static int more_bits(uint32_t layer, uint32_t n_layer)
+{
+    return layer < n_layer / 8 || layer >= 7 * n_layer / 8 || (layer - n_layer / 8) % 3 == 2;
+}
+
+/* the type of a matrix of rows of ne0 values: the dtype's, Q6_K where a _K_M mix wants more
+ * bits (role 'v' attn_v / ffn_down, 'o' output), then llama.cpp's fallback where the rows are
+ * not whole blocks */
+static uint32_t matrix_type(const struct opts *o, char role, uint32_t layer, uint64_t ne0)
+{
+    uint32_t t = o->dtype->type;
+    if (o->dtype->mix_k_m && (role == 'o' || (role == 'v' && more_bits(layer, o->preset->n_layer))))
+        t = QUANT_Q6_K;
+    if (ne0 % quant_block_values(t)) {
+        switch (t) {
+        case QUANT_Q4_K: t = QUANT_Q5_0; break;
+        case QUANT_Q5_K: t = QUANT_Q5_1; break;
+        case QUANT_Q6_K: t = QUANT_Q8_0; break;
+        case QUANT_Q2_K:
+        case QUANT_Q3_K:
+        case QUANT_IQ4_XS: t = QUANT_IQ4_NL; break;
+        }
+        if (ne0 % quant_block_values(t))
+            t = QUANT_F16;
+    }
+    return t;
+}
+
 static void add_tensor(struct tensor *t, uint32_t *n, uint64_t seed, const char *name,
                        uint32_t type, uint64_t ne0, uint64_t ne1, float center, float half)
 {
@@ -296,34 +343,39 @@ static float mat_half(uint64_t n_in)
 static uint32_t plan_tensors(const struct opts *o, struct tensor *t)
 {
     const struct preset *p = o->preset;
-    uint32_t mt = o->dtype->type, n = 0;
+    uint32_t n = 0;
     uint64_t head_dim = p->dim / p->n_head;
     uint64_t q_dim = head_dim * p->n_head, kv_dim = head_dim * p->n_head_kv;
     uint64_t s = o->seed;
     char name[64];
     /* embeddings std 1: rmsnorm comes next, and the residual keeps the token */
-    add_tensor(t, &n, s, "token_embd.weight", mt, p->dim, p->vocab, 0.0f, sqrtf(3.0f));
+    add_tensor(t, &n, s, "token_embd.weight", matrix_type(o, 'e', 0, p->dim), p->dim, p->vocab,
+               0.0f, sqrtf(3.0f));
     for (uint32_t l = 0; l < p->n_layer; l++) {
+        uint32_t mt = matrix_type(o, 'm', l, p->dim), vt = matrix_type(o, 'v', l, p->dim);
 #define BLK(suffix) (snprintf(name, sizeof name, "blk.%u." suffix, l), name)
         add_tensor(t, &n, s, BLK("attn_norm.weight"), GGUF_TYPE_F32, p->dim, 0, 1.0f, 0.1f);
         add_tensor(t, &n, s, BLK("attn_q.weight"), mt, p->dim, q_dim, 0.0f, mat_half(p->dim));
         add_tensor(t, &n, s, BLK("attn_k.weight"), mt, p->dim, kv_dim, 0.0f, mat_half(p->dim));
-        add_tensor(t, &n, s, BLK("attn_v.weight"), mt, p->dim, kv_dim, 0.0f, mat_half(p->dim));
+        add_tensor(t, &n, s, BLK("attn_v.weight"), vt, p->dim, kv_dim, 0.0f, mat_half(p->dim));
         if (o->arch == ARCH_QWEN2) {
             add_tensor(t, &n, s, BLK("attn_q.bias"), GGUF_TYPE_F32, q_dim, 0, 0.0f, 0.1f);
             add_tensor(t, &n, s, BLK("attn_k.bias"), GGUF_TYPE_F32, kv_dim, 0, 0.0f, 0.1f);
             add_tensor(t, &n, s, BLK("attn_v.bias"), GGUF_TYPE_F32, kv_dim, 0, 0.0f, 0.1f);
         }
-        add_tensor(t, &n, s, BLK("attn_output.weight"), mt, q_dim, p->dim, 0.0f, mat_half(q_dim));
+        add_tensor(t, &n, s, BLK("attn_output.weight"), matrix_type(o, 'm', l, q_dim), q_dim,
+                   p->dim, 0.0f, mat_half(q_dim));
         add_tensor(t, &n, s, BLK("ffn_norm.weight"), GGUF_TYPE_F32, p->dim, 0, 1.0f, 0.1f);
         add_tensor(t, &n, s, BLK("ffn_gate.weight"), mt, p->dim, p->ffn, 0.0f, mat_half(p->dim));
         add_tensor(t, &n, s, BLK("ffn_up.weight"), mt, p->dim, p->ffn, 0.0f, mat_half(p->dim));
-        add_tensor(t, &n, s, BLK("ffn_down.weight"), mt, p->ffn, p->dim, 0.0f, mat_half(p->ffn));
+        add_tensor(t, &n, s, BLK("ffn_down.weight"), matrix_type(o, 'v', l, p->ffn), p->ffn,
+                   p->dim, 0.0f, mat_half(p->ffn));
 #undef BLK
     }
     add_tensor(t, &n, s, "output_norm.weight", GGUF_TYPE_F32, p->dim, 0, 1.0f, 0.1f);
     /* twice the matrix std: logits of std ~2 are peaked enough to sample from */
-    add_tensor(t, &n, s, "output.weight", mt, p->dim, p->vocab, 0.0f, 2.0f * mat_half(p->dim));
+    add_tensor(t, &n, s, "output.weight", matrix_type(o, 'o', 0, p->dim), p->dim, p->vocab, 0.0f,
+               2.0f * mat_half(p->dim));
     return n;
 }
 
@@ -418,7 +470,7 @@ static int flush_pending(struct writer *wr)
 /* elements [first, first + n) of t into buf[cur] on worker threads; returns the byte count */
 static size_t fill_start(struct writer *wr, const struct tensor *t, uint64_t first, uint64_t n)
 {
-    uint64_t per_block = t->type == GGUF_TYPE_Q8_0 ? 32 : 1;
+    uint64_t per_block = quant_block_values(t->type);
     uint64_t blocks = n / per_block;
     /* threads take whole blocks; small tensors stay on one thread */
     int k = n < 65536 ? 1 : wr->n_threads;

@@ -1,4 +1,4 @@
-/* weights.c - counter-based PRNG, f16/bf16 rounding (nearest even) and Q8_0 blocks. */
+/* weights.c - counter-based PRNG, f16/bf16 rounding (nearest even), quantized blocks. */
 #include "cli/rkv-mkmodel/weights.h"
 
 #include <math.h>
@@ -8,6 +8,7 @@
 #endif
 
 #include "common/gguf.h"
+#include "common/quant.h"
 
 #define GOLDEN 0x9e3779b97f4a7c15ull
 
@@ -82,22 +83,21 @@ static void gen32(const struct wt_dist *d, uint64_t first, float *v)
     }
 }
 
-static void q8_0_block(const float *v, uint8_t *out)
-{
-    float amax = 0.0f;
-    for (int i = 0; i < 32; i++)
-        amax = fmaxf(amax, fabsf(v[i]));
-    float dq = amax / 127.0f;
-    float id = dq != 0.0f ? 1.0f / dq : 0.0f;
-    uint16_t dh = wt_f32_to_f16(dq);
-    memcpy(out, &dh, 2);
-    for (int i = 0; i < 32; i++)
-        out[2 + i] = (uint8_t)(int8_t)nearbyintf(v[i] * id); /* ties to even, as ggml's avx path */
-}
-
 void wt_fill(const struct wt_dist *d, uint32_t type, uint64_t first, uint64_t n, void *out)
 {
     uint8_t *o = out;
+    if (quant_is_block(type)) {
+        /* whole blocks, quantized by the reference formulas */
+        uint32_t bv = quant_block_values(type);
+        size_t bb = quant_row_bytes(type, bv);
+        float blk[QUANT_QK_K];
+        for (uint64_t b = first; b < first + n; b += bv, o += bb) {
+            for (uint32_t k = 0; k < bv; k += 32)
+                gen32(d, b + k, blk + k);
+            quant_quantize_row(type, blk, o, bv);
+        }
+        return;
+    }
     float v[32];
     /* an odd start or a tail shorter than 32 takes the slow path by element */
     uint64_t e = first;
@@ -133,10 +133,6 @@ void wt_fill(const struct wt_dist *d, uint32_t type, uint64_t first, uint64_t n,
                 memcpy(o, &h, 2);
                 o += 2;
             }
-            break;
-        case GGUF_TYPE_Q8_0:
-            q8_0_block(v, o);
-            o += 34;
             break;
         default: return;
         }

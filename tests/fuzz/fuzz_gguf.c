@@ -6,6 +6,7 @@
 
 #include "common/err.h"
 #include "common/gguf.h"
+#include "common/quant.h"
 
 static volatile uint64_t sink;
 
@@ -73,6 +74,29 @@ static void kv_all(const struct gguf_ctx *g)
         abort();
 }
 
+/* a tensor of a type rkv reads dequantizes row by row inside its extent, whatever its
+ * scales hold (NaN and infinities included) */
+static void dequant_all(const struct gguf_tensor *t)
+{
+    uint64_t n = t->ne[0];
+    size_t rb = quant_row_bytes(t->type, n);
+    if (!rb || !n || n > t->n_elements || t->n_elements > (1u << 20))
+        return;
+    if (rb * (t->n_elements / n) != t->n_bytes)
+        abort(); /* the reader's size and the formats' agree */
+    float *row = malloc(n * sizeof *row);
+    if (!row)
+        return;
+    size_t bad;
+    for (uint64_t r = 0; r < t->n_elements / n; r++) {
+        const uint8_t *src = (const uint8_t *)t->data + r * rb;
+        if (quant_dequantize_row(t->type, src, row, n) != 0)
+            abort();
+        sink += (uint64_t)quant_row_bad_scale(t->type, src, n, &bad) + (row[n - 1] == row[0]);
+    }
+    free(row);
+}
+
 static void tensors_all(const struct gguf_ctx *g)
 {
     uint64_t size = gguf_file_size(g);
@@ -88,6 +112,7 @@ static void tensors_all(const struct gguf_ctx *g)
             abort();
         touch(t->data, t->n_bytes);
         sink += strlen(gguf_type_name(t->type)) + gguf_type_size(t->type, t->n_elements);
+        dequant_all(t);
     }
     if (gguf_tensor_at(g, gguf_n_tensors(g)) != NULL)
         abort();

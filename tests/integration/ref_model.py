@@ -1,6 +1,7 @@
 """ref_model.py - independent NumPy forward pass of the GGUF models in docs/model-format.md.
 
-Reads a GGUF with gguf.GGUFReader, dequantizes F32/F16/BF16/Q8_0 itself and
+Reads a GGUF with gguf.GGUFReader, dequantizes F32/F16/BF16/Q8_0 itself (the block
+formats Q4_0..Q6_K, IQ4_NL, IQ4_XS with gguf.quants, the reference for them) and
 computes logits in float64. Two paths that share only the weights:
   RefModel.logits(tokens)       batched: every position at once, causal mask
   RefModel.logits_naive(tokens) one token at a time with a KV cache, loops
@@ -19,7 +20,9 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 from gguf import GGUFReader
 
-SUPPORTED_TYPES = (QT.F32, QT.F16, QT.BF16, QT.Q8_0)
+BLOCK_TYPES = (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K,
+               QT.Q6_K, QT.IQ4_NL, QT.IQ4_XS)
+SUPPORTED_TYPES = (QT.F32, QT.F16, QT.BF16, QT.Q8_0) + BLOCK_TYPES
 
 # where the tests find rkv's binaries: $RKV_TOP/$RKV_BUILD/bin
 TOP = Path(os.environ.get("RKV_TOP", Path(__file__).resolve().parents[2]))
@@ -50,6 +53,9 @@ def dequantize(t):
         d = blocks[:, :2].copy().view(np.float16).astype(np.float64)  # (n_blocks, 1)
         q = blocks[:, 2:].copy().view(np.int8).astype(np.float64)  # (n_blocks, 32)
         out = d * q
+    elif t.tensor_type in BLOCK_TYPES:
+        from gguf.quants import dequantize as gguf_dequantize
+        out = gguf_dequantize(np.ascontiguousarray(raw), t.tensor_type).astype(np.float64)
     else:
         raise ValueError(
             f"tensor {t.name} has type {t.tensor_type.name}, which the reference does not "

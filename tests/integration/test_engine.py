@@ -167,8 +167,9 @@ def test_missing_model_names_file(tmp_path):
 # --- model files the engine refuses, with a message naming the key or tensor ------------
 
 
-def write_gguf(path, arch="llama", drop=(), q4k=None, extra_kv=None):
-    """a small llama-shaped model; q4k names a matrix stored as Q4_K (random bytes)"""
+def write_gguf(path, arch="llama", drop=(), raw=None, extra_kv=None):
+    """a small llama-shaped model; raw = (name, type, bytes of a 256-value block, fix) stores
+    that matrix as random blocks of a ggml type, fix(blocks) edits them first"""
     gguf = pytest.importorskip("gguf")
     rng = np.random.default_rng(0)
     dim, ffn, n_vocab, n_head = 256, 256, 32, 4
@@ -194,10 +195,13 @@ def write_gguf(path, arch="llama", drop=(), q4k=None, extra_kv=None):
     for name, shape in shapes.items():
         if name in drop:
             continue
-        if name == q4k:
-            raw = rng.integers(0, 255, (shape[0], shape[1] // 256 * 144), dtype=np.uint8)
-            w.add_tensor(name, raw, raw_shape=raw.shape,
-                         raw_dtype=gguf.GGMLQuantizationType.Q4_K)
+        if raw and name == raw[0]:
+            _, qtype, nb, fix = raw
+            blocks = rng.integers(0, 255, (shape[0] * shape[1] // 256, nb), dtype=np.uint8)
+            fix(blocks)
+            data = blocks.reshape(shape[0], -1)
+            w.add_tensor(name, data, raw_shape=data.shape,
+                         raw_dtype=getattr(gguf.GGMLQuantizationType, qtype))
         else:
             w.add_tensor(name, rng.normal(0, 0.1, shape).astype(np.float32))
     w.write_header_to_file()
@@ -219,12 +223,39 @@ def test_good_handmade_model_runs(tmp_path):
          "-n", "3", "--backend", "cpu"])
 
 
-def test_unsupported_tensor_type_named(tmp_path):
+def _no_fix(blocks):
+    pass
+
+
+@pytest.mark.parametrize("qtype,nb", [("TQ2_0", 66), ("IQ1_S", 50), ("IQ2_XXS", 66)])
+def test_unsupported_tensor_type_named(tmp_path, qtype, nb):
     p = tmp_path / "model.gguf"
-    write_gguf(p, q4k="blk.0.attn_q.weight")
+    write_gguf(p, raw=("blk.0.attn_q.weight", qtype, nb, _no_fix))
     err = gen_error(p)
-    assert (f"{p}: tensor blk.0.attn_q.weight has type Q4_K, which rkv does not support "
-            "(F32, F16, BF16, Q8_0)") in err, err
+    assert (f"{p}: tensor blk.0.attn_q.weight has type {qtype}, which rkv does not support "
+            "(F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, "
+            "IQ4_NL, IQ4_XS)") in err, err
+
+
+def test_nan_scale_named(tmp_path):
+    """a Q4_K block whose f16 scale is NaN (0x7e00) or its min infinite (0x7c00) is refused
+    with the tensor and the block, not run"""
+    def finite(b):
+        b[:, 0:4] = np.frombuffer(np.array([0.01, 0.001], np.float16).tobytes(), np.uint8)
+
+    for at, bits in ((0, 0x7e00), (2, 0x7c00)):
+        def fix(b, at=at, bits=bits):
+            finite(b)
+            b[3, at:at + 2] = np.frombuffer(np.uint16(bits).tobytes(), np.uint8)
+        p = tmp_path / f"nan{at}.gguf"
+        write_gguf(p, raw=("blk.0.ffn_up.weight", "Q4_K", 144, fix))
+        err = gen_error(p)
+        assert ("tensor blk.0.ffn_up.weight (Q4_K) has a NaN or infinite scale in block 3 "
+                "(row 3)") in err, err
+    p = tmp_path / "ok.gguf"
+    write_gguf(p, raw=("blk.0.ffn_up.weight", "Q4_K", 144, finite))
+    run([binary("rkv-gen"), "--model", str(p), "--prompt-ids", "1,2", "-n", "2",
+         "--backend", "cpu"])
 
 
 def test_missing_tensor_named(tmp_path):

@@ -324,7 +324,7 @@ def test_mkmodel_flags(tmp_path):
     r = subprocess.run([mk, "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "--preset" in r.stdout
     for args, msg in ((["--preset", "nope"], "unknown preset 'nope'"),
-                      (["--dtype", "q4_k"], "unknown --dtype 'q4_k'"),
+                      (["--dtype", "iq1_s"], "unknown --dtype 'iq1_s' (f32, f16, bf16, q8_0, q4_0"),
                       (["--arch", "gpt2"], "unknown --arch 'gpt2'"),
                       (["--seed", "-1"], "--seed '-1'"),
                       (["--seed", "12x"], "--seed '12x'"),

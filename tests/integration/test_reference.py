@@ -348,3 +348,41 @@ def test_rkv_gen_batch_and_chunked_prefill_match_reference(models, refs, tmp_pat
     for ids, got in out:
         compare_steps(refs(arch, dtype), PROMPT, ids, got, rtol_for(backend, dtype))
     assert out[0][0] == out[1][0] == out[2][0]  # same prompt, greedy: same tokens
+
+
+# every block format on rows of whole 256-value blocks (tiny256), and the _K_M mixes on the
+# tiny preset too, where rows of 64 take llama.cpp's fallback types (Q5_0, Q5_1, Q8_0, IQ4_NL)
+QDTYPES = ["q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl",
+           "iq4_xs", "q4_k_m", "q5_k_m"]
+
+
+@pytest.fixture(scope="module")
+def qmodels(tmp_path_factory):
+    mk = _need("rkv-mkmodel")
+    d = tmp_path_factory.mktemp("qmodels")
+    cache = {}
+
+    def get(preset, dtype):
+        if (preset, dtype) not in cache:
+            path = d / f"{preset}-{dtype}.gguf"
+            _run([mk, "--preset", preset, "--dtype", dtype, "--seed", "3", "--out", str(path)])
+            cache[preset, dtype] = (path, RefModel(str(path)))
+        return cache[preset, dtype]
+
+    return get
+
+
+@pytest.mark.parametrize("dtype", QDTYPES)
+def test_quantized_models_match_reference(qmodels, tmp_path, dtype):
+    """the cpu backend reads every block format exactly as gguf.quants dequantizes it: the
+    logits of every step equal the reference's, all resident and with half the KV on host"""
+    for preset in ("tiny256", "tiny") if dtype.endswith("_m") else ("tiny256",):
+        path, ref = qmodels(preset, dtype)
+        types = {t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors}
+        if preset == "tiny256":
+            assert dtype.replace("_m", "").upper() in types, types
+        ids, got = run_gen(path, tmp_path)
+        compare_steps(ref, PROMPT, ids, got)
+        ids, got = run_gen(path, tmp_path, ["--host-frac", "0.5", "--block-size", "4"])
+        compare_steps(ref, PROMPT, ids, got)
+

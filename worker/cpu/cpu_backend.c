@@ -72,6 +72,10 @@ static int cpu_tensor_alloc(void *ctx, enum be_type type, uint32_t rows, uint32_
     t->rows = rows;
     t->cols = cols;
     t->row_bytes = be_type_size(type, cols);
+    if (!t->row_bytes && cols) {
+        free(t);
+        return RKV_EINVAL; /* an unknown type, or a row that is not whole blocks */
+    }
     t->nbytes = t->row_bytes * rows;
     t->data = aligned_alloc(64, (t->nbytes + 63) & ~(size_t)63);
     if (!t->data) {
@@ -554,6 +558,10 @@ static const struct backend_i cpu_iface = {
     .sync = cpu_sync,
     .greedy = cpu_greedy,
     .sample = cpu_sample,
+    /* every block format of common/quant.h, dequantized a row at a time */
+    .weight_types = (1ull << BE_Q4_0) | (1ull << BE_Q4_1) | (1ull << BE_Q5_0) | (1ull << BE_Q5_1) |
+                    (1ull << BE_Q2_K) | (1ull << BE_Q3_K) | (1ull << BE_Q4_K) | (1ull << BE_Q5_K) |
+                    (1ull << BE_Q6_K) | (1ull << BE_IQ4_NL) | (1ull << BE_IQ4_XS),
 };
 
 int cpu_backend_init(uint32_t n_threads, struct backend **out)

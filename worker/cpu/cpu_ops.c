@@ -1,8 +1,10 @@
-/* cpu_ops.c - cpu kernels: f16/bf16/q8_0 dequant, fma dot products, matmul rows, attention. */
+/* cpu_ops.c - cpu kernels: weight dequant, fma dot products, matmul rows, attention. */
 #include "worker/cpu/cpu_ops.h"
 
 #include <math.h>
 #include <string.h>
+
+#include "common/quant.h"
 
 #include <immintrin.h>
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -126,6 +128,7 @@ void cpu_dequant_row(enum be_type t, const void *src, float *dst, size_t n)
         }
         break;
     }
+    default: quant_dequantize_row((uint32_t)t, src, dst, n); break;
     }
 }
 
