@@ -4,6 +4,8 @@
 #   make asan       unit tests under AddressSanitizer + UBSan (build/asan)
 #   make valgrind   unit tests under valgrind memcheck
 #   make fuzz       every libFuzzer target for FUZZ_SECONDS each (build/fuzz)
+#   make gpu        the gpu op tests and benchmark (tests/gpu) into build/gpu; needs
+#                   nvcc and the CUDA libraries only, not scripts/deps.sh's packages
 #   make run        rkvd on the CPU backend with a generated model, 127.0.0.1:8080
 #   make CUDA=0     CPU-only build (CUDA is used when nvcc is found)
 #
@@ -49,14 +51,15 @@ ifeq ($(FUZZ),1)
   LDFLAGS  += -fsanitize=address,undefined
   CUDA     := 0
 endif
+# cudart static so a binary starts on a machine without the driver;
+# cublas is loaded from the toolkit
+CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 \
+               -lcublasLt -lcublas -lcudart_static -lstdc++
 ifeq ($(CUDA),1)
   CPPFLAGS += -DRKV_CUDA=1
   NVFLAGS  := -O3 -g -std=c++17 -I. -Xcompiler -fPIC,-Wall \
               -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
-  # cudart static so a binary starts on a machine without the driver;
-  # cublas is loaded from the toolkit
-  LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 \
-              -lcublasLt -lcublas -lcudart_static -lstdc++
+  LDLIBS   += $(CUDA_LDLIBS)
 endif
 
 # the configuration this build folder holds, one line in $(BUILD)/config: an
@@ -102,10 +105,20 @@ TEST_BINS  := $(addprefix $(BUILD)/test/,$(notdir $(TEST_SRC:.c=)))
 FUZZ_SRC   := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BINS  := $(addprefix $(BUILD)/fuzz-bin/,$(notdir $(FUZZ_SRC:.c=)))
 
+# the engine: the common and worker code that includes no header of a library
+# scripts/deps.sh installs (nng, uv, cjson, sqlite, pcre2, ...), so it builds
+# and links with libc and CUDA alone
+EXT_HEADERS := nng/|uv\.h|cjson/|sqlite3\.h|pcre2\.h|systemd/|http_parser\.h|openssl/|cmocka\.h
+ENGINE_SRC := $(shell grep -L -E '^\s*\#\s*include\s*<($(EXT_HEADERS))' $(SRC_common) $(SRC_worker))
+# tests/gpu: each program is its main file, the rest of the folder its helpers
+GPU_PROGS  := gpu_ops_test gpu_bench
+GPU_HELPER_SRC := $(filter-out $(addprefix tests/gpu/,$(addsuffix .c,$(GPU_PROGS))),$(wildcard tests/gpu/*.c))
+GPU_BINS   := $(addprefix $(BUILD)/gpu/,$(GPU_PROGS))
+
 DEPS_STAMP := $(BUILD)/.deps-ok
 
 .PHONY: all test unit-test py-test asan valgrind fuzz fuzz-build run clean format \
-        gpu-test bench deps venv
+        gpu gpu-test bench deps venv
 .DEFAULT_GOAL := all
 
 all: $(DEPS_STAMP) $(BINS)
@@ -127,10 +140,14 @@ $(CONFIG): FORCE
 .PHONY: FORCE
 FORCE:
 
-# every object depends on the deps stamp (order-only) so headers exist first
-$(BUILD)/obj/%.o: %.c $(CONFIG) | $(DEPS_STAMP)
+$(BUILD)/obj/%.o: %.c $(CONFIG)
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+# every object but the engine's and tests/gpu's waits for the deps stamp
+# (order-only), so the libraries' headers exist first
+$(call obj,$(filter-out $(ENGINE_SRC) tests/gpu/%,$(call findc,$(COMPONENTS) cli tests))): | $(DEPS_STAMP)
+# cupti's header, where the toolkit has it (gpu_trace.c)
+$(call obj,$(wildcard tests/gpu/*.c)): CPPFLAGS += -I$(CUDA_HOME)/include
 
 $(BUILD)/obj/%.cu.o: %.cu $(CONFIG)
 	@mkdir -p $(@D)
@@ -143,6 +160,13 @@ $(BUILD)/lib/librkv_$(1).a: $(call obj,$(SRC_$(1))) $(if $(filter worker,$(1)),$
 	ar rcs $$@ $$^
 endef
 $(foreach c,$(COMPONENTS),$(eval $(call lib_rule,$(c))))
+
+$(BUILD)/lib/librkv_engine.a: $(call obj,$(ENGINE_SRC)) $(CU_OBJ)
+$(BUILD)/lib/librkv_gpu_helpers.a: $(call obj,$(GPU_HELPER_SRC))
+$(BUILD)/lib/librkv_engine.a $(BUILD)/lib/librkv_gpu_helpers.a:
+	@mkdir -p $(@D)
+	@rm -f $@
+	ar rcs $@ $^
 
 $(BUILD)/bin/rkvd: $(BUILD)/obj/daemon/main.o $(call libs_of,daemon)
 $(BUILD)/bin/rkv-kvmgr: $(BUILD)/obj/kvmgr/main.o $(call libs_of,kvmgr)
@@ -171,6 +195,18 @@ $(BUILD)/fuzz-bin/$(notdir $(1:.c=)): $(call obj,$(1)) $(LIBS) $(CONFIG)
 	$(CC) $(CFLAGS) -fsanitize=fuzzer,address,undefined $$(filter %.o,$$^) $$(filter %.a,$$^) $(LDLIBS) -o $$@
 endef
 $(foreach t,$(FUZZ_SRC),$(eval $(call fuzz_rule,$(t))))
+
+# the gpu programs: no deps stamp and no library but CUDA's
+ifeq ($(CUDA),1)
+gpu: $(GPU_BINS)
+else
+gpu:
+	@echo "make gpu: needs CUDA (nvcc not found, or CUDA=0)" >&2; exit 1
+endif
+$(BUILD)/gpu/%: $(BUILD)/obj/tests/gpu/%.o $(BUILD)/lib/librkv_gpu_helpers.a \
+                $(BUILD)/lib/librkv_engine.a $(CONFIG)
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS) $(CFLAGS) $(filter %.o,$^) $(filter %.a,$^) $(CUDA_LDLIBS) -lm -lpthread -ldl -lrt -o $@
 
 # --- tests -------------------------------------------------------------------
 
@@ -208,10 +244,10 @@ deb: all
 run: all
 	@scripts/run.sh $(BUILD)
 
-gpu-test:
+gpu-test: gpu
 	@scripts/gpu-test.sh $(BUILD)
 
-bench:
+bench: gpu
 	@scripts/bench.sh $(BUILD)
 
 # load and soak (issue 9): 256 streamed sessions against rkvd on the cpu backend for

@@ -24,7 +24,7 @@ if [ "${1:-}" = "--pack" ]; then
     make BUILD="$B" -j"$(nproc)" $bins >/dev/null || exit 1
     extra=""
     if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
-        if scripts/gpu-build.sh "$B" >/dev/null; then
+        if make BUILD="$B" -j"$(nproc)" gpu >/dev/null; then
             extra="$B/gpu/gpu_bench $B/gpu/gpu_ops_test"
         else
             echo "bench-system: gpu_bench did not build; the pack has no ceilings" >&2

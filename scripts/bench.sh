@@ -8,7 +8,8 @@
 set -u
 BUILD=${1:-build}
 [ $# -gt 0 ] && shift
-scripts/gpu-build.sh "$BUILD" || exit 1
+# make bench builds the programs first; run alone, this builds them
+[ -n "${MAKELEVEL:-}" ] || make --no-print-directory BUILD="$BUILD" -j"$(nproc)" gpu || exit 1
 mkdir -p "$BUILD/bench"
 "$BUILD/gpu/gpu_bench" --json "$BUILD/bench/bench.json" "$@"
 rc=$?
