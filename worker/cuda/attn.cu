@@ -102,18 +102,18 @@ int cuda_attn(struct cuda_ctx *c, const struct cuda_attn_args *a)
     if (m->n_tokens == 0)
         return 0;
     int frc = 0;
-    if (c->attn_fixed && attn_fixed(c, a, &frc))
+    if (c->tune.attn_fixed && attn_fixed(c, a, &frc))
         return frc;
     uint32_t units = m->max_units[a->list] * units_per_block(&c->layout);
     uint32_t base = c->layout.n_kv_head * m->n_qtiles;
     uint32_t max_split = (units + 1) / 2; /* at least 2 chunk units (128 keys) per split */
-    if (c->max_split && max_split > c->max_split)
-        max_split = c->max_split; /* RKV_CUDA_MAX_SPLIT: long splits (tests, a/b) */
+    if (c->tune.max_split && max_split > c->tune.max_split)
+        max_split = c->tune.max_split; /* RKV_CUDA_MAX_SPLIT: long splits (tests, a/b) */
     uint32_t g = at->n_head / at->n_kv_head;
     uint32_t n_split, slots = (uint32_t)cuda_attn_decode_slots(c, m->qt, g, base);
     if (slots)
-        n_split = attn_pick_split(units, base, slots, max_split, c->split_cost, (uint32_t)c->n_sm,
-                                  c->one_wave);
+        n_split = attn_pick_split(units, base, slots, max_split, c->tune.split_cost,
+                                  (uint32_t)c->n_sm, c->tune.one_wave);
     else {
         /* two waves of ~3 thread blocks per SM (the split merge is parallel over splits) */
         n_split = (6 * (uint32_t)c->n_sm + base - 1) / base;
@@ -131,7 +131,7 @@ int cuda_attn(struct cuda_ctx *c, const struct cuda_attn_args *a)
         return rc;
     float *part = (float *)c->part[a->residency];
     uint32_t *cnt = NULL;
-    if (c->merge_in_attn) {
+    if (c->tune.merge_in_attn) {
         rc = split_counters(c, a->residency, (size_t)m->n_qtiles * c->layout.n_kv_head, a->s);
         if (rc < 0)
             return rc;

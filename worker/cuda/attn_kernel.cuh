@@ -1312,20 +1312,21 @@ static int attn_fa_launch_lo(const struct cuda_ctx *c, dim3 grid, size_t sm, cud
     return attn_launch_fn(c, attn_fa_kernel<ND, LO>, &sm_set, grid, sm, s, k);
 }
 
-/* c->fa: 1 f32-accurate products, 2 p plain f16, 3 q and p plain f16 */
+/* c->tune.fa: 1 f32-accurate products, 2 p plain f16, 3 q and p plain f16 */
 template <int ND>
 static int attn_fa_launch_nd(const struct cuda_ctx *c, dim3 grid, size_t sm, cudaStream_t s,
                              const struct attn_kargs &k)
 {
-    return c->fa == 1   ? attn_fa_launch_lo<ND, 2>(c, grid, sm, s, k)
-           : c->fa == 2 ? attn_fa_launch_lo<ND, 1>(c, grid, sm, s, k)
-                        : attn_fa_launch_lo<ND, 0>(c, grid, sm, s, k);
+    return c->tune.fa == 1   ? attn_fa_launch_lo<ND, 2>(c, grid, sm, s, k)
+           : c->tune.fa == 2 ? attn_fa_launch_lo<ND, 1>(c, grid, sm, s, k)
+                             : attn_fa_launch_lo<ND, 0>(c, grid, sm, s, k);
 }
 
 /* do the 64-row tiles of this launch take attn_fa_kernel? */
 template <int RMAX> static inline bool attn_takes_fa(const struct cuda_ctx *c, uint32_t D)
 {
-    return RMAX == 64 && c->fa && c->layout.dtype == KV_F16 && !c->no_mma && (D == 64 || D == 128);
+    return RMAX == 64 && c->tune.fa && c->layout.dtype == KV_F16 && !c->tune.no_mma &&
+           (D == 64 || D == 128);
 }
 
 /* only the prefill shape instantiates the kernel */
@@ -1343,7 +1344,7 @@ static int attn_fa_launch(const struct cuda_ctx *c, dim3 grid, size_t sm, cudaSt
 /* does a launch of this shape take attn_dec_kernel (attn_launch's first case)? */
 static inline bool attn_takes_dec(const struct cuda_ctx *c, uint32_t qt, uint32_t g, uint32_t D)
 {
-    return c->dec && c->layout.dtype == KV_F16 && !c->no_mma && qt == 1 && g <= 8 &&
+    return c->tune.dec && c->layout.dtype == KV_F16 && !c->tune.no_mma && qt == 1 && g <= 8 &&
            (D == 16 || D == 32 || D == 64 || D == 128);
 }
 
@@ -1396,7 +1397,7 @@ static int attn_launch(struct cuda_ctx *c, const struct cuda_attn_args *a, struc
         int rc = attn_fa_launch<RMAX>(c, grid, sm, a->s, k);
         if (rc < 0)
             return rc;
-    } else if (c->layout.dtype == KV_F16 && !c->no_mma && k.D >= 16) {
+    } else if (c->layout.dtype == KV_F16 && !c->tune.no_mma && k.D >= 16) {
         constexpr int MT = RMAX / 16;
         size_t dp = k.D + 8;
         size_t sm = 4 * 64 * dp * 2 + (MT == 1 ? 0 : 2 * (size_t)RMAX * dp * 2) +
@@ -1448,8 +1449,8 @@ static inline struct attn_kargs attn_kargs_of(struct cuda_ctx *c, const struct c
     k.n_tokens = a->meta->n_tokens;
     k.part = part;
     k.cnt = cnt;
-    k.early = c->early;
-    k.kv_ef = c->dec_tma == 2;
+    k.early = c->tune.early;
+    k.kv_ef = c->tune.dec_tma == 2;
     k.o = a->o;
     k.m = a->m;
     k.l = a->l;

@@ -5,8 +5,8 @@
 
 #include "worker/cuda/cuda_ctx.cuh"
 
-/* launches fn on stream s with programmatic stream serialization when c->pdl: its blocks may be
- * scheduled while the kernel before it ends, so fn must execute griddepcontrol.wait
+/* launches fn on stream s with programmatic stream serialization when c->tune.pdl: its blocks may
+ * be scheduled while the kernel before it ends, so fn must execute griddepcontrol.wait
  * (cuda_grid_wait) before it touches memory that kernel writes */
 template <typename... P, typename... A>
 static inline cudaError_t cuda_launch_pdl(const struct cuda_ctx *c, void (*fn)(P...), dim3 grid,
@@ -21,7 +21,7 @@ static inline cudaError_t cuda_launch_pdl(const struct cuda_ctx *c, void (*fn)(P
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at;
-    cfg.numAttrs = c->pdl ? 1 : 0;
+    cfg.numAttrs = c->tune.pdl ? 1 : 0;
     return cudaLaunchKernelEx(&cfg, fn, static_cast<A &&>(args)...);
 }
 
@@ -204,8 +204,8 @@ int cuda_linear(struct cuda_ctx *c, const struct be_linear *l, uint32_t n);
 /* the same for 1-2 tokens and 16-bit weights on sm_90+, the weights streamed through shared
  * memory by bulk copies (linear_stream.cu); 1 when it does not apply */
 int cuda_linear_stream(struct cuda_ctx *c, const struct be_linear *l, uint32_t n);
-/* the same and the decode matmul (one matrix, set) for c->lin_mma..8 tokens, 16-bit weights, on
- * tensor cores (linear_mma.cu); 1 when it does not apply */
+/* the same and the decode matmul (one matrix, set) for c->tune.lin_mma..8 tokens, 16-bit weights,
+ * on tensor cores (linear_mma.cu); 1 when it does not apply */
 int cuda_linear_mma(struct cuda_ctx *c, const struct be_linear *l, uint32_t n);
 int cuda_matmul_mma(struct cuda_ctx *c, float *out, const float *in, const struct be_tensor *w,
                     const float *bias, uint32_t n);
@@ -247,7 +247,7 @@ int cuda_act16(struct cuda_ctx *c, const float *in, size_t elems, enum be_type t
 int cuda_matmul(struct cuda_ctx *c, float *out, const float *in, const struct be_tensor *w,
                 const float *bias, uint32_t n);
 /* out0, out1 = in . w0^T (+ bias0), in . w1^T (+ bias1) as one strided batch of two gemms, for
- * gemv_max_n < n <= c->pair_n tokens over 16-bit weights of one shape whose weights and
+ * gemv_max_n < n <= c->tune.pair_n tokens over 16-bit weights of one shape whose weights and
  * outputs lie in the same order; 1 when it does not apply (two cuda_matmul calls) */
 int cuda_matmul2(struct cuda_ctx *c, float *out0, float *out1, const float *in,
                  const struct be_tensor *w0, const struct be_tensor *w1, const float *bias0,
@@ -305,7 +305,7 @@ int cuda_attn_decode_slots(struct cuda_ctx *c, uint32_t qt, uint32_t g, uint32_t
  * 0.772 / 0.773 -> 0.784 / 0.797 of the bound with 3, b=64 0.633 -> 0.612 */
 static inline int cuda_dec_stages(const struct cuda_ctx *c, uint32_t base)
 {
-    return c->dec_stages ? c->dec_stages : base < (uint32_t)c->n_sm ? 3 : 2;
+    return c->tune.dec_stages ? c->tune.dec_stages : base < (uint32_t)c->n_sm ? 3 : 2;
 }
 /* cnt: the (n_qtiles, n_kv_head) counters of the merge folded into the launch, all 0 (the
  * launch leaves them so); NULL: the launch leaves the splits' partials in part */

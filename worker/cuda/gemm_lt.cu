@@ -81,7 +81,7 @@ static struct cuda_lt *lt_get(struct cuda_ctx *c)
         log_warn("cuda: cuBLASLt is not usable; batched decode gemms keep cublasGemmEx's "
                  "algorithms (RKV_CUDA_LT_TUNE_N=0 says so without this warning)");
         cuda_lt_free(c);
-        c->lt_tune_n = 0;
+        c->tune.lt_tune_n = 0;
         return NULL;
     }
     return lt;
@@ -197,7 +197,7 @@ static int lt_tune(struct cuda_ctx *c, struct lt_shape *s, const void *w, const 
 int cuda_gemm_lt(struct cuda_ctx *c, float *out, const void *w, enum be_type t, const void *x,
                  uint32_t n, uint32_t n_in, uint32_t n_out, float beta)
 {
-    if (n > c->lt_tune_n || (t != BE_F16 && t != BE_BF16) || (beta != 0.0f && beta != 1.0f))
+    if (n > c->tune.lt_tune_n || (t != BE_F16 && t != BE_BF16) || (beta != 0.0f && beta != 1.0f))
         return 1;
     if (!c->lt && c->graph.capturing)
         return 1; /* no handle created inside a recording */

@@ -164,6 +164,6 @@ int cuda_rope_kv_write(struct cuda_ctx *c, const struct cuda_meta *m, uint32_t l
     auto fn = l->dtype == KV_F16 ? rope_kv_write_kernel<__half> : rope_kv_write_kernel<float>;
     CU_TRY(cuda_launch_pdl(c, fn, grid, dim3(128), 0, c->stream, d, l->block_size, l->n_kv_head,
                            l->head_dim, m->d_pos, m->d_slot, q, k, v, n_head, r->n_rot,
-                           r->freq_base, r->freq_scale, r->neox, c->early));
+                           r->freq_base, r->freq_scale, r->neox, c->tune.early));
     return 0;
 }

@@ -234,14 +234,14 @@ static int lin_run_ks(struct cuda_ctx *c, const lin_kargs &a)
     return 0;
 }
 
-/* warps per row: the most (up to c->lin_ks, env RKV_CUDA_LIN_KS, default 2) that leave each warp at
- * least LIN_KS_MIN_SPAN elements in whole 32-lane vectors */
+/* warps per row: the most (up to c->tune.lin_ks, env RKV_CUDA_LIN_KS, default 2) that leave each
+ * warp at least LIN_KS_MIN_SPAN elements in whole 32-lane vectors */
 #define LIN_KS_MIN_SPAN 1024
 template <typename W, int NT, int MODE, bool NORM>
 static int lin_run(struct cuda_ctx *c, const lin_kargs &a)
 {
     const uint32_t step = 32 * (16 / sizeof(W));
-    int ks = c->lin_ks;
+    int ks = c->tune.lin_ks;
     while (ks > 1 && (a.n_in % (ks * step) || a.n_in / ks < LIN_KS_MIN_SPAN))
         ks /= 2;
     switch (ks) {
@@ -349,7 +349,7 @@ int cuda_linear(struct cuda_ctx *c, const struct be_linear *l, uint32_t n)
         return 0;
     const enum be_type t = l->w[0]->type;
     const uint32_t n_in = l->in->cols;
-    if (n > c->gemv_max_n && !c->deterministic && l->mode == BE_LIN_ADD && !l->bias[0] &&
+    if (n > c->tune.gemv_max_n && !c->deterministic && l->mode == BE_LIN_ADD && !l->bias[0] &&
         !l->norm_w) {
         /* prefill's o and down: the residual add in the gemm's epilogue */
         int rc =
@@ -359,8 +359,8 @@ int cuda_linear(struct cuda_ctx *c, const struct be_linear *l, uint32_t n)
     }
     /* the kernels below write their outputs without matmul.cu's overlap test */
     c->act16_ok = 0;
-    if ((n > c->gemv_max_n && !c->deterministic) || (t != BE_F32 && t != BE_F16 && t != BE_BF16) ||
-        n_in % 8)
+    if ((n > c->tune.gemv_max_n && !c->deterministic) ||
+        (t != BE_F32 && t != BE_F16 && t != BE_BF16) || n_in % 8)
         return 1; /* prefill (cublas), q8_0 and odd widths: composed of the plain ops */
     for (uint32_t i = 1; i < l->n_w; i++)
         if (l->w[i]->type != t)

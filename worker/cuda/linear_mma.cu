@@ -357,7 +357,7 @@ template <typename W> static int lm_go(struct cuda_ctx *c, const lm_kargs &a, in
 /* does the tensor-core path take n tokens over these weights? */
 static bool lm_fits(const struct cuda_ctx *c, const struct be_tensor *w, uint32_t n_in, uint32_t n)
 {
-    return c->lin_mma && n >= (uint32_t)c->lin_mma && n <= 8 && !c->deterministic &&
+    return c->tune.lin_mma && n >= (uint32_t)c->tune.lin_mma && n <= 8 && !c->deterministic &&
            c->cc_major >= 8 && (w->type == BE_BF16 || w->type == BE_F16) && w->cols == n_in &&
            n_in % 128 == 0 && w->rows % 16 == 0 && ((uintptr_t)w->data & 15) == 0;
 }

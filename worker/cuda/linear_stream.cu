@@ -466,7 +466,7 @@ static int ls_run(struct cuda_ctx *c, ls_kargs &a, unsigned grid, uint32_t n_war
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at;
-    cfg.numAttrs = c->pdl ? 1 : 0;
+    cfg.numAttrs = c->tune.pdl ? 1 : 0;
     CU_TRY(cudaLaunchKernelEx(&cfg, fn, a));
     return 0;
 }
@@ -501,10 +501,10 @@ int cuda_linear_stream(struct cuda_ctx *c, const struct be_linear *l, uint32_t n
 {
     const enum be_type t = l->w[0]->type;
     const uint32_t n_in = l->in->cols;
-    const bool alone = c->ls_alone && c->after_attn;
+    const bool alone = c->tune.ls_alone && c->after_attn;
     c->after_attn = 0;
     /* two tokens measured slower than the register kernel on o and gate/up (H200) */
-    if (!c->lin_stream || c->cc_major < 9 || n != 1 || (t != BE_F16 && t != BE_BF16))
+    if (!c->tune.lin_stream || c->cc_major < 9 || n != 1 || (t != BE_F16 && t != BE_BF16))
         return 1;
     const bool norm = l->norm_w != NULL;
     if (!((l->mode == BE_LIN_SET && norm) || (l->mode == BE_LIN_SWIGLU && norm) ||
@@ -526,10 +526,10 @@ int cuda_linear_stream(struct cuda_ctx *c, const struct be_linear *l, uint32_t n
     const uint32_t n_warps = units / v;
     const int nr = l->mode == BE_LIN_SWIGLU ? 2 : 1;
     const uint32_t row_bytes = n_in * 2;
-    uint32_t rpt = c->ls_stage / (row_bytes * nr);
+    uint32_t rpt = c->tune.ls_stage / (row_bytes * nr);
     rpt = rpt < 1 ? 1 : rpt > LS_MAX_ROWS ? LS_MAX_ROWS : rpt;
     const uint32_t stage = rpt * row_bytes * nr;
-    uint32_t n_st = c->ls_ring / stage;
+    uint32_t n_st = c->tune.ls_ring / stage;
     n_st = n_st > LS_MAX_STAGES ? LS_MAX_STAGES : n_st;
     if (n_st < 2)
         return 1; /* rows too wide for two stages */
@@ -567,11 +567,11 @@ int cuda_linear_stream(struct cuda_ctx *c, const struct be_linear *l, uint32_t n
     size_t smem = bar + 6 * LS_MAX_STAGES * sizeof(uint64_t) + LS_MAX_WARPS * 2 * sizeof(float) +
                   2 * LS_MAX_STAGES * sizeof(ls_tinfo) +
                   2 * LS_MAX_STAGES * LS_MAX_ROWS * sizeof(float);
-    a.t4 = (uint32_t)c->ls_t4;
+    a.t4 = (uint32_t)c->tune.ls_t4;
     /* dynamic tiles (ls_dyn 1: o and down's blocks ended up to 5 us apart on fixed ranges, 1 us
      * on these; b=1 512 / 4k +0.5 / +0.2 %), or all but the adding ones, which read their
      * outputs at the start instead (2) */
-    const bool dyn = c->ls_dyn == 1 || (c->ls_dyn == 2 && l->mode != BE_LIN_ADD);
+    const bool dyn = c->tune.ls_dyn == 1 || (c->tune.ls_dyn == 2 && l->mode != BE_LIN_ADD);
     if (dyn) {
         /* tiles of each matrix (SET), or of the one */
         uint32_t tiles = 0;

@@ -37,7 +37,7 @@ int cuda_act16(struct cuda_ctx *c, const float *in, size_t elems, enum be_type t
             c->act16_src = in;
             c->act16_elems = elems;
             c->act16_type = t;
-            c->act16_ok = !c->precise; /* precise leaves the residual there */
+            c->act16_ok = !c->tune.precise; /* precise leaves the residual there */
             c->act16_twin = 0;
             c->hst.act16_conv++;
         }
@@ -56,7 +56,7 @@ static int gemm_16(struct cuda_ctx *c, float *out, const float *in, const void *
     int rc = cuda_act16(c, in, elems, t);
     if (rc == 0)
         rc = gemm_ex(c, out, w, t, c->act16, n, n_in, n_out, beta);
-    if (rc == 0 && c->precise) {
+    if (rc == 0 && c->tune.precise) {
         rc = cuda_convert_f32_lo(c, c->act16, t, in, elems);
         if (rc == 0)
             rc = gemm_ex(c, out, w, t, c->act16, n, n_in, n_out, 1.0f);
@@ -71,7 +71,7 @@ int cuda_matmul(struct cuda_ctx *c, float *out, const float *in, const struct be
     if (n == 0)
         return 0;
     act16_written(c, out, (size_t)n * w->rows); /* the paths that leave act16 alone too */
-    if (n <= c->gemv_max_n) {
+    if (n <= c->tune.gemv_max_n) {
         int rc = cuda_matmul_mma(c, out, in, w, bias, n);
         return rc != 1 ? rc : cuda_gemv(c, out, in, w, bias, n);
     }
@@ -117,7 +117,7 @@ int cuda_matmul2(struct cuda_ctx *c, float *out0, float *out1, const float *in,
                  const float *bias1, uint32_t n)
 {
     const enum be_type t = w0->type;
-    if (n <= c->gemv_max_n || n > c->pair_n || c->deterministic || c->precise ||
+    if (n <= c->tune.gemv_max_n || n > c->tune.pair_n || c->deterministic || c->tune.precise ||
         (t != BE_F16 && t != BE_BF16))
         return 1;
     /* one strided batch of two: the weights, and the outputs, one stride apart in the same
@@ -157,7 +157,7 @@ int cuda_matmul2(struct cuda_ctx *c, float *out0, float *out1, const float *in,
 int cuda_matmul_add(struct cuda_ctx *c, float *out, const float *in, const struct be_tensor *w,
                     uint32_t n)
 {
-    if (n <= c->gemv_max_n || c->deterministic || c->precise ||
+    if (n <= c->tune.gemv_max_n || c->deterministic || c->tune.precise ||
         (w->type != BE_F16 && w->type != BE_BF16))
         return 1;
     return gemm_16(c, out, in, w->data, w->type, n, w->cols, w->rows, 1.0f);

@@ -1208,7 +1208,7 @@ int cuda_sample(struct cuda_ctx *c, float *logits, uint32_t n_vocab, uint32_t n_
     };
     /* a few rows: a cluster of blocks a row, when the gpu holds one (asked once a size) and
      * launches it (a sharing mode may refuse); else, and from then on, a block a row */
-    const uint32_t cl = n_rows <= c->smp_cl_rows ? c->smp_cl : 1;
+    const uint32_t cl = n_rows <= c->tune.smp_cl_rows ? c->tune.smp_cl : 1;
     static int cl_ok[SMP_CL_MAX + 1]; /* 0 not asked yet, 1 it runs, -1 refused (said once) */
     cudaError_t e = cudaErrorNotSupported;
     if (cl > 1 && cl_ok[cl] >= 0) {

@@ -1,0 +1,461 @@
+/* host_cpu.cu - host kv blocks attended by cpu threads: all of them (CPU_TAIL), or the oldest
+ * share beside the gpu's read of the rest (the split host read), its partial merged by lse. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "worker/cuda/cuda_ops.cuh"
+extern "C" {
+#include "worker/cpu/cpu_backend.h"
+}
+
+/* the split host read is on: a share of the host blocks to the cpu (not with CPU_TAIL, which
+ * takes them all, nor in deterministic mode or with one key split per block: the cpu's partial
+ * spans many blocks, which the block-order merge cannot take apart; the cpu's view hides the
+ * gpu's host blocks behind device block 0, so the device pool must have one) */
+int cuda_host_split_on(const struct cuda_ctx *c)
+{
+    return c->hcpu.host_split && !c->hcpu.host_cpu && !c->deterministic &&
+           !c->tune.attn_fixed && c->have_kv && c->n_blocks[KV_DEVICE] > 0;
+}
+
+/* sc[s]: the host blocks of sequence s the gpu stages (those some token reads, less the oldest
+ * m->cpu_k[s] the cpu attends when the host read is split, kv_host_cpu_share); the staged
+ * slots of all in *all */
+int cuda_split_shares(struct cuda_ctx *c, const struct be_batch *b, uint32_t *sc, uint64_t *all)
+{
+    struct cuda_meta *m = &c->meta;
+    const uint32_t B = c->have_kv ? c->layout.block_size : 0;
+    const uint32_t split = cuda_host_split_on(c) ? c->hcpu.host_split : 0;
+    if (b->n_seqs > m->cpu_k_cap) {
+        uint32_t *k = (uint32_t *)realloc(m->cpu_k, sizeof(uint32_t) * b->n_seqs);
+        if (!k)
+            return RKV_ENOMEM;
+        m->cpu_k = k;
+        m->cpu_k_cap = b->n_seqs;
+    }
+    m->cpu_any = 0;
+    m->cpu_blocks = 0;
+    m->decode_only = 1;
+    *all = 0;
+    /* learned: every sequence's read host blocks first (pct 0), the cpu's share after */
+    const int learn = split && c->hcpu.split_learn;
+    uint64_t dec_blocks = 0; /* host blocks decode rows read */
+    for (uint32_t s = 0; s < b->n_seqs; s++) {
+        const struct be_seq *q = &b->seqs[s];
+        const uint64_t last = (uint64_t)q->n_past + (q->n_tokens ? q->n_tokens - 1 : 0);
+        m->cpu_k[s] = kv_host_cpu_share(q->blocks, q->n_blocks, B, last, q->n_tokens,
+                                        learn ? 0 : split, &sc[s]);
+        dec_blocks += q->n_tokens <= 1 ? sc[s] : 0;
+        m->decode_only &= q->n_tokens <= 1;
+    }
+    const double h = (double)dec_blocks * 2 * kv_slice_bytes(&c->layout); /* a layer's bytes */
+    int gated = 1;
+    if (learn) {
+        if (!c->hcpu.split_l_init) {
+            /* the cpu's rate from the share of the measured rates: pct = cpu / (cpu + link) */
+            const double pct = split >= 100 ? 99 : split;
+            kv_split_learn_init(&c->hcpu.split_l, c->tune.split_fix0_us,
+                                c->hcpu.link_gbps * pct / (100 - pct), c->hcpu.link_gbps);
+            c->hcpu.split_l_init = 1;
+        }
+        const double share = kv_split_share(&c->hcpu.split_l, h, 0.9);
+        const uint32_t k = (uint32_t)(share * (double)dec_blocks + 0.5);
+        gated = k == 0;
+        if (!gated) {
+            /* spread over the decode rows (a prefill row's count is left out) */
+            for (uint32_t s = 0; s < b->n_seqs; s++)
+                m->cpu_k[s] = b->seqs[s].n_tokens <= 1 ? sc[s] : 0;
+            kv_split_spread(m->cpu_k, b->n_seqs, k, m->cpu_k);
+            c->hst.split_share += (double)k / (double)dec_blocks;
+            c->hst.split_steps++;
+        }
+    }
+    /* the link time of the decode rows' host bytes of one layer, in us */
+    const double link_us = h / (c->hcpu.link_gbps * 1e3);
+    if (!learn)
+        gated = !split || link_us < (double)c->tune.split_min_us;
+    /* the learned share's samples are the launching thread's waits */
+    if (split && dec_blocks) {
+        c->hst.tail_us += link_us;
+        c->hst.tail_n++;
+    }
+    m->split_async = !gated && !learn &&
+                     (c->tune.split_async == 1 ||
+                      (c->tune.split_async == 2 && link_us >= (double)c->tune.split_async_us));
+    for (uint32_t s = 0; s < b->n_seqs; s++) {
+        if (gated)
+            m->cpu_k[s] = 0;
+        m->cpu_any |= m->cpu_k[s] > 0;
+        m->cpu_blocks += m->cpu_k[s];
+        sc[s] -= m->cpu_k[s];
+        *all += sc[s];
+    }
+    m->split_gated = split && gated && dec_blocks;
+    return 0;
+}
+/* the cpu backend over the host pool, and its q, o, m, l tensors for n tokens of at's shape */
+static int cpu_attn_ready(struct cuda_ctx *c, uint32_t n, const struct be_attn *at)
+{
+    int rc = 0;
+    if (!c->hcpu.cpu_be && (rc = cpu_backend_init(c->hcpu.cpu_threads, &c->hcpu.cpu_be)) < 0)
+        return rc;
+    if (!c->hcpu.cpu_kv_set) {
+        /* the device pool's address only bounds its block indices: the cpu reads host blocks */
+        struct kv_pools p = {{c->pool[KV_DEVICE], c->host_base},
+                             {c->n_blocks[KV_DEVICE], c->n_blocks[KV_HOST]}};
+        if ((rc = backend_set_kv(c->hcpu.cpu_be, &c->layout, &p)) < 0)
+            return rc;
+        c->hcpu.cpu_kv_set = 1;
+    }
+    const uint32_t qd = at->n_head * at->head_dim;
+    struct be_tensor **t = c->hcpu.cpu_t;
+    if (!t[3] || t[0]->rows < n || t[0]->cols != qd || t[2]->cols != at->n_head) {
+        for (int i = 0; i < 4; i++) {
+            backend_tensor_free(c->hcpu.cpu_be, t[i]);
+            t[i] = NULL;
+        }
+        for (int i = 0; i < 4 && rc == 0; i++)
+            rc = backend_tensor_alloc(c->hcpu.cpu_be, BE_F32, n, i < 2 ? qd : at->n_head, &t[i]);
+    }
+    return rc < 0 ? rc : 0;
+}
+
+/* CPU_TAIL: the host blocks' partial from cpu threads over the host pool. q comes down once
+ * what the stream held before device attention is done (the kv write put the new keys of host
+ * blocks in the mapped pool by then); the device attends its blocks meanwhile; the partial goes up
+ * on the side stream, which the merge joins */
+int cuda_attn_host_cpu(struct cuda_ctx *c, const struct be_batch *b, uint32_t layer,
+                       const struct be_tensor *q, const struct be_attn *at,
+                       const struct be_partial *out)
+{
+    int rc = cpu_attn_ready(c, b->n_tokens, at);
+    if (rc < 0)
+        return rc;
+    const uint32_t n = b->n_tokens, qd = at->n_head * at->head_dim;
+    struct be_tensor **t = c->hcpu.cpu_t;
+    CU_TRY(cudaStreamWaitEvent(c->side, c->ev_pre_attn, 0));
+    CU_TRY(cudaMemcpyAsync(t[0]->data, q->data, (size_t)n * qd * sizeof(float),
+                           cudaMemcpyDeviceToHost, c->side));
+    CU_TRY(cudaStreamSynchronize(c->side));
+    const struct be_partial part = {t[1], t[2], t[3]};
+    if ((rc = attn_partial_forward(c->hcpu.cpu_be, b, layer, KV_HOST, t[0], at, &part)) < 0)
+        return rc;
+    CU_TRY(cudaMemcpyAsync(out->o->data, t[1]->data, (size_t)n * qd * sizeof(float),
+                           cudaMemcpyHostToDevice, c->side));
+    CU_TRY(cudaMemcpyAsync(out->m->data, t[2]->data, (size_t)n * at->n_head * sizeof(float),
+                           cudaMemcpyHostToDevice, c->side));
+    CU_TRY(cudaMemcpyAsync(out->l->data, t[3]->data, (size_t)n * at->n_head * sizeof(float),
+                           cudaMemcpyHostToDevice, c->side));
+    CU_TRY(cudaEventRecord(c->ev_side_done, c->side));
+    c->side_pending = 1;
+    c->last_was_dev_attn = 0;
+    c->hst.cpu_layers++;
+    return 0;
+}
+
+/* the host_attn_cpu switch (deterministic mode keeps host blocks on the device kernels) */
+int cu_host_attn_cpu(void *ctx, int on)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (on && c->deterministic)
+        return RKV_EUNSUPPORTED;
+    c->hcpu.host_cpu = on != 0;
+    return 0;
+}
+
+/* the split host read, first part: q comes down on the side stream (after what the stream
+ * held before device attention) into pinned memory, ahead of the gpu's host part */
+int cuda_split_q_down(struct cuda_ctx *c, const struct be_tensor *q, size_t bytes)
+{
+    if (bytes > c->hcpu.qdown_cap) {
+        if (c->hcpu.qdown) {
+            CU_TRY(cudaStreamSynchronize(c->side));
+            CU_TRY(cudaStreamSynchronize(c->hcpu.cpu_s)); /* a split job reads it */
+            cudaFreeHost(c->hcpu.qdown);
+            c->hcpu.qdown = NULL;
+            c->hcpu.qdown_cap = 0;
+        }
+        CU_TRY(cudaHostAlloc(&c->hcpu.qdown, bytes, cudaHostAllocDefault));
+        c->hcpu.qdown_cap = bytes;
+    }
+    CU_TRY(cudaMemcpyAsync(c->hcpu.qdown, q->data, bytes, cudaMemcpyDeviceToHost, c->side));
+    CU_TRY(cudaEventRecord(c->hcpu.ev_qdown, c->side));
+    return 0;
+}
+
+/* the cpu's view of the batch (kv_host_cpu_view of each sequence's table) */
+static int split_view(struct cuda_ctx *c, const struct be_batch *b, struct be_batch *v)
+{
+    size_t n_tab = 0;
+    for (uint32_t s = 0; s < b->n_seqs; s++)
+        n_tab += b->seqs[s].n_blocks;
+    if (b->n_seqs > c->hcpu.split_seqs_cap) {
+        struct be_seq *p = (struct be_seq *)realloc(c->hcpu.split_seqs, sizeof(*p) * b->n_seqs);
+        if (!p)
+            return RKV_ENOMEM;
+        c->hcpu.split_seqs = p;
+        c->hcpu.split_seqs_cap = b->n_seqs;
+    }
+    if (n_tab > c->hcpu.split_tab_cap) {
+        struct kv_block_ref *p =
+            (struct kv_block_ref *)realloc(c->hcpu.split_tab, sizeof(*p) * n_tab);
+        if (!p)
+            return RKV_ENOMEM;
+        c->hcpu.split_tab = p;
+        c->hcpu.split_tab_cap = n_tab;
+    }
+    size_t at = 0;
+    for (uint32_t s = 0; s < b->n_seqs; s++) {
+        const struct be_seq *q = &b->seqs[s];
+        struct kv_block_ref *tab = c->hcpu.split_tab + at;
+        kv_host_cpu_view(q->blocks, q->n_blocks, c->meta.cpu_k[s], tab);
+        c->hcpu.split_seqs[s] = *q;
+        c->hcpu.split_seqs[s].blocks = tab;
+        at += q->n_blocks;
+    }
+    *v = *b;
+    v->seqs = c->hcpu.split_seqs;
+    return 0;
+}
+
+/* the learned share's sample of the split layer before this one (its period closes at this
+ * layer's q on the host, q_ns): the step's bytes are the same at every layer */
+static void split_learn_layer(struct cuda_ctx *c, uint32_t layer, uint64_t q_ns)
+{
+    if (c->hcpu.split_prev.valid && c->hcpu.split_prev.layer + 1 == layer && c->meta.decode_only) {
+        const double slice2 = 2.0 * (double)kv_slice_bytes(&c->layout);
+        kv_split_observe(&c->hcpu.split_l, (double)(q_ns - c->hcpu.split_prev.q_ns) / 1e3,
+                         c->hcpu.split_prev.cpu_us, (double)c->meta.cpu_blocks * slice2,
+                         (double)c->meta.n_slots * slice2, c->hcpu.split_prev.gpu_first);
+    }
+    c->hcpu.split_prev.valid = 0;
+}
+
+/* the split's last step on the side stream: the cpu's partial (o_t, then its m and l, on the
+ * device) merged by lse into the gpu's host partial out */
+static int split_merge(struct cuda_ctx *c, const struct be_partial *out, float *o_t, uint32_t n,
+                       const struct be_attn *at)
+{
+    const size_t n_th = (size_t)n * at->n_head;
+    float *m_t = o_t + n_th * at->head_dim, *l_t = m_t + n_th;
+    int rc = cuda_attn_merge(c, (float *)out->o->data, (float *)out->m->data, (float *)out->l->data,
+                             o_t, m_t, l_t, n, at->n_head, at->head_dim, c->side);
+    CU_TRY(cudaEventRecord(c->ev_side_done, c->side));
+    c->side_pending = 1;
+    c->last_was_dev_attn = 0;
+    c->fixed[KV_HOST].valid = 0; /* the per-block partials miss the cpu's blocks */
+    c->hst.split_layers++;
+    return rc;
+}
+
+/* the split's cpu part of one layer, run by cuda's host-function thread (no cuda calls in it):
+ * q from the pinned copy down, the cpu's partial into split_up, pinned, for its copy up */
+struct split_job {
+    struct cuda_ctx *c;
+    uint32_t layer;
+    struct be_attn at;
+    size_t n_th; /* rows x heads */
+};
+
+static void CUDART_CB split_cpu_job(void *arg)
+{
+    const struct split_job *j = (const struct split_job *)arg;
+    struct cuda_ctx *c = j->c;
+    if (__atomic_load_n(&c->hcpu.split_async_rc, __ATOMIC_ACQUIRE) < 0)
+        return; /* a layer before failed: the step's result is an error anyway */
+    struct be_tensor **t = c->hcpu.cpu_t;
+    const size_t hd = j->at.head_dim;
+    memcpy(t[0]->data, c->hcpu.qdown, j->n_th * hd * sizeof(float));
+    const struct be_partial part = {t[1], t[2], t[3]};
+    int rc = attn_partial_forward(c->hcpu.cpu_be, &c->hcpu.split_v, j->layer, KV_HOST, t[0], &j->at,
+                                  &part);
+    if (rc < 0) {
+        __atomic_store_n(&c->hcpu.split_async_rc, rc, __ATOMIC_RELEASE);
+        return;
+    }
+    memcpy(c->hcpu.split_up, t[1]->data, j->n_th * hd * sizeof(float));
+    memcpy(c->hcpu.split_up + j->n_th * hd, t[2]->data, j->n_th * sizeof(float));
+    memcpy(c->hcpu.split_up + j->n_th * (hd + 1), t[3]->data, j->n_th * sizeof(float));
+}
+
+/* an error of a split job since the last call (0: none), cleared */
+int cuda_split_async_err(struct cuda_ctx *c)
+{
+    return __atomic_exchange_n(&c->hcpu.split_async_rc, 0, __ATOMIC_ACQ_REL);
+}
+
+/* the split's cpu part queued as a host function on cpu_s behind q's copy down; the side
+ * stream's copy up and merge wait for it. The view is the step's (the same at every layer),
+ * built when the meta changes, once the jobs of the step before are done */
+int cuda_split_host_cpu_async(struct cuda_ctx *c, const struct be_batch *b, uint32_t layer,
+                              const struct be_attn *at, const struct be_partial *out)
+{
+    const uint32_t n = b->n_tokens;
+    const size_t n_th = (size_t)n * at->n_head, up = n_th * (at->head_dim + 2) * sizeof(float);
+    int rc = cuda_split_async_err(c);
+    if (rc < 0)
+        return rc;
+    if (c->hcpu.split_v_gen != c->meta.gen) { /* 0: none yet (the first upload makes it 1) */
+        CU_TRY(cudaStreamSynchronize(c->hcpu.cpu_s)); /* no job reads the view or the buffers now */
+        if ((rc = cpu_attn_ready(c, n, at)) < 0 || (rc = split_view(c, b, &c->hcpu.split_v)) < 0)
+            return rc;
+        c->hcpu.split_v_gen = c->meta.gen;
+    }
+    if (up > c->hcpu.split_up_cap) {
+        CU_TRY(cudaStreamSynchronize(c->side)); /* its copies up read the old buffer */
+        CU_TRY(cudaStreamSynchronize(c->hcpu.cpu_s));
+        cudaFreeHost(c->hcpu.split_up);
+        c->hcpu.split_up = NULL;
+        c->hcpu.split_up_cap = 0;
+        CU_TRY(cudaHostAlloc((void **)&c->hcpu.split_up, up, cudaHostAllocDefault));
+        c->hcpu.split_up_cap = up;
+    }
+    if (c->layout.n_layer > c->hcpu.split_jobs_n) {
+        CU_TRY(cudaStreamSynchronize(c->hcpu.cpu_s));
+        struct split_job *j =
+            (struct split_job *)realloc(c->hcpu.split_jobs, sizeof(*j) * c->layout.n_layer);
+        if (!j)
+            return RKV_ENOMEM;
+        c->hcpu.split_jobs = j;
+        c->hcpu.split_jobs_n = c->layout.n_layer;
+    }
+    if ((rc = cuda_scratch(c, &c->pass_part, &c->pass_part_cap, up)) < 0)
+        return rc;
+    /* job layer's slot is free: the step before ended in a sync that came after its jobs */
+    struct split_job *j = &c->hcpu.split_jobs[layer];
+    *j = (struct split_job){c, layer, *at, n_th};
+    CU_TRY(cudaStreamWaitEvent(c->hcpu.cpu_s, c->hcpu.ev_qdown, 0));
+    CU_TRY(cudaLaunchHostFunc(c->hcpu.cpu_s, split_cpu_job, j));
+    CU_TRY(cudaEventRecord(c->hcpu.ev_cpu_done, c->hcpu.cpu_s));
+    CU_TRY(cudaStreamWaitEvent(c->side, c->hcpu.ev_cpu_done, 0));
+    float *o_t = (float *)c->pass_part;
+    CU_TRY(cudaMemcpyAsync(o_t, c->hcpu.split_up, up, cudaMemcpyHostToDevice, c->side));
+    rc = split_merge(c, out, o_t, n, at);
+    c->hst.split_async++;
+    return rc;
+}
+
+/* the split host read, last part (the gpu's host part queued on the side stream): the cpu
+ * attends each sequence's share once q is down; its partial goes up and is merged by lse into
+ * the gpu's host partial, on the side stream */
+int cuda_split_host_cpu(struct cuda_ctx *c, const struct be_batch *b, uint32_t layer,
+                        const struct be_attn *at, const struct be_partial *out)
+{
+    const uint32_t n = b->n_tokens;
+    const size_t n_th = (size_t)n * at->n_head;
+    struct be_batch v;
+    int rc = cpu_attn_ready(c, n, at);
+    if (rc == 0)
+        rc = split_view(c, b, &v);
+    c->hcpu.split_v_gen = 0; /* the async path's view shares split_view's buffers */
+    if (rc == 0)
+        rc = cuda_scratch(c, &c->pass_part, &c->pass_part_cap,
+                          n_th * (at->head_dim + 2) * sizeof(float));
+    if (rc < 0)
+        return rc;
+    struct be_tensor **t = c->hcpu.cpu_t;
+    CU_TRY(cudaEventSynchronize(c->hcpu.ev_qdown));
+    const uint64_t q_ns = c->hcpu.split_learn ? rkv_now_ns() : 0;
+    if (c->hcpu.split_learn)
+        split_learn_layer(c, layer, q_ns);
+    memcpy(t[0]->data, c->hcpu.qdown, n_th * at->head_dim * sizeof(float));
+    const struct be_partial part = {t[1], t[2], t[3]};
+    if ((rc = attn_partial_forward(c->hcpu.cpu_be, &v, layer, KV_HOST, t[0], at, &part)) < 0)
+        return rc;
+    if (c->hcpu.split_learn) {
+        /* the gpu's host part (queued on the side stream before the cpu began) is done: the
+         * cpu's part was the slower */
+        const cudaError_t first = cudaEventQuery(c->ev_side_done);
+        if (first != cudaSuccess && first != cudaErrorNotReady)
+            CU_TRY(first);
+        c->hcpu.split_prev.valid = 1;
+        c->hcpu.split_prev.layer = layer;
+        c->hcpu.split_prev.q_ns = q_ns;
+        c->hcpu.split_prev.cpu_us = (double)(rkv_now_ns() - q_ns) / 1e3;
+        c->hcpu.split_prev.gpu_first = first == cudaSuccess;
+    }
+    float *o_t = (float *)c->pass_part, *m_t = o_t + n_th * at->head_dim, *l_t = m_t + n_th;
+    CU_TRY(cudaMemcpyAsync(o_t, t[1]->data, n_th * at->head_dim * sizeof(float),
+                           cudaMemcpyHostToDevice, c->side));
+    CU_TRY(cudaMemcpyAsync(m_t, t[2]->data, n_th * sizeof(float), cudaMemcpyHostToDevice, c->side));
+    CU_TRY(cudaMemcpyAsync(l_t, t[3]->data, n_th * sizeof(float), cudaMemcpyHostToDevice, c->side));
+    rc = split_merge(c, out, o_t, n, at);
+    return rc;
+}
+
+/* the split host read's share, fixed or where the learned one starts; the environment's
+ * (RKV_CUDA_HOST_SPLIT, for a/b runs and tests) wins, fixed */
+int cu_host_split(void *ctx, uint32_t pct, int learn)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (pct && (c->deterministic || c->tune.attn_fixed))
+        return RKV_EUNSUPPORTED; /* cuda_host_split_on keeps it off there */
+    if (!getenv("RKV_CUDA_HOST_SPLIT")) {
+        c->hcpu.host_split = pct;
+        /* learned only when asked: on the H200 neither form beat the fixed share yet
+         * (tests/gpu/NOTES.md, thirty-first session) */
+        c->hcpu.split_learn = learn && pct && c->tune.split_learn_env && c->tune.split_async != 1;
+        c->hcpu.split_l_init = 0;
+        if (c->hcpu.split_learn)
+            log_info("cuda: the split host read's share is learned from the layers it splits "
+                     "(RKV_CUDA_HOST_SPLIT_LEARN=1), up to %u %% for a long tail",
+                     pct);
+    }
+    return 0;
+}
+
+int cuda_host_cpu_init(struct cuda_host_cpu *h, uint32_t cpu_threads)
+{
+    h->cpu_threads = cpu_threads;
+    if (cuda_event_new(&h->ev_qdown) < 0 || cuda_stream_new(&h->cpu_s) < 0 ||
+        cuda_event_new(&h->ev_cpu_done) < 0)
+        return RKV_ECUDA;
+    return 0;
+}
+
+void cuda_host_cpu_fini(struct cuda_host_cpu *h)
+{
+    if (h->cpu_s)
+        cudaStreamSynchronize(h->cpu_s); /* its jobs read what is freed below */
+    cuda_stream_free(h->cpu_s);
+    if (h->cpu_be) {
+        for (int i = 0; i < 4; i++)
+            backend_tensor_free(h->cpu_be, h->cpu_t[i]);
+        backend_free(h->cpu_be);
+    }
+    cuda_event_free(h->ev_cpu_done);
+    cuda_event_free(h->ev_qdown);
+    free(h->split_jobs);
+    free(h->split_seqs);
+    free(h->split_tab);
+    cudaFreeHost(h->split_up);
+    cudaFreeHost(h->qdown);
+}
+
+void cuda_split_stats(const struct cuda_ctx *c, char *learned, size_t len)
+{
+    snprintf(learned, len, "a fixed share");
+    if (c->hcpu.split_learn && c->hcpu.split_l_init)
+        snprintf(learned, len,
+                 "learned share %.1f %% of the host blocks a split step; a layer's chain %.0f us, "
+                 "the cpu %.1f GB/s, the link beside it %.1f GB/s, the cpu the slower in %llu "
+                 "layers, the gpu in %llu",
+                 c->hst.split_steps ? 100 * c->hst.split_share / (double)c->hst.split_steps : 0,
+                 c->hcpu.split_l.fix_us, c->hcpu.split_l.cpu_gbps, c->hcpu.split_l.link_gbps,
+                 (unsigned long long)c->hcpu.split_l.n_cpu,
+                 (unsigned long long)c->hcpu.split_l.n_link);
+    else if (!cuda_host_split_on(c))
+        snprintf(learned, len, "off");
+    else if (c->hst.tail_n) {
+        char as[48] = "never";
+        if (c->tune.split_async)
+            snprintf(as, sizeof as, "from %u us",
+                     c->tune.split_async == 1 ? 0 : c->tune.split_async_us);
+        snprintf(learned, len,
+                 "a fixed share; the decode tails %.0f us of the link a layer on average over "
+                 "%llu batches, split from %u us, off the launching thread %s",
+                 c->hst.tail_us / (double)c->hst.tail_n, (unsigned long long)c->hst.tail_n,
+                 c->tune.split_min_us, as);
+    }
+}
