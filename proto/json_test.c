@@ -23,13 +23,10 @@ static struct proto_worker_report m_report;
 static struct proto_budget_get m_budget_get;
 static struct proto_budget m_budget;
 static struct proto_mode_msg m_mode;
-static struct proto_session_open m_sopen;
 static struct proto_session_close m_sclose;
-static struct proto_session_active m_sactive;
 static struct proto_tactic_event m_event;
 static struct proto_histogram m_hist;
 static struct proto_status m_status;
-static struct proto_epoch_ack m_epoch;
 static struct proto_events_get m_events_get;
 static struct proto_events m_events;
 
@@ -68,13 +65,7 @@ static void fill_all(void)
     m_budget.compute_reserve_bytes = 1;
     m_budget.gpu = 1023;
     m_mode.mode = PROTO_MODE_CPU_TAIL;
-    m_sopen.session_id = 0xfedcba9876543210ull;
-    m_sopen.worker_id = 1;
-    m_sopen.n_tokens = 131072;
-    m_sopen.pinned = true;
-    m_sclose.session_id = 1;
-    m_sactive.session_id = 42;
-    m_sactive.active = false;
+    m_sclose.session_id = 0xfedcba9876543210ull;
     m_event.session_id = 99;
     m_event.from = PROTO_TACTIC_RESIDENT;
     m_event.to = PROTO_TACTIC_PARKED;
@@ -112,8 +103,6 @@ static void fill_all(void)
     m_status.n_worker_step_ms = 2;
     m_status.worker_step_ms[0] = 12.5;
     m_status.worker_step_ms[1] = 0.000123;
-    m_epoch.worker_id = 2;
-    m_epoch.epoch = 123456789012ull;
     m_status.event_seq = 9007199254740993ull;
     snprintf(m_status.pools_error, sizeof m_status.pools_error,
              "gpu 0: vram target 4.00 KiB leaves no room for a kv block (128.00 KiB)");
@@ -141,12 +130,10 @@ static const struct {
     {PROTO_MSG_WORKER_REPORT, &m_report}, {PROTO_MSG_BUDGET_GET, &m_budget_get},
     {PROTO_MSG_BUDGET, &m_budget},        {PROTO_MSG_BUDGET_SET, &m_budget},
     {PROTO_MSG_MODE_GET, &m_empty},       {PROTO_MSG_MODE, &m_mode},
-    {PROTO_MSG_MODE_SET, &m_mode},        {PROTO_MSG_SESSION_OPEN, &m_sopen},
-    {PROTO_MSG_SESSION_CLOSE, &m_sclose}, {PROTO_MSG_SESSION_ACTIVE, &m_sactive},
+    {PROTO_MSG_MODE_SET, &m_mode},        {PROTO_MSG_SESSION_CLOSE, &m_sclose},
     {PROTO_MSG_TACTIC_EVENT, &m_event},   {PROTO_MSG_HISTOGRAM, &m_hist},
     {PROTO_MSG_STATUS_GET, &m_empty},     {PROTO_MSG_STATUS, &m_status},
-    {PROTO_MSG_EPOCH_ACK, &m_epoch},      {PROTO_MSG_EVENTS_GET, &m_events_get},
-    {PROTO_MSG_EVENTS, &m_events},
+    {PROTO_MSG_EVENTS_GET, &m_events_get}, {PROTO_MSG_EVENTS, &m_events},
 };
 
 static void test_roundtrip_every_type(void **state)
@@ -187,9 +174,17 @@ static void test_exact_text(void **state)
     fill_all();
     char *json;
     size_t len;
-    assert_int_equal(proto_json_encode(PROTO_MSG_SESSION_OPEN, &m_sopen, &json, &len, NULL, 0), 0);
-    assert_string_equal(json, "{\"session_id\":\"18364758544493064720\",\"worker_id\":1,"
-                              "\"n_tokens\":131072,\"pinned\":true}");
+    assert_int_equal(proto_json_encode(PROTO_MSG_SESSION_CLOSE, &m_sclose, &json, &len, NULL, 0),
+                     0);
+    assert_string_equal(json, "{\"session_id\":\"18364758544493064720\"}");
+    free(json);
+    struct proto_hello_ack ack = {.accepted = true, .kvmgr_pid = 7, .block_size = 16,
+                                  .block_bytes = 4096, .on_gpu = false};
+    assert_int_equal(proto_json_encode(PROTO_MSG_HELLO_ACK, &ack, &json, &len, NULL, 0), 0);
+    assert_string_equal(json, "{\"accepted\":true,\"kvmgr_pid\":7,\"device_pool_url\":\"\","
+                              "\"host_pool_name\":\"\",\"block_size\":16,\"block_bytes\":4096,"
+                              "\"n_device_blocks\":0,\"n_host_blocks\":0,\"max_batch_tokens\":0,"
+                              "\"on_gpu\":false}");
     free(json);
     assert_int_equal(proto_json_encode(PROTO_MSG_MODE, &m_mode, &json, &len, NULL, 0), 0);
     assert_string_equal(json, "{\"mode\":\"cpu_tail\"}");

@@ -69,20 +69,8 @@ static const struct proto_field f_mode[] = {
     PROTO_F_ENUM(struct proto_mode_msg, mode, 1, proto_mode_names),
 };
 
-static const struct proto_field f_session_open[] = {
-    PROTO_F_U64(struct proto_session_open, session_id, 1, 0, 0),
-    PROTO_F_U32(struct proto_session_open, worker_id, 1, 0, PROTO_MAX_WORKERS - 1),
-    PROTO_F_U64(struct proto_session_open, n_tokens, 1, 0, UINT32_MAX),
-    PROTO_F_BOOL(struct proto_session_open, pinned, 0),
-};
-
 static const struct proto_field f_session_close[] = {
     PROTO_F_U64(struct proto_session_close, session_id, 1, 0, 0),
-};
-
-static const struct proto_field f_session_active[] = {
-    PROTO_F_U64(struct proto_session_active, session_id, 1, 0, 0),
-    PROTO_F_BOOL(struct proto_session_active, active, 1),
 };
 
 static const struct proto_field f_tactic_event[] = {
@@ -143,11 +131,6 @@ static const struct proto_field f_status[] = {
     PROTO_F_STR(struct proto_status, pools_error, 0),
 };
 
-static const struct proto_field f_epoch_ack[] = {
-    PROTO_F_U32(struct proto_epoch_ack, worker_id, 1, 0, PROTO_MAX_WORKERS - 1),
-    PROTO_F_U64(struct proto_epoch_ack, epoch, 1, 0, 0),
-};
-
 #define EMPTY(nm)                                                                                  \
     {                                                                                              \
         .name = (nm), .size = sizeof(struct proto_empty), .fields = f_empty, .n_fields = 0         \
@@ -166,18 +149,13 @@ static const struct proto_schema g_schemas[PROTO_MSG__MAX] = {
     [PROTO_MSG_MODE_GET] = EMPTY("mode_get"),
     [PROTO_MSG_MODE] = PROTO_SCHEMA("mode", struct proto_mode_msg, f_mode),
     [PROTO_MSG_MODE_SET] = PROTO_SCHEMA("mode_set", struct proto_mode_msg, f_mode),
-    [PROTO_MSG_SESSION_OPEN] =
-        PROTO_SCHEMA("session_open", struct proto_session_open, f_session_open),
     [PROTO_MSG_SESSION_CLOSE] =
         PROTO_SCHEMA("session_close", struct proto_session_close, f_session_close),
-    [PROTO_MSG_SESSION_ACTIVE] =
-        PROTO_SCHEMA("session_active", struct proto_session_active, f_session_active),
     [PROTO_MSG_TACTIC_EVENT] =
         PROTO_SCHEMA("tactic_event", struct proto_tactic_event, f_tactic_event),
     [PROTO_MSG_HISTOGRAM] = PROTO_SCHEMA("histogram", struct proto_histogram, f_histogram),
     [PROTO_MSG_STATUS_GET] = EMPTY("status_get"),
     [PROTO_MSG_STATUS] = PROTO_SCHEMA("status", struct proto_status, f_status),
-    [PROTO_MSG_EPOCH_ACK] = PROTO_SCHEMA("epoch_ack", struct proto_epoch_ack, f_epoch_ack),
     [PROTO_MSG_EVENTS_GET] = PROTO_SCHEMA("events_get", struct proto_events_get, f_events_get),
     [PROTO_MSG_EVENTS] = PROTO_SCHEMA("events", struct proto_events, f_events),
 };

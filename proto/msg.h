@@ -103,20 +103,8 @@ struct proto_mode_msg {
     int mode; /* enum proto_mode */
 };
 
-struct proto_session_open {
-    uint64_t session_id;
-    uint32_t worker_id;
-    uint64_t n_tokens;
-    bool pinned;
-};
-
 struct proto_session_close {
     uint64_t session_id;
-};
-
-struct proto_session_active {
-    uint64_t session_id;
-    bool active;
 };
 
 /* TACTIC_EVENT: kvmgr publishes one per tactic transition, and keeps the last
@@ -183,12 +171,6 @@ struct proto_status {
     /* why kvmgr has no pools after a worker's hello ("" while it has them, or none was asked
      * for): what rkvd's /health says while no worker can attach */
     char pools_error[256];
-};
-
-/* EPOCH_ACK: a worker has applied block tables up to epoch */
-struct proto_epoch_ack {
-    uint32_t worker_id;
-    uint64_t epoch;
 };
 
 /* the schema of a control message type, NULL for any other type */

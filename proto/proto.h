@@ -29,7 +29,10 @@
 #define PROTO_MAX_PAYLOAD (64u << 20)
 #define PROTO_FLAG_JSON   1u
 
-/* message types; the numbers are on the wire, never renumber */
+/* message types; the numbers are on the wire, never renumber. 12, 14, 19 and
+ * 66 are retired (session_open, session_active, epoch_ack, block_table: block
+ * tables and their acks travel in KV_PREP / KV_TABLES and STEP_REQ); never
+ * reuse them */
 enum proto_msg {
     PROTO_MSG_NONE = 0,
     /* control messages, JSON payload (structs in proto/msg.h) */
@@ -44,14 +47,11 @@ enum proto_msg {
     PROTO_MSG_MODE_GET = 9,
     PROTO_MSG_MODE = 10,
     PROTO_MSG_MODE_SET = 11,
-    PROTO_MSG_SESSION_OPEN = 12,
     PROTO_MSG_SESSION_CLOSE = 13,
-    PROTO_MSG_SESSION_ACTIVE = 14,
     PROTO_MSG_TACTIC_EVENT = 15,
     PROTO_MSG_HISTOGRAM = 16,
     PROTO_MSG_STATUS_GET = 17,
     PROTO_MSG_STATUS = 18,
-    PROTO_MSG_EPOCH_ACK = 19,
     /* rkvctl <-> rkvd admin socket: free-form JSON, {"cmd","args"} and
      * {"ok":true,"result":...} (daemon/admin.h); no fixed schema */
     PROTO_MSG_ADMIN_REQ = 20,
@@ -62,7 +62,6 @@ enum proto_msg {
     /* hot-path messages, binary payload (proto/wire.h) */
     PROTO_MSG_STEP_REQ = 64,
     PROTO_MSG_STEP_RESP = 65,
-    PROTO_MSG_BLOCK_TABLE = 66,
     PROTO_MSG_KV_PREP = 67,   /* rkvd -> kvmgr before a step (proto/kvwire.h) */
     PROTO_MSG_KV_TABLES = 68, /* kvmgr -> rkvd: the step's block tables */
     PROTO_MSG__MAX = 127, /* types are < this */

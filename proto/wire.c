@@ -246,16 +246,11 @@ static int check_count(const char *what, const char *field, uint32_t seq, uint64
 static int check_blocks(const char *what, uint32_t seq, const struct proto_block_ref *b, uint32_t n,
                         uint32_t first, char *err, size_t errlen)
 {
-    char where[32] = "";
-    for (uint32_t i = 0; i < n; i++) {
-        if (b[i].residency <= PROTO_RES_BOTH)
-            continue;
-        if (seq != UINT32_MAX)
-            snprintf(where, sizeof where, "seq %u: ", seq);
-        return proto_seterr(err, errlen, RKV_EFORMAT,
-                            "%s: %sblock %u has residency %u (0 device, 1 host, 2 both)", what,
-                            where, first + i, b[i].residency);
-    }
+    for (uint32_t i = 0; i < n; i++)
+        if (b[i].residency > PROTO_RES_BOTH)
+            return proto_seterr(err, errlen, RKV_EFORMAT,
+                                "%s: seq %u: block %u has residency %u (0 device, 1 host, 2 both)",
+                                what, seq, first + i, b[i].residency);
     return 0;
 }
 
@@ -625,65 +620,6 @@ int proto_step_resp_decode(const void *buf, size_t len, struct proto_step_resp *
 }
 
 void proto_step_resp_free(struct proto_step_resp *m)
-{
-    free(m);
-}
-
-/* --- BLOCK_TABLE ------------------------------------------------------------------ */
-
-int proto_block_table_encode(const struct proto_block_table *m, struct proto_wbuf *w, char *err,
-                             size_t errlen)
-{
-    const char *what = "block_table";
-    int rc = check_count(what, "n_blocks", UINT32_MAX, m->n_blocks, PROTO_MAX_BLOCKS, err, errlen);
-    if (rc == 0)
-        rc = check_blocks(what, UINT32_MAX, m->blocks, m->n_blocks, 0, err, errlen);
-    if (rc < 0)
-        return RKV_EINVAL;
-    proto_wbuf_put_u64(w, m->session_id);
-    proto_wbuf_put_u64(w, m->epoch);
-    proto_wbuf_put_u32(w, m->n_blocks);
-    put_blocks(w, m->blocks, m->n_blocks);
-    return finish_encode(w, what, err, errlen);
-}
-
-int proto_block_table_decode(const void *buf, size_t len, struct proto_block_table **out, char *err,
-                             size_t errlen)
-{
-    const char *what = "block_table";
-    *out = NULL;
-    struct proto_rbuf r;
-    proto_rbuf_init(&r, buf, len);
-    uint64_t session_id, epoch;
-    uint32_t n_blocks;
-    if (proto_rbuf_get_u64(&r, &session_id) || proto_rbuf_get_u64(&r, &epoch) ||
-        proto_rbuf_get_u32(&r, &n_blocks))
-        return truncated(what, &r, err, errlen);
-    int rc = check_count(what, "n_blocks", UINT32_MAX, n_blocks, PROTO_MAX_BLOCKS, err, errlen);
-    if (rc < 0)
-        return rc;
-    if ((uint64_t)n_blocks * BLOCK_WIRE > proto_rbuf_left(&r))
-        return truncated(what, &r, err, errlen);
-    struct proto_block_table *m =
-        calloc(1, sizeof *m + (size_t)n_blocks * sizeof(struct proto_block_ref));
-    if (!m)
-        return RKV_ENOMEM;
-    m->session_id = session_id;
-    m->epoch = epoch;
-    m->n_blocks = n_blocks;
-    m->blocks = n_blocks ? (struct proto_block_ref *)(m + 1) : NULL;
-    rc = get_blocks(what, UINT32_MAX, &r, m->blocks, n_blocks, err, errlen);
-    if (rc == 0)
-        rc = end_check(what, &r, err, errlen);
-    if (rc < 0) {
-        free(m);
-        return rc;
-    }
-    *out = m;
-    return 0;
-}
-
-void proto_block_table_free(struct proto_block_table *m)
 {
     free(m);
 }

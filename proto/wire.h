@@ -1,5 +1,4 @@
-/* wire.h - hot-path binary messages (STEP_REQ, STEP_RESP, BLOCK_TABLE) and the byte buffers under
- * them. */
+/* wire.h - hot-path binary messages (STEP_REQ, STEP_RESP) and the byte buffers under them. */
 #ifndef RKV_PROTO_WIRE_H
 #define RKV_PROTO_WIRE_H
 
@@ -139,15 +138,6 @@ struct proto_step_resp {
     struct proto_step_out *seqs; /* (n_seqs,) */
 };
 
-/* BLOCK_TABLE: kvmgr -> worker. wire: u64 session_id, u64 epoch, u32
- * n_blocks, block refs */
-struct proto_block_table {
-    uint64_t session_id;
-    uint64_t epoch;
-    uint32_t n_blocks;
-    struct proto_block_ref *blocks; /* (n_blocks,) */
-};
-
 /* encoders append to w (reset it first for a fresh payload) and check the
  * limits above: RKV_EINVAL for a message the decoder would refuse (text in
  * err), RKV_ETOOBIG over PROTO_MAX_PAYLOAD, RKV_ENOMEM */
@@ -155,8 +145,6 @@ int proto_step_req_encode(const struct proto_step_req *m, struct proto_wbuf *w, 
                           size_t errlen);
 int proto_step_resp_encode(const struct proto_step_resp *m, struct proto_wbuf *w, char *err,
                            size_t errlen);
-int proto_block_table_encode(const struct proto_block_table *m, struct proto_wbuf *w, char *err,
-                             size_t errlen);
 
 /* decoders parse exactly len bytes into one allocation (*out, free with the
  * matching _free, which takes NULL); RKV_EFORMAT for anything truncated,
@@ -165,10 +153,7 @@ int proto_step_req_decode(const void *buf, size_t len, struct proto_step_req **o
                           size_t errlen);
 int proto_step_resp_decode(const void *buf, size_t len, struct proto_step_resp **out, char *err,
                            size_t errlen);
-int proto_block_table_decode(const void *buf, size_t len, struct proto_block_table **out, char *err,
-                             size_t errlen);
 void proto_step_req_free(struct proto_step_req *m);
 void proto_step_resp_free(struct proto_step_resp *m);
-void proto_block_table_free(struct proto_block_table *m);
 
 #endif

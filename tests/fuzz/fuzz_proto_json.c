@@ -9,8 +9,7 @@
 #include "proto/json.h"
 #include "proto/msg.h"
 
-/* every type with a schema, in type order: types 1..19 keep the first bytes 0..18 the
- * corpus was made with; events_get is 19, events 20 */
+/* every type with a schema, in type order (the corpus's first bytes index this list) */
 static int g_types[PROTO_MSG__MAX], g_n_types;
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
