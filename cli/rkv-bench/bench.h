@@ -18,6 +18,8 @@ int bench_cpu(const struct bench_opts *o, cJSON *out);
 int bench_migrate(const struct bench_opts *o, cJSON *out);
 /* the tactic planner's time on a synthetic load (kvmgr/plan_bench.h) */
 int bench_plan(const struct bench_opts *o, cJSON *out);
+/* one nng request/reply round trip over ipc://, empty and at a kv_prep's sizes */
+int bench_ipc(const struct bench_opts *o, cJSON *out);
 
 double bench_now_s(void);
 /* models_dir/<preset>-<dtype>.gguf, made with rkv-mkmodel when absent */

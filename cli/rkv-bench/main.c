@@ -28,6 +28,8 @@ static const struct {
      bench_migrate},
     {"plan", "tactic planner: plan time of 10k sessions on 8 gpus (cold, steady, churn)",
      bench_plan},
+    {"ipc", "nng req/rep round trip over ipc://: empty, and a kv_prep's sizes at batch 1 and 64",
+     bench_ipc},
 };
 
 static void usage(FILE *f)
