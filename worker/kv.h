@@ -64,7 +64,7 @@ uint32_t kv_blocks_for(const struct kv_layout *l, uint32_t n_pos);
  * and the slots of each), or 0 when one sequence alone is over cap (nothing to split) */
 uint32_t kv_stage_passes(const uint32_t *slots, uint32_t n_seqs, uint64_t cap, uint32_t *pass_of,
                          uint32_t *first, uint32_t *count, uint32_t max_pass);
-/* the split host read (the cuda backend's RKV_CUDA_HOST_SPLIT): of a sequence's host blocks
+/* the split host read (the cuda backend's host_split): of a sequence's host blocks
  * that a token reads (block j with j * block_size <= last, the last position read; *n_read gets
  * how many), the oldest pct % (rounded) go to the cpu. Only a row of one token splits (a decode
  * row: one query per head reads each key once, so the cpu streams like the link; a prefill
@@ -72,34 +72,6 @@ uint32_t kv_stage_passes(const uint32_t *slots, uint32_t n_seqs, uint64_t cap, u
 uint32_t kv_host_cpu_share(const struct kv_block_ref *blocks, uint32_t n_blocks,
                            uint32_t block_size, uint64_t last, uint32_t n_tokens, uint32_t pct,
                            uint32_t *n_read);
-/* the split host read's learned share (host_split -1 on the cuda backend). A layer whose
- * decode rows read h bytes of host blocks, a share s of them on the cpu, takes
- * max(fix + s h / cpu, (1 - s) h / link): the cpu's part stands on the layer's chain behind the
- * gpu's own work (fix: the merge, the linears, the next q's way down), the gpu's part behind the
- * link. The three are learned from the layers it splits (of steps that only decode: a prompt
- * chunk's layer is its own compute): the cpu's rate from each, the chain from the layers whose
- * gpu part was done first (the cpu was the slower; the link is then at least as fast as its
- * part took), the link from the layers the gpu's part held up */
-struct kv_split_learn {
-    double fix_us;    /* a layer's chain beside the cpu's part, us */
-    double cpu_gbps;  /* the cpu's attention over its blocks, GB/s */
-    double link_gbps; /* the gpu's part of a layer (its copies while the cpu reads too), GB/s */
-    uint64_t n_cpu;   /* layers observed where the cpu was the slower */
-    uint64_t n_link;  /* ... where the gpu's part was */
-};
-void kv_split_learn_init(struct kv_split_learn *l, double fix_us, double cpu_gbps,
-                         double link_gbps);
-/* the share (0..max) of h bytes a layer for the cpu that evens the two sides; 0 when the
- * chain alone takes as long as the link would for all of h (the split would only lose) */
-double kv_split_share(const struct kv_split_learn *l, double h_bytes, double max);
-/* one split layer: period_us from its q on the host to the next layer's, cpu_us the cpu's
- * attention over cpu_bytes, gpu_bytes the gpu's part, gpu_first its part was done when the
- * cpu's ended */
-void kv_split_observe(struct kv_split_learn *l, double period_us, double cpu_us, double cpu_bytes,
-                      double gpu_bytes, int gpu_first);
-/* k cpu blocks spread over sequences that read n[s] host blocks each, in proportion (cumulative
- * rounding): out[s] <= n[s], the out[s] sum to k (at most the n[s] sum); out may be n */
-void kv_split_spread(const uint32_t *n, uint32_t n_seqs, uint32_t k, uint32_t *out);
 /* the cpu's view of a table of n blocks whose first k host blocks are the cpu's: those stay,
  * later host blocks become device block 0 (a pass over host blocks skips them) */
 void kv_host_cpu_view(const struct kv_block_ref *in, uint32_t n, uint32_t k,

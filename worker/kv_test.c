@@ -1,5 +1,4 @@
 /* kv_test.c - kv block geometry and the local block allocator. */
-#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -197,127 +196,12 @@ static void test_host_cpu_share(void **state)
     }
 }
 
-/* the learned split share against a layer of the model it assumes, max(fix + s h / cpu,
- * (1 - s) h / link), with other rates than it starts from; blocks of 1 MiB */
-struct split_sys {
-    double fix_us, cpu_gbps, link_gbps;
-};
-
-static double split_layer_us(const struct split_sys *y, double h, double s, int *gpu_first)
-{
-    const double cpu_side = s > 0 ? y->fix_us + s * h / (y->cpu_gbps * 1e3) : 0,
-                 gpu_side = (1 - s) * h / (y->link_gbps * 1e3);
-    *gpu_first = gpu_side <= cpu_side;
-    return cpu_side > gpu_side ? cpu_side : gpu_side;
-}
-
-/* runs n layers of h bytes in blocks of 1 MiB; returns the last layer's time */
-static double split_run(struct kv_split_learn *l, const struct split_sys *y, double h, int n)
-{
-    const double blk = 1 << 20;
-    double t = 0;
-    for (int i = 0; i < n; i++) {
-        const uint32_t nb = (uint32_t)(h / blk);
-        const uint32_t k = (uint32_t)(kv_split_share(l, h, 0.9) * nb + 0.5);
-        const double s = (double)k / nb;
-        int first = 0;
-        t = split_layer_us(y, h, s, &first);
-        if (k)
-            kv_split_observe(l, t, s * h / (y->cpu_gbps * 1e3), s * h, (1 - s) * h, first);
-    }
-    return t;
-}
-
-/* the best share's layer time, by search */
-static double split_best_us(const struct split_sys *y, double h)
-{
-    double best = 1e30;
-    for (int i = 0; i <= 900; i++) {
-        int first;
-        double t = split_layer_us(y, h, i / 1000.0, &first);
-        best = t < best ? t : best;
-    }
-    return best;
-}
-
-static void test_split_share(void **state)
-{
-    (void)state;
-    struct kv_split_learn l;
-    kv_split_learn_init(&l, 400, 18.67, 50);
-    /* a 46 MB layer tail (ramp just past the device on the H200): (920 - 400) / (920 + 2464) */
-    assert_true(fabs(kv_split_share(&l, 46e6, 0.9) - 520.0 / 3384.0) < 1e-3);
-    /* no gain: the chain alone as long as the link; a long tail: toward cpu / (cpu + link) */
-    assert_true(kv_split_share(&l, 20e6, 0.9) == 0);
-    assert_true(kv_split_share(&l, 0, 0.9) == 0);
-    assert_true(fabs(kv_split_share(&l, 4e9, 0.9) - 18.67 / 68.67) < 2e-3);
-    assert_true(kv_split_share(&l, 4e9, 0.1) == 0.1);
-    uint32_t n[] = {2, 3, 0, 2, 1}, out[5];
-    for (uint32_t k = 0; k <= 9; k++) {
-        kv_split_spread(n, 5, k, out);
-        uint32_t sum = 0;
-        for (int s = 0; s < 5; s++) {
-            assert_true(out[s] <= n[s]);
-            sum += out[s];
-        }
-        assert_int_equal(sum, k > 8 ? 8 : k); /* at most every block */
-    }
-    kv_split_spread(n, 5, 4, out); /* half of each, the halves rounded along the way */
-    assert_int_equal(out[0] + out[1], 2 + (out[1] == 2));
-    assert_int_equal(out[2], 0);
-}
-
-static void test_split_learns(void **state)
-{
-    (void)state;
-    struct kv_split_learn l;
-    /* a slower cpu and a longer chain than it starts from: it learns both and lands within 5 %
-     * of the best share's layer time, under no split's */
-    const struct split_sys y = {520, 14, 53};
-    kv_split_learn_init(&l, 400, 18.67, 50);
-    const double h = 46e6, t = split_run(&l, &y, h, 400), best = split_best_us(&y, h);
-    assert_true(t <= best * 1.05);
-    assert_true(t < 0.96 * h / (y.link_gbps * 1e3)); /* 795 us against 868 at best */
-    assert_true(fabs(l.fix_us - 520) < 10 && fabs(l.cpu_gbps - 14) < 0.5);
-    assert_true(l.n_cpu > 0);
-    /* a link slower than it assumes (the cpu's reads share host memory with the copies): the
-     * layers the gpu's part held up teach it the link, and the share grows */
-    const struct split_sys slow = {400, 18.67, 35};
-    kv_split_learn_init(&l, 400, 18.67, 50);
-    const double s0 = kv_split_share(&l, 200e6, 0.9);
-    const double t2 = split_run(&l, &slow, 200e6, 400);
-    assert_true(l.n_link > 0 && fabs(l.link_gbps - 35) < 3);
-    assert_true(kv_split_share(&l, 200e6, 0.9) > s0);
-    assert_true(t2 <= split_best_us(&slow, 200e6) * 1.05);
-    /* a link figure far too low (a few early layers held up by something else): the share
-     * starts too high and every layer's cpu part is the slower; what the gpu's parts took at
-     * most raises the figure and the share comes down, if not all the way */
-    const struct split_sys fast = {300, 38, 50};
-    kv_split_learn_init(&l, 300, 38, 23.6);
-    const double s_low = kv_split_share(&l, 190e6, 0.9);
-    split_run(&l, &fast, 190e6, 400);
-    assert_true(l.link_gbps > 23.6 && kv_split_share(&l, 190e6, 0.9) < s_low);
-    /* a chain too long for the split to pay: after the first layers it stays off, and a layer
-     * takes what the link alone takes */
-    const struct split_sys hopeless = {3000, 18.67, 50};
-    kv_split_learn_init(&l, 400, 18.67, 50);
-    const double t3 = split_run(&l, &hopeless, 46e6, 200);
-    assert_true(kv_split_share(&l, 46e6, 0.9) * 43 < 0.5); /* not one block */
-    assert_true(fabs(t3 - 46e6 / 50e3) < 1);
-    /* samples from a stalled layer are dropped */
-    kv_split_learn_init(&l, 400, 18.67, 50);
-    kv_split_observe(&l, 2e5, 100, 1e6, 1e6, 1);
-    kv_split_observe(&l, 500, 600, 1e6, 1e6, 1);
-    assert_true(l.fix_us == 400 && l.n_cpu == 0);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_geometry),       cmocka_unit_test(test_local_alloc_migrate),
         cmocka_unit_test(test_local_mem_ops),  cmocka_unit_test(test_stage_passes),
-        cmocka_unit_test(test_host_cpu_share), cmocka_unit_test(test_split_share),
-        cmocka_unit_test(test_split_learns),
+        cmocka_unit_test(test_host_cpu_share),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -18,6 +18,7 @@
 #include "worker/backend.h"
 #include "worker/backend_impl.h"
 #include "worker/cuda/cuda_backend.h"
+#include "worker/cuda/tuning.h"
 #include "worker/forward.h"
 #include "worker/pool.h"
 #include "worker/rates.h"
@@ -502,7 +503,7 @@ static int bench_linear(struct backend *be)
 
 /* decode: the decode cases; prefill: the prefill cases (4k, and 16k, 32k unless quick) */
 /* the backend's cuda-graph counts since the last call (backend_stats resets them), printed when
- * graphs ran (RKV_CUDA_GRAPH=1): a recording inside the timed steps shows here */
+ * graphs ran (the graph knob): a recording inside the timed steps shows here */
 static void graph_counts(struct backend *be, int print)
 {
     char st[1024] = "";
@@ -724,7 +725,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
         }
     }
     /* batches at 4k, all resident: 2, 4 and 8 on the decode kernels (tensor cores; register
-     * kernels with RKV_CUDA_LIN_MMA=0, cublas past RKV_CUDA_GEMV_MAX_N), 64 on cublas */
+     * kernels with lin_mma=0, cublas past gemv_max_n), 64 on cublas */
     static const uint32_t batch_b[] = {2, 4, 8, 64};            /* S */
     const uint64_t pb = rkv_env_u64("RKV_PROFILE_B", 0, 0, 64); /* a bad value warns */
     for (int bi = 0; bi < 4 && rc == 0 && !profiled && decode; bi++) {
@@ -807,9 +808,11 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
     }
     /* the split host read at the share the worker's start-up probe picks (worker/rates.c: the
      * cpu's and the link's rates side by side): the long host tails again, at that share. The
-     * rows above read host blocks over the link alone (RKV_CUDA_HOST_SPLIT=N runs them all at
-     * N instead, and skips these) */
-    if (rc == 0 && !profiled && decode && !getenv("RKV_CUDA_HOST_SPLIT")) {
+     * rows above read host blocks over the link alone (RKV_CUDA_TUNE=host_split=N runs them all
+     * at N instead, and skips these) */
+    struct cuda_tune knobs;
+    cuda_tune_read(&knobs);
+    if (rc == 0 && !profiled && decode && !knobs.host_split) {
         struct rates r;
         const struct rates_opts ro = {
             &l, &p, {hp.n_head, hp.n_kv_head, hp.head_dim, 1.0f / sqrtf((float)hp.head_dim)},

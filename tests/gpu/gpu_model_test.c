@@ -326,7 +326,7 @@ static int run_invariance(struct backend *be, enum be_type t, enum kv_dtype kvt,
 }
 
 /* decode steps with the layers recorded as a cuda graph and replayed (a backend made with
- * RKV_CUDA_GRAPH=1) against the same steps run as usual on another: the same logits bits at
+ * graph=1) against the same steps run as usual on another: the same logits bits at
  * every step while the rows' positions cross block boundaries (a replay reads the new positions
  * and write slots from the meta) and their tables grow (recorded again); *same of *n steps
  * matched; st: the graph backend's counter line after the run */

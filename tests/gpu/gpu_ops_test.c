@@ -105,7 +105,7 @@ static void test_rmsnorm(void)
     }
 }
 
-/* the tensor-core decode kernels (RKV_CUDA_LIN_MMA) of the backend under test take 16-bit
+/* the tensor-core decode kernels (lin_mma) of the backend under test take 16-bit
  * weights of mma_from..mma_max tokens (0: none), rows in 16s and widths in 128s (linear_mma.cu's
  * lm_fits) */
 static uint32_t mma_from = 2, mma_max = 8;
@@ -243,16 +243,16 @@ static void matmul2_case(struct backend *g, uint32_t pair_n, enum be_type t, uin
     gpu = save;
 }
 
-static struct backend *backend_env(const char *var, const char *value, int keep);
+static struct backend *backend_tuned(const char *knobs);
 
-/* matmul2 at RKV_CUDA_PAIR_N=64: k / v and gate / up shapes at 9..64 tokens,
- * each order, and past its tokens (65: two gemms); then a backend with it off */
+/* matmul2 at pair_n=64: k / v and gate / up shapes at 9..64 tokens, each order, and past its
+ * tokens (65: two gemms); then a backend with it off */
 static void test_matmul2(void)
 {
-    struct backend *g = backend_env("RKV_CUDA_PAIR_N", "64", 0);
+    struct backend *g = backend_tuned("pair_n=64");
     if (!g)
         return;
-    printf("ops: gemm pairs as one strided batch (RKV_CUDA_PAIR_N=64)\n");
+    printf("ops: gemm pairs as one strided batch (pair_n=64)\n");
     static const uint32_t ns[] = {4, 9, 33, 64, 65};
     for (int ti = 0; ti < 2; ti++) {
         const enum be_type t = ti ? BE_F16 : BE_BF16;
@@ -264,7 +264,7 @@ static void test_matmul2(void)
     }
     backend_free(g);
     /* off: two gemms */
-    struct backend *off = backend_env("RKV_CUDA_PAIR_N", "0", 0);
+    struct backend *off = backend_tuned("pair_n=0");
     if (off)
         matmul2_case(off, 0, BE_BF16, 64, 512, 256, 1, 0);
     backend_free(off);
@@ -297,7 +297,7 @@ static void test_matmul(struct backend *precise, uint32_t gemv_max)
 }
 
 /* more than 8 rows of 16-bit weights run on the tuned cuBLASLt algorithms (gemm_lt.cu) by
- * default and on cublasGemmEx's choice with RKV_CUDA_LT_TUNE_N=0 (test_matmul checks both
+ * default and on cublasGemmEx's choice with lt_tune_n=0 (test_matmul checks both
  * against the cpu): the backend's counter must say which ran one 33-row gemm, twice (the
  * second on the shape's cached algorithm) */
 static void lt_check(const char *what, int want)
@@ -383,7 +383,7 @@ static void test_twin(void)
 /* the fused linear layer against the cpu ops it stands for (rmsnorm, matmul,
  * add, silu_mul); n 1..2 folds the norm into the gemv, 3..8 runs it first,
  * more tokens are composed by the forward pass (the op declines with 1).
- * widths of 4096 and more split each row over several warps (RKV_CUDA_LIN_KS) */
+ * widths of 4096 and more split each row over several warps (LIN_KS in linear.cu) */
 static void linear_case_rows(enum be_type t, enum be_lin_mode mode, uint32_t n, int norm,
                              uint32_t n_in, const uint32_t rows[3])
 {
@@ -708,16 +708,14 @@ static void test_sample(struct backend *g, const char *how)
     }
 }
 
-/* the sampling cases with a cluster of cl blocks a row for every row (RKV_CUDA_SAMPLE_CL,
- * RKV_CUDA_SAMPLE_CL_ROWS past the cases' rows): the row's passes split over the blocks must
- * give the same bits as one block */
+/* the sampling cases with a cluster of cl blocks a row for every row (sample_cl, and
+ * sample_cl_rows past the cases' rows): the row's passes split over the blocks must give the
+ * same bits as one block */
 static void test_sample_cluster(const char *cl)
 {
-    setenv("RKV_CUDA_DEV_SAMPLE_MIN", "1", 1);
-    setenv("RKV_CUDA_SAMPLE_CL_ROWS", "100000", 1);
-    struct backend *g = backend_env("RKV_CUDA_SAMPLE_CL", cl, 0);
-    unsetenv("RKV_CUDA_SAMPLE_CL_ROWS");
-    unsetenv("RKV_CUDA_DEV_SAMPLE_MIN");
+    char knobs[64];
+    snprintf(knobs, sizeof(knobs), "sample_cl=%s,sample_cl_rows=100000", cl);
+    struct backend *g = backend_tuned(knobs);
     if (!g)
         return;
     char how[48];
@@ -965,7 +963,7 @@ static void test_attention(void)
         {32, 128, 2, 2, 1, KV_F32, 3, {5, 100, 300}, {1, 1, 1}, 2},
         {256, 128, 8, 4, 1, KV_F16, 2, {1000, 3000}, {1, 1}, 2},
         {16, 32, 4, 1, 1, KV_F16, 2, {40, 70}, {1, 1}, 2},
-        /* blocks of whole 64-key chunks, all on the device: what RKV_CUDA_DEC_TMA loads by
+        /* blocks of whole 64-key chunks, all on the device: what decode attention loads by
          * tensor copies (a last chunk cut short, a block's last key, a long list) */
         {64, 64, 2, 4, 1, KV_F16, 3, {63, 64, 700}, {1, 1, 1}, 0},
         {256, 128, 8, 4, 1, KV_F16, 2, {255, 9000}, {1, 1}, 0},
@@ -985,7 +983,7 @@ static void test_attention(void)
             CHECK("attention setup", 0);
 }
 
-/* RKV_CUDA_ATTN_FIXED: the same kv content of each sequence placed four ways (all on the device,
+/* attn_fixed: the same kv content of each sequence placed four ways (all on the device,
  * a random split, the older half on the host, all but the newest block on the host) gives the
  * same attention output bit for bit, and agrees with the cpu backend */
 static void attn_fixed_identity(const struct attn_case *ac, int idx)
@@ -1135,43 +1133,38 @@ static void attention_with(const char *what, char *stats, size_t len)
     backend_free(alt);
 }
 
-/* a cuda backend made with var=value in the environment, unset afterwards unless keep (a switch
- * read later than backend_init: RKV_CUDA_HOST_READ when the kv pools are set); NULL, counted as
- * a failure, when it cannot be made */
-static struct backend *backend_env(const char *var, const char *value, int keep)
+/* the backends made from here on tuned by knobs ("name=value,...", worker/cuda/tuning.h);
+ * NULL: the defaults */
+static void tune(const char *knobs)
+{
+    if (knobs)
+        setenv("RKV_CUDA_TUNE", knobs, 1);
+    else
+        unsetenv("RKV_CUDA_TUNE");
+}
+
+/* a cuda backend tuned by knobs; NULL, counted as a failure, when it cannot be made */
+static struct backend *backend_tuned(const char *knobs)
 {
     struct backend_opts go = {"cuda", 0, 0};
     struct backend *b = NULL;
     char err[256];
-    setenv(var, value, 1);
+    tune(knobs);
     if (backend_init(&go, &b, err, sizeof(err)) < 0) {
-        fprintf(stderr, "gpu-test: a backend with %s=%s: %s\n", var, value, err);
-        CHECK(var, 0);
+        fprintf(stderr, "gpu-test: a backend with %s: %s\n", knobs, err);
+        CHECK(knobs, 0);
         b = NULL;
     }
-    if (!keep)
-        unsetenv(var);
+    tune(NULL);
     return b;
 }
 
-/* attention_with under the settings vars ("NAME=VALUE NAME=VALUE ...", unset afterwards); the
- * backend's host-read counters must not contain absent, and must contain present (NULL: not
- * checked) */
-static void attention_env(const char *what, const char *vars, const char *absent,
+/* attention_with on a backend tuned by knobs; its host-read counters must not contain absent,
+ * and must contain present (NULL: not checked) */
+static void attention_env(const char *what, const char *knobs, const char *absent,
                           const char *present)
 {
-    char buf[256], names[8][64];
-    int n = 0;
-    snprintf(buf, sizeof(buf), "%s", vars);
-    for (char *save = NULL, *v = strtok_r(buf, " ", &save); v && n < 8;
-         v = strtok_r(NULL, " ", &save)) {
-        char *eq = strchr(v, '=');
-        if (!eq)
-            continue;
-        *eq = 0;
-        snprintf(names[n++], sizeof(names[0]), "%s", v);
-        setenv(v, eq + 1, 1);
-    }
+    tune(knobs);
     char st[2048] = "";
     attention_with(what, absent || present ? st : NULL, sizeof(st));
     char check[200];
@@ -1183,8 +1176,7 @@ static void attention_env(const char *what, const char *vars, const char *absent
         snprintf(check, sizeof(check), "attention: %s: \"%s\" in the counters", what, present);
         CHECK(check, strstr(st, present) != NULL);
     }
-    for (int i = 0; i < n; i++)
-        unsetenv(names[i]);
+    tune(NULL);
 }
 
 int gpu_model_tests(struct backend *cpu_be, struct backend *gpu_be, struct backend *precise,
@@ -1231,11 +1223,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "gpu-test: %s\n", err);
         return 1;
     }
-    setenv("RKV_CUDA_PRECISE", "1", 1);
+    tune("precise=1");
     struct backend *precise = NULL;
     if (backend_init(&go, &precise, err, sizeof(err)) < 0)
         precise = NULL;
-    unsetenv("RKV_CUDA_PRECISE");
+    tune(NULL);
     if (attn_only) {
         printf("ops: attention (seed %llu)\n", (unsigned long long)seed);
         test_attention();
@@ -1254,12 +1246,12 @@ int main(int argc, char **argv)
         test_matmul2();
         lt_check("default", 1);
         {
-            struct backend *lt0 = backend_env("RKV_CUDA_LT_TUNE_N", "0", 0), *save = gpu;
+            struct backend *lt0 = backend_tuned("lt_tune_n=0"), *save = gpu;
             if (lt0) {
-                printf("ops: matmul, rows past 8 on cublasGemmEx (RKV_CUDA_LT_TUNE_N=0)\n");
+                printf("ops: matmul, rows past 8 on cublasGemmEx (lt_tune_n=0)\n");
                 gpu = lt0;
                 test_matmul(NULL, 8);
-                lt_check("RKV_CUDA_LT_TUNE_N=0", 0);
+                lt_check("lt_tune_n=0", 0);
                 gpu = save;
             }
             backend_free(lt0);
@@ -1268,9 +1260,9 @@ int main(int argc, char **argv)
         test_linear();
         test_linear_shapes();
         {
-            /* the matmul cases with rows past one on cublas (RKV_CUDA_GEMV_MAX_N; the fused
-             * linears decline such rows: the forward composes them of the plain ops) */
-            struct backend *gm1 = backend_env("RKV_CUDA_GEMV_MAX_N", "1", 0), *save = gpu;
+            /* the matmul cases with rows past one on cublas (gemv_max_n; the fused linears
+             * decline such rows: the forward composes them of the plain ops) */
+            struct backend *gm1 = backend_tuned("gemv_max_n=1"), *save = gpu;
             if (gm1) {
                 printf("ops: matmul, rows past 1 on cublas\n");
                 gpu = gm1;
@@ -1280,8 +1272,8 @@ int main(int argc, char **argv)
                 gpu = save;
             }
             backend_free(gm1);
-            /* the register kernels in place of the tensor-core ones (RKV_CUDA_LIN_MMA=0) */
-            struct backend *reg = backend_env("RKV_CUDA_LIN_MMA", "0", 0);
+            /* the register kernels in place of the tensor-core ones (lin_mma=0) */
+            struct backend *reg = backend_tuned("lin_mma=0");
             if (reg) {
                 printf("ops: matmul and linear on the register kernels\n");
                 gpu = reg;
@@ -1292,8 +1284,8 @@ int main(int argc, char **argv)
                 gpu = save;
             }
             backend_free(reg);
-            mma_from = 1; /* every token count on tensor cores (RKV_CUDA_LIN_MMA=1) */
-            struct backend *m1 = backend_env("RKV_CUDA_LIN_MMA", "1", 0);
+            mma_from = 1; /* every token count on tensor cores (lin_mma=1) */
+            struct backend *m1 = backend_tuned("lin_mma=1");
             if (m1) {
                 printf("ops: matmul and linear on tensor cores from one token\n");
                 gpu = m1;
@@ -1306,146 +1298,71 @@ int main(int argc, char **argv)
         }
         test_rope();
         test_elementwise();
-        {
-            /* silu_mul and the f32 -> 16-bit conversion one element a thread (RKV_CUDA_VEC4=0;
-             * the default takes four where the length and the pointers allow): the elementwise
-             * cases, the gemms past 8 tokens (their input converted) and the 16-bit twins */
-            struct backend *v4 = backend_env("RKV_CUDA_VEC4", "0", 0), *save = gpu;
-            if (v4) {
-                printf("ops: elementwise and gemm inputs one element a thread\n");
-                gpu = v4;
-                test_elementwise();
-                test_matmul(NULL, 8);
-                test_twin();
-                gpu = save;
-            }
-            backend_free(v4);
-        }
         test_attention();
         /* the other host-block path than the measured choice: both must agree */
-        setenv("RKV_CUDA_HOST_READ", "zerocopy", 1);
-        attention_with("host blocks read by zerocopy", NULL, 0);
-        setenv("RKV_CUDA_HOST_READ", "copy", 1);
-        attention_with("host blocks read by copy", NULL, 0);
+        attention_env("host blocks read by zerocopy", "host_read=zerocopy", NULL, NULL);
+        attention_env("host blocks read by copy", "host_read=copy", NULL, NULL);
         /* CPU_TAIL: host blocks attended by cpu threads over the host pool, merged with the
          * device part by lse */
         {
-            setenv("RKV_CUDA_HOST_READ", "cpu", 1);
+            tune("host_read=cpu");
             char cs[1024] = "";
             attention_with("host blocks attended on the cpu (CPU_TAIL)", cs, sizeof(cs));
             CHECK("attention: the cpu attended host blocks", strstr(cs, " 0 attended") == NULL);
+            tune(NULL);
         }
         /* a layer's host blocks staged in passes of whole sequences: a pass of 112 KiB makes
          * the first cases (8 KiB per block and layer, 20 host blocks) take two; the results
          * must not change, and the passes must have run */
-        setenv("RKV_CUDA_HOST_READ", "copy", 1); /* passes stage copies */
-        setenv("RKV_CUDA_STAGE_PASSES", "1", 1);
-        setenv("RKV_CUDA_STAGE_PASS_KB", "112", 1);
-        char st[1024] = "";
-        attention_with("host blocks staged in passes of 112 KiB", st, sizeof(st));
-        CHECK("attention: staging passes ran", strstr(st, " 0 in 0 passes") == NULL);
-        /* the same with a copy per run of consecutive blocks instead of one batched call */
-        setenv("RKV_CUDA_STAGE_BATCH", "0", 1);
-        attention_with("host blocks staged in passes, a copy per run", NULL, 0);
-        unsetenv("RKV_CUDA_STAGE_BATCH");
-        unsetenv("RKV_CUDA_HOST_READ");
-        unsetenv("RKV_CUDA_STAGE_PASSES");
-        unsetenv("RKV_CUDA_STAGE_PASS_KB");
-        /* greedy rows picked on the device (on by default), whatever the environment says */
-        setenv("RKV_CUDA_DEV_GREEDY", "1", 1);
+        attention_env("host blocks staged in passes of 112 KiB", "host_read=copy,stage_pass_kb=112",
+                      " 0 in 0 passes", NULL);
+        /* greedy and sampled rows picked on the device */
         struct backend *gb = NULL;
         if (backend_init(&go, &gb, err, sizeof(err)) == 0) {
             test_greedy(gb);
-            backend_free(gb);
-        }
-        unsetenv("RKV_CUDA_DEV_GREEDY");
-        /* sampled rows picked on the device (on by default) */
-        setenv("RKV_CUDA_DEV_SAMPLE", "1", 1);
-        setenv("RKV_CUDA_DEV_SAMPLE_MIN", "1", 1);
-        if (backend_init(&go, &gb, err, sizeof(err)) == 0) {
             test_sample(gb, "");
             backend_free(gb);
         }
-        unsetenv("RKV_CUDA_DEV_SAMPLE");
-        unsetenv("RKV_CUDA_DEV_SAMPLE_MIN");
         test_sample_cluster("8");
         test_sample_cluster("4");
-        /* the splits merged by a kernel of their own instead of the launch's last block */
-        setenv("RKV_CUDA_MERGE_IN_ATTN", "0", 1);
-        attention_with("the splits merged by a separate kernel", NULL, 0);
-        unsetenv("RKV_CUDA_MERGE_IN_ATTN");
-        /* decode attention with three key stages (two chunks in flight); at most 2 splits:
-         * hundreds of chunks a thread block */
-        attention_env("decode attention with 3 key stages", "RKV_CUDA_DEC_STAGES=3",
-                      "attention by tensor copies: 0", NULL);
-        attention_env("decode attention, 2 splits, 3 stages",
-                      "RKV_CUDA_MAX_SPLIT=2 RKV_CUDA_DEC_STAGES=3", NULL, NULL);
-        attention_env("decode attention, 2 splits, 2 stages",
-                      "RKV_CUDA_MAX_SPLIT=2 RKV_CUDA_DEC_STAGES=2", NULL, NULL);
-        /* the runs above load decode attention's device chunks by tensor copies read
-         * evict-first (the default); by cp.async, and by tensor copies without the hint */
-        attention_env("decode attention by cp.async", "RKV_CUDA_DEC_TMA=0", NULL,
-                      "attention by tensor copies: 0");
-        attention_env("decode attention by cp.async, 2 splits, 3 stages",
-                      "RKV_CUDA_DEC_TMA=0 RKV_CUDA_MAX_SPLIT=2 RKV_CUDA_DEC_STAGES=3", NULL,
-                      "attention by tensor copies: 0");
-        attention_env("decode attention by tensor copies, no L2 hint", "RKV_CUDA_DEC_TMA=1",
-                      "attention by tensor copies: 0", NULL);
-        /* prefill tiles (64 rows, d 64 and 128) on the older kernel (attn_mma_kernel; the
-         * default is attn_fa_kernel), its splits merged both ways, host blocks read both ways */
-        attention_env("prefill tiles on attn_mma_kernel, splits merged by a separate kernel",
-                      "RKV_CUDA_FA=0 RKV_CUDA_MERGE_IN_ATTN=0", NULL, NULL);
-        attention_env("prefill tiles on attn_mma_kernel, host blocks read by zerocopy",
-                      "RKV_CUDA_FA=0 RKV_CUDA_HOST_READ=zerocopy", NULL, NULL);
-        attention_env("prefill tiles on attn_mma_kernel, host blocks read by copy",
-                      "RKV_CUDA_FA=0 RKV_CUDA_HOST_READ=copy", NULL, NULL);
+        /* decode attention's device chunks by tensor copies; at most 2 splits: hundreds of
+         * chunks a thread block */
+        attention_env("decode attention", NULL, "attention by tensor copies: 0", NULL);
+        attention_env("decode attention, 2 splits", "max_split=2", NULL, NULL);
+        /* the deterministic kernels: prefill tiles (64 rows, d 64 and 128) on attn_mma_kernel,
+         * decode on the general kernel, one split per block, host blocks read both ways */
+        attention_env("deterministic kernels, host blocks read by zerocopy",
+                      "deterministic=1,host_read=zerocopy", NULL, NULL);
+        attention_env("deterministic kernels, host blocks read by copy",
+                      "deterministic=1,host_read=copy", NULL, NULL);
         /* host blocks copied: a prefill's rows of a host block go into its staging slot and
-         * are copied back to the pool (the pools are compared after the kv write), or
-         * (RKV_CUDA_HOST_WB=0) into the mapped pool */
+         * are copied back to the pool (the pools are compared after the kv write) */
         attention_env("host blocks copied, prefill rows written back from staging",
-                      "RKV_CUDA_HOST_READ=copy", " 0 with the kv write into staging", NULL);
-        attention_env("host blocks copied, prefill rows stored in the mapped pool",
-                      "RKV_CUDA_HOST_READ=copy RKV_CUDA_HOST_WB=0", NULL,
-                      " 0 with the kv write into staging");
+                      "host_read=copy", " 0 with the kv write into staging", NULL);
         /* the split host read: a share of each decode row's host blocks (the oldest) attended on
          * the cpu, the rest read by the gpu, merged by lse; 100: every host block of a decode
-         * row on the cpu through the split path */
-        /* the cases' tails are far below the default RKV_CUDA_HOST_SPLIT_ASYNC_US: the cpu's
-         * part waits on the launching thread */
+         * row on the cpu through the split path. The cases' tails are far below the default
+         * split_async_us: the cpu's part waits on the launching thread */
         attention_env("host blocks split, 40 % on the cpu, the rest copied",
-                      "RKV_CUDA_HOST_SPLIT=40 RKV_CUDA_HOST_SPLIT_MIN_US=0 RKV_CUDA_HOST_READ=copy",
-                      " 0 split", "(0 off the launching");
-        attention_env(
-            "host blocks split, 40 % on the cpu, the rest zero-copy",
-            "RKV_CUDA_HOST_SPLIT=40 RKV_CUDA_HOST_SPLIT_MIN_US=0 RKV_CUDA_HOST_READ=zerocopy",
-            " 0 split", NULL);
-        /* the learned share (the worker's default) from 40 % with no chain: every step splits,
-         * each spread over the decode rows in proportion */
-        attention_env("host blocks split, the share learned",
-                      "RKV_CUDA_HOST_SPLIT=40 RKV_CUDA_HOST_SPLIT_LEARN=1 "
-                      "RKV_CUDA_HOST_SPLIT_FIX_US=0 RKV_CUDA_HOST_READ=copy",
-                      " 0 split", "learned share");
-        attention_env("host blocks split, 40 % on the cpu as a host function",
-                      "RKV_CUDA_HOST_SPLIT=40 RKV_CUDA_HOST_SPLIT_MIN_US=0 "
-                      "RKV_CUDA_HOST_SPLIT_ASYNC=1 RKV_CUDA_HOST_READ=copy",
-                      "(0 off the launching", "off the launching thread");
+                      "host_split=40,split_min_us=0,host_read=copy", " 0 split",
+                      "(0 off the launching");
+        attention_env("host blocks split, 40 % on the cpu, the rest zero-copy",
+                      "host_split=40,split_min_us=0,host_read=zerocopy", " 0 split", NULL);
         attention_env("host blocks split, off the launching thread from a 0 us tail",
-                      "RKV_CUDA_HOST_SPLIT=40 RKV_CUDA_HOST_SPLIT_MIN_US=0 "
-                      "RKV_CUDA_HOST_SPLIT_ASYNC_US=0 RKV_CUDA_HOST_READ=copy",
+                      "host_split=40,split_min_us=0,split_async_us=0,host_read=copy",
                       "(0 off the launching", "off the launching thread");
         attention_env("host blocks of decode rows all on the cpu by the split",
-                      "RKV_CUDA_HOST_SPLIT=100 RKV_CUDA_HOST_SPLIT_MIN_US=0", " 0 split", NULL);
+                      "host_split=100,split_min_us=0", " 0 split", NULL);
         /* one key split per block (placement-independent numbers) keeps the split off */
         attention_env("host blocks split asked, one key split per block",
-                      "RKV_CUDA_HOST_SPLIT=40 RKV_CUDA_HOST_SPLIT_MIN_US=0 RKV_CUDA_ATTN_FIXED=1",
-                      NULL, " 0 split");
+                      "host_split=40,split_min_us=0,attn_fixed=1", NULL, " 0 split");
         /* the cases' host tails (a few KiB a layer) are far below the default gate (1 ms of the
          * link a layer): the gpu reads them alone */
-        attention_env("host blocks split asked, tails too short", "RKV_CUDA_HOST_SPLIT=40",
+        attention_env("host blocks split asked, tails too short", "host_split=40",
                       " 0 tails too short", " 0 split");
         /* placement-independent attention: the cases against the cpu, then the same kv placed
          * four ways, bit for bit */
-        setenv("RKV_CUDA_ATTN_FIXED", "1", 1);
+        tune("attn_fixed=1");
         attention_with("one split per block, merged in position order", NULL, 0);
         {
             struct backend *fb = NULL, *save = gpu;
@@ -1458,7 +1375,7 @@ int main(int argc, char **argv)
                 CHECK("fixed attention backend", 0);
             }
         }
-        unsetenv("RKV_CUDA_ATTN_FIXED");
+        tune(NULL);
     }
     if (model) {
         struct backend_opts dopt = {"cuda", 0, 0, 1};
@@ -1468,10 +1385,10 @@ int main(int argc, char **argv)
         gpu_model_tests(cpu, gpu, precise, det, &n_pass, &n_fail);
         backend_free(det);
         /* graphs are on by default: the same steps on a backend without them */
-        setenv("RKV_CUDA_GRAPH", "0", 1);
+        tune("graph=0");
         struct backend *plain = NULL, *graph = NULL;
         int prc = backend_init(&go, &plain, err, sizeof(err));
-        setenv("RKV_CUDA_GRAPH", "1", 1);
+        tune("graph=1");
         if (prc == 0 && backend_init(&go, &graph, err, sizeof(err)) == 0) {
             gpu_model_graph_tests(plain, graph, &n_pass, &n_fail);
         } else {
@@ -1479,26 +1396,18 @@ int main(int argc, char **argv)
         }
         backend_free(graph);
         backend_free(plain);
-        unsetenv("RKV_CUDA_GRAPH");
-        /* the model's cases on a backend with one switch set (graph replays included) */
+        tune(NULL);
+        /* the model's cases on a backend with one knob set (graph replays included) */
         static const struct {
-            const char *var, *value, *what;
+            const char *knobs, *what;
         } alts[] = {
             /* decode rows past one on cublas instead of the decode kernels */
-            {"RKV_CUDA_GEMV_MAX_N", "1", "decode rows past 1 on cublas"},
-            /* silu_mul and the gemm inputs' conversion one element a thread: prefill, batched
-             * steps past 8 rows */
-            {"RKV_CUDA_VEC4", "0", "elementwise one element a thread"},
-            /* k / v and gate / up as one strided batch of two gemms, prefill chunks included */
-            {"RKV_CUDA_PAIR_N", "65536", "gemm pairs as one batch"},
-            /* decode attention lets the o linear launch at its start, o a block an SM */
-            {"RKV_CUDA_EARLY", "2", "o launched at attention's start"},
-            /* a prefill's rows of host blocks stored in the mapped pool, not written back from
-             * their staging slots */
-            {"RKV_CUDA_HOST_WB", "0", "prefill rows stored in the mapped pool"},
+            {"gemv_max_n=1", "decode rows past 1 on cublas"},
+            /* k / v and gate / up as two gemms, prefill chunks included */
+            {"pair_n=0", "gemm pairs as two gemms"},
         };
         for (size_t i = 0; i < sizeof(alts) / sizeof(alts[0]); i++) {
-            struct backend *alt = backend_env(alts[i].var, alts[i].value, 0);
+            struct backend *alt = backend_tuned(alts[i].knobs);
             if (alt)
                 gpu_model_cases_with(cpu, alt, alts[i].what, &n_pass, &n_fail);
             backend_free(alt);
@@ -1506,7 +1415,7 @@ int main(int argc, char **argv)
         /* host blocks copied (the device's own choice may be zero-copy): a prefill's rows of a
          * host block written into its staging slot and copied back, then read by the decode
          * steps from the pool */
-        struct backend *wb = backend_env("RKV_CUDA_HOST_READ", "copy", 1); /* read at set_kv */
+        struct backend *wb = backend_tuned("host_read=copy");
         if (wb) {
             char st[1536] = "";
             backend_stats(wb, st, sizeof(st)); /* counts from here */
@@ -1518,30 +1427,24 @@ int main(int argc, char **argv)
                   strstr(st, " 0 with the kv write into staging") == NULL);
             backend_free(wb);
         }
-        unsetenv("RKV_CUDA_HOST_READ");
-        struct backend *tail = backend_env("RKV_CUDA_HOST_READ", "cpu", 1);
+        struct backend *tail = backend_tuned("host_read=cpu");
         if (tail)
             gpu_model_cpu_tail_tests(cpu, tail, "cpu_tail", &n_pass, &n_fail);
         backend_free(tail);
-        unsetenv("RKV_CUDA_HOST_READ");
-        /* the split host read: 40 % of each decode row's host blocks on the cpu */
-        setenv("RKV_CUDA_HOST_SPLIT", "40", 1);
-        setenv("RKV_CUDA_HOST_SPLIT_MIN_US", "0", 1); /* the test model's tails are tiny */
-        struct backend *split = NULL;
-        if (backend_init(&go, &split, err, sizeof(err)) == 0) {
+        /* the split host read: 40 % of each decode row's host blocks on the cpu (the test
+         * model's tails are tiny: no gate) */
+        struct backend *split = backend_tuned("host_split=40,split_min_us=0");
+        if (split) {
             gpu_model_cpu_tail_tests(cpu, split, "split", &n_pass, &n_fail);
             char st[1024] = "";
             backend_stats(split, st, sizeof(st));
             printf("  %s\n", st);
             CHECK("model: the split host read ran", strstr(st, " 0 split") == NULL);
             backend_free(split);
-        } else {
-            CHECK("split backend", 0);
         }
         /* ... its cpu part as a host function on a stream of its own */
-        setenv("RKV_CUDA_HOST_SPLIT_ASYNC", "1", 1);
-        split = NULL;
-        if (backend_init(&go, &split, err, sizeof(err)) == 0) {
+        split = backend_tuned("host_split=40,split_min_us=0,split_async_us=0");
+        if (split) {
             gpu_model_cpu_tail_tests(cpu, split, "split, async", &n_pass, &n_fail);
             char st[2048] = "";
             backend_stats(split, st, sizeof(st));
@@ -1549,12 +1452,7 @@ int main(int argc, char **argv)
             CHECK("model: the async split ran",
                   strstr(st, " 0 split") == NULL && strstr(st, "(0 off the launching") == NULL);
             backend_free(split);
-        } else {
-            CHECK("async split backend", 0);
         }
-        unsetenv("RKV_CUDA_HOST_SPLIT_ASYNC");
-        unsetenv("RKV_CUDA_HOST_SPLIT");
-        unsetenv("RKV_CUDA_HOST_SPLIT_MIN_US");
     }
     backend_free(precise);
     backend_free(gpu);

@@ -9,16 +9,12 @@ static uint32_t units_per_block(const struct kv_layout *l)
     return (l->block_size + ch - 1) / ch;
 }
 
-/* the split of units chunk units over base thread blocks (kv heads x query
- * tiles) that finishes first when slots blocks run at once: each wave costs
- * its blocks' chunk units plus one for the prologue and the partial's write.
- * a grid of 1.74 waves left a quarter of the gpu idle in the last one (32k:
- * 86 splits x 8 heads on 396 slots). ties: fewer splits. Short lists first take one block an
- * SM (n_sm / base splits) when that leaves at most one_wave units a split: every block then
- * starts beside the q/k/v linear's and queues its keys before its wait (in-kernel stamps: all
- * 128 start ~16 us before the rope ends; of 256 blocks of 104 KB, two an SM, half wait for
- * q/k/v to leave), and the splits merge in one round (b=1 4k: 16 splits of 4 units, not 32 of
- * 2; 0.842 / 0.849 of the bound against 0.842 / 0.838) */
+/* the split of units chunk units over base thread blocks (kv heads x query tiles) that finishes
+ * first when slots blocks run at once: each wave costs its blocks' chunk units plus fixed_cost
+ * for the prologue and the partial's write, so a last wave that leaves most of the gpu idle
+ * counts whole; ties: fewer splits. Short lists first take one block an SM (n_sm / base splits)
+ * when that leaves at most one_wave units a split: every block then starts beside the q/k/v
+ * linear's and queues its keys before its wait, and the splits merge in one round */
 static uint32_t attn_pick_split(uint32_t units, uint32_t base, uint32_t slots, uint32_t max_split,
                                 uint32_t fixed_cost, uint32_t n_sm, uint32_t one_wave)
 {
@@ -41,6 +37,12 @@ static uint32_t attn_pick_split(uint32_t units, uint32_t base, uint32_t slots, u
     return best;
 }
 
+/* chunk units one attention thread block costs beyond its own (its prologue, partial and merge)
+ * when the key split is picked; and the most units a split may have where the launch takes one
+ * block an SM (attn_pick_split) */
+#define ATTN_SPLIT_COST 1
+#define ATTN_ONE_WAVE   4
+
 /* n zeroed split counters of the residency's launches (they leave them zeroed) */
 static int split_counters(struct cuda_ctx *c, int res, size_t n, cudaStream_t s)
 {
@@ -62,7 +64,7 @@ static int attn_launch_shape(struct cuda_ctx *c, const struct cuda_attn_args *a,
                                        : cuda_attn_prefill_launch(c, a, n_split, ups, part, cnt);
 }
 
-/* the most bytes of per-block partials one residency may hold (RKV_CUDA_ATTN_FIXED): past it
+/* the most bytes of per-block partials one residency may hold (the attn_fixed knob): past it
  * (long prefills) attention splits as usual */
 #define ATTN_FIXED_MAX_BYTES (512ull << 20)
 
@@ -108,12 +110,12 @@ int cuda_attn(struct cuda_ctx *c, const struct cuda_attn_args *a)
     uint32_t base = c->layout.n_kv_head * m->n_qtiles;
     uint32_t max_split = (units + 1) / 2; /* at least 2 chunk units (128 keys) per split */
     if (c->tune.max_split && max_split > c->tune.max_split)
-        max_split = c->tune.max_split; /* RKV_CUDA_MAX_SPLIT: long splits (tests, a/b) */
+        max_split = c->tune.max_split; /* the max_split knob: long splits (tests) */
     uint32_t g = at->n_head / at->n_kv_head;
     uint32_t n_split, slots = (uint32_t)cuda_attn_decode_slots(c, m->qt, g, base);
     if (slots)
-        n_split = attn_pick_split(units, base, slots, max_split, c->tune.split_cost,
-                                  (uint32_t)c->n_sm, c->tune.one_wave);
+        n_split = attn_pick_split(units, base, slots, max_split, ATTN_SPLIT_COST, (uint32_t)c->n_sm,
+                                  ATTN_ONE_WAVE);
     else {
         /* two waves of ~3 thread blocks per SM (the split merge is parallel over splits) */
         n_split = (6 * (uint32_t)c->n_sm + base - 1) / base;
@@ -130,16 +132,9 @@ int cuda_attn(struct cuda_ctx *c, const struct cuda_attn_args *a)
     if (rc < 0)
         return rc;
     float *part = (float *)c->part[a->residency];
-    uint32_t *cnt = NULL;
-    if (c->tune.merge_in_attn) {
-        rc = split_counters(c, a->residency, (size_t)m->n_qtiles * c->layout.n_kv_head, a->s);
-        if (rc < 0)
-            return rc;
-        cnt = (uint32_t *)c->cnt[a->residency];
-    }
-    rc = attn_launch_shape(c, a, n_split, ups, part, cnt);
-    if (rc < 0 || cnt)
+    /* the launch's last thread block of each tile merges its splits */
+    rc = split_counters(c, a->residency, (size_t)m->n_qtiles * c->layout.n_kv_head, a->s);
+    if (rc < 0)
         return rc;
-    return cuda_attn_merge_splits(c, part, n_split, m->n_tokens, at->n_head, at->head_dim, a->o,
-                                  a->m, a->l, a->s);
+    return attn_launch_shape(c, a, n_split, ups, part, (uint32_t *)c->cnt[a->residency]);
 }

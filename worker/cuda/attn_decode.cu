@@ -7,9 +7,7 @@ int cuda_attn_decode_launch(struct cuda_ctx *c, const struct cuda_attn_args *a, 
 {
     struct attn_kargs k = attn_kargs_of(c, a, units_per_split, part, cnt);
     /* up to 16 query rows (the gqa group of one token) per kv head */
-    int rc = attn_launch<16, 16>(c, a, k, n_split);
-    c->after_attn = c->tune.early >= 2 && c->tune.pdl;
-    return rc;
+    return attn_launch<16, 16>(c, a, k, n_split);
 }
 
 int cuda_attn_decode_slots(struct cuda_ctx *c, uint32_t qt, uint32_t g, uint32_t base)

@@ -22,14 +22,9 @@ struct attn_kargs {
     uint32_t ups; /* chunk units per split */
     uint32_t n_tokens;
     float *part; /* (n_split, n_tokens, n_head, D + 2): unnormalized o, then m, l */
-    /* the split merge folded into the launch (attn_merge_last); cnt NULL: merge_splits_kernel
-     * merges after the launch */
-    uint32_t *cnt; /* (n_qtiles, n_kv_head) thread blocks done, back to 0 after each launch */
-    /* attn_dec_kernel: >= 1 queues the keys the kernel before cannot be writing (positions
-     * before the sequence's first new token) ahead of griddepcontrol.wait; >= 2 also lets the
-     * next launch start at once */
-    uint32_t early;
-    uint32_t kv_ef;   /* attn_dec_kernel's tensor copies read the keys evict-first in L2 */
+    /* the split merge folded into the launch (attn_merge_last); cnt NULL: the partials stay in
+     * part for the block-order merge (attn_fixed) */
+    uint32_t *cnt;    /* (n_qtiles, n_kv_head) thread blocks done, back to 0 after each launch */
     float *o, *m, *l; /* (n_tokens, n_head*D) normalized, (n_tokens, n_head) x2 */
 };
 
@@ -714,9 +709,9 @@ __device__ __forceinline__ void fa_mma(float (&d)[4], const uint32_t (&a)[4], ui
  * barriers per chunk with 4 warps per SM. grid (n_kv_head, n_split, n_qtiles), ATTN_THREADS
  * threads, D = 8 * ND (64 or 128); smem: ks, vs (2, 64, D + 8) f16. Partials as attn_mma_kernel
  * (unnormalized o, m, l in the natural log domain).
- * LO: which products carry the f16 rounding residual (a second mma each): 2 q and p (f32
- * accurate, as attn_mma_kernel), 1 q only, 0 none (plain f16 products, as flash-attention) */
-template <int ND, int LO>
+ * Both products carry the f16 rounding residual of q and p (a second mma each), so they are
+ * f32 accurate, as attn_mma_kernel's */
+template <int ND>
 __global__ void __launch_bounds__(ATTN_THREADS) attn_fa_kernel(struct attn_kargs a)
 {
     constexpr int CH = 64, D = 8 * ND, DP = D + 8, KS = D / 16;
@@ -800,8 +795,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_fa_kernel(struct attn_kargs
                 const uint32_t b0 = *(const uint32_t *)kb;
                 const uint32_t b1 = *(const uint32_t *)(kb + 8);
                 fa_mma(s[j], qh[k], b0, b1);
-                if constexpr (LO >= 1)
-                    fa_mma(s[j], ql[k], b0, b1);
+                fa_mma(s[j], ql[k], b0, b1);
             }
         /* causal mask and chunk end where the chunk needs them (warp-uniform: a full chunk
          * at or before both rows of every lane has none), then each row's max over its quad */
@@ -882,10 +876,8 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_fa_kernel(struct attn_kargs
                 cuda_ldsm4<true>(b0, b1, b2, b3, vr + j * 8);
                 fa_mma(o[j], ph, b0, b1);
                 fa_mma(o[j + 1], ph, b2, b3);
-                if constexpr (LO >= 2) {
-                    fa_mma(o[j], pl, b0, b1);
-                    fa_mma(o[j + 1], pl, b2, b3);
-                }
+                fa_mma(o[j], pl, b0, b1);
+                fa_mma(o[j + 1], pl, b2, b3);
             }
         }
         __syncthreads(); /* every warp is done with this stage before it is refilled */
@@ -950,9 +942,8 @@ __device__ __forceinline__ void attn_tma_load(const attn_src<__half, CH> &src, u
  * online softmax in registers (no shared scores, one barrier per chunk); the four warps'
  * (m, l, o) are merged at the end. grid (n_kv_head, n_split, n_qtiles), ATTN_THREADS threads;
  * smem: ks, vs (NST, 64, D + 8) f16 (reused for the warp merge): NST stages, so NST - 1 chunks
- * are in flight while one is computed (cuda_dec_stages). A fifth warp queueing the chunks while
- * the four wait on mbarriers measured slower on the H200 (b=1 32k 0.776 of the bound against
- * 0.797 with cp.async, 0.665 with a 256-byte bulk copy per row; tests/gpu/NOTES.md).
+ * are in flight while one is computed (cuda_dec_stages); a fifth warp queueing the chunks
+ * while the four wait on mbarriers ran slower (docs/cuda-design.md).
  * TMA (D 64 or 128, device pool): one thread queues each chunk as 2 * D / 64 tensor copies of
  * 64 x 64 f16 (tm, swizzled rows of D, attn_sw) counted on the stage's mbarrier, which every
  * thread waits on; no padding, and the stages start 1024-byte aligned */
@@ -973,8 +964,8 @@ __global__ void __launch_bounds__(ATTN_THREADS)
     uint64_t policy = 0;             /* TMA: the copies' L2 policy (0: none) */
     if constexpr (TMA) {
         if (tid == 0) {
-            if (a.kv_ef)
-                asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+            /* the keys are read once a step: evict-first in L2 */
+            asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
 #pragma unroll
             for (int i = 0; i < NST; i++)
                 cuda_bar_init(&bars[i], 1);
@@ -1009,15 +1000,13 @@ __global__ void __launch_bounds__(ATTN_THREADS)
 #pragma unroll
     for (int i = 0; i < NST; i++) {
         kp[i] = i == 0 || kp[i - 1] >= 0 ? src.start(src.u0 + i) : -1;
-        pre[i] = a.early && kp[i] >= 0 && kp[i] + CH <= first_new && (i == 0 || pre[i - 1]);
+        pre[i] = kp[i] >= 0 && kp[i] + CH <= first_new && (i == 0 || pre[i - 1]);
         if (pre[i]) {
             load(src.u0 + i, i);
             if constexpr (!TMA)
                 attn_commit();
         }
     }
-    if (a.early >= 2)
-        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     cuda_grid_wait(); /* q and the newest keys come from the kernels before */
 #pragma unroll
     for (int i = 0; i < NST; i++)
@@ -1304,29 +1293,18 @@ static int attn_dec_launch(const struct cuda_ctx *c, dim3 grid, cudaStream_t s,
     return attn_dec_launch_tma<ND, false>(c, grid, s, k, tm);
 }
 
-template <int ND, int LO>
-static int attn_fa_launch_lo(const struct cuda_ctx *c, dim3 grid, size_t sm, cudaStream_t s,
-                             const struct attn_kargs &k)
-{
-    static size_t sm_set;
-    return attn_launch_fn(c, attn_fa_kernel<ND, LO>, &sm_set, grid, sm, s, k);
-}
-
-/* c->tune.fa: 1 f32-accurate products, 2 p plain f16, 3 q and p plain f16 */
 template <int ND>
 static int attn_fa_launch_nd(const struct cuda_ctx *c, dim3 grid, size_t sm, cudaStream_t s,
                              const struct attn_kargs &k)
 {
-    return c->tune.fa == 1   ? attn_fa_launch_lo<ND, 2>(c, grid, sm, s, k)
-           : c->tune.fa == 2 ? attn_fa_launch_lo<ND, 1>(c, grid, sm, s, k)
-                             : attn_fa_launch_lo<ND, 0>(c, grid, sm, s, k);
+    static size_t sm_set;
+    return attn_launch_fn(c, attn_fa_kernel<ND>, &sm_set, grid, sm, s, k);
 }
 
 /* do the 64-row tiles of this launch take attn_fa_kernel? */
 template <int RMAX> static inline bool attn_takes_fa(const struct cuda_ctx *c, uint32_t D)
 {
-    return RMAX == 64 && c->tune.fa && c->layout.dtype == KV_F16 && !c->tune.no_mma &&
-           (D == 64 || D == 128);
+    return RMAX == 64 && !c->deterministic && c->layout.dtype == KV_F16 && (D == 64 || D == 128);
 }
 
 /* only the prefill shape instantiates the kernel */
@@ -1344,7 +1322,7 @@ static int attn_fa_launch(const struct cuda_ctx *c, dim3 grid, size_t sm, cudaSt
 /* does a launch of this shape take attn_dec_kernel (attn_launch's first case)? */
 static inline bool attn_takes_dec(const struct cuda_ctx *c, uint32_t qt, uint32_t g, uint32_t D)
 {
-    return c->tune.dec && c->layout.dtype == KV_F16 && !c->tune.no_mma && qt == 1 && g <= 8 &&
+    return !c->deterministic && c->layout.dtype == KV_F16 && qt == 1 && g <= 8 &&
            (D == 16 || D == 32 || D == 64 || D == 128);
 }
 
@@ -1397,7 +1375,7 @@ static int attn_launch(struct cuda_ctx *c, const struct cuda_attn_args *a, struc
         int rc = attn_fa_launch<RMAX>(c, grid, sm, a->s, k);
         if (rc < 0)
             return rc;
-    } else if (c->layout.dtype == KV_F16 && !c->tune.no_mma && k.D >= 16) {
+    } else if (c->layout.dtype == KV_F16 && k.D >= 16) {
         constexpr int MT = RMAX / 16;
         size_t dp = k.D + 8;
         size_t sm = 4 * 64 * dp * 2 + (MT == 1 ? 0 : 2 * (size_t)RMAX * dp * 2) +
@@ -1449,8 +1427,6 @@ static inline struct attn_kargs attn_kargs_of(struct cuda_ctx *c, const struct c
     k.n_tokens = a->meta->n_tokens;
     k.part = part;
     k.cnt = cnt;
-    k.early = c->tune.early;
-    k.kv_ef = c->tune.dec_tma == 2;
     k.o = a->o;
     k.m = a->m;
     k.l = a->l;

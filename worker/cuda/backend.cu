@@ -313,8 +313,6 @@ static int cu_get_rows(void *ctx, struct be_tensor *out, const struct be_tensor 
 static int cu_linear(void *ctx, const struct be_linear *l, uint32_t n)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    if (!c->tune.fuse)
-        return 1;
     cuda_op_begin_keep(c); /* a gemm over a twin written just before (cuda_linear drops it else) */
     return cuda_linear(c, l, n);
 }
@@ -324,8 +322,6 @@ static int cu_rope_kv_write(void *ctx, const struct be_batch *b, uint32_t layer,
                             const struct be_attn *at, const struct be_rope *r)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    if (!c->tune.fuse)
-        return 1;
     cuda_op_begin(c);
     if (!c->have_kv || layer >= c->layout.n_layer)
         return RKV_ESTATE;
@@ -346,7 +342,7 @@ static int cu_rope_kv_write(void *ctx, const struct be_batch *b, uint32_t layer,
 static size_t cu_scratch_reserve(void *ctx)
 {
     /* the two layer staging buffers of the copy path, at their cap */
-    return 2 * ((struct cuda_ctx *)ctx)->tune.stage_limit;
+    return 2 * ((struct cuda_ctx *)ctx)->stage.stage_limit;
 }
 
 static void *cu_host_alloc(void *ctx, size_t bytes)
@@ -452,6 +448,9 @@ static void cu_free(void *ctx)
     free(c);
 }
 
+/* cuBLAS's workspace: its advice for Hopper */
+#define CUDA_BLAS_WS_BYTES ((size_t)32 << 20)
+
 static const struct backend_i cuda_iface = {
     cu_free,       cu_tensor_alloc, cu_tensor_free, cu_tensor_set,    cu_tensor_get,
     cu_set_kv,     cu_embed,        cu_rmsnorm,     cu_matmul,        cu_rope,
@@ -479,20 +478,25 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         goto fail;
     c->n_sm = p.multiProcessorCount;
     c->cc_major = p.major;
-    c->smem_sm = p.sharedMemPerMultiprocessor;
-    c->smem_rsv = p.reservedSharedMemPerBlock;
     if (p.major < 8) {
         log_error("cuda: gpu %d (%s) is compute capability %d.%d; rkv needs 8.0 or newer", gpu,
                   p.name, p.major, p.minor);
         rc = RKV_EUNSUPPORTED;
         goto fail;
     }
-    cuda_tune_read(&c->tune, o);
-    c->deterministic = c->tune.deterministic;
-    c->stage.stage_batch = c->tune.stage_batch;
+    cuda_tune_read(&c->tune);
+    c->deterministic = o->deterministic || c->tune.deterministic;
+    c->tune.deterministic = (uint32_t)c->deterministic; /* the mode in effect */
+    if (c->deterministic)
+        c->tune.attn_fixed = 1; /* one split per kv block, merged in block order */
+    c->stage.stage_batch = 1;
+    c->stage.stage_limit = (size_t)c->tune.stage_mb << 20;
+    c->stage.pass_limit =
+        c->tune.stage_pass_kb ? (size_t)c->tune.stage_pass_kb << 10 : c->stage.stage_limit;
+    if (c->stage.pass_limit > c->stage.stage_limit)
+        c->stage.pass_limit = c->stage.stage_limit;
     c->hcpu.host_split = c->tune.host_split;
-    c->hcpu.split_learn = c->hcpu.host_split && c->tune.split_learn_env && c->tune.split_async != 1;
-    c->hcpu.link_gbps = 50.0;
+    c->hcpu.link_gbps = 50.0; /* until set_kv measures the link */
     if (cuda_stream_new(&c->stream) < 0 || cuda_stream_new(&c->side) < 0 ||
         cuda_event_new(&c->ev_pre_attn) < 0 || cuda_event_new(&c->ev_side_done) < 0 ||
         cuda_stage_init(&c->stage) < 0 || cuda_host_cpu_init(&c->hcpu, o->n_threads) < 0)
@@ -504,12 +508,13 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
     if (cublasSetStream(c->blas, c->stream) != CUBLAS_STATUS_SUCCESS)
         goto fail;
     {
-        /* the workspace after SetStream, which resets it */
-        size_t ws = c->tune.blas_ws;
-        if (ws && cudaMalloc(&c->blas_ws, ws) != cudaSuccess) {
+        /* a workspace of our own, after SetStream (which resets it): under stream capture
+         * cuBLAS does not use its default pool and may take other algorithms */
+        const size_t ws = CUDA_BLAS_WS_BYTES;
+        if (cudaMalloc(&c->blas_ws, ws) != cudaSuccess) {
             log_warn("cuda: no %zu MiB for cuBLAS's workspace (%s): cuBLAS keeps its own pool, "
                      "which it does not use in a captured decode step (other algorithms "
-                     "there); free device memory or lower RKV_CUDA_BLAS_WS_MB",
+                     "there); free device memory",
                      ws >> 20, cudaGetErrorString(cudaGetLastError()));
             c->blas_ws = NULL;
         }
@@ -569,8 +574,7 @@ extern "C" int rkv_cuda_copy(void *dst, const void *src, size_t n)
     CU_TRY(cudaMemcpy(dst, src, n, cudaMemcpyDefault));
     /* from pageable memory cudaMemcpy returns once the bytes are staged, before the dma lands
      * (and a device-to-device copy is asynchronous): the backend's streams are non-blocking and
-     * would not wait for it. Tenth session: an ATTN_FIXED identity check read a device block
-     * whose last 128 KiB still held the previous placement's keys, once in five runs */
+     * would not wait for it, and a kernel could read a block whose last bytes had not landed */
     CU_TRY(cudaStreamSynchronize(cudaStreamLegacy));
     return 0;
 }

@@ -61,8 +61,7 @@ int cuda_convert_f32(struct cuda_ctx *c, void *dst, enum be_type type, const flo
 {
     if (n == 0)
         return 0;
-    if (c->tune.vec4 && (type == BE_F16 || type == BE_BF16) &&
-        cuda_vec4_ok(n, src, NULL, NULL, dst))
+    if ((type == BE_F16 || type == BE_BF16) && cuda_vec4_ok(n, src, NULL, NULL, dst))
         f32_to_16x4_kernel<<<grid_for(n / 4), 256, 0, c->stream>>>(dst, (int)type,
                                                                    (const float4 *)src, n / 4);
     else if (type == BE_F16)

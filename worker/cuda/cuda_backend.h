@@ -19,7 +19,7 @@ int rkv_cuda_backend_probe(void);
  * given to set_kv: the device pool in device memory (cudaMalloc or an IPC
  * mapping; plain host memory works but is read over PCIe), the host pool in
  * host memory, which the backend registers (mapped) unless it is already.
- * env RKV_CUDA_PRECISE=1: prefill gemms keep ~f32 activations (2 gemms). */
+ * RKV_CUDA_TUNE=precise=1: prefill gemms keep ~f32 activations (2 gemms). */
 int rkv_cuda_backend_init(const struct backend_opts *o, struct backend **out);
 /* the same with a message naming the gpu and the fix */
 int cuda_backend_create(const struct backend_opts *o, struct backend **out, char *errbuf,

@@ -22,7 +22,7 @@ extern "C" {
 #include "worker/cuda/meta.cuh"
 #include "worker/cuda/sample_host.cuh"
 #include "worker/cuda/stage.cuh"
-#include "worker/cuda/tuning.cuh"
+#include "worker/cuda/tuning.h"
 
 /* returns RKV_ECUDA from the calling function, logging the call that failed */
 #define CU_TRY(call)                                                                               \
@@ -64,11 +64,9 @@ struct cuda_stats {
     uint64_t split_layers; /* layers whose host blocks the cpu and the gpu shared */
     uint64_t split_gated;  /* ... and those left to the gpu: the tail was too short */
     uint64_t split_async;  /* split layers whose cpu part ran as a host function */
-    double split_share;    /* the sum of the split steps' shares (learned) */
     double tail_us;        /* the sum of the split-on batches' decode tails, in link us a
                               layer, over tail_n batches (what the gates compare) */
     uint64_t tail_n;
-    uint64_t split_steps; /* ... and those steps */
     uint64_t passes;      /* layers staged in several passes, and the passes */
     uint64_t pass_n;
     /* cublas gemms over 16-bit activations: inputs converted for them, and inputs whose
@@ -90,9 +88,7 @@ struct cuda_stats {
 struct cuda_ctx {
     int dev;
     int n_sm;
-    int cc_major;   /* compute capability */
-    size_t smem_sm; /* shared memory of an SM, and what the runtime keeps of it a block */
-    size_t smem_rsv;
+    int cc_major;             /* compute capability */
     cudaStream_t stream;      /* every op runs here, in call order */
     cudaStream_t side;        /* host-block attention, overlapping device attention */
     cudaEvent_t ev_pre_attn;  /* on stream, before the last device attention */
@@ -104,9 +100,10 @@ struct cuda_ctx {
     size_t blas_ws_bytes;
     struct cuda_lt *lt; /* gemm_lt.cu's tuned algorithms */
     struct cuda_tune tune;
-    /* batch-invariant kernels (backend_opts.deterministic, or tune.deterministic): each row's
-     * numbers do not depend on the other rows of the step, the placement of its blocks or
-     * prefill against decode */
+    /* batch-invariant kernels (backend_opts.deterministic, or the deterministic knob, which
+     * holds the mode in effect): each row's numbers do not depend on the other rows of the
+     * step, the placement of its blocks or prefill against decode. The packed decode
+     * attention, the prefill flash kernel and the streamed linears are off then */
     int deterministic;
 
     struct kv_layout layout;
@@ -115,7 +112,7 @@ struct cuda_ctx {
     char *host_base;        /* the host pool's host address */
     uint32_t n_blocks[KV_N_POOLS];
     void *registered[KV_N_POOLS]; /* host ranges this backend registered */
-    /* the device pool as a tensor map for decode attention (tune.dec_tma; a CUtensorMap's
+    /* the device pool as a tensor map for decode attention's key chunks (a CUtensorMap's
      * bytes, set_kv encodes it when the layout allows) */
     int kv_tma;
     uint64_t kv_tmap[16];
@@ -155,8 +152,7 @@ struct cuda_ctx {
         uint32_t n_split, layer;
         uint64_t gen; /* of the meta it ran over */
     } fixed[KV_N_POOLS];
-    uint32_t *ls_ctr; /* the streamed linears' tile counters (tune.ls_dyn) */
-    int after_attn; /* the launch before was decode attention letting its dependents start */
+    uint32_t *ls_ctr; /* the streamed linears' tile counters (tiles taken, blocks done) */
     struct cuda_stats hst;
 };
 

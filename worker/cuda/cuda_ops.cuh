@@ -5,9 +5,9 @@
 
 #include "worker/cuda/cuda_ctx.cuh"
 
-/* launches fn on stream s with programmatic stream serialization when c->tune.pdl: its blocks may
- * be scheduled while the kernel before it ends, so fn must execute griddepcontrol.wait
- * (cuda_grid_wait) before it touches memory that kernel writes */
+/* launches fn on stream s with programmatic stream serialization: its blocks may be scheduled
+ * while the kernel before it ends, so fn must execute griddepcontrol.wait (cuda_grid_wait)
+ * before it touches memory that kernel writes */
 template <typename... P, typename... A>
 static inline cudaError_t cuda_launch_pdl(const struct cuda_ctx *c, void (*fn)(P...), dim3 grid,
                                           dim3 block, size_t smem, cudaStream_t s, A &&...args)
@@ -21,7 +21,7 @@ static inline cudaError_t cuda_launch_pdl(const struct cuda_ctx *c, void (*fn)(P
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at;
-    cfg.numAttrs = c->tune.pdl ? 1 : 0;
+    cfg.numAttrs = 1;
     return cudaLaunchKernelEx(&cfg, fn, static_cast<A &&>(args)...);
 }
 
@@ -301,11 +301,10 @@ int cuda_attn(struct cuda_ctx *c, const struct cuda_attn_args *a);
 int cuda_attn_decode_slots(struct cuda_ctx *c, uint32_t qt, uint32_t g, uint32_t base);
 /* the decode kernel's key chunk stages for base thread blocks before the split: 3 (two chunks
  * in flight, 2 blocks an SM) when the split spreads few rows over the gpu, 2 (one chunk in
- * flight, 3 blocks an SM) when there are blocks enough to fill it. H200, llama3-8b: b=1 4k / 32k
- * 0.772 / 0.773 -> 0.784 / 0.797 of the bound with 3, b=64 0.633 -> 0.612 */
+ * flight, 3 blocks an SM) when there are blocks enough to fill it */
 static inline int cuda_dec_stages(const struct cuda_ctx *c, uint32_t base)
 {
-    return c->tune.dec_stages ? c->tune.dec_stages : base < (uint32_t)c->n_sm ? 3 : 2;
+    return base < (uint32_t)c->n_sm ? 3 : 2;
 }
 /* cnt: the (n_qtiles, n_kv_head) counters of the merge folded into the launch, all 0 (the
  * launch leaves them so); NULL: the launch leaves the splits' partials in part */
@@ -315,14 +314,10 @@ int cuda_attn_prefill_launch(struct cuda_ctx *c, const struct cuda_attn_args *a,
                              uint32_t units_per_split, float *part, uint32_t *cnt);
 /* out (o, m, l) = lse-merge of the per-block partials two launches of one split per block left
  * (list0 over part0, list1 over part1; list1 < 0: none), block by block in position order: the
- * same numbers whichever list each block was in (RKV_CUDA_ATTN_FIXED) */
+ * same numbers whichever list each block was in (the attn_fixed knob) */
 int cuda_attn_merge_blocks(struct cuda_ctx *c, const struct cuda_meta *m, int list0,
                            const float *part0, int list1, const float *part1, uint32_t n_head,
                            uint32_t head_dim, float *o, float *ml, float *l, cudaStream_t s);
-/* out (o, m, l) = lse-merge of n_split partials part (n_split, n_tokens, n_head, head_dim + 2) */
-int cuda_attn_merge_splits(struct cuda_ctx *c, const float *part, uint32_t n_split,
-                           uint32_t n_tokens, uint32_t n_head, uint32_t head_dim, float *o,
-                           float *m, float *l, cudaStream_t s);
 /* a = lse-merge(a, b), n tokens, on stream s */
 int cuda_attn_merge(struct cuda_ctx *c, float *oa, float *ma, float *la, const float *ob,
                     const float *mb, const float *lb, uint32_t n, uint32_t n_head,

@@ -1,4 +1,4 @@
-/* gemm_lt.cu - the 16-bit gemms of 9..RKV_CUDA_LT_TUNE_N tokens (batched decode) through
+/* gemm_lt.cu - the 16-bit gemms of 9..lt_tune_n tokens (batched decode) through
  * cuBLASLt, on the algorithm measured fastest for the shape.
  *
  * cuBLAS's first heuristic choice for a decode-shaped gemm (64 tokens against 14336 x 4096
@@ -79,7 +79,7 @@ static struct cuda_lt *lt_get(struct cuda_ctx *c)
         cudaEventCreate(&lt->ev[0]) != cudaSuccess || cudaEventCreate(&lt->ev[1]) != cudaSuccess) {
         cudaGetLastError();
         log_warn("cuda: cuBLASLt is not usable; batched decode gemms keep cublasGemmEx's "
-                 "algorithms (RKV_CUDA_LT_TUNE_N=0 says so without this warning)");
+                 "algorithms (RKV_CUDA_TUNE=lt_tune_n=0 says so without this warning)");
         cuda_lt_free(c);
         c->tune.lt_tune_n = 0;
         return NULL;

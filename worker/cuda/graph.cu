@@ -37,9 +37,9 @@ static uint64_t graph_key(const struct cuda_ctx *c, const struct be_batch *b, co
 int cu_graph_begin(void *ctx, const struct be_batch *b, const struct be_attn *at, const void *owner)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    if (!c->tune.graph_on || c->deterministic || c->tune.attn_fixed || c->hcpu.host_cpu ||
+    if (!c->tune.graph || c->deterministic || c->tune.attn_fixed || c->hcpu.host_cpu ||
         !c->have_kv || b->n_tokens != b->n_seqs || at->n_kv_head == 0 ||
-        (c->tune.graph_on == 1 && b->n_seqs > CUDA_GRAPH_ROWS))
+        (c->tune.graph == 1 && b->n_seqs > CUDA_GRAPH_ROWS))
         return 0;
     cuda_op_begin(c); /* joins the side stream */
     /* the meta goes up now, outside the recording; the layers' own calls find it current */

@@ -11,12 +11,12 @@ extern "C" {
 
 struct cuda_ctx;
 
-/* decode steps of up to this many rows run as cuda graphs by default (RKV_CUDA_GRAPH=1): there
+/* decode steps of up to this many rows run as cuda graphs by default (the graph knob's 1): there
  * the launches weigh most, and a small batch keeps its shape for many steps; a large one changes
  * as sessions come and go, and each new shape costs a recording */
 #define CUDA_GRAPH_ROWS 16
 
-/* the recording (tune.graph_on: 1, the default, steps of up to CUDA_GRAPH_ROWS rows; 2 every
+/* the recording (the graph knob: 1, the default, steps of up to CUDA_GRAPH_ROWS rows; 2 every
  * decode step; 0 none): made when a step repeats the last one's shape, replayed while it holds */
 struct cuda_graph {
     cudaGraphExec_t exec; /* the recording of key, or NULL */

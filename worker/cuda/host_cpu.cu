@@ -35,65 +35,37 @@ int cuda_split_shares(struct cuda_ctx *c, const struct be_batch *b, uint32_t *sc
         m->cpu_k_cap = b->n_seqs;
     }
     m->cpu_any = 0;
-    m->cpu_blocks = 0;
-    m->decode_only = 1;
     *all = 0;
-    /* learned: every sequence's read host blocks first (pct 0), the cpu's share after */
-    const int learn = split && c->hcpu.split_learn;
     uint64_t dec_blocks = 0; /* host blocks decode rows read */
     for (uint32_t s = 0; s < b->n_seqs; s++) {
         const struct be_seq *q = &b->seqs[s];
         const uint64_t last = (uint64_t)q->n_past + (q->n_tokens ? q->n_tokens - 1 : 0);
-        m->cpu_k[s] = kv_host_cpu_share(q->blocks, q->n_blocks, B, last, q->n_tokens,
-                                        learn ? 0 : split, &sc[s]);
+        m->cpu_k[s] =
+            kv_host_cpu_share(q->blocks, q->n_blocks, B, last, q->n_tokens, split, &sc[s]);
         dec_blocks += q->n_tokens <= 1 ? sc[s] : 0;
-        m->decode_only &= q->n_tokens <= 1;
     }
     const double h = (double)dec_blocks * 2 * kv_slice_bytes(&c->layout); /* a layer's bytes */
-    int gated = 1;
-    if (learn) {
-        if (!c->hcpu.split_l_init) {
-            /* the cpu's rate from the share of the measured rates: pct = cpu / (cpu + link) */
-            const double pct = split >= 100 ? 99 : split;
-            kv_split_learn_init(&c->hcpu.split_l, c->tune.split_fix0_us,
-                                c->hcpu.link_gbps * pct / (100 - pct), c->hcpu.link_gbps);
-            c->hcpu.split_l_init = 1;
-        }
-        const double share = kv_split_share(&c->hcpu.split_l, h, 0.9);
-        const uint32_t k = (uint32_t)(share * (double)dec_blocks + 0.5);
-        gated = k == 0;
-        if (!gated) {
-            /* spread over the decode rows (a prefill row's count is left out) */
-            for (uint32_t s = 0; s < b->n_seqs; s++)
-                m->cpu_k[s] = b->seqs[s].n_tokens <= 1 ? sc[s] : 0;
-            kv_split_spread(m->cpu_k, b->n_seqs, k, m->cpu_k);
-            c->hst.split_share += (double)k / (double)dec_blocks;
-            c->hst.split_steps++;
-        }
-    }
-    /* the link time of the decode rows' host bytes of one layer, in us */
+    /* the link time of the decode rows' host bytes of one layer, in us: a short tail is not
+     * split (the cpu's part would stand on the layer's critical path beside the gpu's own
+     * work), a long one runs the cpu's part off the launching thread */
     const double link_us = h / (c->hcpu.link_gbps * 1e3);
-    if (!learn)
-        gated = !split || link_us < (double)c->tune.split_min_us;
-    /* the learned share's samples are the launching thread's waits */
+    const int gated = !split || link_us < (double)c->tune.split_min_us;
     if (split && dec_blocks) {
         c->hst.tail_us += link_us;
         c->hst.tail_n++;
     }
-    m->split_async = !gated && !learn &&
-                     (c->tune.split_async == 1 ||
-                      (c->tune.split_async == 2 && link_us >= (double)c->tune.split_async_us));
+    m->split_async = !gated && link_us >= (double)c->tune.split_async_us;
     for (uint32_t s = 0; s < b->n_seqs; s++) {
         if (gated)
             m->cpu_k[s] = 0;
         m->cpu_any |= m->cpu_k[s] > 0;
-        m->cpu_blocks += m->cpu_k[s];
         sc[s] -= m->cpu_k[s];
         *all += sc[s];
     }
     m->split_gated = split && gated && dec_blocks;
     return 0;
 }
+
 /* the cpu backend over the host pool, and its q, o, m, l tensors for n tokens of at's shape */
 static int cpu_attn_ready(struct cuda_ctx *c, uint32_t n, const struct be_attn *at)
 {
@@ -217,19 +189,6 @@ static int split_view(struct cuda_ctx *c, const struct be_batch *b, struct be_ba
     *v = *b;
     v->seqs = c->hcpu.split_seqs;
     return 0;
-}
-
-/* the learned share's sample of the split layer before this one (its period closes at this
- * layer's q on the host, q_ns): the step's bytes are the same at every layer */
-static void split_learn_layer(struct cuda_ctx *c, uint32_t layer, uint64_t q_ns)
-{
-    if (c->hcpu.split_prev.valid && c->hcpu.split_prev.layer + 1 == layer && c->meta.decode_only) {
-        const double slice2 = 2.0 * (double)kv_slice_bytes(&c->layout);
-        kv_split_observe(&c->hcpu.split_l, (double)(q_ns - c->hcpu.split_prev.q_ns) / 1e3,
-                         c->hcpu.split_prev.cpu_us, (double)c->meta.cpu_blocks * slice2,
-                         (double)c->meta.n_slots * slice2, c->hcpu.split_prev.gpu_first);
-    }
-    c->hcpu.split_prev.valid = 0;
 }
 
 /* the split's last step on the side stream: the cpu's partial (o_t, then its m and l, on the
@@ -356,25 +315,10 @@ int cuda_split_host_cpu(struct cuda_ctx *c, const struct be_batch *b, uint32_t l
         return rc;
     struct be_tensor **t = c->hcpu.cpu_t;
     CU_TRY(cudaEventSynchronize(c->hcpu.ev_qdown));
-    const uint64_t q_ns = c->hcpu.split_learn ? rkv_now_ns() : 0;
-    if (c->hcpu.split_learn)
-        split_learn_layer(c, layer, q_ns);
     memcpy(t[0]->data, c->hcpu.qdown, n_th * at->head_dim * sizeof(float));
     const struct be_partial part = {t[1], t[2], t[3]};
     if ((rc = attn_partial_forward(c->hcpu.cpu_be, &v, layer, KV_HOST, t[0], at, &part)) < 0)
         return rc;
-    if (c->hcpu.split_learn) {
-        /* the gpu's host part (queued on the side stream before the cpu began) is done: the
-         * cpu's part was the slower */
-        const cudaError_t first = cudaEventQuery(c->ev_side_done);
-        if (first != cudaSuccess && first != cudaErrorNotReady)
-            CU_TRY(first);
-        c->hcpu.split_prev.valid = 1;
-        c->hcpu.split_prev.layer = layer;
-        c->hcpu.split_prev.q_ns = q_ns;
-        c->hcpu.split_prev.cpu_us = (double)(rkv_now_ns() - q_ns) / 1e3;
-        c->hcpu.split_prev.gpu_first = first == cudaSuccess;
-    }
     float *o_t = (float *)c->pass_part, *m_t = o_t + n_th * at->head_dim, *l_t = m_t + n_th;
     CU_TRY(cudaMemcpyAsync(o_t, t[1]->data, n_th * at->head_dim * sizeof(float),
                            cudaMemcpyHostToDevice, c->side));
@@ -384,24 +328,16 @@ int cuda_split_host_cpu(struct cuda_ctx *c, const struct be_batch *b, uint32_t l
     return rc;
 }
 
-/* the split host read's share, fixed or where the learned one starts; the environment's
- * (RKV_CUDA_HOST_SPLIT, for a/b runs and tests) wins, fixed */
+/* the split host read's share, fixed (learn: pct came from measured rates, which changes
+ * nothing here); the host_split knob, when set, wins */
 int cu_host_split(void *ctx, uint32_t pct, int learn)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    (void)learn;
     if (pct && (c->deterministic || c->tune.attn_fixed))
         return RKV_EUNSUPPORTED; /* cuda_host_split_on keeps it off there */
-    if (!getenv("RKV_CUDA_HOST_SPLIT")) {
+    if (!c->tune.host_split)
         c->hcpu.host_split = pct;
-        /* learned only when asked: on the H200 neither form beat the fixed share yet
-         * (tests/gpu/NOTES.md, thirty-first session) */
-        c->hcpu.split_learn = learn && pct && c->tune.split_learn_env && c->tune.split_async != 1;
-        c->hcpu.split_l_init = 0;
-        if (c->hcpu.split_learn)
-            log_info("cuda: the split host read's share is learned from the layers it splits "
-                     "(RKV_CUDA_HOST_SPLIT_LEARN=1), up to %u %% for a long tail",
-                     pct);
-    }
     return 0;
 }
 
@@ -433,29 +369,16 @@ void cuda_host_cpu_fini(struct cuda_host_cpu *h)
     cudaFreeHost(h->qdown);
 }
 
-void cuda_split_stats(const struct cuda_ctx *c, char *learned, size_t len)
+void cuda_split_stats(const struct cuda_ctx *c, char *buf, size_t len)
 {
-    snprintf(learned, len, "a fixed share");
-    if (c->hcpu.split_learn && c->hcpu.split_l_init)
-        snprintf(learned, len,
-                 "learned share %.1f %% of the host blocks a split step; a layer's chain %.0f us, "
-                 "the cpu %.1f GB/s, the link beside it %.1f GB/s, the cpu the slower in %llu "
-                 "layers, the gpu in %llu",
-                 c->hst.split_steps ? 100 * c->hst.split_share / (double)c->hst.split_steps : 0,
-                 c->hcpu.split_l.fix_us, c->hcpu.split_l.cpu_gbps, c->hcpu.split_l.link_gbps,
-                 (unsigned long long)c->hcpu.split_l.n_cpu,
-                 (unsigned long long)c->hcpu.split_l.n_link);
-    else if (!cuda_host_split_on(c))
-        snprintf(learned, len, "off");
-    else if (c->hst.tail_n) {
-        char as[48] = "never";
-        if (c->tune.split_async)
-            snprintf(as, sizeof as, "from %u us",
-                     c->tune.split_async == 1 ? 0 : c->tune.split_async_us);
-        snprintf(learned, len,
+    if (!cuda_host_split_on(c))
+        snprintf(buf, len, "off");
+    else if (c->hst.tail_n)
+        snprintf(buf, len,
                  "a fixed share; the decode tails %.0f us of the link a layer on average over "
-                 "%llu batches, split from %u us, off the launching thread %s",
+                 "%llu batches, split from %u us, off the launching thread from %u us",
                  c->hst.tail_us / (double)c->hst.tail_n, (unsigned long long)c->hst.tail_n,
-                 c->tune.split_min_us, as);
-    }
+                 c->tune.split_min_us, c->tune.split_async_us);
+    else
+        snprintf(buf, len, "a fixed share");
 }

@@ -15,35 +15,29 @@ struct cuda_ctx;
 struct split_job;
 
 struct cuda_host_cpu {
-    /* CPU_TAIL: host blocks attended by a cpu backend over the host pool (host_attn_cpu, env
-     * RKV_CUDA_HOST_READ=cpu), q down and the partial up over pcie */
+    /* CPU_TAIL: host blocks attended by a cpu backend over the host pool (host_attn_cpu, or the
+     * host_read knob's cpu), q down and the partial up over pcie */
     int host_cpu;
     uint32_t cpu_threads;
     struct backend *cpu_be;
     int cpu_kv_set;             /* cpu_be has this set_kv's pools */
     struct be_tensor *cpu_t[4]; /* q, o, m, l on the cpu backend */
-    /* the split host read (env RKV_CUDA_HOST_SPLIT=P, 1..100): P % of each sequence's host
-     * blocks (the oldest) attended by cpu_be while the gpu reads the rest over pcie, the two
-     * partials merged by lse; 0: off. q comes down into qdown (pinned), ev_qdown after it.
-     * Only for a batch whose decode rows read host blocks taking at least tune.split_min_us of
-     * the link a layer: the cpu's part stands on the layer's critical path beside the gpu's own
-     * work, which a short tail does not hide; link_gbps: the copy engine's measured rate (50
-     * when not measured) */
+    /* the split host read (the worker's host_split, or the host_split knob: P in 1..100): P % of
+     * each decode row's host blocks (the oldest) attended by cpu_be while the gpu reads the
+     * rest over pcie, the two partials merged by lse; 0: off. q comes down into qdown (pinned),
+     * ev_qdown after it. Only for a batch whose decode rows read host blocks taking at least
+     * the split_min_us knob of the link a layer: the cpu's part stands on the layer's critical
+     * path beside the gpu's own work, which a short tail does not hide; link_gbps: the copy
+     * engine's measured rate (50 when not measured) */
     uint32_t host_split;
     double link_gbps;
-    /* the learned share (RKV_CUDA_HOST_SPLIT_LEARN=1 with the worker's host_split -1):
-     * host_split is then the share of the measured rates, where the cpu's rate starts; each
-     * step's share comes from split_l (kv_split_share), which the split layers teach
-     * (kv_split_observe): the time from a layer's q on the host to the next layer's, the cpu's
-     * part of it, whether the gpu's part was done first. tune.split_fix0_us: the chain it
-     * starts from (RKV_CUDA_HOST_SPLIT_FIX_US) */
-    int split_learn, split_l_init;
-    /* the split's cpu part as a host function (tune.split_async): queued on cpu_s behind q's
-     * copy down (ev_qdown), so the launching thread queues the rest of the layer at once; the
-     * side stream waits for ev_cpu_done before the partial (split_up, pinned) goes up.
-     * split_jobs: one per layer (the launching thread runs ahead of them); split_v: the step's
-     * cpu view, built once a step (split_v_gen: the meta it was built for, 0 none);
-     * split_async_rc: a job's error, returned at the next sync */
+    /* the split's cpu part as a host function (a tail of at least the split_async_us knob):
+     * queued on cpu_s behind q's copy down (ev_qdown), so the launching thread queues the rest
+     * of the layer at once; the side stream waits for ev_cpu_done before the partial (split_up,
+     * pinned) goes up. split_jobs: one per layer (the launching thread runs ahead of them);
+     * split_v: the step's cpu view, built once a step (split_v_gen: the meta it was built for,
+     * 0 none); split_async_rc: a job's error, returned at the next sync. A shorter tail waits on
+     * the launching thread, which is faster there */
     cudaStream_t cpu_s;
     cudaEvent_t ev_cpu_done;
     struct split_job *split_jobs;
@@ -53,14 +47,6 @@ struct cuda_host_cpu {
     float *split_up;
     size_t split_up_cap;
     int split_async_rc;
-    struct kv_split_learn split_l;
-    struct {
-        int valid;      /* a split layer waits for the next one's q to close its period */
-        uint32_t layer; /* its layer */
-        uint64_t q_ns;  /* when its q was on the host */
-        double cpu_us;  /* the cpu's attention */
-        int gpu_first;  /* the gpu's part was done when the cpu's ended */
-    } split_prev;
     void *qdown;
     size_t qdown_cap;
     cudaEvent_t ev_qdown;

@@ -74,15 +74,15 @@ static tmap_encode_fn tmap_encoder(void)
 
 /* the device pool as a tensor map for decode attention (cuda_ctx.kv_tmap): dims (64 columns,
  * head_dim / 64 halves, rows of head_dim f16), boxes of 64 rows of one half. Off (kv_tma 0)
- * when the switch is, the layout is not f16 with head_dim 64 or 128 and blocks of whole 64-key
- * chunks, the pool is not device memory or has too many rows, or the driver refuses */
+ * when the layout is not f16 with head_dim 64 or 128 and blocks of whole 64-key chunks, the
+ * pool is not device memory or has too many rows, or the driver refuses */
 static void kv_tmap_encode(struct cuda_ctx *c, const struct kv_layout *l)
 {
     c->kv_tma = 0;
     const uint32_t D = l->head_dim;
     const size_t row = (size_t)D * 2, bytes = (size_t)c->n_blocks[KV_DEVICE] * kv_block_bytes(l);
-    if (!c->tune.dec_tma || !c->pool[KV_DEVICE] || l->dtype != KV_F16 || (D != 64 && D != 128) ||
-        l->block_size % 64 || kv_block_bytes(l) % row || bytes / row > INT32_MAX)
+    if (!c->pool[KV_DEVICE] || l->dtype != KV_F16 || (D != 64 && D != 128) || l->block_size % 64 ||
+        kv_block_bytes(l) % row || bytes / row > INT32_MAX)
         return;
     cudaPointerAttributes pa;
     if (cudaPointerGetAttributes(&pa, c->pool[KV_DEVICE]) != cudaSuccess ||

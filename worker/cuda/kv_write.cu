@@ -93,13 +93,12 @@ template <typename T>
 __global__ void rope_kv_write_kernel(kv_dst dst, uint32_t B, uint32_t n_kv_head, uint32_t head_dim,
                                      const int32_t *pos, const uint32_t *slot, float *q, float *k,
                                      const float *v, uint32_t n_head, uint32_t n_rot, float base,
-                                     float scale, int neox, int early)
+                                     float scale, int neox)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     /* the attention after this may start its prologue (it waits for this grid before it reads
      * q or the new keys) */
-    if (early)
-        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
     const uint32_t t = blockIdx.y, half = n_rot / 2, hd2 = head_dim / 2;
     const uint32_t n_q = n_head * half, item = blockIdx.x * blockDim.x + threadIdx.x;
@@ -164,6 +163,6 @@ int cuda_rope_kv_write(struct cuda_ctx *c, const struct cuda_meta *m, uint32_t l
     auto fn = l->dtype == KV_F16 ? rope_kv_write_kernel<__half> : rope_kv_write_kernel<float>;
     CU_TRY(cuda_launch_pdl(c, fn, grid, dim3(128), 0, c->stream, d, l->block_size, l->n_kv_head,
                            l->head_dim, m->d_pos, m->d_slot, q, k, v, n_head, r->n_rot,
-                           r->freq_base, r->freq_scale, r->neox, c->tune.early));
+                           r->freq_base, r->freq_scale, r->neox));
     return 0;
 }

@@ -234,19 +234,18 @@ static int lin_run_ks(struct cuda_ctx *c, const lin_kargs &a)
     return 0;
 }
 
-/* warps per row: the most (up to c->tune.lin_ks, env RKV_CUDA_LIN_KS, default 2) that leave each
- * warp at least LIN_KS_MIN_SPAN elements in whole 32-lane vectors */
+/* warps per row: the most (up to LIN_KS) that leave each warp at least LIN_KS_MIN_SPAN elements
+ * in whole 32-lane vectors */
+#define LIN_KS          2
 #define LIN_KS_MIN_SPAN 1024
 template <typename W, int NT, int MODE, bool NORM>
 static int lin_run(struct cuda_ctx *c, const lin_kargs &a)
 {
     const uint32_t step = 32 * (16 / sizeof(W));
-    int ks = c->tune.lin_ks;
+    int ks = LIN_KS;
     while (ks > 1 && (a.n_in % (ks * step) || a.n_in / ks < LIN_KS_MIN_SPAN))
         ks /= 2;
     switch (ks) {
-    case 8: return lin_run_ks<W, NT, MODE, NORM, 8>(c, a);
-    case 4: return lin_run_ks<W, NT, MODE, NORM, 4>(c, a);
     case 2: return lin_run_ks<W, NT, MODE, NORM, 2>(c, a);
     default: return lin_run_ks<W, NT, MODE, NORM, 1>(c, a);
     }

@@ -1,22 +1,25 @@
 /* linear_stream.cu - the fused decode linears for one token with 16-bit weights, streamed
  * through shared memory. One persistent block per SM takes tiles of whole weight rows: its first
  * ring's worth by block number, then the next tile left (a counter), so a block that starts late
- * beside another kernel's does less instead of holding up the launch (b=1 4k 0.818 of the bound
- * against 0.799, H200). The adding ones (o, down) keep a contiguous range of rows a block and
- * read the outputs they add into once at the start (0.821). Its producer warp moves the tiles
- * with bulk copies (cp.async.bulk, completion counted on an mbarrier) into a ring of stages, so
- * the bytes in flight do not cost registers. Each consumer warp owns a fixed column slice of
- * every row and keeps that slice of x (normed, when the norm is folded in) in registers; the
- * four dot products of a 4-row tile are summed over the lanes together (6 shuffles, not 20:
- * 0.804; all three changes 0.835). A finisher warp sums the warps' partials of each tile in a
- * fixed order (the result does not depend on timing) and writes the outputs; on the producer's
- * path that summing halved the throughput. Launched with programmatic serialization, the next
- * launch's producer prefetches its weights while this one ends. */
+ * beside another kernel's does less instead of holding up the launch. The adding ones (o, down)
+ * read the outputs they add to beside each tile's dot products. Its producer warp moves the
+ * tiles with bulk copies (cp.async.bulk, completion counted on an mbarrier) into a ring of
+ * stages, so the bytes in flight do not cost registers. Each consumer warp owns a fixed column
+ * slice of every row and keeps that slice of x (normed, when the norm is folded in) in
+ * registers; the four dot products of a 4-row tile are summed over the lanes together (6
+ * shuffles, not 20). A finisher warp sums the warps' partials of each tile in a fixed order (the
+ * result does not depend on timing) and writes the outputs, off the producer's path. Launched
+ * with programmatic serialization, the next launch's producer prefetches its weights while this
+ * one ends. */
 #include "worker/cuda/cuda_ops.cuh"
 
 #define LS_MAX_WARPS  16 /* consumer warps per block */
 #define LS_MAX_STAGES 8
 #define LS_MAX_ROWS   8 /* rows per tile (per matrix) */
+/* bytes of a stage (a target) and of the ring: a ring under half an SM's shared memory, so the
+ * next launch's block fits beside this one */
+#define LS_STAGE_BYTES (32u << 10)
+#define LS_RING_BYTES  (96u << 10)
 
 struct ls_kargs {
     const char *w[BE_LIN_MAX];
@@ -30,15 +33,10 @@ struct ls_kargs {
     uint32_t n_in, n, n_rows, n_mat;
     uint32_t row_bytes, rows_per_tile, n_stages, stage_bytes;
     uint32_t red_off, bar_off; /* byte offsets into dynamic shared memory */
-    /* dynamic tiles (dyn): tiles of rows_per_tile rows per matrix, tend[m] cumulative; a block
-     * takes tiles j * grid + block for j < n_stages, then ctr[0]'s next (ctr: tiles taken,
-     * blocks done, zero between launches) */
-    uint32_t dyn, n_tiles, tend[BE_LIN_MAX];
-    uint32_t t4; /* tiles of four dot products summed over the lanes together */
-    /* ADD with a fixed range of rows a block: the block's outputs are read once at the start
-     * into shared memory at res_off (res_rows a token), not once a tile on the finisher's path
-     * (o alone: 0.79 of hbm against 0.63, an atomic add 0.63) */
-    uint32_t res_off, res_rows;
+    /* tiles of rows_per_tile rows per matrix, tend[m] cumulative; a block takes tiles
+     * j * grid + block for j < n_stages, then ctr[0]'s next (ctr: tiles taken, blocks done, zero
+     * between launches) */
+    uint32_t n_tiles, tend[BE_LIN_MAX];
     uint32_t *ctr;
 };
 
@@ -77,25 +75,9 @@ __device__ __forceinline__ void ls_copy(void *dst, const void *src, uint32_t byt
                  : "memory");
 }
 
-/* the first row of block b's fixed range of n_rows over the grid (its end: block b + 1's) */
-__device__ __forceinline__ uint32_t ls_row0(uint32_t b, uint32_t n_rows)
-{
-    return (uint32_t)((uint64_t)b * n_rows / gridDim.x);
-}
-
-/* the tile that starts at unit u of this block's range [u, u_end): its matrix, first row, rows */
-__device__ __forceinline__ void ls_tile(const ls_kargs &a, uint32_t u, uint32_t u_end, uint32_t &m,
-                                        uint32_t &row, uint32_t &cnt)
-{
-    m = a.n_mat > 1 && u >= a.end[0] ? (a.n_mat > 2 && u >= a.end[1] ? 2 : 1) : 0;
-    const uint32_t beg = m == 0 ? 0 : a.end[m - 1], lim = a.end[m] < u_end ? a.end[m] : u_end;
-    row = u - beg;
-    cnt = lim - u < a.rows_per_tile ? lim - u : a.rows_per_tile;
-}
-
-/* dynamic tile t: its matrix, first row and rows */
-__device__ __forceinline__ void ls_tile_dyn(const ls_kargs &a, uint32_t t, uint32_t &m,
-                                            uint32_t &row, uint32_t &cnt)
+/* tile t: its matrix, first row and rows */
+__device__ __forceinline__ void ls_tile(const ls_kargs &a, uint32_t t, uint32_t &m, uint32_t &row,
+                                        uint32_t &cnt)
 {
     m = a.n_mat > 1 && t >= a.tend[0] ? (a.n_mat > 2 && t >= a.tend[1] ? 2 : 1) : 0;
     const uint32_t rows = m == 0 ? a.end[0] : a.end[m] - a.end[m - 1];
@@ -113,11 +95,12 @@ __device__ __forceinline__ float ls_warp_sum(float v)
 /* the outputs of one tile from its warps' partials red [nw][per]: lanes (output, warp) each load
  * one partial, summed by a shuffle tree within groups of np2 lanes (np2 = nw rounded up to a power
  * of two), the same order every time, so the result does not depend on timing. ti: the tile's
- * matrix, first row and rows; output o is row o / NT of token o % NT */
+ * matrix, first row and rows; output o is row o / NT of token o % NT; res: an adding tile's
+ * outputs as they were (one token) */
 template <int NT, int MODE>
 __device__ __forceinline__ void ls_finish(const ls_kargs &a, const float *red, const ls_tinfo &ti,
                                           uint32_t nw, uint32_t np2, uint32_t lane,
-                                          const float *res, uint32_t u_beg)
+                                          const float *res)
 {
     constexpr int NR = MODE == BE_LIN_SWIGLU ? 2 : 1;
     const uint32_t m = ti.m, row = ti.row, n_o = ti.cnt * NT, per = a.rows_per_tile * NR * NT;
@@ -140,12 +123,9 @@ __device__ __forceinline__ void ls_finish(const ls_kargs &a, const float *red, c
         const float b = bm ? bm[row + r] : 0.0f;
         if constexpr (MODE == BE_LIN_SET)
             *y = v[0] + b;
-        else if constexpr (MODE == BE_LIN_ADD) {
-            if (res)
-                *y = res[t * a.res_rows + row + r - u_beg] + (v[0] + b);
-            else
-                *y += v[0] + b;
-        } else
+        else if constexpr (MODE == BE_LIN_ADD)
+            *y = res[r] + (v[0] + b);
+        else
             *y = cuda_silu_mul1(v[0], v[NR - 1]);
     }
 }
@@ -213,7 +193,7 @@ __global__ void __launch_bounds__((LS_MAX_WARPS + 2) * 32, V *NT <= 2 ? 2 : 1) l
     uint64_t *fin = done + 2 * LS_MAX_STAGES; /* [2S] ... and summed: the slot is free */
     float *ssq = (float *)(fin + 2 * LS_MAX_STAGES);       /* [nw][NT] sums of squares */
     ls_tinfo *info = (ls_tinfo *)(ssq + LS_MAX_WARPS * 2); /* [2S] the tiles queued */
-    /* [2S][LS_MAX_ROWS] an adding dynamic tile's outputs as they were (ADD, dyn) */
+    /* [2S][LS_MAX_ROWS] an adding tile's outputs as they were (ADD) */
     float *rsb = (float *)(info + 2 * LS_MAX_STAGES);
 
     if (threadIdx.x == 0) {
@@ -239,52 +219,42 @@ __global__ void __launch_bounds__((LS_MAX_WARPS + 2) * 32, V *NT <= 2 ? 2 : 1) l
         asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
         ls_pos p;
         uint32_t k = 0, m, row, cnt;
-        if (!a.dyn) {
-            /* a fixed range of rows a block */
-            const uint32_t u_end = ls_row0(blockIdx.x + 1, a.n_rows);
-            for (uint32_t u = ls_row0(blockIdx.x, a.n_rows); u < u_end; k++, p.next(S)) {
-                ls_tile(a, u, u_end, m, row, cnt);
-                ls_put<NR>(a, sm, full, empty, fin, info, p, k, m, row, cnt, lane, policy);
-                u += cnt;
-            }
-        } else {
-            /* the first ring's tiles by block, the rest from the counter. The counter is
-             * first taken after the launch before has ended (it zeroes the counter at its
-             * end), when this block's ring is full anyway */
-            const uint32_t first = S * gridDim.x;
-            bool took = false;
-            uint32_t nx = 0;
-            for (;; k++, p.next(S)) {
-                uint32_t t;
-                if (k < S) {
-                    t = k * gridDim.x + blockIdx.x;
-                } else {
-                    if (!took) {
-                        asm volatile("griddepcontrol.wait;" ::: "memory");
-                        if (lane == 0)
-                            nx = atomicAdd(&a.ctr[0], 1);
-                        took = true;
-                    }
-                    t = first + __shfl_sync(0xffffffff, nx, 0);
-                    /* the next one is asked for now; its answer is read a tile later */
-                    if (t < a.n_tiles && lane == 0)
+        /* the first ring's tiles by block, the rest from the counter. The counter is
+         * first taken after the launch before has ended (it zeroes the counter at its
+         * end), when this block's ring is full anyway */
+        const uint32_t first = S * gridDim.x;
+        bool took = false;
+        uint32_t nx = 0;
+        for (;; k++, p.next(S)) {
+            uint32_t t;
+            if (k < S) {
+                t = k * gridDim.x + blockIdx.x;
+            } else {
+                if (!took) {
+                    asm volatile("griddepcontrol.wait;" ::: "memory");
+                    if (lane == 0)
                         nx = atomicAdd(&a.ctr[0], 1);
+                    took = true;
                 }
-                if (t >= a.n_tiles)
-                    break;
-                ls_tile_dyn(a, t, m, row, cnt);
-                ls_put<NR>(a, sm, full, empty, fin, info, p, k, m, row, cnt, lane, policy);
+                t = first + __shfl_sync(0xffffffff, nx, 0);
+                /* the next one is asked for now; its answer is read a tile later */
+                if (t < a.n_tiles && lane == 0)
+                    nx = atomicAdd(&a.ctr[0], 1);
             }
-            if (took && lane == 0) {
-                /* every take of this block has answered; the last block to take zeroes the
-                 * counter (blocks take once their first ring's tiles all exist) */
-                const uint32_t rest = a.n_tiles - (S - 1) * gridDim.x;
-                const uint32_t takers = rest < gridDim.x ? rest : gridDim.x;
-                __threadfence();
-                if (atomicAdd(&a.ctr[1], 1) == takers - 1) {
-                    atomicExch(&a.ctr[0], 0);
-                    atomicExch(&a.ctr[1], 0);
-                }
+            if (t >= a.n_tiles)
+                break;
+            ls_tile(a, t, m, row, cnt);
+            ls_put<NR>(a, sm, full, empty, fin, info, p, k, m, row, cnt, lane, policy);
+        }
+        if (took && lane == 0) {
+            /* every take of this block has answered; the last block to take zeroes the
+             * counter (blocks take once their first ring's tiles all exist) */
+            const uint32_t rest = a.n_tiles - (S - 1) * gridDim.x;
+            const uint32_t takers = rest < gridDim.x ? rest : gridDim.x;
+            __threadfence();
+            if (atomicAdd(&a.ctr[1], 1) == takers - 1) {
+                atomicExch(&a.ctr[0], 0);
+                atomicExch(&a.ctr[1], 0);
             }
         }
         ls_put<NR>(a, sm, full, empty, fin, info, p, k, 0, 0, 0, lane, policy);
@@ -295,25 +265,14 @@ __global__ void __launch_bounds__((LS_MAX_WARPS + 2) * 32, V *NT <= 2 ? 2 : 1) l
         uint32_t np2 = 1;
         while (np2 < nw)
             np2 *= 2;
-        const uint32_t u_beg = ls_row0(blockIdx.x, a.n_rows);
-        float *res = nullptr;
-        if (MODE == BE_LIN_ADD && a.res_rows) {
-            const uint32_t nr = ls_row0(blockIdx.x + 1, a.n_rows) - u_beg;
-            res = (float *)(sm + a.res_off);
-            asm volatile("griddepcontrol.wait;" ::: "memory");
-            for (uint32_t i = lane; i < nr * NT; i += 32)
-                res[(i / nr) * a.res_rows + i % nr] =
-                    a.out[0][(size_t)(i / nr) * a.n_out[0] + u_beg + i % nr];
-            __syncwarp();
-        }
         for (ls_pos p;; p.next(S)) {
             cuda_bar_wait(&done[p.h], p.hph);
             const ls_tinfo ti = info[p.h];
             if (ti.cnt == 0)
                 return;
-            const bool rd = MODE == BE_LIN_ADD && a.dyn; /* the consumers read them (NT 1) */
+            /* an adding tile's outputs: its consumers read them (one token) */
             ls_finish<NT, MODE>(a, red + (size_t)p.h * nw * per, ti, nw, np2, lane,
-                                rd ? rsb + p.h * LS_MAX_ROWS : res, rd ? ti.row : u_beg);
+                                rsb + p.h * LS_MAX_ROWS);
             __syncwarp();
             if (lane == 0)
                 cuda_bar_arrive(&fin[p.h]);
@@ -392,13 +351,13 @@ __global__ void __launch_bounds__((LS_MAX_WARPS + 2) * 32, V *NT <= 2 ? 2 : 1) l
         }
         const char *st = (const char *)sm + (size_t)p.s * a.stage_bytes;
         float *rp = red + ((size_t)p.h * nw + warp) * per;
-        /* an adding dynamic tile: the outputs it adds to, loaded now by warp 0 and handed to the
+        /* an adding tile: the outputs it adds to, loaded now by warp 0 and handed to the
          * finisher beside the partials, so the load's latency hides under the dot products */
-        const bool rd = MODE == BE_LIN_ADD && NT == 1 && a.dyn && warp == 0 && lane < cnt;
+        const bool rd = MODE == BE_LIN_ADD && NT == 1 && warp == 0 && lane < cnt;
         float rv = 0.0f;
         if (rd)
             rv = __ldcg(a.out[0] + info[p.h].row + lane);
-        if (NT == 1 && a.t4 && R * NR == 4) {
+        if (NT == 1 && R * NR == 4) {
             /* four dot products a tile (4 rows, or 2 rows of gate and up): summed over the
              * lanes by halving them, 6 shuffles instead of 20. Lanes 8j hold product j */
             float d[4];
@@ -466,7 +425,7 @@ static int ls_run(struct cuda_ctx *c, ls_kargs &a, unsigned grid, uint32_t n_war
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at;
-    cfg.numAttrs = c->tune.pdl ? 1 : 0;
+    cfg.numAttrs = 1;
     CU_TRY(cudaLaunchKernelEx(&cfg, fn, a));
     return 0;
 }
@@ -501,10 +460,9 @@ int cuda_linear_stream(struct cuda_ctx *c, const struct be_linear *l, uint32_t n
 {
     const enum be_type t = l->w[0]->type;
     const uint32_t n_in = l->in->cols;
-    const bool alone = c->tune.ls_alone && c->after_attn;
-    c->after_attn = 0;
-    /* two tokens measured slower than the register kernel on o and gate/up (H200) */
-    if (!c->tune.lin_stream || c->cc_major < 9 || n != 1 || (t != BE_F16 && t != BE_BF16))
+    /* two tokens ran slower than on the register kernel; deterministic mode keeps one linear
+     * kernel for every token count */
+    if (c->deterministic || c->cc_major < 9 || n != 1 || (t != BE_F16 && t != BE_BF16))
         return 1;
     const bool norm = l->norm_w != NULL;
     if (!((l->mode == BE_LIN_SET && norm) || (l->mode == BE_LIN_SWIGLU && norm) ||
@@ -526,10 +484,10 @@ int cuda_linear_stream(struct cuda_ctx *c, const struct be_linear *l, uint32_t n
     const uint32_t n_warps = units / v;
     const int nr = l->mode == BE_LIN_SWIGLU ? 2 : 1;
     const uint32_t row_bytes = n_in * 2;
-    uint32_t rpt = c->tune.ls_stage / (row_bytes * nr);
+    uint32_t rpt = LS_STAGE_BYTES / (row_bytes * nr);
     rpt = rpt < 1 ? 1 : rpt > LS_MAX_ROWS ? LS_MAX_ROWS : rpt;
     const uint32_t stage = rpt * row_bytes * nr;
-    uint32_t n_st = c->tune.ls_ring / stage;
+    uint32_t n_st = LS_RING_BYTES / stage;
     n_st = n_st > LS_MAX_STAGES ? LS_MAX_STAGES : n_st;
     if (n_st < 2)
         return 1; /* rows too wide for two stages */
@@ -567,38 +525,17 @@ int cuda_linear_stream(struct cuda_ctx *c, const struct be_linear *l, uint32_t n
     size_t smem = bar + 6 * LS_MAX_STAGES * sizeof(uint64_t) + LS_MAX_WARPS * 2 * sizeof(float) +
                   2 * LS_MAX_STAGES * sizeof(ls_tinfo) +
                   2 * LS_MAX_STAGES * LS_MAX_ROWS * sizeof(float);
-    a.t4 = (uint32_t)c->tune.ls_t4;
-    /* dynamic tiles (ls_dyn 1: o and down's blocks ended up to 5 us apart on fixed ranges, 1 us
-     * on these; b=1 512 / 4k +0.5 / +0.2 %), or all but the adding ones, which read their
-     * outputs at the start instead (2) */
-    const bool dyn = c->tune.ls_dyn == 1 || (c->tune.ls_dyn == 2 && l->mode != BE_LIN_ADD);
-    if (dyn) {
-        /* tiles of each matrix (SET), or of the one */
-        uint32_t tiles = 0;
-        for (uint32_t i = 0; i < a.n_mat; i++) {
-            const uint32_t r = a.n_mat > 1 ? l->w[i]->rows : a.n_rows;
-            tiles += (r + rpt - 1) / rpt;
-            a.tend[i] = tiles;
-        }
-        a.dyn = 1;
-        a.n_tiles = tiles;
-        a.ctr = c->ls_ctr;
+    /* tiles of each matrix (SET), or of the one */
+    uint32_t tiles = 0;
+    for (uint32_t i = 0; i < a.n_mat; i++) {
+        const uint32_t r = a.n_mat > 1 ? l->w[i]->rows : a.n_rows;
+        tiles += (r + rpt - 1) / rpt;
+        a.tend[i] = tiles;
     }
-    /* a block an SM, or one a unit (tile or row) when there are fewer */
-    const uint32_t blocks = dyn ? a.n_tiles : a.n_rows;
-    const unsigned grid = blocks < (uint32_t)c->n_sm ? blocks : (unsigned)c->n_sm;
-    if (l->mode == BE_LIN_ADD && !dyn) {
-        a.res_rows = (a.n_rows + grid - 1) / grid;
-        a.res_off = (uint32_t)smem;
-        smem += (size_t)a.res_rows * n * sizeof(float);
-    }
-    /* o launched while attention's blocks hold the SMs (RKV_CUDA_EARLY=2): its blocks land as
-     * those drain, and an SM that frees both of its attention blocks would otherwise take two of
-     * them while another SM gets none (and then the next linear two, and so on down the step).
-     * Past half an SM's shared memory (with the runtime's share a block), a block an SM; the
-     * next linear's still fits beside */
-    if (alone && smem < c->smem_sm / 2 - c->smem_rsv + 1024)
-        smem = c->smem_sm / 2 - c->smem_rsv + 1024;
+    a.n_tiles = tiles;
+    a.ctr = c->ls_ctr;
+    /* a block an SM, or one a tile when there are fewer */
+    const unsigned grid = a.n_tiles < (uint32_t)c->n_sm ? a.n_tiles : (unsigned)c->n_sm;
     return t == BE_BF16 ? ls_launch<__nv_bfloat16>(c, a, l->mode, norm, v, grid, n_warps, smem)
                         : ls_launch<__half>(c, a, l->mode, norm, v, grid, n_warps, smem);
 }

@@ -21,14 +21,14 @@ static int staged_block(const struct be_seq *q, uint32_t j, uint32_t B)
 /* the staging passes of a batch whose sequences stage sc[s] slots each (all_slots in all):
  * none when everything fits one pass, or when passes are off, or when one sequence alone is
  * too big (its layer is then read zero-copy); else whole sequences in order, as many as fit
- * c->tune.pass_limit, per pass (kv_stage_passes); pass_of[s] gets each sequence's pass */
+ * c->stage.pass_limit, per pass (kv_stage_passes); pass_of[s] gets each sequence's pass */
 static int meta_passes(struct cuda_ctx *c, const uint32_t *sc, uint32_t n_seqs, uint64_t all_slots,
                        uint32_t *pass_of)
 {
     struct cuda_meta *m = &c->meta;
     const size_t per = c->have_kv ? 2 * kv_slice_bytes(&c->layout) : 0;
     m->n_pass = 0;
-    if (!per || !c->tune.pass_limit || all_slots * per <= c->tune.pass_limit)
+    if (!per || !c->stage.pass_limit || all_slots * per <= c->stage.pass_limit)
         return 0;
     if (n_seqs > m->pass_cap) { /* a pass holds one sequence at least */
         uint32_t *a = (uint32_t *)realloc(m->pass_slot0, sizeof(uint32_t) * n_seqs);
@@ -41,7 +41,7 @@ static int meta_passes(struct cuda_ctx *c, const uint32_t *sc, uint32_t n_seqs, 
         m->pass_nslots = b;
         m->pass_cap = n_seqs;
     }
-    m->n_pass = kv_stage_passes(sc, n_seqs, c->tune.pass_limit / per, pass_of, m->pass_slot0,
+    m->n_pass = kv_stage_passes(sc, n_seqs, c->stage.pass_limit / per, pass_of, m->pass_slot0,
                                 m->pass_nslots, n_seqs);
     return 0;
 }
@@ -88,9 +88,8 @@ int cuda_meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
      * staging slot (not with passes, zero-copy, CPU_TAIL or while a graph records) */
     const size_t slot_bytes = c->have_kv ? 2 * kv_slice_bytes(&c->layout) : 0;
     const uint32_t wb_min = B / 8 > 2 ? B / 8 : 2;
-    const int wb_on = c->tune.wb_on && B && c->stage.host_read == CUDA_HOST_COPY &&
-                      !c->hcpu.host_cpu && !n_pass &&
-                      all_slots * slot_bytes <= c->tune.stage_limit && !c->graph.capturing;
+    const int wb_on = B && c->stage.host_read == CUDA_HOST_COPY && !c->hcpu.host_cpu && !n_pass &&
+                      all_slots * slot_bytes <= c->stage.stage_limit && !c->graph.capturing;
     uint32_t n_wb = 0, n_wb_old = 0;
 
     size_t o_pos = align16(4 * sizeof(uint32_t));
@@ -101,7 +100,7 @@ int cuda_meta_ensure(struct cuda_ctx *c, const struct be_batch *b, uint32_t g)
     /* with decode graphs, the block lists' room rounded up, so the arrays after them keep their
      * offsets while rows gain blocks (a recording holds those addresses: cu_graph_begin) */
     const size_t blk_room =
-        c->tune.graph_on ? ((size_t)n_blk_total + 255) & ~(size_t)255 : (size_t)n_blk_total;
+        c->tune.graph ? ((size_t)n_blk_total + 255) & ~(size_t)255 : (size_t)n_blk_total;
     size_t o_qt = o_blks + align16((size_t)2 * blk_room * sizeof(struct cuda_blk));
     size_t o_pass = o_qt + align16((size_t)n_qtiles * sizeof(struct cuda_qtile));
     size_t len = o_pass + (size_t)n_pass * b->n_seqs * sizeof(struct cuda_seq_meta);

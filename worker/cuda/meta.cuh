@@ -73,9 +73,7 @@ struct cuda_meta {
     uint32_t *cpu_k, cpu_k_cap;
     int cpu_any;
     int split_gated;     /* the split is on, but these decode rows' host tails are too short */
-    int split_async;     /* the split's cpu part runs as a host function (tune.split_async) */
-    uint64_t cpu_blocks; /* the cpu's blocks a layer (the cpu_k sum) */
-    int decode_only;     /* every row one token: its split layers teach the learned share */
+    int split_async;     /* the split's cpu part runs as a host function (split_async_us) */
     uint64_t gen;        /* bumped at every upload */
     int valid;
 };

@@ -11,8 +11,8 @@
  * word). What the cpu takes from libm (log) stays on the host: the
  * row brings log(min_p), and the logprobs come from raw_max / raw_sum there.
  *
- * One block of 1024 threads a row, or, for a step of few rows (RKV_CUDA_SAMPLE_CL_ROWS), a
- * cluster of RKV_CUDA_SAMPLE_CL blocks a row: each block streams its share of every pass over
+ * One block of 1024 threads a row, or, for a step of few rows (the sample_cl_rows knob), a
+ * cluster of sample_cl blocks a row: each block streams its share of every pass over
  * the vocab and gathers the others' partials from their shared memory (the max, the 64-block
  * sums, the integer bucket masses, each tile's kept counts), then computes the same in-order
  * totals from them as one block would, so every block takes the same path to the same bits;
@@ -63,7 +63,7 @@ struct smp_sh {
                                                   * low and high words of 64-bit sums */
     double unit[SMP_BUCKETS];              /* those units, 2^smp_unit(b) */
     double uscale[SMP_BUCKETS];            /* and their inverses */
-    unsigned long long *st;                /* the row's phase stamps (RKV_CUDA_SAMPLE_STAMPS) */
+    unsigned long long *st;                /* the row's phase stamps (RKV_DEBUG_SAMPLE_STAMPS) */
     struct smp_row row; /* read from here, not held in registers through the kernel */
     uint32_t hist[256];
     uint32_t tc[SMP_TILES][2]; /* a cluster's collect: each tile's tokens above / in the cut */
@@ -75,7 +75,7 @@ struct smp_sh {
     uint32_t u[8];
 };
 
-#define SMP_STAMPS 16 /* phase stamps a row (RKV_CUDA_SAMPLE_STAMPS) */
+#define SMP_STAMPS 16 /* phase stamps a row (RKV_DEBUG_SAMPLE_STAMPS) */
 
 /* the blocks taking part in a row's passes: this one is r of n (n 1: the block alone) */
 struct smp_g {
@@ -1208,7 +1208,7 @@ int cuda_sample(struct cuda_ctx *c, float *logits, uint32_t n_vocab, uint32_t n_
     };
     /* a few rows: a cluster of blocks a row, when the gpu holds one (asked once a size) and
      * launches it (a sharing mode may refuse); else, and from then on, a block a row */
-    const uint32_t cl = n_rows <= c->tune.smp_cl_rows ? c->tune.smp_cl : 1;
+    const uint32_t cl = n_rows <= c->tune.sample_cl_rows ? c->tune.sample_cl : 1;
     static int cl_ok[SMP_CL_MAX + 1]; /* 0 not asked yet, 1 it runs, -1 refused (said once) */
     cudaError_t e = cudaErrorNotSupported;
     if (cl > 1 && cl_ok[cl] >= 0) {

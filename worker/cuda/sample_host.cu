@@ -8,8 +8,6 @@
 int cu_greedy(void *ctx, const struct be_tensor *logits, uint32_t n, int32_t *ids, float *logprobs)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    if (!c->tune.dev_greedy)
-        return 1;
     cuda_op_begin(c);
     /* the parts first (16-byte aligned), then the ids and logprobs */
     const size_t parts = (cuda_greedy_scratch(n, logits->cols) + 15) & ~(size_t)15;
@@ -55,15 +53,12 @@ int cu_sample(void *ctx, const struct be_tensor *logits, uint32_t n,
               const struct sample_dev_row *const *rows, struct sample_dev_out *outs)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    if (!c->tune.dev_sample || !sample_dev_supported())
+    if (!sample_dev_supported())
         return 1;
-    /* steps of fewer than RKV_CUDA_DEV_SAMPLE_MIN (default 1) sampled rows stay on the host's
-     * threads: the kernel takes ~0.29 ms a 128k-vocab row (one block each, rows in parallel),
-     * the host ~0.4 ms for one row and ~4 ms for 64 (H200, 16 threads) */
     uint32_t n_rows = 0;
     for (uint32_t i = 0; i < n; i++)
         n_rows += rows[i] != NULL;
-    if (n_rows < c->tune.smp_min)
+    if (n_rows == 0)
         return 1;
     cuda_op_begin(c);
     const uint32_t n_vocab = logits->cols;
@@ -87,8 +82,8 @@ int cu_sample(void *ctx, const struct be_tensor *logits, uint32_t n,
         int rc = cu_host_scratch(&c->smp.smp_host, &c->smp.smp_host_cap, up + ob);
         if (rc < 0)
             return rc;
-        /* RKV_CUDA_SAMPLE_STAMPS=1: each row's phase times to stderr (a measurement) */
-        const size_t ns = c->tune.smp_stamps ? (size_t)m * cuda_sample_stamps() : 0;
+        /* RKV_DEBUG_SAMPLE_STAMPS=1: each row's phase times to stderr (a measurement) */
+        const size_t ns = c->tune.sample_stamps ? (size_t)m * cuda_sample_stamps() : 0;
         const size_t sc = cuda_sample_scratch(m, n_vocab);
         rc = cuda_scratch(c, &c->smp.smp_dev, &c->smp.smp_dev_cap, up + ob + sv + sc + ns * 8);
         if (rc < 0)

@@ -40,7 +40,7 @@ int cuda_silu_mul(struct cuda_ctx *c, float *out, const float *gate, const float
 {
     if (n == 0)
         return 0;
-    const bool v4 = c->tune.vec4 && cuda_vec4_ok(n, out, gate, up, twin);
+    const bool v4 = cuda_vec4_ok(n, out, gate, up, twin);
     const size_t items = v4 ? n / 4 : n, blocks = (items + 255) / 256;
     const unsigned grid = blocks < 65535 ? (unsigned)blocks : 65535;
     if (v4)

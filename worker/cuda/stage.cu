@@ -6,39 +6,30 @@
 
 #include "worker/cuda/cuda_ops.cuh"
 
-/* copy engine or zero-copy for host blocks: whichever moves bytes faster
- * here (env RKV_CUDA_HOST_READ=copy|zerocopy overrides; cpu: attended on the cpu) */
+/* copy engine or zero-copy for host blocks: whichever moves bytes faster here, unless the
+ * host_read knob names one (or cpu: CPU_TAIL forced, which deterministic mode refuses) */
 void cuda_host_read_choose(struct cuda_ctx *c)
 {
-    const char *e = getenv("RKV_CUDA_HOST_READ");
-    if (e && strcmp(e, "cpu") && strcmp(e, "copy") && strcmp(e, "zerocopy")) {
-        log_warn("RKV_CUDA_HOST_READ=%.20s is not copy, zerocopy or cpu: measuring", e);
-        e = NULL;
+    uint32_t want = c->tune.host_read;
+    if (want == CUDA_READ_CPU && c->deterministic) {
+        log_warn("%s: host_read=cpu: deterministic mode keeps host blocks on the gpu",
+                 CUDA_TUNE_ENV);
+        want = CUDA_READ_MEASURE;
     }
-    if (e && !strcmp(e, "cpu")) {
-        if (c->deterministic) {
-            log_warn("RKV_CUDA_HOST_READ=cpu: deterministic mode keeps host blocks on the gpu");
-            e = NULL;
-        } else {
-            c->hcpu.host_cpu = 1; /* forced CPU_TAIL (tests, a/b runs) */
-            c->stage.host_read = CUDA_HOST_ZEROCOPY;
-            return;
-        }
-    }
-    if (e && !strcmp(e, "copy")) {
-        c->stage.host_read = CUDA_HOST_COPY;
+    if (want == CUDA_READ_CPU) {
+        c->hcpu.host_cpu = 1;
+        c->stage.host_read = CUDA_HOST_ZEROCOPY;
         return;
     }
-    if (e && !strcmp(e, "zerocopy")) {
-        c->stage.host_read = CUDA_HOST_ZEROCOPY;
+    if (want == CUDA_READ_COPY || want == CUDA_READ_ZEROCOPY) {
+        c->stage.host_read = want == CUDA_READ_COPY ? CUDA_HOST_COPY : CUDA_HOST_ZEROCOPY;
         return;
     }
     static double copy_gbps = -1, zc_gbps = -1; /* one measurement per process */
     if (copy_gbps < 0 && cuda_measure_host_paths(&copy_gbps, &zc_gbps) < 0)
         copy_gbps = zc_gbps = 0;
-    /* the attention kernel reaches ~0.55 of the stream-read rate over zero-copy
-     * (tests/gpu bench, H200 2026-11-29: 28.5 of 51.2 GB/s), and copies also
-     * overlap the layer before; compare what each path delivers */
+    /* the attention kernel reaches about 0.55 of the stream-read rate over zero-copy, and
+     * copies also overlap the layer before: compare what each path delivers */
     c->stage.host_read = copy_gbps > 0.55 * zc_gbps ? CUDA_HOST_COPY : CUDA_HOST_ZEROCOPY;
     if (copy_gbps > 0)
         c->hcpu.link_gbps = copy_gbps;
@@ -167,7 +158,7 @@ static int stage_issue(struct cuda_ctx *c, uint32_t layer, int buf, int after_ma
     const struct kv_layout *l = &c->layout;
     const struct cuda_meta *m = &c->meta;
     size_t slice = kv_slice_bytes(l), need = (size_t)count * 2 * slice;
-    if (need > c->tune.stage_limit) {
+    if (need > c->stage.stage_limit) {
         c->hst.zero_copy++;
         return 1; /* too big to stage: zero-copy */
     }

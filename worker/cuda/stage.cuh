@@ -25,7 +25,7 @@ struct cuda_stage {
      * copy queues those slots first and records ev_wready after them (stg_wready), the kv write
      * waits for it; ev_kvw (stream) after the kv write, ev_wb_done (wb) after the copies back,
      * which the stream joins at its next op (wb_pending) and the next copy into the buffer
-     * waits for (wb_used). On with tune.wb_on */
+     * waits for (wb_used) */
     cudaStream_t wb;
     cudaEvent_t ev_kvw;
     cudaEvent_t ev_wready[2];
@@ -38,8 +38,10 @@ struct cuda_stage {
     uint32_t stg_layer[2];
     uint64_t stg_gen[2];
     int stg_valid[2];
-    int stage_batch; /* one cudaMemcpyBatchAsync a layer (tune.stage_batch; 0: a copy per run
-                      * of consecutive blocks; off when the driver refuses) */
+    int stage_batch;    /* one cudaMemcpyBatchAsync a layer (off when the driver refuses: then a
+                         * copy per run of consecutive blocks) */
+    size_t stage_limit; /* bytes per staging buffer (stage_mb); larger tails read zero-copy */
+    size_t pass_limit;  /* bytes of one staging pass (stage_pass_kb, at most stage_limit) */
     void **bat_dst;  /* its copies' destinations, sources and sizes */
     const void **bat_src;
     size_t *bat_size;
