@@ -265,28 +265,3 @@ uint64_t rkv_step_report_ms(void)
 {
     return rkv_env_u64("RKV_STEP_REPORT_MS", 10000, 100, 3600000);
 }
-
-uint32_t rkv_host_split_auto(double gpu_host_gbps, double cpu_gbps)
-{
-    if (!(gpu_host_gbps > 0) || !(cpu_gbps > 0))
-        return 0;
-    return (uint32_t)(100.0 * cpu_gbps / (cpu_gbps + gpu_host_gbps) + 0.5);
-}
-
-double rkv_host_split_gbps(uint32_t pct, double gpu_host_gbps, double cpu_gbps)
-{
-    if (pct == 0 || !(gpu_host_gbps > 0) || !(cpu_gbps > 0))
-        return 0;
-    const double p = pct > 100 ? 1.0 : pct / 100.0, tc = p / cpu_gbps,
-                 tg = (1.0 - p) / gpu_host_gbps;
-    return 1.0 / (tc > tg ? tc : tg);
-}
-
-int rkv_cpu_tail_faster(double pcie_gbps, double host_stream_gbps, double cpu_gbps,
-                        double split_gbps)
-{
-    double streamed = pcie_gbps;
-    if (host_stream_gbps > 0 && (streamed <= 0 || host_stream_gbps < streamed))
-        streamed = host_stream_gbps;
-    return cpu_gbps > 0 && streamed > 0 && cpu_gbps > streamed && cpu_gbps > split_gbps;
-}

@@ -25,20 +25,12 @@ uint64_t rkv_env_u64(const char *name, uint64_t def, uint64_t lo, uint64_t hi);
  * 10 s unset */
 uint64_t rkv_step_report_ms(void);
 
-/* CPU_TAIL's rule, one place for kvmgr's planner and the worker: host blocks are attended on the
- * cpu when its measured rate beats the rate they reach the gpu (the link, or the host-pool read
- * rate when that is slower; without a link the read rate alone) and, where the worker splits
- * its host reads, the rate of that split (the cpu and the link together: split_gbps). GB/s;
- * 0 = unknown (never cpu; split_gbps 0: no split) */
-int rkv_cpu_tail_faster(double pcie_gbps, double host_stream_gbps, double cpu_gbps,
-                        double split_gbps);
-/* the split host read's automatic share: the cpu's part of the two rates a tail is read at
- * together (the gpu's host-block attention rate, the cpu's), as a percent 0..100 rounded;
- * 0 when either is unknown (0) */
-uint32_t rkv_host_split_auto(double gpu_host_gbps, double cpu_gbps);
-/* the rate a tail is read at with pct percent of it on the cpu and the rest on the gpu, both at
- * once: the tail over the longer of the two parts' times; 0 when pct is 0 or a rate unknown */
-double rkv_host_split_gbps(uint32_t pct, double gpu_host_gbps, double cpu_gbps);
+/* the host-tail tactic's rules live in common/hosttail.h; these are their names for the
+ * callers that still use them */
+#include "common/hosttail.h"
+#define rkv_cpu_tail_faster hosttail_cpu_faster
+#define rkv_host_split_auto hosttail_split_auto
+#define rkv_host_split_gbps hosttail_split_gbps
 
 /* directory of the running executable (to find sibling binaries) */
 int rkv_exe_dir(char *buf, size_t len);

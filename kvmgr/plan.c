@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "common/hosttail.h"
 #include "common/log.h"
 #include "common/util.h"
 
@@ -309,7 +310,7 @@ static enum plan_tactic spill_tactic(const struct plan_input *in, const struct p
     if (in->mode == PLAN_MODE_WINDOW)
         return PLAN_WINDOW;
     /* the worker applies the same rule to the same rates (its --host-attn auto) */
-    return rkv_cpu_tail_faster(g->pcie_h2d_gbps, g->host_stream_gbps, g->cpu_attn_gbps,
+    return hosttail_cpu_faster(g->pcie_h2d_gbps, g->host_stream_gbps, g->cpu_attn_gbps,
                                g->split_gbps)
                ? PLAN_CPU_TAIL
                : PLAN_WINDOW;

@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "common/err.h"
+#include "common/hosttail.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "worker/cpu/cpu_backend.h"
@@ -372,7 +373,7 @@ uint32_t rates_split_share(const struct rates *r, double *cpu_gbps, double *gpu_
         *cpu_gbps = cpu;
     if (gpu_gbps)
         *gpu_gbps = gpu;
-    return rkv_host_split_auto(gpu, cpu);
+    return hosttail_split_auto(gpu, cpu);
 }
 
 int rates_measure(struct backend *be, const struct rates_opts *o, struct rates *out)

@@ -6,6 +6,7 @@
 
 #include "worker/cuda/cuda_ops.cuh"
 extern "C" {
+#include "common/hosttail.h"
 #include "worker/cpu/cpu_backend.h"
 }
 
@@ -45,16 +46,16 @@ int cuda_split_shares(struct cuda_ctx *c, const struct be_batch *b, uint32_t *sc
         dec_blocks += q->n_tokens <= 1 ? sc[s] : 0;
     }
     const double h = (double)dec_blocks * 2 * kv_slice_bytes(&c->layout); /* a layer's bytes */
-    /* the link time of the decode rows' host bytes of one layer, in us: a short tail is not
-     * split (the cpu's part would stand on the layer's critical path beside the gpu's own
-     * work), a long one runs the cpu's part off the launching thread */
+    /* the link time of the decode rows' host bytes of one layer, in us */
     const double link_us = h / (c->hcpu.link_gbps * 1e3);
-    const int gated = !split || link_us < (double)c->tune.split_min_us;
+    const enum hosttail_split_mode mode =
+        hosttail_split_mode(link_us, c->tune.split_min_us, c->tune.split_async_us);
+    const int gated = !split || mode == HOSTTAIL_SPLIT_OFF;
     if (split && dec_blocks) {
         c->hst.tail_us += link_us;
         c->hst.tail_n++;
     }
-    m->split_async = !gated && link_us >= (double)c->tune.split_async_us;
+    m->split_async = !gated && mode == HOSTTAIL_SPLIT_ASYNC;
     for (uint32_t s = 0; s < b->n_seqs; s++) {
         if (gated)
             m->cpu_k[s] = 0;
