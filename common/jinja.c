@@ -2117,8 +2117,7 @@ static struct node *p_filter(struct parser *P, struct node *n, bool start_inline
             advance(P);
         struct tok *at = cur(P);
         const char *name = p_dotted_name(P);
-        if (!in_names(filter_names, name))
-            p_fail(P, at, RKV_EUNSUPPORTED, "unknown filter '%s'", name);
+    
         struct node *f = mk(P, E_FILTER, at);
         f->a = n;
         f->name = name;
@@ -2136,8 +2135,7 @@ static struct node *p_test(struct parser *P, struct node *n)
     bool negated = skip_kw(P, "not");
     struct tok *nt = cur(P);
     const char *name = p_dotted_name(P);
-    if (!in_names(test_names, name))
-        p_fail(P, nt, RKV_EUNSUPPORTED, "unknown test '%s'", name);
+    (void)nt;
     struct node *t = mk(P, E_TEST, at);
     t->a = n;
     t->name = name;
@@ -2436,6 +2434,73 @@ static struct node *p_body(struct parser *P, const char *const *ends)
     body->xs = items.v;
     body->nx = items.n;
     return fin(P, body);
+}
+
+/* unknown filters and tests: jinja2 reports them when it compiles the
+ * template, except inside an if statement or an if expression (a "soft"
+ * frame), where only running one fails */
+static void check_names(struct parser *P, const struct node *n, bool soft)
+{
+    while (n) {
+        if ((n->k == E_FILTER && !in_names(filter_names, n->name)) ||
+            (n->k == E_TEST && !in_names(test_names, n->name))) {
+            if (!soft)
+                jfail(P->err, RKV_EUNSUPPORTED, n->line, n->col, "unknown %s '%s'",
+                      n->k == E_FILTER ? "filter" : "test", n->name);
+        }
+        bool inner = soft; /* for, macro, call, set and filter blocks start frames of their own */
+        switch (n->k) {
+        case N_IF:
+        case E_COND:
+            soft = inner = true;
+            break;
+        case N_FOR:
+        case N_MACRO:
+        case N_CALLBLOCK:
+        case N_SETBLOCK:
+        case N_FILTERBLOCK:
+        case N_WITH: inner = false; break;
+        }
+        const struct node *body[3] = {NULL, NULL, NULL};
+        switch (n->k) {
+        case N_FOR: /* a target, b iterable, c filter, d body, e else */
+            check_names(P, n->b, soft);
+            check_names(P, n->c, false);
+            body[0] = n->d;
+            body[1] = n->e;
+            break;
+        case N_SETBLOCK: /* a target, b body, c filter chain */
+            check_names(P, n->c, soft);
+            body[0] = n->b;
+            break;
+        case N_MACRO:
+        case N_CALLBLOCK:
+        case N_FILTERBLOCK:
+        case N_WITH:
+            check_names(P, n->a, soft);
+            for (size_t i = 0; i < n->nk; i++)
+                check_names(P, n->kv[i], soft);
+            for (size_t i = 0; i < n->nx; i++)
+                check_names(P, n->xs[i], false);
+            body[0] = n->d;
+            break;
+        default:
+            check_names(P, n->a, soft);
+            check_names(P, n->b, soft);
+            check_names(P, n->d, soft);
+            check_names(P, n->e, soft);
+            for (size_t i = 0; i < n->nx; i++)
+                check_names(P, n->xs[i], soft);
+            for (size_t i = 0; i < n->nk; i++)
+                check_names(P, n->kv[i], soft);
+            /* c last, as a loop: an elif chain can be long */
+            n = n->c;
+            continue;
+        }
+        for (int i = 0; i < 3; i++)
+            check_names(P, body[i], inner);
+        return;
+    }
 }
 
 /* --- render state ---------------------------------------------------------- */
@@ -3072,57 +3137,99 @@ static bool compare(struct rs *R, const struct node *at, int op, struct jv a, st
 
 /* --- strings --------------------------------------------------------------- */
 
-static char a_upper(char c)
-{
-    return c >= 'a' && c <= 'z' ? (char)(c - 32) : c;
-}
-static char a_lower(char c)
-{
-    return c >= 'A' && c <= 'Z' ? (char)(c + 32) : c;
-}
 static bool a_alpha(char c)
 {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
 }
 
-/* case mapping is ASCII-only: other text passes through unchanged */
+/* simple case mapping: ASCII, Latin-1, Latin Extended-A, Greek and
+ * Cyrillic; other scripts pass through unchanged (Python's full mappings
+ * such as German sharp s to "SS" and the final sigma are not applied) */
+static uint32_t u_upper(uint32_t c)
+{
+    if (c < 0x80)
+        return c >= 'a' && c <= 'z' ? c - 32 : c;
+    if (c >= 0xe0 && c <= 0xfe && c != 0xf7)
+        return c - 32;
+    if (c == 0xff)
+        return 0x178;
+    if (c == 0xb5)
+        return 0x39c;
+    if ((c >= 0x100 && c <= 0x12f) || (c >= 0x132 && c <= 0x137) || (c >= 0x14a && c <= 0x177))
+        return c & 1 ? c - 1 : c;
+    if ((c >= 0x139 && c <= 0x148) || (c >= 0x179 && c <= 0x17e))
+        return c & 1 ? c : c - 1;
+    if (c >= 0x3b1 && c <= 0x3c9)
+        return c == 0x3c2 ? 0x3a3 : c - 32;
+    if (c >= 0x430 && c <= 0x44f)
+        return c - 32;
+    if (c >= 0x450 && c <= 0x45f)
+        return c - 80;
+    return c;
+}
+
+static uint32_t u_lower(uint32_t c)
+{
+    if (c < 0x80)
+        return c >= 'A' && c <= 'Z' ? c + 32 : c;
+    if (c >= 0xc0 && c <= 0xde && c != 0xd7)
+        return c + 32;
+    if (c == 0x178)
+        return 0xff;
+    if ((c >= 0x100 && c <= 0x12f) || (c >= 0x132 && c <= 0x137) || (c >= 0x14a && c <= 0x177))
+        return c & 1 ? c : c + 1;
+    if ((c >= 0x139 && c <= 0x148) || (c >= 0x179 && c <= 0x17e))
+        return c & 1 ? c + 1 : c;
+    if (c >= 0x391 && c <= 0x3a9 && c != 0x3a2)
+        return c + 32;
+    if (c >= 0x410 && c <= 0x42f)
+        return c + 32;
+    if (c >= 0x400 && c <= 0x40f)
+        return c + 80;
+    return c;
+}
+
+static bool u_cased(uint32_t c)
+{
+    return u_upper(c) != c || u_lower(c) != c || c == 0xdf || c == 0xaa || c == 0xba;
+}
+
 enum casemode { C_UPPER, C_LOWER, C_SWAP, C_CAPITALIZE, C_TITLE, C_JTITLE };
 
 static struct jv str_case(struct rs *R, struct jv v, int mode)
 {
     const struct jstr *s = v.u.s;
-    struct jstr *o = str_new(R->a, s->s, s->n);
+    struct sbuf b;
+    sb_init(&b, R->a, 0, R->err);
     bool word_start = true;
-    for (size_t i = 0; i < s->n; i++) {
-        char c = s->s[i];
+    for (size_t i = 0, k = 0; i < s->n; k++) {
+        uint32_t c, o;
+        size_t l = u8_dec((const unsigned char *)s->s + i, s->n - i, &c);
         switch (mode) {
-        case C_UPPER: o->s[i] = a_upper(c); break;
-        case C_LOWER: o->s[i] = a_lower(c); break;
-        case C_SWAP: o->s[i] = a_alpha(c) ? (char)(c ^ 32) : c; break;
-        case C_CAPITALIZE: o->s[i] = i == 0 ? a_upper(c) : a_lower(c); break;
+        case C_UPPER: o = u_upper(c); break;
+        case C_LOWER: o = u_lower(c); break;
+        case C_SWAP: o = u_upper(c) != c ? u_upper(c) : u_lower(c); break;
+        case C_CAPITALIZE: o = k == 0 ? u_upper(c) : u_lower(c); break;
         case C_TITLE:
             /* str.title(): upper after an uncased character */
-            o->s[i] = word_start ? a_upper(c) : a_lower(c);
-            word_start = !a_alpha(c);
+            o = word_start ? u_upper(c) : u_lower(c);
+            word_start = !u_cased(c);
             break;
-        case C_JTITLE: {
-            /* jinja2's title filter: upper after one of -\s({[< */
-            o->s[i] = word_start ? a_upper(c) : a_lower(c);
-            uint32_t cp;
-            size_t l = u8_dec((const unsigned char *)s->s + i, s->n - i, &cp);
-            bool sep = cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<' || u_space(cp);
-            /* the first character of a separator run also counts as a word start */
-            word_start = sep;
-            for (size_t k = 1; k < l; k++)
-                o->s[i + k] = s->s[i + k];
-            i += l - 1;
+        default:
+            /* jinja2's title filter: upper at the start and after one of -\s({[< */
+            o = word_start ? u_upper(c) : u_lower(c);
+            word_start = c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || u_space(c);
             break;
         }
+        if (o == c || (l == 1 && c >= 0x80)) {
+            sb_put(&b, s->s + i, l);
+        } else {
+            char tmp[4];
+            sb_put(&b, tmp, u8_enc(o, tmp));
         }
+        i += l;
     }
-    struct jv r = {.t = JT_STR};
-    r.u.s = o;
-    return r;
+    return sb_val(&b);
 }
 
 static bool in_cp_set(uint32_t c, const struct jstr *set)
@@ -4107,11 +4214,12 @@ static bool run_test(struct rs *R, const struct node *at, const char *name, stru
     if (!strcmp(name, "lower") || !strcmp(name, "upper")) {
         struct jv s = str_of(R, x);
         bool cased = false;
-        for (size_t i = 0; i < s.u.s->n; i++) {
-            char c = s.u.s->s[i];
-            if (a_alpha(c)) {
+        for (size_t i = 0; i < s.u.s->n;) {
+            uint32_t c;
+            i += u8_dec((const unsigned char *)s.u.s->s + i, s.u.s->n - i, &c);
+            if (u_cased(c)) {
                 cased = true;
-                if ((name[0] == 'l') != (c >= 'a'))
+                if (name[0] == 'l' ? u_lower(c) != c : u_upper(c) != c)
                     return false;
             }
         }
@@ -4301,9 +4409,9 @@ static struct jv str_method(struct rs *R, const struct node *at, struct jv self,
                 ok = u_space(cp);
             else if (!strcmp(name, "islower") || !strcmp(name, "isupper")) {
                 bool want_lower = name[2] == 'l';
-                if (a_alpha(c)) {
+                if (u_cased(cp)) {
                     cased = true;
-                    ok = want_lower == (c >= 'a');
+                    ok = want_lower ? u_lower(cp) == cp : u_upper(cp) == cp;
                 } else {
                     ok = true;
                 }
@@ -4816,24 +4924,27 @@ static int exec_for(struct rs *R, const struct node *n, struct scope *sc)
         }
         items = kept;
     }
-    if (!items->n) {
-        if (n->e)
-            return exec(R, n->e, scope_new(R, sc));
-        return FLOW_NEXT;
-    }
     struct jloop *lp = arena_alloc(R->a, sizeof *lp);
     lp->items = items;
     struct jv lv = {.t = JT_LOOP};
     lv.u.lp = lp;
+    bool iterated = false;
     for (size_t i = 0; i < items->n; i++) {
         lp->i = i;
         step(R, n, 1);
         struct scope *it = scope_new(R, sc);
         assign(R, n->a, items->v[i], it);
         scope_set(R, it, "loop", lv);
-        if (exec(R, n->d, it) == FLOW_BREAK)
+        int rc = exec(R, n->d, it);
+        if (rc == FLOW_BREAK)
             break;
+        /* jinja2 sets its "iterated" flag at the end of the body, so an else
+         * also runs when every iteration left by break or continue */
+        if (rc == FLOW_NEXT)
+            iterated = true;
     }
+    if (!iterated && n->e)
+        return exec(R, n->e, scope_new(R, sc));
     return FLOW_NEXT;
 }
 
@@ -4977,6 +5088,7 @@ int jinja_parse(const char *src, size_t len, const char *name, struct jinja_tmpl
     (void)eof;
     struct parser P = {.tk = L.tk, .n = L.ntk, .a = &t->a, .err = &job->err};
     t->root = p_body(&P, NULL);
+    check_names(&P, t->root, false);
     t->a.err = NULL;
     free(job);
     *out = t;
