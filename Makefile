@@ -250,13 +250,13 @@ gpu-test: gpu
 bench: gpu
 	@scripts/bench.sh $(BUILD)
 
-# load and soak (issue 9): 256 streamed sessions against rkvd on the cpu backend for
+# load and soak: 256 streamed sessions against rkvd on the cpu backend for
 # SOAK_MINUTES (default 5); writes $(BUILD)/soak/soak.json
 .PHONY: soak
 soak: all venv
 	@RKV_BUILD=$(BUILD) scripts/soak.sh $(or $(SOAK_MINUTES),5)
 
-# issue 8's system benchmarks (docs/performance.md): load ramp, spill curve (+ transformers'
+# the system benchmarks (docs/performance.md): load ramp, spill curve (+ transformers'
 # offloaded cache), HTTP overhead, budget change under load; JSON + PNG in $(BUILD)/bench-system.
 # Packs the binaries first (as gpu-demo) so the pack can travel to a gpu machine
 # (scripts/bench-system.sh DIR OUT there); without a gpu it runs the cpu smoke mode
@@ -265,7 +265,7 @@ bench-system:
 	@scripts/bench-system.sh --pack $(BUILD)/bench-system-pack $(BUILD) && \
 	 scripts/bench-system.sh $(BUILD)/bench-system-pack $(BUILD)/bench-system
 
-# fault campaign (issue 9): kills and restarts under load for FAULT_MINUTES (default 5);
+# fault campaign: kills and restarts under load for FAULT_MINUTES (default 5);
 # writes $(BUILD)/faults/faults.json
 .PHONY: faults
 faults: all venv

@@ -1,5 +1,5 @@
 #!/bin/sh
-# bench-system.sh - issue 8's system benchmarks (make bench-system): load ramp, spill curve (and
+# bench-system.sh - the system benchmarks (make bench-system): load ramp, spill curve (and
 # transformers' offloaded KV cache beside it), HTTP overhead, budget change under load, against
 # rkvd --backend cuda; JSON + PNG plots under OUT, each figure printed as a ratio to its bound.
 #   scripts/bench-system.sh --pack DIR [BUILD]    here: build, then the binaries (gpu_bench and

@@ -1,17 +1,17 @@
 #!/bin/sh
 # device-ab.sh - gpu_bench decode suite (--quick) once per variant of the RKV_CUDA_* switches,
-# in one device call, for an a/b of kernel choices measured in the same run (env SUITE=prefill
+# in one run, for an a/b of kernel choices measured in the same run (env SUITE=prefill
 # for the prefill cases, QUICK= for all of a suite's lengths):
 #   here:  scripts/bench-system.sh --pack .benchpack build/bs
 #   there: sh scripts/device-ab.sh .benchpack $OUT default RKV_CUDA_EARLY=0 RKV_CUDA_SPLIT_COST=2
 # a variant is "default" or VAR=VALUE[,VAR=VALUE...], either after "PACK2:" to run another
-# pack's gpu_bench (an older build against this tree's in one call; PACK2.tgz is unpacked beside
+# pack's gpu_bench (an older build against this tree's in one run; PACK2.tgz is unpacked beside
 # it when only that came):
 #   here:  git worktree add /tmp/base REV && (cd /tmp/base && scripts/bench-system.sh --pack
 #          .mainpack build/bs) && cp /tmp/base/.mainpack.tgz .   (carry .mainpack.tgz too)
 #   there: sh scripts/device-ab.sh .benchpack $OUT .mainpack:default default RKV_CUDA_X=1
 # each writes OUT/ab-N.json and .txt, and
-# OUT/ab.txt lists every variant's decode lines side by side in call order.
+# OUT/ab.txt lists every variant's decode lines side by side in the order given.
 set -u
 PACK=${1:?usage: scripts/device-ab.sh PACK OUT VARIANT...}
 OUT=${2:?usage: scripts/device-ab.sh PACK OUT VARIANT...}

@@ -1,8 +1,7 @@
 #!/bin/sh
-# device-session.sh - the device calls that check and measure what changed since the last
-# device session, each under the device tool's 600 s per call, in the order that matters when
-# time runs out (the cuda switches at their defaults; set RKV_CUDA_* in the environment for an
-# a/b run: the worker inherits them):
+# device-session.sh - the runs on a gpu machine that check and measure a build, each within
+# 600 s, in the order that matters when time runs out (the cuda switches at their defaults; set
+# RKV_CUDA_* in the environment for an a/b run: the worker inherits them):
 #   check   the op tests, compute-sanitizer memcheck of the op tests, every gpu_bench suite,
 #           rkv-bench cpu --quick on avx-512 and avx2 (~5 min)
 #   system  tests/gpu/bench_system.py with its defaults: http, ramp, spill, budget (on a server
@@ -22,7 +21,7 @@
 #           instruction in OUT/ncu_o_sass.csv (o: 16.5 us for 7.3 us of bytes in a b=1 step)
 #   here:  scripts/bench-system.sh --pack .benchpack build/bs
 #   there: sh scripts/device-session.sh .benchpack $OUT check   (carry .benchpack.tgz: it unpacks there), then system
-# everything lands in OUT, and OUT/all.tgz holds it all (the device tool returns few files).
+# everything lands in OUT, and OUT/all.tgz holds it all (one file to carry back).
 set -u
 PACK=${1:?usage: scripts/device-session.sh PACK OUT [check|system|trace|sample|profile]}
 OUT=${2:?usage: scripts/device-session.sh PACK OUT [check|system|trace|sample|profile]}

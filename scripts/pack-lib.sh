@@ -3,9 +3,8 @@
 #   pack_bins DIR FILE...      FILEs into DIR/bin (stripped), the shared libraries they need
 #                              (not glibc, not the compiler runtime, not cuda) and those named
 #                              in PACK_EXTRA_LIBS into DIR/lib, and
-#                              all of DIR as DIR.tgz (a third of the size: the device tool
-#                              carries at most 64 MiB with the tree, and the four CUDA binaries
-#                              are ~12 MiB each)
+#                              all of DIR as DIR.tgz (a third of the size, for a copy that
+#                              limits what it carries: the four CUDA binaries are ~12 MiB each)
 #   pack_env DIR OUT SHM_GIB   there: DIR from DIR.tgz when only that came, LD_LIBRARY_PATH,
 #                              OUT/env.txt, every library found, /dev/shm of at least SHM_GIB
 #                              (the host KV pool is shared memory)
