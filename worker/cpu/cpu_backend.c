@@ -9,6 +9,7 @@
 #include "common/log.h"
 #include "worker/backend_impl.h"
 #include "worker/cpu/cpu_ops.h"
+#include "worker/cpu/cpu_quant.h"
 #include "worker/pool.h"
 #include "worker/sample.h"
 
@@ -23,6 +24,8 @@ struct cpu_ctx {
     size_t seg_floats;
     struct sampler **smp; /* (n_threads) cpu_sample's scratch samplers, of smp_vocab logits */
     int32_t smp_vocab;
+    uint8_t *qx; /* (n, cpu_qx_row_bytes) a matmul's activations quantized, grown on demand */
+    size_t qx_bytes;
 };
 
 /* every thread gets at least n floats of scratch; grown on the caller's
@@ -58,6 +61,7 @@ static void cpu_free(void *ctx)
         for (uint32_t i = 0; i < pool_n_threads(c->pool); i++)
             sampler_free(c->smp[i]);
     free(c->smp);
+    free(c->qx);
     pool_free(c->pool);
     free(c);
 }
@@ -187,6 +191,7 @@ struct matmul_arg {
     const struct be_tensor *w;
     const float *bias;
     uint32_t n_tok;
+    size_t qx_stride; /* bytes of a quantized activation row (the integer path) */
 };
 
 static void matmul_chunk(void *v, uint32_t b, uint32_t e, uint32_t thread)
@@ -194,18 +199,46 @@ static void matmul_chunk(void *v, uint32_t b, uint32_t e, uint32_t thread)
     struct matmul_arg *a = v;
     /* items are groups of 4 output rows */
     uint32_t r0 = b * 4, r1 = e * 4 < a->w->rows ? e * 4 : a->w->rows;
-    cpu_matmul_rows(a->y, a->x, a->w->data, a->w->type, a->w->row_bytes, a->bias, a->n_tok,
-                    a->w->cols, a->w->rows, r0, r1, a->c->scratch[thread]);
+    if (a->qx_stride)
+        cpu_qmatmul_rows(a->y, a->c->qx, a->qx_stride, a->w->data, a->w->type, a->w->row_bytes,
+                         a->bias, a->n_tok, a->w->cols, a->w->rows, r0, r1);
+    else
+        cpu_matmul_rows(a->y, a->x, a->w->data, a->w->type, a->w->row_bytes, a->bias, a->n_tok,
+                        a->w->cols, a->w->rows, r0, r1, a->c->scratch[thread]);
+}
+
+/* tokens [b, e) of the matmul's input quantized for its weight type */
+static void quantize_chunk(void *v, uint32_t b, uint32_t e, uint32_t thread)
+{
+    struct matmul_arg *a = v;
+    const enum cpu_isa isa = cpu_q_isa();
+    for (uint32_t t = b; t < e; t++)
+        cpu_qx_quantize(a->w->type, a->x + (size_t)t * a->w->cols, a->w->cols,
+                        a->c->qx + (size_t)t * a->qx_stride, isa);
 }
 
 static int cpu_matmul(void *ctx, struct be_tensor *out, const struct be_tensor *in,
                       const struct be_tensor *w, const struct be_tensor *bias, uint32_t n)
 {
     struct cpu_ctx *c = ctx;
-    int rc = ensure_scratch(c, 4 * (size_t)w->cols);
-    if (rc < 0)
-        return rc;
-    struct matmul_arg a = {c, out->data, in->data, w, bias ? bias->data : NULL, n};
+    struct matmul_arg a = {c, out->data, in->data, w, bias ? bias->data : NULL, n, 0};
+    if (!cpu_q_int(w->type)) { /* f32 sums: 4 weight rows as f32 a thread */
+        int rc = ensure_scratch(c, 4 * (size_t)w->cols);
+        if (rc < 0)
+            return rc;
+    } else {
+        /* the integer path: every token's row quantized once, then every weight row's dots */
+        a.qx_stride = cpu_qx_row_bytes(w->type, w->cols);
+        const size_t need = a.qx_stride * (n ? n : 1);
+        if (need > c->qx_bytes) {
+            free(c->qx);
+            c->qx = aligned_alloc(64, need);
+            c->qx_bytes = c->qx ? need : 0;
+            if (!c->qx)
+                return RKV_ENOMEM;
+        }
+        pool_run(c->pool, quantize_chunk, &a, n, (uint32_t)(65536 / (w->cols ? w->cols : 1)) + 1);
+    }
     uint32_t groups = (w->rows + 3) / 4;
     /* enough work per chunk to beat the hand-off: ~64k multiply-adds */
     uint64_t per_group = 4ull * w->cols * (n ? n : 1);
@@ -558,7 +591,7 @@ static const struct backend_i cpu_iface = {
     .sync = cpu_sync,
     .greedy = cpu_greedy,
     .sample = cpu_sample,
-    /* every block format of common/quant.h, dequantized a row at a time */
+    /* every block format of common/quant.h: integer dots on 8-bit activations (cpu_quant.h) */
     .weight_types = (1ull << BE_Q4_0) | (1ull << BE_Q4_1) | (1ull << BE_Q5_0) | (1ull << BE_Q5_1) |
                     (1ull << BE_Q2_K) | (1ull << BE_Q3_K) | (1ull << BE_Q4_K) | (1ull << BE_Q5_K) |
                     (1ull << BE_Q6_K) | (1ull << BE_IQ4_NL) | (1ull << BE_IQ4_XS),
@@ -583,6 +616,10 @@ int cpu_backend_init(uint32_t n_threads, struct backend **out)
     const char *isa = getenv("RKV_CPU_AVX512");
     if (isa && (!strcmp(isa, "0") || !strcmp(isa, "1")))
         cpu_ops_use_avx512(isa[0] - '0');
+    /* RKV_CPU_EXACT=1 dequantizes every block type to f32 (cpu_quant.h's contract) */
+    const char *exact = getenv("RKV_CPU_EXACT");
+    if (exact && (!strcmp(exact, "0") || !strcmp(exact, "1")))
+        cpu_q_use_exact(exact[0] - '0');
     log_debug("backend: cpu with %u threads, %s kernels", pool_n_threads(c->pool),
               cpu_ops_avx512() ? "avx-512" : "avx2");
     return 0;

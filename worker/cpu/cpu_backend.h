@@ -1,4 +1,4 @@
-/* cpu_backend.h - the cpu backend (f32 math, weights dequantized on the fly, threaded). */
+/* cpu_backend.h - the cpu backend (f32 math, integer dots for quantized weights, threaded). */
 #ifndef RKV_CPU_BACKEND_H
 #define RKV_CPU_BACKEND_H
 

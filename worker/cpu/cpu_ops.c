@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "common/quant.h"
+#include "worker/cpu/cpu_quant.h"
 
 #include <immintrin.h>
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -128,7 +129,7 @@ void cpu_dequant_row(enum be_type t, const void *src, float *dst, size_t n)
         }
         break;
     }
-    default: quant_dequantize_row((uint32_t)t, src, dst, n); break;
+    default: cpu_q_dequant(t, src, dst, n, cpu_q_isa()); break;
     }
 }
 

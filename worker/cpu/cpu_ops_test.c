@@ -11,9 +11,11 @@
 #include <cmocka.h>
 
 #include "common/err.h"
+#include "common/quant.h"
 #include "worker/backend.h"
 #include "worker/cpu/cpu_backend.h"
 #include "worker/cpu/cpu_ops.h"
+#include "worker/cpu/cpu_quant.h"
 #include "worker/pool.h"
 #include "worker/kv.h"
 
@@ -222,6 +224,8 @@ static void test_matmul(void **state)
 {
     (void)state;
     enum be_type types[] = {BE_F32, BE_F16, BE_BF16, BE_Q8_0};
+    /* the f32 sums of every type (Q8_0 dequantized); test_quant_matmul checks the integer path */
+    cpu_q_use_exact(1);
     /* both kernel families: avx-512 (when this cpu has it) and avx2 */
     for (int mode = -1; mode <= 0; mode++) {
         cpu_ops_use_avx512(mode);
@@ -238,6 +242,7 @@ static void test_matmul(void **state)
         run_matmul_batch_invariant(100, 13);
     }
     cpu_ops_use_avx512(-1);
+    cpu_q_use_exact(0);
     /* a shape mismatch is refused, not computed */
     struct be_tensor *w = tensor_f32(4, 8, NULL), *x = tensor_f32(2, 7, NULL),
                      *y = tensor_f32(2, 4, NULL);
@@ -880,6 +885,269 @@ static void test_pool(void **state)
     pool_free(p);
 }
 
+/* --- block-quantized weights (cpu_quant.h) ----------------------------------------------- */
+
+static const enum be_type qtypes[] = {BE_Q4_0, BE_Q4_1, BE_Q5_0, BE_Q5_1, BE_Q8_0, BE_IQ4_NL,
+                                      BE_Q2_K, BE_Q3_K, BE_Q4_K, BE_Q5_K, BE_Q6_K, BE_IQ4_XS};
+#define N_QTYPES (sizeof(qtypes) / sizeof(qtypes[0]))
+
+static const enum cpu_isa isas[] = {CPU_ISA_SCALAR, CPU_ISA_AVX2, CPU_ISA_AVX512};
+static const char *const isa_names[] = {"scalar", "avx2", "avx-512"};
+
+static uint8_t rbyte(void)
+{
+    frand();
+    return (uint8_t)(rng_state >> 29);
+}
+
+/* nb random blocks of t: random bytes (every level, sub-block scale, min and sign pattern) under
+ * finite f16 scales of either sign up to `scale`, a sixteenth of them zero */
+static void rand_blocks(enum be_type t, uint8_t *buf, size_t nb, float scale)
+{
+    const size_t bytes = be_type_size(t, be_type_block(t));
+    int at[2] = {0, -1}; /* where the format keeps its f16 scales */
+    switch (t) {
+    case BE_Q4_1:
+    case BE_Q5_1:
+    case BE_Q4_K:
+    case BE_Q5_K: at[1] = 2; break;
+    case BE_Q2_K: at[0] = 80, at[1] = 82; break;
+    case BE_Q3_K: at[0] = 108; break;
+    case BE_Q6_K: at[0] = 208; break;
+    default: break;
+    }
+    for (size_t i = 0; i < nb * bytes; i++)
+        buf[i] = rbyte();
+    for (size_t b = 0; b < nb; b++)
+        for (int k = 0; k < 2; k++)
+            if (at[k] >= 0) {
+                const uint16_t h = cpu_f32_to_f16(rbyte() % 16 ? frand() * scale : 0.0f);
+                memcpy(buf + b * bytes + at[k], &h, 2);
+            }
+}
+
+/* SIMD dequantization gives common/quant.c's bits, for every type and isa, on rows of one block,
+ * a few and many */
+static void test_quant_dequant(void **state)
+{
+    (void)state;
+    static const size_t counts[] = {1, 3, 37};
+    for (size_t ti = 0; ti < N_QTYPES; ti++) {
+        const enum be_type t = qtypes[ti];
+        for (size_t ci = 0; ci < 3; ci++) {
+            const size_t n = counts[ci] * be_type_block(t);
+            uint8_t *w = malloc(be_type_size(t, n));
+            float *ref = malloc(sizeof(float) * n), *got = malloc(sizeof(float) * n);
+            rand_blocks(t, w, counts[ci], 1.0f);
+            assert_int_equal(quant_dequantize_row((uint32_t)t, w, ref, n), 0);
+            for (int ii = 0; ii < 4; ii++) { /* each isa, then the backend's own pick */
+                if (ii < 3 && !cpu_q_isa_ok(isas[ii]))
+                    continue;
+                memset(got, 0xff, sizeof(float) * n);
+                if (ii < 3)
+                    cpu_q_dequant(t, w, got, n, isas[ii]);
+                else
+                    cpu_dequant_row(t, w, got, n);
+                for (size_t i = 0; i < n; i++)
+                    if (memcmp(&got[i], &ref[i], sizeof(float)))
+                        fail_msg("%s %s, %zu blocks: value %zu is %.9g, common/quant.c's %.9g",
+                                 be_type_name(t), ii < 3 ? isa_names[ii] : "cpu_dequant_row",
+                                 counts[ci], i, got[i], ref[i]);
+            }
+            free(w), free(ref), free(got);
+        }
+    }
+}
+
+/* an activation row quantized for t: the bytes cpu_qx_quantize writes (q, scales, sums) */
+static size_t qx_used(enum be_type t, uint32_t n)
+{
+    const uint32_t blk = be_type_block(t) == 256 ? 256 : 32;
+    return n + 4 * (n / blk) + 2 * (n / 16);
+}
+
+/* the activation rounding: d = amax / 127 and q = round(x / d) within half a step, sums of 16,
+ * the same bytes from the scalar and avx2 forms; special blocks (all zero, one value, NaN and
+ * infinity) give the same bytes too */
+static void test_quant_activation(void **state)
+{
+    (void)state;
+    const enum be_type ts[] = {BE_Q4_0, BE_Q4_K}; /* blocks of 32 and of 256 */
+    const uint32_t n = 1024;
+    float *x = malloc(sizeof(float) * n);
+    for (int k = 0; k < 2; k++) {
+        const enum be_type t = ts[k];
+        const uint32_t blk = be_type_block(t) == 256 ? 256 : 32;
+        fill(x, n, 3.0f);
+        memset(x, 0, sizeof(float) * blk);               /* block 0: all zero */
+        x[blk + 5] = 1e3f;                               /* block 1: one large value */
+        x[2 * blk + 1] = NAN, x[2 * blk + 2] = INFINITY; /* block 2: NaN and inf */
+        const size_t rb = cpu_qx_row_bytes(t, n);
+        uint8_t *a = aligned_alloc(64, rb), *b = aligned_alloc(64, rb);
+        cpu_qx_quantize(t, x, n, a, CPU_ISA_SCALAR);
+        if (cpu_q_isa_ok(CPU_ISA_AVX2)) {
+            cpu_qx_quantize(t, x, n, b, CPU_ISA_AVX2);
+            assert_memory_equal(a, b, qx_used(t, n));
+        }
+        const int8_t *q = (const int8_t *)a;
+        const float *d = (const float *)(a + n);
+        const int16_t *sums = (const int16_t *)(a + n + 4 * (n / blk));
+        for (uint32_t bl = 0; bl < n / blk; bl++) {
+            if (bl == 2)
+                continue;
+            float amax = 0.0f;
+            for (uint32_t i = 0; i < blk; i++)
+                amax = fmaxf(amax, fabsf(x[bl * blk + i]));
+            assert_true(d[bl] == amax / 127.0f);
+            for (uint32_t i = 0; i < blk; i++) {
+                const float v = x[bl * blk + i];
+                assert_true(fabs((double)v - (double)d[bl] * q[bl * blk + i]) <=
+                            d[bl] * 0.5 * (1 + 1e-5) + 1e-30);
+            }
+        }
+        for (uint32_t g = 0; g < n / 16; g++) {
+            int sum = 0;
+            for (int i = 0; i < 16; i++)
+                sum += q[g * 16 + i];
+            assert_int_equal(sums[g], sum);
+        }
+        free(a), free(b);
+    }
+    free(x);
+}
+
+/* the contract of one dot: every isa the scalar kernel's bits; those equal the exact sum of the
+ * dequantized weights times the rounded activations to f32 rounding, and the exact sum with the
+ * f32 activations to within half an activation step a value */
+static void check_qdot(enum be_type t, const uint8_t *w, const float *x, const uint8_t *xq,
+                       uint32_t n, const char *what)
+{
+    const uint32_t blk = be_type_block(t) == 256 ? 256 : 32;
+    float *wd = malloc(sizeof(float) * n);
+    quant_dequantize_row((uint32_t)t, w, wd, n);
+    const int8_t *q = (const int8_t *)xq;
+    const float *d = (const float *)(xq + n);
+    double exact = 0, rounded = 0, mag = 0, step = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const double xr = (double)d[i / blk] * q[i];
+        exact += (double)wd[i] * x[i];
+        rounded += (double)wd[i] * xr;
+        mag += fabs((double)wd[i] * xr);
+        step += fabs((double)wd[i]) * d[i / blk] * 0.5;
+    }
+    const float s = cpu_q_dot(t, w, xq, n, CPU_ISA_SCALAR);
+    for (int ii = 1; ii < 3; ii++)
+        if (cpu_q_isa_ok(isas[ii])) {
+            const float v = cpu_q_dot(t, w, xq, n, isas[ii]);
+            if (memcmp(&v, &s, sizeof(float)))
+                fail_msg("%s: %s gives %.9g, scalar %.9g", what, isa_names[ii], v, s);
+        }
+    if (!(fabs(s - rounded) <= 1e-5 * mag + 1e-6))
+        fail_msg("%s: %.9g, the rounded activations' exact sum %.9g", what, s, rounded);
+    if (!(fabs(s - exact) <= step * (1 + 1e-5) + 1e-5 * mag + 1e-6))
+        fail_msg("%s: %.9g is %.3g from the f32 sum %.9g (bound %.3g)", what, s, fabs(s - exact),
+                 exact, step);
+    free(wd);
+}
+
+static void test_quant_dots(void **state)
+{
+    (void)state;
+    static const uint32_t counts[] = {1, 3, 5, 130}; /* blocks a row: 130 leaves a tail of 2 */
+    for (size_t ti = 0; ti < N_QTYPES; ti++) {
+        const enum be_type t = qtypes[ti];
+        for (size_t ci = 0; ci < 4; ci++) {
+            const uint32_t n = counts[ci] * be_type_block(t);
+            uint8_t *w = malloc(be_type_size(t, n)),
+                    *xq = aligned_alloc(64, cpu_qx_row_bytes(t, n));
+            float *x = malloc(sizeof(float) * n);
+            rand_blocks(t, w, counts[ci], 0.05f);
+            fill(x, n, 2.0f);
+            cpu_qx_quantize(t, x, n, xq, CPU_ISA_SCALAR);
+            char what[64];
+            snprintf(what, sizeof(what), "%s dot of %u blocks", be_type_name(t), counts[ci]);
+            check_qdot(t, w, x, xq, n, what);
+            free(w), free(xq), free(x);
+        }
+    }
+}
+
+/* matmul_forward on the integer path: every output is the one-row dot of its token's rounded
+ * activations plus the bias, the same bits whatever the token count, tile, thread or isa; on the
+ * exact path (dequantized, f32 sums) the double sums to f32 rounding */
+static void run_quant_matmul(enum be_type t, uint32_t n_tok, uint32_t blocks, uint32_t n_out,
+                             int bias)
+{
+    const uint32_t n_in = blocks * be_type_block(t);
+    const size_t rb = be_type_size(t, n_in), xb = cpu_qx_row_bytes(t, n_in);
+    uint8_t *w = malloc(rb * n_out), *xq = aligned_alloc(64, xb);
+    float *x = malloc(sizeof(float) * n_tok * n_in), *b = malloc(sizeof(float) * n_out);
+    float *y = malloc(sizeof(float) * n_tok * n_out), *wd = malloc(sizeof(float) * n_in * n_out);
+    rand_blocks(t, w, (size_t)blocks * n_out, 0.05f);
+    fill(x, (size_t)n_tok * n_in, 1.0f);
+    fill(b, n_out, 1.0f);
+    for (uint32_t o = 0; o < n_out; o++)
+        quant_dequantize_row((uint32_t)t, w + o * rb, wd + (size_t)o * n_in, n_in);
+    struct be_tensor *tw, *tx = tensor_f32(n_tok, n_in, x), *ty = tensor_f32(n_tok, n_out, NULL);
+    struct be_tensor *tb = bias ? tensor_f32(1, n_out, b) : NULL;
+    assert_int_equal(backend_tensor_alloc(be, t, n_out, n_in, &tw), 0);
+    assert_int_equal(backend_tensor_set(be, tw, w, 0, rb * n_out), 0);
+    for (int mode = -1; mode <= 0; mode++) { /* avx-512 where the cpu has it, then avx2 */
+        cpu_ops_use_avx512(mode);
+        assert_int_equal(matmul_forward(be, ty, tx, tw, tb, n_tok), 0);
+        get_f32(ty, y, (size_t)n_tok * n_out);
+        for (uint32_t k = 0; k < n_tok; k++) {
+            cpu_qx_quantize(t, x + (size_t)k * n_in, n_in, xq, CPU_ISA_SCALAR);
+            for (uint32_t o = 0; o < n_out; o++) {
+                const float want =
+                    cpu_q_dot(t, w + o * rb, xq, n_in, CPU_ISA_SCALAR) + (bias ? b[o] : 0.0f);
+                const float got = y[(size_t)k * n_out + o];
+                if (memcmp(&got, &want, sizeof(float)))
+                    fail_msg("%s matmul %ux%ux%u (%s): [%u][%u] %.9g, its one-row dot %.9g",
+                             be_type_name(t), n_tok, n_in, n_out, mode ? "auto" : "avx2", k, o, got,
+                             want);
+            }
+        }
+    }
+    cpu_ops_use_avx512(-1);
+    cpu_q_use_exact(1);
+    assert_int_equal(matmul_forward(be, ty, tx, tw, tb, n_tok), 0);
+    cpu_q_use_exact(0);
+    get_f32(ty, y, (size_t)n_tok * n_out);
+    /* f32 sums of n_in products: within their rounding, 1e-5 of the sum of |products| */
+    for (uint32_t k = 0; k < n_tok; k++)
+        for (uint32_t o = 0; o < n_out; o++) {
+            double s = bias ? b[o] : 0.0, mag = fabs(s);
+            for (uint32_t i = 0; i < n_in; i++) {
+                const double p = (double)wd[(size_t)o * n_in + i] * x[(size_t)k * n_in + i];
+                s += p;
+                mag += fabs(p);
+            }
+            const float got = y[(size_t)k * n_out + o];
+            if (!(fabs(got - s) <= 1e-5 * mag + 1e-6))
+                fail_msg("exact %s matmul %ux%ux%u: [%u][%u] %.9g, double sums %.9g (|p| %.3g)",
+                         be_type_name(t), n_tok, n_in, n_out, k, o, got, s, mag);
+        }
+    backend_tensor_free(be, tw);
+    backend_tensor_free(be, tx);
+    backend_tensor_free(be, ty);
+    backend_tensor_free(be, tb);
+    free(w), free(xq), free(x), free(b), free(y), free(wd);
+}
+
+static void test_quant_matmul(void **state)
+{
+    (void)state;
+    for (size_t ti = 0; ti < N_QTYPES; ti++) {
+        const enum be_type t = qtypes[ti];
+        const uint32_t per = be_type_block(t) == 256 ? 1 : 8; /* blocks in 256 values */
+        run_quant_matmul(t, 1, 1, 5, 1);         /* one block a row, rows not a multiple of 4 */
+        run_quant_matmul(t, 3, 3, 37, 0);        /* 3 tokens: not a whole group of 4 */
+        run_quant_matmul(t, 9, 5 * per, 6, 1);   /* two groups of 4 and one token */
+        run_quant_matmul(t, 70, 32 * per, 6, 0); /* tiles of 24 tokens: three, the last short */
+    }
+}
+
 /* a test again on the avx2 kernels (the first run took avx-512 where this cpu has it) */
 static int on_avx2(void **state)
 {
@@ -961,6 +1229,10 @@ int main(void)
         cmocka_unit_test(test_attention_isa_forms),
         cmocka_unit_test(test_kv_write_layout),
         cmocka_unit_test(test_pool),
+        cmocka_unit_test(test_quant_dequant),
+        cmocka_unit_test(test_quant_activation),
+        cmocka_unit_test(test_quant_dots),
+        cmocka_unit_test(test_quant_matmul),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
