@@ -970,10 +970,18 @@ static void lx_advance(struct lexer *L, size_t to)
 
 static _Noreturn void lx_fail(struct lexer *L, size_t at, const char *fmt, ...)
 {
-    lx_advance(L, at < L->pos ? L->pos : at);
+    /* the error path: line and column of `at` counted from the start */
+    int line = 1;
+    size_t ls = 0;
+    for (size_t i = 0; i < at && i < L->n; i++)
+        if (L->src[i] == '\n') {
+            line++;
+            ls = i + 1;
+        }
+    int col = 1 + (int)u8_len(L->src + ls, (at < L->n ? at : L->n) - ls);
     va_list ap;
     va_start(ap, fmt);
-    jfailv(L->err, RKV_EFORMAT, L->line, lx_col(L, at), fmt, ap);
+    jfailv(L->err, RKV_EFORMAT, line, col, fmt, ap);
 }
 
 static struct tok *lx_push(struct lexer *L, int t, size_t at)
