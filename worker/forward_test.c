@@ -587,9 +587,12 @@ static void test_model_errors(void **state)
     assert_int_equal(model_create(be, &t.hp, &t.src, &m, err, sizeof(err)), RKV_EUNSUPPORTED);
     assert_non_null(strstr(err, "blk.0.attn_norm.weight"));
     t.layers[0].attn_norm.type = BE_F32;
-    t.src.tok_embd.type = (enum be_type)12; /* Q4_K */
+    t.src.tok_embd.type = (enum be_type)19; /* IQ1_S: a ggml type rkv does not read */
     assert_int_equal(model_create(be, &t.hp, &t.src, &m, err, sizeof(err)), RKV_EUNSUPPORTED);
     assert_non_null(strstr(err, "token_embd.weight"));
+    t.src.tok_embd.type = BE_Q4_K; /* a row of 64 values is not a whole 256-value block */
+    assert_int_equal(model_create(be, &t.hp, &t.src, &m, err, sizeof(err)), RKV_EFORMAT);
+    assert_non_null(strstr(err, "token_embd.weight is Q4_K with a row of"));
     t.src.tok_embd.type = BE_F32;
     t.hp.n_kv_head = 3;
     assert_int_equal(model_create(be, &t.hp, &t.src, &m, err, sizeof(err)), RKV_EFORMAT);

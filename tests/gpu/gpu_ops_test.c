@@ -272,6 +272,36 @@ static void test_matmul2(void)
 
 /* gemv_max: the rows up to which the backend takes its decode kernel (f32 sums of the f32
  * input), past them cublas over the input rounded to 16 bits */
+/* every block format beside Q8_0 on every path: the register kernel (1-8 tokens), the
+ * tensor-core tiles (9-256), the f16 slabs into cuBLAS (prefill), against the cpu's exact
+ * dequantization and f32 sums; the 16-bit paths round the activations to f16. Embedding rows
+ * dequantize to the same bits. */
+static const enum be_type quant_types[] = {BE_Q4_0, BE_Q4_1, BE_Q5_0, BE_Q5_1, BE_Q2_K, BE_Q3_K,
+                                           BE_Q4_K, BE_Q5_K, BE_Q6_K, BE_IQ4_NL, BE_IQ4_XS};
+
+static void test_quant(void)
+{
+    const uint32_t ns[] = {1, 2, 5, 8, 9, 64, 100, 300};
+    for (size_t ti = 0; ti < sizeof quant_types / sizeof quant_types[0]; ti++) {
+        enum be_type t = quant_types[ti];
+        for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+            uint32_t n = ns[ni];
+            matmul_case(gpu, t, n, 512, n == 300 ? 272 : 200, ni & 1, n <= 8 ? 1e-4f : 4e-3f,
+                        " quant");
+        }
+        /* a row of one 256-value block and an odd count of rows */
+        matmul_case(gpu, t, 3, 256, 37, 1, 1e-4f, " quant");
+        struct pair w = pair_new(t, 40, 512, 1.0f), out = pair_new(BE_F32, 5, 512, 1.0f);
+        int32_t ids[5] = {0, 39, 7, 7, 21};
+        int rc = embed_forward(cpu, out.c, w.c, ids, 5) | embed_forward(gpu, out.g, w.g, ids, 5);
+        char name[64];
+        snprintf(name, sizeof name, "embed %s", be_type_name(t));
+        CHECK(name, rc == 0 && pair_cmp(name, &out, 5 * 512, 0, 0) == 0);
+        pair_free(&w);
+        pair_free(&out);
+    }
+}
+
 static void test_matmul(struct backend *precise, uint32_t gemv_max)
 {
     uint32_t ns[] = {1, 3, 8, 9, 33};
@@ -1242,6 +1272,7 @@ int main(int argc, char **argv)
         printf("ops (seed %llu)\n", (unsigned long long)seed);
         test_embed();
         test_rmsnorm();
+        test_quant();
         test_matmul(precise, 8);
         test_matmul2();
         lt_check("default", 1);

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/quant.h"
 #include "worker/cpu/cpu_ops.h"
 
 void gu_seed(struct gu_rng *r, uint64_t seed)
@@ -82,6 +83,7 @@ void *gu_pack(enum be_type t, const float *x, uint32_t rows, uint32_t cols)
                     blk[2 + i] = (uint8_t)(int8_t)(d > 0 ? lrintf(xr[b * 32 + i] / d) : 0);
             }
             break;
+        default: quant_quantize_row((uint32_t)t, xr, o, cols); break;
         }
     }
     return out;

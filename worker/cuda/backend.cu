@@ -458,6 +458,10 @@ static const struct backend_i cuda_iface = {
     cu_get_rows,   cu_sync,         cu_linear,      cu_rope_kv_write, cu_scratch_reserve,
     cu_host_alloc, cu_host_free,    cu_stats,       cu_greedy,        cu_host_attn_cpu,
     cu_host_split, cu_graph_begin,  cu_graph_end,   cu_matmul2,       cu_sample,
+    /* the block formats beside Q8_0: quant_gemv.cu, quant_mma.cu, quant_matmul.cu */
+    (1ull << BE_Q4_0) | (1ull << BE_Q4_1) | (1ull << BE_Q5_0) | (1ull << BE_Q5_1) |
+        (1ull << BE_Q2_K) | (1ull << BE_Q3_K) | (1ull << BE_Q4_K) | (1ull << BE_Q5_K) |
+        (1ull << BE_Q6_K) | (1ull << BE_IQ4_NL) | (1ull << BE_IQ4_XS),
 };
 
 extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backend **out)

@@ -20,6 +20,7 @@ extern "C" {
 #include "worker/cuda/graph.cuh"
 #include "worker/cuda/host_cpu.cuh"
 #include "worker/cuda/meta.cuh"
+#include "worker/cuda/quant.cuh"
 #include "worker/cuda/sample_host.cuh"
 #include "worker/cuda/stage.cuh"
 #include "worker/cuda/tuning.h"
@@ -269,7 +270,8 @@ __device__ __forceinline__ float cuda_row_value(int type, const void *row, uint3
     case BE_F32: return ((const float *)row)[i];
     case BE_F16: return __half2float(((const __half *)row)[i]);
     case BE_BF16: return __bfloat162float(((const __nv_bfloat16 *)row)[i]);
-    default: return cuda_q8_0((const uint8_t *)row, i);
+    case BE_Q8_0: return cuda_q8_0((const uint8_t *)row, i);
+    default: return quant_value(type, (const uint8_t *)row, i);
     }
 }
 

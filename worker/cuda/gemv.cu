@@ -1,6 +1,7 @@
 /* gemv.cu - decode matmuls (n <= 8 tokens): one warp per output row, weights read once at HBM
  * speed. */
 #include "worker/cuda/cuda_ops.cuh"
+#include "worker/cuda/gemv.cuh"
 
 #define GEMV_WARPS  8
 #define GEMV_UNROLL 4
@@ -22,13 +23,6 @@ __device__ __forceinline__ void gemv_fma(float (&acc)[NT], const float *f, const
             }
         }
     }
-}
-
-__device__ __forceinline__ float gemv_warp_sum(float v)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffff, v, o);
-    return v;
 }
 
 // y (n, n_out) = x (n, n_in) . w^T + bias; w (n_out, n_in) of W, n_in % VEC == 0
@@ -66,14 +60,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
         cuda_unpack16(*(const uint4 *)(wr + i), wr, f);
         gemv_fma<VEC, NT>(acc, f, x, n_in, i, n);
     }
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        if (t < (int)n) {
-            float s = gemv_warp_sum(acc[t]);
-            if (lane == 0)
-                y[(size_t)t * n_out + row] = s + (bias ? bias[row] : 0.0f);
-        }
-    }
+    gemv_store<NT>(acc, y, n_out, row, bias, n, lane);
 }
 
 // q8_0 rows: lane takes whole 32-value blocks
@@ -97,35 +84,18 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
         for (int k = 0; k < 17; k++)
             hw[k] = blk[k];
         float d = __half2float(__ushort_as_half(hw[0]));
-        float q[32];
+        float q[32], s[NT];
 #pragma unroll
         for (int k = 0; k < 16; k++) {
             q[2 * k] = (float)(int8_t)(hw[1 + k] & 0xff);
             q[2 * k + 1] = (float)(int8_t)(hw[1 + k] >> 8);
         }
+        gemv_dot32<NT>(s, q, x, n_in, (size_t)b * 32, n);
 #pragma unroll
-        for (int t = 0; t < NT; t++) {
-            if (t < (int)n) {
-                const float4 *xv = (const float4 *)(x + (size_t)t * n_in + (size_t)b * 32);
-                float s = 0.0f;
-#pragma unroll
-                for (int v = 0; v < 8; v++) {
-                    float4 xx = xv[v];
-                    s += q[4 * v] * xx.x + q[4 * v + 1] * xx.y + q[4 * v + 2] * xx.z +
-                         q[4 * v + 3] * xx.w;
-                }
-                acc[t] += d * s;
-            }
-        }
+        for (int t = 0; t < NT; t++)
+            acc[t] += d * s[t];
     }
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        if (t < (int)n) {
-            float s = gemv_warp_sum(acc[t]);
-            if (lane == 0)
-                y[(size_t)t * n_out + row] = s + (bias ? bias[row] : 0.0f);
-        }
-    }
+    gemv_store<NT>(acc, y, n_out, row, bias, n, lane);
 }
 
 // any type, any n_in: the slow path for odd shapes
@@ -153,20 +123,11 @@ static void gemv_typed(struct cuda_ctx *c, float *out, const float *in, const st
 {
     dim3 grid((w->rows + GEMV_WARPS - 1) / GEMV_WARPS);
     const W *wp = (const W *)w->data;
-    /* token counts rounded up to 1, 2, 4, 8 instantiations (deterministic: always 8) */
-    const uint32_t nt = c->deterministic ? 8 : n;
-    if (nt == 1)
-        gemv_kernel<W, 1>
+    /* deterministic: always the 8-token instantiation */
+    gemv_nt(c->deterministic ? 8 : n, [&](auto nt) {
+        gemv_kernel<W, decltype(nt)::value>
             <<<grid, GEMV_WARPS * 32, 0, c->stream>>>(wp, in, w->cols, out, w->rows, bias, n);
-    else if (nt == 2)
-        gemv_kernel<W, 2>
-            <<<grid, GEMV_WARPS * 32, 0, c->stream>>>(wp, in, w->cols, out, w->rows, bias, n);
-    else if (nt <= 4)
-        gemv_kernel<W, 4>
-            <<<grid, GEMV_WARPS * 32, 0, c->stream>>>(wp, in, w->cols, out, w->rows, bias, n);
-    else
-        gemv_kernel<W, 8>
-            <<<grid, GEMV_WARPS * 32, 0, c->stream>>>(wp, in, w->cols, out, w->rows, bias, n);
+    });
 }
 
 int cuda_gemv(struct cuda_ctx *c, float *out, const float *in, const struct be_tensor *w,
@@ -187,22 +148,13 @@ int cuda_gemv(struct cuda_ctx *c, float *out, const float *in, const struct be_t
     case BE_BF16: gemv_typed<__nv_bfloat16>(c, out, in, w, bias, n); break;
     case BE_Q8_0: {
         const uint8_t *wp = (const uint8_t *)w->data;
-        const uint32_t nt = c->deterministic ? 8 : n;
-        if (nt == 1)
-            gemv_q8_0_kernel<1><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(
+        gemv_nt(c->deterministic ? 8 : n, [&](auto nt) {
+            gemv_q8_0_kernel<decltype(nt)::value><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(
                 wp, w->row_bytes, in, w->cols, out, w->rows, bias, n);
-        else if (nt == 2)
-            gemv_q8_0_kernel<2><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(
-                wp, w->row_bytes, in, w->cols, out, w->rows, bias, n);
-        else if (nt <= 4)
-            gemv_q8_0_kernel<4><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(
-                wp, w->row_bytes, in, w->cols, out, w->rows, bias, n);
-        else
-            gemv_q8_0_kernel<8><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(
-                wp, w->row_bytes, in, w->cols, out, w->rows, bias, n);
+        });
         break;
     }
-    default: return RKV_EUNSUPPORTED;
+    default: return cuda_quant_gemv(c, out, in, w, bias, n); /* the other block formats */
     }
     CU_LAUNCHED();
     return 0;

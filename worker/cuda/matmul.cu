@@ -1,5 +1,6 @@
 /* matmul.cu - out = in . w^T + bias: gemv for decode, cublas gemms (f32 accumulate) for prefill. */
 #include "worker/cuda/cuda_ops.cuh"
+#include "worker/cuda/quant.cuh"
 
 /* row-major out (n, n_out) = in (n, n_in) . w^T is, column-major,
  * out (n_out, n) = w^T (n_out, n_in) . in (n_in, n) with w stored (n_in, n_out) */
@@ -71,6 +72,9 @@ int cuda_matmul(struct cuda_ctx *c, float *out, const float *in, const struct be
     if (n == 0)
         return 0;
     act16_written(c, out, (size_t)n * w->rows); /* the paths that leave act16 alone too */
+    if (quant_is_block(w->type) && w->type != BE_Q8_0 && n > c->tune.gemv_max_n &&
+        !c->deterministic)
+        return cuda_matmul_quant(c, out, in, w, bias, n);
     if (n <= c->tune.gemv_max_n) {
         int rc = cuda_matmul_mma(c, out, in, w, bias, n);
         return rc != 1 ? rc : cuda_gemv(c, out, in, w, bias, n);
