@@ -1947,36 +1947,25 @@ static struct node *p_primary(struct parser *P, bool with_ns)
         expect_op(P, OP_RPAREN);
         return n;
     }
-    if (is_op(t, OP_LBRACKET)) {
+    if (is_op(t, OP_LBRACKET) || is_op(t, OP_LBRACE)) {
+        /* [a, b] or {k: v, ...}, a trailing comma allowed */
+        bool dict = is_op(t, OP_LBRACE);
+        int close = dict ? OP_RBRACE : OP_RBRACKET;
         advance(P);
         struct nvec items = {0};
-        while (!is_op(cur(P), OP_RBRACKET)) {
+        while (!is_op(cur(P), close)) {
             if (items.n)
                 expect_op(P, OP_COMMA);
-            if (is_op(cur(P), OP_RBRACKET))
+            if (is_op(cur(P), close))
                 break;
             nv_push(P, &items, p_expr(P, true));
+            if (dict) {
+                expect_op(P, OP_COLON);
+                nv_push(P, &items, p_expr(P, true));
+            }
         }
-        expect_op(P, OP_RBRACKET);
-        struct node *n = mk(P, E_LIST, t);
-        n->xs = items.v;
-        n->nx = items.n;
-        return fin(P, n);
-    }
-    if (is_op(t, OP_LBRACE)) {
-        advance(P);
-        struct nvec items = {0};
-        while (!is_op(cur(P), OP_RBRACE)) {
-            if (items.n)
-                expect_op(P, OP_COMMA);
-            if (is_op(cur(P), OP_RBRACE))
-                break;
-            nv_push(P, &items, p_expr(P, true));
-            expect_op(P, OP_COLON);
-            nv_push(P, &items, p_expr(P, true));
-        }
-        expect_op(P, OP_RBRACE);
-        struct node *n = mk(P, E_DICT, t);
+        expect_op(P, close);
+        struct node *n = mk(P, dict ? E_DICT : E_LIST, t);
         n->xs = items.v;
         n->nx = items.n;
         return fin(P, n);

