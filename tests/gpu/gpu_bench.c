@@ -188,10 +188,19 @@ static void json_env(FILE *f)
     }
 }
 
+/* the quant suite: the weights' type (g_wt; g_more for attn_v, ffn_down and output), its name
+ * in front of every record, and which rows run (0 all, 1 the type's marks: b=1 at 4k and
+ * prefill 4k, 2 also 32k with 0 and 90 % of the kv on host, b=8 and 64, prefill 32k) */
+static enum be_type g_wt = BE_BF16, g_more = BE_BF16;
+static const char *g_tag = "";
+static int g_qrows;
+
 /* one json record per measurement, printed as a table row too */
-static void record(const char *suite, const char *name, double value, const char *unit,
+static void record(const char *suite, const char *tagless, double value, const char *unit,
                    double bound, double ratio)
 {
+    char name[160];
+    snprintf(name, sizeof(name), "%s%s%s", g_tag, *g_tag ? " " : "", tagless);
     printf("  %-8s %-44s %10.2f %-6s bound %10.2f ratio %.3f\n", suite, name, value, unit, bound,
            ratio);
     if (js) {
@@ -593,7 +602,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
     double t0 = gu_now();
     struct gm_src src;
     /* one layer's bytes shared by all layers on the host; uploaded per layer */
-    if (gm_src_init(&src, &hp, BE_BF16, 11, 0) < 0)
+    if (gm_src_init_mix(&src, &hp, g_wt, g_more, 11, 0) < 0)
         return -1;
     struct model *m = NULL;
     char err[256];
@@ -602,8 +611,8 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
         return -1;
     }
     gm_src_free(&src);
-    printf("  model %s bf16: %.2f GB of weights, built in %.1f s\n", preset, m->weight_bytes / 1e9,
-           gu_now() - t0);
+    printf("  model %s %s: %.2f GB of weights, built in %.1f s\n", preset,
+           *g_tag ? g_tag : "bf16", m->weight_bytes / 1e9, gu_now() - t0);
     struct kv_layout l;
     fwd_kv_layout(m, 256, KV_F16, &l);
     const size_t bb = kv_block_bytes(&l);
@@ -658,6 +667,9 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
             if ((ctx == 4096 && fracs[fi] && fracs[fi] != 100) || (ctx == 512 && fracs[fi]) ||
                 (ctx == 8192 && fracs[fi] != 100))
                 continue;
+            if (g_qrows && !(ctx == 4096 && !fracs[fi]) &&
+                !(g_qrows == 2 && ctx == 32768 && (!fracs[fi] || fracs[fi] == 90)))
+                continue;
             uint32_t n = ctx / 256, n_host = (uint32_t)((uint64_t)n * fracs[fi] / 100);
             /* the block being written stays on device (DESIGN.md), so "100%"
              * is every block but the newest */
@@ -697,7 +709,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
                      100.0 * n_host / n);
             record("decode", name, 1.0 / t, "tok/s", 1.0 / bound, bound / t);
             graph_counts(be, 1);
-            if (n_host == 0 && ctx == 4096 && rc == 0) {
+            if (n_host == 0 && ctx == 4096 && rc == 0 && !g_qrows) {
                 /* a sampled row: every logit to the host (pinned) */
                 t = time_steps(f, &s, 1, steps, &db, 1, NULL, 0, &rc);
                 record("decode", "decode b=1 ctx=4096 sampled, logits to the host (tok/s)", 1.0 / t,
@@ -730,6 +742,8 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
     const uint64_t pb = rkv_env_u64("RKV_PROFILE_B", 0, 0, 64); /* a bad value warns */
     for (int bi = 0; bi < 4 && rc == 0 && !profiled && decode; bi++) {
         const uint32_t NS = batch_b[bi];
+        if (g_qrows && (g_qrows < 2 || NS < 8))
+            continue;
         struct fwd_seq ss[64];
         int32_t toks[64];
         for (uint32_t s = 0; s < NS; s++) {
@@ -755,7 +769,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
             snprintf(name, sizeof(name), "decode b=%u ctx=4096 (tok/s)", NS);
             record("decode", name, NS / t, "tok/s", NS / bound, bound / t);
             graph_counts(be, 1);
-            if (NS == S && rc == 0) {
+            if (NS == S && rc == 0 && !g_qrows) {
                 /* sampled rows: every row's logits to the host (pinned) */
                 t = time_steps(f, ss, NS, 20, &db, 1, NULL, 0, &rc);
                 snprintf(name, sizeof(name), "decode b=%u ctx=4096 sampled, logits to the host",
@@ -789,7 +803,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
      * as bench_system's ramp just past the device, which read 0.84 of the link), where a
      * layer's fixed costs weigh most. RKV_PROFILE_MULTI=1: one profiled step, exit */
     int host_eighths[] = {1, 2, 4, 7};
-    for (int hi = 0; hi < 4 && rc == 0 && !profiled && decode; hi++) {
+    for (int hi = 0; hi < 4 && rc == 0 && !profiled && decode && !g_qrows; hi++) {
         const struct host_case c = {16, 4096, 125u * (uint32_t)host_eighths[hi]};
         if (getenv("RKV_PROFILE_MULTI")) {
             struct fwd_seq ss[16];
@@ -812,7 +826,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
      * at N instead, and skips these) */
     struct cuda_tune knobs;
     cuda_tune_read(&knobs);
-    if (rc == 0 && !profiled && decode && !knobs.host_split) {
+    if (rc == 0 && !profiled && decode && !knobs.host_split && !g_qrows) {
         struct rates r;
         const struct rates_opts ro = {
             &l, &p, {hp.n_head, hp.n_kv_head, hp.head_dim, 1.0f / sqrtf((float)hp.head_dim)},
@@ -863,7 +877,8 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
      * host RAM" mark), and written there too (every block but the last on host, the chunks'
      * new keys written into host blocks and copied up again: a worst case); 128k resident
      * (llama.cpp's 2340 tok/s on this H200 is PERFORMANCE_TARGETS.md's mark) */
-    uint32_t plens[] = {4096, quick ? 0 : 16384, quick ? 0 : 32768, quick ? 0 : 131072};
+    uint32_t plens[] = {4096, quick || g_qrows ? 0 : 16384, quick || g_qrows == 1 ? 0 : 32768,
+                        quick || g_qrows ? 0 : 131072};
     if (rc == 0 && !profiled && prefill) {
         /* untimed: the first gemms of each shape pick their kernels */
         int32_t warm[1024];
@@ -885,7 +900,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
         double t_res = 0;
         /* where: 0 resident, 1 every other block on host, 2 all on host but each chunk's
          * own (the table changes a chunk), 3 all but the last on host */
-        for (int where = 0; where < (len < 131072 ? 4 : 1) && rc == 0; where++) {
+        for (int where = 0; where < (len < 131072 && !g_qrows ? 4 : 1) && rc == 0; where++) {
             for (uint32_t j = 0; j < n; j++)
                 tab[j] = where == 1 && j % 2 == 0 && j / 2 < nb_host
                              ? (struct kv_block_ref){j / 2, KV_HOST}
@@ -949,6 +964,32 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
     return rc;
 }
 
+/* quantized weights: the bf16 model's marks, then each type's (q4_k_m: Q4_K with Q6_K where a
+ * q4_k_m file has it), every row against its own weight bytes; prefill also as a ratio to the
+ * bf16 model's in this run */
+static int bench_quant(struct backend *be, int quick, const char *preset)
+{
+    static const struct {
+        const char *tag;
+        enum be_type t, more;
+        int rows;
+    } qs[] = {{"bf16", BE_BF16, BE_BF16, 1},   {"q4_k_m", BE_Q4_K, BE_Q6_K, 2},
+              {"q4_0", BE_Q4_0, BE_Q4_0, 1},   {"q6_k", BE_Q6_K, BE_Q6_K, 1},
+              {"q8_0", BE_Q8_0, BE_Q8_0, 1},   {"iq4_xs", BE_IQ4_XS, BE_IQ4_XS, 1}};
+    int rc = 0;
+    for (size_t i = 0; i < sizeof(qs) / sizeof(qs[0]) && rc == 0; i++) {
+        g_wt = qs[i].t;
+        g_more = qs[i].more;
+        g_tag = qs[i].tag;
+        g_qrows = qs[i].rows;
+        rc = bench_model(be, quick, preset, 1, 1);
+    }
+    g_wt = g_more = BE_BF16;
+    g_tag = "";
+    g_qrows = 0;
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     rkv_log_init("gpu-bench", RKV_LOG_WARN);
@@ -964,19 +1005,21 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--quick"))
             quick = 1;
         else {
-            fprintf(stderr, "usage: gpu_bench [--suite all|gemv|linear|attn|decode|prefill] "
+            fprintf(stderr, "usage: gpu_bench [--suite all|gemv|linear|attn|decode|prefill|quant] "
                             "[--preset llama3-8b|small] "
                             "[--quick] [--json FILE]\n");
             return 2;
         }
     }
-    static const char *const suites[] = {"all", "gemv", "linear", "attn", "decode", "prefill"};
+    static const char *const suites[] = {"all",    "gemv",    "linear", "attn",
+                                         "decode", "prefill", "quant"};
     int known = 0;
     for (size_t i = 0; i < sizeof(suites) / sizeof(suites[0]); i++)
         known |= !strcmp(suite, suites[i]);
     if (!known) {
         fprintf(stderr,
-                "gpu_bench: --suite %s is not one of all, gemv, linear, attn, decode, prefill\n",
+                "gpu_bench: --suite %s is not one of all, gemv, linear, attn, decode, prefill, "
+                "quant\n",
                 suite);
         return 2;
     }
@@ -1038,6 +1081,8 @@ int main(int argc, char **argv)
         rc |= bench_model(be, quick, preset, 1, 1);
     if (!strcmp(suite, "prefill"))
         rc |= bench_model(be, quick, preset, 0, 1);
+    if (!strcmp(suite, "quant"))
+        rc |= bench_quant(be, quick, preset);
     backend_free(be);
     if (js) {
         fprintf(js, "\n], \"gpu\": \"%s\", \"env\": {", ceil_.gpu_name);

@@ -38,6 +38,12 @@ static int make(struct gm_src *g, struct gu_rng *r, struct model_tensor_src *s, 
 int gm_src_init(struct gm_src *g, const struct model_hparams *hp, enum be_type t, uint64_t seed,
                 int layers_distinct)
 {
+    return gm_src_init_mix(g, hp, t, t, seed, layers_distinct);
+}
+
+int gm_src_init_mix(struct gm_src *g, const struct model_hparams *hp, enum be_type t,
+                    enum be_type t_more, uint64_t seed, int layers_distinct)
+{
     memset(g, 0, sizeof(*g));
     struct gu_rng r;
     gu_seed(&r, seed);
@@ -47,7 +53,7 @@ int gm_src_init(struct gm_src *g, const struct model_hparams *hp, enum be_type t
         return -1;
     int rc = make(g, &r, &g->src.tok_embd, t, hp->n_vocab, D, 1.0f, 0.0f) |
              make(g, &r, &g->src.output_norm, BE_F32, 1, D, 0.1f, 1.0f) |
-             make(g, &r, &g->src.output, t, hp->n_vocab, D, 1.0f / sqrtf((float)D), 0.0f);
+             make(g, &r, &g->src.output, t_more, hp->n_vocab, D, 1.0f / sqrtf((float)D), 0.0f);
     for (uint32_t l = 0; l < hp->n_layer && rc == 0; l++) {
         struct model_layer_src *L = &g->layers[l];
         if (l > 0 && !layers_distinct) {
@@ -59,12 +65,12 @@ int gm_src_init(struct gm_src *g, const struct model_hparams *hp, enum be_type t
         rc |= make(g, &r, &L->attn_norm, BE_F32, 1, D, 0.1f, 1.0f);
         rc |= make(g, &r, &L->wq, t, qd, D, 2.0f * sd, 0.0f);
         rc |= make(g, &r, &L->wk, t, kvd, D, 2.0f * sd, 0.0f);
-        rc |= make(g, &r, &L->wv, t, kvd, D, sd, 0.0f);
+        rc |= make(g, &r, &L->wv, t_more, kvd, D, sd, 0.0f);
         rc |= make(g, &r, &L->wo, t, D, qd, sq, 0.0f);
         rc |= make(g, &r, &L->ffn_norm, BE_F32, 1, D, 0.1f, 1.0f);
         rc |= make(g, &r, &L->w_gate, t, hp->ffn, D, sd, 0.0f);
         rc |= make(g, &r, &L->w_up, t, hp->ffn, D, sd, 0.0f);
-        rc |= make(g, &r, &L->w_down, t, D, hp->ffn, sf, 0.0f);
+        rc |= make(g, &r, &L->w_down, t_more, D, hp->ffn, sf, 0.0f);
         if (hp->arch == MODEL_QWEN2) {
             rc |= make(g, &r, &L->bq, BE_F32, 1, qd, 0.1f, 0.0f);
             rc |= make(g, &r, &L->bk, BE_F32, 1, kvd, 0.1f, 0.0f);

@@ -15,6 +15,10 @@ struct gm_src {
 };
 int gm_src_init(struct gm_src *g, const struct model_hparams *hp, enum be_type t, uint64_t seed,
                 int layers_distinct);
+/* the same with attn_v, ffn_down and output in t_more (BE_Q6_K under BE_Q4_K: a q4_k_m file's
+ * heavier tensors) */
+int gm_src_init_mix(struct gm_src *g, const struct model_hparams *hp, enum be_type t,
+                    enum be_type t_more, uint64_t seed, int layers_distinct);
 void gm_src_free(struct gm_src *g);
 
 #endif

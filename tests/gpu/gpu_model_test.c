@@ -105,12 +105,12 @@ static void duo_free(struct duo *d)
 
 /* < 0 when a side cannot be made (nothing is left to free then) */
 static int duo_init(struct duo *d, const struct model_hparams *hp, enum be_type t,
-                    enum kv_dtype kvt, uint64_t seed, struct backend *a, int a_gpu,
+                    enum be_type t_more, enum kv_dtype kvt, uint64_t seed, struct backend *a, int a_gpu,
                     struct backend *b, uint32_t n_blocks)
 {
     memset(d, 0, sizeof(*d));
     d->hp = *hp;
-    if (gm_src_init(&d->src, &d->hp, t, seed, 1) < 0)
+    if (gm_src_init_mix(&d->src, &d->hp, t, t_more, seed, 1) < 0)
         return -1;
     kv_layout_init(&d->l, 16, hp->n_layer, hp->n_kv_head, hp->head_dim, kvt);
     int rc = side_init(&d->a, a, a_gpu, &d->hp, &d->src, &d->l, n_blocks);
@@ -130,7 +130,7 @@ static int run_case(struct backend *cpu, struct backend *gpu, enum model_arch ar
     const struct model_hparams hp = test_hp(arch, 2, 512);
     *worst = *agree = 0.0;
     struct duo d;
-    int rc = duo_init(&d, &hp, t, kvt, 42, cpu, 0, gpu, 2 * NB);
+    int rc = duo_init(&d, &hp, t, t, kvt, 42, cpu, 0, gpu, 2 * NB);
     if (rc < 0)
         return rc;
     struct side *c = &d.a, *g = &d.b;
@@ -186,15 +186,15 @@ static int run_case(struct backend *cpu, struct backend *gpu, enum model_arch ar
  * the packed decode attention), the cpu's tokens fed to both: argmax
  * agreement per step; *free_run: steps until the two backends' own greedy
  * choices would first differ */
-static int run_greedy(struct backend *cpu, struct backend *gpu, enum be_type t, double *agree,
-                      double *worst, int *free_run)
+static int run_greedy(struct backend *cpu, struct backend *gpu, enum be_type t, enum be_type t_more,
+                      double *agree, double *worst, int *free_run)
 {
     enum { NB = 18, PLEN = 16, STEPS = 256 }; /* 288 positions */
     const struct model_hparams hp = test_hp(MODEL_LLAMA, 4, 768);
     *agree = *worst = 0.0;
     *free_run = 0;
     struct duo d;
-    int rc = duo_init(&d, &hp, t, KV_F16, 99, cpu, 0, gpu, NB);
+    int rc = duo_init(&d, &hp, t, t_more, KV_F16, 99, cpu, 0, gpu, NB);
     if (rc < 0)
         return rc;
     struct side *c = &d.a, *g = &d.b;
@@ -337,7 +337,7 @@ static int run_graph(struct backend *plain, struct backend *graph, enum be_type 
     const struct model_hparams hp = test_hp(MODEL_LLAMA, 2, 512);
     *same = *n = 0;
     struct duo d;
-    int rc = duo_init(&d, &hp, t, KV_F16, 5, plain, 1, graph, 2 * NB);
+    int rc = duo_init(&d, &hp, t, t, KV_F16, 5, plain, 1, graph, 2 * NB);
     if (rc < 0)
         return rc;
     struct side *a = &d.a, *b = &d.b;
@@ -454,16 +454,25 @@ int gpu_model_tests(struct backend *cpu_be, struct backend *gpu_be, struct backe
                    be_type_name(inv[i].t), same, n, worst);
     }
     printf("model: 256 greedy decode steps, batch 1, kv f16 (cpu tokens fed to both)\n");
-    static const enum be_type gt[] = {BE_BF16, BE_F16, BE_F32};
-    for (int i = 0; i < 3; i++) {
+    /* the block formats too, Q4_K with Q6_K where a q4_k_m file has it (and Q5_K likewise):
+     * their batched and prefill paths round to f16, nmse <= 1e-4 */
+    static const struct {
+        enum be_type t, more;
+        double nmse;
+    } gt[] = {{BE_BF16, BE_BF16, 1}, {BE_F16, BE_F16, 1},       {BE_F32, BE_F32, 1},
+              {BE_Q4_K, BE_Q6_K, 1e-4}, {BE_Q5_K, BE_Q6_K, 1e-4}, {BE_Q6_K, BE_Q6_K, 1e-4},
+              {BE_Q4_0, BE_Q4_0, 1e-4}, {BE_IQ4_XS, BE_IQ4_XS, 1e-4}};
+    for (size_t i = 0; i < sizeof(gt) / sizeof(gt[0]); i++) {
         double agree = 0, worst = 0;
         int free_run = 0;
-        int rc = run_greedy(cpu_be, gpu_be, gt[i], &agree, &worst, &free_run);
-        int ok = rc == 0 && agree >= 0.99;
+        int rc = run_greedy(cpu_be, gpu_be, gt[i].t, gt[i].more, &agree, &worst, &free_run);
+        int ok = rc == 0 && agree >= 0.99 && worst <= gt[i].nmse;
+        char w[24];
+        snprintf(w, sizeof w, "%s%s%s", be_type_name(gt[i].t), gt[i].more != gt[i].t ? "+" : "",
+                 gt[i].more != gt[i].t ? be_type_name(gt[i].more) : "");
         printf("  %s w=%-4s argmax agree %.1f%% over 256 steps, nmse worst %.2e, same greedy "
                "tokens for the first %d steps%s\n",
-               ok ? "ok  " : "FAIL", be_type_name(gt[i]), agree * 100.0, worst, free_run,
-               rc ? " (run failed)" : "");
+               ok ? "ok  " : "FAIL", w, agree * 100.0, worst, free_run, rc ? " (run failed)" : "");
         if (ok)
             (*pass)++;
         else
@@ -476,7 +485,8 @@ int gpu_model_tests(struct backend *cpu_be, struct backend *gpu_be, struct backe
     } cfg[] = {
         {MODEL_LLAMA, BE_F32, KV_F32},  {MODEL_LLAMA, BE_BF16, KV_F16},
         {MODEL_LLAMA, BE_F16, KV_F16},  {MODEL_LLAMA, BE_Q8_0, KV_F16},
-        {MODEL_QWEN2, BE_BF16, KV_F16},
+        {MODEL_QWEN2, BE_BF16, KV_F16}, {MODEL_LLAMA, BE_Q4_K, KV_F16},
+        {MODEL_QWEN2, BE_IQ4_XS, KV_F16},
     };
     printf("model: logits vs cpu (nmse worst over prefill + 24 batched decode steps)\n");
     for (size_t i = 0; i < sizeof(cfg) / sizeof(cfg[0]); i++)
