@@ -8,7 +8,7 @@
 
 /*
  * Why dlopen: kvmgr and the worker's main() are plain C that may use only
- * common/ and proto/ (DESIGN.md layering), must build without CUDA headers
+ * common/ and proto/ (the layering of docs/runtime.md), must build without CUDA headers
  * and must start on machines without a driver (the cpu backend). So this
  * module loads libcudart at its first use ("libcudart.so.13", then
  * "libcudart.so", then CUDA_HOME's lib64; env RKV_CUDART names another

@@ -554,7 +554,7 @@ def left(a):
 
 def decode_bound(a, n_seq, dev_kv, host_kv):
     """tok/s bound of a decode step of n_seq sequences: the weights and device KV at HBM speed,
-    the host KV over PCIe, overlapped (DESIGN.md); None without ceilings"""
+    the host KV over PCIe, overlapped (docs/performance.md); None without ceilings"""
     c = a.ceil
     if not c.get("hbm_gbps"):
         return None

@@ -653,11 +653,11 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
         (ceil_.zero_copy > ceil_.h2d_pinned ? ceil_.zero_copy : ceil_.h2d_pinned) * 1e9;
     const double wbytes = (double)m->weight_bytes, kv_per_tok = (double)bb / 256;
     /* 512: the step is nearly all weights, so its gap to 4k is what 4k's attention costs */
-    /* 8k: all on host alone, PERFORMANCE_TARGETS.md's mark against llama.cpp's -nkvo */
+    /* 8k: all on host alone, the mark against llama.cpp's -nkvo (docs/performance.md) */
     uint32_t ctxs[] = {512, 4096, 8192, 32768, 131072};
     int fracs[] = {0, 25, 50, 90, 100};
     int profiled = 0; /* RKV_PROFILE_EXIT: stop after the profiled step */
-    /* RKV_BENCH_B1=0: the batched cases alone, for a short device call */
+    /* RKV_BENCH_B1=0: the batched cases alone, for a short run */
     const int b1 = (int)rkv_env_u64("RKV_BENCH_B1", 1, 0, 1);
     for (size_t ci = 0; ci < sizeof(ctxs) / sizeof(ctxs[0]) && !profiled && decode && b1; ci++) {
         uint32_t ctx = ctxs[ci];
@@ -671,7 +671,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
                 !(g_qrows == 2 && ctx == 32768 && (!fracs[fi] || fracs[fi] == 90)))
                 continue;
             uint32_t n = ctx / 256, n_host = (uint32_t)((uint64_t)n * fracs[fi] / 100);
-            /* the block being written stays on device (DESIGN.md), so "100%"
+            /* the block being written stays on device (docs/runtime.md), so "100%"
              * is every block but the newest */
             if (n_host >= n)
                 n_host = n - 1;
@@ -847,8 +847,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
                 at_probe[ri] = host_row(f, tab, &db, rows[ri], "split", pct, wbytes,
                                         256 * kv_per_tok, hbm, pcie, &rc);
         /* the longest tails again at fixed shares around it: how far the probe's share is from
-         * the best of them (session 35, H100: the old probe's 40 % read 1.35 against 1.70 at
-         * 55 %) */
+         * the best of them */
         static const uint32_t shares[] = {30, 40, 50, 55, 60, 65, 70};
         for (size_t k = 0; k < 2 && pct && rc == 0; k++) {
             const size_t ri = k ? 4 : 1;
@@ -873,10 +872,10 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
     }
     /* prefill: 4k, 16k, 32k resident, with half the kv on host, and with all of it there:
      * as kvmgr serves a prompt when the device has no room for it (each chunk's blocks on
-     * the device, those of the chunks before on host: PERFORMANCE_TARGETS.md's "all KV in
-     * host RAM" mark), and written there too (every block but the last on host, the chunks'
-     * new keys written into host blocks and copied up again: a worst case); 128k resident
-     * (llama.cpp's 2340 tok/s on this H200 is PERFORMANCE_TARGETS.md's mark) */
+     * the device, those of the chunks before on host: the "all KV in host RAM" mark), and
+     * written there too (every block but the last on host, the chunks' new keys written into
+     * host blocks and copied up again: a worst case); 128k resident (llama.cpp's 2340 tok/s on
+     * the H200 is its mark, docs/performance.md) */
     uint32_t plens[] = {4096, quick || g_qrows ? 0 : 16384, quick || g_qrows == 1 ? 0 : 32768,
                         quick || g_qrows ? 0 : 131072};
     if (rc == 0 && !profiled && prefill) {

@@ -1,4 +1,4 @@
-"""scripts/bench-plot.py, which judges a gpu_bench JSON against issue 7's targets on the device
+"""scripts/bench-plot.py, which judges a gpu_bench JSON against the GPU targets on the GPU
 machine: a synthetic run's figures come back as PASS / FAIL at their targets, the committed
 H200 run reads as it did, suites left out stay out, and bad input names the problem."""
 import json
@@ -65,7 +65,7 @@ def test_targets_of_a_synthetic_run(tmp_path):
     assert r.stdout.splitlines()[0] == "settings: RKV_CUDA_A=2 RKV_CUDA_VEC4=1"
     v = _verdicts(r.stdout)
     assert v == {
-        "decode b=1 4k resident": ("PASS", 0.889, 0.85),
+        "decode b=1 4k resident": ("FAIL", 0.889, 0.9),
         "decode b=1 32k, 0% on host": ("FAIL", 0.864, 0.9),
         "decode b=1 32k, 50% on host": ("PASS", 0.98, 0.9),
         "decode b=1 128k, 25% on host": ("PASS", 0.992, 0.9),
@@ -76,11 +76,11 @@ def test_targets_of_a_synthetic_run(tmp_path):
         "prefill 4k resident, over llama.cpp's 20351 tok/s": ("PASS", 1.179, 1.0),
         "prefill 128k resident, over llama.cpp's 2340 tok/s": ("FAIL", 0.855, 1.0),
     }
-    assert "targets: 6 of 10 met" in r.stdout
+    assert "targets: 5 of 10 met" in r.stdout
 
 
 def test_performance_targets_marks(tmp_path):
-    """PERFORMANCE_TARGETS.md's absolute batch-1 marks: MARK lines of their own, apart from
+    """the absolute batch-1 marks of docs/performance.md: MARK lines of their own, apart from
     the issue's ratios (which they do not change)"""
     recs = [
         _rec("decode", "decode b=1 ctx=4096 host=0.0% (tok/s)", 240, 270, 0.889),
@@ -105,8 +105,8 @@ def test_performance_targets_marks(tmp_path):
         "decode 32k, all KV on host (llama.cpp 1.51), tok/s": ("PASS", 12.8, 10.6),
         "prefill 32k, all KV on host, over resident": ("PASS", 0.85, 0.8),
     }
-    assert "PERFORMANCE_TARGETS.md marks: 3 of 4 met" in r.stdout
-    assert "targets: 3 of 3 met" in r.stdout  # the issue's own count is unchanged
+    assert "marks: 3 of 4 met" in r.stdout
+    assert "targets: 2 of 3 met" in r.stdout  # the marks are counted apart
 
 
 def test_the_committed_h200_run():
@@ -117,7 +117,7 @@ def test_the_committed_h200_run():
     v = _verdicts(r.stdout)
     assert v["decode b=1 32k, 0% on host"] == ("FAIL", 0.895, 0.9)
     assert v["decode b=1 128k, 0% on host"] == ("PASS", 0.923, 0.9)
-    assert v["decode b=1 4k resident"] == ("PASS", 0.9, 0.85)
+    assert v["decode b=1 4k resident"] == ("PASS", 0.9, 0.9)
     assert v["attention resident, 128k"] == ("PASS", 0.87, 0.85)
     assert v["attention all on host, 512"] == ("FAIL", 0.635, 0.9)
     assert "settings:" not in r.stdout  # the run's settings were the defaults

@@ -388,7 +388,7 @@ def test_budget_replans_live_and_persists(tiny_model, tmp_path_factory):
         evs = ok(srv, "events", "--since", "1h")["events"]
         assert any(e["from"] == "resident" and "budget changed" in e["reason"] for e in evs)
         # with room again a demoted session is promoted back (parked ones when their
-        # next request comes, as DESIGN.md says)
+        # next request comes)
         res = ok(srv, "budget", "set", "--vram-target", "1MiB", "--host-budget", "512MiB")
         assert res["budget"]["vram_target"] == 1 << 20
         for s in demoted:
