@@ -2847,13 +2847,15 @@ static bool slice_idx(struct jv v, int64_t def, int64_t *out)
 static struct jv do_slice(struct rs *R, const struct node *at, struct jv obj, struct jv a,
                           struct jv b, struct jv c)
 {
+    /* jinja2 compiles a slice to Python's own obj[a:b:c], past its getitem:
+     * what cannot be sliced fails instead of giving undefined */
     if (obj.t == JT_UNDEF)
         fail_undef(R, at, obj);
     if (obj.t != JT_STR && obj.t != JT_LIST)
-        return mk_undef(NULL);
+        rfail(R, at, RKV_EFORMAT, "'%s' object is not subscriptable", type_name(obj));
     int64_t stepv;
     if (!slice_idx(c, 1, &stepv))
-        return mk_undef(NULL);
+        goto bad_index;
     if (stepv == 0)
         rfail(R, at, RKV_EFORMAT, "slice step cannot be zero");
     struct cps cp = {0};
@@ -2867,7 +2869,7 @@ static struct jv do_slice(struct rs *R, const struct node *at, struct jv obj, st
     int64_t start, stop;
     if (!slice_idx(a, stepv < 0 ? INT64_MAX : 0, &start) ||
         !slice_idx(b, stepv < 0 ? INT64_MIN : INT64_MAX, &stop))
-        return mk_undef(NULL);
+        goto bad_index;
     /* PySlice_AdjustIndices */
     if (start < 0) {
         start = start == INT64_MIN ? -1 : start + len;
@@ -2900,6 +2902,8 @@ static struct jv do_slice(struct rs *R, const struct node *at, struct jv obj, st
     for (int64_t k = 0, i = start; k < count; k++, i += stepv)
         l->v[l->n++] = obj.u.l->v[i];
     return mk_list(l, obj.tuple);
+bad_index:
+    rfail(R, at, RKV_EFORMAT, "slice indices must be integers or None");
 }
 
 /* --- arithmetic and comparison --- */

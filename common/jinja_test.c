@@ -160,6 +160,8 @@ static void test_access(void **state)
     expect("{{ xs.0 }} {{ d['a'][1] }} {{ 'abc'[-1] }}", "3 None c");
     expect_err("{{ nothing.attr }}", RKV_EFORMAT, "'nothing' is undefined");
     expect_err("{{ 'abc'[::0] }}", RKV_EFORMAT, "slice step cannot be zero");
+    /* a slice is Python's own subscript in jinja2: no undefined fallback */
+    expect_err("{{ n[1:] }}", RKV_EFORMAT, "'int' object is not subscriptable");
 }
 
 static void test_for(void **state)
