@@ -211,9 +211,24 @@ static inline float h2f(const uint8_t *p)
     return cpu_f16_to_f32(h);
 }
 
-static uint32_t blk_bytes(enum be_type t)
+/* bytes a block (common/quant.c's table), a constant where t is one: the kernels' strides */
+static inline uint32_t blk_bytes(enum be_type t)
 {
-    return (uint32_t)quant_row_bytes((uint32_t)t, quant_block_values((uint32_t)t));
+    switch (t) {
+    case BE_Q4_0:
+    case BE_IQ4_NL: return 18;
+    case BE_Q4_1: return 20;
+    case BE_Q5_0: return 22;
+    case BE_Q5_1: return 24;
+    case BE_Q8_0: return 34;
+    case BE_Q2_K: return 84;
+    case BE_Q3_K: return 110;
+    case BE_Q4_K: return 144;
+    case BE_Q5_K: return 176;
+    case BE_Q6_K: return 210;
+    case BE_IQ4_XS: return 136;
+    default: return (uint32_t)quant_row_bytes((uint32_t)t, quant_block_values((uint32_t)t));
+    }
 }
 
 /* value i of a 32-value block is d * level (+ m for Q4_1 and Q5_1) */
@@ -722,9 +737,7 @@ static inline __attribute__((always_inline)) void
 dot_q2k_avx2(const uint8_t *w, const struct qx *x, uint32_t nb, float *out, const int nt)
 {
     const __m256i m3 = _mm256_set1_epi8(3);
-#pragma GCC unroll 4
-    for (int j = 0; j < nt; j++)
-        out[j] = 0.0f;
+    float sumf[QN] = {0.0f, 0.0f, 0.0f, 0.0f}; /* in registers, written out once */
     for (uint32_t i = 0; i < nb; i++) {
         const uint8_t *b = w + (size_t)i * 84;
         const __m256i sc = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)b));
@@ -746,9 +759,12 @@ dot_q2k_avx2(const uint8_t *w, const struct qx *x, uint32_t nb, float *out, cons
         for (int j = 0; j < nt; j++) {
             const __m256i bs = _mm256_loadu_si256((const __m256i *)xs256(x, j, i));
             const int32_t imin = hsum_i32x8(_mm256_madd_epi16(mn, bs));
-            out[j] = kfin(out[j], d, dmin, x[j].d[i], hsum_i32x8(acc[j]), imin);
+            sumf[j] = kfin(sumf[j], d, dmin, x[j].d[i], hsum_i32x8(acc[j]), imin);
         }
     }
+#pragma GCC unroll 4
+    for (int j = 0; j < nt; j++)
+        out[j] = sumf[j];
 }
 
 /* Q3_K's 16 scales less 32 as int16 */
@@ -771,9 +787,7 @@ static inline __attribute__((always_inline)) void
 dot_q3k_avx2(const uint8_t *w, const struct qx *x, uint32_t nb, float *out, const int nt)
 {
     const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
-#pragma GCC unroll 4
-    for (int j = 0; j < nt; j++)
-        out[j] = 0.0f;
+    float sumf[QN] = {0.0f, 0.0f, 0.0f, 0.0f}; /* in registers, written out once */
     for (uint32_t i = 0; i < nb; i++) {
         const uint8_t *b = w + (size_t)i * 110;
         const __m256i sc = q3k_scales16(b);
@@ -794,8 +808,11 @@ dot_q3k_avx2(const uint8_t *w, const struct qx *x, uint32_t nb, float *out, cons
         const float d = h2f(b + 108);
 #pragma GCC unroll 4
         for (int j = 0; j < nt; j++)
-            out[j] = kfin(out[j], d, 0.0f, x[j].d[i], hsum_i32x8(acc[j]), 0);
+            sumf[j] = kfin(sumf[j], d, 0.0f, x[j].d[i], hsum_i32x8(acc[j]), 0);
     }
+#pragma GCC unroll 4
+    for (int j = 0; j < nt; j++)
+        out[j] = sumf[j];
 }
 
 /* sum_j m[j] * (bs[2j] + bs[2j+1]) of eight int16 m and sixteen int16 bs: the mins' part */
@@ -825,9 +842,7 @@ static inline __attribute__((always_inline)) void dot_q45k_avx2(const uint8_t *w
 {
     const uint32_t bytes = five ? 176 : 144;
     const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
-#pragma GCC unroll 4
-    for (int j = 0; j < nt; j++)
-        out[j] = 0.0f;
+    float sumf[QN] = {0.0f, 0.0f, 0.0f, 0.0f}; /* in registers, written out once */
     for (uint32_t i = 0; i < nb; i++) {
         const uint8_t *b = w + (size_t)i * bytes, *qs = b + 16 + 32 * five;
         const __m256i sm = k_scales16(b);
@@ -859,9 +874,12 @@ static inline __attribute__((always_inline)) void dot_q45k_avx2(const uint8_t *w
         const __m128i mn = _mm256_extracti128_si256(sm, 1);
 #pragma GCC unroll 4
         for (int j = 0; j < nt; j++)
-            out[j] =
-                kfin(out[j], d, dmin, x[j].d[i], hsum_i32x8(acc[j]), kmins(mn, xs256(x, j, i)));
+            sumf[j] =
+                kfin(sumf[j], d, dmin, x[j].d[i], hsum_i32x8(acc[j]), kmins(mn, xs256(x, j, i)));
     }
+#pragma GCC unroll 4
+    for (int j = 0; j < nt; j++)
+        out[j] = sumf[j];
 }
 
 /* IQ4_XS's eight scales less 32 as int16 (iq4xs_scales: the low nibbles, then two high bits
@@ -881,9 +899,7 @@ static inline __attribute__((always_inline)) void
 dot_q6k_avx2(const uint8_t *w, const struct qx *x, uint32_t nb, float *out, const int nt)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0f), m3 = _mm256_set1_epi8(3);
-#pragma GCC unroll 4
-    for (int j = 0; j < nt; j++)
-        out[j] = 0.0f;
+    float sumf[QN] = {0.0f, 0.0f, 0.0f, 0.0f}; /* in registers, written out once */
     for (uint32_t i = 0; i < nb; i++) {
         const uint8_t *b = w + (size_t)i * 210;
         const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
@@ -905,17 +921,18 @@ dot_q6k_avx2(const uint8_t *w, const struct qx *x, uint32_t nb, float *out, cons
         const float d = h2f(b + 208);
 #pragma GCC unroll 4
         for (int j = 0; j < nt; j++)
-            out[j] = kfin(out[j], d, 0.0f, x[j].d[i], hsum_i32x8(acc[j]), 0);
+            sumf[j] = kfin(sumf[j], d, 0.0f, x[j].d[i], hsum_i32x8(acc[j]), 0);
     }
+#pragma GCC unroll 4
+    for (int j = 0; j < nt; j++)
+        out[j] = sumf[j];
 }
 
 static inline __attribute__((always_inline)) void
 dot_iq4xs_avx2(const uint8_t *w, const struct qx *x, uint32_t nb, float *out, const int nt)
 {
     const __m256i tbl = kvalues256();
-#pragma GCC unroll 4
-    for (int j = 0; j < nt; j++)
-        out[j] = 0.0f;
+    float sumf[QN] = {0.0f, 0.0f, 0.0f, 0.0f}; /* in registers, written out once */
     for (uint32_t i = 0; i < nb; i++) {
         const uint8_t *b = w + (size_t)i * 136;
         const __m256i sc = _mm256_broadcastsi128_si256(iq4xs_scales16(b));
@@ -938,8 +955,11 @@ dot_iq4xs_avx2(const uint8_t *w, const struct qx *x, uint32_t nb, float *out, co
         const float d = h2f(b);
 #pragma GCC unroll 4
         for (int j = 0; j < nt; j++)
-            out[j] = kfin(out[j], d, 0.0f, x[j].d[i], hsum_i32x8(acc[j]), 0);
+            sumf[j] = kfin(sumf[j], d, 0.0f, x[j].d[i], hsum_i32x8(acc[j]), 0);
     }
+#pragma GCC unroll 4
+    for (int j = 0; j < nt; j++)
+        out[j] = sumf[j];
 }
 
 Q_DRIVERS(avx2, )
@@ -1067,9 +1087,7 @@ dot_q2k_512(const uint8_t *w, const struct qx *x, uint32_t nb, float *out, const
 {
     const __m512i m3 = _mm512_set1_epi8(3);
     const __m512i idx[4] = {pick_idx(0, 8), pick_idx(4, 8), pick_idx(8, 8), pick_idx(12, 8)};
-#pragma GCC unroll 4
-    for (int j = 0; j < nt; j++)
-        out[j] = 0.0f;
+    float sumf[QN] = {0.0f, 0.0f, 0.0f, 0.0f}; /* in registers, written out once */
     for (uint32_t i = 0; i < nb; i++) {
         const uint8_t *b = w + (size_t)i * 84;
         const __m256i sc = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)b));
@@ -1091,9 +1109,12 @@ dot_q2k_512(const uint8_t *w, const struct qx *x, uint32_t nb, float *out, const
         for (int j = 0; j < nt; j++) {
             const __m256i bs = _mm256_loadu_si256((const __m256i *)xs256(x, j, i));
             const int32_t imin = hsum_i32x8(_mm256_madd_epi16(mn, bs));
-            out[j] = kfin(out[j], d, dmin, x[j].d[i], _mm512_reduce_add_epi32(acc[j]), imin);
+            sumf[j] = kfin(sumf[j], d, dmin, x[j].d[i], _mm512_reduce_add_epi32(acc[j]), imin);
         }
     }
+#pragma GCC unroll 4
+    for (int j = 0; j < nt; j++)
+        out[j] = sumf[j];
 }
 
 static inline __attribute__((always_inline)) T512Q void
@@ -1101,9 +1122,7 @@ dot_q3k_512(const uint8_t *w, const struct qx *x, uint32_t nb, float *out, const
 {
     const __m512i m3 = _mm512_set1_epi8(3), one = _mm512_set1_epi8(1);
     const __m512i idx[4] = {pick_idx(0, 8), pick_idx(4, 8), pick_idx(8, 8), pick_idx(12, 8)};
-#pragma GCC unroll 4
-    for (int j = 0; j < nt; j++)
-        out[j] = 0.0f;
+    float sumf[QN] = {0.0f, 0.0f, 0.0f, 0.0f}; /* in registers, written out once */
     for (uint32_t i = 0; i < nb; i++) {
         const uint8_t *b = w + (size_t)i * 110;
         const __m256i sc = q3k_scales16(b);
@@ -1124,8 +1143,11 @@ dot_q3k_512(const uint8_t *w, const struct qx *x, uint32_t nb, float *out, const
         const float d = h2f(b + 108);
 #pragma GCC unroll 4
         for (int j = 0; j < nt; j++)
-            out[j] = kfin(out[j], d, 0.0f, x[j].d[i], _mm512_reduce_add_epi32(acc[j]), 0);
+            sumf[j] = kfin(sumf[j], d, 0.0f, x[j].d[i], _mm512_reduce_add_epi32(acc[j]), 0);
     }
+#pragma GCC unroll 4
+    for (int j = 0; j < nt; j++)
+        out[j] = sumf[j];
 }
 
 static inline __attribute__((always_inline)) T512Q void dot_q45k_512(const uint8_t *w,
@@ -1136,9 +1158,7 @@ static inline __attribute__((always_inline)) T512Q void dot_q45k_512(const uint8
     const uint32_t bytes = five ? 176 : 144;
     const __m512i m4 = _mm512_set1_epi8(0x0f), one = _mm512_set1_epi8(1);
     const __m512i idx[4] = {pick_idx(0, 16), pick_idx(2, 16), pick_idx(4, 16), pick_idx(6, 16)};
-#pragma GCC unroll 4
-    for (int j = 0; j < nt; j++)
-        out[j] = 0.0f;
+    float sumf[QN] = {0.0f, 0.0f, 0.0f, 0.0f}; /* in registers, written out once */
     for (uint32_t i = 0; i < nb; i++) {
         const uint8_t *b = w + (size_t)i * bytes, *qs = b + 16 + 32 * five;
         const __m256i sm = k_scales16(b);
@@ -1161,9 +1181,12 @@ static inline __attribute__((always_inline)) T512Q void dot_q45k_512(const uint8
         const __m128i mn = _mm256_extracti128_si256(sm, 1);
 #pragma GCC unroll 4
         for (int j = 0; j < nt; j++)
-            out[j] = kfin(out[j], d, dmin, x[j].d[i], _mm512_reduce_add_epi32(acc[j]),
-                          kmins(mn, xs256(x, j, i)));
+            sumf[j] = kfin(sumf[j], d, dmin, x[j].d[i], _mm512_reduce_add_epi32(acc[j]),
+                           kmins(mn, xs256(x, j, i)));
     }
+#pragma GCC unroll 4
+    for (int j = 0; j < nt; j++)
+        out[j] = sumf[j];
 }
 
 static inline __attribute__((always_inline)) T512Q void
@@ -1171,9 +1194,7 @@ dot_q6k_512(const uint8_t *w, const struct qx *x, uint32_t nb, float *out, const
 {
     const __m512i m4 = _mm512_set1_epi8(0x0f), m3 = _mm512_set1_epi8(3);
     const __m512i idx[4] = {pick_idx(0, 8), pick_idx(4, 8), pick_idx(8, 8), pick_idx(12, 8)};
-#pragma GCC unroll 4
-    for (int j = 0; j < nt; j++)
-        out[j] = 0.0f;
+    float sumf[QN] = {0.0f, 0.0f, 0.0f, 0.0f}; /* in registers, written out once */
     for (uint32_t i = 0; i < nb; i++) {
         const uint8_t *b = w + (size_t)i * 210;
         const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
@@ -1195,8 +1216,11 @@ dot_q6k_512(const uint8_t *w, const struct qx *x, uint32_t nb, float *out, const
         const float d = h2f(b + 208);
 #pragma GCC unroll 4
         for (int j = 0; j < nt; j++)
-            out[j] = kfin(out[j], d, 0.0f, x[j].d[i], _mm512_reduce_add_epi32(acc[j]), 0);
+            sumf[j] = kfin(sumf[j], d, 0.0f, x[j].d[i], _mm512_reduce_add_epi32(acc[j]), 0);
     }
+#pragma GCC unroll 4
+    for (int j = 0; j < nt; j++)
+        out[j] = sumf[j];
 }
 
 static inline __attribute__((always_inline)) T512Q void
@@ -1205,9 +1229,7 @@ dot_iq4xs_512(const uint8_t *w, const struct qx *x, uint32_t nb, float *out, con
     const __m512i tbl = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)g_kvalues));
     const __m512i z = _mm512_setzero_si512();
     const __m512i idx[4] = {pick_idx(0, 16), pick_idx(2, 16), pick_idx(4, 16), pick_idx(6, 16)};
-#pragma GCC unroll 4
-    for (int j = 0; j < nt; j++)
-        out[j] = 0.0f;
+    float sumf[QN] = {0.0f, 0.0f, 0.0f, 0.0f}; /* in registers, written out once */
     for (uint32_t i = 0; i < nb; i++) {
         const uint8_t *b = w + (size_t)i * 136;
         const __m512i scv = _mm512_castsi128_si512(iq4xs_scales16(b));
@@ -1231,8 +1253,11 @@ dot_iq4xs_512(const uint8_t *w, const struct qx *x, uint32_t nb, float *out, con
         const float d = h2f(b);
 #pragma GCC unroll 4
         for (int j = 0; j < nt; j++)
-            out[j] = kfin(out[j], d, 0.0f, x[j].d[i], _mm512_reduce_add_epi32(acc[j]), 0);
+            sumf[j] = kfin(sumf[j], d, 0.0f, x[j].d[i], _mm512_reduce_add_epi32(acc[j]), 0);
     }
+#pragma GCC unroll 4
+    for (int j = 0; j < nt; j++)
+        out[j] = sumf[j];
 }
 
 Q_DRIVERS(512, T512Q)
