@@ -449,7 +449,7 @@ static float dot256_scalar(enum be_type t, const uint8_t *w, struct qx x, uint32
 #define QN 4
 
 /* an isa's row drivers, the same for each: the 32-value types in groups of four blocks (the
- * last few padded with zero blocks), every type's kernel by type, QN activation rows at once or
+ * last few on their own), every type's kernel by type, QN activation rows at once or
  * fewer one at a time */
 #define Q_DRIVERS(ISA, ATTR)                                                                       \
     static inline __attribute__((always_inline))                                                   \
@@ -462,11 +462,8 @@ static float dot256_scalar(enum be_type t, const uint8_t *w, struct qx x, uint32
         uint32_t b0 = 0;                                                                           \
         for (; b0 + 4 <= nb; b0 += 4)                                                              \
             group32_##ISA(t, w + (size_t)b0 * bytes, xg_at(x, nt, b0), acc, nt);                   \
-        if (b0 < nb) {                                                                             \
-            struct tail32 tl;                                                                      \
-            const struct xg g = tail32_fill(&tl, bytes, w, x, nt, b0, nb - b0);                    \
-            group32_##ISA(t, tl.w, g, acc, nt);                                                    \
-        }                                                                                          \
+        if (b0 < nb)                                                                               \
+            tail32(t, w + (size_t)b0 * bytes, xg_at(x, nt, b0), (int)(nb - b0), acc, nt);          \
         _Pragma("GCC unroll 4") for (int j = 0; j < nt; j++) out[j] = fin4(acc[j]);                \
     }                                                                                              \
     static inline __attribute__((always_inline)) ATTR void dotn_##ISA##_of(                        \
@@ -564,10 +561,9 @@ static inline __attribute__((always_inline)) struct w4 w4_of(const uint8_t *b, u
 
 /* the float part of four blocks for one activation row: (dw * dx) * isum [+ (m * dx) * sum], as
  * dot32_scalar */
-static inline __attribute__((always_inline)) __m128 term4(struct w4 w, const float *dx,
-                                                          __m128i isum, __m128i sum, const int min)
+static inline __attribute__((always_inline)) __m128 term4(struct w4 w, __m128 dxv, __m128i isum,
+                                                          __m128i sum, const int min)
 {
-    const __m128 dxv = _mm_loadu_ps(dx);
     __m128 t = _mm_mul_ps(_mm_mul_ps(w.d, dxv), _mm_cvtepi32_ps(isum));
     if (min)
         t = _mm_add_ps(t, _mm_mul_ps(_mm_mul_ps(w.m, dxv), _mm_cvtepi32_ps(sum)));
@@ -598,16 +594,20 @@ static inline int signed32(enum be_type t)
 }
 
 /* one activation row's part of a group of four blocks: the blocks' exact sums isum less the
- * levels' offset, then their float terms into acc (every isa) */
+ * levels' offset (s: the activations' sums of 32), then their float terms into acc (every isa) */
 static inline __attribute__((always_inline)) __m128 group_acc(const enum be_type t, const int vnni,
-                                                              struct w4 ws, const float *dx,
-                                                              const int16_t *s16, __m128i isum,
-                                                              __m128 acc)
+                                                              struct w4 ws, __m128 dx, __m128i s,
+                                                              __m128i isum, __m128 acc)
 {
-    const __m128i s = _mm_madd_epi16(_mm_loadu_si128((const __m128i *)s16), _mm_set1_epi16(1));
     if (off_shift(t, vnni))
         isum = _mm_sub_epi32(isum, _mm_slli_epi32(s, off_shift(t, vnni)));
     return _mm_add_ps(acc, term4(ws, dx, isum, s, has_min32(t)));
+}
+
+/* the activations' four sums of 32 from their eight sums of 16 */
+static inline __m128i sums32(const int16_t *s16)
+{
+    return _mm_madd_epi16(_mm_loadu_si128((const __m128i *)s16), _mm_set1_epi16(1));
 }
 
 /* a 32-value block's levels: unsigned, or signed (Q8_0, IQ4_NL) */
@@ -632,55 +632,64 @@ struct xg {
     const int16_t *s[QN];
 };
 
+/* the eight lanes of sums of a block's levels wl (lev32_avx2) times the activations q */
+static inline __attribute__((always_inline)) __m256i block_sum(const enum be_type t, __m256i wl,
+                                                               const int8_t *q)
+{
+    const __m256i qv = _mm256_loadu_si256((const __m256i *)q);
+    if (signed32(t)) /* |w| against q with w's sign */
+        return sum_u8(_mm256_sign_epi8(wl, wl), _mm256_sign_epi8(qv, wl));
+    return sum_u8(wl, qv);
+}
+
 /* four whole blocks at w against nt activation rows, into acc[0..nt-1] */
 static inline __attribute__((always_inline)) void
 group32_avx2(const enum be_type t, const uint8_t *w, struct xg g, __m128 acc[QN], const int nt)
 {
     const uint32_t bytes = blk_bytes(t);
-    __m256i u[4], wl[4];
+    __m256i wl[4];
 #pragma GCC unroll 4
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < 4; k++)
         wl[k] = lev32_avx2(t, w + (size_t)k * bytes);
-        u[k] = signed32(t) ? _mm256_sign_epi8(wl[k], wl[k]) : wl[k]; /* |w| against q's sign */
-    }
     const struct w4 ws = w4_of(w, bytes, has_min32(t));
 #pragma GCC unroll 4
     for (int j = 0; j < nt; j++) {
-        __m256i v[4];
-#pragma GCC unroll 4
-        for (int k = 0; k < 4; k++) {
-            __m256i qv = _mm256_loadu_si256((const __m256i *)(g.q[j] + 32 * k));
-            if (signed32(t))
-                qv = _mm256_sign_epi8(qv, wl[k]);
-            v[k] = sum_u8(u[k], qv);
-        }
-        acc[j] = group_acc(t, 0, ws, g.d[j], g.s[j], hsum4_i32(v[0], v[1], v[2], v[3]), acc[j]);
+        const __m128i isum =
+            hsum4_i32(block_sum(t, wl[0], g.q[j]), block_sum(t, wl[1], g.q[j] + 32),
+                      block_sum(t, wl[2], g.q[j] + 64), block_sum(t, wl[3], g.q[j] + 96));
+        acc[j] = group_acc(t, 0, ws, _mm_loadu_ps(g.d[j]), sums32(g.s[j]), isum, acc[j]);
     }
 }
 
-/* a row's last nb % 4 blocks as a group of four, the missing ones all zero (weights and
- * activations): they add +0, as dot32_scalar's */
-struct tail32 {
-    uint8_t w[4 * 34];
-    int8_t q[QN][128];
-    float d[QN][4];
-    int16_t s[QN][8];
-};
-
-static struct xg tail32_fill(struct tail32 *tl, uint32_t bytes, const uint8_t *w,
-                             const struct qx *x, int nt, uint32_t b0, uint32_t nv)
+/* a row's last nv (1-3) blocks at w against nt activation rows, read where they are: each block's
+ * sum on its own, the missing lanes zero, so they add +0 as dot32_scalar's (every isa: the
+ * integer sums are the same) */
+static inline __attribute__((always_inline)) void
+tail32(const enum be_type t, const uint8_t *w, struct xg g, int nv, __m128 acc[QN], const int nt)
 {
-    memset(tl, 0, sizeof(*tl));
-    memcpy(tl->w, w + (size_t)b0 * bytes, nv * bytes);
-    struct xg g;
-#pragma GCC unroll 4
+    const uint32_t bytes = blk_bytes(t);
+    const int min = has_min32(t);
+    const uint8_t *b1 = w + bytes, *b2 = w + 2 * bytes;
+    struct w4 ws;
+    ws.d = _mm_cvtph_ps(
+        _mm_setr_epi16(ld16(w), nv > 1 ? ld16(b1) : 0, nv > 2 ? ld16(b2) : 0, 0, 0, 0, 0, 0));
+    ws.m = min ? _mm_cvtph_ps(_mm_setr_epi16(ld16(w + 2), nv > 1 ? ld16(b1 + 2) : 0,
+                                             nv > 2 ? ld16(b2 + 2) : 0, 0, 0, 0, 0, 0))
+               : _mm_setzero_ps();
+    const __m256i z = _mm256_setzero_si256();
+    const __m256i wl0 = lev32_avx2(t, w), wl1 = nv > 1 ? lev32_avx2(t, b1) : z,
+                  wl2 = nv > 2 ? lev32_avx2(t, b2) : z;
     for (int j = 0; j < nt; j++) {
-        memcpy(tl->q[j], x[j].q + (size_t)b0 * 32, nv * 32);
-        memcpy(tl->d[j], x[j].d + b0, nv * sizeof(float));
-        memcpy(tl->s[j], x[j].s + 2 * (size_t)b0, 2 * nv * sizeof(int16_t));
-        g.q[j] = tl->q[j], g.d[j] = tl->d[j], g.s[j] = tl->s[j];
+        const int8_t *q = g.q[j];
+        const int16_t *sg = g.s[j];
+        const float *d = g.d[j];
+        const __m128i isum = hsum4_i32(block_sum(t, wl0, q), nv > 1 ? block_sum(t, wl1, q + 32) : z,
+                                       nv > 2 ? block_sum(t, wl2, q + 64) : z, z);
+        const __m128i s = _mm_setr_epi32(sg[0] + sg[1], nv > 1 ? sg[2] + sg[3] : 0,
+                                         nv > 2 ? sg[4] + sg[5] : 0, 0);
+        const __m128 dx = _mm_setr_ps(d[0], nv > 1 ? d[1] : 0.0f, nv > 2 ? d[2] : 0.0f, 0.0f);
+        acc[j] = group_acc(t, 0, ws, dx, s, isum, acc[j]);
     }
-    return g;
 }
 
 static inline struct xg xg_at(const struct qx *x, int nt, uint32_t b0)
@@ -1037,7 +1046,7 @@ group32_512(const enum be_type t, const uint8_t *w, struct xg g, __m128 acc[QN],
         const __m512i z = _mm512_setzero_si512();
         const __m128i isum = hsum4_512(_mm512_dpbusd_epi32(z, u0, _mm512_loadu_si512(g.q[j])),
                                        _mm512_dpbusd_epi32(z, u1, _mm512_loadu_si512(g.q[j] + 64)));
-        acc[j] = group_acc(t, 1, ws, g.d[j], g.s[j], isum, acc[j]);
+        acc[j] = group_acc(t, 1, ws, _mm_loadu_ps(g.d[j]), sums32(g.s[j]), isum, acc[j]);
     }
 }
 
