@@ -1,4 +1,4 @@
-/* cpu.c - the cpu suite: prefill and decode tok/s per model, attention cost of a host split. */
+/* cpu.c - the cpu suite: prefill and decode tok/s per model and weight type, kernels, attention. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -7,8 +7,11 @@
 
 #include "cli/rkv-bench/bench.h"
 #include "common/err.h"
+#include "common/quant.h"
 #include "worker/backend.h"
+#include "worker/backend_impl.h" /* a tensor's bytes, and a view of its first rows */
 #include "worker/cpu/cpu_ops.h"
+#include "worker/cpu/cpu_quant.h"
 #include "worker/engine.h"
 #include "worker/forward.h"
 #include "worker/kv.h"
@@ -18,7 +21,31 @@
 
 struct run_result {
     double prefill_tok_s, decode_tok_s, decode_b8_tok_s;
+    double weight_mib, kv_mib; /* what one decode step reads: every matrix but the embedding table
+                                  (one row of it), and the kv at the mean decode position */
 };
+
+static size_t tensor_bytes(const struct be_tensor *t)
+{
+    return t ? t->nbytes : 0;
+}
+
+/* bytes a decode step reads of m's weights: every layer's matrices, norms and biases and the lm
+ * head; the embedding table gives one row */
+static size_t step_weight_bytes(const struct model *m)
+{
+    size_t b = tensor_bytes(m->output) + tensor_bytes(m->output_norm) +
+               (m->tok_embd ? m->tok_embd->row_bytes : 0);
+    for (uint32_t i = 0; i < m->hp.n_layer; i++) {
+        const struct model_layer *l = &m->layers[i];
+        const struct be_tensor *t[] = {l->attn_norm, l->wq,     l->wk,   l->wv,
+                                       l->bq,        l->bk,     l->bv,   l->wo,
+                                       l->ffn_norm,  l->w_gate, l->w_up, l->w_down};
+        for (size_t k = 0; k < sizeof(t) / sizeof(t[0]); k++)
+            b += tensor_bytes(t[k]);
+    }
+    return b;
+}
 
 /* blocks for n positions of one session, all on the device */
 static int take_blocks(struct kv_local *kv, const struct kv_layout *l, uint32_t n_pos,
@@ -39,8 +66,14 @@ static void give_blocks(struct kv_local *kv, struct kv_block_ref *b, uint32_t n)
         kv_local_release(kv, b[j]);
 }
 
-/* prefill of n_prompt tokens (one chunk), n_dec decode steps of one
- * session, then n_dec/4 steps of BATCH sessions */
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* prefill of n_prompt tokens (one chunk, the best of three), n_dec decode steps (their median) of
+ * one session, then n_dec/4 steps of BATCH sessions */
 static int run_model(const struct bench_opts *o, const char *path, uint32_t n_prompt,
                      uint32_t n_dec, struct run_result *r)
 {
@@ -78,18 +111,34 @@ static int run_model(const struct bench_opts *o, const char *path, uint32_t n_pr
 
     if ((rc = take_blocks(kv, &l, n_pos, blocks, &nb[0])) < 0)
         goto out;
-    double t0 = bench_now_s();
-    rc = fwd_step(f, &(struct fwd_seq){toks, n_prompt, 0, blocks, nb[0]}, 1, 0, logits);
-    double t1 = bench_now_s();
-    for (uint32_t k = 0; rc == 0 && k < n_dec; k++)
+    /* a shared host's other work only slows a pass: the best of a few prefills, and the fastest
+     * decode step */
+    double pf = 1e30, *step = calloc(n_dec ? n_dec : 1, sizeof(double));
+    if (!step)
+        rc = RKV_ENOMEM;
+    for (int rep = 0; rc == 0 && rep < (o->quick ? 1 : 3); rep++) {
+        double t0 = bench_now_s();
+        rc = fwd_step(f, &(struct fwd_seq){toks, n_prompt, 0, blocks, nb[0]}, 1, 0, logits);
+        pf = fmin(pf, bench_now_s() - t0);
+    }
+    for (uint32_t k = 0; rc == 0 && k < n_dec; k++) {
+        double t0 = bench_now_s();
         rc = fwd_step(f, &(struct fwd_seq){&toks[n_prompt + k], 1, n_prompt + k, blocks, nb[0]}, 1,
                       0, logits);
-    double t2 = bench_now_s();
+        step[k] = bench_now_s() - t0;
+    }
     give_blocks(kv, blocks, nb[0]);
-    if (rc < 0)
+    if (rc < 0) {
+        free(step);
         goto out;
-    r->prefill_tok_s = n_prompt / (t1 - t0);
-    r->decode_tok_s = n_dec / (t2 - t1);
+    }
+    qsort(step, n_dec, sizeof(double), cmp_double);
+    r->prefill_tok_s = n_prompt / pf;
+    r->decode_tok_s = n_dec ? 1.0 / step[0] : 0;
+    free(step);
+    r->weight_mib = (double)step_weight_bytes(e.m) / (1 << 20);
+    r->kv_mib = (double)l.n_layer * 2 * l.n_kv_head * l.head_dim * sizeof(float) *
+                (n_prompt + n_dec / 2.0) / (1 << 20);
 
     /* batched decode: BATCH sessions with a short context each */
     const uint32_t ctx = n_prompt / BATCH, steps = n_dec / 4 ? n_dec / 4 : 1;
@@ -121,12 +170,6 @@ out:
     free(logits);
     engine_close(&e);
     return rc;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 struct attn_result {
@@ -384,15 +427,135 @@ out:
     return rc;
 }
 
+/* one weight type's decode matmul (one token) on a matrix past the last-level cache, through the
+ * backend on o's threads: weight GB/s of the integer path on avx-512 and on avx2 and of the exact
+ * path (dequantized to f32), best of reps; and a 64-token matmul (prefill's shape) on both paths,
+ * in multiply-adds per second */
+struct kern_result {
+    enum be_type type;
+    uint32_t n_in, n_out;
+    double mib, int512_gbps, int2_gbps, exact_gbps, pf_int_gmacs, pf_exact_gmacs;
+};
+
+#define KERN_IN  4096
+#define KERN_MIB 96 /* past the L3 of the hosts measured so far */
+#define KERN_PF  64
+
+static double time_matmul(struct backend *be, struct be_tensor *y, struct be_tensor *x,
+                          struct be_tensor *w, uint32_t n, int reps)
+{
+    double best = 1e30;
+    for (int i = 0; i < reps + 1; i++) {
+        double t0 = bench_now_s();
+        if (matmul_forward(be, y, x, w, NULL, n) < 0)
+            return 0;
+        double dt = bench_now_s() - t0;
+        if (i > 0 && dt < best) /* the first is a warm-up */
+            best = dt;
+    }
+    return best;
+}
+
+static int run_kernel(const struct bench_opts *o, enum be_type t, struct kern_result *r)
+{
+    const int reps = o->quick ? 3 : 15;
+    const size_t rb = be_type_size(t, KERN_IN);
+    const uint32_t n_out = (uint32_t)(((size_t)(o->quick ? 16 : KERN_MIB) << 20) / rb + 3) & ~3u;
+    struct backend_opts bo = {"cpu", o->threads, 0};
+    struct backend *be = NULL;
+    struct be_tensor *w = NULL, *x = NULL, *y = NULL;
+    char err[256];
+    float *row = malloc(sizeof(float) * KERN_PF * KERN_IN);
+    uint8_t *enc = malloc(rb);
+    int rc = row && enc ? backend_init(&bo, &be, err, sizeof(err)) : RKV_ENOMEM;
+    if (rc == 0)
+        rc = backend_tensor_alloc(be, t, n_out, KERN_IN, &w);
+    if (rc == 0)
+        rc = backend_tensor_alloc(be, BE_F32, KERN_PF, KERN_IN, &x);
+    if (rc == 0)
+        rc = backend_tensor_alloc(be, BE_F32, KERN_PF, n_out, &y);
+    if (rc < 0)
+        goto out;
+    /* one quantized row of random values, repeated: the kernels' speed does not depend on them */
+    for (uint32_t i = 0; i < KERN_PF * KERN_IN; i++)
+        row[i] = (float)((i * 2654435761u) >> 8) / (float)(1 << 24) - 0.5f;
+    quant_quantize_row((uint32_t)t, row, enc, KERN_IN);
+    for (uint32_t i = 0; rc == 0 && i < n_out; i++)
+        rc = backend_tensor_set(be, w, enc, (size_t)i * rb, rb);
+    if (rc == 0)
+        rc = backend_tensor_set(be, x, row, 0, sizeof(float) * KERN_PF * KERN_IN);
+    if (rc < 0)
+        goto out;
+    const double bytes = (double)rb * n_out, macs = (double)KERN_PF * KERN_IN * n_out / 4;
+    *r = (struct kern_result){t, KERN_IN, n_out, bytes / (1 << 20), 0, 0, 0, 0, 0};
+    const uint32_t pf_rows = n_out / 4; /* the prefill shape on a quarter of the rows */
+    struct be_tensor wq = *w, yq = *y;
+    wq.rows = pf_rows;
+    wq.nbytes = wq.row_bytes * pf_rows;
+    yq.cols = pf_rows;
+    yq.row_bytes = sizeof(float) * pf_rows;
+    yq.nbytes = yq.row_bytes * KERN_PF;
+    const int q = quant_is_block((uint32_t)t);
+    if (q && cpu_q_isa_ok(CPU_ISA_AVX512)) {
+        cpu_ops_use_avx512(1);
+        r->int512_gbps = bytes / time_matmul(be, y, x, w, 1, reps) / 1e9;
+    }
+    if (q) {
+        cpu_ops_use_avx512(0);
+        r->int2_gbps = bytes / time_matmul(be, y, x, w, 1, reps) / 1e9;
+        cpu_ops_use_avx512(-1);
+        r->pf_int_gmacs = macs / time_matmul(be, &yq, x, &wq, KERN_PF, reps) / 1e9;
+    }
+    cpu_q_use_exact(1);
+    r->exact_gbps = bytes / time_matmul(be, y, x, w, 1, reps) / 1e9;
+    r->pf_exact_gmacs = macs / time_matmul(be, &yq, x, &wq, KERN_PF, reps) / 1e9;
+    cpu_q_use_exact(0);
+out:
+    cpu_ops_use_avx512(-1);
+    if (rc < 0)
+        fprintf(stderr, "rkv-bench: %s kernels: %s\n", be_type_name(t), rkv_strerror(rc));
+    if (y)
+        backend_tensor_free(be, y);
+    if (x)
+        backend_tensor_free(be, x);
+    if (w)
+        backend_tensor_free(be, w);
+    backend_free(be);
+    free(row);
+    free(enc);
+    return rc;
+}
+
+/* the threads' read ceiling: 128 MiB (past the caches) read by n_th threads at once, GB/s */
+static double read_ceiling_gbps(uint32_t n_th, int reps)
+{
+    const size_t bytes = (size_t)128 << 20;
+    uint64_t *buf = malloc(bytes);
+    if (!buf)
+        return 0;
+    for (size_t i = 0; i < bytes / 8; i++)
+        buf[i] = i * 2654435761u;
+    double g = pool_read_gbps(buf, bytes, n_th, reps);
+    free(buf);
+    return g;
+}
+
 int bench_cpu(const struct bench_opts *o, cJSON *out)
 {
+    /* every weight type rkv reads, on tiny256 (rows of whole 256-value blocks) and small */
+    static const char *const dtypes[] = {"f32",  "f16",    "bf16",   "q8_0",  "q4_0", "q4_1",
+                                         "q5_0", "q5_1",   "q2_k",   "q3_k",  "q4_k", "q5_k",
+                                         "q6_k", "iq4_nl", "iq4_xs", "q4_k_m"};
+    static const char *const presets[] = {"tiny256", "small"};
     static const struct bench_model {
         const char *preset, *dtype;
-    } full[] = {{"tiny", "f32"}, {"small", "f32"}, {"small", "f16"}, {"small", "q8_0"}},
-      quick[] = {{"tiny", "f32"}, {"tiny-qwen2", "q8_0"}};
+    } quick[] = {{"tiny", "f32"}, {"tiny-qwen2", "q8_0"}};
+    static const enum be_type ktypes[] = {BE_F32,  BE_F16,  BE_BF16, BE_Q8_0,   BE_Q4_0,
+                                          BE_Q4_1, BE_Q5_0, BE_Q5_1, BE_Q2_K,   BE_Q3_K,
+                                          BE_Q4_K, BE_Q5_K, BE_Q6_K, BE_IQ4_NL, BE_IQ4_XS};
+    const size_t n_dt = sizeof(dtypes) / sizeof(dtypes[0]);
     /* --quick: a smoke run on the tiny models */
-    const size_t n_models = o->quick ? 2 : 4;
-    const struct bench_model *models = o->quick ? quick : full;
+    const size_t n_models = o->quick ? 2 : 2 * n_dt;
     const uint32_t n_prompt = o->quick ? 64 : 512, n_dec = o->quick ? 8 : 64;
     long online = sysconf(_SC_NPROCESSORS_ONLN);
     uint32_t threads = o->threads ? o->threads : (uint32_t)(online > 0 ? online : 1);
@@ -400,32 +563,92 @@ int bench_cpu(const struct bench_opts *o, cJSON *out)
                               ? "avx2"
                           : cpu_ops_avx512() ? "avx-512"
                                              : "avx2";
+    const char *qkernels = cpu_q_isa() == CPU_ISA_AVX512 ? "avx-512 vnni"
+                           : cpu_q_isa() == CPU_ISA_AVX2 ? "avx2"
+                                                         : "scalar";
+    const double read_gbps = read_ceiling_gbps(threads, o->quick ? 3 : 25);
     cJSON_AddNumberToObject(out, "threads", threads);
     cJSON_AddStringToObject(out, "kernels", kernels);
-    printf("cpu backend, %u threads, %s kernels (matmul, attention)\n", threads, kernels);
+    cJSON_AddStringToObject(out, "quant_kernels", qkernels);
+    cJSON_AddNumberToObject(out, "read_gbps", read_gbps);
+    printf("cpu backend, %u threads, %s kernels (matmul, attention), %s integer dots; %u threads "
+           "read %.2f GB/s\n",
+           threads, kernels, qkernels, threads, read_gbps);
     cJSON_AddNumberToObject(out, "prompt_tokens", n_prompt);
     cJSON_AddNumberToObject(out, "decode_steps", n_dec);
     cJSON *arr = cJSON_AddArrayToObject(out, "models");
-    printf("%-10s %-6s %14s %14s %18s\n", "model", "dtype", "prefill tok/s", "decode tok/s",
-           "decode x8 tok/s");
+    printf("decode: one sequence and 8, the bound (the weights and kv a step reads at the read "
+           "rate) and the ratio; prefill of %u tokens, and over f32's\n",
+           n_prompt);
+    printf("%-10s %-6s %13s %6s %12s %9s %9s %11s %6s\n", "model", "dtype", "prefill tok/s",
+           "x f32", "decode tok/s", "x8 tok/s", "MiB/step", "bound tok/s", "ratio");
+    double pf_f32 = 0;
     for (size_t i = 0; i < n_models; i++) {
+        const char *preset = o->quick ? quick[i].preset : presets[i / n_dt];
+        const char *dtype = o->quick ? quick[i].dtype : dtypes[i % n_dt];
         char path[4300];
-        int rc = bench_model(o, models[i].preset, models[i].dtype, path, sizeof(path));
+        int rc = bench_model(o, preset, dtype, path, sizeof(path));
         struct run_result r = {0};
         if (rc == 0)
             rc = run_model(o, path, n_prompt, n_dec, &r);
         if (rc < 0)
             return rc;
-        printf("%-10s %-6s %14.1f %14.1f %18.1f\n", models[i].preset, models[i].dtype,
-               r.prefill_tok_s, r.decode_tok_s, r.decode_b8_tok_s);
+        if (i == 0 || strcmp(preset, o->quick ? quick[i - 1].preset : presets[(i - 1) / n_dt]))
+            pf_f32 = 0; /* a new model shape: f32's prefill is its own */
+        if (!strcmp(dtype, "f32"))
+            pf_f32 = r.prefill_tok_s;
+        const double pf_ratio = pf_f32 > 0 ? r.prefill_tok_s / pf_f32 : 0;
+        const double bound = read_gbps * 1e9 / ((r.weight_mib + r.kv_mib) * (1 << 20));
+        printf("%-10s %-6s %13.1f %6.2f %12.1f %9.1f %9.2f %11.1f %6.2f\n", preset, dtype,
+               r.prefill_tok_s, pf_ratio, r.decode_tok_s, r.decode_b8_tok_s,
+               r.weight_mib + r.kv_mib, bound, r.decode_tok_s / bound);
         fflush(stdout);
         cJSON *m = cJSON_CreateObject();
-        cJSON_AddStringToObject(m, "model", models[i].preset);
-        cJSON_AddStringToObject(m, "dtype", models[i].dtype);
+        cJSON_AddStringToObject(m, "model", preset);
+        cJSON_AddStringToObject(m, "dtype", dtype);
         cJSON_AddNumberToObject(m, "prefill_tok_s", r.prefill_tok_s);
+        cJSON_AddNumberToObject(m, "prefill_over_f32", pf_ratio);
         cJSON_AddNumberToObject(m, "decode_tok_s", r.decode_tok_s);
         cJSON_AddNumberToObject(m, "decode_batch8_tok_s", r.decode_b8_tok_s);
+        cJSON_AddNumberToObject(m, "weight_mib_per_token", r.weight_mib);
+        cJSON_AddNumberToObject(m, "kv_mib_per_token", r.kv_mib);
+        cJSON_AddNumberToObject(m, "decode_bound_tok_s", bound);
+        cJSON_AddNumberToObject(m, "decode_over_bound", r.decode_tok_s / bound);
         cJSON_AddItemToArray(arr, m);
+    }
+    /* the paths side by side: integer dots (avx-512, avx2) against dequantized f32 */
+    const size_t n_k = o->quick ? 2 : sizeof(ktypes) / sizeof(ktypes[0]);
+    cJSON *karr = cJSON_AddArrayToObject(out, "kernels_per_type");
+    printf("kernels: decode matmul of 1 token over %u x rows (%s MiB), weight GB/s and the best "
+           "over the read rate; prefill %u tokens, G multiply-adds/s; int: 8-bit activations, "
+           "exact: dequantized to f32\n",
+           KERN_IN, o->quick ? "16" : "96", KERN_PF);
+    printf("%-7s %9s %9s %9s %8s %9s %9s %9s\n", "type", "int 512", "int avx2", "exact", "ratio",
+           "int/exact", "pf int", "pf exact");
+    for (size_t i = 0; i < n_k; i++) {
+        const enum be_type t = o->quick ? (i ? BE_Q4_K : BE_Q8_0) : ktypes[i];
+        struct kern_result k = {0};
+        int rc = run_kernel(o, t, &k);
+        if (rc < 0)
+            return rc;
+        const double best_int = fmax(k.int512_gbps, k.int2_gbps);
+        const double best = fmax(best_int, k.exact_gbps);
+        printf("%-7s %9.2f %9.2f %9.2f %8.2f %9.2f %9.2f %9.2f\n", be_type_name(t), k.int512_gbps,
+               k.int2_gbps, k.exact_gbps, best / read_gbps, best_int / k.exact_gbps, k.pf_int_gmacs,
+               k.pf_exact_gmacs);
+        fflush(stdout);
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "type", be_type_name(t));
+        cJSON_AddNumberToObject(m, "n_in", k.n_in);
+        cJSON_AddNumberToObject(m, "n_out", k.n_out);
+        cJSON_AddNumberToObject(m, "weight_mib", k.mib);
+        cJSON_AddNumberToObject(m, "decode_int_avx512_gbps", k.int512_gbps);
+        cJSON_AddNumberToObject(m, "decode_int_avx2_gbps", k.int2_gbps);
+        cJSON_AddNumberToObject(m, "decode_exact_gbps", k.exact_gbps);
+        cJSON_AddNumberToObject(m, "decode_over_read", best / read_gbps);
+        cJSON_AddNumberToObject(m, "prefill_int_gmacs", k.pf_int_gmacs);
+        cJSON_AddNumberToObject(m, "prefill_exact_gmacs", k.pf_exact_gmacs);
+        cJSON_AddItemToArray(karr, m);
     }
     struct attn_result a = {0};
     int rc = run_attention(o, &a);
