@@ -5270,6 +5270,17 @@ static int from_cjson(struct jinja_ctx *c, const cJSON *j, struct jv *out, int d
     return 0;
 }
 
+int jinja_from_cjson(struct jinja_ctx *c, const struct cJSON *j, struct jinja_val **out)
+{
+    struct jv v;
+    *out = NULL;
+    int rc = from_cjson(c, j, &v, 0);
+    if (rc < 0)
+        return rc;
+    *out = box(c, v);
+    return *out ? 0 : RKV_ENOMEM;
+}
+
 int jinja_from_json(struct jinja_ctx *c, const char *json, size_t len, struct jinja_val **out,
                     char *errbuf, size_t errlen)
 {
@@ -5282,16 +5293,11 @@ int jinja_from_json(struct jinja_ctx *c, const char *json, size_t len, struct ji
                      at && at >= json && at <= json + len ? (size_t)(at - json) : (size_t)0);
         return RKV_EFORMAT;
     }
-    struct jv v;
-    int rc = from_cjson(c, j, &v, 0);
+    int rc = jinja_from_cjson(c, j, out);
     cJSON_Delete(j);
-    if (rc < 0) {
-        if (errbuf && errlen)
-            snprintf(errbuf, errlen, "context JSON: %s", rkv_strerror(rc));
-        return rc;
-    }
-    *out = box(c, v);
-    return *out ? 0 : RKV_ENOMEM;
+    if (rc < 0 && errbuf && errlen)
+        snprintf(errbuf, errlen, "context JSON: %s", rkv_strerror(rc));
+    return rc;
 }
 
 int jinja_ctx_set_json(struct jinja_ctx *c, const char *json, size_t len, char *errbuf,

@@ -22,7 +22,9 @@
  * integers (64-bit here: overflow is an error), non-ASCII case mapping.
  *
  * memory: a template owns its syntax tree; a context owns the values built
- * into it; a render allocates from its own arena and frees it on return. */
+ * into it; a render allocates from its own arena and frees it on return.
+ * a render reads its template and context only, so one template (and one
+ * context) may serve renders on several threads at once. */
 
 struct jinja_tmpl;
 struct jinja_ctx;
@@ -83,6 +85,9 @@ int jinja_dict_set(struct jinja_ctx *c, struct jinja_val *dict, const char *key,
  * keeps no literal form, so 1.0 reads as 1). */
 int jinja_from_json(struct jinja_ctx *c, const char *json, size_t len, struct jinja_val **out,
                     char *errbuf, size_t errlen);
+/* the same from a parsed cJSON tree (a request's "messages" or "tools") */
+struct cJSON;
+int jinja_from_cjson(struct jinja_ctx *c, const struct cJSON *j, struct jinja_val **out);
 
 /* renders t with c's variables into a malloc'd NUL-terminated string
  * (*out_len bytes, NUL excluded). lim may be NULL (defaults). errors:

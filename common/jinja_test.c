@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include <cjson/cJSON.h>
 #include <cmocka.h>
 
 #include "common/err.h"
@@ -402,12 +403,17 @@ static void test_value_api(void **state)
     assert_int_equal(jinja_from_json(c, js, strlen(js), &j, err, sizeof err), 0);
     assert_int_equal(jinja_ctx_set(c, "j", j), 0);
     assert_int_equal(jinja_from_json(c, "{bad", 4, &j, err, sizeof err), RKV_EFORMAT);
+    cJSON *cj = cJSON_Parse("[\"from cjson\"]");
+    struct jinja_val *jc;
+    assert_int_equal(jinja_from_cjson(c, cj, &jc), 0);
+    cJSON_Delete(cj); /* the context holds a copy */
+    assert_int_equal(jinja_ctx_set(c, "cj", jc), 0);
     assert_int_equal(jinja_list_append(c, NULL, m), RKV_ENOMEM);
-    const char *src = "{{ messages }}|{{ k }} {{ f }} {{ b }} {{ z }}|{{ j.x }}";
+    const char *src = "{{ messages }}|{{ k }} {{ f }} {{ b }} {{ z }}|{{ j.x }}{{ cj[0] }}";
     assert_int_equal(jinja_parse(src, strlen(src), NULL, &t, err, sizeof err), 0);
     assert_int_equal(jinja_render(t, c, NULL, &out, &n, err, sizeof err), 0);
     assert_string_equal(out, "[{'role': 'system', 'content': 'hi'}]|-5 0.25 True None|"
-                             "[1, 2.5, 's', None, False, {'y': 7}]");
+                             "[1, 2.5, 's', None, False, {'y': 7}]from cjson");
     free(out);
     /* a template renders again, with other values */
     assert_int_equal(jinja_ctx_set(c, "k", jinja_int(c, 9)), 0);
