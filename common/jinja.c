@@ -645,7 +645,8 @@ static bool u_printable(uint32_t c)
         return false;
     if (c == 0x1680 || (c >= 0x2000 && c <= 0x200f) || (c >= 0x2028 && c <= 0x202f) ||
         (c >= 0x205f && c <= 0x206f) || c == 0x3000 || c == 0xfeff ||
-        (c >= 0xfff9 && c <= 0xfffb) || (c >= 0xd800 && c <= 0xdfff) || (c >= 0xe000 && c <= 0xf8ff))
+        (c >= 0xfff9 && c <= 0xfffb) || (c >= 0xd800 && c <= 0xdfff) ||
+        (c >= 0xe000 && c <= 0xf8ff))
         return false;
     return true;
 }
@@ -748,9 +749,9 @@ static void v_repr(struct sbuf *b, struct jv v, int depth)
 }
 
 struct json_opts {
-    bool ascii;       /* ensure_ascii */
-    bool sort;        /* sort_keys */
-    const char *ind;  /* NULL: one line */
+    bool ascii;      /* ensure_ascii */
+    bool sort;       /* sort_keys */
+    const char *ind; /* NULL: one line */
     size_t ind_n;
     const char *isep; /* between items */
     const char *ksep; /* between key and value */
@@ -768,8 +769,12 @@ static void json_str(struct sbuf *b, const char *s, size_t n, bool ascii)
             sb_put(b, tmp, 2);
             i++;
         } else if (c < 0x20) {
-            const char *e = c == '\n' ? "\\n" : c == '\r' ? "\\r" : c == '\t' ? "\\t"
-                          : c == '\b' ? "\\b" : c == '\f' ? "\\f" : NULL;
+            const char *e = c == '\n'   ? "\\n"
+                            : c == '\r' ? "\\r"
+                            : c == '\t' ? "\\t"
+                            : c == '\b' ? "\\b"
+                            : c == '\f' ? "\\f"
+                                        : NULL;
             if (e) {
                 sb_put(b, e, 2);
             } else {
@@ -924,14 +929,37 @@ enum tk {
 };
 
 enum op {
-    OP_ADD, OP_SUB, OP_DIV, OP_FLOORDIV, OP_MUL, OP_MOD, OP_POW, OP_TILDE,
-    OP_LBRACKET, OP_RBRACKET, OP_LPAREN, OP_RPAREN, OP_LBRACE, OP_RBRACE,
-    OP_EQ, OP_NE, OP_GT, OP_GTEQ, OP_LT, OP_LTEQ, OP_ASSIGN, OP_DOT, OP_COLON,
-    OP_PIPE, OP_COMMA, OP_SEMICOLON, OP_COUNT
+    OP_ADD,
+    OP_SUB,
+    OP_DIV,
+    OP_FLOORDIV,
+    OP_MUL,
+    OP_MOD,
+    OP_POW,
+    OP_TILDE,
+    OP_LBRACKET,
+    OP_RBRACKET,
+    OP_LPAREN,
+    OP_RPAREN,
+    OP_LBRACE,
+    OP_RBRACE,
+    OP_EQ,
+    OP_NE,
+    OP_GT,
+    OP_GTEQ,
+    OP_LT,
+    OP_LTEQ,
+    OP_ASSIGN,
+    OP_DOT,
+    OP_COLON,
+    OP_PIPE,
+    OP_COMMA,
+    OP_SEMICOLON,
+    OP_COUNT
 };
 static const char *const op_text[OP_COUNT] = {
-    "+", "-", "/", "//", "*", "%", "**", "~", "[", "]", "(", ")", "{", "}",
-    "==", "!=", ">", ">=", "<", "<=", "=", ".", ":", "|", ",", ";"};
+    "+", "-",  "/",  "//", "*",  "%", "**", "~", "[", "]", "(", ")", "{",
+    "}", "==", "!=", ">",  ">=", "<", "<=", "=", ".", ":", "|", ",", ";"};
 
 struct tok {
     uint8_t t, op;
@@ -1077,8 +1105,10 @@ static struct jstr *lx_unescape(struct lexer *L, size_t from, size_t to)
             uint32_t cp = 0;
             for (int k = 0; k < want; k++, i++) {
                 char h = i < to ? s[i] : 0;
-                int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10
-                      : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+                int d = h >= '0' && h <= '9'   ? h - '0'
+                        : h >= 'a' && h <= 'f' ? h - 'a' + 10
+                        : h >= 'A' && h <= 'F' ? h - 'A' + 10
+                                               : -1;
                 if (d < 0)
                     lx_fail(L, at, "truncated \\%c escape in a string", c);
                 cp = cp << 4 | (uint32_t)d;
@@ -1177,9 +1207,9 @@ integer:;
         for (;;) {
             size_t q = k < n && s[k] == '_' ? k + 1 : k;
             char c = q < n ? (char)(s[q] | 0x20) : 0;
-            bool ok = base == 2 ? (c == '0' || c == '1')
-                    : base == 8 ? (c >= '0' && c <= '7')
-                                : (is_digit(c) || (c >= 'a' && c <= 'f'));
+            bool ok = base == 2   ? (c == '0' || c == '1')
+                      : base == 8 ? (c >= '0' && c <= '7')
+                                  : (is_digit(c) || (c >= 'a' && c <= 'f'));
             if (!ok)
                 break;
             k = q + 1;
@@ -1410,7 +1440,8 @@ static void lx_run(struct lexer *L)
                             size_t m = l_pos;
                             while (m < tend && ws_fwd(s, m, tend))
                                 m += ws_fwd(s, m, tend);
-                            if (m == tend && m > l_pos && (l_pos > raw_end || s[raw_end - 1] == '\n'))
+                            if (m == tend && m > l_pos &&
+                                (l_pos > raw_end || s[raw_end - 1] == '\n'))
                                 tend = l_pos;
                         }
                         lx_advance(L, raw_end);
@@ -1454,12 +1485,42 @@ static void lx_run(struct lexer *L)
 
 enum nk {
     /* statements */
-    N_BODY, N_DATA, N_OUT, N_FOR, N_IF, N_SET, N_SETBLOCK, N_MACRO, N_CALLBLOCK,
-    N_FILTERBLOCK, N_BREAK, N_CONTINUE, N_WITH,
+    N_BODY,
+    N_DATA,
+    N_OUT,
+    N_FOR,
+    N_IF,
+    N_SET,
+    N_SETBLOCK,
+    N_MACRO,
+    N_CALLBLOCK,
+    N_FILTERBLOCK,
+    N_BREAK,
+    N_CONTINUE,
+    N_WITH,
     /* expressions */
-    E_CONST, E_NAME, E_NSREF, E_LIST, E_TUPLE, E_DICT, E_GETATTR, E_GETITEM, E_SLICE,
-    E_CALL, E_FILTER, E_TEST, E_NEG, E_POS, E_NOT, E_AND, E_OR, E_BIN, E_CONCAT, E_CMP,
-    E_COND, E_BLOCKVAL
+    E_CONST,
+    E_NAME,
+    E_NSREF,
+    E_LIST,
+    E_TUPLE,
+    E_DICT,
+    E_GETATTR,
+    E_GETITEM,
+    E_SLICE,
+    E_CALL,
+    E_FILTER,
+    E_TEST,
+    E_NEG,
+    E_POS,
+    E_NOT,
+    E_AND,
+    E_OR,
+    E_BIN,
+    E_CONCAT,
+    E_CMP,
+    E_COND,
+    E_BLOCKVAL
 };
 
 enum cmp { CMP_EQ, CMP_NE, CMP_LT, CMP_LE, CMP_GT, CMP_GE, CMP_IN, CMP_NOTIN };
@@ -1501,16 +1562,19 @@ struct parser {
 };
 
 static const char *const filter_names[] = {
-    "abs", "attr", "capitalize", "center", "count", "d", "default", "dictsort", "e", "escape",
-    "first", "float", "indent", "int", "items", "join", "last", "length", "list", "lower", "map",
-    "max", "min", "reject", "rejectattr", "replace", "reverse", "round", "safe", "select",
-    "selectattr", "sort", "string", "sum", "title", "tojson", "trim", "unique", "upper",
-    "wordcount", NULL};
+    "abs",      "attr",   "capitalize", "center",     "count",     "d",       "default",
+    "dictsort", "e",      "escape",     "first",      "float",     "indent",  "int",
+    "items",    "join",   "last",       "length",     "list",      "lower",   "map",
+    "max",      "min",    "reject",     "rejectattr", "replace",   "reverse", "round",
+    "safe",     "select", "selectattr", "sort",       "string",    "sum",     "title",
+    "tojson",   "trim",   "unique",     "upper",      "wordcount", NULL};
 static const char *const test_names[] = {
-    "boolean", "callable", "defined", "divisibleby", "eq", "equalto", "escaped", "even", "false",
-    "filter", "float", "ge", "gt", "greaterthan", "in", "integer", "iterable", "le", "lessthan",
-    "lower", "lt", "mapping", "ne", "none", "number", "odd", "sameas", "sequence", "string",
-    "test", "true", "undefined", "upper", "==", "!=", "<", "<=", ">", ">=", NULL};
+    "boolean", "callable", "defined",  "divisibleby", "eq",       "equalto", "escaped",
+    "even",    "false",    "filter",   "float",       "ge",       "gt",      "greaterthan",
+    "in",      "integer",  "iterable", "le",          "lessthan", "lower",   "lt",
+    "mapping", "ne",       "none",     "number",      "odd",      "sameas",  "sequence",
+    "string",  "test",     "true",     "undefined",   "upper",    "==",      "!=",
+    "<",       "<=",       ">",        ">=",          NULL};
 
 static bool in_names(const char *const *names, const char *s)
 {
@@ -2117,7 +2181,7 @@ static struct node *p_filter(struct parser *P, struct node *n, bool start_inline
             advance(P);
         struct tok *at = cur(P);
         const char *name = p_dotted_name(P);
-    
+
         struct node *f = mk(P, E_FILTER, at);
         f->a = n;
         f->name = name;
@@ -2451,9 +2515,7 @@ static void check_names(struct parser *P, const struct node *n, bool soft)
         bool inner = soft; /* for, macro, call, set and filter blocks start frames of their own */
         switch (n->k) {
         case N_IF:
-        case E_COND:
-            soft = inner = true;
-            break;
+        case E_COND: soft = inner = true; break;
         case N_FOR:
         case N_MACRO:
         case N_CALLBLOCK:
@@ -2713,18 +2775,19 @@ static int64_t len_of(struct rs *R, const struct node *at, struct jv v)
 /* --- attribute and item access --- */
 
 static const char *const str_methods[] = {
-    "startswith", "endswith", "split", "rsplit", "strip", "lstrip", "rstrip", "upper", "lower",
-    "title", "capitalize", "swapcase", "replace", "find", "rfind", "index", "rindex", "count",
-    "join", "splitlines", "isdigit", "isalpha", "isalnum", "isspace", "islower", "isupper",
-    "isnumeric", "isdecimal", "center", "ljust", "rjust", "zfill", "format", "encode",
-    "casefold", "partition", "rpartition", "expandtabs", "istitle", "removeprefix",
-    "removesuffix", NULL};
-static const char *const dict_methods[] = {"items", "keys", "values", "get", "copy", "pop",
-                                           "popitem", "setdefault", "update", "clear",
-                                           "fromkeys", NULL};
-static const char *const list_methods[] = {"index", "count", "copy", "append", "extend",
-                                           "insert", "pop", "remove", "reverse", "sort",
-                                           "clear", NULL};
+    "startswith", "endswith",   "split",     "rsplit",       "strip",        "lstrip",
+    "rstrip",     "upper",      "lower",     "title",        "capitalize",   "swapcase",
+    "replace",    "find",       "rfind",     "index",        "rindex",       "count",
+    "join",       "splitlines", "isdigit",   "isalpha",      "isalnum",      "isspace",
+    "islower",    "isupper",    "isnumeric", "isdecimal",    "center",       "ljust",
+    "rjust",      "zfill",      "format",    "encode",       "casefold",     "partition",
+    "rpartition", "expandtabs", "istitle",   "removeprefix", "removesuffix", NULL};
+static const char *const dict_methods[] = {"items",  "keys",  "values",   "get",
+                                           "copy",   "pop",   "popitem",  "setdefault",
+                                           "update", "clear", "fromkeys", NULL};
+static const char *const list_methods[] = {"index",   "count",  "copy",  "append",
+                                           "extend",  "insert", "pop",   "remove",
+                                           "reverse", "sort",   "clear", NULL};
 
 static struct jv mk_method(struct rs *R, struct jv self, const char *name)
 {
@@ -2915,8 +2978,8 @@ static _Noreturn void fail_operands(struct rs *R, const struct node *at, const c
         fail_undef(R, at, a);
     if (b.t == JT_UNDEF)
         fail_undef(R, at, b);
-    rfail(R, at, RKV_EFORMAT, "unsupported operand type(s) for %s: '%s' and '%s'", op,
-          type_name(a), type_name(b));
+    rfail(R, at, RKV_EFORMAT, "unsupported operand type(s) for %s: '%s' and '%s'", op, type_name(a),
+          type_name(b));
 }
 
 static struct jv repeat(struct rs *R, const struct node *at, struct jv seq, int64_t k)
@@ -2970,9 +3033,9 @@ static void float_divmod(double vx, double wx, double *floordiv, double *modv)
 
 static struct jv binop(struct rs *R, const struct node *at, int op, struct jv a, struct jv b)
 {
-    static const char *const names[] = {[OP_ADD] = "+", [OP_SUB] = "-", [OP_MUL] = "*",
-                                        [OP_DIV] = "/", [OP_FLOORDIV] = "//", [OP_MOD] = "%",
-                                        [OP_POW] = "**"};
+    static const char *const names[] = {
+        [OP_ADD] = "+",       [OP_SUB] = "-", [OP_MUL] = "*", [OP_DIV] = "/",
+        [OP_FLOORDIV] = "//", [OP_MOD] = "%", [OP_POW] = "**"};
     bool ints = int_like(a) && int_like(b);
     if (is_num(a) && is_num(b)) {
         int64_t r;
@@ -3113,12 +3176,9 @@ static bool contains(struct rs *R, const struct node *at, struct jv hay, struct 
             if (v_eq(hay.u.l->v[i], needle))
                 return true;
         return false;
-    case JT_DICT:
-        step(R, at, hay.u.d->n);
-        return dict_find(hay.u.d, needle) >= 0;
+    case JT_DICT: step(R, at, hay.u.d->n); return dict_find(hay.u.d, needle) >= 0;
     case JT_UNDEF: return false;
-    default:
-        rfail(R, at, RKV_EFORMAT, "argument of type '%s' is not iterable", type_name(hay));
+    default: rfail(R, at, RKV_EFORMAT, "argument of type '%s' is not iterable", type_name(hay));
     }
 }
 
@@ -3456,8 +3516,8 @@ struct args {
 };
 
 /* params: names in order; out[i] = the value or MISSING */
-static void bind(struct rs *R, const struct node *at, const char *what,
-                 const char *const *params, size_t np, const struct args *a, struct jv *out)
+static void bind(struct rs *R, const struct node *at, const char *what, const char *const *params,
+                 size_t np, const struct args *a, struct jv *out)
 {
     if (a->n > np)
         rfail(R, at, RKV_EFORMAT, "%s takes at most %zu argument(s), %zu given", what, np, a->n);
@@ -3468,11 +3528,9 @@ static void bind(struct rs *R, const struct node *at, const char *what,
         while (i < np && strcmp(params[i], a->kn[k]))
             i++;
         if (i == np)
-            rfail(R, at, RKV_EFORMAT, "%s got an unexpected keyword argument '%s'", what,
-                  a->kn[k]);
+            rfail(R, at, RKV_EFORMAT, "%s got an unexpected keyword argument '%s'", what, a->kn[k]);
         if (out[i].t != JT_MISSING)
-            rfail(R, at, RKV_EFORMAT, "%s got multiple values for argument '%s'", what,
-                  a->kn[k]);
+            rfail(R, at, RKV_EFORMAT, "%s got multiple values for argument '%s'", what, a->kn[k]);
         out[i] = a->kv[k];
     }
 }
@@ -3552,8 +3610,8 @@ static void sort_idx(struct rs *R, const struct node *at, size_t *idx, size_t *t
     while (i < h && j < n) {
         int c = cmp_order(R, at, "<", keys[idx[j]], keys[idx[i]], 0);
         /* reverse keeps equal items in order, as Python's sort(reverse=True) */
-        bool take_right = reverse ? cmp_order(R, at, "<", keys[idx[i]], keys[idx[j]], 0) == -1
-                                  : c == -1;
+        bool take_right =
+            reverse ? cmp_order(R, at, "<", keys[idx[i]], keys[idx[j]], 0) == -1 : c == -1;
         tmp[k++] = take_right ? idx[j++] : idx[i++];
     }
     while (i < h)
@@ -3797,8 +3855,10 @@ static struct jv run_filter(struct rs *R, const struct node *at, const char *nam
     if (!strcmp(name, "upper") || !strcmp(name, "lower") || !strcmp(name, "capitalize") ||
         !strcmp(name, "title")) {
         bind(R, at, what, NULL, 0, a, p);
-        int mode = name[0] == 'u' ? C_UPPER : name[0] == 'l' ? C_LOWER
-                 : name[0] == 'c' ? C_CAPITALIZE : C_JTITLE;
+        int mode = name[0] == 'u'   ? C_UPPER
+                   : name[0] == 'l' ? C_LOWER
+                   : name[0] == 'c' ? C_CAPITALIZE
+                                    : C_JTITLE;
         return str_case(R, str_of(R, x), mode);
     }
     if (!strcmp(name, "string") || !strcmp(name, "safe")) {
@@ -3820,8 +3880,8 @@ static struct jv run_filter(struct rs *R, const struct node *at, const char *nam
         BIND(F_REPLACE, p);
         if (p[0].t == JT_MISSING || p[1].t == JT_MISSING)
             rfail(R, at, RKV_EFORMAT, "%s needs old and new", what);
-        int64_t count = p[2].t == JT_MISSING || p[2].t == JT_NONE ? -1
-                                                                 : need_int(R, at, p[2], "count");
+        int64_t count =
+            p[2].t == JT_MISSING || p[2].t == JT_NONE ? -1 : need_int(R, at, p[2], "count");
         return str_replace(R, at, str_of(R, x), str_of(R, p[0]), str_of(R, p[1]), count);
     }
     if (!strcmp(name, "join")) {
@@ -4168,7 +4228,8 @@ static struct jv run_filter(struct rs *R, const struct node *at, const char *nam
         const struct jstr *n = need_str(R, at, p[0], "the attribute name");
         if (x.t == JT_DICT || x.t == JT_NS)
             return x.t == JT_DICT && in_names(dict_methods, n->s) ? mk_method(R, x, n->s)
-                   : x.t == JT_NS ? get_attr(R, at, x, n->s) : mk_undef(n->s);
+                   : x.t == JT_NS                                 ? get_attr(R, at, x, n->s)
+                                                                  : mk_undef(n->s);
         if (x.t == JT_UNDEF)
             return mk_undef(n->s);
         return get_attr(R, at, x, n->s);
@@ -4290,7 +4351,8 @@ static bool str_affix(struct rs *R, const struct node *at, struct jv self, struc
     size_t np = pre.t == JT_LIST && pre.tuple ? pre.u.l->n : 1;
     for (size_t i = 0; i < np; i++) {
         struct jv x = pre.t == JT_LIST && pre.tuple ? pre.u.l->v[i] : pre;
-        const struct jstr *a = need_str(R, at, x, end ? "endswith's argument" : "startswith's argument");
+        const struct jstr *a =
+            need_str(R, at, x, end ? "endswith's argument" : "startswith's argument");
         if (a->n <= s->n && !memcmp(end ? s->s + s->n - a->n : s->s, a->s, a->n))
             return true;
     }
@@ -4330,10 +4392,11 @@ static struct jv str_method(struct rs *R, const struct node *at, struct jv self,
     if (!strcmp(name, "upper") || !strcmp(name, "lower") || !strcmp(name, "title") ||
         !strcmp(name, "capitalize") || !strcmp(name, "swapcase") || !strcmp(name, "casefold")) {
         bind(R, at, what, NULL, 0, a, p);
-        int mode = !strcmp(name, "upper") ? C_UPPER
-                 : !strcmp(name, "title") ? C_TITLE
-                 : !strcmp(name, "capitalize") ? C_CAPITALIZE
-                 : !strcmp(name, "swapcase") ? C_SWAP : C_LOWER;
+        int mode = !strcmp(name, "upper")        ? C_UPPER
+                   : !strcmp(name, "title")      ? C_TITLE
+                   : !strcmp(name, "capitalize") ? C_CAPITALIZE
+                   : !strcmp(name, "swapcase")   ? C_SWAP
+                                                 : C_LOWER;
         return str_case(R, self, mode);
     }
     if (!strcmp(name, "replace")) {
@@ -5255,8 +5318,8 @@ static int from_cjson(struct jinja_ctx *c, const cJSON *j, struct jv *out, int d
         if (!d)
             return RKV_ENOMEM;
         for (const cJSON *x = j->child; x; x = x->next) {
-            struct jv v, k = mk_str(&c->a, x->string ? x->string : "",
-                                    x->string ? strlen(x->string) : 0);
+            struct jv v,
+                k = mk_str(&c->a, x->string ? x->string : "", x->string ? strlen(x->string) : 0);
             if (!k.u.s)
                 return RKV_ENOMEM;
             int rc = from_cjson(c, x, &v, depth + 1);

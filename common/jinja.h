@@ -28,15 +28,15 @@
 
 struct jinja_tmpl;
 struct jinja_ctx;
-struct jinja_val;   /* a value inside a jinja_ctx; freed with it */
+struct jinja_val; /* a value inside a jinja_ctx; freed with it */
 
 /* limits of one render: any template stops with RKV_ETOOBIG when one is
  * reached (zero fields take the defaults below) */
 struct jinja_limits {
-    uint64_t max_steps;     /* statements, expressions and element visits */
-    size_t max_output;      /* bytes of rendered text */
-    size_t max_memory;      /* bytes of values a render may allocate */
-    int max_depth;          /* macro calls and nested evaluation */
+    uint64_t max_steps; /* statements, expressions and element visits */
+    size_t max_output;  /* bytes of rendered text */
+    size_t max_memory;  /* bytes of values a render may allocate */
+    int max_depth;      /* macro calls and nested evaluation */
 };
 #define JINJA_DEFAULT_STEPS  (10u * 1000 * 1000)
 #define JINJA_DEFAULT_OUTPUT (16u << 20)

@@ -1,4 +1,5 @@
-/* jinja_test.c - the Jinja subset construct by construct, with jinja2's output as the expectation. */
+/* jinja_test.c - the Jinja subset construct by construct, with jinja2's output as the expectation.
+ */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -108,7 +109,8 @@ static void test_literals(void **state)
 {
     (void)state;
     expect("{{ 'it\\'s' }}|{{ \"q\\\"q\" }}|{{ 'a\\tb\\n' }}|{{ '\\u00e9\\x41' }}|{{ 'x' 'y' }}",
-           "it's|q\"q|a\tb\n|\xc3\xa9" "A|xy");
+           "it's|q\"q|a\tb\n|\xc3\xa9"
+           "A|xy");
     expect("{{ 42 }} {{ 1_000 }} {{ 0x1F }} {{ -7 }}", "42 1000 31 -7");
     expect("{{ 1.5 }} {{ 2.0 }} {{ 1e20 }} {{ 1e-5 }} {{ 0.1 + 0.2 }} {{ 1e16 }} {{ 123456.0 }}",
            "1.5 2.0 1e+20 1e-05 0.30000000000000004 1e+16 123456.0");
@@ -146,7 +148,8 @@ static void test_compare_and_logic(void **state)
     expect("{{ 0 or 'x' }} {{ 'a' and 'b' }} {{ none and 1 }} {{ not [] }}", "x b None True");
     expect("{{ 'y' if n > 2 else 'n' }}|{{ 'y' if n > 5 }}|", "y||");
     expect("{{ (1, 2) == [1, 2] }} {{ {'a': 1} == {'a': 1} }}", "False True");
-    expect_err("{{ 1 < 'a' }}", RKV_EFORMAT, "'<' not supported between instances of 'int' and 'str'");
+    expect_err("{{ 1 < 'a' }}", RKV_EFORMAT,
+               "'<' not supported between instances of 'int' and 'str'");
 }
 
 static void test_access(void **state)
@@ -156,8 +159,9 @@ static void test_access(void **state)
            "system Be brief. user");
     expect("{{ messages[2].tool_calls[0].function.arguments.x }}", "1");
     expect("[{{ messages[0].missing }}][{{ xs[10] }}][{{ none.x }}]", "[][][]");
-    expect("{{ 'hello'[1:3] }} {{ 'abc'[::-1] }} {{ xs[1:] }} {{ xs[::-2] }} {{ 'h\xc3\xa9llo'[1] }}",
-           "el cba [1, 2] [2, 3] \xc3\xa9");
+    expect(
+        "{{ 'hello'[1:3] }} {{ 'abc'[::-1] }} {{ xs[1:] }} {{ xs[::-2] }} {{ 'h\xc3\xa9llo'[1] }}",
+        "el cba [1, 2] [2, 3] \xc3\xa9");
     expect("{{ xs.0 }} {{ d['a'][1] }} {{ 'abc'[-1] }}", "3 None c");
     expect_err("{{ nothing.attr }}", RKV_EFORMAT, "'nothing' is undefined");
     expect_err("{{ 'abc'[::0] }}", RKV_EFORMAT, "slice step cannot be zero");
@@ -210,17 +214,20 @@ static void test_if_and_set(void **state)
 static void test_macros(void **state)
 {
     (void)state;
-    expect("{% macro m(a, b='B') %}<{{ a }}{{ b }}>{% endmacro %}{{ m(1) }}{{ m(2, b=3) }}{{ m() }}",
-           "<1B><23><B>");
+    expect(
+        "{% macro m(a, b='B') %}<{{ a }}{{ b }}>{% endmacro %}{{ m(1) }}{{ m(2, b=3) }}{{ m() }}",
+        "<1B><23><B>");
     expect("{% macro w(x) %}[{{ caller() }}{{ x }}]{% endmacro %}{% call w(1) %}in{% endcall %}",
            "[in1]");
-    expect("{% macro w() %}[{{ caller(5) }}]{% endmacro %}{% call(v) w() %}{{ v * 2 }}{% endcall %}",
-           "[10]");
+    expect(
+        "{% macro w() %}[{{ caller(5) }}]{% endmacro %}{% call(v) w() %}{{ v * 2 }}{% endcall %}",
+        "[10]");
     expect("{% macro f(n) %}{% if n > 0 %}{{ n }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(3) }}",
            "321");
     expect_err("{% macro m(a) %}{% endmacro %}{{ m(1, 2) }}", RKV_EFORMAT,
                "takes not more than 1 argument");
-    expect_err("{% macro m(a) %}{% endmacro %}{{ m(z=1) }}", RKV_EFORMAT, "no keyword argument 'z'");
+    expect_err("{% macro m(a) %}{% endmacro %}{{ m(z=1) }}", RKV_EFORMAT,
+               "no keyword argument 'z'");
 }
 
 static void test_filters(void **state)
@@ -233,29 +240,36 @@ static void test_filters(void **state)
            "{\"a\": [true, null], \"b\": 1} \"\\u00e9\"");
     expect("[{{ s|trim }}] [{{ 'xxhixx'|trim('x') }}] {{ s|length }} {{ xs|count }} {{ d|length }}",
            "[Hello World] [hi] 15 3 2");
-    expect("{{ 'aBc'|upper }} {{ 'aBc'|lower }} {{ 'hello wORLD-x'|title }} {{ 'hELLO'|capitalize }}",
-           "ABC abc Hello World-X Hello");
+    expect(
+        "{{ 'aBc'|upper }} {{ 'aBc'|lower }} {{ 'hello wORLD-x'|title }} {{ 'hELLO'|capitalize }}",
+        "ABC abc Hello World-X Hello");
     expect("{{ 'aaa'|replace('a', 'b', 2) }} {{ xs|join(',') }} {{ xs|join }} {{ xs|first }}"
            "{{ xs|last }}",
            "bba 3,1,2 312 32");
     expect("{{ nope|default('dflt') }} {{ ''|default('e', true) }} {{ 0|d(5) }}", "dflt e 0");
-    expect("{{ 'ab'|list }} {{ d|list }} {{ d|items|list }}", "['a', 'b'] ['b', 'a'] [('b', 1), ('a', [True, None])]");
+    expect("{{ 'ab'|list }} {{ d|list }} {{ d|items|list }}",
+           "['a', 'b'] ['b', 'a'] [('b', 1), ('a', [True, None])]");
     expect("{{ messages|selectattr('role', 'equalto', 'user')|map(attribute='role')|join }}",
            "useruser");
     expect("{{ messages|rejectattr('tool_calls', 'defined')|list|length }}", "3");
     expect("{{ messages|map(attribute='role')|list }}", "['system', 'user', 'assistant', 'user']");
-    expect("{{ xs|map('string')|join('-') }} {{ xs|select('odd')|list }} {{ xs|reject('odd')|list }}",
-           "3-1-2 [3, 1] [2]");
-    expect("{{ 5|string ~ 1 }} {{ '42'|int + 1 }} {{ '4.7'|int }} {{ 'x'|int(-1) }} {{ '2.5'|float }}"
-           " {{ 3|float }}",
-           "51 43 4 -1 2.5 3.0");
+    expect(
+        "{{ xs|map('string')|join('-') }} {{ xs|select('odd')|list }} {{ xs|reject('odd')|list }}",
+        "3-1-2 [3, 1] [2]");
+    expect(
+        "{{ 5|string ~ 1 }} {{ '42'|int + 1 }} {{ '4.7'|int }} {{ 'x'|int(-1) }} {{ '2.5'|float }}"
+        " {{ 3|float }}",
+        "51 43 4 -1 2.5 3.0");
     expect("{{ 'a\nb'|indent(2) }}|{{ 'a\n\nb'|indent(2, true, true) }}", "a\n  b|  a\n  \n  b");
-    expect("{{ xs|sort }} {{ xs|sort(reverse=true) }} {{ ['b', 'A', 'c']|sort }} {{ [1, 1, 2]|unique|list }}",
+    expect("{{ xs|sort }} {{ xs|sort(reverse=true) }} {{ ['b', 'A', 'c']|sort }} {{ [1, 1, "
+           "2]|unique|list }}",
            "[1, 2, 3] [3, 2, 1] ['A', 'b', 'c'] [1, 2]");
-    expect("{{ xs|sum }} {{ xs|min }} {{ xs|max }} {{ -3|abs }} {{ 2.567|round(2) }} {{ 2.5|round }}",
-           "6 1 3 3 2.57 2.0");
-    expect("{{ xs|reverse|list }} {{ 'abc'|reverse }} {{ '<a>'|e }} {{ 'x'|safe }} {{ d|dictsort }}",
-           "[2, 1, 3] cba &lt;a&gt; x [('a', [True, None]), ('b', 1)]");
+    expect(
+        "{{ xs|sum }} {{ xs|min }} {{ xs|max }} {{ -3|abs }} {{ 2.567|round(2) }} {{ 2.5|round }}",
+        "6 1 3 3 2.57 2.0");
+    expect(
+        "{{ xs|reverse|list }} {{ 'abc'|reverse }} {{ '<a>'|e }} {{ 'x'|safe }} {{ d|dictsort }}",
+        "[2, 1, 3] cba &lt;a&gt; x [('a', [True, None]), ('b', 1)]");
     expect("{{ 'a b  c'|wordcount }} {{ 'ab'|center(6) }}|", "3   ab  |");
     expect_err("{{ xs|frobnicate }}", RKV_EUNSUPPORTED, "unknown filter 'frobnicate'");
     /* an unknown filter inside an if fails only when it runs, as in jinja2 */
@@ -341,9 +355,9 @@ static void test_limits(void **state)
                      RKV_ETOOBIG);
     assert_non_null(strstr(err, "step budget"));
     lim = (struct jinja_limits){.max_output = 100};
-    assert_int_equal(render("{% for a in range(1000) %}xx{% endfor %}", NULL, &lim, &out, err,
-                            sizeof err),
-                     RKV_ETOOBIG);
+    assert_int_equal(
+        render("{% for a in range(1000) %}xx{% endfor %}", NULL, &lim, &out, err, sizeof err),
+        RKV_ETOOBIG);
     assert_non_null(strstr(err, "output limit"));
     assert_int_equal(render("{{ 'x' * 100000000000 }}", NULL, NULL, &out, err, sizeof err),
                      RKV_ETOOBIG);
@@ -452,14 +466,22 @@ static void test_real_shape(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_text_and_output), cmocka_unit_test(test_whitespace),
-        cmocka_unit_test(test_literals),        cmocka_unit_test(test_arithmetic),
-        cmocka_unit_test(test_compare_and_logic), cmocka_unit_test(test_access),
-        cmocka_unit_test(test_for),             cmocka_unit_test(test_if_and_set),
-        cmocka_unit_test(test_macros),          cmocka_unit_test(test_filters),
-        cmocka_unit_test(test_tests),           cmocka_unit_test(test_methods),
-        cmocka_unit_test(test_globals),         cmocka_unit_test(test_errors),
-        cmocka_unit_test(test_limits),          cmocka_unit_test(test_value_api),
+        cmocka_unit_test(test_text_and_output),
+        cmocka_unit_test(test_whitespace),
+        cmocka_unit_test(test_literals),
+        cmocka_unit_test(test_arithmetic),
+        cmocka_unit_test(test_compare_and_logic),
+        cmocka_unit_test(test_access),
+        cmocka_unit_test(test_for),
+        cmocka_unit_test(test_if_and_set),
+        cmocka_unit_test(test_macros),
+        cmocka_unit_test(test_filters),
+        cmocka_unit_test(test_tests),
+        cmocka_unit_test(test_methods),
+        cmocka_unit_test(test_globals),
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_value_api),
         cmocka_unit_test(test_real_shape),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

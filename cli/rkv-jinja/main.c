@@ -124,8 +124,8 @@ static int run_batch(const char *path, const struct jinja_limits *lim)
                 size_t tl;
                 int r = render_one(tj->valuestring, strlen(tj->valuestring), ctx,
                                    ctx ? strlen(ctx) : 0, cJSON_IsNumber(nj),
-                                   cJSON_IsNumber(nj) ? (long long)nj->valuedouble : 0, lim,
-                                   &text, &tl);
+                                   cJSON_IsNumber(nj) ? (long long)nj->valuedouble : 0, lim, &text,
+                                   &tl);
                 free(ctx);
                 if (r < 0) {
                     cJSON_AddStringToObject(res, "error", text ? text : "out of memory");

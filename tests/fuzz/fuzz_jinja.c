@@ -1,4 +1,5 @@
-/* fuzz_jinja.c - libFuzzer: parse and render arbitrary templates with a fixed chat context under small limits. */
+/* fuzz_jinja.c - libFuzzer: parse and render arbitrary templates with a fixed chat context under
+ * small limits. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -45,8 +46,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
     /* small limits: no template may run long, write much or recurse deep */
-    struct jinja_limits lim = {.max_steps = 200000, .max_output = 1 << 16,
-                               .max_memory = 32 << 20, .max_depth = 300};
+    struct jinja_limits lim = {
+        .max_steps = 200000, .max_output = 1 << 16, .max_memory = 32 << 20, .max_depth = 300};
     char *out = NULL;
     size_t n = 0;
     rc = jinja_render(t, g_ctx, &lim, &out, &n, err, sizeof err);
