@@ -526,7 +526,9 @@ out:
     return rc;
 }
 
-/* the threads' read ceiling: 128 MiB (past the caches) read by n_th threads at once, GB/s */
+/* the threads' read ceiling: 128 MiB (past the caches) read by n_th threads at once (the
+ * attention tail's measure), the best of reps passes 40 ms apart (other work on a shared host
+ * only lowers it), GB/s */
 static double read_ceiling_gbps(uint32_t n_th, int reps)
 {
     const size_t bytes = (size_t)128 << 20;
@@ -535,27 +537,40 @@ static double read_ceiling_gbps(uint32_t n_th, int reps)
         return 0;
     for (size_t i = 0; i < bytes / 8; i++)
         buf[i] = i * 2654435761u;
-    double g = pool_read_gbps(buf, bytes, n_th, reps);
+    double g = 0;
+    for (int k = 0; k < reps; k++) {
+        g = fmax(g, pool_read_gbps(buf, bytes, n_th, 2));
+        usleep(40000);
+    }
     free(buf);
     return g;
 }
 
+/* every weight type rkv reads, on tiny256 (the tiny shape with rows of whole 256-value blocks)
+ * and small; --quick: a smoke run on two tiny models */
+static const char *const dtypes[] = {"f32",  "f16",    "bf16",   "q8_0",  "q4_0", "q4_1",
+                                     "q5_0", "q5_1",   "q2_k",   "q3_k",  "q4_k", "q5_k",
+                                     "q6_k", "iq4_nl", "iq4_xs", "q4_k_m"};
+#define N_DTYPES (sizeof(dtypes) / sizeof(dtypes[0]))
+static const char *const presets[] = {"tiny256", "small"};
+static const char *const quick_models[2][2] = {{"tiny", "f32"}, {"tiny-qwen2", "q8_0"}};
+
+static const char *model_preset(const struct bench_opts *o, size_t i)
+{
+    return o->quick ? quick_models[i][0] : presets[i / N_DTYPES];
+}
+
+static const char *model_dtype(const struct bench_opts *o, size_t i)
+{
+    return o->quick ? quick_models[i][1] : dtypes[i % N_DTYPES];
+}
+
 int bench_cpu(const struct bench_opts *o, cJSON *out)
 {
-    /* every weight type rkv reads, on tiny256 (rows of whole 256-value blocks) and small */
-    static const char *const dtypes[] = {"f32",  "f16",    "bf16",   "q8_0",  "q4_0", "q4_1",
-                                         "q5_0", "q5_1",   "q2_k",   "q3_k",  "q4_k", "q5_k",
-                                         "q6_k", "iq4_nl", "iq4_xs", "q4_k_m"};
-    static const char *const presets[] = {"tiny256", "small"};
-    static const struct bench_model {
-        const char *preset, *dtype;
-    } quick[] = {{"tiny", "f32"}, {"tiny-qwen2", "q8_0"}};
     static const enum be_type ktypes[] = {BE_F32,  BE_F16,  BE_BF16, BE_Q8_0,   BE_Q4_0,
                                           BE_Q4_1, BE_Q5_0, BE_Q5_1, BE_Q2_K,   BE_Q3_K,
                                           BE_Q4_K, BE_Q5_K, BE_Q6_K, BE_IQ4_NL, BE_IQ4_XS};
-    const size_t n_dt = sizeof(dtypes) / sizeof(dtypes[0]);
-    /* --quick: a smoke run on the tiny models */
-    const size_t n_models = o->quick ? 2 : 2 * n_dt;
+    const size_t n_models = o->quick ? 2 : 2 * N_DTYPES;
     const uint32_t n_prompt = o->quick ? 64 : 512, n_dec = o->quick ? 8 : 64;
     long online = sysconf(_SC_NPROCESSORS_ONLN);
     uint32_t threads = o->threads ? o->threads : (uint32_t)(online > 0 ? online : 1);
@@ -566,34 +581,39 @@ int bench_cpu(const struct bench_opts *o, cJSON *out)
     const char *qkernels = cpu_q_isa() == CPU_ISA_AVX512 ? "avx-512 vnni"
                            : cpu_q_isa() == CPU_ISA_AVX2 ? "avx2"
                                                          : "scalar";
-    const double read_gbps = read_ceiling_gbps(threads, o->quick ? 3 : 25);
+    double read_gbps = read_ceiling_gbps(threads, o->quick ? 3 : 25);
     cJSON_AddNumberToObject(out, "threads", threads);
     cJSON_AddStringToObject(out, "kernels", kernels);
     cJSON_AddStringToObject(out, "quant_kernels", qkernels);
+    cJSON_AddNumberToObject(out, "prompt_tokens", n_prompt);
+    cJSON_AddNumberToObject(out, "decode_steps", n_dec);
+    struct run_result res[2 * N_DTYPES];
+    for (size_t i = 0; i < n_models; i++) {
+        char path[4300];
+        int rc = bench_model(o, model_preset(o, i), model_dtype(o, i), path, sizeof(path));
+        res[i] = (struct run_result){0};
+        if (rc == 0)
+            rc = run_model(o, path, n_prompt, n_dec, &res[i]);
+        if (rc < 0)
+            return rc;
+    }
+    /* measured before and after the models: the higher */
+    read_gbps = fmax(read_gbps, read_ceiling_gbps(threads, o->quick ? 3 : 25));
     cJSON_AddNumberToObject(out, "read_gbps", read_gbps);
     printf("cpu backend, %u threads, %s kernels (matmul, attention), %s integer dots; %u threads "
            "read %.2f GB/s\n",
            threads, kernels, qkernels, threads, read_gbps);
-    cJSON_AddNumberToObject(out, "prompt_tokens", n_prompt);
-    cJSON_AddNumberToObject(out, "decode_steps", n_dec);
-    cJSON *arr = cJSON_AddArrayToObject(out, "models");
     printf("decode: one sequence and 8, the bound (the weights and kv a step reads at the read "
            "rate) and the ratio; prefill of %u tokens, and over f32's\n",
            n_prompt);
     printf("%-10s %-6s %13s %6s %12s %9s %9s %11s %6s\n", "model", "dtype", "prefill tok/s",
            "x f32", "decode tok/s", "x8 tok/s", "MiB/step", "bound tok/s", "ratio");
+    cJSON *arr = cJSON_AddArrayToObject(out, "models");
     double pf_f32 = 0;
     for (size_t i = 0; i < n_models; i++) {
-        const char *preset = o->quick ? quick[i].preset : presets[i / n_dt];
-        const char *dtype = o->quick ? quick[i].dtype : dtypes[i % n_dt];
-        char path[4300];
-        int rc = bench_model(o, preset, dtype, path, sizeof(path));
-        struct run_result r = {0};
-        if (rc == 0)
-            rc = run_model(o, path, n_prompt, n_dec, &r);
-        if (rc < 0)
-            return rc;
-        if (i == 0 || strcmp(preset, o->quick ? quick[i - 1].preset : presets[(i - 1) / n_dt]))
+        const char *preset = model_preset(o, i), *dtype = model_dtype(o, i);
+        const struct run_result r = res[i];
+        if (i == 0 || strcmp(preset, model_preset(o, i - 1)))
             pf_f32 = 0; /* a new model shape: f32's prefill is its own */
         if (!strcmp(dtype, "f32"))
             pf_f32 = r.prefill_tok_s;
@@ -602,7 +622,6 @@ int bench_cpu(const struct bench_opts *o, cJSON *out)
         printf("%-10s %-6s %13.1f %6.2f %12.1f %9.1f %9.2f %11.1f %6.2f\n", preset, dtype,
                r.prefill_tok_s, pf_ratio, r.decode_tok_s, r.decode_b8_tok_s,
                r.weight_mib + r.kv_mib, bound, r.decode_tok_s / bound);
-        fflush(stdout);
         cJSON *m = cJSON_CreateObject();
         cJSON_AddStringToObject(m, "model", preset);
         cJSON_AddStringToObject(m, "dtype", dtype);
@@ -616,6 +635,7 @@ int bench_cpu(const struct bench_opts *o, cJSON *out)
         cJSON_AddNumberToObject(m, "decode_over_bound", r.decode_tok_s / bound);
         cJSON_AddItemToArray(arr, m);
     }
+    fflush(stdout);
     /* the paths side by side: integer dots (avx-512, avx2) against dequantized f32 */
     const size_t n_k = o->quick ? 2 : sizeof(ktypes) / sizeof(ktypes[0]);
     cJSON *karr = cJSON_AddArrayToObject(out, "kernels_per_type");
@@ -633,9 +653,15 @@ int bench_cpu(const struct bench_opts *o, cJSON *out)
             return rc;
         const double best_int = fmax(k.int512_gbps, k.int2_gbps);
         const double best = fmax(best_int, k.exact_gbps);
-        printf("%-7s %9.2f %9.2f %9.2f %8.2f %9.2f %9.2f %9.2f\n", be_type_name(t), k.int512_gbps,
-               k.int2_gbps, k.exact_gbps, best / read_gbps, best_int / k.exact_gbps, k.pf_int_gmacs,
-               k.pf_exact_gmacs);
+        char i512[16] = "-", i2[16] = "-", rel[16] = "-", pfi[16] = "-";
+        if (k.int2_gbps > 0) { /* the block types */
+            snprintf(i512, sizeof(i512), "%.2f", k.int512_gbps);
+            snprintf(i2, sizeof(i2), "%.2f", k.int2_gbps);
+            snprintf(rel, sizeof(rel), "%.2f", best_int / k.exact_gbps);
+            snprintf(pfi, sizeof(pfi), "%.2f", k.pf_int_gmacs);
+        }
+        printf("%-7s %9s %9s %9.2f %8.2f %9s %9s %9.2f\n", be_type_name(t), i512, i2, k.exact_gbps,
+               best / read_gbps, rel, pfi, k.pf_exact_gmacs);
         fflush(stdout);
         cJSON *m = cJSON_CreateObject();
         cJSON_AddStringToObject(m, "type", be_type_name(t));
