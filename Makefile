@@ -81,7 +81,7 @@ $(foreach c,$(COMPONENTS),$(eval SRC_$(c) := $(call libsrc,$(c))))
 CU_SRC     := $(if $(filter 1,$(CUDA)),$(shell find worker/cuda -name '*.cu' 2>/dev/null | sort))
 CU_OBJ     := $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CU_SRC))
 LIBS       := $(foreach c,$(LINK_ORDER),$(BUILD)/lib/librkv_$(c).a)
-# what each component may use (the layering DESIGN.md draws); cli tools and
+# what each component may use (the layering of docs/runtime.md); cli tools and
 # tests/unit use everything
 USES_common := common
 USES_proto  := proto common

@@ -492,7 +492,7 @@ def gpu_bench(a):
         res["skipped"] = "cpu backend: no ceilings (HBM and PCIe bounds read 'no ceiling')"
         return res
     if not exe.exists():
-        res["skipped"] = (f"{exe} not found: no ceilings (build it with scripts/gpu-build.sh "
+        res["skipped"] = (f"{exe} not found: no ceilings (build it with make gpu "
                           "and pack it, or pass --gpu-bench)")
         return res
     js = Path(a.out) / "gpu_bench.json"
