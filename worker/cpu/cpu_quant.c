@@ -208,7 +208,11 @@ static inline float h2f(const uint8_t *p)
 {
     uint16_t h;
     memcpy(&h, p, 2);
-    return cpu_f16_to_f32(h);
+#ifdef Q_AVX2
+    return _cvtsh_ss(h); /* inline; the same value as quant_f16_to_f32 */
+#else
+    return quant_f16_to_f32(h);
+#endif
 }
 
 /* bytes a block (common/quant.c's table), a constant where t is one: the kernels' strides */
@@ -731,6 +735,51 @@ static inline const int16_t *xs256(const struct qx *x, int j, uint32_t i)
 }
 
 /* acc[j] += maddubs(u, the 32 activations at 32 k of row j) . sk, for the nt rows */
+/* sum_j m[j] * (bs[2j] + bs[2j+1]) of eight int16 m and row j's sixteen int16 sums bs, for the
+ * nt rows of super-block i (lane j: row j): the mins' part */
+static inline __m128i kmins_rows(__m128i m16, const struct qx *x, uint32_t i, const int nt)
+{
+    __m128i v[QN];
+#pragma GCC unroll 4
+    for (int j = 0; j < nt; j++) {
+        const int16_t *bs = xs256(x, j, i);
+        const __m128i pairs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)bs),
+                                             _mm_loadu_si128((const __m128i *)(bs + 8)));
+        v[j] = _mm_madd_epi16(m16, pairs);
+    }
+    if (nt == QN)
+        return _mm_hadd_epi32(_mm_hadd_epi32(v[0], v[1]), _mm_hadd_epi32(v[2], v[3]));
+    __m128i a = _mm_add_epi32(v[0], _mm_shuffle_epi32(v[0], 0x4e));
+    a = _mm_add_epi32(a, _mm_shuffle_epi32(a, 0xb1));
+    return _mm_cvtsi32_si128(_mm_cvtsi128_si32(a));
+}
+
+/* the nt rows' sums of eight int32 lanes each (lane j: row j, the rest 0) */
+static inline __m128i rows_sum8(const __m256i v[QN], const int nt)
+{
+    return nt == QN ? hsum4_i32(v[0], v[1], v[2], v[3]) : _mm_cvtsi32_si128(hsum_i32x8(v[0]));
+}
+
+/* a super-block's float part for the nt rows at once, lane j row j: kfin's operations lane by
+ * lane, so the same bits */
+static inline __m128 kfin_rows(__m128 sumf, float d, float dmin, const struct qx *x, uint32_t i,
+                               __m128i isum, __m128i imin, const int nt)
+{
+    const __m128 dx =
+        nt == QN ? _mm_setr_ps(x[0].d[i], x[1].d[i], x[2].d[i], x[3].d[i]) : _mm_set_ss(x[0].d[i]);
+    __m128 t = _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(d), dx), _mm_cvtepi32_ps(isum));
+    t = _mm_sub_ps(t, _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(dmin), dx), _mm_cvtepi32_ps(imin)));
+    return _mm_add_ps(sumf, t);
+}
+
+static inline void rows_out(__m128 sumf, float *out, const int nt)
+{
+    float t[4];
+    _mm_storeu_ps(t, sumf);
+    for (int j = 0; j < nt; j++)
+        out[j] = t[j];
+}
+
 static inline __attribute__((always_inline)) void k32_avx2(__m256i acc[QN], __m256i u, __m256i sk,
                                                            const struct qx *x, uint32_t i, int k,
                                                            const int nt)
@@ -746,7 +795,7 @@ static inline __attribute__((always_inline)) void
 dot_q2k_avx2(const uint8_t *w, const struct qx *x, uint32_t nb, float *out, const int nt)
 {
     const __m256i m3 = _mm256_set1_epi8(3);
-    float sumf[QN] = {0.0f, 0.0f, 0.0f, 0.0f}; /* in registers, written out once */
+    __m128 sumf = _mm_setzero_ps(); /* lane j: row j */
     for (uint32_t i = 0; i < nb; i++) {
         const uint8_t *b = w + (size_t)i * 84;
         const __m256i sc = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)b));
@@ -764,16 +813,13 @@ dot_q2k_avx2(const uint8_t *w, const struct qx *x, uint32_t nb, float *out, cons
             k32_avx2(acc, u, sk, x, i, k, nt);
         }
         const float d = h2f(b + 80), dmin = h2f(b + 82);
+        __m256i mv[QN];
 #pragma GCC unroll 4
-        for (int j = 0; j < nt; j++) {
-            const __m256i bs = _mm256_loadu_si256((const __m256i *)xs256(x, j, i));
-            const int32_t imin = hsum_i32x8(_mm256_madd_epi16(mn, bs));
-            sumf[j] = kfin(sumf[j], d, dmin, x[j].d[i], hsum_i32x8(acc[j]), imin);
-        }
+        for (int j = 0; j < nt; j++)
+            mv[j] = _mm256_madd_epi16(mn, _mm256_loadu_si256((const __m256i *)xs256(x, j, i)));
+        sumf = kfin_rows(sumf, d, dmin, x, i, rows_sum8(acc, nt), rows_sum8(mv, nt), nt);
     }
-#pragma GCC unroll 4
-    for (int j = 0; j < nt; j++)
-        out[j] = sumf[j];
+    rows_out(sumf, out, nt);
 }
 
 /* Q3_K's 16 scales less 32 as int16 */
@@ -796,7 +842,7 @@ static inline __attribute__((always_inline)) void
 dot_q3k_avx2(const uint8_t *w, const struct qx *x, uint32_t nb, float *out, const int nt)
 {
     const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
-    float sumf[QN] = {0.0f, 0.0f, 0.0f, 0.0f}; /* in registers, written out once */
+    __m128 sumf = _mm_setzero_ps(); /* lane j: row j */
     for (uint32_t i = 0; i < nb; i++) {
         const uint8_t *b = w + (size_t)i * 110;
         const __m256i sc = q3k_scales16(b);
@@ -815,24 +861,9 @@ dot_q3k_avx2(const uint8_t *w, const struct qx *x, uint32_t nb, float *out, cons
             k32_avx2(acc, u, sk, x, i, k, nt);
         }
         const float d = h2f(b + 108);
-#pragma GCC unroll 4
-        for (int j = 0; j < nt; j++)
-            sumf[j] = kfin(sumf[j], d, 0.0f, x[j].d[i], hsum_i32x8(acc[j]), 0);
+        sumf = kfin_rows(sumf, d, 0.0f, x, i, rows_sum8(acc, nt), _mm_setzero_si128(), nt);
     }
-#pragma GCC unroll 4
-    for (int j = 0; j < nt; j++)
-        out[j] = sumf[j];
-}
-
-/* sum_j m[j] * (bs[2j] + bs[2j+1]) of eight int16 m and sixteen int16 bs: the mins' part */
-static inline int32_t kmins(__m128i m16, const int16_t *bs)
-{
-    const __m128i pairs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)bs),
-                                         _mm_loadu_si128((const __m128i *)(bs + 8)));
-    __m128i v = _mm_madd_epi16(m16, pairs);
-    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0x4e));
-    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0xb1));
-    return _mm_cvtsi128_si32(v);
+    rows_out(sumf, out, nt);
 }
 
 /* Q4_K / Q5_K's scales (int16 lanes 0-7) and mins (8-15) */
@@ -851,7 +882,7 @@ static inline __attribute__((always_inline)) void dot_q45k_avx2(const uint8_t *w
 {
     const uint32_t bytes = five ? 176 : 144;
     const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
-    float sumf[QN] = {0.0f, 0.0f, 0.0f, 0.0f}; /* in registers, written out once */
+    __m128 sumf = _mm_setzero_ps(); /* lane j: row j */
     for (uint32_t i = 0; i < nb; i++) {
         const uint8_t *b = w + (size_t)i * bytes, *qs = b + 16 + 32 * five;
         const __m256i sm = k_scales16(b);
@@ -881,14 +912,9 @@ static inline __attribute__((always_inline)) void dot_q45k_avx2(const uint8_t *w
         }
         const float d = h2f(b), dmin = h2f(b + 2);
         const __m128i mn = _mm256_extracti128_si256(sm, 1);
-#pragma GCC unroll 4
-        for (int j = 0; j < nt; j++)
-            sumf[j] =
-                kfin(sumf[j], d, dmin, x[j].d[i], hsum_i32x8(acc[j]), kmins(mn, xs256(x, j, i)));
+        sumf = kfin_rows(sumf, d, dmin, x, i, rows_sum8(acc, nt), kmins_rows(mn, x, i, nt), nt);
     }
-#pragma GCC unroll 4
-    for (int j = 0; j < nt; j++)
-        out[j] = sumf[j];
+    rows_out(sumf, out, nt);
 }
 
 /* IQ4_XS's eight scales less 32 as int16 (iq4xs_scales: the low nibbles, then two high bits
@@ -908,7 +934,7 @@ static inline __attribute__((always_inline)) void
 dot_q6k_avx2(const uint8_t *w, const struct qx *x, uint32_t nb, float *out, const int nt)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0f), m3 = _mm256_set1_epi8(3);
-    float sumf[QN] = {0.0f, 0.0f, 0.0f, 0.0f}; /* in registers, written out once */
+    __m128 sumf = _mm_setzero_ps(); /* lane j: row j */
     for (uint32_t i = 0; i < nb; i++) {
         const uint8_t *b = w + (size_t)i * 210;
         const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
@@ -928,20 +954,16 @@ dot_q6k_avx2(const uint8_t *w, const struct qx *x, uint32_t nb, float *out, cons
             k32_avx2(acc, u, sk, x, i, k, nt);
         }
         const float d = h2f(b + 208);
-#pragma GCC unroll 4
-        for (int j = 0; j < nt; j++)
-            sumf[j] = kfin(sumf[j], d, 0.0f, x[j].d[i], hsum_i32x8(acc[j]), 0);
+        sumf = kfin_rows(sumf, d, 0.0f, x, i, rows_sum8(acc, nt), _mm_setzero_si128(), nt);
     }
-#pragma GCC unroll 4
-    for (int j = 0; j < nt; j++)
-        out[j] = sumf[j];
+    rows_out(sumf, out, nt);
 }
 
 static inline __attribute__((always_inline)) void
 dot_iq4xs_avx2(const uint8_t *w, const struct qx *x, uint32_t nb, float *out, const int nt)
 {
     const __m256i tbl = kvalues256();
-    float sumf[QN] = {0.0f, 0.0f, 0.0f, 0.0f}; /* in registers, written out once */
+    __m128 sumf = _mm_setzero_ps(); /* lane j: row j */
     for (uint32_t i = 0; i < nb; i++) {
         const uint8_t *b = w + (size_t)i * 136;
         const __m256i sc = _mm256_broadcastsi128_si256(iq4xs_scales16(b));
@@ -962,13 +984,9 @@ dot_iq4xs_avx2(const uint8_t *w, const struct qx *x, uint32_t nb, float *out, co
             }
         }
         const float d = h2f(b);
-#pragma GCC unroll 4
-        for (int j = 0; j < nt; j++)
-            sumf[j] = kfin(sumf[j], d, 0.0f, x[j].d[i], hsum_i32x8(acc[j]), 0);
+        sumf = kfin_rows(sumf, d, 0.0f, x, i, rows_sum8(acc, nt), _mm_setzero_si128(), nt);
     }
-#pragma GCC unroll 4
-    for (int j = 0; j < nt; j++)
-        out[j] = sumf[j];
+    rows_out(sumf, out, nt);
 }
 
 Q_DRIVERS(avx2, )
@@ -1024,15 +1042,34 @@ static inline __attribute__((always_inline)) T512Q __m512i lev64_512(const enum 
     }
 }
 
-/* the four blocks' sums of two vpdpbusd vectors (128-bit chunks: b0 b0 b1 b1, b2 b2 b3 b3) */
-static inline T512Q __m128i hsum4_512(__m512i z0, __m512i z1)
+/* the sums of each 128-bit chunk's four int32 lanes, chunk c's in lane c */
+static inline T512Q __m128i chunk_sums(__m512i a)
 {
-    __m512i a =
-        _mm512_add_epi32(_mm512_shuffle_i32x4(z0, z1, 0x88), _mm512_shuffle_i32x4(z0, z1, 0xdd));
     a = _mm512_add_epi32(a, _mm512_shuffle_epi32(a, (_MM_PERM_ENUM)0x4e));
     a = _mm512_add_epi32(a, _mm512_shuffle_epi32(a, (_MM_PERM_ENUM)0xb1));
     return _mm512_castsi512_si128(_mm512_permutexvar_epi32(
         _mm512_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12), a));
+}
+
+/* the four blocks' sums of two vpdpbusd vectors (128-bit chunks: b0 b0 b1 b1, b2 b2 b3 b3) */
+static inline T512Q __m128i hsum4_512(__m512i z0, __m512i z1)
+{
+    return chunk_sums(
+        _mm512_add_epi32(_mm512_shuffle_i32x4(z0, z1, 0x88), _mm512_shuffle_i32x4(z0, z1, 0xdd)));
+}
+
+/* the nt rows' sums of sixteen int32 lanes each (lane j: row j, the rest 0) */
+static inline T512Q __m128i rows_sum16(const __m512i v[QN], const int nt)
+{
+    if (nt != QN)
+        return _mm_cvtsi32_si128(_mm512_reduce_add_epi32(v[0]));
+    /* each vector's halves folded, then the pairs' chunks: row j's four partial sums in chunk j */
+    const __m512i ab = _mm512_add_epi32(_mm512_shuffle_i32x4(v[0], v[1], 0x44),
+                                        _mm512_shuffle_i32x4(v[0], v[1], 0xee));
+    const __m512i cd = _mm512_add_epi32(_mm512_shuffle_i32x4(v[2], v[3], 0x44),
+                                        _mm512_shuffle_i32x4(v[2], v[3], 0xee));
+    return chunk_sums(
+        _mm512_add_epi32(_mm512_shuffle_i32x4(ab, cd, 0x88), _mm512_shuffle_i32x4(ab, cd, 0xdd)));
 }
 
 static inline __attribute__((always_inline)) T512Q void
@@ -1096,7 +1133,7 @@ dot_q2k_512(const uint8_t *w, const struct qx *x, uint32_t nb, float *out, const
 {
     const __m512i m3 = _mm512_set1_epi8(3);
     const __m512i idx[4] = {pick_idx(0, 8), pick_idx(4, 8), pick_idx(8, 8), pick_idx(12, 8)};
-    float sumf[QN] = {0.0f, 0.0f, 0.0f, 0.0f}; /* in registers, written out once */
+    __m128 sumf = _mm_setzero_ps(); /* lane j: row j */
     for (uint32_t i = 0; i < nb; i++) {
         const uint8_t *b = w + (size_t)i * 84;
         const __m256i sc = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)b));
@@ -1114,16 +1151,13 @@ dot_q2k_512(const uint8_t *w, const struct qx *x, uint32_t nb, float *out, const
             k64_512(acc, u, _mm512_permutexvar_epi16(idx[m], scl), x, i, m, nt);
         }
         const float d = h2f(b + 80), dmin = h2f(b + 82);
+        __m256i mv[QN];
 #pragma GCC unroll 4
-        for (int j = 0; j < nt; j++) {
-            const __m256i bs = _mm256_loadu_si256((const __m256i *)xs256(x, j, i));
-            const int32_t imin = hsum_i32x8(_mm256_madd_epi16(mn, bs));
-            sumf[j] = kfin(sumf[j], d, dmin, x[j].d[i], _mm512_reduce_add_epi32(acc[j]), imin);
-        }
+        for (int j = 0; j < nt; j++)
+            mv[j] = _mm256_madd_epi16(mn, _mm256_loadu_si256((const __m256i *)xs256(x, j, i)));
+        sumf = kfin_rows(sumf, d, dmin, x, i, rows_sum16(acc, nt), rows_sum8(mv, nt), nt);
     }
-#pragma GCC unroll 4
-    for (int j = 0; j < nt; j++)
-        out[j] = sumf[j];
+    rows_out(sumf, out, nt);
 }
 
 static inline __attribute__((always_inline)) T512Q void
@@ -1131,7 +1165,7 @@ dot_q3k_512(const uint8_t *w, const struct qx *x, uint32_t nb, float *out, const
 {
     const __m512i m3 = _mm512_set1_epi8(3), one = _mm512_set1_epi8(1);
     const __m512i idx[4] = {pick_idx(0, 8), pick_idx(4, 8), pick_idx(8, 8), pick_idx(12, 8)};
-    float sumf[QN] = {0.0f, 0.0f, 0.0f, 0.0f}; /* in registers, written out once */
+    __m128 sumf = _mm_setzero_ps(); /* lane j: row j */
     for (uint32_t i = 0; i < nb; i++) {
         const uint8_t *b = w + (size_t)i * 110;
         const __m256i sc = q3k_scales16(b);
@@ -1150,13 +1184,9 @@ dot_q3k_512(const uint8_t *w, const struct qx *x, uint32_t nb, float *out, const
                     nt);
         }
         const float d = h2f(b + 108);
-#pragma GCC unroll 4
-        for (int j = 0; j < nt; j++)
-            sumf[j] = kfin(sumf[j], d, 0.0f, x[j].d[i], _mm512_reduce_add_epi32(acc[j]), 0);
+        sumf = kfin_rows(sumf, d, 0.0f, x, i, rows_sum16(acc, nt), _mm_setzero_si128(), nt);
     }
-#pragma GCC unroll 4
-    for (int j = 0; j < nt; j++)
-        out[j] = sumf[j];
+    rows_out(sumf, out, nt);
 }
 
 static inline __attribute__((always_inline)) T512Q void dot_q45k_512(const uint8_t *w,
@@ -1167,7 +1197,7 @@ static inline __attribute__((always_inline)) T512Q void dot_q45k_512(const uint8
     const uint32_t bytes = five ? 176 : 144;
     const __m512i m4 = _mm512_set1_epi8(0x0f), one = _mm512_set1_epi8(1);
     const __m512i idx[4] = {pick_idx(0, 16), pick_idx(2, 16), pick_idx(4, 16), pick_idx(6, 16)};
-    float sumf[QN] = {0.0f, 0.0f, 0.0f, 0.0f}; /* in registers, written out once */
+    __m128 sumf = _mm_setzero_ps(); /* lane j: row j */
     for (uint32_t i = 0; i < nb; i++) {
         const uint8_t *b = w + (size_t)i * bytes, *qs = b + 16 + 32 * five;
         const __m256i sm = k_scales16(b);
@@ -1188,14 +1218,9 @@ static inline __attribute__((always_inline)) T512Q void dot_q45k_512(const uint8
         }
         const float d = h2f(b), dmin = h2f(b + 2);
         const __m128i mn = _mm256_extracti128_si256(sm, 1);
-#pragma GCC unroll 4
-        for (int j = 0; j < nt; j++)
-            sumf[j] = kfin(sumf[j], d, dmin, x[j].d[i], _mm512_reduce_add_epi32(acc[j]),
-                           kmins(mn, xs256(x, j, i)));
+        sumf = kfin_rows(sumf, d, dmin, x, i, rows_sum16(acc, nt), kmins_rows(mn, x, i, nt), nt);
     }
-#pragma GCC unroll 4
-    for (int j = 0; j < nt; j++)
-        out[j] = sumf[j];
+    rows_out(sumf, out, nt);
 }
 
 static inline __attribute__((always_inline)) T512Q void
@@ -1203,7 +1228,7 @@ dot_q6k_512(const uint8_t *w, const struct qx *x, uint32_t nb, float *out, const
 {
     const __m512i m4 = _mm512_set1_epi8(0x0f), m3 = _mm512_set1_epi8(3);
     const __m512i idx[4] = {pick_idx(0, 8), pick_idx(4, 8), pick_idx(8, 8), pick_idx(12, 8)};
-    float sumf[QN] = {0.0f, 0.0f, 0.0f, 0.0f}; /* in registers, written out once */
+    __m128 sumf = _mm_setzero_ps(); /* lane j: row j */
     for (uint32_t i = 0; i < nb; i++) {
         const uint8_t *b = w + (size_t)i * 210;
         const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
@@ -1223,13 +1248,9 @@ dot_q6k_512(const uint8_t *w, const struct qx *x, uint32_t nb, float *out, const
                     nt);
         }
         const float d = h2f(b + 208);
-#pragma GCC unroll 4
-        for (int j = 0; j < nt; j++)
-            sumf[j] = kfin(sumf[j], d, 0.0f, x[j].d[i], _mm512_reduce_add_epi32(acc[j]), 0);
+        sumf = kfin_rows(sumf, d, 0.0f, x, i, rows_sum16(acc, nt), _mm_setzero_si128(), nt);
     }
-#pragma GCC unroll 4
-    for (int j = 0; j < nt; j++)
-        out[j] = sumf[j];
+    rows_out(sumf, out, nt);
 }
 
 static inline __attribute__((always_inline)) T512Q void
@@ -1238,7 +1259,7 @@ dot_iq4xs_512(const uint8_t *w, const struct qx *x, uint32_t nb, float *out, con
     const __m512i tbl = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)g_kvalues));
     const __m512i z = _mm512_setzero_si512();
     const __m512i idx[4] = {pick_idx(0, 16), pick_idx(2, 16), pick_idx(4, 16), pick_idx(6, 16)};
-    float sumf[QN] = {0.0f, 0.0f, 0.0f, 0.0f}; /* in registers, written out once */
+    __m128 sumf = _mm_setzero_ps(); /* lane j: row j */
     for (uint32_t i = 0; i < nb; i++) {
         const uint8_t *b = w + (size_t)i * 136;
         const __m512i scv = _mm512_castsi128_si512(iq4xs_scales16(b));
@@ -1260,13 +1281,9 @@ dot_iq4xs_512(const uint8_t *w, const struct qx *x, uint32_t nb, float *out, con
             }
         }
         const float d = h2f(b);
-#pragma GCC unroll 4
-        for (int j = 0; j < nt; j++)
-            sumf[j] = kfin(sumf[j], d, 0.0f, x[j].d[i], _mm512_reduce_add_epi32(acc[j]), 0);
+        sumf = kfin_rows(sumf, d, 0.0f, x, i, rows_sum16(acc, nt), _mm_setzero_si128(), nt);
     }
-#pragma GCC unroll 4
-    for (int j = 0; j < nt; j++)
-        out[j] = sumf[j];
+    rows_out(sumf, out, nt);
 }
 
 Q_DRIVERS(512, T512Q)
