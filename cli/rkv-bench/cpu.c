@@ -495,7 +495,8 @@ static int run_kernel(const struct bench_opts *o, enum be_type t, struct kern_re
     yq.cols = pf_rows;
     yq.row_bytes = sizeof(float) * pf_rows;
     yq.nbytes = yq.row_bytes * KERN_PF;
-    const int q = quant_is_block((uint32_t)t);
+    const int q = quant_is_block((uint32_t)t), exact = !cpu_q_int(BE_Q4_0); /* RKV_CPU_EXACT */
+    cpu_q_use_exact(0);
     if (q && cpu_q_isa_ok(CPU_ISA_AVX512)) {
         cpu_ops_use_avx512(1);
         r->int512_gbps = bytes / time_matmul(be, y, x, w, 1, reps) / 1e9;
@@ -509,7 +510,7 @@ static int run_kernel(const struct bench_opts *o, enum be_type t, struct kern_re
     cpu_q_use_exact(1);
     r->exact_gbps = bytes / time_matmul(be, y, x, w, 1, reps) / 1e9;
     r->pf_exact_gmacs = macs / time_matmul(be, &yq, x, &wq, KERN_PF, reps) / 1e9;
-    cpu_q_use_exact(0);
+    cpu_q_use_exact(exact);
 out:
     cpu_ops_use_avx512(-1);
     if (rc < 0)
@@ -578,9 +579,14 @@ int bench_cpu(const struct bench_opts *o, cJSON *out)
                               ? "avx2"
                           : cpu_ops_avx512() ? "avx-512"
                                              : "avx2";
-    const char *qkernels = cpu_q_isa() == CPU_ISA_AVX512 ? "avx-512 vnni"
-                           : cpu_q_isa() == CPU_ISA_AVX2 ? "avx2"
-                                                         : "scalar";
+    struct backend *probe = NULL; /* a backend reads RKV_CPU_EXACT as it starts */
+    char err[256];
+    if (backend_init(&(struct backend_opts){"cpu", 1, 0}, &probe, err, sizeof(err)) == 0)
+        backend_free(probe);
+    const char *qkernels = !cpu_q_int(BE_Q4_0)             ? "exact (dequantized to f32)"
+                           : cpu_q_isa() == CPU_ISA_AVX512 ? "avx-512 vnni integer"
+                           : cpu_q_isa() == CPU_ISA_AVX2   ? "avx2 integer"
+                                                           : "scalar integer";
     double read_gbps = read_ceiling_gbps(threads, o->quick ? 3 : 25);
     cJSON_AddNumberToObject(out, "threads", threads);
     cJSON_AddStringToObject(out, "kernels", kernels);
@@ -600,8 +606,8 @@ int bench_cpu(const struct bench_opts *o, cJSON *out)
     /* measured before and after the models: the higher */
     read_gbps = fmax(read_gbps, read_ceiling_gbps(threads, o->quick ? 3 : 25));
     cJSON_AddNumberToObject(out, "read_gbps", read_gbps);
-    printf("cpu backend, %u threads, %s kernels (matmul, attention), %s integer dots; %u threads "
-           "read %.2f GB/s\n",
+    printf("cpu backend, %u threads, %s kernels (matmul, attention), %s dots for block types; %u "
+           "threads read %.2f GB/s\n",
            threads, kernels, qkernels, threads, read_gbps);
     printf("decode: one sequence and 8, the bound (the weights and kv a step reads at the read "
            "rate) and the ratio; prefill of %u tokens, and over f32's\n",
