@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "common/jinja.h"
 #include "common/log.h"
 #include "common/tok_int.h"
 
@@ -570,6 +571,7 @@ void tok_free(struct tok *t)
     free(t->merges);
     free(t->trie);
     free(t->chat_default_system);
+    jinja_free(t->chat_tmpl);
     free(t->arch);
     free(t);
 }

@@ -62,12 +62,18 @@ int tok_detok_push(struct tok_detok *d, int32_t id, char *out, size_t cap, size_
 int tok_detok_flush(struct tok_detok *d, char *out, size_t cap, size_t *n);
 
 /* chat templates */
-/* the family comes from tokenizer.chat_template (<|start_header_id|> ->
+/* chats render with the model's own Jinja template (tokenizer.chat_template,
+ * parsed once by tok_load_gguf, or the one tok_chat_set_template gives).
+ * without one, or when it does not parse (a warning names the error), they
+ * render with a built-in family.
+ * the family comes from tokenizer.chat_template (<|start_header_id|> ->
  * llama3, <|im_start|> -> chatml, [INST] -> llama2), else from
  * general.architecture (llama with an <|eot_id|> token -> llama3, qwen2 ->
  * chatml), else FALLBACK; tok_load_gguf logs the choice and why.
- * rendering follows the real templates; BOS is never part of the text: pass
- * add_bos=1 to tok_encode (llama3 and llama2 models set add_bos_token).
+ * rendering follows the real templates; a leading BOS is never part of the
+ * text when the model adds one (add_bos_token): pass add_bos=1 to
+ * tok_encode, and BOS appears once (a template's own bos_token at the start
+ * is dropped from the text for that reason).
  *   LLAMA3:   "<|start_header_id|>ROLE<|end_header_id|>\n\n" + trim(CONTENT) +
  *             "<|eot_id|>" per message; the prompt is the assistant header
  *   CHATML:   "<|im_start|>ROLE\nCONTENT<|im_end|>\n"; prompt
@@ -88,10 +94,27 @@ struct tok_chat_msg {
     const char *role;     /* system | user | assistant */
     const char *content;
 };
+/* the built-in family (what chats render with when there is no template) */
 enum tok_chat_kind tok_chat_kind(const struct tok *t);
 const char *tok_chat_kind_name(enum tok_chat_kind k);
+/* 1 when chats render with a Jinja template */
+int tok_chat_has_template(const struct tok *t);
+/* replaces the template with src (Jinja2, len bytes), as a --chat-template
+ * file does. name prefixes errors: "NAME line 3, column 14: unknown filter
+ * 'frobnicate'". on error the tokenizer is unchanged. not thread-safe: call
+ * it before the tokenizer is shared. */
+int tok_chat_set_template(struct tok *t, const char *src, size_t len, const char *name,
+                          char *errbuf, size_t errlen);
 /* renders msgs (+ the assistant prefix when add_generation_prompt) into a
- * malloc'd NUL-terminated string for tok_encode(parse_special=1). */
+ * malloc'd NUL-terminated string for tok_encode(add_bos=1, parse_special=1).
+ * the template sees messages (role, content), add_generation_prompt,
+ * bos_token and eos_token. errors: RKV_EFORMAT when the template fails
+ * (raise_exception, a value it cannot use), RKV_EUNSUPPORTED, RKV_ETOOBIG
+ * for a render past jinja's limits, RKV_ENOMEM; the message in errbuf
+ * (may be NULL). thread-safe. */
+int tok_chat_render(const struct tok *t, const struct tok_chat_msg *msgs, size_t n_msgs,
+                    int add_generation_prompt, char **out, char *errbuf, size_t errlen);
+/* tok_chat_render without the message */
 int tok_chat_apply(const struct tok *t, const struct tok_chat_msg *msgs, size_t n_msgs,
                    int add_generation_prompt, char **out);
 

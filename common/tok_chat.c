@@ -1,9 +1,11 @@
-/* tok_chat.c - chat templates: family detection and rendering of llama3, chatml, llama2, fallback.
- */
+/* tok_chat.c - chat templates: the model's Jinja template, else the llama3, chatml, llama2 or
+ * fallback family. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/err.h"
+#include "common/jinja.h"
 #include "common/log.h"
 #include "common/tok_int.h"
 
@@ -96,6 +98,36 @@ int tok_chat_detect(struct tok *t, const char *tmpl, size_t n)
                    : "no tokenizer.chat_template and the architecture names no template";
     }
     log_info("chat template: %s (%s)", tok_chat_kind_name(t->chat), why);
+    if (!tmpl)
+        return 0;
+    char err[512];
+    int rc = tok_chat_set_template(t, tmpl, n, "tokenizer.chat_template", err, sizeof err);
+    if (rc == RKV_ENOMEM)
+        return rc;
+    if (rc < 0)
+        log_warn("%s; chats render with the built-in %s family instead", err,
+                 tok_chat_kind_name(t->chat));
+    else
+        log_info("chat template: the model's own tokenizer.chat_template");
+    return 0;
+}
+
+int tok_chat_has_template(const struct tok *t)
+{
+    return t && t->chat_tmpl != NULL;
+}
+
+int tok_chat_set_template(struct tok *t, const char *src, size_t len, const char *name,
+                          char *errbuf, size_t errlen)
+{
+    if (!t || !src)
+        return RKV_EINVAL;
+    struct jinja_tmpl *j = NULL;
+    int rc = jinja_parse(src, len, name, &j, errbuf, errlen);
+    if (rc < 0)
+        return rc;
+    jinja_free(t->chat_tmpl);
+    t->chat_tmpl = j;
     return 0;
 }
 
@@ -237,12 +269,88 @@ static void render_fallback(struct sb *b, const struct tok_chat_msg *m, size_t n
         sb_str(b, "assistant:");
 }
 
+/* a special token's text for the template, "" when the model has none */
+static struct jinja_val *token_text(struct jinja_ctx *c, const struct tok *t, int32_t id)
+{
+    char buf[256];
+    int n = id >= 0 ? tok_token_bytes(t, id, 1, buf, sizeof buf) : 0;
+    if (n < 0 || (size_t)n > sizeof buf)
+        n = 0;
+    return jinja_str(c, buf, (size_t)n);
+}
+
+static struct jinja_val *str_or_none(struct jinja_ctx *c, const char *s)
+{
+    return s ? jinja_str(c, s, strlen(s)) : jinja_none(c);
+}
+
+static int render_jinja(const struct tok *t, const struct tok_chat_msg *m, size_t n, int gen,
+                        char **out, char *errbuf, size_t errlen)
+{
+    struct jinja_ctx *c = NULL;
+    int rc = jinja_ctx_new(&c);
+    if (rc < 0)
+        return rc;
+    struct jinja_val *list = jinja_list(c);
+    for (size_t i = 0; list && i < n && rc == 0; i++) {
+        struct jinja_val *d = jinja_dict(c);
+        if (!d) {
+            rc = RKV_ENOMEM;
+            break;
+        }
+        if ((rc = jinja_dict_set(c, d, "role", str_or_none(c, m[i].role))) == 0 &&
+            (rc = jinja_dict_set(c, d, "content", str_or_none(c, m[i].content))) == 0)
+            rc = jinja_list_append(c, list, d);
+    }
+    struct jinja_val *bos = token_text(c, t, t->bos);
+    if (rc == 0 && !list)
+        rc = RKV_ENOMEM;
+    if (rc == 0 && (rc = jinja_ctx_set(c, "messages", list)) == 0 &&
+        (rc = jinja_ctx_set(c, "add_generation_prompt", jinja_bool(c, gen))) == 0 &&
+        (rc = jinja_ctx_set(c, "bos_token", bos)) == 0)
+        rc = jinja_ctx_set(c, "eos_token", token_text(c, t, t->eos));
+    if (rc < 0) {
+        jinja_ctx_free(c);
+        return rc;
+    }
+    char *s = NULL;
+    size_t len = 0;
+    rc = jinja_render(t->chat_tmpl, c, NULL, &s, &len, errbuf, errlen);
+    jinja_ctx_free(c);
+    if (rc < 0)
+        return rc;
+    /* templates write bos_token themselves, and tok_encode(add_bos=1) adds
+     * it again when the model wants one: drop the template's, so BOS comes
+     * once, as the families render */
+    char bt[256];
+    int bn = t->add_bos && t->bos >= 0 ? tok_token_bytes(t, t->bos, 1, bt, sizeof bt) : 0;
+    if (bn > 0 && (size_t)bn <= sizeof bt && len >= (size_t)bn && !memcmp(s, bt, (size_t)bn)) {
+        memmove(s, s + bn, len - (size_t)bn + 1);
+    }
+    *out = s;
+    return 0;
+}
+
 int tok_chat_apply(const struct tok *t, const struct tok_chat_msg *msgs, size_t n_msgs,
                    int add_generation_prompt, char **out)
 {
+    return tok_chat_render(t, msgs, n_msgs, add_generation_prompt, out, NULL, 0);
+}
+
+int tok_chat_render(const struct tok *t, const struct tok_chat_msg *msgs, size_t n_msgs,
+                    int add_generation_prompt, char **out, char *errbuf, size_t errlen)
+{
+    if (errbuf && errlen)
+        errbuf[0] = 0;
     if (!t || !out || (!msgs && n_msgs))
         return RKV_EINVAL;
     *out = NULL;
+    if (t->chat_tmpl) {
+        int rc = render_jinja(t, msgs, n_msgs, add_generation_prompt, out, errbuf, errlen);
+        if (rc < 0 && errbuf && errlen && !errbuf[0])
+            snprintf(errbuf, errlen, "chat template: %s", rkv_strerror(rc));
+        return rc;
+    }
     struct sb b = {0};
     sb_add(&b, "", 0);
     switch (t->chat) {

@@ -77,7 +77,8 @@ struct tok {
 
     /* chat */
     enum tok_chat_kind chat;
-    char *chat_default_system; /* chatml templates that add one; NULL if none */
+    char *chat_default_system;    /* chatml templates that add one; NULL if none */
+    struct jinja_tmpl *chat_tmpl; /* the template chats render with; NULL: the family */
     char *arch;
 };
 
@@ -148,7 +149,8 @@ typedef int (*tok_pair_fn)(const struct tok_enc *e, const struct tok_sym *l,
                            const struct tok_sym *r, double *key, int32_t *id);
 int tok_merge_run(struct tok_enc *e, size_t nsym, tok_pair_fn fn);
 
-/* chat (tok_chat.c): picks t->chat from the template / architecture */
+/* chat (tok_chat.c): picks t->chat from the template / architecture and
+ * parses the template (one that does not parse leaves the family) */
 int tok_chat_detect(struct tok *t, const char *tmpl, size_t tmpl_len);
 
 /* utf-8 helpers (tok.c) */

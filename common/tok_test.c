@@ -545,6 +545,59 @@ static void test_chat_fallback(void **state)
     tok_free(t);
 }
 
+static void test_chat_jinja(void **state)
+{
+    (void)state;
+    char err[256];
+    char *s = NULL;
+    /* the file's template renders, not the family's */
+    static const char own[] = "{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}"
+                              "{% endfor %}{% if add_generation_prompt %}>{% endif %}"
+                              "{{ eos_token }}";
+    struct tok *t = bpe("llama-bpe", "llama", own);
+    assert_int_equal(tok_chat_kind(t), TOK_CHAT_LLAMA3); /* the fallback family */
+    assert_true(tok_chat_has_template(t));
+    /* llama 3 adds bos when encoding: the template's leading one is dropped */
+    assert_string_equal(render(t, conv + 2, 2, 1), "<assistant>Hello.<user>Bye><|end_of_text|>");
+    int32_t ids[64];
+    size_t n;
+    const char *r = render(t, conv + 3, 1, 0);
+    assert_int_equal(tok_encode(t, r, strlen(r), 1, 1, ids, 64, &n), 0);
+    assert_int_equal(ids[0], TBPE_BOT);
+    for (size_t i = 1; i < n; i++)
+        assert_int_not_equal(ids[i], TBPE_BOT);
+    assert_int_equal(ids[n - 1], TBPE_EOT);
+
+    /* raise_exception comes back with its message */
+    static const char refuse[] = "{% if messages[0].role == 'system' %}"
+                                 "{{ raise_exception('System role not supported') }}{% endif %}ok";
+    assert_int_equal(
+        tok_chat_set_template(t, refuse, strlen(refuse), "refuse.jinja", err, sizeof err), 0);
+    assert_string_equal(render(t, conv + 1, 1, 1), "ok");
+    assert_int_equal(tok_chat_render(t, conv, 1, 1, &s, err, sizeof err), RKV_EFORMAT);
+    assert_null(s);
+    assert_non_null(strstr(err, "System role not supported"));
+
+    /* a file that does not parse names the line and column; the template stays */
+    static const char bad[] = "{% for m in messages %}\n{{ m | frobnicate }}{% endfor %}";
+    assert_int_not_equal(tok_chat_set_template(t, bad, strlen(bad), "bad.jinja", err, sizeof err),
+                         0);
+    assert_non_null(strstr(err, "bad.jinja line 2, column"));
+    assert_string_equal(render(t, conv + 1, 1, 1), "ok");
+    tok_free(t);
+
+    /* a model that adds no bos keeps the template's */
+    t = bpe("qwen2", "qwen2", own);
+    assert_int_equal(tok_add_bos(t), 0);
+    assert_string_equal(render(t, conv + 3, 1, 0), "<|begin_of_text|><user>Bye<|end_of_text|>");
+    tok_free(t);
+
+    /* a template that does not parse leaves the family */
+    t = spm(1, "llama", llama2_tmpl);
+    assert_false(tok_chat_has_template(t));
+    tok_free(t);
+}
+
 static void test_load_errors(void **state)
 {
     (void)state;
@@ -591,7 +644,8 @@ int main(void)
         cmocka_unit_test(test_spm_encode),    cmocka_unit_test(test_detok_utf8),
         cmocka_unit_test(test_detok_spm),     cmocka_unit_test(test_chat_llama3),
         cmocka_unit_test(test_chat_chatml),   cmocka_unit_test(test_chat_llama2),
-        cmocka_unit_test(test_chat_fallback), cmocka_unit_test(test_load_errors),
+        cmocka_unit_test(test_chat_fallback), cmocka_unit_test(test_chat_jinja),
+        cmocka_unit_test(test_load_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

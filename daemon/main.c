@@ -30,6 +30,7 @@
 
 struct rkvd_conf {
     char model[1024];
+    char chat_template[1024];
     char listen[300];
     int backend;
     char state_dir[512];
@@ -86,6 +87,9 @@ static const char *const host_attn_of_mode[] = {"auto", "gpu", "gpu", "cpu"};
 #define S(f) sizeof(((struct rkvd_conf *)0)->f)
 static const struct cfg_key keys[] = {
     {K("model", CFG_STR, model), S(model), .help = "GGUF model file"},
+    {K("chat_template", CFG_STR, chat_template), S(chat_template),
+     .help = "Jinja chat template file used instead of the model's tokenizer.chat_template "
+             "(default: the model's, else a built-in family)"},
     {K("listen", CFG_STR, listen), S(listen), .def = "127.0.0.1:8080",
      .help = "HOST:PORT for HTTP"},
     {K("backend", CFG_ENUM, backend), .names = backends, .def = "auto",
@@ -847,12 +851,55 @@ static int parse_listen(const char *listen, char *host, size_t hlen, int *port)
     return 0;
 }
 
+/* --chat-template FILE: a file that does not parse stops the start, naming
+ * the line and column */
+static int load_chat_template(struct rkvd *d, const char *path, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        int rc = -errno;
+        snprintf(err, errlen, "chat_template: cannot open %s: %s", path, strerror(errno));
+        return rc;
+    }
+    char *buf = NULL;
+    size_t n = 0, cap = 0;
+    int rc = 0;
+    for (;;) {
+        if (n == cap) {
+            char *q = cap < (64u << 20) ? realloc(buf, cap ? cap * 2 : 8192) : NULL;
+            if (!q) {
+                rc = cap < (64u << 20) ? RKV_ENOMEM : RKV_ETOOBIG;
+                snprintf(err, errlen, "chat_template: %s: %s", path, rkv_strerror(rc));
+                break;
+            }
+            buf = q;
+            cap = cap ? cap * 2 : 8192;
+        }
+        size_t k = fread(buf + n, 1, cap - n, f);
+        n += k;
+        if (k == 0) {
+            if (ferror(f)) {
+                rc = RKV_EIO;
+                snprintf(err, errlen, "chat_template: cannot read %s", path);
+            }
+            break;
+        }
+    }
+    fclose(f);
+    if (rc == 0 && (rc = tok_chat_set_template(d->tok, buf, n, path, err, errlen)) == 0)
+        log_info("chat template: %s", path);
+    free(buf);
+    return rc;
+}
+
 static int load_model_meta(struct rkvd *d, char *err, size_t errlen)
 {
     int rc = gguf_open(d->c.model, &d->g, err, errlen);
     if (rc)
         return rc;
     if ((rc = tok_load_gguf(d->g, &d->tok, err, errlen)))
+        return rc;
+    if (d->c.chat_template[0] && (rc = load_chat_template(d, d->c.chat_template, err, errlen)))
         return rc;
     struct gguf_str arch;
     uint32_t ctx = 0;

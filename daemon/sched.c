@@ -286,9 +286,13 @@ static uint32_t pick_worker(struct sched *s)
 
 /* --- requests in -------------------------------------------------------------- */
 
+/* *status: the HTTP status of a failure; a template that fails on this
+ * conversation (raise_exception, a value it cannot use, a limit) is the
+ * client's to fix: 400 */
 static int tokenize(struct sched *s, const struct api_request *r, struct rkv_vec *out,
-                    char *err, size_t errlen)
+                    char *err, size_t errlen, int *status)
 {
+    *status = 500;
     if (r->prompt_tokens) {
         for (size_t i = 0; i < r->n_prompt_tokens; i++)
             if (!rkv_vec_push(out, &r->prompt_tokens[i]))
@@ -305,10 +309,14 @@ static int tokenize(struct sched *s, const struct api_request *r, struct rkv_vec
             m[i].role = r->messages[i].role_name;
             m[i].content = r->messages[i].content;
         }
-        rc = tok_chat_apply(s->tok, m, r->n_messages, 1, &text);
+        char why[400];
+        rc = tok_chat_render(s->tok, m, r->n_messages, 1, &text, why, sizeof why);
         free(m);
         if (rc) {
-            snprintf(err, errlen, "cannot render the chat template: %s", rkv_strerror(rc));
+            if (rc != RKV_ENOMEM)
+                *status = 400;
+            snprintf(err, errlen, "cannot render the chat template for these messages: %s",
+                     why[0] ? why : rkv_strerror(rc));
             return rc;
         }
         parse_special = 1;
@@ -363,10 +371,11 @@ static int submit_cb(void *ctx, struct api_call *call, const struct api_request 
 
     struct rkv_vec toks;
     rkv_vec_init(&toks, sizeof(int32_t));
-    int rc = tokenize(s, r, &toks, err, sizeof err);
+    int status;
+    int rc = tokenize(s, r, &toks, err, sizeof err, &status);
     if (rc) {
         rkv_vec_fini(&toks);
-        api_call_fail(call, 500, err);
+        api_call_fail(call, status, err);
         return 0;
     }
     if (toks.len == 0) {

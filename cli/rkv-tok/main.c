@@ -25,12 +25,13 @@ static const char usage[] =
     "  --decode IDS     print the text of IDS (\"1,2,3\" or \"[1, 2, 3]\")\n"
     "  --chat FILE      render a JSON array of {role, content} messages with the model's\n"
     "                   chat template (add --gen for the assistant prefix)\n"
+    "  --chat-template F  with --chat: render with the Jinja template in file F instead\n"
     "  --info           print vocabulary facts as JSON\n"
     "  --time           report tokenizing speed on stderr\n"
     "  --verbose        log at info level\n";
 
 struct opts {
-    const char *model, *file, *decode, *chat, *text;
+    const char *model, *file, *decode, *chat, *chat_template, *text;
     int lines, pieces, bos, special, gen, info, time, verbose;
 };
 
@@ -206,10 +207,12 @@ static int chat_print(const struct tok *t, const struct opts *o)
         m[i].role = cJSON_GetStringValue(cJSON_GetObjectItem(it, "role"));
         m[i].content = cJSON_GetStringValue(cJSON_GetObjectItem(it, "content"));
     }
-    char *s = NULL;
-    rc = m ? tok_chat_apply(t, m, (size_t)n, o->gen, &s) : RKV_ENOMEM;
+    char *s = NULL, why[512] = "";
+    rc = m ? tok_chat_render(t, m, (size_t)n, o->gen, &s, why, sizeof why) : RKV_ENOMEM;
     if (rc == 0)
         fputs(s, stdout);
+    else if (why[0])
+        fprintf(stderr, "rkv-tok: %s\n", why);
     free(s);
     free(m);
     cJSON_Delete(root);
@@ -229,6 +232,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
             o->decode = argv[++i];
         else if (!strcmp(a, "--chat") && has_val)
             o->chat = argv[++i];
+        else if (!strcmp(a, "--chat-template") && has_val)
+            o->chat_template = argv[++i];
         else if (!strcmp(a, "--lines"))
             o->lines = 1;
         else if (!strcmp(a, "--ids"))
@@ -288,6 +293,22 @@ int main(int argc, char **argv)
     if (rc < 0) {
         fprintf(stderr, "rkv-tok: %s\n", err[0] ? err : rkv_strerror(rc));
         return 1;
+    }
+    if (o.chat_template) {
+        char *src;
+        size_t len;
+        err[0] = 0;
+        if ((rc = read_all(o.chat_template, &src, &len)) < 0) {
+            snprintf(err, sizeof err, "cannot read %s: %s", o.chat_template, rkv_strerror(rc));
+        } else {
+            rc = tok_chat_set_template(t, src, len, o.chat_template, err, sizeof err);
+            free(src);
+        }
+        if (rc < 0) {
+            fprintf(stderr, "rkv-tok: %s\n", err[0] ? err : rkv_strerror(rc));
+            tok_free(t);
+            return 1;
+        }
     }
 
     double secs = 0;
