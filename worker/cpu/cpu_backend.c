@@ -620,8 +620,9 @@ int cpu_backend_init(uint32_t n_threads, struct backend **out)
     const char *exact = getenv("RKV_CPU_EXACT");
     if (exact && (!strcmp(exact, "0") || !strcmp(exact, "1")))
         cpu_q_use_exact(exact[0] - '0');
-    log_debug("backend: cpu with %u threads, %s kernels", pool_n_threads(c->pool),
-              cpu_ops_avx512() ? "avx-512" : "avx2");
+    log_debug("backend: cpu with %u threads, %s kernels, block types %s", pool_n_threads(c->pool),
+              cpu_ops_avx512() ? "avx-512" : "avx2",
+              cpu_q_int(BE_Q4_0) ? "by integer dots" : "dequantized (RKV_CPU_EXACT=1)");
     return 0;
 fail:
     cpu_free(c);

@@ -11,7 +11,7 @@ float cpu_f16_to_f32(uint16_t h);
 uint16_t cpu_f32_to_f16(float f);
 float cpu_bf16_to_f32(uint16_t h);
 
-/* dst (n) = row of type t starting at src (n a multiple of 32 for Q8_0) */
+/* dst (n) = row of type t starting at src, dequantized exactly (n a multiple of t's block) */
 void cpu_dequant_row(enum be_type t, const void *src, float *dst, size_t n);
 /* f32 -> the kv cache's element type */
 void cpu_store_kv(enum kv_dtype t, void *dst, const float *src, size_t n);
