@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <signal.h>
+#include <stdio.h>
 #include <spawn.h>
 #include <stdlib.h>
 #include <string.h>
@@ -264,4 +265,43 @@ uint64_t rkv_env_u64(const char *name, uint64_t def, uint64_t lo, uint64_t hi)
 uint64_t rkv_step_report_ms(void)
 {
     return rkv_env_u64("RKV_STEP_REPORT_MS", 10000, 100, 3600000);
+}
+
+int rkv_read_file(const char *path, size_t max, char **out, size_t *len)
+{
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+    if (!f)
+        return -errno;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    int rc = buf ? 0 : RKV_ENOMEM;
+    while (rc == 0) {
+        if (n == cap) {
+            char *q = max && cap >= max ? NULL : realloc(buf, cap * 2 + 1);
+            if (!q) {
+                rc = max && cap >= max ? RKV_ETOOBIG : RKV_ENOMEM;
+                break;
+            }
+            buf = q;
+            cap *= 2;
+        }
+        size_t k = fread(buf + n, 1, cap - n, f);
+        if (!k)
+            break;
+        n += k;
+    }
+    if (rc == 0 && ferror(f))
+        rc = RKV_EIO;
+    if (rc == 0 && max && n > max)
+        rc = RKV_ETOOBIG;
+    if (f != stdin)
+        fclose(f);
+    if (rc) {
+        free(buf);
+        return rc;
+    }
+    buf[n] = 0;
+    *out = buf;
+    *len = n;
+    return 0;
 }

@@ -34,6 +34,10 @@ uint64_t rkv_step_report_ms(void);
 
 /* directory of the running executable (to find sibling binaries) */
 int rkv_exe_dir(char *buf, size_t len);
+/* a whole file ("-": standard input) into a malloc'd buffer, NUL-terminated (*len excludes
+ * the NUL); -errno when it cannot be opened, RKV_EIO on a read error, RKV_ETOOBIG past max
+ * bytes (0: no limit), RKV_ENOMEM */
+int rkv_read_file(const char *path, size_t max, char **out, size_t *len);
 
 /* starts path with argv (and envp, or the current environment when NULL)
  * via posix_spawn with default signal dispositions and an empty signal

@@ -1,4 +1,5 @@
 /* util_test.c - clocks, spawn, growable array, u64 map and integer environment variables. */
+#include <errno.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -103,6 +104,32 @@ static void test_map_against_array(void **state)
 }
 
 /* unset: the default; a number in range: it; anything else: the default */
+/* a file whole, NUL-terminated; a missing one by errno, one past the limit refused */
+static void test_read_file(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/rkv-util-test-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    char big[100000];
+    for (size_t i = 0; i < sizeof big; i++)
+        big[i] = (char)('a' + i % 26);
+    assert_int_equal(write(fd, big, sizeof big), (ssize_t)sizeof big);
+    close(fd);
+    char *buf = NULL;
+    size_t n = 0;
+    assert_int_equal(rkv_read_file(path, 0, &buf, &n), 0);
+    assert_int_equal(n, sizeof big);
+    assert_memory_equal(buf, big, n);
+    assert_int_equal(buf[n], 0);
+    free(buf);
+    assert_int_equal(rkv_read_file(path, 1000, &buf, &n), RKV_ETOOBIG);
+    assert_int_equal(rkv_read_file(path, sizeof big, &buf, &n), 0);
+    free(buf);
+    unlink(path);
+    assert_int_equal(rkv_read_file(path, 0, &buf, &n), -ENOENT);
+}
+
 static void test_env_u64(void **state)
 {
     (void)state;
@@ -171,6 +198,7 @@ int main(void)
         cmocka_unit_test(test_vec),
         cmocka_unit_test(test_map_against_array),
         cmocka_unit_test(test_env_u64),
+        cmocka_unit_test(test_read_file),
         cmocka_unit_test(test_cpu_tail_rule),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -855,37 +855,11 @@ static int parse_listen(const char *listen, char *host, size_t hlen, int *port)
  * the line and column */
 static int load_chat_template(struct rkvd *d, const char *path, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        int rc = -errno;
-        snprintf(err, errlen, "chat_template: cannot open %s: %s", path, strerror(errno));
-        return rc;
-    }
     char *buf = NULL;
-    size_t n = 0, cap = 0;
-    int rc = 0;
-    for (;;) {
-        if (n == cap) {
-            char *q = cap < (64u << 20) ? realloc(buf, cap ? cap * 2 : 8192) : NULL;
-            if (!q) {
-                rc = cap < (64u << 20) ? RKV_ENOMEM : RKV_ETOOBIG;
-                snprintf(err, errlen, "chat_template: %s: %s", path, rkv_strerror(rc));
-                break;
-            }
-            buf = q;
-            cap = cap ? cap * 2 : 8192;
-        }
-        size_t k = fread(buf + n, 1, cap - n, f);
-        n += k;
-        if (k == 0) {
-            if (ferror(f)) {
-                rc = RKV_EIO;
-                snprintf(err, errlen, "chat_template: cannot read %s", path);
-            }
-            break;
-        }
-    }
-    fclose(f);
+    size_t n = 0;
+    int rc = rkv_read_file(path, 64u << 20, &buf, &n);
+    if (rc)
+        snprintf(err, errlen, "chat_template: cannot read %s: %s", path, rkv_strerror(rc));
     if (rc == 0 && (rc = tok_chat_set_template(d->tok, buf, n, path, err, errlen)) == 0)
         log_info("chat template: %s", path);
     free(buf);

@@ -8,6 +8,7 @@
 
 #include "common/err.h"
 #include "common/jinja.h"
+#include "common/util.h"
 
 static const char usage[] =
     "usage: rkv-jinja --template FILE [--context JSON | --context-file FILE] [options]\n"
@@ -23,44 +24,6 @@ static const char usage[] =
     "  --max-steps N        the render's step budget\n"
     "  --max-output N       the render's output limit in bytes\n"
     "errors name the template line and column; the exit status is 1 after one.\n";
-
-static int read_all(const char *path, char **out, size_t *len)
-{
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    if (!f)
-        return -errno;
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap + 1);
-    while (buf) {
-        if (n == cap) {
-            char *q = realloc(buf, cap * 2 + 1);
-            if (!q) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = q;
-            cap *= 2;
-        }
-        size_t k = fread(buf + n, 1, cap - n, f);
-        if (!k)
-            break;
-        n += k;
-    }
-    int bad = ferror(f);
-    if (f != stdin)
-        fclose(f);
-    if (!buf)
-        return RKV_ENOMEM;
-    if (bad) {
-        free(buf);
-        return RKV_EIO;
-    }
-    buf[n] = 0;
-    *out = buf;
-    *len = n;
-    return 0;
-}
 
 /* parses and renders one case; *text is the output or the error message (malloc'd) */
 static int render_one(const char *tmpl, size_t tlen, const char *ctx_json, size_t clen,
@@ -100,7 +63,7 @@ static int run_batch(const char *path, const struct jinja_limits *lim)
 {
     char *buf;
     size_t len;
-    int rc = read_all(path, &buf, &len);
+    int rc = rkv_read_file(path, 0, &buf, &len);
     if (rc < 0) {
         fprintf(stderr, "rkv-jinja: %s: %s\n", path, rkv_strerror(rc));
         return 1;
@@ -195,13 +158,13 @@ int main(int argc, char **argv)
     }
     char *tmpl, *cbuf = NULL;
     size_t tlen, clen = ctx ? strlen(ctx) : 0;
-    int rc = read_all(tpath, &tmpl, &tlen);
+    int rc = rkv_read_file(tpath, 0, &tmpl, &tlen);
     if (rc < 0) {
         fprintf(stderr, "rkv-jinja: %s: %s\n", tpath, rkv_strerror(rc));
         return 1;
     }
     if (cpath) {
-        rc = read_all(cpath, &cbuf, &clen);
+        rc = rkv_read_file(cpath, 0, &cbuf, &clen);
         if (rc < 0) {
             fprintf(stderr, "rkv-jinja: %s: %s\n", cpath, rkv_strerror(rc));
             free(tmpl);

@@ -35,48 +35,6 @@ struct opts {
     int lines, pieces, bos, special, gen, info, time, verbose;
 };
 
-static int read_all(const char *path, char **out, size_t *len)
-{
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    if (!f)
-        return -errno;
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap + 1);
-    if (!buf) {
-        if (f != stdin)
-            fclose(f);
-        return RKV_ENOMEM;
-    }
-    for (;;) {
-        if (n == cap) {
-            char *q = realloc(buf, cap * 2 + 1);
-            if (!q) {
-                free(buf);
-                if (f != stdin)
-                    fclose(f);
-                return RKV_ENOMEM;
-            }
-            buf = q;
-            cap *= 2;
-        }
-        size_t k = fread(buf + n, 1, cap - n, f);
-        if (!k)
-            break;
-        n += k;
-    }
-    int bad = ferror(f);
-    if (f != stdin)
-        fclose(f);
-    if (bad) {
-        free(buf);
-        return RKV_EIO;
-    }
-    buf[n] = 0;
-    *out = buf;
-    *len = n;
-    return 0;
-}
-
 /* JSON string body with escapes */
 static void put_json_str(const char *s, size_t n)
 {
@@ -188,7 +146,7 @@ static int chat_print(const struct tok *t, const struct opts *o)
 {
     char *json;
     size_t len;
-    int rc = read_all(o->chat, &json, &len);
+    int rc = rkv_read_file(o->chat, 0, &json, &len);
     if (rc < 0) {
         fprintf(stderr, "rkv-tok: cannot read %s: %s\n", o->chat, rkv_strerror(rc));
         return rc;
@@ -298,7 +256,7 @@ int main(int argc, char **argv)
         char *src;
         size_t len;
         err[0] = 0;
-        if ((rc = read_all(o.chat_template, &src, &len)) < 0) {
+        if ((rc = rkv_read_file(o.chat_template, 0, &src, &len)) < 0) {
             snprintf(err, sizeof err, "cannot read %s: %s", o.chat_template, rkv_strerror(rc));
         } else {
             rc = tok_chat_set_template(t, src, len, o.chat_template, err, sizeof err);
@@ -322,7 +280,7 @@ int main(int argc, char **argv)
     } else if (o.file) {
         char *buf;
         size_t len;
-        rc = read_all(o.file, &buf, &len);
+        rc = rkv_read_file(o.file, 0, &buf, &len);
         if (rc < 0) {
             fprintf(stderr, "rkv-tok: cannot read %s: %s\n", o.file, rkv_strerror(rc));
         } else if (o.lines) {

@@ -1247,6 +1247,9 @@ int main(int argc, char **argv)
         return 77;
     }
     char err[256];
+    /* the reference dequantizes block-type weights to f32 (the cpu backend's exact path)
+     * rather than rounding activations to 8 bits for its integer dots */
+    setenv("RKV_CPU_EXACT", "1", 1);
     struct backend_opts co = {"cpu", 0, 0}, go = {"cuda", 0, 0};
     if (backend_init(&co, &cpu, err, sizeof(err)) < 0 ||
         backend_init(&go, &gpu, err, sizeof(err)) < 0) {
