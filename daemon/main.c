@@ -73,6 +73,7 @@ struct rkvd_conf {
     int64_t rate_limit_window;
     int64_t kvmgr_timeout;
     int prefix_cache_scope;
+    char cuda_tune[512];
 };
 
 static const char *const backends[] = {"auto", "cpu", "cuda", NULL};
@@ -136,6 +137,9 @@ static const struct cfg_key keys[] = {
     {K("kv_dtype", CFG_ENUM, kv_dtype), .names = kv_dtypes, .def = "f32",
      .help = "KV cache element type"},
     {K("mode", CFG_ENUM, mode), .names = modes, .def = "auto", .help = "tactic mode"},
+    {K("cuda_tune", CFG_STR, cuda_tune), S(cuda_tune),
+     .help = "the gpu workers' cuda tuning knobs, name=value,... (docs/operations.md, CUDA "
+             "backend tuning); empty: their defaults"},
     {K("prefix_cache_scope", CFG_ENUM, prefix_cache_scope), .names = prefix_scopes, .def = "key",
      .help = "which requests share cached prompt prefixes once API keys exist: key (those of one "
              "key; no key sees another's text through cached_tokens or timing) or global (all: "
@@ -799,6 +803,8 @@ static int spawn_children(struct rkvd *d, char *err, size_t errlen)
                          (char *)host_attn_of_mode[d->c.mode],
                          "--host-split",
                          hs,
+                         "--cuda-tune",
+                         d->c.cuda_tune,
                          "--log-level",
                          (char *)rkv_log_level_names[d->c.log_level],
                          NULL};

@@ -75,6 +75,9 @@ static const struct cfg_key keys[] = {
      .help = "percent of a decode row's host blocks (the oldest) attended by cpu threads while "
              "the gpu reads the rest, so the cpu's and the link's rates add up: 0 off, -1 the "
              "cpu's share of the measured rates (not with CPU_TAIL or --deterministic)"},
+    {K("cuda_tune", CFG_STR, cuda_tune), sizeof(((struct worker_conf *)0)->cuda_tune),
+     .help = "the cuda backend's tuning knobs, name=value,... (docs/operations.md); empty: their "
+             "defaults"},
     {K("deterministic", CFG_BOOL, deterministic), .def = "false",
      .help = "batch-invariant kernels: a sequence's tokens do not depend on what else runs "
              "(slower on cuda; the cpu backend is always so)"},
@@ -365,6 +368,9 @@ static int load(struct worker *w)
         log_error("%s", err);
         return rc;
     }
+    /* the cuda backend reads its knobs where rkvd's environment and a flag both reach it */
+    if (w->c.cuda_tune[0] && setenv("RKV_CUDA_TUNE", w->c.cuda_tune, 1) != 0)
+        return -errno;
     struct backend_opts bo = {backends[w->c.backend], (uint32_t)w->c.threads,
                               w->c.gpu < 0 ? 0 : (int)w->c.gpu, w->c.deterministic};
     if ((rc = backend_init(&bo, &w->be, err, sizeof err))) {

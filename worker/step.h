@@ -41,6 +41,7 @@ struct worker_conf {
     int host_attn;
     int64_t host_split;
     int log_level;
+    char cuda_tune[512];
 };
 
 /* a session's sampler, kept between steps */
