@@ -133,6 +133,11 @@ int backend_reads_weights(const struct backend *be, enum be_type t)
     return (int)(((BE_TYPES_BASE | be->iface->weight_types) >> t) & 1);
 }
 
+int backend_rope_freq_factors(const struct backend *be)
+{
+    return be->iface->rope_freq_factors;
+}
+
 void backend_weight_types(const struct backend *be, char *buf, size_t len)
 {
     size_t n = 0;

@@ -60,6 +60,9 @@ struct be_rope {
     float freq_base;  /* theta_i = pos * freq_scale * base^(-2i/n_rot) */
     float freq_scale; /* 1/factor for linear scaling */
     int neox;         /* 0: pairs (2i, 2i+1); 1: pairs (i, i + n_rot/2) */
+    /* (n_rot/2) host values dividing each pair's frequency (llama3's rope_freqs), or NULL; a
+     * backend reads them only when its rope_freq_factors says so */
+    const float *freq_factors;
 };
 
 /* attention geometry; a query head hq reads kv head hq / (n_head/n_kv_head) */
@@ -207,6 +210,9 @@ struct backend_i {
     /* bit t set: embed and matmul read weights of be_type t; BE_TYPES_BASE are read by
      * every backend (0 = only those) */
     uint64_t weight_types;
+    /* 1: rope and rope_kv_write apply be_rope.freq_factors (0: a model that has them is
+     * refused at load) */
+    int rope_freq_factors;
 };
 
 struct backend_opts {
@@ -236,6 +242,8 @@ const char *be_type_name(enum be_type t);
 uint32_t be_type_block(enum be_type t);
 /* 1 when be's embed and matmul read weights of type t */
 int backend_reads_weights(const struct backend *be, enum be_type t);
+/* 1 when be's rope applies be_rope.freq_factors */
+int backend_rope_freq_factors(const struct backend *be);
 /* the weight types be reads, as text ("F32, F16, ...") into buf */
 void backend_weight_types(const struct backend *be, char *buf, size_t len);
 

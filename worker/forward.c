@@ -272,7 +272,8 @@ static int fwd_run(struct fwd *f, const struct fwd_seq *seqs, uint32_t n_seqs, i
     const struct model_hparams *hp = &m->hp;
     struct backend *be = f->be;
     const uint32_t T = b.n_tokens;
-    const struct be_rope rope = {hp->n_rot, hp->rope_base, 1.0f / hp->rope_scale, hp->rope_neox};
+    const struct be_rope rope = {hp->n_rot, hp->rope_base, 1.0f / hp->rope_scale, hp->rope_neox,
+                                 f->m->rope_freqs};
     const struct be_attn at = {hp->n_head, hp->n_kv_head, hp->head_dim,
                                1.0f / sqrtf((float)hp->head_dim)};
     int rc;

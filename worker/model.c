@@ -1,6 +1,7 @@
 /* model.c - checks hyper-parameters and weight shapes, uploads weights to the backend. */
 #include "worker/model.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +45,7 @@ void model_free(struct model *m)
 {
     if (!m)
         return;
+    free(m->rope_freqs);
     struct backend *be = m->be;
     if (m->layers) {
         for (uint32_t i = 0; i < m->hp.n_layer; i++) {
@@ -122,6 +124,40 @@ static int upload(struct model *m, const char *name, const struct model_tensor_s
     return 0;
 }
 
+/* llama3's rope scaling: n_rot/2 positive factors, each dividing one pair's frequency, kept on
+ * the host for the rope op */
+static int take_rope_freqs(struct model *m, const struct model_tensor_src *s, char *errbuf,
+                           size_t errlen)
+{
+    const uint32_t half = m->hp.n_rot / 2;
+    if (s->type != BE_F32 || s->rows != 1 || s->cols != half) {
+        snprintf(errbuf, errlen,
+                 "model: tensor rope_freqs.weight is %s [%u, %u], expected F32 [%u] (half the "
+                 "rotated dims)",
+                 be_type_name(s->type), s->cols, s->rows, half);
+        return RKV_EFORMAT;
+    }
+    if (!backend_rope_freq_factors(m->be)) {
+        snprintf(errbuf, errlen,
+                 "model: the %s backend does not apply rope_freqs.weight (llama 3.1 rope "
+                 "scaling) yet: use --backend cpu",
+                 backend_name(m->be));
+        return RKV_EUNSUPPORTED;
+    }
+    m->rope_freqs = malloc(half * sizeof(float));
+    if (!m->rope_freqs)
+        return RKV_ENOMEM;
+    memcpy(m->rope_freqs, s->data, half * sizeof(float));
+    for (uint32_t i = 0; i < half; i++)
+        if (!(m->rope_freqs[i] > 0.0f) || !isfinite(m->rope_freqs[i])) {
+            snprintf(errbuf, errlen,
+                     "model: rope_freqs.weight[%u] is %g; each factor must be finite and above 0",
+                     i, (double)m->rope_freqs[i]);
+            return RKV_EFORMAT;
+        }
+    return 0;
+}
+
 int model_create(struct backend *be, const struct model_hparams *hp, const struct model_src *src,
                  struct model **out, char *errbuf, size_t errlen)
 {
@@ -150,6 +186,8 @@ int model_create(struct backend *be, const struct model_hparams *hp, const struc
                     errlen);
     if (rc == 0 && !m->output)
         m->output = m->tok_embd; /* tied embeddings */
+    if (rc == 0 && src->rope_freqs.data)
+        rc = take_rope_freqs(m, &src->rope_freqs, errbuf, errlen);
     for (uint32_t i = 0; rc == 0 && i < h.n_layer; i++) {
         const struct model_layer_src *s = &src->layers[i];
         struct model_layer *L = &m->layers[i];

@@ -44,6 +44,7 @@ struct model_layer_src {
 
 struct model_src {
     struct model_tensor_src tok_embd, output_norm, output;
+    struct model_tensor_src rope_freqs; /* (1, n_rot/2) f32, llama3 rope scaling, or absent */
     const struct model_layer_src *layers; /* (n_layer) */
 };
 
@@ -70,6 +71,7 @@ struct model {
     struct be_tensor *output_norm; /* (1, dim) f32 */
     struct be_tensor *output;      /* (n_vocab, dim); == tok_embd when tied */
     struct model_layer *layers;    /* (n_layer) */
+    float *rope_freqs;             /* (n_rot/2) host copy, or NULL */
     size_t weight_bytes;
 };
 

@@ -168,6 +168,8 @@ int model_load_gguf(struct backend *be, const struct gguf_ctx *g, const char *fi
         rc = find(&ld, "output_norm.weight", &src.output_norm);
     if (rc == 0)
         rc = find(&ld, "output.weight", &src.output);
+    if (rc == 0)
+        rc = find(&ld, "rope_freqs.weight", &src.rope_freqs);
     static const char *const names[] = {
         "attn_norm.weight", "attn_q.weight",   "attn_k.weight", "attn_v.weight",
         "attn_q.bias",      "attn_k.bias",     "attn_v.bias",   "attn_output.weight",

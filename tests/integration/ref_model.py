@@ -115,6 +115,9 @@ class RefModel:
         # absent output.weight: the head is tied to the embedding
         self.output = dequantize(w["output.weight"]) if "output.weight" in w else self.tok_embd
         self.output_norm = dequantize(w["output_norm.weight"])  # (dim,)
+        # llama3 rope scaling: each pair's frequency divided by its factor, (rope_dim / 2,)
+        self.rope_freqs = (dequantize(w["rope_freqs.weight"]).reshape(-1)
+                           if "rope_freqs.weight" in w else np.ones(self.rope_dim // 2))
         self.layers = []
         for i in range(self.n_layer):
             p = f"blk.{i}."
@@ -147,7 +150,7 @@ class RefModel:
     def _rope_batched(self, x, pos):
         """x (T, n_heads, head_dim) rotated by position; pos (T,)"""
         half = self.rope_dim // 2
-        inv = self.rope_base ** (-2.0 * np.arange(half) / self.rope_dim)  # (half,)
+        inv = self.rope_base ** (-2.0 * np.arange(half) / self.rope_dim) / self.rope_freqs
         ang = (pos[:, None] / self.rope_factor) * inv[None, :]  # (T, half)
         cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
         out = x.copy()
@@ -196,6 +199,7 @@ class RefModel:
         half = self.rope_dim // 2
         for i in range(half):
             theta = (p / self.rope_factor) * self.rope_base ** (-2.0 * i / self.rope_dim)
+            theta /= self.rope_freqs[i]
             c, s = math.cos(theta), math.sin(theta)
             i0, i1 = (i, i + half) if self.neox else (2 * i, 2 * i + 1)
             out[i0] = vec[i0] * c - vec[i1] * s

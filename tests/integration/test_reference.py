@@ -68,7 +68,7 @@ def _store(w, name, arr, dtype):
 
 def write_model(path, arch="llama", dtype="f32", seed=0, dim=64, n_layer=2, n_head=4,
                 n_head_kv=2, ffn=96, n_vocab=128, tied=False, rope_dim=None, rope_scale=None,
-                rope_base=10000.0, weights=None):
+                rope_base=10000.0, weights=None, rope_freqs=None):
     """a small random model; weights (name -> float32 array) overrides what is drawn"""
     rng = np.random.default_rng(seed)
     hd = dim // n_head
@@ -111,6 +111,8 @@ def write_model(path, arch="llama", dtype="f32", seed=0, dim=64, n_layer=2, n_he
         t[p + "ffn_gate.weight"] = mat(ffn, dim)
         t[p + "ffn_up.weight"] = mat(ffn, dim)
         t[p + "ffn_down.weight"] = mat(dim, ffn)
+    if rope_freqs is not None:
+        t["rope_freqs.weight"] = np.asarray(rope_freqs, dtype=np.float32)
     t.update(weights or {})
     for name, arr in t.items():
         # norms and biases stay f32 (model-format.md)
@@ -414,4 +416,43 @@ def test_quantized_exact_path_matches_reference(qmodels, tmp_path, dtype):
     path, ref = qmodels("tiny" if dtype == "q8_0" else "tiny256", dtype)
     ids, got = run_gen(path, tmp_path, env={"RKV_CPU_EXACT": "1"})
     compare_steps(ref, PROMPT, ids, got)
+
+
+def llama3_rope_freqs(head_dim, base, factor=8.0, low=1.0, high=4.0, old_ctx=8192):
+    """the factors llama.cpp's converter writes for Llama 3.1's rope scaling"""
+    out = []
+    for i in range(0, head_dim, 2):
+        freq = base ** (-i / head_dim)
+        wavelen = 2 * np.pi / freq
+        if wavelen < old_ctx / high:
+            out.append(1.0)
+        elif wavelen > old_ctx / low:
+            out.append(factor)
+        else:
+            smooth = (old_ctx / wavelen - low) / (high - low)
+            out.append(1.0 / ((1.0 - smooth) / factor + smooth))
+    return out
+
+
+def test_rope_freqs(tmp_path):
+    """rope_freqs.weight (Llama 3.1+) divides each pair's frequency: the reference's two paths
+    agree, the factors change the logits, and the cpu engine applies them (1e-4); a bad tensor
+    is refused by name"""
+    # a small base and short wavelengths so the factors bite within a short prompt
+    freqs = llama3_rope_freqs(16, 10000.0, old_ctx=64)
+    assert len(set(freqs)) > 2
+    path, plain = tmp_path / "r.gguf", tmp_path / "p.gguf"
+    write_model(path, "llama", "f32", seed=4, rope_freqs=freqs)
+    write_model(plain, "llama", "f32", seed=4)
+    m, p = RefModel(str(path)), RefModel(str(plain))
+    a = m.logits(TOKENS)
+    np.testing.assert_allclose(a, m.logits_naive(TOKENS), rtol=0, atol=1e-10)
+    assert np.abs(a - p.logits(TOKENS)).max() > 1e-2 * np.abs(a).max()
+    ids, got = run_gen(path, tmp_path, prompt=list(TOKENS), n=N_GEN)
+    compare_steps(m, TOKENS, ids, got)
+    for bad, msg in (([1.0] * 5, "expected F32 [8]"), ([1.0] * 7 + [-2.0], "rope_freqs.weight[7]")):
+        write_model(path, "llama", "f32", seed=4, rope_freqs=bad)
+        r = subprocess.run([_need("rkv-gen"), "--model", str(path), "--prompt-ids", "1,2", "-n",
+                            "1", "--backend", "cpu"], capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and msg in r.stderr, r.stderr
 

@@ -265,6 +265,8 @@ static void rope_chunk(void *v, uint32_t b, uint32_t e, uint32_t thread)
         double p = (double)a->b->pos[t] * a->r->freq_scale;
         for (uint32_t i = 0; i < half; i++) {
             double th = p * pow(a->r->freq_base, -2.0 * i / a->r->n_rot);
+            if (a->r->freq_factors)
+                th /= a->r->freq_factors[i];
             cs[i] = (float)cos(th);
             sn[i] = (float)sin(th);
         }
@@ -595,6 +597,7 @@ static const struct backend_i cpu_iface = {
     .weight_types = (1ull << BE_Q4_0) | (1ull << BE_Q4_1) | (1ull << BE_Q5_0) | (1ull << BE_Q5_1) |
                     (1ull << BE_Q2_K) | (1ull << BE_Q3_K) | (1ull << BE_Q4_K) | (1ull << BE_Q5_K) |
                     (1ull << BE_Q6_K) | (1ull << BE_IQ4_NL) | (1ull << BE_IQ4_XS),
+    .rope_freq_factors = 1,
 };
 
 int cpu_backend_init(uint32_t n_threads, struct backend **out)
