@@ -19,6 +19,7 @@
 #include "proto/sock.h"
 #include "proto/wire.h"
 #include "worker/backend.h"
+#include "worker/cuda/tuning.h"
 #include "worker/forward.h"
 #include "worker/model.h"
 #include "worker/pool.h"
@@ -368,9 +369,20 @@ static int load(struct worker *w)
         log_error("%s", err);
         return rc;
     }
-    /* the cuda backend reads its knobs where rkvd's environment and a flag both reach it */
-    if (w->c.cuda_tune[0] && setenv("RKV_CUDA_TUNE", w->c.cuda_tune, 1) != 0)
-        return -errno;
+    /* the cuda backend reads its knobs where rkvd's environment and a flag both reach it; a
+     * knob it does not know, or a value out of its range, stops the worker here */
+    if (w->c.cuda_tune[0]) {
+        struct cuda_tune knobs;
+        cuda_tune_defaults(&knobs);
+        if (cuda_tune_parse(&knobs, w->c.cuda_tune)) {
+            log_error("cuda_tune \"%s\": fix the knobs named above (docs/operations.md, CUDA "
+                      "backend tuning, lists each with its range)",
+                      w->c.cuda_tune);
+            return RKV_EINVAL;
+        }
+        if (setenv("RKV_CUDA_TUNE", w->c.cuda_tune, 1) != 0)
+            return -errno;
+    }
     struct backend_opts bo = {backends[w->c.backend], (uint32_t)w->c.threads,
                               w->c.gpu < 0 ? 0 : (int)w->c.gpu, w->c.deterministic};
     if ((rc = backend_init(&bo, &w->be, err, sizeof err))) {

@@ -350,6 +350,18 @@ def test_host_split_out_of_range_is_refused_by_name():
         assert "--host-split" in r.stderr and want in r.stderr, r.stderr
 
 
+def test_cuda_tune_names_the_bad_knob(tiny_model, tmp_path):
+    """a worker given a knob it does not know, or a value out of its range, stops at start
+    naming both (rkvd then reports its worker failing)"""
+    from conftest import rkv_bin
+    r = subprocess.run([rkv_bin("rkv-worker"), "--model", str(tiny_model), "--runtime-dir",
+                        str(tmp_path), "--cuda-tune", "graph=7,bogus=1"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode != 0, r.stderr
+    assert "graph=7 is not a whole number in [0, 2]" in r.stderr, r.stderr
+    assert '"bogus=1" names no knob' in r.stderr and 'cuda_tune "graph=7,bogus=1"' in r.stderr
+
+
 def test_vram_target_below_kvmgrs_least_is_refused_at_start(tmp_path):
     """rkv-kvmgr takes a VRAM target of 4 KiB at least: rkvd says so itself before starting
     anything, rather than leaving a kvmgr that exits at every restart"""
