@@ -138,6 +138,20 @@ int backend_rope_freq_factors(const struct backend *be)
     return be->iface->rope_freq_factors;
 }
 
+const char *backend_missing_op(const struct backend *be, unsigned needs)
+{
+    const struct backend_i *i = be->iface;
+    if ((needs & BE_NEED_HEAD_NORM) && !i->rmsnorm_heads)
+        return "rmsnorm_heads";
+    if ((needs & BE_NEED_GELU) && !i->gelu_mul)
+        return "gelu_mul";
+    if ((needs & BE_NEED_SCALE) && !i->scale)
+        return "scale";
+    if ((needs & BE_NEED_ATTN_WINDOW) && !i->attn_window)
+        return "attn_window";
+    return NULL;
+}
+
 void backend_weight_types(const struct backend *be, char *buf, size_t len)
 {
     size_t n = 0;

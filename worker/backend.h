@@ -71,6 +71,10 @@ struct be_attn {
     uint32_t n_kv_head;
     uint32_t head_dim;
     float scale; /* 1/sqrt(head_dim) */
+    /* a sliding window (gemma3's local layers): a query at position p reads keys at positions
+     * > p - window only; 0 = every earlier position. A backend honours it only when its
+     * attn_window says so (the forward sets it only then) */
+    uint32_t window;
 };
 
 /* a partial attention result over some set of kv blocks, per (token, head):
@@ -213,6 +217,20 @@ struct backend_i {
     /* 1: rope and rope_kv_write apply be_rope.freq_factors (0: a model that has them is
      * refused at load) */
     int rope_freq_factors;
+
+    /* the ops of qwen3 and gemma3, optional: a backend without one refuses those
+     * architectures at load (model_create names the op) */
+    /* x (n, n_heads*head_dim) in place: each head's head_dim values rmsnorm'd with w
+     * (1, head_dim) (qwen3's and gemma3's q/k norm) */
+    int (*rmsnorm_heads)(void *ctx, struct be_tensor *x, const struct be_tensor *w, uint32_t n,
+                         uint32_t n_heads, float eps);
+    /* out = gelu(gate) * up, (n, cols), gelu the tanh approximation (gemma's GeGLU) */
+    int (*gelu_mul)(void *ctx, struct be_tensor *out, const struct be_tensor *gate,
+                    const struct be_tensor *up, uint32_t n);
+    /* x (n, cols) *= s in place (gemma's embeddings by sqrt(dim)) */
+    int (*scale)(void *ctx, struct be_tensor *x, float s, uint32_t n);
+    /* 1: attn_partial honours be_attn.window (0: a model with sliding windows is refused) */
+    int attn_window;
 };
 
 struct backend_opts {
@@ -244,6 +262,13 @@ uint32_t be_type_block(enum be_type t);
 int backend_reads_weights(const struct backend *be, enum be_type t);
 /* 1 when be's rope applies be_rope.freq_factors */
 int backend_rope_freq_factors(const struct backend *be);
+/* the name of the first op an architecture needs that be lacks ("gelu_mul", ...), NULL when
+ * it has them all; needs is a set of BE_NEED_* bits */
+#define BE_NEED_HEAD_NORM   1u /* rmsnorm_heads */
+#define BE_NEED_GELU        2u /* gelu_mul */
+#define BE_NEED_SCALE       4u /* scale */
+#define BE_NEED_ATTN_WINDOW 8u /* attn_window */
+const char *backend_missing_op(const struct backend *be, unsigned needs);
 /* the weight types be reads, as text ("F32, F16, ...") into buf */
 void backend_weight_types(const struct backend *be, char *buf, size_t len);
 
@@ -288,6 +313,13 @@ int silu_mul_forward(struct backend *be, struct be_tensor *out, const struct be_
                      const struct be_tensor *up, uint32_t n);
 int add_forward(struct backend *be, struct be_tensor *out, const struct be_tensor *a,
                 const struct be_tensor *b, uint32_t n);
+/* the optional ops: RKV_EUNSUPPORTED where the backend has none (a model needing one is
+ * refused at load before) */
+int rmsnorm_heads_forward(struct backend *be, struct be_tensor *x, const struct be_tensor *w,
+                          uint32_t n, uint32_t n_heads, float eps);
+int gelu_mul_forward(struct backend *be, struct be_tensor *out, const struct be_tensor *gate,
+                     const struct be_tensor *up, uint32_t n);
+int scale_forward(struct backend *be, struct be_tensor *x, float s, uint32_t n);
 int get_rows_forward(struct backend *be, struct be_tensor *out, const struct be_tensor *in,
                      const uint32_t *rows, uint32_t n);
 int backend_sync(struct backend *be);

@@ -132,6 +132,8 @@ int attn_partial_forward(struct backend *be, const struct be_batch *b, uint32_t 
     if (!batch_ok(b) || a->n_kv_head == 0 || a->n_head % a->n_kv_head ||
         !rows_ok(q, b->n_tokens, a->n_head * a->head_dim) || !partial_ok(out, b->n_tokens, a))
         return RKV_EINVAL;
+    if (a->window && !be->iface->attn_window)
+        return RKV_EUNSUPPORTED;
     return be->iface->attn_partial(be->ctx, b, layer, residency, q, a, out);
 }
 
@@ -158,6 +160,36 @@ int add_forward(struct backend *be, struct be_tensor *out, const struct be_tenso
     if (!rows_ok(out, n, a->cols) || !rows_ok(a, n, a->cols) || !rows_ok(b, n, a->cols))
         return RKV_EINVAL;
     return be->iface->add(be->ctx, out, a, b, n);
+}
+
+int rmsnorm_heads_forward(struct backend *be, struct be_tensor *x, const struct be_tensor *w,
+                          uint32_t n, uint32_t n_heads, float eps)
+{
+    if (!be->iface->rmsnorm_heads)
+        return RKV_EUNSUPPORTED;
+    if (n_heads == 0 || !rows_ok(x, n, n_heads * w->cols) || !rows_ok(w, 1, w->cols))
+        return RKV_EINVAL;
+    return be->iface->rmsnorm_heads(be->ctx, x, w, n, n_heads, eps);
+}
+
+int gelu_mul_forward(struct backend *be, struct be_tensor *out, const struct be_tensor *gate,
+                     const struct be_tensor *up, uint32_t n)
+{
+    if (!be->iface->gelu_mul)
+        return RKV_EUNSUPPORTED;
+    if (!rows_ok(out, n, gate->cols) || !rows_ok(gate, n, gate->cols) ||
+        !rows_ok(up, n, gate->cols))
+        return RKV_EINVAL;
+    return be->iface->gelu_mul(be->ctx, out, gate, up, n);
+}
+
+int scale_forward(struct backend *be, struct be_tensor *x, float s, uint32_t n)
+{
+    if (!be->iface->scale)
+        return RKV_EUNSUPPORTED;
+    if (!rows_ok(x, n, x->cols))
+        return RKV_EINVAL;
+    return be->iface->scale(be->ctx, x, s, n);
 }
 
 int get_rows_forward(struct backend *be, struct be_tensor *out, const struct be_tensor *in,

@@ -1,4 +1,4 @@
-/* forward.c - the llama/qwen2 forward pass as a flat list of backend ops. */
+/* forward.c - the llama/qwen2/qwen3/gemma3 forward pass as a flat list of backend ops. */
 #include "worker/forward.h"
 
 #include <math.h>
@@ -205,9 +205,23 @@ static int logits_forward(struct fwd *f, const uint32_t *rows, uint32_t n, float
     return backend_tensor_get(be, f->logit, logits, 0, (size_t)n * m->hp.n_vocab * sizeof(float));
 }
 
-/* the decoder layers of a step over batch b: x (T, dim) in, x out */
+/* x += rmsnorm(in . w^T, norm): gemma3's sub-block outputs, normed before the residual add
+ * (proj, h (T, dim) the scratch) */
+static int fwd_add_normed(struct fwd *f, const struct be_tensor *in, const struct be_tensor *w,
+                          const struct be_tensor *norm, uint32_t T)
+{
+    struct backend *be = f->be;
+    int rc;
+    if ((rc = matmul_forward(be, f->proj, in, w, NULL, T)) < 0 || /* proj (T, dim) */
+        (rc = rmsnorm_forward(be, f->h, f->proj, norm, T, f->m->hp.norm_eps)) < 0)
+        return rc;
+    return add_forward(be, f->x, f->x, f->h, T);
+}
+
+/* the decoder layers of a step over batch b: x (T, dim) in, x out. rope[1] and at[1] are the
+ * local layers' (model_layer_local), rope[0] and at[0] every other's */
 static int fwd_layers(struct fwd *f, const struct be_batch *b, int any_host,
-                      const struct be_rope *rope, const struct be_attn *at)
+                      const struct be_rope rope[2], const struct be_attn at[2])
 {
     const struct model *m = f->m;
     const struct model_hparams *hp = &m->hp;
@@ -219,6 +233,9 @@ static int fwd_layers(struct fwd *f, const struct be_batch *b, int any_host,
         return rc;
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         const struct model_layer *L = &m->layers[l];
+        const int local = model_layer_local(hp, l);
+        const struct be_rope *r = &rope[local];
+        const struct be_attn *a = &at[local];
         /* attention: q, k, v = norm(x) . wq, wk, wv; x += attn . wo */
         const struct be_linear qkv = {BE_LIN_SET,
                                       f->x,
@@ -229,20 +246,38 @@ static int fwd_layers(struct fwd *f, const struct be_batch *b, int any_host,
                                       {L->bq, L->bk, L->bv},
                                       {f->q, f->k, f->v}};
         RUN(fwd_linear(f, &qkv, T));
-        if ((rc = rope_kv_write_forward(be, b, l, f->q, f->k, f->v, at, rope)) == 1) {
-            RUN(rope_forward(be, f->q, b, hp->n_head, hp->head_dim, rope));
-            RUN(rope_forward(be, f->k, b, hp->n_kv_head, hp->head_dim, rope));
+        if (L->q_norm) { /* qwen3, gemma3: each head normed before rope */
+            RUN(rmsnorm_heads_forward(be, f->q, L->q_norm, T, hp->n_head, hp->norm_eps));
+            RUN(rmsnorm_heads_forward(be, f->k, L->k_norm, T, hp->n_kv_head, hp->norm_eps));
+        }
+        if ((rc = rope_kv_write_forward(be, b, l, f->q, f->k, f->v, a, r)) == 1) {
+            RUN(rope_forward(be, f->q, b, hp->n_head, hp->head_dim, r));
+            RUN(rope_forward(be, f->k, b, hp->n_kv_head, hp->head_dim, r));
             RUN(kv_write_forward(be, b, l, f->k, f->v));
         } else if (rc < 0)
             return rc;
         /* device blocks and host blocks attend separately, merged by lse */
-        RUN(attn_partial_forward(be, b, l, KV_DEVICE, f->q, at, &f->dev)); /* o (T, n_head*hd) */
+        RUN(attn_partial_forward(be, b, l, KV_DEVICE, f->q, a, &f->dev)); /* o (T, n_head*hd) */
         if (any_host) {
-            RUN(attn_partial_forward(be, b, l, KV_HOST, f->q, at, &f->host));
-            RUN(attn_merge_forward(be, &f->dev, &f->host, T, at));
+            RUN(attn_partial_forward(be, b, l, KV_HOST, f->q, a, &f->host));
+            RUN(attn_merge_forward(be, &f->dev, &f->host, T, a));
         }
-        const struct be_linear wo = {BE_LIN_ADD, f->dev.o, NULL, 0, 1, {L->wo}, {NULL}, {f->x}};
-        RUN(fwd_linear(f, &wo, T));
+        if (L->post_attn_norm) {
+            RUN(fwd_add_normed(f, f->dev.o, L->wo, L->post_attn_norm, T));
+        } else {
+            const struct be_linear wo = {BE_LIN_ADD, f->dev.o, NULL, 0, 1, {L->wo}, {NULL}, {f->x}};
+            RUN(fwd_linear(f, &wo, T));
+        }
+        if (hp->arch == MODEL_GEMMA3) {
+            /* x += norm((gelu(norm(x) . w_gate) * (norm(x) . w_up)) . w_down) */
+            const struct be_linear gu = {
+                BE_LIN_SET,           f->x,         L->ffn_norm,     hp->norm_eps, 2,
+                {L->w_gate, L->w_up}, {NULL, NULL}, {f->gate, f->up}};
+            RUN(fwd_linear(f, &gu, T));
+            RUN(gelu_mul_forward(be, f->gate, f->gate, f->up, T)); /* gate (T, ffn) */
+            RUN(fwd_add_normed(f, f->gate, L->w_down, L->post_ffn_norm, T));
+            continue;
+        }
         /* feed-forward: x += (silu(norm(x) . w_gate) * (norm(x) . w_up)) . w_down */
         const struct be_linear gu = {BE_LIN_SWIGLU, f->x,     L->ffn_norm,
                                      hp->norm_eps,  2,        {L->w_gate, L->w_up},
@@ -272,31 +307,36 @@ static int fwd_run(struct fwd *f, const struct fwd_seq *seqs, uint32_t n_seqs, i
     const struct model_hparams *hp = &m->hp;
     struct backend *be = f->be;
     const uint32_t T = b.n_tokens;
-    const struct be_rope rope = {hp->n_rot, hp->rope_base, 1.0f / hp->rope_scale, hp->rope_neox,
-                                 f->m->rope_freqs};
-    const struct be_attn at = {hp->n_head, hp->n_kv_head, hp->head_dim,
-                               1.0f / sqrtf((float)hp->head_dim)};
+    /* [0] the global layers, [1] the local ones (their own base, unscaled, a window) */
+    const struct be_rope rope[2] = {
+        {hp->n_rot, hp->rope_base, 1.0f / hp->rope_scale, hp->rope_neox, f->m->rope_freqs},
+        {hp->n_rot, hp->rope_base_swa, 1.0f, hp->rope_neox, f->m->rope_freqs}};
+    const struct be_attn at[2] = {
+        {hp->n_head, hp->n_kv_head, hp->head_dim, hp->attn_scale, 0},
+        {hp->n_head, hp->n_kv_head, hp->head_dim, hp->attn_scale, hp->n_swa}};
     int rc;
 #define RUN(call)                                                                                  \
     if ((rc = (call)) < 0)                                                                         \
         goto fail;
 
     RUN(embed_forward(be, f->x, m->tok_embd, f->ids, T)); /* x (T, dim) */
+    if (hp->arch == MODEL_GEMMA3) /* gemma's embeddings are scaled by sqrt(dim) */
+        RUN(scale_forward(be, f->x, sqrtf((float)hp->dim), T));
     /* the layers: recorded once and replayed while the batch keeps its shape, where the
      * backend can (graph_begin); a recording that fails runs them again as usual */
-    int g = any_host ? 0 : graph_begin_forward(be, &b, &at, f);
+    int g = any_host ? 0 : graph_begin_forward(be, &b, &at[0], f);
     if (g < 0) {
         rc = g;
         goto fail;
     }
     if (g != 2) {
-        rc = fwd_layers(f, &b, any_host, &rope, &at);
+        rc = fwd_layers(f, &b, any_host, rope, at);
         if (g == 1) {
             int e = graph_end_forward(be, rc < 0);
             if (e < 0 && rc == 0)
                 rc = e;
             else if (e == 1)
-                rc = fwd_layers(f, &b, any_host, &rope, &at);
+                rc = fwd_layers(f, &b, any_host, rope, at);
         }
         if (rc < 0)
             goto fail;

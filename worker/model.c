@@ -9,9 +9,27 @@
 #include "common/err.h"
 #include "common/quant.h"
 
+const char *model_arch_name(enum model_arch a)
+{
+    switch (a) {
+    case MODEL_LLAMA: return "llama";
+    case MODEL_QWEN2: return "qwen2";
+    case MODEL_QWEN3: return "qwen3";
+    case MODEL_GEMMA3: return "gemma3";
+    }
+    return "unknown";
+}
+
+int model_layer_local(const struct model_hparams *hp, uint32_t l)
+{
+    return hp->n_swa && l % hp->swa_period != hp->swa_period - 1;
+}
+
 int model_hparams_check(struct model_hparams *hp, char *errbuf, size_t errlen)
 {
     const char *bad = NULL;
+    if (hp->attn_scale == 0.0f && hp->head_dim)
+        hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
     if (hp->n_layer == 0 || hp->n_layer > 4096)
         bad = "block_count";
     else if (hp->dim == 0 || hp->dim > 65536)
@@ -34,6 +52,10 @@ int model_hparams_check(struct model_hparams *hp, char *errbuf, size_t errlen)
         bad = "rope.freq_base";
     else if (!(hp->rope_scale > 0.0f))
         bad = "rope.scaling.factor";
+    else if (!(hp->attn_scale > 0.0f) || !isfinite(hp->attn_scale))
+        bad = "attention scale";
+    else if (hp->n_swa && (hp->swa_period == 0 || !(hp->rope_base_swa > 0.0f)))
+        bad = "attention.sliding_window (its layer pattern or rope base)";
     if (bad) {
         snprintf(errbuf, errlen, "model: hyper-parameter %s has an invalid value", bad);
         return RKV_EFORMAT;
@@ -50,9 +72,11 @@ void model_free(struct model *m)
     if (m->layers) {
         for (uint32_t i = 0; i < m->hp.n_layer; i++) {
             struct model_layer *L = &m->layers[i];
-            struct be_tensor *ts[] = {L->attn_norm, L->wq,     L->wk,   L->wv,
-                                      L->bq,        L->bk,     L->bv,   L->wo,
-                                      L->ffn_norm,  L->w_gate, L->w_up, L->w_down};
+            struct be_tensor *ts[] = {
+                L->attn_norm,    L->wq,     L->wk,     L->wv,       L->bq,
+                L->bk,           L->bv,     L->wo,     L->ffn_norm, L->w_gate,
+                L->w_up,         L->w_down, L->q_norm, L->k_norm,   L->post_attn_norm,
+                L->post_ffn_norm};
             for (size_t j = 0; j < sizeof(ts) / sizeof(ts[0]); j++)
                 backend_tensor_free(be, ts[j]);
         }
@@ -82,8 +106,7 @@ static int upload(struct model *m, const char *name, const struct model_tensor_s
         if (!f32_only)
             backend_weight_types(m->be, types, sizeof types);
         int known = quant_supported((uint32_t)s->type);
-        snprintf(errbuf, errlen,
-                 "model: tensor %s has type %s, which %s (%s)%s", name,
+        snprintf(errbuf, errlen, "model: tensor %s has type %s, which %s (%s)%s", name,
                  known ? be_type_name(s->type) : "unknown",
                  f32_only ? "rkv does not support here"
                  : known  ? "this backend does not run"
@@ -158,6 +181,18 @@ static int take_rope_freqs(struct model *m, const struct model_tensor_src *s, ch
     return 0;
 }
 
+/* the optional backend ops an architecture runs on (BE_NEED_*) */
+static unsigned arch_needs(const struct model_hparams *hp)
+{
+    switch (hp->arch) {
+    case MODEL_QWEN3: return BE_NEED_HEAD_NORM;
+    case MODEL_GEMMA3:
+        return BE_NEED_HEAD_NORM | BE_NEED_GELU | BE_NEED_SCALE |
+               (hp->n_swa ? BE_NEED_ATTN_WINDOW : 0);
+    default: return 0;
+    }
+}
+
 int model_create(struct backend *be, const struct model_hparams *hp, const struct model_src *src,
                  struct model **out, char *errbuf, size_t errlen)
 {
@@ -165,6 +200,16 @@ int model_create(struct backend *be, const struct model_hparams *hp, const struc
     int rc = model_hparams_check(&h, errbuf, errlen);
     if (rc < 0)
         return rc;
+    const char *op = backend_missing_op(be, arch_needs(&h));
+    if (op) {
+        snprintf(errbuf, errlen,
+                 "model: the %s backend does not run %s models yet (it has no %s op): use "
+                 "--backend cpu",
+                 backend_name(be), model_arch_name(h.arch), op);
+        return RKV_EUNSUPPORTED;
+    }
+    const int qk_norm = h.arch == MODEL_QWEN3 || h.arch == MODEL_GEMMA3,
+              post_norm = h.arch == MODEL_GEMMA3;
     struct model *m = calloc(1, sizeof(*m));
     if (!m)
         return RKV_ENOMEM;
@@ -197,21 +242,30 @@ int model_create(struct backend *be, const struct model_hparams *hp, const struc
             uint32_t rows, cols;
             int f32_only, optional;
             struct be_tensor **dst;
+            int use; /* the architecture has this tensor */
         } t[] = {
-            {"attn_norm.weight", &s->attn_norm, 1, h.dim, 1, 0, &L->attn_norm},
-            {"attn_q.weight", &s->wq, qd, h.dim, 0, 0, &L->wq},
-            {"attn_k.weight", &s->wk, kvd, h.dim, 0, 0, &L->wk},
-            {"attn_v.weight", &s->wv, kvd, h.dim, 0, 0, &L->wv},
-            {"attn_q.bias", &s->bq, 1, qd, 1, 1, &L->bq},
-            {"attn_k.bias", &s->bk, 1, kvd, 1, 1, &L->bk},
-            {"attn_v.bias", &s->bv, 1, kvd, 1, 1, &L->bv},
-            {"attn_output.weight", &s->wo, h.dim, qd, 0, 0, &L->wo},
-            {"ffn_norm.weight", &s->ffn_norm, 1, h.dim, 1, 0, &L->ffn_norm},
-            {"ffn_gate.weight", &s->w_gate, h.ffn, h.dim, 0, 0, &L->w_gate},
-            {"ffn_up.weight", &s->w_up, h.ffn, h.dim, 0, 0, &L->w_up},
-            {"ffn_down.weight", &s->w_down, h.dim, h.ffn, 0, 0, &L->w_down},
+            {"attn_norm.weight", &s->attn_norm, 1, h.dim, 1, 0, &L->attn_norm, 1},
+            {"attn_q.weight", &s->wq, qd, h.dim, 0, 0, &L->wq, 1},
+            {"attn_k.weight", &s->wk, kvd, h.dim, 0, 0, &L->wk, 1},
+            {"attn_v.weight", &s->wv, kvd, h.dim, 0, 0, &L->wv, 1},
+            {"attn_q.bias", &s->bq, 1, qd, 1, 1, &L->bq, 1},
+            {"attn_k.bias", &s->bk, 1, kvd, 1, 1, &L->bk, 1},
+            {"attn_v.bias", &s->bv, 1, kvd, 1, 1, &L->bv, 1},
+            {"attn_output.weight", &s->wo, h.dim, qd, 0, 0, &L->wo, 1},
+            {"ffn_norm.weight", &s->ffn_norm, 1, h.dim, 1, 0, &L->ffn_norm, 1},
+            {"ffn_gate.weight", &s->w_gate, h.ffn, h.dim, 0, 0, &L->w_gate, 1},
+            {"ffn_up.weight", &s->w_up, h.ffn, h.dim, 0, 0, &L->w_up, 1},
+            {"ffn_down.weight", &s->w_down, h.dim, h.ffn, 0, 0, &L->w_down, 1},
+            {"attn_q_norm.weight", &s->q_norm, 1, h.head_dim, 1, 0, &L->q_norm, qk_norm},
+            {"attn_k_norm.weight", &s->k_norm, 1, h.head_dim, 1, 0, &L->k_norm, qk_norm},
+            {"post_attention_norm.weight", &s->post_attn_norm, 1, h.dim, 1, 0, &L->post_attn_norm,
+             post_norm},
+            {"post_ffw_norm.weight", &s->post_ffn_norm, 1, h.dim, 1, 0, &L->post_ffn_norm,
+             post_norm},
         };
         for (size_t j = 0; rc == 0 && j < sizeof(t) / sizeof(t[0]); j++) {
+            if (!t[j].use)
+                continue;
             char name[64];
             snprintf(name, sizeof(name), "blk.%u.%s", i, t[j].name);
             rc = upload(m, name, t[j].src, t[j].rows, t[j].cols, t[j].f32_only, t[j].optional,

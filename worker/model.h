@@ -9,9 +9,14 @@
 #include "worker/backend.h"
 
 enum model_arch {
-    MODEL_LLAMA = 0, /* normal rope */
-    MODEL_QWEN2 = 1, /* neox rope, bias on q, k, v */
+    MODEL_LLAMA = 0,  /* normal rope */
+    MODEL_QWEN2 = 1,  /* neox rope, bias on q, k, v */
+    MODEL_QWEN3 = 2,  /* neox rope, rmsnorm of each q and k head before rope */
+    MODEL_GEMMA3 = 3, /* qwen3's q/k norm, embeddings by sqrt(dim), GeGLU, post-attention and
+                       * post-ffn norms, local (sliding window) and global layers */
 };
+/* "llama", "qwen2", "qwen3", "gemma3" */
+const char *model_arch_name(enum model_arch a);
 
 struct model_hparams {
     enum model_arch arch;
@@ -28,7 +33,17 @@ struct model_hparams {
     float rope_base;
     float rope_scale; /* linear scaling factor; 1 = none */
     int rope_neox;
+    float attn_scale; /* the scores' scale; 0 = 1/sqrt(head_dim) (model_hparams_check fills it) */
+    /* local layers (gemma3): a sliding window of n_swa positions and their own rope base
+     * (linear scaling applies to the global layers only); layer l is global when
+     * l % swa_period == swa_period - 1. n_swa 0: every layer global */
+    uint32_t n_swa;
+    uint32_t swa_period;
+    float rope_base_swa;
 };
+
+/* 1 when layer l of hp attends through a sliding window */
+int model_layer_local(const struct model_hparams *hp, uint32_t l);
 
 /* a weight in host memory, in its file type: rows of cols values */
 struct model_tensor_src {
@@ -40,28 +55,34 @@ struct model_tensor_src {
 struct model_layer_src {
     struct model_tensor_src attn_norm, wq, wk, wv, bq, bk, bv, wo;
     struct model_tensor_src ffn_norm, w_gate, w_up, w_down;
+    struct model_tensor_src q_norm, k_norm;                /* qwen3, gemma3 */
+    struct model_tensor_src post_attn_norm, post_ffn_norm; /* gemma3 */
 };
 
 struct model_src {
     struct model_tensor_src tok_embd, output_norm, output;
-    struct model_tensor_src rope_freqs; /* (1, n_rot/2) f32, llama3 rope scaling, or absent */
+    struct model_tensor_src rope_freqs;   /* (1, n_rot/2) f32, llama3 rope scaling, or absent */
     const struct model_layer_src *layers; /* (n_layer) */
 };
 
 /* the weights on the backend, shapes as (rows, cols) = (n_out, n_in) */
 struct model_layer {
-    struct be_tensor *attn_norm; /* (1, dim) f32 */
-    struct be_tensor *wq;        /* (n_head*head_dim, dim) */
-    struct be_tensor *wk;        /* (n_kv_head*head_dim, dim) */
-    struct be_tensor *wv;        /* (n_kv_head*head_dim, dim) */
-    struct be_tensor *bq;        /* (1, n_head*head_dim) f32 or NULL */
-    struct be_tensor *bk;        /* (1, n_kv_head*head_dim) f32 or NULL */
-    struct be_tensor *bv;        /* (1, n_kv_head*head_dim) f32 or NULL */
-    struct be_tensor *wo;        /* (dim, n_head*head_dim) */
-    struct be_tensor *ffn_norm;  /* (1, dim) f32 */
-    struct be_tensor *w_gate;    /* (ffn, dim) */
-    struct be_tensor *w_up;      /* (ffn, dim) */
-    struct be_tensor *w_down;    /* (dim, ffn) */
+    struct be_tensor *attn_norm;      /* (1, dim) f32 */
+    struct be_tensor *wq;             /* (n_head*head_dim, dim) */
+    struct be_tensor *wk;             /* (n_kv_head*head_dim, dim) */
+    struct be_tensor *wv;             /* (n_kv_head*head_dim, dim) */
+    struct be_tensor *bq;             /* (1, n_head*head_dim) f32 or NULL */
+    struct be_tensor *bk;             /* (1, n_kv_head*head_dim) f32 or NULL */
+    struct be_tensor *bv;             /* (1, n_kv_head*head_dim) f32 or NULL */
+    struct be_tensor *wo;             /* (dim, n_head*head_dim) */
+    struct be_tensor *ffn_norm;       /* (1, dim) f32 */
+    struct be_tensor *w_gate;         /* (ffn, dim) */
+    struct be_tensor *w_up;           /* (ffn, dim) */
+    struct be_tensor *w_down;         /* (dim, ffn) */
+    struct be_tensor *q_norm;         /* (1, head_dim) f32 (qwen3, gemma3) or NULL */
+    struct be_tensor *k_norm;         /* (1, head_dim) f32 (qwen3, gemma3) or NULL */
+    struct be_tensor *post_attn_norm; /* (1, dim) f32 (gemma3) or NULL */
+    struct be_tensor *post_ffn_norm;  /* (1, dim) f32 (gemma3) or NULL */
 };
 
 struct model {

@@ -1,4 +1,5 @@
 /* model_load.c - model_load_gguf: hyper-parameters and tensors from a GGUF file's metadata. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -6,6 +7,8 @@
 #include "common/err.h"
 #include "common/quant.h"
 #include "worker/model.h"
+
+#define MODEL_ARCHS "llama, qwen2, qwen3, gemma3"
 
 struct loader {
     const struct gguf_ctx *g;
@@ -58,18 +61,43 @@ static int read_hparams(struct loader *ld, struct model_hparams *hp)
                  ld->file);
         return RKV_EFORMAT;
     }
-    if (s.len == 5 && !memcmp(s.ptr, "llama", 5)) {
-        hp->arch = MODEL_LLAMA;
-    } else if (s.len == 5 && !memcmp(s.ptr, "qwen2", 5)) {
-        hp->arch = MODEL_QWEN2;
-    } else {
-        snprintf(ld->errbuf, ld->errlen,
-                 "%s: general.architecture '%.*s' is not supported by rkv (llama, qwen2)", ld->file,
-                 (int)(s.len > 64 ? 64 : s.len), s.ptr);
+    static const struct {
+        const char *name;
+        enum model_arch arch;
+    } archs[] = {{"llama", MODEL_LLAMA},
+                 {"qwen2", MODEL_QWEN2},
+                 {"qwen3", MODEL_QWEN3},
+                 {"gemma3", MODEL_GEMMA3}};
+    /* mixture-of-experts families, named so the refusal says why */
+    static const char *const moe[] = {"qwen2moe", "qwen3moe", "mixtral",   "deepseek2",
+                                      "dbrx",     "olmoe",    "grok",      "llama4",
+                                      "gpt-oss",  "phimoe",   "granitemoe"};
+    size_t k = 0;
+    while (k < sizeof(archs) / sizeof(archs[0]) &&
+           !(s.len == strlen(archs[k].name) && !memcmp(s.ptr, archs[k].name, s.len)))
+        k++;
+    if (k == sizeof(archs) / sizeof(archs[0])) {
+        const char *why = "is not supported by rkv";
+        for (size_t j = 0; j < sizeof(moe) / sizeof(moe[0]); j++)
+            if (s.len == strlen(moe[j]) && !memcmp(s.ptr, moe[j], s.len))
+                why = "is a mixture-of-experts architecture, which is not supported by rkv";
+        snprintf(ld->errbuf, ld->errlen, "%s: general.architecture '%.*s' %s (" MODEL_ARCHS ")",
+                 ld->file, (int)(s.len > 64 ? 64 : s.len), s.ptr, why);
         return RKV_EUNSUPPORTED;
     }
+    hp->arch = archs[k].arch;
     snprintf(ld->arch, sizeof(ld->arch), "%.*s", (int)s.len, s.ptr);
-    hp->rope_neox = hp->arch == MODEL_QWEN2;
+    hp->rope_neox = hp->arch != MODEL_LLAMA;
+    uint32_t n_expert = 0;
+    if ((rc = get_u32(ld, "expert_count", 0, 0, &n_expert)) < 0)
+        return rc;
+    if (n_expert > 0) {
+        snprintf(ld->errbuf, ld->errlen,
+                 "%s: %s.expert_count is %u: mixture-of-experts models are not supported by rkv "
+                 "(" MODEL_ARCHS ", dense)",
+                 ld->file, ld->arch, n_expert);
+        return RKV_EUNSUPPORTED;
+    }
 
     if ((rc = get_u32(ld, "block_count", 1, 0, &hp->n_layer)) < 0 ||
         (rc = get_u32(ld, "embedding_length", 1, 0, &hp->dim)) < 0 ||
@@ -109,6 +137,17 @@ static int read_hparams(struct loader *ld, struct model_hparams *hp)
         }
         if ((rc = get_f32(ld, "rope.scaling.factor", 0, 1.0f, &hp->rope_scale)) < 0)
             return rc;
+    }
+    if (hp->arch == MODEL_GEMMA3) {
+        /* llama.cpp's gemma3: five local layers (window, rope base 10k, no scaling) to one
+         * global; the scores scaled by query_pre_attn_scalar, which is key_length except for
+         * the 27B (62 layers), where it is embedding_length / head_count */
+        if ((rc = get_u32(ld, "attention.sliding_window", 1, 0, &hp->n_swa)) < 0)
+            return rc;
+        hp->swa_period = 6;
+        hp->rope_base_swa = 10000.0f;
+        hp->attn_scale =
+            1.0f / sqrtf((float)(hp->n_layer == 62 ? hp->dim / hp->n_head : hp->head_dim));
     }
     enum gguf_value_type et;
     uint64_t n_tok = 0;
@@ -157,6 +196,15 @@ int model_load_gguf(struct backend *be, const struct gguf_ctx *g, const char *fi
     int rc = read_hparams(&ld, &hp);
     if (rc < 0)
         return rc;
+    /* expert tensors without an expert_count: a mixture of experts all the same */
+    if (gguf_find_tensor(g, "blk.0.ffn_gate_inp.weight") ||
+        gguf_find_tensor(g, "blk.0.ffn_gate_exps.weight")) {
+        snprintf(errbuf, errlen,
+                 "%s: the model has expert tensors (blk.0.ffn_gate_inp.weight): "
+                 "mixture-of-experts models are not supported by rkv (" MODEL_ARCHS ", dense)",
+                 ld.file);
+        return RKV_EUNSUPPORTED;
+    }
     struct model_src src;
     memset(&src, 0, sizeof(src));
     struct model_layer_src *layers = calloc(hp.n_layer, sizeof(*layers));
@@ -171,15 +219,31 @@ int model_load_gguf(struct backend *be, const struct gguf_ctx *g, const char *fi
     if (rc == 0)
         rc = find(&ld, "rope_freqs.weight", &src.rope_freqs);
     static const char *const names[] = {
-        "attn_norm.weight", "attn_q.weight",   "attn_k.weight", "attn_v.weight",
-        "attn_q.bias",      "attn_k.bias",     "attn_v.bias",   "attn_output.weight",
-        "ffn_norm.weight",  "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight",
+        "attn_norm.weight",     "attn_q.weight",      "attn_k.weight",
+        "attn_v.weight",        "attn_q.bias",        "attn_k.bias",
+        "attn_v.bias",          "attn_output.weight", "ffn_norm.weight",
+        "ffn_gate.weight",      "ffn_up.weight",      "ffn_down.weight",
+        "attn_q_norm.weight",   "attn_k_norm.weight", "post_attention_norm.weight",
+        "post_ffw_norm.weight",
     };
     for (uint32_t i = 0; rc == 0 && i < hp.n_layer; i++) {
         struct model_tensor_src *dst[] = {
-            &layers[i].attn_norm, &layers[i].wq,     &layers[i].wk,   &layers[i].wv,
-            &layers[i].bq,        &layers[i].bk,     &layers[i].bv,   &layers[i].wo,
-            &layers[i].ffn_norm,  &layers[i].w_gate, &layers[i].w_up, &layers[i].w_down,
+            &layers[i].attn_norm,
+            &layers[i].wq,
+            &layers[i].wk,
+            &layers[i].wv,
+            &layers[i].bq,
+            &layers[i].bk,
+            &layers[i].bv,
+            &layers[i].wo,
+            &layers[i].ffn_norm,
+            &layers[i].w_gate,
+            &layers[i].w_up,
+            &layers[i].w_down,
+            &layers[i].q_norm,
+            &layers[i].k_norm,
+            &layers[i].post_attn_norm,
+            &layers[i].post_ffn_norm,
         };
         for (size_t j = 0; rc == 0 && j < sizeof(names) / sizeof(names[0]); j++) {
             char name[64];

@@ -131,32 +131,57 @@ static int cpu_embed(void *ctx, struct be_tensor *out, const struct be_tensor *w
 struct rows_arg {
     struct be_tensor *out;
     const struct be_tensor *a, *b;
-    float eps;
+    float eps; /* rmsnorm's epsilon; scale's factor */
+    /* the gated unit's row (silu_mul, gelu_mul) */
+    void (*glu_row)(float *y, const float *g, const float *u, size_t n);
 };
+
+/* y (d) = x / sqrt(mean(x^2) + eps) * w; y may be x */
+static void rmsnorm_row(float *y, const float *x, const float *w, uint32_t d, float eps)
+{
+    float ss = cpu_dot(x, x, d) / (float)d;
+    float sc = 1.0f / sqrtf(ss + eps);
+    for (uint32_t j = 0; j < d; j++)
+        y[j] = x[j] * sc * w[j];
+}
 
 static void rmsnorm_rows(void *v, uint32_t r0, uint32_t r1, uint32_t thread)
 {
     struct rows_arg *ra = v;
     const uint32_t d = ra->a->cols;
-    const float *wv = ra->b->data;
-    for (uint32_t i = r0; i < r1; i++) {
-        const float *x = (const float *)ra->a->data + (size_t)i * d;
-        float *y = (float *)ra->out->data + (size_t)i * d;
-        float ss = cpu_dot(x, x, d) / (float)d;
-        float sc = 1.0f / sqrtf(ss + ra->eps);
-        for (uint32_t j = 0; j < d; j++)
-            y[j] = x[j] * sc * wv[j];
-    }
+    for (uint32_t i = r0; i < r1; i++)
+        rmsnorm_row((float *)ra->out->data + (size_t)i * d,
+                    (const float *)ra->a->data + (size_t)i * d, ra->b->data, d, ra->eps);
 }
 
-static void silu_mul_rows(void *v, uint32_t r0, uint32_t r1, uint32_t thread)
+/* y = act(gate) * up, a, b the gate and up */
+static void glu_rows(void *v, uint32_t r0, uint32_t r1, uint32_t thread)
 {
     struct rows_arg *ra = v;
     const size_t c = ra->a->cols;
     const float *g = ra->a->data, *u = ra->b->data;
     float *y = ra->out->data;
     for (size_t r = r0; r < r1; r++)
-        cpu_silu_mul_row(y + r * c, g + r * c, u + r * c, c);
+        ra->glu_row(y + r * c, g + r * c, u + r * c, c);
+}
+
+/* rows here are (token, head) pairs: eps, w (1, head_dim), a the tensor in place */
+static void rmsnorm_heads_rows(void *v, uint32_t r0, uint32_t r1, uint32_t thread)
+{
+    struct rows_arg *ra = v;
+    const uint32_t d = ra->b->cols;
+    for (uint32_t i = r0; i < r1; i++) {
+        float *x = (float *)ra->out->data + (size_t)i * d;
+        rmsnorm_row(x, x, ra->b->data, d, ra->eps);
+    }
+}
+
+static void scale_rows(void *v, uint32_t r0, uint32_t r1, uint32_t thread)
+{
+    struct rows_arg *ra = v;
+    const size_t c = ra->out->cols;
+    for (size_t r = r0; r < r1; r++)
+        cpu_scale((float *)ra->out->data + r * c, ra->eps, c);
 }
 
 static void add_rows(void *v, uint32_t r0, uint32_t r1, uint32_t thread)
@@ -487,9 +512,35 @@ static int cpu_silu_mul(void *ctx, struct be_tensor *out, const struct be_tensor
                         const struct be_tensor *up, uint32_t n)
 {
     struct cpu_ctx *c = ctx;
-    struct rows_arg ra = {out, gate, up, 0};
+    struct rows_arg ra = {out, gate, up, 0, cpu_silu_mul_row};
     /* expf dominates: a smaller grain */
-    pool_run(c->pool, silu_mul_rows, &ra, n, rows_grain(gate->cols) / 4 + 1);
+    pool_run(c->pool, glu_rows, &ra, n, rows_grain(gate->cols) / 4 + 1);
+    return 0;
+}
+
+static int cpu_gelu_mul(void *ctx, struct be_tensor *out, const struct be_tensor *gate,
+                        const struct be_tensor *up, uint32_t n)
+{
+    struct cpu_ctx *c = ctx;
+    struct rows_arg ra = {out, gate, up, 0, cpu_gelu_mul_row};
+    pool_run(c->pool, glu_rows, &ra, n, rows_grain(gate->cols) / 4 + 1);
+    return 0;
+}
+
+static int cpu_rmsnorm_heads(void *ctx, struct be_tensor *x, const struct be_tensor *w, uint32_t n,
+                             uint32_t n_heads, float eps)
+{
+    struct cpu_ctx *c = ctx;
+    struct rows_arg ra = {x, NULL, w, eps};
+    pool_run(c->pool, rmsnorm_heads_rows, &ra, n * n_heads, rows_grain(w->cols));
+    return 0;
+}
+
+static int cpu_scale_op(void *ctx, struct be_tensor *x, float s, uint32_t n)
+{
+    struct cpu_ctx *c = ctx;
+    struct rows_arg ra = {x, NULL, NULL, s};
+    pool_run(c->pool, scale_rows, &ra, n, rows_grain(x->cols));
     return 0;
 }
 
@@ -598,6 +649,10 @@ static const struct backend_i cpu_iface = {
                     (1ull << BE_Q2_K) | (1ull << BE_Q3_K) | (1ull << BE_Q4_K) | (1ull << BE_Q5_K) |
                     (1ull << BE_Q6_K) | (1ull << BE_IQ4_NL) | (1ull << BE_IQ4_XS),
     .rope_freq_factors = 1,
+    .rmsnorm_heads = cpu_rmsnorm_heads,
+    .gelu_mul = cpu_gelu_mul,
+    .scale = cpu_scale_op,
+    .attn_window = 1,
 };
 
 int cpu_backend_init(uint32_t n_threads, struct backend **out)

@@ -349,6 +349,15 @@ void cpu_silu_mul_row(float *y, const float *g, const float *u, size_t n)
 #endif
 }
 
+void cpu_gelu_mul_row(float *y, const float *g, const float *u, size_t n)
+{
+    const float c = 0.7978845608028654f; /* sqrt(2/pi) */
+    for (size_t i = 0; i < n; i++) {
+        const float x = g[i];
+        y[i] = 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x))) * u[i];
+    }
+}
+
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__AVX512F__)
 /* avx-512 kernels picked at run time: the build targets x86-64-v3, and the
  * 32 zmm registers hold a 4 rows x 4 tokens block of sums */
@@ -1048,18 +1057,21 @@ void cpu_attn_task(const struct cpu_attn_job *j, const struct kv_block_ref *bloc
         mr[h] = -INFINITY;
         lr[h] = 0.0f;
     }
+    /* a sliding window reads positions lo..pos only */
+    const uint64_t win = j->a->window, lo = win && pos + 1ull > win ? pos + 1ull - win : 0;
     for (uint32_t bj = 0; bj < n_blocks; bj++) {
         uint64_t start = (uint64_t)(first_block + bj) * B;
         if (start > pos)
             break;
-        if (blocks[bj].residency != j->residency)
+        if (blocks[bj].residency != j->residency || start + B <= lo)
             continue;
         uint32_t n_valid = pos - start + 1 < B ? (uint32_t)(pos - start + 1) : B;
+        const uint32_t c_lo = lo > start ? (uint32_t)(lo - start) : 0;
         const char *K = (const char *)kv_slice_ptr(ly, j->pools, blocks[bj], j->layer, 0) +
                         (size_t)kvh * B * hd * es;
         const char *V = (const char *)kv_slice_ptr(ly, j->pools, blocks[bj], j->layer, 1) +
                         (size_t)kvh * B * hd * es;
-        for (uint32_t c0 = 0; c0 < n_valid; c0 += ATTN_CHUNK) {
+        for (uint32_t c0 = c_lo; c0 < n_valid; c0 += ATTN_CHUNK) {
             uint32_t nc = n_valid - c0 < ATTN_CHUNK ? n_valid - c0 : ATTN_CHUNK;
             struct attn_pf pf = {K + (size_t)(c0 + ATTN_CHUNK) * hd * es,
                                  V + (size_t)(c0 + ATTN_CHUNK) * hd * es, 0, 0};

@@ -26,6 +26,8 @@ void cpu_scale(float *y, float a, size_t n);
 /* y = silu(g) * u = g / (1 + exp(-g)) * u, every element by the same exp (glibc's vector expf
  * where the cpu has avx2), so an element's bits do not depend on where its row is cut */
 void cpu_silu_mul_row(float *y, const float *g, const float *u, size_t n);
+/* y = gelu(g) * u, gelu the tanh approximation 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) */
+void cpu_gelu_mul_row(float *y, const float *g, const float *u, size_t n);
 
 /* matmul kernels: avx-512 when the cpu has it (mode -1, the default), or
  * never (0) / whenever possible (1); for tests and benchmarks */

@@ -591,16 +591,18 @@ static void ref_attention(const struct attn_fx *f, double *out)
     free(s);
 }
 
-/* naive attention of one query row q (n_head*hd) at position pos */
+/* naive attention of one query row q (n_head*hd) at position pos, over the positions
+ * > pos - window (window 0: all) */
 static void ref_attention_one(const struct attn_fx *f, const float *q, uint32_t pos, double *out)
 {
     const uint32_t H = f->a.n_head, hd = f->a.head_dim, g = H / f->a.n_kv_head;
-    const uint32_t kvd = f->a.n_kv_head * hd;
+    const uint32_t kvd = f->a.n_kv_head * hd, w = f->a.window;
+    const uint32_t lo = w && pos + 1 > w ? pos + 1 - w : 0;
     double *s = malloc(sizeof(double) * (pos + 1));
     for (uint32_t h = 0; h < H; h++) {
         uint32_t kvh = h / g;
         double mx = -INFINITY, sum = 0;
-        for (uint32_t p = 0; p <= pos; p++) {
+        for (uint32_t p = lo; p <= pos; p++) {
             double d = 0;
             for (uint32_t i = 0; i < hd; i++)
                 d += (double)q[h * hd + i] * f->k[(size_t)p * kvd + kvh * hd + i];
@@ -609,7 +611,7 @@ static void ref_attention_one(const struct attn_fx *f, const float *q, uint32_t 
         }
         double *o = out + h * hd;
         memset(o, 0, sizeof(double) * hd);
-        for (uint32_t p = 0; p <= pos; p++) {
+        for (uint32_t p = lo; p <= pos; p++) {
             double e = exp(s[p] - mx);
             sum += e;
             for (uint32_t i = 0; i < hd; i++)
@@ -621,53 +623,144 @@ static void ref_attention_one(const struct attn_fx *f, const float *q, uint32_t 
     free(s);
 }
 
+/* attention of single-token sequences at positions qpos over f's table (its query rows), the
+ * device and host partials merged: got (n_q, n_head*hd) */
+static void attn_at_positions(struct attn_fx *f, const uint32_t *qpos, uint32_t n_q, float *q,
+                              float *got)
+{
+    const uint32_t H = f->a.n_head, hd = f->a.head_dim;
+    struct be_seq seqs[8];
+    int32_t pos[8];
+    uint32_t seq_of[8];
+    assert_true(n_q <= 8);
+    for (uint32_t i = 0; i < n_q; i++) {
+        seqs[i] = (struct be_seq){i, 1, qpos[i], f->blocks, f->n_blocks};
+        pos[i] = (int32_t)qpos[i];
+        seq_of[i] = i;
+        memcpy(q + i * H * hd, f->q + (size_t)qpos[i] * H * hd, sizeof(float) * H * hd);
+    }
+    struct be_batch b = {seqs, n_q, n_q, pos, seq_of};
+    struct be_partial dev, host;
+    partial_alloc(&dev, n_q, &f->a);
+    partial_alloc(&host, n_q, &f->a);
+    struct be_tensor *tq = tensor_f32(n_q, H * hd, q);
+    assert_int_equal(attn_partial_forward(be, &b, 1, KV_DEVICE, tq, &f->a, &dev), 0);
+    assert_int_equal(attn_partial_forward(be, &b, 1, KV_HOST, tq, &f->a, &host), 0);
+    assert_int_equal(attn_merge_forward(be, &dev, &host, n_q, &f->a), 0);
+    get_f32(dev.o, got, n_q * H * hd);
+    backend_tensor_free(be, tq);
+    partial_free(&dev);
+    partial_free(&host);
+}
+
+/* every block of f moved to the host with probability one half */
+static void attn_fx_split(struct attn_fx *f)
+{
+    for (uint32_t j = 0; j < f->n_blocks; j++)
+        if (frand() > 0.0f)
+            assert_int_equal(kv_local_migrate(f->kv, &f->blocks[j], KV_HOST), 0);
+}
+
+/* single-token queries at positions qpos over n_pos positions in blocks of B (half of them on
+ * the host with split), through a window (0: none), against the naive attention; a window
+ * must change the first query's result */
+static void check_attention_at(uint32_t B, uint32_t n_pos, const uint32_t *qpos, uint32_t n_q,
+                               uint32_t window, int split)
+{
+    const uint32_t H = 4, KVH = 2, hd = 16;
+    struct attn_fx f;
+    attn_fx_init(&f, B, n_pos, KV_F32, H, KVH, hd);
+    f.a.window = window;
+    if (split)
+        attn_fx_split(&f);
+    float *q = malloc(sizeof(float) * n_q * H * hd);
+    float got[8 * 64];
+    double ref[8 * 64];
+    attn_at_positions(&f, qpos, n_q, q, got);
+    for (uint32_t i = 0; i < n_q; i++)
+        ref_attention_one(&f, q + i * H * hd, qpos[i], ref + i * H * hd);
+    assert_int_equal(check_close("attention", got, ref, n_q * H * hd, 1e-5, 1e-4), 0);
+    if (window) {
+        f.a.window = 0;
+        ref_attention_one(&f, q, qpos[0], ref);
+        double far = 0;
+        for (uint32_t i = 0; i < H * hd; i++)
+            far = fmax(far, fabs(got[i] - ref[i]));
+        assert_true(far > 1e-2);
+    }
+    free(q);
+    attn_fx_fini(&f);
+}
+
 /* contexts longer than one attention segment (2048 positions): segments
  * attended separately and merged, also with part of the blocks on the host */
 static void test_attention_long(void **state)
 {
     (void)state;
-    const uint32_t n_pos = 5000, H = 4, KVH = 2, hd = 16, n_q = 5;
     const uint32_t qpos[5] = {4999, 2047, 2048, 3001, 100};
-    uint32_t Bs[2] = {16, 256};
-    for (int bi = 0; bi < 2; bi++)
-        for (int split = 0; split < 2; split++) {
-            struct attn_fx f;
-            attn_fx_init(&f, Bs[bi], n_pos, KV_F32, H, KVH, hd);
-            if (split)
-                for (uint32_t j = 0; j < f.n_blocks; j++)
-                    if (frand() > 0.0f)
-                        assert_int_equal(kv_local_migrate(f.kv, &f.blocks[j], KV_HOST), 0);
-            /* one sequence per query, all reading the same table */
-            struct be_seq seqs[5];
-            int32_t pos[5];
-            uint32_t seq_of[5];
-            float *q = malloc(sizeof(float) * n_q * H * hd);
-            for (uint32_t i = 0; i < n_q; i++) {
-                seqs[i] = (struct be_seq){i, 1, qpos[i], f.blocks, f.n_blocks};
-                pos[i] = (int32_t)qpos[i];
-                seq_of[i] = i;
-                memcpy(q + i * H * hd, f.q + (size_t)qpos[i] * H * hd, sizeof(float) * H * hd);
-            }
-            struct be_batch b = {seqs, n_q, n_q, pos, seq_of};
-            struct be_partial dev, host;
-            partial_alloc(&dev, n_q, &f.a);
-            partial_alloc(&host, n_q, &f.a);
-            struct be_tensor *tq = tensor_f32(n_q, H * hd, q);
-            assert_int_equal(attn_partial_forward(be, &b, 1, KV_DEVICE, tq, &f.a, &dev), 0);
-            assert_int_equal(attn_partial_forward(be, &b, 1, KV_HOST, tq, &f.a, &host), 0);
-            assert_int_equal(attn_merge_forward(be, &dev, &host, n_q, &f.a), 0);
-            float got[5 * 64];
-            double ref[5 * 64];
-            get_f32(dev.o, got, n_q * H * hd);
-            for (uint32_t i = 0; i < n_q; i++)
-                ref_attention_one(&f, q + i * H * hd, qpos[i], ref + i * H * hd);
-            assert_int_equal(check_close("long attention", got, ref, n_q * H * hd, 1e-5, 1e-4), 0);
-            free(q);
-            backend_tensor_free(be, tq);
-            partial_free(&dev);
-            partial_free(&host);
-            attn_fx_fini(&f);
-        }
+    for (uint32_t B = 16; B <= 256; B *= 16)
+        for (int split = 0; split < 2; split++)
+            check_attention_at(B, 5000, qpos, 5, 0, split);
+}
+
+/* a sliding window (gemma3's local layers): a query reads only the last `window` positions,
+ * whatever the block size, the cut within a block, and where its blocks live */
+static void test_attention_window(void **state)
+{
+    (void)state;
+    const uint32_t qpos[7] = {2599, 2100, 2048, 99, 100, 101, 0};
+    const uint32_t wins[3] = {100, 37, 1};
+    for (uint32_t B = 16; B <= 256; B *= 16)
+        for (int wi = 0; wi < 3; wi++)
+            for (int split = 0; split < 2; split++)
+                check_attention_at(B, 2600, qpos, 7, wins[wi], split);
+}
+
+/* qwen3/gemma3's ops: each head's rmsnorm in place, GeGLU (tanh gelu), scale */
+static void test_head_norm_gelu_scale(void **state)
+{
+    (void)state;
+    const uint32_t N = 5, NH = 3, HD = 24, C = NH * HD;
+    float x[5 * 72], u[5 * 72], w[24], got[5 * 72];
+    double ref[5 * 72];
+    fill(x, N * C, 3.0f);
+    fill(u, N * C, 2.0f);
+    fill(w, HD, 1.5f);
+    struct be_tensor *tx = tensor_f32(N, C, x), *tw = tensor_f32(1, HD, w),
+                     *tu = tensor_f32(N, C, u), *ty = tensor_f32(N, C, NULL);
+    assert_int_equal(rmsnorm_heads_forward(be, tx, tw, N, NH, 1e-6f), 0);
+    get_f32(tx, got, N * C);
+    for (uint32_t r = 0; r < N * NH; r++) {
+        double ss = 0;
+        for (uint32_t j = 0; j < HD; j++)
+            ss += (double)x[r * HD + j] * x[r * HD + j];
+        double sc = 1.0 / sqrt(ss / HD + 1e-6);
+        for (uint32_t j = 0; j < HD; j++)
+            ref[r * HD + j] = x[r * HD + j] * sc * w[j];
+    }
+    assert_int_equal(check_close("rmsnorm_heads", got, ref, N * C, 1e-6, 1e-5), 0);
+    /* a norm weight that is not one head wide is refused */
+    assert_int_equal(rmsnorm_heads_forward(be, tx, tw, N, NH + 1, 1e-6f), RKV_EINVAL);
+
+    struct be_tensor *tg = tensor_f32(N, C, x);
+    assert_int_equal(gelu_mul_forward(be, ty, tg, tu, N), 0);
+    get_f32(ty, got, N * C);
+    for (uint32_t i = 0; i < N * C; i++) {
+        double g = x[i];
+        ref[i] = 0.5 * g * (1.0 + tanh(sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g))) * u[i];
+    }
+    assert_int_equal(check_close("gelu_mul", got, ref, N * C, 1e-6, 1e-5), 0);
+
+    assert_int_equal(scale_forward(be, tg, 25.5f, N - 1), 0);
+    get_f32(tg, got, N * C);
+    for (uint32_t i = 0; i < N * C; i++)
+        ref[i] = i < (N - 1) * C ? (double)x[i] * 25.5f : x[i]; /* the last row untouched */
+    assert_int_equal(check_close("scale", got, ref, N * C, 0, 1e-7), 0);
+    backend_tensor_free(be, tx);
+    backend_tensor_free(be, tw);
+    backend_tensor_free(be, tu);
+    backend_tensor_free(be, ty);
+    backend_tensor_free(be, tg);
 }
 
 static void run_attention(uint32_t B, uint32_t n_tok, enum kv_dtype dt, uint32_t H, uint32_t KVH,
@@ -1222,10 +1315,13 @@ int main(void)
         cmocka_unit_test(test_attention_f16_bits),
         cmocka_unit_test(test_lse_merge_splits),
         cmocka_unit_test(test_attention_long),
+        cmocka_unit_test(test_attention_window),
+        cmocka_unit_test(test_head_norm_gelu_scale),
         AVX2_TOO(test_attention),
         AVX2_TOO(test_attention_f16_bits),
         AVX2_TOO(test_lse_merge_splits),
         AVX2_TOO(test_attention_long),
+        AVX2_TOO(test_attention_window),
         cmocka_unit_test(test_attention_isa_forms),
         cmocka_unit_test(test_kv_write_layout),
         cmocka_unit_test(test_pool),
