@@ -25,12 +25,15 @@
 /* elements generated per batch, split across threads */
 #define BATCH_ELEMS (16u << 20)
 
-enum arch { ARCH_LLAMA, ARCH_QWEN2 };
+enum arch { ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3, ARCH_GEMMA3 };
+static const char *const arch_names[] = {"llama", "qwen2", "qwen3", "gemma3"};
 
 struct preset {
     const char *name;
     enum arch arch;
     uint32_t dim, n_layer, n_head, n_head_kv, ffn, vocab, ctx;
+    uint32_t head_dim; /* attention.key_length; 0 = dim / n_head */
+    uint32_t window;   /* gemma3's attention.sliding_window */
 };
 
 /* docs/model-format.md lists these */
@@ -42,7 +45,13 @@ static const struct preset presets[] = {
     {"small", ARCH_LLAMA, 768, 12, 12, 4, 2048, 8192, 8192},
     {"llama3-8b", ARCH_LLAMA, 4096, 32, 32, 8, 14336, 128256, 131072},
     {"qwen2.5-7b", ARCH_QWEN2, 3584, 28, 28, 4, 18944, 152064, 131072},
+    /* heads wider than dim / n_head, as Qwen3's and Gemma 3's are */
+    {"qwen3-tiny", ARCH_QWEN3, 64, 2, 4, 2, 160, 512, 2048, 32},
+    /* seven layers: local 0-4 and 6, global 5; a window the tests' prompts outgrow */
+    {"gemma3-tiny", ARCH_GEMMA3, 64, 7, 4, 1, 160, 512, 2048, 32, 8},
 };
+#define PRESET_NAMES                                                                               \
+    "tiny, tiny-qwen2, tiny256, small, llama3-8b, qwen2.5-7b, qwen3-tiny, gemma3-tiny"
 
 struct dtype {
     const char *name;
@@ -82,12 +91,12 @@ struct tensor {
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: " PROG " --out FILE [--preset NAME] [--arch llama|qwen2]\n"
+    fprintf(f, "usage: " PROG " --out FILE [--preset NAME] [--arch llama|qwen2|qwen3|gemma3]\n"
                "                   [--dtype TYPE] [--seed N]\n"
                "writes a GGUF v3 model with seeded random weights and a byte-level BPE\n"
                "tokenizer; the same arguments give the same bytes.\n"
                "  --preset NAME   tiny (default), tiny-qwen2, tiny256, small, llama3-8b,\n"
-               "                  qwen2.5-7b\n"
+               "                  qwen2.5-7b, qwen3-tiny, gemma3-tiny\n"
                "  --arch A        override the preset's architecture\n"
                "  --dtype T       matrix type (norms and biases stay f32), default f32: " DTYPE_NAMES
                "\n"
@@ -137,16 +146,14 @@ static int parse_args(int argc, char **argv, struct opts *o)
                 if (!strcmp(v, presets[k].name))
                     o->preset = &presets[k];
             if (!o->preset)
-                return bad_flag("unknown preset '%s' (tiny, tiny-qwen2, tiny256, small, "
-                                "llama3-8b, qwen2.5-7b)",
-                                v);
+                return bad_flag("unknown preset '%s' (" PRESET_NAMES ")", v);
         } else if (!strcmp(a, "--arch")) {
-            if (!strcmp(v, "llama"))
-                o->arch = ARCH_LLAMA;
-            else if (!strcmp(v, "qwen2"))
-                o->arch = ARCH_QWEN2;
-            else
-                return bad_flag("unknown --arch '%s' (llama, qwen2)", v);
+            size_t k = 0;
+            while (k < RKV_ARRAY_LEN(arch_names) && strcmp(v, arch_names[k]))
+                k++;
+            if (k == RKV_ARRAY_LEN(arch_names))
+                return bad_flag("unknown --arch '%s' (llama, qwen2, qwen3, gemma3)", v);
+            o->arch = (enum arch)k;
             arch_set = 1;
         } else if (!strcmp(a, "--dtype")) {
             o->dtype = NULL;
@@ -179,6 +186,8 @@ static const char *const llama_specials[] = {"<|begin_of_text|>", "<|end_of_text
                                              "<|start_header_id|>", "<|end_header_id|>",
                                              "<|eot_id|>"};
 static const char *const qwen2_specials[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
+static const char *const gemma_specials[] = {"<pad>", "<eos>", "<bos>", "<start_of_turn>",
+                                             "<end_of_turn>"};
 
 /* llama 3 instruct's template */
 static const char llama3_template[] =
@@ -195,6 +204,13 @@ static const char chatml_template[] =
     "%}{{'<|im_start|>' "
     "+ message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if "
     "add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+/* gemma 3 instruct's turns (its template without the system-prompt folding) */
+static const char gemma_template[] =
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'assistant' %}{% set "
+    "role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}{{ '<start_of_turn>' + "
+    "role + '\\n' + message['content'] | trim + '<end_of_turn>\\n' }}{% endfor %}{% if "
+    "add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}";
 
 struct vocab {
     struct bpe_vocab bpe;
@@ -218,9 +234,15 @@ static void vocab_free(struct vocab *v)
 static int vocab_build(const struct opts *o, struct vocab *v)
 {
     memset(v, 0, sizeof *v);
-    const char *const *specials = o->arch == ARCH_LLAMA ? llama_specials : qwen2_specials;
-    uint32_t n_special =
-        o->arch == ARCH_LLAMA ? RKV_ARRAY_LEN(llama_specials) : RKV_ARRAY_LEN(qwen2_specials);
+    const char *const *specials = qwen2_specials;
+    uint32_t n_special = RKV_ARRAY_LEN(qwen2_specials);
+    if (o->arch == ARCH_LLAMA) {
+        specials = llama_specials;
+        n_special = RKV_ARRAY_LEN(llama_specials);
+    } else if (o->arch == ARCH_GEMMA3) {
+        specials = gemma_specials;
+        n_special = RKV_ARRAY_LEN(gemma_specials);
+    }
     uint32_t n_vocab = o->preset->vocab;
     if (n_vocab < 256 + n_special) {
         fprintf(stderr, PROG ": vocab %u is below 256 bytes + %u special tokens\n", n_vocab,
@@ -265,7 +287,8 @@ static void put_tokenizer(struct gw *w, const struct opts *o, const struct vocab
 {
     int32_t s = v->first_special;
     gw_kv_str(w, "tokenizer.ggml.model", "gpt2");
-    gw_kv_str(w, "tokenizer.ggml.pre", o->arch == ARCH_LLAMA ? "llama-bpe" : "qwen2");
+    gw_kv_str(w, "tokenizer.ggml.pre",
+              o->arch == ARCH_QWEN2 || o->arch == ARCH_QWEN3 ? "qwen2" : "llama-bpe");
     gw_kv_arr_str(w, "tokenizer.ggml.tokens", v->tokens, v->n);
     gw_kv_arr_i32(w, "tokenizer.ggml.token_type", v->types, v->n);
     gw_kv_arr_str(w, "tokenizer.ggml.merges", (const char *const *)v->bpe.merges, v->bpe.n_merges);
@@ -275,6 +298,13 @@ static void put_tokenizer(struct gw *w, const struct opts *o, const struct vocab
         gw_kv_u32(w, "tokenizer.ggml.eot_token_id", (uint32_t)s + 4);
         gw_kv_bool(w, "tokenizer.ggml.add_bos_token", 1);
         gw_kv_str(w, "tokenizer.chat_template", llama3_template);
+    } else if (o->arch == ARCH_GEMMA3) {
+        gw_kv_u32(w, "tokenizer.ggml.padding_token_id", (uint32_t)s);
+        gw_kv_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)s + 1);
+        gw_kv_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)s + 2);
+        gw_kv_u32(w, "tokenizer.ggml.eot_token_id", (uint32_t)s + 4);
+        gw_kv_bool(w, "tokenizer.ggml.add_bos_token", 1);
+        gw_kv_str(w, "tokenizer.chat_template", gemma_template);
     } else {
         gw_kv_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)s);
         gw_kv_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)s + 2);
@@ -344,13 +374,15 @@ static uint32_t plan_tensors(const struct opts *o, struct tensor *t)
 {
     const struct preset *p = o->preset;
     uint32_t n = 0;
-    uint64_t head_dim = p->dim / p->n_head;
+    uint64_t head_dim = p->head_dim ? p->head_dim : p->dim / p->n_head;
     uint64_t q_dim = head_dim * p->n_head, kv_dim = head_dim * p->n_head_kv;
     uint64_t s = o->seed;
     char name[64];
-    /* embeddings std 1: rmsnorm comes next, and the residual keeps the token */
+    /* embeddings std 1: rmsnorm comes next, and the residual keeps the token; gemma's std
+     * 1/sqrt(dim), which its sqrt(dim) scaling brings back to 1 (and the tied lm head gives
+     * logits of std ~1) */
     add_tensor(t, &n, s, "token_embd.weight", matrix_type(o, 'e', 0, p->dim), p->dim, p->vocab,
-               0.0f, sqrtf(3.0f));
+               0.0f, o->arch == ARCH_GEMMA3 ? mat_half(p->dim) : sqrtf(3.0f));
     for (uint32_t l = 0; l < p->n_layer; l++) {
         uint32_t mt = matrix_type(o, 'm', l, p->dim), vt = matrix_type(o, 'v', l, p->dim);
 #define BLK(suffix) (snprintf(name, sizeof name, "blk.%u." suffix, l), name)
@@ -363,16 +395,29 @@ static uint32_t plan_tensors(const struct opts *o, struct tensor *t)
             add_tensor(t, &n, s, BLK("attn_k.bias"), GGUF_TYPE_F32, kv_dim, 0, 0.0f, 0.1f);
             add_tensor(t, &n, s, BLK("attn_v.bias"), GGUF_TYPE_F32, kv_dim, 0, 0.0f, 0.1f);
         }
+        if (o->arch == ARCH_QWEN3 || o->arch == ARCH_GEMMA3) {
+            add_tensor(t, &n, s, BLK("attn_q_norm.weight"), GGUF_TYPE_F32, head_dim, 0, 1.0f, 0.1f);
+            add_tensor(t, &n, s, BLK("attn_k_norm.weight"), GGUF_TYPE_F32, head_dim, 0, 1.0f, 0.1f);
+        }
         add_tensor(t, &n, s, BLK("attn_output.weight"), matrix_type(o, 'm', l, q_dim), q_dim,
                    p->dim, 0.0f, mat_half(q_dim));
+        if (o->arch == ARCH_GEMMA3)
+            add_tensor(t, &n, s, BLK("post_attention_norm.weight"), GGUF_TYPE_F32, p->dim, 0,
+                       1.0f, 0.1f);
         add_tensor(t, &n, s, BLK("ffn_norm.weight"), GGUF_TYPE_F32, p->dim, 0, 1.0f, 0.1f);
         add_tensor(t, &n, s, BLK("ffn_gate.weight"), mt, p->dim, p->ffn, 0.0f, mat_half(p->dim));
         add_tensor(t, &n, s, BLK("ffn_up.weight"), mt, p->dim, p->ffn, 0.0f, mat_half(p->dim));
         add_tensor(t, &n, s, BLK("ffn_down.weight"), matrix_type(o, 'v', l, p->ffn), p->ffn,
                    p->dim, 0.0f, mat_half(p->ffn));
+        if (o->arch == ARCH_GEMMA3)
+            add_tensor(t, &n, s, BLK("post_ffw_norm.weight"), GGUF_TYPE_F32, p->dim, 0, 1.0f,
+                       0.1f);
 #undef BLK
     }
     add_tensor(t, &n, s, "output_norm.weight", GGUF_TYPE_F32, p->dim, 0, 1.0f, 0.1f);
+    /* gemma ties the lm head to the embedding */
+    if (o->arch == ARCH_GEMMA3)
+        return n;
     /* twice the matrix std: logits of std ~2 are peaked enough to sample from */
     add_tensor(t, &n, s, "output.weight", matrix_type(o, 'o', 0, p->dim), p->dim, p->vocab, 0.0f,
                2.0f * mat_half(p->dim));
@@ -382,7 +427,8 @@ static uint32_t plan_tensors(const struct opts *o, struct tensor *t)
 static void put_hparams(struct gw *w, const struct opts *o)
 {
     const struct preset *p = o->preset;
-    const char *a = o->arch == ARCH_LLAMA ? "llama" : "qwen2";
+    const char *a = arch_names[o->arch];
+    const uint32_t head_dim = p->head_dim ? p->head_dim : p->dim / p->n_head;
     char key[96];
 #define K(suffix) (snprintf(key, sizeof key, "%s." suffix, a), key)
     gw_kv_str(w, "general.architecture", a);
@@ -397,7 +443,13 @@ static void put_hparams(struct gw *w, const struct opts *o)
     gw_kv_u32(w, K("feed_forward_length"), p->ffn);
     gw_kv_u32(w, K("attention.head_count"), p->n_head);
     gw_kv_u32(w, K("attention.head_count_kv"), p->n_head_kv);
-    gw_kv_u32(w, K("rope.dimension_count"), p->dim / p->n_head);
+    gw_kv_u32(w, K("rope.dimension_count"), head_dim);
+    if (p->head_dim) {
+        gw_kv_u32(w, K("attention.key_length"), head_dim);
+        gw_kv_u32(w, K("attention.value_length"), head_dim);
+    }
+    if (o->arch == ARCH_GEMMA3)
+        gw_kv_u32(w, K("attention.sliding_window"), p->window ? p->window : 512);
     gw_kv_f32(w, K("rope.freq_base"), o->arch == ARCH_LLAMA ? 500000.0f : 1000000.0f);
     gw_kv_f32(w, K("attention.layer_norm_rms_epsilon"), o->arch == ARCH_LLAMA ? 1e-5f : 1e-6f);
 #undef K
@@ -581,8 +633,8 @@ int main(int argc, char **argv)
     put_hparams(w, &o);
     put_tokenizer(w, &o, &v);
 
-    /* 9 matrices/vectors per layer plus 3 biases for qwen2, and 3 more */
-    t = calloc(12u * o.preset->n_layer + 3, sizeof *t);
+    /* 9 matrices/vectors per layer plus 3 biases for qwen2 or 4 norms for gemma3, and 3 more */
+    t = calloc(13u * o.preset->n_layer + 3, sizeof *t);
     rc = RKV_ENOMEM;
     if (!t)
         goto out;

@@ -1,5 +1,9 @@
 """ref_model.py - independent NumPy forward pass of the GGUF models in docs/model-format.md.
 
+Architectures llama, qwen2, qwen3 (q/k head norms) and gemma3 (q/k head norms, embeddings
+by sqrt(dim), GeGLU, post-attention and post-ffn norms, sliding-window local layers with
+their own rope base), as llama.cpp computes them.
+
 Reads a GGUF with gguf.GGUFReader, dequantizes F32/F16/BF16/Q8_0 itself (the block
 formats Q4_0..Q6_K, IQ4_NL, IQ4_XS with gguf.quants, the reference for them) and
 computes logits in float64. Two paths that share only the weights:
@@ -82,12 +86,20 @@ def silu(x):
     return x / (1.0 + np.exp(-x))
 
 
+def gelu_tanh(x):
+    """the tanh approximation of gelu (gemma's, ggml's ggml_gelu)"""
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+
+
 class RefModel:
     def __init__(self, path):
         r = GGUFReader(path)
         self.arch = _field(r, "general.architecture")
-        if self.arch not in ("llama", "qwen2"):
-            raise ValueError(f"{path}: architecture {self.arch} is not llama or qwen2")
+        if self.arch not in ARCHS:
+            raise ValueError(f"{path}: architecture {self.arch} is not one of {ARCHS}")
         a = self.arch + "."
         self.n_layer = int(_field(r, a + "block_count"))
         self.dim = int(_field(r, a + "embedding_length"))
@@ -105,7 +117,15 @@ class RefModel:
         self.rope_factor = 1.0
         if scaling == "linear":
             self.rope_factor = float(_field(r, a + "rope.scaling.factor"))
-        self.neox = self.arch == "qwen2"
+        self.neox = self.arch != "llama"
+        self.gemma = self.arch == "gemma3"
+        # gemma3: layer il is local (a window of n_swa positions, rope base 10000, unscaled)
+        # unless il % 6 == 5; scores scaled by query_pre_attn_scalar^-1/2 = key_length^-1/2
+        # (the 27B, 62 layers: (dim / n_head)^-1/2), as llama.cpp does
+        self.n_swa = int(_field(r, a + "attention.sliding_window")) if self.gemma else 0
+        self.attn_scale = 1.0 / math.sqrt(self.head_dim)
+        if self.gemma and self.n_layer == 62:
+            self.attn_scale = 1.0 / math.sqrt(self.dim // self.n_head)
 
         w = {t.name: t for t in r.tensors}
         self.tok_embd = dequantize(w["token_embd.weight"])  # (n_vocab, dim)
@@ -139,7 +159,16 @@ class RefModel:
                 "w_gate": get("ffn_gate.weight"),  # (ffn, dim)
                 "w_up": get("ffn_up.weight"),  # (ffn, dim)
                 "w_down": get("ffn_down.weight"),  # (dim, ffn)
+                "q_norm": get("attn_q_norm.weight"),  # (head_dim,) qwen3, gemma3
+                "k_norm": get("attn_k_norm.weight"),  # (head_dim,)
+                "post_attn_norm": get("post_attention_norm.weight"),  # (dim,) gemma3
+                "post_ffn_norm": get("post_ffw_norm.weight"),  # (dim,)
+                "local": self.gemma and i % 6 != 5,
             }
+            if self.arch in ("qwen3", "gemma3"):
+                assert L["q_norm"].shape == L["k_norm"].shape == (self.head_dim,)
+            if self.gemma:
+                assert L["post_attn_norm"].shape == L["post_ffn_norm"].shape == (self.dim,)
             assert L["wq"].shape == (self.n_head * self.head_dim, self.dim), L["wq"].shape
             assert L["wk"].shape == (self.n_head_kv * self.head_dim, self.dim)
             assert L["w_down"].shape == (self.dim, self.ffn)
@@ -147,11 +176,30 @@ class RefModel:
 
     # --- batched path --------------------------------------------------------
 
-    def _rope_batched(self, x, pos):
+    def _rope_of(self, L):
+        """(base, factor) of a layer's rope: gemma3's local layers their own, unscaled"""
+        return (10000.0, 1.0) if L["local"] else (self.rope_base, self.rope_factor)
+
+    def _embed(self, tok):
+        x = self.tok_embd[tok]
+        return x * math.sqrt(self.dim) if self.gemma else x
+
+    def _ffn(self, L, h):
+        """the feed-forward of normed h (..., dim) -> (..., dim), before any post norm"""
+        act = gelu_tanh if self.gemma else silu
+        return (act(h @ L["w_gate"].T) * (h @ L["w_up"].T)) @ L["w_down"].T
+
+    def _post(self, L, name, y):
+        """gemma3 norms a sub-block's output before the residual add"""
+        return rmsnorm(y, L[name], self.eps) if L[name] is not None else y
+
+    def _rope_batched(self, x, pos, base=None, factor=None):
         """x (T, n_heads, head_dim) rotated by position; pos (T,)"""
+        base = self.rope_base if base is None else base
+        factor = self.rope_factor if factor is None else factor
         half = self.rope_dim // 2
-        inv = self.rope_base ** (-2.0 * np.arange(half) / self.rope_dim) / self.rope_freqs
-        ang = (pos[:, None] / self.rope_factor) * inv[None, :]  # (T, half)
+        inv = base ** (-2.0 * np.arange(half) / self.rope_dim) / self.rope_freqs
+        ang = (pos[:, None] / factor) * inv[None, :]  # (T, half)
         cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
         out = x.copy()
         if self.neox:
@@ -164,41 +212,54 @@ class RefModel:
             out[..., 1 : self.rope_dim : 2] = a * sin + b * cos
         return out
 
-    def logits(self, tokens):
-        """tokens (T,) -> logits (T, n_vocab), float64"""
+    def logits(self, tokens, rows=None):
+        """tokens (T,) -> logits (T, n_vocab), float64; rows: only those positions' logits"""
         tokens = np.asarray(tokens, dtype=np.int64)
         T = len(tokens)
         pos = np.arange(T, dtype=np.float64)
         group = self.n_head // self.n_head_kv
-        x = self.tok_embd[tokens]  # (T, dim)
+        x = self._embed(tokens)  # (T, dim)
         mask = np.triu(np.full((T, T), -np.inf), k=1)  # (T, T) causal
+        if self.n_swa:
+            # a local layer's query t reads keys s > t - n_swa only
+            local_mask = mask + np.tril(np.full((T, T), -np.inf), k=-self.n_swa)
         for L in self.layers:
             h = rmsnorm(x, L["attn_norm"], self.eps)
             q, k, v = h @ L["wq"].T, h @ L["wk"].T, h @ L["wv"].T
             if L["bq"] is not None:
                 q, k, v = q + L["bq"], k + L["bk"], v + L["bv"]
-            q = self._rope_batched(q.reshape(T, self.n_head, self.head_dim), pos)
-            k = self._rope_batched(k.reshape(T, self.n_head_kv, self.head_dim), pos)
+            q = q.reshape(T, self.n_head, self.head_dim)
+            k = k.reshape(T, self.n_head_kv, self.head_dim)
+            if L["q_norm"] is not None:  # each head normed before rope
+                q, k = rmsnorm(q, L["q_norm"], self.eps), rmsnorm(k, L["k_norm"], self.eps)
+            base, factor = self._rope_of(L)
+            q = self._rope_batched(q, pos, base, factor)
+            k = self._rope_batched(k, pos, base, factor)
             v = v.reshape(T, self.n_head_kv, self.head_dim_v)
             k = np.repeat(k, group, axis=1)  # (T, n_head, head_dim): head h uses kv h // group
             v = np.repeat(v, group, axis=1)
-            s = np.einsum("thd,shd->hts", q, k) / math.sqrt(self.head_dim) + mask
+            s = np.einsum("thd,shd->hts", q, k) * self.attn_scale
+            s = s + (local_mask if L["local"] else mask)
             s = np.exp(s - s.max(axis=-1, keepdims=True))
             s /= s.sum(axis=-1, keepdims=True)
             att = np.einsum("hts,shd->thd", s, v).reshape(T, -1)  # (T, n_head*head_dim_v)
-            x = x + att @ L["wo"].T
+            x = x + self._post(L, "post_attn_norm", att @ L["wo"].T)
             h = rmsnorm(x, L["ffn_norm"], self.eps)
-            x = x + (silu(h @ L["w_gate"].T) * (h @ L["w_up"].T)) @ L["w_down"].T
+            x = x + self._post(L, "post_ffn_norm", self._ffn(L, h))
+        if rows is not None:
+            x = x[rows]
         return rmsnorm(x, self.output_norm, self.eps) @ self.output.T
 
     # --- naive path: one token at a time --------------------------------------
 
-    def _rope_one(self, vec, p):
+    def _rope_one(self, vec, p, base=None, factor=None):
         """vec (head_dim,) rotated for position p, one pair at a time"""
+        base = self.rope_base if base is None else base
+        factor = self.rope_factor if factor is None else factor
         out = vec.copy()
         half = self.rope_dim // 2
         for i in range(half):
-            theta = (p / self.rope_factor) * self.rope_base ** (-2.0 * i / self.rope_dim)
+            theta = (p / factor) * base ** (-2.0 * i / self.rope_dim)
             theta /= self.rope_freqs[i]
             c, s = math.cos(theta), math.sin(theta)
             i0, i1 = (i, i + half) if self.neox else (2 * i, 2 * i + 1)
@@ -212,30 +273,39 @@ class RefModel:
         cache = [([], []) for _ in self.layers]  # per layer: K rows, V rows per position
         out = []
         for p, tok in enumerate(tokens):
-            x = self.tok_embd[int(tok)].copy()
+            x = np.array(self._embed(int(tok)))
             for L, (kc, vc) in zip(self.layers, cache):
                 h = rmsnorm(x, L["attn_norm"], self.eps)
                 q, k, v = L["wq"] @ h, L["wk"] @ h, L["wv"] @ h
                 if L["bq"] is not None:
                     q, k, v = q + L["bq"], k + L["bk"], v + L["bv"]
                 hd, hv = self.head_dim, self.head_dim_v
-                k = np.concatenate(
-                    [self._rope_one(k[j * hd : (j + 1) * hd], p) for j in range(self.n_head_kv)]
-                )
+                base, factor = self._rope_of(L)
+
+                def head(vec, j, norm):
+                    one = vec[j * hd : (j + 1) * hd]
+                    if norm is not None:
+                        one = one / math.sqrt(np.mean(one * one) + self.eps) * norm
+                    return self._rope_one(one, p, base, factor)
+
+                k = np.concatenate([head(k, j, L["k_norm"]) for j in range(self.n_head_kv)])
                 kc.append(k)
                 vc.append(v)
+                # a local layer reads the last n_swa positions only
+                first = max(0, p + 1 - self.n_swa) if L["local"] else 0
                 heads = []
                 for hq in range(self.n_head):
-                    qh = self._rope_one(q[hq * hd : (hq + 1) * hd], p)
+                    qh = head(q, hq, L["q_norm"])
                     kv = hq // group
-                    scores = np.array([qh @ kr[kv * hd : (kv + 1) * hd] for kr in kc])
-                    scores /= math.sqrt(hd)
+                    scores = np.array([qh @ kr[kv * hd : (kv + 1) * hd] for kr in kc[first:]])
+                    scores *= self.attn_scale
                     wts = np.exp(scores - scores.max())
                     wts /= wts.sum()
-                    heads.append(sum(wt * vr[kv * hv : (kv + 1) * hv] for wt, vr in zip(wts, vc)))
-                x = x + L["wo"] @ np.concatenate(heads)
+                    heads.append(sum(wt * vr[kv * hv : (kv + 1) * hv]
+                                     for wt, vr in zip(wts, vc[first:])))
+                x = x + self._post(L, "post_attn_norm", L["wo"] @ np.concatenate(heads))
                 h = rmsnorm(x, L["ffn_norm"], self.eps)
-                x = x + L["w_down"] @ (silu(L["w_gate"] @ h) * (L["w_up"] @ h))
+                x = x + self._post(L, "post_ffn_norm", self._ffn(L, h))
             out.append(self.output @ rmsnorm(x, self.output_norm, self.eps))
         return np.stack(out)
 

@@ -68,8 +68,9 @@ def _store(w, name, arr, dtype):
 
 def write_model(path, arch="llama", dtype="f32", seed=0, dim=64, n_layer=2, n_head=4,
                 n_head_kv=2, ffn=96, n_vocab=128, tied=False, rope_dim=None, rope_scale=None,
-                rope_base=10000.0, weights=None, rope_freqs=None):
-    """a small random model; weights (name -> float32 array) overrides what is drawn"""
+                rope_base=10000.0, weights=None, rope_freqs=None, extra=None):
+    """a small random model; weights (name -> float32 array) overrides what is drawn, extra(w)
+    adds keys"""
     rng = np.random.default_rng(seed)
     hd = dim // n_head
     w = gguf.GGUFWriter(str(path), arch)
@@ -88,6 +89,8 @@ def write_model(path, arch="llama", dtype="f32", seed=0, dim=64, n_layer=2, n_he
         w.add_rope_scaling_factor(rope_scale)
     w.add_tokenizer_model("gpt2")
     w.add_token_list([f"t{i}" for i in range(n_vocab)])
+    if extra is not None:
+        extra(w)
 
     def mat(n_out, n_in):
         return rng.normal(0.0, 1.0 / np.sqrt(n_in), (n_out, n_in)).astype(np.float32)
@@ -456,3 +459,102 @@ def test_rope_freqs(tmp_path):
                             "1", "--backend", "cpu"], capture_output=True, text=True, timeout=60)
         assert r.returncode != 0 and msg in r.stderr, r.stderr
 
+
+
+# --- qwen3 and gemma3: the cpu backend (the cuda backend refuses them at load for now) -------
+
+NEW_ARCHS = {"qwen3": "qwen3-tiny", "gemma3": "gemma3-tiny"}
+# longer than gemma3-tiny's window of 8, which every local layer's attention then cuts
+LONG_PROMPT = [1, 2, 3, 100, 200, 300, 42, 7, 500, 11, 9, 8, 400, 401, 402, 17, 17, 250, 60, 5]
+
+
+@pytest.mark.parametrize("arch", list(NEW_ARCHS))
+def test_new_arch_reference_paths_agree(qmodels, arch):
+    """the reference's batched and one-token paths agree on the presets' shapes (heads wider
+    than dim / n_head, q/k head norms; gemma3's window, norms, GeGLU and tied head), and the
+    window and the head norms matter"""
+    _, m = qmodels(NEW_ARCHS[arch], "f32")
+    assert m.head_dim == 32 and m.n_head * m.head_dim != m.dim
+    a = m.logits(LONG_PROMPT)
+    np.testing.assert_allclose(a, m.logits_naive(LONG_PROMPT), rtol=0, atol=1e-10)
+    assert all(L["q_norm"] is not None for L in m.layers)
+    if arch == "gemma3":
+        assert m.output is m.tok_embd and m.n_swa == 8
+        assert [L["local"] for L in m.layers] == [True] * 5 + [False, True]
+        # a window longer than the prompt is no window: the logits move past position 8 only
+        m.n_swa = 10 ** 6
+        b = m.logits(LONG_PROMPT)
+        m.n_swa = 8
+        np.testing.assert_allclose(a[:8], b[:8], rtol=0, atol=1e-10)
+        assert np.abs(a[8:] - b[8:]).max() > 1e-2 * np.abs(a).max()
+    saved = [L["q_norm"] for L in m.layers]
+    for L in m.layers:
+        L["q_norm"] = np.ones_like(L["q_norm"])
+    c = m.logits(LONG_PROMPT)
+    for L, q in zip(m.layers, saved):
+        L["q_norm"] = q
+    assert np.abs(a - c).max() > 1e-3 * np.abs(a).max()
+
+
+@pytest.mark.parametrize("arch", list(NEW_ARCHS))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rkv_gen_new_archs_match_reference(qmodels, tmp_path, arch, dtype):
+    """the cpu engine's logits of every step equal the reference's within 1e-4 (q8_0 through
+    RKV_CPU_EXACT=1), with a prompt longer than gemma3-tiny's window: all resident, and with
+    half the KV on the host in blocks of 4, a prefill in chunks of 3 and two sessions a batch"""
+    path, ref = qmodels(NEW_ARCHS[arch], dtype)
+    env = {"RKV_CPU_EXACT": "1"}
+    ids, got = run_gen(path, tmp_path, prompt=LONG_PROMPT, env=env)
+    compare_steps(ref, LONG_PROMPT, ids, got)
+    out = run_gen(path, tmp_path, ["--host-frac", "0.5", "--block-size", "4", "--chunk", "3",
+                                   "--split-seed", "3"], prompt=LONG_PROMPT, batch=2, env=env)
+    for sids, sgot in out:
+        assert sids == ids
+        compare_steps(ref, LONG_PROMPT, sids, sgot)
+
+
+# gemma3-tiny on the integer path moves by 2.1-2.9e-2 of a step's max |logit| (q8_0 and q4_k_m,
+# seeds 1, 2, 3, 5; qwen3-tiny 1.3-1.6e-2, within RTOL_CPU): seven layers whose sub-block outputs
+# are each renormed before the residual add carry the activations' rounding further than
+# llama's two. 1.5x that, rounded up.
+RTOL_CPU_GEMMA3 = 4.5e-2
+
+
+@pytest.mark.parametrize("arch", list(NEW_ARCHS))
+@pytest.mark.parametrize("dtype", ["q8_0", "q4_k_m"])
+def test_new_archs_quantized_match_reference(qmodels, tmp_path, arch, dtype):
+    """the block types on the integer path: within the 8-bit activations' rounding
+    (RTOL_CPU, RTOL_CPU_GEMMA3), and within 1e-4 through RKV_CPU_EXACT=1"""
+    path, ref = qmodels(NEW_ARCHS[arch], dtype)
+    ids, got = run_gen(path, tmp_path, prompt=LONG_PROMPT)
+    compare_steps(ref, LONG_PROMPT, ids, got,
+                  RTOL_CPU_GEMMA3 if arch == "gemma3" else rtol_for("cpu", dtype))
+    ids, got = run_gen(path, tmp_path, prompt=LONG_PROMPT, env={"RKV_CPU_EXACT": "1"})
+    compare_steps(ref, LONG_PROMPT, ids, got)
+
+
+def _refused(path):
+    r = subprocess.run([_need("rkv-gen"), "--model", str(path), "--prompt-ids", "1,2", "-n", "1",
+                        "--backend", "cpu"], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0, r.stderr
+    return r.stderr
+
+
+def test_unsupported_archs_refused_by_name(tmp_path):
+    """mixture-of-experts files and other architectures are refused naming what rkv runs,
+    never as a missing tensor"""
+    supported = "(llama, qwen2, qwen3, gemma3"
+    path = tmp_path / "m.gguf"
+    write_model(path, "qwen3moe", "f32", seed=1)
+    err = _refused(path)
+    assert "'qwen3moe' is a mixture-of-experts architecture" in err and supported in err, err
+    write_model(path, "phi3", "f32", seed=1)
+    err = _refused(path)
+    assert "'phi3' is not supported by rkv " + supported + ")" in err, err
+    write_model(path, "llama", "f32", seed=1, extra=lambda w: w.add_expert_count(8))
+    err = _refused(path)
+    assert "llama.expert_count is 8" in err and "mixture-of-experts" in err, err
+    write_model(path, "llama", "f32", seed=1,
+                weights={"blk.0.ffn_gate_inp.weight": np.zeros((4, 64), np.float32)})
+    err = _refused(path)
+    assert "expert tensors" in err and supported in err, err
