@@ -622,13 +622,80 @@ static void test_model_errors(void **state)
     tmodel_fini(&t);
 }
 
+/* a backend without qwen3's and gemma3's ops refuses those architectures at load, naming the
+ * architecture and the op (the cuda backend's case until it has them) */
+static void test_missing_ops_refused(void **state)
+{
+    (void)state;
+    struct backend *cpu, *be;
+    assert_int_equal(cpu_backend_init(1, &cpu), 0);
+    struct backend_i iface = *cpu->iface;
+    iface.rmsnorm_heads = NULL;
+    iface.gelu_mul = NULL;
+    iface.attn_window = 0;
+    assert_int_equal(backend_new("lean", &iface, cpu->ctx, &be), 0);
+    struct model_hparams hp = {.arch = MODEL_QWEN3,
+                               .n_layer = 2,
+                               .dim = 64,
+                               .ffn = 96,
+                               .n_head = 4,
+                               .n_kv_head = 2,
+                               .head_dim = 32,
+                               .n_rot = 32,
+                               .n_vocab = 96,
+                               .n_ctx = 256,
+                               .norm_eps = 1e-6f,
+                               .rope_base = 1e6f,
+                               .rope_scale = 1.0f,
+                               .rope_neox = 1};
+    struct model_src src = {0};
+    struct model *m = NULL;
+    char err[256];
+    assert_int_equal(model_create(be, &hp, &src, &m, err, sizeof(err)), RKV_EUNSUPPORTED);
+    assert_non_null(strstr(err, "the lean backend does not run qwen3 models"));
+    assert_non_null(strstr(err, "rmsnorm_heads"));
+    iface.rmsnorm_heads = cpu->iface->rmsnorm_heads;
+    hp.arch = MODEL_GEMMA3;
+    hp.n_swa = 8;
+    hp.swa_period = 6;
+    hp.rope_base_swa = 1e4f;
+    assert_int_equal(model_create(be, &hp, &src, &m, err, sizeof(err)), RKV_EUNSUPPORTED);
+    assert_non_null(strstr(err, "gemma3 models yet (it has no gelu_mul op)"));
+    iface.gelu_mul = cpu->iface->gelu_mul;
+    assert_int_equal(model_create(be, &hp, &src, &m, err, sizeof(err)), RKV_EUNSUPPORTED);
+    assert_non_null(strstr(err, "attn_window"));
+    assert_null(m);
+    /* and a window through attn_partial is refused by such a backend, not ignored */
+    struct be_attn at = {4, 2, 32, 0.1f, 8};
+    struct be_seq seq = {0, 1, 0, NULL, 0};
+    int32_t pos = 0;
+    uint32_t seq_of = 0;
+    struct kv_block_ref blk = {0, KV_DEVICE};
+    seq.blocks = &blk;
+    struct be_batch b = {&seq, 1, 1, &pos, &seq_of};
+    struct be_tensor *q, *o, *mm, *l;
+    assert_int_equal(backend_tensor_alloc(be, BE_F32, 1, 128, &q), 0);
+    assert_int_equal(backend_tensor_alloc(be, BE_F32, 1, 128, &o), 0);
+    assert_int_equal(backend_tensor_alloc(be, BE_F32, 1, 4, &mm), 0);
+    assert_int_equal(backend_tensor_alloc(be, BE_F32, 1, 4, &l), 0);
+    struct be_partial p = {o, mm, l};
+    assert_int_equal(attn_partial_forward(be, &b, 0, KV_DEVICE, q, &at, &p), RKV_EUNSUPPORTED);
+    backend_tensor_free(be, q);
+    backend_tensor_free(be, o);
+    backend_tensor_free(be, mm);
+    backend_tensor_free(be, l);
+    free(be); /* shares cpu's context: freed with cpu */
+    backend_free(cpu);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_splits_llama_f32), cmocka_unit_test(test_splits_qwen2_f16),
-        cmocka_unit_test(test_splits_llama_q8),  cmocka_unit_test(test_batch_equals_alone),
-        cmocka_unit_test(test_chunked_prefill),  cmocka_unit_test(test_threads_same),
-        cmocka_unit_test(test_model_errors),     cmocka_unit_test(test_sample_keep),
+        cmocka_unit_test(test_splits_llama_f32),    cmocka_unit_test(test_splits_qwen2_f16),
+        cmocka_unit_test(test_splits_llama_q8),     cmocka_unit_test(test_batch_equals_alone),
+        cmocka_unit_test(test_chunked_prefill),     cmocka_unit_test(test_threads_same),
+        cmocka_unit_test(test_model_errors),        cmocka_unit_test(test_sample_keep),
+        cmocka_unit_test(test_missing_ops_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
