@@ -440,6 +440,40 @@ static int bench_gemv(struct backend *be)
         backend_tensor_free(be, x);
         backend_tensor_free(be, y);
     }
+    /* the block formats' decode kernels over llama3-8b's shapes (their bytes random: the
+     * kernels' speed does not depend on the values) */
+    static const enum be_type qt[] = {BE_Q4_K, BE_Q6_K, BE_Q5_K, BE_Q4_0, BE_Q8_0, BE_IQ4_XS};
+    for (size_t ti = 0; ti < sizeof qt / sizeof qt[0]; ti++)
+        for (int si = 0; si < 4; si++) {
+            const uint32_t n_out = shapes[si][0], n_in = shapes[si][1];
+            struct be_tensor *w = NULL, *x = NULL, *y = NULL;
+            if (backend_tensor_alloc(be, qt[ti], n_out, n_in, &w) < 0 ||
+                backend_tensor_alloc(be, BE_F32, 8, n_in, &x) < 0 ||
+                backend_tensor_alloc(be, BE_F32, 8, n_out, &y) < 0)
+                return -1;
+            const double bytes = (double)w->row_bytes * n_out;
+            rkv_cuda_fill_random(w->data, BE_F16, (size_t)(bytes / 2), 3, 0.02f);
+            rkv_cuda_fill_random(x->data, BE_F32, (size_t)8 * n_in, 2, 1.0f);
+            const uint32_t ns[] = {1, 8};
+            for (int ni = 0; ni < 2; ni++) {
+                const int reps = 50;
+                matmul_forward(be, y, x, w, NULL, ns[ni]);
+                backend_sync(be);
+                const double t0 = gu_now();
+                for (int r = 0; r < reps; r++)
+                    matmul_forward(be, y, x, w, NULL, ns[ni]);
+                backend_sync(be);
+                const double t = (gu_now() - t0) / reps;
+                char name[96];
+                snprintf(name, sizeof(name), "%s %ux%u n=%u (GB/s vs hbm)", be_type_name(qt[ti]),
+                         n_out, n_in, ns[ni]);
+                record("gemv", name, bytes / t / 1e9, "GB/s", ceil_.hbm_read,
+                       bytes / t / 1e9 / ceil_.hbm_read);
+            }
+            backend_tensor_free(be, w);
+            backend_tensor_free(be, x);
+            backend_tensor_free(be, y);
+        }
     return 0;
 }
 
@@ -611,8 +645,8 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
         return -1;
     }
     gm_src_free(&src);
-    printf("  model %s %s: %.2f GB of weights, built in %.1f s\n", preset,
-           *g_tag ? g_tag : "bf16", m->weight_bytes / 1e9, gu_now() - t0);
+    printf("  model %s %s: %.2f GB of weights, built in %.1f s\n", preset, *g_tag ? g_tag : "bf16",
+           m->weight_bytes / 1e9, gu_now() - t0);
     struct kv_layout l;
     fwd_kv_layout(m, 256, KV_F16, &l);
     const size_t bb = kv_block_bytes(&l);
@@ -972,9 +1006,9 @@ static int bench_quant(struct backend *be, int quick, const char *preset)
         const char *tag;
         enum be_type t, more;
         int rows;
-    } qs[] = {{"bf16", BE_BF16, BE_BF16, 1},   {"q4_k_m", BE_Q4_K, BE_Q6_K, 2},
-              {"q4_0", BE_Q4_0, BE_Q4_0, 1},   {"q6_k", BE_Q6_K, BE_Q6_K, 1},
-              {"q8_0", BE_Q8_0, BE_Q8_0, 1},   {"iq4_xs", BE_IQ4_XS, BE_IQ4_XS, 1}};
+    } qs[] = {{"bf16", BE_BF16, BE_BF16, 1}, {"q4_k_m", BE_Q4_K, BE_Q6_K, 2},
+              {"q4_0", BE_Q4_0, BE_Q4_0, 1}, {"q6_k", BE_Q6_K, BE_Q6_K, 1},
+              {"q8_0", BE_Q8_0, BE_Q8_0, 1}, {"iq4_xs", BE_IQ4_XS, BE_IQ4_XS, 1}};
     int rc = 0;
     for (size_t i = 0; i < sizeof(qs) / sizeof(qs[0]) && rc == 0; i++) {
         g_wt = qs[i].t;

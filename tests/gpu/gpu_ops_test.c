@@ -11,6 +11,7 @@
 #include "worker/backend.h"
 #include "worker/backend_impl.h"
 #include "worker/cpu/cpu_ops.h"
+#include "worker/cpu/cpu_quant.h"
 #include "worker/cuda/cuda_backend.h"
 
 static struct backend *cpu, *gpu;
@@ -272,25 +273,38 @@ static void test_matmul2(void)
 
 /* gemv_max: the rows up to which the backend takes its decode kernel (f32 sums of the f32
  * input), past them cublas over the input rounded to 16 bits */
-/* every block format beside Q8_0 on every path: the register kernel (1-8 tokens), the
- * tensor-core tiles (9-256), the f16 slabs into cuBLAS (prefill), against the cpu's exact
- * dequantization and f32 sums; the 16-bit paths round the activations to f16. Embedding rows
- * dequantize to the same bits. */
-static const enum be_type quant_types[] = {BE_Q4_0, BE_Q4_1, BE_Q5_0, BE_Q5_1, BE_Q2_K, BE_Q3_K,
+/* every block format beside Q8_0 on every path: the integer-dot decode kernel (1-8 tokens)
+ * against the cpu's integer dots over the same 8-bit activations, the exact decode kernel
+ * (qdot=exact), the tensor-core tiles (9-256), the f16 slabs into cuBLAS (prefill) against the
+ * cpu's exact dequantization and f32 sums (the 16-bit paths round the activations to f16).
+ * Embedding rows dequantize to the same bits. */
+static const enum be_type quant_types[] = {BE_Q4_0, BE_Q4_1, BE_Q5_0, BE_Q5_1,   BE_Q2_K,  BE_Q3_K,
                                            BE_Q4_K, BE_Q5_K, BE_Q6_K, BE_IQ4_NL, BE_IQ4_XS};
 
 static void test_quant(void)
 {
+    struct backend *exact = backend_tuned("qdot=exact");
+    if (!exact)
+        return;
     const uint32_t ns[] = {1, 2, 5, 8, 9, 64, 100, 300};
     for (size_t ti = 0; ti < sizeof quant_types / sizeof quant_types[0]; ti++) {
         enum be_type t = quant_types[ti];
         for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
-            uint32_t n = ns[ni];
-            matmul_case(gpu, t, n, 512, n == 300 ? 272 : 200, ni & 1, n <= 8 ? 1e-4f : 4e-3f,
-                        " quant");
+            uint32_t n = ns[ni], n_out = n == 300 ? 272 : 200;
+            if (n <= 8) {
+                cpu_q_use_exact(0);
+                matmul_case(gpu, t, n, 512, n_out, ni & 1, 2e-5f, " int");
+                cpu_q_use_exact(1);
+                matmul_case(exact, t, n, 512, n_out, ni & 1, 1e-4f, " exact");
+            } else {
+                matmul_case(gpu, t, n, 512, n_out, ni & 1, 4e-3f, " quant");
+            }
         }
         /* a row of one 256-value block and an odd count of rows */
-        matmul_case(gpu, t, 3, 256, 37, 1, 1e-4f, " quant");
+        matmul_case(exact, t, 3, 256, 37, 1, 1e-4f, " exact");
+        cpu_q_use_exact(0);
+        matmul_case(gpu, t, 3, 256, 37, 1, 2e-5f, " int");
+        cpu_q_use_exact(1);
         struct pair w = pair_new(t, 40, 512, 1.0f), out = pair_new(BE_F32, 5, 512, 1.0f);
         int32_t ids[5] = {0, 39, 7, 7, 21};
         int rc = embed_forward(cpu, out.c, w.c, ids, 5) | embed_forward(gpu, out.g, w.g, ids, 5);
@@ -300,6 +314,22 @@ static void test_quant(void)
         pair_free(&w);
         pair_free(&out);
     }
+    /* the integer-dot kernel at model shapes: llama3-8b's widths (the activation rows of 8
+     * tokens of 14336 values fill most of shared memory), Gemma 3 270M's 640 over 32-value
+     * blocks, and Q8_0 */
+    static const struct {
+        enum be_type t;
+        uint32_t n_in, n_out;
+    } shapes[] = {{BE_Q4_K, 4096, 1024}, {BE_Q6_K, 14336, 512}, {BE_Q4_K, 14336, 256},
+                  {BE_Q5_0, 640, 1024},  {BE_Q8_0, 640, 300},   {BE_Q8_0, 4096, 512},
+                  {BE_IQ4_XS, 4096, 64}, {BE_Q4_0, 4096, 4096}};
+    cpu_q_use_exact(0);
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (uint32_t n = 1; n <= 8; n *= 2)
+            matmul_case(gpu, shapes[i].t, n == 8 ? 7 : n, shapes[i].n_in, shapes[i].n_out, n & 1,
+                        2e-5f, " int");
+    cpu_q_use_exact(1);
+    backend_free(exact);
 }
 
 static void test_matmul(struct backend *precise, uint32_t gemv_max)
@@ -310,7 +340,12 @@ static void test_matmul(struct backend *precise, uint32_t gemv_max)
             enum be_type t = all_types[ti];
             uint32_t n = ns[ni];
             float tol = n <= gemv_max || t == BE_F32 ? 1e-4f : t == BE_BF16 ? 3e-2f : 4e-3f;
-            matmul_case(gpu, t, n, 512, 256, ni & 1, tol, "");
+            /* Q8_0's decode rows take the integer dots (qdot=int): the cpu's integer twin */
+            const int q8 = t == BE_Q8_0 && n <= gemv_max;
+            if (q8)
+                cpu_q_use_exact(0);
+            matmul_case(gpu, t, n, 512, 256, ni & 1, q8 ? 2e-5f : tol, q8 ? " int" : "");
+            cpu_q_use_exact(1);
         }
     /* odd widths take the generic kernel / cublas with odd leading dims */
     matmul_case(gpu, BE_F32, 2, 100, 33, 1, 1e-4f, "");
@@ -1050,7 +1085,8 @@ static void attn_fixed_identity(const struct attn_case *ac, int idx)
     struct be_seq seqs[6];
     int32_t *pos = calloc(T, sizeof(int32_t));
     uint32_t *seq_of = calloc(T, sizeof(uint32_t));
-    float *first = malloc((size_t)T * qd * sizeof(float)), *got = malloc((size_t)T * qd * sizeof(float));
+    float *first = malloc((size_t)T * qd * sizeof(float)),
+          *got = malloc((size_t)T * qd * sizeof(float));
     uint32_t layer = ac->n_layer - 1;
     int same = 1, close_ = 1;
     for (int way = 0; way < 4 && rc == 0; way++) {
@@ -1083,8 +1119,8 @@ static void attn_fixed_identity(const struct attn_case *ac, int idx)
         if (any_host)
             rc |= attn_partial_forward(gpu, &b, layer, KV_HOST, q.g, &at, &oh) |
                   attn_merge_forward(gpu, &od, &oh, T, &at);
-        rc |= backend_sync(gpu) |
-              backend_tensor_get(gpu, po[0].g, way ? got : first, 0, (size_t)T * qd * sizeof(float));
+        rc |= backend_sync(gpu) | backend_tensor_get(gpu, po[0].g, way ? got : first, 0,
+                                                     (size_t)T * qd * sizeof(float));
         if (way && memcmp(first, got, (size_t)T * qd * sizeof(float)) != 0) {
             size_t i = 0;
             while (i < (size_t)T * qd && first[i] == got[i])

@@ -2,6 +2,7 @@
  * speed. */
 #include "worker/cuda/cuda_ops.cuh"
 #include "worker/cuda/gemv.cuh"
+#include "worker/cuda/quant.cuh"
 
 #define GEMV_WARPS  8
 #define GEMV_UNROLL 4
@@ -147,6 +148,9 @@ int cuda_gemv(struct cuda_ctx *c, float *out, const float *in, const struct be_t
     case BE_F16: gemv_typed<__half>(c, out, in, w, bias, n); break;
     case BE_BF16: gemv_typed<__nv_bfloat16>(c, out, in, w, bias, n); break;
     case BE_Q8_0: {
+        int rc = c->tune.qdot ? cuda_quant_dot(c, out, in, w, bias, n) : 1;
+        if (rc != 1)
+            return rc;
         const uint8_t *wp = (const uint8_t *)w->data;
         gemv_nt(c->deterministic ? 8 : n, [&](auto nt) {
             gemv_q8_0_kernel<decltype(nt)::value><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(

@@ -1,4 +1,5 @@
-/* quant.cuh - ggml's weight block formats on the device: 32 values of a row at a time, the same bits as common/quant.c. */
+/* quant.cuh - ggml's weight block formats on the device: 32 values of a row at a time, the same
+ * bits as common/quant.c. */
 #ifndef RKV_CUDA_QUANT_CUH
 #define RKV_CUDA_QUANT_CUH
 
@@ -17,6 +18,7 @@ extern "C" {
  */
 
 template <int T> struct qfmt;
+/* clang-format off */
 template <> struct qfmt<QUANT_Q4_0> { static constexpr int values = 32, bytes = 18; };
 template <> struct qfmt<QUANT_Q4_1> { static constexpr int values = 32, bytes = 20; };
 template <> struct qfmt<QUANT_Q5_0> { static constexpr int values = 32, bytes = 22; };
@@ -29,6 +31,7 @@ template <> struct qfmt<QUANT_Q4_K> { static constexpr int values = 256, bytes =
 template <> struct qfmt<QUANT_Q5_K> { static constexpr int values = 256, bytes = 176; };
 template <> struct qfmt<QUANT_Q6_K> { static constexpr int values = 256, bytes = 210; };
 template <> struct qfmt<QUANT_IQ4_XS> { static constexpr int values = 256, bytes = 136; };
+/* clang-format on */
 
 __device__ __forceinline__ float qd_f16(const uint8_t *p)
 {
@@ -38,7 +41,8 @@ __device__ __forceinline__ float qd_f16(const uint8_t *p)
 __device__ __forceinline__ float qd_iq4(int q)
 {
     /* ggml's kvalues_iq4nl */
-    const int8_t kv[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+    const int8_t kv[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                           1,    13,   25,  38,  53,  69,  89,  113};
     return (float)kv[q & 15];
 }
 
@@ -67,8 +71,8 @@ __device__ __forceinline__ void dq32(const uint8_t *row, uint32_t u, float (&y)[
         constexpr int one = T == QUANT_Q5_1;
         float d = qd_f16(b), m = one ? qd_f16(b + 2) : 0.0f;
         const uint8_t *h = b + 2 + 2 * one, *qs = b + 6 + 2 * one;
-        uint32_t qh = (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 |
-                      (uint32_t)h[3] << 24;
+        uint32_t qh =
+            (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24;
 #pragma unroll
         for (int j = 0; j < 16; j++) {
             int lo = (qs[j] & 15) | (int)((qh >> j) & 1) << 4;
@@ -203,6 +207,10 @@ struct be_tensor;
  * lanes over its 32-value units, each dequantized in registers */
 int cuda_quant_gemv(struct cuda_ctx *c, float *out, const float *in, const struct be_tensor *w,
                     const float *bias, uint32_t n);
+/* the same by integer dots over the activations rounded to 8 bits as the cpu backend's are
+ * (quant_dot.cu): 1 when the type or shape is not one it takes */
+int cuda_quant_dot(struct cuda_ctx *c, float *out, const float *in, const struct be_tensor *w,
+                   const float *bias, uint32_t n);
 /* the same for 9 to a few hundred tokens: 64-row weight tiles dequantized once into shared
  * memory as f16 for 64 tokens at a time on tensor cores (activations rounded to f16) */
 int cuda_quant_mma(struct cuda_ctx *c, float *out, const float *in, const struct be_tensor *w,

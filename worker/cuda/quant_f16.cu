@@ -1,21 +1,47 @@
 /* quant_f16.cu - rows of block-type weights dequantized to f16 for the tensor-core gemms of
- * prefill: a thread a 32-value unit. */
+ * prefill, a block of threads a run of the weight blocks staged in shared memory. */
 #include "worker/cuda/cuda_ops.cuh"
 #include "worker/cuda/quant.cuh"
 
+#define QF_THREADS 256
+#define QF_UNITS   2 /* 32-value units a thread */
+
+/* rows [r0, r1) of a block-type matrix are one array of blocks, and their f16 rows the same
+ * values in the same order: a block of threads copies its share of the blocks into shared
+ * memory (16-byte loads where the share is aligned), then each thread dequantizes its units
+ * from there and stores them 16 bytes at a time */
 template <int T>
-__global__ void quant_f16_kernel(__half *dst, const uint8_t *w, size_t row_bytes, uint32_t units,
-                                 uint64_t n_units)
+__global__ void __launch_bounds__(QF_THREADS)
+    quant_f16_kernel(__half *dst, const uint8_t *w, uint64_t n_blocks)
 {
-    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n_units;
-         i += (uint64_t)gridDim.x * blockDim.x) {
-        const uint64_t r = i / units, u = i % units;
+    constexpr int V = qfmt<T>::values, B = qfmt<T>::bytes;
+    constexpr int NB = QF_THREADS * QF_UNITS * 32 / V; /* blocks a thread block */
+    __shared__ __align__(16) uint8_t sm[NB * B];
+    const uint64_t b0 = (uint64_t)blockIdx.x * NB;
+    const uint32_t nb = (uint32_t)(n_blocks - b0 < NB ? n_blocks - b0 : NB);
+    const uint8_t *src = w + b0 * B;
+    const uint32_t bytes = nb * B;
+    if ((((uintptr_t)src | bytes) & 15) == 0) {
+        for (uint32_t i = threadIdx.x; i < bytes / 16; i += QF_THREADS)
+            ((uint4 *)sm)[i] = __ldcs((const uint4 *)src + i);
+    } else {
+        for (uint32_t i = threadIdx.x; i < bytes / 2; i += QF_THREADS) /* blocks are 2-aligned */
+            ((uint16_t *)sm)[i] = __ldcs((const unsigned short *)src + i);
+    }
+    __syncthreads();
+    const uint32_t units = nb * (V / 32);
+    for (uint32_t u = threadIdx.x; u < units; u += QF_THREADS) {
         float v[32];
-        dq32<T>(w + r * row_bytes, (uint32_t)u, v);
-        __half2 *o = (__half2 *)(dst + r * units * 32 + u * 32);
+        dq32<T>(sm + (u / (V / 32)) * B, u % (V / 32), v);
+        uint4 *o = (uint4 *)(dst + (b0 * V + (uint64_t)u * 32));
 #pragma unroll
-        for (int k = 0; k < 16; k++)
-            o[k] = __floats2half2_rn(v[2 * k], v[2 * k + 1]);
+        for (int k = 0; k < 4; k++) {
+            __half2 h[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                h[j] = __floats2half2_rn(v[8 * k + 2 * j], v[8 * k + 2 * j + 1]);
+            o[k] = *(const uint4 *)h;
+        }
     }
 }
 
@@ -24,13 +50,11 @@ struct qf_launch {
     static void run(cudaStream_t st, __half *dst, const struct be_tensor *w, uint32_t r0,
                     uint32_t r1)
     {
-        const uint32_t units = w->cols / 32;
-        const uint64_t n_units = (uint64_t)(r1 - r0) * units;
-        const unsigned blocks = (unsigned)((n_units + 255) / 256 < 65536 ? (n_units + 255) / 256
-                                                                          : 65536);
-        quant_f16_kernel<T><<<blocks, 256, 0, st>>>(
-            dst, (const uint8_t *)w->data + (size_t)r0 * w->row_bytes, w->row_bytes, units,
-            n_units);
+        constexpr int V = qfmt<T>::values, NB = QF_THREADS * QF_UNITS * 32 / V;
+        const uint64_t n_blocks = (uint64_t)(r1 - r0) * (w->cols / V);
+        const unsigned grid = (unsigned)((n_blocks + NB - 1) / NB);
+        quant_f16_kernel<T><<<grid, QF_THREADS, 0, st>>>(
+            dst, (const uint8_t *)w->data + (size_t)r0 * w->row_bytes, n_blocks);
     }
 };
 
@@ -39,7 +63,7 @@ int cuda_quant_to_f16(struct cuda_ctx *c, __half *dst, const struct be_tensor *w
 {
     if (r1 <= r0)
         return 0;
-    if (w->cols % 32 || r1 > w->rows)
+    if (w->cols % quant_block_values((uint32_t)w->type) || r1 > w->rows)
         return RKV_EINVAL;
     if (quant_dispatch<qf_launch>((int)w->type, c->stream, dst, w, r0, r1))
         return RKV_EUNSUPPORTED;

@@ -53,6 +53,9 @@ int cuda_quant_gemv(struct cuda_ctx *c, float *out, const float *in, const struc
         return 0;
     if (n > 8 || w->cols % 32)
         return RKV_EINVAL;
+    int rc = c->tune.qdot ? cuda_quant_dot(c, out, in, w, bias, n) : 1;
+    if (rc != 1)
+        return rc;
     /* token counts rounded up to 1, 2, 4, 8 instantiations (deterministic: always 8) */
     const uint32_t nt = c->deterministic ? 8 : n;
     if (quant_dispatch<qg_launch>((int)w->type, c->stream, w, in, out, bias, n, nt))

@@ -49,6 +49,10 @@ extern "C" {
       "session's attention does not depend on where its blocks live")                              \
     X(precise, 0, 0, 1, NULL,                                                                      \
       "1: prefill gemms carry the activations' 16-bit rounding (two gemms each)")                  \
+    X(qdot, 1, 0, 1, "exact|int",                                                                  \
+      "decode matmuls over block-type weights: the activations rounded to 8 bits and integer "    \
+      "dots, as the CPU backend does (int), or the weights dequantized exactly and f32 sums"      \
+      " (exact)")                                                                                  \
     X(gemv_max_n, 8, 1, 8, NULL,                                                                   \
       "rows up to which matmuls and fused linears take the decode kernels; more go to cuBLAS")     \
     X(lin_mma, 2, 0, 8, NULL,                                                                      \
