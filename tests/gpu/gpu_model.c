@@ -71,6 +71,14 @@ int gm_src_init_mix(struct gm_src *g, const struct model_hparams *hp, enum be_ty
         rc |= make(g, &r, &L->w_gate, t, hp->ffn, D, sd, 0.0f);
         rc |= make(g, &r, &L->w_up, t, hp->ffn, D, sd, 0.0f);
         rc |= make(g, &r, &L->w_down, t_more, D, hp->ffn, sf, 0.0f);
+        if (hp->arch == MODEL_QWEN3 || hp->arch == MODEL_GEMMA3) {
+            rc |= make(g, &r, &L->q_norm, BE_F32, 1, hp->head_dim, 0.1f, 1.0f);
+            rc |= make(g, &r, &L->k_norm, BE_F32, 1, hp->head_dim, 0.1f, 1.0f);
+        }
+        if (hp->arch == MODEL_GEMMA3) {
+            rc |= make(g, &r, &L->post_attn_norm, BE_F32, 1, D, 0.1f, 1.0f);
+            rc |= make(g, &r, &L->post_ffn_norm, BE_F32, 1, D, 0.1f, 1.0f);
+        }
         if (hp->arch == MODEL_QWEN2) {
             rc |= make(g, &r, &L->bq, BE_F32, 1, qd, 0.1f, 0.0f);
             rc |= make(g, &r, &L->bk, BE_F32, 1, kvd, 0.1f, 0.0f);

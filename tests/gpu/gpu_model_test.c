@@ -83,10 +83,18 @@ static uint32_t argmax(const float *x, uint32_t n)
  * qwen2 with its rope base and neox rotation */
 static struct model_hparams test_hp(enum model_arch arch, uint32_t n_layer, uint32_t ffn)
 {
-    const int qwen = arch == MODEL_QWEN2;
-    return (struct model_hparams){arch, n_layer, 256, ffn,  8,     2,
-                                  32,   32,      512, 1024, 1e-5f, qwen ? 1000000.0f : 10000.0f,
-                                  1.0f, qwen};
+    const int neox = arch != MODEL_LLAMA;
+    struct model_hparams hp = {arch, n_layer, 256, ffn,  8,     2,
+                               32,   32,      512, 1024, 1e-5f, neox ? 1000000.0f : 10000.0f,
+                               1.0f, neox};
+    if (arch == MODEL_GEMMA3) {
+        /* every other layer local, its window of 16 positions crossed by the cases' 40-token
+         * prompts and 24 steps */
+        hp.n_swa = 16;
+        hp.swa_period = 2;
+        hp.rope_base_swa = 10000.0f;
+    }
+    return hp;
 }
 
 /* one model (random weights of type t from seed) run on two backends: a (the cpu's or a gpu's
@@ -418,7 +426,7 @@ static void model_case(struct backend *cpu_be, struct backend *g, const char *la
     int rc = run_case(cpu_be, g, arch, t, kv, pl, &worst, &agree);
     int ok = rc == 0 && worst <= bound && agree >= 0.99;
     printf("  %s %-5s %-8s w=%-4s kv=%s %-6s nmse %.2e (<= %.0e) argmax agree %.1f%%%s\n",
-           ok ? "ok  " : "FAIL", arch == MODEL_QWEN2 ? "qwen2" : "llama", label, be_type_name(t),
+           ok ? "ok  " : "FAIL", model_arch_name(arch), label, be_type_name(t),
            kv == KV_F16 ? "f16" : "f32", pl_name[pl], worst, bound, agree * 100.0,
            rc ? " (run failed)" : "");
     if (ok)
@@ -492,7 +500,9 @@ int gpu_model_tests(struct backend *cpu_be, struct backend *gpu_be, struct backe
         {MODEL_LLAMA, BE_F32, KV_F32},    {MODEL_LLAMA, BE_BF16, KV_F16},
         {MODEL_LLAMA, BE_F16, KV_F16},    {MODEL_LLAMA, BE_Q8_0, KV_F16},
         {MODEL_QWEN2, BE_BF16, KV_F16},   {MODEL_LLAMA, BE_Q4_K, KV_F16},
-        {MODEL_QWEN2, BE_IQ4_XS, KV_F16},
+        {MODEL_QWEN2, BE_IQ4_XS, KV_F16}, {MODEL_QWEN3, BE_BF16, KV_F16},
+        {MODEL_GEMMA3, BE_BF16, KV_F16},  {MODEL_GEMMA3, BE_Q4_K, KV_F16},
+        {MODEL_GEMMA3, BE_F32, KV_F32},
     };
     printf("model: logits vs cpu (nmse worst over prefill + 24 batched decode steps)\n");
     for (size_t i = 0; i < sizeof(cfg) / sizeof(cfg[0]); i++)

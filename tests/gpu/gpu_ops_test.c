@@ -842,6 +842,27 @@ static void test_elementwise(void)
         pair_free(&b3);
         pair_free(&o3);
     }
+    rc = gelu_mul_forward(cpu, o.c, a.c, b.c, n) | gelu_mul_forward(gpu, o.g, a.g, b.g, n);
+    CHECK("gelu_mul", rc == 0 && pair_cmp("gelu_mul", &o, o.n, 1e-6f, 1e-5f) == 0);
+    {
+        /* rmsnorm of each head: 9 tokens of 4 heads of 250 (the plain kernel) and 2 of 8 of
+         * 128; gemma's embedding scale */
+        static const uint32_t hs[2][3] = {{9, 4, 250}, {2, 8, 128}};
+        for (int i = 0; i < 2; i++) {
+            struct pair x = pair_new(BE_F32, hs[i][0], hs[i][1] * hs[i][2], 3.0f),
+                        w = pair_new(BE_F32, 1, hs[i][2], 1.0f);
+            rc = rmsnorm_heads_forward(cpu, x.c, w.c, hs[i][0], hs[i][1], 1e-6f) |
+                 rmsnorm_heads_forward(gpu, x.g, w.g, hs[i][0], hs[i][1], 1e-6f);
+            CHECK("rmsnorm_heads",
+                  rc == 0 && pair_cmp("rmsnorm_heads", &x, x.n, 1e-6f, 1e-5f) == 0);
+            pair_free(&x);
+            pair_free(&w);
+        }
+        struct pair x = pair_new(BE_F32, 3, 640, 1.0f);
+        rc = scale_forward(cpu, x.c, 25.298221f, 3) | scale_forward(gpu, x.g, 25.298221f, 3);
+        CHECK("scale", rc == 0 && pair_cmp("scale", &x, x.n, 0, 0) == 0);
+        pair_free(&x);
+    }
     rc = add_forward(cpu, o.c, a.c, b.c, n) | add_forward(gpu, o.g, a.g, b.g, n);
     CHECK("add", rc == 0 && pair_cmp("add", &o, o.n, 0, 0) == 0);
     /* in place: x = x + y */
@@ -864,7 +885,8 @@ struct attn_case {
     enum kv_dtype dt;
     uint32_t n_seqs;
     uint32_t n_past[6], n_tok[6];
-    int placement; /* 0 all device, 1 all host, 2 random */
+    int placement;   /* 0 all device, 1 all host, 2 random */
+    uint32_t window; /* be_attn.window: 0, or a sliding window of this many positions */
 };
 
 /* a case's layout, its blocks per sequence, and all its blocks and tokens */
@@ -968,18 +990,19 @@ static int attn_run(const struct attn_case *ac, int idx)
     struct be_batch b = {seqs, ac->n_seqs, T, pos, seq_of};
     int rc = backend_set_kv(cpu, &l, cp) | backend_set_kv(gpu, &l, &gp);
     const uint32_t H = ac->n_kv * ac->g, qd = H * ac->D, kvd = ac->n_kv * ac->D;
-    struct be_attn at = {H, ac->n_kv, ac->D, 1.0f / sqrtf((float)ac->D)};
+    struct be_attn at = {H, ac->n_kv, ac->D, 1.0f / sqrtf((float)ac->D), ac->window};
     struct pair q = pair_new(BE_F32, T, qd, 1.0f), k = pair_new(BE_F32, T, kvd, 1.0f),
                 v = pair_new(BE_F32, T, kvd, 1.0f);
     struct attn_outs ao;
     attn_outs_new(&ao, T, qd, H);
     struct pair *po = ao.o, *pm = ao.m, *pl = ao.l;
     char name[160];
-    snprintf(name, sizeof(name), "attn case %d: B=%u D=%u kv=%u g=%u %s %s", idx, ac->B, ac->D,
-             ac->n_kv, ac->g, ac->dt == KV_F16 ? "f16" : "f32",
+    snprintf(name, sizeof(name), "attn case %d: B=%u D=%u kv=%u g=%u %s %s window %u", idx, ac->B,
+             ac->D, ac->n_kv, ac->g, ac->dt == KV_F16 ? "f16" : "f32",
              ac->placement == 0   ? "device"
              : ac->placement == 1 ? "host"
-                                  : "split");
+                                  : "split",
+             ac->window);
     uint32_t layer = ac->n_layer - 1;
     rc |= kv_write_forward(cpu, &b, layer, k.c, v.c) | kv_write_forward(gpu, &b, layer, k.g, v.g);
     /* the pools after the write: byte for byte the same kv */
@@ -1042,6 +1065,19 @@ static void test_attention(void)
         {256, 128, 8, 4, 1, KV_F16, 1, {0}, {300}, 0},
         {64, 128, 8, 4, 1, KV_F16, 1, {100}, {200}, 1},
         {16, 16, 1, 16, 1, KV_F16, 2, {3, 0}, {9, 5}, 2},
+        /* sliding windows (gemma3's local layers): decode and prefill rows whose window starts
+         * inside a block, spans device and host blocks, or leaves whole splits empty; Gemma's
+         * head_dim of 256 */
+        {16, 64, 2, 4, 2, KV_F16, 6, {0, 1, 15, 16, 17, 200}, {1, 1, 1, 1, 1, 1}, 2, 20},
+        {256, 128, 8, 4, 1, KV_F16, 2, {1000, 3000}, {1, 1}, 0, 512},
+        {256, 128, 8, 4, 1, KV_F16, 2, {1000, 3000}, {1, 1}, 2, 512},
+        {256, 16, 1, 8, 1, KV_F16, 1, {52000}, {1}, 0, 700},
+        {16, 64, 2, 4, 2, KV_F16, 3, {0, 20, 100}, {37, 1, 70}, 2, 33},
+        {256, 128, 8, 4, 1, KV_F16, 1, {0}, {300}, 0, 64},
+        {32, 128, 2, 8, 1, KV_F32, 2, {0, 33}, {64, 20}, 2, 10},
+        {16, 256, 1, 4, 1, KV_F16, 2, {30, 600}, {1, 1}, 2, 512},
+        {16, 256, 1, 4, 1, KV_F16, 2, {0, 500}, {40, 100}, 2, 64},
+        {16, 256, 1, 4, 1, KV_F16, 1, {0}, {40}, 0, 0},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
         if (attn_run(&cases[i], (int)i) < 0)

@@ -26,7 +26,14 @@ struct attn_kargs {
      * part for the block-order merge (attn_fixed) */
     uint32_t *cnt;    /* (n_qtiles, n_kv_head) thread blocks done, back to 0 after each launch */
     float *o, *m, *l; /* (n_tokens, n_head*D) normalized, (n_tokens, n_head) x2 */
+    uint32_t window;  /* be_attn.window: 0, or keys at positions > p - window only */
 };
+
+/* a query at position p sees the key at kp: causal, and inside a sliding window (win 0: none) */
+__device__ __forceinline__ bool attn_sees(long long kp, long long p, uint32_t win)
+{
+    return kp <= p && (win == 0 || kp > p - (long long)win);
+}
 
 __device__ __forceinline__ void attn_cp16(void *smem, const void *gmem)
 {
@@ -349,7 +356,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_kernel(struct attn_kargs a)
             for (int j = 0; j < KPL; j++) {
                 uint32_t c = lane + 32 * j;
                 s[j] = -INFINITY;
-                if (c < nk && kp_cur + c <= rp[r]) {
+                if (c < nk && attn_sees(kp_cur + c, rp[r], a.window)) {
                     const T *kr = kd + c * DP;
                     float dot = 0.0f;
                     for (uint32_t x = 0; x < D; x += VEC) {
@@ -591,7 +598,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_mma_kernel(struct attn_karg
                 for (int e = 0; e < 4; e++) {
                     uint32_t r = mt * 16 + gq + (e >= 2 ? 8 : 0);
                     uint32_t kc = warp * 16 + nt * 8 + 2 * tq + (e & 1);
-                    bool ok = r < rows && kc < nk && kp_cur + kc <= rp[r];
+                    bool ok = r < rows && kc < nk && attn_sees(kp_cur + kc, rp[r], a.window);
                     ps[r * PS + kc] = ok ? c[e] : -INFINITY;
                 }
             }
@@ -799,7 +806,8 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_fa_kernel(struct attn_kargs
             }
         /* causal mask and chunk end where the chunk needs them (warp-uniform: a full chunk
          * at or before both rows of every lane has none), then each row's max over its quad */
-        const bool inside = nk == CH && kp_cur + CH - 1 <= (long long)min(p0, p1);
+        const bool inside = nk == CH && kp_cur + CH - 1 <= (long long)min(p0, p1) &&
+                            (a.window == 0 || kp_cur > (long long)max(p0, p1) - a.window);
         float mx0 = -INFINITY, mx1 = -INFINITY;
         if (__all_sync(0xffffffff, inside)) {
 #pragma unroll
@@ -814,7 +822,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_fa_kernel(struct attn_kargs
                 for (int e = 0; e < 4; e++) {
                     const uint32_t kc = j * 8 + 2 * tq + (e & 1);
                     const int pr = e < 2 ? p0 : p1;
-                    const bool ok = kc < nk && kp_cur + kc <= (long long)pr;
+                    const bool ok = kc < nk && attn_sees(kp_cur + kc, pr, a.window);
                     s[j][e] = ok ? s[j][e] : -INFINITY;
                     if (e < 2)
                         mx0 = fmaxf(mx0, s[j][e]);
@@ -1113,7 +1121,7 @@ __global__ void __launch_bounds__(ATTN_THREADS)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     uint32_t kc = kw + nt * 8 + 2 * tq + e;
-                    bool ok = kc < nk && kp_cur + kc <= pos;
+                    bool ok = kc < nk && attn_sees(kp_cur + kc, pos, a.window);
                     s[nt][e] = ok ? c[nt][e] + c[nt][e + 2] : -INFINITY;
                     smax = fmaxf(smax, s[nt][e]);
                 }
@@ -1175,9 +1183,9 @@ __global__ void __launch_bounds__(ATTN_THREADS)
     __syncthreads();    /* the stages are reused for the merge */
 
     /* merge the four warps: row gq's (m, l) per warp, then o summed with weights */
-    float *wm = (float *)sb;   /* (4, 8) */
-    float *wl = wm + 32;       /* (4, 8) */
-    float *wo = wl + 32;       /* (4, 8, D) */
+    float *wm = (float *)sb; /* (4, 8) */
+    float *wl = wm + 32;     /* (4, 8) */
+    float *wo = wl + 32;     /* (4, 8, D) */
     if (tq == 0 && gq < 8) {
         wm[warp * 8 + gq] = m_r;
         wl[warp * 8 + gq] = l_r;
@@ -1430,5 +1438,6 @@ static inline struct attn_kargs attn_kargs_of(struct cuda_ctx *c, const struct c
     k.o = a->o;
     k.m = a->m;
     k.l = a->l;
+    k.window = a->at->window;
     return k;
 }

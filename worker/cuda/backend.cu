@@ -265,29 +265,60 @@ static int cu_attn_merge(void *ctx, const struct be_partial *a, const struct be_
         /* both partials left one split per block: merged again block by block over both,
          * the numbers an all-device placement of the same blocks gives */
         c->fixed[KV_DEVICE].valid = c->fixed[KV_HOST].valid = 0;
-        return cuda_attn_merge_blocks(c, m, c->fixed[KV_DEVICE].list,
-                                      (const float *)c->part[KV_DEVICE], c->fixed[KV_HOST].list,
-                                      (const float *)c->part[KV_HOST], at->n_head, at->head_dim,
-                                      (float *)a->o->data, (float *)a->m->data,
-                                      (float *)a->l->data, c->stream);
+        return cuda_attn_merge_blocks(
+            c, m, c->fixed[KV_DEVICE].list, (const float *)c->part[KV_DEVICE],
+            c->fixed[KV_HOST].list, (const float *)c->part[KV_HOST], at->n_head, at->head_dim,
+            (float *)a->o->data, (float *)a->m->data, (float *)a->l->data, c->stream);
     }
     return cuda_attn_merge(c, (float *)a->o->data, (float *)a->m->data, (float *)a->l->data,
                            (const float *)b->o->data, (const float *)b->m->data,
                            (const float *)b->l->data, n, at->n_head, at->head_dim, c->stream);
 }
 
-static int cu_silu_mul(void *ctx, struct be_tensor *out, const struct be_tensor *gate,
-                       const struct be_tensor *up, uint32_t n)
+static int glu(void *ctx, int gelu, struct be_tensor *out, const struct be_tensor *gate,
+               const struct be_tensor *up, uint32_t n)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     cuda_op_begin(c);
     void *twin = act16_twin(c, n, gate->cols);
     int rc =
-        cuda_silu_mul(c, (float *)out->data, (const float *)gate->data, (const float *)up->data,
-                      (size_t)n * gate->cols, twin, (enum be_type)c->act16_type);
+        cuda_glu(c, gelu, (float *)out->data, (const float *)gate->data, (const float *)up->data,
+                 (size_t)n * gate->cols, twin, (enum be_type)c->act16_type);
     if (rc == 0 && twin)
         act16_have(c, (const float *)out->data, (size_t)n * gate->cols);
     return rc;
+}
+
+static int cu_silu_mul(void *ctx, struct be_tensor *out, const struct be_tensor *gate,
+                       const struct be_tensor *up, uint32_t n)
+{
+    return glu(ctx, 0, out, gate, up, n);
+}
+
+static int cu_gelu_mul(void *ctx, struct be_tensor *out, const struct be_tensor *gate,
+                       const struct be_tensor *up, uint32_t n)
+{
+    return glu(ctx, 1, out, gate, up, n);
+}
+
+/* each (token, head) row of head_dim values normed: the rows of a (n * n_heads, head_dim) view */
+static int cu_rmsnorm_heads(void *ctx, struct be_tensor *x, const struct be_tensor *w, uint32_t n,
+                            uint32_t n_heads, float eps)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    cuda_op_begin(c);
+    act16_written(c, (const float *)x->data, (size_t)n * x->cols);
+    int rc = cuda_rmsnorm(c, (float *)x->data, (const float *)x->data, (const float *)w->data,
+                          n * n_heads, w->cols, eps, NULL, BE_F16);
+    return rc < 0 ? rc : 0;
+}
+
+static int cu_scale(void *ctx, struct be_tensor *x, float s, uint32_t n)
+{
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    cuda_op_begin(c);
+    act16_written(c, (const float *)x->data, (size_t)n * x->cols);
+    return cuda_scale(c, (float *)x->data, s, (size_t)n * x->cols);
 }
 
 static int cu_add(void *ctx, struct be_tensor *out, const struct be_tensor *a,
@@ -452,16 +483,17 @@ static void cu_free(void *ctx)
 #define CUDA_BLAS_WS_BYTES ((size_t)32 << 20)
 
 static const struct backend_i cuda_iface = {
-    cu_free,       cu_tensor_alloc, cu_tensor_free, cu_tensor_set,    cu_tensor_get,
-    cu_set_kv,     cu_embed,        cu_rmsnorm,     cu_matmul,        cu_rope,
-    cu_kv_write,   cu_attn_partial, cu_attn_merge,  cu_silu_mul,      cu_add,
-    cu_get_rows,   cu_sync,         cu_linear,      cu_rope_kv_write, cu_scratch_reserve,
-    cu_host_alloc, cu_host_free,    cu_stats,       cu_greedy,        cu_host_attn_cpu,
-    cu_host_split, cu_graph_begin,  cu_graph_end,   cu_matmul2,       cu_sample,
+    cu_free, cu_tensor_alloc, cu_tensor_free, cu_tensor_set, cu_tensor_get, cu_set_kv, cu_embed,
+    cu_rmsnorm, cu_matmul, cu_rope, cu_kv_write, cu_attn_partial, cu_attn_merge, cu_silu_mul,
+    cu_add, cu_get_rows, cu_sync, cu_linear, cu_rope_kv_write, cu_scratch_reserve, cu_host_alloc,
+    cu_host_free, cu_stats, cu_greedy, cu_host_attn_cpu, cu_host_split, cu_graph_begin,
+    cu_graph_end, cu_matmul2, cu_sample,
     /* the block formats beside Q8_0: quant_gemv.cu, quant_mma.cu, quant_matmul.cu */
     (1ull << BE_Q4_0) | (1ull << BE_Q4_1) | (1ull << BE_Q5_0) | (1ull << BE_Q5_1) |
         (1ull << BE_Q2_K) | (1ull << BE_Q3_K) | (1ull << BE_Q4_K) | (1ull << BE_Q5_K) |
         (1ull << BE_Q6_K) | (1ull << BE_IQ4_NL) | (1ull << BE_IQ4_XS),
+    0, /* rope_freq_factors: a model with them is refused */
+    cu_rmsnorm_heads, cu_gelu_mul, cu_scale, 1, /* attn_window */
 };
 
 extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backend **out)

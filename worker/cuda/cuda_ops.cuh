@@ -180,9 +180,14 @@ int cuda_rmsnorm(struct cuda_ctx *c, float *out, const float *in, const float *w
 /* x (n_tokens, n_heads*head_dim) rotated in place at d_pos */
 int cuda_rope(struct cuda_ctx *c, float *x, const int32_t *d_pos, uint32_t n_tokens,
               uint32_t n_heads, uint32_t head_dim, const struct be_rope *r);
-/* out = silu(gate) * up over n elements; twin as cuda_rmsnorm's (always written) */
-int cuda_silu_mul(struct cuda_ctx *c, float *out, const float *gate, const float *up, size_t n,
-                  void *twin, enum be_type t16);
+/* out = silu(gate) * up (gelu 0) or gelu(gate) * up (gelu 1, the tanh gelu) over n elements;
+ * twin as cuda_rmsnorm's (always written) */
+int cuda_glu(struct cuda_ctx *c, int gelu, float *out, const float *gate, const float *up, size_t n,
+             void *twin, enum be_type t16);
+/* an op wrote n floats at out: a 16-bit conversion of what lay there is stale */
+void act16_written(struct cuda_ctx *c, const float *out, size_t n);
+/* x *= s over n elements */
+int cuda_scale(struct cuda_ctx *c, float *x, float s, size_t n);
 /* out = a + b over n elements */
 int cuda_add(struct cuda_ctx *c, float *out, const float *a, const float *b, size_t n);
 /* out row i = in row d_rows[i], (n, cols) f32 */

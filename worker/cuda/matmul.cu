@@ -19,8 +19,7 @@ static int gemm_ex(struct cuda_ctx *c, float *out, const void *w, enum be_type t
     return 0;
 }
 
-/* a matmul wrote n floats at out: a conversion of what lay there is stale */
-static void act16_written(struct cuda_ctx *c, const float *out, size_t n)
+void act16_written(struct cuda_ctx *c, const float *out, size_t n)
 {
     if (c->act16_ok && out < c->act16_src + c->act16_elems && c->act16_src < out + n)
         c->act16_ok = 0;
