@@ -68,8 +68,8 @@ int tok_detok_flush(struct tok_detok *d, char *out, size_t cap, size_t *n);
  * render with a built-in family.
  * the family comes from tokenizer.chat_template (<|start_header_id|> ->
  * llama3, <|im_start|> -> chatml, [INST] -> llama2), else from
- * general.architecture (llama with an <|eot_id|> token -> llama3, qwen2 ->
- * chatml), else FALLBACK; tok_load_gguf logs the choice and why.
+ * general.architecture (llama with an <|eot_id|> token -> llama3, qwen2 or
+ * qwen3 -> chatml), else FALLBACK; tok_load_gguf logs the choice and why.
  * rendering follows the real templates; a leading BOS is never part of the
  * text when the model adds one (add_bos_token): pass add_bos=1 to
  * tok_encode, and BOS appears once (a template's own bos_token at the start

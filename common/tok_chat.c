@@ -87,10 +87,10 @@ int tok_chat_detect(struct tok *t, const char *tmpl, size_t n)
         t->chat = TOK_CHAT_LLAMA3;
         why = tmpl ? "template not recognised; architecture llama with an <|eot_id|> token"
                    : "no tokenizer.chat_template; architecture llama with an <|eot_id|> token";
-    } else if (!strcmp(arch, "qwen2")) {
+    } else if (!strcmp(arch, "qwen2") || !strcmp(arch, "qwen3")) {
         t->chat = TOK_CHAT_CHATML;
-        why = tmpl ? "template not recognised; architecture qwen2"
-                   : "no tokenizer.chat_template; architecture qwen2";
+        why = tmpl ? "template not recognised; architecture qwen2 or qwen3"
+                   : "no tokenizer.chat_template; architecture qwen2 or qwen3";
     } else {
         t->chat = TOK_CHAT_FALLBACK;
         why = tmpl ? "tokenizer.chat_template is not a family rkv renders (llama3, chatml, "

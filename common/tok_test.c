@@ -515,6 +515,9 @@ static void test_chat_chatml(void **state)
     assert_int_equal(tok_chat_kind(t), TOK_CHAT_CHATML);
     assert_string_equal(render(t, conv + 3, 1, 0), "<|im_start|>user\nBye<|im_end|>\n");
     tok_free(t);
+    t = bpe("qwen2", "qwen3", NULL);
+    assert_int_equal(tok_chat_kind(t), TOK_CHAT_CHATML);
+    tok_free(t);
 }
 
 static void test_chat_llama2(void **state)
