@@ -623,7 +623,7 @@ static void test_model_errors(void **state)
 }
 
 /* a backend without qwen3's and gemma3's ops refuses those architectures at load, naming the
- * architecture and the op (the cuda backend's case until it has them) */
+ * architecture and the op */
 static void test_missing_ops_refused(void **state)
 {
     (void)state;

@@ -461,7 +461,7 @@ def test_rope_freqs(tmp_path):
 
 
 
-# --- qwen3 and gemma3: the cpu backend (the cuda backend refuses them at load for now) -------
+# --- qwen3 and gemma3 on the cpu backend (gpu_model_test holds the cuda backend to it) ------
 
 NEW_ARCHS = {"qwen3": "qwen3-tiny", "gemma3": "gemma3-tiny"}
 # longer than gemma3-tiny's window of 8, which every local layer's attention then cuts
