@@ -81,6 +81,8 @@ static uint32_t argmax(const float *x, uint32_t n)
 
 /* the small test model: 256 wide, 8 heads of 32 over 2 kv heads, 512 tokens of vocabulary;
  * qwen2 with its rope base and neox rotation */
+#define CUDA_TEST_FF 64
+
 static struct model_hparams test_hp(enum model_arch arch, uint32_t n_layer, uint32_t ffn)
 {
     const int neox = arch != MODEL_LLAMA;
@@ -114,6 +116,9 @@ static void duo_free(struct duo *d)
 }
 
 /* < 0 when a side cannot be made (nothing is left to free then) */
+/* 1: the models carry llama 3.1's rope_freqs (frequency divisors over half of each head) */
+static int g_rope_freqs;
+
 static int duo_init(struct duo *d, const struct model_hparams *hp, enum be_type t,
                     enum be_type t_more, enum kv_dtype kvt, uint64_t seed, struct backend *a,
                     int a_gpu, struct backend *b, uint32_t n_blocks)
@@ -122,6 +127,12 @@ static int duo_init(struct duo *d, const struct model_hparams *hp, enum be_type 
     d->hp = *hp;
     if (gm_src_init_mix(&d->src, &d->hp, t, t_more, seed, 1) < 0)
         return -1;
+    static float ff[CUDA_TEST_FF];
+    if (g_rope_freqs && hp->n_rot / 2 <= CUDA_TEST_FF) {
+        for (uint32_t i = 0; i < hp->n_rot / 2; i++)
+            ff[i] = 1.0f + 7.0f * (float)i / (float)(hp->n_rot / 2 - 1);
+        d->src.src.rope_freqs = (struct model_tensor_src){BE_F32, 1, hp->n_rot / 2, ff};
+    }
     kv_layout_init(&d->l, 16, hp->n_layer, hp->n_kv_head, hp->head_dim, kvt);
     int rc = side_init(&d->a, a, a_gpu, &d->hp, &d->src, &d->l, n_blocks);
     if (rc == 0)
@@ -519,6 +530,10 @@ int gpu_model_tests(struct backend *cpu_be, struct backend *gpu_be, struct backe
                            bound, pass, fail);
                 cpu_q_use_exact(1);
             }
+    /* llama 3.1's rope_freqs through the fused rope and kv write */
+    g_rope_freqs = 1;
+    model_case(cpu_be, gpu_be, "ropefreq", MODEL_LLAMA, BE_BF16, KV_F16, 2, 1e-3, pass, fail);
+    g_rope_freqs = 0;
     return 0;
 }
 

@@ -805,8 +805,12 @@ static void test_linear(void)
 
 static void test_rope(void)
 {
+    /* llama3's frequency divisors: 1 for the high frequencies, 8 for the low, a ramp between */
+    float ff[32];
+    for (int i = 0; i < 32; i++)
+        ff[i] = i < 12 ? 1.0f : i > 22 ? 8.0f : 1.0f + 7.0f * (float)(i - 12) / 10.0f;
     for (int neox = 0; neox < 2; neox++)
-        for (int part = 0; part < 2; part++) {
+        for (int part = 0; part < 3; part++) {
             const uint32_t T = 6, H = 4, hd = 64;
             struct pair x = pair_new(BE_F32, T, H * hd, 2.0f);
             int32_t pos[6] = {0, 1, 7, 255, 4096, 100000};
@@ -814,10 +818,12 @@ static void test_rope(void)
             struct kv_block_ref blk = {0, 0};
             struct be_seq s = {0, T, 0, &blk, 1};
             struct be_batch b = {&s, 1, T, pos, seq_of};
-            struct be_rope r = {part ? 32 : hd, 500000.0f, part ? 0.25f : 1.0f, neox};
+            struct be_rope r = {part == 1 ? 32 : hd, 500000.0f, part == 1 ? 0.25f : 1.0f, neox,
+                                part == 2 ? ff : NULL};
             int rc = rope_forward(cpu, x.c, &b, H, hd, &r) | rope_forward(gpu, x.g, &b, H, hd, &r);
             char name[64];
-            snprintf(name, sizeof(name), "rope %s n_rot=%u", neox ? "neox" : "normal", r.n_rot);
+            snprintf(name, sizeof(name), "rope %s n_rot=%u%s", neox ? "neox" : "normal", r.n_rot,
+                     part == 2 ? " rope_freqs" : "");
             CHECK(name, rc == 0 && pair_cmp(name, &x, x.n, 1e-5f, 1e-5f) == 0);
             pair_free(&x);
         }

@@ -492,7 +492,7 @@ static const struct backend_i cuda_iface = {
     (1ull << BE_Q4_0) | (1ull << BE_Q4_1) | (1ull << BE_Q5_0) | (1ull << BE_Q5_1) |
         (1ull << BE_Q2_K) | (1ull << BE_Q3_K) | (1ull << BE_Q4_K) | (1ull << BE_Q5_K) |
         (1ull << BE_Q6_K) | (1ull << BE_IQ4_NL) | (1ull << BE_IQ4_XS),
-    0, /* rope_freq_factors: a model with them is refused */
+    1, /* rope_freq_factors */
     cu_rmsnorm_heads, cu_gelu_mul, cu_scale, 1, /* attn_window */
 };
 

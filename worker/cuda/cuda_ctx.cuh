@@ -68,7 +68,7 @@ struct cuda_stats {
     double tail_us;        /* the sum of the split-on batches' decode tails, in link us a
                               layer, over tail_n batches (what the gates compare) */
     uint64_t tail_n;
-    uint64_t passes;      /* layers staged in several passes, and the passes */
+    uint64_t passes; /* layers staged in several passes, and the passes */
     uint64_t pass_n;
     /* cublas gemms over 16-bit activations: inputs converted for them, and inputs whose
      * 16-bit copy the op that wrote them left in act16 (rmsnorm, silu_mul) */
@@ -134,7 +134,7 @@ struct cuda_ctx {
     int act16_type, act16_ok;
     int act16_twin;       /* act16 was written by the op that wrote act16_src, not converted */
     uint64_t scratch_gen; /* cuda_scratch reallocations: a recording holds the old pointers */
-    void *wdeq; /* q8_0 weights dequantized to f16 for prefill */
+    void *wdeq;           /* q8_0 weights dequantized to f16 for prefill */
     size_t wdeq_cap;
     void *part[KV_N_POOLS]; /* attention split partials, per residency (two streams) */
     size_t part_cap[KV_N_POOLS];
@@ -232,10 +232,22 @@ __device__ __forceinline__ char *cuda_kv_block(char *pool0, char *pool1, uint32_
 /* rotation of pair i (of n_rot/2) at position pos: theta = pos * scale *
  * base^(-2i/n_rot) in double (positions reach 1e5+ radians), reduced to
  * [-pi, pi] before a float sincos */
+/* a rotation's per-pair frequency divisors (llama3's rope_freqs), passed by value so a graph
+ * replay keeps them; on 0: none */
+#define CUDA_ROPE_FF_MAX 128
+struct cuda_rope_ff {
+    float f[CUDA_ROPE_FF_MAX];
+    int on;
+};
+
 __device__ __forceinline__ void cuda_rope_sincos(int32_t pos, uint32_t i, uint32_t n_rot,
-                                                 float base, float scale, float *sn, float *cs)
+                                                 float base, float scale,
+                                                 const struct cuda_rope_ff &ff, float *sn,
+                                                 float *cs)
 {
     double theta = (double)pos * scale * exp2(-2.0 * i / (double)n_rot * log2((double)base));
+    if (ff.on)
+        theta /= ff.f[i];
     const double two_pi = 6.283185307179586;
     float red = (float)(theta - two_pi * rint(theta / two_pi));
     sincosf(red, sn, cs);

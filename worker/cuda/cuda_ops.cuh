@@ -177,7 +177,9 @@ int cuda_embed(struct cuda_ctx *c, float *out, const struct be_tensor *w, const 
  * kernel does not take) */
 int cuda_rmsnorm(struct cuda_ctx *c, float *out, const float *in, const float *w, uint32_t n,
                  uint32_t dim, float eps, void *twin, enum be_type t16);
-/* x (n_tokens, n_heads*head_dim) rotated in place at d_pos */
+/* r's frequency divisors for a kernel's parameters: RKV_EUNSUPPORTED past CUDA_ROPE_FF_MAX pairs */
+int cuda_rope_ff_of(const struct be_rope *r, struct cuda_rope_ff *ff);
+/* x (n_tokens, n_heads*head_dim) rotated in place at d_pos (r's frequency divisors too) */
 int cuda_rope(struct cuda_ctx *c, float *x, const int32_t *d_pos, uint32_t n_tokens,
               uint32_t n_heads, uint32_t head_dim, const struct be_rope *r);
 /* out = silu(gate) * up (gelu 0) or gelu(gate) * up (gelu 1, the tanh gelu) over n elements;

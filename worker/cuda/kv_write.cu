@@ -93,7 +93,7 @@ template <typename T>
 __global__ void rope_kv_write_kernel(kv_dst dst, uint32_t B, uint32_t n_kv_head, uint32_t head_dim,
                                      const int32_t *pos, const uint32_t *slot, float *q, float *k,
                                      const float *v, uint32_t n_head, uint32_t n_rot, float base,
-                                     float scale, int neox)
+                                     float scale, int neox, const cuda_rope_ff ff)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     /* the attention after this may start its prologue (it waits for this grid before it reads
@@ -113,7 +113,7 @@ __global__ void rope_kv_write_kernel(kv_dst dst, uint32_t B, uint32_t n_kv_head,
     const int32_t p = pos[t];
     float sn = 0.0f, cs = 1.0f;
     if (j < half)
-        cuda_rope_sincos(p, j, n_rot, base, scale, &sn, &cs);
+        cuda_rope_sincos(p, j, n_rot, base, scale, ff, &sn, &cs);
     const kv_rows kr = is_q ? kv_rows{nullptr, nullptr} : kv_dst_block(dst, slot[t], t);
     cuda_grid_wait(); /* q, k, v come from the projection before */
     if (is_q) {
@@ -157,12 +157,16 @@ int cuda_rope_kv_write(struct cuda_ctx *c, const struct cuda_meta *m, uint32_t l
     const struct kv_layout *l = &c->layout;
     if (m->n_tokens == 0)
         return 0;
+    cuda_rope_ff ff;
+    int rc = cuda_rope_ff_of(r, &ff);
+    if (rc < 0)
+        return rc;
     const kv_dst d = kv_dst_of(c, m, layer, stg);
     uint32_t items = n_head * (r->n_rot / 2) + l->n_kv_head * (l->head_dim / 2);
     dim3 grid((items + 127) / 128, m->n_tokens);
     auto fn = l->dtype == KV_F16 ? rope_kv_write_kernel<__half> : rope_kv_write_kernel<float>;
     CU_TRY(cuda_launch_pdl(c, fn, grid, dim3(128), 0, c->stream, d, l->block_size, l->n_kv_head,
                            l->head_dim, m->d_pos, m->d_slot, q, k, v, n_head, r->n_rot,
-                           r->freq_base, r->freq_scale, r->neox));
+                           r->freq_base, r->freq_scale, r->neox, ff));
     return 0;
 }
