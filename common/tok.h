@@ -17,6 +17,8 @@ int32_t tok_n_vocab(const struct tok *t);
 int32_t tok_bos(const struct tok *t);     /* -1 when the model has none */
 int32_t tok_eos(const struct tok *t);
 int tok_add_bos(const struct tok *t);      /* tokenizer.ggml.add_bos_token */
+/* the pre-tokenizer that splits words ("llama3", "qwen2", "tekken", ...; "spm") */
+const char *tok_pre_name(const struct tok *t);
 /* end of generation: EOS, EOT (<|eot_id|>, <|im_end|>, ...) */
 int tok_is_eog(const struct tok *t, int32_t id);
 int tok_is_control(const struct tok *t, int32_t id);

@@ -23,6 +23,9 @@ enum tok_model {
     TOK_MODEL_BPE,     /* "gpt2": byte-level bpe */
 };
 
+/* most regexes one pre-tokenizer runs in sequence (deepseek-llm's six) */
+#define TOK_PRE_MAX_RE 6
+
 enum tok_flag {
     TOK_F_EOG = 1,
 };
@@ -61,10 +64,11 @@ struct tok {
     /* bpe */
     struct tok_merge_slot *merges; /* (merge_mask + 1) */
     size_t merge_mask;
-    int32_t byte_tok[256]; /* bpe: token of each byte's mapped char; spm: <0xXX>; -1 none */
-    void *re;              /* pcre2_code * */
-    const char *pre_name;  /* which regex: "llama3", "qwen2", "gpt2" */
-    int ignore_merges;     /* llama 3: a word that is a token is not merged */
+    int32_t byte_tok[256];    /* bpe: token of each byte's mapped char; spm: <0xXX>; -1 none */
+    void *re[TOK_PRE_MAX_RE]; /* pcre2_code *, run in order: each splits the last's pieces */
+    int n_re;
+    const char *pre_name; /* which pre-tokenizer: "llama3", "qwen2", "gpt2", ... */
+    int ignore_merges;    /* llama 3, tekken: a word that is a token is not merged */
 
     /* special tokens */
     struct tok_trie_node *trie; /* node 0 is the root */

@@ -149,6 +149,8 @@ static void test_bpe_encode(void **state)
     tok_free(t);
 }
 
+static void roundtrip(const struct tok *t, int spm_mode, uint64_t seed);
+
 static void test_bpe_words(void **state)
 {
     (void)state;
@@ -171,13 +173,31 @@ static void test_bpe_words(void **state)
     EXPECT(t, "hello world", 1, 0, TBPE_HELLO, TBPE_GWORLD);
     EXPECT(t, "xyz", 0, 0, 'x', 'y', 'z');
     tok_free(t);
-    /* an unknown pre value falls back to gpt-2's regex (with a warning) */
-    t = bpe("no-such-pre", NULL, NULL);
-    EXPECT(t, "hello world", 0, 0, TBPE_HELLO, TBPE_GWORLD);
-    tok_free(t);
+    /* an unknown pre value refuses to load, naming it and the known ones */
+    struct tgg b;
+    char err[1024];
+    tgg_bpe(&b, "no-such-pre", NULL, NULL);
+    t = NULL;
+    assert_int_equal(load_image(&b, &t, err, sizeof err), RKV_EUNSUPPORTED);
+    assert_null(t);
+    assert_non_null(strstr(err, "tokenizer.ggml.pre 'no-such-pre' is not supported"));
+    assert_non_null(strstr(err, "llama-bpe"));
+    assert_non_null(strstr(err, "tekken"));
     t = bpe("qwen2", "qwen2", NULL);
     EXPECT(t, "hello world", 0, 0, TBPE_HELLO, TBPE_GWORLD);
+    assert_string_equal(tok_pre_name(t), "qwen2");
     tok_free(t);
+    /* sequences of regexes: digits alone first, then gpt-2's words */
+    t = bpe("smollm", "llama", NULL);
+    assert_string_equal(tok_pre_name(t), "smollm");
+    EXPECT(t, "hello world", 0, 0, TBPE_HELLO, TBPE_GWORLD);
+    tok_free(t);
+    const char *all[] = {"tekken", "gpt-4o", "deepseek-llm", "deepseek-coder", "deepseek-r1-qwen"};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        t = bpe(all[i], "llama", NULL);
+        roundtrip(t, 0, 7 + i);
+        tok_free(t);
+    }
 }
 
 static void test_bpe_too_small(void **state)

@@ -128,9 +128,9 @@ static int decode_print(const struct tok *t, const struct opts *o)
 static int info_print(const struct tok *t)
 {
     printf("{\"n_vocab\": %d, \"bos\": %d, \"eos\": %d, \"add_bos\": %s, \"chat\": \"%s\", "
-           "\"eog\": [",
+           "\"pre\": \"%s\", \"eog\": [",
            tok_n_vocab(t), tok_bos(t), tok_eos(t), tok_add_bos(t) ? "true" : "false",
-           tok_chat_kind_name(tok_chat_kind(t)));
+           tok_chat_kind_name(tok_chat_kind(t)), tok_pre_name(t));
     int first = 1;
     for (int32_t i = 0; i < tok_n_vocab(t); i++)
         if (tok_is_eog(t, i)) {

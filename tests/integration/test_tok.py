@@ -1,6 +1,6 @@
 """rkv's tokenizer against HF tokenizers: byte-level BPE trained here, exported to GGUF,
-token ids compared line by line (llama3, qwen2 and gpt2 pre-tokenizer regexes); round trips
-through rkv-mkmodel's tiny models."""
+token ids compared line by line for every pre-tokenizer rkv knows (each built as the
+model's tokenizer.json builds it); round trips through rkv-mkmodel's tiny models."""
 import json
 import os
 import random
@@ -18,7 +18,52 @@ RE_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
              r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 RE_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
             r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-RE_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+RE_TEKKEN = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|"
+             r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|"
+             r"\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+RE_GPT4O = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+            r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
+            r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+            r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
+            r"\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# DeepSeek LLM's splits, with the code points its tokenizer.json holds
+DS_LETTERS = ("\\s?[A-Za-z\xb5\xc0-\xd6\xd8-\xf6\xf8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af"
+              "\u0370-\u0373\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c\u038e-\u03a1"
+              "\u03a3-\u03f5\u03f7-\u0481\u048a-\u052f\u0531-\u0556\u10a0-\u10c5\u13a0-\u13f5"
+              "\u13f8-\u13fd\u1c90-\u1cba\u1cbd-\u1cbf\u1d00-\u1d2b\u1d6b-\u1d77\u1d79-\u1d9a"
+              "\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45\u1f48-\u1f4d\u1f50-\u1f57\u1f59\u1f5b\u1f5d"
+              "\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe\u1fc2-\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3"
+              "\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4\u1ff6-\u1ffc\u2102\u2107\u210a-\u2113\u2115"
+              "\u2119-\u211d\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134\u2139\u213c-\u213f"
+              "\u2145-\u2149\u214e\u2183\u2184\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3"
+              "\ua640-\ua66d\ua680-\ua69b\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf"
+              "\ufb00-\ufb06\ufb13-\ufb17\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f"
+              "\U000104b0-\U000104d3\U000104d8-\U000104fb\U00010c80-\U00010cb2\U00010cc0-\U00010cf2"
+              "\U000118a0-\U000118df\U0001e900-\U0001e943]+")
+DS_PUNCT = "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+"
+DS_CJK = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
+
+
+def split(pattern):
+    return pre_tokenizers.Split(Regex(pattern), behavior="isolated")
+
+
+# tokenizer.ggml.pre -> (the pre-tokenizers its tokenizer.json runs before ByteLevel,
+# ByteLevel's own use_regex, the BPE model's ignore_merges)
+PRES = {
+    "llama-bpe": (lambda: [split(RE_LLAMA3)], False, True),
+    "qwen2": (lambda: [split(RE_QWEN2)], False, False),
+    "deepseek-r1-qwen": (lambda: [split(RE_QWEN2)], False, False),
+    "gpt2": (lambda: [], True, False),
+    "smollm": (lambda: [pre_tokenizers.Digits(individual_digits=True)], True, False),
+    "tekken": (lambda: [split(RE_TEKKEN)], False, True),
+    "gpt-4o": (lambda: [split(RE_GPT4O)], False, False),
+    "deepseek-llm": (lambda: [split("[\r\n]"), split(DS_LETTERS), split(DS_PUNCT), split(r"\s+$"),
+                              split(DS_CJK), split(r"\p{N}+")], False, False),
+    "deepseek-coder": (lambda: [split("[\r\n]"), split(r"\s?\p{L}+"), split(r"\s?\p{P}+"),
+                                split(DS_CJK), pre_tokenizers.Digits(individual_digits=True)],
+                       False, False),
+}
 
 SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"]
 
@@ -50,7 +95,16 @@ PIECES = [
     "print(\"hi\")", "<div class='x'>", "a    b", "\t\tindent", "   lead", "trail   ",
     "!!!???", "...", "—", "--", "$$$", "@user", "#tag", "http://example.com/a?b=c",
     "x\ty", "CamelCaseWord", "snake_case_word", "ALLCAPS", " \u00a0 nbsp", "\r",
+    "getHTTPResponseCode", "XMLHttpRequest", "path/to/file", "a/b//c", "ǅungla", "ǈj",
+    "κόσμε", "ὯΩμέγα", "ΐῗ", "Ωhm", "Kelvin", "ℌℑ", "ＡＢＣ！？", "“quoted”", "‘single’",
+    "、。「」", "漢字かなカナ", "Ⅻⅷ½", "e\u0301te\u0301", "हिन्दी", "العربية", "עִבְרִית",
+    "𐐀𐐨", "ﬃ", "\u3000全角", "x = [1, 2, 3]  # list", "for i in range(10):", "\u2028\u2029", "I'm HE'S they'Re", "ǅ'S",
 ]
+
+
+# newlines inside runs of other whitespace, which --lines cannot carry
+WS_TEXT = ("def f(x):\n    if x:\n\n        return [1,\n 2]\r\n\t\tpass  \n\n\n   \t \n"
+           "a/\nb  /\r\n  \n//c\n\u3000\n\u00a0\n \n全角\n\n")
 
 
 def make_lines(rng, n):
@@ -72,11 +126,11 @@ def make_lines(rng, n):
     return lines
 
 
-def train(pattern, ignore_merges, lines):
+def train(pre, lines):
+    splits, byte_regex, ignore_merges = PRES[pre]
     tk = Tokenizer(models.BPE(ignore_merges=ignore_merges))
-    tk.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    tk.pre_tokenizer = pre_tokenizers.Sequence(splits() + [
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=byte_regex),
     ])
     tk.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=1000, special_tokens=SPECIALS, show_progress=False,
@@ -113,14 +167,10 @@ def corpora():
     return make_lines(rng, 3000), make_lines(random.Random(99), 400)
 
 
-@pytest.mark.parametrize("pre,pattern,ignore_merges", [
-    ("llama-bpe", RE_LLAMA3, True),
-    ("qwen2", RE_QWEN2, False),
-    ("gpt2", RE_GPT2, False),
-])
-def test_bpe_ids_match_hf(tmp_path, corpora, pre, pattern, ignore_merges):
+@pytest.mark.parametrize("pre", list(PRES))
+def test_bpe_ids_match_hf(tmp_path, corpora, pre):
     train_lines, test_lines = corpora
-    tk = train(pattern, ignore_merges, train_lines)
+    tk = train(pre, train_lines)
     assert tk.get_vocab_size() >= 900
     model = tmp_path / f"{pre}.gguf"
     export_gguf(tk, model, pre)
@@ -138,6 +188,10 @@ def test_bpe_ids_match_hf(tmp_path, corpora, pre, pattern, ignore_merges):
     ids = json.loads(rkv_tok(model, "--file", str(text)))
     assert ids == tk.encode(whole).ids
 
+    f = tmp_path / "ws.txt"
+    f.write_bytes(WS_TEXT.encode())
+    assert json.loads(rkv_tok(model, "--file", str(f))) == tk.encode(WS_TEXT).ids
+
     # decode gives the text back
     out = rkv_tok(model, "--decode", ",".join(map(str, ids)))
     assert out.decode() == whole == tk.decode(ids)
@@ -150,8 +204,22 @@ def test_bpe_ids_match_hf(tmp_path, corpora, pre, pattern, ignore_merges):
     assert eot not in json.loads(rkv_tok(model, s))
     info = json.loads(rkv_tok(model, "--info"))
     assert info["n_vocab"] == tk.get_vocab_size()
-    assert info["add_bos"] == (pre == "llama-bpe")
+    assert info["add_bos"] == PRES[pre][2]  # llama 3 and tekken want bos, as llama.cpp
     assert eot in info["eog"] and tk.get_vocab()["<|end_of_text|>"] in info["eog"]
+
+
+def test_unknown_pre_refused(tmp_path, corpora):
+    """a pre-tokenizer rkv does not know would give wrong ids silently: it refuses the file"""
+    tk = train("gpt2", corpora[1])
+    model = tmp_path / "unknown.gguf"
+    export_gguf(tk, model, "no-such-pre")
+    r = subprocess.run([tool("rkv-tok"), "--model", str(model), "--info"], capture_output=True,
+                       timeout=60)
+    assert r.returncode != 0
+    err = r.stderr.decode()
+    assert "tokenizer.ggml.pre 'no-such-pre' is not supported" in err, err
+    for name in PRES:
+        assert name in err
 
 
 def random_text(rng, n):
