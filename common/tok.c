@@ -426,6 +426,8 @@ static void mark_eog(struct tok *t)
         t->ent[t->eos].flags |= TOK_F_EOG;
     if (t->eot >= 0)
         t->ent[t->eot].flags |= TOK_F_EOG;
+    if (t->eom >= 0)
+        t->ent[t->eom].flags |= TOK_F_EOG;
     for (size_t i = 0; i < sizeof eog_texts / sizeof *eog_texts; i++) {
         int32_t id = tok_find(t, eog_texts[i], strlen(eog_texts[i]));
         if (id >= 0 && t->ent[id].type == TOK_TYPE_CONTROL)
@@ -467,7 +469,7 @@ static int load(struct tok *t, const struct gguf_ctx *g, char *errbuf, size_t er
     if ((rc = load_tokens(t, g, errbuf, errlen)) < 0 || (rc = map_build(t)) < 0)
         return rc;
 
-    t->bos = t->eos = t->eot = t->unk = -1;
+    t->bos = t->eos = t->eot = t->eom = t->unk = -1;
     if (t->model == TOK_MODEL_SPM) {
         /* llama.cpp's defaults for sentencepiece vocabularies */
         t->unk = 0 < t->n_vocab ? 0 : -1;
@@ -479,6 +481,8 @@ static int load(struct tok *t, const struct gguf_ctx *g, char *errbuf, size_t er
         (rc = get_opt_id(g, "tokenizer.ggml.eos_token_id", t->n_vocab, &t->eos, errbuf, errlen)) <
             0 ||
         (rc = get_opt_id(g, "tokenizer.ggml.eot_token_id", t->n_vocab, &t->eot, errbuf, errlen)) <
+            0 ||
+        (rc = get_opt_id(g, "tokenizer.ggml.eom_token_id", t->n_vocab, &t->eom, errbuf, errlen)) <
             0 ||
         (rc = get_opt_id(g, "tokenizer.ggml.unknown_token_id", t->n_vocab, &t->unk, errbuf,
                          errlen)) < 0)

@@ -19,7 +19,7 @@ int32_t tok_eos(const struct tok *t);
 int tok_add_bos(const struct tok *t);      /* tokenizer.ggml.add_bos_token */
 /* the pre-tokenizer that splits words ("llama3", "qwen2", "tekken", ...; "spm") */
 const char *tok_pre_name(const struct tok *t);
-/* end of generation: EOS, EOT (<|eot_id|>, <|im_end|>, ...) */
+/* end of generation: EOS, EOT, EOM (<|eot_id|>, <|im_end|>, <end_of_turn>, ...) */
 int tok_is_eog(const struct tok *t, int32_t id);
 int tok_is_control(const struct tok *t, int32_t id);
 
@@ -69,9 +69,9 @@ int tok_detok_flush(struct tok_detok *d, char *out, size_t cap, size_t *n);
  * without one, or when it does not parse (a warning names the error), they
  * render with a built-in family.
  * the family comes from tokenizer.chat_template (<|start_header_id|> ->
- * llama3, <|im_start|> -> chatml, [INST] -> llama2), else from
- * general.architecture (llama with an <|eot_id|> token -> llama3, qwen2 or
- * qwen3 -> chatml), else FALLBACK; tok_load_gguf logs the choice and why.
+ * llama3, <|im_start|> -> chatml, [INST] -> llama2, <start_of_turn> ->
+ * gemma), else from general.architecture (llama with an <|eot_id|> token ->
+ * llama3, qwen2 or qwen3 -> chatml, gemma* -> gemma), else FALLBACK; tok_load_gguf logs the choice and why.
  * rendering follows the real templates; a leading BOS is never part of the
  * text when the model adds one (add_bos_token): pass add_bos=1 to
  * tok_encode, and BOS appears once (a template's own bos_token at the start
@@ -85,12 +85,16 @@ int tok_detok_flush(struct tok_detok *d, char *out, size_t cap, size_t *n);
  *   LLAMA2:   "[INST] " + strip("<<SYS>>\nSYSTEM\n<</SYS>>\n\n" + USER) + " [/INST]"
  *             then " " + strip(ASSISTANT) + " </s>"; later user turns start
  *             with "<s>" (the bos text); no generation prefix.
+ *   GEMMA:    "<start_of_turn>ROLE\n" + trim(CONTENT) + "<end_of_turn>\n", ROLE
+ *             "model" for the assistant; a system message's content + "\n\n"
+ *             opens the first turn after it; prompt "<start_of_turn>model\n".
  *   FALLBACK: "ROLE: CONTENT\n\n" per message; prompt "assistant:". */
 enum tok_chat_kind {
     TOK_CHAT_LLAMA3 = 0,
     TOK_CHAT_CHATML,      /* qwen2 and others */
     TOK_CHAT_LLAMA2,      /* [INST] ... [/INST], mistral */
     TOK_CHAT_FALLBACK,    /* documented plain "role: content" fallback */
+    TOK_CHAT_GEMMA,       /* <start_of_turn>user ... <end_of_turn>, gemma 3 */
 };
 struct tok_chat_msg {
     const char *role;     /* system | user | assistant */

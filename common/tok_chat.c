@@ -1,5 +1,5 @@
-/* tok_chat.c - chat templates: the model's Jinja template, else the llama3, chatml, llama2 or
- * fallback family. */
+/* tok_chat.c - chat templates: the model's Jinja template, else the llama3, chatml, llama2,
+ * gemma or fallback family. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,7 +9,7 @@
 #include "common/log.h"
 #include "common/tok_int.h"
 
-static const char *const kind_names[] = {"llama3", "chatml", "llama2", "fallback"};
+static const char *const kind_names[] = {"llama3", "chatml", "llama2", "fallback", "gemma"};
 
 const char *tok_chat_kind_name(enum tok_chat_kind k)
 {
@@ -83,6 +83,13 @@ int tok_chat_detect(struct tok *t, const char *tmpl, size_t n)
     } else if (has(tmpl, n, "[INST]")) {
         t->chat = TOK_CHAT_LLAMA2;
         why = "tokenizer.chat_template uses [INST]";
+    } else if (has(tmpl, n, "<start_of_turn>")) {
+        t->chat = TOK_CHAT_GEMMA;
+        why = "tokenizer.chat_template uses <start_of_turn>";
+    } else if (!strncmp(arch, "gemma", 5)) {
+        t->chat = TOK_CHAT_GEMMA;
+        why = tmpl ? "template not recognised; architecture gemma"
+                   : "no tokenizer.chat_template; architecture gemma";
     } else if (!strcmp(arch, "llama") && tok_find(t, "<|eot_id|>", 10) >= 0) {
         t->chat = TOK_CHAT_LLAMA3;
         why = tmpl ? "template not recognised; architecture llama with an <|eot_id|> token"
@@ -94,7 +101,7 @@ int tok_chat_detect(struct tok *t, const char *tmpl, size_t n)
     } else {
         t->chat = TOK_CHAT_FALLBACK;
         why = tmpl ? "tokenizer.chat_template is not a family rkv renders (llama3, chatml, "
-                     "llama2) and the architecture names none"
+                     "llama2, gemma) and the architecture names none"
                    : "no tokenizer.chat_template and the architecture names no template";
     }
     log_info("chat template: %s (%s)", tok_chat_kind_name(t->chat), why);
@@ -257,6 +264,32 @@ static void render_llama2(const struct tok *t, struct sb *b, const struct tok_ch
     }
 }
 
+/* as gemma 3's template: a system message becomes the first turn's
+ * preamble, the assistant is "model", every content is trimmed */
+static void render_gemma(struct sb *b, const struct tok_chat_msg *m, size_t n, int gen)
+{
+    const char *sys = NULL;
+    if (n > 0 && m[0].role && !strcmp(m[0].role, "system")) {
+        sys = str_or_empty(m[0].content);
+        m++;
+        n--;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const char *role = str_or_empty(m[i].role);
+        sb_str(b, "<start_of_turn>");
+        sb_str(b, !strcmp(role, "assistant") ? "model" : role);
+        sb_str(b, "\n");
+        if (i == 0 && sys) {
+            sb_str(b, sys);
+            sb_str(b, "\n\n");
+        }
+        sb_trimmed(b, str_or_empty(m[i].content));
+        sb_str(b, "<end_of_turn>\n");
+    }
+    if (gen)
+        sb_str(b, "<start_of_turn>model\n");
+}
+
 static void render_fallback(struct sb *b, const struct tok_chat_msg *m, size_t n, int gen)
 {
     for (size_t i = 0; i < n; i++) {
@@ -357,6 +390,7 @@ int tok_chat_render(const struct tok *t, const struct tok_chat_msg *msgs, size_t
     case TOK_CHAT_LLAMA3: render_llama3(&b, msgs, n_msgs, add_generation_prompt); break;
     case TOK_CHAT_CHATML: render_chatml(t, &b, msgs, n_msgs, add_generation_prompt); break;
     case TOK_CHAT_LLAMA2: render_llama2(t, &b, msgs, n_msgs); break;
+    case TOK_CHAT_GEMMA: render_gemma(&b, msgs, n_msgs, add_generation_prompt); break;
     default: render_fallback(&b, msgs, n_msgs, add_generation_prompt); break;
     }
     if (b.err) {

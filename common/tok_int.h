@@ -75,7 +75,7 @@ struct tok {
     int32_t n_trie;
     uint8_t special_first[32]; /* bitmap of first bytes of special texts */
 
-    int32_t bos, eos, eot, unk;
+    int32_t bos, eos, eot, eom, unk; /* eot, eom: end of turn / of message (tool call) */
     int add_bos;
     int add_space_prefix;
 

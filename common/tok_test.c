@@ -553,6 +553,27 @@ static void test_chat_llama2(void **state)
     tok_free(t);
 }
 
+static void test_chat_gemma(void **state)
+{
+    (void)state;
+    /* gemma 3 files carry no template: the architecture picks the family */
+    struct tok *t = spm(1, "gemma3", NULL);
+    assert_int_equal(tok_chat_kind(t), TOK_CHAT_GEMMA);
+    assert_string_equal(tok_chat_kind_name(TOK_CHAT_GEMMA), "gemma");
+    /* the system message opens the first turn; contents are trimmed */
+    assert_string_equal(render(t, conv, 4, 1), "<start_of_turn>user\nYou are helpful.\n\nHi!"
+                                               "<end_of_turn>\n"
+                                               "<start_of_turn>model\nHello.<end_of_turn>\n"
+                                               "<start_of_turn>user\nBye<end_of_turn>\n"
+                                               "<start_of_turn>model\n");
+    assert_string_equal(render(t, conv + 1, 2, 0), "<start_of_turn>user\nHi!<end_of_turn>\n"
+                                                   "<start_of_turn>model\nHello.<end_of_turn>\n");
+    tok_free(t);
+    t = spm(1, "llama", "{% for m in messages %}<start_of_turn>{{ m.role }}{% endfor %}");
+    assert_int_equal(tok_chat_kind(t), TOK_CHAT_GEMMA);
+    tok_free(t);
+}
+
 static void test_chat_fallback(void **state)
 {
     (void)state;
@@ -667,8 +688,8 @@ int main(void)
         cmocka_unit_test(test_spm_encode),    cmocka_unit_test(test_detok_utf8),
         cmocka_unit_test(test_detok_spm),     cmocka_unit_test(test_chat_llama3),
         cmocka_unit_test(test_chat_chatml),   cmocka_unit_test(test_chat_llama2),
-        cmocka_unit_test(test_chat_fallback), cmocka_unit_test(test_chat_jinja),
-        cmocka_unit_test(test_load_errors),
+        cmocka_unit_test(test_chat_gemma),    cmocka_unit_test(test_chat_fallback),
+        cmocka_unit_test(test_chat_jinja),    cmocka_unit_test(test_load_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -34,9 +34,9 @@ RTOL_INT = 0.15
 PROMPTS = ["1, 2, 3, 4,", "The opposite of hot is"]
 
 
-def tok(*args):
-    r = subprocess.run([rkv_bin("rkv-tok"), "--model", str(GEMMA), *args], capture_output=True,
-                       timeout=120)
+def tok(*args, data=None):
+    r = subprocess.run([rkv_bin("rkv-tok"), "--model", str(GEMMA), *args], input=data,
+                       capture_output=True, timeout=120)
     assert r.returncode == 0, r.stderr.decode(errors="replace")
     return r.stdout
 
@@ -240,3 +240,100 @@ def test_served_greedy_completions(server):
                              temperature=0)
     body = r.choices[0].text
     assert "return" in body and "if" in body and body.startswith("    "), body
+
+
+# --- chat -------------------------------------------------------------------------------------
+
+# Gemma 3's chat template (the text part of the one its instruction-tuned checkpoints ship): the
+# file carries none, so chats render with rkv's built-in gemma family, which must give this text
+GEMMA3_TEMPLATE = """{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- if messages[0]['content'] is string -%}
+        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+    {%- else -%}
+        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}
+    {%- endif -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- if (message['role'] == 'assistant') -%}
+        {%- set role = "model" -%}
+    {%- else -%}
+        {%- set role = message['role'] -%}
+    {%- endif -%}
+    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- endif -%}
+    {{ '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{'<start_of_turn>model\n'}}
+{%- endif -%}
+"""
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "system", "content": "You answer in one word."},
+     {"role": "user", "content": "  Hot or cold?\n"}],
+    [{"role": "system", "content": "Be brief.\n"},
+     {"role": "user", "content": "Hi"},
+     {"role": "assistant", "content": " Hello! \n\n"},
+     {"role": "user", "content": "def f(x):\n    return x\n\tWhat does it do?"}],
+    [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+     {"role": "user", "content": "ünïcödé 中文 😀"}],
+]
+
+
+def test_builtin_chat_renders_as_the_gemma3_template(tmp_path):
+    """no tokenizer.chat_template in the file: rkv's gemma family gives jinja2's text of Gemma
+    3's template (BOS once, from the tokenizer), and so does rkv's interpreter given it"""
+    jinja2 = pytest.importorskip("jinja2")
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    assert json.loads(tok("--info"))["chat"] == "gemma"
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = lambda msg: (_ for _ in ()).throw(
+        jinja2.exceptions.TemplateError(msg))
+    tmpl = tmp_path / "gemma3.jinja"
+    tmpl.write_text(GEMMA3_TEMPLATE)
+    for conv in CONVERSATIONS:
+        want = env.from_string(GEMMA3_TEMPLATE).render(messages=conv, add_generation_prompt=True,
+                                                        bos_token="<bos>", eos_token="<eos>")
+        f = tmp_path / "conv.json"
+        f.write_text(json.dumps(conv))
+        assert "<bos>" + tok("--chat", str(f), "--gen").decode() == want
+        assert "<bos>" + tok("--chat", str(f), "--gen", "--chat-template", str(tmpl)).decode() \
+            == want
+    ids = json.loads(tok("--bos", "--special", "<start_of_turn>user\nHi<end_of_turn>\n"))
+    assert ids[0] == 2 and ids[1] == 105 and 106 in ids
+    assert 106 in json.loads(tok("--info"))["eog"]  # <end_of_turn> ends generation
+
+
+def test_served_chat_renders_gemma_turns(server, tmp_path):
+    """rkvd renders a chat as the gemma turns (the prompt is the ids of rkv-tok's rendering) and
+    stops on the tokenizer's end-of-generation set, which holds <end_of_turn>. this base model
+    never writes <end_of_turn> itself (its row of the tied head is untrained: p < 1e-4 after six
+    turns of "Say A." / "A"), so the stop on it is shown by the set, not by a generation"""
+    openai = pytest.importorskip("openai")
+    conv = CONVERSATIONS[2]
+    f = tmp_path / "conv.json"
+    f.write_text(json.dumps(conv))
+    want = json.loads(tok("--file", "-", "--bos", "--special",
+                          data=tok("--chat", str(f), "--gen")))
+    assert want[0] == 2 and want.count(105) == 4 and want.count(106) == 3
+    assert 106 in json.loads(tok("--info"))["eog"]
+    c = openai.OpenAI(base_url=server.base_url, api_key="none", max_retries=0, timeout=120)
+    model = c.models.list().data[0].id
+    r = c.chat.completions.create(model=model, max_tokens=8, temperature=0, messages=conv)
+    assert r.usage.prompt_tokens == len(want)
+    text = r.choices[0].message.content
+    assert "<end_of_turn>" not in text and "<start_of_turn>" not in text
+    parts = [ch.choices[0].delta.content or "" for ch in c.chat.completions.create(
+        model=model, max_tokens=8, temperature=0, messages=conv, stream=True)]
+    assert "".join(parts) == text

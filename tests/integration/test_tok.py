@@ -139,7 +139,7 @@ def train(pre, lines):
     return tk
 
 
-def export_gguf(tk, path, pre, arch="llama"):
+def export_gguf(tk, path, pre, arch="llama", eot=None, eom=None):
     vocab = tk.get_vocab()
     tokens = [None] * len(vocab)
     for text, i in vocab.items():
@@ -155,6 +155,10 @@ def export_gguf(tk, path, pre, arch="llama"):
     w.add_token_merges(merges)
     w.add_bos_token_id(vocab["<|begin_of_text|>"])
     w.add_eos_token_id(vocab["<|end_of_text|>"])
+    if eot is not None:
+        w.add_eot_token_id(eot)
+    if eom is not None:
+        w.add_eom_token_id(eom)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -220,6 +224,15 @@ def test_unknown_pre_refused(tmp_path, corpora):
     assert "tokenizer.ggml.pre 'no-such-pre' is not supported" in err, err
     for name in PRES:
         assert name in err
+
+
+def test_eot_and_eom_ids_end_generation(tmp_path, corpora):
+    """tokenizer.ggml.eot_token_id and eom_token_id end generation whatever their text"""
+    tk = train("gpt2", corpora[1])
+    model = tmp_path / "eom.gguf"
+    export_gguf(tk, model, "gpt2", eot=500, eom=501)
+    eog = json.loads(rkv_tok(model, "--info"))["eog"]
+    assert 500 in eog and 501 in eog and 502 not in eog
 
 
 def random_text(rng, n):
