@@ -138,6 +138,11 @@ int backend_rope_freq_factors(const struct backend *be)
     return be->iface->rope_freq_factors;
 }
 
+int backend_rope_mscale(const struct backend *be)
+{
+    return be->iface->rope_mscale;
+}
+
 const char *backend_missing_op(const struct backend *be, unsigned needs)
 {
     const struct backend_i *i = be->iface;

@@ -63,6 +63,10 @@ struct be_rope {
     /* (n_rot/2) host values dividing each pair's frequency (llama3's rope_freqs), or NULL; a
      * backend reads them only when its rope_freq_factors says so */
     const float *freq_factors;
+    /* magnitude of the rotation: cos and sin are multiplied by it, so q.k scales by its square
+     * (YaRN's attention factor, attn_factor * (1 + 0.1 ln(factor))); 0 or 1 = none. A backend
+     * reads it only when its rope_mscale says so */
+    float mscale;
 };
 
 /* attention geometry; a query head hq reads kv head hq / (n_head/n_kv_head) */
@@ -231,6 +235,9 @@ struct backend_i {
     int (*scale)(void *ctx, struct be_tensor *x, float s, uint32_t n);
     /* 1: attn_partial honours be_attn.window (0: a model with sliding windows is refused) */
     int attn_window;
+    /* 1: rope and rope_kv_write multiply cos and sin by be_rope.mscale (0: a model whose
+     * mscale is not 1, a YaRN-scaled one, is refused at load) */
+    int rope_mscale;
 };
 
 struct backend_opts {
@@ -262,6 +269,8 @@ uint32_t be_type_block(enum be_type t);
 int backend_reads_weights(const struct backend *be, enum be_type t);
 /* 1 when be's rope applies be_rope.freq_factors */
 int backend_rope_freq_factors(const struct backend *be);
+/* 1 when be's rope applies be_rope.mscale */
+int backend_rope_mscale(const struct backend *be);
 /* the name of the first op an architecture needs that be lacks ("gelu_mul", ...), NULL when
  * it has them all; needs is a set of BE_NEED_* bits */
 #define BE_NEED_HEAD_NORM   1u /* rmsnorm_heads */

@@ -309,8 +309,9 @@ static int fwd_run(struct fwd *f, const struct fwd_seq *seqs, uint32_t n_seqs, i
     const uint32_t T = b.n_tokens;
     /* [0] the global layers, [1] the local ones (their own base, unscaled, a window) */
     const struct be_rope rope[2] = {
-        {hp->n_rot, hp->rope_base, 1.0f / hp->rope_scale, hp->rope_neox, f->m->rope_freqs},
-        {hp->n_rot, hp->rope_base_swa, 1.0f, hp->rope_neox, f->m->rope_freqs}};
+        {hp->n_rot, hp->rope_base, 1.0f / hp->rope_scale, hp->rope_neox, f->m->rope_freqs,
+         f->m->rope_mscale},
+        {hp->n_rot, hp->rope_base_swa, 1.0f, hp->rope_neox, f->m->rope_freqs, 1.0f}};
     const struct be_attn at[2] = {
         {hp->n_head, hp->n_kv_head, hp->head_dim, hp->attn_scale, 0},
         {hp->n_head, hp->n_kv_head, hp->head_dim, hp->attn_scale, hp->n_swa}};

@@ -52,6 +52,11 @@ int model_hparams_check(struct model_hparams *hp, char *errbuf, size_t errlen)
         bad = "rope.freq_base";
     else if (!(hp->rope_scale > 0.0f))
         bad = "rope.scaling.factor";
+    else if (hp->yarn_factor != 0.0f &&
+             (!(hp->yarn_factor >= 1.0f) || !isfinite(hp->yarn_factor) || !hp->yarn_orig_ctx ||
+              !(hp->yarn_attn_factor > 0.0f) || !isfinite(hp->yarn_attn_factor) ||
+              !(hp->yarn_log_mul >= 0.0f) || !isfinite(hp->yarn_log_mul)))
+        bad = "rope.scaling.* (yarn: factor >= 1, original_context_length, attn_factor > 0)";
     else if (!(hp->attn_scale > 0.0f) || !isfinite(hp->attn_scale))
         bad = "attention scale";
     else if (hp->n_swa && (hp->swa_period == 0 || !(hp->rope_base_swa > 0.0f)))
@@ -181,6 +186,57 @@ static int take_rope_freqs(struct model *m, const struct model_tensor_src *s, ch
     return 0;
 }
 
+/* llama.cpp's YaRN correction dim: the pair whose wavelength turns n_rot_turns times over the
+ * original context */
+static double yarn_corr_dim(uint32_t n_rot, uint32_t orig_ctx, double n_turns, double base)
+{
+    return n_rot * log(orig_ctx / (n_turns * 2 * M_PI)) / (2 * log(base));
+}
+
+/* YaRN as per-pair divisors of the frequency: pairs that turn more than beta_fast = 32 times over
+ * the original context keep theirs (extrapolate), pairs turning less than beta_slow = 1 time
+ * are divided by the factor (interpolate), a linear ramp between; plus the magnitude scale
+ * attn_factor * (1 + log_mul ln(factor)) that multiplies cos and sin, as llama.cpp's rope_yarn
+ * with ext_factor 1 */
+static int take_yarn(struct model *m, char *errbuf, size_t errlen)
+{
+    const struct model_hparams *hp = &m->hp;
+    const uint32_t half = hp->n_rot / 2;
+    if (hp->n_swa) {
+        snprintf(errbuf, errlen,
+                 "model: yarn rope scaling on a model with sliding-window layers is not "
+                 "supported by rkv");
+        return RKV_EUNSUPPORTED;
+    }
+    if (!backend_rope_freq_factors(m->be) || !backend_rope_mscale(m->be)) {
+        snprintf(errbuf, errlen,
+                 "model: the %s backend does not apply yarn rope scaling (rope.scaling.type "
+                 "yarn) yet: use --backend cpu",
+                 backend_name(m->be));
+        return RKV_EUNSUPPORTED;
+    }
+    if (!m->rope_freqs) {
+        m->rope_freqs = malloc(half * sizeof(float));
+        if (!m->rope_freqs)
+            return RKV_ENOMEM;
+        for (uint32_t i = 0; i < half; i++)
+            m->rope_freqs[i] = 1.0f;
+    }
+    double lo = floor(yarn_corr_dim(hp->n_rot, hp->yarn_orig_ctx, 32.0, hp->rope_base));
+    double hi = ceil(yarn_corr_dim(hp->n_rot, hp->yarn_orig_ctx, 1.0, hp->rope_base));
+    lo = lo > 0 ? lo : 0;
+    hi = hi < hp->n_rot - 1 ? hi : hp->n_rot - 1;
+    const double factor = hp->yarn_factor;
+    for (uint32_t i = 0; i < half; i++) {
+        double y = (i - lo) / (hi - lo > 0.001 ? hi - lo : 0.001);
+        double extrap = 1.0 - (y < 0 ? 0 : y > 1 ? 1 : y); /* 1: keep the frequency */
+        /* theta = theta_i / factor * (1 - extrap) + theta_i * extrap */
+        m->rope_freqs[i] = (float)(m->rope_freqs[i] / ((1.0 - extrap) / factor + extrap));
+    }
+    m->rope_mscale = (float)(hp->yarn_attn_factor * (1.0 + hp->yarn_log_mul * log(factor)));
+    return 0;
+}
+
 /* the optional backend ops an architecture runs on (BE_NEED_*) */
 static unsigned arch_needs(const struct model_hparams *hp)
 {
@@ -233,6 +289,9 @@ int model_create(struct backend *be, const struct model_hparams *hp, const struc
         m->output = m->tok_embd; /* tied embeddings */
     if (rc == 0 && src->rope_freqs.data)
         rc = take_rope_freqs(m, &src->rope_freqs, errbuf, errlen);
+    m->rope_mscale = 1.0f;
+    if (rc == 0 && h.yarn_factor != 0.0f)
+        rc = take_yarn(m, errbuf, errlen);
     for (uint32_t i = 0; rc == 0 && i < h.n_layer; i++) {
         const struct model_layer_src *s = &src->layers[i];
         struct model_layer *L = &m->layers[i];

@@ -32,6 +32,12 @@ struct model_hparams {
     float norm_eps;
     float rope_base;
     float rope_scale; /* linear scaling factor; 1 = none */
+    /* YaRN (rope.scaling.type yarn): the factor (0 = no YaRN), the context the model was
+     * trained at, the attention factor and the log multiplier of its magnitude scale */
+    float yarn_factor;
+    uint32_t yarn_orig_ctx;
+    float yarn_attn_factor;
+    float yarn_log_mul;
     int rope_neox;
     float attn_scale; /* the scores' scale; 0 = 1/sqrt(head_dim) (model_hparams_check fills it) */
     /* local layers (gemma3): a sliding window of n_swa positions and their own rope base
@@ -92,7 +98,8 @@ struct model {
     struct be_tensor *output_norm; /* (1, dim) f32 */
     struct be_tensor *output;      /* (n_vocab, dim); == tok_embd when tied */
     struct model_layer *layers;    /* (n_layer) */
-    float *rope_freqs;             /* (n_rot/2) host copy, or NULL */
+    float *rope_freqs;             /* (n_rot/2) host copy (times YaRN's factors), or NULL */
+    float rope_mscale;             /* the global layers' be_rope.mscale; 1 = none */
     size_t weight_bytes;
 };
 

@@ -130,13 +130,27 @@ static int read_hparams(struct loader *ld, struct model_hparams *hp)
     char key[128];
     snprintf(key, sizeof(key), "%s.rope.scaling.type", ld->arch);
     if (gguf_get_str(ld->g, key, &s) == 0 && !(s.len == 4 && !memcmp(s.ptr, "none", 4))) {
-        if (!(s.len == 6 && !memcmp(s.ptr, "linear", 6))) {
-            snprintf(ld->errbuf, ld->errlen, "%s: %s '%.*s' is not supported by rkv (none, linear)",
-                     ld->file, key, (int)(s.len > 64 ? 64 : s.len), s.ptr);
+        int yarn = s.len == 4 && !memcmp(s.ptr, "yarn", 4);
+        if (!yarn && !(s.len == 6 && !memcmp(s.ptr, "linear", 6))) {
+            snprintf(ld->errbuf, ld->errlen,
+                     "%s: %s '%.*s' is not supported by rkv (none, linear, yarn)", ld->file, key,
+                     (int)(s.len > 64 ? 64 : s.len), s.ptr);
             return RKV_EUNSUPPORTED;
         }
-        if ((rc = get_f32(ld, "rope.scaling.factor", 0, 1.0f, &hp->rope_scale)) < 0)
+        if (yarn) {
+            /* llama.cpp's defaults: the trained context, no extra attention factor, and the
+             * 0.1 of YaRN's paper as the magnitude's log multiplier */
+            if ((rc = get_f32(ld, "rope.scaling.factor", 1, 0.0f, &hp->yarn_factor)) < 0 ||
+                (rc = get_u32(ld, "rope.scaling.original_context_length", 0, hp->n_ctx,
+                              &hp->yarn_orig_ctx)) < 0 ||
+                (rc = get_f32(ld, "rope.scaling.attn_factor", 0, 1.0f, &hp->yarn_attn_factor)) <
+                    0 ||
+                (rc = get_f32(ld, "rope.scaling.yarn_log_multiplier", 0, 0.1f, &hp->yarn_log_mul)) <
+                    0)
+                return rc;
+        } else if ((rc = get_f32(ld, "rope.scaling.factor", 0, 1.0f, &hp->rope_scale)) < 0) {
             return rc;
+        }
     }
     if (hp->arch == MODEL_GEMMA3) {
         /* llama.cpp's gemma3: five local layers (window, rope base 10k, no scaling) to one

@@ -34,6 +34,10 @@ struct preset {
     uint32_t dim, n_layer, n_head, n_head_kv, ffn, vocab, ctx;
     uint32_t head_dim; /* attention.key_length; 0 = dim / n_head */
     uint32_t window;   /* gemma3's attention.sliding_window */
+    float rope_base;   /* rope.freq_base; 0 = the architecture's */
+    /* YaRN: rope.scaling.factor and original_context_length; 0 = none */
+    float yarn_factor;
+    uint32_t yarn_ctx;
 };
 
 /* docs/model-format.md lists these */
@@ -49,9 +53,13 @@ static const struct preset presets[] = {
     {"qwen3-tiny", ARCH_QWEN3, 64, 2, 4, 2, 160, 512, 2048, 32},
     /* seven layers: local 0-4 and 6, global 5; a window the tests' prompts outgrow */
     {"gemma3-tiny", ARCH_GEMMA3, 64, 7, 4, 1, 160, 512, 2048, 32, 8},
+    /* YaRN 4x over a trained context of 64, with a base whose correction ramp spans
+     * several of the 8 pairs, so short prompts run past the trained context */
+    {"qwen2-yarn-tiny", ARCH_QWEN2, 64, 2, 4, 2, 160, 512, 256, 0, 0, 10000.0f, 4.0f, 64},
 };
 #define PRESET_NAMES                                                                               \
-    "tiny, tiny-qwen2, tiny256, small, llama3-8b, qwen2.5-7b, qwen3-tiny, gemma3-tiny"
+    "tiny, tiny-qwen2, tiny256, small, llama3-8b, qwen2.5-7b, qwen3-tiny, gemma3-tiny, "           \
+    "qwen2-yarn-tiny"
 
 struct dtype {
     const char *name;
@@ -96,7 +104,7 @@ static void usage(FILE *f)
                "writes a GGUF v3 model with seeded random weights and a byte-level BPE\n"
                "tokenizer; the same arguments give the same bytes.\n"
                "  --preset NAME   tiny (default), tiny-qwen2, tiny256, small, llama3-8b,\n"
-               "                  qwen2.5-7b, qwen3-tiny, gemma3-tiny\n"
+               "                  qwen2.5-7b, qwen3-tiny, gemma3-tiny, qwen2-yarn-tiny\n"
                "  --arch A        override the preset's architecture\n"
                "  --dtype T       matrix type (norms and biases stay f32), default f32: " DTYPE_NAMES
                "\n"
@@ -450,7 +458,13 @@ static void put_hparams(struct gw *w, const struct opts *o)
     }
     if (o->arch == ARCH_GEMMA3)
         gw_kv_u32(w, K("attention.sliding_window"), p->window ? p->window : 512);
-    gw_kv_f32(w, K("rope.freq_base"), o->arch == ARCH_LLAMA ? 500000.0f : 1000000.0f);
+    float base = o->arch == ARCH_LLAMA ? 500000.0f : 1000000.0f;
+    gw_kv_f32(w, K("rope.freq_base"), p->rope_base > 0.0f ? p->rope_base : base);
+    if (p->yarn_factor > 0.0f) {
+        gw_kv_str(w, K("rope.scaling.type"), "yarn");
+        gw_kv_f32(w, K("rope.scaling.factor"), p->yarn_factor);
+        gw_kv_u32(w, K("rope.scaling.original_context_length"), p->yarn_ctx);
+    }
     gw_kv_f32(w, K("attention.layer_norm_rms_epsilon"), o->arch == ARCH_LLAMA ? 1e-5f : 1e-6f);
 #undef K
 }

@@ -112,11 +112,20 @@ class RefModel:
         self.head_dim_v = int(_field(r, a + "attention.value_length", self.head_dim))
         self.rope_dim = int(_field(r, a + "rope.dimension_count", self.head_dim))
         scaling = _field(r, a + "rope.scaling.type", "none")
-        if scaling not in ("none", "linear"):
-            raise ValueError(f"{path}: rope.scaling.type {scaling} is not none or linear")
+        if scaling not in ("none", "linear", "yarn"):
+            raise ValueError(f"{path}: rope.scaling.type {scaling} is not none, linear or yarn")
         self.rope_factor = 1.0
         if scaling == "linear":
             self.rope_factor = float(_field(r, a + "rope.scaling.factor"))
+        # the magnitude of every global rotation (YaRN's), 1 = none
+        self.rope_mscale = 1.0
+        yarn = None
+        if scaling == "yarn":
+            yarn = (float(_field(r, a + "rope.scaling.factor")),
+                    int(_field(r, a + "rope.scaling.original_context_length",
+                               _field(r, a + "context_length"))),
+                    float(_field(r, a + "rope.scaling.attn_factor", 1.0)),
+                    float(_field(r, a + "rope.scaling.yarn_log_multiplier", 0.1)))
         self.neox = self.arch != "llama"
         self.gemma = self.arch == "gemma3"
         # gemma3: layer il is local (a window of n_swa positions, rope base 10000, unscaled)
@@ -173,6 +182,25 @@ class RefModel:
             assert L["wk"].shape == (self.n_head_kv * self.head_dim, self.dim)
             assert L["w_down"].shape == (self.dim, self.ffn)
             self.layers.append(L)
+        if yarn is not None:
+            self._yarn(*yarn)
+
+    def _yarn(self, factor, orig_ctx, attn_factor, log_mul):
+        """YaRN as llama.cpp's rope_yarn (ext_factor 1, beta_fast 32, beta_slow 1): each pair's
+        angle mixes the interpolated theta / factor and the original theta by a ramp over the
+        pairs between the correction dims; cos and sin scaled by the magnitude"""
+        n = self.rope_dim
+
+        def corr_dim(n_turns):
+            return n * math.log(orig_ctx / (n_turns * 2 * math.pi)) / (2 * math.log(self.rope_base))
+
+        lo = max(0.0, math.floor(corr_dim(32.0)))
+        hi = min(n - 1.0, math.ceil(corr_dim(1.0)))
+        i = np.arange(n // 2, dtype=np.float64)
+        ramp = 1.0 - np.clip((i - lo) / max(0.001, hi - lo), 0.0, 1.0)  # 1: extrapolate
+        # theta = (theta_i / factor) (1 - ramp) + theta_i ramp, as a divisor of theta_i
+        self.rope_freqs = self.rope_freqs / ((1.0 - ramp) / factor + ramp)
+        self.rope_mscale = attn_factor * (1.0 + log_mul * math.log(factor))
 
     # --- batched path --------------------------------------------------------
 
@@ -201,6 +229,7 @@ class RefModel:
         inv = base ** (-2.0 * np.arange(half) / self.rope_dim) / self.rope_freqs
         ang = (pos[:, None] / factor) * inv[None, :]  # (T, half)
         cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+        cos, sin = cos * self.rope_mscale, sin * self.rope_mscale
         out = x.copy()
         if self.neox:
             a, b = x[..., :half], x[..., half : self.rope_dim]
@@ -261,7 +290,7 @@ class RefModel:
         for i in range(half):
             theta = (p / factor) * base ** (-2.0 * i / self.rope_dim)
             theta /= self.rope_freqs[i]
-            c, s = math.cos(theta), math.sin(theta)
+            c, s = math.cos(theta) * self.rope_mscale, math.sin(theta) * self.rope_mscale
             i0, i1 = (i, i + half) if self.neox else (2 * i, 2 * i + 1)
             out[i0] = vec[i0] * c - vec[i1] * s
             out[i1] = vec[i0] * s + vec[i1] * c

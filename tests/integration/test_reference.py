@@ -461,6 +461,61 @@ def test_rope_freqs(tmp_path):
 
 
 
+def yarn_prompt(n, n_vocab=512):
+    """n token ids below n_vocab, deterministic"""
+    return [(i * 37 + 11) % (n_vocab - 3) for i in range(n)]
+
+
+def test_yarn(tmp_path):
+    """qwen2 with YaRN (rkv-mkmodel's qwen2-yarn-tiny: factor 4 over a trained context of 64):
+    the reference's two paths agree, YaRN changes the logits, and the cpu engine gives the
+    reference's logits (1e-4, exact mode) at every position up to twice the trained context"""
+    path = tmp_path / "yarn.gguf"
+    _run([_need("rkv-mkmodel"), "--preset", "qwen2-yarn-tiny", "--dtype", "f32", "--seed", "5",
+          "--out", str(path)])
+    ref = RefModel(str(path))
+    # the ramp spans pairs 0..3 of 8: some extrapolate, some interpolate, some mix
+    assert len(set(np.round(ref.rope_freqs, 6))) >= 4 and ref.rope_freqs.max() == 4.0
+    assert ref.rope_mscale == pytest.approx(1 + 0.1 * np.log(4.0))
+    short = yarn_prompt(20)
+    a = ref.logits(short)
+    np.testing.assert_allclose(a, ref.logits_naive(short), rtol=0, atol=1e-10)
+    plain = RefModel(str(path))
+    plain.rope_freqs, plain.rope_mscale = np.ones_like(plain.rope_freqs), 1.0
+    assert np.abs(a - plain.logits(short)).max() > 1e-2 * np.abs(a).max()
+    # prefill past the trained context, then decode on
+    prompt = yarn_prompt(120)
+    ids, got = run_gen(path, tmp_path, prompt=prompt, n=N_GEN, env={"RKV_CPU_EXACT": "1"})
+    compare_steps(ref, prompt, ids, got)
+    want = ref.logits(prompt)
+    _, pre = run_gen(path, tmp_path, prompt=prompt[:100], n=1, env={"RKV_CPU_EXACT": "1"})
+    assert np.abs(pre[0] - want[99]).max() <= RTOL * np.abs(want[99]).max()
+
+
+def test_yarn_attn_factor(tmp_path):
+    """rope.scaling.attn_factor scales the rotation's magnitude (q.k by its square); a YaRN
+    model with sliding windows or a bad factor is refused by name"""
+    def keys(attn_factor, factor=4.0):
+        def add(w):
+            w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+            w.add_rope_scaling_factor(factor)
+            w.add_rope_scaling_orig_ctx_len(32)
+            w.add_rope_scaling_attn_factors(attn_factor)
+        return add
+
+    path = tmp_path / "y.gguf"
+    write_model(path, "qwen2", "f32", seed=6, extra=keys(0.7))
+    ref = RefModel(str(path))
+    assert ref.rope_mscale == pytest.approx(0.7 * (1 + 0.1 * np.log(4.0)))
+    prompt = yarn_prompt(48, 128)
+    ids, got = run_gen(path, tmp_path, prompt=prompt, n=N_GEN, env={"RKV_CPU_EXACT": "1"})
+    compare_steps(ref, prompt, ids, got)
+    write_model(path, "qwen2", "f32", seed=6, extra=keys(1.0, factor=0.5))
+    r = subprocess.run([_need("rkv-gen"), "--model", str(path), "--prompt-ids", "1,2", "-n", "1",
+                        "--backend", "cpu"], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "rope.scaling" in r.stderr, r.stderr
+
+
 # --- qwen3 and gemma3 on the cpu backend (gpu_model_test holds the cuda backend to it) ------
 
 NEW_ARCHS = {"qwen3": "qwen3-tiny", "gemma3": "gemma3-tiny"}

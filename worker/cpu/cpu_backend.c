@@ -286,14 +286,15 @@ static void rope_chunk(void *v, uint32_t b, uint32_t e, uint32_t thread)
     const uint32_t half = a->r->n_rot / 2, hd = a->head_dim;
     float *cs = a->c->scratch[thread]; /* (half) cos then (half) sin */
     float *sn = cs + half;
+    const double ms = a->r->mscale > 0.0f ? a->r->mscale : 1.0;
     for (uint32_t t = b; t < e; t++) {
         double p = (double)a->b->pos[t] * a->r->freq_scale;
         for (uint32_t i = 0; i < half; i++) {
             double th = p * pow(a->r->freq_base, -2.0 * i / a->r->n_rot);
             if (a->r->freq_factors)
                 th /= a->r->freq_factors[i];
-            cs[i] = (float)cos(th);
-            sn[i] = (float)sin(th);
+            cs[i] = (float)(cos(th) * ms);
+            sn[i] = (float)(sin(th) * ms);
         }
         float *row = (float *)a->x->data + (size_t)t * a->x->cols;
         for (uint32_t h = 0; h < a->n_heads; h++) {
@@ -649,6 +650,7 @@ static const struct backend_i cpu_iface = {
                     (1ull << BE_Q2_K) | (1ull << BE_Q3_K) | (1ull << BE_Q4_K) | (1ull << BE_Q5_K) |
                     (1ull << BE_Q6_K) | (1ull << BE_IQ4_NL) | (1ull << BE_IQ4_XS),
     .rope_freq_factors = 1,
+    .rope_mscale = 1,
     .rmsnorm_heads = cpu_rmsnorm_heads,
     .gelu_mul = cpu_gelu_mul,
     .scale = cpu_scale_op,

@@ -458,9 +458,13 @@ static void test_rope(void **state)
     struct kv_block_ref blk = {0, KV_DEVICE};
     struct be_seq seq = {0, T, 0, &blk, 1};
     struct be_batch b = {&seq, 1, T, pos, seq_of};
-    for (int neox = 0; neox < 2; neox++)
+    /* per-pair divisors and a magnitude (YaRN's) on the second pass of each shape */
+    const float ff[8] = {1.0f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 4.0f, 4.0f};
+    for (int pass = 0; pass < 4; pass++)
         for (uint32_t n_rot = 8; n_rot <= HD; n_rot += 8) {
-            struct be_rope r = {n_rot, 10000.0f, neox ? 0.25f : 1.0f, neox};
+            const int neox = pass & 1, yarn = pass >> 1;
+            struct be_rope r = {n_rot, 10000.0f,         neox ? 0.25f : 1.0f,
+                                neox,  yarn ? ff : NULL, yarn ? 1.1386f : 0.0f};
             fill(x, T * H * HD, 1.0f);
             struct be_tensor *tx = tensor_f32(T, H * HD, x);
             assert_int_equal(rope_forward(be, tx, &b, H, HD, &r), 0);
@@ -473,9 +477,12 @@ static void test_rope(void **state)
                         ro[d] = xi[d];
                     for (uint32_t i = 0; i < n_rot / 2; i++) {
                         double th = pos[t] * r.freq_scale * pow(10000.0, -2.0 * i / n_rot);
+                        double ms = yarn ? r.mscale : 1.0;
+                        if (yarn)
+                            th /= ff[i];
                         uint32_t a = neox ? i : 2 * i, c = neox ? i + n_rot / 2 : 2 * i + 1;
-                        ro[a] = xi[a] * cos(th) - xi[c] * sin(th);
-                        ro[c] = xi[a] * sin(th) + xi[c] * cos(th);
+                        ro[a] = ms * (xi[a] * cos(th) - xi[c] * sin(th));
+                        ro[c] = ms * (xi[a] * sin(th) + xi[c] * cos(th));
                     }
                 }
             assert_int_equal(check_close("rope", got, ref, T * H * HD, 1e-6, 1e-5), 0);
