@@ -275,8 +275,12 @@ def test_unknown_arch_and_rope_scaling_named(tmp_path):
     write_gguf(p, arch="gptneox")
     assert "general.architecture 'gptneox' is not supported" in gen_error(p)
     p = tmp_path / "b.gguf"
+    write_gguf(p, extra_kv={"llama.rope.scaling.type": "longrope"})
+    assert ("llama.rope.scaling.type 'longrope' is not supported by rkv (none, linear, yarn)"
+            in gen_error(p))
+    # yarn needs its factor
     write_gguf(p, extra_kv={"llama.rope.scaling.type": "yarn"})
-    assert "llama.rope.scaling.type 'yarn' is not supported by rkv (none, linear)" in gen_error(p)
+    assert "llama.rope.scaling.factor is missing" in gen_error(p)
 
 
 def test_rkv_bench_cpu_quick(tmp_path):
