@@ -8,6 +8,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "common/quant.h"
+#include "worker/attn_route.h"
 #include "worker/backend_impl.h"
 #include "worker/cpu/cpu_backend.h"
 #ifdef RKV_CUDA
@@ -30,8 +31,20 @@ void backend_free(struct backend *be)
 {
     if (!be)
         return;
-    be->iface->free(be->ctx);
+    be->iface->free(be->ctx); /* first: its host functions may still call the router */
+    attn_route_destroy(be->route);
     free(be);
+}
+
+/* a device backend that sends host blocks to cpu threads gets the worker's router for them */
+static int attach_route(struct backend *be, uint32_t n_threads)
+{
+    if (!be->iface->set_host_attend)
+        return 0;
+    int rc = attn_route_create(n_threads, &be->route);
+    if (rc == 0)
+        rc = be->iface->set_host_attend(be->ctx, attn_route_host(be->route));
+    return rc;
 }
 
 const char *backend_name(const struct backend *be)
@@ -57,6 +70,10 @@ static int start_cuda(const struct backend_opts *o, int forced, struct backend *
         return 0;
     }
     int rc = rkv_cuda_backend_init(o, out);
+    if (rc == 0 && (rc = attach_route(*out, o->n_threads)) < 0) {
+        backend_free(*out);
+        *out = NULL;
+    }
     if (rc < 0) {
         if (forced) {
             snprintf(errbuf, errlen, "backend cuda: cannot start on gpu %d: %s", o->gpu,

@@ -81,6 +81,16 @@ struct be_attn {
     uint32_t window;
 };
 
+/* attention over the host pool on the host, for a device backend: q (n_tokens,
+ * n_head*head_dim) over the blocks of b tagged KV_HOST into o (n_tokens, n_head*head_dim), m, l
+ * (n_tokens, n_head), all host memory, as attn_partial computes them. Called from the thread
+ * that queues the layers or the device runtime's host-function thread, one call at a time */
+struct be_host_attend {
+    int (*attend)(void *ctx, const struct be_batch *b, uint32_t layer, const float *q,
+                  const struct be_attn *at, float *o, float *m, float *l);
+    void *ctx;
+};
+
 /* a partial attention result over some set of kv blocks, per (token, head):
  * o normalized by l, m the max scaled score, l = sum exp(score - m).
  * an empty set has o = 0, m = -inf, l = 0. */
@@ -238,6 +248,10 @@ struct backend_i {
     /* 1: rope and rope_kv_write multiply cos and sin by be_rope.mscale (0: a model whose
      * mscale is not 1, a YaRN-scaled one, is refused at load) */
     int rope_mscale;
+    /* optional: where the host blocks go that this (device) backend attends on cpu threads
+     * (CPU_TAIL, the split host read); without it those tactics are refused. backend_init
+     * sets the worker's router (worker/attn_route.h) */
+    int (*set_host_attend)(void *ctx, const struct be_host_attend *h);
 };
 
 struct backend_opts {

@@ -7,10 +7,13 @@
 
 #include "worker/backend.h"
 
+struct attn_route;
+
 struct backend {
     char name[16];
     const struct backend_i *iface;
     void *ctx;
+    struct attn_route *route; /* a device backend's host attention (set_host_attend), or NULL */
 };
 
 /* read by backend_ops.c's shape checks and by the backend that owns it */

@@ -2,6 +2,7 @@
 #include <stdlib.h>
 
 #include "common/err.h"
+#include "worker/attn_route.h"
 #include "worker/backend.h"
 #include "worker/backend_impl.h"
 
@@ -37,7 +38,10 @@ int backend_tensor_get(struct backend *be, const struct be_tensor *t, void *dst,
 
 int backend_set_kv(struct backend *be, const struct kv_layout *l, const struct kv_pools *p)
 {
-    return be->iface->set_kv(be->ctx, l, p);
+    int rc = be->iface->set_kv(be->ctx, l, p);
+    if (rc == 0 && be->route)
+        rc = attn_route_set_kv(be->route, l, p);
+    return rc;
 }
 
 /* shape checks shared by every backend, so a bad call fails the same way

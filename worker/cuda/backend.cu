@@ -482,19 +482,53 @@ static void cu_free(void *ctx)
 /* cuBLAS's workspace: its advice for Hopper */
 #define CUDA_BLAS_WS_BYTES ((size_t)32 << 20)
 
+/* one entry a line, in struct backend_i's order */
+/* clang-format off */
 static const struct backend_i cuda_iface = {
-    cu_free, cu_tensor_alloc, cu_tensor_free, cu_tensor_set, cu_tensor_get, cu_set_kv, cu_embed,
-    cu_rmsnorm, cu_matmul, cu_rope, cu_kv_write, cu_attn_partial, cu_attn_merge, cu_silu_mul,
-    cu_add, cu_get_rows, cu_sync, cu_linear, cu_rope_kv_write, cu_scratch_reserve, cu_host_alloc,
-    cu_host_free, cu_stats, cu_greedy, cu_host_attn_cpu, cu_host_split, cu_graph_begin,
-    cu_graph_end, cu_matmul2, cu_sample,
-    /* the block formats beside Q8_0: quant_gemv.cu, quant_mma.cu, quant_matmul.cu */
+    cu_free,
+    cu_tensor_alloc,
+    cu_tensor_free,
+    cu_tensor_set,
+    cu_tensor_get,
+    cu_set_kv,
+    cu_embed,
+    cu_rmsnorm,
+    cu_matmul,
+    cu_rope,
+    cu_kv_write,
+    cu_attn_partial,
+    cu_attn_merge,
+    cu_silu_mul,
+    cu_add,
+    cu_get_rows,
+    cu_sync,
+    cu_linear,
+    cu_rope_kv_write,
+    cu_scratch_reserve,
+    cu_host_alloc,
+    cu_host_free,
+    cu_stats,
+    cu_greedy,
+    cu_host_attn_cpu,
+    cu_host_split,
+    cu_graph_begin,
+    cu_graph_end,
+    cu_matmul2,
+    cu_sample,
+    /* weight_types: the block formats beside Q8_0 (quant_dot.cu, quant_gemv.cu, quant_mma.cu,
+     * quant_matmul.cu) */
     (1ull << BE_Q4_0) | (1ull << BE_Q4_1) | (1ull << BE_Q5_0) | (1ull << BE_Q5_1) |
         (1ull << BE_Q2_K) | (1ull << BE_Q3_K) | (1ull << BE_Q4_K) | (1ull << BE_Q5_K) |
         (1ull << BE_Q6_K) | (1ull << BE_IQ4_NL) | (1ull << BE_IQ4_XS),
     1, /* rope_freq_factors */
-    cu_rmsnorm_heads, cu_gelu_mul, cu_scale, 1, /* attn_window */
+    cu_rmsnorm_heads,
+    cu_gelu_mul,
+    cu_scale,
+    1, /* attn_window */
+    1, /* rope_mscale */
+    cu_set_host_attend,
 };
+/* clang-format on */
 
 extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backend **out)
 {
@@ -535,7 +569,7 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
     c->hcpu.link_gbps = 50.0; /* until set_kv measures the link */
     if (cuda_stream_new(&c->stream) < 0 || cuda_stream_new(&c->side) < 0 ||
         cuda_event_new(&c->ev_pre_attn) < 0 || cuda_event_new(&c->ev_side_done) < 0 ||
-        cuda_stage_init(&c->stage) < 0 || cuda_host_cpu_init(&c->hcpu, o->n_threads) < 0)
+        cuda_stage_init(&c->stage) < 0 || cuda_host_cpu_init(&c->hcpu) < 0)
         goto fail;
     if (cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS) {
         c->blas = NULL;

@@ -7,16 +7,16 @@
 #include "worker/cuda/cuda_ops.cuh"
 extern "C" {
 #include "common/hosttail.h"
-#include "worker/cpu/cpu_backend.h"
 }
 
 /* the split host read is on: a share of the host blocks to the cpu (not with CPU_TAIL, which
  * takes them all, nor in deterministic mode or with one key split per block: the cpu's partial
  * spans many blocks, which the block-order merge cannot take apart; the cpu's view hides the
- * gpu's host blocks behind device block 0, so the device pool must have one) */
+ * gpu's host blocks behind device block 0, so the device pool must have one; nor without the
+ * worker's router to attend them) */
 int cuda_host_split_on(const struct cuda_ctx *c)
 {
-    return c->hcpu.host_split && !c->hcpu.host_cpu && !c->deterministic &&
+    return c->hcpu.host_split && c->hcpu.attend.attend && !c->hcpu.host_cpu && !c->deterministic &&
            !c->tune.attn_fixed && c->have_kv && c->n_blocks[KV_DEVICE] > 0;
 }
 
@@ -67,31 +67,31 @@ int cuda_split_shares(struct cuda_ctx *c, const struct be_batch *b, uint32_t *sc
     return 0;
 }
 
-/* the cpu backend over the host pool, and its q, o, m, l tensors for n tokens of at's shape */
-static int cpu_attn_ready(struct cuda_ctx *c, uint32_t n, const struct be_attn *at)
+/* pinned bytes at *p for at least bytes, after the work that reads the old ones */
+static int pinned_ready(struct cuda_ctx *c, void **p, size_t *cap, size_t bytes)
 {
-    int rc = 0;
-    if (!c->hcpu.cpu_be && (rc = cpu_backend_init(c->hcpu.cpu_threads, &c->hcpu.cpu_be)) < 0)
-        return rc;
-    if (!c->hcpu.cpu_kv_set) {
-        /* the device pool's address only bounds its block indices: the cpu reads host blocks */
-        struct kv_pools p = {{c->pool[KV_DEVICE], c->host_base},
-                             {c->n_blocks[KV_DEVICE], c->n_blocks[KV_HOST]}};
-        if ((rc = backend_set_kv(c->hcpu.cpu_be, &c->layout, &p)) < 0)
-            return rc;
-        c->hcpu.cpu_kv_set = 1;
+    if (bytes <= *cap)
+        return 0;
+    if (*p) {
+        CU_TRY(cudaStreamSynchronize(c->side)); /* its copies read the old buffer */
+        CU_TRY(cudaStreamSynchronize(c->hcpu.cpu_s));
+        cudaFreeHost(*p);
+        *p = NULL;
+        *cap = 0;
     }
-    const uint32_t qd = at->n_head * at->head_dim;
-    struct be_tensor **t = c->hcpu.cpu_t;
-    if (!t[3] || t[0]->rows < n || t[0]->cols != qd || t[2]->cols != at->n_head) {
-        for (int i = 0; i < 4; i++) {
-            backend_tensor_free(c->hcpu.cpu_be, t[i]);
-            t[i] = NULL;
-        }
-        for (int i = 0; i < 4 && rc == 0; i++)
-            rc = backend_tensor_alloc(c->hcpu.cpu_be, BE_F32, n, i < 2 ? qd : at->n_head, &t[i]);
-    }
-    return rc < 0 ? rc : 0;
+    CU_TRY(cudaHostAlloc(p, bytes, cudaHostAllocDefault));
+    *cap = bytes;
+    return 0;
+}
+
+/* the router that attends host blocks on cpu threads, or an error saying there is none */
+static int attend_ready(const struct cuda_ctx *c)
+{
+    if (c->hcpu.attend.attend)
+        return 0;
+    log_error("cuda: host blocks to attend on cpu threads but no host attention was set "
+              "(backend_init sets the worker's); reading them on the gpu needs host_read=measure");
+    return RKV_EUNSUPPORTED;
 }
 
 /* CPU_TAIL: the host blocks' partial from cpu threads over the host pool. q comes down once
@@ -102,24 +102,27 @@ int cuda_attn_host_cpu(struct cuda_ctx *c, const struct be_batch *b, uint32_t la
                        const struct be_tensor *q, const struct be_attn *at,
                        const struct be_partial *out)
 {
-    int rc = cpu_attn_ready(c, b->n_tokens, at);
+    const uint32_t n = b->n_tokens, qd = at->n_head * at->head_dim;
+    const size_t n_th = (size_t)n * at->n_head;
+    int rc = attend_ready(c);
+    if (rc == 0)
+        rc = pinned_ready(c, (void **)&c->hcpu.hbuf, &c->hcpu.hbuf_cap,
+                          ((size_t)2 * n * qd + 2 * n_th) * sizeof(float));
     if (rc < 0)
         return rc;
-    const uint32_t n = b->n_tokens, qd = at->n_head * at->head_dim;
-    struct be_tensor **t = c->hcpu.cpu_t;
+    float *hq = c->hcpu.hbuf, *ho = hq + (size_t)n * qd, *hm = ho + (size_t)n * qd, *hl = hm + n_th;
     CU_TRY(cudaStreamWaitEvent(c->side, c->ev_pre_attn, 0));
-    CU_TRY(cudaMemcpyAsync(t[0]->data, q->data, (size_t)n * qd * sizeof(float),
-                           cudaMemcpyDeviceToHost, c->side));
+    CU_TRY(cudaMemcpyAsync(hq, q->data, (size_t)n * qd * sizeof(float), cudaMemcpyDeviceToHost,
+                           c->side));
     CU_TRY(cudaStreamSynchronize(c->side));
-    const struct be_partial part = {t[1], t[2], t[3]};
-    if ((rc = attn_partial_forward(c->hcpu.cpu_be, b, layer, KV_HOST, t[0], at, &part)) < 0)
+    if ((rc = c->hcpu.attend.attend(c->hcpu.attend.ctx, b, layer, hq, at, ho, hm, hl)) < 0)
         return rc;
-    CU_TRY(cudaMemcpyAsync(out->o->data, t[1]->data, (size_t)n * qd * sizeof(float),
-                           cudaMemcpyHostToDevice, c->side));
-    CU_TRY(cudaMemcpyAsync(out->m->data, t[2]->data, (size_t)n * at->n_head * sizeof(float),
-                           cudaMemcpyHostToDevice, c->side));
-    CU_TRY(cudaMemcpyAsync(out->l->data, t[3]->data, (size_t)n * at->n_head * sizeof(float),
-                           cudaMemcpyHostToDevice, c->side));
+    CU_TRY(cudaMemcpyAsync(out->o->data, ho, (size_t)n * qd * sizeof(float), cudaMemcpyHostToDevice,
+                           c->side));
+    CU_TRY(
+        cudaMemcpyAsync(out->m->data, hm, n_th * sizeof(float), cudaMemcpyHostToDevice, c->side));
+    CU_TRY(
+        cudaMemcpyAsync(out->l->data, hl, n_th * sizeof(float), cudaMemcpyHostToDevice, c->side));
     CU_TRY(cudaEventRecord(c->ev_side_done, c->side));
     c->side_pending = 1;
     c->last_was_dev_attn = 0;
@@ -131,7 +134,7 @@ int cuda_attn_host_cpu(struct cuda_ctx *c, const struct be_batch *b, uint32_t la
 int cu_host_attn_cpu(void *ctx, int on)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    if (on && c->deterministic)
+    if (on && (c->deterministic || !c->hcpu.attend.attend))
         return RKV_EUNSUPPORTED;
     c->hcpu.host_cpu = on != 0;
     return 0;
@@ -141,17 +144,9 @@ int cu_host_attn_cpu(void *ctx, int on)
  * held before device attention) into pinned memory, ahead of the gpu's host part */
 int cuda_split_q_down(struct cuda_ctx *c, const struct be_tensor *q, size_t bytes)
 {
-    if (bytes > c->hcpu.qdown_cap) {
-        if (c->hcpu.qdown) {
-            CU_TRY(cudaStreamSynchronize(c->side));
-            CU_TRY(cudaStreamSynchronize(c->hcpu.cpu_s)); /* a split job reads it */
-            cudaFreeHost(c->hcpu.qdown);
-            c->hcpu.qdown = NULL;
-            c->hcpu.qdown_cap = 0;
-        }
-        CU_TRY(cudaHostAlloc(&c->hcpu.qdown, bytes, cudaHostAllocDefault));
-        c->hcpu.qdown_cap = bytes;
-    }
+    int rc = pinned_ready(c, &c->hcpu.qdown, &c->hcpu.qdown_cap, bytes); /* a split job reads it */
+    if (rc < 0)
+        return rc;
     CU_TRY(cudaMemcpyAsync(c->hcpu.qdown, q->data, bytes, cudaMemcpyDeviceToHost, c->side));
     CU_TRY(cudaEventRecord(c->hcpu.ev_qdown, c->side));
     return 0;
@@ -224,19 +219,11 @@ static void CUDART_CB split_cpu_job(void *arg)
     struct cuda_ctx *c = j->c;
     if (__atomic_load_n(&c->hcpu.split_async_rc, __ATOMIC_ACQUIRE) < 0)
         return; /* a layer before failed: the step's result is an error anyway */
-    struct be_tensor **t = c->hcpu.cpu_t;
-    const size_t hd = j->at.head_dim;
-    memcpy(t[0]->data, c->hcpu.qdown, j->n_th * hd * sizeof(float));
-    const struct be_partial part = {t[1], t[2], t[3]};
-    int rc = attn_partial_forward(c->hcpu.cpu_be, &c->hcpu.split_v, j->layer, KV_HOST, t[0], &j->at,
-                                  &part);
-    if (rc < 0) {
+    float *o = c->hcpu.split_up, *m = o + j->n_th * j->at.head_dim, *l = m + j->n_th;
+    int rc = c->hcpu.attend.attend(c->hcpu.attend.ctx, &c->hcpu.split_v, j->layer,
+                                   (const float *)c->hcpu.qdown, &j->at, o, m, l);
+    if (rc < 0)
         __atomic_store_n(&c->hcpu.split_async_rc, rc, __ATOMIC_RELEASE);
-        return;
-    }
-    memcpy(c->hcpu.split_up, t[1]->data, j->n_th * hd * sizeof(float));
-    memcpy(c->hcpu.split_up + j->n_th * hd, t[2]->data, j->n_th * sizeof(float));
-    memcpy(c->hcpu.split_up + j->n_th * (hd + 1), t[3]->data, j->n_th * sizeof(float));
 }
 
 /* an error of a split job since the last call (0: none), cleared */
@@ -258,19 +245,12 @@ int cuda_split_host_cpu_async(struct cuda_ctx *c, const struct be_batch *b, uint
         return rc;
     if (c->hcpu.split_v_gen != c->meta.gen) { /* 0: none yet (the first upload makes it 1) */
         CU_TRY(cudaStreamSynchronize(c->hcpu.cpu_s)); /* no job reads the view or the buffers now */
-        if ((rc = cpu_attn_ready(c, n, at)) < 0 || (rc = split_view(c, b, &c->hcpu.split_v)) < 0)
+        if ((rc = attend_ready(c)) < 0 || (rc = split_view(c, b, &c->hcpu.split_v)) < 0)
             return rc;
         c->hcpu.split_v_gen = c->meta.gen;
     }
-    if (up > c->hcpu.split_up_cap) {
-        CU_TRY(cudaStreamSynchronize(c->side)); /* its copies up read the old buffer */
-        CU_TRY(cudaStreamSynchronize(c->hcpu.cpu_s));
-        cudaFreeHost(c->hcpu.split_up);
-        c->hcpu.split_up = NULL;
-        c->hcpu.split_up_cap = 0;
-        CU_TRY(cudaHostAlloc((void **)&c->hcpu.split_up, up, cudaHostAllocDefault));
-        c->hcpu.split_up_cap = up;
-    }
+    if ((rc = pinned_ready(c, (void **)&c->hcpu.split_up, &c->hcpu.split_up_cap, up)) < 0)
+        return rc;
     if (c->layout.n_layer > c->hcpu.split_jobs_n) {
         CU_TRY(cudaStreamSynchronize(c->hcpu.cpu_s));
         struct split_job *j =
@@ -303,30 +283,26 @@ int cuda_split_host_cpu(struct cuda_ctx *c, const struct be_batch *b, uint32_t l
                         const struct be_attn *at, const struct be_partial *out)
 {
     const uint32_t n = b->n_tokens;
-    const size_t n_th = (size_t)n * at->n_head;
+    const size_t n_th = (size_t)n * at->n_head, up = n_th * (at->head_dim + 2) * sizeof(float);
     struct be_batch v;
-    int rc = cpu_attn_ready(c, n, at);
+    int rc = attend_ready(c);
     if (rc == 0)
         rc = split_view(c, b, &v);
     c->hcpu.split_v_gen = 0; /* the async path's view shares split_view's buffers */
     if (rc == 0)
-        rc = cuda_scratch(c, &c->pass_part, &c->pass_part_cap,
-                          n_th * (at->head_dim + 2) * sizeof(float));
+        rc = pinned_ready(c, (void **)&c->hcpu.split_up, &c->hcpu.split_up_cap, up);
+    if (rc == 0)
+        rc = cuda_scratch(c, &c->pass_part, &c->pass_part_cap, up);
     if (rc < 0)
         return rc;
-    struct be_tensor **t = c->hcpu.cpu_t;
+    float *o = c->hcpu.split_up, *m = o + n_th * at->head_dim, *l = m + n_th;
     CU_TRY(cudaEventSynchronize(c->hcpu.ev_qdown));
-    memcpy(t[0]->data, c->hcpu.qdown, n_th * at->head_dim * sizeof(float));
-    const struct be_partial part = {t[1], t[2], t[3]};
-    if ((rc = attn_partial_forward(c->hcpu.cpu_be, &v, layer, KV_HOST, t[0], at, &part)) < 0)
+    if ((rc = c->hcpu.attend.attend(c->hcpu.attend.ctx, &v, layer, (const float *)c->hcpu.qdown, at,
+                                    o, m, l)) < 0)
         return rc;
-    float *o_t = (float *)c->pass_part, *m_t = o_t + n_th * at->head_dim, *l_t = m_t + n_th;
-    CU_TRY(cudaMemcpyAsync(o_t, t[1]->data, n_th * at->head_dim * sizeof(float),
-                           cudaMemcpyHostToDevice, c->side));
-    CU_TRY(cudaMemcpyAsync(m_t, t[2]->data, n_th * sizeof(float), cudaMemcpyHostToDevice, c->side));
-    CU_TRY(cudaMemcpyAsync(l_t, t[3]->data, n_th * sizeof(float), cudaMemcpyHostToDevice, c->side));
-    rc = split_merge(c, out, o_t, n, at);
-    return rc;
+    float *o_t = (float *)c->pass_part;
+    CU_TRY(cudaMemcpyAsync(o_t, c->hcpu.split_up, up, cudaMemcpyHostToDevice, c->side));
+    return split_merge(c, out, o_t, n, at);
 }
 
 /* the split host read's share, fixed (learn: pct came from measured rates, which changes
@@ -342,9 +318,16 @@ int cu_host_split(void *ctx, uint32_t pct, int learn)
     return 0;
 }
 
-int cuda_host_cpu_init(struct cuda_host_cpu *h, uint32_t cpu_threads)
+int cu_set_host_attend(void *ctx, const struct be_host_attend *h)
 {
-    h->cpu_threads = cpu_threads;
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    CU_TRY(cudaStreamSynchronize(c->hcpu.cpu_s)); /* no job calls the old one */
+    c->hcpu.attend = h ? *h : be_host_attend{NULL, NULL};
+    return 0;
+}
+
+int cuda_host_cpu_init(struct cuda_host_cpu *h)
+{
     if (cuda_event_new(&h->ev_qdown) < 0 || cuda_stream_new(&h->cpu_s) < 0 ||
         cuda_event_new(&h->ev_cpu_done) < 0)
         return RKV_ECUDA;
@@ -356,11 +339,6 @@ void cuda_host_cpu_fini(struct cuda_host_cpu *h)
     if (h->cpu_s)
         cudaStreamSynchronize(h->cpu_s); /* its jobs read what is freed below */
     cuda_stream_free(h->cpu_s);
-    if (h->cpu_be) {
-        for (int i = 0; i < 4; i++)
-            backend_tensor_free(h->cpu_be, h->cpu_t[i]);
-        backend_free(h->cpu_be);
-    }
     cuda_event_free(h->ev_cpu_done);
     cuda_event_free(h->ev_qdown);
     free(h->split_jobs);
@@ -368,6 +346,7 @@ void cuda_host_cpu_fini(struct cuda_host_cpu *h)
     free(h->split_tab);
     cudaFreeHost(h->split_up);
     cudaFreeHost(h->qdown);
+    cudaFreeHost(h->hbuf);
 }
 
 void cuda_split_stats(const struct cuda_ctx *c, char *buf, size_t len)

@@ -15,13 +15,14 @@ struct cuda_ctx;
 struct split_job;
 
 struct cuda_host_cpu {
-    /* CPU_TAIL: host blocks attended by a cpu backend over the host pool (host_attn_cpu, or the
-     * host_read knob's cpu), q down and the partial up over pcie */
+    /* where host blocks are attended on cpu threads: the worker's router (set_host_attend);
+     * without it CPU_TAIL and the split are refused */
+    struct be_host_attend attend;
+    /* CPU_TAIL: every host block attended through attend (host_attn_cpu, or the host_read
+     * knob's cpu), q down and the partial up over pcie through hbuf (pinned: q, o, m, l) */
     int host_cpu;
-    uint32_t cpu_threads;
-    struct backend *cpu_be;
-    int cpu_kv_set;             /* cpu_be has this set_kv's pools */
-    struct be_tensor *cpu_t[4]; /* q, o, m, l on the cpu backend */
+    float *hbuf;
+    size_t hbuf_cap;
     /* the split host read (the worker's host_split, or the host_split knob: P in 1..100): P % of
      * each decode row's host blocks (the oldest) attended by cpu_be while the gpu reads the
      * rest over pcie, the two partials merged by lse; 0: off. q comes down into qdown (pinned),
@@ -55,12 +56,12 @@ struct cuda_host_cpu {
     size_t split_seqs_cap, split_tab_cap;
 };
 
-/* the cpu part's stream and events; fini waits for its jobs and frees all (the cpu backend
- * too) */
-int cuda_host_cpu_init(struct cuda_host_cpu *h, uint32_t cpu_threads);
+/* the cpu part's stream and events; fini waits for its jobs and frees all */
+int cuda_host_cpu_init(struct cuda_host_cpu *h);
 void cuda_host_cpu_fini(struct cuda_host_cpu *h);
-/* the vtable's host_attn_cpu and host_split (struct backend_i) */
+/* the vtable's host_attn_cpu, host_split and set_host_attend (struct backend_i) */
 int cu_host_attn_cpu(void *ctx, int on);
+int cu_set_host_attend(void *ctx, const struct be_host_attend *h);
 int cu_host_split(void *ctx, uint32_t pct, int learn);
 /* the split host read is on for this backend's state (a share, no CPU_TAIL, ...) */
 int cuda_host_split_on(const struct cuda_ctx *c);

@@ -120,9 +120,9 @@ int cu_set_kv(void *ctx, const struct kv_layout *l, const struct kv_pools *p)
     CU_TRY(cudaStreamSynchronize(c->side));
     cuda_graph_drop(c); /* it reads the old pools */
     uint32_t hd = l->head_dim;
-    if (hd < 8 || hd > 128 || (hd & (hd - 1))) {
-        log_error("cuda: head_dim %u is not supported by the cuda attention (8, 16, 32, 64, 128); "
-                  "use --backend cpu",
+    if (hd < 8 || hd > 256 || (hd & (hd - 1))) {
+        log_error("cuda: head_dim %u is not supported by the cuda attention (8, 16, 32, 64, 128, "
+                  "256); use --backend cpu",
                   hd);
         return RKV_EUNSUPPORTED;
     }
@@ -141,7 +141,6 @@ int cu_set_kv(void *ctx, const struct kv_layout *l, const struct kv_pools *p)
         c->n_blocks[r] = p->n_blocks[r];
     }
     c->host_base = (char *)p->base[KV_HOST];
-    c->hcpu.cpu_kv_set = 0;
     c->stage.stg_valid[0] = c->stage.stg_valid[1] = 0;
     if (c->host_base && c->n_blocks[KV_HOST])
         cuda_host_read_choose(c);
