@@ -633,6 +633,18 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
     if (!strcmp(preset, "small"))
         hp = (struct model_hparams){MODEL_LLAMA, 8,     1024,   2816,  16,       4,    64,
                                     64,          32000, 131072, 1e-5f, 10000.0f, 1.0f, 0};
+    if (!strcmp(preset, "qwen3-8b")) /* q/k norms, neox rope */
+        hp = (struct model_hparams){MODEL_QWEN3, 36,     4096,   12288, 32,         8,    128,
+                                    128,         151936, 131072, 1e-6f, 1000000.0f, 1.0f, 1};
+    if (!strcmp(preset, "gemma3-4b")) {
+        /* head_dim 256, GeGLU, five local layers of a 1024-position window to a global one (the
+         * windows mask keys; every layer still reads its whole kv) */
+        hp = (struct model_hparams){MODEL_GEMMA3, 34,     2560,   10240, 8,          4,    256,
+                                    256,          262144, 131072, 1e-6f, 1000000.0f, 1.0f, 1};
+        hp.n_swa = 1024;
+        hp.swa_period = 6;
+        hp.rope_base_swa = 10000.0f;
+    }
     double t0 = gu_now();
     struct gm_src src;
     /* one layer's bytes shared by all layers on the host; uploaded per layer */
@@ -1039,7 +1051,7 @@ int main(int argc, char **argv)
             quick = 1;
         else {
             fprintf(stderr, "usage: gpu_bench [--suite all|gemv|linear|attn|decode|prefill|quant] "
-                            "[--preset llama3-8b|small] "
+                            "[--preset llama3-8b|qwen3-8b|gemma3-4b|small] "
                             "[--quick] [--json FILE]\n");
             return 2;
         }

@@ -232,12 +232,13 @@ __device__ __forceinline__ char *cuda_kv_block(char *pool0, char *pool1, uint32_
 /* rotation of pair i (of n_rot/2) at position pos: theta = pos * scale *
  * base^(-2i/n_rot) in double (positions reach 1e5+ radians), reduced to
  * [-pi, pi] before a float sincos */
-/* a rotation's per-pair frequency divisors (llama3's rope_freqs), passed by value so a graph
- * replay keeps them; on 0: none */
+/* a rotation's per-pair frequency divisors (llama3's rope_freqs, YaRN's ramp) and magnitude,
+ * passed by value so a graph replay keeps them; on 0: no divisors */
 #define CUDA_ROPE_FF_MAX 128
 struct cuda_rope_ff {
     float f[CUDA_ROPE_FF_MAX];
     int on;
+    float mscale; /* be_rope.mscale: cos and sin times it (YaRN), 1 none */
 };
 
 __device__ __forceinline__ void cuda_rope_sincos(int32_t pos, uint32_t i, uint32_t n_rot,
@@ -251,6 +252,8 @@ __device__ __forceinline__ void cuda_rope_sincos(int32_t pos, uint32_t i, uint32
     const double two_pi = 6.283185307179586;
     float red = (float)(theta - two_pi * rint(theta / two_pi));
     sincosf(red, sn, cs);
+    *sn *= ff.mscale;
+    *cs *= ff.mscale;
 }
 
 /* element loads of every weight type as f32 */

@@ -41,6 +41,7 @@ int cuda_rope(struct cuda_ctx *c, float *x, const int32_t *d_pos, uint32_t n_tok
 int cuda_rope_ff_of(const struct be_rope *r, struct cuda_rope_ff *ff)
 {
     ff->on = r->freq_factors != NULL;
+    ff->mscale = r->mscale > 0.0f ? r->mscale : 1.0f;
     if (!ff->on)
         return 0;
     if (r->n_rot / 2 > CUDA_ROPE_FF_MAX)
