@@ -5162,7 +5162,7 @@ int jinja_parse(const char *src, size_t len, const char *name, struct jinja_tmpl
     return 0;
 }
 
-void jinja_free(struct jinja_tmpl *t)
+void jinja_destroy(struct jinja_tmpl *t)
 {
     if (!t)
         return;
@@ -5171,13 +5171,13 @@ void jinja_free(struct jinja_tmpl *t)
     free(t);
 }
 
-int jinja_ctx_new(struct jinja_ctx **out)
+int jinja_ctx_create(struct jinja_ctx **out)
 {
     *out = calloc(1, sizeof **out);
     return *out ? 0 : RKV_ENOMEM;
 }
 
-void jinja_ctx_free(struct jinja_ctx *c)
+void jinja_ctx_destroy(struct jinja_ctx *c)
 {
     if (!c)
         return;

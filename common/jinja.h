@@ -52,11 +52,11 @@ struct jinja_limits {
  * errbuf. */
 int jinja_parse(const char *src, size_t len, const char *name, struct jinja_tmpl **out,
                 char *errbuf, size_t errlen);
-void jinja_free(struct jinja_tmpl *t);
+void jinja_destroy(struct jinja_tmpl *t);
 
 /* the variables of a render */
-int jinja_ctx_new(struct jinja_ctx **out);
-void jinja_ctx_free(struct jinja_ctx *c);
+int jinja_ctx_create(struct jinja_ctx **out);
+void jinja_ctx_destroy(struct jinja_ctx *c);
 /* binds name to v (a value of this context); rebinding replaces */
 int jinja_ctx_set(struct jinja_ctx *c, const char *name, struct jinja_val *v);
 /* every key of a JSON object becomes a variable */

@@ -34,7 +34,7 @@ static int render(const char *tmpl, const char *ctx, const struct jinja_limits *
     int rc = jinja_parse(tmpl, strlen(tmpl), "chat template", &t, err, errlen);
     if (rc < 0)
         return rc;
-    assert_int_equal(jinja_ctx_new(&c), 0);
+    assert_int_equal(jinja_ctx_create(&c), 0);
     if (ctx)
         assert_int_equal(jinja_ctx_set_json(c, ctx, strlen(ctx), err, errlen), 0);
     jinja_ctx_set_now(c, 1721995200); /* 2024-07-26 12:00 UTC */
@@ -42,8 +42,8 @@ static int render(const char *tmpl, const char *ctx, const struct jinja_limits *
     rc = jinja_render(t, c, lim, out, &n, err, errlen);
     if (rc == 0)
         assert_int_equal(n, strlen(*out));
-    jinja_ctx_free(c);
-    jinja_free(t);
+    jinja_ctx_destroy(c);
+    jinja_destroy(t);
     return rc;
 }
 
@@ -401,7 +401,7 @@ static void test_value_api(void **state)
     struct jinja_tmpl *t;
     char err[256], *out;
     size_t n;
-    assert_int_equal(jinja_ctx_new(&c), 0);
+    assert_int_equal(jinja_ctx_create(&c), 0);
     struct jinja_val *msgs = jinja_list(c), *m = jinja_dict(c);
     assert_int_equal(jinja_dict_set(c, m, "role", jinja_str(c, "user", 4)), 0);
     assert_int_equal(jinja_dict_set(c, m, "content", jinja_str(c, "hi", 2)), 0);
@@ -434,8 +434,8 @@ static void test_value_api(void **state)
     assert_int_equal(jinja_render(t, c, NULL, &out, &n, err, sizeof err), 0);
     assert_non_null(strstr(out, "|9 "));
     free(out);
-    jinja_free(t);
-    jinja_ctx_free(c);
+    jinja_destroy(t);
+    jinja_ctx_destroy(c);
     /* errors name the template as the caller calls it */
     assert_int_equal(jinja_parse("{{", 2, NULL, &t, err, sizeof err), RKV_EFORMAT);
     assert_non_null(strstr(err, "template line 1"));

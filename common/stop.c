@@ -20,7 +20,7 @@ struct stop {
     int matched;    /* index of the matched string, -1 before a match */
 };
 
-int stop_init(struct stop **out, const char *const *strs, size_t n)
+int stop_create(struct stop **out, const char *const *strs, size_t n)
 {
     *out = NULL;
     if (n > STOP_MAX_STRINGS)
@@ -39,7 +39,7 @@ int stop_init(struct stop **out, const char *const *strs, size_t n)
     for (size_t i = 0; i < n; i++) {
         s->str[i] = strdup(strs[i]);
         if (!s->str[i]) {
-            stop_free(s);
+            stop_destroy(s);
             return RKV_ENOMEM;
         }
         s->len[i] = strlen(strs[i]);
@@ -49,7 +49,7 @@ int stop_init(struct stop **out, const char *const *strs, size_t n)
     return 0;
 }
 
-void stop_free(struct stop *s)
+void stop_destroy(struct stop *s)
 {
     if (!s)
         return;

@@ -22,8 +22,8 @@ struct stop;
 /* strs: n (0..STOP_MAX_STRINGS) strings of 1..STOP_MAX_LEN bytes, copied.
  * errors: RKV_ETOOBIG (too many / too long), RKV_EINVAL (empty string),
  * RKV_ENOMEM. */
-int stop_init(struct stop **out, const char *const *strs, size_t n);
-void stop_free(struct stop *s);
+int stop_create(struct stop **out, const char *const *strs, size_t n);
+void stop_destroy(struct stop *s);
 
 /* feeds the next chunk. emit, emit_len: the text now safe to send (may be
  * empty; valid until the next call). returns 0 while no stop string has

@@ -38,7 +38,7 @@ static int run_chunks(struct stop *s, const char *const *chunks, char *out, size
 static struct stop *make(const char *const *strs, size_t n)
 {
     struct stop *s = NULL;
-    assert_int_equal(stop_init(&s, strs, n), 0);
+    assert_int_equal(stop_create(&s, strs, n), 0);
     return s;
 }
 
@@ -60,7 +60,7 @@ static void test_whole_chunk(void **state)
     stop_flush(s, &e, &el);
     assert_int_equal(el, 0);
     assert_int_equal(stop_held(s), 0);
-    stop_free(s);
+    stop_destroy(s);
 }
 
 static void test_across_chunks(void **state)
@@ -80,7 +80,7 @@ static void test_across_chunks(void **state)
     assert_int_equal(stop_feed(s, "er:", 3, &e, &el), 1);
     assert_int_equal(el, 0);
     assert_int_equal(stop_matched(s), 1);
-    stop_free(s);
+    stop_destroy(s);
 
     /* a false start is released as soon as it cannot match */
     s = make(stops, 2);
@@ -96,7 +96,7 @@ static void test_across_chunks(void **state)
     assert_int_equal(el, 3);
     assert_memory_equal(e, "\n\nU", 3);
     assert_int_equal(stop_matched(s), -1);
-    stop_free(s);
+    stop_destroy(s);
 }
 
 static void test_match_rule(void **state)
@@ -108,21 +108,21 @@ static void test_match_rule(void **state)
     struct stop *s = make(a, 2);
     assert_int_equal(run_chunks(s, (const char *[]){"xabcd", NULL}, out, sizeof(out)), 1);
     assert_string_equal(out, "xa");
-    stop_free(s);
+    stop_destroy(s);
     /* same end: the longest */
     const char *b[] = {"bc", "abc"};
     s = make(b, 2);
     assert_int_equal(run_chunks(s, (const char *[]){"x", "a", "b", "c", NULL}, out, sizeof(out)),
                      1);
     assert_string_equal(out, "x");
-    stop_free(s);
+    stop_destroy(s);
     /* self-overlapping stop string */
     const char *c[] = {"aab"};
     s = make(c, 1);
     assert_int_equal(
         run_chunks(s, (const char *[]){"a", "a", "a", "b", "zz", NULL}, out, sizeof(out)), 0);
     assert_string_equal(out, "a");
-    stop_free(s);
+    stop_destroy(s);
 }
 
 static void test_utf8(void **state)
@@ -150,7 +150,7 @@ static void test_utf8(void **state)
     }
     assert_int_equal(n, tl);
     assert_memory_equal(out, text, tl);
-    stop_free(s);
+    stop_destroy(s);
 
     /* a multibyte stop string split inside its characters */
     const char *st[] = {"\xe2\x82\xac!"};
@@ -159,7 +159,7 @@ static void test_utf8(void **state)
                                 out, sizeof(out)),
                      0);
     assert_string_equal(out, "price 5");
-    stop_free(s);
+    stop_destroy(s);
 
     /* an incomplete sequence at the end of the stream still comes out */
     s = make(NULL, 0);
@@ -168,7 +168,7 @@ static void test_utf8(void **state)
     stop_flush(s, &e, &el);
     assert_int_equal(el, 2);
     assert_memory_equal(e, "\xe2\x82", 2);
-    stop_free(s);
+    stop_destroy(s);
 }
 
 static void test_init_errors(void **state)
@@ -176,20 +176,20 @@ static void test_init_errors(void **state)
     (void)state;
     struct stop *s = (struct stop *)1;
     const char *nine[9] = {"a", "b", "c", "d", "e", "f", "g", "h", "i"};
-    assert_int_equal(stop_init(&s, nine, 9), RKV_ETOOBIG);
+    assert_int_equal(stop_create(&s, nine, 9), RKV_ETOOBIG);
     assert_null(s);
     const char *empty[] = {"a", ""};
-    assert_int_equal(stop_init(&s, empty, 2), RKV_EINVAL);
+    assert_int_equal(stop_create(&s, empty, 2), RKV_EINVAL);
     char big[STOP_MAX_LEN + 2];
     memset(big, 'x', sizeof(big) - 1);
     big[sizeof(big) - 1] = 0;
     const char *toolong[] = {big};
-    assert_int_equal(stop_init(&s, toolong, 1), RKV_ETOOBIG);
+    assert_int_equal(stop_create(&s, toolong, 1), RKV_ETOOBIG);
     big[STOP_MAX_LEN] = 0; /* exactly the limit is fine */
-    assert_int_equal(stop_init(&s, toolong, 1), 0);
-    stop_free(s);
-    assert_int_equal(stop_init(&s, nine, 8), 0);
-    stop_free(s);
+    assert_int_equal(stop_create(&s, toolong, 1), 0);
+    stop_destroy(s);
+    assert_int_equal(stop_create(&s, nine, 8), 0);
+    stop_destroy(s);
 }
 
 /* independent whole-text rule: scan ends in order, longest at the first end */
@@ -267,7 +267,7 @@ static void test_random_chunkings(void **state)
         assert_int_equal(stop_matched(s), want);
         assert_int_equal(n, cut);
         assert_memory_equal(out, text, n);
-        stop_free(s);
+        stop_destroy(s);
     }
 }
 

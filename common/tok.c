@@ -554,7 +554,7 @@ int tok_load_gguf(const struct gguf_ctx *g, struct tok **out, char *errbuf, size
     if (rc < 0) {
         if (errbuf && errlen && !errbuf[0])
             fail(errbuf, errlen, rc, "tokenizer: %s", rkv_strerror(rc));
-        tok_free(t);
+        tok_destroy(t);
         return rc;
     }
     log_debug("tokenizer: %s, %d tokens, bos %d eos %d eot %d",
@@ -563,7 +563,7 @@ int tok_load_gguf(const struct gguf_ctx *g, struct tok **out, char *errbuf, size
     return 0;
 }
 
-void tok_free(struct tok *t)
+void tok_destroy(struct tok *t)
 {
     if (!t)
         return;
@@ -575,7 +575,7 @@ void tok_free(struct tok *t)
     free(t->merges);
     free(t->trie);
     free(t->chat_default_system);
-    jinja_free(t->chat_tmpl);
+    jinja_destroy(t->chat_tmpl);
     free(t->arch);
     free(t);
 }

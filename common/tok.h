@@ -11,7 +11,7 @@ struct tok;
 
 /* builds the tokenizer from tokenizer.ggml.* keys. errors name the key. */
 int tok_load_gguf(const struct gguf_ctx *g, struct tok **out, char *errbuf, size_t errlen);
-void tok_free(struct tok *t);
+void tok_destroy(struct tok *t);
 
 int32_t tok_n_vocab(const struct tok *t);
 int32_t tok_bos(const struct tok *t);     /* -1 when the model has none */

@@ -133,7 +133,7 @@ int tok_chat_set_template(struct tok *t, const char *src, size_t len, const char
     int rc = jinja_parse(src, len, name, &j, errbuf, errlen);
     if (rc < 0)
         return rc;
-    jinja_free(t->chat_tmpl);
+    jinja_destroy(t->chat_tmpl);
     t->chat_tmpl = j;
     return 0;
 }
@@ -321,7 +321,7 @@ static int render_jinja(const struct tok *t, const struct tok_chat_msg *m, size_
                         char **out, char *errbuf, size_t errlen)
 {
     struct jinja_ctx *c = NULL;
-    int rc = jinja_ctx_new(&c);
+    int rc = jinja_ctx_create(&c);
     if (rc < 0)
         return rc;
     struct jinja_val *list = jinja_list(c);
@@ -343,13 +343,13 @@ static int render_jinja(const struct tok *t, const struct tok_chat_msg *m, size_
         (rc = jinja_ctx_set(c, "bos_token", bos)) == 0)
         rc = jinja_ctx_set(c, "eos_token", token_text(c, t, t->eos));
     if (rc < 0) {
-        jinja_ctx_free(c);
+        jinja_ctx_destroy(c);
         return rc;
     }
     char *s = NULL;
     size_t len = 0;
     rc = jinja_render(t->chat_tmpl, c, NULL, &s, &len, errbuf, errlen);
-    jinja_ctx_free(c);
+    jinja_ctx_destroy(c);
     if (rc < 0)
         return rc;
     /* templates write bos_token themselves, and tok_encode(add_bos=1) adds

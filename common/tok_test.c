@@ -146,7 +146,7 @@ static void test_bpe_encode(void **state)
     assert_int_equal(tok_add_bos(t), 1); /* llama 3 adds bos */
     EXPECT(t, "hello world", 0, 0, TBPE_HELLO, TBPE_GWORLD);
     EXPECT(t, "hello world", 1, 0, TBPE_BOT, TBPE_HELLO, TBPE_GWORLD);
-    tok_free(t);
+    tok_destroy(t);
 }
 
 static void roundtrip(const struct tok *t, int spm_mode, uint64_t seed);
@@ -165,14 +165,14 @@ static void test_bpe_words(void **state)
     assert_int_equal(n, 0);
     /* llama 3 ignores merges for a word that is a token */
     EXPECT(t, "xyz xyz", 0, 0, TBPE_XYZ, ' ', 'x', 'y', 'z');
-    tok_free(t);
+    tok_destroy(t);
 
     /* gpt-2 style pre-tokenizer: no bos by default, merges always */
     t = bpe(NULL, NULL, NULL);
     assert_int_equal(tok_add_bos(t), 0);
     EXPECT(t, "hello world", 1, 0, TBPE_HELLO, TBPE_GWORLD);
     EXPECT(t, "xyz", 0, 0, 'x', 'y', 'z');
-    tok_free(t);
+    tok_destroy(t);
     /* an unknown pre value refuses to load, naming it and the known ones */
     struct tgg b;
     char err[1024];
@@ -186,17 +186,17 @@ static void test_bpe_words(void **state)
     t = bpe("qwen2", "qwen2", NULL);
     EXPECT(t, "hello world", 0, 0, TBPE_HELLO, TBPE_GWORLD);
     assert_string_equal(tok_pre_name(t), "qwen2");
-    tok_free(t);
+    tok_destroy(t);
     /* sequences of regexes: digits alone first, then gpt-2's words */
     t = bpe("smollm", "llama", NULL);
     assert_string_equal(tok_pre_name(t), "smollm");
     EXPECT(t, "hello world", 0, 0, TBPE_HELLO, TBPE_GWORLD);
-    tok_free(t);
+    tok_destroy(t);
     const char *all[] = {"tekken", "gpt-4o", "deepseek-llm", "deepseek-coder", "deepseek-r1-qwen"};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         t = bpe(all[i], "llama", NULL);
         roundtrip(t, 0, 7 + i);
-        tok_free(t);
+        tok_destroy(t);
     }
 }
 
@@ -210,7 +210,7 @@ static void test_bpe_too_small(void **state)
     assert_int_equal(n, 3);
     assert_int_equal(ids[0], TBPE_BOT);
     assert_int_equal(tok_encode(t, "x", 1, 0, 0, NULL, 0, NULL), RKV_EINVAL);
-    tok_free(t);
+    tok_destroy(t);
 }
 
 static void roundtrip(const struct tok *t, int spm_mode, uint64_t seed)
@@ -254,7 +254,7 @@ static void test_bpe_roundtrip(void **state)
             assert_int_equal(n, 1);
             assert_int_equal(id, b);
         }
-        tok_free(t);
+        tok_destroy(t);
     }
 }
 
@@ -293,7 +293,7 @@ static void test_bpe_special(void **state)
     assert_true(tok_is_control(t, TBPE_EOTID));
     assert_false(tok_is_control(t, TBPE_TOOL));
     assert_false(tok_is_control(t, 'a'));
-    tok_free(t);
+    tok_destroy(t);
 }
 
 static void test_eog(void **state)
@@ -308,12 +308,12 @@ static void test_eog(void **state)
     assert_false(tok_is_eog(t, TBPE_HELLO));
     assert_false(tok_is_eog(t, -1));
     assert_false(tok_is_eog(t, TBPE_N));
-    tok_free(t);
+    tok_destroy(t);
     t = spm(1, "llama", NULL);
     assert_true(tok_is_eog(t, TSPM_EOS));
     assert_false(tok_is_eog(t, TSPM_BOS));
     assert_false(tok_is_eog(t, TSPM_UNK));
-    tok_free(t);
+    tok_destroy(t);
 }
 
 static void test_spm_encode(void **state)
@@ -336,13 +336,13 @@ static void test_spm_encode(void **state)
            TSPM_BYTE0 + '>');
     roundtrip(t, 1, 7);
 #undef W
-    tok_free(t);
+    tok_destroy(t);
 
     /* no byte tokens: unknown chars become <unk> */
     t = spm(0, "llama", NULL);
     EXPECT(t, "h\xe2\x82\xac", 0, 0, tspm_id(0, TSPM_SPH), TSPM_UNK);
     EXPECT(t, "\xff\xfe", 0, 0, tspm_id(0, TSPM_SP), TSPM_UNK, TSPM_UNK);
-    tok_free(t);
+    tok_destroy(t);
 }
 
 /* pushes ids through a detokenizer and returns everything it wrote */
@@ -426,7 +426,7 @@ static void test_detok_utf8(void **state)
         assert_string_equal(s, texts[i]);
         free(s);
     }
-    tok_free(t);
+    tok_destroy(t);
 }
 
 static void test_detok_spm(void **state)
@@ -450,7 +450,7 @@ static void test_detok_spm(void **state)
     assert_memory_equal(buf, " hello", 6);
     assert_int_equal(tok_token_bytes(t, TSPM_BYTE0 + 0x41, 0, buf, sizeof buf), 1);
     assert_int_equal(buf[0], 'A');
-    tok_free(t);
+    tok_destroy(t);
 }
 
 static const char *render(const struct tok *t, const struct tok_chat_msg *m, size_t n, int gen)
@@ -508,11 +508,11 @@ static void test_chat_llama3(void **state)
     assert_int_equal(ids[0], TBPE_BOT);
     assert_int_equal(ids[1], TBPE_SHI);
     assert_int_equal(ids[n - 1], TBPE_EOTID);
-    tok_free(t);
+    tok_destroy(t);
     /* no template: architecture llama with <|eot_id|> means llama 3 */
     t = bpe("llama-bpe", "llama", NULL);
     assert_int_equal(tok_chat_kind(t), TOK_CHAT_LLAMA3);
-    tok_free(t);
+    tok_destroy(t);
 }
 
 static void test_chat_chatml(void **state)
@@ -529,15 +529,15 @@ static void test_chat_chatml(void **state)
     assert_string_equal(render(t, conv + 3, 1, 1),
                         "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
                         "<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n");
-    tok_free(t);
+    tok_destroy(t);
     /* by architecture: plain chatml, no default system */
     t = bpe("qwen2", "qwen2", NULL);
     assert_int_equal(tok_chat_kind(t), TOK_CHAT_CHATML);
     assert_string_equal(render(t, conv + 3, 1, 0), "<|im_start|>user\nBye<|im_end|>\n");
-    tok_free(t);
+    tok_destroy(t);
     t = bpe("qwen2", "qwen3", NULL);
     assert_int_equal(tok_chat_kind(t), TOK_CHAT_CHATML);
-    tok_free(t);
+    tok_destroy(t);
 }
 
 static void test_chat_llama2(void **state)
@@ -550,7 +550,7 @@ static void test_chat_llama2(void **state)
                         "[INST] <<SYS>>\nYou are helpful.\n<</SYS>>\n\n Hi! [/INST] Hello. </s>"
                         "<s>[INST] Bye [/INST]");
     assert_string_equal(render(t, conv + 1, 1, 1), "[INST] Hi! [/INST]");
-    tok_free(t);
+    tok_destroy(t);
 }
 
 static void test_chat_gemma(void **state)
@@ -568,10 +568,10 @@ static void test_chat_gemma(void **state)
                                                "<start_of_turn>model\n");
     assert_string_equal(render(t, conv + 1, 2, 0), "<start_of_turn>user\nHi!<end_of_turn>\n"
                                                    "<start_of_turn>model\nHello.<end_of_turn>\n");
-    tok_free(t);
+    tok_destroy(t);
     t = spm(1, "llama", "{% for m in messages %}<start_of_turn>{{ m.role }}{% endfor %}");
     assert_int_equal(tok_chat_kind(t), TOK_CHAT_GEMMA);
-    tok_free(t);
+    tok_destroy(t);
 }
 
 static void test_chat_fallback(void **state)
@@ -583,10 +583,10 @@ static void test_chat_fallback(void **state)
     assert_string_equal(render(t, conv, 2, 1),
                         "system: You are helpful.\n\nuser:  Hi! \n\nassistant:");
     assert_string_equal(render(t, NULL, 0, 0), "");
-    tok_free(t);
+    tok_destroy(t);
     t = bpe(NULL, "gpt2", "{{ messages }}");
     assert_int_equal(tok_chat_kind(t), TOK_CHAT_FALLBACK);
-    tok_free(t);
+    tok_destroy(t);
 }
 
 static void test_chat_jinja(void **state)
@@ -628,18 +628,18 @@ static void test_chat_jinja(void **state)
                          0);
     assert_non_null(strstr(err, "bad.jinja line 2, column"));
     assert_string_equal(render(t, conv + 1, 1, 1), "ok");
-    tok_free(t);
+    tok_destroy(t);
 
     /* a model that adds no bos keeps the template's */
     t = bpe("qwen2", "qwen2", own);
     assert_int_equal(tok_add_bos(t), 0);
     assert_string_equal(render(t, conv + 3, 1, 0), "<|begin_of_text|><user>Bye<|end_of_text|>");
-    tok_free(t);
+    tok_destroy(t);
 
     /* a template that does not parse leaves the family */
     t = spm(1, "llama", llama2_tmpl);
     assert_false(tok_chat_has_template(t));
-    tok_free(t);
+    tok_destroy(t);
 }
 
 static void test_load_errors(void **state)

@@ -127,7 +127,7 @@ static inline void tgg_list_add(struct tgg_list *l, const char *s)
     l->s[l->n++] = strdup(s);
 }
 
-static inline void tgg_list_free(struct tgg_list *l)
+static inline void tgg_list_fini(struct tgg_list *l)
 {
     for (size_t i = 0; i < l->n; i++)
         free(l->s[i]);
@@ -227,8 +227,8 @@ static inline void tgg_bpe(struct tgg *b, const char *pre, const char *arch, con
     if (tmpl)
         tgg_str(b, "tokenizer.chat_template", tmpl);
     tgg_finish(b);
-    tgg_list_free(&toks);
-    tgg_list_free(&mer);
+    tgg_list_fini(&toks);
+    tgg_list_fini(&mer);
 }
 
 /* ids of the test spm vocabulary: 3 + b is <0xb> when byte tokens are on */
@@ -327,7 +327,7 @@ static inline void tgg_spm(struct tgg *b, int with_bytes, const char *arch, cons
     if (tmpl)
         tgg_str(b, "tokenizer.chat_template", tmpl);
     tgg_finish(b);
-    tgg_list_free(&toks);
+    tgg_list_fini(&toks);
 }
 
 #endif

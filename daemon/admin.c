@@ -19,7 +19,7 @@
 
 /* --- answering ---------------------------------------------------------------------- */
 
-void admin_req_maybe_free(struct admin_req *r)
+void admin_req_maybe_destroy(struct admin_req *r)
 {
     if (!r->answered || r->waiting_kv || r->waiting_hist)
         return;
@@ -39,7 +39,7 @@ void admin_req_finish(struct admin_req *r, int rc, cJSON *result, const char *ms
 {
     if (r->answered) {
         cJSON_Delete(result);
-        admin_req_maybe_free(r);
+        admin_req_maybe_destroy(r);
         return;
     }
     r->answered = 1;
@@ -53,7 +53,7 @@ void admin_req_finish(struct admin_req *r, int rc, cJSON *result, const char *ms
     } else {
         admin_sock_answer(r, rc, result, msg);
     }
-    admin_req_maybe_free(r);
+    admin_req_maybe_destroy(r);
 }
 
 void admin_req_fail(struct admin_req *r, int rc, const char *fmt, ...)
@@ -328,7 +328,7 @@ static void list_cb(void *ud, const struct sched_session_info *si)
 }
 
 /* what rkvd knows now (malloc'd: it is large); NULL when out of memory */
-static struct admin_info *info_new(struct admin *a)
+static struct admin_info *info_create(struct admin *a)
 {
     struct admin_info *in = calloc(1, sizeof *in);
     if (in)
@@ -338,7 +338,7 @@ static struct admin_info *info_new(struct admin *a)
 
 static uint32_t block_size(struct admin *a)
 {
-    struct admin_info *in = info_new(a);
+    struct admin_info *in = info_create(a);
     uint32_t bs = in && in->block_size ? in->block_size : 256;
     free(in);
     return bs;
@@ -498,7 +498,7 @@ static cJSON *workers_json(const struct admin_info *in)
 
 static void cmd_status(struct admin *a, const cJSON *args, struct admin_req *r)
 {
-    struct admin_info *in = info_new(a);
+    struct admin_info *in = info_create(a);
     if (!in) {
         admin_req_fail(r, RKV_ENOMEM, "out of memory");
         return;
@@ -559,7 +559,7 @@ static void cmd_tactics(struct admin *a, const cJSON *args, struct admin_req *r)
 
 static void cmd_workers_list(struct admin *a, const cJSON *args, struct admin_req *r)
 {
-    struct admin_info *in = info_new(a);
+    struct admin_info *in = info_create(a);
     if (!in) {
         admin_req_fail(r, RKV_ENOMEM, "out of memory");
         return;
@@ -729,7 +729,7 @@ int admin_cmd_changes(const char *cmd)
     return c ? c->changes : -1;
 }
 
-struct admin_req *admin_req_new(struct admin *a, enum via via)
+struct admin_req *admin_req_create(struct admin *a, enum via via)
 {
     struct admin_req *r = calloc(1, sizeof *r);
     if (!r)
@@ -782,7 +782,7 @@ void admin_run(struct admin *a, struct admin_req *r, const char *name, const cJS
 void admin_exec(struct admin *a, const char *cmd, const cJSON *args, int changes,
                 admin_done_fn done, void *ud)
 {
-    struct admin_req *r = admin_req_new(a, VIA_FN);
+    struct admin_req *r = admin_req_create(a, VIA_FN);
     if (!r) {
         done(ud, RKV_ENOMEM, NULL, "out of memory");
         return;
@@ -800,7 +800,7 @@ void admin_tick(struct admin *a)
      * listener's "other" errors) also counts rkvctl's ordinary hang-ups, and
      * re-listening drops every connection, a waiting rkvctl's too. rkvctl
      * always completes the handshake, so the bug needs a foreign client. */
-    struct admin_info *in = info_new(a);
+    struct admin_info *in = info_create(a);
     if (!in)
         return;
     a->rate_ms[a->rate_pos] = rkv_now_ms();
@@ -818,8 +818,8 @@ void admin_tick(struct admin *a)
 
 /* --- lifecycle ------------------------------------------------------------------------ */
 
-int admin_new(uv_loop_t *loop, const struct admin_config *cfg, const struct admin_ops *ops,
-              struct store *store, struct admin **out, char *errbuf, size_t errlen)
+int admin_create(uv_loop_t *loop, const struct admin_config *cfg, const struct admin_ops *ops,
+                 struct store *store, struct admin **out, char *errbuf, size_t errlen)
 {
     struct admin *a = calloc(1, sizeof *a);
     if (!a)
@@ -879,7 +879,7 @@ void admin_shutdown(struct admin *a)
         unlink(a->socket_path);
 }
 
-void admin_free(struct admin *a)
+void admin_destroy(struct admin *a)
 {
     if (!a)
         return;

@@ -96,12 +96,12 @@ struct http_req;
 
 /* listens on the socket (mode 0660, group set) when one is configured;
  * errors name the path or group and the fix */
-int admin_new(uv_loop_t *loop, const struct admin_config *cfg, const struct admin_ops *ops,
-              struct store *store, struct admin **out, char *errbuf, size_t errlen);
+int admin_create(uv_loop_t *loop, const struct admin_config *cfg, const struct admin_ops *ops,
+                 struct store *store, struct admin **out, char *errbuf, size_t errlen);
 /* SIGTERM: answers what is pending with an error, stops listening */
 void admin_shutdown(struct admin *a);
 /* after the loop has closed every handle */
-void admin_free(struct admin *a);
+void admin_destroy(struct admin *a);
 
 /* GET / (the status page) and /admin/v1/...: 1 when it handled req */
 int admin_http(struct admin *a, struct http_req *req);

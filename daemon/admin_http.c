@@ -185,7 +185,7 @@ int admin_http(struct admin *a, struct http_req *req)
         http_send_error(req, RKV_EFORMAT, msg);
         return 1;
     }
-    struct admin_req *r = admin_req_new(a, VIA_HTTP);
+    struct admin_req *r = admin_req_create(a, VIA_HTTP);
     if (!r) {
         cJSON_Delete(args);
         http_send_error(req, RKV_ENOMEM, "out of memory");

@@ -91,7 +91,7 @@ struct admin {
 };
 
 /* requests and the table (admin.c) */
-struct admin_req *admin_req_new(struct admin *a, enum via via);
+struct admin_req *admin_req_create(struct admin *a, enum via via);
 /* runs r's command (or refuses it) */
 void admin_run(struct admin *a, struct admin_req *r, const char *name, const cJSON *args,
                int changes);
@@ -101,7 +101,7 @@ void admin_req_finish(struct admin_req *r, int rc, cJSON *result, const char *ms
 __attribute__((format(printf, 3, 4))) void admin_req_fail(struct admin_req *r, int rc,
                                                           const char *fmt, ...);
 /* frees r once it is answered and nothing waits on it */
-void admin_req_maybe_free(struct admin_req *r);
+void admin_req_maybe_destroy(struct admin_req *r);
 
 /* arguments (admin.c): 1 when present, 0 absent, -1 refused (r is failed) */
 const cJSON *admin_arg(const cJSON *args, const char *name);

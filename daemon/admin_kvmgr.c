@@ -61,7 +61,7 @@ static int kv_call(struct admin *a, struct admin_req *r, int type, const void *m
     int rc = proto_put_json(&w, type, msg, err, sizeof err);
     if (!rc)
         rc = a->ops.kvmgr_call(a->ops.ctx, type, w.data, w.len, kv_done, r);
-    proto_wbuf_free(&w);
+    proto_wbuf_fini(&w);
     if (rc) {
         admin_req_fail(r, rc, "%s: cannot ask kvmgr: %s", r->cmd->name, rkv_strerror(rc));
         return rc;
@@ -200,7 +200,7 @@ static void kv_done(void *ud, int rc, const struct proto_in *reply, const char *
     struct admin *a = r->a;
     r->waiting_kv = 0;
     if (r->answered) {
-        admin_req_maybe_free(r);
+        admin_req_maybe_destroy(r);
         return;
     }
     char jerr[256];
@@ -370,7 +370,7 @@ void admin_on_kvmgr_changed(struct admin *a, uint32_t old_pid)
 {
     if (!a || !old_pid || !a->runtime_budget)
         return;
-    struct admin_req *r = admin_req_new(a, VIA_FN);
+    struct admin_req *r = admin_req_create(a, VIA_FN);
     if (!r)
         return;
     r->done = resend_done;

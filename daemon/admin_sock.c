@@ -57,26 +57,26 @@ void admin_sock_pump(struct admin *a)
             /* a bad envelope: say so, so the peer does not wait */
             proto_sock_send_error(a->sock, in.hdr.req_id, rc, err);
             log_ratelimited(RKV_LOG_WARN, 5000, 5, "admin socket: bad request: %s", err);
-            proto_in_free(&in);
+            proto_in_fini(&in);
             continue;
         }
         a->sock_busy = 1;
-        struct admin_req *r = admin_req_new(a, VIA_SOCK);
+        struct admin_req *r = admin_req_create(a, VIA_SOCK);
         if (!r) {
             proto_sock_send_error(a->sock, in.hdr.req_id, RKV_ENOMEM, "out of memory");
             a->sock_busy = 0;
-            proto_in_free(&in);
+            proto_in_fini(&in);
             continue;
         }
         r->req_id = in.hdr.req_id;
         if (in.hdr.type != PROTO_MSG_ADMIN_REQ) {
-            proto_in_free(&in);
+            proto_in_fini(&in);
             admin_req_fail(r, RKV_EPROTO, "the admin socket serves admin_req messages, not %s",
                            proto_msg_name(in.hdr.type));
             continue;
         }
         cJSON *body = cJSON_ParseWithLength(in.payload, in.len);
-        proto_in_free(&in);
+        proto_in_fini(&in);
         const cJSON *cmd = cJSON_GetObjectItemCaseSensitive(body, "cmd");
         const cJSON *args = cJSON_GetObjectItemCaseSensitive(body, "args");
         char dup[160];

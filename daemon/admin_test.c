@@ -156,7 +156,7 @@ static int setup(void **state)
     struct admin_ops ops = {f_info,    f_kvmgr_call, f_sessions, f_evict, f_pin,
                             f_restart, f_drain,      f_budget,   f};
     struct admin_config ac = {NULL, NULL, 1 << 30, 1 << 30, 0, 1};
-    if (admin_new(&e->loop, &ac, &ops, e->store, &e->admin, err, sizeof err))
+    if (admin_create(&e->loop, &ac, &ops, e->store, &e->admin, err, sizeof err))
         return -1;
     *state = e;
     return 0;
@@ -168,7 +168,7 @@ static int teardown(void **state)
     admin_shutdown(e->admin);
     uv_run(&e->loop, UV_RUN_DEFAULT);
     assert_int_equal(uv_loop_close(&e->loop), 0);
-    admin_free(e->admin);
+    admin_destroy(e->admin);
     store_close(e->store);
     cJSON_Delete(g_ans.result);
     memset(&g_ans, 0, sizeof g_ans);
@@ -354,7 +354,7 @@ static void reply_budget(struct env *e, uint64_t vram, uint64_t plan_seq)
                           w.len,
                           NULL};
     e->fake.cb(e->fake.cb_ud, 0, &in, "");
-    proto_wbuf_free(&w);
+    proto_wbuf_fini(&w);
 }
 
 static void test_budget_set_waits_for_the_replan(void **state)

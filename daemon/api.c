@@ -49,7 +49,7 @@ struct api_call {
     uint64_t charge; /* tokens the key is charged when the call ends */
 };
 
-int api_new(const struct api_config *cfg, const struct api_sched *sched, struct api **out)
+int api_create(const struct api_config *cfg, const struct api_sched *sched, struct api **out)
 {
     if (!cfg->n_models || !sched->submit)
         return RKV_EINVAL;
@@ -65,13 +65,13 @@ int api_new(const struct api_config *cfg, const struct api_sched *sched, struct 
         a->models[i] = strdup(cfg->models[i]);
         a->n_models++;
         if (!a->models[i]) {
-            api_free(a);
+            api_destroy(a);
             return RKV_ENOMEM;
         }
     }
     a->max_model_len = cfg->max_model_len;
     if (cfg->cors_origin && !(a->cors_origin = strdup(cfg->cors_origin))) {
-        api_free(a);
+        api_destroy(a);
         return RKV_ENOMEM;
     }
     a->limits = cfg->limits;
@@ -79,9 +79,9 @@ int api_new(const struct api_config *cfg, const struct api_sched *sched, struct 
         api_limits_default(&a->limits);
     a->sched = *sched;
     a->key_defaults = cfg->key_defaults;
-    int rc = rl_new(cfg->rate_window_ms ? cfg->rate_window_ms : 60000, &a->rl);
+    int rc = rl_create(cfg->rate_window_ms ? cfg->rate_window_ms : 60000, &a->rl);
     if (rc) {
-        api_free(a);
+        api_destroy(a);
         return rc;
     }
     a->created = (uint64_t)time(NULL);
@@ -89,7 +89,7 @@ int api_new(const struct api_config *cfg, const struct api_sched *sched, struct 
     return 0;
 }
 
-void api_free(struct api *api)
+void api_destroy(struct api *api)
 {
     if (!api)
         return;
@@ -99,7 +99,7 @@ void api_free(struct api *api)
         free(api->models[i]);
     free(api->models);
     free(api->cors_origin);
-    rl_free(api->rl);
+    rl_destroy(api->rl);
     free(api);
 }
 
@@ -166,7 +166,7 @@ static void lp_free(struct api_token_logprob *lp)
     free((void *)lp->top);
 }
 
-static void call_free(struct api_call *c)
+static void call_destroy(struct api_call *c)
 {
     c->api->n_calls--;
     if (c->key)
@@ -342,7 +342,7 @@ static int handle_generate(struct api *api, struct http_req *hreq, enum api_endp
                      (long long)key);
         }
         send_error(hreq, &e);
-        call_free(c);
+        call_destroy(c);
         return 1;
     }
     /* whose request: its sessions and cached prefixes are that key's */
@@ -357,7 +357,7 @@ static int handle_generate(struct api *api, struct http_req *hreq, enum api_endp
                       c->req.model, api->models[0]);
         e.code = "model_not_found";
         send_error(hreq, &e);
-        call_free(c);
+        call_destroy(c);
         return 1;
     }
     const char *sid = http_req_header(hreq, "X-Session-Id");
@@ -367,7 +367,7 @@ static int handle_generate(struct api *api, struct http_req *hreq, enum api_endp
             api_error_set(&e, 400, "X-Session-Id", "X-Session-Id must be 1 to 128 bytes, got %zu",
                           n);
             send_error(hreq, &e);
-            call_free(c);
+            call_destroy(c);
             return 1;
         }
         c->req.session_id = strdup(sid);
@@ -385,7 +385,7 @@ static int handle_generate(struct api *api, struct http_req *hreq, enum api_endp
         int status = submit_status(rc, &msg);
         api_error_set(&e, status, NULL, "%s", msg);
         send_error(hreq, &e);
-        call_free(c);
+        call_destroy(c);
     }
     return 1;
 }
@@ -607,7 +607,7 @@ void api_call_finish(struct api_call *c, enum api_finish finish, const struct ap
             send_error(c->http, &e);
         }
     }
-    call_free(c);
+    call_destroy(c);
 }
 
 void api_call_fail(struct api_call *c, int status, const char *message)
@@ -634,5 +634,5 @@ void api_call_fail(struct api_call *c, int status, const char *message)
     } else {
         send_error(c->http, &e);
     }
-    call_free(c);
+    call_destroy(c);
 }

@@ -258,8 +258,8 @@ struct api_config {
 };
 
 struct api;
-int api_new(const struct api_config *cfg, const struct api_sched *sched, struct api **out);
-void api_free(struct api *api);
+int api_create(const struct api_config *cfg, const struct api_sched *sched, struct api **out);
+void api_destroy(struct api *api);
 /* 1 when path is an API route (answered or handed to the scheduler), 0 when
  * the caller should route it elsewhere */
 int api_handle(struct api *api, struct http_req *req);

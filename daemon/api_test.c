@@ -737,7 +737,7 @@ static void e2e_run(struct e2e *x, void (*client)(struct e2e *))
     struct api_config acfg = {models, 1, 4096, {0}, "*"};
     api_limits_default(&acfg.limits);
     struct api_sched sched = {fake_submit, fake_cancel, fake_authorize, x};
-    assert_int_equal(api_new(&acfg, &sched, &x->api), 0);
+    assert_int_equal(api_create(&acfg, &sched, &x->api), 0);
     struct http_server_config cfg = {.host = "127.0.0.1", .on_request = e2e_handler, .arg = x};
     http_limits_default(&cfg.limits);
     assert_int_equal(http_server_start(&x->loop, &cfg, &x->srv), 0);
@@ -751,11 +751,11 @@ static void e2e_run(struct e2e *x, void (*client)(struct e2e *))
     pthread_join(th, NULL);
     assert_int_equal(x->shut_done, 1);
     assert_int_equal(api_calls(x->api), 0);
-    api_free(x->api);
+    api_destroy(x->api);
     assert_int_equal(uv_loop_close(&x->loop), 0);
 }
 
-static void e2e_free(struct e2e *x)
+static void e2e_fini(struct e2e *x)
 {
     for (size_t i = 0; i < 16; i++)
         free(x->r[i].body);
@@ -899,7 +899,7 @@ static void test_endpoints_end_to_end(void **state)
     assert_non_null(strstr(x.raw, "Access-Control-Allow-Headers: Authorization, Content-Type"));
     assert_null(strstr(x.raw, "Content-Length"));
     assert_int_equal(x.cancels, 0);
-    e2e_free(&x);
+    e2e_fini(&x);
 }
 
 static void cl_auth_and_disconnect(struct e2e *x)
@@ -939,7 +939,7 @@ static void test_auth_and_disconnect_cancels(void **state)
     assert_non_null(strstr(x.raw, "\"text\":\" world\""));
     assert_int_equal(x.submits, 1);
     assert_int_equal(x.cancels, 1);
-    e2e_free(&x);
+    e2e_fini(&x);
 }
 
 int main(void)

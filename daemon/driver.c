@@ -132,7 +132,7 @@ static void post(struct driver *d, struct event *e)
     uv_async_send(&d->async);
 }
 
-static struct event *ev_new(enum ev_kind k, uint32_t worker)
+static struct event *ev_create(enum ev_kind k, uint32_t worker)
 {
     struct event *e = calloc(1, sizeof *e);
     if (e) {
@@ -172,7 +172,7 @@ static void on_async(uv_async_t *a)
         case EV_CALL:
             e->cb(e->cb_ud, e->rc, e->has_reply ? &e->reply : NULL, e->why);
             if (e->has_reply)
-                proto_in_free(&e->reply);
+                proto_in_fini(&e->reply);
             break;
         }
         free(e);
@@ -263,12 +263,12 @@ static int kv_prep(struct wthread *t, struct step_job *job, struct proto_kv_tabl
                           proto_msg_name(reply.hdr.type));
     else
         rc = proto_kv_tables_decode(reply.payload, reply.len, tables, job->err, sizeof job->err);
-    proto_in_free(&reply);
+    proto_in_fini(&reply);
     if (!rc && (*tables)->n_seqs != job->n_seqs) {
         rc = proto_seterr(job->err, sizeof job->err, RKV_EPROTO,
                           "kvmgr answered %u tables for %u sequences", (*tables)->n_seqs,
                           job->n_seqs);
-        proto_kv_tables_free(*tables);
+        proto_kv_tables_destroy(*tables);
     }
     (void)d;
     return rc;
@@ -351,9 +351,9 @@ static int ahead_take(struct wthread *t, const struct step_job *job,
         if (used)
             *tables = tb;
         else
-            proto_kv_tables_free(tb);
+            proto_kv_tables_destroy(tb);
     }
-    proto_in_free(&a->reply);
+    proto_in_fini(&a->reply);
     return used;
 }
 
@@ -491,8 +491,8 @@ static int worker_step(struct wthread *t, struct step_job *job, const struct pro
                     (uint8_t)RKV_MIN((uint32_t)o->n_more, job->n_steps ? job->n_steps - 1 : 0);
                 memcpy(js->more, o->more, js->n_more * sizeof o->more[0]);
             }
-            proto_step_resp_free(resp);
-            proto_in_free(&reply);
+            proto_step_resp_destroy(resp);
+            proto_in_fini(&reply);
         }
     }
     free(seqs);
@@ -563,7 +563,7 @@ static void run_job(struct wthread *t, struct step_job *job)
             job->kvmgr_failed = 1;
         }
         if (rc) {
-            proto_kv_tables_free(tb);
+            proto_kv_tables_destroy(tb);
             job->rc = rc;
             return;
         }
@@ -579,7 +579,7 @@ static void run_job(struct wthread *t, struct step_job *job)
     } else {
         t->acked_epoch = tb->epoch;
     }
-    proto_kv_tables_free(tb);
+    proto_kv_tables_destroy(tb);
     job->step_ms = (double)(t3 - t0) / 1e6;
     step_report(t, t3);
 }
@@ -598,7 +598,7 @@ static void send_idle_ack(struct wthread *t)
     if (proto_call(t->kv, PROTO_MSG_KV_PREP, t->buf.data, t->buf.len, &reply, 2000, err,
                    sizeof err) == 0) {
         t->sent_ack = m.ack_epoch;
-        proto_in_free(&reply);
+        proto_in_fini(&reply);
     }
 }
 
@@ -685,7 +685,7 @@ static void *worker_thread(void *arg)
                 unanswered_since = now;
             }
             if (hrc == 0 && ack.accepted) {
-                struct event *e = ev_new(EV_UP, t->idx);
+                struct event *e = ev_create(EV_UP, t->idx);
                 if (!e)
                     continue; /* out of memory: asked again at the next probe */
                 e->max_batch_tokens = ack.max_batch_tokens;
@@ -703,13 +703,13 @@ static void *worker_thread(void *arg)
         pthread_mutex_unlock(&d->mu);
         if (worker_failed) {
             t->up = 0;
-            struct event *e = ev_new(EV_DOWN, t->idx);
+            struct event *e = ev_create(EV_DOWN, t->idx);
             if (e) {
                 snprintf(e->why, sizeof e->why, "%s", job->err);
                 post(d, e);
             }
         }
-        struct event *e = ev_new(EV_JOB, t->idx);
+        struct event *e = ev_create(EV_JOB, t->idx);
         if (!e) {
             log_error("driver: out of memory; a step result is lost");
             continue;
@@ -731,7 +731,7 @@ static void run_calls(struct driver *d)
     pthread_mutex_unlock(&d->mu);
     while (c) {
         struct call *n = c->next;
-        struct event *e = ev_new(EV_CALL, 0);
+        struct event *e = ev_create(EV_CALL, 0);
         if (e) {
             e->cb = c->cb;
             e->cb_ud = c->ud;
@@ -762,7 +762,7 @@ static int tactic_post_next(struct driver *d, struct ev_track *tr,
         return 1;
     if (ev->seq <= tr->seq)
         return 0; /* pub/sub brought what EVENTS already did, or the reverse */
-    struct event *e = ev_new(EV_TACTIC, 0);
+    struct event *e = ev_create(EV_TACTIC, 0);
     if (!e) {
         log_error("driver: out of memory; tactic event %llu of kvmgr %u is lost",
                   (unsigned long long)ev->seq, ev->kvmgr_pid);
@@ -844,20 +844,20 @@ static void *monitor_thread(void *arg)
                                       sizeof err) == 0 &&
                     tactic_post_next(d, &tr, &tev))
                     tr.need_sync = 1;
-            } else if (in.hdr.type == PROTO_MSG_HISTOGRAM && (e = ev_new(EV_HIST, 0)) &&
+            } else if (in.hdr.type == PROTO_MSG_HISTOGRAM && (e = ev_create(EV_HIST, 0)) &&
                        proto_json_decode(PROTO_MSG_HISTOGRAM, in.payload, in.len, &e->u.hist, err,
                                          sizeof err) == 0)
                 post(d, e);
             else
                 free(e);
-            proto_in_free(&in);
+            proto_in_fini(&in);
         }
         uint64_t now = rkv_now_ms();
         if (now - last_status >= 250 || tr.need_sync) {
             tr.need_sync = 0;
             last_status = now;
             struct proto_empty q = {0};
-            struct event *e = ev_new(EV_STATUS, 0);
+            struct event *e = ev_create(EV_STATUS, 0);
             char err[256];
             int rc = e ? proto_call_json(d->mon_kv, PROTO_MSG_STATUS_GET, &q, PROTO_MSG_STATUS,
                                          &e->u.status, 1000, err, sizeof err)
@@ -866,7 +866,7 @@ static void *monitor_thread(void *arg)
                 uint32_t np = e->u.status.kvmgr_pid;
                 down_reported = 0;
                 if (np != pid) {
-                    struct event *c = ev_new(EV_KV_CHANGED, 0);
+                    struct event *c = ev_create(EV_KV_CHANGED, 0);
                     if (c) {
                         c->old_pid = pid;
                         c->new_pid = np;
@@ -882,7 +882,7 @@ static void *monitor_thread(void *arg)
             } else {
                 free(e);
                 if (!down_reported && pid) {
-                    struct event *c = ev_new(EV_KV_DOWN, 0);
+                    struct event *c = ev_create(EV_KV_DOWN, 0);
                     if (c) {
                         snprintf(c->why, sizeof c->why, "%s", err);
                         post(d, c);
@@ -1016,14 +1016,14 @@ void driver_stop(struct driver *d)
             pthread_mutex_unlock(&a->mu);
             pthread_join(a->th, NULL);
             if (a->state == AH_DONE && a->rc == 0)
-                proto_in_free(&a->reply);
+                proto_in_fini(&a->reply);
         }
     }
     for (uint32_t i = 0; d->w && i < d->cfg.n_workers; i++) {
         proto_sock_close(d->w[i].kv);
         proto_sock_close(d->w[i].wk);
-        proto_wbuf_free(&d->w[i].buf);
-        proto_wbuf_free(&d->w[i].ah.buf);
+        proto_wbuf_fini(&d->w[i].buf);
+        proto_wbuf_fini(&d->w[i].ah.buf);
         rkv_vec_fini(&d->w[i].ah.seqs);
         pthread_mutex_destroy(&d->w[i].ah.mu);
         pthread_cond_destroy(&d->w[i].ah.cv);
@@ -1042,7 +1042,7 @@ void driver_stop(struct driver *d)
         if (e->kind == EV_JOB)
             d->cbs.job_done(d->cbs.ud, e->job);
         if (e->kind == EV_CALL && e->has_reply)
-            proto_in_free(&e->reply);
+            proto_in_fini(&e->reply);
         free(e);
     }
     for (struct call *c = d->calls, *n; c; c = n) {

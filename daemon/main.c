@@ -489,7 +489,7 @@ static void http_down(void *arg)
     /* the streams are done: stop the threads, then the children */
     driver_stop(d->drv);
     d->drv = NULL;
-    sched_free(d->sched);
+    sched_destroy(d->sched);
     d->sched = NULL;
     sup_stop_all(d->sup, 5000, children_stopped, d);
 }
@@ -708,7 +708,7 @@ static int start_admin(struct rkvd *d, char *err, size_t errlen)
                             adm_restart, adm_drain,     adm_budget,   d};
     struct admin_config ac = {path, d->c.admin_group, d->c.vram_target, d->c.host_budget,
                               d->c.compute_reserve, d->n_workers};
-    return admin_new(d->loop, &ac, &ops, d->store, &d->admin, err, errlen);
+    return admin_create(d->loop, &ac, &ops, d->store, &d->admin, err, errlen);
 }
 
 /* --- start-up ------------------------------------------------------------------------ */
@@ -992,7 +992,7 @@ int main(int argc, char **argv)
         d.c.vram_target = 1ull << 30;
 
     d.loop = uv_default_loop();
-    metrics_init(&d.metrics);
+    metrics_create(&d.metrics);
     static const char *const tier[] = {"tier", NULL}, *const gt[] = {"gpu", "tactic", NULL},
                              *const ft[] = {"from", "to", NULL};
     d.m_kv_bytes = metrics_add(d.metrics, METRIC_GAUGE, "rkv:kv_cache_bytes",
@@ -1017,7 +1017,7 @@ int main(int argc, char **argv)
         return 1;
     }
     /* processes, then the driver that talks to them, then the scheduler, then HTTP */
-    if ((rc = sup_init(d.loop, sup_event, &d, &d.sup)) ||
+    if ((rc = sup_create(d.loop, sup_event, &d, &d.sup)) ||
         (rc = spawn_children(&d, err, sizeof err))) {
         log_error("%s", err);
         return 1;
@@ -1053,8 +1053,8 @@ int main(int argc, char **argv)
                               (uint32_t)d.c.prefill_beside_decode_ms,
                               d.c.prefix_cache_scope == 1};
     struct sched_driver sd = {sched_submit, d.drv};
-    if ((rc = sched_init(d.loop, &sc, d.tok, &sd, d.metrics, d.store, &d.sched, err,
-                         sizeof err))) {
+    if ((rc = sched_create(d.loop, &sc, d.tok, &sd, d.metrics, d.store, &d.sched, err,
+                           sizeof err))) {
         log_error("%s", err);
         return 1;
     }
@@ -1073,7 +1073,7 @@ int main(int argc, char **argv)
     ac.key_defaults = (struct rl_limits){d.c.key_rpm, d.c.key_tpm, d.c.key_max_concurrent,
                                          d.c.key_max_tokens, d.c.key_max_prompt};
     ac.rate_window_ms = (uint64_t)d.c.rate_limit_window * 1000;
-    if ((rc = api_new(&ac, &as, &d.api))) {
+    if ((rc = api_create(&ac, &as, &d.api))) {
         log_error("cannot set up the API: %s", rkv_strerror(rc));
         return 1;
     }
@@ -1108,17 +1108,17 @@ int main(int argc, char **argv)
     uv_run(d.loop, UV_RUN_DEFAULT);
 
     /* tidy up: every handle closed, the loop empty */
-    api_free(d.api);
-    sup_close(d.sup);
+    api_destroy(d.api);
+    sup_destroy(d.sup);
     uv_walk(d.loop, close_walk, NULL);
     uv_run(d.loop, UV_RUN_DEFAULT);
     uv_loop_close(d.loop);
-    admin_free(d.admin);
+    admin_destroy(d.admin);
     for (uint32_t w = 0; w < d.n_workers; w++)
         free(d.worker_urls[w]);
-    metrics_free(d.metrics);
+    metrics_destroy(d.metrics);
     store_close(d.store);
-    tok_free(d.tok);
+    tok_destroy(d.tok);
     gguf_close(d.g);
     log_info("stopped");
     return d.exit_code;

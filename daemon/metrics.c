@@ -33,7 +33,7 @@ struct metrics {
     struct metric *head, *tail;
 };
 
-int metrics_init(struct metrics **out)
+int metrics_create(struct metrics **out)
 {
     *out = calloc(1, sizeof **out);
     return *out ? 0 : RKV_ENOMEM;
@@ -47,7 +47,7 @@ static void series_free(struct series *s, size_t n_labels)
     free(s);
 }
 
-void metrics_free(struct metrics *m)
+void metrics_destroy(struct metrics *m)
 {
     if (!m)
         return;

@@ -15,8 +15,8 @@ enum metric_type { METRIC_COUNTER, METRIC_GAUGE, METRIC_HISTOGRAM };
 struct metrics;
 struct metric; /* one family */
 
-int metrics_init(struct metrics **out);
-void metrics_free(struct metrics *m);
+int metrics_create(struct metrics **out);
+void metrics_destroy(struct metrics *m);
 
 /* label_names: up to METRIC_MAX_LABELS, NULL-terminated (or NULL);
  * buckets: histogram upper bounds, ascending (+Inf is implicit) */

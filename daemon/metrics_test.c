@@ -13,7 +13,7 @@ static void test_render(void **state)
 {
     (void)state;
     struct metrics *m;
-    assert_int_equal(metrics_init(&m), 0);
+    assert_int_equal(metrics_create(&m), 0);
     static const char *const model[] = {"model_name", NULL};
     static const double b[] = {0.1, 1};
     struct metric *c = metrics_add(m, METRIC_COUNTER, "rkv:prompt_tokens_total",
@@ -51,7 +51,7 @@ static void test_render(void **state)
     assert_string_equal(out, want);
     assert_int_equal(len, strlen(want));
     free(out);
-    metrics_free(m);
+    metrics_destroy(m);
 }
 
 int main(void)

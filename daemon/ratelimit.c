@@ -24,7 +24,7 @@ struct rl {
     struct rkv_map keys; /* key id -> struct rl_key */
 };
 
-int rl_new(uint64_t window_ms, struct rl **out)
+int rl_create(uint64_t window_ms, struct rl **out)
 {
     if (!window_ms)
         return RKV_EINVAL;
@@ -37,7 +37,7 @@ int rl_new(uint64_t window_ms, struct rl **out)
     return 0;
 }
 
-void rl_free(struct rl *rl)
+void rl_destroy(struct rl *rl)
 {
     if (!rl)
         return;

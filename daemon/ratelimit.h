@@ -31,8 +31,8 @@ struct rl_verdict {
 struct rl;
 
 /* window_ms: the "minute" of rpm/tpm (60000; tests shorten it) */
-int rl_new(uint64_t window_ms, struct rl **out);
-void rl_free(struct rl *rl);
+int rl_create(uint64_t window_ms, struct rl **out);
+void rl_destroy(struct rl *rl);
 uint64_t rl_window_ms(const struct rl *rl);
 
 /* admit one request of key (limits may differ from the last call: a live

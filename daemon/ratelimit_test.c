@@ -14,7 +14,7 @@ static void test_requests_per_window(void **state)
 {
     (void)state;
     struct rl *rl;
-    assert_int_equal(rl_new(60000, &rl), 0);
+    assert_int_equal(rl_create(60000, &rl), 0);
     struct rl_limits lim = {.rpm = 3};
     struct rl_verdict v;
     for (int i = 0; i < 3; i++) {
@@ -45,14 +45,14 @@ static void test_requests_per_window(void **state)
     assert_int_equal(v.remaining_req, 2);
     rl_done(rl, 7, 0, 500000);
     assert_int_equal(rl_keys(rl), 2);
-    rl_free(rl);
+    rl_destroy(rl);
 }
 
 static void test_tokens_charged_at_the_end(void **state)
 {
     (void)state;
     struct rl *rl;
-    assert_int_equal(rl_new(1000, &rl), 0);
+    assert_int_equal(rl_create(1000, &rl), 0);
     struct rl_limits lim = {.tpm = 100};
     struct rl_verdict v;
     assert_int_equal(rl_admit(rl, 1, &lim, 0, &v), 0);
@@ -70,14 +70,14 @@ static void test_tokens_charged_at_the_end(void **state)
     assert_int_equal(rl_admit(rl, 1, &lim, 510, &v), 0);
     assert_int_equal(v.remaining_tok, 1);
     rl_done(rl, 1, 1, 510);
-    rl_free(rl);
+    rl_destroy(rl);
 }
 
 static void test_concurrent(void **state)
 {
     (void)state;
     struct rl *rl;
-    assert_int_equal(rl_new(60000, &rl), 0);
+    assert_int_equal(rl_create(60000, &rl), 0);
     struct rl_limits lim = {.max_concurrent = 2};
     struct rl_verdict v;
     assert_int_equal(rl_admit(rl, 3, &lim, 0, &v), 0);
@@ -94,14 +94,14 @@ static void test_concurrent(void **state)
     /* a done without an admit (unknown key) changes nothing */
     rl_done(rl, 99, 5, 0);
     assert_int_equal(rl_keys(rl), 1);
-    rl_free(rl);
+    rl_destroy(rl);
 }
 
 static void test_live_change(void **state)
 {
     (void)state;
     struct rl *rl;
-    assert_int_equal(rl_new(60000, &rl), 0);
+    assert_int_equal(rl_create(60000, &rl), 0);
     struct rl_limits lim = {.rpm = 10};
     struct rl_verdict v;
     for (int i = 0; i < 5; i++) {
@@ -125,7 +125,7 @@ static void test_live_change(void **state)
     assert_int_equal(rl_admit(rl, 1, &lim, 0, &v), 0);
     assert_int_equal(v.remaining_req, 1);
     rl_done(rl, 1, 0, 0);
-    rl_free(rl);
+    rl_destroy(rl);
 }
 
 static void test_duration_format(void **state)
@@ -143,7 +143,7 @@ static void test_duration_format(void **state)
     rl_format_duration(90000, b, sizeof b);
     assert_string_equal(b, "1m30s");
     struct rl *rl;
-    assert_int_equal(rl_new(0, &rl), RKV_EINVAL);
+    assert_int_equal(rl_create(0, &rl), RKV_EINVAL);
 }
 
 int main(void)

@@ -220,7 +220,7 @@ static void queue_close(struct sched *s, struct session *se)
     rkv_vec_push(&s->workers[se->worker].closes, &se->sid);
 }
 
-static void session_free(struct sched *s, struct session *se, int release_kv)
+static void session_destroy(struct sched *s, struct session *se, int release_kv)
 {
     if (release_kv)
         queue_close(s, se);
@@ -233,8 +233,8 @@ static void session_free(struct sched *s, struct session *se, int release_kv)
     free(se);
 }
 
-static struct session *session_new(struct sched *s, int64_t owner, const char *ext_id,
-                                   uint32_t worker)
+static struct session *session_create(struct sched *s, int64_t owner, const char *ext_id,
+                                      uint32_t worker)
 {
     struct session *se = calloc(1, sizeof *se);
     if (!se)
@@ -255,7 +255,7 @@ static struct session *session_new(struct sched *s, int64_t owner, const char *e
         for (struct session *v = s->lru_tail; v && s->n_named > s->cfg.max_sessions;) {
             struct session *prev = v->lru_prev;
             if (!v->busy && v != se)
-                session_free(s, v, 1);
+                session_destroy(s, v, 1);
             v = prev;
         }
     }
@@ -414,7 +414,7 @@ static int submit_cb(void *ctx, struct api_call *call, const struct api_request 
     fill_sampling(r, &q->sp);
     tok_detok_init(&q->detok, s->tok);
     q->detok.first = 0; /* a continuation keeps its leading space */
-    if (r->n_stop && stop_init(&q->stop, (const char *const *)r->stop, r->n_stop) != 0) {
+    if (r->n_stop && stop_create(&q->stop, (const char *const *)r->stop, r->n_stop) != 0) {
         free(q);
         rkv_vec_fini(&toks);
         api_call_fail(call, 400, "invalid stop sequences");
@@ -428,7 +428,7 @@ static int submit_cb(void *ctx, struct api_call *call, const struct api_request 
     if (r->session_id && r->session_id[0]) {
         se = session_find(s, r->key_id, r->session_id);
         if (se && se->busy) {
-            stop_free(q->stop);
+            stop_destroy(q->stop);
             free(q);
             rkv_vec_fini(&toks);
             snprintf(err, sizeof err,
@@ -438,7 +438,7 @@ static int submit_cb(void *ctx, struct api_call *call, const struct api_request 
             return 0;
         }
         if (!se) {
-            se = session_new(s, r->key_id, r->session_id, pick_worker(s));
+            se = session_create(s, r->key_id, r->session_id, pick_worker(s));
             int32_t *hist = NULL;
             size_t nh = 0;
             /* a session from before a restart: its tokens are known, its KV is not */
@@ -449,10 +449,10 @@ static int submit_cb(void *ctx, struct api_call *call, const struct api_request 
             }
         }
     } else {
-        se = session_new(s, r->key_id, NULL, pick_worker(s));
+        se = session_create(s, r->key_id, NULL, pick_worker(s));
     }
     if (!se) {
-        stop_free(q->stop);
+        stop_destroy(q->stop);
         free(q);
         rkv_vec_fini(&toks);
         return RKV_ENOMEM;
@@ -469,10 +469,10 @@ static int submit_cb(void *ctx, struct api_call *call, const struct api_request 
     rc = session_append(se, pt + lcp, np - lcp);
     rkv_vec_fini(&toks);
     if (rc) {
-        stop_free(q->stop);
+        stop_destroy(q->stop);
         free(q);
         if (!se->ext_id[0])
-            session_free(s, se, 0);
+            session_destroy(s, se, 0);
         return RKV_ENOMEM;
     }
     q->cached = lcp;
@@ -592,9 +592,9 @@ static void finish_seq(struct seq *q, enum api_finish f)
         if (s->store)
             store_session_save(s->store, se->ext_id, se->owner, se->tokens, se->n_tokens);
     } else {
-        session_free(s, se, 1);
+        session_destroy(s, se, 1);
     }
-    stop_free(q->stop);
+    stop_destroy(q->stop);
     free(q);
     update_gauges(s);
 }
@@ -932,8 +932,8 @@ static void fail_running(struct sched *s, uint32_t w, int status, const char *ms
         struct session *se = q->sess;
         se->busy = NULL;
         if (!se->ext_id[0])
-            session_free(s, se, 1);
-        stop_free(q->stop);
+            session_destroy(s, se, 1);
+        stop_destroy(q->stop);
         free(q);
     }
     update_gauges(s);
@@ -1078,8 +1078,8 @@ void sched_job_done(struct sched *s, struct step_job *j)
             rkv_map_del(&s->by_sid, js->sid);
             q->sess->busy = NULL;
             if (!q->sess->ext_id[0])
-                session_free(s, q->sess, 1);
-            stop_free(q->stop);
+                session_destroy(s, q->sess, 1);
+            stop_destroy(q->stop);
             free(q);
             continue;
         }
@@ -1262,8 +1262,8 @@ void sched_fail_all(struct sched *s, const char *msg)
         api_call_fail(q->call, 503, msg);
         se->busy = NULL;
         if (!se->ext_id[0])
-            session_free(s, se, 1);
-        stop_free(q->stop);
+            session_destroy(s, se, 1);
+        stop_destroy(q->stop);
         free(q);
     }
     for (uint32_t w = 0; w < s->cfg.n_workers; w++)
@@ -1273,9 +1273,9 @@ void sched_fail_all(struct sched *s, const char *msg)
 
 void sched_get_stats(const struct sched *s, struct sched_stats *out) { *out = s->st; }
 
-int sched_init(uv_loop_t *loop, const struct sched_config *cfg, const struct tok *tok,
-               const struct sched_driver *drv, struct metrics *metrics, struct store *store,
-               struct sched **out, char *errbuf, size_t errlen)
+int sched_create(uv_loop_t *loop, const struct sched_config *cfg, const struct tok *tok,
+                 const struct sched_driver *drv, struct metrics *metrics, struct store *store,
+                 struct sched **out, char *errbuf, size_t errlen)
 {
     if (!cfg->n_workers || !cfg->ctx_size || !cfg->max_running || !cfg->steps.max_batch_tokens ||
         !cfg->steps.prefill_chunk || !cfg->steps.prefill_beside_decode) {
@@ -1384,7 +1384,7 @@ static void retry_closed(uv_handle_t *h)
     free(s);
 }
 
-void sched_free(struct sched *s)
+void sched_destroy(struct sched *s)
 {
     if (!s)
         return;
@@ -1392,7 +1392,7 @@ void sched_free(struct sched *s)
         struct seq *q = s->waiting.head;
         list_remove(&s->waiting, q);
         api_call_fail(q->call, 503, "rkvd is shutting down");
-        stop_free(q->stop);
+        stop_destroy(q->stop);
         free(q);
     }
     for (uint32_t w = 0; w < s->cfg.n_workers; w++) {
@@ -1445,7 +1445,7 @@ int sched_session_evict(struct sched *s, uint64_t sid)
     if (se->busy)
         return RKV_EBUSY;
     uint32_t w = se->worker;
-    session_free(s, se, 1);
+    session_destroy(s, se, 1);
     update_gauges(s);
     kick(s, w); /* sends the close now when the worker is idle */
     return 0;

@@ -134,11 +134,11 @@ struct tok;
 struct metrics;
 struct store;
 
-int sched_init(uv_loop_t *loop, const struct sched_config *cfg, const struct tok *tok,
-               const struct sched_driver *drv, struct metrics *metrics, struct store *store,
-               struct sched **out, char *errbuf, size_t errlen);
+int sched_create(uv_loop_t *loop, const struct sched_config *cfg, const struct tok *tok,
+                 const struct sched_driver *drv, struct metrics *metrics, struct store *store,
+                 struct sched **out, char *errbuf, size_t errlen);
 /* fails every request still queued or running (503) and frees */
-void sched_free(struct sched *s);
+void sched_destroy(struct sched *s);
 /* the api_sched rkvd's API layer calls */
 void sched_api(struct sched *s, struct api_sched *out);
 void sched_job_done(struct sched *s, struct step_job *job);

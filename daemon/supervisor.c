@@ -18,7 +18,7 @@ struct sup_child {
     uv_timer_t timer;
     int proc_live;   /* proc handle open (not yet closed) */
     int n_handles;   /* open uv handles; the child is freed when none remain */
-    int closing;     /* sup_close called */
+    int closing;     /* sup_destroy called */
     pid_t pid;
     enum sup_state state;
     uint64_t window_start;
@@ -40,7 +40,7 @@ struct sup {
 
 static int child_start(struct sup_child *c);
 
-int sup_init(uv_loop_t *loop, sup_event_cb cb, void *ud, struct sup **out)
+int sup_create(uv_loop_t *loop, sup_event_cb cb, void *ud, struct sup **out)
 {
     struct sup *s = calloc(1, sizeof *s);
     if (!s)
@@ -255,7 +255,7 @@ static void child_timer_closed(uv_handle_t *h) { child_release(h->data); }
 
 static void sup_timer_closed(uv_handle_t *h) { free(h->data); }
 
-void sup_close(struct sup *s)
+void sup_destroy(struct sup *s)
 {
     if (!s)
         return;

@@ -29,7 +29,7 @@ enum sup_state { SUP_RUNNING, SUP_BACKOFF, SUP_FAILED, SUP_DONE };
 
 typedef void (*sup_event_cb)(void *ud, struct sup_child *c, enum sup_event ev, int status);
 
-int sup_init(uv_loop_t *loop, sup_event_cb cb, void *ud, struct sup **out);
+int sup_create(uv_loop_t *loop, sup_event_cb cb, void *ud, struct sup **out);
 /* starts the child now */
 int sup_add(struct sup *s, const struct sup_child_spec *spec, struct sup_child **out);
 const char *sup_child_name(const struct sup_child *c);
@@ -41,6 +41,6 @@ int sup_child_kill(struct sup_child *c, int sig);
 /* SIGTERM to every child, SIGKILL after deadline_ms; done_cb when all exited */
 void sup_stop_all(struct sup *s, uint64_t deadline_ms, void (*done_cb)(void *ud), void *ud);
 /* frees everything; children must have exited (after sup_stop_all's done) */
-void sup_close(struct sup *s);
+void sup_destroy(struct sup *s);
 
 #endif

@@ -42,7 +42,7 @@ static void run_until(uv_loop_t *loop, int *flag, int want)
 
 static void close_all(uv_loop_t *loop, struct sup *s)
 {
-    sup_close(s);
+    sup_destroy(s);
     uv_run(loop, UV_RUN_DEFAULT);
     assert_int_equal(uv_loop_close(loop), 0);
 }
@@ -54,7 +54,7 @@ static void test_restart_after_kill(void **state)
     uv_loop_init(&loop);
     struct obs o = {.kill_on_start = 1};
     struct sup *s;
-    assert_int_equal(sup_init(&loop, on_event, &o, &s), 0);
+    assert_int_equal(sup_create(&loop, on_event, &o, &s), 0);
     char *argv[] = {"/bin/sleep", "30", NULL};
     struct sup_child_spec spec = {"sleeper", argv, 3, 60000, 10, 100};
     assert_int_equal(sup_add(s, &spec, &o.child), 0);
@@ -77,7 +77,7 @@ static void test_gives_up(void **state)
     uv_loop_init(&loop);
     struct obs o = {0};
     struct sup *s;
-    assert_int_equal(sup_init(&loop, on_event, &o, &s), 0);
+    assert_int_equal(sup_create(&loop, on_event, &o, &s), 0);
     char *argv[] = {"/bin/sh", "-c", "exit 3", NULL};
     struct sup_child_spec spec = {"crasher", argv, 2, 60000, 1, 4};
     assert_int_equal(sup_add(s, &spec, &o.child), 0);
@@ -98,7 +98,7 @@ static void test_stop_escalates_to_sigkill(void **state)
     uv_loop_init(&loop);
     struct obs o = {0};
     struct sup *s;
-    assert_int_equal(sup_init(&loop, on_event, &o, &s), 0);
+    assert_int_equal(sup_create(&loop, on_event, &o, &s), 0);
     /* ignores SIGTERM */
     char *argv[] = {"/bin/sh", "-c", "trap '' TERM; sleep 30 & wait; sleep 30", NULL};
     struct sup_child_spec spec = {"stubborn", argv, 3, 60000, 10, 100};
@@ -119,7 +119,7 @@ static void test_missing_binary(void **state)
     uv_loop_init(&loop);
     struct obs o = {0};
     struct sup *s;
-    assert_int_equal(sup_init(&loop, on_event, &o, &s), 0);
+    assert_int_equal(sup_create(&loop, on_event, &o, &s), 0);
     char *argv[] = {"/nonexistent/rkv-worker", NULL};
     struct sup_child_spec spec = {"ghost", argv, 3, 60000, 10, 100};
     assert_true(sup_add(s, &spec, &o.child) < 0);

@@ -224,7 +224,7 @@ static uint64_t chain_hash(uint64_t prev, const uint32_t *tok, uint32_t n)
 
 /* --- sessions ---------------------------------------------------------------- */
 
-static struct sess *sess_new(struct kvb *kvb, uint64_t sid, uint32_t gpu, uint64_t scope)
+static struct sess *sess_create(struct kvb *kvb, uint64_t sid, uint32_t gpu, uint64_t scope)
 {
     struct sess *s = calloc(1, sizeof(*s));
     if (!s)
@@ -241,7 +241,7 @@ static struct sess *sess_new(struct kvb *kvb, uint64_t sid, uint32_t gpu, uint64
     return s;
 }
 
-static void sess_free(struct sess *s)
+static void sess_destroy(struct sess *s)
 {
     rkv_vec_fini(&s->ents);
     rkv_vec_fini(&s->tokens);
@@ -294,7 +294,7 @@ static void sess_release(struct kvb *kvb, struct sess *s)
                 break;
             }
         }
-        sess_free(s);
+        sess_destroy(s);
     }
 }
 
@@ -377,10 +377,10 @@ void kvb_destroy(struct kvb *kvb)
     size_t it = 0;
     void *v;
     while (rkv_map_next(&kvb->live, &it, NULL, &v))
-        sess_free(v);
+        sess_destroy(v);
     rkv_map_fini(&kvb->live);
     for (size_t i = 0; i < kvb->closing.len; i++)
-        sess_free(*rkv_vec_at(&kvb->closing, struct sess *, i));
+        sess_destroy(*rkv_vec_at(&kvb->closing, struct sess *, i));
     rkv_vec_fini(&kvb->closing);
     for (uint32_t g = 0; kvb->pools && g <= kvb->n_gpus; g++)
         pool_fini(&kvb->pools[g]);
@@ -416,10 +416,10 @@ int kvb_session_open(struct kvb *kvb, uint64_t sid, uint32_t gpu, uint64_t scope
         return RKV_EINVAL;
     if (sess_get(kvb, sid))
         return RKV_EBUSY;
-    struct sess *s = sess_new(kvb, sid, gpu, scope);
+    struct sess *s = sess_create(kvb, sid, gpu, scope);
     if (!s || rkv_vec_reserve(&s->tokens, n_tokens ? n_tokens : 1)) {
         if (s)
-            sess_free(s);
+            sess_destroy(s);
         return RKV_ENOMEM;
     }
     /* without token ids (positions only) nothing can be shared */
@@ -451,7 +451,7 @@ int kvb_session_open(struct kvb *kvb, uint64_t sid, uint32_t gpu, uint64_t scope
         rc = rkv_map_put(&kvb->live, s->id, s);
     if (rc) {
         ents_unref_now(kvb, s);
-        sess_free(s);
+        sess_destroy(s);
         return rc;
     }
     s->n_written = reused;
@@ -475,11 +475,11 @@ int kvb_session_fork(struct kvb *kvb, uint64_t parent, uint64_t child, size_t n_
     size_t full = n_tokens / B, part = n_tokens % B;
     if (part && pool_avail(&kvb->pools[p->gpu]) == 0)
         return RKV_ENOSPACE;
-    struct sess *s = sess_new(kvb, child, p->gpu, p->scope);
+    struct sess *s = sess_create(kvb, child, p->gpu, p->scope);
     if (!s || rkv_vec_reserve(&s->tokens, n_tokens ? n_tokens : 1) ||
         rkv_vec_reserve(&s->ents, full + 1)) {
         if (s)
-            sess_free(s);
+            sess_destroy(s);
         return RKV_ENOMEM;
     }
     memcpy(s->tokens.data, p->tokens.data, n_tokens * sizeof(uint32_t));
@@ -505,7 +505,7 @@ int kvb_session_fork(struct kvb *kvb, uint64_t parent, uint64_t child, size_t n_
     int rc = rkv_map_put(&kvb->live, s->id, s);
     if (rc) {
         ents_unref_now(kvb, s);
-        sess_free(s);
+        sess_destroy(s);
         *n_cow = 0;
         return rc;
     }

@@ -12,7 +12,7 @@ struct evring {
     struct proto_tactic_event *ev; /* (cap) */
 };
 
-int evring_new(uint32_t cap, struct evring **out)
+int evring_create(uint32_t cap, struct evring **out)
 {
     *out = NULL;
     if (!cap)
@@ -27,7 +27,7 @@ int evring_new(uint32_t cap, struct evring **out)
     return 0;
 }
 
-void evring_free(struct evring *r)
+void evring_destroy(struct evring *r)
 {
     if (!r)
         return;

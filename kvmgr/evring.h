@@ -17,9 +17,9 @@
 struct evring;
 
 /* cap > 0 events; RKV_EINVAL, RKV_ENOMEM */
-int evring_new(uint32_t cap, struct evring **out);
+int evring_create(uint32_t cap, struct evring **out);
 /* NULL is fine */
-void evring_free(struct evring *r);
+void evring_destroy(struct evring *r);
 /* numbers ev (ev->seq = the last seq + 1) and keeps a copy, over the oldest
  * when the ring is full; returns the seq */
 uint64_t evring_push(struct evring *r, struct proto_tactic_event *ev);

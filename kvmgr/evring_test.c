@@ -25,7 +25,7 @@ static uint64_t push_sid(struct evring *r, uint64_t sid)
 static struct evring *ring_of(uint32_t cap, uint64_t n, uint64_t mul)
 {
     struct evring *r;
-    assert_int_equal(evring_new(cap, &r), 0);
+    assert_int_equal(evring_create(cap, &r), 0);
     for (uint64_t i = 1; i <= n; i++)
         push_sid(r, i * mul);
     return r;
@@ -35,9 +35,9 @@ static void test_empty(void **state)
 {
     (void)state;
     struct evring *r;
-    assert_int_equal(evring_new(0, &r), RKV_EINVAL);
+    assert_int_equal(evring_create(0, &r), RKV_EINVAL);
     assert_null(r);
-    assert_int_equal(evring_new(8, &r), 0);
+    assert_int_equal(evring_create(8, &r), 0);
     assert_int_equal(evring_last_seq(r), 0);
     assert_int_equal(evring_first_seq(r), 0);
     struct proto_events *out = calloc(1, sizeof *out);
@@ -47,15 +47,15 @@ static void test_empty(void **state)
     assert_int_equal(out->last_seq, 0);
     assert_int_equal(out->dropped, 0);
     free(out);
-    evring_free(r);
-    evring_free(NULL);
+    evring_destroy(r);
+    evring_destroy(NULL);
 }
 
 static void test_numbers_and_since(void **state)
 {
     (void)state;
     struct evring *r;
-    assert_int_equal(evring_new(8, &r), 0);
+    assert_int_equal(evring_create(8, &r), 0);
     for (uint64_t i = 1; i <= 5; i++)
         assert_int_equal(push_sid(r, 100 + i), i);
     assert_int_equal(evring_first_seq(r), 1);
@@ -82,7 +82,7 @@ static void test_numbers_and_since(void **state)
     assert_int_equal(out->n_events, 0);
     assert_int_equal(out->last_seq, 5);
     free(out);
-    evring_free(r);
+    evring_destroy(r);
 }
 
 static void test_overflow_counts_dropped(void **state)
@@ -108,7 +108,7 @@ static void test_overflow_counts_dropped(void **state)
     evring_fill(r, 0, out);
     assert_int_equal(out->dropped, 6);
     free(out);
-    evring_free(r);
+    evring_destroy(r);
 }
 
 static void test_bounded_reply_and_loop(void **state)
@@ -135,7 +135,7 @@ static void test_bounded_reply_and_loop(void **state)
     assert_int_equal(rounds, 4);
     assert_int_equal(out->dropped, 0);
     free(out);
-    evring_free(r);
+    evring_destroy(r);
 }
 
 static void test_reply_encodes(void **state)
@@ -159,7 +159,7 @@ static void test_reply_encodes(void **state)
     free(json);
     free(out);
     free(back);
-    evring_free(r);
+    evring_destroy(r);
 }
 
 int main(void)

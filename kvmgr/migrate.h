@@ -30,7 +30,7 @@
  *     plus the next step, active, pinned, last_use, cur_tactic = its tactic in
  *     the previous plan (PLAN_WAIT if none)} and mig_session_state() for
  *     cur_dev / cur_host;
- *   plan_compute(&in, prev, &plan); mig_apply(...); plan_free(prev);
+ *   plan_compute(&in, prev, &plan); mig_apply(...); plan_destroy(prev);
  *   new sessions the plan admitted: kvb_session_open(..., max_dev = n_dev);
  *   send each changed table (kvb_session_table + epoch) to its worker, which
  *   adopts it at a step boundary and acks (kvb_ack); kvb_worker_lost when a

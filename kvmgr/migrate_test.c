@@ -43,9 +43,9 @@ static void rig_init(struct rig *r, uint32_t host_blocks)
 
 static void rig_fini(struct rig *r)
 {
-    plan_free(r->prev);
-    kvpool_free(r->dev[0]);
-    kvpool_free(r->host);
+    plan_destroy(r->prev);
+    kvpool_destroy(r->dev[0]);
+    kvpool_destroy(r->host);
     kvb_destroy(r->kvb);
 }
 
@@ -114,7 +114,7 @@ static const struct plan *replan(struct rig *r, const uint64_t *ids, const uint3
     in.sessions = ss;
     struct plan *p = NULL;
     assert_int_equal(plan_compute(&in, r->prev, &p), 0);
-    plan_free(r->prev);
+    plan_destroy(r->prev);
     r->prev = p;
     return p;
 }
@@ -339,9 +339,9 @@ static void test_rehome_bytes(void **state)
     assert_memory_equal(kvpool_block(dev[1], e[2].dev), own, BB);
     assert_int_equal(kvb_check(kvb), 0);
     kvb_destroy(kvb);
-    kvpool_free(dev[0]);
-    kvpool_free(dev[1]);
-    kvpool_free(host);
+    kvpool_destroy(dev[0]);
+    kvpool_destroy(dev[1]);
+    kvpool_destroy(host);
 }
 
 int main(void)

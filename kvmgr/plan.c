@@ -874,14 +874,14 @@ done:
     if (rc) {
         if (rc == RKV_EINTERNAL)
             log_error("plan: internal error: budgets would be exceeded (a planner bug)");
-        plan_free(p);
+        plan_destroy(p);
         return rc;
     }
     *out = p;
     return 0;
 }
 
-void plan_free(struct plan *p)
+void plan_destroy(struct plan *p)
 {
     if (!p)
         return;

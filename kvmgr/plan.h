@@ -195,9 +195,9 @@ struct plan;
 void plan_input_init(struct plan_input *in);
 
 /* computes a plan. prev: the previous plan (hysteresis) or NULL. *out is a new
- * plan to free with plan_free. RKV_EINVAL names the bad field in the log. */
+ * plan to free with plan_destroy. RKV_EINVAL names the bad field in the log. */
 int plan_compute(const struct plan_input *in, const struct plan *prev, struct plan **out);
-void plan_free(struct plan *p);
+void plan_destroy(struct plan *p);
 
 /* assignments in input order, one per session */
 size_t plan_n_assign(const struct plan *p);

@@ -76,7 +76,7 @@ static int time_phase(struct plan_input *in, struct plan_session *ss, struct pla
         if (moves)
             *moves += plan_get_summary(p)->n_moves;
         apply(ss, in->n_sessions, p);
-        plan_free(*prev);
+        plan_destroy(*prev);
         *prev = p;
     }
     qsort(ms, rounds, sizeof(*ms), dbl_cmp);
@@ -132,7 +132,7 @@ int plan_bench_run(const struct plan_bench_config *cfg, struct plan_bench_result
         rc = plan_compute(&in, NULL, &p);
         ms[r] = (double)(rkv_now_ns() - t0) / 1e6;
         if (r + 1 < cfg->rounds)
-            plan_free(p);
+            plan_destroy(p);
         else
             prev = p;
     }
@@ -155,7 +155,7 @@ int plan_bench_run(const struct plan_bench_config *cfg, struct plan_bench_result
                 res->tactic_sessions[t] += res->last.gpu[g].sessions[t];
         res->last.gpu = NULL;
     }
-    plan_free(prev);
+    plan_destroy(prev);
     free(ss), free(gpus), free(ms);
     return rc;
 }

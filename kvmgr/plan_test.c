@@ -146,7 +146,7 @@ static void test_fits_resident(void **state)
     assert_int_equal(sum->n_moves, 0);
     assert_ptr_equal(plan_find(p, 2), plan_assign_at(p, 1));
     assert_null(plan_find(p, 3));
-    plan_free(p);
+    plan_destroy(p);
 }
 
 static void test_park_lru_first(void **state)
@@ -166,7 +166,7 @@ static void test_park_lru_first(void **state)
     assert_int_equal(plan_find(p, 3)->tactic, PLAN_RESIDENT);
     assert_int_equal(plan_find(p, 4)->tactic, PLAN_RESIDENT);
     assert_int_equal(plan_get_summary(p)->gpu[0].dev_used, 10);
-    plan_free(p);
+    plan_destroy(p);
 }
 
 /* a session idle for less than the grace keeps its blocks on the device and is windowed with
@@ -184,7 +184,7 @@ static void test_idle_grace(void **state)
     assert_int_equal(plan_find(p, 2)->demote, 3);
     assert_int_equal(plan_find(p, 1)->tactic, PLAN_RESIDENT);
     assert_int_equal(plan_find(p, 3)->tactic, PLAN_RESIDENT);
-    plan_free(p);
+    plan_destroy(p);
     /* idle 5 of a grace of 10: the three share the device, W = 3 and the spare block to the
      * session holding the most; the idle one moves nothing */
     p = run_plan_at(&g, 1, 100, s, 3, PLAN_MODE_AUTO, NULL, 100, 10);
@@ -202,13 +202,13 @@ static void test_idle_grace(void **state)
     struct plan *q = run_plan_at(&g, 1, 100, t, 3, PLAN_MODE_AUTO, NULL, 100, 10);
     assert_int_equal(plan_find(q, 2)->tactic, PLAN_WINDOW);
     assert_true(plan_find(q, 2)->n_dev >= 3 && plan_find(q, 2)->n_host >= 1);
-    plan_free(q);
+    plan_destroy(q);
     /* the grace over (now 105): parked */
     struct plan *r = run_plan_at(&g, 1, 100, s, 3, PLAN_MODE_AUTO, p, 105, 10);
     assert_int_equal(plan_find(r, 2)->tactic, PLAN_PARKED);
     assert_int_equal(plan_find(r, 2)->reason, PLAN_WHY_IDLE_LRU);
-    plan_free(r);
-    plan_free(p);
+    plan_destroy(r);
+    plan_destroy(p);
 }
 
 static void test_window_water_fill(void **state)
@@ -234,7 +234,7 @@ static void test_window_water_fill(void **state)
         assert_int_equal(plan_find(p, id)->tactic, PLAN_WINDOW);
         assert_int_equal(plan_find(p, id)->reason, PLAN_WHY_VRAM_FULL);
     }
-    plan_free(p);
+    plan_destroy(p);
 
     /* a cpu faster than the link takes the tail */
     g.cpu_attn_gbps = 80;
@@ -242,27 +242,27 @@ static void test_window_water_fill(void **state)
     assert_int_equal(plan_find(p, 3)->tactic, PLAN_CPU_TAIL);
     assert_int_equal(plan_find(p, 3)->reason, PLAN_WHY_CPU_FASTER);
     assert_string_equal(plan_reason_name(plan_find(p, 3)->reason), "cpu_faster");
-    plan_free(p);
+    plan_destroy(p);
     /* ...unless the worker splits its tails, where the cpu and the link read together */
     g.split_gbps = 110;
     p = run_plan(&g, 1, 100, s, 4, PLAN_MODE_AUTO, NULL);
     assert_int_equal(plan_find(p, 3)->tactic, PLAN_WINDOW);
-    plan_free(p);
+    plan_destroy(p);
     g.split_gbps = 70; /* a split slower than the cpu alone */
     p = run_plan(&g, 1, 100, s, 4, PLAN_MODE_AUTO, NULL);
     assert_int_equal(plan_find(p, 3)->tactic, PLAN_CPU_TAIL);
-    plan_free(p);
+    plan_destroy(p);
     g.split_gbps = 0;
     /* zero-copy reads slower than the cpu count too */
     g.cpu_attn_gbps = 30;
     g.host_stream_gbps = 25;
     p = run_plan(&g, 1, 100, s, 4, PLAN_MODE_AUTO, NULL);
     assert_int_equal(plan_find(p, 3)->tactic, PLAN_CPU_TAIL);
-    plan_free(p);
+    plan_destroy(p);
     p = run_plan(&g, 1, 100, s, 4, PLAN_MODE_WINDOW, NULL);
     assert_int_equal(plan_find(p, 3)->tactic, PLAN_WINDOW);
     assert_int_equal(plan_find(p, 3)->reason, PLAN_WHY_FORCED);
-    plan_free(p);
+    plan_destroy(p);
 }
 
 static void test_admission(void **state)
@@ -280,7 +280,7 @@ static void test_admission(void **state)
     assert_int_equal(plan_find(p, 2)->n_dev, 1);
     assert_int_equal(plan_find(p, 3)->n_host, 4);
     assert_int_equal(plan_get_summary(p)->n_wait, 1);
-    plan_free(p);
+    plan_destroy(p);
 
     /* resident mode: never spill, so only one 2-block session fits */
     g = gpu_with(4);
@@ -290,7 +290,7 @@ static void test_admission(void **state)
     assert_int_equal(plan_find(p, 2)->tactic, PLAN_RESIDENT);
     assert_int_equal(plan_find(p, 3)->tactic, PLAN_WAIT);
     assert_int_equal(plan_find(p, 1)->tactic, PLAN_WAIT);
-    plan_free(p);
+    plan_destroy(p);
 
     /* host too small for the tails: the later session waits */
     g = gpu_with(2);
@@ -300,7 +300,7 @@ static void test_admission(void **state)
     assert_int_equal(plan_find(p, 2)->n_host, 1);
     assert_int_equal(plan_find(p, 3)->tactic, PLAN_WAIT);
     assert_true(plan_get_summary(p)->host_used <= 2);
-    plan_free(p);
+    plan_destroy(p);
 }
 
 static void test_never_fits(void **state)
@@ -321,11 +321,11 @@ static void test_never_fits(void **state)
     assert_false(plan_find(p, 2)->never_fits);
     assert_true(plan_find(p, 3)->never_fits);
     assert_int_equal(plan_get_summary(p)->n_never_fits, 2);
-    plan_free(p);
+    plan_destroy(p);
     /* resident mode: more than the device is never possible */
     p = run_plan(&g, 1, 5, s + 1, 1, PLAN_MODE_RESIDENT, NULL);
     assert_true(plan_find(p, 2)->never_fits);
-    plan_free(p);
+    plan_destroy(p);
 }
 
 static void test_pinned(void **state)
@@ -342,7 +342,7 @@ static void test_pinned(void **state)
     assert_int_equal(plan_find(p, 1)->reason, PLAN_WHY_PINNED);
     assert_int_equal(plan_find(p, 1)->n_dev, 3);
     assert_int_equal(plan_find(p, 2)->n_dev + plan_find(p, 3)->n_dev, 3);
-    plan_free(p);
+    plan_destroy(p);
 }
 
 static void test_hysteresis(void **state)
@@ -374,7 +374,7 @@ static void test_hysteresis(void **state)
     assert_int_equal(plan_find(p4, 3)->tactic, PLAN_RESIDENT);
     assert_int_equal(plan_find(p4, 3)->promote, 1);
     assert_int_equal(plan_get_summary(p4)->gpu[0].window_cap, PLAN_NO_CAP);
-    plan_free(p1), plan_free(p2), plan_free(p3), plan_free(p4);
+    plan_destroy(p1), plan_destroy(p2), plan_destroy(p3), plan_destroy(p4);
 }
 
 /* --- several gpus: placement and moves ---------------------------------------- */
@@ -399,25 +399,25 @@ static void test_pick_gpu(void **state)
     uint32_t extra[2] = {0, 70}, run[2] = {0, 1};
     assert_int_equal(plan_pick_gpu(p, 30, 1, extra, run), 0); /* placed by this prep already */
     assert_int_equal(plan_pick_gpu(NULL, 30, 1, NULL, NULL), 1);
-    plan_free(p);
+    plan_destroy(p);
     /* equal free blocks: the fewest running sessions, then the gpu it was offered on */
     s[0] = on_gpu(sess(1, 20, 1, 20, 0, PLAN_RESIDENT, 1), 0, 1);
     s[1] = on_gpu(sess(2, 20, 0, 20, 0, PLAN_RESIDENT, 2), 1, 1);
     p = run_plan(g, 2, 1000, s, 2, PLAN_MODE_AUTO, NULL);
     assert_int_equal(plan_get_summary(p)->gpu[0].n_active, 1);
     assert_int_equal(plan_pick_gpu(p, 10, 0, NULL, NULL), 1);
-    plan_free(p);
+    plan_destroy(p);
     s[0].active = 0;
     p = run_plan(g, 2, 1000, s, 2, PLAN_MODE_AUTO, NULL);
     assert_int_equal(plan_pick_gpu(p, 10, 0, NULL, NULL), 0);
     assert_int_equal(plan_pick_gpu(p, 10, 1, NULL, NULL), 1);
-    plan_free(p);
+    plan_destroy(p);
     /* a gpu without a worker gets nothing */
     g[1].offline = 1;
     s[0] = on_gpu(sess(1, 90, 0, 90, 0, PLAN_RESIDENT, 1), 0, 1);
     p = run_plan(g, 2, 1000, s, 2, PLAN_MODE_AUTO, NULL);
     assert_int_equal(plan_pick_gpu(p, 30, 1, NULL, NULL), 0);
-    plan_free(p);
+    plan_destroy(p);
 }
 
 /* two active sessions spill on gpu 0 while gpu 1 is empty: one moves */
@@ -454,7 +454,7 @@ static void test_rebalance_spilled(void **state)
     struct plan *p4 = run_plan(g, 2, 1000, s, 2, PLAN_MODE_AUTO, p3);
     assert_int_equal(plan_find(p4, 2)->tactic, PLAN_WINDOW);
     assert_int_equal(plan_get_summary(p4)->n_rebalance, 0);
-    plan_free(p1), plan_free(p2), plan_free(p3), plan_free(p4);
+    plan_destroy(p1), plan_destroy(p2), plan_destroy(p3), plan_destroy(p4);
 }
 
 /* what keeps a session where it is */
@@ -468,26 +468,26 @@ static void test_rebalance_guards(void **state)
     /* gpu 1 has 64 blocks free: 60 fit, but not with the 5-block margin */
     struct plan *p = run_plan(g, 2, 1000, s, 3, PLAN_MODE_AUTO, NULL);
     assert_int_equal(plan_get_summary(p)->n_rebalance, 0);
-    plan_free(p);
+    plan_destroy(p);
     s[2].n_blocks = s[2].cur_dev = 35; /* 65 free: it moves */
     p = run_plan(g, 2, 1000, s, 3, PLAN_MODE_AUTO, NULL);
     assert_int_equal(plan_find(p, 1)->move_to, 1);
-    plan_free(p);
+    plan_destroy(p);
     /* no worker on gpu 1; sessions not movable (cooldown, rkvd asked) or pinned */
     g[1].offline = 1;
     p = run_plan(g, 2, 1000, s, 3, PLAN_MODE_AUTO, NULL);
     assert_int_equal(plan_get_summary(p)->n_rebalance, 0);
-    plan_free(p);
+    plan_destroy(p);
     g[1].offline = 0;
     s[0].movable = s[1].movable = 0;
     p = run_plan(g, 2, 1000, s, 3, PLAN_MODE_AUTO, NULL);
     assert_int_equal(plan_get_summary(p)->n_rebalance, 0);
-    plan_free(p);
+    plan_destroy(p);
     s[0].movable = 1;
     s[0].pinned = 1;
     p = run_plan(g, 2, 1000, s, 3, PLAN_MODE_AUTO, NULL);
     assert_int_equal(plan_get_summary(p)->n_rebalance, 0);
-    plan_free(p);
+    plan_destroy(p);
     /* both gpus spill: a move would only move the spill */
     s[0].pinned = 0;
     s[1].movable = 1;
@@ -495,12 +495,12 @@ static void test_rebalance_guards(void **state)
     p = run_plan(g, 2, 1000, s, 3, PLAN_MODE_AUTO, NULL);
     assert_int_equal(plan_find(p, 3)->tactic, PLAN_WINDOW);
     assert_int_equal(plan_get_summary(p)->n_rebalance, 0);
-    plan_free(p);
+    plan_destroy(p);
     /* one gpu: nothing to move to */
     s[2].gpu = 0;
     p = run_plan(g, 1, 1000, s, 3, PLAN_MODE_AUTO, NULL);
     assert_int_equal(plan_get_summary(p)->n_rebalance, 0);
-    plan_free(p);
+    plan_destroy(p);
 }
 
 /* a session queued on a full gpu goes where it can run */
@@ -516,7 +516,7 @@ static void test_rebalance_waiting(void **state)
     assert_int_equal(plan_find(p, 2)->move_to, 1);
     assert_int_equal(plan_find(p, 1)->move_to, PLAN_NO_GPU);
     assert_int_equal(plan_find(p, 3)->move_to, PLAN_NO_GPU);
-    plan_free(p);
+    plan_destroy(p);
 }
 
 /* --- properties over random event sequences ------------------------------------ */
@@ -762,7 +762,7 @@ static struct plan *settle(struct sim *m, struct plan *prev, int host_ample)
     before = *m;
     struct plan *p = sim_plan(m, prev);
     check_plan(m, p, host_ample);
-    plan_free(prev);
+    plan_destroy(prev);
     for (int round = 0;; round++) {
         sim_apply(m, p);
         struct plan *q = sim_plan(m, p);
@@ -772,7 +772,7 @@ static struct plan *settle(struct sim *m, struct plan *prev, int host_ample)
             dump(&before, p, q);
         /* a drop frees kv, which may admit a waiting session once more */
         assert_true(fixed || (round < 2 && plan_get_summary(p)->n_dropped > 0));
-        plan_free(p);
+        plan_destroy(p);
         p = q;
         if (fixed)
             return p;
@@ -815,7 +815,7 @@ static void run_sequences(enum plan_mode mode, int n_seq, int n_events, uint64_t
         p = settle(&m, p, 1);
         for (size_t i = 0; i < m.n; i++)
             assert_int_equal(plan_assign_at(p, i)->tactic, PLAN_RESIDENT);
-        plan_free(p);
+        plan_destroy(p);
     }
 }
 
@@ -863,7 +863,7 @@ static struct plan *settle_moves(struct sim *m, struct plan *prev, uint64_t *n_m
         check_moves(m, q);
         int fixed = p && same_assign(p, q) && plan_get_summary(q)->n_moves == 0 &&
                     plan_get_summary(q)->n_rebalance == 0;
-        plan_free(p);
+        plan_destroy(p);
         p = q;
         if (fixed)
             return p;
@@ -900,7 +900,7 @@ static void test_random_moves(void **state)
                 m.s[i].movable = 1;
             p = settle_moves(&m, p, &n_moved);
         }
-        plan_free(p);
+        plan_destroy(p);
     }
     assert_true(n_moved > 100); /* the runs do reach moves */
 }
@@ -999,7 +999,7 @@ static void test_load_ramp(void **state)
         assert_true(g->dev_used <= 100);
     }
     assert_int_equal(plan_get_summary(p)->gpu[0].window_cap, PLAN_NO_CAP);
-    plan_free(p);
+    plan_destroy(p);
 }
 
 /* a small host: budgets still hold, drops happen only when kv cannot fit */
@@ -1019,7 +1019,7 @@ static void test_random_tight_host(void **state)
                 m.host_blocks = rng_below(&rng, 30);
             p = settle(&m, p, 0);
         }
-        plan_free(p);
+        plan_destroy(p);
     }
     assert_true(seen_dropped > 10);
 }

@@ -42,7 +42,7 @@ static int host_pin(struct kvpool *p, size_t bytes, size_t chunk)
         size_t n = bytes - off < p->reg_chunk ? bytes - off : p->reg_chunk;
         int rc = p->ops.host_register(p->ops.ctx, p->base + off, n);
         if (rc)
-            return rc; /* kvpool_free unpins what was pinned */
+            return rc; /* kvpool_destroy unpins what was pinned */
         p->reg_bytes = off + n;
         sched_yield();
     }
@@ -152,7 +152,7 @@ int kvpool_create(const struct kvpool_config *cfg, struct kvpool **out)
             rc = host_pin(p, bytes, cfg->pin_chunk);
     }
     if (rc) {
-        kvpool_free(p);
+        kvpool_destroy(p);
         return rc;
     }
     *out = p;
@@ -181,7 +181,7 @@ int kvpool_open(const struct kvpool_desc *desc, struct kvpool **out)
     return 0;
 }
 
-void kvpool_free(struct kvpool *p)
+void kvpool_destroy(struct kvpool *p)
 {
     if (!p)
         return;

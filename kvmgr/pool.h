@@ -99,7 +99,7 @@ int kvpool_create(const struct kvpool_config *cfg, struct kvpool **out);
 /* maps a pool another process created (what a worker does; used by tests) */
 int kvpool_open(const struct kvpool_desc *desc, struct kvpool **out);
 /* unmaps; the creator also removes the name and frees device memory */
-void kvpool_free(struct kvpool *p);
+void kvpool_destroy(struct kvpool *p);
 
 const struct kvpool_desc *kvpool_get_desc(const struct kvpool *p);
 /* address of block idx in this process; NULL for cuda device pools or idx out of range */

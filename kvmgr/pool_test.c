@@ -77,18 +77,18 @@ static void test_two_mappings(void **state)
     assert_int_equal(((uint8_t *)kvpool_block(owner, 7))[5], 0x5c);
     assert_null(kvpool_block(owner, 8));
     /* the peer leaving keeps the name; the owner leaving removes it */
-    kvpool_free(peer);
+    kvpool_destroy(peer);
     assert_true(shm_exists(d->name));
     char name[64];
     snprintf(name, sizeof(name), "%s", d->name);
-    kvpool_free(owner);
+    kvpool_destroy(owner);
     assert_false(shm_exists(name));
     /* a desc claiming more blocks than exist is refused */
     struct kvpool *p = make(KVPOOL_HOST, "small", 2, NULL);
     struct kvpool_desc big = *kvpool_get_desc(p);
     big.n_blocks = 1000;
     assert_int_equal(kvpool_open(&big, &peer), RKV_EFORMAT);
-    kvpool_free(p);
+    kvpool_destroy(p);
 }
 
 /* another process maps the pool by its desc and writes; the owner sees it.
@@ -107,7 +107,7 @@ static void test_other_process(void **state)
             kvpool_open(&desc, &peer) == 0 && ((uint8_t *)kvpool_block(peer, 2))[BB - 1] == 0x11;
         if (ok)
             memset(kvpool_block(peer, 3), 0x22, BB);
-        kvpool_free(peer);
+        kvpool_destroy(peer);
         _exit(ok ? 0 : 1);
     }
     int status = 0;
@@ -118,7 +118,7 @@ static void test_other_process(void **state)
     memset(want, 0x22, BB);
     assert_memory_equal(kvpool_block(owner, 3), want, BB);
     assert_true(shm_exists(desc.name)); /* the peer leaving keeps it */
-    kvpool_free(owner);
+    kvpool_destroy(owner);
     assert_false(shm_exists(desc.name));
 }
 
@@ -141,7 +141,7 @@ static void test_bad_config(void **state)
     assert_int_equal(kvpool_create(&cfg, &p), 0);
     assert_null(kvpool_block(p, 0));
     assert_false(shm_exists(name));
-    kvpool_free(p);
+    kvpool_destroy(p);
 }
 
 static void test_copy_batched_exact(void **state)
@@ -170,8 +170,8 @@ static void test_copy_batched_exact(void **state)
     /* bad indices change nothing */
     struct kvpool_op bad = {9, 0, BT};
     assert_int_equal(kvpool_copy(host, dev, &bad, 1), RKV_ERANGE);
-    kvpool_free(dev);
-    kvpool_free(host);
+    kvpool_destroy(dev);
+    kvpool_destroy(host);
 }
 
 static void test_run_copies(void **state)
@@ -195,9 +195,9 @@ static void test_run_copies(void **state)
     assert_memory_equal(kvpool_block(dev[0], 5), want_d0_5, BB);
     ops[0].gpu = 2;
     assert_int_equal(kvpool_run_copies(dev, 2, host, ops, 1), RKV_EINVAL);
-    kvpool_free(dev[0]);
-    kvpool_free(dev[1]);
-    kvpool_free(host);
+    kvpool_destroy(dev[0]);
+    kvpool_destroy(dev[1]);
+    kvpool_destroy(host);
 }
 
 /* a stand-in for the cuda code: "device" memory from malloc, calls counted */
@@ -279,8 +279,8 @@ static void test_gpu_hooks(void **state)
     struct kvpool_op d2h = {6, 2, BT};
     assert_int_equal(kvpool_copy(host, dev, &d2h, 1), 0);
     assert_memory_equal(kvpool_block(host, 2), kvpool_block(host, 5), BB);
-    kvpool_free(host);
-    kvpool_free(dev);
+    kvpool_destroy(host);
+    kvpool_destroy(dev);
     assert_int_equal(f.unregisters, 1);
     assert_int_equal(f.frees, 1);
 }
@@ -315,8 +315,8 @@ static void test_host_pinned_in_pieces(void **state)
     assert_int_equal(kvpool_copy(dev, host, ops5, 5), 0);
     assert_int_equal(f.copies, 2);
     assert_int_equal(f.copied, 5 * BB);
-    kvpool_free(dev);
-    kvpool_free(host);
+    kvpool_destroy(dev);
+    kvpool_destroy(host);
     assert_int_equal(f.unregisters, 4);
     /* the third piece fails: the pool is not made and the two pinned ones are unpinned */
     struct fake_gpu g = {.fail_at = 3};

@@ -186,12 +186,12 @@ static uint32_t dev_blocks_for_budget(const struct kvmgr *k, uint32_t g, uint64_
     return n;
 }
 
-static void pools_free(struct pools_new *np)
+static void pools_fini(struct pools_new *np)
 {
     kvb_destroy(np->kvb);
     for (uint32_t g = 0; g < KVMGR_MAX_GPUS; g++)
-        kvpool_free(np->dev[g]);
-    kvpool_free(np->host);
+        kvpool_destroy(np->dev[g]);
+    kvpool_destroy(np->host);
     memset(np, 0, sizeof *np);
 }
 
@@ -215,7 +215,7 @@ static int create_pools(const struct kvmgr *k, uint64_t block_bytes, struct pool
     for (uint32_t g = 0; g < np->n_gpus; g++) {
         kc.dev_blocks[g] = dev_blocks_for_budget(k, g, block_bytes, why, whylen);
         if (kc.dev_blocks[g] == 0) {
-            pools_free(np);
+            pools_fini(np);
             return RKV_ENOSPACE;
         }
         kvpool_make_name(name, sizeof name, (int)getpid(), KVPOOL_DEVICE_SHM, g);
@@ -230,7 +230,7 @@ static int create_pools(const struct kvmgr *k, uint64_t block_bytes, struct pool
         if ((rc = kvpool_create(&pc, &np->dev[g]))) {
             log_error("cannot create the device pool of gpu %u (%u blocks of %llu bytes): %s", g,
                       kc.dev_blocks[g], (unsigned long long)block_bytes, rkv_strerror(rc));
-            pools_free(np);
+            pools_fini(np);
             return rc;
         }
     }
@@ -240,11 +240,11 @@ static int create_pools(const struct kvmgr *k, uint64_t block_bytes, struct pool
     if ((rc = kvpool_create(&hc, &np->host))) {
         log_error("cannot create the host pool (%u blocks of %llu bytes): %s", kc.host_blocks,
                   (unsigned long long)block_bytes, rkv_strerror(rc));
-        pools_free(np);
+        pools_fini(np);
         return rc;
     }
     if ((rc = kvb_create(&kc, &np->kvb))) {
-        pools_free(np);
+        pools_fini(np);
         return rc;
     }
     char dev[32], host[32];
@@ -471,7 +471,7 @@ static int replan(struct kvmgr *k, const char *why)
             (!k->grace_end_ms || end < k->grace_end_ms))
             k->grace_end_ms = end;
     }
-    plan_free(k->plan);
+    plan_destroy(k->plan);
     k->plan = p;
     k->plan_seq++;
     k->dirty = 0;
@@ -762,7 +762,7 @@ static int do_prep(struct kvmgr *k, const struct proto_in *in, struct proto_wbuf
     if (rc)
         return rc;
     if (m->worker_id >= k->n_gpus) {
-        proto_kv_prep_free(m);
+        proto_kv_prep_destroy(m);
         return proto_seterr(err, errlen, RKV_EINVAL, "kv_prep: worker %u, kvmgr has %u",
                             m->worker_id, k->n_gpus);
     }
@@ -785,7 +785,7 @@ static int do_prep(struct kvmgr *k, const struct proto_in *in, struct proto_wbuf
     for (uint32_t i = 0; i < m->n_seqs; i++) {
         struct sess *s = sess_get(k, m->seqs[i].session_id, w);
         if (!s) {
-            proto_kv_prep_free(m);
+            proto_kv_prep_destroy(m);
             return RKV_ENOMEM;
         }
         s->nomove = (m->seqs[i].flags & PROTO_KV_NOMOVE) != 0;
@@ -818,7 +818,7 @@ static int do_prep(struct kvmgr *k, const struct proto_in *in, struct proto_wbuf
     if (!tabs || !offs) {
         free(tabs);
         free(offs);
-        proto_kv_prep_free(m);
+        proto_kv_prep_destroy(m);
         return RKV_ENOMEM;
     }
     uint64_t epoch = 0;
@@ -888,7 +888,7 @@ static int do_prep(struct kvmgr *k, const struct proto_in *in, struct proto_wbuf
     free(offs);
     rkv_vec_fini(&refs);
     rkv_vec_fini(&ents);
-    proto_kv_prep_free(m);
+    proto_kv_prep_destroy(m);
     return rc;
 }
 
@@ -1144,7 +1144,7 @@ int kvmgr_create(const struct kvmgr_conf *c, struct kvmgr **out, char *err, size
     rkv_map_init(&k->sess);
     proto_wbuf_init(&k->buf);
     int rc;
-    if ((rc = evring_new(KVMGR_EVENT_RING, &k->events))) {
+    if ((rc = evring_create(KVMGR_EVENT_RING, &k->events))) {
         snprintf(err, errlen, "cannot keep %d tactic events: %s", KVMGR_EVENT_RING,
                  rkv_strerror(rc));
         kvmgr_destroy(k);
@@ -1169,19 +1169,19 @@ void kvmgr_destroy(struct kvmgr *k)
     while (rkv_map_next(&k->sess, &it, NULL, &v))
         free(v);
     rkv_map_fini(&k->sess);
-    plan_free(k->plan);
+    plan_destroy(k->plan);
     if (k->making) {
         /* a maker still at work: its pools are freed once it is done */
         pthread_join(k->maker, NULL);
         if (k->made_rc == 0)
-            pools_free(&k->np);
+            pools_fini(&k->np);
     }
     kvb_destroy(k->kvb);
     for (uint32_t g = 0; g < k->n_gpus; g++)
-        kvpool_free(k->dev[g]);
-    kvpool_free(k->host);
-    proto_wbuf_free(&k->buf);
-    evring_free(k->events);
+        kvpool_destroy(k->dev[g]);
+    kvpool_destroy(k->host);
+    proto_wbuf_fini(&k->buf);
+    evring_destroy(k->events);
     proto_sock_close(k->pub);
     proto_sock_close(k->rep);
     free(k);

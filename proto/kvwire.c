@@ -263,11 +263,11 @@ int proto_kv_tables_decode(const void *buf, size_t len, struct proto_kv_tables *
     return 0;
 }
 
-void proto_kv_prep_free(struct proto_kv_prep *m)
+void proto_kv_prep_destroy(struct proto_kv_prep *m)
 {
     free(m);
 }
-void proto_kv_tables_free(struct proto_kv_tables *m)
+void proto_kv_tables_destroy(struct proto_kv_tables *m)
 {
     free(m);
 }

@@ -117,7 +117,7 @@ int proto_kv_prep_decode(const void *buf, size_t len, struct proto_kv_prep **out
                          size_t errlen);
 int proto_kv_tables_decode(const void *buf, size_t len, struct proto_kv_tables **out, char *err,
                            size_t errlen);
-void proto_kv_prep_free(struct proto_kv_prep *m);
-void proto_kv_tables_free(struct proto_kv_tables *m);
+void proto_kv_prep_destroy(struct proto_kv_prep *m);
+void proto_kv_tables_destroy(struct proto_kv_tables *m);
 
 #endif

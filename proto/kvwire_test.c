@@ -62,13 +62,13 @@ static void test_prep_roundtrip(void **state)
     assert_int_equal(m->seqs[0].tokens[1], -1);
     assert_int_equal(m->seqs[0].tokens[2], 65535);
     assert_null(m->seqs[1].tokens);
-    proto_kv_prep_free(m);
+    proto_kv_prep_destroy(m);
     /* every truncation and one trailing byte are refused */
     for (size_t n = 0; n < w.len; n++)
         assert_int_equal(proto_kv_prep_decode(w.data, n, &m, err, sizeof err), RKV_EFORMAT);
     proto_wbuf_put_u8(&w, 0);
     assert_int_equal(proto_kv_prep_decode(w.data, w.len, &m, err, sizeof err), RKV_EFORMAT);
-    proto_wbuf_free(&w);
+    proto_wbuf_fini(&w);
 }
 
 static void test_tables_roundtrip(void **state)
@@ -89,10 +89,10 @@ static void test_tables_roundtrip(void **state)
     assert_int_equal(m->seqs[0].blocks[2].residency, PROTO_RES_BOTH);
     assert_int_equal(m->seqs[1].status, RKV_ENOSPACE);
     assert_int_equal(m->seqs[1].n_blocks, 0);
-    proto_kv_tables_free(m);
+    proto_kv_tables_destroy(m);
     for (size_t n = 0; n < w.len; n++)
         assert_int_equal(proto_kv_tables_decode(w.data, n, &m, err, sizeof err), RKV_EFORMAT);
-    proto_wbuf_free(&w);
+    proto_wbuf_fini(&w);
 }
 
 /* several gpus: a sequence answered "moved to gpu g", and a prep asking to stay */
@@ -112,7 +112,7 @@ static void test_moved_and_nomove(void **state)
     assert_false(PROTO_KV_IS_MOVED(0));
     assert_false(PROTO_KV_IS_MOVED(RKV_ENOSPACE));
     assert_true(PROTO_KV_IS_MOVED(PROTO_KV_MOVED(PROTO_MAX_WORKERS - 1)));
-    proto_kv_tables_free(m);
+    proto_kv_tables_destroy(m);
     proto_wbuf_reset(&w);
     struct proto_kv_prep_seq q = {5, 10, PROTO_KV_ACTIVE | PROTO_KV_NOMOVE, 9, 0, 0, NULL};
     struct proto_kv_prep pm = {1, 0, 0, NULL, 0, NULL, 1, &q};
@@ -120,8 +120,8 @@ static void test_moved_and_nomove(void **state)
     struct proto_kv_prep *p;
     assert_int_equal(proto_kv_prep_decode(w.data, w.len, &p, err, sizeof err), 0);
     assert_int_equal(p->seqs[0].flags, PROTO_KV_ACTIVE | PROTO_KV_NOMOVE);
-    proto_kv_prep_free(p);
-    proto_wbuf_free(&w);
+    proto_kv_prep_destroy(p);
+    proto_wbuf_fini(&w);
 }
 
 /* ids owed: a step prepared ahead owes its last id, a step of several decode steps the ids
@@ -143,7 +143,7 @@ static void test_owed(void **state)
     assert_int_equal(p->seqs[0].flags, PROTO_KV_ACTIVE | PROTO_KV_AHEAD);
     assert_int_equal(p->seqs[0].n_owed, 1);
     assert_int_equal(p->seqs[0].tokens[1], 12);
-    proto_kv_prep_free(p);
+    proto_kv_prep_destroy(p);
     /* the same bytes owing nothing (header 24 bytes, then sid, n_pos, flags, n_written) */
     const size_t owed_at = 24 + 8 + 4 + 1 + 4;
     w.data[owed_at] = 0;
@@ -175,12 +175,12 @@ static void test_owed(void **state)
     assert_int_equal(p->seqs[0].n_owed, 3);
     assert_int_equal(p->seqs[0].n_pos, 8);
     assert_int_equal(p->seqs[0].n_tokens, 2);
-    proto_kv_prep_free(p);
+    proto_kv_prep_destroy(p);
     k.n_owed = 7;
     proto_wbuf_reset(&w);
     assert_int_equal(proto_kv_prep_encode(&pm, &w, err, sizeof err), RKV_EINVAL);
     assert_non_null(strstr(err, "owes 7 ids, more than its 8 positions"));
-    proto_wbuf_free(&w);
+    proto_wbuf_fini(&w);
 }
 
 static void test_limits_and_noise(void **state)
@@ -200,7 +200,7 @@ static void test_limits_and_noise(void **state)
     w.data[8 + 4 + 4 + 8 + 4] = 9; /* first seq's tactic (after epoch, pid, count, sid, status) */
     assert_int_equal(proto_kv_tables_decode(w.data, w.len, &t, err, sizeof err), RKV_EFORMAT);
     assert_non_null(strstr(err, "tactic"));
-    proto_wbuf_free(&w);
+    proto_wbuf_fini(&w);
     /* random bytes never crash and are mostly refused */
     uint64_t x = 88172645463325252ull;
     uint8_t rnd[256];
@@ -211,16 +211,16 @@ static void test_limits_and_noise(void **state)
             rnd[k] = (uint8_t)x;
         }
         if (proto_kv_prep_decode(rnd, n, &p, err, sizeof err) == 0)
-            proto_kv_prep_free(p);
+            proto_kv_prep_destroy(p);
         if (proto_kv_tables_decode(rnd, n, &t, err, sizeof err) == 0)
-            proto_kv_tables_free(t);
+            proto_kv_tables_destroy(t);
     }
     /* encoders refuse what decoders would */
     struct proto_kv_table bad = {1, 0, 7, 0, 0, NULL};
     struct proto_kv_tables m = {1, 1, 1, &bad};
     proto_wbuf_init(&w);
     assert_int_equal(proto_kv_tables_encode(&m, &w, err, sizeof err), RKV_EINVAL);
-    proto_wbuf_free(&w);
+    proto_wbuf_fini(&w);
 }
 
 int main(void)

@@ -250,7 +250,7 @@ int proto_sock_subscribe(struct proto_sock *s, int type)
     return proto_nng_err(nng_socket_set(s->sock, NNG_OPT_SUB_SUBSCRIBE, topic, type ? 8 : 0));
 }
 
-void proto_in_free(struct proto_in *in)
+void proto_in_fini(struct proto_in *in)
 {
     if (in->nmsg_)
         nng_msg_free(in->nmsg_);
@@ -478,7 +478,7 @@ int proto_call(struct proto_sock *s, int type, const void *payload, size_t len,
     reply->len = reply->payload ? reply->hdr.len : 0;
     rc = check_reply(s, type, id, rc, derr, reply, err, errlen);
     if (rc < 0)
-        proto_in_free(reply);
+        proto_in_fini(reply);
 out:
     if (have_ctx)
         nng_ctx_close(ctx);
@@ -507,7 +507,7 @@ int proto_call_json(struct proto_sock *s, int type, const void *msg, int reply_t
                           proto_msg_name(reply_type));
     else
         rc = proto_json_decode(reply_type, r.payload, r.len, reply_msg, err, errlen);
-    proto_in_free(&r);
+    proto_in_fini(&r);
     return rc;
 }
 
@@ -549,7 +549,7 @@ int proto_serve_one(struct proto_sock *s, proto_handler_fn fn, void *ctx, int ti
     if (rc < 0) {
         /* garbage or another version: say so to the peer too */
         proto_sock_send_error(s, in.hdr.req_id, rc, derr);
-        proto_in_free(&in);
+        proto_in_fini(&in);
         return rc;
     }
     struct proto_wbuf w;
@@ -571,7 +571,7 @@ int proto_serve_one(struct proto_sock *s, proto_handler_fn fn, void *ctx, int ti
     if (rc < 0)
         proto_seterr(err, errlen, rc, "%s: cannot send the reply to %s: %s", s->url,
                      proto_msg_name(in.hdr.type), rkv_strerror(rc));
-    proto_wbuf_free(&w);
-    proto_in_free(&in);
+    proto_wbuf_fini(&w);
+    proto_in_fini(&in);
     return rc;
 }

@@ -50,14 +50,14 @@ int proto_sock_heal(struct proto_sock *s);
 /* sub only: receive messages of this type (0 = every type); call once per type */
 int proto_sock_subscribe(struct proto_sock *s, int type);
 
-/* a received envelope; payload points into it until proto_in_free */
+/* a received envelope; payload points into it until proto_in_fini */
 struct proto_in {
     struct proto_hdr hdr;
     const void *payload;
     size_t len;
     void *nmsg_; /* the nng message holding it */
 };
-void proto_in_free(struct proto_in *in);
+void proto_in_fini(struct proto_in *in);
 
 #define PROTO_NONBLOCK 1 /* proto_sock_recv: -EAGAIN when nothing is queued */
 
@@ -72,7 +72,7 @@ int proto_sock_send_error(struct proto_sock *s, uint64_t req_id, int code, const
 int proto_sock_recv(struct proto_sock *s, struct proto_in *in, int flags, char *err, size_t errlen);
 
 /* sends a request and waits up to timeout_ms (<= 0: PROTO_DEFAULT_TIMEOUT_MS)
- * for the reply. returns 0 with *reply filled (free with proto_in_free), or:
+ * for the reply. returns 0 with *reply filled (free with proto_in_fini), or:
  *   an ERROR reply     -> its code (an RKV_E* / -errno, else RKV_EPROTO),
  *                         the peer's message in err
  *   other version      -> RKV_EVERSION, text naming both versions in err

@@ -88,7 +88,7 @@ static int handler(void *ctx, const struct proto_in *req, struct proto_wbuf *rep
             outs[i].token = (int32_t)m->seqs[i].n_tokens;
             outs[i].logprob = -1.0f;
         }
-        proto_step_req_free(m);
+        proto_step_req_destroy(m);
         *reply_type = PROTO_MSG_STEP_RESP;
         return proto_step_resp_encode(&resp, reply, err, errlen);
     }
@@ -185,9 +185,9 @@ static void test_calls(void **state)
     assert_int_equal(resp->n_seqs, 1);
     assert_true(resp->seqs[0].session_id == 0xabcdef0123456789ull);
     assert_int_equal(resp->seqs[0].token, 3);
-    proto_step_resp_free(resp);
-    proto_in_free(&r);
-    proto_wbuf_free(&w);
+    proto_step_resp_destroy(resp);
+    proto_in_fini(&r);
+    proto_wbuf_fini(&w);
 
     server_join(&srv);
     for (int i = 0; i < 4; i++)
@@ -485,7 +485,7 @@ static void test_pubsub(void **state)
         assert_int_equal(proto_sock_send(pub, PROTO_MSG_TACTIC_EVENT, 0, ev_json, ev_len), 0);
         rc = proto_sock_recv(sub, &in, 0, err, sizeof err);
         if (rc)
-            proto_in_free(&in);
+            proto_in_fini(&in);
     }
     assert_int_equal(rc, 0);
     assert_int_equal(in.hdr.type, PROTO_MSG_TACTIC_EVENT); /* never the histogram */
@@ -494,13 +494,13 @@ static void test_pubsub(void **state)
         proto_json_decode(PROTO_MSG_TACTIC_EVENT, in.payload, in.len, &got, err, sizeof err), 0);
     assert_int_equal(got.to, PROTO_TACTIC_WINDOW);
     assert_string_equal(got.reason, "vram pressure");
-    proto_in_free(&in);
+    proto_in_fini(&in);
     /* drain: everything left is a tactic event too */
     while (proto_sock_recv(sub, &in, PROTO_NONBLOCK, err, sizeof err) == 0) {
         assert_int_equal(in.hdr.type, PROTO_MSG_TACTIC_EVENT);
-        proto_in_free(&in);
+        proto_in_fini(&in);
     }
-    proto_in_free(&in);
+    proto_in_fini(&in);
     free(ev_json);
     free(hist_json);
     proto_sock_close(sub);

@@ -16,7 +16,7 @@ void proto_wbuf_init(struct proto_wbuf *w)
     memset(w, 0, sizeof *w);
 }
 
-void proto_wbuf_free(struct proto_wbuf *w)
+void proto_wbuf_fini(struct proto_wbuf *w)
 {
     free(w->data);
     memset(w, 0, sizeof *w);
@@ -522,7 +522,7 @@ int proto_step_req_decode(const void *buf, size_t len, struct proto_step_req **o
     return 0;
 }
 
-void proto_step_req_free(struct proto_step_req *m)
+void proto_step_req_destroy(struct proto_step_req *m)
 {
     free(m);
 }
@@ -619,7 +619,7 @@ int proto_step_resp_decode(const void *buf, size_t len, struct proto_step_resp *
     return 0;
 }
 
-void proto_step_resp_free(struct proto_step_resp *m)
+void proto_step_resp_destroy(struct proto_step_resp *m)
 {
     free(m);
 }

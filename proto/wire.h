@@ -16,7 +16,7 @@ struct proto_wbuf {
     int err;
 };
 void proto_wbuf_init(struct proto_wbuf *w);
-void proto_wbuf_free(struct proto_wbuf *w);
+void proto_wbuf_fini(struct proto_wbuf *w);
 void proto_wbuf_reset(struct proto_wbuf *w); /* len = 0, err = 0, memory kept */
 int proto_wbuf_err(const struct proto_wbuf *w);
 void proto_wbuf_put_u8(struct proto_wbuf *w, uint8_t v);
@@ -153,7 +153,7 @@ int proto_step_req_decode(const void *buf, size_t len, struct proto_step_req **o
                           size_t errlen);
 int proto_step_resp_decode(const void *buf, size_t len, struct proto_step_resp **out, char *err,
                            size_t errlen);
-void proto_step_req_free(struct proto_step_req *m);
-void proto_step_resp_free(struct proto_step_resp *m);
+void proto_step_req_destroy(struct proto_step_req *m);
+void proto_step_resp_destroy(struct proto_step_resp *m);
 
 #endif

@@ -71,8 +71,8 @@ static void test_buffers(void **state)
     assert_int_equal(proto_wbuf_err(&w), RKV_ETOOBIG);
     proto_wbuf_put_u8(&w, 1);
     assert_int_equal(w.len, 0);
-    proto_wbuf_free(&w);
-    proto_wbuf_free(&w);
+    proto_wbuf_fini(&w);
+    proto_wbuf_fini(&w);
 }
 
 /* a step with 3 sequences; seq 1 has no tokens and no blocks */
@@ -201,7 +201,7 @@ static void test_step_req(void **state)
     assert_null(m->seqs[1].tokens);
     assert_null(m->seqs[1].blocks);
     assert_null(m->seqs[1].history);
-    proto_step_req_free(m);
+    proto_step_req_destroy(m);
     check_prefixes(dec_req, w.data, w.len);
 
     /* an empty step */
@@ -211,9 +211,9 @@ static void test_step_req(void **state)
     assert_int_equal(proto_step_req_decode(w.data, w.len, &m, err, sizeof err), 0);
     assert_int_equal(m->n_seqs, 0);
     assert_int_equal(m->n_steps, 1); /* 0 goes on the wire as one step */
-    proto_step_req_free(m);
-    proto_step_req_free(NULL);
-    proto_wbuf_free(&w);
+    proto_step_req_destroy(m);
+    proto_step_req_destroy(NULL);
+    proto_wbuf_fini(&w);
 }
 
 static void test_step_req_limits(void **state)
@@ -277,7 +277,7 @@ static void test_step_req_limits(void **state)
     assert_int_equal(proto_step_req_decode(b, w.len, &m, err, sizeof err), RKV_EFORMAT);
     proto_put_u32(b + 12 + 51, 0x3f800000);
     assert_int_equal(proto_step_req_decode(b, w.len, &m, err, sizeof err), 0);
-    proto_step_req_free(m);
+    proto_step_req_destroy(m);
     b[w.len - 1] = 0; /* n_steps, the last byte */
     assert_int_equal(proto_step_req_decode(b, w.len, &m, err, sizeof err), RKV_EFORMAT);
     assert_string_equal(err, "step_req: n_steps 0 is outside 1..16");
@@ -286,11 +286,11 @@ static void test_step_req_limits(void **state)
     b[w.len - 1] = PROTO_MAX_DECODE_STEPS;
     assert_int_equal(proto_step_req_decode(b, w.len, &m, err, sizeof err), 0);
     assert_int_equal(m->n_steps, PROTO_MAX_DECODE_STEPS);
-    proto_step_req_free(m);
+    proto_step_req_destroy(m);
     assert_int_equal(proto_step_req_decode(b, (size_t)PROTO_MAX_PAYLOAD + 1, &m, err, sizeof err),
                      RKV_ETOOBIG);
     free(b);
-    proto_wbuf_free(&w);
+    proto_wbuf_fini(&w);
 }
 
 static void test_step_req_big(void **state)
@@ -316,8 +316,8 @@ static void test_step_req_big(void **state)
     assert_int_equal(proto_step_req_decode(w.data, w.len, &m, err, sizeof err), 0);
     assert_seq_equal(&m->seqs[0], &seqs[0]);
     assert_seq_equal(&m->seqs[1], &seqs[1]);
-    proto_step_req_free(m);
-    proto_wbuf_free(&w);
+    proto_step_req_destroy(m);
+    proto_wbuf_fini(&w);
     free(tok);
     free(blk);
 }
@@ -361,7 +361,7 @@ static void test_step_resp(void **state)
         assert_int_equal(m->seqs[i].n_more, outs[i].n_more);
         assert_memory_equal(m->seqs[i].more, outs[i].more, outs[i].n_more * sizeof outs[i].more[0]);
     }
-    proto_step_resp_free(m);
+    proto_step_resp_destroy(m);
     check_prefixes(dec_resp, w.data, w.len);
 
     /* n_top over the limit, both ways */
@@ -384,7 +384,7 @@ static void test_step_resp(void **state)
     outs[1].n_top = 21;
     proto_wbuf_reset(&w);
     assert_int_equal(proto_step_resp_encode(&resp, &w, err, sizeof err), RKV_EINVAL);
-    proto_wbuf_free(&w);
+    proto_wbuf_fini(&w);
 }
 
 static uint64_t g_rng = 0x2545f4914f6cdd1dull;
@@ -425,7 +425,7 @@ static void test_random_bytes(void **state)
         free(out); /* every decoder's result is one allocation */
         free(b);
     }
-    proto_wbuf_free(&w);
+    proto_wbuf_fini(&w);
 }
 
 int main(void)

@@ -32,7 +32,7 @@ static int route_attend(void *ctx, const struct be_batch *b, uint32_t layer, con
     int rc;
     if (!r->have_kv)
         return RKV_EINVAL;
-    if (!r->cpu && (rc = cpu_backend_init(r->n_threads, &r->cpu)) < 0)
+    if (!r->cpu && (rc = cpu_backend_create(r->n_threads, &r->cpu)) < 0)
         return rc;
     if (!r->cpu_kv) {
         if ((rc = backend_set_kv(r->cpu, &r->l, &r->pools)) < 0)
@@ -61,7 +61,7 @@ void attn_route_destroy(struct attn_route *r)
 {
     if (!r)
         return;
-    backend_free(r->cpu);
+    backend_destroy(r->cpu);
     free(r);
 }
 

@@ -15,7 +15,7 @@
 #include "worker/cuda/cuda_backend.h"
 #endif
 
-int backend_new(const char *name, const struct backend_i *iface, void *ctx, struct backend **out)
+int backend_wrap(const char *name, const struct backend_i *iface, void *ctx, struct backend **out)
 {
     struct backend *be = calloc(1, sizeof(*be));
     if (!be)
@@ -27,11 +27,11 @@ int backend_new(const char *name, const struct backend_i *iface, void *ctx, stru
     return 0;
 }
 
-void backend_free(struct backend *be)
+void backend_destroy(struct backend *be)
 {
     if (!be)
         return;
-    be->iface->free(be->ctx); /* first: its host functions may still call the router */
+    be->iface->destroy(be->ctx); /* first: its host functions may still call the router */
     attn_route_destroy(be->route);
     free(be);
 }
@@ -69,9 +69,9 @@ static int start_cuda(const struct backend_opts *o, int forced, struct backend *
         log_info("backend: no CUDA device found, using the cpu backend");
         return 0;
     }
-    int rc = rkv_cuda_backend_init(o, out);
+    int rc = rkv_cuda_backend_create(o, out);
     if (rc == 0 && (rc = attach_route(*out, o->n_threads)) < 0) {
-        backend_free(*out);
+        backend_destroy(*out);
         *out = NULL;
     }
     if (rc < 0) {
@@ -98,7 +98,7 @@ static int start_cuda(const struct backend_opts *o, int forced, struct backend *
 #endif
 }
 
-int backend_init(const struct backend_opts *o, struct backend **out, char *errbuf, size_t errlen)
+int backend_create(const struct backend_opts *o, struct backend **out, char *errbuf, size_t errlen)
 {
     static const struct backend_opts defaults = {"auto", 0, 0};
     char dummy[8];
@@ -121,7 +121,7 @@ int backend_init(const struct backend_opts *o, struct backend **out, char *errbu
         if (rc != 0)
             return rc < 0 ? rc : 0;
     }
-    int rc = cpu_backend_init(o->n_threads, out);
+    int rc = cpu_backend_create(o->n_threads, out);
     if (rc < 0)
         snprintf(errbuf, errlen, "backend cpu: cannot start: %s", rkv_strerror(rc));
     return rc;

@@ -121,7 +121,7 @@ struct be_linear {
 /* the vtable a backend fills. ops work on the first n rows of their tensors;
  * they return 0 or a negative RKV_E* code. */
 struct backend_i {
-    void (*free)(void *ctx);
+    void (*destroy)(void *ctx);
 
     int (*tensor_alloc)(void *ctx, enum be_type type, uint32_t rows, uint32_t cols,
                         struct be_tensor **out);
@@ -249,7 +249,7 @@ struct backend_i {
      * mscale is not 1, a YaRN-scaled one, is refused at load) */
     int rope_mscale;
     /* optional: where the host blocks go that this (device) backend attends on cpu threads
-     * (CPU_TAIL, the split host read); without it those tactics are refused. backend_init
+     * (CPU_TAIL, the split host read); without it those tactics are refused. backend_create
      * sets the worker's router (worker/attn_route.h) */
     int (*set_host_attend)(void *ctx, const struct be_host_attend *h);
 };
@@ -268,10 +268,10 @@ struct backend_opts {
 /* picks and starts a backend. auto: cuda when built with RKV_CUDA and a gpu
  * answers, else cpu (with a log line). cuda forced without a gpu: an error
  * in errbuf saying so. */
-int backend_init(const struct backend_opts *o, struct backend **out, char *errbuf, size_t errlen);
-void backend_free(struct backend *be);
+int backend_create(const struct backend_opts *o, struct backend **out, char *errbuf, size_t errlen);
+void backend_destroy(struct backend *be);
 /* wraps a filled vtable (for backend implementations) */
-int backend_new(const char *name, const struct backend_i *iface, void *ctx, struct backend **out);
+int backend_wrap(const char *name, const struct backend_i *iface, void *ctx, struct backend **out);
 const char *backend_name(const struct backend *be);
 
 /* bytes of n elements of type (n a multiple of the type's block); 0 if unknown or not */

@@ -16,7 +16,7 @@ int engine_open(struct engine *e, const char *path, const struct backend_opts *b
             snprintf(errbuf, errlen, "%s: %s", path, rkv_strerror(rc));
         return rc;
     }
-    if ((rc = backend_init(bo, &e->be, errbuf, errlen)) < 0 ||
+    if ((rc = backend_create(bo, &e->be, errbuf, errlen)) < 0 ||
         (rc = model_load_gguf(e->be, e->g, path, &e->m, errbuf, errlen)) < 0) {
         engine_close(e);
         return rc;
@@ -28,9 +28,9 @@ int engine_open(struct engine *e, const char *path, const struct backend_opts *b
 
 void engine_close(struct engine *e)
 {
-    tok_free(e->tok);
-    model_free(e->m);
-    backend_free(e->be);
+    tok_destroy(e->tok);
+    model_destroy(e->m);
+    backend_destroy(e->be);
     gguf_close(e->g);
     memset(e, 0, sizeof(*e));
 }

@@ -39,7 +39,7 @@ int fwd_kv_layout(const struct model *m, uint32_t block_size, enum kv_dtype dtyp
     return kv_layout_init(out, block_size, m->hp.n_layer, m->hp.n_kv_head, m->hp.head_dim, dtype);
 }
 
-void fwd_free(struct fwd *f)
+void fwd_destroy(struct fwd *f)
 {
     if (!f)
         return;
@@ -56,8 +56,8 @@ void fwd_free(struct fwd *f)
     free(f);
 }
 
-int fwd_init(struct fwd **out, struct model *m, const struct kv_layout *l,
-             const struct kv_pools *pools, uint32_t max_tokens, uint32_t max_seqs)
+int fwd_create(struct fwd **out, struct model *m, const struct kv_layout *l,
+               const struct kv_pools *pools, uint32_t max_tokens, uint32_t max_seqs)
 {
     const struct model_hparams *hp = &m->hp;
     if (max_tokens == 0 || max_seqs == 0 || max_seqs > max_tokens || l->n_layer != hp->n_layer ||
@@ -107,7 +107,7 @@ int fwd_init(struct fwd **out, struct model *m, const struct kv_layout *l,
     if (rc == 0)
         rc = backend_set_kv(f->be, l, pools);
     if (rc < 0) {
-        fwd_free(f);
+        fwd_destroy(f);
         return rc;
     }
     *out = f;

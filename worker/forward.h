@@ -23,9 +23,9 @@ struct fwd;
 
 /* activations for up to max_tokens tokens from up to max_seqs sequences per
  * step; the kv layout must match the model (n_layer, n_kv_head, head_dim) */
-int fwd_init(struct fwd **out, struct model *m, const struct kv_layout *l,
-             const struct kv_pools *pools, uint32_t max_tokens, uint32_t max_seqs);
-void fwd_free(struct fwd *f);
+int fwd_create(struct fwd **out, struct model *m, const struct kv_layout *l,
+               const struct kv_pools *pools, uint32_t max_tokens, uint32_t max_seqs);
+void fwd_destroy(struct fwd *f);
 /* the kv layout a model needs, with the given block size and cache dtype */
 int fwd_kv_layout(const struct model *m, uint32_t block_size, enum kv_dtype dtype,
                   struct kv_layout *out);

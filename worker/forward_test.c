@@ -151,23 +151,24 @@ static void eng_init(struct eng *e, const struct tmodel *t, uint32_t B, enum kv_
                      uint32_t max_tokens, uint32_t max_seqs, uint32_t threads)
 {
     char err[256] = "";
-    assert_int_equal(cpu_backend_init(threads, &e->be), 0);
+    assert_int_equal(cpu_backend_create(threads, &e->be), 0);
     int rc = model_create(e->be, &t->hp, &t->src, &e->m, err, sizeof(err));
     if (rc < 0)
         fprintf(stderr, "%s\n", err);
     assert_int_equal(rc, 0);
     assert_int_equal(fwd_kv_layout(e->m, B, dt, &e->l), 0);
     uint32_t n = 4096 / B + 64;
-    assert_int_equal(kv_local_init(&e->kv, &e->l, n, n), 0);
-    assert_int_equal(fwd_init(&e->f, e->m, &e->l, kv_local_pools(e->kv), max_tokens, max_seqs), 0);
+    assert_int_equal(kv_local_create(&e->kv, &e->l, n, n), 0);
+    assert_int_equal(fwd_create(&e->f, e->m, &e->l, kv_local_pools(e->kv), max_tokens, max_seqs),
+                     0);
 }
 
 static void eng_fini(struct eng *e)
 {
-    fwd_free(e->f);
-    kv_local_free(e->kv);
-    model_free(e->m);
-    backend_free(e->be);
+    fwd_destroy(e->f);
+    kv_local_destroy(e->kv);
+    model_destroy(e->m);
+    backend_destroy(e->be);
 }
 
 /* a session: its block table grows as positions are written */
@@ -527,8 +528,8 @@ static void test_sample_keep(void **state)
     p.n_top_logprobs = 3;
     p.seed = 5;
     struct sampler *a, *b;
-    assert_int_equal(sampler_init(&a, &p, (int32_t)V), 0);
-    assert_int_equal(sampler_init(&b, &p, (int32_t)V), 0);
+    assert_int_equal(sampler_create(&a, &p, (int32_t)V), 0);
+    assert_int_equal(sampler_create(&b, &p, (int32_t)V), 0);
     int32_t pen[2];
     assert_int_equal(sampler_dev_row(a, &row, pen, pen + 1, 1), 0);
     const struct sample_dev_row *rows[N] = {&row, NULL, NULL};
@@ -559,8 +560,8 @@ static void test_sample_keep(void **state)
     assert_int_equal(used, 0);
     assert_memory_equal(got, ref, sizeof(float) * N * V);
 
-    sampler_free(a);
-    sampler_free(b);
+    sampler_destroy(a);
+    sampler_destroy(b);
     for (int i = 0; i < N; i++)
         sess_release(&e, &s[i]);
     free(ref);
@@ -578,7 +579,7 @@ static void test_model_errors(void **state)
     struct backend *be;
     struct model *m = NULL;
     char err[256];
-    assert_int_equal(cpu_backend_init(1, &be), 0);
+    assert_int_equal(cpu_backend_create(1, &be), 0);
     t.layers[1].wk.rows = 31;
     assert_int_equal(model_create(be, &t.hp, &t.src, &m, err, sizeof(err)), RKV_EFORMAT);
     assert_non_null(strstr(err, "blk.1.attn_k.weight"));
@@ -605,8 +606,8 @@ static void test_model_errors(void **state)
     struct kv_local *kv;
     struct fwd *f;
     assert_int_equal(fwd_kv_layout(m, 4, KV_F32, &l), 0);
-    assert_int_equal(kv_local_init(&kv, &l, 4, 4), 0);
-    assert_int_equal(fwd_init(&f, m, &l, kv_local_pools(kv), 16, 2), 0);
+    assert_int_equal(kv_local_create(&kv, &l, 4, 4), 0);
+    assert_int_equal(fwd_create(&f, m, &l, kv_local_pools(kv), 16, 2), 0);
     struct kv_block_ref blk = {0, KV_DEVICE};
     int32_t toks[5] = {1, 2, 3, 4, 5};
     float logits[96];
@@ -615,10 +616,10 @@ static void test_model_errors(void **state)
     struct kv_block_ref bad = {9, KV_DEVICE};
     q = (struct fwd_seq){toks, 1, 0, &bad, 1};
     assert_int_equal(fwd_step(f, &q, 1, 0, logits), RKV_ERANGE);
-    fwd_free(f);
-    kv_local_free(kv);
-    model_free(m);
-    backend_free(be);
+    fwd_destroy(f);
+    kv_local_destroy(kv);
+    model_destroy(m);
+    backend_destroy(be);
     tmodel_fini(&t);
 }
 
@@ -628,12 +629,12 @@ static void test_missing_ops_refused(void **state)
 {
     (void)state;
     struct backend *cpu, *be;
-    assert_int_equal(cpu_backend_init(1, &cpu), 0);
+    assert_int_equal(cpu_backend_create(1, &cpu), 0);
     struct backend_i iface = *cpu->iface;
     iface.rmsnorm_heads = NULL;
     iface.gelu_mul = NULL;
     iface.attn_window = 0;
-    assert_int_equal(backend_new("lean", &iface, cpu->ctx, &be), 0);
+    assert_int_equal(backend_wrap("lean", &iface, cpu->ctx, &be), 0);
     struct model_hparams hp = {.arch = MODEL_QWEN3,
                                .n_layer = 2,
                                .dim = 64,
@@ -685,7 +686,7 @@ static void test_missing_ops_refused(void **state)
     backend_tensor_free(be, mm);
     backend_tensor_free(be, l);
     free(be); /* shares cpu's context: freed with cpu */
-    backend_free(cpu);
+    backend_destroy(cpu);
 }
 
 int main(void)

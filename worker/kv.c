@@ -63,8 +63,8 @@ struct kv_local {
     uint32_t n_free[KV_N_POOLS];
 };
 
-int kv_local_init(struct kv_local **out, const struct kv_layout *l, uint32_t n_device,
-                  uint32_t n_host)
+int kv_local_create(struct kv_local **out, const struct kv_layout *l, uint32_t n_device,
+                    uint32_t n_host)
 {
     return kv_local_init_mem(out, l, n_device, n_host, NULL);
 }
@@ -94,7 +94,7 @@ int kv_local_init_mem(struct kv_local **out, const struct kv_layout *l, uint32_t
         if (rc == 0 && ((bytes && !k->pools.base[r]) || !k->free_list[r]))
             rc = RKV_ENOMEM;
         if (rc < 0) {
-            kv_local_free(k);
+            kv_local_destroy(k);
             return rc;
         }
         k->pools.n_blocks[r] = n[r];
@@ -107,7 +107,7 @@ int kv_local_init_mem(struct kv_local **out, const struct kv_layout *l, uint32_t
     return 0;
 }
 
-void kv_local_free(struct kv_local *k)
+void kv_local_destroy(struct kv_local *k)
 {
     if (!k)
         return;

@@ -38,7 +38,7 @@ struct kv_block_ref {
 };
 
 /* the memory blocks live in; handed in from outside (kvmgr's shared memory,
- * CUDA IPC mappings) or from kv_local_init for tools and tests. */
+ * CUDA IPC mappings) or from kv_local_create for tools and tests. */
 struct kv_pools {
     void *base[KV_N_POOLS]; /* pool start, indexed by residency */
     uint32_t n_blocks[KV_N_POOLS];
@@ -84,8 +84,8 @@ void *kv_slice_ptr(const struct kv_layout *l, const struct kv_pools *p, struct k
 /* a local allocator over two plain-memory pools, for rkv-gen and tests (the
  * server's blocks come from kvmgr). */
 struct kv_local;
-int kv_local_init(struct kv_local **out, const struct kv_layout *l, uint32_t n_device,
-                  uint32_t n_host);
+int kv_local_create(struct kv_local **out, const struct kv_layout *l, uint32_t n_device,
+                    uint32_t n_host);
 
 /* where a local pool's memory comes from when it is not plain memory (a gpu
  * backend's device pool): alloc/free per residency, copy between any two
@@ -98,7 +98,7 @@ struct kv_mem {
 };
 int kv_local_init_mem(struct kv_local **out, const struct kv_layout *l, uint32_t n_device,
                       uint32_t n_host, const struct kv_mem *mem);
-void kv_local_free(struct kv_local *k);
+void kv_local_destroy(struct kv_local *k);
 const struct kv_pools *kv_local_pools(const struct kv_local *k);
 /* takes a free block of that residency: RKV_ENOSPACE when none is left */
 int kv_local_alloc(struct kv_local *k, enum kv_residency r, struct kv_block_ref *out);

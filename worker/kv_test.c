@@ -48,7 +48,7 @@ static void test_local_alloc_migrate(void **state)
     struct kv_layout l;
     struct kv_local *k;
     assert_int_equal(kv_layout_init(&l, 8, 2, 2, 4, KV_F32), 0);
-    assert_int_equal(kv_local_init(&k, &l, 2, 1), 0);
+    assert_int_equal(kv_local_create(&k, &l, 2, 1), 0);
     struct kv_block_ref a, b, c;
     assert_int_equal(kv_local_alloc(k, KV_DEVICE, &a), 0);
     assert_int_equal(kv_local_alloc(k, KV_DEVICE, &b), 0);
@@ -76,7 +76,7 @@ static void test_local_alloc_migrate(void **state)
     assert_int_equal(b.index, 0);
     t = kv_slice_ptr(&l, p, b, 1, 1);
     assert_true(t[63] == 63.0f);
-    kv_local_free(k);
+    kv_local_destroy(k);
 }
 
 /* pool memory from outside: every alloc, free and copy goes through the ops */
@@ -123,7 +123,7 @@ static void test_local_mem_ops(void **state)
     assert_int_equal(kv_local_migrate(k, &b, KV_HOST), 0);
     assert_int_equal(ml.copies, 1);
     assert_true(((float *)kv_slice_ptr(&l, kv_local_pools(k), b, 0, 0))[5] == 42.0f);
-    kv_local_free(k);
+    kv_local_destroy(k);
     assert_int_equal(ml.frees[KV_DEVICE], 1);
     assert_int_equal(ml.frees[KV_HOST], 1);
     /* a failing alloc unwinds what was allocated and reports its code */

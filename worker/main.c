@@ -102,7 +102,7 @@ static const char *shm_name(const char *url)
 
 static void detach(struct worker *w)
 {
-    fwd_free(w->fwd);
+    fwd_destroy(w->fwd);
     w->fwd = NULL;
     for (int i = 0; i < KV_N_POOLS; i++)
         rkv_shm_close(&w->shm[i]);
@@ -265,8 +265,8 @@ static int attach(struct worker *w)
         }
         w->pools.n_blocks[i] = (uint32_t)counts[i];
     }
-    rc = fwd_init(&w->fwd, w->m, &w->layout, &w->pools, (uint32_t)w->c.max_batch_tokens,
-                  (uint32_t)w->c.max_seqs);
+    rc = fwd_create(&w->fwd, w->m, &w->layout, &w->pools, (uint32_t)w->c.max_batch_tokens,
+                    (uint32_t)w->c.max_seqs);
     if (rc) {
         log_error("cannot set up the forward pass: %s", rkv_strerror(rc));
         detach(w);
@@ -385,7 +385,7 @@ static int load(struct worker *w)
     }
     struct backend_opts bo = {backends[w->c.backend], (uint32_t)w->c.threads,
                               w->c.gpu < 0 ? 0 : (int)w->c.gpu, w->c.deterministic};
-    if ((rc = backend_init(&bo, &w->be, err, sizeof err))) {
+    if ((rc = backend_create(&bo, &w->be, err, sizeof err))) {
         log_error("%s", err);
         return rc;
     }
@@ -437,7 +437,7 @@ static int load(struct worker *w)
     uint32_t n_samp = w->c.sample_threads > 0 ? (uint32_t)w->c.sample_threads
                       : w->c.threads > 0      ? (uint32_t)w->c.threads
                                               : (uint32_t)(cpus > 0 ? cpus : 1);
-    if ((rc = pool_init(&w->samp_pool, RKV_MIN(n_samp, SAMPLE_MAX_THREADS)))) {
+    if ((rc = pool_create(&w->samp_pool, RKV_MIN(n_samp, SAMPLE_MAX_THREADS)))) {
         log_error("cannot start the sampling threads: %s", rkv_strerror(rc));
         return rc;
     }
@@ -516,7 +516,7 @@ int main(int argc, char **argv)
     void *v;
     while (rkv_map_next(&w.samplers, &it, NULL, &v)) {
         struct samp *sp = v;
-        sampler_free(sp->s);
+        sampler_destroy(sp->s);
         free(sp);
     }
     rkv_map_fini(&w.samplers);
@@ -535,11 +535,11 @@ int main(int argc, char **argv)
     if (w.be)
         backend_host_free(w.be, w.logits);
     if (w.samp_pool)
-        pool_free(w.samp_pool);
+        pool_destroy(w.samp_pool);
     free(w.refs);
-    proto_wbuf_free(&w.out);
-    model_free(w.m);
-    backend_free(w.be);
+    proto_wbuf_fini(&w.out);
+    model_destroy(w.m);
+    backend_destroy(w.be);
     gguf_close(w.g);
     return 0;
 }

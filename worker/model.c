@@ -68,7 +68,7 @@ int model_hparams_check(struct model_hparams *hp, char *errbuf, size_t errlen)
     return 0;
 }
 
-void model_free(struct model *m)
+void model_destroy(struct model *m)
 {
     if (!m)
         return;
@@ -332,7 +332,7 @@ int model_create(struct backend *be, const struct model_hparams *hp, const struc
         }
     }
     if (rc < 0) {
-        model_free(m);
+        model_destroy(m);
         return rc;
     }
     *out = m;

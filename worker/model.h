@@ -111,7 +111,7 @@ int model_create(struct backend *be, const struct model_hparams *hp, const struc
  * the model in messages */
 int model_load_gguf(struct backend *be, const struct gguf_ctx *g, const char *file,
                     struct model **out, char *errbuf, size_t errlen);
-void model_free(struct model *m);
+void model_destroy(struct model *m);
 
 /* fills the derived defaults (n_kv_head, head_dim, n_rot, rope) and checks
  * the values fit together; message names the field */

@@ -102,7 +102,7 @@ static void *worker_main(void *v)
     }
 }
 
-int pool_init(struct pool **out, uint32_t n_threads)
+int pool_create(struct pool **out, uint32_t n_threads)
 {
     if (n_threads == 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -128,7 +128,7 @@ int pool_init(struct pool **out, uint32_t n_threads)
         }
         if (!wa || pthread_create(&p->threads[i], NULL, worker_main, wa) != 0) {
             free(wa);
-            pool_free(p);
+            pool_destroy(p);
             return RKV_ENOMEM;
         }
         p->n_threads++;
@@ -137,7 +137,7 @@ int pool_init(struct pool **out, uint32_t n_threads)
     return 0;
 }
 
-void pool_free(struct pool *p)
+void pool_destroy(struct pool *p)
 {
     if (!p)
         return;

@@ -10,8 +10,8 @@ typedef void (*pool_fn)(void *arg, uint32_t begin, uint32_t end, uint32_t thread
 struct pool;
 
 /* n_threads counts the caller; 0 = online cpus */
-int pool_init(struct pool **out, uint32_t n_threads);
-void pool_free(struct pool *p);
+int pool_create(struct pool **out, uint32_t n_threads);
+void pool_destroy(struct pool *p);
 uint32_t pool_n_threads(const struct pool *p);
 /* calls fn over [0, n_items) in chunks of at least `grain` items, every
  * thread taking chunks until none are left; returns when all are done.

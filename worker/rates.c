@@ -263,12 +263,12 @@ static const struct pass_shape CPU_TAIL_PASS = {RATES_MAX_BYTES, 16};
 /* a cpu backend (a gpu worker's cpu threads) over the host pool alone */
 static int host_cpu_backend(const struct rates_opts *o, struct backend **cpu)
 {
-    int rc = cpu_backend_init(o->cpu_threads, cpu);
+    int rc = cpu_backend_create(o->cpu_threads, cpu);
     if (rc)
         return rc;
     struct kv_pools host_only = {{NULL, o->pools->base[KV_HOST]}, {0, o->pools->n_blocks[KV_HOST]}};
     if ((rc = backend_set_kv(*cpu, o->layout, &host_only))) { /* the pools are copied */
-        backend_free(*cpu);
+        backend_destroy(*cpu);
         *cpu = NULL;
     }
     return rc;
@@ -358,7 +358,7 @@ int rates_split(const struct rates_opts *o, struct split_rates *out)
     int rc = host_cpu_backend(o, &cpu);
     if (rc == 0) {
         rc = split_rates_on(cpu, o, out);
-        backend_free(cpu);
+        backend_destroy(cpu);
     }
     return rc;
 }
@@ -403,7 +403,7 @@ int rates_measure(struct backend *be, const struct rates_opts *o, struct rates *
             rc = cpu_attn_rate(cpu, &op, CPU_TAIL_PASS, &out->attn_cpu_gbps);
             if (rc == 0)
                 rc = split_rates_on(cpu, &op, &out->split);
-            backend_free(cpu);
+            backend_destroy(cpu);
         }
     } else if (rc == 0) {
         /* cpu backend: its host attention is the cpu rate; no link, so the

@@ -27,12 +27,12 @@ static void test_cpu_rates(void **state)
     struct backend_opts bo = {"cpu", 2, 0};
     struct backend *be;
     char err[256];
-    assert_int_equal(backend_init(&bo, &be, err, sizeof err), 0);
+    assert_int_equal(backend_create(&bo, &be, err, sizeof err), 0);
     /* the tiny preset's geometry: 4 layers, 2 kv heads of 16, f32, blocks of 64 */
     struct kv_layout l;
     assert_int_equal(kv_layout_init(&l, 64, 4, 2, 16, KV_F32), 0);
     struct kv_local *k;
-    assert_int_equal(kv_local_init(&k, &l, 24, 40), 0);
+    assert_int_equal(kv_local_create(&k, &l, 24, 40), 0);
     const struct kv_pools *p = kv_local_pools(k);
     /* the pools hold finite kv, as a live session's would */
     for (int r = 0; r < KV_N_POOLS; r++) {
@@ -56,8 +56,8 @@ static void test_cpu_rates(void **state)
     /* the pools' contents are only read */
     const float *f = p->base[KV_HOST];
     assert_true(f[5] == (float)(((size_t)5 * 2654435761u) % 1000) / 1000.0f - 0.5f);
-    kv_local_free(k);
-    backend_free(be);
+    kv_local_destroy(k);
+    backend_destroy(be);
 }
 
 /* an empty device pool: its rate is unknown (0), the rest still measured */
@@ -67,11 +67,11 @@ static void test_empty_pool(void **state)
     struct backend_opts bo = {"cpu", 1, 0};
     struct backend *be;
     char err[256];
-    assert_int_equal(backend_init(&bo, &be, err, sizeof err), 0);
+    assert_int_equal(backend_create(&bo, &be, err, sizeof err), 0);
     struct kv_layout l;
     assert_int_equal(kv_layout_init(&l, 16, 2, 1, 8, KV_F16), 0);
     struct kv_local *k;
-    assert_int_equal(kv_local_init(&k, &l, 4, 4), 0);
+    assert_int_equal(kv_local_create(&k, &l, 4, 4), 0);
     struct kv_pools p = *kv_local_pools(k);
     memset(p.base[KV_HOST], 0, (size_t)p.n_blocks[KV_HOST] * kv_block_bytes(&l));
     p.n_blocks[KV_DEVICE] = 0;
@@ -82,8 +82,8 @@ static void test_empty_pool(void **state)
     assert_true(r.attn_device_gbps == 0);
     check_rate(r.attn_host_gbps);
     check_rate(r.attn_cpu_gbps);
-    kv_local_free(k);
-    backend_free(be);
+    kv_local_destroy(k);
+    backend_destroy(be);
 }
 
 /* the split's rates: the cpu attends one long row of the host pool while a second thread keeps
@@ -94,7 +94,7 @@ static void test_split_rates(void **state)
     struct kv_layout l;
     assert_int_equal(kv_layout_init(&l, 64, 4, 2, 16, KV_F16), 0);
     struct kv_local *k;
-    assert_int_equal(kv_local_init(&k, &l, 4, 48), 0);
+    assert_int_equal(kv_local_create(&k, &l, 4, 48), 0);
     struct kv_pools p = *kv_local_pools(k);
     uint16_t *h = p.base[KV_HOST];
     size_t n = (size_t)p.n_blocks[KV_HOST] * kv_block_bytes(&l) / sizeof *h;
@@ -123,7 +123,7 @@ static void test_split_rates(void **state)
     assert_int_equal(rates_split(&o, &sr), 0);
     assert_true(sr.cpu_gbps == 0 && sr.link_gbps == 0);
 #endif
-    kv_local_free(k);
+    kv_local_destroy(k);
 }
 
 /* the split's share: from the rates side by side where measured, else from those apart */

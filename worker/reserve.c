@@ -54,7 +54,7 @@ int reserve_measure(struct backend *be, struct model *m, enum kv_dtype dt, uint3
     if ((rc = rkv_gpu_alloc((uint32_t)gpu, dev_bytes, &dev, handle)))
         goto done;
     struct kv_pools p = {{dev, host}, {n_dev, 1}};
-    if ((rc = fwd_init(&f, m, &l, &p, max_tokens, max_seqs)))
+    if ((rc = fwd_create(&f, m, &l, &p, max_tokens, max_seqs)))
         goto done;
     for (uint32_t j = 0; j < n_dev; j++)
         tab[j] = (struct kv_block_ref){j, KV_DEVICE};
@@ -79,7 +79,7 @@ int reserve_measure(struct backend *be, struct model *m, enum kv_dtype dt, uint3
         (rc = backend_sync(be)))
         goto done;
     const size_t free_peak = mem_free(gpu);
-    fwd_free(f);
+    fwd_destroy(f);
     f = NULL;
     struct kv_pools none = {{NULL, NULL}, {0, 0}};
     backend_set_kv(be, &l, &none);
@@ -105,7 +105,7 @@ int reserve_measure(struct backend *be, struct model *m, enum kv_dtype dt, uint3
              (double)(free0 > free_after ? free0 - free_after : 0) / 1048576.0, later / 1048576.0,
              RESERVE_SLACK / 1048576.0);
 done:
-    fwd_free(f);
+    fwd_destroy(f);
     if (dev)
         rkv_gpu_free((uint32_t)gpu, dev);
     free(host);

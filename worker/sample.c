@@ -152,7 +152,7 @@ void sampler_skip_draws(struct sampler *s, uint64_t n)
 
 /* --- lifecycle ------------------------------------------------------------ */
 
-int sampler_init(struct sampler **out, const struct sample_params *p, int32_t n_vocab)
+int sampler_create(struct sampler **out, const struct sample_params *p, int32_t n_vocab)
 {
     *out = NULL;
     if (n_vocab <= 0 || sample_params_check(p, NULL, 0))
@@ -177,14 +177,14 @@ int sampler_init(struct sampler **out, const struct sample_params *p, int32_t n_
     s->block_sum = malloc(((size_t)n_vocab / EXP_BLOCK + 1) * sizeof(*s->block_sum));
     if (!s->hist || !s->counts || !s->work || !s->cand || !s->bucket_mass || !s->weight ||
         !s->vals || !s->ids || !s->block_sum) {
-        sampler_free(s);
+        sampler_destroy(s);
         return RKV_ENOMEM;
     }
     *out = s;
     return 0;
 }
 
-void sampler_free(struct sampler *s)
+void sampler_destroy(struct sampler *s)
 {
     if (!s)
         return;

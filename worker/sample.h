@@ -45,8 +45,8 @@ struct sample_top {
 
 struct sampler;
 
-int sampler_init(struct sampler **out, const struct sample_params *p, int32_t n_vocab);
-void sampler_free(struct sampler *s);
+int sampler_create(struct sampler **out, const struct sample_params *p, int32_t n_vocab);
+void sampler_destroy(struct sampler *s);
 /* history for penalties: prompt tokens and each sampled token */
 void sampler_accept(struct sampler *s, int32_t id);
 /* applies the penalties (step 1) for the current history to logits

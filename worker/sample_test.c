@@ -33,7 +33,7 @@ static void fill_logits(float *v, int32_t n, uint64_t seed, float scale)
 static struct sampler *make(const struct sample_params *p, int32_t n_vocab)
 {
     struct sampler *s = NULL;
-    assert_int_equal(sampler_init(&s, p, n_vocab), 0);
+    assert_int_equal(sampler_create(&s, p, n_vocab), 0);
     assert_non_null(s);
     return s;
 }
@@ -49,7 +49,7 @@ static void draw_counts(const struct sample_params *p, const float *logits, int3
         assert_true(id >= 0 && id < n_vocab);
         counts[id]++;
     }
-    sampler_free(s);
+    sampler_destroy(s);
 }
 
 /* every count within 5 binomial standard deviations of n*prob; tokens with
@@ -165,10 +165,10 @@ static void test_params_check(void **state)
 
     struct sampler *s = NULL;
     q.top_k = -3;
-    assert_int_equal(sampler_init(&s, &q, 10), RKV_EINVAL);
+    assert_int_equal(sampler_create(&s, &q, 10), RKV_EINVAL);
     assert_null(s);
     sample_params_default(&q);
-    assert_int_equal(sampler_init(&s, &q, 0), RKV_EINVAL);
+    assert_int_equal(sampler_create(&s, &q, 0), RKV_EINVAL);
 }
 
 static void test_greedy_is_argmax(void **state)
@@ -194,7 +194,7 @@ static void test_greedy_is_argmax(void **state)
     v[1234] = 3.0f;
     v[150000] = 3.0f;
     assert_int_equal(sampler_sample(s, v, NULL, NULL), 1234);
-    sampler_free(s);
+    sampler_destroy(s);
     free(v);
 }
 
@@ -216,7 +216,7 @@ static void test_top_k1_is_greedy(void **state)
                 best = i;
         assert_int_equal(sampler_sample(s, v, NULL, NULL), best);
     }
-    sampler_free(s);
+    sampler_destroy(s);
 }
 
 /* a backend picks plain greedy rows with sample_greedy: the same id and logprob, bit for bit,
@@ -242,27 +242,27 @@ static void test_plain_greedy_matches_the_sampler(void **state)
         if (seed == 2)
             assert_int_equal(b, 17);
     }
-    sampler_free(s);
+    sampler_destroy(s);
     /* not plain: a penalty, top alternatives, a temperature; top_k 1 is */
     struct sample_params q = p;
     q.repetition_penalty = 1.1f;
     s = make(&q, 100);
     assert_false(sampler_plain_greedy(s));
-    sampler_free(s);
+    sampler_destroy(s);
     q = p;
     q.n_top_logprobs = 2;
     s = make(&q, 100);
     assert_false(sampler_plain_greedy(s));
-    sampler_free(s);
+    sampler_destroy(s);
     q = p;
     q.temperature = 0.7f;
     s = make(&q, 100);
     assert_false(sampler_plain_greedy(s));
-    sampler_free(s);
+    sampler_destroy(s);
     q.top_k = 1;
     s = make(&q, 100);
     assert_true(sampler_plain_greedy(s));
-    sampler_free(s);
+    sampler_destroy(s);
 }
 
 static void test_seeded_determinism(void **state)
@@ -290,7 +290,7 @@ static void test_seeded_determinism(void **state)
             out[run][t] = sampler_sample(s, v, NULL, NULL);
             sampler_accept(s, out[run][t]);
         }
-        sampler_free(s);
+        sampler_destroy(s);
     }
     assert_memory_equal(a, b, sizeof(a));
     int same = 0;
@@ -499,7 +499,7 @@ static void test_big_vocab_filters(void **state)
         seen[id] = 1;
     }
     assert_int_equal(distinct, 40); /* t = 5 flattens: all 40 show up */
-    sampler_free(s);
+    sampler_destroy(s);
 
     /* top-p 0.9 without top-k: the nucleus spans thousands of tokens, which
      * forces the widening path; every draw is inside it */
@@ -518,7 +518,7 @@ static void test_big_vocab_filters(void **state)
         int32_t id = sampler_sample(s, v, NULL, NULL);
         assert_true(v[id] >= sorted[m - 1]);
     }
-    sampler_free(s);
+    sampler_destroy(s);
     free(seen);
     free(sorted);
     free(v);
@@ -554,7 +554,7 @@ static void test_penalties_exact(void **state)
     for (int i = 0; i < 6; i++)
         if (got[i] != want[i])
             fail_msg("id %d: got %.9g want %.9g", i, (double)got[i], (double)want[i]);
-    sampler_free(s);
+    sampler_destroy(s);
 
     /* unbounded history: counts accumulate, frequency scales with count */
     p.penalty_last_n = -1;
@@ -579,7 +579,7 @@ static void test_penalties_exact(void **state)
     /* id 3: 3 - 2*1.5 = 0 < id 0's 2.0 */
     assert_int_equal(sampler_sample(s, raw, NULL, NULL), 0);
     assert_memory_equal(before, raw, sizeof(raw));
-    sampler_free(s);
+    sampler_destroy(s);
 
     /* penalty_last_n 0 turns penalties off */
     p.penalty_last_n = 0;
@@ -588,7 +588,7 @@ static void test_penalties_exact(void **state)
     memcpy(got, raw, sizeof(got));
     sampler_penalize(s, got);
     assert_memory_equal(got, raw, sizeof(raw));
-    sampler_free(s);
+    sampler_destroy(s);
 }
 
 static void test_logprobs(void **state)
@@ -636,7 +636,7 @@ static void test_logprobs(void **state)
         /* NULL outputs are allowed */
         sampler_sample(s, v, NULL, NULL);
     }
-    sampler_free(s);
+    sampler_destroy(s);
 }
 
 /* --- fast paths against sort-based references ------------------------------ */
@@ -730,7 +730,7 @@ static void test_greedy_and_top_logprobs_match_reference(void **state)
                     fail_msg("n %d kind %d: top[%d] is %d, reference %d", n, kind, j, top[j].id,
                              c[j].id);
             free(c);
-            sampler_free(s);
+            sampler_destroy(s);
         }
     }
     free(v);
@@ -784,7 +784,7 @@ static void test_filters_match_reference(void **state)
                              n, kind, p.top_k, (double)p.top_p, (double)p.min_p, id,
                              id >= 0 && id < n ? (double)v[id] : 0.0);
             }
-            sampler_free(s);
+            sampler_destroy(s);
             free(c);
         }
     }
@@ -835,7 +835,7 @@ static void test_top_p_edge_ties(void **state)
             if (!ok[id])
                 fail_msg("n %d: drew %d (logit %g), outside the top-p set", n, id, (double)v[id]);
         }
-        sampler_free(s);
+        sampler_destroy(s);
         free(ok);
         free(c);
         free(v);
@@ -854,7 +854,7 @@ static void test_masked_logits(void **state)
     for (int i = 0; i < 100; i++)
         assert_int_equal(sampler_sample(s, v, NULL, NULL), 2);
     float all[3] = {-INFINITY, -INFINITY, NAN};
-    sampler_free(s);
+    sampler_destroy(s);
     p.n_top_logprobs = 2;
     s = make(&p, 3);
     float lp;
@@ -862,7 +862,7 @@ static void test_masked_logits(void **state)
     assert_int_equal(sampler_sample(s, all, &lp, top), 0);
     assert_true(fabsf(lp + logf(3.0f)) < 1e-6f); /* finite, not nan */
     assert_true(top[0].id == 0 && top[1].id == 1);
-    sampler_free(s);
+    sampler_destroy(s);
 }
 
 /* --- sampling where the logits are (sample_dev_*) --------------------------- */
@@ -1041,9 +1041,9 @@ static void check_dev_case(const struct sample_params *p, int32_t n, const float
         sampler_accept(a, id_a);
         sampler_accept(b, id_b);
     }
-    sampler_free(a);
-    sampler_free(b);
-    sampler_free(scratch);
+    sampler_destroy(a);
+    sampler_destroy(b);
+    sampler_destroy(scratch);
 }
 
 static void test_dev_matches_sampler(void **state)
@@ -1140,7 +1140,7 @@ static void test_dev_row_uniform(void **state)
             fail_msg("step %d: u %.17g says token %d, the draw took %d", t, r.u,
                      (int32_t)(r.u * NV), id);
     }
-    sampler_free(s);
+    sampler_destroy(s);
 
     /* the params, as sampler_sample reads them; log_min_p in double */
     sample_params_default(&p);
@@ -1162,12 +1162,12 @@ static void test_dev_row_uniform(void **state)
     double lmp = log((double)p.min_p);
     assert_memory_equal(&r.log_min_p, &lmp, sizeof(lmp));
     assert_int_equal(r.n_pen, 0); /* no history yet */
-    sampler_free(s);
+    sampler_destroy(s);
     p.min_p = 0.0f;
     s = make(&p, 50);
     assert_int_equal(sampler_dev_row(s, &r, pen_id, pen_count, 4), 0);
     assert_true(r.log_min_p == 0.0);
-    sampler_free(s);
+    sampler_destroy(s);
 }
 
 /* penalized logits of a sampler after dev_row equal a fresh sampler's with the same history
@@ -1193,7 +1193,7 @@ static void check_same_as_fresh(struct sampler *s, const struct sample_params *p
     free(v);
     free(ps);
     free(pf);
-    sampler_free(f);
+    sampler_destroy(f);
 }
 
 static void test_dev_row_penalties(void **state)
@@ -1230,7 +1230,7 @@ static void test_dev_row_penalties(void **state)
         assert_memory_equal(pen_count, want_count, sizeof(want_count));
     }
     check_same_as_fresh(s, &p, NV, hist, n_hist);
-    sampler_free(s);
+    sampler_destroy(s);
 
     /* one too many distinct ids for cap: 1, and the sampler samples as a fresh one */
     s = make(&p, NV);
@@ -1239,7 +1239,7 @@ static void test_dev_row_penalties(void **state)
     assert_int_equal(sampler_dev_row(s, &r, pen_id, pen_count, distinct - 1), 1);
     assert_int_equal(sampler_dev_row(s, &r, NULL, NULL, 0), 1);
     check_same_as_fresh(s, &p, NV, hist, n_hist);
-    sampler_free(s);
+    sampler_destroy(s);
 
     /* every id once, an unbounded window of 200 over a vocab of 300 (the counts scratch spans
      * it); cap 199 overflows, 200 fits */
@@ -1258,7 +1258,7 @@ static void test_dev_row_penalties(void **state)
         assert_int_equal(big_id[i], (i * 7) % 200);
         assert_int_equal(big_count[i], i < 50 ? 2 : 1);
     }
-    sampler_free(s);
+    sampler_destroy(s);
 
     /* penalties off (all neutral, or a window of 0): no ids, whatever the history */
     sample_params_default(&p);
@@ -1274,7 +1274,7 @@ static void test_dev_row_penalties(void **state)
         r.n_pen = 77;
         assert_int_equal(sampler_dev_row(s, &r, NULL, NULL, 0), 0);
         assert_int_equal(r.n_pen, 0);
-        sampler_free(s);
+        sampler_destroy(s);
     }
 }
 
@@ -1307,7 +1307,7 @@ static void test_dev_drew(void **state)
         assert_int_equal(o.drew, 0);
         assert_int_equal(o.id, 0);
         assert_true(o.raw_max == -INFINITY && o.raw_sum == 0.0);
-        sampler_free(s);
+        sampler_destroy(s);
     }
 }
 

@@ -34,7 +34,7 @@ static struct samp *sampler_for(struct worker *w, const struct proto_step_seq *s
             return NULL;
         }
     }
-    sampler_free(sp->s);
+    sampler_destroy(sp->s);
     sp->s = NULL;
     struct sample_params p;
     sample_params_default(&p);
@@ -52,7 +52,7 @@ static struct samp *sampler_for(struct worker *w, const struct proto_step_seq *s
         log_warn("session %llu: %s", (unsigned long long)sq->session_id, err);
         return NULL;
     }
-    if ((*rc = sampler_init(&sp->s, &p, (int32_t)w->m->hp.n_vocab)) != 0)
+    if ((*rc = sampler_create(&sp->s, &p, (int32_t)w->m->hp.n_vocab)) != 0)
         return NULL;
     for (uint32_t i = 0; i < sq->n_history; i++)
         sampler_accept(sp->s, sq->history[i]);
@@ -69,7 +69,7 @@ static void sweep_samplers(struct worker *w)
     while (rkv_map_next(&w->samplers, &it, &key, &v)) {
         struct samp *sp = v;
         if (w->n_steps - sp->last_step > 100000) {
-            sampler_free(sp->s);
+            sampler_destroy(sp->s);
             free(sp);
             rkv_map_del(&w->samplers, key);
             it = 0;
@@ -208,7 +208,7 @@ int step_run(struct worker *w, const struct proto_in *in, struct proto_wbuf *rep
     for (uint32_t i = 0; i < req->n_close; i++) {
         struct samp *gone = rkv_map_del(&w->samplers, req->close[i]);
         if (gone) {
-            sampler_free(gone->s);
+            sampler_destroy(gone->s);
             free(gone);
         }
     }
@@ -216,7 +216,7 @@ int step_run(struct worker *w, const struct proto_in *in, struct proto_wbuf *rep
         /* nothing to run (a step that only closes sessions) */
         struct proto_step_resp empty = {req->epoch, 0, NULL};
         int erc = proto_step_resp_encode(&empty, reply, err, errlen);
-        proto_step_req_free(req);
+        proto_step_req_destroy(req);
         *reply_type = PROTO_MSG_STEP_RESP;
         return erc;
     }
@@ -227,11 +227,11 @@ int step_run(struct worker *w, const struct proto_in *in, struct proto_wbuf *rep
         n_refs += req->seqs[i].n_blocks;
     }
     if (!w->fwd) {
-        proto_step_req_free(req);
+        proto_step_req_destroy(req);
         return proto_seterr(err, errlen, RKV_ESTATE, "the worker is not attached to kvmgr yet");
     }
     if (n > (uint32_t)w->c.max_seqs || n_tok > (uint32_t)w->c.max_batch_tokens) {
-        proto_step_req_free(req);
+        proto_step_req_destroy(req);
         return proto_seterr(err, errlen, RKV_ETOOBIG,
                             "step of %u sequences / %u tokens is over this worker's %lld / %lld", n,
                             n_tok, (long long)w->c.max_seqs, (long long)w->c.max_batch_tokens);
@@ -239,7 +239,7 @@ int step_run(struct worker *w, const struct proto_in *in, struct proto_wbuf *rep
     if (n_refs > w->refs_cap) {
         struct kv_block_ref *r = realloc(w->refs, n_refs * sizeof *r);
         if (!r) {
-            proto_step_req_free(req);
+            proto_step_req_destroy(req);
             return RKV_ENOMEM;
         }
         w->refs = r;
@@ -254,7 +254,7 @@ int step_run(struct worker *w, const struct proto_in *in, struct proto_wbuf *rep
             /* a block with a clean host copy is read from the device */
             ref[b].residency = sq->blocks[b].residency == PROTO_RES_HOST ? KV_HOST : KV_DEVICE;
             if (ref[b].index >= w->pools.n_blocks[ref[b].residency]) {
-                proto_step_req_free(req);
+                proto_step_req_destroy(req);
                 return proto_seterr(err, errlen, RKV_EPROTO,
                                     "session %llu block %u: index %u is outside the %s pool",
                                     (unsigned long long)sq->session_id, b, ref[b].index,
@@ -297,7 +297,7 @@ int step_run(struct worker *w, const struct proto_in *in, struct proto_wbuf *rep
     struct proto_step_out *po = n_steps > 1 ? calloc(n, sizeof *po) : outs;
     if (!outs || !po) {
         free(outs);
-        proto_step_req_free(req);
+        proto_step_req_destroy(req);
         return RKV_ENOMEM;
     }
     for (uint32_t k = 0; k < n_steps; k++) {
@@ -317,7 +317,7 @@ int step_run(struct worker *w, const struct proto_in *in, struct proto_wbuf *rep
             if (po != outs)
                 free(po);
             free(outs);
-            proto_step_req_free(req);
+            proto_step_req_destroy(req);
             return proto_seterr(err, errlen, rc, "forward step failed: %s", rkv_strerror(rc));
         }
         int stop = 0;
@@ -336,7 +336,7 @@ int step_run(struct worker *w, const struct proto_in *in, struct proto_wbuf *rep
     struct proto_step_resp resp = {req->epoch, n, outs};
     rc = proto_step_resp_encode(&resp, reply, err, errlen);
     free(outs);
-    proto_step_req_free(req);
+    proto_step_req_destroy(req);
     *reply_type = PROTO_MSG_STEP_RESP;
     if (w->n_steps - w->swept_at >= 4096) {
         sweep_samplers(w);

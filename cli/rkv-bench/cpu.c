@@ -95,9 +95,9 @@ static int run_model(const struct bench_opts *o, const char *path, uint32_t n_pr
     struct kv_block_ref *blocks = calloc((size_t)per * BATCH, sizeof(*blocks));
     rc = fwd_kv_layout(e.m, 256, KV_F32, &l);
     if (rc == 0)
-        rc = kv_local_init(&kv, &l, per * BATCH, 1);
+        rc = kv_local_create(&kv, &l, per * BATCH, 1);
     if (rc == 0)
-        rc = fwd_init(&f, e.m, &l, kv_local_pools(kv), n_prompt, BATCH);
+        rc = fwd_create(&f, e.m, &l, kv_local_pools(kv), n_prompt, BATCH);
     if (rc < 0 || !toks || !logits || !blocks)
         goto out;
     for (uint32_t i = 0; i < n_pos * BATCH; i++)
@@ -163,8 +163,8 @@ static int run_model(const struct bench_opts *o, const char *path, uint32_t n_pr
 out:
     if (rc < 0)
         fprintf(stderr, "rkv-bench: %s: %s\n", path, rkv_strerror(rc));
-    fwd_free(f);
-    kv_local_free(kv);
+    fwd_destroy(f);
+    kv_local_destroy(kv);
     free(blocks);
     free(toks);
     free(logits);
@@ -185,11 +185,11 @@ static int attn_bench_init(const struct bench_opts *o, uint32_t B, uint32_t n_kv
 {
     struct backend_opts bo = {"cpu", o->threads, 0};
     char err[256];
-    int rc = backend_init(&bo, be, err, sizeof(err));
+    int rc = backend_create(&bo, be, err, sizeof(err));
     if (rc == 0)
         rc = kv_layout_init(l, B, 1, n_kv, hd, dt);
     if (rc == 0)
-        rc = kv_local_init(kv, l, n_dev, n_host);
+        rc = kv_local_create(kv, l, n_dev, n_host);
     return rc;
 }
 
@@ -279,8 +279,8 @@ out:
             backend_tensor_free(be, t[i]);
     if (q)
         backend_tensor_free(be, q);
-    backend_free(be);
-    kv_local_free(kv);
+    backend_destroy(be);
+    kv_local_destroy(kv);
     free(blocks);
     free(times);
     return rc;
@@ -327,7 +327,7 @@ static void pool_read_chunk(void *v, uint32_t begin, uint32_t end, uint32_t thre
 static double pool_read_gbps(const void *base, size_t bytes, uint32_t n_th, int reps)
 {
     struct pool *pl;
-    if (n_th == 0 || pool_init(&pl, n_th) != 0)
+    if (n_th == 0 || pool_create(&pl, n_th) != 0)
         return 0;
     struct pool_read r = {base, bytes / 8, n_th, 0};
     double best = 1e30;
@@ -337,7 +337,7 @@ static double pool_read_gbps(const void *base, size_t bytes, uint32_t n_th, int 
         double dt = bench_now_s() - t0;
         best = dt < best ? dt : best;
     }
-    pool_free(pl);
+    pool_destroy(pl);
     return best < 1e30 ? (double)bytes / best / 1e9 : 0;
 }
 
@@ -420,8 +420,8 @@ out:
     for (int i = 0; i < 4; i++)
         if (t[i])
             backend_tensor_free(be, t[i]);
-    backend_free(be);
-    kv_local_free(kv);
+    backend_destroy(be);
+    kv_local_destroy(kv);
     free(tab);
     free(copy);
     return rc;
@@ -467,7 +467,7 @@ static int run_kernel(const struct bench_opts *o, enum be_type t, struct kern_re
     char err[256];
     float *row = malloc(sizeof(float) * KERN_PF * KERN_IN);
     uint8_t *enc = malloc(rb);
-    int rc = row && enc ? backend_init(&bo, &be, err, sizeof(err)) : RKV_ENOMEM;
+    int rc = row && enc ? backend_create(&bo, &be, err, sizeof(err)) : RKV_ENOMEM;
     if (rc == 0)
         rc = backend_tensor_alloc(be, t, n_out, KERN_IN, &w);
     if (rc == 0)
@@ -521,7 +521,7 @@ out:
         backend_tensor_free(be, x);
     if (w)
         backend_tensor_free(be, w);
-    backend_free(be);
+    backend_destroy(be);
     free(row);
     free(enc);
     return rc;
@@ -581,8 +581,8 @@ int bench_cpu(const struct bench_opts *o, cJSON *out)
                                              : "avx2";
     struct backend *probe = NULL; /* a backend reads RKV_CPU_EXACT as it starts */
     char err[256];
-    if (backend_init(&(struct backend_opts){"cpu", 1, 0}, &probe, err, sizeof(err)) == 0)
-        backend_free(probe);
+    if (backend_create(&(struct backend_opts){"cpu", 1, 0}, &probe, err, sizeof(err)) == 0)
+        backend_destroy(probe);
     const char *qkernels = !cpu_q_int(BE_Q4_0)             ? "exact (dequantized to f32)"
                            : cpu_q_isa() == CPU_ISA_AVX512 ? "avx-512 vnni integer"
                            : cpu_q_isa() == CPU_ISA_AVX2   ? "avx2 integer"

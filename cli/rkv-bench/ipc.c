@@ -55,7 +55,7 @@ static int serve_prep(void *ctx, const struct proto_in *req, struct proto_wbuf *
     if (rc)
         return rc;
     uint32_t n = m->n_seqs;
-    proto_kv_prep_free(m);
+    proto_kv_prep_destroy(m);
     const struct proto_wbuf *tables = NULL;
     for (size_t i = 0; i < s->n_cases; i++)
         if (s->cases[i].n_seqs == n)
@@ -143,9 +143,9 @@ static int run_calls(struct proto_sock *req, struct ipc_case *c, size_t calls, i
         if (c->n_seqs) {
             struct proto_kv_tables *m;
             rc = proto_kv_tables_decode(reply.payload, reply.len, &m, err, sizeof err);
-            proto_kv_tables_free(m);
+            proto_kv_tables_destroy(m);
         }
-        proto_in_free(&reply);
+        proto_in_fini(&reply);
         if (keep && c->n < MAX_CALLS)
             c->t_us[c->n++] = (bench_now_s() - t0) * 1e6;
     }
@@ -258,8 +258,8 @@ int bench_ipc(const struct bench_opts *o, cJSON *out)
     else
         print_cases(cases, n_cases, out);
     for (size_t i = 0; i < n_cases; i++) {
-        proto_wbuf_free(&cases[i].prep);
-        proto_wbuf_free(&cases[i].tables);
+        proto_wbuf_fini(&cases[i].prep);
+        proto_wbuf_fini(&cases[i].tables);
         free(cases[i].t_us);
     }
     return rc;

@@ -118,8 +118,8 @@ static int side_cpu(struct side *s)
         rc = make_pool(KVPOOL_HOST, s->block_bytes, NULL, &host);
     if (rc == 0)
         rc = run_batches(s, dev, host, kvpool_block(host, 0), kvpool_block(dev, 0), -1);
-    kvpool_free(dev);
-    kvpool_free(host);
+    kvpool_destroy(dev);
+    kvpool_destroy(host);
     return rc;
 }
 
@@ -144,8 +144,8 @@ static int side_gpu(struct side *s)
     }
     if (dbuf)
         rkv_gpu_free(0, dbuf);
-    kvpool_free(dev);
-    kvpool_free(host);
+    kvpool_destroy(dev);
+    kvpool_destroy(host);
     return rc;
 }
 

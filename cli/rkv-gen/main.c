@@ -450,7 +450,7 @@ int main(int argc, char **argv)
             kv_block_bytes(&l), rkv_strerror(rc));
     uint32_t chunk = o.chunk < n_prompt ? o.chunk : n_prompt;
     struct fwd *f;
-    if ((rc = fwd_init(&f, m, &l, kv_local_pools(kv), o.batch * chunk, o.batch)) < 0)
+    if ((rc = fwd_create(&f, m, &l, kv_local_pools(kv), o.batch * chunk, o.batch)) < 0)
         die("cannot set up the forward pass: %s", rkv_strerror(rc));
 
     struct session *ss = calloc(o.batch, sizeof(*ss));
@@ -461,7 +461,7 @@ int main(int argc, char **argv)
         s->ids = calloc((size_t)o.n_gen + 1, sizeof(int32_t));
         plan_split(s->host_pref, kv_blocks_for(&l, (uint32_t)n_pos), o.host_frac,
                    o.split_seed * 1000003u + i);
-        if ((rc = sampler_init(&s->smp, &o.sp, (int32_t)V)) < 0)
+        if ((rc = sampler_create(&s->smp, &o.sp, (int32_t)V)) < 0)
             die("sampler: %s", rkv_strerror(rc));
         for (uint32_t j = 0; j < n_prompt; j++)
             sampler_accept(s->smp, prompt[j]);
@@ -584,15 +584,15 @@ int main(int argc, char **argv)
         free(ss[i].host_pref);
         free(ss[i].ids);
         free(ss[i].text);
-        sampler_free(ss[i].smp);
+        sampler_destroy(ss[i].smp);
     }
     free(ss);
     free(seqs);
     free(who);
     free(logits);
     free(prompt);
-    fwd_free(f);
-    kv_local_free(kv);
+    fwd_destroy(f);
+    kv_local_destroy(kv);
     engine_close(&eng);
     return 0;
 }

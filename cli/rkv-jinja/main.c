@@ -37,7 +37,7 @@ static int render_one(const char *tmpl, size_t tlen, const char *ctx_json, size_
     size_t n = 0;
     int rc = jinja_parse(tmpl, tlen, "template", &t, err, sizeof err);
     if (rc == 0)
-        rc = jinja_ctx_new(&c);
+        rc = jinja_ctx_create(&c);
     if (rc == 0 && ctx_json)
         rc = jinja_ctx_set_json(c, ctx_json, clen, err, sizeof err);
     if (rc == 0) {
@@ -45,8 +45,8 @@ static int render_one(const char *tmpl, size_t tlen, const char *ctx_json, size_
             jinja_ctx_set_now(c, (time_t)now);
         rc = jinja_render(t, c, lim, &out, &n, err, sizeof err);
     }
-    jinja_ctx_free(c);
-    jinja_free(t);
+    jinja_ctx_destroy(c);
+    jinja_destroy(t);
     if (rc < 0) {
         if (!err[0])
             snprintf(err, sizeof err, "%s", rkv_strerror(rc));

@@ -337,7 +337,7 @@ static void word_merge(struct word *w, uint32_t a, uint32_t b, uint32_t c)
     w->n = o;
 }
 
-void bpe_vocab_free(struct bpe_vocab *v)
+void bpe_vocab_fini(struct bpe_vocab *v)
 {
     for (uint32_t i = 0; v->tokens && i < v->n_tokens; i++)
         free(v->tokens[i]);
@@ -448,7 +448,7 @@ int bpe_train(const char *text, size_t len, uint32_t max_tokens, struct bpe_voca
     rc = 0;
     goto done;
 fail:
-    bpe_vocab_free(out);
+    bpe_vocab_fini(out);
 done:
     for (uint32_t i = 0; tk.raw && i < tk.n; i++)
         free(tk.raw[i]);

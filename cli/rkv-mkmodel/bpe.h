@@ -17,7 +17,7 @@ struct bpe_vocab {
 /* learns merges on text until there are max_tokens tokens (>= 256) or no
  * pair is left to merge. same input -> same output. */
 int bpe_train(const char *text, size_t len, uint32_t max_tokens, struct bpe_vocab *out);
-void bpe_vocab_free(struct bpe_vocab *v);
+void bpe_vocab_fini(struct bpe_vocab *v);
 
 /* pre-token length at text[i] (approximation of the llama3 regex split) */
 size_t bpe_split_next(const char *text, size_t len, size_t i);

@@ -60,7 +60,7 @@ static void put_str(struct buf *b, const char *s)
     put(b, s, n);
 }
 
-int gw_init(struct gw **out, uint32_t alignment)
+int gw_create(struct gw **out, uint32_t alignment)
 {
     struct gw *w = calloc(1, sizeof *w);
     if (!w)
@@ -70,7 +70,7 @@ int gw_init(struct gw **out, uint32_t alignment)
     return 0;
 }
 
-void gw_free(struct gw *w)
+void gw_destroy(struct gw *w)
 {
     if (!w)
         return;

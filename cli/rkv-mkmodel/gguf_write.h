@@ -7,8 +7,8 @@
 
 struct gw;
 
-int gw_init(struct gw **out, uint32_t alignment);
-void gw_free(struct gw *w);
+int gw_create(struct gw **out, uint32_t alignment);
+void gw_destroy(struct gw *w);
 
 /* metadata in the order added; allocation failures are reported by gw_header */
 void gw_kv_u32(struct gw *w, const char *key, uint32_t v);
@@ -24,7 +24,7 @@ void gw_kv_arr_i32(struct gw *w, const char *key, const int32_t *v, uint64_t n);
 uint64_t gw_tensor(struct gw *w, const char *name, uint32_t type, uint32_t n_dims,
                    const uint64_t *ne, uint64_t n_bytes);
 
-/* the finished header, padded to the data section; valid until gw_free.
+/* the finished header, padded to the data section; valid until gw_destroy.
  * data_bytes: the padded size of the data section that must follow. */
 int gw_header(struct gw *w, const uint8_t **buf, size_t *len, uint64_t *data_bytes);
 

@@ -231,7 +231,7 @@ struct vocab {
 
 static void vocab_free(struct vocab *v)
 {
-    bpe_vocab_free(&v->bpe);
+    bpe_vocab_fini(&v->bpe);
     for (uint32_t i = 0; v->reserved && i < v->n_reserved; i++)
         free(v->reserved[i]);
     free(v->reserved);
@@ -641,7 +641,7 @@ int main(int argc, char **argv)
     char *tmp = NULL;
     int rc = vocab_build(&o, &v);
     if (!rc)
-        rc = gw_init(&w, ALIGNMENT);
+        rc = gw_create(&w, ALIGNMENT);
     if (rc)
         goto out;
     put_hparams(w, &o);
@@ -673,7 +673,7 @@ out:
         fprintf(stderr, PROG ": %s: %s\n", o.out, rkv_strerror(rc));
     free(tmp);
     free(t);
-    gw_free(w);
+    gw_destroy(w);
     vocab_free(&v);
     return rc ? 1 : 0;
 }

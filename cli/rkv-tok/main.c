@@ -264,7 +264,7 @@ int main(int argc, char **argv)
         }
         if (rc < 0) {
             fprintf(stderr, "rkv-tok: %s\n", err[0] ? err : rkv_strerror(rc));
-            tok_free(t);
+            tok_destroy(t);
             return 1;
         }
     }
@@ -306,7 +306,7 @@ int main(int argc, char **argv)
     if (o.time && secs > 0)
         fprintf(stderr, "rkv-tok: %zu bytes in %.3f s (%.1f MB/s)\n", bytes, secs,
                 (double)bytes / secs / 1e6);
-    tok_free(t);
+    tok_destroy(t);
     fflush(stdout);
     return rc < 0 ? 1 : 0;
 }

@@ -267,7 +267,7 @@ static cJSON *call(struct cli *c, const char *cmd, cJSON *args)
         exit(RKVCTL_REFUSED);
     }
     cJSON *body = cJSON_ParseWithLength(reply.payload, reply.len);
-    proto_in_free(&reply);
+    proto_in_fini(&reply);
     cJSON *res = cJSON_DetachItemFromObjectCaseSensitive(body, "result");
     cJSON_Delete(body);
     if (!res) {

@@ -16,7 +16,7 @@ const char *http_msg_header(const struct http_msg *m, const char *name)
     return NULL;
 }
 
-void http_msg_free(struct http_msg *m)
+void http_msg_destroy(struct http_msg *m)
 {
     if (!m)
         return;
@@ -71,7 +71,7 @@ static int count_header_bytes(struct http_reader *r, size_t len)
 static int on_message_begin(http_parser *p)
 {
     struct http_reader *r = reader_of(p);
-    http_msg_free(r->cur);
+    http_msg_destroy(r->cur);
     r->cur = calloc(1, sizeof(*r->cur));
     if (!r->cur)
         return reader_fail(r, 500, "out of memory");
@@ -248,7 +248,7 @@ void http_reader_init(struct http_reader *r, const struct http_reader_limits *li
 
 void http_reader_fini(struct http_reader *r)
 {
-    http_msg_free(r->cur);
+    http_msg_destroy(r->cur);
     r->cur = NULL;
 }
 

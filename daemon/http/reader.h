@@ -30,7 +30,7 @@ struct http_msg {
 
 /* header value by case-insensitive name; NULL when absent */
 const char *http_msg_header(const struct http_msg *m, const char *name);
-void http_msg_free(struct http_msg *m);
+void http_msg_destroy(struct http_msg *m);
 
 struct http_reader_limits {
     size_t max_header_bytes; /* request line + header lines; over it -> 431 */

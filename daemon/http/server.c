@@ -178,10 +178,10 @@ static void server_check_done(struct http_server *s)
         done(arg);
 }
 
-static void req_free(struct http_req *r)
+static void req_destroy(struct http_req *r)
 {
     r->srv->n_reqs--;
-    http_msg_free(r->msg);
+    http_msg_destroy(r->msg);
     free(r->extra);
     free(r);
 }
@@ -191,7 +191,7 @@ static void conn_free_queue(struct http_conn *c)
     while (c->qhead) {
         struct http_req *r = c->qhead;
         c->qhead = r->next;
-        req_free(r);
+        req_destroy(r);
     }
     c->qtail = NULL;
     c->n_queued = 0;
@@ -293,7 +293,7 @@ static void write_done(uv_write_t *w, int status)
     }
 }
 
-static struct wbuf *wbuf_new(struct http_conn *c, size_t cap)
+static struct wbuf *wbuf_create(struct http_conn *c, size_t cap)
 {
     struct wbuf *b = malloc(sizeof(*b) + cap);
     if (!b)
@@ -357,7 +357,7 @@ static struct wbuf *conn_pend(struct http_conn *c, size_t n)
         return c->pend;
     if (conn_flush(c) < 0)
         return NULL;
-    struct wbuf *b = wbuf_new(c, n > 4096 ? n : 4096);
+    struct wbuf *b = wbuf_create(c, n > 4096 ? n : 4096);
     if (!b) {
         conn_close(c);
         return NULL;
@@ -377,7 +377,7 @@ static void conn_send_error(struct http_conn *c, int status, const char *text)
                         "{\"error\":{\"message\":\"%s\",\"type\":\"invalid_request_error\","
                         "\"param\":null,\"code\":null}}",
                         text);
-    struct wbuf *b = wbuf_new(c, 1024);
+    struct wbuf *b = wbuf_create(c, 1024);
     if (!b) {
         conn_close(c);
         return;
@@ -403,12 +403,12 @@ static void on_msg(void *arg, struct http_msg *msg)
     struct http_conn *c = arg;
     struct http_server *s = c->srv;
     if (c->no_more || c->draining || c->closing) {
-        http_msg_free(msg);
+        http_msg_destroy(msg);
         return;
     }
     struct http_req *r = calloc(1, sizeof(*r));
     if (!r) {
-        http_msg_free(msg);
+        http_msg_destroy(msg);
         c->err_status = 500;
         c->err_text = "out of memory";
         return;
@@ -445,7 +445,7 @@ static void on_head(void *arg, const struct http_msg *msg)
     if (!msg->expect_continue || c->active || c->qhead || c->draining || c->closing)
         return;
     static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
-    struct wbuf *b = wbuf_new(c, sizeof(cont));
+    struct wbuf *b = wbuf_create(c, sizeof(cont));
     if (!b)
         return;
     memcpy(b->data, cont, sizeof(cont) - 1);
@@ -838,7 +838,7 @@ static void req_finish(struct http_req *r)
               r->status, r->closed ? " (client gone)" : "", uv_now(s->loop) - r->t_start);
     if (c && c->active == r)
         c->active = NULL;
-    req_free(r);
+    req_destroy(r);
     if (c)
         conn_pump(c);
     else
@@ -879,7 +879,7 @@ static struct wbuf *resp_head(struct http_req *r, int status, const char *ctype,
         r->last = 1; /* HTTP/1.0: the body ends when we close */
     r->status = status;
     size_t cap = 512 + r->extra_len + (ctype ? strlen(ctype) : 0) + extra_cap;
-    struct wbuf *b = wbuf_new(c, cap);
+    struct wbuf *b = wbuf_create(c, cap);
     if (!b)
         return NULL;
     char date[64];

@@ -243,7 +243,7 @@ static void run_scenario(struct ctx *x, const struct http_limits *lim, const cha
     assert_int_equal(uv_loop_close(&x->loop), 0);
 }
 
-static void ctx_free(struct ctx *x)
+static void ctx_fini(struct ctx *x)
 {
     for (size_t i = 0; i < 8; i++)
         free(x->r[i].body);
@@ -282,7 +282,7 @@ static void test_keepalive(void **state)
     assert_int_equal(x.r[2].status, 404);
     assert_string_equal(x.r[3].conn, "close");
     assert_int_equal(x.eof[3], 1);
-    ctx_free(&x);
+    ctx_fini(&x);
 }
 
 static void cl_pipeline(struct ctx *x)
@@ -307,7 +307,7 @@ static void test_pipelining_ipv6(void **state)
     assert_string_equal(x.r[0].body, "late");
     assert_string_equal(x.r[1].body, "POST /echo ?n=2 x=- len=3 body=xyz");
     assert_string_equal(x.r[2].body, "GET /echo ?n=3 x=- len=0 body=");
-    ctx_free(&x);
+    ctx_fini(&x);
 }
 
 static void cl_chunked_body(struct ctx *x)
@@ -336,7 +336,7 @@ static void test_chunked_request_body(void **state)
     assert_string_equal(x.raw[0], "HTTP/1.1 100 Continue\r\n\r\n");
     assert_int_equal(x.rc[1], 0);
     assert_string_equal(x.r[1].body, "POST /echo ? x=- len=2 body=ok");
-    ctx_free(&x);
+    ctx_fini(&x);
 }
 
 static void cl_sse(struct ctx *x)
@@ -372,7 +372,7 @@ static void test_sse_chunked(void **state)
                                      "data: {\"i\":2}\n\ndata: {\"i\":3}\n\n");
     assert_int_equal(x.stream_ends, 2);
     assert_int_equal(x.closes, 0);
-    ctx_free(&x);
+    ctx_fini(&x);
 }
 
 static void cl_burst(struct ctx *x)
@@ -398,7 +398,7 @@ static void test_burst_is_one_write(void **state)
     /* stats taken at /burst's start, and when the client was done: the head, the five
      * chunks and the last chunk as one write, then /echo's answer */
     assert_int_equal(x.stats.writes - x.at_burst.writes, 3);
-    ctx_free(&x);
+    ctx_fini(&x);
 }
 
 static void cl_disconnect(struct ctx *x)
@@ -424,7 +424,7 @@ static void test_disconnect_mid_stream(void **state)
     assert_int_equal(x.stream_ends, 1);
     assert_int_equal(x.rc[0], 0);
     assert_int_equal(x.r[0].status, 200);
-    ctx_free(&x);
+    ctx_fini(&x);
 }
 
 static void cl_header_too_large(struct ctx *x)
@@ -452,7 +452,7 @@ static void test_header_too_large_431(void **state)
     assert_string_equal(x.r[0].conn, "close");
     assert_non_null(strstr(x.r[0].body, "\"message\":\"request headers are too large\""));
     assert_int_equal(x.eof[0], 1);
-    ctx_free(&x);
+    ctx_fini(&x);
 }
 
 static void cl_body_too_large(struct ctx *x)
@@ -499,7 +499,7 @@ static void test_body_too_large_413(void **state)
     assert_int_equal(x.rc[2], 0);
     assert_int_equal(x.r[2].status, 200);
     assert_non_null(strstr(x.r[2].body, "len=1000 "));
-    ctx_free(&x);
+    ctx_fini(&x);
 }
 
 static void cl_slow(struct ctx *x)
@@ -542,7 +542,7 @@ static void test_slow_client_408(void **state)
     assert_int_equal(x.r[1].status, 408);
     assert_non_null(strstr(x.r[1].body, "body not received in time"));
     assert_int_equal(x.stats.timeouts, 2);
-    ctx_free(&x);
+    ctx_fini(&x);
 }
 
 static void test_idle_keepalive_closed(void **state)
@@ -556,7 +556,7 @@ static void test_idle_keepalive_closed(void **state)
     assert_int_equal(x.rc[2], 0);
     assert_int_equal(x.r[2].status, 200);
     assert_int_equal(x.eof[2], 1);
-    ctx_free(&x);
+    ctx_fini(&x);
 }
 
 static void cl_too_many(struct ctx *x)
@@ -595,7 +595,7 @@ static void test_too_many_connections_503(void **state)
     assert_int_equal(x.stats.connections, 3);
     assert_int_equal(x.stats.rejected, 1);
     assert_int_equal(x.stats.requests, 3);
-    ctx_free(&x);
+    ctx_fini(&x);
 }
 
 static void cl_bad_request(struct ctx *x)
@@ -627,7 +627,7 @@ static void test_bad_request_400(void **state)
     assert_int_equal(x.eof[1], 1);
     assert_int_equal(x.rc[2], 0);
     assert_int_equal(x.r[2].status, 400);
-    ctx_free(&x);
+    ctx_fini(&x);
 }
 
 static void cl_shutdown_stream(struct ctx *x)
@@ -653,7 +653,7 @@ static void test_shutdown_finishes_stream(void **state)
     assert_int_equal(x.eof[0], 1);
     assert_int_equal(x.closes, 0);
     assert_int_equal(x.stream_ends, 1);
-    ctx_free(&x);
+    ctx_fini(&x);
 }
 
 static void cl_shutdown_deadline(struct ctx *x)
@@ -677,7 +677,7 @@ static void test_shutdown_deadline_cuts_stream(void **state)
     assert_null(strstr(x.raw[0], "\r\n0\r\n\r\n"));
     assert_int_equal(x.closes, 1);
     assert_int_equal(x.stream_ends, 1);
-    ctx_free(&x);
+    ctx_fini(&x);
 }
 
 static void cl_http10_head(struct ctx *x)
@@ -719,7 +719,7 @@ static void test_http10_head_and_codings(void **state)
     assert_non_null(strstr(second, "GET /echo ? x=- len=0 body="));
     assert_int_equal(x.rc[0], 0);
     assert_true(x.r[0].status == 400 || x.r[0].status == 501);
-    ctx_free(&x);
+    ctx_fini(&x);
 }
 
 static void cl_backpressure(struct ctx *x)
@@ -747,7 +747,7 @@ static void test_write_backpressure_and_drain(void **state)
     assert_int_equal(x.r[0].body_len, (size_t)x.big_chunks * 65536 + 3);
     assert_string_equal(x.r[0].body + x.r[0].body_len - 3, "end");
     sem_destroy(&x.backpressured);
-    ctx_free(&x);
+    ctx_fini(&x);
 }
 
 static void cl_pipeline_pause(struct ctx *x)
@@ -781,7 +781,7 @@ static void test_pipeline_over_queue_limit(void **state)
         assert_int_equal(x.rc[i], 0);
         assert_string_equal(x.r[i].body, want);
     }
-    ctx_free(&x);
+    ctx_fini(&x);
 }
 
 static void test_listen_errors(void **state)

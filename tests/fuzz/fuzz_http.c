@@ -29,7 +29,7 @@ static void on_msg(void *arg, struct http_msg *m)
         sink += (unsigned char)m->body[m->body_len - 1] + (unsigned char)m->body[m->body_len];
     const char *h = http_msg_header(m, "content-type");
     sink += h ? strlen(h) : 0;
-    http_msg_free(m);
+    http_msg_destroy(m);
 }
 
 static void on_head(void *arg, const struct http_msg *m)

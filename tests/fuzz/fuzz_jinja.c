@@ -27,7 +27,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     (void)argc;
     (void)argv;
     char err[256];
-    if (jinja_ctx_new(&g_ctx) != 0 ||
+    if (jinja_ctx_create(&g_ctx) != 0 ||
         jinja_ctx_set_json(g_ctx, CONTEXT, strlen(CONTEXT), err, sizeof err) != 0)
         abort();
     jinja_ctx_set_now(g_ctx, 1721995200);
@@ -65,6 +65,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
     }
     free(out);
-    jinja_free(t);
+    jinja_destroy(t);
     return 0;
 }

@@ -18,7 +18,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         rkv_log_set_level(RKV_LOG_ERROR);
         struct backend_opts o = {.kind = "cpu", .n_threads = 1};
         char err[256];
-        if (backend_init(&o, &g_be, err, sizeof err) != 0)
+        if (backend_create(&o, &g_be, err, sizeof err) != 0)
             abort();
     }
     struct gguf_ctx *g;
@@ -31,7 +31,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (rc == 0) {
         if (!m)
             abort();
-        model_free(m);
+        model_destroy(m);
     } else if (!err[0] && rc != RKV_ENOMEM) {
         abort(); /* every refusal names what is wrong */
     }

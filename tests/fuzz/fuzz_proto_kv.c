@@ -30,17 +30,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (rc == 0)
             same(&w, proto_kv_prep_encode(m, &w, err, sizeof err), data, size);
         if (rc == 0)
-            proto_kv_prep_free(m);
+            proto_kv_prep_destroy(m);
     } else {
         struct proto_kv_tables *m;
         rc = proto_kv_tables_decode(data, size, &m, err, sizeof err);
         if (rc == 0)
             same(&w, proto_kv_tables_encode(m, &w, err, sizeof err), data, size);
         if (rc == 0)
-            proto_kv_tables_free(m);
+            proto_kv_tables_destroy(m);
     }
     if (rc != 0 && (rc != RKV_EFORMAT || !err[0]))
         __builtin_trap();
-    proto_wbuf_free(&w);
+    proto_wbuf_fini(&w);
     return 0;
 }

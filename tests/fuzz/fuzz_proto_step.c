@@ -31,16 +31,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         rc = proto_step_req_decode(data, size, &m, err, sizeof err);
         if (rc == 0)
             same(&w, proto_step_req_encode(m, &w, err, sizeof err), data, size);
-        proto_step_req_free(rc == 0 ? m : NULL);
+        proto_step_req_destroy(rc == 0 ? m : NULL);
     } else {
         struct proto_step_resp *m;
         rc = proto_step_resp_decode(data, size, &m, err, sizeof err);
         if (rc == 0)
             same(&w, proto_step_resp_encode(m, &w, err, sizeof err), data, size);
-        proto_step_resp_free(rc == 0 ? m : NULL);
+        proto_step_resp_destroy(rc == 0 ? m : NULL);
     }
     if (rc != 0 && (rc != RKV_EFORMAT || !err[0]))
         __builtin_trap();
-    proto_wbuf_free(&w);
+    proto_wbuf_fini(&w);
     return 0;
 }

@@ -19,7 +19,7 @@ static void run_chunked(const char *const *stops, size_t ns, const uint8_t *text
                         uint32_t seed, size_t max_step, struct run *r)
 {
     struct stop *s = NULL;
-    if (stop_init(&s, stops, ns) != 0)
+    if (stop_create(&s, stops, ns) != 0)
         abort();
     r->out = malloc(tl + 1);
     r->n = 0;
@@ -52,7 +52,7 @@ static void run_chunked(const char *const *stops, size_t ns, const uint8_t *text
     memcpy(r->out + r->n, e, el);
     r->n += el;
     r->matched = stop_matched(s);
-    stop_free(s);
+    stop_destroy(s);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

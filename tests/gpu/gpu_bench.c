@@ -97,19 +97,19 @@ static int dev_samp_init(struct dev_samp *ds, uint32_t n, int32_t n_vocab)
     p.top_p = 0.95f;
     for (uint32_t i = 0; i < n && i < DS_MAX; i++) {
         p.seed = 77 + i;
-        if (sampler_init(&ds->s[i], &p, n_vocab))
+        if (sampler_create(&ds->s[i], &p, n_vocab))
             return RKV_ENOMEM;
     }
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    return pool_init(&ds->pool, cpus > 16 ? 16 : cpus > 0 ? (uint32_t)cpus : 1);
+    return pool_create(&ds->pool, cpus > 16 ? 16 : cpus > 0 ? (uint32_t)cpus : 1);
 }
 
-static void dev_samp_free(struct dev_samp *ds)
+static void dev_samp_fini(struct dev_samp *ds)
 {
     for (int i = 0; i < DS_MAX; i++)
-        sampler_free(ds->s[i]);
+        sampler_destroy(ds->s[i]);
     if (ds->pool)
-        pool_free(ds->pool);
+        pool_destroy(ds->pool);
 }
 
 static int dev_samp_step(struct fwd *f, const struct fwd_seq *seqs, uint32_t n, struct dev_samp *ds,
@@ -656,7 +656,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
         fprintf(stderr, "bench: %s\n", err);
         return -1;
     }
-    gm_src_free(&src);
+    gm_src_fini(&src);
     printf("  model %s %s: %.2f GB of weights, built in %.1f s\n", preset, *g_tag ? g_tag : "bf16",
            m->weight_bytes / 1e9, gu_now() - t0);
     struct kv_layout l;
@@ -676,9 +676,9 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
     host_fill_f16(host, (size_t)nb_host * bb, 5);
     struct kv_pools p = {{dev, host}, {nb_dev, nb_host}};
     struct fwd *f = NULL;
-    int rc = fwd_init(&f, m, &l, &p, 512, S);
+    int rc = fwd_create(&f, m, &l, &p, 512, S);
     if (rc < 0) {
-        fprintf(stderr, "bench: fwd_init: %s\n", rkv_strerror(rc));
+        fprintf(stderr, "bench: fwd_create: %s\n", rkv_strerror(rc));
         return rc;
     }
     /* pinned, as the worker's (backend_host_alloc); decode steps pick greedily on the device as
@@ -771,7 +771,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
                     record("decode", "decode b=1 ctx=4096 sampled on the host (top_p 0.95, tok/s)",
                            1.0 / t, "tok/s", 1.0 / bound, bound / t);
                     printf(" rows given back to the host: %u\n", ds.back);
-                    dev_samp_free(&ds);
+                    dev_samp_fini(&ds);
                 }
             }
             if (n_host == 0) {
@@ -834,7 +834,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
                              NS, pool_n_threads(ds.pool));
                     record("decode", name, NS / t, "tok/s", NS / bound, bound / t);
                     printf(" rows given back to the host: %u\n", ds.back);
-                    dev_samp_free(&ds);
+                    dev_samp_fini(&ds);
                 }
             }
             char label[48];
@@ -996,8 +996,8 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
         }
         free(toks);
     }
-    fwd_free(f);
-    model_free(m);
+    fwd_destroy(f);
+    model_destroy(m);
     struct kv_pools none = {{NULL, NULL}, {0, 0}};
     backend_set_kv(be, &l, &none);
     rkv_cuda_dev_free(dev);
@@ -1112,7 +1112,7 @@ int main(int argc, char **argv)
     char err[256];
     struct backend_opts go = {"cuda", 0, 0};
     struct backend *be = NULL;
-    if (backend_init(&go, &be, err, sizeof(err)) < 0) {
+    if (backend_create(&go, &be, err, sizeof(err)) < 0) {
         fprintf(stderr, "gpu-bench: %s\n", err);
         return 1;
     }
@@ -1128,7 +1128,7 @@ int main(int argc, char **argv)
         rc |= bench_model(be, quick, preset, 0, 1);
     if (!strcmp(suite, "quant"))
         rc |= bench_quant(be, quick, preset);
-    backend_free(be);
+    backend_destroy(be);
     if (js) {
         fprintf(js, "\n], \"gpu\": \"%s\", \"env\": {", ceil_.gpu_name);
         json_env(js);

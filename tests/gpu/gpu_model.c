@@ -87,13 +87,13 @@ int gm_src_init_mix(struct gm_src *g, const struct model_hparams *hp, enum be_ty
     }
     g->src.layers = g->layers;
     if (rc) {
-        gm_src_free(g);
+        gm_src_fini(g);
         return -1;
     }
     return 0;
 }
 
-void gm_src_free(struct gm_src *g)
+void gm_src_fini(struct gm_src *g)
 {
     for (size_t i = 0; i < g->n_bufs; i++)
         free(g->bufs[i]);

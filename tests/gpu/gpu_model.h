@@ -19,6 +19,6 @@ int gm_src_init(struct gm_src *g, const struct model_hparams *hp, enum be_type t
  * heavier tensors) */
 int gm_src_init_mix(struct gm_src *g, const struct model_hparams *hp, enum be_type t,
                     enum be_type t_more, uint64_t seed, int layers_distinct);
-void gm_src_free(struct gm_src *g);
+void gm_src_fini(struct gm_src *g);
 
 #endif

@@ -41,11 +41,11 @@ static int side_init_n(struct side *s, struct backend *be, int is_gpu,
         s->host_pool = aligned_alloc(4096, (bytes + 4095) & ~(size_t)4095);
         p = (struct kv_pools){{s->dev_pool, s->host_pool}, {n_blocks, n_blocks}};
     } else {
-        if (kv_local_init(&s->kl, l, n_blocks, n_blocks) < 0)
+        if (kv_local_create(&s->kl, l, n_blocks, n_blocks) < 0)
             return -1;
         p = *kv_local_pools(s->kl);
     }
-    return fwd_init(&s->f, s->m, l, &p, max_tokens, max_seqs);
+    return fwd_create(&s->f, s->m, l, &p, max_tokens, max_seqs);
 }
 
 static int side_init(struct side *s, struct backend *be, int is_gpu, const struct model_hparams *hp,
@@ -54,10 +54,10 @@ static int side_init(struct side *s, struct backend *be, int is_gpu, const struc
     return side_init_n(s, be, is_gpu, hp, src, l, n_blocks, 64, 4);
 }
 
-static void side_free(struct side *s)
+static void side_fini(struct side *s)
 {
-    fwd_free(s->f);
-    model_free(s->m);
+    fwd_destroy(s->f);
+    model_destroy(s->m);
     if (s->dev_pool) {
         /* detach before the pools go */
         struct kv_layout l;
@@ -67,7 +67,7 @@ static void side_free(struct side *s)
     }
     rkv_cuda_dev_free(s->dev_pool);
     free(s->host_pool);
-    kv_local_free(s->kl);
+    kv_local_destroy(s->kl);
 }
 
 static uint32_t argmax(const float *x, uint32_t n)
@@ -108,11 +108,11 @@ struct duo {
     struct side a, b;
 };
 
-static void duo_free(struct duo *d)
+static void duo_fini(struct duo *d)
 {
-    side_free(&d->a);
-    side_free(&d->b);
-    gm_src_free(&d->src);
+    side_fini(&d->a);
+    side_fini(&d->b);
+    gm_src_fini(&d->src);
 }
 
 /* < 0 when a side cannot be made (nothing is left to free then) */
@@ -138,7 +138,7 @@ static int duo_init(struct duo *d, const struct model_hparams *hp, enum be_type 
     if (rc == 0)
         rc = side_init(&d->b, b, 1, &d->hp, &d->src, &d->l, n_blocks);
     if (rc < 0)
-        duo_free(d);
+        duo_fini(d);
     return rc < 0 ? rc : 0;
 }
 
@@ -199,7 +199,7 @@ static int run_case(struct backend *cpu, struct backend *gpu, enum model_arch ar
     *agree = n_tok ? (double)n_same / n_tok : 0.0;
     free(lc);
     free(lg);
-    duo_free(&d);
+    duo_fini(&d);
     return rc;
 }
 
@@ -248,7 +248,7 @@ static int run_greedy(struct backend *cpu, struct backend *gpu, enum be_type t, 
     *agree = (double)n_same / STEPS;
     free(lc);
     free(lg);
-    duo_free(&d);
+    duo_fini(&d);
     return rc;
 }
 
@@ -341,8 +341,8 @@ static int run_invariance(struct backend *be, enum be_type t, enum kv_dtype kvt,
     }
     free(ref);
     free(lg);
-    side_free(&g);
-    gm_src_free(&src);
+    side_fini(&g);
+    gm_src_fini(&src);
     return rc;
 }
 
@@ -402,7 +402,7 @@ static int run_graph(struct backend *plain, struct backend *graph, enum be_type 
         backend_stats(graph, st, stlen);
     free(la);
     free(lb);
-    duo_free(&d);
+    duo_fini(&d);
     return rc;
 }
 

@@ -263,12 +263,12 @@ static void test_matmul2(void)
         matmul2_case(g, 64, t, 64, 4096, 14336, 0, 0);
         matmul2_case(g, 64, t, 17, 512, 40, 1, 0);
     }
-    backend_free(g);
+    backend_destroy(g);
     /* off: two gemms */
     struct backend *off = backend_tuned("pair_n=0");
     if (off)
         matmul2_case(off, 0, BE_BF16, 64, 512, 256, 1, 0);
-    backend_free(off);
+    backend_destroy(off);
 }
 
 /* gemv_max: the rows up to which the backend takes its decode kernel (f32 sums of the f32
@@ -329,7 +329,7 @@ static void test_quant(void)
             matmul_case(gpu, shapes[i].t, n == 8 ? 7 : n, shapes[i].n_in, shapes[i].n_out, n & 1,
                         2e-5f, " int");
     cpu_q_use_exact(1);
-    backend_free(exact);
+    backend_destroy(exact);
 }
 
 static void test_matmul(struct backend *precise, uint32_t gemv_max)
@@ -671,9 +671,9 @@ static void test_sample(struct backend *g, const char *how)
             p.frequency_penalty = c->freq;
             p.n_top_logprobs = c->n_top;
             p.seed = 1000 + r;
-            if (sampler_init(&sd[r], &p, (int32_t)V) || sampler_init(&sr[r], &p, (int32_t)V) ||
-                sampler_init(&ss[r], &p, (int32_t)V)) {
-                CHECK("sampling: sampler_init", 0);
+            if (sampler_create(&sd[r], &p, (int32_t)V) || sampler_create(&sr[r], &p, (int32_t)V) ||
+                sampler_create(&ss[r], &p, (int32_t)V)) {
+                CHECK("sampling: sampler_create", 0);
                 return;
             }
             for (int h = 0; h < 40; h++) { /* a history with repeats */
@@ -757,9 +757,9 @@ static void test_sample(struct backend *g, const char *how)
         CHECK(name, !bad && n_dev > 0);
         backend_tensor_free(g, tg);
         for (uint32_t r = 0; r < n; r++) {
-            sampler_free(sd[r]);
-            sampler_free(sr[r]);
-            sampler_free(ss[r]);
+            sampler_destroy(sd[r]);
+            sampler_destroy(sr[r]);
+            sampler_destroy(ss[r]);
         }
         free(sd);
         free(sr);
@@ -786,7 +786,7 @@ static void test_sample_cluster(const char *cl)
     char how[48];
     snprintf(how, sizeof(how), ", %s blocks a row", cl);
     test_sample(g, how);
-    backend_free(g);
+    backend_destroy(g);
 }
 
 static void test_linear(void)
@@ -910,7 +910,7 @@ static void attn_case_size(const struct attn_case *ac, struct kv_layout *l, uint
 
 /* the gpu's pools of total blocks each: the device pool in device memory, the host pool in host
  * memory the backend registers */
-static int gpu_pools_new(struct kv_pools *gp, uint32_t total, size_t bb)
+static int gpu_pools_init(struct kv_pools *gp, uint32_t total, size_t bb)
 {
     *gp = (struct kv_pools){{NULL, NULL}, {total, total}};
     if (rkv_cuda_dev_alloc(0, total * bb, &gp->base[KV_DEVICE]) < 0)
@@ -920,7 +920,7 @@ static int gpu_pools_new(struct kv_pools *gp, uint32_t total, size_t bb)
 }
 
 /* detaches the pools from the gpu backend, then frees them */
-static void gpu_pools_free(struct kv_pools *gp, const struct kv_layout *l)
+static void gpu_pools_fini(struct kv_pools *gp, const struct kv_layout *l)
 {
     struct kv_pools none = {{NULL, NULL}, {0, 0}};
     backend_set_kv(gpu, l, &none);
@@ -933,7 +933,7 @@ struct attn_outs {
     struct pair o[2], m[2], l[2];
 };
 
-static void attn_outs_new(struct attn_outs *x, uint32_t T, uint32_t qd, uint32_t H)
+static void attn_outs_init(struct attn_outs *x, uint32_t T, uint32_t qd, uint32_t H)
 {
     for (int r = 0; r < 2; r++) {
         x->o[r] = pair_new(BE_F32, T, qd, 1.0f);
@@ -942,7 +942,7 @@ static void attn_outs_new(struct attn_outs *x, uint32_t T, uint32_t qd, uint32_t
     }
 }
 
-static void attn_outs_free(struct attn_outs *x)
+static void attn_outs_fini(struct attn_outs *x)
 {
     for (int r = 0; r < 2; r++) {
         pair_free(&x->o[r]);
@@ -960,11 +960,11 @@ static int attn_run(const struct attn_case *ac, int idx)
      * a separate host copy the backend registers */
     const size_t bb = kv_block_bytes(&l);
     struct kv_local *kl = NULL;
-    if (kv_local_init(&kl, &l, total, total) < 0)
+    if (kv_local_create(&kl, &l, total, total) < 0)
         return -1;
     const struct kv_pools *cp = kv_local_pools(kl);
     struct kv_pools gp;
-    if (gpu_pools_new(&gp, total, bb) < 0)
+    if (gpu_pools_init(&gp, total, bb) < 0)
         return -1;
     /* random kv contents in the element type */
     size_t n_el = total * bb / kv_dtype_size(ac->dt);
@@ -1000,7 +1000,7 @@ static int attn_run(const struct attn_case *ac, int idx)
     struct pair q = pair_new(BE_F32, T, qd, 1.0f), k = pair_new(BE_F32, T, kvd, 1.0f),
                 v = pair_new(BE_F32, T, kvd, 1.0f);
     struct attn_outs ao;
-    attn_outs_new(&ao, T, qd, H);
+    attn_outs_init(&ao, T, qd, H);
     struct pair *po = ao.o, *pm = ao.m, *pl = ao.l;
     char name[160];
     snprintf(name, sizeof(name), "attn case %d: B=%u D=%u kv=%u g=%u %s %s window %u", idx, ac->B,
@@ -1035,12 +1035,12 @@ static int attn_run(const struct attn_case *ac, int idx)
     CHECK(name, rc == 0 && bad == 0);
     if (rc == 0 && bad == 0)
         printf("  ok %s (%u tokens, %u blocks)\n", name, T, total);
-    attn_outs_free(&ao);
+    attn_outs_fini(&ao);
     pair_free(&q);
     pair_free(&k);
     pair_free(&v);
-    gpu_pools_free(&gp, &l);
-    kv_local_free(kl);
+    gpu_pools_fini(&gp, &l);
+    kv_local_destroy(kl);
     free(tables);
     free(pos);
     free(seq_of);
@@ -1107,13 +1107,13 @@ static void attn_fixed_identity(const struct attn_case *ac, int idx)
     cpu_store_kv(ac->dt, content, tmp, n_el);
     free(tmp);
     struct kv_pools gp;
-    if (gpu_pools_new(&gp, total, bb) < 0) {
+    if (gpu_pools_init(&gp, total, bb) < 0) {
         CHECK("fixed attention setup", 0);
         free(content);
         return;
     }
     struct kv_local *kl = NULL;
-    kv_local_init(&kl, &l, total, total);
+    kv_local_create(&kl, &l, total, total);
     const struct kv_pools *cp = kv_local_pools(kl);
     memcpy(cp->base[KV_DEVICE], content, total * bb); /* the cpu reads everything on device */
     int rc = backend_set_kv(gpu, &l, &gp) | backend_set_kv(cpu, &l, cp);
@@ -1121,7 +1121,7 @@ static void attn_fixed_identity(const struct attn_case *ac, int idx)
     struct be_attn at = {H, ac->n_kv, ac->D, 1.0f / sqrtf((float)ac->D)};
     struct pair q = pair_new(BE_F32, T, qd, 1.0f);
     struct attn_outs ao;
-    attn_outs_new(&ao, T, qd, H);
+    attn_outs_init(&ao, T, qd, H);
     struct pair *po = ao.o, *pm = ao.m, *pl = ao.l;
     struct kv_block_ref *tab = calloc(total, sizeof(*tab));
     struct be_seq seqs[6];
@@ -1192,10 +1192,10 @@ static void attn_fixed_identity(const struct attn_case *ac, int idx)
     CHECK(name, rc == 0 && same && close_);
     if (rc == 0 && same && close_)
         printf("  ok %s (%u tokens, %u blocks)\n", name, T, total);
-    attn_outs_free(&ao);
+    attn_outs_fini(&ao);
     pair_free(&q);
-    gpu_pools_free(&gp, &l);
-    kv_local_free(kl);
+    gpu_pools_fini(&gp, &l);
+    kv_local_destroy(kl);
     free(content);
     free(tab);
     free(pos);
@@ -1223,7 +1223,7 @@ static void attention_with(const char *what, char *stats, size_t len)
     struct backend_opts go = {"cuda", 0, 0};
     struct backend *alt = NULL, *save = gpu;
     char err[256];
-    if (backend_init(&go, &alt, err, sizeof(err)) < 0) {
+    if (backend_create(&go, &alt, err, sizeof(err)) < 0) {
         fprintf(stderr, "gpu-test: %s: %s\n", what, err);
         CHECK(what, 0);
         return;
@@ -1238,7 +1238,7 @@ static void attention_with(const char *what, char *stats, size_t len)
         backend_stats(alt, stats, len);
         printf("  %s\n", stats);
     }
-    backend_free(alt);
+    backend_destroy(alt);
 }
 
 /* the backends made from here on tuned by knobs ("name=value,...", worker/cuda/tuning.h);
@@ -1258,7 +1258,7 @@ static struct backend *backend_tuned(const char *knobs)
     struct backend *b = NULL;
     char err[256];
     tune(knobs);
-    if (backend_init(&go, &b, err, sizeof(err)) < 0) {
+    if (backend_create(&go, &b, err, sizeof(err)) < 0) {
         fprintf(stderr, "gpu-test: a backend with %s: %s\n", knobs, err);
         CHECK(knobs, 0);
         b = NULL;
@@ -1329,14 +1329,14 @@ int main(int argc, char **argv)
      * rather than rounding activations to 8 bits for its integer dots */
     setenv("RKV_CPU_EXACT", "1", 1);
     struct backend_opts co = {"cpu", 0, 0}, go = {"cuda", 0, 0};
-    if (backend_init(&co, &cpu, err, sizeof(err)) < 0 ||
-        backend_init(&go, &gpu, err, sizeof(err)) < 0) {
+    if (backend_create(&co, &cpu, err, sizeof(err)) < 0 ||
+        backend_create(&go, &gpu, err, sizeof(err)) < 0) {
         fprintf(stderr, "gpu-test: %s\n", err);
         return 1;
     }
     tune("precise=1");
     struct backend *precise = NULL;
-    if (backend_init(&go, &precise, err, sizeof(err)) < 0)
+    if (backend_create(&go, &precise, err, sizeof(err)) < 0)
         precise = NULL;
     tune(NULL);
     if (attn_only) {
@@ -1366,7 +1366,7 @@ int main(int argc, char **argv)
                 lt_check("lt_tune_n=0", 0);
                 gpu = save;
             }
-            backend_free(lt0);
+            backend_destroy(lt0);
         }
         test_twin();
         test_linear();
@@ -1383,7 +1383,7 @@ int main(int argc, char **argv)
                 mma_max = 8;
                 gpu = save;
             }
-            backend_free(gm1);
+            backend_destroy(gm1);
             /* the register kernels in place of the tensor-core ones (lin_mma=0) */
             struct backend *reg = backend_tuned("lin_mma=0");
             if (reg) {
@@ -1395,7 +1395,7 @@ int main(int argc, char **argv)
                 test_linear_shapes();
                 gpu = save;
             }
-            backend_free(reg);
+            backend_destroy(reg);
             mma_from = 1; /* every token count on tensor cores (lin_mma=1) */
             struct backend *m1 = backend_tuned("lin_mma=1");
             if (m1) {
@@ -1405,7 +1405,7 @@ int main(int argc, char **argv)
                 test_linear();
                 gpu = save;
             }
-            backend_free(m1);
+            backend_destroy(m1);
             mma_from = 2;
         }
         test_rope();
@@ -1430,10 +1430,10 @@ int main(int argc, char **argv)
                       " 0 in 0 passes", NULL);
         /* greedy and sampled rows picked on the device */
         struct backend *gb = NULL;
-        if (backend_init(&go, &gb, err, sizeof(err)) == 0) {
+        if (backend_create(&go, &gb, err, sizeof(err)) == 0) {
             test_greedy(gb);
             test_sample(gb, "");
-            backend_free(gb);
+            backend_destroy(gb);
         }
         test_sample_cluster("8");
         test_sample_cluster("4");
@@ -1478,11 +1478,11 @@ int main(int argc, char **argv)
         attention_with("one split per block, merged in position order", NULL, 0);
         {
             struct backend *fb = NULL, *save = gpu;
-            if (backend_init(&go, &fb, err, sizeof(err)) == 0) {
+            if (backend_create(&go, &fb, err, sizeof(err)) == 0) {
                 gpu = fb;
                 test_attention_fixed();
                 gpu = save;
-                backend_free(fb);
+                backend_destroy(fb);
             } else {
                 CHECK("fixed attention backend", 0);
             }
@@ -1492,22 +1492,22 @@ int main(int argc, char **argv)
     if (model) {
         struct backend_opts dopt = {"cuda", 0, 0, 1};
         struct backend *det = NULL;
-        if (backend_init(&dopt, &det, err, sizeof(err)) < 0)
+        if (backend_create(&dopt, &det, err, sizeof(err)) < 0)
             det = NULL;
         gpu_model_tests(cpu, gpu, precise, det, &n_pass, &n_fail);
-        backend_free(det);
+        backend_destroy(det);
         /* graphs are on by default: the same steps on a backend without them */
         tune("graph=0");
         struct backend *plain = NULL, *graph = NULL;
-        int prc = backend_init(&go, &plain, err, sizeof(err));
+        int prc = backend_create(&go, &plain, err, sizeof(err));
         tune("graph=1");
-        if (prc == 0 && backend_init(&go, &graph, err, sizeof(err)) == 0) {
+        if (prc == 0 && backend_create(&go, &graph, err, sizeof(err)) == 0) {
             gpu_model_graph_tests(plain, graph, &n_pass, &n_fail);
         } else {
             CHECK("graph backend", 0);
         }
-        backend_free(graph);
-        backend_free(plain);
+        backend_destroy(graph);
+        backend_destroy(plain);
         tune(NULL);
         /* the model's cases on a backend with one knob set (graph replays included) */
         static const struct {
@@ -1522,7 +1522,7 @@ int main(int argc, char **argv)
             struct backend *alt = backend_tuned(alts[i].knobs);
             if (alt)
                 gpu_model_cases_with(cpu, alt, alts[i].what, &n_pass, &n_fail);
-            backend_free(alt);
+            backend_destroy(alt);
         }
         /* host blocks copied (the device's own choice may be zero-copy): a prefill's rows of a
          * host block written into its staging slot and copied back, then read by the decode
@@ -1537,12 +1537,12 @@ int main(int argc, char **argv)
             printf("  %s\n", st);
             CHECK("model: the kv write went to staging slots",
                   strstr(st, " 0 with the kv write into staging") == NULL);
-            backend_free(wb);
+            backend_destroy(wb);
         }
         struct backend *tail = backend_tuned("host_read=cpu");
         if (tail)
             gpu_model_cpu_tail_tests(cpu, tail, "cpu_tail", &n_pass, &n_fail);
-        backend_free(tail);
+        backend_destroy(tail);
         /* the split host read: 40 % of each decode row's host blocks on the cpu (the test
          * model's tails are tiny: no gate) */
         struct backend *split = backend_tuned("host_split=40,split_min_us=0");
@@ -1552,7 +1552,7 @@ int main(int argc, char **argv)
             backend_stats(split, st, sizeof(st));
             printf("  %s\n", st);
             CHECK("model: the split host read ran", strstr(st, " 0 split") == NULL);
-            backend_free(split);
+            backend_destroy(split);
         }
         /* ... its cpu part as a host function on a stream of its own */
         split = backend_tuned("host_split=40,split_min_us=0,split_async_us=0");
@@ -1563,12 +1563,12 @@ int main(int argc, char **argv)
             printf("  %s\n", st);
             CHECK("model: the async split ran",
                   strstr(st, " 0 split") == NULL && strstr(st, "(0 off the launching") == NULL);
-            backend_free(split);
+            backend_destroy(split);
         }
     }
-    backend_free(precise);
-    backend_free(gpu);
-    backend_free(cpu);
+    backend_destroy(precise);
+    backend_destroy(gpu);
+    backend_destroy(cpu);
     printf("gpu-test: %d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }

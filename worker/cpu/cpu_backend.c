@@ -47,7 +47,7 @@ static int ensure_scratch(struct cpu_ctx *c, size_t n)
     return 0;
 }
 
-static void cpu_free(void *ctx)
+static void cpu_destroy(void *ctx)
 {
     struct cpu_ctx *c = ctx;
     if (!c)
@@ -59,10 +59,10 @@ static void cpu_free(void *ctx)
     free(c->seg_buf);
     if (c->smp)
         for (uint32_t i = 0; i < pool_n_threads(c->pool); i++)
-            sampler_free(c->smp[i]);
+            sampler_destroy(c->smp[i]);
     free(c->smp);
     free(c->qx);
-    pool_free(c->pool);
+    pool_destroy(c->pool);
     free(c);
 }
 
@@ -609,12 +609,12 @@ static int cpu_sample(void *ctx, const struct be_tensor *logits, uint32_t n,
         struct sample_params p;
         sample_params_default(&p);
         for (uint32_t i = 0; i < nt; i++) {
-            sampler_free(c->smp[i]);
+            sampler_destroy(c->smp[i]);
             c->smp[i] = NULL;
         }
         c->smp_vocab = 0;
         for (uint32_t i = 0; i < nt; i++) {
-            int rc = sampler_init(&c->smp[i], &p, (int32_t)logits->cols);
+            int rc = sampler_create(&c->smp[i], &p, (int32_t)logits->cols);
             if (rc < 0)
                 return rc;
         }
@@ -626,7 +626,7 @@ static int cpu_sample(void *ctx, const struct be_tensor *logits, uint32_t n,
 }
 
 static const struct backend_i cpu_iface = {
-    .free = cpu_free,
+    .destroy = cpu_destroy,
     .tensor_alloc = cpu_tensor_alloc,
     .tensor_free = cpu_tensor_free,
     .tensor_set = cpu_tensor_set,
@@ -657,19 +657,19 @@ static const struct backend_i cpu_iface = {
     .attn_window = 1,
 };
 
-int cpu_backend_init(uint32_t n_threads, struct backend **out)
+int cpu_backend_create(uint32_t n_threads, struct backend **out)
 {
     struct cpu_ctx *c = calloc(1, sizeof(*c));
     if (!c)
         return RKV_ENOMEM;
-    int rc = pool_init(&c->pool, n_threads);
+    int rc = pool_create(&c->pool, n_threads);
     if (rc < 0)
         goto fail;
     rc = RKV_ENOMEM;
     c->scratch = calloc(pool_n_threads(c->pool), sizeof(float *));
     if (!c->scratch)
         goto fail;
-    rc = backend_new("cpu", &cpu_iface, c, out);
+    rc = backend_wrap("cpu", &cpu_iface, c, out);
     if (rc < 0)
         goto fail;
     /* RKV_CPU_AVX512=0 keeps the avx2 kernels (comparisons, benchmarks) */
@@ -685,6 +685,6 @@ int cpu_backend_init(uint32_t n_threads, struct backend **out)
               cpu_q_int(BE_Q4_0) ? "by integer dots" : "dequantized (RKV_CPU_EXACT=1)");
     return 0;
 fail:
-    cpu_free(c);
+    cpu_destroy(c);
     return rc;
 }

@@ -7,6 +7,6 @@
 struct backend;
 
 /* n_threads: worker threads including the caller; 0 = online cpus */
-int cpu_backend_init(uint32_t n_threads, struct backend **out);
+int cpu_backend_create(uint32_t n_threads, struct backend **out);
 
 #endif

@@ -67,12 +67,12 @@ static struct backend *be;
 static int setup(void **state)
 {
     (void)state;
-    return cpu_backend_init(3, &be);
+    return cpu_backend_create(3, &be);
 }
 static int teardown(void **state)
 {
     (void)state;
-    backend_free(be);
+    backend_destroy(be);
     return 0;
 }
 
@@ -512,7 +512,7 @@ static void attn_fx_init(struct attn_fx *f, uint32_t B, uint32_t n_tok, enum kv_
     assert_int_equal(kv_layout_init(&f->l, B, 2, n_kv, hd, dt), 0);
     f->n_blocks = kv_blocks_for(&f->l, n_tok);
     assert_true(f->n_blocks <= 512 && n_tok <= 6000);
-    assert_int_equal(kv_local_init(&f->kv, &f->l, 512, 512), 0);
+    assert_int_equal(kv_local_create(&f->kv, &f->l, 512, 512), 0);
     f->a = (struct be_attn){n_head, n_kv, hd, 1.0f / sqrtf((float)hd)};
     f->n_tok = n_tok;
     f->q = malloc(sizeof(float) * n_tok * n_head * hd);
@@ -544,7 +544,7 @@ static void attn_fx_init(struct attn_fx *f, uint32_t B, uint32_t n_tok, enum kv_
 
 static void attn_fx_fini(struct attn_fx *f)
 {
-    kv_local_free(f->kv);
+    kv_local_destroy(f->kv);
     free(f->q), free(f->k), free(f->v);
 }
 
@@ -973,7 +973,7 @@ static void test_pool(void **state)
 {
     (void)state;
     struct pool *p;
-    assert_int_equal(pool_init(&p, 4), 0);
+    assert_int_equal(pool_create(&p, 4), 0);
     assert_int_equal(pool_n_threads(p), 4);
     uint64_t *hits = calloc(10007, sizeof(uint64_t));
     struct sum_arg a = {hits};
@@ -982,7 +982,7 @@ static void test_pool(void **state)
     for (uint32_t i = 0; i < 10007; i++)
         assert_int_equal(hits[i], 200);
     free(hits);
-    pool_free(p);
+    pool_destroy(p);
 }
 
 /* --- block-quantized weights (cpu_quant.h) ----------------------------------------------- */

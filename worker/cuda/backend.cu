@@ -441,7 +441,7 @@ static int cu_sync(void *ctx)
     return cuda_split_async_err(c);
 }
 
-static void cu_free(void *ctx)
+static void cu_destroy(void *ctx)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     if (!c)
@@ -472,10 +472,10 @@ static void cu_free(void *ctx)
         cublasDestroy(c->blas);
     if (c->blas_ws)
         cudaFree(c->blas_ws);
-    cuda_event_free(c->ev_pre_attn);
-    cuda_event_free(c->ev_side_done);
-    cuda_stream_free(c->side);
-    cuda_stream_free(c->stream);
+    cuda_event_destroy(c->ev_pre_attn);
+    cuda_event_destroy(c->ev_side_done);
+    cuda_stream_destroy(c->side);
+    cuda_stream_destroy(c->stream);
     free(c);
 }
 
@@ -485,7 +485,7 @@ static void cu_free(void *ctx)
 /* one entry a line, in struct backend_i's order */
 /* clang-format off */
 static const struct backend_i cuda_iface = {
-    cu_free,
+    cu_destroy,
     cu_tensor_alloc,
     cu_tensor_free,
     cu_tensor_set,
@@ -530,7 +530,7 @@ static const struct backend_i cuda_iface = {
 };
 /* clang-format on */
 
-extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backend **out)
+extern "C" int rkv_cuda_backend_create(const struct backend_opts *o, struct backend **out)
 {
     int gpu = o ? o->gpu : 0;
     int n = rkv_cuda_backend_probe();
@@ -567,8 +567,8 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
         c->stage.pass_limit = c->stage.stage_limit;
     c->hcpu.host_split = c->tune.host_split;
     c->hcpu.link_gbps = 50.0; /* until set_kv measures the link */
-    if (cuda_stream_new(&c->stream) < 0 || cuda_stream_new(&c->side) < 0 ||
-        cuda_event_new(&c->ev_pre_attn) < 0 || cuda_event_new(&c->ev_side_done) < 0 ||
+    if (cuda_stream_create(&c->stream) < 0 || cuda_stream_create(&c->side) < 0 ||
+        cuda_event_create(&c->ev_pre_attn) < 0 || cuda_event_create(&c->ev_side_done) < 0 ||
         cuda_stage_init(&c->stage) < 0 || cuda_host_cpu_init(&c->hcpu) < 0)
         goto fail;
     if (cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS) {
@@ -595,7 +595,7 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
     if (cudaMalloc(&c->ls_ctr, 2 * sizeof(uint32_t)) != cudaSuccess ||
         cudaMemset(c->ls_ctr, 0, 2 * sizeof(uint32_t)) != cudaSuccess)
         goto fail;
-    rc = backend_new("cuda", &cuda_iface, c, out);
+    rc = backend_wrap("cuda", &cuda_iface, c, out);
     if (rc < 0)
         goto fail;
     log_info("backend: cuda on gpu %d (%s, %d SMs, %.1f GiB)", gpu, p.name, c->n_sm,
@@ -603,14 +603,14 @@ extern "C" int rkv_cuda_backend_init(const struct backend_opts *o, struct backen
     return 0;
 fail:
     cudaGetLastError();
-    cu_free(c);
+    cu_destroy(c);
     return rc;
 }
 
 extern "C" int cuda_backend_create(const struct backend_opts *o, struct backend **out, char *errbuf,
                                    size_t errlen)
 {
-    int rc = rkv_cuda_backend_init(o, out);
+    int rc = rkv_cuda_backend_create(o, out);
     if (rc < 0 && errbuf)
         snprintf(errbuf, errlen, "backend cuda: cannot start on gpu %d: %s%s", o ? o->gpu : 0,
                  rkv_strerror(rc),

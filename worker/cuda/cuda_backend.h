@@ -15,12 +15,12 @@ struct backend_opts;
 /* number of usable cuda devices (> 0), or RKV_ENODEV when there is none
  * (no driver, no device) */
 int rkv_cuda_backend_probe(void);
-/* starts the cuda backend on o->gpu (what backend_init calls). the kv pools
+/* starts the cuda backend on o->gpu (what backend_create calls). the kv pools
  * given to set_kv: the device pool in device memory (cudaMalloc or an IPC
  * mapping; plain host memory works but is read over PCIe), the host pool in
  * host memory, which the backend registers (mapped) unless it is already.
  * RKV_CUDA_TUNE=precise=1: prefill gemms keep ~f32 activations (2 gemms). */
-int rkv_cuda_backend_init(const struct backend_opts *o, struct backend **out);
+int rkv_cuda_backend_create(const struct backend_opts *o, struct backend **out);
 /* the same with a message naming the gpu and the fix */
 int cuda_backend_create(const struct backend_opts *o, struct backend **out, char *errbuf,
                         size_t errlen);

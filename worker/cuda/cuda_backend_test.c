@@ -21,10 +21,10 @@ static void test_auto_starts(void **state)
     struct backend_opts o = {"auto", 1, 0};
     struct backend *be = NULL;
     char err[256];
-    assert_int_equal(backend_init(&o, &be, err, sizeof(err)), 0);
+    assert_int_equal(backend_create(&o, &be, err, sizeof(err)), 0);
     const char *name = backend_name(be);
     assert_true(!strcmp(name, "cpu") || !strcmp(name, "cuda"));
-    backend_free(be);
+    backend_destroy(be);
 }
 
 #ifdef RKV_CUDA
@@ -37,11 +37,11 @@ static void test_forced_cuda(void **state)
     struct backend *be = NULL;
     char err[256] = "";
     int n = rkv_cuda_backend_probe();
-    int rc = backend_init(&o, &be, err, sizeof(err));
+    int rc = backend_create(&o, &be, err, sizeof(err));
     if (n > 0) {
         assert_int_equal(rc, 0);
         assert_string_equal(backend_name(be), "cuda");
-        backend_free(be);
+        backend_destroy(be);
         return;
     }
     assert_int_equal(n, RKV_ENODEV);
@@ -60,7 +60,7 @@ static void test_bad_ordinal(void **state)
     (void)state;
     struct backend_opts o = {"cuda", 1, 1000};
     struct backend *be = NULL;
-    assert_int_equal(rkv_cuda_backend_init(&o, &be), RKV_ENODEV);
+    assert_int_equal(rkv_cuda_backend_create(&o, &be), RKV_ENODEV);
 }
 #endif
 

@@ -158,21 +158,21 @@ struct cuda_ctx {
 };
 
 /* an event without timing, a non-blocking stream: 0 or RKV_ECUDA */
-static inline int cuda_event_new(cudaEvent_t *e)
+static inline int cuda_event_create(cudaEvent_t *e)
 {
     return cudaEventCreateWithFlags(e, cudaEventDisableTiming) == cudaSuccess ? 0 : RKV_ECUDA;
 }
-static inline int cuda_stream_new(cudaStream_t *s)
+static inline int cuda_stream_create(cudaStream_t *s)
 {
     return cudaStreamCreateWithFlags(s, cudaStreamNonBlocking) == cudaSuccess ? 0 : RKV_ECUDA;
 }
 /* ... given back, when it was made */
-static inline void cuda_event_free(cudaEvent_t e)
+static inline void cuda_event_destroy(cudaEvent_t e)
 {
     if (e)
         cudaEventDestroy(e);
 }
-static inline void cuda_stream_free(cudaStream_t s)
+static inline void cuda_stream_destroy(cudaStream_t s)
 {
     if (s)
         cudaStreamDestroy(s);

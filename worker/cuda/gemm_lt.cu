@@ -36,7 +36,7 @@ struct cuda_lt {
 };
 
 /* a shape's descriptors (NULL ones skipped: a describe that failed part way) */
-static void lt_shape_free(struct lt_shape *s)
+static void lt_shape_fini(struct lt_shape *s)
 {
     cublasLtMatrixLayout_t l[3] = {s->la, s->lb, s->lc};
     for (int i = 0; i < 3; i++)
@@ -55,7 +55,7 @@ void cuda_lt_free(struct cuda_ctx *c)
         return;
     for (uint32_t i = 0; lt->tab && i < LT_SLOTS; i++)
         if (lt->tab[i].used)
-            lt_shape_free(&lt->tab[i]);
+            lt_shape_fini(&lt->tab[i]);
     free(lt->tab);
     for (int i = 0; i < 2; i++)
         if (lt->ev[i])
@@ -109,7 +109,7 @@ static int lt_describe(struct lt_shape *s, cudaDataType wt)
         cublasLtMatrixLayoutCreate(&s->la, wt, s->n_in, s->n_out, s->n_in) ||
         cublasLtMatrixLayoutCreate(&s->lb, wt, s->n_in, s->n, s->n_in) ||
         cublasLtMatrixLayoutCreate(&s->lc, CUDA_R_32F, s->n_out, s->n, s->n_out)) {
-        lt_shape_free(s);
+        lt_shape_fini(s);
         return -1;
     }
     return 0;
@@ -229,7 +229,7 @@ int cuda_gemm_lt(struct cuda_ctx *c, float *out, const void *w, enum be_type t, 
         if (lt_describe(s, t == BE_F16 ? CUDA_R_16F : CUDA_R_16BF) < 0)
             return 1;
         if (lt_tune(c, s, w, x) < 0) {
-            lt_shape_free(s);
+            lt_shape_fini(s);
             return 1;
         }
         s->used = 1;

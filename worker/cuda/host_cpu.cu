@@ -89,8 +89,9 @@ static int attend_ready(const struct cuda_ctx *c)
 {
     if (c->hcpu.attend.attend)
         return 0;
-    log_error("cuda: host blocks to attend on cpu threads but no host attention was set "
-              "(backend_init sets the worker's); reading them on the gpu needs host_read=measure");
+    log_error(
+        "cuda: host blocks to attend on cpu threads but no host attention was set "
+        "(backend_create sets the worker's); reading them on the gpu needs host_read=measure");
     return RKV_EUNSUPPORTED;
 }
 
@@ -328,8 +329,8 @@ int cu_set_host_attend(void *ctx, const struct be_host_attend *h)
 
 int cuda_host_cpu_init(struct cuda_host_cpu *h)
 {
-    if (cuda_event_new(&h->ev_qdown) < 0 || cuda_stream_new(&h->cpu_s) < 0 ||
-        cuda_event_new(&h->ev_cpu_done) < 0)
+    if (cuda_event_create(&h->ev_qdown) < 0 || cuda_stream_create(&h->cpu_s) < 0 ||
+        cuda_event_create(&h->ev_cpu_done) < 0)
         return RKV_ECUDA;
     return 0;
 }
@@ -338,9 +339,9 @@ void cuda_host_cpu_fini(struct cuda_host_cpu *h)
 {
     if (h->cpu_s)
         cudaStreamSynchronize(h->cpu_s); /* its jobs read what is freed below */
-    cuda_stream_free(h->cpu_s);
-    cuda_event_free(h->ev_cpu_done);
-    cuda_event_free(h->ev_qdown);
+    cuda_stream_destroy(h->cpu_s);
+    cuda_event_destroy(h->ev_cpu_done);
+    cuda_event_destroy(h->ev_qdown);
     free(h->split_jobs);
     free(h->split_seqs);
     free(h->split_tab);

@@ -401,12 +401,13 @@ int cuda_attn_host_gpu(struct cuda_ctx *c, struct cuda_attn_args *a, uint32_t la
 
 int cuda_stage_init(struct cuda_stage *s)
 {
-    if (cuda_stream_new(&s->copy) < 0 || cuda_stream_new(&s->wb) < 0 ||
-        cuda_event_new(&s->ev_kvw) < 0)
+    if (cuda_stream_create(&s->copy) < 0 || cuda_stream_create(&s->wb) < 0 ||
+        cuda_event_create(&s->ev_kvw) < 0)
         return RKV_ECUDA;
     for (int i = 0; i < 2; i++)
-        if (cuda_event_new(&s->ev_copy_done[i]) < 0 || cuda_event_new(&s->ev_stage_free[i]) < 0 ||
-            cuda_event_new(&s->ev_wready[i]) < 0 || cuda_event_new(&s->ev_wb_done[i]) < 0)
+        if (cuda_event_create(&s->ev_copy_done[i]) < 0 ||
+            cuda_event_create(&s->ev_stage_free[i]) < 0 ||
+            cuda_event_create(&s->ev_wready[i]) < 0 || cuda_event_create(&s->ev_wb_done[i]) < 0)
             return RKV_ECUDA;
     return 0;
 }
@@ -423,12 +424,12 @@ void cuda_stage_fini(struct cuda_stage *s)
     cudaFree(s->stg[0]);
     cudaFree(s->stg[1]);
     for (int i = 0; i < 2; i++) {
-        cuda_event_free(s->ev_copy_done[i]);
-        cuda_event_free(s->ev_stage_free[i]);
-        cuda_event_free(s->ev_wready[i]);
-        cuda_event_free(s->ev_wb_done[i]);
+        cuda_event_destroy(s->ev_copy_done[i]);
+        cuda_event_destroy(s->ev_stage_free[i]);
+        cuda_event_destroy(s->ev_wready[i]);
+        cuda_event_destroy(s->ev_wb_done[i]);
     }
-    cuda_event_free(s->ev_kvw);
-    cuda_stream_free(s->copy);
-    cuda_stream_free(s->wb);
+    cuda_event_destroy(s->ev_kvw);
+    cuda_stream_destroy(s->copy);
+    cuda_stream_destroy(s->wb);
 }
