@@ -36,6 +36,7 @@ void backend_destroy(struct backend *be)
     free(be);
 }
 
+#ifdef RKV_CUDA
 /* a device backend that sends host blocks to cpu threads gets the worker's router for them */
 static int attach_route(struct backend *be, uint32_t n_threads)
 {
@@ -46,6 +47,7 @@ static int attach_route(struct backend *be, uint32_t n_threads)
         rc = be->iface->set_host_attend(be->ctx, attn_route_host(be->route));
     return rc;
 }
+#endif
 
 const char *backend_name(const struct backend *be)
 {
