@@ -120,7 +120,8 @@ static void send_error(struct http_req *req, const struct api_error *e)
 {
     char *j = api_error_json(e);
     if (e->status == 405)
-        http_resp_header(req, "Allow", strcmp(http_req_path(req), "/v1/models") ? "POST" : "GET");
+        http_resp_header(req, "Allow",
+                         strncmp(http_req_path(req), "/v1/models", 10) ? "POST" : "GET");
     if (e->status == 401)
         http_resp_header(req, "WWW-Authenticate", "Bearer");
     if (e->status == 429 || e->status == 503)
@@ -154,6 +155,81 @@ static const char *served_model(struct api *api, const char *name)
         if (strcmp(api->models[i], name) == 0)
             return api->models[i];
     return NULL;
+}
+
+/* a 404 model_not_found naming name (param: where it came from) */
+static void send_no_model(struct api *api, struct http_req *req, const char *param,
+                          const char *name)
+{
+    struct api_error e;
+    api_error_set(&e, 404, param,
+                  "the model '%.100s' does not exist; GET /v1/models lists what this server "
+                  "serves (e.g. '%.100s')",
+                  name, api->models[0]);
+    e.code = "model_not_found";
+    send_error(req, &e);
+}
+
+/* 1 when the body is JSON (or says nothing); else answers 415 */
+static int json_body(struct http_req *req)
+{
+    const char *ct = http_req_header(req, "Content-Type");
+    if (!ct || strncasecmp(ct, "application/json", 16) == 0 || strstr(ct, "+json"))
+        return 1;
+    respond_error(req, 415, NULL, NULL,
+                  "Content-Type must be application/json, got '%.60s' (with curl, add -H "
+                  "'Content-Type: application/json')",
+                  ct);
+    return 0;
+}
+
+static void respond_json(struct http_req *req, char *j)
+{
+    if (!j) {
+        respond_error(req, 500, NULL, NULL, "%s", "out of memory");
+        return;
+    }
+    http_respond(req, 200, "application/json", j, strlen(j));
+    free(j);
+}
+
+/* POST /tokenize and POST /detokenize, vLLM's shapes */
+static int handle_tokenize(struct api *api, struct http_req *hreq, int detok)
+{
+    if (!json_body(hreq))
+        return 1;
+    size_t len;
+    const char *body = http_req_body(hreq, &len);
+    struct api_request r;
+    struct api_error e;
+    int rc = detok ? api_parse_detokenize(body, len, &api->limits, &r, &e)
+                   : api_parse_tokenize(body, len, &api->limits, &r, &e);
+    if (rc) {
+        send_error(hreq, &e);
+        return 1;
+    }
+    char err[512] = "";
+    int32_t *ids = NULL;
+    size_t n = 0;
+    char *text = NULL;
+    int status = 500;
+    if (!served_model(api, r.model)) {
+        send_no_model(api, hreq, "model", r.model);
+    } else if (detok) {
+        rc = api->sched.detokenize(api->sched.ctx, r.prompt_tokens, r.n_prompt_tokens, &text);
+        if (rc)
+            respond_error(hreq, 500, NULL, NULL, "cannot detokenize: %s", rkv_strerror(rc));
+        else
+            respond_json(hreq, api_render_detokenized(text));
+    } else if ((rc = api->sched.tokenize(api->sched.ctx, &r, &ids, &n, &status, err, sizeof err))) {
+        respond_error(hreq, status, NULL, NULL, "%s", err[0] ? err : rkv_strerror(rc));
+    } else {
+        respond_json(hreq, api_render_tokens(ids, n, api->max_model_len));
+    }
+    free(ids);
+    free(text);
+    api_request_fini(&r);
+    return 1;
 }
 
 /* --- calls ----------------------------------------------------------------------------------- */
@@ -293,13 +369,8 @@ static struct rl_limits key_limits(const struct api *api, const struct rl_limits
 static int handle_generate(struct api *api, struct http_req *hreq, enum api_endpoint ep,
                            int64_t key, const struct rl_limits *klim)
 {
-    const char *ct = http_req_header(hreq, "Content-Type");
-    if (ct && strncasecmp(ct, "application/json", 16) != 0 && !strstr(ct, "+json"))
-        return respond_error(
-            hreq, 415, NULL, NULL,
-            "Content-Type must be application/json, got '%.60s' (with curl, add -H "
-            "'Content-Type: application/json')",
-            ct);
+    if (!json_body(hreq))
+        return 1;
     struct rl_limits kl = key ? key_limits(api, klim) : (struct rl_limits){0};
     struct api_limits lim = api->limits;
     int capped = kl.max_tokens > 0 && kl.max_tokens < lim.max_tokens;
@@ -351,12 +422,7 @@ static int handle_generate(struct api *api, struct http_req *hreq, enum api_endp
         c->req.max_prompt_tokens = (uint32_t)kl.max_prompt;
     c->model = served_model(api, c->req.model);
     if (!c->model) {
-        api_error_set(&e, 404, "model",
-                      "the model '%.100s' does not exist; GET /v1/models lists what this server "
-                      "serves (e.g. '%.100s')",
-                      c->req.model, api->models[0]);
-        e.code = "model_not_found";
-        send_error(hreq, &e);
+        send_no_model(api, hreq, "model", c->req.model);
         call_destroy(c);
         return 1;
     }
@@ -394,9 +460,13 @@ int api_handle(struct api *api, struct http_req *req)
 {
     const char *path = http_req_path(req);
     const char *method = http_req_method(req);
-    if (strncmp(path, "/v1/", 4) != 0)
+    /* vLLM serves these two outside /v1/ */
+    int is_tok = strcmp(path, "/tokenize") == 0 && api->sched.tokenize;
+    int is_detok = strcmp(path, "/detokenize") == 0 && api->sched.detokenize;
+    if (strncmp(path, "/v1/", 4) != 0 && !is_tok && !is_detok)
         return 0;
     int is_models = strcmp(path, "/v1/models") == 0;
+    const char *model_id = strncmp(path, "/v1/models/", 11) == 0 ? path + 11 : NULL;
     int is_compl = strcmp(path, "/v1/completions") == 0;
     int is_chat = strcmp(path, "/v1/chat/completions") == 0;
     if (api->cors_origin) {
@@ -413,10 +483,11 @@ int api_handle(struct api *api, struct http_req *req)
             return 1;
         }
     }
-    if (!is_models && !is_compl && !is_chat)
+    if (!is_models && !model_id && !is_compl && !is_chat && !is_tok && !is_detok)
         return respond_error(req, 404, NULL, NULL,
                              "no route %.100s; rkv serves POST /v1/completions, POST "
-                             "/v1/chat/completions and GET /v1/models",
+                             "/v1/chat/completions, GET /v1/models[/{id}], POST /tokenize and "
+                             "POST /detokenize",
                              path);
     int64_t key = 0;
     struct rl_limits klim = {0};
@@ -428,20 +499,24 @@ int api_handle(struct api *api, struct http_req *req)
         return respond_error(req, 401, NULL, "invalid_api_key", "%s",
                              "missing or invalid API key; send Authorization: Bearer <key> "
                              "(keys are managed with rkvctl)");
-    if (is_models) {
+    if (is_models || model_id) {
         if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
-            return respond_error(req, 405, NULL, NULL, "%s /v1/models is not allowed; use GET",
-                                 method);
-        char *j = api_render_models((const char *const *)api->models, api->n_models, api->created,
-                                    api->max_model_len);
-        if (!j)
-            return respond_error(req, 500, NULL, NULL, "%s", "out of memory");
-        http_respond(req, 200, "application/json", j, strlen(j));
-        free(j);
+            return respond_error(req, 405, NULL, NULL, "%s %.100s is not allowed; use GET", method,
+                                 path);
+        const char *m = model_id ? served_model(api, model_id) : NULL;
+        if (model_id && !m)
+            send_no_model(api, req, "model", model_id);
+        else if (m)
+            respond_json(req, api_render_model(m, api->created, api->max_model_len));
+        else
+            respond_json(req, api_render_models((const char *const *)api->models, api->n_models,
+                                                api->created, api->max_model_len));
         return 1;
     }
     if (strcmp(method, "POST") != 0)
         return respond_error(req, 405, NULL, NULL, "%s %s is not allowed; use POST", method, path);
+    if (is_tok || is_detok)
+        return handle_tokenize(api, req, is_detok);
     return handle_generate(api, req, is_chat ? API_CHAT : API_COMPLETIONS, key, &klim);
 }
 

@@ -81,6 +81,7 @@ struct api_request {
     bool stream;
     bool include_usage; /* stream_options.include_usage */
     bool ignore_eos;
+    bool add_generation_prompt; /* chat: true; POST /tokenize may send false */
     char *user;
     char *session_id; /* body field, else the X-Session-Id header (set by api_handle) */
     /* the API key's prompt cap in tokens (0 = only the context's); api_handle sets it, the
@@ -121,6 +122,13 @@ int api_parse_completions(const char *body, size_t len, const struct api_limits 
 int api_parse_chat(const char *body, size_t len, const struct api_limits *lim,
                    struct api_request *out, struct api_error *err);
 void api_request_fini(struct api_request *r);
+/* POST /tokenize, vLLM's shape: {"model", "prompt"} (as /v1/completions takes it) or
+ * {"model", "messages", "add_generation_prompt"}; endpoint says which. POST /detokenize:
+ * {"model", "tokens": [ids]}, the ids in prompt_tokens. Errors as api_parse_chat's. */
+int api_parse_tokenize(const char *body, size_t len, const struct api_limits *lim,
+                       struct api_request *out, struct api_error *err);
+int api_parse_detokenize(const char *body, size_t len, const struct api_limits *lim,
+                         struct api_request *out, struct api_error *err);
 
 /* 1 when s[0..len) is valid UTF-8 (no overlongs, no surrogates, <= U+10FFFF);
  * *bad_at: offset of the first bad byte */
@@ -208,12 +216,19 @@ char *api_sse_event(const char *json, size_t *len);
 
 /* GET /v1/models */
 char *api_render_models(const char *const *names, size_t n, uint64_t created, int max_model_len);
+/* GET /v1/models/{id}: the one model object */
+char *api_render_model(const char *name, uint64_t created, int max_model_len);
+/* POST /tokenize: {"tokens": [...], "count": n, "max_model_len": m} */
+char *api_render_tokens(const int32_t *ids, size_t n, int max_model_len);
+/* POST /detokenize: {"prompt": text} (text may hold U+FFFD, never invalid UTF-8) */
+char *api_render_detokenized(const char *text);
 
 /* --- the endpoints and the scheduler ---------------------------------------------------
  *
- * api_handle() serves POST /v1/completions, POST /v1/chat/completions and
- * GET /v1/models on the HTTP server: auth, content type, parsing, then the
- * scheduler's submit(). The scheduler answers through the api_call:
+ * api_handle() serves POST /v1/completions, POST /v1/chat/completions,
+ * GET /v1/models[/{id}], POST /tokenize and POST /detokenize on the HTTP
+ * server: auth, content type, parsing, then the scheduler's submit(). The
+ * scheduler answers through the api_call:
  *
  *   submit(ctx, call, req)       -> 0: accepted; negative: refused (see below)
  *   api_call_token(call, ...)    -> text of newly final tokens (0..n times)
@@ -241,6 +256,13 @@ struct api_sched {
      * RKV_EAUTH -> 401 */
     int (*authorize)(void *ctx, const char *bearer);
     void *ctx;
+    /* optional, POST /tokenize: the ids a generation of req would prefill (the chat
+     * template applied, BOS added as the model wants). 0 with *ids (malloc'd) and *n, or
+     * negative with *status and err naming the cause and the fix. without it: 404 */
+    int (*tokenize)(void *ctx, const struct api_request *req, int32_t **ids, size_t *n, int *status,
+                    char *err, size_t errlen);
+    /* optional, POST /detokenize: the text of ids (malloc'd), control tokens as nothing */
+    int (*detokenize)(void *ctx, const int32_t *ids, size_t n, char **text);
 };
 
 struct api_config {

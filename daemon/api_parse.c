@@ -533,11 +533,13 @@ static int parse_common(struct parse *p, const cJSON *root, struct api_request *
 
 /* --- completions: the prompt ------------------------------------------------------------ */
 
-static int parse_token_ids(struct parse *p, const cJSON *arr, struct api_request *r)
+/* name: the field the ids came in ("prompt", "tokens") */
+static int parse_token_ids(struct parse *p, const char *name, const cJSON *arr,
+                           struct api_request *r)
 {
     size_t n = (size_t)cJSON_GetArraySize(arr);
     if (n > p->lim->max_prompt_tokens) {
-        api_error_set(p->err, 400, "prompt", "prompt has %zu token ids; the limit is %zu", n,
+        api_error_set(p->err, 400, name, "%s has %zu token ids; the limit is %zu", name, n,
                       p->lim->max_prompt_tokens);
         return RKV_EINVAL;
     }
@@ -551,7 +553,7 @@ static int parse_token_ids(struct parse *p, const cJSON *arr, struct api_request
     for (const cJSON *t = arr->child; t; t = t->next, i++) {
         if (!is_int(t, 0, hi)) {
             char what[96], param[32];
-            snprintf(param, sizeof(param), "prompt[%zu]", i);
+            snprintf(param, sizeof(param), "%s[%zu]", name, i);
             snprintf(what, sizeof(what), "a token id in [0, %.0f]", hi);
             return bad(p, param, t, what);
         }
@@ -586,7 +588,7 @@ static int parse_prompt(struct parse *p, const cJSON *root, struct api_request *
         return r->prompt ? 0 : RKV_ENOMEM;
     }
     if (cJSON_IsArray(v) && v->child && cJSON_IsNumber(v->child))
-        return parse_token_ids(p, v, r);
+        return parse_token_ids(p, "prompt", v, r);
     return bad(p, "prompt", v, what);
 }
 
@@ -777,23 +779,21 @@ void api_request_fini(struct api_request *r)
     memset(r, 0, sizeof(*r));
 }
 
-static int parse_body(enum api_endpoint ep, const char *body, size_t len,
-                      const struct api_limits *lim, struct api_request *r, struct api_error *err)
+/* the body as a JSON object: valid UTF-8, no \u0000, nothing after the value, no key twice.
+ * NULL with err filled otherwise */
+static cJSON *parse_root(const char *body, size_t len, struct api_error *err)
 {
-    struct parse p = {lim, err, ep};
-    memset(r, 0, sizeof(*r));
-    r->endpoint = ep;
     size_t bad_at = 0;
     if (!api_utf8_valid(body, len, &bad_at)) {
         api_error_set(err, 400, NULL,
                       "request body is not valid UTF-8 (byte 0x%02x at offset %zu); send "
                       "UTF-8 JSON",
                       (unsigned char)body[bad_at], bad_at);
-        return RKV_EINVAL;
+        return NULL;
     }
     if (has_nul_escape(body, len)) {
         api_error_set(err, 400, NULL, "strings must not contain \\u0000");
-        return RKV_EINVAL;
+        return NULL;
     }
     const char *end = NULL, *junk = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
@@ -815,33 +815,53 @@ static int parse_body(enum api_endpoint ep, const char *body, size_t len,
         else
             api_error_set(err, 400, NULL, "request body is not valid JSON (near byte %zu: '%.*s')",
                           off, (int)RKV_MIN(len - off, (size_t)20), body + off);
-        return RKV_EINVAL;
+        return NULL;
     }
-    int rc;
-    if (!cJSON_IsObject(root)) {
-        rc = bad(&p, "body", root, "a JSON object");
-        goto out;
-    }
+    struct parse p = {NULL, err, API_COMPLETIONS};
     char dup[160];
-    if (proto_json_dup_key(root, dup, sizeof dup)) {
+    if (!cJSON_IsObject(root)) {
+        bad(&p, "body", root, "a JSON object");
+    } else if (proto_json_dup_key(root, dup, sizeof dup)) {
         api_error_set(err, 400, dup,
                       "the key \"%s\" appears twice in the request body; send each key once",
                       dup);
-        rc = RKV_EINVAL;
-        goto out;
+    } else {
+        return root;
     }
-    if ((rc = check_known(&p, root)) || (rc = check_unsupported(&p, root)) ||
-        (rc = parse_common(&p, root, r)))
-        goto out;
-    rc = ep == API_CHAT ? parse_messages(&p, root, r) : parse_prompt(&p, root, r);
+    cJSON_Delete(root);
+    return NULL;
+}
+
+/* frees root; on failure r holds nothing to free */
+static int parse_end(cJSON *root, int rc, struct api_error *err, struct api_request *r,
+                     enum api_endpoint ep)
+{
     if (rc == RKV_ENOMEM)
         api_error_set(err, 500, NULL, "out of memory");
-out:
     cJSON_Delete(root);
     if (rc)
         api_request_fini(r);
     r->endpoint = ep;
     return rc ? (rc == RKV_ENOMEM ? RKV_ENOMEM : RKV_EINVAL) : 0;
+}
+
+static int parse_body(enum api_endpoint ep, const char *body, size_t len,
+                      const struct api_limits *lim, struct api_request *r, struct api_error *err)
+{
+    struct parse p = {lim, err, ep};
+    memset(r, 0, sizeof(*r));
+    r->endpoint = ep;
+    r->add_generation_prompt = true;
+    cJSON *root = parse_root(body, len, err);
+    if (!root)
+        return RKV_EINVAL;
+    int rc;
+    if ((rc = check_known(&p, root)) || (rc = check_unsupported(&p, root)) ||
+        (rc = parse_common(&p, root, r)))
+        goto out;
+    rc = ep == API_CHAT ? parse_messages(&p, root, r) : parse_prompt(&p, root, r);
+out:
+    return parse_end(root, rc, err, r, ep);
 }
 
 int api_parse_completions(const char *body, size_t len, const struct api_limits *lim,
@@ -854,4 +874,74 @@ int api_parse_chat(const char *body, size_t len, const struct api_limits *lim,
                    struct api_request *out, struct api_error *err)
 {
     return parse_body(API_CHAT, body, len, lim, out, err);
+}
+
+/* a field outside allowed[] is a 400 naming it */
+static int check_fields(struct parse *p, const cJSON *root, const char *const *allowed, size_t n,
+                        const char *list)
+{
+    for (const cJSON *c = root->child; c; c = c->next) {
+        int known = 0;
+        for (size_t k = 0; k < n; k++)
+            known |= strcmp(c->string, allowed[k]) == 0;
+        if (!known) {
+            api_error_set(p->err, 400, c->string, "unknown field '%.60s'; this endpoint takes %s",
+                          c->string, list);
+            return RKV_EINVAL;
+        }
+    }
+    return 0;
+}
+
+int api_parse_tokenize(const char *body, size_t len, const struct api_limits *lim,
+                       struct api_request *out, struct api_error *err)
+{
+    static const char *const allowed[] = {"model", "prompt", "messages", "add_generation_prompt"};
+    struct parse p = {lim, err, API_COMPLETIONS};
+    memset(out, 0, sizeof(*out));
+    out->add_generation_prompt = true;
+    cJSON *root = parse_root(body, len, err);
+    if (!root)
+        return RKV_EINVAL;
+    int rc = check_fields(&p, root, allowed, 4,
+                          "model, and prompt or messages (with add_generation_prompt)");
+    int chat = field(root, "messages") != NULL;
+    if (!rc && chat && field(root, "prompt")) {
+        api_error_set(err, 400, "prompt", "send prompt or messages, not both");
+        rc = RKV_EINVAL;
+    }
+    if (!rc && !chat && field(root, "add_generation_prompt")) {
+        api_error_set(err, 400, "add_generation_prompt",
+                      "add_generation_prompt goes with messages; leave it out with prompt");
+        rc = RKV_EINVAL;
+    }
+    p.ep = chat ? API_CHAT : API_COMPLETIONS;
+    if (!rc && !(rc = get_str(&p, root, "model", &out->model)) &&
+        !(rc = get_bool(&p, root, "add_generation_prompt", &out->add_generation_prompt)))
+        rc = chat ? parse_messages(&p, root, out) : parse_prompt(&p, root, out);
+    return parse_end(root, rc, err, out, p.ep);
+}
+
+int api_parse_detokenize(const char *body, size_t len, const struct api_limits *lim,
+                         struct api_request *out, struct api_error *err)
+{
+    static const char *const allowed[] = {"model", "tokens"};
+    struct parse p = {lim, err, API_COMPLETIONS};
+    memset(out, 0, sizeof(*out));
+    cJSON *root = parse_root(body, len, err);
+    if (!root)
+        return RKV_EINVAL;
+    int rc = check_fields(&p, root, allowed, 2, "model and tokens");
+    const cJSON *v = field(root, "tokens");
+    if (!rc && !(rc = get_str(&p, root, "model", &out->model))) {
+        if (!v) {
+            api_error_set(err, 400, "tokens", "tokens is required (an array of token ids)");
+            rc = RKV_EINVAL;
+        } else if (!cJSON_IsArray(v)) {
+            rc = bad(&p, "tokens", v, "an array of token ids");
+        } else {
+            rc = parse_token_ids(&p, "tokens", v, out);
+        }
+    }
+    return parse_end(root, rc, err, out, API_COMPLETIONS);
 }

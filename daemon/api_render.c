@@ -363,6 +363,18 @@ char *api_stream_usage(struct api_stream *s, const struct api_usage *u, size_t *
     return sse(o, len);
 }
 
+/* the OpenAI model object, with vLLM's root and max_model_len */
+static void model_fill(cJSON *m, const char *name, uint64_t created, int max_model_len)
+{
+    cJSON_AddStringToObject(m, "id", name);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)created);
+    cJSON_AddStringToObject(m, "owned_by", "rkv");
+    cJSON_AddStringToObject(m, "root", name);
+    if (max_model_len > 0)
+        cJSON_AddNumberToObject(m, "max_model_len", max_model_len);
+}
+
 char *api_render_models(const char *const *names, size_t n, uint64_t created, int max_model_len)
 {
     cJSON *o = cJSON_CreateObject();
@@ -371,13 +383,32 @@ char *api_render_models(const char *const *names, size_t n, uint64_t created, in
     for (size_t i = 0; data && i < n; i++) {
         cJSON *m = cJSON_CreateObject();
         cJSON_AddItemToArray(data, m);
-        cJSON_AddStringToObject(m, "id", names[i]);
-        cJSON_AddStringToObject(m, "object", "model");
-        cJSON_AddNumberToObject(m, "created", (double)created);
-        cJSON_AddStringToObject(m, "owned_by", "rkv");
-        cJSON_AddStringToObject(m, "root", names[i]);
-        if (max_model_len > 0)
-            cJSON_AddNumberToObject(m, "max_model_len", max_model_len);
+        model_fill(m, names[i], created, max_model_len);
     }
+    return print_free(o);
+}
+
+char *api_render_model(const char *name, uint64_t created, int max_model_len)
+{
+    cJSON *o = cJSON_CreateObject();
+    model_fill(o, name, created, max_model_len);
+    return print_free(o);
+}
+
+char *api_render_tokens(const int32_t *ids, size_t n, int max_model_len)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON *a = cJSON_AddArrayToObject(o, "tokens");
+    for (size_t i = 0; a && i < n; i++)
+        cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
+    cJSON_AddNumberToObject(o, "count", (double)n);
+    cJSON_AddNumberToObject(o, "max_model_len", max_model_len);
+    return print_free(o);
+}
+
+char *api_render_detokenized(const char *text)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "prompt", text);
     return print_free(o);
 }

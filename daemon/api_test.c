@@ -201,25 +201,75 @@ static void test_bad_bodies(void **state)
     }
 }
 
+typedef int (*parse_fn)(const char *, size_t, const struct api_limits *, struct api_request *,
+                        struct api_error *);
+
+/* completions' "prompt" and /detokenize's "tokens" check ids alike */
 static void test_token_prompt_limits(void **state)
 {
     struct api_limits lim;
     api_limits_default(&lim);
     lim.vocab_size = 10;
     lim.max_prompt_tokens = 3;
+    static const struct {
+        parse_fn parse;
+        const char *name;
+    } eps[] = {{api_parse_completions, "prompt"}, {api_parse_detokenize, "tokens"}};
+    for (size_t k = 0; k < 2; k++) {
+        struct api_request r;
+        struct api_error e;
+        char b[64], want[96];
+        snprintf(b, sizeof b, "{\"%s\":[0,9]}", eps[k].name);
+        assert_int_equal(eps[k].parse(b, strlen(b), &lim, &r, &e), 0);
+        assert_int_equal(r.n_prompt_tokens, 2);
+        assert_int_equal(r.prompt_tokens[1], 9);
+        api_request_fini(&r);
+        snprintf(b, sizeof b, "{\"%s\":[0,10]}", eps[k].name);
+        assert_int_equal(eps[k].parse(b, strlen(b), &lim, &r, &e), RKV_EINVAL);
+        snprintf(want, sizeof want, "%s[1] must be a token id in [0, 9], got 10", eps[k].name);
+        assert_string_equal(e.message, want);
+        snprintf(b, sizeof b, "{\"%s\":[1,2,3,4]}", eps[k].name);
+        assert_int_equal(eps[k].parse(b, strlen(b), &lim, &r, &e), RKV_EINVAL);
+        snprintf(want, sizeof want, "%s has 4 token ids; the limit is 3", eps[k].name);
+        assert_string_equal(e.message, want);
+    }
+}
+
+static void test_parse_tokenize(void **state)
+{
+    struct api_limits lim;
+    api_limits_default(&lim);
+    lim.vocab_size = 10;
     struct api_request r;
     struct api_error e;
-    const char *ok = "{\"prompt\":[0,9]}";
-    assert_int_equal(api_parse_completions(ok, strlen(ok), &lim, &r, &e), 0);
-    assert_int_equal(r.n_prompt_tokens, 2);
-    assert_int_equal(r.prompt_tokens[1], 9);
+    const char *p = "{\"model\":\"m\",\"prompt\":\"Hi\"}";
+    assert_int_equal(api_parse_tokenize(p, strlen(p), &lim, &r, &e), 0);
+    assert_int_equal(r.endpoint, API_COMPLETIONS);
+    assert_string_equal(r.prompt, "Hi");
+    assert_string_equal(r.model, "m");
     api_request_fini(&r);
-    const char *big = "{\"prompt\":[0,10]}";
-    assert_int_equal(api_parse_completions(big, strlen(big), &lim, &r, &e), RKV_EINVAL);
-    assert_string_equal(e.message, "prompt[1] must be a token id in [0, 9], got 10");
-    const char *longp = "{\"prompt\":[1,2,3,4]}";
-    assert_int_equal(api_parse_completions(longp, strlen(longp), &lim, &r, &e), RKV_EINVAL);
-    assert_string_equal(e.message, "prompt has 4 token ids; the limit is 3");
+    const char *m = "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                    "\"add_generation_prompt\":false}";
+    assert_int_equal(api_parse_tokenize(m, strlen(m), &lim, &r, &e), 0);
+    assert_int_equal(r.endpoint, API_CHAT);
+    assert_int_equal(r.n_messages, 1);
+    assert_false(r.add_generation_prompt);
+    api_request_fini(&r);
+    const char *both = "{\"prompt\":\"a\",\"messages\":[]}";
+    assert_int_equal(api_parse_tokenize(both, strlen(both), &lim, &r, &e), RKV_EINVAL);
+    assert_string_equal(e.param, "prompt");
+    const char *unk = "{\"prompt\":\"a\",\"stream\":true}";
+    assert_int_equal(api_parse_tokenize(unk, strlen(unk), &lim, &r, &e), RKV_EINVAL);
+    assert_string_equal(e.param, "stream");
+    const char *dnone = "{\"model\":\"m\"}";
+    assert_int_equal(api_parse_detokenize(dnone, strlen(dnone), &lim, &r, &e), RKV_EINVAL);
+    assert_string_equal(e.param, "tokens");
+    char *j = api_render_tokens((const int32_t[]){1, 2}, 2, 64);
+    assert_string_equal(j, "{\"tokens\":[1,2],\"count\":2,\"max_model_len\":64}");
+    free(j);
+    j = api_render_detokenized("a\"b");
+    assert_string_equal(j, "{\"prompt\":\"a\\\"b\"}");
+    free(j);
 }
 
 /* --- valid requests --------------------------------------------------------------------------- */
@@ -957,6 +1007,7 @@ int main(void)
         cmocka_unit_test(test_render_stream_completions_offsets),
         cmocka_unit_test(test_render_offsets_within_text),
         cmocka_unit_test(test_render_models_and_error),
+        cmocka_unit_test(test_parse_tokenize),
         cmocka_unit_test(test_endpoints_end_to_end),
         cmocka_unit_test(test_auth_and_disconnect_cancels),
     };

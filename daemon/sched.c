@@ -310,7 +310,8 @@ static int tokenize(struct sched *s, const struct api_request *r, struct rkv_vec
             m[i].content = r->messages[i].content;
         }
         char why[400];
-        rc = tok_chat_render(s->tok, m, r->n_messages, 1, &text, why, sizeof why);
+        rc = tok_chat_render(s->tok, m, r->n_messages, r->add_generation_prompt, &text, why,
+                             sizeof why);
         free(m);
         if (rc) {
             if (rc != RKV_ENOMEM)
@@ -516,12 +517,64 @@ static void cancel_cb(void *ctx, struct api_call *call)
         finish_seq(q, API_FINISH_ABORT);
 }
 
+/* POST /tokenize: what submit would prefill */
+static int tokenize_cb(void *ctx, const struct api_request *r, int32_t **ids, size_t *n,
+                       int *status, char *err, size_t errlen)
+{
+    struct sched *s = ctx;
+    struct rkv_vec toks;
+    rkv_vec_init(&toks, sizeof(int32_t));
+    int rc = tokenize(s, r, &toks, err, errlen, status);
+    if (rc) {
+        rkv_vec_fini(&toks);
+        return rc;
+    }
+    *n = toks.len;
+    *ids = toks.data; /* the vector's buffer, handed over */
+    return 0;
+}
+
+/* POST /detokenize: the text as a generation's would read */
+static int detokenize_cb(void *ctx, const int32_t *ids, size_t n, char **text)
+{
+    struct sched *s = ctx;
+    struct tok_detok d;
+    tok_detok_init(&d, s->tok);
+    size_t cap = 64 + 4 * n, len = 0;
+    char *out = malloc(cap);
+    for (size_t i = 0; out && i <= n; i++) {
+        size_t got = 0;
+        int rc;
+        /* a piece may need more room than is left: grow, then push again */
+        while ((rc = i < n ? tok_detok_push(&d, ids[i], out + len, cap - len - 1, &got)
+                           : tok_detok_flush(&d, out + len, cap - len - 1, &got)) == RKV_ETOOBIG) {
+            char *bigger = realloc(out, cap * 2);
+            if (!bigger)
+                break;
+            out = bigger;
+            cap *= 2;
+        }
+        if (rc) {
+            free(out);
+            return rc == RKV_ETOOBIG ? RKV_ENOMEM : rc;
+        }
+        len += got;
+    }
+    if (!out)
+        return RKV_ENOMEM;
+    out[len] = '\0';
+    *text = out;
+    return 0;
+}
+
 void sched_api(struct sched *s, struct api_sched *out)
 {
     memset(out, 0, sizeof *out);
     out->submit = submit_cb;
     out->cancel = cancel_cb;
     out->authorize = authorize_cb;
+    out->tokenize = tokenize_cb;
+    out->detokenize = detokenize_cb;
     out->ctx = s;
 }
 

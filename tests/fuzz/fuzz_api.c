@@ -54,13 +54,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct api_limits lim;
     api_limits_default(&lim);
     lim.vocab_size = 1000;
-    for (int ep = 0; ep < 2; ep++) {
+    /* completions, chat, then /tokenize and /detokenize (which render nothing) */
+    for (int ep = 0; ep < 4; ep++) {
         struct api_request r;
         struct api_error e;
         memset(&e, 0, sizeof(e));
-        int rc = ep ? api_parse_chat((const char *)data, size, &lim, &r, &e)
-                    : api_parse_completions((const char *)data, size, &lim, &r, &e);
-        if (rc == 0) {
+        const char *d = (const char *)data;
+        int rc = ep == 0   ? api_parse_completions(d, size, &lim, &r, &e)
+                 : ep == 1 ? api_parse_chat(d, size, &lim, &r, &e)
+                 : ep == 2 ? api_parse_tokenize(d, size, &lim, &r, &e)
+                           : api_parse_detokenize(d, size, &lim, &r, &e);
+        if (rc == 0 && ep >= 2) {
+            for (size_t i = 0; i < r.n_prompt_tokens; i++)
+                if (r.prompt_tokens[i] < 0 || r.prompt_tokens[i] >= lim.vocab_size)
+                    __builtin_trap();
+            api_request_fini(&r);
+        } else if (rc == 0) {
             if (r.max_tokens < 1 || r.max_tokens > lim.max_tokens || r.n_stop > API_MAX_STOP)
                 __builtin_trap();
             render(&r, data, size);
