@@ -366,6 +366,24 @@ static struct rl_limits key_limits(const struct api *api, const struct rl_limits
                               k->max_prompt < 0 ? d->max_prompt : k->max_prompt};
 }
 
+static int keep_text(struct api_call *c, const char *text, size_t len);
+
+/* echo: the prompt's text starts the answer (ids read back as /detokenize reads them) */
+static int echo_prompt(struct api *api, struct api_call *c)
+{
+    const struct api_request *r = &c->req;
+    if (r->prompt)
+        return keep_text(c, r->prompt, strlen(r->prompt));
+    char *text = NULL;
+    int rc = api->sched.detokenize ? api->sched.detokenize(api->sched.ctx, r->prompt_tokens,
+                                                           r->n_prompt_tokens, &text)
+                                   : RKV_EUNSUPPORTED;
+    if (rc == 0)
+        rc = keep_text(c, text, strlen(text));
+    free(text);
+    return rc;
+}
+
 static int handle_generate(struct api *api, struct http_req *hreq, enum api_endpoint ep,
                            int64_t key, const struct rl_limits *klim)
 {
@@ -437,6 +455,11 @@ static int handle_generate(struct api *api, struct http_req *hreq, enum api_endp
             return 1;
         }
         c->req.session_id = strdup(sid);
+    }
+    if (c->req.echo && echo_prompt(api, c) != 0) {
+        respond_error(hreq, 500, NULL, NULL, "%s", "out of memory");
+        call_destroy(c);
+        return 1;
     }
     c->http = hreq;
     c->created = (uint64_t)time(NULL);
@@ -598,6 +621,44 @@ static int keep_logprobs(struct api_call *c, const struct api_token_logprob *lp,
     return 0;
 }
 
+/* appends to the text a non-stream answer returns (or, streaming, the echo not sent yet) */
+static int keep_text(struct api_call *c, const char *text, size_t len)
+{
+    if (c->len + len + 1 > c->cap) {
+        size_t cap = c->cap ? c->cap * 2 : 256;
+        while (cap < c->len + len + 1)
+            cap *= 2;
+        char *t = realloc(c->text, cap);
+        if (!t)
+            return RKV_ENOMEM;
+        c->text = t;
+        c->cap = cap;
+    }
+    memcpy(c->text + c->len, text, len);
+    c->len += len;
+    c->text[c->len] = '\0';
+    return 0;
+}
+
+/* one text chunk; an echoed prompt still held goes first, in the same chunk */
+static int stream_text(struct api_call *c, const char *text, size_t len,
+                       const struct api_token_logprob *lp, size_t n_lp)
+{
+    int rc = stream_start(c);
+    if (rc < 0)
+        return rc;
+    if (c->len) {
+        if ((rc = keep_text(c, text, len)) < 0)
+            return rc;
+        text = c->text;
+        len = c->len;
+        c->len = 0;
+    }
+    size_t n = 0;
+    char *ev = api_stream_delta(&c->stream, text, len, lp, n_lp, &n);
+    return stream_send(c, ev, n);
+}
+
 int api_call_token(struct api_call *c, const char *text, size_t len,
                    const struct api_token_logprob *lp, size_t n_lp)
 {
@@ -608,32 +669,11 @@ int api_call_token(struct api_call *c, const char *text, size_t len,
     int rc;
     c->in_api = 1;
     if (c->req.stream) {
-        rc = stream_start(c);
-        if (rc >= 0) {
-            size_t n = 0;
-            char *ev = api_stream_delta(&c->stream, text, len, lp, n_lp, &n);
-            rc = stream_send(c, ev, n);
-        }
+        rc = stream_text(c, text, len, lp, n_lp);
     } else {
-        rc = 0;
-        if (c->len + len + 1 > c->cap) {
-            size_t cap = c->cap ? c->cap * 2 : 256;
-            while (cap < c->len + len + 1)
-                cap *= 2;
-            char *t = realloc(c->text, cap);
-            if (!t)
-                rc = RKV_ENOMEM;
-            else {
-                c->text = t;
-                c->cap = cap;
-            }
-        }
-        if (rc == 0) {
-            memcpy(c->text + c->len, text, len);
-            c->len += len;
-            c->text[c->len] = '\0';
+        rc = keep_text(c, text, len);
+        if (rc == 0)
             rc = keep_logprobs(c, lp, n_lp);
-        }
     }
     c->in_api = 0;
     if (c->closed)
@@ -658,7 +698,7 @@ void api_call_finish(struct api_call *c, enum api_finish finish, const struct ap
     } else if (c->req.stream) {
         size_t n = 0;
         char *ev;
-        int rc = stream_start(c);
+        int rc = c->len ? stream_text(c, "", 0, NULL, 0) : stream_start(c);
         if (rc >= 0) {
             ev = api_stream_finish(&c->stream, finish, &n);
             rc = stream_send(c, ev, n);

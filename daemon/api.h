@@ -18,15 +18,15 @@ struct http_req;
  *    max_completion_tokens (chat), temperature, top_p, top_k, min_p, seed,
  *    stop, presence_penalty, frequency_penalty, repetition_penalty, logprobs,
  *    top_logprobs (chat), n (=1), stream, stream_options.include_usage, user,
- *    session_id, ignore_eos.
+ *    session_id, ignore_eos, echo (completions, not with logprobs).
  *  - accepted and ignored, because they do not change the tokens produced:
  *    metadata, store, service_tier, parallel_tool_calls, prompt_cache_key,
  *    safety_identifier, reasoning_effort, and each "off" value of the
- *    unsupported ones below (logit_bias {}, best_of 1, echo false, suffix "",
+ *    unsupported ones below (logit_bias {}, best_of 1, suffix "",
  *    tools [], tool_choice "none"/"auto" without tools, response_format
  *    {"type":"text"}, modalities ["text"]).
  *  - unsupported, 400 naming the field: anything that would change the output
- *    rkv cannot honour: n > 1, best_of > 1, echo true, suffix, non-empty
+ *    rkv cannot honour: n > 1, best_of > 1, suffix, non-empty
  *    logit_bias, tools/functions, tool_choice forcing a tool, response_format
  *    other than text, audio, prediction, web_search_options.
  *  - vLLM extensions at their defaults only (skip_special_tokens true,
@@ -82,6 +82,7 @@ struct api_request {
     bool include_usage; /* stream_options.include_usage */
     bool ignore_eos;
     bool add_generation_prompt; /* chat: true; POST /tokenize may send false */
+    bool echo;                  /* completions: the prompt's text starts the answer */
     char *user;
     char *session_id; /* body field, else the X-Session-Id header (set by api_handle) */
     /* the API key's prompt cap in tokens (0 = only the context's); api_handle sets it, the

@@ -264,9 +264,9 @@ static const struct {
     {"prompt_cache_key", EP_ALL},
     {"safety_identifier", EP_ALL},
     {"reasoning_effort", EP_CH},
+    {"echo", EP_C},
     /* unsupported unless "off" (checked in check_unsupported) */
     {"best_of", EP_C},
-    {"echo", EP_C},
     {"suffix", EP_C},
     {"logit_bias", EP_ALL},
     {"tools", EP_CH},
@@ -335,8 +335,6 @@ static int check_unsupported(struct parse *p, const cJSON *root)
     }
     if ((v = field(root, "best_of")) && !is_int(v, 1, 1))
         return unsupported(p, "best_of", "leave it out or send 1");
-    if ((v = field(root, "echo")) && !cJSON_IsFalse(v))
-        return unsupported(p, "echo", "leave it out or send false");
     if ((v = field(root, "suffix")) && !is_str(v, ""))
         return unsupported(p, "suffix", "leave it out");
     if ((v = field(root, "logit_bias")) && !is_empty_container(v))
@@ -518,6 +516,13 @@ static int parse_common(struct parse *p, const cJSON *root, struct api_request *
                 return rc;
             r->logprobs = true;
         }
+        if ((rc = get_bool(p, root, "echo", &r->echo)))
+            return rc;
+        /* OpenAI's echo with logprobs scores the prompt's tokens too */
+        if (r->echo && r->logprobs)
+            return unsupported(p, "echo",
+                               "echo with logprobs needs the prompt's logprobs, which rkv does "
+                               "not compute; send one of them");
     } else {
         if ((rc = get_bool(p, root, "logprobs", &r->logprobs)) ||
             (rc = get_int(p, root, "top_logprobs", 0, API_MAX_LOGPROBS, &r->top_logprobs)))

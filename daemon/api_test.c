@@ -47,11 +47,13 @@ static const struct bad_case bad_cases[] = {
     {C, "{\"prompt\":\"x\",\"max_tokens\":1,\"temperature\":0,\"max_tokens\":3}", "max_tokens",
      "the key \"max_tokens\" appears twice"},
     {C, "{\"prompt\":\"x\",\"temperature\":0,\"temperature\":7}", "temperature", "appears twice"},
-    {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"user\",\"role\":"
-        "\"system\",\"content\":\"b\"}]}",
+    {H,
+     "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"user\",\"role\":"
+     "\"system\",\"content\":\"b\"}]}",
      "messages[1].role", "the key \"messages[1].role\" appears twice"},
-    {C, "{\"prompt\":\"x\",\"stream_options\":{\"include_usage\":true,\"include_usage\":false},"
-        "\"stream\":true}",
+    {C,
+     "{\"prompt\":\"x\",\"stream_options\":{\"include_usage\":true,\"include_usage\":false},"
+     "\"stream\":true}",
      "stream_options.include_usage", "appears twice"},
     {C, "{\"prompt\":\"hi\",\"max_tokens\":-5}", "max_tokens",
      "max_tokens must be an integer in [1, 32768], got -5"},
@@ -80,7 +82,8 @@ static const struct bad_case bad_cases[] = {
     {C, "{\"prompt\":\"hi\",\"n\":2}", "n", "n must be 1 (rkv returns one choice"},
     {C, "{\"prompt\":\"hi\",\"n\":0}", "n", "got 0"},
     {C, "{\"prompt\":\"hi\",\"best_of\":2}", "best_of", "best_of is not supported"},
-    {C, "{\"prompt\":\"hi\",\"echo\":true}", "echo", "echo is not supported"},
+    {C, "{\"prompt\":\"hi\",\"echo\":true,\"logprobs\":1}", "echo", "echo is not supported"},
+    {C, "{\"prompt\":\"hi\",\"echo\":1}", "echo", "echo must be true or false"},
     {C, "{\"prompt\":\"hi\",\"suffix\":\"x\"}", "suffix", "suffix is not supported"},
     {C, "{\"prompt\":\"hi\",\"logit_bias\":{\"50256\":-100}}", "logit_bias",
      "logit_bias is not supported"},

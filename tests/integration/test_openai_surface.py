@@ -104,3 +104,34 @@ def test_tokenize_errors(rkvd):
     assert nf.value.body["code"] == "model_not_found"
     st, hdr, _ = rkvd.request("GET", "/tokenize")
     assert st == 405 and hdr["allow"] == "POST"
+
+
+def test_echo(rkvd, ref):
+    """echo: the prompt's text, then the completion, streamed and not; token-id prompts read
+    back as /detokenize reads them"""
+    c = client(rkvd)
+    name = model_name(rkvd)
+    text = "Once upon a time"
+    plain = c.completions.create(model=name, prompt=text, max_tokens=6, temperature=0)
+    echoed = c.completions.create(model=name, prompt=text, max_tokens=6, temperature=0,
+                                  echo=True)
+    assert echoed.choices[0].text == text + plain.choices[0].text
+    assert echoed.usage == plain.usage
+    chunks = list(c.completions.create(model=name, prompt=text, max_tokens=6, temperature=0,
+                                       echo=True, stream=True))
+    assert chunks[0].choices[0].text.startswith(text)
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == echoed.choices[0].text
+    ids = list(ref.tokens(text))
+    by_ids = c.completions.create(model=name, prompt=ids, max_tokens=6, temperature=0,
+                                  echo=True)
+    assert by_ids.choices[0].text == echoed.choices[0].text
+    # a stop at once still echoes, in the stream's first chunk too
+    first = plain.choices[0].text[:1]
+    if first.strip():
+        stopped = list(c.completions.create(model=name, prompt=text, max_tokens=6,
+                                            temperature=0, echo=True, stream=True,
+                                            stop=[first]))
+        assert "".join(ch.choices[0].text for ch in stopped if ch.choices) == text
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model=name, prompt=text, max_tokens=2, echo=True, logprobs=1)
+    assert e.value.body["param"] == "echo"

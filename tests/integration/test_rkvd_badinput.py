@@ -61,7 +61,7 @@ CASES = [
     ("token-id-negative", "POST", C, {}, j(prompt=[1, -1]), 400, ["-1"]),
     # unsupported and unknown fields
     ("unknown-field", "POST", C, {}, j(prompt="x", frobnicate=1), 400, ["frobnicate"]),
-    ("echo-true", "POST", C, {}, j(prompt="x", echo=True), 400, ["echo"]),
+    ("echo-logprobs", "POST", C, {}, j(prompt="x", echo=True, logprobs=1), 400, ["echo"]),
     ("logit-bias", "POST", C, {}, j(prompt="x", logit_bias={"5": 10}), 400, ["logit_bias"]),
     ("messages-on-completions", "POST", C, {}, j(prompt="x", messages=OK_MSG), 400,
      ["messages"]),
