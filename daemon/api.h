@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "daemon/ratelimit.h"
+#include "proto/wire.h"
 
 struct http_req;
 
@@ -18,17 +19,17 @@ struct http_req;
  *    max_completion_tokens (chat), temperature, top_p, top_k, min_p, seed,
  *    stop, presence_penalty, frequency_penalty, repetition_penalty, logprobs,
  *    top_logprobs (chat), n (=1), stream, stream_options.include_usage, user,
- *    session_id, ignore_eos, echo (completions, not with logprobs).
+ *    session_id, ignore_eos, echo (completions, not with logprobs), logit_bias.
  *  - accepted and ignored, because they do not change the tokens produced:
  *    metadata, store, service_tier, parallel_tool_calls, prompt_cache_key,
  *    safety_identifier, reasoning_effort, and each "off" value of the
- *    unsupported ones below (logit_bias {}, best_of 1, suffix "",
+ *    unsupported ones below (best_of 1, suffix "",
  *    tools [], tool_choice "none"/"auto" without tools, response_format
  *    {"type":"text"}, modalities ["text"]).
  *  - unsupported, 400 naming the field: anything that would change the output
- *    rkv cannot honour: n > 1, best_of > 1, suffix, non-empty
- *    logit_bias, tools/functions, tool_choice forcing a tool, response_format
- *    other than text, audio, prediction, web_search_options.
+ *    rkv cannot honour: n > 1, best_of > 1, suffix, tools/functions,
+ *    tool_choice forcing a tool, response_format other than text, audio,
+ *    prediction, web_search_options.
  *  - vLLM extensions at their defaults only (skip_special_tokens true,
  *    spaces_between_special_tokens true, add_generation_prompt true,
  *    include_stop_str_in_output false, min_tokens 0, stop_token_ids []).
@@ -40,6 +41,7 @@ struct http_req;
 #define API_MAX_LOGPROBS   20  /* completions logprobs, chat top_logprobs */
 #define API_MAX_MESSAGES   4096
 #define API_MAX_SESSION_ID 128
+#define API_MAX_LOGIT_BIAS PROTO_MAX_LOGIT_BIAS /* logit_bias entries (OpenAI allows 300) */
 
 enum api_endpoint { API_COMPLETIONS, API_CHAT };
 
@@ -74,6 +76,9 @@ struct api_request {
     float presence_penalty;   /* [-2, 2], default 0 */
     float frequency_penalty;  /* [-2, 2], default 0 */
     float repetition_penalty; /* (0, 10], default 1 */
+    struct proto_bias *logit_bias; /* (n_logit_bias) token ids in the vocabulary, biases in
+                                    * [-100, 100], each id once */
+    size_t n_logit_bias;           /* <= API_MAX_LOGIT_BIAS */
     /* logprobs: completions "logprobs": N -> logprobs=true, top_logprobs=N;
      * chat "logprobs": true + "top_logprobs": N */
     bool logprobs;

@@ -337,8 +337,6 @@ static int check_unsupported(struct parse *p, const cJSON *root)
         return unsupported(p, "best_of", "leave it out or send 1");
     if ((v = field(root, "suffix")) && !is_str(v, ""))
         return unsupported(p, "suffix", "leave it out");
-    if ((v = field(root, "logit_bias")) && !is_empty_container(v))
-        return unsupported(p, "logit_bias", "leave it out or send {}");
     if ((v = field(root, "tools")) && !is_empty_container(v))
         return unsupported(p, "tools", "tool calling is not implemented; leave it out");
     if ((v = field(root, "functions")) && !is_empty_container(v))
@@ -428,6 +426,63 @@ static int parse_stop(struct parse *p, const cJSON *root, struct api_request *r)
     return 0;
 }
 
+/* logit_bias: {"token id": bias}, as OpenAI takes it */
+static int parse_logit_bias(struct parse *p, const cJSON *root, struct api_request *r)
+{
+    const cJSON *v = field(root, "logit_bias");
+    if (!v)
+        return 0;
+    if (!cJSON_IsObject(v))
+        return bad(p, "logit_bias", v,
+                   "an object mapping token ids (strings) to a bias in [-100, 100]");
+    size_t n = (size_t)cJSON_GetArraySize(v);
+    if (n > API_MAX_LOGIT_BIAS) {
+        api_error_set(p->err, 400, "logit_bias",
+                      "logit_bias has %zu entries; the limit is %d (keep the tokens that matter)",
+                      n, API_MAX_LOGIT_BIAS);
+        return RKV_EINVAL;
+    }
+    if (n == 0)
+        return 0;
+    r->logit_bias = malloc(n * sizeof(*r->logit_bias));
+    if (!r->logit_bias) {
+        api_error_set(p->err, 500, NULL, "out of memory");
+        return RKV_ENOMEM;
+    }
+    double hi = p->lim->vocab_size > 0 ? p->lim->vocab_size - 1 : 2147483647.0;
+    for (const cJSON *e = v->child; e; e = e->next) {
+        const char *k = e->string;
+        char key[40];
+        utf8_copy(key, k, sizeof key);
+        /* decimal digits only, no sign, no leading zero: one spelling per id */
+        size_t len = strlen(k), digits = strspn(k, "0123456789");
+        double id = len && digits == len && len <= 10 && (k[0] != '0' || len == 1) ? atof(k) : -1;
+        if (id < 0 || id > hi) {
+            api_error_set(p->err, 400, "logit_bias",
+                          "logit_bias key \"%s\" is not a token id: keys must be integers in "
+                          "[0, %.0f] written as strings (POST /tokenize gives a text's ids)",
+                          key, hi);
+            return RKV_EINVAL;
+        }
+        double b = cJSON_IsNumber(e) ? e->valuedouble : NAN;
+        if (!(b >= -100 && b <= 100)) {
+            char got[80];
+            describe(e, got, sizeof(got));
+            api_error_set(p->err, 400, "logit_bias",
+                          "logit_bias[\"%s\"] must be a number in [-100, 100], got %s", key, got);
+            return RKV_EINVAL;
+        }
+        for (size_t j = 0; j < r->n_logit_bias; j++)
+            if (r->logit_bias[j].id == (int32_t)id) {
+                api_error_set(p->err, 400, "logit_bias",
+                              "logit_bias names token id %.0f twice; give each id once", id);
+                return RKV_EINVAL;
+            }
+        r->logit_bias[r->n_logit_bias++] = (struct proto_bias){(int32_t)id, (float)b};
+    }
+    return 0;
+}
+
 static int parse_stream(struct parse *p, const cJSON *root, struct api_request *r)
 {
     int rc = get_bool(p, root, "stream", &r->stream);
@@ -495,8 +550,8 @@ static int parse_common(struct parse *p, const cJSON *root, struct api_request *
         r->has_seed = true;
         r->seed = (int64_t)v->valuedouble;
     }
-    if ((rc = parse_stop(p, root, r)) || (rc = parse_stream(p, root, r)) ||
-        (rc = get_bool(p, root, "ignore_eos", &r->ignore_eos)) ||
+    if ((rc = parse_stop(p, root, r)) || (rc = parse_logit_bias(p, root, r)) ||
+        (rc = parse_stream(p, root, r)) || (rc = get_bool(p, root, "ignore_eos", &r->ignore_eos)) ||
         (rc = get_str(p, root, "user", &r->user)) ||
         (rc = get_str(p, root, "session_id", &r->session_id)))
         return rc;
@@ -779,6 +834,7 @@ void api_request_fini(struct api_request *r)
     free(r->messages);
     for (size_t i = 0; i < r->n_stop; i++)
         free(r->stop[i]);
+    free(r->logit_bias);
     free(r->user);
     free(r->session_id);
     memset(r, 0, sizeof(*r));

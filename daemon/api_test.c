@@ -85,8 +85,15 @@ static const struct bad_case bad_cases[] = {
     {C, "{\"prompt\":\"hi\",\"echo\":true,\"logprobs\":1}", "echo", "echo is not supported"},
     {C, "{\"prompt\":\"hi\",\"echo\":1}", "echo", "echo must be true or false"},
     {C, "{\"prompt\":\"hi\",\"suffix\":\"x\"}", "suffix", "suffix is not supported"},
-    {C, "{\"prompt\":\"hi\",\"logit_bias\":{\"50256\":-100}}", "logit_bias",
-     "logit_bias is not supported"},
+    {C, "{\"prompt\":\"hi\",\"logit_bias\":[1]}", "logit_bias",
+     "logit_bias must be an object mapping token ids (strings) to a bias in [-100, 100], got [1]"},
+    {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"logit_bias\":{\"x\":1}}",
+     "logit_bias", "logit_bias key \"x\" is not a token id"},
+    {C, "{\"prompt\":\"hi\",\"logit_bias\":{\"-1\":1}}", "logit_bias", "key \"-1\""},
+    {C, "{\"prompt\":\"hi\",\"logit_bias\":{\"07\":1}}", "logit_bias", "key \"07\""},
+    {C, "{\"prompt\":\"hi\",\"logit_bias\":{\"5\":100.5}}", "logit_bias",
+     "logit_bias[\"5\"] must be a number in [-100, 100], got 100.5"},
+    {C, "{\"prompt\":\"hi\",\"logit_bias\":{\"5\":\"1\"}}", "logit_bias", "got \"1\""},
     {C, "{\"prompt\":\"hi\",\"temprature\":0.5}", "temprature", "unknown field 'temprature'"},
     {C, "{\"max_tokens\":5}", "prompt", "prompt is required"},
     {C, "{\"prompt\":\"\"}", "prompt", "prompt must be a non-empty string"},
@@ -236,6 +243,48 @@ static void test_token_prompt_limits(void **state)
         snprintf(want, sizeof want, "%s has 4 token ids; the limit is 3", eps[k].name);
         assert_string_equal(e.message, want);
     }
+}
+
+static void test_logit_bias(void **state)
+{
+    struct api_limits lim;
+    api_limits_default(&lim);
+    lim.vocab_size = 10;
+    struct api_request r;
+    struct api_error e;
+    const char *ok = "{\"prompt\":\"x\",\"logit_bias\":{\"0\":-100,\"9\":2.5}}";
+    assert_int_equal(api_parse_completions(ok, strlen(ok), &lim, &r, &e), 0);
+    assert_int_equal(r.n_logit_bias, 2);
+    assert_int_equal(r.logit_bias[0].id, 0);
+    assert_true(r.logit_bias[0].bias == -100.0f);
+    assert_int_equal(r.logit_bias[1].id, 9);
+    assert_true(r.logit_bias[1].bias == 2.5f);
+    api_request_fini(&r);
+    const char *none = "{\"prompt\":\"x\",\"logit_bias\":{}}";
+    assert_int_equal(api_parse_completions(none, strlen(none), &lim, &r, &e), 0);
+    assert_int_equal(r.n_logit_bias, 0);
+    api_request_fini(&r);
+    const char *out = "{\"prompt\":\"x\",\"logit_bias\":{\"10\":1}}";
+    assert_int_equal(api_parse_completions(out, strlen(out), &lim, &r, &e), RKV_EINVAL);
+    assert_string_equal(e.param, "logit_bias");
+    assert_non_null(strstr(e.message, "logit_bias key \"10\" is not a token id: keys must be "
+                                      "integers in [0, 9]"));
+    /* the limit on entries */
+    char big[8192];
+    size_t n = (size_t)snprintf(big, sizeof big, "{\"prompt\":\"x\",\"logit_bias\":{");
+    lim.vocab_size = 1000;
+    for (int i = 0; i <= API_MAX_LOGIT_BIAS; i++)
+        n += (size_t)snprintf(big + n, sizeof big - n, "%s\"%d\":1", i ? "," : "", i);
+    snprintf(big + n, sizeof big - n, "}}");
+    assert_int_equal(api_parse_completions(big, strlen(big), &lim, &r, &e), RKV_EINVAL);
+    assert_string_equal(
+        e.message, "logit_bias has 301 entries; the limit is 300 (keep the tokens that matter)");
+    /* 300 is fine */
+    char *last = strrchr(big, ',');
+    snprintf(last, sizeof big - (size_t)(last - big), "}}");
+    assert_int_equal(api_parse_completions(big, strlen(big), &lim, &r, &e), 0);
+    assert_int_equal(r.n_logit_bias, API_MAX_LOGIT_BIAS);
+    api_request_fini(&r);
 }
 
 static void test_parse_tokenize(void **state)
@@ -1010,6 +1059,7 @@ int main(void)
         cmocka_unit_test(test_render_stream_completions_offsets),
         cmocka_unit_test(test_render_offsets_within_text),
         cmocka_unit_test(test_render_models_and_error),
+        cmocka_unit_test(test_logit_bias),
         cmocka_unit_test(test_parse_tokenize),
         cmocka_unit_test(test_endpoints_end_to_end),
         cmocka_unit_test(test_auth_and_disconnect_cancels),

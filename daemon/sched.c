@@ -884,8 +884,8 @@ static void kick(struct sched *s, uint32_t w)
                 break;
             /* and the tokens before that kvmgr may not know yet */
             n_tok += take + RKV_MAX(1u, se->n_owed);
-            if (!se->worker_knows)
-                n_tok += se->n_kv; /* history for the sampler */
+            if (!se->worker_knows) /* history and logit bias for the sampler */
+                n_tok += se->n_kv + 2 * q->req->n_logit_bias;
             if (!se->kvmgr_knows)
                 n_tok += se->n_tokens; /* every token: kvmgr looks for a shared prefix */
         }
@@ -949,6 +949,13 @@ static void kick(struct sched *s, uint32_t w)
             if (se->n_kv)
                 memcpy(arena, se->tokens, se->n_kv * sizeof(int32_t));
             arena += se->n_kv;
+            /* an id and a float each, two arena slots */
+            struct proto_bias *bias = (struct proto_bias *)arena;
+            for (size_t b = 0; b < q->req->n_logit_bias; b++)
+                bias[b] = q->req->logit_bias[b];
+            js->sp.n_bias = (uint16_t)q->req->n_logit_bias;
+            js->sp.bias = js->sp.n_bias ? bias : NULL;
+            arena += 2 * q->req->n_logit_bias;
         }
         if (!se->kvmgr_knows) {
             js->is_new = 1;

@@ -196,7 +196,8 @@ int proto_rbuf_get_bytes(struct proto_rbuf *r, void *dst, size_t n)
 
 /* --- shared checks ----------------------------------------------------------------- */
 
-#define SAMPLING_WIRE 38 /* 6 f32 + i32 + u64 + 2 u8 */
+#define SAMPLING_WIRE 40 /* 6 f32 + i32 + u64 + 2 u8 + u16, then the bias entries */
+#define BIAS_WIRE     8
 #define SEQ_MIN_WIRE  (8 + 4 + 4 + 4 + SAMPLING_WIRE + 1 + 4 + 4)
 #define OUT_MIN_WIRE  (8 + 4 + 4 + 1 + 4 + 1)
 #define BLOCK_WIRE    5
@@ -227,6 +228,22 @@ static int check_sampling(const char *what, uint32_t seq, const struct proto_sam
         return proto_seterr(err, errlen, RKV_EFORMAT,
                             "%s: seq %u: n_top_logprobs is %u, the limit is %d", what, seq,
                             s->n_top_logprobs, PROTO_MAX_TOP_LOGPROBS);
+    if (s->n_bias > PROTO_MAX_LOGIT_BIAS)
+        return proto_seterr(err, errlen, RKV_EFORMAT, "%s: seq %u: n_bias is %u, the limit is %d",
+                            what, seq, s->n_bias, PROTO_MAX_LOGIT_BIAS);
+    return 0;
+}
+
+/* one logit bias entry, the index j of its list for the message */
+static int check_bias(const char *what, uint32_t seq, uint32_t j, const struct proto_bias *b,
+                      char *err, size_t errlen)
+{
+    if (b->id < 0)
+        return proto_seterr(err, errlen, RKV_EFORMAT, "%s: seq %u: bias %u has token id %d", what,
+                            seq, j, b->id);
+    if (!isfinite(b->bias))
+        return proto_seterr(err, errlen, RKV_EFORMAT, "%s: seq %u: bias %u is not a finite number",
+                            what, seq, j);
     return 0;
 }
 
@@ -316,6 +333,8 @@ int proto_step_req_encode(const struct proto_step_req *m, struct proto_wbuf *w, 
             rc = check_blocks(what, i, s->blocks, s->n_blocks, 0, err, errlen);
         if (rc == 0)
             rc = check_sampling(what, i, &s->sampling, err, errlen);
+        for (uint32_t j = 0; rc == 0 && j < s->sampling.n_bias; j++)
+            rc = check_bias(what, i, j, &s->sampling.bias[j], err, errlen);
         if (rc == 0)
             rc = check_count(what, "n_history", i, s->n_history, PROTO_MAX_HISTORY, err, errlen);
         if (rc == 0 && (s->flags & ~PROTO_STEP_FLAGS))
@@ -349,6 +368,11 @@ int proto_step_req_encode(const struct proto_step_req *m, struct proto_wbuf *w, 
         proto_wbuf_put_u64(w, sp->seed);
         proto_wbuf_put_u8(w, sp->want_logits);
         proto_wbuf_put_u8(w, sp->n_top_logprobs);
+        proto_wbuf_put_u16(w, sp->n_bias);
+        for (uint32_t j = 0; j < sp->n_bias; j++) {
+            proto_wbuf_put_i32(w, sp->bias[j].id);
+            proto_wbuf_put_f32(w, sp->bias[j].bias);
+        }
         proto_wbuf_put_u8(w, s->flags);
         proto_wbuf_put_u32(w, s->n_history);
         for (uint32_t t = 0; t < s->n_history; t++)
@@ -363,11 +387,12 @@ int proto_step_req_encode(const struct proto_step_req *m, struct proto_wbuf *w, 
 }
 
 /* one pass over a step_req: with m NULL it checks everything and counts
- * tokens and blocks; with m set (a second pass over checked bytes) it fills
- * m, placing tokens at *tok and blocks at *blk */
+ * tokens, blocks and bias entries; with m set (a second pass over checked bytes) it fills
+ * m, placing tokens at *tok, blocks at *blk and bias entries at *bia */
 static int step_req_walk(struct proto_rbuf *r, struct proto_step_req *m, int32_t *tok,
-                         struct proto_block_ref *blk, uint64_t *n_seqs_out, uint64_t *n_tok,
-                         uint64_t *n_blk, uint32_t *n_close_out, char *err, size_t errlen)
+                         struct proto_block_ref *blk, struct proto_bias *bia, uint64_t *n_seqs_out,
+                         uint64_t *n_tok, uint64_t *n_blk, uint64_t *n_bia, uint32_t *n_close_out,
+                         char *err, size_t errlen)
 {
     const char *what = "step_req";
     uint64_t epoch;
@@ -419,11 +444,25 @@ static int step_req_walk(struct proto_rbuf *r, struct proto_step_req *m, int32_t
             proto_rbuf_get_f32(r, &sp->frequency_penalty) ||
             proto_rbuf_get_f32(r, &sp->repetition_penalty) || proto_rbuf_get_i32(r, &sp->top_k) ||
             proto_rbuf_get_u64(r, &sp->seed) || proto_rbuf_get_u8(r, &sp->want_logits) ||
-            proto_rbuf_get_u8(r, &sp->n_top_logprobs))
+            proto_rbuf_get_u8(r, &sp->n_top_logprobs) || proto_rbuf_get_u16(r, &sp->n_bias))
             return truncated(what, r, err, errlen);
         rc = check_sampling(what, i, sp, err, errlen);
         if (rc < 0)
             return rc;
+        if ((uint64_t)sp->n_bias * BIAS_WIRE > proto_rbuf_left(r))
+            return truncated(what, r, err, errlen);
+        sp->bias = bia;
+        for (uint32_t j = 0; j < sp->n_bias; j++) {
+            struct proto_bias b;
+            proto_rbuf_get_i32(r, &b.id);
+            proto_rbuf_get_f32(r, &b.bias);
+            rc = check_bias(what, i, j, &b, err, errlen);
+            if (rc < 0)
+                return rc;
+            if (bia)
+                *bia++ = b;
+        }
+        *n_bia += sp->n_bias;
         if (proto_rbuf_get_u8(r, &s.flags) || proto_rbuf_get_u32(r, &s.n_history))
             return truncated(what, r, err, errlen);
         if (s.flags & ~PROTO_STEP_FLAGS)
@@ -483,26 +522,29 @@ int proto_step_req_decode(const void *buf, size_t len, struct proto_step_req **o
         return proto_seterr(err, errlen, RKV_ETOOBIG, "step_req: %zu bytes, the limit is %u", len,
                             PROTO_MAX_PAYLOAD);
     struct proto_rbuf r;
-    uint64_t n_seqs = 0, n_tok = 0, n_blk = 0;
+    uint64_t n_seqs = 0, n_tok = 0, n_blk = 0, n_bia = 0;
     uint32_t n_close = 0;
     proto_rbuf_init(&r, buf, len);
-    int rc = step_req_walk(&r, NULL, NULL, NULL, &n_seqs, &n_tok, &n_blk, &n_close, err, errlen);
+    int rc = step_req_walk(&r, NULL, NULL, NULL, NULL, &n_seqs, &n_tok, &n_blk, &n_bia, &n_close,
+                           err, errlen);
     if (rc < 0)
         return rc;
-    /* one allocation: header, closes, seqs, tokens, blocks; bounded by ~2x len */
+    /* one allocation: header, closes, seqs, tokens, bias entries, blocks; bounded by ~2x len */
     size_t sz = sizeof(struct proto_step_req) + n_close * sizeof(uint64_t) +
                 n_seqs * sizeof(struct proto_step_seq) + n_tok * sizeof(int32_t) +
-                n_blk * sizeof(struct proto_block_ref);
+                n_bia * sizeof(struct proto_bias) + n_blk * sizeof(struct proto_block_ref);
     struct proto_step_req *m = calloc(1, sz);
     if (!m)
         return RKV_ENOMEM;
     m->close = (uint64_t *)(m + 1);
     m->seqs = (struct proto_step_seq *)(m->close + n_close);
     int32_t *tok = (int32_t *)(m->seqs + n_seqs);
-    struct proto_block_ref *blk = (struct proto_block_ref *)(tok + n_tok);
-    n_tok = n_blk = 0;
+    struct proto_bias *bia = (struct proto_bias *)(tok + n_tok);
+    struct proto_block_ref *blk = (struct proto_block_ref *)(bia + n_bia);
+    n_tok = n_blk = n_bia = 0;
     proto_rbuf_init(&r, buf, len);
-    rc = step_req_walk(&r, m, tok, blk, &n_seqs, &n_tok, &n_blk, &n_close, err, errlen);
+    rc =
+        step_req_walk(&r, m, tok, blk, bia, &n_seqs, &n_tok, &n_blk, &n_bia, &n_close, err, errlen);
     if (rc < 0) {
         free(m);
         return rc;
@@ -517,6 +559,8 @@ int proto_step_req_decode(const void *buf, size_t len, struct proto_step_req **o
             m->seqs[i].blocks = NULL;
         if (!m->seqs[i].n_history)
             m->seqs[i].history = NULL;
+        if (!m->seqs[i].sampling.n_bias)
+            m->seqs[i].sampling.bias = NULL;
     }
     *out = m;
     return 0;

@@ -51,6 +51,7 @@ int proto_rbuf_get_bytes(struct proto_rbuf *r, void *dst, size_t n);
 #define PROTO_MAX_TOP_LOGPROBS 20
 #define PROTO_MAX_HISTORY (1u << 24)
 #define PROTO_MAX_DECODE_STEPS 16 /* greedy decode steps one STEP_REQ may ask for */
+#define PROTO_MAX_LOGIT_BIAS   300 /* logit bias entries of one sequence */
 
 /* step_seq flags */
 #define PROTO_STEP_SAMPLE 1u /* sample a token from the last position */
@@ -65,9 +66,16 @@ struct proto_block_ref {
     uint8_t residency; /* enum proto_residency */
 };
 
+/* wire: i32 id, f32 bias */
+struct proto_bias {
+    int32_t id;
+    float bias; /* added to the logit of id before sampling */
+};
+
 /* wire: f32 temperature top_p min_p presence_penalty frequency_penalty
- * repetition_penalty, i32 top_k, u64 seed, u8 want_logits, u8 n_top_logprobs.
- * floats must be finite, want_logits 0/1, n_top_logprobs <= 20 */
+ * repetition_penalty, i32 top_k, u64 seed, u8 want_logits, u8 n_top_logprobs,
+ * u16 n_bias, n_bias x bias. floats must be finite, want_logits 0/1,
+ * n_top_logprobs <= 20, n_bias <= PROTO_MAX_LOGIT_BIAS, bias ids >= 0 */
 struct proto_sampling {
     float temperature, top_p, min_p;
     float presence_penalty, frequency_penalty, repetition_penalty;
@@ -75,6 +83,10 @@ struct proto_sampling {
     uint64_t seed;
     uint8_t want_logits;
     uint8_t n_top_logprobs;
+    /* the worker reads sampling only to build a sampler (PROTO_STEP_RESET), so rkvd sends the
+     * bias list only then */
+    uint16_t n_bias;
+    const struct proto_bias *bias; /* (n_bias,) */
 };
 
 /* one sequence of a step. wire: u64 session_id, u32 n_past, u32 n_tokens,

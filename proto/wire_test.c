@@ -85,6 +85,7 @@ static struct proto_step_seq g_seqs[3];
 static struct proto_step_req g_req;
 
 static int32_t g_hist0[2] = {-7, 65535};
+static struct proto_bias g_bias0[2] = {{0, -100.0f}, {128000, 7.5f}};
 
 static void make_req(void)
 {
@@ -96,7 +97,7 @@ static void make_req(void)
         .tokens = g_tok0,
         .n_blocks = 3,
         .blocks = g_blk0,
-        .sampling = {0.7f, 0.9f, 0.05f, 0.1f, 0.2f, 1.1f, 40, 12345678901ull, 1, 5},
+        .sampling = {0.7f, 0.9f, 0.05f, 0.1f, 0.2f, 1.1f, 40, 12345678901ull, 1, 5, 2, g_bias0},
         .flags = PROTO_STEP_SAMPLE | PROTO_STEP_RESET,
         .n_history = 2,
         .history = g_hist0,
@@ -138,6 +139,11 @@ static void assert_seq_equal(const struct proto_step_seq *a, const struct proto_
     assert_true(x->seed == y->seed);
     assert_int_equal(x->want_logits, y->want_logits);
     assert_int_equal(x->n_top_logprobs, y->n_top_logprobs);
+    assert_int_equal(x->n_bias, y->n_bias);
+    for (uint32_t i = 0; i < x->n_bias; i++) {
+        assert_int_equal(x->bias[i].id, y->bias[i].id);
+        assert_true(x->bias[i].bias == y->bias[i].bias);
+    }
     assert_int_equal(a->flags, b->flags);
     assert_int_equal(a->n_history, b->n_history);
     assert_int_equal(a->n_drawn, b->n_drawn);
@@ -187,8 +193,8 @@ static void test_step_req(void **state)
     proto_wbuf_init(&w);
     char err[256];
     assert_int_equal(proto_step_req_encode(&g_req, &w, err, sizeof err), 0);
-    /* 12 + (20 + 16 + 15 + 38 + 9 + 8) + (20 + 38 + 9) + (20 + 4 + 5 + 38 + 9) + 4 + 16 + 1 */
-    assert_int_equal(w.len, 12 + 106 + 67 + 76 + 20 + 1);
+    /* 12 + (20 + 16 + 15 + 40 + 16 + 9 + 8) + (20 + 40 + 9) + (20 + 4 + 5 + 40 + 9) + 4 + 16 + 1 */
+    assert_int_equal(w.len, 12 + 124 + 69 + 78 + 20 + 1);
     struct proto_step_req *m;
     assert_int_equal(proto_step_req_decode(w.data, w.len, &m, err, sizeof err), 0);
     assert_true(m->epoch == 77);
@@ -201,6 +207,7 @@ static void test_step_req(void **state)
     assert_null(m->seqs[1].tokens);
     assert_null(m->seqs[1].blocks);
     assert_null(m->seqs[1].history);
+    assert_null(m->seqs[1].sampling.bias);
     proto_step_req_destroy(m);
     check_prefixes(dec_req, w.data, w.len);
 
@@ -237,6 +244,18 @@ static void test_step_req_limits(void **state)
     g_seqs[0].sampling.n_top_logprobs = 21;
     assert_int_equal(proto_step_req_encode(&g_req, &w, err, sizeof err), RKV_EINVAL);
     g_seqs[0].sampling.n_top_logprobs = 0;
+    g_seqs[0].sampling.n_bias = PROTO_MAX_LOGIT_BIAS + 1;
+    assert_int_equal(proto_step_req_encode(&g_req, &w, err, sizeof err), RKV_EINVAL);
+    assert_string_equal(err, "step_req: seq 0: n_bias is 301, the limit is 300");
+    g_seqs[0].sampling.n_bias = 2;
+    g_bias0[1].bias = INFINITY;
+    assert_int_equal(proto_step_req_encode(&g_req, &w, err, sizeof err), RKV_EINVAL);
+    assert_string_equal(err, "step_req: seq 0: bias 1 is not a finite number");
+    g_bias0[1].bias = 7.5f;
+    g_bias0[0].id = -1;
+    assert_int_equal(proto_step_req_encode(&g_req, &w, err, sizeof err), RKV_EINVAL);
+    assert_string_equal(err, "step_req: seq 0: bias 0 has token id -1");
+    g_bias0[0].id = 0;
     g_seqs[1].n_tokens = PROTO_MAX_STEP_TOKENS + 1;
     assert_int_equal(proto_step_req_encode(&g_req, &w, err, sizeof err), RKV_EINVAL);
     assert_string_equal(err, "step_req: seq 1: n_tokens is 65537, the limit is 65536");
@@ -276,7 +295,21 @@ static void test_step_req_limits(void **state)
     proto_put_u32(b + 12 + 51, 0x7fc00000); /* seq 0 temperature = NaN */
     assert_int_equal(proto_step_req_decode(b, w.len, &m, err, sizeof err), RKV_EFORMAT);
     proto_put_u32(b + 12 + 51, 0x3f800000);
+    proto_put_u16(b + 12 + 89, PROTO_MAX_LOGIT_BIAS + 1); /* seq 0 n_bias */
+    assert_int_equal(proto_step_req_decode(b, w.len, &m, err, sizeof err), RKV_EFORMAT);
+    assert_string_equal(err, "step_req: seq 0: n_bias is 301, the limit is 300");
+    proto_put_u16(b + 12 + 89, 2);
+    proto_put_u32(b + 12 + 91 + 8 + 4, 0x7fc00000); /* seq 0 bias 1 = NaN */
+    assert_int_equal(proto_step_req_decode(b, w.len, &m, err, sizeof err), RKV_EFORMAT);
+    assert_string_equal(err, "step_req: seq 0: bias 1 is not a finite number");
+    proto_put_u32(b + 12 + 91 + 8 + 4, 0x40f00000); /* 7.5 */
+    proto_put_u32(b + 12 + 91, 0xffffffffu);        /* seq 0 bias 0 id = -1 */
+    assert_int_equal(proto_step_req_decode(b, w.len, &m, err, sizeof err), RKV_EFORMAT);
+    assert_string_equal(err, "step_req: seq 0: bias 0 has token id -1");
+    proto_put_u32(b + 12 + 91, 0);
     assert_int_equal(proto_step_req_decode(b, w.len, &m, err, sizeof err), 0);
+    assert_int_equal(m->seqs[0].sampling.n_bias, 2);
+    assert_true(m->seqs[0].sampling.bias[1].bias == 7.5f);
     proto_step_req_destroy(m);
     b[w.len - 1] = 0; /* n_steps, the last byte */
     assert_int_equal(proto_step_req_decode(b, w.len, &m, err, sizeof err), RKV_EFORMAT);

@@ -39,6 +39,7 @@ struct sampler {
     int32_t *ids;        /* (n_vocab) their token ids */
     double *block_sum;   /* (n_vocab / EXP_BLOCK + 1) weight sums per block */
     const double *u_row; /* sample_dev_run: the row's uniform, drawn in place of the rng's */
+    struct sample_bias *bias; /* (p.n_bias) the logit bias, p.bias points here */
 };
 
 void sample_params_default(struct sample_params *p)
@@ -99,6 +100,21 @@ int sample_params_check(const struct sample_params *p, char *errbuf, size_t errl
         snprintf(tmp, sizeof(tmp), "n_top_logprobs is %d; it must be in [0, 20]",
                  (int)p->n_top_logprobs);
         msg = tmp;
+    } else if (p->n_bias < 0 || p->n_bias > SAMPLE_MAX_BIAS || (p->n_bias && !p->bias)) {
+        snprintf(tmp, sizeof(tmp), "n_bias is %d; it must be in [0, %d]", (int)p->n_bias,
+                 SAMPLE_MAX_BIAS);
+        msg = tmp;
+    }
+    for (int32_t i = 0; !msg && i < p->n_bias; i++) {
+        if (p->bias[i].id < 0) {
+            snprintf(tmp, sizeof(tmp), "bias %d has token id %d; ids are >= 0", (int)i,
+                     (int)p->bias[i].id);
+            msg = tmp;
+        } else if (!in_range(p->bias[i].bias, -100.0f, 100.0f)) {
+            snprintf(tmp, sizeof(tmp), "bias %d (token %d) is %g; it must be in [-100, 100]",
+                     (int)i, (int)p->bias[i].id, (double)p->bias[i].bias);
+            msg = tmp;
+        }
     }
     if (!msg)
         return 0;
@@ -175,11 +191,23 @@ int sampler_create(struct sampler **out, const struct sample_params *p, int32_t 
     s->vals = malloc((size_t)n_vocab * sizeof(*s->vals));
     s->ids = malloc((size_t)n_vocab * sizeof(*s->ids));
     s->block_sum = malloc(((size_t)n_vocab / EXP_BLOCK + 1) * sizeof(*s->block_sum));
+    s->p.bias = NULL;
+    if (p->n_bias) {
+        s->bias = malloc((size_t)p->n_bias * sizeof(*s->bias));
+        if (s->bias)
+            memcpy(s->bias, p->bias, (size_t)p->n_bias * sizeof(*s->bias));
+        s->p.bias = s->bias;
+    }
     if (!s->hist || !s->counts || !s->work || !s->cand || !s->bucket_mass || !s->weight ||
-        !s->vals || !s->ids || !s->block_sum) {
+        !s->vals || !s->ids || !s->block_sum || (p->n_bias && !s->bias)) {
         sampler_destroy(s);
         return RKV_ENOMEM;
     }
+    for (int32_t i = 0; i < p->n_bias; i++)
+        if (p->bias[i].id >= n_vocab) {
+            sampler_destroy(s);
+            return RKV_EINVAL;
+        }
     *out = s;
     return 0;
 }
@@ -197,6 +225,7 @@ void sampler_destroy(struct sampler *s)
     free(s->vals);
     free(s->ids);
     free(s->block_sum);
+    free(s->bias);
     free(s);
 }
 
@@ -984,8 +1013,11 @@ static int32_t sample_pick(struct sampler *s, const float *logits, uint64_t *rng
                            struct row_stats *rs, int *drew)
 {
     const float *v = logits;
-    if (penalties_active(&s->p)) {
+    if (s->p.n_bias || penalties_active(&s->p)) {
         memcpy(s->work, logits, (size_t)s->n_vocab * sizeof(*s->work));
+        /* the bias first: the penalties see the logits the client asked for */
+        for (int32_t i = 0; i < s->p.n_bias; i++)
+            s->work[s->p.bias[i].id] += s->p.bias[i].bias;
         sampler_penalize(s, s->work);
         v = s->work;
     }
@@ -1078,7 +1110,7 @@ int32_t sample_greedy(const float *logits, int32_t n_vocab, float *logprob)
 int sampler_plain_greedy(const struct sampler *s)
 {
     const struct sample_params *p = &s->p;
-    return (p->temperature == 0.0f || p->top_k == 1) && !penalties_active(p) &&
+    return (p->temperature == 0.0f || p->top_k == 1) && p->n_bias == 0 && !penalties_active(p) &&
            p->n_top_logprobs == 0;
 }
 
@@ -1114,6 +1146,8 @@ int sampler_dev_row(struct sampler *s, struct sample_dev_row *r, int32_t *pen_id
     uint64_t rng[4];
     memcpy(rng, s->rng, sizeof(rng));
     r->u = rng_uniform(rng);
+    if (p->n_bias)
+        return 1; /* a backend's sample op has no bias: the row goes to sampler_sample */
     if (!penalties_active(p))
         return 0;
     /* the window's ids as sampler_penalize visits them; counts is zeroed

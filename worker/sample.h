@@ -1,6 +1,7 @@
 /* sample.h - token sampling: greedy, temperature, top-k/p, min-p, penalties, seeded.
  *
  * order (llama.cpp's sampler chain):
+ *   0. logit bias: each listed id's logit += its bias (OpenAI's logit_bias)
  *   1. penalties over the history window (penalty_last_n tokens), per id seen
  *      c times: repetition (logit > 0 ? logit / r : logit * r), then
  *      logit -= frequency * c + presence
@@ -20,6 +21,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#define SAMPLE_MAX_BIAS 300 /* logit bias entries of one sampler */
+
+struct sample_bias {
+    int32_t id; /* a token id in the vocabulary */
+    float bias; /* [-100, 100], added to the logit of id */
+};
+
 struct sample_params {
     float temperature;        /* 0 = greedy (argmax, ties to the lowest id) */
     int32_t top_k;            /* 0 = off */
@@ -31,6 +39,8 @@ struct sample_params {
     int32_t penalty_last_n;   /* tokens of history the penalties see; -1 = all, 0 = none */
     uint64_t seed;            /* same seed + same logits -> same tokens */
     int32_t n_top_logprobs;   /* 0..20 alternatives reported per token */
+    int32_t n_bias;           /* 0..SAMPLE_MAX_BIAS entries in bias */
+    const struct sample_bias *bias; /* (n_bias) sampler_create copies it */
 };
 
 /* defaults: greedy, every filter off, penalty_last_n -1 (all), seed 0 */
@@ -66,7 +76,7 @@ int32_t sampler_sample(struct sampler *s, const float *logits, float *logprob,
 /* what sampler_sample returns for a plain greedy sampler (sampler_plain_greedy), without
  * one: the argmax of raw logits (ties: lowest id) and its log-softmax to *logprob */
 int32_t sample_greedy(const float *logits, int32_t n_vocab, float *logprob);
-/* temperature 0 (or top_k 1), no penalties and no alternatives asked: its token and
+/* temperature 0 (or top_k 1), no bias, no penalties and no alternatives asked: its token and
  * logprob are sample_greedy's, so a backend may pick them where the logits are */
 int sampler_plain_greedy(const struct sampler *s);
 
@@ -111,7 +121,8 @@ struct sample_dev_out {
 int sample_dev_supported(void);
 /* the row for s's next sample: params, u (peeked, not taken) and the penalty ids with their
  * counts into pen_id / pen_count (cap entries each; r points at them). 1 when the window holds
- * more than cap distinct ids (sample that row with sampler_sample), else 0 */
+ * more than cap distinct ids or s has a logit bias (sample that row with sampler_sample),
+ * else 0 */
 int sampler_dev_row(struct sampler *s, struct sample_dev_row *r, int32_t *pen_id,
                     int32_t *pen_count, uint32_t cap);
 /* a backend's pick (status 0) as sampler_sample returns it: the token, its logprob and the

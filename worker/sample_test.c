@@ -151,6 +151,15 @@ static void test_params_check(void **state)
     CHECK_BAD("n_top_logprobs", q.n_top_logprobs = 21);
     CHECK_BAD("n_top_logprobs", q.n_top_logprobs = -1);
     assert_non_null(strstr(err, "[0, 20]"));
+    struct sample_bias bias[2] = {{3, 100.0f}, {4, -100.0f}};
+    CHECK_BAD("n_bias", (q.n_bias = SAMPLE_MAX_BIAS + 1, q.bias = bias));
+    CHECK_BAD("n_bias", q.n_bias = 1);
+    CHECK_BAD("bias 1 (token 4)", (q.n_bias = 2, q.bias = bias, bias[1].bias = -100.5f));
+    assert_non_null(strstr(err, "[-100, 100]"));
+    CHECK_BAD("bias 1 (token 4)", (q.n_bias = 2, q.bias = bias, bias[1].bias = NAN));
+    bias[1].bias = -100.0f;
+    CHECK_BAD("bias 0 has token id -1", (q.n_bias = 2, q.bias = bias, bias[0].id = -1));
+    bias[0].id = 3;
 
     /* edges are allowed */
     sample_params_default(&q);
@@ -161,14 +170,110 @@ static void test_params_check(void **state)
     q.presence_penalty = -2.0f;
     q.frequency_penalty = 2.0f;
     q.n_top_logprobs = 20;
+    q.n_bias = 2;
+    q.bias = bias;
     assert_int_equal(sample_params_check(&q, NULL, 0), 0);
 
     struct sampler *s = NULL;
+    /* an id past the vocabulary */
+    assert_int_equal(sampler_create(&s, &q, 4), RKV_EINVAL);
+    assert_null(s);
+    assert_int_equal(sampler_create(&s, &q, 5), 0);
+    sampler_destroy(s);
+    s = NULL;
     q.top_k = -3;
     assert_int_equal(sampler_create(&s, &q, 10), RKV_EINVAL);
     assert_null(s);
     sample_params_default(&q);
     assert_int_equal(sampler_create(&s, &q, 0), RKV_EINVAL);
+}
+
+/* the bias is added before everything else, greedy included, and kept by the sampler */
+static void test_logit_bias(void **state)
+{
+    (void)state;
+    enum { N = 1000 };
+    float *logits = malloc(N * sizeof(*logits));
+    fill_logits(logits, N, 11, 5.0f);
+    int32_t top = sample_greedy(logits, N, NULL);
+    struct sample_params p;
+    sample_params_default(&p);
+    /* +100 on one id: greedy picks it at every step; -100 on the argmax: another pick */
+    struct sample_bias bias[2] = {{top == 7 ? 8 : 7, 100.0f}, {top, -100.0f}};
+    p.n_bias = 1;
+    p.bias = bias;
+    struct sampler *s = make(&p, N);
+    bias[0].bias = 0.0f; /* the sampler has its own copy */
+    assert_false(sampler_plain_greedy(s));
+    for (int i = 0; i < 5; i++) {
+        float lp;
+        int32_t id = sampler_sample(s, logits, &lp, NULL);
+        assert_int_equal(id, top == 7 ? 8 : 7);
+        sampler_accept(s, id);
+        /* the logprob is of the raw logits, as with the penalties */
+        float want;
+        sample_greedy(logits, N, &want);
+        assert_true(lp < want);
+    }
+    sampler_destroy(s);
+    bias[0].bias = 100.0f;
+    p.n_bias = 2;
+    p.bias = bias;
+    s = make(&p, N);
+    assert_int_equal(sampler_sample(s, logits, NULL, NULL), bias[0].id);
+    sampler_destroy(s);
+    p.bias = bias + 1;
+    p.n_bias = 1;
+    s = make(&p, N);
+    int32_t id = sampler_sample(s, logits, NULL, NULL);
+    assert_true(id != top);
+    float *v = malloc(N * sizeof(*v));
+    memcpy(v, logits, N * sizeof(*v));
+    v[top] -= 100.0f;
+    assert_int_equal(id, sample_greedy(v, N, NULL));
+    sampler_destroy(s);
+
+    /* with temperature: the same seed reproduces, and the biased id dominates */
+    p.temperature = 1.0f;
+    p.seed = 42;
+    p.bias = bias;
+    p.n_bias = 1;
+    bias[0].bias = 20.0f;
+    struct sampler *a = make(&p, N), *b = make(&p, N);
+    int hits = 0;
+    for (int i = 0; i < 200; i++) {
+        int32_t x = sampler_sample(a, logits, NULL, NULL),
+                y = sampler_sample(b, logits, NULL, NULL);
+        assert_int_equal(x, y);
+        hits += x == bias[0].id;
+    }
+    assert_true(hits > 190);
+    sampler_destroy(a);
+    sampler_destroy(b);
+
+    /* before the penalties: a biased id in the history is biased, then penalized */
+    sample_params_default(&p);
+    p.presence_penalty = 2.0f;
+    bias[0] = (struct sample_bias){3, 1.0f};
+    p.bias = bias;
+    p.n_bias = 1;
+    const float raw[4] = {0.5f, 0.0f, 0.0f, 0.0f};
+    s = make(&p, 4);
+    sampler_accept(s, 3);
+    /* 0 + 1 - 2 = -1 < 0.5 */
+    assert_int_equal(sampler_sample(s, raw, NULL, NULL), 0);
+    sampler_destroy(s);
+    p.presence_penalty = 0.0f;
+    s = make(&p, 4);
+    assert_int_equal(sampler_sample(s, raw, NULL, NULL), 3);
+
+    /* a biased row is not a backend's to pick */
+    struct sample_dev_row row;
+    int32_t pen[2];
+    assert_int_equal(sampler_dev_row(s, &row, pen, pen + 1, 1), 1);
+    sampler_destroy(s);
+    free(v);
+    free(logits);
 }
 
 static void test_greedy_is_argmax(void **state)
@@ -1325,6 +1430,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_params_check),
+        cmocka_unit_test(test_logit_bias),
         cmocka_unit_test(test_greedy_is_argmax),
         cmocka_unit_test(test_top_k1_is_greedy),
         cmocka_unit_test(test_plain_greedy_matches_the_sampler),

@@ -47,6 +47,12 @@ static struct samp *sampler_for(struct worker *w, const struct proto_step_seq *s
     p.frequency_penalty = sq->sampling.frequency_penalty;
     p.seed = sq->sampling.seed;
     p.n_top_logprobs = sq->sampling.n_top_logprobs;
+    /* the message's list; sampler_create keeps a copy */
+    struct sample_bias bias[PROTO_MAX_LOGIT_BIAS];
+    p.n_bias = sq->sampling.n_bias;
+    for (int32_t i = 0; i < p.n_bias; i++)
+        bias[i] = (struct sample_bias){sq->sampling.bias[i].id, sq->sampling.bias[i].bias};
+    p.bias = bias;
     char err[256];
     if ((*rc = sample_params_check(&p, err, sizeof err)) != 0) {
         log_warn("session %llu: %s", (unsigned long long)sq->session_id, err);

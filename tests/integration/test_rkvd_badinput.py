@@ -62,7 +62,10 @@ CASES = [
     # unsupported and unknown fields
     ("unknown-field", "POST", C, {}, j(prompt="x", frobnicate=1), 400, ["frobnicate"]),
     ("echo-logprobs", "POST", C, {}, j(prompt="x", echo=True, logprobs=1), 400, ["echo"]),
-    ("logit-bias", "POST", C, {}, j(prompt="x", logit_bias={"5": 10}), 400, ["logit_bias"]),
+    ("logit-bias-range", "POST", C, {}, j(prompt="x", logit_bias={"5": 1000}), 400,
+     ["logit_bias"]),
+    ("logit-bias-over-vocab", "POST", C, {}, j(prompt="x", logit_bias={"99999": 1}), 400,
+     ["logit_bias", "99999"]),
     ("messages-on-completions", "POST", C, {}, j(prompt="x", messages=OK_MSG), 400,
      ["messages"]),
     ("prompt-on-chat", "POST", CHAT, {}, j(messages=OK_MSG, prompt="x"), 400, ["prompt"]),
