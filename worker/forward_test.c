@@ -87,24 +87,30 @@ static struct model_tensor_src rand_tensor(struct tmodel *t, enum be_type type, 
     return (struct model_tensor_src){type, rows, cols, data};
 }
 
+/* the test models' shape: two layers of 64, four heads of 16 over two kv heads */
+static struct model_hparams test_hp(enum model_arch arch)
+{
+    return (struct model_hparams){.arch = arch,
+                                  .n_layer = 2,
+                                  .dim = 64,
+                                  .ffn = 160,
+                                  .n_head = 4,
+                                  .n_kv_head = 2,
+                                  .head_dim = 16,
+                                  .n_rot = 16,
+                                  .n_vocab = 96,
+                                  .n_ctx = 2048,
+                                  .norm_eps = 1e-5f,
+                                  .rope_base = 10000.0f,
+                                  .rope_scale = 1.0f,
+                                  .rope_neox = arch != MODEL_LLAMA};
+}
+
 static void tmodel_init(struct tmodel *t, enum model_arch arch, enum be_type wt, uint64_t seed)
 {
     memset(t, 0, sizeof(*t));
     rng_state = seed * 2654435761u + 1;
-    t->hp = (struct model_hparams){.arch = arch,
-                                   .n_layer = 2,
-                                   .dim = 64,
-                                   .ffn = 160,
-                                   .n_head = 4,
-                                   .n_kv_head = 2,
-                                   .head_dim = 16,
-                                   .n_rot = 16,
-                                   .n_vocab = 96,
-                                   .n_ctx = 2048,
-                                   .norm_eps = 1e-5f,
-                                   .rope_base = 10000.0f,
-                                   .rope_scale = 1.0f,
-                                   .rope_neox = arch == MODEL_QWEN2};
+    t->hp = test_hp(arch);
     const struct model_hparams *h = &t->hp;
     const uint32_t qd = h->n_head * h->head_dim, kvd = h->n_kv_head * h->head_dim;
     t->src.tok_embd = rand_tensor(t, wt, h->n_vocab, h->dim, 1.0f, 0);
@@ -635,20 +641,7 @@ static void test_missing_ops_refused(void **state)
     iface.gelu_mul = NULL;
     iface.attn_window = 0;
     assert_int_equal(backend_wrap("lean", &iface, cpu->ctx, &be), 0);
-    struct model_hparams hp = {.arch = MODEL_QWEN3,
-                               .n_layer = 2,
-                               .dim = 64,
-                               .ffn = 96,
-                               .n_head = 4,
-                               .n_kv_head = 2,
-                               .head_dim = 32,
-                               .n_rot = 32,
-                               .n_vocab = 96,
-                               .n_ctx = 256,
-                               .norm_eps = 1e-6f,
-                               .rope_base = 1e6f,
-                               .rope_scale = 1.0f,
-                               .rope_neox = 1};
+    struct model_hparams hp = test_hp(MODEL_QWEN3);
     struct model_src src = {0};
     struct model *m = NULL;
     char err[256];

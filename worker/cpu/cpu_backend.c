@@ -509,23 +509,27 @@ static int cpu_attn_merge(void *ctx, const struct be_partial *a, const struct be
     return 0;
 }
 
+/* a gated unit's rows (row: silu or gelu of the gate, times up) over the pool */
+static int glu(struct cpu_ctx *c, struct be_tensor *out, const struct be_tensor *gate,
+               const struct be_tensor *up, uint32_t n,
+               void (*row)(float *, const float *, const float *, size_t))
+{
+    struct rows_arg ra = {out, gate, up, 0, row};
+    /* expf / tanhf dominate: a smaller grain */
+    pool_run(c->pool, glu_rows, &ra, n, rows_grain(gate->cols) / 4 + 1);
+    return 0;
+}
+
 static int cpu_silu_mul(void *ctx, struct be_tensor *out, const struct be_tensor *gate,
                         const struct be_tensor *up, uint32_t n)
 {
-    struct cpu_ctx *c = ctx;
-    struct rows_arg ra = {out, gate, up, 0, cpu_silu_mul_row};
-    /* expf dominates: a smaller grain */
-    pool_run(c->pool, glu_rows, &ra, n, rows_grain(gate->cols) / 4 + 1);
-    return 0;
+    return glu(ctx, out, gate, up, n, cpu_silu_mul_row);
 }
 
 static int cpu_gelu_mul(void *ctx, struct be_tensor *out, const struct be_tensor *gate,
                         const struct be_tensor *up, uint32_t n)
 {
-    struct cpu_ctx *c = ctx;
-    struct rows_arg ra = {out, gate, up, 0, cpu_gelu_mul_row};
-    pool_run(c->pool, glu_rows, &ra, n, rows_grain(gate->cols) / 4 + 1);
-    return 0;
+    return glu(ctx, out, gate, up, n, cpu_gelu_mul_row);
 }
 
 static int cpu_rmsnorm_heads(void *ctx, struct be_tensor *x, const struct be_tensor *w, uint32_t n,
