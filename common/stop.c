@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "common/util.h"
 
 struct stop {
     char *str[STOP_MAX_STRINGS];
@@ -139,16 +140,8 @@ int stop_feed(struct stop *s, const char *chunk, size_t len, const char **emit, 
     *emit_len = 0;
     if (s->matched >= 0)
         return 1;
-    if (s->used + len > s->cap) {
-        size_t cap = s->cap ? s->cap : 512;
-        while (cap < s->used + len)
-            cap *= 2;
-        char *b = realloc(s->buf, cap);
-        if (!b)
-            return RKV_ENOMEM;
-        s->buf = b;
-        s->cap = cap;
-    }
+    if (rkv_grow((void **)&s->buf, &s->cap, s->used + len, 512) < 0)
+        return RKV_ENOMEM;
     if (len)
         memcpy(s->buf + s->used, chunk, len);
     s->used += len;

@@ -22,7 +22,10 @@ uint64_t rkv_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-uint64_t rkv_now_ms(void) { return rkv_now_ns() / 1000000ull; }
+uint64_t rkv_now_ms(void)
+{
+    return rkv_now_ns() / 1000000ull;
+}
 
 uint64_t rkv_wall_ms(void)
 {
@@ -92,6 +95,24 @@ void rkv_vec_fini(struct rkv_vec *v)
     v->len = v->cap = 0;
 }
 
+int rkv_grow(void **buf, size_t *cap, size_t need, size_t first)
+{
+    if (need <= *cap)
+        return 0;
+    size_t c = *cap ? *cap : first ? first : 1;
+    while (c < need) {
+        if (c > SIZE_MAX / 2)
+            return RKV_ENOMEM;
+        c *= 2;
+    }
+    void *b = realloc(*buf, c);
+    if (!b)
+        return RKV_ENOMEM;
+    *buf = b;
+    *cap = c;
+    return 0;
+}
+
 int rkv_vec_reserve(struct rkv_vec *v, size_t cap)
 {
     if (cap <= v->cap)
@@ -130,7 +151,10 @@ static size_t map_hash(uint64_t k)
     return (size_t)k;
 }
 
-void rkv_map_init(struct rkv_map *m) { memset(m, 0, sizeof *m); }
+void rkv_map_init(struct rkv_map *m)
+{
+    memset(m, 0, sizeof *m);
+}
 
 void rkv_map_fini(struct rkv_map *m)
 {

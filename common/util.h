@@ -7,8 +7,8 @@
 #include <sys/types.h>
 
 #define RKV_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
-#define RKV_MIN(a, b) ((a) < (b) ? (a) : (b))
-#define RKV_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define RKV_MIN(a, b)    ((a) < (b) ? (a) : (b))
+#define RKV_MAX(a, b)    ((a) > (b) ? (a) : (b))
 #define RKV_DIV_UP(a, b) (((a) + (b)-1) / (b))
 
 /* monotonic clock */
@@ -43,6 +43,10 @@ int rkv_read_file(const char *path, size_t max, char **out, size_t *len);
  * via posix_spawn with default signal dispositions and an empty signal
  * mask; never forks. */
 int rkv_spawn(const char *path, char *const argv[], char *const envp[], pid_t *pid);
+
+/* *buf (of *cap bytes) grown to hold need bytes: doubled from *cap, or from first when
+ * empty; 0, or RKV_ENOMEM with *buf untouched */
+int rkv_grow(void **buf, size_t *cap, size_t need, size_t first);
 
 /* growable array of fixed-size elements */
 struct rkv_vec {

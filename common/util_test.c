@@ -50,6 +50,28 @@ static void test_spawn(void **state)
     assert_int_equal(access(dir, X_OK), 0);
 }
 
+/* doubling from the first size, the buffer's bytes kept, nothing done when it fits */
+static void test_grow(void **state)
+{
+    (void)state;
+    char *b = NULL;
+    size_t cap = 0;
+    assert_int_equal(rkv_grow((void **)&b, &cap, 0, 16), 0);
+    assert_null(b);
+    assert_int_equal(rkv_grow((void **)&b, &cap, 5, 16), 0);
+    assert_int_equal(cap, 16);
+    memcpy(b, "abcd", 5);
+    assert_int_equal(rkv_grow((void **)&b, &cap, 40, 16), 0);
+    assert_int_equal(cap, 64);
+    assert_string_equal(b, "abcd");
+    char *same = b;
+    assert_int_equal(rkv_grow((void **)&b, &cap, 64, 16), 0);
+    assert_ptr_equal(b, same);
+    assert_int_equal(rkv_grow((void **)&b, &cap, SIZE_MAX, 16), RKV_ENOMEM);
+    assert_ptr_equal(b, same);
+    free(b);
+}
+
 static void test_vec(void **state)
 {
     (void)state;
@@ -192,6 +214,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_clock),
+        cmocka_unit_test(test_grow),
         cmocka_unit_test(test_host_split_auto),
         cmocka_unit_test(test_host_split_gbps),
         cmocka_unit_test(test_spawn),

@@ -624,16 +624,8 @@ static int keep_logprobs(struct api_call *c, const struct api_token_logprob *lp,
 /* appends to the text a non-stream answer returns (or, streaming, the echo not sent yet) */
 static int keep_text(struct api_call *c, const char *text, size_t len)
 {
-    if (c->len + len + 1 > c->cap) {
-        size_t cap = c->cap ? c->cap * 2 : 256;
-        while (cap < c->len + len + 1)
-            cap *= 2;
-        char *t = realloc(c->text, cap);
-        if (!t)
-            return RKV_ENOMEM;
-        c->text = t;
-        c->cap = cap;
-    }
+    if (rkv_grow((void **)&c->text, &c->cap, c->len + len + 1, 256) < 0)
+        return RKV_ENOMEM;
     memcpy(c->text + c->len, text, len);
     c->len += len;
     c->text[c->len] = '\0';

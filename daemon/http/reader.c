@@ -7,6 +7,7 @@
 #include <strings.h>
 
 #include "common/err.h"
+#include "common/util.h"
 
 const char *http_msg_header(const struct http_msg *m, const char *name)
 {
@@ -189,17 +190,8 @@ static int on_body(http_parser *p, const char *at, size_t len)
     if (len > r->limits.max_body_bytes - m->body_len)
         return reader_fail(r, 413, "request body is too large");
     /* grow by doubling; the NUL after the body is always kept */
-    size_t need = m->body_len + len + 1;
-    if (need > r->body_cap) {
-        size_t ncap = r->body_cap ? r->body_cap : 256;
-        while (ncap < need)
-            ncap *= 2;
-        char *b = realloc(m->body, ncap);
-        if (!b)
-            return reader_fail(r, 500, "out of memory");
-        m->body = b;
-        r->body_cap = ncap;
-    }
+    if (rkv_grow((void **)&m->body, &r->body_cap, m->body_len + len + 1, 256) < 0)
+        return reader_fail(r, 500, "out of memory");
     memcpy(m->body + m->body_len, at, len);
     m->body_len += len;
     m->body[m->body_len] = '\0';

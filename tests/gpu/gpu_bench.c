@@ -1058,6 +1058,13 @@ int main(int argc, char **argv)
     }
     static const char *const suites[] = {"all",    "gemv",    "linear", "attn",
                                          "decode", "prefill", "quant"};
+    if (strcmp(preset, "llama3-8b") && strcmp(preset, "qwen3-8b") && strcmp(preset, "gemma3-4b") &&
+        strcmp(preset, "small")) {
+        fprintf(stderr,
+                "gpu_bench: --preset %s is not one of llama3-8b, qwen3-8b, gemma3-4b, small\n",
+                preset);
+        return 2;
+    }
     int known = 0;
     for (size_t i = 0; i < sizeof(suites) / sizeof(suites[0]); i++)
         known |= !strcmp(suite, suites[i]);
