@@ -674,6 +674,7 @@ static int rx_atom(struct rx *r)
             if (r->end - r->p >= 2 && r->p[1] == ':') {
                 r->p += 2;
             } else {
+                r->p--;
                 rx_fail(r, "a lookaround or named group");
                 return -1;
             }
@@ -796,7 +797,11 @@ static int rx_alt(struct rx *r, int top)
     }
 }
 
-/* the string rule of a pattern: re.search semantics, so a side without its anchor gets char* */
+/* the string rule of a pattern. a pattern matches anywhere (re.search), so a side without its
+ * anchor admits other characters; up to PATTERN_FREE of them, so that generation heads for the
+ * pattern itself instead of wandering */
+#define PATTERN_FREE 16
+
 static void gen_pattern(struct js *j, struct sb *e, const char *pat, const char *path)
 {
     size_t n = strlen(pat);
@@ -811,12 +816,12 @@ static void gen_pattern(struct js *j, struct sb *e, const char *pat, const char 
     }
     sb_puts(e, "\"\\\"\" ");
     if (!start)
-        sb_puts(e, "char* ");
+        sb_printf(e, "char{0,%d} ", PATTERN_FREE);
     sb_puts(e, "(");
     sb_add(e, body.s ? body.s : "", body.n);
     sb_puts(e, ") ");
     if (!end)
-        sb_puts(e, "char* ");
+        sb_printf(e, "char{0,%d} ", PATTERN_FREE);
     sb_puts(e, "\"\\\"\"");
     if (body.oom)
         e->oom = 1;

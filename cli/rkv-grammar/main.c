@@ -1,4 +1,5 @@
 /* rkv-grammar - random constrained generations and mask timing for a schema or a GBNF grammar. */
+#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,7 +24,8 @@ static const char usage[] =
     "  --seed S         random seed (default 1)\n"
     "  --max-tokens N   give up a generation after N tokens (default 4096)\n"
     "  --soft-len N     after N tokens, favour eog and tokens that close strings, arrays\n"
-    "                   and objects, more with every token (default 48)\n"
+    "                   and objects (and other punctuation), disfavour tokens that open\n"
+    "                   arrays and objects, more with every token (default 48)\n"
     "  --bench          time every mask; print median, p99 and max per mask on stderr\n"
     "  --print-gbnf     print the grammar (a schema's compiled GBNF) and exit\n";
 
@@ -171,7 +173,8 @@ struct gen_ctx {
     struct grammar_matcher *m;
     int32_t n_vocab;
     uint32_t *mask;
-    uint8_t *closes;   /* per token: its bytes hold '"', ']' or '}' */
+    int8_t *lean;      /* per token: +2 closes ('"', ']', '}'), -2 opens ('[', '{'), +1 other
+                        * punctuation: where a generation past --soft-len leans */
     uint8_t *eog;
     uint64_t *times;   /* mask ns */
     size_t n_times, cap_times;
@@ -212,8 +215,7 @@ static int generate(struct gen_ctx *c, long sample)
                 int32_t id = (int32_t)(w * 32 + (uint32_t)__builtin_ctz(bits));
                 bits &= bits - 1;
                 double logit = 2.0 * (rng_unit() - 0.5);
-                if (c->eog[id] || c->closes[id])
-                    logit += push;
+                logit += push * (c->eog[id] ? 2 : c->lean[id]);
                 double g = logit - log(-log(rng_unit()));
                 if (g > best) {
                     best = g;
@@ -309,17 +311,27 @@ int main(int argc, char **argv)
     }
     c.n_vocab = grammar_vocab_n(v);
     c.mask = calloc((size_t)(c.n_vocab + 31) / 32, sizeof *c.mask);
-    c.closes = calloc((size_t)c.n_vocab, 1);
+    c.lean = calloc((size_t)c.n_vocab, 1);
     c.eog = calloc((size_t)c.n_vocab, 1);
-    if (!c.mask || !c.closes || !c.eog)
+    if (!c.mask || !c.lean || !c.eog)
         return 1;
     for (int32_t i = 0; i < c.n_vocab; i++) {
         char buf[512];
         c.eog[i] = tok_is_eog(t, i) != 0;
         int l = tok_is_control(t, i) ? 0 : tok_token_bytes(t, i, 0, buf, sizeof buf);
-        for (int k = 0; k < l && k < (int)sizeof buf; k++)
-            if (buf[k] == '"' || buf[k] == ']' || buf[k] == '}')
-                c.closes[i] = 1;
+        int8_t lean = 0;
+        for (int k = 0; k < l && k < (int)sizeof buf; k++) {
+            char b = buf[k];
+            if (b == '{' || b == '[') {
+                lean = -2;
+                break;
+            }
+            if (b == '"' || b == ']' || b == '}')
+                lean = 2;
+            else if (ispunct((unsigned char)b) && !lean)
+                lean = 1;
+        }
+        c.lean[i] = lean;
     }
     rng_state = o.seed;
     for (long s = 0; s < o.samples && !rc; s++)
@@ -336,7 +348,7 @@ int main(int argc, char **argv)
     }
     free(c.times);
     free(c.mask);
-    free(c.closes);
+    free(c.lean);
     free(c.eog);
     grammar_matcher_destroy(c.m);
     grammar_vocab_destroy(v);
