@@ -1048,44 +1048,53 @@ static int kw_num(struct js *j, const cJSON *s, const char *name, const char *pa
     return 1;
 }
 
+/* a bound as an integer within the 16 digits the integer rule allows (doubles cannot hold
+ * 9999999999999999 exactly) */
+static long long clamp_int(double d)
+{
+    if (d >= 9.9e15)
+        return INT_LIMIT;
+    if (d <= -9.9e15)
+        return -INT_LIMIT;
+    return (long long)d;
+}
+
 static void gen_integer(struct js *j, const cJSON *s, struct sb *e, const char *path)
 {
-    double mn = -(double)INT_LIMIT, mx = (double)INT_LIMIT, x;
-    int any = 0, k;
-    if ((k = kw_num(j, s, "minimum", path, &x)) < 0)
-        return;
-    if (k) {
-        mn = fmax(mn, ceil(x));
+    static const struct {
+        const char *name;
+        int upper;     /* bounds from above */
+        double adjust; /* exclusive: one past, after rounding inwards */
+    } B[] = {{"minimum", 0, 0}, {"exclusiveMinimum", 0, 1}, {"maximum", 1, 0},
+             {"exclusiveMaximum", 1, -1}};
+    long long lo = -INT_LIMIT, hi = INT_LIMIT;
+    int any = 0;
+    for (size_t i = 0; i < RKV_ARRAY_LEN(B); i++) {
+        double x;
+        int k = kw_num(j, s, B[i].name, path, &x);
+        if (k < 0)
+            return;
+        if (!k)
+            continue;
         any = 1;
-    }
-    if ((k = kw_num(j, s, "exclusiveMinimum", path, &x)) < 0)
-        return;
-    if (k) {
-        mn = fmax(mn, floor(x) + 1);
-        any = 1;
-    }
-    if ((k = kw_num(j, s, "maximum", path, &x)) < 0)
-        return;
-    if (k) {
-        mx = fmin(mx, floor(x));
-        any = 1;
-    }
-    if ((k = kw_num(j, s, "exclusiveMaximum", path, &x)) < 0)
-        return;
-    if (k) {
-        mx = fmin(mx, ceil(x) - 1);
-        any = 1;
+        if (B[i].upper) {
+            long long v = clamp_int((B[i].adjust ? ceil(x) : floor(x)) + B[i].adjust);
+            hi = v < hi ? v : hi;
+        } else {
+            long long v = clamp_int((B[i].adjust ? floor(x) : ceil(x)) + B[i].adjust);
+            lo = v > lo ? v : lo;
+        }
     }
     if (!any) {
         use_prim(j, P_INTEGER);
         sb_puts(e, "integer");
         return;
     }
-    if (mn > mx) {
+    if (lo > hi) {
         js_fail(j, RKV_EINVAL, path, "no integer lies between minimum and maximum");
         return;
     }
-    range_int(e, (long long)mn, (long long)mx);
+    range_int(e, lo, hi);
 }
 
 static void gen_number(struct js *j, const cJSON *s, struct sb *e, const char *path)
