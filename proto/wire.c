@@ -196,7 +196,7 @@ int proto_rbuf_get_bytes(struct proto_rbuf *r, void *dst, size_t n)
 
 /* --- shared checks ----------------------------------------------------------------- */
 
-#define SAMPLING_WIRE 40 /* 6 f32 + i32 + u64 + 2 u8 + u16, then the bias entries */
+#define SAMPLING_WIRE 44 /* 6 f32 + i32 + u64 + 2 u8 + u16, the bias entries, u32 + grammar */
 #define BIAS_WIRE     8
 #define SEQ_MIN_WIRE  (8 + 4 + 4 + 4 + SAMPLING_WIRE + 1 + 4 + 4)
 #define OUT_MIN_WIRE  (8 + 4 + 4 + 1 + 4 + 1)
@@ -231,6 +231,10 @@ static int check_sampling(const char *what, uint32_t seq, const struct proto_sam
     if (s->n_bias > PROTO_MAX_LOGIT_BIAS)
         return proto_seterr(err, errlen, RKV_EFORMAT, "%s: seq %u: n_bias is %u, the limit is %d",
                             what, seq, s->n_bias, PROTO_MAX_LOGIT_BIAS);
+    if (s->grammar_len > PROTO_MAX_GRAMMAR)
+        return proto_seterr(err, errlen, RKV_EFORMAT,
+                            "%s: seq %u: grammar_len is %u, the limit is %u", what, seq,
+                            s->grammar_len, PROTO_MAX_GRAMMAR);
     return 0;
 }
 
@@ -373,6 +377,8 @@ int proto_step_req_encode(const struct proto_step_req *m, struct proto_wbuf *w, 
             proto_wbuf_put_i32(w, sp->bias[j].id);
             proto_wbuf_put_f32(w, sp->bias[j].bias);
         }
+        proto_wbuf_put_u32(w, sp->grammar_len);
+        proto_wbuf_put_bytes(w, sp->grammar, sp->grammar_len);
         proto_wbuf_put_u8(w, s->flags);
         proto_wbuf_put_u32(w, s->n_history);
         for (uint32_t t = 0; t < s->n_history; t++)
@@ -386,14 +392,27 @@ int proto_step_req_encode(const struct proto_step_req *m, struct proto_wbuf *w, 
     return finish_encode(w, what, err, errlen);
 }
 
-/* one pass over a step_req: with m NULL it checks everything and counts
- * tokens, blocks and bias entries; with m set (a second pass over checked bytes) it fills
- * m, placing tokens at *tok, blocks at *blk and bias entries at *bia */
-static int step_req_walk(struct proto_rbuf *r, struct proto_step_req *m, int32_t *tok,
-                         struct proto_block_ref *blk, struct proto_bias *bia, uint64_t *n_seqs_out,
-                         uint64_t *n_tok, uint64_t *n_blk, uint64_t *n_bia, uint32_t *n_close_out,
+/* where a step_req's arrays go, and how many of each it has */
+struct step_req_room {
+    int32_t *tok;
+    struct proto_block_ref *blk;
+    struct proto_bias *bia;
+    char *chr; /* grammar texts, each NUL-terminated */
+    uint64_t n_seqs, n_tok, n_blk, n_bia, n_chr;
+    uint32_t n_close;
+};
+
+/* one pass over a step_req: with m NULL it checks everything and counts what at holds;
+ * with m set (a second pass over checked bytes) it fills m, placing tokens at at->tok,
+ * blocks at at->blk, bias entries at at->bia and grammar texts at at->chr */
+static int step_req_walk(struct proto_rbuf *r, struct proto_step_req *m, struct step_req_room *at,
                          char *err, size_t errlen)
 {
+    int32_t *tok = at->tok;
+    struct proto_block_ref *blk = at->blk;
+    struct proto_bias *bia = at->bia;
+    char *chr = at->chr;
+    uint64_t *n_tok = &at->n_tok, *n_blk = &at->n_blk, *n_bia = &at->n_bia;
     const char *what = "step_req";
     uint64_t epoch;
     uint32_t n_seqs;
@@ -408,7 +427,7 @@ static int step_req_walk(struct proto_rbuf *r, struct proto_step_req *m, int32_t
         m->epoch = epoch;
         m->n_seqs = n_seqs;
     }
-    *n_seqs_out = n_seqs;
+    at->n_seqs = n_seqs;
     for (uint32_t i = 0; i < n_seqs; i++) {
         struct proto_step_seq s = {0};
         struct proto_sampling *sp = &s.sampling;
@@ -463,6 +482,21 @@ static int step_req_walk(struct proto_rbuf *r, struct proto_step_req *m, int32_t
                 *bia++ = b;
         }
         *n_bia += sp->n_bias;
+        if (proto_rbuf_get_u32(r, &sp->grammar_len))
+            return truncated(what, r, err, errlen);
+        rc = check_count(what, "grammar_len", i, sp->grammar_len, PROTO_MAX_GRAMMAR, err, errlen);
+        if (rc < 0)
+            return rc;
+        const uint8_t *text = rbuf_take(r, sp->grammar_len);
+        if (!text)
+            return truncated(what, r, err, errlen);
+        if (chr && sp->grammar_len) {
+            memcpy(chr, text, sp->grammar_len);
+            chr[sp->grammar_len] = 0;
+            sp->grammar = chr;
+            chr += sp->grammar_len + 1;
+        }
+        at->n_chr += sp->grammar_len ? sp->grammar_len + 1 : 0;
         if (proto_rbuf_get_u8(r, &s.flags) || proto_rbuf_get_u32(r, &s.n_history))
             return truncated(what, r, err, errlen);
         if (s.flags & ~PROTO_STEP_FLAGS)
@@ -494,7 +528,7 @@ static int step_req_walk(struct proto_rbuf *r, struct proto_step_req *m, int32_t
         return rc;
     if ((uint64_t)n_close * 8 > proto_rbuf_left(r))
         return truncated(what, r, err, errlen);
-    *n_close_out = n_close;
+    at->n_close = n_close;
     for (uint32_t i = 0; i < n_close; i++) {
         uint64_t v = 0;
         proto_rbuf_get_u64(r, &v);
@@ -522,29 +556,29 @@ int proto_step_req_decode(const void *buf, size_t len, struct proto_step_req **o
         return proto_seterr(err, errlen, RKV_ETOOBIG, "step_req: %zu bytes, the limit is %u", len,
                             PROTO_MAX_PAYLOAD);
     struct proto_rbuf r;
-    uint64_t n_seqs = 0, n_tok = 0, n_blk = 0, n_bia = 0;
-    uint32_t n_close = 0;
+    struct step_req_room n = {0};
     proto_rbuf_init(&r, buf, len);
-    int rc = step_req_walk(&r, NULL, NULL, NULL, NULL, &n_seqs, &n_tok, &n_blk, &n_bia, &n_close,
-                           err, errlen);
+    int rc = step_req_walk(&r, NULL, &n, err, errlen);
     if (rc < 0)
         return rc;
-    /* one allocation: header, closes, seqs, tokens, bias entries, blocks; bounded by ~2x len */
-    size_t sz = sizeof(struct proto_step_req) + n_close * sizeof(uint64_t) +
-                n_seqs * sizeof(struct proto_step_seq) + n_tok * sizeof(int32_t) +
-                n_bia * sizeof(struct proto_bias) + n_blk * sizeof(struct proto_block_ref);
+    /* one allocation: header, closes, seqs, tokens, bias entries, blocks, grammar texts;
+     * bounded by ~2x len */
+    size_t sz = sizeof(struct proto_step_req) + n.n_close * sizeof(uint64_t) +
+                n.n_seqs * sizeof(struct proto_step_seq) + n.n_tok * sizeof(int32_t) +
+                n.n_bia * sizeof(struct proto_bias) + n.n_blk * sizeof(struct proto_block_ref) +
+                n.n_chr;
     struct proto_step_req *m = calloc(1, sz);
     if (!m)
         return RKV_ENOMEM;
     m->close = (uint64_t *)(m + 1);
-    m->seqs = (struct proto_step_seq *)(m->close + n_close);
-    int32_t *tok = (int32_t *)(m->seqs + n_seqs);
-    struct proto_bias *bia = (struct proto_bias *)(tok + n_tok);
-    struct proto_block_ref *blk = (struct proto_block_ref *)(bia + n_bia);
-    n_tok = n_blk = n_bia = 0;
+    m->seqs = (struct proto_step_seq *)(m->close + n.n_close);
+    struct step_req_room at = {0};
+    at.tok = (int32_t *)(m->seqs + n.n_seqs);
+    at.bia = (struct proto_bias *)(at.tok + n.n_tok);
+    at.blk = (struct proto_block_ref *)(at.bia + n.n_bia);
+    at.chr = (char *)(at.blk + n.n_blk);
     proto_rbuf_init(&r, buf, len);
-    rc =
-        step_req_walk(&r, m, tok, blk, bia, &n_seqs, &n_tok, &n_blk, &n_bia, &n_close, err, errlen);
+    rc = step_req_walk(&r, m, &at, err, errlen);
     if (rc < 0) {
         free(m);
         return rc;

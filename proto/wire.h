@@ -52,6 +52,7 @@ int proto_rbuf_get_bytes(struct proto_rbuf *r, void *dst, size_t n);
 #define PROTO_MAX_HISTORY (1u << 24)
 #define PROTO_MAX_DECODE_STEPS 16 /* greedy decode steps one STEP_REQ may ask for */
 #define PROTO_MAX_LOGIT_BIAS   300 /* logit bias entries of one sequence */
+#define PROTO_MAX_GRAMMAR (1u << 20) /* bytes of one sequence's grammar text */
 
 /* step_seq flags */
 #define PROTO_STEP_SAMPLE 1u /* sample a token from the last position */
@@ -74,8 +75,9 @@ struct proto_bias {
 
 /* wire: f32 temperature top_p min_p presence_penalty frequency_penalty
  * repetition_penalty, i32 top_k, u64 seed, u8 want_logits, u8 n_top_logprobs,
- * u16 n_bias, n_bias x bias. floats must be finite, want_logits 0/1,
- * n_top_logprobs <= 20, n_bias <= PROTO_MAX_LOGIT_BIAS, bias ids >= 0 */
+ * u16 n_bias, n_bias x bias, u32 grammar_len, grammar_len bytes. floats must be finite,
+ * want_logits 0/1, n_top_logprobs <= 20, n_bias <= PROTO_MAX_LOGIT_BIAS, bias ids >= 0,
+ * grammar_len <= PROTO_MAX_GRAMMAR */
 struct proto_sampling {
     float temperature, top_p, min_p;
     float presence_penalty, frequency_penalty, repetition_penalty;
@@ -87,6 +89,11 @@ struct proto_sampling {
      * bias list only then */
     uint16_t n_bias;
     const struct proto_bias *bias; /* (n_bias,) */
+    /* GBNF text every sampled token must keep the output a prefix of (structured output;
+     * common/grammar.h), sent like the bias list with PROTO_STEP_RESET only; the decoder
+     * NUL-terminates it. 0 bytes: unconstrained */
+    uint32_t grammar_len;
+    const char *grammar; /* (grammar_len,) */
 };
 
 /* one sequence of a step. wire: u64 session_id, u32 n_past, u32 n_tokens,

@@ -97,7 +97,8 @@ static void make_req(void)
         .tokens = g_tok0,
         .n_blocks = 3,
         .blocks = g_blk0,
-        .sampling = {0.7f, 0.9f, 0.05f, 0.1f, 0.2f, 1.1f, 40, 12345678901ull, 1, 5, 2, g_bias0},
+        .sampling = {0.7f, 0.9f, 0.05f, 0.1f, 0.2f, 1.1f, 40, 12345678901ull, 1, 5, 2, g_bias0,
+                     12, "root ::= \"{\""},
         .flags = PROTO_STEP_SAMPLE | PROTO_STEP_RESET,
         .n_history = 2,
         .history = g_hist0,
@@ -143,6 +144,13 @@ static void assert_seq_equal(const struct proto_step_seq *a, const struct proto_
     for (uint32_t i = 0; i < x->n_bias; i++) {
         assert_int_equal(x->bias[i].id, y->bias[i].id);
         assert_true(x->bias[i].bias == y->bias[i].bias);
+    }
+    assert_int_equal(x->grammar_len, y->grammar_len);
+    if (x->grammar_len) {
+        assert_memory_equal(x->grammar, y->grammar, x->grammar_len);
+        assert_int_equal(x->grammar[x->grammar_len], 0); /* the decoder terminates it */
+    } else {
+        assert_null(x->grammar);
     }
     assert_int_equal(a->flags, b->flags);
     assert_int_equal(a->n_history, b->n_history);
@@ -193,8 +201,9 @@ static void test_step_req(void **state)
     proto_wbuf_init(&w);
     char err[256];
     assert_int_equal(proto_step_req_encode(&g_req, &w, err, sizeof err), 0);
-    /* 12 + (20 + 16 + 15 + 40 + 16 + 9 + 8) + (20 + 40 + 9) + (20 + 4 + 5 + 40 + 9) + 4 + 16 + 1 */
-    assert_int_equal(w.len, 12 + 124 + 69 + 78 + 20 + 1);
+    /* 12 + (20 + 16 + 15 + 44 + 16 + 12 + 9 + 8) + (20 + 44 + 9) + (20 + 4 + 5 + 44 + 9)
+     * + 4 + 16 + 1 */
+    assert_int_equal(w.len, 12 + 140 + 73 + 82 + 20 + 1);
     struct proto_step_req *m;
     assert_int_equal(proto_step_req_decode(w.data, w.len, &m, err, sizeof err), 0);
     assert_true(m->epoch == 77);
@@ -248,6 +257,10 @@ static void test_step_req_limits(void **state)
     assert_int_equal(proto_step_req_encode(&g_req, &w, err, sizeof err), RKV_EINVAL);
     assert_string_equal(err, "step_req: seq 0: n_bias is 301, the limit is 300");
     g_seqs[0].sampling.n_bias = 2;
+    g_seqs[0].sampling.grammar_len = PROTO_MAX_GRAMMAR + 1;
+    assert_int_equal(proto_step_req_encode(&g_req, &w, err, sizeof err), RKV_EINVAL);
+    assert_string_equal(err, "step_req: seq 0: grammar_len is 1048577, the limit is 1048576");
+    g_seqs[0].sampling.grammar_len = 12;
     g_bias0[1].bias = INFINITY;
     assert_int_equal(proto_step_req_encode(&g_req, &w, err, sizeof err), RKV_EINVAL);
     assert_string_equal(err, "step_req: seq 0: bias 1 is not a finite number");
@@ -307,6 +320,12 @@ static void test_step_req_limits(void **state)
     assert_int_equal(proto_step_req_decode(b, w.len, &m, err, sizeof err), RKV_EFORMAT);
     assert_string_equal(err, "step_req: seq 0: bias 0 has token id -1");
     proto_put_u32(b + 12 + 91, 0);
+    proto_put_u32(b + 12 + 91 + 16, PROTO_MAX_GRAMMAR + 1); /* seq 0 grammar_len */
+    assert_int_equal(proto_step_req_decode(b, w.len, &m, err, sizeof err), RKV_EFORMAT);
+    assert_string_equal(err, "step_req: seq 0: grammar_len is 1048577, the limit is 1048576");
+    proto_put_u32(b + 12 + 91 + 16, 13); /* one byte more than is there before the flags */
+    assert_int_equal(proto_step_req_decode(b, w.len, &m, err, sizeof err), RKV_EFORMAT);
+    proto_put_u32(b + 12 + 91 + 16, 12);
     assert_int_equal(proto_step_req_decode(b, w.len, &m, err, sizeof err), 0);
     assert_int_equal(m->seqs[0].sampling.n_bias, 2);
     assert_true(m->seqs[0].sampling.bias[1].bias == 7.5f);
