@@ -12,6 +12,7 @@
 #include "common/err.h"
 #include "common/gguf.h"
 #include "common/gpu.h"
+#include "common/grammar.h"
 #include "common/log.h"
 #include "common/shm.h"
 #include "common/util.h"
@@ -514,12 +515,10 @@ int main(int argc, char **argv)
     proto_sock_close(w.kvmgr);
     size_t it = 0;
     void *v;
-    while (rkv_map_next(&w.samplers, &it, NULL, &v)) {
-        struct samp *sp = v;
-        sampler_destroy(sp->s);
-        free(sp);
-    }
+    while (rkv_map_next(&w.samplers, &it, NULL, &v))
+        samp_destroy(v);
     rkv_map_fini(&w.samplers);
+    grammar_vocab_destroy(w.gvocab);
     free(w.fseqs);
     free(w.sjobs);
     free(w.g_ids);

@@ -8,6 +8,8 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "common/grammar.h"
+#include "common/log.h"
 
 /* top-p histogram resolution (see top_p_vocab) */
 #define TOP_P_BUCKETS 1024
@@ -39,6 +41,9 @@ struct sampler {
     int32_t *ids;        /* (n_vocab) their token ids */
     double *block_sum;   /* (n_vocab / EXP_BLOCK + 1) weight sums per block */
     const double *u_row; /* sample_dev_run: the row's uniform, drawn in place of the rng's */
+    struct grammar_matcher *gm; /* the answer so far against p.grammar, or NULL */
+    int32_t gn;                 /* tokens the grammar's vocabulary has (<= n_vocab) */
+    uint32_t *gmask;            /* ((gn + 31) / 32) the ids the grammar allows next */
     struct sample_bias *bias; /* (p.n_bias) the logit bias, p.bias points here */
 };
 
@@ -203,6 +208,18 @@ int sampler_create(struct sampler **out, const struct sample_params *p, int32_t 
         sampler_destroy(s);
         return RKV_ENOMEM;
     }
+    if (p->grammar) {
+        /* a model may have more output rows than its tokenizer has tokens (padding): the
+         * grammar never allows those */
+        s->gn = grammar_vocab_n(p->grammar_vocab);
+        int rc = s->gn <= n_vocab ? grammar_matcher_create(&s->gm, p->grammar, p->grammar_vocab)
+                                  : RKV_EINVAL;
+        s->gmask = rc ? NULL : malloc(((size_t)s->gn + 31) / 32 * sizeof(*s->gmask));
+        if (rc || !s->gmask) {
+            sampler_destroy(s);
+            return rc ? rc : RKV_ENOMEM;
+        }
+    }
     for (int32_t i = 0; i < p->n_bias; i++)
         if (p->bias[i].id >= n_vocab) {
             sampler_destroy(s);
@@ -226,7 +243,19 @@ void sampler_destroy(struct sampler *s)
     free(s->ids);
     free(s->block_sum);
     free(s->bias);
+    grammar_matcher_destroy(s->gm);
+    free(s->gmask);
     free(s);
+}
+
+int sampler_grammar_replay(struct sampler *s, const int32_t *ids, size_t n)
+{
+    for (size_t i = 0; s->gm && i < n; i++) {
+        int rc = grammar_matcher_accept(s->gm, ids[i]);
+        if (rc)
+            return rc;
+    }
+    return 0;
 }
 
 void sampler_accept(struct sampler *s, int32_t id)
@@ -1004,6 +1033,23 @@ static void raw_logprobs(int32_t n, int32_t k_top, const float *logits, int32_t 
     report_logprobs(n, k_top, &o, logprob, top);
 }
 
+/* ids the grammar does not allow next: -inf in s->work */
+static void grammar_mask_logits(struct sampler *s)
+{
+    if (grammar_matcher_mask(s->gm, s->gmask))
+        return; /* no mask (out of memory): unconstrained this step */
+    for (int32_t w = 0; w < (s->gn + 31) / 32; w++) {
+        uint32_t m = s->gmask[w];
+        if (m == UINT32_MAX)
+            continue;
+        for (int32_t b = 0; b < 32 && w * 32 + b < s->gn; b++)
+            if (!(m >> b & 1u))
+                s->work[w * 32 + b] = -INFINITY;
+    }
+    for (int32_t i = s->gn; i < s->n_vocab; i++)
+        s->work[i] = -INFINITY;
+}
+
 /* sampler_sample's pick from raw logits: the token, what it learned of the raw
  * logits on the way (*rs) and whether it took a uniform from rng (*drew) */
 static int32_t pick_from(struct sampler *s, const float *logits, const float *v, uint64_t *rng,
@@ -1013,16 +1059,24 @@ static int32_t sample_pick(struct sampler *s, const float *logits, uint64_t *rng
                            struct row_stats *rs, int *drew)
 {
     const float *v = logits;
-    if (s->p.n_bias || penalties_active(&s->p)) {
+    if (s->p.n_bias || penalties_active(&s->p) || s->gm) {
         memcpy(s->work, logits, (size_t)s->n_vocab * sizeof(*s->work));
         /* the bias first: the penalties see the logits the client asked for */
         for (int32_t i = 0; i < s->p.n_bias; i++)
             s->work[s->p.bias[i].id] += s->p.bias[i].bias;
         sampler_penalize(s, s->work);
+        if (s->gm)
+            grammar_mask_logits(s);
         v = s->work;
     }
-    return pick_from(s, logits, v, rng, rs, drew);
+    int32_t id = pick_from(s, logits, v, rng, rs, drew);
+    /* the mask never leaves the grammar without a way on; a failure here would be the
+     * grammar's bug, and the answer goes on unconstrained rather than stopping */
+    if (s->gm && grammar_matcher_accept(s->gm, id))
+        log_warn("grammar: token %d was not accepted after the mask allowed it", (int)id);
+    return id;
 }
+
 
 /* the pick from v, the penalized logits (logits itself when no penalty applies) */
 static int32_t pick_from(struct sampler *s, const float *logits, const float *v, uint64_t *rng,
@@ -1111,7 +1165,7 @@ int sampler_plain_greedy(const struct sampler *s)
 {
     const struct sample_params *p = &s->p;
     return (p->temperature == 0.0f || p->top_k == 1) && p->n_bias == 0 && !penalties_active(p) &&
-           p->n_top_logprobs == 0;
+           p->n_top_logprobs == 0 && !s->gm;
 }
 
 /* --- sampling where the logits are ---------------------------------------- */
@@ -1146,8 +1200,8 @@ int sampler_dev_row(struct sampler *s, struct sample_dev_row *r, int32_t *pen_id
     uint64_t rng[4];
     memcpy(rng, s->rng, sizeof(rng));
     r->u = rng_uniform(rng);
-    if (p->n_bias)
-        return 1; /* a backend's sample op has no bias: the row goes to sampler_sample */
+    if (p->n_bias || s->gm)
+        return 1; /* a backend's sample op has no bias or mask: the row goes to sampler_sample */
     if (!penalties_active(p))
         return 0;
     /* the window's ids as sampler_penalize visits them; counts is zeroed

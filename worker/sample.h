@@ -2,6 +2,8 @@
  *
  * order (llama.cpp's sampler chain):
  *   0. logit bias: each listed id's logit += its bias (OpenAI's logit_bias)
+ *   0b. grammar (structured output), after the penalties below: ids the grammar does not
+ *      allow next get -inf, and the picked id advances the grammar
  *   1. penalties over the history window (penalty_last_n tokens), per id seen
  *      c times: repetition (logit > 0 ? logit / r : logit * r), then
  *      logit -= frequency * c + presence
@@ -23,6 +25,9 @@
 
 #define SAMPLE_MAX_BIAS 300 /* logit bias entries of one sampler */
 
+struct grammar;
+struct grammar_vocab;
+
 struct sample_bias {
     int32_t id; /* a token id in the vocabulary */
     float bias; /* [-100, 100], added to the logit of id */
@@ -41,6 +46,11 @@ struct sample_params {
     int32_t n_top_logprobs;   /* 0..20 alternatives reported per token */
     int32_t n_bias;           /* 0..SAMPLE_MAX_BIAS entries in bias */
     const struct sample_bias *bias; /* (n_bias) sampler_create copies it */
+    /* structured output: every pick keeps the answer a prefix of the grammar (tokens it does
+     * not allow get -inf after the bias and the penalties; the logprobs stay the raw ones).
+     * both or neither; they must outlive the sampler, which keeps its own matcher */
+    const struct grammar *grammar;
+    const struct grammar_vocab *grammar_vocab;
 };
 
 /* defaults: greedy, every filter off, penalty_last_n -1 (all), seed 0 */
@@ -62,6 +72,10 @@ void sampler_accept(struct sampler *s, int32_t id);
 /* applies the penalties (step 1) for the current history to logits
  * (n_vocab floats) in place; what sampler_sample does first */
 void sampler_penalize(struct sampler *s, float *logits);
+/* feeds ids the request already generated to the grammar (a sampler rebuilt mid-request
+ * continues where the first one was); RKV_EINVAL when the grammar refuses one (the state
+ * stays before it), 0 without a grammar */
+int sampler_grammar_replay(struct sampler *s, const int32_t *ids, size_t n);
 /* advances the rng past n samples (a sampler rebuilt mid-request, e.g. in
  * a restarted worker, continues the stream the first one drew from); a
  * greedy sampler draws nothing, so this does nothing for it */

@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "common/err.h"
+#include "common/grammar.h"
 #include "worker/sample.h"
 
 #define BIG_VOCAB 152064
@@ -1426,6 +1427,77 @@ static void test_dev_supported(void **state)
 #endif
 }
 
+/* a grammar's sampler: whatever the logits, the answer follows the grammar and ends with the
+ * eog token where the grammar can end; a sampler rebuilt from the ids so far goes on alike */
+static void test_grammar(void **state)
+{
+    (void)state;
+    /* 0 "{", 1 "}", 2 "a", 3 "b", 4 "ab", 5 "}x", 6 eog, 7 a control token, 8 "x" */
+    static const char *const bytes[] = {"{", "}", "a", "b", "ab", "}x", "", "", "x"};
+    static const uint32_t lens[] = {1, 1, 1, 1, 2, 2, 0, 0, 1};
+    static const uint8_t eog[] = {0, 0, 0, 0, 0, 0, 1, 0, 0};
+    const int32_t n_vocab = 10; /* one output row more than the vocabulary: never allowed */
+    struct grammar_vocab *v;
+    assert_int_equal(grammar_vocab_create(&v, 9, bytes, lens, eog), 0);
+    struct grammar *g;
+    char err[128];
+    static const char gbnf[] = "root ::= \"{\" [ab]{1,6} \"}\"";
+    assert_int_equal(grammar_compile(gbnf, sizeof gbnf - 1, &g, err, sizeof err), 0);
+    struct sample_params p;
+    sample_params_default(&p);
+    p.temperature = 1.0f;
+    p.grammar = g;
+    p.grammar_vocab = v;
+    float logits[10];
+    for (uint64_t seed = 1; seed <= 200; seed++) {
+        p.seed = seed;
+        struct sampler *s = make(&p, n_vocab);
+        assert_false(sampler_plain_greedy(s));
+        struct sample_dev_row row;
+        int32_t pen[4];
+        assert_int_equal(sampler_dev_row(s, &row, pen, pen + 2, 2), 1); /* the host samples */
+        char text[64] = "";
+        int32_t ids[32];
+        int n = 0;
+        for (;;) {
+            fill_logits(logits, n_vocab, seed * 100 + (uint64_t)n, 8.0f);
+            logits[9] = 1000.0f; /* beyond the vocabulary: masked however large */
+            int32_t id = sampler_sample(s, logits, NULL, NULL);
+            assert_true(id >= 0 && id <= 8 && id != 7);
+            ids[n++] = id;
+            if (id == 6)
+                break;
+            strcat(text, bytes[id]);
+            assert_true(n < 16);
+            if (n == 2) {
+                /* a sampler rebuilt mid-answer: the same state (only "}" or more letters) */
+                struct sampler *r = make(&p, n_vocab);
+                assert_int_equal(sampler_grammar_replay(r, ids, (size_t)n), 0);
+                int32_t bad = 0; /* "{" again */
+                assert_int_equal(sampler_grammar_replay(r, &bad, 1), RKV_EINVAL);
+                sampler_destroy(r);
+            }
+        }
+        size_t len = strlen(text);
+        assert_true(len >= 3 && len <= 8);
+        assert_true(text[0] == '{' && text[len - 1] == '}');
+        assert_int_equal(strspn(text + 1, "ab"), len - 2);
+        sampler_destroy(s);
+    }
+    /* greedy too: the argmax among the allowed ids */
+    p.temperature = 0.0f;
+    struct sampler *s = make(&p, n_vocab);
+    for (int i = 0; i < n_vocab; i++)
+        logits[i] = (float)i; /* "x" (8) is the best id the vocabulary has: never allowed */
+    assert_int_equal(sampler_sample(s, logits, NULL, NULL), 0); /* "{" */
+    assert_int_equal(sampler_sample(s, logits, NULL, NULL), 4); /* "ab" */
+    sampler_destroy(s);
+    /* a vocabulary larger than the logits is refused */
+    assert_int_equal(sampler_create(&s, &p, 8), RKV_EINVAL);
+    grammar_destroy(g);
+    grammar_vocab_destroy(v);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1453,6 +1525,7 @@ int main(void)
         cmocka_unit_test(test_dev_row_penalties),
         cmocka_unit_test(test_dev_drew),
         cmocka_unit_test(test_dev_supported),
+        cmocka_unit_test(test_grammar),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -9,7 +9,9 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "common/grammar.h"
 #include "common/log.h"
+#include "common/tok.h"
 #include "common/util.h"
 #include "proto/msg.h"
 #include "proto/sock.h"
@@ -19,6 +21,46 @@
 #include "worker/model.h"
 #include "worker/pool.h"
 #include "worker/sample.h"
+
+void samp_destroy(struct samp *sp)
+{
+    if (!sp)
+        return;
+    sampler_destroy(sp->s); /* before the grammar its matcher reads */
+    grammar_destroy(sp->g);
+    free(sp);
+}
+
+/* the grammar a request's sampler follows: compiled here (rkvd checked it), against the
+ * vocabulary's token bytes, made once */
+static int grammar_for(struct worker *w, const struct proto_step_seq *sq, struct samp *sp)
+{
+    char err[256] = "";
+    int rc = 0;
+    if (!w->gvocab) {
+        struct tok *t = NULL;
+        rc = tok_load_gguf(w->g, &t, err, sizeof err);
+        if (!rc)
+            rc = grammar_vocab_from_tok(&w->gvocab, t);
+        tok_destroy(t);
+        if (!rc && grammar_vocab_n(w->gvocab) > (int32_t)w->m->hp.n_vocab) {
+            snprintf(err, sizeof err, "the tokenizer has %d tokens, the model's output %lld",
+                     (int)grammar_vocab_n(w->gvocab), (long long)w->m->hp.n_vocab);
+            grammar_vocab_destroy(w->gvocab);
+            w->gvocab = NULL;
+            rc = RKV_EINVAL;
+        }
+        if (rc) {
+            log_warn("session %llu: no token bytes for its grammar: %s",
+                     (unsigned long long)sq->session_id, err[0] ? err : rkv_strerror(rc));
+            return rc;
+        }
+    }
+    rc = grammar_compile(sq->sampling.grammar, sq->sampling.grammar_len, &sp->g, err, sizeof err);
+    if (rc)
+        log_warn("session %llu: grammar: %s", (unsigned long long)sq->session_id, err);
+    return rc;
+}
 
 static struct samp *sampler_for(struct worker *w, const struct proto_step_seq *sq, int *rc)
 {
@@ -36,6 +78,10 @@ static struct samp *sampler_for(struct worker *w, const struct proto_step_seq *s
     }
     sampler_destroy(sp->s);
     sp->s = NULL;
+    grammar_destroy(sp->g);
+    sp->g = NULL;
+    if (sq->sampling.grammar_len && (*rc = grammar_for(w, sq, sp)) != 0)
+        return NULL;
     struct sample_params p;
     sample_params_default(&p);
     p.temperature = sq->sampling.temperature;
@@ -53,6 +99,8 @@ static struct samp *sampler_for(struct worker *w, const struct proto_step_seq *s
     for (int32_t i = 0; i < p.n_bias; i++)
         bias[i] = (struct sample_bias){sq->sampling.bias[i].id, sq->sampling.bias[i].bias};
     p.bias = bias;
+    p.grammar = sp->g;
+    p.grammar_vocab = sp->g ? w->gvocab : NULL;
     char err[256];
     if ((*rc = sample_params_check(&p, err, sizeof err)) != 0) {
         log_warn("session %llu: %s", (unsigned long long)sq->session_id, err);
@@ -63,6 +111,16 @@ static struct samp *sampler_for(struct worker *w, const struct proto_step_seq *s
     for (uint32_t i = 0; i < sq->n_history; i++)
         sampler_accept(sp->s, sq->history[i]);
     sampler_skip_draws(sp->s, sq->n_drawn);
+    /* the request's answer so far is the last n_drawn ids of history and this step's tokens */
+    uint32_t n_gen = sq->n_drawn, n_all = sq->n_history + sq->n_tokens;
+    for (uint32_t i = n_all - RKV_MIN(n_gen, n_all); sp->g && i < n_all && !*rc; i++)
+        *rc = sampler_grammar_replay(
+            sp->s, i < sq->n_history ? &sq->history[i] : &sq->tokens[i - sq->n_history], 1);
+    if (*rc) {
+        log_warn("session %llu: its answer so far does not follow its grammar",
+                 (unsigned long long)sq->session_id);
+        return NULL;
+    }
     return sp;
 }
 
@@ -75,8 +133,7 @@ static void sweep_samplers(struct worker *w)
     while (rkv_map_next(&w->samplers, &it, &key, &v)) {
         struct samp *sp = v;
         if (w->n_steps - sp->last_step > 100000) {
-            sampler_destroy(sp->s);
-            free(sp);
+            samp_destroy(sp);
             rkv_map_del(&w->samplers, key);
             it = 0;
         }
@@ -213,10 +270,7 @@ int step_run(struct worker *w, const struct proto_in *in, struct proto_wbuf *rep
     /* sessions that ended: their samplers go now, not at the sweep */
     for (uint32_t i = 0; i < req->n_close; i++) {
         struct samp *gone = rkv_map_del(&w->samplers, req->close[i]);
-        if (gone) {
-            sampler_destroy(gone->s);
-            free(gone);
-        }
+        samp_destroy(gone);
     }
     if (req->n_seqs == 0) {
         /* nothing to run (a step that only closes sessions) */

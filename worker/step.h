@@ -47,8 +47,11 @@ struct worker_conf {
 /* a session's sampler, kept between steps */
 struct samp {
     struct sampler *s;
+    struct grammar *g; /* the request's response_format grammar, or NULL (s reads it) */
     uint64_t last_step;
 };
+/* frees a session's sampler and its grammar */
+void samp_destroy(struct samp *sp);
 
 struct worker {
     struct worker_conf c;
@@ -80,6 +83,8 @@ struct worker {
     int reserve_done;
     int rates_done;
     struct rkv_map samplers; /* session id -> struct samp */
+    /* the vocabulary's token bytes for grammars, made at the first request with one */
+    struct grammar_vocab *gvocab;
     /* per-step scratch */
     struct fwd_seq *fseqs;
     struct kv_block_ref *refs;
