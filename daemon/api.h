@@ -42,6 +42,7 @@ struct http_req;
 #define API_MAX_MESSAGES   4096
 #define API_MAX_SESSION_ID 128
 #define API_MAX_LOGIT_BIAS PROTO_MAX_LOGIT_BIAS /* logit_bias entries (OpenAI allows 300) */
+#define API_MAX_GRAMMAR    (256 * 1024) /* bytes of the grammar a response_format makes */
 
 enum api_endpoint { API_COMPLETIONS, API_CHAT };
 
@@ -79,6 +80,9 @@ struct api_request {
     struct proto_bias *logit_bias; /* (n_logit_bias) token ids in the vocabulary, biases in
                                     * [-100, 100], each id once */
     size_t n_logit_bias;           /* <= API_MAX_LOGIT_BIAS */
+    /* response_format json_object / json_schema: the GBNF grammar (common/grammar.h) the answer
+     * follows, token by token; NULL: free text */
+    char *grammar;
     /* logprobs: completions "logprobs": N -> logprobs=true, top_logprobs=N;
      * chat "logprobs": true + "top_logprobs": N */
     bool logprobs;

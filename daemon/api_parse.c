@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "common/json_schema.h"
 #include "common/util.h"
 #include "proto/json.h"
 
@@ -273,7 +274,7 @@ static const struct {
     {"tool_choice", EP_CH},
     {"functions", EP_CH},
     {"function_call", EP_CH},
-    {"response_format", EP_CH},
+    {"response_format", EP_ALL},
     {"modalities", EP_CH},
     {"audio", EP_CH},
     {"prediction", EP_CH},
@@ -345,12 +346,6 @@ static int check_unsupported(struct parse *p, const cJSON *root)
         return unsupported(p, "tool_choice", "send \"none\" or \"auto\", or leave it out");
     if ((v = field(root, "function_call")) && !is_str(v, "none") && !is_str(v, "auto"))
         return unsupported(p, "function_call", "send \"none\" or leave it out");
-    if ((v = field(root, "response_format"))) {
-        const cJSON *t = cJSON_IsObject(v) ? cJSON_GetObjectItemCaseSensitive(v, "type") : NULL;
-        if (!is_str(t, "text"))
-            return unsupported(p, "response_format",
-                               "only {\"type\": \"text\"} (no JSON mode or schemas)");
-    }
     if ((v = field(root, "modalities")) &&
         !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 1 && is_str(v->child, "text")))
         return unsupported(p, "modalities", "rkv serves text only; send [\"text\"]");
@@ -422,6 +417,110 @@ static int parse_stop(struct parse *p, const cJSON *root, struct api_request *r)
             return bad(p, "stop", v, what);
         if (add_stop(p, r, s->valuestring))
             return RKV_ENOMEM;
+    }
+    return 0;
+}
+
+/* response_format: text, json_object or json_schema, as OpenAI takes it; the JSON modes
+ * become the GBNF grammar every sampled token must keep the answer a prefix of */
+static int parse_response_format(struct parse *p, const cJSON *root, struct api_request *r)
+{
+    const cJSON *v = field(root, "response_format");
+    if (!v)
+        return 0;
+    if (!cJSON_IsObject(v))
+        return bad(p, "response_format", v,
+                   "an object: {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+                   "{\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., "
+                   "\"schema\": {...}}}");
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(v, "type");
+    for (const cJSON *c = v->child; c; c = c->next)
+        if (strcmp(c->string, "type") && strcmp(c->string, "json_schema")) {
+            api_error_set(p->err, 400, "response_format",
+                          "response_format has an unknown field '%.80s' (it takes type and, for "
+                          "json_schema, json_schema)",
+                          c->string);
+            return RKV_EINVAL;
+        }
+    if (is_str(t, "text"))
+        return 0;
+    const char *gbnf = NULL;
+    char *made = NULL;
+    if (is_str(t, "json_object")) {
+        gbnf = json_schema_any_object_gbnf();
+    } else if (is_str(t, "json_schema")) {
+        const cJSON *js = cJSON_GetObjectItemCaseSensitive(v, "json_schema");
+        if (!cJSON_IsObject(js))
+            return bad(p, "response_format.json_schema", js ? js : v,
+                       "an object {\"name\": ..., \"schema\": {...}, \"strict\": true}");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(js, "name");
+        size_t nl = cJSON_IsString(name) ? strlen(name->valuestring) : 0;
+        int name_ok = nl >= 1 && nl <= 64;
+        for (size_t i = 0; name_ok && i < nl; i++) {
+            char c = name->valuestring[i];
+            name_ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                      (c >= '0' && c <= '9') || c == '_' || c == '-';
+        }
+        if (!name_ok)
+            return bad(p, "response_format.json_schema.name", name ? name : js,
+                       "a string of 1 to 64 letters, digits, '_' or '-'");
+        const cJSON *strict = cJSON_GetObjectItemCaseSensitive(js, "strict");
+        if (strict && !cJSON_IsBool(strict) && !cJSON_IsNull(strict))
+            return bad(p, "response_format.json_schema.strict", strict, "a boolean");
+        for (const cJSON *c = js->child; c; c = c->next)
+            if (strcmp(c->string, "name") && strcmp(c->string, "schema") &&
+                strcmp(c->string, "strict") && strcmp(c->string, "description")) {
+                api_error_set(p->err, 400, "response_format.json_schema",
+                              "response_format.json_schema has an unknown field '%.80s' (it "
+                              "takes name, description, schema and strict)",
+                              c->string);
+                return RKV_EINVAL;
+            }
+        const cJSON *schema = cJSON_GetObjectItemCaseSensitive(js, "schema");
+        if (!schema || cJSON_IsNull(schema)) {
+            gbnf = json_schema_any_object_gbnf(); /* no schema: any JSON object */
+        } else {
+            if (!cJSON_IsObject(schema) && !cJSON_IsBool(schema))
+                return bad(p, "response_format.json_schema.schema", schema,
+                           "a JSON Schema object (docs/structured-output.md lists what rkv "
+                           "supports)");
+            char *text = cJSON_PrintUnformatted(schema);
+            if (!text) {
+                api_error_set(p->err, 500, NULL, "out of memory");
+                return RKV_ENOMEM;
+            }
+            char why[400];
+            int rc = json_schema_to_gbnf(text, strlen(text), &made, why, sizeof why);
+            free(text);
+            if (rc == RKV_ENOMEM) {
+                api_error_set(p->err, 500, NULL, "out of memory");
+                return rc;
+            }
+            if (rc) {
+                api_error_set(p->err, 400, "response_format.json_schema.schema",
+                              "response_format.json_schema.schema: %s (docs/structured-output.md "
+                              "lists the JSON Schema rkv supports)",
+                              why);
+                return RKV_EINVAL;
+            }
+            if (strlen(made) > API_MAX_GRAMMAR) {
+                free(made);
+                api_error_set(p->err, 400, "response_format.json_schema.schema",
+                              "response_format.json_schema.schema makes a grammar over %d "
+                              "bytes; send a smaller schema",
+                              API_MAX_GRAMMAR);
+                return RKV_EINVAL;
+            }
+            gbnf = made;
+        }
+    } else {
+        return bad(p, "response_format.type", t ? t : v,
+                   "\"text\", \"json_object\" or \"json_schema\"");
+    }
+    r->grammar = made ? made : strdup(gbnf);
+    if (!r->grammar) {
+        api_error_set(p->err, 500, NULL, "out of memory");
+        return RKV_ENOMEM;
     }
     return 0;
 }
@@ -551,10 +650,17 @@ static int parse_common(struct parse *p, const cJSON *root, struct api_request *
         r->seed = (int64_t)v->valuedouble;
     }
     if ((rc = parse_stop(p, root, r)) || (rc = parse_logit_bias(p, root, r)) ||
+        (rc = parse_response_format(p, root, r)) ||
         (rc = parse_stream(p, root, r)) || (rc = get_bool(p, root, "ignore_eos", &r->ignore_eos)) ||
         (rc = get_str(p, root, "user", &r->user)) ||
         (rc = get_str(p, root, "session_id", &r->session_id)))
         return rc;
+    if (r->grammar && r->ignore_eos) {
+        api_error_set(p->err, 400, "ignore_eos",
+                      "ignore_eos cannot go with a JSON response_format: the answer ends where "
+                      "its JSON ends; send one of them");
+        return RKV_EINVAL;
+    }
     if (r->session_id) {
         size_t n = strlen(r->session_id);
         int ctl = 0;
@@ -835,6 +941,7 @@ void api_request_fini(struct api_request *r)
     for (size_t i = 0; i < r->n_stop; i++)
         free(r->stop[i]);
     free(r->logit_bias);
+    free(r->grammar);
     free(r->user);
     free(r->session_id);
     memset(r, 0, sizeof(*r));

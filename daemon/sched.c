@@ -956,6 +956,10 @@ static void kick(struct sched *s, uint32_t w)
             js->sp.n_bias = (uint16_t)q->req->n_logit_bias;
             js->sp.bias = js->sp.n_bias ? bias : NULL;
             arena += 2 * q->req->n_logit_bias;
+            /* the grammar stays the request's: a request outlives its jobs (a cancelled one
+             * waits for the job in flight) */
+            js->sp.grammar = q->req->grammar;
+            js->sp.grammar_len = q->req->grammar ? (uint32_t)strlen(q->req->grammar) : 0;
         }
         if (!se->kvmgr_knows) {
             js->is_new = 1;

