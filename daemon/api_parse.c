@@ -458,8 +458,8 @@ static int parse_response_format(struct parse *p, const cJSON *root, struct api_
         int name_ok = nl >= 1 && nl <= 64;
         for (size_t i = 0; name_ok && i < nl; i++) {
             char c = name->valuestring[i];
-            name_ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-                      (c >= '0' && c <= '9') || c == '_' || c == '-';
+            name_ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                      c == '_' || c == '-';
         }
         if (!name_ok)
             return bad(p, "response_format.json_schema.name", name ? name : js,
@@ -650,8 +650,8 @@ static int parse_common(struct parse *p, const cJSON *root, struct api_request *
         r->seed = (int64_t)v->valuedouble;
     }
     if ((rc = parse_stop(p, root, r)) || (rc = parse_logit_bias(p, root, r)) ||
-        (rc = parse_response_format(p, root, r)) ||
-        (rc = parse_stream(p, root, r)) || (rc = get_bool(p, root, "ignore_eos", &r->ignore_eos)) ||
+        (rc = parse_response_format(p, root, r)) || (rc = parse_stream(p, root, r)) ||
+        (rc = get_bool(p, root, "ignore_eos", &r->ignore_eos)) ||
         (rc = get_str(p, root, "user", &r->user)) ||
         (rc = get_str(p, root, "session_id", &r->session_id)))
         return rc;
@@ -991,8 +991,7 @@ static cJSON *parse_root(const char *body, size_t len, struct api_error *err)
         bad(&p, "body", root, "a JSON object");
     } else if (proto_json_dup_key(root, dup, sizeof dup)) {
         api_error_set(err, 400, dup,
-                      "the key \"%s\" appears twice in the request body; send each key once",
-                      dup);
+                      "the key \"%s\" appears twice in the request body; send each key once", dup);
     } else {
         return root;
     }

@@ -500,8 +500,8 @@ static int step_req_walk(struct proto_rbuf *r, struct proto_step_req *m, struct 
         if (proto_rbuf_get_u8(r, &s.flags) || proto_rbuf_get_u32(r, &s.n_history))
             return truncated(what, r, err, errlen);
         if (s.flags & ~PROTO_STEP_FLAGS)
-            return proto_seterr(err, errlen, RKV_EFORMAT, "%s: seq %u: unknown flags 0x%x", what,
-                                i, s.flags);
+            return proto_seterr(err, errlen, RKV_EFORMAT, "%s: seq %u: unknown flags 0x%x", what, i,
+                                s.flags);
         rc = check_count(what, "n_history", i, s.n_history, PROTO_MAX_HISTORY, err, errlen);
         if (rc < 0)
             return rc;

@@ -419,6 +419,7 @@ static int load(struct worker *w)
     w->g_lps = calloc((size_t)w->c.max_seqs, sizeof *w->g_lps);
     w->rows_sp = calloc((size_t)w->c.max_seqs, sizeof *w->rows_sp);
     w->rows_rc = calloc((size_t)w->c.max_seqs, sizeof *w->rows_rc);
+    w->mask_rows = calloc((size_t)w->c.max_seqs, sizeof *w->mask_rows);
     w->drows = calloc((size_t)w->c.max_seqs, sizeof *w->drows);
     w->drow_p = calloc((size_t)w->c.max_seqs, sizeof *w->drow_p);
     w->douts = calloc((size_t)w->c.max_seqs, sizeof *w->douts);
@@ -426,8 +427,8 @@ static int load(struct worker *w)
     w->dpen = calloc((size_t)w->c.max_seqs * 2 * SAMPLE_PEN_CAP, sizeof *w->dpen);
     w->logits = backend_host_alloc(w->be, (size_t)w->c.max_seqs * w->m->hp.n_vocab * sizeof(float));
     if (!w->fseqs || !w->sjobs || !w->logits || !w->g_ids || !w->g_feed || !w->g_lps ||
-        !w->rows_sp || !w->rows_rc || !w->drows || !w->drow_p || !w->douts || !w->dwant ||
-        !w->dpen) {
+        !w->rows_sp || !w->rows_rc || !w->mask_rows || !w->drows || !w->drow_p || !w->douts ||
+        !w->dwant || !w->dpen) {
         log_error("out of host memory for %lld rows of %u logits", (long long)w->c.max_seqs,
                   w->m->hp.n_vocab);
         return RKV_ENOMEM;
@@ -526,6 +527,7 @@ int main(int argc, char **argv)
     free(w.g_lps);
     free(w.rows_sp);
     free(w.rows_rc);
+    free(w.mask_rows);
     free(w.drows);
     free(w.drow_p);
     free(w.douts);

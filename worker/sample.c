@@ -30,21 +30,22 @@ struct sampler {
      * penalty_last_n is -1 (then it grows) */
     int32_t *hist;
     size_t hist_cap;
-    size_t hist_len;     /* ids stored (<= hist_cap) */
-    size_t hist_head;    /* next write slot in the ring */
-    int32_t *counts;     /* (n_vocab) scratch, all zero between calls */
-    float *work;         /* (n_vocab) penalized logits */
-    struct cand *cand;   /* (n_vocab) candidates */
-    double *bucket_mass; /* (TOP_P_BUCKETS) top-p scratch */
-    float *weight;       /* (n_vocab) exp weights scratch */
-    float *vals;         /* (n_vocab) kept logits, contiguous */
-    int32_t *ids;        /* (n_vocab) their token ids */
-    double *block_sum;   /* (n_vocab / EXP_BLOCK + 1) weight sums per block */
-    const double *u_row; /* sample_dev_run: the row's uniform, drawn in place of the rng's */
+    size_t hist_len;            /* ids stored (<= hist_cap) */
+    size_t hist_head;           /* next write slot in the ring */
+    int32_t *counts;            /* (n_vocab) scratch, all zero between calls */
+    float *work;                /* (n_vocab) penalized logits */
+    struct cand *cand;          /* (n_vocab) candidates */
+    double *bucket_mass;        /* (TOP_P_BUCKETS) top-p scratch */
+    float *weight;              /* (n_vocab) exp weights scratch */
+    float *vals;                /* (n_vocab) kept logits, contiguous */
+    int32_t *ids;               /* (n_vocab) their token ids */
+    double *block_sum;          /* (n_vocab / EXP_BLOCK + 1) weight sums per block */
+    const double *u_row;        /* sample_dev_run: the row's uniform, drawn in place of the rng's */
     struct grammar_matcher *gm; /* the answer so far against p.grammar, or NULL */
     int32_t gn;                 /* tokens the grammar's vocabulary has (<= n_vocab) */
     uint32_t *gmask;            /* ((gn + 31) / 32) the ids the grammar allows next */
-    struct sample_bias *bias; /* (p.n_bias) the logit bias, p.bias points here */
+    int gmask_ready;            /* gmask holds the mask of the grammar's current state */
+    struct sample_bias *bias;   /* (p.n_bias) the logit bias, p.bias points here */
 };
 
 void sample_params_default(struct sample_params *p)
@@ -248,8 +249,23 @@ void sampler_destroy(struct sampler *s)
     free(s);
 }
 
+int sampler_grammar_prepare(struct sampler *s)
+{
+    if (!s->gm || s->gmask_ready)
+        return 0;
+    int rc = grammar_matcher_mask(s->gm, s->gmask);
+    s->gmask_ready = rc == 0;
+    return rc;
+}
+
+int sampler_has_grammar(const struct sampler *s)
+{
+    return s->gm != NULL;
+}
+
 int sampler_grammar_replay(struct sampler *s, const int32_t *ids, size_t n)
 {
+    s->gmask_ready = 0;
     for (size_t i = 0; s->gm && i < n; i++) {
         int rc = grammar_matcher_accept(s->gm, ids[i]);
         if (rc)
@@ -1036,8 +1052,9 @@ static void raw_logprobs(int32_t n, int32_t k_top, const float *logits, int32_t 
 /* ids the grammar does not allow next: -inf in s->work */
 static void grammar_mask_logits(struct sampler *s)
 {
-    if (grammar_matcher_mask(s->gm, s->gmask))
-        return; /* no mask (out of memory): unconstrained this step */
+    if (sampler_grammar_prepare(s))
+        return;         /* no mask (out of memory): unconstrained this step */
+    s->gmask_ready = 0; /* the pick moves the grammar on */
     for (int32_t w = 0; w < (s->gn + 31) / 32; w++) {
         uint32_t m = s->gmask[w];
         if (m == UINT32_MAX)
@@ -1076,7 +1093,6 @@ static int32_t sample_pick(struct sampler *s, const float *logits, uint64_t *rng
         log_warn("grammar: token %d was not accepted after the mask allowed it", (int)id);
     return id;
 }
-
 
 /* the pick from v, the penalized logits (logits itself when no penalty applies) */
 static int32_t pick_from(struct sampler *s, const float *logits, const float *v, uint64_t *rng,

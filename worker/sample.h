@@ -34,17 +34,17 @@ struct sample_bias {
 };
 
 struct sample_params {
-    float temperature;        /* 0 = greedy (argmax, ties to the lowest id) */
-    int32_t top_k;            /* 0 = off */
-    float top_p;              /* 1 = off */
-    float min_p;              /* 0 = off */
-    float repetition_penalty; /* 1 = off; llama.cpp/HF style divide/multiply */
-    float presence_penalty;   /* 0 = off; OpenAI semantics */
-    float frequency_penalty;  /* 0 = off; OpenAI semantics */
-    int32_t penalty_last_n;   /* tokens of history the penalties see; -1 = all, 0 = none */
-    uint64_t seed;            /* same seed + same logits -> same tokens */
-    int32_t n_top_logprobs;   /* 0..20 alternatives reported per token */
-    int32_t n_bias;           /* 0..SAMPLE_MAX_BIAS entries in bias */
+    float temperature;              /* 0 = greedy (argmax, ties to the lowest id) */
+    int32_t top_k;                  /* 0 = off */
+    float top_p;                    /* 1 = off */
+    float min_p;                    /* 0 = off */
+    float repetition_penalty;       /* 1 = off; llama.cpp/HF style divide/multiply */
+    float presence_penalty;         /* 0 = off; OpenAI semantics */
+    float frequency_penalty;        /* 0 = off; OpenAI semantics */
+    int32_t penalty_last_n;         /* tokens of history the penalties see; -1 = all, 0 = none */
+    uint64_t seed;                  /* same seed + same logits -> same tokens */
+    int32_t n_top_logprobs;         /* 0..20 alternatives reported per token */
+    int32_t n_bias;                 /* 0..SAMPLE_MAX_BIAS entries in bias */
     const struct sample_bias *bias; /* (n_bias) sampler_create copies it */
     /* structured output: every pick keeps the answer a prefix of the grammar (tokens it does
      * not allow get -inf after the bias and the penalties; the logprobs stay the raw ones).
@@ -76,6 +76,12 @@ void sampler_penalize(struct sampler *s, float *logits);
  * continues where the first one was); RKV_EINVAL when the grammar refuses one (the state
  * stays before it), 0 without a grammar */
 int sampler_grammar_replay(struct sampler *s, const int32_t *ids, size_t n);
+/* computes the grammar's mask for the next pick ahead of sampler_sample, which then takes it
+ * (the worker runs this on other threads while the step's forward pass runs); 0 without a
+ * grammar. the sampler must not be used by another thread meanwhile */
+int sampler_grammar_prepare(struct sampler *s);
+/* 1 when the sampler follows a grammar */
+int sampler_has_grammar(const struct sampler *s);
 /* advances the rng past n samples (a sampler rebuilt mid-request, e.g. in
  * a restarted worker, continues the stream the first one drew from); a
  * greedy sampler draws nothing, so this does nothing for it */

@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -165,6 +166,49 @@ static void sample_rows(struct worker *w, uint32_t n)
         sample_range(w->sjobs, 0, n, 0);
 }
 
+/* the constrained rows' grammar masks, computed on the sample pool by a thread of their own
+ * while the step's forward pass runs (a mask over a large vocabulary can take milliseconds) */
+struct mask_run {
+    struct worker *w;
+    struct sampler **rows; /* (n) */
+    uint32_t n;
+    pthread_t th;
+};
+
+static void mask_range(void *arg, uint32_t begin, uint32_t end, uint32_t thread)
+{
+    struct sampler **rows = arg;
+    (void)thread;
+    for (uint32_t i = begin; i < end; i++)
+        sampler_grammar_prepare(rows[i]); /* a failure: sampler_sample tries again */
+}
+
+static void *mask_main(void *arg)
+{
+    struct mask_run *mr = arg;
+    if (mr->n >= 2 && pool_n_threads(mr->w->samp_pool) > 1)
+        pool_run(mr->w->samp_pool, mask_range, mr->rows, mr->n, 1);
+    else
+        mask_range(mr->rows, 0, mr->n, 0);
+    return NULL;
+}
+
+/* starts the masks of the rows this pass samples that follow a grammar; 1 when a thread runs
+ * them (mask_join waits for it), 0 when there are none or no thread could start (then each
+ * row's sampler computes its own) */
+static int mask_start(struct worker *w, const struct proto_step_req *req, struct mask_run *mr)
+{
+    mr->w = w;
+    mr->n = 0;
+    mr->rows = w->mask_rows;
+    for (uint32_t i = 0; i < req->n_seqs; i++) {
+        struct samp *sp = w->rows_sp[i];
+        if (sp && (req->seqs[i].flags & PROTO_STEP_SAMPLE) && sampler_has_grammar(sp->s))
+            mr->rows[mr->n++] = sp->s;
+    }
+    return mr->n && pthread_create(&mr->th, NULL, mask_main, mr) == 0;
+}
+
 /* one forward pass over the step's rows as w->fseqs describe them, and each sampled row's
  * token into outs (picked by the backend when greedy allows, else by the row's sampler) */
 static int step_pass(struct worker *w, const struct proto_step_req *req,
@@ -175,6 +219,8 @@ static int step_pass(struct worker *w, const struct proto_step_req *req,
     for (uint32_t i = 0; i < n; i++)
         w->st.tokens += w->fseqs[i].n_tokens;
     int picked = 0, rc;
+    struct mask_run mr;
+    const int masking = !greedy && mask_start(w, req, &mr);
     /* rows sampled where the logits are, when the backend can (a gpu then sends back a token
      * and a few numbers a row, not the logits) */
     const int dev = !greedy;
@@ -185,6 +231,8 @@ static int step_pass(struct worker *w, const struct proto_step_req *req,
     else
         rc = fwd_step(w->fwd, w->fseqs, n, 0, w->logits);
     w->st.fwd_ns += rkv_now_ns() - t_fwd;
+    if (masking)
+        pthread_join(mr.th, NULL);
     if (rc)
         return rc;
     w->n_steps++;

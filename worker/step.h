@@ -96,6 +96,7 @@ struct worker {
     float *g_lps;
     int32_t *g_feed; /* a step of several decode steps: each row's input of the next one */
     struct samp **rows_sp;
+    struct sampler **mask_rows; /* (max_seqs) the rows whose grammar masks run beside a pass */
     int *rows_rc;
     struct pool *samp_pool;
     /* rows of the current step to sample (sample_rows) */
