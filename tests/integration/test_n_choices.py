@@ -274,3 +274,48 @@ def test_suffix_fill_in_the_middle(fim_srv):
                               {"prompt": prompt, "suffix": suffix, "echo": True})
     assert st == 400 and json.loads(body)["error"]["param"] == "echo"
     assert math.isfinite(r.usage.total_tokens)
+
+
+def wait_for(pred, what, timeout=30):
+    import time
+    end = time.time() + timeout
+    while time.time() < end:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_disconnect_mid_stream_ends_every_choice(rkvd_factory):
+    """a client that leaves a stream of several choices cancels all of them; their sessions
+    and KV go, and the server goes on serving"""
+    import socket
+    srv = rkvd_factory("--block-size", str(BLOCK))
+    body = json.dumps({"prompt": PROMPT, "n": 4, "max_tokens": 2000, "stream": True,
+                       "ignore_eos": True, "temperature": 1.0}).encode()
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    got = b""
+    while got.count(b"data: ") < 8:
+        got += s.recv(65536)
+    assert srv.metric("rkv:num_requests_running") == 4
+    s.close()
+    wait_for(lambda: srv.metric("rkv:num_requests_running") == 0 and
+             srv.metric("rkv:num_requests_waiting") == 0, "the choices to end")
+    r = client(srv).completions.create(model="tiny", prompt="Hi", n=2, max_tokens=3)
+    assert len(r.choices) == 2
+
+
+def test_two_workers_give_the_same_choices(rkvd, rkvd_factory):
+    """seeded choices do not depend on where they run: two workers answer as one does"""
+    want = texts(sampled(client(rkvd), prompt=["Once upon a time", "The fox"], n=3, seed=21))
+    srv = rkvd_factory("--workers", "2", "--block-size", str(BLOCK))
+    c = client(srv)
+    assert texts(sampled(c, prompt=["Once upon a time", "The fox"], n=3, seed=21)) == want
+    # several at once, spread over both workers
+    import concurrent.futures as cf
+    with cf.ThreadPoolExecutor(4) as ex:
+        got = list(ex.map(lambda _: texts(sampled(c, prompt=["Once upon a time", "The fox"],
+                                                   n=3, seed=21)), range(4)))
+    assert got == [want] * 4
