@@ -130,6 +130,8 @@ def test_best_of_returns_the_best(rkvd):
     # best_of's sequences sample as n's do with the same seed: the best two of these four
     four = sampled(c, n=4, seed=5, logprobs=0)
     rank = sorted(range(4), key=lambda i: (-mean_lp(four.choices[i]), i))
+    for ch in four.choices:  # each choice's logprobs are its own
+        assert "".join(ch.logprobs.tokens) == ch.text and len(ch.logprobs.tokens) == 8
     best = sampled(c, n=2, best_of=4, seed=5, logprobs=0)
     assert [ch.index for ch in best.choices] == [0, 1]
     assert texts(best) == [four.choices[i].text for i in rank[:2]]
@@ -163,6 +165,16 @@ def test_prompt_lists(rkvd, ref):
     g = c.completions.create(model="tiny", prompt=[a, b, a], max_tokens=6, temperature=0)
     want_a, want_b = ref.gen(a, n=6)["text"], ref.gen(b, n=6)["text"]
     assert texts(g) == [want_a, want_b, want_a]
+    # echo: each prompt starts its own choices, streamed and not
+    e = c.completions.create(model="tiny", prompt=[a, b], n=2, max_tokens=6, temperature=0,
+                             echo=True)
+    assert texts(e) == [a + want_a, a + want_a, b + want_b, b + want_b]
+    got = ["", "", "", ""]
+    for chunk in c.completions.create(model="tiny", prompt=[a, b], n=2, max_tokens=6,
+                                      temperature=0, echo=True, stream=True):
+        for ch in chunk.choices:
+            got[ch.index] += ch.text
+    assert got == texts(e)
 
 
 @pytest.mark.parametrize("prompt,param,msg", [
