@@ -28,6 +28,18 @@ struct api {
     void *key_lookup_ud;
 };
 
+/* one sequence of a call (prompt i's k-th of best_of is i * best_of + k) */
+struct api_choice {
+    /* non-stream: what is returned at the end; streaming: an echo not sent yet */
+    char *text;
+    size_t len, cap;
+    struct api_token_logprob *lp;
+    size_t n_lp, cap_lp;
+    enum api_finish finish; /* API_FINISH_NONE while it runs */
+    double score;           /* best_of: its mean logprob per token */
+    struct api_stream stream;
+};
+
 struct api_call {
     struct api *api;
     struct http_req *http;
@@ -39,12 +51,8 @@ struct api_call {
     int closed;  /* the client is gone */
     int in_api;  /* inside an api_call_* function: cancel is not called then */
     int started; /* SSE head sent */
-    struct api_stream stream;
-    /* non-stream: what is returned at the end */
-    char *text;
-    size_t len, cap;
-    struct api_token_logprob *lp;
-    size_t n_lp, cap_lp;
+    struct api_choice *ch; /* (n_ch) = api_request_seqs */
+    size_t n_ch;
     int64_t key;     /* the api key's id when its limits apply, else 0 */
     uint64_t charge; /* tokens the key is charged when the call ends */
 };
@@ -248,10 +256,13 @@ static void call_destroy(struct api_call *c)
     if (c->key)
         rl_done(c->api->rl, c->key, c->charge, rkv_now_ms());
     api_request_fini(&c->req);
-    for (size_t i = 0; i < c->n_lp; i++)
-        lp_free(&c->lp[i]);
-    free(c->lp);
-    free(c->text);
+    for (size_t k = 0; k < c->n_ch; k++) {
+        for (size_t i = 0; i < c->ch[k].n_lp; i++)
+            lp_free(&c->ch[k].lp[i]);
+        free(c->ch[k].lp);
+        free(c->ch[k].text);
+    }
+    free(c->ch);
     free(c);
 }
 
@@ -366,22 +377,64 @@ static struct rl_limits key_limits(const struct api *api, const struct rl_limits
                               k->max_prompt < 0 ? d->max_prompt : k->max_prompt};
 }
 
-static int keep_text(struct api_call *c, const char *text, size_t len);
+static int keep_text(struct api_choice *ch, const char *text, size_t len);
 
-/* echo: the prompt's text starts the answer (ids read back as /detokenize reads them) */
+/* echo: each prompt's text starts its choices (ids read back as /detokenize reads them) */
 static int echo_prompt(struct api *api, struct api_call *c)
 {
     const struct api_request *r = &c->req;
-    if (r->prompt)
-        return keep_text(c, r->prompt, strlen(r->prompt));
-    char *text = NULL;
-    int rc = api->sched.detokenize ? api->sched.detokenize(api->sched.ctx, r->prompt_tokens,
-                                                           r->n_prompt_tokens, &text)
-                                   : RKV_EUNSUPPORTED;
-    if (rc == 0)
-        rc = keep_text(c, text, strlen(text));
-    free(text);
+    size_t per = (size_t)c->req.best_of;
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < api_request_prompts(r); i++) {
+        const char *ptext;
+        const int32_t *ids;
+        size_t n_ids;
+        api_request_prompt(r, i, &ptext, &ids, &n_ids);
+        char *text = NULL;
+        if (!ptext)
+            rc = api->sched.detokenize ? api->sched.detokenize(api->sched.ctx, ids, n_ids, &text)
+                                       : RKV_EUNSUPPORTED;
+        for (size_t k = 0; rc == 0 && k < per; k++) {
+            const char *t = ptext ? ptext : text;
+            rc = keep_text(&c->ch[i * per + k], t, strlen(t));
+        }
+        free(text);
+    }
     return rc;
+}
+
+/* several sequences in one request: within the key's limits, not with a session */
+static int check_fanout(struct http_req *hreq, struct api_request *r, int64_t key,
+                        const struct rl_limits *kl)
+{
+    size_t seqs = api_request_seqs(r);
+    const char *param = r->best_of > r->n ? "best_of" : r->n > 1 ? "n" : "prompt";
+    if (seqs > 1 && r->session_id)
+        return respond_error(hreq, 400, param, NULL,
+                             "%s asks for %zu sequences, but a session continues one "
+                             "conversation: leave out session_id (and X-Session-Id), or send "
+                             "one prompt with n = 1",
+                             param, seqs);
+    if (!key || seqs == 1)
+        return 0;
+    /* a chat request without max_tokens gets the key's cap shared by its sequences */
+    if (kl->max_tokens > 0 && !r->has_max_tokens)
+        r->max_tokens = (int)RKV_MAX(1, kl->max_tokens / (int64_t)seqs);
+    int64_t want = (int64_t)seqs * r->max_tokens;
+    const struct {
+        int64_t cap;
+        const char *what, *flag;
+    } caps[] = {{kl->max_tokens, "generate in one request", "--max-tokens"},
+                {kl->tpm, "use in a whole window", "--tpm"}};
+    for (size_t i = 0; i < RKV_ARRAY_LEN(caps); i++)
+        if (caps[i].cap > 0 && want > caps[i].cap)
+            return respond_error(hreq, 400, param, NULL,
+                                 "%zu sequences x max_tokens %d = %lld tokens, more than API "
+                                 "key %lld may %s (%lld): lower n, best_of or max_tokens, or "
+                                 "ask the operator to raise it (rkvctl keys limits %lld %s N)",
+                                 seqs, r->max_tokens, (long long)want, (long long)key, caps[i].what,
+                                 (long long)caps[i].cap, (long long)key, caps[i].flag);
+    return 0;
 }
 
 static int handle_generate(struct api *api, struct http_req *hreq, enum api_endpoint ep,
@@ -456,6 +509,18 @@ static int handle_generate(struct api *api, struct http_req *hreq, enum api_endp
         }
         c->req.session_id = strdup(sid);
     }
+    if (check_fanout(hreq, &c->req, key, &kl)) {
+        call_destroy(c);
+        return 1;
+    }
+    c->n_ch = api_request_seqs(&c->req);
+    c->ch = calloc(c->n_ch, sizeof *c->ch);
+    if (!c->ch) {
+        c->n_ch = 0;
+        respond_error(hreq, 500, NULL, NULL, "%s", "out of memory");
+        call_destroy(c);
+        return 1;
+    }
     if (c->req.echo && echo_prompt(api, c) != 0) {
         respond_error(hreq, 500, NULL, NULL, "%s", "out of memory");
         call_destroy(c);
@@ -464,7 +529,10 @@ static int handle_generate(struct api *api, struct http_req *hreq, enum api_endp
     c->http = hreq;
     c->created = (uint64_t)time(NULL);
     api_make_id(ep, c->id, sizeof(c->id));
-    api_stream_init(&c->stream, &c->req, c->id, c->model, c->created);
+    for (size_t k = 0; k < c->n_ch; k++) {
+        api_stream_init(&c->ch[k].stream, &c->req, c->id, c->model, c->created);
+        c->ch[k].stream.index = (uint32_t)k; /* streamed: best_of = n, every one is a choice */
+    }
     http_req_set_callbacks(hreq, call_on_close, NULL, c);
     /* submit may finish the call itself (api_call_fail): c is not touched
      * after it unless it refused */
@@ -559,18 +627,18 @@ void *api_call_data(const struct api_call *call)
     return call->data;
 }
 
-/* SSE head, and the chat role chunk, before the first event */
+/* SSE head, and each choice's chat role chunk, before the first event */
 static int stream_start(struct api_call *c)
 {
     if (c->started)
         return 0;
     c->started = 1;
     int rc = http_resp_start(c->http, 200, "text/event-stream");
-    if (rc < 0)
-        return rc;
-    size_t n;
-    char *ev = api_stream_begin(&c->stream, &n);
-    if (ev) {
+    for (size_t k = 0; rc >= 0 && k < c->n_ch; k++) {
+        size_t n;
+        char *ev = api_stream_begin(&c->ch[k].stream, &n);
+        if (!ev)
+            break; /* completions send none */
         rc = http_resp_write(c->http, ev, n);
         free(ev);
     }
@@ -586,7 +654,7 @@ static int stream_send(struct api_call *c, char *ev, size_t n)
     return rc;
 }
 
-static int keep_logprobs(struct api_call *c, const struct api_token_logprob *lp, size_t n)
+static int keep_logprobs(struct api_choice *c, const struct api_token_logprob *lp, size_t n)
 {
     if (c->n_lp + n > c->cap_lp) {
         size_t cap = c->cap_lp ? c->cap_lp * 2 : 64;
@@ -622,7 +690,7 @@ static int keep_logprobs(struct api_call *c, const struct api_token_logprob *lp,
 }
 
 /* appends to the text a non-stream answer returns (or, streaming, the echo not sent yet) */
-static int keep_text(struct api_call *c, const char *text, size_t len)
+static int keep_text(struct api_choice *c, const char *text, size_t len)
 {
     if (rkv_grow((void **)&c->text, &c->cap, c->len + len + 1, 256) < 0)
         return RKV_ENOMEM;
@@ -632,45 +700,138 @@ static int keep_text(struct api_call *c, const char *text, size_t len)
     return 0;
 }
 
-/* one text chunk; an echoed prompt still held goes first, in the same chunk */
-static int stream_text(struct api_call *c, const char *text, size_t len,
+/* one text chunk of a choice; an echoed prompt still held goes first, in the same chunk */
+static int stream_text(struct api_call *c, struct api_choice *ch, const char *text, size_t len,
                        const struct api_token_logprob *lp, size_t n_lp)
 {
     int rc = stream_start(c);
     if (rc < 0)
         return rc;
-    if (c->len) {
-        if ((rc = keep_text(c, text, len)) < 0)
+    if (ch->len) {
+        if ((rc = keep_text(ch, text, len)) < 0)
             return rc;
-        text = c->text;
-        len = c->len;
-        c->len = 0;
+        text = ch->text;
+        len = ch->len;
+        ch->len = 0;
     }
     size_t n = 0;
-    char *ev = api_stream_delta(&c->stream, text, len, lp, n_lp, &n);
+    char *ev = api_stream_delta(&ch->stream, text, len, lp, n_lp, &n);
     return stream_send(c, ev, n);
 }
 
-int api_call_token(struct api_call *c, const char *text, size_t len,
-                   const struct api_token_logprob *lp, size_t n_lp)
+int api_call_choice_token(struct api_call *c, uint32_t seq, const char *text, size_t len,
+                          const struct api_token_logprob *lp, size_t n_lp)
 {
     if (c->closed)
         return RKV_ECLOSED;
+    if (seq >= c->n_ch)
+        return RKV_EINVAL;
+    struct api_choice *ch = &c->ch[seq];
     if (!c->req.logprobs)
         n_lp = 0;
     int rc;
     c->in_api = 1;
     if (c->req.stream) {
-        rc = stream_text(c, text, len, lp, n_lp);
+        rc = stream_text(c, ch, text, len, lp, n_lp);
     } else {
-        rc = keep_text(c, text, len);
+        rc = keep_text(ch, text, len);
         if (rc == 0)
-            rc = keep_logprobs(c, lp, n_lp);
+            rc = keep_logprobs(ch, lp, n_lp);
     }
     c->in_api = 0;
     if (c->closed)
         return RKV_ECLOSED;
     return rc;
+}
+
+int api_call_token(struct api_call *c, const char *text, size_t len,
+                   const struct api_token_logprob *lp, size_t n_lp)
+{
+    return api_call_choice_token(c, 0, text, len, lp, n_lp);
+}
+
+/* streaming: the choice's last chunks (an echo still held, then its finish) */
+static int stream_end_choice(struct api_call *c, struct api_choice *ch)
+{
+    size_t n = 0;
+    int rc = ch->len ? stream_text(c, ch, "", 0, NULL, 0) : stream_start(c);
+    if (rc >= 0) {
+        char *ev = api_stream_finish(&ch->stream, ch->finish, &n);
+        rc = stream_send(c, ev, n);
+    }
+    return rc;
+}
+
+int api_call_choice_end(struct api_call *c, uint32_t seq, enum api_finish finish, double score)
+{
+    if (c->closed)
+        return RKV_ECLOSED;
+    if (seq >= c->n_ch || c->ch[seq].finish != API_FINISH_NONE)
+        return RKV_EINVAL;
+    struct api_choice *ch = &c->ch[seq];
+    ch->finish = finish == API_FINISH_NONE ? API_FINISH_ABORT : finish;
+    ch->score = score;
+    if (!c->req.stream)
+        return 0;
+    c->in_api = 1;
+    int rc = stream_end_choice(c, ch);
+    c->in_api = 0;
+    return c->closed ? RKV_ECLOSED : rc;
+}
+
+/* the seqs a non-stream answer returns, in order: all of them, or each prompt's n best of
+ * best_of by score (ties: the earlier sequence) */
+static void pick_choices(const struct api_call *c, uint32_t *out)
+{
+    size_t per = (size_t)c->req.best_of, n = (size_t)c->req.n, o = 0;
+    if (per == n) {
+        for (size_t k = 0; k < c->n_ch; k++)
+            out[k] = (uint32_t)k;
+        return;
+    }
+    for (size_t p = 0; p * per < c->n_ch; p++) {
+        uint32_t *sel = out + o;
+        for (size_t k = 0; k < per; k++) {
+            uint32_t j = (uint32_t)(p * per + k);
+            /* insertion into the ranked list of the best n so far */
+            size_t at = RKV_MIN(k, n);
+            while (at > 0 && c->ch[sel[at - 1]].score < c->ch[j].score) {
+                if (at < n)
+                    sel[at] = sel[at - 1];
+                at--;
+            }
+            if (at < n)
+                sel[at] = j;
+        }
+        o += n;
+    }
+}
+
+static void respond_choices(struct api_call *c, const struct api_usage *usage)
+{
+    size_t n_out = api_request_prompts(&c->req) * (size_t)c->req.n;
+    uint32_t *pick = calloc(c->n_ch, sizeof *pick);
+    struct api_result *res = calloc(n_out, sizeof *res);
+    char *j = NULL;
+    if (pick && res) {
+        pick_choices(c, pick);
+        for (size_t i = 0; i < n_out; i++) {
+            const struct api_choice *ch = &c->ch[pick[i]];
+            res[i] = (struct api_result){
+                ch->text ? ch->text : "", ch->len, ch->lp, ch->n_lp, ch->finish, *usage};
+        }
+        j = api_render_choices(&c->req, c->id, c->model, c->created, res, n_out, usage);
+    }
+    free(pick);
+    free(res);
+    if (j) {
+        http_respond(c->http, 200, "application/json", j, strlen(j));
+        free(j);
+    } else {
+        struct api_error e;
+        api_error_set(&e, 500, NULL, "out of memory rendering the response");
+        send_error(c->http, &e);
+    }
 }
 
 void api_call_finish(struct api_call *c, enum api_finish finish, const struct api_usage *usage)
@@ -688,31 +849,29 @@ void api_call_finish(struct api_call *c, enum api_finish finish, const struct ap
         else
             http_respond(c->http, 499, NULL, NULL, 0);
     } else if (c->req.stream) {
-        size_t n = 0;
-        char *ev;
-        int rc = c->len ? stream_text(c, "", 0, NULL, 0) : stream_start(c);
-        if (rc >= 0) {
-            ev = api_stream_finish(&c->stream, finish, &n);
-            rc = stream_send(c, ev, n);
+        int rc = 0;
+        /* choices not ended yet end with finish */
+        for (size_t k = 0; rc >= 0 && k < c->n_ch; k++) {
+            if (c->ch[k].finish != API_FINISH_NONE)
+                continue;
+            c->ch[k].finish = finish;
+            rc = stream_end_choice(c, &c->ch[k]);
         }
+        if (rc >= 0)
+            rc = stream_start(c); /* no choices: still a well-formed stream */
         if (rc >= 0 && c->req.include_usage) {
-            ev = api_stream_usage(&c->stream, usage, &n);
+            size_t n = 0;
+            char *ev = api_stream_usage(&c->ch[0].stream, usage, &n);
             rc = stream_send(c, ev, n);
         }
         if (rc >= 0)
             http_resp_write(c->http, API_SSE_DONE, strlen(API_SSE_DONE));
         http_resp_end(c->http);
     } else {
-        struct api_result res = {c->text ? c->text : "", c->len, c->lp, c->n_lp, finish, *usage};
-        char *j = api_render_response(&c->req, c->id, c->model, c->created, &res);
-        if (j) {
-            http_respond(c->http, 200, "application/json", j, strlen(j));
-            free(j);
-        } else {
-            struct api_error e;
-            api_error_set(&e, 500, NULL, "out of memory rendering the response");
-            send_error(c->http, &e);
-        }
+        for (size_t k = 0; k < c->n_ch; k++)
+            if (c->ch[k].finish == API_FINISH_NONE)
+                c->ch[k].finish = finish;
+        respond_choices(c, usage);
     }
     call_destroy(c);
 }

@@ -18,16 +18,17 @@ struct http_req;
  *  - implemented: model, prompt (completions), messages (chat), max_tokens,
  *    max_completion_tokens (chat), temperature, top_p, top_k, min_p, seed,
  *    stop, presence_penalty, frequency_penalty, repetition_penalty, logprobs,
- *    top_logprobs (chat), n (=1), stream, stream_options.include_usage, user,
- *    session_id, ignore_eos, echo (completions, not with logprobs), logit_bias.
+ *    top_logprobs (chat), n, best_of (completions, not streamed), suffix (completions,
+ *    models with FIM tokens), stream, stream_options.include_usage, user,
+ *    session_id (not with several sequences), ignore_eos, echo (completions, not with
+ *    logprobs or suffix), logit_bias.
  *  - accepted and ignored, because they do not change the tokens produced:
  *    metadata, store, service_tier, parallel_tool_calls, prompt_cache_key,
  *    safety_identifier, reasoning_effort, and each "off" value of the
- *    unsupported ones below (best_of 1, suffix "",
- *    tools [], tool_choice "none"/"auto" without tools, response_format
+ *    unsupported ones below (tools [], tool_choice "none"/"auto" without tools, response_format
  *    {"type":"text"}, modalities ["text"]).
  *  - unsupported, 400 naming the field: anything that would change the output
- *    rkv cannot honour: n > 1, best_of > 1, suffix, tools/functions,
+ *    rkv cannot honour: tools/functions,
  *    tool_choice forcing a tool, response_format other than text, audio,
  *    prediction, web_search_options.
  *  - vLLM extensions at their defaults only (skip_special_tokens true,
@@ -43,6 +44,9 @@ struct http_req;
 #define API_MAX_SESSION_ID 128
 #define API_MAX_LOGIT_BIAS PROTO_MAX_LOGIT_BIAS /* logit_bias entries (OpenAI allows 300) */
 #define API_MAX_GRAMMAR    (256 * 1024) /* bytes of the grammar a response_format makes */
+#define API_MAX_N          16                   /* n and best_of */
+#define API_MAX_PROMPTS    64                   /* prompts in one completions request */
+#define API_MAX_SEQS       256                  /* sequences of one request: prompts x best_of */
 
 enum api_endpoint { API_COMPLETIONS, API_CHAT };
 
@@ -54,6 +58,13 @@ struct api_message {
     char *content;         /* parts of an array content joined; "" when null */
 };
 
+/* one prompt of a completions prompt list: text or token ids */
+struct api_prompt {
+    char *text;
+    int32_t *tokens;
+    size_t n_tokens;
+};
+
 struct api_request {
     enum api_endpoint endpoint;
     char *model; /* NULL when the client sent none */
@@ -61,11 +72,21 @@ struct api_request {
     char *prompt;
     int32_t *prompt_tokens;
     size_t n_prompt_tokens;
+    /* completions: a prompt list's prompts after the first (the first is prompt /
+     * prompt_tokens); api_request_prompts() counts them all */
+    struct api_prompt *more_prompts;
+    size_t n_more_prompts;
+    char *suffix; /* completions: fill in the middle (PRE prompt SUF suffix MID); NULL if none */
+    /* choices: n per prompt, the best n of best_of sequences (best_of: completions, not
+     * streamed); 1..API_MAX_N, best_of >= n */
+    int n;
+    int best_of;
     /* chat */
     struct api_message *messages;
     size_t n_messages;
     /* sampling */
     int max_tokens;    /* [1, limits.max_tokens]; limits.default_max_tokens when absent */
+    bool has_max_tokens; /* the client sent max_tokens (or max_completion_tokens) */
     float temperature; /* [0, 2], default 1; 0 = greedy */
     float top_p;       /* (0, 1], default 1 */
     int top_k;         /* -1 or 0 = off, default -1 */
@@ -132,6 +153,13 @@ int api_parse_completions(const char *body, size_t len, const struct api_limits 
 int api_parse_chat(const char *body, size_t len, const struct api_limits *lim,
                    struct api_request *out, struct api_error *err);
 void api_request_fini(struct api_request *r);
+/* prompts in a completions request (1 for chat) */
+size_t api_request_prompts(const struct api_request *r);
+/* prompt i of api_request_prompts(r): its text, or its ids (*text NULL) */
+void api_request_prompt(const struct api_request *r, size_t i, const char **text,
+                        const int32_t **tokens, size_t *n_tokens);
+/* the sequences a request generates: prompts x best_of */
+size_t api_request_seqs(const struct api_request *r);
 /* POST /tokenize, vLLM's shape: {"model", "prompt"} (as /v1/completions takes it) or
  * {"model", "messages", "add_generation_prompt"}; endpoint says which. POST /detokenize:
  * {"model", "tokens": [ids]}, the ids in prompt_tokens. Errors as api_parse_chat's. */
@@ -191,6 +219,10 @@ void api_make_id(enum api_endpoint ep, char *buf, size_t cap);
 /* the whole response body (malloc'd JSON); model: the name to report */
 char *api_render_response(const struct api_request *req, const char *id, const char *model,
                           uint64_t created, const struct api_result *res);
+/* the same with n choices, res[i] as index i, and the request's usage (each res's is unused) */
+char *api_render_choices(const struct api_request *req, const char *id, const char *model,
+                         uint64_t created, const struct api_result *res, size_t n,
+                         const struct api_usage *usage);
 
 /* counts the characters a byte stream starts, as its text decodes it: a valid sequence is one,
  * so is each maximal invalid subpart (one U+FFFD); a sequence still open counts as started */
@@ -210,6 +242,7 @@ struct api_stream {
     uint64_t created;
     size_t text_offset; /* characters sent so far (completions text_offset) */
     struct api_chars token_chars; /* the characters the tokens sent so far start */
+    uint32_t index;               /* the choice's index its chunks carry (0 after init) */
 };
 void api_stream_init(struct api_stream *s, const struct api_request *req, const char *id,
                      const char *model, uint64_t created);
@@ -314,6 +347,14 @@ void *api_call_data(const struct api_call *call);
  * during this call is reported only by this return value. */
 int api_call_token(struct api_call *call, const char *text, size_t len,
                    const struct api_token_logprob *lp, size_t n_lp);
+/* the same for sequence seq of a request of several (api_request_seqs: prompt i's k-th of
+ * best_of is i * best_of + k); api_call_token is seq 0's. RKV_EINVAL: no such seq */
+int api_call_choice_token(struct api_call *call, uint32_t seq, const char *text, size_t len,
+                          const struct api_token_logprob *lp, size_t n_lp);
+/* sequence seq ended (score: its mean logprob per token, which best_of ranks by); streaming
+ * sends its finish chunk now. Then api_call_finish once all have ended ends the call; a
+ * sequence not ended by then takes api_call_finish's finish. 0, RKV_ECLOSED as above */
+int api_call_choice_end(struct api_call *call, uint32_t seq, enum api_finish finish, double score);
 /* the end: renders the response (or the last SSE events) and frees the call */
 void api_call_finish(struct api_call *call, enum api_finish finish, const struct api_usage *usage);
 /* the end with an error: status and a message naming the cause and the fix;

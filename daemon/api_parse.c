@@ -324,20 +324,6 @@ static int is_str(const cJSON *v, const char *s)
 static int check_unsupported(struct parse *p, const cJSON *root)
 {
     const cJSON *v;
-    if ((v = field(root, "n")) && !is_int(v, 1, 1)) {
-        char got[80];
-        describe(v, got, sizeof(got));
-        api_error_set(p->err, 400, "n",
-                      "n must be 1 (rkv returns one choice per request; send several requests "
-                      "instead), got %s",
-                      got);
-        p->err->code = "unsupported_parameter";
-        return RKV_EINVAL;
-    }
-    if ((v = field(root, "best_of")) && !is_int(v, 1, 1))
-        return unsupported(p, "best_of", "leave it out or send 1");
-    if ((v = field(root, "suffix")) && !is_str(v, ""))
-        return unsupported(p, "suffix", "leave it out");
     if ((v = field(root, "tools")) && !is_empty_container(v))
         return unsupported(p, "tools", "tool calling is not implemented; leave it out");
     if ((v = field(root, "functions")) && !is_empty_container(v))
@@ -634,6 +620,7 @@ static int parse_common(struct parse *p, const cJSON *root, struct api_request *
                         : RKV_MIN(lim->default_max_tokens, lim->max_tokens);
     if ((rc = get_int(p, root, mt, 1, lim->max_tokens, &r->max_tokens)))
         return rc;
+    r->has_max_tokens = field(root, mt) != NULL;
     if ((rc = get_num(p, root, "temperature", 0, 0, 2, &r->temperature)) ||
         (rc = get_num(p, root, "top_p", 0, 1, 1, &r->top_p)) ||
         (rc = get_int(p, root, "top_k", -1, 1000000, &r->top_k)) ||
@@ -699,9 +686,9 @@ static int parse_common(struct parse *p, const cJSON *root, struct api_request *
 
 /* --- completions: the prompt ------------------------------------------------------------ */
 
-/* name: the field the ids came in ("prompt", "tokens") */
-static int parse_token_ids(struct parse *p, const char *name, const cJSON *arr,
-                           struct api_request *r)
+/* name: the field the ids came in ("prompt", "prompt[2]", "tokens") */
+static int parse_ids(struct parse *p, const char *name, const cJSON *arr, int32_t **out,
+                     size_t *n_out)
 {
     size_t n = (size_t)cJSON_GetArraySize(arr);
     if (n > p->lim->max_prompt_tokens) {
@@ -709,8 +696,8 @@ static int parse_token_ids(struct parse *p, const char *name, const cJSON *arr,
                       p->lim->max_prompt_tokens);
         return RKV_EINVAL;
     }
-    r->prompt_tokens = malloc(n * sizeof(int32_t));
-    if (!r->prompt_tokens) {
+    *out = malloc((n ? n : 1) * sizeof(int32_t));
+    if (!*out) {
         api_error_set(p->err, 500, NULL, "out of memory");
         return RKV_ENOMEM;
     }
@@ -718,21 +705,77 @@ static int parse_token_ids(struct parse *p, const char *name, const cJSON *arr,
     size_t i = 0;
     for (const cJSON *t = arr->child; t; t = t->next, i++) {
         if (!is_int(t, 0, hi)) {
-            char what[96], param[32];
+            char what[96], param[48];
             snprintf(param, sizeof(param), "%s[%zu]", name, i);
             snprintf(what, sizeof(what), "a token id in [0, %.0f]", hi);
             return bad(p, param, t, what);
         }
-        r->prompt_tokens[i] = (int32_t)t->valuedouble;
+        (*out)[i] = (int32_t)t->valuedouble;
     }
-    r->n_prompt_tokens = n;
+    *n_out = n;
+    return 0;
+}
+
+static int parse_token_ids(struct parse *p, const char *name, const cJSON *arr,
+                           struct api_request *r)
+{
+    return parse_ids(p, name, arr, &r->prompt_tokens, &r->n_prompt_tokens);
+}
+
+/* one prompt: a non-empty string or a non-empty array of token ids */
+static int parse_one_prompt(struct parse *p, const char *name, const cJSON *v,
+                            struct api_prompt *out)
+{
+    if (cJSON_IsString(v) && v->valuestring[0]) {
+        out->text = strdup(v->valuestring);
+        return out->text ? 0 : RKV_ENOMEM;
+    }
+    if (cJSON_IsArray(v) && v->child && cJSON_IsNumber(v->child))
+        return parse_ids(p, name, v, &out->tokens, &out->n_tokens);
+    return bad(p, name, v, "a non-empty string or a non-empty array of token ids");
+}
+
+/* a list of prompts: strings, or arrays of token ids, all of one kind */
+static int parse_prompt_list(struct parse *p, const cJSON *v, struct api_request *r)
+{
+    size_t n = (size_t)cJSON_GetArraySize(v);
+    if (n > API_MAX_PROMPTS) {
+        api_error_set(p->err, 400, "prompt",
+                      "prompt holds %zu prompts; send at most %d per request", n, API_MAX_PROMPTS);
+        return RKV_EINVAL;
+    }
+    r->more_prompts = calloc(n - 1, sizeof *r->more_prompts);
+    if (!r->more_prompts)
+        return RKV_ENOMEM;
+    int strings = cJSON_IsString(v->child);
+    size_t i = 0;
+    for (const cJSON *e = v->child; e; e = e->next, i++) {
+        char name[32];
+        snprintf(name, sizeof name, "prompt[%zu]", i);
+        if (strings != cJSON_IsString(e))
+            return bad(p, name, e,
+                       strings ? "a string, as prompt[0] is (a list holds prompts of one kind)"
+                               : "an array of token ids, as prompt[0] is (a list holds "
+                                 "prompts of one kind)");
+        struct api_prompt one = {0};
+        int rc = parse_one_prompt(p, name, e, i ? &r->more_prompts[i - 1] : &one);
+        if (i == 0) {
+            r->prompt = one.text;
+            r->prompt_tokens = one.tokens;
+            r->n_prompt_tokens = one.n_tokens;
+        } else {
+            r->n_more_prompts = i;
+        }
+        if (rc)
+            return rc;
+    }
     return 0;
 }
 
 static int parse_prompt(struct parse *p, const cJSON *root, struct api_request *r)
 {
-    static const char what[] = "a non-empty string, an array of one string, or an array of "
-                               "token ids";
+    static const char what[] = "a non-empty string, an array of strings, an array of token ids, "
+                               "or an array of arrays of token ids";
     const cJSON *v = field(root, "prompt");
     if (!v) {
         api_error_set(p->err, 400, "prompt", "prompt is required");
@@ -741,13 +784,9 @@ static int parse_prompt(struct parse *p, const cJSON *root, struct api_request *
     if (cJSON_IsArray(v) && cJSON_GetArraySize(v) == 1 &&
         (cJSON_IsString(v->child) || cJSON_IsArray(v->child))) {
         v = v->child; /* a batch of one */
-    } else if (cJSON_IsArray(v) && cJSON_GetArraySize(v) > 1 && !cJSON_IsNumber(v->child)) {
-        api_error_set(p->err, 400, "prompt",
-                      "prompt holds %d prompts; rkv takes one prompt per request (send "
-                      "several requests)",
-                      cJSON_GetArraySize(v));
-        p->err->code = "unsupported_parameter";
-        return RKV_EINVAL;
+    } else if (cJSON_IsArray(v) && cJSON_GetArraySize(v) > 1 &&
+               (cJSON_IsString(v->child) || cJSON_IsArray(v->child))) {
+        return parse_prompt_list(p, v, r);
     }
     if (cJSON_IsString(v) && v->valuestring[0]) {
         r->prompt = strdup(v->valuestring);
@@ -756,6 +795,76 @@ static int parse_prompt(struct parse *p, const cJSON *root, struct api_request *
     if (cJSON_IsArray(v) && v->child && cJSON_IsNumber(v->child))
         return parse_token_ids(p, "prompt", v, r);
     return bad(p, "prompt", v, what);
+}
+
+/* n, best_of and suffix, after the prompt and the rest: they depend on stream and echo */
+static int parse_fanout(struct parse *p, const cJSON *root, struct api_request *r)
+{
+    int rc;
+    r->n = 1;
+    if ((rc = get_int(p, root, "n", 1, API_MAX_N, &r->n)))
+        return rc;
+    r->best_of = r->n;
+    if (p->ep != API_COMPLETIONS)
+        return 0;
+    if ((rc = get_int(p, root, "best_of", 1, API_MAX_N, &r->best_of)))
+        return rc;
+    if (r->best_of < r->n) {
+        api_error_set(p->err, 400, "best_of",
+                      "best_of (%d) must be at least n (%d): the n best of best_of sequences "
+                      "are returned",
+                      r->best_of, r->n);
+        return RKV_EINVAL;
+    }
+    if (r->best_of > r->n && r->stream) {
+        api_error_set(p->err, 400, "best_of",
+                      "best_of > n cannot be streamed (the best are known only at the end); "
+                      "send stream: false or best_of = n");
+        return RKV_EINVAL;
+    }
+    size_t seqs = api_request_seqs(r);
+    if (seqs > API_MAX_SEQS) {
+        api_error_set(p->err, 400, r->best_of > r->n ? "best_of" : "n",
+                      "%zu prompts x best_of %d is %zu sequences; one request may run at most "
+                      "%d: send fewer prompts or a smaller n/best_of",
+                      api_request_prompts(r), r->best_of, seqs, API_MAX_SEQS);
+        return RKV_EINVAL;
+    }
+    if ((rc = get_str(p, root, "suffix", &r->suffix)))
+        return rc;
+    if (r->suffix && !r->suffix[0]) {
+        free(r->suffix);
+        r->suffix = NULL;
+    }
+    if (r->suffix && r->echo)
+        return unsupported(p, "echo",
+                           "echo with suffix has no single prompt text to echo; "
+                           "send one of them");
+    return 0;
+}
+
+size_t api_request_prompts(const struct api_request *r)
+{
+    return 1 + r->n_more_prompts;
+}
+
+void api_request_prompt(const struct api_request *r, size_t i, const char **text,
+                        const int32_t **tokens, size_t *n_tokens)
+{
+    if (i == 0) {
+        *text = r->prompt;
+        *tokens = r->prompt_tokens;
+        *n_tokens = r->n_prompt_tokens;
+    } else {
+        *text = r->more_prompts[i - 1].text;
+        *tokens = r->more_prompts[i - 1].tokens;
+        *n_tokens = r->more_prompts[i - 1].n_tokens;
+    }
+}
+
+size_t api_request_seqs(const struct api_request *r)
+{
+    return api_request_prompts(r) * (size_t)(r->best_of > 0 ? r->best_of : 1);
 }
 
 /* --- chat: the messages ----------------------------------------------------------------- */
@@ -935,6 +1044,12 @@ void api_request_fini(struct api_request *r)
     free(r->model);
     free(r->prompt);
     free(r->prompt_tokens);
+    for (size_t i = 0; i < r->n_more_prompts; i++) {
+        free(r->more_prompts[i].text);
+        free(r->more_prompts[i].tokens);
+    }
+    free(r->more_prompts);
+    free(r->suffix);
     for (size_t i = 0; i < r->n_messages; i++)
         free(r->messages[i].content);
     free(r->messages);
@@ -1027,6 +1142,8 @@ static int parse_body(enum api_endpoint ep, const char *body, size_t len,
         (rc = parse_common(&p, root, r)))
         goto out;
     rc = ep == API_CHAT ? parse_messages(&p, root, r) : parse_prompt(&p, root, r);
+    if (!rc)
+        rc = parse_fanout(&p, root, r);
 out:
     return parse_end(root, rc, err, r, ep);
 }
@@ -1086,6 +1203,14 @@ int api_parse_tokenize(const char *body, size_t len, const struct api_limits *li
     if (!rc && !(rc = get_str(&p, root, "model", &out->model)) &&
         !(rc = get_bool(&p, root, "add_generation_prompt", &out->add_generation_prompt)))
         rc = chat ? parse_messages(&p, root, out) : parse_prompt(&p, root, out);
+    if (!rc && out->n_more_prompts) {
+        api_error_set(err, 400, "prompt",
+                      "POST /tokenize takes one prompt, got a list of %zu: send one request "
+                      "per prompt",
+                      api_request_prompts(out));
+        rc = RKV_EINVAL;
+    }
+    out->n = out->best_of = 1;
     return parse_end(root, rc, err, out, p.ep);
 }
 

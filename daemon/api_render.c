@@ -228,15 +228,12 @@ static char *print_free(cJSON *o)
     return s;
 }
 
-char *api_render_response(const struct api_request *req, const char *id, const char *model,
-                          uint64_t created, const struct api_result *res)
+/* one choice of a response */
+static cJSON *choice_json(const struct api_request *req, const struct api_result *res, size_t index)
 {
     int chat = req->endpoint == API_CHAT;
-    cJSON *o = envelope(id, chat ? "chat.completion" : "text_completion", created, model);
-    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
     cJSON *c = cJSON_CreateObject();
-    cJSON_AddItemToArray(choices, c);
-    cJSON_AddNumberToObject(c, "index", 0);
+    cJSON_AddNumberToObject(c, "index", (double)index);
     if (chat) {
         cJSON *m = cJSON_AddObjectToObject(c, "message");
         cJSON_AddStringToObject(m, "role", "assistant");
@@ -253,8 +250,26 @@ char *api_render_response(const struct api_request *req, const char *id, const c
     else
         cJSON_AddNullToObject(c, "logprobs");
     add_finish(c, res->finish);
-    cJSON_AddItemToObject(o, "usage", usage_json(&res->usage));
+    return c;
+}
+
+char *api_render_choices(const struct api_request *req, const char *id, const char *model,
+                         uint64_t created, const struct api_result *res, size_t n,
+                         const struct api_usage *usage)
+{
+    int chat = req->endpoint == API_CHAT;
+    cJSON *o = envelope(id, chat ? "chat.completion" : "text_completion", created, model);
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+    for (size_t i = 0; i < n; i++)
+        cJSON_AddItemToArray(choices, choice_json(req, &res[i], i));
+    cJSON_AddItemToObject(o, "usage", usage_json(usage));
     return print_free(o);
+}
+
+char *api_render_response(const struct api_request *req, const char *id, const char *model,
+                          uint64_t created, const struct api_result *res)
+{
+    return api_render_choices(req, id, model, created, res, 1, &res->usage);
 }
 
 /* --- streaming ----------------------------------------------------------------------------- */
@@ -298,7 +313,7 @@ static cJSON *chunk(struct api_stream *s, cJSON **choice)
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
     *choice = cJSON_CreateObject();
     cJSON_AddItemToArray(choices, *choice);
-    cJSON_AddNumberToObject(*choice, "index", 0);
+    cJSON_AddNumberToObject(*choice, "index", s->index);
     return o;
 }
 

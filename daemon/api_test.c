@@ -79,12 +79,34 @@ static const struct bad_case bad_cases[] = {
     {C, "{\"prompt\":\"hi\",\"stop\":[\"\"]}", "stop", "non-empty"},
     {C, "{\"prompt\":\"hi\",\"stop\":5}", "stop", "got 5"},
     {C, "{\"prompt\":\"hi\",\"stop\":[1]}", "stop", "got [1]"},
-    {C, "{\"prompt\":\"hi\",\"n\":2}", "n", "n must be 1 (rkv returns one choice"},
+    {C, "{\"prompt\":\"hi\",\"n\":17}", "n", "n must be an integer in [1, 16], got 17"},
     {C, "{\"prompt\":\"hi\",\"n\":0}", "n", "got 0"},
-    {C, "{\"prompt\":\"hi\",\"best_of\":2}", "best_of", "best_of is not supported"},
+    {C, "{\"prompt\":\"hi\",\"n\":1.5}", "n", "got 1.5"},
+    {C, "{\"prompt\":\"hi\",\"best_of\":17}", "best_of", "in [1, 16], got 17"},
+    {C, "{\"prompt\":\"hi\",\"n\":3,\"best_of\":2}", "best_of",
+     "best_of (2) must be at least n (3)"},
+    {C, "{\"prompt\":\"hi\",\"n\":2,\"best_of\":3,\"stream\":true}", "best_of",
+     "best_of > n cannot be streamed"},
+    {C,
+     "{\"prompt\":[\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\","
+     "\"a\",\"a\",\"a\",\"a\"],\"n\":16,\"max_tokens\":1}",
+     "n", "17 prompts x best_of 16 is 272 sequences"},
+    {C, "{\"prompt\":[\"a\",[1,2]]}", "prompt[1]", "a string, as prompt[0] is"},
+    {C, "{\"prompt\":[[1,2],\"a\"]}", "prompt[1]", "an array of token ids, as prompt[0] is"},
+    {C, "{\"prompt\":[\"a\",\"\"]}", "prompt[1]",
+     "prompt[1] must be a non-empty string or a non-empty array of token ids, got \"\""},
+    {C, "{\"prompt\":[[1],[]]}", "prompt[1]", "got []"},
+    {C, "{\"prompt\":[[1],[2,-3]]}", "prompt[1][1]", "prompt[1][1] must be a token id"},
+    {C, "{\"prompt\":[[1],[2,3.5]]}", "prompt[1][1]", "got 3.5"},
+    {C, "{\"prompt\":[\"a\",5]}", "prompt[1]", "got 5"},
+    {C, "{\"prompt\":\"hi\",\"suffix\":5}", "suffix", "suffix must be a string, got 5"},
+    {C, "{\"prompt\":\"hi\",\"suffix\":\"x\",\"echo\":true}", "echo", "echo with suffix"},
+    {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"best_of\":2}", "best_of",
+     "unknown field 'best_of'"},
+    {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"suffix\":\"x\"}", "suffix",
+     "unknown field 'suffix'"},
     {C, "{\"prompt\":\"hi\",\"echo\":true,\"logprobs\":1}", "echo", "echo is not supported"},
     {C, "{\"prompt\":\"hi\",\"echo\":1}", "echo", "echo must be true or false"},
-    {C, "{\"prompt\":\"hi\",\"suffix\":\"x\"}", "suffix", "suffix is not supported"},
     {C, "{\"prompt\":\"hi\",\"logit_bias\":[1]}", "logit_bias",
      "logit_bias must be an object mapping token ids (strings) to a bias in [-100, 100], got [1]"},
     {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"logit_bias\":{\"x\":1}}",
@@ -98,7 +120,13 @@ static const struct bad_case bad_cases[] = {
     {C, "{\"max_tokens\":5}", "prompt", "prompt is required"},
     {C, "{\"prompt\":\"\"}", "prompt", "prompt must be a non-empty string"},
     {C, "{\"prompt\":5}", "prompt", "got 5"},
-    {C, "{\"prompt\":[\"a\",\"b\"]}", "prompt", "prompt holds 2 prompts"},
+    {C,
+     "{\"prompt\":[\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\","
+     "\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\","
+     "\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\","
+     "\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\","
+     "\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\"]}",
+     "prompt", "prompt holds 65 prompts; send at most 64"},
     {C, "{\"prompt\":[]}", "prompt", "got []"},
     {C, "{\"prompt\":[1,-1]}", "prompt[1]", "prompt[1] must be a token id in [0, "},
     {C, "{\"prompt\":[1,\"a\"]}", "prompt[1]", "got \"a\""},
@@ -166,7 +194,7 @@ static const struct bad_case bad_cases[] = {
      "unknown field 'prompt' for /v1/chat/completions"},
     {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"required\"}",
      "tool_choice", "not supported"},
-    {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":3}", "n", "got 3"},
+    {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":30}", "n", "got 30"},
     {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"echo\":false}", "echo",
      "unknown field 'echo'"},
     {C, "{\"prompt\":\"hi\",\"skip_special_tokens\":false}", "skip_special_tokens",
@@ -411,6 +439,79 @@ static void test_parse_defaults_and_prompt_forms(void **state)
     api_request_fini(&r);
 }
 
+static void test_parse_fanout_and_prompt_lists(void **state)
+{
+    struct api_limits lim;
+    api_limits_default(&lim);
+    lim.vocab_size = 100;
+    struct api_request r;
+    struct api_error e;
+    const char *b = "{\"prompt\":\"x\"}";
+    assert_int_equal(api_parse_completions(b, strlen(b), &lim, &r, &e), 0);
+    assert_int_equal(r.n, 1);
+    assert_int_equal(r.best_of, 1);
+    assert_int_equal(api_request_prompts(&r), 1);
+    assert_int_equal(api_request_seqs(&r), 1);
+    assert_null(r.suffix);
+    assert_false(r.has_max_tokens);
+    api_request_fini(&r);
+
+    /* strings: the first in prompt, the rest in more_prompts */
+    b = "{\"prompt\":[\"a\",\"bb\",\"ccc\"],\"n\":2,\"best_of\":3,\"max_tokens\":4,"
+        "\"suffix\":\"end\"}";
+    assert_int_equal(api_parse_completions(b, strlen(b), &lim, &r, &e), 0);
+    assert_int_equal(r.n, 2);
+    assert_int_equal(r.best_of, 3);
+    assert_true(r.has_max_tokens);
+    assert_string_equal(r.suffix, "end");
+    assert_int_equal(api_request_prompts(&r), 3);
+    assert_int_equal(api_request_seqs(&r), 9);
+    const char *text;
+    const int32_t *ids;
+    size_t n_ids;
+    api_request_prompt(&r, 2, &text, &ids, &n_ids);
+    assert_string_equal(text, "ccc");
+    assert_null(ids);
+    api_request_prompt(&r, 0, &text, &ids, &n_ids);
+    assert_string_equal(text, "a");
+    api_request_fini(&r);
+
+    /* arrays of ids; an empty suffix is none */
+    b = "{\"prompt\":[[1,2],[3],[4,5,6]],\"suffix\":\"\",\"n\":16}";
+    assert_int_equal(api_parse_completions(b, strlen(b), &lim, &r, &e), 0);
+    assert_null(r.suffix);
+    assert_int_equal(r.best_of, 16);
+    assert_int_equal(api_request_seqs(&r), 48);
+    api_request_prompt(&r, 2, &text, &ids, &n_ids);
+    assert_null(text);
+    assert_int_equal(n_ids, 3);
+    assert_int_equal(ids[2], 6);
+    api_request_prompt(&r, 0, &text, &ids, &n_ids);
+    assert_int_equal(n_ids, 2);
+    assert_int_equal(ids[1], 2);
+    api_request_fini(&r);
+
+    /* ids beyond the vocabulary name their place */
+    b = "{\"prompt\":[[1,2],[3,100]]}";
+    assert_int_equal(api_parse_completions(b, strlen(b), &lim, &r, &e), RKV_EINVAL);
+    assert_string_equal(e.param, "prompt[1][1]");
+    assert_non_null(strstr(e.message, "a token id in [0, 99], got 100"));
+
+    /* chat: n, and no best_of */
+    b = "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":5}";
+    assert_int_equal(api_parse_chat(b, strlen(b), &lim, &r, &e), 0);
+    assert_int_equal(r.n, 5);
+    assert_int_equal(r.best_of, 5);
+    assert_int_equal(api_request_seqs(&r), 5);
+    api_request_fini(&r);
+
+    /* /tokenize takes one prompt */
+    b = "{\"prompt\":[\"a\",\"b\"]}";
+    assert_int_equal(api_parse_tokenize(b, strlen(b), &lim, &r, &e), RKV_EINVAL);
+    assert_string_equal(e.param, "prompt");
+    assert_non_null(strstr(e.message, "takes one prompt"));
+}
+
 static void test_parse_chat(void **state)
 {
     struct api_limits lim;
@@ -516,6 +617,42 @@ static void test_render_completion(void **state)
     assert_int_equal(cJSON_GetObjectItem(u, "total_tokens")->valueint, 6);
     cJSON_Delete(o);
     free(j);
+}
+
+static void test_render_choices(void **state)
+{
+    struct api_request r = req_of(C, 0, 0, 0);
+    struct api_result res[2] = {{"A", 1, NULL, 0, API_FINISH_STOP, {0}},
+                                {"BB", 2, NULL, 0, API_FINISH_LENGTH, {0}}};
+    struct api_usage u = {5, 7, 2};
+    char *j = api_render_choices(&r, "cmpl-n", "tiny", 1, res, 2, &u);
+    cJSON *o = cJSON_Parse(j);
+    assert_non_null(o);
+    cJSON *ch = cJSON_GetObjectItem(o, "choices");
+    assert_int_equal(cJSON_GetArraySize(ch), 2);
+    for (int i = 0; i < 2; i++) {
+        cJSON *c = cJSON_GetArrayItem(ch, i);
+        assert_int_equal(cJSON_GetObjectItem(c, "index")->valueint, i);
+        assert_string_equal(cJSON_GetObjectItem(c, "text")->valuestring, res[i].text);
+        assert_true(cJSON_IsNull(cJSON_GetObjectItem(c, "logprobs")));
+    }
+    assert_string_equal(
+        cJSON_GetObjectItem(cJSON_GetArrayItem(ch, 1), "finish_reason")->valuestring, "length");
+    cJSON *us = cJSON_GetObjectItem(o, "usage");
+    assert_int_equal(cJSON_GetObjectItem(us, "total_tokens")->valueint, 12);
+    cJSON_Delete(o);
+    free(j);
+    /* a stream's chunks carry their choice's index */
+    struct api_stream st;
+    api_stream_init(&st, &r, "cmpl-n", "tiny", 1);
+    st.index = 3;
+    size_t n;
+    char *ev = api_stream_delta(&st, "x", 1, NULL, 0, &n);
+    assert_non_null(strstr(ev, "\"choices\":[{\"index\":3,\"text\":\"x\""));
+    free(ev);
+    ev = api_stream_finish(&st, API_FINISH_STOP, &n);
+    assert_non_null(strstr(ev, "\"index\":3,"));
+    free(ev);
 }
 
 static void test_render_chat(void **state)
@@ -1051,9 +1188,11 @@ int main(void)
         cmocka_unit_test(test_token_prompt_limits),
         cmocka_unit_test(test_parse_completions_full),
         cmocka_unit_test(test_parse_defaults_and_prompt_forms),
+        cmocka_unit_test(test_parse_fanout_and_prompt_lists),
         cmocka_unit_test(test_parse_chat),
         cmocka_unit_test(test_utf8_validator),
         cmocka_unit_test(test_render_completion),
+        cmocka_unit_test(test_render_choices),
         cmocka_unit_test(test_render_chat),
         cmocka_unit_test(test_render_stream_chat_exact),
         cmocka_unit_test(test_render_stream_completions_offsets),

@@ -956,7 +956,9 @@ int driver_submit(struct driver *d, struct step_job *job)
         return RKV_EINVAL;
     struct wthread *t = &d->w[job->worker];
     pthread_mutex_lock(&d->mu);
-    int rc = t->job ? RKV_EBUSY : 0;
+    /* once stopping no thread takes it: the caller keeps it (a step that finished while the
+     * driver stopped kicks the next one from driver_stop itself) */
+    int rc = d->stop ? RKV_ECLOSED : t->job ? RKV_EBUSY : 0;
     if (!rc) {
         t->job = job;
         pthread_cond_broadcast(&d->cv);

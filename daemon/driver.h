@@ -53,7 +53,8 @@ struct driver;
 
 int driver_start(uv_loop_t *loop, const struct driver_config *cfg, const struct driver_cbs *cbs,
                  struct driver **out, char *errbuf, size_t errlen);
-/* hands a job to its worker's thread; RKV_EBUSY if that worker has one */
+/* hands a job to its worker's thread; RKV_EBUSY if that worker has one, RKV_ECLOSED once
+ * driver_stop began (the job stays the caller's) */
 int driver_submit(struct driver *d, struct step_job *job);
 /* a synchronous control call to kvmgr from the loop thread's point of view:
  * runs on the monitor thread and calls back on the loop */

@@ -1052,6 +1052,10 @@ int main(int argc, char **argv)
                               (uint32_t)d.c.decode_steps_ms,
                               (uint32_t)d.c.prefill_beside_decode_ms,
                               d.c.prefix_cache_scope == 1};
+    sc.has_fim = fim_find(d.g, &sc.fim);
+    if (sc.has_fim)
+        log_info("fill in the middle: tokens %d %d %d (pre, suf, mid)", sc.fim.pre, sc.fim.suf,
+                 sc.fim.mid);
     struct sched_driver sd = {sched_submit, d.drv};
     if ((rc = sched_create(d.loop, &sc, d.tok, &sd, d.metrics, d.store, &d.sched, err,
                            sizeof err))) {

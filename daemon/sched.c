@@ -18,11 +18,26 @@
 enum seq_state { SEQ_WAITING, SEQ_RUNNING };
 
 struct session;
+struct seq;
 
-/* one request being served */
+/* a request's sequences (prompts x best_of) and their one api_call */
+struct fan {
+    struct api_call *call; /* NULL once the call failed: its sequences end without it */
+    struct seq **seqs;     /* (n_seqs) NULL once gone */
+    uint32_t n_seqs, n_live;
+    uint32_t per_prompt;    /* best_of */
+    struct api_usage usage; /* each prompt once, every sequence's completion */
+    enum api_finish last;
+    uint64_t t_arrival_ns, t_first_ns;
+};
+
+/* one sequence of a request */
 struct seq {
     struct sched *s;
-    struct api_call *call;
+    struct fan *fan;
+    uint32_t index;   /* in fan->seqs: prompt i's k-th is i * per_prompt + k */
+    struct seq *lead; /* its prompt's first sequence, while that one prefills */
+    double sum_lp;    /* logprobs of its tokens (best_of ranks by their mean) */
     const struct api_request *req;
     struct session *sess;
     enum seq_state state;
@@ -286,28 +301,86 @@ static uint32_t pick_worker(struct sched *s)
 
 /* --- requests in -------------------------------------------------------------- */
 
-/* *status: the HTTP status of a failure; a template that fails on this
- * conversation (raise_exception, a value it cannot use, a limit) is the
- * client's to fix: 400 */
-static int tokenize(struct sched *s, const struct api_request *r, struct rkv_vec *out,
-                    char *err, size_t errlen, int *status)
+/* text's ids (add_bos as the model wants, or not) appended to out */
+static int encode_text(struct sched *s, const char *src, int add_bos, int parse_special,
+                       struct rkv_vec *out)
+{
+    size_t len = strlen(src), cap = len + 16, n = 0;
+    /* never more tokens than bytes + bos */
+    int rc = rkv_vec_reserve(out, out->len + cap);
+    if (rc == 0)
+        rc = tok_encode(s->tok, src, len, add_bos, parse_special, (int32_t *)out->data + out->len,
+                        cap, &n);
+    if (rc == 0)
+        out->len += n;
+    return rc;
+}
+
+/* fill in the middle: out's ids (the prompt, no bos) become [bos] PRE prompt SUF suffix MID */
+static int fim_wrap(struct sched *s, const char *suffix, struct rkv_vec *out, char *err,
+                    size_t errlen, int *status)
+{
+    if (!s->cfg.has_fim) {
+        *status = 400;
+        snprintf(err, errlen,
+                 "suffix: this model's vocabulary has no fill-in-the-middle tokens (such as "
+                 "<|fim_prefix|> <|fim_suffix|> <|fim_middle|>), so it cannot complete "
+                 "between a prompt and a suffix; leave suffix out or serve a FIM model");
+        return RKV_EUNSUPPORTED;
+    }
+    struct rkv_vec suf;
+    rkv_vec_init(&suf, sizeof(int32_t));
+    int rc = encode_text(s, suffix, 0, 0, &suf);
+    struct rkv_vec all;
+    rkv_vec_init(&all, sizeof(int32_t));
+    size_t cap = out->len + suf.len + 4;
+    if (rc == 0)
+        rc = rkv_vec_reserve(&all, cap);
+    if (rc == 0) {
+        int32_t bos = tok_add_bos(s->tok) ? tok_bos(s->tok) : -1;
+        int n = fim_build(&s->cfg.fim, bos, out->data, out->len, suf.data, suf.len, all.data, cap);
+        rc = n < 0 ? n : 0;
+        all.len = n < 0 ? 0 : (size_t)n;
+    }
+    rkv_vec_fini(&suf);
+    if (rc) {
+        rkv_vec_fini(&all);
+        snprintf(err, errlen, "cannot tokenize the suffix: %s", rkv_strerror(rc));
+        return rc;
+    }
+    rkv_vec_fini(out);
+    *out = all;
+    return 0;
+}
+
+/* prompt i's ids (chat: the messages rendered). *status: the HTTP status of a failure; a
+ * template that fails on this conversation (raise_exception, a value it cannot use, a limit)
+ * is the client's to fix: 400 */
+static int tokenize_prompt(struct sched *s, const struct api_request *r, size_t i,
+                           struct rkv_vec *out, char *err, size_t errlen, int *status)
 {
     *status = 500;
-    if (r->prompt_tokens) {
-        for (size_t i = 0; i < r->n_prompt_tokens; i++)
-            if (!rkv_vec_push(out, &r->prompt_tokens[i]))
+    const char *ptext = NULL;
+    const int32_t *ids = NULL;
+    size_t n_ids = 0;
+    if (r->endpoint != API_CHAT)
+        api_request_prompt(r, i, &ptext, &ids, &n_ids);
+    int rc = 0;
+    if (ids) {
+        for (size_t k = 0; k < n_ids; k++)
+            if (!rkv_vec_push(out, &ids[k]))
                 return RKV_ENOMEM;
-        return 0;
+        return r->suffix ? fim_wrap(s, r->suffix, out, err, errlen, status) : 0;
     }
     char *text = NULL;
-    int parse_special = 0, rc;
+    int parse_special = 0;
     if (r->endpoint == API_CHAT) {
         struct tok_chat_msg *m = calloc(r->n_messages ? r->n_messages : 1, sizeof *m);
         if (!m)
             return RKV_ENOMEM;
-        for (size_t i = 0; i < r->n_messages; i++) {
-            m[i].role = r->messages[i].role_name;
-            m[i].content = r->messages[i].content;
+        for (size_t k = 0; k < r->n_messages; k++) {
+            m[k].role = r->messages[k].role_name;
+            m[k].content = r->messages[k].content;
         }
         char why[400];
         rc = tok_chat_render(s->tok, m, r->n_messages, r->add_generation_prompt, &text, why,
@@ -322,18 +395,19 @@ static int tokenize(struct sched *s, const struct api_request *r, struct rkv_vec
         }
         parse_special = 1;
     }
-    const char *src = text ? text : (r->prompt ? r->prompt : "");
-    size_t len = strlen(src), cap = len + 16, n = 0;
-    /* never more tokens than bytes + bos */
-    if ((rc = rkv_vec_reserve(out, cap)) == 0)
-        rc = tok_encode(s->tok, src, len, 1, parse_special, out->data, cap, &n);
+    rc = encode_text(s, text ? text : (ptext ? ptext : ""), !r->suffix, parse_special, out);
     free(text);
     if (rc) {
         snprintf(err, errlen, "cannot tokenize the prompt: %s", rkv_strerror(rc));
         return rc;
     }
-    out->len = n;
-    return 0;
+    return r->suffix ? fim_wrap(s, r->suffix, out, err, errlen, status) : 0;
+}
+
+static int tokenize(struct sched *s, const struct api_request *r, struct rkv_vec *out, char *err,
+                    size_t errlen, int *status)
+{
+    return tokenize_prompt(s, r, 0, out, err, errlen, status);
 }
 
 static void fill_sampling(const struct api_request *r, struct proto_sampling *sp)
@@ -355,88 +429,102 @@ static void fill_sampling(const struct api_request *r, struct proto_sampling *sp
     sp->n_top_logprobs = r->logprobs ? (uint8_t)r->top_logprobs : 0;
 }
 
-static int submit_cb(void *ctx, struct api_call *call, const struct api_request *r)
+uint64_t sched_choice_seed(int64_t seed, uint32_t k)
 {
-    struct sched *s = ctx;
-    char err[256] = "";
-    if (s->draining)
-        return RKV_ESTATE;
-    int any_up = 0;
-    for (uint32_t w = 0; w < s->cfg.n_workers; w++)
-        any_up |= s->workers[w].up;
-    /* before the model is loaded: 503; while a worker restarts: queue */
-    if (!any_up && !s->serving)
-        return RKV_ENODEV;
-    if (s->waiting.n >= s->cfg.max_waiting)
-        return RKV_EBUSY;
+    if (k == 0)
+        return (uint64_t)seed;
+    /* splitmix64 of the pair: nearby seeds and choices give unrelated streams */
+    uint64_t z = (uint64_t)seed + 0x9e3779b97f4a7c15ull * ((uint64_t)k + 1);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
 
-    struct rkv_vec toks;
-    rkv_vec_init(&toks, sizeof(int32_t));
-    int status;
-    int rc = tokenize(s, r, &toks, err, sizeof err, &status);
-    if (rc) {
-        rkv_vec_fini(&toks);
-        api_call_fail(call, status, err);
-        return 0;
+/* a prompt's ids checked against the context and the key's cap: 0, or the message and the
+ * status of the refusal in err and *status */
+static int check_prompt(struct sched *s, const struct api_request *r, size_t i, size_t np,
+                        char *err, size_t errlen, int *status)
+{
+    char which[32] = "";
+    if (api_request_prompts(r) > 1)
+        snprintf(which, sizeof which, "prompt[%zu]: ", i);
+    *status = 400;
+    if (np == 0) {
+        snprintf(err, errlen, "%sthe prompt is empty after tokenization: send some text", which);
+        return RKV_EINVAL;
     }
-    if (toks.len == 0) {
-        rkv_vec_fini(&toks);
-        api_call_fail(call, 400, "the prompt is empty after tokenization: send some text");
-        return 0;
-    }
-    if (toks.len >= s->cfg.ctx_size) {
-        snprintf(err, sizeof err,
-                 "the prompt has %zu tokens but the context size is %u: shorten the prompt "
+    if (np >= s->cfg.ctx_size) {
+        snprintf(err, errlen,
+                 "%sthe prompt has %zu tokens but the context size is %u: shorten the prompt "
                  "(at most %u tokens, leaving room for one generated token)",
-                 toks.len, s->cfg.ctx_size, s->cfg.ctx_size - 1);
-        rkv_vec_fini(&toks);
-        api_call_fail(call, 400, err);
-        return 0;
+                 which, np, s->cfg.ctx_size, s->cfg.ctx_size - 1);
+        return RKV_ETOOBIG;
     }
-    if (r->max_prompt_tokens && toks.len > r->max_prompt_tokens) {
-        snprintf(err, sizeof err,
-                 "the prompt has %zu tokens but API key %lld may send at most %u: shorten it, "
+    if (r->max_prompt_tokens && np > r->max_prompt_tokens) {
+        snprintf(err, errlen,
+                 "%sthe prompt has %zu tokens but API key %lld may send at most %u: shorten it, "
                  "or ask the operator to raise it (rkvctl keys limits %lld --max-prompt N)",
-                 toks.len, (long long)r->key_id, r->max_prompt_tokens, (long long)r->key_id);
-        rkv_vec_fini(&toks);
-        api_call_fail(call, 400, err);
-        return 0;
+                 which, np, (long long)r->key_id, r->max_prompt_tokens, (long long)r->key_id);
+        return RKV_ETOOBIG;
     }
+    return 0;
+}
 
+static void fan_free(struct fan *f)
+{
+    free(f->seqs);
+    free(f);
+}
+
+static void seq_free(struct seq *q)
+{
+    stop_destroy(q->stop);
+    free(q);
+}
+
+/* a new sequence of f for prompt ids pt (np of them), in a session of its own (or the named
+ * one); *status/err on a refusal the client must see */
+static int seq_start(struct sched *s, struct fan *f, uint32_t index, const int32_t *pt, uint32_t np,
+                     struct seq *lead, char *err, size_t errlen, int *status)
+{
+    const struct api_request *r = api_call_request(f->call);
+    *status = 500;
     struct seq *q = calloc(1, sizeof *q);
-    if (!q) {
-        rkv_vec_fini(&toks);
+    if (!q)
         return RKV_ENOMEM;
-    }
     q->s = s;
-    q->call = call;
+    q->fan = f;
+    q->index = index;
+    q->lead = lead;
     q->req = r;
-    q->t_arrival_ns = rkv_now_ns();
+    q->t_arrival_ns = f->t_arrival_ns;
     fill_sampling(r, &q->sp);
+    uint32_t k = index % f->per_prompt;
+    if (r->has_seed)
+        q->sp.seed = sched_choice_seed(r->seed, k);
+    if (r->best_of > r->n)
+        q->sp.want_logits = 1; /* best_of ranks by the sampled tokens' logprobs */
     tok_detok_init(&q->detok, s->tok);
     q->detok.first = 0; /* a continuation keeps its leading space */
     if (r->n_stop && stop_create(&q->stop, (const char *const *)r->stop, r->n_stop) != 0) {
         free(q);
-        rkv_vec_fini(&toks);
-        api_call_fail(call, 400, "invalid stop sequences");
-        return 0;
+        *status = 400;
+        snprintf(err, errlen, "invalid stop sequences");
+        return RKV_EINVAL;
     }
 
     /* bind the session; reuse the KV of the common prefix */
     struct session *se = NULL;
-    const int32_t *pt = toks.data;
-    uint32_t np = (uint32_t)toks.len;
     if (r->session_id && r->session_id[0]) {
         se = session_find(s, r->key_id, r->session_id);
         if (se && se->busy) {
-            stop_destroy(q->stop);
-            free(q);
-            rkv_vec_fini(&toks);
-            snprintf(err, sizeof err,
+            seq_free(q);
+            *status = 409;
+            snprintf(err, errlen,
                      "session \"%s\" is busy with another request: wait for it to finish or "
-                     "use another session_id", r->session_id);
-            api_call_fail(call, 409, err);
-            return 0;
+                     "use another session_id",
+                     r->session_id);
+            return RKV_EBUSY;
         }
         if (!se) {
             se = session_create(s, r->key_id, r->session_id, pick_worker(s));
@@ -450,12 +538,11 @@ static int submit_cb(void *ctx, struct api_call *call, const struct api_request 
             }
         }
     } else {
-        se = session_create(s, r->key_id, NULL, pick_worker(s));
+        /* beside its prompt's first sequence: kvmgr shares blocks within one gpu */
+        se = session_create(s, r->key_id, NULL, lead ? lead->sess->worker : pick_worker(s));
     }
     if (!se) {
-        stop_destroy(q->stop);
-        free(q);
-        rkv_vec_fini(&toks);
+        seq_free(q);
         return RKV_ENOMEM;
     }
     uint32_t lcp = 0;
@@ -467,11 +554,9 @@ static int submit_cb(void *ctx, struct api_call *call, const struct api_request 
     se->n_tokens = lcp;
     if (se->n_kv > lcp)
         se->n_kv = lcp;
-    rc = session_append(se, pt + lcp, np - lcp);
-    rkv_vec_fini(&toks);
+    int rc = session_append(se, pt + lcp, np - lcp);
     if (rc) {
-        stop_destroy(q->stop);
-        free(q);
+        seq_free(q);
         if (!se->ext_id[0])
             session_destroy(s, se, 0);
         return RKV_ENOMEM;
@@ -488,15 +573,86 @@ static int submit_cb(void *ctx, struct api_call *call, const struct api_request 
     q->worker = se->worker;
     q->state = SEQ_WAITING;
     list_push(&s->waiting, q);
-    api_call_set_data(call, q);
+    f->seqs[index] = q;
+    f->n_live++;
 
-    s->st.prompt_tokens += np;
+    if (k == 0) {
+        s->st.prompt_tokens += np;
+        metric_inc(s->m_prompt, model_label(s), np);
+    }
     s->st.cached_tokens += lcp;
-    metric_inc(s->m_prompt, model_label(s), np);
     metric_inc(s->m_queries, model_label(s), np);
     metric_inc(s->m_hits, model_label(s), lcp);
+    return 0;
+}
+
+static void fan_fail(struct fan *f, int status, const char *msg);
+static void fan_abort(struct fan *f);
+
+static int submit_cb(void *ctx, struct api_call *call, const struct api_request *r)
+{
+    struct sched *s = ctx;
+    char err[320] = "";
+    if (s->draining)
+        return RKV_ESTATE;
+    int any_up = 0;
+    for (uint32_t w = 0; w < s->cfg.n_workers; w++)
+        any_up |= s->workers[w].up;
+    /* before the model is loaded: 503; while a worker restarts: queue */
+    if (!any_up && !s->serving)
+        return RKV_ENODEV;
+    if (s->waiting.n >= s->cfg.max_waiting)
+        return RKV_EBUSY;
+
+    size_t n_p = api_request_prompts(r);
+    struct rkv_vec *toks = calloc(n_p, sizeof *toks);
+    struct fan *f = calloc(1, sizeof *f);
+    uint32_t n_seqs = (uint32_t)api_request_seqs(r);
+    if (f)
+        f->seqs = calloc(n_seqs, sizeof *f->seqs);
+    if (!toks || !f || !f->seqs) {
+        free(toks);
+        if (f)
+            fan_free(f);
+        return RKV_ENOMEM;
+    }
+    f->call = call;
+    f->n_seqs = n_seqs;
+    f->per_prompt = (uint32_t)(r->best_of > 0 ? r->best_of : 1);
+    f->t_arrival_ns = rkv_now_ns();
+    int status = 500, rc = 0;
+    for (size_t i = 0; i < n_p; i++)
+        rkv_vec_init(&toks[i], sizeof(int32_t));
+    for (size_t i = 0; i < n_p && rc == 0; i++) {
+        rc = tokenize_prompt(s, r, i, &toks[i], err, sizeof err, &status);
+        if (rc == 0)
+            rc = check_prompt(s, r, i, toks[i].len, err, sizeof err, &status);
+    }
+    /* every prompt's sequences; a refusal of one is the request's */
+    api_call_set_data(call, f);
+    for (uint32_t j = 0; j < n_seqs && rc == 0; j++) {
+        const struct rkv_vec *t = &toks[j / f->per_prompt];
+        struct seq *lead = j % f->per_prompt ? f->seqs[j - j % f->per_prompt] : NULL;
+        rc = seq_start(s, f, j, t->data, (uint32_t)t->len, lead, err, sizeof err, &status);
+    }
+    for (size_t i = 0; i < n_p; i++)
+        rkv_vec_fini(&toks[i]);
+    free(toks);
+    if (rc) {
+        if (f->n_live) {
+            fan_fail(f, status, err[0] ? err : rkv_strerror(rc)); /* frees f */
+        } else {
+            api_call_set_data(call, NULL);
+            fan_free(f);
+            if (rc == RKV_ENOMEM && !err[0])
+                return RKV_ENOMEM;
+            api_call_fail(call, status, err[0] ? err : rkv_strerror(rc));
+        }
+        update_gauges(s);
+        return 0;
+    }
     update_gauges(s);
-    kick(s, q->worker);
+    kick(s, f->seqs[0]->worker);
     return 0;
 }
 
@@ -509,12 +665,9 @@ static int authorize_cb(void *ctx, const char *bearer)
 static void cancel_cb(void *ctx, struct api_call *call)
 {
     (void)ctx;
-    struct seq *q = api_call_data(call);
-    if (!q)
-        return;
-    q->cancelled = 1;
-    if (!q->in_flight)
-        finish_seq(q, API_FINISH_ABORT);
+    struct fan *f = api_call_data(call);
+    if (f)
+        fan_abort(f);
 }
 
 /* POST /tokenize: what submit would prefill */
@@ -583,14 +736,44 @@ void sched_api(struct sched *s, struct api_sched *out)
 static void emit_text(struct seq *q, const char *text, size_t len,
                       const struct api_token_logprob *lp, size_t n_lp)
 {
-    if (len || n_lp)
-        api_call_token(q->call, text, len, lp, n_lp);
+    if ((len || n_lp) && q->fan->call)
+        api_call_choice_token(q->fan->call, q->index, text, len, lp, n_lp);
+}
+
+/* the request's last sequence ended: its answer (unless it failed) and its accounting */
+static void fan_end(struct sched *s, struct fan *f)
+{
+    uint64_t now = rkv_now_ns();
+    if (f->call && f->last != API_FINISH_ABORT) {
+        metric_observe(s->m_e2e, model_label(s), (double)(now - f->t_arrival_ns) / 1e9);
+        static const char *lv[2];
+        lv[0] = model_label(s)[0];
+        lv[1] = api_finish_name(f->last);
+        metric_inc(s->m_success, lv, 1);
+    }
+    if (f->call && s->store) {
+        const struct api_request *r = api_call_request(f->call);
+        struct store_usage su = {
+            .ts_ms = (int64_t)rkv_wall_ms(),
+            .status = 200,
+            .prompt_tokens = f->usage.prompt_tokens,
+            .completion_tokens = f->usage.completion_tokens,
+            .ttft_ms = f->t_first_ns ? (double)(f->t_first_ns - f->t_arrival_ns) / 1e6 : 0,
+            .e2e_ms = (double)(now - f->t_arrival_ns) / 1e6};
+        snprintf(su.endpoint, sizeof su.endpoint, "%s",
+                 r->endpoint == API_CHAT ? "chat/completions" : "completions");
+        store_usage_add(s->store, &su);
+    }
+    if (f->call)
+        api_call_finish(f->call, f->last, &f->usage);
+    fan_free(f);
 }
 
 static void finish_seq(struct seq *q, enum api_finish f)
 {
     struct sched *s = q->s;
     struct session *se = q->sess;
+    struct fan *fan = q->fan;
     if (f != API_FINISH_ABORT) {
         /* what detok and the stop matcher still hold */
         char tail[64];
@@ -618,25 +801,22 @@ static void finish_seq(struct seq *q, enum api_finish f)
         rkv_map_del(&s->by_sid, se->sid);
     }
 
-    uint64_t now = rkv_now_ns();
-    struct api_usage u = {q->n_prompt, q->n_gen, q->cached};
-    if (f != API_FINISH_ABORT) {
-        metric_observe(s->m_e2e, model_label(s), (double)(now - q->t_arrival_ns) / 1e9);
-        static const char *lv[2];
-        lv[0] = model_label(s)[0];
-        lv[1] = api_finish_name(f);
-        metric_inc(s->m_success, lv, 1);
+    /* the prompt once, every sequence's tokens */
+    if (q->index % fan->per_prompt == 0) {
+        fan->usage.prompt_tokens += q->n_prompt;
+        fan->usage.cached_tokens += q->cached;
     }
-    if (s->store) {
-        struct store_usage su = {.ts_ms = (int64_t)rkv_wall_ms(), .status = 200,
-                                 .prompt_tokens = q->n_prompt, .completion_tokens = q->n_gen,
-                                 .ttft_ms = q->t_first_ns ? (double)(q->t_first_ns - q->t_arrival_ns) / 1e6 : 0,
-                                 .e2e_ms = (double)(now - q->t_arrival_ns) / 1e6};
-        snprintf(su.endpoint, sizeof su.endpoint, "%s",
-                 q->req->endpoint == API_CHAT ? "chat/completions" : "completions");
-        store_usage_add(s->store, &su);
-    }
-    api_call_finish(q->call, f, &u);
+    fan->usage.completion_tokens += q->n_gen;
+    if (q->t_first_ns && (!fan->t_first_ns || q->t_first_ns < fan->t_first_ns))
+        fan->t_first_ns = q->t_first_ns;
+    fan->last = f;
+    if (fan->call)
+        api_call_choice_end(fan->call, q->index, f, q->n_gen ? q->sum_lp / q->n_gen : -INFINITY);
+    fan->seqs[q->index] = NULL;
+    /* those that waited for it to prefill go now (or prefill it themselves) */
+    for (uint32_t j = q->index + 1; j < fan->n_seqs && j % fan->per_prompt; j++)
+        if (fan->seqs[j] && fan->seqs[j]->lead == q)
+            fan->seqs[j]->lead = NULL;
 
     se->busy = NULL;
     if (se->ext_id[0]) {
@@ -647,9 +827,41 @@ static void finish_seq(struct seq *q, enum api_finish f)
     } else {
         session_destroy(s, se, 1);
     }
-    stop_destroy(q->stop);
-    free(q);
+    seq_free(q);
+    if (--fan->n_live == 0)
+        fan_end(s, fan);
     update_gauges(s);
+}
+
+/* every sequence of f stops: now, or those in a step when it returns (f is gone once the
+ * last has ended) */
+static void fan_abort(struct fan *f)
+{
+    /* the last one to finish frees f: pick them out first */
+    struct seq *now[API_MAX_SEQS];
+    uint32_t n = 0;
+    for (uint32_t j = 0; j < f->n_seqs; j++) {
+        struct seq *q = f->seqs[j];
+        if (!q)
+            continue;
+        q->cancelled = 1;
+        if (!q->in_flight)
+            now[n++] = q;
+    }
+    for (uint32_t k = 0; k < n; k++)
+        finish_seq(now[k], API_FINISH_ABORT);
+}
+
+/* the call fails (status, msg) once; its sequences end without it (those in a step when
+ * the step returns) */
+static void fan_fail(struct fan *f, int status, const char *msg)
+{
+    if (f->call) {
+        api_call_set_data(f->call, NULL);
+        api_call_fail(f->call, status, msg);
+        f->call = NULL;
+    }
+    fan_abort(f);
 }
 
 /* the part of a sampled token the next step needs: the session's history and the counts */
@@ -678,6 +890,7 @@ static int take_text(struct seq *q, int32_t token, float logprob, const struct p
     struct sched *s = q->s;
     const struct tok *t = s->tok;
     int eog = tok_is_eog(t, token) && !q->req->ignore_eos;
+    q->sum_lp += logprob;
     struct api_token_logprob lp = {0};
     struct api_top_logprob top[PROTO_MAX_TOP_LOGPROBS];
     char tbuf[128], topbuf[PROTO_MAX_TOP_LOGPROBS][128];
@@ -852,6 +1065,10 @@ static void kick(struct sched *s, uint32_t w)
         nx = q->next;
         if (q->worker != w)
             continue;
+        /* a prompt's other sequences wait for its first one to prefill it: then kvmgr maps
+         * its full blocks for them */
+        if (q->lead && q->lead->n_gen == 0)
+            continue;
         list_remove(&s->waiting, q);
         q->state = SEQ_RUNNING;
         list_push(&ws->running, q);
@@ -989,16 +1206,7 @@ static void fail_running(struct sched *s, uint32_t w, int status, const char *ms
     while (ws->running.head) {
         struct seq *q = ws->running.head;
         q->in_flight = 0;
-        api_call_fail(q->call, status, msg);
-        q->call = NULL;
-        list_remove(&ws->running, q);
-        rkv_map_del(&s->by_sid, q->sess->sid);
-        struct session *se = q->sess;
-        se->busy = NULL;
-        if (!se->ext_id[0])
-            session_destroy(s, se, 1);
-        stop_destroy(q->stop);
-        free(q);
+        fan_fail(q->fan, status, msg); /* ends q, and its request's other sequences */
     }
     update_gauges(s);
 }
@@ -1134,17 +1342,7 @@ void sched_job_done(struct sched *s, struct step_job *j)
             char msg[300];
             snprintf(msg, sizeof msg, "the worker could not run this request: %s",
                      rkv_strerror(js->status));
-            api_call_fail(q->call, 500, msg);
-            q->call = NULL;
-            q->cancelled = 1;
-            /* remove without rendering */
-            list_remove(&ws->running, q);
-            rkv_map_del(&s->by_sid, js->sid);
-            q->sess->busy = NULL;
-            if (!q->sess->ext_id[0])
-                session_destroy(s, q->sess, 1);
-            stop_destroy(q->stop);
-            free(q);
+            fan_fail(q->fan, 500, msg); /* ends q without rendering, and its siblings */
             continue;
         }
         progress = 1;
@@ -1319,17 +1517,8 @@ void sched_fail_all(struct sched *s, const char *msg)
 {
     if (!s)
         return;
-    while (s->waiting.head) {
-        struct seq *q = s->waiting.head;
-        struct session *se = q->sess;
-        list_remove(&s->waiting, q);
-        api_call_fail(q->call, 503, msg);
-        se->busy = NULL;
-        if (!se->ext_id[0])
-            session_destroy(s, se, 1);
-        stop_destroy(q->stop);
-        free(q);
-    }
+    while (s->waiting.head)
+        fan_fail(s->waiting.head->fan, 503, msg);
     for (uint32_t w = 0; w < s->cfg.n_workers; w++)
         fail_running(s, w, 503, msg);
     update_gauges(s);
@@ -1452,13 +1641,8 @@ void sched_destroy(struct sched *s)
 {
     if (!s)
         return;
-    while (s->waiting.head) {
-        struct seq *q = s->waiting.head;
-        list_remove(&s->waiting, q);
-        api_call_fail(q->call, 503, "rkvd is shutting down");
-        stop_destroy(q->stop);
-        free(q);
-    }
+    while (s->waiting.head)
+        fan_fail(s->waiting.head->fan, 503, "rkvd is shutting down");
     for (uint32_t w = 0; w < s->cfg.n_workers; w++) {
         fail_running(s, w, 503, "rkvd is shutting down");
         rkv_vec_fini(&s->workers[w].closes);

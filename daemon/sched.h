@@ -7,6 +7,7 @@
 #include <uv.h>
 
 #include "daemon/api.h"
+#include "daemon/fim.h"
 #include "proto/wire.h"
 
 /*
@@ -28,6 +29,13 @@
  * session's history and only the part after the common prefix is
  * prefilled. Requests without a session use a private one, released when
  * they finish.
+ *
+ * A request of several sequences (n, best_of, a prompt list) runs one sequence per choice,
+ * each in a private session, as sequences of the same steps. A prompt's first sequence
+ * prefills it; the others of that prompt wait until it has, then open in kvmgr with the
+ * prompt's tokens and map its full blocks (the prefix index), computing only the prompt's
+ * last partial block again (fewer than block_size tokens each, in one step). Choice k of a
+ * prompt with a seed samples with sched_choice_seed(seed, k).
  */
 
 /* a worker's step sizes */
@@ -61,6 +69,10 @@ struct sched_config {
     /* cached prompt prefixes are shared by every request (else only by those of one API
      * key; without keys every request has key 0, so all share) */
     int prefix_global;
+    /* the model's fill-in-the-middle markers, for a completions suffix (without them a
+     * suffix is a 400) */
+    int has_fim;
+    struct fim_tokens fim;
 };
 
 /* one sequence of a step: input filled by the scheduler, output by the driver */
@@ -191,6 +203,9 @@ struct sched_stats {
     uint64_t gen_tokens;
 };
 void sched_get_stats(const struct sched *s, struct sched_stats *out);
+/* the seed of a prompt's choice k: the request's for k = 0 (one choice samples as n = 1
+ * does), a mix of both otherwise */
+uint64_t sched_choice_seed(int64_t seed, uint32_t k);
 
 /* --- operator controls (rkvctl, through daemon/admin.c) --- */
 

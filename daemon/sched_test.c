@@ -72,12 +72,30 @@ static void test_beside_learns_the_size_for_a_target(void **state)
     assert_int_equal(sched_beside_next(100, 10, 50, 128, 64), 128); /* hi below lo: lo */
 }
 
+static void test_choice_seeds(void **state)
+{
+    (void)state;
+    /* choice 0 keeps the request's seed; the others are fixed, distinct, and differ by seed */
+    assert_true(sched_choice_seed(7, 0) == 7);
+    assert_true(sched_choice_seed(-3, 0) == (uint64_t)-3);
+    uint64_t seen[32];
+    for (uint32_t k = 0; k < 16; k++) {
+        seen[k] = sched_choice_seed(7, k);
+        seen[16 + k] = sched_choice_seed(8, k);
+        assert_true(sched_choice_seed(7, k) == seen[k]);
+    }
+    for (int i = 0; i < 32; i++)
+        for (int j = i + 1; j < 32; j++)
+            assert_true(seen[i] != seen[j]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults_by_backend),
         cmocka_unit_test(test_config_wins_but_never_past_the_worker),
         cmocka_unit_test(test_beside_learns_the_size_for_a_target),
+        cmocka_unit_test(test_choice_seeds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

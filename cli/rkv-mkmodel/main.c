@@ -86,6 +86,7 @@ struct opts {
     const struct dtype *dtype;
     uint64_t seed;
     const char *out;
+    int fim; /* --fim: Qwen2.5-Coder's fill-in-the-middle tokens after the specials */
 };
 
 struct tensor {
@@ -100,7 +101,7 @@ struct tensor {
 static void usage(FILE *f)
 {
     fprintf(f, "usage: " PROG " --out FILE [--preset NAME] [--arch llama|qwen2|qwen3|gemma3]\n"
-               "                   [--dtype TYPE] [--seed N]\n"
+               "                   [--dtype TYPE] [--seed N] [--fim]\n"
                "writes a GGUF v3 model with seeded random weights and a byte-level BPE\n"
                "tokenizer; the same arguments give the same bytes.\n"
                "  --preset NAME   tiny (default), tiny-qwen2, tiny256, small, llama3-8b,\n"
@@ -115,6 +116,8 @@ static void usage(FILE *f)
                "                  q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0, q2_k/q3_k/iq4_xs ->\n"
                "                  iq4_nl)\n"
                "  --seed N        weight seed, default 1\n"
+               "  --fim           add fill-in-the-middle tokens (<|fim_prefix|> <|fim_suffix|>\n"
+               "                  <|fim_middle|>) and name them in tokenizer.ggml.fim_*_token_id\n"
                "  --out FILE      output path (written to FILE.tmp, then renamed)\n");
 }
 
@@ -142,6 +145,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
         }
         if (strncmp(a, "--", 2) != 0)
             return bad_flag("unexpected argument '%s'", a);
+        if (!strcmp(a, "--fim")) {
+            o->fim = 1;
+            continue;
+        }
         if (strcmp(a, "--preset") && strcmp(a, "--arch") && strcmp(a, "--dtype") &&
             strcmp(a, "--seed") && strcmp(a, "--out"))
             return bad_flag("unknown flag '%s'", a);
@@ -227,6 +234,7 @@ struct vocab {
     char **reserved;     /* (n_reserved) */
     uint32_t n, n_reserved;
     int32_t first_special;
+    int32_t first_fim; /* -1 without --fim */
 };
 
 static void vocab_free(struct vocab *v)
@@ -251,20 +259,22 @@ static int vocab_build(const struct opts *o, struct vocab *v)
         specials = gemma_specials;
         n_special = RKV_ARRAY_LEN(gemma_specials);
     }
+    static const char *const fim_tokens[] = {"<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"};
+    uint32_t n_fim = o->fim ? RKV_ARRAY_LEN(fim_tokens) : 0;
     uint32_t n_vocab = o->preset->vocab;
-    if (n_vocab < 256 + n_special) {
+    if (n_vocab < 256 + n_special + n_fim) {
         fprintf(stderr, PROG ": vocab %u is below 256 bytes + %u special tokens\n", n_vocab,
                 n_special);
         return RKV_EINVAL;
     }
     size_t len;
     const char *text = mk_corpus(&len);
-    uint32_t max_tokens = RKV_MIN(n_vocab - n_special, 256 + MAX_MERGES);
+    uint32_t max_tokens = RKV_MIN(n_vocab - n_special - n_fim, 256 + MAX_MERGES);
     int rc = bpe_train(text, len, max_tokens, &v->bpe);
     if (rc)
         return rc;
     v->n = n_vocab;
-    v->n_reserved = n_vocab - n_special - v->bpe.n_tokens;
+    v->n_reserved = n_vocab - n_special - n_fim - v->bpe.n_tokens;
     v->tokens = calloc(n_vocab, sizeof *v->tokens);
     v->types = calloc(n_vocab, sizeof *v->types);
     v->reserved = calloc(v->n_reserved ? v->n_reserved : 1, sizeof *v->reserved);
@@ -279,6 +289,11 @@ static int vocab_build(const struct opts *o, struct vocab *v)
     for (uint32_t i = 0; i < n_special; i++, t++) {
         v->tokens[t] = specials[i];
         v->types[t] = 3; /* control */
+    }
+    v->first_fim = n_fim ? (int32_t)t : -1;
+    for (uint32_t i = 0; i < n_fim; i++, t++) {
+        v->tokens[t] = fim_tokens[i];
+        v->types[t] = 3;
     }
     for (uint32_t i = 0; i < v->n_reserved; i++, t++) {
         char name[32];
@@ -300,6 +315,11 @@ static void put_tokenizer(struct gw *w, const struct opts *o, const struct vocab
     gw_kv_arr_str(w, "tokenizer.ggml.tokens", v->tokens, v->n);
     gw_kv_arr_i32(w, "tokenizer.ggml.token_type", v->types, v->n);
     gw_kv_arr_str(w, "tokenizer.ggml.merges", (const char *const *)v->bpe.merges, v->bpe.n_merges);
+    if (v->first_fim >= 0) {
+        gw_kv_u32(w, "tokenizer.ggml.fim_pre_token_id", (uint32_t)v->first_fim);
+        gw_kv_u32(w, "tokenizer.ggml.fim_suf_token_id", (uint32_t)v->first_fim + 1);
+        gw_kv_u32(w, "tokenizer.ggml.fim_mid_token_id", (uint32_t)v->first_fim + 2);
+    }
     if (o->arch == ARCH_LLAMA) {
         gw_kv_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)s);
         gw_kv_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)s + 1);
@@ -631,7 +651,7 @@ static int write_model(struct gw *w, const struct tensor *t, uint32_t n_t, const
 
 int main(int argc, char **argv)
 {
-    struct opts o;
+    struct opts o = {0};
     if (parse_args(argc, argv, &o))
         return 1;
 

@@ -32,8 +32,12 @@ static void render(const struct api_request *r, const uint8_t *data, size_t size
                                       {(const char *)data + half, size - half, -1e30f, top, 1}};
     struct api_result res = {(const char *)data, size, lp, 2, API_FINISH_STOP, {1, 2, 0}};
     check_json(api_render_response(r, "cmpl-x", "m", 1, &res));
+    struct api_result two[2] = {res, res};
+    two[1].finish = API_FINISH_LENGTH;
+    check_json(api_render_choices(r, "cmpl-x", "m", 1, two, 2, &res.usage));
     struct api_stream s;
     api_stream_init(&s, r, "cmpl-x", "m", 1);
+    s.index = r->n > 1 ? (uint32_t)r->n - 1 : 0;
     size_t n;
     char *ev = api_stream_begin(&s, &n);
     free(ev);
@@ -72,6 +76,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         } else if (rc == 0) {
             if (r.max_tokens < 1 || r.max_tokens > lim.max_tokens || r.n_stop > API_MAX_STOP)
                 __builtin_trap();
+            /* choices within their ranges; every prompt of a list non-empty, ids in range */
+            if (r.n < 1 || r.best_of < r.n || r.best_of > API_MAX_N ||
+                api_request_seqs(&r) > API_MAX_SEQS || api_request_prompts(&r) > API_MAX_PROMPTS ||
+                (r.suffix && !r.suffix[0]))
+                __builtin_trap();
+            for (size_t i = 0; ep == 0 && i < api_request_prompts(&r); i++) {
+                const char *text;
+                const int32_t *ids;
+                size_t n_ids;
+                api_request_prompt(&r, i, &text, &ids, &n_ids);
+                if (text ? !text[0] : !ids || !n_ids)
+                    __builtin_trap();
+                for (size_t k = 0; !text && k < n_ids; k++)
+                    if (ids[k] < 0 || ids[k] >= lim.vocab_size)
+                        __builtin_trap();
+            }
             render(&r, data, size);
             api_request_fini(&r);
         } else {
