@@ -246,3 +246,17 @@ def test_bad_formats_are_400s_naming_the_field(rkvd):
     # the server still answers afterwards
     text, fin = generate(rkvd, "chat", {"type": "text"}, 1)
     assert fin in ("stop", "length")
+
+
+def test_every_choice_follows_the_schema(rkvd):
+    """n choices share the prompt's KV; each samples under its own copy of the grammar"""
+    c = client(rkvd)
+    schema = SCHEMAS[5]
+    r = c.chat.completions.create(model=model(c), messages=MSGS, n=4, seed=11, temperature=1.0,
+                                  max_tokens=MAX_TOKENS, response_format=schema_format(schema))
+    assert len(r.choices) == 4
+    texts = set()
+    for ch in r.choices:
+        check(ch.message.content, ch.finish_reason, schema, f"choice {ch.index}")
+        texts.add(ch.message.content)
+    assert len(texts) > 1  # sampled at T=1 with seeds derived per choice
