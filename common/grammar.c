@@ -932,7 +932,8 @@ int grammar_compile(const char *gbnf, size_t len, struct grammar **out, char *er
             for (size_t a = 0; a < b.rules[i].n_alts; a++) {
                 const struct evec *e = &b.rules[i].alts[a];
                 g->alt_start[na++] = ne;
-                memcpy(g->elems + ne, e->v, e->n * sizeof *e->v);
+                if (e->n)
+                    memcpy(g->elems + ne, e->v, e->n * sizeof *e->v);
                 ne += (uint32_t)e->n;
                 g->elems[ne].kind = E_END;
                 g->elems[ne].arg = 0;
@@ -942,7 +943,8 @@ int grammar_compile(const char *gbnf, size_t len, struct grammar **out, char *er
         g->rule_alt[b.n_rules] = na;
         g->n_elems = ne;
         g->n_rules = (uint32_t)b.n_rules;
-        memcpy(g->sets, b.sets, b.n_sets * 32);
+        if (b.n_sets)
+            memcpy(g->sets, b.sets, b.n_sets * 32);
         g->n_sets = (uint32_t)b.n_sets;
         g->root = root;
         *out = g;
@@ -993,12 +995,10 @@ int32_t grammar_vocab_n(const struct grammar_vocab *v)
     return v ? v->n : 0;
 }
 
-static const struct grammar_vocab *sort_vocab; /* qsort has no context argument */
-
-static int cmp_tok_bytes(const void *x, const void *y)
+static int cmp_tok_bytes(const void *x, const void *y, void *ctx)
 {
     int32_t a = *(const int32_t *)x, b = *(const int32_t *)y;
-    const struct grammar_vocab *v = sort_vocab;
+    const struct grammar_vocab *v = ctx;
     uint64_t la = v->byte_off[a + 1] - v->byte_off[a], lb = v->byte_off[b + 1] - v->byte_off[b];
     int c = memcmp(v->blob + v->byte_off[a], v->blob + v->byte_off[b], la < lb ? la : lb);
     if (c)
@@ -1065,9 +1065,7 @@ int grammar_vocab_create(struct grammar_vocab **out, int32_t n_vocab, const char
     for (int32_t i = 0; i < n_vocab; i++)
         if (lens[i] && !v->eog[i])
             order[n_sorted++] = i;
-    sort_vocab = v;
-    qsort(order, (size_t)n_sorted, sizeof *order, cmp_tok_bytes);
-    sort_vocab = NULL;
+    qsort_r(order, (size_t)n_sorted, sizeof *order, cmp_tok_bytes, v);
     /* insert in sorted order: a new child is always its parent's last one */
     uint32_t nn = 1;
     first[0] = next[0] = lastc[0] = UINT32_MAX;
@@ -1586,17 +1584,25 @@ static void walk_trie(struct walk *w, uint32_t node, int32_t s)
 {
     struct grammar_matcher *m = w->m;
     const struct grammar_vocab *v = m->v;
-    for (uint32_t k = v->child_off[node]; k < v->child_off[node + 1]; k++) {
-        int32_t t = m_step(m, s, v->child_byte[k]);
+    const int32_t *tr = m->sets[s].trans;
+    for (uint32_t k = v->child_off[node], ke = v->child_off[node + 1]; k < ke; k++) {
+        int32_t t = tr ? tr[v->child_byte[k]] : -1;
+        if (t < 0) {
+            t = m_step(m, s, v->child_byte[k]);
+            tr = m->sets[s].trans; /* stepping may have allocated it */
+        }
         if (t <= 0)
             continue;
         uint32_t c = v->child_node[k];
-        for (uint32_t i = v->tok_off[c]; i < v->tok_off[c + 1]; i++) {
-            int32_t id = v->toks[i];
-            w->mask[id >> 5] |= 1u << (id & 31);
+        uint32_t i0 = v->tok_off[c], i1 = v->tok_off[c + 1];
+        if (i0 < i1) {
             w->any = 1;
+            for (uint32_t i = i0; i < i1; i++) {
+                int32_t id = v->toks[i];
+                w->mask[id >> 5] |= 1u << (id & 31);
+            }
         }
-        if (m->sets[t].live && v->child_off[c] < v->child_off[c + 1])
+        if (v->child_off[c] < v->child_off[c + 1] && m->sets[t].live)
             walk_trie(w, c, t);
     }
 }
