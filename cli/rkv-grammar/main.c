@@ -183,10 +183,10 @@ struct gen_ctx {
     struct grammar_matcher *m;
     int32_t n_vocab;
     uint32_t *mask;
-    int8_t *lean;      /* per token: +2 closes ('"', ']', '}'), -2 opens ('[', '{'), +1 other
-                        * punctuation: where a generation past --soft-len leans */
+    int8_t *lean; /* per token: +2 closes ('"', ']', '}'), -2 opens ('[', '{'), +1 other
+                   * punctuation: where a generation past --soft-len leans */
     uint8_t *eog;
-    uint64_t *times;   /* mask ns */
+    uint64_t *times; /* mask ns */
     size_t n_times, cap_times;
 };
 

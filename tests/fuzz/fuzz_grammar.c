@@ -10,9 +10,10 @@
 /* input: [mode] then text. mode bit 0: 0 = GBNF, 1 = JSON Schema; the other bits seed the
  * token picks. a small vocab of JSON pieces, single bytes and split utf-8. */
 static const char *const PIECES[] = {
-    "{", "}", "[", "]", ",", ":", " ", "\n", "\"", "\\", "a", "b", "z", "0", "1", "9", "-",
-    ".", "e", "true", "false", "null", "{\"", "\":", "\",", "\"}", "ab", "\xc3", "\xa9",
-    "\xc3\xa9", "\xe2\x82\xac", "\\u00", "x\"", "]}", "\t", "A", "_", "@",
+    "{",   "}",   "[",   "]",   ",",  ":",    " ",    "\n",       "\"",           "\\",    "a",
+    "b",   "z",   "0",   "1",   "9",  "-",    ".",    "e",        "true",         "false", "null",
+    "{\"", "\":", "\",", "\"}", "ab", "\xc3", "\xa9", "\xc3\xa9", "\xe2\x82\xac", "\\u00", "x\"",
+    "]}",  "\t",  "A",   "_",   "@",
 };
 #define NP ((int32_t)(sizeof PIECES / sizeof PIECES[0]))
 #define NV (NP + 1) /* + an eog token */
