@@ -40,7 +40,7 @@ struct grammar {
  * KEY_DEPTH frames (bits), and the tokens that reach below them (deps: each matcher tries
  * those from its own state) */
 struct gcache {
-    const struct grammar_vocab *v;
+    uint64_t vocab_id;
     uint32_t *key;
     uint32_t key_len, hash;
     uint32_t *bits;
@@ -1000,6 +1000,7 @@ int grammar_compile(const char *gbnf, size_t len, struct grammar **out, char *er
 /* ---- vocabulary trie ---- */
 
 struct grammar_vocab {
+    uint64_t id; /* unique per vocab made: a cache key that an address reused cannot fake */
     int32_t n;
     uint32_t n_words;
     /* trie: node i's children are child_node[child_off[i] .. child_off[i + 1]) */
@@ -1060,6 +1061,8 @@ int grammar_vocab_create(struct grammar_vocab **out, int32_t n_vocab, const char
     struct grammar_vocab *v = calloc(1, sizeof *v);
     if (!v)
         return RKV_ENOMEM;
+    static uint64_t next_id;
+    v->id = __atomic_add_fetch(&next_id, 1, __ATOMIC_RELAXED);
     v->n = n_vocab;
     v->n_words = ((uint32_t)n_vocab + 31) / 32;
     uint64_t total = 0;
@@ -1744,7 +1747,7 @@ static int cache_get(struct grammar_matcher *m, uint32_t *mask)
     pthread_mutex_lock(&g->lock);
     for (size_t i = 0; i < g->n_cache && !hit; i++) {
         const struct gcache *e = &g->cache[i];
-        if (e->v != v || e->hash != m->key_hash || e->key_len != m->n_key ||
+        if (e->vocab_id != v->id || e->hash != m->key_hash || e->key_len != m->n_key ||
             memcmp(e->key, m->key, m->n_key * sizeof *m->key))
             continue;
         if (rkv_grow((void **)&m->deps, &m->cap_deps, e->n_deps * sizeof *m->deps,
@@ -1764,8 +1767,10 @@ static void cache_put(struct grammar_matcher *m, const uint32_t *mask)
 {
     struct grammar *g = (struct grammar *)m->g;
     const struct grammar_vocab *v = m->v;
-    struct gcache e = {
-        .v = v, .key_len = (uint32_t)m->n_key, .hash = m->key_hash, .n_deps = (uint32_t)m->n_deps};
+    struct gcache e = {.vocab_id = v->id,
+                       .key_len = (uint32_t)m->n_key,
+                       .hash = m->key_hash,
+                       .n_deps = (uint32_t)m->n_deps};
     e.key = malloc(m->n_key * sizeof *e.key);
     e.bits = malloc(v->n_words * sizeof *e.bits);
     e.deps = malloc((m->n_deps ? m->n_deps : 1) * sizeof *e.deps);
