@@ -18,7 +18,8 @@
     "type, properties, required, additionalProperties, enum, const, minLength, maxLength, "        \
     "format, pattern, minimum, maximum, exclusiveMinimum, exclusiveMaximum, items, "               \
     "prefixItems, minItems, maxItems, anyOf, oneOf, allOf, $ref, $defs, definitions; "             \
-    "ignored: description, title, default, examples, $schema, $id, $comment"
+    "ignored: description, title, default, examples, $schema, $id, $comment, deprecated, "         \
+    "readOnly, writeOnly, strict"
 
 static const char *const KEYWORDS[] = {"type",
                                        "properties",
@@ -70,39 +71,40 @@ enum {
     P_ARRAY = 1 << 8,
 };
 
+/* the hex of a \u escape: any but a surrogate (U+D800..U+DFFF), which decoders refuse alone
+ * and which would count as two characters against minLength/maxLength */
+#define U_ESC "([0-9a-cA-C] [0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2} | [eEfF] [0-9a-fA-F]{3})"
+
+#define WS_RULE      "ws ::= | \" \" | \"\\n\" [ \\t]{0,20}\n"
+#define CHAR_RULE    "char ::= [^\"\\\\\\x00-\\x1f] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" " U_ESC ")\n"
+#define STRING_RULE  "string ::= \"\\\"\" char* \"\\\"\"\n"
+#define INTEGER_RULE "integer ::= \"-\"? (\"0\" | [1-9] [0-9]{0,15})\n"
+#define NUMBER_RULE  "number ::= integer (\".\" [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})?\n"
+#define BOOLEAN_RULE "boolean ::= \"true\" | \"false\"\n"
+#define NULL_RULE    "null ::= \"null\"\n"
+#define VALUE_RULE   "value ::= object | array | string | number | boolean | null\n"
+#define OBJECT_RULE                                                                                \
+    "object ::= \"{\" ws (string ws \":\" ws value ws (\",\" ws string ws \":\" ws value ws)*)? "  \
+    "\"}\"\n"
+#define ARRAY_RULE "array ::= \"[\" ws (value ws (\",\" ws value ws)*)? \"]\"\n"
+
 static const struct {
     unsigned bit, needs;
     const char *text;
 } PRIMS[] = {
-    {P_CHAR, 0,
-     "char ::= [^\"\\\\\\x00-\\x1f] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n"},
-    {P_STRING, P_CHAR, "string ::= \"\\\"\" char* \"\\\"\"\n"},
-    {P_INTEGER, 0, "integer ::= \"-\"? (\"0\" | [1-9] [0-9]{0,15})\n"},
-    {P_NUMBER, P_INTEGER, "number ::= integer (\".\" [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})?\n"},
-    {P_BOOLEAN, 0, "boolean ::= \"true\" | \"false\"\n"},
-    {P_NULL, 0, "null ::= \"null\"\n"},
-    {P_VALUE, P_OBJECT | P_ARRAY | P_STRING | P_NUMBER | P_BOOLEAN | P_NULL,
-     "value ::= object | array | string | number | boolean | null\n"},
-    {P_OBJECT, P_STRING | P_VALUE,
-     "object ::= \"{\" ws (string ws \":\" ws value ws (\",\" ws string ws \":\" ws value ws)*)? "
-     "\"}\"\n"},
-    {P_ARRAY, P_VALUE, "array ::= \"[\" ws (value ws (\",\" ws value ws)*)? \"]\"\n"},
+    {P_CHAR, 0, CHAR_RULE},
+    {P_STRING, P_CHAR, STRING_RULE},
+    {P_INTEGER, 0, INTEGER_RULE},
+    {P_NUMBER, P_INTEGER, NUMBER_RULE},
+    {P_BOOLEAN, 0, BOOLEAN_RULE},
+    {P_NULL, 0, NULL_RULE},
+    {P_VALUE, P_OBJECT | P_ARRAY | P_STRING | P_NUMBER | P_BOOLEAN | P_NULL, VALUE_RULE},
+    {P_OBJECT, P_STRING | P_VALUE, OBJECT_RULE},
+    {P_ARRAY, P_VALUE, ARRAY_RULE},
 };
 
-#define WS_RULE "ws ::= | \" \" | \"\\n\" [ \\t]{0,20}\n"
-
-static const char ANY_OBJECT[] =
-    "root ::= object\n" WS_RULE
-    "char ::= [^\"\\\\\\x00-\\x1f] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n"
-    "string ::= \"\\\"\" char* \"\\\"\"\n"
-    "integer ::= \"-\"? (\"0\" | [1-9] [0-9]{0,15})\n"
-    "number ::= integer (\".\" [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})?\n"
-    "boolean ::= \"true\" | \"false\"\n"
-    "null ::= \"null\"\n"
-    "value ::= object | array | string | number | boolean | null\n"
-    "object ::= \"{\" ws (string ws \":\" ws value ws (\",\" ws string ws \":\" ws value ws)*)? "
-    "\"}\"\n"
-    "array ::= \"[\" ws (value ws (\",\" ws value ws)*)? \"]\"\n";
+static const char ANY_OBJECT[] = "root ::= object\n" WS_RULE CHAR_RULE STRING_RULE INTEGER_RULE
+    NUMBER_RULE BOOLEAN_RULE NULL_RULE VALUE_RULE OBJECT_RULE ARRAY_RULE;
 
 const char *json_schema_any_object_gbnf(void)
 {
@@ -194,7 +196,7 @@ static void js_fail(struct js *j, int rc, const char *path, const char *fmt, ...
     j->rc = rc;
     if (!j->err || !j->errlen)
         return;
-    char msg[384];
+    char msg[1024];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
@@ -1383,7 +1385,7 @@ static char *gen_other_key(struct js *j, const char *const *names, int n)
             sb_json_class(&cls, &other);
             sb_add(&body, cls.s, cls.n);
             free(cls.s);
-            sb_puts(&body, " | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})) char* \"\\\"\"");
+            sb_puts(&body, " | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" " U_ESC ")) char* \"\\\"\"");
             t->stage = 1;
             /* children, one frame each */
             if (nk && pl < sizeof pre - 1) {

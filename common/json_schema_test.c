@@ -75,7 +75,9 @@ static void expect(const char *schema, const char *const *yes, const char *const
 static void test_primitives(void **state)
 {
     expect("{\"type\":\"string\"}", L("\"\"", "\"a\\\"b\\\\ \\u00e9 \\n\"", "\"caf\xc3\xa9\""),
-           L("\"a", "\"\x01\"", "\"\\x\"", "\"\\u12\"", "a", "\"\xc3\""));
+           L("\"a", "\"\x01\"", "\"\\x\"", "\"\\u12\"", "a", "\"\xc3\"", "\"\\ud83d\\ude00\"",
+             "\"\\uDFFF\""));
+    expect("{\"type\":\"string\"}", L("\"\\uD7FF\\uE000\\uffff\\u0000\""), NULL);
     expect("{\"type\":\"integer\"}", L("0", "-7", "1234567890123456"),
            L("01", "-0.5", "+1", "1e3", "12345678901234567", "-"));
     expect("{\"type\":\"number\"}", L("0", "-0.5", "1e3", "2.5E-10", "7"),
