@@ -1,6 +1,7 @@
 /* grammar.c - GBNF compiler to byte-level rules, vocab tries, stack-set matchers, token masks. */
 #include "common/grammar.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,15 +21,35 @@ struct gelem {
 };
 
 struct grammar {
-    struct gelem *elems;  /* every alternative's elements, each run ended by E_END */
+    struct gelem *elems; /* every alternative's elements, each run ended by E_END */
     uint32_t n_elems;
-    uint32_t *rule_alt;   /* rule r's alternatives: alt_start[rule_alt[r] .. rule_alt[r + 1]) */
-    uint32_t *alt_start;  /* first element of each alternative */
+    uint32_t *rule_alt;  /* rule r's alternatives: alt_start[rule_alt[r] .. rule_alt[r + 1]) */
+    uint32_t *alt_start; /* first element of each alternative */
     uint32_t n_rules;
-    uint32_t (*sets)[8];  /* 256-bit byte sets */
+    uint32_t (*sets)[8]; /* 256-bit byte sets */
     uint32_t n_sets;
     uint32_t root;
+    /* masks shared by every matcher of this grammar, keyed by the top KEY_DEPTH frames of
+     * each stack; the only mutable part, behind the lock */
+    pthread_mutex_t lock;
+    struct gcache *cache;
+    size_t n_cache, cap_cache;
 };
+
+/* a context-independent mask: the tokens a state allows whatever lies below its top
+ * KEY_DEPTH frames (bits), and the tokens that reach below them (deps: each matcher tries
+ * those from its own state) */
+struct gcache {
+    uint64_t vocab_id;
+    uint32_t *key;
+    uint32_t key_len, hash;
+    uint32_t *bits;
+    int32_t *deps;
+    uint32_t n_deps;
+};
+
+#define KEY_DEPTH     3
+#define CACHE_ENTRIES 256
 
 /* ---- parser / builder ---- */
 
@@ -53,6 +74,7 @@ struct builder {
     size_t n_sets, cap_sets;
     size_t n_elems;
     uint32_t n_anon;
+    int depth; /* ( ) nesting */
     char *err;
     size_t errlen;
     int rc;
@@ -180,9 +202,8 @@ static uint32_t b_rule(struct builder *b, const char *name, size_t len)
 static void b_add_alt(struct builder *b, uint32_t r, struct evec *e)
 {
     struct brule *ru = &b->rules[r];
-    if (b->rc ||
-        rkv_grow((void **)&ru->alts, &ru->cap_alts, (ru->n_alts + 1) * sizeof *ru->alts,
-                 2 * sizeof *ru->alts)) {
+    if (b->rc || rkv_grow((void **)&ru->alts, &ru->cap_alts, (ru->n_alts + 1) * sizeof *ru->alts,
+                          2 * sizeof *ru->alts)) {
         b_fail(b, RKV_ENOMEM, "out of memory");
         free(e->v);
         memset(e, 0, sizeof *e);
@@ -270,7 +291,8 @@ struct cprange {
 
 /* appends the utf-8 byte-range sequences of code points [lo, hi] (no surrogates) to rule r
  * (single-byte ranges go to *ascii) */
-static void b_utf8_ranges(struct builder *b, uint32_t lo, uint32_t hi, uint32_t r, uint32_t ascii[8])
+static void b_utf8_ranges(struct builder *b, uint32_t lo, uint32_t hi, uint32_t r,
+                          uint32_t ascii[8])
 {
     static const uint32_t lim[4] = {0x7F, 0x7FF, 0xFFFF, 0x10FFFF};
     if (b->rc || lo > hi)
@@ -356,8 +378,8 @@ static int cmp_range(const void *x, const void *y)
 
 static int is_word(int c)
 {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '-' || c == '_';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+           c == '_';
 }
 
 /* skips spaces, newlines and comments */
@@ -425,16 +447,23 @@ static int parse_char(struct builder *b, uint32_t *c)
     case 'r': *c = '\r'; return 0;
     case 't': *c = '\t'; return 0;
     case '0': *c = 0; return 0;
-    case '\\': case '"': case '[': case ']': case '-': case '^': case '/': case '\'':
-        *c = (uint32_t)(unsigned char)e;
-        return 0;
+    case '\\':
+    case '"':
+    case '[':
+    case ']':
+    case '-':
+    case '^':
+    case '/':
+    case '\'': *c = (uint32_t)(unsigned char)e; return 0;
     case 'x': digits = 2; break;
     case 'u': digits = 4; break;
     case 'U': digits = 8; break;
     default:
         b->p--;
-        b_perr(b, "unknown escape '\\%c' (use \\n \\r \\t \\\\ \\\" \\[ \\] \\xHH \\uHHHH \\UHHHHHHHH)",
-               e);
+        b_perr(
+            b,
+            "unknown escape '\\%c' (use \\n \\r \\t \\\\ \\\" \\[ \\] \\xHH \\uHHHH \\UHHHHHHHH)",
+            e);
         return -1;
     }
     uint32_t v = 0;
@@ -648,9 +677,14 @@ static void parse_sequence(struct builder *b, struct evec *seq, int nested)
                 b_pos(b, s, &b->rules[r].ref_line, &b->rules[r].ref_col);
             ev_push(b, seq, E_REF, r);
         } else if (c == '(') {
+            if (++b->depth > GRAMMAR_MAX_NESTING) {
+                b_perr(b, "groups nested deeper than %d", GRAMMAR_MAX_NESTING);
+                return;
+            }
             b->p++;
             uint32_t r = b_rule(b, NULL, 0);
             parse_alternates(b, r, 1);
+            b->depth--;
             skip_ws(b);
             if (b->rc)
                 return;
@@ -878,6 +912,13 @@ void grammar_destroy(struct grammar *g)
     free(g->rule_alt);
     free(g->alt_start);
     free(g->sets);
+    for (size_t i = 0; i < g->n_cache; i++) {
+        free(g->cache[i].key);
+        free(g->cache[i].bits);
+        free(g->cache[i].deps);
+    }
+    free(g->cache);
+    pthread_mutex_destroy(&g->lock);
     free(g);
 }
 
@@ -910,6 +951,8 @@ int grammar_compile(const char *gbnf, size_t len, struct grammar **out, char *er
     struct grammar *g = NULL;
     if (!b.rc) {
         g = calloc(1, sizeof *g);
+        if (g)
+            pthread_mutex_init(&g->lock, NULL);
         size_t n_alts = 0;
         for (size_t i = 0; i < b.n_rules; i++)
             n_alts += b.rules[i].n_alts;
@@ -932,7 +975,8 @@ int grammar_compile(const char *gbnf, size_t len, struct grammar **out, char *er
             for (size_t a = 0; a < b.rules[i].n_alts; a++) {
                 const struct evec *e = &b.rules[i].alts[a];
                 g->alt_start[na++] = ne;
-                memcpy(g->elems + ne, e->v, e->n * sizeof *e->v);
+                if (e->n)
+                    memcpy(g->elems + ne, e->v, e->n * sizeof *e->v);
                 ne += (uint32_t)e->n;
                 g->elems[ne].kind = E_END;
                 g->elems[ne].arg = 0;
@@ -942,7 +986,8 @@ int grammar_compile(const char *gbnf, size_t len, struct grammar **out, char *er
         g->rule_alt[b.n_rules] = na;
         g->n_elems = ne;
         g->n_rules = (uint32_t)b.n_rules;
-        memcpy(g->sets, b.sets, b.n_sets * 32);
+        if (b.n_sets)
+            memcpy(g->sets, b.sets, b.n_sets * 32);
         g->n_sets = (uint32_t)b.n_sets;
         g->root = root;
         *out = g;
@@ -955,19 +1000,20 @@ int grammar_compile(const char *gbnf, size_t len, struct grammar **out, char *er
 /* ---- vocabulary trie ---- */
 
 struct grammar_vocab {
+    uint64_t id; /* unique per vocab made: a cache key that an address reused cannot fake */
     int32_t n;
     uint32_t n_words;
     /* trie: node i's children are child_node[child_off[i] .. child_off[i + 1]) */
     uint32_t n_nodes;
-    uint32_t *child_off;   /* (n_nodes + 1) */
-    uint8_t *child_byte;   /* (n_nodes - 1) */
-    uint32_t *child_node;  /* (n_nodes - 1) */
-    uint32_t *tok_off;     /* (n_nodes + 1): tokens ending at node i in toks[tok_off[i] ..) */
-    int32_t *toks;         /* (n) */
+    uint32_t *child_off;  /* (n_nodes + 1) */
+    uint8_t *child_byte;  /* (n_nodes - 1) */
+    uint32_t *child_node; /* (n_nodes - 1) */
+    uint32_t *tok_off;    /* (n_nodes + 1): tokens ending at node i in toks[tok_off[i] ..) */
+    int32_t *toks;        /* (n) */
     /* token bytes for accept */
-    uint64_t *byte_off;    /* (n + 1) */
+    uint64_t *byte_off; /* (n + 1) */
     char *blob;
-    uint8_t *eog;          /* (n) */
+    uint8_t *eog; /* (n) */
     int32_t *eog_ids;
     int32_t n_eog;
 };
@@ -993,12 +1039,10 @@ int32_t grammar_vocab_n(const struct grammar_vocab *v)
     return v ? v->n : 0;
 }
 
-static const struct grammar_vocab *sort_vocab; /* qsort has no context argument */
-
-static int cmp_tok_bytes(const void *x, const void *y)
+static int cmp_tok_bytes(const void *x, const void *y, void *ctx)
 {
     int32_t a = *(const int32_t *)x, b = *(const int32_t *)y;
-    const struct grammar_vocab *v = sort_vocab;
+    const struct grammar_vocab *v = ctx;
     uint64_t la = v->byte_off[a + 1] - v->byte_off[a], lb = v->byte_off[b + 1] - v->byte_off[b];
     int c = memcmp(v->blob + v->byte_off[a], v->blob + v->byte_off[b], la < lb ? la : lb);
     if (c)
@@ -1017,6 +1061,8 @@ int grammar_vocab_create(struct grammar_vocab **out, int32_t n_vocab, const char
     struct grammar_vocab *v = calloc(1, sizeof *v);
     if (!v)
         return RKV_ENOMEM;
+    static uint64_t next_id;
+    v->id = __atomic_add_fetch(&next_id, 1, __ATOMIC_RELAXED);
     v->n = n_vocab;
     v->n_words = ((uint32_t)n_vocab + 31) / 32;
     uint64_t total = 0;
@@ -1065,9 +1111,7 @@ int grammar_vocab_create(struct grammar_vocab **out, int32_t n_vocab, const char
     for (int32_t i = 0; i < n_vocab; i++)
         if (lens[i] && !v->eog[i])
             order[n_sorted++] = i;
-    sort_vocab = v;
-    qsort(order, (size_t)n_sorted, sizeof *order, cmp_tok_bytes);
-    sort_vocab = NULL;
+    qsort_r(order, (size_t)n_sorted, sizeof *order, cmp_tok_bytes, v);
     /* insert in sorted order: a new child is always its parent's last one */
     uint32_t nn = 1;
     first[0] = next[0] = lastc[0] = UINT32_MAX;
@@ -1179,19 +1223,23 @@ out:
 /* ---- matcher ---- */
 
 /* a stack is a cons list of grammar positions: node = (pos, parent); node 0 is the empty
- * stack (the grammar is complete). a set of stacks is a sorted list of node ids, interned. */
+ * stack (the grammar is complete). node 1 (WILD) stands for frames left out of a stack cut to
+ * its top KEY_DEPTH ones: popping into it marks a set "wild". a set of stacks is a sorted list
+ * of node ids, interned. */
+#define WILD 1u
 struct snode {
     uint32_t pos, parent, next, depth;
 };
 
 struct sset {
-    uint32_t off, n;  /* node ids in m->pool[off .. off + n) */
-    uint32_t next;    /* hash chain */
+    uint32_t off, n; /* node ids in m->pool[off .. off + n) */
+    uint32_t next;   /* hash chain */
     uint32_t hash;
-    int32_t *trans;   /* 256 next set ids, -1 unknown; NULL until stepped */
+    int32_t *trans; /* 256 next set ids, -1 unknown; NULL until stepped */
     int32_t mask_slot;
-    uint8_t live;     /* holds a stack that can consume more bytes */
-    uint8_t can_end;  /* holds the empty stack */
+    uint8_t live;    /* holds a stack that can consume more bytes */
+    uint8_t can_end; /* holds the empty stack */
+    uint8_t wild;    /* a stack popped below its cut (WILD) */
 };
 
 #define MASK_SLOTS 16
@@ -1203,7 +1251,7 @@ struct grammar_matcher {
     size_t n_nodes, cap_nodes; /* cap in bytes */
     uint32_t *nbuckets;
     uint32_t n_nbuckets;
-    uint32_t *marks;           /* per node: the expansion pass that last visited it */
+    uint32_t *marks; /* per node: the expansion pass that last visited it */
     size_t cap_marks;
     uint32_t gen;
     struct sset *sets;
@@ -1213,13 +1261,18 @@ struct grammar_matcher {
     uint32_t *pool;
     size_t n_pool, cap_pool;
     size_t trans_bytes;
-    uint32_t *tmp;             /* expansion output */
+    uint32_t *tmp; /* expansion output */
     size_t n_tmp, cap_tmp;
-    uint32_t *masks;           /* MASK_SLOTS * n_words */
+    uint32_t *masks; /* MASK_SLOTS * n_words */
+    uint32_t *key;   /* the current set's cache key */
+    size_t n_key, cap_key;
+    uint32_t key_hash;
+    int32_t *deps; /* tokens to try from the current state */
+    size_t n_deps, cap_deps;
     int32_t slot_owner[MASK_SLOTS];
     uint8_t slot_fallback[MASK_SLOTS];
     int next_slot;
-    int32_t cur;               /* current set id; 0 = dead */
+    int32_t cur; /* current set id; 0 = dead */
     int32_t start;
     int finished;
     int oom;
@@ -1239,7 +1292,7 @@ static int m_rehash_nodes(struct grammar_matcher *m, uint32_t nb)
     if (!bk)
         return RKV_ENOMEM;
     memset(bk, 0xFF, (size_t)nb * sizeof *bk);
-    for (size_t i = 1; i < m->n_nodes; i++) {
+    for (size_t i = 2; i < m->n_nodes; i++) {
         uint32_t h = hash2(m->nodes[i].pos, m->nodes[i].parent) & (nb - 1);
         m->nodes[i].next = bk[h];
         bk[h] = (uint32_t)i;
@@ -1267,7 +1320,7 @@ static uint32_t m_node(struct grammar_matcher *m, uint32_t pos, uint32_t parent)
     uint32_t id = (uint32_t)m->n_nodes++;
     m->nodes[id].pos = pos;
     m->nodes[id].parent = parent;
-    m->nodes[id].depth = parent ? m->nodes[parent].depth + 1 : 1;
+    m->nodes[id].depth = parent > WILD ? m->nodes[parent].depth + 1 : 1;
     m->nodes[id].next = m->nbuckets[h];
     m->marks[id] = 0;
     m->nbuckets[h] = id;
@@ -1294,10 +1347,10 @@ static void m_expand(struct grammar_matcher *m, uint32_t pos, uint32_t parent)
     for (;;) {
         const struct gelem *e = &g->elems[pos];
         if (e->kind == E_END) {
-            if (!parent) {
-                if (m->marks[0] != m->gen) {
-                    m->marks[0] = m->gen;
-                    m_out(m, 0);
+            if (parent <= WILD) {
+                if (m->marks[parent] != m->gen) {
+                    m->marks[parent] = m->gen;
+                    m_out(m, parent);
                 }
                 return;
             }
@@ -1305,7 +1358,7 @@ static void m_expand(struct grammar_matcher *m, uint32_t pos, uint32_t parent)
             parent = m->nodes[parent].parent;
             continue;
         }
-        if (parent && m->nodes[parent].depth >= GRAMMAR_MAX_DEPTH)
+        if (parent > WILD && m->nodes[parent].depth >= GRAMMAR_MAX_DEPTH)
             return;
         uint32_t id = m_node(m, pos, parent);
         if (id == NONE || m->marks[id] == m->gen)
@@ -1372,6 +1425,8 @@ static int32_t m_intern_tmp(struct grammar_matcher *m)
     for (size_t i = 0; i < m->n_tmp; i++) {
         if (m->tmp[i] == 0)
             s->can_end = 1;
+        else if (m->tmp[i] == WILD)
+            s->wild = 1;
         else
             s->live = 1;
     }
@@ -1409,10 +1464,9 @@ static int32_t m_step(struct grammar_matcher *m, int32_t s, uint8_t c)
         return 0;
     m->gen++;
     m->n_tmp = 0;
-    m->marks[0] = 0;
     for (uint32_t i = 0; i < st->n; i++) {
         uint32_t id = m->pool[m->sets[s].off + i];
-        if (!id)
+        if (id <= WILD)
             continue;
         uint32_t pos = m->nodes[id].pos;
         const uint32_t *set = m->g->sets[m->g->elems[pos].arg];
@@ -1443,14 +1497,15 @@ static void m_clear(struct grammar_matcher *m)
     m->sets[0].mask_slot = -1;
     m->n_pool = 0;
     m->trans_bytes = 0;
-    m->n_nodes = 1; /* node 0: the empty stack */
+    m->n_nodes = 2; /* node 0: the empty stack; node 1: WILD */
     m->nodes[0] = (struct snode){NONE, 0, NONE, 0};
+    m->nodes[1] = (struct snode){NONE, 0, NONE, 0};
     memset(m->nbuckets, 0xFF, m->n_nbuckets * sizeof *m->nbuckets);
     memset(m->sbuckets, 0xFF, m->n_sbuckets * sizeof *m->sbuckets);
     for (int i = 0; i < MASK_SLOTS; i++)
         m->slot_owner[i] = -1;
     m->gen = 1;
-    m->marks[0] = 0;
+    m->marks[0] = m->marks[1] = 0;
 }
 
 static int32_t m_start_set(struct grammar_matcher *m)
@@ -1458,7 +1513,6 @@ static int32_t m_start_set(struct grammar_matcher *m)
     const struct grammar *g = m->g;
     m->gen++;
     m->n_tmp = 0;
-    m->marks[0] = 0;
     for (uint32_t a = g->rule_alt[g->root]; a < g->rule_alt[g->root + 1]; a++)
         m_expand(m, g->alt_start[a], 0);
     return m_intern_tmp(m);
@@ -1524,6 +1578,8 @@ void grammar_matcher_destroy(struct grammar_matcher *m)
     free(m->pool);
     free(m->tmp);
     free(m->masks);
+    free(m->key);
+    free(m->deps);
     free(m);
 }
 
@@ -1579,26 +1635,180 @@ int grammar_matcher_must_end(const struct grammar_matcher *m)
 struct walk {
     struct grammar_matcher *m;
     uint32_t *mask;
-    int any;
 };
 
+/* every token at trie node `node` and below goes to m->deps */
+static void walk_collect(struct walk *w, uint32_t node)
+{
+    struct grammar_matcher *m = w->m;
+    const struct grammar_vocab *v = m->v;
+    uint32_t i0 = v->tok_off[node], i1 = v->tok_off[node + 1];
+    if (i0 < i1) {
+        if (rkv_grow((void **)&m->deps, &m->cap_deps, (m->n_deps + i1 - i0) * sizeof *m->deps,
+                     1024 * sizeof *m->deps)) {
+            m->oom = 1;
+            return;
+        }
+        memcpy(m->deps + m->n_deps, v->toks + i0, (i1 - i0) * sizeof *m->deps);
+        m->n_deps += i1 - i0;
+    }
+    for (uint32_t k = v->child_off[node]; k < v->child_off[node + 1]; k++)
+        walk_collect(w, v->child_node[k]);
+}
+
+/* marks the tokens set s allows; a subtree whose prefix pops below the cut goes to deps */
 static void walk_trie(struct walk *w, uint32_t node, int32_t s)
 {
     struct grammar_matcher *m = w->m;
     const struct grammar_vocab *v = m->v;
-    for (uint32_t k = v->child_off[node]; k < v->child_off[node + 1]; k++) {
-        int32_t t = m_step(m, s, v->child_byte[k]);
+    const int32_t *tr = m->sets[s].trans;
+    for (uint32_t k = v->child_off[node], ke = v->child_off[node + 1]; k < ke; k++) {
+        int32_t t = tr ? tr[v->child_byte[k]] : -1;
+        if (t < 0) {
+            t = m_step(m, s, v->child_byte[k]);
+            tr = m->sets[s].trans; /* stepping may have allocated it */
+        }
         if (t <= 0)
             continue;
         uint32_t c = v->child_node[k];
-        for (uint32_t i = v->tok_off[c]; i < v->tok_off[c + 1]; i++) {
+        if (m->sets[t].wild) {
+            walk_collect(w, c);
+            continue;
+        }
+        for (uint32_t i = v->tok_off[c], i1 = v->tok_off[c + 1]; i < i1; i++) {
             int32_t id = v->toks[i];
             w->mask[id >> 5] |= 1u << (id & 31);
-            w->any = 1;
         }
-        if (m->sets[t].live && v->child_off[c] < v->child_off[c + 1])
+        if (v->child_off[c] < v->child_off[c + 1] && m->sets[t].live)
             walk_trie(w, c, t);
     }
+}
+
+static int cmp_rec(const void *x, const void *y)
+{
+    return memcmp(x, y, (KEY_DEPTH + 2) * sizeof(uint32_t));
+}
+
+/* the cache key of set s: one record (depth, cut, top KEY_DEPTH positions) per stack,
+ * sorted and unique, in m->key; 0 or RKV_ENOMEM */
+static int m_key(struct grammar_matcher *m, int32_t s)
+{
+    const size_t R = KEY_DEPTH + 2;
+    const struct sset *st = &m->sets[s];
+    if (rkv_grow((void **)&m->key, &m->cap_key, st->n * R * sizeof *m->key, 64 * sizeof *m->key))
+        return RKV_ENOMEM;
+    for (uint32_t i = 0; i < st->n; i++) {
+        uint32_t *rec = m->key + i * R, x = m->pool[st->off + i], len = 0;
+        for (size_t j = 2; j < R; j++)
+            rec[j] = NONE;
+        while (x > WILD && len < KEY_DEPTH) {
+            rec[2 + len++] = m->nodes[x].pos;
+            x = m->nodes[x].parent;
+        }
+        rec[0] = len;
+        rec[1] = x > WILD;
+    }
+    qsort(m->key, st->n, R * sizeof *m->key, cmp_rec);
+    size_t n = 0;
+    for (uint32_t i = 0; i < st->n; i++)
+        if (!n || cmp_rec(m->key + (n - 1) * R, m->key + i * R))
+            memmove(m->key + n++ * R, m->key + i * R, R * sizeof *m->key);
+    m->n_key = n * R;
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < m->n_key; i++)
+        h = (h ^ m->key[i]) * 16777619u;
+    m->key_hash = h;
+    return 0;
+}
+
+/* the set of m->key's stacks, each cut to its top frames over WILD */
+static int32_t m_cut_set(struct grammar_matcher *m)
+{
+    const size_t R = KEY_DEPTH + 2;
+    m->n_tmp = 0;
+    for (size_t i = 0; i < m->n_key; i += R) {
+        const uint32_t *rec = m->key + i;
+        uint32_t node = rec[1] ? WILD : 0;
+        for (uint32_t j = rec[0]; j-- > 0 && node != NONE;)
+            node = m_node(m, rec[2 + j], node);
+        if (node == NONE)
+            return -1;
+        m_out(m, node);
+    }
+    return m_intern_tmp(m);
+}
+
+/* the shared entry for m->key into mask and m->deps; 1 on a hit */
+static int cache_get(struct grammar_matcher *m, uint32_t *mask)
+{
+    struct grammar *g = (struct grammar *)m->g; /* the cache is the lock-guarded mutable part */
+    const struct grammar_vocab *v = m->v;
+    int hit = 0;
+    pthread_mutex_lock(&g->lock);
+    for (size_t i = 0; i < g->n_cache && !hit; i++) {
+        const struct gcache *e = &g->cache[i];
+        if (e->vocab_id != v->id || e->hash != m->key_hash || e->key_len != m->n_key ||
+            memcmp(e->key, m->key, m->n_key * sizeof *m->key))
+            continue;
+        if (rkv_grow((void **)&m->deps, &m->cap_deps, e->n_deps * sizeof *m->deps,
+                     1024 * sizeof *m->deps))
+            break;
+        memcpy(mask, e->bits, v->n_words * sizeof *mask);
+        if (e->n_deps)
+            memcpy(m->deps, e->deps, e->n_deps * sizeof *m->deps);
+        m->n_deps = e->n_deps;
+        hit = 1;
+    }
+    pthread_mutex_unlock(&g->lock);
+    return hit;
+}
+
+static void cache_put(struct grammar_matcher *m, const uint32_t *mask)
+{
+    struct grammar *g = (struct grammar *)m->g;
+    const struct grammar_vocab *v = m->v;
+    struct gcache e = {.vocab_id = v->id,
+                       .key_len = (uint32_t)m->n_key,
+                       .hash = m->key_hash,
+                       .n_deps = (uint32_t)m->n_deps};
+    e.key = malloc(m->n_key * sizeof *e.key);
+    e.bits = malloc(v->n_words * sizeof *e.bits);
+    e.deps = malloc((m->n_deps ? m->n_deps : 1) * sizeof *e.deps);
+    if (!e.key || !e.bits || !e.deps)
+        goto drop;
+    memcpy(e.key, m->key, m->n_key * sizeof *e.key);
+    memcpy(e.bits, mask, v->n_words * sizeof *e.bits);
+    if (m->n_deps)
+        memcpy(e.deps, m->deps, m->n_deps * sizeof *e.deps);
+    pthread_mutex_lock(&g->lock);
+    if (g->n_cache >= CACHE_ENTRIES) {
+        /* full: start over (the states a schema visits are few; churn means many grammars) */
+        for (size_t i = 0; i < g->n_cache; i++) {
+            free(g->cache[i].key);
+            free(g->cache[i].bits);
+            free(g->cache[i].deps);
+        }
+        g->n_cache = 0;
+    }
+    int ok = !rkv_grow((void **)&g->cache, &g->cap_cache, (g->n_cache + 1) * sizeof *g->cache,
+                       16 * sizeof *g->cache);
+    if (ok)
+        g->cache[g->n_cache++] = e;
+    pthread_mutex_unlock(&g->lock);
+    if (ok)
+        return;
+drop:
+    free(e.key);
+    free(e.bits);
+    free(e.deps);
+}
+
+/* the set after bytes from set s; 0 when they do not continue the grammar */
+static int32_t m_run_from(struct grammar_matcher *m, int32_t s, const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n && s > 0; i++)
+        s = m_step(m, s, p[i]);
+    return s;
 }
 
 int grammar_matcher_mask(struct grammar_matcher *m, uint32_t *mask)
@@ -1618,12 +1828,35 @@ int grammar_matcher_mask(struct grammar_matcher *m, uint32_t *mask)
         memcpy(mask, m->masks + (size_t)slot * v->n_words, v->n_words * sizeof *mask);
         return 0;
     }
-    struct walk w = {.m = m, .mask = mask};
-    if (m->sets[s].live)
-        walk_trie(&w, 0, s);
-    if (m->oom)
-        return RKV_ENOMEM;
-    int fallback = !w.any && !m->sets[s].can_end;
+    /* the tokens that stay within the top frames come from the shared cache (or a walk of
+     * the cut set, then cached); those that reach below are tried from this state */
+    m->n_deps = 0;
+    if (m->sets[s].live) {
+        if (m_key(m, s))
+            return RKV_ENOMEM;
+        if (!cache_get(m, mask)) {
+            int32_t cut = m_cut_set(m);
+            if (cut < 0)
+                return RKV_ENOMEM;
+            struct walk w = {.m = m, .mask = mask};
+            walk_trie(&w, 0, cut);
+            if (m->oom)
+                return RKV_ENOMEM;
+            cache_put(m, mask);
+        }
+        for (size_t i = 0; i < m->n_deps; i++) {
+            int32_t id = m->deps[i];
+            const uint8_t *b = (const uint8_t *)v->blob + v->byte_off[id];
+            if (m_run_from(m, s, b, v->byte_off[id + 1] - v->byte_off[id]) > 0)
+                mask[id >> 5] |= 1u << (id & 31);
+        }
+        if (m->oom)
+            return RKV_ENOMEM;
+    }
+    int any = 0;
+    for (uint32_t i = 0; i < v->n_words && !any; i++)
+        any = mask[i] != 0;
+    int fallback = !any && !m->sets[s].can_end;
     if (m->sets[s].can_end || fallback)
         for (int32_t i = 0; i < v->n_eog; i++)
             mask[v->eog_ids[i] >> 5] |= 1u << (v->eog_ids[i] & 31);
@@ -1634,15 +1867,6 @@ int grammar_matcher_mask(struct grammar_matcher *m, uint32_t *mask)
     m->sets[s].mask_slot = slot;
     memcpy(m->masks + (size_t)slot * v->n_words, mask, v->n_words * sizeof *mask);
     return 0;
-}
-
-/* the set after bytes from the current one; 0 when they do not continue the grammar */
-static int32_t m_run(struct grammar_matcher *m, const uint8_t *p, size_t n)
-{
-    int32_t s = m->cur;
-    for (size_t i = 0; i < n && s > 0; i++)
-        s = m_step(m, s, p[i]);
-    return s;
 }
 
 int grammar_matcher_accept(struct grammar_matcher *m, int32_t id)
@@ -1664,7 +1888,7 @@ int grammar_matcher_accept(struct grammar_matcher *m, int32_t id)
     uint64_t l = v->byte_off[id + 1] - v->byte_off[id];
     if (!l)
         return RKV_EINVAL;
-    int32_t s = m_run(m, (const uint8_t *)v->blob + v->byte_off[id], l);
+    int32_t s = m_run_from(m, m->cur, (const uint8_t *)v->blob + v->byte_off[id], l);
     if (s < 0)
         return RKV_ENOMEM;
     if (s == 0)
@@ -1680,7 +1904,7 @@ int grammar_matcher_accept_bytes(struct grammar_matcher *m, const char *bytes, s
     int rc = m_maybe_flush(m);
     if (rc)
         return rc;
-    int32_t s = m_run(m, (const uint8_t *)bytes, len);
+    int32_t s = m_run_from(m, m->cur, (const uint8_t *)bytes, len);
     if (s < 0)
         return RKV_ENOMEM;
     if (s == 0)

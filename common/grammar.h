@@ -31,15 +31,21 @@
  *   stacks (correctness never depends on the caches).
  * - a stack deeper than GRAMMAR_MAX_DEPTH (recursive grammars nested that
  *   deep) is dropped; a repetition count above GRAMMAR_MAX_REPEAT, or a
- *   grammar of more than GRAMMAR_MAX_ELEMS elements, is a compile error. */
-#define GRAMMAR_MAX_DEPTH 4096
-#define GRAMMAR_MAX_REPEAT 10000
-#define GRAMMAR_MAX_ELEMS (1u << 22)
-#define GRAMMAR_CACHE_BYTES (64u << 20)
+ *   grammar of more than GRAMMAR_MAX_ELEMS elements, or ( ) nested deeper than
+ *   GRAMMAR_MAX_NESTING, is a compile error.
+ * - masks are also shared by every matcher of a grammar (and vocab): a cache in the grammar,
+ *   behind a mutex, keyed by the top 3 frames of each stack, holds the tokens allowed
+ *   whatever lies below them; each matcher tries only the tokens that reach below from its
+ *   own state. so a batch of sequences of one schema walks the trie once per state. */
+#define GRAMMAR_MAX_DEPTH   4096
+#define GRAMMAR_MAX_REPEAT  10000
+#define GRAMMAR_MAX_ELEMS   (1u << 22)
+#define GRAMMAR_CACHE_BYTES (16u << 20)
+#define GRAMMAR_MAX_NESTING 256
 
 struct tok;
 
-struct grammar;         /* compiled, immutable, shareable across threads */
+struct grammar;         /* compiled, shareable across threads (its mask cache is locked) */
 struct grammar_vocab;   /* a vocabulary's token bytes as a trie, immutable, shareable */
 struct grammar_matcher; /* one sequence's parse state; not thread-safe */
 

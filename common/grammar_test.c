@@ -1,4 +1,5 @@
 /* grammar_test.c - GBNF parsing and errors, byte-level matching, masks vs brute force, eog. */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,9 +17,11 @@ static const char JSON_GBNF[] =
     "# a small JSON grammar\n"
     "root   ::= value\n"
     "value  ::= object | array | string | number | (\"true\" | \"false\" | \"null\")\n"
-    "object ::= \"{\" ws ( string ws \":\" ws value ws (\",\" ws string ws \":\" ws value ws)* )? \"}\"\n"
+    "object ::= \"{\" ws ( string ws \":\" ws value ws (\",\" ws string ws \":\" ws value ws)* )? "
+    "\"}\"\n"
     "array  ::= \"[\" ws ( value ws (\",\" ws value ws)* )? \"]\"\n"
-    "string ::= \"\\\"\" ( [^\"\\\\\\x00-\\x1f] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4}) )* \"\\\"\"\n"
+    "string ::= \"\\\"\" ( [^\"\\\\\\x00-\\x1f] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4}) "
+    ")* \"\\\"\"\n"
     "number ::= \"-\"? (\"0\" | [1-9] [0-9]{0,15}) (\".\" [0-9]+)? ([eE] [-+]? [0-9]+)?\n"
     "ws     ::= | \" \" | \"\\n\" [ \\t]{0,8}\n";
 
@@ -96,17 +99,22 @@ static void test_parse_errors(void **state)
     expect_error("root ::= \"\\q\"", RKV_EFORMAT, "line 1, column 12: unknown escape '\\q'");
     expect_error("root ::= \"a\"{3,1}", RKV_EFORMAT, "with n < m");
     expect_error("root ::= \"a\"{99999}", RKV_EFORMAT, "repetition count above");
-    expect_error("root ::= * \"a\"", RKV_EFORMAT, "line 1, column 10: expected a symbol before '*'");
+    expect_error("root ::= * \"a\"", RKV_EFORMAT,
+                 "line 1, column 10: expected a symbol before '*'");
     expect_error("root ::= ( \"a\" ", RKV_EFORMAT, "expected ')'");
     expect_error("root ::= \"a\" )", RKV_EFORMAT, "unmatched ')'");
     expect_error("root ::= \"a\"\nroot ::= \"b\"", RKV_EFORMAT,
                  "line 2, column 1: rule \"root\" is defined twice");
     expect_error("root ::= \"\\x4\"", RKV_EFORMAT, "expected 2 hex digits after \\x");
+    char deep[700] = "root ::= ";
+    for (int i = 0; i < 300; i++)
+        strcat(deep, "(");
+    expect_error(deep, RKV_EFORMAT, "groups nested deeper than 256");
     expect_error("root ::= root \"a\" | \"b\"", RKV_EUNSUPPORTED, "left recursion: root -> root");
     expect_error("root ::= a\na ::= b? a \"x\" | \"y\"\nb ::= \"z\"", RKV_EUNSUPPORTED,
                  "left recursion: a -> a");
-    expect_error("root ::= expr\nexpr ::= term | expr \"+\" term\nterm ::= [0-9]",
-                 RKV_EUNSUPPORTED, "left recursion: expr -> expr");
+    expect_error("root ::= expr\nexpr ::= term | expr \"+\" term\nterm ::= [0-9]", RKV_EUNSUPPORTED,
+                 "left recursion: expr -> expr");
 }
 
 static void test_literals_and_classes(void **state)
@@ -177,10 +185,11 @@ static void test_structure(void **state)
 static struct grammar_vocab *mixed_vocab(int32_t *n_out, char ***bytes_out, uint32_t **lens_out)
 {
     static const char *pieces[] = {
-        "{", "}", "[", "]", ",", ":", " ", "\n", "\"", "\\", "{\"", "\":", "\": ", "\",", "\"}",
-        "true", "false", "null", "nul", "l", "0", "1", "12", "-", ".", "e", "E+", "5",
-        "\\u", "00e9", "\\n", "a", "b", "ab", "abc", "\xc3", "\xa9", "\xc3\xa9", "\xa9\"",
-        "\xe2\x82", "\xac", "x\"}", "]}", "}]", "  ", "\n  ", "\t", "\x01", "[1, 2]", "{}"};
+        "{",    "}",    "[",    "]",   ",",   ":",    " ",     "\n",       "\"",     "\\",
+        "{\"",  "\":",  "\": ", "\",", "\"}", "true", "false", "null",     "nul",    "l",
+        "0",    "1",    "12",   "-",   ".",   "e",    "E+",    "5",        "\\u",    "00e9",
+        "\\n",  "a",    "b",    "ab",  "abc", "\xc3", "\xa9",  "\xc3\xa9", "\xa9\"", "\xe2\x82",
+        "\xac", "x\"}", "]}",   "}]",  "  ",  "\n  ", "\t",    "\x01",     "[1, 2]", "{}"};
     int32_t np = (int32_t)(sizeof pieces / sizeof pieces[0]);
     int32_t n = np + 3;
     char **b = calloc((size_t)n, sizeof *b);
@@ -203,6 +212,14 @@ static struct grammar_vocab *mixed_vocab(int32_t *n_out, char ***bytes_out, uint
     return v;
 }
 
+static void free_pieces(char **bytes, uint32_t *lens, int32_t n)
+{
+    for (int32_t i = 0; i < n; i++)
+        free(bytes[i]);
+    free(bytes);
+    free(lens);
+}
+
 static int bit(const uint32_t *mask, int32_t id)
 {
     return (int)(mask[id >> 5] >> (id & 31) & 1);
@@ -217,19 +234,24 @@ static void test_mask_vs_brute_force(void **state)
     uint32_t *lens;
     struct grammar_vocab *v = mixed_vocab(&n, &bytes, &lens);
     int32_t eog_id = n - 2, ctl_id = n - 3;
-    uint32_t *mask = calloc((size_t)(n + 31) / 32, 4);
+    uint32_t *mask = calloc((size_t)(n + 31) / 32, 4), *mask2 = calloc((size_t)(n + 31) / 32, 4);
     char text[4096];
     unsigned seed = 12345;
-    struct grammar_matcher *m = NULL, *ref = NULL;
+    /* m2 follows m: its masks come from the grammar's shared cache that m filled */
+    struct grammar_matcher *m = NULL, *ref = NULL, *m2 = NULL;
     assert_int_equal(grammar_matcher_create(&m, g, v), 0);
     assert_int_equal(grammar_matcher_create(&ref, g, v), 0);
+    assert_int_equal(grammar_matcher_create(&m2, g, v), 0);
     int checked = 0;
     for (int walk = 0; walk < 40; walk++) {
         grammar_matcher_reset(m);
+        grammar_matcher_reset(m2);
         size_t tl = 0;
         for (int step = 0; step < 60; step++) {
             assert_int_equal(grammar_matcher_mask(m, mask), 0);
-            int32_t allowed[256];
+            assert_int_equal(grammar_matcher_mask(m2, mask2), 0);
+            assert_memory_equal(mask, mask2, (size_t)(n + 31) / 32 * 4);
+            int32_t allowed[256] = {0};
             int na = 0;
             for (int32_t id = 0; id < n; id++) {
                 int want;
@@ -271,6 +293,7 @@ static void test_mask_vs_brute_force(void **state)
                 }
             }
             assert_int_equal(grammar_matcher_accept(m, pick), 0);
+            assert_int_equal(grammar_matcher_accept(m2, pick), 0);
             memcpy(text + tl, bytes[pick], lens[pick]);
             tl += lens[pick];
         }
@@ -278,13 +301,12 @@ static void test_mask_vs_brute_force(void **state)
     assert_true(checked > 1000);
     grammar_matcher_destroy(m);
     grammar_matcher_destroy(ref);
+    grammar_matcher_destroy(m2);
     grammar_vocab_destroy(v);
     grammar_destroy(g);
-    for (int32_t i = 0; i < n; i++)
-        free(bytes[i]);
-    free(bytes);
-    free(lens);
+    free_pieces(bytes, lens, n);
     free(mask);
+    free(mask2);
 }
 
 /* tokens that split a utf-8 character are allowed exactly when the rest can follow */
@@ -377,13 +399,93 @@ static void test_bad_args(void **state)
     grammar_destroy(g);
 }
 
+/* matchers on several threads share one grammar (and its mask cache) and one vocab */
+struct thread_arg {
+    const struct grammar *g;
+    const struct grammar_vocab *v;
+    char **bytes;
+    uint32_t *lens;
+    int32_t n;
+    unsigned seed;
+    int bad;
+};
+
+static void *thread_walks(void *p)
+{
+    struct thread_arg *a = p;
+    struct grammar_matcher *m = NULL, *ref = NULL;
+    uint32_t mask[8];
+    char text[2048];
+    if (grammar_matcher_create(&m, a->g, a->v) || grammar_matcher_create(&ref, a->g, a->v)) {
+        a->bad = 1;
+        return NULL;
+    }
+    for (int walk = 0; walk < 30 && !a->bad; walk++) {
+        grammar_matcher_reset(m);
+        size_t tl = 0;
+        for (int step = 0; step < 40 && !a->bad; step++) {
+            if (grammar_matcher_mask(m, mask)) {
+                a->bad = 1;
+                break;
+            }
+            int32_t allowed[256] = {0};
+            int na = 0;
+            for (int32_t id = 0; id < a->n - 3; id++) {
+                grammar_matcher_reset(ref);
+                int want = grammar_matcher_accept_bytes(ref, text, tl) == 0 &&
+                           grammar_matcher_accept_bytes(ref, a->bytes[id], a->lens[id]) == 0;
+                if (bit(mask, id) != want)
+                    a->bad = 1;
+                if (want)
+                    allowed[na++] = id;
+            }
+            if (!na || grammar_matcher_must_end(m))
+                break;
+            a->seed = a->seed * 1103515245u + 12345u;
+            int32_t pick = allowed[(a->seed >> 8) % (unsigned)na];
+            if (grammar_matcher_accept(m, pick) || tl + a->lens[pick] > sizeof text) {
+                a->bad = 1;
+                break;
+            }
+            memcpy(text + tl, a->bytes[pick], a->lens[pick]);
+            tl += a->lens[pick];
+        }
+    }
+    grammar_matcher_destroy(m);
+    grammar_matcher_destroy(ref);
+    return NULL;
+}
+
+static void test_threads_share_grammar(void **state)
+{
+    struct grammar *g = compile_ok(JSON_GBNF);
+    int32_t n;
+    char **bytes;
+    uint32_t *lens;
+    struct grammar_vocab *v = mixed_vocab(&n, &bytes, &lens);
+    assert_true(n <= 256);
+    pthread_t th[4];
+    struct thread_arg args[4];
+    for (int i = 0; i < 4; i++) {
+        args[i] = (struct thread_arg){g, v, bytes, lens, n, 777u + (unsigned)i, 0};
+        assert_int_equal(pthread_create(&th[i], NULL, thread_walks, &args[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(args[i].bad, 0);
+    }
+    grammar_vocab_destroy(v);
+    grammar_destroy(g);
+    free_pieces(bytes, lens, n);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_parse_errors),     cmocka_unit_test(test_literals_and_classes),
-        cmocka_unit_test(test_structure),        cmocka_unit_test(test_mask_vs_brute_force),
-        cmocka_unit_test(test_utf8_split),       cmocka_unit_test(test_eog_and_must_end),
-        cmocka_unit_test(test_bad_args),
+        cmocka_unit_test(test_parse_errors), cmocka_unit_test(test_literals_and_classes),
+        cmocka_unit_test(test_structure),    cmocka_unit_test(test_mask_vs_brute_force),
+        cmocka_unit_test(test_utf8_split),   cmocka_unit_test(test_eog_and_must_end),
+        cmocka_unit_test(test_bad_args),     cmocka_unit_test(test_threads_share_grammar),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -14,59 +14,97 @@
 #include "common/grammar.h"
 #include "common/util.h"
 
-#define SUPPORTED                                                                                 \
-    "type, properties, required, additionalProperties, enum, const, minLength, maxLength, "    \
-    "format, pattern, minimum, maximum, exclusiveMinimum, exclusiveMaximum, items, "           \
-    "prefixItems, minItems, maxItems, anyOf, oneOf, allOf, $ref, $defs, definitions; "         \
-    "ignored: description, title, default, examples, $schema, $id, $comment"
+#define SUPPORTED                                                                                  \
+    "type, properties, required, additionalProperties, enum, const, minLength, maxLength, "        \
+    "format, pattern, minimum, maximum, exclusiveMinimum, exclusiveMaximum, items, "               \
+    "prefixItems, minItems, maxItems, anyOf, oneOf, allOf, $ref, $defs, definitions; "             \
+    "ignored: description, title, default, examples, $schema, $id, $comment, deprecated, "         \
+    "readOnly, writeOnly, strict"
 
-static const char *const KEYWORDS[] = {
-    "type", "properties", "required", "additionalProperties", "enum", "const", "minLength",
-    "maxLength", "format", "pattern", "minimum", "maximum", "exclusiveMinimum",
-    "exclusiveMaximum", "items", "prefixItems", "minItems", "maxItems", "anyOf", "oneOf",
-    "allOf", "$ref", "$defs", "definitions", "description", "title", "default", "examples",
-    "$schema", "$id", "$comment", "deprecated", "readOnly", "writeOnly", "strict", NULL};
+static const char *const KEYWORDS[] = {"type",
+                                       "properties",
+                                       "required",
+                                       "additionalProperties",
+                                       "enum",
+                                       "const",
+                                       "minLength",
+                                       "maxLength",
+                                       "format",
+                                       "pattern",
+                                       "minimum",
+                                       "maximum",
+                                       "exclusiveMinimum",
+                                       "exclusiveMaximum",
+                                       "items",
+                                       "prefixItems",
+                                       "minItems",
+                                       "maxItems",
+                                       "anyOf",
+                                       "oneOf",
+                                       "allOf",
+                                       "$ref",
+                                       "$defs",
+                                       "definitions",
+                                       "description",
+                                       "title",
+                                       "default",
+                                       "examples",
+                                       "$schema",
+                                       "$id",
+                                       "$comment",
+                                       "deprecated",
+                                       "readOnly",
+                                       "writeOnly",
+                                       "strict",
+                                       NULL};
 
 /* the primitives, each emitted once when used (ws is always) */
 enum {
-    P_CHAR = 1 << 0, P_STRING = 1 << 1, P_INTEGER = 1 << 2, P_NUMBER = 1 << 3,
-    P_BOOLEAN = 1 << 4, P_NULL = 1 << 5, P_VALUE = 1 << 6, P_OBJECT = 1 << 7, P_ARRAY = 1 << 8,
+    P_CHAR = 1 << 0,
+    P_STRING = 1 << 1,
+    P_INTEGER = 1 << 2,
+    P_NUMBER = 1 << 3,
+    P_BOOLEAN = 1 << 4,
+    P_NULL = 1 << 5,
+    P_VALUE = 1 << 6,
+    P_OBJECT = 1 << 7,
+    P_ARRAY = 1 << 8,
 };
+
+/* the hex of a \u escape: any but a surrogate (U+D800..U+DFFF), which decoders refuse alone
+ * and which would count as two characters against minLength/maxLength */
+#define U_ESC "([0-9a-cA-C] [0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2} | [eEfF] [0-9a-fA-F]{3})"
+
+#define WS_RULE      "ws ::= | \" \" | \"\\n\" [ \\t]{0,20}\n"
+#define CHAR_RULE    "char ::= [^\"\\\\\\x00-\\x1f] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" " U_ESC ")\n"
+#define STRING_RULE  "string ::= \"\\\"\" char* \"\\\"\"\n"
+#define INTEGER_RULE "integer ::= \"-\"? (\"0\" | [1-9] [0-9]{0,15})\n"
+#define NUMBER_RULE  "number ::= integer (\".\" [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})?\n"
+#define BOOLEAN_RULE "boolean ::= \"true\" | \"false\"\n"
+#define NULL_RULE    "null ::= \"null\"\n"
+#define VALUE_RULE   "value ::= object | array | string | number | boolean | null\n"
+#define OBJECT_RULE                                                                                \
+    "object ::= \"{\" ws (string ws \":\" ws value ws (\",\" ws string ws \":\" ws value ws)*)? "  \
+    "\"}\"\n"
+#define ARRAY_RULE "array ::= \"[\" ws (value ws (\",\" ws value ws)*)? \"]\"\n"
 
 static const struct {
     unsigned bit, needs;
     const char *text;
 } PRIMS[] = {
-    {P_CHAR, 0,
-     "char ::= [^\"\\\\\\x00-\\x1f] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n"},
-    {P_STRING, P_CHAR, "string ::= \"\\\"\" char* \"\\\"\"\n"},
-    {P_INTEGER, 0, "integer ::= \"-\"? (\"0\" | [1-9] [0-9]{0,15})\n"},
-    {P_NUMBER, P_INTEGER,
-     "number ::= integer (\".\" [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})?\n"},
-    {P_BOOLEAN, 0, "boolean ::= \"true\" | \"false\"\n"},
-    {P_NULL, 0, "null ::= \"null\"\n"},
-    {P_VALUE, P_OBJECT | P_ARRAY | P_STRING | P_NUMBER | P_BOOLEAN | P_NULL,
-     "value ::= object | array | string | number | boolean | null\n"},
-    {P_OBJECT, P_STRING | P_VALUE,
-     "object ::= \"{\" ws (string ws \":\" ws value ws (\",\" ws string ws \":\" ws value ws)*)? "
-     "\"}\"\n"},
-    {P_ARRAY, P_VALUE, "array ::= \"[\" ws (value ws (\",\" ws value ws)*)? \"]\"\n"},
+    {P_CHAR, 0, CHAR_RULE},
+    {P_STRING, P_CHAR, STRING_RULE},
+    {P_INTEGER, 0, INTEGER_RULE},
+    {P_NUMBER, P_INTEGER, NUMBER_RULE},
+    {P_BOOLEAN, 0, BOOLEAN_RULE},
+    {P_NULL, 0, NULL_RULE},
+    {P_VALUE, P_OBJECT | P_ARRAY | P_STRING | P_NUMBER | P_BOOLEAN | P_NULL, VALUE_RULE},
+    {P_OBJECT, P_STRING | P_VALUE, OBJECT_RULE},
+    {P_ARRAY, P_VALUE, ARRAY_RULE},
 };
 
-#define WS_RULE "ws ::= | \" \" | \"\\n\" [ \\t]{0,20}\n"
-
-static const char ANY_OBJECT[] =
-    "root ::= object\n" WS_RULE
-    "char ::= [^\"\\\\\\x00-\\x1f] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n"
-    "string ::= \"\\\"\" char* \"\\\"\"\n"
-    "integer ::= \"-\"? (\"0\" | [1-9] [0-9]{0,15})\n"
-    "number ::= integer (\".\" [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})?\n"
-    "boolean ::= \"true\" | \"false\"\n"
-    "null ::= \"null\"\n"
-    "value ::= object | array | string | number | boolean | null\n"
-    "object ::= \"{\" ws (string ws \":\" ws value ws (\",\" ws string ws \":\" ws value ws)*)? "
-    "\"}\"\n"
-    "array ::= \"[\" ws (value ws (\",\" ws value ws)*)? \"]\"\n";
+static const char ANY_OBJECT[] = "root ::= object\n" WS_RULE CHAR_RULE STRING_RULE INTEGER_RULE
+    NUMBER_RULE BOOLEAN_RULE NULL_RULE VALUE_RULE OBJECT_RULE ARRAY_RULE;
 
 const char *json_schema_any_object_gbnf(void)
 {
@@ -132,18 +170,18 @@ static void sb_lit(struct sb *b, const char *s, size_t n)
 /* ---- compiler state ---- */
 
 struct refmemo {
-    char *ptr;   /* the $ref text */
-    char *rule;  /* its rule name */
+    char *ptr;  /* the $ref text */
+    char *rule; /* its rule name */
 };
 
 struct js {
     cJSON *doc;
-    struct sb out;      /* the rules so far */
+    struct sb out; /* the rules so far */
     unsigned prims;
     unsigned n_rules;
     struct refmemo *refs;
     size_t n_refs, cap_refs;
-    cJSON **owned;      /* merged allOf schemas, freed at the end */
+    cJSON **owned; /* merged allOf schemas, freed at the end */
     size_t n_owned, cap_owned;
     int depth;
     int rc;
@@ -158,7 +196,7 @@ static void js_fail(struct js *j, int rc, const char *path, const char *fmt, ...
     j->rc = rc;
     if (!j->err || !j->errlen)
         return;
-    char msg[384];
+    char msg[1024];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
@@ -450,8 +488,11 @@ static void sb_json_class(struct sb *b, const struct cps *c0)
     static const struct {
         uint32_t c;
         const char *esc;
-    } E[] = {{'"', "\"\\\\\\\"\""}, {'\\', "\"\\\\\\\\\""}, {'\n', "\"\\\\n\""},
-             {'\t', "\"\\\\t\""},   {'\r', "\"\\\\r\""}};
+    } E[] = {{'"', "\"\\\\\\\"\""},
+             {'\\', "\"\\\\\\\\\""},
+             {'\n', "\"\\\\n\""},
+             {'\t', "\"\\\\t\""},
+             {'\r', "\"\\\\r\""}};
     for (size_t k = 0; k < RKV_ARRAY_LEN(E); k++) {
         if (!cps_has(&c, E[k].c))
             continue;
@@ -508,6 +549,7 @@ struct rx {
     const char *pat, *p, *end;
     const char *path;
     struct sb *b;
+    int depth;
 };
 
 static void rx_fail(struct rx *r, const char *what)
@@ -545,16 +587,17 @@ static int rx_escape(struct rx *r, struct cps *c, uint32_t *ch)
     char e = *r->p++;
     int neg = e == 'D' || e == 'W' || e == 'S';
     switch (e) {
-    case 'd': case 'D':
-        cps_add(c, '0', '9');
-        break;
-    case 'w': case 'W':
+    case 'd':
+    case 'D': cps_add(c, '0', '9'); break;
+    case 'w':
+    case 'W':
         cps_add(c, 'a', 'z');
         cps_add(c, 'A', 'Z');
         cps_add(c, '0', '9');
         cps_add(c, '_', '_');
         break;
-    case 's': case 'S':
+    case 's':
+    case 'S':
         cps_add(c, ' ', ' ');
         cps_add(c, '\t', '\r');
         break;
@@ -563,12 +606,13 @@ static int rx_escape(struct rx *r, struct cps *c, uint32_t *ch)
     case 'r': *ch = '\r'; return 1;
     case 'f': *ch = '\f'; return 1;
     case 'v': *ch = '\v'; return 1;
-    case 'x': case 'u': {
+    case 'x':
+    case 'u': {
         int nd = e == 'x' ? 2 : 4;
         uint32_t v = 0;
         for (int i = 0; i < nd; i++) {
             char h = r->p < r->end ? *r->p : 0;
-            int d = (h >= '0' && h <= '9') ? h - '0'
+            int d = (h >= '0' && h <= '9')                     ? h - '0'
                     : ((h | 0x20) >= 'a' && (h | 0x20) <= 'f') ? (h | 0x20) - 'a' + 10
                                                                : -1;
             if (d < 0) {
@@ -679,9 +723,14 @@ static int rx_atom(struct rx *r)
                 return -1;
             }
         }
+        if (++r->depth > GRAMMAR_MAX_NESTING) {
+            rx_fail(r, "groups nested too deep");
+            return -1;
+        }
         sb_puts(r->b, "(");
         if (rx_alt(r, 0))
             return -1;
+        r->depth--;
         if (r->p >= r->end || *r->p != ')') {
             rx_fail(r, "a missing ')'");
             return -1;
@@ -922,8 +971,7 @@ static void gen_string(struct js *j, const cJSON *s, struct sb *e, const char *p
         return;
     }
     if (mn > GRAMMAR_MAX_REPEAT) {
-        js_fail(j, RKV_EUNSUPPORTED, path, "keyword \"minLength\": at most %d",
-                GRAMMAR_MAX_REPEAT);
+        js_fail(j, RKV_EUNSUPPORTED, path, "keyword \"minLength\": at most %d", GRAMMAR_MAX_REPEAT);
         return;
     }
     if (mx > GRAMMAR_MAX_REPEAT)
@@ -1065,7 +1113,9 @@ static void gen_integer(struct js *j, const cJSON *s, struct sb *e, const char *
         const char *name;
         int upper;     /* bounds from above */
         double adjust; /* exclusive: one past, after rounding inwards */
-    } B[] = {{"minimum", 0, 0}, {"exclusiveMinimum", 0, 1}, {"maximum", 1, 0},
+    } B[] = {{"minimum", 0, 0},
+             {"exclusiveMinimum", 0, 1},
+             {"maximum", 1, 0},
              {"exclusiveMaximum", 1, -1}};
     long long lo = -INT_LIMIT, hi = INT_LIMIT;
     int any = 0;
@@ -1182,8 +1232,7 @@ static void gen_array(struct js *j, const cJSON *s, struct sb *e, const char *pa
         return;
     }
     if (m > GRAMMAR_MAX_REPEAT || k > 1000) {
-        js_fail(j, RKV_EUNSUPPORTED, path, "keyword \"minItems\": at most %d",
-                GRAMMAR_MAX_REPEAT);
+        js_fail(j, RKV_EUNSUPPORTED, path, "keyword \"minItems\": at most %d", GRAMMAR_MAX_REPEAT);
         return;
     }
     if (mx > GRAMMAR_MAX_REPEAT)
@@ -1304,8 +1353,8 @@ static char *gen_other_key(struct js *j, const char *const *names, int n)
                 size_t wl = strlen(w);
                 int ok = 1;
                 for (size_t q = 0; q < wl && ok; q++)
-                    ok = (unsigned char)w[q] >= 0x20 && (unsigned char)w[q] < 0x7f &&
-                         w[q] != '"' && w[q] != '\\';
+                    ok = (unsigned char)w[q] >= 0x20 && (unsigned char)w[q] < 0x7f && w[q] != '"' &&
+                         w[q] != '\\';
                 if (!ok || wl < pl || memcmp(w, pre, pl))
                     continue;
                 if (wl == pl)
@@ -1336,7 +1385,7 @@ static char *gen_other_key(struct js *j, const char *const *names, int n)
             sb_json_class(&cls, &other);
             sb_add(&body, cls.s, cls.n);
             free(cls.s);
-            sb_puts(&body, " | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})) char* \"\\\"\"");
+            sb_puts(&body, " | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" " U_ESC ")) char* \"\\\"\"");
             t->stage = 1;
             /* children, one frame each */
             if (nk && pl < sizeof pre - 1) {
@@ -1540,8 +1589,8 @@ static void gen_literal(struct js *j, struct sb *e, const cJSON *v, const char *
     free(t);
 }
 
-static void gen_type(struct js *j, const cJSON *s, const char *type, struct sb *e,
-                     const char *path, const char *hint)
+static void gen_type(struct js *j, const cJSON *s, const char *type, struct sb *e, const char *path,
+                     const char *hint)
 {
     if (!strcmp(type, "string")) {
         gen_string(j, s, e, path);
@@ -1589,8 +1638,7 @@ static cJSON *merge_all_of(struct js *j, const cJSON *s, const char *path)
         }
         if (!part || !cJSON_IsObject(part)) {
             js_fail(j, RKV_EUNSUPPORTED, path,
-                    "keyword \"allOf\": part %d must be an object schema or a resolvable $ref",
-                    i);
+                    "keyword \"allOf\": part %d must be an object schema or a resolvable $ref", i);
             break;
         }
         if (i >= 0 && kw(part, "allOf")) {
@@ -1619,8 +1667,8 @@ static cJSON *merge_all_of(struct js *j, const cJSON *s, const char *path)
             }
         }
     }
-    if (j->rc || rkv_grow((void **)&j->owned, &j->cap_owned,
-                          (j->n_owned + 1) * sizeof *j->owned, 8 * sizeof *j->owned)) {
+    if (j->rc || rkv_grow((void **)&j->owned, &j->cap_owned, (j->n_owned + 1) * sizeof *j->owned,
+                          8 * sizeof *j->owned)) {
         cJSON_Delete(m);
         if (!j->rc)
             js_fail(j, RKV_ENOMEM, path, "out of memory");
@@ -1683,9 +1731,9 @@ static char *gen(struct js *j, const cJSON *s, const char *path, const char *hin
             goto done;
         }
         for (const cJSON *k = s->child; k; k = k->next) {
-            static const char *const ok[] = {"$ref", "description", "title", "default",
-                                             "examples", "$comment", "$defs", "definitions",
-                                             "$schema", "$id", NULL};
+            static const char *const ok[] = {"$ref",     "description", "title", "default",
+                                             "examples", "$comment",    "$defs", "definitions",
+                                             "$schema",  "$id",         NULL};
             int i;
             for (i = 0; ok[i] && strcmp(ok[i], k->string); i++)
                 ;
@@ -1733,8 +1781,9 @@ static char *gen(struct js *j, const cJSON *s, const char *path, const char *hin
             sb_puts(&e, "(");
             for (const cJSON *t = c->child; t && !j->rc; t = t->next) {
                 if (!cJSON_IsString(t)) {
-                    js_fail(j, RKV_EINVAL, path, "keyword \"type\" must be a string or an array "
-                                                 "of strings");
+                    js_fail(j, RKV_EINVAL, path,
+                            "keyword \"type\" must be a string or an array "
+                            "of strings");
                     break;
                 }
                 if (t != c->child)
@@ -1748,11 +1797,9 @@ static char *gen(struct js *j, const cJSON *s, const char *path, const char *hin
         }
     } else if (kw(s, "properties") || kw(s, "required") || kw(s, "additionalProperties")) {
         gen_object(j, s, &e, path, hint);
-    } else if (kw(s, "items") || kw(s, "prefixItems") || kw(s, "minItems") ||
-               kw(s, "maxItems")) {
+    } else if (kw(s, "items") || kw(s, "prefixItems") || kw(s, "minItems") || kw(s, "maxItems")) {
         gen_array(j, s, &e, path, hint);
-    } else if (kw(s, "pattern") || kw(s, "format") || kw(s, "minLength") ||
-               kw(s, "maxLength")) {
+    } else if (kw(s, "pattern") || kw(s, "format") || kw(s, "minLength") || kw(s, "maxLength")) {
         gen_string(j, s, &e, path);
     } else if (kw(s, "minimum") || kw(s, "maximum") || kw(s, "exclusiveMinimum") ||
                kw(s, "exclusiveMaximum")) {

@@ -75,7 +75,9 @@ static void expect(const char *schema, const char *const *yes, const char *const
 static void test_primitives(void **state)
 {
     expect("{\"type\":\"string\"}", L("\"\"", "\"a\\\"b\\\\ \\u00e9 \\n\"", "\"caf\xc3\xa9\""),
-           L("\"a", "\"\x01\"", "\"\\x\"", "\"\\u12\"", "a", "\"\xc3\""));
+           L("\"a", "\"\x01\"", "\"\\x\"", "\"\\u12\"", "a", "\"\xc3\"", "\"\\ud83d\\ude00\"",
+             "\"\\uDFFF\""));
+    expect("{\"type\":\"string\"}", L("\"\\uD7FF\\uE000\\uffff\\u0000\""), NULL);
     expect("{\"type\":\"integer\"}", L("0", "-7", "1234567890123456"),
            L("01", "-0.5", "+1", "1e3", "12345678901234567", "-"));
     expect("{\"type\":\"number\"}", L("0", "-0.5", "1e3", "2.5E-10", "7"),
@@ -105,15 +107,16 @@ static void test_strings(void **state)
            L("\"2024-06-30T23:59:59Z\"", "\"2024-01-01T00:00:00.123+05:30\""),
            L("\"2024-06-31T00:00:00Z\"", "\"2024-06-30T24:00:00Z\"", "\"2024-06-30 12:00:00Z\""));
     expect("{\"type\":\"string\",\"format\":\"uuid\"}",
-           L("\"123e4567-e89b-12d3-a456-426614174000\""), L("\"123e4567e89b12d3a456426614174000\""));
+           L("\"123e4567-e89b-12d3-a456-426614174000\""),
+           L("\"123e4567e89b12d3a456426614174000\""));
     expect("{\"type\":\"string\",\"format\":\"email\"}", L("\"a.b+c@ex.com\""),
            L("\"a@b\"", "\"@b.c\""));
 }
 
 static void test_integer_ranges(void **state)
 {
-    static const long long ranges[][2] = {
-        {-123, 4567}, {0, 0}, {-50, -3}, {7, 7}, {10, 99}, {1, 1000}, {-9, 9}, {95, 205}};
+    static const long long ranges[][2] = {{-123, 4567}, {0, 0},    {-50, -3}, {7, 7},
+                                          {10, 99},     {1, 1000}, {-9, 9},   {95, 205}};
     for (size_t r = 0; r < sizeof ranges / sizeof ranges[0]; r++) {
         char schema[128];
         snprintf(schema, sizeof schema, "{\"type\":\"integer\",\"minimum\":%lld,\"maximum\":%lld}",
@@ -131,8 +134,8 @@ static void test_integer_ranges(void **state)
         assert_false(ok(&x, "-0"));
         unload(&x);
     }
-    expect("{\"type\":\"integer\",\"exclusiveMinimum\":7,\"exclusiveMaximum\":10}",
-           L("8", "9"), L("7", "10"));
+    expect("{\"type\":\"integer\",\"exclusiveMinimum\":7,\"exclusiveMaximum\":10}", L("8", "9"),
+           L("7", "10"));
     expect("{\"type\":\"integer\",\"minimum\":17}", L("17", "9999999999999999"),
            L("16", "-17", "10000000000000000"));
 }
@@ -140,8 +143,7 @@ static void test_integer_ranges(void **state)
 static void test_number_bounds(void **state)
 {
     expect("{\"type\":\"number\",\"minimum\":-5,\"maximum\":5}",
-           L("-5", "5", "4.999", "-4.5", "0", "-0.25", "3"),
-           L("5.5", "-5.5", "6", "-6", "1e2"));
+           L("-5", "5", "4.999", "-4.5", "0", "-0.25", "3"), L("5.5", "-5.5", "6", "-6", "1e2"));
     expect("{\"type\":\"number\",\"minimum\":2,\"maximum\":3}", L("2", "2.5", "3"),
            L("1.9", "3.1", "-2"));
     expect("{\"type\":\"number\",\"minimum\":-10,\"maximum\":-2}", L("-10", "-2", "-2.5", "-9.9"),
@@ -153,8 +155,9 @@ static void test_objects(void **state)
     const char *s = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},"
                     "\"b\":{\"type\":\"string\"},\"c\":{\"type\":\"boolean\"}},"
                     "\"required\":[\"b\"]}";
-    expect(s, L("{\"b\":\"x\"}", "{\"a\":1,\"b\":\"x\"}", "{\"a\": 1, \"b\": \"\", \"c\": true}",
-                "{ \"b\" : \"x\" ,\n  \"c\":false }", "{\"b\":\"x\",\"c\":true}"),
+    expect(s,
+           L("{\"b\":\"x\"}", "{\"a\":1,\"b\":\"x\"}", "{\"a\": 1, \"b\": \"\", \"c\": true}",
+             "{ \"b\" : \"x\" ,\n  \"c\":false }", "{\"b\":\"x\",\"c\":true}"),
            L("{}", "{\"a\":1}", "{\"b\":\"x\",\"a\":1}", "{\"b\":\"x\",}", "{\"b\":\"x\",\"d\":1}",
              "{\"b\":\"x\" \"c\":true}"));
     /* additional properties: any key but the declared ones, after them */
@@ -254,6 +257,11 @@ static void test_errors(void **state)
     expect_err("{\"type\":\"string\",\"pattern\":\"(ab\"}", RKV_EUNSUPPORTED, "a missing ')'");
     expect_err("{\"type\":\"string\",\"pattern\":\"[:alpha:]x{2,1}\"}", RKV_EUNSUPPORTED,
                "a bad {m,n}");
+    char deep[700] = "{\"pattern\":\"";
+    for (int i = 0; i < 300; i++)
+        strcat(deep, "(");
+    strcat(deep, "\"}");
+    expect_err(deep, RKV_EUNSUPPORTED, "groups nested too deep");
     expect_err("{\"type\":\"array\",\"minItems\":3,\"maxItems\":2}", RKV_EINVAL,
                "minItems 3 is above the most items allowed (2)");
     expect_err("{\"type\":\"string\",\"minLength\":-1}", RKV_EINVAL,
@@ -295,10 +303,14 @@ static void test_any_object(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_primitives),  cmocka_unit_test(test_strings),
-        cmocka_unit_test(test_integer_ranges), cmocka_unit_test(test_number_bounds),
-        cmocka_unit_test(test_objects),     cmocka_unit_test(test_arrays),
-        cmocka_unit_test(test_enum_const_anyof_refs), cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_primitives),
+        cmocka_unit_test(test_strings),
+        cmocka_unit_test(test_integer_ranges),
+        cmocka_unit_test(test_number_bounds),
+        cmocka_unit_test(test_objects),
+        cmocka_unit_test(test_arrays),
+        cmocka_unit_test(test_enum_const_anyof_refs),
+        cmocka_unit_test(test_errors),
         cmocka_unit_test(test_any_object),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
