@@ -11,6 +11,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "daemon/api_tools.h"
 #include "daemon/http/server.h"
 
 struct api {
@@ -47,6 +48,13 @@ struct api_call {
     size_t n_lp, cap_lp;
     int64_t key;     /* the api key's id when its limits apply, else 0 */
     uint64_t charge; /* tokens the key is charged when the call ends */
+    /* chat with tools or a thinking template: the output split into content,
+     * reasoning_content and tool_calls */
+    struct api_tparse *tp;
+    struct api_tout tout;                 /* non-stream: the parts */
+    const struct api_token_logprob *ev_lp; /* stream: logprobs for the next content chunk */
+    size_t ev_n_lp;
+    int ev_slow; /* stream: a write said the client reads slowly */
 };
 
 int api_create(const struct api_config *cfg, const struct api_sched *sched, struct api **out)
@@ -252,6 +260,8 @@ static void call_destroy(struct api_call *c)
         lp_free(&c->lp[i]);
     free(c->lp);
     free(c->text);
+    api_tparse_destroy(c->tp);
+    api_tout_fini(&c->tout);
     free(c);
 }
 
@@ -651,6 +661,58 @@ static int stream_text(struct api_call *c, const char *text, size_t len,
     return stream_send(c, ev, n);
 }
 
+/* 1 when the output goes through the tool/reasoning parser (made on first use) */
+static int parsed(struct api_call *c)
+{
+    const struct api_tools *t = c->req.tools;
+    if (c->tp)
+        return 1;
+    if (c->req.endpoint != API_CHAT || !t || !(t->parse_calls || t->reasoning))
+        return 0;
+    return api_tparse_create(t, &c->tp) == 0 ? 1 : RKV_ENOMEM;
+}
+
+/* a parser event as stream chunks: content (with the logprobs of the tokens fed), reasoning,
+ * or a tool call's head and arguments */
+static int stream_event(void *ud, const struct api_tev *ev)
+{
+    struct api_call *c = ud;
+    size_t n = 0;
+    int rc;
+    if (ev->kind == API_TEV_CONTENT) {
+        rc = stream_send(c, api_stream_delta(&c->stream, ev->text, ev->len, c->ev_lp, c->ev_n_lp,
+                                             &n),
+                         n);
+        c->ev_lp = NULL;
+        c->ev_n_lp = 0;
+    } else {
+        rc = stream_send(c, api_stream_delta_json(&c->stream, api_tev_delta(ev, 0), &n), n);
+        if (rc >= 0 && ev->kind == API_TEV_CALL) {
+            c->ev_slow |= rc > 0;
+            rc = stream_send(c, api_stream_delta_json(&c->stream, api_tev_delta(ev, 1), &n), n);
+        }
+    }
+    c->ev_slow |= rc > 0;
+    return rc < 0 ? rc : 0;
+}
+
+static int parse_text(struct api_call *c, const char *text, size_t len,
+                      const struct api_token_logprob *lp, size_t n_lp)
+{
+    if (!c->req.stream)
+        return api_tparse_feed(c->tp, text, len, api_tout_collect, &c->tout);
+    int rc = stream_start(c);
+    if (rc < 0)
+        return rc;
+    c->ev_lp = lp;
+    c->ev_n_lp = n_lp;
+    c->ev_slow = 0;
+    rc = api_tparse_feed(c->tp, text, len, stream_event, c);
+    c->ev_lp = NULL;
+    c->ev_n_lp = 0;
+    return rc < 0 ? rc : c->ev_slow;
+}
+
 int api_call_token(struct api_call *c, const char *text, size_t len,
                    const struct api_token_logprob *lp, size_t n_lp)
 {
@@ -660,7 +722,13 @@ int api_call_token(struct api_call *c, const char *text, size_t len,
         n_lp = 0;
     int rc;
     c->in_api = 1;
-    if (c->req.stream) {
+    if ((rc = parsed(c)) < 0) {
+        /* out of memory: reported below */
+    } else if (rc == 1) {
+        rc = parse_text(c, text, len, lp, n_lp);
+        if (rc >= 0 && !c->req.stream)
+            rc = keep_logprobs(c, lp, n_lp);
+    } else if (c->req.stream) {
         rc = stream_text(c, text, len, lp, n_lp);
     } else {
         rc = keep_text(c, text, len);
@@ -691,6 +759,10 @@ void api_call_finish(struct api_call *c, enum api_finish finish, const struct ap
         size_t n = 0;
         char *ev;
         int rc = c->len ? stream_text(c, "", 0, NULL, 0) : stream_start(c);
+        if (rc >= 0 && parsed(c) == 1)
+            rc = api_tparse_finish(c->tp, stream_event, c);
+        if (c->tp && api_tparse_calls(c->tp) > 0 && finish == API_FINISH_STOP)
+            finish = API_FINISH_TOOL_CALLS;
         if (rc >= 0) {
             ev = api_stream_finish(&c->stream, finish, &n);
             rc = stream_send(c, ev, n);
@@ -703,8 +775,17 @@ void api_call_finish(struct api_call *c, enum api_finish finish, const struct ap
             http_resp_write(c->http, API_SSE_DONE, strlen(API_SSE_DONE));
         http_resp_end(c->http);
     } else {
-        struct api_result res = {c->text ? c->text : "", c->len, c->lp, c->n_lp, finish, *usage};
-        char *j = api_render_response(&c->req, c->id, c->model, c->created, &res);
+        struct api_result res = {c->text ? c->text : "", c->len, c->lp, c->n_lp, finish, *usage,
+                                 NULL};
+        char *j = NULL;
+        if (parsed(c) == 1 && api_tparse_finish(c->tp, api_tout_collect, &c->tout) >= 0) {
+            res.tout = &c->tout;
+            if (api_tparse_calls(c->tp) > 0 && finish == API_FINISH_STOP)
+                res.finish = API_FINISH_TOOL_CALLS;
+            j = api_render_response(&c->req, c->id, c->model, c->created, &res);
+        } else if (!c->tp) {
+            j = api_render_response(&c->req, c->id, c->model, c->created, &res);
+        }
         if (j) {
             http_respond(c->http, 200, "application/json", j, strlen(j));
             free(j);

@@ -144,7 +144,7 @@ static const struct bad_case bad_cases[] = {
     {H,
      "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\","
      "\"tool_calls\":[{\"id\":\"1\"}]}]}",
-     "messages[1].tool_calls", "not supported"},
+     "messages[1].tool_calls[0].function", "must be {\"name\": NAME, \"arguments\""},
     {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":5}", "logprobs",
      "logprobs must be true or false, got 5"},
     {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":3}", "top_logprobs",
@@ -155,7 +155,7 @@ static const struct bad_case bad_cases[] = {
      "top_logprobs", "got 21"},
     {H,
      "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\"}]}",
-     "tools", "tools is not supported"},
+     "tools[0].function", "tools[0].function must be an object"},
     {H,
      "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":"
      "\"json_object\"}}",
@@ -165,7 +165,7 @@ static const struct bad_case bad_cases[] = {
     {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"prompt\":\"x\"}", "prompt",
      "unknown field 'prompt' for /v1/chat/completions"},
     {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"required\"}",
-     "tool_choice", "not supported"},
+     "tool_choice", "tool_choice \"required\" needs tools"},
     {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":3}", "n", "got 3"},
     {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"echo\":false}", "echo",
      "unknown field 'echo'"},

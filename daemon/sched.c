@@ -11,6 +11,7 @@
 #include "common/stop.h"
 #include "common/tok.h"
 #include "common/util.h"
+#include "daemon/api_tools.h"
 #include "daemon/metrics.h"
 #include "daemon/store.h"
 #include "proto/kvwire.h"
@@ -302,24 +303,8 @@ static int tokenize(struct sched *s, const struct api_request *r, struct rkv_vec
     char *text = NULL;
     int parse_special = 0, rc;
     if (r->endpoint == API_CHAT) {
-        struct tok_chat_msg *m = calloc(r->n_messages ? r->n_messages : 1, sizeof *m);
-        if (!m)
-            return RKV_ENOMEM;
-        for (size_t i = 0; i < r->n_messages; i++) {
-            m[i].role = r->messages[i].role_name;
-            m[i].content = r->messages[i].content;
-        }
-        char why[400];
-        rc = tok_chat_render(s->tok, m, r->n_messages, r->add_generation_prompt, &text, why,
-                             sizeof why);
-        free(m);
-        if (rc) {
-            if (rc != RKV_ENOMEM)
-                *status = 400;
-            snprintf(err, errlen, "cannot render the chat template for these messages: %s",
-                     why[0] ? why : rkv_strerror(rc));
+        if ((rc = api_tools_render(s->tok, r, &text, status, err, errlen)) != 0)
             return rc;
-        }
         parse_special = 1;
     }
     const char *src = text ? text : (r->prompt ? r->prompt : "");
