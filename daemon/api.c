@@ -27,6 +27,7 @@ struct api {
     struct rl_limits key_defaults;
     api_key_lookup_fn key_lookup;
     void *key_lookup_ud;
+    char *test_output; /* tests only: api_config.test_output */
 };
 
 struct api_call {
@@ -55,6 +56,7 @@ struct api_call {
     const struct api_token_logprob *ev_lp; /* stream: logprobs for the next content chunk */
     size_t ev_n_lp;
     int ev_slow; /* stream: a write said the client reads slowly */
+    int test_fed; /* tests only: the scripted answer went out */
 };
 
 int api_create(const struct api_config *cfg, const struct api_sched *sched, struct api **out)
@@ -79,6 +81,10 @@ int api_create(const struct api_config *cfg, const struct api_sched *sched, stru
     }
     a->max_model_len = cfg->max_model_len;
     if (cfg->cors_origin && !(a->cors_origin = strdup(cfg->cors_origin))) {
+        api_destroy(a);
+        return RKV_ENOMEM;
+    }
+    if (cfg->test_output && !(a->test_output = strdup(cfg->test_output))) {
         api_destroy(a);
         return RKV_ENOMEM;
     }
@@ -107,6 +113,7 @@ void api_destroy(struct api *api)
         free(api->models[i]);
     free(api->models);
     free(api->cors_origin);
+    free(api->test_output);
     rl_destroy(api->rl);
     free(api);
 }
@@ -680,16 +687,17 @@ static int stream_event(void *ud, const struct api_tev *ev)
     size_t n = 0;
     int rc;
     if (ev->kind == API_TEV_CONTENT) {
-        rc = stream_send(c, api_stream_delta(&c->stream, ev->text, ev->len, c->ev_lp, c->ev_n_lp,
-                                             &n),
-                         n);
+        char *e = api_stream_delta(&c->stream, ev->text, ev->len, c->ev_lp, c->ev_n_lp, &n);
+        rc = stream_send(c, e, n);
         c->ev_lp = NULL;
         c->ev_n_lp = 0;
     } else {
-        rc = stream_send(c, api_stream_delta_json(&c->stream, api_tev_delta(ev, 0), &n), n);
+        char *e = api_stream_delta_json(&c->stream, api_tev_delta(ev, 0), &n);
+        rc = stream_send(c, e, n);
         if (rc >= 0 && ev->kind == API_TEV_CALL) {
             c->ev_slow |= rc > 0;
-            rc = stream_send(c, api_stream_delta_json(&c->stream, api_tev_delta(ev, 1), &n), n);
+            e = api_stream_delta_json(&c->stream, api_tev_delta(ev, 1), &n);
+            rc = stream_send(c, e, n);
         }
     }
     c->ev_slow |= rc > 0;
@@ -713,17 +721,12 @@ static int parse_text(struct api_call *c, const char *text, size_t len,
     return rc < 0 ? rc : c->ev_slow;
 }
 
-int api_call_token(struct api_call *c, const char *text, size_t len,
-                   const struct api_token_logprob *lp, size_t n_lp)
+static int call_text(struct api_call *c, const char *text, size_t len,
+                     const struct api_token_logprob *lp, size_t n_lp)
 {
-    if (c->closed)
-        return RKV_ECLOSED;
-    if (!c->req.logprobs)
-        n_lp = 0;
     int rc;
-    c->in_api = 1;
     if ((rc = parsed(c)) < 0) {
-        /* out of memory: reported below */
+        /* out of memory */
     } else if (rc == 1) {
         rc = parse_text(c, text, len, lp, n_lp);
         if (rc >= 0 && !c->req.stream)
@@ -735,6 +738,41 @@ int api_call_token(struct api_call *c, const char *text, size_t len,
         if (rc == 0)
             rc = keep_logprobs(c, lp, n_lp);
     }
+    return rc;
+}
+
+/* tests only: the scripted answer instead of the model's text, three characters a piece so
+ * that streams split it at many places */
+static int test_text(struct api_call *c)
+{
+    const char *s = c->api->test_output;
+    int rc = 0;
+    c->test_fed = 1;
+    while (*s && rc >= 0) {
+        size_t n = 0;
+        for (int k = 0; k < 3 && s[n]; k++)
+            do
+                n++;
+            while (((unsigned char)s[n] & 0xc0) == 0x80);
+        rc = call_text(c, s, n, NULL, 0);
+        s += n;
+    }
+    return rc;
+}
+
+int api_call_token(struct api_call *c, const char *text, size_t len,
+                   const struct api_token_logprob *lp, size_t n_lp)
+{
+    if (c->closed)
+        return RKV_ECLOSED;
+    if (!c->req.logprobs)
+        n_lp = 0;
+    int rc;
+    c->in_api = 1;
+    if (c->api->test_output && c->req.endpoint == API_CHAT)
+        rc = c->test_fed ? 0 : test_text(c);
+    else
+        rc = call_text(c, text, len, lp, n_lp);
     c->in_api = 0;
     if (c->closed)
         return RKV_ECLOSED;
@@ -749,6 +787,13 @@ void api_call_finish(struct api_call *c, enum api_finish finish, const struct ap
     /* counted as OpenAI bills: prompt (cached included) + completion */
     c->charge = (uint64_t)usage->prompt_tokens + usage->completion_tokens;
     c->in_api = 1;
+    if (c->api->test_output && c->req.endpoint == API_CHAT) {
+        /* the script is the whole answer: it ends as the model had stopped */
+        if (!c->test_fed && !c->closed)
+            test_text(c);
+        if (finish == API_FINISH_LENGTH)
+            finish = API_FINISH_STOP;
+    }
     if (c->closed) {
         /* the client is gone; this only releases the http request */
         if (c->started)

@@ -295,6 +295,9 @@ struct api_config {
      * and the window of rpm/tpm in ms (0 = 60000) */
     struct rl_limits key_defaults;
     uint64_t rate_window_ms;
+    /* tests only (rkvd's test_scripted_output): every chat answer's text is this, fed to the
+     * output parser a few characters at a time, instead of the model's; NULL when serving */
+    const char *test_output;
 };
 
 struct api;
