@@ -863,6 +863,28 @@ static const char *call_marker(enum api_tool_format f)
     }
 }
 
+int api_tools_keeps_token(const struct api_tools *t, const char *s, size_t n)
+{
+    static const struct {
+        enum api_tool_format fmt; /* NONE: reasoning markup */
+        const char *text;
+    } marks[] = {
+        {API_TOOL_FMT_HERMES, "<tool_call>"},  {API_TOOL_FMT_HERMES, "</tool_call>"},
+        {API_TOOL_FMT_MISTRAL, "[TOOL_CALLS]"}, {API_TOOL_FMT_MISTRAL, "[ARGS]"},
+        {API_TOOL_FMT_MISTRAL, "[CALL_ID]"},    {API_TOOL_FMT_LLAMA3, "<|python_tag|>"},
+        {API_TOOL_FMT_NONE, "<think>"},         {API_TOOL_FMT_NONE, "</think>"},
+    };
+    if (!t)
+        return 0;
+    for (size_t i = 0; i < sizeof marks / sizeof *marks; i++) {
+        int on = marks[i].fmt == API_TOOL_FMT_NONE ? t->reasoning
+                                                   : t->parse_calls && t->format == marks[i].fmt;
+        if (on && strlen(marks[i].text) == n && !memcmp(marks[i].text, s, n))
+            return 1;
+    }
+    return 0;
+}
+
 /* one step of the machine: 1 to step again, 0 to wait for more text, < 0 an error */
 static int step(struct api_tparse *p, int final, api_tev_fn fn, void *ud)
 {

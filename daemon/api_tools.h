@@ -91,6 +91,12 @@ int api_tools_constraint(const struct api_tools *t, struct api_tool_constraint *
  * decoding wired); until then they are a 400 */
 int api_tools_constraint_available(void);
 
+/* 1 when a control token whose text is s[0..n) is markup this request's output parser reads
+ * (the format's call markers, <think> and </think>): the scheduler then puts its text in the
+ * answer, where control tokens otherwise render as nothing (Mistral's [TOOL_CALLS], Llama's
+ * <|python_tag|> are control tokens) */
+int api_tools_keeps_token(const struct api_tools *t, const char *s, size_t n);
+
 /* --- output parsing ----------------------------------------------------------------------- */
 
 enum api_tev_kind {

@@ -477,6 +477,27 @@ static void test_constraint(void **state)
     assert_int_equal(api_tools_constraint_available(), 0);
 }
 
+/* control tokens the scheduler keeps as text: this request's markers only */
+static void test_keeps_token(void **state)
+{
+    (void)state;
+    struct api_tools t = {.format = API_TOOL_FMT_MISTRAL, .parse_calls = true};
+    assert_true(api_tools_keeps_token(&t, "[TOOL_CALLS]", 12));
+    assert_true(api_tools_keeps_token(&t, "[ARGS]", 6));
+    assert_false(api_tools_keeps_token(&t, "[TOOL_CALLS", 11));
+    assert_false(api_tools_keeps_token(&t, "<|python_tag|>", 14));
+    assert_false(api_tools_keeps_token(&t, "<think>", 7));
+    assert_false(api_tools_keeps_token(&t, "</s>", 4));
+    t.parse_calls = false; /* tool_choice none */
+    assert_false(api_tools_keeps_token(&t, "[TOOL_CALLS]", 12));
+    t.format = API_TOOL_FMT_LLAMA3;
+    t.parse_calls = true;
+    t.reasoning = true;
+    assert_true(api_tools_keeps_token(&t, "<|python_tag|>", 14));
+    assert_true(api_tools_keeps_token(&t, "</think>", 8));
+    assert_false(api_tools_keeps_token(NULL, "<think>", 7));
+}
+
 static void test_detect(void **state)
 {
     (void)state;
@@ -495,7 +516,7 @@ int main(void)
         cmocka_unit_test(test_parse_no_markup_leak), cmocka_unit_test(test_events_json),
         cmocka_unit_test(test_request_fields),    cmocka_unit_test(test_request_bad),
         cmocka_unit_test(test_message_extra),     cmocka_unit_test(test_constraint),
-        cmocka_unit_test(test_detect),
+        cmocka_unit_test(test_keeps_token),       cmocka_unit_test(test_detect),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

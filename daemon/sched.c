@@ -692,6 +692,13 @@ static int take_text(struct seq *q, int32_t token, float logprob, const struct p
     char piece[256];
     size_t n = 0;
     tok_detok_push(&q->detok, token, piece, sizeof piece, &n);
+    if (!n && q->req->tools && tok_is_control(t, token)) {
+        /* a call marker or <think> that is a control token: the output parser needs it */
+        int m = tok_token_bytes(t, token, 1, piece, sizeof piece);
+        if (m > 0 && (size_t)m <= sizeof piece &&
+            api_tools_keeps_token(q->req->tools, piece, (size_t)m))
+            n = (size_t)m;
+    }
     if (q->stop) {
         const char *emit;
         size_t elen;

@@ -325,3 +325,51 @@ def test_scripted_output_needs_its_variable(tiny_model, tmp_path_factory):
     with pytest.raises(Exception):
         srv.start(timeout=15)
     assert "RKV_TEST_OUTPUT" in srv.log()
+
+
+# --- markers that are control tokens ------------------------------------------------------------
+
+MARK = 506  # a token of the tiny model, made the control token [TOOL_CALLS]
+
+
+@pytest.fixture(scope="module")
+def marker_model(tiny_model, tmp_path_factory):
+    """the tiny model whose token MARK is Mistral's control token [TOOL_CALLS]"""
+    import gguf
+    from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
+    out = tmp_path_factory.mktemp("marker") / "marker.gguf"
+    reader = gguf.GGUFReader(str(tiny_model), "r")
+    toks = reader.get_field("tokenizer.ggml.tokens").contents()
+    types = reader.get_field("tokenizer.ggml.token_type").contents()
+    merges = reader.get_field("tokenizer.ggml.merges").contents()
+    old = toks[MARK]
+    toks[MARK], types[MARK] = "[TOOL_CALLS]", 3
+    arr, s, i32 = gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING, gguf.GGUFValueType.INT32
+    meta = {"tokenizer.ggml.tokens": MetadataDetails(arr, toks, sub_type=s),
+            "tokenizer.ggml.token_type": MetadataDetails(arr, types, sub_type=i32),
+            "tokenizer.ggml.merges": MetadataDetails(
+                arr, [m for m in merges if m.replace(" ", "") != old], sub_type=s)}
+    writer = gguf.GGUFWriter(str(out), arch=reader.get_field("general.architecture").contents(),
+                             endianess=reader.endianess)
+    copy_with_new_metadata(reader, writer, meta, [])
+    return out
+
+
+def test_control_token_markers_reach_the_parser(marker_model, tmp_path_factory):
+    """a control token renders as nothing, but a call marker that is one is the parser's: the
+    model forced to write [TOOL_CALLS] three times (not a call) gets it back as content"""
+    srv = start(marker_model, tmp_path_factory, "mistral_v7")
+    try:
+        c = client(srv)
+        kw = dict(model="marker", messages=ASK, max_tokens=3, temperature=0,
+                  logit_bias={str(MARK): 100})
+        r = c.chat.completions.create(tools=TOOLS, **kw)
+        assert r.choices[0].message.content == "[TOOL_CALLS]" * 3
+        assert r.choices[0].message.tool_calls is None
+        assert r.choices[0].finish_reason == "length"
+        for other in (dict(tools=TOOLS, tool_choice="none"), {}):
+            r = c.chat.completions.create(**other, **kw)
+            assert r.choices[0].message.content == ""
+            assert r.usage.completion_tokens == 3
+    finally:
+        _stop_checked(srv)
