@@ -999,6 +999,9 @@ int api_tparse_feed(struct api_tparse *p, const char *text, size_t len, api_tev_
 
 int api_tparse_finish(struct api_tparse *p, api_tev_fn fn, void *ud)
 {
+    /* an output without text still steps the machine, over an empty buffer */
+    if (!p->buf && rkv_grow((void **)&p->buf, &p->cap, 1, 256) < 0)
+        return RKV_ENOMEM;
     return run(p, 1, fn, ud);
 }
 

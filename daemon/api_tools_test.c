@@ -219,6 +219,20 @@ static void test_parse_every_split(void **state)
     }
 }
 
+/* an output without any text: nothing but the end */
+static void test_parse_empty(void **state)
+{
+    (void)state;
+    struct api_tools t = {.format = API_TOOL_FMT_LLAMA3, .parse_calls = true, .reasoning = true};
+    struct api_tparse *p;
+    struct got g = {0};
+    assert_int_equal(api_tparse_create(&t, &p), 0);
+    assert_int_equal(api_tparse_finish(p, collect, &g), 0);
+    assert_string_equal(g.content, "");
+    assert_int_equal(g.n_calls, 0);
+    api_tparse_destroy(p);
+}
+
 /* nothing that opens a call leaks into content before the call is decided */
 static void test_parse_no_markup_leak(void **state)
 {
@@ -516,7 +530,7 @@ int main(void)
         cmocka_unit_test(test_parse_no_markup_leak), cmocka_unit_test(test_events_json),
         cmocka_unit_test(test_request_fields),    cmocka_unit_test(test_request_bad),
         cmocka_unit_test(test_message_extra),     cmocka_unit_test(test_constraint),
-        cmocka_unit_test(test_keeps_token),       cmocka_unit_test(test_detect),
+        cmocka_unit_test(test_parse_empty),       cmocka_unit_test(test_keeps_token),       cmocka_unit_test(test_detect),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
