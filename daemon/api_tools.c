@@ -585,6 +585,7 @@ struct api_tparse {
     const char *open; /* the marker that opened the call ("" for a bare llama3 call) */
     bool emitted;     /* content sent since the output started */
     bool skip_ws;     /* drop whitespace before the next content (after </think>, a call) */
+    size_t scanned;   /* CALL: bytes of buf already searched for the end marker */
     int n_calls;
 };
 
@@ -963,9 +964,13 @@ static int step(struct api_tparse *p, int final, api_tev_fn fn, void *ud)
     /* S_CALL */
     if (p->fmt == API_TOOL_FMT_HERMES) {
         static const char close[] = "</tool_call>";
-        char *at = memmem(p->buf, p->len, close, sizeof close - 1);
+        /* a long call comes in many pieces: search only what may hold a new end marker */
+        size_t from = p->scanned > sizeof close - 2 ? p->scanned - (sizeof close - 2) : 0;
+        char *at = memmem(p->buf + from, p->len - from, close, sizeof close - 1);
+        p->scanned = p->len;
         if (!at && !final)
             return 0;
+        p->scanned = 0;
         size_t k = at ? (size_t)(at - p->buf) : p->len;
         int rc = close_call(p, k, at ? close : NULL, fn, ud);
         consume(p, at ? k + sizeof close - 1 : k);
