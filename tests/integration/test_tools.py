@@ -373,3 +373,18 @@ def test_control_token_markers_reach_the_parser(marker_model, tmp_path_factory):
             assert r.usage.completion_tokens == 3
     finally:
         _stop_checked(srv)
+
+
+def test_templates_without_tools_refuse_them(tiny_model, tmp_path_factory):
+    """chatml, gemma3 and phi3 never read tools: a 400 naming the cure, plain chats still work"""
+    for template in ("chatml", "gemma3", "phi3"):
+        srv = start(tiny_model, tmp_path_factory, template)
+        try:
+            c = client(srv)
+            err = bad(lambda: c.chat.completions.create(model="tiny", messages=ASK[1:],
+                                                        tools=TOOLS, max_tokens=1))
+            assert "no tool support" in err["message"], err
+            r = c.chat.completions.create(model="tiny", messages=ASK[1:], max_tokens=1)
+            assert r.choices[0].message.tool_calls is None
+        finally:
+            _stop_checked(srv)
