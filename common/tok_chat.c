@@ -340,10 +340,11 @@ static int message_from_json(struct jinja_ctx *c, const struct tok_chat_msg *m,
     int rc = RKV_ENOMEM;
     if (o && !cJSON_IsObject(o))
         rc = RKV_EINVAL;
-    else if (o && d && cJSON_AddItemToObject(d, "role", m->role ? cJSON_CreateString(m->role)
-                                                                 : cJSON_CreateNull()) &&
-             cJSON_AddItemToObject(d, "content", m->content ? cJSON_CreateString(m->content)
-                                                            : cJSON_CreateNull()))
+    else if (o && d &&
+             cJSON_AddItemToObject(d, "role",
+                                   m->role ? cJSON_CreateString(m->role) : cJSON_CreateNull()) &&
+             cJSON_AddItemToObject(
+                 d, "content", m->content ? cJSON_CreateString(m->content) : cJSON_CreateNull()))
         rc = 0;
     while (rc == 0 && o->child) {
         cJSON *item = cJSON_DetachItemFromArray(o, 0);
@@ -427,8 +428,8 @@ int tok_chat_render(const struct tok *t, const struct tok_chat_msg *msgs, size_t
 }
 
 int tok_chat_render_vars(const struct tok *t, const struct tok_chat_msg *msgs, size_t n_msgs,
-                         int add_generation_prompt, const char *vars_json, char **out,
-                         char *errbuf, size_t errlen)
+                         int add_generation_prompt, const char *vars_json, char **out, char *errbuf,
+                         size_t errlen)
 {
     if (errbuf && errlen)
         errbuf[0] = 0;
@@ -436,8 +437,8 @@ int tok_chat_render_vars(const struct tok *t, const struct tok_chat_msg *msgs, s
         return RKV_EINVAL;
     *out = NULL;
     if (t->chat_tmpl) {
-        int rc = render_jinja(t, msgs, n_msgs, add_generation_prompt, vars_json, out, errbuf,
-                              errlen);
+        int rc =
+            render_jinja(t, msgs, n_msgs, add_generation_prompt, vars_json, out, errbuf, errlen);
         if (rc < 0 && errbuf && errlen && !errbuf[0])
             snprintf(errbuf, errlen, "chat template: %s", rkv_strerror(rc));
         return rc;

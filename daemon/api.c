@@ -52,10 +52,10 @@ struct api_call {
     /* chat with tools or a thinking template: the output split into content,
      * reasoning_content and tool_calls */
     struct api_tparse *tp;
-    struct api_tout tout;                 /* non-stream: the parts */
+    struct api_tout tout;                  /* non-stream: the parts */
     const struct api_token_logprob *ev_lp; /* stream: logprobs for the next content chunk */
     size_t ev_n_lp;
-    int ev_slow; /* stream: a write said the client reads slowly */
+    int ev_slow;  /* stream: a write said the client reads slowly */
     int test_fed; /* tests only: the scripted answer went out */
 };
 
@@ -820,8 +820,8 @@ void api_call_finish(struct api_call *c, enum api_finish finish, const struct ap
             http_resp_write(c->http, API_SSE_DONE, strlen(API_SSE_DONE));
         http_resp_end(c->http);
     } else {
-        struct api_result res = {c->text ? c->text : "", c->len, c->lp, c->n_lp, finish, *usage,
-                                 NULL};
+        struct api_result res = {
+            c->text ? c->text : "", c->len, c->lp, c->n_lp, finish, *usage, NULL};
         char *j = NULL;
         if (parsed(c) == 1 && api_tparse_finish(c->tp, api_tout_collect, &c->tout) >= 0) {
             res.tout = &c->tout;

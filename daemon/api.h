@@ -151,10 +151,10 @@ int api_utf8_valid(const char *s, size_t len, size_t *bad_at);
 /* --- rendering ------------------------------------------------------------------------- */
 
 enum api_finish {
-    API_FINISH_NONE = 0, /* still running */
-    API_FINISH_STOP,     /* EOS or a stop sequence */
-    API_FINISH_LENGTH,   /* max_tokens or the context ran out */
-    API_FINISH_ABORT,    /* cancelled (client gone, shutdown) */
+    API_FINISH_NONE = 0,   /* still running */
+    API_FINISH_STOP,       /* EOS or a stop sequence */
+    API_FINISH_LENGTH,     /* max_tokens or the context ran out */
+    API_FINISH_ABORT,      /* cancelled (client gone, shutdown) */
     API_FINISH_TOOL_CALLS, /* chat: stopped after tool calls (api_call_finish maps STOP) */
 };
 const char *api_finish_name(enum api_finish f); /* "stop", "length", "abort", NULL */

@@ -948,8 +948,8 @@ static int check_fields(struct parse *p, const cJSON *root, const char *const *a
 int api_parse_tokenize(const char *body, size_t len, const struct api_limits *lim,
                        struct api_request *out, struct api_error *err)
 {
-    static const char *const allowed[] = {"model", "prompt", "messages", "add_generation_prompt",
-                                          "tools", "chat_template_kwargs"};
+    static const char *const allowed[] = {
+        "model", "prompt", "messages", "add_generation_prompt", "tools", "chat_template_kwargs"};
     struct parse p = {lim, err, API_COMPLETIONS};
     memset(out, 0, sizeof(*out));
     out->add_generation_prompt = true;

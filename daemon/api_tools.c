@@ -38,8 +38,8 @@ static int must(struct api_error *err, const char *param, const cJSON *v, const 
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
     char *got = v ? cJSON_PrintUnformatted(v) : NULL;
-    api_error_set(err, 400, param, "%s must be %s, got %.60s%s", param, what,
-                  got ? got : "nothing", got && strlen(got) > 60 ? "..." : "");
+    api_error_set(err, 400, param, "%s must be %s, got %.60s%s", param, what, got ? got : "nothing",
+                  got && strlen(got) > 60 ? "..." : "");
     free(got);
     return RKV_EINVAL;
 }
@@ -174,8 +174,7 @@ static int parse_choice(const cJSON *root, struct api_tools *t, struct api_error
     } else if (cJSON_IsObject(v)) {
         const cJSON *type = get(v, "type"), *fn = get(v, "function");
         const cJSON *name = cJSON_IsObject(fn) ? get(fn, "name") : NULL;
-        if (!cJSON_IsString(type) || strcmp(type->valuestring, "function") ||
-            !cJSON_IsString(name))
+        if (!cJSON_IsString(type) || strcmp(type->valuestring, "function") || !cJSON_IsString(name))
             return must(err, "tool_choice", v,
                         "{\"type\": \"function\", \"function\": {\"name\": NAME}}");
         size_t k = 0;
@@ -234,9 +233,9 @@ static int parse_kwargs(const cJSON *root, struct api_tools *t, struct api_error
     }
     v = get(root, "reasoning_effort");
     if (v) {
-        if (!cJSON_IsString(v) || (strcmp(v->valuestring, "low") &&
-                                   strcmp(v->valuestring, "medium") &&
-                                   strcmp(v->valuestring, "high")))
+        if (!cJSON_IsString(v) ||
+            (strcmp(v->valuestring, "low") && strcmp(v->valuestring, "medium") &&
+             strcmp(v->valuestring, "high")))
             return must(err, "reasoning_effort", v, "\"low\", \"medium\" or \"high\"");
         if (!(t->reasoning_effort = strdup(v->valuestring)))
             return RKV_ENOMEM;
@@ -256,8 +255,8 @@ int api_tools_parse(const cJSON *root, struct api_request *r, struct api_error *
         return RKV_EINVAL;
     }
     if ((v = get(root, "function_call")) &&
-        !(cJSON_IsString(v) && (!strcmp(v->valuestring, "none") ||
-                                !strcmp(v->valuestring, "auto")))) {
+        !(cJSON_IsString(v) &&
+          (!strcmp(v->valuestring, "none") || !strcmp(v->valuestring, "auto")))) {
         api_error_set(err, 400, "function_call",
                       "function_call is not supported by rkv; use tool_choice with tools");
         err->code = "unsupported_parameter";
@@ -343,7 +342,8 @@ static int parse_msg_call(const cJSON *cv, const char *param, cJSON *calls, stru
 int api_tools_parse_message(const cJSON *mo, const char *param, struct api_message *m,
                             struct api_error *err)
 {
-    const cJSON *tc = get(mo, "tool_calls"), *tid = get(mo, "tool_call_id"), *name = get(mo, "name");
+    const cJSON *tc = get(mo, "tool_calls"), *tid = get(mo, "tool_call_id"),
+                *name = get(mo, "name");
     char fp[160];
     if (!(tc && !(cJSON_IsArray(tc) && !tc->child)) && !tid && !name)
         return 0;
@@ -469,8 +469,8 @@ int api_tools_render(const struct tok *t, const struct api_request *r, char **te
     }
     if (tl) {
         tl->format = api_tools_detect(src);
-        tl->parse_calls = tl->tools_json && tl->choice != API_TOOL_CHOICE_NONE &&
-                          tl->format != API_TOOL_FMT_NONE;
+        tl->parse_calls =
+            tl->tools_json && tl->choice != API_TOOL_CHOICE_NONE && tl->format != API_TOOL_FMT_NONE;
         tl->reasoning = src && strstr(src, "<think>") && strstr(src, "</think>");
         tl->starts_in_reasoning = tl->reasoning && ends_in_think(*text);
     }
@@ -870,7 +870,7 @@ int api_tools_keeps_token(const struct api_tools *t, const char *s, size_t n)
         enum api_tool_format fmt; /* NONE: reasoning markup */
         const char *text;
     } marks[] = {
-        {API_TOOL_FMT_HERMES, "<tool_call>"},  {API_TOOL_FMT_HERMES, "</tool_call>"},
+        {API_TOOL_FMT_HERMES, "<tool_call>"},   {API_TOOL_FMT_HERMES, "</tool_call>"},
         {API_TOOL_FMT_MISTRAL, "[TOOL_CALLS]"}, {API_TOOL_FMT_MISTRAL, "[ARGS]"},
         {API_TOOL_FMT_MISTRAL, "[CALL_ID]"},    {API_TOOL_FMT_LLAMA3, "<|python_tag|>"},
         {API_TOOL_FMT_NONE, "<think>"},         {API_TOOL_FMT_NONE, "</think>"},
@@ -1085,10 +1085,8 @@ cJSON *api_tev_delta(const struct api_tev *ev, int part)
         return NULL;
     if (ev->kind != API_TEV_CALL) {
         char *s = strndup(ev->text, ev->len);
-        cJSON *ok = s ? cJSON_AddStringToObject(d, ev->kind == API_TEV_REASONING
-                                                       ? "reasoning_content"
-                                                       : "content",
-                                                s)
+        cJSON *ok = s ? cJSON_AddStringToObject(
+                            d, ev->kind == API_TEV_REASONING ? "reasoning_content" : "content", s)
                       : NULL;
         free(s);
         if (ok)

@@ -13,9 +13,9 @@ struct api_message;
 struct api_error;
 struct tok;
 
-#define API_TOOLS_MAX      128 /* tools in one request */
-#define API_TOOL_NAME_MAX  64  /* bytes in a tool's name, [a-zA-Z0-9_-] */
-#define API_TOOL_ID_LEN    29  /* "call_" + 24 alphanumerics */
+#define API_TOOLS_MAX     128 /* tools in one request */
+#define API_TOOL_NAME_MAX 64  /* bytes in a tool's name, [a-zA-Z0-9_-] */
+#define API_TOOL_ID_LEN   29  /* "call_" + 24 alphanumerics */
 
 /* how a template's model writes its calls (api_tools_detect reads the template text):
  *   HERMES:  <tool_call>\n{"name": N, "arguments": {...}}\n</tool_call>, several in a row
@@ -41,19 +41,19 @@ enum api_tool_choice {
 
 /* the tool and reasoning part of a chat request (api_request.tools) */
 struct api_tools {
-    char *tools_json;          /* the validated "tools" array, NULL when none */
-    char **names;              /* (n_tools) each tool's function name */
+    char *tools_json; /* the validated "tools" array, NULL when none */
+    char **names;     /* (n_tools) each tool's function name */
     size_t n_tools;
     enum api_tool_choice choice;
-    char *choice_name;         /* NAMED: the tool */
-    bool parallel;             /* parallel_tool_calls (default true): false keeps the first call */
-    char *kwargs_json;         /* chat_template_kwargs, a JSON object; NULL when none */
-    char *reasoning_effort;    /* "low" | "medium" | "high", NULL when none */
+    char *choice_name;      /* NAMED: the tool */
+    bool parallel;          /* parallel_tool_calls (default true): false keeps the first call */
+    char *kwargs_json;      /* chat_template_kwargs, a JSON object; NULL when none */
+    char *reasoning_effort; /* "low" | "medium" | "high", NULL when none */
     /* set when the prompt renders (api_tools_render): what the output parser does */
     enum api_tool_format format;
-    bool parse_calls;          /* tools given, choice not none, a known format */
-    bool reasoning;            /* the template writes <think>...</think> */
-    bool starts_in_reasoning;  /* the prompt ends inside an open <think> */
+    bool parse_calls;         /* tools given, choice not none, a known format */
+    bool reasoning;           /* the template writes <think>...</think> */
+    bool starts_in_reasoning; /* the prompt ends inside an open <think> */
 };
 
 /* the chat request's tools, tool_choice, parallel_tool_calls, chat_template_kwargs,

@@ -103,12 +103,13 @@ static const struct example examples[] = {
     {API_TOOL_FMT_NONE, R | O, "step 1, step 2</think>\n\n42", "42", "step 1, step 2", ""},
     {API_TOOL_FMT_NONE, R | O, "still thinking </thi", "", "still thinking </thi", ""},
     /* llama 3 */
-    {API_TOOL_FMT_LLAMA3, 0, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}", "",
-     "", "get_weather {\"city\":\"Oslo\"}|"},
+    {API_TOOL_FMT_LLAMA3, 0, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}",
+     "", "", "get_weather {\"city\":\"Oslo\"}|"},
     {API_TOOL_FMT_LLAMA3, 0,
      "  {\"name\": \"a\", \"parameters\": {\"n\": 1}}; {\"name\": \"b\", \"parameters\": {}}", "",
      "", "a {\"n\":1}|b {}|"},
-    {API_TOOL_FMT_LLAMA3, 0, "<|python_tag|>{\"name\": \"a\", \"parameters\": {}}", "", "", "a {}|"},
+    {API_TOOL_FMT_LLAMA3, 0, "<|python_tag|>{\"name\": \"a\", \"parameters\": {}}", "", "",
+     "a {}|"},
     {API_TOOL_FMT_LLAMA3, 0, "{\"answer\": 42}", "{\"answer\": 42}", "", ""},
     {API_TOOL_FMT_LLAMA3, 0, "Sure: {\"name\": \"a\", \"parameters\": {}}",
      "Sure: {\"name\": \"a\", \"parameters\": {}}", "", ""},
@@ -266,8 +267,8 @@ static void test_parse_no_markup_leak(void **state)
 static void test_events_json(void **state)
 {
     (void)state;
-    struct api_tev ev = {.kind = API_TEV_CALL, .index = 1, .id = "call_x", .name = "f",
-                         .arguments = "{\"a\":1}"};
+    struct api_tev ev = {
+        .kind = API_TEV_CALL, .index = 1, .id = "call_x", .name = "f", .arguments = "{\"a\":1}"};
     cJSON *d = api_tev_delta(&ev, 0);
     char *s = cJSON_PrintUnformatted(d);
     assert_string_equal(s, "{\"tool_calls\":[{\"index\":1,\"id\":\"call_x\",\"type\":\"function\","
@@ -293,9 +294,10 @@ static void test_events_json(void **state)
     cJSON *m = cJSON_CreateObject();
     assert_int_equal(api_tout_message(&o, m), 0);
     s = cJSON_PrintUnformatted(m);
-    assert_string_equal(s, "{\"content\":null,\"reasoning_content\":\"hmm\",\"tool_calls\":[{\"id\":"
-                           "\"call_x\",\"type\":\"function\",\"function\":{\"name\":\"f\","
-                           "\"arguments\":\"{\\\"a\\\":1}\"}}]}");
+    assert_string_equal(s,
+                        "{\"content\":null,\"reasoning_content\":\"hmm\",\"tool_calls\":[{\"id\":"
+                        "\"call_x\",\"type\":\"function\",\"function\":{\"name\":\"f\","
+                        "\"arguments\":\"{\\\"a\\\":1}\"}}]}");
     free(s);
     cJSON_Delete(m);
     api_tout_fini(&o);
@@ -315,10 +317,13 @@ static void test_events_json(void **state)
     assert_string_not_equal(id, id2);
 }
 
-/* --- request fields ------------------------------------------------------------------------------ */
+/* --- request fields ------------------------------------------------------------------------------
+ */
 
 #define MSG "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]"
-#define TOOL(n) "{\"type\":\"function\",\"function\":{\"name\":\"" n "\",\"parameters\":{\"type\":\"object\"}}}"
+#define TOOL(n)                                                                                    \
+    "{\"type\":\"function\",\"function\":{\"name\":\"" n "\",\"parameters\":{\"type\":\"object\"}" \
+                                                         "}}"
 
 static int chat(const char *body, struct api_request *r, struct api_error *e)
 {
@@ -333,9 +338,10 @@ static void test_request_fields(void **state)
     (void)state;
     struct api_request r;
     struct api_error e;
-    assert_int_equal(chat("{" MSG ",\"tools\":[" TOOL("get_weather") "," TOOL("b-2") "],"
-                          "\"parallel_tool_calls\":false,\"chat_template_kwargs\":"
-                          "{\"enable_thinking\":false},\"reasoning_effort\":\"low\"}",
+    assert_int_equal(chat("{" MSG ",\"tools\":[" TOOL("get_weather") "," TOOL(
+                              "b-2") "],"
+                                     "\"parallel_tool_calls\":false,\"chat_template_kwargs\":"
+                                     "{\"enable_thinking\":false},\"reasoning_effort\":\"low\"}",
                           &r, &e),
                      0);
     assert_non_null(r.tools);
@@ -370,14 +376,16 @@ static const struct bad bad_fields[] = {
     {"{" MSG ",\"tools\":[1]}", "tools[0]", "tools[0] must be {\"type\": \"function\""},
     {"{" MSG ",\"tools\":[{\"type\":\"retrieval\",\"function\":{\"name\":\"a\"}}]}",
      "tools[0].type", "\"function\""},
-    {"{" MSG ",\"tools\":[{\"type\":\"function\"}]}", "tools[0].function", "must be an object {\"name\", \"description\", \"parameters\"}, got nothing"},
+    {"{" MSG ",\"tools\":[{\"type\":\"function\"}]}", "tools[0].function",
+     "must be an object {\"name\", \"description\", \"parameters\"}, got nothing"},
     {"{" MSG ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a b\"}}]}",
      "tools[0].function.name", "1 to 64 characters of a-z"},
     {"{" MSG ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"\"}}]}",
      "tools[0].function.name", "got \"\""},
     {"{" MSG ",\"tools\":[" TOOL("a") "," TOOL("a") "]}", "tools[1].function.name",
      "also tools[0]'s"},
-    {"{" MSG ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\",\"parameters\":[]}}]}",
+    {"{" MSG
+     ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\",\"parameters\":[]}}]}",
      "tools[0].function.parameters", "a JSON schema object"},
     {"{" MSG ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\",\"strict\":1}}]}",
      "tools[0].function.strict", "true or false"},
@@ -386,12 +394,12 @@ static const struct bad bad_fields[] = {
     {"{" MSG ",\"tool_choice\":\"sometimes\"}", "tool_choice", "\"none\", \"auto\", \"required\""},
     {"{" MSG ",\"tool_choice\":\"required\"}", "tool_choice", "needs tools"},
     {"{" MSG ",\"tools\":[" TOOL("a") "],\"tool_choice\":{\"type\":\"function\",\"function\":"
-     "{\"name\":\"b\"}}}",
+                                      "{\"name\":\"b\"}}}",
      "tool_choice.function.name", "'b' is not one of the request's tools"},
     {"{" MSG ",\"tools\":[" TOOL("a") "],\"tool_choice\":\"required\"}", "tool_choice",
      "not available yet"},
     {"{" MSG ",\"tools\":[" TOOL("a") "],\"tool_choice\":{\"type\":\"function\",\"function\":"
-     "{\"name\":\"a\"}}}",
+                                      "{\"name\":\"a\"}}}",
      "tool_choice", "not available yet"},
     {"{" MSG ",\"parallel_tool_calls\":\"yes\"}", "parallel_tool_calls", "true or false"},
     {"{" MSG ",\"chat_template_kwargs\":[]}", "chat_template_kwargs", "an object of template"},
@@ -427,8 +435,8 @@ static void test_request_bad(void **state)
         int rc = chat(bad_fields[i].body, &r, &e);
         if (rc != RKV_EINVAL || e.status != 400 || strcmp(e.param, bad_fields[i].param) ||
             !strstr(e.message, bad_fields[i].msg))
-            fail_msg("case %zu: rc %d status %d param '%s' message '%s' (want '%s', '%s')", i,
-                     rc, e.status, e.param, e.message, bad_fields[i].param, bad_fields[i].msg);
+            fail_msg("case %zu: rc %d status %d param '%s' message '%s' (want '%s', '%s')", i, rc,
+                     e.status, e.param, e.message, bad_fields[i].param, bad_fields[i].msg);
     }
 }
 
@@ -455,7 +463,8 @@ static void test_message_extra(void **state)
     api_request_fini(&r);
 }
 
-/* --- constrained decoding's inputs -------------------------------------------------------------- */
+/* --- constrained decoding's inputs --------------------------------------------------------------
+ */
 
 static void test_constraint(void **state)
 {
@@ -469,10 +478,9 @@ static void test_constraint(void **state)
     assert_int_equal(api_tools_constraint(&t, &c), 0);
     assert_string_equal(c.prefix, "<tool_call>\n");
     assert_string_equal(c.suffix, "\n</tool_call>");
-    assert_string_equal(c.schema,
-                        "{\"type\":\"object\",\"properties\":{\"name\":{\"const\":\"b\"},"
-                        "\"arguments\":{\"type\":\"object\"}},\"required\":[\"name\","
-                        "\"arguments\"],\"additionalProperties\":false}");
+    assert_string_equal(c.schema, "{\"type\":\"object\",\"properties\":{\"name\":{\"const\":\"b\"},"
+                                  "\"arguments\":{\"type\":\"object\"}},\"required\":[\"name\","
+                                  "\"arguments\"],\"additionalProperties\":false}");
     free(c.schema);
     t.choice = API_TOOL_CHOICE_REQUIRED;
     t.format = API_TOOL_FMT_LLAMA3;
@@ -526,11 +534,17 @@ static void test_detect(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_parse_one_shot),    cmocka_unit_test(test_parse_every_split),
-        cmocka_unit_test(test_parse_no_markup_leak), cmocka_unit_test(test_events_json),
-        cmocka_unit_test(test_request_fields),    cmocka_unit_test(test_request_bad),
-        cmocka_unit_test(test_message_extra),     cmocka_unit_test(test_constraint),
-        cmocka_unit_test(test_parse_empty),       cmocka_unit_test(test_keeps_token),       cmocka_unit_test(test_detect),
+        cmocka_unit_test(test_parse_one_shot),
+        cmocka_unit_test(test_parse_every_split),
+        cmocka_unit_test(test_parse_no_markup_leak),
+        cmocka_unit_test(test_events_json),
+        cmocka_unit_test(test_request_fields),
+        cmocka_unit_test(test_request_bad),
+        cmocka_unit_test(test_message_extra),
+        cmocka_unit_test(test_constraint),
+        cmocka_unit_test(test_parse_empty),
+        cmocka_unit_test(test_keeps_token),
+        cmocka_unit_test(test_detect),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -72,8 +72,10 @@ static int check_event(void *ud, const struct api_tev *ev)
 static void parse_output(const uint8_t *data, size_t size)
 {
     for (int fmt = API_TOOL_FMT_NONE; fmt <= API_TOOL_FMT_MISTRAL; fmt++) {
-        struct api_tools t = {.format = (enum api_tool_format)fmt, .parse_calls = fmt != 0,
-                              .reasoning = true, .starts_in_reasoning = size & 1,
+        struct api_tools t = {.format = (enum api_tool_format)fmt,
+                              .parse_calls = fmt != 0,
+                              .reasoning = true,
+                              .starts_in_reasoning = size & 1,
                               .parallel = true};
         struct api_tparse *p;
         struct api_tout o = {0};
