@@ -576,6 +576,7 @@ void tok_destroy(struct tok *t)
     free(t->trie);
     free(t->chat_default_system);
     jinja_destroy(t->chat_tmpl);
+    free(t->chat_src);
     free(t->arch);
     free(t);
 }

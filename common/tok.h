@@ -97,8 +97,11 @@ enum tok_chat_kind {
     TOK_CHAT_GEMMA,       /* <start_of_turn>user ... <end_of_turn>, gemma 3 */
 };
 struct tok_chat_msg {
-    const char *role;     /* system | user | assistant */
-    const char *content;
+    const char *role;    /* system | user | assistant | tool */
+    const char *content; /* NULL renders as None */
+    /* NULL, or a JSON object of the message's other keys (tool_calls, tool_call_id, name), in
+     * the order the template sees them after role and content; only templates read it */
+    const char *extra_json;
 };
 /* the built-in family (what chats render with when there is no template) */
 enum tok_chat_kind tok_chat_kind(const struct tok *t);
@@ -120,6 +123,14 @@ int tok_chat_set_template(struct tok *t, const char *src, size_t len, const char
  * (may be NULL). thread-safe. */
 int tok_chat_render(const struct tok *t, const struct tok_chat_msg *msgs, size_t n_msgs,
                     int add_generation_prompt, char **out, char *errbuf, size_t errlen);
+/* tok_chat_render with more template variables: vars_json (NULL for none) is a JSON object
+ * whose keys become variables after the ones above (tools, enable_thinking, ...). without it
+ * the template sees tools = None, as HF transformers passes it. */
+int tok_chat_render_vars(const struct tok *t, const struct tok_chat_msg *msgs, size_t n_msgs,
+                         int add_generation_prompt, const char *vars_json, char **out, char *errbuf,
+                         size_t errlen);
+/* the Jinja source chats render with (NUL-terminated), NULL for a built-in family */
+const char *tok_chat_template_src(const struct tok *t);
 /* tok_chat_render without the message */
 int tok_chat_apply(const struct tok *t, const struct tok_chat_msg *msgs, size_t n_msgs,
                    int add_generation_prompt, char **out);

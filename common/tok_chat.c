@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "common/err.h"
 #include "common/jinja.h"
 #include "common/log.h"
@@ -133,9 +135,21 @@ int tok_chat_set_template(struct tok *t, const char *src, size_t len, const char
     int rc = jinja_parse(src, len, name, &j, errbuf, errlen);
     if (rc < 0)
         return rc;
+    char *copy = strndup(src, len);
+    if (!copy) {
+        jinja_destroy(j);
+        return RKV_ENOMEM;
+    }
     jinja_destroy(t->chat_tmpl);
+    free(t->chat_src);
     t->chat_tmpl = j;
+    t->chat_src = copy;
     return 0;
+}
+
+const char *tok_chat_template_src(const struct tok *t)
+{
+    return t ? t->chat_src : NULL;
 }
 
 /* --- rendering ----------------------------------------------------------------- */
@@ -317,8 +331,39 @@ static struct jinja_val *str_or_none(struct jinja_ctx *c, const char *s)
     return s ? jinja_str(c, s, strlen(s)) : jinja_none(c);
 }
 
+/* a message with keys beyond role and content: role, content, then extra's keys in order */
+static int message_from_json(struct jinja_ctx *c, const struct tok_chat_msg *m,
+                             struct jinja_val **out)
+{
+    cJSON *o = cJSON_Parse(m->extra_json);
+    cJSON *d = cJSON_CreateObject();
+    int rc = RKV_ENOMEM;
+    if (o && !cJSON_IsObject(o))
+        rc = RKV_EINVAL;
+    else if (o && d &&
+             cJSON_AddItemToObject(d, "role",
+                                   m->role ? cJSON_CreateString(m->role) : cJSON_CreateNull()) &&
+             cJSON_AddItemToObject(
+                 d, "content", m->content ? cJSON_CreateString(m->content) : cJSON_CreateNull()))
+        rc = 0;
+    while (rc == 0 && o->child) {
+        cJSON *item = cJSON_DetachItemFromArray(o, 0);
+        if (!strcmp(item->string, "role") || !strcmp(item->string, "content"))
+            cJSON_Delete(item);
+        else if (!cJSON_AddItemToObject(d, item->string, item)) {
+            cJSON_Delete(item);
+            rc = RKV_ENOMEM;
+        }
+    }
+    if (rc == 0)
+        rc = jinja_from_cjson(c, d, out);
+    cJSON_Delete(o);
+    cJSON_Delete(d);
+    return rc;
+}
+
 static int render_jinja(const struct tok *t, const struct tok_chat_msg *m, size_t n, int gen,
-                        char **out, char *errbuf, size_t errlen)
+                        const char *vars_json, char **out, char *errbuf, size_t errlen)
 {
     struct jinja_ctx *c = NULL;
     int rc = jinja_ctx_create(&c);
@@ -326,13 +371,15 @@ static int render_jinja(const struct tok *t, const struct tok_chat_msg *m, size_
         return rc;
     struct jinja_val *list = jinja_list(c);
     for (size_t i = 0; list && i < n && rc == 0; i++) {
-        struct jinja_val *d = jinja_dict(c);
-        if (!d) {
+        struct jinja_val *d = NULL;
+        if (m[i].extra_json) {
+            rc = message_from_json(c, &m[i], &d);
+        } else if ((d = jinja_dict(c)) == NULL) {
             rc = RKV_ENOMEM;
-            break;
+        } else if ((rc = jinja_dict_set(c, d, "role", str_or_none(c, m[i].role))) == 0) {
+            rc = jinja_dict_set(c, d, "content", str_or_none(c, m[i].content));
         }
-        if ((rc = jinja_dict_set(c, d, "role", str_or_none(c, m[i].role))) == 0 &&
-            (rc = jinja_dict_set(c, d, "content", str_or_none(c, m[i].content))) == 0)
+        if (rc == 0)
             rc = jinja_list_append(c, list, d);
     }
     struct jinja_val *bos = token_text(c, t, t->bos);
@@ -340,8 +387,12 @@ static int render_jinja(const struct tok *t, const struct tok_chat_msg *m, size_
         rc = RKV_ENOMEM;
     if (rc == 0 && (rc = jinja_ctx_set(c, "messages", list)) == 0 &&
         (rc = jinja_ctx_set(c, "add_generation_prompt", jinja_bool(c, gen))) == 0 &&
-        (rc = jinja_ctx_set(c, "bos_token", bos)) == 0)
-        rc = jinja_ctx_set(c, "eos_token", token_text(c, t, t->eos));
+        (rc = jinja_ctx_set(c, "bos_token", bos)) == 0 &&
+        (rc = jinja_ctx_set(c, "eos_token", token_text(c, t, t->eos))) == 0)
+        /* HF transformers always passes tools, None without any */
+        rc = jinja_ctx_set(c, "tools", jinja_none(c));
+    if (rc == 0 && vars_json)
+        rc = jinja_ctx_set_json(c, vars_json, strlen(vars_json), errbuf, errlen);
     if (rc < 0) {
         jinja_ctx_destroy(c);
         return rc;
@@ -373,13 +424,21 @@ int tok_chat_apply(const struct tok *t, const struct tok_chat_msg *msgs, size_t 
 int tok_chat_render(const struct tok *t, const struct tok_chat_msg *msgs, size_t n_msgs,
                     int add_generation_prompt, char **out, char *errbuf, size_t errlen)
 {
+    return tok_chat_render_vars(t, msgs, n_msgs, add_generation_prompt, NULL, out, errbuf, errlen);
+}
+
+int tok_chat_render_vars(const struct tok *t, const struct tok_chat_msg *msgs, size_t n_msgs,
+                         int add_generation_prompt, const char *vars_json, char **out, char *errbuf,
+                         size_t errlen)
+{
     if (errbuf && errlen)
         errbuf[0] = 0;
     if (!t || !out || (!msgs && n_msgs))
         return RKV_EINVAL;
     *out = NULL;
     if (t->chat_tmpl) {
-        int rc = render_jinja(t, msgs, n_msgs, add_generation_prompt, out, errbuf, errlen);
+        int rc =
+            render_jinja(t, msgs, n_msgs, add_generation_prompt, vars_json, out, errbuf, errlen);
         if (rc < 0 && errbuf && errlen && !errbuf[0])
             snprintf(errbuf, errlen, "chat template: %s", rkv_strerror(rc));
         return rc;

@@ -83,6 +83,7 @@ struct tok {
     enum tok_chat_kind chat;
     char *chat_default_system;    /* chatml templates that add one; NULL if none */
     struct jinja_tmpl *chat_tmpl; /* the template chats render with; NULL: the family */
+    char *chat_src;               /* its source text (NUL-terminated); NULL with it */
     char *arch;
 };
 

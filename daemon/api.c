@@ -11,6 +11,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "daemon/api_tools.h"
 #include "daemon/http/server.h"
 
 struct api {
@@ -26,6 +27,7 @@ struct api {
     struct rl_limits key_defaults;
     api_key_lookup_fn key_lookup;
     void *key_lookup_ud;
+    char *test_output; /* tests only: api_config.test_output */
 };
 
 /* one sequence of a call (prompt i's k-th of best_of is i * best_of + k) */
@@ -38,6 +40,15 @@ struct api_choice {
     enum api_finish finish; /* API_FINISH_NONE while it runs */
     double score;           /* best_of: its mean logprob per token */
     struct api_stream stream;
+    /* chat with tools or a thinking template: the output split into content,
+     * reasoning_content and tool_calls */
+    struct api_call *call;
+    struct api_tparse *tp;
+    struct api_tout tout;                  /* non-stream: the parts */
+    const struct api_token_logprob *ev_lp; /* stream: logprobs for the next content chunk */
+    size_t ev_n_lp;
+    int ev_slow;  /* stream: a write said the client reads slowly */
+    int test_fed; /* tests only: the scripted answer went out */
 };
 
 struct api_call {
@@ -82,6 +93,10 @@ int api_create(const struct api_config *cfg, const struct api_sched *sched, stru
         api_destroy(a);
         return RKV_ENOMEM;
     }
+    if (cfg->test_output && !(a->test_output = strdup(cfg->test_output))) {
+        api_destroy(a);
+        return RKV_ENOMEM;
+    }
     a->limits = cfg->limits;
     if (!a->limits.max_tokens)
         api_limits_default(&a->limits);
@@ -107,6 +122,7 @@ void api_destroy(struct api *api)
         free(api->models[i]);
     free(api->models);
     free(api->cors_origin);
+    free(api->test_output);
     rl_destroy(api->rl);
     free(api);
 }
@@ -260,6 +276,8 @@ static void call_destroy(struct api_call *c)
         for (size_t i = 0; i < c->ch[k].n_lp; i++)
             lp_free(&c->ch[k].lp[i]);
         free(c->ch[k].lp);
+        api_tparse_destroy(c->ch[k].tp);
+        api_tout_fini(&c->ch[k].tout);
         free(c->ch[k].text);
     }
     free(c->ch);
@@ -521,6 +539,8 @@ static int handle_generate(struct api *api, struct http_req *hreq, enum api_endp
         call_destroy(c);
         return 1;
     }
+    for (size_t k = 0; k < c->n_ch; k++)
+        c->ch[k].call = c;
     if (c->req.echo && echo_prompt(api, c) != 0) {
         respond_error(hreq, 500, NULL, NULL, "%s", "out of memory");
         call_destroy(c);
@@ -719,6 +739,117 @@ static int stream_text(struct api_call *c, struct api_choice *ch, const char *te
     return stream_send(c, ev, n);
 }
 
+/* 1 when the choice's output goes through the tool/reasoning parser (made on first use) */
+static int parsed(struct api_choice *ch)
+{
+    const struct api_tools *t = ch->call->req.tools;
+    if (ch->tp)
+        return 1;
+    if (ch->call->req.endpoint != API_CHAT || !t || !(t->parse_calls || t->reasoning))
+        return 0;
+    return api_tparse_create(t, &ch->tp) == 0 ? 1 : RKV_ENOMEM;
+}
+
+/* a parser event as stream chunks: content (with the logprobs of the tokens fed), reasoning,
+ * or a tool call's head and arguments */
+static int stream_event(void *ud, const struct api_tev *ev)
+{
+    struct api_choice *ch = ud;
+    struct api_call *c = ch->call;
+    size_t n = 0;
+    int rc;
+    if (ev->kind == API_TEV_CONTENT) {
+        char *e = api_stream_delta(&ch->stream, ev->text, ev->len, ch->ev_lp, ch->ev_n_lp, &n);
+        rc = stream_send(c, e, n);
+        ch->ev_lp = NULL;
+        ch->ev_n_lp = 0;
+    } else {
+        char *e = api_stream_delta_json(&ch->stream, api_tev_delta(ev, 0), &n);
+        rc = stream_send(c, e, n);
+        if (rc >= 0 && ev->kind == API_TEV_CALL) {
+            ch->ev_slow |= rc > 0;
+            e = api_stream_delta_json(&ch->stream, api_tev_delta(ev, 1), &n);
+            rc = stream_send(c, e, n);
+        }
+    }
+    ch->ev_slow |= rc > 0;
+    return rc < 0 ? rc : 0;
+}
+
+static int parse_text(struct api_choice *ch, const char *text, size_t len,
+                      const struct api_token_logprob *lp, size_t n_lp)
+{
+    if (!ch->call->req.stream)
+        return api_tparse_feed(ch->tp, text, len, api_tout_collect, &ch->tout);
+    int rc = stream_start(ch->call);
+    if (rc < 0)
+        return rc;
+    ch->ev_lp = lp;
+    ch->ev_n_lp = n_lp;
+    ch->ev_slow = 0;
+    rc = api_tparse_feed(ch->tp, text, len, stream_event, ch);
+    ch->ev_lp = NULL;
+    ch->ev_n_lp = 0;
+    return rc < 0 ? rc : ch->ev_slow;
+}
+
+static int call_text(struct api_call *c, struct api_choice *ch, const char *text, size_t len,
+                     const struct api_token_logprob *lp, size_t n_lp)
+{
+    int rc;
+    if ((rc = parsed(ch)) < 0) {
+        /* out of memory */
+    } else if (rc == 1) {
+        rc = parse_text(ch, text, len, lp, n_lp);
+        if (rc >= 0 && !c->req.stream)
+            rc = keep_logprobs(ch, lp, n_lp);
+    } else if (c->req.stream) {
+        rc = stream_text(c, ch, text, len, lp, n_lp);
+    } else {
+        rc = keep_text(ch, text, len);
+        if (rc == 0)
+            rc = keep_logprobs(ch, lp, n_lp);
+    }
+    return rc;
+}
+
+/* tests only: the scripted answer instead of the model's text, three characters a piece so
+ * that streams split it at many places */
+static int test_text(struct api_call *c, struct api_choice *ch)
+{
+    const char *s = c->api->test_output;
+    int rc = 0;
+    ch->test_fed = 1;
+    while (*s && rc >= 0) {
+        size_t n = 0;
+        for (int k = 0; k < 3 && s[n]; k++)
+            do
+                n++;
+            while (((unsigned char)s[n] & 0xc0) == 0x80);
+        rc = call_text(c, ch, s, n, NULL, 0);
+        s += n;
+    }
+    return rc;
+}
+
+/* tests only: a choice ending with the script not fed yet gets it whole, and ends as the
+ * model had stopped */
+static enum api_finish test_end(struct api_call *c, struct api_choice *ch, enum api_finish f)
+{
+    if (!c->api->test_output || c->req.endpoint != API_CHAT)
+        return f;
+    if (!ch->test_fed && !c->closed)
+        test_text(c, ch);
+    return f == API_FINISH_LENGTH ? API_FINISH_STOP : f;
+}
+
+/* a parsed choice that called tools ends with tool_calls rather than stop */
+static enum api_finish calls_finish(const struct api_choice *ch, enum api_finish f)
+{
+    return ch->tp && api_tparse_calls(ch->tp) > 0 && f == API_FINISH_STOP ? API_FINISH_TOOL_CALLS
+                                                                          : f;
+}
+
 int api_call_choice_token(struct api_call *c, uint32_t seq, const char *text, size_t len,
                           const struct api_token_logprob *lp, size_t n_lp)
 {
@@ -731,13 +862,10 @@ int api_call_choice_token(struct api_call *c, uint32_t seq, const char *text, si
         n_lp = 0;
     int rc;
     c->in_api = 1;
-    if (c->req.stream) {
-        rc = stream_text(c, ch, text, len, lp, n_lp);
-    } else {
-        rc = keep_text(ch, text, len);
-        if (rc == 0)
-            rc = keep_logprobs(ch, lp, n_lp);
-    }
+    if (c->api->test_output && c->req.endpoint == API_CHAT)
+        rc = ch->test_fed ? 0 : test_text(c, ch);
+    else
+        rc = call_text(c, ch, text, len, lp, n_lp);
     c->in_api = 0;
     if (c->closed)
         return RKV_ECLOSED;
@@ -754,7 +882,11 @@ int api_call_token(struct api_call *c, const char *text, size_t len,
 static int stream_end_choice(struct api_call *c, struct api_choice *ch)
 {
     size_t n = 0;
+    ch->finish = test_end(c, ch, ch->finish);
     int rc = ch->len ? stream_text(c, ch, "", 0, NULL, 0) : stream_start(c);
+    if (rc >= 0 && parsed(ch) == 1)
+        rc = api_tparse_finish(ch->tp, stream_event, ch);
+    ch->finish = calls_finish(ch, ch->finish);
     if (rc >= 0) {
         char *ev = api_stream_finish(&ch->stream, ch->finish, &n);
         rc = stream_send(c, ev, n);
@@ -815,12 +947,21 @@ static void respond_choices(struct api_call *c, const struct api_usage *usage)
     char *j = NULL;
     if (pick && res) {
         pick_choices(c, pick);
+        int ok = 1;
         for (size_t i = 0; i < n_out; i++) {
-            const struct api_choice *ch = &c->ch[pick[i]];
+            struct api_choice *ch = &c->ch[pick[i]];
             res[i] = (struct api_result){
-                ch->text ? ch->text : "", ch->len, ch->lp, ch->n_lp, ch->finish, *usage};
+                ch->text ? ch->text : "", ch->len, ch->lp, ch->n_lp, ch->finish, *usage, NULL};
+            int rc = parsed(ch);
+            if (rc == 1 && api_tparse_finish(ch->tp, api_tout_collect, &ch->tout) >= 0) {
+                res[i].tout = &ch->tout;
+                res[i].finish = calls_finish(ch, ch->finish);
+            } else if (rc != 0) {
+                ok = 0; /* out of memory */
+            }
         }
-        j = api_render_choices(&c->req, c->id, c->model, c->created, res, n_out, usage);
+        if (ok)
+            j = api_render_choices(&c->req, c->id, c->model, c->created, res, n_out, usage);
     }
     free(pick);
     free(res);
@@ -868,9 +1009,11 @@ void api_call_finish(struct api_call *c, enum api_finish finish, const struct ap
             http_resp_write(c->http, API_SSE_DONE, strlen(API_SSE_DONE));
         http_resp_end(c->http);
     } else {
-        for (size_t k = 0; k < c->n_ch; k++)
+        for (size_t k = 0; k < c->n_ch; k++) {
             if (c->ch[k].finish == API_FINISH_NONE)
                 c->ch[k].finish = finish;
+            c->ch[k].finish = test_end(c, &c->ch[k], c->ch[k].finish);
+        }
         respond_choices(c, usage);
     }
     call_destroy(c);

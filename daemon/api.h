@@ -11,6 +11,8 @@
 #include "proto/wire.h"
 
 struct http_req;
+struct cJSON;
+struct api_tout;
 
 /* --- parsed requests ----------------------------------------------------------------
  *
@@ -21,16 +23,15 @@ struct http_req;
  *    top_logprobs (chat), n, best_of (completions, not streamed), suffix (completions,
  *    models with FIM tokens), stream, stream_options.include_usage, user,
  *    session_id (not with several sequences), ignore_eos, echo (completions, not with
- *    logprobs or suffix), logit_bias.
+ *    logprobs or suffix), logit_bias, response_format (text, json_object, json_schema);
+ *    chat: tools, tool_choice, parallel_tool_calls, chat_template_kwargs,
+ *    reasoning_effort (api_tools.h).
  *  - accepted and ignored, because they do not change the tokens produced:
- *    metadata, store, service_tier, parallel_tool_calls, prompt_cache_key,
- *    safety_identifier, reasoning_effort, and each "off" value of the
- *    unsupported ones below (tools [], tool_choice "none"/"auto" without tools, response_format
- *    {"type":"text"}, modalities ["text"]).
+ *    metadata, store, service_tier, prompt_cache_key, safety_identifier, and
+ *    each "off" value of the unsupported ones below (functions [], function_call
+ *    "none"/"auto", modalities ["text"]).
  *  - unsupported, 400 naming the field: anything that would change the output
- *    rkv cannot honour: tools/functions,
- *    tool_choice forcing a tool, response_format other than text, audio,
- *    prediction, web_search_options.
+ *    rkv cannot honour: functions/function_call, audio, prediction, web_search_options.
  *  - vLLM extensions at their defaults only (skip_special_tokens true,
  *    spaces_between_special_tokens true, add_generation_prompt true,
  *    include_stop_str_in_output false, min_tokens 0, stop_token_ids []).
@@ -56,6 +57,8 @@ struct api_message {
     enum api_role role;    /* "developer" arrives as SYSTEM */
     const char *role_name; /* "system" | "user" | "assistant" | "tool" (static) */
     char *content;         /* parts of an array content joined; "" when null */
+    char *extra_json;      /* NULL, or the template's other keys: tool_calls (arguments parsed),
+                            * tool_call_id, name (api_tools_parse_message) */
 };
 
 /* one prompt of a completions prompt list: text or token ids */
@@ -64,6 +67,8 @@ struct api_prompt {
     int32_t *tokens;
     size_t n_tokens;
 };
+
+struct api_tools;
 
 struct api_request {
     enum api_endpoint endpoint;
@@ -84,6 +89,7 @@ struct api_request {
     /* chat */
     struct api_message *messages;
     size_t n_messages;
+    struct api_tools *tools; /* chat: tools, tool_choice, template variables (api_tools.h) */
     /* sampling */
     int max_tokens;    /* [1, limits.max_tokens]; limits.default_max_tokens when absent */
     bool has_max_tokens; /* the client sent max_tokens (or max_completion_tokens) */
@@ -175,10 +181,11 @@ int api_utf8_valid(const char *s, size_t len, size_t *bad_at);
 /* --- rendering ------------------------------------------------------------------------- */
 
 enum api_finish {
-    API_FINISH_NONE = 0, /* still running */
-    API_FINISH_STOP,     /* EOS or a stop sequence */
-    API_FINISH_LENGTH,   /* max_tokens or the context ran out */
-    API_FINISH_ABORT,    /* cancelled (client gone, shutdown) */
+    API_FINISH_NONE = 0,   /* still running */
+    API_FINISH_STOP,       /* EOS or a stop sequence */
+    API_FINISH_LENGTH,     /* max_tokens or the context ran out */
+    API_FINISH_ABORT,      /* cancelled (client gone, shutdown) */
+    API_FINISH_TOOL_CALLS, /* chat: stopped after tool calls (api_call_finish maps STOP) */
 };
 const char *api_finish_name(enum api_finish f); /* "stop", "length", "abort", NULL */
 
@@ -211,6 +218,7 @@ struct api_result {
     size_t n_lp;
     enum api_finish finish;
     struct api_usage usage;
+    const struct api_tout *tout; /* chat with tools or reasoning: the message's parts, else NULL */
 };
 
 /* "cmpl-<32 hex>" / "chatcmpl-<32 hex>" into buf (>= 48 bytes) */
@@ -251,6 +259,8 @@ char *api_stream_begin(struct api_stream *s, size_t *len);
 char *api_stream_delta(struct api_stream *s, const char *text, size_t text_len,
                        const struct api_token_logprob *lp, size_t n_lp, size_t *len);
 char *api_stream_finish(struct api_stream *s, enum api_finish finish, size_t *len);
+/* chat: a chunk with this delta object (a struct cJSON *, consumed) */
+char *api_stream_delta_json(struct api_stream *s, struct cJSON *delta, size_t *len);
 /* only when req->include_usage */
 char *api_stream_usage(struct api_stream *s, const struct api_usage *u, size_t *len);
 #define API_SSE_DONE "data: [DONE]\n\n"
@@ -320,6 +330,9 @@ struct api_config {
      * and the window of rpm/tpm in ms (0 = 60000) */
     struct rl_limits key_defaults;
     uint64_t rate_window_ms;
+    /* tests only (rkvd's test_scripted_output): every chat answer's text is this, fed to the
+     * output parser a few characters at a time, instead of the model's; NULL when serving */
+    const char *test_output;
 };
 
 struct api;

@@ -12,6 +12,7 @@
 #include "common/err.h"
 #include "common/json_schema.h"
 #include "common/util.h"
+#include "daemon/api_tools.h"
 #include "proto/json.h"
 
 void api_limits_default(struct api_limits *l)
@@ -261,19 +262,21 @@ static const struct {
     {"metadata", EP_ALL},
     {"store", EP_ALL},
     {"service_tier", EP_ALL},
-    {"parallel_tool_calls", EP_CH},
     {"prompt_cache_key", EP_ALL},
     {"safety_identifier", EP_ALL},
-    {"reasoning_effort", EP_CH},
     {"echo", EP_C},
+    /* tool calling and reasoning (api_tools_parse) */
+    {"tools", EP_CH},
+    {"tool_choice", EP_CH},
+    {"parallel_tool_calls", EP_CH},
+    {"functions", EP_CH},
+    {"function_call", EP_CH},
+    {"chat_template_kwargs", EP_CH},
+    {"reasoning_effort", EP_CH},
     /* unsupported unless "off" (checked in check_unsupported) */
     {"best_of", EP_C},
     {"suffix", EP_C},
     {"logit_bias", EP_ALL},
-    {"tools", EP_CH},
-    {"tool_choice", EP_CH},
-    {"functions", EP_CH},
-    {"function_call", EP_CH},
     {"response_format", EP_ALL},
     {"modalities", EP_CH},
     {"audio", EP_CH},
@@ -310,11 +313,6 @@ static int check_known(struct parse *p, const cJSON *root)
     return 0;
 }
 
-static int is_empty_container(const cJSON *v)
-{
-    return (cJSON_IsArray(v) || cJSON_IsObject(v)) && v->child == NULL;
-}
-
 static int is_str(const cJSON *v, const char *s)
 {
     return cJSON_IsString(v) && strcmp(v->valuestring, s) == 0;
@@ -324,14 +322,6 @@ static int is_str(const cJSON *v, const char *s)
 static int check_unsupported(struct parse *p, const cJSON *root)
 {
     const cJSON *v;
-    if ((v = field(root, "tools")) && !is_empty_container(v))
-        return unsupported(p, "tools", "tool calling is not implemented; leave it out");
-    if ((v = field(root, "functions")) && !is_empty_container(v))
-        return unsupported(p, "functions", "function calling is not implemented; leave it out");
-    if ((v = field(root, "tool_choice")) && !is_str(v, "none") && !is_str(v, "auto"))
-        return unsupported(p, "tool_choice", "send \"none\" or \"auto\", or leave it out");
-    if ((v = field(root, "function_call")) && !is_str(v, "none") && !is_str(v, "auto"))
-        return unsupported(p, "function_call", "send \"none\" or leave it out");
     if ((v = field(root, "modalities")) &&
         !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 1 && is_str(v->child, "text")))
         return unsupported(p, "modalities", "rkv serves text only; send [\"text\"]");
@@ -952,7 +942,7 @@ static int parse_message(struct parse *p, const cJSON *mo, size_t i, struct api_
             snprintf(fp, sizeof(fp), "%s.%.60s", param, c->string);
             api_error_set(p->err, 400, fp,
                           "unknown field '%s' in a message; rkv knows role, "
-                          "content, name, tool_call_id",
+                          "content, name, tool_calls, tool_call_id",
                           fp);
             return RKV_EINVAL;
         }
@@ -973,12 +963,6 @@ static int parse_message(struct parse *p, const cJSON *mo, size_t i, struct api_
     }
     if (!m->role_name)
         return bad(p, rp, role, "one of system, developer, user, assistant, tool");
-    const cJSON *tc = field(mo, "tool_calls");
-    if (tc && !is_empty_container(tc)) {
-        char tp[112];
-        snprintf(tp, sizeof(tp), "%s.tool_calls", param);
-        return unsupported(p, tp, "tool calling is not implemented; leave it out");
-    }
     const cJSON *fc = field(mo, "function_call");
     if (fc) {
         char tp[112];
@@ -994,6 +978,8 @@ static int parse_message(struct parse *p, const cJSON *mo, size_t i, struct api_
     char cp[112];
     snprintf(cp, sizeof(cp), "%s.content", param);
     int rc = parse_content(p, cJSON_GetObjectItemCaseSensitive(mo, "content"), cp, m);
+    if (rc == 0)
+        rc = api_tools_parse_message(mo, param, m, p->err);
     if (rc == RKV_ENOMEM)
         api_error_set(p->err, 500, NULL, "out of memory");
     return rc;
@@ -1050,9 +1036,12 @@ void api_request_fini(struct api_request *r)
     }
     free(r->more_prompts);
     free(r->suffix);
-    for (size_t i = 0; i < r->n_messages; i++)
+    for (size_t i = 0; i < r->n_messages; i++) {
         free(r->messages[i].content);
+        free(r->messages[i].extra_json);
+    }
     free(r->messages);
+    api_tools_free(r->tools);
     for (size_t i = 0; i < r->n_stop; i++)
         free(r->stop[i]);
     free(r->logit_bias);
@@ -1144,6 +1133,8 @@ static int parse_body(enum api_endpoint ep, const char *body, size_t len,
     rc = ep == API_CHAT ? parse_messages(&p, root, r) : parse_prompt(&p, root, r);
     if (!rc)
         rc = parse_fanout(&p, root, r);
+    if (rc == 0 && ep == API_CHAT)
+        rc = api_tools_parse(root, r, err);
 out:
     return parse_end(root, rc, err, r, ep);
 }
@@ -1180,15 +1171,17 @@ static int check_fields(struct parse *p, const cJSON *root, const char *const *a
 int api_parse_tokenize(const char *body, size_t len, const struct api_limits *lim,
                        struct api_request *out, struct api_error *err)
 {
-    static const char *const allowed[] = {"model", "prompt", "messages", "add_generation_prompt"};
+    static const char *const allowed[] = {
+        "model", "prompt", "messages", "add_generation_prompt", "tools", "chat_template_kwargs"};
     struct parse p = {lim, err, API_COMPLETIONS};
     memset(out, 0, sizeof(*out));
     out->add_generation_prompt = true;
     cJSON *root = parse_root(body, len, err);
     if (!root)
         return RKV_EINVAL;
-    int rc = check_fields(&p, root, allowed, 4,
-                          "model, and prompt or messages (with add_generation_prompt)");
+    int rc = check_fields(&p, root, allowed, 6,
+                          "model, and prompt or messages (with add_generation_prompt, tools, "
+                          "chat_template_kwargs)");
     int chat = field(root, "messages") != NULL;
     if (!rc && chat && field(root, "prompt")) {
         api_error_set(err, 400, "prompt", "send prompt or messages, not both");
@@ -1211,6 +1204,14 @@ int api_parse_tokenize(const char *body, size_t len, const struct api_limits *li
         rc = RKV_EINVAL;
     }
     out->n = out->best_of = 1;
+    if (!rc && !chat && (field(root, "tools") || field(root, "chat_template_kwargs"))) {
+        api_error_set(err, 400, field(root, "tools") ? "tools" : "chat_template_kwargs",
+                      "tools and chat_template_kwargs go with messages; leave them out with "
+                      "prompt");
+        rc = RKV_EINVAL;
+    }
+    if (!rc && chat)
+        rc = api_tools_parse(root, out, err);
     return parse_end(root, rc, err, out, p.ep);
 }
 

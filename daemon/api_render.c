@@ -9,6 +9,7 @@
 #include <sys/random.h>
 
 #include "common/util.h"
+#include "daemon/api_tools.h"
 
 const char *api_finish_name(enum api_finish f)
 {
@@ -16,6 +17,7 @@ const char *api_finish_name(enum api_finish f)
     case API_FINISH_STOP: return "stop";
     case API_FINISH_LENGTH: return "length";
     case API_FINISH_ABORT: return "abort";
+    case API_FINISH_TOOL_CALLS: return "tool_calls";
     default: return NULL;
     }
 }
@@ -237,7 +239,10 @@ static cJSON *choice_json(const struct api_request *req, const struct api_result
     if (chat) {
         cJSON *m = cJSON_AddObjectToObject(c, "message");
         cJSON_AddStringToObject(m, "role", "assistant");
-        add_text(m, "content", res->text, res->len);
+        if (res->tout)
+            api_tout_message(res->tout, m);
+        else
+            add_text(m, "content", res->text, res->len);
     } else {
         add_text(c, "text", res->text, res->len);
     }
@@ -351,6 +356,18 @@ char *api_stream_delta(struct api_stream *s, const char *text, size_t text_len,
                                                          s->text_offset));
     else
         cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddNullToObject(c, "finish_reason");
+    return sse(o, len);
+}
+
+char *api_stream_delta_json(struct api_stream *s, cJSON *delta, size_t *len)
+{
+    if (!delta)
+        return NULL;
+    cJSON *c;
+    cJSON *o = chunk(s, &c);
+    cJSON_AddItemToObject(c, "delta", delta);
+    cJSON_AddNullToObject(c, "logprobs");
     cJSON_AddNullToObject(c, "finish_reason");
     return sse(o, len);
 }

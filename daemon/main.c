@@ -57,6 +57,7 @@ struct rkvd_conf {
     int64_t shutdown_timeout;
     int64_t step_timeout;
     int prep_ahead;
+    int test_scripted_output;
     int64_t park_after_ms;
     int deterministic;
     int64_t host_split;
@@ -160,6 +161,9 @@ static const struct cfg_key keys[] = {
              "while the gpu reads the rest (the rates add up); 0 off, -1 by the measured rates"},
     {K("prep_ahead", CFG_BOOL, prep_ahead), .def = "true",
      .help = "ask kvmgr for the next decode step's block tables while a step runs"},
+    {K("test_scripted_output", CFG_BOOL, test_scripted_output), .def = "false",
+     .help = "TESTS ONLY: every chat answer's text is the environment variable "
+             "RKV_TEST_OUTPUT instead of the model's (read only with this key on)"},
     {K("park_after_ms", CFG_INT, park_after_ms), .min = 0, .max = 3600000, .def = "500",
      .help = "a session between requests keeps its KV on the GPU this long before kvmgr may "
              "park it to host for room (0 = at once)"},
@@ -1077,6 +1081,16 @@ int main(int argc, char **argv)
     ac.key_defaults = (struct rl_limits){d.c.key_rpm, d.c.key_tpm, d.c.key_max_concurrent,
                                          d.c.key_max_tokens, d.c.key_max_prompt};
     ac.rate_window_ms = (uint64_t)d.c.rate_limit_window * 1000;
+    if (d.c.test_scripted_output) {
+        ac.test_output = getenv("RKV_TEST_OUTPUT");
+        if (!ac.test_output) {
+            log_error("test_scripted_output needs RKV_TEST_OUTPUT (the text every chat answer "
+                      "gives); it is for rkv's tests only");
+            return 1;
+        }
+        log_warn("test_scripted_output is on: chat answers are RKV_TEST_OUTPUT, not the "
+                 "model's text (for rkv's tests only)");
+    }
     if ((rc = api_create(&ac, &as, &d.api))) {
         log_error("cannot set up the API: %s", rkv_strerror(rc));
         return 1;

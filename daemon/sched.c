@@ -11,6 +11,7 @@
 #include "common/stop.h"
 #include "common/tok.h"
 #include "common/util.h"
+#include "daemon/api_tools.h"
 #include "daemon/metrics.h"
 #include "daemon/store.h"
 #include "proto/kvwire.h"
@@ -375,24 +376,8 @@ static int tokenize_prompt(struct sched *s, const struct api_request *r, size_t 
     char *text = NULL;
     int parse_special = 0;
     if (r->endpoint == API_CHAT) {
-        struct tok_chat_msg *m = calloc(r->n_messages ? r->n_messages : 1, sizeof *m);
-        if (!m)
-            return RKV_ENOMEM;
-        for (size_t k = 0; k < r->n_messages; k++) {
-            m[k].role = r->messages[k].role_name;
-            m[k].content = r->messages[k].content;
-        }
-        char why[400];
-        rc = tok_chat_render(s->tok, m, r->n_messages, r->add_generation_prompt, &text, why,
-                             sizeof why);
-        free(m);
-        if (rc) {
-            if (rc != RKV_ENOMEM)
-                *status = 400;
-            snprintf(err, errlen, "cannot render the chat template for these messages: %s",
-                     why[0] ? why : rkv_strerror(rc));
+        if ((rc = api_tools_render(s->tok, r, &text, status, err, errlen)) != 0)
             return rc;
-        }
         parse_special = 1;
     }
     rc = encode_text(s, text ? text : (ptext ? ptext : ""), !r->suffix, parse_special, out);
@@ -920,6 +905,13 @@ static int take_text(struct seq *q, int32_t token, float logprob, const struct p
     char piece[256];
     size_t n = 0;
     tok_detok_push(&q->detok, token, piece, sizeof piece, &n);
+    if (!n && q->req->tools && tok_is_control(t, token)) {
+        /* a call marker or <think> that is a control token: the output parser needs it */
+        int m = tok_token_bytes(t, token, 1, piece, sizeof piece);
+        if (m > 0 && (size_t)m <= sizeof piece &&
+            api_tools_keeps_token(q->req->tools, piece, (size_t)m))
+            n = (size_t)m;
+    }
     if (q->stop) {
         const char *emit;
         size_t elen;

@@ -7,6 +7,7 @@
 #include <cjson/cJSON.h>
 
 #include "daemon/api.h"
+#include "daemon/api_tools.h"
 
 static void check_json(char *s)
 {
@@ -51,6 +52,52 @@ static void render(const struct api_request *r, const uint8_t *data, size_t size
     cJSON_Delete(o);
     free(ev);
     free(api_stream_finish(&s, API_FINISH_LENGTH, &n));
+}
+
+static int check_event(void *ud, const struct api_tev *ev)
+{
+    if (ev->kind == API_TEV_CALL) {
+        cJSON *a = cJSON_Parse(ev->arguments);
+        /* a call's arguments are a JSON object, its id call_ + 24 */
+        if (!cJSON_IsObject(a) || strlen(ev->id) != API_TOOL_ID_LEN)
+            __builtin_trap();
+        cJSON_Delete(a);
+    }
+    for (int part = 0; part < 2; part++) {
+        cJSON *d = api_tev_delta(ev, part);
+        if (!d)
+            __builtin_trap();
+        cJSON_Delete(d);
+    }
+    return api_tout_collect(ud, ev);
+}
+
+/* the input as a model's answer, through the output parser of each format, in two pieces */
+static void parse_output(const uint8_t *data, size_t size)
+{
+    for (int fmt = API_TOOL_FMT_NONE; fmt <= API_TOOL_FMT_MISTRAL; fmt++) {
+        struct api_tools t = {.format = (enum api_tool_format)fmt,
+                              .parse_calls = fmt != 0,
+                              .reasoning = true,
+                              .starts_in_reasoning = size & 1,
+                              .parallel = true};
+        struct api_tparse *p;
+        struct api_tout o = {0};
+        if (api_tparse_create(&t, &p))
+            return;
+        size_t half = size / 3;
+        api_tparse_feed(p, (const char *)data, half, check_event, &o);
+        api_tparse_feed(p, (const char *)data + half, size - half, check_event, &o);
+        api_tparse_finish(p, check_event, &o);
+        /* never lose text: content and reasoning are at most the input */
+        if (o.n_content + o.n_reasoning > size)
+            __builtin_trap();
+        cJSON *m = cJSON_CreateObject();
+        api_tout_message(&o, m);
+        cJSON_Delete(m);
+        api_tout_fini(&o);
+        api_tparse_destroy(p);
+    }
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -104,5 +151,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             check_json(j);
         }
     }
+    parse_output(data, size);
     return 0;
 }

@@ -71,7 +71,7 @@ CASES = [
      ["messages"]),
     ("prompt-on-chat", "POST", CHAT, {}, j(messages=OK_MSG, prompt="x"), 400, ["prompt"]),
     ("tools", "POST", CHAT, {}, j(messages=OK_MSG, tools=[{"type": "function", "function":
-                                                           {"name": "f"}}]), 400, ["tools"]),
+                                                           {"name": "f"}}]), 400, ["tools", "no tool support"]),
     # chat messages
     ("messages-missing", "POST", CHAT, {}, j(max_tokens=3), 400, ["messages"]),
     ("messages-empty", "POST", CHAT, {}, j(messages=[]), 400, ["messages"]),
