@@ -71,6 +71,7 @@ struct sess {
     uint64_t moved_ms; /* last move to another gpu (rkv_now_ms), 0 = never */
     uint32_t tail_pub; /* host blocks its last tactic event said it has */
     uint64_t turn_since, in_since; /* rotation (rkv_now_ms): see plan_session */
+    int rot_back; /* left ROTATED: runs once its blocks are all back on the device */
 };
 
 struct gpu_state {
@@ -120,7 +121,6 @@ struct kvmgr {
     int dirty;         /* something changed since the last plan */
     uint64_t grace_end_ms; /* an idle session's grace ends then: plan again (0 = none) */
     uint64_t turn_end_ms;  /* a rotation turn ends then: plan again (0 = none) */
-    uint64_t rot_swaps;    /* sessions swapped in or out for a rotation turn */
     uint64_t last_hist_ms;
     uint64_t moved_bytes;
     struct proto_wbuf buf;
@@ -464,8 +464,8 @@ static int replan(struct kvmgr *k, const char *why)
             s->turn_since = in.now;
         if (a->n_dev && (s->tactic == PLAN_ROTATED || s->tactic == PLAN_WAIT))
             s->in_since = in.now;
-        if ((a->tactic == PLAN_ROTATED) != (s->tactic == PLAN_ROTATED) && s->open)
-            k->rot_swaps++;
+        if (s->tactic == PLAN_ROTATED && a->tactic != PLAN_ROTATED)
+            s->rot_back = 1;
         if ((s->tactic != a->tactic && s->open) || first_spill) {
             struct proto_tactic_event ev = {0};
             ev.session_id = a->id;
@@ -668,6 +668,16 @@ static int place(struct kvmgr *k, struct sess *s, const struct proto_kv_prep_seq
     if (!a || a->tactic == PLAN_WAIT || a->tactic == PLAN_PARKED || a->tactic == PLAN_ROTATED)
         return RKV_ENOSPACE;
     int rc;
+    /* a rotation holder runs once its blocks are all back on the device (they come in as the
+     * workers release the last holder's): its steps then read only device blocks, in the
+     * all-resident order, and never stream a tail over the link */
+    uint32_t n_dev = 0, n_host = 0;
+    if (s->rot_back && s->open && a->tactic == PLAN_RESIDENT &&
+        kvb_session_counts(k->kvb, s->sid, &n_dev, &n_host) == 0 && n_host > 0) {
+        k->dirty = 1;
+        return RKV_ENOSPACE;
+    }
+    s->rot_back = 0;
     if (!s->open) {
         uint32_t max_dev = a->tactic == PLAN_RESIDENT ? KVB_NONE : (a->n_dev ? a->n_dev : 1);
         if ((rc = open_session(k, s, q, max_dev)))
