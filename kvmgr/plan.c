@@ -59,6 +59,7 @@ struct work {
     uint8_t *hyst;     /* [n_gpus] windows kept only by the promotion margin */
     uint8_t *rot;      /* [n] resident for its rotation turn */
     uint8_t *rot_prev; /* [n_gpus] the previous plan rotated there */
+    uint64_t *rot_last; /* [n_gpus] when the previous plans last ended turns there */
     size_t n_prio;
 };
 
@@ -411,15 +412,20 @@ static int rotate_gpu(struct work *w, uint32_t g, const uint32_t *act, size_t n_
     double weights = (double)gp->weights_bytes / 1e9 / dev_rate(gp);
     uint64_t k = (uint64_t)((double)room * (double)n / (double)total);
     k = k < 1 ? 1 : k > n - 1 ? n - 1 : k;
-    double swap = 2.0 * (double)room * gb / swap_rate(gp); /* a turn's blocks in and out */
+    /* a place's turnover: one session of average size copied out and the next one in; the
+     * other holders decode meanwhile (turns end a few places at a time, below) */
+    double swap = 2.0 * (double)total / (double)n * gb / swap_rate(gp);
     double step_rot = weights + (double)room * gb / dev_rate(gp);
     double step_spill = step_rot + (double)(total - (uint64_t)room) * gb / tail_rate(in, gp);
     uint64_t waits = (n - k + k - 1) / k;
     double stall =
         (double)(in->max_stall ? in->max_stall : (in->ticks_per_s ? in->ticks_per_s : 1000)) * tick;
     /* a fifth of the budget is kept for what delays a turn change: the tick that notices the
-     * end, the step in flight, the waiting session's first step */
-    double quantum = 0.8 * stall / (double)waits - swap;
+     * end, the step in flight, the waiting session's first step. Turns end a quarter of the
+     * places at a time (below): turns that end together stay up to most of a quantum more,
+     * and the queue behind them waits that long too */
+    uint64_t per = (k + 3) / 4;
+    double quantum = (0.8 * stall - swap) / (double)(waits + 1);
     int meets = quantum >= step_rot;
     if (!meets)
         quantum = step_rot;
@@ -434,6 +440,13 @@ static int rotate_gpu(struct work *w, uint32_t g, const uint32_t *act, size_t n_
     uint64_t q = (uint64_t)(quantum / tick + 0.5);
     if (q == 0)
         q = 1;
+
+    /* turns end a quarter of the places at a time, a quarter of a quantum apart, so the
+     * copies of one turnover stay small beside the steps of the holders that stay */
+    uint64_t spacing = q * per / k ? q * per / k : 1;
+    uint64_t last = w->rot_prev[g] ? w->rot_last[g] : 0;
+    uint64_t may_end = w->rot_prev[g] && in->now < last + spacing ? 0 : per;
+    size_t n_over = 0;
 
     /* holders: a turn not over, then the longest waiting, then turns that ended */
     size_t nk = 0;
@@ -460,8 +473,23 @@ static int rotate_gpu(struct work *w, uint32_t g, const uint32_t *act, size_t n_
         if (cls == 0)
             k2.k[1] = UINT64_MAX - s->turn_since;
         w->keys[nk++] = k2;
+        n_over += cls == 2;
     }
     qsort(w->keys, nk, sizeof(*w->keys), key_cmp);
+    /* of the turns that ended, only the may_end longest on the device end now; the others
+     * stay (their turn not renewed) until the next spacing */
+    if (n_over > may_end) {
+        size_t first = 0;
+        while (first < nk && w->keys[first].k[0] != 2)
+            first++;
+        for (size_t j = first; j < first + n_over - may_end; j++) {
+            const struct plan_session *s = &in->sessions[w->keys[j].idx];
+            w->keys[j].k[0] = 0;
+            w->keys[j].k[1] = UINT64_MAX - s->turn_since;
+            w->keys[j].k[3] = 1; /* kept without a new turn */
+        }
+        qsort(w->keys, nk, sizeof(*w->keys), key_cmp);
+    }
     /* a holder that grew past the room left gives up its turn; from the first other session
      * that does not fit on, everyone waits */
     int64_t used = 0, waiting = 0;
@@ -481,6 +509,7 @@ static int rotate_gpu(struct work *w, uint32_t g, const uint32_t *act, size_t n_
         return 0;
     }
     struct plan_gpu_summary *gs = &w->out->gsum[g];
+    size_t ended = 0;
     for (size_t j = 0; j < nk; j++) {
         uint32_t i = w->keys[j].idx;
         const struct plan_session *s = &in->sessions[i];
@@ -492,8 +521,13 @@ static int rotate_gpu(struct work *w, uint32_t g, const uint32_t *act, size_t n_
                 gs->turn_end = start + q;
         } else {
             set_assign(w, i, PLAN_ROTATED, 0, w->need[i]);
+            ended += w->keys[j].k[0] == 2;
         }
     }
+    gs->last_swap = ended ? in->now : last;
+    /* turns that ended but wait for their spacing: plan again then */
+    if (gs->turn_end <= in->now)
+        gs->turn_end = gs->last_swap + spacing > in->now ? gs->last_swap + spacing : in->now + 1;
     for (size_t j = 0; j < n_act; j++)
         if (!in->sessions[act[j]].active)
             set_assign(w, act[j], PLAN_PARKED, 0, w->need[act[j]]);
@@ -519,7 +553,7 @@ static int place_gpu(struct work *w, uint32_t g, uint32_t w_prev, int64_t *host_
 
     *cap_out = PLAN_NO_CAP;
     struct plan_gpu_summary *gs = &w->out->gsum[g];
-    gs->quantum = gs->turn_end = 0;
+    gs->quantum = gs->turn_end = gs->last_swap = 0;
     gs->n_rotating = 0;
     for (size_t i = 0; i < in->n_sessions; i++)
         if (in->sessions[i].gpu == g)
@@ -688,8 +722,10 @@ static int place_all(struct work *w, const struct plan *prev)
     if (host_avail < 0)
         return RKV_EINTERNAL;
     int same = prev && prev->sum.n_gpus == in->n_gpus && prev->mode == in->mode;
-    for (uint32_t g = 0; g < in->n_gpus; g++)
+    for (uint32_t g = 0; g < in->n_gpus; g++) {
         w->rot_prev[g] = same && prev->gsum[g].quantum > 0;
+        w->rot_last[g] = w->rot_prev[g] ? prev->gsum[g].last_swap : 0;
+    }
     for (uint32_t g = 0; g < in->n_gpus; g++) {
         uint32_t w_prev = same ? prev->gsum[g].window_cap : PLAN_NO_CAP;
         int grace = 1;
@@ -995,10 +1031,11 @@ int plan_compute(const struct plan_input *in, const struct plan *prev, struct pl
     w.hyst = calloc(in->n_gpus, 1);
     w.rot = calloc(n ? n : 1, 1);
     w.rot_prev = calloc(in->n_gpus, 1);
+    w.rot_last = calloc(in->n_gpus, sizeof(uint64_t));
     rc = RKV_ENOMEM;
     if (!p->assign || !p->by_id || !p->gsum || !w.role || !w.need || !w.held || !w.dev_cap ||
         !w.keys || !w.list || !w.prefix || !w.prio || !w.rank || !w.running || !w.hyst || !w.rot ||
-        !w.rot_prev)
+        !w.rot_prev || !w.rot_last)
         goto done;
 
     for (uint32_t g = 0; g < in->n_gpus; g++)
@@ -1044,7 +1081,7 @@ int plan_compute(const struct plan_input *in, const struct plan *prev, struct pl
 done:
     free(w.role), free(w.need), free(w.held), free(w.dev_cap), free(w.keys);
     free(w.list), free(w.prefix), free(w.prio), free(w.rank), free(w.running);
-    free(w.hyst), free(w.rot), free(w.rot_prev);
+    free(w.hyst), free(w.rot), free(w.rot_prev), free(w.rot_last);
     if (rc) {
         if (rc == RKV_EINTERNAL)
             log_error("plan: internal error: budgets would be exceeded (a planner bug)");

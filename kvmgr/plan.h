@@ -77,17 +77,20 @@
  * for ever); among holders whose turn ended, those on the device the shortest
  * (in_since) stay first; when holders grow past the room, the one whose turn
  * started first gives way. Idle sessions in their grace are parked. The quantum: with n
- * sessions rotating through k slots (k = the sessions of average size the
- * room holds) a session waits about ceil((n - k) / k) turns, each a quantum
- * plus the swap (its slots' blocks copied in and out at the link rate), so
- * quantum = 0.8 max_stall / ceil((n - k) / k) - swap, at least one step (the
- * fifth kept back covers the latency of noticing a turn's end). The rate
- * model: WINDOW / CPU_TAIL make n tokens per step of (weights + room) / dev +
- * spilled / tail rate; rotation makes k per step of (weights + held) / dev,
- * times quantum / (quantum + swap). Auto rotates when that beats the spill by
- * margin_pct and the quantum meets max_stall (at least one step); always
- * rotates whenever the sessions each fit. When everything fits again every
- * session is a holder: RESIDENT, nothing rotated.
+ * sessions rotating through k places (k = the sessions of average size the
+ * room holds) a session waits about ceil((n - k) / k) turns; turns end a
+ * quarter of the places at a time, a quarter of a quantum apart (so the copies
+ * of a turnover stay small beside the holders that keep decoding), which can
+ * hold the queue back most of a quantum more; so quantum = (0.8 max_stall -
+ * swap) / (ceil((n - k) / k) + 1), at least one step, where swap is one place's
+ * turnover (a session of average size copied out and the next one in at the
+ * link rate; the fifth of max_stall kept back covers noticing a turn's end).
+ * The rate model: WINDOW / CPU_TAIL make n tokens per step of (weights +
+ * room) / dev + spilled / tail rate; rotation makes k per step of (weights +
+ * held) / dev, times quantum / (quantum + swap). Auto rotates when that beats
+ * the spill by margin_pct and the quantum meets max_stall (at least one step);
+ * always rotates whenever the sessions each fit. When everything fits again
+ * every session is a holder: RESIDENT, nothing rotated.
  * Placement of a new session (plan_pick_gpu): the gpu where it fits (free
  * device blocks >= its blocks) with the most free device blocks, then the
  * fewest running sessions, then the gpu it was offered on.
@@ -218,6 +221,8 @@ struct plan_gpu_summary {
      * end of a holder's turn (plan again then), the sessions taking turns */
     uint64_t quantum, turn_end;
     uint32_t n_rotating;
+    uint64_t last_swap; /* rotation: when a plan last ended turns there (they end a
+                         * quarter of the places at a time, a quarter of a quantum apart) */
 };
 
 struct plan_summary {

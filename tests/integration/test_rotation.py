@@ -13,13 +13,13 @@ import pytest
 openai = pytest.importorskip("openai")
 from test_residency import assert_same, events, wait_events  # noqa: E402 (after the skip)
 
-# tiny model, f32 KV, 16 positions per block (8 KiB): a 512 KiB device pool holds 64 blocks.
-# A stream of ~12 prompt + 300 generated positions takes 20 blocks: three hold the device at
-# a time, eight take turns
+# tiny model, f32 KV, 16 positions per block (8 KiB): a 384 KiB device pool holds 48 blocks.
+# A stream of ~12 prompt + 400 generated positions takes 26 blocks: past ~100 positions each
+# the eight overflow the device, and one or two hold it at a time while the others wait
 N_STREAMS = 8
-MAX_TOKENS = 300
-MAX_STALL_MS = 400
-TIGHT = ("--block-size", "16", "--vram-target", "512KiB", "--host-budget", "8MiB",
+MAX_TOKENS = 400
+MAX_STALL_MS = 600
+TIGHT = ("--block-size", "16", "--vram-target", "384KiB", "--host-budget", "8MiB",
          "--max-running", "16", "--max-stall-ms", str(MAX_STALL_MS))
 ROOMY = ("--block-size", "16", "--vram-target", "64MiB", "--host-budget", "8MiB",
          "--max-running", "16")
@@ -54,7 +54,7 @@ def run_all(srv, seen=None):
         futs = [ex.submit(stream_one, srv, p) for p in PROMPTS]
         while seen is not None and not all(f.done() for f in futs):
             seen.update("sessions:" + s["tactic"] for s in srv.ctl("sessions")["sessions"])
-            if srv.ctl("tactics")["gpus"][0]["rotated"] > 0:
+            if "tactics:rotated" not in seen and srv.ctl("tactics")["gpus"][0]["rotated"] > 0:
                 seen.add("tactics:rotated")
         return {p: f.result() for p, f in zip(PROMPTS, futs)}
 
@@ -104,7 +104,7 @@ def test_rotation_every_stream_progresses_exactly(rkvd_factory, reference):
     assert srv.metric("rkv:rotation_bytes_total") > 0
     # every stream's longest gap is in the stall histogram, under the budget
     assert srv.metric("rkv:stream_stall_seconds_count") == N_STREAMS
-    assert srv.metric("rkv:stream_stall_seconds_bucket", le="0.5") == N_STREAMS
+    assert srv.metric("rkv:stream_stall_seconds_bucket", le="1") == N_STREAMS
     # rkvctl shows the waiting sessions while they wait, and the turns with their reasons
     assert {"sessions:rotated", "sessions:resident", "tactics:rotated"} <= seen, seen
     ctl = srv.ctl("events")["events"]
