@@ -433,6 +433,8 @@ static int rotate_gpu(struct work *w, uint32_t g, const uint32_t *act, size_t n_
         quantum = tick;
     double rot = (double)k / step_rot * quantum / (quantum + swap);
     double spill = (double)n / step_spill;
+    w->out->gsum[g].rot_tok_s = meets ? rot : 0;
+    w->out->gsum[g].spill_tok_s = spill;
     /* hysteresis: starting to rotate must gain margin_pct, stopping must lose */
     double need_gain = w->rot_prev[g] ? 1.0 : 1.0 + in->margin_pct / 100.0;
     if (in->rotation == PLAN_ROT_AUTO && (!meets || rot <= spill * need_gain))
@@ -554,6 +556,7 @@ static int place_gpu(struct work *w, uint32_t g, uint32_t w_prev, int64_t *host_
     *cap_out = PLAN_NO_CAP;
     struct plan_gpu_summary *gs = &w->out->gsum[g];
     gs->quantum = gs->turn_end = gs->last_swap = 0;
+    gs->rot_tok_s = gs->spill_tok_s = 0;
     gs->n_rotating = 0;
     for (size_t i = 0; i < in->n_sessions; i++)
         if (in->sessions[i].gpu == g)

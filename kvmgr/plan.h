@@ -221,6 +221,9 @@ struct plan_gpu_summary {
      * end of a holder's turn (plan again then), the sessions taking turns */
     uint64_t quantum, turn_end;
     uint32_t n_rotating;
+    /* rotation's rate model where sessions overflow the device and each fits it (0: not
+     * weighed): tokens/s rotating and spilling */
+    double rot_tok_s, spill_tok_s;
     uint64_t last_swap; /* rotation: when a plan last ended turns there (they end a
                          * quarter of the places at a time, a quarter of a quantum apart) */
 };

@@ -1104,6 +1104,7 @@ static void test_rotation_choice(void **state)
     assert_true(gs->quantum >= 265 && gs->quantum <= 267);
     assert_int_equal(gs->turn_end, gs->quantum); /* every holder's turn started now (0) */
     assert_int_equal(plan_get_summary(p)->next_turn, gs->quantum);
+    assert_true(gs->rot_tok_s > gs->spill_tok_s * 1.05 && gs->spill_tok_s > 0);
     /* the oldest arrivals hold first */
     for (uint64_t id = 1; id <= 30; id++) {
         const struct plan_assign *a = plan_find(p, id);
@@ -1118,6 +1119,9 @@ static void test_rotation_choice(void **state)
     struct plan_gpu fast_cpu = g;
     fast_cpu.cpu_attn_gbps = 100000;
     expect_tactic(&fast_cpu, s, 1000, PLAN_MODE_AUTO, PLAN_CPU_TAIL, 30);
+    p = run_plan(&fast_cpu, 1, 1000, s, 30, PLAN_MODE_AUTO, NULL);
+    assert_true(plan_get_summary(p)->gpu[0].spill_tok_s > plan_get_summary(p)->gpu[0].rot_tok_s);
+    plan_destroy(p);
     /* the stall budget cannot be met (1 ms; over a 5 GB/s link one place's swap alone takes
      * 4): spill; always rotates */
     struct plan_gpu slow_link = g;

@@ -121,6 +121,7 @@ struct kvmgr {
     int dirty;         /* something changed since the last plan */
     uint64_t grace_end_ms; /* an idle session's grace ends then: plan again (0 = none) */
     uint64_t turn_end_ms;  /* a rotation turn ends then: plan again (0 = none) */
+    uint64_t rot_logged_q[KVMGR_MAX_GPUS], rot_logged_ms[KVMGR_MAX_GPUS]; /* log_rotation */
     uint64_t last_hist_ms;
     uint64_t moved_bytes;
     struct proto_wbuf buf;
@@ -371,6 +372,35 @@ static const char *transition_reason(enum plan_tactic from, enum plan_tactic to,
 /* plans every session, moves blocks to match, publishes transitions */
 static void publish_tails(struct kvmgr *k);
 
+/* the rotation decision of each gpu, in the log: when it starts or stops, and when its
+ * quantum moves by a quarter (at most every 10 s); the swaps themselves are tactic events */
+static void log_rotation(struct kvmgr *k, const struct plan *p)
+{
+    const struct plan_summary *sum = plan_get_summary(p);
+    uint64_t now = rkv_now_ms();
+    for (uint32_t g = 0; g < sum->n_gpus && g < KVMGR_MAX_GPUS; g++) {
+        const struct plan_gpu_summary *gs = &sum->gpu[g];
+        uint64_t was = k->rot_logged_q[g], q = gs->quantum;
+        int moved =
+            was && q && (q * 4 < was * 3 || q * 4 > was * 5) && now - k->rot_logged_ms[g] >= 10000;
+        if ((q != 0) == (was != 0) && !moved)
+            continue;
+        if (q)
+            log_info("gpu %u: %u sessions take turns on the device, %u holding it, a turn of "
+                     "%llu ms (rate model: %.0f tok/s rotating, %.0f spilling)",
+                     g, gs->n_rotating, gs->sessions[PLAN_RESIDENT], (unsigned long long)q,
+                     gs->rot_tok_s, gs->spill_tok_s);
+        else
+            log_info("gpu %u: rotation ends (%s)", g,
+                     gs->window_cap == PLAN_NO_CAP && !gs->sessions[PLAN_WINDOW] &&
+                             !gs->sessions[PLAN_CPU_TAIL]
+                         ? "the running sessions fit"
+                         : "spilling the tails is faster now, or one does not fit alone");
+        k->rot_logged_q[g] = q;
+        k->rot_logged_ms[g] = now;
+    }
+}
+
 static int replan(struct kvmgr *k, const char *why)
 {
     if (!k->kvb)
@@ -495,6 +525,7 @@ static int replan(struct kvmgr *k, const char *why)
             k->grace_end_ms = end;
     }
     k->turn_end_ms = plan_get_summary(p)->next_turn;
+    log_rotation(k, p);
     plan_destroy(k->plan);
     k->plan = p;
     k->plan_seq++;
