@@ -389,19 +389,17 @@ static int rotate_gpu(struct work *w, uint32_t g, const uint32_t *act, size_t n_
     const struct plan_gpu *gp = &in->gpus[g];
     if (in->rotation == PLAN_ROT_OFF || in->mode != PLAN_MODE_AUTO || room <= 0)
         return 0;
+    /* act holds the active sessions and the idle ones in their grace (on the device, a next
+     * request expected soon): those take part as holders, and wait parked, not rotated */
     size_t n = 0;
     uint64_t total = 0;
-    int64_t idle_need = 0;
     for (size_t k = 0; k < n_act; k++) {
         uint32_t i = act[k];
-        if (!in->sessions[i].active) {
-            idle_need += w->need[i]; /* in its grace: parked while others take turns */
-            continue;
-        }
         if (w->need[i] > room)
             return 0; /* one too long to fit alone streams its tail: WINDOW */
-        n++;
-        total += w->need[i];
+        /* the rate model weighs the active ones: the others make no tokens */
+        n += in->sessions[i].active;
+        total += in->sessions[i].active ? w->need[i] : 0;
     }
     if (n < 2 || total <= (uint64_t)room)
         return 0;
@@ -455,8 +453,6 @@ static int rotate_gpu(struct work *w, uint32_t g, const uint32_t *act, size_t n_
     for (size_t j = 0; j < n_act; j++) {
         uint32_t i = act[j];
         const struct plan_session *s = &in->sessions[i];
-        if (!s->active)
-            continue;
         /* by its last tactic, not its blocks: a holder whose blocks are still on their way in
          * (promotions wait for the room the workers release) holds its turn all the same */
         int holding = s->cur_tactic == PLAN_RESIDENT || s->cur_tactic == PLAN_WINDOW ||
@@ -505,7 +501,7 @@ static int rotate_gpu(struct work *w, uint32_t g, const uint32_t *act, size_t n_
             waiting += w->need[i];
         full |= !w->rot[i] && w->keys[j].k[0] != 0;
     }
-    if (waiting + idle_need > *host_avail) {
+    if (waiting > *host_avail) {
         for (size_t j = 0; j < nk; j++) /* the host cannot hold the waiting: spill instead */
             w->rot[w->keys[j].idx] = 0;
         return 0;
@@ -522,7 +518,7 @@ static int rotate_gpu(struct work *w, uint32_t g, const uint32_t *act, size_t n_
             if (!gs->turn_end || start + q < gs->turn_end)
                 gs->turn_end = start + q;
         } else {
-            set_assign(w, i, PLAN_ROTATED, 0, w->need[i]);
+            set_assign(w, i, s->active ? PLAN_ROTATED : PLAN_PARKED, 0, w->need[i]);
             ended += w->keys[j].k[0] == 2;
         }
     }
@@ -530,10 +526,7 @@ static int rotate_gpu(struct work *w, uint32_t g, const uint32_t *act, size_t n_
     /* turns that ended but wait for their spacing: plan again then */
     if (gs->turn_end <= in->now)
         gs->turn_end = gs->last_swap + spacing > in->now ? gs->last_swap + spacing : in->now + 1;
-    for (size_t j = 0; j < n_act; j++)
-        if (!in->sessions[act[j]].active)
-            set_assign(w, act[j], PLAN_PARKED, 0, w->need[act[j]]);
-    *host_avail -= waiting + idle_need;
+    *host_avail -= waiting;
     gs->quantum = q;
     gs->n_rotating = (uint32_t)n;
     return 1;

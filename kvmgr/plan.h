@@ -76,7 +76,8 @@
  * and stops at the first that does not fit (a large session is never skipped
  * for ever); among holders whose turn ended, those on the device the shortest
  * (in_since) stay first; when holders grow past the room, the one whose turn
- * started first gives way. Idle sessions in their grace are parked. The quantum: with n
+ * started first gives way. Idle sessions in their grace take turns as well
+ * (their next request is expected soon); one that waits is PARKED. The quantum: with n
  * sessions rotating through k places (k = the sessions of average size the
  * room holds) a session waits about ceil((n - k) / k) turns; turns end a
  * quarter of the places at a time, a quarter of a quantum apart (so the copies

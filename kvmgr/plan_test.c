@@ -565,7 +565,7 @@ static void sim_apply(struct sim *m, const struct plan *p)
         const struct plan_assign *a = plan_assign_at(p, i);
         /* kvmgr's clock of turns: a turn starts, or a session starts to wait */
         enum plan_tactic was = m->s[i].cur_tactic;
-        if (a->turn_new || (a->tactic == PLAN_ROTATED &&
+        if (a->turn_new || ((a->tactic == PLAN_ROTATED || a->tactic == PLAN_PARKED) &&
                             (was == PLAN_RESIDENT || was == PLAN_WINDOW || was == PLAN_CPU_TAIL)))
             m->s[i].turn_since = m->now;
         if (a->n_dev && (m->s[i].cur_tactic == PLAN_ROTATED || m->s[i].cur_tactic == PLAN_WAIT))
@@ -1351,6 +1351,9 @@ static void test_random_rotation(void **state)
     run_sequences(PLAN_MODE_AUTO, 600, 60, 77);
     g_rotation = PLAN_ROT_AUTO;
     run_sequences(PLAN_MODE_AUTO, 600, 60, 78);
+    sim_grace = 3; /* idle sessions in their grace take turns too */
+    run_sequences(PLAN_MODE_AUTO, 600, 60, 79);
+    sim_grace = 0;
     assert_true(seen[PLAN_ROTATED] > 1000);
     assert_true(seen[PLAN_WINDOW] > 100); /* one too big for the device still windows */
 }

@@ -490,7 +490,7 @@ static int replan(struct kvmgr *k, const char *why)
         /* rotation's clock (plan_session.turn_since, in_since) */
         int on_dev =
             s->tactic == PLAN_RESIDENT || s->tactic == PLAN_WINDOW || s->tactic == PLAN_CPU_TAIL;
-        if (a->turn_new || (a->tactic == PLAN_ROTATED && on_dev))
+        if (a->turn_new || ((a->tactic == PLAN_ROTATED || a->tactic == PLAN_PARKED) && on_dev))
             s->turn_since = in.now;
         if (a->n_dev && (s->tactic == PLAN_ROTATED || s->tactic == PLAN_WAIT))
             s->in_since = in.now;
