@@ -27,6 +27,8 @@
 #include "daemon/supervisor.h"
 
 #define RKVD_MAX_WORKERS 64
+/* rotation swaps the event log keeps a second (drv_tactic_event) */
+#define RKVD_ROT_EVENTS_PER_S 20
 
 struct rkvd_conf {
     char model[1024];
@@ -243,6 +245,8 @@ struct rkvd {
     struct proto_histogram hist;
     struct metric *m_kv_bytes, *m_tactic_sessions, *m_tactic_bytes, *m_transitions, *m_moved,
         *m_health, *m_worker_restarts, *m_rot_swaps, *m_rot_bytes;
+    uint64_t rot_events_ms; /* the second whose rotation events the log keeps */
+    uint32_t rot_events;
 };
 
 /* --- health and routes ------------------------------------------------------------ */
@@ -448,10 +452,21 @@ static void drv_tactic_event(void *ud, const struct proto_tactic_event *ev)
     metric_inc(d->m_moved, NULL, (double)ev->bytes_moved);
     /* kvmgr's rotation turns: "rotation: its turn ..." brings a session in, the others send
      * one out to wait */
+    admin_on_tactic_event(d->admin, ev);
     if (strncmp(ev->reason, "rotation:", 9) == 0) {
         const char *dir[1] = {ev->to == PROTO_TACTIC_PARKED ? "out" : "in"};
         metric_inc(d->m_rot_swaps, dir, 1);
         metric_inc(d->m_rot_bytes, NULL, (double)ev->bytes_moved);
+        /* a rotating gpu swaps sessions many times a second, for as long as the overflow
+         * lasts: the event log keeps RKVD_ROT_EVENTS_PER_S of them a second (the metrics count
+         * every one, and rkvctl sessions follows every one) */
+        uint64_t now = rkv_now_ms();
+        if (now - d->rot_events_ms >= 1000) {
+            d->rot_events_ms = now;
+            d->rot_events = 0;
+        }
+        if (d->rot_events++ >= RKVD_ROT_EVENTS_PER_S)
+            return;
     }
     struct store_event se = {.ts_ms = (int64_t)ev->ts_ms, .session_id = ev->session_id,
                              .gpu = ev->gpu, .bytes_moved = ev->bytes_moved,
@@ -460,7 +475,6 @@ static void drv_tactic_event(void *ud, const struct proto_tactic_event *ev)
     snprintf(se.to, sizeof se.to, "%s", proto_tactic_names[ev->to]);
     snprintf(se.reason, sizeof se.reason, "%s", ev->reason);
     store_event_add(d->store, &se);
-    admin_on_tactic_event(d->admin, ev);
 }
 
 static void drv_histogram(void *ud, const struct proto_histogram *h)
