@@ -682,11 +682,12 @@ def measure(a, srv, streams, secs, label):
     d0, h0 = kv_split(srv, [x for x in s0 if x["id"] in mine] or active)
     dev, host = (d0 + d1) // 2, (h0 + h1) // 2
     # every decode step of a WINDOW session reads its host tail once over the link (a
-    # CPU_TAIL session's tail is read by the worker's cpu threads instead)
+    # CPU_TAIL session's tail is read by the worker's cpu threads instead; a rotated one's
+    # waits on the host and is not read: its swaps count among kvmgr's moves)
     tail0 = {x["id"]: x["tail_tokens"] for x in s0}
     streamed = sum((x["tail_tokens"] + tail0.get(x["id"], x["tail_tokens"])) / 2 * srv.bpt *
                    mine[x["id"]].tokens_in(t0, t1) for x in active
-                   if x["tactic"] != "cpu_tail") / w
+                   if x["tactic"] not in ("cpu_tail", "rotated")) / w
     tactics = {}
     for x in active:
         tactics[x["tactic"]] = tactics.get(x["tactic"], 0) + 1
