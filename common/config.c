@@ -183,6 +183,17 @@ static void normalize(const char *in, size_t n, char *out, size_t outlen)
     out[o] = '\0';
 }
 
+/* the value --no-KEY sets for key k, or NULL when k is no switch */
+static const char *switch_off(const struct cfg_key *k)
+{
+    if (k && k->type == CFG_BOOL)
+        return "false";
+    for (size_t i = 0; k && k->type == CFG_ENUM && k->names[i]; i++)
+        if (strcmp(k->names[i], "off") == 0)
+            return "off";
+    return NULL;
+}
+
 const struct cfg_key *cfg_find(const struct cfg_spec *spec, const char *name)
 {
     char norm[128];
@@ -428,6 +439,15 @@ int cfg_load(const struct cfg_spec *spec, void *conf, int argc, char **argv, int
             continue;
         }
         const struct cfg_key *k = cfg_find(spec, key);
+        /* --no-KEY turns a switch off: a bool to false, an enum that has "off" to off */
+        const char *off = !k && !eq && strncmp(key, "no-", 3) == 0 && !strchr(key, '_')
+                              ? switch_off(cfg_find(spec, key + 3))
+                              : NULL;
+        if (off) {
+            if ((rc = cfg_set(cfg_find(spec, key + 3), conf, off, sub, sizeof sub)))
+                return fail(errbuf, errlen, rc, "--%s: %s", key, sub);
+            continue;
+        }
         if (!k || strchr(key, '_')) {
             char where[160];
             snprintf(where, sizeof where, "command line");

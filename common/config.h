@@ -39,7 +39,9 @@ struct cfg_spec {
 };
 
 /* parses everything into conf. --config FILE names the file (an explicit
- * file must exist). --help prints help to stdout and returns 1. argv
+ * file must exist). --help prints help to stdout and returns 1. --no-KEY
+ * turns a switch off: a bool key to false, an enum key with an "off" value
+ * to off. argv
  * elements that are not flags are positional: their indexes go to
  * *first_pos (argc if none; positionals after the first stay in argv).
  * on error returns <0 with a message naming the source, key and expected

@@ -20,9 +20,11 @@ struct conf {
     double host_frac;
     int verbose;
     int backend;
+    int rotation;
 };
 
 static const char *const backends[] = {"auto", "cpu", "cuda", NULL};
+static const char *const rotations[] = {"off", "auto", "always", NULL};
 static const struct cfg_key keys[] = {
     {"model", CFG_STR, offsetof(struct conf, model), 64, .def = "m.gguf", .help = "model"},
     {"block_size", CFG_INT, offsetof(struct conf, block_size), .min = 1, .max = 4096,
@@ -32,8 +34,9 @@ static const struct cfg_key keys[] = {
     {"host_frac", CFG_DOUBLE, offsetof(struct conf, host_frac), .dmin = 0, .dmax = 1},
     {"verbose", CFG_BOOL, offsetof(struct conf, verbose)},
     {"backend", CFG_ENUM, offsetof(struct conf, backend), .names = backends, .def = "auto"},
+    {"rotation", CFG_ENUM, offsetof(struct conf, rotation), .names = rotations, .def = "auto"},
 };
-static const struct cfg_spec spec = {"t", NULL, keys, 6, NULL};
+static const struct cfg_spec spec = {"t", NULL, keys, 7, NULL};
 
 static int load(struct conf *c, char *err, int argc, char **argv)
 {
@@ -60,6 +63,28 @@ static void test_defaults_and_flags(void **state)
     assert_int_equal(c.verbose, 1);
     assert_int_equal(c.backend, 1);
     assert_true(c.host_frac == 0.25);
+}
+
+/* --no-KEY: a bool to false, an enum with "off" to off; other keys have no such form */
+static void test_no_switch(void **state)
+{
+    (void)state;
+    struct conf c;
+    char err[512];
+    char *a1[] = {"t", "--verbose", "--no-verbose", "--no-rotation", NULL};
+    assert_int_equal(load(&c, err, 4, a1), 0);
+    assert_int_equal(c.verbose, 0);
+    assert_int_equal(c.rotation, 0);
+    char *a2[] = {"t", "--no-rotation", "--rotation", "always", NULL};
+    assert_int_equal(load(&c, err, 4, a2), 0);
+    assert_int_equal(c.rotation, 2);
+    char *a3[] = {"t", "--no-backend", NULL}; /* an enum without "off" */
+    assert_int_equal(load(&c, err, 2, a3), RKV_ENOTFOUND);
+    assert_non_null(strstr(err, "--no-backend"));
+    char *a4[] = {"t", "--no-block-size", NULL};
+    assert_int_equal(load(&c, err, 2, a4), RKV_ENOTFOUND);
+    char *a5[] = {"t", "--no_verbose", NULL}; /* flags spell keys with dashes */
+    assert_int_equal(load(&c, err, 2, a5), RKV_ENOTFOUND);
 }
 
 static void test_bad_values_named(void **state)
@@ -166,7 +191,8 @@ static void test_positionals(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_defaults_and_flags), cmocka_unit_test(test_bad_values_named),
+        cmocka_unit_test(test_defaults_and_flags), cmocka_unit_test(test_no_switch),
+        cmocka_unit_test(test_bad_values_named),
         cmocka_unit_test(test_file_env_precedence), cmocka_unit_test(test_sizes),
         cmocka_unit_test(test_positionals),
     };

@@ -304,7 +304,10 @@ static cJSON *session_json(struct admin *a, const struct sched_session_info *si,
     cJSON_AddBoolToObject(o, "pinned", si->pinned);
     cJSON_AddNumberToObject(
         o, "idle_ms", si->last_use_ms && !si->busy ? (double)(rkv_now_ms() - si->last_use_ms) : 0);
-    const char *tactic = ts ? proto_tactic_names[ts->tactic] : si->n_kv ? "resident" : "none";
+    const char *tactic = ts && ts->rotated ? "rotated"
+                         : ts              ? proto_tactic_names[ts->tactic]
+                         : si->n_kv        ? "resident"
+                                           : "none";
     cJSON_AddStringToObject(o, "tactic", tactic);
     uint64_t tail = ts ? ts->tail_blocks : 0;
     cJSON_AddNumberToObject(o, "tail_blocks", (double)tail);

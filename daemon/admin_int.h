@@ -50,6 +50,8 @@ struct admin_req {
 
 struct tactic_state {
     uint8_t tactic;
+    uint8_t rotated; /* parked by kvmgr's rotation: waits for its turn with its request open */
+    uint32_t gpu;
     uint64_t tail_blocks;
     uint64_t ts_ms;
 };

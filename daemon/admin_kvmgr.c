@@ -39,6 +39,13 @@ cJSON *admin_hist_json(const struct admin *a, int64_t gpu)
             cJSON_AddNumberToObject(s, proto_tactic_names[t], (double)h->sessions[t]);
             cJSON_AddNumberToObject(b, proto_tactic_names[t], (double)h->bytes[t]);
         }
+        /* of the parked, those waiting for a rotation turn (their requests run) */
+        size_t it = 0, rotated = 0;
+        void *v;
+        while (rkv_map_next(&a->tactics, &it, NULL, &v))
+            rotated += ((const struct tactic_state *)v)->rotated &&
+                       ((const struct tactic_state *)v)->gpu == g;
+        cJSON_AddNumberToObject(o, "rotated", (double)rotated);
         cJSON_AddNumberToObject(o, "device_used", (double)h->device_used);
         cJSON_AddNumberToObject(o, "device_total", (double)h->device_total);
         cJSON_AddNumberToObject(o, "host_used", (double)h->host_used);
@@ -354,6 +361,9 @@ void admin_on_tactic_event(struct admin *a, const struct proto_tactic_event *ev)
         }
     }
     ts->tactic = (uint8_t)ev->to;
+    /* on the wire a session waiting for its rotation turn is parked; the reason tells */
+    ts->rotated = ev->to == PROTO_TACTIC_PARKED && strncmp(ev->reason, "rotation:", 9) == 0;
+    ts->gpu = ev->gpu;
     ts->tail_blocks = ev->to == PROTO_TACTIC_RESIDENT ? 0 : ev->tail_blocks;
     ts->ts_ms = ev->ts_ms;
 }

@@ -27,6 +27,8 @@
 #include "daemon/supervisor.h"
 
 #define RKVD_MAX_WORKERS 64
+/* rotation swaps the event log keeps a second (drv_tactic_event) */
+#define RKVD_ROT_EVENTS_PER_S 20
 
 struct rkvd_conf {
     char model[1024];
@@ -59,6 +61,8 @@ struct rkvd_conf {
     int prep_ahead;
     int test_scripted_output;
     int64_t park_after_ms;
+    int rotation;
+    int64_t max_stall_ms;
     int deterministic;
     int64_t host_split;
     int64_t decode_steps, decode_steps_ms;
@@ -81,6 +85,7 @@ static const char *const backends[] = {"auto", "cpu", "cuda", NULL};
 static const char *const kv_dtypes[] = {"f32", "f16", NULL};
 static const char *const prefix_scopes[] = {"key", "global", NULL};
 static const char *const modes[] = {"auto", "resident", "window", "cpu_tail", NULL};
+static const char *const rotations[] = {"off", "auto", "always", NULL};
 /* the workers' --host-attn for each mode: cpu_tail has the cpu attend host blocks, window the
  * gpu stream them; auto: kvmgr and the workers apply one rule to the measured rates */
 static const char *const host_attn_of_mode[] = {"auto", "gpu", "gpu", "cpu"};
@@ -167,6 +172,12 @@ static const struct cfg_key keys[] = {
     {K("park_after_ms", CFG_INT, park_after_ms), .min = 0, .max = 3600000, .def = "500",
      .help = "a session between requests keeps its KV on the GPU this long before kvmgr may "
              "park it to host for room (0 = at once)"},
+    {K("rotation", CFG_ENUM, rotation), .names = rotations, .def = "auto",
+     .help = "when more sessions run than the GPU holds, those that each fit take turns on it "
+             "instead of all streaming their tails: off (--no-rotation), auto (where the rate "
+             "model says it is faster) or always"},
+    {K("max_stall_ms", CFG_INT, max_stall_ms), .min = 10, .max = 10000, .def = "1000",
+     .help = "longest a stream waits for its rotation turn (sets the quantum)"},
     {K("decode_steps", CFG_INT, decode_steps), .min = 1, .max = PROTO_MAX_DECODE_STEPS, .def = "8",
      .help = "decode steps a worker runs per request when nothing waits (1 = one)"},
     {K("decode_steps_ms", CFG_INT, decode_steps_ms), .min = 1, .max = 10000, .def = "50",
@@ -237,7 +248,9 @@ struct rkvd {
     struct proto_status kv_status;
     struct proto_histogram hist;
     struct metric *m_kv_bytes, *m_tactic_sessions, *m_tactic_bytes, *m_transitions, *m_moved,
-        *m_health, *m_worker_restarts;
+        *m_health, *m_worker_restarts, *m_rot_swaps, *m_rot_bytes;
+    uint64_t rot_events_ms; /* the second whose rotation events the log keeps */
+    uint32_t rot_events;
 };
 
 /* --- health and routes ------------------------------------------------------------ */
@@ -441,6 +454,24 @@ static void drv_tactic_event(void *ud, const struct proto_tactic_event *ev)
     const char *lv[2] = {proto_tactic_names[ev->from], proto_tactic_names[ev->to]};
     metric_inc(d->m_transitions, lv, 1);
     metric_inc(d->m_moved, NULL, (double)ev->bytes_moved);
+    /* kvmgr's rotation turns: "rotation: its turn ..." brings a session in, the others send
+     * one out to wait */
+    admin_on_tactic_event(d->admin, ev);
+    if (strncmp(ev->reason, "rotation:", 9) == 0) {
+        const char *dir[1] = {ev->to == PROTO_TACTIC_PARKED ? "out" : "in"};
+        metric_inc(d->m_rot_swaps, dir, 1);
+        metric_inc(d->m_rot_bytes, NULL, (double)ev->bytes_moved);
+        /* a rotating gpu swaps sessions many times a second, for as long as the overflow
+         * lasts: the event log keeps RKVD_ROT_EVENTS_PER_S of them a second (the metrics count
+         * every one, and rkvctl sessions follows every one) */
+        uint64_t now = rkv_now_ms();
+        if (now - d->rot_events_ms >= 1000) {
+            d->rot_events_ms = now;
+            d->rot_events = 0;
+        }
+        if (d->rot_events++ >= RKVD_ROT_EVENTS_PER_S)
+            return;
+    }
     struct store_event se = {.ts_ms = (int64_t)ev->ts_ms, .session_id = ev->session_id,
                              .gpu = ev->gpu, .bytes_moved = ev->bytes_moved,
                              .elapsed_us = ev->elapsed_us};
@@ -448,7 +479,6 @@ static void drv_tactic_event(void *ud, const struct proto_tactic_event *ev)
     snprintf(se.to, sizeof se.to, "%s", proto_tactic_names[ev->to]);
     snprintf(se.reason, sizeof se.reason, "%s", ev->reason);
     store_event_add(d->store, &se);
-    admin_on_tactic_event(d->admin, ev);
 }
 
 static void drv_histogram(void *ud, const struct proto_histogram *h)
@@ -731,7 +761,7 @@ static int spawn_children(struct rkvd *d, char *err, size_t errlen)
         snprintf(err, errlen, "rkv-kvmgr and rkv-worker must sit beside rkvd in %s", exe_dir);
         return RKV_ENOTFOUND;
     }
-    char vram[32], host[32], reserve[32], bs[32], rt[600], mode[32], nw[16], park[24];
+    char vram[32], host[32], reserve[32], bs[32], rt[600], mode[32], nw[16], park[24], stall[24];
     snprintf(vram, sizeof vram, "%lluB", (unsigned long long)d->c.vram_target);
     snprintf(host, sizeof host, "%lluB", (unsigned long long)d->c.host_budget);
     snprintf(reserve, sizeof reserve, "%lluB", (unsigned long long)d->c.compute_reserve);
@@ -740,6 +770,7 @@ static int spawn_children(struct rkvd *d, char *err, size_t errlen)
     snprintf(mode, sizeof mode, "%s", modes[d->c.mode]);
     snprintf(nw, sizeof nw, "%u", d->n_workers);
     snprintf(park, sizeof park, "%lld", (long long)d->c.park_after_ms);
+    snprintf(stall, sizeof stall, "%lld", (long long)d->c.max_stall_ms);
     char *kargv[] = {kv_path,
                      "--runtime-dir",
                      rt,
@@ -759,6 +790,10 @@ static int spawn_children(struct rkvd *d, char *err, size_t errlen)
                      nw,
                      "--park-after-ms",
                      park,
+                     "--rotation",
+                     (char *)rotations[d->c.rotation],
+                     "--max-stall-ms",
+                     stall,
                      "--log-level",
                      (char *)rkv_log_level_names[d->c.log_level],
                      NULL};
@@ -1009,6 +1044,13 @@ int main(int argc, char **argv)
                                   "Tactic transitions.", ft, NULL, 0);
     d.m_moved = metrics_add(d.metrics, METRIC_COUNTER, "rkv:kv_bytes_migrated_total",
                             "KV bytes moved between device and host.", NULL, NULL, 0);
+    static const char *const dl[] = {"direction", NULL};
+    d.m_rot_swaps = metrics_add(d.metrics, METRIC_COUNTER, "rkv:rotation_swaps_total",
+                                "Sessions kvmgr swapped onto the GPU for a rotation turn (in) "
+                                "or off it to wait for the next (out).",
+                                dl, NULL, 0);
+    d.m_rot_bytes = metrics_add(d.metrics, METRIC_COUNTER, "rkv:rotation_bytes_total",
+                                "KV bytes the rotation swaps planned to move.", NULL, NULL, 0);
     d.m_health = metrics_add(d.metrics, METRIC_GAUGE, "rkv:healthy",
                              "1 when kvmgr and a worker are up.", NULL, NULL, 0);
     d.m_worker_restarts = metrics_add(d.metrics, METRIC_COUNTER, "rkv:worker_restarts_total",

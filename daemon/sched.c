@@ -54,6 +54,7 @@ struct seq {
     int cancelled;
     int stalled;   /* kvmgr had no room for it last step */
     uint64_t t_arrival_ns, t_first_ns, t_last_ns;
+    uint64_t max_gap_ns;     /* the longest wait between two of its tokens (a rotation turn) */
     struct seq *prev, *next; /* the waiting queue or a worker's running list */
 };
 
@@ -129,6 +130,7 @@ struct sched {
     int (*authorize)(void *ud, const char *bearer);
     void *authorize_ud;
     /* metric families */
+    struct metric *m_stall; /* each stream's longest gap between two tokens */
     struct metric *m_running, *m_waiting, *m_prompt, *m_gen, *m_ttft, *m_itl, *m_e2e, *m_queue,
         *m_hits, *m_queries, *m_prefill, *m_success, *m_sessions, *m_sess_moved, *m_ahead, *m_multi,
         *m_iter;
@@ -786,6 +788,9 @@ static void finish_seq(struct seq *q, enum api_finish f)
         rkv_map_del(&s->by_sid, se->sid);
     }
 
+    /* each stream's longest gap between two tokens (a rotation turn shows here) */
+    if (f != API_FINISH_ABORT && q->n_gen >= 2)
+        metric_observe(s->m_stall, model_label(s), (double)q->max_gap_ns / 1e9);
     /* the prompt once, every sequence's tokens */
     if (q->index % fan->per_prompt == 0) {
         fan->usage.prompt_tokens += q->n_prompt;
@@ -859,6 +864,7 @@ static void take_state(struct seq *q, int32_t token)
         metric_observe(s->m_ttft, model_label(s), (double)(now - q->t_arrival_ns) / 1e9);
     } else {
         metric_observe(s->m_itl, model_label(s), (double)(now - q->t_last_ns) / 1e9);
+        q->max_gap_ns = RKV_MAX(q->max_gap_ns, now - q->t_last_ns);
     }
     q->t_last_ns = now;
     session_append(q->sess, &token, 1);
@@ -1602,6 +1608,11 @@ int sched_create(uv_loop_t *loop, const struct sched_config *cfg, const struct t
                                 "Time to first token.", ml, lat, nl);
         s->m_itl = metrics_add(metrics, METRIC_HISTOGRAM, "rkv:inter_token_latency_seconds",
                                "Time between consecutive tokens of a request.", ml, itl, ni);
+        static const double stall[] = {0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 15, 30};
+        s->m_stall = metrics_add(metrics, METRIC_HISTOGRAM, "rkv:stream_stall_seconds",
+                                 "The longest gap between two tokens of each finished request "
+                                 "(a wait for its rotation turn shows here).",
+                                 ml, stall, sizeof stall / sizeof stall[0]);
         s->m_e2e = metrics_add(metrics, METRIC_HISTOGRAM, "rkv:e2e_request_latency_seconds",
                                "End-to-end request latency.", ml, lat, nl);
         s->m_queue = metrics_add(metrics, METRIC_HISTOGRAM, "rkv:request_queue_time_seconds",

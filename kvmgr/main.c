@@ -15,6 +15,7 @@
 
 static const char *const backends[] = {"auto", "cpu", "cuda", NULL};
 static const char *const modes[] = {"auto", "resident", "window", "cpu_tail", NULL};
+static const char *const rotations[] = {"off", "auto", "always", NULL}; /* enum plan_rotation */
 
 #define K(n, t, f) n, t, offsetof(struct kvmgr_conf, f)
 static const struct cfg_key keys[] = {
@@ -38,6 +39,11 @@ static const struct cfg_key keys[] = {
     {K("park_after_ms", CFG_INT, park_after_ms), .min = 0, .max = 3600000, .def = "500",
      .help = "an idle session keeps its blocks on the GPU this long before it may be parked "
              "for room (0 = at once)"},
+    {K("rotation", CFG_ENUM, rotation), .names = rotations, .def = "auto",
+     .help = "sessions that each fit take turns on the GPU instead of all streaming their tails: "
+             "off, auto (where the rate model says it is faster) or always"},
+    {K("max_stall_ms", CFG_INT, max_stall_ms), .min = 10, .max = 10000, .def = "1000",
+     .help = "longest a rotated session waits for its turn (sets the rotation quantum)"},
     {K("log_level", CFG_ENUM, log_level), .names = rkv_log_level_names, .def = "info",
      .help = "log level"},
 };

@@ -14,7 +14,8 @@
  *  1. sessions the plan dropped are closed in the allocator (their kv is
  *     rebuilt from token history when they are admitted again);
  *  2. every session with more device blocks than the plan's n_dev demotes its
- *     oldest ones (the newest block stays), copies run, the table commits;
+ *     oldest ones (the newest block stays, except for a PARKED or ROTATED
+ *     session, which goes to the host whole), copies run, the table commits;
  *  3. every session with fewer promotes its newest host-only blocks.
  * Counts come from the allocator, not from the plan's demote/promote fields:
  * blocks appended since planning are accounted for, and blocks the session
@@ -34,7 +35,8 @@
  *   new sessions the plan admitted: kvb_session_open(..., max_dev = n_dev);
  *   send each changed table (kvb_session_table + epoch) to its worker, which
  *   adopts it at a step boundary and acks (kvb_ack); kvb_worker_lost when a
- *   worker dies. PLAN_WAIT sessions are not scheduled this round.
+ *   worker dies. PLAN_WAIT and PLAN_ROTATED sessions are not scheduled this
+ *   round.
  */
 
 struct mig_stats {

@@ -28,14 +28,14 @@ enum role {
 
 /* sort record: keys compared in order, then idx */
 struct key {
-    uint64_t k[3];
+    uint64_t k[4];
     uint32_t idx;
 };
 
 static int key_cmp(const void *a, const void *b)
 {
     const struct key *x = a, *y = b;
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 4; i++)
         if (x->k[i] != y->k[i])
             return x->k[i] < y->k[i] ? -1 : 1;
     return x->idx < y->idx ? -1 : x->idx > y->idx;
@@ -57,6 +57,9 @@ struct work {
     uint32_t *rank;    /* [n] position in prio (UINT32_MAX for idle) */
     uint8_t *running;  /* [n] admitted before: ranks above new work */
     uint8_t *hyst;     /* [n_gpus] windows kept only by the promotion margin */
+    uint8_t *rot;      /* [n] resident for its rotation turn */
+    uint8_t *rot_prev; /* [n_gpus] the previous plan rotated there */
+    uint64_t *rot_last; /* [n_gpus] when the previous plans last ended turns there */
     size_t n_prio;
 };
 
@@ -86,7 +89,7 @@ void plan_input_init(struct plan_input *in)
 
 static int is_running_tactic(enum plan_tactic t)
 {
-    return t == PLAN_RESIDENT || t == PLAN_WINDOW || t == PLAN_CPU_TAIL;
+    return t == PLAN_RESIDENT || t == PLAN_WINDOW || t == PLAN_CPU_TAIL || t == PLAN_ROTATED;
 }
 
 static int validate(const struct plan_input *in)
@@ -101,6 +104,10 @@ static int validate(const struct plan_input *in)
     }
     if (in->n_sessions && !in->sessions)
         return RKV_EINVAL;
+    if (in->rotation > PLAN_ROT_ALWAYS) {
+        log_error("plan: rotation %d unknown; use off|auto|always", (int)in->rotation);
+        return RKV_EINVAL;
+    }
     if (in->mode > PLAN_MODE_CPU_TAIL) {
         log_error("plan: mode %d unknown; use auto|resident|window|cpu_tail", (int)in->mode);
         return RKV_EINVAL;
@@ -355,6 +362,176 @@ static int64_t park_idle(struct work *w, const uint32_t *idle, size_t n_idle, in
     return idev;
 }
 
+/* --- rotation ----------------------------------------------------------------- */
+
+static double dev_rate(const struct plan_gpu *g)
+{
+    return g->dev_attn_gbps > 0 ? g->dev_attn_gbps : 1000.0;
+}
+
+/* GB/s at which a turn's blocks move between the pools: the link, or on the cpu backend (no
+ * link) what a memcpy out of the host pool moves */
+static double swap_rate(const struct plan_gpu *g)
+{
+    return g->pcie_h2d_gbps > 0      ? g->pcie_h2d_gbps
+           : g->host_stream_gbps > 0 ? g->host_stream_gbps
+                                     : 1.0;
+}
+
+static double tail_rate(const struct plan_input *in, const struct plan_gpu *g);
+
+/* the rotation of gpu g's active sessions act[n_act] through `room` device blocks (see plan.h):
+ * 1 when it assigned them, 0 when they should spill instead */
+static int rotate_gpu(struct work *w, uint32_t g, const uint32_t *act, size_t n_act, int64_t room,
+                      int64_t *host_avail)
+{
+    const struct plan_input *in = w->in;
+    const struct plan_gpu *gp = &in->gpus[g];
+    if (in->rotation == PLAN_ROT_OFF || in->mode != PLAN_MODE_AUTO || room <= 0)
+        return 0;
+    /* act holds the active sessions and the idle ones in their grace (on the device, a next
+     * request expected soon): those take part as holders, and wait parked, not rotated */
+    size_t n = 0;
+    uint64_t total = 0;
+    for (size_t k = 0; k < n_act; k++) {
+        uint32_t i = act[k];
+        if (w->need[i] > room)
+            return 0; /* one too long to fit alone streams its tail: WINDOW */
+        /* the rate model weighs the active ones: the others make no tokens */
+        n += in->sessions[i].active;
+        total += in->sessions[i].active ? w->need[i] : 0;
+    }
+    if (n < 2 || total <= (uint64_t)room)
+        return 0;
+
+    /* the rate model (units: seconds and GB) */
+    double gb = (double)in->block_bytes / 1e9,
+           tick = 1.0 / (in->ticks_per_s ? in->ticks_per_s : 1000);
+    double weights = (double)gp->weights_bytes / 1e9 / dev_rate(gp);
+    uint64_t k = (uint64_t)((double)room * (double)n / (double)total);
+    k = k < 1 ? 1 : k > n - 1 ? n - 1 : k;
+    /* a place's turnover: one session of average size copied out and the next one in; the
+     * other holders decode meanwhile (turns end a few places at a time, below) */
+    double swap = 2.0 * (double)total / (double)n * gb / swap_rate(gp);
+    double step_rot = weights + (double)room * gb / dev_rate(gp);
+    double step_spill = step_rot + (double)(total - (uint64_t)room) * gb / tail_rate(in, gp);
+    uint64_t waits = (n - k + k - 1) / k;
+    double stall =
+        (double)(in->max_stall ? in->max_stall : (in->ticks_per_s ? in->ticks_per_s : 1000)) * tick;
+    /* a fifth of the budget is kept for what delays a turn change: the tick that notices the
+     * end, the step in flight, the waiting session's first step. Turns end a quarter of the
+     * places at a time (below): turns that end together stay up to most of a quantum more,
+     * and the queue behind them waits that long too */
+    uint64_t per = (k + 3) / 4;
+    double quantum = (0.8 * stall - swap) / (double)(waits + 1);
+    int meets = quantum >= step_rot;
+    if (!meets)
+        quantum = step_rot;
+    if (quantum < tick)
+        quantum = tick;
+    double rot = (double)k / step_rot * quantum / (quantum + swap);
+    double spill = (double)n / step_spill;
+    w->out->gsum[g].rot_tok_s = meets ? rot : 0;
+    w->out->gsum[g].spill_tok_s = spill;
+    /* hysteresis: starting to rotate must gain margin_pct, stopping must lose */
+    double need_gain = w->rot_prev[g] ? 1.0 : 1.0 + in->margin_pct / 100.0;
+    if (in->rotation == PLAN_ROT_AUTO && (!meets || rot <= spill * need_gain))
+        return 0;
+    uint64_t q = (uint64_t)(quantum / tick + 0.5);
+    if (q == 0)
+        q = 1;
+
+    /* turns end a quarter of the places at a time, a quarter of a quantum apart, so the
+     * copies of one turnover stay small beside the steps of the holders that stay */
+    uint64_t spacing = q * per / k ? q * per / k : 1;
+    uint64_t last = w->rot_prev[g] ? w->rot_last[g] : 0;
+    uint64_t may_end = w->rot_prev[g] && in->now < last + spacing ? 0 : per;
+    size_t n_over = 0;
+
+    /* holders: a turn not over, then the longest waiting, then turns that ended */
+    size_t nk = 0;
+    for (size_t j = 0; j < n_act; j++) {
+        uint32_t i = act[j];
+        const struct plan_session *s = &in->sessions[i];
+        /* by its last tactic, not its blocks: a holder whose blocks are still on their way in
+         * (promotions wait for the room the workers release) holds its turn all the same */
+        int holding = s->cur_tactic == PLAN_RESIDENT || s->cur_tactic == PLAN_WINDOW ||
+                      s->cur_tactic == PLAN_CPU_TAIL;
+        int kept =
+            holding && w->rot_prev[g] && s->turn_since <= in->now && in->now - s->turn_since < q;
+        uint64_t cls = kept ? 0 : holding ? 2 : 1;
+        /* turn not over: the latest turn first; waiting: the longest first; turn over: the
+         * shortest on the device first. Those that
+         * began to wait together keep the order they had as holders, so planning again
+         * after the moves picks the same holders */
+        struct key k2 = {{cls, s->turn_since, UINT64_MAX - s->in_since, s->id}, i};
+        if (cls == 2)
+            k2.k[1] = UINT64_MAX - s->in_since, k2.k[2] = s->id;
+        /* holders that grew past the room: the one whose turn started first gives way */
+        if (cls == 0)
+            k2.k[1] = UINT64_MAX - s->turn_since;
+        w->keys[nk++] = k2;
+        n_over += cls == 2;
+    }
+    qsort(w->keys, nk, sizeof(*w->keys), key_cmp);
+    /* of the turns that ended, only the may_end longest on the device end now; the others
+     * stay (their turn not renewed) until the next spacing */
+    if (n_over > may_end) {
+        size_t first = 0;
+        while (first < nk && w->keys[first].k[0] != 2)
+            first++;
+        for (size_t j = first; j < first + n_over - may_end; j++) {
+            const struct plan_session *s = &in->sessions[w->keys[j].idx];
+            w->keys[j].k[0] = 0;
+            w->keys[j].k[1] = UINT64_MAX - s->turn_since;
+            w->keys[j].k[3] = 1; /* kept without a new turn */
+        }
+        qsort(w->keys, nk, sizeof(*w->keys), key_cmp);
+    }
+    /* a holder that grew past the room left gives up its turn; from the first other session
+     * that does not fit on, everyone waits */
+    int64_t used = 0, waiting = 0;
+    int full = 0;
+    for (size_t j = 0; j < nk; j++) {
+        uint32_t i = w->keys[j].idx;
+        w->rot[i] = !full && used + w->need[i] <= room;
+        if (w->rot[i])
+            used += w->need[i];
+        else
+            waiting += w->need[i];
+        full |= !w->rot[i] && w->keys[j].k[0] != 0;
+    }
+    if (waiting > *host_avail) {
+        for (size_t j = 0; j < nk; j++) /* the host cannot hold the waiting: spill instead */
+            w->rot[w->keys[j].idx] = 0;
+        return 0;
+    }
+    struct plan_gpu_summary *gs = &w->out->gsum[g];
+    size_t ended = 0;
+    for (size_t j = 0; j < nk; j++) {
+        uint32_t i = w->keys[j].idx;
+        const struct plan_session *s = &in->sessions[i];
+        if (w->rot[i]) {
+            set_assign(w, i, PLAN_RESIDENT, w->need[i], 0);
+            w->out->assign[i].turn_new = w->keys[j].k[0] != 0;
+            uint64_t start = w->keys[j].k[0] == 0 ? s->turn_since : in->now;
+            if (!gs->turn_end || start + q < gs->turn_end)
+                gs->turn_end = start + q;
+        } else {
+            set_assign(w, i, s->active ? PLAN_ROTATED : PLAN_PARKED, 0, w->need[i]);
+            ended += w->keys[j].k[0] == 2;
+        }
+    }
+    gs->last_swap = ended ? in->now : last;
+    /* turns that ended but wait for their spacing: plan again then */
+    if (gs->turn_end <= in->now)
+        gs->turn_end = gs->last_swap + spacing > in->now ? gs->last_swap + spacing : in->now + 1;
+    *host_avail -= waiting;
+    gs->quantum = q;
+    gs->n_rotating = (uint32_t)n;
+    return 1;
+}
+
 /* places the sessions of gpu g; RKV_ENOSPACE when the admitted set cannot be
  * placed within host_avail (the caller then un-admits one and retries). */
 static int place_gpu(struct work *w, uint32_t g, uint32_t w_prev, int64_t *host_avail,
@@ -370,6 +547,13 @@ static int place_gpu(struct work *w, uint32_t g, uint32_t w_prev, int64_t *host_
     int64_t active = 0;
 
     *cap_out = PLAN_NO_CAP;
+    struct plan_gpu_summary *gs = &w->out->gsum[g];
+    gs->quantum = gs->turn_end = gs->last_swap = 0;
+    gs->rot_tok_s = gs->spill_tok_s = 0;
+    gs->n_rotating = 0;
+    for (size_t i = 0; i < in->n_sessions; i++)
+        if (in->sessions[i].gpu == g)
+            w->rot[i] = 0;
     /* pinned and (resident mode) active sessions first; idle on device by lru */
     for (size_t i = 0; i < in->n_sessions; i++) {
         const struct plan_session *s = &in->sessions[i];
@@ -437,6 +621,16 @@ static int place_gpu(struct work *w, uint32_t g, uint32_t w_prev, int64_t *host_
         if (cap != PLAN_NO_CAP && cap < sorted[n_act - 1] && idev > 0 && pass == 0) {
             idev = park_idle(w, idle, n_idle, room, active, 1, host_avail);
             continue;
+        }
+        /* sessions that each fit may take turns instead of all spilling */
+        if (cap != PLAN_NO_CAP && w_hi != PLAN_NO_CAP) {
+            int r = rotate_gpu(w, g, act, n_act, r_act, host_avail);
+            if (r < 0) {
+                free(sorted);
+                return r;
+            }
+            if (r > 0)
+                break; /* no window cap: a holder is all resident */
         }
         /* the tails must fit the host: the smallest cap in [cap, w_hi] whose
          * tails fit; with the spare blocks a cap W places min(r_act,
@@ -525,6 +719,10 @@ static int place_all(struct work *w, const struct plan *prev)
         return RKV_EINTERNAL;
     int same = prev && prev->sum.n_gpus == in->n_gpus && prev->mode == in->mode;
     for (uint32_t g = 0; g < in->n_gpus; g++) {
+        w->rot_prev[g] = same && prev->gsum[g].quantum > 0;
+        w->rot_last[g] = w->rot_prev[g] ? prev->gsum[g].last_swap : 0;
+    }
+    for (uint32_t g = 0; g < in->n_gpus; g++) {
         uint32_t w_prev = same ? prev->gsum[g].window_cap : PLAN_NO_CAP;
         int grace = 1;
         for (;;) {
@@ -572,7 +770,9 @@ static enum plan_reason reason_of(const struct work *w, uint32_t i)
     if (a->dropped)
         return PLAN_WHY_HOST_FULL;
     switch (a->tactic) {
-    case PLAN_RESIDENT: return s->pinned ? PLAN_WHY_PINNED : PLAN_WHY_FITS;
+    case PLAN_RESIDENT:
+        return s->pinned ? PLAN_WHY_PINNED : w->rot[i] ? PLAN_WHY_TURN : PLAN_WHY_FITS;
+    case PLAN_ROTATED: return PLAN_WHY_ROTATION;
     case PLAN_PARKED: return s->cur_dev > 0 ? PLAN_WHY_IDLE_LRU : PLAN_WHY_IDLE;
     case PLAN_CPU_TAIL:
     case PLAN_WINDOW:
@@ -594,6 +794,9 @@ static int summarize(struct work *w)
     for (uint32_t g = 0; g < in->n_gpus; g++) {
         p->gsum[g].dev_cap = w->dev_cap[g];
         p->gsum[g].offline = in->gpus[g].offline;
+        uint64_t te = p->gsum[g].turn_end;
+        if (te && (!sum->next_turn || te < sum->next_turn))
+            sum->next_turn = te;
     }
     for (size_t i = 0; i < in->n_sessions; i++) {
         const struct plan_session *s = &in->sessions[i];
@@ -638,7 +841,7 @@ static int summarize(struct work *w)
 
 static int is_spilled(enum plan_tactic t)
 {
-    return t == PLAN_WINDOW || t == PLAN_CPU_TAIL;
+    return t == PLAN_WINDOW || t == PLAN_CPU_TAIL || t == PLAN_ROTATED;
 }
 
 /* GB/s at which gpu g's spilled sessions read their tail (unknown: 1) */
@@ -822,9 +1025,13 @@ int plan_compute(const struct plan_input *in, const struct plan *prev, struct pl
     w.rank = calloc(n ? n : 1, sizeof(uint32_t));
     w.running = calloc(n ? n : 1, 1);
     w.hyst = calloc(in->n_gpus, 1);
+    w.rot = calloc(n ? n : 1, 1);
+    w.rot_prev = calloc(in->n_gpus, 1);
+    w.rot_last = calloc(in->n_gpus, sizeof(uint64_t));
     rc = RKV_ENOMEM;
     if (!p->assign || !p->by_id || !p->gsum || !w.role || !w.need || !w.held || !w.dev_cap ||
-        !w.keys || !w.list || !w.prefix || !w.prio || !w.rank || !w.running || !w.hyst)
+        !w.keys || !w.list || !w.prefix || !w.prio || !w.rank || !w.running || !w.hyst || !w.rot ||
+        !w.rot_prev || !w.rot_last)
         goto done;
 
     for (uint32_t g = 0; g < in->n_gpus; g++)
@@ -870,7 +1077,7 @@ int plan_compute(const struct plan_input *in, const struct plan *prev, struct pl
 done:
     free(w.role), free(w.need), free(w.held), free(w.dev_cap), free(w.keys);
     free(w.list), free(w.prefix), free(w.prio), free(w.rank), free(w.running);
-    free(w.hyst);
+    free(w.hyst), free(w.rot), free(w.rot_prev), free(w.rot_last);
     if (rc) {
         if (rc == RKV_EINTERNAL)
             log_error("plan: internal error: budgets would be exceeded (a planner bug)");
@@ -924,15 +1131,16 @@ const struct plan_summary *plan_get_summary(const struct plan *p)
 
 const char *plan_tactic_name(enum plan_tactic t)
 {
-    static const char *const names[] = {"resident", "window", "cpu_tail", "parked", "wait"};
+    static const char *const names[] = {"resident", "window", "cpu_tail",
+                                        "parked",   "wait",   "rotated"};
     return (unsigned)t < PLAN_N_TACTICS ? names[t] : "unknown";
 }
 
 const char *plan_reason_name(enum plan_reason r)
 {
-    static const char *const names[] = {"fits",      "pinned",     "idle",    "idle_lru",
-                                        "vram_full", "cpu_faster", "forced",  "hysteresis",
-                                        "queued",    "host_full",  "too_big", "rebalance"};
+    static const char *const names[] = {
+        "fits",       "pinned", "idle",      "idle_lru", "vram_full", "cpu_faster", "forced",
+        "hysteresis", "queued", "host_full", "too_big",  "rebalance", "turn",       "rotation"};
     return (unsigned)r < PLAN_N_REASONS ? names[r] : "unknown";
 }
 
@@ -951,4 +1159,10 @@ int plan_mode_parse(const char *s, enum plan_mode *out)
             return 0;
         }
     return RKV_EINVAL;
+}
+
+const char *plan_rotation_name(enum plan_rotation r)
+{
+    static const char *const names[] = {"off", "auto", "always"};
+    return (unsigned)r <= PLAN_ROT_ALWAYS ? names[r] : "unknown";
 }

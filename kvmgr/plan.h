@@ -1,5 +1,5 @@
 /* plan.h - the tactic planner: a pure function from budgets, sessions and rates to
- * per-session KV residency (RESIDENT / WINDOW / CPU_TAIL / PARKED / WAIT). */
+ * per-session KV residency (RESIDENT / WINDOW / CPU_TAIL / PARKED / WAIT / ROTATED). */
 #ifndef RKV_KVMGR_PLAN_H
 #define RKV_KVMGR_PLAN_H
 
@@ -40,6 +40,9 @@
  *       the device, spare blocks go +1 to sessions that already hold more;
  *    d. a spilled session is CPU_TAIL when the measured cpu attention rate
  *       beats the streamed rate min(pcie, host-stream), else WINDOW;
+ *    d'. rotation (plan_input.rotation; see "Rotation" below) replaces c and d
+ *       on a gpu when every active session there fits the device alone and the
+ *       rate model says taking turns beats streaming the tails;
  *    e. whoever was not admitted in step 1 is WAIT (admission control).
  * 3. hysteresis: W is the previous plan's cap clamped to [W_lo, W_hi], where
  *    W_hi is the largest cap that fits D and W_lo the largest that fits D minus
@@ -65,6 +68,30 @@
  *    later, at a step boundary) with move_to = b. Hysteresis: once on b the
  *    session is resident with room to spare, so planning again proposes no
  *    move back; kvmgr also clears `movable` for a while after a move.
+ * Rotation. Sessions that each fit take turns holding the device: holders are
+ * RESIDENT (reason turn), the others ROTATED (every block on the host, not in
+ * a step, request open). Holders are chosen in order: those whose turn (the
+ * quantum) has not ended, then the rest by how long they waited (turn_since,
+ * oldest first), then holders whose turn ended; the device fills in that order
+ * and stops at the first that does not fit (a large session is never skipped
+ * for ever); among holders whose turn ended, those on the device the shortest
+ * (in_since) stay first; when holders grow past the room, the one whose turn
+ * started first gives way. Idle sessions in their grace take turns as well
+ * (their next request is expected soon); one that waits is PARKED. The quantum: with n
+ * sessions rotating through k places (k = the sessions of average size the
+ * room holds) a session waits about ceil((n - k) / k) turns; turns end a
+ * quarter of the places at a time, a quarter of a quantum apart (so the copies
+ * of a turnover stay small beside the holders that keep decoding), which can
+ * hold the queue back most of a quantum more; so quantum = (0.8 max_stall -
+ * swap) / (ceil((n - k) / k) + 1), at least one step, where swap is one place's
+ * turnover (a session of average size copied out and the next one in at the
+ * link rate; the fifth of max_stall kept back covers noticing a turn's end).
+ * The rate model: WINDOW / CPU_TAIL make n tokens per step of (weights +
+ * room) / dev + spilled / tail rate; rotation makes k per step of (weights +
+ * held) / dev, times quantum / (quantum + swap). Auto rotates when that beats
+ * the spill by margin_pct and the quantum meets max_stall (at least one step);
+ * always rotates whenever the sessions each fit. When everything fits again
+ * every session is a holder: RESIDENT, nothing rotated.
  * Placement of a new session (plan_pick_gpu): the gpu where it fits (free
  * device blocks >= its blocks) with the most free device blocks, then the
  * fewest running sessions, then the gpu it was offered on.
@@ -79,6 +106,7 @@ enum plan_tactic {
     PLAN_CPU_TAIL,     /* newest blocks on the device, tail attended by the cpu */
     PLAN_PARKED,       /* idle, every block on the host */
     PLAN_WAIT,         /* not admitted: queued, holds only the blocks it had, on the host */
+    PLAN_ROTATED,      /* admitted, waits for its rotation turn: every block on the host */
     PLAN_N_TACTICS,
 };
 
@@ -87,6 +115,12 @@ enum plan_mode {
     PLAN_MODE_RESIDENT, /* never spill an active session: queue instead */
     PLAN_MODE_WINDOW,   /* spill as WINDOW */
     PLAN_MODE_CPU_TAIL, /* spill as CPU_TAIL */
+};
+
+enum plan_rotation {
+    PLAN_ROT_OFF = 0,
+    PLAN_ROT_AUTO,   /* rotate where the rate model says turns beat streaming the tails */
+    PLAN_ROT_ALWAYS, /* rotate whenever the sessions each fit (tests, A/B runs) */
 };
 
 /* no window cap: every admitted session fits entirely */
@@ -118,6 +152,10 @@ struct plan_session {
     uint32_t cur_host;           /* host-only blocks now */
     uint64_t last_use;           /* any monotonic time unit; larger = more recent */
     uint8_t movable;             /* may move to another gpu (0: stays, e.g. moved lately) */
+    /* rotation (units of now): turn_since is when its turn on the device started (turn_new)
+     * or it began to wait (went from RESIDENT / WINDOW / CPU_TAIL to ROTATED); in_since is when it
+     * last came onto the device after waiting. Both: when it arrived, for one that never rotated */
+    uint64_t turn_since, in_since;
 };
 
 struct plan_input {
@@ -128,6 +166,10 @@ struct plan_input {
     /* idle sessions used within idle_grace of now (the units of last_use) are windowed
      * like active ones rather than parked (step 2b); 0: park at once */
     uint64_t now, idle_grace;
+    /* rotation: off in plan_input_init; max_stall is the longest a rotated session may wait
+     * for its turn (units of now; 0 = one second); ticks_per_s converts rates (0 = 1000) */
+    enum plan_rotation rotation;
+    uint64_t max_stall, ticks_per_s;
     uint32_t n_gpus;
     const struct plan_gpu *gpus; /* [n_gpus] */
     size_t n_sessions;
@@ -148,6 +190,8 @@ enum plan_reason {
     PLAN_WHY_HOST_FULL,  /* dropped: the host cannot hold its kv */
     PLAN_WHY_TOO_BIG,    /* wait, never_fits */
     PLAN_WHY_REBALANCE,  /* moving to another gpu (move_to) */
+    PLAN_WHY_TURN,       /* resident: its rotation turn */
+    PLAN_WHY_ROTATION,   /* rotated: waits for its turn */
     PLAN_N_REASONS,
 };
 
@@ -163,6 +207,7 @@ struct plan_assign {
     uint8_t never_fits; /* WAIT, and larger than its gpu and the host even when
                          * alone: answer the request with an error */
     uint32_t move_to;   /* PLAN_NO_GPU, or the gpu it should move to (rebalance) */
+    uint8_t turn_new;   /* rotation: a turn on the device starts now (turn_since = now) */
 };
 
 struct plan_gpu_summary {
@@ -173,6 +218,15 @@ struct plan_gpu_summary {
     uint64_t bytes[PLAN_N_TACTICS]; /* kv bytes of those sessions (device + host) */
     uint32_t n_active;              /* admitted sessions with work (running) */
     uint8_t offline;                /* as in plan_gpu */
+    /* rotation: a turn's length (units of now; 0 = the gpu does not rotate), the earliest
+     * end of a holder's turn (plan again then), the sessions taking turns */
+    uint64_t quantum, turn_end;
+    uint32_t n_rotating;
+    /* rotation's rate model where sessions overflow the device and each fits it (0: not
+     * weighed): tokens/s rotating and spilling */
+    double rot_tok_s, spill_tok_s;
+    uint64_t last_swap; /* rotation: when a plan last ended turns there (they end a
+                         * quarter of the places at a time, a quarter of a quantum apart) */
 };
 
 struct plan_summary {
@@ -186,6 +240,7 @@ struct plan_summary {
     uint32_t n_rebalance; /* sessions with move_to set */
     uint64_t blocks_demoted;
     uint64_t blocks_promoted;
+    uint64_t next_turn; /* the earliest turn_end over the gpus; 0 = nobody rotates */
     const struct plan_gpu_summary *gpu; /* [n_gpus] */
 };
 
@@ -224,5 +279,7 @@ const char *plan_reason_name(enum plan_reason r);
 const char *plan_mode_name(enum plan_mode m);
 /* "auto|resident|window|cpu_tail" -> mode; 0 or RKV_EINVAL */
 int plan_mode_parse(const char *s, enum plan_mode *out);
+/* "off" "auto" "always" */
+const char *plan_rotation_name(enum plan_rotation r);
 
 #endif

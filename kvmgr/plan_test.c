@@ -58,6 +58,10 @@ static struct plan_session sess(uint64_t id, uint32_t need, int active, uint32_t
     return s;
 }
 
+/* the rotation the plans of a test use (off unless the test turns it on), its stall budget */
+static enum plan_rotation g_rotation;
+static uint64_t g_max_stall;
+
 /* now, idle_grace: the planner's (0, 0: idle sessions park at once) */
 static struct plan *run_plan_at(const struct plan_gpu *gpus, uint32_t n_gpus, uint32_t host_blocks,
                                 const struct plan_session *ss, size_t n, enum plan_mode mode,
@@ -68,6 +72,9 @@ static struct plan *run_plan_at(const struct plan_gpu *gpus, uint32_t n_gpus, ui
     in.now = now;
     in.idle_grace = idle_grace;
     in.mode = mode;
+    in.rotation = g_rotation;
+    in.max_stall = g_max_stall;
+    in.ticks_per_s = 1000;
     in.block_bytes = MIB;
     in.host_budget = host_blocks * MIB;
     in.n_gpus = n_gpus;
@@ -556,6 +563,13 @@ static void sim_apply(struct sim *m, const struct plan *p)
 {
     for (size_t i = 0; i < m->n; i++) {
         const struct plan_assign *a = plan_assign_at(p, i);
+        /* kvmgr's clock of turns: a turn starts, or a session starts to wait */
+        enum plan_tactic was = m->s[i].cur_tactic;
+        if (a->turn_new || ((a->tactic == PLAN_ROTATED || a->tactic == PLAN_PARKED) &&
+                            (was == PLAN_RESIDENT || was == PLAN_WINDOW || was == PLAN_CPU_TAIL)))
+            m->s[i].turn_since = m->now;
+        if (a->n_dev && (m->s[i].cur_tactic == PLAN_ROTATED || m->s[i].cur_tactic == PLAN_WAIT))
+            m->s[i].in_since = m->now;
         m->s[i].cur_tactic = a->tactic;
         m->s[i].cur_dev = a->n_dev;
         m->s[i].cur_host = a->n_host;
@@ -625,6 +639,15 @@ static void check_plan(const struct sim *m, const struct plan *p, int host_ample
             assert_false(s->pinned);
             assert_int_equal(a->n_dev, 0);
             assert_int_equal(a->n_host, a->dropped ? 0 : need);
+            break;
+        case PLAN_ROTATED:
+            assert_true(s->active);
+            assert_false(s->pinned);
+            assert_int_equal(m->mode, PLAN_MODE_AUTO);
+            assert_int_not_equal(g_rotation, PLAN_ROT_OFF);
+            assert_int_equal(a->n_dev, 0);
+            assert_int_equal(a->n_host, need);
+            assert_int_equal(a->reason, PLAN_WHY_ROTATION);
             break;
         case PLAN_WAIT:
             assert_true(s->active || s->pinned);
@@ -911,7 +934,7 @@ static void test_random_auto(void **state)
     memset(seen, 0, sizeof(seen));
     run_sequences(PLAN_MODE_AUTO, 1500, 60, 0x9e3779b97f4a7c15ull);
     for (int t = 0; t < PLAN_N_TACTICS; t++)
-        assert_true(seen[t] > 1000);
+        assert_true(t == PLAN_ROTATED ? seen[t] == 0 : seen[t] > 1000);
 }
 
 /* the later tests plan without a grace, also when test_random_grace failed half way */
@@ -936,7 +959,7 @@ static void test_random_grace(void **state)
     sim_grace = 0;
     assert_true(seen_idle_windowed > 100);
     for (int t = 0; t < PLAN_N_TACTICS; t++)
-        assert_true(seen[t] > 1000);
+        assert_true(t == PLAN_ROTATED ? seen[t] == 0 : seen[t] > 1000);
 }
 
 static void test_random_forced(void **state)
@@ -1024,6 +1047,317 @@ static void test_random_tight_host(void **state)
     assert_true(seen_dropped > 10);
 }
 
+/* --- rotation ------------------------------------------------------------------- */
+
+static int rotation_off(void **state)
+{
+    (void)state;
+    g_rotation = PLAN_ROT_OFF;
+    g_max_stall = 0;
+    return 0;
+}
+
+static size_t count_tactic(const struct plan *p, enum plan_tactic t)
+{
+    size_t c = 0;
+    for (size_t i = 0; i < plan_n_assign(p); i++)
+        c += plan_assign_at(p, i)->tactic == t;
+    return c;
+}
+
+/* plans the 30 sessions s on g with the host and mode given: `want` of them get tactic t */
+static void expect_tactic(const struct plan_gpu *g, const struct plan_session *s, uint32_t host,
+                          enum plan_mode mode, enum plan_tactic t, size_t want)
+{
+    struct plan *p = run_plan(g, 1, host, s, 30, mode, NULL);
+    assert_int_equal(count_tactic(p, t), want);
+    assert_int_equal(plan_get_summary(p)->gpu[0].quantum > 0, count_tactic(p, PLAN_ROTATED) > 0);
+    plan_destroy(p);
+}
+
+/* n new sessions of `need` blocks on one gpu */
+static void new_sessions(struct plan_session *s, size_t n, uint32_t need)
+{
+    for (size_t i = 0; i < n; i++)
+        s[i] = sess(i + 1, need, 1, 0, 0, PLAN_WAIT, i + 1);
+}
+
+/* the rate model: many sessions that each fit rotate where streaming their tails over the
+ * link is slower; a cpu faster than the device (or rotation off) keeps them spilled */
+static void test_rotation_choice(void **state)
+{
+    (void)state;
+    struct plan_gpu g = gpu_with(100);
+    struct plan_session s[30];
+    new_sessions(s, 30, 10);
+    g_rotation = PLAN_ROT_AUTO;
+    g_max_stall = 1000;
+    struct plan *p = run_plan(&g, 1, 1000, s, 30, PLAN_MODE_AUTO, NULL);
+    const struct plan_gpu_summary *gs = &plan_get_summary(p)->gpu[0];
+    assert_int_equal(count_tactic(p, PLAN_RESIDENT), 10);
+    assert_int_equal(count_tactic(p, PLAN_ROTATED), 20);
+    assert_int_equal(gs->n_rotating, 30);
+    assert_int_equal(gs->dev_used, 100);
+    assert_int_equal(gs->window_cap, PLAN_NO_CAP);
+    /* 30 through 10 places: two turns of waiting and one for turns that end together in
+     * 0.8 s, less one place's swap (20 MiB out and in at 50 GB/s) */
+    assert_true(gs->quantum >= 265 && gs->quantum <= 267);
+    assert_int_equal(gs->turn_end, gs->quantum); /* every holder's turn started now (0) */
+    assert_int_equal(plan_get_summary(p)->next_turn, gs->quantum);
+    assert_true(gs->rot_tok_s > gs->spill_tok_s * 1.05 && gs->spill_tok_s > 0);
+    /* the oldest arrivals hold first */
+    for (uint64_t id = 1; id <= 30; id++) {
+        const struct plan_assign *a = plan_find(p, id);
+        assert_int_equal(a->tactic, id <= 10 ? PLAN_RESIDENT : PLAN_ROTATED);
+        assert_int_equal(a->reason, id <= 10 ? PLAN_WHY_TURN : PLAN_WHY_ROTATION);
+    }
+    assert_string_equal(plan_reason_name(PLAN_WHY_TURN), "turn");
+    assert_string_equal(plan_tactic_name(PLAN_ROTATED), "rotated");
+    plan_destroy(p);
+
+    /* the cpu attends the tails faster than the device reads its kv: CPU_TAIL wins */
+    struct plan_gpu fast_cpu = g;
+    fast_cpu.cpu_attn_gbps = 100000;
+    expect_tactic(&fast_cpu, s, 1000, PLAN_MODE_AUTO, PLAN_CPU_TAIL, 30);
+    p = run_plan(&fast_cpu, 1, 1000, s, 30, PLAN_MODE_AUTO, NULL);
+    assert_true(plan_get_summary(p)->gpu[0].spill_tok_s > plan_get_summary(p)->gpu[0].rot_tok_s);
+    plan_destroy(p);
+    /* the stall budget cannot be met (1 ms; over a 5 GB/s link one place's swap alone takes
+     * 4): spill; always rotates */
+    struct plan_gpu slow_link = g;
+    slow_link.pcie_h2d_gbps = 5;
+    slow_link.cpu_attn_gbps = 1; /* and a slower cpu: WINDOW, not CPU_TAIL */
+    g_max_stall = 1;
+    expect_tactic(&slow_link, s, 1000, PLAN_MODE_AUTO, PLAN_WINDOW, 30);
+    g_rotation = PLAN_ROT_ALWAYS;
+    expect_tactic(&slow_link, s, 1000, PLAN_MODE_AUTO, PLAN_ROTATED, 20);
+    /* off, or a forced mode: the spill as before */
+    g_rotation = PLAN_ROT_OFF;
+    g_max_stall = 1000;
+    expect_tactic(&g, s, 1000, PLAN_MODE_AUTO, PLAN_WINDOW, 30);
+    g_rotation = PLAN_ROT_AUTO;
+    expect_tactic(&g, s, 1000, PLAN_MODE_WINDOW, PLAN_WINDOW, 30);
+    /* a small host admits as many as their tails would take (5 wait), and they rotate */
+    expect_tactic(&g, s, 150, PLAN_MODE_AUTO, PLAN_ROTATED, 15);
+    expect_tactic(&g, s, 150, PLAN_MODE_AUTO, PLAN_WAIT, 5);
+}
+
+/* the issue's load on an H100's measured rates (llama3-8b bf16: 16 GB of weights, 32 MiB
+ * blocks of 256 positions; 4k sessions of 20 blocks, 16 fit): auto rotates at every overflow
+ * of the ramp, and one 128k session beside 8 small ones still windows */
+static void test_rotation_issue_shape(void **state)
+{
+    (void)state;
+    const uint64_t blk = 32 * MIB;
+    struct plan_gpu g = {0};
+    g.weights_bytes = 16ull << 30;
+    g.compute_reserve_bytes = 1ull << 30;
+    g.vram_target = g.weights_bytes + g.compute_reserve_bytes + 320 * blk;
+    g.pcie_h2d_gbps = 55;
+    g.host_stream_gbps = 51;
+    g.dev_attn_gbps = 3000;
+    g.cpu_attn_gbps = 20;
+    static struct plan_session s[64];
+    struct plan_input in;
+    plan_input_init(&in);
+    in.rotation = PLAN_ROT_AUTO;
+    in.max_stall = 1000;
+    in.ticks_per_s = 1000;
+    in.block_bytes = blk;
+    in.host_budget = 4096 * blk;
+    in.n_gpus = 1;
+    in.gpus = &g;
+    in.sessions = s;
+    static const size_t loads[] = {20, 28, 40, 64};
+    for (size_t l = 0; l < 4; l++) {
+        new_sessions(s, loads[l], 20);
+        in.n_sessions = loads[l];
+        struct plan *p = NULL;
+        assert_int_equal(plan_compute(&in, NULL, &p), 0);
+        const struct plan_gpu_summary *gs = &plan_get_summary(p)->gpu[0];
+        assert_int_equal(gs->sessions[PLAN_RESIDENT], 16);
+        assert_int_equal(gs->sessions[PLAN_ROTATED], loads[l] - 16);
+        assert_true(gs->quantum > 0 && gs->quantum < 1000);
+        plan_destroy(p);
+    }
+    /* 128k positions (512 blocks) do not fit 320: WINDOW; 8 small ones stay RESIDENT */
+    s[0] = sess(1, 512, 1, 0, 0, PLAN_WAIT, 1);
+    for (int i = 1; i < 9; i++)
+        s[i] = sess((uint64_t)i + 1, 20, 1, 0, 0, PLAN_WAIT, (uint64_t)i + 1);
+    in.n_sessions = 9;
+    struct plan *p = NULL;
+    assert_int_equal(plan_compute(&in, NULL, &p), 0);
+    assert_int_equal(plan_find(p, 1)->tactic, PLAN_WINDOW);
+    for (uint64_t id = 2; id <= 9; id++)
+        assert_int_equal(plan_find(p, id)->tactic, PLAN_RESIDENT);
+    plan_destroy(p);
+}
+
+/* one session too long to fit the device plus small ones: the big one WINDOW, the small ones
+ * RESIDENT, nobody rotates */
+static void test_rotation_big_plus_small(void **state)
+{
+    (void)state;
+    struct plan_gpu g = gpu_with(100);
+    struct plan_session s[9];
+    s[0] = sess(1, 500, 1, 0, 0, PLAN_WAIT, 1);
+    for (int i = 1; i < 9; i++)
+        s[i] = sess((uint64_t)i + 1, 5, 1, 0, 0, PLAN_WAIT, (uint64_t)i + 1);
+    g_rotation = PLAN_ROT_AUTO;
+    g_max_stall = 1000;
+    struct plan *p = run_plan(&g, 1, 1000, s, 9, PLAN_MODE_AUTO, NULL);
+    assert_int_equal(plan_find(p, 1)->tactic, PLAN_WINDOW);
+    assert_int_equal(plan_find(p, 1)->n_dev, 60);
+    for (uint64_t id = 2; id <= 9; id++) {
+        assert_int_equal(plan_find(p, id)->tactic, PLAN_RESIDENT);
+        assert_int_equal(plan_find(p, id)->reason, PLAN_WHY_FITS);
+    }
+    assert_int_equal(plan_get_summary(p)->gpu[0].quantum, 0);
+    plan_destroy(p);
+}
+
+/* the turns over time, as kvmgr runs them (a plan when a turn ends, blocks moved at once):
+ * every session holds the device, no wait exceeds max_stall, each holds >= 0.8 of its fair
+ * share of the time, and sessions of different sizes all get turns */
+static void rotation_turns(uint32_t dev_blocks, const uint32_t *needs, size_t n, uint64_t max_stall,
+                           uint32_t max_out)
+{
+    struct sim m;
+    memset(&m, 0, sizeof(m));
+    m.n_gpus = 1;
+    m.gpu[0] = gpu_with(dev_blocks);
+    m.host_blocks = 4000;
+    m.mode = PLAN_MODE_AUTO;
+    m.now = 1;
+    for (size_t i = 0; i < n; i++) {
+        m.s[i] = sess(i + 1, needs[i], 1, 0, 0, PLAN_WAIT, i + 1);
+        m.s[i].turn_since = m.s[i].in_since = m.now;
+    }
+    m.n = n;
+    g_rotation = PLAN_ROT_ALWAYS;
+    g_max_stall = max_stall;
+    uint64_t held[SIM_MAX] = {0}, last[SIM_MAX], worst[SIM_MAX] = {0}, total = 0, plans = 0;
+    for (size_t i = 0; i < n; i++)
+        last[i] = m.now;
+    struct plan *p = NULL;
+    const uint64_t end = 20 * max_stall, tick = 5;
+    while (m.now < end) {
+        p = settle(&m, p, 1);
+        plans++;
+        const struct plan_gpu_summary *gs = &plan_get_summary(p)->gpu[0];
+        assert_true(gs->quantum > 0);
+        assert_true(gs->turn_end > m.now);
+        assert_int_equal(gs->n_rotating, n);
+        /* turns end a few places at a time (the copies of a turnover stay small) */
+        uint32_t out = 0;
+        for (size_t i = 0; i < n; i++)
+            out += m.s[i].cur_tactic == PLAN_ROTATED && m.s[i].turn_since == m.now &&
+                   m.s[i].cur_dev + m.s[i].cur_host > 0 && m.now > 1;
+        assert_true(out <= max_out);
+        /* kvmgr plans again when a turn ends, noticed within a tick */
+        uint64_t next = plan_get_summary(p)->next_turn;
+        uint64_t t = next + tick - (next % tick);
+        for (size_t i = 0; i < n; i++) {
+            const struct plan_assign *a = plan_assign_at(p, i);
+            if (a->tactic == PLAN_RESIDENT) {
+                uint64_t gap = m.now - last[i];
+                worst[i] = gap > worst[i] ? gap : worst[i];
+                held[i] += t - m.now;
+                last[i] = t;
+            }
+        }
+        total += t - m.now;
+        m.now = t;
+    }
+    plan_destroy(p);
+    /* a holder makes one token a step whatever its size: its fair share of the tokens is
+     * the mean time on the device */
+    uint64_t sum_held = 0;
+    for (size_t i = 0; i < n; i++)
+        sum_held += held[i];
+    for (size_t i = 0; i < n; i++) {
+        double share = (double)held[i] / (double)total;
+        double fair = (double)sum_held / (double)n / (double)total;
+        if (share < 0.8 * fair || worst[i] > max_stall)
+            print_message("session %zu (need %u): held %.3f of the time (fair %.3f), worst "
+                          "wait %llu of %llu\n",
+                          i + 1, needs[i], share, fair, (unsigned long long)worst[i],
+                          (unsigned long long)max_stall);
+        assert_true(share >= 0.8 * fair);
+        assert_true(worst[i] <= max_stall);
+    }
+    assert_true(plans >= 10); /* the turns did change */
+}
+
+static void test_rotation_turns(void **state)
+{
+    (void)state;
+    uint32_t same[30], mixed[24];
+    for (int i = 0; i < 30; i++)
+        same[i] = 10;
+    /* ten places: turns end three at a time */
+    rotation_turns(100, same, 30, 1000, 3);
+    rotation_turns(100, same, 12, 1000, 3); /* 20% more than fits */
+    rotation_turns(100, same, 30, 200, 3);  /* a short stall budget: short turns */
+    for (int i = 0; i < 24; i++)
+        mixed[i] = i % 3 == 0 ? 20 : 8;
+    rotation_turns(100, mixed, 24, 1000, 24);
+}
+
+/* the load falls back under the device: every session RESIDENT, nothing rotates */
+static void test_rotation_drain(void **state)
+{
+    (void)state;
+    struct sim m;
+    memset(&m, 0, sizeof(m));
+    m.n_gpus = 1;
+    m.gpu[0] = gpu_with(100);
+    m.host_blocks = 1000;
+    m.mode = PLAN_MODE_AUTO;
+    m.now = 1;
+    new_sessions(m.s, 30, 10);
+    m.n = 30;
+    g_rotation = PLAN_ROT_AUTO;
+    g_max_stall = 1000;
+    struct plan *p = settle(&m, NULL, 1);
+    assert_int_equal(plan_get_summary(p)->gpu[0].sessions[PLAN_ROTATED], 20);
+    /* the holders finish: the rotated ones come in */
+    memmove(&m.s[0], &m.s[10], 20 * sizeof(m.s[0]));
+    m.n = 20;
+    m.now += 10;
+    p = settle(&m, p, 1);
+    assert_int_equal(plan_get_summary(p)->gpu[0].sessions[PLAN_RESIDENT], 10);
+    assert_int_equal(plan_get_summary(p)->gpu[0].sessions[PLAN_ROTATED], 10);
+    m.n = 10;
+    m.now += 10;
+    p = settle(&m, p, 1);
+    assert_int_equal(count_tactic(p, PLAN_RESIDENT), 10);
+    assert_int_equal(plan_get_summary(p)->gpu[0].quantum, 0);
+    assert_int_equal(plan_get_summary(p)->next_turn, 0);
+    for (size_t i = 0; i < m.n; i++) {
+        assert_int_equal(m.s[i].cur_dev, 10);
+        assert_int_equal(plan_assign_at(p, i)->reason, PLAN_WHY_FITS);
+    }
+    plan_destroy(p);
+}
+
+/* budgets, fixed points and drains hold over random runs with rotation on */
+static void test_random_rotation(void **state)
+{
+    (void)state;
+    memset(seen, 0, sizeof(seen));
+    g_rotation = PLAN_ROT_ALWAYS;
+    g_max_stall = 1000;
+    run_sequences(PLAN_MODE_AUTO, 600, 60, 77);
+    g_rotation = PLAN_ROT_AUTO;
+    run_sequences(PLAN_MODE_AUTO, 600, 60, 78);
+    sim_grace = 3; /* idle sessions in their grace take turns too */
+    run_sequences(PLAN_MODE_AUTO, 600, 60, 79);
+    sim_grace = 0;
+    assert_true(seen[PLAN_ROTATED] > 1000);
+    assert_true(seen[PLAN_WINDOW] > 100); /* one too big for the device still windows */
+}
+
 /* the benchmark's load runs (timing is the bench's business, not asserted) */
 static void test_bench_runs(void **state)
 {
@@ -1067,6 +1401,12 @@ int main(void)
         cmocka_unit_test_teardown(test_random_grace, grace_off),
         cmocka_unit_test(test_random_forced),
         cmocka_unit_test(test_random_tight_host),
+        cmocka_unit_test_teardown(test_rotation_choice, rotation_off),
+        cmocka_unit_test_teardown(test_rotation_big_plus_small, rotation_off),
+        cmocka_unit_test(test_rotation_issue_shape),
+        cmocka_unit_test_teardown(test_rotation_turns, rotation_off),
+        cmocka_unit_test_teardown(test_rotation_drain, rotation_off),
+        cmocka_unit_test_teardown(test_random_rotation, rotation_off),
         cmocka_unit_test(test_bench_runs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

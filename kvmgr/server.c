@@ -70,6 +70,8 @@ struct sess {
     int placed;        /* its gpu was chosen (plan_pick_gpu) */
     uint64_t moved_ms; /* last move to another gpu (rkv_now_ms), 0 = never */
     uint32_t tail_pub; /* host blocks its last tactic event said it has */
+    uint64_t turn_since, in_since; /* rotation (rkv_now_ms): see plan_session */
+    int rot_back; /* left ROTATED: runs once its blocks are all back on the device */
 };
 
 struct gpu_state {
@@ -118,6 +120,8 @@ struct kvmgr {
     uint64_t plan_seq; /* plans made so far: the histograms and budget answers name theirs */
     int dirty;         /* something changed since the last plan */
     uint64_t grace_end_ms; /* an idle session's grace ends then: plan again (0 = none) */
+    uint64_t turn_end_ms;  /* a rotation turn ends then: plan again (0 = none) */
+    uint64_t rot_logged_q[KVMGR_MAX_GPUS], rot_logged_ms[KVMGR_MAX_GPUS]; /* log_rotation */
     uint64_t last_hist_ms;
     uint64_t moved_bytes;
     struct proto_wbuf buf;
@@ -346,8 +350,14 @@ static uint32_t sess_tail(const struct kvmgr *k, const struct sess *s)
     return n_host;
 }
 
-static const char *transition_reason(enum plan_tactic from, enum plan_tactic to, int active)
+static const char *transition_reason(enum plan_tactic from, enum plan_tactic to, int active,
+                                     enum plan_reason why)
 {
+    if (to == PLAN_ROTATED)
+        return from == PLAN_WAIT ? "rotation: admitted, waits for its turn"
+                                 : "rotation: turn over, waits for the next";
+    if (why == PLAN_WHY_TURN)
+        return "rotation: its turn on the gpu";
     if (to == PLAN_PARKED)
         return active ? "vram pressure: parked" : "idle: parked to make room";
     if (to == PLAN_WAIT)
@@ -361,6 +371,35 @@ static const char *transition_reason(enum plan_tactic from, enum plan_tactic to,
 
 /* plans every session, moves blocks to match, publishes transitions */
 static void publish_tails(struct kvmgr *k);
+
+/* the rotation decision of each gpu, in the log: when it starts or stops, and when its
+ * quantum moves by a quarter (at most every 10 s); the swaps themselves are tactic events */
+static void log_rotation(struct kvmgr *k, const struct plan *p)
+{
+    const struct plan_summary *sum = plan_get_summary(p);
+    uint64_t now = rkv_now_ms();
+    for (uint32_t g = 0; g < sum->n_gpus && g < KVMGR_MAX_GPUS; g++) {
+        const struct plan_gpu_summary *gs = &sum->gpu[g];
+        uint64_t was = k->rot_logged_q[g], q = gs->quantum;
+        int moved =
+            was && q && (q * 4 < was * 3 || q * 4 > was * 5) && now - k->rot_logged_ms[g] >= 10000;
+        if ((q != 0) == (was != 0) && !moved)
+            continue;
+        if (q)
+            log_info("gpu %u: %u sessions take turns on the device, %u holding it, a turn of "
+                     "%llu ms (rate model: %.0f tok/s rotating, %.0f spilling)",
+                     g, gs->n_rotating, gs->sessions[PLAN_RESIDENT], (unsigned long long)q,
+                     gs->rot_tok_s, gs->spill_tok_s);
+        else
+            log_info("gpu %u: rotation ends (%s)", g,
+                     gs->window_cap == PLAN_NO_CAP && !gs->sessions[PLAN_WINDOW] &&
+                             !gs->sessions[PLAN_CPU_TAIL]
+                         ? "the running sessions fit"
+                         : "spilling the tails is faster now, or one does not fit alone");
+        k->rot_logged_q[g] = q;
+        k->rot_logged_ms[g] = now;
+    }
+}
 
 static int replan(struct kvmgr *k, const char *why)
 {
@@ -389,6 +428,8 @@ static int replan(struct kvmgr *k, const char *why)
             mig_session_state(k->kvb, s->sid, p);
         p->movable = (uint8_t)(!s->nomove && (!s->moved_ms || rkv_now_ms() - s->moved_ms >=
                                                                   KVMGR_MOVE_COOLDOWN_MS));
+        p->turn_since = s->turn_since;
+        p->in_since = s->in_since;
     }
     for (uint32_t g = 0; g < k->n_gpus; g++) {
         /* a live target is planned with all the gpu held besides kv, not just the weights */
@@ -414,6 +455,9 @@ static int replan(struct kvmgr *k, const char *why)
     in.margin_pct = (uint32_t)k->c.margin_pct;
     in.now = rkv_now_ms();
     in.idle_grace = (uint64_t)k->c.park_after_ms;
+    in.rotation = (enum plan_rotation)k->c.rotation;
+    in.max_stall = (uint64_t)k->c.max_stall_ms;
+    in.ticks_per_s = 1000;
     in.n_gpus = k->n_gpus;
     in.gpus = pg;
     in.n_sessions = n;
@@ -443,13 +487,22 @@ static int replan(struct kvmgr *k, const char *why)
          * too (from "new"): else a load that arrives at once logs nothing */
         int first_spill = !s->open && s->tactic == PLAN_WAIT &&
                           (a->tactic == PLAN_WINDOW || a->tactic == PLAN_CPU_TAIL);
+        /* rotation's clock (plan_session.turn_since, in_since) */
+        int on_dev =
+            s->tactic == PLAN_RESIDENT || s->tactic == PLAN_WINDOW || s->tactic == PLAN_CPU_TAIL;
+        if (a->turn_new || ((a->tactic == PLAN_ROTATED || a->tactic == PLAN_PARKED) && on_dev))
+            s->turn_since = in.now;
+        if (a->n_dev && (s->tactic == PLAN_ROTATED || s->tactic == PLAN_WAIT))
+            s->in_since = in.now;
+        if (s->tactic == PLAN_ROTATED && a->tactic != PLAN_ROTATED)
+            s->rot_back = 1;
         if ((s->tactic != a->tactic && s->open) || first_spill) {
             struct proto_tactic_event ev = {0};
             ev.session_id = a->id;
             ev.from = first_spill ? PROTO_TACTIC_NEW : tactic_to_proto(s->tactic);
             ev.to = tactic_to_proto(a->tactic);
             snprintf(ev.reason, sizeof ev.reason, "%s (%s)",
-                     transition_reason(s->tactic, a->tactic, s->active), why);
+                     transition_reason(s->tactic, a->tactic, s->active, a->reason), why);
             ev.tail_blocks = s->open ? sess_tail(k, s) : a->n_host;
             s->tail_pub = (uint32_t)ev.tail_blocks;
             ev.bytes_moved = (uint64_t)(a->demote + a->promote) * k->block_bytes;
@@ -471,10 +524,14 @@ static int replan(struct kvmgr *k, const char *why)
             (!k->grace_end_ms || end < k->grace_end_ms))
             k->grace_end_ms = end;
     }
+    k->turn_end_ms = plan_get_summary(p)->next_turn;
+    log_rotation(k, p);
     plan_destroy(k->plan);
     k->plan = p;
     k->plan_seq++;
-    k->dirty = 0;
+    /* a move that waits for room (blocks the workers still hold) or for a step to finish
+     * writing is tried again at the next prep or tick */
+    k->dirty = st.deferred > 0;
     free(ps);
     /* the moves just made changed tails: the sessions list shows them now, not at the next
      * second's tick (a growing spilled session re-plans at every new block) */
@@ -548,6 +605,7 @@ static struct sess *sess_get(struct kvmgr *k, uint64_t sid, uint32_t gpu)
     s->sid = sid;
     s->gpu = gpu;
     s->tactic = PLAN_WAIT;
+    s->turn_since = s->in_since = rkv_now_ms();
     k->dirty = 1;
     return s;
 }
@@ -637,9 +695,20 @@ static int grow(struct kvmgr *k, struct sess *s, const uint32_t *tok, size_t n)
 static int place(struct kvmgr *k, struct sess *s, const struct proto_kv_prep_seq *q)
 {
     const struct plan_assign *a = k->plan ? plan_find(k->plan, s->sid) : NULL;
-    if (!a || a->tactic == PLAN_WAIT || a->tactic == PLAN_PARKED)
+    /* a rotated session waits for its turn: rkvd keeps its request open and retries */
+    if (!a || a->tactic == PLAN_WAIT || a->tactic == PLAN_PARKED || a->tactic == PLAN_ROTATED)
         return RKV_ENOSPACE;
     int rc;
+    /* a rotation holder runs once its blocks are all back on the device (they come in as the
+     * workers release the last holder's): its steps then read only device blocks, in the
+     * all-resident order, and never stream a tail over the link */
+    uint32_t n_dev = 0, n_host = 0;
+    if (s->rot_back && s->open && a->tactic == PLAN_RESIDENT &&
+        kvb_session_counts(k->kvb, s->sid, &n_dev, &n_host) == 0 && n_host > 0) {
+        k->dirty = 1;
+        return RKV_ENOSPACE;
+    }
+    s->rot_back = 0;
     if (!s->open) {
         uint32_t max_dev = a->tactic == PLAN_RESIDENT ? KVB_NONE : (a->n_dev ? a->n_dev : 1);
         if ((rc = open_session(k, s, q, max_dev)))
@@ -806,6 +875,8 @@ static int do_prep(struct kvmgr *k, const struct proto_in *in, struct proto_wbuf
         s->pinned = (m->seqs[i].flags & PROTO_KV_PINNED) != 0;
         s->last_use = now;
     }
+    if (k->turn_end_ms && now >= k->turn_end_ms)
+        k->dirty = 1; /* a rotation turn is over: the next holders come in at this step */
     if (k->dirty)
         replan(k, "sessions changed");
 
@@ -1198,6 +1269,8 @@ void kvmgr_tick(struct kvmgr *k, uint64_t now_ms)
         pools_collect(k);
     if (k->grace_end_ms && now_ms >= k->grace_end_ms)
         k->dirty = 1; /* an idle session's grace is over */
+    if (k->turn_end_ms && now_ms >= k->turn_end_ms)
+        k->dirty = 1; /* a rotation turn is over */
     if (k->dirty)
         replan(k, "periodic");
     if (now_ms - k->last_hist_ms >= 1000) {

@@ -23,6 +23,8 @@ struct kvmgr_conf {
     int64_t workers;
     int64_t margin_pct;
     int64_t park_after_ms;
+    int rotation;         /* enum plan_rotation */
+    int64_t max_stall_ms; /* longest a rotated session waits for its turn */
     int log_level;
 };
 

@@ -431,6 +431,9 @@ static void print_bars(const cJSON *res)
             printf("  %-9s %s %5.0f session(s) %12s\n", g_tactics[t], bar, n,
                    sz(num(b, g_tactics[t])));
         }
+        if (num(g, "rotated") > 0)
+            printf("  %.0f of the parked wait for a rotation turn (their requests run)\n",
+                   num(g, "rotated"));
     }
 }
 

@@ -3,7 +3,8 @@
      --fit-sessions of them, then leave back to 1; per phase aggregate and per-session decode
      tok/s, tactic histogram, device/host bytes, PCIe bytes/s, against the all-resident run and
      max(HBM bound, PCIe bound) for the bytes placed; after each leave, the time until every
-     session is RESIDENT again;
+     session is RESIDENT again; each stream's tok/s and longest gap between tokens, and the
+     rotation's swaps (--no-rotation runs it with rotation off: the A/B);
   2. spill curve: one session of --spill-ctx positions, VRAM target lowered live (rkvctl budget
      set) so its host tail goes 0 -> 100%: decode and prefill tok/s against the bound; beside it
      Hugging Face transformers' offloaded KV cache on a same-shape random-weight llama, when torch
@@ -175,6 +176,8 @@ class Server(gpu_demo.Rkvd):
         if a.threads:
             self.args += ["--threads", str(a.threads)]
         self.args += shlex.split(a.rkvd_args or "")
+        if a.no_rotation:
+            self.args.append("--no-rotation")
         self.port = self.proc = None
         self.used_at_hello = self.weights = self.plan_overhead = 0
 
@@ -679,20 +682,28 @@ def measure(a, srv, streams, secs, label):
     d0, h0 = kv_split(srv, [x for x in s0 if x["id"] in mine] or active)
     dev, host = (d0 + d1) // 2, (h0 + h1) // 2
     # every decode step of a WINDOW session reads its host tail once over the link (a
-    # CPU_TAIL session's tail is read by the worker's cpu threads instead)
+    # CPU_TAIL session's tail is read by the worker's cpu threads instead; a rotated one's
+    # waits on the host and is not read: its swaps count among kvmgr's moves)
     tail0 = {x["id"]: x["tail_tokens"] for x in s0}
     streamed = sum((x["tail_tokens"] + tail0.get(x["id"], x["tail_tokens"])) / 2 * srv.bpt *
                    mine[x["id"]].tokens_in(t0, t1) for x in active
-                   if x["tactic"] != "cpu_tail") / w
+                   if x["tactic"] not in ("cpu_tail", "rotated")) / w
     tactics = {}
     for x in active:
         tactics[x["tactic"]] = tactics.get(x["tactic"], 0) + 1
+    # each stream's longest wait between two bursts in the window (a rotation turn shows here)
+    gaps = [gap_stats(st.times, t0, t1)["max_ms"] for st in streams]
+    swaps = (m1.get("rkv:rotation_swaps_total", 0) - m0.get("rkv:rotation_swaps_total", 0))
     bound = decode_bound(a, len(streams), dev, host)
     rec = {"label": label, "n": len(streams), "window_s": rnd(w), "agg_tok_s": rnd(agg, 2),
            "agg_over": "whole steps" if per is steps else "the window",
            "window_tok_s": rnd(gen / w, 2), "client_tok_s": rnd(sum(per), 2),
            "per_session_tok_s": {"mean": rnd(sum(per) / len(per), 2), "min": rnd(min(per), 2),
                                  "max": rnd(max(per), 2)},
+           "per_session": {st.session: {"tok_s": rnd(r, 2), "longest_gap_ms": g}
+                           for st, r, g in zip(streams, per, gaps)},
+           "longest_gap_ms": max((g for g in gaps if g is not None), default=None),
+           "rotation_swaps_per_s": rnd(swaps / w, 2), "rotated": tac.get("rotated", 0),
            "tactics": tactics, "histogram": tac["sessions"], "histogram_bytes": tac["bytes"],
            "device_used": tac["device_used"], "host_used": tac["host_used"],
            "active_kv_device_bytes": dev, "active_kv_host_bytes": host,
@@ -808,6 +819,28 @@ def judge_ramp(a, rp, ref, spill):
                worst_r, 1.0, worst_p and f"{worst_p['label']}: {worst_p['agg_tok_s']} vs "
                f"{worst_p['single_session_spill_tok_s']} (spill curve at the same tail)",
                none_means="no spill curve covering the tail")
+    # rotation (the issue's overflow table): the aggregate against the all-resident one at the
+    # fitting count, the slowest session's share at the peak, the longest gap of any stream
+    full = ref_at.get(a.fit_sessions)
+    ups_over = [p for p in over if " up " in p["label"]]
+    w = min(ups_over, key=lambda p: p["agg_tok_s"], default=None)
+    target(f"ramp, under overflow: aggregate >= 0.85 x the {a.fit_sessions}-session "
+           "all-resident aggregate (worst phase)", w and ratio(w["agg_tok_s"], full), 0.85,
+           w and f"{w['label']}: {w['agg_tok_s']} vs {full}",
+           none_means="no overflow phase or no resident reference at the fitting count")
+    peak = max(ups_over, key=lambda p: p["n"], default=None)
+    target("ramp, at the peak: slowest session's tok/s >= 0.8 x aggregate / sessions",
+           peak and ratio(peak["per_session_tok_s"]["min"], peak["agg_tok_s"] / peak["n"]), 0.8,
+           peak and f"{peak['label']}: {peak['per_session_tok_s']['min']} vs "
+           f"{rnd(peak['agg_tok_s'] / peak['n'], 2)}", none_means="no overflow phase")
+    gap = max(rp, key=lambda p: p.get("longest_gap_ms") or 0, default=None)
+    target("ramp, any phase: longest gap between two tokens of a stream <= max_stall_ms, ms",
+           gap and gap.get("longest_gap_ms"), a.max_stall_ms,
+           gap and f"{gap['label']} (rotation {'off' if a.no_rotation else 'on'})",
+           none_means="no phase with two bursts", at_most=True)
+    target("ramp, at the peak: time to first token of the newest session <= 2 s",
+           peak and peak.get("arrival_ttft_s"), 2.0, peak and peak["label"],
+           none_means="no overflow phase", at_most=True)
     downs = [p for p in rp if " down " in p["label"]]
     if downs:
         last = downs[-1]
@@ -1260,23 +1293,34 @@ def plots(a):
         return
     rp = ((RES.get("ramp") or {}).get("phases") or [])
     if rp:
-        fig, ax = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
+        fig, ax = plt.subplots(3, 1, figsize=(10, 10), sharex=True)
         x = range(len(rp))
-        ax[0].plot(x, [p["agg_tok_s"] for p in rp], "o-", label="aggregate tok/s")
+        rot = "rotation " + RES["ramp"].get("rotation", "on")
+        ax[0].plot(x, [p["agg_tok_s"] for p in rp], "o-", label=f"aggregate tok/s ({rot})")
         ax[0].plot(x, [p["bound_tok_s"] or float("nan") for p in rp], "k--", label="bound")
         ref = {p["n"]: p["agg_tok_s"] for p in RES["ramp"].get("resident", [])}
         ax[0].plot(x, [ref.get(p["n"], float("nan")) for p in rp], "gs", label="all-resident")
+        full = ref.get(RES["ramp"].get("fit_sessions"))
+        if full:
+            ax[0].axhline(full, color="g", lw=0.8, ls=":", label="all-resident, device full")
         ax[0].set_ylabel("decode tok/s")
         ax[0].legend()
-        bottom = [0] * len(rp)
-        for tac in ("resident", "window", "cpu_tail", "parked"):
-            v = [p["tactics"].get(tac, 0) for p in rp]
-            ax[1].bar(x, v, bottom=bottom, label=tac)
-            bottom = [b + y for b, y in zip(bottom, v)]
-        ax[1].set_xticks(list(x))
-        ax[1].set_xticklabels([p["label"].split(" ", 1)[1] for p in rp], rotation=60)
-        ax[1].set_ylabel("running sessions")
+        # per session: the mean and the slowest, against the fair share of the aggregate
+        ax[1].plot(x, [p["per_session_tok_s"]["mean"] for p in rp], "o-", label="mean session")
+        ax[1].plot(x, [p["per_session_tok_s"]["min"] for p in rp], "v-", label="slowest session")
+        ax[1].plot(x, [0.8 * p["agg_tok_s"] / p["n"] for p in rp], "k:",
+                   label="0.8 x aggregate / sessions")
+        ax[1].set_ylabel("tok/s per session")
         ax[1].legend()
+        bottom = [0] * len(rp)
+        for tac in ("resident", "window", "cpu_tail", "rotated", "parked"):
+            v = [p["tactics"].get(tac, 0) for p in rp]
+            ax[2].bar(x, v, bottom=bottom, label=tac)
+            bottom = [b + y for b, y in zip(bottom, v)]
+        ax[2].set_xticks(list(x))
+        ax[2].set_xticklabels([p["label"].split(" ", 1)[1] for p in rp], rotation=60)
+        ax[2].set_ylabel("running sessions")
+        ax[2].legend()
         fig.tight_layout()
         fig.savefig(Path(a.out) / "ramp.png", dpi=110)
     pts = [p for p in ((RES.get("spill") or {}).get("points") or []) if p.get("decode_tok_s")]
@@ -1343,6 +1387,12 @@ def parse_args(argv):
                     "also decodes (0, rkvd's default: 512 on a GPU, the chunk on the CPU)")
     ap.add_argument("--rkvd-args", help="more rkvd flags for every server, one string (e.g. "
                     "\"--prep-ahead false\" for an A/B)")
+    ap.add_argument("--no-rotation", action="store_true", help="pass --no-rotation to rkvd: "
+                    "sessions past the device spill (WINDOW / CPU_TAIL) instead of taking turns "
+                    "(the ramp's A/B against rotation)")
+    ap.add_argument("--max-stall-ms", type=float, default=1000, help="rkvd's max_stall_ms, "
+                    "which the ramp's longest gap between two tokens of a stream is judged "
+                    "against (pass the flag to rkvd with --rkvd-args when it is not 1000)")
     ap.add_argument("--reserve", default=0, type=int,
                     help="compute reserve, bytes (0: the one the worker measures)")
     ap.add_argument("--ctx", type=int, help="prompt of each ramp / http / budget session "
@@ -1540,6 +1590,7 @@ def run_all(a):
                                                          a.parts and a.backend == "cuda" else 0)
                 tgt = srv.plan_overhead + room_ramp
                 RES["ramp"] = {"resident": ref, "ctx": a.ctx, "turn_tokens": a.turn_tokens,
+                               "rotation": "off" if a.no_rotation else "on",
                                "fit_sessions": a.fit_sessions, "sessions_max": a.sessions_max,
                                "vram_target": tgt, "kv_room_bytes": room_ramp}
                 log(f"ramp: vram target {tgt / GIB:.2f} GiB (KV room {room_ramp / GIB:.2f} GiB: "
