@@ -1827,7 +1827,38 @@ done:
     return name;
 }
 
+/* s as a GBNF literal's body: quote, backslash and control bytes escaped */
+static void sb_literal(struct sb *b, const char *s)
+{
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            sb_printf(b, "\\%c", c);
+        else if (c == '\n')
+            sb_puts(b, "\\n");
+        else if (c < 0x20 || c == 0x7f)
+            sb_printf(b, "\\x%02x", c);
+        else
+            sb_add(b, s, 1);
+    }
+}
+
+static int schema_gbnf(const char *schema, size_t len, const char *prefix, const char *suffix,
+                       char **gbnf, char *err, size_t errlen);
+
 int json_schema_to_gbnf(const char *schema, size_t len, char **gbnf, char *err, size_t errlen)
+{
+    return schema_gbnf(schema, len, NULL, NULL, gbnf, err, errlen);
+}
+
+int json_schema_to_gbnf_framed(const char *schema, size_t len, const char *prefix,
+                               const char *suffix, char **gbnf, char *err, size_t errlen)
+{
+    return schema_gbnf(schema, len, prefix, suffix, gbnf, err, errlen);
+}
+
+static int schema_gbnf(const char *schema, size_t len, const char *prefix, const char *suffix,
+                       char **gbnf, char *err, size_t errlen)
 {
     if (!gbnf || (!schema && len))
         return RKV_EINVAL;
@@ -1846,7 +1877,19 @@ int json_schema_to_gbnf(const char *schema, size_t len, char **gbnf, char *err, 
     if (!rc) {
         /* root first, then the rules it uses */
         struct sb all = {0};
-        sb_printf(&all, "root ::= %s\n", top);
+        sb_puts(&all, "root ::=");
+        if (prefix && *prefix) {
+            sb_puts(&all, " \"");
+            sb_literal(&all, prefix);
+            sb_puts(&all, "\"");
+        }
+        sb_printf(&all, " ( %s )", top);
+        if (suffix && *suffix) {
+            sb_puts(&all, " \"");
+            sb_literal(&all, suffix);
+            sb_puts(&all, "\"");
+        }
+        sb_puts(&all, "\n");
         sb_add(&all, j.out.s ? j.out.s : "", j.out.n);
         free(j.out.s);
         j.out = all;

@@ -16,6 +16,10 @@
  *   to a declared one, after the declared ones.
  * - numbers: at most 16 integer digits, 16 fraction digits, 3 exponent digits. */
 int json_schema_to_gbnf(const char *schema, size_t len, char **gbnf, char *err, size_t errlen);
+/* the same, framed: the text is prefix, then the schema's JSON, then suffix (a tool call's
+ * markup around its JSON object); NULL is "" */
+int json_schema_to_gbnf_framed(const char *schema, size_t len, const char *prefix,
+                               const char *suffix, char **gbnf, char *err, size_t errlen);
 /* GBNF of any JSON object (json_object mode); static text */
 const char *json_schema_any_object_gbnf(void);
 

@@ -59,9 +59,9 @@ struct api_call {
     const char *model; /* the served name reported back */
     uint64_t created;
     void *data;
-    int closed;  /* the client is gone */
-    int in_api;  /* inside an api_call_* function: cancel is not called then */
-    int started; /* SSE head sent */
+    int closed;            /* the client is gone */
+    int in_api;            /* inside an api_call_* function: cancel is not called then */
+    int started;           /* SSE head sent */
     struct api_choice *ch; /* (n_ch) = api_request_seqs */
     size_t n_ch;
     int64_t key;     /* the api key's id when its limits apply, else 0 */

@@ -1135,6 +1135,12 @@ static int parse_body(enum api_endpoint ep, const char *body, size_t len,
         rc = parse_fanout(&p, root, r);
     if (rc == 0 && ep == API_CHAT)
         rc = api_tools_parse(root, r, err);
+    if (rc == 0 && r->grammar && api_tools_forces_call(r->tools)) {
+        api_error_set(err, 400, "tool_choice",
+                      "a forced tool call and a JSON response_format cannot both shape the "
+                      "answer; send one of them");
+        rc = RKV_EINVAL;
+    }
 out:
     return parse_end(root, rc, err, r, ep);
 }

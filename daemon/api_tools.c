@@ -198,14 +198,6 @@ static int parse_choice(const cJSON *root, struct api_tools *t, struct api_error
                     named ? "function" : "required");
     if (t->choice == API_TOOL_CHOICE_AUTO && !t->n_tools)
         t->choice = API_TOOL_CHOICE_NONE;
-    if ((named || t->choice == API_TOOL_CHOICE_REQUIRED) && !api_tools_constraint_available()) {
-        api_error_set(err, 400, "tool_choice",
-                      "tool_choice %s is not available yet in rkv (it needs constrained "
-                      "decoding); send \"auto\" and describe the wanted call in the messages",
-                      named ? "naming a function" : "\"required\"");
-        err->code = "unsupported_parameter";
-        return RKV_EINVAL;
-    }
     return 0;
 }
 
@@ -479,10 +471,10 @@ int api_tools_render(const struct tok *t, const struct api_request *r, char **te
 
 /* --- constrained decoding ------------------------------------------------------------------ */
 
-int api_tools_constraint_available(void)
+int api_tools_forces_call(const struct api_tools *t)
 {
-    /* the one switch: return 1 once the scheduler decodes under api_tools_constraint() */
-    return 0;
+    return t && t->n_tools &&
+           (t->choice == API_TOOL_CHOICE_REQUIRED || t->choice == API_TOOL_CHOICE_NAMED);
 }
 
 /* the schema of one call object of tool k: {"name": const, args: its parameters} */

@@ -87,9 +87,8 @@ struct api_tool_constraint {
     const char *suffix;
 };
 int api_tools_constraint(const struct api_tools *t, struct api_tool_constraint *out);
-/* 1 when the scheduler honours tool_choice "required" and named tools (constrained
- * decoding wired); until then they are a 400 */
-int api_tools_constraint_available(void);
+/* 1 when tool_choice forces a call ("required" or a named tool, with tools) */
+int api_tools_forces_call(const struct api_tools *t);
 
 /* 1 when a control token whose text is s[0..n) is markup this request's output parser reads
  * (the format's call markers, <think> and </think>): the scheduler then puts its text in the

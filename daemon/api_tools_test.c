@@ -396,11 +396,6 @@ static const struct bad bad_fields[] = {
     {"{" MSG ",\"tools\":[" TOOL("a") "],\"tool_choice\":{\"type\":\"function\",\"function\":"
                                       "{\"name\":\"b\"}}}",
      "tool_choice.function.name", "'b' is not one of the request's tools"},
-    {"{" MSG ",\"tools\":[" TOOL("a") "],\"tool_choice\":\"required\"}", "tool_choice",
-     "not available yet"},
-    {"{" MSG ",\"tools\":[" TOOL("a") "],\"tool_choice\":{\"type\":\"function\",\"function\":"
-                                      "{\"name\":\"a\"}}}",
-     "tool_choice", "not available yet"},
     {"{" MSG ",\"parallel_tool_calls\":\"yes\"}", "parallel_tool_calls", "true or false"},
     {"{" MSG ",\"chat_template_kwargs\":[]}", "chat_template_kwargs", "an object of template"},
     {"{" MSG ",\"chat_template_kwargs\":{\"tools\":[]}}", "chat_template_kwargs.tools",
@@ -471,6 +466,7 @@ static void test_constraint(void **state)
     (void)state;
     struct api_tools t = {0};
     t.tools_json = "[" TOOL("a") ",{\"type\":\"function\",\"function\":{\"name\":\"b\"}}]";
+    t.n_tools = 2;
     t.choice = API_TOOL_CHOICE_NAMED;
     t.choice_name = "b";
     t.format = API_TOOL_FMT_HERMES;
@@ -496,7 +492,9 @@ static void test_constraint(void **state)
     free(c.schema);
     t.choice = API_TOOL_CHOICE_AUTO;
     assert_int_equal(api_tools_constraint(&t, &c), RKV_EINVAL);
-    assert_int_equal(api_tools_constraint_available(), 0);
+    assert_false(api_tools_forces_call(&t));
+    t.choice = API_TOOL_CHOICE_REQUIRED;
+    assert_true(api_tools_forces_call(&t));
 }
 
 /* control tokens the scheduler keeps as text: this request's markers only */

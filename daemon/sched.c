@@ -7,6 +7,7 @@
 #include <sys/random.h>
 
 #include "common/err.h"
+#include "common/json_schema.h"
 #include "common/log.h"
 #include "common/stop.h"
 #include "common/tok.h"
@@ -30,6 +31,11 @@ struct fan {
     struct api_usage usage; /* each prompt once, every sequence's completion */
     enum api_finish last;
     uint64_t t_arrival_ns, t_first_ns;
+    /* the grammar every sequence samples under: the request's response_format, or for
+     * tool_choice "required" / a named tool the call's markup around its JSON (made here,
+     * where the chat template says which markup); NULL: free text */
+    const char *grammar;
+    char *tool_grammar; /* owned, when grammar is a tool call's */
 };
 
 /* one sequence of a request */
@@ -52,7 +58,7 @@ struct seq {
     struct stop *stop;
     int in_flight; /* part of the job now running */
     int cancelled;
-    int stalled;   /* kvmgr had no room for it last step */
+    int stalled; /* kvmgr had no room for it last step */
     uint64_t t_arrival_ns, t_first_ns, t_last_ns;
     uint64_t max_gap_ns;     /* the longest wait between two of its tokens (a rotation turn) */
     struct seq *prev, *next; /* the waiting queue or a worker's running list */
@@ -67,14 +73,14 @@ struct session {
     int64_t owner;
     int32_t *tokens; /* (n_tokens) prompt and generated tokens */
     uint32_t n_tokens, cap;
-    uint32_t n_kv;          /* positions whose KV kvmgr holds */
-    uint32_t n_owed;        /* ids before position n_kv kvmgr was not told yet (a step of
-                             * several decode steps picked them): the next prep brings them */
-    uint32_t worker;        /* where its sampler state lives */
-    int worker_knows;       /* the worker has a sampler for it */
-    int kvmgr_knows;        /* kvmgr has blocks for it (else the next prep says NEW) */
-    int pinned;             /* operator pinned: kvmgr keeps it resident */
-    struct seq *busy;       /* the request using it, or NULL */
+    uint32_t n_kv;    /* positions whose KV kvmgr holds */
+    uint32_t n_owed;  /* ids before position n_kv kvmgr was not told yet (a step of
+                       * several decode steps picked them): the next prep brings them */
+    uint32_t worker;  /* where its sampler state lives */
+    int worker_knows; /* the worker has a sampler for it */
+    int kvmgr_knows;  /* kvmgr has blocks for it (else the next prep says NEW) */
+    int pinned;       /* operator pinned: kvmgr keeps it resident */
+    struct seq *busy; /* the request using it, or NULL */
     uint64_t last_use_ms;
     struct session *lru_prev, *lru_next; /* named sessions, most recent first */
 };
@@ -86,16 +92,16 @@ struct seq_list {
 
 struct worker_slot {
     int up;
-    int busy; /* a job is with the driver */
-    int drained; /* operator drain: no new sessions */
-    uint32_t failures; /* consecutive failed steps */
+    int busy;                  /* a job is with the driver */
+    int drained;               /* operator drain: no new sessions */
+    uint32_t failures;         /* consecutive failed steps */
     uint64_t first_failure_ms; /* when the run of failures began */
     struct seq_list running;
-    struct rkv_vec closes; /* uint64_t sids to release before the next step */
+    struct rkv_vec closes;  /* uint64_t sids to release before the next step */
     struct rkv_vec forgets; /* uint64_t sids whose sampler this worker drops (moved away) */
     struct rkv_vec idles;
-    struct rkv_vec picks; /* struct pick: kick's scratch */
-    double step_ms;       /* the last step's time per decode step (decode_steps_ms) */
+    struct rkv_vec picks;     /* struct pick: kick's scratch */
+    double step_ms;           /* the last step's time per decode step (decode_steps_ms) */
     struct sched_steps steps; /* its step sizes (sched_worker_up) */
     uint32_t beside;          /* beside_decode_ms's learned size (0: steps' own) */
     uv_timer_t retry;
@@ -122,7 +128,7 @@ struct sched {
     uint32_t n_named;
     uint64_t next_sid;
     int draining;
-    int serving; /* a worker has been up (later, requests wait for a restarted one) */
+    int serving;        /* a worker has been up (later, requests wait for a restarted one) */
     uint32_t kvmgr_pid; /* the kvmgr holding the sessions' KV (0: not seen yet) */
     uint32_t kv_gen;    /* bumped when kvmgr restarts: steps of older ones are stale */
     uint32_t n_closing;
@@ -459,6 +465,7 @@ static int check_prompt(struct sched *s, const struct api_request *r, size_t i, 
 
 static void fan_free(struct fan *f)
 {
+    free(f->tool_grammar);
     free(f->seqs);
     free(f);
 }
@@ -576,6 +583,37 @@ static int seq_start(struct sched *s, struct fan *f, uint32_t index, const int32
 static void fan_fail(struct fan *f, int status, const char *msg);
 static void fan_abort(struct fan *f);
 
+/* tool_choice "required" or a named tool: the grammar of one call in the format the rendered
+ * template implies (api_tools_render set it) */
+static int tool_grammar(const struct api_request *r, char **out, char *err, size_t errlen,
+                        int *status)
+{
+    struct api_tool_constraint tc;
+    *out = NULL;
+    if (!api_tools_forces_call(r->tools))
+        return 0;
+    *status = 400; /* api_parse refused a response_format beside it */
+    int rc = api_tools_constraint(r->tools, &tc);
+    if (rc == RKV_EINVAL) {
+        snprintf(err, errlen,
+                 "tool_choice: this model's chat template has no tool call markup rkv knows "
+                 "(Hermes <tool_call>, Llama 3 JSON, Mistral [TOOL_CALLS]), so a call cannot be "
+                 "forced; send tool_choice \"auto\"");
+        return rc;
+    }
+    if (rc == 0) {
+        char why[400] = "";
+        rc = json_schema_to_gbnf_framed(tc.schema, strlen(tc.schema), tc.prefix, tc.suffix, out,
+                                        why, sizeof why);
+        if (rc && rc != RKV_ENOMEM)
+            snprintf(err, errlen, "tools: a function's parameters: %s", why);
+        free(tc.schema);
+    }
+    if (rc == RKV_ENOMEM)
+        *status = 500;
+    return rc;
+}
+
 static int submit_cb(void *ctx, struct api_call *call, const struct api_request *r)
 {
     struct sched *s = ctx;
@@ -615,6 +653,9 @@ static int submit_cb(void *ctx, struct api_call *call, const struct api_request 
         if (rc == 0)
             rc = check_prompt(s, r, i, toks[i].len, err, sizeof err, &status);
     }
+    if (rc == 0)
+        rc = tool_grammar(r, &f->tool_grammar, err, sizeof err, &status);
+    f->grammar = f->tool_grammar ? f->tool_grammar : r->grammar;
     /* every prompt's sequences; a refusal of one is the request's */
     api_call_set_data(call, f);
     for (uint32_t j = 0; j < n_seqs && rc == 0; j++) {
@@ -1001,9 +1042,9 @@ static struct step_job *job_alloc(uint32_t n_seqs, size_t n_tokens, uint32_t n_c
 }
 
 /* how many decode steps job runs (sched_config.decode_steps): several only when every
- * sequence decodes one token, asks for no top alternatives, has room for them (its max_tokens and the context),
- * kvmgr knows it, and nothing waits to be admitted; at most decode_steps_ms at the pace of
- * the step before */
+ * sequence decodes one token, asks for no top alternatives, has room for them (its max_tokens and
+ * the context), kvmgr knows it, and nothing waits to be admitted; at most decode_steps_ms at the
+ * pace of the step before */
 static uint32_t decode_steps(const struct sched *s, const struct worker_slot *ws,
                              const struct step_job *j)
 {
@@ -1173,8 +1214,8 @@ static void kick(struct sched *s, uint32_t w)
             arena += 2 * q->req->n_logit_bias;
             /* the grammar stays the request's: a request outlives its jobs (a cancelled one
              * waits for the job in flight) */
-            js->sp.grammar = q->req->grammar;
-            js->sp.grammar_len = q->req->grammar ? (uint32_t)strlen(q->req->grammar) : 0;
+            js->sp.grammar = q->fan->grammar;
+            js->sp.grammar_len = q->fan->grammar ? (uint32_t)strlen(q->fan->grammar) : 0;
         }
         if (!se->kvmgr_knows) {
             js->is_new = 1;
@@ -1218,7 +1259,8 @@ static void seq_rebind(struct sched *s, struct seq *q, uint32_t to)
     uint32_t from = q->worker;
     if (to >= s->cfg.n_workers || to == from) {
         log_warn("kvmgr moved session %llu to gpu %u, which rkvd does not run; it stays on "
-                 "worker %u", (unsigned long long)se->sid, to, from);
+                 "worker %u",
+                 (unsigned long long)se->sid, to, from);
         return;
     }
     list_remove(&s->workers[from].running, q);
@@ -1235,8 +1277,8 @@ static void seq_rebind(struct sched *s, struct seq *q, uint32_t to)
         snprintf(t, sizeof t, "%u", to);
         const char *lv[2] = {f, t};
         metric_inc(s->m_sess_moved, lv, 1);
-        log_debug("session %llu: runs on worker %u now (was %u)", (unsigned long long)se->sid,
-                  to, from);
+        log_debug("session %llu: runs on worker %u now (was %u)", (unsigned long long)se->sid, to,
+                  from);
     }
 }
 
@@ -1485,7 +1527,8 @@ static int kvmgr_adopt(struct sched *s, uint32_t pid)
         return 0; /* first contact */
     s->kv_gen++;
     log_warn("kvmgr restarted (pid %u -> %u): rebuilding every session's KV from its token "
-             "history", old, pid);
+             "history",
+             old, pid);
     size_t it = 0;
     void *v;
     while (rkv_map_next(&s->sessions, &it, NULL, &v)) {
@@ -1509,7 +1552,10 @@ void sched_kvmgr_seen(struct sched *s, uint32_t pid)
             kick(s, w);
 }
 
-void sched_drain(struct sched *s) { s->draining = 1; }
+void sched_drain(struct sched *s)
+{
+    s->draining = 1;
+}
 
 void sched_fail_all(struct sched *s, const char *msg)
 {
@@ -1522,7 +1568,10 @@ void sched_fail_all(struct sched *s, const char *msg)
     update_gauges(s);
 }
 
-void sched_get_stats(const struct sched *s, struct sched_stats *out) { *out = s->st; }
+void sched_get_stats(const struct sched *s, struct sched_stats *out)
+{
+    *out = s->st;
+}
 
 int sched_create(uv_loop_t *loop, const struct sched_config *cfg, const struct tok *tok,
                  const struct sched_driver *drv, struct metrics *metrics, struct store *store,
@@ -1568,11 +1617,10 @@ int sched_create(uv_loop_t *loop, const struct sched_config *cfg, const struct t
     if (metrics) {
         static const char *const ml[] = {"model_name", NULL};
         static const char *const mf[] = {"model_name", "finished_reason", NULL};
-        static const double lat[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25,
-                                     0.5,   0.75,  1.0,  2.5,  5.0,  7.5,  10.0, 20.0, 40.0,
-                                     80.0, 160.0};
+        static const double lat[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25, 0.5,
+                                     0.75,  1.0,   2.5,  5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0};
         static const double itl[] = {0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
-                                     0.3,   0.4,   0.5,  0.75,  1.0,  2.5,   5.0, 7.5, 10.0};
+                                     0.3,   0.4,   0.5,  0.75,  1.0,  2.5,   5.0, 7.5,  10.0};
         static const double iter[] = {1,   8,    16,   32,   64,   128,  256,
                                       512, 1024, 2048, 4096, 8192, 16384};
         size_t nl = sizeof lat / sizeof lat[0], ni = sizeof itl / sizeof itl[0];
@@ -1586,9 +1634,9 @@ int sched_create(uv_loop_t *loop, const struct sched_config *cfg, const struct t
                                   "Prompt tokens received.", ml, NULL, 0);
         s->m_gen = metrics_add(metrics, METRIC_COUNTER, "rkv:generation_tokens_total",
                                "Tokens generated.", ml, NULL, 0);
-        s->m_prefill = metrics_add(metrics, METRIC_COUNTER, "rkv:prefill_tokens_total",
-                                   "Prompt tokens computed (not served from a reused prefix).",
-                                   ml, NULL, 0);
+        s->m_prefill =
+            metrics_add(metrics, METRIC_COUNTER, "rkv:prefill_tokens_total",
+                        "Prompt tokens computed (not served from a reused prefix).", ml, NULL, 0);
         s->m_hits = metrics_add(metrics, METRIC_COUNTER, "rkv:prefix_cache_hits_total",
                                 "Prompt tokens served from reused KV.", ml, NULL, 0);
         s->m_ahead = metrics_add(metrics, METRIC_COUNTER, "rkv:kv_prep_ahead_steps_total",
@@ -1675,15 +1723,10 @@ void sched_sessions_foreach(struct sched *s, sched_session_fn fn, void *ud)
     void *v;
     while (rkv_map_next(&s->sessions, &it, NULL, &v)) {
         const struct session *se = v;
-        struct sched_session_info si = {se->sid,
-                                        se->ext_id,
-                                        se->owner,
-                                        se->n_tokens,
-                                        se->n_kv,
-                                        se->worker,
-                                        se->busy != NULL,
-                                        se->pinned,
-                                        se->ext_id[0] ? se->last_use_ms : 0};
+        struct sched_session_info si = {
+            se->sid,          se->ext_id, se->owner,
+            se->n_tokens,     se->n_kv,   se->worker,
+            se->busy != NULL, se->pinned, se->ext_id[0] ? se->last_use_ms : 0};
         fn(ud, &si);
     }
 }

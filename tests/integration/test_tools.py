@@ -149,9 +149,8 @@ def qwen(tiny_model, tmp_path_factory):
     (dict(tools=TOOLS, tool_choice="always"), "tool_choice", ["\"required\""]),
     (dict(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}),
      "tool_choice.function.name", ["not one of the request's tools"]),
-    (dict(tools=TOOLS, tool_choice="required"), "tool_choice", ["not available yet"]),
-    (dict(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}}),
-     "tool_choice", ["not available yet"]),
+    (dict(tools=TOOLS, tool_choice="required", response_format={"type": "json_object"}),
+     "tool_choice", ["send one of them"]),
     (dict(tool_choice="required"), "tool_choice", ["needs tools"]),
     (dict(parallel_tool_calls="no"), "parallel_tool_calls", ["true or false"]),
     (dict(functions=[{"name": "f"}]), "functions", ["as tools"]),
@@ -215,10 +214,10 @@ def calls_of(tool_calls):
     return [(c.function.name, json.loads(c.function.arguments)) for c in tool_calls]
 
 
-def stream(srv, **kw):
+def stream(srv, max_tokens=2, **kw):
     """content, reasoning, the client-reassembled calls and the finish reason of a stream"""
-    chunks = list(client(srv).chat.completions.create(model="tiny", messages=ASK, max_tokens=2,
-                                                      stream=True, **kw))
+    chunks = list(client(srv).chat.completions.create(model="tiny", messages=ASK,
+                                                      max_tokens=max_tokens, stream=True, **kw))
     content = reasoning = ""
     calls = {}
     finish = None
@@ -388,3 +387,62 @@ def test_templates_without_tools_refuse_them(tiny_model, tmp_path_factory):
             assert r.choices[0].message.tool_calls is None
         finally:
             _stop_checked(srv)
+
+
+# --- forced calls: the model's own tokens under a grammar ----------------------------------
+jsonschema = pytest.importorskip("jsonschema")
+
+
+# bounded arguments: a random-weight model's strings end where maxLength says
+BOUNDED = [
+    {"type": "function", "function": {
+        "name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
+                                             "unit": {"enum": ["C", "F"]}},
+            "required": ["city"], "additionalProperties": False}}},
+    {"type": "function", "function": {
+        "name": "get-time", "parameters": {
+            "type": "object", "properties": {"utc": {"type": "boolean"}},
+            "additionalProperties": False}}}]
+
+
+def forced(srv, tool_choice, n=1, stream_it=False, seed=1):
+    """the calls of each choice of a random-weight model's answer under a forced tool_choice"""
+    c = client(srv)
+    kw = dict(model="tiny", messages=ASK, tools=BOUNDED, tool_choice=tool_choice, max_tokens=300,
+              temperature=1.0, seed=seed, n=n)
+    if not stream_it:
+        r = c.chat.completions.create(**kw)
+        return [(ch.finish_reason, ch.message.tool_calls or []) for ch in r.choices]
+    content, _, calls, finish = stream(srv, **{k: v for k, v in kw.items()
+                                               if k not in ("model", "messages", "n")})
+    return content, calls, finish
+
+
+def check_call(name, args):
+    tool = {t["function"]["name"]: t for t in BOUNDED}[name]
+    jsonschema.validate(args, tool["function"].get("parameters", {"type": "object"}))
+
+
+@pytest.mark.parametrize("template", ["qwen25", "llama31", "mistral_v7"])
+def test_required_and_named_calls_always_parse(tiny_model, tmp_path_factory, template):
+    """tool_choice "required" / a named tool: the answer is a call of a listed tool whose
+    arguments validate against its parameters, whatever the weights say"""
+    srv = start(tiny_model, tmp_path_factory, template)
+    try:
+        for seed in range(4):
+            for finish, calls in forced(srv, "required", n=2, seed=seed):
+                assert finish == "tool_calls" and len(calls) == 1, (template, seed)
+                check_call(calls[0].function.name, json.loads(calls[0].function.arguments))
+            named = {"type": "function", "function": {"name": "get_weather"}}
+            for finish, calls in forced(srv, named, seed=seed):
+                assert finish == "tool_calls" and calls[0].function.name == "get_weather"
+                check_call("get_weather", json.loads(calls[0].function.arguments))
+    finally:
+        _stop_checked(srv)
+
+
+def test_required_call_streams(qwen):
+    content, calls, finish = forced(qwen, "required", stream_it=True, seed=5)
+    assert finish == "tool_calls" and len(calls) == 1 and content == ""
+    check_call(calls[0]["name"], json.loads(calls[0]["arguments"]))
