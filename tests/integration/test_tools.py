@@ -446,3 +446,42 @@ def test_required_call_streams(qwen):
     content, calls, finish = forced(qwen, "required", stream_it=True, seed=5)
     assert finish == "tool_calls" and len(calls) == 1 and content == ""
     check_call(calls[0]["name"], json.loads(calls[0]["arguments"]))
+
+
+def test_tool_loop_through_a_session(tiny_model, tmp_path_factory):
+    """an agent's loop: five turns of forced calls and tool answers in one session; each turn's
+    prompt is the last one plus what is new, and only that is prefilled (the rest is the
+    session's KV: usage's cached_tokens)"""
+    srv = start(tiny_model, tmp_path_factory, "qwen25")
+    try:
+        c = client(srv)
+        msgs = list(ASK)
+        last_prompt = 0
+        for turn in range(5):
+            r = c.chat.completions.create(
+                model="tiny", messages=msgs, tools=BOUNDED, max_tokens=200, seed=turn,
+                tool_choice="required" if turn < 4 else "none", temperature=1.0,
+                extra_body={"session_id": "agent-loop"})
+            ch = r.choices[0]
+            u = r.usage
+            cached = (u.prompt_tokens_details.cached_tokens
+                      if u.prompt_tokens_details else 0) or 0
+            if turn:
+                # the previous prompt and answer are in the session: at most the new
+                # messages and the template's wrapping are prefilled
+                assert cached >= last_prompt, (turn, cached, last_prompt)
+            last_prompt = u.prompt_tokens
+            if turn == 4:
+                assert ch.finish_reason in ("stop", "length") and not ch.message.tool_calls
+                break
+            assert ch.finish_reason == "tool_calls", turn
+            call = ch.message.tool_calls[0]
+            check_call(call.function.name, json.loads(call.function.arguments))
+            msgs.append({"role": "assistant", "content": None, "tool_calls": [
+                {"id": call.id, "type": "function",
+                 "function": {"name": call.function.name,
+                              "arguments": call.function.arguments}}]})
+            msgs.append({"role": "tool", "tool_call_id": call.id,
+                         "content": json.dumps({"turn": turn, "ok": True})})
+    finally:
+        _stop_checked(srv)
