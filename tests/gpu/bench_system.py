@@ -11,6 +11,9 @@
      and transformers import and a CUDA device answers;
   3. HTTP overhead: streamed tok/s through HTTP + IPC against the engine's tok/s (gpu_bench's
      decode records when their shape matches, else rkv-gen on the same backend) at batch 1 and N;
+  3b. structured output (--parts structured): the same HTTP batches with every row under a
+     response_format grammar against them unconstrained, in one run (>= 0.95 at batch 1, >= 0.9
+     at the largest);
   4. budget change under load: the KV room halved and restored with greedy streams running:
      time until each plan is in force, no failed request, the same text as without the change.
 Every figure is printed as a ratio to its bound or reference, each target as PASS/FAIL/SKIP.
@@ -294,8 +297,9 @@ class Stream:
     session's next turn sends the same prompt: its KV is reused and the context stays within
     prompt + max_tokens). Counts tokens per chunk from logprobs.tokens."""
 
-    def __init__(self, srv, prompt, max_tokens, session=None, repeat=False, top=0):
+    def __init__(self, srv, prompt, max_tokens, session=None, repeat=False, top=0, body=None):
         self.srv, self.prompt, self.max_tokens = srv, prompt, max_tokens
+        self.body = body or {}  # more request fields (response_format: no ignore_eos then)
         self.session, self.repeat, self.top = session, repeat, top
         self.times, self.cum = [], []  # chunk arrival times and tokens so far
         self.texts, self.finish, self.errors = [], [], []
@@ -336,6 +340,9 @@ class Stream:
                 "temperature": 0, "stream": True, "ignore_eos": True, "logprobs": self.top}
         if self.session:
             body["session_id"] = self.session
+        body.update(self.body)
+        if "response_format" in body:
+            body.pop("ignore_eos")
         c = http.client.HTTPConnection("127.0.0.1", self.srv.port, timeout=self.srv.a.io_timeout)
         with self.lock:
             self.conn = c
@@ -578,9 +585,9 @@ def kv_split(srv, sess):
 # --- 3. HTTP overhead ---------------------------------------------------------------------------
 
 
-def bench_http(a, srv, shape):
+def bench_http(a, srv, shape, body=None, batches=None):
     out = {"ctx": a.ctx, "tokens": a.http_tokens, "runs": []}
-    for b in a.http_batches:
+    for b in batches or a.http_batches:
         if left(a) < a.reserve_s:
             out["runs"].append({"batch": b, "skipped": "out of time"})
             continue
@@ -594,7 +601,7 @@ def bench_http(a, srv, shape):
             s.join(a)
         warm_s = time.monotonic() - t
         m0 = srv.metrics()
-        streams = [Stream(srv, p, a.http_tokens).start() for p in prompts]
+        streams = [Stream(srv, p, a.http_tokens, body=body).start() for p in prompts]
         for s in streams:
             s.join(a)
         m1 = srv.metrics()
@@ -629,6 +636,30 @@ def bench_http(a, srv, shape):
             run["steps"] = step_lines(srv.log(), ta + wall, tb + wall)
         out["runs"].append(run)
         log(f"http: batch {b}: {run}")
+    return out
+
+
+# every row constrained: an array of at least 1000 strings cannot end within the run, so each
+# step masks every row, mostly inside a string (the state whose mask admits most of the
+# vocabulary: one costly walk, then the grammar's shared cache)
+STRUCTURED_FORMAT = {"type": "json_schema", "json_schema": {
+    "name": "long", "schema": {"type": "array", "minItems": 1000, "items": {"type": "string"}}}}
+
+
+def bench_structured(a, srv, shape):
+    """streamed tok/s with every row under a grammar against the same batches unconstrained,
+    in one run (structured output's cost: >= 0.95 at batch 1, >= 0.9 at 64)"""
+    batches = sorted({1, max(a.http_batches)})
+    free = bench_http(a, srv, shape, batches=batches)
+    cons = bench_http(a, srv, shape, body={"response_format": STRUCTURED_FORMAT},
+                      batches=batches)
+    out = {"unconstrained": free, "constrained": cons, "ratios": {}}
+    for f, c in zip(free["runs"], cons["runs"]):
+        r = ratio(c.get("http_tok_s"), f.get("http_tok_s"))
+        out["ratios"][str(f["batch"])] = rnd(r)
+        need = 0.95 if f["batch"] == 1 else 0.9
+        target(f"structured output batch {f['batch']}: constrained tok/s >= {need} x free",
+               rnd(r), need, f"{c.get('http_tok_s')} vs {f.get('http_tok_s')}")
     return out
 
 
@@ -1370,7 +1401,7 @@ def parse_args(argv):
     ap.add_argument("--quick", action="store_true", help="small sizes (the cpu smoke test)")
     ap.add_argument("--strict", action="store_true", help="exit 1 on a FAILed target too")
     ap.add_argument("--deadline", type=float, help="seconds for everything (480; quick 55)")
-    ap.add_argument("--parts", default="http,ramp,spill,gaps,budget,hf")
+    ap.add_argument("--parts", default="http,structured,ramp,spill,gaps,budget,hf")
     ap.add_argument("--preset", help="rkv-mkmodel preset (llama3-8b; quick: tiny)")
     ap.add_argument("--dtype", help="weights (bf16; quick: f32)")
     ap.add_argument("--model", help="a GGUF to use instead of making one")
@@ -1579,6 +1610,8 @@ def run_all(a):
                 f"{srv.block_bytes} bytes; weights {srv.weights >> 20} MiB")
             if "http" in a.parts:
                 RES["http"] = guard("http", bench_http, a, srv, shape)
+            if "structured" in a.parts and left(a) > a.reserve_s:
+                RES["structured"] = guard("structured", bench_structured, a, srv, shape)
             if "ramp" in a.parts and left(a) > a.reserve_s * 2:
                 # the all-resident run: the same sessions up to the fitting count, full target
                 a.ramp_floor = a.reserve_s

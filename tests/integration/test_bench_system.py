@@ -76,6 +76,18 @@ def test_http_runs_have_both_figures(bench):
         assert r["ratio"] == pytest.approx(r["http_tok_s"] / r["engine_tok_s"], rel=1e-2)
 
 
+def test_structured_part_runs_both_and_judges_the_ratio(bench):
+    st = bench["structured"]
+    for side in ("unconstrained", "constrained"):
+        runs = st[side]["runs"]
+        assert runs and all(not r["errors"] for r in runs), runs
+        assert all(r.get("http_tok_s") for r in runs), runs
+    assert set(st["ratios"]) == {str(r["batch"]) for r in st["constrained"]["runs"]}
+    assert all(v and v > 0 for v in st["ratios"].values()), st["ratios"]
+    names = [t["target"] for t in bench["targets"]]
+    assert any(n.startswith("structured output batch 1:") for n in names), names
+
+
 def test_http_runs_read_the_step_lines_of_their_window(bench):
     # the key is there for every measured run; a window shorter than two step-line periods
     # (the cpu's quick runs often are) reads None rather than lines from around it
