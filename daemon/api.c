@@ -894,6 +894,22 @@ static int stream_end_choice(struct api_call *c, struct api_choice *ch)
     return rc;
 }
 
+#define API_SSE_KEEPALIVE ": keep-alive\n\n"
+
+int api_call_keepalive(struct api_call *c)
+{
+    if (c->closed)
+        return RKV_ECLOSED;
+    if (!c->req.stream)
+        return 0;
+    c->in_api = 1;
+    int rc = stream_start(c);
+    if (rc >= 0)
+        rc = http_resp_write(c->http, API_SSE_KEEPALIVE, strlen(API_SSE_KEEPALIVE));
+    c->in_api = 0;
+    return c->closed ? RKV_ECLOSED : rc < 0 ? rc : 0;
+}
+
 int api_call_choice_end(struct api_call *c, uint32_t seq, enum api_finish finish, double score)
 {
     if (c->closed)

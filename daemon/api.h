@@ -368,6 +368,11 @@ int api_call_choice_token(struct api_call *call, uint32_t seq, const char *text,
  * sends its finish chunk now. Then api_call_finish once all have ended ends the call; a
  * sequence not ended by then takes api_call_finish's finish. 0, RKV_ECLOSED as above */
 int api_call_choice_end(struct api_call *call, uint32_t seq, enum api_finish finish, double score);
+/* a streamed call with nothing to send for a while: an SSE comment line (": keep-alive"),
+ * which clients skip, so proxies and client read timeouts do not end a stream that waits (for
+ * its rotation turn, a long prefill, the queue); the SSE head goes first if it has not yet.
+ * nothing for a call that does not stream. 0, RKV_ECLOSED as above */
+int api_call_keepalive(struct api_call *call);
 /* the end: renders the response (or the last SSE events) and frees the call */
 void api_call_finish(struct api_call *call, enum api_finish finish, const struct api_usage *usage);
 /* the end with an error: status and a message naming the cause and the fix;

@@ -61,6 +61,7 @@ struct rkvd_conf {
     int prep_ahead;
     int test_scripted_output;
     int64_t park_after_ms;
+    int64_t sse_keepalive_ms;
     int rotation;
     int64_t max_stall_ms;
     int deterministic;
@@ -169,6 +170,9 @@ static const struct cfg_key keys[] = {
     {K("test_scripted_output", CFG_BOOL, test_scripted_output), .def = "false",
      .help = "TESTS ONLY: every chat answer's text is the environment variable "
              "RKV_TEST_OUTPUT instead of the model's (read only with this key on)"},
+    {K("sse_keepalive_ms", CFG_INT, sse_keepalive_ms), .min = 0, .max = 600000, .def = "10000",
+     .help = "a streamed answer with nothing to send this long (its turn, the queue, a long "
+             "prefill) gets an SSE comment line, so proxies and clients keep it (0 = never)"},
     {K("park_after_ms", CFG_INT, park_after_ms), .min = 0, .max = 3600000, .def = "500",
      .help = "a session between requests keeps its KV on the GPU this long before kvmgr may "
              "park it to host for room (0 = at once)"},
@@ -620,6 +624,8 @@ static void cron_cb(uv_timer_t *t)
     sd_notifyf(0, "STATUS=%s: %u running, %u waiting, %u sessions", d->ready_sent ? "serving" : "starting",
                st.running, st.waiting, st.sessions);
     admin_tick(d->admin);
+    if (d->sched)
+        sched_tick(d->sched);
 }
 
 /* --- admin (rkvctl, the status page) ------------------------------------------------ */
@@ -1098,6 +1104,7 @@ int main(int argc, char **argv)
                               (uint32_t)d.c.decode_steps_ms,
                               (uint32_t)d.c.prefill_beside_decode_ms,
                               d.c.prefix_cache_scope == 1};
+    sc.keepalive_ms = (uint32_t)d.c.sse_keepalive_ms;
     sc.has_fim = fim_find(d.g, &sc.fim);
     if (sc.has_fim)
         log_info("fill in the middle: tokens %d %d %d (pre, suf, mid)", sc.fim.pre, sc.fim.suf,

@@ -35,7 +35,9 @@ struct fan {
      * tool_choice "required" / a named tool the call's markup around its JSON (made here,
      * where the chat template says which markup); NULL: free text */
     const char *grammar;
-    char *tool_grammar; /* owned, when grammar is a tool call's */
+    char *tool_grammar;  /* owned, when grammar is a tool call's */
+    uint64_t t_alive_ns; /* the last token or keep-alive the client got */
+    int gone;            /* a keep-alive found the client gone: being aborted */
 };
 
 /* one sequence of a request */
@@ -1566,6 +1568,38 @@ void sched_fail_all(struct sched *s, const char *msg)
     for (uint32_t w = 0; w < s->cfg.n_workers; w++)
         fail_running(s, w, 503, msg);
     update_gauges(s);
+}
+
+/* a request's stream quiet for keepalive_ms gets a comment; 1 when its client is gone (the
+ * caller aborts it once it no longer walks the lists) */
+static int keepalive(struct sched *s, struct seq *q, uint64_t now)
+{
+    struct fan *f = q->fan;
+    uint64_t last = RKV_MAX(RKV_MAX(f->t_arrival_ns, f->t_alive_ns), q->t_last_ns);
+    if (!f->call || f->gone || !q->req->stream ||
+        now - last < (uint64_t)s->cfg.keepalive_ms * 1000000)
+        return 0;
+    f->t_alive_ns = now;
+    f->gone = api_call_keepalive(f->call) == RKV_ECLOSED;
+    return f->gone;
+}
+
+void sched_tick(struct sched *s)
+{
+    if (!s->cfg.keepalive_ms)
+        return;
+    uint64_t now = rkv_now_ns();
+    struct rkv_vec gone; /* struct fan *: each once */
+    rkv_vec_init(&gone, sizeof(struct fan *));
+    for (uint32_t w = 0; w <= s->cfg.n_workers; w++) {
+        struct seq *q = w < s->cfg.n_workers ? s->workers[w].running.head : s->waiting.head;
+        for (; q; q = q->next)
+            if (keepalive(s, q, now))
+                rkv_vec_push(&gone, &q->fan); /* out of memory: its next token learns it */
+    }
+    for (size_t i = 0; i < gone.len; i++)
+        fan_abort(*rkv_vec_at(&gone, struct fan *, i));
+    rkv_vec_fini(&gone);
 }
 
 void sched_get_stats(const struct sched *s, struct sched_stats *out)

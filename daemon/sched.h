@@ -73,6 +73,9 @@ struct sched_config {
      * suffix is a 400) */
     int has_fim;
     struct fim_tokens fim;
+    /* a streamed request with no token for this long gets an SSE comment (then again after
+     * as long); 0: never */
+    uint32_t keepalive_ms;
 };
 
 /* one sequence of a step: input filled by the scheduler, output by the driver */
@@ -203,6 +206,8 @@ struct sched_stats {
     uint64_t gen_tokens;
 };
 void sched_get_stats(const struct sched *s, struct sched_stats *out);
+/* periodic work (rkvd's cron, once a second): keep-alives of streams that wait */
+void sched_tick(struct sched *s);
 /* the seed of a prompt's choice k: the request's for k = 0 (one choice samples as n = 1
  * does), a mix of both otherwise */
 uint64_t sched_choice_seed(int64_t seed, uint32_t k);
