@@ -477,6 +477,7 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
 
     rkv_map_init(&w.samplers);
+    rkv_map_init(&w.grammars);
     proto_wbuf_init(&w.out);
     if ((rc = load(&w)))
         return 1;
@@ -519,6 +520,8 @@ int main(int argc, char **argv)
     while (rkv_map_next(&w.samplers, &it, NULL, &v))
         samp_destroy(v);
     rkv_map_fini(&w.samplers);
+    gram_sweep(&w, 1);
+    rkv_map_fini(&w.grammars);
     grammar_vocab_destroy(w.gvocab);
     free(w.fseqs);
     free(w.sjobs);

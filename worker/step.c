@@ -28,8 +28,35 @@ void samp_destroy(struct samp *sp)
     if (!sp)
         return;
     sampler_destroy(sp->s); /* before the grammar its matcher reads */
-    grammar_destroy(sp->g);
+    if (sp->gr)
+        sp->gr->refs--;
     free(sp);
+}
+
+static uint64_t text_hash(const char *s, size_t n)
+{
+    uint64_t h = 1469598103934665603ull; /* fnv-1a */
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+    return h;
+}
+
+/* drops cached grammars no sampler uses and none asked for in a while (all with force) */
+void gram_sweep(struct worker *w, int force)
+{
+    size_t it = 0;
+    uint64_t key;
+    void *v;
+    while (rkv_map_next(&w->grammars, &it, &key, &v)) {
+        struct gram_ref *gr = v;
+        if (force || (gr->refs == 0 && w->n_steps - gr->last_step > 1000)) {
+            grammar_destroy(gr->g);
+            free(gr->text);
+            free(gr);
+            rkv_map_del(&w->grammars, key);
+            it = 0;
+        }
+    }
 }
 
 /* the grammar a request's sampler follows: compiled here (rkvd checked it), against the
@@ -57,10 +84,34 @@ static int grammar_for(struct worker *w, const struct proto_step_seq *sq, struct
             return rc;
         }
     }
-    rc = grammar_compile(sq->sampling.grammar, sq->sampling.grammar_len, &sp->g, err, sizeof err);
-    if (rc)
-        log_warn("session %llu: grammar: %s", (unsigned long long)sq->session_id, err);
-    return rc;
+    const char *text = sq->sampling.grammar;
+    size_t len = sq->sampling.grammar_len;
+    /* the text's slot: its hash, or the next free key after another text with that hash */
+    uint64_t key = text_hash(text, len) | 1; /* never the map's reserved 0 */
+    struct gram_ref *gr;
+    while ((gr = rkv_map_get(&w->grammars, key)) &&
+           (strlen(gr->text) != len || memcmp(gr->text, text, len)))
+        key += 2;
+    if (!gr) {
+        gr = calloc(1, sizeof *gr);
+        if (!gr || !(gr->text = strndup(text, len)) || rkv_map_put(&w->grammars, key, gr)) {
+            if (gr)
+                free(gr->text);
+            free(gr);
+            return RKV_ENOMEM;
+        }
+        if ((rc = grammar_compile(text, len, &gr->g, err, sizeof err)) != 0) {
+            log_warn("session %llu: grammar: %s", (unsigned long long)sq->session_id, err);
+            rkv_map_del(&w->grammars, key);
+            free(gr->text);
+            free(gr);
+            return rc;
+        }
+    }
+    gr->refs++;
+    gr->last_step = w->n_steps;
+    sp->gr = gr;
+    return 0;
 }
 
 static struct samp *sampler_for(struct worker *w, const struct proto_step_seq *sq, int *rc)
@@ -79,8 +130,9 @@ static struct samp *sampler_for(struct worker *w, const struct proto_step_seq *s
     }
     sampler_destroy(sp->s);
     sp->s = NULL;
-    grammar_destroy(sp->g);
-    sp->g = NULL;
+    if (sp->gr)
+        sp->gr->refs--;
+    sp->gr = NULL;
     if (sq->sampling.grammar_len && (*rc = grammar_for(w, sq, sp)) != 0)
         return NULL;
     struct sample_params p;
@@ -100,8 +152,8 @@ static struct samp *sampler_for(struct worker *w, const struct proto_step_seq *s
     for (int32_t i = 0; i < p.n_bias; i++)
         bias[i] = (struct sample_bias){sq->sampling.bias[i].id, sq->sampling.bias[i].bias};
     p.bias = bias;
-    p.grammar = sp->g;
-    p.grammar_vocab = sp->g ? w->gvocab : NULL;
+    p.grammar = sp->gr ? sp->gr->g : NULL;
+    p.grammar_vocab = sp->gr ? w->gvocab : NULL;
     char err[256];
     if ((*rc = sample_params_check(&p, err, sizeof err)) != 0) {
         log_warn("session %llu: %s", (unsigned long long)sq->session_id, err);
@@ -114,7 +166,7 @@ static struct samp *sampler_for(struct worker *w, const struct proto_step_seq *s
     sampler_skip_draws(sp->s, sq->n_drawn);
     /* the request's answer so far is the last n_drawn ids of history and this step's tokens */
     uint32_t n_gen = sq->n_drawn, n_all = sq->n_history + sq->n_tokens;
-    for (uint32_t i = n_all - RKV_MIN(n_gen, n_all); sp->g && i < n_all && !*rc; i++)
+    for (uint32_t i = n_all - RKV_MIN(n_gen, n_all); sp->gr && i < n_all && !*rc; i++)
         *rc = sampler_grammar_replay(
             sp->s, i < sq->n_history ? &sq->history[i] : &sq->tokens[i - sq->n_history], 1);
     if (*rc) {
@@ -448,6 +500,7 @@ int step_run(struct worker *w, const struct proto_in *in, struct proto_wbuf *rep
     *reply_type = PROTO_MSG_STEP_RESP;
     if (w->n_steps - w->swept_at >= 4096) {
         sweep_samplers(w);
+        gram_sweep(w, 0);
         w->swept_at = w->n_steps;
     }
     return rc;

@@ -45,13 +45,25 @@ struct worker_conf {
 };
 
 /* a session's sampler, kept between steps */
-struct samp {
-    struct sampler *s;
-    struct grammar *g; /* the request's response_format grammar, or NULL (s reads it) */
+/* a compiled grammar the samplers of every request that sends the same text share (and with
+ * it the grammar's mask cache: a batch of one schema walks the vocabulary once per state) */
+struct gram_ref {
+    char *text;
+    struct grammar *g;
+    uint32_t refs; /* samplers using it; 0: cached until the sweep */
     uint64_t last_step;
 };
-/* frees a session's sampler and its grammar */
+
+struct samp {
+    struct sampler *s;
+    struct gram_ref *gr; /* the request's grammar, or NULL (s reads it) */
+    uint64_t last_step;
+};
+/* frees a session's sampler and drops its grammar */
 void samp_destroy(struct samp *sp);
+struct worker;
+/* frees the cached grammars no sampler uses and none asked for in 1000 steps (all: force) */
+void gram_sweep(struct worker *w, int force);
 
 struct worker {
     struct worker_conf c;
@@ -85,6 +97,7 @@ struct worker {
     struct rkv_map samplers; /* session id -> struct samp */
     /* the vocabulary's token bytes for grammars, made at the first request with one */
     struct grammar_vocab *gvocab;
+    struct rkv_map grammars; /* hash of a grammar's text -> struct gram_ref */
     /* per-step scratch */
     struct fwd_seq *fseqs;
     struct kv_block_ref *refs;

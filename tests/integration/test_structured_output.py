@@ -260,3 +260,37 @@ def test_every_choice_follows_the_schema(rkvd):
         check(ch.message.content, ch.finish_reason, schema, f"choice {ch.index}")
         texts.add(ch.message.content)
     assert len(texts) > 1  # sampled at T=1 with seeds derived per choice
+
+
+LONG = schema_format({"type": "array", "minItems": 1000, "items": {"type": "string"}})
+
+
+def long_stream(srv, kill_after=None):
+    """a seeded completion under a grammar that cannot end within max_tokens; with kill_after,
+    the worker is SIGKILLed once that many chunks arrived"""
+    import os
+    import signal
+    c = openai.OpenAI(base_url=srv.base_url, api_key="none", max_retries=0, timeout=120)
+    text, n, fin = "", 0, None
+    for ch in c.completions.create(model=model(c), prompt=PROMPT, max_tokens=200, seed=9,
+                                   temperature=1.0, stream=True,
+                                   extra_body={"response_format": LONG}):
+        if ch.choices:
+            text += ch.choices[0].text
+            fin = ch.choices[0].finish_reason or fin
+            n += 1
+            if n == kill_after:
+                os.kill(srv.child_pid("rkv-worker"), signal.SIGKILL)
+    return text, fin
+
+
+def test_a_restarted_worker_goes_on_inside_the_grammar(rkvd_factory):
+    """the rebuilt sampler replays the answer so far into its grammar: the same text as an
+    uninterrupted run, still a prefix the schema allows"""
+    srv = rkvd_factory()
+    want = long_stream(srv)
+    assert want[1] == "length" and want[0].startswith("[")
+    restarts = srv.metric("rkv:worker_restarts_total")
+    got = long_stream(srv, kill_after=20)
+    assert srv.metric("rkv:worker_restarts_total") == restarts + 1, "no restart mid-stream"
+    assert got == want
