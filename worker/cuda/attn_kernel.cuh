@@ -284,10 +284,12 @@ __device__ __forceinline__ void attn_merge_last(const struct attn_kargs &a, uint
 /* grid (n_kv_head, n_split, n_qtiles), ATTN_THREADS threads.
  * T: kv element type; CH: keys per chunk (32 per lane group); RMAX: query
  * rows per tile; RPT: accumulator rows per thread. D is a power of two in
- * 8..128 so thread (d = tid % D, rg = tid / D) owns rows rg, rg + 128/D, ...
+ * 8..128 so thread (d = tid % D, rg = tid / D) owns rows rg, rg + 128/D, ...;
+ * with CP > 1, D is CP * 128 and thread tid owns columns tid, tid + 128, ... of
+ * every row (Gemma 3's head_dim 256: CP 2).
  * smem: ks, vs (2 stages, CH, D + pad) of T; qs (R, D) f32; ps (R, CH) f32;
  * cs (R) f32; rp (R) int. */
-template <typename T, int CH, int RMAX, int RPT>
+template <typename T, int CH, int RMAX, int RPT, int CP = 1>
 __global__ void __launch_bounds__(ATTN_THREADS) attn_kernel(struct attn_kargs a)
 {
     constexpr int VEC = 16 / sizeof(T); /* elements per 16-byte copy */
@@ -330,11 +332,13 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_kernel(struct attn_kargs a)
         m_r[k] = -INFINITY;
         l_r[k] = 0.0f;
     }
-    const uint32_t dcol = tid % D, rg = tid / D, n_rg = ATTN_THREADS / D;
-    float acc[RPT];
+    const uint32_t dcol = tid % D, rg = CP > 1 ? 0 : tid / D, n_rg = CP > 1 ? 1 : ATTN_THREADS / D;
+    float acc[CP][RPT];
 #pragma unroll
-    for (int k = 0; k < RPT; k++)
-        acc[k] = 0.0f;
+    for (int p = 0; p < CP; p++)
+#pragma unroll
+        for (int k = 0; k < RPT; k++)
+            acc[p][k] = 0.0f;
 
     long long kp_cur = src.first(ks, vs);
     __syncthreads(); /* qs, rp */
@@ -377,21 +381,26 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_kernel(struct attn_kargs a)
                 cs[r] = corr;
         }
         __syncthreads();
-        /* o += p . v: thread owns column dcol of rows rg, rg + n_rg, ... */
+        /* o += p . v: thread owns column dcol (+ 128 p) of rows rg, rg + n_rg, ... */
         if (rg < n_rg) {
 #pragma unroll
-            for (int k = 0; k < RPT; k++) {
-                uint32_t r = rg + n_rg * k;
-                if (r < rows)
-                    acc[k] *= cs[r];
-            }
-            for (uint32_t c = 0; c < nk; c++) {
-                float v = attn_f(vd[c * DP + dcol]);
+            for (int p = 0; p < CP; p++)
 #pragma unroll
                 for (int k = 0; k < RPT; k++) {
                     uint32_t r = rg + n_rg * k;
                     if (r < rows)
-                        acc[k] += ps[r * CH + c] * v;
+                        acc[p][k] *= cs[r];
+                }
+            for (uint32_t c = 0; c < nk; c++) {
+#pragma unroll
+                for (int p = 0; p < CP; p++) {
+                    float v = attn_f(vd[c * DP + dcol + ATTN_THREADS * p]);
+#pragma unroll
+                    for (int k = 0; k < RPT; k++) {
+                        uint32_t r = rg + n_rg * k;
+                        if (r < rows)
+                            acc[p][k] += ps[r * CH + c] * v;
+                    }
                 }
             }
         }
@@ -406,13 +415,15 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_kernel(struct attn_kargs a)
     float *part = a.part + (size_t)split * a.n_tokens * a.n_head * PD;
     if (rg < n_rg) {
 #pragma unroll
-        for (int k = 0; k < RPT; k++) {
-            uint32_t r = rg + n_rg * k;
-            if (r < rows) {
-                uint32_t t = tok0 + r / g, h = kvh * g + r % g;
-                part[((size_t)t * a.n_head + h) * PD + dcol] = acc[k];
+        for (int p = 0; p < CP; p++)
+#pragma unroll
+            for (int k = 0; k < RPT; k++) {
+                uint32_t r = rg + n_rg * k;
+                if (r < rows) {
+                    uint32_t t = tok0 + r / g, h = kvh * g + r % g;
+                    part[((size_t)t * a.n_head + h) * PD + dcol + ATTN_THREADS * p] = acc[p][k];
+                }
             }
-        }
     }
     if (lane == 0)
         attn_store_ml<RPW>(a, part, m_r, l_r, warp, rows, tok0, kvh);
@@ -1383,7 +1394,8 @@ static int attn_launch(struct cuda_ctx *c, const struct cuda_attn_args *a, struc
         int rc = attn_fa_launch<RMAX>(c, grid, sm, a->s, k);
         if (rc < 0)
             return rc;
-    } else if (c->layout.dtype == KV_F16 && k.D >= 16) {
+    } else if (c->layout.dtype == KV_F16 && k.D >= 16 && k.D <= 128) {
+        /* its q fragments and o tiles cover 128 dims */
         constexpr int MT = RMAX / 16;
         size_t dp = k.D + 8;
         size_t sm = 4 * 64 * dp * 2 + (MT == 1 ? 0 : 2 * (size_t)RMAX * dp * 2) +
@@ -1392,10 +1404,25 @@ static int attn_launch(struct cuda_ctx *c, const struct cuda_attn_args *a, struc
         int rc = attn_launch_fn(c, attn_mma_kernel<MT>, &sm_set, grid, sm, a->s, k);
         if (rc < 0)
             return rc;
+    } else if (c->layout.dtype == KV_F16 && k.D > ATTN_THREADS) {
+        /* head_dim 256: two columns a thread */
+        size_t sm = attn_smem_bytes(2, 64, k.D, k.R);
+        static size_t sm_set;
+        int rc =
+            attn_launch_fn(c, attn_kernel<__half, 64, RMAX, RPT, 2>, &sm_set, grid, sm, a->s, k);
+        if (rc < 0)
+            return rc;
     } else if (c->layout.dtype == KV_F16) {
         size_t sm = attn_smem_bytes(2, 64, k.D, k.R);
         static size_t sm_set;
         int rc = attn_launch_fn(c, attn_kernel<__half, 64, RMAX, RPT>, &sm_set, grid, sm, a->s, k);
+        if (rc < 0)
+            return rc;
+    } else if (k.D > ATTN_THREADS) {
+        size_t sm = attn_smem_bytes(4, 32, k.D, k.R);
+        static size_t sm_set;
+        int rc =
+            attn_launch_fn(c, attn_kernel<float, 32, RMAX, RPT, 2>, &sm_set, grid, sm, a->s, k);
         if (rc < 0)
             return rc;
     } else {
