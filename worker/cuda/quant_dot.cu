@@ -506,8 +506,11 @@ int cuda_quant_dot(struct cuda_ctx *c, float *out, const float *in, const struct
     if (n == 0)
         return 0;
     const uint32_t bv = quant_block_values((uint32_t)w->type);
+    /* the 256-value types load 16-byte words, but for Q6_K (210-byte blocks) and IQ4_XS (136:
+     * 8-byte words) rows of any block count are aligned enough */
     if (n > 8 || !qd_has((int)w->type) || !bv || w->cols % (bv == 256 ? 256 : 32) ||
-        ((uintptr_t)w->data & 15) || (bv == 256 && w->row_bytes % 16 && w->type != BE_Q6_K))
+        ((uintptr_t)w->data & 15) ||
+        (bv == 256 && w->row_bytes % 16 && w->type != BE_Q6_K && w->type != BE_IQ4_XS))
         return 1;
     /* token counts rounded up to 1, 2, 4, 8 instantiations (deterministic: always 8); the
      * activation rows of the instantiation's tokens must fit in shared memory */
