@@ -1212,6 +1212,7 @@ struct grammar_matcher {
     uint32_t *marks; /* per node: the expansion pass that last visited it */
     size_t cap_marks;
     uint32_t gen;
+    uint32_t work; /* stacks visited by this expansion pass (GRAMMAR_MAX_EXPAND) */
     struct sset *sets;
     size_t n_sets, cap_sets;
     uint32_t *sbuckets;
@@ -1302,6 +1303,10 @@ static void m_out(struct grammar_matcher *m, uint32_t id)
 static void m_expand(struct grammar_matcher *m, uint32_t pos, uint32_t parent)
 {
     const struct grammar *g = m->g;
+    /* an ambiguous grammar's parses can multiply with every byte: past the budget the pass
+     * keeps what it has (fewer parses: every text it accepts is still the grammar's) */
+    if (++m->work > GRAMMAR_MAX_EXPAND)
+        return;
     for (;;) {
         const struct gelem *e = &g->elems[pos];
         if (e->kind == E_END) {
@@ -1421,6 +1426,7 @@ static int32_t m_step(struct grammar_matcher *m, int32_t s, uint8_t c)
     if (!st->live)
         return 0;
     m->gen++;
+    m->work = 0;
     m->n_tmp = 0;
     for (uint32_t i = 0; i < st->n; i++) {
         uint32_t id = m->pool[m->sets[s].off + i];
@@ -1470,6 +1476,7 @@ static int32_t m_start_set(struct grammar_matcher *m)
 {
     const struct grammar *g = m->g;
     m->gen++;
+    m->work = 0;
     m->n_tmp = 0;
     for (uint32_t a = g->rule_alt[g->root]; a < g->rule_alt[g->root + 1]; a++)
         m_expand(m, g->alt_start[a], 0);

@@ -29,6 +29,11 @@
  * - the memo tables and interned stacks are bounded: past
  *   GRAMMAR_CACHE_BYTES a matcher drops them and re-interns its current
  *   stacks (correctness never depends on the caches).
+ * - an expansion (one byte's step from a set) visits at most GRAMMAR_MAX_EXPAND
+ *   stacks: an ambiguous grammar whose parses multiply (nested repetitions
+ *   such as ((a+)+)+, in GBNF or a schema's pattern) keeps the parses found
+ *   first, so its matcher accepts less than the grammar but never more, and
+ *   its time per byte stays bounded.
  * - a stack deeper than GRAMMAR_MAX_DEPTH (recursive grammars nested that
  *   deep) is dropped; a repetition count above GRAMMAR_MAX_REPEAT, or a
  *   grammar of more than GRAMMAR_MAX_ELEMS elements, or ( ) nested deeper than
@@ -38,6 +43,7 @@
  *   whatever lies below them; each matcher tries only the tokens that reach below from its
  *   own state. so a batch of sequences of one schema walks the trie once per state. */
 #define GRAMMAR_MAX_DEPTH   4096
+#define GRAMMAR_MAX_EXPAND  4096
 #define GRAMMAR_MAX_REPEAT  10000
 #define GRAMMAR_MAX_ELEMS   (1u << 22)
 #define GRAMMAR_CACHE_BYTES (16u << 20)
