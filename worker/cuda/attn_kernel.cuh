@@ -1369,6 +1369,19 @@ template <int ND> static int attn_dec_per_sm(int nst)
     return nst == 3 ? attn_dec_per_sm_st<ND, 3>() : attn_dec_per_sm_st<ND, 2>();
 }
 
+/* the generic kernel over kv of type T (CH keys a chunk): a column a thread, two past 128 dims
+ * (head_dim 256) */
+template <typename T, int CH, int RMAX, int RPT>
+static int attn_generic_launch(const struct cuda_ctx *c, dim3 grid, cudaStream_t s,
+                               const struct attn_kargs &k)
+{
+    const size_t sm = attn_smem_bytes(sizeof(T), CH, k.D, k.R);
+    static size_t sm_set, sm_set_wide; /* each kernel's raised limit */
+    if (k.D > ATTN_THREADS)
+        return attn_launch_fn(c, attn_kernel<T, CH, RMAX, RPT, 2>, &sm_set_wide, grid, sm, s, k);
+    return attn_launch_fn(c, attn_kernel<T, CH, RMAX, RPT>, &sm_set, grid, sm, s, k);
+}
+
 /* launches one instantiation for the kv dtype: f16 on the tensor cores,
  * f32 (the reference cache type) on the cuda cores */
 template <int RMAX, int RPT>
@@ -1404,31 +1417,10 @@ static int attn_launch(struct cuda_ctx *c, const struct cuda_attn_args *a, struc
         int rc = attn_launch_fn(c, attn_mma_kernel<MT>, &sm_set, grid, sm, a->s, k);
         if (rc < 0)
             return rc;
-    } else if (c->layout.dtype == KV_F16 && k.D > ATTN_THREADS) {
-        /* head_dim 256: two columns a thread */
-        size_t sm = attn_smem_bytes(2, 64, k.D, k.R);
-        static size_t sm_set;
-        int rc =
-            attn_launch_fn(c, attn_kernel<__half, 64, RMAX, RPT, 2>, &sm_set, grid, sm, a->s, k);
-        if (rc < 0)
-            return rc;
-    } else if (c->layout.dtype == KV_F16) {
-        size_t sm = attn_smem_bytes(2, 64, k.D, k.R);
-        static size_t sm_set;
-        int rc = attn_launch_fn(c, attn_kernel<__half, 64, RMAX, RPT>, &sm_set, grid, sm, a->s, k);
-        if (rc < 0)
-            return rc;
-    } else if (k.D > ATTN_THREADS) {
-        size_t sm = attn_smem_bytes(4, 32, k.D, k.R);
-        static size_t sm_set;
-        int rc =
-            attn_launch_fn(c, attn_kernel<float, 32, RMAX, RPT, 2>, &sm_set, grid, sm, a->s, k);
-        if (rc < 0)
-            return rc;
     } else {
-        size_t sm = attn_smem_bytes(4, 32, k.D, k.R);
-        static size_t sm_set;
-        int rc = attn_launch_fn(c, attn_kernel<float, 32, RMAX, RPT>, &sm_set, grid, sm, a->s, k);
+        int rc = c->layout.dtype == KV_F16
+                     ? attn_generic_launch<__half, 64, RMAX, RPT>(c, grid, a->s, k)
+                     : attn_generic_launch<float, 32, RMAX, RPT>(c, grid, a->s, k);
         if (rc < 0)
             return rc;
     }
