@@ -495,7 +495,7 @@ static int run_kernel(const struct bench_opts *o, enum be_type t, struct kern_re
     yq.cols = pf_rows;
     yq.row_bytes = sizeof(float) * pf_rows;
     yq.nbytes = yq.row_bytes * KERN_PF;
-    const int q = quant_is_block((uint32_t)t), exact = !cpu_q_int(BE_Q4_0); /* RKV_CPU_EXACT */
+    const int q = quant_is_block((uint32_t)t), exact = !cpu_q_int(BE_Q4_0, 1); /* RKV_CPU_EXACT */
     cpu_q_use_exact(0);
     if (q && cpu_q_isa_ok(CPU_ISA_AVX512)) {
         cpu_ops_use_avx512(1);
@@ -583,7 +583,7 @@ int bench_cpu(const struct bench_opts *o, cJSON *out)
     char err[256];
     if (backend_create(&(struct backend_opts){"cpu", 1, 0}, &probe, err, sizeof(err)) == 0)
         backend_destroy(probe);
-    const char *qkernels = !cpu_q_int(BE_Q4_0)             ? "exact (dequantized to f32)"
+    const char *qkernels = !cpu_q_int(BE_Q4_0, 1)           ? "exact (dequantized to f32)"
                            : cpu_q_isa() == CPU_ISA_AVX512 ? "avx-512 vnni integer"
                            : cpu_q_isa() == CPU_ISA_AVX2   ? "avx2 integer"
                                                            : "scalar integer";

@@ -628,19 +628,16 @@ static double host_row(struct fwd *f, struct kv_block_ref *tab, const struct dec
 
 static int bench_model(struct backend *be, int quick, const char *preset, int decode, int prefill)
 {
-    struct model_hparams hp = {MODEL_LLAMA, 32,     4096,   14336, 32,        8,    128,
-                               128,         128256, 131072, 1e-5f, 500000.0f, 1.0f, 0};
+    struct model_hparams hp =
+        gm_hparams(MODEL_LLAMA, 32, 4096, 14336, 32, 8, 128, 128256, 1e-5f, 500000.0f);
     if (!strcmp(preset, "small"))
-        hp = (struct model_hparams){MODEL_LLAMA, 8,     1024,   2816,  16,       4,    64,
-                                    64,          32000, 131072, 1e-5f, 10000.0f, 1.0f, 0};
+        hp = gm_hparams(MODEL_LLAMA, 8, 1024, 2816, 16, 4, 64, 32000, 1e-5f, 10000.0f);
     if (!strcmp(preset, "qwen3-8b")) /* q/k norms, neox rope */
-        hp = (struct model_hparams){MODEL_QWEN3, 36,     4096,   12288, 32,         8,    128,
-                                    128,         151936, 131072, 1e-6f, 1000000.0f, 1.0f, 1};
+        hp = gm_hparams(MODEL_QWEN3, 36, 4096, 12288, 32, 8, 128, 151936, 1e-6f, 1000000.0f);
     if (!strcmp(preset, "gemma3-4b")) {
         /* head_dim 256, GeGLU, five local layers of a 1024-position window to a global one (the
          * windows mask keys; every layer still reads its whole kv) */
-        hp = (struct model_hparams){MODEL_GEMMA3, 34,     2560,   10240, 8,          4,    256,
-                                    256,          262144, 131072, 1e-6f, 1000000.0f, 1.0f, 1};
+        hp = gm_hparams(MODEL_GEMMA3, 34, 2560, 10240, 8, 4, 256, 262144, 1e-6f, 1000000.0f);
         hp.n_swa = 1024;
         hp.swa_period = 6;
         hp.rope_base_swa = 10000.0f;

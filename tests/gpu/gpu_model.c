@@ -35,6 +35,26 @@ static int make(struct gm_src *g, struct gu_rng *r, struct model_tensor_src *s, 
     return 0;
 }
 
+struct model_hparams gm_hparams(enum model_arch arch, uint32_t n_layer, uint32_t dim, uint32_t ffn,
+                                uint32_t n_head, uint32_t n_kv_head, uint32_t head_dim,
+                                uint32_t n_vocab, float norm_eps, float rope_base)
+{
+    return (struct model_hparams){.arch = arch,
+                                  .n_layer = n_layer,
+                                  .dim = dim,
+                                  .ffn = ffn,
+                                  .n_head = n_head,
+                                  .n_kv_head = n_kv_head,
+                                  .head_dim = head_dim,
+                                  .n_rot = head_dim,
+                                  .n_vocab = n_vocab,
+                                  .n_ctx = 131072,
+                                  .norm_eps = norm_eps,
+                                  .rope_base = rope_base,
+                                  .rope_scale = 1.0f,
+                                  .rope_neox = arch != MODEL_LLAMA};
+}
+
 int gm_src_init(struct gm_src *g, const struct model_hparams *hp, enum be_type t, uint64_t seed,
                 int layers_distinct)
 {

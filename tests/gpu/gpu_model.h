@@ -13,6 +13,11 @@ struct gm_src {
     void **bufs;
     size_t n_bufs;
 };
+/* a model's hyper-parameters: rope over the whole head, neox rotation but for llama, no
+ * scaling, 131072 positions of context */
+struct model_hparams gm_hparams(enum model_arch arch, uint32_t n_layer, uint32_t dim, uint32_t ffn,
+                                uint32_t n_head, uint32_t n_kv_head, uint32_t head_dim,
+                                uint32_t n_vocab, float norm_eps, float rope_base);
 int gm_src_init(struct gm_src *g, const struct model_hparams *hp, enum be_type t, uint64_t seed,
                 int layers_distinct);
 /* the same with attn_v, ffn_down and output in t_more (BE_Q6_K under BE_Q4_K: a q4_k_m file's

@@ -247,7 +247,7 @@ static int cpu_matmul(void *ctx, struct be_tensor *out, const struct be_tensor *
 {
     struct cpu_ctx *c = ctx;
     struct matmul_arg a = {c, out->data, in->data, w, bias ? bias->data : NULL, n, 0};
-    if (!cpu_q_int(w->type)) { /* f32 sums: 4 weight rows as f32 a thread */
+    if (!cpu_q_int(w->type, n)) { /* f32 sums: 4 weight rows as f32 a thread */
         int rc = ensure_scratch(c, 4 * (size_t)w->cols);
         if (rc < 0)
             return rc;
@@ -686,7 +686,7 @@ int cpu_backend_create(uint32_t n_threads, struct backend **out)
         cpu_q_use_exact(exact[0] - '0');
     log_debug("backend: cpu with %u threads, %s kernels, block types %s", pool_n_threads(c->pool),
               cpu_ops_avx512() ? "avx-512" : "avx2",
-              cpu_q_int(BE_Q4_0) ? "by integer dots" : "dequantized (RKV_CPU_EXACT=1)");
+              cpu_q_int(BE_Q4_0, 1) ? "by integer dots" : "dequantized (RKV_CPU_EXACT=1)");
     return 0;
 fail:
     cpu_destroy(c);

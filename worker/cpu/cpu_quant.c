@@ -55,13 +55,15 @@ enum cpu_isa cpu_q_isa(void)
 
 static int g_exact;
 
-void cpu_q_use_exact(int on)
+void cpu_q_use_exact(int mode)
 {
-    g_exact = on;
+    g_exact = mode;
 }
 
-int cpu_q_int(enum be_type t)
+int cpu_q_int(enum be_type t, uint32_t n_tok)
 {
+    if (g_exact == 2)
+        return n_tok <= 8 && quant_is_block((uint32_t)t) && t != BE_Q2_K && t != BE_Q3_K;
     return !g_exact && quant_is_block((uint32_t)t);
 }
 

@@ -51,11 +51,14 @@ int cpu_q_isa_ok(enum cpu_isa isa);
 enum cpu_isa cpu_q_isa(void);
 
 /* on 1 every block type is dequantized to f32 and summed as f32 weights are (RKV_CPU_EXACT=1;
- * tests and a/b); 0: the integer path */
-void cpu_q_use_exact(int on);
-/* 1 when a matmul over weights of type t quantizes its activations to 8 bits (the integer
- * path), 0 when it dequantizes the weights to f32 */
-int cpu_q_int(enum be_type t);
+ * tests and a/b); 0: the integer path; 2: the cuda backend's twin (gpu tests only): integer
+ * dots for matmuls of at most 8 tokens over the types its decode kernel takes, dequantized
+ * past them (its tensor-core tiles) and for Q2_K / Q3_K (its exact kernel). 2 gives up the
+ * batch invariance of 0 and 1 */
+void cpu_q_use_exact(int mode);
+/* 1 when a matmul of n_tok tokens over weights of type t quantizes its activations to 8 bits
+ * (the integer path), 0 when it dequantizes the weights to f32 */
+int cpu_q_int(enum be_type t, uint32_t n_tok);
 
 /* bytes of one activation row of n values (a multiple of t's block) quantized for t */
 size_t cpu_qx_row_bytes(enum be_type t, uint32_t n);
