@@ -1009,6 +1009,24 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
 /* quantized weights: the bf16 model's marks, then each type's (q4_k_m: Q4_K with Q6_K where a
  * q4_k_m file has it), every row against its own weight bytes; prefill also as a ratio to the
  * bf16 model's in this run */
+/* --quant-types: the quant suite's tags to run (comma-separated; NULL: all) */
+static const char *g_qtypes;
+
+static int qtype_wanted(const char *tag)
+{
+    if (!g_qtypes)
+        return 1;
+    const size_t n = strlen(tag);
+    for (const char *p = g_qtypes; *p;) {
+        const char *e = strchr(p, ',');
+        const size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == n && !strncmp(p, tag, n))
+            return 1;
+        p += len + (e != NULL);
+    }
+    return 0;
+}
+
 static int bench_quant(struct backend *be, int quick, const char *preset)
 {
     static const struct {
@@ -1020,6 +1038,8 @@ static int bench_quant(struct backend *be, int quick, const char *preset)
               {"q8_0", BE_Q8_0, BE_Q8_0, 1}, {"iq4_xs", BE_IQ4_XS, BE_IQ4_XS, 1}};
     int rc = 0;
     for (size_t i = 0; i < sizeof(qs) / sizeof(qs[0]) && rc == 0; i++) {
+        if (!qtype_wanted(qs[i].tag))
+            continue;
         g_wt = qs[i].t;
         g_more = qs[i].more;
         g_tag = qs[i].tag;
@@ -1046,9 +1066,12 @@ int main(int argc, char **argv)
             preset = argv[++i];
         else if (!strcmp(argv[i], "--quick"))
             quick = 1;
+        else if (!strcmp(argv[i], "--quant-types") && i + 1 < argc)
+            g_qtypes = argv[++i];
         else {
             fprintf(stderr, "usage: gpu_bench [--suite all|gemv|linear|attn|decode|prefill|quant] "
                             "[--preset llama3-8b|qwen3-8b|gemma3-4b|small] "
+                            "[--quant-types bf16,q4_k_m,q4_0,q6_k,q8_0,iq4_xs] "
                             "[--quick] [--json FILE]\n");
             return 2;
         }

@@ -446,6 +446,15 @@ static void model_case(struct backend *cpu_be, struct backend *g, const char *la
         (*fail)++;
 }
 
+/* the cpu twin's mode for weights of type t (cpu_q_use_exact): the cuda paths' mirror for block
+ * types; RKV_TEST_QTWIN=exact dequantizes them everywhere (to pair with RKV_CUDA_TUNE=qdot=exact
+ * when a difference is looked for) */
+static int twin_mode(enum be_type t)
+{
+    const char *e = getenv("RKV_TEST_QTWIN");
+    return quant_is_block((uint32_t)t) && !(e && !strcmp(e, "exact")) ? 2 : 1;
+}
+
 int gpu_model_tests(struct backend *cpu_be, struct backend *gpu_be, struct backend *precise,
                     struct backend *det, int *pass, int *fail)
 {
@@ -490,7 +499,7 @@ int gpu_model_tests(struct backend *cpu_be, struct backend *gpu_be, struct backe
          * decode kernels run (qdot=int, up to 8 tokens), dequantized weights where the
          * tensor-core tiles do (the prompt) */
         const int blk = quant_is_block((uint32_t)gt[i].t);
-        cpu_q_use_exact(blk ? 2 : 1);
+        cpu_q_use_exact(twin_mode(gt[i].t));
         int rc = run_greedy(cpu_be, gpu_be, gt[i].t, gt[i].more, &agree, &worst, &free_run);
         if (blk) {
             /* for the record, against the cpu backend as it serves (integer dots for the
@@ -538,7 +547,7 @@ int gpu_model_tests(struct backend *cpu_be, struct backend *gpu_be, struct backe
                 /* bound: 1e-5 when prefill gemms keep f32 activations (precise);
                  * the fast path rounds them to 16 bits */
                 double bound = pm || cfg[i].t == BE_F32 ? 1e-5 : 1e-3;
-                cpu_q_use_exact(quant_is_block((uint32_t)cfg[i].t) ? 2 : 1);
+                cpu_q_use_exact(twin_mode(cfg[i].t));
                 model_case(cpu_be, g, pm ? "prec" : "fast", cfg[i].arch, cfg[i].t, cfg[i].kv, pl,
                            bound, pass, fail);
                 cpu_q_use_exact(1);
