@@ -22,6 +22,7 @@
 #include "worker/forward.h"
 #include "worker/pool.h"
 #include "worker/rates.h"
+#include "worker/tail_policy.h"
 
 static struct rkv_cuda_ceilings ceil_;
 static FILE *js;
@@ -866,7 +867,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
         }
         host_row(f, tab, &db, c, NULL, 0, wbytes, 256 * kv_per_tok, hbm, pcie, &rc);
     }
-    /* the split host read at the share the worker's start-up probe picks (worker/rates.c: the
+    /* the split host read at the share the worker's start-up probe picks (tail_split_share: the
      * cpu's and the link's rates side by side): the long host tails again, at that share. The
      * rows above read host blocks over the link alone (RKV_CUDA_TUNE=host_split=N runs them all
      * at N instead, and skips these) */
@@ -880,7 +881,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
         double cpu = 0, gpu = 0;
         uint32_t pct = 0;
         if (rates_measure(be, &ro, &r) == 0)
-            pct = rates_split_share(&r, &cpu, &gpu);
+            pct = tail_split_share(&r, &cpu, &gpu);
         printf("  split host read: the worker's probe reads the cpu at %.2f GB/s beside the link's "
                "%.2f (alone: cpu %.2f over one block a layer, link %.2f): %u %% on the cpu\n",
                cpu, r.split.link_gbps, r.attn_cpu_gbps, r.pcie_h2d_gbps, pct);
