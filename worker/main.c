@@ -165,8 +165,7 @@ static int apply_host_split(struct worker *w, int cpu_tail, const struct tail_sp
         return 0;
     const struct rates *r = &w->rates;
     const uint32_t pct = cpu_tail ? 0 : sp->pct;
-    const int learn = w->c.host_split < 0;
-    int rc = backend_host_split(w->be, pct, learn);
+    int rc = backend_host_split(w->be, pct);
     if (rc < 0)
         log_warn("the split host read is off: %s%s", rkv_strerror(rc),
                  w->c.deterministic ? " (--deterministic keeps host blocks on the gpu)" : "");

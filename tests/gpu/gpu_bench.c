@@ -889,7 +889,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
         static const struct host_case rows[] = {
             {1, 32768, 500}, {1, 32768, 898}, {1, 32768, 992}, {16, 4096, 500}, {16, 4096, 875}};
         double at_probe[5] = {0};
-        if (pct && backend_host_split(be, pct, 0) == 0)
+        if (pct && backend_host_split(be, pct) == 0)
             for (size_t ri = 0; ri < 5 && rc == 0; ri++)
                 at_probe[ri] = host_row(f, tab, &db, rows[ri], "split", pct, wbytes,
                                         256 * kv_per_tok, hbm, pcie, &rc);
@@ -901,7 +901,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
             double best = 0;
             uint32_t best_pct = 0;
             for (size_t si = 0; si < sizeof(shares) / sizeof(shares[0]) && rc == 0; si++) {
-                if (backend_host_split(be, shares[si], 0) != 0)
+                if (backend_host_split(be, shares[si]) != 0)
                     break;
                 double tps = host_row(f, tab, &db, rows[ri], "share", shares[si], wbytes,
                                       256 * kv_per_tok, hbm, pcie, &rc);
@@ -915,7 +915,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
                 record("decode", name, at_probe[ri] / best, "x", 1.0, at_probe[ri] / best);
             }
         }
-        backend_host_split(be, 0, 0);
+        backend_host_split(be, 0);
     }
     /* prefill: 4k, 16k, 32k resident, with half the kv on host, and with all of it there:
      * as kvmgr serves a prompt when the device has no room for it (each chunk's blocks on

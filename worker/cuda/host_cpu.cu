@@ -284,12 +284,10 @@ int cuda_split_host_cpu(struct cuda_ctx *c, const struct be_batch *b, uint32_t l
     return split_merge(c, out, o_t, n, at);
 }
 
-/* the split host read's share, fixed (learn: pct came from measured rates, which changes
- * nothing here); the host_split knob, when set, wins */
-int cu_host_split(void *ctx, uint32_t pct, int learn)
+/* the split host read's share; the host_split knob, when set, wins */
+int cu_host_split(void *ctx, uint32_t pct)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    (void)learn;
     if (pct && (c->deterministic || c->tune.attn_fixed))
         return RKV_EUNSUPPORTED; /* cuda_host_split_on keeps it off there */
     if (!c->tune.host_split)

@@ -62,7 +62,7 @@ void cuda_host_cpu_fini(struct cuda_host_cpu *h);
 /* the vtable's host_attn_cpu, host_split and set_host_attend (struct backend_i) */
 int cu_host_attn_cpu(void *ctx, int on);
 int cu_set_host_attend(void *ctx, const struct be_host_attend *h);
-int cu_host_split(void *ctx, uint32_t pct, int learn);
+int cu_host_split(void *ctx, uint32_t pct);
 /* the split host read is on for this backend's state (tail_split_on) */
 int cuda_host_split_on(const struct cuda_ctx *c);
 /* the batch's shares (tail_batch's): sc[s] the host blocks of sequence s the gpu stages, meta
