@@ -45,6 +45,11 @@ void tail_split_plan(const struct rates *r, int64_t host_split, int deterministi
         out->gbps = tail_split_gbps(out->pct, out->gpu_gbps, out->cpu_gbps);
 }
 
+int tail_gpu_copies(double copy_gbps, double zero_copy_gbps)
+{
+    return copy_gbps > 0.55 * zero_copy_gbps;
+}
+
 int tail_cpu_wanted(const struct rates *r, int64_t host_attn, double split_gbps)
 {
     return host_attn == 2 ||

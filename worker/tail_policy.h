@@ -43,6 +43,11 @@ struct tail_split_plan {
 };
 void tail_split_plan(const struct rates *r, int64_t host_split, int deterministic,
                      struct tail_split_plan *out);
+/* host blocks the gpu reads reach it by copies into staging (1) rather than zero-copy reads of
+ * pinned host memory (0), from the two paths' measured rates: the attention kernel reaches about
+ * 0.55 of the stream-read rate over zero-copy, and copies also overlap the layer before, so
+ * each is compared by what it delivers. Zero-copy where neither rate is known */
+int tail_gpu_copies(double copy_gbps, double zero_copy_gbps);
 /* CPU_TAIL wanted: host_attn 2 forces it, 1 forbids it, 0 applies common/hosttail.h's rule to
  * r and the split's rate split_gbps (the cpu must beat both the link and the split) */
 int tail_cpu_wanted(const struct rates *r, int64_t host_attn, double split_gbps);

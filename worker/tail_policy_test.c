@@ -103,6 +103,18 @@ static void test_cpu_wanted(void **state)
     assert_false(tail_cpu_wanted(&r, 0, 0)); /* the link wins */
 }
 
+/* copies where they deliver more than zero-copy reads do, at 0.55 of their rate */
+static void test_gpu_copies(void **state)
+{
+    (void)state;
+    assert_true(tail_gpu_copies(50.0, 51.0));  /* copies deliver more */
+    assert_false(tail_gpu_copies(25.0, 51.0)); /* a slow copy engine: zero-copy */
+    assert_false(tail_gpu_copies(28.0, 51.0)); /* just under 0.55 of it */
+    assert_true(tail_gpu_copies(28.1, 51.0));
+    assert_true(tail_gpu_copies(1.0, 0.0));  /* zero-copy unmeasured */
+    assert_false(tail_gpu_copies(0.0, 0.0)); /* nothing measured */
+}
+
 /* the split runs only with a share and a router, and in none of the states it cannot */
 static void test_split_on(void **state)
 {
@@ -231,9 +243,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_split_auto),  cmocka_unit_test(test_split_gbps),
         cmocka_unit_test(test_split_share), cmocka_unit_test(test_split_plan),
-        cmocka_unit_test(test_cpu_wanted),  cmocka_unit_test(test_split_on),
-        cmocka_unit_test(test_split_mode),  cmocka_unit_test(test_seq_share),
-        cmocka_unit_test(test_batch),
+        cmocka_unit_test(test_gpu_copies),  cmocka_unit_test(test_cpu_wanted),
+        cmocka_unit_test(test_split_on),    cmocka_unit_test(test_split_mode),
+        cmocka_unit_test(test_seq_share),   cmocka_unit_test(test_batch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
