@@ -1,4 +1,4 @@
-/* hosttail_test.c - the host-tail tactic's rules (the rate rules' cases are in util_test.c). */
+/* hosttail_test.c - CPU_TAIL's rule. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -8,24 +8,27 @@
 
 #include "common/hosttail.h"
 
-/* a split step's tail against its two gates: 1 ms to split, 1.2 ms to split off the thread */
-static void test_split_mode(void **state)
+/* the cpu must beat the slower of the link and the host-pool read rate */
+static void test_cpu_tail_rule(void **state)
 {
     (void)state;
-    assert_int_equal(hosttail_split_mode(999.9, 1000, 1200), HOSTTAIL_SPLIT_OFF);
-    assert_int_equal(hosttail_split_mode(1000.0, 1000, 1200), HOSTTAIL_SPLIT_INLINE);
-    assert_int_equal(hosttail_split_mode(1199.9, 1000, 1200), HOSTTAIL_SPLIT_INLINE);
-    assert_int_equal(hosttail_split_mode(1200.0, 1000, 1200), HOSTTAIL_SPLIT_ASYNC);
-    /* no gates: every tail splits off the thread; a gate past the other: never async first */
-    assert_int_equal(hosttail_split_mode(0.0, 0, 0), HOSTTAIL_SPLIT_ASYNC);
-    assert_int_equal(hosttail_split_mode(1500.0, 2000, 1200), HOSTTAIL_SPLIT_OFF);
-    assert_int_equal(hosttail_split_mode(2500.0, 2000, 1200), HOSTTAIL_SPLIT_ASYNC);
+    assert_false(hosttail_cpu_faster(55.0, 51.0, 35.0, 0)); /* the H200's host: the link wins */
+    assert_true(hosttail_cpu_faster(12.0, 51.0, 35.0, 0));  /* a slow link */
+    assert_true(hosttail_cpu_faster(55.0, 20.0, 35.0, 0));  /* slow host-pool reads */
+    assert_true(hosttail_cpu_faster(0.0, 20.0, 35.0, 0));   /* no link: the read rate alone */
+    assert_false(hosttail_cpu_faster(0.0, 0.0, 35.0, 0));   /* nothing known: never */
+    assert_false(hosttail_cpu_faster(12.0, 51.0, 0.0, 0));  /* cpu unknown */
+    assert_false(hosttail_cpu_faster(35.0, 51.0, 35.0, 0)); /* a tie keeps the gpu */
+    /* a cpu faster than the link still loses to the split, where the two rates add up */
+    assert_true(hosttail_cpu_faster(55.0, 51.0, 62.0, 0));
+    assert_false(hosttail_cpu_faster(55.0, 51.0, 62.0, 110.0));
+    assert_true(hosttail_cpu_faster(12.0, 12.0, 62.0, 60.0)); /* a split slower than the cpu */
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_split_mode),
+        cmocka_unit_test(test_cpu_tail_rule),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -12,6 +12,7 @@
 
 #include "common/err.h"
 #include "common/grammar.h"
+#include "common/strbuf.h"
 #include "common/util.h"
 
 #define SUPPORTED                                                                                  \
@@ -111,60 +112,22 @@ const char *json_schema_any_object_gbnf(void)
     return ANY_OBJECT;
 }
 
-/* ---- text builder ---- */
-
-struct sb {
-    char *s;
-    size_t n, cap;
-    int oom;
-};
-
-static void sb_add(struct sb *b, const char *s, size_t n)
-{
-    if (b->oom)
-        return;
-    if (rkv_grow((void **)&b->s, &b->cap, b->n + n + 1, 256)) {
-        b->oom = 1;
-        return;
-    }
-    memcpy(b->s + b->n, s, n);
-    b->n += n;
-    b->s[b->n] = 0;
-}
-
-static void sb_puts(struct sb *b, const char *s)
-{
-    sb_add(b, s, strlen(s));
-}
-
-static void sb_printf(struct sb *b, const char *fmt, ...)
-{
-    char tmp[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n < 0 || (size_t)n >= sizeof tmp) {
-        b->oom = 1;
-        return;
-    }
-    sb_add(b, tmp, (size_t)n);
-}
+/* ---- GBNF text ---- */
 
 /* a GBNF literal of bytes: "..." with quote, backslash and control bytes escaped */
-static void sb_lit(struct sb *b, const char *s, size_t n)
+static void sb_lit(struct strbuf *b, const char *s, size_t n)
 {
-    sb_puts(b, "\"");
+    strbuf_puts(b, "\"");
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
         if (c == '"' || c == '\\')
-            sb_printf(b, "\\%c", c);
+            strbuf_printf(b, "\\%c", c);
         else if (c < 0x20 || c == 0x7f)
-            sb_printf(b, "\\x%02x", c);
+            strbuf_printf(b, "\\x%02x", c);
         else
-            sb_add(b, s + i, 1);
+            strbuf_add(b, s + i, 1);
     }
-    sb_puts(b, "\"");
+    strbuf_puts(b, "\"");
 }
 
 /* ---- compiler state ---- */
@@ -176,7 +139,7 @@ struct refmemo {
 
 struct js {
     cJSON *doc;
-    struct sb out; /* the rules so far */
+    struct strbuf out; /* the rules so far */
     unsigned prims;
     unsigned n_rules;
     struct refmemo *refs;
@@ -237,11 +200,11 @@ static char *rule_name(struct js *j, const char *hint)
 }
 
 /* appends "name ::= expr\n" */
-static void emit_rule(struct js *j, const char *name, const struct sb *expr)
+static void emit_rule(struct js *j, const char *name, const struct strbuf *expr)
 {
-    sb_printf(&j->out, "%s ::= ", name);
-    sb_add(&j->out, expr->s ? expr->s : "", expr->n);
-    sb_puts(&j->out, "\n");
+    strbuf_printf(&j->out, "%s ::= ", name);
+    strbuf_append(&j->out, expr);
+    strbuf_puts(&j->out, "\n");
 }
 
 static char *gen(struct js *j, const cJSON *s, const char *path, const char *hint);
@@ -351,10 +314,10 @@ static char *gen_ref(struct js *j, const char *ref, const char *path)
     char *body = gen(j, target, tpath, base && base[1] ? base + 1 : "root");
     if (!body)
         return NULL;
-    struct sb e = {0};
-    sb_puts(&e, body);
+    struct strbuf e = {0};
+    strbuf_puts(&e, body);
     emit_rule(j, name, &e);
-    free(e.s);
+    strbuf_fini(&e);
     free(body);
     return strdup(name);
 }
@@ -428,25 +391,25 @@ static int cps_has(const struct cps *c, uint32_t x)
     return 0;
 }
 
-static void sb_class_char(struct sb *b, uint32_t c)
+static void sb_class_char(struct strbuf *b, uint32_t c)
 {
     if (c == ']' || c == '\\' || c == '-' || c == '^' || c == '"' || c == '[')
-        sb_printf(b, "\\%c", (char)c);
+        strbuf_printf(b, "\\%c", (char)c);
     else if (c < 0x20 || c == 0x7f)
-        sb_printf(b, "\\x%02x", (unsigned)c);
+        strbuf_printf(b, "\\x%02x", (unsigned)c);
     else if (c < 0x80)
-        sb_printf(b, "%c", (char)c);
+        strbuf_printf(b, "%c", (char)c);
     else
-        sb_printf(b, "\\U%08x", (unsigned)c);
+        strbuf_printf(b, "\\U%08x", (unsigned)c);
 }
 
 /* the JSON text of one character of a decoded string in ranges c: a class of the characters
  * that stand for themselves, or their escapes (quote, backslash, \n \t \r) */
-static void sb_json_class(struct sb *b, const struct cps *c0)
+static void sb_json_class(struct strbuf *b, const struct cps *c0)
 {
     struct cps c = *c0;
     cps_norm(&c);
-    struct sb cls = {0};
+    struct strbuf cls = {0};
     int n_cls = 0;
     for (int i = 0; i < c.n; i++) {
         uint32_t lo = c.lo[i], hi = c.hi[i];
@@ -459,7 +422,7 @@ static void sb_json_class(struct sb *b, const struct cps *c0)
                 if (cut[k] > lo) {
                     sb_class_char(&cls, lo);
                     if (cut[k] - 1 > lo) {
-                        sb_puts(&cls, "-");
+                        strbuf_puts(&cls, "-");
                         sb_class_char(&cls, cut[k] - 1);
                     }
                     n_cls++;
@@ -471,20 +434,20 @@ static void sb_json_class(struct sb *b, const struct cps *c0)
             continue;
         sb_class_char(&cls, lo);
         if (hi > lo) {
-            sb_puts(&cls, "-");
+            strbuf_puts(&cls, "-");
             sb_class_char(&cls, hi);
         }
         n_cls++;
     }
     int first = 1;
-    sb_puts(b, "(");
+    strbuf_puts(b, "(");
     if (n_cls) {
-        sb_puts(b, "[");
-        sb_add(b, cls.s, cls.n);
-        sb_puts(b, "]");
+        strbuf_puts(b, "[");
+        strbuf_append(b, &cls);
+        strbuf_puts(b, "]");
         first = 0;
     }
-    free(cls.s);
+    strbuf_fini(&cls);
     static const struct {
         uint32_t c;
         const char *esc;
@@ -496,17 +459,17 @@ static void sb_json_class(struct sb *b, const struct cps *c0)
     for (size_t k = 0; k < RKV_ARRAY_LEN(E); k++) {
         if (!cps_has(&c, E[k].c))
             continue;
-        sb_puts(b, first ? "" : " | ");
-        sb_puts(b, E[k].esc);
+        strbuf_puts(b, first ? "" : " | ");
+        strbuf_puts(b, E[k].esc);
         first = 0;
     }
     if (first)
-        sb_puts(b, "[]"); /* nothing: an impossible class */
-    sb_puts(b, ")");
+        strbuf_puts(b, "[]"); /* nothing: an impossible class */
+    strbuf_puts(b, ")");
 }
 
 /* the JSON text of one literal character */
-static void sb_json_char(struct sb *b, uint32_t c)
+static void sb_json_char(struct strbuf *b, uint32_t c)
 {
     struct cps one = {0};
     cps_add(&one, c, c);
@@ -539,7 +502,7 @@ static void sb_json_char(struct sb *b, uint32_t c)
         sb_json_class(b, &one);
         return;
     }
-    sb_printf(b, "\"\\\\u00%02x\"", (unsigned)c);
+    strbuf_printf(b, "\"\\\\u00%02x\"", (unsigned)c);
 }
 
 /* ---- pattern (regex subset) ---- */
@@ -548,7 +511,7 @@ struct rx {
     struct js *j;
     const char *pat, *p, *end;
     const char *path;
-    struct sb *b;
+    struct strbuf *b;
     int depth;
 };
 
@@ -727,7 +690,7 @@ static int rx_atom(struct rx *r)
             rx_fail(r, "groups nested too deep");
             return -1;
         }
-        sb_puts(r->b, "(");
+        strbuf_puts(r->b, "(");
         if (rx_alt(r, 0))
             return -1;
         r->depth--;
@@ -736,7 +699,7 @@ static int rx_atom(struct rx *r)
             return -1;
         }
         r->p++;
-        sb_puts(r->b, ")");
+        strbuf_puts(r->b, ")");
         return 0;
     }
     if (c == '[')
@@ -779,13 +742,13 @@ static int rx_seq(struct rx *r, int top)
     while (r->p < r->end && *r->p != '|' && *r->p != ')') {
         if (top && *r->p == '$' && r->p + 1 == r->end)
             break;
-        sb_puts(r->b, "(");
+        strbuf_puts(r->b, "(");
         if (rx_atom(r))
             return -1;
-        sb_puts(r->b, ")");
+        strbuf_puts(r->b, ")");
         any = 1;
         if (r->p < r->end && (*r->p == '*' || *r->p == '+' || *r->p == '?')) {
-            sb_add(r->b, r->p, 1);
+            strbuf_add(r->b, r->p, 1);
             r->p++;
         } else if (r->p < r->end && *r->p == '{') {
             const char *q = r->p + 1;
@@ -811,9 +774,9 @@ static int rx_seq(struct rx *r, int top)
                 return -1;
             }
             if (n < 0)
-                sb_printf(r->b, "{%ld,}", m);
+                strbuf_printf(r->b, "{%ld,}", m);
             else
-                sb_printf(r->b, "{%ld,%ld}", m, n);
+                strbuf_printf(r->b, "{%ld,%ld}", m, n);
             r->p = e + 1;
         } else {
             continue;
@@ -825,10 +788,10 @@ static int rx_seq(struct rx *r, int top)
             rx_fail(r, "a possessive quantifier");
             return -1;
         }
-        sb_puts(r->b, " ");
+        strbuf_puts(r->b, " ");
     }
     if (!any)
-        sb_puts(r->b, "\"\"");
+        strbuf_puts(r->b, "\"\"");
     return 0;
 }
 
@@ -839,7 +802,7 @@ static int rx_alt(struct rx *r, int top)
             return -1;
         if (r->p < r->end && *r->p == '|') {
             r->p++;
-            sb_puts(r->b, " | ");
+            strbuf_puts(r->b, " | ");
             continue;
         }
         return 0;
@@ -851,30 +814,28 @@ static int rx_alt(struct rx *r, int top)
  * pattern itself instead of wandering */
 #define PATTERN_FREE 16
 
-static void gen_pattern(struct js *j, struct sb *e, const char *pat, const char *path)
+static void gen_pattern(struct js *j, struct strbuf *e, const char *pat, const char *path)
 {
     size_t n = strlen(pat);
     int start = n && pat[0] == '^';
     int end = n > (size_t)start && pat[n - 1] == '$' && (n < 2 || pat[n - 2] != '\\');
     use_prim(j, P_CHAR);
     struct rx r = {.j = j, .pat = pat, .p = pat + start, .end = pat + n, .path = path};
-    struct sb body = {0};
+    struct strbuf body = {0};
     r.b = &body;
     if (rx_alt(&r, 1) == 0 && r.p < r.end && !(end && r.p + 1 == r.end)) {
         rx_fail(&r, *r.p == ')' ? "an unmatched ')'" : "an anchor inside the pattern");
     }
-    sb_puts(e, "\"\\\"\" ");
+    strbuf_puts(e, "\"\\\"\" ");
     if (!start)
-        sb_printf(e, "char{0,%d} ", PATTERN_FREE);
-    sb_puts(e, "(");
-    sb_add(e, body.s ? body.s : "", body.n);
-    sb_puts(e, ") ");
+        strbuf_printf(e, "char{0,%d} ", PATTERN_FREE);
+    strbuf_puts(e, "(");
+    strbuf_append(e, &body);
+    strbuf_puts(e, ") ");
     if (!end)
-        sb_printf(e, "char{0,%d} ", PATTERN_FREE);
-    sb_puts(e, "\"\\\"\"");
-    if (body.oom)
-        e->oom = 1;
-    free(body.s);
+        strbuf_printf(e, "char{0,%d} ", PATTERN_FREE);
+    strbuf_puts(e, "\"\\\"\"");
+    strbuf_fini(&body);
 }
 
 static const char DATE[] =
@@ -885,21 +846,21 @@ static const char TIME[] =
     "([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] (\".\" [0-9]{1,6})? (\"Z\" | "
     "[+-] ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9])";
 
-static int gen_format(struct js *j, struct sb *e, const char *fmt, const char *path)
+static int gen_format(struct js *j, struct strbuf *e, const char *fmt, const char *path)
 {
-    sb_puts(e, "\"\\\"\" ");
+    strbuf_puts(e, "\"\\\"\" ");
     if (!strcmp(fmt, "date")) {
-        sb_puts(e, DATE);
+        strbuf_puts(e, DATE);
     } else if (!strcmp(fmt, "time")) {
-        sb_puts(e, TIME);
+        strbuf_puts(e, TIME);
     } else if (!strcmp(fmt, "date-time")) {
-        sb_printf(e, "%s \"T\" %s", DATE, TIME);
+        strbuf_printf(e, "%s \"T\" %s", DATE, TIME);
     } else if (!strcmp(fmt, "uuid")) {
-        sb_puts(e, "[0-9a-f]{8} \"-\" [0-9a-f]{4} \"-\" [0-9a-f]{4} \"-\" [0-9a-f]{4} \"-\" "
-                   "[0-9a-f]{12}");
+        strbuf_puts(e, "[0-9a-f]{8} \"-\" [0-9a-f]{4} \"-\" [0-9a-f]{4} \"-\" [0-9a-f]{4} \"-\" "
+                       "[0-9a-f]{12}");
     } else if (!strcmp(fmt, "email")) {
-        sb_puts(e, "[a-zA-Z0-9_+-]{1,32} (\".\" [a-zA-Z0-9_+-]{1,32}){0,3} \"@\" "
-                   "[a-zA-Z0-9]{1,32} (\".\" [a-zA-Z0-9]{1,32}){1,3}");
+        strbuf_puts(e, "[a-zA-Z0-9_+-]{1,32} (\".\" [a-zA-Z0-9_+-]{1,32}){0,3} \"@\" "
+                       "[a-zA-Z0-9]{1,32} (\".\" [a-zA-Z0-9]{1,32}){1,3}");
     } else {
         js_fail(j, RKV_EUNSUPPORTED, path,
                 "keyword \"format\": \"%s\" is not supported (supported: date, time, date-time, "
@@ -907,7 +868,7 @@ static int gen_format(struct js *j, struct sb *e, const char *fmt, const char *p
                 fmt);
         return -1;
     }
-    sb_puts(e, " \"\\\"\"");
+    strbuf_puts(e, " \"\\\"\"");
     return 0;
 }
 
@@ -933,7 +894,7 @@ static int kw_count(struct js *j, const cJSON *s, const char *name, const char *
     return 0;
 }
 
-static void gen_string(struct js *j, const cJSON *s, struct sb *e, const char *path)
+static void gen_string(struct js *j, const cJSON *s, struct strbuf *e, const char *path)
 {
     const cJSON *fmt = kw(s, "format"), *pat = kw(s, "pattern");
     long mn, mx;
@@ -963,7 +924,7 @@ static void gen_string(struct js *j, const cJSON *s, struct sb *e, const char *p
     use_prim(j, P_CHAR);
     if (!lengths) {
         use_prim(j, P_STRING);
-        sb_puts(e, "string");
+        strbuf_puts(e, "string");
         return;
     }
     if (mx >= 0 && mx < mn) {
@@ -977,9 +938,9 @@ static void gen_string(struct js *j, const cJSON *s, struct sb *e, const char *p
     if (mx > GRAMMAR_MAX_REPEAT)
         mx = GRAMMAR_MAX_REPEAT; /* a shorter string still validates */
     if (mx < 0)
-        sb_printf(e, "\"\\\"\" char{%ld,} \"\\\"\"", mn);
+        strbuf_printf(e, "\"\\\"\" char{%ld,} \"\\\"\"", mn);
     else
-        sb_printf(e, "\"\\\"\" char{%ld,%ld} \"\\\"\"", mn, mx);
+        strbuf_printf(e, "\"\\\"\" char{%ld,%ld} \"\\\"\"", mn, mx);
 }
 
 /* ---- integers and numbers ---- */
@@ -991,7 +952,7 @@ static int digits(long long x, char *buf)
 }
 
 /* same-length digit strings a <= b (n digits): the numbers between them */
-static void range_same_len(struct sb *e, const char *a, const char *b, int n)
+static void range_same_len(struct strbuf *e, const char *a, const char *b, int n)
 {
     if (n == 0)
         return;
@@ -1001,9 +962,9 @@ static void range_same_len(struct sb *e, const char *a, const char *b, int n)
     }
     if (a[0] == b[0]) {
         sb_lit(e, a, 1);
-        sb_puts(e, " (");
+        strbuf_puts(e, " (");
         range_same_len(e, a + 1, b + 1, n - 1);
-        sb_puts(e, ")");
+        strbuf_puts(e, ")");
         return;
     }
     int a_zero = 1, b_nine = 1;
@@ -1013,40 +974,40 @@ static void range_same_len(struct sb *e, const char *a, const char *b, int n)
     }
     char lo = a_zero ? a[0] : (char)(a[0] + 1), hi = b_nine ? b[0] : (char)(b[0] - 1);
     int first = 1;
-    sb_puts(e, "(");
+    strbuf_puts(e, "(");
     if (!a_zero) {
         char nines[24];
         memset(nines, '9', sizeof nines);
         sb_lit(e, a, 1);
-        sb_puts(e, " (");
+        strbuf_puts(e, " (");
         range_same_len(e, a + 1, nines, n - 1);
-        sb_puts(e, ")");
+        strbuf_puts(e, ")");
         first = 0;
     }
     if (lo <= hi) {
-        sb_printf(e, "%s[%c-%c]", first ? "" : " | ", lo, hi);
+        strbuf_printf(e, "%s[%c-%c]", first ? "" : " | ", lo, hi);
         if (n > 1)
-            sb_printf(e, " [0-9]{%d}", n - 1);
+            strbuf_printf(e, " [0-9]{%d}", n - 1);
         first = 0;
     }
     if (!b_nine) {
         char zeros[24];
         memset(zeros, '0', sizeof zeros);
-        sb_printf(e, "%s", first ? "" : " | ");
+        strbuf_printf(e, "%s", first ? "" : " | ");
         sb_lit(e, b, 1);
-        sb_puts(e, " (");
+        strbuf_puts(e, " (");
         range_same_len(e, zeros, b + 1, n - 1);
-        sb_puts(e, ")");
+        strbuf_puts(e, ")");
     }
-    sb_puts(e, ")");
+    strbuf_puts(e, ")");
 }
 
 /* integers in [a, b], 0 <= a <= b, without leading zeros */
-static void range_nonneg(struct sb *e, long long a, long long b)
+static void range_nonneg(struct strbuf *e, long long a, long long b)
 {
     char sa[24], sb_[24];
     int la = digits(a, sa), lb = digits(b, sb_);
-    sb_puts(e, "(");
+    strbuf_puts(e, "(");
     long long p = 1;
     for (int i = 1; i < la; i++)
         p *= 10;
@@ -1056,30 +1017,30 @@ static void range_nonneg(struct sb *e, long long a, long long b)
         digits(lo, x);
         digits(hi, y);
         if (len > la)
-            sb_puts(e, " | ");
+            strbuf_puts(e, " | ");
         range_same_len(e, x, y, len);
         p *= 10;
     }
-    sb_puts(e, ")");
+    strbuf_puts(e, ")");
 }
 
 #define INT_LIMIT 9999999999999999LL /* 16 digits, as the integer primitive */
 
-static void range_int(struct sb *e, long long lo, long long hi)
+static void range_int(struct strbuf *e, long long lo, long long hi)
 {
     int first = 1;
-    sb_puts(e, "(");
+    strbuf_puts(e, "(");
     if (lo < 0) {
         long long a = hi < 0 ? -hi : 1;
-        sb_puts(e, "\"-\" ");
+        strbuf_puts(e, "\"-\" ");
         range_nonneg(e, a, -lo);
         first = 0;
     }
     if (hi >= 0) {
-        sb_puts(e, first ? "" : " | ");
+        strbuf_puts(e, first ? "" : " | ");
         range_nonneg(e, lo > 0 ? lo : 0, hi);
     }
-    sb_puts(e, ")");
+    strbuf_puts(e, ")");
 }
 
 /* a number keyword's value, or dflt when absent; -1 when present but not a number */
@@ -1107,7 +1068,7 @@ static long long clamp_int(double d)
     return (long long)d;
 }
 
-static void gen_integer(struct js *j, const cJSON *s, struct sb *e, const char *path)
+static void gen_integer(struct js *j, const cJSON *s, struct strbuf *e, const char *path)
 {
     static const struct {
         const char *name;
@@ -1137,7 +1098,7 @@ static void gen_integer(struct js *j, const cJSON *s, struct sb *e, const char *
     }
     if (!any) {
         use_prim(j, P_INTEGER);
-        sb_puts(e, "integer");
+        strbuf_puts(e, "integer");
         return;
     }
     if (lo > hi) {
@@ -1147,7 +1108,7 @@ static void gen_integer(struct js *j, const cJSON *s, struct sb *e, const char *
     range_int(e, lo, hi);
 }
 
-static void gen_number(struct js *j, const cJSON *s, struct sb *e, const char *path)
+static void gen_number(struct js *j, const cJSON *s, struct strbuf *e, const char *path)
 {
     if (kw(s, "exclusiveMinimum") || kw(s, "exclusiveMaximum")) {
         js_fail(j, RKV_EUNSUPPORTED, path,
@@ -1161,7 +1122,7 @@ static void gen_number(struct js *j, const cJSON *s, struct sb *e, const char *p
         return;
     if (!k1 && !k2) {
         use_prim(j, P_NUMBER);
-        sb_puts(e, "number");
+        strbuf_puts(e, "number");
         return;
     }
     if (lo != floor(lo) || hi != floor(hi) || fabs(lo) > 1e15 || fabs(hi) > 1e15) {
@@ -1180,34 +1141,34 @@ static void gen_number(struct js *j, const cJSON *s, struct sb *e, const char *p
     const char *frac = " (\".\" [0-9]{1,16})?";
     int first = 1;
     char t[24];
-    sb_puts(e, "(");
+    strbuf_puts(e, "(");
     if (b >= 0) {
         long long c = a > 0 ? a : 0;
         if (c <= b - 1) {
             range_nonneg(e, c, b - 1);
-            sb_puts(e, frac);
-            sb_puts(e, " | ");
+            strbuf_puts(e, frac);
+            strbuf_puts(e, " | ");
         }
         sb_lit(e, t, (size_t)digits(b, t));
         first = 0;
     }
     if (a < 0) {
         long long c = b < 0 ? -b : 0;
-        sb_puts(e, first ? "\"-\" (" : " | \"-\" (");
+        strbuf_puts(e, first ? "\"-\" (" : " | \"-\" (");
         if (c <= -a - 1) {
             range_nonneg(e, c, -a - 1);
-            sb_puts(e, frac);
-            sb_puts(e, " | ");
+            strbuf_puts(e, frac);
+            strbuf_puts(e, " | ");
         }
         sb_lit(e, t, (size_t)digits(-a, t));
-        sb_puts(e, ")");
+        strbuf_puts(e, ")");
     }
-    sb_puts(e, ")");
+    strbuf_puts(e, ")");
 }
 
 /* ---- arrays ---- */
 
-static void gen_array(struct js *j, const cJSON *s, struct sb *e, const char *path,
+static void gen_array(struct js *j, const cJSON *s, struct strbuf *e, const char *path,
                       const char *hint)
 {
     const cJSON *items = kw(s, "items"), *prefix = kw(s, "prefixItems");
@@ -1258,7 +1219,7 @@ static void gen_array(struct js *j, const cJSON *s, struct sb *e, const char *pa
     }
     if (j->rc)
         goto out;
-    sb_puts(e, "\"[\" ws ");
+    strbuf_puts(e, "\"[\" ws ");
     /* element i after i written: prefix ones nest, group i optional when i >= minItems */
     long n_open = 0;
     for (long i = 0; mx < 0 || i < mx; i++) {
@@ -1268,28 +1229,28 @@ static void gen_array(struct js *j, const cJSON *s, struct sb *e, const char *pa
             /* the rest are items: between max(0, m - i) and mx - i more */
             long lo = m > i ? m - i : 0;
             if (i == 0) {
-                sb_printf(e, "(%s ws (\",\" ws %s ws)", item, item);
+                strbuf_printf(e, "(%s ws (\",\" ws %s ws)", item, item);
                 lo = lo > 0 ? lo - 1 : 0;
                 if (mx < 0)
-                    sb_printf(e, "{%ld,}", lo);
+                    strbuf_printf(e, "{%ld,}", lo);
                 else
-                    sb_printf(e, "{%ld,%ld}", lo, mx - 1);
-                sb_puts(e, m > 0 ? ") " : ")? ");
+                    strbuf_printf(e, "{%ld,%ld}", lo, mx - 1);
+                strbuf_puts(e, m > 0 ? ") " : ")? ");
             } else {
-                sb_printf(e, "(\",\" ws %s ws)", item);
+                strbuf_printf(e, "(\",\" ws %s ws)", item);
                 if (mx < 0)
-                    sb_printf(e, "{%ld,} ", lo);
+                    strbuf_printf(e, "{%ld,} ", lo);
                 else
-                    sb_printf(e, "{%ld,%ld} ", lo, mx - i);
+                    strbuf_printf(e, "{%ld,%ld} ", lo, mx - i);
             }
             break;
         }
-        sb_printf(e, "(%s%s ws ", i ? "\",\" ws " : "", pre[i]);
+        strbuf_printf(e, "(%s%s ws ", i ? "\",\" ws " : "", pre[i]);
         n_open++;
     }
     for (long i = n_open - 1; i >= 0; i--)
-        sb_puts(e, i >= m ? ")? " : ") ");
-    sb_puts(e, "\"]\"");
+        strbuf_puts(e, i >= m ? ")? " : ") ");
+    strbuf_puts(e, "\"]\"");
 out:
     for (int i = 0; i < k; i++)
         free(pre[i]);
@@ -1300,14 +1261,14 @@ out:
 /* ---- objects ---- */
 
 /* the JSON-encoded key (without quotes) as a GBNF literal of "\"key\"" */
-static void sb_key(struct sb *e, const char *name)
+static void sb_key(struct strbuf *e, const char *name)
 {
     cJSON *str = cJSON_CreateString(name);
     char *enc = str ? cJSON_PrintUnformatted(str) : NULL;
     if (enc)
         sb_lit(e, enc, strlen(enc));
     else
-        e->oom = 1;
+        e->err = RKV_ENOMEM;
     free(enc);
     cJSON_Delete(str);
 }
@@ -1317,14 +1278,14 @@ static void sb_key(struct sb *e, const char *name)
 static char *gen_other_key(struct js *j, const char *const *names, int n)
 {
     use_prim(j, P_CHAR);
-    struct sb e = {0};
+    struct strbuf e = {0};
     char *name = rule_name(j, "other-key");
     if (!name)
         return NULL;
     /* K(prefix) = "(" end-here | a char leaving every name, then anything | c K(prefix c) ")"
      * over the trie of the names, written with an explicit stack of frames: stage 0 writes
      * a prefix's own alternatives, 2 + c opens its child c, 1 closes it */
-    struct sb body = {0};
+    struct strbuf body = {0};
     char pre[256] = "";
     size_t pl = 0, total = 2;
     for (int i = 0; i < n; i++)
@@ -1340,7 +1301,7 @@ static char *gen_other_key(struct js *j, const char *const *names, int n)
         return NULL;
     }
     stack[sp++] = (struct stk){0, 0};
-    sb_puts(&body, "\"\\\"\" ");
+    strbuf_puts(&body, "\"\\\"\" ");
     while (sp) {
         struct stk *t = &stack[sp - 1];
         pl = t->pl;
@@ -1364,10 +1325,10 @@ static char *gen_other_key(struct js *j, const char *const *names, int n)
                     nk++;
                 }
             }
-            sb_puts(&body, "(");
+            strbuf_puts(&body, "(");
             int first = 1;
             if (!word) {
-                sb_puts(&body, "\"\\\"\"");
+                strbuf_puts(&body, "\"\\\"\"");
                 first = 0;
             }
             /* a character that leaves every name: any other char, then anything */
@@ -1379,13 +1340,13 @@ static char *gen_other_key(struct js *j, const char *const *names, int n)
             cps_add(&other, '\\', '\\');
             cps_add(&other, 0, 0x1f);
             cps_invert(&other);
-            sb_puts(&body, first ? "" : " | ");
-            sb_puts(&body, "(");
-            struct sb cls = {0};
+            strbuf_puts(&body, first ? "" : " | ");
+            strbuf_puts(&body, "(");
+            struct strbuf cls = {0};
             sb_json_class(&cls, &other);
-            sb_add(&body, cls.s, cls.n);
-            free(cls.s);
-            sb_puts(&body, " | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" " U_ESC ")) char* \"\\\"\"");
+            strbuf_append(&body, &cls);
+            strbuf_fini(&cls);
+            strbuf_puts(&body, " | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" " U_ESC ")) char* \"\\\"\"");
             t->stage = 1;
             /* children, one frame each */
             if (nk && pl < sizeof pre - 1) {
@@ -1402,27 +1363,27 @@ static char *gen_other_key(struct js *j, const char *const *names, int n)
             int c = t->stage - 2;
             pre[t->pl - 1] = (char)c;
             char lit[2] = {(char)c, 0};
-            sb_puts(&body, " | ");
+            strbuf_puts(&body, " | ");
             sb_lit(&body, lit, 1);
-            sb_puts(&body, " ");
+            strbuf_puts(&body, " ");
             t->stage = 0;
             continue;
         }
         /* stage 1: done with this prefix */
-        sb_puts(&body, ")");
+        strbuf_puts(&body, ")");
         sp--;
     }
     free(stack);
-    sb_add(&e, body.s ? body.s : "", body.n);
-    free(body.s);
-    if (e.oom)
+    strbuf_append(&e, &body);
+    strbuf_fini(&body);
+    if (e.err)
         js_fail(j, RKV_ENOMEM, "schema", "out of memory");
     emit_rule(j, name, &e);
-    free(e.s);
+    strbuf_fini(&e);
     return name;
 }
 
-static void gen_object(struct js *j, const cJSON *s, struct sb *e, const char *path,
+static void gen_object(struct js *j, const cJSON *s, struct strbuf *e, const char *path,
                        const char *hint)
 {
     const cJSON *props = kw(s, "properties"), *req = kw(s, "required"),
@@ -1438,7 +1399,7 @@ static void gen_object(struct js *j, const cJSON *s, struct sb *e, const char *p
     int np = props ? cJSON_GetArraySize(props) : 0, nr = req ? cJSON_GetArraySize(req) : 0;
     if (!np && !nr && (!add || cJSON_IsTrue(add))) {
         use_prim(j, P_OBJECT);
-        sb_puts(e, "object");
+        strbuf_puts(e, "object");
         return;
     }
     /* the declared properties, then required names without a schema */
@@ -1507,50 +1468,48 @@ static void gen_object(struct js *j, const cJSON *s, struct sb *e, const char *p
         goto out;
     /* first_i: nothing written yet; rest_i: something written, each next one after a comma.
      * written inline from the end: rest_n, first_n. */
-    struct sb rest = {0}, first = {0};
+    struct strbuf rest = {0}, first = {0};
     if (extra) {
-        sb_printf(&rest, "(\",\" ws %s)*", extra);
-        sb_printf(&first, "(%s (\",\" ws %s)*)?", extra, extra);
+        strbuf_printf(&rest, "(\",\" ws %s)*", extra);
+        strbuf_printf(&first, "(%s (\",\" ws %s)*)?", extra, extra);
     } else {
-        sb_puts(&rest, "\"\"");
-        sb_puts(&first, "\"\"");
+        strbuf_puts(&rest, "\"\"");
+        strbuf_puts(&first, "\"\"");
     }
     for (int i = n - 1; i >= 0; i--) {
-        struct sb kv = {0}, r2 = {0}, f2 = {0};
+        struct strbuf kv = {0}, r2 = {0}, f2 = {0};
         sb_key(&kv, names[i]);
-        sb_printf(&kv, " ws \":\" ws %s ws", rules[i]);
+        strbuf_printf(&kv, " ws \":\" ws %s ws", rules[i]);
         /* a rule per step keeps the text linear in n */
         char *rn = rule_name(j, "rest");
         char *fn = rule_name(j, "first");
         if (!rn || !fn) {
             free(rn);
             free(fn);
-            free(kv.s);
+            strbuf_fini(&kv);
             break;
         }
-        sb_printf(&r2, "\",\" ws %s %s", kv.s, rest.s);
+        strbuf_printf(&r2, "\",\" ws %s %s", kv.s, rest.s);
         if (!required[i])
-            sb_printf(&r2, " | %s", rest.s);
-        sb_printf(&f2, "%s %s", kv.s, rest.s);
+            strbuf_printf(&r2, " | %s", rest.s);
+        strbuf_printf(&f2, "%s %s", kv.s, rest.s);
         if (!required[i])
-            sb_printf(&f2, " | %s", first.s);
+            strbuf_printf(&f2, " | %s", first.s);
         emit_rule(j, rn, &r2);
         emit_rule(j, fn, &f2);
-        free(rest.s);
-        free(first.s);
-        rest = (struct sb){0};
-        first = (struct sb){0};
-        sb_puts(&rest, rn);
-        sb_puts(&first, fn);
+        strbuf_fini(&rest);
+        strbuf_fini(&first);
+        strbuf_puts(&rest, rn);
+        strbuf_puts(&first, fn);
         free(rn);
         free(fn);
-        free(kv.s);
-        free(r2.s);
-        free(f2.s);
+        strbuf_fini(&kv);
+        strbuf_fini(&r2);
+        strbuf_fini(&f2);
     }
-    sb_printf(e, "\"{\" ws %s \"}\"", first.s ? first.s : "\"\"");
-    free(rest.s);
-    free(first.s);
+    strbuf_printf(e, "\"{\" ws %s \"}\"", first.s ? first.s : "\"\"");
+    strbuf_fini(&rest);
+    strbuf_fini(&first);
 out:
     for (int i = 0; i < n; i++)
         free(rules[i]);
@@ -1578,7 +1537,7 @@ static int check_keywords(struct js *j, const cJSON *s, const char *path)
     return 0;
 }
 
-static void gen_literal(struct js *j, struct sb *e, const cJSON *v, const char *path)
+static void gen_literal(struct js *j, struct strbuf *e, const cJSON *v, const char *path)
 {
     char *t = cJSON_PrintUnformatted(v);
     if (!t) {
@@ -1589,8 +1548,8 @@ static void gen_literal(struct js *j, struct sb *e, const cJSON *v, const char *
     free(t);
 }
 
-static void gen_type(struct js *j, const cJSON *s, const char *type, struct sb *e, const char *path,
-                     const char *hint)
+static void gen_type(struct js *j, const cJSON *s, const char *type, struct strbuf *e,
+                     const char *path, const char *hint)
 {
     if (!strcmp(type, "string")) {
         gen_string(j, s, e, path);
@@ -1600,10 +1559,10 @@ static void gen_type(struct js *j, const cJSON *s, const char *type, struct sb *
         gen_number(j, s, e, path);
     } else if (!strcmp(type, "boolean")) {
         use_prim(j, P_BOOLEAN);
-        sb_puts(e, "boolean");
+        strbuf_puts(e, "boolean");
     } else if (!strcmp(type, "null")) {
         use_prim(j, P_NULL);
-        sb_puts(e, "null");
+        strbuf_puts(e, "null");
     } else if (!strcmp(type, "object")) {
         gen_object(j, s, e, path, hint);
     } else if (!strcmp(type, "array")) {
@@ -1679,7 +1638,7 @@ static cJSON *merge_all_of(struct js *j, const cJSON *s, const char *path)
 }
 
 /* alternatives of the schemas in an anyOf/oneOf array */
-static void gen_any_of(struct js *j, const cJSON *arr, const char *key, struct sb *e,
+static void gen_any_of(struct js *j, const cJSON *arr, const char *key, struct strbuf *e,
                        const char *path, const char *hint)
 {
     if (!cJSON_IsArray(arr) || !cJSON_GetArraySize(arr)) {
@@ -1687,16 +1646,16 @@ static void gen_any_of(struct js *j, const cJSON *arr, const char *key, struct s
         return;
     }
     int i = 0;
-    sb_puts(e, "(");
+    strbuf_puts(e, "(");
     for (const cJSON *c = arr->child; c && !j->rc; c = c->next, i++) {
         char seg[40];
         snprintf(seg, sizeof seg, "%s/%d", key, i);
         char *r = gen_sub(j, c, path, seg, hint);
         if (r)
-            sb_printf(e, "%s%s", i ? " | " : "", r);
+            strbuf_printf(e, "%s%s", i ? " | " : "", r);
         free(r);
     }
-    sb_puts(e, ")");
+    strbuf_puts(e, ")");
 }
 
 /* the rule of schema s; returns its name (malloc'd) */
@@ -1710,7 +1669,7 @@ static char *gen(struct js *j, const cJSON *s, const char *path, const char *hin
         return NULL;
     }
     char *name = NULL;
-    struct sb e = {0};
+    struct strbuf e = {0};
     if (cJSON_IsTrue(s)) {
         use_prim(j, P_VALUE);
         name = strdup("value");
@@ -1761,13 +1720,13 @@ static char *gen(struct js *j, const cJSON *s, const char *path, const char *hin
             js_fail(j, RKV_EINVAL, path, "keyword \"enum\" must be a non-empty array");
             goto done;
         }
-        sb_puts(&e, "(");
+        strbuf_puts(&e, "(");
         for (const cJSON *v = c->child; v; v = v->next) {
             if (v != c->child)
-                sb_puts(&e, " | ");
+                strbuf_puts(&e, " | ");
             gen_literal(j, &e, v, path);
         }
-        sb_puts(&e, ")");
+        strbuf_puts(&e, ")");
     } else if ((c = kw(s, "anyOf")) || (c = kw(s, "oneOf"))) {
         if (kw(s, "anyOf") && kw(s, "oneOf")) {
             js_fail(j, RKV_EUNSUPPORTED, path, "keywords \"anyOf\" and \"oneOf\" together");
@@ -1778,7 +1737,7 @@ static char *gen(struct js *j, const cJSON *s, const char *path, const char *hin
         if (cJSON_IsString(c)) {
             gen_type(j, s, c->valuestring, &e, path, hint);
         } else if (cJSON_IsArray(c) && cJSON_GetArraySize(c)) {
-            sb_puts(&e, "(");
+            strbuf_puts(&e, "(");
             for (const cJSON *t = c->child; t && !j->rc; t = t->next) {
                 if (!cJSON_IsString(t)) {
                     js_fail(j, RKV_EINVAL, path,
@@ -1787,10 +1746,10 @@ static char *gen(struct js *j, const cJSON *s, const char *path, const char *hin
                     break;
                 }
                 if (t != c->child)
-                    sb_puts(&e, " | ");
+                    strbuf_puts(&e, " | ");
                 gen_type(j, s, t->valuestring, &e, path, hint);
             }
-            sb_puts(&e, ")");
+            strbuf_puts(&e, ")");
         } else {
             js_fail(j, RKV_EINVAL, path,
                     "keyword \"type\" must be a string or an array of strings");
@@ -1806,7 +1765,7 @@ static char *gen(struct js *j, const cJSON *s, const char *path, const char *hin
         gen_number(j, s, &e, path);
     } else {
         use_prim(j, P_VALUE);
-        sb_puts(&e, "value");
+        strbuf_puts(&e, "value");
     }
     if (j->rc)
         goto done;
@@ -1814,9 +1773,9 @@ static char *gen(struct js *j, const cJSON *s, const char *path, const char *hin
     if (name)
         emit_rule(j, name, &e);
 done:
-    if (e.oom)
+    if (e.err)
         js_fail(j, RKV_ENOMEM, path, "out of memory");
-    free(e.s);
+    strbuf_fini(&e);
     j->depth--;
     if (j->rc) {
         free(name);
@@ -1828,18 +1787,18 @@ done:
 }
 
 /* s as a GBNF literal's body: quote, backslash and control bytes escaped */
-static void sb_literal(struct sb *b, const char *s)
+static void sb_literal(struct strbuf *b, const char *s)
 {
     for (; *s; s++) {
         unsigned char c = (unsigned char)*s;
         if (c == '"' || c == '\\')
-            sb_printf(b, "\\%c", c);
+            strbuf_printf(b, "\\%c", c);
         else if (c == '\n')
-            sb_puts(b, "\\n");
+            strbuf_puts(b, "\\n");
         else if (c < 0x20 || c == 0x7f)
-            sb_printf(b, "\\x%02x", c);
+            strbuf_printf(b, "\\x%02x", c);
         else
-            sb_add(b, s, 1);
+            strbuf_add(b, s, 1);
     }
 }
 
@@ -1876,24 +1835,24 @@ static int schema_gbnf(const char *schema, size_t len, const char *prefix, const
     int rc = j.rc;
     if (!rc) {
         /* root first, then the rules it uses */
-        struct sb all = {0};
-        sb_puts(&all, "root ::=");
+        struct strbuf all = {0};
+        strbuf_puts(&all, "root ::=");
         if (prefix && *prefix) {
-            sb_puts(&all, " \"");
+            strbuf_puts(&all, " \"");
             sb_literal(&all, prefix);
-            sb_puts(&all, "\"");
+            strbuf_puts(&all, "\"");
         }
-        sb_printf(&all, " ( %s )", top);
+        strbuf_printf(&all, " ( %s )", top);
         if (suffix && *suffix) {
-            sb_puts(&all, " \"");
+            strbuf_puts(&all, " \"");
             sb_literal(&all, suffix);
-            sb_puts(&all, "\"");
+            strbuf_puts(&all, "\"");
         }
-        sb_puts(&all, "\n");
-        sb_add(&all, j.out.s ? j.out.s : "", j.out.n);
-        free(j.out.s);
+        strbuf_puts(&all, "\n");
+        strbuf_append(&all, &j.out);
+        strbuf_fini(&j.out);
         j.out = all;
-        sb_puts(&j.out, WS_RULE);
+        strbuf_puts(&j.out, WS_RULE);
         unsigned want = j.prims;
         for (int pass = 0; pass < 4; pass++)
             for (size_t i = 0; i < RKV_ARRAY_LEN(PRIMS); i++)
@@ -1901,8 +1860,8 @@ static int schema_gbnf(const char *schema, size_t len, const char *prefix, const
                     want |= PRIMS[i].needs;
         for (size_t i = 0; i < RKV_ARRAY_LEN(PRIMS); i++)
             if (want & PRIMS[i].bit)
-                sb_puts(&j.out, PRIMS[i].text);
-        if (j.out.oom)
+                strbuf_puts(&j.out, PRIMS[i].text);
+        if (j.out.err)
             rc = RKV_ENOMEM;
     }
     free(top);
@@ -1919,7 +1878,7 @@ static int schema_gbnf(const char *schema, size_t len, const char *prefix, const
         *gbnf = j.out.s;
         j.out.s = NULL;
     }
-    free(j.out.s);
+    strbuf_fini(&j.out);
     for (size_t i = 0; i < j.n_refs; i++) {
         free(j.refs[i].ptr);
         free(j.refs[i].rule);

@@ -9,6 +9,7 @@
 #include "common/err.h"
 #include "common/jinja.h"
 #include "common/log.h"
+#include "common/strbuf.h"
 #include "common/tok_int.h"
 
 static const char *const kind_names[] = {"llama3", "chatml", "llama2", "fallback", "gemma"};
@@ -154,40 +155,8 @@ const char *tok_chat_template_src(const struct tok *t)
 
 /* --- rendering ----------------------------------------------------------------- */
 
-struct sb {
-    char *p;
-    size_t n, cap;
-    int err;
-};
-
-static void sb_add(struct sb *b, const char *s, size_t n)
-{
-    if (b->err)
-        return;
-    if (b->n + n + 1 > b->cap) {
-        size_t c = b->cap ? b->cap : 256;
-        while (c < b->n + n + 1)
-            c *= 2;
-        char *q = realloc(b->p, c);
-        if (!q) {
-            b->err = RKV_ENOMEM;
-            return;
-        }
-        b->p = q;
-        b->cap = c;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-
-static void sb_str(struct sb *b, const char *s)
-{
-    sb_add(b, s, strlen(s));
-}
-
 /* python's str.strip() for ascii whitespace, as the jinja templates apply */
-static void sb_trimmed(struct sb *b, const char *s)
+static void sb_trimmed(struct strbuf *b, const char *s)
 {
     size_t n = strlen(s);
     while (n && strchr(" \t\n\r\v\f", s[0])) {
@@ -196,7 +165,7 @@ static void sb_trimmed(struct sb *b, const char *s)
     }
     while (n && strchr(" \t\n\r\v\f", s[n - 1]))
         n--;
-    sb_add(b, s, n);
+    strbuf_add(b, s, n);
 }
 
 static const char *str_or_empty(const char *s)
@@ -204,40 +173,41 @@ static const char *str_or_empty(const char *s)
     return s ? s : "";
 }
 
-static void render_llama3(struct sb *b, const struct tok_chat_msg *m, size_t n, int gen)
+static void render_llama3(struct strbuf *b, const struct tok_chat_msg *m, size_t n, int gen)
 {
     for (size_t i = 0; i < n; i++) {
-        sb_str(b, "<|start_header_id|>");
-        sb_str(b, str_or_empty(m[i].role));
-        sb_str(b, "<|end_header_id|>\n\n");
+        strbuf_puts(b, "<|start_header_id|>");
+        strbuf_puts(b, str_or_empty(m[i].role));
+        strbuf_puts(b, "<|end_header_id|>\n\n");
         sb_trimmed(b, str_or_empty(m[i].content));
-        sb_str(b, "<|eot_id|>");
+        strbuf_puts(b, "<|eot_id|>");
     }
     if (gen)
-        sb_str(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+        strbuf_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
-static void render_chatml(const struct tok *t, struct sb *b, const struct tok_chat_msg *m, size_t n,
-                          int gen)
+static void render_chatml(const struct tok *t, struct strbuf *b, const struct tok_chat_msg *m,
+                          size_t n, int gen)
 {
     int has_system = n > 0 && m[0].role && !strcmp(m[0].role, "system");
     if (t->chat_default_system && !has_system) {
-        sb_str(b, "<|im_start|>system\n");
-        sb_str(b, t->chat_default_system);
-        sb_str(b, "<|im_end|>\n");
+        strbuf_puts(b, "<|im_start|>system\n");
+        strbuf_puts(b, t->chat_default_system);
+        strbuf_puts(b, "<|im_end|>\n");
     }
     for (size_t i = 0; i < n; i++) {
-        sb_str(b, "<|im_start|>");
-        sb_str(b, str_or_empty(m[i].role));
-        sb_str(b, "\n");
-        sb_str(b, str_or_empty(m[i].content));
-        sb_str(b, "<|im_end|>\n");
+        strbuf_puts(b, "<|im_start|>");
+        strbuf_puts(b, str_or_empty(m[i].role));
+        strbuf_puts(b, "\n");
+        strbuf_puts(b, str_or_empty(m[i].content));
+        strbuf_puts(b, "<|im_end|>\n");
     }
     if (gen)
-        sb_str(b, "<|im_start|>assistant\n");
+        strbuf_puts(b, "<|im_start|>assistant\n");
 }
 
-static void render_llama2(const struct tok *t, struct sb *b, const struct tok_chat_msg *m, size_t n)
+static void render_llama2(const struct tok *t, struct strbuf *b, const struct tok_chat_msg *m,
+                          size_t n)
 {
     const char *sys = NULL;
     if (n > 0 && m[0].role && !strcmp(m[0].role, "system")) {
@@ -250,37 +220,37 @@ static void render_llama2(const struct tok *t, struct sb *b, const struct tok_ch
     for (size_t i = 0; i < n; i++) {
         const char *content = str_or_empty(m[i].content);
         if (m[i].role && !strcmp(m[i].role, "assistant")) {
-            sb_str(b, " ");
+            strbuf_puts(b, " ");
             sb_trimmed(b, content);
-            sb_str(b, " ");
-            sb_str(b, eos);
+            strbuf_puts(b, " ");
+            strbuf_puts(b, eos);
             continue;
         }
         /* the first bos comes from tok_encode(add_bos), later ones are text */
         if (i > 0)
-            sb_str(b, bos);
-        sb_str(b, "[INST] ");
+            strbuf_puts(b, bos);
+        strbuf_puts(b, "[INST] ");
         if (i == 0 && sys) {
-            struct sb c = {0};
-            sb_str(&c, "<<SYS>>\n");
-            sb_str(&c, sys);
-            sb_str(&c, "\n<</SYS>>\n\n");
-            sb_str(&c, content);
+            struct strbuf c = {0};
+            strbuf_puts(&c, "<<SYS>>\n");
+            strbuf_puts(&c, sys);
+            strbuf_puts(&c, "\n<</SYS>>\n\n");
+            strbuf_puts(&c, content);
             if (c.err)
                 b->err = c.err;
             else
-                sb_trimmed(b, c.p);
-            free(c.p);
+                sb_trimmed(b, c.s);
+            strbuf_fini(&c);
         } else {
             sb_trimmed(b, content);
         }
-        sb_str(b, " [/INST]");
+        strbuf_puts(b, " [/INST]");
     }
 }
 
 /* as gemma 3's template: a system message becomes the first turn's
  * preamble, the assistant is "model", every content is trimmed */
-static void render_gemma(struct sb *b, const struct tok_chat_msg *m, size_t n, int gen)
+static void render_gemma(struct strbuf *b, const struct tok_chat_msg *m, size_t n, int gen)
 {
     const char *sys = NULL;
     if (n > 0 && m[0].role && !strcmp(m[0].role, "system")) {
@@ -290,30 +260,30 @@ static void render_gemma(struct sb *b, const struct tok_chat_msg *m, size_t n, i
     }
     for (size_t i = 0; i < n; i++) {
         const char *role = str_or_empty(m[i].role);
-        sb_str(b, "<start_of_turn>");
-        sb_str(b, !strcmp(role, "assistant") ? "model" : role);
-        sb_str(b, "\n");
+        strbuf_puts(b, "<start_of_turn>");
+        strbuf_puts(b, !strcmp(role, "assistant") ? "model" : role);
+        strbuf_puts(b, "\n");
         if (i == 0 && sys) {
-            sb_str(b, sys);
-            sb_str(b, "\n\n");
+            strbuf_puts(b, sys);
+            strbuf_puts(b, "\n\n");
         }
         sb_trimmed(b, str_or_empty(m[i].content));
-        sb_str(b, "<end_of_turn>\n");
+        strbuf_puts(b, "<end_of_turn>\n");
     }
     if (gen)
-        sb_str(b, "<start_of_turn>model\n");
+        strbuf_puts(b, "<start_of_turn>model\n");
 }
 
-static void render_fallback(struct sb *b, const struct tok_chat_msg *m, size_t n, int gen)
+static void render_fallback(struct strbuf *b, const struct tok_chat_msg *m, size_t n, int gen)
 {
     for (size_t i = 0; i < n; i++) {
-        sb_str(b, str_or_empty(m[i].role));
-        sb_str(b, ": ");
-        sb_str(b, str_or_empty(m[i].content));
-        sb_str(b, "\n\n");
+        strbuf_puts(b, str_or_empty(m[i].role));
+        strbuf_puts(b, ": ");
+        strbuf_puts(b, str_or_empty(m[i].content));
+        strbuf_puts(b, "\n\n");
     }
     if (gen)
-        sb_str(b, "assistant:");
+        strbuf_puts(b, "assistant:");
 }
 
 /* a special token's text for the template, "" when the model has none */
@@ -443,8 +413,7 @@ int tok_chat_render_vars(const struct tok *t, const struct tok_chat_msg *msgs, s
             snprintf(errbuf, errlen, "chat template: %s", rkv_strerror(rc));
         return rc;
     }
-    struct sb b = {0};
-    sb_add(&b, "", 0);
+    struct strbuf b = {0};
     switch (t->chat) {
     case TOK_CHAT_LLAMA3: render_llama3(&b, msgs, n_msgs, add_generation_prompt); break;
     case TOK_CHAT_CHATML: render_chatml(t, &b, msgs, n_msgs, add_generation_prompt); break;
@@ -452,10 +421,5 @@ int tok_chat_render_vars(const struct tok *t, const struct tok_chat_msg *msgs, s
     case TOK_CHAT_GEMMA: render_gemma(&b, msgs, n_msgs, add_generation_prompt); break;
     default: render_fallback(&b, msgs, n_msgs, add_generation_prompt); break;
     }
-    if (b.err) {
-        free(b.p);
-        return b.err;
-    }
-    *out = b.p;
-    return 0;
+    return strbuf_take(&b, out, NULL);
 }

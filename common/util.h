@@ -25,13 +25,6 @@ uint64_t rkv_env_u64(const char *name, uint64_t def, uint64_t lo, uint64_t hi);
  * 10 s unset */
 uint64_t rkv_step_report_ms(void);
 
-/* the host-tail tactic's rules live in common/hosttail.h; these are their names for the
- * callers that still use them */
-#include "common/hosttail.h"
-#define rkv_cpu_tail_faster hosttail_cpu_faster
-#define rkv_host_split_auto hosttail_split_auto
-#define rkv_host_split_gbps hosttail_split_gbps
-
 /* directory of the running executable (to find sibling binaries) */
 int rkv_exe_dir(char *buf, size_t len);
 /* a whole file ("-": standard input) into a malloc'd buffer, NUL-terminated (*len excludes

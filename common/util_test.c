@@ -1,6 +1,5 @@
 /* util_test.c - clocks, spawn, growable array, u64 map and integer environment variables. */
 #include <errno.h>
-#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -171,58 +170,16 @@ static void test_env_u64(void **state)
     unsetenv(n);
 }
 
-/* CPU_TAIL's rule: the cpu must beat the slower of the link and the host-pool read rate */
-static void test_cpu_tail_rule(void **state)
-{
-    (void)state;
-    assert_false(rkv_cpu_tail_faster(55.0, 51.0, 35.0, 0)); /* the H200's host: the link wins */
-    assert_true(rkv_cpu_tail_faster(12.0, 51.0, 35.0, 0));  /* a slow link */
-    assert_true(rkv_cpu_tail_faster(55.0, 20.0, 35.0, 0));  /* slow host-pool reads */
-    assert_true(rkv_cpu_tail_faster(0.0, 20.0, 35.0, 0));   /* no link: the read rate alone */
-    assert_false(rkv_cpu_tail_faster(0.0, 0.0, 35.0, 0));   /* nothing known: never */
-    assert_false(rkv_cpu_tail_faster(12.0, 51.0, 0.0, 0));  /* cpu unknown */
-    assert_false(rkv_cpu_tail_faster(35.0, 51.0, 35.0, 0)); /* a tie keeps the gpu */
-    /* a cpu faster than the link still loses to the split, where the two rates add up */
-    assert_true(rkv_cpu_tail_faster(55.0, 51.0, 62.0, 0));
-    assert_false(rkv_cpu_tail_faster(55.0, 51.0, 62.0, 110.0));
-    assert_true(rkv_cpu_tail_faster(12.0, 12.0, 62.0, 60.0)); /* a split slower than the cpu */
-}
-
-/* the split's rate: the tail over the slower part's time */
-static void test_host_split_gbps(void **state)
-{
-    (void)state;
-    assert_true(fabs(rkv_host_split_gbps(65, 51.0, 62.0) - 62.0 / 0.65) < 1e-9); /* cpu slower */
-    assert_true(fabs(rkv_host_split_gbps(40, 51.0, 62.0) - 51.0 / 0.60) < 1e-9); /* link slower */
-    assert_true(fabs(rkv_host_split_gbps(100, 51.0, 62.0) - 62.0) < 1e-9);       /* all on cpu */
-    assert_true(rkv_host_split_gbps(0, 51.0, 62.0) == 0);                        /* off */
-    assert_true(rkv_host_split_gbps(50, 0.0, 62.0) == 0);                        /* unknown */
-}
-
-/* the split's share: the cpu's part of the summed rates */
-static void test_host_split_auto(void **state)
-{
-    (void)state;
-    assert_int_equal(rkv_host_split_auto(51.0, 33.0), 39); /* the H200's host: 39.3 % */
-    assert_int_equal(rkv_host_split_auto(50.0, 50.0), 50);
-    assert_int_equal(rkv_host_split_auto(51.0, 0.0), 0); /* cpu unknown */
-    assert_int_equal(rkv_host_split_auto(0.0, 33.0), 0); /* gpu's host reads unknown */
-    assert_int_equal(rkv_host_split_auto(1.0, 1000.0), 100);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_clock),
         cmocka_unit_test(test_grow),
-        cmocka_unit_test(test_host_split_auto),
-        cmocka_unit_test(test_host_split_gbps),
         cmocka_unit_test(test_spawn),
         cmocka_unit_test(test_vec),
         cmocka_unit_test(test_map_against_array),
         cmocka_unit_test(test_env_u64),
         cmocka_unit_test(test_read_file),
-        cmocka_unit_test(test_cpu_tail_rule),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

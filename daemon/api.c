@@ -10,6 +10,7 @@
 
 #include "common/err.h"
 #include "common/log.h"
+#include "common/strbuf.h"
 #include "common/util.h"
 #include "daemon/api_tools.h"
 #include "daemon/http/server.h"
@@ -33,8 +34,7 @@ struct api {
 /* one sequence of a call (prompt i's k-th of best_of is i * best_of + k) */
 struct api_choice {
     /* non-stream: what is returned at the end; streaming: an echo not sent yet */
-    char *text;
-    size_t len, cap;
+    struct strbuf text;
     struct api_token_logprob *lp;
     size_t n_lp, cap_lp;
     enum api_finish finish; /* API_FINISH_NONE while it runs */
@@ -278,7 +278,7 @@ static void call_destroy(struct api_call *c)
         free(c->ch[k].lp);
         api_tparse_destroy(c->ch[k].tp);
         api_tout_fini(&c->ch[k].tout);
-        free(c->ch[k].text);
+        strbuf_fini(&c->ch[k].text);
     }
     free(c->ch);
     free(c);
@@ -712,12 +712,7 @@ static int keep_logprobs(struct api_choice *c, const struct api_token_logprob *l
 /* appends to the text a non-stream answer returns (or, streaming, the echo not sent yet) */
 static int keep_text(struct api_choice *c, const char *text, size_t len)
 {
-    if (rkv_grow((void **)&c->text, &c->cap, c->len + len + 1, 256) < 0)
-        return RKV_ENOMEM;
-    memcpy(c->text + c->len, text, len);
-    c->len += len;
-    c->text[c->len] = '\0';
-    return 0;
+    return strbuf_add(&c->text, text, len);
 }
 
 /* one text chunk of a choice; an echoed prompt still held goes first, in the same chunk */
@@ -727,15 +722,15 @@ static int stream_text(struct api_call *c, struct api_choice *ch, const char *te
     int rc = stream_start(c);
     if (rc < 0)
         return rc;
-    if (ch->len) {
+    if (ch->text.n) {
         if ((rc = keep_text(ch, text, len)) < 0)
             return rc;
-        text = ch->text;
-        len = ch->len;
-        ch->len = 0;
+        text = ch->text.s;
+        len = ch->text.n;
     }
     size_t n = 0;
     char *ev = api_stream_delta(&ch->stream, text, len, lp, n_lp, &n);
+    strbuf_reset(&ch->text); /* the echo is sent */
     return stream_send(c, ev, n);
 }
 
@@ -883,7 +878,7 @@ static int stream_end_choice(struct api_call *c, struct api_choice *ch)
 {
     size_t n = 0;
     ch->finish = test_end(c, ch, ch->finish);
-    int rc = ch->len ? stream_text(c, ch, "", 0, NULL, 0) : stream_start(c);
+    int rc = ch->text.n ? stream_text(c, ch, "", 0, NULL, 0) : stream_start(c);
     if (rc >= 0 && parsed(ch) == 1)
         rc = api_tparse_finish(ch->tp, stream_event, ch);
     ch->finish = calls_finish(ch, ch->finish);
@@ -967,7 +962,7 @@ static void respond_choices(struct api_call *c, const struct api_usage *usage)
         for (size_t i = 0; i < n_out; i++) {
             struct api_choice *ch = &c->ch[pick[i]];
             res[i] = (struct api_result){
-                ch->text ? ch->text : "", ch->len, ch->lp, ch->n_lp, ch->finish, *usage, NULL};
+                strbuf_str(&ch->text), ch->text.n, ch->lp, ch->n_lp, ch->finish, *usage, NULL};
             int rc = parsed(ch);
             if (rc == 1 && api_tparse_finish(ch->tp, api_tout_collect, &ch->tout) >= 0) {
                 res[i].tout = &ch->tout;

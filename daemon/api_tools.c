@@ -1004,16 +1004,6 @@ int api_tparse_finish(struct api_tparse *p, api_tev_fn fn, void *ud)
 
 /* --- what the parser's events become ----------------------------------------------------- */
 
-static int add_bytes(char **buf, size_t *n, size_t *cap, const char *s, size_t len)
-{
-    if (rkv_grow((void **)buf, cap, *n + len + 1, 256) < 0)
-        return RKV_ENOMEM;
-    memcpy(*buf + *n, s, len);
-    *n += len;
-    (*buf)[*n] = 0;
-    return 0;
-}
-
 /* {"id", "type": "function", "function": {"name", "arguments"}} (part 0: arguments "";
  * with index for a stream) */
 static cJSON *call_json(const struct api_tev *ev, int index, int head, const char *args)
@@ -1039,9 +1029,9 @@ int api_tout_collect(void *ud, const struct api_tev *ev)
 {
     struct api_tout *o = ud;
     if (ev->kind == API_TEV_CONTENT)
-        return add_bytes(&o->content, &o->n_content, &o->cap_content, ev->text, ev->len);
+        return strbuf_add(&o->content, ev->text, ev->len);
     if (ev->kind == API_TEV_REASONING)
-        return add_bytes(&o->reasoning, &o->n_reasoning, &o->cap_reasoning, ev->text, ev->len);
+        return strbuf_add(&o->reasoning, ev->text, ev->len);
     if (!o->calls && !(o->calls = cJSON_CreateArray()))
         return RKV_ENOMEM;
     cJSON *c = call_json(ev, 0, 1, ev->arguments);
@@ -1050,8 +1040,8 @@ int api_tout_collect(void *ud, const struct api_tev *ev)
 
 void api_tout_fini(struct api_tout *o)
 {
-    free(o->content);
-    free(o->reasoning);
+    strbuf_fini(&o->content);
+    strbuf_fini(&o->reasoning);
     cJSON_Delete(o->calls);
     memset(o, 0, sizeof *o);
 }
@@ -1059,12 +1049,12 @@ void api_tout_fini(struct api_tout *o)
 int api_tout_message(const struct api_tout *o, cJSON *m)
 {
     int ok;
-    if (!o->n_content && (o->calls || o->n_reasoning))
+    if (!o->content.n && (o->calls || o->reasoning.n))
         ok = cJSON_AddNullToObject(m, "content") != NULL;
     else
-        ok = cJSON_AddStringToObject(m, "content", o->content ? o->content : "") != NULL;
-    if (ok && o->n_reasoning)
-        ok = cJSON_AddStringToObject(m, "reasoning_content", o->reasoning) != NULL;
+        ok = cJSON_AddStringToObject(m, "content", strbuf_str(&o->content)) != NULL;
+    if (ok && o->reasoning.n)
+        ok = cJSON_AddStringToObject(m, "reasoning_content", o->reasoning.s) != NULL;
     if (ok && o->calls)
         ok = cJSON_AddItemToObject(m, "tool_calls", cJSON_Duplicate(o->calls, 1));
     return ok ? 0 : RKV_ENOMEM;

@@ -7,6 +7,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "common/strbuf.h"
+
 struct cJSON;
 struct api_request;
 struct api_message;
@@ -130,8 +132,7 @@ int api_tparse_calls(const struct api_tparse *p);
 
 /* a whole output, collected (non-stream answers): an api_tev_fn with a struct api_tout ud */
 struct api_tout {
-    char *content, *reasoning;
-    size_t n_content, cap_content, n_reasoning, cap_reasoning;
+    struct strbuf content, reasoning;
     struct cJSON *calls; /* the message's tool_calls, NULL until one */
 };
 int api_tout_collect(void *ud, const struct api_tev *ev);

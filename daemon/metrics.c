@@ -2,12 +2,12 @@
 #include "daemon/metrics.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/err.h"
+#include "common/strbuf.h"
 
 struct series {
     char *labels[METRIC_MAX_LABELS];
@@ -68,8 +68,8 @@ void metrics_destroy(struct metrics *m)
 }
 
 struct metric *metrics_add(struct metrics *m, enum metric_type type, const char *name,
-                           const char *help, const char *const *label_names,
-                           const double *buckets, size_t n_buckets)
+                           const char *help, const char *const *label_names, const double *buckets,
+                           size_t n_buckets)
 {
     struct metric *f = calloc(1, sizeof *f);
     if (!f)
@@ -156,97 +156,59 @@ double metric_count(struct metric *f, const char *const *labels)
     return s ? s->count : 0;
 }
 
-struct buf {
-    char *p;
-    size_t len, cap;
-    int err;
-};
-
-static void bprintf(struct buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void bprintf(struct buf *b, const char *fmt, ...)
-{
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            b->err = 1;
-            return;
-        }
-        if ((size_t)n < b->cap - b->len) {
-            b->len += (size_t)n;
-            return;
-        }
-        size_t ncap = (b->cap + (size_t)n + 1) * 2;
-        char *np = realloc(b->p, ncap);
-        if (!np) {
-            b->err = 1;
-            return;
-        }
-        b->p = np;
-        b->cap = ncap;
-    }
-}
-
 /* label values escaped per the text format: backslash, quote, newline */
-static void put_escaped(struct buf *b, const char *s)
+static void put_escaped(struct strbuf *b, const char *s)
 {
     for (; *s; s++) {
         if (*s == '\\')
-            bprintf(b, "\\\\");
+            strbuf_puts(b, "\\\\");
         else if (*s == '"')
-            bprintf(b, "\\\"");
+            strbuf_puts(b, "\\\"");
         else if (*s == '\n')
-            bprintf(b, "\\n");
+            strbuf_puts(b, "\\n");
         else
-            bprintf(b, "%c", *s);
+            strbuf_add(b, s, 1);
     }
 }
 
-static void put_labels(struct buf *b, const struct metric *f, const struct series *s,
+static void put_labels(struct strbuf *b, const struct metric *f, const struct series *s,
                        const char *le)
 {
     if (!f->n_labels && !le)
         return;
-    bprintf(b, "{");
+    strbuf_puts(b, "{");
     for (size_t i = 0; i < f->n_labels; i++) {
-        bprintf(b, "%s%s=\"", i ? "," : "", f->label_names[i]);
+        strbuf_printf(b, "%s%s=\"", i ? "," : "", f->label_names[i]);
         put_escaped(b, s->labels[i]);
-        bprintf(b, "\"");
+        strbuf_puts(b, "\"");
     }
     if (le)
-        bprintf(b, "%sle=\"%s\"", f->n_labels ? "," : "", le);
-    bprintf(b, "}");
+        strbuf_printf(b, "%sle=\"%s\"", f->n_labels ? "," : "", le);
+    strbuf_puts(b, "}");
 }
 
-static void put_value(struct buf *b, double v)
+static void put_value(struct strbuf *b, double v)
 {
     if (isinf(v))
-        bprintf(b, " %s\n", v > 0 ? "+Inf" : "-Inf");
+        strbuf_printf(b, " %s\n", v > 0 ? "+Inf" : "-Inf");
     else if (isnan(v))
-        bprintf(b, " NaN\n");
+        strbuf_puts(b, " NaN\n");
     else if (v == floor(v) && fabs(v) < 1e15)
-        bprintf(b, " %.0f\n", v);
+        strbuf_printf(b, " %.0f\n", v);
     else
-        bprintf(b, " %.9g\n", v);
+        strbuf_printf(b, " %.9g\n", v);
 }
 
 int metrics_render(struct metrics *m, char **out, size_t *len)
 {
     static const char *type_names[] = {"counter", "gauge", "histogram"};
-    struct buf b = {0};
-    b.cap = 4096;
-    b.p = malloc(b.cap);
-    if (!b.p)
-        return RKV_ENOMEM;
-    b.p[0] = '\0';
+    struct strbuf b = {0};
     for (struct metric *f = m->head; f; f = f->next) {
-        bprintf(&b, "# HELP %s %s\n# TYPE %s %s\n", f->name, f->help, f->name,
-                type_names[f->type]);
+        strbuf_printf(&b, "# HELP %s %s\n# TYPE %s %s\n", f->name, f->help, f->name,
+                      type_names[f->type]);
         for (struct series *s = f->series; s; s = s->next) {
             if (f->type != METRIC_HISTOGRAM) {
-                bprintf(&b, "%s", f->name);
+                strbuf_puts(&b, f->name);
                 put_labels(&b, f, s, NULL);
                 put_value(&b, s->value);
                 continue;
@@ -254,26 +216,20 @@ int metrics_render(struct metrics *m, char **out, size_t *len)
             for (size_t i = 0; i < f->n_bounds; i++) {
                 char le[32];
                 snprintf(le, sizeof le, "%g", f->bounds[i]);
-                bprintf(&b, "%s_bucket", f->name);
+                strbuf_printf(&b, "%s_bucket", f->name);
                 put_labels(&b, f, s, le);
                 put_value(&b, s->buckets ? s->buckets[i] : 0);
             }
-            bprintf(&b, "%s_bucket", f->name);
+            strbuf_printf(&b, "%s_bucket", f->name);
             put_labels(&b, f, s, "+Inf");
             put_value(&b, s->count);
-            bprintf(&b, "%s_sum", f->name);
+            strbuf_printf(&b, "%s_sum", f->name);
             put_labels(&b, f, s, NULL);
             put_value(&b, s->value);
-            bprintf(&b, "%s_count", f->name);
+            strbuf_printf(&b, "%s_count", f->name);
             put_labels(&b, f, s, NULL);
             put_value(&b, s->count);
         }
     }
-    if (b.err) {
-        free(b.p);
-        return RKV_ENOMEM;
-    }
-    *out = b.p;
-    *len = b.len;
-    return 0;
+    return strbuf_take(&b, out, len);
 }

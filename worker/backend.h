@@ -199,10 +199,9 @@ struct backend_i {
      * device. NULL or a return of 1: not provided */
     int (*host_attn_cpu)(void *ctx, int on);
     /* optional: pct (0..100) of each decode row's host blocks, the oldest, attended on cpu
-     * threads while the device reads the rest (the split host read); 0 off. learn: pct is
-     * cpu / (cpu + link) of measured rates, where the backend's own share starts (it may learn
-     * each step's from the layers it splits). NULL or a return of 1: not provided */
-    int (*host_split)(void *ctx, uint32_t pct, int learn);
+     * threads while the device reads the rest (the split host read, worker/tail_policy.h); 0
+     * off. NULL or a return of 1: not provided */
+    int (*host_split)(void *ctx, uint32_t pct);
     /* optional: the decoder layers of a step as a recording replayed while the batch keeps its
      * shape (a cuda graph). Called before a step's layers (owner: the caller, whose tensors the
      * layers use): 0 run them as usual; 1 run them (they are being recorded), then graph_end;
@@ -362,9 +361,8 @@ int backend_host_attn_cpu(struct backend *be, int on);
 int graph_begin_forward(struct backend *be, const struct be_batch *b, const struct be_attn *a,
                         const void *owner);
 int graph_end_forward(struct backend *be, int failed);
-/* the backend's host_split share (learn: a start it may improve on): 0 set, 1 when the
- * backend has none, < 0 an error */
-int backend_host_split(struct backend *be, uint32_t pct, int learn);
+/* the backend's host_split share: 0 set, 1 when the backend has none, < 0 an error */
+int backend_host_split(struct backend *be, uint32_t pct);
 int rope_kv_write_forward(struct backend *be, const struct be_batch *b, uint32_t layer,
                           struct be_tensor *q, struct be_tensor *k, const struct be_tensor *v,
                           const struct be_attn *a, const struct be_rope *r);

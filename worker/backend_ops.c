@@ -270,11 +270,11 @@ int graph_end_forward(struct backend *be, int failed)
     return be->iface->graph_end ? be->iface->graph_end(be->ctx, failed) : 1;
 }
 
-int backend_host_split(struct backend *be, uint32_t pct, int learn)
+int backend_host_split(struct backend *be, uint32_t pct)
 {
     if (pct > 100)
         return RKV_EINVAL;
-    return be->iface->host_split ? be->iface->host_split(be->ctx, pct, learn) : 1;
+    return be->iface->host_split ? be->iface->host_split(be->ctx, pct) : 1;
 }
 
 int rope_kv_write_forward(struct backend *be, const struct be_batch *b, uint32_t layer,

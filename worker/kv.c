@@ -169,34 +169,6 @@ int kv_local_migrate(struct kv_local *k, struct kv_block_ref *ref, enum kv_resid
     return 0;
 }
 
-uint32_t kv_host_cpu_share(const struct kv_block_ref *blocks, uint32_t n_blocks,
-                           uint32_t block_size, uint64_t last, uint32_t n_tokens, uint32_t pct,
-                           uint32_t *n_read)
-{
-    uint32_t n = 0;
-    for (uint32_t j = 0; j < n_blocks; j++)
-        n += blocks[j].residency == KV_HOST && (uint64_t)j * block_size <= last;
-    if (n_read)
-        *n_read = n;
-    if (n_tokens > 1 || pct == 0)
-        return 0;
-    return (uint32_t)(((uint64_t)n * (pct > 100 ? 100 : pct) + 50) / 100);
-}
-
-void kv_host_cpu_view(const struct kv_block_ref *in, uint32_t n, uint32_t k,
-                      struct kv_block_ref *out)
-{
-    for (uint32_t j = 0; j < n; j++) {
-        out[j] = in[j];
-        if (in[j].residency != KV_HOST)
-            continue;
-        if (k)
-            k--;
-        else
-            out[j] = (struct kv_block_ref){0, KV_DEVICE};
-    }
-}
-
 uint32_t kv_stage_passes(const uint32_t *slots, uint32_t n_seqs, uint64_t cap, uint32_t *pass_of,
                          uint32_t *first, uint32_t *count, uint32_t max_pass)
 {

@@ -64,18 +64,6 @@ uint32_t kv_blocks_for(const struct kv_layout *l, uint32_t n_pos);
  * and the slots of each), or 0 when one sequence alone is over cap (nothing to split) */
 uint32_t kv_stage_passes(const uint32_t *slots, uint32_t n_seqs, uint64_t cap, uint32_t *pass_of,
                          uint32_t *first, uint32_t *count, uint32_t max_pass);
-/* the split host read (the cuda backend's host_split): of a sequence's host blocks
- * that a token reads (block j with j * block_size <= last, the last position read; *n_read gets
- * how many), the oldest pct % (rounded) go to the cpu. Only a row of one token splits (a decode
- * row: one query per head reads each key once, so the cpu streams like the link; a prefill
- * chunk's hundreds of queries would make it compute): 0 otherwise */
-uint32_t kv_host_cpu_share(const struct kv_block_ref *blocks, uint32_t n_blocks,
-                           uint32_t block_size, uint64_t last, uint32_t n_tokens, uint32_t pct,
-                           uint32_t *n_read);
-/* the cpu's view of a table of n blocks whose first k host blocks are the cpu's: those stay,
- * later host blocks become device block 0 (a pass over host blocks skips them) */
-void kv_host_cpu_view(const struct kv_block_ref *in, uint32_t n, uint32_t k,
-                      struct kv_block_ref *out);
 /* host address of a block's layer slice (valid when the pool is host-mapped,
  * always true for the cpu backend); NULL when the ref is out of range */
 void *kv_slice_ptr(const struct kv_layout *l, const struct kv_pools *p, struct kv_block_ref ref,

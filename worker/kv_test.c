@@ -158,50 +158,13 @@ static void test_stage_passes(void **state)
     assert_int_equal(pass_of[7], 3);
 }
 
-/* the split host read: the oldest share of the host blocks a decode row reads goes to the
- * cpu, whose view keeps exactly those and hides the rest behind device block 0 */
-static void test_host_cpu_share(void **state)
-{
-    (void)state;
-    const struct kv_block_ref t[] = {{7, KV_DEVICE}, {3, KV_HOST}, {4, KV_HOST}, {9, KV_DEVICE},
-                                     {5, KV_HOST},   {6, KV_HOST}, {8, KV_HOST}};
-    uint32_t n_read = 0;
-    /* block size 16, last position 95: blocks 0..5 are read, host blocks 1, 2, 4, 5 */
-    assert_int_equal(kv_host_cpu_share(t, 7, 16, 95, 1, 40, &n_read), 2); /* 1.6 rounds to 2 */
-    assert_int_equal(n_read, 4);
-    assert_int_equal(kv_host_cpu_share(t, 7, 16, 95, 1, 100, NULL), 4);
-    assert_int_equal(kv_host_cpu_share(t, 7, 16, 95, 1, 10, NULL), 0);
-    assert_int_equal(kv_host_cpu_share(t, 7, 16, 95, 1, 0, NULL), 0);
-    assert_int_equal(kv_host_cpu_share(t, 7, 16, 95, 1, 250, NULL), 4); /* at most all */
-    /* a prefill row never splits, but its read blocks are still counted */
-    assert_int_equal(kv_host_cpu_share(t, 7, 16, 111, 64, 40, &n_read), 0);
-    assert_int_equal(n_read, 5);
-    struct kv_block_ref v[7];
-    kv_host_cpu_view(t, 7, 2, v);
-    const struct kv_block_ref want[] = {{7, KV_DEVICE}, {3, KV_HOST},   {4, KV_HOST},
-                                        {9, KV_DEVICE}, {0, KV_DEVICE}, {0, KV_DEVICE},
-                                        {0, KV_DEVICE}};
-    for (int j = 0; j < 7; j++) {
-        assert_int_equal(v[j].index, want[j].index);
-        assert_int_equal(v[j].residency, want[j].residency);
-    }
-    /* no share: every host block hidden; all of them: the table as it is */
-    kv_host_cpu_view(t, 7, 0, v);
-    for (int j = 0; j < 7; j++)
-        assert_int_equal(v[j].residency, KV_DEVICE);
-    kv_host_cpu_view(t, 7, 5, v);
-    for (int j = 0; j < 7; j++) {
-        assert_int_equal(v[j].index, t[j].index);
-        assert_int_equal(v[j].residency, t[j].residency);
-    }
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_geometry),       cmocka_unit_test(test_local_alloc_migrate),
-        cmocka_unit_test(test_local_mem_ops),  cmocka_unit_test(test_stage_passes),
-        cmocka_unit_test(test_host_cpu_share),
+        cmocka_unit_test(test_geometry),
+        cmocka_unit_test(test_local_alloc_migrate),
+        cmocka_unit_test(test_local_mem_ops),
+        cmocka_unit_test(test_stage_passes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

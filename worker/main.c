@@ -28,6 +28,7 @@
 #include "worker/reserve.h"
 #include "worker/sample.h"
 #include "worker/step.h"
+#include "worker/tail_policy.h"
 
 /*
  * Shape: one thread serves the rep socket rkvd dials (proto_serve_one with a
@@ -135,23 +136,6 @@ static int map_device_pool(struct worker *w, const char *url, size_t bytes)
     return rc;
 }
 
-/* the split host read as this worker runs it where CPU_TAIL does not take its host blocks: the
- * share (--host-split, or with -1 the cpu's part of the measured rates; 0 off), the two rates it
- * came from, and the rate it reads a long tail at, the cpu and the gpu at once (0: no split) */
-static uint32_t split_plan(const struct worker *w, double *cpu, double *gpu, double *gbps)
-{
-    *gbps = 0;
-    const uint32_t auto_pct = rates_split_share(&w->rates, cpu, gpu);
-    if (!w->on_gpu || !w->c.host_split)
-        return 0;
-    uint32_t pct = w->c.host_split > 0 ? (uint32_t)w->c.host_split : auto_pct;
-    if (w->c.deterministic && w->c.host_split < 0)
-        pct = 0; /* the default (-1) stays quiet where the split cannot run */
-    if (!w->c.deterministic)
-        *gbps = rkv_host_split_gbps(pct, *gpu, *cpu);
-    return pct;
-}
-
 /* where a spilled session's host blocks are attended on a gpu worker: the rule kvmgr's planner
  * applies to the rates this worker reported (CPU_TAIL when the cpu attends faster than host
  * blocks reach the gpu, and faster than the split reads them), or what --host-attn forces */
@@ -160,9 +144,7 @@ static int apply_host_attn(struct worker *w, double split_gbps)
     if (!w->on_gpu)
         return 0;
     const struct rates *r = &w->rates;
-    int cpu = w->c.host_attn == 2 ||
-              (w->c.host_attn == 0 && rkv_cpu_tail_faster(r->pcie_h2d_gbps, r->attn_host_gbps,
-                                                          r->attn_cpu_gbps, split_gbps));
+    const int cpu = tail_cpu_wanted(r, w->c.host_attn, split_gbps);
     int rc = backend_host_attn_cpu(w->be, cpu);
     if (rc < 0 && cpu)
         log_warn("host blocks stay on the gpu: the cpu cannot attend them here (%s)%s",
@@ -175,24 +157,22 @@ static int apply_host_attn(struct worker *w, double split_gbps)
     return rc == 0 && cpu;
 }
 
-/* sets the split's share pct (split_plan's); nothing under CPU_TAIL (the cpu takes every host
+/* sets the split's share (tail_split_plan's); nothing under CPU_TAIL (the cpu takes every host
  * block already). 1 when the split runs */
-static int apply_host_split(struct worker *w, int cpu_tail, uint32_t pct, double cpu, double gpu)
+static int apply_host_split(struct worker *w, int cpu_tail, const struct tail_split_plan *sp)
 {
     if (!w->on_gpu || !w->c.host_split)
         return 0;
     const struct rates *r = &w->rates;
-    if (cpu_tail)
-        pct = 0;
-    const int learn = w->c.host_split < 0;
-    int rc = backend_host_split(w->be, pct, learn);
+    const uint32_t pct = cpu_tail ? 0 : sp->pct;
+    int rc = backend_host_split(w->be, pct);
     if (rc < 0)
         log_warn("the split host read is off: %s%s", rkv_strerror(rc),
                  w->c.deterministic ? " (--deterministic keeps host blocks on the gpu)" : "");
     else if (rc == 0 && pct)
         log_info("host kv blocks split: %u %% of each decode row's on the cpu (%.2f GB/s), the "
                  "rest read by the gpu (%.2f)%s",
-                 pct, cpu, gpu,
+                 pct, sp->cpu_gbps, sp->gpu_gbps,
                  w->c.host_split > 0     ? " (--host-split)"
                  : r->split.cpu_gbps > 0 ? " (measured side by side)"
                                          : " (measured)");
@@ -295,14 +275,15 @@ static int attach(struct worker *w)
                      r->split.cpu_gbps, r->split.link_gbps);
         w->rates_done = 1;
     }
-    double split_cpu, split_gpu, split_gbps;
-    const uint32_t split_pct = split_plan(w, &split_cpu, &split_gpu, &split_gbps);
-    const int split_on =
-        apply_host_split(w, apply_host_attn(w, split_gbps), split_pct, split_cpu, split_gpu);
+    /* the split host read where CPU_TAIL does not take the host blocks (a gpu worker only) */
+    struct tail_split_plan sp = {0};
+    if (w->on_gpu)
+        tail_split_plan(&w->rates, w->c.host_split, w->c.deterministic, &sp);
+    const int split_on = apply_host_split(w, apply_host_attn(w, sp.gbps), &sp);
     struct proto_worker_report rep = {
         (uint32_t)w->c.worker_id, w->m->weight_bytes,        w->reserve,
         w->rates.pcie_h2d_gbps,   w->rates.attn_device_gbps, w->rates.attn_host_gbps,
-        w->rates.attn_cpu_gbps,   split_on ? split_gbps : 0};
+        w->rates.attn_cpu_gbps,   split_on ? sp.gbps : 0};
     struct proto_empty ok;
     rc = proto_call_json(w->kvmgr, PROTO_MSG_WORKER_REPORT, &rep, PROTO_MSG_OK, &ok, 2000, err,
                          sizeof err);

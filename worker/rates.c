@@ -9,7 +9,6 @@
 #include <time.h>
 
 #include "common/err.h"
-#include "common/hosttail.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "worker/cpu/cpu_backend.h"
@@ -361,19 +360,6 @@ int rates_split(const struct rates_opts *o, struct split_rates *out)
         backend_destroy(cpu);
     }
     return rc;
-}
-
-uint32_t rates_split_share(const struct rates *r, double *cpu_gbps, double *gpu_gbps)
-{
-    double cpu = r->split.cpu_gbps > 0 ? r->split.cpu_gbps : r->attn_cpu_gbps,
-           gpu = r->attn_host_gbps;
-    if (r->split.cpu_gbps > 0 && r->split.link_gbps > 0 && (gpu <= 0 || r->split.link_gbps < gpu))
-        gpu = r->split.link_gbps;
-    if (cpu_gbps)
-        *cpu_gbps = cpu;
-    if (gpu_gbps)
-        *gpu_gbps = gpu;
-    return hosttail_split_auto(gpu, cpu);
 }
 
 int rates_measure(struct backend *be, const struct rates_opts *o, struct rates *out)

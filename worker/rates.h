@@ -46,7 +46,7 @@
  * decode row of up to 1 GiB of host blocks (a tail as long as those the split takes), timed
  * while a second thread keeps the link reading the same host pool into device memory, as a split
  * layer runs them. Both share the host's memory, so each is measured beside the other. Not sent
- * to kvmgr: the worker sets the split's share from them.
+ * to kvmgr: the worker sets the split's share from them (tail_split_share).
  */
 struct split_rates {
     double cpu_gbps;      /* the cpu's attention meanwhile */
@@ -75,12 +75,6 @@ struct rates_opts {
 /* measures every rate with be (the worker's backend, set_kv already done on
  * o->pools). 0 or a negative RKV_E* code; rates it could not measure are 0. */
 int rates_measure(struct backend *be, const struct rates_opts *o, struct rates *out);
-
-/* the split host read's share (percent of a decode row's host blocks on the cpu) from r: the
- * cpu's and the link's rates measured side by side where there are some (the gpu's part at the
- * slower of the link beside the cpu and the gpu's own host attention), else the rates measured
- * apart; 0 where a rate is unknown. The rates it used go to *cpu_gbps / *gpu_gbps (may be NULL) */
-uint32_t rates_split_share(const struct rates *r, double *cpu_gbps, double *gpu_gbps);
 
 /* the split's rates alone, over o->pools' host pool (o->gpu -1: the link's stand-in is a
  * memcpy, for tests). 0 or a negative RKV_E* code; a link that cannot run leaves out at 0 */

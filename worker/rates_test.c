@@ -126,34 +126,12 @@ static void test_split_rates(void **state)
     kv_local_destroy(k);
 }
 
-/* the split's share: from the rates side by side where measured, else from those apart */
-static void test_split_share(void **state)
-{
-    (void)state;
-    struct rates r = {0};
-    double cpu, gpu;
-    assert_int_equal(rates_split_share(&r, &cpu, &gpu), 0); /* nothing measured: off */
-    r.attn_host_gbps = 51.0;
-    r.attn_cpu_gbps = 34.0; /* one block a layer, apart: the H100 host's 40 % */
-    assert_int_equal(rates_split_share(&r, NULL, NULL), 40);
-    r.split = (struct split_rates){61.0, 49.0, 12}; /* side by side: the link the slower */
-    assert_int_equal(rates_split_share(&r, &cpu, &gpu), 55);
-    assert_true(cpu == 61.0 && gpu == 49.0);
-    r.split.link_gbps = 53.0; /* the gpu's own host attention the slower */
-    assert_int_equal(rates_split_share(&r, &cpu, &gpu), 54);
-    assert_true(gpu == 51.0);
-    r.split.link_gbps = 0; /* no link figure: the gpu's host attention */
-    assert_int_equal(rates_split_share(&r, NULL, &gpu), 54);
-    assert_true(gpu == 51.0);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cpu_rates),
         cmocka_unit_test(test_empty_pool),
         cmocka_unit_test(test_split_rates),
-        cmocka_unit_test(test_split_share),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -12,6 +12,7 @@
 #include "common/err.h"
 #include "common/gguf.h"
 #include "common/log.h"
+#include "common/strbuf.h"
 #include "common/tok.h"
 #include "common/util.h"
 #include "worker/backend.h"
@@ -292,22 +293,14 @@ struct session {
     int32_t next; /* token to feed next step */
     int done;
     const char *finish;
-    char *text;
-    size_t text_len, text_cap;
+    struct strbuf text; /* generated, detokenized */
     struct tok_detok dt;
 };
 
 static void text_append(struct session *s, const char *p, size_t n)
 {
-    if (s->text_len + n + 1 > s->text_cap) {
-        s->text_cap = (s->text_len + n + 1) * 2;
-        s->text = realloc(s->text, s->text_cap);
-        if (!s->text)
-            die("out of memory");
-    }
-    memcpy(s->text + s->text_len, p, n);
-    s->text_len += n;
-    s->text[s->text_len] = '\0';
+    if (strbuf_add(&s->text, p, n))
+        die("out of memory");
 }
 
 /* picks round(frac * n) of n blocks at random (split seed), the host set */
@@ -555,7 +548,7 @@ int main(int argc, char **argv)
             cJSON *ia = cJSON_AddArrayToObject(so, "ids");
             for (uint32_t j = 0; j < ss[i].n_ids; j++)
                 cJSON_AddItemToArray(ia, cJSON_CreateNumber(ss[i].ids[j]));
-            cJSON_AddStringToObject(so, "text", ss[i].text ? ss[i].text : "");
+            cJSON_AddStringToObject(so, "text", strbuf_str(&ss[i].text));
             cJSON_AddStringToObject(so, "finish_reason", ss[i].finish);
             cJSON_AddItemToArray(sa, so);
         }
@@ -571,7 +564,7 @@ int main(int argc, char **argv)
     } else {
         if (!stream)
             for (uint32_t i = 0; i < o.batch; i++)
-                printf("%s%s", i ? "\n" : "", ss[i].text ? ss[i].text : "");
+                printf("%s%s", i ? "\n" : "", strbuf_str(&ss[i].text));
         printf("\n");
     }
     log_info("prompt %u tokens x %u: prefill %.1f ms (%.1f tok/s), decode %llu tokens %.1f ms "
@@ -583,7 +576,7 @@ int main(int argc, char **argv)
         free(ss[i].blocks);
         free(ss[i].host_pref);
         free(ss[i].ids);
-        free(ss[i].text);
+        strbuf_fini(&ss[i].text);
         sampler_destroy(ss[i].smp);
     }
     free(ss);

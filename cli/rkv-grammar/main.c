@@ -10,6 +10,7 @@
 #include "common/gguf.h"
 #include "common/grammar.h"
 #include "common/json_schema.h"
+#include "common/strbuf.h"
 #include "common/tok.h"
 #include "common/util.h"
 
@@ -195,8 +196,7 @@ static int generate(struct gen_ctx *c, long sample)
 {
     const struct opts *o = c->o;
     grammar_matcher_reset(c->m);
-    char *text = NULL;
-    size_t tl = 0, tcap = 0;
+    struct strbuf text = {0};
     long n = 0;
     const char *end = "limit";
     int rc = 0;
@@ -260,19 +260,15 @@ static int generate(struct gen_ctx *c, long sample)
             rc = RKV_EINTERNAL;
             break;
         }
-        if (rkv_grow((void **)&text, &tcap, tl + (size_t)l + 1, 256)) {
-            rc = RKV_ENOMEM;
+        if ((rc = strbuf_add(&text, buf, (size_t)l)) < 0)
             break;
-        }
-        memcpy(text + tl, buf, (size_t)l);
-        tl += (size_t)l;
     }
     if (!rc) {
         printf("{\"sample\": %ld, \"text\": ", sample);
-        put_json_str(stdout, text ? text : "", tl);
+        put_json_str(stdout, strbuf_str(&text), text.n);
         printf(", \"tokens\": %ld, \"end\": \"%s\"}\n", n, end);
     }
-    free(text);
+    strbuf_fini(&text);
     return rc;
 }
 

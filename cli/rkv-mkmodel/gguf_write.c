@@ -6,58 +6,33 @@
 
 #include "common/err.h"
 #include "common/gguf.h"
-
-struct buf {
-    uint8_t *p;
-    size_t len, cap;
-    int oom;
-};
+#include "common/strbuf.h"
 
 struct gw {
     uint32_t alignment;
-    struct buf kv;     /* metadata entries */
-    struct buf tinfo;  /* tensor infos */
-    struct buf header; /* assembled by gw_header */
+    struct strbuf kv;     /* metadata entries */
+    struct strbuf tinfo;  /* tensor infos */
+    struct strbuf header; /* assembled by gw_header */
     uint64_t n_kv;
     uint64_t n_tensors;
     uint64_t data_len; /* data section so far, padded */
 };
 
-static void put(struct buf *b, const void *src, size_t n)
+static void put_u32(struct strbuf *b, uint32_t v)
 {
-    if (b->oom)
-        return;
-    if (b->len + n > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->len + n)
-            cap *= 2;
-        uint8_t *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = 1;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, src, n);
-    b->len += n;
+    strbuf_add(b, &v, 4);
 }
 
-static void put_u32(struct buf *b, uint32_t v)
+static void put_u64(struct strbuf *b, uint64_t v)
 {
-    put(b, &v, 4);
+    strbuf_add(b, &v, 8);
 }
 
-static void put_u64(struct buf *b, uint64_t v)
-{
-    put(b, &v, 8);
-}
-
-static void put_str(struct buf *b, const char *s)
+static void put_str(struct strbuf *b, const char *s)
 {
     size_t n = strlen(s);
     put_u64(b, n);
-    put(b, s, n);
+    strbuf_add(b, s, n);
 }
 
 int gw_create(struct gw **out, uint32_t alignment)
@@ -74,9 +49,9 @@ void gw_destroy(struct gw *w)
 {
     if (!w)
         return;
-    free(w->kv.p);
-    free(w->tinfo.p);
-    free(w->header.p);
+    strbuf_fini(&w->kv);
+    strbuf_fini(&w->tinfo);
+    strbuf_fini(&w->header);
     free(w);
 }
 
@@ -96,20 +71,20 @@ void gw_kv_u32(struct gw *w, const char *key, uint32_t v)
 void gw_kv_i32(struct gw *w, const char *key, int32_t v)
 {
     kv_head(w, key, GGUF_VAL_INT32);
-    put(&w->kv, &v, 4);
+    strbuf_add(&w->kv, &v, 4);
 }
 
 void gw_kv_f32(struct gw *w, const char *key, float v)
 {
     kv_head(w, key, GGUF_VAL_FLOAT32);
-    put(&w->kv, &v, 4);
+    strbuf_add(&w->kv, &v, 4);
 }
 
 void gw_kv_bool(struct gw *w, const char *key, int v)
 {
     uint8_t b = v != 0;
     kv_head(w, key, GGUF_VAL_BOOL);
-    put(&w->kv, &b, 1);
+    strbuf_add(&w->kv, &b, 1);
 }
 
 void gw_kv_str(struct gw *w, const char *key, const char *s)
@@ -132,7 +107,7 @@ void gw_kv_arr_i32(struct gw *w, const char *key, const int32_t *v, uint64_t n)
     kv_head(w, key, GGUF_VAL_ARRAY);
     put_u32(&w->kv, GGUF_VAL_INT32);
     put_u64(&w->kv, n);
-    put(&w->kv, v, n * 4);
+    strbuf_add(&w->kv, v, n * 4);
 }
 
 static uint64_t align_up(uint64_t x, uint64_t a)
@@ -157,25 +132,23 @@ uint64_t gw_tensor(struct gw *w, const char *name, uint32_t type, uint32_t n_dim
 
 int gw_header(struct gw *w, const uint8_t **buf, size_t *len, uint64_t *data_bytes)
 {
-    struct buf *h = &w->header;
-    h->len = 0;
-    put(h, "GGUF", 4);
+    struct strbuf *h = &w->header;
+    strbuf_reset(h);
+    strbuf_add(h, "GGUF", 4);
     put_u32(h, 3);
     put_u64(h, w->n_tensors);
     put_u64(h, w->n_kv);
-    if (!w->kv.oom)
-        put(h, w->kv.p, w->kv.len);
-    if (!w->tinfo.oom)
-        put(h, w->tinfo.p, w->tinfo.len);
+    strbuf_append(h, &w->kv);
+    strbuf_append(h, &w->tinfo);
     static const uint8_t zeros[64];
-    while (!h->oom && h->len % w->alignment) {
-        size_t pad = w->alignment - h->len % w->alignment;
-        put(h, zeros, pad < sizeof zeros ? pad : sizeof zeros);
+    while (!h->err && h->n % w->alignment) {
+        size_t pad = w->alignment - h->n % w->alignment;
+        strbuf_add(h, zeros, pad < sizeof zeros ? pad : sizeof zeros);
     }
-    if (h->oom || w->kv.oom || w->tinfo.oom)
-        return RKV_ENOMEM;
-    *buf = h->p;
-    *len = h->len;
+    if (h->err)
+        return h->err;
+    *buf = (const uint8_t *)h->s;
+    *len = h->n;
     *data_bytes = w->data_len;
     return 0;
 }

@@ -90,7 +90,7 @@ static void parse_output(const uint8_t *data, size_t size)
         api_tparse_feed(p, (const char *)data + half, size - half, check_event, &o);
         api_tparse_finish(p, check_event, &o);
         /* never lose text: content and reasoning are at most the input */
-        if (o.n_content + o.n_reasoning > size)
+        if (o.content.n + o.reasoning.n > size)
             __builtin_trap();
         cJSON *m = cJSON_CreateObject();
         api_tout_message(&o, m);

@@ -22,6 +22,7 @@
 #include "worker/forward.h"
 #include "worker/pool.h"
 #include "worker/rates.h"
+#include "worker/tail_policy.h"
 
 static struct rkv_cuda_ceilings ceil_;
 static FILE *js;
@@ -863,7 +864,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
         }
         host_row(f, tab, &db, c, NULL, 0, wbytes, 256 * kv_per_tok, hbm, pcie, &rc);
     }
-    /* the split host read at the share the worker's start-up probe picks (worker/rates.c: the
+    /* the split host read at the share the worker's start-up probe picks (tail_split_share: the
      * cpu's and the link's rates side by side): the long host tails again, at that share. The
      * rows above read host blocks over the link alone (RKV_CUDA_TUNE=host_split=N runs them all
      * at N instead, and skips these) */
@@ -877,7 +878,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
         double cpu = 0, gpu = 0;
         uint32_t pct = 0;
         if (rates_measure(be, &ro, &r) == 0)
-            pct = rates_split_share(&r, &cpu, &gpu);
+            pct = tail_split_share(&r, &cpu, &gpu);
         printf("  split host read: the worker's probe reads the cpu at %.2f GB/s beside the link's "
                "%.2f (alone: cpu %.2f over one block a layer, link %.2f): %u %% on the cpu\n",
                cpu, r.split.link_gbps, r.attn_cpu_gbps, r.pcie_h2d_gbps, pct);
@@ -885,7 +886,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
         static const struct host_case rows[] = {
             {1, 32768, 500}, {1, 32768, 898}, {1, 32768, 992}, {16, 4096, 500}, {16, 4096, 875}};
         double at_probe[5] = {0};
-        if (pct && backend_host_split(be, pct, 0) == 0)
+        if (pct && backend_host_split(be, pct) == 0)
             for (size_t ri = 0; ri < 5 && rc == 0; ri++)
                 at_probe[ri] = host_row(f, tab, &db, rows[ri], "split", pct, wbytes,
                                         256 * kv_per_tok, hbm, pcie, &rc);
@@ -897,7 +898,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
             double best = 0;
             uint32_t best_pct = 0;
             for (size_t si = 0; si < sizeof(shares) / sizeof(shares[0]) && rc == 0; si++) {
-                if (backend_host_split(be, shares[si], 0) != 0)
+                if (backend_host_split(be, shares[si]) != 0)
                     break;
                 double tps = host_row(f, tab, &db, rows[ri], "share", shares[si], wbytes,
                                       256 * kv_per_tok, hbm, pcie, &rc);
@@ -911,7 +912,7 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
                 record("decode", name, at_probe[ri] / best, "x", 1.0, at_probe[ri] / best);
             }
         }
-        backend_host_split(be, 0, 0);
+        backend_host_split(be, 0);
     }
     /* prefill: 4k, 16k, 32k resident, with half the kv on host, and with all of it there:
      * as kvmgr serves a prompt when the device has no room for it (each chunk's blocks on

@@ -399,8 +399,8 @@ static void cu_host_free(void *ctx, void *p)
 static int cu_stats(void *ctx, char *buf, size_t len)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    char learned[256];
-    cuda_split_stats(c, learned, sizeof learned);
+    char split_how[256];
+    cuda_split_stats(c, split_how, sizeof split_how);
     int n = snprintf(
         buf, len,
         "host kv layers: %llu prefetched, %llu copied in line, %llu with a host "
@@ -422,7 +422,7 @@ static int cu_stats(void *ctx, char *buf, size_t len)
         (unsigned long long)c->hst.grown, (unsigned long long)c->hst.wb_layers,
         (unsigned long long)c->hst.wb_slots, (unsigned long long)c->hst.cpu_layers,
         (unsigned long long)c->hst.split_layers, (unsigned long long)c->hst.split_async,
-        (unsigned long long)c->hst.split_gated, learned, (unsigned long long)c->hst.act16_conv,
+        (unsigned long long)c->hst.split_gated, split_how, (unsigned long long)c->hst.act16_conv,
         (unsigned long long)c->hst.act16_twin, (unsigned long long)c->hst.graph_rec,
         (unsigned long long)c->hst.graph_replay, (unsigned long long)c->hst.graph_fail,
         (unsigned long long)c->hst.lin_mma, (unsigned long long)c->hst.dec_tma,

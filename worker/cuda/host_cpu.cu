@@ -6,28 +6,22 @@
 
 #include "worker/cuda/cuda_ops.cuh"
 extern "C" {
-#include "common/hosttail.h"
+#include "worker/tail_policy.h"
 }
 
-/* the split host read is on: a share of the host blocks to the cpu (not with CPU_TAIL, which
- * takes them all, nor in deterministic mode or with one key split per block: the cpu's partial
- * spans many blocks, which the block-order merge cannot take apart; the cpu's view hides the
- * gpu's host blocks behind device block 0, so the device pool must have one; nor without the
- * worker's router to attend them) */
+/* the split host read is on for this state (tail_split_on) */
 int cuda_host_split_on(const struct cuda_ctx *c)
 {
-    return c->hcpu.host_split && c->hcpu.attend.attend && !c->hcpu.host_cpu && !c->deterministic &&
-           !c->tune.attn_fixed && c->have_kv && c->n_blocks[KV_DEVICE] > 0;
+    return tail_split_on(c->hcpu.host_split, c->hcpu.attend.attend != NULL, c->hcpu.host_cpu,
+                         c->deterministic, c->tune.attn_fixed,
+                         c->have_kv ? c->n_blocks[KV_DEVICE] : 0);
 }
 
-/* sc[s]: the host blocks of sequence s the gpu stages (those some token reads, less the oldest
- * m->cpu_k[s] the cpu attends when the host read is split, kv_host_cpu_share); the staged
- * slots of all in *all */
+/* the batch's shares as tail_batch decides them: sc[s] the host blocks of sequence s the gpu
+ * stages, m->cpu_k[s] the oldest ones the cpu attends; the staged slots of all in *all */
 int cuda_split_shares(struct cuda_ctx *c, const struct be_batch *b, uint32_t *sc, uint64_t *all)
 {
     struct cuda_meta *m = &c->meta;
-    const uint32_t B = c->have_kv ? c->layout.block_size : 0;
-    const uint32_t split = cuda_host_split_on(c) ? c->hcpu.host_split : 0;
     if (b->n_seqs > m->cpu_k_cap) {
         uint32_t *k = (uint32_t *)realloc(m->cpu_k, sizeof(uint32_t) * b->n_seqs);
         if (!k)
@@ -35,35 +29,19 @@ int cuda_split_shares(struct cuda_ctx *c, const struct be_batch *b, uint32_t *sc
         m->cpu_k = k;
         m->cpu_k_cap = b->n_seqs;
     }
-    m->cpu_any = 0;
-    *all = 0;
-    uint64_t dec_blocks = 0; /* host blocks decode rows read */
-    for (uint32_t s = 0; s < b->n_seqs; s++) {
-        const struct be_seq *q = &b->seqs[s];
-        const uint64_t last = (uint64_t)q->n_past + (q->n_tokens ? q->n_tokens - 1 : 0);
-        m->cpu_k[s] =
-            kv_host_cpu_share(q->blocks, q->n_blocks, B, last, q->n_tokens, split, &sc[s]);
-        dec_blocks += q->n_tokens <= 1 ? sc[s] : 0;
-    }
-    const double h = (double)dec_blocks * 2 * kv_slice_bytes(&c->layout); /* a layer's bytes */
-    /* the link time of the decode rows' host bytes of one layer, in us */
-    const double link_us = h / (c->hcpu.link_gbps * 1e3);
-    const enum hosttail_split_mode mode =
-        hosttail_split_mode(link_us, c->tune.split_min_us, c->tune.split_async_us);
-    const int gated = !split || mode == HOSTTAIL_SPLIT_OFF;
-    if (split && dec_blocks) {
-        c->hst.tail_us += link_us;
+    const tail_split_cfg cfg = {cuda_host_split_on(c) ? c->hcpu.host_split : 0,
+                                kv_slice_bytes(&c->layout), c->hcpu.link_gbps, c->tune.split_min_us,
+                                c->tune.split_async_us};
+    tail_batch_out o;
+    tail_batch(b, c->have_kv ? c->layout.block_size : 0, &cfg, m->cpu_k, sc, &o);
+    if (cfg.pct && o.dec_blocks) {
+        c->hst.tail_us += o.tail_us;
         c->hst.tail_n++;
     }
-    m->split_async = !gated && mode == HOSTTAIL_SPLIT_ASYNC;
-    for (uint32_t s = 0; s < b->n_seqs; s++) {
-        if (gated)
-            m->cpu_k[s] = 0;
-        m->cpu_any |= m->cpu_k[s] > 0;
-        sc[s] -= m->cpu_k[s];
-        *all += sc[s];
-    }
-    m->split_gated = split && gated && dec_blocks;
+    m->cpu_any = o.cpu_any;
+    m->split_async = o.async;
+    m->split_gated = o.gated;
+    *all = o.staged;
     return 0;
 }
 
@@ -153,7 +131,7 @@ int cuda_split_q_down(struct cuda_ctx *c, const struct be_tensor *q, size_t byte
     return 0;
 }
 
-/* the cpu's view of the batch (kv_host_cpu_view of each sequence's table) */
+/* the cpu's view of the batch (tail_cpu_view of each sequence's table) */
 static int split_view(struct cuda_ctx *c, const struct be_batch *b, struct be_batch *v)
 {
     size_t n_tab = 0;
@@ -178,7 +156,7 @@ static int split_view(struct cuda_ctx *c, const struct be_batch *b, struct be_ba
     for (uint32_t s = 0; s < b->n_seqs; s++) {
         const struct be_seq *q = &b->seqs[s];
         struct kv_block_ref *tab = c->hcpu.split_tab + at;
-        kv_host_cpu_view(q->blocks, q->n_blocks, c->meta.cpu_k[s], tab);
+        tail_cpu_view(q->blocks, q->n_blocks, c->meta.cpu_k[s], tab);
         c->hcpu.split_seqs[s] = *q;
         c->hcpu.split_seqs[s].blocks = tab;
         at += q->n_blocks;
@@ -306,12 +284,10 @@ int cuda_split_host_cpu(struct cuda_ctx *c, const struct be_batch *b, uint32_t l
     return split_merge(c, out, o_t, n, at);
 }
 
-/* the split host read's share, fixed (learn: pct came from measured rates, which changes
- * nothing here); the host_split knob, when set, wins */
-int cu_host_split(void *ctx, uint32_t pct, int learn)
+/* the split host read's share; the host_split knob, when set, wins */
+int cu_host_split(void *ctx, uint32_t pct)
 {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    (void)learn;
     if (pct && (c->deterministic || c->tune.attn_fixed))
         return RKV_EUNSUPPORTED; /* cuda_host_split_on keeps it off there */
     if (!c->tune.host_split)

@@ -62,11 +62,12 @@ void cuda_host_cpu_fini(struct cuda_host_cpu *h);
 /* the vtable's host_attn_cpu, host_split and set_host_attend (struct backend_i) */
 int cu_host_attn_cpu(void *ctx, int on);
 int cu_set_host_attend(void *ctx, const struct be_host_attend *h);
-int cu_host_split(void *ctx, uint32_t pct, int learn);
-/* the split host read is on for this backend's state (a share, no CPU_TAIL, ...) */
+int cu_host_split(void *ctx, uint32_t pct);
+/* the split host read is on for this backend's state (tail_split_on) */
 int cuda_host_split_on(const struct cuda_ctx *c);
-/* sc[s]: the host blocks of sequence s the gpu stages (those some token reads, less the oldest
- * meta cpu_k[s] the cpu attends when the host read is split); the staged slots of all in *all */
+/* the batch's shares (tail_batch's): sc[s] the host blocks of sequence s the gpu stages, meta
+ * cpu_k[s] the oldest ones the cpu attends when the host read is split; the staged slots of all
+ * in *all */
 int cuda_split_shares(struct cuda_ctx *c, const struct be_batch *b, uint32_t *sc, uint64_t *all);
 /* CPU_TAIL: the host blocks' partial from cpu threads over the host pool */
 int cuda_attn_host_cpu(struct cuda_ctx *c, const struct be_batch *b, uint32_t layer,

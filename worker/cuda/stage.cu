@@ -5,6 +5,9 @@
 #include <string.h>
 
 #include "worker/cuda/cuda_ops.cuh"
+extern "C" {
+#include "worker/tail_policy.h"
+}
 
 /* copy engine or zero-copy for host blocks: whichever moves bytes faster here, unless the
  * host_read knob names one (or cpu: CPU_TAIL forced, which deterministic mode refuses) */
@@ -28,9 +31,7 @@ void cuda_host_read_choose(struct cuda_ctx *c)
     static double copy_gbps = -1, zc_gbps = -1; /* one measurement per process */
     if (copy_gbps < 0 && cuda_measure_host_paths(&copy_gbps, &zc_gbps) < 0)
         copy_gbps = zc_gbps = 0;
-    /* the attention kernel reaches about 0.55 of the stream-read rate over zero-copy, and
-     * copies also overlap the layer before: compare what each path delivers */
-    c->stage.host_read = copy_gbps > 0.55 * zc_gbps ? CUDA_HOST_COPY : CUDA_HOST_ZEROCOPY;
+    c->stage.host_read = tail_gpu_copies(copy_gbps, zc_gbps) ? CUDA_HOST_COPY : CUDA_HOST_ZEROCOPY;
     if (copy_gbps > 0)
         c->hcpu.link_gbps = copy_gbps;
     log_info("cuda: host kv blocks: copy engine %.1f GB/s, zero-copy reads %.1f GB/s: using %s",
