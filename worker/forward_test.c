@@ -808,8 +808,8 @@ static void test_window_prefix_reuse(void **state)
     assert_true(kv_window_live(&e.l, a->blocks, a->n_blocks, 36));
     assert_false(kv_window_live(&e.l, a->blocks, a->n_blocks, 32));
 
-    /* a prefix of 32 would need block 6's local part: the step is refused before it reads or
-     * writes anything */
+    /* a prefix of 32 would need block 6's local part: the step is refused at layer 0 (local),
+     * before it reads or writes anything */
     struct fwd_seq qc = {prompt + 32, 4, 32, a->blocks, 9 * 2};
     assert_int_equal(fwd_step(e.f, &qc, 1, 0, la), RKV_ERANGE);
 
