@@ -80,8 +80,8 @@ uint32_t kv_layer_part(const struct kv_layout *l, uint32_t layer);
  * n_past and later see positions > pos - n_swa): the local parts before it are dead.
  * 0 without a window */
 uint32_t kv_window_first(const struct kv_layout *l, uint64_t n_past);
-/* blocks a session of n_pos positions holds once its dead local parts are dropped (every
- * part while positions n_pos - 1 and on read them): what its kv costs */
+/* blocks a session of n_pos positions holds once its dead local parts are dropped: every
+ * global part, and the local parts a step from n_pos reads. what its kv costs at rest */
 uint64_t kv_live_blocks(const struct kv_layout *l, uint64_t n_pos);
 /* the same session's bytes, and what they would be with every layer global */
 uint64_t kv_live_bytes(const struct kv_layout *l, uint64_t n_pos);
