@@ -39,6 +39,11 @@ int fwd_kv_layout(const struct model *m, uint32_t block_size, enum kv_dtype dtyp
     return kv_layout_init(out, block_size, m->hp.n_layer, m->hp.n_kv_head, m->hp.head_dim, dtype);
 }
 
+int fwd_kv_layout_window(const struct model *m, struct kv_layout *l)
+{
+    return kv_layout_set_window(l, m->hp.n_swa, m->hp.swa_period);
+}
+
 void fwd_destroy(struct fwd *f)
 {
     if (!f)
@@ -61,7 +66,8 @@ int fwd_create(struct fwd **out, struct model *m, const struct kv_layout *l,
 {
     const struct model_hparams *hp = &m->hp;
     if (max_tokens == 0 || max_seqs == 0 || max_seqs > max_tokens || l->n_layer != hp->n_layer ||
-        l->n_kv_head != hp->n_kv_head || l->head_dim != hp->head_dim)
+        l->n_kv_head != hp->n_kv_head || l->head_dim != hp->head_dim ||
+        (l->n_parts > 1 && (l->n_swa != hp->n_swa || l->swa_period != hp->swa_period)))
         return RKV_EINVAL;
     struct fwd *f = calloc(1, sizeof(*f));
     if (!f)
@@ -115,7 +121,8 @@ int fwd_create(struct fwd **out, struct model *m, const struct kv_layout *l,
 }
 
 /* fills the host batch description; 1 when some block of the batch is on
- * the host (else the host pass is skipped: it would be empty) */
+ * the host (else the host pass is skipped: it would be empty). A table holds n_parts
+ * entries a position block; a dropped one (KV_REF_NONE) counts nowhere */
 static int build_batch(struct fwd *f, const struct fwd_seq *seqs, uint32_t n_seqs,
                        struct be_batch *b)
 {
@@ -124,12 +131,14 @@ static int build_batch(struct fwd *f, const struct fwd_seq *seqs, uint32_t n_seq
     for (uint32_t s = 0; s < n_seqs; s++) {
         const struct fwd_seq *q = &seqs[s];
         if (q->n_tokens == 0 || q->n_tokens > f->max_tokens - t || !q->tokens || !q->blocks ||
-            (uint64_t)q->n_blocks * f->layout.block_size < (uint64_t)q->n_past + q->n_tokens ||
+            q->n_blocks % f->layout.n_parts ||
+            (uint64_t)(q->n_blocks / f->layout.n_parts) * f->layout.block_size <
+                (uint64_t)q->n_past + q->n_tokens ||
             (uint64_t)q->n_past + q->n_tokens > INT32_MAX)
             return RKV_EINVAL;
         f->seqs[s] = (struct be_seq){t, q->n_tokens, q->n_past, q->blocks, q->n_blocks};
         for (uint32_t i = 0; i < q->n_blocks; i++)
-            any_host |= q->blocks[i].residency == KV_HOST;
+            any_host |= q->blocks[i].residency == KV_HOST && q->blocks[i].index != KV_REF_NONE;
         for (uint32_t i = 0; i < q->n_tokens; i++, t++) {
             f->ids[t] = q->tokens[i];
             f->pos[t] = (int32_t)(q->n_past + i);

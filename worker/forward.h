@@ -15,7 +15,7 @@ struct fwd_seq {
     const int32_t *tokens;
     uint32_t n_tokens;
     uint32_t n_past;
-    const struct kv_block_ref *blocks;
+    const struct kv_block_ref *blocks; /* (n_blocks): layout.n_parts per position block */
     uint32_t n_blocks;
 };
 
@@ -29,6 +29,9 @@ void fwd_destroy(struct fwd *f);
 /* the kv layout a model needs, with the given block size and cache dtype */
 int fwd_kv_layout(const struct model *m, uint32_t block_size, enum kv_dtype dtype,
                   struct kv_layout *out);
+/* splits l into the model's global and local parts (kv_layout_set_window), so the local
+ * layers' kv can be dropped once it leaves their window; the cpu backend reads such tables */
+int fwd_kv_layout_window(const struct model *m, struct kv_layout *l);
 
 /* runs one step. logits gets n_seqs rows of n_vocab floats (the last token
  * of each sequence, batch order), or with all_logits one row per token of

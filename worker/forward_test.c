@@ -106,11 +106,13 @@ static struct model_hparams test_hp(enum model_arch arch)
                                   .rope_neox = arch != MODEL_LLAMA};
 }
 
-static void tmodel_init(struct tmodel *t, enum model_arch arch, enum be_type wt, uint64_t seed)
+static void tmodel_init_hp(struct tmodel *t, struct model_hparams hp, enum be_type wt,
+                           uint64_t seed)
 {
     memset(t, 0, sizeof(*t));
     rng_state = seed * 2654435761u + 1;
-    t->hp = test_hp(arch);
+    t->hp = hp;
+    const enum model_arch arch = hp.arch;
     const struct model_hparams *h = &t->hp;
     const uint32_t qd = h->n_head * h->head_dim, kvd = h->n_kv_head * h->head_dim;
     t->src.tok_embd = rand_tensor(t, wt, h->n_vocab, h->dim, 1.0f, 0);
@@ -134,8 +136,31 @@ static void tmodel_init(struct tmodel *t, enum model_arch arch, enum be_type wt,
         L->w_gate = rand_tensor(t, wt, h->ffn, h->dim, 0.2f, 0);
         L->w_up = rand_tensor(t, wt, h->ffn, h->dim, 0.2f, 0);
         L->w_down = rand_tensor(t, wt, h->dim, h->ffn, 0.1f, 0);
+        if (arch == MODEL_GEMMA3) {
+            L->q_norm = rand_tensor(t, BE_F32, 1, h->head_dim, 0.2f, 1.0f);
+            L->k_norm = rand_tensor(t, BE_F32, 1, h->head_dim, 0.2f, 1.0f);
+            L->post_attn_norm = rand_tensor(t, BE_F32, 1, h->dim, 0.2f, 1.0f);
+            L->post_ffn_norm = rand_tensor(t, BE_F32, 1, h->dim, 0.2f, 1.0f);
+        }
     }
     t->src.layers = t->layers;
+}
+
+static void tmodel_init(struct tmodel *t, enum model_arch arch, enum be_type wt, uint64_t seed)
+{
+    tmodel_init_hp(t, test_hp(arch), wt, seed);
+}
+
+/* gemma3's shape in four layers: local 0 and 2 (a window of 6), global 1 and 3 */
+static void tmodel_gemma3(struct tmodel *t, uint64_t seed)
+{
+    struct model_hparams hp = test_hp(MODEL_GEMMA3);
+    hp.n_layer = 4;
+    hp.n_swa = 6;
+    hp.swa_period = 2;
+    hp.rope_base_swa = 1e4f;
+    hp.rope_base = 1e6f;
+    tmodel_init_hp(t, hp, BE_F32, seed);
 }
 
 static void tmodel_fini(struct tmodel *t)
@@ -153,8 +178,9 @@ struct eng {
     struct fwd *f;
 };
 
-static void eng_init(struct eng *e, const struct tmodel *t, uint32_t B, enum kv_dtype dt,
-                     uint32_t max_tokens, uint32_t max_seqs, uint32_t threads)
+/* window: the local layers' kv in parts of their own, dropped out of the window */
+static void eng_init_layout(struct eng *e, const struct tmodel *t, uint32_t B, enum kv_dtype dt,
+                            uint32_t max_tokens, uint32_t max_seqs, uint32_t threads, int window)
 {
     char err[256] = "";
     assert_int_equal(cpu_backend_create(threads, &e->be), 0);
@@ -163,10 +189,18 @@ static void eng_init(struct eng *e, const struct tmodel *t, uint32_t B, enum kv_
         fprintf(stderr, "%s\n", err);
     assert_int_equal(rc, 0);
     assert_int_equal(fwd_kv_layout(e->m, B, dt, &e->l), 0);
-    uint32_t n = 4096 / B + 64;
+    if (window)
+        assert_int_equal(fwd_kv_layout_window(e->m, &e->l), 0);
+    uint32_t n = (4096 / B + 64) * e->l.n_parts;
     assert_int_equal(kv_local_create(&e->kv, &e->l, n, n), 0);
     assert_int_equal(fwd_create(&e->f, e->m, &e->l, kv_local_pools(e->kv), max_tokens, max_seqs),
                      0);
+}
+
+static void eng_init(struct eng *e, const struct tmodel *t, uint32_t B, enum kv_dtype dt,
+                     uint32_t max_tokens, uint32_t max_seqs, uint32_t threads)
+{
+    eng_init_layout(e, t, B, dt, max_tokens, max_seqs, threads, 0);
 }
 
 static void eng_fini(struct eng *e)
@@ -177,12 +211,26 @@ static void eng_fini(struct eng *e)
     backend_destroy(e->be);
 }
 
-/* a session: its block table grows as positions are written */
+/* a session: its block table (n_parts entries a position block) grows as positions are
+ * written; the first n_shared position blocks are another session's, never released here */
 struct sess {
     struct kv_block_ref blocks[512];
     uint32_t n_blocks;
     uint32_t n_past;
+    uint32_t n_shared;
 };
+
+/* the local parts no step from n_past on reads are dropped */
+static void sess_drop(struct eng *e, struct sess *s)
+{
+    const uint32_t P = e->l.n_parts, dead = kv_window_first(&e->l, s->n_past);
+    for (uint32_t j = 0; j < dead && j * P < s->n_blocks; j++)
+        for (uint32_t p = 1; p < P; p++) {
+            if (j >= s->n_shared)
+                kv_local_release(e->kv, s->blocks[j * P + p]);
+            s->blocks[j * P + p].index = KV_REF_NONE;
+        }
+}
 
 enum split { SPLIT_NONE, SPLIT_ALL_HOST, SPLIT_ALTERNATE, SPLIT_ONE, SPLIT_RANDOM };
 
@@ -191,15 +239,19 @@ enum split { SPLIT_NONE, SPLIT_ALL_HOST, SPLIT_ALTERNATE, SPLIT_ONE, SPLIT_RANDO
 static void sess_prepare(struct eng *e, struct sess *s, uint32_t n_new, enum split sp,
                          uint64_t *split_rng)
 {
-    uint32_t need = kv_blocks_for(&e->l, s->n_past + n_new);
+    const uint32_t P = e->l.n_parts, need = kv_blocks_for(&e->l, s->n_past + n_new) * P;
     while (s->n_blocks < need) {
         assert_int_equal(kv_local_alloc(e->kv, KV_DEVICE, &s->blocks[s->n_blocks]), 0);
         s->n_blocks++;
     }
+    sess_drop(e, s);
     uint32_t first_written = s->n_past / e->l.block_size;
-    for (uint32_t j = 0; j < s->n_blocks; j++) {
-        int host = 0;
-        if (j < first_written) {
+    int host = 0; /* one residency for the parts of a position block */
+    for (uint32_t i = s->n_shared * P; i < s->n_blocks; i++) {
+        const uint32_t j = i / P;
+        if (i % P == 0)
+            host = 0;
+        if (i % P == 0 && j < first_written) {
             switch (sp) {
             case SPLIT_NONE: host = 0; break;
             case SPLIT_ALL_HOST: host = 1; break;
@@ -211,16 +263,17 @@ static void sess_prepare(struct eng *e, struct sess *s, uint32_t n_new, enum spl
                 break;
             }
         }
-        assert_int_equal(kv_local_migrate(e->kv, &s->blocks[j], host ? KV_HOST : KV_DEVICE), 0);
+        assert_int_equal(kv_local_migrate(e->kv, &s->blocks[i], host ? KV_HOST : KV_DEVICE), 0);
     }
 }
 
 static void sess_release(struct eng *e, struct sess *s)
 {
-    for (uint32_t j = 0; j < s->n_blocks; j++)
-        kv_local_release(e->kv, s->blocks[j]);
+    for (uint32_t i = s->n_shared * e->l.n_parts; i < s->n_blocks; i++)
+        kv_local_release(e->kv, s->blocks[i]);
     s->n_blocks = 0;
     s->n_past = 0;
+    s->n_shared = 0;
 }
 
 static int argmax(const float *x, uint32_t n)
@@ -268,6 +321,11 @@ static void generate(struct eng *e, const int32_t *prompt, uint32_t n_prompt, ui
         struct fwd_seq q = {&tok, 1, s->n_past, s->blocks, s->n_blocks};
         assert_int_equal(fwd_step(e->f, &q, 1, 0, logits + (size_t)(k + 1) * V), 0);
         s->n_past++;
+    }
+    if (e->l.n_parts > 1) { /* at rest the session holds what kv_live_blocks counts */
+        sess_drop(e, s);
+        assert_int_equal(kv_local_used(e->kv, KV_DEVICE) + kv_local_used(e->kv, KV_HOST),
+                         kv_live_blocks(&e->l, s->n_past));
     }
     sess_release(e, s);
     free(s);
@@ -682,6 +740,115 @@ static void test_missing_ops_refused(void **state)
     backend_destroy(cpu);
 }
 
+/* the local layers' kv dropped outside their window (kv_layout_set_window) gives the logits of
+ * the layout that keeps every position, bit for bit: prefill in chunks shorter and longer than
+ * the window, decode past it, blocks split between device and host */
+static void test_window_layout_exact(void **state)
+{
+    (void)state;
+    struct tmodel t;
+    tmodel_gemma3(&t, 11);
+    const uint32_t n_prompt = 45, n_gen = 12, V = t.hp.n_vocab;
+    int32_t prompt[45], toks[12];
+    make_prompt(prompt, n_prompt, V, 5);
+    float *ref = malloc(sizeof(float) * (n_gen + 1) * V),
+          *got = malloc(sizeof(float) * (n_gen + 1) * V);
+    const uint32_t Bs[] = {1, 4, 16}, chunks[] = {5, 64};
+    const enum split sps[] = {SPLIT_NONE, SPLIT_ALL_HOST, SPLIT_ALTERNATE, SPLIT_RANDOM};
+    for (size_t bi = 0; bi < 3; bi++) {
+        struct eng full, win;
+        eng_init_layout(&full, &t, Bs[bi], KV_F32, 64, 8, 2, 0);
+        eng_init_layout(&win, &t, Bs[bi], KV_F32, 64, 8, 2, 1);
+        assert_int_equal(full.l.n_parts, 1);
+        assert_int_equal(win.l.n_parts, 2);
+        assert_int_equal(kv_block_bytes(&win.l) * 2, kv_block_bytes(&full.l));
+        for (size_t ci = 0; ci < 2; ci++)
+            for (size_t si = 0; si < 4; si++) {
+                generate(&full, prompt, n_prompt, chunks[ci], n_gen, sps[si], 7, NULL, toks, ref);
+                generate(&win, prompt, n_prompt, chunks[ci], n_gen, sps[si], 7, toks, NULL, got);
+                if (memcmp(ref, got, sizeof(float) * (n_gen + 1) * V))
+                    fprintf(stderr, "B %u chunk %u split %zu: logits differ\n", Bs[bi], chunks[ci],
+                            si);
+                assert_memory_equal(ref, got, sizeof(float) * (n_gen + 1) * V);
+            }
+        eng_fini(&full);
+        eng_fini(&win);
+    }
+    free(ref);
+    free(got);
+    tmodel_fini(&t);
+}
+
+/* a prefix taken over from another session's table continues exactly where the local parts of
+ * its window are still there (kv_window_live), and the session that wrote them is untouched */
+static void test_window_prefix_reuse(void **state)
+{
+    (void)state;
+    struct tmodel t;
+    tmodel_gemma3(&t, 12);
+    const uint32_t B = 4, n_prompt = 45, n_gen = 10, V = t.hp.n_vocab;
+    int32_t prompt[45], toks[10];
+    make_prompt(prompt, n_prompt, V, 6);
+    float *ref = malloc(sizeof(float) * (n_gen + 1) * V),
+          *got = malloc(sizeof(float) * (n_gen + 1) * V), *la = malloc(sizeof(float) * V);
+    struct eng e;
+    eng_init_layout(&e, &t, B, KV_F32, 64, 8, 2, 1);
+    generate(&e, prompt, n_prompt, 5, n_gen, SPLIT_NONE, 0, NULL, toks, ref);
+
+    /* session a: the first 40 tokens in chunks of 5; its last step read from position 30 on */
+    struct sess *a = calloc(1, sizeof(*a)), *b = calloc(1, sizeof(*b));
+    for (uint32_t i = 0; i < 40; i += 5) {
+        sess_prepare(&e, a, 5, SPLIT_NONE, NULL);
+        struct fwd_seq q = {prompt + i, 5, a->n_past, a->blocks, a->n_blocks};
+        assert_int_equal(fwd_step(e.f, &q, 1, 0, la), 0);
+        a->n_past += 5;
+    }
+    assert_int_equal(kv_window_first(&e.l, 35), 7);
+    assert_int_equal(a->blocks[6 * 2 + 1].index, KV_REF_NONE);
+    assert_true(kv_window_live(&e.l, a->blocks, a->n_blocks, 36));
+    assert_false(kv_window_live(&e.l, a->blocks, a->n_blocks, 32));
+
+    /* a prefix of 32 would need block 6's local part: the step is refused at layer 0 (local),
+     * before it reads or writes anything */
+    struct fwd_seq qc = {prompt + 32, 4, 32, a->blocks, 9 * 2};
+    assert_int_equal(fwd_step(e.f, &qc, 1, 0, la), RKV_ERANGE);
+
+    /* session b takes a's 9 full position blocks (36 positions) and goes on */
+    memcpy(b->blocks, a->blocks, sizeof(struct kv_block_ref) * 9 * 2);
+    b->n_blocks = 9 * 2;
+    b->n_shared = 9;
+    b->n_past = 36;
+    sess_prepare(&e, b, n_prompt - 36, SPLIT_NONE, NULL);
+    struct fwd_seq q = {prompt + 36, n_prompt - 36, b->n_past, b->blocks, b->n_blocks};
+    assert_int_equal(fwd_step(e.f, &q, 1, 0, got), 0);
+    b->n_past = n_prompt;
+    for (uint32_t k = 0; k < n_gen; k++) {
+        sess_prepare(&e, b, 1, SPLIT_NONE, NULL);
+        q = (struct fwd_seq){&toks[k], 1, b->n_past, b->blocks, b->n_blocks};
+        assert_int_equal(fwd_step(e.f, &q, 1, 0, got + (size_t)(k + 1) * V), 0);
+        b->n_past++;
+    }
+    for (uint32_t k = 0; k <= n_gen; k++)
+        assert_true(row_err(got + (size_t)k * V, ref + (size_t)k * V, V) <= 1e-6);
+    /* a's own next step still sees its kv */
+    float *la2 = malloc(sizeof(float) * V);
+    sess_prepare(&e, a, 5, SPLIT_NONE, NULL);
+    q = (struct fwd_seq){prompt + 40, 5, a->n_past, a->blocks, a->n_blocks};
+    assert_int_equal(fwd_step(e.f, &q, 1, 0, la2), 0);
+    assert_true(row_err(la2, ref, V) <= 1e-6); /* the prompt's last token, as in ref row 0 */
+    sess_release(&e, b);
+    sess_release(&e, a);
+    assert_int_equal(kv_local_used(e.kv, KV_DEVICE), 0);
+    eng_fini(&e);
+    free(a);
+    free(b);
+    free(ref);
+    free(got);
+    free(la);
+    free(la2);
+    tmodel_fini(&t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -689,7 +856,8 @@ int main(void)
         cmocka_unit_test(test_splits_llama_q8),     cmocka_unit_test(test_batch_equals_alone),
         cmocka_unit_test(test_chunked_prefill),     cmocka_unit_test(test_threads_same),
         cmocka_unit_test(test_model_errors),        cmocka_unit_test(test_sample_keep),
-        cmocka_unit_test(test_missing_ops_refused),
+        cmocka_unit_test(test_missing_ops_refused), cmocka_unit_test(test_window_layout_exact),
+        cmocka_unit_test(test_window_prefix_reuse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

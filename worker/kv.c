@@ -17,7 +17,101 @@ int kv_layout_init(struct kv_layout *l, uint32_t block_size, uint32_t n_layer, u
     l->n_kv_head = n_kv_head;
     l->head_dim = head_dim;
     l->dtype = dtype;
+    l->n_parts = 1;
+    l->part_layers = n_layer;
+    l->n_swa = 0;
+    l->swa_period = 0;
     return 0;
+}
+
+int kv_layout_set_window(struct kv_layout *l, uint32_t n_swa, uint32_t swa_period)
+{
+    if (n_swa && swa_period == 0)
+        return RKV_EINVAL;
+    uint32_t n_global = n_swa ? l->n_layer / swa_period : l->n_layer,
+             n_local = l->n_layer - n_global;
+    l->n_parts = 1;
+    l->part_layers = l->n_layer;
+    l->n_swa = 0;
+    l->swa_period = 0;
+    if (n_global == 0 || n_local == 0)
+        return 0; /* nothing to drop apart from the rest */
+    /* blocks as large as the global layers: a position block that left the window keeps one */
+    l->part_layers = n_global;
+    l->n_parts = 1 + (n_local + n_global - 1) / n_global;
+    l->n_swa = n_swa;
+    l->swa_period = swa_period;
+    return 0;
+}
+
+int kv_layer_local(const struct kv_layout *l, uint32_t layer)
+{
+    return l->n_parts > 1 && layer % l->swa_period != l->swa_period - 1;
+}
+
+uint32_t kv_layer_part(const struct kv_layout *l, uint32_t layer)
+{
+    if (!kv_layer_local(l, layer))
+        return 0;
+    return 1 + (layer - layer / l->swa_period) / l->part_layers;
+}
+
+/* the layer's slot inside the block of its part */
+static uint32_t layer_slot(const struct kv_layout *l, uint32_t layer)
+{
+    if (l->n_parts == 1)
+        return layer;
+    if (!kv_layer_local(l, layer))
+        return layer / l->swa_period;
+    return (layer - layer / l->swa_period) % l->part_layers;
+}
+
+uint32_t kv_window_first(const struct kv_layout *l, uint64_t n_past)
+{
+    if (l->n_parts == 1)
+        return 0;
+    uint64_t lo = n_past + 1 > l->n_swa ? n_past + 1 - l->n_swa : 0;
+    return (uint32_t)(lo / l->block_size);
+}
+
+uint64_t kv_live_blocks(const struct kv_layout *l, uint64_t n_pos)
+{
+    uint64_t n = (n_pos + l->block_size - 1) / l->block_size, first = kv_window_first(l, n_pos);
+    return n + (n > first ? n - first : 0) * (l->n_parts - 1);
+}
+
+uint64_t kv_live_bytes(const struct kv_layout *l, uint64_t n_pos)
+{
+    return kv_live_blocks(l, n_pos) * kv_block_bytes(l);
+}
+
+uint64_t kv_all_global_bytes(const struct kv_layout *l, uint64_t n_pos)
+{
+    uint64_t n = (n_pos + l->block_size - 1) / l->block_size;
+    return n * 2 * l->n_layer * kv_slice_bytes(l);
+}
+
+int kv_window_live(const struct kv_layout *l, const struct kv_block_ref *blocks, uint32_t n_refs,
+                   uint64_t n_pos)
+{
+    const uint64_t n = (n_pos + l->block_size - 1) / l->block_size;
+    if (n * l->n_parts > n_refs)
+        return 0;
+    for (uint64_t j = 0; j < n; j++)
+        for (uint32_t p = 0; p < l->n_parts; p++)
+            if (blocks[j * l->n_parts + p].index == KV_REF_NONE &&
+                (p == 0 || j >= kv_window_first(l, n_pos)))
+                return 0;
+    return 1;
+}
+
+uint32_t kv_layer_view(const struct kv_layout *l, const struct kv_block_ref *in, uint32_t n_refs,
+                       uint32_t layer, struct kv_block_ref *out)
+{
+    const uint32_t n = n_refs / l->n_parts, part = kv_layer_part(l, layer);
+    for (uint32_t j = 0; j < n; j++)
+        out[j] = in[(size_t)j * l->n_parts + part];
+    return n;
 }
 
 size_t kv_dtype_size(enum kv_dtype t)
@@ -32,12 +126,12 @@ size_t kv_slice_bytes(const struct kv_layout *l)
 
 size_t kv_block_bytes(const struct kv_layout *l)
 {
-    return 2 * (size_t)l->n_layer * kv_slice_bytes(l);
+    return 2 * (size_t)l->part_layers * kv_slice_bytes(l);
 }
 
 size_t kv_slice_offset(const struct kv_layout *l, uint32_t layer, int is_v)
 {
-    return (2 * (size_t)layer + (is_v ? 1 : 0)) * kv_slice_bytes(l);
+    return (2 * (size_t)layer_slot(l, layer) + (is_v ? 1 : 0)) * kv_slice_bytes(l);
 }
 
 uint32_t kv_blocks_for(const struct kv_layout *l, uint32_t n_pos)
@@ -48,8 +142,8 @@ uint32_t kv_blocks_for(const struct kv_layout *l, uint32_t n_pos)
 void *kv_slice_ptr(const struct kv_layout *l, const struct kv_pools *p, struct kv_block_ref ref,
                    uint32_t layer, int is_v)
 {
-    if (ref.residency >= KV_N_POOLS || ref.index >= p->n_blocks[ref.residency] ||
-        layer >= l->n_layer || !p->base[ref.residency])
+    if (ref.index == KV_REF_NONE || ref.residency >= KV_N_POOLS ||
+        ref.index >= p->n_blocks[ref.residency] || layer >= l->n_layer || !p->base[ref.residency])
         return NULL;
     return (char *)p->base[ref.residency] + (size_t)ref.index * kv_block_bytes(l) +
            kv_slice_offset(l, layer, is_v);
@@ -137,6 +231,11 @@ int kv_local_alloc(struct kv_local *k, enum kv_residency r, struct kv_block_ref 
     return 0;
 }
 
+uint32_t kv_local_used(const struct kv_local *k, enum kv_residency r)
+{
+    return (unsigned)r < KV_N_POOLS ? k->pools.n_blocks[r] - k->n_free[r] : 0;
+}
+
 void kv_local_release(struct kv_local *k, struct kv_block_ref ref)
 {
     if (ref.residency >= KV_N_POOLS || ref.index >= k->pools.n_blocks[ref.residency])
@@ -146,7 +245,7 @@ void kv_local_release(struct kv_local *k, struct kv_block_ref ref)
 
 int kv_local_migrate(struct kv_local *k, struct kv_block_ref *ref, enum kv_residency to)
 {
-    if (ref->residency == to)
+    if (ref->residency == to || ref->index == KV_REF_NONE)
         return 0;
     struct kv_block_ref dst;
     int rc = kv_local_alloc(k, to, &dst);

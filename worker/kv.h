@@ -19,21 +19,33 @@ enum kv_residency {
 };
 #define KV_N_POOLS 2
 
-/* one block holds block_size positions for all layers. inside a block, layer
- * l's K slice then its V slice, each contiguous (n_kv_head, block_size,
- * head_dim), so one copy moves one layer of one block. */
+/* the positions j*B .. j*B+B-1 of a session (a position block) are n_parts blocks of
+ * part_layers layer slots each. inside a block, slot s's K slice then its V slice, each
+ * contiguous (n_kv_head, block_size, head_dim), so one copy moves one layer of one block.
+ * Without sliding windows a position block is one block of every layer (slot = layer).
+ * With them (kv_layout_set_window) part 0 holds the global layers and parts 1.. the local
+ * ones, part_layers (= the global layers) at a time, so a position block that left every
+ * local window keeps only its part 0 (docs/runtime.md, "Sliding windows"). */
 struct kv_layout {
     uint32_t block_size; /* B: positions per block */
     uint32_t n_layer;
     uint32_t n_kv_head;
     uint32_t head_dim;
     enum kv_dtype dtype;
+    uint32_t n_parts;     /* blocks per position block (1: no window saving) */
+    uint32_t part_layers; /* layer slots per block */
+    uint32_t n_swa;       /* local layers' window in positions; 0 = none */
+    uint32_t swa_period;  /* layer l is global when l % swa_period == swa_period - 1 */
 };
 
-/* one entry of a session's block table (position order: entry j holds
- * positions j*B .. j*B+B-1). blocks need not be contiguous or sorted. */
+/* a table entry naming no block: a local part dropped once it left every window */
+#define KV_REF_NONE UINT32_MAX
+
+/* one entry of a session's block table. entries come in position order, n_parts per
+ * position block: entry j*n_parts + p is part p of positions j*B .. j*B+B-1. blocks need
+ * not be contiguous or sorted. */
 struct kv_block_ref {
-    uint32_t index;    /* block index inside the pool of its residency */
+    uint32_t index;    /* block index inside the pool of its residency, or KV_REF_NONE */
     uint8_t residency; /* enum kv_residency */
 };
 
@@ -47,15 +59,43 @@ struct kv_pools {
 /* fills a layout; checks every field (block_size 1..65536, dtype known) */
 int kv_layout_init(struct kv_layout *l, uint32_t block_size, uint32_t n_layer, uint32_t n_kv_head,
                    uint32_t head_dim, enum kv_dtype dtype);
+/* splits each position block into a part of the global layers and parts of the local ones
+ * (layer l local when n_swa and l % swa_period != swa_period - 1). A model with no local or
+ * no global layer keeps one part. RKV_EINVAL for a period of 0 with a window */
+int kv_layout_set_window(struct kv_layout *l, uint32_t n_swa, uint32_t swa_period);
 size_t kv_dtype_size(enum kv_dtype t);
 /* bytes of one K (or V) slice: n_kv_head * block_size * head_dim elements */
 size_t kv_slice_bytes(const struct kv_layout *l);
-/* bytes of one whole block (all layers, K and V) */
+/* bytes of one block (part_layers layer slots, K and V): the unit pools allocate */
 size_t kv_block_bytes(const struct kv_layout *l);
-/* byte offset of layer's K (is_v=0) or V (is_v=1) slice inside a block */
+/* byte offset of layer's K (is_v=0) or V (is_v=1) slice inside the block of its part */
 size_t kv_slice_offset(const struct kv_layout *l, uint32_t layer, int is_v);
-/* blocks needed for n_pos positions */
+/* position blocks needed for n_pos positions */
 uint32_t kv_blocks_for(const struct kv_layout *l, uint32_t n_pos);
+/* 1 when layer attends through the window (its kv is dropped once out of it) */
+int kv_layer_local(const struct kv_layout *l, uint32_t layer);
+/* the part of a position block that holds layer */
+uint32_t kv_layer_part(const struct kv_layout *l, uint32_t layer);
+/* the first position block whose local parts a step starting at n_past reads (queries at
+ * n_past and later see positions > pos - n_swa): the local parts before it are dead.
+ * 0 without a window */
+uint32_t kv_window_first(const struct kv_layout *l, uint64_t n_past);
+/* blocks a session of n_pos positions holds once its dead local parts are dropped: every
+ * global part, and the local parts a step from n_pos reads. what its kv costs at rest */
+uint64_t kv_live_blocks(const struct kv_layout *l, uint64_t n_pos);
+/* the same session's bytes, and what they would be with every layer global */
+uint64_t kv_live_bytes(const struct kv_layout *l, uint64_t n_pos);
+uint64_t kv_all_global_bytes(const struct kv_layout *l, uint64_t n_pos);
+/* 1 when a table of n_refs entries holds every block a step from n_pos reads among the
+ * position blocks that hold positions before n_pos: a prefix of n_pos positions taken from
+ * it (another session's table) continues exactly; 0 when some local part of the window was
+ * dropped, so its local layers' kv would have to be recomputed from position 0 */
+int kv_window_live(const struct kv_layout *l, const struct kv_block_ref *blocks, uint32_t n_refs,
+                   uint64_t n_pos);
+/* layer's table over position blocks: out[j] = in[j*n_parts + part] for the n_pos_blocks
+ * position blocks of a table of n_refs entries; returns n_pos_blocks (n_refs / n_parts) */
+uint32_t kv_layer_view(const struct kv_layout *l, const struct kv_block_ref *in, uint32_t n_refs,
+                       uint32_t layer, struct kv_block_ref *out);
 
 /* a layer's host blocks staged in passes of whole sequences (the cuda backend, when they pass
  * its staging buffer): sequence s stages slots[s] consecutive slots, in sequence order; each
@@ -64,8 +104,9 @@ uint32_t kv_blocks_for(const struct kv_layout *l, uint32_t n_pos);
  * and the slots of each), or 0 when one sequence alone is over cap (nothing to split) */
 uint32_t kv_stage_passes(const uint32_t *slots, uint32_t n_seqs, uint64_t cap, uint32_t *pass_of,
                          uint32_t *first, uint32_t *count, uint32_t max_pass);
-/* host address of a block's layer slice (valid when the pool is host-mapped,
- * always true for the cpu backend); NULL when the ref is out of range */
+/* host address of a layer's slice in ref, the block of the layer's part (valid when the
+ * pool is host-mapped, always true for the cpu backend); NULL when the ref is out of range
+ * or KV_REF_NONE */
 void *kv_slice_ptr(const struct kv_layout *l, const struct kv_pools *p, struct kv_block_ref ref,
                    uint32_t layer, int is_v);
 
@@ -91,6 +132,8 @@ const struct kv_pools *kv_local_pools(const struct kv_local *k);
 /* takes a free block of that residency: RKV_ENOSPACE when none is left */
 int kv_local_alloc(struct kv_local *k, enum kv_residency r, struct kv_block_ref *out);
 void kv_local_release(struct kv_local *k, struct kv_block_ref ref);
+/* blocks of that residency in use */
+uint32_t kv_local_used(const struct kv_local *k, enum kv_residency r);
 /* moves a block to the other residency (copy, then release the source);
  * *ref is updated */
 int kv_local_migrate(struct kv_local *k, struct kv_block_ref *ref, enum kv_residency to);

@@ -158,13 +158,145 @@ static void test_stage_passes(void **state)
     assert_int_equal(pass_of[7], 3);
 }
 
+/* Gemma 3 270M's shape: 18 layers, every 6th global, a window of 512 */
+static void gemma3_270m(struct kv_layout *l, uint32_t n_layer)
+{
+    assert_int_equal(kv_layout_init(l, 256, n_layer, 1, 256, KV_F16), 0);
+    assert_int_equal(kv_layout_set_window(l, 512, 6), 0);
+}
+
+static void test_window_geometry(void **state)
+{
+    (void)state;
+    struct kv_layout l;
+    gemma3_270m(&l, 18);
+    /* globals 5, 11, 17 in part 0; 15 local layers three to a part */
+    assert_int_equal(l.part_layers, 3);
+    assert_int_equal(l.n_parts, 6);
+    assert_int_equal(kv_block_bytes(&l), 3 * 2 * kv_slice_bytes(&l));
+    assert_int_equal(kv_layer_part(&l, 5), 0);
+    assert_int_equal(kv_layer_part(&l, 17), 0);
+    assert_int_equal(kv_slice_offset(&l, 11, 1), 3 * kv_slice_bytes(&l));
+    assert_int_equal(kv_layer_part(&l, 0), 1);
+    assert_int_equal(kv_layer_part(&l, 4), 2);
+    assert_int_equal(kv_slice_offset(&l, 4, 0), 2 * kv_slice_bytes(&l));
+    assert_int_equal(kv_layer_part(&l, 6), 2); /* local index 5 */
+    assert_int_equal(kv_slice_offset(&l, 6, 0), 4 * kv_slice_bytes(&l));
+    assert_int_equal(kv_layer_part(&l, 16), 5);
+    assert_true(kv_layer_local(&l, 16));
+    assert_false(kv_layer_local(&l, 11));
+    /* every (part, slot) holds exactly one layer */
+    uint8_t seen[6][3] = {{0}};
+    for (uint32_t i = 0; i < 18; i++) {
+        size_t slot = kv_slice_offset(&l, i, 0) / (2 * kv_slice_bytes(&l));
+        assert_true(slot < 3);
+        seen[kv_layer_part(&l, i)][slot]++;
+    }
+    for (int p = 0; p < 6; p++)
+        for (int s = 0; s < 3; s++)
+            assert_int_equal(seen[p][s], 1);
+
+    /* Gemma 3 1B: 26 layers, 4 global; 22 local fill 6 parts of 4 (two slots unused) */
+    gemma3_270m(&l, 26);
+    assert_int_equal(l.part_layers, 4);
+    assert_int_equal(l.n_parts, 7);
+    assert_int_equal(kv_layer_part(&l, 24), 6); /* local index 20 */
+
+    /* nothing to split: no window, no global or no local layer; a window needs a period */
+    assert_int_equal(kv_layout_init(&l, 16, 4, 1, 8, KV_F32), 0);
+    assert_int_equal(kv_layout_set_window(&l, 0, 6), 0);
+    assert_int_equal(l.n_parts, 1);
+    assert_int_equal(kv_layout_set_window(&l, 8, 6), 0); /* 4 layers, all local */
+    assert_int_equal(l.n_parts, 1);
+    assert_int_equal(kv_block_bytes(&l), 4 * 2 * kv_slice_bytes(&l));
+    assert_int_equal(kv_layout_set_window(&l, 8, 1), 0); /* all global */
+    assert_int_equal(l.n_parts, 1);
+    assert_int_equal(kv_window_first(&l, 1000), 0);
+    assert_int_equal(kv_layout_set_window(&l, 8, 0), RKV_EINVAL);
+}
+
+static void test_window_bytes(void **state)
+{
+    (void)state;
+    struct kv_layout l;
+    gemma3_270m(&l, 18);
+    /* queries from n_past on see positions > pos - 512 */
+    assert_int_equal(kv_window_first(&l, 0), 0);
+    assert_int_equal(kv_window_first(&l, 767), 1);
+    assert_int_equal(kv_window_first(&l, 766), 0);
+    assert_int_equal(kv_window_first(&l, 32768), 126);
+    /* 32k: 128 global parts and the 2 position blocks of the window's 5 local parts */
+    assert_int_equal(kv_live_blocks(&l, 32768), 128 + 2 * 5);
+    uint64_t live = kv_live_bytes(&l, 32768), full = kv_all_global_bytes(&l, 32768);
+    assert_int_equal(full, 128ull * 18 * 2 * kv_slice_bytes(&l));
+    assert_true(live * 4 <= full);
+    /* short sessions keep every part */
+    assert_int_equal(kv_live_blocks(&l, 300), 2 * 6);
+    assert_int_equal(kv_live_bytes(&l, 300), kv_all_global_bytes(&l, 300));
+    gemma3_270m(&l, 26);
+    assert_true(kv_live_bytes(&l, 32768) * 4 <= kv_all_global_bytes(&l, 32768));
+    /* without a split a session's bytes are the all-global ones */
+    assert_int_equal(kv_layout_init(&l, 256, 18, 1, 256, KV_F16), 0);
+    assert_int_equal(kv_live_bytes(&l, 32768), kv_all_global_bytes(&l, 32768));
+}
+
+static void test_window_tables(void **state)
+{
+    (void)state;
+    struct kv_layout l;
+    assert_int_equal(kv_layout_init(&l, 4, 4, 1, 8, KV_F32), 0);
+    assert_int_equal(kv_layout_set_window(&l, 6, 2), 0); /* globals 1, 3; locals 0, 2 */
+    assert_int_equal(l.n_parts, 2);
+    /* 4 position blocks; the first two's local parts dropped */
+    struct kv_block_ref t[8], v[4];
+    for (uint32_t i = 0; i < 8; i++)
+        t[i] = (struct kv_block_ref){i, i % 3 == 0 ? KV_HOST : KV_DEVICE};
+    t[1].index = t[3].index = KV_REF_NONE;
+    assert_int_equal(kv_layer_view(&l, t, 8, 3, v), 4);
+    for (uint32_t j = 0; j < 4; j++)
+        assert_int_equal(v[j].index, 2 * j);
+    assert_int_equal(kv_layer_view(&l, t, 8, 2, v), 4);
+    assert_int_equal(v[0].index, KV_REF_NONE);
+    assert_int_equal(v[2].index, 5);
+    assert_int_equal(v[3].residency, KV_DEVICE);
+    /* a prefix continues exactly where the window's local parts are there: from 13 on a
+     * query reads positions 8.. (block 2); from 12, position 7 (block 1, dropped) */
+    assert_int_equal(kv_window_first(&l, 13), 2);
+    assert_true(kv_window_live(&l, t, 8, 13));
+    assert_true(kv_window_live(&l, t, 8, 16));
+    assert_false(kv_window_live(&l, t, 8, 12));
+    assert_false(kv_window_live(&l, t, 8, 17)); /* past the table */
+    t[4].index = KV_REF_NONE;                   /* a global part is never optional */
+    assert_false(kv_window_live(&l, t, 8, 16));
+    /* slices of a dropped part resolve to nothing */
+    static char dev[4096], host[4096];
+    struct kv_pools p = {{dev, host}, {8, 8}};
+    assert_null(kv_slice_ptr(&l, &p, t[1], 0, 0));
+    assert_ptr_equal(kv_slice_ptr(&l, &p, t[5], 2, 1),
+                     dev + 5 * kv_block_bytes(&l) + 3 * kv_slice_bytes(&l));
+    /* the local allocator counts blocks in use; a dropped ref releases nothing */
+    struct kv_local *k;
+    assert_int_equal(kv_local_create(&k, &l, 3, 2), 0);
+    struct kv_block_ref a;
+    assert_int_equal(kv_local_alloc(k, KV_DEVICE, &a), 0);
+    assert_int_equal(kv_local_used(k, KV_DEVICE), 1);
+    kv_local_release(k, t[1]);
+    struct kv_block_ref none = {KV_REF_NONE, KV_DEVICE};
+    assert_int_equal(kv_local_migrate(k, &none, KV_HOST), 0);
+    assert_int_equal(none.index, KV_REF_NONE);
+    assert_int_equal(kv_local_used(k, KV_HOST), 0);
+    kv_local_release(k, a);
+    assert_int_equal(kv_local_used(k, KV_DEVICE), 0);
+    kv_local_destroy(k);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_geometry),
-        cmocka_unit_test(test_local_alloc_migrate),
-        cmocka_unit_test(test_local_mem_ops),
-        cmocka_unit_test(test_stage_passes),
+        cmocka_unit_test(test_geometry),       cmocka_unit_test(test_local_alloc_migrate),
+        cmocka_unit_test(test_local_mem_ops),  cmocka_unit_test(test_stage_passes),
+        cmocka_unit_test(test_window_geometry),
+        cmocka_unit_test(test_window_bytes),   cmocka_unit_test(test_window_tables),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -45,6 +45,7 @@ struct opts {
     int json;
     int ignore_eos;
     enum kv_dtype kv_dtype;
+    int swa_full; /* local layers keep every position (one block a position block) */
 };
 
 static void usage(FILE *f)
@@ -55,7 +56,7 @@ static void usage(FILE *f)
                "  [--repeat-penalty R] [--presence-penalty P] [--frequency-penalty F] [--seed N]\n"
                "  [--block-size N (256)] [--chunk N (prefill chunk, 512)] [--kv-dtype f32|f16]\n"
                "  [--backend cpu|cuda|auto] [--threads N] [--host-frac F] [--split-seed S]\n"
-               "  [--batch N] [--dump-logits FILE] [--json] [--ignore-eos]\n"
+               "  [--batch N] [--dump-logits FILE] [--json] [--ignore-eos] [--swa-full]\n"
                "text goes to stdout, logs to stderr\n");
 }
 
@@ -107,6 +108,7 @@ static void parse_args(int argc, char **argv, struct opts *o)
         O_JSON,
         O_IGNORE_EOS,
         O_KV_DTYPE,
+        O_SWA_FULL,
         O_HELP
     };
     static const struct option lo[] = {
@@ -128,6 +130,7 @@ static void parse_args(int argc, char **argv, struct opts *o)
         {"threads", 1, 0, O_THREADS},
         {"host-frac", 1, 0, O_HOST_FRAC},
         {"split-seed", 1, 0, O_SPLIT_SEED},
+        {"swa-full", 0, 0, O_SWA_FULL},
         {"batch", 1, 0, O_BATCH},
         {"dump-logits", 1, 0, O_DUMP},
         {"json", 0, 0, O_JSON},
@@ -183,6 +186,7 @@ static void parse_args(int argc, char **argv, struct opts *o)
         case O_DUMP: o->dump_logits = optarg; break;
         case O_JSON: o->json = 1; break;
         case O_IGNORE_EOS: o->ignore_eos = 1; break;
+        case O_SWA_FULL: o->swa_full = 1; break;
         case O_KV_DTYPE:
             if (!strcmp(optarg, "f32"))
                 o->kv_dtype = KV_F32;
@@ -283,8 +287,8 @@ static int gpu_pool_copy(void *u, void *dst, const void *src, size_t n)
 
 /* one generating session: its blocks, sampler, output */
 struct session {
-    struct kv_block_ref *blocks;
-    uint8_t *host_pref; /* (max_blocks) 1 = host when not being written */
+    struct kv_block_ref *blocks; /* (max_blocks * n_parts) */
+    uint8_t *host_pref;          /* (max_blocks) 1 = host when not being written */
     uint32_t n_blocks;
     uint32_t n_past;
     struct sampler *smp;
@@ -327,25 +331,46 @@ static void plan_split(uint8_t *pref, uint32_t n, double frac, uint64_t seed)
     free(perm);
 }
 
-/* grows the table for n_new positions and applies the split: blocks being
- * written this step stay on the device, the others go where the plan says */
+/* the local parts of position blocks before kv_window_first(n_past) go back to the pool:
+ * no step from n_past on reads them */
+static void drop_dead_parts(struct kv_local *kv, const struct kv_layout *l, struct session *s)
+{
+    const uint32_t P = l->n_parts, dead = kv_window_first(l, s->n_past);
+    for (uint32_t j = 0; j < dead && (size_t)j * P < s->n_blocks; j++)
+        for (uint32_t p = 1; p < P; p++) {
+            struct kv_block_ref *r = &s->blocks[(size_t)j * P + p];
+            kv_local_release(kv, *r);
+            r->index = KV_REF_NONE;
+        }
+}
+
+/* grows the table for n_new positions, drops dead local parts and applies the split:
+ * blocks being written this step stay on the device, the others go where the plan says */
 static void prepare_blocks(struct kv_local *kv, const struct kv_layout *l, struct session *s,
                            uint32_t n_new)
 {
-    uint32_t need = kv_blocks_for(l, s->n_past + n_new);
+    const uint32_t P = l->n_parts, need = kv_blocks_for(l, s->n_past + n_new) * P;
     while (s->n_blocks < need) {
         int rc = kv_local_alloc(kv, KV_DEVICE, &s->blocks[s->n_blocks]);
         if (rc < 0)
             die("kv pool exhausted: %s", rkv_strerror(rc));
         s->n_blocks++;
     }
+    drop_dead_parts(kv, l, s);
     uint32_t first_written = s->n_past / l->block_size;
-    for (uint32_t j = 0; j < s->n_blocks; j++) {
+    for (uint32_t e = 0; e < s->n_blocks; e++) {
+        uint32_t j = e / P;
         enum kv_residency want = j < first_written && s->host_pref[j] ? KV_HOST : KV_DEVICE;
-        int rc = kv_local_migrate(kv, &s->blocks[j], want);
+        int rc = kv_local_migrate(kv, &s->blocks[e], want);
         if (rc < 0)
             die("kv migrate: %s", rkv_strerror(rc));
     }
+}
+
+/* blocks in use over both pools */
+static uint64_t kv_used(const struct kv_local *kv)
+{
+    return (uint64_t)kv_local_used(kv, KV_DEVICE) + kv_local_used(kv, KV_HOST);
 }
 
 /* sampling + bookkeeping for one session's logits; returns 1 when it ended */
@@ -430,7 +455,11 @@ int main(int argc, char **argv)
     struct kv_layout l;
     if ((rc = fwd_kv_layout(m, o.block_size, o.kv_dtype, &l)) < 0)
         die("--block-size %u: %s", o.block_size, rkv_strerror(rc));
-    const uint32_t max_blocks = kv_blocks_for(&l, (uint32_t)n_pos) + 1;
+    /* the local layers' kv past their window is dropped where the backend reads that layout */
+    if (!o.swa_full && !strcmp(backend_name(eng.be), "cpu") &&
+        (rc = fwd_kv_layout_window(m, &l)) < 0)
+        die("the model's sliding window: %s", rkv_strerror(rc));
+    const uint32_t max_blocks = kv_blocks_for(&l, (uint32_t)n_pos) + 1, P = l.n_parts;
     struct kv_local *kv;
     const struct kv_mem *mem = NULL;
 #ifdef RKV_CUDA
@@ -438,9 +467,10 @@ int main(int argc, char **argv)
     if (!strcmp(backend_name(eng.be), "cuda"))
         mem = &gpu_mem;
 #endif
-    if ((rc = kv_local_init_mem(&kv, &l, o.batch * max_blocks, o.batch * max_blocks, mem)) < 0)
-        die("cannot allocate the kv cache (%u blocks of %zu bytes): %s", 2 * o.batch * max_blocks,
-            kv_block_bytes(&l), rkv_strerror(rc));
+    if ((rc = kv_local_init_mem(&kv, &l, o.batch * max_blocks * P, o.batch * max_blocks * P, mem)) <
+        0)
+        die("cannot allocate the kv cache (%u blocks of %zu bytes): %s",
+            2 * o.batch * max_blocks * P, kv_block_bytes(&l), rkv_strerror(rc));
     uint32_t chunk = o.chunk < n_prompt ? o.chunk : n_prompt;
     struct fwd *f;
     if ((rc = fwd_create(&f, m, &l, kv_local_pools(kv), o.batch * chunk, o.batch)) < 0)
@@ -449,7 +479,7 @@ int main(int argc, char **argv)
     struct session *ss = calloc(o.batch, sizeof(*ss));
     for (uint32_t i = 0; i < o.batch; i++) {
         struct session *s = &ss[i];
-        s->blocks = calloc(max_blocks, sizeof(*s->blocks));
+        s->blocks = calloc((size_t)max_blocks * P, sizeof(*s->blocks));
         s->host_pref = calloc(max_blocks, 1);
         s->ids = calloc((size_t)o.n_gen + 1, sizeof(int32_t));
         plan_split(s->host_pref, kv_blocks_for(&l, (uint32_t)n_pos), o.host_frac,
@@ -472,7 +502,7 @@ int main(int argc, char **argv)
     struct fwd_seq *seqs = calloc(o.batch, sizeof(*seqs));
     uint32_t *who = calloc(o.batch, sizeof(uint32_t));
     double t0 = now_ms(), t_prefill = 0, t_decode = 0;
-    uint64_t n_decoded = 0;
+    uint64_t n_decoded = 0, kv_peak = 0;
 
     /* prefill: all sessions together, chunk by chunk */
     if (o.n_gen > 0) {
@@ -483,6 +513,7 @@ int main(int argc, char **argv)
                 seqs[i] =
                     (struct fwd_seq){prompt + p, n, ss[i].n_past, ss[i].blocks, ss[i].n_blocks};
             }
+            kv_peak = kv_used(kv) > kv_peak ? kv_used(kv) : kv_peak;
             if ((rc = fwd_step(f, seqs, o.batch, 0, logits)) < 0)
                 die("prefill failed: %s", rkv_strerror(rc));
             for (uint32_t i = 0; i < o.batch; i++)
@@ -509,6 +540,7 @@ int main(int argc, char **argv)
         }
         if (nb == 0)
             break;
+        kv_peak = kv_used(kv) > kv_peak ? kv_used(kv) : kv_peak;
         if ((rc = fwd_step(f, seqs, nb, 0, logits)) < 0)
             die("decode failed: %s", rkv_strerror(rc));
         n_decoded += nb;
@@ -532,6 +564,12 @@ int main(int argc, char **argv)
                 fwrite(buf, 1, n, stream);
         }
     }
+    /* the sessions at rest: what a next step from n_past reads */
+    uint64_t all_global = 0;
+    for (uint32_t i = 0; i < o.batch; i++) {
+        drop_dead_parts(kv, &l, &ss[i]);
+        all_global += kv_all_global_bytes(&l, ss[i].n_past);
+    }
     double prefill_tok_s = t_prefill > 0 ? (double)n_prompt * o.batch / (t_prefill / 1e3) : 0;
     double decode_tok_s = t_decode > 0 ? (double)n_decoded / (t_decode / 1e3) : 0;
     if (o.json) {
@@ -552,6 +590,12 @@ int main(int argc, char **argv)
             cJSON_AddStringToObject(so, "finish_reason", ss[i].finish);
             cJSON_AddItemToArray(sa, so);
         }
+        cJSON *kj = cJSON_AddObjectToObject(root, "kv");
+        cJSON_AddNumberToObject(kj, "block_bytes", (double)kv_block_bytes(&l));
+        cJSON_AddNumberToObject(kj, "parts", P);
+        cJSON_AddNumberToObject(kj, "bytes", (double)(kv_used(kv) * kv_block_bytes(&l)));
+        cJSON_AddNumberToObject(kj, "peak_bytes", (double)(kv_peak * kv_block_bytes(&l)));
+        cJSON_AddNumberToObject(kj, "all_global_bytes", (double)all_global);
         cJSON *tm = cJSON_AddObjectToObject(root, "timings");
         cJSON_AddNumberToObject(tm, "prefill_ms", t_prefill);
         cJSON_AddNumberToObject(tm, "decode_ms", t_decode);

@@ -455,9 +455,30 @@ static int twin_mode(enum be_type t)
     return quant_is_block((uint32_t)t) && !(e && !strcmp(e, "exact")) ? 2 : 1;
 }
 
+/* a kv layout whose position blocks are several blocks (local layers' kv dropped outside their
+ * window, which the cpu backend reads) is refused at set_kv; the one-block layout attaches */
+static void split_layout_refused(struct backend *gpu_be, int *pass, int *fail)
+{
+    struct kv_layout l;
+    struct kv_pools none = {{NULL, NULL}, {0, 0}};
+    kv_layout_init(&l, 16, 7, 1, 32, KV_F16);
+    kv_layout_set_window(&l, 8, 6);
+    int ok = l.n_parts == 7 && backend_set_kv(gpu_be, &l, &none) == RKV_EUNSUPPORTED;
+    kv_layout_init(&l, 16, 7, 1, 32, KV_F16);
+    ok = ok && backend_set_kv(gpu_be, &l, &none) == 0;
+    printf("  %s a kv layout of 7 blocks a position block refused at set_kv\n",
+           ok ? "ok  " : "FAIL");
+    if (ok)
+        (*pass)++;
+    else
+        (*fail)++;
+}
+
 int gpu_model_tests(struct backend *cpu_be, struct backend *gpu_be, struct backend *precise,
                     struct backend *det, int *pass, int *fail)
 {
+    printf("model: kv layouts\n");
+    split_layout_refused(gpu_be, pass, fail);
     printf("model: batch invariance, a sequence alone vs crowded, chunked differently, its last "
            "prompt token decoded, half its blocks on the host\n");
     static const struct {

@@ -26,6 +26,10 @@ struct cpu_ctx {
     int32_t smp_vocab;
     uint8_t *qx; /* (n, cpu_qx_row_bytes) a matmul's activations quantized, grown on demand */
     size_t qx_bytes;
+    /* a layer's view of a step's tables when a position block has several parts */
+    struct be_seq *view_seqs;       /* (view_n_seqs) */
+    struct kv_block_ref *view_refs; /* (view_n_refs) */
+    size_t view_n_seqs, view_n_refs;
 };
 
 /* every thread gets at least n floats of scratch; grown on the caller's
@@ -62,6 +66,8 @@ static void cpu_destroy(void *ctx)
             sampler_destroy(c->smp[i]);
     free(c->smp);
     free(c->qx);
+    free(c->view_seqs);
+    free(c->view_refs);
     pool_destroy(c->pool);
     free(c);
 }
@@ -322,8 +328,48 @@ static int cpu_rope(void *ctx, struct be_tensor *x, const struct be_batch *b, ui
     return 0;
 }
 
-/* every token's position lies in its sequence's table and every block it
- * may read is inside its pool */
+/* the batch as layer sees it: each table reduced to the layer's part of every position block
+ * (kv_layer_view; the batch itself when a position block is one block) */
+static int layer_batch(struct cpu_ctx *c, const struct be_batch *b, uint32_t layer,
+                       struct be_batch *out)
+{
+    *out = *b;
+    const uint32_t P = c->layout.n_parts;
+    if (P == 1)
+        return 0;
+    size_t n_refs = 0;
+    for (uint32_t i = 0; i < b->n_seqs; i++)
+        n_refs += b->seqs[i].n_blocks / P;
+    if (b->n_seqs > c->view_n_seqs) {
+        struct be_seq *v = realloc(c->view_seqs, b->n_seqs * sizeof(*v));
+        if (!v)
+            return RKV_ENOMEM;
+        c->view_seqs = v;
+        c->view_n_seqs = b->n_seqs;
+    }
+    if (n_refs > c->view_n_refs) {
+        struct kv_block_ref *v = realloc(c->view_refs, n_refs * sizeof(*v));
+        if (!v)
+            return RKV_ENOMEM;
+        c->view_refs = v;
+        c->view_n_refs = n_refs;
+    }
+    struct kv_block_ref *r = c->view_refs;
+    for (uint32_t i = 0; i < b->n_seqs; i++) {
+        c->view_seqs[i] = b->seqs[i];
+        c->view_seqs[i].blocks = r;
+        if (b->seqs[i].n_blocks % P)
+            return RKV_EINVAL;
+        c->view_seqs[i].n_blocks =
+            kv_layer_view(&c->layout, b->seqs[i].blocks, b->seqs[i].n_blocks, layer, r);
+        r += c->view_seqs[i].n_blocks;
+    }
+    out->seqs = c->view_seqs;
+    return 0;
+}
+
+/* every token's position lies in its sequence's table (a layer's view) and every block it
+ * may read is inside its pool; a local layer's blocks before its window may be dropped */
 static int check_batch(const struct cpu_ctx *c, const struct be_batch *b, uint32_t layer)
 {
     if (!c->have_kv || layer >= c->layout.n_layer)
@@ -335,23 +381,28 @@ static int check_batch(const struct cpu_ctx *c, const struct be_batch *b, uint32
         if ((uint64_t)b->pos[t] >= (uint64_t)s->n_blocks * c->layout.block_size)
             return RKV_ERANGE;
     }
+    const int local = kv_layer_local(&c->layout, layer);
     for (uint32_t i = 0; i < b->n_seqs; i++) {
         const struct be_seq *s = &b->seqs[i];
-        for (uint32_t j = 0; j < s->n_blocks; j++)
+        const uint32_t first = local ? kv_window_first(&c->layout, s->n_past) : 0;
+        for (uint32_t j = first; j < s->n_blocks; j++)
             if (!kv_slice_ptr(&c->layout, &c->pools, s->blocks[j], layer, 0))
                 return RKV_ERANGE;
     }
     return 0;
 }
 
-static int cpu_kv_write(void *ctx, const struct be_batch *b, uint32_t layer,
+static int cpu_kv_write(void *ctx, const struct be_batch *batch, uint32_t layer,
                         const struct be_tensor *k, const struct be_tensor *v)
 {
     struct cpu_ctx *c = ctx;
     const struct kv_layout *l = &c->layout;
     if (k->cols != l->n_kv_head * l->head_dim)
         return RKV_EINVAL;
-    int rc = check_batch(c, b, layer);
+    struct be_batch lb, *b = &lb;
+    int rc = layer_batch(c, batch, layer, &lb);
+    if (rc == 0)
+        rc = check_batch(c, b, layer);
     if (rc < 0)
         return rc;
     const size_t es = kv_dtype_size(l->dtype), hd = l->head_dim;
@@ -450,14 +501,18 @@ static void seg_merge_chunk(void *v, uint32_t b, uint32_t e, uint32_t thread)
     }
 }
 
-static int cpu_attn_partial(void *ctx, const struct be_batch *b, uint32_t layer,
+static int cpu_attn_partial(void *ctx, const struct be_batch *batch, uint32_t layer,
                             enum kv_residency residency, const struct be_tensor *q,
                             const struct be_attn *at, const struct be_partial *out)
 {
     struct cpu_ctx *c = ctx;
-    if (at->n_kv_head != c->layout.n_kv_head || at->head_dim != c->layout.head_dim)
-        return RKV_EINVAL;
-    int rc = check_batch(c, b, layer);
+    if (at->n_kv_head != c->layout.n_kv_head || at->head_dim != c->layout.head_dim ||
+        (kv_layer_local(&c->layout, layer) && at->window != c->layout.n_swa))
+        return RKV_EINVAL; /* a local layer's dropped parts are safe only behind its window */
+    struct be_batch lb, *b = &lb;
+    int rc = layer_batch(c, batch, layer, &lb);
+    if (rc == 0)
+        rc = check_batch(c, b, layer);
     if (rc == 0)
         rc = ensure_scratch(c, cpu_attn_scratch_floats(&c->layout, at));
     if (rc < 0)

@@ -10,6 +10,7 @@
 
 #include "common/err.h"
 #include "worker/backend.h"
+#include "worker/kv.h"
 #ifdef RKV_CUDA
 #include "worker/cuda/cuda_backend.h"
 #endif
@@ -62,6 +63,29 @@ static void test_bad_ordinal(void **state)
     struct backend *be = NULL;
     assert_int_equal(rkv_cuda_backend_create(&o, &be), RKV_ENODEV);
 }
+
+/* a kv layout whose position blocks are several blocks (local layers' kv dropped outside
+ * their window) is refused at set_kv: the kernels address a layer inside one block */
+static void test_split_layout_refused(void **state)
+{
+    (void)state;
+    if (rkv_cuda_backend_probe() <= 0)
+        return; /* no gpu: nothing to attach to */
+    struct backend_opts o = {"cuda", 1, 0};
+    struct backend *be = NULL;
+    char err[256] = "";
+    assert_int_equal(backend_create(&o, &be, err, sizeof(err)), 0);
+    struct kv_layout l;
+    assert_int_equal(kv_layout_init(&l, 16, 7, 1, 32, KV_F16), 0);
+    assert_int_equal(kv_layout_set_window(&l, 8, 6), 0);
+    assert_int_equal(l.n_parts, 7);
+    struct kv_pools none = {{NULL, NULL}, {0, 0}};
+    assert_int_equal(backend_set_kv(be, &l, &none), RKV_EUNSUPPORTED);
+    /* the one-block layout of the same model attaches */
+    assert_int_equal(kv_layout_init(&l, 16, 7, 1, 32, KV_F16), 0);
+    assert_int_equal(backend_set_kv(be, &l, &none), 0);
+    backend_destroy(be);
+}
 #endif
 
 int main(void)
@@ -71,6 +95,7 @@ int main(void)
 #ifdef RKV_CUDA
         cmocka_unit_test(test_forced_cuda),
         cmocka_unit_test(test_bad_ordinal),
+        cmocka_unit_test(test_split_layout_refused),
 #endif
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

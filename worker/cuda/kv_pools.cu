@@ -119,6 +119,14 @@ int cu_set_kv(void *ctx, const struct kv_layout *l, const struct kv_pools *p)
     CU_TRY(cudaStreamSynchronize(c->stream));
     CU_TRY(cudaStreamSynchronize(c->side));
     cuda_graph_drop(c); /* it reads the old pools */
+    if (l->n_parts != 1) {
+        /* its kernels address a layer at a fixed offset of one block a position block */
+        log_error("cuda: a kv layout of %u blocks a position block (local layers' kv dropped "
+                  "outside their window) is read by the cpu backend only: use --backend cpu, "
+                  "or one block a position block",
+                  l->n_parts);
+        return RKV_EUNSUPPORTED;
+    }
     uint32_t hd = l->head_dim;
     if (hd < 8 || hd > 256 || (hd & (hd - 1))) {
         log_error("cuda: head_dim %u is not supported by the cuda attention (8, 16, 32, 64, 128, "
