@@ -787,7 +787,10 @@ def ramp(a, srv, shape, n_max, up, down, label):
             streams.append(st)
             st.wait_tokens(1, min(time.monotonic() + a.io_timeout, a.deadline_at))
             if k in up:
-                ph = measure(a, srv, streams, a.window, f"{label} up {k}")
+                # the peak's window spans several rotation cycles, so each stream's share is
+                # judged over whole turns rather than the one or two a short window catches
+                secs = a.window if k < n_max or label == "resident" else a.peak_window
+                ph = measure(a, srv, streams, secs, f"{label} up {k}")
                 ph["arrival_ttft_s"] = rnd(st.first_time() - st.t_start)
                 phases.append(ph)
         for k in down:
@@ -1436,6 +1439,8 @@ def parse_args(argv):
     ap.add_argument("--up", help="counts measured on the way up (default: a spread)")
     ap.add_argument("--down", help="counts measured on the way down")
     ap.add_argument("--window", type=float, help="seconds per measurement window (3; quick 0.4)")
+    ap.add_argument("--peak-window", type=float, help="seconds of the ramp's peak window, over "
+                    "which each stream's share is judged (max(window, 10 x max_stall_ms))")
     ap.add_argument("--resident-timeout", type=float, default=10)
     ap.add_argument("--spill-ctx", type=int, help="the spill session's context (32768; quick "
                     "2048): 131072 is the issue's figure but its prefill alone takes minutes")
@@ -1487,6 +1492,8 @@ def parse_args(argv):
         ap.error(f"--gaps-ctx {a.gaps_ctx} / --gaps-decode {a.gaps_decode}: the long prompt needs "
                  "a token at least and the decoding stream 8 (defaults 32768 and 4096)")
     a.turn_tokens = a.turn_tokens or (a.ctx if q else max(8, a.ctx // 4))
+    if a.peak_window is None:
+        a.peak_window = a.window if q else max(a.window, 10 * a.max_stall_ms / 1000)
     a.hf_ctx = a.hf_ctx or a.spill_ctx
     a.budget_ctx = a.budget_ctx or a.ctx
     a.http_batches = [int(x) for x in str(a.http_batches).split(",")]
