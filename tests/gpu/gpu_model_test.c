@@ -430,12 +430,12 @@ int gpu_model_graph_tests(struct backend *plain, struct backend *graph, int *pas
  * backend's variant */
 static void model_case(struct backend *cpu_be, struct backend *g, const char *label,
                        enum model_arch arch, enum be_type t, enum kv_dtype kv, int pl, double bound,
-                       int *pass, int *fail)
+                       double min_agree, int *pass, int *fail)
 {
     static const char *pl_name[] = {"device", "host", "split", "window"};
     double worst = 0, agree = 0;
     int rc = run_case(cpu_be, g, arch, t, kv, pl, &worst, &agree);
-    int ok = rc == 0 && worst <= bound && agree >= 0.99;
+    int ok = rc == 0 && worst <= bound && agree >= min_agree;
     printf("  %s %-5s %-8s w=%-4s kv=%s %-6s nmse %.2e (<= %.0e) argmax agree %.1f%%%s\n",
            ok ? "ok  " : "FAIL", model_arch_name(arch), label, be_type_name(t),
            kv == KV_F16 ? "f16" : "f32", pl_name[pl], worst, bound, agree * 100.0,
@@ -444,15 +444,6 @@ static void model_case(struct backend *cpu_be, struct backend *g, const char *la
         (*pass)++;
     else
         (*fail)++;
-}
-
-/* the cpu twin's mode for weights of type t (cpu_q_use_exact): the cuda paths' mirror for block
- * types; RKV_TEST_QTWIN=exact dequantizes them everywhere (to pair with RKV_CUDA_TUNE=qdot=exact
- * when a difference is looked for) */
-static int twin_mode(enum be_type t)
-{
-    const char *e = getenv("RKV_TEST_QTWIN");
-    return quant_is_block((uint32_t)t) && !(e && !strcmp(e, "exact")) ? 2 : 1;
 }
 
 /* a kv layout whose position blocks are several blocks (local layers' kv dropped outside their
@@ -474,8 +465,18 @@ static void split_layout_refused(struct backend *gpu_be, int *pass, int *fail)
         (*fail)++;
 }
 
+/* Block-type weights are checked twice. With qdot=exact (qexact) against the cpu's dequantized
+ * weights: the same sums, so the logits agree to f32 rounding (and the tiles' f16 activations).
+ * With the default integer dots against the cpu's integer path (cpu_q_use_exact(2): integer dots
+ * up to 8 tokens, dequantized weights past them, as the cuda paths): each side rounds its
+ * activations to 8 bits, but from inputs that differ in the last bits (the norms and attention
+ * sum in other orders), so a level here and there rounds the other way and the logits differ by
+ * 8-bit rounding noise, not f32's: bounded by INT_NMSE and INT_AGREE */
+#define INT_NMSE  5e-4
+#define INT_AGREE 0.95
+
 int gpu_model_tests(struct backend *cpu_be, struct backend *gpu_be, struct backend *precise,
-                    struct backend *det, int *pass, int *fail)
+                    struct backend *qexact, struct backend *det, int *pass, int *fail)
 {
     printf("model: kv layouts\n");
     split_layout_refused(gpu_be, pass, fail);
@@ -505,46 +506,41 @@ int gpu_model_tests(struct backend *cpu_be, struct backend *gpu_be, struct backe
                    be_type_name(inv[i].t), same, n, worst);
     }
     printf("model: 256 greedy decode steps, batch 1, kv f16 (cpu tokens fed to both)\n");
-    /* the block formats too, Q4_K with Q6_K where a q4_k_m file has it (and Q5_K likewise):
-     * their batched and prefill paths round to f16, nmse <= 1e-4 */
+    /* the block formats too, Q4_K with Q6_K where a q4_k_m file has it (and Q5_K likewise) */
     static const struct {
         enum be_type t, more;
-        double nmse;
-    } gt[] = {{BE_BF16, BE_BF16, 1},    {BE_F16, BE_F16, 1},         {BE_F32, BE_F32, 1},
-              {BE_Q4_K, BE_Q6_K, 1e-4}, {BE_Q5_K, BE_Q6_K, 1e-4},    {BE_Q6_K, BE_Q6_K, 1e-4},
-              {BE_Q4_0, BE_Q4_0, 1e-4}, {BE_IQ4_XS, BE_IQ4_XS, 1e-4}};
+    } gt[] = {{BE_BF16, BE_BF16}, {BE_F16, BE_F16},   {BE_F32, BE_F32},   {BE_Q4_K, BE_Q6_K},
+              {BE_Q5_K, BE_Q6_K}, {BE_Q6_K, BE_Q6_K}, {BE_Q4_0, BE_Q4_0}, {BE_IQ4_XS, BE_IQ4_XS}};
     for (size_t i = 0; i < sizeof(gt) / sizeof(gt[0]); i++) {
-        double agree = 0, worst = 0;
-        int free_run = 0;
-        /* the block formats' twin: the cpu's integer dots over 8-bit activations where the
-         * decode kernels run (qdot=int, up to 8 tokens), dequantized weights where the
-         * tensor-core tiles do (the prompt) */
         const int blk = quant_is_block((uint32_t)gt[i].t);
-        cpu_q_use_exact(twin_mode(gt[i].t));
-        int rc = run_greedy(cpu_be, gpu_be, gt[i].t, gt[i].more, &agree, &worst, &free_run);
-        if (blk) {
-            /* for the record, against the cpu backend as it serves (integer dots for the
-             * prompt too): not asserted, the prompt's activations round differently */
-            double a0 = 0, w0 = 0;
-            int f0 = 0;
-            cpu_q_use_exact(0);
-            if (run_greedy(cpu_be, gpu_be, gt[i].t, gt[i].more, &a0, &w0, &f0) == 0)
-                printf("  info w=%s vs the serving cpu path: argmax agree %.1f%%, nmse worst "
-                       "%.2e, same greedy tokens for the first %d steps\n",
-                       be_type_name(gt[i].t), a0 * 100.0, w0, f0);
+        /* 16-bit and f32 weights once; block types by integer dots, then exactly */
+        for (int pass_i = 0; pass_i < 1 + blk; pass_i++) {
+            const int exact = !blk || pass_i == 1;
+            struct backend *g = blk && exact ? qexact : gpu_be;
+            if (!g)
+                continue;
+            double agree = 0, worst = 0;
+            int free_run = 0;
+            cpu_q_use_exact(exact ? 1 : 2);
+            int rc = run_greedy(cpu_be, g, gt[i].t, gt[i].more, &agree, &worst, &free_run);
+            cpu_q_use_exact(1);
+            const double bound = !blk ? 1.0 : exact ? 1e-5 : INT_NMSE;
+            int ok = rc == 0 && agree >= (exact ? 0.99 : INT_AGREE) && worst <= bound;
+            char w[24];
+            snprintf(w, sizeof w, "%s%s%s", be_type_name(gt[i].t), gt[i].more != gt[i].t ? "+" : "",
+                     gt[i].more != gt[i].t ? be_type_name(gt[i].more) : "");
+            printf("  %s w=%-4s%s argmax agree %.1f%% over 256 steps, nmse worst %.2e, same "
+                   "greedy tokens for the first %d steps%s\n",
+                   ok ? "ok  " : "FAIL", w,
+                   !blk    ? ""
+                   : exact ? " qdot=exact"
+                           : " qdot=int",
+                   agree * 100.0, worst, free_run, rc ? " (run failed)" : "");
+            if (ok)
+                (*pass)++;
+            else
+                (*fail)++;
         }
-        cpu_q_use_exact(1);
-        int ok = rc == 0 && agree >= 0.99 && worst <= gt[i].nmse;
-        char w[24];
-        snprintf(w, sizeof w, "%s%s%s", be_type_name(gt[i].t), gt[i].more != gt[i].t ? "+" : "",
-                 gt[i].more != gt[i].t ? be_type_name(gt[i].more) : "");
-        printf("  %s w=%-4s argmax agree %.1f%% over 256 steps, nmse worst %.2e, same greedy "
-               "tokens for the first %d steps%s\n",
-               ok ? "ok  " : "FAIL", w, agree * 100.0, worst, free_run, rc ? " (run failed)" : "");
-        if (ok)
-            (*pass)++;
-        else
-            (*fail)++;
     }
     struct {
         enum model_arch arch;
@@ -562,20 +558,27 @@ int gpu_model_tests(struct backend *cpu_be, struct backend *gpu_be, struct backe
     for (size_t i = 0; i < sizeof(cfg) / sizeof(cfg[0]); i++)
         for (int pl = 0; pl < 4; pl++)
             for (int pm = 0; pm < 2; pm++) {
-                struct backend *g = pm ? precise : gpu_be;
+                /* the second backend: precise (16-bit weights: prefill gemms keep f32
+                 * activations, bound 1e-5) or, for block types, qdot=exact (bound 1e-5 against
+                 * the dequantized twin); the first, the defaults (16-bit activations in the
+                 * gemms: 1e-3; block types: integer dots, INT_NMSE and INT_AGREE) */
+                const int blk = quant_is_block((uint32_t)cfg[i].t);
+                struct backend *g = !pm ? gpu_be : blk ? qexact : precise;
                 if (!g)
                     continue;
-                /* bound: 1e-5 when prefill gemms keep f32 activations (precise);
-                 * the fast path rounds them to 16 bits */
-                double bound = pm || cfg[i].t == BE_F32 ? 1e-5 : 1e-3;
-                cpu_q_use_exact(twin_mode(cfg[i].t));
-                model_case(cpu_be, g, pm ? "prec" : "fast", cfg[i].arch, cfg[i].t, cfg[i].kv, pl,
-                           bound, pass, fail);
+                double bound = pm || cfg[i].t == BE_F32 ? 1e-5 : blk ? INT_NMSE : 1e-3;
+                cpu_q_use_exact(blk && !pm ? 2 : 1);
+                model_case(cpu_be, g,
+                           !pm   ? "fast"
+                           : blk ? "exact"
+                                 : "prec",
+                           cfg[i].arch, cfg[i].t, cfg[i].kv, pl, bound,
+                           blk && !pm ? INT_AGREE : 0.99, pass, fail);
                 cpu_q_use_exact(1);
             }
     /* llama 3.1's rope_freqs through the fused rope and kv write */
     g_rope_freqs = 1;
-    model_case(cpu_be, gpu_be, "ropefreq", MODEL_LLAMA, BE_BF16, KV_F16, 2, 1e-3, pass, fail);
+    model_case(cpu_be, gpu_be, "ropefreq", MODEL_LLAMA, BE_BF16, KV_F16, 2, 1e-3, 0.99, pass, fail);
     g_rope_freqs = 0;
     return 0;
 }
@@ -592,7 +595,7 @@ int gpu_model_cases_with(struct backend *cpu_be, struct backend *be, const char 
     for (size_t i = 0; i < sizeof(cfg) / sizeof(cfg[0]); i++)
         for (int pl = 0; pl < 4; pl++)
             model_case(cpu_be, be, "with", MODEL_LLAMA, cfg[i].t, cfg[i].kv, pl,
-                       cfg[i].t == BE_F32 ? 1e-5 : 1e-3, pass, fail);
+                       cfg[i].t == BE_F32 ? 1e-5 : 1e-3, 0.99, pass, fail);
     return 0;
 }
 
@@ -609,6 +612,6 @@ int gpu_model_cpu_tail_tests(struct backend *cpu_be, struct backend *tail_be, co
     for (size_t i = 0; i < sizeof(cfg) / sizeof(cfg[0]); i++)
         for (int pl = 1; pl < 4; pl++)
             model_case(cpu_be, tail_be, what, MODEL_LLAMA, cfg[i].t, cfg[i].kv, pl,
-                       cfg[i].t == BE_F32 ? 1e-5 : 1e-3, pass, fail);
+                       cfg[i].t == BE_F32 ? 1e-5 : 1e-3, 0.99, pass, fail);
     return 0;
 }

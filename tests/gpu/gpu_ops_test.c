@@ -1295,7 +1295,7 @@ static void attention_env(const char *what, const char *knobs, const char *absen
 }
 
 int gpu_model_tests(struct backend *cpu_be, struct backend *gpu_be, struct backend *precise,
-                    struct backend *det, int *pass, int *fail);
+                    struct backend *qexact, struct backend *det, int *pass, int *fail);
 int gpu_model_cpu_tail_tests(struct backend *cpu_be, struct backend *tail_be, const char *what,
                              int *pass, int *fail);
 int gpu_model_graph_tests(struct backend *plain, struct backend *graph, int *pass, int *fail);
@@ -1501,7 +1501,9 @@ int main(int argc, char **argv)
         struct backend *det = NULL;
         if (backend_create(&dopt, &det, err, sizeof(err)) < 0)
             det = NULL;
-        gpu_model_tests(cpu, gpu, precise, det, &n_pass, &n_fail);
+        struct backend *qexact = backend_tuned("qdot=exact");
+        gpu_model_tests(cpu, gpu, precise, qexact, det, &n_pass, &n_fail);
+        backend_destroy(qexact);
         backend_destroy(det);
         /* graphs are on by default: the same steps on a backend without them */
         tune("graph=0");
