@@ -33,6 +33,7 @@ ATTN = re.compile(r"^(resident|host) ctx=(\d+) ")
 SPLIT = re.compile(r"^split 1/2 ctx=(\d+) step ms")
 PREFILL = re.compile(r"^prefill (\d+) half kv on host")
 PREFILL_RES = re.compile(r"^prefill (\d+) resident \(tok/s\)$")
+PREFILL_FLOPS = re.compile(r"^prefill 32768 resident \(TFLOP/s vs dense bf16 gemm\)$")
 # the absolute marks for batch 1 (tok/s at least; docs/performance.md), apart from the ratios:
 # (label, test on a record's name, mark, llama.cpp's figure there). "All on host" is every block
 # but the one being written, which stays on the device.
@@ -140,6 +141,9 @@ def verdicts(recs):
             q = r["value"] / mark
             out.append((f"prefill {kib(int(m.group(1)))} resident, over llama.cpp's {mark:.0f} "
                         "tok/s", q, 1.0, q >= 1.0))
+        if r["suite"] == "prefill" and PREFILL_FLOPS.match(r["name"]):
+            out.append(("prefill 32k resident, achieved TFLOP/s over the dense bf16 gemm's",
+                        r["ratio"], 0.55, r["ratio"] >= 0.55))
     return out
 
 

@@ -982,6 +982,20 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
                 t_res = t;
             record("prefill", name, len / t, "tok/s", where ? len / t_res : 0,
                    where ? t_res / t : 0);
+            if (!where && ceil_.gemm_bf16 > 0) {
+                /* the same run as compute: 2 flops a weight of the layers' linears a token,
+                 * and causal attention's 4 layers heads head_dim flops a key (len^2 / 2 keys) */
+                const double hd = hp.head_dim,
+                             lin = (double)hp.n_layer *
+                                   ((double)hp.dim * hd * 2.0 * (hp.n_head + hp.n_kv_head) +
+                                    3.0 * hp.dim * hp.ffn);
+                const double attn = 4.0 * hp.n_layer * hp.n_head * hd * (double)len * len / 2.0;
+                const double tflops = (2.0 * lin * len + attn) / t / 1e12;
+                snprintf(name, sizeof(name), "prefill %u resident (TFLOP/s vs dense bf16 gemm)",
+                         len);
+                record("prefill", name, tflops, "TFLOP/s", ceil_.gemm_bf16,
+                       tflops / ceil_.gemm_bf16);
+            }
             host_counts(be, where && len == 32768);
             /* RKV_PROFILE_TRACE: the last chunk of 32k again, its kernels and copies traced
              * (the table is the last chunk's) */
@@ -1137,6 +1151,7 @@ int main(int argc, char **argv)
     record("ceiling", "pinned h2d the same, one 2d copy", ceil_.h2d_2d_1m, "GB/s", 0, 0);
     record("ceiling", "pinned h2d the same, one batch call", ceil_.h2d_batch_1m, "GB/s", 0, 0);
     record("ceiling", "zero-copy kernel read", ceil_.zero_copy, "GB/s", 0, 0);
+    record("ceiling", "dense bf16 gemm 8192^3", ceil_.gemm_bf16, "TFLOP/s", 0, 0);
     char err[256];
     struct backend_opts go = {"cuda", 0, 0};
     struct backend *be = NULL;

@@ -48,6 +48,7 @@ struct rkv_cuda_ceilings {
     double h2d_strided_1m, h2d_2d_1m;
     double h2d_batch_1m; /* the same pieces in one cudaMemcpyBatchAsync */
     double zero_copy;    /* kernel reads of mapped pinned host memory */
+    double gemm_bf16;    /* TFLOP/s of a dense 8192^3 bf16 cuBLAS gemm (f32 sums): compute */
     char gpu_name[256];
     int n_sm;
 };

@@ -139,6 +139,21 @@ extern "C" int rkv_cuda_measure_ceilings(int gpu, size_t hbm_bytes, size_t host_
         ms = time_ms(5,
                      [&] { read_kernel<<<grid, 512>>>((const uint4 *)hd, host_bytes / 16, sink); });
         out->zero_copy = host_bytes / (ms * 1e6);
+        /* the compute ceiling prefill is judged against: a large dense bf16 product on
+         * cuBLAS's own choice of kernel, 2 M N K flops */
+        const int mnk = 8192;
+        const size_t mat = (size_t)mnk * mnk * 2;
+        cublasHandle_t bl = NULL;
+        if (hbm_bytes >= 2 * mat && cublasCreate(&bl) == CUBLAS_STATUS_SUCCESS) {
+            const float one = 1.0f, zero = 0.0f;
+            ms = time_ms(7, [&] {
+                cublasGemmEx(bl, CUBLAS_OP_T, CUBLAS_OP_N, mnk, mnk, mnk, &one, d, CUDA_R_16BF, mnk,
+                             d + mat, CUDA_R_16BF, mnk, &zero, d2, CUDA_R_16BF, mnk,
+                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+            });
+            out->gemm_bf16 = 2.0 * mnk * mnk * (double)mnk / (ms * 1e9);
+            cublasDestroy(bl);
+        }
     }
     rc = cudaGetLastError() == cudaSuccess ? 0 : RKV_ECUDA;
 out:
