@@ -16,6 +16,7 @@ const char *model_arch_name(enum model_arch a)
     case MODEL_QWEN2: return "qwen2";
     case MODEL_QWEN3: return "qwen3";
     case MODEL_GEMMA3: return "gemma3";
+    case MODEL_PHI3: return "phi3";
     }
     return "unknown";
 }

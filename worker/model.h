@@ -14,8 +14,10 @@ enum model_arch {
     MODEL_QWEN3 = 2,  /* neox rope, rmsnorm of each q and k head before rope */
     MODEL_GEMMA3 = 3, /* qwen3's q/k norm, embeddings by sqrt(dim), GeGLU, post-attention and
                        * post-ffn norms, local (sliding window) and global layers */
+    MODEL_PHI3 = 4,   /* llama's layers with neox rope; the file fuses q/k/v (attn_qkv) and
+                       * gate/up (ffn_up), which the loader splits into views */
 };
-/* "llama", "qwen2", "qwen3", "gemma3" */
+/* "llama", "qwen2", "qwen3", "gemma3", "phi3" */
 const char *model_arch_name(enum model_arch a);
 
 struct model_hparams {

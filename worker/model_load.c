@@ -8,7 +8,7 @@
 #include "common/quant.h"
 #include "worker/model.h"
 
-#define MODEL_ARCHS "llama, qwen2, qwen3, gemma3"
+#define MODEL_ARCHS "llama, qwen2, qwen3, gemma3, phi3"
 
 struct loader {
     const struct gguf_ctx *g;
@@ -67,7 +67,8 @@ static int read_hparams(struct loader *ld, struct model_hparams *hp)
     } archs[] = {{"llama", MODEL_LLAMA},
                  {"qwen2", MODEL_QWEN2},
                  {"qwen3", MODEL_QWEN3},
-                 {"gemma3", MODEL_GEMMA3}};
+                 {"gemma3", MODEL_GEMMA3},
+                 {"phi3", MODEL_PHI3}};
     /* mixture-of-experts families, named so the refusal says why */
     static const char *const moe[] = {"qwen2moe", "qwen3moe", "mixtral",   "deepseek2",
                                       "dbrx",     "olmoe",    "grok",      "llama4",
@@ -201,6 +202,52 @@ static int find(struct loader *ld, const char *name, struct model_tensor_src *ds
     return 0;
 }
 
+/* rows [r0, r0 + n) of a matrix as a matrix of its own (its rows are whole blocks) */
+static struct model_tensor_src rows_of(const struct model_tensor_src *t, uint32_t r0, uint32_t n)
+{
+    const size_t rb = quant_row_bytes((uint32_t)t->type, t->cols);
+    return (struct model_tensor_src){t->type, n, t->cols, (const uint8_t *)t->data + r0 * rb};
+}
+
+/* phi3's fused matrices as views: attn_qkv (q, k, v rows one after another) and ffn_up (gate
+ * rows, then up rows, as the HF model chunks gate_up_proj); files with the matrices apart load
+ * as they are */
+static int phi3_split(struct loader *ld, const struct model_hparams *hp, uint32_t i,
+                      struct model_layer_src *L)
+{
+    char name[64];
+    struct model_tensor_src qkv;
+    snprintf(name, sizeof(name), "blk.%u.attn_qkv.weight", i);
+    int rc = find(ld, name, &qkv);
+    const uint32_t q = hp->n_head * hp->head_dim, kv = hp->n_kv_head * hp->head_dim;
+    if (rc == 0 && !L->wq.data) {
+        if (!qkv.data || qkv.rows != q + 2 * kv || qkv.cols != hp->dim) {
+            snprintf(ld->errbuf, ld->errlen,
+                     "%s: phi3 tensor %s is %s: expected %u rows (q %u, k and v %u each) of %u",
+                     ld->file, name, qkv.data ? "the wrong shape" : "missing", q + 2 * kv, q, kv,
+                     hp->dim);
+            return RKV_EFORMAT;
+        }
+        L->wq = rows_of(&qkv, 0, q);
+        L->wk = rows_of(&qkv, q, kv);
+        L->wv = rows_of(&qkv, q + kv, kv);
+    }
+    if (rc == 0 && !L->w_gate.data) {
+        const struct model_tensor_src up = L->w_up;
+        if (!up.data || up.rows != 2 * hp->ffn || up.cols != hp->dim) {
+            snprintf(ld->errbuf, ld->errlen,
+                     "%s: phi3 tensor blk.%u.ffn_up.weight is %s: expected %u rows (gate and up "
+                     "%u each) of %u",
+                     ld->file, i, up.data ? "the wrong shape" : "missing", 2 * hp->ffn, hp->ffn,
+                     hp->dim);
+            return RKV_EFORMAT;
+        }
+        L->w_gate = rows_of(&up, 0, hp->ffn);
+        L->w_up = rows_of(&up, hp->ffn, hp->ffn);
+    }
+    return rc;
+}
+
 int model_load_gguf(struct backend *be, const struct gguf_ctx *g, const char *file,
                     struct model **out, char *errbuf, size_t errlen)
 {
@@ -264,6 +311,15 @@ int model_load_gguf(struct backend *be, const struct gguf_ctx *g, const char *fi
             snprintf(name, sizeof(name), "blk.%u.%s", i, names[j]);
             rc = find(&ld, name, dst[j]);
         }
+    }
+    for (uint32_t i = 0; rc == 0 && hp.arch == MODEL_PHI3 && i < hp.n_layer; i++)
+        rc = phi3_split(&ld, &hp, i, &layers[i]);
+    if (rc == 0 && hp.arch == MODEL_PHI3 && gguf_find_tensor(g, "rope_factors_long.weight")) {
+        snprintf(errbuf, errlen,
+                 "%s: the model scales its rope by LongRoPE (rope_factors_long.weight, the "
+                 "128k-context Phi-3 models), which rkv does not support; the 4k-context ones load",
+                 ld.file);
+        rc = RKV_EUNSUPPORTED;
     }
     if (rc == 0) {
         rc = model_create(be, &hp, &src, out, errbuf, errlen);

@@ -25,8 +25,8 @@
 /* elements generated per batch, split across threads */
 #define BATCH_ELEMS (16u << 20)
 
-enum arch { ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3, ARCH_GEMMA3 };
-static const char *const arch_names[] = {"llama", "qwen2", "qwen3", "gemma3"};
+enum arch { ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3, ARCH_GEMMA3, ARCH_PHI3 };
+static const char *const arch_names[] = {"llama", "qwen2", "qwen3", "gemma3", "phi3"};
 
 struct preset {
     const char *name;
@@ -56,10 +56,12 @@ static const struct preset presets[] = {
     /* YaRN 4x over a trained context of 64, with a base whose correction ramp spans
      * several of the 8 pairs, so short prompts run past the trained context */
     {"qwen2-yarn-tiny", ARCH_QWEN2, 64, 2, 4, 2, 160, 512, 256, 0, 0, 10000.0f, 4.0f, 64},
+    /* q, k, v in one matrix and gate, up in another, as Phi-3's files have them */
+    {"phi3-tiny", ARCH_PHI3, 64, 2, 4, 2, 160, 512, 2048, 0, 0, 10000.0f},
 };
 #define PRESET_NAMES                                                                               \
     "tiny, tiny-qwen2, tiny256, small, llama3-8b, qwen2.5-7b, qwen3-tiny, gemma3-tiny, "           \
-    "qwen2-yarn-tiny"
+    "qwen2-yarn-tiny, phi3-tiny"
 
 struct dtype {
     const char *name;
@@ -69,15 +71,15 @@ struct dtype {
 };
 
 static const struct dtype dtypes[] = {
-    {"f32", QUANT_F32, 0, 0},       {"f16", QUANT_F16, 1, 0},       {"bf16", QUANT_BF16, 32, 0},
-    {"q8_0", QUANT_Q8_0, 7, 0},     {"q4_0", QUANT_Q4_0, 2, 0},     {"q4_1", QUANT_Q4_1, 3, 0},
-    {"q5_0", QUANT_Q5_0, 8, 0},     {"q5_1", QUANT_Q5_1, 9, 0},     {"q2_k", QUANT_Q2_K, 10, 0},
-    {"q3_k", QUANT_Q3_K, 11, 0},    {"q4_k", QUANT_Q4_K, 14, 0},    {"q5_k", QUANT_Q5_K, 16, 0},
-    {"q6_k", QUANT_Q6_K, 18, 0},    {"iq4_nl", QUANT_IQ4_NL, 25, 0}, {"iq4_xs", QUANT_IQ4_XS, 30, 0},
-    {"q4_k_m", QUANT_Q4_K, 15, 1},  {"q5_k_m", QUANT_Q5_K, 17, 1},
+    {"f32", QUANT_F32, 0, 0},      {"f16", QUANT_F16, 1, 0},        {"bf16", QUANT_BF16, 32, 0},
+    {"q8_0", QUANT_Q8_0, 7, 0},    {"q4_0", QUANT_Q4_0, 2, 0},      {"q4_1", QUANT_Q4_1, 3, 0},
+    {"q5_0", QUANT_Q5_0, 8, 0},    {"q5_1", QUANT_Q5_1, 9, 0},      {"q2_k", QUANT_Q2_K, 10, 0},
+    {"q3_k", QUANT_Q3_K, 11, 0},   {"q4_k", QUANT_Q4_K, 14, 0},     {"q5_k", QUANT_Q5_K, 16, 0},
+    {"q6_k", QUANT_Q6_K, 18, 0},   {"iq4_nl", QUANT_IQ4_NL, 25, 0}, {"iq4_xs", QUANT_IQ4_XS, 30, 0},
+    {"q4_k_m", QUANT_Q4_K, 15, 1}, {"q5_k_m", QUANT_Q5_K, 17, 1},
 };
-#define DTYPE_NAMES                                                                            \
-    "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, "     \
+#define DTYPE_NAMES                                                                                \
+    "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, "         \
     "iq4_xs, q4_k_m, q5_k_m"
 
 struct opts {
@@ -100,25 +102,26 @@ struct tensor {
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: " PROG " --out FILE [--preset NAME] [--arch llama|qwen2|qwen3|gemma3]\n"
-               "                   [--dtype TYPE] [--seed N] [--fim]\n"
-               "writes a GGUF v3 model with seeded random weights and a byte-level BPE\n"
-               "tokenizer; the same arguments give the same bytes.\n"
-               "  --preset NAME   tiny (default), tiny-qwen2, tiny256, small, llama3-8b,\n"
-               "                  qwen2.5-7b, qwen3-tiny, gemma3-tiny, qwen2-yarn-tiny\n"
-               "  --arch A        override the preset's architecture\n"
-               "  --dtype T       matrix type (norms and biases stay f32), default f32: " DTYPE_NAMES
-               "\n"
-               "                  (q4_k_m / q5_k_m: attn_v and ffn_down of the first and last\n"
-               "                  eighth of the layers and of every third between, and output,\n"
-               "                  in q6_k, as llama.cpp's quantizer assigns them; a matrix whose\n"
-               "                  rows are not whole 256-value blocks takes llama.cpp's fallback:\n"
-               "                  q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0, q2_k/q3_k/iq4_xs ->\n"
-               "                  iq4_nl)\n"
-               "  --seed N        weight seed, default 1\n"
-               "  --fim           add fill-in-the-middle tokens (<|fim_prefix|> <|fim_suffix|>\n"
-               "                  <|fim_middle|>) and name them in tokenizer.ggml.fim_*_token_id\n"
-               "  --out FILE      output path (written to FILE.tmp, then renamed)\n");
+    fprintf(f,
+            "usage: " PROG " --out FILE [--preset NAME] [--arch llama|qwen2|qwen3|gemma3|phi3]\n"
+            "                   [--dtype TYPE] [--seed N] [--fim]\n"
+            "writes a GGUF v3 model with seeded random weights and a byte-level BPE\n"
+            "tokenizer; the same arguments give the same bytes.\n"
+            "  --preset NAME   tiny (default), tiny-qwen2, tiny256, small, llama3-8b,\n"
+            "                  qwen2.5-7b, qwen3-tiny, gemma3-tiny, qwen2-yarn-tiny, phi3-tiny\n"
+            "  --arch A        override the preset's architecture\n"
+            "  --dtype T       matrix type (norms and biases stay f32), default f32: " DTYPE_NAMES
+            "\n"
+            "                  (q4_k_m / q5_k_m: attn_v and ffn_down of the first and last\n"
+            "                  eighth of the layers and of every third between, and output,\n"
+            "                  in q6_k, as llama.cpp's quantizer assigns them; a matrix whose\n"
+            "                  rows are not whole 256-value blocks takes llama.cpp's fallback:\n"
+            "                  q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0, q2_k/q3_k/iq4_xs ->\n"
+            "                  iq4_nl)\n"
+            "  --seed N        weight seed, default 1\n"
+            "  --fim           add fill-in-the-middle tokens (<|fim_prefix|> <|fim_suffix|>\n"
+            "                  <|fim_middle|>) and name them in tokenizer.ggml.fim_*_token_id\n"
+            "  --out FILE      output path (written to FILE.tmp, then renamed)\n");
 }
 
 static int bad_flag(const char *fmt, const char *arg)
@@ -167,7 +170,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
             while (k < RKV_ARRAY_LEN(arch_names) && strcmp(v, arch_names[k]))
                 k++;
             if (k == RKV_ARRAY_LEN(arch_names))
-                return bad_flag("unknown --arch '%s' (llama, qwen2, qwen3, gemma3)", v);
+                return bad_flag("unknown --arch '%s' (llama, qwen2, qwen3, gemma3, phi3)", v);
             o->arch = (enum arch)k;
             arch_set = 1;
         } else if (!strcmp(a, "--dtype")) {
@@ -203,6 +206,8 @@ static const char *const llama_specials[] = {"<|begin_of_text|>", "<|end_of_text
 static const char *const qwen2_specials[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
 static const char *const gemma_specials[] = {"<pad>", "<eos>", "<bos>", "<start_of_turn>",
                                              "<end_of_turn>"};
+static const char *const phi3_specials[] = {"<s>",     "<|endoftext|>", "<|assistant|>",
+                                            "<|end|>", "<|user|>",      "<|system|>"};
 
 /* llama 3 instruct's template */
 static const char llama3_template[] =
@@ -226,6 +231,14 @@ static const char gemma_template[] =
     "role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}{{ '<start_of_turn>' + "
     "role + '\\n' + message['content'] | trim + '<end_of_turn>\\n' }}{% endfor %}{% if "
     "add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}";
+
+/* phi 3 instruct's template */
+static const char phi3_template[] =
+    "{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\\n' + "
+    "message['content'] + '<|end|>\\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\\n' + "
+    "message['content'] + '<|end|>\\n'}}{% elif message['role'] == 'assistant' "
+    "%}{{'<|assistant|>\\n' + message['content'] + '<|end|>\\n'}}{% endif %}{% endfor %}{% if "
+    "add_generation_prompt %}{{ '<|assistant|>\\n' }}{% else %}{{ eos_token }}{% endif %}";
 
 struct vocab {
     struct bpe_vocab bpe;
@@ -258,6 +271,9 @@ static int vocab_build(const struct opts *o, struct vocab *v)
     } else if (o->arch == ARCH_GEMMA3) {
         specials = gemma_specials;
         n_special = RKV_ARRAY_LEN(gemma_specials);
+    } else if (o->arch == ARCH_PHI3) {
+        specials = phi3_specials;
+        n_special = RKV_ARRAY_LEN(phi3_specials);
     }
     static const char *const fim_tokens[] = {"<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"};
     uint32_t n_fim = o->fim ? RKV_ARRAY_LEN(fim_tokens) : 0;
@@ -333,6 +349,13 @@ static void put_tokenizer(struct gw *w, const struct opts *o, const struct vocab
         gw_kv_u32(w, "tokenizer.ggml.eot_token_id", (uint32_t)s + 4);
         gw_kv_bool(w, "tokenizer.ggml.add_bos_token", 1);
         gw_kv_str(w, "tokenizer.chat_template", gemma_template);
+    } else if (o->arch == ARCH_PHI3) {
+        gw_kv_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)s);
+        gw_kv_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)s + 1);
+        gw_kv_u32(w, "tokenizer.ggml.eot_token_id", (uint32_t)s + 3);
+        gw_kv_u32(w, "tokenizer.ggml.padding_token_id", (uint32_t)s + 1);
+        gw_kv_bool(w, "tokenizer.ggml.add_bos_token", 0);
+        gw_kv_str(w, "tokenizer.chat_template", phi3_template);
     } else {
         gw_kv_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)s);
         gw_kv_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)s + 2);
@@ -415,9 +438,14 @@ static uint32_t plan_tensors(const struct opts *o, struct tensor *t)
         uint32_t mt = matrix_type(o, 'm', l, p->dim), vt = matrix_type(o, 'v', l, p->dim);
 #define BLK(suffix) (snprintf(name, sizeof name, "blk.%u." suffix, l), name)
         add_tensor(t, &n, s, BLK("attn_norm.weight"), GGUF_TYPE_F32, p->dim, 0, 1.0f, 0.1f);
-        add_tensor(t, &n, s, BLK("attn_q.weight"), mt, p->dim, q_dim, 0.0f, mat_half(p->dim));
-        add_tensor(t, &n, s, BLK("attn_k.weight"), mt, p->dim, kv_dim, 0.0f, mat_half(p->dim));
-        add_tensor(t, &n, s, BLK("attn_v.weight"), vt, p->dim, kv_dim, 0.0f, mat_half(p->dim));
+        if (o->arch == ARCH_PHI3) {
+            add_tensor(t, &n, s, BLK("attn_qkv.weight"), mt, p->dim, q_dim + 2 * kv_dim, 0.0f,
+                       mat_half(p->dim));
+        } else {
+            add_tensor(t, &n, s, BLK("attn_q.weight"), mt, p->dim, q_dim, 0.0f, mat_half(p->dim));
+            add_tensor(t, &n, s, BLK("attn_k.weight"), mt, p->dim, kv_dim, 0.0f, mat_half(p->dim));
+            add_tensor(t, &n, s, BLK("attn_v.weight"), vt, p->dim, kv_dim, 0.0f, mat_half(p->dim));
+        }
         if (o->arch == ARCH_QWEN2) {
             add_tensor(t, &n, s, BLK("attn_q.bias"), GGUF_TYPE_F32, q_dim, 0, 0.0f, 0.1f);
             add_tensor(t, &n, s, BLK("attn_k.bias"), GGUF_TYPE_F32, kv_dim, 0, 0.0f, 0.1f);
@@ -430,16 +458,21 @@ static uint32_t plan_tensors(const struct opts *o, struct tensor *t)
         add_tensor(t, &n, s, BLK("attn_output.weight"), matrix_type(o, 'm', l, q_dim), q_dim,
                    p->dim, 0.0f, mat_half(q_dim));
         if (o->arch == ARCH_GEMMA3)
-            add_tensor(t, &n, s, BLK("post_attention_norm.weight"), GGUF_TYPE_F32, p->dim, 0,
-                       1.0f, 0.1f);
-        add_tensor(t, &n, s, BLK("ffn_norm.weight"), GGUF_TYPE_F32, p->dim, 0, 1.0f, 0.1f);
-        add_tensor(t, &n, s, BLK("ffn_gate.weight"), mt, p->dim, p->ffn, 0.0f, mat_half(p->dim));
-        add_tensor(t, &n, s, BLK("ffn_up.weight"), mt, p->dim, p->ffn, 0.0f, mat_half(p->dim));
-        add_tensor(t, &n, s, BLK("ffn_down.weight"), matrix_type(o, 'v', l, p->ffn), p->ffn,
-                   p->dim, 0.0f, mat_half(p->ffn));
-        if (o->arch == ARCH_GEMMA3)
-            add_tensor(t, &n, s, BLK("post_ffw_norm.weight"), GGUF_TYPE_F32, p->dim, 0, 1.0f,
+            add_tensor(t, &n, s, BLK("post_attention_norm.weight"), GGUF_TYPE_F32, p->dim, 0, 1.0f,
                        0.1f);
+        add_tensor(t, &n, s, BLK("ffn_norm.weight"), GGUF_TYPE_F32, p->dim, 0, 1.0f, 0.1f);
+        if (o->arch == ARCH_PHI3) { /* gate rows, then up rows */
+            add_tensor(t, &n, s, BLK("ffn_up.weight"), mt, p->dim, 2 * p->ffn, 0.0f,
+                       mat_half(p->dim));
+        } else {
+            add_tensor(t, &n, s, BLK("ffn_gate.weight"), mt, p->dim, p->ffn, 0.0f,
+                       mat_half(p->dim));
+            add_tensor(t, &n, s, BLK("ffn_up.weight"), mt, p->dim, p->ffn, 0.0f, mat_half(p->dim));
+        }
+        add_tensor(t, &n, s, BLK("ffn_down.weight"), matrix_type(o, 'v', l, p->ffn), p->ffn, p->dim,
+                   0.0f, mat_half(p->ffn));
+        if (o->arch == ARCH_GEMMA3)
+            add_tensor(t, &n, s, BLK("post_ffw_norm.weight"), GGUF_TYPE_F32, p->dim, 0, 1.0f, 0.1f);
 #undef BLK
     }
     add_tensor(t, &n, s, "output_norm.weight", GGUF_TYPE_F32, p->dim, 0, 1.0f, 0.1f);
@@ -485,7 +518,8 @@ static void put_hparams(struct gw *w, const struct opts *o)
         gw_kv_f32(w, K("rope.scaling.factor"), p->yarn_factor);
         gw_kv_u32(w, K("rope.scaling.original_context_length"), p->yarn_ctx);
     }
-    gw_kv_f32(w, K("attention.layer_norm_rms_epsilon"), o->arch == ARCH_LLAMA ? 1e-5f : 1e-6f);
+    gw_kv_f32(w, K("attention.layer_norm_rms_epsilon"),
+              o->arch == ARCH_LLAMA || o->arch == ARCH_PHI3 ? 1e-5f : 1e-6f);
 #undef K
 }
 

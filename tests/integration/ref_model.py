@@ -91,7 +91,7 @@ def gelu_tanh(x):
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
 
 
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "phi3")
 
 
 class RefModel:
@@ -174,6 +174,16 @@ class RefModel:
                 "post_ffn_norm": get("post_ffw_norm.weight"),  # (dim,)
                 "local": self.gemma and i % 6 != 5,
             }
+            if self.arch == "phi3":
+                # q, k, v rows in one matrix; gate rows then up rows in ffn_up (Phi-3's
+                # qkv_proj and gate_up_proj, which the HF model chunks the same way)
+                qkv = get("attn_qkv.weight")
+                nq, nkv = self.n_head * self.head_dim, self.n_head_kv * self.head_dim
+                assert qkv.shape == (nq + 2 * nkv, self.dim), qkv.shape
+                L["wq"], L["wk"], L["wv"] = qkv[:nq], qkv[nq:nq + nkv], qkv[nq + nkv:]
+                gate_up = L["w_up"]
+                assert gate_up.shape == (2 * self.ffn, self.dim), gate_up.shape
+                L["w_gate"], L["w_up"] = gate_up[:self.ffn], gate_up[self.ffn:]
             if self.arch in ("qwen3", "gemma3"):
                 assert L["q_norm"].shape == L["k_norm"].shape == (self.head_dim,)
             if self.gemma:

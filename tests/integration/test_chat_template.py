@@ -152,3 +152,37 @@ def test_rkv_tok_names_a_template_error(tiny_model, tmp_path):
                        capture_output=True, timeout=60)
     assert r.returncode == 1
     assert "System role not supported" in r.stderr.decode(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def phi3_model(tmp_path_factory):
+    out = tmp_path_factory.mktemp("phi3") / "phi3-tiny.gguf"
+    r = subprocess.run([rkv_bin("rkv-mkmodel"), "--out", str(out), "--preset", "phi3-tiny",
+                        "--seed", "3"], capture_output=True, timeout=120)
+    assert r.returncode == 0, r.stderr.decode(errors="replace")
+    return out
+
+
+def test_phi3_template_renders_as_jinja2_and_serves(phi3_model, tmp_path_factory):
+    """Phi-3's template (system, user, assistant turns closed by <|end|>) renders as jinja2
+    does, <|end|> is the end of a turn, and a chat through rkvd prompts with those ids"""
+    msgs = [{"role": "system", "content": "Be brief."}, *MSGS,
+            {"role": "assistant", "content": "Paris."}, {"role": "user", "content": "And Italy?"}]
+    bos, eos = special_texts(phi3_model)
+    from gguf import GGUFReader
+    f = GGUFReader(str(phi3_model)).fields["tokenizer.chat_template"]
+    tmpl = bytes(f.parts[f.data[0]]).decode()
+    text = jinja_render(tmpl, msgs, bos, eos)
+    assert text.endswith("<|end|>\n<|assistant|>\n") and text.startswith("<|system|>\n")
+    want = json.loads(tok(phi3_model, "--file", "-", "--special", data=text.encode()))
+    assert chat_ids(phi3_model, msgs) == want
+    info = json.loads(tok(phi3_model, "--info"))
+    end = json.loads(tok(phi3_model, "--file", "-", "--special", data=b"<|end|>"))
+    assert len(end) == 1 and end[0] in info["eog"], info  # a turn ends there
+    srv = Rkvd(phi3_model, tmp_path_factory.mktemp("phi3srv")).start()
+    try:
+        st, r = chat(srv, msgs)
+        assert st == 200, r
+        assert r["usage"]["prompt_tokens"] == len(want)
+    finally:
+        _stop_checked(srv)

@@ -568,6 +568,41 @@ def test_rkv_gen_new_archs_match_reference(qmodels, tmp_path, arch, dtype):
         compare_steps(ref, LONG_PROMPT, sids, sgot)
 
 
+def test_phi3_fused_matrices(qmodels, tmp_path):
+    """phi3's fused q/k/v and gate/up matrices, split as the HF model chunks them: the cpu
+    engine's logits equal the reference's within 1e-4 (f32; q8_0 and q4_k_m through
+    RKV_CPU_EXACT=1, and within the 8-bit activations' rounding on the integer path), resident
+    and with half the KV on the host; swapping the halves of the fused ffn moves them"""
+    for dtype in ("f32", "q8_0", "q4_k_m"):
+        path, ref = qmodels("phi3-tiny", dtype)
+        assert ref.arch == "phi3" and ref.neox
+        ids, got = run_gen(path, tmp_path, prompt=LONG_PROMPT, env={"RKV_CPU_EXACT": "1"})
+        compare_steps(ref, LONG_PROMPT, ids, got)
+        out = run_gen(path, tmp_path, ["--host-frac", "0.5", "--block-size", "4", "--chunk", "3",
+                                       "--split-seed", "3"], prompt=LONG_PROMPT, batch=2,
+                      env={"RKV_CPU_EXACT": "1"})
+        for sids, sgot in out:
+            assert sids == ids
+            compare_steps(ref, LONG_PROMPT, sids, sgot)
+        if dtype != "f32":
+            ids, got = run_gen(path, tmp_path, prompt=LONG_PROMPT)
+            compare_steps(ref, LONG_PROMPT, ids, got, rtol_for("cpu", dtype))
+    # the split's order matters: gate and up the other way round give other logits
+    a = ref.logits(LONG_PROMPT)
+    for L in ref.layers:
+        L["w_gate"], L["w_up"] = L["w_up"], L["w_gate"]
+    assert np.abs(ref.logits(LONG_PROMPT) - a).max() > 1e-2 * np.abs(a).max()
+
+
+def test_phi3_longrope_refused(tmp_path):
+    """the 128k-context Phi-3 models' LongRoPE factors are refused by name"""
+    path = tmp_path / "m.gguf"
+    write_model(path, "phi3", "f32", seed=1,
+                weights={"rope_factors_long.weight": np.ones(8, np.float32)})
+    err = _refused(path)
+    assert "LongRoPE" in err and "rope_factors_long.weight" in err, err
+
+
 # gemma3-tiny on the integer path moves by 2.1-2.9e-2 of a step's max |logit| (q8_0 and q4_k_m,
 # seeds 1, 2, 3, 5; qwen3-tiny 1.3-1.6e-2, within RTOL_CPU): seven layers whose sub-block outputs
 # are each renormed before the residual add carry the activations' rounding further than
@@ -603,9 +638,9 @@ def test_unsupported_archs_refused_by_name(tmp_path):
     write_model(path, "qwen3moe", "f32", seed=1)
     err = _refused(path)
     assert "'qwen3moe' is a mixture-of-experts architecture" in err and supported in err, err
-    write_model(path, "phi3", "f32", seed=1)
+    write_model(path, "falcon", "f32", seed=1)
     err = _refused(path)
-    assert "'phi3' is not supported by rkv " + supported + ")" in err, err
+    assert "'falcon' is not supported by rkv " + supported + ", phi3)" in err, err
     write_model(path, "llama", "f32", seed=1, extra=lambda w: w.add_expert_count(8))
     err = _refused(path)
     assert "llama.expert_count is 8" in err and "mixture-of-experts" in err, err
