@@ -58,6 +58,8 @@ int model_hparams_check(struct model_hparams *hp, char *errbuf, size_t errlen)
               !(hp->yarn_attn_factor > 0.0f) || !isfinite(hp->yarn_attn_factor) ||
               !(hp->yarn_log_mul >= 0.0f) || !isfinite(hp->yarn_log_mul)))
         bad = "rope.scaling.* (yarn: factor >= 1, original_context_length, attn_factor > 0)";
+    else if (!(hp->rope_mscale >= 0.0f) || !isfinite(hp->rope_mscale))
+        bad = "rope.scaling.attn_factor";
     else if (!(hp->attn_scale > 0.0f) || !isfinite(hp->attn_scale))
         bad = "attention scale";
     else if (hp->n_swa && (hp->swa_period == 0 || !(hp->rope_base_swa > 0.0f)))
@@ -161,7 +163,8 @@ static int take_rope_freqs(struct model *m, const struct model_tensor_src *s, ch
     const uint32_t half = m->hp.n_rot / 2;
     if (s->type != BE_F32 || s->rows != 1 || s->cols != half) {
         snprintf(errbuf, errlen,
-                 "model: tensor rope_freqs.weight is %s [%u, %u], expected F32 [%u] (half the "
+                 "model: the rope's frequency factors (rope_freqs.weight, or a phi3's "
+                 "rope_factors_long.weight) are %s [%u, %u], expected F32 [%u] (half the "
                  "rotated dims)",
                  be_type_name(s->type), s->cols, s->rows, half);
         return RKV_EFORMAT;
@@ -290,7 +293,14 @@ int model_create(struct backend *be, const struct model_hparams *hp, const struc
         m->output = m->tok_embd; /* tied embeddings */
     if (rc == 0 && src->rope_freqs.data)
         rc = take_rope_freqs(m, &src->rope_freqs, errbuf, errlen);
-    m->rope_mscale = 1.0f;
+    m->rope_mscale = h.rope_mscale > 0.0f ? h.rope_mscale : 1.0f;
+    if (rc == 0 && m->rope_mscale != 1.0f && !backend_rope_mscale(be)) {
+        snprintf(errbuf, errlen,
+                 "model: the %s backend does not scale the rope's magnitude "
+                 "(rope.scaling.attn_factor) yet: use --backend cpu",
+                 backend_name(be));
+        rc = RKV_EUNSUPPORTED;
+    }
     if (rc == 0 && h.yarn_factor != 0.0f)
         rc = take_yarn(m, errbuf, errlen);
     for (uint32_t i = 0; rc == 0 && i < h.n_layer; i++) {

@@ -48,6 +48,9 @@ struct model_hparams {
     uint32_t n_swa;
     uint32_t swa_period;
     float rope_base_swa;
+    /* the magnitude of every rotation, multiplying cos and sin (phi3's LongRoPE attention
+     * factor; YaRN computes its own); 0 = 1 */
+    float rope_mscale;
 };
 
 /* 1 when layer l of hp attends through a sliding window */

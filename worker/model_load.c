@@ -248,6 +248,24 @@ static int phi3_split(struct loader *ld, const struct model_hparams *hp, uint32_
     return rc;
 }
 
+/* the 128k Phi-3 models' LongRoPE: per-pair frequency divisors for contexts past the original
+ * one (rope_factors_long) and short ones within it, and a magnitude on cos and sin. rkv serves
+ * the model's whole context, so it takes the long factors at every position, as llama.cpp does
+ * with a context longer than the original (HF switches to them past it) */
+static int phi3_longrope(struct loader *ld, struct model_hparams *hp, struct model_src *src)
+{
+    int rc = find(ld, "rope_factors_long.weight", &src->rope_freqs);
+    if (rc < 0 || !src->rope_freqs.data)
+        return rc;
+    uint32_t orig = 0;
+    if ((rc = get_u32(ld, "rope.scaling.original_context_length", 0, 4096, &orig)) < 0 ||
+        (rc = get_f32(ld, "rope.scaling.attn_factor", 0, 0.0f, &hp->rope_mscale)) < 0)
+        return rc;
+    if (hp->rope_mscale == 0.0f && orig > 1 && hp->n_ctx > orig) /* the converter's formula */
+        hp->rope_mscale = sqrtf(1.0f + logf((float)hp->n_ctx / orig) / logf((float)orig));
+    return 0;
+}
+
 int model_load_gguf(struct backend *be, const struct gguf_ctx *g, const char *file,
                     struct model **out, char *errbuf, size_t errlen)
 {
@@ -314,13 +332,8 @@ int model_load_gguf(struct backend *be, const struct gguf_ctx *g, const char *fi
     }
     for (uint32_t i = 0; rc == 0 && hp.arch == MODEL_PHI3 && i < hp.n_layer; i++)
         rc = phi3_split(&ld, &hp, i, &layers[i]);
-    if (rc == 0 && hp.arch == MODEL_PHI3 && gguf_find_tensor(g, "rope_factors_long.weight")) {
-        snprintf(errbuf, errlen,
-                 "%s: the model scales its rope by LongRoPE (rope_factors_long.weight, the "
-                 "128k-context Phi-3 models), which rkv does not support; the 4k-context ones load",
-                 ld.file);
-        rc = RKV_EUNSUPPORTED;
-    }
+    if (rc == 0 && hp.arch == MODEL_PHI3)
+        rc = phi3_longrope(&ld, &hp, &src);
     if (rc == 0) {
         rc = model_create(be, &hp, &src, out, errbuf, errlen);
         /* model_create names tensors without the file: put it in front */

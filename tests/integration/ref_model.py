@@ -147,6 +147,14 @@ class RefModel:
         # llama3 rope scaling: each pair's frequency divided by its factor, (rope_dim / 2,)
         self.rope_freqs = (dequantize(w["rope_freqs.weight"]).reshape(-1)
                            if "rope_freqs.weight" in w else np.ones(self.rope_dim // 2))
+        if self.arch == "phi3" and "rope_factors_long.weight" in w:
+            # LongRoPE at every position (the long factors, as llama.cpp with a context past
+            # the original), cos and sin scaled by the attention factor
+            self.rope_freqs = dequantize(w["rope_factors_long.weight"]).reshape(-1)
+            orig = int(_field(r, a + "rope.scaling.original_context_length", 4096))
+            ctx = int(_field(r, a + "context_length"))
+            self.rope_mscale = float(_field(r, a + "rope.scaling.attn_factor",
+                                            math.sqrt(1 + math.log(ctx / orig) / math.log(orig))))
         self.layers = []
         for i in range(self.n_layer):
             p = f"blk.{i}."
@@ -174,13 +182,14 @@ class RefModel:
                 "post_ffn_norm": get("post_ffw_norm.weight"),  # (dim,)
                 "local": self.gemma and i % 6 != 5,
             }
-            if self.arch == "phi3":
-                # q, k, v rows in one matrix; gate rows then up rows in ffn_up (Phi-3's
-                # qkv_proj and gate_up_proj, which the HF model chunks the same way)
+            if self.arch == "phi3" and L["wq"] is None:
+                # q, k, v rows in one matrix (Phi-3's qkv_proj, chunked so by the HF model)
                 qkv = get("attn_qkv.weight")
                 nq, nkv = self.n_head * self.head_dim, self.n_head_kv * self.head_dim
                 assert qkv.shape == (nq + 2 * nkv, self.dim), qkv.shape
                 L["wq"], L["wk"], L["wv"] = qkv[:nq], qkv[nq:nq + nkv], qkv[nq + nkv:]
+            if self.arch == "phi3" and L["w_gate"] is None:
+                # gate rows then up rows in ffn_up (gate_up_proj)
                 gate_up = L["w_up"]
                 assert gate_up.shape == (2 * self.ffn, self.dim), gate_up.shape
                 L["w_gate"], L["w_up"] = gate_up[:self.ffn], gate_up[self.ffn:]

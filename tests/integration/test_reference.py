@@ -11,6 +11,7 @@
 """
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -594,13 +595,30 @@ def test_phi3_fused_matrices(qmodels, tmp_path):
     assert np.abs(ref.logits(LONG_PROMPT) - a).max() > 1e-2 * np.abs(a).max()
 
 
-def test_phi3_longrope_refused(tmp_path):
-    """the 128k-context Phi-3 models' LongRoPE factors are refused by name"""
+@pytest.mark.parametrize("attn_factor", [None, 1.19])
+def test_phi3_longrope(tmp_path, attn_factor):
+    """the 128k Phi-3 models' LongRoPE: the long factors divide each pair's frequency and the
+    attention factor (given, or the converter's sqrt(1 + ln(s) / ln(orig))) scales cos and sin;
+    the cpu engine's logits equal the reference's within 1e-4, and the factors matter"""
     path = tmp_path / "m.gguf"
-    write_model(path, "phi3", "f32", seed=1,
-                weights={"rope_factors_long.weight": np.ones(8, np.float32)})
-    err = _refused(path)
-    assert "LongRoPE" in err and "rope_factors_long.weight" in err, err
+    rng = np.random.default_rng(4)
+    long_f = (1.0 + 3.0 * rng.random(8)).astype(np.float32)  # rope_dim 16: 8 pairs
+
+    def keys(w):
+        w.add_rope_scaling_orig_ctx_len(64)
+        if attn_factor is not None:
+            w.add_rope_scaling_attn_factors(attn_factor)
+    write_model(path, "phi3", "f32", seed=2, n_vocab=512, extra=keys,
+                weights={"rope_factors_long.weight": long_f,
+                         "rope_factors_short.weight": np.ones(8, np.float32)})
+    ref = RefModel(str(path))
+    want = attn_factor or math.sqrt(1 + math.log(256 / 64) / math.log(64))
+    assert ref.rope_mscale == pytest.approx(want, rel=1e-6)
+    ids, got = run_gen(path, tmp_path, prompt=LONG_PROMPT)
+    compare_steps(ref, LONG_PROMPT, ids, got)
+    a = ref.logits(LONG_PROMPT)
+    ref.rope_freqs, ref.rope_mscale = np.ones(8), 1.0
+    assert np.abs(ref.logits(LONG_PROMPT) - a).max() > 1e-3 * np.abs(a).max()
 
 
 # gemma3-tiny on the integer path moves by 2.1-2.9e-2 of a step's max |logit| (q8_0 and q4_k_m,
