@@ -1049,22 +1049,38 @@ static void raw_logprobs(int32_t n, int32_t k_top, const float *logits, int32_t 
     report_logprobs(n, k_top, &o, logprob, top);
 }
 
+/* -inf for the ids of v (n_vocab) a mask does not allow: bits of ids below n_allow, none past */
+static void mask_disallowed(float *v, int32_t n_vocab, const uint32_t *allow, int32_t n_allow)
+{
+    for (int32_t w = 0; w < (n_allow + 31) / 32; w++) {
+        uint32_t m = allow[w];
+        if (m == UINT32_MAX)
+            continue;
+        for (int32_t b = 0; b < 32 && w * 32 + b < n_allow; b++)
+            if (!(m >> b & 1u))
+                v[w * 32 + b] = -INFINITY;
+    }
+    for (int32_t i = n_allow; i < n_vocab; i++)
+        v[i] = -INFINITY;
+}
+
 /* ids the grammar does not allow next: -inf in s->work */
 static void grammar_mask_logits(struct sampler *s)
 {
     if (sampler_grammar_prepare(s))
         return;         /* no mask (out of memory): unconstrained this step */
     s->gmask_ready = 0; /* the pick moves the grammar on */
-    for (int32_t w = 0; w < (s->gn + 31) / 32; w++) {
-        uint32_t m = s->gmask[w];
-        if (m == UINT32_MAX)
-            continue;
-        for (int32_t b = 0; b < 32 && w * 32 + b < s->gn; b++)
-            if (!(m >> b & 1u))
-                s->work[w * 32 + b] = -INFINITY;
-    }
-    for (int32_t i = s->gn; i < s->n_vocab; i++)
-        s->work[i] = -INFINITY;
+    mask_disallowed(s->work, s->n_vocab, s->gmask, s->gn);
+}
+
+/* the picked id moves the grammar on. the mask never leaves the grammar without a way on; a
+ * failure here would be the grammar's bug, and the answer goes on unconstrained rather than
+ * stopping */
+static void grammar_advance(struct sampler *s, int32_t id)
+{
+    s->gmask_ready = 0;
+    if (s->gm && grammar_matcher_accept(s->gm, id))
+        log_warn("grammar: token %d was not accepted after the mask allowed it", (int)id);
 }
 
 /* sampler_sample's pick from raw logits: the token, what it learned of the raw
@@ -1086,12 +1102,7 @@ static int32_t sample_pick(struct sampler *s, const float *logits, uint64_t *rng
             grammar_mask_logits(s);
         v = s->work;
     }
-    int32_t id = pick_from(s, logits, v, rng, rs, drew);
-    /* the mask never leaves the grammar without a way on; a failure here would be the
-     * grammar's bug, and the answer goes on unconstrained rather than stopping */
-    if (s->gm && grammar_matcher_accept(s->gm, id))
-        log_warn("grammar: token %d was not accepted after the mask allowed it", (int)id);
-    return id;
+    return pick_from(s, logits, v, rng, rs, drew);
 }
 
 /* the pick from v, the penalized logits (logits itself when no penalty applies) */
@@ -1163,6 +1174,8 @@ int32_t sampler_sample(struct sampler *s, const float *logits, float *logprob,
     struct row_stats rs;
     int drew;
     int32_t id = sample_pick(s, logits, s->rng, &rs, &drew);
+    if (s->gm)
+        grammar_advance(s, id);
     if (logprob || top)
         raw_logprobs(s->n_vocab, s->p.n_top_logprobs, logits, id, &rs, logprob, top);
     return id;
@@ -1216,8 +1229,14 @@ int sampler_dev_row(struct sampler *s, struct sample_dev_row *r, int32_t *pen_id
     uint64_t rng[4];
     memcpy(rng, s->rng, sizeof(rng));
     r->u = rng_uniform(rng);
-    if (p->n_bias || s->gm)
-        return 1; /* a backend's sample op has no bias or mask: the row goes to sampler_sample */
+    if (p->n_bias)
+        return 1; /* a backend's sample op has no bias: the row goes to sampler_sample */
+    if (s->gm) {
+        if (sampler_grammar_prepare(s))
+            return 1; /* no mask (out of memory): sampler_sample tries again */
+        r->allow = s->gmask;
+        r->n_allow = s->gn;
+    }
     if (!penalties_active(p))
         return 0;
     /* the window's ids as sampler_penalize visits them; counts is zeroed
@@ -1251,6 +1270,8 @@ int32_t sampler_dev_finish(struct sampler *s, const struct sample_dev_out *o, fl
 {
     if (o->drew)
         xoshiro_next(s->rng);
+    if (s->gm)
+        grammar_advance(s, o->id);
     report_logprobs(s->n_vocab, s->p.n_top_logprobs, o, logprob, top);
     return o->id;
 }
@@ -1286,13 +1307,15 @@ void sample_dev_run(struct sampler *scratch, const struct sample_dev_row *r, con
     p->frequency_penalty = r->frequency_penalty;
     p->n_top_logprobs = r->n_top;
     const float *v = logits;
-    if (r->n_pen) {
+    if (r->n_pen || r->allow) {
         memcpy(s->work, logits, (size_t)s->n_vocab * sizeof(*s->work));
         for (uint32_t j = 0; j < r->n_pen; j++) {
             const int32_t id = r->pen_id[j];
             if (id >= 0 && id < s->n_vocab)
                 s->work[id] = penalize_one(s->work[id], r->pen_count[j], p);
         }
+        if (r->allow) /* as sample_pick: the grammar's mask after the penalties */
+            mask_disallowed(s->work, s->n_vocab, r->allow, r->n_allow);
         v = s->work;
     }
     struct row_stats rs;

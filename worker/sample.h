@@ -122,6 +122,11 @@ struct sample_dev_row {
     uint32_t n_pen;           /* distinct ids the penalties touch (0: none or penalties off) */
     const int32_t *pen_id;    /* (n_pen) those ids */
     const int32_t *pen_count; /* (n_pen) times each is in the penalty window */
+    /* structured output: the ids the row's grammar allows next, a bit each for ids below
+     * n_allow (bit i % 32 of word i / 32; ids from n_allow on are never allowed), applied after
+     * the penalties; NULL: every id */
+    const uint32_t *allow;
+    int32_t n_allow;
 };
 
 struct sample_dev_out {
@@ -139,17 +144,20 @@ struct sample_dev_out {
 /* 1 when this build's exp weights are the ones a backend copies (avx2 + fma: eight-lane
  * sums a 64-block); 0: rows go to sampler_sample */
 int sample_dev_supported(void);
-/* the row for s's next sample: params, u (peeked, not taken) and the penalty ids with their
- * counts into pen_id / pen_count (cap entries each; r points at them). 1 when the window holds
- * more than cap distinct ids or s has a logit bias (sample that row with sampler_sample),
- * else 0 */
+/* the row for s's next sample: params, u (peeked, not taken), the penalty ids with their
+ * counts into pen_id / pen_count (cap entries each; r points at them) and a grammar's mask of
+ * the ids it allows next (r->allow points into s: it holds until the pick is finished). 1 when
+ * the window holds more than cap distinct ids, s has a logit bias or its grammar's mask cannot
+ * be had (sample that row with sampler_sample), else 0 */
 int sampler_dev_row(struct sampler *s, struct sample_dev_row *r, int32_t *pen_id,
                     int32_t *pen_count, uint32_t cap);
 /* a backend's pick (status 0) as sampler_sample returns it: the token, its logprob and the
- * top alternatives (either may be NULL); takes the uniform when o->drew */
+ * top alternatives (either may be NULL); takes the uniform when o->drew and moves a grammar on
+ * by the token */
 int32_t sampler_dev_finish(struct sampler *s, const struct sample_dev_out *o, float *logprob,
                            struct sample_top *top);
-/* the reference a backend's sample op is tested against: o as it gives it back for logits */
+/* the reference a backend's sample op is tested against: o as it gives it back for logits
+ * (s's grammar, if any, stays where it is: sampler_dev_finish moves it) */
 void sampler_sample_dev(struct sampler *s, const float *logits, struct sample_dev_out *o);
 /* a backend's sample op done on the cpu from the row alone (its penalty ids and counts, its u):
  * what sampler_sample_dev gives for the sampler the row was made from. scratch: any sampler of

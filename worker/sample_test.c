@@ -1453,9 +1453,6 @@ static void test_grammar(void **state)
         p.seed = seed;
         struct sampler *s = make(&p, n_vocab);
         assert_false(sampler_plain_greedy(s));
-        struct sample_dev_row row;
-        int32_t pen[4];
-        assert_int_equal(sampler_dev_row(s, &row, pen, pen + 2, 2), 1); /* the host samples */
         char text[64] = "";
         int32_t ids[32];
         int n = 0;
@@ -1494,6 +1491,39 @@ static void test_grammar(void **state)
     sampler_destroy(s);
     /* a vocabulary larger than the logits is refused */
     assert_int_equal(sampler_create(&s, &p, 8), RKV_EINVAL);
+    /* a backend's sample op takes the grammar's mask with the row: sample_dev_run +
+     * sampler_dev_finish pick what sampler_sample picks, step for step, and move the grammar
+     * the same way (a repetition penalty on too, applied before the mask as on the host) */
+    p.temperature = 1.0f;
+    p.repetition_penalty = 1.3f;
+    struct sampler *scratch = make(&p, n_vocab);
+    for (uint64_t seed = 1; seed <= 100; seed++) {
+        p.seed = seed;
+        struct sampler *a = make(&p, n_vocab), *b = make(&p, n_vocab);
+        for (int n = 0; n < 16; n++) {
+            fill_logits(logits, n_vocab, seed * 1000 + (uint64_t)n, 8.0f);
+            logits[9] = 1000.0f;
+            float lpa = 0, lpb = 0;
+            int32_t want = sampler_sample(a, logits, &lpa, NULL);
+            struct sample_dev_row row;
+            int32_t pen[32];
+            assert_int_equal(sampler_dev_row(b, &row, pen, pen + 16, 16), 0);
+            assert_non_null(row.allow);
+            assert_int_equal(row.n_allow, 9);
+            struct sample_dev_out o;
+            sample_dev_run(scratch, &row, logits, &o);
+            int32_t got = sampler_dev_finish(b, &o, &lpb, NULL);
+            assert_int_equal(got, want);
+            assert_true(lpa == lpb);
+            sampler_accept(a, want);
+            sampler_accept(b, got);
+            if (want == 6)
+                break;
+        }
+        sampler_destroy(a);
+        sampler_destroy(b);
+    }
+    sampler_destroy(scratch);
     grammar_destroy(g);
     grammar_vocab_destroy(v);
 }

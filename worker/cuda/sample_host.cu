@@ -55,9 +55,16 @@ int cu_sample(void *ctx, const struct be_tensor *logits, uint32_t n,
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     if (!sample_dev_supported())
         return 1;
+    /* a grammar's row (allow) is sampled on the host: the kernel has no mask yet */
     uint32_t n_rows = 0;
-    for (uint32_t i = 0; i < n; i++)
+    for (uint32_t i = 0; i < n; i++) {
+        if (rows[i] && rows[i]->allow) {
+            memset(&outs[i], 0, sizeof(outs[i]));
+            outs[i].status = 1;
+            continue;
+        }
         n_rows += rows[i] != NULL;
+    }
     if (n_rows == 0)
         return 1;
     cuda_op_begin(c);
@@ -67,7 +74,7 @@ int cu_sample(void *ctx, const struct be_tensor *logits, uint32_t n,
         /* the next CU_SAMPLE_ROWS rows that sample here */
         uint32_t which[CU_SAMPLE_ROWS], m = 0, pens = 0, i = i0;
         for (; i < n && m < CU_SAMPLE_ROWS; i++)
-            if (rows[i]) {
+            if (rows[i] && !rows[i]->allow) {
                 which[m++] = i;
                 pens += rows[i]->n_pen;
             }
