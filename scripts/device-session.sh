@@ -8,6 +8,9 @@
 #           of its own, --deterministic), the hf offloaded cache (DEADLINE, default 520 s); each
 #           http run's JSON holds the step lines of its steady window (bench_system.py sets
 #           RKV_STEP_REPORT_MS=500) (~9 min)
+#   models  the model families and block types: gpu_ops_test --model-only (logits against the
+#           cpu, qdot=int and qdot=exact apart), gpu_bench's quant suite for q4_k_m (--quick), the
+#           gemv suite, and the qwen3-8b and gemma3-4b presets' decode (--quick) (~5 min)
 #   trace   gpu_bench's decode suite (--quick) with one step of each resident case traced by
 #           CUPTI (RKV_PROFILE_TRACE): the kernels as the step runs them, per kernel and gap;
 #           OUT/trace.txt, every kernel in OUT/trace.csv, a layer's phases of each case in
@@ -23,8 +26,8 @@
 #   there: sh scripts/device-session.sh .benchpack $OUT check   (carry .benchpack.tgz: it unpacks there), then system
 # everything lands in OUT, and OUT/all.tgz holds it all (one file to carry back).
 set -u
-PACK=${1:?usage: scripts/device-session.sh PACK OUT [check|system|trace|sample|profile]}
-OUT=${2:?usage: scripts/device-session.sh PACK OUT [check|system|trace|sample|profile]}
+PACK=${1:?usage: scripts/device-session.sh PACK OUT [check|system|models|trace|sample|profile]}
+OUT=${2:?usage: scripts/device-session.sh PACK OUT [check|system|models|trace|sample|profile]}
 WHAT=${3:-check}
 mkdir -p "$OUT"
 # shellcheck source=scripts/pack-lib.sh
@@ -69,6 +72,22 @@ system)
         sh "$(dirname "$0")/bench-system.sh" "$PACK" "$OUT/system" >"$OUT/system/log.txt" 2>&1
     grep -E "PASS|FAIL|SKIP" "$OUT/system/log.txt" | tail -24
     grep -E "steps in" "$OUT/system/rkvd-server.log" 2>/dev/null | tail -6 | cut -c1-300
+    ;;
+models)
+    step "gpu_ops_test --model-only"
+    timeout 150 "$B/gpu_ops_test" --model-only >"$OUT/model.txt" 2>&1
+    echo "rc=$?" >>"$OUT/model.txt"
+    grep -E "FAIL|passed|failed|rc=" "$OUT/model.txt" | cut -c1-160 | tail -12
+    step "gpu_bench quant (q4_k_m), gemv, the qwen3-8b and gemma3-4b presets"
+    timeout 120 "$B/gpu_bench" --suite quant --quick --quant-types bf16,q4_k_m \
+        --json "$OUT/quant.json" >"$OUT/quant.txt" 2>&1
+    timeout 60 "$B/gpu_bench" --suite gemv --json "$OUT/gemv.json" >"$OUT/gemv.txt" 2>&1
+    for p in qwen3-8b gemma3-4b; do
+        timeout 90 "$B/gpu_bench" --preset $p --suite decode --quick \
+            --json "$OUT/decode_$p.json" >"$OUT/decode_$p.txt" 2>&1
+    done
+    grep -hE "decode b|prefill|gemv Q4_K|rc=" "$OUT"/quant.txt "$OUT"/gemv.txt \
+        "$OUT"/decode_*.txt | sed 's/  */ /g'
     ;;
 trace)
     step "gpu_bench decode, one traced step a resident case"
@@ -121,7 +140,7 @@ profile)
         "$OUT/ncu_o.txt" | head -30
     ;;
 *)
-    echo "device-session: say check, system, trace, sample or profile, not $WHAT" >&2
+    echo "device-session: say check, system, models, trace, sample or profile, not $WHAT" >&2
     exit 2
     ;;
 esac
