@@ -124,10 +124,10 @@ uint8_t kv_f32_to_e4m3(float x)
         return 0x7f;
     if (a >= 448.0f)
         return sign | 0x7e; /* saturate at the largest finite value */
-    if (a < 0x1p-6f) /* subnormal: steps of 2^-9; 8 steps is 2^-6, code 0x08 */
+    if (a < 0x1p-6f)        /* subnormal: steps of 2^-9; 8 steps is 2^-6, code 0x08 */
         return sign | (uint8_t)rintf(a * 512.0f);
     int e;
-    frexpf(a, &e); /* a = f * 2^e, f in [0.5, 1): its exponent is e - 1 */
+    frexpf(a, &e);                        /* a = f * 2^e, f in [0.5, 1): its exponent is e - 1 */
     int q = (int)rintf(ldexpf(a, 4 - e)); /* 8..16: the implicit bit and 3 mantissa bits */
     if (q == 16) {
         q = 8;
@@ -194,9 +194,7 @@ void kv_row_load(const struct kv_layout *l, const void *slice, uint32_t head, ui
             dst[i] = (float)((const int8_t *)row)[i] *
                      kv_bf16_to_f32(((const uint16_t *)sc)[i / KV_Q8_GROUP]);
             break;
-        case KV_FP8:
-            dst[i] = kv_e4m3_to_f32(((const uint8_t *)row)[i]) * *(const float *)sc;
-            break;
+        case KV_FP8: dst[i] = kv_e4m3_to_f32(((const uint8_t *)row)[i]) * *(const float *)sc; break;
         }
     }
 }

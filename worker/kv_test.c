@@ -113,8 +113,8 @@ static void test_e4m3(void **state)
     assert_int_equal(kv_f32_to_e4m3(1.0625f), 0x38); /* 1 | 1.125 */
     assert_int_equal(kv_f32_to_e4m3(1.1875f), 0x3a); /* 1.125 | 1.25 */
     assert_int_equal(kv_f32_to_e4m3(-1.1875f), 0xba);
-    assert_int_equal(kv_f32_to_e4m3(1.5f * 0x1p-9f), 0x02); /* subnormal 1 | 2 */
-    assert_int_equal(kv_f32_to_e4m3(0.5f * 0x1p-9f), 0x00); /* 0 | 1 */
+    assert_int_equal(kv_f32_to_e4m3(1.5f * 0x1p-9f), 0x02);   /* subnormal 1 | 2 */
+    assert_int_equal(kv_f32_to_e4m3(0.5f * 0x1p-9f), 0x00);   /* 0 | 1 */
     assert_int_equal(kv_f32_to_e4m3(15.5f * 0x1p-10f), 0x08); /* 7.75 steps: up to the normal */
     assert_int_equal(kv_f32_to_e4m3(1.96875f), 0x40);         /* 1.875 | 2: carries to 2 */
     /* saturation */
@@ -123,8 +123,8 @@ static void test_e4m3(void **state)
     assert_int_equal(kv_f32_to_e4m3(-1e9f), 0xfe);
     /* bf16: nearest even */
     assert_int_equal(kv_f32_to_bf16(1.0f), 0x3f80);
-    assert_int_equal(kv_f32_to_bf16(1.0f + 0x1p-8f), 0x3f80);          /* tie: even */
-    assert_int_equal(kv_f32_to_bf16(1.0f + 3 * 0x1p-8f), 0x3f82);      /* tie: even */
+    assert_int_equal(kv_f32_to_bf16(1.0f + 0x1p-8f), 0x3f80);            /* tie: even */
+    assert_int_equal(kv_f32_to_bf16(1.0f + 3 * 0x1p-8f), 0x3f82);        /* tie: even */
     assert_int_equal(kv_f32_to_bf16(1.0f + 0x1p-8f + 0x1p-20f), 0x3f81); /* past the tie */
     assert_true(kv_bf16_to_f32(0xbf80) == -1.0f);
 }
