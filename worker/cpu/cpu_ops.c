@@ -157,15 +157,17 @@ void cpu_kv_load_rows(const struct kv_layout *l, const void *slice, uint32_t hea
 #ifdef CPU_AVX2
     if (kv_dtype_is_8bit(l->dtype)) {
         /* head_dim is a multiple of 8: eight levels a step, one f32 multiply each, the bits of
-         * kv_row_load's */
-        for (uint32_t r = 0; r < n; r++) {
-            const uint8_t *q = kv_row_ptr(l, (void *)slice, head, pos + r);
-            const void *sc = kv_row_scale_ptr(l, (void *)slice, head, pos + r);
+         * kv_row_load. A head's rows and their scales are each contiguous */
+        const uint8_t *q = kv_row_ptr(l, (void *)slice, head, pos);
+        const char *sc = kv_row_scale_ptr(l, (void *)slice, head, pos);
+        const size_t sb = kv_row_bytes(l) - hd;
+        for (uint32_t r = 0; r < n; r++, q += hd, sc += sb) {
             float *y = dst + (size_t)r * hd;
             if (l->dtype == KV_Q8) {
-                const uint16_t *d = sc;
+                const uint16_t *d = (const uint16_t *)sc;
                 for (uint32_t i = 0; i < hd; i += 8) {
-                    const __m256 dv = _mm256_set1_ps(kv_bf16_to_f32(d[i / KV_Q8_GROUP]));
+                    const __m256 dv = _mm256_castsi256_ps(
+                        _mm256_set1_epi32((int)((uint32_t)d[i / KV_Q8_GROUP] << 16)));
                     const __m256i w =
                         _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + i)));
                     _mm256_storeu_ps(y + i, _mm256_mul_ps(dv, _mm256_cvtepi32_ps(w)));
@@ -173,7 +175,9 @@ void cpu_kv_load_rows(const struct kv_layout *l, const void *slice, uint32_t hea
             } else {
                 /* e4m3 is f16 with the top exponent bit and 7 mantissa bits cut: its bits
                  * shifted into an f16 are the value times 2^-8, exactly */
-                const __m256 sv = _mm256_set1_ps(*(const float *)sc * 256.0f);
+                float s;
+                memcpy(&s, sc, sizeof s);
+                const __m256 sv = _mm256_set1_ps(s * 256.0f);
                 const __m128i sgn = _mm_set1_epi16((short)0x80), mag = _mm_set1_epi16(0x7f);
                 for (uint32_t i = 0; i < hd; i += 8) {
                     const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(q + i)));
