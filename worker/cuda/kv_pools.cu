@@ -126,12 +126,8 @@ int cu_set_kv(void *ctx, const struct kv_layout *l, const struct kv_pools *p)
                   hd);
         return RKV_EUNSUPPORTED;
     }
-    if (l->dtype != KV_F32 && l->dtype != KV_F16) {
-        /* the kv write and the attention kernels read f32 and f16 rows only: never hand them
-         * 8-bit slices */
-        log_error("cuda: kv_dtype %s is not read by the cuda attention yet (f16, f32); set "
-                  "kv_dtype = f16, or run --backend cpu",
-                  kv_dtype_name(l->dtype));
+    if ((unsigned)l->dtype >= KV_N_DTYPES) {
+        log_error("cuda: kv dtype %d is not one of " KV_DTYPE_NAMES, (int)l->dtype);
         return RKV_EUNSUPPORTED;
     }
     cuda_pools_unregister(c);
