@@ -14,7 +14,9 @@ from conftest import Rkvd, _stop_checked, rkv_bin
 from test_residency import (PROMPTS, Background, assert_same, resident_answers, run_one,
                             wait_events)
 
-N_PROMPT = 1700  # + 256 steps: most of the tiny models' 2048 positions
+# prompt positions per model: + 256 steps, most of the tiny models' 2048 positions, and 4k on
+# small (12 layers, head_dim 64: two q8 groups a row)
+N_PROMPT = {"tiny": 1700, "qwen3-tiny": 1700, "small": 4000}
 N_GEN = 256
 # logits nmse against f16 KV that the issue allows
 NMSE = {"q8": 1e-3, "fp8": 3e-3}
@@ -27,10 +29,11 @@ def prompt_ids(n, n_vocab=512):
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    """tiny (head_dim 16: one short q8 group a row) and qwen3-tiny (head_dim 32: one whole one)"""
+    """tiny (head_dim 16: one short q8 group a row), qwen3-tiny (head_dim 32: one whole one) and
+    small"""
     d = tmp_path_factory.mktemp("kvmodels")
     out = {}
-    for preset in ("tiny", "qwen3-tiny"):
+    for preset in N_PROMPT:
         path = d / f"{preset}.gguf"
         r = subprocess.run([rkv_bin("rkv-mkmodel"), "--preset", preset, "--dtype", "f32",
                             "--seed", "3", "--out", str(path)], capture_output=True, text=True,
@@ -76,20 +79,28 @@ def forced_logits(model, tmp_path, kv_dtype, prompt, want_ids):
 
 @pytest.fixture(scope="module")
 def f16_runs(models, tmp_path_factory):
+    """each model's f16 KV run, made when a test first asks for it"""
     d = tmp_path_factory.mktemp("f16runs")
-    return {name: gen_logits(path, d, "f16", prompt_ids(N_PROMPT), N_GEN)
-            for name, path in models.items()}
+    runs = {}
+
+    def get(preset):
+        if preset not in runs:
+            runs[preset] = gen_logits(models[preset], d, "f16", prompt_ids(N_PROMPT[preset]),
+                                      N_GEN)
+        return runs[preset]
+    return get
 
 
-@pytest.mark.parametrize("preset", ["tiny", "qwen3-tiny"])
-@pytest.mark.parametrize("kv_dtype", ["q8", "fp8"])
+@pytest.mark.parametrize("preset,kv_dtype", [("tiny", "q8"), ("qwen3-tiny", "q8"),
+                                             ("small", "q8"), ("tiny", "fp8"),
+                                             ("qwen3-tiny", "fp8")])
 def test_8bit_kv_tracks_f16_kv(models, f16_runs, tmp_path, preset, kv_dtype):
-    """256 greedy steps after a 1700-token prompt, each step given f16 KV's context: the logits
-    stay within the dtype's nmse of f16 KV's and the greedy token agrees on at least 99 % of
-    the steps"""
-    want_ids, want = f16_runs[preset]
-    got, differ = forced_logits(models[preset], tmp_path, kv_dtype, prompt_ids(N_PROMPT),
-                                want_ids)
+    """256 greedy steps after a 1700-token (4000 on small) prompt, each step given f16 KV's
+    context: the logits stay within the dtype's nmse of f16 KV's and the greedy token agrees on
+    at least 99 % of the steps"""
+    want_ids, want = f16_runs(preset)
+    got, differ = forced_logits(models[preset], tmp_path, kv_dtype,
+                                prompt_ids(N_PROMPT[preset]), want_ids)
     err = ((got - want) ** 2).sum() / (want ** 2).sum()
     agree = 1 - len(differ) / N_GEN
     print(f"{preset} {kv_dtype}: nmse {err:.3g}, greedy agreement {agree:.1%} (differ at "
