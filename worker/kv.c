@@ -79,15 +79,12 @@ size_t kv_slice_bytes(const struct kv_layout *l)
 
 void *kv_row_ptr(const struct kv_layout *l, void *slice, uint32_t head, uint32_t pos)
 {
-    return (char *)slice +
-           ((size_t)head * l->block_size + pos) * l->head_dim * kv_dtype_size(l->dtype);
+    return (char *)slice + ((size_t)head * l->block_size + pos) * kv_row_bytes(l);
 }
 
 void *kv_row_scale_ptr(const struct kv_layout *l, void *slice, uint32_t head, uint32_t pos)
 {
-    const size_t rows = (size_t)l->n_kv_head * l->block_size;
-    return (char *)slice + rows * l->head_dim +
-           ((size_t)head * l->block_size + pos) * row_scale_bytes(l);
+    return (char *)kv_row_ptr(l, slice, head, pos) + l->head_dim;
 }
 
 float kv_bf16_to_f32(uint16_t h)

@@ -27,20 +27,20 @@ enum kv_residency {
 
 /* one block holds block_size positions for all layers. inside a block, layer
  * l's K slice then its V slice, each contiguous, so one copy moves one layer
- * of one block. A slice of f32 or f16 is (n_kv_head, block_size, head_dim)
- * elements. A slice of an 8-bit dtype is its levels, (n_kv_head, block_size,
- * head_dim) bytes, then the rows' scales, (n_kv_head, block_size, n_scale):
- *   q8:  level int8 q, value = q * d, d a bf16 per KV_Q8_GROUP values of a
- *        row (n_scale = ceil(head_dim / 32), the last group may be shorter):
- *        2 * n_scale bytes a row;
+ * of one block. A slice is (n_kv_head, block_size) rows of kv_row_bytes, a
+ * (head, position) row each, position-major within a head as kvmgr's partial
+ * copies expect. A row of f32 or f16 is head_dim elements; a row of an 8-bit
+ * dtype is head_dim level bytes, then the row's scales:
+ *   q8:  level int8 q, value = q * d, d a bf16 per KV_Q8_GROUP values
+ *        (ceil(head_dim / 32) of them, the last group may be shorter);
  *   fp8: level an e4m3 byte (bias 7, no infinities, 0x7f/0xff NaN, never
- *        written), value = e4m3(level) * s, s one f32 a row: 4 bytes a row.
+ *        written), value = e4m3(level) * s, s one f32.
  * A row of head_dim 128 takes 136 bytes in q8 and 132 in fp8 (f16: 256).
- * head_dim must be a multiple of 8 for them, so the scales start 8-byte
- * aligned after the levels and level rows keep the slice's alignment to 8
- * (16 when head_dim is a multiple of 16). Quantization is deterministic,
- * every division and rounding one IEEE f32 operation (kv_row_quantize), so
- * every writer (cpu, cuda) gives the same bytes for the same row. */
+ * head_dim must be a multiple of 8 for them, so every row and its scales
+ * start 2-byte aligned (q8) or 4-byte aligned (fp8) in a slice that is.
+ * Quantization is deterministic, every division and rounding one IEEE f32
+ * operation (kv_q8_quantize, kv_fp8_quantize), so every writer (cpu, cuda)
+ * gives the same bytes for the same row. */
 struct kv_layout {
     uint32_t block_size; /* B: positions per block */
     uint32_t n_layer;
@@ -73,7 +73,7 @@ size_t kv_dtype_size(enum kv_dtype t);
 const char *kv_dtype_name(enum kv_dtype t);
 /* "q8" -> KV_Q8; RKV_EINVAL for a name not in KV_DTYPE_NAMES */
 int kv_dtype_parse(const char *name, enum kv_dtype *out);
-/* 1 for q8 and fp8 (levels then scales), else 0 */
+/* 1 for q8 and fp8 (rows of levels and scales), else 0 */
 int kv_dtype_is_8bit(enum kv_dtype t);
 /* scales in one (head, position) row: ceil(head_dim / 32) for q8, 1 for fp8, 0 else */
 uint32_t kv_row_scales(const struct kv_layout *l);
@@ -83,7 +83,7 @@ size_t kv_row_bytes(const struct kv_layout *l);
 size_t kv_token_bytes(const struct kv_layout *l);
 /* bytes of one K (or V) slice: n_kv_head * block_size rows */
 size_t kv_slice_bytes(const struct kv_layout *l);
-/* inside a slice: the levels (or elements) of row (head, pos), and (8-bit) its scales */
+/* inside a slice: row (head, pos), its elements or levels, and (8-bit) its scales after them */
 void *kv_row_ptr(const struct kv_layout *l, void *slice, uint32_t head, uint32_t pos);
 void *kv_row_scale_ptr(const struct kv_layout *l, void *slice, uint32_t head, uint32_t pos);
 /* the reference row conversions (the cpu backend's vector forms give the same bits):

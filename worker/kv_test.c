@@ -71,13 +71,16 @@ static void test_geometry_8bit(void **state)
     assert_int_equal(kv_layout_init(&l, 16, 2, 2, 12, KV_Q8), RKV_EINVAL);
     assert_int_equal(kv_layout_init(&l, 16, 2, 2, 12, KV_FP8), RKV_EINVAL);
     assert_int_equal(kv_layout_init(&l, 16, 2, 2, 12, KV_F16), 0);
-    /* levels (kvh, B, hd) then scales (kvh, B, n_scale) */
+    /* rows (kvh, B) of 64 levels then 2 bf16 scales, position-major within a head */
     assert_int_equal(kv_layout_init(&l, 4, 1, 2, 64, KV_Q8), 0);
     static char slice[4096];
-    assert_ptr_equal(kv_row_ptr(&l, slice, 1, 2), slice + (1 * 4 + 2) * 64);
-    assert_ptr_equal(kv_row_scale_ptr(&l, slice, 1, 2), slice + 2 * 4 * 64 + (1 * 4 + 2) * 4);
+    assert_ptr_equal(kv_row_ptr(&l, slice, 1, 2), slice + (1 * 4 + 2) * 68);
+    assert_ptr_equal(kv_row_scale_ptr(&l, slice, 1, 2), slice + (1 * 4 + 2) * 68 + 64);
     assert_ptr_equal(kv_row_ptr(&l, slice, 0, 0), slice);
     assert_int_equal(kv_slice_bytes(&l), 2 * 4 * (64 + 4));
+    /* f16 rows as before: (kvh, B, hd) elements */
+    assert_int_equal(kv_layout_init(&l, 4, 1, 2, 64, KV_F16), 0);
+    assert_ptr_equal(kv_row_ptr(&l, slice, 1, 2), slice + (1 * 4 + 2) * 128);
 
     enum kv_dtype t;
     assert_int_equal(kv_dtype_parse("q8", &t), 0);
@@ -190,15 +193,12 @@ static void round_trip(enum kv_dtype t)
             assert_true(fabsf(back[i] - src[i]) <= fabsf(src[i]) / 16 + s * 0x1p-10f);
         }
     }
-    /* the row's bytes are the only ones written */
-    size_t row_at = (size_t)(1 * B + 2) * HD, sc_at = (size_t)KVH * B * HD;
-    size_t scb = kv_row_bytes(&l) - HD;
-    for (size_t i = 0; i < kv_slice_bytes(&l); i++) {
-        int in_row = i >= row_at && i < row_at + HD;
-        int in_sc = i >= sc_at + (1 * B + 2) * scb && i < sc_at + (1 * B + 3) * scb;
-        if (!in_row && !in_sc)
+    /* the row's bytes (levels and scales) are the only ones written */
+    const size_t rb = kv_row_bytes(&l), row_at = (size_t)(1 * B + 2) * rb;
+    assert_int_equal(rb, HD + 4); /* q8: two bf16 (groups of 32 and 16); fp8: one f32 */
+    for (size_t i = 0; i < kv_slice_bytes(&l); i++)
+        if (i < row_at || i >= row_at + rb)
             assert_int_equal(slice[i], zero[i]);
-    }
     /* the same row again gives the same bytes */
     char *again = calloc(1, kv_slice_bytes(&l));
     kv_row_store(&l, again, 1, 2, src);

@@ -157,11 +157,11 @@ void cpu_kv_load_rows(const struct kv_layout *l, const void *slice, uint32_t hea
 #ifdef CPU_AVX2
     if (kv_dtype_is_8bit(l->dtype)) {
         /* head_dim is a multiple of 8: eight levels a step, one f32 multiply each, the bits of
-         * kv_row_load. A head's rows and their scales are each contiguous */
+         * kv_row_load. A head's rows follow each other, each its levels then its scales */
         const uint8_t *q = kv_row_ptr(l, (void *)slice, head, pos);
-        const char *sc = kv_row_scale_ptr(l, (void *)slice, head, pos);
-        const size_t sb = kv_row_bytes(l) - hd;
-        for (uint32_t r = 0; r < n; r++, q += hd, sc += sb) {
+        const size_t rb = kv_row_bytes(l);
+        for (uint32_t r = 0; r < n; r++, q += rb) {
+            const char *sc = (const char *)q + hd;
             float *y = dst + (size_t)r * hd;
             if (l->dtype == KV_Q8) {
                 const uint16_t *d = (const uint16_t *)sc;
@@ -1088,7 +1088,7 @@ void cpu_attn_task(const struct cpu_attn_job *j, const struct kv_block_ref *bloc
 {
     const struct kv_layout *ly = j->layout;
     const uint32_t g = j->a->n_head / j->a->n_kv_head, hd = ly->head_dim, B = ly->block_size;
-    const size_t es = kv_dtype_size(ly->dtype);
+    const size_t rb = kv_row_bytes(ly); /* a key's bytes: f32, f16 elements or 8-bit levels */
     const int q8bit = kv_dtype_is_8bit(ly->dtype);
     float *s = scratch;                       /* (g, CHUNK) scaled scores */
     float *kb = s + (size_t)g * ATTN_CHUNK;   /* (CHUNK, hd) f16 tail keys or 8-bit keys, f32 */
@@ -1117,18 +1117,18 @@ void cpu_attn_task(const struct cpu_attn_job *j, const struct kv_block_ref *bloc
         const uint32_t c_lo = lo > start ? (uint32_t)(lo - start) : 0;
         const void *Ks = kv_slice_ptr(ly, j->pools, blocks[bj], j->layer, 0);
         const void *Vs = kv_slice_ptr(ly, j->pools, blocks[bj], j->layer, 1);
-        /* f32, f16: the head's rows; 8-bit: its levels (es 1), dequantized a chunk at a time */
-        const char *K = (const char *)Ks + (size_t)kvh * B * hd * es;
-        const char *V = (const char *)Vs + (size_t)kvh * B * hd * es;
+        /* the head's rows (8-bit: dequantized a chunk at a time) */
+        const char *K = (const char *)Ks + (size_t)kvh * B * rb;
+        const char *V = (const char *)Vs + (size_t)kvh * B * rb;
         for (uint32_t c0 = c_lo; c0 < n_valid; c0 += ATTN_CHUNK) {
             uint32_t nc = n_valid - c0 < ATTN_CHUNK ? n_valid - c0 : ATTN_CHUNK;
-            struct attn_pf pf = {K + (size_t)(c0 + ATTN_CHUNK) * hd * es,
-                                 V + (size_t)(c0 + ATTN_CHUNK) * hd * es, 0, 0};
+            struct attn_pf pf = {K + (size_t)(c0 + ATTN_CHUNK) * rb,
+                                 V + (size_t)(c0 + ATTN_CHUNK) * rb, 0, 0};
             if (c0 + ATTN_CHUNK < n_valid) {
                 uint32_t nn = n_valid - c0 - ATTN_CHUNK;
-                pf.len = (size_t)(nn < ATTN_CHUNK ? nn : ATTN_CHUNK) * hd * es;
+                pf.len = (size_t)(nn < ATTN_CHUNK ? nn : ATTN_CHUNK) * rb;
             }
-            const char *kc = K + (size_t)c0 * hd * es, *vc = V + (size_t)c0 * hd * es;
+            const char *kc = K + (size_t)c0 * rb, *vc = V + (size_t)c0 * rb;
             if (q8bit) {
                 /* the f32 path over the dequantized rows: the bits of f32 kv holding them */
                 cpu_kv_load_rows(ly, Ks, kvh, c0, nc, kb);

@@ -1050,7 +1050,7 @@ static void test_kv_write_layout(void **state)
     assert_int_equal(K0[0], 0);
     attn_fx_fini(&f);
 
-    /* q8 cache: the levels of position p, head h at [h][p % B][:], its scales after all levels */
+    /* q8 cache: row [h][p % B] of 40 levels and two bf16 scales */
     attn_fx_init(&f, 3, 10, KV_Q8, 2, 2, 40);
     for (uint32_t p = 0; p < 10; p++)
         for (uint32_t h = 0; h < 2; h++) {
@@ -1058,8 +1058,8 @@ static void test_kv_write_layout(void **state)
             int8_t lv[40];
             uint16_t d[2];
             kv_q8_quantize(f.k + (p * 2 + h) * 40, 40, lv, d);
-            assert_memory_equal(K + ((size_t)h * 3 + p % 3) * 40, lv, 40);
-            assert_memory_equal(K + 2 * 3 * 40 + ((size_t)h * 3 + p % 3) * 4, d, 4);
+            assert_memory_equal(K + ((size_t)h * 3 + p % 3) * 44, lv, 40);
+            assert_memory_equal(K + ((size_t)h * 3 + p % 3) * 44 + 40, d, 4);
         }
     attn_fx_fini(&f);
 }

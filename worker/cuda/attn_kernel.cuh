@@ -66,8 +66,7 @@ template <typename T, int CH, int DT = 0> struct attn_src {
     const struct cuda_blk *list;
     const char *pool;
     size_t block_bytes, k_off, v_off, head_off;
-    size_t scale_off; /* 8-bit: the head's first row's scales inside a slice */
-    uint32_t cpb, u0, u1, B, D, DP, sb;
+    uint32_t cpb, u0, u1, B, D, DP, rb; /* rb: bytes a row */
     long long max_pos;
 
     __device__ attn_src(const struct attn_kargs &a, const struct cuda_seq_meta &sq, uint32_t kvh,
@@ -82,9 +81,8 @@ template <typename T, int CH, int DT = 0> struct attn_src {
         block_bytes = a.block_bytes;
         k_off = a.k_off;
         v_off = a.v_off;
-        head_off = (size_t)kvh * a.B * a.D * (DT ? 1 : sizeof(T));
-        sb = DT ? kv8_scale_bytes(DT, a.D) : 0;
-        scale_off = (size_t)(a.n_head / a.g) * a.B * a.D + (size_t)kvh * a.B * sb;
+        rb = DT ? a.D + kv8_scale_bytes(DT, a.D) : a.D * (uint32_t)sizeof(T);
+        head_off = (size_t)kvh * a.B * rb;
         B = a.B;
         D = a.D;
         DP = dp;
@@ -107,16 +105,16 @@ template <typename T, int CH, int DT = 0> struct attn_src {
         uint32_t c0 = (u % cpb) * CH;
         return (uint32_t)min((long long)min((uint32_t)CH, B - c0), max_pos - kp0 + 1);
     }
-    /* 8-bit: the unit's nk rows of one slice (its head's levels lv, scales sc) as f32 into
-     * d (CH, DP), four levels a thread a step; plain loads and stores, which the barrier after
-     * the stage's wait (next) publishes like the copies */
-    __device__ void load8(const char *lv, const char *sc, uint32_t nk, float *d) const
+    /* 8-bit: the unit's nk rows of one slice from rows (each D levels, then its scales) as
+     * f32 into d (CH, DP), four levels a thread a step; plain loads and stores, which the
+     * barrier after the stage's wait (next) publishes like the copies */
+    __device__ void load8(const char *rows, uint32_t nk, float *d) const
     {
         const uint32_t row_q = D / 4;
         for (uint32_t i = threadIdx.x; i < nk * row_q; i += ATTN_THREADS) {
             const uint32_t c = i / row_q, x = (i % row_q) * 4;
-            const uint8_t *q = (const uint8_t *)lv + (size_t)c * D + x;
-            const char *s = sc + (size_t)c * sb;
+            const uint8_t *q = (const uint8_t *)rows + (size_t)c * rb + x;
+            const char *s = rows + (size_t)c * rb + D;
             float4 f;
             if constexpr (DT == KV_Q8) {
                 const float dq = kv8_bf16(s + x / 32 * 2);
@@ -137,10 +135,9 @@ template <typename T, int CH, int DT = 0> struct attn_src {
             static_assert(std::is_same<T, float>::value, "8-bit kv loads into f32 stages");
             struct cuda_blk b = list[u / cpb];
             const uint32_t c0 = (u % cpb) * CH, nk = keys(u, (long long)b.j * B + c0);
-            const char *blk = pool + (size_t)b.index * block_bytes;
-            const size_t lv = head_off + (size_t)c0 * D, sc = scale_off + (size_t)c0 * sb;
-            load8(blk + k_off + lv, blk + k_off + sc, nk, kd);
-            load8(blk + v_off + lv, blk + v_off + sc, nk, vd);
+            const char *blk = pool + (size_t)b.index * block_bytes + head_off + (size_t)c0 * rb;
+            load8(blk + k_off, nk, kd);
+            load8(blk + v_off, nk, vd);
             return;
         }
         constexpr int VEC = 16 / sizeof(T);

@@ -40,16 +40,11 @@ __device__ __forceinline__ float kv8_bf16(const char *p)
     return __uint_as_float(bits << 16);
 }
 
-/* where row (h, pos) of a slice keeps its levels and its scales (worker/kv.h) */
-__device__ __forceinline__ uint8_t *kv8_levels(char *slice, uint32_t B, uint32_t D, uint32_t h,
-                                               uint32_t pos)
+/* row (h, pos) of a slice: D levels, then the row's scales (worker/kv.h) */
+__device__ __forceinline__ uint8_t *kv8_row(char *slice, uint32_t B, uint32_t row_bytes, uint32_t h,
+                                            uint32_t pos)
 {
-    return (uint8_t *)slice + ((size_t)h * B + pos) * D;
-}
-__device__ __forceinline__ char *kv8_scales(char *slice, uint32_t n_kv_head, uint32_t B, uint32_t D,
-                                            uint32_t sb, uint32_t h, uint32_t pos)
-{
-    return slice + (size_t)n_kv_head * B * D + ((size_t)h * B + pos) * sb;
+    return (uint8_t *)slice + ((size_t)h * B + pos) * row_bytes;
 }
 
 /* bytes of a row's scales: a bf16 per 32 values (q8), one f32 (fp8) */

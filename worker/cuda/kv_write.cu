@@ -76,15 +76,14 @@ __global__ void kv_write8_kernel(kv_dst dst, uint32_t B, uint32_t n_kv_head, uin
                                  const int32_t *pos, const uint32_t *slot, const float *k,
                                  const float *v)
 {
-    const uint32_t t = blockIdx.x, lane = threadIdx.x & 31, sb = kv8_scale_bytes(DT, D);
+    const uint32_t t = blockIdx.x, lane = threadIdx.x & 31, rb = D + kv8_scale_bytes(DT, D);
     const kv_rows kr = kv_dst_block(dst, slot[t], t);
     const uint32_t off = (uint32_t)pos[t] % B;
     for (uint32_t r = threadIdx.x >> 5; r < 2 * n_kv_head; r += blockDim.x >> 5) {
         const uint32_t h = r >> 1;
-        char *slice = r & 1 ? kr.v : kr.k;
+        uint8_t *row = kv8_row(r & 1 ? kr.v : kr.k, B, rb, h, off);
         const float *x = (r & 1 ? v : k) + ((size_t)t * n_kv_head + h) * D;
-        kv8_store_row<DT>(x, D, kv8_levels(slice, B, D, h, off),
-                          kv8_scales(slice, n_kv_head, B, D, sb, h, off), lane);
+        kv8_store_row<DT>(x, D, row, (char *)row + D, lane);
     }
 }
 

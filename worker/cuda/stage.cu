@@ -234,10 +234,7 @@ int cuda_wb_after(struct cuda_ctx *c, uint32_t layer, const char *stg)
     const struct kv_layout *l = &c->layout;
     const struct cuda_meta *m = &c->meta;
     const size_t slice = kv_slice_bytes(l), bb = kv_block_bytes(l), B = l->block_size;
-    /* a head's row of one position: its elements, or (8-bit) its levels, whose scales follow all
-     * levels of the slice in rows of sb bytes */
-    const size_t row = (size_t)l->head_dim * kv_dtype_size(l->dtype);
-    const size_t sb = kv_row_bytes(l) - row, sc = (size_t)l->n_kv_head * B * row;
+    const size_t row = slice / ((size_t)l->n_kv_head * B); /* a head's row of one position */
     const int b = (int)(layer % 2);
     char *dst0 = c->host_base + kv_slice_offset(l, layer, 0);
     CU_TRY(cudaEventRecord(c->stage.ev_kvw, c->stream));
@@ -249,17 +246,11 @@ int cuda_wb_after(struct cuda_ctx *c, uint32_t layer, const char *stg)
             continue;
         }
         if (r0 > 0 || r1 < B) {
-            for (int kv = 0; kv < 2; kv++) { /* (n_kv_head, B, head_dim): rows [r0, r1) a head */
-                char *d = dst0 + (size_t)m->stage_src[i] * bb + kv * slice;
-                const char *s = stg + ((size_t)i * 2 + kv) * slice;
-                CU_TRY(cudaMemcpy2DAsync(d + r0 * row, B * row, s + r0 * row, B * row,
-                                         (r1 - r0) * row, l->n_kv_head, cudaMemcpyDeviceToHost,
-                                         c->stage.wb));
-                if (sb) /* their scales */
-                    CU_TRY(cudaMemcpy2DAsync(d + sc + r0 * sb, B * sb, s + sc + r0 * sb, B * sb,
-                                             (r1 - r0) * sb, l->n_kv_head, cudaMemcpyDeviceToHost,
-                                             c->stage.wb));
-            }
+            for (int kv = 0; kv < 2; kv++) /* (n_kv_head, B, head_dim): rows [r0, r1) a head */
+                CU_TRY(cudaMemcpy2DAsync(
+                    dst0 + (size_t)m->stage_src[i] * bb + kv * slice + r0 * row, B * row,
+                    stg + ((size_t)i * 2 + kv) * slice + r0 * row, B * row, (r1 - r0) * row,
+                    l->n_kv_head, cudaMemcpyDeviceToHost, c->stage.wb));
             c->hst.wb_slots++;
             i++;
             continue;
