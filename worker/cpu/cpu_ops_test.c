@@ -894,6 +894,41 @@ static void kv_round_rows(enum kv_dtype t, float *x, size_t n, uint32_t hd)
     free(slice);
 }
 
+/* cpu_kv_load_rows (eight levels a step) gives kv_row_load's bits for every row of a slice:
+ * q8 rows of one short group (8), one whole (32), several with a short last one (72), fp8 rows
+ * over the whole e4m3 range and a zero row */
+static void test_kv_load_rows(void **state)
+{
+    (void)state;
+    const uint32_t hds[] = {8, 32, 72, 128};
+    for (int dt = KV_Q8; dt <= KV_FP8; dt++)
+        for (size_t hi = 0; hi < sizeof(hds) / sizeof(hds[0]); hi++) {
+            const uint32_t hd = hds[hi], B = 5, KVH = 3;
+            struct kv_layout l;
+            assert_int_equal(kv_layout_init(&l, B, 1, KVH, hd, (enum kv_dtype)dt), 0);
+            char *slice = calloc(1, kv_slice_bytes(&l));
+            float *row = malloc(sizeof(float) * hd), *want = malloc(sizeof(float) * hd * B),
+                  *got = malloc(sizeof(float) * hd * B);
+            for (uint32_t h = 0; h < KVH; h++)
+                for (uint32_t p = 0; p < B; p++) {
+                    for (uint32_t i = 0; i < hd; i++) /* magnitudes 2^-12 .. 2^10 */
+                        row[i] = frand() * ldexpf(1.0f, (int)((i * 7 + p) % 23) - 12);
+                    if (h == 1 && p == 2)
+                        memset(row, 0, sizeof(float) * hd);
+                    kv_row_store(&l, slice, h, p, row);
+                }
+            for (uint32_t h = 0; h < KVH; h++) {
+                for (uint32_t p = 0; p < B; p++)
+                    kv_row_load(&l, slice, h, p, want + (size_t)p * hd);
+                cpu_kv_load_rows(&l, slice, h, 0, B, got);
+                assert_memory_equal(got, want, sizeof(float) * hd * B);
+                cpu_kv_load_rows(&l, slice, h, 3, 2, got); /* from inside the head */
+                assert_memory_equal(got, want + 3 * hd, sizeof(float) * hd * 2);
+            }
+            free(slice), free(row), free(want), free(got);
+        }
+}
+
 /* 8-bit keys and values are dequantized a chunk at a time into f32 rows: the outputs are the
  * same bits as those values held as f32 kv, on the device and host blocks of a split table; and
  * they stay near the attention over the unrounded f32 values (nmse bound per dtype) */
@@ -1427,6 +1462,7 @@ int main(void)
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_f16_bits),
         cmocka_unit_test(test_attention_8bit),
+        cmocka_unit_test(test_kv_load_rows),
         cmocka_unit_test(test_lse_merge_splits),
         cmocka_unit_test(test_attention_long),
         cmocka_unit_test(test_attention_window),
