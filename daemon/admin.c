@@ -531,6 +531,11 @@ static void cmd_status(struct admin *a, const cJSON *args, struct admin_req *r)
     cJSON_AddNumberToObject(p, "device_total", (double)in->kv.device_total);
     cJSON_AddNumberToObject(p, "host_used", (double)in->kv.host_used);
     cJSON_AddNumberToObject(p, "host_total", (double)in->kv.host_total);
+    /* what a position's KV takes (all layers, K and V) in the pools' dtype; 0 until a worker
+     * has said hello */
+    cJSON_AddStringToObject(p, "kv_dtype", in->kv_dtype ? in->kv_dtype : "");
+    cJSON_AddNumberToObject(p, "kv_bytes_per_token",
+                            in->block_size ? (double)(in->kv.block_bytes / in->block_size) : 0);
     cJSON *q = cJSON_AddObjectToObject(o, "requests");
     cJSON_AddNumberToObject(q, "running", in->st.running);
     cJSON_AddNumberToObject(q, "waiting", in->st.waiting);

@@ -65,6 +65,7 @@ struct admin_info {
     struct sched_stats st;
     uint32_t block_size;
     uint32_t ctx_size;
+    const char *kv_dtype; /* the configured KV element type: "f16", "q8", ... */
 };
 
 struct admin_ops {

@@ -83,7 +83,8 @@ struct rkvd_conf {
 };
 
 static const char *const backends[] = {"auto", "cpu", "cuda", NULL};
-static const char *const kv_dtypes[] = {"f32", "f16", NULL};
+/* worker/kv.h's enum kv_dtype order (KV_DTYPE_NAMES) */
+static const char *const kv_dtypes[] = {"f32", "f16", "q8", "fp8", NULL};
 static const char *const prefix_scopes[] = {"key", "global", NULL};
 static const char *const modes[] = {"auto", "resident", "window", "cpu_tail", NULL};
 static const char *const rotations[] = {"off", "auto", "always", NULL};
@@ -141,8 +142,8 @@ static const struct cfg_key keys[] = {
      .help = "CPU threads per CPU worker (0 = all cores)"},
     {K("sample_threads", CFG_INT, sample_threads), .min = 0, .max = 16, .def = "0",
      .help = "threads per worker sampling a step's rows (0 = auto, 1 = none)"},
-    {K("kv_dtype", CFG_ENUM, kv_dtype), .names = kv_dtypes, .def = "f32",
-     .help = "KV cache element type"},
+    {K("kv_dtype", CFG_ENUM, kv_dtype), .names = kv_dtypes, .def = "f16",
+     .help = "KV cache element type: f16, f32, or 8-bit q8 / fp8 (about half f16's bytes)"},
     {K("mode", CFG_ENUM, mode), .names = modes, .def = "auto", .help = "tactic mode"},
     {K("cuda_tune", CFG_STR, cuda_tune), S(cuda_tune),
      .help = "the gpu workers' cuda tuning knobs, name=value,... (docs/operations.md, CUDA "
@@ -251,6 +252,7 @@ struct rkvd {
     uint64_t started_ms;
     struct proto_status kv_status;
     struct proto_histogram hist;
+    struct metric *m_kv_token, *m_cache_info;
     struct metric *m_kv_bytes, *m_tactic_sessions, *m_tactic_bytes, *m_transitions, *m_moved,
         *m_health, *m_worker_restarts, *m_rot_swaps, *m_rot_bytes;
     uint64_t rot_events_ms; /* the second whose rotation events the log keeps */
@@ -449,6 +451,8 @@ static void drv_kvmgr_status(void *ud, const struct proto_status *st)
     static const char *dev[] = {"device"}, *host[] = {"host"};
     metric_set(d->m_kv_bytes, dev, (double)st->device_used);
     metric_set(d->m_kv_bytes, host, (double)st->host_used);
+    if (st->block_bytes)
+        metric_set(d->m_kv_token, NULL, (double)(st->block_bytes / (uint64_t)d->c.block_size));
     maybe_ready(d);
 }
 
@@ -666,6 +670,7 @@ static void adm_info(void *ctx, struct admin_info *o)
         sched_get_stats(d->sched, &o->st);
     o->block_size = (uint32_t)d->c.block_size;
     o->ctx_size = (uint32_t)d->c.ctx_size;
+    o->kv_dtype = kv_dtypes[d->c.kv_dtype];
 }
 
 static int adm_kvmgr_call(void *ctx, int type, const void *p, size_t len, driver_call_cb cb,
@@ -1057,6 +1062,16 @@ int main(int argc, char **argv)
                                 dl, NULL, 0);
     d.m_rot_bytes = metrics_add(d.metrics, METRIC_COUNTER, "rkv:rotation_bytes_total",
                                 "KV bytes the rotation swaps planned to move.", NULL, NULL, 0);
+    d.m_kv_token = metrics_add(d.metrics, METRIC_GAUGE, "rkv:kv_bytes_per_token",
+                               "KV bytes one token position takes (all layers, K and V) in the "
+                               "cache's dtype.",
+                               NULL, NULL, 0);
+    static const char *const ci[] = {"cache_dtype", "block_size", NULL};
+    d.m_cache_info = metrics_add(d.metrics, METRIC_GAUGE, "rkv:cache_config_info",
+                                 "The KV cache's configuration in labels (value 1).", ci, NULL, 0);
+    char bs_label[24];
+    snprintf(bs_label, sizeof bs_label, "%lld", (long long)d.c.block_size);
+    metric_set(d.m_cache_info, (const char *const[]){kv_dtypes[d.c.kv_dtype], bs_label}, 1);
     d.m_health = metrics_add(d.metrics, METRIC_GAUGE, "rkv:healthy",
                              "1 when kvmgr and a worker are up.", NULL, NULL, 0);
     d.m_worker_restarts = metrics_add(d.metrics, METRIC_COUNTER, "rkv:worker_restarts_total",

@@ -99,6 +99,7 @@ struct kvmgr {
     struct proto_sock *rep, *pub;
     struct evring *events; /* the last tactic events, numbered (EVENTS_GET) */
     uint64_t block_bytes;
+    int kv_dtype; /* what the first worker's blocks hold (proto_kv_dtype_names) */
     uint32_t n_gpus;
     int cuda; /* device pools are cuda slabs */
     struct gpu_state gpu[KVMGR_MAX_GPUS];
@@ -1015,6 +1016,7 @@ static int do_hello(struct kvmgr *k, const struct proto_in *in, struct proto_wbu
                 }
             }
             k->make_bytes = h.block_bytes;
+            k->kv_dtype = h.kv_dtype;
             k->make_started_ms = rkv_now_ms();
             if (k->cuda) {
                 /* cudaMalloc of the slab and pinning the host pool take seconds: a thread
@@ -1033,12 +1035,14 @@ static int do_hello(struct kvmgr *k, const struct proto_in *in, struct proto_wbu
                 return proto_seterr(err, errlen, rc, "%s", k->pools_error);
             }
             pools_install(k);
-        } else if (h.block_bytes != k->block_bytes) {
+        } else if (h.block_bytes != k->block_bytes || h.kv_dtype != k->kv_dtype) {
             return proto_seterr(err, errlen, RKV_EINVAL,
-                                "worker %u needs %llu-byte blocks but kvmgr's pools hold %llu: "
-                                "every worker must run the same model and kv_dtype",
+                                "worker %u needs %llu-byte %s blocks but kvmgr's pools hold %llu "
+                                "bytes of %s: every worker must run the same model and kv_dtype",
                                 h.worker_id, (unsigned long long)h.block_bytes,
-                                (unsigned long long)k->block_bytes);
+                                proto_kv_dtype_names[h.kv_dtype],
+                                (unsigned long long)k->block_bytes,
+                                proto_kv_dtype_names[k->kv_dtype]);
         }
         if (k->cuda && h.gpu != (int64_t)h.worker_id)
             return proto_seterr(err, errlen, RKV_EINVAL,
@@ -1083,7 +1087,9 @@ static void fill_status(struct kvmgr *k, struct proto_status *st)
     snprintf(st->build, sizeof st->build, "rkv-kvmgr");
     st->event_seq = evring_last_seq(k->events);
     snprintf(st->pools_error, sizeof st->pools_error, "%s", k->pools_error);
+    st->kv_dtype = k->kv_dtype;
     if (k->kvb) {
+        st->block_bytes = k->block_bytes;
         for (uint32_t g = 0; g < k->n_gpus; g++) {
             uint64_t tot = (uint64_t)kvpool_get_desc(k->dev[g])->n_blocks * k->block_bytes;
             st->device_total += tot;

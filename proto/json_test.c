@@ -40,6 +40,7 @@ static void fill_all(void)
     m_hello.worker_id = 3;
     m_hello.gpu = -1;
     m_hello.proto_version = PROTO_VERSION;
+    m_hello.kv_dtype = 2; /* q8 */
     snprintf(m_hello.build, sizeof m_hello.build, "rkv 0.1 \"quoted\" \\ back\tslash \xc3\xa9");
     m_hello_ack.accepted = true;
     m_hello_ack.kvmgr_pid = 1234;
@@ -106,6 +107,8 @@ static void fill_all(void)
     m_status.event_seq = 9007199254740993ull;
     snprintf(m_status.pools_error, sizeof m_status.pools_error,
              "gpu 0: vram target 4.00 KiB leaves no room for a kv block (128.00 KiB)");
+    m_status.block_bytes = 69632 * 256;
+    m_status.kv_dtype = 3; /* fp8 */
     m_events_get.since = 12344;
     m_events.kvmgr_pid = 4242;
     m_events.first_seq = 12000;
@@ -178,8 +181,8 @@ static void test_exact_text(void **state)
                      0);
     assert_string_equal(json, "{\"session_id\":\"18364758544493064720\"}");
     free(json);
-    struct proto_hello_ack ack = {.accepted = true, .kvmgr_pid = 7, .block_size = 16,
-                                  .block_bytes = 4096, .on_gpu = false};
+    struct proto_hello_ack ack = {
+        .accepted = true, .kvmgr_pid = 7, .block_size = 16, .block_bytes = 4096, .on_gpu = false};
     assert_int_equal(proto_json_encode(PROTO_MSG_HELLO_ACK, &ack, &json, &len, NULL, 0), 0);
     assert_string_equal(json, "{\"accepted\":true,\"kvmgr_pid\":7,\"device_pool_url\":\"\","
                               "\"host_pool_name\":\"\",\"block_size\":16,\"block_bytes\":4096,"
@@ -243,7 +246,12 @@ static void test_bad_fields(void **state)
     assert_int_equal(dec(H, "{" HELLO_OK ",\"pid\":1,\"pdi\":2}", err, sizeof err), RKV_EFORMAT);
     assert_string_equal(err, "hello: unknown field \"pdi\" (fields: role, pid, worker_id, gpu, "
                              "proto_version, build, block_bytes, weights_bytes, "
-                             "compute_reserve_bytes)");
+                             "compute_reserve_bytes, kv_dtype)");
+    /* a kv dtype is one of the names */
+    assert_int_equal(dec(H, "{" HELLO_OK ",\"pid\":1,\"kv_dtype\":\"int4\"}", err, sizeof err),
+                     RKV_EFORMAT);
+    assert_string_equal(err,
+                        "hello: field \"kv_dtype\" must be one of f32|f16|q8|fp8, got \"int4\"");
     assert_int_equal(dec(H, "{" HELLO_OK ",\"pid\":1,\"pid\":2}", err, sizeof err), RKV_EFORMAT);
     assert_string_equal(err, "hello: field \"pid\" appears twice");
 

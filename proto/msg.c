@@ -5,6 +5,7 @@
 
 const char *const proto_role_names[] = {"worker", "rkvd", "rkvctl", NULL};
 const char *const proto_mode_names[] = {"auto", "resident", "window", "cpu_tail", NULL};
+const char *const proto_kv_dtype_names[] = {"f32", "f16", "q8", "fp8", NULL};
 const char *const proto_tactic_names[] = {"resident", "window", "cpu_tail", "parked", "new",
                                           NULL};
 
@@ -27,6 +28,7 @@ static const struct proto_field f_hello[] = {
     PROTO_F_U64(struct proto_hello, block_bytes, 0, 0, 1ull << 40),
     PROTO_F_U64(struct proto_hello, weights_bytes, 0, 0, 1ull << 50),
     PROTO_F_U64(struct proto_hello, compute_reserve_bytes, 0, 0, 1ull << 50),
+    PROTO_F_ENUM(struct proto_hello, kv_dtype, 0, proto_kv_dtype_names),
 };
 
 static const struct proto_field f_hello_ack[] = {
@@ -129,6 +131,8 @@ static const struct proto_field f_status[] = {
     PROTO_F_F64_ARR(struct proto_status, worker_step_ms, n_worker_step_ms, 0, 0, 1e9),
     PROTO_F_U64(struct proto_status, event_seq, 0, 0, 0),
     PROTO_F_STR(struct proto_status, pools_error, 0),
+    PROTO_F_U64(struct proto_status, block_bytes, 0, 0, 1ull << 40),
+    PROTO_F_ENUM(struct proto_status, kv_dtype, 0, proto_kv_dtype_names),
 };
 
 #define EMPTY(nm)                                                                                  \

@@ -28,6 +28,8 @@ enum proto_tactic {
 };
 extern const char *const proto_role_names[];   /* worker rkvd rkvctl */
 extern const char *const proto_mode_names[];   /* auto resident window cpu_tail */
+/* a worker's KV element type, worker/kv.h's enum kv_dtype order: f32 f16 q8 fp8 */
+extern const char *const proto_kv_dtype_names[];
 extern const char *const proto_tactic_names[]; /* resident window cpu_tail parked new */
 
 /* OK, MODE_GET, STATUS_GET: no fields ("{}") */
@@ -56,6 +58,8 @@ struct proto_hello {
     /* device bytes a step of this model takes beyond what the worker already
      * holds (activations, staging), measured on the real graph; 0 = unknown */
     uint64_t compute_reserve_bytes;
+    /* workers: the KV element type their blocks hold (proto_kv_dtype_names) */
+    int kv_dtype;
 };
 
 struct proto_hello_ack {
@@ -171,6 +175,10 @@ struct proto_status {
     /* why kvmgr has no pools after a worker's hello ("" while it has them, or none was asked
      * for): what rkvd's /health says while no worker can attach */
     char pools_error[256];
+    /* the pools' blocks: bytes each and the KV element type they hold (0, f32 while no worker
+     * has said hello) */
+    uint64_t block_bytes;
+    int kv_dtype;
 };
 
 /* the schema of a control message type, NULL for any other type */

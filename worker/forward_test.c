@@ -401,6 +401,12 @@ static void test_splits_llama_q8(void **state)
     run_splits(MODEL_LLAMA, BE_Q8_0, KV_F32);
     run_splits(MODEL_LLAMA, BE_Q8_0, KV_F16);
 }
+static void test_splits_kv_8bit(void **state)
+{
+    (void)state;
+    run_splits(MODEL_LLAMA, BE_F32, KV_Q8);
+    run_splits(MODEL_QWEN2, BE_F16, KV_FP8);
+}
 
 /* (b) a batch of sessions with different prompts and lengths, prefills
  * interleaved with other sessions' decode steps, gives each session the
@@ -853,7 +859,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_splits_llama_f32),    cmocka_unit_test(test_splits_qwen2_f16),
-        cmocka_unit_test(test_splits_llama_q8),     cmocka_unit_test(test_batch_equals_alone),
+        cmocka_unit_test(test_splits_llama_q8),
+        cmocka_unit_test(test_splits_kv_8bit),     cmocka_unit_test(test_batch_equals_alone),
         cmocka_unit_test(test_chunked_prefill),     cmocka_unit_test(test_threads_same),
         cmocka_unit_test(test_model_errors),        cmocka_unit_test(test_sample_keep),
         cmocka_unit_test(test_missing_ops_refused), cmocka_unit_test(test_window_layout_exact),

@@ -1,16 +1,20 @@
 /* kv.c - paged KV geometry and a small local block allocator over plain memory. */
 #include "worker/kv.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/err.h"
+#include "common/quant.h"
+
+static const char *const dtype_names[KV_N_DTYPES] = {"f32", "f16", "q8", "fp8"};
 
 int kv_layout_init(struct kv_layout *l, uint32_t block_size, uint32_t n_layer, uint32_t n_kv_head,
                    uint32_t head_dim, enum kv_dtype dtype)
 {
     if (block_size == 0 || block_size > 65536 || n_layer == 0 || n_kv_head == 0 || head_dim == 0 ||
-        (dtype != KV_F32 && dtype != KV_F16))
+        (unsigned)dtype >= KV_N_DTYPES || (kv_dtype_is_8bit(dtype) && head_dim % 8))
         return RKV_EINVAL;
     l->block_size = block_size;
     l->n_layer = n_layer;
@@ -116,12 +120,174 @@ uint32_t kv_layer_view(const struct kv_layout *l, const struct kv_block_ref *in,
 
 size_t kv_dtype_size(enum kv_dtype t)
 {
-    return t == KV_F16 ? 2 : 4;
+    return t == KV_F32 ? 4 : t == KV_F16 ? 2 : 1;
+}
+
+const char *kv_dtype_name(enum kv_dtype t)
+{
+    return (unsigned)t < KV_N_DTYPES ? dtype_names[t] : "?";
+}
+
+int kv_dtype_parse(const char *name, enum kv_dtype *out)
+{
+    for (int t = 0; t < KV_N_DTYPES; t++)
+        if (name && strcmp(name, dtype_names[t]) == 0) {
+            *out = (enum kv_dtype)t;
+            return 0;
+        }
+    return RKV_EINVAL;
+}
+
+int kv_dtype_is_8bit(enum kv_dtype t)
+{
+    return t == KV_Q8 || t == KV_FP8;
+}
+
+uint32_t kv_row_scales(const struct kv_layout *l)
+{
+    if (l->dtype == KV_Q8)
+        return (l->head_dim + KV_Q8_GROUP - 1) / KV_Q8_GROUP;
+    return l->dtype == KV_FP8 ? 1 : 0;
+}
+
+/* bytes of one row's scales */
+static size_t row_scale_bytes(const struct kv_layout *l)
+{
+    return kv_row_scales(l) * (l->dtype == KV_Q8 ? sizeof(uint16_t) : sizeof(float));
+}
+
+size_t kv_row_bytes(const struct kv_layout *l)
+{
+    return (size_t)l->head_dim * kv_dtype_size(l->dtype) + row_scale_bytes(l);
+}
+
+size_t kv_token_bytes(const struct kv_layout *l)
+{
+    return 2 * (size_t)l->n_layer * l->n_kv_head * kv_row_bytes(l);
 }
 
 size_t kv_slice_bytes(const struct kv_layout *l)
 {
-    return (size_t)l->n_kv_head * l->block_size * l->head_dim * kv_dtype_size(l->dtype);
+    return (size_t)l->n_kv_head * l->block_size * kv_row_bytes(l);
+}
+
+void *kv_row_ptr(const struct kv_layout *l, void *slice, uint32_t head, uint32_t pos)
+{
+    return (char *)slice + ((size_t)head * l->block_size + pos) * kv_row_bytes(l);
+}
+
+void *kv_row_scale_ptr(const struct kv_layout *l, void *slice, uint32_t head, uint32_t pos)
+{
+    return (char *)kv_row_ptr(l, slice, head, pos) + l->head_dim;
+}
+
+float kv_bf16_to_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+uint16_t kv_f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return 0x7fc0; /* nan */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+float kv_e4m3_to_f32(uint8_t v)
+{
+    const int e = (v >> 3) & 15, m = v & 7;
+    float a = e ? ldexpf((float)(8 + m), e - 10) : ldexpf((float)m, -9);
+    if ((v & 0x7f) == 0x7f)
+        a = NAN;
+    return v & 0x80 ? -a : a;
+}
+
+uint8_t kv_f32_to_e4m3(float x)
+{
+    const uint8_t sign = signbit(x) ? 0x80 : 0;
+    float a = fabsf(x);
+    if (isnan(a))
+        return 0x7f;
+    if (a >= 448.0f)
+        return sign | 0x7e; /* saturate at the largest finite value */
+    if (a < 0x1p-6f)        /* subnormal: steps of 2^-9; 8 steps is 2^-6, code 0x08 */
+        return sign | (uint8_t)rintf(a * 512.0f);
+    int e;
+    frexpf(a, &e);                        /* a = f * 2^e, f in [0.5, 1): its exponent is e - 1 */
+    int q = (int)rintf(ldexpf(a, 4 - e)); /* 8..16: the implicit bit and 3 mantissa bits */
+    if (q == 16) {
+        q = 8;
+        e++;
+    }
+    const int code = ((e - 1 + 7) << 3) | (q - 8);
+    return sign | (uint8_t)(code > 0x7e ? 0x7e : code);
+}
+
+void kv_q8_quantize(const float *x, uint32_t n, int8_t *q, uint16_t *d)
+{
+    for (uint32_t g0 = 0; g0 < n; g0 += KV_Q8_GROUP) {
+        const uint32_t g1 = g0 + KV_Q8_GROUP < n ? g0 + KV_Q8_GROUP : n;
+        float amax = 0.0f;
+        for (uint32_t i = g0; i < g1; i++)
+            amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+        const uint16_t db = kv_f32_to_bf16(amax / 127.0f);
+        const float df = kv_bf16_to_f32(db);
+        d[g0 / KV_Q8_GROUP] = db;
+        for (uint32_t i = g0; i < g1; i++) {
+            float r = df == 0.0f ? 0.0f : rintf(x[i] / df);
+            q[i] = (int8_t)(r > 127.0f ? 127 : r < -127.0f ? -127 : (int)r);
+        }
+    }
+}
+
+void kv_fp8_quantize(const float *x, uint32_t n, uint8_t *q, float *s)
+{
+    float amax = 0.0f;
+    for (uint32_t i = 0; i < n; i++)
+        amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+    *s = amax / 448.0f;
+    for (uint32_t i = 0; i < n; i++)
+        q[i] = *s == 0.0f ? 0 : kv_f32_to_e4m3(x[i] / *s);
+}
+
+void kv_row_store(const struct kv_layout *l, void *slice, uint32_t head, uint32_t pos,
+                  const float *src)
+{
+    void *row = kv_row_ptr(l, slice, head, pos);
+    const uint32_t hd = l->head_dim;
+    switch (l->dtype) {
+    case KV_F32: memcpy(row, src, sizeof(float) * hd); break;
+    case KV_F16:
+        for (uint32_t i = 0; i < hd; i++)
+            ((uint16_t *)row)[i] = quant_f32_to_f16(src[i]);
+        break;
+    case KV_Q8: kv_q8_quantize(src, hd, row, kv_row_scale_ptr(l, slice, head, pos)); break;
+    case KV_FP8: kv_fp8_quantize(src, hd, row, kv_row_scale_ptr(l, slice, head, pos)); break;
+    }
+}
+
+void kv_row_load(const struct kv_layout *l, const void *slice, uint32_t head, uint32_t pos,
+                 float *dst)
+{
+    const void *row = kv_row_ptr(l, (void *)slice, head, pos);
+    const void *sc = kv_row_scale_ptr(l, (void *)slice, head, pos);
+    const uint32_t hd = l->head_dim;
+    for (uint32_t i = 0; i < hd; i++) {
+        switch (l->dtype) {
+        case KV_F32: dst[i] = ((const float *)row)[i]; break;
+        case KV_F16: dst[i] = quant_f16_to_f32(((const uint16_t *)row)[i]); break;
+        case KV_Q8:
+            dst[i] = (float)((const int8_t *)row)[i] *
+                     kv_bf16_to_f32(((const uint16_t *)sc)[i / KV_Q8_GROUP]);
+            break;
+        case KV_FP8: dst[i] = kv_e4m3_to_f32(((const uint8_t *)row)[i]) * *(const float *)sc; break;
+        }
+    }
 }
 
 size_t kv_block_bytes(const struct kv_layout *l)

@@ -10,7 +10,13 @@
 enum kv_dtype {
     KV_F32 = 0,
     KV_F16 = 1,
+    KV_Q8 = 2,  /* int8 levels, a bf16 scale per 32 values of a row */
+    KV_FP8 = 3, /* e4m3 levels, an f32 scale per row */
 };
+#define KV_N_DTYPES 4
+/* the names config keys and messages use, in enum order */
+#define KV_DTYPE_NAMES "f32, f16, q8, fp8"
+#define KV_Q8_GROUP    32 /* values under one q8 scale */
 
 /* where a block lives; a pool per residency */
 enum kv_residency {
@@ -21,11 +27,25 @@ enum kv_residency {
 
 /* the positions j*B .. j*B+B-1 of a session (a position block) are n_parts blocks of
  * part_layers layer slots each. inside a block, slot s's K slice then its V slice, each
- * contiguous (n_kv_head, block_size, head_dim), so one copy moves one layer of one block.
+ * contiguous, so one copy moves one layer of one block.
  * Without sliding windows a position block is one block of every layer (slot = layer).
  * With them (kv_layout_set_window) part 0 holds the global layers and parts 1.. the local
  * ones, part_layers (= the global layers) at a time, so a position block that left every
- * local window keeps only its part 0 (docs/runtime.md, "Sliding windows"). */
+ * local window keeps only its part 0 (docs/runtime.md, "Sliding windows").
+ * A slice is (n_kv_head, block_size) rows of kv_row_bytes, a
+ * (head, position) row each, position-major within a head as kvmgr's partial
+ * copies expect. A row of f32 or f16 is head_dim elements; a row of an 8-bit
+ * dtype is head_dim level bytes, then the row's scales:
+ *   q8:  level int8 q, value = q * d, d a bf16 per KV_Q8_GROUP values
+ *        (ceil(head_dim / 32) of them, the last group may be shorter);
+ *   fp8: level an e4m3 byte (bias 7, no infinities, 0x7f/0xff NaN, never
+ *        written), value = e4m3(level) * s, s one f32.
+ * A row of head_dim 128 takes 136 bytes in q8 and 132 in fp8 (f16: 256).
+ * head_dim must be a multiple of 8 for them, so every row and its scales
+ * start 2-byte aligned (q8) or 4-byte aligned (fp8) in a slice that is.
+ * Quantization is deterministic, every division and rounding one IEEE f32
+ * operation (kv_q8_quantize, kv_fp8_quantize), so every writer (cpu, cuda)
+ * gives the same bytes for the same row. */
 struct kv_layout {
     uint32_t block_size; /* B: positions per block */
     uint32_t n_layer;
@@ -56,16 +76,49 @@ struct kv_pools {
     uint32_t n_blocks[KV_N_POOLS];
 };
 
-/* fills a layout; checks every field (block_size 1..65536, dtype known) */
+/* fills a layout; checks every field (block_size 1..65536, dtype known, head_dim a multiple
+ * of 8 for the 8-bit dtypes) */
 int kv_layout_init(struct kv_layout *l, uint32_t block_size, uint32_t n_layer, uint32_t n_kv_head,
                    uint32_t head_dim, enum kv_dtype dtype);
 /* splits each position block into a part of the global layers and parts of the local ones
  * (layer l local when n_swa and l % swa_period != swa_period - 1). A model with no local or
  * no global layer keeps one part. RKV_EINVAL for a period of 0 with a window */
 int kv_layout_set_window(struct kv_layout *l, uint32_t n_swa, uint32_t swa_period);
+/* bytes of one element, or of one level for the 8-bit dtypes */
 size_t kv_dtype_size(enum kv_dtype t);
-/* bytes of one K (or V) slice: n_kv_head * block_size * head_dim elements */
+/* "f16"; "?" for an unknown value */
+const char *kv_dtype_name(enum kv_dtype t);
+/* "q8" -> KV_Q8; RKV_EINVAL for a name not in KV_DTYPE_NAMES */
+int kv_dtype_parse(const char *name, enum kv_dtype *out);
+/* 1 for q8 and fp8 (rows of levels and scales), else 0 */
+int kv_dtype_is_8bit(enum kv_dtype t);
+/* scales in one (head, position) row: ceil(head_dim / 32) for q8, 1 for fp8, 0 else */
+uint32_t kv_row_scales(const struct kv_layout *l);
+/* bytes one (head, position) row takes in a slice, its scales included */
+size_t kv_row_bytes(const struct kv_layout *l);
+/* bytes one position takes in a block: all layers, K and V, every kv head */
+size_t kv_token_bytes(const struct kv_layout *l);
+/* bytes of one K (or V) slice: n_kv_head * block_size rows */
 size_t kv_slice_bytes(const struct kv_layout *l);
+/* inside a slice: row (head, pos), its elements or levels, and (8-bit) its scales after them */
+void *kv_row_ptr(const struct kv_layout *l, void *slice, uint32_t head, uint32_t pos);
+void *kv_row_scale_ptr(const struct kv_layout *l, void *slice, uint32_t head, uint32_t pos);
+/* the reference row conversions (the cpu backend's vector forms give the same bits):
+ * src (head_dim) into row (head, pos) of a slice in the layout's dtype, and back */
+void kv_row_store(const struct kv_layout *l, void *slice, uint32_t head, uint32_t pos,
+                  const float *src);
+void kv_row_load(const struct kv_layout *l, const void *slice, uint32_t head, uint32_t pos,
+                 float *dst);
+/* q8 of n values: levels q (n), scales d (ceil(n / 32) bf16 bits). per group: amax the largest
+ * |x|, d = bf16(amax / 127) (round to nearest even), q = rint(x / d) (half to even) clamped
+ * to +-127; all 0 when amax is 0 */
+void kv_q8_quantize(const float *x, uint32_t n, int8_t *q, uint16_t *d);
+/* fp8 of n values: s = amax / 448, levels e4m3(x / s) (nearest even, saturating at 448) */
+void kv_fp8_quantize(const float *x, uint32_t n, uint8_t *q, float *s);
+uint8_t kv_f32_to_e4m3(float x);
+float kv_e4m3_to_f32(uint8_t v);
+float kv_bf16_to_f32(uint16_t h);
+uint16_t kv_f32_to_bf16(float f);
 /* bytes of one block (part_layers layer slots, K and V): the unit pools allocate */
 size_t kv_block_bytes(const struct kv_layout *l);
 /* byte offset of layer's K (is_v=0) or V (is_v=1) slice inside the block of its part */

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <math.h>
 
 #include "common/err.h"
 #include "worker/kv.h"
@@ -40,6 +41,178 @@ static void test_geometry(void **state)
     assert_null(kv_slice_ptr(&l, &p, r, 2, 0));
     r.residency = 2;
     assert_null(kv_slice_ptr(&l, &p, r, 0, 0));
+}
+
+static void test_geometry_8bit(void **state)
+{
+    (void)state;
+    struct kv_layout l;
+    /* llama3-8b's shape: a row of 128 is 128 levels + 4 bf16 scales (q8), + one f32 (fp8) */
+    assert_int_equal(kv_layout_init(&l, 256, 32, 8, 128, KV_Q8), 0);
+    assert_int_equal(kv_row_scales(&l), 4);
+    assert_int_equal(kv_row_bytes(&l), 136);
+    assert_int_equal(kv_slice_bytes(&l), 8 * 256 * 136);
+    assert_int_equal(kv_token_bytes(&l), 2 * 32 * 8 * 136);
+    assert_int_equal(kv_block_bytes(&l), 256 * kv_token_bytes(&l));
+    assert_int_equal(kv_slice_offset(&l, 3, 1), 7 * kv_slice_bytes(&l));
+    assert_int_equal(kv_layout_init(&l, 256, 32, 8, 128, KV_FP8), 0);
+    assert_int_equal(kv_row_scales(&l), 1);
+    assert_int_equal(kv_row_bytes(&l), 132);
+    assert_int_equal(kv_block_bytes(&l), 2 * 32 * 8 * 256 * 132);
+    /* the float dtypes keep their geometry */
+    assert_int_equal(kv_layout_init(&l, 256, 32, 8, 128, KV_F16), 0);
+    assert_int_equal(kv_row_bytes(&l), 256);
+    assert_int_equal(kv_token_bytes(&l), 2 * 32 * 8 * 256);
+    /* a last group shorter than 32: 40 = 32 + 8 */
+    assert_int_equal(kv_layout_init(&l, 16, 2, 2, 40, KV_Q8), 0);
+    assert_int_equal(kv_row_scales(&l), 2);
+    assert_int_equal(kv_row_bytes(&l), 44);
+    /* 8-bit rows need head_dim a multiple of 8 */
+    assert_int_equal(kv_layout_init(&l, 16, 2, 2, 12, KV_Q8), RKV_EINVAL);
+    assert_int_equal(kv_layout_init(&l, 16, 2, 2, 12, KV_FP8), RKV_EINVAL);
+    assert_int_equal(kv_layout_init(&l, 16, 2, 2, 12, KV_F16), 0);
+    /* rows (kvh, B) of 64 levels then 2 bf16 scales, position-major within a head */
+    assert_int_equal(kv_layout_init(&l, 4, 1, 2, 64, KV_Q8), 0);
+    static char slice[4096];
+    assert_ptr_equal(kv_row_ptr(&l, slice, 1, 2), slice + (1 * 4 + 2) * 68);
+    assert_ptr_equal(kv_row_scale_ptr(&l, slice, 1, 2), slice + (1 * 4 + 2) * 68 + 64);
+    assert_ptr_equal(kv_row_ptr(&l, slice, 0, 0), slice);
+    assert_int_equal(kv_slice_bytes(&l), 2 * 4 * (64 + 4));
+    /* f16 rows as before: (kvh, B, hd) elements */
+    assert_int_equal(kv_layout_init(&l, 4, 1, 2, 64, KV_F16), 0);
+    assert_ptr_equal(kv_row_ptr(&l, slice, 1, 2), slice + (1 * 4 + 2) * 128);
+
+    enum kv_dtype t;
+    assert_int_equal(kv_dtype_parse("q8", &t), 0);
+    assert_int_equal(t, KV_Q8);
+    assert_int_equal(kv_dtype_parse("fp8", &t), 0);
+    assert_int_equal(t, KV_FP8);
+    assert_int_equal(kv_dtype_parse("f16", &t), 0);
+    assert_int_equal(t, KV_F16);
+    assert_int_equal(kv_dtype_parse("int8", &t), RKV_EINVAL);
+    assert_string_equal(kv_dtype_name(KV_FP8), "fp8");
+    assert_string_equal(kv_dtype_name((enum kv_dtype)9), "?");
+}
+
+static void test_e4m3(void **state)
+{
+    (void)state;
+    /* every finite code decodes and encodes back to itself */
+    for (int c = 0; c < 256; c++) {
+        if ((c & 0x7f) == 0x7f)
+            continue;
+        float v = kv_e4m3_to_f32((uint8_t)c);
+        assert_false(isnan(v));
+        if (c != 0x80) /* -0 */
+            assert_int_equal(kv_f32_to_e4m3(v), c);
+    }
+    assert_true(isnan(kv_e4m3_to_f32(0x7f)));
+    assert_true(kv_e4m3_to_f32(0x7e) == 448.0f);
+    assert_true(kv_e4m3_to_f32(0x08) == 0x1p-6f); /* smallest normal */
+    assert_true(kv_e4m3_to_f32(0x01) == 0x1p-9f); /* smallest subnormal */
+    assert_true(kv_e4m3_to_f32(0x38) == 1.0f);
+    assert_true(kv_e4m3_to_f32(0xb9) == -1.125f);
+    /* ties to the even mantissa */
+    assert_int_equal(kv_f32_to_e4m3(1.0625f), 0x38); /* 1 | 1.125 */
+    assert_int_equal(kv_f32_to_e4m3(1.1875f), 0x3a); /* 1.125 | 1.25 */
+    assert_int_equal(kv_f32_to_e4m3(-1.1875f), 0xba);
+    assert_int_equal(kv_f32_to_e4m3(1.5f * 0x1p-9f), 0x02);   /* subnormal 1 | 2 */
+    assert_int_equal(kv_f32_to_e4m3(0.5f * 0x1p-9f), 0x00);   /* 0 | 1 */
+    assert_int_equal(kv_f32_to_e4m3(15.5f * 0x1p-10f), 0x08); /* 7.75 steps: up to the normal */
+    assert_int_equal(kv_f32_to_e4m3(1.96875f), 0x40);         /* 1.875 | 2: carries to 2 */
+    /* saturation */
+    assert_int_equal(kv_f32_to_e4m3(460.0f), 0x7e);
+    assert_int_equal(kv_f32_to_e4m3(1e9f), 0x7e);
+    assert_int_equal(kv_f32_to_e4m3(-1e9f), 0xfe);
+    /* bf16: nearest even */
+    assert_int_equal(kv_f32_to_bf16(1.0f), 0x3f80);
+    assert_int_equal(kv_f32_to_bf16(1.0f + 0x1p-8f), 0x3f80);            /* tie: even */
+    assert_int_equal(kv_f32_to_bf16(1.0f + 3 * 0x1p-8f), 0x3f82);        /* tie: even */
+    assert_int_equal(kv_f32_to_bf16(1.0f + 0x1p-8f + 0x1p-20f), 0x3f81); /* past the tie */
+    assert_true(kv_bf16_to_f32(0xbf80) == -1.0f);
+}
+
+static void test_q8_levels(void **state)
+{
+    (void)state;
+    /* amax 63.5: d = 0.5 exactly, so levels are x / 0.5 rounded half to even */
+    float x[40] = {63.5f, 0.25f, 0.75f, -0.75f, 1.25f, -63.5f, 10.0f, -0.2f};
+    for (int i = 8; i < 32; i++)
+        x[i] = 0.5f * (float)(i - 20);
+    for (int i = 32; i < 40; i++) /* a second group of 8: amax 0.127 */
+        x[i] = 0.127f * (i % 2 ? -1.0f : 1.0f) * (float)(i - 32) / 7.0f;
+    int8_t q[40];
+    uint16_t d[2];
+    kv_q8_quantize(x, 40, q, d);
+    assert_true(kv_bf16_to_f32(d[0]) == 0.5f);
+    const int8_t want[8] = {127, 0, 2, -2, 2, -127, 20, 0};
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(q[i], want[i]);
+    for (int i = 8; i < 32; i++)
+        assert_int_equal(q[i], i - 20);
+    /* the second group's scale is its own: the bf16 of 0.127 / 127 */
+    assert_int_equal(d[1], kv_f32_to_bf16(0.127f / 127.0f));
+    const float d1 = kv_bf16_to_f32(d[1]);
+    for (int i = 32; i < 40; i++) {
+        assert_true(fabsf(x[i] - q[i] * d1) <= 0.5f * d1 * 1.0001f);
+        assert_true(abs(q[i]) <= 127);
+    }
+    /* all zero: scale 0, levels 0 */
+    float z[8] = {0};
+    kv_q8_quantize(z, 8, q, d);
+    assert_int_equal(d[0], 0);
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(q[i], 0);
+}
+
+/* rows written by kv_row_store read back as their levels times their scales, and leave every
+ * other row of the slice alone */
+static void round_trip(enum kv_dtype t)
+{
+    struct kv_layout l;
+    const uint32_t B = 4, KVH = 2, HD = 48;
+    assert_int_equal(kv_layout_init(&l, B, 1, KVH, HD, t), 0);
+    char *slice = calloc(1, kv_slice_bytes(&l));
+    char *zero = calloc(1, kv_slice_bytes(&l));
+    float src[48], back[48];
+    for (uint32_t i = 0; i < HD; i++)
+        src[i] = sinf(0.37f * (float)i) * (i < 32 ? 3.0f : 0.01f);
+    kv_row_store(&l, slice, 1, 2, src);
+    kv_row_load(&l, slice, 1, 2, back);
+    const int8_t *q = kv_row_ptr(&l, slice, 1, 2);
+    const void *sc = kv_row_scale_ptr(&l, slice, 1, 2);
+    for (uint32_t i = 0; i < HD; i++) {
+        if (t == KV_Q8) {
+            float d = kv_bf16_to_f32(((const uint16_t *)sc)[i / 32]);
+            assert_true(back[i] == (float)q[i] * d);
+            assert_true(fabsf(back[i] - src[i]) <= 0.5f * d * 1.0001f);
+        } else {
+            float s = *(const float *)sc;
+            assert_true(back[i] == kv_e4m3_to_f32((uint8_t)q[i]) * s);
+            /* 3 mantissa bits: within 1/16 of the value, or a subnormal step */
+            assert_true(fabsf(back[i] - src[i]) <= fabsf(src[i]) / 16 + s * 0x1p-10f);
+        }
+    }
+    /* the row's bytes (levels and scales) are the only ones written */
+    const size_t rb = kv_row_bytes(&l), row_at = (size_t)(1 * B + 2) * rb;
+    assert_int_equal(rb, HD + 4); /* q8: two bf16 (groups of 32 and 16); fp8: one f32 */
+    for (size_t i = 0; i < kv_slice_bytes(&l); i++)
+        if (i < row_at || i >= row_at + rb)
+            assert_int_equal(slice[i], zero[i]);
+    /* the same row again gives the same bytes */
+    char *again = calloc(1, kv_slice_bytes(&l));
+    kv_row_store(&l, again, 1, 2, src);
+    assert_memory_equal(again, slice, kv_slice_bytes(&l));
+    free(again);
+    free(zero);
+    free(slice);
+}
+
+static void test_row_round_trip(void **state)
+{
+    (void)state;
+    round_trip(KV_Q8);
+    round_trip(KV_FP8);
 }
 
 static void test_local_alloc_migrate(void **state)
@@ -293,10 +466,17 @@ static void test_window_tables(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_geometry),       cmocka_unit_test(test_local_alloc_migrate),
-        cmocka_unit_test(test_local_mem_ops),  cmocka_unit_test(test_stage_passes),
+        cmocka_unit_test(test_geometry),
+        cmocka_unit_test(test_local_alloc_migrate),
+        cmocka_unit_test(test_local_mem_ops),
+        cmocka_unit_test(test_stage_passes),
         cmocka_unit_test(test_window_geometry),
-        cmocka_unit_test(test_window_bytes),   cmocka_unit_test(test_window_tables),
+        cmocka_unit_test(test_window_bytes),
+        cmocka_unit_test(test_window_tables),
+        cmocka_unit_test(test_geometry_8bit),
+        cmocka_unit_test(test_e4m3),
+        cmocka_unit_test(test_q8_levels),
+        cmocka_unit_test(test_row_round_trip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

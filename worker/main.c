@@ -44,7 +44,8 @@
  */
 
 static const char *const backends[] = {"auto", "cpu", "cuda", NULL};
-static const char *const kv_dtypes[] = {"f32", "f16", NULL};
+/* enum kv_dtype order */
+static const char *const kv_dtypes[] = {"f32", "f16", "q8", "fp8", NULL};
 static const char *const host_attns[] = {"auto", "gpu", "cpu", NULL};
 
 #define K(n, t, f) n, t, offsetof(struct worker_conf, f)
@@ -67,7 +68,7 @@ static const struct cfg_key keys[] = {
      .help = "sequences in one step"},
     {K("block_size", CFG_INT, block_size), .min = 1, .max = 65536, .def = "256",
      .help = "positions per KV block (the same as kvmgr's)"},
-    {K("kv_dtype", CFG_ENUM, kv_dtype), .names = kv_dtypes, .def = "f32", .help = "kv cache type"},
+    {K("kv_dtype", CFG_ENUM, kv_dtype), .names = kv_dtypes, .def = "f16", .help = "kv cache type"},
     {K("measure_rates", CFG_BOOL, measure_rates), .def = "true",
      .help = "time kv attention and moves at start-up for the planner (false: report 0)"},
     {K("host_attn", CFG_ENUM, host_attn), .names = host_attns, .def = "auto",
@@ -185,8 +186,12 @@ static int apply_host_split(struct worker *w, int cpu_tail, const struct tail_sp
 static int attach(struct worker *w)
 {
     char err[512];
-    int rc = fwd_kv_layout(w->m, (uint32_t)w->c.block_size, w->c.kv_dtype == 1 ? KV_F16 : KV_F32,
-                           &w->layout);
+    int rc =
+        fwd_kv_layout(w->m, (uint32_t)w->c.block_size, (enum kv_dtype)w->c.kv_dtype, &w->layout);
+    if (rc == RKV_EINVAL && kv_dtype_is_8bit((enum kv_dtype)w->c.kv_dtype))
+        log_error("kv_dtype %s needs a head_dim that is a multiple of 8 and this model's is %u: "
+                  "set kv_dtype = f16",
+                  kv_dtype_name((enum kv_dtype)w->c.kv_dtype), w->m->hp.head_dim);
     if (rc)
         return rc;
     /* on a gpu, before kvmgr sizes its slab: what a step of this model takes */
@@ -207,7 +212,8 @@ static int attach(struct worker *w)
                             "rkv-worker",
                             kv_block_bytes(&w->layout),
                             w->m->weight_bytes,
-                            w->reserve};
+                            w->reserve,
+                            (int)w->layout.dtype};
     struct proto_hello_ack ack;
     /* the first hello makes kvmgr create its pools: on a gpu pinning the host pool takes
      * about a second per 4 GiB (H200 machine, 2026-11-29) */

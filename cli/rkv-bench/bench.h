@@ -10,6 +10,7 @@ struct bench_opts {
     int quick;              /* small sizes: a smoke run for tests */
     const char *models_dir; /* where generated models live */
     const char *exe_dir;    /* this binary's folder (sibling tools) */
+    int kv_dtype;           /* enum kv_dtype of the model runs (cpu suite), f16 by default */
 };
 
 /* a suite fills `out` (its JSON result) and prints a table to stdout */

@@ -93,7 +93,7 @@ static int run_model(const struct bench_opts *o, const char *path, uint32_t n_pr
     float *logits = malloc(sizeof(float) * V * BATCH);
     uint32_t per = kv_blocks_for(&(struct kv_layout){256}, n_pos) + 1, nb[BATCH];
     struct kv_block_ref *blocks = calloc((size_t)per * BATCH, sizeof(*blocks));
-    rc = fwd_kv_layout(e.m, 256, KV_F32, &l);
+    rc = fwd_kv_layout(e.m, 256, (enum kv_dtype)o->kv_dtype, &l);
     if (rc == 0)
         rc = kv_local_create(&kv, &l, per * BATCH, 1);
     if (rc == 0)

@@ -13,6 +13,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "worker/kv.h"
 
 #define PROG "rkv-bench"
 
@@ -35,7 +36,7 @@ static const struct {
 static void usage(FILE *f)
 {
     fprintf(f, "usage: " PROG " SUITE [--json FILE] [--plot FILE] [--threads N] [--quick]\n"
-               "          [--models-dir DIR]\nsuites:\n");
+               "          [--models-dir DIR] [--kv-dtype " KV_DTYPE_NAMES " (f16)]\nsuites:\n");
     for (size_t i = 0; i < RKV_ARRAY_LEN(suites); i++)
         fprintf(f, "  %-8s %s\n", suites[i].name, suites[i].what);
 }
@@ -81,13 +82,14 @@ int main(int argc, char **argv)
 {
     rkv_log_init(PROG, RKV_LOG_WARN);
     static const struct option lo[] = {
-        {"json", 1, 0, 'j'},  {"plot", 1, 0, 'p'},       {"threads", 1, 0, 't'},
-        {"quick", 0, 0, 'q'}, {"models-dir", 1, 0, 'm'}, {"help", 0, 0, 'h'},
-        {0, 0, 0, 0},
+        {"json", 1, 0, 'j'},       {"plot", 1, 0, 'p'},
+        {"threads", 1, 0, 't'},    {"quick", 0, 0, 'q'},
+        {"models-dir", 1, 0, 'm'}, {"help", 0, 0, 'h'},
+        {"kv-dtype", 1, 0, 'k'},   {0, 0, 0, 0},
     };
     const char *json_path = NULL, *plot_path = NULL;
     char exe_dir[4096], models_dir[4200];
-    struct bench_opts o = {0, 0, NULL, exe_dir};
+    struct bench_opts o = {0, 0, NULL, exe_dir, KV_F16};
     if (rkv_exe_dir(exe_dir, sizeof(exe_dir)) < 0)
         snprintf(exe_dir, sizeof(exe_dir), ".");
     /* build/bin/rkv-bench -> build/models */
@@ -111,6 +113,16 @@ int main(int argc, char **argv)
         }
         case 'q': o.quick = 1; break;
         case 'm': o.models_dir = optarg; break;
+        case 'k': {
+            enum kv_dtype t;
+            if (kv_dtype_parse(optarg, &t) < 0) {
+                fprintf(stderr, PROG ": --kv-dtype: '%s' is not one of " KV_DTYPE_NAMES "\n",
+                        optarg);
+                return 1;
+            }
+            o.kv_dtype = (int)t;
+            break;
+        }
         case 'h': usage(stdout); return 0;
         default:
             fprintf(stderr, PROG ": unknown flag or missing value: %s (see --help)\n",

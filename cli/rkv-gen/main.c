@@ -54,8 +54,9 @@ static void usage(FILE *f)
                " --model PATH (--prompt TEXT | --prompt-file F | --prompt-ids 1,2,3) -n N\n"
                "  [--temp T (0 = greedy, default)] [--top-k K] [--top-p P] [--min-p P]\n"
                "  [--repeat-penalty R] [--presence-penalty P] [--frequency-penalty F] [--seed N]\n"
-               "  [--block-size N (256)] [--chunk N (prefill chunk, 512)] [--kv-dtype f32|f16]\n"
-               "  [--backend cpu|cuda|auto] [--threads N] [--host-frac F] [--split-seed S]\n"
+               "  [--block-size N (256)] [--chunk N (prefill chunk, 512)]\n"
+               "  [--kv-dtype f16|f32|q8|fp8 (f16)] [--backend cpu|cuda|auto] [--threads N]\n"
+               "  [--host-frac F] [--split-seed S]\n"
                "  [--batch N] [--dump-logits FILE] [--json] [--ignore-eos] [--swa-full]\n"
                "text goes to stdout, logs to stderr\n");
 }
@@ -146,7 +147,7 @@ static void parse_args(int argc, char **argv, struct opts *o)
     o->chunk = 512;
     o->backend = "auto";
     o->batch = 1;
-    o->kv_dtype = KV_F32;
+    o->kv_dtype = KV_F16;
     opterr = 0;
     int c;
     while ((c = getopt_long(argc, argv, ":n:h", lo, NULL)) != -1) {
@@ -188,12 +189,8 @@ static void parse_args(int argc, char **argv, struct opts *o)
         case O_IGNORE_EOS: o->ignore_eos = 1; break;
         case O_SWA_FULL: o->swa_full = 1; break;
         case O_KV_DTYPE:
-            if (!strcmp(optarg, "f32"))
-                o->kv_dtype = KV_F32;
-            else if (!strcmp(optarg, "f16"))
-                o->kv_dtype = KV_F16;
-            else
-                die("--kv-dtype: '%s' is not one of f32, f16", optarg);
+            if (kv_dtype_parse(optarg, &o->kv_dtype) < 0)
+                die("--kv-dtype: '%s' is not one of " KV_DTYPE_NAMES, optarg);
             break;
         case 'h':
         case O_HELP: usage(stdout); exit(0);
@@ -453,8 +450,13 @@ int main(int argc, char **argv)
 
     /* kv: every block of every session may sit in either pool */
     struct kv_layout l;
-    if ((rc = fwd_kv_layout(m, o.block_size, o.kv_dtype, &l)) < 0)
+    if ((rc = fwd_kv_layout(m, o.block_size, o.kv_dtype, &l)) < 0) {
+        if (kv_dtype_is_8bit(o.kv_dtype) && m->hp.head_dim % 8)
+            die("--kv-dtype %s needs a head_dim that is a multiple of 8 and this model's is %u: "
+                "use --kv-dtype f16",
+                kv_dtype_name(o.kv_dtype), m->hp.head_dim);
         die("--block-size %u: %s", o.block_size, rkv_strerror(rc));
+    }
     /* the local layers' kv past their window is dropped where the backend reads that layout */
     if (!o.swa_full && !strcmp(backend_name(eng.be), "cpu") &&
         (rc = fwd_kv_layout_window(m, &l)) < 0)

@@ -400,6 +400,7 @@ static void print_status(const cJSON *r)
     printf("pools: device %s of %s, host %s of %s (block size %.0f, context %.0f)\n",
            sz(num(p, "device_used")), sz(num(p, "device_total")), sz(num(p, "host_used")),
            sz(num(p, "host_total")), num(r, "block_size"), num(r, "ctx_size"));
+    printf("kv: %s, %.0f bytes a token\n", str(p, "kv_dtype"), num(p, "kv_bytes_per_token"));
     printf("requests: %.0f running, %.0f waiting, %.0f named session(s)\n", num(q, "running"),
            num(q, "waiting"), num(q, "sessions"));
     printf("tokens: %.1f/s now, %.0f generated, %.0f prompt (%.0f from reused KV)\n",

@@ -125,7 +125,9 @@ def model_shape(path, kv_dtype):
          "rope_theta": m.get(f"{a}.rope.freq_base", 10000.0),
          "eps": m.get(f"{a}.attention.layer_norm_rms_epsilon", 1e-5),
          "ctx": m.get(f"{a}.context_length", 4096)}
-    s["kv_bytes_per_token"] = s["n_layer"] * s["n_kv"] * hd * 2 * (2 if kv_dtype == "f16" else 4)
+    # a (head, position) row: f32/f16 elements, or 8-bit levels and their scales (worker/kv.h)
+    row = {"f32": 4 * hd, "f16": 2 * hd, "q8": hd + 2 * -(-hd // 32), "fp8": hd + 4}[kv_dtype]
+    s["kv_bytes_per_token"] = s["n_layer"] * s["n_kv"] * 2 * row
     return s
 
 
@@ -1410,7 +1412,7 @@ def parse_args(argv):
     ap.add_argument("--model", help="a GGUF to use instead of making one")
     ap.add_argument("--keep-model", action="store_true", help="keep the generated model in "
                     "--work for the next run (else it is deleted at the end)")
-    ap.add_argument("--kv-dtype", default="f16", choices=("f16", "f32"))
+    ap.add_argument("--kv-dtype", default="f16", choices=("f16", "f32", "q8", "fp8"))
     ap.add_argument("--block-size", type=int, help="positions per block (256; quick 32)")
     ap.add_argument("--threads", type=int, help="cpu worker threads (cpu backend)")
     ap.add_argument("--max-batch-tokens", type=int, help="rkvd's step size (0, rkvd's default: "

@@ -958,6 +958,31 @@ static void attn_outs_fini(struct attn_outs *x)
     }
 }
 
+/* random kv contents of n_blocks blocks at base in the layout's dtype: the elements of every
+ * slice, or (8-bit) every (head, position) row quantized with its scales */
+static void kv_fill(const struct kv_layout *l, void *base, uint32_t n_blocks)
+{
+    const size_t bb = kv_block_bytes(l);
+    if (!kv_dtype_is_8bit(l->dtype)) {
+        size_t n_el = n_blocks * bb / kv_dtype_size(l->dtype);
+        float *tmp = malloc(n_el * sizeof(float));
+        gu_fill(&rng, tmp, n_el, 1.0f);
+        cpu_store_kv(l->dtype, base, tmp, n_el);
+        free(tmp);
+        return;
+    }
+    float *row = malloc(l->head_dim * sizeof(float));
+    for (size_t s = 0; s < (size_t)n_blocks * 2 * l->n_layer; s++) {
+        char *slice = (char *)base + s * kv_slice_bytes(l);
+        for (uint32_t h = 0; h < l->n_kv_head; h++)
+            for (uint32_t p = 0; p < l->block_size; p++) {
+                gu_fill(&rng, row, l->head_dim, 1.0f);
+                kv_row_store(l, slice, h, p, row);
+            }
+    }
+    free(row);
+}
+
 static int attn_run(const struct attn_case *ac, int idx)
 {
     struct kv_layout l;
@@ -974,13 +999,8 @@ static int attn_run(const struct attn_case *ac, int idx)
     if (gpu_pools_init(&gp, total, bb) < 0)
         return -1;
     /* random kv contents in the element type */
-    size_t n_el = total * bb / kv_dtype_size(ac->dt);
-    float *tmp = malloc(n_el * sizeof(float));
-    for (int r = 0; r < KV_N_POOLS; r++) {
-        gu_fill(&rng, tmp, n_el, 1.0f);
-        cpu_store_kv(ac->dt, cp->base[r], tmp, n_el);
-    }
-    free(tmp);
+    for (int r = 0; r < KV_N_POOLS; r++)
+        kv_fill(&l, cp->base[r], total);
     rkv_cuda_copy(gp.base[KV_DEVICE], cp->base[KV_DEVICE], total * bb);
     memcpy(gp.base[KV_HOST], cp->base[KV_HOST], total * bb);
     /* block tables: each table entry a distinct block of its residency */
@@ -1011,7 +1031,7 @@ static int attn_run(const struct attn_case *ac, int idx)
     struct pair *po = ao.o, *pm = ao.m, *pl = ao.l;
     char name[160];
     snprintf(name, sizeof(name), "attn case %d: B=%u D=%u kv=%u g=%u %s %s window %u", idx, ac->B,
-             ac->D, ac->n_kv, ac->g, ac->dt == KV_F16 ? "f16" : "f32",
+             ac->D, ac->n_kv, ac->g, kv_dtype_name(ac->dt),
              ac->placement == 0   ? "device"
              : ac->placement == 1 ? "host"
                                   : "split",
@@ -1091,6 +1111,20 @@ static void test_attention(void)
         {16, 256, 1, 4, 1, KV_F16, 2, {30, 600}, {1, 1}, 2, 512},
         {16, 256, 1, 4, 1, KV_F16, 2, {0, 500}, {40, 100}, 2, 64},
         {16, 256, 1, 4, 1, KV_F16, 1, {0}, {40}, 0, 0},
+        /* 8-bit kv (q8, fp8): the write's bytes are the cpu's, and the reads of device blocks,
+         * of host blocks (zero-copy and staged) and of splits agree with the cpu's; decode,
+         * prefill, a window, short q8 groups (head_dim 8, 16), head_dim 256 */
+        {16, 64, 2, 4, 2, KV_Q8, 6, {0, 1, 15, 16, 17, 200}, {1, 1, 1, 1, 1, 1}, 2},
+        {16, 64, 2, 4, 2, KV_FP8, 6, {0, 1, 15, 16, 17, 200}, {1, 1, 1, 1, 1, 1}, 2},
+        {256, 128, 8, 4, 1, KV_Q8, 2, {1000, 3000}, {1, 1}, 0},
+        {256, 128, 8, 4, 1, KV_Q8, 2, {1000, 3000}, {1, 1}, 1},
+        {256, 128, 8, 4, 1, KV_FP8, 2, {1000, 3000}, {1, 1}, 2},
+        {16, 16, 1, 16, 1, KV_Q8, 2, {3, 0}, {9, 5}, 2},
+        {32, 8, 2, 2, 2, KV_Q8, 2, {0, 33}, {64, 20}, 2},
+        {16, 64, 2, 4, 2, KV_Q8, 3, {0, 20, 100}, {37, 1, 70}, 2},
+        {256, 128, 8, 4, 1, KV_FP8, 1, {0}, {300}, 0},
+        {256, 128, 8, 4, 1, KV_Q8, 2, {1000, 3000}, {1, 1}, 2, 512},
+        {16, 256, 1, 4, 1, KV_Q8, 2, {30, 600}, {1, 1}, 2, 512},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
         if (attn_run(&cases[i], (int)i) < 0)
@@ -1108,11 +1142,7 @@ static void attn_fixed_identity(const struct attn_case *ac, int idx)
     const size_t bb = kv_block_bytes(&l);
     /* the logical content: block i of the concatenated tables */
     uint8_t *content = malloc(total * bb);
-    size_t n_el = total * bb / kv_dtype_size(ac->dt);
-    float *tmp = malloc(n_el * sizeof(float));
-    gu_fill(&rng, tmp, n_el, 1.0f);
-    cpu_store_kv(ac->dt, content, tmp, n_el);
-    free(tmp);
+    kv_fill(&l, content, total);
     struct kv_pools gp;
     if (gpu_pools_init(&gp, total, bb) < 0) {
         CHECK("fixed attention setup", 0);
@@ -1218,6 +1248,8 @@ static void test_attention_fixed(void)
         {256, 128, 8, 4, 1, KV_F16, 2, {1000, 4100}, {1, 1}, 0},
         {32, 128, 2, 2, 1, KV_F32, 3, {5, 100, 300}, {1, 1, 1}, 0},
         {16, 64, 2, 4, 2, KV_F16, 3, {0, 20, 100}, {37, 1, 70}, 0},
+        {16, 64, 2, 4, 2, KV_Q8, 3, {0, 20, 100}, {37, 1, 70}, 0},
+        {256, 128, 8, 4, 1, KV_FP8, 2, {1000, 4100}, {1, 1}, 0},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
         attn_fixed_identity(&cases[i], (int)i);

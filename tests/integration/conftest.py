@@ -52,8 +52,12 @@ def _pids():
 class Rkvd:
     """one rkvd process with its own state and runtime dirs; listens on a port the kernel picks"""
 
-    def __init__(self, model, root, extra=()):
+    def __init__(self, model, root, extra=(), kv_dtype="f32"):
         self.model = str(model)
+        # f32 KV unless a test asks for another (in extra, or None: rkvd's own default): the
+        # pool sizes the tests choose count f32 blocks, and their references (Ref.gen, the
+        # numpy model) hold f32 KV
+        self.kv_dtype = kv_dtype
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.run_dir = self.root / "run"
@@ -69,9 +73,11 @@ class Rkvd:
     # --- lifecycle ---
 
     def start(self, timeout=30):
+        kv = [] if self.kv_dtype is None or any(a.startswith("--kv-dtype") for a in self.extra) \
+            else ["--kv-dtype", self.kv_dtype]
         args = [rkv_bin("rkvd"), "--model", self.model, "--listen", "127.0.0.1:0",
                 "--backend", "cpu", "--state-dir", str(self.state_dir),
-                "--runtime-dir", str(self.run_dir), "--threads", "2", *self.extra]
+                "--runtime-dir", str(self.run_dir), "--threads", "2", *kv, *self.extra]
         self._log = open(self.log_path, "ab")
         since = self._log.tell()  # a restart in the same root appends to the log
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT,
@@ -316,7 +322,7 @@ class Ref:
         """rkv-gen's answer (greedy unless sampling holds other rkv-gen flags):
         {"ids": [...], "text": ..., "finish_reason": ...}"""
         args = [rkv_bin("rkv-gen"), "--model", self.model, "-n", str(n), *sampling,
-                "--backend", "cpu", "--threads", "2", "--json"]
+                "--backend", "cpu", "--threads", "2", "--kv-dtype", "f32", "--json"]
         if ids is not None:
             args += ["--prompt-ids", ",".join(str(i) for i in ids)]
         else:

@@ -303,6 +303,9 @@ def run_gen(model, tmp_path, extra=(), prompt=PROMPT, n=N_GEN, batch=1, backend=
     """rkv-gen greedy; returns per session (generated ids, logits (steps, n_vocab) float32)"""
     gen = _need("rkv-gen")
     dump = tmp_path / "logits.bin"
+    # the reference holds f32 KV; a caller that wants another dtype passes --kv-dtype
+    if not any(str(a).startswith("--kv-dtype") for a in extra):
+        extra = ("--kv-dtype", "f32", *extra)
     r = _run([gen, "--model", str(model), "--prompt-ids", ",".join(map(str, prompt)), "-n",
               str(n), "--temp", "0", "--ignore-eos", "--dump-logits", str(dump), "--json",
               "--backend", backend, "--batch", str(batch), *extra],

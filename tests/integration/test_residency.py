@@ -89,17 +89,22 @@ def events(srv):
         db.close()
 
 
-@pytest.fixture(scope="module")
-def reference(tiny_model, tmp_path_factory):
-    """each prompt alone on a server with room for everything (all blocks resident)"""
+def resident_answers(model, root, args):
+    """each prompt alone on a server started with args, which leave room for everything (all
+    blocks resident)"""
     from conftest import Rkvd, _stop_checked
-    srv = Rkvd(tiny_model, tmp_path_factory.mktemp("roomy"), ROOMY).start()
+    srv = Rkvd(model, root, args).start()
     try:
         out = {p: run_one(srv, p) for p in PROMPTS}
         assert not [e for e in events(srv) if e[2] != "resident"], "the roomy server spilled"
     finally:
         _stop_checked(srv)
     return out
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model, tmp_path_factory):
+    return resident_answers(tiny_model, tmp_path_factory.mktemp("roomy"), ROOMY)
 
 
 def test_overflow_spills_exactly_and_drains_back(rkvd_factory, reference):

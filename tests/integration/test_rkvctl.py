@@ -153,7 +153,11 @@ def test_status(srv):
     assert w["prefill_beside_decode"] == 256
     assert s["block_size"] == 16 and s["ctx_size"] > 0
     assert s["budgets"]["vram_target"] > 0 and s["budgets"]["host_budget"] == 1 << 30
-    assert set(s["pool"]) == {"device_used", "device_total", "host_used", "host_total"}
+    assert set(s["pool"]) == {"device_used", "device_total", "host_used", "host_total",
+                              "kv_dtype", "kv_bytes_per_token"}
+    # the harness's f32 KV: 2 layers x (K, V) x 2 kv heads x 16 dims x 4 bytes a position
+    assert s["pool"]["kv_dtype"] == "f32"
+    assert s["pool"]["kv_bytes_per_token"] in (0, 2 * 2 * 2 * 16 * 4)  # 0: before the pools
     assert s["uptime_ms"] > 0
     before = s["tokens"]["generated"]
     complete(srv, "status counts tokens", n=5)

@@ -417,6 +417,11 @@ static int cpu_kv_write(void *ctx, const struct be_batch *batch, uint32_t layer,
             size_t dst = ((size_t)h * l->block_size + off) * hd * es;
             const float *kr = (const float *)k->data + (size_t)t * k->cols + h * hd;
             const float *vr = (const float *)v->data + (size_t)t * v->cols + h * hd;
+            if (kv_dtype_is_8bit(l->dtype)) {
+                kv_row_store(l, K, h, off, kr);
+                kv_row_store(l, V, h, off, vr);
+                continue;
+            }
             cpu_store_kv(l->dtype, K + dst, kr, hd);
             cpu_store_kv(l->dtype, V + dst, vr, hd);
         }

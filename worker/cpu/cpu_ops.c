@@ -150,6 +150,50 @@ void cpu_store_kv(enum kv_dtype t, void *dst, const float *src, size_t n)
         d[i] = cpu_f32_to_f16(src[i]);
 }
 
+void cpu_kv_load_rows(const struct kv_layout *l, const void *slice, uint32_t head, uint32_t pos,
+                      uint32_t n, float *dst)
+{
+    const uint32_t hd = l->head_dim;
+#ifdef CPU_AVX2
+    if (kv_dtype_is_8bit(l->dtype)) {
+        /* head_dim is a multiple of 8: eight levels a step, one f32 multiply each, the bits of
+         * kv_row_load. A head's rows follow each other, each its levels then its scales */
+        const uint8_t *q = kv_row_ptr(l, (void *)slice, head, pos);
+        const size_t rb = kv_row_bytes(l);
+        for (uint32_t r = 0; r < n; r++, q += rb) {
+            const char *sc = (const char *)q + hd;
+            float *y = dst + (size_t)r * hd;
+            if (l->dtype == KV_Q8) {
+                const uint16_t *d = (const uint16_t *)sc;
+                for (uint32_t i = 0; i < hd; i += 8) {
+                    const __m256 dv = _mm256_castsi256_ps(
+                        _mm256_set1_epi32((int)((uint32_t)d[i / KV_Q8_GROUP] << 16)));
+                    const __m256i w =
+                        _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + i)));
+                    _mm256_storeu_ps(y + i, _mm256_mul_ps(dv, _mm256_cvtepi32_ps(w)));
+                }
+            } else {
+                /* e4m3 is f16 with the top exponent bit and 7 mantissa bits cut: its bits
+                 * shifted into an f16 are the value times 2^-8, exactly */
+                float s;
+                memcpy(&s, sc, sizeof s);
+                const __m256 sv = _mm256_set1_ps(s * 256.0f);
+                const __m128i sgn = _mm_set1_epi16((short)0x80), mag = _mm_set1_epi16(0x7f);
+                for (uint32_t i = 0; i < hd; i += 8) {
+                    const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(q + i)));
+                    const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, sgn), 8),
+                                                   _mm_slli_epi16(_mm_and_si128(b, mag), 7));
+                    _mm256_storeu_ps(y + i, _mm256_mul_ps(sv, _mm256_cvtph_ps(h)));
+                }
+            }
+        }
+        return;
+    }
+#endif
+    for (uint32_t r = 0; r < n; r++)
+        kv_row_load(l, slice, head, pos + r, dst + (size_t)r * hd);
+}
+
 #ifdef CPU_AVX2
 /* glibc's vector expf (libmvec, which libm's link script brings in): eight lanes, within 1 ulp
  * of expf. A scalar expf a score was most of the f16 attention chunk's time (a call per head
@@ -1032,8 +1076,10 @@ static T512 void attn_chunk512(const struct cpu_attn_job *j, const void *K, cons
 size_t cpu_attn_scratch_floats(const struct kv_layout *l, const struct be_attn *a)
 {
     uint32_t g = a->n_head / a->n_kv_head;
-    /* scores (g, CHUNK) + f32 key rows (CHUNK, head_dim) + m, l (g) */
-    return (size_t)g * ATTN_CHUNK + (size_t)ATTN_CHUNK * l->head_dim + 2 * (size_t)g;
+    /* scores (g, CHUNK) + f32 key rows (CHUNK, head_dim) + m, l (g); 8-bit kv: f32 value rows
+     * (CHUNK, head_dim) too */
+    return (size_t)g * ATTN_CHUNK +
+           (size_t)ATTN_CHUNK * l->head_dim * (kv_dtype_is_8bit(l->dtype) ? 2 : 1) + 2 * (size_t)g;
 }
 
 void cpu_attn_task(const struct cpu_attn_job *j, const struct kv_block_ref *blocks,
@@ -1042,13 +1088,15 @@ void cpu_attn_task(const struct cpu_attn_job *j, const struct kv_block_ref *bloc
 {
     const struct kv_layout *ly = j->layout;
     const uint32_t g = j->a->n_head / j->a->n_kv_head, hd = ly->head_dim, B = ly->block_size;
-    const size_t es = kv_dtype_size(ly->dtype);
-    float *s = scratch;                         /* (g, CHUNK) scaled scores */
-    float *kb = s + (size_t)g * ATTN_CHUNK;     /* (CHUNK, hd) f16 tail keys as f32 */
-    float *mr = kb + (size_t)ATTN_CHUNK * hd;   /* (g) running max */
-    float *lr = mr + g;                         /* (g) running sum */
-    const float *qg = q + (size_t)kvh * g * hd; /* (g, hd) this group's queries */
-    float *og = o + (size_t)kvh * g * hd;       /* (g, hd) unnormalized until the end */
+    const size_t rb = kv_row_bytes(ly); /* a key's bytes: f32, f16 elements or 8-bit levels */
+    const int q8bit = kv_dtype_is_8bit(ly->dtype);
+    float *s = scratch;                       /* (g, CHUNK) scaled scores */
+    float *kb = s + (size_t)g * ATTN_CHUNK;   /* (CHUNK, hd) f16 tail keys or 8-bit keys, f32 */
+    float *vb = kb + (size_t)ATTN_CHUNK * hd; /* (CHUNK, hd) 8-bit values as f32 */
+    float *mr = vb + (q8bit ? (size_t)ATTN_CHUNK * hd : 0); /* (g) running max */
+    float *lr = mr + g;                                     /* (g) running sum */
+    const float *qg = q + (size_t)kvh * g * hd;             /* (g, hd) this group's queries */
+    float *og = o + (size_t)kvh * g * hd;                   /* (g, hd) unnormalized until the end */
 
     const int use512 = cpu_ops_avx512();
     (void)use512;
@@ -1067,26 +1115,34 @@ void cpu_attn_task(const struct cpu_attn_job *j, const struct kv_block_ref *bloc
             continue;
         uint32_t n_valid = pos - start + 1 < B ? (uint32_t)(pos - start + 1) : B;
         const uint32_t c_lo = lo > start ? (uint32_t)(lo - start) : 0;
-        const char *K = (const char *)kv_slice_ptr(ly, j->pools, blocks[bj], j->layer, 0) +
-                        (size_t)kvh * B * hd * es;
-        const char *V = (const char *)kv_slice_ptr(ly, j->pools, blocks[bj], j->layer, 1) +
-                        (size_t)kvh * B * hd * es;
+        const void *Ks = kv_slice_ptr(ly, j->pools, blocks[bj], j->layer, 0);
+        const void *Vs = kv_slice_ptr(ly, j->pools, blocks[bj], j->layer, 1);
+        /* the head's rows (8-bit: dequantized a chunk at a time) */
+        const char *K = (const char *)Ks + (size_t)kvh * B * rb;
+        const char *V = (const char *)Vs + (size_t)kvh * B * rb;
         for (uint32_t c0 = c_lo; c0 < n_valid; c0 += ATTN_CHUNK) {
             uint32_t nc = n_valid - c0 < ATTN_CHUNK ? n_valid - c0 : ATTN_CHUNK;
-            struct attn_pf pf = {K + (size_t)(c0 + ATTN_CHUNK) * hd * es,
-                                 V + (size_t)(c0 + ATTN_CHUNK) * hd * es, 0, 0};
+            struct attn_pf pf = {K + (size_t)(c0 + ATTN_CHUNK) * rb,
+                                 V + (size_t)(c0 + ATTN_CHUNK) * rb, 0, 0};
             if (c0 + ATTN_CHUNK < n_valid) {
                 uint32_t nn = n_valid - c0 - ATTN_CHUNK;
-                pf.len = (size_t)(nn < ATTN_CHUNK ? nn : ATTN_CHUNK) * hd * es;
+                pf.len = (size_t)(nn < ATTN_CHUNK ? nn : ATTN_CHUNK) * rb;
             }
-            const char *kc = K + (size_t)c0 * hd * es, *vc = V + (size_t)c0 * hd * es;
+            const char *kc = K + (size_t)c0 * rb, *vc = V + (size_t)c0 * rb;
+            if (q8bit) {
+                /* the f32 path over the dequantized rows: the bits of f32 kv holding them */
+                cpu_kv_load_rows(ly, Ks, kvh, c0, nc, kb);
+                cpu_kv_load_rows(ly, Vs, kvh, c0, nc, vb);
+                kc = (const char *)kb;
+                vc = (const char *)vb;
+            }
 #ifdef CPU_DISPATCH_512
             if (use512) {
                 attn_chunk512(j, kc, vc, nc, qg, og, s, mr, lr, &pf);
                 continue;
             }
 #endif
-            if (ly->dtype == KV_F16)
+            if (ly->dtype == KV_F16 && !q8bit)
                 attn_chunk(j, kc, vc, nc, qg, og, s, kb, mr, lr, &pf, 1);
             else
                 attn_chunk(j, kc, vc, nc, qg, og, s, kb, mr, lr, &pf, 0);

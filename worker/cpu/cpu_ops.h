@@ -13,8 +13,12 @@ float cpu_bf16_to_f32(uint16_t h);
 
 /* dst (n) = row of type t starting at src, dequantized exactly (n a multiple of t's block) */
 void cpu_dequant_row(enum be_type t, const void *src, float *dst, size_t n);
-/* f32 -> the kv cache's element type */
+/* f32 -> the kv cache's element type (f32, f16; the 8-bit dtypes go by rows: kv_row_store) */
 void cpu_store_kv(enum kv_dtype t, void *dst, const float *src, size_t n);
+/* dst (n, head_dim) = rows pos .. pos + n - 1 of kv head `head` of a slice, as f32: the bits of
+ * kv_row_load, vectorized */
+void cpu_kv_load_rows(const struct kv_layout *l, const void *slice, uint32_t head, uint32_t pos,
+                      uint32_t n, float *dst);
 
 float cpu_dot(const float *a, const float *b, size_t n);
 /* out[j] = dot(x, w[j]) for 4 rows at once, sharing the loads of x */

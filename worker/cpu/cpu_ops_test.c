@@ -881,6 +881,134 @@ static void test_attention_f16_bits(void **state)
     }
 }
 
+/* x (n rows of hd) replaced by what a kv cache of dtype t holds for it */
+static void kv_round_rows(enum kv_dtype t, float *x, size_t n, uint32_t hd)
+{
+    struct kv_layout row;
+    assert_int_equal(kv_layout_init(&row, 1, 1, 1, hd, t), 0);
+    char *slice = malloc(kv_slice_bytes(&row));
+    for (size_t r = 0; r < n; r++) {
+        kv_row_store(&row, slice, 0, 0, x + r * hd);
+        kv_row_load(&row, slice, 0, 0, x + r * hd);
+    }
+    free(slice);
+}
+
+/* cpu_kv_load_rows (eight levels a step) gives kv_row_load's bits for every row of a slice:
+ * q8 rows of one short group (8), one whole (32), several with a short last one (72), fp8 rows
+ * over the whole e4m3 range and a zero row */
+static void test_kv_load_rows(void **state)
+{
+    (void)state;
+    const uint32_t hds[] = {8, 32, 72, 128};
+    for (int dt = KV_Q8; dt <= KV_FP8; dt++)
+        for (size_t hi = 0; hi < sizeof(hds) / sizeof(hds[0]); hi++) {
+            const uint32_t hd = hds[hi], B = 5, KVH = 3;
+            struct kv_layout l;
+            assert_int_equal(kv_layout_init(&l, B, 1, KVH, hd, (enum kv_dtype)dt), 0);
+            char *slice = calloc(1, kv_slice_bytes(&l));
+            float *row = malloc(sizeof(float) * hd), *want = malloc(sizeof(float) * hd * B),
+                  *got = malloc(sizeof(float) * hd * B);
+            for (uint32_t h = 0; h < KVH; h++)
+                for (uint32_t p = 0; p < B; p++) {
+                    for (uint32_t i = 0; i < hd; i++) /* magnitudes 2^-12 .. 2^10 */
+                        row[i] = frand() * ldexpf(1.0f, (int)((i * 7 + p) % 23) - 12);
+                    if (h == 1 && p == 2)
+                        memset(row, 0, sizeof(float) * hd);
+                    kv_row_store(&l, slice, h, p, row);
+                }
+            for (uint32_t h = 0; h < KVH; h++) {
+                for (uint32_t p = 0; p < B; p++)
+                    kv_row_load(&l, slice, h, p, want + (size_t)p * hd);
+                cpu_kv_load_rows(&l, slice, h, 0, B, got);
+                assert_memory_equal(got, want, sizeof(float) * hd * B);
+                cpu_kv_load_rows(&l, slice, h, 3, 2, got); /* from inside the head */
+                assert_memory_equal(got, want + 3 * hd, sizeof(float) * hd * 2);
+            }
+            free(slice), free(row), free(want), free(got);
+        }
+}
+
+/* 8-bit keys and values are dequantized a chunk at a time into f32 rows: the outputs are the
+ * same bits as those values held as f32 kv, on the device and host blocks of a split table; and
+ * they stay near the attention over the unrounded f32 values (nmse bound per dtype) */
+static void test_attention_8bit(void **state)
+{
+    (void)state;
+    static const uint32_t shapes[][5] = {
+        /* B, n_tok, H, KVH, hd */
+        {256, 150, 8, 2, 128}, /* llama3-8b's head: four groups of 32 */
+        {16, 77, 4, 2, 8},     /* one short group */
+        {64, 70, 6, 2, 40},    /* a group of 32 and one of 8 */
+        {32, 131, 2, 1, 72},   /* two groups of 32 and one of 8 */
+    };
+    const enum kv_dtype dts[] = {KV_Q8, KV_FP8};
+    const double bound[] = {1e-4, 2e-3}; /* nmse against the unrounded values */
+    for (size_t di = 0; di < 2; di++)
+        for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+            const uint32_t B = shapes[si][0], n_tok = shapes[si][1], H = shapes[si][2],
+                           KVH = shapes[si][3], hd = shapes[si][4];
+            const size_t nq = (size_t)n_tok * H * hd, nkv = (size_t)n_tok * KVH * hd;
+            float *q = malloc(sizeof(float) * nq), *k = malloc(sizeof(float) * nkv),
+                  *v = malloc(sizeof(float) * nkv), *k0 = malloc(sizeof(float) * nkv),
+                  *v0 = malloc(sizeof(float) * nkv);
+            float *o[3];
+            for (int pass = 0; pass < 3; pass++) { /* 8-bit kv; its values as f32; exact f32 */
+                struct attn_fx f;
+                attn_fx_init(&f, B, n_tok, pass ? KV_F32 : dts[di], H, KVH, hd);
+                if (pass == 0) {
+                    memcpy(q, f.q, sizeof(float) * nq);
+                    memcpy(k, f.k, sizeof(float) * nkv);
+                    memcpy(v, f.v, sizeof(float) * nkv);
+                    memcpy(k0, f.k, sizeof(float) * nkv);
+                    memcpy(v0, f.v, sizeof(float) * nkv);
+                    kv_round_rows(dts[di], k, nkv / hd, hd);
+                    kv_round_rows(dts[di], v, nkv / hd, hd);
+                    /* a split table: every other block on the host */
+                    for (uint32_t j = 0; j < f.n_blocks; j += 2)
+                        assert_int_equal(kv_local_migrate(f.kv, &f.blocks[j], KV_HOST), 0);
+                } else {
+                    struct be_tensor *tk = tensor_f32(n_tok, KVH * hd, pass == 1 ? k : k0),
+                                     *tv = tensor_f32(n_tok, KVH * hd, pass == 1 ? v : v0);
+                    assert_int_equal(kv_write_forward(be, &f.b, 1, tk, tv), 0);
+                    backend_tensor_free(be, tk);
+                    backend_tensor_free(be, tv);
+                    for (uint32_t j = 0; j < f.n_blocks; j += 2)
+                        assert_int_equal(kv_local_migrate(f.kv, &f.blocks[j], KV_HOST), 0);
+                }
+                struct be_partial dev, host;
+                partial_alloc(&dev, n_tok, &f.a);
+                partial_alloc(&host, n_tok, &f.a);
+                struct be_tensor *tq = tensor_f32(n_tok, H * hd, q);
+                assert_int_equal(attn_partial_forward(be, &f.b, 1, KV_DEVICE, tq, &f.a, &dev), 0);
+                assert_int_equal(attn_partial_forward(be, &f.b, 1, KV_HOST, tq, &f.a, &host), 0);
+                assert_int_equal(attn_merge_forward(be, &dev, &host, n_tok, &f.a), 0);
+                o[pass] = malloc(sizeof(float) * nq);
+                get_f32(dev.o, o[pass], nq);
+                backend_tensor_free(be, tq);
+                partial_free(&dev);
+                partial_free(&host);
+                attn_fx_fini(&f);
+            }
+            for (size_t i = 0; i < nq; i++)
+                if (memcmp(&o[0][i], &o[1][i], sizeof(float)) != 0)
+                    fail_msg("%s shape %zu: o[%zu] %.9g against f32 %.9g", kv_dtype_name(dts[di]),
+                             si, i, o[0][i], o[1][i]);
+            double err = 0, ref = 0;
+            for (size_t i = 0; i < nq; i++) {
+                err += ((double)o[0][i] - o[2][i]) * ((double)o[0][i] - o[2][i]);
+                ref += (double)o[2][i] * o[2][i];
+            }
+            if (err / ref > bound[di])
+                fail_msg("%s shape %zu: nmse %.3g against f32 kv, bound %.3g",
+                         kv_dtype_name(dts[di]), si, err / ref, bound[di]);
+            print_message("%s shape %zu: nmse %.3g\n", kv_dtype_name(dts[di]), si, err / ref);
+            for (int pass = 0; pass < 3; pass++)
+                free(o[pass]);
+            free(q), free(k), free(v), free(k0), free(v0);
+        }
+}
+
 /* random device/host splits merged by lse equal the one-pass softmax */
 static void test_lse_merge_splits(void **state)
 {
@@ -955,6 +1083,19 @@ static void test_kv_write_layout(void **state)
     /* layer 0 was never written */
     const uint16_t *K0 = kv_slice_ptr(&f.l, kv_local_pools(f.kv), f.blocks[0], 0, 0);
     assert_int_equal(K0[0], 0);
+    attn_fx_fini(&f);
+
+    /* q8 cache: row [h][p % B] of 40 levels and two bf16 scales */
+    attn_fx_init(&f, 3, 10, KV_Q8, 2, 2, 40);
+    for (uint32_t p = 0; p < 10; p++)
+        for (uint32_t h = 0; h < 2; h++) {
+            const char *K = kv_slice_ptr(&f.l, kv_local_pools(f.kv), f.blocks[p / 3], 1, 0);
+            int8_t lv[40];
+            uint16_t d[2];
+            kv_q8_quantize(f.k + (p * 2 + h) * 40, 40, lv, d);
+            assert_memory_equal(K + ((size_t)h * 3 + p % 3) * 44, lv, 40);
+            assert_memory_equal(K + ((size_t)h * 3 + p % 3) * 44 + 40, d, 4);
+        }
     attn_fx_fini(&f);
 }
 
@@ -1320,12 +1461,15 @@ int main(void)
         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_f16_bits),
+        cmocka_unit_test(test_attention_8bit),
+        cmocka_unit_test(test_kv_load_rows),
         cmocka_unit_test(test_lse_merge_splits),
         cmocka_unit_test(test_attention_long),
         cmocka_unit_test(test_attention_window),
         cmocka_unit_test(test_head_norm_gelu_scale),
         AVX2_TOO(test_attention),
         AVX2_TOO(test_attention_f16_bits),
+        AVX2_TOO(test_attention_8bit),
         AVX2_TOO(test_lse_merge_splits),
         AVX2_TOO(test_attention_long),
         AVX2_TOO(test_attention_window),

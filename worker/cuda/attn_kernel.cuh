@@ -4,6 +4,7 @@
 #include <math.h>
 
 #include "worker/cuda/cuda_ops.cuh"
+#include "worker/cuda/kv8.cuh"
 
 #define ATTN_THREADS 128
 
@@ -59,12 +60,13 @@ __device__ __forceinline__ float attn_f(float x)
 }
 
 /* where a thread block's key chunks come from: unit u of its split is chunk
- * u % cpb of block-list entry u / cpb (units are in position order) */
-template <typename T, int CH> struct attn_src {
+ * u % cpb of block-list entry u / cpb (units are in position order). DT: the pools' 8-bit
+ * kv dtype (KV_Q8, KV_FP8), whose rows load dequantized into f32 stages (T float), or 0 */
+template <typename T, int CH, int DT = 0> struct attn_src {
     const struct cuda_blk *list;
     const char *pool;
     size_t block_bytes, k_off, v_off, head_off;
-    uint32_t cpb, u0, u1, B, D, DP;
+    uint32_t cpb, u0, u1, B, D, DP, rb; /* rb: bytes a row */
     long long max_pos;
 
     __device__ attn_src(const struct attn_kargs &a, const struct cuda_seq_meta &sq, uint32_t kvh,
@@ -79,7 +81,8 @@ template <typename T, int CH> struct attn_src {
         block_bytes = a.block_bytes;
         k_off = a.k_off;
         v_off = a.v_off;
-        head_off = (size_t)kvh * a.B * a.D * sizeof(T);
+        rb = DT ? a.D + kv8_scale_bytes(DT, a.D) : a.D * (uint32_t)sizeof(T);
+        head_off = (size_t)kvh * a.B * rb;
         B = a.B;
         D = a.D;
         DP = dp;
@@ -102,9 +105,41 @@ template <typename T, int CH> struct attn_src {
         uint32_t c0 = (u % cpb) * CH;
         return (uint32_t)min((long long)min((uint32_t)CH, B - c0), max_pos - kp0 + 1);
     }
+    /* 8-bit: the unit's nk rows of one slice from rows (each D levels, then its scales) as
+     * f32 into d (CH, DP), four levels a thread a step; plain loads and stores, which the
+     * barrier after the stage's wait (next) publishes like the copies */
+    __device__ void load8(const char *rows, uint32_t nk, float *d) const
+    {
+        const uint32_t row_q = D / 4;
+        for (uint32_t i = threadIdx.x; i < nk * row_q; i += ATTN_THREADS) {
+            const uint32_t c = i / row_q, x = (i % row_q) * 4;
+            const uint8_t *q = (const uint8_t *)rows + (size_t)c * rb + x;
+            const char *s = rows + (size_t)c * rb + D;
+            float4 f;
+            if constexpr (DT == KV_Q8) {
+                const float dq = kv8_bf16(s + x / 32 * 2);
+                f = make_float4((float)(int8_t)q[0] * dq, (float)(int8_t)q[1] * dq,
+                                (float)(int8_t)q[2] * dq, (float)(int8_t)q[3] * dq);
+            } else {
+                const float sf = *(const float *)s;
+                f = make_float4(kv8_fp8_value(q[0], sf), kv8_fp8_value(q[1], sf),
+                                kv8_fp8_value(q[2], sf), kv8_fp8_value(q[3], sf));
+            }
+            *(float4 *)(d + c * DP + x) = f;
+        }
+    }
     /* queues the unit's K and V rows into kd, vd (CH, DP) */
     __device__ void load(uint32_t u, T *kd, T *vd) const
     {
+        if constexpr (DT != 0) {
+            static_assert(std::is_same<T, float>::value, "8-bit kv loads into f32 stages");
+            struct cuda_blk b = list[u / cpb];
+            const uint32_t c0 = (u % cpb) * CH, nk = keys(u, (long long)b.j * B + c0);
+            const char *blk = pool + (size_t)b.index * block_bytes + head_off + (size_t)c0 * rb;
+            load8(blk + k_off, nk, kd);
+            load8(blk + v_off, nk, vd);
+            return;
+        }
         constexpr int VEC = 16 / sizeof(T);
         struct cuda_blk b = list[u / cpb];
         uint32_t c0 = (u % cpb) * CH;
@@ -289,7 +324,7 @@ __device__ __forceinline__ void attn_merge_last(const struct attn_kargs &a, uint
  * every row (Gemma 3's head_dim 256: CP 2).
  * smem: ks, vs (2 stages, CH, D + pad) of T; qs (R, D) f32; ps (R, CH) f32;
  * cs (R) f32; rp (R) int. */
-template <typename T, int CH, int RMAX, int RPT, int CP = 1>
+template <typename T, int CH, int RMAX, int RPT, int CP = 1, int DT = 0>
 __global__ void __launch_bounds__(ATTN_THREADS) attn_kernel(struct attn_kargs a)
 {
     constexpr int VEC = 16 / sizeof(T); /* elements per 16-byte copy */
@@ -324,7 +359,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_kernel(struct attn_kargs a)
     for (uint32_t i = 0; i < qt.nt; i++)
         max_pos = max(max_pos, a.pos[tok0 + i]);
 
-    const attn_src<T, CH> src(a, sq, kvh, split, max_pos, DP);
+    const attn_src<T, CH, DT> src(a, sq, kvh, split, max_pos, DP);
 
     float m_r[RPW], l_r[RPW];
 #pragma unroll
@@ -1370,16 +1405,17 @@ template <int ND> static int attn_dec_per_sm(int nst)
 }
 
 /* the generic kernel over kv of type T (CH keys a chunk): a column a thread, two past 128 dims
- * (head_dim 256) */
-template <typename T, int CH, int RMAX, int RPT>
+ * (head_dim 256); DT an 8-bit kv dtype read into f32 stages (T float), or 0 */
+template <typename T, int CH, int RMAX, int RPT, int DT = 0>
 static int attn_generic_launch(const struct cuda_ctx *c, dim3 grid, cudaStream_t s,
                                const struct attn_kargs &k)
 {
     const size_t sm = attn_smem_bytes(sizeof(T), CH, k.D, k.R);
     static size_t sm_set, sm_set_wide; /* each kernel's raised limit */
     if (k.D > ATTN_THREADS)
-        return attn_launch_fn(c, attn_kernel<T, CH, RMAX, RPT, 2>, &sm_set_wide, grid, sm, s, k);
-    return attn_launch_fn(c, attn_kernel<T, CH, RMAX, RPT>, &sm_set, grid, sm, s, k);
+        return attn_launch_fn(c, attn_kernel<T, CH, RMAX, RPT, 2, DT>, &sm_set_wide, grid, sm, s,
+                              k);
+    return attn_launch_fn(c, attn_kernel<T, CH, RMAX, RPT, 1, DT>, &sm_set, grid, sm, s, k);
 }
 
 /* launches one instantiation for the kv dtype: f16 on the tensor cores,
@@ -1418,8 +1454,11 @@ static int attn_launch(struct cuda_ctx *c, const struct cuda_attn_args *a, struc
         if (rc < 0)
             return rc;
     } else {
-        int rc = c->layout.dtype == KV_F16
-                     ? attn_generic_launch<__half, 64, RMAX, RPT>(c, grid, a->s, k)
+        const int dt = c->layout.dtype;
+        int rc = dt == KV_F16  ? attn_generic_launch<__half, 64, RMAX, RPT>(c, grid, a->s, k)
+                 : dt == KV_Q8 ? attn_generic_launch<float, 32, RMAX, RPT, KV_Q8>(c, grid, a->s, k)
+                 : dt == KV_FP8
+                     ? attn_generic_launch<float, 32, RMAX, RPT, KV_FP8>(c, grid, a->s, k)
                      : attn_generic_launch<float, 32, RMAX, RPT>(c, grid, a->s, k);
         if (rc < 0)
             return rc;

@@ -134,6 +134,10 @@ int cu_set_kv(void *ctx, const struct kv_layout *l, const struct kv_pools *p)
                   hd);
         return RKV_EUNSUPPORTED;
     }
+    if ((unsigned)l->dtype >= KV_N_DTYPES) {
+        log_error("cuda: kv dtype %d is not one of " KV_DTYPE_NAMES, (int)l->dtype);
+        return RKV_EUNSUPPORTED;
+    }
     cuda_pools_unregister(c);
     c->have_kv = 0;
     c->meta.valid = 0;

@@ -1,6 +1,7 @@
 /* kv_write.cu - stores one layer's new k, v rows into their paged kv blocks (device or mapped
  * host). */
 #include "worker/cuda/cuda_ops.cuh"
+#include "worker/cuda/kv8.cuh"
 
 template <typename T> __device__ __forceinline__ T kv_cast(float x);
 template <> __device__ __forceinline__ float kv_cast<float>(float x)
@@ -69,6 +70,34 @@ __global__ void kv_write_kernel(kv_dst dst, uint32_t B, uint32_t n_kv_head, uint
     }
 }
 
+/* 8-bit rows (kv8.cuh): a warp per (kv head, K or V) row of token blockIdx.x */
+template <int DT>
+__global__ void kv_write8_kernel(kv_dst dst, uint32_t B, uint32_t n_kv_head, uint32_t D,
+                                 const int32_t *pos, const uint32_t *slot, const float *k,
+                                 const float *v)
+{
+    const uint32_t t = blockIdx.x, lane = threadIdx.x & 31, rb = D + kv8_scale_bytes(DT, D);
+    const kv_rows kr = kv_dst_block(dst, slot[t], t);
+    const uint32_t off = (uint32_t)pos[t] % B;
+    for (uint32_t r = threadIdx.x >> 5; r < 2 * n_kv_head; r += blockDim.x >> 5) {
+        const uint32_t h = r >> 1;
+        uint8_t *row = kv8_row(r & 1 ? kr.v : kr.k, B, rb, h, off);
+        const float *x = (r & 1 ? v : k) + ((size_t)t * n_kv_head + h) * D;
+        kv8_store_row<DT>(x, D, row, (char *)row + D, lane);
+    }
+}
+
+static int kv_write8(struct cuda_ctx *c, const struct cuda_meta *m, const kv_dst &d, const float *k,
+                     const float *v)
+{
+    const struct kv_layout *l = &c->layout;
+    auto fn = l->dtype == KV_Q8 ? kv_write8_kernel<KV_Q8> : kv_write8_kernel<KV_FP8>;
+    fn<<<m->n_tokens, 128, 0, c->stream>>>(d, l->block_size, l->n_kv_head, l->head_dim, m->d_pos,
+                                           m->d_slot, k, v);
+    CU_LAUNCHED();
+    return 0;
+}
+
 int cuda_kv_write(struct cuda_ctx *c, const struct cuda_meta *m, uint32_t layer, const float *k,
                   const float *v, char *stg)
 {
@@ -76,6 +105,8 @@ int cuda_kv_write(struct cuda_ctx *c, const struct cuda_meta *m, uint32_t layer,
     if (m->n_tokens == 0)
         return 0;
     const kv_dst d = kv_dst_of(c, m, layer, stg);
+    if (kv_dtype_is_8bit(l->dtype))
+        return kv_write8(c, m, d, k, v);
     if (l->dtype == KV_F16)
         kv_write_kernel<__half><<<m->n_tokens, 128, 0, c->stream>>>(
             d, l->block_size, l->n_kv_head, l->head_dim, m->d_pos, m->d_slot, k, v);
@@ -85,6 +116,11 @@ int cuda_kv_write(struct cuda_ctx *c, const struct cuda_meta *m, uint32_t layer,
     CU_LAUNCHED();
     return 0;
 }
+
+/* rope_kv_write_kernel's T for the 8-bit dtypes: it ropes q and k only, and kv_write8 stores the
+ * rows after it (a row's scale needs the whole row) */
+struct kv_rope_only {
+};
 
 /* one launch for rope(q), rope(k), kv_write(k, v). grid (ceil(items / 128), n_tokens); items per
  * token: n_head * n_rot/2 q pairs, then n_kv_head * head_dim/2 k/v items (item j < n_rot/2
@@ -142,12 +178,14 @@ __global__ void rope_kv_write_kernel(kv_dst dst, uint32_t B, uint32_t n_kv_head,
         k0 = kx[d0];
         k1 = kx[d1];
     }
-    const size_t row = ((size_t)h * B + (uint32_t)p % B) * head_dim;
-    T *K = (T *)kr.k + row, *V = (T *)kr.v + row;
-    K[d0] = kv_cast<T>(k0);
-    K[d1] = kv_cast<T>(k1);
-    V[2 * j] = kv_cast<T>(vx[2 * j]);
-    V[2 * j + 1] = kv_cast<T>(vx[2 * j + 1]);
+    if constexpr (!std::is_same<T, kv_rope_only>::value) {
+        const size_t row = ((size_t)h * B + (uint32_t)p % B) * head_dim;
+        T *K = (T *)kr.k + row, *V = (T *)kr.v + row;
+        K[d0] = kv_cast<T>(k0);
+        K[d1] = kv_cast<T>(k1);
+        V[2 * j] = kv_cast<T>(vx[2 * j]);
+        V[2 * j + 1] = kv_cast<T>(vx[2 * j + 1]);
+    }
 }
 
 int cuda_rope_kv_write(struct cuda_ctx *c, const struct cuda_meta *m, uint32_t layer, float *q,
@@ -164,9 +202,14 @@ int cuda_rope_kv_write(struct cuda_ctx *c, const struct cuda_meta *m, uint32_t l
     const kv_dst d = kv_dst_of(c, m, layer, stg);
     uint32_t items = n_head * (r->n_rot / 2) + l->n_kv_head * (l->head_dim / 2);
     dim3 grid((items + 127) / 128, m->n_tokens);
-    auto fn = l->dtype == KV_F16 ? rope_kv_write_kernel<__half> : rope_kv_write_kernel<float>;
+    const int q8 = kv_dtype_is_8bit(l->dtype);
+    auto fn = q8                   ? rope_kv_write_kernel<kv_rope_only>
+              : l->dtype == KV_F16 ? rope_kv_write_kernel<__half>
+                                   : rope_kv_write_kernel<float>;
     CU_TRY(cuda_launch_pdl(c, fn, grid, dim3(128), 0, c->stream, d, l->block_size, l->n_kv_head,
                            l->head_dim, m->d_pos, m->d_slot, q, k, v, n_head, r->n_rot,
                            r->freq_base, r->freq_scale, r->neox, ff));
-    return 0;
+    /* a plain launch: it starts once the rope's grid is done, and the attention after it waits
+     * for it in turn */
+    return q8 ? kv_write8(c, m, d, k, v) : 0;
 }
