@@ -21,11 +21,12 @@ GEMMA = TOP / "build" / "models" / "gemma-3-270m-q4_k_m.gguf"
 
 
 def gen(model, tmp_path, prompt, n, extra=(), batch=1, tag="a"):
-    """rkv-gen greedy on the cpu backend: (json output, logits (steps, batch, n_vocab))"""
+    """rkv-gen greedy on the cpu backend, f32 kv (the byte counts and the reference's
+    tolerance below are f32's): (json output, logits (steps, batch, n_vocab))"""
     dump = tmp_path / f"logits-{tag}.bin"
     r = _run([_need("rkv-gen"), "--model", str(model), "--prompt-ids", ",".join(map(str, prompt)),
               "-n", str(n), "--temp", "0", "--ignore-eos", "--dump-logits", str(dump), "--json",
-              "--backend", "cpu", "--batch", str(batch), *extra])
+              "--backend", "cpu", "--batch", str(batch), "--kv-dtype", "f32", *extra])
     info = json.loads(r.stdout)
     raw = np.fromfile(dump, dtype="<f4")
     return info, raw.reshape(-1, batch, info["n_vocab"])
