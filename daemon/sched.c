@@ -1374,6 +1374,21 @@ void sched_job_done(struct sched *s, struct step_job *j)
                 finish_seq(q, API_FINISH_ABORT);
             continue;
         }
+        if (js->status == RKV_ESTALE) {
+            /* cut back before its live window (a sliding-window model keeps only the
+             * window of its local layers): kvmgr forgot the session, so its whole history
+             * is prefilled again, as after a kvmgr restart */
+            log_info("session %llu: its kv before position %u is gone: prefilling its %u "
+                     "tokens again",
+                     (unsigned long long)q->sess->sid, js->n_past, q->sess->n_tokens);
+            q->sess->n_kv = 0;
+            q->sess->kvmgr_knows = 0;
+            q->sess->worker_knows = 0;
+            progress = 1;
+            if (q->cancelled)
+                finish_seq(q, API_FINISH_ABORT);
+            continue;
+        }
         if (js->status == RKV_ENOSPACE) {
             q->stalled = 1;
             if (q->cancelled)

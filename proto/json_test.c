@@ -243,7 +243,7 @@ static void test_bad_fields(void **state)
     assert_int_equal(dec(H, "{" HELLO_OK ",\"pid\":1,\"pdi\":2}", err, sizeof err), RKV_EFORMAT);
     assert_string_equal(err, "hello: unknown field \"pdi\" (fields: role, pid, worker_id, gpu, "
                              "proto_version, build, block_bytes, weights_bytes, "
-                             "compute_reserve_bytes)");
+                             "compute_reserve_bytes, n_parts, n_swa)");
     assert_int_equal(dec(H, "{" HELLO_OK ",\"pid\":1,\"pid\":2}", err, sizeof err), RKV_EFORMAT);
     assert_string_equal(err, "hello: field \"pid\" appears twice");
 

@@ -27,6 +27,8 @@ static const struct proto_field f_hello[] = {
     PROTO_F_U64(struct proto_hello, block_bytes, 0, 0, 1ull << 40),
     PROTO_F_U64(struct proto_hello, weights_bytes, 0, 0, 1ull << 50),
     PROTO_F_U64(struct proto_hello, compute_reserve_bytes, 0, 0, 1ull << 50),
+    PROTO_F_U32(struct proto_hello, n_parts, 0, 0, 64),
+    PROTO_F_U32(struct proto_hello, n_swa, 0, 0, 1u << 24),
 };
 
 static const struct proto_field f_hello_ack[] = {

@@ -56,6 +56,10 @@ struct proto_hello {
     /* device bytes a step of this model takes beyond what the worker already
      * holds (activations, staging), measured on the real graph; 0 = unknown */
     uint64_t compute_reserve_bytes;
+    /* sliding windows: blocks per position block (0 or 1: one block of every layer) and the
+     * local layers' window in positions; block_bytes is then one part */
+    uint32_t n_parts;
+    uint32_t n_swa;
 };
 
 struct proto_hello_ack {
