@@ -53,6 +53,7 @@ struct rkvd_conf {
     int64_t threads;
     int64_t sample_threads;
     int kv_dtype;
+    int swa_kv;
     int mode;
     char served_model_name[256];
     int64_t max_body;
@@ -84,6 +85,7 @@ struct rkvd_conf {
 
 static const char *const backends[] = {"auto", "cpu", "cuda", NULL};
 static const char *const kv_dtypes[] = {"f32", "f16", NULL};
+static const char *const swa_kvs[] = {"window", "full", NULL};
 static const char *const prefix_scopes[] = {"key", "global", NULL};
 static const char *const modes[] = {"auto", "resident", "window", "cpu_tail", NULL};
 static const char *const rotations[] = {"off", "auto", "always", NULL};
@@ -143,6 +145,9 @@ static const struct cfg_key keys[] = {
      .help = "threads per worker sampling a step's rows (0 = auto, 1 = none)"},
     {K("kv_dtype", CFG_ENUM, kv_dtype), .names = kv_dtypes, .def = "f32",
      .help = "KV cache element type"},
+    {K("swa_kv", CFG_ENUM, swa_kv), .names = swa_kvs, .def = "window",
+     .help = "sliding-window models (Gemma 3): local layers keep only their window of KV "
+             "(window) or every position (full); cuda workers always keep every position"},
     {K("mode", CFG_ENUM, mode), .names = modes, .def = "auto", .help = "tactic mode"},
     {K("cuda_tune", CFG_STR, cuda_tune), S(cuda_tune),
      .help = "the gpu workers' cuda tuning knobs, name=value,... (docs/operations.md, CUDA "
@@ -840,6 +845,9 @@ static int spawn_children(struct rkvd *d, char *err, size_t errlen)
                          ms,
                          "--kv-dtype",
                          (char *)kv_dtypes[d->c.kv_dtype],
+                         "--swa-kv",
+                         /* the cuda kernels address one block of every layer */
+                         (char *)swa_kvs[d->c.backend == 2 ? 1 : d->c.swa_kv],
                          "--block-size",
                          bs,
                          "--deterministic",
