@@ -1,7 +1,7 @@
 """Sliding-window KV through the served path (rkvd + rkv-kvmgr + rkv-worker, cpu backend;
 docs/runtime.md, "Sliding windows"): with swa_kv = window a gemma3 session holds every global
 part and only the local parts its window still reads, so the KV bytes the planner counts
-(/metrics rkv:tactic_kv_bytes) stay within a quarter of the all-global layout's (swa_kv =
+(/metrics rkv:tactic_kv_bytes, rkvctl sessions) stay within a quarter of the all-global layout's (swa_kv =
 full), while its tokens and log-probabilities are the same as the full layout's across decode
 far past the window, a device pool too small for the session (its tail on the host, parked
 while another session runs), a second turn of the same session (its kv reused), and a turn that
@@ -58,6 +58,9 @@ def run_all(srv):
     # (parked to make room) as its last step left them
     time.sleep(2.5)
     out["bytes1"] = srv.metric("rkv:tactic_kv_bytes")
+    # rkvctl sessions: the blocks its last step's table named
+    sess = {x["id"]: x for x in srv.ctl("sessions", "list")["sessions"]}
+    out["ctl1"] = sess["long"]["kv_bytes"]
     # another session takes the device while "long" is idle: it is parked to the host
     out["other"] = complete(srv, "Another session, to make room", 64, session="other")
     # the second turn continues the history: its kv is reused from where it is
@@ -96,6 +99,8 @@ def test_window_kv_served(gemma, tmp_path_factory):
     # the window layout counts every global part and the live local parts only
     assert want["bytes1"] >= 7 * 4096 * (TURN1 // 16)
     assert got["bytes1"] <= 0.25 * want["bytes1"], (got["bytes1"], want["bytes1"])
+    assert want["ctl1"] >= 7 * 4096 * (TURN1 // 16)
+    assert 0 < got["ctl1"] <= 0.25 * want["ctl1"], (got["ctl1"], want["ctl1"])
     # the device pool was too small for the session beside another: its live parts went to
     # the host and came back
     assert got["moved"] > 0
