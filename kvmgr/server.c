@@ -488,6 +488,7 @@ static int replan(struct kvmgr *k, const char *why)
     plan_input_init(&in);
     in.mode = (enum plan_mode)k->c.mode;
     in.block_bytes = k->block_bytes;
+    in.min_dev = k->n_parts; /* the newest position block's parts stay on the device */
     in.host_budget = k->c.host_budget;
     in.margin_pct = (uint32_t)k->c.margin_pct;
     in.now = rkv_now_ms();
