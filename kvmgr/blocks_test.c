@@ -947,15 +947,16 @@ static void test_random_sequences(void **state)
 /* sliding windows: 3 parts a position block (the global layers, two local ones), a window of
  * 6 positions. Dead local parts go as the worker acks, moves skip them, a cut-back past the
  * window is refused, and a prefix match keeps only what its window finds */
-static struct kvb *make_parts(uint32_t dev, uint32_t host)
+static struct kvb *make_parts(uint32_t dev, uint32_t host, uint32_t block_tokens,
+                              uint32_t n_parts, uint32_t window)
 {
     struct kvb_config cfg = {0};
     cfg.n_gpus = 1;
     cfg.dev_blocks[0] = dev;
     cfg.host_blocks = host;
-    cfg.block_tokens = B;
-    cfg.n_parts = 3;
-    cfg.window = 6;
+    cfg.block_tokens = block_tokens;
+    cfg.n_parts = n_parts;
+    cfg.window = window;
     struct kvb *kvb = NULL;
     assert_int_equal(kvb_create(&cfg, &kvb), 0);
     return kvb;
@@ -964,7 +965,7 @@ static struct kvb *make_parts(uint32_t dev, uint32_t host)
 static void test_window_parts(void **state)
 {
     (void)state;
-    struct kvb *kvb = make_parts(32, 30);
+    struct kvb *kvb = make_parts(32, 30, B, 3, 6);
     uint32_t t[24], d, h, dropped;
     size_t reused, n_cow, n_ops;
     struct kvb_copy ops[64];
@@ -1060,6 +1061,29 @@ static void test_window_parts(void **state)
     kvb_destroy(kvb);
 }
 
+/* Gemma 3 270M's shape (18 layers, 3 global: 6 parts; a window of 512) at 32k positions with
+ * 256-position blocks: after kvmgr's drop (the window of the written positions and one
+ * position block more) the session holds 128 global and 15 local blocks, under a quarter of
+ * the 128 x 6 parts of the all-global layout */
+static void test_window_32k(void **state)
+{
+    (void)state;
+    struct kvb *kvb = make_parts(800, 800, 256, 6, 512);
+    size_t reused;
+    uint32_t d, h, dropped;
+    assert_int_equal(kvb_session_open(kvb, 1, 0, 0, NULL, 32768, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_written(kvb, 1, 32768), 0);
+    assert_int_equal(kvb_window_first(kvb, 32768), 126);
+    assert_int_equal(kvb_session_drop_local(kvb, 1, 125, &dropped), 0);
+    assert_int_equal(dropped, 125 * 5);
+    assert_int_equal(kvb_session_counts(kvb, 1, &d, &h), 0);
+    assert_int_equal(d + h, 128 + 3 * 5);
+    assert_true((d + h) * 4 <= 128 * 6);
+    assert_int_equal(kvb_session_window_live(kvb, 1, 32768), 1);
+    assert_int_equal(kvb_check(kvb), 0);
+    kvb_destroy(kvb);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1076,6 +1100,7 @@ int main(void)
         cmocka_unit_test(test_unwritten_blocks_stay),
         cmocka_unit_test(test_rehome),
         cmocka_unit_test(test_window_parts),
+        cmocka_unit_test(test_window_32k),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
