@@ -27,6 +27,7 @@ const char *rkv_strerror(int err)
     case RKV_EAUTH: return "authentication failed";
     case RKV_EINTERNAL: return "internal error";
     case RKV_EPERM: return "not permitted";
+    case RKV_ESTALE: return "kv dropped: recompute it from the token history";
     default: break;
     }
     if (err < 0 && err > -4096)

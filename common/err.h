@@ -25,6 +25,7 @@ enum rkv_err {
     RKV_EAUTH = -4114,    /* authentication failed */
     RKV_EINTERNAL = -4115,/* invariant broken: a bug */
     RKV_EPERM = -4116,    /* authenticated, but this key may not do that */
+    RKV_ESTALE = -4117,   /* the kv needed is gone: recompute it from the token history */
 };
 
 /* text for any rkv code or negative errno; never NULL */

@@ -300,6 +300,7 @@ static cJSON *session_json(struct admin *a, const struct sched_session_info *si,
     cJSON_AddNumberToObject(o, "worker", si->worker);
     cJSON_AddNumberToObject(o, "tokens", si->n_tokens);
     cJSON_AddNumberToObject(o, "kv_tokens", si->n_kv);
+    cJSON_AddNumberToObject(o, "kv_bytes", (double)si->kv_bytes);
     cJSON_AddBoolToObject(o, "busy", si->busy);
     cJSON_AddBoolToObject(o, "pinned", si->pinned);
     cJSON_AddNumberToObject(

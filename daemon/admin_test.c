@@ -150,9 +150,9 @@ static int setup(void **state)
         return -1;
     uv_loop_init(&e->loop);
     struct fake *f = &e->fake;
-    f->sess[0] = (struct sched_session_info){5, "chat-a", 0, 40, 40, 0, 0, 0, rkv_now_ms()};
-    f->sess[1] = (struct sched_session_info){6, "chat-b", 0, 20, 19, 0, 1, 0, rkv_now_ms()};
-    f->sess[2] = (struct sched_session_info){9, "", 0, 3, 2, 0, 1, 0, 0};
+    f->sess[0] = (struct sched_session_info){5, "chat-a", 0, 40, 40, 8192, 0, 0, 0, rkv_now_ms()};
+    f->sess[1] = (struct sched_session_info){6, "chat-b", 0, 20, 19, 4096, 0, 1, 0, rkv_now_ms()};
+    f->sess[2] = (struct sched_session_info){9, "", 0, 3, 2, 4096, 0, 1, 0, 0};
     struct admin_ops ops = {f_info,    f_kvmgr_call, f_sessions, f_evict, f_pin,
                             f_restart, f_drain,      f_budget,   f};
     struct admin_config ac = {NULL, NULL, 1 << 30, 1 << 30, 0, 1};
@@ -286,6 +286,7 @@ static void test_sessions(void **state)
     assert_string_equal(cJSON_GetObjectItem(b, "id")->valuestring, "chat-b");
     assert_string_equal(cJSON_GetObjectItem(b, "tactic")->valuestring, "parked");
     assert_true(num(b, "tail_blocks") == 2 && num(b, "tail_tokens") == 19); /* <= kv */
+    assert_true(num(b, "kv_bytes") == 4096);
     assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(l, 0), "tactic")->valuestring,
                         "resident");
 

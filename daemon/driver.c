@@ -88,6 +88,7 @@ struct wthread {
     uint64_t acked_epoch;
     uint64_t sent_ack; /* the ack kvmgr has received */
     uint32_t worker_kvmgr_pid; /* the kvmgr whose pools the worker maps (its hello) */
+    uint64_t block_bytes;      /* one kv block of the worker's layout (its hello) */
     int up;
     int lost; /* guarded by d->mu: the process died; ask it for hello again */
     struct proto_wbuf buf;
@@ -413,6 +414,10 @@ static int worker_step(struct wthread *t, struct step_job *job, const struct pro
         js->status = kt->status;
         if (kt->status != 0)
             continue;
+        uint32_t live = 0;
+        for (uint32_t b = 0; b < kt->n_blocks; b++)
+            live += kt->blocks[b].index != UINT32_MAX; /* KV_REF_NONE: a dropped part */
+        js->kv_bytes = (uint64_t)live * t->block_bytes;
         if (kt->n_cached > js->n_past && js->n_past == 0) {
             /* kvmgr mapped this prefix to blocks another session wrote: skip
              * computing it; the sampler still sees those tokens as history */
@@ -691,6 +696,7 @@ static void *worker_thread(void *arg)
                 e->max_batch_tokens = ack.max_batch_tokens;
                 e->on_gpu = ack.on_gpu;
                 t->worker_kvmgr_pid = ack.kvmgr_pid;
+                t->block_bytes = ack.block_bytes;
                 t->up = 1;
                 post(d, e);
             }

@@ -53,6 +53,7 @@ struct rkvd_conf {
     int64_t threads;
     int64_t sample_threads;
     int kv_dtype;
+    int swa_kv;
     int mode;
     char served_model_name[256];
     int64_t max_body;
@@ -85,6 +86,7 @@ struct rkvd_conf {
 static const char *const backends[] = {"auto", "cpu", "cuda", NULL};
 /* worker/kv.h's enum kv_dtype order (KV_DTYPE_NAMES) */
 static const char *const kv_dtypes[] = {"f32", "f16", "q8", "fp8", NULL};
+static const char *const swa_kvs[] = {"window", "full", NULL};
 static const char *const prefix_scopes[] = {"key", "global", NULL};
 static const char *const modes[] = {"auto", "resident", "window", "cpu_tail", NULL};
 static const char *const rotations[] = {"off", "auto", "always", NULL};
@@ -93,7 +95,7 @@ static const char *const rotations[] = {"off", "auto", "always", NULL};
 static const char *const host_attn_of_mode[] = {"auto", "gpu", "gpu", "cpu"};
 
 #define K(n, t, f) n, t, offsetof(struct rkvd_conf, f)
-#define S(f) sizeof(((struct rkvd_conf *)0)->f)
+#define S(f)       sizeof(((struct rkvd_conf *)0)->f)
 static const struct cfg_key keys[] = {
     {K("model", CFG_STR, model), S(model), .help = "GGUF model file"},
     {K("chat_template", CFG_STR, chat_template), S(chat_template),
@@ -144,6 +146,9 @@ static const struct cfg_key keys[] = {
      .help = "threads per worker sampling a step's rows (0 = auto, 1 = none)"},
     {K("kv_dtype", CFG_ENUM, kv_dtype), .names = kv_dtypes, .def = "f16",
      .help = "KV cache element type: f16, f32, or 8-bit q8 / fp8 (about half f16's bytes)"},
+    {K("swa_kv", CFG_ENUM, swa_kv), .names = swa_kvs, .def = "window",
+     .help = "sliding-window models (Gemma 3): local layers keep only their window of KV "
+             "(window) or every position (full); cuda workers always keep every position"},
     {K("mode", CFG_ENUM, mode), .names = modes, .def = "auto", .help = "tactic mode"},
     {K("cuda_tune", CFG_STR, cuda_tune), S(cuda_tune),
      .help = "the gpu workers' cuda tuning knobs, name=value,... (docs/operations.md, CUDA "
@@ -329,9 +334,10 @@ static void on_request(struct http_req *req, void *arg)
         return;
     }
     struct api_error e;
-    api_error_set(&e, 404, "", "no route for %s %s: rkv serves /v1/completions, "
-                               "/v1/chat/completions, /v1/models, /health, /metrics, / (status) "
-                               "and /admin/v1/",
+    api_error_set(&e, 404, "",
+                  "no route for %s %s: rkv serves /v1/completions, "
+                  "/v1/chat/completions, /v1/models, /health, /metrics, / (status) "
+                  "and /admin/v1/",
                   method, path);
     e.type = "not_found_error";
     char *body = api_error_json(&e);
@@ -480,8 +486,10 @@ static void drv_tactic_event(void *ud, const struct proto_tactic_event *ev)
         if (d->rot_events++ >= RKVD_ROT_EVENTS_PER_S)
             return;
     }
-    struct store_event se = {.ts_ms = (int64_t)ev->ts_ms, .session_id = ev->session_id,
-                             .gpu = ev->gpu, .bytes_moved = ev->bytes_moved,
+    struct store_event se = {.ts_ms = (int64_t)ev->ts_ms,
+                             .session_id = ev->session_id,
+                             .gpu = ev->gpu,
+                             .bytes_moved = ev->bytes_moved,
                              .elapsed_us = ev->elapsed_us};
     snprintf(se.from, sizeof se.from, "%s", proto_tactic_names[ev->from]);
     snprintf(se.to, sizeof se.to, "%s", proto_tactic_names[ev->to]);
@@ -602,8 +610,7 @@ static void worker_watchdog(struct rkvd *d)
 {
     for (uint32_t w = 0; w < d->n_workers; w++) {
         pid_t pid = d->workers[w] ? sup_child_pid(d->workers[w]) : 0;
-        if (d->worker_up[w] || !d->worker_down_ms[w] ||
-            rkv_now_ms() - d->worker_down_ms[w] < 2000)
+        if (d->worker_up[w] || !d->worker_down_ms[w] || rkv_now_ms() - d->worker_down_ms[w] < 2000)
             continue;
         d->worker_down_ms[w] = 0;
         if (!pid || pid != d->worker_down_pid[w])
@@ -625,8 +632,8 @@ static void cron_cb(uv_timer_t *t)
         sd_notify(0, "WATCHDOG=1");
     struct sched_stats st;
     sched_get_stats(d->sched, &st);
-    sd_notifyf(0, "STATUS=%s: %u running, %u waiting, %u sessions", d->ready_sent ? "serving" : "starting",
-               st.running, st.waiting, st.sessions);
+    sd_notifyf(0, "STATUS=%s: %u running, %u waiting, %u sessions",
+               d->ready_sent ? "serving" : "starting", st.running, st.waiting, st.sessions);
     admin_tick(d->admin);
     if (d->sched)
         sched_tick(d->sched);
@@ -749,10 +756,11 @@ static int start_admin(struct rkvd *d, char *err, size_t errlen)
         snprintf(path, sizeof path, "%s", d->c.admin_socket);
     else
         snprintf(path, sizeof path, "%s/admin.sock", d->c.runtime_dir);
-    struct admin_ops ops = {adm_info,  adm_kvmgr_call, adm_sessions, adm_evict, adm_pin,
-                            adm_restart, adm_drain,     adm_budget,   d};
-    struct admin_config ac = {path, d->c.admin_group, d->c.vram_target, d->c.host_budget,
-                              d->c.compute_reserve, d->n_workers};
+    struct admin_ops ops = {adm_info,    adm_kvmgr_call, adm_sessions, adm_evict, adm_pin,
+                            adm_restart, adm_drain,      adm_budget,   d};
+    struct admin_config ac = {
+        path,        d->c.admin_group, d->c.vram_target, d->c.host_budget, d->c.compute_reserve,
+        d->n_workers};
     return admin_create(d->loop, &ac, &ops, d->store, &d->admin, err, errlen);
 }
 
@@ -824,40 +832,16 @@ static int spawn_children(struct rkvd *d, char *err, size_t errlen)
         char ms[16], hs[16];
         snprintf(ms, sizeof ms, "%lld", (long long)d->c.max_running);
         snprintf(hs, sizeof hs, "%lld", (long long)d->c.host_split);
-        char *wargv[] = {wk_path,
-                         "--model",
-                         d->c.model,
-                         "--backend",
-                         (char *)backends[d->c.backend],
-                         "--worker-id",
-                         id,
-                         "--gpu",
-                         gpu,
-                         "--threads",
-                         th,
-                         "--sample-threads",
-                         sth,
-                         "--runtime-dir",
-                         rt,
-                         "--max-batch-tokens",
-                         mbt,
-                         "--max-seqs",
-                         ms,
-                         "--kv-dtype",
-                         (char *)kv_dtypes[d->c.kv_dtype],
-                         "--block-size",
-                         bs,
-                         "--deterministic",
-                         d->c.deterministic ? "true" : "false",
-                         "--host-attn",
-                         (char *)host_attn_of_mode[d->c.mode],
-                         "--host-split",
-                         hs,
-                         "--cuda-tune",
-                         d->c.cuda_tune,
-                         "--log-level",
-                         (char *)rkv_log_level_names[d->c.log_level],
-                         NULL};
+        char *wargv[] = {
+            wk_path, "--model", d->c.model, "--backend", (char *)backends[d->c.backend],
+            "--worker-id", id, "--gpu", gpu, "--threads", th, "--sample-threads", sth,
+            "--runtime-dir", rt, "--max-batch-tokens", mbt, "--max-seqs", ms, "--kv-dtype",
+            (char *)kv_dtypes[d->c.kv_dtype], "--swa-kv",
+            /* the cuda kernels address one block of every layer */
+            (char *)swa_kvs[d->c.backend == 2 ? 1 : d->c.swa_kv], "--block-size", bs,
+            "--deterministic", d->c.deterministic ? "true" : "false", "--host-attn",
+            (char *)host_attn_of_mode[d->c.mode], "--host-split", hs, "--cuda-tune", d->c.cuda_tune,
+            "--log-level", (char *)rkv_log_level_names[d->c.log_level], NULL};
         struct sup_child_spec ws = {name, wargv, 5, 60000, 100, 5000};
         if ((rc = sup_add(d->sup, &ws, &d->workers[w]))) {
             snprintf(err, errlen, "cannot start %s: %s", wk_path, rkv_strerror(rc));
@@ -1074,9 +1058,9 @@ int main(int argc, char **argv)
     metric_set(d.m_cache_info, (const char *const[]){kv_dtypes[d.c.kv_dtype], bs_label}, 1);
     d.m_health = metrics_add(d.metrics, METRIC_GAUGE, "rkv:healthy",
                              "1 when kvmgr and a worker are up.", NULL, NULL, 0);
-    d.m_worker_restarts = metrics_add(d.metrics, METRIC_COUNTER, "rkv:worker_restarts_total",
-                                      "Worker processes that died and were restarted.", NULL,
-                                      NULL, 0);
+    d.m_worker_restarts =
+        metrics_add(d.metrics, METRIC_COUNTER, "rkv:worker_restarts_total",
+                    "Worker processes that died and were restarted.", NULL, NULL, 0);
 
     /* the admin socket first: a bad admin_group stops rkvd before it has children */
     if ((rc = start_admin(&d, err, sizeof err))) {
@@ -1096,11 +1080,15 @@ int main(int argc, char **argv)
         d.worker_urls[w] = malloc(600);
         snprintf(d.worker_urls[w], 600, "ipc://%s/worker%u.sock", d.c.runtime_dir, w);
     }
-    struct driver_config dc = {d.n_workers, kv_url, pub_url, (const char *const *)d.worker_urls,
-                               (int)d.c.step_timeout * 1000, d.c.prep_ahead};
-    struct driver_cbs cbs = {drv_job_done, drv_worker_up, drv_worker_down, drv_kvmgr_changed,
-                             drv_kvmgr_down, drv_kvmgr_status, drv_tactic_event, drv_histogram,
-                             &d};
+    struct driver_config dc = {d.n_workers,
+                               kv_url,
+                               pub_url,
+                               (const char *const *)d.worker_urls,
+                               (int)d.c.step_timeout * 1000,
+                               d.c.prep_ahead};
+    struct driver_cbs cbs = {drv_job_done,      drv_worker_up,  drv_worker_down,
+                             drv_kvmgr_changed, drv_kvmgr_down, drv_kvmgr_status,
+                             drv_tactic_event,  drv_histogram,  &d};
     if ((rc = driver_start(d.loop, &dc, &cbs, &d.drv, err, sizeof err))) {
         log_error("%s", err);
         return 1;

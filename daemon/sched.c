@@ -82,6 +82,7 @@ struct session {
     int worker_knows; /* the worker has a sampler for it */
     int kvmgr_knows;  /* kvmgr has blocks for it (else the next prep says NEW) */
     int pinned;       /* operator pinned: kvmgr keeps it resident */
+    uint64_t kv_bytes; /* the bytes of its blocks in its last step's table */
     struct seq *busy; /* the request using it, or NULL */
     uint64_t last_use_ms;
     struct session *lru_prev, *lru_next; /* named sessions, most recent first */
@@ -1374,6 +1375,21 @@ void sched_job_done(struct sched *s, struct step_job *j)
                 finish_seq(q, API_FINISH_ABORT);
             continue;
         }
+        if (js->status == RKV_ESTALE) {
+            /* cut back before its live window (a sliding-window model keeps only the
+             * window of its local layers): kvmgr forgot the session, so its whole history
+             * is prefilled again, as after a kvmgr restart */
+            log_info("session %llu: its kv before position %u is gone: prefilling its %u "
+                     "tokens again",
+                     (unsigned long long)q->sess->sid, js->n_past, q->sess->n_tokens);
+            q->sess->n_kv = 0;
+            q->sess->kvmgr_knows = 0;
+            q->sess->worker_knows = 0;
+            progress = 1;
+            if (q->cancelled)
+                finish_seq(q, API_FINISH_ABORT);
+            continue;
+        }
         if (js->status == RKV_ENOSPACE) {
             q->stalled = 1;
             if (q->cancelled)
@@ -1396,6 +1412,7 @@ void sched_job_done(struct sched *s, struct step_job *j)
             q->sess->worker_knows = 1; /* it ran there (not all found shared) */
         q->sess->kvmgr_knows = 1;
         q->sess->n_kv = js->n_past + js->n_tokens;
+        q->sess->kv_bytes = js->kv_bytes;
         q->sess->n_owed = 0; /* the prep of this step brought them */
         if (js->n_cached) {
             /* kvmgr found these positions in blocks another session wrote */
@@ -1757,10 +1774,16 @@ void sched_sessions_foreach(struct sched *s, sched_session_fn fn, void *ud)
     void *v;
     while (rkv_map_next(&s->sessions, &it, NULL, &v)) {
         const struct session *se = v;
-        struct sched_session_info si = {
-            se->sid,          se->ext_id, se->owner,
-            se->n_tokens,     se->n_kv,   se->worker,
-            se->busy != NULL, se->pinned, se->ext_id[0] ? se->last_use_ms : 0};
+        struct sched_session_info si = {se->sid,
+                                        se->ext_id,
+                                        se->owner,
+                                        se->n_tokens,
+                                        se->n_kv,
+                                        se->kv_bytes,
+                                        se->worker,
+                                        se->busy != NULL,
+                                        se->pinned,
+                                        se->ext_id[0] ? se->last_use_ms : 0};
         fn(ud, &si);
     }
 }

@@ -100,6 +100,9 @@ struct job_seq {
     uint64_t scope;     /* with is_new: the prefix partition it may share blocks in */
     /* out (the driver moves n_past/tokens past what kvmgr found shared) */
     uint32_t n_cached;
+    /* out: the bytes of the blocks kvmgr's table names for it (a sliding-window model's dropped
+     * local parts name none) */
+    uint64_t kv_bytes;
     struct proto_sampling sp;
     /* out */
     int32_t status; /* 0, RKV_ENOSPACE: kvmgr could not place it yet (wait), or
@@ -221,6 +224,7 @@ struct sched_session_info {
     int64_t owner;     /* the API key that made it (0 without keys) */
     uint32_t n_tokens; /* history: prompt + generated */
     uint32_t n_kv;     /* positions whose KV kvmgr holds */
+    uint64_t kv_bytes; /* what its blocks hold, as of its last step */
     uint32_t worker;
     int busy;          /* a request is running or queued on it */
     int pinned;

@@ -79,12 +79,20 @@ struct kvb {
     uint32_t n_gpus;
     uint32_t block_tokens;
     int moves_need_written;
+    uint32_t n_parts; /* table entries per position block */
+    uint32_t window;  /* local layers' window in positions (0: none) */
     struct pool *pools;     /* [n_gpus + 1]: device pools, then the host pool */
     struct rkv_map live;    /* sid -> struct sess * */
     struct rkv_vec closing; /* struct sess *: closed, releases still pending */
 };
 
 #define ENT(s, i) rkv_vec_at(&(s)->ents, struct ent, i)
+
+/* a local part dropped once it left every window: it names no block */
+static int ent_dropped(const struct ent *e)
+{
+    return e->dev == KVB_NONE && e->host == KVB_NONE;
+}
 
 static uint32_t host_pool(const struct kvb *kvb)
 {
@@ -222,6 +230,15 @@ static uint64_t chain_hash(uint64_t prev, const uint32_t *tok, uint32_t n)
     return h ? h : 1; /* 0 means "no hash" */
 }
 
+/* the hash part p of a position block is indexed under: part 0 keeps the chain hash (the
+ * next block's chain goes on from it), local parts get their own */
+static uint64_t part_hash(uint64_t h, uint32_t p)
+{
+    if (!h || p == 0)
+        return h;
+    return chain_hash(h, &p, 1);
+}
+
 /* --- sessions ---------------------------------------------------------------- */
 
 static struct sess *sess_create(struct kvb *kvb, uint64_t sid, uint32_t gpu, uint64_t scope)
@@ -337,17 +354,46 @@ static int sess_grow(struct kvb *kvb, struct sess *s, size_t n, uint32_t max_dev
     return 0;
 }
 
+/* table entries for n_tokens positions */
 static size_t blocks_for(const struct kvb *kvb, size_t n_tokens)
 {
-    return RKV_DIV_UP(n_tokens, kvb->block_tokens);
+    return RKV_DIV_UP(n_tokens, kvb->block_tokens) * kvb->n_parts;
+}
+
+uint32_t kvb_window_first(const struct kvb *kvb, size_t n_past)
+{
+    if (!kvb->window || n_past + 1 <= kvb->window)
+        return 0;
+    return (uint32_t)((n_past + 1 - kvb->window) / kvb->block_tokens);
+}
+
+uint32_t kvb_parts(const struct kvb *kvb)
+{
+    return kvb->n_parts;
+}
+
+/* 1 when entries ents[0 .. n_pb*n_parts) hold every local part a step from n_tokens reads
+ * among the position blocks before n_tokens */
+static int window_live(const struct kvb *kvb, const struct ent *ents, size_t n_pb,
+                       size_t n_tokens)
+{
+    size_t end = RKV_MIN(n_pb, RKV_DIV_UP(n_tokens, kvb->block_tokens));
+    for (size_t b = kvb_window_first(kvb, n_tokens); b < end; b++)
+        for (uint32_t p = 1; p < kvb->n_parts; p++)
+            if (ent_dropped(&ents[b * kvb->n_parts + p]))
+                return 0;
+    return 1;
 }
 
 int kvb_create(const struct kvb_config *cfg, struct kvb **out)
 {
     *out = NULL;
-    if (cfg->n_gpus == 0 || cfg->n_gpus > KVB_MAX_GPUS || cfg->block_tokens == 0) {
-        log_error("kvb: need 1..%d gpus and a block size > 0 (got %u gpus, %u tokens)",
-                  KVB_MAX_GPUS, cfg->n_gpus, cfg->block_tokens);
+    if (cfg->n_gpus == 0 || cfg->n_gpus > KVB_MAX_GPUS || cfg->block_tokens == 0 ||
+        cfg->n_parts > KVB_MAX_PARTS || (cfg->n_parts > 1 && cfg->window == 0)) {
+        log_error("kvb: need 1..%d gpus, a block size > 0 and at most %d parts, several with a "
+                  "window (got %u gpus, %u tokens, %u parts, window %u)",
+                  KVB_MAX_GPUS, KVB_MAX_PARTS, cfg->n_gpus, cfg->block_tokens, cfg->n_parts,
+                  cfg->window);
         return RKV_EINVAL;
     }
     struct kvb *kvb = calloc(1, sizeof(*kvb));
@@ -356,6 +402,8 @@ int kvb_create(const struct kvb_config *cfg, struct kvb **out)
     kvb->n_gpus = cfg->n_gpus;
     kvb->block_tokens = cfg->block_tokens;
     kvb->moves_need_written = cfg->moves_need_written;
+    kvb->n_parts = cfg->n_parts ? cfg->n_parts : 1;
+    kvb->window = kvb->n_parts > 1 ? cfg->window : 0;
     rkv_map_init(&kvb->live);
     rkv_vec_init(&kvb->closing, sizeof(struct sess *));
     kvb->pools = calloc(cfg->n_gpus + 1, sizeof(*kvb->pools));
@@ -433,18 +481,38 @@ int kvb_session_open(struct kvb *kvb, uint64_t sid, uint32_t gpu, uint64_t scope
      * left to compute so the worker gets logits for the last token */
     uint64_t h = scope;
     struct pool *dp = &kvb->pools[gpu], *hp = &kvb->pools[host_pool(kvb)];
+    uint32_t P = kvb->n_parts;
     int rc = 0;
-    for (size_t b = 0; tokens && (b + 1) * B < n_tokens; b++) {
+    if (rkv_vec_reserve(&s->ents, blocks_for(kvb, n_tokens)))
+        rc = RKV_ENOMEM;
+    for (size_t b = 0; tokens && rc == 0 && (b + 1) * B < n_tokens; b++) {
         h = chain_hash(h, tokens + b * B, B);
+        /* part 0 (the global layers) must be there; a local part may be gone (the window
+         * below decides whether the match can use it) */
         struct ent e = {pool_lookup_ref(dp, h), pool_lookup_ref(hp, h), h};
-        if (e.dev == KVB_NONE && e.host == KVB_NONE)
+        if (ent_dropped(&e))
             break;
-        if (!rkv_vec_push(&s->ents, &e)) {
-            rc = RKV_ENOMEM;
-            break;
+        rkv_vec_push(&s->ents, &e);
+        for (uint32_t p = 1; p < P; p++) {
+            uint64_t ph = part_hash(h, p);
+            struct ent l = {pool_lookup_ref(dp, ph), pool_lookup_ref(hp, ph), ph};
+            rkv_vec_push(&s->ents, &l);
         }
     }
-    size_t reused = s->ents.len * B;
+    /* a match continues exactly only where its window's local parts are all there: cut it
+     * back to the longest such prefix */
+    size_t n_pb = s->ents.len / P;
+    while (rc == 0 && n_pb && !window_live(kvb, s->ents.data, n_pb, n_pb * B))
+        n_pb--;
+    for (size_t i = n_pb * P; i < s->ents.len; i++) {
+        struct ent *e = ENT(s, i);
+        if (e->dev != KVB_NONE)
+            pool_unref(dp, e->dev);
+        if (e->host != KVB_NONE)
+            pool_unref(hp, e->host);
+    }
+    s->ents.len = RKV_MIN(s->ents.len, n_pb * P);
+    size_t reused = n_pb * B;
     if (rc == 0)
         rc = sess_grow(kvb, s, blocks_for(kvb, n_tokens) - s->ents.len, max_dev);
     if (rc == 0)
@@ -472,12 +540,15 @@ int kvb_session_fork(struct kvb *kvb, uint64_t parent, uint64_t child, size_t n_
         return RKV_EINVAL; /* only written kv can be shared */
     if (sess_get(kvb, child))
         return RKV_EBUSY;
-    size_t full = n_tokens / B, part = n_tokens % B;
-    if (part && pool_avail(&kvb->pools[p->gpu]) == 0)
+    uint32_t P = kvb->n_parts;
+    size_t full = n_tokens / B * P, part = n_tokens % B;
+    if (!window_live(kvb, p->ents.data, p->ents.len / P, n_tokens))
+        return RKV_ESTALE;
+    if (part && pool_avail(&kvb->pools[p->gpu]) < P)
         return RKV_ENOSPACE;
     struct sess *s = sess_create(kvb, child, p->gpu, p->scope);
     if (!s || rkv_vec_reserve(&s->tokens, n_tokens ? n_tokens : 1) ||
-        rkv_vec_reserve(&s->ents, full + 1)) {
+        rkv_vec_reserve(&s->ents, full + P)) {
         if (s)
             sess_destroy(s);
         return RKV_ENOMEM;
@@ -492,15 +563,16 @@ int kvb_session_fork(struct kvb *kvb, uint64_t parent, uint64_t child, size_t n_
             kvb->pools[host_pool(kvb)].ref[e.host]++;
         rkv_vec_push(&s->ents, &e);
     }
-    if (part) {
-        /* copy-on-write: the split block's first positions into a private block */
-        struct ent *src = ENT(p, full);
+    for (uint32_t q = 0; part && q < P; q++) {
+        /* copy-on-write: the split position block's first positions into private blocks
+         * (it is inside the window, so none of its parts was dropped) */
+        struct ent *src = ENT(p, full + q);
         struct ent e = {pool_alloc(&kvb->pools[p->gpu]), KVB_NONE, 0};
         rkv_vec_push(&s->ents, &e);
-        cow[0] =
+        cow[q] =
             (struct kvb_copy){src->dev != KVB_NONE ? KVB_COPY_D2D : KVB_COPY_H2D, p->gpu,
                               src->dev != KVB_NONE ? src->dev : src->host, e.dev, (uint32_t)part};
-        *n_cow = 1;
+        *n_cow = q + 1;
     }
     int rc = rkv_map_put(&kvb->live, s->id, s);
     if (rc) {
@@ -510,7 +582,7 @@ int kvb_session_fork(struct kvb *kvb, uint64_t parent, uint64_t child, size_t n_
         return rc;
     }
     s->n_written = n_tokens;
-    s->n_published = full < p->n_published ? full : p->n_published;
+    s->n_published = RKV_MIN(full / P, p->n_published);
     s->n_known = n_tokens < p->n_known ? n_tokens : p->n_known;
     return 0;
 }
@@ -522,21 +594,22 @@ int kvb_session_append(struct kvb *kvb, uint64_t sid, const uint32_t *tokens, si
         return RKV_ENOTFOUND;
     size_t grow = blocks_for(kvb, s->tokens.len + n) - s->ents.len;
     if (rkv_vec_reserve(&s->tokens, s->tokens.len + n) ||
-        rkv_vec_reserve(&s->drops, s->drops.len + 1))
+        rkv_vec_reserve(&s->drops, s->drops.len + kvb->n_parts))
         return RKV_ENOMEM;
     int rc = sess_grow(kvb, s, grow, KVB_NONE);
     if (rc)
         return rc;
-    /* the partly filled newest block is written again: a clean host copy of
-     * it goes stale (demoting it later must copy, not reuse the copy) */
+    /* the partly filled newest position block is written again: a clean host copy of
+     * its parts goes stale (demoting them later must copy, not reuse the copy) */
     int changed = grow != 0;
-    if (n && s->tokens.len % kvb->block_tokens) {
-        struct ent *last = ENT(s, s->tokens.len / kvb->block_tokens);
+    for (uint32_t p = 0; n && s->tokens.len % kvb->block_tokens && p < kvb->n_parts; p++) {
+        struct ent *last = ENT(s, s->tokens.len / kvb->block_tokens * kvb->n_parts + p);
         if (last->host != KVB_NONE && last->dev != KVB_NONE) {
-            s->epoch = ++kvb->epoch;
+            if (changed >= 0)
+                s->epoch = ++kvb->epoch;
             sess_drop(s, host_pool(kvb), last->host);
             last->host = KVB_NONE;
-            changed = 0; /* the epoch is new already */
+            changed = -1; /* the epoch is new already */
         }
     }
     uint32_t *dst = (uint32_t *)s->tokens.data + s->tokens.len;
@@ -547,7 +620,7 @@ int kvb_session_append(struct kvb *kvb, uint64_t sid, const uint32_t *tokens, si
     if (tokens && s->n_known == s->tokens.len)
         s->n_known += n;
     s->tokens.len += n;
-    if (changed)
+    if (changed > 0)
         s->epoch = ++kvb->epoch;
     sess_release(kvb, s);
     return 0;
@@ -574,7 +647,7 @@ int kvb_session_know(struct kvb *kvb, uint64_t sid, size_t from, const uint32_t 
 int kvb_session_truncate(struct kvb *kvb, uint64_t sid, size_t n_tokens, struct kvb_copy *cow,
                          size_t *n_cow)
 {
-    uint32_t B = kvb->block_tokens;
+    uint32_t B = kvb->block_tokens, P = kvb->n_parts;
     struct sess *s = sess_get(kvb, sid);
     *n_cow = 0;
     if (!s)
@@ -585,39 +658,45 @@ int kvb_session_truncate(struct kvb *kvb, uint64_t sid, size_t n_tokens, struct 
         return RKV_EBUSY;
     if (n_tokens == s->tokens.len)
         return 0;
+    if (!window_live(kvb, s->ents.data, s->ents.len / P, n_tokens))
+        return RKV_ESTALE;
     struct pool *dp = &kvb->pools[s->gpu];
     size_t keep = blocks_for(kvb, n_tokens), part = n_tokens % B;
-    struct ent *last = keep ? ENT(s, keep - 1) : NULL;
-    /* the kept partial block will be written again: it must be a private
-     * device block, else copy its first positions into one */
-    int need_cow = part && (last->dev == KVB_NONE || dp->ref[last->dev] > 1);
-    if (rkv_vec_reserve(&s->drops, s->drops.len + 2 * (s->ents.len - keep) + 2))
+    /* the kept partial position block will be written again: each part must be a private
+     * device block, else its first positions are copied into one */
+    uint32_t n_need = 0;
+    for (uint32_t p = 0; part && p < P; p++) {
+        struct ent *e = ENT(s, keep - P + p);
+        n_need += e->dev == KVB_NONE || dp->ref[e->dev] > 1;
+    }
+    if (rkv_vec_reserve(&s->drops, s->drops.len + 2 * (s->ents.len - keep) + 2 * P))
         return RKV_ENOMEM;
-    if (need_cow && pool_avail(dp) == 0) {
+    if (n_need > pool_avail(dp)) {
         /* no block to copy into yet. the blocks past the kept one go now all the same:
          * once the worker acknowledges this epoch they are free, so a retry finds room (the
          * session's own surplus may be all the device pool has) */
         if (s->ents.len > keep) {
             s->epoch = ++kvb->epoch;
             sess_drop_tail(kvb, s, keep);
-            size_t held = keep * (size_t)B;
+            size_t held = keep / P * (size_t)B;
             s->tokens.len = RKV_MIN(s->tokens.len, held);
             s->n_written = RKV_MIN(s->n_written, held);
             s->n_known = RKV_MIN(s->n_known, held);
-            s->n_published = RKV_MIN(s->n_published, keep);
+            s->n_published = RKV_MIN(s->n_published, keep / P);
             sess_release(kvb, s);
         }
         return RKV_ENOSPACE;
     }
     s->epoch = ++kvb->epoch;
     sess_drop_tail(kvb, s, keep);
-    if (part) {
-        if (need_cow) {
+    for (uint32_t p = 0; part && p < P; p++) {
+        struct ent *last = ENT(s, keep - P + p);
+        if (last->dev == KVB_NONE || dp->ref[last->dev] > 1) {
             uint32_t d = pool_alloc(dp);
-            cow[0] = (struct kvb_copy){last->dev != KVB_NONE ? KVB_COPY_D2D : KVB_COPY_H2D, s->gpu,
-                                       last->dev != KVB_NONE ? last->dev : last->host, d,
-                                       (uint32_t)part};
-            *n_cow = 1;
+            cow[(*n_cow)++] =
+                (struct kvb_copy){last->dev != KVB_NONE ? KVB_COPY_D2D : KVB_COPY_H2D, s->gpu,
+                                  last->dev != KVB_NONE ? last->dev : last->host, d,
+                                  (uint32_t)part};
             if (last->dev != KVB_NONE)
                 sess_drop(s, s->gpu, last->dev);
             last->dev = d;
@@ -652,16 +731,61 @@ int kvb_session_written(struct kvb *kvb, uint64_t sid, size_t n_tokens)
         s->n_written = n_tokens;
     const uint32_t *tok = s->tokens.data;
     size_t upto = RKV_MIN(s->n_written, s->n_known);
+    uint32_t P = kvb->n_parts;
     for (size_t b = s->n_published; (b + 1) * B <= upto; b++) {
-        struct ent *e = ENT(s, b);
-        e->hash = chain_hash(b ? ENT(s, b - 1)->hash : s->scope, tok + b * B, B);
-        if (e->dev != KVB_NONE)
-            pool_publish(&kvb->pools[s->gpu], e->dev, e->hash);
-        if (e->host != KVB_NONE)
-            pool_publish(&kvb->pools[host_pool(kvb)], e->host, e->hash);
+        uint64_t h = chain_hash(b ? ENT(s, (b - 1) * P)->hash : s->scope, tok + b * B, B);
+        for (uint32_t p = 0; p < P; p++) {
+            struct ent *e = ENT(s, b * P + p);
+            e->hash = part_hash(h, p);
+            if (e->dev != KVB_NONE)
+                pool_publish(&kvb->pools[s->gpu], e->dev, e->hash);
+            if (e->host != KVB_NONE)
+                pool_publish(&kvb->pools[host_pool(kvb)], e->host, e->hash);
+        }
         s->n_published = b + 1;
     }
     return 0;
+}
+
+int kvb_session_drop_local(struct kvb *kvb, uint64_t sid, uint32_t first_pb, uint32_t *n_dropped)
+{
+    uint32_t P = kvb->n_parts, n = 0;
+    struct sess *s = sess_get(kvb, sid);
+    if (n_dropped)
+        *n_dropped = 0;
+    if (!s)
+        return RKV_ENOTFOUND;
+    if (s->mv_kind != MV_NONE)
+        return RKV_EBUSY;
+    /* the newest position block is never dropped: it is the one being written */
+    size_t end = s->ents.len / P ? RKV_MIN((size_t)first_pb, s->ents.len / P - 1) : 0;
+    for (size_t i = 0; i < end * P; i++)
+        n += i % P && !ent_dropped(ENT(s, i));
+    if (n == 0)
+        return 0;
+    if (rkv_vec_reserve(&s->drops, s->drops.len + 2 * (size_t)n))
+        return RKV_ENOMEM;
+    s->epoch = ++kvb->epoch;
+    for (size_t i = 0; i < end * P; i++) {
+        struct ent *e = ENT(s, i);
+        if (i % P == 0 || ent_dropped(e))
+            continue;
+        if (e->dev != KVB_NONE)
+            sess_drop(s, s->gpu, e->dev);
+        if (e->host != KVB_NONE)
+            sess_drop(s, host_pool(kvb), e->host);
+        e->dev = e->host = KVB_NONE;
+    }
+    if (n_dropped)
+        *n_dropped = n;
+    sess_release(kvb, s);
+    return 0;
+}
+
+int kvb_session_window_live(const struct kvb *kvb, uint64_t sid, size_t n_tokens)
+{
+    const struct sess *s = sess_get(kvb, sid);
+    return s ? window_live(kvb, s->ents.data, s->ents.len / kvb->n_parts, n_tokens) : 0;
 }
 
 int kvb_session_close(struct kvb *kvb, uint64_t sid)
@@ -705,11 +829,13 @@ int kvb_session_counts(const struct kvb *kvb, uint64_t sid, uint32_t *n_dev, uin
     const struct sess *s = sess_get(kvb, sid);
     if (!s)
         return RKV_ENOTFOUND;
-    uint32_t d = 0;
-    for (size_t i = 0; i < s->ents.len; i++)
+    uint32_t d = 0, h = 0;
+    for (size_t i = 0; i < s->ents.len; i++) {
         d += ENT(s, i)->dev != KVB_NONE;
+        h += ENT(s, i)->dev == KVB_NONE && ENT(s, i)->host != KVB_NONE;
+    }
     *n_dev = d;
-    *n_host = (uint32_t)s->ents.len - d;
+    *n_host = h;
     return 0;
 }
 
@@ -773,12 +899,13 @@ static int move_open(struct kvb *kvb, uint64_t sid, uint32_t n, struct kvb_copy 
         struct ent *e = ENT(s, i);
         /* a block that a step in flight may still be writing stays on the device
          * (copying it now would copy what is not there yet): every position it
-         * holds must be written. the newest, partly filled block is written next,
-         * unless the session is parked (idle: nothing writes it) */
-        size_t end = RKV_MIN((size_t)(i + 1) * kvb->block_tokens, s->tokens.len);
+         * holds must be written. the newest, partly filled position block is written
+         * next, unless the session is parked (idle: nothing writes it) */
+        size_t pb = i / kvb->n_parts, end = RKV_MIN((pb + 1) * kvb->block_tokens, s->tokens.len);
         int writing = (kvb->moves_need_written && end > s->n_written) ||
-                      (!parking && i == len - 1 && s->tokens.len % kvb->block_tokens != 0);
-        if (demote ? (e->dev == KVB_NONE || writing) : e->dev != KVB_NONE)
+                      (!parking && pb == len / kvb->n_parts - 1 &&
+                       s->tokens.len % kvb->block_tokens != 0);
+        if (ent_dropped(e) || (demote ? (e->dev == KVB_NONE || writing) : e->dev != KVB_NONE))
             continue;
         struct mv m = {i, KVB_NONE, KVB_NONE};
         if (!demote || e->host == KVB_NONE) {
@@ -861,20 +988,28 @@ int kvb_rehome(struct kvb *kvb, uint64_t sid, uint32_t to, uint32_t n_dev, struc
         return RKV_ENOTFOUND;
     size_t len = s->ents.len;
     if (to >= kvb->n_gpus || to == s->gpu || n_dev > len || cap < 2 * len ||
-        (n_dev == 0 && s->tokens.len % kvb->block_tokens))
+        (n_dev < kvb->n_parts && s->tokens.len % kvb->block_tokens))
         return RKV_EINVAL;
     if (s->mv_kind != MV_NONE)
         return RKV_EBUSY;
     /* a step in flight may still write: its positions would miss the copy */
     if (kvb->moves_need_written && s->n_written < s->tokens.len)
         return RKV_EBUSY;
+    /* the newest n_dev live entries go on the device of `to` */
+    size_t live = 0;
+    for (size_t i = 0; i < len; i++)
+        live += !ent_dropped(ENT(s, i));
+    if (n_dev > live)
+        return RKV_EINVAL;
     if (rkv_vec_reserve(&s->mv, len))
         return RKV_ENOMEM;
     s->mv_kind = MV_REHOME;
     s->mv_to = to;
-    for (size_t i = 0; i < len; i++) {
+    for (size_t i = 0, k = 0; i < len; i++) {
+        if (ent_dropped(ENT(s, i)))
+            continue;
         struct mv m = {(uint32_t)i, KVB_NONE, KVB_NONE};
-        int rc = rehome_entry(kvb, s, (uint32_t)i, i >= len - n_dev, &m, ops, n_ops);
+        int rc = rehome_entry(kvb, s, (uint32_t)i, k++ >= live - n_dev, &m, ops, n_ops);
         rkv_vec_push(&s->mv, &m); /* also on failure: mv_release frees what it holds */
         if (rc) {
             mv_release(kvb, s);
@@ -1178,13 +1313,22 @@ static int check_session_shape(const struct kvb *kvb, const struct sess *s)
      * full last block (after a fork on a boundary) is read-only, and a parked
      * session (nothing on the device) writes nothing until it is promoted */
     int any_dev = 0;
-    for (size_t i = 0; i < s->ents.len; i++)
+    uint32_t P = kvb->n_parts;
+    for (size_t i = 0; i < s->ents.len; i++) {
         any_dev |= ENT(s, i)->dev != KVB_NONE;
-    if (s->tokens.len % kvb->block_tokens && any_dev &&
-        ENT(s, s->ents.len - 1)->dev == KVB_NONE) {
-        log_error("kvb_check: session %llu: the block being written is not on the device",
-                  (unsigned long long)s->id);
-        return RKV_EINTERNAL;
+        if (ent_dropped(ENT(s, i)) && (i % P == 0 || i / P + 1 == s->ents.len / P)) {
+            log_error("kvb_check: session %llu: entry %zu names no block, yet it is a global "
+                      "part or in the newest position block",
+                      (unsigned long long)s->id, i);
+            return RKV_EINTERNAL;
+        }
+    }
+    for (size_t i = s->ents.len - (s->ents.len ? P : 0); i < s->ents.len; i++) {
+        if (s->tokens.len % kvb->block_tokens && any_dev && ENT(s, i)->dev == KVB_NONE) {
+            log_error("kvb_check: session %llu: the block being written is not on the device",
+                      (unsigned long long)s->id);
+            return RKV_EINTERNAL;
+        }
     }
     return 0;
 }

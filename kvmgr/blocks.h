@@ -35,8 +35,9 @@
  * written on the device): a caller makes room with kvb_demote first.
  */
 
-#define KVB_MAX_GPUS 16
-#define KVB_NONE     UINT32_MAX
+#define KVB_MAX_GPUS  16
+#define KVB_MAX_PARTS 64
+#define KVB_NONE      UINT32_MAX
 
 struct kvb;
 
@@ -50,6 +51,12 @@ struct kvb_config {
      * the others, and a copy taken now would miss what it writes. kvmgr sets
      * it; without it any block but the partly filled newest may move. */
     int moves_need_written;
+    /* sliding windows (docs/runtime.md, "Sliding windows"): each position block is n_parts
+     * table entries (0 counts as 1), part 0 the global layers, parts 1.. local layers that
+     * read only the last `window` positions; a dropped local part is an entry naming no
+     * block (dev and host KVB_NONE) */
+    uint32_t n_parts;
+    uint32_t window;
 };
 
 enum kvb_residency {
@@ -58,7 +65,8 @@ enum kvb_residency {
     KVB_BOTH = 3, /* device block with a clean host copy */
 };
 
-/* one table entry: block indices in their pools, KVB_NONE when absent */
+/* one table entry: block indices in their pools, KVB_NONE when absent (both: a dropped
+ * local part). Entry j*n_parts + p is part p of position block j */
 struct kvb_entry {
     uint32_t dev;
     uint32_t host;
@@ -89,15 +97,17 @@ enum kvb_residency kvb_entry_residency(struct kvb_entry e);
  * n_tokens positions of unknown tokens, nothing shared): full
  * blocks whose prefix is already in the index under the same scope (the
  * prefix-cache partition, e.g. an API key; a fork keeps its parent's) are shared (*n_reused tokens,
- * a multiple of B, need no prefill); blocks are allocated for the rest, the
+ * a multiple of B, need no prefill; with parts, cut back to the longest prefix whose window's
+ * local parts are all found); blocks are allocated for the rest, the
  * newest max_dev (>= 1; KVB_NONE = all) on the device and older ones on the
  * host (a long prompt of a WINDOW session prefills its tail into host
  * memory). RKV_ENOSPACE when a pool is short (nothing changes). */
 int kvb_session_open(struct kvb *kvb, uint64_t sid, uint32_t gpu, uint64_t scope,
                      const uint32_t *tokens, size_t n_tokens, uint32_t max_dev, size_t *n_reused);
 /* opens child sharing parent's first n_tokens positions: full blocks are
- * shared; a partial last block is copied into a new private device block,
- * returned in *cow (*n_cow = 0 or 1) for the caller to execute. */
+ * shared; a partial last position block is copied into new private device blocks,
+ * returned in *cow (room for n_parts; *n_cow of them) for the caller to execute.
+ * RKV_ESTALE when the window of n_tokens was dropped. */
 int kvb_session_fork(struct kvb *kvb, uint64_t parent, uint64_t child, size_t n_tokens,
                      struct kvb_copy *cow, size_t *n_cow);
 /* records n more positions (tokens may be NULL when only positions are
@@ -110,11 +120,24 @@ int kvb_session_append(struct kvb *kvb, uint64_t sid, const uint32_t *tokens, si
 int kvb_session_know(struct kvb *kvb, uint64_t sid, size_t from, const uint32_t *tokens,
                      size_t n);
 /* keeps the first n_tokens positions; later blocks are released as workers
- * ack. A kept partial block is written again, so when it is shared or not on
- * the device its first positions are copied into a new private device block
- * (*cow, *n_cow = 1), like a fork. */
+ * ack. A kept partial position block is written again, so each of its parts that is
+ * shared or not on the device has its first positions copied into a new private device
+ * block (*cow: room for n_parts, *n_cow of them), like a fork. RKV_ESTALE (nothing changes)
+ * when a local part the window of n_tokens reads was dropped (kvb_session_window_live). */
 int kvb_session_truncate(struct kvb *kvb, uint64_t sid, size_t n_tokens, struct kvb_copy *cow,
                          size_t *n_cow);
+/* drops the local parts (1..n_parts-1) of position blocks before first_pb; their blocks are
+ * released as workers ack (an indexed one stays in the prefix cache). RKV_EBUSY while a move
+ * is open. *n_dropped (may be NULL): entries dropped */
+int kvb_session_drop_local(struct kvb *kvb, uint64_t sid, uint32_t first_pb, uint32_t *n_dropped);
+/* 1 when a step from n_tokens finds every local part its window reads among the position
+ * blocks before n_tokens (always 1 with one part): only then may the session be cut back to
+ * n_tokens and continue exactly */
+int kvb_session_window_live(const struct kvb *kvb, uint64_t sid, size_t n_tokens);
+/* the first position block whose local parts a step from n_past reads (0 without a window) */
+uint32_t kvb_window_first(const struct kvb *kvb, size_t n_past);
+/* table entries per position block */
+uint32_t kvb_parts(const struct kvb *kvb);
 /* the worker wrote kv for the first n_tokens positions: their full blocks
  * become shareable through the prefix index */
 int kvb_session_written(struct kvb *kvb, uint64_t sid, size_t n_tokens);

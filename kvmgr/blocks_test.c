@@ -944,6 +944,146 @@ static void test_random_sequences(void **state)
     assert_true(n_shared > 100 && n_cow > 100 && n_moved > 300 && n_released > 100);
 }
 
+/* sliding windows: 3 parts a position block (the global layers, two local ones), a window of
+ * 6 positions. Dead local parts go as the worker acks, moves skip them, a cut-back past the
+ * window is refused, and a prefix match keeps only what its window finds */
+static struct kvb *make_parts(uint32_t dev, uint32_t host, uint32_t block_tokens,
+                              uint32_t n_parts, uint32_t window)
+{
+    struct kvb_config cfg = {0};
+    cfg.n_gpus = 1;
+    cfg.dev_blocks[0] = dev;
+    cfg.host_blocks = host;
+    cfg.block_tokens = block_tokens;
+    cfg.n_parts = n_parts;
+    cfg.window = window;
+    struct kvb *kvb = NULL;
+    assert_int_equal(kvb_create(&cfg, &kvb), 0);
+    return kvb;
+}
+
+static void test_window_parts(void **state)
+{
+    (void)state;
+    struct kvb *kvb = make_parts(32, 30, B, 3, 6);
+    uint32_t t[24], d, h, dropped;
+    size_t reused, n_cow, n_ops;
+    struct kvb_copy ops[64];
+    struct kvb_entry e[64];
+    uint64_t epoch;
+    seq(t, 24, 500);
+    assert_int_equal(kvb_parts(kvb), 3);
+    assert_int_equal(kvb_window_first(kvb, 5), 0);
+    assert_int_equal(kvb_window_first(kvb, 20), 3); /* (20 + 1 - 6) / 4 */
+    /* 20 positions: 5 position blocks of 3 parts */
+    assert_int_equal(kvb_session_open(kvb, 1, 0, 0, t, 20, KVB_NONE, &reused), 0);
+    table(kvb, 1, e, 15);
+    assert_int_equal(kvb_free_dev(kvb, 0), 17);
+    assert_int_equal(kvb_session_table(kvb, 1, NULL, 0, NULL, &epoch), 0);
+    assert_int_equal(kvb_lease(kvb, 0, 1, epoch), 0);
+    assert_int_equal(kvb_session_written(kvb, 1, 20), 0);
+    /* local parts of position blocks 0 and 1 are dead; the blocks wait for the ack */
+    assert_int_equal(kvb_session_drop_local(kvb, 1, 2, &dropped), 0);
+    assert_int_equal(dropped, 4);
+    assert_int_equal(kvb_session_drop_local(kvb, 1, 2, &dropped), 0);
+    assert_int_equal(dropped, 0);
+    table(kvb, 1, e, 15);
+    for (int i = 0; i < 15; i++) {
+        int gone = i < 6 && i % 3 != 0;
+        assert_int_equal(e[i].dev == KVB_NONE && e[i].host == KVB_NONE, gone);
+    }
+    assert_int_equal(kvb_session_counts(kvb, 1, &d, &h), 0);
+    assert_int_equal(d, 11);
+    assert_int_equal(h, 0);
+    assert_int_equal(kvb_free_dev(kvb, 0), 17);
+    assert_int_equal(kvb_check(kvb), 0);
+    assert_int_equal(kvb_ack(kvb, 0, 1, kvb_epoch(kvb)), 0);
+    assert_int_equal(kvb_free_dev(kvb, 0), 21); /* indexed: in the prefix cache */
+    assert_int_equal(kvb_check(kvb), 0);
+    /* the window of 8 reads position blocks 0 and 1: gone, so no cut-back there */
+    assert_int_equal(kvb_session_window_live(kvb, 1, 20), 1);
+    assert_int_equal(kvb_session_window_live(kvb, 1, 8), 0);
+    assert_int_equal(kvb_session_window_live(kvb, 1, 0), 1);
+    assert_int_equal(kvb_session_truncate(kvb, 1, 8, ops, &n_cow), RKV_ESTALE);
+    assert_int_equal(kvb_session_tokens(kvb, 1), 20);
+    /* a cut-back inside the window is exact: 18 keeps 5 position blocks */
+    assert_int_equal(kvb_session_truncate(kvb, 1, 18, ops, &n_cow), 0);
+    assert_int_equal(n_cow, 0);
+    table(kvb, 1, e, 15);
+    /* moves count and skip dropped parts: park every live block, bring them back */
+    assert_int_equal(kvb_park(kvb, 1, 12, ops, 64, &n_ops), RKV_ERANGE);
+    assert_int_equal(kvb_park(kvb, 1, 11, ops, 64, &n_ops), 0);
+    assert_int_equal(n_ops, 11);
+    assert_int_equal(kvb_commit(kvb, 1, NULL), 0);
+    assert_int_equal(kvb_session_counts(kvb, 1, &d, &h), 0);
+    assert_int_equal(d, 0);
+    assert_int_equal(h, 11);
+    assert_int_equal(kvb_promote(kvb, 1, 11, ops, 64, &n_ops), 0);
+    assert_int_equal(kvb_commit(kvb, 1, NULL), 0);
+    assert_int_equal(kvb_session_counts(kvb, 1, &d, &h), 0);
+    assert_int_equal(d, 11);
+    assert_int_equal(h, 0); /* host copies kept: BOTH counts as device */
+    assert_int_equal(kvb_ack(kvb, 0, 1, kvb_epoch(kvb)), 0);
+    assert_int_equal(kvb_check(kvb), 0);
+    /* a prefix match while the dead parts sit in the prefix cache revives them */
+    assert_int_equal(kvb_session_open(kvb, 2, 0, 0, t, 9, KVB_NONE, &reused), 0);
+    assert_int_equal(reused, 8);
+    table(kvb, 2, e, 9);
+    for (int i = 0; i < 9; i++)
+        assert_int_not_equal(e[i].dev == KVB_NONE && e[i].host == KVB_NONE, 1);
+    assert_int_equal(kvb_session_close(kvb, 2), 0);
+    /* evict the cache: a session of unrelated tokens takes every free device block */
+    uint32_t u[40];
+    seq(u, 40, 9000);
+    uint32_t free_now = kvb_free_dev(kvb, 0);
+    assert_int_equal(free_now % 3, 0);
+    assert_int_equal(kvb_session_open(kvb, 3, 0, 0, u, free_now / 3 * B, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_close(kvb, 3), 0);
+    assert_int_equal(kvb_check(kvb), 0);
+    /* now position blocks 0 and 1 have only their global parts: a prompt whose window
+     * needs them finds nothing it can use ... */
+    assert_int_equal(kvb_session_open(kvb, 4, 0, 0, t, 9, KVB_NONE, &reused), 0);
+    assert_int_equal(reused, 0);
+    assert_int_equal(kvb_session_close(kvb, 4), 0);
+    /* ... and one of 17 positions shares 16: its window starts at position block 2 */
+    assert_int_equal(kvb_session_open(kvb, 5, 0, 0, t, 17, KVB_NONE, &reused), 0);
+    assert_int_equal(reused, 16);
+    table(kvb, 5, e, 15);
+    for (int i = 0; i < 15; i++)
+        assert_int_equal(e[i].dev == KVB_NONE && e[i].host == KVB_NONE, i < 6 && i % 3 != 0);
+    assert_int_equal(kvb_check(kvb), 0);
+    /* a fork whose window was dropped is refused; inside it, a split block copies 3 parts */
+    assert_int_equal(kvb_session_written(kvb, 5, 16), 0);
+    assert_int_equal(kvb_session_fork(kvb, 5, 6, 8, ops, &n_cow), RKV_ESTALE);
+    assert_int_equal(kvb_session_fork(kvb, 5, 6, 14, ops, &n_cow), 0);
+    assert_int_equal(n_cow, 3);
+    assert_int_equal(kvb_check(kvb), 0);
+    kvb_destroy(kvb);
+}
+
+/* Gemma 3 270M's shape (18 layers, 3 global: 6 parts; a window of 512) at 32k positions with
+ * 256-position blocks: after kvmgr's drop (the window of the written positions and one
+ * position block more) the session holds 128 global and 15 local blocks, under a quarter of
+ * the 128 x 6 parts of the all-global layout */
+static void test_window_32k(void **state)
+{
+    (void)state;
+    struct kvb *kvb = make_parts(800, 800, 256, 6, 512);
+    size_t reused;
+    uint32_t d, h, dropped;
+    assert_int_equal(kvb_session_open(kvb, 1, 0, 0, NULL, 32768, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_written(kvb, 1, 32768), 0);
+    assert_int_equal(kvb_window_first(kvb, 32768), 126);
+    assert_int_equal(kvb_session_drop_local(kvb, 1, 125, &dropped), 0);
+    assert_int_equal(dropped, 125 * 5);
+    assert_int_equal(kvb_session_counts(kvb, 1, &d, &h), 0);
+    assert_int_equal(d + h, 128 + 3 * 5);
+    assert_true((d + h) * 4 <= 128 * 6);
+    assert_int_equal(kvb_session_window_live(kvb, 1, 32768), 1);
+    assert_int_equal(kvb_check(kvb), 0);
+    kvb_destroy(kvb);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -959,6 +1099,8 @@ int main(void)
         cmocka_unit_test(test_prefix_cache_survives_close),
         cmocka_unit_test(test_unwritten_blocks_stay),
         cmocka_unit_test(test_rehome),
+        cmocka_unit_test(test_window_parts),
+        cmocka_unit_test(test_window_32k),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

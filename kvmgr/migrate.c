@@ -100,8 +100,10 @@ int mig_apply(struct kvb *kvb, struct kvpool *const *dev, uint32_t n_gpus, struc
              * when the session is about to start a new block */
             size_t toks = kvb_session_tokens(kvb, a->id);
             int parking = a->tactic == PLAN_PARKED || a->tactic == PLAN_ROTATED;
-            int keep = !parking && !(grow > 0 && toks % kvb_block_tokens(kvb) == 0);
-            uint32_t k = demote ? (d > target ? RKV_MIN(d - target, d - keep) : 0)
+            uint32_t keep = !parking && !(grow > 0 && toks % kvb_block_tokens(kvb) == 0)
+                                ? kvb_parts(kvb) /* the newest position block's parts */
+                                : 0;
+            uint32_t k = demote ? (d > target && d > keep ? RKV_MIN(d - target, d - keep) : 0)
                                 : (d < target ? RKV_MIN(target - d, h) : 0);
             if (k == 0)
                 continue;

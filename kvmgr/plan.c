@@ -127,14 +127,17 @@ static int validate(const struct plan_input *in)
     return 0;
 }
 
-/* largest cap W >= 1 with sum(min(need, W)) <= room over the sorted needs
+static uint64_t cap_usage(const uint32_t *needs, size_t n, uint32_t w);
+
+/* largest cap W >= m with sum(min(need, W)) <= room over the sorted needs
  * (ascending, prefix sums in pre); PLAN_NO_CAP when all fit, 0 when even
- * W = 1 does not fit. */
-static uint32_t max_cap(const uint32_t *needs_sorted, const uint64_t *pre, size_t n, int64_t room)
+ * W = m does not fit. */
+static uint32_t max_cap(const uint32_t *needs_sorted, const uint64_t *pre, size_t n, int64_t room,
+                        uint32_t m)
 {
     if (n == 0 || (room >= 0 && pre[n] <= (uint64_t)room))
         return PLAN_NO_CAP;
-    if (room < (int64_t)n)
+    if (room < 0 || cap_usage(needs_sorted, n, m) > (uint64_t)room)
         return 0;
     for (size_t k = 0; k < n; k++) {
         if (pre[k] > (uint64_t)room)
@@ -198,7 +201,8 @@ static void order_candidates(struct work *w)
 /* blocks session i must have on the device when admitted */
 static int64_t fixed_blocks(const struct work *w, uint32_t i, int resident_mode)
 {
-    return (w->in->sessions[i].pinned || resident_mode) ? w->need[i] : 1;
+    uint32_t m = w->in->min_dev ? w->in->min_dev : 1;
+    return (w->in->sessions[i].pinned || resident_mode) ? w->need[i] : RKV_MIN(w->need[i], m);
 }
 
 /* too large for its gpu even with nothing else planned: the caller should
@@ -606,15 +610,16 @@ static int place_gpu(struct work *w, uint32_t g, uint32_t w_prev, int64_t *host_
             sorted[k] = (uint32_t)w->keys[k].k[0];
             w->prefix[k + 1] = w->prefix[k] + sorted[k];
         }
-        uint32_t w_hi = max_cap(sorted, w->prefix, n_act, r_act);
+        uint32_t m = in->min_dev ? in->min_dev : 1;
+        uint32_t w_hi = max_cap(sorted, w->prefix, n_act, r_act, m);
         if (w_hi == 0) {
             free(sorted);
             return RKV_ENOSPACE;
         }
         int64_t margin = (int64_t)w->dev_cap[g] * in->margin_pct / 100;
-        uint32_t w_lo = max_cap(sorted, w->prefix, n_act, r_act - margin);
+        uint32_t w_lo = max_cap(sorted, w->prefix, n_act, r_act - margin, m);
         if (w_lo == 0)
-            w_lo = 1;
+            w_lo = m;
         uint32_t cap = w_prev < w_lo ? w_lo : w_prev > w_hi ? w_hi : w_prev;
         /* spilling while idle kv sits on the device breaks the relief order:
          * park all idle sessions and size the windows again */

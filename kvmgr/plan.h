@@ -14,8 +14,8 @@
  * 1. admission: sessions that want to run (active or pinned) are taken in
  *    priority order: pinned, then already running, then the rest oldest
  *    last_use first (fifo). Pinned and running ones are admitted while their
- *    GPU has D >= pinned blocks + one block per active session (all of its
- *    blocks in `resident` mode); new ones also need the blocks that overflow
+ *    GPU has D >= pinned blocks + min_dev blocks per active session (all of
+ *    its blocks in `resident` mode); new ones also need the blocks that overflow
  *    D to fit the host, and once one is refused every later new session on
  *    that GPU waits too (no starvation of large requests); a session that
  *    could not run even alone is marked never_fits and holds no one up.
@@ -36,8 +36,9 @@
  *       that way, the gpu is planned again without the grace; resident mode
  *       has no grace, as it windows no one);
  *    c. window the active sessions: one cap W for all (water-filling, so the
- *       tails grow fairly), each keeps min(n_blocks, W) >= 1 newest blocks on
- *       the device, spare blocks go +1 to sessions that already hold more;
+ *       tails grow fairly), each keeps min(n_blocks, W), W >= min_dev, newest
+ *       blocks on the device, spare blocks go +1 to sessions that already hold
+ *       more;
  *    d. a spilled session is CPU_TAIL when the measured cpu attention rate
  *       beats the streamed rate min(pcie, host-stream), else WINDOW;
  *    d'. rotation (plan_input.rotation; see "Rotation" below) replaces c and d
@@ -163,6 +164,9 @@ struct plan_input {
     uint64_t block_bytes;
     uint64_t host_budget; /* bytes */
     uint32_t margin_pct;  /* hysteresis margin, percent of device blocks (e.g. 5) */
+    /* device blocks a running session keeps at least (its newest position block: the parts
+     * of a sliding-window model's block, docs/runtime.md); 0 counts as 1 */
+    uint32_t min_dev;
     /* idle sessions used within idle_grace of now (the units of last_use) are windowed
      * like active ones rather than parked (step 2b); 0: park at once */
     uint64_t now, idle_grace;

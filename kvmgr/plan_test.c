@@ -61,6 +61,8 @@ static struct plan_session sess(uint64_t id, uint32_t need, int active, uint32_t
 /* the rotation the plans of a test use (off unless the test turns it on), its stall budget */
 static enum plan_rotation g_rotation;
 static uint64_t g_max_stall;
+/* the plans' min_dev (0: one block) */
+static uint32_t g_min_dev;
 
 /* now, idle_grace: the planner's (0, 0: idle sessions park at once) */
 static struct plan *run_plan_at(const struct plan_gpu *gpus, uint32_t n_gpus, uint32_t host_blocks,
@@ -74,6 +76,7 @@ static struct plan *run_plan_at(const struct plan_gpu *gpus, uint32_t n_gpus, ui
     in.mode = mode;
     in.rotation = g_rotation;
     in.max_stall = g_max_stall;
+    in.min_dev = g_min_dev;
     in.ticks_per_s = 1000;
     in.block_bytes = MIB;
     in.host_budget = host_blocks * MIB;
@@ -107,6 +110,36 @@ static void test_caps(void **state)
     assert_int_equal(m, PLAN_MODE_CPU_TAIL);
     assert_int_equal(plan_mode_parse("fast", &m), RKV_EINVAL);
     assert_string_equal(plan_tactic_name(PLAN_PARKED), "parked");
+}
+
+/* a sliding-window model's newest position block is min_dev blocks: a running session keeps
+ * that many on the device, so fewer are admitted to a small device */
+static void test_min_dev(void **state)
+{
+    (void)state;
+    struct plan_gpu g = gpu_with(10);
+    struct plan_session s[3] = {sess(1, 20, 1, 0, 0, PLAN_WAIT, 1),
+                                sess(2, 20, 1, 0, 0, PLAN_WAIT, 2),
+                                sess(3, 20, 1, 0, 0, PLAN_WAIT, 3)};
+    for (uint32_t m = 1; m <= 4; m += 3) {
+        g_min_dev = m;
+        struct plan *p = run_plan(&g, 1, 100, s, 3, PLAN_MODE_WINDOW, NULL);
+        uint32_t admitted = 0, dev = 0;
+        for (uint64_t id = 1; id <= 3; id++) {
+            const struct plan_assign *a = plan_find(p, id);
+            assert_non_null(a);
+            if (a->tactic == PLAN_WAIT)
+                continue;
+            admitted++;
+            dev += a->n_dev;
+            assert_true(a->n_dev >= m);
+            assert_int_equal(a->n_dev + a->n_host, 20);
+        }
+        assert_int_equal(admitted, m == 1 ? 3 : 2);
+        assert_true(dev <= 10);
+        plan_destroy(p);
+    }
+    g_min_dev = 0;
 }
 
 static void test_bad_input(void **state)
@@ -1382,6 +1415,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_caps),
+        cmocka_unit_test(test_min_dev),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_fits_resident),
         cmocka_unit_test(test_park_lru_first),

@@ -66,10 +66,10 @@ struct sess {
     uint32_t reused; /* leading positions mapped to another session's blocks at open */
     uint64_t last_use;
     enum plan_tactic tactic;
-    int nomove;        /* rkvd's last prep asked to keep it on its gpu */
-    int placed;        /* its gpu was chosen (plan_pick_gpu) */
-    uint64_t moved_ms; /* last move to another gpu (rkv_now_ms), 0 = never */
-    uint32_t tail_pub; /* host blocks its last tactic event said it has */
+    int nomove;                    /* rkvd's last prep asked to keep it on its gpu */
+    int placed;                    /* its gpu was chosen (plan_pick_gpu) */
+    uint64_t moved_ms;             /* last move to another gpu (rkv_now_ms), 0 = never */
+    uint32_t tail_pub;             /* host blocks its last tactic event said it has */
     uint64_t turn_since, in_since; /* rotation (rkv_now_ms): see plan_session */
     int rot_back; /* left ROTATED: runs once its blocks are all back on the device */
 };
@@ -114,12 +114,15 @@ struct kvmgr {
     char made_why[256];    /* the maker's reason when made_rc says it failed */
     char pools_error[256]; /* why the last try made no pools ("" once they exist: STATUS) */
     uint64_t make_bytes;
+    /* sliding windows (the first worker's hello): table entries per position block and the
+     * local layers' window; 1 and 0 without */
+    uint32_t n_parts, n_swa;
     uint64_t make_started_ms;
     struct pools_new np;
     struct rkv_map sess; /* sid -> struct sess */
     struct plan *plan;
-    uint64_t plan_seq; /* plans made so far: the histograms and budget answers name theirs */
-    int dirty;         /* something changed since the last plan */
+    uint64_t plan_seq;     /* plans made so far: the histograms and budget answers name theirs */
+    int dirty;             /* something changed since the last plan */
     uint64_t grace_end_ms; /* an idle session's grace ends then: plan again (0 = none) */
     uint64_t turn_end_ms;  /* a rotation turn ends then: plan again (0 = none) */
     uint64_t rot_logged_q[KVMGR_MAX_GPUS], rot_logged_ms[KVMGR_MAX_GPUS]; /* log_rotation */
@@ -131,6 +134,39 @@ struct kvmgr {
 static uint32_t blocks_for(const struct kvmgr *k, uint64_t n_pos)
 {
     return (uint32_t)((n_pos + (uint64_t)k->c.block_size - 1) / (uint64_t)k->c.block_size);
+}
+
+/* the first position block whose local parts kvmgr keeps for a session with n_written
+ * positions written: the window of a step from there, and one position block more, so a
+ * cut-back of a few positions (a stop string, unused decode steps) stays exact */
+static uint32_t window_keep(const struct kvmgr *k, uint64_t n_written)
+{
+    uint32_t first = k->kvb ? kvb_window_first(k->kvb, n_written) : 0;
+    return first ? first - 1 : 0;
+}
+
+/* blocks a session of n_pos positions holds once its dead local parts are dropped: every
+ * global part, and the local parts from window_keep on (n_pos position blocks without
+ * sliding windows) */
+static uint32_t live_blocks(const struct kvmgr *k, uint64_t n_pos)
+{
+    uint32_t pb = blocks_for(k, n_pos);
+    if (k->n_parts <= 1)
+        return pb;
+    uint32_t first = RKV_MIN(window_keep(k, n_pos), pb);
+    return pb + (k->n_parts - 1) * (pb - first);
+}
+
+/* blocks the planner counts for s: those it holds, and the parts of the position blocks its
+ * next step adds */
+static uint32_t sess_blocks(const struct kvmgr *k, const struct sess *s)
+{
+    uint32_t d = 0, h = 0;
+    if (!s->open || kvb_session_counts(k->kvb, s->sid, &d, &h) < 0)
+        return live_blocks(k, s->want_pos);
+    size_t held = kvb_session_tokens(k->kvb, s->sid);
+    uint32_t more = s->want_pos > held ? blocks_for(k, s->want_pos) - blocks_for(k, held) : 0;
+    return d + h + more * (k->n_parts ? k->n_parts : 1);
 }
 
 /* --- pools ------------------------------------------------------------------------ */
@@ -213,6 +249,8 @@ static int create_pools(const struct kvmgr *k, uint64_t block_bytes, struct pool
     kc.n_gpus = np->n_gpus;
     kc.block_tokens = (uint32_t)k->c.block_size;
     kc.moves_need_written = 1; /* steps in flight write blocks kvmgr must not copy yet */
+    kc.n_parts = k->n_parts;
+    kc.window = k->n_swa;
     kc.host_blocks = plan_host_cap(k->c.host_budget, block_bytes);
     char name[64];
     int rc;
@@ -417,8 +455,7 @@ static int replan(struct kvmgr *k, const char *why)
         struct plan_session *p = &ps[i++];
         p->id = s->sid;
         p->gpu = s->gpu;
-        size_t held = s->open ? kvb_session_tokens(k->kvb, s->sid) : 0;
-        p->n_blocks = blocks_for(k, held > s->want_pos ? held : s->want_pos);
+        p->n_blocks = sess_blocks(k, s);
         if (p->n_blocks == 0)
             p->n_blocks = 1;
         p->active = (uint8_t)s->active;
@@ -452,6 +489,7 @@ static int replan(struct kvmgr *k, const char *why)
     plan_input_init(&in);
     in.mode = (enum plan_mode)k->c.mode;
     in.block_bytes = k->block_bytes;
+    in.min_dev = k->n_parts; /* the newest position block's parts stay on the device */
     in.host_budget = k->c.host_budget;
     in.margin_pct = (uint32_t)k->c.margin_pct;
     in.now = rkv_now_ms();
@@ -657,7 +695,7 @@ static int open_session(struct kvmgr *k, struct sess *s, const struct proto_kv_p
             if (rc)
                 return rc;
             /* keep only what was found: the rest is computed and appended */
-            struct kvb_copy cow[1];
+            struct kvb_copy cow[KVB_MAX_PARTS];
             size_t n_cow = 0;
             if (reused < cand && (rc = kvb_session_truncate(k->kvb, s->sid, reused, cow, &n_cow))) {
                 kvb_session_close(k->kvb, s->sid);
@@ -672,8 +710,7 @@ static int open_session(struct kvmgr *k, struct sess *s, const struct proto_kv_p
         }
     }
     /* positions only; a window session's older blocks go straight to the host */
-    rc = kvb_session_open(k->kvb, s->sid, s->gpu, q->scope, NULL, s->want_pos, max_dev,
-                          &reused);
+    rc = kvb_session_open(k->kvb, s->sid, s->gpu, q->scope, NULL, s->want_pos, max_dev, &reused);
     if (!rc)
         s->open = 1;
     return rc;
@@ -731,9 +768,23 @@ static int place(struct kvmgr *k, struct sess *s, const struct proto_kv_prep_seq
         if (!(q->flags & PROTO_KV_NEW) && q->n_written < held && q->n_written < cut)
             cut = q->n_written;
         if (cut < held) {
-            struct kvb_copy cow[1];
+            struct kvb_copy cow[KVB_MAX_PARTS];
             size_t n_cow = 0;
-            if ((rc = kvb_session_truncate(k->kvb, s->sid, cut, cow, &n_cow)))
+            rc = kvb_session_truncate(k->kvb, s->sid, cut, cow, &n_cow);
+            if (rc == RKV_ESTALE) {
+                /* cut back past its live window: the local layers' kv for the kept positions
+                 * is gone. forget the session; rkvd prefills its whole history again */
+                log_info("session %llu: cut back to %zu positions, before its live window: "
+                         "rebuilt from its token history",
+                         (unsigned long long)s->sid, cut);
+                kvb_session_close(k->kvb, s->sid);
+                s->open = 0;
+                s->placed = 0;
+                s->reused = 0;
+                k->dirty = 1;
+                return rc;
+            }
+            if (rc)
                 return rc;
             /* kvmgr does not know the worker's layout inside a block (positions
              * are not outermost), so a copy-on-write moves the whole block */
@@ -767,7 +818,7 @@ static void place_new(struct kvmgr *k, struct sess *s, const struct proto_kv_pre
                       uint32_t w, uint32_t *extra, uint32_t *extra_run)
 {
     s->placed = 1;
-    uint32_t need = blocks_for(k, RKV_MAX(q->n_pos, (q->flags & PROTO_KV_NEW) ? q->n_tokens : 0));
+    uint32_t need = live_blocks(k, RKV_MAX(q->n_pos, (q->flags & PROTO_KV_NEW) ? q->n_tokens : 0));
     uint32_t g = w;
     if (k->n_gpus > 1 && !s->nomove)
         g = plan_pick_gpu(k->plan, need ? need : 1, w, extra, extra_run);
@@ -921,6 +972,13 @@ static int do_prep(struct kvmgr *k, const struct proto_in *in, struct proto_wbuf
             t->status = rc == RKV_ENOSPACE ? RKV_ENOSPACE : rc;
             continue;
         }
+        /* local parts no window reads any more go back to the pools (as the workers ack) */
+        uint32_t n_dropped = 0;
+        if (k->n_parts > 1 &&
+            kvb_session_drop_local(k->kvb, s->sid, window_keep(k, m->seqs[i].n_written),
+                                   &n_dropped) == 0 &&
+            n_dropped)
+            k->dirty = 1;
         size_t n = 0;
         uint64_t sepoch = 0;
         kvb_session_table(k->kvb, s->sid, NULL, 0, &n, &sepoch);
@@ -935,6 +993,9 @@ static int do_prep(struct kvmgr *k, const struct proto_in *in, struct proto_wbuf
             if (e.dev != KVB_NONE) {
                 r.index = e.dev;
                 r.residency = e.host != KVB_NONE ? PROTO_RES_BOTH : PROTO_RES_DEVICE;
+            } else if (e.host == KVB_NONE) {
+                r.index = KVB_NONE; /* a dropped local part: the worker's KV_REF_NONE */
+                r.residency = PROTO_RES_DEVICE;
             } else {
                 r.index = e.host;
                 r.residency = PROTO_RES_HOST;
@@ -1017,6 +1078,8 @@ static int do_hello(struct kvmgr *k, const struct proto_in *in, struct proto_wbu
             }
             k->make_bytes = h.block_bytes;
             k->kv_dtype = h.kv_dtype;
+            k->n_parts = h.n_parts > 1 ? h.n_parts : 1;
+            k->n_swa = h.n_parts > 1 ? h.n_swa : 0;
             k->make_started_ms = rkv_now_ms();
             if (k->cuda) {
                 /* cudaMalloc of the slab and pinning the host pool take seconds: a thread
@@ -1036,13 +1099,20 @@ static int do_hello(struct kvmgr *k, const struct proto_in *in, struct proto_wbu
             }
             pools_install(k);
         } else if (h.block_bytes != k->block_bytes || h.kv_dtype != k->kv_dtype) {
+            return proto_seterr(
+                err, errlen, RKV_EINVAL,
+                "worker %u needs %llu-byte %s blocks but kvmgr's pools hold %llu "
+                "bytes of %s: every worker must run the same model and kv_dtype",
+                h.worker_id, (unsigned long long)h.block_bytes, proto_kv_dtype_names[h.kv_dtype],
+                (unsigned long long)k->block_bytes, proto_kv_dtype_names[k->kv_dtype]);
+        } else if ((h.n_parts > 1 ? h.n_parts : 1) != k->n_parts ||
+                   (h.n_parts > 1 ? h.n_swa : 0) != k->n_swa) {
             return proto_seterr(err, errlen, RKV_EINVAL,
-                                "worker %u needs %llu-byte %s blocks but kvmgr's pools hold %llu "
-                                "bytes of %s: every worker must run the same model and kv_dtype",
-                                h.worker_id, (unsigned long long)h.block_bytes,
-                                proto_kv_dtype_names[h.kv_dtype],
-                                (unsigned long long)k->block_bytes,
-                                proto_kv_dtype_names[k->kv_dtype]);
+                                "worker %u splits a position block into %u parts (window %u) "
+                                "but kvmgr's tables have %u (window %u): every worker must run "
+                                "the same model and swa_kv",
+                                h.worker_id, h.n_parts > 1 ? h.n_parts : 1, h.n_swa, k->n_parts,
+                                k->n_swa);
         }
         if (k->cuda && h.gpu != (int64_t)h.worker_id)
             return proto_seterr(err, errlen, RKV_EINVAL,

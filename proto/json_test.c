@@ -128,14 +128,14 @@ static const struct {
     int type;
     const void *msg;
 } g_msgs[] = {
-    {PROTO_MSG_ERROR, &m_error},          {PROTO_MSG_OK, &m_empty},
-    {PROTO_MSG_HELLO, &m_hello},          {PROTO_MSG_HELLO_ACK, &m_hello_ack},
-    {PROTO_MSG_WORKER_REPORT, &m_report}, {PROTO_MSG_BUDGET_GET, &m_budget_get},
-    {PROTO_MSG_BUDGET, &m_budget},        {PROTO_MSG_BUDGET_SET, &m_budget},
-    {PROTO_MSG_MODE_GET, &m_empty},       {PROTO_MSG_MODE, &m_mode},
-    {PROTO_MSG_MODE_SET, &m_mode},        {PROTO_MSG_SESSION_CLOSE, &m_sclose},
-    {PROTO_MSG_TACTIC_EVENT, &m_event},   {PROTO_MSG_HISTOGRAM, &m_hist},
-    {PROTO_MSG_STATUS_GET, &m_empty},     {PROTO_MSG_STATUS, &m_status},
+    {PROTO_MSG_ERROR, &m_error},           {PROTO_MSG_OK, &m_empty},
+    {PROTO_MSG_HELLO, &m_hello},           {PROTO_MSG_HELLO_ACK, &m_hello_ack},
+    {PROTO_MSG_WORKER_REPORT, &m_report},  {PROTO_MSG_BUDGET_GET, &m_budget_get},
+    {PROTO_MSG_BUDGET, &m_budget},         {PROTO_MSG_BUDGET_SET, &m_budget},
+    {PROTO_MSG_MODE_GET, &m_empty},        {PROTO_MSG_MODE, &m_mode},
+    {PROTO_MSG_MODE_SET, &m_mode},         {PROTO_MSG_SESSION_CLOSE, &m_sclose},
+    {PROTO_MSG_TACTIC_EVENT, &m_event},    {PROTO_MSG_HISTOGRAM, &m_hist},
+    {PROTO_MSG_STATUS_GET, &m_empty},      {PROTO_MSG_STATUS, &m_status},
     {PROTO_MSG_EVENTS_GET, &m_events_get}, {PROTO_MSG_EVENTS, &m_events},
 };
 
@@ -246,7 +246,7 @@ static void test_bad_fields(void **state)
     assert_int_equal(dec(H, "{" HELLO_OK ",\"pid\":1,\"pdi\":2}", err, sizeof err), RKV_EFORMAT);
     assert_string_equal(err, "hello: unknown field \"pdi\" (fields: role, pid, worker_id, gpu, "
                              "proto_version, build, block_bytes, weights_bytes, "
-                             "compute_reserve_bytes, kv_dtype)");
+                             "compute_reserve_bytes, kv_dtype, n_parts, n_swa)");
     /* a kv dtype is one of the names */
     assert_int_equal(dec(H, "{" HELLO_OK ",\"pid\":1,\"kv_dtype\":\"int4\"}", err, sizeof err),
                      RKV_EFORMAT);

@@ -6,8 +6,7 @@
 const char *const proto_role_names[] = {"worker", "rkvd", "rkvctl", NULL};
 const char *const proto_mode_names[] = {"auto", "resident", "window", "cpu_tail", NULL};
 const char *const proto_kv_dtype_names[] = {"f32", "f16", "q8", "fp8", NULL};
-const char *const proto_tactic_names[] = {"resident", "window", "cpu_tail", "parked", "new",
-                                          NULL};
+const char *const proto_tactic_names[] = {"resident", "window", "cpu_tail", "parked", "new", NULL};
 
 /* rates are GB/s in [0, 1e6]: 0 means not measured */
 
@@ -29,6 +28,8 @@ static const struct proto_field f_hello[] = {
     PROTO_F_U64(struct proto_hello, weights_bytes, 0, 0, 1ull << 50),
     PROTO_F_U64(struct proto_hello, compute_reserve_bytes, 0, 0, 1ull << 50),
     PROTO_F_ENUM(struct proto_hello, kv_dtype, 0, proto_kv_dtype_names),
+    PROTO_F_U32(struct proto_hello, n_parts, 0, 0, 64),
+    PROTO_F_U32(struct proto_hello, n_swa, 0, 0, 1u << 24),
 };
 
 static const struct proto_field f_hello_ack[] = {

@@ -13,7 +13,7 @@
 #define PROTO_MAX_GPU     1023     /* gpu index; -1 = cpu */
 #define PROTO_MAX_WORKERS 64
 #define PROTO_N_TACTICS   4
-#define PROTO_MAX_EVENTS  256 /* tactic events in one EVENTS reply */
+#define PROTO_MAX_EVENTS  256  /* tactic events in one EVENTS reply */
 #define PROTO_MIN_BUDGET  4096 /* the least vram target and host budget kvmgr takes */
 
 /* enums travel as their names; *_names are NULL-terminated, indexed by value */
@@ -26,8 +26,8 @@ enum proto_tactic {
     PROTO_TACTIC_PARKED,
     PROTO_TACTIC_NEW, /* tactic events only: a session's first placement (not in histograms) */
 };
-extern const char *const proto_role_names[];   /* worker rkvd rkvctl */
-extern const char *const proto_mode_names[];   /* auto resident window cpu_tail */
+extern const char *const proto_role_names[]; /* worker rkvd rkvctl */
+extern const char *const proto_mode_names[]; /* auto resident window cpu_tail */
 /* a worker's KV element type, worker/kv.h's enum kv_dtype order: f32 f16 q8 fp8 */
 extern const char *const proto_kv_dtype_names[];
 extern const char *const proto_tactic_names[]; /* resident window cpu_tail parked new */
@@ -60,6 +60,10 @@ struct proto_hello {
     uint64_t compute_reserve_bytes;
     /* workers: the KV element type their blocks hold (proto_kv_dtype_names) */
     int kv_dtype;
+    /* sliding windows: blocks per position block (0 or 1: one block of every layer) and the
+     * local layers' window in positions; block_bytes is then one part */
+    uint32_t n_parts;
+    uint32_t n_swa;
 };
 
 struct proto_hello_ack {

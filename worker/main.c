@@ -47,6 +47,7 @@ static const char *const backends[] = {"auto", "cpu", "cuda", NULL};
 /* enum kv_dtype order */
 static const char *const kv_dtypes[] = {"f32", "f16", "q8", "fp8", NULL};
 static const char *const host_attns[] = {"auto", "gpu", "cpu", NULL};
+static const char *const swa_kvs[] = {"window", "full", NULL};
 
 #define K(n, t, f) n, t, offsetof(struct worker_conf, f)
 static const struct cfg_key keys[] = {
@@ -69,6 +70,9 @@ static const struct cfg_key keys[] = {
     {K("block_size", CFG_INT, block_size), .min = 1, .max = 65536, .def = "256",
      .help = "positions per KV block (the same as kvmgr's)"},
     {K("kv_dtype", CFG_ENUM, kv_dtype), .names = kv_dtypes, .def = "f16", .help = "kv cache type"},
+    {K("swa_kv", CFG_ENUM, swa_kv), .names = swa_kvs, .def = "window",
+     .help = "a sliding-window model's local layers: keep only their window of kv (window) or "
+             "every position (full); the cuda backend always keeps every position"},
     {K("measure_rates", CFG_BOOL, measure_rates), .def = "true",
      .help = "time kv attention and moves at start-up for the planner (false: report 0)"},
     {K("host_attn", CFG_ENUM, host_attn), .names = host_attns, .def = "auto",
@@ -192,6 +196,9 @@ static int attach(struct worker *w)
         log_error("kv_dtype %s needs a head_dim that is a multiple of 8 and this model's is %u: "
                   "set kv_dtype = f16",
                   kv_dtype_name((enum kv_dtype)w->c.kv_dtype), w->m->hp.head_dim);
+    /* local layers keep only their window (cpu backend: its kernels read a layer's view) */
+    if (rc == 0 && w->c.swa_kv == 0 && !w->on_gpu)
+        rc = fwd_kv_layout_window(w->m, &w->layout);
     if (rc)
         return rc;
     /* on a gpu, before kvmgr sizes its slab: what a step of this model takes */
@@ -213,7 +220,9 @@ static int attach(struct worker *w)
                             kv_block_bytes(&w->layout),
                             w->m->weight_bytes,
                             w->reserve,
-                            (int)w->layout.dtype};
+                            (int)w->layout.dtype,
+                            w->layout.n_parts,
+                            w->layout.n_swa};
     struct proto_hello_ack ack;
     /* the first hello makes kvmgr create its pools: on a gpu pinning the host pool takes
      * about a second per 4 GiB (H200 machine, 2026-11-29) */

@@ -413,7 +413,9 @@ int step_run(struct worker *w, const struct proto_in *in, struct proto_wbuf *rep
             ref[b].index = sq->blocks[b].index;
             /* a block with a clean host copy is read from the device */
             ref[b].residency = sq->blocks[b].residency == PROTO_RES_HOST ? KV_HOST : KV_DEVICE;
-            if (ref[b].index >= w->pools.n_blocks[ref[b].residency]) {
+            /* a local part that left every window names no block */
+            int dropped = ref[b].index == KV_REF_NONE && w->layout.n_parts > 1;
+            if (!dropped && ref[b].index >= w->pools.n_blocks[ref[b].residency]) {
                 proto_step_req_destroy(req);
                 return proto_seterr(err, errlen, RKV_EPROTO,
                                     "session %llu block %u: index %u is outside the %s pool",
@@ -449,7 +451,7 @@ int step_run(struct worker *w, const struct proto_in *in, struct proto_wbuf *rep
             n_steps = 1;
     for (uint32_t i = 0; i < n && n_steps > 1; i++) {
         const struct proto_step_seq *sq = &req->seqs[i];
-        uint64_t room = (uint64_t)sq->n_blocks * w->layout.block_size,
+        uint64_t room = (uint64_t)(sq->n_blocks / w->layout.n_parts) * w->layout.block_size,
                  need = (uint64_t)sq->n_past + sq->n_tokens;
         n_steps = room < need ? 1 : (uint32_t)RKV_MIN((uint64_t)n_steps, room - need + 1);
     }

@@ -36,6 +36,7 @@ struct worker_conf {
     int64_t max_seqs;
     int64_t block_size;
     int kv_dtype;
+    int swa_kv; /* 0: window (local layers keep their window only), 1: full */
     int measure_rates;
     int deterministic;
     int host_attn;

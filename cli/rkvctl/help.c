@@ -162,7 +162,7 @@ static const struct topic {
      "                    bytes{TACTIC:n}, device_used, device_total, host_used, host_total,\n"
      "                    age_ms}; with --watch one such object per line\n"
      "    sessions list  {sessions[SESSION]}; SESSION = {sid, id, worker, tokens, kv_tokens,\n"
-     "                    busy, pinned, idle_ms, tactic, tail_blocks, tail_tokens}\n"
+     "                    kv_bytes, busy, pinned, idle_ms, tactic, tail_blocks, tail_tokens}\n"
      "    sessions show  {session: SESSION, events[EVENT]}\n"
      "    sessions evict {sid, id, evicted}; pin/unpin {sid, id, pinned}\n"
      "    workers list   {workers[...as in status]}; restart {worker, old_pid, restarting};\n"

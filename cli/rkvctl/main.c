@@ -443,16 +443,16 @@ static void print_session_row(const cJSON *s)
     char idle[32] = "-";
     if (num(s, "idle_ms") > 0)
         snprintf(idle, sizeof idle, "%s", dur(num(s, "idle_ms")));
-    printf("%-24.24s #%-6.0f %-6.0f %-9s %8.0f %8.0f %-7s %-4s %s\n",
+    printf("%-24.24s #%-6.0f %-6.0f %-9s %8.0f %8.0f %10s %-7s %-4s %s\n",
            str(s, "id")[0] ? str(s, "id") : "(private)", num(s, "sid"), num(s, "worker"),
-           str(s, "tactic"), num(s, "tokens"), num(s, "tail_tokens"),
+           str(s, "tactic"), num(s, "tokens"), num(s, "tail_tokens"), sz(num(s, "kv_bytes")),
            yes(s, "pinned") ? "pinned" : "", yes(s, "busy") ? "busy" : "", idle);
 }
 
 static void print_session_head(void)
 {
-    printf("%-24s %-7s %-6s %-9s %8s %8s %-7s %-4s %s\n", "session", "#", "worker", "tactic",
-           "tokens", "tail", "", "", "idle");
+    printf("%-24s %-7s %-6s %-9s %8s %8s %10s %-7s %-4s %s\n", "session", "#", "worker",
+           "tactic", "tokens", "tail", "kv", "", "", "idle");
 }
 
 static void print_event(const cJSON *e)
