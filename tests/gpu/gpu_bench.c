@@ -194,6 +194,8 @@ static void json_env(FILE *f)
  * prefill 4k, 2 also 32k with 0 and 90 % of the kv on host, b=8 and 64, prefill 32k) */
 static enum be_type g_wt = BE_BF16, g_more = BE_BF16;
 static const char *g_tag = "";
+/* --kv-dtype: the KV element type of the attention and model suites (f16 unless asked) */
+static enum kv_dtype g_kv = KV_F16;
 static int g_qrows;
 
 /* one json record per measurement, printed as a table row too */
@@ -298,7 +300,7 @@ static int bench_attention(struct backend *be, int quick)
 {
     struct attn_bench ab = {be};
     const uint32_t B = 256, n_kv = 8, D = 128, H = 32;
-    kv_layout_init(&ab.l, B, 1, n_kv, D, KV_F16);
+    kv_layout_init(&ab.l, B, 1, n_kv, D, g_kv);
     const uint32_t max_ctx = quick ? 32768 : 131072, n_seq_max = 64;
     uint32_t nb = max_ctx / B > 16 * n_seq_max ? max_ctx / B : 16 * n_seq_max;
     size_t bytes = (size_t)nb * kv_block_bytes(&ab.l);
@@ -335,7 +337,7 @@ static int bench_attention(struct backend *be, int quick)
         if (ctx > max_ctx)
             continue;
         uint32_t n = ctx / B;
-        double kv_bytes = (double)ctx * n_kv * D * 2 * 2; /* k and v, f16 */
+        double kv_bytes = (double)ctx * n_kv * kv_row_bytes(&ab.l) * 2; /* k and v */
         int32_t pos = (int32_t)ctx - 1;
         uint32_t seq_of = 0;
         struct be_seq s = {0, 1, ctx - 1, tab, n};
@@ -389,7 +391,7 @@ static int bench_attention(struct backend *be, int quick)
         }
         struct be_batch b = {seqs, S, S, pos, seq_of};
         double t = time_attn(&ab, &b, 1, 0, 20);
-        double kv_bytes = (double)S * 4096 * n_kv * D * 4;
+        double kv_bytes = (double)S * 4096 * n_kv * kv_row_bytes(&ab.l) * 2;
         record("attn", "resident batch=64 ctx=4096 (GB/s vs hbm)", kv_bytes / t / 1e9, "GB/s",
                hbm / 1e9, kv_bytes / t / hbm);
     }
@@ -655,10 +657,11 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
         return -1;
     }
     gm_src_fini(&src);
-    printf("  model %s %s: %.2f GB of weights, built in %.1f s\n", preset, *g_tag ? g_tag : "bf16",
+    printf("  model %s %s, kv %s: %.2f GB of weights, built in %.1f s\n", preset,
+           g_qrows && *g_tag ? g_tag : be_type_name(g_wt), kv_dtype_name(g_kv),
            m->weight_bytes / 1e9, gu_now() - t0);
     struct kv_layout l;
-    fwd_kv_layout(m, 256, KV_F16, &l);
+    fwd_kv_layout(m, 256, g_kv, &l);
     const size_t bb = kv_block_bytes(&l);
     const uint32_t max_ctx = quick ? 32768 : 131072, S = 64;
     /* the host pool also holds the many-session case: 16 sessions x 14 host blocks */
@@ -1083,10 +1086,19 @@ int main(int argc, char **argv)
             quick = 1;
         else if (!strcmp(argv[i], "--quant-types") && i + 1 < argc)
             g_qtypes = argv[++i];
-        else {
+        else if (!strcmp(argv[i], "--kv-dtype") && i + 1 < argc) {
+            if (kv_dtype_parse(argv[++i], &g_kv) < 0) {
+                fprintf(stderr, "gpu_bench: --kv-dtype %s is not one of " KV_DTYPE_NAMES "\n",
+                        argv[i]);
+                return 2;
+            }
+            if (g_kv != KV_F16)
+                g_tag = argv[i]; /* the rows say which */
+        } else {
             fprintf(stderr, "usage: gpu_bench [--suite all|gemv|linear|attn|decode|prefill|quant] "
                             "[--preset llama3-8b|qwen3-8b|gemma3-4b|small] "
                             "[--quant-types bf16,q4_k_m,q4_0,q6_k,q8_0,iq4_xs] "
+                            "[--kv-dtype f16|f32|q8|fp8] "
                             "[--quick] [--json FILE]\n");
             return 2;
         }
