@@ -240,6 +240,28 @@ static const char phi3_template[] =
     "%}{{'<|assistant|>\\n' + message['content'] + '<|end|>\\n'}}{% endif %}{% endfor %}{% if "
     "add_generation_prompt %}{{ '<|assistant|>\\n' }}{% else %}{{ eos_token }}{% endif %}";
 
+/* an architecture's chat tokens: its specials (after the bpe tokens), the special ids as
+ * offsets into them (-1: the key is not written), whether BOS is added, its template */
+struct chat_family {
+    const char *const *specials;
+    uint32_t n_specials;
+    int bos, eos, eot, pad;
+    int add_bos;
+    const char *tmpl;
+};
+
+static const struct chat_family *chat_family(enum arch a)
+{
+#define SPECIALS(x) x, RKV_ARRAY_LEN(x)
+    static const struct chat_family
+        llama = {SPECIALS(llama_specials), 0, 1, 4, -1, 1, llama3_template},
+        gemma = {SPECIALS(gemma_specials), 2, 1, 4, 0, 1, gemma_template},
+        phi3 = {SPECIALS(phi3_specials), 0, 1, 3, 1, 0, phi3_template},
+        chatml = {SPECIALS(qwen2_specials), 0, 2, 2, 0, 0, chatml_template};
+#undef SPECIALS
+    return a == ARCH_LLAMA ? &llama : a == ARCH_GEMMA3 ? &gemma : a == ARCH_PHI3 ? &phi3 : &chatml;
+}
+
 struct vocab {
     struct bpe_vocab bpe;
     const char **tokens; /* (n) bpe tokens, specials, reserved */
@@ -263,18 +285,9 @@ static void vocab_free(struct vocab *v)
 static int vocab_build(const struct opts *o, struct vocab *v)
 {
     memset(v, 0, sizeof *v);
-    const char *const *specials = qwen2_specials;
-    uint32_t n_special = RKV_ARRAY_LEN(qwen2_specials);
-    if (o->arch == ARCH_LLAMA) {
-        specials = llama_specials;
-        n_special = RKV_ARRAY_LEN(llama_specials);
-    } else if (o->arch == ARCH_GEMMA3) {
-        specials = gemma_specials;
-        n_special = RKV_ARRAY_LEN(gemma_specials);
-    } else if (o->arch == ARCH_PHI3) {
-        specials = phi3_specials;
-        n_special = RKV_ARRAY_LEN(phi3_specials);
-    }
+    const struct chat_family *fam = chat_family(o->arch);
+    const char *const *specials = fam->specials;
+    uint32_t n_special = fam->n_specials;
     static const char *const fim_tokens[] = {"<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"};
     uint32_t n_fim = o->fim ? RKV_ARRAY_LEN(fim_tokens) : 0;
     uint32_t n_vocab = o->preset->vocab;
@@ -336,34 +349,16 @@ static void put_tokenizer(struct gw *w, const struct opts *o, const struct vocab
         gw_kv_u32(w, "tokenizer.ggml.fim_suf_token_id", (uint32_t)v->first_fim + 1);
         gw_kv_u32(w, "tokenizer.ggml.fim_mid_token_id", (uint32_t)v->first_fim + 2);
     }
-    if (o->arch == ARCH_LLAMA) {
-        gw_kv_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)s);
-        gw_kv_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)s + 1);
-        gw_kv_u32(w, "tokenizer.ggml.eot_token_id", (uint32_t)s + 4);
-        gw_kv_bool(w, "tokenizer.ggml.add_bos_token", 1);
-        gw_kv_str(w, "tokenizer.chat_template", llama3_template);
-    } else if (o->arch == ARCH_GEMMA3) {
-        gw_kv_u32(w, "tokenizer.ggml.padding_token_id", (uint32_t)s);
-        gw_kv_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)s + 1);
-        gw_kv_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)s + 2);
-        gw_kv_u32(w, "tokenizer.ggml.eot_token_id", (uint32_t)s + 4);
-        gw_kv_bool(w, "tokenizer.ggml.add_bos_token", 1);
-        gw_kv_str(w, "tokenizer.chat_template", gemma_template);
-    } else if (o->arch == ARCH_PHI3) {
-        gw_kv_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)s);
-        gw_kv_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)s + 1);
-        gw_kv_u32(w, "tokenizer.ggml.eot_token_id", (uint32_t)s + 3);
-        gw_kv_u32(w, "tokenizer.ggml.padding_token_id", (uint32_t)s + 1);
-        gw_kv_bool(w, "tokenizer.ggml.add_bos_token", 0);
-        gw_kv_str(w, "tokenizer.chat_template", phi3_template);
-    } else {
-        gw_kv_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)s);
-        gw_kv_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)s + 2);
-        gw_kv_u32(w, "tokenizer.ggml.eot_token_id", (uint32_t)s + 2);
-        gw_kv_u32(w, "tokenizer.ggml.padding_token_id", (uint32_t)s);
-        gw_kv_bool(w, "tokenizer.ggml.add_bos_token", 0);
-        gw_kv_str(w, "tokenizer.chat_template", chatml_template);
-    }
+    const struct chat_family *fam = chat_family(o->arch);
+    static const char *const keys[] = {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+                                       "tokenizer.ggml.eot_token_id",
+                                       "tokenizer.ggml.padding_token_id"};
+    const int ids[] = {fam->bos, fam->eos, fam->eot, fam->pad};
+    for (size_t k = 0; k < RKV_ARRAY_LEN(keys); k++)
+        if (ids[k] >= 0)
+            gw_kv_u32(w, keys[k], (uint32_t)(s + ids[k]));
+    gw_kv_bool(w, "tokenizer.ggml.add_bos_token", fam->add_bos);
+    gw_kv_str(w, "tokenizer.chat_template", fam->tmpl);
 }
 
 /* --- tensors ---------------------------------------------------------------- */
