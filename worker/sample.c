@@ -1068,12 +1068,11 @@ static void mask_disallowed(float *v, int32_t n_vocab, const uint32_t *allow, in
 static void grammar_mask_logits(struct sampler *s)
 {
     if (sampler_grammar_prepare(s))
-        return;         /* no mask (out of memory): unconstrained this step */
-    s->gmask_ready = 0; /* the pick moves the grammar on */
+        return; /* no mask (out of memory): unconstrained this step */
     mask_disallowed(s->work, s->n_vocab, s->gmask, s->gn);
 }
 
-/* the picked id moves the grammar on. the mask never leaves the grammar without a way on; a
+/* the picked id moves the grammar on (its mask is then stale). the mask never leaves the grammar without a way on; a
  * failure here would be the grammar's bug, and the answer goes on unconstrained rather than
  * stopping */
 static void grammar_advance(struct sampler *s, int32_t id)
