@@ -1496,6 +1496,8 @@ def parse_args(argv):
     a.turn_tokens = a.turn_tokens or (a.ctx if q else max(8, a.ctx // 4))
     if a.peak_window is None:
         a.peak_window = a.window if q else max(a.window, 10 * a.max_stall_ms / 1000)
+    if not a.peak_window > 0:
+        ap.error(f"--peak-window {a.peak_window}: seconds above 0")
     a.hf_ctx = a.hf_ctx or a.spill_ctx
     a.budget_ctx = a.budget_ctx or a.ctx
     a.http_batches = [int(x) for x in str(a.http_batches).split(",")]

@@ -1027,6 +1027,16 @@ static int bench_model(struct backend *be, int quick, const char *preset, int de
 /* quantized weights: the bf16 model's marks, then each type's (q4_k_m: Q4_K with Q6_K where a
  * q4_k_m file has it), every row against its own weight bytes; prefill also as a ratio to the
  * bf16 model's in this run */
+/* the quant suite's models: a tag, the weights' type (more: attn_v, ffn_down, output), the
+ * prefill rows it measures */
+static const struct {
+    const char *tag;
+    enum be_type t, more;
+    int rows;
+} qs[] = {{"bf16", BE_BF16, BE_BF16, 1}, {"q4_k_m", BE_Q4_K, BE_Q6_K, 2},
+          {"q4_0", BE_Q4_0, BE_Q4_0, 1}, {"q6_k", BE_Q6_K, BE_Q6_K, 1},
+          {"q8_0", BE_Q8_0, BE_Q8_0, 1}, {"iq4_xs", BE_IQ4_XS, BE_IQ4_XS, 1}};
+
 /* --quant-types: the quant suite's tags to run (comma-separated; NULL: all) */
 static const char *g_qtypes;
 
@@ -1047,13 +1057,6 @@ static int qtype_wanted(const char *tag)
 
 static int bench_quant(struct backend *be, int quick, const char *preset)
 {
-    static const struct {
-        const char *tag;
-        enum be_type t, more;
-        int rows;
-    } qs[] = {{"bf16", BE_BF16, BE_BF16, 1}, {"q4_k_m", BE_Q4_K, BE_Q6_K, 2},
-              {"q4_0", BE_Q4_0, BE_Q4_0, 1}, {"q6_k", BE_Q6_K, BE_Q6_K, 1},
-              {"q8_0", BE_Q8_0, BE_Q8_0, 1}, {"iq4_xs", BE_IQ4_XS, BE_IQ4_XS, 1}};
     int rc = 0;
     for (size_t i = 0; i < sizeof(qs) / sizeof(qs[0]) && rc == 0; i++) {
         if (!qtype_wanted(qs[i].tag))
@@ -1084,9 +1087,27 @@ int main(int argc, char **argv)
             preset = argv[++i];
         else if (!strcmp(argv[i], "--quick"))
             quick = 1;
-        else if (!strcmp(argv[i], "--quant-types") && i + 1 < argc)
+        else if (!strcmp(argv[i], "--quant-types") && i + 1 < argc) {
             g_qtypes = argv[++i];
-        else if (!strcmp(argv[i], "--kv-dtype") && i + 1 < argc) {
+            /* every name one of the suite's tags, and at least one */
+            for (const char *p = g_qtypes;;) {
+                const size_t len = strcspn(p, ",");
+                size_t k = 0;
+                while (k < sizeof(qs) / sizeof(qs[0]) &&
+                       !(strlen(qs[k].tag) == len && !strncmp(p, qs[k].tag, len)))
+                    k++;
+                if (k == sizeof(qs) / sizeof(qs[0])) {
+                    fprintf(stderr,
+                            "gpu_bench: --quant-types: '%.*s' is not one of bf16, q4_k_m, q4_0, "
+                            "q6_k, q8_0, iq4_xs\n",
+                            (int)len, p);
+                    return 2;
+                }
+                if (!p[len])
+                    break;
+                p += len + 1;
+            }
+        } else if (!strcmp(argv[i], "--kv-dtype") && i + 1 < argc) {
             if (kv_dtype_parse(argv[++i], &g_kv) < 0) {
                 fprintf(stderr, "gpu_bench: --kv-dtype %s is not one of " KV_DTYPE_NAMES "\n",
                         argv[i]);
