@@ -949,8 +949,11 @@ def bench_spill(a, srv, shape, full_target):
             raise RuntimeError(f"spill at {frac}: {st.errors}")
         ttft = st.first_time() - st.t_start
         rate, _ = steady_rate([st])
-        # a reading while the turn decodes (else one between its chunks)
-        sp = seen[len(seen) // 2] if seen else idle[-1] if idle else None
+        # a reading while the turn decodes (else one between its chunks): the median host
+        # share of them, so that one reading taken while kvmgr re-plans does not decide
+        readings = seen or idle[-1:]
+        readings.sort(key=lambda x: x["tail_tokens"] / max(1, x["kv_tokens"]))
+        sp = readings[len(readings) // 2] if readings else None
         moved = m1.get("rkv:kv_bytes_migrated_total", 0) - m0.get("rkv:kv_bytes_migrated_total", 0)
         prefilled = m1.get("rkv:prefill_tokens_total", 0) - m0.get("rkv:prefill_tokens_total", 0)
         p = {"host_frac_wanted": frac, "vram_target": tgt, "budget_set_s": rnd(set_s),
@@ -960,6 +963,7 @@ def bench_spill(a, srv, shape, full_target):
              "host_kv_bytes": sp["tail_tokens"] * srv.bpt if sp else 0,
              "device_kv_bytes": (sp["kv_tokens"] - sp["tail_tokens"]) * srv.bpt if sp else 0,
              "readings": [len(seen), len(idle)],
+             "reading_tactics": sorted({x["tactic"] for x in readings}),
              "ttft_s": rnd(ttft), "prefilled_tokens": prefilled, "migrated_bytes": moved,
              "prefill_tok_s": rnd(prefilled / ttft, 1) if ttft > 0 else None,
              "decode_tok_s": rnd(rate, 2)}

@@ -54,9 +54,14 @@ def run_all(srv, seen=None):
     with cf.ThreadPoolExecutor(N_STREAMS + 1) as ex:
         futs = [ex.submit(stream_one, srv, p) for p in PROMPTS]
         while seen is not None and not all(f.done() for f in futs):
-            seen.update("sessions:" + s["tactic"] for s in srv.ctl("sessions")["sessions"])
-            if "tactics:rotated" not in seen and srv.ctl("tactics")["gpus"][0]["rotated"] > 0:
-                seen.add("tactics:rotated")
+            now = {"sessions:" + s["tactic"] for s in srv.ctl("sessions")["sessions"]}
+            seen |= now
+            # the turns can be short on a loaded machine: ask for the histogram while a
+            # session is seen waiting, not a whole poll later
+            if "tactics:rotated" not in seen and ("sessions:rotated" in now or
+                                                  "sessions:rotated" not in seen):
+                if srv.ctl("tactics")["gpus"][0]["rotated"] > 0:
+                    seen.add("tactics:rotated")
         return {p: f.result() for p, f in zip(PROMPTS, futs)}
 
 
