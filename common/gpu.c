@@ -29,6 +29,9 @@ struct cudart {
     int (*host_unregister)(void *p);
     int (*memcpy_)(void *dst, const void *src, size_t n, int kind);
     int (*mem_info)(size_t *free_bytes, size_t *total);
+    int (*stream_create)(void **stream, unsigned flags);
+    int (*memcpy_async)(void *dst, const void *src, size_t n, int kind, void *stream);
+    int (*stream_sync)(void *stream);
     const char *(*error_string)(int err);
 };
 
@@ -37,7 +40,13 @@ enum {
     CUDA_HOST_REGISTER_MAPPED = 2,
     CUDA_IPC_LAZY_PEER_ACCESS = 1,
     CUDA_MEMCPY_DEFAULT = 4,
+    CUDA_STREAM_NON_BLOCKING = 1,
 };
+
+/* the copy lanes' streams, per device, created at first use */
+#define MAX_LANE_GPUS 64
+static void *lanes[MAX_LANE_GPUS][RKV_GPU_LANES];
+static pthread_mutex_t lanes_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static struct cudart rt;
 static int n_devices; /* > 0, or RKV_ENODEV */
@@ -91,6 +100,9 @@ static void load(void)
         {"cudaHostUnregister", (void **)&rt.host_unregister},
         {"cudaMemcpy", (void **)&rt.memcpy_},
         {"cudaMemGetInfo", (void **)&rt.mem_info},
+        {"cudaStreamCreateWithFlags", (void **)&rt.stream_create},
+        {"cudaMemcpyAsync", (void **)&rt.memcpy_async},
+        {"cudaStreamSynchronize", (void **)&rt.stream_sync},
         {"cudaGetErrorString", (void **)&rt.error_string},
     };
     for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
@@ -238,6 +250,49 @@ int rkv_gpu_copy(uint32_t gpu, void *dst, const void *src, size_t bytes)
     int rc = use(gpu, "kv block copy");
     return rc ? rc
               : check(rt.memcpy_(dst, src, bytes, CUDA_MEMCPY_DEFAULT), "cudaMemcpy", gpu, bytes);
+}
+
+/* the stream of gpu's lane (gpu current on this thread), created at first use */
+static int lane_stream(uint32_t gpu, int lane, void **stream)
+{
+    if (gpu >= MAX_LANE_GPUS || lane < 0 || lane >= RKV_GPU_LANES)
+        return RKV_EINVAL;
+    pthread_mutex_lock(&lanes_mu);
+    int rc = 0;
+    if (!lanes[gpu][lane])
+        rc = check(rt.stream_create(&lanes[gpu][lane], CUDA_STREAM_NON_BLOCKING),
+                   "cudaStreamCreateWithFlags", gpu, 0);
+    *stream = lanes[gpu][lane];
+    pthread_mutex_unlock(&lanes_mu);
+    return rc;
+}
+
+int rkv_gpu_copy_async(uint32_t gpu, int lane, void *dst, const void *src, size_t bytes)
+{
+    void *st;
+    int rc = use(gpu, "kv block copy");
+    if (rc == 0)
+        rc = lane_stream(gpu, lane, &st);
+    return rc ? rc
+              : check(rt.memcpy_async(dst, src, bytes, CUDA_MEMCPY_DEFAULT, st), "cudaMemcpyAsync",
+                      gpu, bytes);
+}
+
+int rkv_gpu_copy_wait(uint32_t gpu)
+{
+    int rc = use(gpu, "waiting for kv block copies");
+    if (rc || gpu >= MAX_LANE_GPUS)
+        return rc ? rc : RKV_EINVAL;
+    /* every lane is waited for, also after one failed: nothing may be left in flight */
+    for (int l = 0; l < RKV_GPU_LANES; l++) {
+        pthread_mutex_lock(&lanes_mu);
+        void *st = lanes[gpu][l];
+        pthread_mutex_unlock(&lanes_mu);
+        int e = st ? check(rt.stream_sync(st), "cudaStreamSynchronize", gpu, 0) : 0;
+        if (e && !rc)
+            rc = e;
+    }
+    return rc;
 }
 
 int rkv_gpu_mem_info(uint32_t gpu, size_t *free_bytes, size_t *total_bytes)

@@ -12,7 +12,7 @@
  * and must start on machines without a driver (the cpu backend). So this
  * module loads libcudart at its first use ("libcudart.so.13", then
  * "libcudart.so", then CUDA_HOME's lib64; env RKV_CUDART names another
- * file) and looks up the eleven functions it calls. When the library or a
+ * file) and looks up the functions it calls. When the library or a
  * device is missing every call returns RKV_ENODEV and rkv_gpu_why() says
  * why. All functions are thread-safe after the first rkv_gpu_count().
  *
@@ -40,6 +40,15 @@ int rkv_gpu_host_register(void *base, size_t bytes);
 void rkv_gpu_host_unregister(void *base);
 /* cudaMemcpy(default kind: unified addressing tells the sides apart) */
 int rkv_gpu_copy(uint32_t gpu, void *dst, const void *src, size_t bytes);
+/* copy lanes of a device: the copies of one lane run in order, those of different lanes may
+ * run at once (a device has a copy engine each way) */
+enum rkv_gpu_lane { RKV_GPU_LANE_D2H, RKV_GPU_LANE_H2D, RKV_GPU_LANE_D2D, RKV_GPU_LANES };
+/* cudaMemcpyAsync on the lane's stream of gpu (created at first use, not blocking other
+ * streams); the host side must be pinned for the copy to overlap. Done by rkv_gpu_copy_wait,
+ * which answers a failed copy */
+int rkv_gpu_copy_async(uint32_t gpu, int lane, void *dst, const void *src, size_t bytes);
+/* waits for every copy queued on gpu's lanes: 0, or the first lane's error */
+int rkv_gpu_copy_wait(uint32_t gpu);
 /* free and total device memory of gpu */
 int rkv_gpu_mem_info(uint32_t gpu, size_t *free_bytes, size_t *total_bytes);
 

@@ -48,6 +48,8 @@ static void test_no_gpu(void **state)
     char buf[64];
     assert_int_equal(rkv_gpu_host_register(buf, sizeof buf), RKV_ENODEV);
     assert_int_equal(rkv_gpu_copy(0, buf, buf + 32, 32), RKV_ENODEV);
+    assert_int_equal(rkv_gpu_copy_async(0, RKV_GPU_LANE_H2D, buf, buf + 32, 32), RKV_ENODEV);
+    assert_int_equal(rkv_gpu_copy_wait(0), RKV_ENODEV);
     rkv_gpu_free(0, NULL);
     rkv_gpu_host_unregister(buf);
 }
@@ -63,7 +65,7 @@ static void test_slab_and_copies(void **state)
     assert_int_equal(rkv_gpu_alloc(0, n, &d, h), 0);
     assert_non_null(d);
     assert_memory_not_equal(h, zero, sizeof h);
-    uint8_t *host = aligned_alloc(4096, n), *back = malloc(n);
+    uint8_t *host = aligned_alloc(4096, n), *back = aligned_alloc(4096, n);
     for (size_t i = 0; i < n; i++)
         host[i] = (uint8_t)(i * 7);
     assert_int_equal(rkv_gpu_host_register(host, n), 0);
@@ -72,6 +74,27 @@ static void test_slab_and_copies(void **state)
     assert_int_equal(rkv_gpu_copy(0, back, d, n), 0);
     assert_memory_equal(back, host, n / 2);
     assert_memory_equal(back + n / 2, host, n / 2);
+    /* the lanes: host -> device of the second half while the first half goes back, and a
+     * device copy; one wait finishes all three */
+    uint8_t *host2 = aligned_alloc(4096, n);
+    for (size_t i = 0; i < n; i++)
+        host2[i] = (uint8_t)(i * 13 + 1);
+    assert_int_equal(rkv_gpu_host_register(host2, n), 0);
+    memset(back, 0, n);
+    assert_int_equal(rkv_gpu_host_register(back, n), 0);
+    assert_int_equal(rkv_gpu_copy_async(0, RKV_GPU_LANE_D2H, back, d, n / 2), 0);
+    assert_int_equal(
+        rkv_gpu_copy_async(0, RKV_GPU_LANE_H2D, (uint8_t *)d + n / 2, host2 + n / 2, n / 2), 0);
+    assert_int_equal(rkv_gpu_copy_wait(0), 0);
+    assert_int_equal(
+        rkv_gpu_copy_async(0, RKV_GPU_LANE_D2H, back + n / 2, (uint8_t *)d + n / 2, n / 2), 0);
+    assert_int_equal(rkv_gpu_copy_wait(0), 0);
+    assert_memory_equal(back, host, n / 2);
+    assert_memory_equal(back + n / 2, host2 + n / 2, n / 2);
+    assert_int_equal(rkv_gpu_copy_async(0, RKV_GPU_LANES, back, d, 16), RKV_EINVAL);
+    rkv_gpu_host_unregister(back);
+    rkv_gpu_host_unregister(host2);
+    free(host2);
     size_t fr = 0, tot = 0;
     assert_int_equal(rkv_gpu_mem_info(0, &fr, &tot), 0);
     assert_true(fr > 0 && fr < tot);

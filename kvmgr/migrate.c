@@ -19,27 +19,29 @@ int mig_session_state(const struct kvb *kvb, uint64_t sid, struct plan_session *
     return 0;
 }
 
-/* moves n blocks of sid one way, runs the copies, commits; RKV_ENOSPACE and
- * RKV_EBUSY leave the session as it was */
-static int move(struct kvb *kvb, struct kvpool *const *dev, uint32_t n_gpus, struct kvpool *host,
-                uint64_t sid, uint32_t n, int demote, int parking, struct kvb_copy *ops,
-                uint32_t *copies)
+/* opens a move of n blocks of sid one way and queues its copies (kvpool_copies_start); the
+ * caller commits it once kvpool_copies_wait says they are done. RKV_ENOSPACE and RKV_EBUSY
+ * leave the session as it was; after a failed queueing the move stays open (*opened), to be
+ * aborted after the wait, since some of its copies may be in flight */
+static int move_start(struct kvb *kvb, struct kvpool *const *dev, uint32_t n_gpus,
+                      struct kvpool *host, uint64_t sid, uint32_t n, int demote, int parking,
+                      struct kvb_copy *ops, uint32_t *copies, int *opened)
 {
     size_t n_ops = 0;
-    int rc = !demote  ? kvb_promote(kvb, sid, n, ops, n, &n_ops)
+    *opened = 0;
+    int rc = !demote   ? kvb_promote(kvb, sid, n, ops, n, &n_ops)
              : parking ? kvb_park(kvb, sid, n, ops, n, &n_ops)
                        : kvb_demote(kvb, sid, n, ops, n, &n_ops);
     if (rc)
         return rc;
-    rc = kvpool_run_copies(dev, n_gpus, host, ops, n_ops);
-    if (rc) {
+    *opened = 1;
+    rc = kvpool_copies_start(dev, n_gpus, host, ops, n_ops);
+    if (rc)
         log_error("kv migration of session %llu failed: %s", (unsigned long long)sid,
                   rkv_strerror(rc));
-        kvb_abort(kvb, sid);
-        return rc;
-    }
-    *copies += (uint32_t)n_ops;
-    return kvb_commit(kvb, sid, NULL);
+    else
+        *copies += (uint32_t)n_ops;
+    return rc;
 }
 
 int mig_rehome(struct kvb *kvb, struct kvpool *const *dev, uint32_t n_gpus, struct kvpool *host,
@@ -81,8 +83,19 @@ int mig_apply(struct kvb *kvb, struct kvpool *const *dev, uint32_t n_gpus, struc
             max_blocks = d + h;
     }
     struct kvb_copy *ops = malloc((max_blocks ? max_blocks : 1) * sizeof(*ops));
-    if (!ops)
+    /* the moves whose copies are queued: all of a pass's copies are in flight together (on a
+     * gpu the demotions' device -> host beside the promotions' host -> device), then every
+     * move commits. A failed one is aborted once nothing is in flight */
+    struct {
+        uint64_t sid;
+        int failed;
+    } *open = malloc((n ? n : 1) * sizeof(*open));
+    size_t n_open = 0;
+    if (!ops || !open) {
+        free(ops);
+        free(open);
         return RKV_ENOMEM;
+    }
     int rc = 0;
     /* demotions everywhere first: they make the room promotions need */
     for (int demote = 1; demote >= 0 && rc == 0; demote--) {
@@ -107,14 +120,19 @@ int mig_apply(struct kvb *kvb, struct kvpool *const *dev, uint32_t n_gpus, struc
                                 : (d < target ? RKV_MIN(target - d, h) : 0);
             if (k == 0)
                 continue;
-            int mrc = move(kvb, dev, n_gpus, host, a->id, k, demote, parking, ops, &st->copies);
+            int opened;
+            int mrc = move_start(kvb, dev, n_gpus, host, a->id, k, demote, parking, ops,
+                                 &st->copies, &opened);
+            if (opened)
+                open[n_open].sid = a->id, open[n_open++].failed = mrc != 0;
             if (mrc == 0) {
                 st->sessions_moved++;
                 *(demote ? &st->blocks_demoted : &st->blocks_promoted) += k;
-            } else if (mrc == RKV_ENOSPACE || mrc == RKV_EBUSY || mrc == RKV_ERANGE) {
+            } else if (!opened && (mrc == RKV_ENOSPACE || mrc == RKV_EBUSY || mrc == RKV_ERANGE)) {
                 /* no room until acks, a move already open: the next pass retries.
                  * a host pool full of clean copies (which the plan does not
-                 * count) gives some back for then */
+                 * count) gives some back for then (sessions with a move open keep
+                 * theirs) */
                 if (mrc == RKV_ENOSPACE && demote) {
                     uint32_t trimmed;
                     if ((rc = kvb_trim_host_copies(kvb, k, &trimmed)))
@@ -127,6 +145,23 @@ int mig_apply(struct kvb *kvb, struct kvpool *const *dev, uint32_t n_gpus, struc
             }
         }
     }
+    int wrc = n_open ? kvpool_copies_wait(dev, n_gpus) : 0;
+    if (wrc) {
+        log_error("kv migration: waiting for the copies of %zu sessions failed: %s", n_open,
+                  rkv_strerror(wrc));
+        if (!rc)
+            rc = wrc;
+    }
+    for (size_t j = 0; j < n_open; j++) {
+        if (wrc || open[j].failed) {
+            kvb_abort(kvb, open[j].sid);
+            continue;
+        }
+        int crc = kvb_commit(kvb, open[j].sid, NULL);
+        if (crc && !rc)
+            rc = crc;
+    }
+    free(open);
     free(ops);
     return rc;
 }

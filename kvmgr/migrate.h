@@ -24,7 +24,12 @@
  * a demotion return to the pool only when the workers ack the new table, so
  * a promotion may find no room yet: it is counted as deferred and the next
  * pass retries. Sessions in the plan but not in the allocator are skipped.
- * Copies are synchronous (memcpy on the cpu backend, the gpu hook otherwise).
+ * A pass queues the copies of all its moves (kvpool_copies_start: on a gpu the
+ * demotions' device -> host beside the promotions' host -> device, each on its own
+ * copy engine), waits for them once, then commits every move; the moves of one pass
+ * never touch the same block (destinations are fresh, sources stay referenced until
+ * the acks). A failed copy aborts the moves of the pass. On the cpu backend the
+ * copies are memcpy, done at once.
  *
  * A kvmgr tick, end to end:
  *   for each session: plan_session{id, gpu, n_blocks = blocks for its tokens

@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -18,27 +19,142 @@
 #define DEV  8  /* device blocks */
 #define HOST 32
 
+/* a stand-in for a gpu's copy engines: "device" memory from malloc, copies queued on their
+ * lanes and done at the wait, the lanes in reverse order (host -> device before device ->
+ * host), so a pass that needed one direction's copies before the other's reads wrong bytes.
+ * It also notes a session whose table changed while its copies were still queued */
+#define MAX_QUEUED 256
+struct engine {
+    uint8_t *dev_base;
+    struct kvb *kvb;
+    struct {
+        int lane;
+        void *dst;
+        const void *src;
+        size_t n;
+    } q[MAX_QUEUED];
+    size_t nq;
+    uint64_t epochs[4]; /* sessions 1..3 when the first copy of a batch was queued */
+    int waits, sync_copies, queued, early_commits;
+};
+
+static uint64_t epoch_of(struct kvb *kvb, uint64_t sid)
+{
+    uint64_t e = 0;
+    return kvb_session_table(kvb, sid, NULL, 0, NULL, &e) == 0 ? e : 0;
+}
+
+static int eng_alloc(void *ctx, uint32_t gpu, size_t bytes, void **dptr, uint8_t *ipc)
+{
+    (void)gpu;
+    struct engine *f = ctx;
+    *dptr = f->dev_base = calloc(1, bytes);
+    memset(ipc, 0, KVPOOL_IPC_BYTES);
+    return *dptr ? 0 : RKV_ENOMEM;
+}
+
+static void eng_free(void *ctx, uint32_t gpu, void *dptr)
+{
+    (void)ctx, (void)gpu;
+    free(dptr);
+}
+
+static int eng_register(void *ctx, void *base, size_t bytes)
+{
+    (void)ctx, (void)base, (void)bytes;
+    return 0;
+}
+
+static void eng_unregister(void *ctx, void *base)
+{
+    (void)ctx, (void)base;
+}
+
+static int eng_copy(void *ctx, uint32_t gpu, void *dst, const void *src, size_t bytes)
+{
+    (void)gpu;
+    ((struct engine *)ctx)->sync_copies++;
+    memcpy(dst, src, bytes);
+    return 0;
+}
+
+static int eng_copy_async(void *ctx, uint32_t gpu, int lane, void *dst, const void *src,
+                          size_t bytes)
+{
+    (void)gpu;
+    struct engine *f = ctx;
+    if (f->nq == MAX_QUEUED)
+        return RKV_ENOSPACE;
+    if (f->nq == 0)
+        for (uint64_t sid = 1; sid <= 3; sid++)
+            f->epochs[sid] = epoch_of(f->kvb, sid);
+    f->q[f->nq].lane = lane, f->q[f->nq].dst = dst, f->q[f->nq].src = src;
+    f->q[f->nq++].n = bytes;
+    f->queued++;
+    return 0;
+}
+
+static int eng_copy_wait(void *ctx, uint32_t gpu)
+{
+    (void)gpu;
+    struct engine *f = ctx;
+    f->waits++;
+    if (f->nq)
+        for (uint64_t sid = 1; sid <= 3; sid++)
+            f->early_commits += epoch_of(f->kvb, sid) != f->epochs[sid];
+    for (int lane = KVPOOL_LANE_D2D; lane >= KVPOOL_LANE_D2H; lane--)
+        for (size_t i = 0; i < f->nq; i++)
+            if (f->q[i].lane == lane)
+                memcpy(f->q[i].dst, f->q[i].src, f->q[i].n);
+    f->nq = 0;
+    return 0;
+}
+
 struct rig {
     uint32_t host_blocks;
     struct kvb *kvb;
     struct kvpool *dev[1];
     struct kvpool *host;
     struct plan *prev;
+    struct engine *eng; /* queued copies on a stand-in gpu; NULL: shared memory pools */
+    struct kvpool_gpu_ops ops;
 };
 
-static void rig_init(struct rig *r, uint32_t host_blocks)
+/* queued: the device pool is a stand-in gpu's (struct engine) */
+static void rig_init_mode(struct rig *r, uint32_t host_blocks, int queued)
 {
     memset(r, 0, sizeof(*r));
     r->host_blocks = host_blocks;
     struct kvb_config kc = {1, {DEV}, host_blocks, BT};
     assert_int_equal(kvb_create(&kc, &r->kvb), 0);
+    const struct kvpool_gpu_ops *ops = NULL;
+    if (queued) {
+        r->eng = calloc(1, sizeof(*r->eng));
+        assert_non_null(r->eng);
+        r->eng->kvb = r->kvb;
+        r->ops = (struct kvpool_gpu_ops){r->eng,         eng_alloc, eng_free,       eng_register,
+                                         eng_unregister, eng_copy,  eng_copy_async, eng_copy_wait};
+        ops = &r->ops;
+    }
     char name[64];
     snprintf(name, sizeof(name), "/rkv-test-%d-mdev", (int)getpid());
-    struct kvpool_config pc = {KVPOOL_DEVICE_SHM, 0, name, BB, DEV, BT, 2, NULL};
+    struct kvpool_config pc = {queued ? KVPOOL_DEVICE_CUDA : KVPOOL_DEVICE_SHM,
+                               0,
+                               queued ? NULL : name,
+                               BB,
+                               DEV,
+                               BT,
+                               2,
+                               ops};
     assert_int_equal(kvpool_create(&pc, &r->dev[0]), 0);
     snprintf(name, sizeof(name), "/rkv-test-%d-mhost", (int)getpid());
-    pc = (struct kvpool_config){KVPOOL_HOST, 0, name, BB, host_blocks, BT, 2, NULL};
+    pc = (struct kvpool_config){KVPOOL_HOST, 0, name, BB, host_blocks, BT, 2, ops};
     assert_int_equal(kvpool_create(&pc, &r->host), 0);
+}
+
+static void rig_init(struct rig *r, uint32_t host_blocks)
+{
+    rig_init_mode(r, host_blocks, 0);
 }
 
 static void rig_fini(struct rig *r)
@@ -47,6 +163,13 @@ static void rig_fini(struct rig *r)
     kvpool_destroy(r->dev[0]);
     kvpool_destroy(r->host);
     kvb_destroy(r->kvb);
+    free(r->eng);
+}
+
+/* device block idx as this process sees it */
+static uint8_t *dev_block(struct rig *r, uint32_t idx)
+{
+    return r->eng ? r->eng->dev_base + (size_t)idx * BB : kvpool_block(r->dev[0], idx);
 }
 
 static uint8_t pattern(uint64_t sid, size_t block)
@@ -62,7 +185,7 @@ static void write_kv(struct rig *r, uint64_t sid)
     assert_int_equal(kvb_session_table(r->kvb, sid, e, 32, &n, NULL), 0);
     for (size_t b = 0; b < n; b++) {
         if (e[b].dev != KVB_NONE)
-            memset(kvpool_block(r->dev[0], e[b].dev), pattern(sid, b), BB);
+            memset(dev_block(r, e[b].dev), pattern(sid, b), BB);
         if (e[b].host != KVB_NONE)
             memset(kvpool_block(r->host, e[b].host), pattern(sid, b), BB);
     }
@@ -79,7 +202,7 @@ static uint32_t check_kv(struct rig *r, uint64_t sid)
         uint8_t want[BB];
         memset(want, pattern(sid, b), BB);
         if (e[b].dev != KVB_NONE)
-            assert_memory_equal(kvpool_block(r->dev[0], e[b].dev), want, BB);
+            assert_memory_equal(dev_block(r, e[b].dev), want, BB);
         if (e[b].host != KVB_NONE)
             assert_memory_equal(kvpool_block(r->host, e[b].host), want, BB);
         dev += e[b].dev != KVB_NONE;
@@ -119,11 +242,12 @@ static const struct plan *replan(struct rig *r, const uint64_t *ids, const uint3
     return p;
 }
 
+/* state: NULL, or an int that says the copies are queued on a stand-in gpu */
 static void test_spill_and_return(void **state)
 {
-    (void)state;
+    int queued = *state ? *(int *)*state : 0;
     struct rig r;
-    rig_init(&r, HOST);
+    rig_init_mode(&r, HOST, queued);
     uint32_t tok[16];
     for (int i = 0; i < 16; i++)
         tok[i] = (uint32_t)i;
@@ -180,6 +304,14 @@ static void test_spill_and_return(void **state)
     assert_int_equal(plan_get_summary(p)->n_moves, 0);
     assert_int_equal(mig_apply(r.kvb, r.dev, 1, r.host, p, &st), 0);
     assert_int_equal(st.sessions_moved, 0);
+    if (queued) {
+        /* every copy went through a lane, each pass waited once for the lot, and no table
+         * changed before its copies were done */
+        assert_int_equal(r.eng->sync_copies, 0);
+        assert_int_equal(r.eng->queued, 2);
+        assert_int_equal(r.eng->waits, 2);
+        assert_int_equal(r.eng->early_commits, 0);
+    }
     rig_fini(&r);
 }
 
@@ -346,8 +478,10 @@ static void test_rehome_bytes(void **state)
 
 int main(void)
 {
+    static int queued = 1;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_spill_and_return),
+        cmocka_unit_test_prestate(test_spill_and_return, NULL),
+        cmocka_unit_test_prestate(test_spill_and_return, &queued),
         cmocka_unit_test(test_acks_gate_reuse),
         cmocka_unit_test(test_trim_copies),
         cmocka_unit_test(test_rehome_bytes),

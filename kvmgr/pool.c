@@ -215,19 +215,42 @@ static int op_cmp(const void *a, const void *b)
     return x->dst < y->dst ? -1 : x->dst > y->dst;
 }
 
+/* the pool whose gpu ops move between dst and src: the cuda device side, or NULL */
+static const struct kvpool *cuda_side(const struct kvpool *dst, const struct kvpool *src)
+{
+    return dst->desc.kind == KVPOOL_DEVICE_CUDA   ? dst
+           : src->desc.kind == KVPOOL_DEVICE_CUDA ? src
+                                                  : NULL;
+}
+
+/* one run; queued on a lane where the ops can, else done now */
 static int run_copy(struct kvpool *dst, const struct kvpool *src, size_t dst_off, size_t src_off,
                     size_t bytes)
 {
-    int cuda = dst->desc.kind == KVPOOL_DEVICE_CUDA || src->desc.kind == KVPOOL_DEVICE_CUDA;
-    if (!cuda) {
+    const struct kvpool *dev = cuda_side(dst, src);
+    if (!dev) {
         memmove(dst->base + dst_off, src->base + src_off, bytes); /* d2d may overlap */
         return 0;
     }
     const struct kvpool_gpu_ops *ops = dst->ops.copy ? &dst->ops : &src->ops;
-    uint32_t gpu = dst->desc.kind == KVPOOL_DEVICE_CUDA ? dst->desc.gpu : src->desc.gpu;
+    if (ops->copy_async && ops->copy_wait) {
+        int lane = dst->desc.kind != KVPOOL_DEVICE_CUDA   ? KVPOOL_LANE_D2H
+                   : src->desc.kind != KVPOOL_DEVICE_CUDA ? KVPOOL_LANE_H2D
+                                                          : KVPOOL_LANE_D2D;
+        return ops->copy_async(ops->ctx, dev->desc.gpu, lane, dst->base + dst_off,
+                               src->base + src_off, bytes);
+    }
     if (!ops->copy)
         return RKV_ENODEV;
-    return ops->copy(ops->ctx, gpu, dst->base + dst_off, src->base + src_off, bytes);
+    return ops->copy(ops->ctx, dev->desc.gpu, dst->base + dst_off, src->base + src_off, bytes);
+}
+
+/* waits for the runs queued on pool p's gpu (a cuda device pool with async ops) */
+static int pool_wait(const struct kvpool *p)
+{
+    if (!p || p->desc.kind != KVPOOL_DEVICE_CUDA || !p->ops.copy_async || !p->ops.copy_wait)
+        return 0;
+    return p->ops.copy_wait(p->ops.ctx, p->desc.gpu);
 }
 
 /* blocks a and b of p lie in one pinned piece (always, for an unpinned pool) */
@@ -239,7 +262,8 @@ static int same_piece(const struct kvpool *p, uint32_t a, uint32_t b)
     return a / per == b / per;
 }
 
-int kvpool_copy(struct kvpool *dst, const struct kvpool *src, const struct kvpool_op *ops, size_t n)
+static int copy_batch(struct kvpool *dst, const struct kvpool *src, const struct kvpool_op *ops,
+                      size_t n)
 {
     const struct kvpool_desc *d = &dst->desc, *s = &src->desc;
     if (d->block_bytes != s->block_bytes || d->block_tokens != s->block_tokens ||
@@ -280,6 +304,14 @@ int kvpool_copy(struct kvpool *dst, const struct kvpool *src, const struct kvpoo
     return rc;
 }
 
+int kvpool_copy(struct kvpool *dst, const struct kvpool *src, const struct kvpool_op *ops, size_t n)
+{
+    /* queued runs, one wait: the runs do not wait for each other */
+    int rc = copy_batch(dst, src, ops, n);
+    int wrc = pool_wait(cuda_side(dst, src));
+    return rc ? rc : wrc;
+}
+
 static int copy_group_cmp(const void *a, const void *b)
 {
     const struct kvb_copy *x = a, *y = b;
@@ -288,8 +320,8 @@ static int copy_group_cmp(const void *a, const void *b)
     return x->gpu < y->gpu ? -1 : x->gpu > y->gpu;
 }
 
-int kvpool_run_copies(struct kvpool *const *dev, uint32_t n_gpus, struct kvpool *host,
-                      const struct kvb_copy *ops, size_t n)
+int kvpool_copies_start(struct kvpool *const *dev, uint32_t n_gpus, struct kvpool *host,
+                        const struct kvb_copy *ops, size_t n)
 {
     for (size_t k = 0; k < n; k++)
         if (ops[k].gpu >= n_gpus || ops[k].kind > KVB_COPY_D2D)
@@ -308,13 +340,32 @@ int kvpool_run_copies(struct kvpool *const *dev, uint32_t n_gpus, struct kvpool 
             batch[nb] = (struct kvpool_op){sorted[j].src, sorted[j].dst, sorted[j].n_tokens};
         struct kvpool *g = dev[sorted[k].gpu];
         switch (sorted[k].kind) {
-        case KVB_COPY_D2H: rc = kvpool_copy(host, g, batch, nb); break;
-        case KVB_COPY_H2D: rc = kvpool_copy(g, host, batch, nb); break;
-        case KVB_COPY_D2D: rc = kvpool_copy(g, g, batch, nb); break;
+        case KVB_COPY_D2H: rc = copy_batch(host, g, batch, nb); break;
+        case KVB_COPY_H2D: rc = copy_batch(g, host, batch, nb); break;
+        case KVB_COPY_D2D: rc = copy_batch(g, g, batch, nb); break;
         }
         k += nb;
     }
     free(sorted);
     free(batch);
     return rc;
+}
+
+int kvpool_copies_wait(struct kvpool *const *dev, uint32_t n_gpus)
+{
+    int rc = 0;
+    for (uint32_t g = 0; g < n_gpus; g++) {
+        int e = pool_wait(dev[g]);
+        if (e && !rc)
+            rc = e;
+    }
+    return rc;
+}
+
+int kvpool_run_copies(struct kvpool *const *dev, uint32_t n_gpus, struct kvpool *host,
+                      const struct kvb_copy *ops, size_t n)
+{
+    int rc = kvpool_copies_start(dev, n_gpus, host, ops, n);
+    int wrc = kvpool_copies_wait(dev, n_gpus);
+    return rc ? rc : wrc;
 }

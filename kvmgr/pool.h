@@ -45,13 +45,21 @@ struct kvpool_gpu_ops {
     void (*host_unregister)(void *ctx, void *base);
     /* one contiguous run; either side may be device memory of gpu */
     int (*copy)(void *ctx, uint32_t gpu, void *dst, const void *src, size_t bytes);
+    /* optional: the same run queued on a lane of gpu (enum kvpool_lane), done by copy_wait
+     * (which waits for every lane of gpu and answers a failed copy). Runs of one lane keep
+     * their order; runs of different lanes may overlap (a copy engine each way) */
+    int (*copy_async)(void *ctx, uint32_t gpu, int lane, void *dst, const void *src, size_t bytes);
+    int (*copy_wait)(void *ctx, uint32_t gpu);
 };
+
+enum kvpool_lane { KVPOOL_LANE_D2H, KVPOOL_LANE_H2D, KVPOOL_LANE_D2D };
 
 /* the cuda hook point (kvmgr/pool_gpu.c over common/gpu.h, which loads the cuda
  * runtime at run time): device_alloc = cudaSetDevice + cudaMalloc +
  * cudaIpcGetMemHandle, host_register = cudaHostRegister(portable, mapped),
- * copy = cudaMemcpy. kvmgr/main.c passes it in kvpool_config when the pools
- * are cuda ones; the calls fail with RKV_ENODEV where there is no gpu. */
+ * copy = cudaMemcpy, copy_async = cudaMemcpyAsync on a stream per lane. kvmgr/main.c passes it in
+ * kvpool_config when the pools are cuda ones; the calls fail with RKV_ENODEV where there is no gpu.
+ */
 const struct kvpool_gpu_ops *kvpool_cuda_ops(void);
 
 struct kvpool_config {
@@ -106,12 +114,21 @@ const struct kvpool_desc *kvpool_get_desc(const struct kvpool *p);
 void *kvpool_block(const struct kvpool *p, uint32_t idx);
 
 /* copies blocks src -> dst (same block size and layout), batched: runs of
- * consecutive source and destination blocks move in one copy. */
+ * consecutive source and destination blocks move in one copy. Done on return. */
 int kvpool_copy(struct kvpool *dst, const struct kvpool *src, const struct kvpool_op *ops,
                 size_t n);
 /* executes copies returned by kvb_demote / kvb_promote / kvb_session_fork;
- * dev[gpu] are the device pools, host the host pool */
+ * dev[gpu] are the device pools, host the host pool. Done on return. */
 int kvpool_run_copies(struct kvpool *const *dev, uint32_t n_gpus, struct kvpool *host,
                       const struct kvb_copy *ops, size_t n);
+/* kvpool_run_copies in two halves, for many moves at once: _start queues the copies (on a
+ * gpu, device -> host and host -> device on their own lanes, so the two directions of a
+ * pass overlap and no run waits for the one before); _wait waits for everything queued on
+ * dev[0..n_gpus). Shared memory pools copy at once. After a failed _start some copies may
+ * be queued: call _wait before freeing any destination. Safe because a kvb move's
+ * destinations are fresh blocks and its sources stay referenced until the workers ack. */
+int kvpool_copies_start(struct kvpool *const *dev, uint32_t n_gpus, struct kvpool *host,
+                        const struct kvb_copy *ops, size_t n);
+int kvpool_copies_wait(struct kvpool *const *dev, uint32_t n_gpus);
 
 #endif

@@ -36,9 +36,26 @@ static int copy(void *ctx, uint32_t gpu, void *dst, const void *src, size_t byte
     return rkv_gpu_copy(gpu, dst, src, bytes);
 }
 
+_Static_assert((int)KVPOOL_LANE_D2H == (int)RKV_GPU_LANE_D2H &&
+                   (int)KVPOOL_LANE_H2D == (int)RKV_GPU_LANE_H2D &&
+                   (int)KVPOOL_LANE_D2D == (int)RKV_GPU_LANE_D2D,
+               "copy lanes differ");
+
+static int copy_async(void *ctx, uint32_t gpu, int lane, void *dst, const void *src, size_t bytes)
+{
+    (void)ctx;
+    return rkv_gpu_copy_async(gpu, lane, dst, src, bytes);
+}
+
+static int copy_wait(void *ctx, uint32_t gpu)
+{
+    (void)ctx;
+    return rkv_gpu_copy_wait(gpu);
+}
+
 const struct kvpool_gpu_ops *kvpool_cuda_ops(void)
 {
-    static const struct kvpool_gpu_ops ops = {NULL,          dev_alloc,       dev_free,
-                                              host_register, host_unregister, copy};
+    static const struct kvpool_gpu_ops ops = {
+        NULL, dev_alloc, dev_free, host_register, host_unregister, copy, copy_async, copy_wait};
     return &ops;
 }

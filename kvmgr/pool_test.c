@@ -208,13 +208,23 @@ struct fake_gpu {
     uint8_t *reg_base[16];
     size_t reg_len[16];
     int fail_at; /* the register call (1-based) that fails; 0 = none */
+    uint8_t *dev_base;
+    /* queued copies (copy_async): done at copy_wait, the lanes in reverse order */
+    struct {
+        int lane;
+        void *dst;
+        const void *src;
+        size_t n;
+    } q[16];
+    int nq, waits, lane_runs[3];
+    int fail_wait; /* copy_wait answers RKV_ECUDA */
 };
 
 static int fake_alloc(void *ctx, uint32_t gpu, size_t bytes, void **dptr, uint8_t *ipc)
 {
     struct fake_gpu *f = ctx;
     f->allocs++;
-    *dptr = calloc(1, bytes);
+    *dptr = f->dev_base = calloc(1, bytes);
     memset(ipc, 0x77, KVPOOL_IPC_BYTES);
     return *dptr ? 0 : RKV_ENOMEM;
 }
@@ -250,6 +260,82 @@ static int fake_copy(void *ctx, uint32_t gpu, void *dst, const void *src, size_t
     f->copied += bytes;
     memcpy(dst, src, bytes);
     return 0;
+}
+
+static int fake_copy_async(void *ctx, uint32_t gpu, int lane, void *dst, const void *src,
+                           size_t bytes)
+{
+    struct fake_gpu *f = ctx;
+    if (f->nq == 16 || lane < 0 || lane > 2)
+        return RKV_EINVAL;
+    f->q[f->nq].lane = lane, f->q[f->nq].dst = dst, f->q[f->nq].src = src;
+    f->q[f->nq++].n = bytes;
+    f->lane_runs[lane]++;
+    return 0;
+}
+
+static int fake_copy_wait(void *ctx, uint32_t gpu)
+{
+    struct fake_gpu *f = ctx;
+    f->waits++;
+    for (int lane = 2; lane >= 0; lane--)
+        for (int i = 0; i < f->nq; i++)
+            if (f->q[i].lane == lane)
+                memcpy(f->q[i].dst, f->q[i].src, f->q[i].n);
+    f->nq = 0;
+    return f->fail_wait ? RKV_ECUDA : 0;
+}
+
+/* with copy lanes every run is queued on its direction's lane and one wait finishes the
+ * lot: _start leaves the destinations as they were, _wait fills them; kvpool_copy and
+ * kvpool_run_copies are done on return; a failed wait is answered */
+static void test_copy_lanes(void **state)
+{
+    (void)state;
+    struct fake_gpu f = {0};
+    struct kvpool_gpu_ops ops = {
+        &f,        fake_alloc,      fake_free,     fake_register, fake_unregister,
+        fake_copy, fake_copy_async, fake_copy_wait};
+    struct kvpool_config cfg = {KVPOOL_DEVICE_CUDA, 0, NULL, BB, 8, BT, SLICES, &ops};
+    struct kvpool *dev = NULL;
+    assert_int_equal(kvpool_create(&cfg, &dev), 0);
+    struct kvpool *host = make(KVPOOL_HOST, "lh", 8, &ops);
+    fill(host, 8);
+    for (uint32_t b = 0; b < 8; b++)
+        memset(f.dev_base + (size_t)b * BB, 0xd0 + (int)b, BB);
+    uint8_t want_h6[BB], want_d4[BB], want_d7[BB], host0[BB];
+    memcpy(want_h6, f.dev_base + 1 * BB, BB);
+    memcpy(want_d4, kvpool_block(host, 2), BB);
+    memcpy(want_d7, f.dev_base + 3 * BB, BB);
+    memcpy(host0, kvpool_block(host, 6), BB);
+    /* a turnover: one block out, one in, one copied on the device */
+    struct kvb_copy ops3[3] = {
+        {KVB_COPY_D2H, 0, 1, 6, BT}, {KVB_COPY_H2D, 0, 2, 4, BT}, {KVB_COPY_D2D, 0, 3, 7, BT}};
+    struct kvpool *devs[1] = {dev};
+    assert_int_equal(kvpool_copies_start(devs, 1, host, ops3, 3), 0);
+    assert_int_equal(f.nq, 3);
+    assert_int_equal(f.copies, 0);
+    assert_memory_equal(kvpool_block(host, 6), host0, BB); /* not yet */
+    assert_int_equal(kvpool_copies_wait(devs, 1), 0);
+    assert_int_equal(f.waits, 1);
+    assert_int_equal(f.lane_runs[KVPOOL_LANE_D2H], 1);
+    assert_int_equal(f.lane_runs[KVPOOL_LANE_H2D], 1);
+    assert_int_equal(f.lane_runs[KVPOOL_LANE_D2D], 1);
+    assert_memory_equal(kvpool_block(host, 6), want_h6, BB);
+    assert_memory_equal(f.dev_base + 4 * BB, want_d4, BB);
+    assert_memory_equal(f.dev_base + 7 * BB, want_d7, BB);
+    /* kvpool_copy: consecutive blocks still merge into one run, done on return */
+    struct kvpool_op back[2] = {{4, 0, BT}, {5, 1, BT}};
+    assert_int_equal(kvpool_copy(host, dev, back, 2), 0);
+    assert_int_equal(f.waits, 2);
+    assert_int_equal(f.lane_runs[KVPOOL_LANE_D2H], 2);
+    assert_memory_equal(kvpool_block(host, 0), want_d4, BB);
+    assert_int_equal(f.copies, 0); /* nothing went through the synchronous hook */
+    /* a copy that failed in flight is answered by the wait */
+    f.fail_wait = 1;
+    assert_int_equal(kvpool_run_copies(devs, 1, host, ops3, 1), RKV_ECUDA);
+    kvpool_destroy(host);
+    kvpool_destroy(dev);
 }
 
 static void test_gpu_hooks(void **state)
@@ -359,12 +445,11 @@ static void test_reap_stale(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_reap_stale),
-        cmocka_unit_test(test_make_name),          cmocka_unit_test(test_two_mappings),
-        cmocka_unit_test(test_other_process),      cmocka_unit_test(test_bad_config),
-        cmocka_unit_test(test_copy_batched_exact), cmocka_unit_test(test_run_copies),
-        cmocka_unit_test(test_gpu_hooks),
-        cmocka_unit_test(test_host_pinned_in_pieces),
+        cmocka_unit_test(test_reap_stale),   cmocka_unit_test(test_make_name),
+        cmocka_unit_test(test_two_mappings), cmocka_unit_test(test_other_process),
+        cmocka_unit_test(test_bad_config),   cmocka_unit_test(test_copy_batched_exact),
+        cmocka_unit_test(test_run_copies),   cmocka_unit_test(test_copy_lanes),
+        cmocka_unit_test(test_gpu_hooks),    cmocka_unit_test(test_host_pinned_in_pieces),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -18,7 +18,12 @@
  * per block is what the kvmgr pays for a real migration. Each batch's ceiling
  * is one plain copy of the same bytes, contiguous, in the same run: memcpy
  * between the two shared memory pools on the cpu, one pinned host -> device
- * cudaMemcpy on a gpu (the cpu's small batches sit in its caches, both ways). Block sizes:
+ * cudaMemcpy on a gpu (the cpu's small batches sit in its caches, both ways). A turnover row
+ * (batches up to 32) moves n blocks out and n other blocks in with one kvpool_run_copies, as
+ * a rotation's pass does: on a gpu the two directions run on their own copy lanes at once.
+ * Its ceiling is the same two plain copies, contiguous, queued on the lanes together
+ * (rkv_gpu_copy_async; on the cpu one memcpy after the other), and its overlap is the time
+ * of the demote and the promote one after the other over the turnover's. Block sizes:
  * llama3-8b's 131072 bytes/token x 256 positions = 32 MiB on a gpu; 2 MiB on the cpu (the
  * tiny/small presets' blocks are smaller still).
  */
@@ -33,7 +38,44 @@ struct side {
     double min_s;                   /* time per measurement */
     double ceiling_gbps[N_BATCHES]; /* the plain copy of the same bytes, contiguous */
     double gbps[2][N_BATCHES];      /* [demote, promote][batch] */
+    /* turnover rows (n <= MAX_BATCH / 2; 0 where not measured): both directions' bytes */
+    double turn_gbps[N_BATCHES], turn_ceiling_gbps[N_BATCHES], turn_overlap[N_BATCHES];
 };
+
+struct turn_run {
+    struct kvpool *dev, *host;
+    struct kvb_copy ops[MAX_BATCH];
+    size_t n;
+};
+
+static int turn_run(void *u)
+{
+    struct turn_run *t = u;
+    return kvpool_run_copies(&t->dev, 1, t->host, t->ops, t->n);
+}
+
+/* the turnover's ceiling: one contiguous copy each way, together */
+struct duplex_run {
+    void *d2h_dst, *h2d_dst;
+    const void *d2h_src, *h2d_src;
+    size_t n;
+    int gpu; /* -1: memcpy */
+};
+
+static int duplex_run(void *u)
+{
+    struct duplex_run *p = u;
+    if (p->gpu < 0) {
+        memcpy(p->d2h_dst, p->d2h_src, p->n);
+        memcpy(p->h2d_dst, p->h2d_src, p->n);
+        return 0;
+    }
+    int rc = rkv_gpu_copy_async((uint32_t)p->gpu, RKV_GPU_LANE_D2H, p->d2h_dst, p->d2h_src, p->n);
+    if (rc == 0)
+        rc = rkv_gpu_copy_async((uint32_t)p->gpu, RKV_GPU_LANE_H2D, p->h2d_dst, p->h2d_src, p->n);
+    int wrc = rkv_gpu_copy_wait((uint32_t)p->gpu);
+    return rc ? rc : wrc;
+}
 
 struct copy_run {
     struct kvpool *dst;
@@ -64,34 +106,56 @@ static int plain_run(void *u)
     return 0;
 }
 
-/* per batch, the ceiling, a demote and a promote in turn (so a busy machine slows all three
- * alike) for at least min_s and 3 rounds; each one's fastest run counts (the least disturbed) */
-static int run_batches(struct side *s, struct kvpool *dev, struct kvpool *host, void *ceil_dst,
-                       const void *ceil_src, int gpu)
+/* per batch, the ceiling, a demote, a promote and (up to half the pool) the turnover and its
+ * ceiling in turn (so a busy machine slows them alike) for at least min_s and 3 rounds; each
+ * one's fastest run counts (the least disturbed). ceil_dst / ceil_src: a device buffer of the
+ * pool's size and the host pool's first block, in the plain copy's direction (host -> device
+ * on a gpu) */
+static int run_batches(struct side *s, struct kvpool *dev, struct kvpool *host, uint8_t *ceil_dst,
+                       uint8_t *ceil_src, int gpu)
 {
     for (size_t b = 0; b < N_BATCHES; b++) {
         uint32_t n = batches[b];
-        struct plain_run p = {ceil_dst, ceil_src, (size_t)n * s->block_bytes, gpu};
+        size_t bytes = (size_t)n * s->block_bytes;
+        struct plain_run p = {ceil_dst, ceil_src, bytes, gpu};
         struct copy_run c[2] = {{host, dev, {{0}}, n}, {dev, host, {{0}}, n}};
         for (uint32_t i = 0; i < n; i++)
             c[0].ops[i] = c[1].ops[i] = (struct kvpool_op){i, n - 1 - i, 256};
-        double best[3] = {1e30, 1e30, 1e30};
+        /* the turnover: device blocks 0..n-1 out to host n-1..0 while host n..2n-1 come in to
+         * device 2n-1..n; its ceiling the same bytes each way, contiguous */
+        int turn = 2 * n <= MAX_BATCH;
+        struct turn_run t = {dev, host, {{0}}, turn ? 2 * n : 0};
+        for (uint32_t i = 0; turn && i < n; i++) {
+            t.ops[i] = (struct kvb_copy){KVB_COPY_D2H, 0, i, n - 1 - i, 256};
+            t.ops[n + i] = (struct kvb_copy){KVB_COPY_H2D, 0, n + i, 2 * n - 1 - i, 256};
+        }
+        struct duplex_run dx = {ceil_src, ceil_dst + bytes, ceil_dst, ceil_src + bytes, bytes, gpu};
+        int n_runs = turn ? 5 : 3;
+        double best[5] = {1e30, 1e30, 1e30, 1e30, 1e30};
         double start = bench_now_s();
         for (int round = 0; round < 4 || bench_now_s() - start < s->min_s; round++) {
-            for (int k = 0; k < 3; k++) {
+            for (int k = 0; k < n_runs; k++) {
                 double t0 = bench_now_s();
-                int rc = k == 0 ? plain_run(&p) : copy_run(&c[k - 1]);
+                int rc = k == 0   ? plain_run(&p)
+                         : k < 3  ? copy_run(&c[k - 1])
+                         : k == 3 ? turn_run(&t)
+                                  : duplex_run(&dx);
                 if (rc)
                     return rc;
-                double t = bench_now_s() - t0;
+                double dt = bench_now_s() - t0;
                 /* round 0 warms up: first touch of the pages */
-                if (round > 0 && t < best[k])
-                    best[k] = t > 1e-9 ? t : 1e-9;
+                if (round > 0 && dt < best[k])
+                    best[k] = dt > 1e-9 ? dt : 1e-9;
             }
         }
-        s->ceiling_gbps[b] = (double)p.n / best[0] / 1e9;
-        s->gbps[0][b] = (double)p.n / best[1] / 1e9;
-        s->gbps[1][b] = (double)p.n / best[2] / 1e9;
+        s->ceiling_gbps[b] = (double)bytes / best[0] / 1e9;
+        s->gbps[0][b] = (double)bytes / best[1] / 1e9;
+        s->gbps[1][b] = (double)bytes / best[2] / 1e9;
+        if (turn) {
+            s->turn_gbps[b] = 2.0 * (double)bytes / best[3] / 1e9;
+            s->turn_ceiling_gbps[b] = 2.0 * (double)bytes / best[4] / 1e9;
+            s->turn_overlap[b] = (best[1] + best[2]) / best[3];
+        }
     }
     return 0;
 }
@@ -172,6 +236,19 @@ static cJSON *side_json(const struct side *s)
             cJSON_AddNumberToObject(r, "ratio", s->gbps[dir][b] / s->ceiling_gbps[b]);
             cJSON_AddItemToArray(rows, r);
         }
+    cJSON *turns = cJSON_AddArrayToObject(j, "turnover");
+    for (size_t b = 0; b < N_BATCHES; b++) {
+        if (s->turn_gbps[b] <= 0)
+            continue;
+        cJSON *r = cJSON_CreateObject();
+        cJSON_AddNumberToObject(r, "blocks_each_way", batches[b]);
+        cJSON_AddNumberToObject(r, "bytes", 2.0 * batches[b] * (double)s->block_bytes);
+        cJSON_AddNumberToObject(r, "gbps", s->turn_gbps[b]);
+        cJSON_AddNumberToObject(r, "ceiling_gbps", s->turn_ceiling_gbps[b]);
+        cJSON_AddNumberToObject(r, "ratio", s->turn_gbps[b] / s->turn_ceiling_gbps[b]);
+        cJSON_AddNumberToObject(r, "overlap", s->turn_overlap[b]);
+        cJSON_AddItemToArray(turns, r);
+    }
     return j;
 }
 
@@ -185,11 +262,19 @@ static void side_print(const struct side *s)
         printf("  %-7u %12.2f %12.2f %8.3f %12.2f %8.3f\n", batches[b], s->ceiling_gbps[b],
                s->gbps[0][b], s->gbps[0][b] / s->ceiling_gbps[b], s->gbps[1][b],
                s->gbps[1][b] / s->ceiling_gbps[b]);
+    printf("  turnover: n blocks out and n in by one kvpool_run_copies; ceiling: the same plain "
+           "copies %s; overlap: demote + promote time / turnover time\n",
+           strcmp(s->name, "gpu") ? "one after the other" : "on the two copy lanes at once");
+    printf("  %-7s %12s %12s %8s %8s\n", "each", "ceiling GB/s", "turn GB/s", "ratio", "overlap");
+    for (size_t b = 0; b < N_BATCHES; b++)
+        if (s->turn_gbps[b] > 0)
+            printf("  %-7u %12.2f %12.2f %8.3f %8.2f\n", batches[b], s->turn_ceiling_gbps[b],
+                   s->turn_gbps[b], s->turn_gbps[b] / s->turn_ceiling_gbps[b], s->turn_overlap[b]);
 }
 
 int bench_migrate(const struct bench_opts *o, cJSON *out)
 {
-    struct side cpu = {"cpu", o->quick ? 256 << 10 : 2 << 20, o->quick ? 0.01 : 0.2, {0}, {{0}}};
+    struct side cpu = {"cpu", o->quick ? 256 << 10 : 2 << 20, o->quick ? 0.01 : 0.2};
     int rc = side_cpu(&cpu);
     if (rc) {
         fprintf(stderr, "rkv-bench: migrate (cpu pools): %s\n", rkv_strerror(rc));
@@ -198,7 +283,7 @@ int bench_migrate(const struct bench_opts *o, cJSON *out)
     side_print(&cpu);
     cJSON_AddItemToObject(out, "cpu", side_json(&cpu));
 
-    struct side gpu = {"gpu", o->quick ? 8 << 20 : 32 << 20, o->quick ? 0.01 : 0.2, {0}, {{0}}};
+    struct side gpu = {"gpu", o->quick ? 8 << 20 : 32 << 20, o->quick ? 0.01 : 0.2};
     rc = side_gpu(&gpu);
     if (rc == RKV_ENODEV) {
         printf("gpu: skipped (%s)\n", rkv_gpu_why());

@@ -307,3 +307,25 @@ def test_rkv_bench_cpu_quick(tmp_path):
     assert "of the pool read by 2 threads" in r.stdout
     bad = run([binary("rkv-bench"), "nosuch"], check=False)
     assert bad.returncode == 1 and "unknown suite 'nosuch'" in bad.stderr
+
+
+def test_rkv_bench_migrate_quick(tmp_path):
+    """the migrate suite: every batch both ways and the turnover rows (n out and n in by one
+    pass), each against a ceiling of the same run; a gpu side only where there is one"""
+    out = tmp_path / "migrate.json"
+    r = run([binary("rkv-bench"), "migrate", "--quick", "--json", str(out)])
+    assert "turnover" in r.stdout
+    res = json.loads(out.read_text())
+    cpu = res["cpu"]
+    rows = cpu["rows"]
+    assert sorted({(x["direction"], x["blocks"]) for x in rows}) == sorted(
+        (d, n) for d in ("demote", "promote") for n in (1, 2, 4, 8, 16, 32, 64))
+    for x in rows:
+        assert x["gbps"] > 0 and x["ratio"] == pytest.approx(x["gbps"] / x["ceiling_gbps"])
+    turns = cpu["turnover"]
+    assert [t["blocks_each_way"] for t in turns] == [1, 2, 4, 8, 16, 32]
+    for t in turns:
+        assert t["bytes"] == 2 * t["blocks_each_way"] * cpu["block_bytes"]
+        assert t["gbps"] > 0 and t["overlap"] > 0
+        assert t["ratio"] == pytest.approx(t["gbps"] / t["ceiling_gbps"])
+    assert ("gpu" in res) != ("gpu_skipped" in res)
