@@ -3,7 +3,8 @@
 # 600 s, in the order that matters when time runs out (the cuda switches at their defaults; set
 # RKV_CUDA_* in the environment for an a/b run: the worker inherits them):
 #   check   the op tests, compute-sanitizer memcheck of the op tests, every gpu_bench suite,
-#           rkv-bench cpu --quick on avx-512 and avx2 (~5 min)
+#           rkv-bench cpu --quick on avx-512 and avx2, rkv-bench migrate (kvmgr's block copies
+#           each way and a turnover on the two copy lanes) (~5 min)
 #   system  tests/gpu/bench_system.py with its defaults: http, ramp, spill, budget (on a server
 #           of its own, --deterministic), the hf offloaded cache (DEADLINE, default 520 s); each
 #           http run's JSON holds the step lines of its steady window (bench_system.py sets
@@ -22,12 +23,15 @@
 #           speed of light, occupancy, warp states, scheduler, memory sections in
 #           OUT/ncu_o.txt, the report in OUT/ncu_o.ncu-rep and the stall samples of each SASS
 #           instruction in OUT/ncu_o_sass.csv (o: 16.5 us for 7.3 us of bytes in a b=1 step)
+#   profile-q  ncu of the integer-dot decode kernel over Q4_K weights (gpu_bench's gemv suite,
+#           4096 x 4096, one token; the first quant_dot launch after ten): the same sections and
+#           files as profile, as OUT/ncu_q4k*
 #   here:  scripts/bench-system.sh --pack .benchpack build/bs
 #   there: sh scripts/device-session.sh .benchpack $OUT check   (carry .benchpack.tgz: it unpacks there), then system
 # everything lands in OUT, and OUT/all.tgz holds it all (one file to carry back).
 set -u
-PACK=${1:?usage: scripts/device-session.sh PACK OUT [check|system|models|trace|sample|profile]}
-OUT=${2:?usage: scripts/device-session.sh PACK OUT [check|system|models|trace|sample|profile]}
+PACK=${1:?usage: scripts/device-session.sh PACK OUT [check|system|models|trace|sample|profile|profile-q]}
+OUT=${2:?usage: scripts/device-session.sh PACK OUT [check|system|models|trace|sample|profile|profile-q]}
 WHAT=${3:-check}
 mkdir -p "$OUT"
 # shellcheck source=scripts/pack-lib.sh
@@ -62,6 +66,10 @@ check)
                 --json "$OUT/cpu_isa$isa.json" >"$OUT/cpu_isa$isa.txt" 2>&1
             grep -E "kernels|host-tail" "$OUT/cpu_isa$isa.txt"
         done
+        step "rkv-bench migrate: kvmgr's block copies, and a turnover on the copy lanes"
+        timeout 120 "$B/rkv-bench" migrate --json "$OUT/migrate.json" >"$OUT/migrate.txt" 2>&1
+        echo "rc=$?" >>"$OUT/migrate.txt"
+        sed -n '/^gpu:/,$p' "$OUT/migrate.txt"
     fi
     ;;
 system)
@@ -139,8 +147,23 @@ profile)
     grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Stall|rc=" \
         "$OUT/ncu_o.txt" | head -30
     ;;
+profile-q)
+    step "ncu: the integer-dot decode kernel over Q4_K weights, 4096 x 4096, n=1"
+    timeout 300 ncu --clock-control none --kernel-name-base function \
+        --kernel-name regex:'quant_dot_kernel' --launch-skip 10 --launch-count 1 \
+        --section SpeedOfLight --section Occupancy --section WarpStateStats \
+        --section SchedulerStats --section MemoryWorkloadAnalysis --section SourceCounters \
+        --export "$OUT/ncu_q4k" --force-overwrite \
+        "$B/gpu_bench" --suite gemv >"$OUT/ncu_q4k.txt" 2>&1
+    echo "rc=$?" >>"$OUT/ncu_q4k.txt"
+    ncu --import "$OUT/ncu_q4k.ncu-rep" --print-details all >>"$OUT/ncu_q4k.txt" 2>&1
+    ncu --import "$OUT/ncu_q4k.ncu-rep" --page source --csv --print-source sass \
+        >"$OUT/ncu_q4k_sass.csv" 2>&1
+    grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Stall|rc=" \
+        "$OUT/ncu_q4k.txt" | head -30
+    ;;
 *)
-    echo "device-session: say check, system, models, trace, sample or profile, not $WHAT" >&2
+    echo "device-session: say check, system, models, trace, sample, profile or profile-q, not $WHAT" >&2
     exit 2
     ;;
 esac
