@@ -15,7 +15,10 @@
      response_format grammar against them unconstrained, in one run (>= 0.95 at batch 1, >= 0.9
      at the largest);
   4. budget change under load: the KV room halved and restored with greedy streams running:
-     time until each plan is in force, no failed request, the same text as without the change.
+     time until each plan is in force, no failed request, the same text as without the change;
+  5. time to first token: one prompt of --ttft-ctx tokens through HTTP, nothing else running,
+     against the engine's prefill of the same tokens in the same chunks (rkv-gen --warmup on
+     the same backend, after the server stopped): <= 1.1 x.
 Every figure is printed as a ratio to its bound or reference, each target as PASS/FAIL/SKIP.
 Standard library only (the gpu machine has no venv); plots with matplotlib when it imports.
 
@@ -685,6 +688,57 @@ def http_engine_refs(a, shape, http):
         run["ratio"] = rnd(ratio(run["http_tok_s"], run.get("engine_tok_s")))
         target(f"http batch {run['batch']}: streamed tok/s >= 0.95 x engine", run["ratio"],
                0.95, f"{run['http_tok_s']} vs {run.get('engine_tok_s')} ({run.get('engine')})")
+
+
+# --- 5. time to first token -------------------------------------------------------------------
+
+
+def server_chunk(a):
+    """rkvd's prefill chunk: its step on a gpu (2048 tokens by default), 256 on the cpu"""
+    step = a.max_batch_tokens or (2048 if a.backend == "cuda" else 512)
+    return min(a.prefill_chunk or (step if a.backend == "cuda" else 256), step)
+
+
+def bench_ttft(a, srv, shape, full_target):
+    """one prompt of ttft_ctx tokens through HTTP with nothing else running (after a short
+    request, so the path is warm): the time until its first token arrives"""
+    vocab = shape["vocab"]
+    warm = Stream(srv, prompt_ids("ttft-warm", a.block_size, vocab), 2, session="ttft-warm")
+    warm.start().join(a)
+    st = Stream(srv, prompt_ids("ttft", a.ttft_ctx, vocab), 1, session="ttft")
+    st.start().join(a)
+    if st.errors or not st.times:
+        raise RuntimeError(f"ttft: the prompt failed: {st.errors}")
+    ttft = st.first_time() - st.t_start
+    out = {"ctx": a.ttft_ctx, "chunk": server_chunk(a), "ttft_s": rnd(ttft, 4),
+           "http_prefill_tok_s": rnd(a.ttft_ctx / ttft, 1)}
+    log(f"ttft: a {a.ttft_ctx}-token prompt's first token after {out['ttft_s']} s through HTTP "
+        f"({out['http_prefill_tok_s']} tok/s)")
+    evict(srv, "ttft")
+    evict(srv, "ttft-warm")
+    return out
+
+
+def ttft_engine_ref(a, shape, res):
+    """the engine alone on the same prompt: rkv-gen's prefill time (one untimed chunk first),
+    same model, backend, kv dtype, block size and chunk as the server's; then the target"""
+    ids = prompt_ids("ttft", a.ttft_ctx, shape["vocab"])
+    cmd = [str(Path(a.bin) / "rkv-gen"), "--model", str(a.model), "--prompt-ids",
+           ",".join(map(str, ids)), "-n", "1", "--backend", a.backend, "--kv-dtype", a.kv_dtype,
+           "--block-size", str(a.block_size), "--chunk", str(res["chunk"]), "--warmup",
+           "--ignore-eos", "--json"]
+    if a.threads:
+        cmd += ["--threads", str(a.threads)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=max(30, left(a) - 10))
+    if r.returncode:
+        raise RuntimeError(f"rkv-gen exit {r.returncode}: {r.stderr[-500:]}")
+    eng = json.loads(r.stdout)["timings"]["prefill_ms"] / 1e3
+    res["engine_prefill_s"] = rnd(eng, 4)
+    res["engine"] = f"rkv-gen --chunk {res['chunk']} --warmup --backend {a.backend}"
+    res["ratio"] = rnd(ratio(res["ttft_s"], eng))
+    target(f"time to first token of a {a.ttft_ctx}-token prompt through HTTP <= 1.1 x the "
+           "engine's prefill", res["ratio"], 1.1, f"{res['ttft_s']} s vs {res['engine_prefill_s']}"
+           f" s ({res['engine']})", at_most=True)
 
 
 # --- 1. load ramp -------------------------------------------------------------------------------
@@ -1410,7 +1464,7 @@ def parse_args(argv):
     ap.add_argument("--quick", action="store_true", help="small sizes (the cpu smoke test)")
     ap.add_argument("--strict", action="store_true", help="exit 1 on a FAILed target too")
     ap.add_argument("--deadline", type=float, help="seconds for everything (480; quick 55)")
-    ap.add_argument("--parts", default="http,structured,ramp,spill,gaps,budget,hf")
+    ap.add_argument("--parts", default="http,structured,ramp,spill,gaps,ttft,budget,hf")
     ap.add_argument("--preset", help="rkv-mkmodel preset (llama3-8b; quick: tiny)")
     ap.add_argument("--dtype", help="weights (bf16; quick: f32)")
     ap.add_argument("--model", help="a GGUF to use instead of making one")
@@ -1452,6 +1506,7 @@ def parse_args(argv):
                     "2048): 131072 is the issue's figure but its prefill alone takes minutes")
     ap.add_argument("--gaps-ctx", type=int, help="the gaps part's long prompt, prefilled beside "
                     "a decoding stream (32768; quick 1024)")
+    ap.add_argument("--ttft-ctx", type=int, help="the ttft part's prompt (32768; quick 1024)")
     ap.add_argument("--gaps-decode", type=int, help="tokens the gaps part's decoding stream asks "
                     "for, enough to outlast the window and the prefill (4096; quick 16384: the "
                     "tiny model decodes ~10k tok/s)")
@@ -1486,7 +1541,7 @@ def parse_args(argv):
     dflt = {"deadline": (55, 480), "preset": ("tiny", "llama3-8b"), "dtype": ("f32", "bf16"),
             "block_size": (32, 256), "ctx": (256, 4096), "fit_sessions": (2, 16),
             "sessions_max": (6, 64), "window": (0.4, 3.0), "spill_ctx": (2048, 32768),
-            "gaps_ctx": (1024, 32768), "gaps_decode": (16384, 4096),
+            "gaps_ctx": (1024, 32768), "gaps_decode": (16384, 4096), "ttft_ctx": (1024, 32768),
             "spill_prefill": (64, 512), "spill_decode": (1500, 32), "http_batches": ("1,4", "1,64"),
             "http_tokens": (200, 256), "budget_streams": (2, 12), "budget_tokens": (2000, 192),
             "budget_ctx": (4096, 0), "io_timeout": (30, 120), "max_batch_tokens": (0, 0),
@@ -1494,6 +1549,8 @@ def parse_args(argv):
     for k, (quick, full) in dflt.items():
         if getattr(a, k) is None:
             setattr(a, k, quick if q else full)
+    if a.ttft_ctx < 1:
+        ap.error(f"--ttft-ctx {a.ttft_ctx}: a prompt needs a token at least (default 32768)")
     if a.gaps_ctx < 1 or a.gaps_decode < 8:
         ap.error(f"--gaps-ctx {a.gaps_ctx} / --gaps-decode {a.gaps_decode}: the long prompt needs "
                  "a token at least and the decoding stream 8 (defaults 32768 and 4096)")
@@ -1574,9 +1631,10 @@ def run_all(a):
     # the gaps part: its long prompt and the decoding stream (a short prompt and gaps_decode
     # tokens)
     gaps_tok = a.gaps_ctx + a.gaps_decode + 6 * a.block_size if "gaps" in a.parts else 0
+    ttft_tok = a.ttft_ctx + 4 * a.block_size if "ttft" in a.parts else 0
     room = max(max(a.http_batches) * (a.ctx + a.http_tokens + 2 * a.block_size),
                a.fit_sessions * per_ramp, spill_tok + 4 * a.block_size, int(1.25 * budget_tok),
-               gaps_tok)
+               gaps_tok, ttft_tok)
     room = int(room * bpt * 1.15) + 8 * a.block_size * bpt
     est_used = (a.weight_bytes + 3 * GIB // 2) if a.backend == "cuda" else 0
     # the worker measures the reserve at start (1.2 GiB on llama3-8b in steps of 512 tokens:
@@ -1598,11 +1656,11 @@ def run_all(a):
              "host pool cannot take wait for room")
         host = int(0.9 * shm_free)
     a.ctx_size = max(a.ctx + a.turn_tokens, a.ctx + a.http_tokens,
-                     a.budget_ctx + a.budget_tokens, spill_tok, a.gaps_ctx + 2,
+                     a.budget_ctx + a.budget_tokens, spill_tok, a.gaps_ctx + 2, a.ttft_ctx + 2,
                      a.block_size + a.gaps_decode) + 2 * a.block_size
     # the ramp's KV room holds fit_sessions sessions of ctx + a turn
     room_ramp = a.fit_sessions * -(-(a.ctx + a.turn_tokens) // a.block_size) * a.block_size * bpt
-    on_main = {"http", "ramp", "spill", "gaps"} | (set() if a.budget_deterministic else
+    on_main = {"http", "ramp", "spill", "gaps", "ttft"} | (set() if a.budget_deterministic else
                                                     {"budget"})
     if not on_main & a.parts:
         a.parts.add("none")  # no part runs on the main server
@@ -1650,7 +1708,7 @@ def run_all(a):
             elif "ramp" in a.parts:
                 note(f"ramp: skipped, {left(a):.0f} s left of the deadline and it wants more "
                      f"than {2 * a.reserve_s:.0f} (raise --deadline / DEADLINE)")
-            for part, fn in (("spill", bench_spill), ("gaps", bench_gaps),
+            for part, fn in (("spill", bench_spill), ("gaps", bench_gaps), ("ttft", bench_ttft),
                              ("budget", bench_budget)):
                 if part not in a.parts or (part == "budget" and a.budget_deterministic):
                     continue
@@ -1675,6 +1733,8 @@ def run_all(a):
                  f"{2 * a.reserve_s:.0f} (raise --deadline / DEADLINE)")
     if RES.get("http"):
         guard("http engine", http_engine_refs, a, shape, RES["http"])
+    if RES.get("ttft") and left(a) > 5:
+        guard("ttft engine", ttft_engine_ref, a, shape, RES["ttft"])
     if (RES.get("ramp") or {}).get("phases"):
         guard("ramp targets", judge_ramp, a, RES["ramp"]["phases"], ref, RES.get("spill") or {})
     if "hf" in a.parts:
@@ -1712,6 +1772,10 @@ def summary():
         if p.get("decode_tok_s"):
             log(f"  spill host {p['host_frac']}: decode {p['decode_tok_s']} -> "
                 f"{p['decode_ratio']}, prefill {p['prefill_tok_s']} -> {p.get('prefill_ratio')}")
+    t = RES.get("ttft") or {}
+    if t.get("ttft_s"):
+        log(f"  ttft: {t['ctx']} tokens in {t['ttft_s']} s through HTTP, the engine "
+            f"{t.get('engine_prefill_s')} s -> {t.get('ratio')}")
     hf = RES.get("hf_offloaded")
     if hf:
         log(f"  transformers offloaded: {hf.get('skipped') or hf}")

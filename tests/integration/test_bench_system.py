@@ -166,6 +166,17 @@ def test_spill_curve_moves_the_tail(bench):
         assert p["prefilled_tokens"] == bench["spill"]["prefill_tokens"]
 
 
+def test_ttft_against_the_engine(bench):
+    t = bench["ttft"]
+    assert t["ctx"] == 1024 and t["chunk"] == 256 and t["ttft_s"] > 0
+    # the engine's prefill of the same tokens in the same chunks, after the server stopped
+    assert t["engine_prefill_s"] > 0 and "--warmup" in t["engine"]
+    assert t["ratio"] == pytest.approx(t["ttft_s"] / t["engine_prefill_s"], rel=0.02)
+    names = [x["target"] for x in bench["targets"]]
+    assert "time to first token of a 1024-token prompt through HTTP <= 1.1 x the engine's " \
+        "prefill" in names
+
+
 def test_gaps_measures_a_stream_alone_and_beside_a_long_prefill(bench):
     g = bench["gaps"]
     assert g["ctx"] == 1024 and g["prefill_tok_s"] > 0 and g["ttft_s"] > 0

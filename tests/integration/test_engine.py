@@ -110,6 +110,18 @@ def test_threads_do_not_change_logits(models, tmp_path):
     assert np.array_equal(a, b)
 
 
+def test_warmup_changes_nothing_but_the_clock(models, tmp_path):
+    """--warmup prefills the first chunk once untimed, then the timed run writes the same KV
+    again: the same tokens and logits bit for bit, chunked or not, spilled or not"""
+    model = models["llama", "f32"]
+    for extra in ((), ("--chunk", "5", "--block-size", "4", "--host-frac", "0.5")):
+        info, ref = gen(model, tmp_path, "nw", *extra)
+        winfo, got = gen(model, tmp_path, "w", "--warmup", *extra)
+        assert winfo["sessions"] == info["sessions"]
+        assert np.array_equal(got, ref), extra
+        assert winfo["timings"]["prefill_ms"] > 0
+
+
 def test_json_and_text(models, tmp_path):
     model = models["llama", "f32"]
     info, _ = gen(model, tmp_path, "j", "--batch", "2")
