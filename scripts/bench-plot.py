@@ -34,6 +34,7 @@ SPLIT = re.compile(r"^split 1/2 ctx=(\d+) step ms")
 PREFILL = re.compile(r"^prefill (\d+) half kv on host")
 PREFILL_RES = re.compile(r"^prefill (\d+) resident \(tok/s\)$")
 PREFILL_FLOPS = re.compile(r"^prefill 32768 resident \(TFLOP/s vs dense bf16 gemm\)$")
+GEMM = re.compile(r"^(\S+) (\S+) \d+x\d+ m=(\d+) \(TFLOP/s vs dense bf16\)$")
 # the absolute marks for batch 1 (tok/s at least; docs/performance.md), apart from the ratios:
 # (label, test on a record's name, mark, llama.cpp's figure there). "All on host" is every block
 # but the one being written, which stays on the device.
@@ -144,6 +145,11 @@ def verdicts(recs):
         if r["suite"] == "prefill" and PREFILL_FLOPS.match(r["name"]):
             out.append(("prefill 32k resident, achieved TFLOP/s over the dense bf16 gemm's",
                         r["ratio"], 0.55, r["ratio"] >= 0.55))
+        # every prefill linear of every weight type (gpu_bench --suite gemm)
+        m = GEMM.match(r["name"]) if r["suite"] == "gemm" else None
+        if m:
+            out.append((f"prefill linear {m.group(1)} {m.group(2)} m={m.group(3)}, TFLOP/s over "
+                        "the dense bf16 gemm's", r["ratio"], 0.8, r["ratio"] >= 0.8))
     return out
 
 

@@ -11,7 +11,9 @@
 #           RKV_STEP_REPORT_MS=500) (~9 min)
 #   models  the model families and block types: gpu_ops_test --model-only (logits against the
 #           cpu, qdot=int and qdot=exact apart), gpu_bench's quant suite for q4_k_m (--quick), the
-#           gemv suite, and the qwen3-8b and gemma3-4b presets' decode (--quick) (~5 min)
+#           gemv suite, the gemm suite (every prefill linear and weight type against the dense
+#           bf16 gemm, judged by bench-plot.py), and the qwen3-8b and gemma3-4b presets' decode
+#           (--quick) (~6 min)
 #   trace   gpu_bench's decode suite (--quick) with one step of each resident case traced by
 #           CUPTI (RKV_PROFILE_TRACE): the kernels as the step runs them, per kernel and gap;
 #           OUT/trace.txt, every kernel in OUT/trace.csv, a layer's phases of each case in
@@ -90,6 +92,9 @@ models)
     timeout 120 "$B/gpu_bench" --suite quant --quick --quant-types bf16,q4_k_m \
         --json "$OUT/quant.json" >"$OUT/quant.txt" 2>&1
     timeout 60 "$B/gpu_bench" --suite gemv --json "$OUT/gemv.json" >"$OUT/gemv.txt" 2>&1
+    timeout 120 "$B/gpu_bench" --suite gemm --json "$OUT/gemm.json" >"$OUT/gemm.txt" 2>&1
+    python3 "$(dirname "$0")/bench-plot.py" "$OUT/gemm.json" "$OUT" >"$OUT/gemm_targets.txt" 2>&1
+    grep -E "targets:|FAIL" "$OUT/gemm_targets.txt" | head -20
     for p in qwen3-8b gemma3-4b; do
         timeout 90 "$B/gpu_bench" --preset $p --suite decode --quick \
             --json "$OUT/decode_$p.json" >"$OUT/decode_$p.txt" 2>&1

@@ -409,6 +409,71 @@ static int bench_attention(struct backend *be, int quick)
     return 0;
 }
 
+/* --- prefill matmuls: each linear of llama3-8b's layer (and the output) at prefill sizes, every
+ * weight type, against the dense bf16 gemm ceiling of the run (a prefill linear should reach
+ * 0.8 of it). Random weight bytes: the kernels' speed does not depend on the values */
+
+static int bench_gemm(struct backend *be, int quick)
+{
+    static const struct {
+        const char *name;
+        uint32_t n_out, n_in;
+    } sh[] = {{"qkv", 6144, 4096},
+              {"o", 4096, 4096},
+              {"gate_up", 28672, 4096},
+              {"down", 4096, 14336},
+              {"output", 128256, 4096}};
+    static const enum be_type ty[] = {BE_BF16, BE_Q4_K, BE_Q5_K,  BE_Q6_K,
+                                      BE_Q8_0, BE_Q4_0, BE_IQ4_XS};
+    static const uint32_t ms[] = {2048, 4096}; /* rkvd's step; a long chunk */
+    const uint32_t M = ms[1];
+    if (ceil_.gemm_bf16 <= 0) {
+        printf("  gemm: no dense bf16 gemm ceiling; skipped\n");
+        return 0;
+    }
+    for (size_t si = 0; si < sizeof sh / sizeof sh[0]; si++) {
+        struct be_tensor *x = NULL, *y = NULL;
+        if (backend_tensor_alloc(be, BE_F32, M, sh[si].n_in, &x) < 0 ||
+            backend_tensor_alloc(be, BE_F32, M, sh[si].n_out, &y) < 0)
+            return -1;
+        rkv_cuda_fill_random(x->data, BE_F32, (size_t)M * sh[si].n_in, 2, 1.0f);
+        for (size_t ti = 0; ti < sizeof ty / sizeof ty[0]; ti++) {
+            if (quick && ti > 1)
+                break; /* bf16 and q4_k */
+            struct be_tensor *w = NULL;
+            if (backend_tensor_alloc(be, ty[ti], sh[si].n_out, sh[si].n_in, &w) < 0)
+                return -1;
+            const double wbytes = (double)w->row_bytes * sh[si].n_out;
+            if (ty[ti] == BE_BF16)
+                rkv_cuda_fill_random(w->data, BE_BF16, (size_t)sh[si].n_out * sh[si].n_in, 1,
+                                     0.02f);
+            else
+                rkv_cuda_fill_random(w->data, BE_F16, (size_t)(wbytes / 2), 3, 0.02f);
+            for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
+                const uint32_t m = ms[mi];
+                const int reps = quick ? 3 : 10;
+                /* untimed: the first product of a shape picks its kernels */
+                matmul_forward(be, y, x, w, NULL, m);
+                backend_sync(be);
+                const double t0 = gu_now();
+                for (int r = 0; r < reps; r++)
+                    matmul_forward(be, y, x, w, NULL, m);
+                backend_sync(be);
+                const double t = (gu_now() - t0) / reps;
+                const double tflops = 2.0 * m * sh[si].n_out * sh[si].n_in / t / 1e12;
+                char name[96];
+                snprintf(name, sizeof(name), "%s %s %ux%u m=%u (TFLOP/s vs dense bf16)",
+                         be_type_name(ty[ti]), sh[si].name, sh[si].n_out, sh[si].n_in, m);
+                record("gemm", name, tflops, "TFLOP/s", ceil_.gemm_bf16, tflops / ceil_.gemm_bf16);
+            }
+            backend_tensor_free(be, w);
+        }
+        backend_tensor_free(be, x);
+        backend_tensor_free(be, y);
+    }
+    return 0;
+}
+
 /* --- decode matmuls: weights streamed once, against the hbm ceiling ------- */
 
 static int bench_gemv(struct backend *be)
@@ -1116,16 +1181,17 @@ int main(int argc, char **argv)
             if (g_kv != KV_F16)
                 g_tag = argv[i]; /* the rows say which */
         } else {
-            fprintf(stderr, "usage: gpu_bench [--suite all|gemv|linear|attn|decode|prefill|quant] "
-                            "[--preset llama3-8b|qwen3-8b|gemma3-4b|small] "
-                            "[--quant-types bf16,q4_k_m,q4_0,q6_k,q8_0,iq4_xs] "
-                            "[--kv-dtype f16|f32|q8|fp8] "
-                            "[--quick] [--json FILE]\n");
+            fprintf(stderr,
+                    "usage: gpu_bench [--suite all|gemv|gemm|linear|attn|decode|prefill|quant] "
+                    "[--preset llama3-8b|qwen3-8b|gemma3-4b|small] "
+                    "[--quant-types bf16,q4_k_m,q4_0,q6_k,q8_0,iq4_xs] "
+                    "[--kv-dtype f16|f32|q8|fp8] "
+                    "[--quick] [--json FILE]\n");
             return 2;
         }
     }
-    static const char *const suites[] = {"all",    "gemv",    "linear", "attn",
-                                         "decode", "prefill", "quant"};
+    static const char *const suites[] = {"all",  "gemv",   "gemm",    "linear",
+                                         "attn", "decode", "prefill", "quant"};
     if (strcmp(preset, "llama3-8b") && strcmp(preset, "qwen3-8b") && strcmp(preset, "gemma3-4b") &&
         strcmp(preset, "small")) {
         fprintf(stderr,
@@ -1138,8 +1204,8 @@ int main(int argc, char **argv)
         known |= !strcmp(suite, suites[i]);
     if (!known) {
         fprintf(stderr,
-                "gpu_bench: --suite %s is not one of all, gemv, linear, attn, decode, prefill, "
-                "quant\n",
+                "gpu_bench: --suite %s is not one of all, gemv, gemm, linear, attn, decode, "
+                "prefill, quant\n",
                 suite);
         return 2;
     }
@@ -1194,6 +1260,8 @@ int main(int argc, char **argv)
     }
     if (!strcmp(suite, "all") || !strcmp(suite, "gemv"))
         rc |= bench_gemv(be);
+    if (!strcmp(suite, "gemm"))
+        rc |= bench_gemm(be, quick);
     if (!strcmp(suite, "all") || !strcmp(suite, "linear"))
         rc |= bench_linear(be);
     if (!strcmp(suite, "all") || !strcmp(suite, "attn"))
