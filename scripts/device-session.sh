@@ -17,7 +17,9 @@
 #   trace   gpu_bench's decode suite (--quick) with one step of each resident case traced by
 #           CUPTI (RKV_PROFILE_TRACE): the kernels as the step runs them, per kernel and gap;
 #           OUT/trace.txt, every kernel in OUT/trace.csv, a layer's phases of each case in
-#           OUT/phases.txt (scripts/trace-phases.py) (~1 min)
+#           OUT/phases.txt (scripts/trace-phases.py); then the gemm suite (--quick) with one
+#           4096-token product of each linear traced (a block type's dequantization beside its
+#           gemms) in OUT/trace_gemm.txt (~2 min)
 #   sample  the device sampler alone: gpu_ops_test --sample-only, compute-sanitizer memcheck of
 #           it, each phase of a batch-64 row (RKV_CUDA_SAMPLE_STAMPS=1, the last step's first
 #           row), then gpu_bench's quick decode suite for the sampled rows' tok/s (~2 min)
@@ -113,6 +115,12 @@ trace)
     # one layer's phases (medians over the layers) of every traced case
     python3 "$(dirname "$0")/trace-phases.py" "$OUT/trace.csv" >"$OUT/phases.txt" 2>&1
     cat "$OUT/phases.txt"
+    step "gpu_bench gemm (quick), one traced product a linear and type"
+    mkdir -p "$OUT/tg"
+    RKV_PROFILE_TRACE=$OUT/tg timeout 200 "$B/gpu_bench" --suite gemm --quick \
+        --json "$OUT/trace_gemm.json" >"$OUT/trace_gemm.txt" 2>&1
+    echo "rc=$?" >>"$OUT/trace_gemm.txt"
+    grep -E "^  gemm|trace gemm|rc=" "$OUT/trace_gemm.txt" | sed 's/  */ /g' | head -40
     ;;
 sample)
     step "gpu_ops_test --sample-only"

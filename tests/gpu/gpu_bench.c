@@ -465,6 +465,15 @@ static int bench_gemm(struct backend *be, int quick)
                 snprintf(name, sizeof(name), "%s %s %ux%u m=%u (TFLOP/s vs dense bf16)",
                          be_type_name(ty[ti]), sh[si].name, sh[si].n_out, sh[si].n_in, m);
                 record("gemm", name, tflops, "TFLOP/s", ceil_.gemm_bf16, tflops / ceil_.gemm_bf16);
+                /* RKV_PROFILE_TRACE: one more product traced, its kernels by time (a block
+                 * type's dequantization beside its gemms) */
+                if (trace_on && m == M && gt_begin() == 0) {
+                    matmul_forward(be, y, x, w, NULL, m);
+                    backend_sync(be);
+                    snprintf(name, sizeof(name), "trace gemm %s %s m=%u", be_type_name(ty[ti]),
+                             sh[si].name, m);
+                    gt_end(name, stdout, trace_csv, 0, 24);
+                }
             }
             backend_tensor_free(be, w);
         }
