@@ -27,6 +27,9 @@
 #           speed of light, occupancy, warp states, scheduler, memory sections in
 #           OUT/ncu_o.txt, the report in OUT/ncu_o.ncu-rep and the stall samples of each SASS
 #           instruction in OUT/ncu_o_sass.csv (o: 16.5 us for 7.3 us of bytes in a b=1 step)
+#   swa     tests/gpu/swa_check.py: a Gemma 3 4B-shaped model (q4_k_m, made there), one session
+#           of 32768 positions through rkvd with swa_kv = window and then full: the window's
+#           KV bytes over the full layout's, the same tokens, decode tok/s of each (~5 min)
 #   profile-q  ncu of the integer-dot decode kernel over Q4_K weights (gpu_bench's gemv suite,
 #           4096 x 4096, one token; the first quant_dot launch after ten): the same sections and
 #           files as profile, as OUT/ncu_q4k*
@@ -34,8 +37,8 @@
 #   there: sh scripts/device-session.sh .benchpack $OUT check   (carry .benchpack.tgz: it unpacks there), then system
 # everything lands in OUT, and OUT/all.tgz holds it all (one file to carry back).
 set -u
-PACK=${1:?usage: scripts/device-session.sh PACK OUT [check|system|models|trace|sample|profile|profile-q]}
-OUT=${2:?usage: scripts/device-session.sh PACK OUT [check|system|models|trace|sample|profile|profile-q]}
+PACK=${1:?usage: scripts/device-session.sh PACK OUT [check|system|models|trace|sample|swa|profile|profile-q]}
+OUT=${2:?usage: scripts/device-session.sh PACK OUT [check|system|models|trace|sample|swa|profile|profile-q]}
 WHAT=${3:-check}
 mkdir -p "$OUT"
 # shellcheck source=scripts/pack-lib.sh
@@ -160,6 +163,14 @@ profile)
     grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Stall|rc=" \
         "$OUT/ncu_o.txt" | head -30
     ;;
+swa)
+    step "swa_check.py: gemma3-4b at 32k, swa_kv window against full"
+    mkdir -p "$OUT/swa"
+    timeout 570 python3 "$(dirname "$0")/../tests/gpu/swa_check.py" --bin "$B" --out "$OUT/swa" \
+        --work "${WORK:-/tmp/rkv-swa-check}" >"$OUT/swa/log.txt" 2>&1
+    echo "rc=$?" >>"$OUT/swa/log.txt"
+    tail -8 "$OUT/swa/log.txt"
+    ;;
 profile-q)
     step "ncu: the integer-dot decode kernel over Q4_K weights, 4096 x 4096, n=1"
     timeout 300 ncu --clock-control none --kernel-name-base function \
@@ -176,7 +187,7 @@ profile-q)
         "$OUT/ncu_q4k.txt" | head -30
     ;;
 *)
-    echo "device-session: say check, system, models, trace, sample, profile or profile-q, not $WHAT" >&2
+    echo "device-session: say check, system, models, trace, sample, swa, profile or profile-q, not $WHAT" >&2
     exit 2
     ;;
 esac

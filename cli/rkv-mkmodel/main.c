@@ -53,6 +53,8 @@ static const struct preset presets[] = {
     {"qwen3-tiny", ARCH_QWEN3, 64, 2, 4, 2, 160, 512, 2048, 32},
     /* seven layers: local 0-4 and 6, global 5; a window the tests' prompts outgrow */
     {"gemma3-tiny", ARCH_GEMMA3, 64, 7, 4, 1, 160, 512, 2048, 32, 8},
+    /* Gemma 3 4B's shape: 34 layers (every sixth global), heads of 256, a window of 1024 */
+    {"gemma3-4b", ARCH_GEMMA3, 2560, 34, 8, 4, 10240, 262144, 131072, 256, 1024},
     /* YaRN 4x over a trained context of 64, with a base whose correction ramp spans
      * several of the 8 pairs, so short prompts run past the trained context */
     {"qwen2-yarn-tiny", ARCH_QWEN2, 64, 2, 4, 2, 160, 512, 256, 0, 0, 10000.0f, 4.0f, 64},
@@ -61,7 +63,7 @@ static const struct preset presets[] = {
 };
 #define PRESET_NAMES                                                                               \
     "tiny, tiny-qwen2, tiny256, small, llama3-8b, qwen2.5-7b, qwen3-tiny, gemma3-tiny, "           \
-    "qwen2-yarn-tiny, phi3-tiny"
+    "gemma3-4b, qwen2-yarn-tiny, phi3-tiny"
 
 struct dtype {
     const char *name;
@@ -108,7 +110,8 @@ static void usage(FILE *f)
             "writes a GGUF v3 model with seeded random weights and a byte-level BPE\n"
             "tokenizer; the same arguments give the same bytes.\n"
             "  --preset NAME   tiny (default), tiny-qwen2, tiny256, small, llama3-8b,\n"
-            "                  qwen2.5-7b, qwen3-tiny, gemma3-tiny, qwen2-yarn-tiny, phi3-tiny\n"
+            "                  qwen2.5-7b, qwen3-tiny, gemma3-tiny, gemma3-4b, qwen2-yarn-tiny,\n"
+            "                  phi3-tiny\n"
             "  --arch A        override the preset's architecture\n"
             "  --dtype T       matrix type (norms and biases stay f32), default f32: " DTYPE_NAMES
             "\n"
