@@ -31,8 +31,8 @@
 #           of 32768 positions through rkvd with swa_kv = window and then full: the window's
 #           KV bytes over the full layout's, the same tokens, decode tok/s of each (~5 min)
 #   profile-q  ncu of the integer-dot decode kernel over Q4_K weights (gpu_bench's gemv suite,
-#           4096 x 4096, one token; the first quant_dot launch after ten): the same sections and
-#           files as profile, as OUT/ncu_q4k*
+#           4096 x 4096, one token and eight, a warm launch of each): the same sections and
+#           files as profile, as OUT/ncu_q4k_n1* and OUT/ncu_q4k_n8*
 #   here:  scripts/bench-system.sh --pack .benchpack build/bs
 #   there: sh scripts/device-session.sh .benchpack $OUT check   (carry .benchpack.tgz: it unpacks there), then system
 # everything lands in OUT, and OUT/all.tgz holds it all (one file to carry back).
@@ -172,19 +172,24 @@ swa)
     tail -8 "$OUT/swa/log.txt"
     ;;
 profile-q)
-    step "ncu: the integer-dot decode kernel over Q4_K weights, 4096 x 4096, n=1"
-    timeout 300 ncu --clock-control none --kernel-name-base function \
-        --kernel-name regex:'quant_dot_kernel' --launch-skip 10 --launch-count 1 \
-        --section SpeedOfLight --section Occupancy --section WarpStateStats \
-        --section SchedulerStats --section MemoryWorkloadAnalysis --section SourceCounters \
-        --export "$OUT/ncu_q4k" --force-overwrite \
-        "$B/gpu_bench" --suite gemv >"$OUT/ncu_q4k.txt" 2>&1
-    echo "rc=$?" >>"$OUT/ncu_q4k.txt"
-    ncu --import "$OUT/ncu_q4k.ncu-rep" --print-details all >>"$OUT/ncu_q4k.txt" 2>&1
-    ncu --import "$OUT/ncu_q4k.ncu-rep" --page source --csv --print-source sass \
-        >"$OUT/ncu_q4k_sass.csv" 2>&1
-    grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Stall|rc=" \
-        "$OUT/ncu_q4k.txt" | head -30
+    # the gemv suite's first quant_dot launches: Q4_K 4096 x 4096 at n=1 (51 of them), then
+    # n=8 (51): one warm launch of each
+    for n_skip in "1 10" "8 61"; do
+        set -- $n_skip
+        step "ncu: the integer-dot decode kernel over Q4_K weights, 4096 x 4096, n=$1"
+        timeout 280 ncu --clock-control none --kernel-name-base function \
+            --kernel-name regex:'quant_dot_kernel' --launch-skip "$2" --launch-count 1 \
+            --section SpeedOfLight --section Occupancy --section WarpStateStats \
+            --section SchedulerStats --section MemoryWorkloadAnalysis --section SourceCounters \
+            --export "$OUT/ncu_q4k_n$1" --force-overwrite \
+            "$B/gpu_bench" --suite gemv >"$OUT/ncu_q4k_n$1.txt" 2>&1
+        echo "rc=$?" >>"$OUT/ncu_q4k_n$1.txt"
+        ncu --import "$OUT/ncu_q4k_n$1.ncu-rep" --print-details all >>"$OUT/ncu_q4k_n$1.txt" 2>&1
+        ncu --import "$OUT/ncu_q4k_n$1.ncu-rep" --page source --csv --print-source sass \
+            >"$OUT/ncu_q4k_n$1_sass.csv" 2>&1
+        grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Stall|rc=" \
+            "$OUT/ncu_q4k_n$1.txt" | head -20
+    done
     ;;
 *)
     echo "device-session: say check, system, models, trace, sample, swa, profile or profile-q, not $WHAT" >&2
