@@ -259,9 +259,13 @@ static int lane_stream(uint32_t gpu, int lane, void **stream)
         return RKV_EINVAL;
     pthread_mutex_lock(&lanes_mu);
     int rc = 0;
-    if (!lanes[gpu][lane])
-        rc = check(rt.stream_create(&lanes[gpu][lane], CUDA_STREAM_NON_BLOCKING),
-                   "cudaStreamCreateWithFlags", gpu, 0);
+    if (!lanes[gpu][lane]) {
+        void *st = NULL; /* kept only when made */
+        rc = check(rt.stream_create(&st, CUDA_STREAM_NON_BLOCKING), "cudaStreamCreateWithFlags",
+                   gpu, 0);
+        if (rc == 0)
+            lanes[gpu][lane] = st;
+    }
     *stream = lanes[gpu][lane];
     pthread_mutex_unlock(&lanes_mu);
     return rc;

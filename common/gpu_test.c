@@ -74,8 +74,8 @@ static void test_slab_and_copies(void **state)
     assert_int_equal(rkv_gpu_copy(0, back, d, n), 0);
     assert_memory_equal(back, host, n / 2);
     assert_memory_equal(back + n / 2, host, n / 2);
-    /* the lanes: host -> device of the second half while the first half goes back, and a
-     * device copy; one wait finishes all three */
+    /* the lanes: host -> device of the second half while the first half goes back; one wait
+     * finishes both */
     uint8_t *host2 = aligned_alloc(4096, n);
     for (size_t i = 0; i < n; i++)
         host2[i] = (uint8_t)(i * 13 + 1);

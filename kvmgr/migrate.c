@@ -19,29 +19,34 @@ int mig_session_state(const struct kvb *kvb, uint64_t sid, struct plan_session *
     return 0;
 }
 
-/* opens a move of n blocks of sid one way and queues its copies (kvpool_copies_start); the
- * caller commits it once kvpool_copies_wait says they are done. RKV_ENOSPACE and RKV_EBUSY
- * leave the session as it was; after a failed queueing the move stays open (*opened), to be
- * aborted after the wait, since some of its copies may be in flight */
-static int move_start(struct kvb *kvb, struct kvpool *const *dev, uint32_t n_gpus,
-                      struct kvpool *host, uint64_t sid, uint32_t n, int demote, int parking,
-                      struct kvb_copy *ops, uint32_t *copies, int *opened)
+/* moves n blocks of sid one way, runs the copies (queued on the device's copy lanes, waited for
+ * once), commits; RKV_ENOSPACE and RKV_EBUSY leave the session as it was, and so does a failed
+ * copy or commit (the move is aborted) */
+static int move(struct kvb *kvb, struct kvpool *const *dev, uint32_t n_gpus, struct kvpool *host,
+                uint64_t sid, uint32_t n, int demote, int parking, struct kvb_copy *ops,
+                uint32_t *copies)
 {
     size_t n_ops = 0;
-    *opened = 0;
     int rc = !demote   ? kvb_promote(kvb, sid, n, ops, n, &n_ops)
              : parking ? kvb_park(kvb, sid, n, ops, n, &n_ops)
                        : kvb_demote(kvb, sid, n, ops, n, &n_ops);
     if (rc)
         return rc;
-    *opened = 1;
-    rc = kvpool_copies_start(dev, n_gpus, host, ops, n_ops);
-    if (rc)
+    rc = kvpool_run_copies(dev, n_gpus, host, ops, n_ops);
+    if (rc) {
         log_error("kv migration of session %llu failed: %s", (unsigned long long)sid,
                   rkv_strerror(rc));
-    else
-        *copies += (uint32_t)n_ops;
-    return rc;
+        kvb_abort(kvb, sid);
+        return rc;
+    }
+    if ((rc = kvb_commit(kvb, sid, NULL)) != 0) {
+        log_error("kv migration of session %llu: the new table failed: %s", (unsigned long long)sid,
+                  rkv_strerror(rc));
+        kvb_abort(kvb, sid);
+        return rc;
+    }
+    *copies += (uint32_t)n_ops;
+    return 0;
 }
 
 int mig_rehome(struct kvb *kvb, struct kvpool *const *dev, uint32_t n_gpus, struct kvpool *host,
@@ -57,13 +62,20 @@ int mig_rehome(struct kvb *kvb, struct kvpool *const *dev, uint32_t n_gpus, stru
     if (!ops)
         return RKV_ENOMEM;
     rc = kvb_rehome(kvb, sid, to, n_dev, ops, cap, &n_ops);
-    if (rc == 0 && (rc = kvpool_run_copies(dev, n_gpus, host, ops, n_ops)) != 0) {
-        log_error("moving session %llu to gpu %u failed: %s", (unsigned long long)sid, to,
-                  rkv_strerror(rc));
-        kvb_abort(kvb, sid);
+    if (rc == 0) {
+        /* the copies (device -> host, then host -> device of the same host blocks: the pool
+         * orders them) and the new table, or nothing of the move */
+        rc = kvpool_run_copies(dev, n_gpus, host, ops, n_ops);
+        if (rc == 0)
+            rc = kvb_commit(kvb, sid, NULL);
+        if (rc) {
+            log_error("moving session %llu to gpu %u failed: %s", (unsigned long long)sid, to,
+                      rkv_strerror(rc));
+            kvb_abort(kvb, sid);
+        } else {
+            *copies = (uint32_t)n_ops;
+        }
     }
-    if (rc == 0 && (rc = kvb_commit(kvb, sid, NULL)) == 0)
-        *copies = (uint32_t)n_ops;
     free(ops);
     return rc;
 }
@@ -83,19 +95,8 @@ int mig_apply(struct kvb *kvb, struct kvpool *const *dev, uint32_t n_gpus, struc
             max_blocks = d + h;
     }
     struct kvb_copy *ops = malloc((max_blocks ? max_blocks : 1) * sizeof(*ops));
-    /* the moves whose copies are queued: all of a pass's copies are in flight together (on a
-     * gpu the demotions' device -> host beside the promotions' host -> device), then every
-     * move commits. A failed one is aborted once nothing is in flight */
-    struct {
-        uint64_t sid;
-        int failed;
-    } *open = malloc((n ? n : 1) * sizeof(*open));
-    size_t n_open = 0;
-    if (!ops || !open) {
-        free(ops);
-        free(open);
+    if (!ops)
         return RKV_ENOMEM;
-    }
     int rc = 0;
     /* demotions everywhere first: they make the room promotions need */
     for (int demote = 1; demote >= 0 && rc == 0; demote--) {
@@ -120,19 +121,14 @@ int mig_apply(struct kvb *kvb, struct kvpool *const *dev, uint32_t n_gpus, struc
                                 : (d < target ? RKV_MIN(target - d, h) : 0);
             if (k == 0)
                 continue;
-            int opened;
-            int mrc = move_start(kvb, dev, n_gpus, host, a->id, k, demote, parking, ops,
-                                 &st->copies, &opened);
-            if (opened)
-                open[n_open].sid = a->id, open[n_open++].failed = mrc != 0;
+            int mrc = move(kvb, dev, n_gpus, host, a->id, k, demote, parking, ops, &st->copies);
             if (mrc == 0) {
                 st->sessions_moved++;
                 *(demote ? &st->blocks_demoted : &st->blocks_promoted) += k;
-            } else if (!opened && (mrc == RKV_ENOSPACE || mrc == RKV_EBUSY || mrc == RKV_ERANGE)) {
+            } else if (mrc == RKV_ENOSPACE || mrc == RKV_EBUSY || mrc == RKV_ERANGE) {
                 /* no room until acks, a move already open: the next pass retries.
                  * a host pool full of clean copies (which the plan does not
-                 * count) gives some back for then (sessions with a move open keep
-                 * theirs) */
+                 * count) gives some back for then */
                 if (mrc == RKV_ENOSPACE && demote) {
                     uint32_t trimmed;
                     if ((rc = kvb_trim_host_copies(kvb, k, &trimmed)))
@@ -145,23 +141,6 @@ int mig_apply(struct kvb *kvb, struct kvpool *const *dev, uint32_t n_gpus, struc
             }
         }
     }
-    int wrc = n_open ? kvpool_copies_wait(dev, n_gpus) : 0;
-    if (wrc) {
-        log_error("kv migration: waiting for the copies of %zu sessions failed: %s", n_open,
-                  rkv_strerror(wrc));
-        if (!rc)
-            rc = wrc;
-    }
-    for (size_t j = 0; j < n_open; j++) {
-        if (wrc || open[j].failed) {
-            kvb_abort(kvb, open[j].sid);
-            continue;
-        }
-        int crc = kvb_commit(kvb, open[j].sid, NULL);
-        if (crc && !rc)
-            rc = crc;
-    }
-    free(open);
     free(ops);
     return rc;
 }

@@ -24,12 +24,11 @@
  * a demotion return to the pool only when the workers ack the new table, so
  * a promotion may find no room yet: it is counted as deferred and the next
  * pass retries. Sessions in the plan but not in the allocator are skipped.
- * A pass queues the copies of all its moves (kvpool_copies_start: on a gpu the
- * demotions' device -> host beside the promotions' host -> device, each on its own
- * copy engine), waits for them once, then commits every move; the moves of one pass
- * never touch the same block (destinations are fresh, sources stay referenced until
- * the acks). A failed copy aborts the moves of the pass. On the cpu backend the
- * copies are memcpy, done at once.
+ * A move's copies are queued on the device's copy lanes and waited for once
+ * (kvpool_run_copies: its runs do not wait for each other), then the move commits
+ * before the next one opens, so a block shared by two sessions that move in one
+ * pass is copied once: the second finds the first's copy in the index. A failed
+ * copy or commit aborts the move. On the cpu backend the copies are memcpy.
  *
  * A kvmgr tick, end to end:
  *   for each session: plan_session{id, gpu, n_blocks = blocks for its tokens

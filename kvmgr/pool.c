@@ -320,34 +320,78 @@ static int copy_group_cmp(const void *a, const void *b)
     return x->gpu < y->gpu ? -1 : x->gpu > y->gpu;
 }
 
+/* a block as one key: pool 0 the host pool, g + 1 gpu g's device pool */
+static uint64_t blk_key(uint32_t pool, uint32_t idx)
+{
+    return (uint64_t)pool << 32 | idx;
+}
+
+static int key_cmp(const void *a, const void *b)
+{
+    const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int key_in(const uint64_t *keys, size_t n, uint64_t k)
+{
+    return n && bsearch(&k, keys, n, sizeof(*keys), key_cmp) != NULL;
+}
+
 int kvpool_copies_start(struct kvpool *const *dev, uint32_t n_gpus, struct kvpool *host,
                         const struct kvb_copy *ops, size_t n)
 {
     for (size_t k = 0; k < n; k++)
         if (ops[k].gpu >= n_gpus || ops[k].kind > KVB_COPY_D2D)
             return RKV_EINVAL;
-    /* grouped by (kind, gpu): each group is one batched kvpool_copy */
+    /* grouped by (kind, gpu): each group is one batched copy on one lane. A group's runs keep
+     * their order on the lane; groups on other lanes (or gpus) do not, so a group that reads a
+     * block an earlier group of the batch writes (a rehome stages device blocks through host
+     * blocks), or writes one an earlier group reads or writes, waits for them first. rd and
+     * wr hold the blocks the groups in flight read and write, sorted */
     struct kvb_copy *sorted = malloc((n ? n : 1) * sizeof(*sorted));
     struct kvpool_op *batch = malloc((n ? n : 1) * sizeof(*batch));
-    int rc = sorted && batch ? 0 : RKV_ENOMEM;
+    uint64_t *rd = malloc((n ? n : 1) * sizeof(*rd)), *wr = malloc((n ? n : 1) * sizeof(*wr));
+    size_t n_rd = 0, n_wr = 0;
+    int rc = sorted && batch && rd && wr ? 0 : RKV_ENOMEM;
     if (rc == 0) {
         memcpy(sorted, ops, n * sizeof(*ops));
         qsort(sorted, n, sizeof(*sorted), copy_group_cmp);
     }
     for (size_t k = 0; k < n && rc == 0;) {
+        const uint32_t kind = sorted[k].kind, gp = sorted[k].gpu + 1;
+        const uint32_t src_pool = kind == KVB_COPY_H2D ? 0 : gp,
+                       dst_pool = kind == KVB_COPY_D2H ? 0 : gp;
         size_t nb = 0;
-        for (size_t j = k; j < n && copy_group_cmp(&sorted[j], &sorted[k]) == 0; j++, nb++)
+        int hazard = 0;
+        for (size_t j = k; j < n && copy_group_cmp(&sorted[j], &sorted[k]) == 0; j++, nb++) {
             batch[nb] = (struct kvpool_op){sorted[j].src, sorted[j].dst, sorted[j].n_tokens};
+            const uint64_t s = blk_key(src_pool, sorted[j].src),
+                           d = blk_key(dst_pool, sorted[j].dst);
+            hazard |= key_in(wr, n_wr, s) || key_in(rd, n_rd, d) || key_in(wr, n_wr, d);
+        }
+        if (hazard) {
+            if ((rc = kvpool_copies_wait(dev, n_gpus)) != 0)
+                break;
+            n_rd = n_wr = 0;
+        }
         struct kvpool *g = dev[sorted[k].gpu];
-        switch (sorted[k].kind) {
+        switch (kind) {
         case KVB_COPY_D2H: rc = copy_batch(host, g, batch, nb); break;
         case KVB_COPY_H2D: rc = copy_batch(g, host, batch, nb); break;
         case KVB_COPY_D2D: rc = copy_batch(g, g, batch, nb); break;
         }
+        for (size_t j = 0; j < nb; j++) {
+            rd[n_rd++] = blk_key(src_pool, batch[j].src);
+            wr[n_wr++] = blk_key(dst_pool, batch[j].dst);
+        }
+        qsort(rd, n_rd, sizeof(*rd), key_cmp);
+        qsort(wr, n_wr, sizeof(*wr), key_cmp);
         k += nb;
     }
     free(sorted);
     free(batch);
+    free(rd);
+    free(wr);
     return rc;
 }
 

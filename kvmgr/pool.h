@@ -121,12 +121,13 @@ int kvpool_copy(struct kvpool *dst, const struct kvpool *src, const struct kvpoo
  * dev[gpu] are the device pools, host the host pool. Done on return. */
 int kvpool_run_copies(struct kvpool *const *dev, uint32_t n_gpus, struct kvpool *host,
                       const struct kvb_copy *ops, size_t n);
-/* kvpool_run_copies in two halves, for many moves at once: _start queues the copies (on a
- * gpu, device -> host and host -> device on their own lanes, so the two directions of a
- * pass overlap and no run waits for the one before); _wait waits for everything queued on
- * dev[0..n_gpus). Shared memory pools copy at once. After a failed _start some copies may
- * be queued: call _wait before freeing any destination. Safe because a kvb move's
- * destinations are fresh blocks and its sources stay referenced until the workers ack. */
+/* kvpool_run_copies in two halves: _start queues the copies (on a gpu, device -> host,
+ * host -> device and device -> device on lanes of their own, so the directions overlap and
+ * no run waits for the one before; a group of copies that reads or writes a block an
+ * earlier group of the same call writes, or writes one it reads, waits for it first);
+ * _wait waits for everything queued on dev[0..n_gpus). Shared memory pools copy at once.
+ * After a failed _start some copies may be queued: call _wait before freeing any
+ * destination. Copies of separate calls are not ordered until a _wait. */
 int kvpool_copies_start(struct kvpool *const *dev, uint32_t n_gpus, struct kvpool *host,
                         const struct kvb_copy *ops, size_t n);
 int kvpool_copies_wait(struct kvpool *const *dev, uint32_t n_gpus);

@@ -207,8 +207,9 @@ struct fake_gpu {
     /* pinned pieces, in order: their start and length */
     uint8_t *reg_base[16];
     size_t reg_len[16];
-    int fail_at; /* the register call (1-based) that fails; 0 = none */
-    uint8_t *dev_base;
+    int fail_at;           /* the register call (1-based) that fails; 0 = none */
+    uint8_t *dev_base;     /* the last device pool made */
+    uint8_t *dev_bases[2]; /* per gpu */
     /* queued copies (copy_async): done at copy_wait, the lanes in reverse order */
     struct {
         int lane;
@@ -225,6 +226,8 @@ static int fake_alloc(void *ctx, uint32_t gpu, size_t bytes, void **dptr, uint8_
     struct fake_gpu *f = ctx;
     f->allocs++;
     *dptr = f->dev_base = calloc(1, bytes);
+    if (gpu < 2)
+        f->dev_bases[gpu] = f->dev_base;
     memset(ipc, 0x77, KVPOOL_IPC_BYTES);
     return *dptr ? 0 : RKV_ENOMEM;
 }
@@ -286,6 +289,14 @@ static int fake_copy_wait(void *ctx, uint32_t gpu)
     return f->fail_wait ? RKV_ECUDA : 0;
 }
 
+/* the stand-in's hooks with copy lanes */
+static struct kvpool_gpu_ops lane_ops(struct fake_gpu *f)
+{
+    return (struct kvpool_gpu_ops){
+        f,         fake_alloc,      fake_free,     fake_register, fake_unregister,
+        fake_copy, fake_copy_async, fake_copy_wait};
+}
+
 /* with copy lanes every run is queued on its direction's lane and one wait finishes the
  * lot: _start leaves the destinations as they were, _wait fills them; kvpool_copy and
  * kvpool_run_copies are done on return; a failed wait is answered */
@@ -293,9 +304,7 @@ static void test_copy_lanes(void **state)
 {
     (void)state;
     struct fake_gpu f = {0};
-    struct kvpool_gpu_ops ops = {
-        &f,        fake_alloc,      fake_free,     fake_register, fake_unregister,
-        fake_copy, fake_copy_async, fake_copy_wait};
+    struct kvpool_gpu_ops ops = lane_ops(&f);
     struct kvpool_config cfg = {KVPOOL_DEVICE_CUDA, 0, NULL, BB, 8, BT, SLICES, &ops};
     struct kvpool *dev = NULL;
     assert_int_equal(kvpool_create(&cfg, &dev), 0);
@@ -336,6 +345,45 @@ static void test_copy_lanes(void **state)
     assert_int_equal(kvpool_run_copies(devs, 1, host, ops3, 1), RKV_ECUDA);
     kvpool_destroy(host);
     kvpool_destroy(dev);
+}
+
+/* a batch whose host -> device copies read the host blocks its device -> host copies write (a
+ * rehome stages a session's blocks through the host) waits between the two: the engine that
+ * runs the lanes in reverse order still gives the bytes; copies with nothing in common do not
+ * wait */
+static void test_copy_lanes_ordered(void **state)
+{
+    (void)state;
+    struct fake_gpu f = {0};
+    struct kvpool_gpu_ops ops = lane_ops(&f);
+    struct kvpool *dev[2];
+    for (uint32_t g = 0; g < 2; g++) {
+        struct kvpool_config cfg = {KVPOOL_DEVICE_CUDA, g, NULL, BB, 8, BT, SLICES, &ops};
+        dev[g] = NULL;
+        assert_int_equal(kvpool_create(&cfg, &dev[g]), 0);
+        for (uint32_t b = 0; b < 8; b++)
+            memset(f.dev_bases[g] + (size_t)b * BB, 0x40 + (int)(g * 8 + b), BB);
+    }
+    struct kvpool *host = make(KVPOOL_HOST, "oh", 8, &ops);
+    fill(host, 8);
+    uint8_t want[BB];
+    memcpy(want, f.dev_bases[0] + 1 * BB, BB);
+    /* gpu 0's block 1 to gpu 1's block 2 through host block 5 */
+    struct kvb_copy rehome[2] = {{KVB_COPY_D2H, 0, 1, 5, BT}, {KVB_COPY_H2D, 1, 5, 2, BT}};
+    assert_int_equal(kvpool_run_copies(dev, 2, host, rehome, 2), 0);
+    assert_memory_equal(f.dev_bases[1] + 2 * BB, want, BB);
+    assert_memory_equal(kvpool_block(host, 5), want, BB);
+    assert_true(f.waits >= 2); /* one between the two, one at the end */
+    /* out and in of different blocks: one wait for both lanes */
+    const int before = f.waits;
+    struct kvb_copy turn[2] = {{KVB_COPY_D2H, 0, 3, 6, BT}, {KVB_COPY_H2D, 0, 7, 4, BT}};
+    assert_int_equal(kvpool_run_copies(dev, 2, host, turn, 2), 0);
+    assert_int_equal(f.waits - before, 2); /* kvpool_copies_wait: once a gpu */
+    assert_memory_equal(kvpool_block(host, 6), f.dev_bases[0] + 3 * BB, BB);
+    assert_memory_equal(f.dev_bases[0] + 4 * BB, kvpool_block(host, 7), BB);
+    kvpool_destroy(host);
+    kvpool_destroy(dev[0]);
+    kvpool_destroy(dev[1]);
 }
 
 static void test_gpu_hooks(void **state)
@@ -445,11 +493,17 @@ static void test_reap_stale(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_reap_stale),   cmocka_unit_test(test_make_name),
-        cmocka_unit_test(test_two_mappings), cmocka_unit_test(test_other_process),
-        cmocka_unit_test(test_bad_config),   cmocka_unit_test(test_copy_batched_exact),
-        cmocka_unit_test(test_run_copies),   cmocka_unit_test(test_copy_lanes),
-        cmocka_unit_test(test_gpu_hooks),    cmocka_unit_test(test_host_pinned_in_pieces),
+        cmocka_unit_test(test_reap_stale),
+        cmocka_unit_test(test_make_name),
+        cmocka_unit_test(test_two_mappings),
+        cmocka_unit_test(test_other_process),
+        cmocka_unit_test(test_bad_config),
+        cmocka_unit_test(test_copy_batched_exact),
+        cmocka_unit_test(test_run_copies),
+        cmocka_unit_test(test_copy_lanes),
+        cmocka_unit_test(test_copy_lanes_ordered),
+        cmocka_unit_test(test_gpu_hooks),
+        cmocka_unit_test(test_host_pinned_in_pieces),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
