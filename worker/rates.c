@@ -97,6 +97,10 @@ static int attn_pass_run(void *u)
     for (uint32_t s = 0; s < p->b.n_seqs; s++)
         p->seqs[s].blocks = win + p->b0[s];
     for (uint32_t layer = 0; layer < p->l->n_layer; layer++) {
+        /* a sliding-window layout: the global layers, which read every position (part 0 of each
+         * position block); the local ones read their window */
+        if (p->l->n_parts > 1 && kv_layer_local(p->l, layer))
+            continue;
         int rc = attn_partial_forward(p->be, &p->b, layer, p->res, p->q, p->at, &p->out);
         if (rc)
             return rc;
@@ -116,11 +120,14 @@ static int attn_rate(struct backend *be, const struct kv_layout *l, const struct
                      double budget_ms, double *gbps)
 {
     *gbps = 0;
-    uint32_t nb = pass_blocks(l, n_pool, sh.cap);
+    /* a position block is n_parts blocks (sliding windows: the global layers' part and the
+     * local ones'), its table n_parts entries */
+    const uint32_t P = l->n_parts ? l->n_parts : 1;
+    uint32_t nb = pass_blocks(l, n_pool, sh.cap) / P * P, npb = nb / P;
     if (nb == 0)
         return 0;
     uint32_t max_seqs = sh.max_seqs < MAX_SEQS ? sh.max_seqs : MAX_SEQS;
-    uint32_t ns = nb < max_seqs ? nb : max_seqs, n_win = pass_windows(n_pool, nb, rotate);
+    uint32_t ns = npb < max_seqs ? npb : max_seqs, n_win = pass_windows(n_pool, nb, rotate);
     struct kv_block_ref *refs = calloc((size_t)nb * n_win, sizeof *refs);
     int32_t pos[MAX_SEQS];
     uint32_t seq_of[MAX_SEQS];
@@ -135,11 +142,13 @@ static int attn_rate(struct backend *be, const struct kv_layout *l, const struct
     p->b = (struct be_batch){p->seqs, ns, ns, pos, seq_of};
     for (uint32_t i = 0; i < nb * n_win; i++)
         refs[i] = (struct kv_block_ref){i, (uint8_t)res};
-    /* sequence s reads blocks [s*nb/ns, (s+1)*nb/ns) of a window; its token is the last position */
+    /* sequence s reads position blocks [s*npb/ns, (s+1)*npb/ns) of a window; its token is the
+     * last position */
     for (uint32_t s = 0; s < ns; s++) {
-        uint32_t b0 = (uint32_t)((uint64_t)s * nb / ns),
-                 b1 = (uint32_t)((uint64_t)(s + 1) * nb / ns);
-        uint32_t n_pos = (b1 - b0) * l->block_size;
+        const uint32_t pb0 = (uint32_t)((uint64_t)s * npb / ns),
+                       pb1 = (uint32_t)((uint64_t)(s + 1) * npb / ns);
+        const uint32_t b0 = pb0 * P, b1 = pb1 * P;
+        uint32_t n_pos = (pb1 - pb0) * l->block_size;
         p->seqs[s] = (struct be_seq){s, 1, n_pos - 1, refs + b0, b1 - b0};
         p->b0[s] = b0;
         pos[s] = (int32_t)(n_pos - 1);
@@ -155,8 +164,10 @@ static int attn_rate(struct backend *be, const struct kv_layout *l, const struct
     for (uint32_t s = 0; s < ns && rc == 0; s++)
         rc = backend_tensor_set(be, p->q, q0, (size_t)s * qcols * sizeof(float),
                                 qcols * sizeof(float));
+    /* the bytes a pass reads: every block, or with parts the global part of each */
     if (rc == 0)
-        rc = time_passes(attn_pass_run, p, (uint64_t)nb * kv_block_bytes(l), budget_ms, gbps);
+        rc = time_passes(attn_pass_run, p, (uint64_t)(P > 1 ? npb : nb) * kv_block_bytes(l),
+                         budget_ms, gbps);
 out:
     if (p) {
         backend_tensor_free(be, p->q);

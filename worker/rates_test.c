@@ -21,13 +21,34 @@ static void check_rate(double r)
     assert_true(r < 1e5); /* GB/s: nothing here moves 100 TB/s */
 }
 
+/* the cpu backend with its threads */
+static struct backend *cpu_backend(uint32_t threads)
+{
+    struct backend_opts bo = {"cpu", threads, 0};
+    struct backend *be = NULL;
+    char err[256];
+    assert_int_equal(backend_create(&bo, &be, err, sizeof err), 0);
+    return be;
+}
+
+/* every rate of be over pools p (set as its kv), each a plausible GB/s */
+static struct rates measured(struct backend *be, const struct kv_layout *l,
+                             const struct kv_pools *p, struct be_attn at)
+{
+    assert_int_equal(backend_set_kv(be, l, p), 0);
+    struct rates_opts o = {l, p, at, -1, 2, 10};
+    struct rates r;
+    assert_int_equal(rates_measure(be, &o, &r), 0);
+    check_rate(r.attn_device_gbps);
+    check_rate(r.attn_host_gbps);
+    check_rate(r.attn_cpu_gbps);
+    return r;
+}
+
 static void test_cpu_rates(void **state)
 {
     (void)state;
-    struct backend_opts bo = {"cpu", 2, 0};
-    struct backend *be;
-    char err[256];
-    assert_int_equal(backend_create(&bo, &be, err, sizeof err), 0);
+    struct backend *be = cpu_backend(2);
     /* the tiny preset's geometry: 4 layers, 2 kv heads of 16, f32, blocks of 64 */
     struct kv_layout l;
     assert_int_equal(kv_layout_init(&l, 64, 4, 2, 16, KV_F32), 0);
@@ -41,13 +62,7 @@ static void test_cpu_rates(void **state)
         for (size_t i = 0; i < n; i++)
             f[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
     }
-    assert_int_equal(backend_set_kv(be, &l, p), 0);
-    struct rates_opts o = {&l, p, {4, 2, 16, 0.25f}, -1, 2, 10};
-    struct rates r;
-    assert_int_equal(rates_measure(be, &o, &r), 0);
-    check_rate(r.attn_device_gbps);
-    check_rate(r.attn_host_gbps);
-    check_rate(r.attn_cpu_gbps);
+    struct rates r = measured(be, &l, p, (struct be_attn){4, 2, 16, 0.25f});
     assert_true(r.pcie_h2d_gbps == 0); /* cpu backend: no link */
     print_message("attn device %.2f host-stream %.2f cpu %.2f GB/s in %.1f ms\n",
                   r.attn_device_gbps, r.attn_host_gbps, r.attn_cpu_gbps, r.elapsed_ms);
@@ -60,14 +75,33 @@ static void test_cpu_rates(void **state)
     backend_destroy(be);
 }
 
+/* a sliding-window layout (a position block is a global part and local ones, a table n_parts
+ * entries a position block): every rate is measured, as with one block a position block */
+static void test_window_layout_rates(void **state)
+{
+    (void)state;
+    struct backend *be = cpu_backend(2);
+    /* gemma3-tiny's geometry: 7 layers, the sixth global, one kv head of 32, a window of 8 */
+    struct kv_layout l;
+    assert_int_equal(kv_layout_init(&l, 16, 7, 1, 32, KV_F32), 0);
+    assert_int_equal(kv_layout_set_window(&l, 8, 6), 0);
+    assert_true(l.n_parts > 1);
+    struct kv_local *k;
+    /* pools of a count no multiple of the parts: the passes round down */
+    assert_int_equal(kv_local_create(&k, &l, 6 * l.n_parts + 1, 9 * l.n_parts + 2), 0);
+    const struct kv_pools *p = kv_local_pools(k);
+    for (int r = 0; r < KV_N_POOLS; r++)
+        memset(p->base[r], 0, (size_t)p->n_blocks[r] * kv_block_bytes(&l));
+    measured(be, &l, p, (struct be_attn){4, 1, 32, 0.18f});
+    kv_local_destroy(k);
+    backend_destroy(be);
+}
+
 /* an empty device pool: its rate is unknown (0), the rest still measured */
 static void test_empty_pool(void **state)
 {
     (void)state;
-    struct backend_opts bo = {"cpu", 1, 0};
-    struct backend *be;
-    char err[256];
-    assert_int_equal(backend_create(&bo, &be, err, sizeof err), 0);
+    struct backend *be = cpu_backend(1);
     struct kv_layout l;
     assert_int_equal(kv_layout_init(&l, 16, 2, 1, 8, KV_F16), 0);
     struct kv_local *k;
@@ -130,6 +164,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cpu_rates),
+        cmocka_unit_test(test_window_layout_rates),
         cmocka_unit_test(test_empty_pool),
         cmocka_unit_test(test_split_rates),
     };

@@ -106,3 +106,5 @@ def test_window_kv_served(gemma, tmp_path_factory):
     assert got["moved"] > 0
     # the third turn kept nothing it could continue from exactly: its history was prefilled
     assert "prefilling its" in log
+    # the worker measured its kv rates over the window layout's tables (the planner's inputs)
+    assert "measuring kv rates failed" not in log and "kv rates (" in log, log[-3000:]
