@@ -986,21 +986,19 @@ int kvb_rehome(struct kvb *kvb, uint64_t sid, uint32_t to, uint32_t n_dev, struc
     *n_ops = 0;
     if (!s)
         return RKV_ENOTFOUND;
-    size_t len = s->ents.len;
-    if (to >= kvb->n_gpus || to == s->gpu || n_dev > len || cap < 2 * len ||
+    /* two copies at most for each live entry (dropped local parts move nothing) */
+    size_t len = s->ents.len, live = 0;
+    for (size_t i = 0; i < len; i++)
+        live += !ent_dropped(ENT(s, i));
+    if (to >= kvb->n_gpus || to == s->gpu || n_dev > live || cap < 2 * live ||
         (n_dev < kvb->n_parts && s->tokens.len % kvb->block_tokens))
         return RKV_EINVAL;
     if (s->mv_kind != MV_NONE)
         return RKV_EBUSY;
-    /* a step in flight may still write: its positions would miss the copy */
+    /* a step in flight may still write: its positions would miss the copy; the newest n_dev
+     * live entries go on the device of `to` */
     if (kvb->moves_need_written && s->n_written < s->tokens.len)
         return RKV_EBUSY;
-    /* the newest n_dev live entries go on the device of `to` */
-    size_t live = 0;
-    for (size_t i = 0; i < len; i++)
-        live += !ent_dropped(ENT(s, i));
-    if (n_dev > live)
-        return RKV_EINVAL;
     if (rkv_vec_reserve(&s->mv, len))
         return RKV_ENOMEM;
     s->mv_kind = MV_REHOME;

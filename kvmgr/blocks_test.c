@@ -407,7 +407,7 @@ static void test_truncate_full_pool(void **state)
     assert_int_equal(kvb_session_truncate(kvb, 1, 2, cow, &n_cow), RKV_ENOSPACE);
     assert_int_equal(n_cow, 0);
     assert_int_equal(kvb_session_tokens(kvb, 1), 4); /* the host block's positions stay */
-    assert_int_equal(kvb_free_dev(kvb, 0), 0);        /* until the worker acknowledges */
+    assert_int_equal(kvb_free_dev(kvb, 0), 0);       /* until the worker acknowledges */
     assert_int_equal(kvb_ack_worker(kvb, 0, kvb_epoch(kvb)), 0);
     assert_int_equal(kvb_free_dev(kvb, 0), 3);
     assert_int_equal(kvb_session_truncate(kvb, 1, 2, cow, &n_cow), 0);
@@ -947,12 +947,13 @@ static void test_random_sequences(void **state)
 /* sliding windows: 3 parts a position block (the global layers, two local ones), a window of
  * 6 positions. Dead local parts go as the worker acks, moves skip them, a cut-back past the
  * window is refused, and a prefix match keeps only what its window finds */
-static struct kvb *make_parts(uint32_t dev, uint32_t host, uint32_t block_tokens,
-                              uint32_t n_parts, uint32_t window)
+static struct kvb *make_parts_on(uint32_t n_gpus, uint32_t dev, uint32_t host,
+                                 uint32_t block_tokens, uint32_t n_parts, uint32_t window)
 {
     struct kvb_config cfg = {0};
-    cfg.n_gpus = 1;
-    cfg.dev_blocks[0] = dev;
+    cfg.n_gpus = n_gpus;
+    for (uint32_t g = 0; g < n_gpus; g++)
+        cfg.dev_blocks[g] = dev;
     cfg.host_blocks = host;
     cfg.block_tokens = block_tokens;
     cfg.n_parts = n_parts;
@@ -960,6 +961,44 @@ static struct kvb *make_parts(uint32_t dev, uint32_t host, uint32_t block_tokens
     struct kvb *kvb = NULL;
     assert_int_equal(kvb_create(&cfg, &kvb), 0);
     return kvb;
+}
+
+static struct kvb *make_parts(uint32_t dev, uint32_t host, uint32_t block_tokens, uint32_t n_parts,
+                              uint32_t window)
+{
+    return make_parts_on(1, dev, host, block_tokens, n_parts, window);
+}
+
+/* a session with dead local parts dropped moves to another gpu: its live entries alone, two
+ * copies each at most (through the host), with room for that and no more */
+static void test_window_rehome(void **state)
+{
+    (void)state;
+    struct kvb *kvb = make_parts_on(2, 32, 30, B, 3, 6);
+    uint32_t t[20], d, h, dropped;
+    size_t reused, n_ops;
+    struct kvb_copy ops[64];
+    struct kvb_entry e[16];
+    seq(t, 20, 900);
+    assert_int_equal(kvb_session_open(kvb, 1, 0, 0, t, 20, KVB_NONE, &reused), 0);
+    assert_int_equal(kvb_session_written(kvb, 1, 20), 0);
+    assert_int_equal(kvb_session_drop_local(kvb, 1, 2, &dropped), 0);
+    assert_int_equal(dropped, 4);
+    assert_int_equal(kvb_session_counts(kvb, 1, &d, &h), 0);
+    assert_int_equal(d + h, 11); /* of 15 entries */
+    assert_int_equal(kvb_rehome(kvb, 1, 1, d + h, ops, 2 * (d + h) - 1, &n_ops), RKV_EINVAL);
+    assert_int_equal(kvb_rehome(kvb, 1, 1, d + h, ops, 2 * (d + h), &n_ops), 0);
+    assert_int_equal(n_ops, 2 * (d + h)); /* each live entry: out to the host, in to gpu 1 */
+    assert_int_equal(kvb_commit(kvb, 1, NULL), 0);
+    assert_int_equal(kvb_session_gpu(kvb, 1), 1);
+    table(kvb, 1, e, 15);
+    for (int i = 0; i < 15; i++) {
+        int gone = i < 6 && i % 3 != 0;
+        assert_int_equal(e[i].dev == KVB_NONE && e[i].host == KVB_NONE, gone);
+        assert_int_equal(e[i].dev != KVB_NONE, !gone);
+    }
+    assert_int_equal(kvb_check(kvb), 0);
+    kvb_destroy(kvb);
 }
 
 static void test_window_parts(void **state)
@@ -1087,19 +1126,25 @@ static void test_window_32k(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_alloc_free),       cmocka_unit_test(test_prefix_sharing),
+        cmocka_unit_test(test_alloc_free),
+        cmocka_unit_test(test_prefix_sharing),
         cmocka_unit_test(test_prefix_scopes),
         cmocka_unit_test(test_tokens_known_later),
-        cmocka_unit_test(test_fork_cow),         cmocka_unit_test(test_demote_promote_acks),
-        cmocka_unit_test(test_host_full),        cmocka_unit_test(test_worker_lost),
-        cmocka_unit_test(test_trim_host_copies), cmocka_unit_test(test_ack_worker),
-        cmocka_unit_test(test_truncate),         cmocka_unit_test(test_random_sequences),
+        cmocka_unit_test(test_fork_cow),
+        cmocka_unit_test(test_demote_promote_acks),
+        cmocka_unit_test(test_host_full),
+        cmocka_unit_test(test_worker_lost),
+        cmocka_unit_test(test_trim_host_copies),
+        cmocka_unit_test(test_ack_worker),
+        cmocka_unit_test(test_truncate),
+        cmocka_unit_test(test_random_sequences),
         cmocka_unit_test(test_truncate_full_pool),
         cmocka_unit_test(test_written_block_loses_host_copy),
         cmocka_unit_test(test_prefix_cache_survives_close),
         cmocka_unit_test(test_unwritten_blocks_stay),
         cmocka_unit_test(test_rehome),
         cmocka_unit_test(test_window_parts),
+        cmocka_unit_test(test_window_rehome),
         cmocka_unit_test(test_window_32k),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -22,7 +22,7 @@
  * positions of a block copies the first n/block_tokens of every run
  * (copy-on-write of a split block). For the worker's layout (worker/kv.h: per
  * layer a K then a V slice, each (n_kv_head, block_size, head_dim)) the runs
- * are the heads: n_slices = 2 * n_layer * n_kv_head. Whole-block copies do
+ * are the heads: n_slices = 2 * part_layers * n_kv_head. Whole-block copies do
  * not depend on it.
  */
 
@@ -69,7 +69,7 @@ struct kvpool_config {
     uint64_t block_bytes; /* a multiple of n_slices * block_tokens */
     uint32_t n_blocks;    /* 0: an empty pool, nothing mapped */
     uint32_t block_tokens;
-    uint32_t n_slices;                    /* 2 * n_layer; 1 = one opaque run */
+    uint32_t n_slices;                    /* equal runs of a block (above); 1 = one opaque run */
     const struct kvpool_gpu_ops *gpu_ops; /* NULL on the cpu backend */
     size_t pin_chunk; /* a host pool is pinned in pieces of about this many bytes (whole
                          blocks); 0 = 1 GiB */

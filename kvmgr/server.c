@@ -145,16 +145,12 @@ static uint32_t window_keep(const struct kvmgr *k, uint64_t n_written)
     return first ? first - 1 : 0;
 }
 
-/* blocks a session of n_pos positions holds once its dead local parts are dropped: every
- * global part, and the local parts from window_keep on (n_pos position blocks without
- * sliding windows) */
-static uint32_t live_blocks(const struct kvmgr *k, uint64_t n_pos)
+/* blocks opening a session of n_pos positions takes: every part of every position block (the
+ * dead local parts of a sliding-window layout go only after its first step's ack, so a session
+ * counted by its live parts before then would not fit where the plan put it) */
+static uint32_t open_blocks(const struct kvmgr *k, uint64_t n_pos)
 {
-    uint32_t pb = blocks_for(k, n_pos);
-    if (k->n_parts <= 1)
-        return pb;
-    uint32_t first = RKV_MIN(window_keep(k, n_pos), pb);
-    return pb + (k->n_parts - 1) * (pb - first);
+    return blocks_for(k, n_pos) * (k->n_parts ? k->n_parts : 1);
 }
 
 /* blocks the planner counts for s: those it holds, and the parts of the position blocks its
@@ -163,7 +159,7 @@ static uint32_t sess_blocks(const struct kvmgr *k, const struct sess *s)
 {
     uint32_t d = 0, h = 0;
     if (!s->open || kvb_session_counts(k->kvb, s->sid, &d, &h) < 0)
-        return live_blocks(k, s->want_pos);
+        return open_blocks(k, s->want_pos);
     size_t held = kvb_session_tokens(k->kvb, s->sid);
     uint32_t more = s->want_pos > held ? blocks_for(k, s->want_pos) - blocks_for(k, held) : 0;
     return d + h + more * (k->n_parts ? k->n_parts : 1);
@@ -818,7 +814,7 @@ static void place_new(struct kvmgr *k, struct sess *s, const struct proto_kv_pre
                       uint32_t w, uint32_t *extra, uint32_t *extra_run)
 {
     s->placed = 1;
-    uint32_t need = live_blocks(k, RKV_MAX(q->n_pos, (q->flags & PROTO_KV_NEW) ? q->n_tokens : 0));
+    uint32_t need = open_blocks(k, RKV_MAX(q->n_pos, (q->flags & PROTO_KV_NEW) ? q->n_tokens : 0));
     uint32_t g = w;
     if (k->n_gpus > 1 && !s->nomove)
         g = plan_pick_gpu(k->plan, need ? need : 1, w, extra, extra_run);
@@ -1160,6 +1156,7 @@ static void fill_status(struct kvmgr *k, struct proto_status *st)
     st->kv_dtype = k->kv_dtype;
     if (k->kvb) {
         st->block_bytes = k->block_bytes;
+        st->n_parts = k->n_parts ? k->n_parts : 1;
         for (uint32_t g = 0; g < k->n_gpus; g++) {
             uint64_t tot = (uint64_t)kvpool_get_desc(k->dev[g])->n_blocks * k->block_bytes;
             st->device_total += tot;

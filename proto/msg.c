@@ -134,6 +134,7 @@ static const struct proto_field f_status[] = {
     PROTO_F_STR(struct proto_status, pools_error, 0),
     PROTO_F_U64(struct proto_status, block_bytes, 0, 0, 1ull << 40),
     PROTO_F_ENUM(struct proto_status, kv_dtype, 0, proto_kv_dtype_names),
+    PROTO_F_U32(struct proto_status, n_parts, 0, 0, 64),
 };
 
 #define EMPTY(nm)                                                                                  \

@@ -180,9 +180,11 @@ struct proto_status {
      * for): what rkvd's /health says while no worker can attach */
     char pools_error[256];
     /* the pools' blocks: bytes each and the KV element type they hold (0, f32 while no worker
-     * has said hello) */
+     * has said hello); blocks a position block takes (a sliding-window layout's parts: each
+     * block then holds some of the layers; 0 read as 1) */
     uint64_t block_bytes;
     int kv_dtype;
+    uint32_t n_parts;
 };
 
 /* the schema of a control message type, NULL for any other type */

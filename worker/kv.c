@@ -240,6 +240,8 @@ void kv_q8_quantize(const float *x, uint32_t n, int8_t *q, uint16_t *d)
         d[g0 / KV_Q8_GROUP] = db;
         for (uint32_t i = g0; i < g1; i++) {
             float r = df == 0.0f ? 0.0f : rintf(x[i] / df);
+            if (r != r)
+                r = 0.0f; /* a NaN is stored as 0 (amax passed over it) */
             q[i] = (int8_t)(r > 127.0f ? 127 : r < -127.0f ? -127 : (int)r);
         }
     }
@@ -251,8 +253,11 @@ void kv_fp8_quantize(const float *x, uint32_t n, uint8_t *q, float *s)
     for (uint32_t i = 0; i < n; i++)
         amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
     *s = amax / 448.0f;
-    for (uint32_t i = 0; i < n; i++)
-        q[i] = *s == 0.0f ? 0 : kv_f32_to_e4m3(x[i] / *s);
+    /* a NaN is stored as 0 (amax passed over it), so the NaN codes are never written */
+    for (uint32_t i = 0; i < n; i++) {
+        const float v = *s == 0.0f ? 0.0f : x[i] / *s;
+        q[i] = v != v ? 0 : kv_f32_to_e4m3(v);
+    }
 }
 
 void kv_row_store(const struct kv_layout *l, void *slice, uint32_t head, uint32_t pos,

@@ -40,6 +40,8 @@ enum kv_residency {
  *        (ceil(head_dim / 32) of them, the last group may be shorter);
  *   fp8: level an e4m3 byte (bias 7, no infinities, 0x7f/0xff NaN, never
  *        written), value = e4m3(level) * s, s one f32.
+ * A NaN in a row is passed over by its scale's amax and stored as level 0
+ * (both forms).
  * A row of head_dim 128 takes 136 bytes in q8 and 132 in fp8 (f16: 256).
  * head_dim must be a multiple of 8 for them, so every row and its scales
  * start 2-byte aligned (q8) or 4-byte aligned (fp8) in a slice that is.

@@ -165,6 +165,44 @@ static void test_q8_levels(void **state)
         assert_int_equal(q[i], 0);
 }
 
+/* a NaN in a row is passed over by the scale and stored as 0, in both 8-bit forms (the fp8
+ * NaN codes are never written), and the row's other values keep their levels */
+static void test_8bit_nan(void **state)
+{
+    (void)state;
+    float x[32];
+    for (int i = 0; i < 32; i++)
+        x[i] = 0.5f * (float)(i - 16);
+    float y[32];
+    memcpy(y, x, sizeof y);
+    y[3] = y[30] = NAN;
+    int8_t q[32], qr[32];
+    uint16_t d, dr;
+    kv_q8_quantize(x, 32, qr, &dr);
+    kv_q8_quantize(y, 32, q, &d);
+    assert_int_equal(d, dr); /* amax 8 either way */
+    for (int i = 0; i < 32; i++)
+        assert_int_equal(q[i], i == 3 || i == 30 ? 0 : qr[i]);
+    uint8_t e[32], er[32];
+    float s, sr;
+    kv_fp8_quantize(x, 32, er, &sr);
+    kv_fp8_quantize(y, 32, e, &s);
+    assert_true(s == sr);
+    for (int i = 0; i < 32; i++) {
+        assert_int_equal(e[i], i == 3 || i == 30 ? 0 : er[i]);
+        assert_true((e[i] & 0x7f) != 0x7f);
+    }
+    /* a group of NaN only: scale 0, levels 0 */
+    for (int i = 0; i < 32; i++)
+        y[i] = NAN;
+    kv_q8_quantize(y, 32, q, &d);
+    assert_int_equal(d, 0);
+    kv_fp8_quantize(y, 32, e, &s);
+    assert_true(s == 0.0f);
+    for (int i = 0; i < 32; i++)
+        assert_true(q[i] == 0 && e[i] == 0);
+}
+
 /* rows written by kv_row_store read back as their levels times their scales, and leave every
  * other row of the slice alone */
 static void round_trip(enum kv_dtype t)
@@ -476,6 +514,7 @@ int main(void)
         cmocka_unit_test(test_geometry_8bit),
         cmocka_unit_test(test_e4m3),
         cmocka_unit_test(test_q8_levels),
+        cmocka_unit_test(test_8bit_nan),
         cmocka_unit_test(test_row_round_trip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -69,6 +69,9 @@ def run_all(srv):
     # a turn that diverges at the start: the window of the kept prefix is gone
     out["turn3"] = complete(srv, "The window closes", 24, session="long")
     out["moved"] = srv.metric("rkv:kv_bytes_migrated_total")
+    # what a position takes, every layer: the same for both layouts
+    out["bpt"] = srv.metric("rkv:kv_bytes_per_token")
+    out["bpt_ctl"] = srv.ctl("status")["pool"]["kv_bytes_per_token"]
     return out
 
 
@@ -106,5 +109,7 @@ def test_window_kv_served(gemma, tmp_path_factory):
     assert got["moved"] > 0
     # the third turn kept nothing it could continue from exactly: its history was prefilled
     assert "prefilling its" in log
+    # a position's KV of all layers, whatever the layout (a window layout's block is one part)
+    assert got["bpt"] == want["bpt"] == got["bpt_ctl"] == want["bpt_ctl"] > 0, (got, want)
     # the worker measured its kv rates over the window layout's tables (the planner's inputs)
     assert "measuring kv rates failed" not in log and "kv rates (" in log, log[-3000:]

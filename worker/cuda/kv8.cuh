@@ -64,13 +64,15 @@ __device__ __forceinline__ void kv8_store_row(const float *x, uint32_t D, uint8_
         for (uint32_t g0 = 0; g0 < D; g0 += 32) {
             const bool in = g0 + lane < D;
             const float xv = in ? x[g0 + lane] : 0.0f;
-            float am = fabsf(xv);
+            float am = fmaxf(0.0f, fabsf(xv)); /* a NaN passed over, as the cpu's max */
             for (int o = 16; o > 0; o >>= 1)
                 am = fmaxf(am, __shfl_xor_sync(0xffffffff, am, o));
             const __nv_bfloat16 db = __float2bfloat16_rn(__fdiv_rn(am, 127.0f));
             const float df = __bfloat162float(db);
             if (in) {
-                const float r = df == 0.0f ? 0.0f : rintf(__fdiv_rn(xv, df));
+                float r = df == 0.0f ? 0.0f : rintf(__fdiv_rn(xv, df));
+                if (r != r)
+                    r = 0.0f; /* a NaN is stored as 0 */
                 lv[g0 + lane] = (uint8_t)(int8_t)(r > 127.0f ? 127 : r < -127.0f ? -127 : (int)r);
             }
             if (lane == 0)
@@ -83,8 +85,10 @@ __device__ __forceinline__ void kv8_store_row(const float *x, uint32_t D, uint8_
         for (int o = 16; o > 0; o >>= 1)
             am = fmaxf(am, __shfl_xor_sync(0xffffffff, am, o));
         const float s = __fdiv_rn(am, 448.0f);
-        for (uint32_t i = lane; i < D; i += 32)
-            lv[i] = s == 0.0f ? 0 : kv8_e4m3(__fdiv_rn(x[i], s));
+        for (uint32_t i = lane; i < D; i += 32) {
+            const float v = s == 0.0f ? 0.0f : __fdiv_rn(x[i], s);
+            lv[i] = v != v ? 0 : kv8_e4m3(v); /* a NaN is stored as 0 */
+        }
         if (lane == 0)
             *(float *)sc = s;
     }
