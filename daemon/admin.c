@@ -535,10 +535,8 @@ static void cmd_status(struct admin *a, const cJSON *args, struct admin_req *r)
     /* what a position's KV takes (all layers, K and V) in the pools' dtype; 0 until a worker
      * has said hello */
     cJSON_AddStringToObject(p, "kv_dtype", in->kv_dtype ? in->kv_dtype : "");
-    const uint64_t parts = in->kv.n_parts ? in->kv.n_parts : 1;
     cJSON_AddNumberToObject(p, "kv_bytes_per_token",
-                            in->block_size ? (double)(in->kv.block_bytes * parts / in->block_size)
-                                           : 0);
+                            (double)proto_status_token_bytes(&in->kv, in->block_size));
     cJSON *q = cJSON_AddObjectToObject(o, "requests");
     cJSON_AddNumberToObject(q, "running", in->st.running);
     cJSON_AddNumberToObject(q, "waiting", in->st.waiting);

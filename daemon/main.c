@@ -457,11 +457,9 @@ static void drv_kvmgr_status(void *ud, const struct proto_status *st)
     static const char *dev[] = {"device"}, *host[] = {"host"};
     metric_set(d->m_kv_bytes, dev, (double)st->device_used);
     metric_set(d->m_kv_bytes, host, (double)st->host_used);
-    /* a position's KV, every layer: a sliding-window layout's block is one of n_parts */
     if (st->block_bytes)
         metric_set(d->m_kv_token, NULL,
-                   (double)(st->block_bytes * (st->n_parts ? st->n_parts : 1) /
-                            (uint64_t)d->c.block_size));
+                   (double)proto_status_token_bytes(st, (uint32_t)d->c.block_size));
     maybe_ready(d);
 }
 

@@ -166,6 +166,11 @@ static const struct proto_schema g_schemas[PROTO_MSG__MAX] = {
     [PROTO_MSG_EVENTS] = PROTO_SCHEMA("events", struct proto_events, f_events),
 };
 
+uint64_t proto_status_token_bytes(const struct proto_status *st, uint32_t block_size)
+{
+    return block_size ? st->block_bytes * (st->n_parts ? st->n_parts : 1) / block_size : 0;
+}
+
 const struct proto_schema *proto_msg_schema(int type)
 {
     if (!proto_msg_is_json(type) || !g_schemas[type].name)

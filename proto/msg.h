@@ -190,4 +190,9 @@ struct proto_status {
 /* the schema of a control message type, NULL for any other type */
 const struct proto_schema *proto_msg_schema(int type);
 
+/* bytes one position's KV takes, every layer, K and V, in the pools of st (positions of
+ * block_size a block; a sliding-window layout's block is one of n_parts); 0 while kvmgr has no
+ * pools or block_size is 0 */
+uint64_t proto_status_token_bytes(const struct proto_status *st, uint32_t block_size);
+
 #endif

@@ -46,6 +46,24 @@ mkdir -p "$OUT"
 pack_env "$PACK" "$OUT" 56 >/dev/null || { echo "device-session: cannot run from $PACK" >&2; exit 1; }
 B=$PACK/bin
 step() { echo "== $* ($(date +%T))"; }
+# ncu_kernel NAME NAMEBASE REGEX SKIP SUITE LINES: ncu's sections of one launch of the kernels
+# REGEX names (after SKIP of them) in gpu_bench --suite SUITE, in OUT/NAME.txt with its details,
+# the report in OUT/NAME.ncu-rep and the stall samples of each SASS instruction (which warp
+# role waits where) in OUT/NAME_sass.csv; prints LINES lines of the headline figures
+ncu_kernel() {
+    timeout 280 ncu --clock-control none --kernel-name-base "$2" \
+        --kernel-name regex:"$3" --launch-skip "$4" --launch-count 1 \
+        --section SpeedOfLight --section Occupancy --section WarpStateStats \
+        --section SchedulerStats --section MemoryWorkloadAnalysis --section SourceCounters \
+        --export "$OUT/$1" --force-overwrite \
+        "$B/gpu_bench" --suite "$5" >"$OUT/$1.txt" 2>&1
+    echo "rc=$?" >>"$OUT/$1.txt"
+    ncu --import "$OUT/$1.ncu-rep" --print-details all >>"$OUT/$1.txt" 2>&1
+    ncu --import "$OUT/$1.ncu-rep" --page source --csv --print-source sass \
+        >"$OUT/$1_sass.csv" 2>&1
+    grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Stall|rc=" \
+        "$OUT/$1.txt" | head -"$6"
+}
 
 case $WHAT in
 check)
@@ -149,19 +167,7 @@ sample)
 profile)
     step "ncu: the streamed o linear (bf16, add, 4096 wide) of gpu_bench's linear suite"
     # the o instantiation of ls_kernel (mode add, no norm, one 16-byte vector a lane)
-    timeout 300 ncu --clock-control none --kernel-name-base mangled \
-        --kernel-name regex:'ls_kernel.*Li1ELi1ELb0ELi1E' --launch-skip 10 --launch-count 1 \
-        --section SpeedOfLight --section Occupancy --section WarpStateStats \
-        --section SchedulerStats --section MemoryWorkloadAnalysis --section SourceCounters \
-        --export "$OUT/ncu_o" --force-overwrite \
-        "$B/gpu_bench" --suite linear >"$OUT/ncu_o.txt" 2>&1
-    echo "rc=$?" >>"$OUT/ncu_o.txt"
-    ncu --import "$OUT/ncu_o.ncu-rep" --print-details all >>"$OUT/ncu_o.txt" 2>&1
-    # stall samples per sass instruction: which warp role waits where
-    ncu --import "$OUT/ncu_o.ncu-rep" --page source --csv --print-source sass \
-        >"$OUT/ncu_o_sass.csv" 2>&1
-    grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Stall|rc=" \
-        "$OUT/ncu_o.txt" | head -30
+    ncu_kernel ncu_o mangled 'ls_kernel.*Li1ELi1ELb0ELi1E' 10 linear 30
     ;;
 swa)
     step "swa_check.py: gemma3-4b at 32k, swa_kv window against full"
@@ -177,18 +183,7 @@ profile-q)
     for n_skip in "1 10" "8 61"; do
         set -- $n_skip
         step "ncu: the integer-dot decode kernel over Q4_K weights, 4096 x 4096, n=$1"
-        timeout 280 ncu --clock-control none --kernel-name-base function \
-            --kernel-name regex:'quant_dot_kernel' --launch-skip "$2" --launch-count 1 \
-            --section SpeedOfLight --section Occupancy --section WarpStateStats \
-            --section SchedulerStats --section MemoryWorkloadAnalysis --section SourceCounters \
-            --export "$OUT/ncu_q4k_n$1" --force-overwrite \
-            "$B/gpu_bench" --suite gemv >"$OUT/ncu_q4k_n$1.txt" 2>&1
-        echo "rc=$?" >>"$OUT/ncu_q4k_n$1.txt"
-        ncu --import "$OUT/ncu_q4k_n$1.ncu-rep" --print-details all >>"$OUT/ncu_q4k_n$1.txt" 2>&1
-        ncu --import "$OUT/ncu_q4k_n$1.ncu-rep" --page source --csv --print-source sass \
-            >"$OUT/ncu_q4k_n$1_sass.csv" 2>&1
-        grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Stall|rc=" \
-            "$OUT/ncu_q4k_n$1.txt" | head -20
+        ncu_kernel "ncu_q4k_n$1" function quant_dot_kernel "$2" gemv 20
     done
     ;;
 *)

@@ -32,7 +32,6 @@ import http.client
 import json
 import math
 import os
-import random
 import re
 import shutil
 import shlex
@@ -170,7 +169,6 @@ class Server(gpu_demo.Rkvd):
         shutil.rmtree(self.root, ignore_errors=True)
         self.root.mkdir(parents=True)
         self.log_path = self.root / "rkvd.log"
-        self.sock = self.root / "run" / "admin.sock"
         self.args = [str(Path(a.bin) / "rkvd"), "--model", str(a.model), "--listen", "127.0.0.1:0",
                      "--backend", a.backend, "--state-dir", str(self.root / "state"),
                      "--runtime-dir", str(self.root / "run"), "--vram-target", f"{vram}B",
@@ -266,17 +264,6 @@ class Server(gpu_demo.Rkvd):
                 out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
         return out
 
-    def ctl(self, *args, check=True):
-        r = subprocess.run([str(Path(self.a.bin) / "rkvctl"), "--socket", str(self.sock),
-                            "--json", "--timeout", "20", *args], capture_output=True, text=True,
-                           timeout=40)
-        if r.returncode:
-            if check:
-                raise RuntimeError(f"rkvctl {' '.join(args)}: exit {r.returncode}: "
-                                   f"{r.stderr.strip()[-500:]}")
-            return None
-        return json.loads(r.stdout)
-
     def sessions(self):
         return self.ctl("sessions", "list")["sessions"]
 
@@ -289,12 +276,7 @@ class Server(gpu_demo.Rkvd):
 # --- streaming clients --------------------------------------------------------------------------
 
 
-def prompt_ids(key, n, vocab):
-    """n token ids seeded by key, away from both ends of the vocabulary (special tokens); two
-    keys share no block, so prefix sharing does not join their sessions"""
-    r = random.Random(key)
-    lo, hi = max(3, vocab // 8), max(4, vocab // 2)
-    return [r.randrange(lo, hi) for _ in range(n)]
+prompt_ids = gpu_demo.prompt_ids
 
 
 class Stream:
@@ -1029,10 +1011,7 @@ def bench_spill(a, srv, shape, full_target):
         elif t_res_prefill and a.ceil.get("pcie_gbps"):
             # the resident turn's time, or every prefill chunk reading the tail plus the
             # promotion's copies over the link, whichever is longer
-            # rkvd's default chunk: the step on a gpu, 256 on the cpu
-            step = a.max_batch_tokens or (2048 if a.backend == "cuda" else 512)
-            chunk = min(a.prefill_chunk or (step if a.backend == "cuda" else 256), step)
-            chunks = -(-prefilled // chunk) if prefilled else 1
+            chunks = -(-prefilled // server_chunk(a)) if prefilled else 1
             t_link = (chunks * p["host_kv_bytes"] + moved) / (a.ceil["pcie_gbps"] * 1e9)
             p["prefill_bound_tok_s"] = rnd(prefilled / max(t_res_prefill, t_link), 1)
             p["prefill_ratio"] = rnd(ratio(p["prefill_tok_s"], p["prefill_bound_tok_s"]))

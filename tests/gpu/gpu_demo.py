@@ -10,6 +10,7 @@ import argparse
 import http.client
 import json
 import os
+import random
 import re
 import signal
 import subprocess
@@ -68,6 +69,14 @@ def comm_of(pid):
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return "?"
+
+
+def prompt_ids(key, n, vocab):
+    """n token ids seeded by key, away from both ends of the vocabulary (special tokens); two
+    keys share no block, so prefix sharing does not join their sessions"""
+    r = random.Random(key)
+    lo, hi = max(3, vocab // 8), max(4, vocab // 2)
+    return [r.randrange(lo, hi) for _ in range(n)]
 
 
 class Rkvd:
@@ -130,6 +139,19 @@ class Rkvd:
             if line.startswith(name + " ") or line.startswith(name + "{"):
                 total += float(line.rsplit(" ", 1)[1])
         return total
+
+    def ctl(self, *args, check=True):
+        """`rkvctl --json ARGS` over this server's admin socket, parsed; a failure raises, or
+        with check=False answers None"""
+        r = subprocess.run([str(Path(self.args[0]).parent / "rkvctl"), "--socket",
+                            str(self.root / "run" / "admin.sock"), "--json", "--timeout", "20",
+                            *args], capture_output=True, text=True, timeout=40)
+        if r.returncode:
+            if check:
+                raise RuntimeError(f"rkvctl {' '.join(args)}: exit {r.returncode}: "
+                                   f"{r.stderr.strip()[-500:]}")
+            return None
+        return json.loads(r.stdout)
 
     def child(self, comm):
         for p in os.listdir("/proc"):

@@ -13,7 +13,6 @@ in the JSON; --strict also fails on a FAIL)."""
 import argparse
 import http.client
 import json
-import random
 import subprocess
 import sys
 import time
@@ -25,11 +24,6 @@ import gpu_demo  # noqa: E402  (its Rkvd and SSE reader)
 
 def log(msg):
     print(f"swa_check: {msg}", flush=True)
-
-
-def prompt_ids(n, vocab, seed=5):
-    r = random.Random(seed)
-    return [r.randrange(max(3, vocab // 8), max(4, vocab // 2)) for _ in range(n)]
 
 
 def complete(srv, ids, n, session, timeout):
@@ -55,15 +49,6 @@ def complete(srv, ids, n, session, timeout):
     return toks, (t_last - t_first) if t_first and t_last else 0.0
 
 
-def ctl(a, srv, *args):
-    r = subprocess.run([str(Path(a.bin) / "rkvctl"), "--socket", str(srv.root / "run" /
-                        "admin.sock"), "--json", "--timeout", "20", *args], capture_output=True,
-                       text=True, timeout=40)
-    if r.returncode:
-        raise RuntimeError(f"rkvctl {' '.join(args)}: exit {r.returncode}: {r.stderr[-400:]}")
-    return json.loads(r.stdout)
-
-
 def run_server(a, layout, vocab):
     srv = gpu_demo.Rkvd(a.bin, a.model, Path(a.work) / f"srv-{layout}",
                         ["--swa-kv", layout, "--ctx-size", str(a.ctx + a.decode + 64),
@@ -74,12 +59,12 @@ def run_server(a, layout, vocab):
         if not srv.start(timeout=a.start_timeout):
             raise RuntimeError(f"rkvd ({layout}) did not become healthy: {srv.log()[-2000:]}")
         t = time.monotonic()
-        toks, dec_s = complete(srv, prompt_ids(a.ctx, vocab), a.decode, "swa", a.io_timeout)
+        toks, dec_s = complete(srv, gpu_demo.prompt_ids("swa", a.ctx, vocab), a.decode, "swa", a.io_timeout)
         out["seconds"] = round(time.monotonic() - t, 3)
         out["tokens"] = toks
         out["decode_tok_s"] = round((len(toks) - 1) / dec_s, 2) if dec_s > 0 else None
         time.sleep(2.5)  # the worker's tables of the last step reach rkvd's counts
-        sess = {x["id"]: x for x in ctl(a, srv, "sessions", "list")["sessions"]}
+        sess = {x["id"]: x for x in srv.ctl("sessions", "list")["sessions"]}
         out["kv_tokens"] = sess["swa"]["kv_tokens"]
         out["kv_bytes"] = sess["swa"]["kv_bytes"]
     except Exception as e:  # noqa: BLE001 - recorded, judged below
