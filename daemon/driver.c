@@ -15,8 +15,17 @@
 #include "proto/sock.h"
 #include "proto/wire.h"
 
-enum ev_kind { EV_JOB, EV_UP, EV_DOWN, EV_KV_CHANGED, EV_KV_DOWN, EV_STATUS, EV_TACTIC, EV_HIST,
-               EV_CALL };
+enum ev_kind {
+    EV_JOB,
+    EV_UP,
+    EV_DOWN,
+    EV_KV_CHANGED,
+    EV_KV_DOWN,
+    EV_STATUS,
+    EV_TACTIC,
+    EV_HIST,
+    EV_CALL
+};
 
 struct event {
     enum ev_kind kind;
@@ -86,7 +95,7 @@ struct wthread {
     struct step_job *job; /* guarded by d->mu */
     struct proto_sock *kv, *wk;
     uint64_t acked_epoch;
-    uint64_t sent_ack; /* the ack kvmgr has received */
+    uint64_t sent_ack;         /* the ack kvmgr has received */
     uint32_t worker_kvmgr_pid; /* the kvmgr whose pools the worker maps (its hello) */
     uint64_t block_bytes;      /* one kv block of the worker's layout (its hello) */
     int up;
@@ -99,10 +108,9 @@ struct wthread {
         uint64_t steps, prep_ns, step_ns, loop_ns, t_report, t_posted, ahead_used, ahead_sent;
     } st;
     struct ahead ah;
-    uint64_t report_ms; /* step_report's period (rkv_step_report_ms) */
+    uint64_t report_ms;          /* step_report's period (rkv_step_report_ms) */
     struct timespec idle_ack_at; /* guarded by d->mu: when to send the idle ack (0: not set) */
 };
-
 
 struct driver {
     uv_loop_t *loop;
@@ -161,15 +169,30 @@ static void on_async(uv_async_t *a)
             if (c->worker_up)
                 c->worker_up(c->ud, e->worker, e->max_batch_tokens, e->on_gpu);
             break;
-        case EV_DOWN: if (c->worker_down) c->worker_down(c->ud, e->worker, e->why); break;
+        case EV_DOWN:
+            if (c->worker_down)
+                c->worker_down(c->ud, e->worker, e->why);
+            break;
         case EV_KV_CHANGED:
             if (c->kvmgr_changed)
                 c->kvmgr_changed(c->ud, e->old_pid, e->new_pid);
             break;
-        case EV_KV_DOWN: if (c->kvmgr_down) c->kvmgr_down(c->ud, e->why); break;
-        case EV_STATUS: if (c->kvmgr_status) c->kvmgr_status(c->ud, &e->u.status); break;
-        case EV_TACTIC: if (c->tactic_event) c->tactic_event(c->ud, &e->u.tactic); break;
-        case EV_HIST: if (c->histogram) c->histogram(c->ud, &e->u.hist); break;
+        case EV_KV_DOWN:
+            if (c->kvmgr_down)
+                c->kvmgr_down(c->ud, e->why);
+            break;
+        case EV_STATUS:
+            if (c->kvmgr_status)
+                c->kvmgr_status(c->ud, &e->u.status);
+            break;
+        case EV_TACTIC:
+            if (c->tactic_event)
+                c->tactic_event(c->ud, &e->u.tactic);
+            break;
+        case EV_HIST:
+            if (c->histogram)
+                c->histogram(c->ud, &e->u.hist);
+            break;
         case EV_CALL:
             e->cb(e->cb_ud, e->rc, e->has_reply ? &e->reply : NULL, e->why);
             if (e->has_reply)
@@ -558,13 +581,12 @@ static void run_job(struct wthread *t, struct step_job *job)
         struct proto_hello h = {PROTO_ROLE_RKVD, (uint32_t)getpid(), t->idx, -1, PROTO_VERSION,
                                 "rkvd"};
         struct proto_hello_ack ack;
-        rc = proto_call_json(t->wk, PROTO_MSG_HELLO, &h, PROTO_MSG_HELLO_ACK, &ack, 2000,
-                             job->err, sizeof job->err);
+        rc = proto_call_json(t->wk, PROTO_MSG_HELLO, &h, PROTO_MSG_HELLO_ACK, &ack, 2000, job->err,
+                             sizeof job->err);
         if (!rc && (!ack.accepted || ack.kvmgr_pid != tb->kvmgr_pid)) {
             /* as a kvmgr failure: the worker is fine, the step is retried */
             rc = proto_seterr(job->err, sizeof job->err, RKV_ESTATE,
-                              "worker %u has not attached to kvmgr %u yet", t->idx,
-                              tb->kvmgr_pid);
+                              "worker %u has not attached to kvmgr %u yet", t->idx, tb->kvmgr_pid);
             job->kvmgr_failed = 1;
         }
         if (rc) {
@@ -660,8 +682,8 @@ static void *worker_thread(void *arg)
                 continue;
             }
             last_probe = now;
-            struct proto_hello h = {PROTO_ROLE_RKVD, (uint32_t)getpid(), t->idx, -1,
-                                    PROTO_VERSION, "rkvd"};
+            struct proto_hello h = {PROTO_ROLE_RKVD, (uint32_t)getpid(), t->idx, -1, PROTO_VERSION,
+                                    "rkvd"};
             struct proto_hello_ack ack;
             char err[256];
             int hrc = proto_call_json(t->wk, PROTO_MSG_HELLO, &h, PROTO_MSG_HELLO_ACK, &ack, 500,
@@ -682,8 +704,15 @@ static void *worker_thread(void *arg)
                 char oerr[256];
                 if (proto_sock_open(&ns, PROTO_SOCK_REQ, d->cfg.worker_urls[t->idx], oerr,
                                     sizeof oerr) == 0) {
-                    proto_sock_close(t->wk);
-                    t->wk = ns;
+                    /* under the lock driver_stop shuts the sockets down with */
+                    pthread_mutex_lock(&d->mu);
+                    if (d->stop) {
+                        proto_sock_close(ns);
+                    } else {
+                        proto_sock_close(t->wk);
+                        t->wk = ns;
+                    }
+                    pthread_mutex_unlock(&d->mu);
                 } else {
                     log_warn("driver: worker %u: %s", t->idx, oerr);
                 }
@@ -998,7 +1027,10 @@ int driver_kvmgr_call(struct driver *d, int type, const void *payload, size_t le
     return 0;
 }
 
-static void async_closed(uv_handle_t *h) { free(h->data); }
+static void async_closed(uv_handle_t *h)
+{
+    free(h->data);
+}
 
 void driver_stop(struct driver *d)
 {
@@ -1006,6 +1038,15 @@ void driver_stop(struct driver *d)
         return;
     pthread_mutex_lock(&d->mu);
     d->stop = 1;
+    /* the streams are over: a call still waiting ends now. a step sent to a worker that
+     * died as rkvd began to stop waited out step_timeout, since no worker comes back to
+     * take it, and rkvd did not exit (found by the fault tests, SIGKILL then SIGTERM) */
+    for (uint32_t i = 0; d->w && i < d->cfg.n_workers; i++) {
+        proto_sock_shutdown(d->w[i].wk);
+        proto_sock_shutdown(d->w[i].kv);
+    }
+    proto_sock_shutdown(d->mon_kv);
+    proto_sock_shutdown(d->mon_sub);
     pthread_cond_broadcast(&d->cv);
     pthread_mutex_unlock(&d->mu);
     if (d->started_threads) {

@@ -30,6 +30,7 @@ struct proto_sock {
     nng_listener lst;
     nng_dialer dlr;
     pthread_mutex_t heal_mu; /* heal runs from any caller's thread */
+    int shut;                /* guarded by heal_mu: proto_sock_shutdown ran */
     uint64_t heal_ms;        /* when it last looked */
     char url[256];
 };
@@ -147,11 +148,23 @@ int proto_sock_open(struct proto_sock **out, enum proto_sock_kind kind, const ch
     return 0;
 }
 
+void proto_sock_shutdown(struct proto_sock *s)
+{
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->heal_mu);
+    if (!s->shut)
+        nng_close(s->sock); /* pending sends and receives end with NNG_ECLOSED */
+    s->shut = 1;
+    pthread_mutex_unlock(&s->heal_mu);
+}
+
 void proto_sock_close(struct proto_sock *s)
 {
     if (!s)
         return;
-    nng_close(s->sock);
+    if (!s->shut)
+        nng_close(s->sock);
     pthread_mutex_destroy(&s->heal_mu);
     free(s);
 }
@@ -183,7 +196,7 @@ static uint64_t stat_of(nng_stat *ep, const char *name)
 static int heal_locked(struct proto_sock *s)
 {
     nng_stat *root;
-    if ((!s->listening && !s->dialing) || nng_stats_get(&root) != 0)
+    if (s->shut || (!s->listening && !s->dialing) || nng_stats_get(&root) != 0)
         return 0;
     int stalled;
     if (s->listening) {

@@ -37,6 +37,9 @@ int proto_sock_open(struct proto_sock **out, enum proto_sock_kind kind, const ch
                     size_t errlen);
 /* NULL is fine */
 void proto_sock_close(struct proto_sock *s);
+/* from any thread: the calls, sends and receives waiting on s, and any made later, fail at
+ * once with RKV_ECLOSED; s stays valid until proto_sock_close. NULL is fine */
+void proto_sock_shutdown(struct proto_sock *s);
 /* ms > 0; for proto_sock_send/recv and proto_serve_one's blocking waits */
 int proto_sock_set_timeouts(struct proto_sock *s, int send_ms, int recv_ms);
 /* an fd that polls readable when a message can be received (NNG_OPT_RECVFD);

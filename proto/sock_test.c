@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -267,6 +268,70 @@ static void test_timeouts(void **state)
     rc = proto_call(req, PROTO_MSG_STATUS_GET, "{}", 2, &r, 200, err, sizeof err);
     assert_int_equal(rc, RKV_ETIMEOUT);
     proto_sock_close(req);
+}
+
+struct waiter {
+    struct proto_sock *req;
+    pthread_t th;
+    int rc;
+    char err[256];
+};
+
+static void *waiter_thread(void *arg)
+{
+    struct waiter *w = arg;
+    struct proto_in r;
+    w->rc = proto_call(w->req, PROTO_MSG_STATUS_GET, "{}", 2, &r, 60000, w->err, sizeof w->err);
+    if (w->rc == 0)
+        proto_in_fini(&r);
+    return NULL;
+}
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* a call waiting on a peer that never answers (sent, no reply) or on nobody (not sent) ends
+ * at proto_sock_shutdown from another thread, long before its timeout; later calls fail at
+ * once, and the socket is still closed normally */
+static void test_shutdown_ends_waiting_calls(void **state)
+{
+    struct fix *f = *state;
+    char err[256], url[96];
+    snprintf(url, sizeof url, "ipc://%s/nobody.sock", f->dir);
+    struct proto_sock *rep;
+    assert_int_equal(proto_sock_open(&rep, PROTO_SOCK_REP, f->url, err, sizeof err), 0);
+    struct waiter w[2] = {{0}};
+    assert_int_equal(proto_sock_open(&w[0].req, PROTO_SOCK_REQ, f->url, err, sizeof err), 0);
+    assert_int_equal(proto_sock_open(&w[1].req, PROTO_SOCK_REQ, url, err, sizeof err), 0);
+    for (int i = 0; i < 2; i++)
+        pthread_create(&w[i].th, NULL, waiter_thread, &w[i]);
+    /* the silent peer has the request before the shutdown */
+    struct proto_in in;
+    assert_int_equal(proto_sock_set_timeouts(rep, 5000, 5000), 0);
+    assert_int_equal(proto_sock_recv(rep, &in, 0, err, sizeof err), 0);
+    proto_in_fini(&in);
+    usleep(50 * 1000);
+    uint64_t t0 = mono_ms();
+    for (int i = 0; i < 2; i++)
+        proto_sock_shutdown(w[i].req);
+    for (int i = 0; i < 2; i++) {
+        pthread_join(w[i].th, NULL);
+        assert_int_equal(w[i].rc, RKV_ECLOSED);
+    }
+    assert_true(mono_ms() - t0 < 5000);
+    struct proto_in r;
+    assert_int_equal(
+        proto_call(w[0].req, PROTO_MSG_STATUS_GET, "{}", 2, &r, 60000, err, sizeof err),
+        RKV_ECLOSED);
+    proto_sock_shutdown(w[0].req); /* twice is fine */
+    for (int i = 0; i < 2; i++)
+        proto_sock_close(w[i].req);
+    proto_sock_shutdown(NULL);
+    proto_sock_close(rep);
 }
 
 /* a raw nng req peer: sends bytes as they are, returns the reply */
@@ -553,6 +618,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_calls, setup, teardown),
         cmocka_unit_test_setup_teardown(test_threads_share_a_socket, setup, teardown),
         cmocka_unit_test_setup_teardown(test_timeouts, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_shutdown_ends_waiting_calls, setup, teardown),
         cmocka_unit_test_setup_teardown(test_garbage_gets_an_error, setup, teardown),
         cmocka_unit_test_setup_teardown(test_version_mismatch_server_side, setup, teardown),
         cmocka_unit_test_setup_teardown(test_version_mismatch_client_side, setup, teardown),

@@ -329,6 +329,25 @@ def test_sigterm_right_after_a_worker_sigkill(rkvd_factory):
     assert srv.stragglers() == []
 
 
+def test_sigterm_with_a_step_stuck_in_a_stopped_worker_exits(rkvd_factory):
+    """a step that no worker will answer (its worker is SIGSTOPped) does not hold rkvd past
+    the drain: the streams are cut at shutdown_timeout and rkvd exits, well before
+    step_timeout"""
+    srv = rkvd_factory("--shutdown-timeout", "1", "--step-timeout", "120")
+    s = Streams(srv, prompts(4), max_tokens=1900).start()
+    s.wait_all_started()
+    worker = srv.child_pid("rkv-worker")
+    os.kill(worker, signal.SIGSTOP)
+    t0 = time.monotonic()
+    srv.proc.send_signal(signal.SIGTERM)
+    s.join()
+    # 1 s of drain, then 5 s for the children before SIGKILL
+    assert srv.stop(timeout=30, signal_it=False) == 0
+    assert time.monotonic() - t0 < 20
+    assert srv.stragglers() == []
+    assert all(e is not None for e in s.error), s.error
+
+
 def test_named_session_across_an_rkvd_restart(tiny_model, tmp_path_factory, ref):
     """the state dir keeps the session's tokens; the next rkvd recomputes its KV"""
     from conftest import Rkvd, _stop_checked
