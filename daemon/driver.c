@@ -704,15 +704,16 @@ static void *worker_thread(void *arg)
                 char oerr[256];
                 if (proto_sock_open(&ns, PROTO_SOCK_REQ, d->cfg.worker_urls[t->idx], oerr,
                                     sizeof oerr) == 0) {
-                    /* under the lock driver_stop shuts the sockets down with */
+                    /* swapped under the lock driver_stop shuts the sockets down with; the
+                     * one left is closed after it (only this thread still holds it) */
+                    struct proto_sock *old = ns;
                     pthread_mutex_lock(&d->mu);
-                    if (d->stop) {
-                        proto_sock_close(ns);
-                    } else {
-                        proto_sock_close(t->wk);
+                    if (!d->stop) {
+                        old = t->wk;
                         t->wk = ns;
                     }
                     pthread_mutex_unlock(&d->mu);
+                    proto_sock_close(old);
                 } else {
                     log_warn("driver: worker %u: %s", t->idx, oerr);
                 }

@@ -30,7 +30,7 @@ struct proto_sock {
     nng_listener lst;
     nng_dialer dlr;
     pthread_mutex_t heal_mu; /* heal runs from any caller's thread */
-    int shut;                /* guarded by heal_mu: proto_sock_shutdown ran */
+    atomic_int shut;         /* proto_sock_shutdown ran: calls end, new ones fail */
     uint64_t heal_ms;        /* when it last looked */
     char url[256];
 };
@@ -148,23 +148,21 @@ int proto_sock_open(struct proto_sock **out, enum proto_sock_kind kind, const ch
     return 0;
 }
 
+/* only a mark: each call waiting on s cancels its own aio when it next wakes (within 100 ms).
+ * nng_close from another thread than the callers' can hang in nng_close for good while a
+ * receive is pending on a req socket (nng issues 1543, 1813: seen here as rkvd that did not
+ * exit after SIGTERM) */
 void proto_sock_shutdown(struct proto_sock *s)
 {
-    if (!s)
-        return;
-    pthread_mutex_lock(&s->heal_mu);
-    if (!s->shut)
-        nng_close(s->sock); /* pending sends and receives end with NNG_ECLOSED */
-    s->shut = 1;
-    pthread_mutex_unlock(&s->heal_mu);
+    if (s)
+        atomic_store(&s->shut, 1);
 }
 
 void proto_sock_close(struct proto_sock *s)
 {
     if (!s)
         return;
-    if (!s->shut)
-        nng_close(s->sock);
+    nng_close(s->sock);
     pthread_mutex_destroy(&s->heal_mu);
     free(s);
 }
@@ -196,7 +194,7 @@ static uint64_t stat_of(nng_stat *ep, const char *name)
 static int heal_locked(struct proto_sock *s)
 {
     nng_stat *root;
-    if (s->shut || (!s->listening && !s->dialing) || nng_stats_get(&root) != 0)
+    if ((!s->listening && !s->dialing) || nng_stats_get(&root) != 0)
         return 0;
     int stalled;
     if (s->listening) {
@@ -399,7 +397,7 @@ static void wait_done(void *arg)
     pthread_mutex_unlock(&w->mu);
 }
 
-static void call_wait(struct proto_sock *s, struct wait *w)
+static void call_wait(struct proto_sock *s, struct wait *w, nng_aio *aio)
 {
     pthread_mutex_lock(&w->mu);
     while (!w->done) {
@@ -411,9 +409,12 @@ static void call_wait(struct proto_sock *s, struct wait *w)
             ts.tv_nsec -= 1000000000;
         }
         if (pthread_cond_timedwait(&w->cv, &w->mu, &ts) != 0 && !w->done) {
-            /* the aio's own timeout still ends the wait */
+            /* the aio's own timeout still ends the wait, or a shutdown cancels it */
             pthread_mutex_unlock(&w->mu);
-            proto_sock_heal(s);
+            if (atomic_load(&s->shut))
+                nng_aio_cancel(aio); /* its callback runs with NNG_ECANCELED */
+            else
+                proto_sock_heal(s);
             pthread_mutex_lock(&w->mu);
         }
     }
@@ -431,6 +432,9 @@ int proto_call(struct proto_sock *s, int type, const void *payload, size_t len,
     if (timeout_ms <= 0)
         timeout_ms = PROTO_DEFAULT_TIMEOUT_MS;
     const char *name = proto_msg_name(type);
+    if (atomic_load(&s->shut))
+        return proto_seterr(err, errlen, RKV_ECLOSED, "%s: cannot send %s: the socket is shut down",
+                            s->url, name);
     uint64_t id = atomic_fetch_add(&s->next_id, 1);
     nng_msg *m = NULL;
     int rc = build_msg(type, id, payload, len, &m);
@@ -459,7 +463,7 @@ int proto_call(struct proto_sock *s, int type, const void *payload, size_t len,
     nng_aio_set_msg(aio, m);
     nng_aio_set_timeout(aio, timeout_ms);
     nng_ctx_send(ctx, aio);
-    call_wait(s, &w);
+    call_wait(s, &w, aio);
     rv = nng_aio_result(aio);
     if (rv) {
         nng_msg_free(nng_aio_get_msg(aio));
@@ -471,7 +475,7 @@ int proto_call(struct proto_sock *s, int type, const void *payload, size_t len,
     uint64_t now = now_ms();
     nng_aio_set_timeout(aio, now < deadline ? (nng_duration)(deadline - now) : 1);
     nng_ctx_recv(ctx, aio);
-    call_wait(s, &w);
+    call_wait(s, &w, aio);
     rv = nng_aio_result(aio);
     if (rv) {
         rc = proto_nng_err(rv);

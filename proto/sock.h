@@ -37,8 +37,9 @@ int proto_sock_open(struct proto_sock **out, enum proto_sock_kind kind, const ch
                     size_t errlen);
 /* NULL is fine */
 void proto_sock_close(struct proto_sock *s);
-/* from any thread: the calls, sends and receives waiting on s, and any made later, fail at
- * once with RKV_ECLOSED; s stays valid until proto_sock_close. NULL is fine */
+/* from any thread: proto_call's waiting on s end within 100 ms with RKV_ECLOSED (each caller
+ * cancels its own wait; nng_close stays with proto_sock_close), and later ones fail at once;
+ * s stays valid until proto_sock_close. NULL is fine */
 void proto_sock_shutdown(struct proto_sock *s);
 /* ms > 0; for proto_sock_send/recv and proto_serve_one's blocking waits */
 int proto_sock_set_timeouts(struct proto_sock *s, int send_ms, int recv_ms);
