@@ -39,7 +39,8 @@ static void http_send_json(struct http_req *req, int status, cJSON *body)
     free(text);
 }
 
-static void http_send_error(struct http_req *req, int rc, const char *msg)
+/* status 0: the one of rc */
+static void http_send_error_as(struct http_req *req, int status, int rc, const char *msg)
 {
     cJSON *b = cJSON_CreateObject();
     cJSON_AddBoolToObject(b, "ok", 0);
@@ -47,8 +48,13 @@ static void http_send_error(struct http_req *req, int rc, const char *msg)
     cJSON_AddNumberToObject(e, "code", rc);
     cJSON_AddStringToObject(e, "name", rkv_strerror(rc));
     cJSON_AddStringToObject(e, "message", msg);
-    http_send_json(req, http_status_of(rc), b);
+    http_send_json(req, status ? status : http_status_of(rc), b);
     cJSON_Delete(b);
+}
+
+static void http_send_error(struct http_req *req, int rc, const char *msg)
+{
+    http_send_error_as(req, 0, rc, msg);
 }
 
 void admin_http_answer(struct admin_req *r, int rc, cJSON *result, const char *msg)
@@ -104,10 +110,21 @@ static cJSON *query_args(const char *q)
     return o;
 }
 
+/* peer is "ADDRESS:PORT" (http_req_peer): the whole address is looked at, not a prefix of
+ * it ("::1:0:0:1" is not loopback) */
 static int loopback(const char *peer)
 {
-    return peer && (!strncmp(peer, "127.", 4) || !strncmp(peer, "[::1]", 5) ||
-                    !strncmp(peer, "::1", 3) || !strncmp(peer, "::ffff:127.", 11));
+    const char *colon = peer ? strrchr(peer, ':') : NULL;
+    if (!colon)
+        return 0;
+    char host[64];
+    size_t n = (size_t)(colon - peer);
+    if (n >= sizeof host)
+        return 0;
+    memcpy(host, peer, n);
+    host[n] = '\0';
+    return !strncmp(host, "127.", 4) || !strcmp(host, "::1") || !strcmp(host, "[::1]") ||
+           !strncmp(host, "::ffff:127.", 11);
 }
 
 int admin_http(struct admin *a, struct http_req *req)
@@ -131,12 +148,13 @@ int admin_http(struct admin *a, struct http_req *req)
     int changes = admin_cmd_changes(name);
     if (!get && strcmp(method, "POST")) {
         http_resp_header(req, "Allow", "GET, POST");
-        http_send_error(req, RKV_EINVAL, "use GET (read-only commands) or POST");
+        http_send_error_as(req, 405, RKV_EINVAL, "use GET (read-only commands) or POST");
         return 1;
     }
     if (changes == 1 && get) {
         http_resp_header(req, "Allow", "POST");
-        http_send_error(req, RKV_EAUTH, "this command changes rkvd: use POST with an admin key");
+        http_send_error_as(req, 405, RKV_EINVAL,
+                           "this command changes rkvd: use POST with an admin key");
         return 1;
     }
     /* who is asking */

@@ -44,9 +44,9 @@ struct api_choice {
      * reasoning_content and tool_calls */
     struct api_call *call;
     struct api_tparse *tp;
-    struct api_tout tout;                  /* non-stream: the parts */
-    const struct api_token_logprob *ev_lp; /* stream: logprobs for the next content chunk */
-    size_t ev_n_lp;
+    struct api_tout tout; /* non-stream: the parts */
+    /* streaming through the parser, lp holds the logprobs of tokens fed that no chunk has
+     * carried yet (the parser holds text back): the next chunk of any kind carries them */
     int ev_slow;  /* stream: a write said the client reads slowly */
     int test_fed; /* tests only: the scripted answer went out */
 };
@@ -240,11 +240,13 @@ static int handle_tokenize(struct api *api, struct http_req *hreq, int detok)
     if (!served_model(api, r.model)) {
         send_no_model(api, hreq, "model", r.model);
     } else if (detok) {
-        rc = api->sched.detokenize(api->sched.ctx, r.prompt_tokens, r.n_prompt_tokens, &text);
+        size_t n_text = 0;
+        rc = api->sched.detokenize(api->sched.ctx, r.prompt_tokens, r.n_prompt_tokens, &text,
+                                   &n_text);
         if (rc)
             respond_error(hreq, 500, NULL, NULL, "cannot detokenize: %s", rkv_strerror(rc));
         else
-            respond_json(hreq, api_render_detokenized(text));
+            respond_json(hreq, api_render_detokenized(text, n_text));
     } else if ((rc = api->sched.tokenize(api->sched.ctx, &r, &ids, &n, &status, err, sizeof err))) {
         respond_error(hreq, status, NULL, NULL, "%s", err[0] ? err : rkv_strerror(rc));
     } else {
@@ -409,13 +411,13 @@ static int echo_prompt(struct api *api, struct api_call *c)
         size_t n_ids;
         api_request_prompt(r, i, &ptext, &ids, &n_ids);
         char *text = NULL;
+        size_t n_text = ptext ? strlen(ptext) : 0;
         if (!ptext)
-            rc = api->sched.detokenize ? api->sched.detokenize(api->sched.ctx, ids, n_ids, &text)
-                                       : RKV_EUNSUPPORTED;
-        for (size_t k = 0; rc == 0 && k < per; k++) {
-            const char *t = ptext ? ptext : text;
-            rc = keep_text(&c->ch[i * per + k], t, strlen(t));
-        }
+            rc = api->sched.detokenize
+                     ? api->sched.detokenize(api->sched.ctx, ids, n_ids, &text, &n_text)
+                     : RKV_EUNSUPPORTED;
+        for (size_t k = 0; rc == 0 && k < per; k++)
+            rc = keep_text(&c->ch[i * per + k], ptext ? ptext : text, n_text);
         free(text);
     }
     return rc;
@@ -435,9 +437,11 @@ static int check_fanout(struct http_req *hreq, struct api_request *r, int64_t ke
                              param, seqs);
     if (!key || seqs == 1)
         return 0;
-    /* a chat request without max_tokens gets the key's cap shared by its sequences */
+    /* a request without max_tokens gets the key's cap shared by its sequences, or its own
+     * default where that is less (completions' 16) */
     if (kl->max_tokens > 0 && !r->has_max_tokens)
-        r->max_tokens = (int)RKV_MAX(1, kl->max_tokens / (int64_t)seqs);
+        r->max_tokens =
+            (int)RKV_MIN((int64_t)r->max_tokens, RKV_MAX(1, kl->max_tokens / (int64_t)seqs));
     int64_t want = (int64_t)seqs * r->max_tokens;
     const struct {
         int64_t cap;
@@ -517,10 +521,11 @@ static int handle_generate(struct api *api, struct http_req *hreq, enum api_endp
     }
     const char *sid = http_req_header(hreq, "X-Session-Id");
     if (!c->req.session_id && sid) {
-        size_t n = strlen(sid);
-        if (n == 0 || n > API_MAX_SESSION_ID) {
-            api_error_set(&e, 400, "X-Session-Id", "X-Session-Id must be 1 to 128 bytes, got %zu",
-                          n);
+        if (!api_session_id_ok(sid)) {
+            api_error_set(&e, 400, "X-Session-Id",
+                          "X-Session-Id must be 1 to 128 bytes without control characters, got "
+                          "%zu bytes",
+                          strlen(sid));
             send_error(hreq, &e);
             call_destroy(c);
             return 1;
@@ -587,8 +592,12 @@ int api_handle(struct api *api, struct http_req *req)
         if (strcmp(method, "OPTIONS") == 0) {
             /* a preflight: no auth (browsers send no credentials with it) */
             http_resp_header(req, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+            /* whatever headers the client's library sends (openai-node adds X-Stainless-*,
+             * OpenAI-Organization, OpenAI-Project): the origin is what is checked */
+            const char *asked = http_req_header(req, "Access-Control-Request-Headers");
             http_resp_header(req, "Access-Control-Allow-Headers",
-                             "Authorization, Content-Type, X-Session-Id");
+                             asked && asked[0] ? asked
+                                               : "Authorization, Content-Type, X-Session-Id");
             http_resp_header(req, "Access-Control-Max-Age", "600");
             http_respond(req, 204, NULL, NULL, 0);
             return 1;
@@ -745,8 +754,17 @@ static int parsed(struct api_choice *ch)
     return api_tparse_create(t, &ch->tp) == 0 ? 1 : RKV_ENOMEM;
 }
 
-/* a parser event as stream chunks: content (with the logprobs of the tokens fed), reasoning,
- * or a tool call's head and arguments */
+/* the queued logprobs went out with a chunk */
+static void sent_logprobs(struct api_choice *ch)
+{
+    for (size_t i = 0; i < ch->n_lp; i++)
+        lp_free(&ch->lp[i]);
+    ch->n_lp = 0;
+}
+
+/* a parser event as stream chunks: content, reasoning, or a tool call's head and arguments;
+ * the first carries the logprobs of the tokens fed since the last chunk, so that a stream's
+ * logprobs are the non-stream answer's, in order */
 static int stream_event(void *ud, const struct api_tev *ev)
 {
     struct api_choice *ch = ud;
@@ -754,19 +772,18 @@ static int stream_event(void *ud, const struct api_tev *ev)
     size_t n = 0;
     int rc;
     if (ev->kind == API_TEV_CONTENT) {
-        char *e = api_stream_delta(&ch->stream, ev->text, ev->len, ch->ev_lp, ch->ev_n_lp, &n);
+        char *e = api_stream_delta(&ch->stream, ev->text, ev->len, ch->lp, ch->n_lp, &n);
         rc = stream_send(c, e, n);
-        ch->ev_lp = NULL;
-        ch->ev_n_lp = 0;
     } else {
-        char *e = api_stream_delta_json(&ch->stream, api_tev_delta(ev, 0), &n);
+        char *e = api_stream_delta_json(&ch->stream, api_tev_delta(ev, 0), ch->lp, ch->n_lp, &n);
         rc = stream_send(c, e, n);
         if (rc >= 0 && ev->kind == API_TEV_CALL) {
             ch->ev_slow |= rc > 0;
-            e = api_stream_delta_json(&ch->stream, api_tev_delta(ev, 1), &n);
+            e = api_stream_delta_json(&ch->stream, api_tev_delta(ev, 1), NULL, 0, &n);
             rc = stream_send(c, e, n);
         }
     }
+    sent_logprobs(ch);
     ch->ev_slow |= rc > 0;
     return rc < 0 ? rc : 0;
 }
@@ -779,12 +796,10 @@ static int parse_text(struct api_choice *ch, const char *text, size_t len,
     int rc = stream_start(ch->call);
     if (rc < 0)
         return rc;
-    ch->ev_lp = lp;
-    ch->ev_n_lp = n_lp;
+    if (ch->call->req.logprobs && (rc = keep_logprobs(ch, lp, n_lp)) < 0)
+        return rc;
     ch->ev_slow = 0;
     rc = api_tparse_feed(ch->tp, text, len, stream_event, ch);
-    ch->ev_lp = NULL;
-    ch->ev_n_lp = 0;
     return rc < 0 ? rc : ch->ev_slow;
 }
 
@@ -883,8 +898,10 @@ static int stream_end_choice(struct api_call *c, struct api_choice *ch)
         rc = api_tparse_finish(ch->tp, stream_event, ch);
     ch->finish = calls_finish(ch, ch->finish);
     if (rc >= 0) {
-        char *ev = api_stream_finish(&ch->stream, ch->finish, &n);
+        /* logprobs of a tail no chunk carried (held back, then not text: a call's end) */
+        char *ev = api_stream_finish(&ch->stream, ch->finish, ch->lp, ch->n_lp, &n);
         rc = stream_send(c, ev, n);
+        sent_logprobs(ch);
     }
     return rc;
 }

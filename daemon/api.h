@@ -44,7 +44,7 @@ struct api_tout;
 #define API_MAX_MESSAGES   4096
 #define API_MAX_SESSION_ID 128
 #define API_MAX_LOGIT_BIAS PROTO_MAX_LOGIT_BIAS /* logit_bias entries (OpenAI allows 300) */
-#define API_MAX_GRAMMAR    (256 * 1024) /* bytes of the grammar a response_format makes */
+#define API_MAX_GRAMMAR    (256 * 1024)         /* bytes of the grammar a response_format makes */
 #define API_MAX_N          16                   /* n and best_of */
 #define API_MAX_PROMPTS    64                   /* prompts in one completions request */
 #define API_MAX_SEQS       256                  /* sequences of one request: prompts x best_of */
@@ -91,19 +91,19 @@ struct api_request {
     size_t n_messages;
     struct api_tools *tools; /* chat: tools, tool_choice, template variables (api_tools.h) */
     /* sampling */
-    int max_tokens;    /* [1, limits.max_tokens]; limits.default_max_tokens when absent */
+    int max_tokens;      /* [1, limits.max_tokens]; limits.default_max_tokens when absent */
     bool has_max_tokens; /* the client sent max_tokens (or max_completion_tokens) */
-    float temperature; /* [0, 2], default 1; 0 = greedy */
-    float top_p;       /* (0, 1], default 1 */
-    int top_k;         /* -1 or 0 = off, default -1 */
-    float min_p;       /* [0, 1], default 0 */
+    float temperature;   /* [0, 2], default 1; 0 = greedy */
+    float top_p;         /* (0, 1], default 1 */
+    int top_k;           /* -1 or 0 = off, default -1 */
+    float min_p;         /* [0, 1], default 0 */
     bool has_seed;
     int64_t seed;
     char *stop[API_MAX_STOP];
     size_t n_stop;
-    float presence_penalty;   /* [-2, 2], default 0 */
-    float frequency_penalty;  /* [-2, 2], default 0 */
-    float repetition_penalty; /* (0, 10], default 1 */
+    float presence_penalty;        /* [-2, 2], default 0 */
+    float frequency_penalty;       /* [-2, 2], default 0 */
+    float repetition_penalty;      /* (0, 10], default 1 */
     struct proto_bias *logit_bias; /* (n_logit_bias) token ids in the vocabulary, biases in
                                     * [-100, 100], each id once */
     size_t n_logit_bias;           /* <= API_MAX_LOGIT_BIAS */
@@ -159,6 +159,9 @@ int api_parse_completions(const char *body, size_t len, const struct api_limits 
 int api_parse_chat(const char *body, size_t len, const struct api_limits *lim,
                    struct api_request *out, struct api_error *err);
 void api_request_fini(struct api_request *r);
+/* a session id (body session_id or X-Session-Id): 1 to API_MAX_SESSION_ID bytes, no control
+ * characters */
+int api_session_id_ok(const char *id);
 /* prompts in a completions request (1 for chat) */
 size_t api_request_prompts(const struct api_request *r);
 /* prompt i of api_request_prompts(r): its text, or its ids (*text NULL) */
@@ -248,7 +251,7 @@ struct api_stream {
     char id[64];
     char model[256];
     uint64_t created;
-    size_t text_offset; /* characters sent so far (completions text_offset) */
+    size_t text_offset;           /* characters sent so far (completions text_offset) */
     struct api_chars token_chars; /* the characters the tokens sent so far start */
     uint32_t index;               /* the choice's index its chunks carry (0 after init) */
 };
@@ -258,9 +261,13 @@ void api_stream_init(struct api_stream *s, const struct api_request *req, const 
 char *api_stream_begin(struct api_stream *s, size_t *len);
 char *api_stream_delta(struct api_stream *s, const char *text, size_t text_len,
                        const struct api_token_logprob *lp, size_t n_lp, size_t *len);
-char *api_stream_finish(struct api_stream *s, enum api_finish finish, size_t *len);
-/* chat: a chunk with this delta object (a struct cJSON *, consumed) */
-char *api_stream_delta_json(struct api_stream *s, struct cJSON *delta, size_t *len);
+/* lp: chat only, the logprobs of tokens whose text no chunk carried (a tool call's tail) */
+char *api_stream_finish(struct api_stream *s, enum api_finish finish,
+                        const struct api_token_logprob *lp, size_t n_lp, size_t *len);
+/* chat: a chunk with this delta object (a struct cJSON *, consumed), and the logprobs of the
+ * tokens that made it */
+char *api_stream_delta_json(struct api_stream *s, struct cJSON *delta,
+                            const struct api_token_logprob *lp, size_t n_lp, size_t *len);
 /* only when req->include_usage */
 char *api_stream_usage(struct api_stream *s, const struct api_usage *u, size_t *len);
 #define API_SSE_DONE "data: [DONE]\n\n"
@@ -273,8 +280,8 @@ char *api_render_models(const char *const *names, size_t n, uint64_t created, in
 char *api_render_model(const char *name, uint64_t created, int max_model_len);
 /* POST /tokenize: {"tokens": [...], "count": n, "max_model_len": m} */
 char *api_render_tokens(const int32_t *ids, size_t n, int max_model_len);
-/* POST /detokenize: {"prompt": text} (text may hold U+FFFD, never invalid UTF-8) */
-char *api_render_detokenized(const char *text);
+/* POST /detokenize: {"prompt": text}, invalid UTF-8 and NUL bytes as U+FFFD */
+char *api_render_detokenized(const char *text, size_t len);
 
 /* --- the endpoints and the scheduler ---------------------------------------------------
  *
@@ -314,8 +321,9 @@ struct api_sched {
      * negative with *status and err naming the cause and the fix. without it: 404 */
     int (*tokenize)(void *ctx, const struct api_request *req, int32_t **ids, size_t *n, int *status,
                     char *err, size_t errlen);
-    /* optional, POST /detokenize: the text of ids (malloc'd), control tokens as nothing */
-    int (*detokenize)(void *ctx, const int32_t *ids, size_t n, char **text);
+    /* optional, POST /detokenize: the text of ids (malloc'd, n_text bytes and a NUL; a <0x00>
+     * token's byte among them), control tokens as nothing */
+    int (*detokenize)(void *ctx, const int32_t *ids, size_t n, char **text, size_t *n_text);
 };
 
 struct api_config {

@@ -611,6 +611,10 @@ static int parse_common(struct parse *p, const cJSON *root, struct api_request *
     if ((rc = get_int(p, root, mt, 1, lim->max_tokens, &r->max_tokens)))
         return rc;
     r->has_max_tokens = field(root, mt) != NULL;
+    int old_mt = 0; /* the old name beside the new one: checked too, though the new one wins */
+    if (strcmp(mt, "max_tokens") != 0 &&
+        (rc = get_int(p, root, "max_tokens", 1, lim->max_tokens, &old_mt)))
+        return rc;
     if ((rc = get_num(p, root, "temperature", 0, 0, 2, &r->temperature)) ||
         (rc = get_num(p, root, "top_p", 0, 1, 1, &r->top_p)) ||
         (rc = get_int(p, root, "top_k", -1, 1000000, &r->top_k)) ||
@@ -638,15 +642,9 @@ static int parse_common(struct parse *p, const cJSON *root, struct api_request *
                       "its JSON ends; send one of them");
         return RKV_EINVAL;
     }
-    if (r->session_id) {
-        size_t n = strlen(r->session_id);
-        int ctl = 0;
-        for (size_t i = 0; i < n; i++)
-            ctl |= (unsigned char)r->session_id[i] < 0x20 || r->session_id[i] == 0x7f;
-        if (n == 0 || n > API_MAX_SESSION_ID || ctl)
-            return bad(p, "session_id", field(root, "session_id"),
-                       "a string of 1 to 128 bytes without control characters");
-    }
+    if (r->session_id && !api_session_id_ok(r->session_id))
+        return bad(p, "session_id", field(root, "session_id"),
+                   "a string of 1 to 128 bytes without control characters");
     /* logprobs: an integer for completions, a boolean (+ top_logprobs) for chat */
     if (p->ep == API_COMPLETIONS) {
         if ((v = field(root, "logprobs"))) {
@@ -1025,6 +1023,15 @@ static int has_nul_escape(const char *s, size_t len)
     return 0;
 }
 
+int api_session_id_ok(const char *id)
+{
+    size_t n = strlen(id);
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)id[i] < 0x20 || id[i] == 0x7f)
+            return 0;
+    return n > 0 && n <= API_MAX_SESSION_ID;
+}
+
 void api_request_fini(struct api_request *r)
 {
     free(r->model);
@@ -1051,8 +1058,8 @@ void api_request_fini(struct api_request *r)
     memset(r, 0, sizeof(*r));
 }
 
-/* the body as a JSON object: valid UTF-8, no \u0000, nothing after the value, no key twice.
- * NULL with err filled otherwise */
+/* the body as a JSON object: valid UTF-8, no NUL byte or \u0000, nothing after the value, no
+ * key twice. NULL with err filled otherwise */
 static cJSON *parse_root(const char *body, size_t len, struct api_error *err)
 {
     size_t bad_at = 0;
@@ -1061,6 +1068,15 @@ static cJSON *parse_root(const char *body, size_t len, struct api_error *err)
                       "request body is not valid UTF-8 (byte 0x%02x at offset %zu); send "
                       "UTF-8 JSON",
                       (unsigned char)body[bad_at], bad_at);
+        return NULL;
+    }
+    const char *nul = memchr(body, 0, len);
+    if (nul) {
+        /* JSON strings escape control characters; a raw one would cut a C string short */
+        api_error_set(err, 400, NULL,
+                      "request body has a NUL byte at offset %zu; JSON strings must escape "
+                      "control characters",
+                      (size_t)(nul - body));
         return NULL;
     }
     if (has_nul_escape(body, len)) {

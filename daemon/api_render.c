@@ -80,7 +80,8 @@ static void chars_feed(struct api_chars *c, const char *s, size_t len)
 }
 
 /* a NUL-terminated copy with invalid UTF-8 replaced by U+FFFD, so the JSON
- * stays valid when a token is part of a multi-byte character */
+ * stays valid when a token is part of a multi-byte character; a NUL byte (a
+ * model's <0x00> token) becomes U+FFFD too, since a C string would end there */
 static char *utf8_sanitize(const char *s, size_t len)
 {
     char *out = malloc(len * 3 + 1);
@@ -91,6 +92,9 @@ static char *utf8_sanitize(const char *s, size_t len)
         size_t bad_at = 0;
         if (api_utf8_valid(s + i, len - i, &bad_at))
             bad_at = len - i;
+        const char *nul = memchr(s + i, 0, bad_at);
+        if (nul)
+            bad_at = (size_t)(nul - (s + i));
         memcpy(out + o, s + i, bad_at);
         o += bad_at;
         i += bad_at;
@@ -351,28 +355,40 @@ char *api_stream_delta(struct api_stream *s, const char *text, size_t text_len,
     s->text_offset += utf8_chars(text, text_len);
     if (s->req->logprobs && n_lp)
         cJSON_AddItemToObject(c, "logprobs",
-                              chat ? chat_logprobs(lp, n_lp)
-                                   : completion_logprobs(lp, n_lp, &s->token_chars,
-                                                         s->text_offset));
+                              chat
+                                  ? chat_logprobs(lp, n_lp)
+                                  : completion_logprobs(lp, n_lp, &s->token_chars, s->text_offset));
     else
         cJSON_AddNullToObject(c, "logprobs");
     cJSON_AddNullToObject(c, "finish_reason");
     return sse(o, len);
 }
 
-char *api_stream_delta_json(struct api_stream *s, cJSON *delta, size_t *len)
+/* a chat chunk's logprobs: those of the tokens it carries, or null */
+static void chunk_logprobs(const struct api_stream *s, cJSON *c, const struct api_token_logprob *lp,
+                           size_t n_lp)
+{
+    if (s->req->logprobs && n_lp && s->req->endpoint == API_CHAT)
+        cJSON_AddItemToObject(c, "logprobs", chat_logprobs(lp, n_lp));
+    else
+        cJSON_AddNullToObject(c, "logprobs");
+}
+
+char *api_stream_delta_json(struct api_stream *s, cJSON *delta, const struct api_token_logprob *lp,
+                            size_t n_lp, size_t *len)
 {
     if (!delta)
         return NULL;
     cJSON *c;
     cJSON *o = chunk(s, &c);
     cJSON_AddItemToObject(c, "delta", delta);
-    cJSON_AddNullToObject(c, "logprobs");
+    chunk_logprobs(s, c, lp, n_lp);
     cJSON_AddNullToObject(c, "finish_reason");
     return sse(o, len);
 }
 
-char *api_stream_finish(struct api_stream *s, enum api_finish finish, size_t *len)
+char *api_stream_finish(struct api_stream *s, enum api_finish finish,
+                        const struct api_token_logprob *lp, size_t n_lp, size_t *len)
 {
     cJSON *c;
     cJSON *o = chunk(s, &c);
@@ -380,7 +396,7 @@ char *api_stream_finish(struct api_stream *s, enum api_finish finish, size_t *le
         cJSON_AddObjectToObject(c, "delta");
     else
         cJSON_AddStringToObject(c, "text", "");
-    cJSON_AddNullToObject(c, "logprobs");
+    chunk_logprobs(s, c, lp, n_lp);
     add_finish(c, finish);
     return sse(o, len);
 }
@@ -438,9 +454,9 @@ char *api_render_tokens(const int32_t *ids, size_t n, int max_model_len)
     return print_free(o);
 }
 
-char *api_render_detokenized(const char *text)
+char *api_render_detokenized(const char *text, size_t len)
 {
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "prompt", text);
+    add_text(o, "prompt", text, len);
     return print_free(o);
 }

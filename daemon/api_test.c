@@ -144,6 +144,10 @@ static const struct bad_case bad_cases[] = {
     {C, "{\"prompt\":\"\xed\xa0\x80\"}", NULL, "not valid UTF-8"},
     {C, "{\"prompt\":\"a\xe2\x82\"}", NULL, "not valid UTF-8"},
     {C, "{\"prompt\":\"a\\u0000b\"}", NULL, "\\u0000"},
+    {H,
+     "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_completion_tokens\":5,"
+     "\"max_tokens\":\"abc\"}",
+     "max_tokens", "max_tokens must be an integer"},
     {C, "{\"prompt\":\"\\ud800\"}", NULL, "not valid JSON"},
     {C, "{\"prompt\":\"hi\",\"model\":5}", "model", "model must be a string, got 5"},
     {C, "{\"prompt\":\"hi\",\"model\":\"\"}", "model", "a model name"},
@@ -241,6 +245,21 @@ static void test_bad_bodies(void **state)
         cJSON_Delete(root);
         free(j);
     }
+}
+
+/* a raw NUL byte inside a string would cut it short: refused, not read up to it */
+static void test_raw_nul_byte(void **state)
+{
+    (void)state;
+    struct api_limits lim;
+    api_limits_default(&lim);
+    static const char body[] = "{\"prompt\":\"Say hi\0 and more\",\"max_tokens\":5}";
+    struct api_request r;
+    struct api_error e;
+    memset(&e, 0, sizeof(e));
+    assert_int_equal(api_parse_completions(body, sizeof body - 1, &lim, &r, &e), RKV_EINVAL);
+    assert_int_equal(e.status, 400);
+    assert_non_null(strstr(e.message, "NUL byte at offset 17"));
 }
 
 typedef int (*parse_fn)(const char *, size_t, const struct api_limits *, struct api_request *,
@@ -351,8 +370,13 @@ static void test_parse_tokenize(void **state)
     char *j = api_render_tokens((const int32_t[]){1, 2}, 2, 64);
     assert_string_equal(j, "{\"tokens\":[1,2],\"count\":2,\"max_model_len\":64}");
     free(j);
-    j = api_render_detokenized("a\"b");
+    j = api_render_detokenized("a\"b", 3);
     assert_string_equal(j, "{\"prompt\":\"a\\\"b\"}");
+    free(j);
+    /* a <0x00> token's byte does not cut the text: U+FFFD stands for it */
+    j = api_render_detokenized("a\0b", 3);
+    assert_string_equal(j, "{\"prompt\":\"a\xef\xbf\xbd"
+                           "b\"}");
     free(j);
 }
 
@@ -654,7 +678,7 @@ static void test_render_choices(void **state)
     char *ev = api_stream_delta(&st, "x", 1, NULL, 0, &n);
     assert_non_null(strstr(ev, "\"choices\":[{\"index\":3,\"text\":\"x\""));
     free(ev);
-    ev = api_stream_finish(&st, API_FINISH_STOP, &n);
+    ev = api_stream_finish(&st, API_FINISH_STOP, NULL, 0, &n);
     assert_non_null(strstr(ev, "\"index\":3,"));
     free(ev);
 }
@@ -714,7 +738,7 @@ static void test_render_stream_chat_exact(void **state)
                             "\"delta\":{\"content\":\"Hi\"},\"logprobs\":null,"
                             "\"finish_reason\":null}]}\n\n");
     free(ev);
-    ev = api_stream_finish(&s, API_FINISH_STOP, &n);
+    ev = api_stream_finish(&s, API_FINISH_STOP, NULL, 0, &n);
     assert_string_equal(ev, "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\","
                             "\"created\":1700000000,\"model\":\"tiny\",\"choices\":[{\"index\":0,"
                             "\"delta\":{},\"logprobs\":null,\"finish_reason\":\"stop\"}]}\n\n");
@@ -753,7 +777,7 @@ static void test_render_stream_completions_offsets(void **state)
     assert_int_equal(cJSON_GetArrayItem(off, 0)->valueint, 3);
     cJSON_Delete(o);
     free(ev);
-    ev = api_stream_finish(&s, API_FINISH_LENGTH, &n);
+    ev = api_stream_finish(&s, API_FINISH_LENGTH, NULL, 0, &n);
     assert_non_null(strstr(ev, "\"text\":\"\",\"logprobs\":null,\"finish_reason\":\"length\""));
     free(ev);
 }
@@ -785,8 +809,8 @@ static void test_render_offsets_within_text(void **state)
                                                  {"\x80\x80", 2, -1.0f, NULL, 0},
                                                  {"\xe2\x82", 2, -1.0f, NULL, 0},
                                                  {" x", 2, -1.0f, NULL, 0}};
-    struct api_result ru = {"\xc3\xa9t\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd x", 15, u, 5,
-                            API_FINISH_LENGTH, {4, 5, 0}};
+    struct api_result ru = {
+        "\xc3\xa9t\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd x", 15, u, 5, API_FINISH_LENGTH, {4, 5, 0}};
     j = api_render_response(&r, "cmpl-abc", "tiny", 1700000000, &ru);
     o = cJSON_Parse(j);
     c = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
@@ -1189,6 +1213,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_bodies),
+        cmocka_unit_test(test_raw_nul_byte),
         cmocka_unit_test(test_token_prompt_limits),
         cmocka_unit_test(test_parse_completions_full),
         cmocka_unit_test(test_parse_defaults_and_prompt_forms),

@@ -56,6 +56,7 @@ struct rkvd_conf {
     int swa_kv;
     int mode;
     char served_model_name[256];
+    char cors_origin[256];
     int64_t max_body;
     int64_t shutdown_timeout;
     int64_t step_timeout;
@@ -159,6 +160,9 @@ static const struct cfg_key keys[] = {
              "a single-tenant server)"},
     {K("served_model_name", CFG_STR, served_model_name), S(served_model_name),
      .help = "model name in the API (default: the file name without .gguf)"},
+    {K("cors_origin", CFG_STR, cors_origin), S(cors_origin),
+     .help = "browsers: the origin the API answers (Access-Control-Allow-Origin), * for any; "
+             "empty (the default): no CORS headers, so browsers on other origins are refused"},
     {K("max_body", CFG_SIZE, max_body), .min = 1024, .max = 1ll << 30, .def = "4MiB",
      .help = "largest request body"},
     {K("shutdown_timeout", CFG_INT, shutdown_timeout), .min = 0, .max = 3600, .def = "30",
@@ -253,6 +257,7 @@ struct rkvd {
     uint32_t kvmgr_pid;
     int ready_sent;
     int stopping;
+    int signalled; /* a signal began the shutdown: the next one means "exit now" */
     int exit_code;
     uint64_t started_ms;
     struct proto_status kv_status;
@@ -533,6 +538,20 @@ static void children_stopped(void *ud)
     uv_stop(d->loop);
 }
 
+/* a start-up step after the children were spawned failed: stop what runs, then exit 1 */
+static int exit_early(struct rkvd *d)
+{
+    driver_stop(d->drv);
+    d->drv = NULL;
+    sched_destroy(d->sched);
+    d->sched = NULL;
+    if (d->sup) {
+        sup_stop_all(d->sup, 5000, children_stopped, d);
+        uv_run(d->loop, UV_RUN_DEFAULT);
+    }
+    return 1;
+}
+
 static void http_down(void *arg)
 {
     struct rkvd *d = arg;
@@ -578,9 +597,16 @@ static void begin_shutdown(struct rkvd *d)
 static void on_signal(uv_signal_t *s, int sig)
 {
     struct rkvd *d = s->data;
-    if (d->stopping) {
-        log_warn("second signal: exiting now");
+    if (d->signalled) {
+        /* the children go too: nothing would stop them after rkvd is gone */
+        log_warn("second signal: exiting now (SIGKILL to kvmgr and the workers)");
+        sup_kill_all(d->sup, SIGKILL);
         exit(d->exit_code ? d->exit_code : 1);
+    }
+    d->signalled = 1;
+    if (d->stopping) {
+        log_info("signal %d: already draining", sig);
+        return;
     }
     log_info("signal %d: draining (in-flight streams get up to %lld s)", sig,
              (long long)d->c.shutdown_timeout);
@@ -1069,10 +1095,13 @@ int main(int argc, char **argv)
         return 1;
     }
     /* processes, then the driver that talks to them, then the scheduler, then HTTP */
-    if ((rc = sup_create(d.loop, sup_event, &d, &d.sup)) ||
-        (rc = spawn_children(&d, err, sizeof err))) {
-        log_error("%s", err);
+    if ((rc = sup_create(d.loop, sup_event, &d, &d.sup))) {
+        log_error("cannot set up the supervisor: %s", rkv_strerror(rc));
         return 1;
+    }
+    if ((rc = spawn_children(&d, err, sizeof err))) {
+        log_error("%s", err);
+        return exit_early(&d); /* those it started before it failed */
     }
     char kv_url[600], pub_url[600];
     snprintf(kv_url, sizeof kv_url, "ipc://%s/kvmgr.sock", d.c.runtime_dir);
@@ -1092,7 +1121,7 @@ int main(int argc, char **argv)
                              drv_tactic_event,  drv_histogram,  &d};
     if ((rc = driver_start(d.loop, &dc, &cbs, &d.drv, err, sizeof err))) {
         log_error("%s", err);
-        return 1;
+        return exit_early(&d);
     }
     struct sched_steps steps0; /* until each worker's hello says what it runs on */
     step_sizes(&d, 0, 0, &steps0);
@@ -1117,7 +1146,7 @@ int main(int argc, char **argv)
     if ((rc = sched_create(d.loop, &sc, d.tok, &sd, d.metrics, d.store, &d.sched, err,
                            sizeof err))) {
         log_error("%s", err);
-        return 1;
+        return exit_early(&d);
     }
     struct api_sched as;
     sched_api(d.sched, &as);
@@ -1134,19 +1163,20 @@ int main(int argc, char **argv)
     ac.key_defaults = (struct rl_limits){d.c.key_rpm, d.c.key_tpm, d.c.key_max_concurrent,
                                          d.c.key_max_tokens, d.c.key_max_prompt};
     ac.rate_window_ms = (uint64_t)d.c.rate_limit_window * 1000;
+    ac.cors_origin = d.c.cors_origin[0] ? d.c.cors_origin : NULL;
     if (d.c.test_scripted_output) {
         ac.test_output = getenv("RKV_TEST_OUTPUT");
         if (!ac.test_output) {
             log_error("test_scripted_output needs RKV_TEST_OUTPUT (the text every chat answer "
                       "gives); it is for rkv's tests only");
-            return 1;
+            return exit_early(&d);
         }
         log_warn("test_scripted_output is on: chat answers are RKV_TEST_OUTPUT, not the "
                  "model's text (for rkv's tests only)");
     }
     if ((rc = api_create(&ac, &as, &d.api))) {
         log_error("cannot set up the API: %s", rkv_strerror(rc));
-        return 1;
+        return exit_early(&d);
     }
     api_set_key_lookup(d.api, adm_key_lookup, &d);
     struct http_server_config hc = {host, port, {0}, on_request, &d};

@@ -75,15 +75,15 @@ struct session {
     int64_t owner;
     int32_t *tokens; /* (n_tokens) prompt and generated tokens */
     uint32_t n_tokens, cap;
-    uint32_t n_kv;    /* positions whose KV kvmgr holds */
-    uint32_t n_owed;  /* ids before position n_kv kvmgr was not told yet (a step of
-                       * several decode steps picked them): the next prep brings them */
-    uint32_t worker;  /* where its sampler state lives */
-    int worker_knows; /* the worker has a sampler for it */
-    int kvmgr_knows;  /* kvmgr has blocks for it (else the next prep says NEW) */
-    int pinned;       /* operator pinned: kvmgr keeps it resident */
+    uint32_t n_kv;     /* positions whose KV kvmgr holds */
+    uint32_t n_owed;   /* ids before position n_kv kvmgr was not told yet (a step of
+                        * several decode steps picked them): the next prep brings them */
+    uint32_t worker;   /* where its sampler state lives */
+    int worker_knows;  /* the worker has a sampler for it */
+    int kvmgr_knows;   /* kvmgr has blocks for it (else the next prep says NEW) */
+    int pinned;        /* operator pinned: kvmgr keeps it resident */
     uint64_t kv_bytes; /* the bytes of its blocks in its last step's table */
-    struct seq *busy; /* the request using it, or NULL */
+    struct seq *busy;  /* the request using it, or NULL */
     uint64_t last_use_ms;
     struct session *lru_prev, *lru_next; /* named sessions, most recent first */
 };
@@ -385,17 +385,23 @@ static int tokenize_prompt(struct sched *s, const struct api_request *r, size_t 
         return r->suffix ? fim_wrap(s, r->suffix, out, err, errlen, status) : 0;
     }
     char *text = NULL;
-    int parse_special = 0;
-    if (r->endpoint == API_CHAT) {
-        if ((rc = api_tools_render(s->tok, r, &text, status, err, errlen)) != 0)
-            return rc;
-        parse_special = 1;
-    }
-    rc = encode_text(s, text ? text : (ptext ? ptext : ""), !r->suffix, parse_special, out);
+    if (r->endpoint == API_CHAT &&
+        (rc = api_tools_render(s->tok, r, &text, status, err, errlen)) != 0)
+        return rc;
+    /* control tokens written as text (<|im_start|>, <|eot_id|>) are those tokens, in a
+     * completion's prompt as in a rendered chat, as vLLM and llama.cpp's server read them */
+    size_t at = out->len;
+    rc = encode_text(s, text ? text : (ptext ? ptext : ""), !r->suffix, 1, out);
     free(text);
     if (rc) {
         snprintf(err, errlen, "cannot tokenize the prompt: %s", rkv_strerror(rc));
         return rc;
+    }
+    /* a prompt that writes the bos itself gets it once, not after the one the model adds */
+    const int32_t *got = (const int32_t *)out->data + at;
+    if (!r->suffix && out->len - at >= 2 && got[0] == got[1] && got[0] == tok_bos(s->tok)) {
+        memmove((int32_t *)out->data + at, got + 1, (out->len - at - 1) * sizeof *got);
+        out->len--;
     }
     return r->suffix ? fim_wrap(s, r->suffix, out, err, errlen, status) : 0;
 }
@@ -719,7 +725,7 @@ static int tokenize_cb(void *ctx, const struct api_request *r, int32_t **ids, si
 }
 
 /* POST /detokenize: the text as a generation's would read */
-static int detokenize_cb(void *ctx, const int32_t *ids, size_t n, char **text)
+static int detokenize_cb(void *ctx, const int32_t *ids, size_t n, char **text, size_t *n_text)
 {
     struct sched *s = ctx;
     struct tok_detok d;
@@ -748,6 +754,7 @@ static int detokenize_cb(void *ctx, const int32_t *ids, size_t n, char **text)
         return RKV_ENOMEM;
     out[len] = '\0';
     *text = out;
+    *n_text = len;
     return 0;
 }
 
@@ -1143,8 +1150,9 @@ static void kick(struct sched *s, uint32_t w)
                 break;
             /* and the tokens before that kvmgr may not know yet */
             n_tok += take + RKV_MAX(1u, se->n_owed);
-            if (!se->worker_knows) /* history and logit bias for the sampler */
-                n_tok += se->n_kv + 2 * q->req->n_logit_bias;
+            if (!se->worker_knows) /* history, logit bias and grammar for the sampler */
+                n_tok += se->n_kv + 2 * q->req->n_logit_bias +
+                         (q->fan->grammar ? (uint32_t)strlen(q->fan->grammar) / 4 + 1 : 0);
             if (!se->kvmgr_knows)
                 n_tok += se->n_tokens; /* every token: kvmgr looks for a shared prefix */
         }
@@ -1215,10 +1223,17 @@ static void kick(struct sched *s, uint32_t w)
             js->sp.n_bias = (uint16_t)q->req->n_logit_bias;
             js->sp.bias = js->sp.n_bias ? bias : NULL;
             arena += 2 * q->req->n_logit_bias;
-            /* the grammar stays the request's: a request outlives its jobs (a cancelled one
-             * waits for the job in flight) */
-            js->sp.grammar = q->fan->grammar;
-            js->sp.grammar_len = q->fan->grammar ? (uint32_t)strlen(q->fan->grammar) : 0;
+            /* the grammar a copy in the job: a request that fails (the drain's deadline, a
+             * sibling prompt's error) is freed while its step is still with the driver */
+            js->sp.grammar = NULL;
+            js->sp.grammar_len = 0;
+            if (q->fan->grammar) {
+                size_t glen = strlen(q->fan->grammar);
+                memcpy(arena, q->fan->grammar, glen + 1);
+                js->sp.grammar = (const char *)arena;
+                js->sp.grammar_len = (uint32_t)glen;
+                arena += glen / 4 + 1;
+            }
         }
         if (!se->kvmgr_knows) {
             js->is_new = 1;
@@ -1384,6 +1399,15 @@ void sched_job_done(struct sched *s, struct step_job *j)
                      (unsigned long long)q->sess->sid, js->n_past, q->sess->n_tokens);
             q->sess->n_kv = 0;
             q->sess->kvmgr_knows = 0;
+            q->sess->worker_knows = 0;
+            progress = 1;
+            if (q->cancelled)
+                finish_seq(q, API_FINISH_ABORT);
+            continue;
+        }
+        if (js->status == RKV_ESTATE) {
+            /* the worker has no sampler for it (it restarted, or swept it): the next step
+             * rebuilds it from the history; nothing of this one counts */
             q->sess->worker_knows = 0;
             progress = 1;
             if (q->cancelled)
@@ -1774,16 +1798,11 @@ void sched_sessions_foreach(struct sched *s, sched_session_fn fn, void *ud)
     void *v;
     while (rkv_map_next(&s->sessions, &it, NULL, &v)) {
         const struct session *se = v;
-        struct sched_session_info si = {se->sid,
-                                        se->ext_id,
-                                        se->owner,
-                                        se->n_tokens,
-                                        se->n_kv,
-                                        se->kv_bytes,
-                                        se->worker,
-                                        se->busy != NULL,
-                                        se->pinned,
-                                        se->ext_id[0] ? se->last_use_ms : 0};
+        struct sched_session_info si = {se->sid,    se->ext_id,
+                                        se->owner,  se->n_tokens,
+                                        se->n_kv,   se->kv_bytes,
+                                        se->worker, se->busy != NULL,
+                                        se->pinned, se->ext_id[0] ? se->last_use_ms : 0};
         fn(ud, &si);
     }
 }

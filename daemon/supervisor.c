@@ -16,9 +16,9 @@ struct sup_child {
     struct sup_child_spec spec;
     uv_process_t proc;
     uv_timer_t timer;
-    int proc_live;   /* proc handle open (not yet closed) */
-    int n_handles;   /* open uv handles; the child is freed when none remain */
-    int closing;     /* sup_destroy called */
+    int proc_live; /* proc handle open (not yet closed) */
+    int n_handles; /* open uv handles; the child is freed when none remain */
+    int closing;   /* sup_destroy called */
     pid_t pid;
     enum sup_state state;
     uint64_t window_start;
@@ -34,11 +34,15 @@ struct sup {
     struct sup_child *children;
     int stopping;
     uv_timer_t kill_timer;
+    int killed; /* the kill timer sent SIGKILL: its next expiry gives up waiting */
     void (*done_cb)(void *ud);
     void *done_ud;
 };
 
 static int child_start(struct sup_child *c);
+
+/* how long sup_stop_all waits for the children after it sent them SIGKILL */
+#define SUP_KILL_WAIT_MS 5000
 
 int sup_create(uv_loop_t *loop, sup_event_cb cb, void *ud, struct sup **out)
 {
@@ -211,10 +215,22 @@ int sup_add(struct sup *s, const struct sup_child_spec *spec, struct sup_child *
     return rc;
 }
 
-const char *sup_child_name(const struct sup_child *c) { return c->name; }
-pid_t sup_child_pid(const struct sup_child *c) { return c->pid; }
-enum sup_state sup_child_state(const struct sup_child *c) { return c->state; }
-uint32_t sup_child_restarts(const struct sup_child *c) { return c->restarts; }
+const char *sup_child_name(const struct sup_child *c)
+{
+    return c->name;
+}
+pid_t sup_child_pid(const struct sup_child *c)
+{
+    return c->pid;
+}
+enum sup_state sup_child_state(const struct sup_child *c)
+{
+    return c->state;
+}
+uint32_t sup_child_restarts(const struct sup_child *c)
+{
+    return c->restarts;
+}
 
 int sup_child_kill(struct sup_child *c, int sig)
 {
@@ -226,12 +242,40 @@ int sup_child_kill(struct sup_child *c, int sig)
 static void kill_timer_cb(uv_timer_t *t)
 {
     struct sup *s = t->data;
+    if (s->killed) {
+        /* SIGKILL did not end it either (a process in uninterruptible sleep, such as one
+         * stuck in a gpu driver): stop waiting, so that rkvd exits and its service manager
+         * sees it; the process is reaped by whoever inherits it */
+        int any = 0;
+        for (struct sup_child *c = s->children; c; c = c->next)
+            if (c->proc_live && c->pid) {
+                log_error("%s (pid %d) is still there %llu ms after SIGKILL: not waiting for "
+                          "it any longer",
+                          c->name, (int)c->pid, (unsigned long long)SUP_KILL_WAIT_MS);
+                any = 1;
+            }
+        if (any && s->done_cb) {
+            void (*cb)(void *) = s->done_cb;
+            s->done_cb = NULL;
+            cb(s->done_ud);
+        }
+        return;
+    }
+    s->killed = 1;
     for (struct sup_child *c = s->children; c; c = c->next) {
         if (c->proc_live && c->pid) {
             log_warn("%s did not stop in time: SIGKILL", c->name);
             uv_process_kill(&c->proc, SIGKILL);
         }
     }
+    uv_timer_start(&s->kill_timer, kill_timer_cb, SUP_KILL_WAIT_MS, 0);
+}
+
+void sup_kill_all(struct sup *s, int sig)
+{
+    for (struct sup_child *c = s ? s->children : NULL; c; c = c->next)
+        if (c->proc_live && c->pid)
+            uv_process_kill(&c->proc, sig);
 }
 
 void sup_stop_all(struct sup *s, uint64_t deadline_ms, void (*done_cb)(void *ud), void *ud)
@@ -251,9 +295,15 @@ void sup_stop_all(struct sup *s, uint64_t deadline_ms, void (*done_cb)(void *ud)
     check_all_stopped(s);
 }
 
-static void child_timer_closed(uv_handle_t *h) { child_release(h->data); }
+static void child_timer_closed(uv_handle_t *h)
+{
+    child_release(h->data);
+}
 
-static void sup_timer_closed(uv_handle_t *h) { free(h->data); }
+static void sup_timer_closed(uv_handle_t *h)
+{
+    free(h->data);
+}
 
 void sup_destroy(struct sup *s)
 {

@@ -19,10 +19,10 @@ struct sup_child_spec {
 };
 
 enum sup_event {
-    SUP_STARTED,   /* a process is running (first start or restart) */
-    SUP_EXITED,    /* it died or exited; status = wait status */
-    SUP_GAVE_UP,   /* too many deaths in the window: the caller should exit non-zero */
-    SUP_STOPPED,   /* it exited after sup_stop_all */
+    SUP_STARTED, /* a process is running (first start or restart) */
+    SUP_EXITED,  /* it died or exited; status = wait status */
+    SUP_GAVE_UP, /* too many deaths in the window: the caller should exit non-zero */
+    SUP_STOPPED, /* it exited after sup_stop_all */
 };
 
 enum sup_state { SUP_RUNNING, SUP_BACKOFF, SUP_FAILED, SUP_DONE };
@@ -38,8 +38,11 @@ enum sup_state sup_child_state(const struct sup_child *c);
 uint32_t sup_child_restarts(const struct sup_child *c); /* total restarts */
 /* sends a signal to the running process (restart on demand: SIGTERM) */
 int sup_child_kill(struct sup_child *c, int sig);
-/* SIGTERM to every child, SIGKILL after deadline_ms; done_cb when all exited */
+/* SIGTERM to every child, SIGKILL after deadline_ms; done_cb when all exited (or, for a
+ * child that SIGKILL does not end, 5 s after it) */
 void sup_stop_all(struct sup *s, uint64_t deadline_ms, void (*done_cb)(void *ud), void *ud);
+/* sig to every running child, at once (rkvd's "exit now"); NULL is fine */
+void sup_kill_all(struct sup *s, int sig);
 /* frees everything; children must have exited (after sup_stop_all's done) */
 void sup_destroy(struct sup *s);
 

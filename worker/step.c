@@ -120,6 +120,17 @@ static struct samp *sampler_for(struct worker *w, const struct proto_step_seq *s
     *rc = 0;
     if (sp && !(sq->flags & PROTO_STEP_RESET))
         return sp;
+    if (!sp && !(sq->flags & PROTO_STEP_RESET)) {
+        /* a session this worker has no sampler for, in a step that does not rebuild it: a step
+         * sent before this worker started (nng kept it for the next connection), or one whose
+         * sampler the sweep took. Its grammar, penalties and rng draws are not here, so rkvd
+         * is asked for a step that resets it, rather than sampling with defaults */
+        log_warn("session %llu: no sampler here and the step does not rebuild it: asking rkvd "
+                 "for one that does",
+                 (unsigned long long)sq->session_id);
+        *rc = RKV_ESTATE;
+        return NULL;
+    }
     if (!sp) {
         sp = calloc(1, sizeof *sp);
         if (!sp || rkv_map_put(&w->samplers, sq->session_id, sp)) {

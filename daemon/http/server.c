@@ -838,7 +838,12 @@ static void req_finish(struct http_req *r)
               r->status, r->closed ? " (client gone)" : "", uv_now(s->loop) - r->t_start);
     if (c && c->active == r)
         c->active = NULL;
+    /* an answer that said "Connection: close" (an HTTP/1.0 stream ends when the connection
+     * does) is the connection's last: requests pipelined behind it are not answered */
+    int last = r->last && r->status;
     req_destroy(r);
+    if (c && last && !c->active)
+        conn_free_queue(c);
     if (c)
         conn_pump(c);
     else
@@ -877,6 +882,8 @@ static struct wbuf *resp_head(struct http_req *r, int status, const char *ctype,
         r->last = 1;
     if (body_len < 0 && !r->chunked)
         r->last = 1; /* HTTP/1.0: the body ends when we close */
+    if (r->last)
+        c->no_more = 1; /* "Connection: close" below: the connection closes after this answer */
     r->status = status;
     size_t cap = 512 + r->extra_len + (ctype ? strlen(ctype) : 0) + extra_cap;
     struct wbuf *b = wbuf_create(c, cap);

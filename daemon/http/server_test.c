@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -41,7 +42,7 @@ struct ctx {
     sem_t backpressured; /* the /big handler saw http_resp_write return 1 */
     int big_chunks;      /* chunks written before backpressure */
     int drains;
-    struct http_stats stats; /* taken when the client finished */
+    struct http_stats stats;    /* taken when the client finished */
     struct http_stats at_burst; /* taken when /burst began */
     /* results the client thread records for the main thread to assert */
     struct resp r[8];
@@ -699,6 +700,17 @@ static void cl_http10_head(struct ctx *x)
     SEND(&c, "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\nxx");
     x->rc[0] = client_read(&c, &x->r[0]);
     client_close(&c);
+    /* HTTP/1.0 keep-alive asked, but a stream is close-delimited: the server closes after it
+     * (it waited for the idle timeout) and answers nothing pipelined behind it */
+    client_connect(&c, x->port, 0);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    SEND(&c, "GET /sse?n=2 HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"
+             "GET /echo HTTP/1.0\r\nConnection: keep-alive\r\n\r\n");
+    x->raw[2] = client_read_until(&c, "no such text");
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    x->eof[2] = (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000 < 5000;
+    client_close(&c);
 }
 
 static void test_http10_head_and_codings(void **state)
@@ -719,6 +731,10 @@ static void test_http10_head_and_codings(void **state)
     assert_non_null(strstr(second, "GET /echo ? x=- len=0 body="));
     assert_int_equal(x.rc[0], 0);
     assert_true(x.r[0].status == 400 || x.r[0].status == 501);
+    assert_non_null(strstr(x.raw[2], "Connection: close\r\n"));
+    assert_non_null(strstr(x.raw[2], "data: {\"i\":1}\n\n"));
+    assert_null(strstr(x.raw[2], "GET /echo"));
+    assert_true(x.eof[2]); /* closed at once, not at the idle timeout */
     ctx_fini(&x);
 }
 

@@ -51,7 +51,7 @@ static void render(const struct api_request *r, const uint8_t *data, size_t size
         __builtin_trap();
     cJSON_Delete(o);
     free(ev);
-    free(api_stream_finish(&s, API_FINISH_LENGTH, &n));
+    free(api_stream_finish(&s, API_FINISH_LENGTH, NULL, 0, &n));
 }
 
 static int check_event(void *ud, const struct api_tev *ev)

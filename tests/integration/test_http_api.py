@@ -259,3 +259,23 @@ def test_disconnect_cancels_and_server_lives_on(rkvd, client):
         time.sleep(0.05)
     r = client.completions.create(model="tiny", prompt="x", max_tokens=3)
     assert r.usage.completion_tokens >= 1
+
+
+def test_cors_preflight_allows_the_headers_asked_for(rkvd_factory):
+    """cors_origin set: answers carry the origin, and a browser SDK's preflight (openai-node
+    adds X-Stainless-* headers) is allowed the headers it asks for; unset: no CORS headers"""
+    srv = rkvd_factory("--cors-origin", "*")
+    asked = "authorization,content-type,x-stainless-os,openai-organization"
+    st, hd, _ = srv.request("OPTIONS", "/v1/chat/completions",
+                            headers={"Origin": "http://app.example",
+                                     "Access-Control-Request-Method": "POST",
+                                     "Access-Control-Request-Headers": asked})
+    assert st == 204
+    assert hd["access-control-allow-origin"] == "*"
+    assert hd["access-control-allow-headers"] == asked
+    assert "POST" in hd["access-control-allow-methods"]
+    st, hd, _ = srv.request("GET", "/v1/models", headers={"Origin": "http://app.example"})
+    assert st == 200 and hd["access-control-allow-origin"] == "*"
+    plain = rkvd_factory()
+    st, hd, _ = plain.request("GET", "/v1/models", headers={"Origin": "http://app.example"})
+    assert st == 200 and "access-control-allow-origin" not in hd

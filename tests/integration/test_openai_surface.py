@@ -75,6 +75,26 @@ def test_tokenize_messages(rkvd, ref):
     assert r["tokens"][:bare["count"]] == bare["tokens"]
 
 
+def test_prompt_text_reads_control_tokens(rkvd):
+    """a completion's text prompt reads control tokens written out as those tokens, as vLLM
+    and llama.cpp's server do: the chat template's text written by hand prefills what chat
+    does, with one BOS though the text starts with it and the model adds one"""
+    name = model_name(rkvd)
+    msgs = [{"role": "user", "content": "Hi there"}]
+    chat = post(rkvd, "/tokenize", {"model": name, "messages": msgs})["tokens"]
+    text = ("<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    r = post(rkvd, "/tokenize", {"model": name, "prompt": text})
+    assert r["tokens"] == chat
+    bos = chat[0]
+    assert r["tokens"].count(bos) == 1
+    done = client(rkvd).completions.create(model=name, prompt=text, max_tokens=1)
+    assert done.usage.prompt_tokens == len(chat)
+    # without the BOS text the model's own BOS still leads
+    assert post(rkvd, "/tokenize", {"model": name, "prompt": text[len("<|begin_of_text|>"):]}
+                )["tokens"] == chat
+
+
 def test_detokenize_round_trip(rkvd, ref):
     name = model_name(rkvd)
     for text in ["The quick brown fox", "naïve café — ünïcode ✓", "  two  spaces"]:

@@ -298,7 +298,9 @@ def test_http_admin(srv):
     assert st == 400 and 'unknown argument "bogus"' in json.loads(body)["error"]["message"]
     # changes need POST and an admin key
     st, _, body = srv.request("GET", "/admin/v1/mode_set?mode=auto")
-    assert st == 401
+    assert st == 405 and "use POST" in json.loads(body)["error"]["message"]
+    st, _, body = srv.request("PUT", "/admin/v1/status", {})
+    assert st == 405 and "use GET" in json.loads(body)["error"]["message"]
     st, _, body = srv.request("POST", "/admin/v1/mode_set", {"mode": "auto"})
     assert st == 401 and "admin key" in json.loads(body)["error"]["message"]
 

@@ -84,6 +84,12 @@ CASES = [
     # bytes
     ("invalid-utf8", "POST", C, {}, b'{"prompt": "caf\xc3"}', 400, []),
     ("overlong-utf8", "POST", C, {}, b'{"prompt": "\xc0\xaf"}', 400, []),
+    ("nul-byte-in-a-string", "POST", C, {}, b'{"prompt": "a\x00b", "max_tokens": 1}', 400,
+     ["NUL byte at offset 13"]),
+    ("max-tokens-bad-beside-max-completion-tokens", "POST", CHAT, {},
+     j(messages=OK_MSG, max_completion_tokens=2, max_tokens="x"), 400, ["max_tokens"]),
+    ("session-header-control-char", "POST", C, {"X-Session-Id": "a\x01b"},
+     j(prompt="x", max_tokens=1), 400, []),
     ("invalid-utf8-chat", "POST", CHAT, {},
      b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}', 400, []),
     ("lone-surrogate", "POST", C, {}, b'{"prompt": "\\ud800"}', 400, []),

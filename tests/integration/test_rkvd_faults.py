@@ -348,6 +348,23 @@ def test_sigterm_with_a_step_stuck_in_a_stopped_worker_exits(rkvd_factory):
     assert all(e is not None for e in s.error), s.error
 
 
+def test_second_sigterm_exits_now_and_takes_the_children(rkvd_factory):
+    """a second signal during the drain means "exit now": rkvd exits 1 at once, and kvmgr and
+    the worker go with it rather than outliving it"""
+    srv = rkvd_factory("--shutdown-timeout", "60")
+    s = Streams(srv, prompts(2), max_tokens=1900).start()
+    s.wait_all_started()
+    srv.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    srv.proc.send_signal(signal.SIGTERM)
+    assert srv.stop(timeout=10, signal_it=False) == 1
+    deadline = time.monotonic() + 5
+    while srv.stragglers() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert srv.stragglers() == []
+    s.join()
+
+
 def test_named_session_across_an_rkvd_restart(tiny_model, tmp_path_factory, ref):
     """the state dir keeps the session's tokens; the next rkvd recomputes its KV"""
     from conftest import Rkvd, _stop_checked

@@ -485,3 +485,23 @@ def test_tool_loop_through_a_session(tiny_model, tmp_path_factory):
                          "content": json.dumps({"turn": turn, "ok": True})})
     finally:
         _stop_checked(srv)
+
+
+@pytest.mark.parametrize("tool_choice", ["required", "auto"])
+def test_streamed_logprobs_are_the_one_shot_ones(qwen, tool_choice):
+    """through the output parser, which holds text back (a "<" may start <tool_call>), a
+    stream's chunks carry the logprobs of every token, in order, as the one-shot answer
+    lists them: a call's tokens and text released late included"""
+    c = client(qwen)
+    kw = dict(model="tiny", messages=ASK, tools=BOUNDED, tool_choice=tool_choice, max_tokens=40,
+              temperature=0, logprobs=True, top_logprobs=2)
+    one = c.chat.completions.create(**kw).choices[0].logprobs.content
+    got = []
+    for chunk in c.chat.completions.create(stream=True, **kw):
+        for ch in chunk.choices:
+            if ch.logprobs and ch.logprobs.content:
+                got += ch.logprobs.content
+    assert len(one) > 0
+    assert [(t.token, t.logprob) for t in got] == [(t.token, t.logprob) for t in one]
+    assert [[a.token for a in t.top_logprobs] for t in got] == \
+        [[a.token for a in t.top_logprobs] for t in one]
