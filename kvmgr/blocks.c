@@ -79,8 +79,8 @@ struct kvb {
     uint32_t n_gpus;
     uint32_t block_tokens;
     int moves_need_written;
-    uint32_t n_parts; /* table entries per position block */
-    uint32_t window;  /* local layers' window in positions (0: none) */
+    uint32_t n_parts;       /* table entries per position block */
+    uint32_t window;        /* local layers' window in positions (0: none) */
     struct pool *pools;     /* [n_gpus + 1]: device pools, then the host pool */
     struct rkv_map live;    /* sid -> struct sess * */
     struct rkv_vec closing; /* struct sess *: closed, releases still pending */
@@ -374,8 +374,7 @@ uint32_t kvb_parts(const struct kvb *kvb)
 
 /* 1 when entries ents[0 .. n_pb*n_parts) hold every local part a step from n_tokens reads
  * among the position blocks before n_tokens */
-static int window_live(const struct kvb *kvb, const struct ent *ents, size_t n_pb,
-                       size_t n_tokens)
+static int window_live(const struct kvb *kvb, const struct ent *ents, size_t n_pb, size_t n_tokens)
 {
     size_t end = RKV_MIN(n_pb, RKV_DIV_UP(n_tokens, kvb->block_tokens));
     for (size_t b = kvb_window_first(kvb, n_tokens); b < end; b++)
@@ -454,9 +453,27 @@ static void ents_unref_now(struct kvb *kvb, struct sess *s)
     s->ents.len = 0;
 }
 
+static int session_open(struct kvb *kvb, uint64_t sid, uint32_t gpu, uint64_t scope,
+                        const uint32_t *tokens, size_t n_tokens, uint32_t max_dev, int grow,
+                        size_t *n_reused);
+
 int kvb_session_open(struct kvb *kvb, uint64_t sid, uint32_t gpu, uint64_t scope,
-                     const uint32_t *tokens,
-                     size_t n_tokens, uint32_t max_dev, size_t *n_reused)
+                     const uint32_t *tokens, size_t n_tokens, uint32_t max_dev, size_t *n_reused)
+{
+    return session_open(kvb, sid, gpu, scope, tokens, n_tokens, max_dev, 1, n_reused);
+}
+
+int kvb_session_open_shared(struct kvb *kvb, uint64_t sid, uint32_t gpu, uint64_t scope,
+                            const uint32_t *tokens, size_t n_tokens, size_t *n_reused)
+{
+    if (!tokens)
+        return RKV_EINVAL;
+    return session_open(kvb, sid, gpu, scope, tokens, n_tokens, KVB_NONE, 0, n_reused);
+}
+
+static int session_open(struct kvb *kvb, uint64_t sid, uint32_t gpu, uint64_t scope,
+                        const uint32_t *tokens, size_t n_tokens, uint32_t max_dev, int grow,
+                        size_t *n_reused)
 {
     uint32_t B = kvb->block_tokens;
     *n_reused = 0;
@@ -513,7 +530,9 @@ int kvb_session_open(struct kvb *kvb, uint64_t sid, uint32_t gpu, uint64_t scope
     }
     s->ents.len = RKV_MIN(s->ents.len, n_pb * P);
     size_t reused = n_pb * B;
-    if (rc == 0)
+    if (!grow) /* the shared prefix only: the caller appends the rest */
+        s->tokens.len = s->n_known = reused;
+    else if (rc == 0)
         rc = sess_grow(kvb, s, blocks_for(kvb, n_tokens) - s->ents.len, max_dev);
     if (rc == 0)
         rc = rkv_map_put(&kvb->live, s->id, s);
@@ -626,8 +645,7 @@ int kvb_session_append(struct kvb *kvb, uint64_t sid, const uint32_t *tokens, si
     return 0;
 }
 
-int kvb_session_know(struct kvb *kvb, uint64_t sid, size_t from, const uint32_t *tokens,
-                     size_t n)
+int kvb_session_know(struct kvb *kvb, uint64_t sid, size_t from, const uint32_t *tokens, size_t n)
 {
     struct sess *s = sess_get(kvb, sid);
     if (!s)
@@ -693,10 +711,9 @@ int kvb_session_truncate(struct kvb *kvb, uint64_t sid, size_t n_tokens, struct 
         struct ent *last = ENT(s, keep - P + p);
         if (last->dev == KVB_NONE || dp->ref[last->dev] > 1) {
             uint32_t d = pool_alloc(dp);
-            cow[(*n_cow)++] =
-                (struct kvb_copy){last->dev != KVB_NONE ? KVB_COPY_D2D : KVB_COPY_H2D, s->gpu,
-                                  last->dev != KVB_NONE ? last->dev : last->host, d,
-                                  (uint32_t)part};
+            cow[(*n_cow)++] = (struct kvb_copy){
+                last->dev != KVB_NONE ? KVB_COPY_D2D : KVB_COPY_H2D, s->gpu,
+                last->dev != KVB_NONE ? last->dev : last->host, d, (uint32_t)part};
             if (last->dev != KVB_NONE)
                 sess_drop(s, s->gpu, last->dev);
             last->dev = d;
@@ -902,9 +919,9 @@ static int move_open(struct kvb *kvb, uint64_t sid, uint32_t n, struct kvb_copy 
          * holds must be written. the newest, partly filled position block is written
          * next, unless the session is parked (idle: nothing writes it) */
         size_t pb = i / kvb->n_parts, end = RKV_MIN((pb + 1) * kvb->block_tokens, s->tokens.len);
-        int writing = (kvb->moves_need_written && end > s->n_written) ||
-                      (!parking && pb == len / kvb->n_parts - 1 &&
-                       s->tokens.len % kvb->block_tokens != 0);
+        int writing =
+            (kvb->moves_need_written && end > s->n_written) ||
+            (!parking && pb == len / kvb->n_parts - 1 && s->tokens.len % kvb->block_tokens != 0);
         if (ent_dropped(e) || (demote ? (e->dev == KVB_NONE || writing) : e->dev != KVB_NONE))
             continue;
         struct mv m = {i, KVB_NONE, KVB_NONE};
@@ -1211,8 +1228,14 @@ int kvb_ack(struct kvb *kvb, uint32_t worker, uint64_t sid, uint64_t epoch)
     return 0;
 }
 
-uint64_t kvb_epoch(const struct kvb *kvb) { return kvb->epoch; }
-uint32_t kvb_block_tokens(const struct kvb *kvb) { return kvb->block_tokens; }
+uint64_t kvb_epoch(const struct kvb *kvb)
+{
+    return kvb->epoch;
+}
+uint32_t kvb_block_tokens(const struct kvb *kvb)
+{
+    return kvb->block_tokens;
+}
 
 int kvb_ack_worker(struct kvb *kvb, uint32_t worker, uint64_t epoch)
 {

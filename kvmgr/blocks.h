@@ -104,6 +104,11 @@ enum kvb_residency kvb_entry_residency(struct kvb_entry e);
  * memory). RKV_ENOSPACE when a pool is short (nothing changes). */
 int kvb_session_open(struct kvb *kvb, uint64_t sid, uint32_t gpu, uint64_t scope,
                      const uint32_t *tokens, size_t n_tokens, uint32_t max_dev, size_t *n_reused);
+/* as kvb_session_open, but the session holds only the shared prefix (*n_reused positions,
+ * maybe 0): no block is allocated, so a prompt longer than the pools have room for now opens
+ * as well (kvb_session_append brings the positions a step needs) */
+int kvb_session_open_shared(struct kvb *kvb, uint64_t sid, uint32_t gpu, uint64_t scope,
+                            const uint32_t *tokens, size_t n_tokens, size_t *n_reused);
 /* opens child sharing parent's first n_tokens positions: full blocks are
  * shared; a partial last position block is copied into new private device blocks,
  * returned in *cow (room for n_parts; *n_cow of them) for the caller to execute.
@@ -117,8 +122,7 @@ int kvb_session_append(struct kvb *kvb, uint64_t sid, const uint32_t *tokens, si
  * them (a step prepared ahead of the one sampling its input): they count as known
  * when they continue the known prefix, so the blocks they fill become shareable.
  * Positions past what the session holds are ignored. */
-int kvb_session_know(struct kvb *kvb, uint64_t sid, size_t from, const uint32_t *tokens,
-                     size_t n);
+int kvb_session_know(struct kvb *kvb, uint64_t sid, size_t from, const uint32_t *tokens, size_t n);
 /* keeps the first n_tokens positions; later blocks are released as workers
  * ack. A kept partial position block is written again, so each of its parts that is
  * shared or not on the device has its first positions copied into a new private device

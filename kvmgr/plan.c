@@ -45,20 +45,20 @@ static int key_cmp(const void *a, const void *b)
 struct work {
     const struct plan_input *in;
     struct plan *out;
-    uint8_t *role;     /* [n] enum role */
-    uint32_t *need;    /* [n] blocks */
-    uint32_t *held;    /* [n] blocks held now */
-    uint32_t *dev_cap; /* [n_gpus] D */
-    uint32_t host_cap; /* H */
-    struct key *keys;  /* [n] scratch */
-    uint32_t *list;    /* [n] scratch */
-    uint64_t *prefix;  /* [n+1] scratch */
-    uint32_t *prio;    /* [n] candidates in priority order */
-    uint32_t *rank;    /* [n] position in prio (UINT32_MAX for idle) */
-    uint8_t *running;  /* [n] admitted before: ranks above new work */
-    uint8_t *hyst;     /* [n_gpus] windows kept only by the promotion margin */
-    uint8_t *rot;      /* [n] resident for its rotation turn */
-    uint8_t *rot_prev; /* [n_gpus] the previous plan rotated there */
+    uint8_t *role;      /* [n] enum role */
+    uint32_t *need;     /* [n] blocks */
+    uint32_t *held;     /* [n] blocks held now */
+    uint32_t *dev_cap;  /* [n_gpus] D */
+    uint32_t host_cap;  /* H */
+    struct key *keys;   /* [n] scratch */
+    uint32_t *list;     /* [n] scratch */
+    uint64_t *prefix;   /* [n+1] scratch */
+    uint32_t *prio;     /* [n] candidates in priority order */
+    uint32_t *rank;     /* [n] position in prio (UINT32_MAX for idle) */
+    uint8_t *running;   /* [n] admitted before: ranks above new work */
+    uint8_t *hyst;      /* [n_gpus] windows kept only by the promotion margin */
+    uint8_t *rot;       /* [n] resident for its rotation turn */
+    uint8_t *rot_prev;  /* [n_gpus] the previous plan rotated there */
     uint64_t *rot_last; /* [n_gpus] when the previous plans last ended turns there */
     size_t n_prio;
 };
@@ -171,6 +171,8 @@ struct admit_state {
     int64_t *tot;       /* [n_gpus] device demand if nothing spilled */
     int64_t spill;      /* sum over gpus of max(0, tot - D) */
     int64_t host_fixed; /* parked idle + waiting sessions' held blocks */
+    int64_t *idle_dev;  /* [n_gpus] idle sessions' kv on the device (in tot) */
+    int64_t idle_host;  /* idle sessions' kv on the host (in host_fixed) */
 };
 
 static int64_t over(int64_t tot, uint32_t cap)
@@ -233,8 +235,9 @@ static int admit(struct work *w)
     uint8_t *blocked = calloc(in->n_gpus, 1);
     st.fixed = calloc(in->n_gpus, sizeof(int64_t));
     st.tot = calloc(in->n_gpus, sizeof(int64_t));
-    if (!blocked || !st.fixed || !st.tot) {
-        free(blocked), free(st.fixed), free(st.tot);
+    st.idle_dev = calloc(in->n_gpus, sizeof(int64_t));
+    if (!blocked || !st.fixed || !st.tot || !st.idle_dev) {
+        free(blocked), free(st.fixed), free(st.tot), free(st.idle_dev);
         return RKV_ENOMEM;
     }
     /* start: nobody runs; idle kv where it is, candidates' kv on the host */
@@ -245,10 +248,13 @@ static int admit(struct work *w)
             st.host_fixed += w->held[i];
         } else {
             w->role[i] = ROLE_IDLE;
-            if (s->cur_dev > 0)
+            if (s->cur_dev > 0) {
                 st.tot[s->gpu] += w->need[i];
-            else
+                st.idle_dev[s->gpu] += w->need[i];
+            } else {
                 st.host_fixed += w->need[i];
+                st.idle_host += w->need[i];
+            }
         }
     }
     for (uint32_t g = 0; g < in->n_gpus; g++)
@@ -278,8 +284,16 @@ static int admit(struct work *w)
         int64_t spill2 = st.spill - over(st.tot[g], w->dev_cap[g]) + over(tot2, w->dev_cap[g]);
         int64_t host_before = st.host_fixed + st.spill;
         int64_t host_after = st.host_fixed - w->held[i] + spill2;
+        /* idle kv yields to work: with every idle session's kv dropped (lru first, only as
+         * much as placement needs), would it fit? Else an arrival that needs that room waited
+         * for as long as the idle sessions lived */
+        int64_t spill_no_idle = 0;
+        for (uint32_t h = 0; h < in->n_gpus; h++)
+            spill_no_idle += over((h == g ? tot2 : st.tot[h]) - st.idle_dev[h], w->dev_cap[h]);
+        int64_t host_no_idle = st.host_fixed - st.idle_host - w->held[i] + spill_no_idle;
         int ok = st.fixed[g] + fixed_blocks(w, i, resident_mode) <= (int64_t)w->dev_cap[g] &&
-                 (host_after <= (int64_t)w->host_cap || host_after <= host_before);
+                 (host_after <= (int64_t)w->host_cap || host_after <= host_before ||
+                  host_no_idle <= (int64_t)w->host_cap);
         if (!ok) {
             blocked[g] = 1;
             continue;
@@ -297,18 +311,29 @@ static int admit(struct work *w)
         }
     }
     if (st.host_fixed + st.spill > (int64_t)w->host_cap) {
+        /* idle sessions' kv, lru first, parked or still on the device (its blocks spill
+         * the admitted work's to the host) */
         size_t nk = 0;
         for (size_t i = 0; i < in->n_sessions; i++)
-            if (w->role[i] == ROLE_IDLE && in->sessions[i].cur_dev == 0 && w->need[i] > 0)
+            if (w->role[i] == ROLE_IDLE && w->need[i] > 0)
                 w->keys[nk++] =
                     (struct key){{in->sessions[i].last_use, in->sessions[i].id, 0}, (uint32_t)i};
         qsort(w->keys, nk, sizeof(*w->keys), key_cmp);
         for (size_t k = 0; k < nk && st.host_fixed + st.spill > (int64_t)w->host_cap; k++) {
-            st.host_fixed -= w->need[w->keys[k].idx];
-            w->role[w->keys[k].idx] = ROLE_DROP;
+            uint32_t i = w->keys[k].idx;
+            const struct plan_session *s = &in->sessions[i];
+            if (s->cur_dev > 0) {
+                uint32_t g = s->gpu;
+                st.spill -=
+                    over(st.tot[g], w->dev_cap[g]) - over(st.tot[g] - w->need[i], w->dev_cap[g]);
+                st.tot[g] -= w->need[i];
+            } else {
+                st.host_fixed -= w->need[i];
+            }
+            w->role[i] = ROLE_DROP;
         }
     }
-    free(blocked), free(st.fixed), free(st.tot);
+    free(blocked), free(st.fixed), free(st.tot), free(st.idle_dev);
     return 0;
 }
 

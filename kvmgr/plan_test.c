@@ -343,6 +343,28 @@ static void test_admission(void **state)
     plan_destroy(p);
 }
 
+/* a new session that fits only once an idle session's kv is dropped (the device and the host
+ * are both too small to keep it) is admitted, and the idle kv dropped: it waited for good */
+static void test_idle_kv_yields_to_new_work(void **state)
+{
+    (void)state;
+    struct plan_gpu g = gpu_with(6);
+    struct plan_session s[2] = {sess(1, 3, 0, 3, 0, PLAN_RESIDENT, 10),
+                                sess(2, 10, 1, 0, 0, PLAN_WAIT, 20)};
+    struct plan *p = run_plan(&g, 1, 6, s, 2, PLAN_MODE_AUTO, NULL);
+    assert_int_equal(plan_find(p, 2)->tactic, PLAN_WINDOW);
+    assert_int_equal(plan_find(p, 2)->n_dev + plan_find(p, 2)->n_host, 10);
+    assert_int_equal(plan_find(p, 1)->tactic, PLAN_PARKED);
+    assert_true(plan_find(p, 1)->dropped);
+    plan_destroy(p);
+    /* parked on the host already: dropped the same way */
+    s[0] = sess(1, 3, 0, 0, 3, PLAN_PARKED, 10);
+    p = run_plan(&g, 1, 6, s, 2, PLAN_MODE_AUTO, NULL);
+    assert_int_equal(plan_find(p, 2)->tactic, PLAN_WINDOW);
+    assert_true(plan_find(p, 1)->dropped);
+    plan_destroy(p);
+}
+
 static void test_never_fits(void **state)
 {
     (void)state;
@@ -1422,6 +1444,7 @@ int main(void)
         cmocka_unit_test(test_idle_grace),
         cmocka_unit_test(test_window_water_fill),
         cmocka_unit_test(test_admission),
+        cmocka_unit_test(test_idle_kv_yields_to_new_work),
         cmocka_unit_test(test_never_fits),
         cmocka_unit_test(test_pinned),
         cmocka_unit_test(test_hysteresis),

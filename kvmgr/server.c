@@ -684,19 +684,14 @@ static int open_session(struct kvmgr *k, struct sess *s, const struct proto_kv_p
     if ((q->flags & PROTO_KV_NEW) && q->n_tokens > 1) {
         size_t B = (size_t)k->c.block_size, cand = (q->n_tokens - 1) / B * B;
         if (cand) {
-            /* kvb_session_open shares full blocks before the last position it is given:
-             * give it one past the candidate blocks */
-            rc = kvb_session_open(k->kvb, s->sid, s->gpu, q->scope, (const uint32_t *)q->tokens,
-                                  cand + 1, max_dev, &reused);
+            /* shares full blocks before the last position it is given: one past the
+             * candidate blocks. Only what was found is held; the rest is computed and
+             * appended as the steps reach it (opening every block of a prompt longer than the
+             * device's room failed, and the request waited for good) */
+            rc = kvb_session_open_shared(k->kvb, s->sid, s->gpu, q->scope,
+                                         (const uint32_t *)q->tokens, cand + 1, &reused);
             if (rc)
                 return rc;
-            /* keep only what was found: the rest is computed and appended */
-            struct kvb_copy cow[KVB_MAX_PARTS];
-            size_t n_cow = 0;
-            if (reused < cand && (rc = kvb_session_truncate(k->kvb, s->sid, reused, cow, &n_cow))) {
-                kvb_session_close(k->kvb, s->sid);
-                return rc;
-            }
             s->open = 1;
             s->reused = (uint32_t)reused;
             if (reused)
@@ -725,6 +720,20 @@ static int grow(struct kvmgr *k, struct sess *s, const uint32_t *tok, size_t n)
     return rc;
 }
 
+/* s's kv is gone or untrustworthy: kvmgr forgets it, and RKV_ESTALE tells rkvd to prefill
+ * its whole token history again (full blocks of it that other sessions published are shared) */
+static int forget_session(struct kvmgr *k, struct sess *s, const char *why)
+{
+    log_info("session %llu: %s: rebuilt from its token history", (unsigned long long)s->sid, why);
+    if (s->open)
+        kvb_session_close(k->kvb, s->sid);
+    s->open = 0;
+    s->placed = 0;
+    s->reused = 0;
+    k->dirty = 1;
+    return RKV_ESTALE;
+}
+
 /* brings one session's blocks to want_pos positions within its plan */
 static int place(struct kvmgr *k, struct sess *s, const struct proto_kv_prep_seq *q)
 {
@@ -743,6 +752,11 @@ static int place(struct kvmgr *k, struct sess *s, const struct proto_kv_prep_seq
         return RKV_ENOSPACE;
     }
     s->rot_back = 0;
+    /* written positions of a session kvmgr no longer holds (the plan dropped its kv: no room
+     * on the device or the host): fresh blocks would read as its kv, garbage or another
+     * session's */
+    if (!s->open && !(q->flags & PROTO_KV_NEW) && q->n_written > 0)
+        return forget_session(k, s, "its kv was dropped for room");
     if (!s->open) {
         uint32_t max_dev = a->tactic == PLAN_RESIDENT ? KVB_NONE : (a->n_dev ? a->n_dev : 1);
         if ((rc = open_session(k, s, q, max_dev)))
@@ -769,16 +783,10 @@ static int place(struct kvmgr *k, struct sess *s, const struct proto_kv_prep_seq
             rc = kvb_session_truncate(k->kvb, s->sid, cut, cow, &n_cow);
             if (rc == RKV_ESTALE) {
                 /* cut back past its live window: the local layers' kv for the kept positions
-                 * is gone. forget the session; rkvd prefills its whole history again */
-                log_info("session %llu: cut back to %zu positions, before its live window: "
-                         "rebuilt from its token history",
-                         (unsigned long long)s->sid, cut);
-                kvb_session_close(k->kvb, s->sid);
-                s->open = 0;
-                s->placed = 0;
-                s->reused = 0;
-                k->dirty = 1;
-                return rc;
+                 * is gone */
+                char why[96];
+                snprintf(why, sizeof why, "cut back to %zu positions, before its live window", cut);
+                return forget_session(k, s, why);
             }
             if (rc)
                 return rc;
@@ -786,8 +794,14 @@ static int place(struct kvmgr *k, struct sess *s, const struct proto_kv_prep_seq
              * are not outermost), so a copy-on-write moves the whole block */
             for (size_t c = 0; c < n_cow; c++)
                 cow[c].n_tokens = (uint32_t)k->c.block_size;
-            if (n_cow && (rc = kvpool_run_copies(k->dev, k->n_gpus, k->host, cow, n_cow)))
-                return rc;
+            /* the table already names the private copy: one whose bytes did not arrive is
+             * not its kv */
+            if (n_cow && (rc = kvpool_run_copies(k->dev, k->n_gpus, k->host, cow, n_cow))) {
+                char why[96];
+                snprintf(why, sizeof why, "copying its shared last block failed (%s)",
+                         rkv_strerror(rc));
+                return forget_session(k, s, why);
+            }
             held = cut;
         }
     }

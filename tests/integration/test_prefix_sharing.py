@@ -120,3 +120,31 @@ def test_a_turn_that_diverges_does_not_change_a_shared_block(rkvd_factory, ref):
     assert r.choices[0].text == want["text"]
     # it did reuse the prompt's own blocks (the first two at least)
     assert srv.metric("rkv:prefix_cache_hits_total") - hits0 >= 2 * BLOCK
+
+
+def test_a_session_whose_kv_was_dropped_continues_right(rkvd_factory, ref):
+    """an idle named session whose KV the plan drops for room (device and host full) continues
+    with the uninterrupted answer: kvmgr tells rkvd its KV is gone and the history is prefilled
+    again (it once opened fresh blocks for the old positions, which read as its KV: other
+    sessions' KV, or garbage)"""
+    # 6 + 6 blocks of 16 positions; a step's chunk must fit the device
+    srv = rkvd_factory("--block-size", str(BLOCK), "--vram-target", "48KiB", "--host-budget",
+                       "48KiB", "--prefill-chunk", "32", "--max-batch-tokens", "64")
+    c = client(srv)
+    extra = {"session_id": "dropped", "ignore_eos": True}
+    a = [(i * 29) % 400 + 5 for i in range(40)]
+    r1 = c.completions.create(model="tiny", prompt=a, max_tokens=8, temperature=0,
+                              extra_body=extra)
+    first = ref.gen(ids=tuple(a), n=8)
+    assert r1.choices[0].text == first["text"]
+    # another session takes every block: the idle one's KV is dropped, not just moved
+    b = [(i * 31) % 400 + 3 for i in range(150)]
+    r = c.completions.create(model="tiny", prompt=b, max_tokens=8, temperature=0,
+                             extra_body={"session_id": "big", "ignore_eos": True})
+    assert r.choices[0].text == ref.gen(ids=tuple(b), n=8)["text"]
+    # the first session's next turn
+    a2 = a + list(first["ids"]) + [7, 8, 9]
+    r2 = c.completions.create(model="tiny", prompt=a2, max_tokens=8, temperature=0,
+                              extra_body=extra)
+    assert r2.choices[0].text == ref.gen(ids=tuple(a2), n=8)["text"]
+    assert "its kv was dropped for room" in srv.log()
