@@ -595,6 +595,9 @@ static void run_job(struct wthread *t, struct step_job *job)
             return;
         }
         t->worker_kvmgr_pid = tb->kvmgr_pid;
+        /* acks count the new kvmgr's epochs: one of the old one's could free blocks of the new
+         * one that a step still reads */
+        t->acked_epoch = t->sent_ack = 0;
     }
     uint64_t t2 = rkv_now_ns();
     rc = worker_step(t, job, tb);

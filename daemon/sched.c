@@ -81,6 +81,7 @@ struct session {
     uint32_t worker;   /* where its sampler state lives */
     int worker_knows;  /* the worker has a sampler for it */
     int kvmgr_knows;   /* kvmgr has blocks for it (else the next prep says NEW) */
+    int kv_unsure;     /* a step of it failed: kvmgr may hold positions nothing wrote */
     int pinned;        /* operator pinned: kvmgr keeps it resident */
     uint64_t kv_bytes; /* the bytes of its blocks in its last step's table */
     struct seq *busy;  /* the request using it, or NULL */
@@ -860,7 +861,20 @@ static void finish_seq(struct seq *q, enum api_finish f)
             fan->seqs[j]->lead = NULL;
 
     se->busy = NULL;
-    if (se->ext_id[0]) {
+    if (se->ext_id[0] && se->kv_unsure && se->kvmgr_knows) {
+        /* its last step failed: kvmgr may hold positions of it nothing wrote, which an idle
+         * would publish for other prompts to share. Forgotten instead; the next turn
+         * prefills its history (its published full blocks are shared) */
+        lru_touch(s, se);
+        rkv_vec_push(&s->workers[se->worker].closes, &se->sid);
+        se->kvmgr_knows = 0;
+        se->worker_knows = 0;
+        se->n_kv = 0;
+        se->n_owed = 0;
+        se->kv_unsure = 0;
+        if (s->store)
+            store_session_save(s->store, se->ext_id, se->owner, se->tokens, se->n_tokens);
+    } else if (se->ext_id[0]) {
         lru_touch(s, se);
         rkv_vec_push(&s->workers[se->worker].idles, &se->sid);
         if (s->store)
@@ -1211,7 +1225,9 @@ static void kick(struct sched *s, uint32_t w)
         if (!se->worker_knows) {
             js->reset = 1;
             js->n_history = se->n_kv;
-            js->n_drawn = q->n_gen;
+            /* the answer so far is the end of the history only where this step reaches the
+             * end: a re-prefill's earlier chunks replay none of it (sched_job_done) */
+            js->n_drawn = js->sample ? q->n_gen : 0;
             js->history = arena;
             if (se->n_kv)
                 memcpy(arena, se->tokens, se->n_kv * sizeof(int32_t));
@@ -1310,6 +1326,7 @@ static void job_drop(struct sched *s, const struct step_job *j)
             continue;
         q->in_flight = 0;
         q->sess->worker_knows = 0;
+        q->sess->kv_unsure = 1; /* its prep may have grown it for positions never written */
         if (q->cancelled)
             finish_seq(q, API_FINISH_ABORT);
     }
@@ -1432,9 +1449,13 @@ void sched_job_done(struct sched *s, struct step_job *j)
         step_tokens[0] += js->n_tokens;
         for (uint8_t m = 0; js->sample && m < js->n_more; m++) /* the proto checks n_more */
             step_tokens[m + 1]++;
-        if (js->n_tokens)
-            q->sess->worker_knows = 1; /* it ran there (not all found shared) */
+        /* it ran there (not all found shared). A reset chunk that does not sample did not
+         * replay the answer so far into the sampler's grammar (the answer ends the history,
+         * past this chunk): the chunk that samples resets it again */
+        if (js->n_tokens && (js->sample || !q->n_gen))
+            q->sess->worker_knows = 1;
         q->sess->kvmgr_knows = 1;
+        q->sess->kv_unsure = 0;
         q->sess->n_kv = js->n_past + js->n_tokens;
         q->sess->kv_bytes = js->kv_bytes;
         q->sess->n_owed = 0; /* the prep of this step brought them */

@@ -160,6 +160,34 @@ def test_kvmgr_sigkill_during_streams(rkvd_factory, ref, workers):
     assert r.choices[0].text == want["text"]
 
 
+def test_kvmgr_sigkill_mid_grammar_answer_continues(rkvd_factory):
+    """a JSON-constrained answer part way when kvmgr dies: its history is prefilled again in
+    chunks, the chunk that samples replays the answer so far into the grammar, and the answer
+    is the uninterrupted one (the first chunk once replayed prompt tokens into the grammar, and
+    the request failed with 500)"""
+    srv = rkvd_factory("--prefill-chunk", "64", "--max-batch-tokens", "128")
+    c = openai.OpenAI(base_url=srv.base_url, api_key="none", max_retries=0, timeout=60)
+    prompt = " ".join(f"item {i} is a plain word list entry" for i in range(40))
+    # forty items at least: an answer of about 250 tokens
+    schema = {"type": "object", "properties": {"items": {
+        "type": "array", "items": {"type": "integer"}, "minItems": 40}},
+        "required": ["items"], "additionalProperties": False}
+    kw = dict(model="tiny", prompt=prompt, max_tokens=300, temperature=0,
+              extra_body={"response_format": {"type": "json_schema",
+                                              "json_schema": {"name": "items", "schema": schema}}})
+    want = c.completions.create(**kw).choices[0].text
+    kvmgr = srv.child_pid("rkv-kvmgr")
+    got, n = "", 0
+    for chunk in c.completions.create(stream=True, **kw):
+        got += chunk.choices[0].text if chunk.choices else ""
+        n += 1
+        if n == 20:
+            os.kill(kvmgr, signal.SIGKILL)
+    assert n > 20 and srv.child_pid("rkv-kvmgr", other_than=kvmgr) != kvmgr
+    assert got == want
+    assert len(json.loads(got)["items"]) >= 40
+
+
 def test_sigterm_lets_streams_finish(rkvd_factory):
     srv = rkvd_factory()
     ps = prompts(8)
