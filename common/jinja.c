@@ -297,13 +297,9 @@ static long dict_find_str(const struct jdict *d, const char *s, size_t n)
     return -1;
 }
 
-static int dict_set(struct arena *a, struct jdict *d, struct jv k, struct jv v)
+/* k is not in d yet */
+static int dict_append(struct arena *a, struct jdict *d, struct jv k, struct jv v)
 {
-    long at = dict_find(d, k);
-    if (at >= 0) {
-        d->v[at] = v;
-        return 0;
-    }
     if (d->n == d->cap) {
         size_t cap = d->cap ? d->cap * 2 : 4;
         struct jv *nk = arena_alloc(a, cap * sizeof *nk), *nv = arena_alloc(a, cap * sizeof *nv);
@@ -323,6 +319,16 @@ static int dict_set(struct arena *a, struct jdict *d, struct jv k, struct jv v)
     return 0;
 }
 
+static int dict_set(struct arena *a, struct jdict *d, struct jv k, struct jv v)
+{
+    long at = dict_find(d, k);
+    if (at >= 0) {
+        d->v[at] = v;
+        return 0;
+    }
+    return dict_append(a, d, k, v);
+}
+
 static bool is_num(struct jv v)
 {
     return v.t == JT_INT || v.t == JT_FLOAT || v.t == JT_BOOL;
@@ -332,9 +338,20 @@ static double num_f(struct jv v)
     return v.t == JT_FLOAT ? v.u.f : (double)v.u.i;
 }
 
-/* Python's == */
+/* Python's ==; containers compare their items as CPython does (one item the same object as
+ * the other: equal without looking inside). Nesting past what a template can build by
+ * literals ends the walk as unequal: a list nested 100000 deep by a loop overflowed the stack */
+static bool v_eq_at(struct jv a, struct jv b, int depth);
+
 static bool v_eq(struct jv a, struct jv b)
 {
+    return v_eq_at(a, b, 0);
+}
+
+static bool v_eq_at(struct jv a, struct jv b, int depth)
+{
+    if (depth > JINJA_MAX_NESTING * 2)
+        return false;
     if (is_num(a) && is_num(b)) {
         if (a.t != JT_FLOAT && b.t != JT_FLOAT)
             return a.u.i == b.u.i;
@@ -349,16 +366,20 @@ static bool v_eq(struct jv a, struct jv b)
     case JT_LIST:
         if (a.tuple != b.tuple || a.u.l->n != b.u.l->n)
             return false;
+        if (a.u.l == b.u.l)
+            return true;
         for (size_t i = 0; i < a.u.l->n; i++)
-            if (!v_eq(a.u.l->v[i], b.u.l->v[i]))
+            if (!v_eq_at(a.u.l->v[i], b.u.l->v[i], depth + 1))
                 return false;
         return true;
     case JT_DICT:
         if (a.u.d->n != b.u.d->n)
             return false;
+        if (a.u.d == b.u.d)
+            return true;
         for (size_t i = 0; i < a.u.d->n; i++) {
             long j = dict_find(b.u.d, a.u.d->k[i]);
-            if (j < 0 || !v_eq(a.u.d->v[i], b.u.d->v[j]))
+            if (j < 0 || !v_eq_at(a.u.d->v[i], b.u.d->v[j], depth + 1))
                 return false;
         }
         return true;
@@ -974,15 +995,26 @@ struct lexer {
     size_t n, pos;
     int line;
     size_t line_start; /* byte offset where the current line starts */
+    /* the last column asked for: the next one counts on from it, not from the line's start
+     * (a template of one long line took minutes to lex) */
+    size_t col_line, col_at;
+    int col_chars;
     struct tok *tk;
     size_t ntk, cap;
     struct arena *a;
     struct jerr *err;
 };
 
-static int lx_col(const struct lexer *L, size_t at)
+static int lx_col(struct lexer *L, size_t at)
 {
-    return 1 + (int)u8_len(L->src + L->line_start, at - L->line_start);
+    if (L->col_line != L->line_start || at < L->col_at) {
+        L->col_line = L->line_start;
+        L->col_at = L->line_start;
+        L->col_chars = 0;
+    }
+    L->col_chars += (int)u8_len(L->src + L->col_at, at - L->col_at);
+    L->col_at = at;
+    return 1 + L->col_chars;
 }
 
 /* moves pos to `to`, counting lines */
@@ -1185,14 +1217,21 @@ static bool lx_number(struct lexer *L, size_t at, size_t *end)
             e = d;
     }
     if (frac || e > f) {
-        char tmp[128];
+        /* the literal without its underscores; a long one on the heap (cut to 127 bytes, 1
+         * followed by 130 zeros read as 1e126) */
+        char small[128], *tmp = e - at < sizeof small ? small : malloc(e - at + 1);
+        if (!tmp)
+            lx_fail(L, at, "out of memory");
         size_t m = 0;
-        for (size_t k = at; k < e && m < sizeof tmp - 1; k++)
+        for (size_t k = at; k < e; k++)
             if (s[k] != '_')
                 tmp[m++] = s[k];
         tmp[m] = 0;
+        double f64 = strtod(tmp, NULL);
+        if (tmp != small)
+            free(tmp);
         struct tok *k = lx_push(L, TK_FLOAT, at);
-        k->f = strtod(tmp, NULL);
+        k->f = f64;
         *end = e;
         return true;
     }
@@ -2763,7 +2802,7 @@ static const struct jlist *iter_items(struct rs *R, const struct node *at, struc
 static int64_t len_of(struct rs *R, const struct node *at, struct jv v)
 {
     switch (v.t) {
-    case JT_STR: return (int64_t)u8_len(v.u.s->s, v.u.s->n);
+    case JT_STR: step(R, at, v.u.s->n / 64 + 1); return (int64_t)u8_len(v.u.s->s, v.u.s->n);
     case JT_LIST: return (int64_t)v.u.l->n;
     case JT_DICT: return (int64_t)v.u.d->n;
     case JT_UNDEF: return 0;
@@ -2986,6 +3025,8 @@ static struct jv repeat(struct rs *R, const struct node *at, struct jv seq, int6
 {
     if (k < 0)
         k = 0;
+    if (seq.t == JT_STR && seq.u.s->n == 0)
+        k = 0; /* '' * n: nothing to repeat, however large n is */
     if (seq.t == JT_STR) {
         if (seq.u.s->n && (uint64_t)k > R->max_output / seq.u.s->n)
             rfail(R, at, RKV_ETOOBIG, "string repetition exceeds the output limit");
@@ -4371,6 +4412,9 @@ static struct jv str_method(struct rs *R, const struct node *at, struct jv self,
     snprintf(what, sizeof what, "str.%s()", name);
     struct jv p[3] = {MISSING, MISSING, MISSING};
     const struct jstr *s = self.u.s;
+    /* every method may walk the string: its length counts against the step budget (a loop
+     * over a 16 MB string's find() ran for minutes on steps of one each) */
+    step(R, at, s->n / 64 + 1);
     if (!strcmp(name, "startswith") || !strcmp(name, "endswith")) {
         BIND(M_AFFIX, p);
         if (p[0].t == JT_MISSING)
@@ -5284,6 +5328,34 @@ int jinja_dict_set(struct jinja_ctx *c, struct jinja_val *dict, const char *key,
     return dict_set(&c->a, dict->v.u.d, k, v->v);
 }
 
+static int cmp_cname(const void *x, const void *y)
+{
+    return strcmp(*(const char *const *)x, *(const char *const *)y);
+}
+
+/* 1 when no two members of object j share a name (0: some do, the last one wins as in
+ * Python's json), RKV_ENOMEM */
+static int unique_keys(const cJSON *j)
+{
+    size_t n = 0;
+    for (const cJSON *x = j->child; x; x = x->next)
+        n++;
+    if (n < 2)
+        return 1;
+    const char **names = malloc(n * sizeof *names);
+    if (!names)
+        return RKV_ENOMEM;
+    size_t k = 0;
+    for (const cJSON *x = j->child; x; x = x->next)
+        names[k++] = x->string ? x->string : "";
+    qsort(names, k, sizeof *names, cmp_cname);
+    int unique = 1;
+    for (size_t i = 1; i < k && unique; i++)
+        unique = strcmp(names[i - 1], names[i]) != 0;
+    free(names);
+    return unique;
+}
+
 static int from_cjson(struct jinja_ctx *c, const cJSON *j, struct jv *out, int depth)
 {
     if (depth > 1000)
@@ -5317,13 +5389,19 @@ static int from_cjson(struct jinja_ctx *c, const cJSON *j, struct jv *out, int d
         struct jdict *d = dict_new(&c->a);
         if (!d)
             return RKV_ENOMEM;
+        /* keys checked once by sorting, then appended: a search per key was quadratic in a
+         * request's object of 300k keys (a tool's parameters, chat_template_kwargs) */
+        int unique = unique_keys(j);
+        if (unique < 0)
+            return unique;
         for (const cJSON *x = j->child; x; x = x->next) {
             struct jv v,
                 k = mk_str(&c->a, x->string ? x->string : "", x->string ? strlen(x->string) : 0);
             if (!k.u.s)
                 return RKV_ENOMEM;
             int rc = from_cjson(c, x, &v, depth + 1);
-            if (rc < 0 || (rc = dict_set(&c->a, d, k, v)) < 0)
+            if (rc < 0 ||
+                (rc = unique ? dict_append(&c->a, d, k, v) : dict_set(&c->a, d, k, v)) < 0)
                 return rc;
         }
         *out = mk_dict(d);

@@ -9,6 +9,7 @@ import os
 import random
 import subprocess
 import tempfile
+import time
 import zlib
 from pathlib import Path
 
@@ -574,3 +575,28 @@ def test_limits_stop_a_render():
     assert r.returncode == 1 and b"nested deeper" in r.stderr
     r = run_one("{{ " + "(" * 5000 + "1" + ")" * 5000 + " }}", {})
     assert r.returncode == 1 and b"nested deeper" in r.stderr
+
+
+def test_hostile_templates_end_quickly():
+    """a template is the model file's: lists nested deep by a loop compared, an empty string
+    repeated without end, string scans in a loop and one long line end in bounded time"""
+    deep = ("{% set ns = namespace(x=[]) %}{% for i in range(20000) %}{% set ns.x = [ns.x] %}"
+            "{% endfor %}{{ ns.x == ns.x }}{{ [ns.x] == [[ns.x]] }}")
+    r = run_one(deep, {})
+    assert r.returncode == 0 and r.stdout.decode().startswith("True"), r.stderr
+    r = run_one("{{ '' * 9223372036854775807 }}|", {})
+    assert r.returncode == 0 and r.stdout.decode() == "|", r.stderr
+    r = run_one("{% set s = 'a' * 4000000 %}{% for i in range(100000) %}{% if s.find('b') %}"
+                "{% endif %}{% endfor %}", {}, "--max-steps", "1000000")
+    assert r.returncode == 1 and b"step budget" in r.stderr
+    t0 = time.monotonic()
+    r = run_one("{{ 1 }}" * 40000 + "{{ x.y }}", {})
+    assert r.returncode == 1 and b"line 1, column 280005: 'x' is undefined" in r.stderr, r.stderr
+    assert time.monotonic() - t0 < 10
+
+
+def test_long_float_literals_keep_their_value():
+    tmpl = "{{ 1" + "0" * 130 + ".0 }} {{ 0." + "0" * 200 + "1 }}"
+    r = run_one(tmpl, {})
+    assert r.returncode == 0
+    assert r.stdout.decode() == py_render(tmpl, {})[1]
