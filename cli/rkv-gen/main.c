@@ -303,10 +303,18 @@ struct session {
     struct tok_detok dt;
 };
 
+/* a NUL byte (a <0x00> token) as U+FFFD, as rkvd's answers carry it: the text is a C string */
 static void text_append(struct session *s, const char *p, size_t n)
 {
-    if (strbuf_add(&s->text, p, n))
-        die("out of memory");
+    for (const char *end = p + n, *nul; p < end; p = nul + 1) {
+        nul = memchr(p, 0, (size_t)(end - p));
+        if (strbuf_add(&s->text, p, nul ? (size_t)(nul - p) : (size_t)(end - p)))
+            die("out of memory");
+        if (!nul)
+            break;
+        if (strbuf_add(&s->text, "\xef\xbf\xbd", 3))
+            die("out of memory");
+    }
 }
 
 /* picks round(frac * n) of n blocks at random (split seed), the host set */
