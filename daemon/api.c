@@ -295,6 +295,14 @@ static void call_on_close(struct http_req *req, void *arg)
         c->api->sched.cancel(c->api->sched.ctx, c);
 }
 
+static void call_on_drain(struct http_req *req, void *arg)
+{
+    (void)req;
+    struct api_call *c = arg;
+    if (!c->closed && c->api->sched.resume)
+        c->api->sched.resume(c->api->sched.ctx, c);
+}
+
 static int submit_status(int rc, const char **msg)
 {
     switch (rc) {
@@ -558,7 +566,7 @@ static int handle_generate(struct api *api, struct http_req *hreq, enum api_endp
         api_stream_init(&c->ch[k].stream, &c->req, c->id, c->model, c->created);
         c->ch[k].stream.index = (uint32_t)k; /* streamed: best_of = n, every one is a choice */
     }
-    http_req_set_callbacks(hreq, call_on_close, NULL, c);
+    http_req_set_callbacks(hreq, call_on_close, call_on_drain, c);
     /* submit may finish the call itself (api_call_fail): c is not touched
      * after it unless it refused */
     rc = api->sched.submit(api->sched.ctx, c, &c->req);

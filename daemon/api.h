@@ -295,6 +295,8 @@ char *api_render_detokenized(const char *text, size_t len);
  *   api_call_finish(call, ...)   -> exactly once, or api_call_fail() instead
  *   cancel(ctx, call)            <- the client left: stop, then still finish
  *                                   (from the loop, never inside api_call_*)
+ *   resume(ctx, call)            <- a stream's client, behind (a token write
+ *                                   returned 1), caught up: go on
  *
  * All on the loop thread. The request given to submit stays valid until the
  * call finishes. The scheduler owns detokenization (text it sends is whole
@@ -312,6 +314,9 @@ struct api_sched {
     int (*submit)(void *ctx, struct api_call *call, const struct api_request *req);
     /* the client is gone (disconnect, shutdown): stop generating and finish */
     void (*cancel)(void *ctx, struct api_call *call);
+    /* optional: a stream whose token write returned 1 (the client is behind) was read down
+     * to half the high-water mark; its sequences may go on */
+    void (*resume)(void *ctx, struct api_call *call);
     /* optional: 0 when bearer (NULL when absent) may use the API, else
      * RKV_EAUTH -> 401 */
     int (*authorize)(void *ctx, const char *bearer);

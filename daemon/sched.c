@@ -38,7 +38,15 @@ struct fan {
     char *tool_grammar;  /* owned, when grammar is a tool call's */
     uint64_t t_alive_ns; /* the last token or keep-alive the client got */
     int gone;            /* a keep-alive found the client gone: being aborted */
+    /* a stream's write found the client behind (its connection holds more than the write
+     * high-water mark): its sequences wait for it to read, until SCHED_SLOW_CLIENT_MS; 0 while
+     * it keeps up */
+    uint64_t slow_since_ms;
 };
+
+/* a stream client that reads nothing for this long after its buffer filled loses its request
+ * (its sequences hold running slots and kv while they wait) */
+#define SCHED_SLOW_CLIENT_MS 60000
 
 /* one sequence of a request */
 struct seq {
@@ -700,6 +708,18 @@ static int authorize_cb(void *ctx, const char *bearer)
     return s->authorize ? s->authorize(s->authorize_ud, bearer) : 0;
 }
 
+/* a slow client read what was written: its sequences go on */
+static void resume_cb(void *ctx, struct api_call *call)
+{
+    struct sched *s = ctx;
+    struct fan *f = api_call_data(call);
+    if (!f || !f->slow_since_ms)
+        return;
+    f->slow_since_ms = 0;
+    for (uint32_t w = 0; w < s->cfg.n_workers; w++)
+        kick(s, w);
+}
+
 static void cancel_cb(void *ctx, struct api_call *call)
 {
     (void)ctx;
@@ -764,6 +784,7 @@ void sched_api(struct sched *s, struct api_sched *out)
     memset(out, 0, sizeof *out);
     out->submit = submit_cb;
     out->cancel = cancel_cb;
+    out->resume = resume_cb;
     out->authorize = authorize_cb;
     out->tokenize = tokenize_cb;
     out->detokenize = detokenize_cb;
@@ -775,8 +796,12 @@ void sched_api(struct sched *s, struct api_sched *out)
 static void emit_text(struct seq *q, const char *text, size_t len,
                       const struct api_token_logprob *lp, size_t n_lp)
 {
-    if ((len || n_lp) && q->fan->call)
-        api_call_choice_token(q->fan->call, q->index, text, len, lp, n_lp);
+    /* 1: the client reads slower than it is written to: pause its sequences (resume_cb) rather
+     * than buffer the whole answer in rkvd */
+    if ((len || n_lp) && q->fan->call &&
+        api_call_choice_token(q->fan->call, q->index, text, len, lp, n_lp) == 1 &&
+        !q->fan->slow_since_ms)
+        q->fan->slow_since_ms = rkv_now_ms();
 }
 
 /* the request's last sequence ended: its answer (unless it failed) and its accounting */
@@ -1154,6 +1179,8 @@ static void kick(struct sched *s, uint32_t w)
         for (struct seq *q = ws->running.head; q && budget; q = q->next) {
             struct session *se = q->sess;
             uint32_t pending = se->n_tokens - se->n_kv;
+            if (q->fan->slow_since_ms)
+                continue; /* its client has not read what it has */
             if ((pass == 0) != (pending == 1) || pending == 0)
                 continue;
             uint32_t take = RKV_MIN(RKV_MIN(pending, ws->steps.prefill_chunk), budget);
@@ -1648,16 +1675,23 @@ static int keepalive(struct sched *s, struct seq *q, uint64_t now)
 
 void sched_tick(struct sched *s)
 {
-    if (!s->cfg.keepalive_ms)
-        return;
-    uint64_t now = rkv_now_ns();
+    uint64_t now = rkv_now_ns(), now_ms = rkv_now_ms();
     struct rkv_vec gone; /* struct fan *: each once */
     rkv_vec_init(&gone, sizeof(struct fan *));
     for (uint32_t w = 0; w <= s->cfg.n_workers; w++) {
         struct seq *q = w < s->cfg.n_workers ? s->workers[w].running.head : s->waiting.head;
-        for (; q; q = q->next)
-            if (keepalive(s, q, now))
+        for (; q; q = q->next) {
+            struct fan *f = q->fan;
+            if (!f->gone && f->slow_since_ms && now_ms - f->slow_since_ms > SCHED_SLOW_CLIENT_MS) {
+                log_warn("a stream's client read nothing for %d s with its buffer full: its "
+                         "request is cancelled",
+                         SCHED_SLOW_CLIENT_MS / 1000);
+                f->gone = 1;
+                rkv_vec_push(&gone, &f);
+            } else if (s->cfg.keepalive_ms && keepalive(s, q, now)) {
                 rkv_vec_push(&gone, &q->fan); /* out of memory: its next token learns it */
+            }
+        }
     }
     for (size_t i = 0; i < gone.len; i++)
         fan_abort(*rkv_vec_at(&gone, struct fan *, i));

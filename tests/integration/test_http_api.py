@@ -279,3 +279,41 @@ def test_cors_preflight_allows_the_headers_asked_for(rkvd_factory):
     plain = rkvd_factory()
     st, hd, _ = plain.request("GET", "/v1/models", headers={"Origin": "http://app.example"})
     assert st == 200 and "access-control-allow-origin" not in hd
+
+
+def test_a_stream_client_that_stops_reading_pauses_its_request(rkvd_factory):
+    """a client that stops reading a long stream (8 choices with logprobs: megabytes) pauses the
+    request's sequences once rkvd holds more than its write limit for it, instead of the whole
+    answer piling up in rkvd; once it reads again the answer goes on to its end"""
+    srv = rkvd_factory()
+    body = json.dumps({"model": "tiny", "prompt": "a long answer", "max_tokens": 1900, "n": 8,
+                       "logprobs": 20, "temperature": 0, "ignore_eos": True,
+                       "stream": True}).encode()
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: a small window
+    s.connect(("127.0.0.1", srv.port))
+    gen0 = srv.metric("rkv:generation_tokens_total")
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    total = 8 * 1900
+    # it runs, then stops well before the end: nothing is read
+    deadline = time.monotonic() + 30
+    while srv.metric("rkv:generation_tokens_total") == gen0:
+        assert time.monotonic() < deadline, "the request did not start"
+        time.sleep(0.05)
+    time.sleep(3)
+    a = srv.metric("rkv:generation_tokens_total") - gen0
+    time.sleep(1)
+    b = srv.metric("rkv:generation_tokens_total") - gen0
+    # a step in flight when the buffer filled may still land (8 sequences, a few decode steps)
+    assert a < total and b - a <= 64, (a, b, total)
+    # reading again: every choice runs to its length
+    s.settimeout(60)
+    data = b""
+    while b"data: [DONE]" not in data:
+        chunk = s.recv(1 << 16)
+        assert chunk, "the stream ended early"
+        data += chunk
+    s.close()
+    assert data.count(b'"finish_reason":"length"') == 8
+    assert srv.metric("rkv:generation_tokens_total") - gen0 == total
