@@ -314,9 +314,6 @@ struct api_sched {
     int (*submit)(void *ctx, struct api_call *call, const struct api_request *req);
     /* the client is gone (disconnect, shutdown): stop generating and finish */
     void (*cancel)(void *ctx, struct api_call *call);
-    /* optional: a stream whose token write returned 1 (the client is behind) was read down
-     * to half the high-water mark; its sequences may go on */
-    void (*resume)(void *ctx, struct api_call *call);
     /* optional: 0 when bearer (NULL when absent) may use the API, else
      * RKV_EAUTH -> 401 */
     int (*authorize)(void *ctx, const char *bearer);
@@ -329,6 +326,9 @@ struct api_sched {
     /* optional, POST /detokenize: the text of ids (malloc'd, n_text bytes and a NUL; a <0x00>
      * token's byte among them), control tokens as nothing */
     int (*detokenize)(void *ctx, const int32_t *ids, size_t n, char **text, size_t *n_text);
+    /* optional: a stream whose token write returned 1 (the client is behind) was read down
+     * to half the high-water mark; its sequences may go on */
+    void (*resume)(void *ctx, struct api_call *call);
 };
 
 struct api_config {

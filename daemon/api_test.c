@@ -1003,7 +1003,8 @@ static void e2e_run(struct e2e *x, void (*client)(struct e2e *))
     const char *models[] = {"tiny"};
     struct api_config acfg = {models, 1, 4096, {0}, "*"};
     api_limits_default(&acfg.limits);
-    struct api_sched sched = {fake_submit, fake_cancel, fake_authorize, x};
+    struct api_sched sched = {
+        .submit = fake_submit, .cancel = fake_cancel, .authorize = fake_authorize, .ctx = x};
     assert_int_equal(api_create(&acfg, &sched, &x->api), 0);
     struct http_server_config cfg = {.host = "127.0.0.1", .on_request = e2e_handler, .arg = x};
     http_limits_default(&cfg.limits);
