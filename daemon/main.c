@@ -538,17 +538,22 @@ static void children_stopped(void *ud)
     uv_stop(d->loop);
 }
 
-/* a start-up step after the children were spawned failed: stop what runs, then exit 1 */
-static int exit_early(struct rkvd *d)
+/* the driver's threads, then the scheduler, then the children (children_stopped ends the
+ * loop once they have exited) */
+static void stop_all(struct rkvd *d)
 {
     driver_stop(d->drv);
     d->drv = NULL;
     sched_destroy(d->sched);
     d->sched = NULL;
-    if (d->sup) {
-        sup_stop_all(d->sup, 5000, children_stopped, d);
-        uv_run(d->loop, UV_RUN_DEFAULT);
-    }
+    sup_stop_all(d->sup, 5000, children_stopped, d);
+}
+
+/* a start-up step after the children were spawned failed: stop what runs, then exit 1 */
+static int exit_early(struct rkvd *d)
+{
+    stop_all(d);
+    uv_run(d->loop, UV_RUN_DEFAULT);
     return 1;
 }
 
@@ -556,12 +561,7 @@ static void http_down(void *arg)
 {
     struct rkvd *d = arg;
     d->http = NULL;
-    /* the streams are done: stop the threads, then the children */
-    driver_stop(d->drv);
-    d->drv = NULL;
-    sched_destroy(d->sched);
-    d->sched = NULL;
-    sup_stop_all(d->sup, 5000, children_stopped, d);
+    stop_all(d); /* the streams are done */
 }
 
 /* the drain time is over: what still runs gets its 503 (or SSE error event) now, while the
@@ -1025,6 +1025,15 @@ int main(int argc, char **argv)
                 (long long)d.c.max_batch_tokens, (long long)d.c.max_running);
         return 2;
     }
+    for (const char *c = d.c.cors_origin; *c; c++)
+        if ((unsigned char)*c <= ' ' || *c == 0x7f || *c == ',') {
+            /* one header value: an origin or *, not a list (the header would be dropped) */
+            fprintf(stderr,
+                    "rkvd: cors_origin: \"%s\" is not one origin; give * or one origin like "
+                    "https://app.example.com\n",
+                    d.c.cors_origin);
+            return 2;
+        }
     if (d.c.prefill_chunk && d.c.max_batch_tokens && d.c.prefill_chunk > d.c.max_batch_tokens)
         d.c.prefill_chunk = d.c.max_batch_tokens;
     signal(SIGPIPE, SIG_IGN);

@@ -886,22 +886,21 @@ static void finish_seq(struct seq *q, enum api_finish f)
             fan->seqs[j]->lead = NULL;
 
     se->busy = NULL;
-    if (se->ext_id[0] && se->kv_unsure && se->kvmgr_knows) {
-        /* its last step failed: kvmgr may hold positions of it nothing wrote, which an idle
-         * would publish for other prompts to share. Forgotten instead; the next turn
-         * prefills its history (its published full blocks are shared) */
+    if (se->ext_id[0]) {
         lru_touch(s, se);
-        rkv_vec_push(&s->workers[se->worker].closes, &se->sid);
-        se->kvmgr_knows = 0;
-        se->worker_knows = 0;
-        se->n_kv = 0;
-        se->n_owed = 0;
-        se->kv_unsure = 0;
-        if (s->store)
-            store_session_save(s->store, se->ext_id, se->owner, se->tokens, se->n_tokens);
-    } else if (se->ext_id[0]) {
-        lru_touch(s, se);
-        rkv_vec_push(&s->workers[se->worker].idles, &se->sid);
+        if (se->kv_unsure && se->kvmgr_knows) {
+            /* its last step failed: kvmgr may hold positions of it nothing wrote, which an
+             * idle would publish for other prompts to share. Forgotten instead; the next turn
+             * prefills its history (its published full blocks are shared) */
+            rkv_vec_push(&s->workers[se->worker].closes, &se->sid);
+            se->kvmgr_knows = 0;
+            se->worker_knows = 0;
+            se->n_kv = 0;
+            se->n_owed = 0;
+            se->kv_unsure = 0;
+        } else {
+            rkv_vec_push(&s->workers[se->worker].idles, &se->sid);
+        }
         if (s->store)
             store_session_save(s->store, se->ext_id, se->owner, se->tokens, se->n_tokens);
     } else {

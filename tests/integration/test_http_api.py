@@ -279,6 +279,12 @@ def test_cors_preflight_allows_the_headers_asked_for(rkvd_factory):
     plain = rkvd_factory()
     st, hd, _ = plain.request("GET", "/v1/models", headers={"Origin": "http://app.example"})
     assert st == 200 and "access-control-allow-origin" not in hd
+    # one origin or *, nothing else, refused at start by name
+    from conftest import rkv_bin
+    r = subprocess.run([rkv_bin("rkvd"), "--model", "/nonexistent.gguf", "--cors-origin",
+                        "https://a.example, https://b.example"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "cors_origin" in r.stderr and "one origin" in r.stderr, r.stderr
 
 
 def test_a_stream_client_that_stops_reading_pauses_its_request(rkvd_factory):

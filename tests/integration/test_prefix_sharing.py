@@ -142,7 +142,7 @@ def test_a_session_whose_kv_was_dropped_continues_right(rkvd_factory, ref):
     r = c.completions.create(model="tiny", prompt=b, max_tokens=8, temperature=0,
                              extra_body={"session_id": "big", "ignore_eos": True})
     assert r.choices[0].text == ref.gen(ids=tuple(b), n=8)["text"]
-    # the first session's next turn
+    # the conversation's next turn
     a2 = a + list(first["ids"]) + [7, 8, 9]
     r2 = c.completions.create(model="tiny", prompt=a2, max_tokens=8, temperature=0,
                               extra_body=extra)
